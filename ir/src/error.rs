@@ -1,0 +1,62 @@
+//! The one error type of the IR crate: a message plus where it points (file, line:col).
+//! Every user-facing failure becomes one line: `FILE:LINE:COL: MESSAGE`.
+
+use std::fmt;
+
+/// A position in a text-format source, 1-based.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Loc {
+    pub line: u32,
+    pub col: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Error {
+    pub file: Option<String>,
+    pub loc: Option<Loc>,
+    pub msg: String,
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn new(msg: impl Into<String>) -> Self {
+        Error { file: None, loc: None, msg: msg.into() }
+    }
+
+    pub fn at(loc: Option<Loc>, msg: impl Into<String>) -> Self {
+        Error { file: None, loc, msg: msg.into() }
+    }
+
+    /// Sets the file unless an inner layer already named a more precise one
+    /// (e.g. the weight file that failed to load).
+    pub fn in_file(mut self, file: impl Into<String>) -> Self {
+        if self.file.is_none() {
+            self.file = Some(file.into());
+        }
+        self
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(file) = &self.file {
+            write!(f, "{file}:")?;
+            if let Some(l) = self.loc {
+                write!(f, "{}:{}:", l.line, l.col)?;
+            }
+            f.write_str(" ")?;
+        } else if let Some(l) = self.loc {
+            write!(f, "{}:{}: ", l.line, l.col)?;
+        }
+        f.write_str(&self.msg)
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// `bail!`-style shorthand used throughout the crate.
+#[macro_export]
+macro_rules! err {
+    ($loc:expr, $($arg:tt)*) => { $crate::error::Error::at($loc, format!($($arg)*)) };
+}

@@ -1,0 +1,524 @@
+//! Shape, dtype and dim-name inference: for one node, given its operands' types, the type
+//! of its result — or why the node is ill-formed. Attributes have already been checked
+//! against their op's schema (`verify`); this module owns the semantic rules of docs/ops.md.
+
+use crate::attr::Attr;
+use crate::dtype::{DType, ShapeDisplay, TensorType};
+use crate::graph::{Dims, Node};
+use crate::ops::Op;
+
+type R<T> = std::result::Result<T, String>;
+
+/// An operand as inference sees it: its type and (if known) its dim names.
+#[derive(Clone, Copy)]
+pub struct Operand<'a> {
+    pub ty: &'a TensorType,
+    pub dims: Option<&'a Dims>,
+}
+
+/// A node's inferred result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Inferred {
+    pub ty: TensorType,
+    pub dims: Option<Dims>,
+}
+
+fn sh(s: &[usize]) -> ShapeDisplay<'_> {
+    ShapeDisplay(s)
+}
+
+pub fn attr_int(node: &Node, key: &str, default: i64) -> i64 {
+    node.attrs.get(key).and_then(Attr::as_int).unwrap_or(default)
+}
+
+pub fn attr_ints(node: &Node, key: &str) -> Option<Vec<i64>> {
+    node.attrs.get(key).and_then(Attr::as_ints)
+}
+
+pub fn attr_str<'a>(node: &'a Node, key: &str, default: &'a str) -> &'a str {
+    node.attrs.get(key).and_then(Attr::as_str).unwrap_or(default)
+}
+
+/// Resolves a possibly negative axis against `rank`.
+pub fn norm_axis(axis: i64, rank: usize) -> R<usize> {
+    let r = rank as i64;
+    if axis < -r || axis >= r {
+        return Err(format!("axis {axis} is out of range for rank {rank}"));
+    }
+    Ok(if axis < 0 { (axis + r) as usize } else { axis as usize })
+}
+
+/// Resolves a list of distinct axes.
+pub fn norm_axes(axes: &[i64], rank: usize) -> R<Vec<usize>> {
+    let mut out = Vec::with_capacity(axes.len());
+    for &a in axes {
+        let a = norm_axis(a, rank)?;
+        if out.contains(&a) {
+            return Err(format!("axis {a} is listed twice"));
+        }
+        out.push(a);
+    }
+    Ok(out)
+}
+
+/// numpy broadcasting of several shapes.
+pub fn broadcast_shapes(shapes: &[&[usize]]) -> R<Vec<usize>> {
+    let rank = shapes.iter().map(|s| s.len()).max().unwrap_or(0);
+    let mut out = vec![1; rank];
+    for s in shapes {
+        for (i, &d) in s.iter().enumerate() {
+            let o = &mut out[rank - s.len() + i];
+            if *o == 1 {
+                *o = d;
+            } else if d != 1 && d != *o {
+                let all: Vec<String> = shapes.iter().map(|s| sh(s).to_string()).collect();
+                return Err(format!("shapes {} cannot be broadcast together", all.join(" and ")));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The elements of `x[start:end:step]` along an axis of size `n`, with Python's clamping:
+/// the first index and the count. i128 keeps extreme starts, ends and steps from overflowing.
+pub fn slice_range(start: i64, end: i64, step: i64, n: usize) -> R<(usize, usize)> {
+    if step == 0 {
+        return Err("slice step of 0".into());
+    }
+    let (n, step) = (n as i128, step as i128);
+    let (lower, upper) = if step > 0 { (0, n) } else { (-1, n - 1) };
+    let clamp = |i: i64| {
+        let i = i as i128;
+        if i < 0 {
+            (i + n).max(lower)
+        } else {
+            i.min(upper)
+        }
+    };
+    let (start, end) = (clamp(start), clamp(end));
+    let len = if step > 0 && start < end {
+        (end - start - 1) / step + 1
+    } else if step < 0 && end < start {
+        (start - end - 1) / -step + 1
+    } else {
+        0
+    };
+    // With len > 0, start is a valid index.
+    Ok(if len > 0 { (start as usize, len as usize) } else { (0, 0) })
+}
+
+/// Names the dims of a broadcast result: per result dim, the first operand name aligned to it.
+fn broadcast_dims(ops: &[Operand], rank: usize) -> Option<Dims> {
+    let mut out: Dims = vec![None; rank];
+    let mut any = false;
+    for o in ops {
+        if let Some(d) = o.dims {
+            any = true;
+            for (i, name) in d.iter().enumerate() {
+                let slot = &mut out[rank - d.len() + i];
+                if slot.is_none() {
+                    slot.clone_from(name);
+                }
+            }
+        }
+    }
+    any.then_some(out)
+}
+
+fn expect_dtype(o: &Operand, allowed: &[DType], what: &str) -> R<()> {
+    if allowed.contains(&o.ty.dtype) {
+        return Ok(());
+    }
+    let names: Vec<&str> = allowed.iter().map(|d| d.name()).collect();
+    Err(format!("{what} must be {}, found {}", names.join(" or "), o.ty.dtype))
+}
+
+const NUMERIC: &[DType] = &[DType::F32, DType::I32, DType::I64];
+const FLOAT: &[DType] = &[DType::F32];
+const INDEX: &[DType] = &[DType::I32, DType::I64];
+
+fn same_dtype(ops: &[Operand]) -> R<DType> {
+    let d = ops[0].ty.dtype;
+    match ops.iter().find(|o| o.ty.dtype != d) {
+        Some(o) => Err(format!("operand dtypes differ ({d} and {}); insert a cast", o.ty.dtype)),
+        None => Ok(d),
+    }
+}
+
+fn keep(o: &Operand, dtype: DType) -> Inferred {
+    Inferred { ty: TensorType::new(dtype, o.ty.shape.clone()), dims: o.dims.cloned() }
+}
+
+/// Infers the result of `node` from its operands. Arity and attribute kinds are checked by
+/// the caller; everything that depends on operand types is checked here.
+pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
+    use Op::*;
+    let x = ops.first();
+    match node.op {
+        Add | Sub | Mul | Maximum | Minimum | Div | Pow => {
+            let allowed = if matches!(node.op, Div | Pow) { FLOAT } else { NUMERIC };
+            for (i, o) in ops.iter().enumerate() {
+                expect_dtype(o, allowed, &format!("operand {i}"))?;
+            }
+            let dtype = same_dtype(ops)?;
+            let shape = broadcast_shapes(&[&ops[0].ty.shape, &ops[1].ty.shape])?;
+            let dims = broadcast_dims(ops, shape.len());
+            Ok(Inferred { ty: TensorType::new(dtype, shape), dims })
+        }
+        Neg | Abs | Relu => {
+            let x = x.expect("arity checked");
+            expect_dtype(x, NUMERIC, "the operand")?;
+            Ok(keep(x, x.ty.dtype))
+        }
+        Exp | Log | Sqrt | Rsqrt | Tanh | Erf | Sigmoid | Gelu | Softmax => {
+            let x = x.expect("arity checked");
+            expect_dtype(x, FLOAT, "the operand")?;
+            if node.op == Softmax {
+                norm_axis(attr_int(node, "axis", -1), x.ty.rank())?;
+            }
+            Ok(keep(x, DType::F32))
+        }
+        Cast => {
+            let to = DType::parse(attr_str(node, "to", "")).ok_or("cast needs a dtype in 'to'")?;
+            Ok(keep(x.expect("arity checked"), to))
+        }
+        Where => {
+            expect_dtype(&ops[0], &[DType::Bool], "the condition")?;
+            let dtype = same_dtype(&ops[1..])?;
+            let shape = broadcast_shapes(&[&ops[0].ty.shape, &ops[1].ty.shape, &ops[2].ty.shape])?;
+            let dims = broadcast_dims(ops, shape.len());
+            Ok(Inferred { ty: TensorType::new(dtype, shape), dims })
+        }
+        MatMul => matmul(ops),
+        Einsum => einsum(attr_str(node, "equation", ""), ops),
+        ReduceSum | ReduceMean | ReduceMax => {
+            let x = x.expect("arity checked");
+            expect_dtype(x, if node.op == ReduceMean { FLOAT } else { NUMERIC }, "the operand")?;
+            let rank = x.ty.rank();
+            let axes = match attr_ints(node, "axes") {
+                Some(a) => norm_axes(&a, rank)?,
+                None => (0..rank).collect(),
+            };
+            if node.op == ReduceMax {
+                if let Some(&a) = axes.iter().find(|&&a| x.ty.shape[a] == 0) {
+                    return Err(format!("reduce_max over axis {a} of size 0 has no identity"));
+                }
+            }
+            let keepdims = node.attrs.get("keepdims").and_then(Attr::as_bool).unwrap_or(false);
+            let mut shape = Vec::new();
+            let mut dims = Vec::new();
+            for (i, &d) in x.ty.shape.iter().enumerate() {
+                let name = x.dims.and_then(|n| n[i].clone());
+                if !axes.contains(&i) {
+                    shape.push(d);
+                    dims.push(name);
+                } else if keepdims {
+                    shape.push(1);
+                    dims.push(None);
+                }
+            }
+            Ok(Inferred { ty: TensorType::new(x.ty.dtype, shape), dims: x.dims.map(|_| dims) })
+        }
+        LayerNorm => {
+            for (i, o) in ops.iter().enumerate() {
+                expect_dtype(o, FLOAT, &["x", "gamma", "beta"][i])?;
+            }
+            let x = &ops[0];
+            let axis = norm_axis(attr_int(node, "axis", -1), x.ty.rank())?;
+            let want = &x.ty.shape[axis..];
+            for (i, name) in [(1, "gamma"), (2, "beta")] {
+                if ops[i].ty.shape != want {
+                    return Err(format!(
+                        "{name} has shape {}, expected {} (x.shape[{axis}:])",
+                        sh(&ops[i].ty.shape),
+                        sh(want)
+                    ));
+                }
+            }
+            Ok(keep(x, DType::F32))
+        }
+        Reshape => reshape(node, x.expect("arity checked")),
+        Transpose => {
+            let x = x.expect("arity checked");
+            let rank = x.ty.rank();
+            let perm = match attr_ints(node, "perm") {
+                Some(p) => {
+                    let p = norm_axes(&p, rank).map_err(|e| format!("bad perm: {e}"))?;
+                    if p.len() != rank {
+                        return Err(format!("perm has {} entries, the operand has rank {rank}", p.len()));
+                    }
+                    p
+                }
+                None => (0..rank).rev().collect(),
+            };
+            let shape = perm.iter().map(|&p| x.ty.shape[p]).collect();
+            let dims = x.dims.map(|d| perm.iter().map(|&p| d[p].clone()).collect());
+            Ok(Inferred { ty: TensorType::new(x.ty.dtype, shape), dims })
+        }
+        BroadcastTo => {
+            let x = x.expect("arity checked");
+            let target = non_negative(&attr_ints(node, "shape").unwrap_or_default(), "shape")?;
+            let ok = target.len() >= x.ty.rank()
+                && x.ty.shape.iter().zip(&target[target.len() - x.ty.rank()..]).all(|(&a, &b)| a == b || a == 1);
+            if !ok {
+                return Err(format!("cannot broadcast {} to {}", sh(&x.ty.shape), sh(&target)));
+            }
+            let dims = broadcast_dims(&[*x], target.len());
+            Ok(Inferred { ty: TensorType::new(x.ty.dtype, target), dims })
+        }
+        Concat => {
+            let dtype = same_dtype(ops)?;
+            let first = &ops[0].ty.shape;
+            let axis = norm_axis(attr_int(node, "axis", 0), first.len())?;
+            let mut shape = first.clone();
+            for (i, o) in ops.iter().enumerate().skip(1) {
+                let s = &o.ty.shape;
+                let compatible = s.len() == first.len() && (0..s.len()).all(|d| d == axis || s[d] == first[d]);
+                if !compatible {
+                    return Err(format!(
+                        "operand {i} has shape {}, incompatible with {} for concat along axis {axis}",
+                        sh(s),
+                        sh(first)
+                    ));
+                }
+                shape[axis] += s[axis];
+            }
+            Ok(Inferred { ty: TensorType::new(dtype, shape), dims: ops[0].dims.cloned() })
+        }
+        Slice => slice(node, x.expect("arity checked")),
+        Gather => {
+            let (data, idx) = (&ops[0], &ops[1]);
+            expect_dtype(idx, INDEX, "the indices")?;
+            let axis = norm_axis(attr_int(node, "axis", 0), data.ty.rank())?;
+            let ds = &data.ty.shape;
+            let shape = [&ds[..axis], &idx.ty.shape[..], &ds[axis + 1..]].concat();
+            let dims = (data.dims.is_some() || idx.dims.is_some()).then(|| {
+                let dd = |r: std::ops::Range<usize>| r.map(|i| data.dims.and_then(|d| d[i].clone())).collect::<Dims>();
+                let id: Dims = idx.dims.cloned().unwrap_or_else(|| vec![None; idx.ty.rank()]);
+                [dd(0..axis), id, dd(axis + 1..ds.len())].concat()
+            });
+            if ds[axis] == 0 && idx.ty.numel() > 0 {
+                return Err(format!("gather from axis {axis} of size 0"));
+            }
+            Ok(Inferred { ty: TensorType::new(data.ty.dtype, shape), dims })
+        }
+        Send => Ok(keep(x.expect("arity checked"), x.expect("arity checked").ty.dtype)),
+        Recv => {
+            let shape = non_negative(&attr_ints(node, "shape").unwrap_or_default(), "shape")?;
+            let dtype = DType::parse(attr_str(node, "dtype", "")).ok_or("recv needs a dtype")?;
+            Ok(Inferred { ty: TensorType::new(dtype, shape), dims: None })
+        }
+        AllReduce | AllGather | ReduceScatter | AllToAll => collective(node, x.expect("arity checked")),
+    }
+}
+
+fn non_negative(v: &[i64], what: &str) -> R<Vec<usize>> {
+    v.iter().map(|&d| usize::try_from(d).map_err(|_| format!("{what} has a negative entry {d}"))).collect()
+}
+
+fn matmul(ops: &[Operand]) -> R<Inferred> {
+    let (a, b) = (&ops[0], &ops[1]);
+    expect_dtype(a, FLOAT, "lhs")?;
+    expect_dtype(b, FLOAT, "rhs")?;
+    let (sa, sb) = (&a.ty.shape, &b.ty.shape);
+    if sa.is_empty() || sb.is_empty() {
+        return Err("matmul operands must have rank >= 1".into());
+    }
+    // numpy: a 1-D lhs is a row vector, a 1-D rhs a column vector; the added dim is dropped.
+    let pa: Vec<usize> = if sa.len() == 1 { vec![1, sa[0]] } else { sa.clone() };
+    let pb: Vec<usize> = if sb.len() == 1 { vec![sb[0], 1] } else { sb.clone() };
+    let (m, k) = (pa[pa.len() - 2], pa[pa.len() - 1]);
+    let (k2, n) = (pb[pb.len() - 2], pb[pb.len() - 1]);
+    if k != k2 {
+        return Err(format!("matmul contracting dims differ: {} x {} ({k} vs {k2})", sh(sa), sh(sb)));
+    }
+    let batch = broadcast_shapes(&[&pa[..pa.len() - 2], &pb[..pb.len() - 2]]).map_err(|e| format!("matmul batch dims: {e}"))?;
+    let name = |o: &Operand, i: usize| o.dims.and_then(|d| d[i].clone());
+    let mut shape = batch.clone();
+    let mut dims: Dims = vec![None; batch.len()];
+    // Batch dim names come from the lhs, as DESIGN §3 says.
+    if let Some(d) = a.dims.filter(|_| sa.len() > 2) {
+        let off = batch.len() - (sa.len() - 2);
+        for i in 0..sa.len() - 2 {
+            dims[off + i].clone_from(&d[i]);
+        }
+    }
+    if sa.len() > 1 {
+        shape.push(m);
+        dims.push(name(a, sa.len() - 2));
+    }
+    if sb.len() > 1 {
+        shape.push(n);
+        dims.push(name(b, sb.len() - 1));
+    }
+    let any = a.dims.is_some() || b.dims.is_some();
+    Ok(Inferred { ty: TensorType::new(DType::F32, shape), dims: any.then_some(dims) })
+}
+
+/// Parses `"ab,bc->ac"` into operand letter lists and the output letters.
+pub fn parse_equation(eq: &str, n_ops: usize) -> R<(Vec<Vec<char>>, Vec<char>)> {
+    let (lhs, out) = eq.split_once("->").ok_or_else(|| format!("einsum equation '{eq}' needs an explicit '->' output"))?;
+    let terms: Vec<Vec<char>> = lhs.split(',').map(|t| t.trim().chars().collect()).collect();
+    let out: Vec<char> = out.trim().chars().collect();
+    if terms.len() != n_ops {
+        return Err(format!("einsum equation '{eq}' has {} operand terms but the node has {n_ops} operands", terms.len()));
+    }
+    for t in terms.iter().chain(std::iter::once(&out)) {
+        if let Some(c) = t.iter().find(|c| !c.is_ascii_alphabetic()) {
+            return Err(format!("einsum equation '{eq}': unsupported character '{c}' (letters only)"));
+        }
+        for (i, c) in t.iter().enumerate() {
+            if t[..i].contains(c) {
+                return Err(format!("einsum equation '{eq}': letter '{c}' repeats within one term"));
+            }
+        }
+    }
+    Ok((terms, out))
+}
+
+fn einsum(eq: &str, ops: &[Operand]) -> R<Inferred> {
+    let (terms, out) = parse_equation(eq, ops.len())?;
+    let mut sizes: Vec<(char, usize, Option<String>)> = Vec::new();
+    for (i, (t, o)) in terms.iter().zip(ops).enumerate() {
+        expect_dtype(o, FLOAT, &format!("operand {i}"))?;
+        if t.len() != o.ty.rank() {
+            return Err(format!("einsum term '{}' has {} letters but operand {i} has rank {}", t.iter().collect::<String>(), t.len(), o.ty.rank()));
+        }
+        for (j, &c) in t.iter().enumerate() {
+            let d = o.ty.shape[j];
+            let name = o.dims.and_then(|n| n[j].clone());
+            match sizes.iter_mut().find(|(l, _, _)| *l == c) {
+                Some((_, s, _)) if *s != d => return Err(format!("einsum letter '{c}' has sizes {s} and {d}")),
+                Some((_, _, n)) => {
+                    if n.is_none() {
+                        *n = name;
+                    }
+                }
+                None => sizes.push((c, d, name)),
+            }
+        }
+    }
+    let mut shape = Vec::new();
+    let mut dims = Vec::new();
+    for c in &out {
+        let (_, d, n) = sizes.iter().find(|(l, _, _)| l == c).ok_or_else(|| format!("einsum output letter '{c}' appears in no operand"))?;
+        shape.push(*d);
+        dims.push(n.clone());
+    }
+    let any = ops.iter().any(|o| o.dims.is_some());
+    Ok(Inferred { ty: TensorType::new(DType::F32, shape), dims: any.then_some(dims) })
+}
+
+fn reshape(node: &Node, x: &Operand) -> R<Inferred> {
+    let want = attr_ints(node, "shape").unwrap_or_default();
+    if want.iter().filter(|&&d| d == -1).count() > 1 {
+        return Err("reshape shape may contain at most one -1".into());
+    }
+    if let Some(d) = want.iter().find(|&&d| d < -1) {
+        return Err(format!("reshape shape has a negative entry {d}"));
+    }
+    let n = x.ty.numel();
+    let known: usize = want.iter().filter(|&&d| d != -1).map(|&d| d as usize).product();
+    let shape: Vec<usize> = if want.contains(&-1) {
+        if known == 0 || n % known != 0 {
+            return Err(format!("cannot reshape {} into {}", sh(&x.ty.shape), Attr::ints(&want)));
+        }
+        want.iter().map(|&d| if d == -1 { n / known } else { d as usize }).collect()
+    } else {
+        want.iter().map(|&d| d as usize).collect()
+    };
+    if shape.iter().product::<usize>() != n {
+        return Err(format!("cannot reshape {} ({n} elements) into {}", sh(&x.ty.shape), sh(&shape)));
+    }
+    // Names survive on the leading and trailing dims whose sizes did not change.
+    let dims = x.dims.map(|d| {
+        let old = &x.ty.shape;
+        let mut out: Dims = vec![None; shape.len()];
+        let lead = old.iter().zip(&shape).take_while(|(a, b)| a == b).count();
+        out[..lead].clone_from_slice(&d[..lead]);
+        let trail = old.iter().rev().zip(shape.iter().rev()).take_while(|(a, b)| a == b).count().min(shape.len() - lead).min(old.len() - lead);
+        for i in 0..trail {
+            out[shape.len() - 1 - i].clone_from(&d[old.len() - 1 - i]);
+        }
+        out
+    });
+    Ok(Inferred { ty: TensorType::new(x.ty.dtype, shape), dims })
+}
+
+fn slice(node: &Node, x: &Operand) -> R<Inferred> {
+    let starts = attr_ints(node, "starts").unwrap_or_default();
+    let ends = attr_ints(node, "ends").unwrap_or_default();
+    let rank = x.ty.rank();
+    let axes = match attr_ints(node, "axes") {
+        Some(a) => norm_axes(&a, rank)?,
+        None => (0..starts.len()).collect(),
+    };
+    let steps = attr_ints(node, "steps").unwrap_or_else(|| vec![1; axes.len()]);
+    if starts.len() != axes.len() || ends.len() != axes.len() || steps.len() != axes.len() {
+        return Err(format!(
+            "slice needs as many starts, ends and steps as axes (starts {}, ends {}, steps {}, axes {})",
+            starts.len(),
+            ends.len(),
+            steps.len(),
+            axes.len()
+        ));
+    }
+    if axes.iter().any(|&a| a >= rank) {
+        return Err(format!("slice lists {} axes but the operand has rank {rank}", axes.len()));
+    }
+    let mut shape = x.ty.shape.clone();
+    for (i, &a) in axes.iter().enumerate() {
+        shape[a] = slice_range(starts[i], ends[i], steps[i], x.ty.shape[a]).map_err(|e| format!("axis {a}: {e}"))?.1;
+    }
+    Ok(Inferred { ty: TensorType::new(x.ty.dtype, shape), dims: x.dims.cloned() })
+}
+
+/// The group size of a collective, after checking its groups are well formed.
+pub fn group_size(node: &Node) -> R<usize> {
+    let groups = node.attrs.get("groups").and_then(Attr::as_int_lists).unwrap_or_default();
+    let n = groups.first().map_or(0, Vec::len);
+    if n == 0 {
+        return Err("groups must be non-empty lists of device indices".into());
+    }
+    if groups.iter().any(|g| g.len() != n) {
+        return Err("all groups must have the same size".into());
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for &d in groups.iter().flatten() {
+        if d < 0 || !seen.insert(d) {
+            return Err(format!("device {d} is negative or appears in more than one group"));
+        }
+    }
+    Ok(n)
+}
+
+fn collective(node: &Node, x: &Operand) -> R<Inferred> {
+    let n = group_size(node)?;
+    let rank = x.ty.rank();
+    let mut shape = x.ty.shape.clone();
+    if node.op != Op::AllReduce && x.ty.dtype == DType::Bool {
+        return Err(format!("{} of bool is not supported", node.op));
+    }
+    match node.op {
+        Op::AllReduce => {}
+        Op::AllGather => shape[norm_axis(attr_int(node, "axis", 0), rank)?] *= n,
+        Op::ReduceScatter => {
+            let a = norm_axis(attr_int(node, "axis", 0), rank)?;
+            if shape[a] % n != 0 {
+                return Err(format!("reduce_scatter axis {a} of size {} does not divide by group size {n}", shape[a]));
+            }
+            shape[a] /= n;
+        }
+        _ => {
+            let s = norm_axis(attr_int(node, "split_axis", 0), rank)?;
+            let c = norm_axis(attr_int(node, "concat_axis", 0), rank)?;
+            if shape[s] % n != 0 {
+                return Err(format!("all_to_all split axis {s} of size {} does not divide by group size {n}", shape[s]));
+            }
+            shape[s] /= n;
+            shape[c] *= n;
+        }
+    }
+    let dims = x.dims.cloned();
+    Ok(Inferred { ty: TensorType::new(x.ty.dtype, shape), dims })
+}

@@ -1,0 +1,39 @@
+//! Seeded param initialisers. The generator is specified (docs/format.md) rather than
+//! borrowed from a crate so that numpy (tools/gen_testdata.py) reproduces it exactly:
+//! element k of a param draws from a counter-based splitmix64 stream keyed by the seed.
+
+use crate::dtype::TensorType;
+use crate::graph::Init;
+use crate::tensor::{Data, Tensor};
+
+const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The k-th uniform draw in (0, 1) of stream `seed`.
+pub fn uniform01(seed: u64, k: u64) -> f64 {
+    let r = mix(mix(seed).wrapping_add(k.wrapping_add(1).wrapping_mul(GOLDEN)));
+    ((r >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+}
+
+/// Materialises an initialiser for a tensor of type `ty` (values computed in f64, then
+/// converted to the dtype).
+pub fn materialize(init: &Init, ty: &TensorType) -> Tensor {
+    let n = ty.numel() as u64;
+    let values: Vec<f64> = match *init {
+        Init::Zeros => vec![0.0; n as usize],
+        Init::Ones => vec![1.0; n as usize],
+        Init::Uniform { seed, low, high } => (0..n).map(|k| low + (high - low) * uniform01(seed, k)).collect(),
+        Init::Normal { seed, mean, std } => (0..n)
+            .map(|k| {
+                let (u1, u2) = (uniform01(seed, 2 * k), uniform01(seed, 2 * k + 1));
+                mean + std * (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+            })
+            .collect(),
+    };
+    Tensor::new(ty.shape.clone(), Data::from_f64(ty.dtype, values))
+}

@@ -1,0 +1,25 @@
+//! meshc-ir: the graph data model, its JSON and text formats, the verifier, shape
+//! inference and the reference interpreter — the oracle every compiled path is tested
+//! against.
+
+pub mod attr;
+pub mod dtype;
+pub mod error;
+pub mod graph;
+pub mod infer;
+pub mod init;
+pub mod interp;
+pub mod json;
+pub mod load;
+pub mod ops;
+pub mod params;
+pub mod tensor;
+pub mod text;
+pub mod verify;
+
+pub use attr::{Attr, Attrs};
+pub use dtype::{DType, TensorType};
+pub use error::{Error, Loc, Result};
+pub use graph::{Dims, Graph, Init, Input, Node, Output, Param, ParamData};
+pub use ops::Op;
+pub use tensor::{Data, Tensor};

@@ -1,0 +1,182 @@
+//! The op set: each op's name, arity and attribute schema, in one table. Shapes live in
+//! `infer`, values in `interp`; this module only says what a well-formed use looks like.
+
+use std::fmt;
+
+macro_rules! ops {
+    ($($variant:ident = $name:literal),* $(,)?) => {
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Op { $($variant),* }
+
+        impl Op {
+            pub const ALL: &'static [Op] = &[$(Op::$variant),*];
+
+            pub fn name(self) -> &'static str {
+                match self { $(Op::$variant => $name),* }
+            }
+        }
+    };
+}
+
+ops! {
+    Add = "add", Sub = "sub", Mul = "mul", Div = "div",
+    Maximum = "maximum", Minimum = "minimum", Pow = "pow",
+    Neg = "neg", Abs = "abs", Exp = "exp", Log = "log", Sqrt = "sqrt", Rsqrt = "rsqrt",
+    Tanh = "tanh", Erf = "erf", Sigmoid = "sigmoid", Relu = "relu", Gelu = "gelu",
+    Cast = "cast", Where = "where",
+    MatMul = "matmul", Einsum = "einsum",
+    ReduceSum = "reduce_sum", ReduceMean = "reduce_mean", ReduceMax = "reduce_max",
+    Softmax = "softmax", LayerNorm = "layer_norm",
+    Reshape = "reshape", Transpose = "transpose", BroadcastTo = "broadcast_to",
+    Concat = "concat", Slice = "slice", Gather = "gather",
+    Send = "send", Recv = "recv",
+    AllReduce = "all_reduce", AllGather = "all_gather",
+    ReduceScatter = "reduce_scatter", AllToAll = "all_to_all",
+}
+
+/// How many operands an op takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arity {
+    Exactly(usize),
+    AtLeast(usize),
+}
+
+impl Arity {
+    pub fn accepts(self, n: usize) -> bool {
+        match self {
+            Arity::Exactly(k) => n == k,
+            Arity::AtLeast(k) => n >= k,
+        }
+    }
+}
+
+impl fmt::Display for Arity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Arity::Exactly(1) => f.write_str("1 operand"),
+            Arity::Exactly(k) => write!(f, "{k} operands"),
+            Arity::AtLeast(k) => write!(f, "at least {k} operand{}", if *k == 1 { "" } else { "s" }),
+        }
+    }
+}
+
+/// The kind of value an attribute must hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttrKind {
+    Int,
+    Float,
+    Bool,
+    Str,
+    /// A string naming a dtype.
+    DType,
+    /// One of the listed strings.
+    Enum(&'static [&'static str]),
+    Ints,
+    /// A list of lists of ints: device groups of a collective.
+    Groups,
+}
+
+impl fmt::Display for AttrKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AttrKind::Int => f.write_str("an int"),
+            AttrKind::Float => f.write_str("a number"),
+            AttrKind::Bool => f.write_str("a bool"),
+            AttrKind::Str => f.write_str("a string"),
+            AttrKind::DType => f.write_str("a dtype (f32, i32, i64, bool)"),
+            AttrKind::Enum(vals) => write!(f, "one of {}", vals.join(", ")),
+            AttrKind::Ints => f.write_str("a list of ints"),
+            AttrKind::Groups => f.write_str("a list of device groups (lists of ints)"),
+        }
+    }
+}
+
+/// One attribute an op accepts.
+#[derive(Clone, Copy, Debug)]
+pub struct AttrSpec {
+    pub name: &'static str,
+    pub kind: AttrKind,
+    pub required: bool,
+}
+
+const fn req(name: &'static str, kind: AttrKind) -> AttrSpec {
+    AttrSpec { name, kind, required: true }
+}
+
+const fn opt(name: &'static str, kind: AttrKind) -> AttrSpec {
+    AttrSpec { name, kind, required: false }
+}
+
+pub const REDUCE_KINDS: &[&str] = &["sum", "max", "mean"];
+pub const GELU_APPROX: &[&str] = &["none", "tanh"];
+
+impl Op {
+    pub fn from_name(s: &str) -> Option<Op> {
+        Op::ALL.iter().copied().find(|op| op.name() == s)
+    }
+
+    pub fn is_binary_elementwise(self) -> bool {
+        use Op::*;
+        matches!(self, Add | Sub | Mul | Div | Maximum | Minimum | Pow)
+    }
+
+    pub fn is_unary_elementwise(self) -> bool {
+        use Op::*;
+        matches!(self, Neg | Abs | Exp | Log | Sqrt | Rsqrt | Tanh | Erf | Sigmoid | Relu | Gelu | Cast)
+    }
+
+    /// Elementwise ops (with broadcasting): the ones a fuser may chain into one loop.
+    pub fn is_elementwise(self) -> bool {
+        self.is_binary_elementwise() || self.is_unary_elementwise() || self == Op::Where
+    }
+
+    pub fn is_communication(self) -> bool {
+        use Op::*;
+        matches!(self, Send | Recv | AllReduce | AllGather | ReduceScatter | AllToAll)
+    }
+
+    pub fn arity(self) -> Arity {
+        use Op::*;
+        match self {
+            _ if self.is_binary_elementwise() => Arity::Exactly(2),
+            _ if self.is_unary_elementwise() => Arity::Exactly(1),
+            Where | LayerNorm => Arity::Exactly(3),
+            MatMul | Gather => Arity::Exactly(2),
+            Einsum | Concat => Arity::AtLeast(1),
+            Recv => Arity::Exactly(0),
+            _ => Arity::Exactly(1),
+        }
+    }
+
+    pub fn attrs(self) -> &'static [AttrSpec] {
+        use AttrKind as K;
+        use Op::*;
+        match self {
+            Gelu => const { &[opt("approximate", K::Enum(GELU_APPROX))] },
+            Cast => const { &[req("to", K::DType)] },
+            Einsum => const { &[req("equation", K::Str)] },
+            ReduceSum | ReduceMean | ReduceMax => const { &[opt("axes", K::Ints), opt("keepdims", K::Bool)] },
+            Softmax => const { &[opt("axis", K::Int)] },
+            LayerNorm => const { &[opt("axis", K::Int), opt("eps", K::Float)] },
+            Reshape => const { &[req("shape", K::Ints)] },
+            Transpose => const { &[opt("perm", K::Ints)] },
+            BroadcastTo => const { &[req("shape", K::Ints)] },
+            Concat => const { &[req("axis", K::Int)] },
+            Slice => const { &[req("starts", K::Ints), req("ends", K::Ints), opt("axes", K::Ints), opt("steps", K::Ints)] },
+            Gather => const { &[opt("axis", K::Int)] },
+            Send => const { &[req("key", K::Str), req("to", K::Int)] },
+            Recv => const { &[req("key", K::Str), req("from", K::Int), req("shape", K::Ints), req("dtype", K::DType)] },
+            AllReduce => const { &[req("groups", K::Groups), opt("reduce", K::Enum(REDUCE_KINDS))] },
+            AllGather => const { &[req("groups", K::Groups), req("axis", K::Int)] },
+            ReduceScatter => const { &[req("groups", K::Groups), req("axis", K::Int), opt("reduce", K::Enum(REDUCE_KINDS))] },
+            AllToAll => const { &[req("groups", K::Groups), req("split_axis", K::Int), req("concat_axis", K::Int)] },
+            _ => &[],
+        }
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}

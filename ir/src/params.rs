@@ -1,0 +1,74 @@
+//! Param data: turns each param's source (a `.npy`/`.safetensors` file relative to the graph,
+//! a seeded initialiser, an inline value) into a `Tensor` of its declared type, refusing
+//! any mismatch with the file and param named.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use crate::attr::Attr;
+use crate::dtype::{DType, ShapeDisplay};
+use crate::error::{Error, Result};
+use crate::graph::{Graph, Param, ParamData};
+use crate::init;
+use crate::tensor::{Data, Tensor};
+
+/// Converts an inline `value` literal (a scalar or nested lists) into a tensor of the
+/// param's declared type.
+pub fn inline_value(p: &Param, v: &Attr) -> Result<Tensor> {
+    let at = |msg: String| Error::at(p.loc, format!("param '{}': {msg}", p.name));
+    let mut flat = Vec::new();
+    fn walk<'a>(v: &'a Attr, shape: &[usize], depth: usize, flat: &mut Vec<&'a Attr>) -> std::result::Result<(), String> {
+        match (shape.first(), v) {
+            (None, Attr::List(_)) => Err(format!("value is nested deeper than the rank {depth}")),
+            (None, scalar) => {
+                flat.push(scalar);
+                Ok(())
+            }
+            (Some(&n), Attr::List(items)) if items.len() == n => {
+                items.iter().try_for_each(|item| walk(item, &shape[1..], depth + 1, flat))
+            }
+            (Some(&n), Attr::List(items)) => Err(format!("value has {} entries at depth {depth}, the shape says {n}", items.len())),
+            (Some(_), other) => Err(format!("value has a {} at depth {depth} where the shape needs a list", other.kind())),
+        }
+    }
+    walk(v, &p.ty.shape, 0, &mut flat).map_err(|e| at(format!("{e} (shape {})", ShapeDisplay(&p.ty.shape))))?;
+    let bad = |a: &Attr| at(format!("value entry {a} is not a valid {}", p.ty.dtype));
+    let data = match p.ty.dtype {
+        DType::F32 => Data::F32(flat.iter().map(|a| a.as_float().map(|x| x as f32).ok_or_else(|| bad(a))).collect::<Result<_>>()?),
+        DType::I32 => Data::I32(
+            flat.iter().map(|a| a.as_int().and_then(|i| i32::try_from(i).ok()).ok_or_else(|| bad(a))).collect::<Result<_>>()?,
+        ),
+        DType::I64 => Data::I64(flat.iter().map(|a| a.as_int().ok_or_else(|| bad(a))).collect::<Result<_>>()?),
+        DType::Bool => Data::Bool(flat.iter().map(|a| a.as_bool().ok_or_else(|| bad(a))).collect::<Result<_>>()?),
+    };
+    Ok(Tensor::new(p.ty.shape.clone(), data))
+}
+
+/// Loads one param; `base` is the directory of the graph file.
+pub fn load_param(p: &Param, base: &Path) -> Result<Tensor> {
+    let t = match &p.data {
+        ParamData::Value(v) => return inline_value(p, v),
+        ParamData::Init(i) => return Ok(init::materialize(i, &p.ty)),
+        ParamData::File { path, key } => {
+            let full = base.join(path);
+            let loaded = match key {
+                Some(k) => Tensor::read_safetensors(&full, k),
+                None => Tensor::read_npy(&full),
+            };
+            loaded.map_err(|e| Error { msg: format!("param '{}': {}", p.name, e.msg), ..e })?
+        }
+    };
+    if t.ty() != p.ty {
+        let file = match &p.data {
+            ParamData::File { path, .. } => base.join(path).display().to_string(),
+            _ => unreachable!("only files reach here"),
+        };
+        return Err(Error::new(format!("param '{}': file holds {}, the graph declares {}", p.name, t.ty(), p.ty)).in_file(file));
+    }
+    Ok(t)
+}
+
+/// Loads every param of `g`.
+pub fn load_all(g: &Graph, base: &Path) -> Result<HashMap<String, Tensor>> {
+    g.params.iter().map(|p| Ok((p.name.clone(), load_param(p, base)?))).collect()
+}

@@ -1,0 +1,190 @@
+//! Host tensors (`Tensor`): the values the interpreter computes on and the runner reads and
+//! writes, plus their file formats (`.npy` via npyz, `.safetensors` via safetensors).
+
+use std::path::Path;
+
+use crate::dtype::{DType, ShapeDisplay, TensorType};
+use crate::error::{Error, Result};
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Data {
+    F32(Vec<f32>),
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+    Bool(Vec<bool>),
+}
+
+/// A dense, row-major tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    pub shape: Vec<usize>,
+    pub data: Data,
+}
+
+impl Data {
+    pub fn dtype(&self) -> DType {
+        match self {
+            Data::F32(_) => DType::F32,
+            Data::I32(_) => DType::I32,
+            Data::I64(_) => DType::I64,
+            Data::Bool(_) => DType::Bool,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Data::F32(v) => v.len(),
+            Data::I32(v) => v.len(),
+            Data::I64(v) => v.len(),
+            Data::Bool(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every element widened to f64 (exact for all four dtypes' values in practice:
+    /// i64 beyond 2^53 only loses precision, which no graph here relies on).
+    pub fn to_f64(&self) -> Vec<f64> {
+        match self {
+            Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::I32(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::I64(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::Bool(v) => v.iter().map(|&x| x as u8 as f64).collect(),
+        }
+    }
+
+    /// Builds data of `dtype` from f64 values, with numpy's conversion rules
+    /// (truncation toward zero for ints, nonzero for bool).
+    pub fn from_f64(dtype: DType, v: impl IntoIterator<Item = f64>) -> Data {
+        let v = v.into_iter();
+        match dtype {
+            DType::F32 => Data::F32(v.map(|x| x as f32).collect()),
+            DType::I32 => Data::I32(v.map(|x| x as i32).collect()),
+            DType::I64 => Data::I64(v.map(|x| x as i64).collect()),
+            DType::Bool => Data::Bool(v.map(|x| x != 0.0).collect()),
+        }
+    }
+}
+
+impl Tensor {
+    pub fn new(shape: Vec<usize>, data: Data) -> Tensor {
+        debug_assert_eq!(shape.iter().product::<usize>(), data.len());
+        Tensor { shape, data }
+    }
+
+    pub fn zeros(ty: &TensorType) -> Tensor {
+        Tensor::new(ty.shape.clone(), Data::from_f64(ty.dtype, std::iter::repeat_n(0.0, ty.numel())))
+    }
+
+    pub fn f32(shape: Vec<usize>, v: Vec<f32>) -> Tensor {
+        Tensor::new(shape, Data::F32(v))
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.data.dtype()
+    }
+
+    pub fn ty(&self) -> TensorType {
+        TensorType::new(self.dtype(), self.shape.clone())
+    }
+
+    pub fn numel(&self) -> usize {
+        self.data.len()
+    }
+
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        match &self.data {
+            Data::F32(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// Reads a `.npy` file: little-endian f4/i4/i8/b1, C order. Anything else is refused
+    /// with the reason, naming the file.
+    pub fn read_npy(path: &Path) -> Result<Tensor> {
+        let file = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|e| Error::new(format!("cannot read: {e}")).in_file(&file))?;
+        Tensor::from_npy_bytes(&bytes).map_err(|e| e.in_file(&file))
+    }
+
+    pub fn from_npy_bytes(bytes: &[u8]) -> Result<Tensor> {
+        let npy = npyz::NpyFile::new(bytes).map_err(|e| Error::new(format!("not a valid .npy file: {e}")))?;
+        if npy.order() == npyz::Order::Fortran {
+            return Err(Error::new("Fortran-ordered .npy arrays are not supported; save with C order"));
+        }
+        let descr = match npy.dtype() {
+            npyz::DType::Plain(t) => t.to_string(),
+            other => return Err(Error::new(format!("unsupported .npy dtype {}", other.descr()))),
+        };
+        let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
+        let truncated = |e: std::io::Error| {
+            Error::new(format!("truncated or corrupt .npy data for shape {}: {e}", ShapeDisplay(&shape)))
+        };
+        let data = match descr.as_str() {
+            "<f4" => Data::F32(npy.into_vec::<f32>().map_err(truncated)?),
+            "<i4" => Data::I32(npy.into_vec::<i32>().map_err(truncated)?),
+            "<i8" => Data::I64(npy.into_vec::<i64>().map_err(truncated)?),
+            "|b1" => Data::Bool(npy.into_vec::<bool>().map_err(truncated)?),
+            other => {
+                return Err(Error::new(format!(
+                    "unsupported .npy dtype {other} (meshc reads float32, int32, int64 and bool)"
+                )))
+            }
+        };
+        if data.len() != shape.iter().product::<usize>() {
+            return Err(truncated(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+        Ok(Tensor::new(shape, data))
+    }
+
+    pub fn write_npy(&self, path: &Path) -> Result<()> {
+        let file = path.display().to_string();
+        std::fs::write(path, self.to_npy_bytes()).map_err(|e| Error::new(format!("cannot write: {e}")).in_file(file))
+    }
+
+    pub fn to_npy_bytes(&self) -> Vec<u8> {
+        use npyz::WriterBuilder;
+        let mut out = Vec::new();
+        let shape: Vec<u64> = self.shape.iter().map(|&d| d as u64).collect();
+        // Writing into a Vec cannot fail.
+        fn write<T: npyz::AutoSerialize + Copy>(out: &mut Vec<u8>, shape: &[u64], v: &[T]) {
+            let mut w = npyz::WriteOptions::new().default_dtype().shape(shape).writer(out).begin_nd().expect("in-memory npy");
+            w.extend(v.iter().copied()).expect("in-memory npy");
+            w.finish().expect("in-memory npy");
+        }
+        match &self.data {
+            Data::F32(v) => write(&mut out, &shape, v),
+            Data::I32(v) => write(&mut out, &shape, v),
+            Data::I64(v) => write(&mut out, &shape, v),
+            Data::Bool(v) => write(&mut out, &shape, v),
+        }
+        out
+    }
+
+    /// Reads the tensor `key` of a `.safetensors` file (F32, I32, I64 or BOOL).
+    pub fn read_safetensors(path: &Path, key: &str) -> Result<Tensor> {
+        let file = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|e| Error::new(format!("cannot read: {e}")).in_file(&file))?;
+        let st = safetensors::SafeTensors::deserialize(&bytes)
+            .map_err(|e| Error::new(format!("not a valid .safetensors file: {e}")).in_file(&file))?;
+        let view = st.tensor(key).map_err(|_| {
+            let mut names = st.names();
+            names.sort();
+            Error::new(format!("no tensor '{key}' (it has: {})", names.join(", "))).in_file(&file)
+        })?;
+        let raw = view.data();
+        use safetensors::Dtype as S;
+        let data = match view.dtype() {
+            S::F32 => Data::F32(raw.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()),
+            S::I32 => Data::I32(raw.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()),
+            S::I64 => Data::I64(raw.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()),
+            S::BOOL => Data::Bool(raw.iter().map(|&b| b != 0).collect()),
+            other => {
+                return Err(Error::new(format!("tensor '{key}' has unsupported dtype {other:?}")).in_file(&file))
+            }
+        };
+        Ok(Tensor::new(view.shape().to_vec(), data))
+    }
+}

@@ -1,0 +1,986 @@
+#!/usr/bin/env python3
+"""Generate meshc's test graphs with their weights, inputs and expected outputs.
+
+Run from the repository root:  python3 tools/gen_testdata.py   (needs only numpy)
+
+For every graph NAME it (re)writes, and only these (testdata/bad/ is not touched):
+
+    testdata/NAME/graph.json            the graph, format meshc-graph/1
+    testdata/NAME/weights/*.npy         params stored as .npy; some as .safetensors
+    testdata/NAME/weights/*.safetensors (written by hand: 8-byte LE header length, JSON, data)
+    testdata/NAME/inputs/<input>.npy    one file per graph input
+    testdata/NAME/expected/<out>.npy    one file per graph output
+
+plus testdata/README.md, which lists the graphs and the comparison tolerance.
+
+Graphs: mlp, gelu_mlp, transformer, reductions, all_ops (see README_TEXT below).
+
+How the expected outputs are computed
+-------------------------------------
+All data (inputs, weights, seeded `init` params, inline `value` params) is first made
+float32 (or i32/i64/bool), exactly the values meshc will load. The graph is then evaluated
+by a small numpy interpreter (`evaluate`, semantics of docs/ops.md) in float64: every f32
+tensor is held as float64, so the reference is more accurate than any f32 computation.
+Each output is finally cast to its dtype (float32 for f32 outputs) and saved.
+
+Independent checks (asserts): every graph is also computed a second way, written out by
+hand with plain numpy (attention via einsum, variance via np.var, gather via loops, ...),
+and must match the interpreter to ~1e-12. The init generator is checked against a
+scalar pure-Python implementation. Finally the graph is evaluated a third time with f32
+arithmetic (what an f32 interpreter does), which must be within the stated tolerance
+|got - want| <= 1e-5 + 1e-4*|want| of the expected outputs (ints and bools: exact) --
+so the tolerance is known to be achievable.
+
+Determinism: fixed seeds (numpy default_rng / PCG64), sorted JSON keys in safetensors
+headers, no timestamps: running the script twice produces byte-identical files.
+"""
+
+import json
+import math
+import os
+import shutil
+import sys
+
+import numpy as np
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+TESTDATA = os.path.normpath(os.path.join(ROOT, "testdata"))
+
+ATOL = 1e-5
+RTOL = 1e-4
+
+NP_DTYPE = {"f32": np.float32, "i32": np.int32, "i64": np.int64, "bool": np.bool_}
+ST_DTYPE = {"f32": "F32", "i32": "I32", "i64": "I64", "bool": "BOOL"}
+
+
+def c_order(arr):
+    """A C-ordered copy; unlike np.ascontiguousarray it keeps 0-d arrays 0-d."""
+    return np.array(arr, order="C")
+
+
+def dtype_name(arr):
+    """meshc dtype of an evaluator value (float arrays stand for f32)."""
+    if arr.dtype.kind == "f":
+        return "f32"
+    return {np.dtype(np.int32): "i32", np.dtype(np.int64): "i64", np.dtype(np.bool_): "bool"}[arr.dtype]
+
+
+# --------------------------------------------------------------------------------------
+# The seeded init generator (docs/format.md, ir/src/init.rs), vectorised with uint64.
+# --------------------------------------------------------------------------------------
+
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+M1 = np.uint64(0xBF58476D1CE4E5B9)
+M2 = np.uint64(0x94D049BB133111EB)
+
+
+def _mix(z):
+    z = (z ^ (z >> np.uint64(30))) * M1
+    z = (z ^ (z >> np.uint64(27))) * M2
+    return z ^ (z >> np.uint64(31))
+
+
+def uniform01(seed, k):
+    """k: uint64 array of draw indices. Returns float64 in (0, 1)."""
+    with np.errstate(over="ignore"):
+        s = _mix(np.uint64(seed))
+        r = _mix(s + (k + np.uint64(1)) * GOLDEN)
+    return ((r >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
+
+
+def init_values(init, shape, dtype):
+    n = int(np.prod(shape, dtype=np.int64))
+    k = np.arange(n, dtype=np.uint64)
+    if init == "zeros":
+        v = np.zeros(n)
+    elif init == "ones":
+        v = np.ones(n)
+    elif "uniform" in init:
+        u = init["uniform"]
+        v = u["low"] + (u["high"] - u["low"]) * uniform01(u["seed"], k)
+    elif "normal" in init:
+        p = init["normal"]
+        u1 = uniform01(p["seed"], np.uint64(2) * k)
+        u2 = uniform01(p["seed"], np.uint64(2) * k + np.uint64(1))
+        # math.log / math.cos are the platform libm, as Rust's f64::ln / cos.
+        ln = np.array([math.log(a) for a in u1], dtype=np.float64)
+        cs = np.array([math.cos(2.0 * math.pi * b) for b in u2], dtype=np.float64)
+        v = p.get("mean", 0.0) + p["std"] * np.sqrt(-2.0 * ln) * cs
+    else:
+        raise ValueError(init)
+    return v.astype(NP_DTYPE[dtype]).reshape(shape)
+
+
+def _check_init_generator():
+    """Compare the vectorised generator with a scalar pure-Python one."""
+    mask = (1 << 64) - 1
+
+    def mix(z):
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        return z ^ (z >> 31)
+
+    def u01(seed, k):
+        r = mix((mix(seed) + (k + 1) * 0x9E3779B97F4A7C15) & mask)
+        return ((r >> 11) + 0.5) / 2.0**53
+
+    for seed in (0, 1, 7, 12345, 2**64 - 1):
+        ks = np.arange(300, dtype=np.uint64)
+        assert np.array_equal(uniform01(seed, ks), [u01(seed, int(k)) for k in ks])
+    got = init_values({"normal": {"seed": 3, "std": 2.0, "mean": 0.5}}, [5, 7], "f32")
+    want = [0.5 + 2.0 * math.sqrt(-2 * math.log(u01(3, 2 * k))) * math.cos(2 * math.pi * u01(3, 2 * k + 1))
+            for k in range(35)]
+    assert np.array_equal(got.ravel(), np.array(want).astype(np.float32))
+    got = init_values({"uniform": {"seed": 9, "low": -1.0, "high": 3.0}}, [4], "f32")
+    assert np.array_equal(got, np.array([-1 + 4 * u01(9, k) for k in range(4)]).astype(np.float32))
+
+
+# --------------------------------------------------------------------------------------
+# Reference interpreter (docs/ops.md). `F` is the float type used for f32 tensors:
+# float64 for the expected outputs, float32 for the achievability check.
+# --------------------------------------------------------------------------------------
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _axis(a, rank):
+    assert -rank <= a < rank, (a, rank)
+    return a + rank if a < 0 else a
+
+
+def evaluate(graph, params, inputs, F):
+    env = {}
+
+    def load(arr):
+        return arr.astype(F) if arr.dtype == np.float32 else arr.copy()
+
+    for p in graph["params"]:
+        env[p["name"]] = load(params[p["name"]])
+    for i in graph["inputs"]:
+        env[i["name"]] = load(inputs[i["name"]])
+    for node in graph["nodes"]:
+        args = [env[n] for n in node["inputs"]]
+        out = eval_op(node["op"], args, node.get("attrs", {}), F)
+        if out.dtype.kind == "f":
+            out = out.astype(F)
+        if "shape" in node:
+            assert list(out.shape) == node["shape"], (node["name"], out.shape)
+        if "dtype" in node:
+            assert dtype_name(out) == node["dtype"], node["name"]
+        env[node["name"]] = out
+    return {o: env[o] for o in graph["outputs"]}
+
+
+def eval_op(op, a, at, F):
+    binary = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
+              "maximum": np.maximum, "minimum": np.minimum, "pow": np.power}
+    if op in binary:
+        assert a[0].dtype == a[1].dtype, op
+        if op in ("div", "pow"):
+            assert a[0].dtype.kind == "f"
+        return binary[op](a[0], a[1])
+    x = a[0] if a else None
+    if op in ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "gelu"):
+        assert x.dtype.kind == "f", op
+    if op == "neg":
+        return -x
+    if op == "abs":
+        return np.abs(x)
+    if op == "relu":
+        return np.maximum(x, x.dtype.type(0))
+    if op == "exp":
+        return np.exp(x)
+    if op == "log":
+        return np.log(x)
+    if op == "sqrt":
+        return np.sqrt(x)
+    if op == "rsqrt":
+        return F(1) / np.sqrt(x)
+    if op == "tanh":
+        return np.tanh(x)
+    if op == "erf":
+        return _erf(x).astype(F)
+    if op == "sigmoid":
+        return F(1) / (F(1) + np.exp(-x))
+    if op == "gelu":
+        if at.get("approximate", "none") == "none":
+            return x * F(0.5) * (F(1) + _erf(x / F(math.sqrt(2.0))).astype(F))
+        c = F(math.sqrt(2.0 / math.pi))
+        return x * F(0.5) * (F(1) + np.tanh(c * (x + F(0.044715) * x * x * x)))
+    if op == "cast":
+        to = at["to"]
+        if to == "f32":
+            return x.astype(F)
+        if to == "bool":
+            return x != 0
+        if x.dtype.kind == "f":
+            return np.trunc(x).astype(NP_DTYPE[to])
+        return x.astype(NP_DTYPE[to])
+    if op == "where":
+        assert a[0].dtype == np.bool_ and a[1].dtype == a[2].dtype
+        return np.where(a[0], a[1], a[2])
+    if op == "matmul":
+        assert all(t.dtype.kind == "f" and t.ndim >= 1 for t in a)
+        return np.matmul(a[0], a[1])
+    if op == "einsum":
+        eq = at["equation"]
+        assert "->" in eq and "." not in eq
+        return np.einsum(eq, *a)
+    if op in ("reduce_sum", "reduce_mean", "reduce_max"):
+        axes = at.get("axes")
+        axes = tuple(range(x.ndim)) if axes is None else tuple(_axis(i, x.ndim) for i in axes)
+        assert len(set(axes)) == len(axes)
+        kd = at.get("keepdims", False)
+        if op == "reduce_sum":
+            return np.sum(x, axis=axes, keepdims=kd).astype(x.dtype)
+        if op == "reduce_mean":
+            assert x.dtype.kind == "f"
+            return np.mean(x, axis=axes, keepdims=kd).astype(x.dtype)
+        return np.max(x, axis=axes, keepdims=kd) if axes else x.copy()
+    if op == "softmax":
+        ax = at.get("axis", -1)
+        e = np.exp(x - np.max(x, axis=ax, keepdims=True))
+        return e / np.sum(e, axis=ax, keepdims=True)
+    if op == "layer_norm":
+        g, b = a[1], a[2]
+        ax = _axis(at.get("axis", -1), x.ndim)
+        eps = F(at.get("eps", 1e-5))
+        assert g.shape == x.shape[ax:] and b.shape == x.shape[ax:]
+        axes = tuple(range(ax, x.ndim))
+        mu = np.mean(x, axis=axes, keepdims=True)
+        var = np.mean((x - mu) ** 2, axis=axes, keepdims=True)
+        return (x - mu) / np.sqrt(var + eps) * g + b
+    if op == "reshape":
+        return np.reshape(x, at["shape"]).copy()
+    if op == "transpose":
+        return np.transpose(x, at.get("perm")).copy()
+    if op == "broadcast_to":
+        return np.broadcast_to(x, at["shape"]).copy()
+    if op == "concat":
+        assert len({t.dtype for t in a}) == 1 and len({t.ndim for t in a}) == 1
+        return np.concatenate(a, axis=at["axis"])
+    if op == "slice":
+        st, en = at["starts"], at["ends"]
+        axes = at.get("axes", list(range(len(st))))
+        steps = at.get("steps", [1] * len(st))
+        assert len(st) == len(en) == len(axes) == len(steps) and 0 not in steps
+        idx = [slice(None)] * x.ndim
+        for s, e, ax, k in zip(st, en, axes, steps):
+            idx[_axis(ax, x.ndim)] = slice(s, e, k)
+        return x[tuple(idx)].copy()
+    if op == "gather":
+        data, ind = a
+        assert ind.dtype in (np.int32, np.int64)
+        ax = _axis(at.get("axis", 0), data.ndim)
+        n = data.shape[ax]
+        assert np.all((ind >= -n) & (ind < n)), "index out of range"
+        return np.take(data, np.where(ind < 0, ind + n, ind), axis=ax)
+    raise ValueError("unknown op " + op)
+
+
+# --------------------------------------------------------------------------------------
+# Graph builder and writers.
+# --------------------------------------------------------------------------------------
+
+
+class G:
+    def __init__(self, name):
+        self.name = name
+        self.inputs, self.params, self.nodes, self.outputs = [], [], [], []
+        self.input_data, self.param_data = {}, {}
+        self.files = {}  # weights file name -> list of (key, array) or array
+
+    def input(self, name, arr, dims=None):
+        arr = c_order(arr)
+        d = {"name": name, "dtype": dtype_name(arr), "shape": list(arr.shape)}
+        if dims is not None:
+            d["dims"] = dims
+        self.inputs.append(d)
+        self.input_data[name] = arr
+        return name
+
+    def _param(self, name, dtype, shape, dims, data, arr):
+        d = {"name": name, "dtype": dtype, "shape": list(shape)}
+        if dims is not None:
+            d["dims"] = dims
+        d.update(data)
+        self.params.append(d)
+        assert arr.dtype == NP_DTYPE[dtype] and list(arr.shape) == list(shape)
+        self.param_data[name] = arr
+        return name
+
+    def param_npy(self, name, arr, dims=None, file=None):
+        arr = c_order(arr)
+        file = file or name + ".npy"
+        self.files[file] = arr
+        return self._param(name, dtype_name(arr), arr.shape, dims, {"file": "weights/" + file}, arr)
+
+    def param_st(self, name, arr, file, key=None, dims=None):
+        arr = c_order(arr)
+        key = key or name
+        self.files.setdefault(file, []).append((key, arr))
+        return self._param(name, dtype_name(arr), arr.shape, dims,
+                           {"file": "weights/" + file, "key": key}, arr)
+
+    def param_init(self, name, init, shape, dtype="f32", dims=None):
+        return self._param(name, dtype, shape, dims, {"init": init}, init_values(init, shape, dtype))
+
+    def param_value(self, name, value, dtype, shape, dims=None):
+        arr = np.array(value, dtype=NP_DTYPE[dtype]).reshape(shape)
+        return self._param(name, dtype, shape, dims, {"value": value}, arr)
+
+    def node(self, name, op, inputs, attrs=None, shape=None, dtype=None, dims=None, output=False):
+        d = {"name": name, "op": op, "inputs": list(inputs)}
+        if attrs:
+            d["attrs"] = attrs
+        if shape is not None:
+            d["shape"] = shape
+        if dtype is not None:
+            d["dtype"] = dtype
+        if dims is not None:
+            d["dims"] = dims
+        assert name not in [n["name"] for n in self.nodes]
+        self.nodes.append(d)
+        if output:
+            self.outputs.append(name)
+        return name
+
+    def graph(self):
+        return {"format": "meshc-graph/1", "name": self.name, "inputs": self.inputs,
+                "params": self.params, "nodes": self.nodes, "outputs": self.outputs}
+
+
+def graph_json(g):
+    """The graph as JSON, one input/param/node a line."""
+    lines = ["{", '  "format": "meshc-graph/1",', '  "name": %s,' % json.dumps(g["name"])]
+    for key in ("inputs", "params", "nodes"):
+        items = g[key]
+        if not items:
+            lines.append('  "%s": [],' % key)
+            continue
+        lines.append('  "%s": [' % key)
+        for i, it in enumerate(items):
+            lines.append("    " + json.dumps(it) + ("," if i + 1 < len(items) else ""))
+        lines.append("  ],")
+    lines.append('  "outputs": %s' % json.dumps(g["outputs"]))
+    lines.append("}")
+    text = "\n".join(lines) + "\n"
+    assert json.loads(text) == g
+    return text
+
+
+def safetensors_bytes(tensors):
+    # Laid out by decreasing element size, then key, so every tensor's data is aligned
+    # to its element size (the header is padded to a multiple of 8).
+    header, blobs, off = {}, [], 0
+    for key, arr in sorted(tensors, key=lambda kv: (-kv[1].dtype.itemsize, kv[0])):
+        arr = c_order(arr)
+        b = arr.astype(arr.dtype.newbyteorder("<")).tobytes()
+        header[key] = {"dtype": ST_DTYPE[dtype_name(arr)], "shape": list(arr.shape),
+                       "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    return len(h).to_bytes(8, "little") + h + b"".join(blobs)
+
+
+def read_safetensors(data):
+    """Minimal reader, to check the writer round-trips."""
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    inv = {v: k for k, v in ST_DTYPE.items()}
+    out = {}
+    for key, h in header.items():
+        s, e = h["data_offsets"]
+        out[key] = np.frombuffer(data[8 + n + s:8 + n + e], dtype=np.dtype(NP_DTYPE[inv[h["dtype"]]]).newbyteorder("<")).reshape(h["shape"])
+    return out
+
+
+WRITTEN = []
+
+
+def write_file(path, data):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+    WRITTEN.append((path, len(data)))
+
+
+def write_npy(path, arr):
+    arr = c_order(arr)
+    if arr.dtype.kind in "fi":
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    np.save(path, arr, allow_pickle=False)
+    back = np.load(path, allow_pickle=False)
+    assert back.shape == arr.shape and back.dtype == arr.dtype and np.array_equal(back, arr), path
+    WRITTEN.append((path, os.path.getsize(path)))
+
+
+def close(got, want):
+    """The stated tolerance, element-wise; ints and bools must be equal."""
+    if want.dtype.kind == "f":
+        return bool(np.all(np.abs(got.astype(np.float64) - want.astype(np.float64))
+                           <= ATOL + RTOL * np.abs(want.astype(np.float64))))
+    return np.array_equal(got, want)
+
+
+def emit(g, second_path):
+    """Evaluate (f64), cross-check, then write graph, weights, inputs and expected outputs."""
+    graph = g.graph()
+    names = [x["name"] for x in graph["inputs"] + graph["params"] + graph["nodes"]]
+    assert len(names) == len(set(names)), "duplicate names"
+    ref = evaluate(graph, g.param_data, g.input_data, np.float64)
+
+    # Second, hand-written computation path.
+    alt = second_path({**g.param_data, **g.input_data})
+    for name, want in alt.items():
+        got = ref[name]
+        assert got.shape == np.shape(want) and (got.dtype.kind == "f") == (np.asarray(want).dtype.kind == "f"), name
+        if got.dtype.kind == "f":
+            assert np.allclose(got, want, rtol=1e-10, atol=1e-12), (g.name, name, np.max(np.abs(got - want)))
+        else:
+            assert np.array_equal(got, want), (g.name, name)
+
+    expected = {}
+    for name, v in ref.items():
+        if v.dtype.kind == "f":
+            assert np.all(np.isfinite(v)), name
+            expected[name] = v.astype(np.float32)
+        else:
+            expected[name] = v
+    # The tolerance is achievable by an f32 evaluation of the same graph.
+    f32 = evaluate(graph, g.param_data, g.input_data, np.float32)
+    for name, want in expected.items():
+        assert f32[name].dtype == want.dtype and close(f32[name], want), (g.name, name)
+
+    d = os.path.join(TESTDATA, g.name)
+    if os.path.isdir(d):
+        shutil.rmtree(d)
+    write_file(os.path.join(d, "graph.json"), graph_json(graph).encode())
+    for file, content in sorted(g.files.items()):
+        path = os.path.join(d, "weights", file)
+        if isinstance(content, list):
+            data = safetensors_bytes(content)
+            back = read_safetensors(data)
+            for key, arr in content:
+                assert np.array_equal(back[key], arr) and back[key].dtype == arr.dtype
+            write_file(path, data)
+        else:
+            write_npy(path, content)
+    for name, arr in g.input_data.items():
+        write_npy(os.path.join(d, "inputs", name + ".npy"), arr)
+    for name in graph["outputs"]:
+        write_npy(os.path.join(d, "expected", name + ".npy"), expected[name])
+    return graph, expected
+
+
+# --------------------------------------------------------------------------------------
+# Plain-numpy helpers for the second computation paths (float64).
+# --------------------------------------------------------------------------------------
+
+
+def f64(d):
+    return {k: (v.astype(np.float64) if v.dtype == np.float32 else v) for k, v in d.items()}
+
+
+def np_layer_norm(x, g, b, naxes, eps):
+    axes = tuple(range(x.ndim - naxes, x.ndim))
+    return (x - x.mean(axis=axes, keepdims=True)) / np.sqrt(x.var(axis=axes, keepdims=True) + eps) * g + b
+
+
+def np_softmax(x, axis):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def np_gelu(x):
+    return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
+
+
+def np_gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def normal(rng, shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+# --------------------------------------------------------------------------------------
+# 1. mlp — DESIGN.md §3's 2-layer ReLU MLP, small.
+# --------------------------------------------------------------------------------------
+
+
+def build_mlp():
+    rng = np.random.default_rng(1001)
+    g = G("mlp")
+    g.input("x", normal(rng, (16, 64)), dims=["batch", "embed"])
+    g.param_npy("w1", normal(rng, (64, 256), 1 / 8), dims=["embed", "hidden"])
+    g.param_init("w2", {"normal": {"seed": 1, "std": 0.0625}}, [256, 64], dims=["hidden", "embed"])
+    g.node("h", "matmul", ["x", "w1"])
+    g.node("a", "relu", ["h"])
+    g.node("y", "matmul", ["a", "w2"], shape=[16, 64], dtype="f32", output=True)
+
+    def alt(d):
+        d = f64(d)
+        return {"y": np.maximum(d["x"] @ d["w1"], 0) @ d["w2"]}
+
+    return g, alt
+
+
+# --------------------------------------------------------------------------------------
+# 2. gelu_mlp — three layers with biases, gelu (exact) and gelu (tanh).
+# --------------------------------------------------------------------------------------
+
+
+def build_gelu_mlp():
+    rng = np.random.default_rng(1002)
+    g = G("gelu_mlp")
+    g.input("x", normal(rng, (8, 32)), dims=["batch", "embed"])
+    g.param_npy("w1", normal(rng, (32, 64), 1 / math.sqrt(32)), dims=["embed", "hidden"])
+    g.param_npy("b1", normal(rng, (64,), 0.1), dims=["hidden"])
+    g.param_npy("w2", normal(rng, (64, 64), 1.5 / math.sqrt(64)), dims=["hidden", "hidden2"])
+    g.param_init("b2", {"uniform": {"seed": 7, "low": -0.1, "high": 0.1}}, [64], dims=["hidden2"])
+    g.param_npy("w3", normal(rng, (64, 16), 1.5 / math.sqrt(64)), dims=["hidden2", "out"])
+    b3 = [round(float(v), 3) for v in rng.uniform(-0.2, 0.2, 16)]
+    g.param_value("b3", b3, "f32", [16], dims=["out"])
+    g.node("h1", "matmul", ["x", "w1"])
+    g.node("h1b", "add", ["h1", "b1"])
+    g.node("a1", "gelu", ["h1b"], {"approximate": "none"})
+    g.node("h2", "matmul", ["a1", "w2"])
+    g.node("h2b", "add", ["h2", "b2"])
+    g.node("a2", "gelu", ["h2b"], {"approximate": "tanh"})
+    g.node("h3", "matmul", ["a2", "w3"])
+    g.node("y", "add", ["h3", "b3"], shape=[8, 16], dims=["batch", "out"], output=True)
+
+    def alt(d):
+        d = f64(d)
+        a1 = np_gelu(np.einsum("bi,ih->bh", d["x"], d["w1"]) + d["b1"])
+        a2 = np_gelu_tanh(a1 @ d["w2"] + d["b2"])
+        return {"y": a2 @ d["w3"] + d["b3"]}
+
+    return g, alt
+
+
+# --------------------------------------------------------------------------------------
+# 3. transformer — BERT-style encoder block.
+# --------------------------------------------------------------------------------------
+
+B, S, D, H, V, FF = 2, 8, 32, 4, 50, 128
+DH = D // H
+
+
+def build_transformer():
+    rng = np.random.default_rng(1003)
+    g = G("transformer")
+    ids = rng.integers(0, V, size=(B, S)).astype(np.int32)
+    ids[1, 2] = ids[0, 5] = 7  # a repeated token
+    ids[0, 0], ids[1, 7] = 0, V - 1  # both ends of the table
+    g.input("ids", ids, dims=["batch", "seq"])
+    mask = np.zeros((B, 1, 1, S), np.float32)
+    mask[0, 0, 0, 6:] = -1e9  # batch 0: last 2 keys are padding
+    mask[1, 0, 0, 5:] = -1e9  # batch 1: last 3 keys are padding
+    g.input("mask", mask, dims=["batch", None, None, "seq"])
+
+    st = "model.safetensors"
+    g.param_st("emb", normal(rng, (V, D)), st, key="emb", dims=["vocab", "embed"])
+    g.param_st("pos", normal(rng, (S, D), 0.5), st, key="pos", dims=["seq", "embed"])
+    g.param_init("ln1_g", "ones", [D], dims=["embed"])
+    g.param_init("ln1_b", "zeros", [D], dims=["embed"])
+    w = 1 / math.sqrt(D)
+    for n in ("q", "k", "v"):
+        g.param_st("w" + n, normal(rng, (D, D), w), st, key="attn.w" + n, dims=["embed", "qkv"])
+        g.param_st("b" + n, normal(rng, (D,), 0.1), st, key="attn.b" + n, dims=["qkv"])
+    g.param_value("scale", 1 / math.sqrt(DH), "f32", [])
+    g.param_npy("wo", normal(rng, (D, D), w), dims=["qkv", "embed"])
+    g.param_npy("bo", normal(rng, (D,), 0.1), dims=["embed"])
+    g.param_npy("ln2_g", (1 + normal(rng, (D,), 0.1)).astype(np.float32), dims=["embed"])
+    g.param_npy("ln2_b", normal(rng, (D,), 0.1), dims=["embed"])
+    g.param_npy("w_ff1", normal(rng, (D, FF), w), dims=["embed", "hidden"])
+    g.param_npy("b_ff1", normal(rng, (FF,), 0.1), dims=["hidden"])
+    g.param_init("w_ff2", {"normal": {"seed": 42, "std": 1 / math.sqrt(FF)}}, [FF, D], dims=["hidden", "embed"])
+    g.param_npy("b_ff2", normal(rng, (D,), 0.1), dims=["embed"])
+
+    g.node("tok", "gather", ["emb", "ids"], {"axis": 0}, shape=[B, S, D], dims=["batch", "seq", "embed"])
+    g.node("x0", "add", ["tok", "pos"])
+    g.node("h", "layer_norm", ["x0", "ln1_g", "ln1_b"], {"axis": -1, "eps": 1e-12})
+    heads = ["batch", "heads", "seq", "head_dim"]
+    for n in ("q", "k", "v"):
+        g.node(n, "matmul", ["h", "w" + n])
+        g.node(n + "_b", "add", [n, "b" + n])
+        g.node(n + "_r", "reshape", [n + "_b"], {"shape": [B, S, H, DH]}, dims=["batch", "seq", "heads", "head_dim"])
+        g.node(n + "_h", "transpose", [n + "_r"], {"perm": [0, 2, 1, 3]}, shape=[B, H, S, DH], dims=heads)
+    g.node("k_t", "transpose", ["k_h"], {"perm": [0, 1, 3, 2]}, dims=["batch", "heads", "head_dim", "seq"])
+    g.node("scores", "matmul", ["q_h", "k_t"], shape=[B, H, S, S])
+    g.node("scaled", "mul", ["scores", "scale"])
+    g.node("masked", "add", ["scaled", "mask"])
+    g.node("probs", "softmax", ["masked"], {"axis": -1})
+    g.node("ctx", "matmul", ["probs", "v_h"], shape=[B, H, S, DH])
+    g.node("ctx_t", "transpose", ["ctx"], {"perm": [0, 2, 1, 3]})
+    g.node("ctx_r", "reshape", ["ctx_t"], {"shape": [B, S, -1]}, shape=[B, S, D], dims=["batch", "seq", "qkv"])
+    g.node("o", "matmul", ["ctx_r", "wo"])
+    g.node("o_b", "add", ["o", "bo"])
+    g.node("res1", "add", ["h", "o_b"])
+    g.node("h2", "layer_norm", ["res1", "ln2_g", "ln2_b"])
+    g.node("f1", "matmul", ["h2", "w_ff1"], dims=["batch", "seq", "hidden"])
+    g.node("f1_b", "add", ["f1", "b_ff1"])
+    g.node("f1_a", "gelu", ["f1_b"])
+    g.node("f2", "matmul", ["f1_a", "w_ff2"])
+    g.node("f2_b", "add", ["f2", "b_ff2"])
+    g.node("y", "add", ["h2", "f2_b"], shape=[B, S, D], dtype="f32", dims=["batch", "seq", "embed"], output=True)
+
+    def alt(d):
+        d = f64(d)
+        # Embedding by explicit row loop.
+        x0 = np.array([[d["emb"][d["ids"][b, s]] for s in range(S)] for b in range(B)]) + d["pos"]
+        h = np_layer_norm(x0, d["ln1_g"], d["ln1_b"], 1, 1e-12)
+        q, k, v = [(np.einsum("bsd,de->bse", h, d["w" + n]) + d["b" + n]).reshape(B, S, H, DH) for n in "qkv"]
+        sc = np.einsum("bqhd,bkhd->bhqk", q, k) * float(np.float32(1 / math.sqrt(DH)))
+        valid = d["mask"] == 0  # [B,1,1,S]
+        sc = np.where(valid, sc, -np.inf)
+        p = np_softmax(sc, -1)
+        assert np.allclose(p.sum(-1), 1) and np.all(p[~np.broadcast_to(valid, p.shape)] == 0)
+        ctx = np.einsum("bhqk,bkhd->bqhd", p, v).reshape(B, S, D)
+        h2 = np_layer_norm(h + ctx @ d["wo"] + d["bo"], d["ln2_g"], d["ln2_b"], 1, 1e-5)
+        y = h2 + np_gelu(h2 @ d["w_ff1"] + d["b_ff1"]) @ d["w_ff2"] + d["b_ff2"]
+        return {"y": y}
+
+    return g, alt
+
+
+# --------------------------------------------------------------------------------------
+# 4. reductions
+# --------------------------------------------------------------------------------------
+
+
+def build_reductions():
+    rng = np.random.default_rng(1004)
+    g = G("reductions")
+    g.input("a", (rng.standard_normal((4, 6, 8)) + 0.5).astype(np.float32), dims=["batch", "seq", "embed"])
+    g.input("b", normal(rng, (2, 3, 4, 5), 2.0), dims=["batch", "heads", "seq", None])
+    g.input("c", rng.integers(-50, 50, size=(3, 4)).astype(np.int32))
+    g.param_npy("g", (1 + normal(rng, (4, 5), 0.2)).astype(np.float32))
+    g.param_npy("beta", normal(rng, (4, 5), 0.2))
+
+    g.node("sum_all", "reduce_sum", ["a"], shape=[], output=True)
+    g.node("sum_02", "reduce_sum", ["a"], {"axes": [0, 2]}, output=True)
+    g.node("sum_keep", "reduce_sum", ["b"], {"axes": [1, 3], "keepdims": True}, shape=[2, 1, 4, 1], output=True)
+    g.node("mean_neg", "reduce_mean", ["b"], {"axes": [-1, -3]}, shape=[2, 4], output=True)
+    g.node("mean_all_keep", "reduce_mean", ["a"], {"keepdims": True}, shape=[1, 1, 1], output=True)
+    g.node("max_1", "reduce_max", ["a"], {"axes": [1], "keepdims": False}, output=True)
+    g.node("max_keep", "reduce_max", ["b"], {"axes": [0, 2], "keepdims": True}, shape=[1, 3, 1, 5], output=True)
+    g.node("max_all", "reduce_max", ["b"], output=True)
+    g.node("none", "reduce_sum", ["a"], {"axes": []}, shape=[4, 6, 8])
+    g.node("twice", "add", ["none", "a"], output=True)
+    g.node("sm", "softmax", ["b"], {"axis": 1}, output=True)
+    g.node("sm_sum", "reduce_sum", ["sm"], {"axes": [1]}, output=True)
+    g.node("ln", "layer_norm", ["b", "g", "beta"], {"axis": 2, "eps": 1e-3}, output=True)
+    # variance by hand: mean of squared deviations over the last axis
+    g.node("mu", "reduce_mean", ["a"], {"axes": [-1], "keepdims": True})
+    g.node("dev", "sub", ["a", "mu"])
+    g.node("dev2", "mul", ["dev", "dev"])
+    g.node("var", "reduce_mean", ["dev2"], {"axes": [-1]}, shape=[4, 6], output=True)
+    # logsumexp over the last axis, stabilised by the max
+    g.node("m", "reduce_max", ["a"], {"axes": [-1], "keepdims": True})
+    g.node("sh", "sub", ["a", "m"])
+    g.node("e", "exp", ["sh"])
+    g.node("se", "reduce_sum", ["e"], {"axes": [-1], "keepdims": True})
+    g.node("lse_l", "log", ["se"])
+    g.node("lse", "add", ["lse_l", "m"], shape=[4, 6, 1], output=True)
+    # integer reductions
+    g.node("c_sum", "reduce_sum", ["c"], {"axes": [0]}, dtype="i32", output=True)
+    g.node("c_max", "reduce_max", ["c"], output=True)
+
+    def alt(d):
+        d = f64(d)
+        a, b, c = d["a"], d["b"], d["c"]
+        sm = np.exp(b) / np.exp(b).sum(axis=1, keepdims=True)
+        out = {
+            "sum_all": np.array(math.fsum(a.ravel())),
+            "sum_02": a.transpose(1, 0, 2).reshape(6, -1).sum(axis=1),
+            "sum_keep": b.sum(axis=3).sum(axis=1)[:, None, :, None],
+            "mean_neg": b.mean(axis=(1, 3)),
+            "mean_all_keep": np.full((1, 1, 1), a.mean()),
+            "max_1": a.max(axis=1),
+            "max_keep": b.max(axis=2, keepdims=True).max(axis=0, keepdims=True),
+            "max_all": np.array(b.max()),
+            "twice": 2 * a,
+            "sm": sm,
+            "sm_sum": np.ones((2, 4, 5)),
+            "var": np.var(a, axis=-1),
+            "lse": np.log(np.exp(a).sum(axis=-1, keepdims=True)),
+            "c_sum": c.sum(axis=0).astype(np.int32),
+            "c_max": np.array(c.max(), dtype=np.int32),
+        }
+        bb = b.reshape(2, 3, 20)
+        ln = (bb - bb.mean(-1, keepdims=True)) / np.sqrt(bb.var(-1, keepdims=True) + 1e-3)
+        out["ln"] = ln.reshape(b.shape) * d["g"] + d["beta"]
+        return out
+
+    return g, alt
+
+
+# --------------------------------------------------------------------------------------
+# 5. all_ops — every non-communication op, every attribute form.
+# --------------------------------------------------------------------------------------
+
+
+def build_all_ops():
+    rng = np.random.default_rng(1005)
+    g = G("all_ops")
+    x = normal(rng, (4, 6))
+    g.input("x", x, dims=["batch", "feat"])
+    g.input("y", normal(rng, (4, 6)))
+    g.input("z", normal(rng, (6,)), dims=["feat"])
+    g.input("t", normal(rng, (2, 3, 4)))
+    # q: values to truncate, kept away from integers so f32 and f64 agree on the result.
+    q = rng.uniform(-4.9, 4.9, (4, 6)).astype(np.float32)
+    q = np.where(np.abs(q - np.round(q)) < 0.05, q + np.float32(0.25), q).astype(np.float32)
+    assert np.all(np.abs(q - np.round(q)) >= 0.04)
+    g.input("q", q)
+    m = rng.choice(np.array([0.0, 0.0, 0.5, -2.0, 3.0], np.float32), size=(4, 6))
+    g.input("m", m)
+    g.input("n", rng.integers(-5, 6, size=(4, 6)).astype(np.int32))
+    g.input("idx", np.array([[0, -1, 2], [-6, 5, -3]], np.int64))
+
+    st = "params.safetensors"
+    g.param_value("one", 1.0, "f32", [])
+    g.param_npy("w", normal(rng, (6, 5), 0.4), dims=["feat", "out"])
+    g.param_st("p", normal(rng, (4, 5), 0.5), st)
+    g.param_st("bp", normal(rng, (3, 4, 2), 0.5), st)
+    g.param_init("e", {"uniform": {"seed": 3, "low": -1.0, "high": 1.0}}, [2, 4, 5])
+    g.param_init("v4", {"normal": {"seed": 4, "mean": 0.5, "std": 1.0}}, [4])
+    g.param_npy("gidx", np.array([2, -1, 0], np.int32))
+    g.param_value("sidx", -1, "i32", [])
+    g.param_st("bmask", rng.random((4, 6)) < 0.5, st)
+    g.param_st("k64", np.array([3, -1, 4, -1, 5, -9], np.int64), st)
+    g.param_value("c3", [1, -2, 3, -4, 5, -6], "i32", [6])
+    g.param_init("g6", "ones", [6])
+    g.param_init("b6", "zeros", [6])
+    g.param_npy("g34", (1 + normal(rng, (3, 4), 0.2)).astype(np.float32))
+    g.param_npy("b34", normal(rng, (3, 4), 0.2))
+    g.param_value("u4", [0.5, -1.0, 2.0, 0.25], "f32", [4])
+
+    N = g.node
+    # elementwise, f32
+    N("add_xy", "add", ["x", "y"])
+    N("sub_xz", "sub", ["x", "z"])  # broadcast [4,6] - [6]
+    N("mul_", "mul", ["add_xy", "sub_xz"])
+    N("exp_y", "exp", ["y"])
+    N("div_", "div", ["x", "exp_y"])
+    N("max_", "maximum", ["x", "y"])
+    N("min_", "minimum", ["x", "z"])
+    N("abs_", "abs", ["x"])
+    N("pos", "add", ["abs_", "one"])  # >= 1, scalar broadcast
+    N("pow_", "pow", ["pos", "z"])
+    N("neg_", "neg", ["x"])
+    N("log_", "log", ["pos"])
+    N("sqrt_", "sqrt", ["pos"])
+    N("rsqrt_", "rsqrt", ["pos"])
+    N("tanh_", "tanh", ["x"])
+    N("erf_", "erf", ["x"])
+    N("sigmoid_", "sigmoid", ["x"])
+    N("relu_", "relu", ["x"])
+    N("gelu_", "gelu", ["x"])
+    N("gelu_none", "gelu", ["y"], {"approximate": "none"})
+    N("gelu_tanh", "gelu", ["x"], {"approximate": "tanh"})
+    # casts
+    N("q_i32", "cast", ["q"], {"to": "i32"}, dtype="i32")
+    N("n_f32", "cast", ["n"], {"to": "f32"})
+    N("m_bool", "cast", ["m"], {"to": "bool"}, dtype="bool")
+    N("m_f32", "cast", ["m_bool"], {"to": "f32"})
+    N("n_i64", "cast", ["n"], {"to": "i64"})
+    N("mix_f", "mul", ["n_f32", "m_f32"])
+    # elementwise, integers
+    N("int_add", "add", ["q_i32", "n"])
+    N("int_sub", "sub", ["int_add", "c3"])
+    N("int_mul", "mul", ["int_sub", "n"])
+    N("int_max", "maximum", ["int_mul", "c3"])
+    N("int_min", "minimum", ["q_i32", "n"])
+    N("int_neg", "neg", ["int_min"])
+    N("int_abs", "abs", ["n"])
+    N("int_relu", "relu", ["q_i32"])
+    N("i64_mul", "mul", ["n_i64", "k64"])
+    N("i64_sum", "reduce_sum", ["i64_mul"], {"axes": [1]}, dtype="i64")
+    # where
+    N("where_f", "where", ["m_bool", "x", "z"])  # cond [4,6], b broadcast from [6]
+    N("where_i", "where", ["bmask", "int_max", "int_relu"], dtype="i32")
+    # matmul
+    N("mm", "matmul", ["x", "w"], dims=["batch", "out"])
+    N("mv", "matmul", ["x", "z"], shape=[4])  # 1-D right operand
+    N("vm", "matmul", ["u4", "x"], shape=[6])  # 1-D left operand
+    N("bmm", "matmul", ["t", "p"], shape=[2, 3, 5])  # batched lhs, 2-D rhs
+    N("t4", "reshape", ["t"], {"shape": [2, 1, 3, 4]})
+    N("bcmm", "matmul", ["t4", "bp"], shape=[2, 3, 3, 2])  # batch [2,1] x [3] -> [2,3]
+    N("bmv", "matmul", ["t", "v4"], shape=[2, 3])  # batched lhs, 1-D rhs
+    # einsum
+    N("ein_b", "einsum", ["t", "e"], {"equation": "bij,bjk->bik"})
+    N("ein_t", "einsum", ["x", "y"], {"equation": "ij,kj->ik"}, shape=[4, 4])
+    N("ein_1", "einsum", ["t"], {"equation": "abc->cb"}, shape=[4, 3])
+    N("ein_3", "einsum", ["u4", "x", "z"], {"equation": "i,ij,j->j"}, shape=[6])
+    # reductions
+    N("rs_all", "reduce_sum", ["x"], shape=[])
+    N("rs_keep", "reduce_sum", ["t"], {"axes": [0, 2], "keepdims": True}, shape=[1, 3, 1])
+    N("rs_none", "reduce_sum", ["x"], {"axes": []}, shape=[4, 6])
+    N("rm", "reduce_mean", ["t"], {"axes": [-1]})
+    N("rmax", "reduce_max", ["x"], {"axes": [0], "keepdims": False})
+    N("rmax_i", "reduce_max", ["n"], {"axes": [1], "keepdims": True}, shape=[4, 1])
+    # normalisations
+    N("sm", "softmax", ["x"])
+    N("sm0", "softmax", ["t"], {"axis": 0})
+    N("ln", "layer_norm", ["x", "g6", "b6"])
+    N("ln2", "layer_norm", ["t", "g34", "b34"], {"axis": 1, "eps": 1e-3})
+    # data movement
+    N("rsh", "reshape", ["x"], {"shape": [-1, 3]}, shape=[8, 3])
+    N("rsh2", "reshape", ["t"], {"shape": [4, -1]}, shape=[4, 6])
+    N("tr", "transpose", ["t"], {"perm": [1, 0, 2]}, shape=[3, 2, 4])
+    N("tr_rev", "transpose", ["t"], shape=[4, 3, 2])
+    N("bc", "broadcast_to", ["z"], {"shape": [3, 4, 6]})
+    N("bc2", "broadcast_to", ["rs_keep"], {"shape": [2, 3, 4]})
+    N("cat", "concat", ["x", "y", "mul_"], {"axis": 0}, shape=[12, 6])
+    N("cat_i", "concat", ["n", "q_i32", "int_abs"], {"axis": -1}, shape=[4, 18])
+    N("cat_b", "concat", ["m_bool", "bmask"], {"axis": 1}, shape=[4, 12], dtype="bool")
+    N("sl1", "slice", ["x"], {"starts": [1], "ends": [3]}, shape=[2, 6])
+    N("sl2", "slice", ["x"], {"starts": [-1, 0], "ends": [-5, 100], "axes": [0, 1], "steps": [-1, 2]}, shape=[4, 3])
+    N("sl3", "slice", ["t"], {"starts": [-3, 1], "ends": [10, -1], "axes": [-1, 1], "steps": [2, 1]}, shape=[2, 1, 2])
+    N("sl4", "slice", ["q_i32"], {"starts": [5], "ends": [-100], "axes": [1], "steps": [-2]}, shape=[4, 3])
+    N("ga", "gather", ["x", "idx"], {"axis": 1}, shape=[4, 2, 3])
+    N("ga0", "gather", ["x", "gidx"], shape=[3, 6])
+    N("ga_s", "gather", ["t", "sidx"], {"axis": 0}, shape=[3, 4])
+    N("ga_i", "gather", ["n", "idx"], {"axis": -1}, shape=[4, 2, 3], dtype="i32")
+    g.outputs = [n["name"] for n in g.nodes]  # every node is an output
+
+    covered = {n["op"] for n in g.nodes}
+    all_ops = set("add sub mul div maximum minimum pow neg abs exp log sqrt rsqrt tanh erf sigmoid relu "
+                  "gelu cast where matmul einsum reduce_sum reduce_mean reduce_max softmax layer_norm "
+                  "reshape transpose broadcast_to concat slice gather".split())
+    assert covered == all_ops, all_ops ^ covered
+
+    def alt(d):
+        d = f64(d)
+        x, y, z, t, q, m, n, idx = (d[k] for k in "x y z t q m n idx".split())
+        pos = np.abs(x) + 1
+        qi = np.array([[int(v) for v in row] for row in q], np.int32)  # Python int() truncates
+        mb = m != 0
+        c3 = np.array([1, -2, 3, -4, 5, -6], np.int32)
+        int_max = np.maximum((qi + n - c3) * n, c3)
+        out = {
+            "mul_": (x + y) * (x - z[None, :]),
+            "div_": x * np.exp(-y),
+            "pow_": np.exp(np.log(pos) * z),
+            "log_": np.log(pos), "sqrt_": pos**0.5, "rsqrt_": pos**-0.5,
+            "sigmoid_": 0.5 * (1 + np.tanh(x / 2)),
+            "relu_": np.where(x > 0, x, 0.0),
+            "gelu_": np_gelu(x), "gelu_none": np_gelu(y), "gelu_tanh": np_gelu_tanh(x),
+            "q_i32": qi, "m_bool": mb, "m_f32": mb.astype(np.float64), "mix_f": n.astype(np.float64) * mb,
+            "int_max": int_max,
+            "int_neg": -np.minimum(qi, n), "int_relu": np.maximum(qi, 0),
+            "i64_sum": (n.astype(np.int64) * d["k64"]).sum(axis=1),
+            "where_f": np.where(mb, x, np.broadcast_to(z, x.shape)),
+            "where_i": np.where(d["bmask"], int_max, np.maximum(qi, 0)),
+            "mm": np.einsum("ij,jk->ik", x, d["w"]),
+            "mv": (x * z).sum(axis=1),
+            "vm": (d["u4"][:, None] * x).sum(axis=0),
+            "bmm": np.stack([t[i] @ d["p"] for i in range(2)]),
+            "bcmm": np.array([[t[i] @ d["bp"][j] for j in range(3)] for i in range(2)]),
+            "bmv": (t * d["v4"]).sum(-1),
+            "ein_b": np.stack([t[i] @ d["e"][i] for i in range(2)]),
+            "ein_t": x @ y.T,
+            "ein_1": t.sum(axis=0).T,
+            "ein_3": (d["u4"] @ x) * z,
+            "rs_all": np.array(x.sum()),
+            "rs_keep": t.sum(axis=(0, 2)).reshape(1, 3, 1),
+            "rs_none": x,
+            "rmax_i": n.max(axis=1, keepdims=True),
+            "sm": np_softmax(x, 1), "sm0": np_softmax(t, 0),
+            "ln": np_layer_norm(x, 1.0, 0.0, 1, 1e-5),
+            "ln2": np_layer_norm(t, d["g34"], d["b34"], 2, 1e-3),
+            "rsh": x.ravel().reshape(8, 3),
+            "tr": np.array([[t[j, i] for j in range(2)] for i in range(3)]),
+            "tr_rev": np.einsum("abc->cba", t),
+            "bc": np.tile(z, (3, 4, 1)),
+            "bc2": np.repeat(t.sum(axis=(0, 2))[None, :, None], 4, axis=2).repeat(2, axis=0),
+            "cat": np.vstack([x, y, (x + y) * (x - z)]),
+            "cat_i": np.hstack([n, qi, np.abs(n)]),
+            "sl1": x[[1, 2]],
+            "sl2": x[[3, 2, 1, 0]][:, [0, 2, 4]],
+            "sl3": t[:, [1]][:, :, [1, 3]],
+            "sl4": qi[:, [5, 3, 1]],
+            "ga": np.array([[[x[r, c % 6] for c in row] for row in idx] for r in range(4)]),
+            "ga0": x[[2, 3, 0]],
+            "ga_s": t[1],
+            "ga_i": np.array([[[n[r, c % 6] for c in row] for row in idx] for r in range(4)], np.int32),
+        }
+        assert np.allclose(np_softmax(x, 1).sum(1), 1)
+        assert np.array_equal(qi, np.trunc(q).astype(np.int32)) and qi.min() < 0
+        assert mb.any() and not mb.all() and (m < 0).any()
+        return out
+
+    return g, alt
+
+
+# --------------------------------------------------------------------------------------
+
+README_TEXT = """\
+# testdata
+
+Generated by `python3 tools/gen_testdata.py` (numpy only; deterministic: running it again
+gives byte-identical files). Do not edit the generated directories by hand; change the
+script and re-run it. `bad/` (malformed inputs) is not generated by the script.
+
+Each graph directory `NAME/` holds:
+
+- `graph.json` — the graph (`meshc-graph/1`); param file paths are relative to it;
+- `weights/` — params stored as `.npy` and, for some, `.safetensors` (with `key`);
+- `inputs/<input>.npy` — one file per graph input;
+- `expected/<output>.npy` — one file per graph output.
+
+Expected outputs are computed by a numpy reference interpreter in float64 from the
+float32 data (so they are more accurate than f32 arithmetic), then cast to the output's
+dtype. Compare element-wise:
+
+    |got - want| <= 1e-5 + 1e-4 * |want|      (f32 outputs)
+    got == want                               (i32, i64, bool outputs)
+
+The script checks that an f32 evaluation of each graph meets this tolerance.
+
+| graph | inputs | outputs | exercises |
+|---|---|---|---|
+{rows}
+"""
+
+DESCRIPTIONS = {
+    "mlp": "DESIGN §3's 2-layer ReLU MLP (small); w1 from .npy, w2 from a seeded `init` normal; named dims batch/embed/hidden",
+    "gelu_mlp": "3-layer MLP with bias adds (broadcast), gelu `none` and `tanh`; `init` uniform and inline `value` params",
+    "transformer": "BERT-style encoder block: embedding gather (table in .safetensors), positional add, layer_norm, 4-head self-attention with padding mask (-1e9), softmax, FFN with gelu, residuals; `init` ones/zeros/normal, scalar `value` param",
+    "reductions": "reduce_sum/mean/max over various axes (negative, unsorted, empty list, all), keepdims, i32 reductions, softmax over a middle axis, layer_norm over the last 2 dims, variance and logsumexp by hand",
+    "all_ops": "every non-communication op and attribute form: broadcasting, all casts, where, matmul with 1-D operands and broadcast batch dims, 4 einsums, slices with negative indices/steps, gathers with i32/i64, negative and scalar indices; every node is an output",
+}
+
+
+def sig(items):
+    return ", ".join("`%s` %s%s" % (i["name"], i["dtype"], i["shape"]) for i in items)
+
+
+def main():
+    _check_init_generator()
+    os.makedirs(TESTDATA, exist_ok=True)
+    rows = []
+    for build in (build_mlp, build_gelu_mlp, build_transformer, build_reductions, build_all_ops):
+        g, alt = build()
+        graph, expected = emit(g, alt)
+        outs = [{"name": o, "dtype": dtype_name(v) if v.dtype.kind != "f" else "f32", "shape": list(v.shape)}
+                for o, v in expected.items()]
+        outs_txt = sig(outs) if len(outs) <= 16 else "%d outputs (every node), incl. i32, i64 and bool" % len(outs)
+        rows.append("| `%s` | %s | %s | %s |" % (g.name, sig(graph["inputs"]), outs_txt, DESCRIPTIONS[g.name]))
+        n_files = sum(1 for p, _ in WRITTEN if p.startswith(os.path.join(TESTDATA, g.name) + os.sep))
+        print("%-12s %3d nodes %3d outputs %3d files" % (g.name, len(graph["nodes"]), len(graph["outputs"]), n_files))
+    write_file(os.path.join(TESTDATA, "README.md"), README_TEXT.replace("{rows}", "\n".join(rows)).encode())
+    total = sum(n for _, n in WRITTEN)
+    print("wrote %d files, %d bytes (%.1f KiB) under %s" % (len(WRITTEN), total, total / 1024,
+                                                          os.path.relpath(TESTDATA)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
