@@ -10,7 +10,12 @@ use clap::{Parser, Subcommand, ValueEnum};
 use meshc_ir::{json, load, params, text, verify::Info, Graph, Tensor};
 
 #[derive(Parser)]
-#[command(name = "meshc", version, about = "Ahead-of-time compiler for tensor graphs spread over a mesh of devices", arg_required_else_help = false)]
+#[command(
+    name = "meshc",
+    version,
+    about = "Ahead-of-time compiler for tensor graphs spread over a mesh of devices",
+    arg_required_else_help = false
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -60,7 +65,10 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             let rendered = e.to_string();
-            eprintln!("{}", rendered.lines().take_while(|l| !l.trim().is_empty()).map(str::trim).collect::<Vec<_>>().join(" "));
+            eprintln!(
+                "{}",
+                rendered.lines().take_while(|l| !l.trim().is_empty()).map(str::trim).collect::<Vec<_>>().join(" ")
+            );
             return ExitCode::FAILURE;
         }
     };
@@ -73,7 +81,13 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // anyhow's alternate form joins the context chain on one line.
-            eprintln!("error: {e:#}");
+            eprintln!(
+                "error: {}",
+                format!("{e:#}")
+                    .chars()
+                    .flat_map(|c| if c.is_control() { c.escape_default().collect() } else { vec![c] })
+                    .collect::<String>()
+            );
             ExitCode::FAILURE
         }
     }
@@ -168,11 +182,15 @@ fn interp(path: &Path, inputs: &[String], outputs: &[String], output_dir: Option
     for arg in outputs {
         let (name, file) = name_eq_file(arg, "--output")?;
         if !g.outputs.iter().any(|o| o.name == name) {
-            bail!("--output {name}: the graph has no output '{name}'");
+            bail!(
+                "--output {name}: the graph has no output '{name}' (its outputs: {})",
+                g.outputs.iter().map(|o| o.name.as_str()).collect::<Vec<_>>().join(", ")
+            );
         }
         wanted.push((name.to_string(), PathBuf::from(file)));
     }
-    let results = meshc_ir::interp::run(&g, &info.order, &info.types, values).map_err(|e| e.in_file(path.display().to_string()))?;
+    let results = meshc_ir::interp::run(&g, &info.order, &info.types, values)
+        .map_err(|e| e.in_file(path.display().to_string()))?;
     if let Some(dir) = output_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create directory", dir.display()))?;
         wanted = results.keys().map(|k| (k.clone(), dir.join(format!("{k}.npy")))).collect();

@@ -1,0 +1,183 @@
+//! `KernelBuilder`: the few building blocks every kernel generator shares — reading buffer
+//! addresses from the ABI's argument, counted loops, address arithmetic and vector
+//! constants — so each generator reads as its algorithm, not as Cranelift plumbing.
+
+use cranelift_codegen::ir::condcodes::IntCC;
+use cranelift_codegen::ir::{types, Function, InstBuilder, MemFlagsData, Type, Value};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+
+use super::{kernel_function, Target};
+
+/// f32 vector type: x64 vectors are 128-bit.
+pub const F32X4: Type = types::F32X4;
+pub const LANES: usize = 4;
+
+pub struct KernelBuilder<'a> {
+    pub b: FunctionBuilder<'a>,
+    bufs: Value,
+    pub ptr: Type,
+}
+
+/// Memory accesses in kernels hit buffers the runner sized and aligned for them.
+pub fn mem() -> MemFlagsData {
+    MemFlagsData::trusted()
+}
+
+/// Builds one kernel: `body` gets a builder positioned in the entry block and must leave
+/// it in a block that falls through to the final `return 0`.
+pub fn build_kernel(target: &Target, name: &str, body: impl FnOnce(&mut KernelBuilder)) -> Function {
+    let mut func = kernel_function(target, name);
+    let mut fctx = FunctionBuilderContext::new();
+    {
+        let b = FunctionBuilder::new(&mut func, &mut fctx);
+        let mut kb = KernelBuilder { b, bufs: Value::from_u32(0), ptr: target.isa.pointer_type() };
+        let entry = kb.b.create_block();
+        kb.b.append_block_params_for_function_params(entry);
+        kb.b.switch_to_block(entry);
+        kb.b.seal_block(entry);
+        kb.bufs = kb.b.block_params(entry)[0];
+        body(&mut kb);
+        let zero = kb.b.ins().iconst(types::I32, 0);
+        kb.b.ins().return_(&[zero]);
+        kb.b.seal_all_blocks();
+        kb.b.finalize(target.isa.frontend_config());
+    }
+    func
+}
+
+impl KernelBuilder<'_> {
+    /// Address of the kernel's buffer `i`.
+    pub fn buf(&mut self, i: usize) -> Value {
+        self.b.ins().load(self.ptr, mem(), self.bufs, (i * 8) as i32)
+    }
+
+    pub fn iconst(&mut self, v: i64) -> Value {
+        self.b.ins().iconst(self.ptr, v)
+    }
+
+    pub fn f32const(&mut self, v: f32) -> Value {
+        self.b.ins().f32const(v)
+    }
+
+    /// A vector with `v` in every lane.
+    pub fn splat(&mut self, v: f32) -> Value {
+        let s = self.b.ins().f32const(v);
+        self.b.ins().splat(F32X4, s)
+    }
+
+    /// `base + index * scale` (bytes).
+    pub fn addr(&mut self, base: Value, index: Value, scale: i64) -> Value {
+        let off = if scale == 1 { index } else { self.b.ins().imul_imm_s(index, scale) };
+        self.b.ins().iadd(base, off)
+    }
+
+    /// `for i in (start..end).step_by(step) { body(i) }`, with `start`/`end` pointer-sized.
+    /// The loop is skipped when `start >= end`.
+    pub fn for_range(&mut self, start: Value, end: Value, step: i64, body: impl FnOnce(&mut Self, Value)) {
+        let header = self.b.create_block();
+        let body_block = self.b.create_block();
+        let exit = self.b.create_block();
+        self.b.append_block_param(header, self.ptr);
+        self.b.ins().jump(header, &[start.into()]);
+
+        self.b.switch_to_block(header);
+        let i = self.b.block_params(header)[0];
+        let more = self.b.ins().icmp(IntCC::SignedLessThan, i, end);
+        self.b.ins().brif(more, body_block, &[], exit, &[]);
+
+        self.b.switch_to_block(body_block);
+        body(self, i);
+        let next = self.b.ins().iadd_imm_s(i, step);
+        self.b.ins().jump(header, &[next.into()]);
+
+        self.b.switch_to_block(exit);
+    }
+
+    /// `for_range` over constant bounds.
+    pub fn for_const(&mut self, start: i64, end: i64, step: i64, body: impl FnOnce(&mut Self, Value)) {
+        let (s, e) = (self.iconst(start), self.iconst(end));
+        self.for_range(s, e, step, body);
+    }
+
+    /// Returns `status` from the kernel right away when `cond` is true.
+    pub fn fail_if(&mut self, cond: Value, status: u32) {
+        let fail = self.b.create_block();
+        let cont = self.b.create_block();
+        self.b.ins().brif(cond, fail, &[], cont, &[]);
+        self.b.switch_to_block(fail);
+        let s = self.b.ins().iconst(types::I32, status as i64);
+        self.b.ins().return_(&[s]);
+        self.b.switch_to_block(cont);
+    }
+}
+
+/// Test support: compiles a kernel and runs it on host buffers.
+#[cfg(test)]
+pub mod testing {
+    use super::super::{compile, ExecCode, Target};
+    use cranelift_codegen::ir::Function;
+
+    pub fn native() -> Target {
+        Target::by_name("native").expect("host target")
+    }
+
+    /// Compiles `func` for `target` and calls it with the given buffers; returns its status.
+    pub fn run(target: &Target, func: Function, bufs: &mut [&mut [u8]]) -> u32 {
+        let code = compile(target, func).expect("kernel compiles");
+        let exec = ExecCode::new(&code).expect("executable memory");
+        let ptrs: Vec<*mut u8> = bufs.iter_mut().map(|b| b.as_mut_ptr()).collect();
+        // SAFETY: the kernel was compiled for this host and reads/writes only its buffers,
+        // which the caller sized for it.
+        unsafe { exec.kernel(0)(ptrs.as_ptr()) }
+    }
+
+    pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    pub fn bytes_f32(b: &[u8]) -> Vec<f32> {
+        b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::*;
+    use super::*;
+
+    /// The scaffolding itself: a vector loop over a buffer, and an early-exit status.
+    #[test]
+    fn vector_loop_and_status() {
+        let t = native();
+        let f = build_kernel(&t, "add_one", |k| {
+            let (out, inp) = (k.buf(0), k.buf(1));
+            let one = k.splat(1.0);
+            k.for_const(0, 8, LANES as i64, |k, i| {
+                let src = k.addr(inp, i, 4);
+                let dst = k.addr(out, i, 4);
+                let v = k.b.ins().load(F32X4, mem(), src, 0);
+                let r = k.b.ins().fadd(v, one);
+                k.b.ins().store(mem(), r, dst, 0);
+            });
+        });
+        let mut out = vec![0u8; 32];
+        let mut inp = f32_bytes(&[0., 1., 2., 3., 4., 5., 6., 7.]);
+        assert_eq!(run(&t, f, &mut [&mut out, &mut inp]), 0);
+        assert_eq!(bytes_f32(&out), [1., 2., 3., 4., 5., 6., 7., 8.]);
+
+        let f = build_kernel(&t, "fails", |k| {
+            let c = k.iconst(1);
+            k.fail_if(c, 7);
+        });
+        assert_eq!(run(&t, f, &mut []), 7);
+    }
+
+    #[test]
+    fn targets_record_features() {
+        let v3 = crate::codegen::Target::by_name("x86-64-v3").unwrap();
+        assert!(v3.has("avx2") && v3.has("fma"), "{:?}", v3.features);
+        let v2 = crate::codegen::Target::by_name("x86-64-v2").unwrap();
+        assert!(v2.has("sse4.2") && !v2.has("avx"), "{:?}", v2.features);
+        assert!(crate::codegen::Target::by_name("arm").is_err());
+    }
+}

@@ -1,0 +1,151 @@
+//! Cranelift code generation: the target ISA (`Target`), the kernel ABI, and turning a
+//! Cranelift function into position-independent machine code with no relocations.
+//!
+//! Kernel ABI: every kernel is `extern "C" fn(bufs: *const *mut u8) -> u32`. `bufs[i]` is the
+//! address of the kernel's i-th buffer (by convention the result first, then the operands,
+//! then any scratch space the kernel asked for). Shapes are baked into the code. A kernel
+//! returns 0, or a non-zero status the runner turns into an error (e.g. a gather index out
+//! of range). Kernels call nothing and embed no absolute address, so their bytes run
+//! wherever they are mapped: straight from the artifact file, with no relocation step.
+
+pub mod emit;
+
+use anyhow::{anyhow, bail, Result};
+use cranelift_codegen::control::ControlPlane;
+use cranelift_codegen::ir::{types, AbiParam, Function, Signature, UserFuncName};
+use cranelift_codegen::isa::{CallConv, OwnedTargetIsa};
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_codegen::Context;
+
+/// The signature of every generated kernel.
+pub type KernelFn = unsafe extern "C" fn(bufs: *const *mut u8) -> u32;
+
+/// Status a kernel returns when a gather index is out of range.
+pub const STATUS_INDEX_OUT_OF_RANGE: u32 = 1;
+
+/// CPU features a target may require; recorded in the artifact and checked by the runner.
+pub const KNOWN_FEATURES: &[&str] = &["sse3", "ssse3", "sse4.1", "sse4.2", "popcnt", "avx", "avx2", "fma", "bmi1", "bmi2", "lzcnt"];
+
+/// A code-generation target: the Cranelift ISA plus the CPU features its code may use.
+pub struct Target {
+    pub name: String,
+    pub isa: OwnedTargetIsa,
+    /// Features (names as in `KNOWN_FEATURES`) the generated code may rely on.
+    pub features: Vec<String>,
+}
+
+impl Target {
+    /// `native` (the host's features), `x86-64-v2` or `x86-64-v3`.
+    pub fn by_name(name: &str) -> Result<Target> {
+        let mut flags = settings::builder();
+        // PIC keeps constant pools RIP-relative, so code needs no relocation.
+        flags.set("is_pic", "true").expect("known flag");
+        flags.set("opt_level", "speed").expect("known flag");
+        flags.set("enable_verifier", if cfg!(debug_assertions) { "true" } else { "false" }).expect("known flag");
+        let isa = match name {
+            "native" => cranelift_native::builder().map_err(|e| anyhow!("cannot target this host: {e}"))?,
+            "x86-64-v2" | "x86-64-v3" => {
+                let mut b = cranelift_codegen::isa::lookup_by_name("x86_64").map_err(|e| anyhow!("x86_64: {e}"))?;
+                b.enable(name).map_err(|e| anyhow!("{name}: {e}"))?;
+                b
+            }
+            other => bail!("unknown target '{other}' (expected native, x86-64-v2 or x86-64-v3)"),
+        };
+        let isa = isa.finish(settings::Flags::new(flags)).map_err(|e| anyhow!("target {name}: {e}"))?;
+        let features = isa_features(&isa);
+        Ok(Target { name: name.to_string(), isa, features })
+    }
+
+    pub fn has(&self, feature: &str) -> bool {
+        self.features.iter().any(|f| f == feature)
+    }
+}
+
+/// Reads back which of `KNOWN_FEATURES` the finished ISA has enabled.
+fn isa_features(isa: &OwnedTargetIsa) -> Vec<String> {
+    let enabled: Vec<String> = isa
+        .isa_flags()
+        .iter()
+        .filter(|v| v.as_bool() == Some(true))
+        .map(|v| v.name.trim_start_matches("has_").replace("sse4", "sse4.").replace("sse4..", "sse4."))
+        .collect();
+    KNOWN_FEATURES.iter().filter(|f| enabled.iter().any(|e| e == *f)).map(|f| f.to_string()).collect()
+}
+
+/// The CPU features of the machine this process runs on.
+pub fn host_features() -> Vec<String> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let checks: [(&str, bool); 11] = [
+            ("sse3", std::arch::is_x86_feature_detected!("sse3")),
+            ("ssse3", std::arch::is_x86_feature_detected!("ssse3")),
+            ("sse4.1", std::arch::is_x86_feature_detected!("sse4.1")),
+            ("sse4.2", std::arch::is_x86_feature_detected!("sse4.2")),
+            ("popcnt", std::arch::is_x86_feature_detected!("popcnt")),
+            ("avx", std::arch::is_x86_feature_detected!("avx")),
+            ("avx2", std::arch::is_x86_feature_detected!("avx2")),
+            ("fma", std::arch::is_x86_feature_detected!("fma")),
+            ("bmi1", std::arch::is_x86_feature_detected!("bmi1")),
+            ("bmi2", std::arch::is_x86_feature_detected!("bmi2")),
+            ("lzcnt", std::arch::is_x86_feature_detected!("lzcnt")),
+        ];
+        checks.iter().filter(|(_, ok)| *ok).map(|(f, _)| f.to_string()).collect()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        Vec::new()
+    }
+}
+
+/// A fresh function with the kernel signature.
+pub fn kernel_function(target: &Target, name: &str) -> Function {
+    let ptr = target.isa.pointer_type();
+    let mut sig = Signature::new(CallConv::SystemV);
+    sig.params.push(AbiParam::new(ptr));
+    sig.returns.push(AbiParam::new(types::I32));
+    Function::with_name_signature(UserFuncName::testcase(name), sig)
+}
+
+/// Compiles a kernel to machine code, refusing any relocation: the bytes must run
+/// wherever they are mapped.
+pub fn compile(target: &Target, func: Function) -> Result<Vec<u8>> {
+    let name = func.name.to_string();
+    let mut ctx = Context::for_function(func);
+    let code = ctx
+        .compile(&*target.isa, &mut ControlPlane::default())
+        .map_err(|e| anyhow!("codegen of kernel {name} failed: {:?}", e.inner))?;
+    if let Some(r) = code.buffer.relocs().first() {
+        bail!("kernel {name} needs a relocation ({:?}); kernels must be position-independent", r.kind);
+    }
+    Ok(code.code_buffer().to_vec())
+}
+
+/// Machine code copied into fresh executable memory: how `meshc run GRAPH` and the tests
+/// run kernels without an artifact file. (Kernels need no relocation, so a plain copy into
+/// executable memory runs exactly the bytes an artifact would hold.)
+pub struct ExecCode {
+    map: memmap2::Mmap,
+}
+
+impl ExecCode {
+    pub fn new(code: &[u8]) -> Result<ExecCode> {
+        let mut map = memmap2::MmapMut::map_anon(code.len().max(1))?;
+        map[..code.len()].copy_from_slice(code);
+        Ok(ExecCode { map: map.make_exec()? })
+    }
+
+    /// The kernel starting at `offset`.
+    ///
+    /// # Safety
+    /// `offset` must be the start of a kernel compiled for a target this CPU supports.
+    pub unsafe fn kernel(&self, offset: usize) -> KernelFn {
+        unsafe { std::mem::transmute::<*const u8, KernelFn>(self.map.as_ptr().add(offset)) }
+    }
+}
+
+/// A generated kernel and the scratch space (bytes, 64-byte aligned) it wants as its last
+/// buffer; 0 means no scratch buffer is passed.
+pub struct Generated {
+    pub func: Function,
+    pub scratch: usize,
+}
