@@ -30,9 +30,16 @@ fn node_err(n: &Node, msg: impl std::fmt::Display) -> Error {
 
 fn check_dims(dims: &Option<Dims>, ty: &TensorType, loc: Option<Loc>, what: &str) -> Result<()> {
     match dims {
-        Some(d) if d.len() != ty.rank() => {
-            Err(Error::at(loc, format!("{what}: dims lists {} name{} but the shape {} has rank {}", d.len(), if d.len() == 1 { "" } else { "s" }, ShapeDisplay(&ty.shape), ty.rank())))
-        }
+        Some(d) if d.len() != ty.rank() => Err(Error::at(
+            loc,
+            format!(
+                "{what}: dims lists {} name{} but the shape {} has rank {}",
+                d.len(),
+                if d.len() == 1 { "" } else { "s" },
+                ShapeDisplay(&ty.shape),
+                ty.rank()
+            ),
+        )),
         _ => Ok(()),
     }
 }
@@ -63,7 +70,7 @@ fn check_attrs(n: &Node) -> Result<()> {
         }
     }
     if let Some(s) = specs.iter().find(|s| s.required && !n.attrs.contains_key(s.name)) {
-        return Err(node_err(n, format!("{} needs attribute '{}' ({})", n.op, s.name, s.kind)));
+        return Err(node_err(n, format!("{} needs attribute '{}': {}", n.op, s.name, s.kind)));
     }
     Ok(())
 }
@@ -107,7 +114,12 @@ fn topo_order(g: &Graph, producer: &HashMap<&str, usize>) -> Result<Vec<usize>> 
             .find(|&p| indegree[p] > 0)
             .expect("a node on a cycle has an operand on it");
         if let Some(start) = path.iter().position(|&p| p == next) {
-            let names: Vec<&str> = [next].iter().chain(path[start + 1..].iter().rev()).chain([&next]).map(|&i| g.nodes[i].name.as_str()).collect();
+            let names: Vec<&str> = [next]
+                .iter()
+                .chain(path[start + 1..].iter().rev())
+                .chain([&next])
+                .map(|&i| g.nodes[i].name.as_str())
+                .collect();
             return Err(node_err(&g.nodes[next], format!("cycle: {}", names.join(" -> "))));
         }
         path.push(next);
@@ -165,8 +177,10 @@ pub fn verify(g: &Graph) -> Result<Info> {
     for &idx in &order {
         let n = &g.nodes[idx];
         let operands: Vec<Operand> = n.inputs.iter().map(|i| Operand { ty: &types[i], dims: dims.get(i) }).collect();
-        let mut inf = infer::infer(n, &operands).map_err(|e| node_err(n, if e.starts_with(n.op.name()) { e } else { format!("{}: {e}", n.op) }))?;
-        let declared_ok = n.dtype.is_none_or(|d| d == inf.ty.dtype) && n.shape.as_ref().is_none_or(|s| *s == inf.ty.shape);
+        let mut inf = infer::infer(n, &operands)
+            .map_err(|e| node_err(n, if e.starts_with(n.op.name()) { e } else { format!("{}: {e}", n.op) }))?;
+        let declared_ok =
+            n.dtype.is_none_or(|d| d == inf.ty.dtype) && n.shape.as_ref().is_none_or(|s| *s == inf.ty.shape);
         if !declared_ok {
             let want = format!(
                 "{}{}",

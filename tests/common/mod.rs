@@ -112,7 +112,8 @@ pub fn scratch(name: &str) -> PathBuf {
 pub fn input_args(graph: &Path) -> Vec<String> {
     let mut args = Vec::new();
     let dir = graph.parent().unwrap().join("inputs");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).map(|d| d.map(|e| e.unwrap().path()).collect()).unwrap_or_default();
+    let mut files: Vec<PathBuf> =
+        std::fs::read_dir(&dir).map(|d| d.map(|e| e.unwrap().path()).collect()).unwrap_or_default();
     files.sort();
     for f in files {
         args.push("--input".to_string());
@@ -125,7 +126,8 @@ pub fn input_args(graph: &Path) -> Vec<String> {
 pub fn compare_expected(graph: &Path, out_dir: &Path) -> Result<usize, String> {
     let dir = graph.parent().unwrap().join("expected");
     let mut n = 0;
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?.map(|e| e.unwrap().path()).collect();
+    let mut files: Vec<PathBuf> =
+        std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?.map(|e| e.unwrap().path()).collect();
     files.sort();
     for want_path in files {
         let name = want_path.file_name().unwrap();

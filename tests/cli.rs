@@ -1,0 +1,251 @@
+//! The command line through the real `meshc` binary: every user error leaves with exit
+//! status 1, one line on stderr (pinned in golden/cli/<case>.txt) and no panic; `fmt`
+//! round-trips every testdata graph; `interp --output` writes exactly what it is asked to.
+//! `make golden` (MESHC_BLESS=1) rewrites the pinned messages instead.
+
+mod common;
+
+use common::{golden, meshc, scratch, testdata_graphs, Run};
+use std::path::{Path, PathBuf};
+
+const MLP: &str = "testdata/mlp/graph.json";
+const MLP_X: &str = "x=testdata/mlp/inputs/x.npy";
+
+/// Checks that `args` fail like a user error should: exit 1, nothing on stdout, exactly one
+/// line on stderr that is not a panic; then compares that line with golden/cli/`case`.txt.
+fn user_error(case: &str, args: &[&str]) -> Result<(), String> {
+    let run = meshc(args);
+    let what = format!("{case}: meshc {}", args.join(" "));
+    if run.status != Some(1) || !run.stdout.is_empty() || run.stderr.lines().count() != 1 {
+        return Err(format!("{what}: expected exit 1, empty stdout and one stderr line, got {run:?}"));
+    }
+    if run.stderr.contains("panicked") || run.stderr.contains("RUST_BACKTRACE") {
+        return Err(format!("{what}: panicked: {}", run.stderr));
+    }
+    if !run.stderr.starts_with("error: ") {
+        return Err(format!("{what}: the message should start with 'error: ', got {:?}", run.stderr));
+    }
+    golden(&format!("cli/{case}.txt"), &run.stderr)
+}
+
+/// Runs every case and reports all failures at once.
+fn all_user_errors(cases: &[(&str, &[&str])]) {
+    let failures: Vec<String> = cases.iter().filter_map(|(case, args)| user_error(case, args).err()).collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+fn ok(args: &[&str]) -> Run {
+    let run = meshc(args);
+    assert_eq!(run.status, Some(0), "meshc {} failed: {run:?}", args.join(" "));
+    run
+}
+
+#[test]
+fn interp_input_errors() {
+    all_user_errors(&[
+        // transformer has two inputs; only one is given.
+        (
+            "interp-missing-input",
+            &["interp", "testdata/transformer/graph.json", "--input", "ids=testdata/transformer/inputs/ids.npy"],
+        ),
+        ("interp-no-inputs", &["interp", MLP]),
+        ("interp-unknown-input", &["interp", MLP, "--input", MLP_X, "--input", "z=testdata/mlp/inputs/x.npy"]),
+        // gelu_mlp's x is f32[8,32]; mlp's is f32[16,64].
+        ("interp-input-wrong-shape", &["interp", MLP, "--input", "x=testdata/gelu_mlp/inputs/x.npy"]),
+        // all_ops' n is i32[4,6]; its x is f32[4,6]: only the dtype differs.
+        (
+            "interp-input-wrong-dtype",
+            &["interp", "testdata/all_ops/graph.json", "--input", "x=testdata/all_ops/inputs/n.npy"],
+        ),
+        ("interp-input-nonexistent", &["interp", MLP, "--input", "x=testdata/mlp/inputs/no_such_file.npy"]),
+        ("interp-input-truncated", &["interp", MLP, "--input", "x=testdata/bad/weights/w_truncated.npy"]),
+        ("interp-input-not-npy", &["interp", MLP, "--input", "x=testdata/bad/weights/not_npy.npy"]),
+        ("interp-input-fortran", &["interp", MLP, "--input", "x=testdata/bad/weights/w_fortran.npy"]),
+        ("interp-input-float64", &["interp", MLP, "--input", "x=testdata/bad/weights/w_f64.npy"]),
+        ("interp-input-is-directory", &["interp", MLP, "--input", "x=testdata/mlp/inputs"]),
+        ("interp-input-without-equals", &["interp", MLP, "--input", "testdata/mlp/inputs/x.npy"]),
+        ("interp-input-empty-name", &["interp", MLP, "--input", "=testdata/mlp/inputs/x.npy"]),
+        ("interp-input-empty-file", &["interp", MLP, "--input", "x="]),
+        ("interp-input-twice", &["interp", MLP, "--input", MLP_X, "--input", MLP_X]),
+        ("interp-input-without-value", &["interp", MLP, "--input"]),
+    ]);
+}
+
+#[test]
+fn interp_output_errors() {
+    let dir = scratch("output-errors");
+    let h = format!("h={}", dir.join("h.npy").display());
+    all_user_errors(&[
+        // `h` is a node of mlp but not one of its outputs.
+        ("interp-output-not-an-output", &["interp", MLP, "--input", MLP_X, "--output", &h]),
+        ("interp-output-without-equals", &["interp", MLP, "--input", MLP_X, "--output", "y"]),
+        ("interp-output-unwritable", &["interp", MLP, "--input", MLP_X, "--output", "y=/nonexistent-meshc-dir/y.npy"]),
+        (
+            "interp-output-and-output-dir",
+            &["interp", MLP, "--input", MLP_X, "--output", "y=y.npy", "--output-dir", "out"],
+        ),
+        // A bad graph fails the same way under interp as under check.
+        ("interp-bad-graph", &["interp", "testdata/bad/verify-cycle.json"]),
+        (
+            "interp-bad-param",
+            &["interp", "testdata/bad/param-truncated-npy.json", "--input", "x=testdata/bad/weights/x.npy"],
+        ),
+    ]);
+    assert!(!dir.join("h.npy").exists(), "a refused --output must not write its file");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "nothing may be written on error");
+}
+
+#[test]
+fn file_and_argument_errors() {
+    all_user_errors(&[
+        ("fmt-nonexistent-graph", &["fmt", "testdata/no_such_graph.json", "--to", "text"]),
+        ("check-nonexistent-graph", &["check", "testdata/no_such_graph.txt"]),
+        ("check-directory", &["check", "testdata"]),
+        ("check-not-utf8", &["check", "testdata/bad/weights/w.npy"]),
+        ("fmt-unwritable-output", &["fmt", MLP, "--to", "text", "-o", "/nonexistent-meshc-dir/mlp.txt"]),
+        ("fmt-missing-to", &["fmt", MLP]),
+        ("fmt-bad-to", &["fmt", MLP, "--to", "yaml"]),
+        ("unknown-subcommand", &["frobnicate", MLP]),
+        ("unknown-flag", &["check", MLP, "--frobnicate"]),
+        ("no-subcommand", &[]),
+        ("check-missing-graph", &["check"]),
+        ("check-extra-argument", &["check", MLP, MLP]),
+    ]);
+}
+
+#[test]
+fn help_and_version_exit_0() {
+    for args in [&["--help"][..], &["-h"], &["help"], &["check", "--help"], &["interp", "--help"], &["--version"]] {
+        let run = ok(args);
+        assert!(run.stderr.is_empty(), "meshc {}: unexpected stderr {:?}", args.join(" "), run.stderr);
+        assert!(!run.stdout.is_empty(), "meshc {}: prints nothing", args.join(" "));
+    }
+    let help = ok(&["--help"]).stdout;
+    for cmd in ["check", "fmt", "interp"] {
+        assert!(help.contains(cmd), "--help does not mention {cmd}:\n{help}");
+    }
+}
+
+/// JSON → text → JSON is the identity on the printed form, for every testdata graph; text
+/// → text is too, and `-o` writes what stdout shows. `fmt` reads only the graph (not the
+/// params), so the text copy may live in a scratch directory.
+#[test]
+fn fmt_round_trips_every_testdata_graph() {
+    let dir = scratch("fmt-round-trip");
+    for g in testdata_graphs() {
+        let name = g.parent().unwrap().file_name().unwrap().to_string_lossy().to_string();
+        let path = g.display().to_string();
+        let json = ok(&["fmt", &path, "--to", "json"]).stdout;
+        let text = ok(&["fmt", &path, "--to", "text"]).stdout;
+        let text_file = dir.join(format!("{name}.txt"));
+        std::fs::write(&text_file, &text).unwrap();
+        let text_path = text_file.display().to_string();
+        let json_again = ok(&["fmt", &text_path, "--to", "json"]).stdout;
+        assert!(
+            json == json_again,
+            "{name}: JSON -> text -> JSON changed the graph:\n{}",
+            first_difference(&json, &json_again)
+        );
+        let text_again = ok(&["fmt", &text_path, "--to", "text"]).stdout;
+        assert!(
+            text == text_again,
+            "{name}: text -> text changed the graph:\n{}",
+            first_difference(&text, &text_again)
+        );
+
+        // The canonical JSON reads back as itself, and `-o` writes exactly stdout.
+        let json_file = dir.join(format!("{name}.json"));
+        ok(&["fmt", &text_path, "--to", "json", "-o", &json_file.display().to_string()]);
+        assert_eq!(std::fs::read_to_string(&json_file).unwrap(), json, "{name}: fmt -o differs from stdout");
+        let json_json = ok(&["fmt", &json_file.display().to_string(), "--to", "json"]).stdout;
+        assert!(
+            json == json_json,
+            "{name}: canonical JSON is not a fixed point:\n{}",
+            first_difference(&json, &json_json)
+        );
+
+        // `check` agrees on both forms (it needs the weights, so only the JSON is checked
+        // in place; the summary of the text copy would fail on relative weight paths).
+        ok(&["check", &path]);
+    }
+}
+
+fn first_difference(a: &str, b: &str) -> String {
+    let (la, lb): (Vec<&str>, Vec<&str>) = (a.lines().collect(), b.lines().collect());
+    for i in 0..la.len().max(lb.len()) {
+        if la.get(i) != lb.get(i) {
+            return format!(
+                "line {}:\n  - {}\n  + {}",
+                i + 1,
+                la.get(i).unwrap_or(&"<end>"),
+                lb.get(i).unwrap_or(&"<end>")
+            );
+        }
+    }
+    "identical lines, different line endings".to_string()
+}
+
+fn files_in(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    v.sort();
+    v
+}
+
+/// `--output NAME=FILE` writes that file and nothing else, holding the expected values;
+/// with `--output` nothing goes to stdout.
+#[test]
+fn interp_output_writes_exactly_that_file() {
+    let dir = scratch("interp-output");
+    let graph = Path::new("testdata/reductions/graph.json");
+    let out = dir.join("the_max.npy");
+    let mut args: Vec<String> = vec!["interp".into(), graph.display().to_string()];
+    args.extend(common::input_args(graph));
+    args.extend(["--output".to_string(), format!("max_1={}", out.display())]);
+    let run = ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(run.stdout.is_empty(), "--output should print nothing, got {:?}", run.stdout);
+    assert_eq!(files_in(&dir), vec![out.clone()], "exactly the requested file is written");
+    let got = meshc_ir::Tensor::read_npy(&out).unwrap();
+    let want = meshc_ir::Tensor::read_npy(Path::new("testdata/reductions/expected/max_1.npy")).unwrap();
+    common::assert_close("reductions max_1", &got, &want).unwrap();
+
+    // Two outputs, two files.
+    let dir2 = scratch("interp-output-two");
+    let (a, b) = (dir2.join("a.npy"), dir2.join("b.npy"));
+    let mut args: Vec<String> = vec!["interp".into(), graph.display().to_string()];
+    args.extend(common::input_args(graph));
+    args.extend([
+        "--output".into(),
+        format!("sum_all={}", a.display()),
+        "--output".into(),
+        format!("c_sum={}", b.display()),
+    ]);
+    ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(files_in(&dir2), vec![a.clone(), b.clone()]);
+    let want_b = meshc_ir::Tensor::read_npy(Path::new("testdata/reductions/expected/c_sum.npy")).unwrap();
+    common::assert_close("reductions c_sum", &meshc_ir::Tensor::read_npy(&b).unwrap(), &want_b).unwrap();
+}
+
+/// `--output-dir` writes one NAME.npy per graph output, and nothing else.
+#[test]
+fn interp_output_dir_writes_every_output() {
+    let dir = scratch("interp-output-dir");
+    let graph = Path::new("testdata/reductions/graph.json");
+    let mut args: Vec<String> = vec!["interp".into(), graph.display().to_string()];
+    args.extend(common::input_args(graph));
+    args.extend(["--output-dir".to_string(), dir.join("out").display().to_string()]);
+    ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let names =
+        |d: &Path| files_in(d).iter().map(|p| p.file_name().unwrap().to_string_lossy().to_string()).collect::<Vec<_>>();
+    assert_eq!(names(&dir.join("out")), names(Path::new("testdata/reductions/expected")));
+    assert_eq!(common::compare_expected(graph, &dir.join("out")), Ok(16));
+}
+
+/// Without `--output`, interp prints one summary line per output to stdout.
+#[test]
+fn interp_prints_a_summary_without_output_flags() {
+    let run = ok(&["interp", MLP, "--input", MLP_X]);
+    assert!(run.stderr.is_empty(), "{run:?}");
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "{run:?}");
+    assert!(lines[0].starts_with("y: f32[16,64] ["), "{run:?}");
+}

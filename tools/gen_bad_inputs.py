@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Writes the malformed weight files under testdata/bad/weights/ that the param-*.json bad
+inputs point at. numpy only; deterministic (running it again gives byte-identical files).
+
+    python3 tools/gen_bad_inputs.py
+
+Every param in testdata/bad/param-*.json declares f32[3,4]; each file below breaks that
+promise (or the file format itself) in one way.
+"""
+
+import json
+import os
+import struct
+
+import numpy as np
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testdata", "bad", "weights")
+
+
+def path(name):
+    return os.path.join(ROOT, name)
+
+
+def npy_bytes(arr, fortran=False):
+    """The bytes np.save writes for `arr` (Fortran order if asked)."""
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, np.asfortranarray(arr) if fortran else np.ascontiguousarray(arr))
+    return buf.getvalue()
+
+
+def safetensors_bytes(tensors):
+    """A minimal .safetensors file: u64 LE header length, JSON header, raw LE data."""
+    header, data = {}, b""
+    for name, arr in tensors.items():
+        raw = arr.astype(arr.dtype.newbyteorder("<")).tobytes()
+        dtype = {np.dtype("float32"): "F32", np.dtype("int32"): "I32", np.dtype("int64"): "I64"}[arr.dtype]
+        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + data
+
+
+def main():
+    os.makedirs(ROOT, exist_ok=True)
+    w = np.arange(12, dtype=np.float32).reshape(3, 4) / 8
+    files = {
+        # A well-formed f32[3,4]: the reference the broken ones differ from.
+        "w.npy": npy_bytes(w),
+        # A well-formed f32[2,3] for the input `x` of the param-*.json graphs (tests/cli.rs runs
+        # `interp` on them to see the param error rather than an input error).
+        "x.npy": npy_bytes(np.arange(6, dtype=np.float32).reshape(2, 3)),
+        # float64 data where meshc reads f32/i32/i64/bool only.
+        "w_f64.npy": npy_bytes(w.astype(np.float64)),
+        # int64 data for an f32 param: readable, but the dtype differs from the declaration.
+        "w_i64.npy": npy_bytes(np.arange(12, dtype=np.int64).reshape(3, 4)),
+        # f32[4,3]: right dtype and element count, transposed shape.
+        "w_shape.npy": npy_bytes(w.T.copy()),
+        # A valid header for f32[3,4] but only 5 of its 12 values (cut in the data).
+        "w_truncated.npy": npy_bytes(w)[: -(12 - 5) * 4],
+        # Only the first 6 bytes of the magic string.
+        "w_header_only.npy": npy_bytes(w)[:6],
+        # Fortran (column-major) order.
+        "w_fortran.npy": npy_bytes(w, fortran=True),
+        # Not .npy at all: plain text.
+        "not_npy.npy": b"w = [[0.0, 0.125, 0.25, 0.375], [0.5, 0.625, 0.75, 0.875], [1.0, 1.125, 1.25, 1.375]]\n",
+        # A good .safetensors holding "w" and "b" (the graph asks for "w_missing").
+        "model.safetensors": safetensors_bytes({"w": w, "b": np.zeros(4, dtype=np.float32)}),
+        # A header length that points far past the end of the file.
+        "bad_header.safetensors": struct.pack("<Q", 1 << 20) + b'{"w":',
+    }
+    for name, data in files.items():
+        with open(path(name), "wb") as f:
+            f.write(data)
+
+
+if __name__ == "__main__":
+    main()
