@@ -98,7 +98,7 @@ fn base_dir(graph: &Path) -> &Path {
 }
 
 fn load_params(g: &Graph, graph: &Path) -> Result<HashMap<String, Tensor>> {
-    Ok(params::load_all(g, base_dir(graph))?)
+    Ok(params::load_all(g, base_dir(graph)).map_err(|e| e.in_file(graph.display().to_string()))?)
 }
 
 fn check(path: &Path) -> Result<()> {

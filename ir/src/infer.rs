@@ -281,7 +281,7 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
                         sh(first)
                     ));
                 }
-                shape[axis] += s[axis];
+                shape[axis] = shape[axis].checked_add(s[axis]).ok_or("concat result is too large")?;
             }
             Ok(Inferred { ty: TensorType::new(dtype, shape), dims: ops[0].dims.cloned() })
         }
@@ -418,7 +418,8 @@ fn reshape(node: &Node, x: &Operand) -> R<Inferred> {
         return Err(format!("reshape shape has a negative entry {d}"));
     }
     let n = x.ty.numel();
-    let known: usize = want.iter().filter(|&&d| d != -1).map(|&d| d as usize).product();
+    let too_large = || format!("reshape target {} is too large", Attr::ints(&want));
+    let known = want.iter().filter(|&&d| d != -1).try_fold(1usize, |p, &d| p.checked_mul(d as usize)).ok_or_else(too_large)?;
     let shape: Vec<usize> = if want.contains(&-1) {
         if known == 0 || n % known != 0 {
             return Err(format!("cannot reshape {} into {}", sh(&x.ty.shape), Attr::ints(&want)));
@@ -427,7 +428,7 @@ fn reshape(node: &Node, x: &Operand) -> R<Inferred> {
     } else {
         want.iter().map(|&d| d as usize).collect()
     };
-    if shape.iter().product::<usize>() != n {
+    if shape.iter().try_fold(1usize, |p, &d| p.checked_mul(d)) != Some(n) {
         return Err(format!("cannot reshape {} ({n} elements) into {}", sh(&x.ty.shape), sh(&shape)));
     }
     // Names survive on the leading and trailing dims whose sizes did not change.
@@ -501,7 +502,10 @@ fn collective(node: &Node, x: &Operand) -> R<Inferred> {
     }
     match node.op {
         Op::AllReduce => {}
-        Op::AllGather => shape[norm_axis(attr_int(node, "axis", 0), rank)?] *= n,
+        Op::AllGather => {
+            let a = norm_axis(attr_int(node, "axis", 0), rank)?;
+            shape[a] = shape[a].checked_mul(n).ok_or("all_gather result is too large")?;
+        }
         Op::ReduceScatter => {
             let a = norm_axis(attr_int(node, "axis", 0), rank)?;
             if shape[a] % n != 0 {
@@ -516,7 +520,7 @@ fn collective(node: &Node, x: &Operand) -> R<Inferred> {
                 return Err(format!("all_to_all split axis {s} of size {} does not divide by group size {n}", shape[s]));
             }
             shape[s] /= n;
-            shape[c] *= n;
+            shape[c] = shape[c].checked_mul(n).ok_or("all_to_all result is too large")?;
         }
     }
     let dims = x.dims.cloned();

@@ -3,6 +3,7 @@
 //! element k of a param draws from a counter-based splitmix64 stream keyed by the seed.
 
 use crate::dtype::TensorType;
+use crate::error::{Error, Result};
 use crate::graph::Init;
 use crate::tensor::{Data, Tensor};
 
@@ -21,19 +22,21 @@ pub fn uniform01(seed: u64, k: u64) -> f64 {
 }
 
 /// Materialises an initialiser for a tensor of type `ty` (values computed in f64, then
-/// converted to the dtype).
-pub fn materialize(init: &Init, ty: &TensorType) -> Tensor {
+/// converted to the dtype). Fails, rather than aborting, when memory cannot be had.
+pub fn materialize(init: &Init, ty: &TensorType) -> Result<Tensor> {
     let n = ty.numel() as u64;
-    let values: Vec<f64> = match *init {
-        Init::Zeros => vec![0.0; n as usize],
-        Init::Ones => vec![1.0; n as usize],
-        Init::Uniform { seed, low, high } => (0..n).map(|k| low + (high - low) * uniform01(seed, k)).collect(),
-        Init::Normal { seed, mean, std } => (0..n)
-            .map(|k| {
-                let (u1, u2) = (uniform01(seed, 2 * k), uniform01(seed, 2 * k + 1));
-                mean + std * (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
-            })
-            .collect(),
-    };
-    Tensor::new(ty.shape.clone(), Data::from_f64(ty.dtype, values))
+    let mut values: Vec<f64> = Vec::new();
+    values
+        .try_reserve_exact(n as usize)
+        .map_err(|_| Error::new(format!("cannot allocate memory to initialise {ty}")))?;
+    match *init {
+        Init::Zeros => values.resize(n as usize, 0.0),
+        Init::Ones => values.resize(n as usize, 1.0),
+        Init::Uniform { seed, low, high } => values.extend((0..n).map(|k| low + (high - low) * uniform01(seed, k))),
+        Init::Normal { seed, mean, std } => values.extend((0..n).map(|k| {
+            let (u1, u2) = (uniform01(seed, 2 * k), uniform01(seed, 2 * k + 1));
+            mean + std * (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+        })),
+    }
+    Ok(Tensor::new(ty.shape.clone(), Data::from_f64(ty.dtype, values)))
 }

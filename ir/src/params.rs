@@ -44,28 +44,27 @@ pub fn inline_value(p: &Param, v: &Attr) -> Result<Tensor> {
     Ok(Tensor::new(p.ty.shape.clone(), data))
 }
 
-/// Loads one param; `base` is the directory of the graph file.
+/// Loads one param; `base` is the directory of the graph file. Errors point at the param
+/// (its line:col in a text graph) and name the data file as the graph spells it; the
+/// caller adds the graph file's name.
 pub fn load_param(p: &Param, base: &Path) -> Result<Tensor> {
-    let t = match &p.data {
-        ParamData::Value(v) => return inline_value(p, v),
-        ParamData::Init(i) => return Ok(init::materialize(i, &p.ty)),
+    let fail = |msg: String| Error::at(p.loc, format!("param '{}': {msg}", p.name));
+    match &p.data {
+        ParamData::Value(v) => inline_value(p, v),
+        ParamData::Init(i) => init::materialize(i, &p.ty).map_err(|e| fail(e.msg)),
         ParamData::File { path, key } => {
             let full = base.join(path);
             let loaded = match key {
                 Some(k) => Tensor::read_safetensors(&full, k),
                 None => Tensor::read_npy(&full),
             };
-            loaded.map_err(|e| Error { msg: format!("param '{}': {}", p.name, e.msg), ..e })?
+            let t = loaded.map_err(|e| fail(format!("{path}: {}", e.msg)))?;
+            if t.ty() != p.ty {
+                return Err(fail(format!("{path} holds {}, the graph declares {}", t.ty(), p.ty)));
+            }
+            Ok(t)
         }
-    };
-    if t.ty() != p.ty {
-        let file = match &p.data {
-            ParamData::File { path, .. } => base.join(path).display().to_string(),
-            _ => unreachable!("only files reach here"),
-        };
-        return Err(Error::new(format!("param '{}': file holds {}, the graph declares {}", p.name, t.ty(), p.ty)).in_file(file));
     }
-    Ok(t)
 }
 
 /// Loads every param of `g`.

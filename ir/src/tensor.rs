@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::dtype::{DType, ShapeDisplay, TensorType};
+use crate::dtype::{DType, TensorType};
 use crate::error::{Error, Result};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -68,6 +68,16 @@ impl Data {
     }
 }
 
+/// Where an .npy file's data starts: after the 6-byte magic, 2 version bytes, and the header
+/// length field (u16 in version 1, u32 in versions 2 and 3) and header.
+fn npy_data_offset(bytes: &[u8]) -> usize {
+    let le = |r: std::ops::Range<usize>| bytes.get(r).map(|b| b.iter().rev().fold(0usize, |n, &x| n << 8 | x as usize));
+    match bytes.get(6) {
+        Some(1) => le(8..10).map_or(usize::MAX, |n| 10 + n),
+        _ => le(8..12).map_or(usize::MAX, |n| 12 + n),
+    }
+}
+
 impl Tensor {
     pub fn new(shape: Vec<usize>, data: Data) -> Tensor {
         debug_assert_eq!(shape.iter().product::<usize>(), data.len());
@@ -119,23 +129,35 @@ impl Tensor {
             other => return Err(Error::new(format!("unsupported .npy dtype {}", other.descr()))),
         };
         let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
-        let truncated = |e: std::io::Error| {
-            Error::new(format!("truncated or corrupt .npy data for shape {}: {e}", ShapeDisplay(&shape)))
-        };
-        let data = match descr.as_str() {
-            "<f4" => Data::F32(npy.into_vec::<f32>().map_err(truncated)?),
-            "<i4" => Data::I32(npy.into_vec::<i32>().map_err(truncated)?),
-            "<i8" => Data::I64(npy.into_vec::<i64>().map_err(truncated)?),
-            "|b1" => Data::Bool(npy.into_vec::<bool>().map_err(truncated)?),
+        let dtype = match descr.as_str() {
+            "<f4" => DType::F32,
+            "<i4" => DType::I32,
+            "<i8" => DType::I64,
+            "|b1" => DType::Bool,
             other => {
                 return Err(Error::new(format!(
                     "unsupported .npy dtype {other} (meshc reads float32, int32, int64 and bool)"
                 )))
             }
         };
-        if data.len() != shape.iter().product::<usize>() {
-            return Err(truncated(std::io::ErrorKind::UnexpectedEof.into()));
+        let ty = TensorType::new(dtype, shape);
+        let want = ty
+            .checked_size_bytes()
+            .ok_or_else(|| Error::new(format!("the .npy header declares {ty}, which is too large")))?;
+        let have = bytes.len().saturating_sub(npy_data_offset(bytes));
+        if have < want {
+            return Err(Error::new(format!(
+                "file ends early: the header says {ty} ({want} bytes of data), only {have} are present"
+            )));
         }
+        let corrupt = |e: std::io::Error| Error::new(format!("corrupt .npy data for {ty}: {e}"));
+        let data = match dtype {
+            DType::F32 => Data::F32(npy.into_vec::<f32>().map_err(corrupt)?),
+            DType::I32 => Data::I32(npy.into_vec::<i32>().map_err(corrupt)?),
+            DType::I64 => Data::I64(npy.into_vec::<i64>().map_err(corrupt)?),
+            DType::Bool => Data::Bool(npy.into_vec::<bool>().map_err(corrupt)?),
+        };
+        let TensorType { shape, .. } = ty;
         Ok(Tensor::new(shape, data))
     }
 

@@ -6,7 +6,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use crate::attr::Attr;
-use crate::dtype::{DType, ShapeDisplay, TensorType};
+use crate::dtype::{DType, ShapeDisplay, TensorType, MAX_TENSOR_BYTES};
 use crate::error::{Error, Loc, Result};
 use crate::graph::{Dims, Graph, Node, ParamData};
 use crate::infer::{self, Operand};
@@ -26,6 +26,13 @@ pub struct Info {
 
 fn node_err(n: &Node, msg: impl std::fmt::Display) -> Error {
     Error::at(n.loc, format!("node '{}': {msg}", n.name))
+}
+
+fn check_size(ty: &TensorType, loc: Option<Loc>, what: &str) -> Result<()> {
+    match ty.checked_size_bytes() {
+        Some(_) => Ok(()),
+        None => Err(Error::at(loc, format!("{what}: {ty} is too large (the limit is {} GiB per tensor)", MAX_TENSOR_BYTES >> 30))),
+    }
 }
 
 fn check_dims(dims: &Option<Dims>, ty: &TensorType, loc: Option<Loc>, what: &str) -> Result<()> {
@@ -142,6 +149,7 @@ pub fn verify(g: &Graph) -> Result<Info> {
     };
     for i in &g.inputs {
         declare(&i.name, i.loc, "input")?;
+        check_size(&i.ty, i.loc, &format!("input '{}'", i.name))?;
         check_dims(&i.dims, &i.ty, i.loc, &format!("input '{}'", i.name))?;
         types.insert(i.name.clone(), i.ty.clone());
         if let Some(d) = &i.dims {
@@ -150,6 +158,7 @@ pub fn verify(g: &Graph) -> Result<Info> {
     }
     for p in &g.params {
         declare(&p.name, p.loc, "param")?;
+        check_size(&p.ty, p.loc, &format!("param '{}'", p.name))?;
         check_dims(&p.dims, &p.ty, p.loc, &format!("param '{}'", p.name))?;
         if let ParamData::Value(v) = &p.data {
             params::inline_value(p, v)?;
@@ -189,6 +198,7 @@ pub fn verify(g: &Graph) -> Result<Info> {
             );
             return Err(node_err(n, format!("declared type {want} but {} gives {}", n.op, inf.ty)));
         }
+        check_size(&inf.ty, n.loc, &format!("node '{}'", n.name))?;
         check_dims(&n.dims, &inf.ty, n.loc, &format!("node '{}'", n.name))?;
         if n.dims.is_some() {
             inf.dims.clone_from(&n.dims);
