@@ -1,4 +1,10 @@
 //! meshc: the passes, Cranelift code generation, the artifact and the runner. The graph IR
 //! itself lives in the `meshc-ir` crate; the `meshc` binary (src/main.rs) is the CLI.
 
+pub mod artifact;
 pub mod codegen;
+pub mod library;
+pub mod program;
+pub mod compile;
+pub mod driver;
+pub mod runner;

@@ -7,7 +7,10 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use meshc_ir::{json, load, params, text, verify::Info, Graph, Tensor};
+use meshc::artifact::{self, Artifact, Verify};
+use meshc::runner::{Code, Loaded};
+use meshc::{codegen, compile, driver};
+use meshc_ir::{json, load, params, text, verify::Info, Graph, Tensor, TensorType};
 
 #[derive(Parser)]
 #[command(
@@ -47,6 +50,66 @@ enum Cmd {
         #[arg(long)]
         output_dir: Option<PathBuf>,
     },
+    /// Compile a graph into one mmap-loadable artifact.
+    Compile {
+        graph: PathBuf,
+        #[arg(short, value_name = "OUT.mshc")]
+        o: PathBuf,
+        #[command(flatten)]
+        codegen: CodegenArgs,
+        /// Also write a make-style depfile listing every file the artifact is built from.
+        #[arg(long = "MF", value_name = "DEPFILE")]
+        depfile: Option<PathBuf>,
+    },
+    /// Run an artifact (or compile a graph in memory and run it).
+    Run {
+        /// An artifact (.mshc) or a graph file.
+        program: PathBuf,
+        #[arg(long = "input", value_name = "NAME=FILE.npy")]
+        inputs: Vec<String>,
+        #[arg(long = "output", value_name = "NAME=FILE.npy", conflicts_with = "output_dir")]
+        outputs: Vec<String>,
+        #[arg(long)]
+        output_dir: Option<PathBuf>,
+        /// Run N more times and print min/median/max latency and GFLOP/s.
+        #[arg(long, value_name = "N")]
+        bench: Option<usize>,
+        /// Skip the weights checksum when opening an artifact (load time independent of size).
+        #[arg(long)]
+        trust_weights: bool,
+        #[command(flatten)]
+        codegen: CodegenArgs,
+    },
+    /// Describe an artifact: sections, inputs/outputs, kernels, buffers, steps.
+    Inspect { artifact: PathBuf },
+}
+
+#[derive(clap::Args)]
+struct CodegenArgs {
+    /// native (this CPU's features), x86-64-v2 or x86-64-v3.
+    #[arg(long, default_value = "native")]
+    target: String,
+    /// Which implementation serves matmuls (auto: the faster for each shape).
+    #[arg(long, value_enum, default_value = "auto")]
+    gemm: GemmArg,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum GemmArg {
+    Auto,
+    Cranelift,
+    Library,
+}
+
+impl CodegenArgs {
+    fn options(&self) -> compile::Options {
+        let gemm = match self.gemm {
+            GemmArg::Auto => compile::Gemm::Auto,
+            GemmArg::Cranelift => compile::Gemm::Cranelift,
+            GemmArg::Library => compile::Gemm::Library,
+        };
+        compile::Options { target: self.target.clone(), gemm }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -56,7 +119,10 @@ enum Format {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    // `-MF DEPFILE` is the compiler-driver spelling build systems know (gcc, clang); clap
+    // has no two-letter short flags, so it is read as `--MF`.
+    let args = std::env::args_os().map(|a| if a == "-MF" { "--MF".into() } else { a });
+    let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {
             // --help and --version
@@ -76,6 +142,12 @@ fn main() -> ExitCode {
         Cmd::Check { graph } => check(&graph),
         Cmd::Fmt { graph, to, o } => fmt(&graph, to, o.as_deref()),
         Cmd::Interp { graph, inputs, outputs, output_dir } => interp(&graph, &inputs, &outputs, output_dir.as_deref()),
+        Cmd::Compile { graph, o, codegen, depfile } => compile_cmd(&graph, &o, &codegen, depfile.as_deref()),
+        Cmd::Run { program, inputs, outputs, output_dir, bench, trust_weights, codegen } => {
+            let io = Io { inputs: &inputs, outputs: &outputs, output_dir: output_dir.as_deref() };
+            run(&program, &io, bench, trust_weights, &codegen)
+        }
+        Cmd::Inspect { artifact } => inspect(&artifact),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -150,59 +222,155 @@ fn name_eq_file<'a>(arg: &'a str, flag: &str) -> Result<(&'a str, &'a str)> {
     }
 }
 
-/// Reads the `--input` values and checks them against the graph's inputs: every input
+/// Reads the `--input` values and checks them against the expected inputs: every input
 /// given once, nothing else, each with the declared dtype and shape.
-fn read_inputs(g: &Graph, args: &[String]) -> Result<HashMap<String, Tensor>> {
+fn read_inputs(expected: &[(String, TensorType)], args: &[String]) -> Result<HashMap<String, Tensor>> {
     let mut values = HashMap::new();
     for arg in args {
         let (name, file) = name_eq_file(arg, "--input")?;
-        let Some(input) = g.inputs.iter().find(|i| i.name == name) else {
-            let names: Vec<&str> = g.inputs.iter().map(|i| i.name.as_str()).collect();
+        let Some((_, ty)) = expected.iter().find(|(n, _)| n == name) else {
+            let names: Vec<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
             bail!("--input {name}: the graph has no input '{name}' (its inputs: {})", names.join(", "));
         };
         let t = Tensor::read_npy(Path::new(file)).with_context(|| format!("--input {name}"))?;
-        if t.ty() != input.ty {
-            bail!("--input {name}: {file} holds {}, the graph expects {}", t.ty(), input.ty);
+        if t.ty() != *ty {
+            bail!("--input {name}: {file} holds {}, the graph expects {ty}", t.ty());
         }
         if values.insert(name.to_string(), t).is_some() {
             bail!("--input {name} is given twice");
         }
     }
-    if let Some(missing) = g.inputs.iter().find(|i| !values.contains_key(&i.name)) {
-        bail!("missing --input {}=FILE.npy (the graph's input '{}' is {})", missing.name, missing.name, missing.ty);
+    if let Some((name, ty)) = expected.iter().find(|(n, _)| !values.contains_key(n)) {
+        bail!("missing --input {name}=FILE.npy (the graph's input '{name}' is {ty})");
     }
     Ok(values)
 }
 
-fn interp(path: &Path, inputs: &[String], outputs: &[String], output_dir: Option<&Path>) -> Result<()> {
-    let (g, info): (Graph, Info) = load::load(path)?;
-    let mut values = read_inputs(&g, inputs)?;
-    values.extend(load_params(&g, path)?);
-    let mut wanted = Vec::new();
-    for arg in outputs {
-        let (name, file) = name_eq_file(arg, "--output")?;
-        if !g.outputs.iter().any(|o| o.name == name) {
-            bail!(
-                "--output {name}: the graph has no output '{name}' (its outputs: {})",
-                g.outputs.iter().map(|o| o.name.as_str()).collect::<Vec<_>>().join(", ")
-            );
+fn graph_inputs(g: &Graph) -> Vec<(String, TensorType)> {
+    g.inputs.iter().map(|i| (i.name.clone(), i.ty.clone())).collect()
+}
+
+/// The `--input`/`--output`/`--output-dir` arguments of `interp` and `run`.
+struct Io<'a> {
+    inputs: &'a [String],
+    outputs: &'a [String],
+    output_dir: Option<&'a Path>,
+}
+
+impl Io<'_> {
+    /// The `--output NAME=FILE` requests, checked against the output names.
+    fn wanted(&self, names: &[&str]) -> Result<Vec<(String, PathBuf)>> {
+        let mut wanted = Vec::new();
+        for arg in self.outputs {
+            let (name, file) = name_eq_file(arg, "--output")?;
+            if !names.contains(&name) {
+                bail!("--output {name}: the graph has no output '{name}' (its outputs: {})", names.join(", "));
+            }
+            wanted.push((name.to_string(), PathBuf::from(file)));
         }
-        wanted.push((name.to_string(), PathBuf::from(file)));
+        Ok(wanted)
     }
+
+    /// Writes the results as asked, or prints a summary of each when nothing was asked.
+    fn write(&self, mut wanted: Vec<(String, PathBuf)>, results: &BTreeMap<String, Tensor>) -> Result<()> {
+        if let Some(dir) = self.output_dir {
+            std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create directory", dir.display()))?;
+            wanted = results.keys().map(|k| (k.clone(), dir.join(format!("{k}.npy")))).collect();
+        }
+        for (name, file) in &wanted {
+            results[name].write_npy(file)?;
+        }
+        if wanted.is_empty() {
+            for (name, t) in results {
+                println!("{name}: {}", summary(t));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn interp(path: &Path, inputs: &[String], outputs: &[String], output_dir: Option<&Path>) -> Result<()> {
+    let io = Io { inputs, outputs, output_dir };
+    let (g, info): (Graph, Info) = load::load(path)?;
+    let mut values = read_inputs(&graph_inputs(&g), io.inputs)?;
+    values.extend(load_params(&g, path)?);
+    let names: Vec<&str> = g.outputs.iter().map(|o| o.name.as_str()).collect();
+    let wanted = io.wanted(&names)?;
     let results = meshc_ir::interp::run(&g, &info.order, &info.types, values)
         .map_err(|e| e.in_file(path.display().to_string()))?;
-    if let Some(dir) = output_dir {
-        std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create directory", dir.display()))?;
-        wanted = results.keys().map(|k| (k.clone(), dir.join(format!("{k}.npy")))).collect();
+    io.write(wanted, &results)
+}
+
+fn compile_graph(path: &Path, args: &CodegenArgs) -> Result<(Graph, compile::Compiled)> {
+    let (g, info) = load::load(path)?;
+    let params = load_params(&g, path)?;
+    let compiled = compile::compile(&g, &info, &params, &args.options()).with_context(|| path.display().to_string())?;
+    Ok((g, compiled))
+}
+
+fn compile_cmd(path: &Path, out: &Path, args: &CodegenArgs, depfile: Option<&Path>) -> Result<()> {
+    let (g, compiled) = compile_graph(path, args)?;
+    driver::write_artifact(&compiled, out)?;
+    if let Some(d) = depfile {
+        std::fs::write(d, driver::depfile(out, &driver::dependencies(path, &g)))
+            .with_context(|| format!("{}: cannot write depfile", d.display()))?;
     }
-    for (name, file) in &wanted {
-        results[name].write_npy(file)?;
+    Ok(())
+}
+
+fn is_artifact(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 8];
+    std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && magic == artifact::MAGIC
+}
+
+fn run(path: &Path, io: &Io, bench: Option<usize>, trust_weights: bool, args: &CodegenArgs) -> Result<()> {
+    let file = path.display().to_string();
+    if is_artifact(path) {
+        let art = Artifact::open_with(path, if trust_weights { Verify::SkipBulk } else { Verify::All })?;
+        let loaded = driver::load_artifact(&art, &file)?;
+        run_loaded(&loaded, io, bench)
+    } else {
+        let (_, c) = compile_graph(path, args)?;
+        let code = Code::Copied(codegen::ExecCode::new(&c.code)?);
+        let weights = meshc::runner::AlignedBuf::from_bytes(&c.weights)?;
+        let loaded = Loaded::new(c.meta, c.program, code, weights.as_slice()).with_context(|| file.clone())?;
+        run_loaded(&loaded, io, bench)
     }
-    if wanted.is_empty() {
-        for (name, t) in &results {
-            println!("{name}: {}", summary(t));
+}
+
+fn run_loaded(loaded: &Loaded, io: &Io, bench: Option<usize>) -> Result<()> {
+    let expected: Vec<(String, TensorType)> =
+        loaded.meta.inputs.iter().filter_map(|s| Some((s.name.clone(), s.ty()?))).collect();
+    let inputs = read_inputs(&expected, io.inputs)?;
+    let names: Vec<&str> = loaded.meta.outputs.iter().map(|o| o.name.as_str()).collect();
+    let wanted = io.wanted(&names)?;
+    let results = loaded.run(&inputs)?;
+    if let Some(n) = bench {
+        let mut times = Vec::with_capacity(n);
+        for _ in 0..n.max(1) {
+            let t = std::time::Instant::now();
+            loaded.run(&inputs)?;
+            times.push(t.elapsed().as_secs_f64());
         }
+        times.sort_by(f64::total_cmp);
+        let med = times[times.len() / 2];
+        eprintln!(
+            "bench: {} runs, latency min {:.3} ms, median {:.3} ms, max {:.3} ms, {:.2} GFLOP/s (median, {} FLOPs)",
+            times.len(),
+            times[0] * 1e3,
+            med * 1e3,
+            times[times.len() - 1] * 1e3,
+            loaded.meta.flops as f64 / med / 1e9,
+            loaded.meta.flops
+        );
     }
+    io.write(wanted, &results)
+}
+
+fn inspect(path: &Path) -> Result<()> {
+    let art = Artifact::open_with(path, Verify::All)?;
+    print!("{}", driver::inspect(&art, &path.display().to_string())?);
     Ok(())
 }
 

@@ -18,8 +18,17 @@ pub struct KernelBuilder<'a> {
     pub ptr: Type,
 }
 
-/// Memory accesses in kernels hit buffers the runner sized and aligned for them.
+/// Flags for kernel memory accesses: they never trap (the runner sized every buffer for its
+/// kernel), but are NOT marked aligned — with `aligned`, x64 may fold a vector load into an
+/// SSE memory operand, which faults unless the address is 16-byte aligned, and element
+/// offsets such as `x[i+1..i+5]` are not.
 pub fn mem() -> MemFlagsData {
+    MemFlagsData::new().with_notrap()
+}
+
+/// Flags for vector accesses known to be 16-byte aligned (e.g. into 64-byte aligned packed
+/// panels at multiples of 16 bytes), which lets x64 fold them into SSE memory operands.
+pub fn mem_aligned() -> MemFlagsData {
     MemFlagsData::trusted()
 }
 

@@ -8,7 +8,12 @@
 //! of range). Kernels call nothing and embed no absolute address, so their bytes run
 //! wherever they are mapped: straight from the artifact file, with no relocation step.
 
+pub mod elementwise;
 pub mod emit;
+pub mod math;
+pub mod matmul;
+pub mod movement;
+pub mod reduce;
 
 use anyhow::{anyhow, bail, Result};
 use cranelift_codegen::control::ControlPlane;
@@ -47,6 +52,11 @@ impl Target {
             "x86-64-v2" | "x86-64-v3" => {
                 let mut b = cranelift_codegen::isa::lookup_by_name("x86_64").map_err(|e| anyhow!("x86_64: {e}"))?;
                 b.enable(name).map_err(|e| anyhow!("{name}: {e}"))?;
+                if name == "x86-64-v3" {
+                    // Cranelift's v3 preset omits AVX itself, without which VEX encodings
+                    // (and so FMA) are unavailable; every v3 CPU has AVX.
+                    b.enable("has_avx").map_err(|e| anyhow!("{name}: {e}"))?;
+                }
                 b
             }
             other => bail!("unknown target '{other}' (expected native, x86-64-v2 or x86-64-v3)"),
@@ -132,6 +142,14 @@ impl ExecCode {
         let mut map = memmap2::MmapMut::map_anon(code.len().max(1))?;
         map[..code.len()].copy_from_slice(code);
         Ok(ExecCode { map: map.make_exec()? })
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
     }
 
     /// The kernel starting at `offset`.

@@ -1,0 +1,973 @@
+//! Fused elementwise kernels: a DAG of elementwise ops (docs/ops.md, with numpy
+//! broadcasting) evaluated in one loop nest over the result, so intermediates never touch
+//! memory.
+//!
+//! Loop shape: operands are broadcast against the *result's* shape (an intermediate with a
+//! smaller broadcast shape is simply recomputed at every result index), size-1 dims are
+//! dropped and adjacent dims that are contiguous for every operand are merged, so e.g. a
+//! [64,1024] result with same-shape operands is one flat loop. The outer dims become
+//! counted loops that advance each operand's pointer by its stride; the innermost dim is an
+//! f32x4 loop followed by a scalar tail. An operand whose innermost stride is 0 is loaded
+//! once per outer iteration and splatted, and so is every node that only depends on such
+//! operands.
+//!
+//! Lanes: f32 values are `F32X4`, i32 values `I32X4` and bools lane masks (`I32X4`,
+//! all-ones or zero; 1 byte 0/1 in memory) in the vector loop, and `F32`/`I32`/`I8` 0/1 in
+//! the scalar tail. A group with an i64 value anywhere has no vector loop: it runs the
+//! scalar body only. So every op, including `where` and every `cast` between f32, i32 and
+//! bool, is vectorised; i64 arithmetic and casts to or from i64 are scalar.
+//!
+//! Aliasing: the result may share its buffer with an operand of the result's shape (the
+//! arena reuses buffers in place): every element is read before the same element is
+//! written, and nothing is written ahead of the reads.
+
+use anyhow::{anyhow, bail, Context, Result};
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::{types, ConstantData, InstBuilder, Type, Value};
+use cranelift_frontend::FunctionBuilder;
+use meshc_ir::infer::{infer, Operand};
+use meshc_ir::{Attr, Attrs, DType, Node, Op, TensorType};
+
+use super::emit::{build_kernel, mem, KernelBuilder, LANES};
+use super::math::Math;
+use super::{Generated, Target};
+
+/// An operand of a fused node: one of the kernel's inputs or an earlier node of the group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arg {
+    Input(usize),
+    Node(usize),
+}
+
+#[derive(Clone, Debug)]
+pub struct FusedNode {
+    pub op: Op,
+    pub attrs: Attrs,
+    pub args: Vec<Arg>,
+    pub ty: TensorType,
+}
+
+/// A DAG of elementwise ops evaluated in one loop; the last node is the result.
+/// Kernel buffers: bufs[0] = the result, bufs[1..] = `inputs` in order.
+#[derive(Clone, Debug)]
+pub struct Fused {
+    pub inputs: Vec<TensorType>,
+    pub nodes: Vec<FusedNode>,
+}
+
+/// Generates the kernel of a fused elementwise group.
+pub fn fused(target: &Target, name: &str, f: &Fused) -> Result<Generated> {
+    let plan = Plan::new(f).with_context(|| format!("fused elementwise kernel {name}"))?;
+    let func = build_kernel(target, name, |k| {
+        if plan.dims.iter().all(|&d| d > 0) {
+            let out = k.buf(0);
+            let ins: Vec<Value> = (0..plan.strides.len()).map(|i| k.buf(i + 1)).collect();
+            plan.outer(k, target, 0, out, &ins);
+        }
+    });
+    Ok(Generated { func, scratch: 0 })
+}
+
+/// What a node computes, with its attributes resolved.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Plain(Op),
+    Gelu { tanh: bool },
+    Cast { from: DType, to: DType },
+}
+
+/// A checked group, laid out as a loop nest. Values are numbered inputs first, then nodes.
+struct Plan {
+    dtypes: Vec<DType>,
+    /// Per node: what it computes and the values it reads.
+    nodes: Vec<(Kind, Vec<usize>)>,
+    /// The collapsed loop nest, outermost first; never empty.
+    dims: Vec<usize>,
+    /// Per input: its element stride along each of `dims` (0 where broadcast).
+    strides: Vec<Vec<usize>>,
+    /// The result's element strides along `dims`.
+    out_strides: Vec<usize>,
+    /// Values that do not change along the innermost dim.
+    invariant: Vec<bool>,
+    /// Whether the innermost dim gets an f32x4 loop.
+    vector: bool,
+}
+
+impl Plan {
+    fn new(f: &Fused) -> Result<Plan> {
+        let n_in = f.inputs.len();
+        let last = f.nodes.last().ok_or_else(|| anyhow!("a fused group needs at least one node"))?;
+        let shape = &last.ty.shape;
+        let mut dtypes: Vec<DType> = f.inputs.iter().map(|t| t.dtype).collect();
+        let mut types: Vec<&TensorType> = f.inputs.iter().collect();
+        let mut nodes = Vec::new();
+        for (i, node) in f.nodes.iter().enumerate() {
+            let fail = |msg: String| anyhow!("node {i} ({}): {msg}", node.op);
+            let args = node
+                .args
+                .iter()
+                .map(|a| match *a {
+                    Arg::Input(j) if j < n_in => Ok(j),
+                    Arg::Node(j) if j < i => Ok(n_in + j),
+                    _ => Err(fail(format!("operand {a:?} is not an input or an earlier node"))),
+                })
+                .collect::<Result<Vec<usize>>>()?;
+            if !node.op.is_elementwise() {
+                return Err(fail("not an elementwise op".into()));
+            }
+            if !node.op.arity().accepts(args.len()) {
+                return Err(fail(format!("takes {}, got {}", node.op.arity(), args.len())));
+            }
+            // Inference owns the dtype and broadcasting rules; the declared type must agree.
+            let operands: Vec<Operand> = args.iter().map(|&a| Operand { ty: types[a], dims: None }).collect();
+            let mut ir_node = Node::new(format!("n{i}"), node.op, &[]);
+            ir_node.attrs = node.attrs.clone();
+            let inferred = infer(&ir_node, &operands).map_err(fail)?;
+            if inferred.ty != node.ty {
+                return Err(fail(format!("declared type {} but its operands give {}", node.ty, inferred.ty)));
+            }
+            if !broadcasts_to(&node.ty.shape, shape) {
+                return Err(fail(format!("shape {} does not broadcast to the result {}", node.ty, last.ty)));
+            }
+            let kind = match node.op {
+                Op::Gelu => Kind::Gelu { tanh: gelu_is_tanh(&node.attrs).map_err(fail)? },
+                Op::Cast => Kind::Cast { from: dtypes[args[0]], to: node.ty.dtype },
+                op => Kind::Plain(op),
+            };
+            dtypes.push(node.ty.dtype);
+            types.push(&node.ty);
+            nodes.push((kind, args));
+        }
+
+        if let Some((i, t)) = f.inputs.iter().enumerate().find(|(_, t)| !broadcasts_to(&t.shape, shape)) {
+            bail!("input {i} ({t}) does not broadcast to the result {}", last.ty);
+        }
+        // Element strides of every input and of the result along the result's dims.
+        let mut all: Vec<Vec<usize>> = f.inputs.iter().map(|t| broadcast_strides(&t.shape, shape)).collect();
+        all.push(broadcast_strides(shape, shape));
+        let (dims, mut all) = collapse(shape, &all);
+        let out_strides = all.pop().expect("the result's strides");
+        let strides = all;
+
+        let mut invariant: Vec<bool> = strides.iter().map(|s| s.last() == Some(&0)).collect();
+        for (_, args) in &nodes {
+            let inv = args.iter().all(|&a| invariant[a]);
+            invariant.push(inv);
+        }
+        let inner = *dims.last().expect("at least one dim");
+        let vector = inner >= LANES && !dtypes.contains(&DType::I64);
+        Ok(Plan { dtypes, nodes, dims, strides, out_strides, invariant, vector })
+    }
+
+    /// Loop level `d` of the nest, with the result's and the inputs' current addresses.
+    fn outer(&self, k: &mut KernelBuilder, target: &Target, d: usize, out: Value, ins: &[Value]) {
+        if d + 1 == self.dims.len() {
+            return self.inner(k, target, out, ins);
+        }
+        k.for_const(0, self.dims[d] as i64, 1, |k, i| {
+            let step = |s: usize, dt: DType| (s * dt.size_bytes()) as i64;
+            let out_dt = *self.dtypes.last().expect("a result");
+            let out = k.addr(out, i, step(self.out_strides[d], out_dt));
+            let ins: Vec<Value> = ins
+                .iter()
+                .enumerate()
+                .map(|(j, &p)| match self.strides[j][d] {
+                    0 => p,
+                    s => k.addr(p, i, step(s, self.dtypes[j])),
+                })
+                .collect();
+            self.outer(k, target, d + 1, out, &ins);
+        });
+    }
+
+    /// The innermost dim: invariant values first, then the f32x4 loop and the scalar tail.
+    fn inner(&self, k: &mut KernelBuilder, target: &Target, out: Value, ins: &[Value]) {
+        let n = *self.dims.last().expect("at least one dim") as i64;
+        let n_in = ins.len();
+        let mut scalar_inv: Vec<Option<Value>> = vec![None; self.dtypes.len()];
+        {
+            let mut m = Math::new(&mut k.b, types::F32, target);
+            for v in 0..self.dtypes.len() {
+                if self.invariant[v] {
+                    scalar_inv[v] = Some(self.value(&mut m, v, n_in, &scalar_inv, |m, dt| load(m.b, dt, false, ins[v])));
+                }
+            }
+        }
+        let n_vec = if self.vector { n - n % LANES as i64 } else { 0 };
+        if n_vec > 0 {
+            let vec_inv: Vec<Option<Value>> =
+                scalar_inv.iter().enumerate().map(|(v, s)| s.map(|s| splat(&mut k.b, self.dtypes[v], s))).collect();
+            k.for_const(0, n_vec, LANES as i64, |k, i| self.body(k, target, true, i, out, ins, &vec_inv));
+        }
+        if n_vec < n {
+            k.for_const(n_vec, n, 1, |k, i| self.body(k, target, false, i, out, ins, &scalar_inv));
+        }
+    }
+
+    /// One step of the innermost loop at index `i`: loads, the nodes, the store.
+    #[allow(clippy::too_many_arguments)]
+    fn body(&self, k: &mut KernelBuilder, target: &Target, vector: bool, i: Value, out: Value, ins: &[Value], inv: &[Option<Value>]) {
+        let n_in = ins.len();
+        let mut vals: Vec<Option<Value>> = inv.to_vec();
+        let addrs: Vec<Value> = (0..n_in)
+            .map(|j| if self.invariant[j] { ins[j] } else { k.addr(ins[j], i, self.dtypes[j].size_bytes() as i64) })
+            .collect();
+        let out_dt = *self.dtypes.last().expect("a result");
+        let out_addr = k.addr(out, i, out_dt.size_bytes() as i64);
+        let mut m = Math::new(&mut k.b, if vector { types::F32X4 } else { types::F32 }, target);
+        for v in 0..self.dtypes.len() {
+            if vals[v].is_none() {
+                vals[v] = Some(self.value(&mut m, v, n_in, &vals, |m, dt| load(m.b, dt, vector, addrs[v])));
+            }
+        }
+        let result = vals.last().copied().flatten().expect("every value computed");
+        store(m.b, out_dt, vector, result, out_addr);
+    }
+
+    /// Value `v`: an input (read by `load`) or a node over the values already in `vals`.
+    fn value(
+        &self,
+        m: &mut Math,
+        v: usize,
+        n_in: usize,
+        vals: &[Option<Value>],
+        load: impl FnOnce(&mut Math, DType) -> Value,
+    ) -> Value {
+        if v < n_in {
+            return load(m, self.dtypes[v]);
+        }
+        let (kind, args) = &self.nodes[v - n_in];
+        let args: Vec<Value> = args.iter().map(|&a| vals[a].expect("operands come first")).collect();
+        emit_node(m, *kind, self.dtypes[v], &args)
+    }
+}
+
+fn gelu_is_tanh(attrs: &Attrs) -> std::result::Result<bool, String> {
+    match attrs.get("approximate") {
+        None => Ok(false),
+        Some(Attr::Str(s)) if s == "none" => Ok(false),
+        Some(Attr::Str(s)) if s == "tanh" => Ok(true),
+        Some(other) => Err(format!("unknown gelu approximation {other} (none or tanh)")),
+    }
+}
+
+fn broadcasts_to(shape: &[usize], to: &[usize]) -> bool {
+    shape.len() <= to.len() && shape.iter().rev().zip(to.iter().rev()).all(|(&s, &t)| s == 1 || s == t)
+}
+
+/// Element strides of a dense `shape` read at the indices of `to` (which it broadcasts to).
+fn broadcast_strides(shape: &[usize], to: &[usize]) -> Vec<usize> {
+    let lead = to.len() - shape.len();
+    let mut strides = vec![0; to.len()];
+    let mut s = 1;
+    for (j, &d) in shape.iter().enumerate().rev() {
+        if d != 1 {
+            strides[lead + j] = s;
+        }
+        s *= d;
+    }
+    strides
+}
+
+/// Drops size-1 dims and merges neighbours that are contiguous for every operand. Returns
+/// the loop dims (at least one) and each operand's strides along them.
+fn collapse(shape: &[usize], strides: &[Vec<usize>]) -> (Vec<usize>, Vec<Vec<usize>>) {
+    let mut dims: Vec<usize> = Vec::new();
+    let mut out: Vec<Vec<usize>> = vec![Vec::new(); strides.len()];
+    for (d, &n) in shape.iter().enumerate() {
+        if n == 1 {
+            continue;
+        }
+        let merge = !dims.is_empty() && strides.iter().zip(&out).all(|(s, o)| o.last() == Some(&(s[d] * n)));
+        if merge {
+            *dims.last_mut().expect("checked non-empty") *= n;
+            for (s, o) in strides.iter().zip(&mut out) {
+                *o.last_mut().expect("same length as dims") = s[d];
+            }
+        } else {
+            dims.push(n);
+            for (s, o) in strides.iter().zip(&mut out) {
+                o.push(s[d]);
+            }
+        }
+    }
+    if dims.is_empty() {
+        dims.push(1);
+        out.iter_mut().for_each(|o| o.push(0));
+    }
+    (dims, out)
+}
+
+/// The Cranelift type of one lane group of `dt`: scalar, or the vector-loop form.
+fn lane_type(dt: DType, vector: bool) -> Type {
+    match (dt, vector) {
+        (DType::F32, false) => types::F32,
+        (DType::F32, true) => types::F32X4,
+        (DType::I32, false) => types::I32,
+        (DType::I32 | DType::Bool, true) => types::I32X4,
+        (DType::I64, _) => types::I64,
+        (DType::Bool, false) => types::I8,
+    }
+}
+
+fn load(b: &mut FunctionBuilder, dt: DType, vector: bool, addr: Value) -> Value {
+    if dt != DType::Bool || !vector {
+        return b.ins().load(lane_type(dt, vector), mem(), addr, 0);
+    }
+    // Four bool bytes: lane i keeps byte i of the word, then nonzero → all-ones.
+    let word = b.ins().load(types::I32, mem(), addr, 0);
+    let spread = b.ins().splat(types::I32X4, word);
+    let bytes: Vec<u8> = (0..4u32).flat_map(|i| (0xffu32 << (8 * i)).to_le_bytes()).collect();
+    let c = b.func.dfg.constants.insert(ConstantData::from(bytes));
+    let sel = b.ins().vconst(types::I32X4, c);
+    let lanes = b.ins().band(spread, sel);
+    let zero = b.ins().iconst(types::I32, 0);
+    let zero = b.ins().splat(types::I32X4, zero);
+    b.ins().icmp(IntCC::NotEqual, lanes, zero)
+}
+
+fn store(b: &mut FunctionBuilder, dt: DType, vector: bool, v: Value, addr: Value) {
+    if dt == DType::Bool && vector {
+        // One bit per lane, then bit i moved to bit 0 of byte i (the shifted copies of the
+        // 4-bit mask do not overlap, so the multiply is a plain sum of shifts).
+        let bits = b.ins().vhigh_bits(types::I32, v);
+        let spread = b.ins().imul_imm_s(bits, 0x0020_4081);
+        let bytes = b.ins().band_imm_s(spread, 0x0101_0101);
+        b.ins().store(mem(), bytes, addr, 0);
+    } else {
+        b.ins().store(mem(), v, addr, 0);
+    }
+}
+
+/// A scalar value of `dt` (as the scalar tail holds it) in every lane of the vector form.
+fn splat(b: &mut FunctionBuilder, dt: DType, s: Value) -> Value {
+    let s = if dt == DType::Bool {
+        let w = b.ins().uextend(types::I32, s);
+        b.ins().ineg(w)
+    } else {
+        s
+    };
+    let t = lane_type(dt, true);
+    b.ins().splat(t, s)
+}
+
+/// Zero of an integer lane type.
+fn izero(m: &mut Math, t: Type) -> Value {
+    let z = m.b.ins().iconst(t.lane_type(), 0);
+    if t.is_vector() {
+        m.b.ins().splat(t, z)
+    } else {
+        z
+    }
+}
+
+/// Emits one node on lanes of `m`'s width; `dt` is the node's dtype.
+fn emit_node(m: &mut Math, kind: Kind, dt: DType, args: &[Value]) -> Value {
+    match kind {
+        Kind::Gelu { tanh: true } => m.gelu_tanh(args[0]),
+        Kind::Gelu { tanh: false } => m.gelu_erf(args[0]),
+        Kind::Cast { from, to } => cast(m, from, to, args[0]),
+        Kind::Plain(Op::Where) => m.select(args[0], args[1], args[2]),
+        Kind::Plain(op) if dt == DType::F32 => float_op(m, op, args),
+        Kind::Plain(op) => int_op(m, op, args),
+    }
+}
+
+fn float_op(m: &mut Math, op: Op, a: &[Value]) -> Value {
+    match op {
+        Op::Add => m.b.ins().fadd(a[0], a[1]),
+        Op::Sub => m.b.ins().fsub(a[0], a[1]),
+        Op::Mul => m.b.ins().fmul(a[0], a[1]),
+        Op::Div => m.b.ins().fdiv(a[0], a[1]),
+        Op::Maximum => m.maximum(a[0], a[1]),
+        Op::Minimum => m.minimum(a[0], a[1]),
+        Op::Pow => m.pow(a[0], a[1]),
+        Op::Neg => m.b.ins().fneg(a[0]),
+        Op::Abs => m.b.ins().fabs(a[0]),
+        Op::Relu => m.relu(a[0]),
+        Op::Exp => m.exp(a[0]),
+        Op::Log => m.log(a[0]),
+        Op::Sqrt => m.sqrt(a[0]),
+        Op::Rsqrt => m.rsqrt(a[0]),
+        Op::Tanh => m.tanh(a[0]),
+        Op::Erf => m.erf(a[0]),
+        Op::Sigmoid => m.sigmoid(a[0]),
+        other => unreachable!("{other} is not a float elementwise op (checked by Plan::new)"),
+    }
+}
+
+/// Integer ops wrap, as in the interpreter.
+fn int_op(m: &mut Math, op: Op, a: &[Value]) -> Value {
+    match op {
+        Op::Add => m.b.ins().iadd(a[0], a[1]),
+        Op::Sub => m.b.ins().isub(a[0], a[1]),
+        Op::Mul => m.b.ins().imul(a[0], a[1]),
+        Op::Maximum => m.b.ins().smax(a[0], a[1]),
+        Op::Minimum => m.b.ins().smin(a[0], a[1]),
+        Op::Neg => m.b.ins().ineg(a[0]),
+        Op::Abs => m.b.ins().iabs(a[0]),
+        Op::Relu => {
+            let t = m.b.func.dfg.value_type(a[0]);
+            let z = izero(m, t);
+            m.b.ins().smax(a[0], z)
+        }
+        other => unreachable!("{other} is not an integer elementwise op (checked by Plan::new)"),
+    }
+}
+
+/// `cast`: float → int truncates and saturates (NaN → 0), nonzero (and NaN) → true,
+/// bool → 0/1, i64 → i32 wraps, i64 → f32 rounds once.
+fn cast(m: &mut Math, from: DType, to: DType, x: Value) -> Value {
+    use DType::*;
+    let vector = m.ty().is_vector();
+    let to_ty = lane_type(to, vector);
+    match (from, to) {
+        (F32, I32 | I64) => m.b.ins().fcvt_to_sint_sat(to_ty, x),
+        (I32 | I64, F32) => m.b.ins().fcvt_from_sint(to_ty, x),
+        (F32, Bool) => {
+            let zero = m.c(0.0);
+            m.cmp(FloatCC::NotEqual, x, zero)
+        }
+        (I32 | I64, Bool) => {
+            let t = m.b.func.dfg.value_type(x);
+            let zero = izero(m, t);
+            m.b.ins().icmp(IntCC::NotEqual, x, zero)
+        }
+        (Bool, F32) if vector => {
+            let one = m.c(1.0);
+            let mask = m.b.ins().bitcast(types::F32X4, cranelift_codegen::ir::MemFlagsData::new(), x);
+            m.b.ins().band(mask, one)
+        }
+        (Bool, F32) => m.b.ins().fcvt_from_sint(types::F32, x),
+        (Bool, I32) if vector => m.b.ins().ushr_imm_s(x, 31),
+        (Bool, I32 | I64) => m.b.ins().uextend(to_ty, x),
+        (I32, I64) => m.b.ins().sextend(types::I64, x),
+        (I64, I32) => m.b.ins().ireduce(types::I32, x),
+        (Bool, Bool) | (F32, F32) | (I32, I32) | (I64, I64) => x,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codegen::emit::testing::{native, run};
+    use crate::codegen::math::tests::{runnable_targets, Rng};
+    use meshc_ir::interp::eval_node;
+    use crate::codegen::{compile, ExecCode};
+    use meshc_ir::{Data, Tensor};
+    use std::time::Instant;
+
+    fn bytes(t: &Tensor) -> Vec<u8> {
+        match &t.data {
+            Data::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Data::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Data::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Data::Bool(v) => v.iter().map(|&x| x as u8).collect(),
+        }
+    }
+
+    fn tensor(ty: &TensorType, b: &[u8]) -> Tensor {
+        let w = ty.dtype.size_bytes();
+        let chunks = b.chunks_exact(w.max(1));
+        let data = match ty.dtype {
+            DType::F32 => Data::F32(chunks.map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()),
+            DType::I32 => Data::I32(chunks.map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()),
+            DType::I64 => Data::I64(chunks.map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()),
+            DType::Bool => Data::Bool(b.iter().map(|&x| x != 0).collect()),
+        };
+        Tensor::new(ty.shape.clone(), data)
+    }
+
+    /// A group from (op, attrs, args), each node's type inferred like the graph would.
+    fn group(inputs: &[TensorType], nodes: &[(Op, &[(&str, &str)], &[Arg])]) -> Fused {
+        let mut types: Vec<TensorType> = inputs.to_vec();
+        let mut out = Vec::new();
+        for &(op, attrs, args) in nodes {
+            let attrs: Attrs = attrs.iter().map(|(k, v)| (k.to_string(), Attr::Str(v.to_string()))).collect();
+            let ty_of = |a: &Arg| match *a {
+                Arg::Input(i) => types[i].clone(),
+                Arg::Node(i) => types[inputs.len() + i].clone(),
+            };
+            let arg_types: Vec<TensorType> = args.iter().map(ty_of).collect();
+            let operands: Vec<Operand> = arg_types.iter().map(|t| Operand { ty: t, dims: None }).collect();
+            let mut n = Node::new("n", op, &[]);
+            n.attrs = attrs.clone();
+            let ty = infer(&n, &operands).expect("well-typed test group").ty;
+            types.push(ty.clone());
+            out.push(FusedNode { op, attrs, args: args.to_vec(), ty });
+        }
+        Fused { inputs: inputs.to_vec(), nodes: out }
+    }
+
+    fn f32t(shape: &[usize]) -> TensorType {
+        TensorType::new(DType::F32, shape.to_vec())
+    }
+
+    /// The interpreter, node by node.
+    fn reference(f: &Fused, inputs: &[Tensor]) -> Tensor {
+        let mut vals: Vec<Tensor> = inputs.to_vec();
+        for n in &f.nodes {
+            let args: Vec<&Tensor> = n
+                .args
+                .iter()
+                .map(|a| match *a {
+                    Arg::Input(i) => &vals[i],
+                    Arg::Node(i) => &vals[inputs.len() + i],
+                })
+                .collect();
+            let mut node = Node::new("n", n.op, &[]);
+            node.attrs = n.attrs.clone();
+            let r = eval_node(&node, &args, &n.ty).expect("interpreter");
+            vals.push(r);
+        }
+        vals.pop().expect("a result")
+    }
+
+    fn run_fused(t: &Target, f: &Fused, inputs: &[Tensor]) -> Tensor {
+        let g = fused(t, "test", f).expect("generates");
+        assert_eq!(g.scratch, 0);
+        let ty = &f.nodes.last().unwrap().ty;
+        let mut out = vec![0xa5u8; ty.size_bytes()];
+        let mut ins: Vec<Vec<u8>> = inputs.iter().map(bytes).collect();
+        let mut bufs: Vec<&mut [u8]> = vec![&mut out];
+        bufs.extend(ins.iter_mut().map(|b| b.as_mut_slice()));
+        assert_eq!(run(t, g.func, &mut bufs), 0);
+        tensor(ty, &out)
+    }
+
+    /// |got − want| <= 1e-5 + 1e-4·|want| for f32 (NaN matches NaN, infinities exactly);
+    /// other dtypes exactly.
+    fn assert_close(got: &Tensor, want: &Tensor, inputs: &[Tensor], what: &str) {
+        assert_eq!(got.shape, want.shape, "{what}");
+        let (g, w) = match (&got.data, &want.data) {
+            (Data::F32(g), Data::F32(w)) => (g, w),
+            _ => return assert_eq!(got.data, want.data, "{what}"),
+        };
+        for (i, (&g, &w)) in g.iter().zip(w).enumerate() {
+            let ok = g == w || (g.is_nan() && w.is_nan()) || (g - w).abs() <= 1e-5 + 1e-4 * w.abs();
+            if !ok {
+                let args: Vec<String> = inputs.iter().map(|t| format!("{:?}", elem(t, i, &got.shape))).collect();
+                panic!("{what}: element {i}: got {g:e}, want {w:e}; inputs there {}", args.join(", "));
+            }
+        }
+    }
+
+    /// Element of input `t` that output element `i` reads (for failure messages).
+    fn elem(t: &Tensor, i: usize, out: &[usize]) -> String {
+        let mut rem = i;
+        let mut idx = vec![0; out.len()];
+        for d in (0..out.len()).rev() {
+            idx[d] = rem % out[d];
+            rem /= out[d];
+        }
+        let lead = out.len() - t.shape.len();
+        let mut flat = 0;
+        for (j, &n) in t.shape.iter().enumerate() {
+            flat = flat * n + if n == 1 { 0 } else { idx[lead + j] };
+        }
+        match &t.data {
+            Data::F32(v) => format!("{:e}", v[flat]),
+            Data::I32(v) => v[flat].to_string(),
+            Data::I64(v) => v[flat].to_string(),
+            Data::Bool(v) => v[flat].to_string(),
+        }
+    }
+
+    /// Runs `f` on every runnable target and compares with the interpreter.
+    fn check(f: &Fused, inputs: &[Tensor], what: &str) {
+        let want = reference(f, inputs);
+        for t in runnable_targets() {
+            let got = run_fused(&t, f, inputs);
+            assert_close(&got, &want, inputs, &format!("{what} on {}", t.name));
+        }
+    }
+
+    const SPECIAL: [f32; 16] = [
+        0.0, -0.0, 1.0, -1.0, 0.5, 2.0, 3.0, -3.0,
+        f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 3.0e38, -3.0e38, 1.0e-40, -1.0e-40, 1.0e-30,
+    ];
+
+    /// Random values of a dtype: for f32 a mix of specials, moderate values and magnitudes
+    /// over the whole range; for ints, small values, full-range values and the extremes.
+    fn random(rng: &mut Rng, ty: &TensorType) -> Tensor {
+        let n = ty.numel();
+        let data = match ty.dtype {
+            DType::F32 => Data::F32(
+                (0..n)
+                    .map(|_| match rng.next() % 10 {
+                        0 | 1 => SPECIAL[(rng.next() % SPECIAL.len() as u64) as usize],
+                        2..=5 => rng.uniform(-8.0, 8.0),
+                        6 | 7 => {
+                            let m = (rng.uniform(-100.0, 100.0) as f64).exp() as f32;
+                            if rng.next() % 2 == 0 { m } else { -m }
+                        }
+                        _ => rng.uniform(-100.0, 100.0).round(),
+                    })
+                    .collect(),
+            ),
+            DType::I32 => Data::I32((0..n).map(|_| int(rng) as i32).collect()),
+            DType::I64 => Data::I64((0..n).map(|_| int(rng)).collect()),
+            DType::Bool => Data::Bool((0..n).map(|_| rng.next() % 2 == 0).collect()),
+        };
+        Tensor::new(ty.shape.clone(), data)
+    }
+
+    fn int(rng: &mut Rng) -> i64 {
+        match rng.next() % 4 {
+            0 => [0, 1, -1, i32::MAX as i64, i32::MIN as i64, i64::MAX, i64::MIN][(rng.next() % 7) as usize],
+            1 => rng.next() as i64,
+            _ => (rng.next() % 201) as i64 - 100,
+        }
+    }
+
+    fn ty(dtype: DType, shape: &[usize]) -> TensorType {
+        TensorType::new(dtype, shape.to_vec())
+    }
+
+    fn check_random(f: &Fused, seed: u64, what: &str) {
+        let mut rng = Rng(seed);
+        let inputs: Vec<Tensor> = f.inputs.iter().map(|t| random(&mut rng, t)).collect();
+        check(f, &inputs, what);
+    }
+
+    const IN0: Arg = Arg::Input(0);
+    const IN1: Arg = Arg::Input(1);
+    const IN2: Arg = Arg::Input(2);
+
+    /// Shapes for single ops: vector loop + tail, tail only, and broadcasting.
+    const UNARY_SHAPES: [&[usize]; 3] = [&[1023], &[3], &[5, 7]];
+    const BINARY_SHAPES: [(&[usize], &[usize]); 4] = [(&[1023], &[1023]), (&[7], &[1]), (&[6, 9], &[9]), (&[4, 1], &[1, 5])];
+
+    #[test]
+    fn every_float_op() {
+        let unary: [(Op, &[(&str, &str)]); 14] = [
+            (Op::Neg, &[]),
+            (Op::Abs, &[]),
+            (Op::Relu, &[]),
+            (Op::Exp, &[]),
+            (Op::Log, &[]),
+            (Op::Sqrt, &[]),
+            (Op::Rsqrt, &[]),
+            (Op::Tanh, &[]),
+            (Op::Erf, &[]),
+            (Op::Sigmoid, &[]),
+            (Op::Gelu, &[]),
+            (Op::Gelu, &[("approximate", "none")]),
+            (Op::Gelu, &[("approximate", "tanh")]),
+            (Op::Cast, &[("to", "f32")]),
+        ];
+        for (k, (op, attrs)) in unary.iter().enumerate() {
+            for (s, shape) in UNARY_SHAPES.iter().enumerate() {
+                let f = group(&[f32t(shape)], &[(*op, attrs, &[IN0])]);
+                check_random(&f, (k * 10 + s) as u64, &format!("{op}{attrs:?} {shape:?}"));
+            }
+        }
+        for (k, op) in [Op::Add, Op::Sub, Op::Mul, Op::Div, Op::Maximum, Op::Minimum, Op::Pow].into_iter().enumerate() {
+            for (s, (a, b)) in BINARY_SHAPES.iter().enumerate() {
+                let f = group(&[f32t(a), f32t(b)], &[(op, &[], &[IN0, IN1])]);
+                check_random(&f, (100 + k * 10 + s) as u64, &format!("{op} {a:?} {b:?}"));
+            }
+        }
+    }
+
+    /// Every special value against every other, for the binary ops (NaN rules of
+    /// maximum/minimum, pow's special cases).
+    #[test]
+    fn binary_specials() {
+        let mut vals: Vec<f32> = SPECIAL.to_vec();
+        vals.extend([-0.5, 4.0, -2.5, 1.0e10, -1.0e10, 7.0, -7.0]);
+        let n = vals.len();
+        let a = Tensor::f32(vec![n, 1], vals.clone());
+        let b = Tensor::f32(vec![n], vals);
+        for op in [Op::Add, Op::Sub, Op::Mul, Op::Div, Op::Maximum, Op::Minimum, Op::Pow] {
+            let f = group(&[f32t(&[n, 1]), f32t(&[n])], &[(op, &[], &[IN0, IN1])]);
+            check(&f, &[a.clone(), b.clone()], &format!("{op} specials"));
+        }
+    }
+
+    #[test]
+    fn every_int_op() {
+        for (k, dt) in [DType::I32, DType::I64].into_iter().enumerate() {
+            for op in [Op::Neg, Op::Abs, Op::Relu] {
+                for shape in UNARY_SHAPES {
+                    let f = group(&[ty(dt, shape)], &[(op, &[], &[IN0])]);
+                    check_random(&f, 200 + k as u64, &format!("{op} {dt} {shape:?}"));
+                }
+            }
+            for op in [Op::Add, Op::Sub, Op::Mul, Op::Maximum, Op::Minimum] {
+                for (a, b) in BINARY_SHAPES {
+                    let f = group(&[ty(dt, a), ty(dt, b)], &[(op, &[], &[IN0, IN1])]);
+                    check_random(&f, 300 + k as u64, &format!("{op} {dt} {a:?} {b:?}"));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_cast() {
+        for from in DType::ALL {
+            for to in DType::ALL {
+                for shape in UNARY_SHAPES {
+                    let f = group(&[ty(from, shape)], &[(Op::Cast, &[("to", to.name())], &[IN0])]);
+                    check_random(&f, 400, &format!("cast {from} -> {to} {shape:?}"));
+                }
+            }
+        }
+        // Saturation and rounding edges.
+        let x = Tensor::f32(vec![8], vec![3e9, -3e9, 1e19, -1e19, 2.9, -2.9, f32::NAN, f32::INFINITY]);
+        for to in ["i32", "i64"] {
+            check(&group(&[f32t(&[8])], &[(Op::Cast, &[("to", to)], &[IN0])]), &[x.clone()], &format!("f32 -> {to} edges"));
+        }
+        let x = Tensor::new(vec![4], Data::I64(vec![16_777_217, (1 << 40) + 1, i64::MAX, i64::MIN + 1]));
+        for to in ["f32", "i32"] {
+            check(&group(&[ty(DType::I64, &[4])], &[(Op::Cast, &[("to", to)], &[IN0])]), &[x.clone()], &format!("i64 -> {to} edges"));
+        }
+    }
+
+    #[test]
+    fn where_every_dtype() {
+        for (k, dt) in DType::ALL.into_iter().enumerate() {
+            for (c, a, b) in [(&[1023][..], &[1023][..], &[1023][..]), (&[5, 1], &[7], &[1]), (&[3], &[3], &[3])] {
+                let f = group(&[ty(DType::Bool, c), ty(dt, a), ty(dt, b)], &[(Op::Where, &[], &[IN0, IN1, IN2])]);
+                check_random(&f, 500 + k as u64, &format!("where {dt} {c:?} {a:?} {b:?}"));
+            }
+        }
+    }
+
+    /// The GELU MLP's bias + activation, both forms, on [8,32] + [32].
+    #[test]
+    fn bias_gelu() {
+        for form in ["none", "tanh"] {
+            let f = group(
+                &[f32t(&[8, 32]), f32t(&[32])],
+                &[(Op::Add, &[], &[IN0, IN1]), (Op::Gelu, &[("approximate", form)], &[Arg::Node(0)])],
+            );
+            check_random(&f, 600, &format!("gelu({form})(x + b)"));
+        }
+    }
+
+    /// Chains through where and casts, at sizes around the vector width: one ending in an
+    /// int cast (of exactly computed values, as the comparison is exact), one in f32.
+    #[test]
+    fn chain_with_where_and_casts() {
+        for n in [1, 3, 4, 7, 1023] {
+            for (unary, to) in [(Op::Abs, "i32"), (Op::Exp, "f32")] {
+                let f = group(
+                    &[f32t(&[n]), f32t(&[n]), ty(DType::I32, &[1])],
+                    &[
+                        (Op::Relu, &[], &[IN0]),                                       // 0
+                        (Op::Cast, &[("to", "bool")], &[Arg::Node(0)]),               // 1: x > 0
+                        (unary, &[], &[IN1]),                                          // 2
+                        (Op::Cast, &[("to", "f32")], &[IN2]),                          // 3
+                        (Op::Where, &[], &[Arg::Node(1), Arg::Node(2), Arg::Node(3)]), // 4
+                        (Op::Mul, &[], &[Arg::Node(4), IN0]),                          // 5
+                        (Op::Cast, &[("to", to)], &[Arg::Node(5)]),                    // 6
+                    ],
+                );
+                check_random(&f, 700 + n as u64, &format!("chain {unary} {to} n={n}"));
+            }
+        }
+    }
+
+    /// [4,1,6] + [5,1] → [4,5,6], and an intermediate smaller than the result.
+    #[test]
+    fn broadcasting() {
+        let f = group(&[f32t(&[4, 1, 6]), f32t(&[5, 1])], &[(Op::Add, &[], &[IN0, IN1]), (Op::Tanh, &[], &[Arg::Node(0)])]);
+        check_random(&f, 800, "tanh([4,1,6] + [5,1])");
+        let f = group(
+            &[f32t(&[4, 8]), f32t(&[8]), f32t(&[8])],
+            &[(Op::Mul, &[], &[IN1, IN2]), (Op::Add, &[], &[IN0, Arg::Node(0)])],
+        );
+        check_random(&f, 801, "x[4,8] + b[8]·c[8]");
+        // Inner-invariant operands and nodes: a column [16,1] through exp, then scalars.
+        let f = group(
+            &[f32t(&[16, 9]), f32t(&[16, 1]), f32t(&[])],
+            &[(Op::Exp, &[], &[IN1]), (Op::Mul, &[], &[Arg::Node(0), IN2]), (Op::Sub, &[], &[IN0, Arg::Node(1)])],
+        );
+        check_random(&f, 802, "x[16,9] - exp(c[16,1])·s[]");
+        // Everything broadcast: a scalar result, and a result of only invariant values.
+        let f = group(&[f32t(&[]), f32t(&[1])], &[(Op::Add, &[], &[IN0, IN1])]);
+        check_random(&f, 803, "scalar");
+        let f = group(&[f32t(&[3, 1]), f32t(&[1, 1])], &[(Op::Sigmoid, &[], &[IN0]), (Op::Mul, &[], &[Arg::Node(0), IN1])]);
+        check_random(&f, 804, "column result");
+        // Bools broadcast along the inner dim, and bool results.
+        let f = group(
+            &[ty(DType::Bool, &[6, 1]), f32t(&[6, 10])],
+            &[(Op::Cast, &[("to", "bool")], &[IN1]), (Op::Where, &[], &[IN0, IN0, Arg::Node(0)])],
+        );
+        check_random(&f, 805, "bool where");
+    }
+
+    /// Groups with an i64 value run the scalar body only.
+    #[test]
+    fn int64_chain() {
+        let f = group(
+            &[ty(DType::I64, &[9, 13]), ty(DType::I32, &[13])],
+            &[
+                (Op::Cast, &[("to", "i64")], &[IN1]),
+                (Op::Mul, &[], &[IN0, Arg::Node(0)]),
+                (Op::Relu, &[], &[Arg::Node(1)]),
+                (Op::Cast, &[("to", "f32")], &[Arg::Node(2)]),
+                (Op::Sqrt, &[], &[Arg::Node(3)]),
+            ],
+        );
+        check_random(&f, 900, "sqrt(f32(relu(x * i64(y))))");
+    }
+
+    #[test]
+    fn collapses_contiguous_dims() {
+        let f = group(&[f32t(&[64, 1024]), f32t(&[64, 1024])], &[(Op::Add, &[], &[IN0, IN1])]);
+        let p = Plan::new(&f).unwrap();
+        assert_eq!(p.dims, [65536]);
+        assert!(p.vector);
+        let f = group(&[f32t(&[2, 1, 3, 4, 5]), f32t(&[4, 5])], &[(Op::Add, &[], &[IN0, IN1])]);
+        let p = Plan::new(&f).unwrap();
+        assert_eq!((p.dims.clone(), p.strides.clone(), p.out_strides.clone()), (vec![6, 20], vec![vec![20, 1], vec![0, 1]], vec![20, 1]));
+        let f = group(&[f32t(&[8, 32]), f32t(&[32])], &[(Op::Add, &[], &[IN0, IN1])]);
+        assert_eq!(Plan::new(&f).unwrap().dims, [8, 32]);
+        let f = group(&[f32t(&[5, 1])], &[(Op::Neg, &[], &[IN0])]);
+        let p = Plan::new(&f).unwrap();
+        assert_eq!(p.dims, [5]);
+        assert!(p.vector && !p.invariant[0]);
+    }
+
+    #[test]
+    fn empty_result() {
+        let f = group(&[f32t(&[0, 4]), f32t(&[4])], &[(Op::Add, &[], &[IN0, IN1])]);
+        let out = run_fused(&native(), &f, &[Tensor::f32(vec![0, 4], vec![]), Tensor::f32(vec![4], vec![1.0; 4])]);
+        assert_eq!(out.numel(), 0);
+    }
+
+    #[test]
+    fn rejects_bad_groups() {
+        let t = native();
+        let err = |f: Fused| format!("{:#}", fused(&t, "bad", &f).err().expect("rejected"));
+        let x = f32t(&[4]);
+        let node = |op: Op, args: Vec<Arg>, ty: TensorType| FusedNode { op, attrs: Attrs::new(), args, ty };
+        assert!(err(Fused { inputs: vec![x.clone()], nodes: vec![] }).contains("at least one node"));
+        let e = err(Fused { inputs: vec![x.clone()], nodes: vec![node(Op::Neg, vec![Arg::Node(0)], x.clone())] });
+        assert!(e.contains("is not an input or an earlier node"), "{e}");
+        let e = err(Fused { inputs: vec![x.clone()], nodes: vec![node(Op::Softmax, vec![IN0], x.clone())] });
+        assert!(e.contains("not an elementwise op"), "{e}");
+        let e = err(Fused { inputs: vec![x.clone()], nodes: vec![node(Op::Add, vec![IN0], x.clone())] });
+        assert!(e.contains("takes 2 operands"), "{e}");
+        let e = err(Fused { inputs: vec![x.clone(), ty(DType::I32, &[4])], nodes: vec![node(Op::Add, vec![IN0, IN1], x.clone())] });
+        assert!(e.contains("dtypes differ"), "{e}");
+        let e = err(Fused { inputs: vec![x.clone()], nodes: vec![node(Op::Neg, vec![IN0], f32t(&[5]))] });
+        assert!(e.contains("declared type f32[5]"), "{e}");
+        let mut g = node(Op::Gelu, vec![IN0], x.clone());
+        g.attrs.insert("approximate".into(), Attr::Str("fast".into()));
+        let e = err(Fused { inputs: vec![x.clone()], nodes: vec![g] });
+        assert!(e.contains("unknown gelu approximation"), "{e}");
+        // An intermediate or input that does not broadcast to the result.
+        let e = err(Fused { inputs: vec![f32t(&[2, 3])], nodes: vec![node(Op::Neg, vec![IN0], f32t(&[2, 3])), node(Op::Neg, vec![IN0], f32t(&[3]))] });
+        assert!(e.contains("does not broadcast to the result"), "{e}");
+    }
+
+    /// Best-of-5 wall time of `f`.
+    fn best(mut f: impl FnMut()) -> f64 {
+        (0..5)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min)
+    }
+
+    /// `gelu(x·a + b)` over 16M f32 against memcpy bandwidth (bytes read + written per
+    /// second), for scalar and full-size a, b and both gelu forms. Run with
+    /// `cargo test --release --lib codegen::elementwise::bench -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn fused_gelu_vs_memcpy() {
+        const N: usize = 16 << 20;
+        let t = native();
+        let src = vec![1.5f32; N];
+        let mut dst = vec![0f32; N];
+        let copy = best(|| {
+            dst.copy_from_slice(std::hint::black_box(&src));
+            std::hint::black_box(&mut dst);
+        });
+        let memcpy_bw = (2 * N * 4) as f64 / copy;
+        eprintln!("memcpy 64 MiB: {:.2} ms, {:.1} GB/s", copy * 1e3, memcpy_bw / 1e9);
+        let rust = best(|| {
+            let (a, b) = std::hint::black_box((1.1f32, -0.3f32));
+            for (d, s) in dst.iter_mut().zip(&src) {
+                *d = -(s * a + b);
+            }
+            std::hint::black_box(&mut dst);
+        });
+        eprintln!("rustc loop -(x*a+b): {:.2} ms", rust * 1e3);
+        let rust = best(|| {
+            for (d, s) in dst.iter_mut().zip(&src) {
+                *d = *s;
+            }
+            std::hint::black_box(&mut dst);
+        });
+        eprintln!("rustc copy loop: {:.2} ms", rust * 1e3);
+        let mut cases: Vec<(String, &[usize], Op, &[(&str, &str)])> = Vec::new();
+        for ab in [&[][..], &[N][..]] {
+            for (op, attrs) in [
+                (Op::Gelu, &[("approximate", "none")][..]),
+                (Op::Gelu, &[("approximate", "tanh")][..]),
+                (Op::Neg, &[][..]),
+                (Op::Exp, &[][..]),
+                (Op::Tanh, &[][..]),
+                (Op::Sigmoid, &[][..]),
+                (Op::Erf, &[][..]),
+            ] {
+                cases.push((format!("{op}{attrs:?}"), ab, op, attrs));
+            }
+        }
+        for (name, ab, op, attrs) in cases {
+            {
+                let form = name;
+                let f = group(
+                    &[f32t(&[N]), f32t(ab), f32t(ab)],
+                    &[
+                        (Op::Mul, &[], &[Arg::Input(0), Arg::Input(1)]),
+                        (Op::Add, &[], &[Arg::Node(0), Arg::Input(2)]),
+                        (op, attrs, &[Arg::Node(1)]),
+                    ],
+                );
+                let code = compile(&t, fused(&t, "bench", &f).unwrap().func).unwrap();
+                let exec = ExecCode::new(&code).unwrap();
+                // SAFETY: compiled for this host; the buffers have the sizes the kernel reads.
+                let kernel = unsafe { exec.kernel(0) };
+                let x = vec![0.25f32; N];
+                let (a, b) = (vec![1.1f32; ab.iter().product()], vec![-0.3f32; ab.iter().product()]);
+                let mut out = vec![0f32; N];
+                let ptrs = [out.as_mut_ptr() as *mut u8, x.as_ptr() as *mut u8, a.as_ptr() as *mut u8, b.as_ptr() as *mut u8];
+                // SAFETY: as above.
+                let secs = best(|| assert_eq!(unsafe { kernel(ptrs.as_ptr()) }, 0));
+                let bytes = (2 * N + 2 * a.len()) * 4;
+                let bw = bytes as f64 / secs;
+                eprintln!(
+                    "gelu({form})(x·a + b), a/b {:>8}: {:.2} ms, {:.1} GB/s = {:.2}× memcpy's time per byte",
+                    if ab.is_empty() { "scalar" } else { "[16M]" },
+                    secs * 1e3,
+                    bw / 1e9,
+                    memcpy_bw / bw
+                );
+            }
+        }
+    }
+}
+#[cfg(test)]
+mod dumpit_ew {
+    #[test]
+    fn dump_ew() {
+        use super::*;
+        let t = crate::codegen::emit::testing::native();
+        let x = TensorType::new(DType::F32, vec![1 << 24]);
+        let s = TensorType::new(DType::F32, vec![]);
+        let f = Fused { inputs: vec![x.clone(), s.clone(), s.clone()], nodes: vec![
+            FusedNode { op: Op::Mul, attrs: Attrs::new(), args: vec![Arg::Input(0), Arg::Input(1)], ty: x.clone() },
+            FusedNode { op: Op::Add, attrs: Attrs::new(), args: vec![Arg::Node(0), Arg::Input(2)], ty: x.clone() },
+            FusedNode { op: Op::Gelu, attrs: Attrs::new(), args: vec![Arg::Node(1)], ty: x.clone() },
+        ]};
+        let code = crate::codegen::compile(&t, fused(&t, "g", &f).unwrap().func).unwrap();
+        std::fs::write("/tmp/ew.bin", code).unwrap();
+    }
+}

@@ -1,0 +1,733 @@
+//! Inline f32 math for kernels: exp, log, tanh, erf, sigmoid, both GELU forms, pow, sqrt and
+//! rsqrt, emitted as straight-line Cranelift IR on `F32X4` (the vector loop) or `F32` (the
+//! scalar tail) — the same code for both, no calls per element.
+//!
+//! Methods (coefficients are minimax fits made for these forms and ranges):
+//! - `exp`: n = round(x·log2 e) by the 1.5·2^23 trick, r = x − n·ln2 in two parts (Cody–Waite),
+//!   expm1(r) = r + r²(½ + r·P3(r)), and 2^n built from exponent bits in two halves so that
+//!   subnormal results come out right. x is clamped to [−111, 150] first, so overflow gives
+//!   inf and underflow 0; NaN passes through.
+//! - `log`: x = 2^e·m with m in [√½, √2) (subnormals scaled by 2^23 first), f = m − 1,
+//!   log1p(f) = f − f²/2 + f³·P7(f); log(0) = −inf, log(x<0) = NaN, log(inf) = inf.
+//! - `tanh`: −expm1(−2|x|)/(expm1(−2|x|) + 2) with the sign of x; the expm1 form keeps small
+//!   |x| accurate without a second polynomial.
+//! - `erf`: x + x·P6(x²) for |x| < 1; otherwise 1 − erfc(|x|) with the sign of x, where
+//!   erfc(z) = t·exp(−z² + P9(t − 0.583)), t = 1/(1 + 0.45z), and z² is split exactly into a high and
+//!   a low part (by FMA, or a 12-bit split without) so the exponential sees the error-free
+//!   argument.
+//! - `sigmoid`: 1/(1 + exp(−x)).
+//! - `gelu` (exact): x·Φ(x) with Φ = ½erfc(|x|/√2) for x <= 0 and 1 − ½erfc(x/√2) above,
+//!   so gelu of large negative x keeps its relative accuracy instead of being 1 + erf ≈ 0;
+//!   the tanh form as x·σ(2u), u = √(2/π)(x + 0.044715x³), which is
+//!   x·½(1 + tanh u) without its cancellation. Both keep the tail factor scaled by 2^24
+//!   until x multiplies it, so results near the subnormal range keep their precision.
+//! - `pow(a, b)` = exp(b·log|a|) plus the C/numpy special cases: b = 0 or a = 1 gives 1;
+//!   negative a gives NaN unless b is an integer (then the sign of the odd powers); ±0, ±inf
+//!   and b = ±inf as C `pow`. Difference from the interpreter's f64 `powf`: the f32 log's
+//!   rounding is multiplied by b, so the relative error grows like |b·ln a|·6e-8 (≈ 5e-6 near
+//!   overflow) instead of staying at an ulp; small exact integer powers are not exact.
+//! - `sqrt` is the native instruction; `rsqrt` = 1/sqrt (not the approximate instruction).
+//!
+//! Measured accuracy against the f64 reference rounded to f32 (tests `max_error_sweeps`):
+//! see the table there; every function stays below 2.5e-7 relative error on normal results,
+//! except gelu's tails below 1e-37 and pow as above.
+//!
+//! Without the target's FMA, fused multiply-adds become a multiply and an add (Cranelift's
+//! fallback for `fma` is a libcall, which a relocation-free kernel cannot make).
+
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::{types, InstBuilder, MemFlagsData, Type, Value};
+use cranelift_frontend::FunctionBuilder;
+
+use super::Target;
+
+/// expm1(r) = r + r²(½ + r·P(r)) on |r| <= ln2/2; relative error 1.4e-8.
+const EXPM1: [f32; 4] = [0.16666548, 0.041666854, 0.008366058, 0.0013898229];
+/// log1p(f) = f − f²/2 + f³·P(f) on [√½ − 1, √2 − 1]; relative error 6e-9.
+const LOG1P: [f32; 8] =
+    [0.33333331, -0.25000837, 0.20001292, -0.16622765, 0.14199696, -0.13164186, 0.12779114, -0.076461017];
+/// erf(x) = x·P(x²) on [0, 1]; relative error 1.4e-9. (The x + x·(P − 1) form below keeps
+/// the final rounding to one.)
+const ERF: [f32; 7] =
+    [1.1283791, -0.37612623, 0.112835653, -0.026852878, 0.0051863752, -0.00079915376, 0.000077874087];
+/// erfc(z) = t·exp(−z² + P(t − ERFC_C)), t = 1/(1 + ERFC_T·z), on [0, 11.1]; absolute
+/// error of P (= relative error of erfc) 1.7e-8. Centring the variable in t's range keeps
+/// the f32 evaluation well conditioned (1.1e-7 instead of 2.2e-7 in t itself).
+const ERFC: [f32; 10] = [
+    -0.63900977, 1.4898688, 0.27821994, -0.37746179, -0.20537138, 0.26157671, 0.1494555, -0.24389382, -0.080001608,
+    0.17433211,
+];
+const ERFC_T: f32 = 0.45;
+const ERFC_C: f32 = 0.58340281;
+/// Beyond this erfc·2^24 underflows to 0 in f32.
+const ERFC_MAX: f32 = 11.0;
+
+const MAGIC: f32 = 12_582_912.0; // 1.5·2^23: adding it rounds to an integer in the low bits
+const LN2_HI: f32 = 0.693_359_4; // 355/512: n·LN2_HI is exact for |n| < 2^15
+const LN2_LO: f32 = -2.121_944_4e-4;
+
+/// Emits f32 math on one lane type (`F32` or `F32X4`) into a function being built.
+pub struct Math<'r, 'f> {
+    pub b: &'r mut FunctionBuilder<'f>,
+    ty: Type,
+    fma: bool,
+}
+
+impl<'r, 'f> Math<'r, 'f> {
+    /// `ty` is `F32` or `F32X4`.
+    pub fn new(b: &'r mut FunctionBuilder<'f>, ty: Type, target: &Target) -> Self {
+        debug_assert!(ty == types::F32 || ty == types::F32X4);
+        Math { b, ty, fma: target.has("fma") }
+    }
+
+    pub fn ty(&self) -> Type {
+        self.ty
+    }
+
+    /// The integer type with the same lanes (`I32` or `I32X4`); also the type of masks on
+    /// vectors (scalar masks are `I8` 0/1, as `fcmp` makes them).
+    pub fn int_ty(&self) -> Type {
+        if self.ty.is_vector() {
+            types::I32X4
+        } else {
+            types::I32
+        }
+    }
+
+    /// `v` in every lane.
+    pub fn c(&mut self, v: f32) -> Value {
+        let s = self.b.ins().f32const(v);
+        self.splat(s)
+    }
+
+    /// The integer `v` in every lane of `int_ty`.
+    pub fn ci(&mut self, v: i32) -> Value {
+        let s = self.b.ins().iconst(types::I32, i64::from(v as u32));
+        self.splat(s)
+    }
+
+    fn splat(&mut self, s: Value) -> Value {
+        if self.ty.is_vector() {
+            let t = self.b.func.dfg.value_type(s).by(4).expect("32-bit lanes");
+            self.b.ins().splat(t, s)
+        } else {
+            s
+        }
+    }
+
+    fn bits(&mut self, x: Value) -> Value {
+        let t = self.int_ty();
+        self.b.ins().bitcast(t, MemFlagsData::new(), x)
+    }
+
+    fn float(&mut self, x: Value) -> Value {
+        self.b.ins().bitcast(self.ty, MemFlagsData::new(), x)
+    }
+
+    /// a·b + c, fused when the target has FMA.
+    pub fn madd(&mut self, a: Value, b: Value, c: Value) -> Value {
+        if self.fma {
+            self.b.ins().fma(a, b, c)
+        } else {
+            let p = self.b.ins().fmul(a, b);
+            self.b.ins().fadd(p, c)
+        }
+    }
+
+    /// c[0] + c[1]·x + c[2]·x² + …: Horner's rule for short polynomials, Estrin's scheme
+    /// (pairs c[i] + c[i+1]·x, then combined with x², x⁴, …) for longer ones. The
+    /// kernels are bound by the latency of these chains — the out-of-order window holds
+    /// only two or three loop iterations — so the shorter critical path pays for the few
+    /// extra multiplies.
+    fn poly(&mut self, x: Value, c: &[f32]) -> Value {
+        if c.len() <= 4 {
+            let (&last, rest) = c.split_last().expect("non-empty polynomial");
+            let mut r = self.c(last);
+            for &k in rest.iter().rev() {
+                let k = self.c(k);
+                r = self.madd(r, x, k);
+            }
+            return r;
+        }
+        let mut terms: Vec<Value> = c.iter().map(|&k| self.c(k)).collect();
+        let mut power = x;
+        loop {
+            terms = terms.chunks(2).map(|p| if let [lo, hi] = *p { self.madd(hi, power, lo) } else { p[0] }).collect();
+            if terms.len() == 1 {
+                return terms[0];
+            }
+            power = self.b.ins().fmul(power, power);
+        }
+    }
+
+    /// A lane mask: `I8` 0/1 on scalars, all-ones/zero `I32X4` lanes on vectors.
+    pub fn cmp(&mut self, cc: FloatCC, a: Value, b: Value) -> Value {
+        self.b.ins().fcmp(cc, a, b)
+    }
+
+    /// `mask ? a : b` per lane, for values of any lane type with 32-bit lanes (or any
+    /// scalar type).
+    pub fn select(&mut self, mask: Value, a: Value, b: Value) -> Value {
+        let t = self.b.func.dfg.value_type(a);
+        if !t.is_vector() {
+            return self.b.ins().select(mask, a, b);
+        }
+        let m = if self.b.func.dfg.value_type(mask) == t { mask } else { self.b.ins().bitcast(t, MemFlagsData::new(), mask) };
+        self.b.ins().bitselect(m, a, b)
+    }
+
+    /// min(x, hi), keeping NaN (one `minps`: it returns its second operand on NaN).
+    fn clamp_max(&mut self, x: Value, hi: f32) -> Value {
+        let hi = self.c(hi);
+        let over = self.cmp(FloatCC::LessThan, hi, x);
+        self.select(over, hi, x)
+    }
+
+    /// max(x, lo), keeping NaN (one `maxps`).
+    fn clamp_min(&mut self, x: Value, lo: f32) -> Value {
+        let lo = self.c(lo);
+        let under = self.cmp(FloatCC::LessThan, x, lo);
+        self.select(under, lo, x)
+    }
+
+    /// |mag| with the sign bit of `sign`.
+    fn copysign(&mut self, mag: Value, sign: Value) -> Value {
+        let m = self.b.ins().fabs(mag);
+        let sign_bit = self.c(-0.0);
+        let s = self.b.ins().band(sign, sign_bit);
+        self.b.ins().bor(m, s)
+    }
+
+    /// `a == b ? c : d` pieces reused by several functions: NaN-preserving maximum and
+    /// minimum as docs/ops.md defines them (`a >= b || isnan(a) ? a : b`).
+    pub fn maximum(&mut self, a: Value, b: Value) -> Value {
+        self.min_max(a, b, true)
+    }
+
+    pub fn minimum(&mut self, a: Value, b: Value) -> Value {
+        self.min_max(a, b, false)
+    }
+
+    fn min_max(&mut self, a: Value, b: Value, max: bool) -> Value {
+        // `b beats a ? b : a` lowers to one maxps/minps, which returns `a` when either is
+        // NaN: right when `a` is NaN, and a NaN `b` (with `a` not NaN) is patched after.
+        let beats = if max { self.cmp(FloatCC::LessThan, a, b) } else { self.cmp(FloatCC::LessThan, b, a) };
+        let m = self.select(beats, b, a);
+        let b_nan = self.cmp(FloatCC::Unordered, b, b);
+        self.select(b_nan, b, m)
+    }
+
+    /// maximum(x, 0): one maxps (NaN and −0 pass through, as in the interpreter).
+    pub fn relu(&mut self, x: Value) -> Value {
+        self.clamp_min(x, 0.0)
+    }
+
+    pub fn sqrt(&mut self, x: Value) -> Value {
+        self.b.ins().sqrt(x)
+    }
+
+    pub fn rsqrt(&mut self, x: Value) -> Value {
+        let s = self.b.ins().sqrt(x);
+        let one = self.c(1.0);
+        self.b.ins().fdiv(one, s)
+    }
+
+    /// The shared core of exp and expm1: for the argument `hi + lo` (`lo` a small
+    /// correction), returns (q, n) with e^(hi+lo) = 2^n·(1 + q), n an integer lane.
+    /// Valid for hi + lo in about [−174, 176]; callers clamp.
+    fn exp_core(&mut self, hi: Value, lo: Option<Value>) -> (Value, Value) {
+        let x = match lo {
+            Some(lo) => self.b.ins().fadd(hi, lo),
+            None => hi,
+        };
+        let magic = self.c(MAGIC);
+        let log2e = self.c(std::f32::consts::LOG2_E);
+        let k = self.madd(x, log2e, magic);
+        let kf = self.b.ins().fsub(k, magic);
+        let nkf = self.b.ins().fneg(kf);
+        let ln2_hi = self.c(LN2_HI);
+        let mut r = self.madd(nkf, ln2_hi, hi);
+        if let Some(lo) = lo {
+            r = self.b.ins().fadd(r, lo);
+        }
+        let ln2_lo = self.c(LN2_LO);
+        let r = self.madd(nkf, ln2_lo, r);
+        let p = self.poly(r, &EXPM1);
+        let half = self.c(0.5);
+        let h = self.madd(p, r, half);
+        let r2 = self.b.ins().fmul(r, r);
+        let q = self.madd(h, r2, r);
+        // k's low mantissa bits hold n (offset by the magic number's bits).
+        let kb = self.bits(k);
+        let magic_bits = self.ci(MAGIC.to_bits() as i32);
+        let n = self.b.ins().isub(kb, magic_bits);
+        (q, n)
+    }
+
+    /// 2^n for integer lanes n in [−126, 127].
+    fn pow2i(&mut self, n: Value) -> Value {
+        let bias = self.ci(127);
+        let e = self.b.ins().iadd(n, bias);
+        let e = self.b.ins().ishl_imm_s(e, 23);
+        self.float(e)
+    }
+
+    /// 2^n·(1 + q), with 2^n applied in two halves so n in [−252, 254] works: results
+    /// round to subnormals or overflow to inf as they should.
+    fn exp_finish(&mut self, q: Value, n: Value) -> Value {
+        let n1 = self.b.ins().sshr_imm_s(n, 1);
+        let n2 = self.b.ins().isub(n, n1);
+        let s1 = self.pow2i(n1);
+        let s2 = self.pow2i(n2);
+        let m = self.madd(q, s1, s1);
+        self.b.ins().fmul(m, s2)
+    }
+
+    pub fn exp(&mut self, x: Value) -> Value {
+        self.exp_scaled(x, 0)
+    }
+
+    /// e^x·2^shift (shift in [0, 24]), clamped so that the result is inf above and exactly
+    /// 0 far below (for any shift), and n stays in `exp_finish`'s range.
+    fn exp_scaled(&mut self, x: Value, shift: i32) -> Value {
+        let x = self.clamp_max(x, 150.0);
+        let x = self.clamp_min(x, -(160.0 + shift as f32) * std::f32::consts::LN_2);
+        let (q, n) = self.exp_core(x, None);
+        let n = self.shift(n, shift);
+        self.exp_finish(q, n)
+    }
+
+    fn shift(&mut self, n: Value, shift: i32) -> Value {
+        if shift == 0 {
+            return n;
+        }
+        let s = self.ci(shift);
+        self.b.ins().iadd(n, s)
+    }
+
+    /// e^x − 1 for x in [−20, 0.35]: 2^n·q + (2^n − 1), exact-ish near 0.
+    fn expm1_small(&mut self, x: Value) -> Value {
+        let (q, n) = self.exp_core(x, None);
+        let s = self.pow2i(n);
+        let one = self.c(1.0);
+        let sm1 = self.b.ins().fsub(s, one);
+        self.madd(q, s, sm1)
+    }
+
+    pub fn log(&mut self, x: Value) -> Value {
+        // Subnormals: scale into the normal range and take 23 off the exponent.
+        let min_normal = self.c(f32::MIN_POSITIVE);
+        let tiny = self.cmp(FloatCC::LessThan, x, min_normal);
+        let two23 = self.c(8_388_608.0);
+        let scaled = self.b.ins().fmul(x, two23);
+        let xs = self.select(tiny, scaled, x);
+        // Subtracting √½'s bits puts m in [√½, √2) and makes the exponent field e.
+        let sqrt_half = self.ci(0x3f35_04f3);
+        let xb = self.bits(xs);
+        let ix = self.b.ins().isub(xb, sqrt_half);
+        let e = self.b.ins().sshr_imm_s(ix, 23);
+        let mant_mask = self.ci(0x007f_ffff);
+        let mant = self.b.ins().band(ix, mant_mask);
+        let mb = self.b.ins().iadd(mant, sqrt_half);
+        let m = self.float(mb);
+        let one = self.c(1.0);
+        let f = self.b.ins().fsub(m, one);
+        let ef = self.b.ins().fcvt_from_sint(self.ty, e);
+        let (c23, c0) = (self.c(23.0), self.c(0.0));
+        let adj = self.select(tiny, c23, c0);
+        let ef = self.b.ins().fsub(ef, adj);
+
+        let z = self.b.ins().fmul(f, f);
+        let p = self.poly(f, &LOG1P);
+        let y = self.b.ins().fmul(p, z);
+        let mhalf = self.c(-0.5);
+        let hz = self.b.ins().fmul(mhalf, z);
+        let ln2_lo = self.c(LN2_LO);
+        let t = self.madd(ef, ln2_lo, hz);
+        let y = self.madd(y, f, t);
+        let r = self.b.ins().fadd(f, y);
+        let ln2_hi = self.c(LN2_HI);
+        let r = self.madd(ef, ln2_hi, r);
+
+        let inf = self.c(f32::INFINITY);
+        let finite = self.cmp(FloatCC::LessThan, x, inf);
+        let r = self.select(finite, r, x); // inf and NaN give themselves
+        let zero = self.c(0.0);
+        let neg = self.cmp(FloatCC::LessThan, x, zero);
+        let nan = self.c(f32::NAN);
+        let r = self.select(neg, nan, r);
+        let is_zero = self.cmp(FloatCC::Equal, x, zero);
+        let minf = self.c(f32::NEG_INFINITY);
+        self.select(is_zero, minf, r)
+    }
+
+    pub fn tanh(&mut self, x: Value) -> Value {
+        let a = self.b.ins().fabs(x);
+        let m2 = self.c(-2.0);
+        let y = self.b.ins().fmul(a, m2);
+        // tanh is ±1 in f32 beyond |x| = 9.01.
+        let y = self.clamp_min(y, -20.0);
+        let e = self.expm1_small(y);
+        let two = self.c(2.0);
+        let d = self.b.ins().fadd(e, two);
+        let ne = self.b.ins().fneg(e);
+        let t = self.b.ins().fdiv(ne, d);
+        self.copysign(t, x)
+    }
+
+    pub fn sigmoid(&mut self, x: Value) -> Value {
+        let nx = self.b.ins().fneg(x);
+        let e = self.exp(nx);
+        let one = self.c(1.0);
+        let d = self.b.ins().fadd(one, e);
+        self.b.ins().fdiv(one, d)
+    }
+
+    /// (hi, lo) with hi + lo = k·a² exactly (k a power of two): with FMA, lo is the
+    /// rounding error of hi; without, a = ah + al with ah the top 12 significant bits,
+    /// so ah² is exact and al·(a + ah) = a² − ah² is small.
+    fn square_scaled(&mut self, a: Value, k: f32) -> (Value, Value) {
+        let ka = self.mul_const(a, k);
+        if self.fma {
+            let hi = self.b.ins().fmul(ka, a);
+            let nhi = self.b.ins().fneg(hi);
+            let lo = self.b.ins().fma(ka, a, nhi);
+            return (hi, lo);
+        }
+        let ab = self.bits(a);
+        let top = self.ci(!0xfff);
+        let ahb = self.b.ins().band(ab, top);
+        let ah = self.float(ahb);
+        let kah = self.mul_const(ah, k);
+        let hi = self.b.ins().fmul(kah, ah);
+        let al = self.b.ins().fsub(a, ah);
+        let s = self.b.ins().fadd(ka, kah);
+        let lo = self.b.ins().fmul(al, s);
+        (hi, lo)
+    }
+
+    /// x·k, skipping k = 1.
+    fn mul_const(&mut self, x: Value, k: f32) -> Value {
+        if k == 1.0 {
+            return x;
+        }
+        let k = self.c(k);
+        self.b.ins().fmul(x, k)
+    }
+
+    /// erfc(|x|·scale)·2^shift for the (non-negative or NaN) lanes `a` = |x|, where scale²
+    /// is `scale_sq` exactly (1 for erf, ½ for gelu's x/√2): the exponent −(x·scale)² is
+    /// formed from `a` itself, error-free, so tails keep their relative accuracy. Beyond
+    /// the clamp the result is 0 even with shift = 24 (so x·result is NaN for x = ±inf,
+    /// as in the interpreter).
+    fn erfc_abs(&mut self, a: Value, scale: f32, scale_sq: f32, shift: i32) -> Value {
+        let a = self.clamp_max(a, ERFC_MAX / scale);
+        let z = self.mul_const(a, scale);
+        let (kt, one) = (self.c(ERFC_T), self.c(1.0));
+        let d = self.madd(z, kt, one);
+        let t = self.b.ins().fdiv(one, d);
+        let (hi, lo) = self.square_scaled(a, scale_sq);
+        let c = self.c(ERFC_C);
+        let tc = self.b.ins().fsub(t, c);
+        let p = self.poly(tc, &ERFC);
+        let nhi = self.b.ins().fneg(hi);
+        let corr = self.b.ins().fsub(p, lo);
+        let (q, n) = self.exp_core(nhi, Some(corr));
+        let n = self.shift(n, shift);
+        let e = self.exp_finish(q, n);
+        self.b.ins().fmul(t, e)
+    }
+
+    pub fn erf(&mut self, x: Value) -> Value {
+        let a = self.b.ins().fabs(x);
+        let x2 = self.b.ins().fmul(x, x);
+        let mut coeffs = ERF;
+        coeffs[0] -= 1.0;
+        let r = self.poly(x2, &coeffs);
+        let small = self.madd(x, r, x);
+        let ec = self.erfc_abs(a, 1.0, 1.0, 0);
+        let one = self.c(1.0);
+        let big = self.b.ins().fsub(one, ec);
+        let big = self.copysign(big, x);
+        let in_small = self.cmp(FloatCC::LessThan, a, one);
+        self.select(in_small, small, big)
+    }
+
+    /// x·Φ(x), Φ(x) = ½(1 + erf(x/√2)) = ½erfc(−x/√2): from erfc alone, as Φ needs no
+    /// relative accuracy near 0 (it is ½ there) and the tails keep theirs.
+    pub fn gelu_erf(&mut self, x: Value) -> Value {
+        let a = self.b.ins().fabs(x);
+        // h = erfc(|x|/√2)·2^24 stays normal where x·½erfc(|x|/√2) is, so the negative
+        // tail keeps its precision down to the subnormal range.
+        let h = self.erfc_abs(a, std::f32::consts::FRAC_1_SQRT_2, 0.5, 24);
+        let k = self.c(0.5 / 16_777_216.0);
+        let xh = self.b.ins().fmul(x, h);
+        let neg = self.b.ins().fmul(xh, k);
+        let hk = self.b.ins().fmul(h, k);
+        let one = self.c(1.0);
+        let phi_pos = self.b.ins().fsub(one, hk);
+        let pos = self.b.ins().fmul(x, phi_pos);
+        let zero = self.c(0.0);
+        let is_pos = self.cmp(FloatCC::GreaterThan, x, zero);
+        self.select(is_pos, pos, neg)
+    }
+
+    /// x·½(1 + tanh(y/2)) = x·σ(y), y = 2√(2/π)(x + 0.044715x³), with σ(y) from
+    /// w = e^−|y| (no overflow, no cancellation).
+    pub fn gelu_tanh(&mut self, x: Value) -> Value {
+        // y = x·(c + c·0.044715·x²): three roundings, the fewest this form allows.
+        let c = 2.0 * std::f64::consts::FRAC_2_PI.sqrt();
+        let x2 = self.b.ins().fmul(x, x);
+        let (k3, k1) = (self.c((c * 0.044715) as f32), self.c(c as f32));
+        let p = self.madd(x2, k3, k1);
+        let y = self.b.ins().fmul(x, p);
+        let ay = self.b.ins().fabs(y);
+        let nay = self.b.ins().fneg(ay);
+        let ws = self.exp_scaled(nay, 24);
+        let down = self.c(1.0 / 16_777_216.0);
+        let w = self.b.ins().fmul(ws, down);
+        let one = self.c(1.0);
+        let d = self.b.ins().fadd(one, w);
+        // y >= 0: x/(1 + w). y < 0: x·w/(1 + w), with w still scaled by 2^24 (x·w cannot
+        // overflow there: |y| grows with |x|).
+        let zero = self.c(0.0);
+        let pos = self.cmp(FloatCC::GreaterThanOrEqual, y, zero);
+        let xw = self.b.ins().fmul(x, ws);
+        let num = self.select(pos, x, xw);
+        let q = self.b.ins().fdiv(num, d);
+        let q_down = self.b.ins().fmul(q, down);
+        self.select(pos, q, q_down)
+    }
+
+    pub fn pow(&mut self, a: Value, b: Value) -> Value {
+        let aa = self.b.ins().fabs(a);
+        let la = self.log(aa);
+        let t = self.b.ins().fmul(b, la);
+        // |a| = 1: 1 even for b = ±inf (C pow); a = −1 with a NaN b is patched below.
+        let zero = self.c(0.0);
+        let unit = self.cmp(FloatCC::Equal, la, zero);
+        let t = self.select(unit, zero, t);
+        let r = self.exp(t);
+
+        // Is b an integer, and odd? Exact through i32 when |b| < 2^31; beyond 2^24 every
+        // float (and ±inf, as C pow treats it) is an even integer.
+        let it = self.int_ty();
+        let bi = self.b.ins().fcvt_to_sint_sat(it, b);
+        let bf = self.b.ins().fcvt_from_sint(self.ty, bi);
+        let exact = self.cmp(FloatCC::Equal, bf, b);
+        let ab = self.b.ins().fabs(b);
+        let two24 = self.c(16_777_216.0);
+        let huge = self.cmp(FloatCC::GreaterThanOrEqual, ab, two24);
+        let is_int = self.b.ins().bor(exact, huge);
+        let one_i = self.ci(1);
+        let low = self.b.ins().band(bi, one_i);
+        let zero_i = self.ci(0);
+        let odd_bit = self.b.ins().icmp(IntCC::NotEqual, low, zero_i);
+        let odd = self.b.ins().band(exact, odd_bit);
+        // Odd powers keep a's sign (also for −0 and −inf).
+        let sign = self.c(-0.0);
+        let a_sign = self.b.ins().band(a, sign);
+        let signed = self.b.ins().bor(r, a_sign);
+        let r_int = self.select(odd, signed, r);
+        // A finite negative base with a non-integer exponent has no real power.
+        let ninf = self.c(f32::NEG_INFINITY);
+        let neg = self.cmp(FloatCC::LessThan, a, zero);
+        let finite = self.cmp(FloatCC::GreaterThan, a, ninf);
+        let neg_finite = self.b.ins().band(neg, finite);
+        let nan = self.c(f32::NAN);
+        let r_frac = self.select(neg_finite, nan, r);
+        let r = self.select(is_int, r_int, r_frac);
+
+        let one = self.c(1.0);
+        let b_zero = self.cmp(FloatCC::Equal, b, zero);
+        let a_one = self.cmp(FloatCC::Equal, a, one);
+        let trivial = self.b.ins().bor(b_zero, a_one);
+        self.select(trivial, one, r)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::codegen::emit::testing::{bytes_f32, f32_bytes, run};
+    use crate::codegen::emit::{build_kernel, mem, LANES};
+    use crate::codegen::host_features;
+    use meshc_ir::interp::eval_node;
+    use meshc_ir::{Attr, DType, Node, Op, Tensor, TensorType};
+
+    /// The targets whose code this host can run: native (FMA here) and x86-64-v2 (no FMA).
+    pub(crate) fn runnable_targets() -> Vec<Target> {
+        let host = host_features();
+        ["native", "x86-64-v2"]
+            .iter()
+            .map(|n| Target::by_name(n).expect("known target"))
+            .filter(|t| t.features.iter().all(|f| host.contains(f)))
+            .collect()
+    }
+
+    /// A deterministic generator (splitmix64), so failures reproduce.
+    pub(crate) struct Rng(pub u64);
+
+    impl Rng {
+        pub fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+
+        pub fn uniform(&mut self, lo: f64, hi: f64) -> f32 {
+            (lo + (hi - lo) * (self.next() >> 11) as f64 / (1u64 << 53) as f64) as f32
+        }
+    }
+
+    type Unary = fn(&mut Math, Value) -> Value;
+    type Binary = fn(&mut Math, Value, Value) -> Value;
+
+    /// Runs `f` over `args` (same lengths) with the vector loop (length a multiple of 4) or
+    /// the scalar form on every element.
+    fn apply(t: &Target, vector: bool, args: &[&[f32]], f: &dyn Fn(&mut Math, &[Value]) -> Value) -> Vec<f32> {
+        let n = args[0].len();
+        let step = if vector { LANES } else { 1 };
+        assert_eq!(n % step, 0);
+        let func = build_kernel(t, "math", |k| {
+            let out = k.buf(0);
+            let ins: Vec<Value> = (0..args.len()).map(|i| k.buf(i + 1)).collect();
+            k.for_const(0, n as i64, step as i64, |k, i| {
+                let ty = if vector { types::F32X4 } else { types::F32 };
+                let vals: Vec<Value> = ins
+                    .iter()
+                    .map(|&p| {
+                        let a = k.addr(p, i, 4);
+                        k.b.ins().load(ty, mem(), a, 0)
+                    })
+                    .collect();
+                let dst = k.addr(out, i, 4);
+                let mut m = Math::new(&mut k.b, ty, t);
+                let r = f(&mut m, &vals);
+                m.b.ins().store(mem(), r, dst, 0);
+            });
+        });
+        let mut out = vec![0u8; n * 4];
+        let mut bufs: Vec<Vec<u8>> = args.iter().map(|a| f32_bytes(a)).collect();
+        let mut all: Vec<&mut [u8]> = vec![&mut out];
+        all.extend(bufs.iter_mut().map(|b| b.as_mut_slice()));
+        assert_eq!(run(t, func, &mut all), 0);
+        bytes_f32(&out)
+    }
+
+    /// The interpreter's result of `op` (with `attrs`) on f32 vectors.
+    fn oracle(op: Op, attrs: &[(&str, &str)], args: &[&[f32]]) -> Vec<f32> {
+        let mut node = Node::new("n", op, &[]);
+        for (k, v) in attrs {
+            node = node.with_attr(k, Attr::Str(v.to_string()));
+        }
+        let ts: Vec<Tensor> = args.iter().map(|a| Tensor::f32(vec![a.len()], a.to_vec())).collect();
+        let refs: Vec<&Tensor> = ts.iter().collect();
+        let ty = TensorType::new(DType::F32, vec![args[0].len()]);
+        eval_node(&node, &refs, &ty).expect("oracle").as_f32().expect("f32").to_vec()
+    }
+
+    /// Max relative error over normal results (subnormal results only need to be tiny),
+    /// with the worst argument for the message.
+    fn max_rel_err(got: &[f32], want: &[f32]) -> (f64, usize) {
+        let mut worst = (0.0, 0);
+        for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+            let e = if g == w || (g.is_nan() && w.is_nan()) {
+                0.0
+            } else if w.abs() < f32::MIN_POSITIVE {
+                assert!(g.abs() <= f32::MIN_POSITIVE, "element {i}: got {g}, want subnormal {w}");
+                0.0
+            } else {
+                ((g as f64 - w as f64) / w as f64).abs()
+            };
+            if e > worst.0 || e.is_nan() {
+                worst = (e, i);
+            }
+        }
+        worst
+    }
+
+    /// erfc(z) for z >= 3.5 in f64 by its continued fraction: the interpreter's
+    /// ½(1 + erf(x/√2)) loses relative accuracy in f64 below x ≈ −5 (and is 0 below −8), so gelu's tails need this.
+    fn erfc_cf(z: f64) -> f64 {
+        let mut t = z;
+        for n in (1..=200).rev() {
+            t = z + (n as f64 / 2.0) / t;
+        }
+        (-z * z).exp() / std::f64::consts::PI.sqrt() / t
+    }
+
+    fn reference(name: &str, op: Op, attrs: &[(&str, &str)], xs: &[f32]) -> Vec<f32> {
+        let f64_ref = |f: fn(f64) -> f64| xs.iter().map(|&x| f(x as f64) as f32).collect();
+        match name {
+            // The same function as the interpreter's, in a form without its cancellation.
+            "gelu" => f64_ref(|x| if x < -5.0 { x * 0.5 * erfc_cf(-x / std::f64::consts::SQRT_2) } else { f64::NAN }),
+            "gelu_tanh" => f64_ref(|x| {
+                let u = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+                x / (1.0 + (-2.0 * u).exp())
+            }),
+            _ => oracle(op, attrs, &[xs]),
+        }
+        .into_iter()
+        .zip(oracle(op, attrs, &[xs]))
+        .map(|(r, o): (f32, f32)| if r.is_nan() { o } else { r })
+        .collect()
+    }
+
+    /// Each function over 1e5 points on every runnable target, vector and scalar forms:
+    /// the max relative error (against the f64 interpreter rounded to f32) stays within
+    /// the bound claimed here.
+    #[test]
+    fn max_error_sweeps() {
+        const N: usize = 100_000;
+        let unary: [(&str, Op, &[(&str, &str)], Unary, (f64, f64), f64); 9] = [
+            ("exp", Op::Exp, &[], |m, x| m.exp(x), (-104.0, 89.0), 2.0e-7),
+            ("log", Op::Log, &[], |m, x| m.log(x), (-149.0, 128.0), 1.3e-7),
+            ("tanh", Op::Tanh, &[], |m, x| m.tanh(x), (-10.0, 10.0), 2.5e-7),
+            ("erf", Op::Erf, &[], |m, x| m.erf(x), (-5.0, 5.0), 2.0e-7),
+            ("sigmoid", Op::Sigmoid, &[], |m, x| m.sigmoid(x), (-90.0, 90.0), 2.5e-7),
+            ("gelu", Op::Gelu, &[], |m, x| m.gelu_erf(x), (-14.0, 10.0), 5.0e-7),
+            ("gelu_tanh", Op::Gelu, &[("approximate", "tanh")], |m, x| m.gelu_tanh(x), (-1.0, 10.0), 3.0e-7),
+            // The f32 rounding of the argument y = 2√(2/π)(x + 0.044715x³) shows in the
+            // negative tail as ~1.3e-7·|y| relative (y ≈ −89 where results turn subnormal).
+            ("gelu_tanh", Op::Gelu, &[("approximate", "tanh")], |m, x| m.gelu_tanh(x), (-10.2, -1.0), 1.5e-5),
+            ("rsqrt", Op::Rsqrt, &[], |m, x| m.rsqrt(x), (-149.0, 128.0), 1.3e-7),
+        ];
+        let mut rng = Rng(7);
+        for t in runnable_targets() {
+            for &(name, op, attrs, f, (lo, hi), bound) in &unary {
+                // log and rsqrt: log-uniform over the positive floats; others uniform.
+                let xs: Vec<f32> = (0..N)
+                    .map(|_| {
+                        let u = rng.uniform(lo, hi);
+                        if matches!(op, Op::Log | Op::Rsqrt) {
+                            (u as f64).exp2() as f32
+                        } else {
+                            u
+                        }
+                    })
+                    .collect();
+                let want = reference(name, op, attrs, &xs);
+                for vector in [true, false] {
+                    let got = apply(&t, vector, &[&xs], &|m, v| f(m, v[0]));
+                    let (e, i) = max_rel_err(&got, &want);
+                    eprintln!("{:10} {:9} {}: max rel err {e:.2e} at x = {:e}", name, t.name, if vector { "f32x4" } else { "f32  " }, xs[i]);
+                    assert!(e <= bound, "{name} on {}: {e:e} > {bound:e} at x = {:e}: got {}, want {}", t.name, xs[i], got[i], want[i]);
+                }
+            }
+            // pow: a log-uniform in [1e-3, 1e3], b in [-12, 12], so |b·ln a| reaches 83.
+            let a: Vec<f32> = (0..N).map(|_| (rng.uniform(-3.0, 3.0) as f64 * std::f64::consts::LN_10).exp() as f32).collect();
+            let b: Vec<f32> = (0..N).map(|_| rng.uniform(-12.0, 12.0)).collect();
+            let want = oracle(Op::Pow, &[], &[&a, &b]);
+            let f: Binary = |m, a, b| m.pow(a, b);
+            for vector in [true, false] {
+                let got = apply(&t, vector, &[&a, &b], &|m, v| f(m, v[0], v[1]));
+                let (e, i) = max_rel_err(&got, &want);
+                eprintln!("{:10} {:9} {}: max rel err {e:.2e} at ({:e}, {:e})", "pow", t.name, if vector { "f32x4" } else { "f32  " }, a[i], b[i]);
+                assert!(e <= 8e-6, "pow on {}: {e:e} at ({}, {})", t.name, a[i], b[i]);
+            }
+        }
+    }
+}

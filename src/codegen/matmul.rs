@@ -1,0 +1,675 @@
+//! The matmul kernel: numpy `matmul` on f32 (docs/ops.md), as a Cranelift-generated,
+//! packed, register-blocked GEMM. Also owns `MatmulShape`, the reduction of a matmul's
+//! shapes to a loop nest of plain row-major GEMMs, which the library path
+//! (`crate::library`) shares so both paths agree on the semantics.
+//!
+//! Design (BLIS-style loop nest; all shapes are baked in, block edges are runtime values
+//! computed from constants):
+//!
+//! ```text
+//! for each batch matrix (offsets from broadcast strides)
+//!   for jc in 0..N step NC            B block kc×nc packed into NR-column panels
+//!     for pc in 0..K step KC
+//!       for ic in 0..M step MC        A block mc×kc packed into MR-row panels
+//!         for jr in 0..nc step NR     one B micro-panel (kc×NR, stays in L1)
+//!           for ir in 0..mc step MR   one A micro-panel (MR×kc, streams from L2)
+//!             MR×NR micro-kernel, accumulators in registers, then C (+)= tile
+//! ```
+//!
+//! The micro-kernel holds a 12×4 tile of C in 12 f32x4 accumulators. Each k step loads one
+//! B vector (4 columns) and, per row, broadcasts one A element and does one FMA. The shape
+//! is chosen for Cranelift's x64 lowering: `fma` becomes `vfmadd213ps`, whose destination is
+//! tied to a *multiplicand*, not to the addend. Giving every FMA its own freshly broadcast A
+//! value (used exactly once) lets that value's register take the new sum with no copy; a
+//! shape that reuses each broadcast for two B vectors (e.g. 6×8) would need a register copy
+//! per FMA and spill with 16 xmm registers. 12 accumulators + 1 B vector + broadcasts fit
+//! in the 16 xmm registers, and 12 independent FMA chains cover the FMA latency (4 cycles ×
+//! 2 ports). Panels are zero-padded to whole tiles and to a multiple of KU k-steps, so the
+//! micro-kernel has no edge cases; edge tiles go through a small scratch tile and a scalar
+//! copy of their valid part.
+
+use anyhow::{bail, Result};
+use cranelift_codegen::ir::condcodes::IntCC;
+use cranelift_codegen::ir::{types, InstBuilder, MemFlagsData, Value};
+use cranelift_frontend::Variable;
+use meshc_ir::{DType, TensorType};
+
+use super::emit::{build_kernel, mem, KernelBuilder, F32X4, LANES};
+use super::{Generated, Target};
+
+/// Rows of the register tile (one accumulator vector per row).
+const MR: usize = 12;
+/// Columns of the register tile: one f32x4 vector.
+const NR: usize = LANES;
+/// k steps per micro-kernel loop iteration (unrolled); packed panels pad k to a multiple.
+const KU: usize = 2;
+const _: () = assert!(KU.is_power_of_two());
+/// K block: an A micro-panel (MR×KC) and a B micro-panel (KC×NR) together use 16 KiB of L1.
+const KC: usize = 256;
+/// M block: the packed A block (MC×KC, 144 KiB) lives in L2 while every B micro-panel of
+/// the block sweeps over it.
+const MC: usize = 144;
+/// N block: the packed B block (KC×NC, 1 MiB) is reused by every M block.
+const NC: usize = 1024;
+
+const F32: usize = 4;
+
+/// One batch dimension of the result, with the element strides of the operands' matrices
+/// along it (0 where an operand is broadcast).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchDim {
+    pub size: usize,
+    pub a_stride: usize,
+    pub b_stride: usize,
+    pub out_stride: usize,
+}
+
+/// A matmul as a loop nest over `batch` of `[m,k] @ [k,n]` products of dense row-major
+/// matrices. Size-1 batch dims are dropped, and a batch over which `b` is shared but `a`
+/// is not is folded into `m` (one tall GEMM instead of many short ones).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MatmulShape {
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    pub batch: Vec<BatchDim>,
+}
+
+impl MatmulShape {
+    /// numpy `matmul` shape rules; `out` must be exactly the result shape.
+    pub fn new(a: &[usize], b: &[usize], out: &[usize]) -> Result<MatmulShape> {
+        let (a_batch, m, k) = match a {
+            [] => bail!("matmul operand a is a scalar"),
+            [k] => (&[][..], 1, *k),
+            [batch @ .., m, k] => (batch, *m, *k),
+        };
+        let (b_batch, k2, n) = match b {
+            [] => bail!("matmul operand b is a scalar"),
+            [k] => (&[][..], *k, 1),
+            [batch @ .., k, n] => (batch, *k, *n),
+        };
+        if k != k2 {
+            bail!("matmul contraction dims differ: {a:?} @ {b:?}");
+        }
+        let rank = a_batch.len().max(b_batch.len());
+        let aligned = |s: &[usize], i: usize| (i + s.len()).checked_sub(rank).map(|j| s[j]);
+        let mut batch_shape = Vec::with_capacity(rank);
+        for i in 0..rank {
+            let (da, db) = (aligned(a_batch, i).unwrap_or(1), aligned(b_batch, i).unwrap_or(1));
+            batch_shape.push(match (da, db) {
+                _ if da == db => da,
+                (1, d) | (d, 1) => d,
+                _ => bail!("matmul batch dims cannot be broadcast together: {a:?} @ {b:?}"),
+            });
+        }
+        let mut want = batch_shape.clone();
+        want.extend(a.len().ge(&2).then_some(m));
+        want.extend(b.len().ge(&2).then_some(n));
+        if want != out {
+            bail!("matmul result shape {out:?} does not match {a:?} @ {b:?} (expected {want:?})");
+        }
+
+        // Matrix strides (elements) of each operand along each result batch dim.
+        let strides = |s: &[usize], matrix: usize| -> Vec<usize> {
+            let mut st = vec![0; rank];
+            let mut step = matrix;
+            for i in (0..rank).rev() {
+                if let Some(d) = aligned(s, i) {
+                    st[i] = if d == 1 { 0 } else { step };
+                    step *= d;
+                }
+            }
+            st
+        };
+        let (sa, sb, so) = (strides(a_batch, m * k), strides(b_batch, k * n), strides(&batch_shape, m * n));
+        let batch: Vec<BatchDim> = (0..rank)
+            .filter(|&i| batch_shape[i] != 1)
+            .map(|i| BatchDim { size: batch_shape[i], a_stride: sa[i], b_stride: sb[i], out_stride: so[i] })
+            .collect();
+        let count: usize = batch.iter().map(|d| d.size).product();
+        let a_count: usize = a_batch.iter().product();
+        if batch.iter().all(|d| d.b_stride == 0) && a_count == count {
+            // a's matrices, like the result's, are consecutive: rows of one tall GEMM.
+            return Ok(MatmulShape { m: m * count, k, n, batch: Vec::new() });
+        }
+        Ok(MatmulShape { m, k, n, batch })
+    }
+
+    /// The number of result elements.
+    pub fn out_len(&self) -> usize {
+        self.m * self.n * self.batch.iter().map(|d| d.size).product::<usize>()
+    }
+
+    /// Multiply-adds ×2.
+    pub fn flops(&self) -> f64 {
+        2.0 * self.out_len() as f64 * self.k as f64
+    }
+
+    /// Element offsets `(a, b, out)` of the matrices of each batch entry, in result order.
+    pub fn batch_offsets(&self) -> Vec<(usize, usize, usize)> {
+        let mut offs = vec![(0, 0, 0)];
+        for d in &self.batch {
+            offs = offs
+                .iter()
+                .flat_map(|&(a, b, o)| (0..d.size).map(move |i| (a + i * d.a_stride, b + i * d.b_stride, o + i * d.out_stride)))
+                .collect();
+        }
+        offs
+    }
+}
+
+/// Generates the matmul kernel: bufs[0] = result, bufs[1] = a, bufs[2] = b, then the
+/// packing scratch buffer.
+pub fn matmul(target: &Target, name: &str, a: &TensorType, b: &TensorType, out: &TensorType) -> Result<Generated> {
+    for (what, t) in [("operand a", a), ("operand b", b), ("result", out)] {
+        if t.dtype != DType::F32 {
+            bail!("matmul kernel {name}: {what} is {}, only f32 is supported", t.dtype);
+        }
+    }
+    let shape = MatmulShape::new(&a.shape, &b.shape, &out.shape)?;
+    let blocks = (shape.out_len() > 0 && shape.k > 0).then(|| Blocks::new(&shape));
+    let fma = target.has("fma");
+    let func = build_kernel(target, name, |kb| {
+        let (c, a, b) = (kb.buf(0), kb.buf(1), kb.buf(2));
+        match &blocks {
+            // An empty contraction: every result element is an empty sum.
+            None => {
+                let zero = kb.f32const(0.0);
+                kb.for_const(0, (shape.out_len() * F32) as i64, F32 as i64, |k, i| {
+                    let p = k.b.ins().iadd(c, i);
+                    k.b.ins().store(mem(), zero, p, 0);
+                });
+            }
+            Some(blocks) => {
+                let scratch = kb.buf(3);
+                let g = Gemm { s: &shape, blocks, fma, scratch };
+                batch_loops(kb, &shape.batch, [a, b, c], &mut |k, [a, b, c]| g.emit(k, a, b, c));
+            }
+        }
+    });
+    Ok(Generated { func, scratch: blocks.map_or(0, |bl| bl.scratch_bytes()) })
+}
+
+/// Loads and stores of the user's matrices: rows start at any multiple of 4 bytes.
+fn unaligned() -> MemFlagsData {
+    MemFlagsData::new().with_notrap()
+}
+
+/// Loads of packed panels in the micro-kernel, marked movable (`readonly`, `can_move`) so
+/// the optimiser places each right before its use. Left in program order, the loads of a
+/// whole unrolled step would be issued first and all their values held live until the
+/// FMAs (which the optimiser sinks to the loop's end), spilling most of them. `readonly`
+/// promises the memory does not change during the call; the panels do change between
+/// packs, but every such load's address depends on the micro-kernel's loop counter, so no
+/// code motion can take it out of the loop that reads the freshly packed panel.
+fn packed() -> MemFlagsData {
+    mem().with_readonly().with_can_move()
+}
+
+fn round_up(x: usize, to: usize) -> usize {
+    x.div_ceil(to) * to
+}
+
+/// The packing buffers' capacities for one shape (blocks never exceed the matrix).
+struct Blocks {
+    mc: usize,
+    kcp: usize,
+    nc: usize,
+}
+
+impl Blocks {
+    fn new(s: &MatmulShape) -> Blocks {
+        Blocks { mc: MC.min(round_up(s.m, MR)), kcp: round_up(KC.min(s.k), KU), nc: NC.min(round_up(s.n, NR)) }
+    }
+
+    /// Scratch layout: packed A block, packed B block, one MR×NR tile (each 64-byte aligned).
+    fn b_offset(&self) -> usize {
+        round_up(self.mc * self.kcp * F32, 64)
+    }
+
+    fn tile_offset(&self) -> usize {
+        self.b_offset() + round_up(self.kcp * self.nc * F32, 64)
+    }
+
+    fn scratch_bytes(&self) -> usize {
+        self.tile_offset() + round_up(MR * NR * F32, 64)
+    }
+}
+
+/// Emits nested loops over the batch dims; `body` gets the (a, b, out) matrix addresses.
+fn batch_loops(k: &mut KernelBuilder, dims: &[BatchDim], ptrs: [Value; 3], body: &mut dyn FnMut(&mut KernelBuilder, [Value; 3])) {
+    let Some((d, rest)) = dims.split_first() else {
+        return body(k, ptrs);
+    };
+    k.for_const(0, d.size as i64, 1, |k, i| {
+        let strides = [d.a_stride, d.b_stride, d.out_stride];
+        let ptrs = std::array::from_fn(|j| if strides[j] == 0 { ptrs[j] } else { k.addr(ptrs[j], i, (strides[j] * F32) as i64) });
+        batch_loops(k, rest, ptrs, body);
+    });
+}
+
+/// Emits one `[m,k] @ [k,n]` GEMM.
+struct Gemm<'a> {
+    s: &'a MatmulShape,
+    blocks: &'a Blocks,
+    fma: bool,
+    scratch: Value,
+}
+
+impl Gemm<'_> {
+    fn emit(&self, k: &mut KernelBuilder, a: Value, b: Value, c: Value) {
+        let MatmulShape { m, k: kk, n, .. } = *self.s;
+        let ap = self.scratch;
+        let bp = k.b.ins().iadd_imm_s(self.scratch, self.blocks.b_offset() as i64);
+        let tile = k.b.ins().iadd_imm_s(self.scratch, self.blocks.tile_offset() as i64);
+        k.for_const(0, n as i64, NC as i64, |k, jc| {
+            let nc = block_len(k, n, jc, NC);
+            k.for_const(0, kk as i64, KC as i64, |k, pc| {
+                let kc = block_len(k, kk, pc, KC);
+                // kc rounded up to KU, with shifts: the optimiser recomputes `band`/`iadd` with
+                // an immediate at every use, which would drag all that depends on kcp into
+                // the micro-kernel loop.
+                let kcp = k.b.ins().iadd_imm_s(kc, KU as i64 - 1);
+                let kcp = k.b.ins().ushr_imm_s(kcp, KU.trailing_zeros() as i64);
+                let kcp = k.b.ins().ishl_imm_s(kcp, KU.trailing_zeros() as i64);
+                let first = k.b.ins().icmp_imm_s(IntCC::Equal, pc, 0);
+                let b_row = k.addr(b, pc, (n * F32) as i64);
+                let b_blk = k.addr(b_row, jc, F32 as i64);
+                pack_b(k, b_blk, n, kc, kcp, nc, bp);
+                k.for_const(0, m as i64, MC as i64, |k, ic| {
+                    let mc = block_len(k, m, ic, MC);
+                    let a_row = k.addr(a, ic, (kk * F32) as i64);
+                    let a_blk = k.addr(a_row, pc, F32 as i64);
+                    pack_a(k, a_blk, kk, mc, kc, kcp, ap);
+                    let c_row = k.addr(c, ic, (n * F32) as i64);
+                    let c_blk = k.addr(c_row, jc, F32 as i64);
+                    let zero = k.iconst(0);
+                    k.for_range(zero, nc, NR as i64, |k, jr| {
+                        let cols = remaining(k, nc, jr, NR);
+                        // Panel jr / NR starts at (jr / NR) * kcp * NR = jr * kcp floats.
+                        let b_off = k.b.ins().imul(jr, kcp);
+                        let b_panel = k.addr(bp, b_off, F32 as i64);
+                        let c_col = k.addr(c_blk, jr, F32 as i64);
+                        let zero = k.iconst(0);
+                        k.for_range(zero, mc, MR as i64, |k, ir| {
+                            let rows = remaining(k, mc, ir, MR);
+                            let a_off = k.b.ins().imul(ir, kcp);
+                            let a_panel = k.addr(ap, a_off, F32 as i64);
+                            let acc = self.micro_kernel(k, a_panel, b_panel, kcp);
+                            let c_tile = k.addr(c_col, ir, (n * F32) as i64);
+                            store_tile(k, &acc, c_tile, n, rows, cols, first, tile);
+                        });
+                    });
+                });
+            });
+        });
+    }
+
+    /// The MR×NR register tile of `A panel @ B panel` over `kcp` (a multiple of KU) steps.
+    fn micro_kernel(&self, k: &mut KernelBuilder, a_panel: Value, b_panel: Value, kcp: Value) -> Vec<Value> {
+        let acc: Vec<_> = (0..MR).map(|_| k.b.declare_var(F32X4)).collect();
+        // The first KU steps start the sums with a multiply: no zero vector is needed, which
+        // would otherwise stay live in a register through the whole loop nest.
+        self.steps(k, a_panel, b_panel, &acc, true);
+        let a_ptr = k.b.declare_var(k.ptr);
+        let a_next = k.b.ins().iadd_imm_s(a_panel, (KU * MR * F32) as i64);
+        k.b.def_var(a_ptr, a_next);
+        let b_next = k.b.ins().iadd_imm_s(b_panel, (KU * NR * F32) as i64);
+        let b_end = k.addr(b_panel, kcp, (NR * F32) as i64);
+        k.for_range(b_next, b_end, (KU * NR * F32) as i64, |k, b| {
+            let a = k.b.use_var(a_ptr);
+            self.steps(k, a, b, &acc, false);
+            let a_next = k.b.ins().iadd_imm_s(a, (KU * MR * F32) as i64);
+            k.b.def_var(a_ptr, a_next);
+        });
+        acc.iter().map(|&v| k.b.use_var(v)).collect()
+    }
+
+    /// KU k-steps of the micro-kernel with the panels at `a` and `b`.
+    fn steps(&self, k: &mut KernelBuilder, a: Value, b: Value, acc: &[Variable], first: bool) {
+        for u in 0..KU {
+            let bv = k.b.ins().load(F32X4, packed(), b, (u * NR * F32) as i32);
+            for (r, &var) in acc.iter().enumerate() {
+                // A fresh broadcast per FMA: see the module doc.
+                let x = k.b.ins().load(types::F32, packed(), a, ((u * MR + r) * F32) as i32);
+                let x = k.b.ins().splat(F32X4, x);
+                let sum = if first && u == 0 {
+                    k.b.ins().fmul(x, bv)
+                } else {
+                    let old = k.b.use_var(var);
+                    if self.fma {
+                        k.b.ins().fma(x, bv, old)
+                    } else {
+                        let prod = k.b.ins().fmul(x, bv);
+                        k.b.ins().fadd(old, prod)
+                    }
+                };
+                k.b.def_var(var, sum);
+            }
+        }
+    }
+}
+
+/// `min(step, total - start)`: the length of the block starting at `start`.
+fn block_len(k: &mut KernelBuilder, total: usize, start: Value, step: usize) -> Value {
+    let t = k.iconst(total as i64);
+    remaining(k, t, start, step)
+}
+
+/// `min(step, end - start)`.
+fn remaining(k: &mut KernelBuilder, end: Value, start: Value, step: usize) -> Value {
+    let left = k.b.ins().isub(end, start);
+    let step = k.iconst(step as i64);
+    k.b.ins().umin(left, step)
+}
+
+/// Fills `bytes` (a multiple of 16) bytes at `dst` with zeros.
+fn zero_fill(k: &mut KernelBuilder, dst: Value, bytes: Value) {
+    let zero = k.splat(0.0);
+    let start = k.iconst(0);
+    k.for_range(start, bytes, 16, |k, i| {
+        let p = k.b.ins().iadd(dst, i);
+        k.b.ins().store(mem(), zero, p, 0);
+    });
+}
+
+/// Zero-fills a packed buffer of `panels` panels of `kcp × width` floats when its block
+/// does not cover it exactly (a partial last panel, or k padded to a multiple of KU).
+fn zero_padding(k: &mut KernelBuilder, dst: Value, len: Value, width: usize, kc: Value, kcp: Value) {
+    let rem = if width.is_power_of_two() {
+        k.b.ins().band_imm_s(len, width as i64 - 1)
+    } else {
+        k.b.ins().urem_imm_s(len, width as i64)
+    };
+    let partial = k.b.ins().icmp_imm_s(IntCC::NotEqual, rem, 0);
+    let padded = k.b.ins().icmp(IntCC::NotEqual, kc, kcp);
+    let needed = k.b.ins().bor(partial, padded);
+    let fill = k.b.create_block();
+    let done = k.b.create_block();
+    k.b.ins().brif(needed, fill, &[], done, &[]);
+    k.b.switch_to_block(fill);
+    let len_padded = k.b.ins().iadd_imm_s(len, width as i64 - 1);
+    let panels = k.b.ins().udiv_imm_s(len_padded, width as i64);
+    let floats = k.b.ins().imul(panels, kcp);
+    let bytes = k.b.ins().imul_imm_s(floats, (width * F32) as i64);
+    zero_fill(k, dst, bytes);
+    k.b.ins().jump(done, &[]);
+    k.b.switch_to_block(done);
+}
+
+/// Packs the `kc × nc` block of B at `src` (row stride `n`) into NR-column panels:
+/// element (p, j) goes to `dst[((j / NR) * kcp + p) * NR + j % NR]`.
+fn pack_b(k: &mut KernelBuilder, src: Value, n: usize, kc: Value, kcp: Value, nc: Value, dst: Value) {
+    zero_padding(k, dst, nc, NR, kc, kcp);
+    let full = k.b.ins().band_imm_s(nc, !(NR as i64 - 1));
+    let zero = k.iconst(0);
+    k.for_range(zero, kc, 1, |k, p| {
+        let row = k.addr(src, p, (n * F32) as i64);
+        let out = k.addr(dst, p, (NR * F32) as i64);
+        // Whole vectors of 4 columns: panel jr / NR starts at jr * kcp floats.
+        let zero = k.iconst(0);
+        k.for_range(zero, full, NR as i64, |k, jr| {
+            let from = k.addr(row, jr, F32 as i64);
+            let v = k.b.ins().load(F32X4, unaligned(), from, 0);
+            let off = k.b.ins().imul(jr, kcp);
+            let to = k.addr(out, off, F32 as i64);
+            k.b.ins().store(mem(), v, to, 0);
+        });
+        // The last, partial panel.
+        let off = k.b.ins().imul(full, kcp);
+        let out = k.addr(out, off, F32 as i64);
+        k.for_range(full, nc, 1, |k, j| {
+            let from = k.addr(row, j, F32 as i64);
+            let x = k.b.ins().load(types::F32, mem(), from, 0);
+            let lane = k.b.ins().isub(j, full);
+            let to = k.addr(out, lane, F32 as i64);
+            k.b.ins().store(mem(), x, to, 0);
+        });
+    });
+}
+
+/// Packs the `mc × kc` block of A at `src` (row stride `kk`) into MR-row panels:
+/// element (i, p) goes to `dst[((i / MR) * kcp + p) * MR + i % MR]`.
+fn pack_a(k: &mut KernelBuilder, src: Value, kk: usize, mc: Value, kc: Value, kcp: Value, dst: Value) {
+    zero_padding(k, dst, mc, MR, kc, kcp);
+    let zero = k.iconst(0);
+    k.for_range(zero, mc, MR as i64, |k, ir| {
+        let rows = remaining(k, mc, ir, MR);
+        let panel_off = k.b.ins().imul(ir, kcp);
+        let panel = k.addr(dst, panel_off, F32 as i64);
+        let zero = k.iconst(0);
+        k.for_range(zero, rows, 1, |k, r| {
+            let i = k.b.ins().iadd(ir, r);
+            let row = k.addr(src, i, (kk * F32) as i64);
+            let out = k.addr(panel, r, F32 as i64);
+            let zero = k.iconst(0);
+            k.for_range(zero, kc, 1, |k, p| {
+                let from = k.addr(row, p, F32 as i64);
+                let x = k.b.ins().load(types::F32, mem(), from, 0);
+                let to = k.addr(out, p, (MR * F32) as i64);
+                k.b.ins().store(mem(), x, to, 0);
+            });
+        });
+    });
+}
+
+/// Adds the register tile to C (or stores it, on the first K block) at `c` (row stride
+/// `n`); only `rows × cols` of it are inside C.
+#[allow(clippy::too_many_arguments)]
+fn store_tile(k: &mut KernelBuilder, acc: &[Value], c: Value, n: usize, rows: Value, cols: Value, first: Value, tile: Value) {
+    let full_rows = k.b.ins().icmp_imm_s(IntCC::Equal, rows, MR as i64);
+    let full_cols = k.b.ins().icmp_imm_s(IntCC::Equal, cols, NR as i64);
+    let full = k.b.ins().band(full_rows, full_cols);
+    let (whole, edge, done) = (k.b.create_block(), k.b.create_block(), k.b.create_block());
+    k.b.ins().brif(full, whole, &[], edge, &[]);
+
+    k.b.switch_to_block(whole);
+    let (store, add) = (k.b.create_block(), k.b.create_block());
+    k.b.ins().brif(first, store, &[], add, &[]);
+    for (block, accumulate) in [(store, false), (add, true)] {
+        k.b.switch_to_block(block);
+        for (r, &v) in acc.iter().enumerate() {
+            let p = k.b.ins().iadd_imm_s(c, (r * n * F32) as i64);
+            let v = if accumulate {
+                let old = k.b.ins().load(F32X4, unaligned(), p, 0);
+                k.b.ins().fadd(old, v)
+            } else {
+                v
+            };
+            k.b.ins().store(unaligned(), v, p, 0);
+        }
+        k.b.ins().jump(done, &[]);
+    }
+
+    k.b.switch_to_block(edge);
+    for (r, &v) in acc.iter().enumerate() {
+        k.b.ins().store(mem(), v, tile, (r * NR * F32) as i32);
+    }
+    let zero = k.f32const(0.0);
+    let start = k.iconst(0);
+    k.for_range(start, rows, 1, |k, r| {
+        let c_row = k.addr(c, r, (n * F32) as i64);
+        let t_row = k.addr(tile, r, (NR * F32) as i64);
+        let start = k.iconst(0);
+        k.for_range(start, cols, 1, |k, j| {
+            let p = k.addr(c_row, j, F32 as i64);
+            let old = k.b.ins().load(types::F32, mem(), p, 0);
+            let old = k.b.ins().select(first, zero, old);
+            let from = k.addr(t_row, j, F32 as i64);
+            let x = k.b.ins().load(types::F32, mem(), from, 0);
+            let sum = k.b.ins().fadd(old, x);
+            k.b.ins().store(mem(), sum, p, 0);
+        });
+    });
+    k.b.ins().jump(done, &[]);
+    k.b.switch_to_block(done);
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::super::emit::testing::{bytes_f32, f32_bytes, native, run};
+    use super::*;
+    use meshc_ir::infer::{infer, Operand};
+    use meshc_ir::interp::eval_node;
+    use meshc_ir::{Node, Op, Tensor};
+
+    /// Deterministic pseudo-random values in [-1, 1) (SplitMix64).
+    pub(crate) fn random(seed: u64, len: usize) -> Vec<f32> {
+        let mut s = seed;
+        (0..len)
+            .map(|_| {
+                s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                let mut z = s;
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    /// The interpreter's result for `a @ b` on random operands: (a, b, result).
+    pub(crate) fn oracle(a_shape: &[usize], b_shape: &[usize], seed: u64) -> (Tensor, Tensor, Tensor) {
+        let ta = TensorType::new(DType::F32, a_shape.to_vec());
+        let tb = TensorType::new(DType::F32, b_shape.to_vec());
+        let node = Node::new("mm", Op::MatMul, &["a", "b"]);
+        let ops = [Operand { ty: &ta, dims: None }, Operand { ty: &tb, dims: None }];
+        let out = infer(&node, &ops).expect("valid matmul").ty;
+        let a = Tensor::f32(a_shape.to_vec(), random(seed, ta.numel()));
+        let b = Tensor::f32(b_shape.to_vec(), random(seed ^ 0xabcd, tb.numel()));
+        let want = eval_node(&node, &[&a, &b], &out).expect("interpreter");
+        (a, b, want)
+    }
+
+    pub(crate) fn assert_close(got: &[f32], want: &[f32], what: &str) {
+        assert_eq!(got.len(), want.len(), "{what}: length");
+        for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+            assert!((g - w).abs() <= 1e-5 + 1e-4 * w.abs(), "{what}: element {i}: got {g}, want {w}");
+        }
+    }
+
+    /// A zeroed buffer of `len` bytes starting at a 64-byte boundary, as the runner gives.
+    fn aligned(storage: &mut Vec<u8>, len: usize) -> &mut [u8] {
+        *storage = vec![0; len + 64];
+        let skip = storage.as_ptr().align_offset(64);
+        &mut storage[skip..skip + len]
+    }
+
+    fn check_on(target: &Target, a_shape: &[usize], b_shape: &[usize], seed: u64) {
+        let (a, b, want) = oracle(a_shape, b_shape, seed);
+        let what = format!("{a_shape:?} @ {b_shape:?} on {}", target.name);
+        let g = matmul(target, "mm", &a.ty(), &b.ty(), &want.ty()).expect("kernel generates");
+        let (mut sa, mut sb, mut so, mut ss) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let ab = f32_bytes(a.as_f32().unwrap());
+        let bb = f32_bytes(b.as_f32().unwrap());
+        let ba = aligned(&mut sa, ab.len());
+        ba.copy_from_slice(&ab);
+        let bbuf = aligned(&mut sb, bb.len());
+        bbuf.copy_from_slice(&bb);
+        // Garbage in the result buffer: the kernel must overwrite, not accumulate into it.
+        let out = aligned(&mut so, want.numel() * 4);
+        out.fill(0x7f);
+        let mut bufs: Vec<&mut [u8]> = vec![out, ba, bbuf];
+        if g.scratch > 0 {
+            bufs.push(aligned(&mut ss, g.scratch));
+        }
+        assert_eq!(run(target, g.func, &mut bufs), 0, "{what}");
+        assert_close(&bytes_f32(bufs[0]), want.as_f32().unwrap(), &what);
+    }
+
+    fn check(a_shape: &[usize], b_shape: &[usize]) {
+        check_on(&native(), a_shape, b_shape, (a_shape.len() * 31 + b_shape.len()) as u64);
+    }
+
+    #[test]
+    fn small_and_odd_shapes() {
+        check(&[1, 1], &[1, 1]);
+        check(&[7, 13], &[13, 5]);
+        check(&[12, 8], &[8, 4]);
+        check(&[13, 9], &[9, 7]);
+        check(&[65, 33], &[33, 129]);
+    }
+
+    #[test]
+    fn one_d_operands() {
+        check(&[1], &[1]);
+        check(&[17], &[17]);
+        check(&[5], &[5, 3]);
+        check(&[4, 5], &[5]);
+        check(&[5], &[2, 5, 3]);
+        check(&[2, 3, 5], &[5]);
+    }
+
+    #[test]
+    fn batched_with_broadcasting() {
+        check(&[2, 1, 3, 4], &[3, 4, 5]);
+        check(&[3, 4], &[2, 4, 5]);
+        check(&[2, 3, 4], &[4, 5]);
+        check(&[2, 3, 4], &[2, 4, 5]);
+        check(&[1, 3, 4], &[2, 1, 4, 6]);
+        check(&[4, 1, 2, 3], &[1, 5, 3, 2]);
+    }
+
+    #[test]
+    fn empty_and_zero_k() {
+        check(&[3, 0], &[0, 4]);
+        check(&[0, 3], &[3, 4]);
+        check(&[2, 0, 3], &[3, 4]);
+        check(&[0], &[0]);
+    }
+
+    /// Shapes that cross every block boundary: M > MC, K > KC (two K blocks, the second
+    /// padded to KU), N > NC.
+    #[test]
+    fn multiple_blocks() {
+        check(&[150, 300], &[300, 9]);
+        check(&[3, 20], &[20, 1030]);
+        check(&[13, 257], &[257, 6]);
+    }
+
+    #[test]
+    fn random_shapes() {
+        let dims = random(7, 60);
+        let dim = |i: usize, max: f32| ((dims[i] + 1.0) * 0.5 * max) as usize + 1;
+        for t in 0..12 {
+            let (m, k, n) = (dim(3 * t, 40.0), dim(3 * t + 1, 300.0), dim(3 * t + 2, 40.0));
+            check_on(&native(), &[m, k], &[k, n], t as u64);
+        }
+    }
+
+    /// Without FMA (and without AVX) the kernel uses mul + add and SSE encodings, whose
+    /// memory operands must be 16-byte aligned: C rows of odd width are not.
+    #[test]
+    fn without_fma() {
+        let v2 = Target::by_name("x86-64-v2").unwrap();
+        assert!(!v2.has("fma"));
+        for (a, b) in [(&[7usize, 13][..], &[13usize, 5][..]), (&[2, 1, 3, 9], &[3, 9, 5]), (&[26, 31], &[31, 11])] {
+            check_on(&v2, a, b, 5);
+        }
+    }
+
+    #[test]
+    fn shape_planning() {
+        let s = MatmulShape::new(&[2, 3, 4], &[4, 5], &[2, 3, 5]).unwrap();
+        assert_eq!((s.m, s.k, s.n, s.batch.len()), (6, 4, 5, 0), "b shared: the batch folds into m");
+        let s = MatmulShape::new(&[2, 1, 3, 4], &[3, 4, 5], &[2, 3, 3, 5]).unwrap();
+        assert_eq!(s.batch, [BatchDim { size: 2, a_stride: 12, b_stride: 0, out_stride: 45 }, BatchDim { size: 3, a_stride: 0, b_stride: 20, out_stride: 15 }]);
+        assert_eq!(s.batch_offsets()[4], (12, 20, 60));
+        assert!(MatmulShape::new(&[2, 3], &[4, 5], &[2, 5]).unwrap_err().to_string().contains("contraction dims differ"));
+        assert!(MatmulShape::new(&[3, 2, 2], &[2, 2, 2], &[3, 2, 2]).unwrap_err().to_string().contains("cannot be broadcast"));
+        assert!(MatmulShape::new(&[2, 3], &[3, 5], &[2, 6]).unwrap_err().to_string().contains("does not match"));
+        assert!(MatmulShape::new(&[], &[3], &[]).is_err());
+        let i32t = TensorType::new(DType::I32, vec![2, 2]);
+        assert!(matmul(&native(), "mm", &i32t, &i32t, &i32t).is_err());
+    }
+}
+#[cfg(test)]
+mod dumpit {
+    #[test]
+    fn dump() {
+        let t = super::super::emit::testing::native();
+        let ty = |s: &[usize]| meshc_ir::TensorType::new(meshc_ir::DType::F32, s.to_vec());
+        let g = super::matmul(&t, "mm", &ty(&[1024, 1024]), &ty(&[1024, 1024]), &ty(&[1024, 1024])).unwrap();
+        let code = super::super::compile(&t, g.func).unwrap();
+        std::fs::write("/tmp/mm.bin", code).unwrap();
+    }
+}

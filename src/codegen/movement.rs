@@ -1,0 +1,752 @@
+//! Data-movement kernels — reshape, transpose, slice, broadcast_to, concat, gather — and
+//! einsum; plus the strided loop nests (`Dim`, `collapse`, `for_nest`) that the reduction
+//! kernels share.
+//!
+//! Every data-movement op except gather is one or more *strided copies*: the result (or,
+//! for concat, one operand's slab of it) walked in row-major order while the source pointer
+//! advances by per-dim strides — transpose permutes the source strides, slice offsets and
+//! scales them (negative for backward steps), broadcast_to zeroes them. Copies move
+//! elements of 1, 4 or 8 bytes without looking at them, so one kernel serves every dtype.
+//! After size-1 dims are dropped and dims that stay contiguous in both source and
+//! destination are merged, the innermost dim decides the inner loop: contiguous on both
+//! sides → a byte run moved 16 bytes at a time; source stride 0 → a fill with a splatted
+//! element; anything else → element by element.
+
+use anyhow::{anyhow, bail, Result};
+use cranelift_codegen::ir::condcodes::IntCC;
+use cranelift_codegen::ir::{types, InstBuilder, MemFlagsData, Type, Value};
+use meshc_ir::infer::{attr_int, attr_ints, attr_str, norm_axes, norm_axis, parse_equation, slice_range};
+use meshc_ir::{DType, Node, Op, TensorType};
+
+use super::emit::{build_kernel, mem, KernelBuilder, F32X4, LANES};
+use super::math::Math;
+use super::reduce::{for_chunks, load_vec, store_vec};
+use super::{Generated, Target, STATUS_INDEX_OUT_OF_RANGE};
+
+/// Flags for accesses that may be unaligned for their width (vector moves at arbitrary
+/// element offsets). `emit::mem()` claims alignment, which lets x64 fold a vector load
+/// into an SSE instruction that faults on an unaligned address when AVX is unavailable.
+pub(crate) fn vmem() -> MemFlagsData {
+    MemFlagsData::new().with_notrap()
+}
+
+/// One loop of a nest: its trip count and, per pointer the nest advances, a stride
+/// (elements or bytes, as the caller decides).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Dim {
+    pub n: usize,
+    pub strides: Vec<i64>,
+}
+
+impl Dim {
+    pub fn new(n: usize, strides: &[i64]) -> Dim {
+        Dim { n, strides: strides.to_vec() }
+    }
+
+    pub fn scaled(&self, by: i64) -> Dim {
+        Dim { n: self.n, strides: self.strides.iter().map(|s| s * by).collect() }
+    }
+}
+
+/// Row-major element strides of `shape`.
+pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<i64> {
+    let mut s = vec![1i64; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        s[d] = s[d + 1] * shape[d + 1] as i64;
+    }
+    s
+}
+
+/// The same iteration with fewer loops: size-1 dims dropped, and a dim merged into the
+/// next one wherever, for every pointer, stepping the outer dim once equals stepping the
+/// inner dim its full length. An empty iteration stays empty (a merge with a size-0 dim
+/// has size 0).
+pub(crate) fn collapse(dims: &[Dim]) -> Vec<Dim> {
+    let mut out: Vec<Dim> = Vec::new();
+    for d in dims.iter().filter(|d| d.n != 1) {
+        match out.last_mut() {
+            Some(prev) if prev.strides.iter().zip(&d.strides).all(|(&p, &s)| p == s * d.n as i64) => {
+                prev.n *= d.n;
+                prev.strides.clone_from(&d.strides);
+            }
+            _ => out.push(d.clone()),
+        }
+    }
+    out
+}
+
+/// `ptr + i * stride` (bytes); no arithmetic for stride 0.
+fn advance(kb: &mut KernelBuilder, ptr: Value, i: Value, stride: i64) -> Value {
+    if stride == 0 {
+        ptr
+    } else {
+        kb.addr(ptr, i, stride)
+    }
+}
+
+/// Loops over `dims` (outermost first, strides in bytes, one per pointer) and calls `body`
+/// with the pointers advanced to each point.
+pub(crate) fn for_nest(kb: &mut KernelBuilder, dims: &[Dim], ptrs: &[Value], body: &mut dyn FnMut(&mut KernelBuilder, &[Value])) {
+    match dims.split_first() {
+        None => body(kb, ptrs),
+        Some((d, rest)) if d.n == 1 => for_nest(kb, rest, ptrs, body),
+        Some((d, rest)) => kb.for_const(0, d.n as i64, 1, |kb, i| {
+            let moved: Vec<Value> = ptrs.iter().zip(&d.strides).map(|(&p, &s)| advance(kb, p, i, s)).collect();
+            for_nest(kb, rest, &moved, body)
+        }),
+    }
+}
+
+pub fn kernel(target: &Target, name: &str, node: &Node, inputs: &[TensorType], out: &TensorType) -> Result<Generated> {
+    let func = match node.op {
+        Op::Gather => gather(target, name, node, inputs, out)?,
+        Op::Einsum => einsum(target, name, node, inputs, out)?,
+        _ => {
+            let copies = copies(node, inputs, out)?;
+            let esize = out.dtype.size_bytes() as i64;
+            build_kernel(target, name, |kb| {
+                let dst = kb.buf(0);
+                for c in &copies {
+                    let src = kb.buf(c.src_buf);
+                    emit_copy(kb, esize, src, dst, c);
+                }
+            })
+        }
+    };
+    Ok(Generated { func, scratch: 0 })
+}
+
+/// A strided copy from operand buffer `src_buf` into the result; offsets and the
+/// `[source, destination]` strides of `dims` are in elements.
+struct Copy {
+    src_buf: usize,
+    src_off: i64,
+    dst_off: i64,
+    dims: Vec<Dim>,
+}
+
+fn bad(e: String) -> anyhow::Error {
+    anyhow!(e)
+}
+
+/// The strided copies an op amounts to.
+fn copies(node: &Node, inputs: &[TensorType], out: &TensorType) -> Result<Vec<Copy>> {
+    let x = inputs.first().ok_or_else(|| anyhow!("{} needs an operand", node.op))?;
+    let (xs, os) = (contiguous_strides(&x.shape), contiguous_strides(&out.shape));
+    let rank = x.rank();
+    let single = |src_off: i64, dims: Vec<Dim>| vec![Copy { src_buf: 1, src_off, dst_off: 0, dims }];
+    Ok(match node.op {
+        Op::Reshape => single(0, vec![Dim::new(out.numel(), &[1, 1])]),
+        Op::Transpose => {
+            let perm = match attr_ints(node, "perm") {
+                Some(p) => norm_axes(&p, rank).map_err(bad)?,
+                None => (0..rank).rev().collect(),
+            };
+            if perm.len() != rank || out.rank() != rank {
+                bail!("transpose perm {perm:?} does not match rank {rank}");
+            }
+            single(0, perm.iter().enumerate().map(|(d, &p)| Dim::new(out.shape[d], &[xs[p], os[d]])).collect())
+        }
+        Op::Slice => {
+            let starts = attr_ints(node, "starts").unwrap_or_default();
+            let ends = attr_ints(node, "ends").unwrap_or_default();
+            let axes = match attr_ints(node, "axes") {
+                Some(a) => norm_axes(&a, rank).map_err(bad)?,
+                None => (0..starts.len()).collect(),
+            };
+            let steps = attr_ints(node, "steps").unwrap_or_else(|| vec![1; axes.len()]);
+            if starts.len() != axes.len() || ends.len() != axes.len() || steps.len() != axes.len() || out.rank() != rank {
+                bail!("slice starts, ends, axes and steps do not match");
+            }
+            let mut src_strides = xs.clone();
+            let mut src_off = 0;
+            for (k, &a) in axes.iter().enumerate() {
+                let (first, _) = slice_range(starts[k], ends[k], steps[k], x.shape[a]).map_err(bad)?;
+                src_off += first as i64 * xs[a];
+                src_strides[a] = xs[a] * steps[k];
+            }
+            single(src_off, (0..rank).map(|d| Dim::new(out.shape[d], &[src_strides[d], os[d]])).collect())
+        }
+        Op::BroadcastTo => {
+            let lead = out.rank().checked_sub(rank).ok_or_else(|| anyhow!("broadcast_to cannot drop dims"))?;
+            let src_stride = |d: usize| if d < lead || x.shape[d - lead] == 1 { 0 } else { xs[d - lead] };
+            single(0, (0..out.rank()).map(|d| Dim::new(out.shape[d], &[src_stride(d), os[d]])).collect())
+        }
+        Op::Concat => {
+            let axis = norm_axis(attr_int(node, "axis", 0), rank).map_err(bad)?;
+            let mut at = 0;
+            let mut copies = Vec::new();
+            for (k, t) in inputs.iter().enumerate() {
+                let ts = contiguous_strides(&t.shape);
+                let dims = (0..rank).map(|d| Dim::new(t.shape[d], &[ts[d], os[d]])).collect();
+                copies.push(Copy { src_buf: k + 1, src_off: 0, dst_off: at * os[axis], dims });
+                at += t.shape[axis] as i64;
+            }
+            copies
+        }
+        other => bail!("{other} is not a data-movement op"),
+    })
+}
+
+/// The integer (or 16-byte vector) type that moves `bytes` bytes.
+fn move_type(bytes: i64) -> Type {
+    match bytes {
+        1 => types::I8,
+        2 => types::I16,
+        4 => types::I32,
+        8 => types::I64,
+        _ => types::I8X16,
+    }
+}
+
+fn emit_copy(kb: &mut KernelBuilder, esize: i64, src: Value, dst: Value, c: &Copy) {
+    if c.dims.iter().any(|d| d.n == 0) {
+        return;
+    }
+    let mut dims = collapse(&c.dims);
+    let inner = dims.pop().unwrap_or_else(|| Dim::new(1, &[1, 1]));
+    let outer: Vec<Dim> = dims.iter().map(|d| d.scaled(esize)).collect();
+    let src = kb.b.ins().iadd_imm_s(src, c.src_off * esize);
+    let dst = kb.b.ins().iadd_imm_s(dst, c.dst_off * esize);
+    let n = inner.n as i64;
+    let (ss, ds) = (inner.strides[0], inner.strides[1]);
+    for_nest(kb, &outer, &[src, dst], &mut |kb, p| match (ss, ds) {
+        (1, 1) => copy_run(kb, p[1], p[0], n * esize),
+        (0, 1) => fill_run(kb, p[1], p[0], esize, n),
+        _ => {
+            let ty = move_type(esize);
+            kb.for_const(0, n, 1, |kb, i| {
+                let s = advance(kb, p[0], i, ss * esize);
+                let d = advance(kb, p[1], i, ds * esize);
+                let v = kb.b.ins().load(ty, mem(), s, 0);
+                kb.b.ins().store(mem(), v, d, 0);
+            });
+        }
+    });
+}
+
+/// Stores `bytes` bytes at `dst` as pieces of `width` bytes (`piece(kb, width, offset)`
+/// gives each piece's value): a loop of four 16-byte pieces, then single pieces, the last
+/// one ending exactly at `bytes` (overlapping the previous piece rather than running past
+/// the end). `width` must not exceed `bytes`, and offsets stay multiples of it.
+fn store_run(kb: &mut KernelBuilder, dst: Value, bytes: i64, width: i64, piece: &mut dyn FnMut(&mut KernelBuilder, Value, i64) -> Value) {
+    let unrolled = if width == 16 { 4 * width } else { width };
+    let looped = bytes / unrolled * unrolled;
+    if looped > unrolled {
+        kb.for_const(0, looped, unrolled, |kb, i| {
+            for k in 0..unrolled / width {
+                let v = piece(kb, i, k * width);
+                let d = kb.b.ins().iadd(dst, i);
+                kb.b.ins().store(vmem(), v, d, (k * width) as i32);
+            }
+        });
+    }
+    let zero = kb.iconst(0);
+    let mut at = if looped > unrolled { looped } else { 0 };
+    while at < bytes {
+        let off = at.min(bytes - width);
+        let v = piece(kb, zero, off);
+        kb.b.ins().store(vmem(), v, dst, off as i32);
+        at = off + width;
+    }
+}
+
+/// Copies `bytes` bytes from `src` to `dst` (distinct buffers).
+fn copy_run(kb: &mut KernelBuilder, dst: Value, src: Value, bytes: i64) {
+    let width = [16, 8, 4, 2, 1].into_iter().find(|&w| w <= bytes).unwrap_or(1);
+    let ty = move_type(width);
+    store_run(kb, dst, bytes, width, &mut |kb, i, off| {
+        let s = kb.b.ins().iadd(src, i);
+        kb.b.ins().load(ty, vmem(), s, off as i32)
+    });
+}
+
+/// Fills `n` elements of `esize` bytes at `dst` with the element at `src`.
+fn fill_run(kb: &mut KernelBuilder, dst: Value, src: Value, esize: i64, n: i64) {
+    let ty = move_type(esize);
+    let elem = kb.b.ins().load(ty, mem(), src, 0);
+    if n * esize < 16 {
+        store_run(kb, dst, n * esize, esize, &mut |_, _, _| elem);
+    } else {
+        let vty = ty.by(16 / esize as u32).expect("16-byte vector");
+        let splat = kb.b.ins().splat(vty, elem);
+        store_run(kb, dst, n * esize, 16, &mut |_, _, _| splat);
+    }
+}
+
+/// numpy `take`: validates every index first (so a bad index fails the kernel even when
+/// the result is empty, as in the interpreter), then copies one `data` run per index.
+fn gather(target: &Target, name: &str, node: &Node, inputs: &[TensorType], out: &TensorType) -> Result<cranelift_codegen::ir::Function> {
+    let [data, idx] = inputs else { bail!("gather takes data and indices") };
+    let axis = norm_axis(attr_int(node, "axis", 0), data.rank()).map_err(bad)?;
+    let ity = match idx.dtype {
+        DType::I32 => types::I32,
+        DType::I64 => types::I64,
+        other => bail!("gather indices must be i32 or i64, got {other}"),
+    };
+    let isize = idx.dtype.size_bytes() as i64;
+    let esize = data.dtype.size_bytes() as i64;
+    let n = data.shape[axis] as i64;
+    let outer: usize = data.shape[..axis].iter().product();
+    let inner: usize = data.shape[axis + 1..].iter().product();
+    let run = inner as i64 * esize;
+    let count = idx.numel() as i64;
+    if out.numel() != outer * idx.numel() * inner {
+        bail!("gather result {out} does not match its operands");
+    }
+    Ok(build_kernel(target, name, |kb| {
+        let (dst, src, ip) = (kb.buf(0), kb.buf(1), kb.buf(2));
+        let load_index = |kb: &mut KernelBuilder, j: Value| {
+            let at = kb.addr(ip, j, isize);
+            let i = kb.b.ins().load(ity, mem(), at, 0);
+            if ity == kb.ptr {
+                i
+            } else {
+                kb.b.ins().sextend(kb.ptr, i)
+            }
+        };
+        // i in [-n, n) exactly when i + n, as unsigned, is below 2n.
+        kb.for_const(0, count, 1, |kb, j| {
+            let i = load_index(kb, j);
+            let shifted = kb.b.ins().iadd_imm_s(i, n);
+            let bad = kb.b.ins().icmp_imm_s(IntCC::UnsignedGreaterThanOrEqual, shifted, 2 * n);
+            kb.fail_if(bad, STATUS_INDEX_OUT_OF_RANGE);
+        });
+        if run == 0 {
+            return;
+        }
+        let rows = [Dim::new(outer, &[n * run, count * run])];
+        for_nest(kb, &rows, &[src, dst], &mut |kb, p| {
+            kb.for_const(0, count, 1, |kb, j| {
+                let i = load_index(kb, j);
+                let wrapped = kb.b.ins().iadd_imm_s(i, n);
+                let negative = kb.b.ins().icmp_imm_s(IntCC::SignedLessThan, i, 0);
+                let i = kb.b.ins().select(negative, wrapped, i);
+                let s = kb.addr(p[0], i, run);
+                let d = kb.addr(p[1], j, run);
+                copy_run(kb, d, s, run);
+            });
+        });
+    }))
+}
+
+/// einsum as a loop nest: output letters outside, summed letters inside, one accumulator
+/// per output element. When the last output letter is contiguous (or absent) in every
+/// operand, it is vectorised: `CHUNK` output elements at a time, in f32x4 accumulators.
+/// Otherwise each output element is a scalar sum, accumulated in f64 like the
+/// interpreter.
+fn einsum(target: &Target, name: &str, node: &Node, inputs: &[TensorType], out: &TensorType) -> Result<cranelift_codegen::ir::Function> {
+    let (terms, out_letters) = parse_equation(attr_str(node, "equation", ""), inputs.len()).map_err(bad)?;
+    // Per letter: its size and its element stride in [result, operand 0, operand 1, ...].
+    let mut letters: Vec<(char, Dim)> = Vec::new();
+    for (k, (term, t)) in terms.iter().zip(inputs).enumerate() {
+        if term.len() != t.rank() || t.dtype != DType::F32 {
+            bail!("einsum operand {k} ({t}) does not match term '{}'", term.iter().collect::<String>());
+        }
+        let ts = contiguous_strides(&t.shape);
+        for (d, &c) in term.iter().enumerate() {
+            let slot = match letters.iter().position(|(l, _)| *l == c) {
+                Some(p) => p,
+                None => {
+                    letters.push((c, Dim { n: t.shape[d], strides: vec![0; inputs.len() + 1] }));
+                    letters.len() - 1
+                }
+            };
+            if letters[slot].1.n != t.shape[d] {
+                bail!("einsum letter '{c}' has sizes {} and {}", letters[slot].1.n, t.shape[d]);
+            }
+            letters[slot].1.strides[k + 1] = ts[d];
+        }
+    }
+    let os = contiguous_strides(&out.shape);
+    let mut outer = Vec::new();
+    for (d, c) in out_letters.iter().enumerate() {
+        let (_, dim) = letters.iter_mut().find(|(l, _)| l == c).ok_or_else(|| anyhow!("einsum output letter '{c}' is in no operand"))?;
+        dim.strides[0] = os[d];
+        outer.push(dim.clone());
+    }
+    // Summed letters advance only the operands' pointers.
+    let summed: Vec<Dim> =
+        letters.iter().filter(|(c, _)| !out_letters.contains(c)).map(|(_, d)| Dim::new(d.n, &d.strides[1..])).collect();
+    if out.shape != outer.iter().map(|d| d.n).collect::<Vec<_>>() {
+        bail!("einsum result {out} does not match the equation");
+    }
+    // Empty dims need no care: a loop over 0 leaves the sums at 0 or runs nothing.
+    let mut outer = collapse(&outer);
+    let summed: Vec<Dim> = collapse(&summed).iter().map(|d| d.scaled(4)).collect();
+    let vector = outer.last().filter(|d| d.n >= LANES && d.strides.iter().all(|&s| s == 0 || s == 1)).cloned();
+    if vector.is_some() {
+        outer.pop();
+    }
+    let outer: Vec<Dim> = outer.iter().map(|d| d.scaled(4)).collect();
+    Ok(build_kernel(target, name, |kb| {
+        let ptrs: Vec<Value> = (0..=inputs.len()).map(|i| kb.buf(i)).collect();
+        for_nest(kb, &outer, &ptrs, &mut |kb, p| match &vector {
+            Some(v) => for_chunks(kb, v.n, &mut |kb, first, len| {
+                let at: Vec<Value> = p.iter().zip(&v.strides).map(|(&q, &s)| advance(kb, q, first, 4 * s)).collect();
+                einsum_chunk(kb, target, &at, &v.strides, &summed, len);
+            }),
+            _ => einsum_scalar(kb, p, &summed),
+        });
+    }))
+}
+
+/// One chunk of `len` (<= CHUNK) contiguous output elements; `contiguous[k + 1]` says
+/// whether operand k walks along with them (stride 1) or stays put (stride 0).
+fn einsum_chunk(kb: &mut KernelBuilder, target: &Target, p: &[Value], contiguous: &[i64], summed: &[Dim], len: usize) {
+    let vectors: Vec<usize> = (0..len.div_ceil(LANES)).map(|s| (len - s * LANES).min(LANES)).collect();
+    let zero = kb.splat(0.0);
+    let acc: Vec<_> = vectors.iter().map(|_| kb.b.declare_var(F32X4)).collect();
+    for &a in &acc {
+        kb.b.def_var(a, zero);
+    }
+    for_nest(kb, summed, &p[1..], &mut |kb, q| {
+        let splats: Vec<Option<Value>> = q
+            .iter()
+            .zip(&contiguous[1..])
+            .map(|(&ptr, &s)| {
+                (s == 0).then(|| {
+                    let x = kb.b.ins().load(types::F32, mem(), ptr, 0);
+                    kb.b.ins().splat(F32X4, x)
+                })
+            })
+            .collect();
+        for (slot, (&a, &width)) in acc.iter().zip(&vectors).enumerate() {
+            let mut factors: Vec<Value> = Vec::with_capacity(q.len());
+            for (&ptr, s) in q.iter().zip(&splats) {
+                factors.push(match s {
+                    Some(v) => *v,
+                    None => {
+                        let at = kb.b.ins().iadd_imm_s(ptr, (slot * 16) as i64);
+                        load_vec(kb, at, width)
+                    }
+                });
+            }
+            let last = factors.pop().expect("einsum has an operand");
+            let sum = kb.b.use_var(a);
+            let next = match factors.split_first() {
+                None => kb.b.ins().fadd(sum, last),
+                Some((&first, rest)) => {
+                    let prod = rest.iter().fold(first, |x, &y| kb.b.ins().fmul(x, y));
+                    Math::new(&mut kb.b, F32X4, target).madd(prod, last, sum)
+                }
+            };
+            kb.b.def_var(a, next);
+        }
+    });
+    for (slot, (&a, &width)) in acc.iter().zip(&vectors).enumerate() {
+        let v = kb.b.use_var(a);
+        let at = kb.b.ins().iadd_imm_s(p[0], (slot * 16) as i64);
+        store_vec(kb, v, at, width);
+    }
+}
+
+/// One output element: the f64 sum over `summed` of the f64 product of the operands.
+fn einsum_scalar(kb: &mut KernelBuilder, p: &[Value], summed: &[Dim]) {
+    let acc = kb.b.declare_var(types::F64);
+    let zero = kb.b.ins().f64const(0.0);
+    kb.b.def_var(acc, zero);
+    for_nest(kb, summed, &p[1..], &mut |kb, q| {
+        let mut prod = None;
+        for &ptr in q {
+            let x = kb.b.ins().load(types::F32, mem(), ptr, 0);
+            let x = kb.b.ins().fpromote(types::F64, x);
+            prod = Some(match prod {
+                None => x,
+                Some(y) => kb.b.ins().fmul(y, x),
+            });
+        }
+        let sum = kb.b.use_var(acc);
+        let next = kb.b.ins().fadd(sum, prod.expect("einsum has an operand"));
+        kb.b.def_var(acc, next);
+    });
+    let sum = kb.b.use_var(acc);
+    let r = kb.b.ins().fdemote(types::F32, sum);
+    kb.b.ins().store(mem(), r, p[0], 0);
+}
+
+/// Test support shared with the reduction tests: runs a kernel generator on random or
+/// given operands and compares it with the interpreter.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::super::emit::testing::run;
+    use super::super::{Generated, Target};
+    use meshc_ir::infer::{infer, Operand};
+    use meshc_ir::init::uniform01;
+    use meshc_ir::interp::eval_node;
+    use meshc_ir::{Attr, DType, Data, Node, Op, Tensor, TensorType};
+
+    pub type Gen = fn(&Target, &str, &Node, &[TensorType], &TensorType) -> anyhow::Result<Generated>;
+
+    /// Filler after every buffer: a kernel must leave it alone.
+    const GUARD: u8 = 0xA5;
+
+    pub fn node(op: Op, operands: usize, attrs: &[(&str, Attr)]) -> Node {
+        let names: Vec<String> = (0..operands).map(|i| format!("x{i}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        attrs.iter().fold(Node::new("k", op, &names), |n, (k, v)| n.with_attr(k, v.clone()))
+    }
+
+    pub fn ints(v: &[i64]) -> Attr {
+        Attr::ints(v)
+    }
+
+    /// Deterministic values of `dtype` in [lo, hi) (ints rounded down; bools from the sign
+    /// about the middle).
+    pub fn random(dtype: DType, shape: &[usize], lo: f64, hi: f64, seed: u64) -> Tensor {
+        let n = shape.iter().product::<usize>() as u64;
+        let v = (0..n).map(|k| lo + (hi - lo) * uniform01(seed, k));
+        let data = match dtype {
+            DType::F32 => Data::from_f64(dtype, v),
+            DType::Bool => Data::Bool(v.map(|x| x > (lo + hi) / 2.0).collect()),
+            _ => Data::from_f64(dtype, v.map(f64::floor)),
+        };
+        Tensor::new(shape.to_vec(), data)
+    }
+
+    fn to_bytes(t: &Tensor) -> Vec<u8> {
+        match &t.data {
+            Data::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Data::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Data::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Data::Bool(v) => v.iter().map(|&x| x as u8).collect(),
+        }
+    }
+
+    fn from_bytes(ty: &TensorType, b: &[u8]) -> Tensor {
+        let data = match ty.dtype {
+            DType::F32 => Data::F32(b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()),
+            DType::I32 => Data::I32(b.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()),
+            DType::I64 => Data::I64(b.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()),
+            DType::Bool => Data::Bool(b.iter().map(|&x| x != 0).collect()),
+        };
+        Tensor::new(ty.shape.clone(), data)
+    }
+
+    /// A 64-byte-aligned buffer of exactly `bytes.len()` bytes followed by a guard zone.
+    struct Buf {
+        store: Vec<u8>,
+        at: usize,
+        len: usize,
+    }
+
+    impl Buf {
+        fn new(bytes: &[u8]) -> Buf {
+            let mut store = vec![GUARD; bytes.len() + 128];
+            let at = store.as_ptr().align_offset(64);
+            store[at..at + bytes.len()].copy_from_slice(bytes);
+            Buf { store, at, len: bytes.len() }
+        }
+
+        fn data(&self) -> &[u8] {
+            &self.store[self.at..self.at + self.len]
+        }
+
+        fn guard_intact(&self) -> bool {
+            self.store[self.at + self.len..].iter().all(|&b| b == GUARD)
+        }
+    }
+
+    pub fn out_type(n: &Node, args: &[Tensor]) -> TensorType {
+        let tys: Vec<TensorType> = args.iter().map(Tensor::ty).collect();
+        let ops: Vec<Operand> = tys.iter().map(|ty| Operand { ty, dims: None }).collect();
+        infer(n, &ops).expect("test node is well-formed").ty
+    }
+
+    /// Compiles the kernel for the host and for x86-64-v2 (no AVX, no FMA), runs each on
+    /// `args`, and returns each run's status and result.
+    pub fn run_kernel(gen: Gen, n: &Node, args: &[Tensor]) -> Vec<(u32, Tensor)> {
+        let out = out_type(n, args);
+        let tys: Vec<TensorType> = args.iter().map(Tensor::ty).collect();
+        ["native", "x86-64-v2"]
+            .iter()
+            .map(|t| {
+                let target = Target::by_name(t).unwrap();
+                let g = gen(&target, "k", n, &tys, &out).unwrap_or_else(|e| panic!("{} {:?}: {e}", n.op, n.attrs));
+                let mut bufs: Vec<Buf> = std::iter::once(vec![0u8; out.size_bytes()]).chain(args.iter().map(to_bytes)).map(|b| Buf::new(&b)).collect();
+                let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b.store[b.at..]).collect();
+                let status = run(&target, g.func, &mut slices);
+                assert!(bufs.iter().all(Buf::guard_intact), "{} {:?} on {t}: wrote past a buffer", n.op, n.attrs);
+                for (b, a) in bufs[1..].iter().zip(args) {
+                    assert_eq!(b.data(), to_bytes(a), "{} {:?} on {t}: changed an operand", n.op, n.attrs);
+                }
+                (status, from_bytes(&out, bufs[0].data()))
+            })
+            .collect()
+    }
+
+    /// Checks the kernel against the interpreter: f32 within 1e-5 + 1e-4·|want| (NaN where
+    /// the interpreter has NaN), other dtypes exactly.
+    pub fn check(gen: Gen, n: &Node, args: &[Tensor]) {
+        let refs: Vec<&Tensor> = args.iter().collect();
+        let want = eval_node(n, &refs, &out_type(n, args)).expect("interpreter");
+        for (status, got) in run_kernel(gen, n, args) {
+            let what = format!("{} {:?} on {:?}", n.op, n.attrs, args.iter().map(|a| a.ty().to_string()).collect::<Vec<_>>());
+            assert_eq!(status, 0, "{what}");
+            match (&got.data, &want.data) {
+                (Data::F32(g), Data::F32(w)) => {
+                    for (i, (&g, &w)) in g.iter().zip(w).enumerate() {
+                        let ok = if w.is_nan() { g.is_nan() } else { (g - w).abs() <= 1e-5 + 1e-4 * w.abs() || g == w };
+                        assert!(ok, "{what}: element {i} is {g}, want {w}");
+                    }
+                }
+                _ => assert_eq!(got, want, "{what}"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::STATUS_INDEX_OUT_OF_RANGE;
+    use super::testing::{check, ints, node, random, run_kernel};
+    use super::*;
+    use meshc_ir::{Attr, Data, Tensor};
+
+    fn each_dtype(seed: u64, shape: &[usize], mut f: impl FnMut(Tensor)) {
+        for (k, d) in DType::ALL.into_iter().enumerate() {
+            f(random(d, shape, -1000.0, 1000.0, seed + k as u64));
+        }
+    }
+
+    #[test]
+    fn transpose() {
+        let cases: &[(&[usize], Option<&[i64]>)] = &[
+            (&[5, 7], None),
+            (&[2, 3, 4, 5], Some(&[0, 2, 1, 3])),
+            (&[2, 3, 4, 8], Some(&[3, 1, 0, 2])),
+            (&[3, 1, 17], Some(&[1, 2, 0])),
+            (&[4, 5, 6], Some(&[0, 1, 2])),
+            (&[], None),
+        ];
+        for (i, &(shape, perm)) in cases.iter().enumerate() {
+            let attrs: Vec<(&str, Attr)> = perm.map(|p| ("perm", ints(p))).into_iter().collect();
+            each_dtype(i as u64 * 10, shape, |x| check(kernel, &node(Op::Transpose, 1, &attrs), &[x]));
+        }
+    }
+
+    #[test]
+    fn slice() {
+        type Case<'a> = (&'a [usize], &'a [i64], &'a [i64], Option<&'a [i64]>, Option<&'a [i64]>);
+        let cases: &[Case] = &[
+            (&[4, 40], &[1, 3], &[3, 37], None, None),
+            (&[6, 7], &[5, -1], &[-100, 0], None, Some(&[-2, -3])),
+            (&[6, 7], &[-1], &[-8], Some(&[1]), Some(&[-1])),
+            (&[3, 4, 9], &[0, 8], &[100, 0], Some(&[0, 2]), Some(&[1, -1])),
+            (&[3, 4, 9], &[2], &[2], Some(&[1]), None),
+            (&[10], &[1], &[9], None, Some(&[3])),
+            (&[2, 50], &[0], &[1], None, None),
+        ];
+        for (i, &(shape, starts, ends, axes, steps)) in cases.iter().enumerate() {
+            let mut attrs = vec![("starts", ints(starts)), ("ends", ints(ends))];
+            attrs.extend(axes.map(|a| ("axes", ints(a))));
+            attrs.extend(steps.map(|s| ("steps", ints(s))));
+            each_dtype(i as u64 * 10, shape, |x| check(kernel, &node(Op::Slice, 1, &attrs), &[x]));
+        }
+    }
+
+    #[test]
+    fn concat() {
+        let cases: &[(i64, &[&[usize]])] = &[
+            (1, &[&[2, 3, 5], &[2, 1, 5], &[2, 4, 5]]),
+            (0, &[&[3, 7], &[1, 7], &[2, 7]]),
+            (-1, &[&[3, 2], &[3, 5], &[3, 0], &[3, 9]]),
+            (2, &[&[2, 2, 1], &[2, 2, 3]]),
+        ];
+        for (i, &(axis, shapes)) in cases.iter().enumerate() {
+            for d in DType::ALL {
+                let args: Vec<Tensor> = shapes.iter().enumerate().map(|(k, s)| random(d, s, -50.0, 50.0, (i * 10 + k) as u64)).collect();
+                check(kernel, &node(Op::Concat, args.len(), &[("axis", Attr::Int(axis))]), &args);
+            }
+        }
+    }
+
+    #[test]
+    fn broadcast_and_reshape() {
+        let cases: &[(&[usize], &[i64])] =
+            &[(&[3, 1], &[2, 3, 5]), (&[5], &[4, 3, 5]), (&[1, 3, 1], &[2, 3, 4]), (&[1], &[37]), (&[2, 1, 6], &[2, 3, 6]), (&[], &[3, 2])];
+        for (i, &(from, to)) in cases.iter().enumerate() {
+            each_dtype(i as u64, from, |x| check(kernel, &node(Op::BroadcastTo, 1, &[("shape", ints(to))]), &[x]));
+        }
+        each_dtype(1, &[3, 4, 5], |x| check(kernel, &node(Op::Reshape, 1, &[("shape", ints(&[5, -1]))]), &[x]));
+        each_dtype(2, &[7], |x| check(kernel, &node(Op::Reshape, 1, &[("shape", ints(&[7, 1]))]), &[x]));
+        each_dtype(3, &[200, 3], |x| check(kernel, &node(Op::Reshape, 1, &[("shape", ints(&[600]))]), &[x]));
+    }
+
+    fn index(dtype: DType, shape: &[usize], v: &[i64]) -> Tensor {
+        let data = match dtype {
+            DType::I32 => Data::I32(v.iter().map(|&i| i as i32).collect()),
+            _ => Data::I64(v.to_vec()),
+        };
+        Tensor::new(shape.to_vec(), data)
+    }
+
+    #[test]
+    fn gather() {
+        // (data shape, axis, indices shape, indices)
+        type Case<'a> = (&'a [usize], i64, &'a [usize], &'a [i64]);
+        let cases: &[Case] = &[
+            (&[5, 6], 0, &[2, 3], &[0, 4, -1, 2, -5, 3]),
+            (&[4, 5], 1, &[4], &[-1, 0, -5, 3]),
+            (&[3, 5, 4], 1, &[2, 2], &[4, -2, 0, 1]),
+            (&[3, 5, 4], -1, &[], &[2]),
+            (&[10, 33], 0, &[3], &[9, 0, 9]),
+            (&[2, 3], 0, &[0], &[]),
+        ];
+        for (i, &(shape, axis, ishape, idx)) in cases.iter().enumerate() {
+            for id in [DType::I32, DType::I64] {
+                each_dtype(i as u64, shape, |x| {
+                    check(kernel, &node(Op::Gather, 2, &[("axis", Attr::Int(axis))]), &[x, index(id, ishape, idx)])
+                });
+            }
+        }
+        // Out of range, either way, whatever else the kernel would copy.
+        for (shape, ishape, idx) in [(&[5, 2][..], &[3][..], &[0, 5, 1][..]), (&[5, 2], &[2], &[-6, 0]), (&[0, 2], &[1], &[0])] {
+            for id in [DType::I32, DType::I64] {
+                let args = [random(DType::F32, shape, 0.0, 1.0, 9), index(id, ishape, idx)];
+                let n = node(Op::Gather, 2, &[]);
+                let tys: Vec<_> = args.iter().map(Tensor::ty).collect();
+                let out = TensorType::new(DType::F32, [ishape, &shape[1..]].concat());
+                if shape[0] == 0 {
+                    // Inference already refuses a gather from an empty axis.
+                    assert!(kernel(&crate::codegen::Target::by_name("native").unwrap(), "k", &n, &tys, &out).is_ok());
+                    continue;
+                }
+                for (status, _) in run_kernel(kernel, &n, &args) {
+                    assert_eq!(status, STATUS_INDEX_OUT_OF_RANGE, "{idx:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn einsum() {
+        let cases: &[(&str, &[&[usize]])] = &[
+            ("bij,bjk->bik", &[&[2, 3, 5], &[2, 5, 7]]),
+            ("bij,bjk->bik", &[&[2, 4, 33], &[2, 33, 21]]),
+            ("ij->ji", &[&[5, 7]]),
+            ("ij->i", &[&[7, 1000]]),
+            ("ij->j", &[&[300, 9]]),
+            ("ij,jk,kl->il", &[&[3, 4], &[4, 5], &[5, 6]]),
+            ("i,i->", &[&[37], &[37]]),
+            ("ij,ij->ij", &[&[5, 7], &[5, 7]]),
+            ("ij,j->ij", &[&[5, 7], &[7]]),
+            ("bhqd,bhkd->bhqk", &[&[2, 2, 3, 8], &[2, 2, 5, 8]]),
+            ("bhqk,bhkd->bhqd", &[&[2, 2, 3, 5], &[2, 2, 5, 8]]),
+            ("ij,k->ikj", &[&[3, 2], &[4]]),
+            ("ij,jk->ik", &[&[3, 0], &[0, 6]]),
+        ];
+        for (i, &(eq, shapes)) in cases.iter().enumerate() {
+            let args: Vec<Tensor> = shapes.iter().enumerate().map(|(k, s)| random(DType::F32, s, -1.0, 1.0, (i * 10 + k) as u64)).collect();
+            check(kernel, &node(Op::Einsum, args.len(), &[("equation", Attr::Str(eq.into()))]), &args);
+        }
+    }
+
+    #[test]
+    fn collapse_merges_contiguous_dims() {
+        let dims = [Dim::new(2, &[12, 12]), Dim::new(1, &[5, 5]), Dim::new(3, &[4, 4]), Dim::new(4, &[1, 1])];
+        assert_eq!(collapse(&dims), [Dim::new(24, &[1, 1])]);
+        let transposed = [Dim::new(3, &[1, 4]), Dim::new(4, &[3, 1])];
+        assert_eq!(collapse(&transposed), transposed);
+    }
+}

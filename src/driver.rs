@@ -1,0 +1,114 @@
+//! Glue between the compiler, the artifact container and the runner: writing a `Compiled`
+//! as an artifact, opening an artifact into a runnable `Loaded`, a make-style depfile, and
+//! the text of `meshc inspect`.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, Context, Result};
+use meshc_ir::{Graph, ParamData};
+
+use crate::artifact::{Artifact, SectionKind, Writer};
+use crate::compile::Compiled;
+use crate::program::{Exec, Library, Meta, Program, Storage, ALIGN};
+use crate::runner::{Code, Loaded};
+
+/// Writes `c` as one artifact file. Programs are stored as a list, one per device.
+pub fn write_artifact(c: &Compiled, out: &Path) -> Result<()> {
+    let meta = serde_json::to_vec_pretty(&c.meta)?;
+    let programs = serde_json::to_vec_pretty(&[&c.program])?;
+    let mut w = Writer::new();
+    w.add_section(SectionKind::Meta, 8, meta)?;
+    w.add_section(SectionKind::Program, 8, programs)?;
+    w.add_section(SectionKind::Code, 64, &c.code[..])?;
+    w.add_section(SectionKind::Weights, ALIGN, &c.weights[..])?;
+    w.write(out)
+}
+
+fn parse_sections(art: &Artifact, file: &str) -> Result<(Meta, Program)> {
+    let section = |k: SectionKind| art.section(k).ok_or_else(|| anyhow!("{file}: no {} section", k.name()));
+    let meta: Meta = serde_json::from_slice(section(SectionKind::Meta)?).with_context(|| format!("{file}: bad meta section"))?;
+    let mut programs: Vec<Program> =
+        serde_json::from_slice(section(SectionKind::Program)?).with_context(|| format!("{file}: bad program section"))?;
+    if programs.len() != 1 || meta.devices != 1 {
+        return Err(anyhow!("{file}: this runner runs single-device programs; the artifact has {}", programs.len()));
+    }
+    Ok((meta, programs.remove(0)))
+}
+
+/// Opens a verified artifact for running. The code is mapped executable only after the
+/// container verified it (`Artifact::map_code`) and the metadata parsed.
+pub fn load_artifact<'a>(art: &'a Artifact, file: &str) -> Result<Loaded<'a>> {
+    let (meta, program) = parse_sections(art, file)?;
+    let weights = art.section(SectionKind::Weights).unwrap_or(&[]);
+    let code = art.map_code()?;
+    Loaded::new(meta, program, Code::Mapped(code), weights).with_context(|| file.to_string())
+}
+
+/// Every file an artifact is built from: the graph and its param files.
+pub fn dependencies(graph_path: &Path, g: &Graph) -> Vec<PathBuf> {
+    let base = graph_path.parent().unwrap_or(Path::new("."));
+    let mut deps = vec![graph_path.to_path_buf()];
+    for p in &g.params {
+        if let ParamData::File { path, .. } = &p.data {
+            let f = base.join(path);
+            if !deps.contains(&f) {
+                deps.push(f);
+            }
+        }
+    }
+    deps
+}
+
+/// A make rule `OUT: DEP ...` with spaces escaped the way make reads them.
+pub fn depfile(out: &Path, deps: &[PathBuf]) -> String {
+    let esc = |p: &Path| p.display().to_string().replace(' ', "\\ ");
+    let mut s = format!("{}:", esc(out));
+    for d in deps {
+        s.push_str(" \\\n  ");
+        s.push_str(&esc(d));
+    }
+    s.push('\n');
+    s
+}
+
+/// The report of `meshc inspect`: sections, metadata, kernels, buffers and steps.
+pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
+    let (meta, p) = parse_sections(art, file)?;
+    let mut s = String::new();
+    writeln!(s, "artifact {file}")?;
+    writeln!(s, "sections:")?;
+    for sec in art.sections() {
+        writeln!(s, "  {:<8} offset {:>10}  size {:>10}  crc32 {:08x}", sec.kind.name(), sec.offset, sec.size, sec.checksum)?;
+    }
+    writeln!(s, "graph {} | target {} [{}] | {} device(s)", meta.graph, meta.target, meta.features.join(" "), meta.devices)?;
+    for i in &meta.inputs {
+        writeln!(s, "input  {}: {}{:?}", i.name, i.dtype, i.shape)?;
+    }
+    for o in &meta.outputs {
+        writeln!(s, "output {}: {}{:?}", o.name, o.dtype, o.shape)?;
+    }
+    writeln!(s, "device {}: arena {} bytes, {} buffers, {} kernels, {} steps", p.device, p.arena_bytes, p.buffers.len(), p.kernels.len(), p.steps.len())?;
+    writeln!(s, "kernels:")?;
+    for (i, k) in p.kernels.iter().enumerate() {
+        writeln!(s, "  k{i:<3} {:<32} offset {:>7}  {:>6} bytes", k.name, k.offset, k.len)?;
+    }
+    writeln!(s, "buffers:")?;
+    for (i, b) in p.buffers.iter().enumerate() {
+        let at = match b.storage {
+            Storage::Arena { offset } => format!("arena+{offset}"),
+            Storage::Weights { offset } => format!("weights+{offset}"),
+        };
+        writeln!(s, "  b{i:<3} {:<24} {:>10} bytes  {at}", b.name, b.bytes)?;
+    }
+    writeln!(s, "steps:")?;
+    for st in &p.steps {
+        let exec = match &st.exec {
+            Exec::Kernel(k) => format!("kernel k{k}"),
+            Exec::Library(Library::Matmul { a, b, .. }) => format!("library gemm {a:?}x{b:?}"),
+        };
+        let bufs: Vec<String> = st.buffers.iter().map(|b| format!("b{b}")).collect();
+        writeln!(s, "  {:<24} {:<36} ({})", st.node, exec, bufs.join(", "))?;
+    }
+    Ok(s)
+}

@@ -1,0 +1,162 @@
+//! Compiled paths against the reference: every testdata graph compiled to an artifact and
+//! run (`meshc compile` + `meshc run ARTIFACT`) and compiled in memory (`meshc run GRAPH`),
+//! with both matmul paths, must reproduce the numpy-computed expected outputs within the
+//! tolerance of testdata/README.md. Also: byte-identical artifacts, the depfile, `inspect`
+//! pinned in golden/, and refusal of damaged artifacts before any code is mapped.
+
+mod common;
+
+use common::{compare_expected, golden, input_args, meshc, scratch, testdata_graphs};
+use std::path::Path;
+
+fn graph_name(g: &Path) -> String {
+    g.parent().unwrap().file_name().unwrap().to_string_lossy().to_string()
+}
+
+fn run_and_compare(program: &str, g: &Path, extra: &[&str], out: &Path) -> Result<usize, String> {
+    let mut args = vec!["run".to_string(), program.to_string()];
+    args.extend(input_args(g));
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.extend(["--output-dir".to_string(), out.display().to_string()]);
+    let run = meshc(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    if run.status != Some(0) {
+        return Err(format!("meshc {}: {run:?}", args.join(" ")));
+    }
+    compare_expected(g, out)
+}
+
+#[test]
+fn artifacts_and_in_memory_runs_match_numpy_with_both_gemm_paths() {
+    let mut failures = Vec::new();
+    for g in testdata_graphs() {
+        let name = graph_name(&g);
+        for gemm in ["cranelift", "library"] {
+            let dir = scratch(&format!("compiled-{name}-{gemm}"));
+            let art = dir.join("a.mshc");
+            let c = meshc(&["compile", &g.display().to_string(), "-o", &art.display().to_string(), "--gemm", gemm]);
+            if c.status != Some(0) {
+                failures.push(format!("{name} compile --gemm {gemm}: {c:?}"));
+                continue;
+            }
+            if let Err(e) = run_and_compare(&art.display().to_string(), &g, &[], &dir.join("out-artifact")) {
+                failures.push(format!("{name} artifact --gemm {gemm}: {e}"));
+            }
+            if let Err(e) = run_and_compare(&g.display().to_string(), &g, &["--gemm", gemm], &dir.join("out-graph")) {
+                failures.push(format!("{name} run GRAPH --gemm {gemm}: {e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn same_inputs_give_byte_identical_artifacts_and_a_depfile() {
+    let dir = scratch("determinism");
+    let g = "testdata/transformer/graph.json";
+    let (a, b) = (dir.join("a.mshc"), dir.join("b.mshc"));
+    let dep = dir.join("a.d");
+    for (out, extra) in [(&a, vec!["-MF", dep.to_str().unwrap()]), (&b, vec![])] {
+        let mut args = vec!["compile", g, "-o", out.to_str().unwrap()];
+        args.extend(extra);
+        assert_eq!(meshc(&args).status, Some(0));
+    }
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap(), "artifacts differ");
+    let depfile = std::fs::read_to_string(&dep).unwrap();
+    assert!(depfile.starts_with(&format!("{}:", a.display())), "{depfile}");
+    for f in ["testdata/transformer/graph.json", "testdata/transformer/weights/model.safetensors"] {
+        assert!(depfile.contains(f), "depfile lacks {f}: {depfile}");
+    }
+}
+
+#[test]
+fn inspect_is_pinned() {
+    let dir = scratch("inspect");
+    let mut failures = Vec::new();
+    for g in testdata_graphs() {
+        let name = graph_name(&g);
+        let art = dir.join(format!("{name}.mshc"));
+        // A fixed target and GEMM choice keep the pinned text independent of the host.
+        let c = meshc(&["compile", &g.display().to_string(), "-o", art.to_str().unwrap(), "--target", "x86-64-v3", "--gemm", "cranelift"]);
+        assert_eq!(c.status, Some(0), "{c:?}");
+        let run = meshc(&["inspect", art.to_str().unwrap()]);
+        assert_eq!(run.status, Some(0), "{run:?}");
+        // The scratch path differs per run; pin the text without it.
+        let text = run.stdout.replace(&art.display().to_string(), &format!("{name}.mshc"));
+        if let Err(e) = golden(&format!("inspect/{name}.txt"), &text) {
+            failures.push(e);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Byte offsets of each section of an artifact, from `inspect`.
+fn sections(art: &Path) -> Vec<(String, usize, usize)> {
+    let run = meshc(&["inspect", art.to_str().unwrap()]);
+    run.stdout
+        .lines()
+        .filter(|l| l.contains(" offset ") && l.contains(" crc32 "))
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w[0].to_string(), w[2].parse().unwrap(), w[4].parse().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn damaged_artifacts_are_refused_with_one_line() {
+    let dir = scratch("damaged");
+    let art = dir.join("mlp.mshc");
+    let g = "testdata/mlp/graph.json";
+    assert_eq!(meshc(&["compile", g, "-o", art.to_str().unwrap()]).status, Some(0));
+    let good = std::fs::read(&art).unwrap();
+    let secs = sections(&art);
+    assert_eq!(secs.len(), 4, "{secs:?}");
+    let x = "x=testdata/mlp/inputs/x.npy";
+    let mut cases: Vec<(String, Vec<u8>)> = Vec::new();
+    for (kind, offset, size) in &secs {
+        let mut bad = good.clone();
+        bad[offset + size / 2] ^= 0x40;
+        cases.push((format!("flipped byte in {kind}"), bad));
+    }
+    cases.push(("truncated".into(), good[..good.len() - 100].to_vec()));
+    cases.push(("truncated header".into(), good[..20].to_vec()));
+    let mut magic = good.clone();
+    magic[0] = b'X';
+    cases.push(("wrong magic".into(), magic));
+    let mut version = good.clone();
+    version[8] = 99;
+    cases.push(("wrong version".into(), version));
+    for (what, bytes) in cases {
+        let path = dir.join("bad.mshc");
+        std::fs::write(&path, &bytes).unwrap();
+        for cmd in [vec!["run", path.to_str().unwrap(), "--input", x], vec!["inspect", path.to_str().unwrap()]] {
+            let r = meshc(&cmd);
+            assert_eq!(r.status, Some(1), "{what}: {r:?}");
+            assert_eq!(r.stderr.lines().count(), 1, "{what}: {r:?}");
+        }
+    }
+}
+
+#[test]
+fn run_refuses_bad_inputs_with_pinned_errors() {
+    let dir = scratch("run-inputs");
+    let art = dir.join("mlp.mshc");
+    assert_eq!(meshc(&["compile", "testdata/mlp/graph.json", "-o", art.to_str().unwrap()]).status, Some(0));
+    let a = art.to_str().unwrap();
+    let cases: [(&str, Vec<&str>); 4] = [
+        ("run-missing-input", vec!["run", a]),
+        ("run-extra-input", vec!["run", a, "--input", "x=testdata/mlp/inputs/x.npy", "--input", "z=testdata/mlp/inputs/x.npy"]),
+        ("run-wrong-shape", vec!["run", a, "--input", "x=testdata/gelu_mlp/inputs/x.npy"]),
+        ("run-unreadable-npy", vec!["run", a, "--input", "x=testdata/bad/weights/w_truncated.npy"]),
+    ];
+    let mut failures = Vec::new();
+    for (name, args) in cases {
+        let r = meshc(&args);
+        if r.status != Some(1) || r.stderr.lines().count() != 1 {
+            failures.push(format!("{name}: {r:?}"));
+        } else if let Err(e) = golden(&format!("cli/{name}.txt"), &r.stderr) {
+            failures.push(e);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
