@@ -104,6 +104,29 @@ impl Tensor {
         self.data.len()
     }
 
+    /// The raw little-endian bytes of the elements (bool as one byte 0/1): the layout of
+    /// weights in the artifact and of buffers at run time.
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        match &self.data {
+            Data::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Data::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Data::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Data::Bool(v) => v.iter().map(|&b| b as u8).collect(),
+        }
+    }
+
+    /// The inverse of `to_le_bytes`; `bytes` must hold exactly `ty.size_bytes()` bytes.
+    pub fn from_le_bytes(ty: &TensorType, bytes: &[u8]) -> Tensor {
+        debug_assert_eq!(bytes.len(), ty.size_bytes());
+        let data = match ty.dtype {
+            DType::F32 => Data::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect()),
+            DType::I32 => Data::I32(bytes.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes"))).collect()),
+            DType::I64 => Data::I64(bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()),
+            DType::Bool => Data::Bool(bytes.iter().map(|&b| b != 0).collect()),
+        };
+        Tensor::new(ty.shape.clone(), data)
+    }
+
     pub fn as_f32(&self) -> Option<&[f32]> {
         match &self.data {
             Data::F32(v) => Some(v),
