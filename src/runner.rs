@@ -79,6 +79,8 @@ pub struct Loaded<'w> {
     pub program: Program,
     code: Code,
     weights: &'w [u8],
+    /// Allocated once: repeated runs (`--bench`) reuse its pages.
+    arena: std::sync::Mutex<AlignedBuf>,
 }
 
 impl<'w> Loaded<'w> {
@@ -108,7 +110,8 @@ impl<'w> Loaded<'w> {
         if let Some(b) = program.buffers.iter().find(|b| !check(b)) {
             bail!("buffer '{}' lies outside its storage", b.name);
         }
-        Ok(Loaded { meta, program, code, weights })
+        let arena = std::sync::Mutex::new(AlignedBuf::zeroed(program.arena_bytes)?);
+        Ok(Loaded { meta, program, code, weights, arena })
     }
 
     fn kernel(&self, k: usize) -> KernelFn {
@@ -141,9 +144,19 @@ impl<'w> Loaded<'w> {
 
     /// Runs the program once.
     pub fn run(&self, inputs: &HashMap<String, Tensor>) -> Result<BTreeMap<String, Tensor>> {
+        self.run_timed(inputs, &mut |_, _| {})
+    }
+
+    /// Runs the program once, reporting each step's index and wall time to `timed` (the
+    /// per-step profile behind `--bench` and the kernel benchmarks).
+    pub fn run_timed(
+        &self,
+        inputs: &HashMap<String, Tensor>,
+        timed: &mut dyn FnMut(usize, std::time::Duration),
+    ) -> Result<BTreeMap<String, Tensor>> {
         self.check_inputs(inputs)?;
         let p = &self.program;
-        let mut arena = AlignedBuf::zeroed(p.arena_bytes)?;
+        let mut arena = self.arena.lock().map_err(|_| anyhow!("a previous run panicked"))?;
         let base = arena.as_mut_slice().as_mut_ptr();
         let ptrs: Vec<*mut u8> = p
             .buffers
@@ -156,12 +169,13 @@ impl<'w> Loaded<'w> {
             })
             .collect();
         for (spec, &b) in self.meta.inputs.iter().zip(&p.inputs) {
-            let bytes = inputs[&spec.name].to_le_bytes();
+            let t = &inputs[&spec.name];
             // SAFETY: the buffer has exactly the input's byte size (checked by check_inputs).
-            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptrs[b], bytes.len()) };
+            t.write_le_bytes(unsafe { std::slice::from_raw_parts_mut(ptrs[b], t.ty().size_bytes()) });
         }
         let mut args: Vec<*mut u8> = Vec::new();
-        for step in &p.steps {
+        for (i, step) in p.steps.iter().enumerate() {
+            let start = std::time::Instant::now();
             args.clear();
             args.extend(step.buffers.iter().map(|&b| ptrs[b]));
             match &step.exec {
@@ -188,6 +202,7 @@ impl<'w> Loaded<'w> {
                     library::matmul(x, y, o, a, b, out)?;
                 }
             }
+            timed(i, start.elapsed());
         }
         let mut results = BTreeMap::new();
         for (spec, &b) in self.meta.outputs.iter().zip(&p.outputs) {

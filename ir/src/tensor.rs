@@ -107,11 +107,24 @@ impl Tensor {
     /// The raw little-endian bytes of the elements (bool as one byte 0/1): the layout of
     /// weights in the artifact and of buffers at run time.
     pub fn to_le_bytes(&self) -> Vec<u8> {
+        let mut out = vec![0; self.ty().size_bytes()];
+        self.write_le_bytes(&mut out);
+        out
+    }
+
+    /// Writes the bytes of `to_le_bytes` into `dst` (exactly that long) without an
+    /// intermediate vector.
+    pub fn write_le_bytes(&self, dst: &mut [u8]) {
+        fn put<const N: usize, T: Copy>(dst: &mut [u8], v: &[T], f: impl Fn(T) -> [u8; N]) {
+            for (d, &x) in dst.chunks_exact_mut(N).zip(v) {
+                d.copy_from_slice(&f(x));
+            }
+        }
         match &self.data {
-            Data::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Data::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Data::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Data::Bool(v) => v.iter().map(|&b| b as u8).collect(),
+            Data::F32(v) => put(dst, v, f32::to_le_bytes),
+            Data::I32(v) => put(dst, v, i32::to_le_bytes),
+            Data::I64(v) => put(dst, v, i64::to_le_bytes),
+            Data::Bool(v) => put(dst, v, |b: bool| [b as u8]),
         }
     }
 

@@ -167,3 +167,33 @@ pub struct Generated {
     pub func: Function,
     pub scratch: usize,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cranelift_codegen::ir::{ExtFuncData, ExternalName, InstBuilder, UserExternalName};
+    use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+
+    /// A kernel that calls out (and so would need its callee's address patched in) is
+    /// refused: artifact code must run unrelocated.
+    #[test]
+    fn kernels_needing_relocation_are_refused() {
+        let target = Target::by_name("native").unwrap();
+        let mut func = kernel_function(&target, "calls_out");
+        let mut fctx = FunctionBuilderContext::new();
+        let mut b = FunctionBuilder::new(&mut func, &mut fctx);
+        let entry = b.create_block();
+        b.append_block_params_for_function_params(entry);
+        b.switch_to_block(entry);
+        let sig = b.import_signature(Signature::new(CallConv::SystemV));
+        let name = b.func.declare_imported_user_function(UserExternalName::new(0, 0));
+        let callee = b.import_function(ExtFuncData { name: ExternalName::user(name), signature: sig, colocated: false, patchable: false });
+        b.ins().call(callee, &[]);
+        let zero = b.ins().iconst(types::I32, 0);
+        b.ins().return_(&[zero]);
+        b.seal_all_blocks();
+        b.finalize(target.isa.frontend_config());
+        let err = compile(&target, func).unwrap_err().to_string();
+        assert!(err.contains("needs a relocation"), "{err}");
+    }
+}

@@ -1,0 +1,189 @@
+//! `cargo bench --bench pipeline`: kernel throughput (softmax, layer_norm, a fused GELU
+//! chain, against memcpy), end-to-end latency and compile time of every testdata graph, and
+//! artifact load time for two weight sizes. Prints a table; figures are best-of-N or median
+//! wall times on this machine, measured in one run.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use meshc::compile::{self, Compiled, Options};
+use meshc::runner::{AlignedBuf, Code, Loaded};
+use meshc::{codegen, driver};
+use meshc_ir::{load, params, text, verify, Data, Graph, Tensor};
+
+/// Median wall time of `f` in seconds, after one warm-up call.
+fn median(n: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut t: Vec<f64> = (0..n)
+        .map(|_| {
+            let s = Instant::now();
+            f();
+            s.elapsed().as_secs_f64()
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t[t.len() / 2]
+}
+
+fn compile_text(src: &str, params: &HashMap<String, Tensor>) -> Compiled {
+    let g = text::parse(src).expect("bench graph parses");
+    let info = verify::verify(&g).expect("bench graph verifies");
+    compile::compile(&g, &info, params, &Options::default()).expect("bench graph compiles")
+}
+
+fn random(shape: &[usize], seed: u32) -> Tensor {
+    let n: usize = shape.iter().product();
+    let mut s = seed.wrapping_mul(2654435761).max(1);
+    let v = (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s as f32 / u32::MAX as f32) * 4.0 - 2.0
+        })
+        .collect();
+    Tensor::new(shape.to_vec(), Data::F32(v))
+}
+
+fn loaded(c: Compiled, weights: &AlignedBuf) -> Loaded<'_> {
+    let code = Code::Copied(codegen::ExecCode::new(&c.code).unwrap());
+    Loaded::new(c.meta, c.program, code, weights.as_slice()).unwrap()
+}
+
+/// Runs a compiled graph in memory `n` times; median seconds per whole run.
+fn time_compiled(c: Compiled, inputs: &HashMap<String, Tensor>, n: usize) -> f64 {
+    let weights = AlignedBuf::from_bytes(&c.weights).unwrap();
+    let l = loaded(c, &weights);
+    median(n, || {
+        l.run(inputs).unwrap();
+    })
+}
+
+/// Median seconds of the steps alone (no input/output copies) over `n` runs.
+fn time_steps(c: Compiled, inputs: &HashMap<String, Tensor>, n: usize) -> f64 {
+    let weights = AlignedBuf::from_bytes(&c.weights).unwrap();
+    let l = loaded(c, &weights);
+    let mut runs = Vec::new();
+    for _ in 0..=n {
+        let mut total = 0.0;
+        l.run_timed(inputs, &mut |_, d| total += d.as_secs_f64()).unwrap();
+        runs.push(total);
+    }
+    runs.remove(0); // warm-up
+    runs.sort_by(f64::total_cmp);
+    runs[runs.len() / 2]
+}
+
+fn kernels() {
+    println!("\n## Kernels (one thread; GB/s counts bytes read + written once)");
+    println!("| kernel | shape | median ms | GB/s | vs memcpy |");
+    println!("|---|---|---|---|---|");
+    let (rows, cols) = (4096usize, 4096usize);
+    let bytes = rows * cols * 4;
+    let src = vec![1.0f32; rows * cols];
+    let mut dst = vec![0.0f32; rows * cols];
+    let t_copy = median(9, || dst.copy_from_slice(std::hint::black_box(&src)));
+    let copy_gbs = 2.0 * bytes as f64 / t_copy / 1e9;
+    println!("| memcpy | {rows}x{cols} f32 | {:.2} | {copy_gbs:.1} | 1.00 |", t_copy * 1e3);
+    let x = random(&[rows, cols], 1);
+    let row = |seed| random(&[cols], seed);
+    let cases: Vec<(&str, String, HashMap<String, Tensor>)> = vec![
+        (
+            "fused gelu(x*a+b)",
+            format!("graph g {{ input x: f32[{rows},{cols}] param a: f32[{cols}] = init ones param b: f32[{cols}] = init zeros m = mul(x, a) s = add(m, b) y = gelu(s) output y }}"),
+            HashMap::from([("a".to_string(), row(2)), ("b".to_string(), row(3))]),
+        ),
+        ("softmax(axis=-1)", format!("graph g {{ input x: f32[{rows},{cols}] y = softmax(x) output y }}"), HashMap::new()),
+        (
+            "layer_norm(axis=-1)",
+            format!("graph g {{ input x: f32[{rows},{cols}] param a: f32[{cols}] = init ones param b: f32[{cols}] = init zeros y = layer_norm(x, a, b) output y }}"),
+            HashMap::from([("a".to_string(), row(2)), ("b".to_string(), row(3))]),
+        ),
+    ];
+    for (name, src, params) in cases {
+        let c = compile_text(&src, &params);
+        let inputs = HashMap::from([("x".to_string(), x.clone())]);
+        let k = time_steps(c, &inputs, 7);
+        let gbs = 2.0 * bytes as f64 / k / 1e9;
+        println!("| {name} | {rows}x{cols} f32 | {:.2} | {gbs:.1} | {:.2} |", k * 1e3, copy_gbs / gbs);
+    }
+}
+
+fn testdata_graphs() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> =
+        std::fs::read_dir("testdata").unwrap().map(|e| e.unwrap().path().join("graph.json")).filter(|p| p.is_file()).collect();
+    v.sort();
+    v
+}
+
+fn load_inputs(g: &Graph, graph: &Path) -> HashMap<String, Tensor> {
+    let dir = graph.parent().unwrap().join("inputs");
+    g.inputs.iter().map(|i| (i.name.clone(), Tensor::read_npy(&dir.join(format!("{}.npy", i.name))).unwrap())).collect()
+}
+
+fn graphs() {
+    println!("\n## Testdata graphs (in-memory compile, native target)");
+    println!("| graph | compile ms | run median µs | interpreter median µs |");
+    println!("|---|---|---|---|");
+    for path in testdata_graphs() {
+        let (g, info) = load::load(&path).unwrap();
+        let ps = params::load_all(&g, path.parent().unwrap()).unwrap();
+        let inputs = load_inputs(&g, &path);
+        let t_compile = median(3, || {
+            compile::compile(&g, &info, &ps, &Options::default()).unwrap();
+        });
+        let c = compile::compile(&g, &info, &ps, &Options::default()).unwrap();
+        let t_run = time_compiled(c, &inputs, 51);
+        let mut values = inputs.clone();
+        values.extend(ps.clone());
+        let t_interp = median(5, || {
+            meshc_ir::interp::run(&g, &info.order, &info.types, values.clone()).unwrap();
+        });
+        let name = path.parent().unwrap().file_name().unwrap().to_string_lossy().to_string();
+        println!("| {name} | {:.1} | {:.1} | {:.1} |", t_compile * 1e3, t_run * 1e6, t_interp * 1e6);
+    }
+}
+
+/// Wall time of whole `meshc run` processes (start to exit, an upper bound on start to
+/// first kernel) for artifacts whose weights are 16 MiB and 256 MiB.
+fn load_time() {
+    println!("\n## Artifact load (process start to exit of `meshc run --trust-weights`)");
+    println!("| weights | artifact bytes | in-process open+load µs | process median ms |");
+    println!("|---|---|---|---|");
+    let meshc = Path::new(env!("CARGO_BIN_EXE_meshc"));
+    let dir = std::env::temp_dir().join(format!("meshc-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let x = dir.join("x.npy");
+    random(&[16], 5).write_npy(&x).unwrap();
+    for mib in [16usize, 256] {
+        let n = mib << 18; // f32 elements
+        let src = format!(
+            "graph load{mib} {{ input x: f32[16] param w: f32[{n}] = init zeros s = slice(w) {{starts = [0], ends = [16]}} y = add(x, s) output y }}"
+        );
+        let c = compile_text(&src, &HashMap::from([("w".to_string(), Tensor::new(vec![n], Data::F32(vec![0.0; n])))]));
+        let art = dir.join(format!("load{mib}.mshc"));
+        driver::write_artifact(&c, &art).unwrap();
+        let size = std::fs::metadata(&art).unwrap().len();
+        let t_open = median(21, || {
+            let a = meshc::artifact::Artifact::open_with(&art, meshc::artifact::Verify::SkipBulk).unwrap();
+            std::hint::black_box(driver::load_artifact(&a, "bench").unwrap());
+        });
+        let input = format!("x={}", x.display());
+        let t_proc = median(21, || {
+            let s = Command::new(meshc).args(["run", art.to_str().unwrap(), "--trust-weights", "--input", &input]).output().unwrap();
+            assert!(s.status.success(), "{s:?}");
+        });
+        println!("| {mib} MiB | {size} | {:.0} | {:.2} |", t_open * 1e6, t_proc * 1e3);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn main() {
+    // `cargo bench` passes --bench; nothing else is expected.
+    println!("# meshc pipeline benchmarks");
+    kernels();
+    graphs();
+    load_time();
+}
