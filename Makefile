@@ -29,14 +29,16 @@ testdata:
 bench:
 	$(CARGO) bench --bench gemm --bench pipeline
 
+# The end-to-end example: compile the transformer block into one artifact, show what is in
+# it, run it (checking its outputs against numpy's), then time it against the interpreter.
+DEMO_INPUTS = $(foreach f,$(sort $(wildcard $(DEMO)/inputs/*.npy)),--input $(basename $(notdir $(f)))=$(f))
 demo: build
+	@mkdir -p out
 	$(MESHC) check $(DEMO)/graph.json
-	$(MESHC) fmt $(DEMO)/graph.json --to text | head -n 40
-	$(MESHC) interp $(DEMO)/graph.json \
-	    $(foreach f,$(sort $(wildcard $(DEMO)/inputs/*.npy)),--input $(basename $(notdir $(f)))=$(f)) \
-	    --output-dir out/demo
-	$(MESHC) interp $(DEMO)/graph.json \
-	    $(foreach f,$(sort $(wildcard $(DEMO)/inputs/*.npy)),--input $(basename $(notdir $(f)))=$(f))
+	$(MESHC) compile $(DEMO)/graph.json -o out/transformer.mshc -MF out/transformer.mshc.d
+	$(MESHC) inspect out/transformer.mshc | head -n 24
+	$(MESHC) run out/transformer.mshc $(DEMO_INPUTS) --output-dir out/demo --check-against $(DEMO)/expected --bench 200
+	$(MESHC) interp $(DEMO)/graph.json $(DEMO_INPUTS)
 
 # Build-system use of `-MF`: an artifact is rebuilt only when its graph or a weight file it
 # reads changes — the depfile meshc writes names them all. (meshc itself is an order-only

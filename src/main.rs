@@ -77,6 +77,10 @@ enum Cmd {
         /// Skip the weights checksum when opening an artifact (load time independent of size).
         #[arg(long)]
         trust_weights: bool,
+        /// Compare every output with DIR/NAME.npy (e.g. the interpreter's or numpy's) and fail
+        /// unless |got - want| <= 1e-5 + 1e-4·|want| everywhere.
+        #[arg(long, value_name = "DIR")]
+        check_against: Option<PathBuf>,
         #[command(flatten)]
         codegen: CodegenArgs,
     },
@@ -143,9 +147,10 @@ fn main() -> ExitCode {
         Cmd::Fmt { graph, to, o } => fmt(&graph, to, o.as_deref()),
         Cmd::Interp { graph, inputs, outputs, output_dir } => interp(&graph, &inputs, &outputs, output_dir.as_deref()),
         Cmd::Compile { graph, o, codegen, depfile } => compile_cmd(&graph, &o, &codegen, depfile.as_deref()),
-        Cmd::Run { program, inputs, outputs, output_dir, bench, trust_weights, codegen } => {
+        Cmd::Run { program, inputs, outputs, output_dir, bench, trust_weights, check_against, codegen } => {
             let io = Io { inputs: &inputs, outputs: &outputs, output_dir: output_dir.as_deref() };
-            run(&program, &io, bench, trust_weights, &codegen)
+            let opts = RunOpts { bench, trust_weights, check_against: check_against.as_deref() };
+            run(&program, &io, &opts, &codegen)
         }
         Cmd::Inspect { artifact } => inspect(&artifact),
     };
@@ -324,29 +329,66 @@ fn is_artifact(path: &Path) -> bool {
     std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && magic == artifact::MAGIC
 }
 
-fn run(path: &Path, io: &Io, bench: Option<usize>, trust_weights: bool, args: &CodegenArgs) -> Result<()> {
+/// The options of `run` beyond inputs and outputs.
+struct RunOpts<'a> {
+    bench: Option<usize>,
+    trust_weights: bool,
+    check_against: Option<&'a Path>,
+}
+
+fn run(path: &Path, io: &Io, opts: &RunOpts, args: &CodegenArgs) -> Result<()> {
     let file = path.display().to_string();
     if is_artifact(path) {
-        let art = Artifact::open_with(path, if trust_weights { Verify::SkipBulk } else { Verify::All })?;
+        let art = Artifact::open_with(path, if opts.trust_weights { Verify::SkipBulk } else { Verify::All })?;
         let loaded = driver::load_artifact(&art, &file)?;
-        run_loaded(&loaded, io, bench)
+        run_loaded(&loaded, io, opts)
     } else {
         let (_, c) = compile_graph(path, args)?;
         let code = Code::Copied(codegen::ExecCode::new(&c.code)?);
         let weights = meshc::runner::AlignedBuf::from_bytes(&c.weights)?;
         let loaded = Loaded::new(c.meta, c.program, code, weights.as_slice()).with_context(|| file.clone())?;
-        run_loaded(&loaded, io, bench)
+        run_loaded(&loaded, io, opts)
     }
 }
 
-fn run_loaded(loaded: &Loaded, io: &Io, bench: Option<usize>) -> Result<()> {
+/// Compares each result with DIR/NAME.npy under the tolerance of testdata/README.md and
+/// prints the worst error per output.
+fn check_against(results: &BTreeMap<String, Tensor>, dir: &Path) -> Result<()> {
+    let mut failed = Vec::new();
+    for (name, got) in results {
+        let file = dir.join(format!("{name}.npy"));
+        let want = Tensor::read_npy(&file)?;
+        if want.ty() != got.ty() {
+            bail!("--check-against: {} holds {}, output '{name}' is {}", file.display(), want.ty(), got.ty());
+        }
+        let (mut worst, mut ok) = (0.0f64, true);
+        for (a, b) in got.data.to_f64().iter().zip(want.data.to_f64()) {
+            let err = (a - b).abs();
+            worst = worst.max(err);
+            ok &= err <= 1e-5 + 1e-4 * b.abs() || (a.is_nan() && b.is_nan());
+        }
+        println!("check {name}: max abs error {worst:.3e} against {} ({})", file.display(), if ok { "ok" } else { "FAILED" });
+        if !ok {
+            failed.push(name.as_str());
+        }
+    }
+    if !failed.is_empty() {
+        bail!("outputs {} differ from {} beyond 1e-5 + 1e-4·|want|", failed.join(", "), dir.display());
+    }
+    Ok(())
+}
+
+fn run_loaded(loaded: &Loaded, io: &Io, opts: &RunOpts) -> Result<()> {
     let expected: Vec<(String, TensorType)> =
         loaded.meta.inputs.iter().filter_map(|s| Some((s.name.clone(), s.ty()?))).collect();
     let inputs = read_inputs(&expected, io.inputs)?;
     let names: Vec<&str> = loaded.meta.outputs.iter().map(|o| o.name.as_str()).collect();
     let wanted = io.wanted(&names)?;
     let results = loaded.run(&inputs)?;
-    if let Some(n) = bench {
+    if let Some(dir) = opts.check_against {
+        check_against(&results, dir)?;
+    }
+    if let Some(n) = opts.bench {
         let mut times = Vec::with_capacity(n);
         for _ in 0..n.max(1) {
             let t = std::time::Instant::now();

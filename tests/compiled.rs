@@ -160,3 +160,33 @@ fn run_refuses_bad_inputs_with_pinned_errors() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+#[test]
+fn sse_only_target_matches_numpy() {
+    // x86-64-v2 code uses no AVX/FMA: the non-VEX paths (where unaligned memory operands
+    // fault) must be right too.
+    let mut failures = Vec::new();
+    for g in testdata_graphs() {
+        let name = graph_name(&g);
+        let out = scratch(&format!("v2-{name}"));
+        if let Err(e) = run_and_compare(&g.display().to_string(), &g, &["--target", "x86-64-v2"], &out) {
+            failures.push(format!("{name}: {e}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn check_against_fails_on_a_wrong_reference() {
+    let dir = scratch("check-against");
+    let want = meshc_ir::Tensor::read_npy(Path::new("testdata/mlp/expected/y.npy")).unwrap();
+    let bumped: Vec<f32> = want.as_f32().unwrap().iter().map(|v| v * 1.01 + 1e-3).collect();
+    meshc_ir::Tensor::f32(want.shape.clone(), bumped).write_npy(&dir.join("y.npy")).unwrap();
+    let args = ["run", "testdata/mlp/graph.json", "--input", "x=testdata/mlp/inputs/x.npy", "--check-against"];
+    let ok = meshc(&[&args[..], &["testdata/mlp/expected"]].concat());
+    assert_eq!(ok.status, Some(0), "{ok:?}");
+    assert!(ok.stdout.contains("check y: max abs error") && ok.stdout.contains("(ok)"), "{ok:?}");
+    let bad = meshc(&[&args[..], &[dir.to_str().unwrap()]].concat());
+    assert_eq!(bad.status, Some(1), "{bad:?}");
+    assert!(bad.stdout.contains("FAILED") && bad.stderr.contains("differ"), "{bad:?}");
+}
