@@ -91,8 +91,11 @@ impl KernelBuilder<'_> {
 
         self.b.switch_to_block(header);
         let i = self.b.block_params(header)[0];
-        let more = self.b.ins().icmp(IntCC::SignedLessThan, i, end);
-        self.b.ins().brif(more, body_block, &[], exit, &[]);
+        // Branch to the exit first: Cranelift's loop analysis visits the first target first,
+        // and with the body there it loses the loop and sinks loop-invariant values (splats,
+        // constants) back into the body instead of hoisting them.
+        let done = self.b.ins().icmp(IntCC::SignedGreaterThanOrEqual, i, end);
+        self.b.ins().brif(done, exit, &[], body_block, &[]);
 
         self.b.switch_to_block(body_block);
         body(self, i);

@@ -14,21 +14,14 @@
 
 use anyhow::{anyhow, bail, Result};
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::{types, InstBuilder, MemFlagsData, Type, Value};
+use cranelift_codegen::ir::{types, InstBuilder, Type, Value};
 use meshc_ir::infer::{attr_int, attr_ints, attr_str, norm_axes, norm_axis, parse_equation, slice_range};
 use meshc_ir::{DType, Node, Op, TensorType};
 
 use super::emit::{build_kernel, mem, KernelBuilder, F32X4, LANES};
 use super::math::Math;
-use super::reduce::{for_chunks, load_vec, store_vec};
+use super::reduce::{for_chunks, load_vec, store_vec, sum_run};
 use super::{Generated, Target, STATUS_INDEX_OUT_OF_RANGE};
-
-/// Flags for accesses that may be unaligned for their width (vector moves at arbitrary
-/// element offsets). `emit::mem()` claims alignment, which lets x64 fold a vector load
-/// into an SSE instruction that faults on an unaligned address when AVX is unavailable.
-pub(crate) fn vmem() -> MemFlagsData {
-    MemFlagsData::new().with_notrap()
-}
 
 /// One loop of a nest: its trip count and, per pointer the nest advances, a stride
 /// (elements or bytes, as the caller decides).
@@ -86,7 +79,12 @@ fn advance(kb: &mut KernelBuilder, ptr: Value, i: Value, stride: i64) -> Value {
 
 /// Loops over `dims` (outermost first, strides in bytes, one per pointer) and calls `body`
 /// with the pointers advanced to each point.
-pub(crate) fn for_nest(kb: &mut KernelBuilder, dims: &[Dim], ptrs: &[Value], body: &mut dyn FnMut(&mut KernelBuilder, &[Value])) {
+pub(crate) fn for_nest(
+    kb: &mut KernelBuilder,
+    dims: &[Dim],
+    ptrs: &[Value],
+    body: &mut dyn FnMut(&mut KernelBuilder, &[Value]),
+) {
     match dims.split_first() {
         None => body(kb, ptrs),
         Some((d, rest)) if d.n == 1 => for_nest(kb, rest, ptrs, body),
@@ -118,28 +116,54 @@ pub fn kernel(target: &Target, name: &str, node: &Node, inputs: &[TensorType], o
 
 /// A strided copy from operand buffer `src_buf` into the result; offsets and the
 /// `[source, destination]` strides of `dims` are in elements.
-struct Copy {
+struct StridedCopy {
     src_buf: usize,
     src_off: i64,
     dst_off: i64,
     dims: Vec<Dim>,
 }
 
-fn bad(e: String) -> anyhow::Error {
-    anyhow!(e)
+impl StridedCopy {
+    /// Whether every element it reads and writes lies inside buffers of `src_len` and
+    /// `dst_len` elements.
+    fn within(&self, src_len: usize, dst_len: usize) -> bool {
+        let inside = |off: i64, len: usize, k: usize| {
+            let (lo, hi) = self.dims.iter().fold((off, off), |(lo, hi), d| {
+                let span = (d.n as i64 - 1) * d.strides[k];
+                (lo + span.min(0), hi + span.max(0))
+            });
+            lo >= 0 && hi < len as i64
+        };
+        self.dims.iter().any(|d| d.n == 0) || (inside(self.src_off, src_len, 0) && inside(self.dst_off, dst_len, 1))
+    }
 }
 
-/// The strided copies an op amounts to.
-fn copies(node: &Node, inputs: &[TensorType], out: &TensorType) -> Result<Vec<Copy>> {
+/// The strided copies an op amounts to, checked to stay inside their buffers.
+fn copies(node: &Node, inputs: &[TensorType], out: &TensorType) -> Result<Vec<StridedCopy>> {
+    let copies = strided_copies(node, inputs, out)?;
+    let fits = |c: &StridedCopy| {
+        inputs[c.src_buf - 1].dtype == out.dtype && c.within(inputs[c.src_buf - 1].numel(), out.numel())
+    };
+    if !copies.iter().all(fits) {
+        bail!(
+            "{} of {} into {out}: the result type does not match the operands",
+            node.op,
+            inputs.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ")
+        );
+    }
+    Ok(copies)
+}
+
+fn strided_copies(node: &Node, inputs: &[TensorType], out: &TensorType) -> Result<Vec<StridedCopy>> {
     let x = inputs.first().ok_or_else(|| anyhow!("{} needs an operand", node.op))?;
     let (xs, os) = (contiguous_strides(&x.shape), contiguous_strides(&out.shape));
     let rank = x.rank();
-    let single = |src_off: i64, dims: Vec<Dim>| vec![Copy { src_buf: 1, src_off, dst_off: 0, dims }];
+    let single = |src_off: i64, dims: Vec<Dim>| vec![StridedCopy { src_buf: 1, src_off, dst_off: 0, dims }];
     Ok(match node.op {
         Op::Reshape => single(0, vec![Dim::new(out.numel(), &[1, 1])]),
         Op::Transpose => {
             let perm = match attr_ints(node, "perm") {
-                Some(p) => norm_axes(&p, rank).map_err(bad)?,
+                Some(p) => norm_axes(&p, rank).map_err(anyhow::Error::msg)?,
                 None => (0..rank).rev().collect(),
             };
             if perm.len() != rank || out.rank() != rank {
@@ -151,17 +175,18 @@ fn copies(node: &Node, inputs: &[TensorType], out: &TensorType) -> Result<Vec<Co
             let starts = attr_ints(node, "starts").unwrap_or_default();
             let ends = attr_ints(node, "ends").unwrap_or_default();
             let axes = match attr_ints(node, "axes") {
-                Some(a) => norm_axes(&a, rank).map_err(bad)?,
+                Some(a) => norm_axes(&a, rank).map_err(anyhow::Error::msg)?,
                 None => (0..starts.len()).collect(),
             };
             let steps = attr_ints(node, "steps").unwrap_or_else(|| vec![1; axes.len()]);
-            if starts.len() != axes.len() || ends.len() != axes.len() || steps.len() != axes.len() || out.rank() != rank {
+            if starts.len() != axes.len() || ends.len() != axes.len() || steps.len() != axes.len() || out.rank() != rank
+            {
                 bail!("slice starts, ends, axes and steps do not match");
             }
             let mut src_strides = xs.clone();
             let mut src_off = 0;
             for (k, &a) in axes.iter().enumerate() {
-                let (first, _) = slice_range(starts[k], ends[k], steps[k], x.shape[a]).map_err(bad)?;
+                let (first, _) = slice_range(starts[k], ends[k], steps[k], x.shape[a]).map_err(anyhow::Error::msg)?;
                 src_off += first as i64 * xs[a];
                 src_strides[a] = xs[a] * steps[k];
             }
@@ -173,13 +198,13 @@ fn copies(node: &Node, inputs: &[TensorType], out: &TensorType) -> Result<Vec<Co
             single(0, (0..out.rank()).map(|d| Dim::new(out.shape[d], &[src_stride(d), os[d]])).collect())
         }
         Op::Concat => {
-            let axis = norm_axis(attr_int(node, "axis", 0), rank).map_err(bad)?;
+            let axis = norm_axis(attr_int(node, "axis", 0), rank).map_err(anyhow::Error::msg)?;
             let mut at = 0;
             let mut copies = Vec::new();
             for (k, t) in inputs.iter().enumerate() {
                 let ts = contiguous_strides(&t.shape);
                 let dims = (0..rank).map(|d| Dim::new(t.shape[d], &[ts[d], os[d]])).collect();
-                copies.push(Copy { src_buf: k + 1, src_off: 0, dst_off: at * os[axis], dims });
+                copies.push(StridedCopy { src_buf: k + 1, src_off: 0, dst_off: at * os[axis], dims });
                 at += t.shape[axis] as i64;
             }
             copies
@@ -199,7 +224,7 @@ fn move_type(bytes: i64) -> Type {
     }
 }
 
-fn emit_copy(kb: &mut KernelBuilder, esize: i64, src: Value, dst: Value, c: &Copy) {
+fn emit_copy(kb: &mut KernelBuilder, esize: i64, src: Value, dst: Value, c: &StridedCopy) {
     if c.dims.iter().any(|d| d.n == 0) {
         return;
     }
@@ -225,11 +250,18 @@ fn emit_copy(kb: &mut KernelBuilder, esize: i64, src: Value, dst: Value, c: &Cop
     });
 }
 
-/// Stores `bytes` bytes at `dst` as pieces of `width` bytes (`piece(kb, width, offset)`
-/// gives each piece's value): a loop of four 16-byte pieces, then single pieces, the last
-/// one ending exactly at `bytes` (overlapping the previous piece rather than running past
-/// the end). `width` must not exceed `bytes`, and offsets stay multiples of it.
-fn store_run(kb: &mut KernelBuilder, dst: Value, bytes: i64, width: i64, piece: &mut dyn FnMut(&mut KernelBuilder, Value, i64) -> Value) {
+/// Stores `bytes` bytes at `dst` as pieces of `width` bytes (`piece(kb, base, offset)`
+/// gives the piece at byte `base + offset`, `base` a loop value): a loop of four 16-byte
+/// pieces, then single pieces, the last one ending exactly at `bytes` (overlapping the
+/// previous piece rather than running past the end). `width` must not exceed `bytes`;
+/// every offset is a multiple of the gcd of `width` and `bytes`.
+fn store_run(
+    kb: &mut KernelBuilder,
+    dst: Value,
+    bytes: i64,
+    width: i64,
+    piece: &mut dyn FnMut(&mut KernelBuilder, Value, i64) -> Value,
+) {
     let unrolled = if width == 16 { 4 * width } else { width };
     let looped = bytes / unrolled * unrolled;
     if looped > unrolled {
@@ -237,7 +269,7 @@ fn store_run(kb: &mut KernelBuilder, dst: Value, bytes: i64, width: i64, piece: 
             for k in 0..unrolled / width {
                 let v = piece(kb, i, k * width);
                 let d = kb.b.ins().iadd(dst, i);
-                kb.b.ins().store(vmem(), v, d, (k * width) as i32);
+                kb.b.ins().store(mem(), v, d, (k * width) as i32);
             }
         });
     }
@@ -246,7 +278,7 @@ fn store_run(kb: &mut KernelBuilder, dst: Value, bytes: i64, width: i64, piece: 
     while at < bytes {
         let off = at.min(bytes - width);
         let v = piece(kb, zero, off);
-        kb.b.ins().store(vmem(), v, dst, off as i32);
+        kb.b.ins().store(mem(), v, dst, off as i32);
         at = off + width;
     }
 }
@@ -257,7 +289,7 @@ fn copy_run(kb: &mut KernelBuilder, dst: Value, src: Value, bytes: i64) {
     let ty = move_type(width);
     store_run(kb, dst, bytes, width, &mut |kb, i, off| {
         let s = kb.b.ins().iadd(src, i);
-        kb.b.ins().load(ty, vmem(), s, off as i32)
+        kb.b.ins().load(ty, mem(), s, off as i32)
     });
 }
 
@@ -276,9 +308,15 @@ fn fill_run(kb: &mut KernelBuilder, dst: Value, src: Value, esize: i64, n: i64) 
 
 /// numpy `take`: validates every index first (so a bad index fails the kernel even when
 /// the result is empty, as in the interpreter), then copies one `data` run per index.
-fn gather(target: &Target, name: &str, node: &Node, inputs: &[TensorType], out: &TensorType) -> Result<cranelift_codegen::ir::Function> {
+fn gather(
+    target: &Target,
+    name: &str,
+    node: &Node,
+    inputs: &[TensorType],
+    out: &TensorType,
+) -> Result<cranelift_codegen::ir::Function> {
     let [data, idx] = inputs else { bail!("gather takes data and indices") };
-    let axis = norm_axis(attr_int(node, "axis", 0), data.rank()).map_err(bad)?;
+    let axis = norm_axis(attr_int(node, "axis", 0), data.rank()).map_err(anyhow::Error::msg)?;
     let ity = match idx.dtype {
         DType::I32 => types::I32,
         DType::I64 => types::I64,
@@ -291,7 +329,7 @@ fn gather(target: &Target, name: &str, node: &Node, inputs: &[TensorType], out: 
     let inner: usize = data.shape[axis + 1..].iter().product();
     let run = inner as i64 * esize;
     let count = idx.numel() as i64;
-    if out.numel() != outer * idx.numel() * inner {
+    if out.numel() != outer * idx.numel() * inner || out.dtype != data.dtype {
         bail!("gather result {out} does not match its operands");
     }
     Ok(build_kernel(target, name, |kb| {
@@ -332,11 +370,19 @@ fn gather(target: &Target, name: &str, node: &Node, inputs: &[TensorType], out: 
 
 /// einsum as a loop nest: output letters outside, summed letters inside, one accumulator
 /// per output element. When the last output letter is contiguous (or absent) in every
-/// operand, it is vectorised: `CHUNK` output elements at a time, in f32x4 accumulators.
-/// Otherwise each output element is a scalar sum, accumulated in f64 like the
-/// interpreter.
-fn einsum(target: &Target, name: &str, node: &Node, inputs: &[TensorType], out: &TensorType) -> Result<cranelift_codegen::ir::Function> {
-    let (terms, out_letters) = parse_equation(attr_str(node, "equation", ""), inputs.len()).map_err(bad)?;
+/// operand, it is vectorised: `CHUNK` output elements at a time, in f32x4 accumulators
+/// (`bij,bjk->bik`). Else, when the last summed letter is, each output element is a
+/// vectorised dot product (`bqd,bkd->bqk`). Otherwise each output element is a scalar
+/// sum, accumulated in f64 like the interpreter.
+fn einsum(
+    target: &Target,
+    name: &str,
+    node: &Node,
+    inputs: &[TensorType],
+    out: &TensorType,
+) -> Result<cranelift_codegen::ir::Function> {
+    let (terms, out_letters) =
+        parse_equation(attr_str(node, "equation", ""), inputs.len()).map_err(anyhow::Error::msg)?;
     // Per letter: its size and its element stride in [result, operand 0, operand 1, ...].
     let mut letters: Vec<(char, Dim)> = Vec::new();
     for (k, (term, t)) in terms.iter().zip(inputs).enumerate() {
@@ -361,7 +407,10 @@ fn einsum(target: &Target, name: &str, node: &Node, inputs: &[TensorType], out: 
     let os = contiguous_strides(&out.shape);
     let mut outer = Vec::new();
     for (d, c) in out_letters.iter().enumerate() {
-        let (_, dim) = letters.iter_mut().find(|(l, _)| l == c).ok_or_else(|| anyhow!("einsum output letter '{c}' is in no operand"))?;
+        let (_, dim) = letters
+            .iter_mut()
+            .find(|(l, _)| l == c)
+            .ok_or_else(|| anyhow!("einsum output letter '{c}' is in no operand"))?;
         dim.strides[0] = os[d];
         outer.push(dim.clone());
     }
@@ -373,27 +422,65 @@ fn einsum(target: &Target, name: &str, node: &Node, inputs: &[TensorType], out: 
     }
     // Empty dims need no care: a loop over 0 leaves the sums at 0 or runs nothing.
     let mut outer = collapse(&outer);
-    let summed: Vec<Dim> = collapse(&summed).iter().map(|d| d.scaled(4)).collect();
-    let vector = outer.last().filter(|d| d.n >= LANES && d.strides.iter().all(|&s| s == 0 || s == 1)).cloned();
-    if vector.is_some() {
-        outer.pop();
-    }
+    let mut summed = collapse(&summed);
+    // Vectorise along the last output letter if every operand walks it contiguously (or
+    // not at all); failing that, along the last summed letter (each result a dot product).
+    let vector = pop_contiguous(&mut outer);
+    let dot = if vector.is_none() { pop_contiguous(&mut summed) } else { None };
     let outer: Vec<Dim> = outer.iter().map(|d| d.scaled(4)).collect();
+    let summed: Vec<Dim> = summed.iter().map(|d| d.scaled(4)).collect();
     Ok(build_kernel(target, name, |kb| {
         let ptrs: Vec<Value> = (0..=inputs.len()).map(|i| kb.buf(i)).collect();
-        for_nest(kb, &outer, &ptrs, &mut |kb, p| match &vector {
-            Some(v) => for_chunks(kb, v.n, &mut |kb, first, len| {
+        for_nest(kb, &outer, &ptrs, &mut |kb, p| match (&vector, &dot) {
+            (Some(v), _) => for_chunks(kb, v.n, &mut |kb, first, len| {
                 let at: Vec<Value> = p.iter().zip(&v.strides).map(|(&q, &s)| advance(kb, q, first, 4 * s)).collect();
-                einsum_chunk(kb, target, &at, &v.strides, &summed, len);
+                einsum_chunk(kb, target, &at, &v.strides[1..], &summed, len);
             }),
-            _ => einsum_scalar(kb, p, &summed),
+            (None, Some(d)) => einsum_dot(kb, target, p, &d.strides, &summed, d.n),
+            (None, None) => einsum_scalar(kb, p, &summed),
         });
     }))
 }
 
-/// One chunk of `len` (<= CHUNK) contiguous output elements; `contiguous[k + 1]` says
-/// whether operand k walks along with them (stride 1) or stays put (stride 0).
-fn einsum_chunk(kb: &mut KernelBuilder, target: &Target, p: &[Value], contiguous: &[i64], summed: &[Dim], len: usize) {
+/// Removes and returns the last dim if it is worth vectorising: at least a vector long,
+/// with every stride 0 or 1.
+fn pop_contiguous(dims: &mut Vec<Dim>) -> Option<Dim> {
+    let last = dims.last().filter(|d| d.n >= LANES && d.strides.iter().all(|&s| s == 0 || s == 1))?.clone();
+    dims.pop();
+    Some(last)
+}
+
+/// Per operand, along the vectorised letter: its element splatted if it stays put
+/// (stride 0), else `None` (it is loaded a vector at a time).
+fn fixed_factors(kb: &mut KernelBuilder, q: &[Value], strides: &[i64]) -> Vec<Option<Value>> {
+    q.iter()
+        .zip(strides)
+        .map(|(&ptr, &s)| {
+            (s == 0).then(|| {
+                let x = kb.b.ins().load(types::F32, mem(), ptr, 0);
+                kb.b.ins().splat(F32X4, x)
+            })
+        })
+        .collect()
+}
+
+/// The operands' factors for the `width` elements `off` bytes along the vectorised letter.
+fn factors(kb: &mut KernelBuilder, q: &[Value], fixed: &[Option<Value>], off: Value, width: usize) -> Vec<Value> {
+    q.iter()
+        .zip(fixed)
+        .map(|(&ptr, f)| match f {
+            Some(v) => *v,
+            None => {
+                let at = kb.b.ins().iadd(ptr, off);
+                load_vec(kb, at, width)
+            }
+        })
+        .collect()
+}
+
+/// One chunk of `len` (<= CHUNK) contiguous output elements, one f32x4 accumulator per
+/// vector; `strides` (0 or 1, per operand) say which operands walk along with the chunk.
+fn einsum_chunk(kb: &mut KernelBuilder, target: &Target, p: &[Value], strides: &[i64], summed: &[Dim], len: usize) {
     let vectors: Vec<usize> = (0..len.div_ceil(LANES)).map(|s| (len - s * LANES).min(LANES)).collect();
     let zero = kb.splat(0.0);
     let acc: Vec<_> = vectors.iter().map(|_| kb.b.declare_var(F32X4)).collect();
@@ -401,30 +488,13 @@ fn einsum_chunk(kb: &mut KernelBuilder, target: &Target, p: &[Value], contiguous
         kb.b.def_var(a, zero);
     }
     for_nest(kb, summed, &p[1..], &mut |kb, q| {
-        let splats: Vec<Option<Value>> = q
-            .iter()
-            .zip(&contiguous[1..])
-            .map(|(&ptr, &s)| {
-                (s == 0).then(|| {
-                    let x = kb.b.ins().load(types::F32, mem(), ptr, 0);
-                    kb.b.ins().splat(F32X4, x)
-                })
-            })
-            .collect();
+        let fixed = fixed_factors(kb, q, strides);
         for (slot, (&a, &width)) in acc.iter().zip(&vectors).enumerate() {
-            let mut factors: Vec<Value> = Vec::with_capacity(q.len());
-            for (&ptr, s) in q.iter().zip(&splats) {
-                factors.push(match s {
-                    Some(v) => *v,
-                    None => {
-                        let at = kb.b.ins().iadd_imm_s(ptr, (slot * 16) as i64);
-                        load_vec(kb, at, width)
-                    }
-                });
-            }
-            let last = factors.pop().expect("einsum has an operand");
+            let off = kb.iconst((slot * LANES * 4) as i64);
+            let mut f = factors(kb, q, &fixed, off, width);
+            let last = f.pop().expect("einsum has an operand");
             let sum = kb.b.use_var(a);
-            let next = match factors.split_first() {
+            let next = match f.split_first() {
                 None => kb.b.ins().fadd(sum, last),
                 Some((&first, rest)) => {
                     let prod = rest.iter().fold(first, |x, &y| kb.b.ins().fmul(x, y));
@@ -436,9 +506,29 @@ fn einsum_chunk(kb: &mut KernelBuilder, target: &Target, p: &[Value], contiguous
     });
     for (slot, (&a, &width)) in acc.iter().zip(&vectors).enumerate() {
         let v = kb.b.use_var(a);
-        let at = kb.b.ins().iadd_imm_s(p[0], (slot * 16) as i64);
+        let at = kb.b.ins().iadd_imm_s(p[0], (slot * LANES * 4) as i64);
         store_vec(kb, v, at, width);
     }
+}
+
+/// One output element: for each point of the outer `summed` letters, the dot product of
+/// the operands' contiguous runs of `n` elements along the last summed letter.
+fn einsum_dot(kb: &mut KernelBuilder, target: &Target, p: &[Value], strides: &[i64], summed: &[Dim], n: usize) {
+    let acc = kb.b.declare_var(types::F32);
+    let zero = kb.f32const(0.0);
+    kb.b.def_var(acc, zero);
+    for_nest(kb, summed, &p[1..], &mut |kb, q| {
+        let fixed = fixed_factors(kb, q, strides);
+        let dot = sum_run(kb, target, n, &mut |kb, off, width| {
+            let f = factors(kb, q, &fixed, off, width);
+            f[1..].iter().fold(f[0], |x, &y| kb.b.ins().fmul(x, y))
+        });
+        let sum = kb.b.use_var(acc);
+        let next = kb.b.ins().fadd(sum, dot);
+        kb.b.def_var(acc, next);
+    });
+    let sum = kb.b.use_var(acc);
+    kb.b.ins().store(mem(), sum, p[0], 0);
 }
 
 /// One output element: the f64 sum over `summed` of the f64 product of the operands.
@@ -563,7 +653,10 @@ pub(crate) mod testing {
             .map(|t| {
                 let target = Target::by_name(t).unwrap();
                 let g = gen(&target, "k", n, &tys, &out).unwrap_or_else(|e| panic!("{} {:?}: {e}", n.op, n.attrs));
-                let mut bufs: Vec<Buf> = std::iter::once(vec![0u8; out.size_bytes()]).chain(args.iter().map(to_bytes)).map(|b| Buf::new(&b)).collect();
+                let mut bufs: Vec<Buf> = std::iter::once(vec![0u8; out.size_bytes()])
+                    .chain(args.iter().map(to_bytes))
+                    .map(|b| Buf::new(&b))
+                    .collect();
                 let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b.store[b.at..]).collect();
                 let status = run(&target, g.func, &mut slices);
                 assert!(bufs.iter().all(Buf::guard_intact), "{} {:?} on {t}: wrote past a buffer", n.op, n.attrs);
@@ -581,7 +674,8 @@ pub(crate) mod testing {
         let refs: Vec<&Tensor> = args.iter().collect();
         let want = eval_node(n, &refs, &out_type(n, args)).expect("interpreter");
         for (status, got) in run_kernel(gen, n, args) {
-            let what = format!("{} {:?} on {:?}", n.op, n.attrs, args.iter().map(|a| a.ty().to_string()).collect::<Vec<_>>());
+            let what =
+                format!("{} {:?} on {:?}", n.op, n.attrs, args.iter().map(|a| a.ty().to_string()).collect::<Vec<_>>());
             assert_eq!(status, 0, "{what}");
             match (&got.data, &want.data) {
                 (Data::F32(g), Data::F32(w)) => {
@@ -655,7 +749,8 @@ mod tests {
         ];
         for (i, &(axis, shapes)) in cases.iter().enumerate() {
             for d in DType::ALL {
-                let args: Vec<Tensor> = shapes.iter().enumerate().map(|(k, s)| random(d, s, -50.0, 50.0, (i * 10 + k) as u64)).collect();
+                let args: Vec<Tensor> =
+                    shapes.iter().enumerate().map(|(k, s)| random(d, s, -50.0, 50.0, (i * 10 + k) as u64)).collect();
                 check(kernel, &node(Op::Concat, args.len(), &[("axis", Attr::Int(axis))]), &args);
             }
         }
@@ -663,8 +758,14 @@ mod tests {
 
     #[test]
     fn broadcast_and_reshape() {
-        let cases: &[(&[usize], &[i64])] =
-            &[(&[3, 1], &[2, 3, 5]), (&[5], &[4, 3, 5]), (&[1, 3, 1], &[2, 3, 4]), (&[1], &[37]), (&[2, 1, 6], &[2, 3, 6]), (&[], &[3, 2])];
+        let cases: &[(&[usize], &[i64])] = &[
+            (&[3, 1], &[2, 3, 5]),
+            (&[5], &[4, 3, 5]),
+            (&[1, 3, 1], &[2, 3, 4]),
+            (&[1], &[37]),
+            (&[2, 1, 6], &[2, 3, 6]),
+            (&[], &[3, 2]),
+        ];
         for (i, &(from, to)) in cases.iter().enumerate() {
             each_dtype(i as u64, from, |x| check(kernel, &node(Op::BroadcastTo, 1, &[("shape", ints(to))]), &[x]));
         }
@@ -701,7 +802,9 @@ mod tests {
             }
         }
         // Out of range, either way, whatever else the kernel would copy.
-        for (shape, ishape, idx) in [(&[5, 2][..], &[3][..], &[0, 5, 1][..]), (&[5, 2], &[2], &[-6, 0]), (&[0, 2], &[1], &[0])] {
+        for (shape, ishape, idx) in
+            [(&[5, 2][..], &[3][..], &[0, 5, 1][..]), (&[5, 2], &[2], &[-6, 0]), (&[0, 2], &[1], &[0])]
+        {
             for id in [DType::I32, DType::I64] {
                 let args = [random(DType::F32, shape, 0.0, 1.0, 9), index(id, ishape, idx)];
                 let n = node(Op::Gather, 2, &[]);
@@ -732,13 +835,39 @@ mod tests {
             ("ij,ij->ij", &[&[5, 7], &[5, 7]]),
             ("ij,j->ij", &[&[5, 7], &[7]]),
             ("bhqd,bhkd->bhqk", &[&[2, 2, 3, 8], &[2, 2, 5, 8]]),
+            ("bqd,bkd->bqk", &[&[2, 3, 37], &[2, 5, 37]]),
+            ("ij,j->i", &[&[6, 21], &[21]]),
+            ("ijk->i", &[&[4, 3, 10]]),
+            ("ikj,kj->i", &[&[3, 5, 6], &[5, 6]]),
+            ("ij,jk->i", &[&[3, 9], &[9, 2]]),
             ("bhqk,bhkd->bhqd", &[&[2, 2, 3, 5], &[2, 2, 5, 8]]),
             ("ij,k->ikj", &[&[3, 2], &[4]]),
             ("ij,jk->ik", &[&[3, 0], &[0, 6]]),
         ];
         for (i, &(eq, shapes)) in cases.iter().enumerate() {
-            let args: Vec<Tensor> = shapes.iter().enumerate().map(|(k, s)| random(DType::F32, s, -1.0, 1.0, (i * 10 + k) as u64)).collect();
+            let args: Vec<Tensor> =
+                shapes.iter().enumerate().map(|(k, s)| random(DType::F32, s, -1.0, 1.0, (i * 10 + k) as u64)).collect();
             check(kernel, &node(Op::Einsum, args.len(), &[("equation", Attr::Str(eq.into()))]), &args);
+        }
+    }
+
+    #[test]
+    fn refuses_mismatched_types() {
+        let t = crate::codegen::Target::by_name("native").unwrap();
+        let x = TensorType::new(DType::F32, vec![3, 4]);
+        let cases = [
+            (node(Op::Reshape, 1, &[("shape", ints(&[13]))]), TensorType::new(DType::F32, vec![13])),
+            (node(Op::Transpose, 1, &[]), TensorType::new(DType::F32, vec![4, 4])),
+            (
+                node(Op::Slice, 1, &[("starts", ints(&[0])), ("ends", ints(&[3]))]),
+                TensorType::new(DType::F32, vec![4, 4]),
+            ),
+            (node(Op::Transpose, 1, &[]), TensorType::new(DType::I64, vec![4, 3])),
+            (node(Op::Gather, 2, &[]), TensorType::new(DType::F32, vec![2, 5])),
+        ];
+        for (n, out) in cases {
+            let inputs = [x.clone(), TensorType::new(DType::I32, vec![2])];
+            assert!(kernel(&t, "k", &n, &inputs[..n.inputs.len()], &out).is_err(), "{} into {out}", n.op);
         }
     }
 

@@ -1,5 +1,5 @@
 //! Reduction kernels — reduce_sum / reduce_mean / reduce_max, softmax, layer_norm — and the
-//! f32x4 helpers (partial vectors, chunked loops) einsum shares.
+//! f32x4 helpers einsum shares (partial vectors, chunked loops, sums of runs).
 //!
 //! f32 kernels visit the reduced elements as f32x4 vectors through a [`Walk`]: loops
 //! around a contiguous run. Two shapes of walk cover every case:
@@ -25,7 +25,7 @@ use meshc_ir::{Attr, DType, Node, Op, TensorType};
 
 use super::emit::{build_kernel, mem, KernelBuilder, F32X4, LANES};
 use super::math::Math;
-use super::movement::{collapse, contiguous_strides, for_nest, vmem, Dim};
+use super::movement::{collapse, contiguous_strides, for_nest, Dim};
 use super::{Generated, Target};
 
 /// Vectors per chunk: independent accumulators, enough to cover the latency of a vector add.
@@ -40,6 +40,9 @@ pub fn kernel(target: &Target, name: &str, node: &Node, inputs: &[TensorType], o
     let x = inputs.first().ok_or_else(|| anyhow!("{} needs an operand", node.op))?;
     if !matches!(node.op, Op::ReduceSum | Op::ReduceMax) && x.dtype != DType::F32 {
         bail!("{} of {} is not supported", node.op, x.dtype);
+    }
+    if matches!(node.op, Op::Softmax | Op::LayerNorm) && out.shape != x.shape {
+        bail!("{} result {out} does not match its operand {x}", node.op);
     }
     let func = match node.op {
         Op::ReduceSum | Op::ReduceMean | Op::ReduceMax => reduce(target, name, node, x, out)?,
@@ -103,13 +106,21 @@ impl Walk {
     /// Calls `body` at every vector. With `flush`, the innermost loop longer than a block
     /// runs in blocks and calls `flush` after each.
     fn visit(&self, kb: &mut KernelBuilder, mut flush: Flush, body: &mut dyn FnMut(&mut KernelBuilder, &At)) {
-        let trips = self.loops.iter().map(|l| l.0).chain([self.run / CHUNK]);
-        let blocked = trips.collect::<Vec<_>>().iter().rposition(|&n| n > BLOCK);
+        let trips: Vec<usize> = self.loops.iter().map(|l| l.0).chain([self.run / CHUNK]).collect();
+        let blocked = trips.iter().rposition(|&n| n > BLOCK);
         let start = kb.iconst(0);
         self.visit_level(kb, 0, start, blocked, &mut flush, body);
     }
 
-    fn visit_level(&self, kb: &mut KernelBuilder, level: usize, off: Value, blocked: Option<usize>, flush: &mut Flush, body: &mut dyn FnMut(&mut KernelBuilder, &At)) {
+    fn visit_level(
+        &self,
+        kb: &mut KernelBuilder,
+        level: usize,
+        off: Value,
+        blocked: Option<usize>,
+        flush: &mut Flush,
+        body: &mut dyn FnMut(&mut KernelBuilder, &At),
+    ) {
         let flush_here = if blocked == Some(level) { flush.take() } else { None };
         if let Some(&(n, stride)) = self.loops.get(level) {
             for_blocks(kb, n, flush_here, &mut |kb, i| {
@@ -162,7 +173,13 @@ fn for_blocks(kb: &mut KernelBuilder, n: usize, flush: Flush, body: &mut dyn FnM
 
 /// Reduces over the walk, lane by lane, the vectors `value` gives (it may also store, as
 /// softmax does with its exponentials); one result vector per slot.
-fn fold(kb: &mut KernelBuilder, target: &Target, walk: &Walk, op: Combine, value: &mut dyn FnMut(&mut KernelBuilder, &At) -> Value) -> Vec<Value> {
+fn fold(
+    kb: &mut KernelBuilder,
+    target: &Target,
+    walk: &Walk,
+    op: Combine,
+    value: &mut dyn FnMut(&mut KernelBuilder, &At) -> Value,
+) -> Vec<Value> {
     let identity = kb.splat(op.identity());
     let accumulators = |kb: &mut KernelBuilder| -> Vec<Variable> {
         let vars: Vec<Variable> = (0..walk.slots()).map(|_| kb.b.declare_var(F32X4)).collect();
@@ -193,6 +210,19 @@ fn fold(kb: &mut KernelBuilder, target: &Target, walk: &Walk, op: Combine, value
     });
     flush(kb);
     total.as_ref().unwrap_or(&part).iter().map(|&v| kb.b.use_var(v)).collect()
+}
+
+/// The sum, as a scalar, of the vectors `value(kb, offset, width)` gives along a contiguous
+/// run of `n` f32 elements (`offset` in bytes from the run's start).
+pub(crate) fn sum_run(
+    kb: &mut KernelBuilder,
+    target: &Target,
+    n: usize,
+    value: &mut dyn FnMut(&mut KernelBuilder, Value, usize) -> Value,
+) -> Value {
+    let walk = Walk { loops: vec![], run: n };
+    let slots = fold(kb, target, &walk, Combine::Sum, &mut |kb, at| value(kb, at.off, at.width));
+    across_lanes(kb, target, Combine::Sum, &slots)
 }
 
 /// `v` with lanes `width..` replaced by those of `fill`.
@@ -228,7 +258,7 @@ fn stats(kb: &mut KernelBuilder, target: &Target, op: Combine, slots: Vec<Value>
 /// Loads `width` (1..=4) f32s at `ptr`; lanes past `width` are 0.
 pub(crate) fn load_vec(kb: &mut KernelBuilder, ptr: Value, width: usize) -> Value {
     if width == LANES {
-        return kb.b.ins().load(F32X4, vmem(), ptr, 0);
+        return kb.b.ins().load(F32X4, mem(), ptr, 0);
     }
     let mut v = kb.splat(0.0);
     for l in 0..width {
@@ -241,7 +271,7 @@ pub(crate) fn load_vec(kb: &mut KernelBuilder, ptr: Value, width: usize) -> Valu
 /// Stores the first `width` (1..=4) lanes of `v` at `ptr`.
 pub(crate) fn store_vec(kb: &mut KernelBuilder, v: Value, ptr: Value, width: usize) {
     if width == LANES {
-        kb.b.ins().store(vmem(), v, ptr, 0);
+        kb.b.ins().store(mem(), v, ptr, 0);
         return;
     }
     for l in 0..width {
@@ -266,10 +296,6 @@ pub(crate) fn for_chunks(kb: &mut KernelBuilder, n: usize, body: &mut dyn FnMut(
     }
 }
 
-fn bad(e: String) -> anyhow::Error {
-    anyhow!(e)
-}
-
 /// Byte strides from element strides.
 fn in_bytes(dims: &[Dim], esize: i64) -> Vec<Dim> {
     dims.iter().map(|d| d.scaled(esize)).collect()
@@ -280,7 +306,7 @@ fn in_bytes(dims: &[Dim], esize: i64) -> Vec<Dim> {
 fn reduce(target: &Target, name: &str, node: &Node, x: &TensorType, out: &TensorType) -> Result<Function> {
     let rank = x.rank();
     let axes = match attr_ints(node, "axes") {
-        Some(a) => norm_axes(&a, rank).map_err(bad)?,
+        Some(a) => norm_axes(&a, rank).map_err(anyhow::Error::msg)?,
         None => (0..rank).collect(),
     };
     let op = if node.op == Op::ReduceMax { Combine::Max } else { Combine::Sum };
@@ -295,7 +321,7 @@ fn reduce(target: &Target, name: &str, node: &Node, x: &TensorType, out: &Tensor
         os[d] = kept;
         kept *= x.shape[d] as i64;
     }
-    if out.numel() as i64 != kept {
+    if out.numel() as i64 != kept || out.dtype != x.dtype {
         bail!("reduction result {out} does not match its operand {x}");
     }
     let mut dims = collapse(&(0..rank).map(|d| Dim::new(x.shape[d], &[xs[d], os[d]])).collect::<Vec<_>>());
@@ -394,7 +420,7 @@ fn reduce_int(kb: &mut KernelBuilder, target: &Target, op: Combine, ty: Type, di
 
 /// softmax over `axis` of `[outer, n, inner]`: rows when `inner` is 1, columns otherwise.
 fn softmax(target: &Target, name: &str, node: &Node, x: &TensorType) -> Result<Function> {
-    let axis = norm_axis(attr_int(node, "axis", -1), x.rank()).map_err(bad)?;
+    let axis = norm_axis(attr_int(node, "axis", -1), x.rank()).map_err(anyhow::Error::msg)?;
     let outer: usize = x.shape[..axis].iter().product();
     let n = x.shape[axis];
     let inner: usize = x.shape[axis + 1..].iter().product();
@@ -437,7 +463,8 @@ fn softmax_walk(kb: &mut KernelBuilder, target: &Target, walk: &Walk, src: Value
         e
     });
     let one = kb.splat(1.0);
-    let inv: Vec<Value> = stats(kb, target, Combine::Sum, sum, row).into_iter().map(|s| kb.b.ins().fdiv(one, s)).collect();
+    let inv: Vec<Value> =
+        stats(kb, target, Combine::Sum, sum, row).into_iter().map(|s| kb.b.ins().fdiv(one, s)).collect();
     walk.visit(kb, None, &mut |kb, at| {
         let d = at_ptr(kb, dst, at);
         let e = load_vec(kb, d, at.width);
@@ -450,7 +477,7 @@ fn softmax_walk(kb: &mut KernelBuilder, target: &Target, walk: &Walk, src: Value
 /// normalised in two passes (mean, then the mean square of `x - mean`).
 fn layer_norm(target: &Target, name: &str, node: &Node, inputs: &[TensorType]) -> Result<Function> {
     let [x, gamma, beta] = inputs else { bail!("layer_norm takes x, gamma and beta") };
-    let axis = norm_axis(attr_int(node, "axis", -1), x.rank()).map_err(bad)?;
+    let axis = norm_axis(attr_int(node, "axis", -1), x.rank()).map_err(anyhow::Error::msg)?;
     let outer: usize = x.shape[..axis].iter().product();
     let n: usize = x.shape[axis..].iter().product();
     if gamma.numel() != n || beta.numel() != n || gamma.dtype != DType::F32 || beta.dtype != DType::F32 {
@@ -611,8 +638,20 @@ mod tests {
     }
 
     #[test]
+    fn refuses_mismatched_types() {
+        let t = Target::by_name("native").unwrap();
+        let x = [TensorType::new(DType::F32, vec![3, 4])];
+        let wrong = TensorType::new(DType::F32, vec![4, 3]);
+        assert!(kernel(&t, "k", &node(Op::Softmax, 1, &[]), &x, &wrong).is_err());
+        let sum = reduce_node(Op::ReduceSum, Some(&[0]), false);
+        assert!(kernel(&t, "k", &sum, &x, &TensorType::new(DType::F32, vec![3])).is_err());
+        assert!(kernel(&t, "k", &sum, &x, &TensorType::new(DType::I32, vec![4])).is_err());
+    }
+
+    #[test]
     fn layer_norm() {
-        let cases: &[(&[usize], i64)] = &[(&[4, 37], -1), (&[3, 4, 6], -2), (&[2, 1000], 1), (&[5, 1], -1), (&[3, 4], 0), (&[7, 3], -1)];
+        let cases: &[(&[usize], i64)] =
+            &[(&[4, 37], -1), (&[3, 4, 6], -2), (&[2, 1000], 1), (&[5, 1], -1), (&[3, 4], 0), (&[7, 3], -1)];
         for (i, &(shape, axis)) in cases.iter().enumerate() {
             let axis_u = norm_axis(axis, shape.len()).unwrap();
             let args = [
