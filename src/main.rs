@@ -40,15 +40,8 @@ enum Cmd {
     /// Run a graph on the reference interpreter.
     Interp {
         graph: PathBuf,
-        /// An input value: NAME=FILE.npy (repeat for each input).
-        #[arg(long = "input", value_name = "NAME=FILE.npy")]
-        inputs: Vec<String>,
-        /// Write one output: NAME=FILE.npy (repeatable).
-        #[arg(long = "output", value_name = "NAME=FILE.npy", conflicts_with = "output_dir")]
-        outputs: Vec<String>,
-        /// Write every output to DIR/NAME.npy.
-        #[arg(long)]
-        output_dir: Option<PathBuf>,
+        #[command(flatten)]
+        io: Io,
     },
     /// Compile a graph into one mmap-loadable artifact.
     Compile {
@@ -65,12 +58,8 @@ enum Cmd {
     Run {
         /// An artifact (.mshc) or a graph file.
         program: PathBuf,
-        #[arg(long = "input", value_name = "NAME=FILE.npy")]
-        inputs: Vec<String>,
-        #[arg(long = "output", value_name = "NAME=FILE.npy", conflicts_with = "output_dir")]
-        outputs: Vec<String>,
-        #[arg(long)]
-        output_dir: Option<PathBuf>,
+        #[command(flatten)]
+        io: Io,
         /// Run N more times and print min/median/max latency and GFLOP/s.
         #[arg(long, value_name = "N")]
         bench: Option<usize>,
@@ -145,10 +134,9 @@ fn main() -> ExitCode {
     let result = match cli.cmd {
         Cmd::Check { graph } => check(&graph),
         Cmd::Fmt { graph, to, o } => fmt(&graph, to, o.as_deref()),
-        Cmd::Interp { graph, inputs, outputs, output_dir } => interp(&graph, &inputs, &outputs, output_dir.as_deref()),
+        Cmd::Interp { graph, io } => interp(&graph, &io),
         Cmd::Compile { graph, o, codegen, depfile } => compile_cmd(&graph, &o, &codegen, depfile.as_deref()),
-        Cmd::Run { program, inputs, outputs, output_dir, bench, trust_weights, check_against, codegen } => {
-            let io = Io { inputs: &inputs, outputs: &outputs, output_dir: output_dir.as_deref() };
+        Cmd::Run { program, io, bench, trust_weights, check_against, codegen } => {
             let opts = RunOpts { bench, trust_weights, check_against: check_against.as_deref() };
             run(&program, &io, &opts, &codegen)
         }
@@ -256,17 +244,24 @@ fn graph_inputs(g: &Graph) -> Vec<(String, TensorType)> {
 }
 
 /// The `--input`/`--output`/`--output-dir` arguments of `interp` and `run`.
-struct Io<'a> {
-    inputs: &'a [String],
-    outputs: &'a [String],
-    output_dir: Option<&'a Path>,
+#[derive(clap::Args)]
+struct Io {
+    /// An input value: NAME=FILE.npy (repeat for each input).
+    #[arg(long = "input", value_name = "NAME=FILE.npy")]
+    inputs: Vec<String>,
+    /// Write one output: NAME=FILE.npy (repeatable).
+    #[arg(long = "output", value_name = "NAME=FILE.npy", conflicts_with = "output_dir")]
+    outputs: Vec<String>,
+    /// Write every output to DIR/NAME.npy.
+    #[arg(long)]
+    output_dir: Option<PathBuf>,
 }
 
-impl Io<'_> {
+impl Io {
     /// The `--output NAME=FILE` requests, checked against the output names.
     fn wanted(&self, names: &[&str]) -> Result<Vec<(String, PathBuf)>> {
         let mut wanted = Vec::new();
-        for arg in self.outputs {
+        for arg in &self.outputs {
             let (name, file) = name_eq_file(arg, "--output")?;
             if !names.contains(&name) {
                 bail!("--output {name}: the graph has no output '{name}' (its outputs: {})", names.join(", "));
@@ -278,7 +273,7 @@ impl Io<'_> {
 
     /// Writes the results as asked, or prints a summary of each when nothing was asked.
     fn write(&self, mut wanted: Vec<(String, PathBuf)>, results: &BTreeMap<String, Tensor>) -> Result<()> {
-        if let Some(dir) = self.output_dir {
+        if let Some(dir) = &self.output_dir {
             std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create directory", dir.display()))?;
             wanted = results.keys().map(|k| (k.clone(), dir.join(format!("{k}.npy")))).collect();
         }
@@ -294,10 +289,9 @@ impl Io<'_> {
     }
 }
 
-fn interp(path: &Path, inputs: &[String], outputs: &[String], output_dir: Option<&Path>) -> Result<()> {
-    let io = Io { inputs, outputs, output_dir };
+fn interp(path: &Path, io: &Io) -> Result<()> {
     let (g, info): (Graph, Info) = load::load(path)?;
-    let mut values = read_inputs(&graph_inputs(&g), io.inputs)?;
+    let mut values = read_inputs(&graph_inputs(&g), &io.inputs)?;
     values.extend(load_params(&g, path)?);
     let names: Vec<&str> = g.outputs.iter().map(|o| o.name.as_str()).collect();
     let wanted = io.wanted(&names)?;
@@ -381,7 +375,7 @@ fn check_against(results: &BTreeMap<String, Tensor>, dir: &Path) -> Result<()> {
 fn run_loaded(loaded: &Loaded, io: &Io, opts: &RunOpts) -> Result<()> {
     let expected: Vec<(String, TensorType)> =
         loaded.meta.inputs.iter().filter_map(|s| Some((s.name.clone(), s.ty()?))).collect();
-    let inputs = read_inputs(&expected, io.inputs)?;
+    let inputs = read_inputs(&expected, &io.inputs)?;
     let names: Vec<&str> = loaded.meta.outputs.iter().map(|o| o.name.as_str()).collect();
     let wanted = io.wanted(&names)?;
     let results = loaded.run(&inputs)?;
