@@ -1,7 +1,7 @@
 //! `cargo bench --bench gemm`: GFLOP/s of the two matmul paths on n×n×n f32 — the
 //! Cranelift kernel (single thread) and the library GEMM (1 thread and all cores) — next to
-//! the machine's single-thread 128-bit FMA peak, measured here with a tight FMA loop
-//! (2 FMA ports × 4 lanes × 2 flops per cycle when the loop saturates both ports).
+//! the machine's single-thread 128-bit FMA peak: 2 FMA ports × 4 lanes × 2 flops per cycle
+//! at the clock measured here (a chain of dependent adds), checked against a tight FMA loop.
 //! Timings are best-of-N with `std::time::Instant`. Sizes can be picked with
 //! `GEMM_SIZES=256,1024`.
 
@@ -29,9 +29,15 @@ impl Buf {
         Buf { ptr, layout }
     }
 
-    fn f32s(&self, len: usize) -> &mut [f32] {
+    fn f32s(&self, len: usize) -> &[f32] {
         assert!(len * 4 <= self.layout.size());
         // SAFETY: the allocation is large enough, aligned, and initialised (zeroed).
+        unsafe { std::slice::from_raw_parts(self.ptr.cast(), len) }
+    }
+
+    fn f32s_mut(&mut self, len: usize) -> &mut [f32] {
+        assert!(len * 4 <= self.layout.size());
+        // SAFETY: as in `f32s`, and `&mut self` makes this the only view.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.cast(), len) }
     }
 }
@@ -55,9 +61,46 @@ fn best(reps: usize, mut f: impl FnMut()) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
-/// Single-thread 128-bit FMA throughput (GFLOP/s): 12 independent chains cover the FMA
-/// latency on both ports, so this is the peak the micro-kernel can aim for.
-fn fma_peak() -> Option<f64> {
+/// The core clock (GHz), from a chain of dependent register-register adds (one per cycle;
+/// adds of an immediate are not used: recent cores can fold those at rename).
+fn clock_ghz() -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let iters: u64 = 50_000_000;
+        let secs = best(5, || {
+            let mut x: u64 = 0;
+            // SAFETY: register arithmetic only.
+            unsafe {
+                std::arch::asm!(
+                    "2:",
+                    "add {x}, {one}",
+                    "add {x}, {one}",
+                    "add {x}, {one}",
+                    "add {x}, {one}",
+                    "add {x}, {one}",
+                    "add {x}, {one}",
+                    "add {x}, {one}",
+                    "add {x}, {one}",
+                    "dec {n}",
+                    "jnz 2b",
+                    x = inout(reg) x,
+                    one = in(reg) 1u64,
+                    n = inout(reg) iters => _,
+                    options(nomem, nostack),
+                );
+            }
+            black_box(x);
+        });
+        Some((iters * 8) as f64 / secs / 1e9)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
+/// Single-thread 128-bit FMA throughput (GFLOP/s) of a tight loop of 12 independent
+/// chains (enough to cover the FMA latency on both ports): a check that the computed peak
+/// is reachable.
+fn fma_loop() -> Option<f64> {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::*;
@@ -91,15 +134,33 @@ fn fma_peak() -> Option<f64> {
     None
 }
 
-fn square(n: usize) -> TensorType {
-    TensorType::new(DType::F32, vec![n, n])
+fn f32_type(shape: &[usize]) -> TensorType {
+    TensorType::new(DType::F32, shape.to_vec())
 }
 
-/// GFLOP/s of the Cranelift kernel, and its result (for a cross-check).
-fn cranelift(target: &Target, n: usize, a: &Buf, b: &Buf, reps: usize) -> Result<(f64, Vec<f32>)> {
-    let g = matmul(target, "mm", &square(n), &square(n), &square(n))?;
+/// Operands of `[m,k] @ [k,n]` with arbitrary but fixed values.
+fn operands(m: usize, k: usize, n: usize) -> (Buf, Buf) {
+    let (mut a, mut b) = (Buf::new(m * k * 4), Buf::new(k * n * 4));
+    for (i, x) in a.f32s_mut(m * k).iter_mut().enumerate() {
+        *x = ((i * 7919 % 1000) as f32) / 1000.0 - 0.5;
+    }
+    for (i, x) in b.f32s_mut(k * n).iter_mut().enumerate() {
+        *x = ((i * 104_729 % 997) as f32) / 997.0 - 0.5;
+    }
+    (a, b)
+}
+
+/// Seconds per call of the Cranelift kernel for `[m,k] @ [k,n]`, and its result.
+fn cranelift(
+    target: &Target,
+    (m, k, n): (usize, usize, usize),
+    a: &Buf,
+    b: &Buf,
+    reps: usize,
+) -> Result<(f64, Vec<f32>)> {
+    let g = matmul(target, "mm", &f32_type(&[m, k]), &f32_type(&[k, n]), &f32_type(&[m, n]))?;
     let exec = ExecCode::new(&compile(target, g.func)?)?;
-    let (out, scratch) = (Buf::new(n * n * 4), Buf::new(g.scratch));
+    let (out, scratch) = (Buf::new(m * n * 4), Buf::new(g.scratch));
     let bufs = [out.ptr, a.ptr, b.ptr, scratch.ptr];
     let mut status = 0;
     let secs = best(reps, || {
@@ -110,49 +171,102 @@ fn cranelift(target: &Target, n: usize, a: &Buf, b: &Buf, reps: usize) -> Result
     if status != 0 {
         bail!("kernel returned status {status}");
     }
-    Ok((2.0 * (n as f64).powi(3) / secs / 1e9, out.f32s(n * n).to_vec()))
+    Ok((secs, out.f32s(m * n).to_vec()))
 }
 
-fn library_gflops(n: usize, a: &Buf, b: &Buf, threads: usize, reps: usize) -> Result<(f64, Vec<f32>)> {
-    let out = Buf::new(n * n * 4);
-    let (a, b, c) = (a.f32s(n * n), b.f32s(n * n), out.f32s(n * n));
+/// Seconds per call of the library GEMM on `threads` threads, and its result.
+fn library_time(
+    (m, k, n): (usize, usize, usize),
+    a: &Buf,
+    b: &Buf,
+    threads: usize,
+    reps: usize,
+) -> Result<(f64, Vec<f32>)> {
+    let mut out = Buf::new(m * n * 4);
+    let (a, b, c) = (a.f32s(m * k), b.f32s(k * n), out.f32s_mut(m * n));
     let mut res = Ok(());
-    let secs = best(reps, || res = library::matmul_threads(a, b, c, &[n, n], &[n, n], &[n, n], threads));
+    let secs = best(reps, || res = library::matmul_threads(a, b, c, &[m, k], &[k, n], &[m, n], threads));
     res?;
-    Ok((2.0 * (n as f64).powi(3) / secs / 1e9, c.to_vec()))
+    Ok((secs, c.to_vec()))
+}
+
+/// Times both paths on one shape; fails if their results disagree.
+fn both(target: &Target, mkn: (usize, usize, usize), threads: usize, reps: usize) -> Result<[f64; 3]> {
+    let (a, b) = operands(mkn.0, mkn.1, mkn.2);
+    let (cl, got) = cranelift(target, mkn, &a, &b, reps)?;
+    let (l1, want) = library_time(mkn, &a, &b, 1, reps)?;
+    let (ln, _) = library_time(mkn, &a, &b, threads, reps)?;
+    let err = got.iter().zip(&want).map(|(g, w)| (g - w).abs() / (1.0 + w.abs())).fold(0f32, f32::max);
+    if err > 1e-3 {
+        bail!("{mkn:?}: the kernel and the library disagree (relative error {err})");
+    }
+    Ok([cl, l1, ln])
 }
 
 fn main() -> Result<()> {
     let sizes: Vec<usize> = match std::env::var("GEMM_SIZES") {
-        Ok(s) => s.split(',').map(|x| x.trim().parse().context("GEMM_SIZES: comma-separated sizes")).collect::<Result<_>>()?,
+        Ok(s) => s
+            .split(',')
+            .map(|x| x.trim().parse().context("GEMM_SIZES: comma-separated sizes"))
+            .collect::<Result<_>>()?,
         Err(_) => vec![256, 512, 1024, 2048],
     };
     let target = Target::by_name("native")?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let peak = fma_peak();
-    match peak {
-        Some(p) => println!("128-bit FMA peak (1 thread, measured): {p:.1} GFLOP/s = 16 flops/cycle at {:.2} GHz", p / 16.0),
-        None => println!("128-bit FMA peak: no FMA on this CPU"),
+    // Peak: 2 FMA ports × 4 lanes × 2 flops per cycle.
+    let peak = clock_ghz().map(|ghz| ghz * 16.0);
+    match (peak, fma_loop()) {
+        (Some(p), Some(l)) => {
+            println!(
+                "128-bit FMA peak, 1 thread: 16 flops/cycle × {:.2} GHz = {p:.1} GFLOP/s (tight FMA loop: {l:.1})",
+                p / 16.0
+            )
+        }
+        _ => println!("128-bit FMA peak: not measured (no x86-64 FMA)"),
     }
-    println!("{:>6} {:>12} {:>8} {:>12} {:>12}", "n", "cranelift", "% peak", "library 1T", format!("library {threads}T"));
+    let gflops = |(m, k, n): (usize, usize, usize), secs: f64| 2.0 * (m * k * n) as f64 / secs / 1e9;
+    println!("GFLOP/s, n×n×n:");
+    println!(
+        "{:>6} {:>12} {:>8} {:>12} {:>12}",
+        "n",
+        "cranelift",
+        "% peak",
+        "library 1T",
+        format!("library {threads}T")
+    );
     for n in sizes {
         let reps = if n >= 2048 { 3 } else { 10 };
-        let (a, b) = (Buf::new(n * n * 4), Buf::new(n * n * 4));
-        for (i, x) in a.f32s(n * n).iter_mut().enumerate() {
-            *x = ((i * 7919 % 1000) as f32) / 1000.0 - 0.5;
-        }
-        for (i, x) in b.f32s(n * n).iter_mut().enumerate() {
-            *x = ((i * 104_729 % 997) as f32) / 997.0 - 0.5;
-        }
-        let (cl, got) = cranelift(&target, n, &a, &b, reps)?;
-        let (l1, want) = library_gflops(n, &a, &b, 1, reps)?;
-        let (ln, _) = library_gflops(n, &a, &b, threads, reps)?;
-        let err = got.iter().zip(&want).map(|(g, w)| (g - w).abs() / (1.0 + w.abs())).fold(0f32, f32::max);
-        if err > 1e-3 {
-            bail!("n={n}: the kernel and the library disagree (relative error {err})");
-        }
+        let [cl, l1, ln] = both(&target, (n, n, n), threads, reps)?.map(|t| gflops((n, n, n), t));
         let pct = peak.map_or("-".to_string(), |p| format!("{:.0}%", 100.0 * cl / p));
         println!("{n:>6} {cl:>12.1} {pct:>8} {l1:>12.1} {ln:>12.1}");
     }
+    // Where each path wins (what `library::prefer_library` encodes): small and skinny shapes.
+    println!("microseconds per call, [m,k] @ [k,n]:");
+    println!("{:>16} {:>12} {:>12} {:>12}", "m,k,n", "cranelift", "library 1T", format!("library {threads}T"));
+    for mkn in SMALL {
+        let reps = (20_000_000 / (mkn.0 * mkn.1 * mkn.2)).clamp(5, 2000);
+        let [cl, l1, ln] = both(&target, mkn, threads, reps)?.map(|t| t * 1e6);
+        println!("{:>16} {cl:>12.2} {l1:>12.2} {ln:>12.2}", format!("{},{},{}", mkn.0, mkn.1, mkn.2));
+    }
     Ok(())
 }
+
+const SMALL: [(usize, usize, usize); 17] = [
+    (4, 4, 4),
+    (8, 8, 8),
+    (12, 12, 12),
+    (8, 16, 16),
+    (1, 64, 32),
+    (16, 16, 16),
+    (32, 32, 32),
+    (64, 64, 64),
+    (128, 128, 128),
+    (1, 256, 256),
+    (1, 1024, 1024),
+    (256, 256, 1),
+    (12, 512, 512),
+    (512, 512, 12),
+    (4096, 64, 64),
+    (64, 64, 4096),
+    (64, 4096, 64),
+];

@@ -5,22 +5,36 @@
 //!
 //! The library is the `gemm` crate, built with its AVX-512 kernels (`x86-v4`; chosen at run
 //! time, so the runner still works on CPUs without AVX-512). Measured against
-//! `matrixmultiply` 0.3 (which also has AVX-512 kernels) on this machine (Xeon, Sapphire
-//! Rapids class, 2 cores; GFLOP/s for n×n×n, best of several runs on a shared machine):
+//! `matrixmultiply` 0.3 (which has AVX-512 kernels too) on the development machine (Xeon,
+//! Sapphire Rapids class, 2 cores, shared with other jobs: best of 4–6 runs), GFLOP/s for
+//! `[n,n] @ [n,n]`:
 //!
 //! ```text
-//!            1 thread              2 threads
-//! n      gemm   matrixmultiply   gemm   matrixmultiply
-//! 256    LIBRARY_TABLE
+//!           1 thread                 2 threads
+//! n      gemm  matrixmultiply     gemm  matrixmultiply
+//! 256    127         105          220         170
+//! 512    125          99          227         190
+//! 1024   119          98          226         182
+//! 2048   122          90          241         186
 //! ```
+//!
+//! (numpy 2.4 / OpenBLAS 0.3.31 `a @ b` on the same machine: ~120 on 1 thread, ~236 on 2 at
+//! n = 2048.)
 
 use anyhow::{bail, Result};
-use meshc_ir::TensorType;
+use meshc_ir::{DType, TensorType};
 
 use crate::codegen::matmul::MatmulShape;
 
 /// `out = a @ b` (numpy `matmul`, f32, batch dims broadcast) on all the machine's cores.
-pub fn matmul(a: &[f32], b: &[f32], out: &mut [f32], a_shape: &[usize], b_shape: &[usize], out_shape: &[usize]) -> Result<()> {
+pub fn matmul(
+    a: &[f32],
+    b: &[f32],
+    out: &mut [f32],
+    a_shape: &[usize],
+    b_shape: &[usize],
+    out_shape: &[usize],
+) -> Result<()> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     matmul_threads(a, b, out, a_shape, b_shape, out_shape, threads)
 }
@@ -35,12 +49,15 @@ pub fn matmul_threads(
     out_shape: &[usize],
     threads: usize,
 ) -> Result<()> {
-    let s = MatmulShape::new(a_shape, b_shape, out_shape)?;
-    for (what, len, shape) in [("operand a", a.len(), a_shape), ("operand b", b.len(), b_shape), ("result", out.len(), out_shape)] {
-        if shape.iter().product::<usize>() != len {
+    // Lengths first: once they match, every product of dims below fits in a usize.
+    for (what, len, shape) in
+        [("operand a", a.len(), a_shape), ("operand b", b.len(), b_shape), ("result", out.len(), out_shape)]
+    {
+        if shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) != Some(len) {
             bail!("matmul: {what} has {len} elements but shape {shape:?}");
         }
     }
+    let s = MatmulShape::new(a_shape, b_shape, out_shape)?;
     let parallelism = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
     let (m, k, n) = (s.m, s.k, s.n);
     for (ao, bo, oo) in s.batch_offsets() {
@@ -74,9 +91,83 @@ pub fn matmul_threads(
     Ok(())
 }
 
+/// Multiply-adds per matrix up to which the generated kernel beats the library: there the
+/// library's per-call dispatch (~0.5 µs) costs more than the whole product.
+const KERNEL_MAX_MACS: usize = 12 * 12 * 12;
+
 /// Whether a matmul of these operands should be served by the library rather than by the
-/// generated kernel (the faster path for the shape; see the measurements above).
+/// generated kernel: the faster path for the shape. From `cargo bench --bench gemm`
+/// (µs per call, kernel vs library on 1 thread): 8×8×8 0.32 vs 0.60, 12×12×12 0.33 vs 0.57,
+/// 8×16×16 0.69 vs 0.32, 16×16×16 0.91 vs 0.39, 64×64×64 21 vs 4.6, 1×1024×1024 1540 vs
+/// 178, 4096×64×64 1220 vs 260; 1024³ 27–35 GFLOP/s vs 112–123. So the library wins on
+/// every shape but the tiniest: by ~4× on big squares (AVX-512 against 128-bit vectors) and
+/// by up to 30× on skinny ones (a side below 12 wastes most of the kernel's 12×4 tiles).
 pub fn prefer_library(a: &TensorType, b: &TensorType) -> bool {
-    let _ = (a, b);
-    true
+    let f32s = a.dtype == DType::F32 && b.dtype == DType::F32;
+    let macs = |s: MatmulShape| s.m.checked_mul(s.k).and_then(|x| x.checked_mul(s.n));
+    f32s && MatmulShape::infer(&a.shape, &b.shape).is_ok_and(|(s, _)| macs(s).is_none_or(|x| x > KERNEL_MAX_MACS))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codegen::matmul::tests::{assert_close, oracle};
+
+    fn check(a_shape: &[usize], b_shape: &[usize]) {
+        let (a, b, want) = oracle(a_shape, b_shape, 11);
+        for threads in [1, 2] {
+            let mut out = vec![f32::NAN; want.numel()];
+            matmul_threads(a.as_f32().unwrap(), b.as_f32().unwrap(), &mut out, a_shape, b_shape, &want.shape, threads)
+                .unwrap();
+            assert_close(&out, want.as_f32().unwrap(), &format!("{a_shape:?} @ {b_shape:?}, {threads} threads"));
+        }
+    }
+
+    #[test]
+    fn matches_the_interpreter() {
+        for (a, b) in [
+            (&[1usize, 1][..], &[1usize, 1][..]),
+            (&[7, 13], &[13, 5]),
+            (&[65, 33], &[33, 129]),
+            (&[150, 300], &[300, 70]),
+            (&[1], &[1]),
+            (&[17], &[17, 3]),
+            (&[4, 17], &[17]),
+            (&[5], &[2, 5, 3]),
+            (&[2, 1, 3, 4], &[3, 4, 5]),
+            (&[3, 4], &[2, 4, 5]),
+            (&[2, 3, 4], &[4, 5]),
+            (&[4, 1, 2, 3], &[1, 5, 3, 2]),
+            (&[3, 0], &[0, 4]),
+            (&[0, 3], &[3, 4]),
+        ] {
+            check(a, b);
+        }
+    }
+
+    #[test]
+    fn checks_shapes_and_lengths() {
+        let mut out = vec![0.0; 4];
+        assert!(matmul(&[0.0; 6], &[0.0; 6], &mut out, &[2, 3], &[3, 2], &[2, 2]).is_ok());
+        let e = matmul(&[0.0; 6], &[0.0; 6], &mut out, &[2, 3], &[2, 3], &[2, 2]).unwrap_err();
+        assert!(e.to_string().contains("contraction dims differ"), "{e}");
+        let e = matmul(&[0.0; 5], &[0.0; 6], &mut out, &[2, 3], &[3, 2], &[2, 2]).unwrap_err();
+        assert!(e.to_string().contains("operand a has 5 elements"), "{e}");
+        let e = matmul(&[0.0; 6], &[0.0; 6], &mut out, &[2, 3], &[3, 2], &[4]).unwrap_err();
+        assert!(e.to_string().contains("does not match"), "{e}");
+    }
+
+    #[test]
+    fn library_serves_all_but_tiny_products() {
+        let t = |s: &[usize]| TensorType::new(DType::F32, s.to_vec());
+        assert!(!prefer_library(&t(&[8, 8]), &t(&[8, 8])));
+        assert!(!prefer_library(&t(&[64, 8, 8]), &t(&[64, 8, 8])), "per-matrix size counts");
+        assert!(prefer_library(&t(&[64, 8, 8]), &t(&[8, 8])), "a shared b folds the batch into m");
+        assert!(!prefer_library(&t(&[12, 12]), &t(&[12, 12])));
+        assert!(prefer_library(&t(&[8, 16]), &t(&[16, 16])));
+        assert!(prefer_library(&t(&[1024]), &t(&[1024, 1024])));
+        assert!(!prefer_library(&t(&[3, 4]), &t(&[5, 6])), "invalid shapes: the kernel reports the error");
+        let i = TensorType::new(DType::I32, vec![64, 64]);
+        assert!(!prefer_library(&i, &i));
+    }
 }

@@ -221,7 +221,7 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
         }
         LayerNorm => {
             for (i, o) in ops.iter().enumerate() {
-                expect_dtype(o, FLOAT, &["x", "gamma", "beta"][i])?;
+                expect_dtype(o, FLOAT, ["x", "gamma", "beta"][i])?;
             }
             let x = &ops[0];
             let axis = norm_axis(attr_int(node, "axis", -1), x.ty.rank())?;
@@ -421,7 +421,7 @@ fn reshape(node: &Node, x: &Operand) -> R<Inferred> {
     let too_large = || format!("reshape target {} is too large", Attr::ints(&want));
     let known = want.iter().filter(|&&d| d != -1).try_fold(1usize, |p, &d| p.checked_mul(d as usize)).ok_or_else(too_large)?;
     let shape: Vec<usize> = if want.contains(&-1) {
-        if known == 0 || n % known != 0 {
+        if known == 0 || !n.is_multiple_of(known) {
             return Err(format!("cannot reshape {} into {}", sh(&x.ty.shape), Attr::ints(&want)));
         }
         want.iter().map(|&d| if d == -1 { n / known } else { d as usize }).collect()
@@ -508,7 +508,7 @@ fn collective(node: &Node, x: &Operand) -> R<Inferred> {
         }
         Op::ReduceScatter => {
             let a = norm_axis(attr_int(node, "axis", 0), rank)?;
-            if shape[a] % n != 0 {
+            if !shape[a].is_multiple_of(n) {
                 return Err(format!("reduce_scatter axis {a} of size {} does not divide by group size {n}", shape[a]));
             }
             shape[a] /= n;
@@ -516,7 +516,7 @@ fn collective(node: &Node, x: &Operand) -> R<Inferred> {
         _ => {
             let s = norm_axis(attr_int(node, "split_axis", 0), rank)?;
             let c = norm_axis(attr_int(node, "concat_axis", 0), rank)?;
-            if shape[s] % n != 0 {
+            if !shape[s].is_multiple_of(n) {
                 return Err(format!("all_to_all split axis {s} of size {} does not divide by group size {n}", shape[s]));
             }
             shape[s] /= n;

@@ -26,12 +26,6 @@ pub fn mem() -> MemFlagsData {
     MemFlagsData::new().with_notrap()
 }
 
-/// Flags for vector accesses known to be 16-byte aligned (e.g. into 64-byte aligned packed
-/// panels at multiples of 16 bytes), which lets x64 fold them into SSE memory operands.
-pub fn mem_aligned() -> MemFlagsData {
-    MemFlagsData::trusted()
-}
-
 /// Builds one kernel: `body` gets a builder positioned in the entry block and must leave
 /// it in a block that falls through to the final `return 0`.
 pub fn build_kernel(target: &Target, name: &str, body: impl FnOnce(&mut KernelBuilder)) -> Function {

@@ -22,15 +22,15 @@
 //! tied to a *multiplicand*, not to the addend. Giving every FMA its own freshly broadcast A
 //! value (used exactly once) lets that value's register take the new sum with no copy; a
 //! shape that reuses each broadcast for two B vectors (e.g. 6×8) would need a register copy
-//! per FMA and spill with 16 xmm registers. 12 accumulators + 1 B vector + broadcasts fit
-//! in the 16 xmm registers, and 12 independent FMA chains cover the FMA latency (4 cycles ×
-//! 2 ports). Panels are zero-padded to whole tiles and to a multiple of KU k-steps, so the
+//! per FMA and spill with 16 xmm registers. 12 accumulators + the KU = 2 B vectors of an
+//! unrolled iteration + one broadcast in flight fit in the 16 xmm registers, and 12
+//! independent FMA chains cover the FMA latency (4 cycles × 2 ports). Panels are zero-padded to whole tiles and to a multiple of KU k-steps, so the
 //! micro-kernel has no edge cases; edge tiles go through a small scratch tile and a scalar
 //! copy of their valid part.
 
 use anyhow::{bail, Result};
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::{types, InstBuilder, MemFlagsData, Value};
+use cranelift_codegen::ir::{types, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_frontend::Variable;
 use meshc_ir::{DType, TensorType};
 
@@ -78,6 +78,15 @@ pub struct MatmulShape {
 impl MatmulShape {
     /// numpy `matmul` shape rules; `out` must be exactly the result shape.
     pub fn new(a: &[usize], b: &[usize], out: &[usize]) -> Result<MatmulShape> {
+        let (shape, want) = MatmulShape::infer(a, b)?;
+        if want != out {
+            bail!("matmul result shape {out:?} does not match {a:?} @ {b:?} (expected {want:?})");
+        }
+        Ok(shape)
+    }
+
+    /// The plan for `a @ b`, and the result's shape.
+    pub fn infer(a: &[usize], b: &[usize]) -> Result<(MatmulShape, Vec<usize>)> {
         let (a_batch, m, k) = match a {
             [] => bail!("matmul operand a is a scalar"),
             [k] => (&[][..], 1, *k),
@@ -102,12 +111,9 @@ impl MatmulShape {
                 _ => bail!("matmul batch dims cannot be broadcast together: {a:?} @ {b:?}"),
             });
         }
-        let mut want = batch_shape.clone();
-        want.extend(a.len().ge(&2).then_some(m));
-        want.extend(b.len().ge(&2).then_some(n));
-        if want != out {
-            bail!("matmul result shape {out:?} does not match {a:?} @ {b:?} (expected {want:?})");
-        }
+        let mut out = batch_shape.clone();
+        out.extend(a.len().ge(&2).then_some(m));
+        out.extend(b.len().ge(&2).then_some(n));
 
         // Matrix strides (elements) of each operand along each result batch dim.
         let strides = |s: &[usize], matrix: usize| -> Vec<usize> {
@@ -130,19 +136,14 @@ impl MatmulShape {
         let a_count: usize = a_batch.iter().product();
         if batch.iter().all(|d| d.b_stride == 0) && a_count == count {
             // a's matrices, like the result's, are consecutive: rows of one tall GEMM.
-            return Ok(MatmulShape { m: m * count, k, n, batch: Vec::new() });
+            return Ok((MatmulShape { m: m * count, k, n, batch: Vec::new() }, out));
         }
-        Ok(MatmulShape { m, k, n, batch })
+        Ok((MatmulShape { m, k, n, batch }, out))
     }
 
     /// The number of result elements.
     pub fn out_len(&self) -> usize {
         self.m * self.n * self.batch.iter().map(|d| d.size).product::<usize>()
-    }
-
-    /// Multiply-adds ×2.
-    pub fn flops(&self) -> f64 {
-        2.0 * self.out_len() as f64 * self.k as f64
     }
 
     /// Element offsets `(a, b, out)` of the matrices of each batch entry, in result order.
@@ -151,7 +152,9 @@ impl MatmulShape {
         for d in &self.batch {
             offs = offs
                 .iter()
-                .flat_map(|&(a, b, o)| (0..d.size).map(move |i| (a + i * d.a_stride, b + i * d.b_stride, o + i * d.out_stride)))
+                .flat_map(|&(a, b, o)| {
+                    (0..d.size).map(move |i| (a + i * d.a_stride, b + i * d.b_stride, o + i * d.out_stride))
+                })
                 .collect();
         }
         offs
@@ -188,11 +191,6 @@ pub fn matmul(target: &Target, name: &str, a: &TensorType, b: &TensorType, out: 
         }
     });
     Ok(Generated { func, scratch: blocks.map_or(0, |bl| bl.scratch_bytes()) })
-}
-
-/// Loads and stores of the user's matrices: rows start at any multiple of 4 bytes.
-fn unaligned() -> MemFlagsData {
-    MemFlagsData::new().with_notrap()
 }
 
 /// Loads of packed panels in the micro-kernel, marked movable (`readonly`, `can_move`) so
@@ -237,13 +235,21 @@ impl Blocks {
 }
 
 /// Emits nested loops over the batch dims; `body` gets the (a, b, out) matrix addresses.
-fn batch_loops(k: &mut KernelBuilder, dims: &[BatchDim], ptrs: [Value; 3], body: &mut dyn FnMut(&mut KernelBuilder, [Value; 3])) {
+fn batch_loops(
+    k: &mut KernelBuilder,
+    dims: &[BatchDim],
+    ptrs: [Value; 3],
+    body: &mut dyn FnMut(&mut KernelBuilder, [Value; 3]),
+) {
     let Some((d, rest)) = dims.split_first() else {
         return body(k, ptrs);
     };
     k.for_const(0, d.size as i64, 1, |k, i| {
         let strides = [d.a_stride, d.b_stride, d.out_stride];
-        let ptrs = std::array::from_fn(|j| if strides[j] == 0 { ptrs[j] } else { k.addr(ptrs[j], i, (strides[j] * F32) as i64) });
+        let ptrs =
+            std::array::from_fn(
+                |j| if strides[j] == 0 { ptrs[j] } else { k.addr(ptrs[j], i, (strides[j] * F32) as i64) },
+            );
         batch_loops(k, rest, ptrs, body);
     });
 }
@@ -266,12 +272,12 @@ impl Gemm<'_> {
             let nc = block_len(k, n, jc, NC);
             k.for_const(0, kk as i64, KC as i64, |k, pc| {
                 let kc = block_len(k, kk, pc, KC);
-                // kc rounded up to KU, with shifts: the optimiser recomputes `band`/`iadd` with
-                // an immediate at every use, which would drag all that depends on kcp into
-                // the micro-kernel loop.
-                let kcp = k.b.ins().iadd_imm_s(kc, KU as i64 - 1);
-                let kcp = k.b.ins().ushr_imm_s(kcp, KU.trailing_zeros() as i64);
-                let kcp = k.b.ins().ishl_imm_s(kcp, KU.trailing_zeros() as i64);
+                // kc rounded up to KU, not as `(kc + KU-1) & -KU`: the optimiser recomputes an
+                // op with an immediate at every use, which would drag all that depends on kcp
+                // into the innermost loops.
+                let pad = k.b.ins().ineg(kc);
+                let pad = k.b.ins().band_imm_s(pad, KU as i64 - 1);
+                let kcp = k.b.ins().iadd(kc, pad);
                 let first = k.b.ins().icmp_imm_s(IntCC::Equal, pc, 0);
                 let b_row = k.addr(b, pc, (n * F32) as i64);
                 let b_blk = k.addr(b_row, jc, F32 as i64);
@@ -397,34 +403,58 @@ fn zero_padding(k: &mut KernelBuilder, dst: Value, len: Value, width: usize, kc:
     k.b.switch_to_block(done);
 }
 
+/// Copies `count` values of type `ty` from `src` to `dst`, advancing the two addresses by
+/// the given byte strides. The loop carries the addresses themselves: Cranelift does not
+/// hoist address arithmetic involving constants out of loops, so computing each address
+/// from a counter would redo it for every element.
+fn copy_strided(
+    k: &mut KernelBuilder,
+    ty: Type,
+    count: Value,
+    (src, src_stride): (Value, i64),
+    (dst, dst_stride): (Value, i64),
+) {
+    let (header, body, exit) = (k.b.create_block(), k.b.create_block(), k.b.create_block());
+    for _ in 0..3 {
+        k.b.append_block_param(header, k.ptr);
+    }
+    k.b.ins().jump(header, &[count.into(), src.into(), dst.into()]);
+    k.b.switch_to_block(header);
+    let [left, from, to] = [0, 1, 2].map(|i| k.b.block_params(header)[i]);
+    let more = k.b.ins().icmp_imm_s(IntCC::NotEqual, left, 0);
+    k.b.ins().brif(more, body, &[], exit, &[]);
+    k.b.switch_to_block(body);
+    let x = k.b.ins().load(ty, mem(), from, 0);
+    k.b.ins().store(mem(), x, to, 0);
+    let left = k.b.ins().iadd_imm_s(left, -1);
+    let from = k.b.ins().iadd_imm_s(from, src_stride);
+    let to = k.b.ins().iadd_imm_s(to, dst_stride);
+    k.b.ins().jump(header, &[left.into(), from.into(), to.into()]);
+    k.b.switch_to_block(exit);
+}
+
 /// Packs the `kc × nc` block of B at `src` (row stride `n`) into NR-column panels:
 /// element (p, j) goes to `dst[((j / NR) * kcp + p) * NR + j % NR]`.
 fn pack_b(k: &mut KernelBuilder, src: Value, n: usize, kc: Value, kcp: Value, nc: Value, dst: Value) {
     zero_padding(k, dst, nc, NR, kc, kcp);
+    let row_stride = (n * F32) as i64;
+    // Whole panels, a vector per k step; panel jr / NR starts at jr * kcp floats.
     let full = k.b.ins().band_imm_s(nc, !(NR as i64 - 1));
     let zero = k.iconst(0);
-    k.for_range(zero, kc, 1, |k, p| {
-        let row = k.addr(src, p, (n * F32) as i64);
-        let out = k.addr(dst, p, (NR * F32) as i64);
-        // Whole vectors of 4 columns: panel jr / NR starts at jr * kcp floats.
-        let zero = k.iconst(0);
-        k.for_range(zero, full, NR as i64, |k, jr| {
-            let from = k.addr(row, jr, F32 as i64);
-            let v = k.b.ins().load(F32X4, unaligned(), from, 0);
-            let off = k.b.ins().imul(jr, kcp);
-            let to = k.addr(out, off, F32 as i64);
-            k.b.ins().store(mem(), v, to, 0);
-        });
-        // The last, partial panel.
-        let off = k.b.ins().imul(full, kcp);
-        let out = k.addr(out, off, F32 as i64);
-        k.for_range(full, nc, 1, |k, j| {
-            let from = k.addr(row, j, F32 as i64);
-            let x = k.b.ins().load(types::F32, mem(), from, 0);
-            let lane = k.b.ins().isub(j, full);
-            let to = k.addr(out, lane, F32 as i64);
-            k.b.ins().store(mem(), x, to, 0);
-        });
+    k.for_range(zero, full, NR as i64, |k, jr| {
+        let from = k.addr(src, jr, F32 as i64);
+        let off = k.b.ins().imul(jr, kcp);
+        let to = k.addr(dst, off, F32 as i64);
+        copy_strided(k, F32X4, kc, (from, row_stride), (to, (NR * F32) as i64));
+    });
+    // The last, partial panel: column by column.
+    let off = k.b.ins().imul(full, kcp);
+    let panel = k.addr(dst, off, F32 as i64);
+    k.for_range(full, nc, 1, |k, j| {
+        let from = k.addr(src, j, F32 as i64);
+        let lane = k.b.ins().isub(j, full);
+        let to = k.addr(panel, lane, F32 as i64);
+        copy_strided(k, types::F32, kc, (from, row_stride), (to, (NR * F32) as i64));
     });
 }
 
@@ -433,30 +463,31 @@ fn pack_b(k: &mut KernelBuilder, src: Value, n: usize, kc: Value, kcp: Value, nc
 fn pack_a(k: &mut KernelBuilder, src: Value, kk: usize, mc: Value, kc: Value, kcp: Value, dst: Value) {
     zero_padding(k, dst, mc, MR, kc, kcp);
     let zero = k.iconst(0);
-    k.for_range(zero, mc, MR as i64, |k, ir| {
-        let rows = remaining(k, mc, ir, MR);
-        let panel_off = k.b.ins().imul(ir, kcp);
-        let panel = k.addr(dst, panel_off, F32 as i64);
-        let zero = k.iconst(0);
-        k.for_range(zero, rows, 1, |k, r| {
-            let i = k.b.ins().iadd(ir, r);
-            let row = k.addr(src, i, (kk * F32) as i64);
-            let out = k.addr(panel, r, F32 as i64);
-            let zero = k.iconst(0);
-            k.for_range(zero, kc, 1, |k, p| {
-                let from = k.addr(row, p, F32 as i64);
-                let x = k.b.ins().load(types::F32, mem(), from, 0);
-                let to = k.addr(out, p, (MR * F32) as i64);
-                k.b.ins().store(mem(), x, to, 0);
-            });
-        });
+    k.for_range(zero, mc, 1, |k, i| {
+        let from = k.addr(src, i, (kk * F32) as i64);
+        // Row i sits in panel i / MR (which starts at (i / MR) * MR * kcp floats), lane i % MR.
+        let lane = k.b.ins().urem_imm_s(i, MR as i64);
+        let panel = k.b.ins().isub(i, lane);
+        let off = k.b.ins().imul(panel, kcp);
+        let off = k.b.ins().iadd(off, lane);
+        let to = k.addr(dst, off, F32 as i64);
+        copy_strided(k, types::F32, kc, (from, F32 as i64), (to, (MR * F32) as i64));
     });
 }
 
 /// Adds the register tile to C (or stores it, on the first K block) at `c` (row stride
 /// `n`); only `rows × cols` of it are inside C.
 #[allow(clippy::too_many_arguments)]
-fn store_tile(k: &mut KernelBuilder, acc: &[Value], c: Value, n: usize, rows: Value, cols: Value, first: Value, tile: Value) {
+fn store_tile(
+    k: &mut KernelBuilder,
+    acc: &[Value],
+    c: Value,
+    n: usize,
+    rows: Value,
+    cols: Value,
+    first: Value,
+    tile: Value,
+) {
     let full_rows = k.b.ins().icmp_imm_s(IntCC::Equal, rows, MR as i64);
     let full_cols = k.b.ins().icmp_imm_s(IntCC::Equal, cols, NR as i64);
     let full = k.b.ins().band(full_rows, full_cols);
@@ -471,12 +502,12 @@ fn store_tile(k: &mut KernelBuilder, acc: &[Value], c: Value, n: usize, rows: Va
         for (r, &v) in acc.iter().enumerate() {
             let p = k.b.ins().iadd_imm_s(c, (r * n * F32) as i64);
             let v = if accumulate {
-                let old = k.b.ins().load(F32X4, unaligned(), p, 0);
+                let old = k.b.ins().load(F32X4, mem(), p, 0);
                 k.b.ins().fadd(old, v)
             } else {
                 v
             };
-            k.b.ins().store(unaligned(), v, p, 0);
+            k.b.ins().store(mem(), v, p, 0);
         }
         k.b.ins().jump(done, &[]);
     }
@@ -628,11 +659,26 @@ pub(crate) mod tests {
 
     #[test]
     fn random_shapes() {
-        let dims = random(7, 60);
-        let dim = |i: usize, max: f32| ((dims[i] + 1.0) * 0.5 * max) as usize + 1;
+        let draws = random(7, 200);
+        let mut next = draws.iter().map(|x| (x + 1.0) * 0.5);
+        let mut dim = |max: f32| (next.next().unwrap() * max) as usize + 1;
         for t in 0..12 {
-            let (m, k, n) = (dim(3 * t, 40.0), dim(3 * t + 1, 300.0), dim(3 * t + 2, 40.0));
-            check_on(&native(), &[m, k], &[k, n], t as u64);
+            let (m, k, n) = (dim(40.0), dim(300.0), dim(40.0));
+            check_on(&native(), &[m, k], &[k, n], t);
+        }
+        // Batched, with each operand's batch dims randomly broadcast (1) or absent.
+        for t in 0..8 {
+            let (m, k, n) = (dim(20.0), dim(40.0), dim(20.0));
+            let batch: Vec<usize> = (0..dim(2.0)).map(|_| dim(3.0)).collect();
+            let mut operand = |matrix: [usize; 2]| {
+                let skip = dim(2.0) - 1;
+                let mut s: Vec<usize> =
+                    batch[skip.min(batch.len())..].iter().map(|&d| if dim(2.0) == 1 { 1 } else { d }).collect();
+                s.extend(matrix);
+                s
+            };
+            let (a, b) = (operand([m, k]), operand([k, n]));
+            check_on(&native(), &a, &b, 100 + t);
         }
     }
 
@@ -652,24 +698,25 @@ pub(crate) mod tests {
         let s = MatmulShape::new(&[2, 3, 4], &[4, 5], &[2, 3, 5]).unwrap();
         assert_eq!((s.m, s.k, s.n, s.batch.len()), (6, 4, 5, 0), "b shared: the batch folds into m");
         let s = MatmulShape::new(&[2, 1, 3, 4], &[3, 4, 5], &[2, 3, 3, 5]).unwrap();
-        assert_eq!(s.batch, [BatchDim { size: 2, a_stride: 12, b_stride: 0, out_stride: 45 }, BatchDim { size: 3, a_stride: 0, b_stride: 20, out_stride: 15 }]);
+        assert_eq!(
+            s.batch,
+            [
+                BatchDim { size: 2, a_stride: 12, b_stride: 0, out_stride: 45 },
+                BatchDim { size: 3, a_stride: 0, b_stride: 20, out_stride: 15 }
+            ]
+        );
         assert_eq!(s.batch_offsets()[4], (12, 20, 60));
-        assert!(MatmulShape::new(&[2, 3], &[4, 5], &[2, 5]).unwrap_err().to_string().contains("contraction dims differ"));
-        assert!(MatmulShape::new(&[3, 2, 2], &[2, 2, 2], &[3, 2, 2]).unwrap_err().to_string().contains("cannot be broadcast"));
+        assert!(MatmulShape::new(&[2, 3], &[4, 5], &[2, 5])
+            .unwrap_err()
+            .to_string()
+            .contains("contraction dims differ"));
+        assert!(MatmulShape::new(&[3, 2, 2], &[2, 2, 2], &[3, 2, 2])
+            .unwrap_err()
+            .to_string()
+            .contains("cannot be broadcast"));
         assert!(MatmulShape::new(&[2, 3], &[3, 5], &[2, 6]).unwrap_err().to_string().contains("does not match"));
         assert!(MatmulShape::new(&[], &[3], &[]).is_err());
         let i32t = TensorType::new(DType::I32, vec![2, 2]);
         assert!(matmul(&native(), "mm", &i32t, &i32t, &i32t).is_err());
-    }
-}
-#[cfg(test)]
-mod dumpit {
-    #[test]
-    fn dump() {
-        let t = super::super::emit::testing::native();
-        let ty = |s: &[usize]| meshc_ir::TensorType::new(meshc_ir::DType::F32, s.to_vec());
-        let g = super::matmul(&t, "mm", &ty(&[1024, 1024]), &ty(&[1024, 1024]), &ty(&[1024, 1024])).unwrap();
-        let code = super::super::compile(&t, g.func).unwrap();
-        std::fs::write("/tmp/mm.bin", code).unwrap();
     }
 }
