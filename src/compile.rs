@@ -139,7 +139,7 @@ fn generate(target: &Target, node: &Node, inputs: &[TensorType], out: &TensorTyp
         Op::ReduceSum | Op::ReduceMean | Op::ReduceMax | Op::Softmax | Op::LayerNorm => {
             codegen::reduce::kernel(target, &name, node, inputs, out)
         }
-        Op::Transpose | Op::Slice | Op::Concat | Op::BroadcastTo | Op::Gather | Op::Einsum | Op::Reshape => {
+        Op::Transpose | Op::Slice | Op::Concat | Op::BroadcastTo | Op::Gather | Op::Einsum => {
             codegen::movement::kernel(target, &name, node, inputs, out)
         }
         op if op.is_communication() => bail!("node '{}': {op} needs a mesh layout (a multi-device program)", node.name),
