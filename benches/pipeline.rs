@@ -91,6 +91,11 @@ fn kernels() {
     let row = |seed| random(&[cols], seed);
     let cases: Vec<(&str, String, HashMap<String, Tensor>)> = vec![
         (
+            "fused relu(x*a+b)",
+            format!("graph g {{ input x: f32[{rows},{cols}] param a: f32[{cols}] = init ones param b: f32[{cols}] = init zeros m = mul(x, a) s = add(m, b) y = relu(s) output y }}"),
+            HashMap::from([("a".to_string(), row(2)), ("b".to_string(), row(3))]),
+        ),
+        (
             "fused gelu(x*a+b)",
             format!("graph g {{ input x: f32[{rows},{cols}] param a: f32[{cols}] = init ones param b: f32[{cols}] = init zeros m = mul(x, a) s = add(m, b) y = gelu(s) output y }}"),
             HashMap::from([("a".to_string(), row(2)), ("b".to_string(), row(3))]),
