@@ -32,6 +32,9 @@ use super::emit::{build_kernel, mem, KernelBuilder, LANES};
 use super::math::Math;
 use super::{Generated, Target};
 
+/// Vectors per iteration of the innermost loop.
+const UNROLL: i64 = 4;
+
 /// An operand of a fused node: one of the kernel's inputs or an earlier node of the group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arg {
@@ -204,7 +207,17 @@ impl Plan {
         if n_vec > 0 {
             let vec_inv: Vec<Option<Value>> =
                 scalar_inv.iter().enumerate().map(|(v, s)| s.map(|s| splat(&mut k.b, self.dtypes[v], s))).collect();
-            k.for_const(0, n_vec, LANES as i64, |k, i| self.body(k, target, (i, true), at, &vec_inv));
+            // Several independent vectors per iteration give the CPU work to overlap (loads
+            // of one with the arithmetic of another) and amortise the loop overhead.
+            let step = UNROLL * LANES as i64;
+            let n_unrolled = n_vec - n_vec % step;
+            k.for_const(0, n_unrolled, step, |k, i| {
+                for u in 0..UNROLL {
+                    let iu = if u == 0 { i } else { k.b.ins().iadd_imm_s(i, u * LANES as i64) };
+                    self.body(k, target, (iu, true), at, &vec_inv);
+                }
+            });
+            k.for_const(n_unrolled, n_vec, LANES as i64, |k, i| self.body(k, target, (i, true), at, &vec_inv));
         }
         if n_vec < n {
             k.for_const(n_vec, n, 1, |k, i| self.body(k, target, (i, false), at, &scalar_inv));
