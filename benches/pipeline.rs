@@ -117,8 +117,11 @@ fn kernels() {
 }
 
 fn testdata_graphs() -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> =
-        std::fs::read_dir("testdata").unwrap().map(|e| e.unwrap().path().join("graph.json")).filter(|p| p.is_file()).collect();
+    let mut v: Vec<PathBuf> = std::fs::read_dir("testdata")
+        .unwrap()
+        .map(|e| e.unwrap().path().join("graph.json"))
+        .filter(|p| p.is_file())
+        .collect();
     v.sort();
     v
 }
@@ -177,7 +180,10 @@ fn load_time() {
         });
         let input = format!("x={}", x.display());
         let t_proc = median(21, || {
-            let s = Command::new(meshc).args(["run", art.to_str().unwrap(), "--trust-weights", "--input", &input]).output().unwrap();
+            let s = Command::new(meshc)
+                .args(["run", art.to_str().unwrap(), "--trust-weights", "--input", &input])
+                .output()
+                .unwrap();
             assert!(s.status.success(), "{s:?}");
         });
         println!("| {mib} MiB | {size} | {:.0} | {:.2} |", t_open * 1e6, t_proc * 1e3);

@@ -215,7 +215,11 @@ pub fn compile(g: &Graph, info: &Info, params: &HashMap<String, Tensor>, opts: &
                 Gemm::Auto => library::prefer_library(&operand_types[0], &operand_types[1]),
             };
         let (exec, operands, scratch) = if use_library {
-            let lib = Library::Matmul { a: operand_types[0].shape.clone(), b: operand_types[1].shape.clone(), out: out.shape.clone() };
+            let lib = Library::Matmul {
+                a: operand_types[0].shape.clone(),
+                b: operand_types[1].shape.clone(),
+                out: out.shape.clone(),
+            };
             (Exec::Library(lib), node.inputs.clone(), 0)
         } else {
             let (generated, operands) = if node.op.is_elementwise() {

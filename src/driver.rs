@@ -27,9 +27,10 @@ pub fn write_artifact(c: &Compiled, out: &Path) -> Result<()> {
 
 fn parse_sections(art: &Artifact, file: &str) -> Result<(Meta, Program)> {
     let section = |k: SectionKind| art.section(k).ok_or_else(|| anyhow!("{file}: no {} section", k.name()));
-    let meta: Meta = serde_json::from_slice(section(SectionKind::Meta)?).with_context(|| format!("{file}: bad meta section"))?;
-    let mut programs: Vec<Program> =
-        serde_json::from_slice(section(SectionKind::Program)?).with_context(|| format!("{file}: bad program section"))?;
+    let meta: Meta =
+        serde_json::from_slice(section(SectionKind::Meta)?).with_context(|| format!("{file}: bad meta section"))?;
+    let mut programs: Vec<Program> = serde_json::from_slice(section(SectionKind::Program)?)
+        .with_context(|| format!("{file}: bad program section"))?;
     if programs.len() != 1 || meta.devices != 1 {
         return Err(anyhow!("{file}: this runner runs single-device programs; the artifact has {}", programs.len()));
     }
@@ -79,16 +80,38 @@ pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
     writeln!(s, "artifact {file}")?;
     writeln!(s, "sections:")?;
     for sec in art.sections() {
-        writeln!(s, "  {:<8} offset {:>10}  size {:>10}  crc32 {:08x}", sec.kind.name(), sec.offset, sec.size, sec.checksum)?;
+        writeln!(
+            s,
+            "  {:<8} offset {:>10}  size {:>10}  crc32 {:08x}",
+            sec.kind.name(),
+            sec.offset,
+            sec.size,
+            sec.checksum
+        )?;
     }
-    writeln!(s, "graph {} | target {} [{}] | {} device(s)", meta.graph, meta.target, meta.features.join(" "), meta.devices)?;
+    writeln!(
+        s,
+        "graph {} | target {} [{}] | {} device(s)",
+        meta.graph,
+        meta.target,
+        meta.features.join(" "),
+        meta.devices
+    )?;
     for i in &meta.inputs {
         writeln!(s, "input  {}: {}{:?}", i.name, i.dtype, i.shape)?;
     }
     for o in &meta.outputs {
         writeln!(s, "output {}: {}{:?}", o.name, o.dtype, o.shape)?;
     }
-    writeln!(s, "device {}: arena {} bytes, {} buffers, {} kernels, {} steps", p.device, p.arena_bytes, p.buffers.len(), p.kernels.len(), p.steps.len())?;
+    writeln!(
+        s,
+        "device {}: arena {} bytes, {} buffers, {} kernels, {} steps",
+        p.device,
+        p.arena_bytes,
+        p.buffers.len(),
+        p.kernels.len(),
+        p.steps.len()
+    )?;
     writeln!(s, "kernels:")?;
     for (i, k) in p.kernels.iter().enumerate() {
         writeln!(s, "  k{i:<3} {:<32} offset {:>7}  {:>6} bytes", k.name, k.offset, k.len)?;

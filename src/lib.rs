@@ -3,8 +3,8 @@
 
 pub mod artifact;
 pub mod codegen;
-pub mod library;
-pub mod program;
 pub mod compile;
 pub mod driver;
+pub mod library;
+pub mod program;
 pub mod runner;

@@ -42,7 +42,8 @@ pub fn matmul(
     out_shape: &[usize],
 ) -> Result<()> {
     let macs = a_shape.last().copied().unwrap_or(1).saturating_mul(out_shape.iter().product());
-    let threads = if macs >= PARALLEL_MIN_MACS { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { 1 };
+    let threads =
+        if macs >= PARALLEL_MIN_MACS { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { 1 };
     matmul_threads(a, b, out, a_shape, b_shape, out_shape, threads)
 }
 

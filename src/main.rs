@@ -361,7 +361,11 @@ fn check_against(results: &BTreeMap<String, Tensor>, dir: &Path) -> Result<()> {
             worst = worst.max(err);
             ok &= err <= 1e-5 + 1e-4 * b.abs() || (a.is_nan() && b.is_nan());
         }
-        println!("check {name}: max abs error {worst:.3e} against {} ({})", file.display(), if ok { "ok" } else { "FAILED" });
+        println!(
+            "check {name}: max abs error {worst:.3e} against {} ({})",
+            file.display(),
+            if ok { "ok" } else { "FAILED" }
+        );
         if !ok {
             failed.push(name.as_str());
         }

@@ -76,7 +76,16 @@ fn inspect_is_pinned() {
         let name = graph_name(&g);
         let art = dir.join(format!("{name}.mshc"));
         // A fixed target and GEMM choice keep the pinned text independent of the host.
-        let c = meshc(&["compile", &g.display().to_string(), "-o", art.to_str().unwrap(), "--target", "x86-64-v3", "--gemm", "cranelift"]);
+        let c = meshc(&[
+            "compile",
+            &g.display().to_string(),
+            "-o",
+            art.to_str().unwrap(),
+            "--target",
+            "x86-64-v3",
+            "--gemm",
+            "cranelift",
+        ]);
         assert_eq!(c.status, Some(0), "{c:?}");
         let run = meshc(&["inspect", art.to_str().unwrap()]);
         assert_eq!(run.status, Some(0), "{run:?}");
@@ -145,7 +154,10 @@ fn run_refuses_bad_inputs_with_pinned_errors() {
     let a = art.to_str().unwrap();
     let cases: [(&str, Vec<&str>); 4] = [
         ("run-missing-input", vec!["run", a]),
-        ("run-extra-input", vec!["run", a, "--input", "x=testdata/mlp/inputs/x.npy", "--input", "z=testdata/mlp/inputs/x.npy"]),
+        (
+            "run-extra-input",
+            vec!["run", a, "--input", "x=testdata/mlp/inputs/x.npy", "--input", "z=testdata/mlp/inputs/x.npy"],
+        ),
         ("run-wrong-shape", vec!["run", a, "--input", "x=testdata/gelu_mlp/inputs/x.npy"]),
         ("run-unreadable-npy", vec!["run", a, "--input", "x=testdata/bad/weights/w_truncated.npy"]),
     ];

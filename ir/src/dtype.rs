@@ -82,10 +82,7 @@ impl TensorType {
     /// The byte size, or `None` when it overflows or exceeds `MAX_TENSOR_BYTES`. The
     /// verifier checks every tensor with this, so `numel`/`size_bytes` cannot overflow later.
     pub fn checked_size_bytes(&self) -> Option<usize> {
-        self.shape
-            .iter()
-            .try_fold(self.dtype.size_bytes(), |n, &d| n.checked_mul(d))
-            .filter(|&n| n <= MAX_TENSOR_BYTES)
+        self.shape.iter().try_fold(self.dtype.size_bytes(), |n, &d| n.checked_mul(d)).filter(|&n| n <= MAX_TENSOR_BYTES)
     }
 }
 

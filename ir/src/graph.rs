@@ -40,7 +40,10 @@ pub struct Param {
 #[derive(Clone, Debug, PartialEq)]
 pub enum ParamData {
     /// `.npy`, or `.safetensors` with `key` naming the tensor.
-    File { path: String, key: Option<String> },
+    File {
+        path: String,
+        key: Option<String>,
+    },
     Init(Init),
     /// Inline values: a scalar or nested lists matching the shape.
     Value(Attr),

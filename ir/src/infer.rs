@@ -332,7 +332,8 @@ fn matmul(ops: &[Operand]) -> R<Inferred> {
     if k != k2 {
         return Err(format!("matmul contracting dims differ: {} x {} ({k} vs {k2})", sh(sa), sh(sb)));
     }
-    let batch = broadcast_shapes(&[&pa[..pa.len() - 2], &pb[..pb.len() - 2]]).map_err(|e| format!("matmul batch dims: {e}"))?;
+    let batch =
+        broadcast_shapes(&[&pa[..pa.len() - 2], &pb[..pb.len() - 2]]).map_err(|e| format!("matmul batch dims: {e}"))?;
     let name = |o: &Operand, i: usize| o.dims.and_then(|d| d[i].clone());
     let mut shape = batch.clone();
     let mut dims: Dims = vec![None; batch.len()];
@@ -357,11 +358,15 @@ fn matmul(ops: &[Operand]) -> R<Inferred> {
 
 /// Parses `"ab,bc->ac"` into operand letter lists and the output letters.
 pub fn parse_equation(eq: &str, n_ops: usize) -> R<(Vec<Vec<char>>, Vec<char>)> {
-    let (lhs, out) = eq.split_once("->").ok_or_else(|| format!("einsum equation '{eq}' needs an explicit '->' output"))?;
+    let (lhs, out) =
+        eq.split_once("->").ok_or_else(|| format!("einsum equation '{eq}' needs an explicit '->' output"))?;
     let terms: Vec<Vec<char>> = lhs.split(',').map(|t| t.trim().chars().collect()).collect();
     let out: Vec<char> = out.trim().chars().collect();
     if terms.len() != n_ops {
-        return Err(format!("einsum equation '{eq}' has {} operand terms but the node has {n_ops} operands", terms.len()));
+        return Err(format!(
+            "einsum equation '{eq}' has {} operand terms but the node has {n_ops} operands",
+            terms.len()
+        ));
     }
     for t in terms.iter().chain(std::iter::once(&out)) {
         if let Some(c) = t.iter().find(|c| !c.is_ascii_alphabetic()) {
@@ -382,7 +387,12 @@ fn einsum(eq: &str, ops: &[Operand]) -> R<Inferred> {
     for (i, (t, o)) in terms.iter().zip(ops).enumerate() {
         expect_dtype(o, FLOAT, &format!("operand {i}"))?;
         if t.len() != o.ty.rank() {
-            return Err(format!("einsum term '{}' has {} letters but operand {i} has rank {}", t.iter().collect::<String>(), t.len(), o.ty.rank()));
+            return Err(format!(
+                "einsum term '{}' has {} letters but operand {i} has rank {}",
+                t.iter().collect::<String>(),
+                t.len(),
+                o.ty.rank()
+            ));
         }
         for (j, &c) in t.iter().enumerate() {
             let d = o.ty.shape[j];
@@ -401,7 +411,10 @@ fn einsum(eq: &str, ops: &[Operand]) -> R<Inferred> {
     let mut shape = Vec::new();
     let mut dims = Vec::new();
     for c in &out {
-        let (_, d, n) = sizes.iter().find(|(l, _, _)| l == c).ok_or_else(|| format!("einsum output letter '{c}' appears in no operand"))?;
+        let (_, d, n) = sizes
+            .iter()
+            .find(|(l, _, _)| l == c)
+            .ok_or_else(|| format!("einsum output letter '{c}' appears in no operand"))?;
         shape.push(*d);
         dims.push(n.clone());
     }
@@ -419,7 +432,8 @@ fn reshape(node: &Node, x: &Operand) -> R<Inferred> {
     }
     let n = x.ty.numel();
     let too_large = || format!("reshape target {} is too large", Attr::ints(&want));
-    let known = want.iter().filter(|&&d| d != -1).try_fold(1usize, |p, &d| p.checked_mul(d as usize)).ok_or_else(too_large)?;
+    let known =
+        want.iter().filter(|&&d| d != -1).try_fold(1usize, |p, &d| p.checked_mul(d as usize)).ok_or_else(too_large)?;
     let shape: Vec<usize> = if want.contains(&-1) {
         if known == 0 || !n.is_multiple_of(known) {
             return Err(format!("cannot reshape {} into {}", sh(&x.ty.shape), Attr::ints(&want)));
@@ -437,7 +451,14 @@ fn reshape(node: &Node, x: &Operand) -> R<Inferred> {
         let mut out: Dims = vec![None; shape.len()];
         let lead = old.iter().zip(&shape).take_while(|(a, b)| a == b).count();
         out[..lead].clone_from_slice(&d[..lead]);
-        let trail = old.iter().rev().zip(shape.iter().rev()).take_while(|(a, b)| a == b).count().min(shape.len() - lead).min(old.len() - lead);
+        let trail = old
+            .iter()
+            .rev()
+            .zip(shape.iter().rev())
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(shape.len() - lead)
+            .min(old.len() - lead);
         for i in 0..trail {
             out[shape.len() - 1 - i].clone_from(&d[old.len() - 1 - i]);
         }
@@ -517,7 +538,10 @@ fn collective(node: &Node, x: &Operand) -> R<Inferred> {
             let s = norm_axis(attr_int(node, "split_axis", 0), rank)?;
             let c = norm_axis(attr_int(node, "concat_axis", 0), rank)?;
             if !shape[s].is_multiple_of(n) {
-                return Err(format!("all_to_all split axis {s} of size {} does not divide by group size {n}", shape[s]));
+                return Err(format!(
+                    "all_to_all split axis {s} of size {} does not divide by group size {n}",
+                    shape[s]
+                ));
             }
             shape[s] /= n;
             shape[c] = shape[c].checked_mul(n).ok_or("all_to_all result is too large")?;

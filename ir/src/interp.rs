@@ -37,10 +37,7 @@ type R<T> = std::result::Result<T, String>;
 pub fn eval_node(node: &Node, args: &[&Tensor], out: &TensorType) -> Result<Tensor> {
     let fail = |msg: String| Error::at(node.loc, format!("node '{}': {msg}", node.name));
     if node.op.is_communication() {
-        return Err(fail(format!(
-            "communication op {} cannot run in the single-graph interpreter",
-            node.op
-        )));
+        return Err(fail(format!("communication op {} cannot run in the single-graph interpreter", node.op)));
     }
     if !node.op.arity().accepts(args.len()) {
         return Err(fail(format!("{} takes {}, got {}", node.op, node.op.arity(), args.len())));
@@ -92,7 +89,9 @@ pub fn run(
                 .inputs
                 .iter()
                 .map(|name| {
-                    values.get(name).ok_or_else(|| fail(format!("operand '{name}' has no value (not an input, param or earlier node)")))
+                    values.get(name).ok_or_else(|| {
+                        fail(format!("operand '{name}' has no value (not an input, param or earlier node)"))
+                    })
                 })
                 .collect::<Result<Vec<&Tensor>>>()?;
             eval_node(node, &args, out)?
@@ -388,7 +387,6 @@ fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
     strides
 }
 
-
 /// Strides that read a contiguous tensor of shape `from` as if it had shape `to` (numpy
 /// broadcasting: missing leading dims and size-1 dims repeat, with stride 0).
 fn broadcast_strides(from: &[usize], to: &[usize]) -> R<Vec<isize>> {
@@ -467,8 +465,6 @@ fn strided_view(x: &Tensor, shape: Vec<usize>, strides: Vec<isize>, offset: isiz
     let data = with_elem!(x.dtype(), T => T::wrap(take(elems::<T>(x)?, at)));
     Ok(Tensor::new(shape, data))
 }
-
-
 
 // ---------------------------------------------------------------------------------------
 // Elementwise
@@ -659,11 +655,7 @@ fn matmul(a: &Tensor, b: &Tensor) -> R<Tensor> {
         [batch @ .., k, n] => (batch, *k, *n),
     };
     if k != k2 {
-        return Err(format!(
-            "matmul contraction dims differ: {} @ {}",
-            ShapeDisplay(&a.shape),
-            ShapeDisplay(&b.shape)
-        ));
+        return Err(format!("matmul contraction dims differ: {} @ {}", ShapeDisplay(&a.shape), ShapeDisplay(&b.shape)));
     }
     let mut shape = broadcast_shapes(&[a_batch, b_batch])?;
     let a_mats = Strided::broadcast(a_batch, &shape)?;
@@ -711,9 +703,8 @@ fn einsum_term(eq: &str, term: &str) -> R<Vec<char>> {
 /// `einsum`: every output element is the sum, over the letters absent from the output, of
 /// the product of the operands' elements.
 fn einsum(eq: &str, args: &[&Tensor]) -> R<Tensor> {
-    let (lhs, rhs) = eq
-        .split_once("->")
-        .ok_or_else(|| format!("einsum equation '{eq}' needs an explicit output ('->')"))?;
+    let (lhs, rhs) =
+        eq.split_once("->").ok_or_else(|| format!("einsum equation '{eq}' needs an explicit output ('->')"))?;
     let terms = lhs.split(',').map(|t| einsum_term(eq, t)).collect::<R<Vec<_>>>()?;
     let out_letters = einsum_term(eq, rhs)?;
     if terms.len() != args.len() {
@@ -738,7 +729,8 @@ fn einsum(eq: &str, args: &[&Tensor]) -> R<Tensor> {
             }
         }
     }
-    let size_of = |c: &char| sizes.get(c).copied().ok_or_else(|| format!("einsum output letter '{c}' is in no operand"));
+    let size_of =
+        |c: &char| sizes.get(c).copied().ok_or_else(|| format!("einsum output letter '{c}' is in no operand"));
     let out_shape = out_letters.iter().map(size_of).collect::<R<Vec<_>>>()?;
     let sum_shape = summed.iter().map(size_of).collect::<R<Vec<_>>>()?;
     let (n_out, n_sum) = (result_len(&out_shape)?, result_len(&sum_shape)?);
@@ -857,10 +849,8 @@ fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, axis: i64, eps: f64) ->
     let centered: Vec<f64> = stat()?.zip(&xs).map(|(j, &v)| v - mean[j]).collect();
     let var: Vec<f64> = reduce(&centered, &x.shape, &axes, 0.0, |a, d| a + d * d).into_iter().map(|s| s / n).collect();
     let affine = Strided::broadcast(norm_shape, &x.shape)?;
-    let out = stat()?
-        .zip(affine)
-        .zip(&centered)
-        .map(|((j, i), &d)| d / (var[j] + eps).sqrt() * g[i] as f64 + b[i] as f64);
+    let out =
+        stat()?.zip(affine).zip(&centered).map(|((j, i), &d)| d / (var[j] + eps).sqrt() * g[i] as f64 + b[i] as f64);
     Ok(Tensor::f32(x.shape.clone(), narrow(out)))
 }
 
@@ -870,9 +860,7 @@ fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, axis: i64, eps: f64) ->
 
 /// Non-negative dims from an attribute.
 fn dims_attr(name: &str, v: &[i64]) -> R<Vec<usize>> {
-    v.iter()
-        .map(|&d| usize::try_from(d).map_err(|_| format!("attribute '{name}' has negative dim {d}")))
-        .collect()
+    v.iter().map(|&d| usize::try_from(d).map_err(|_| format!("attribute '{name}' has negative dim {d}"))).collect()
 }
 
 fn reshape(x: &Tensor, spec: &[i64]) -> R<Tensor> {
@@ -948,7 +936,6 @@ fn concat(args: &[&Tensor], axis: i64) -> R<Tensor> {
     });
     Ok(Tensor::new(shape, data))
 }
-
 
 fn slice(x: &Tensor, starts: &[i64], ends: &[i64], axes: Option<Vec<i64>>, steps: Option<Vec<i64>>) -> R<Tensor> {
     let rank = x.shape.len();
@@ -1095,7 +1082,8 @@ mod tests {
 
     /// Deterministic, irregular values in [-2, 2).
     fn noise(shape: &[usize], seed: u64) -> Tensor {
-        let v = (0..numel(shape) as u64).map(|k| (crate::init::uniform01(seed, k) * 4.0 - 2.0) as f32).collect::<Vec<_>>();
+        let v =
+            (0..numel(shape) as u64).map(|k| (crate::init::uniform01(seed, k) * 4.0 - 2.0) as f32).collect::<Vec<_>>();
         f(shape, &v)
     }
 
@@ -1200,7 +1188,8 @@ mod tests {
         let b = bt(&[1], &[true]);
         assert_eq!(error(Op::Add, &[], &[&b, &b]), "node 'n': add is not defined for bool");
         assert!(error(Op::Add, &[], &[&a, &f(&[1], &[1.])]).contains("different dtypes"));
-        assert!(error(Op::Add, &[], &[&f(&[2], &[1., 2.]), &f(&[3], &[1., 2., 3.])]).contains("cannot be broadcast together"));
+        assert!(error(Op::Add, &[], &[&f(&[2], &[1., 2.]), &f(&[3], &[1., 2., 3.])])
+            .contains("cannot be broadcast together"));
     }
 
     #[test]
@@ -1227,7 +1216,12 @@ mod tests {
         let exact = fd(&[4], &[-0.15865525393145707, 0., 0.8413447460685429, 1.9544997361036416]);
         check(Op::Gelu, &[], &[&x], exact.clone());
         check(Op::Gelu, &[("approximate", s("none"))], &[&x], exact);
-        check(Op::Gelu, &[("approximate", s("tanh"))], &[&x], fd(&[4], &[-0.15880800939172324, 0., 0.8411919906082768, 1.954597694087775]));
+        check(
+            Op::Gelu,
+            &[("approximate", s("tanh"))],
+            &[&x],
+            fd(&[4], &[-0.15880800939172324, 0., 0.8411919906082768, 1.954597694087775]),
+        );
         assert!(error(Op::Gelu, &[("approximate", s("fast"))], &[&x]).contains("unknown gelu approximation"));
     }
 
@@ -1326,7 +1320,8 @@ mod tests {
         let b = f(&[2, 2], &[1., 1., 0., 1.]);
         check(Op::MatMul, &[], &[&a, &b], f(&[2, 1, 2], &[1., 3., 3., 7.]));
         assert!(error(Op::MatMul, &[], &[&a, &f(&[3], &[1., 2., 3.])]).contains("contraction dims differ"));
-        assert!(error(Op::MatMul, &[], &[&f(&[3, 2, 2], &[0.; 12]), &f(&[2, 2, 2], &[0.; 8])]).contains("cannot be broadcast together"));
+        assert!(error(Op::MatMul, &[], &[&f(&[3, 2, 2], &[0.; 12]), &f(&[2, 2, 2], &[0.; 8])])
+            .contains("cannot be broadcast together"));
     }
 
     #[test]
@@ -1348,7 +1343,12 @@ mod tests {
         let n = f(&[3, 2], &[1., 0., 0., 1., 1., 1.]);
         check(Op::Einsum, &eq("ij,ji->"), &[&m, &n], f(&[], &[(1. + 3.) + (5. + 6.)]));
         check(Op::Einsum, &eq("ij,jk->ik"), &[&m, &n], f(&[2, 2], &[4., 5., 10., 11.]));
-        check(Op::Einsum, &eq("i,j->ij"), &[&f(&[2], &[1., 2.]), &f(&[3], &[1., 10., 100.])], f(&[2, 3], &[1., 10., 100., 2., 20., 200.]));
+        check(
+            Op::Einsum,
+            &eq("i,j->ij"),
+            &[&f(&[2], &[1., 2.]), &f(&[3], &[1., 10., 100.])],
+            f(&[2, 3], &[1., 10., 100., 2., 20., 200.]),
+        );
         // Batched matmul with a transposed output.
         let a = f(&[2, 1, 2], &[1., 2., 3., 4.]);
         let b = f(&[2, 2, 2], &[1., 0., 0., 1., 0., 1., 1., 0.]);
@@ -1368,7 +1368,9 @@ mod tests {
         assert!(error(Op::Einsum, &eq("ij"), &[&sq]).contains("explicit output"));
         assert!(error(Op::Einsum, &eq("...ij->ij"), &[&sq]).contains("unexpected character '.'"));
         assert!(error(Op::Einsum, &eq("ij->k"), &[&sq]).contains("output letter 'k' is in no operand"));
-        assert!(error(Op::Einsum, &eq("ij,jk->ik"), &[&sq, &f(&[3, 1], &[0.; 3])]).contains("letter 'j' has sizes 2 and 3"));
+        assert!(
+            error(Op::Einsum, &eq("ij,jk->ik"), &[&sq, &f(&[3, 1], &[0.; 3])]).contains("letter 'j' has sizes 2 and 3")
+        );
         assert!(error(Op::Einsum, &eq("ijk->i"), &[&sq]).contains("has 3 letters"));
         assert!(error(Op::Einsum, &eq("ij,jk->ik"), &[&sq]).contains("2 operand terms but 1 operands"));
     }
@@ -1397,10 +1399,20 @@ mod tests {
     fn reduce_mean_and_max() {
         let x = f(&[2, 3], &[1., 2., 3., 4., 5., 9.]);
         check(Op::ReduceMean, &[("axes", ints(&[1]))], &[&x], f(&[2], &[2., 6.]));
-        check(Op::ReduceMean, &[("axes", ints(&[0])), ("keepdims", Attr::Bool(true))], &[&x], f(&[1, 3], &[2.5, 3.5, 6.]));
+        check(
+            Op::ReduceMean,
+            &[("axes", ints(&[0])), ("keepdims", Attr::Bool(true))],
+            &[&x],
+            f(&[1, 3], &[2.5, 3.5, 6.]),
+        );
         check(Op::ReduceMax, &[("axes", ints(&[-1]))], &[&x], f(&[2], &[3., 9.]));
         check(Op::ReduceMax, &[], &[&f(&[3], &[-5., f32::NEG_INFINITY, -7.])], f(&[], &[-5.]));
-        check(Op::ReduceMax, &[("axes", ints(&[1]))], &[&f(&[2, 2], &[f32::NAN, 1., 2., f32::NAN])], f(&[2], &[f32::NAN; 2]));
+        check(
+            Op::ReduceMax,
+            &[("axes", ints(&[1]))],
+            &[&f(&[2, 2], &[f32::NAN, 1., 2., f32::NAN])],
+            f(&[2], &[f32::NAN; 2]),
+        );
         check(Op::ReduceMax, &[("axes", ints(&[0]))], &[&i32t(&[3, 1], &[-4, 8, 2])], i32t(&[1], &[8]));
         check(Op::ReduceMax, &[("axes", ints(&[0]))], &[&ramp(&[1, 2])], f(&[2], &[0., 1.]));
         assert_eq!(
@@ -1431,7 +1443,12 @@ mod tests {
         check(Op::Softmax, &[("axis", Attr::Int(0))], &[&f(&[2, 1], &[1., 1.])], f(&[2, 1], &[0.5, 0.5]));
         // Subtracting the max keeps large logits finite.
         check(Op::Softmax, &[], &[&f(&[2], &[1000., 1000.])], f(&[2], &[0.5, 0.5]));
-        check(Op::Softmax, &[("axis", Attr::Int(-2))], &[&f(&[2, 2], &[0., 1., 2f32.ln(), 1.])], f(&[2, 2], &[1. / 3., 0.5, 2. / 3., 0.5]));
+        check(
+            Op::Softmax,
+            &[("axis", Attr::Int(-2))],
+            &[&f(&[2, 2], &[0., 1., 2f32.ln(), 1.])],
+            f(&[2, 2], &[1. / 3., 0.5, 2. / 3., 0.5]),
+        );
         assert!(error(Op::Softmax, &[], &[&f(&[], &[1.])]).contains("out of range for rank 0"));
     }
 
@@ -1460,7 +1477,12 @@ mod tests {
         let want = f(&[2, 3], &[(-2. * r + 0.5) as f32, 0., (1. - r) as f32, 0.5, 0., 1.]);
         check(Op::LayerNorm, &[("eps", Attr::Float(1e-5))], &[&x, &gamma, &beta], want);
         let r0 = 1.0 / (2.0f64 / 3.0).sqrt();
-        check(Op::LayerNorm, &[("eps", Attr::Int(0))], &[&f(&[3], &[1., 2., 3.]), &ones, &zeros], f(&[3], &[-r0 as f32, 0., r0 as f32]));
+        check(
+            Op::LayerNorm,
+            &[("eps", Attr::Int(0))],
+            &[&f(&[3], &[1., 2., 3.]), &ones, &zeros],
+            f(&[3], &[-r0 as f32, 0., r0 as f32]),
+        );
     }
 
     #[test]
@@ -1484,7 +1506,8 @@ mod tests {
         for (axis, gshape) in [(-1i64, vec![8usize]), (1, vec![3, 8])] {
             let g = f(&gshape, &vec![1.; numel(&gshape)]);
             let b = f(&gshape, &vec![0.; numel(&gshape)]);
-            let y = eval_any(&node(Op::LayerNorm, &[("axis", Attr::Int(axis)), ("eps", Attr::Float(0.))]), &[&x, &g, &b]);
+            let y =
+                eval_any(&node(Op::LayerNorm, &[("axis", Attr::Int(axis)), ("eps", Attr::Float(0.))]), &[&x, &g, &b]);
             let axes: Vec<i64> = if axis == 1 { vec![1, 2] } else { vec![2] };
             let mean = eval_any(&node(Op::ReduceMean, &[("axes", ints(&axes))]), &[&y]);
             let sq = eval_any(&node(Op::Mul, &[]), &[&y, &y]);
@@ -1516,11 +1539,13 @@ mod tests {
         check(Op::Transpose, &[], &[&x], i32t(&[3, 2], &[1, 4, 2, 5, 3, 6]));
         let y = ramp(&[2, 3, 4]);
         // out[k][i][j] = y[i][j][k] = 12i + 4j + k
-        let want: Vec<f32> = (0..4).flat_map(|k| (0..2).flat_map(move |i| (0..3).map(move |j| (12 * i + 4 * j + k) as f32))).collect();
+        let want: Vec<f32> =
+            (0..4).flat_map(|k| (0..2).flat_map(move |i| (0..3).map(move |j| (12 * i + 4 * j + k) as f32))).collect();
         check(Op::Transpose, &[("perm", ints(&[2, 0, 1]))], &[&y], f(&[4, 2, 3], &want));
         check(Op::Transpose, &[("perm", ints(&[-1, 0, -2]))], &[&y], f(&[4, 2, 3], &want));
         // Default perm reverses: out[k][j][i] = y[i][j][k].
-        let rev: Vec<f32> = (0..4).flat_map(|k| (0..3).flat_map(move |j| (0..2).map(move |i| (12 * i + 4 * j + k) as f32))).collect();
+        let rev: Vec<f32> =
+            (0..4).flat_map(|k| (0..3).flat_map(move |j| (0..2).map(move |i| (12 * i + 4 * j + k) as f32))).collect();
         check(Op::Transpose, &[], &[&y], f(&[4, 3, 2], &rev));
         check(Op::Transpose, &[], &[&bt(&[], &[true])], bt(&[], &[true]));
         assert!(error(Op::Transpose, &[("perm", ints(&[0, 0]))], &[&x]).contains("not a permutation"));
@@ -1529,13 +1554,27 @@ mod tests {
 
     #[test]
     fn broadcast_to_cases() {
-        check(Op::BroadcastTo, &[("shape", ints(&[2, 3]))], &[&f(&[3], &[1., 2., 3.])], f(&[2, 3], &[1., 2., 3., 1., 2., 3.]));
-        check(Op::BroadcastTo, &[("shape", ints(&[2, 2]))], &[&bt(&[2, 1], &[true, false])], bt(&[2, 2], &[true, true, false, false]));
+        check(
+            Op::BroadcastTo,
+            &[("shape", ints(&[2, 3]))],
+            &[&f(&[3], &[1., 2., 3.])],
+            f(&[2, 3], &[1., 2., 3., 1., 2., 3.]),
+        );
+        check(
+            Op::BroadcastTo,
+            &[("shape", ints(&[2, 2]))],
+            &[&bt(&[2, 1], &[true, false])],
+            bt(&[2, 2], &[true, true, false, false]),
+        );
         check(Op::BroadcastTo, &[("shape", ints(&[3]))], &[&i64t(&[], &[4])], i64t(&[3], &[4, 4, 4]));
         check(Op::BroadcastTo, &[("shape", ints(&[2, 0]))], &[&i64t(&[1], &[4])], i64t(&[2, 0], &[]));
-        assert!(error(Op::BroadcastTo, &[("shape", ints(&[2, 4]))], &[&f(&[3], &[1., 2., 3.])]).contains("cannot broadcast shape [3] to [2,4]"));
-        assert!(error(Op::BroadcastTo, &[("shape", ints(&[3]))], &[&f(&[1, 3], &[1., 2., 3.])]).contains("cannot broadcast"));
-        assert!(error(Op::BroadcastTo, &[("shape", ints(&[1 << 40, 1 << 40]))], &[&f(&[1], &[1.])]).contains("too large"));
+        assert!(error(Op::BroadcastTo, &[("shape", ints(&[2, 4]))], &[&f(&[3], &[1., 2., 3.])])
+            .contains("cannot broadcast shape [3] to [2,4]"));
+        assert!(error(Op::BroadcastTo, &[("shape", ints(&[3]))], &[&f(&[1, 3], &[1., 2., 3.])])
+            .contains("cannot broadcast"));
+        assert!(
+            error(Op::BroadcastTo, &[("shape", ints(&[1 << 40, 1 << 40]))], &[&f(&[1], &[1.])]).contains("too large")
+        );
     }
 
     #[test]
@@ -1574,7 +1613,12 @@ mod tests {
             &[&m],
             i32t(&[1, 2], &[3, 1]),
         );
-        check(Op::Slice, &sl(&[1], &[4], &[("axes", ints(&[1])), ("steps", ints(&[2]))]), &[&m], i32t(&[2, 2], &[1, 3, 5, 7]));
+        check(
+            Op::Slice,
+            &sl(&[1], &[4], &[("axes", ints(&[1])), ("steps", ints(&[2]))]),
+            &[&m],
+            i32t(&[2, 2], &[1, 3, 5, 7]),
+        );
         check(Op::Slice, &sl(&[], &[], &[]), &[&m], m.clone());
         assert!(error(Op::Slice, &sl(&[0], &[1], &[("steps", ints(&[0]))]), &[&x]).contains("step of 0"));
         assert!(error(Op::Slice, &sl(&[0, 0], &[1, 1], &[("axes", ints(&[0, -1]))]), &[&x]).contains("repeat axis 0"));
@@ -1593,7 +1637,12 @@ mod tests {
         check(Op::Gather, &[], &[&data, &i32t(&[0], &[])], i32t(&[0, 2], &[]));
         // 3-D data, axis in the middle: out[i][j][k] = data[i][idx[j]][k].
         let d3 = ramp(&[2, 3, 2]);
-        check(Op::Gather, &[("axis", Attr::Int(1))], &[&d3, &i64t(&[2], &[2, 0])], f(&[2, 2, 2], &[4., 5., 0., 1., 10., 11., 6., 7.]));
+        check(
+            Op::Gather,
+            &[("axis", Attr::Int(1))],
+            &[&d3, &i64t(&[2], &[2, 0])],
+            f(&[2, 2, 2], &[4., 5., 0., 1., 10., 11., 6., 7.]),
+        );
     }
 
     #[test]
@@ -1657,7 +1706,11 @@ mod tests {
     }
 
     /// Builds the graph and the type table by evaluating once (the stand-in for `infer`).
-    fn typed(nodes: Vec<Node>, outputs: &[&str], values: &HashMap<String, Tensor>) -> (Graph, HashMap<String, TensorType>) {
+    fn typed(
+        nodes: Vec<Node>,
+        outputs: &[&str],
+        values: &HashMap<String, Tensor>,
+    ) -> (Graph, HashMap<String, TensorType>) {
         let mut vals = values.clone();
         let mut types = HashMap::new();
         for n in &nodes {
@@ -1666,17 +1719,20 @@ mod tests {
             types.insert(n.name.clone(), v.ty());
             vals.insert(n.name.clone(), v);
         }
-        let graph = Graph { name: "g".into(), nodes, outputs: outputs.iter().map(|&o| Output::new(o)).collect(), ..Graph::default() };
+        let graph = Graph {
+            name: "g".into(),
+            nodes,
+            outputs: outputs.iter().map(|&o| Output::new(o)).collect(),
+            ..Graph::default()
+        };
         (graph, types)
     }
 
     #[test]
     fn run_evaluates_in_order_and_returns_outputs() {
-        let values: HashMap<String, Tensor> = [
-            ("x".to_string(), f(&[2, 2], &[1., -2., 3., -4.])),
-            ("w".to_string(), f(&[2, 2], &[1., 0., 0., 1.])),
-        ]
-        .into();
+        let values: HashMap<String, Tensor> =
+            [("x".to_string(), f(&[2, 2], &[1., -2., 3., -4.])), ("w".to_string(), f(&[2, 2], &[1., 0., 0., 1.]))]
+                .into();
         let nodes = vec![
             graph_node("mm", Op::MatMul, &["x", "w"], &[]),
             graph_node("r", Op::Relu, &["mm"], &[]),
@@ -1700,7 +1756,10 @@ mod tests {
         let e = run(&graph, &[0], &types, HashMap::new()).unwrap_err();
         assert!(e.msg.contains("node 'y': operand 'x' has no value"), "{e}");
         assert!(run(&graph, &[1], &types, values.clone()).unwrap_err().msg.contains("node index 1"));
-        assert!(run(&graph, &[0], &HashMap::new(), values.clone()).unwrap_err().msg.contains("no inferred result type"));
+        assert!(run(&graph, &[0], &HashMap::new(), values.clone())
+            .unwrap_err()
+            .msg
+            .contains("no inferred result type"));
         let e = run(&graph, &[], &types, values).unwrap_err();
         assert_eq!(e.msg, "output 'y' has no value");
     }
@@ -1713,10 +1772,16 @@ mod tests {
         let hd = d / h;
         let mut values: HashMap<String, Tensor> = HashMap::new();
         values.insert("x".into(), noise(&[b, t, d], 1));
-        for (i, (name, shape)) in
-            [("wq", vec![d, d]), ("wk", vec![d, d]), ("wv", vec![d, d]), ("wo", vec![d, d]), ("w1", vec![d, 2 * d]), ("w2", vec![2 * d, d])]
-                .into_iter()
-                .enumerate()
+        for (i, (name, shape)) in [
+            ("wq", vec![d, d]),
+            ("wk", vec![d, d]),
+            ("wv", vec![d, d]),
+            ("wo", vec![d, d]),
+            ("w1", vec![d, 2 * d]),
+            ("w2", vec![2 * d, d]),
+        ]
+        .into_iter()
+        .enumerate()
         {
             let w = noise(&shape, 100 + i as u64);
             let scaled: Vec<f32> = w.as_f32().unwrap().iter().map(|v| v * 0.2).collect();
@@ -1727,7 +1792,12 @@ mod tests {
         values.insert("scale".into(), f(&[], &[1.0 / (hd as f32).sqrt()]));
         let heads = |name: &str, src: &str| {
             vec![
-                graph_node(&format!("{name}_r"), Op::Reshape, &[src], &[("shape", ints(&[b as i64, t as i64, h as i64, hd as i64]))]),
+                graph_node(
+                    &format!("{name}_r"),
+                    Op::Reshape,
+                    &[src],
+                    &[("shape", ints(&[b as i64, t as i64, h as i64, hd as i64]))],
+                ),
                 graph_node(name, Op::Transpose, &[&format!("{name}_r")], &[("perm", ints(&[0, 2, 1, 3]))]),
             ]
         };

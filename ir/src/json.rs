@@ -28,9 +28,12 @@ pub fn parse(src: &str) -> Result<Graph> {
         Some(n) => string(n, "the graph's \"name\"")?.to_string(),
         None => String::new(),
     };
-    let inputs = list(top, "inputs", "the graph")?.iter().enumerate().map(|(i, v)| parse_input(i, v)).collect::<Result<_>>()?;
-    let params = list(top, "params", "the graph")?.iter().enumerate().map(|(i, v)| parse_param(i, v)).collect::<Result<_>>()?;
-    let nodes = list(top, "nodes", "the graph")?.iter().enumerate().map(|(i, v)| parse_node(i, v)).collect::<Result<_>>()?;
+    let inputs =
+        list(top, "inputs", "the graph")?.iter().enumerate().map(|(i, v)| parse_input(i, v)).collect::<Result<_>>()?;
+    let params =
+        list(top, "params", "the graph")?.iter().enumerate().map(|(i, v)| parse_param(i, v)).collect::<Result<_>>()?;
+    let nodes =
+        list(top, "nodes", "the graph")?.iter().enumerate().map(|(i, v)| parse_node(i, v)).collect::<Result<_>>()?;
     let outputs = list(top, "outputs", "the graph")?
         .iter()
         .map(|v| Ok(Output::new(string(v, "an entry of \"outputs\"")?)))
@@ -149,7 +152,11 @@ fn parse_init(v: &Value, what: &str) -> Result<Init> {
             let (k, a) = o.iter().next().expect("one entry");
             (k.as_str(), Some(object(a, &format!("{what}: \"init\" arguments"))?))
         }
-        _ => return Err(bad(format!("expected \"zeros\", \"ones\", {{\"normal\": {{...}}}} or {{\"uniform\": {{...}}}}, found {v}"))),
+        _ => {
+            return Err(bad(format!(
+                "expected \"zeros\", \"ones\", {{\"normal\": {{...}}}} or {{\"uniform\": {{...}}}}, found {v}"
+            )))
+        }
     };
     let num = |key: &str, default: Option<f64>| -> Result<f64> {
         match args.and_then(|a| a.get(key)) {
@@ -201,7 +208,10 @@ fn parse_node(i: usize, v: &Value) -> Result<Node> {
     let name = entry_name(obj, "node", i)?;
     let what = format!("node '{name}'");
     check_keys(obj, &what, &["name", "op", "inputs", "attrs", "dtype", "shape", "dims", "device"])?;
-    let op_name = string(obj.get("op").ok_or_else(|| Error::new(format!("{what} has no \"op\"")))?, &format!("\"op\" of {what}"))?;
+    let op_name = string(
+        obj.get("op").ok_or_else(|| Error::new(format!("{what} has no \"op\"")))?,
+        &format!("\"op\" of {what}"),
+    )?;
     let op = Op::from_name(op_name).ok_or_else(|| Error::new(format!("{what}: unknown op '{op_name}'")))?;
     let inputs = list(obj, "inputs", &what)?
         .iter()
@@ -267,7 +277,9 @@ fn init_json(init: &Init) -> Value {
             a.insert("std".into(), f(std));
             serde_json::json!({ "normal": a })
         }
-        Init::Uniform { seed, low, high } => serde_json::json!({ "uniform": { "seed": seed, "low": f(low), "high": f(high) } }),
+        Init::Uniform { seed, low, high } => {
+            serde_json::json!({ "uniform": { "seed": seed, "low": f(low), "high": f(high) } })
+        }
     }
 }
 

@@ -162,13 +162,17 @@ impl Op {
             Transpose => const { &[opt("perm", K::Ints)] },
             BroadcastTo => const { &[req("shape", K::Ints)] },
             Concat => const { &[req("axis", K::Int)] },
-            Slice => const { &[req("starts", K::Ints), req("ends", K::Ints), opt("axes", K::Ints), opt("steps", K::Ints)] },
+            Slice => {
+                const { &[req("starts", K::Ints), req("ends", K::Ints), opt("axes", K::Ints), opt("steps", K::Ints)] }
+            }
             Gather => const { &[opt("axis", K::Int)] },
             Send => const { &[req("key", K::Str), req("to", K::Int)] },
             Recv => const { &[req("key", K::Str), req("from", K::Int), req("shape", K::Ints), req("dtype", K::DType)] },
             AllReduce => const { &[req("groups", K::Groups), opt("reduce", K::Enum(REDUCE_KINDS))] },
             AllGather => const { &[req("groups", K::Groups), req("axis", K::Int)] },
-            ReduceScatter => const { &[req("groups", K::Groups), req("axis", K::Int), opt("reduce", K::Enum(REDUCE_KINDS))] },
+            ReduceScatter => {
+                const { &[req("groups", K::Groups), req("axis", K::Int), opt("reduce", K::Enum(REDUCE_KINDS))] }
+            }
             AllToAll => const { &[req("groups", K::Groups), req("split_axis", K::Int), req("concat_axis", K::Int)] },
             _ => &[],
         }

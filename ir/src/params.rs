@@ -17,7 +17,12 @@ use crate::tensor::{Data, Tensor};
 pub fn inline_value(p: &Param, v: &Attr) -> Result<Tensor> {
     let at = |msg: String| Error::at(p.loc, format!("param '{}': {msg}", p.name));
     let mut flat = Vec::new();
-    fn walk<'a>(v: &'a Attr, shape: &[usize], depth: usize, flat: &mut Vec<&'a Attr>) -> std::result::Result<(), String> {
+    fn walk<'a>(
+        v: &'a Attr,
+        shape: &[usize],
+        depth: usize,
+        flat: &mut Vec<&'a Attr>,
+    ) -> std::result::Result<(), String> {
         match (shape.first(), v) {
             (None, Attr::List(_)) => Err(format!("value is nested deeper than the rank {depth}")),
             (None, scalar) => {
@@ -27,16 +32,24 @@ pub fn inline_value(p: &Param, v: &Attr) -> Result<Tensor> {
             (Some(&n), Attr::List(items)) if items.len() == n => {
                 items.iter().try_for_each(|item| walk(item, &shape[1..], depth + 1, flat))
             }
-            (Some(&n), Attr::List(items)) => Err(format!("value has {} entries at depth {depth}, the shape says {n}", items.len())),
-            (Some(_), other) => Err(format!("value has a {} at depth {depth} where the shape needs a list", other.kind())),
+            (Some(&n), Attr::List(items)) => {
+                Err(format!("value has {} entries at depth {depth}, the shape says {n}", items.len()))
+            }
+            (Some(_), other) => {
+                Err(format!("value has a {} at depth {depth} where the shape needs a list", other.kind()))
+            }
         }
     }
     walk(v, &p.ty.shape, 0, &mut flat).map_err(|e| at(format!("{e} (shape {})", ShapeDisplay(&p.ty.shape))))?;
     let bad = |a: &Attr| at(format!("value entry {a} is not a valid {}", p.ty.dtype));
     let data = match p.ty.dtype {
-        DType::F32 => Data::F32(flat.iter().map(|a| a.as_float().map(|x| x as f32).ok_or_else(|| bad(a))).collect::<Result<_>>()?),
+        DType::F32 => {
+            Data::F32(flat.iter().map(|a| a.as_float().map(|x| x as f32).ok_or_else(|| bad(a))).collect::<Result<_>>()?)
+        }
         DType::I32 => Data::I32(
-            flat.iter().map(|a| a.as_int().and_then(|i| i32::try_from(i).ok()).ok_or_else(|| bad(a))).collect::<Result<_>>()?,
+            flat.iter()
+                .map(|a| a.as_int().and_then(|i| i32::try_from(i).ok()).ok_or_else(|| bad(a)))
+                .collect::<Result<_>>()?,
         ),
         DType::I64 => Data::I64(flat.iter().map(|a| a.as_int().ok_or_else(|| bad(a))).collect::<Result<_>>()?),
         DType::Bool => Data::Bool(flat.iter().map(|a| a.as_bool().ok_or_else(|| bad(a))).collect::<Result<_>>()?),

@@ -132,9 +132,15 @@ impl Tensor {
     pub fn from_le_bytes(ty: &TensorType, bytes: &[u8]) -> Tensor {
         debug_assert_eq!(bytes.len(), ty.size_bytes());
         let data = match ty.dtype {
-            DType::F32 => Data::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect()),
-            DType::I32 => Data::I32(bytes.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes"))).collect()),
-            DType::I64 => Data::I64(bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()),
+            DType::F32 => {
+                Data::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect())
+            }
+            DType::I32 => {
+                Data::I32(bytes.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes"))).collect())
+            }
+            DType::I64 => {
+                Data::I64(bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
+            }
             DType::Bool => Data::Bool(bytes.iter().map(|&b| b != 0).collect()),
         };
         Tensor::new(ty.shape.clone(), data)
@@ -208,7 +214,8 @@ impl Tensor {
         let shape: Vec<u64> = self.shape.iter().map(|&d| d as u64).collect();
         // Writing into a Vec cannot fail.
         fn write<T: npyz::AutoSerialize + Copy>(out: &mut Vec<u8>, shape: &[u64], v: &[T]) {
-            let mut w = npyz::WriteOptions::new().default_dtype().shape(shape).writer(out).begin_nd().expect("in-memory npy");
+            let mut w =
+                npyz::WriteOptions::new().default_dtype().shape(shape).writer(out).begin_nd().expect("in-memory npy");
             w.extend(v.iter().copied()).expect("in-memory npy");
             w.finish().expect("in-memory npy");
         }
@@ -239,9 +246,7 @@ impl Tensor {
             S::I32 => Data::I32(raw.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()),
             S::I64 => Data::I64(raw.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()),
             S::BOOL => Data::Bool(raw.iter().map(|&b| b != 0).collect()),
-            other => {
-                return Err(Error::new(format!("tensor '{key}' has unsupported dtype {other:?}")).in_file(&file))
-            }
+            other => return Err(Error::new(format!("tensor '{key}' has unsupported dtype {other:?}")).in_file(&file)),
         };
         Ok(Tensor::new(view.shape().to_vec(), data))
     }

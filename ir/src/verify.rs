@@ -31,7 +31,10 @@ fn node_err(n: &Node, msg: impl std::fmt::Display) -> Error {
 fn check_size(ty: &TensorType, loc: Option<Loc>, what: &str) -> Result<()> {
     match ty.checked_size_bytes() {
         Some(_) => Ok(()),
-        None => Err(Error::at(loc, format!("{what}: {ty} is too large (the limit is {} GiB per tensor)", MAX_TENSOR_BYTES >> 30))),
+        None => Err(Error::at(
+            loc,
+            format!("{what}: {ty} is too large (the limit is {} GiB per tensor)", MAX_TENSOR_BYTES >> 30),
+        )),
     }
 }
 

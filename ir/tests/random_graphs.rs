@@ -69,14 +69,20 @@ fn eval(step: &Step, vals: &[M]) -> Option<M> {
             // Only same-shape operands or a [1, c] / [c] row against a [r, c] matrix.
             let shape = if x.shape.len() >= y.shape.len() { x.shape.clone() } else { y.shape.clone() };
             let (r, c) = M { shape: shape.clone(), v: vec![] }.rc();
-            let v = (0..r).flat_map(|i| (0..c).map(move |j| (i, j))).map(|(i, j)| binary(op, x.at(i, j), y.at(i, j))).collect();
+            let v = (0..r)
+                .flat_map(|i| (0..c).map(move |j| (i, j)))
+                .map(|(i, j)| binary(op, x.at(i, j), y.at(i, j)))
+                .collect();
             M { shape, v }
         }
         Step::MatMul(a, b) => {
             let (x, y) = (&vals[a], &vals[b]);
             let (r, k) = x.rc();
             let c = y.rc().1;
-            let v = (0..r).flat_map(|i| (0..c).map(move |j| (i, j))).map(|(i, j)| (0..k).map(|t| x.at(i, t) * y.at(t, j)).sum()).collect();
+            let v = (0..r)
+                .flat_map(|i| (0..c).map(move |j| (i, j)))
+                .map(|(i, j)| (0..k).map(|t| x.at(i, t) * y.at(t, j)).sum())
+                .collect();
             M { shape: vec![r, c], v }
         }
         Step::Reduce(op, a, axis, keep) => {
@@ -102,7 +108,10 @@ fn eval(step: &Step, vals: &[M]) -> Option<M> {
         Step::Transpose(a) => {
             let x = &vals[a];
             let (r, c) = x.rc();
-            M { shape: vec![c, r], v: (0..c).flat_map(|j| (0..r).map(move |i| (i, j))).map(|(i, j)| x.at(i, j)).collect() }
+            M {
+                shape: vec![c, r],
+                v: (0..c).flat_map(|j| (0..r).map(move |i| (i, j))).map(|(i, j)| x.at(i, j)).collect(),
+            }
         }
     })
 }
@@ -121,7 +130,9 @@ fn plan(seed: Vec<u32>, first: (usize, usize)) -> (Vec<Step>, Vec<Vec<usize>>) {
                 // a partner of the same shape, or a row vector broadcast against a matrix
                 let partner = (0..n).rev().find(|&b| shapes[b] == sa || (sa.len() == 2 && shapes[b] == vec![sa[1]]));
                 match partner {
-                    Some(b) => Step::Binary([Op::Add, Op::Sub, Op::Mul, Op::Maximum, Op::Minimum][(s as usize / 11) % 5], a, b),
+                    Some(b) => {
+                        Step::Binary([Op::Add, Op::Sub, Op::Mul, Op::Maximum, Op::Minimum][(s as usize / 11) % 5], a, b)
+                    }
                     None => Step::Unary(Op::Tanh, a),
                 }
             }
@@ -129,13 +140,21 @@ fn plan(seed: Vec<u32>, first: (usize, usize)) -> (Vec<Step>, Vec<Vec<usize>>) {
                 Some(b) => Step::MatMul(a, b),
                 None => Step::Transpose(a),
             },
-            3 if sa.len() == 2 => Step::Reduce([Op::ReduceSum, Op::ReduceMean, Op::ReduceMax][(s as usize / 5) % 3], a, (s as usize / 13) % 2, s % 2 == 0),
+            3 if sa.len() == 2 => Step::Reduce(
+                [Op::ReduceSum, Op::ReduceMean, Op::ReduceMax][(s as usize / 5) % 3],
+                a,
+                (s as usize / 13) % 2,
+                s % 2 == 0,
+            ),
             4 if sa.len() == 2 => Step::Transpose(a),
             _ => Step::Unary(Op::Relu, a),
         };
-        let shape = eval(&step, &shapes.iter().map(|s| M { shape: s.clone(), v: vec![0.0; s.iter().product()] }).collect::<Vec<_>>())
-            .expect("planned steps evaluate")
-            .shape;
+        let shape = eval(
+            &step,
+            &shapes.iter().map(|s| M { shape: s.clone(), v: vec![0.0; s.iter().product()] }).collect::<Vec<_>>(),
+        )
+        .expect("planned steps evaluate")
+        .shape;
         shapes.push(shape);
         steps.push(step);
     }

@@ -29,7 +29,8 @@ pub type KernelFn = unsafe extern "C" fn(bufs: *const *mut u8) -> u32;
 pub const STATUS_INDEX_OUT_OF_RANGE: u32 = 1;
 
 /// CPU features a target may require; recorded in the artifact and checked by the runner.
-pub const KNOWN_FEATURES: &[&str] = &["sse3", "ssse3", "sse4.1", "sse4.2", "popcnt", "avx", "avx2", "fma", "bmi1", "bmi2", "lzcnt"];
+pub const KNOWN_FEATURES: &[&str] =
+    &["sse3", "ssse3", "sse4.1", "sse4.2", "popcnt", "avx", "avx2", "fma", "bmi1", "bmi2", "lzcnt"];
 
 /// A code-generation target: the Cranelift ISA plus the CPU features its code may use.
 pub struct Target {
@@ -187,7 +188,12 @@ mod tests {
         b.switch_to_block(entry);
         let sig = b.import_signature(Signature::new(CallConv::SystemV));
         let name = b.func.declare_imported_user_function(UserExternalName::new(0, 0));
-        let callee = b.import_function(ExtFuncData { name: ExternalName::user(name), signature: sig, colocated: false, patchable: false });
+        let callee = b.import_function(ExtFuncData {
+            name: ExternalName::user(name),
+            signature: sig,
+            colocated: false,
+            patchable: false,
+        });
         b.ins().call(callee, &[]);
         let zero = b.ins().iconst(types::I32, 0);
         b.ins().return_(&[zero]);
