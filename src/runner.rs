@@ -73,6 +73,41 @@ pub enum Code {
     Copied(codegen::ExecCode),
 }
 
+/// Checks every number in the program that indexes something — buffer numbers, kernel
+/// numbers, the input and output lists against the metadata and their sizes — so that a
+/// well-formed but wrong program is refused instead of indexing out of bounds.
+fn check_indices(meta: &Meta, p: &Program) -> Result<()> {
+    let buffer = |b: usize, what: &str| -> Result<()> {
+        if b >= p.buffers.len() {
+            bail!("{what} names buffer {b}, but the program has {}", p.buffers.len());
+        }
+        Ok(())
+    };
+    for s in &p.steps {
+        for &b in &s.buffers {
+            buffer(b, &format!("step '{}'", s.node))?;
+        }
+        if let Exec::Kernel(k) = s.exec {
+            if k >= p.kernels.len() {
+                bail!("step '{}' names kernel {k}, but the program has {}", s.node, p.kernels.len());
+            }
+        }
+    }
+    for (list, specs, what) in [(&p.inputs, &meta.inputs, "input"), (&p.outputs, &meta.outputs, "output")] {
+        if list.len() != specs.len() {
+            bail!("the program has {} {what}s, the metadata {}", list.len(), specs.len());
+        }
+        for (&b, spec) in list.iter().zip(specs) {
+            buffer(b, &format!("{what} '{}'", spec.name))?;
+            let ty = spec.ty().ok_or_else(|| anyhow!("{what} '{}' has unknown dtype {}", spec.name, spec.dtype))?;
+            if ty.checked_size_bytes() != Some(p.buffers[b].bytes) {
+                bail!("{what} '{}' ({ty}) does not fit its buffer of {} bytes", spec.name, p.buffers[b].bytes);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A program ready to run: the runner's whole view of a compiled graph.
 pub struct Loaded<'w> {
     pub meta: Meta,
@@ -110,6 +145,7 @@ impl<'w> Loaded<'w> {
         if let Some(b) = program.buffers.iter().find(|b| !check(b)) {
             bail!("buffer '{}' lies outside its storage", b.name);
         }
+        check_indices(&meta, &program)?;
         let arena = std::sync::Mutex::new(AlignedBuf::zeroed(program.arena_bytes)?);
         Ok(Loaded { meta, program, code, weights, arena })
     }

@@ -1,0 +1,52 @@
+//! Artifacts with intact checksums that the runner must still refuse, with a clear one-line
+//! error before anything runs: code needing a CPU feature this machine lacks (never
+//! SIGILL), and programs whose numbers point outside what they describe (never a panic).
+
+mod common;
+
+use common::{golden, meshc, scratch};
+use std::path::Path;
+
+fn compiled_mlp() -> meshc::compile::Compiled {
+    let path = Path::new("testdata/mlp/graph.json");
+    let (g, info) = meshc_ir::load::load(path).unwrap();
+    let params = meshc_ir::params::load_all(&g, path.parent().unwrap()).unwrap();
+    meshc::compile::compile(&g, &info, &params, &meshc::compile::Options::default()).unwrap()
+}
+
+#[test]
+fn missing_cpu_feature_is_refused() {
+    let mut c = compiled_mlp();
+    // No CPU has this feature; a real mismatch (e.g. avx2 code on an SSE-only machine) takes
+    // the same path.
+    c.meta.features.push("avx10.9".into());
+    let dir = scratch("features");
+    let art = dir.join("future.mshc");
+    meshc::driver::write_artifact(&c, &art).unwrap();
+    let r = meshc(&["run", art.to_str().unwrap(), "--input", "x=testdata/mlp/inputs/x.npy"]);
+    assert_eq!(r.status, Some(1), "{r:?}");
+    let msg = r.stderr.replace(&art.display().to_string(), "future.mshc");
+    golden("cli/run-cpu-features.txt", &msg).unwrap();
+}
+
+#[test]
+fn out_of_range_numbers_in_a_program_are_refused() {
+    let dir = scratch("bad-program");
+    let breakers: [(&str, fn(&mut meshc::compile::Compiled)); 3] = [
+        ("buffer number", |c| c.program.steps[0].buffers[0] = 999),
+        ("output list", |c| c.program.outputs.clear()),
+        ("buffer size", |c| {
+            let b = c.program.inputs[0];
+            c.program.buffers[b].bytes = 3;
+        }),
+    ];
+    for (what, breaker) in breakers {
+        let mut c = compiled_mlp();
+        breaker(&mut c);
+        let art = dir.join("bad.mshc");
+        meshc::driver::write_artifact(&c, &art).unwrap();
+        let r = meshc(&["run", art.to_str().unwrap(), "--input", "x=testdata/mlp/inputs/x.npy"]);
+        assert_eq!(r.status, Some(1), "{what}: {r:?}");
+        assert_eq!(r.stderr.lines().count(), 1, "{what}: {r:?}");
+    }
+}
