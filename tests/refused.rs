@@ -32,7 +32,8 @@ fn missing_cpu_feature_is_refused() {
 #[test]
 fn out_of_range_numbers_in_a_program_are_refused() {
     let dir = scratch("bad-program");
-    let breakers: [(&str, fn(&mut meshc::compile::Compiled)); 3] = [
+    type Breaker = fn(&mut meshc::compile::Compiled);
+    let breakers: [(&str, Breaker); 3] = [
         ("buffer number", |c| c.program.steps[0].buffers[0] = 999),
         ("output list", |c| c.program.outputs.clear()),
         ("buffer size", |c| {
