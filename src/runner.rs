@@ -135,12 +135,12 @@ impl<'w> Loaded<'w> {
             Code::Mapped(m) => m.len(),
             Code::Copied(c) => c.len(),
         };
-        if let Some(k) = program.kernels.iter().find(|k| k.offset + k.len > code_len) {
+        if let Some(k) = program.kernels.iter().find(|k| k.offset.checked_add(k.len).is_none_or(|end| end > code_len)) {
             bail!("kernel {} lies outside the code section", k.name);
         }
         let check = |b: &crate::program::Buffer| match b.storage {
-            Storage::Arena { offset } => offset + b.bytes <= program.arena_bytes,
-            Storage::Weights { offset } => offset + b.bytes <= weights.len(),
+            Storage::Arena { offset } => offset.checked_add(b.bytes).is_some_and(|end| end <= program.arena_bytes),
+            Storage::Weights { offset } => offset.checked_add(b.bytes).is_some_and(|end| end <= weights.len()),
         };
         if let Some(b) = program.buffers.iter().find(|b| !check(b)) {
             bail!("buffer '{}' lies outside its storage", b.name);

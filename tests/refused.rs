@@ -33,9 +33,10 @@ fn missing_cpu_feature_is_refused() {
 fn out_of_range_numbers_in_a_program_are_refused() {
     let dir = scratch("bad-program");
     type Breaker = fn(&mut meshc::compile::Compiled);
-    let breakers: [(&str, Breaker); 3] = [
+    let breakers: [(&str, Breaker); 4] = [
         ("buffer number", |c| c.program.steps[0].buffers[0] = 999),
         ("output list", |c| c.program.outputs.clear()),
+        ("kernel offset", |c| c.program.kernels[0].offset = usize::MAX),
         ("buffer size", |c| {
             let b = c.program.inputs[0];
             c.program.buffers[b].bytes = 3;
