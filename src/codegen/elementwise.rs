@@ -484,26 +484,6 @@ mod tests {
     use meshc_ir::{Data, Tensor};
     use std::time::Instant;
 
-    fn bytes(t: &Tensor) -> Vec<u8> {
-        match &t.data {
-            Data::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Data::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Data::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Data::Bool(v) => v.iter().map(|&x| x as u8).collect(),
-        }
-    }
-
-    fn tensor(ty: &TensorType, b: &[u8]) -> Tensor {
-        let chunks = b.chunks_exact(ty.dtype.size_bytes());
-        let data = match ty.dtype {
-            DType::F32 => Data::F32(chunks.map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()),
-            DType::I32 => Data::I32(chunks.map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()),
-            DType::I64 => Data::I64(chunks.map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()),
-            DType::Bool => Data::Bool(b.iter().map(|&x| x != 0).collect()),
-        };
-        Tensor::new(ty.shape.clone(), data)
-    }
-
     /// A node of a test group: op, string attributes, operands.
     type Spec<'a> = (Op, &'a [(&'a str, &'a str)], &'a [Arg]);
 
@@ -557,11 +537,11 @@ mod tests {
         assert_eq!(g.scratch, 0);
         let ty = &f.nodes.last().unwrap().ty;
         let mut out = vec![0xa5u8; ty.size_bytes()];
-        let mut ins: Vec<Vec<u8>> = inputs.iter().map(bytes).collect();
+        let mut ins: Vec<Vec<u8>> = inputs.iter().map(Tensor::to_le_bytes).collect();
         let mut bufs: Vec<&mut [u8]> = vec![&mut out];
         bufs.extend(ins.iter_mut().map(|b| b.as_mut_slice()));
         assert_eq!(run(t, g.func, &mut bufs), 0);
-        tensor(ty, &out)
+        Tensor::from_le_bytes(ty, &out)
     }
 
     /// |got − want| <= 1e-5 + 1e-4·|want| for f32 (NaN matches NaN, infinities exactly);

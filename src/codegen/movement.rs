@@ -594,25 +594,6 @@ pub(crate) mod testing {
         Tensor::new(shape.to_vec(), data)
     }
 
-    fn to_bytes(t: &Tensor) -> Vec<u8> {
-        match &t.data {
-            Data::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Data::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Data::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Data::Bool(v) => v.iter().map(|&x| x as u8).collect(),
-        }
-    }
-
-    fn from_bytes(ty: &TensorType, b: &[u8]) -> Tensor {
-        let data = match ty.dtype {
-            DType::F32 => Data::F32(b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()),
-            DType::I32 => Data::I32(b.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()),
-            DType::I64 => Data::I64(b.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()),
-            DType::Bool => Data::Bool(b.iter().map(|&x| x != 0).collect()),
-        };
-        Tensor::new(ty.shape.clone(), data)
-    }
-
     /// A 64-byte-aligned buffer of exactly `bytes.len()` bytes followed by a guard zone.
     struct Buf {
         store: Vec<u8>,
@@ -654,16 +635,16 @@ pub(crate) mod testing {
                 let target = Target::by_name(t).unwrap();
                 let g = gen(&target, "k", n, &tys, &out).unwrap_or_else(|e| panic!("{} {:?}: {e}", n.op, n.attrs));
                 let mut bufs: Vec<Buf> = std::iter::once(vec![0u8; out.size_bytes()])
-                    .chain(args.iter().map(to_bytes))
+                    .chain(args.iter().map(Tensor::to_le_bytes))
                     .map(|b| Buf::new(&b))
                     .collect();
                 let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b.store[b.at..]).collect();
                 let status = run(&target, g.func, &mut slices);
                 assert!(bufs.iter().all(Buf::guard_intact), "{} {:?} on {t}: wrote past a buffer", n.op, n.attrs);
                 for (b, a) in bufs[1..].iter().zip(args) {
-                    assert_eq!(b.data(), to_bytes(a), "{} {:?} on {t}: changed an operand", n.op, n.attrs);
+                    assert_eq!(b.data(), a.to_le_bytes(), "{} {:?} on {t}: changed an operand", n.op, n.attrs);
                 }
-                (status, from_bytes(&out, bufs[0].data()))
+                (status, Tensor::from_le_bytes(&out, bufs[0].data()))
             })
             .collect()
     }
