@@ -68,6 +68,21 @@ impl Data {
     }
 }
 
+/// The tolerance an f32 result is held to against its reference: |got - want| <= ATOL +
+/// RTOL·|want| elementwise (testdata/README.md). Other dtypes must match exactly.
+pub const ATOL: f64 = 1e-5;
+pub const RTOL: f64 = 1e-4;
+
+/// How a result compares with its reference, element by element.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Closeness {
+    /// The largest absolute error, and where.
+    pub max_abs_err: f64,
+    pub worst: usize,
+    /// The first element outside the tolerance, if any.
+    pub first_bad: Option<usize>,
+}
+
 /// Where an .npy file's data starts: after the 6-byte magic, 2 version bytes, and the header
 /// length field (u16 in version 1, u32 in versions 2 and 3) and header.
 fn npy_data_offset(bytes: &[u8]) -> usize {
@@ -110,6 +125,24 @@ impl Tensor {
         let mut out = vec![0; self.ty().size_bytes()];
         self.write_le_bytes(&mut out);
         out
+    }
+
+    /// Compares with a reference of the same type under `ATOL`/`RTOL` (NaN matches NaN);
+    /// non-f32 dtypes must match exactly.
+    pub fn closeness(&self, want: &Tensor) -> Closeness {
+        let exact = want.dtype() != DType::F32;
+        let mut c = Closeness { max_abs_err: 0.0, worst: 0, first_bad: None };
+        for (i, (a, b)) in self.data.to_f64().into_iter().zip(want.data.to_f64()).enumerate() {
+            let err = (a - b).abs();
+            let ok = if exact { a == b } else { err <= ATOL + RTOL * b.abs() || (a.is_nan() && b.is_nan()) };
+            if !ok && c.first_bad.is_none() {
+                c.first_bad = Some(i);
+            }
+            if err > c.max_abs_err {
+                (c.max_abs_err, c.worst) = (err, i);
+            }
+        }
+        c
     }
 
     /// Writes the bytes of `to_le_bytes` into `dst` (exactly that long) without an

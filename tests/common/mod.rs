@@ -67,35 +67,21 @@ pub fn golden(name: &str, actual: &str) -> Result<(), String> {
     Err(diff)
 }
 
-/// The tolerance every f32 result is held to against its reference (testdata/README.md):
-/// |got - want| <= ATOL + RTOL * |want|. Integer and bool results must match exactly.
-pub const ATOL: f64 = 1e-5;
-pub const RTOL: f64 = 1e-4;
-
-/// Compares two tensors; the error names the first offending element and the worst error.
+/// Compares two tensors under the tolerance of `Tensor::closeness`; the error names the
+/// first offending element and the worst error.
 pub fn assert_close(what: &str, got: &meshc_ir::Tensor, want: &meshc_ir::Tensor) -> Result<(), String> {
     if got.ty() != want.ty() {
         return Err(format!("{what}: got {}, want {}", got.ty(), want.ty()));
     }
-    let (g, w) = (got.data.to_f64(), want.data.to_f64());
-    let exact = want.dtype() != meshc_ir::DType::F32;
-    let mut worst = (0.0f64, 0usize);
-    let mut bad = None;
-    for (i, (&a, &b)) in g.iter().zip(&w).enumerate() {
-        let err = (a - b).abs();
-        let ok = if exact { a == b } else { err <= ATOL + RTOL * b.abs() || (a.is_nan() && b.is_nan()) };
-        if !ok && bad.is_none() {
-            bad = Some(i);
-        }
-        if err > worst.0 {
-            worst = (err, i);
-        }
-    }
-    match bad {
+    let c = got.closeness(want);
+    match c.first_bad {
         None => Ok(()),
         Some(i) => Err(format!(
             "{what}: element {i} is {} but should be {} (worst abs error {:e} at {})",
-            g[i], w[i], worst.0, worst.1
+            got.data.to_f64()[i],
+            want.data.to_f64()[i],
+            c.max_abs_err,
+            c.worst
         )),
     }
 }
