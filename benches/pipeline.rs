@@ -49,7 +49,7 @@ fn random(shape: &[usize], seed: u32) -> Tensor {
 
 fn loaded(c: Compiled, weights: &AlignedBuf) -> Loaded<'_> {
     let code = Code::Copied(codegen::ExecCode::new(&c.code).unwrap());
-    Loaded::new(c.meta, c.program, code, weights.as_slice()).unwrap()
+    Loaded::new(c.meta, c.programs, code, weights.as_slice()).unwrap()
 }
 
 /// Runs a compiled graph in memory `n` times; median seconds per whole run.

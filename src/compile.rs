@@ -37,7 +37,8 @@ impl Default for Options {
 /// A compiled graph: everything an artifact holds.
 pub struct Compiled {
     pub meta: Meta,
-    pub program: Program,
+    /// One per device, in device order.
+    pub programs: Vec<Program>,
     pub code: Vec<u8>,
     pub weights: Vec<u8>,
 }
@@ -251,11 +252,11 @@ pub fn compile(g: &Graph, info: &Info, params: &HashMap<String, Tensor>, opts: &
         graph: g.name.clone(),
         target: target.name.clone(),
         features: target.features.clone(),
-        devices: 1,
+        mesh: crate::mesh::Mesh::single(),
         flops: g.nodes.iter().map(|n| node_flops(n, info)).sum(),
         inputs: g.inputs.iter().map(|i| IoSpec::new(&i.name, &i.ty)).collect(),
         outputs: g.outputs.iter().map(|o| IoSpec::new(&o.name, &info.types[&o.name])).collect(),
     };
     let program = Program { device: 0, arena_bytes: bufs.arena, buffers: bufs.list, kernels, steps, inputs, outputs };
-    Ok(Compiled { meta, program, code, weights })
+    Ok(Compiled { meta, programs: vec![program], code, weights })
 }

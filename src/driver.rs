@@ -10,13 +10,13 @@ use meshc_ir::{Graph, ParamData};
 
 use crate::artifact::{Artifact, SectionKind, Writer};
 use crate::compile::Compiled;
-use crate::program::{Exec, Library, Meta, Program, Storage, ALIGN};
+use crate::program::{CollectiveOp, Exec, Library, Meta, Program, Storage, ALIGN};
 use crate::runner::{Code, Loaded};
 
 /// Writes `c` as one artifact file. Programs are stored as a list, one per device.
 pub fn write_artifact(c: &Compiled, out: &Path) -> Result<()> {
     let meta = serde_json::to_vec_pretty(&c.meta)?;
-    let programs = serde_json::to_vec_pretty(&[&c.program])?;
+    let programs = serde_json::to_vec_pretty(&c.programs)?;
     let mut w = Writer::new();
     w.add_section(SectionKind::Meta, 8, meta)?;
     w.add_section(SectionKind::Program, 8, programs)?;
@@ -25,25 +25,25 @@ pub fn write_artifact(c: &Compiled, out: &Path) -> Result<()> {
     w.write(out)
 }
 
-fn parse_sections(art: &Artifact, file: &str) -> Result<(Meta, Program)> {
+fn parse_sections(art: &Artifact, file: &str) -> Result<(Meta, Vec<Program>)> {
     let section = |k: SectionKind| art.section(k).ok_or_else(|| anyhow!("{file}: no {} section", k.name()));
     let meta: Meta =
         serde_json::from_slice(section(SectionKind::Meta)?).with_context(|| format!("{file}: bad meta section"))?;
-    let mut programs: Vec<Program> = serde_json::from_slice(section(SectionKind::Program)?)
+    let programs: Vec<Program> = serde_json::from_slice(section(SectionKind::Program)?)
         .with_context(|| format!("{file}: bad program section"))?;
-    if programs.len() != 1 || meta.devices != 1 {
-        return Err(anyhow!("{file}: this runner runs single-device programs; the artifact has {}", programs.len()));
+    if programs.len() != meta.mesh.devices() {
+        return Err(anyhow!("{file}: {} programs for a mesh of {} devices", programs.len(), meta.mesh.devices()));
     }
-    Ok((meta, programs.remove(0)))
+    Ok((meta, programs))
 }
 
 /// Opens a verified artifact for running. The code is mapped executable only after the
 /// container verified it (`Artifact::map_code`) and the metadata parsed.
 pub fn load_artifact<'a>(art: &'a Artifact, file: &str) -> Result<Loaded<'a>> {
-    let (meta, program) = parse_sections(art, file)?;
+    let (meta, programs) = parse_sections(art, file)?;
     let weights = art.section(SectionKind::Weights).unwrap_or(&[]);
     let code = art.map_code()?;
-    Loaded::new(meta, program, Code::Mapped(code), weights).with_context(|| file.to_string())
+    Loaded::new(meta, programs, Code::Mapped(code), weights).with_context(|| file.to_string())
 }
 
 /// Every file an artifact is built from: the graph and its param files.
@@ -75,7 +75,7 @@ pub fn depfile(out: &Path, deps: &[PathBuf]) -> String {
 
 /// The report of `meshc inspect`: sections, metadata, kernels, buffers and steps.
 pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
-    let (meta, p) = parse_sections(art, file)?;
+    let (meta, programs) = parse_sections(art, file)?;
     let mut s = String::new();
     writeln!(s, "artifact {file}")?;
     writeln!(s, "sections:")?;
@@ -95,14 +95,34 @@ pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
         meta.graph,
         meta.target,
         meta.features.join(" "),
-        meta.devices
+        meta.mesh.devices()
     )?;
+    let m = &meta.mesh;
+    if m.devices() > 1 {
+        let shape: Vec<String> = m.shape.iter().map(usize::to_string).collect();
+        writeln!(s, "mesh {} [{}] axes [{}]", m.topology.name(), shape.join("x"), m.axes.join(", "))?;
+    }
+    let io = |what: &str, i: &crate::program::IoSpec| {
+        let layout = if i.layout.iter().any(Option::is_some) {
+            format!(" layout {}", m.layout_string(&i.layout))
+        } else {
+            String::new()
+        };
+        format!("{what} {}: {}{:?}{layout}", i.name, i.dtype, i.shape)
+    };
     for i in &meta.inputs {
-        writeln!(s, "input  {}: {}{:?}", i.name, i.dtype, i.shape)?;
+        writeln!(s, "{}", io("input ", i))?;
     }
     for o in &meta.outputs {
-        writeln!(s, "output {}: {}{:?}", o.name, o.dtype, o.shape)?;
+        writeln!(s, "{}", io("output", o))?;
     }
+    for p in &programs {
+        program_report(&mut s, p)?;
+    }
+    Ok(s)
+}
+
+fn program_report(s: &mut String, p: &Program) -> Result<()> {
     writeln!(
         s,
         "device {}: arena {} bytes, {} buffers, {} kernels, {} steps",
@@ -129,9 +149,19 @@ pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
         let exec = match &st.exec {
             Exec::Kernel(k) => format!("kernel k{k}"),
             Exec::Library(Library::Matmul { a, b, .. }) => format!("library gemm {a:?}x{b:?}"),
+            Exec::Collective(c) => format!("collective #{} {}", c.id, collective_name(&c.op)),
         };
         let bufs: Vec<String> = st.buffers.iter().map(|b| format!("b{b}")).collect();
         writeln!(s, "  {:<24} {:<36} ({})", st.node, exec, bufs.join(", "))?;
     }
-    Ok(s)
+    Ok(())
+}
+
+fn collective_name(op: &CollectiveOp) -> String {
+    match op {
+        CollectiveOp::AllReduce { reduce } => format!("all_reduce {reduce:?}"),
+        CollectiveOp::AllGather { axis } => format!("all_gather axis {axis}"),
+        CollectiveOp::ReduceScatter { axis, reduce } => format!("reduce_scatter axis {axis} {reduce:?}"),
+        CollectiveOp::AllToAll { split_axis, concat_axis } => format!("all_to_all {split_axis}->{concat_axis}"),
+    }
 }

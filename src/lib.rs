@@ -6,5 +6,6 @@ pub mod codegen;
 pub mod compile;
 pub mod driver;
 pub mod library;
+pub mod mesh;
 pub mod program;
 pub mod runner;

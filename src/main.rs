@@ -340,7 +340,7 @@ fn run(path: &Path, io: &Io, opts: &RunOpts, args: &CodegenArgs) -> Result<()> {
         let (_, c) = compile_graph(path, args)?;
         let code = Code::Copied(codegen::ExecCode::new(&c.code)?);
         let weights = meshc::runner::AlignedBuf::from_bytes(&c.weights)?;
-        let loaded = Loaded::new(c.meta, c.program, code, weights.as_slice()).with_context(|| file.clone())?;
+        let loaded = Loaded::new(c.meta, c.programs, code, weights.as_slice()).with_context(|| file.clone())?;
         run_loaded(&loaded, io, opts)
     }
 }

@@ -6,6 +6,8 @@
 use meshc_ir::{DType, TensorType};
 use serde::{Deserialize, Serialize};
 
+use crate::mesh::{Layout, Mesh};
+
 /// Alignment of every buffer, weight and arena slot.
 pub const ALIGN: usize = 64;
 
@@ -20,7 +22,8 @@ pub struct Meta {
     pub target: String,
     /// CPU features the code relies on; the runner refuses a CPU that lacks one.
     pub features: Vec<String>,
-    pub devices: usize,
+    /// The devices the programs run on (`Mesh::single()` without a layout spec).
+    pub mesh: Mesh,
     /// Estimated floating-point operations of one run (for GFLOP/s figures).
     pub flops: u64,
     pub inputs: Vec<IoSpec>,
@@ -31,12 +34,19 @@ pub struct Meta {
 pub struct IoSpec {
     pub name: String,
     pub dtype: String,
+    /// The whole tensor's shape; each device's buffer holds its block under `layout`.
     pub shape: Vec<usize>,
+    /// The mesh axis each dimension is split over (`mesh::Mesh::region`).
+    pub layout: Layout,
 }
 
 impl IoSpec {
     pub fn new(name: &str, ty: &TensorType) -> IoSpec {
-        IoSpec { name: name.to_string(), dtype: ty.dtype.name().to_string(), shape: ty.shape.clone() }
+        IoSpec::with_layout(name, ty, vec![None; ty.shape.len()])
+    }
+
+    pub fn with_layout(name: &str, ty: &TensorType, layout: Layout) -> IoSpec {
+        IoSpec { name: name.to_string(), dtype: ty.dtype.name().to_string(), shape: ty.shape.clone(), layout }
     }
 
     pub fn ty(&self) -> Option<TensorType> {
@@ -79,11 +89,72 @@ pub enum Library {
     Matmul { a: Vec<usize>, b: Vec<usize>, out: Vec<usize> },
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reduce {
+    Sum,
+    Max,
+    /// The sum divided by the number of contributions.
+    Mean,
+}
+
+impl Reduce {
+    pub fn parse(s: &str) -> Option<Reduce> {
+        match s {
+            "sum" => Some(Reduce::Sum),
+            "max" => Some(Reduce::Max),
+            "mean" => Some(Reduce::Mean),
+            _ => None,
+        }
+    }
+}
+
+/// What a collective computes (numpy-style axes of the local operand).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CollectiveOp {
+    AllReduce {
+        reduce: Reduce,
+    },
+    /// Concatenates the members' operands along `axis`, in rank order.
+    AllGather {
+        axis: usize,
+    },
+    /// Reduces, then member r keeps block r of `axis`.
+    ReduceScatter {
+        axis: usize,
+        reduce: Reduce,
+    },
+    /// Member r sends block s of `split_axis` to member s and concatenates what it receives
+    /// along `concat_axis`, in rank order.
+    AllToAll {
+        split_axis: usize,
+        concat_axis: usize,
+    },
+}
+
+/// A collective over groups of devices. Every member of a group runs the step with the same
+/// `id`; the runner's fabric pairs them up by it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Collective {
+    pub op: CollectiveOp,
+    /// Numbers the collectives of the compiled graph; equal on all members of a group.
+    pub id: usize,
+    /// All groups of the collective (disjoint), each in rank order; the device's own group is
+    /// the one that contains it.
+    pub groups: Vec<Vec<usize>>,
+    /// f32 only for now: dtype and shape of this device's operand.
+    pub dtype: String,
+    pub shape: Vec<usize>,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Exec {
     Kernel(usize),
     Library(Library),
+    /// Buffers: result, operand.
+    Collective(Collective),
 }
 
 /// One step of the program: run a kernel or a library call on buffers (result first).

@@ -121,7 +121,11 @@ pub struct Loaded<'w> {
 impl<'w> Loaded<'w> {
     /// Checks that this CPU has every feature the code was compiled for, then wraps the
     /// pieces. `code` must hold the kernels `program` refers to.
-    pub fn new(meta: Meta, program: Program, code: Code, weights: &'w [u8]) -> Result<Loaded<'w>> {
+    pub fn new(meta: Meta, mut programs: Vec<Program>, code: Code, weights: &'w [u8]) -> Result<Loaded<'w>> {
+        if programs.len() != 1 {
+            bail!("this runner runs single-device programs; got {}", programs.len());
+        }
+        let program = programs.remove(0);
         let host = codegen::host_features();
         let missing: Vec<&str> = meta.features.iter().filter(|f| !host.contains(f)).map(String::as_str).collect();
         if !missing.is_empty() {
@@ -237,6 +241,7 @@ impl<'w> Loaded<'w> {
                     };
                     library::matmul(x, y, o, a, b, out)?;
                 }
+                Exec::Collective(_) => bail!("node '{}': collectives need the multi-device runner", step.node),
             }
             timed(i, start.elapsed());
         }

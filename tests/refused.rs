@@ -34,12 +34,12 @@ fn out_of_range_numbers_in_a_program_are_refused() {
     let dir = scratch("bad-program");
     type Breaker = fn(&mut meshc::compile::Compiled);
     let breakers: [(&str, Breaker); 4] = [
-        ("buffer number", |c| c.program.steps[0].buffers[0] = 999),
-        ("output list", |c| c.program.outputs.clear()),
-        ("kernel offset", |c| c.program.kernels[0].offset = usize::MAX),
+        ("buffer number", |c| c.programs[0].steps[0].buffers[0] = 999),
+        ("output list", |c| c.programs[0].outputs.clear()),
+        ("kernel offset", |c| c.programs[0].kernels[0].offset = usize::MAX),
         ("buffer size", |c| {
-            let b = c.program.inputs[0];
-            c.program.buffers[b].bytes = 3;
+            let b = c.programs[0].inputs[0];
+            c.programs[0].buffers[b].bytes = 3;
         }),
     ];
     for (what, breaker) in breakers {

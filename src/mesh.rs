@@ -1,0 +1,183 @@
+//! The device mesh and tensor layouts over it: device numbering and coordinates, the groups
+//! of devices along mesh axes (the `groups` of a collective), and which slice of a tensor
+//! each device holds. Shared by the layout passes, the compiler and the runner, so that all
+//! three agree on who holds what.
+//!
+//! Devices are numbered row-major over the mesh shape (the last axis varies fastest). A
+//! tensor dimension split over a mesh axis of size n is cut into n equal blocks; the device
+//! whose coordinate along that axis is c holds block c.
+
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Topology {
+    /// Links between neighbours along each axis, no wrap-around.
+    Mesh,
+    /// As `Mesh`, plus a link from the last device of each axis back to the first.
+    Torus,
+}
+
+impl Topology {
+    pub fn name(self) -> &'static str {
+        match self {
+            Topology::Mesh => "mesh",
+            Topology::Torus => "torus",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mesh {
+    pub shape: Vec<usize>,
+    pub axes: Vec<String>,
+    pub topology: Topology,
+}
+
+/// A tensor's layout: for each of its dimensions, the mesh axis it is split over, or `None`
+/// (replicated along every mesh axis no dimension uses).
+pub type Layout = Vec<Option<usize>>;
+
+impl Mesh {
+    /// The one-device mesh of a graph compiled without a layout spec.
+    pub fn single() -> Mesh {
+        Mesh { shape: vec![1], axes: vec!["device".into()], topology: Topology::Mesh }
+    }
+
+    pub fn devices(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn axis(&self, name: &str) -> Option<usize> {
+        self.axes.iter().position(|a| a == name)
+    }
+
+    pub fn coords(&self, device: usize) -> Vec<usize> {
+        let mut c = vec![0; self.shape.len()];
+        let mut d = device;
+        for (i, &n) in self.shape.iter().enumerate().rev() {
+            c[i] = d % n;
+            d /= n;
+        }
+        c
+    }
+
+    pub fn device(&self, coords: &[usize]) -> usize {
+        coords.iter().zip(&self.shape).fold(0, |d, (&c, &n)| d * n + c)
+    }
+
+    /// The groups of devices that differ only in their coordinates along `axes`, each in rank
+    /// order (row-major over `axes`, in the order given); groups are ordered by their first
+    /// device. With `axes` empty, every device is its own group.
+    pub fn groups(&self, axes: &[usize]) -> Vec<Vec<usize>> {
+        let mut groups = Vec::new();
+        for d in 0..self.devices() {
+            let c = self.coords(d);
+            if axes.iter().any(|&a| c[a] != 0) {
+                continue;
+            }
+            let size: usize = axes.iter().map(|&a| self.shape[a]).product();
+            let group = (0..size)
+                .map(|mut r| {
+                    let mut cc = c.clone();
+                    for &a in axes.iter().rev() {
+                        cc[a] = r % self.shape[a];
+                        r /= self.shape[a];
+                    }
+                    self.device(&cc)
+                })
+                .collect();
+            groups.push(group);
+        }
+        groups
+    }
+
+    /// `[data, -]`: a layout as people read it.
+    pub fn layout_string(&self, layout: &[Option<usize>]) -> String {
+        let dims: Vec<&str> = layout.iter().map(|a| a.map_or("-", |a| self.axes[a].as_str())).collect();
+        format!("[{}]", dims.join(", "))
+    }
+
+    /// The shape of the block each device holds.
+    pub fn local_shape(&self, shape: &[usize], layout: &[Option<usize>]) -> Vec<usize> {
+        shape.iter().zip(layout).map(|(&n, a)| a.map_or(n, |a| n / self.shape[a])).collect()
+    }
+
+    /// The index ranges of the block `device` holds, per tensor dimension.
+    pub fn region(&self, shape: &[usize], layout: &[Option<usize>], device: usize) -> Vec<Range<usize>> {
+        let c = self.coords(device);
+        shape
+            .iter()
+            .zip(layout)
+            .map(|(&n, a)| match *a {
+                None => 0..n,
+                Some(a) => {
+                    let b = n / self.shape[a];
+                    c[a] * b..(c[a] + 1) * b
+                }
+            })
+            .collect()
+    }
+
+    /// Whether `device` is the one copy of its block that writes it back (the block's
+    /// replicas differ only along axes the layout leaves unused; the one at coordinate 0
+    /// along all of them writes).
+    pub fn writes_back(&self, layout: &[Option<usize>], device: usize) -> bool {
+        let c = self.coords(device);
+        (0..self.shape.len()).all(|a| layout.contains(&Some(a)) || c[a] == 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mesh(shape: &[usize]) -> Mesh {
+        let axes = (0..shape.len()).map(|i| format!("a{i}")).collect();
+        Mesh { shape: shape.to_vec(), axes, topology: Topology::Mesh }
+    }
+
+    #[test]
+    fn coordinates_are_row_major() {
+        let m = mesh(&[2, 4]);
+        assert_eq!(m.coords(5), vec![1, 1]);
+        for d in 0..8 {
+            assert_eq!(m.device(&m.coords(d)), d);
+        }
+    }
+
+    #[test]
+    fn groups_along_axes() {
+        let m = mesh(&[2, 4]);
+        assert_eq!(m.groups(&[1]), vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7]]);
+        assert_eq!(m.groups(&[0]), vec![vec![0, 4], vec![1, 5], vec![2, 6], vec![3, 7]]);
+        assert_eq!(m.groups(&[0, 1]), vec![(0..8).collect::<Vec<_>>()]);
+        assert_eq!(m.groups(&[1, 0]), vec![vec![0, 4, 1, 5, 2, 6, 3, 7]]);
+        assert_eq!(m.groups(&[]), (0..8).map(|d| vec![d]).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn regions_tile_the_tensor_once() {
+        let m = mesh(&[2, 2, 2]);
+        let layout = vec![Some(2), None, Some(0)];
+        let shape = [4, 3, 6];
+        let mut seen = vec![0; 4 * 3 * 6];
+        for d in 0..8 {
+            let r = m.region(&shape, &layout, d);
+            assert_eq!(r.iter().map(|r| r.len()).collect::<Vec<_>>(), m.local_shape(&shape, &layout));
+            if !m.writes_back(&layout, d) {
+                continue;
+            }
+            for i in r[0].clone() {
+                for j in r[1].clone() {
+                    for k in r[2].clone() {
+                        seen[(i * 3 + j) * 6 + k] += 1;
+                    }
+                }
+            }
+        }
+        assert!(seen.iter().all(|&n| n == 1));
+    }
+}
