@@ -7,5 +7,7 @@ pub mod compile;
 pub mod driver;
 pub mod library;
 pub mod mesh;
+pub mod mesh_interp;
+pub mod passes;
 pub mod program;
 pub mod runner;

@@ -518,8 +518,9 @@ fn collective(node: &Node, x: &Operand) -> R<Inferred> {
     let n = group_size(node)?;
     let rank = x.ty.rank();
     let mut shape = x.ty.shape.clone();
-    if node.op != Op::AllReduce && x.ty.dtype == DType::Bool {
-        return Err(format!("{} of bool is not supported", node.op));
+    // all_gather and all_to_all move elements of any dtype; the reducing ones need numbers.
+    if matches!(node.op, Op::AllReduce | Op::ReduceScatter) && !x.ty.dtype.is_numeric() {
+        return Err(format!("{} of {} is not supported", node.op, x.ty.dtype.name()));
     }
     match node.op {
         Op::AllReduce => {}

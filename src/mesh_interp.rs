@@ -1,0 +1,218 @@
+//! The reference execution of lowered per-device programs: every local op by the reference
+//! interpreter, every collective by its plain definition, inputs scattered and outputs
+//! gathered by their layouts. It checks the lowering pass on its own — no code generation,
+//! no runner, no threads — and is what the property tests run on random graphs and layouts.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+
+use anyhow::{anyhow, bail, Context, Result};
+use meshc_ir::infer::{attr_int, attr_str};
+use meshc_ir::verify::{verify, Info};
+use meshc_ir::{interp, Attr, Data, Op, ParamData, Tensor, TensorType};
+
+use crate::mesh::Mesh;
+use crate::passes::lower::Lowered;
+
+/// Row-major strides of `shape`.
+fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
+}
+
+/// Calls `f(index into a tensor of shape `outer`, index into the block)` for every element
+/// of the block `region` of it, in the block's row-major order.
+fn for_block(outer: &[usize], region: &[Range<usize>], mut f: impl FnMut(usize, usize)) {
+    let st = strides(outer);
+    let shape: Vec<usize> = region.iter().map(Range::len).collect();
+    let n: usize = shape.iter().product();
+    let mut idx = vec![0; shape.len()];
+    for k in 0..n {
+        f(idx.iter().zip(region).zip(&st).map(|((i, r), s)| (r.start + i) * s).sum(), k);
+        for d in (0..idx.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < shape[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+fn block(t: &Tensor, region: &[Range<usize>]) -> Tensor {
+    let v = t.data.to_f64();
+    let mut out = Vec::new();
+    for_block(&t.shape, region, |i, _| out.push(v[i]));
+    Tensor::new(region.iter().map(Range::len).collect(), Data::from_f64(t.dtype(), out))
+}
+
+/// `n` equal blocks of `t` along `axis`.
+fn split(t: &Tensor, axis: usize, n: usize) -> Vec<Tensor> {
+    let b = t.shape[axis] / n;
+    (0..n)
+        .map(|k| {
+            let mut r: Vec<Range<usize>> = t.shape.iter().map(|&s| 0..s).collect();
+            r[axis] = k * b..(k + 1) * b;
+            block(t, &r)
+        })
+        .collect()
+}
+
+fn concat(parts: &[Tensor], axis: usize) -> Tensor {
+    let mut shape = parts[0].shape.clone();
+    shape[axis] = parts.iter().map(|p| p.shape[axis]).sum();
+    let mut out = vec![0.0; shape.iter().product()];
+    let mut at = 0;
+    for p in parts {
+        let v = p.data.to_f64();
+        let mut r: Vec<Range<usize>> = shape.iter().map(|&s| 0..s).collect();
+        r[axis] = at..at + p.shape[axis];
+        for_block(&shape, &r, |i, k| out[i] = v[k]);
+        at += p.shape[axis];
+    }
+    Tensor::new(shape, Data::from_f64(parts[0].dtype(), out))
+}
+
+fn reduce(parts: &[Tensor], kind: &str) -> Tensor {
+    let vs: Vec<Vec<f64>> = parts.iter().map(|p| p.data.to_f64()).collect();
+    let out = (0..vs[0].len()).map(|i| {
+        let xs = vs.iter().map(|v| v[i]);
+        match kind {
+            "max" => xs.fold(f64::NEG_INFINITY, f64::max),
+            "mean" => xs.sum::<f64>() / vs.len() as f64,
+            _ => xs.sum(),
+        }
+    });
+    Tensor::new(parts[0].shape.clone(), Data::from_f64(parts[0].dtype(), out.collect::<Vec<_>>()))
+}
+
+/// The results of one collective for every member of a group, from their operands.
+fn collective(op: Op, node: &meshc_ir::Node, xs: &[Tensor]) -> Vec<Tensor> {
+    let n = xs.len();
+    let kind = attr_str(node, "reduce", "sum");
+    let axis = |key: &str| attr_int(node, key, 0) as usize;
+    match op {
+        Op::AllReduce => vec![reduce(xs, kind); n],
+        Op::AllGather => vec![concat(xs, axis("axis")); n],
+        Op::ReduceScatter => split(&reduce(xs, kind), axis("axis"), n),
+        Op::AllToAll => {
+            let blocks: Vec<Vec<Tensor>> = xs.iter().map(|x| split(x, axis("split_axis"), n)).collect();
+            (0..n)
+                .map(|r| concat(&blocks.iter().map(|b| b[r].clone()).collect::<Vec<_>>(), axis("concat_axis")))
+                .collect()
+        }
+        _ => unreachable!("not a collective: {op}"),
+    }
+}
+
+fn group_of(node: &meshc_ir::Node, d: usize) -> Result<Vec<usize>> {
+    let groups = node.attrs.get("groups").and_then(Attr::as_int_lists).unwrap_or_default();
+    groups
+        .into_iter()
+        .map(|g| g.into_iter().map(|x| x as usize).collect::<Vec<_>>())
+        .find(|g| g.contains(&d))
+        .ok_or_else(|| anyhow!("node '{}': device {d} is in none of its groups", node.name))
+}
+
+/// Runs every device's program; `params` holds the graph's params by name (whole).
+pub fn run(
+    l: &Lowered,
+    params: &HashMap<String, Tensor>,
+    inputs: &HashMap<String, Tensor>,
+) -> Result<BTreeMap<String, Tensor>> {
+    let mesh: &Mesh = &l.mesh;
+    let infos: Vec<Info> = l
+        .devices
+        .iter()
+        .enumerate()
+        .map(|(d, g)| verify(g).with_context(|| format!("device {d}")))
+        .collect::<Result<_>>()?;
+    let mut values: Vec<HashMap<String, Tensor>> = Vec::new();
+    for (d, g) in l.devices.iter().enumerate() {
+        let mut v = HashMap::new();
+        for (name, layout) in &l.inputs {
+            let t = inputs.get(name).ok_or_else(|| anyhow!("missing input '{name}'"))?;
+            v.insert(name.clone(), block(t, &mesh.region(&t.shape, layout, d)));
+        }
+        for p in &g.params {
+            let t = match &p.data {
+                ParamData::Value(a) => meshc_ir::params::inline_value(p, a)?,
+                _ => params.get(&p.name).cloned().ok_or_else(|| anyhow!("missing param '{}'", p.name))?,
+            };
+            v.insert(p.name.clone(), t);
+        }
+        values.push(v);
+    }
+    let mut next = vec![0usize; l.devices.len()];
+    loop {
+        let mut progress = false;
+        // Run each device up to its next collective.
+        for (d, g) in l.devices.iter().enumerate() {
+            while let Some(&k) = infos[d].order.get(next[d]) {
+                let node = &g.nodes[k];
+                if node.op.is_communication() {
+                    break;
+                }
+                let args: Vec<&Tensor> = node.inputs.iter().map(|i| &values[d][i]).collect();
+                let out = interp::eval_node(node, &args, &infos[d].types[&node.name])
+                    .with_context(|| format!("device {d}"))?;
+                values[d].insert(node.name.clone(), out);
+                next[d] += 1;
+                progress = true;
+            }
+        }
+        // Complete every collective whose whole group has reached it.
+        for d in 0..l.devices.len() {
+            let Some(&k) = infos[d].order.get(next[d]) else { continue };
+            let node = &l.devices[d].nodes[k];
+            if !node.op.is_communication() {
+                continue;
+            }
+            let group = group_of(node, d)?;
+            let at = |m: usize| infos[m].order.get(next[m]).map(|&j| &l.devices[m].nodes[j].name);
+            if group[0] != d || group.iter().any(|&m| at(m) != Some(&node.name)) {
+                continue;
+            }
+            let xs: Vec<Tensor> = group.iter().map(|&m| values[m][&node.inputs[0]].clone()).collect();
+            let results = collective(node.op, node, &xs);
+            for (&m, r) in group.iter().zip(results) {
+                let want: &TensorType = &infos[m].types[&node.name];
+                if r.ty() != *want {
+                    bail!("device {m}: node '{}': collective result is {}, inferred {want}", node.name, r.ty());
+                }
+                values[m].insert(node.name.clone(), r);
+                next[m] += 1;
+            }
+            progress = true;
+        }
+        if next.iter().zip(&infos).all(|(&n, i)| n == i.order.len()) {
+            break;
+        }
+        if !progress {
+            let stuck: Vec<String> = (0..l.devices.len())
+                .filter_map(|d| {
+                    infos[d].order.get(next[d]).map(|&k| format!("device {d} at '{}'", l.devices[d].nodes[k].name))
+                })
+                .collect();
+            bail!("the collectives deadlock: {}", stuck.join(", "));
+        }
+    }
+    let mut outputs = BTreeMap::new();
+    for (name, layout) in &l.outputs {
+        let local0 = &values[0][name];
+        let shape: Vec<usize> =
+            local0.shape.iter().zip(layout).map(|(&s, a)| a.map_or(s, |a| s * mesh.shape[a])).collect();
+        let mut out = vec![0.0; shape.iter().product()];
+        for (d, v) in values.iter().enumerate() {
+            if mesh.writes_back(layout, d) {
+                let local = v[name].data.to_f64();
+                for_block(&shape, &mesh.region(&shape, layout, d), |i, k| out[i] = local[k]);
+            }
+        }
+        outputs.insert(name.clone(), Tensor::new(shape, Data::from_f64(local0.dtype(), out)));
+    }
+    Ok(outputs)
+}

@@ -1,0 +1,319 @@
+//! The `layout` pass: gives every tensor of the graph a layout over the mesh, GSPMD-style.
+//! Layouts fixed by the spec (explicit entries and dim-name rules) are kept; the others are
+//! propagated from neighbours until nothing changes: forward from a node's operands to its
+//! result, then backward from a result to operands that have none. When operands disagree
+//! about a dimension, the largest operand wins — re-laying-out the smaller one is the cheaper
+//! move. A split that would not be legal (axis already used, size not divisible) is dropped.
+//! Whatever is left is replicated.
+//!
+//! `corresponding_dims` is the one place that knows, per op, which operand dimension becomes
+//! which result dimension; lowering relies on the same table.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use meshc_ir::infer::{attr_int, attr_ints, attr_str, norm_axes, norm_axis, parse_equation, slice_range};
+use meshc_ir::verify::Info;
+use meshc_ir::{Graph, Node, Op};
+
+use crate::mesh::{Layout, Mesh};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// An explicit `layouts` entry of the spec.
+    Spec,
+    /// A dim-name rule of the spec.
+    Rule,
+    Propagated,
+    /// Nothing reached it: replicated.
+    Default,
+}
+
+impl Source {
+    fn name(self) -> &'static str {
+        match self {
+            Source::Spec => "spec",
+            Source::Rule => "rule",
+            Source::Propagated => "propagated",
+            Source::Default => "replicated",
+        }
+    }
+}
+
+/// The layout of every tensor (input, param and node) of a graph.
+#[derive(Clone, Debug)]
+pub struct Layouts {
+    pub mesh: Mesh,
+    pub of: BTreeMap<String, Layout>,
+    pub source: BTreeMap<String, Source>,
+}
+
+/// Pairs `(operand dim, result dim)` of operand `i` of `n` that are the same dimension, so a
+/// split of one is a split of the other and the op stays slice-wise along it.
+pub fn corresponding_dims(n: &Node, i: usize, info: &Info) -> Vec<(usize, usize)> {
+    let ins = &info.types[&n.inputs[i]].shape;
+    let out = &info.types[&n.name].shape;
+    let aligned = |ins: &[usize], out: &[usize]| -> Vec<(usize, usize)> {
+        // numpy broadcasting: trailing dims line up; a size-1 dim stretched is not the same.
+        let off = out.len().saturating_sub(ins.len());
+        (0..ins.len()).filter(|&d| d + off < out.len() && ins[d] == out[d + off]).map(|d| (d, d + off)).collect()
+    };
+    match n.op {
+        Op::MatMul => {
+            let (a, b) = (&info.types[&n.inputs[0]].shape, &info.types[&n.inputs[1]].shape);
+            let batch = |x: &[usize], keep: usize, out_batch: usize| -> Vec<(usize, usize)> {
+                // Batch dims of an operand against the result's batch dims, right-aligned.
+                aligned(&x[..x.len() - keep], &out[..out_batch])
+            };
+            match (a.len(), b.len(), i) {
+                (1, _, 0) => vec![],
+                (_, 1, 1) => vec![],
+                (ra, 1, 0) => (0..ra - 1).map(|d| (d, d)).collect(),
+                (1, rb, 1) => {
+                    let mut v = batch(b, 2, out.len() - 1);
+                    v.push((rb - 1, out.len() - 1));
+                    v
+                }
+                (ra, _, 0) => {
+                    let mut v = batch(a, 2, out.len() - 2);
+                    v.push((ra - 2, out.len() - 2));
+                    v
+                }
+                (_, rb, _) => {
+                    let mut v = batch(b, 2, out.len() - 2);
+                    v.push((rb - 1, out.len() - 1));
+                    v
+                }
+            }
+        }
+        Op::Einsum => {
+            let Ok((terms, result)) = parse_equation(attr_str(n, "equation", ""), n.inputs.len()) else {
+                return vec![];
+            };
+            let t = &terms[i];
+            (0..t.len())
+                .filter(|&d| t.iter().filter(|&&c| c == t[d]).count() == 1)
+                .filter_map(|d| result.iter().position(|&c| c == t[d]).map(|p| (d, p)))
+                .collect()
+        }
+        Op::ReduceSum | Op::ReduceMean | Op::ReduceMax => {
+            let axes = reduced_axes(n, ins.len());
+            let keep = n.attrs.get("keepdims").and_then(|a| a.as_bool()).unwrap_or(false);
+            let mut pairs = Vec::new();
+            let mut o = 0;
+            for d in 0..ins.len() {
+                if !axes.contains(&d) {
+                    pairs.push((d, o));
+                }
+                if keep || !axes.contains(&d) {
+                    o += 1;
+                }
+            }
+            pairs
+        }
+        Op::Softmax | Op::Cast => (0..ins.len()).map(|d| (d, d)).collect(),
+        Op::LayerNorm => {
+            let off = if i == 0 { 0 } else { out.len() - ins.len() };
+            (0..ins.len()).map(|d| (d, d + off)).collect()
+        }
+        Op::Transpose => {
+            let perm = norm_axes(&attr_ints(n, "perm").unwrap_or_default(), ins.len()).unwrap_or_default();
+            perm.iter().enumerate().map(|(j, &p)| (p, j)).collect()
+        }
+        Op::Reshape => reshape_pairs(ins, out),
+        Op::Concat => {
+            let axis = norm_axis(attr_int(n, "axis", 0), ins.len()).unwrap_or(0);
+            (0..ins.len()).filter(|&d| d != axis).map(|d| (d, d)).collect()
+        }
+        Op::Slice => (0..ins.len()).filter(|&d| !sliced(n, ins, d)).map(|d| (d, d)).collect(),
+        Op::Gather => {
+            let data = &info.types[&n.inputs[0]].shape;
+            let axis = norm_axis(attr_int(n, "axis", 0), data.len()).unwrap_or(0);
+            let ri = info.types[&n.inputs[1]].shape.len();
+            if i == 0 {
+                (0..data.len()).filter(|&d| d != axis).map(|d| (d, if d < axis { d } else { d + ri - 1 })).collect()
+            } else {
+                (0..ri).map(|d| (d, axis + d)).collect()
+            }
+        }
+        op if op.is_communication() => vec![],
+        // Elementwise ops (with broadcasting) and broadcast_to.
+        _ => aligned(ins, out),
+    }
+}
+
+/// The dims a reduction reduces (all of them when `axes` is absent).
+pub fn reduced_axes(n: &Node, rank: usize) -> Vec<usize> {
+    match attr_ints(n, "axes") {
+        Some(a) => norm_axes(&a, rank).unwrap_or_default(),
+        None => (0..rank).collect(),
+    }
+}
+
+/// Whether slice `n` changes dim `d` of its operand (anything but the full range, step 1).
+pub fn sliced(n: &Node, ins: &[usize], d: usize) -> bool {
+    let starts = attr_ints(n, "starts").unwrap_or_default();
+    let axes = attr_ints(n, "axes").unwrap_or_else(|| (0..starts.len() as i64).collect());
+    let ends = attr_ints(n, "ends").unwrap_or_default();
+    let steps = attr_ints(n, "steps").unwrap_or_else(|| vec![1; axes.len()]);
+    axes.iter().enumerate().any(|(k, &a)| {
+        norm_axis(a, ins.len()).ok() == Some(d)
+            && (steps.get(k) != Some(&1)
+                || slice_range(starts[k], ends[k], 1, ins[d]).map_or(true, |(start, len)| (start, len) != (0, ins[d])))
+    })
+}
+
+/// For reshape: the first non-unit dim of each group of operand dims whose product equals
+/// that of a group of result dims. A split of the first dim of such a group keeps every
+/// device's block contiguous on both sides (when both sizes divide by the axis).
+fn reshape_pairs(ins: &[usize], out: &[usize]) -> Vec<(usize, usize)> {
+    let mut pairs = Vec::new();
+    let (mut i, mut j) = (0, 0);
+    while i < ins.len() && j < out.len() {
+        let (i0, j0) = (i, j);
+        let (mut pi, mut pj) = (ins[i], out[j]);
+        i += 1;
+        j += 1;
+        while pi != pj {
+            if pi < pj && i < ins.len() {
+                pi *= ins[i];
+                i += 1;
+            } else if j < out.len() {
+                pj *= out[j];
+                j += 1;
+            } else {
+                return pairs;
+            }
+        }
+        let first = |s: &[usize], r: std::ops::Range<usize>| r.clone().find(|&k| s[k] != 1);
+        if let (Some(a), Some(b)) = (first(ins, i0..i), first(out, j0..j)) {
+            pairs.push((a, b));
+        }
+    }
+    pairs
+}
+
+/// Whether `layout` may be given to a tensor of `shape`: injective, every split dim
+/// divisible by its axis.
+fn legal(mesh: &Mesh, shape: &[usize], layout: &[Option<usize>]) -> bool {
+    let mut used = vec![false; mesh.shape.len()];
+    shape.iter().zip(layout).all(|(&n, a)| match *a {
+        None => true,
+        Some(a) => !std::mem::replace(&mut used[a], true) && n % mesh.shape[a] == 0,
+    })
+}
+
+/// Builds a layout for a tensor of `shape` from candidates `(dim, axis)` in priority order,
+/// skipping any that would make it illegal.
+fn build(mesh: &Mesh, shape: &[usize], candidates: impl IntoIterator<Item = (usize, usize)>) -> Layout {
+    let mut layout = vec![None; shape.len()];
+    for (d, a) in candidates {
+        if layout[d].is_none() && !layout.contains(&Some(a)) && shape[d] % mesh.shape[a] == 0 {
+            layout[d] = Some(a);
+        }
+    }
+    layout
+}
+
+/// Runs the pass. `seeds` are the layouts the spec fixes (already legality-checked).
+pub fn propagate(g: &Graph, info: &Info, mesh: &Mesh, seeds: BTreeMap<String, (Layout, Source)>) -> Layouts {
+    let mut of: BTreeMap<String, Layout> = BTreeMap::new();
+    let mut source: BTreeMap<String, Source> = BTreeMap::new();
+    for (name, (layout, src)) in seeds {
+        of.insert(name.clone(), layout);
+        source.insert(name, src);
+    }
+    let bytes = |t: &str| info.types[t].size_bytes();
+    loop {
+        let mut changed = false;
+        // Forward: a result from its operands, the largest operand first.
+        for &k in &info.order {
+            let n = &g.nodes[k];
+            if of.contains_key(&n.name) || n.op.is_communication() {
+                continue;
+            }
+            let mut operands: Vec<usize> = (0..n.inputs.len()).filter(|&i| of.contains_key(&n.inputs[i])).collect();
+            operands.sort_by_key(|&i| std::cmp::Reverse(bytes(&n.inputs[i])));
+            let candidates = operands.iter().flat_map(|&i| {
+                let l = &of[&n.inputs[i]];
+                corresponding_dims(n, i, info).into_iter().filter_map(move |(di, dout)| l[di].map(|a| (dout, a)))
+            });
+            let layout = build(mesh, &info.types[&n.name].shape, candidates.collect::<Vec<_>>());
+            if layout.iter().any(Option::is_some) {
+                of.insert(n.name.clone(), layout);
+                source.insert(n.name.clone(), Source::Propagated);
+                changed = true;
+            }
+        }
+        // Backward: operands without a layout from their first consumer that has one.
+        for &k in &info.order {
+            let n = &g.nodes[k];
+            let Some(out) = of.get(&n.name).cloned() else { continue };
+            if n.op.is_communication() {
+                continue;
+            }
+            for (i, name) in n.inputs.iter().enumerate() {
+                if of.contains_key(name) {
+                    continue;
+                }
+                let pairs = corresponding_dims(n, i, info);
+                let layout = build(
+                    mesh,
+                    &info.types[name].shape,
+                    pairs.into_iter().filter_map(|(di, dout)| out[dout].map(|a| (di, a))),
+                );
+                if layout.iter().any(Option::is_some) {
+                    of.insert(name.clone(), layout);
+                    source.insert(name.clone(), Source::Propagated);
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    let all =
+        g.inputs.iter().map(|i| &i.name).chain(g.params.iter().map(|p| &p.name)).chain(g.nodes.iter().map(|n| &n.name));
+    for name in all {
+        if !of.contains_key(name) {
+            of.insert(name.clone(), vec![None; info.types[name].rank()]);
+            source.insert(name.clone(), Source::Default);
+        }
+    }
+    debug_assert!(of.iter().all(|(t, l)| legal(mesh, &info.types[t].shape, l)));
+    Layouts { mesh: mesh.clone(), of, source }
+}
+
+/// `--dump-after layout`: the mesh, then every tensor in graph order with its global type,
+/// its layout, the block each device holds, and where the layout came from.
+pub fn dump(g: &Graph, info: &Info, l: &Layouts) -> String {
+    let m = &l.mesh;
+    let mut s = String::new();
+    let shape: Vec<String> = m.shape.iter().map(usize::to_string).collect();
+    let _ = writeln!(
+        s,
+        "# layout of graph {}: {} [{}] axes [{}]",
+        g.name,
+        m.topology.name(),
+        shape.join("x"),
+        m.axes.join(", ")
+    );
+    let names = g.inputs.iter().map(|i| &i.name).chain(g.params.iter().map(|p| &p.name));
+    let names = names.chain(info.order.iter().map(|&k| &g.nodes[k].name));
+    for name in names {
+        let ty = &info.types[name];
+        let layout = &l.of[name];
+        let local = m.local_shape(&ty.shape, layout);
+        let local: Vec<String> = local.iter().map(usize::to_string).collect();
+        let _ = writeln!(
+            s,
+            "{name:<20} {:<24} {:<20} local [{}]  ({})",
+            ty.to_string(),
+            m.layout_string(layout),
+            local.join(", "),
+            l.source[name].name()
+        );
+    }
+    s
+}

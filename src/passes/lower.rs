@@ -1,0 +1,625 @@
+//! The `lower` pass (seed 004): from a graph whose tensors all have layouts to one program
+//! per device — the slice-wise instance of every op on the block each device holds, with
+//! communication only where slice-wise results are not the answer.
+//!
+//! Per node: the operands are brought to the layouts the op needs (`reshard`), the local op
+//! runs, and its result — possibly a partial sum over mesh axes — is brought to the node's
+//! layout. `reshard` is the only place that inserts communication:
+//! - a partial result: reduce_scatter when the target splits a dimension over that axis,
+//!   all_reduce otherwise;
+//! - a split that must go: all_to_all when the same axis moves to another dimension,
+//!   all_gather otherwise;
+//! - a split to add: a local slice, no communication.
+//!
+//! Contractions (matmul, einsum) and reductions keep a split contracted/reduced dimension
+//! split and all-reduce the partial results; softmax and layer_norm over a split axis are
+//! decomposed so that their statistics (max and sum; mean and variance) are combined over the
+//! axis. Params are held whole by every device (they are mapped from the artifact) and each
+//! device slices its block locally; compile folds those slices into per-device weights.
+//! Inputs and outputs are scattered and gathered by the runner, by their layouts.
+//!
+//! Every device's program has the same nodes in the same order (SPMD), so a collective is
+//! named alike on all members of its group; only the bounds of local slices differ.
+
+use std::collections::HashMap;
+
+use anyhow::{bail, Result};
+use meshc_ir::infer::{attr_int, attr_ints, norm_axis};
+use meshc_ir::verify::Info;
+use meshc_ir::{Attr, Attrs, DType, Graph, Input, Node, Op, Output, Param, ParamData, TensorType};
+
+use super::layout::{corresponding_dims, reduced_axes, Layouts};
+use crate::mesh::{Layout, Mesh};
+
+/// One program per device, plus the layouts of the graph's inputs and outputs.
+#[derive(Clone, Debug)]
+pub struct Lowered {
+    pub mesh: Mesh,
+    pub devices: Vec<Graph>,
+    pub inputs: Vec<(String, Layout)>,
+    pub outputs: Vec<(String, Layout)>,
+}
+
+struct Lower<'a> {
+    g: &'a Graph,
+    info: &'a Info,
+    mesh: &'a Mesh,
+    layouts: &'a Layouts,
+    devs: Vec<Graph>,
+    /// Local type of every local tensor (the same on every device).
+    types: HashMap<String, TensorType>,
+    /// The local tensor that holds a global tensor in a layout.
+    versions: HashMap<(String, Layout), String>,
+    /// The local tensor that holds a global tensor (not a param) in its own layout.
+    home: HashMap<String, String>,
+}
+
+fn groups_attr(groups: Vec<Vec<usize>>) -> Attr {
+    Attr::List(groups.into_iter().map(|g| Attr::List(g.into_iter().map(|d| Attr::Int(d as i64)).collect())).collect())
+}
+
+fn ints(v: impl IntoIterator<Item = usize>) -> Attr {
+    Attr::List(v.into_iter().map(|x| Attr::Int(x as i64)).collect())
+}
+
+impl Lower<'_> {
+    fn fresh(&self, base: &str, what: &str) -> String {
+        let mut name = format!("{base}.{what}");
+        let mut k = 1;
+        while self.types.contains_key(&name) || self.info.types.contains_key(&name) {
+            k += 1;
+            name = format!("{base}.{what}{k}");
+        }
+        name
+    }
+
+    /// Adds a node to every device; `per_device` may vary its attrs by device.
+    fn emit_with(
+        &mut self,
+        name: &str,
+        op: Op,
+        inputs: &[&str],
+        ty: TensorType,
+        per_device: impl Fn(usize) -> Attrs,
+    ) -> String {
+        for (d, dev) in self.devs.iter_mut().enumerate() {
+            let mut n = Node::new(name, op, inputs);
+            n.attrs = per_device(d);
+            n.dtype = Some(ty.dtype);
+            n.shape = Some(ty.shape.clone());
+            n.device = Some(d as u32);
+            dev.nodes.push(n);
+        }
+        self.types.insert(name.to_string(), ty);
+        name.to_string()
+    }
+
+    fn emit(&mut self, name: &str, op: Op, inputs: &[&str], ty: TensorType, attrs: Attrs) -> String {
+        self.emit_with(name, op, inputs, ty, |_| attrs.clone())
+    }
+
+    fn global(&self, t: &str) -> &TensorType {
+        &self.info.types[t]
+    }
+
+    fn local_ty(&self, t: &str, layout: &[Option<usize>]) -> TensorType {
+        let ty = self.global(t);
+        TensorType::new(ty.dtype, self.mesh.local_shape(&ty.shape, layout))
+    }
+
+    fn collective(
+        &mut self,
+        t: &str,
+        src: &str,
+        op: Op,
+        axes: &[usize],
+        attrs: Attrs,
+        after: &[Option<usize>],
+    ) -> String {
+        let name = self.fresh(t, op.name());
+        let mut attrs = attrs;
+        attrs.insert("groups".into(), groups_attr(self.mesh.groups(axes)));
+        let ty = self.local_ty(t, after);
+        self.emit(&name, op, &[src], ty, attrs)
+    }
+
+    /// A local slice that splits dims of `src` (holding `t` in layout `from`) to `to`.
+    fn split_locally(&mut self, t: &str, src: &str, from: &[Option<usize>], to: &[Option<usize>]) -> String {
+        let dims: Vec<usize> = (0..to.len()).filter(|&d| to[d].is_some() && from[d].is_none()).collect();
+        let name = self.fresh(t, "split");
+        let shape = self.mesh.local_shape(&self.global(t).shape, from);
+        let ty = self.local_ty(t, to);
+        let mesh = self.mesh.clone();
+        self.emit_with(&name, Op::Slice, &[src], ty, |d| {
+            let c = mesh.coords(d);
+            let block = |k: usize| shape[k] / mesh.shape[to[k].expect("split dim")];
+            let mut a = Attrs::new();
+            a.insert("axes".into(), ints(dims.iter().copied()));
+            a.insert("starts".into(), ints(dims.iter().map(|&k| c[to[k].expect("split dim")] * block(k))));
+            a.insert("ends".into(), ints(dims.iter().map(|&k| (c[to[k].expect("split dim")] + 1) * block(k))));
+            a
+        })
+    }
+
+    /// Brings `src`, holding global tensor `t` in layout `from` (partial over the mesh axes
+    /// `partial`, to be combined by `reduce`), to layout `to`. Returns the local name.
+    fn reshard(
+        &mut self,
+        t: &str,
+        src: &str,
+        from: &[Option<usize>],
+        partial: &[usize],
+        reduce: &str,
+        to: &[Option<usize>],
+    ) -> String {
+        let mut cur = src.to_string();
+        let mut from = from.to_vec();
+        let rank = from.len();
+        let mut rest = Vec::new();
+        let reduce_attr = |a: &mut Attrs| {
+            a.insert("reduce".into(), Attr::Str(reduce.into()));
+        };
+        for &a in partial {
+            match (0..rank).find(|&d| to[d] == Some(a) && from[d].is_none()) {
+                Some(d) => {
+                    from[d] = Some(a);
+                    let mut attrs = Attrs::new();
+                    attrs.insert("axis".into(), Attr::Int(d as i64));
+                    reduce_attr(&mut attrs);
+                    cur = self.collective(t, &cur, Op::ReduceScatter, &[a], attrs, &from);
+                }
+                None => rest.push(a),
+            }
+        }
+        if !rest.is_empty() {
+            let mut attrs = Attrs::new();
+            reduce_attr(&mut attrs);
+            cur = self.collective(t, &cur, Op::AllReduce, &rest, attrs, &from);
+        }
+        for d in 0..rank {
+            let Some(a) = from[d] else { continue };
+            if to[d] == Some(a) {
+                continue;
+            }
+            let mut attrs = Attrs::new();
+            from[d] = None;
+            match (0..rank).find(|&e| to[e] == Some(a) && from[e].is_none()) {
+                Some(e) => {
+                    from[e] = Some(a);
+                    attrs.insert("split_axis".into(), Attr::Int(e as i64));
+                    attrs.insert("concat_axis".into(), Attr::Int(d as i64));
+                    cur = self.collective(t, &cur, Op::AllToAll, &[a], attrs, &from);
+                }
+                None => {
+                    attrs.insert("axis".into(), Attr::Int(d as i64));
+                    cur = self.collective(t, &cur, Op::AllGather, &[a], attrs, &from);
+                }
+            }
+        }
+        if from != to {
+            cur = self.split_locally(t, &cur, &from, to);
+        }
+        cur
+    }
+
+    /// The local name of global tensor `t` in layout `to`, resharding its first version.
+    /// Params are sliced from the whole param every device holds.
+    fn operand(&mut self, t: &str, to: &[Option<usize>]) -> String {
+        let key = (t.to_string(), to.to_vec());
+        if let Some(v) = self.versions.get(&key) {
+            return v.clone();
+        }
+        let v = if self.g.params.iter().any(|p| p.name == t) {
+            let whole = vec![None; to.len()];
+            self.split_locally(t, t, &whole, to)
+        } else {
+            let src = self.home[t].clone();
+            let layout = self.layouts.of[t].clone();
+            self.reshard(t, &src, &layout, &[], "sum", to)
+        };
+        self.versions.insert(key, v.clone());
+        v
+    }
+
+    /// Names the last emitted node `name` (the node's own name on every device).
+    fn finish(&mut self, n: &Node, local: String, layout: Layout) {
+        if local != n.name {
+            for dev in &mut self.devs {
+                let last = dev.nodes.last_mut().expect("a node was emitted");
+                debug_assert_eq!(last.name, local);
+                last.name = n.name.clone();
+            }
+            let ty = self.types.remove(&local).expect("emitted");
+            self.types.insert(n.name.clone(), ty);
+        }
+        self.versions.insert((n.name.clone(), layout), n.name.clone());
+        self.home.insert(n.name.clone(), n.name.clone());
+    }
+
+    fn node(&mut self, n: &Node, out: &Layout) -> Result<()> {
+        if n.op.is_communication() {
+            bail!(
+                "node '{}': {} cannot be combined with a layout spec (lowering inserts collectives itself)",
+                n.name,
+                n.op
+            );
+        }
+        let (local, natural, partial, reduce) = match n.op {
+            Op::MatMul | Op::Einsum => self.contraction(n, out),
+            Op::ReduceSum | Op::ReduceMean | Op::ReduceMax => self.reduction(n, out),
+            Op::Softmax => self.softmax(n, out),
+            Op::LayerNorm => self.layer_norm(n, out),
+            _ => self.slicewise(n, out),
+        };
+        let result = if natural == *out && partial.is_empty() {
+            local
+        } else {
+            self.reshard(&n.name, &local, &natural, &partial, reduce, out)
+        };
+        self.finish(n, result, out.clone());
+        Ok(())
+    }
+
+    /// The layout global tensor `t` was given (a param's is where it prefers to be sliced).
+    fn current(&self, t: &str) -> Layout {
+        self.layouts.of[t].clone()
+    }
+
+    fn local_name(&self, n: &Node) -> String {
+        self.fresh(&n.name, "local")
+    }
+
+    /// Ops that are slice-wise along every dimension they carry from operand to result.
+    fn slicewise(&mut self, n: &Node, out: &Layout) -> (String, Layout, Vec<usize>, &'static str) {
+        let mut covered = vec![n.op == Op::BroadcastTo; out.len()];
+        let mut operands = Vec::new();
+        let reshape_ok = |this: &Self, di: usize, dout: usize, a: usize| -> bool {
+            let m = this.mesh.shape[a];
+            this.global(&n.inputs[0]).shape[di] % m == 0 && this.global(&n.name).shape[dout] % m == 0
+        };
+        for (i, t) in n.inputs.iter().enumerate() {
+            let mut req = vec![None; self.global(t).rank()];
+            for (di, dout) in corresponding_dims(n, i, self.info) {
+                if let Some(a) = out[dout] {
+                    if n.op != Op::Reshape || reshape_ok(self, di, dout, a) {
+                        req[di] = Some(a);
+                        covered[dout] = true;
+                    }
+                }
+            }
+            operands.push(self.operand(t, &req));
+        }
+        let natural: Layout = out.iter().zip(&covered).map(|(&a, &c)| if c { a } else { None }).collect();
+        let ty = self.local_ty(&n.name, &natural);
+        let mut attrs = n.attrs.clone();
+        match n.op {
+            Op::Reshape | Op::BroadcastTo => {
+                attrs.insert("shape".into(), ints(ty.shape.iter().copied()));
+            }
+            Op::Slice => {
+                // Split dims are never sliced (they are not covered otherwise): drop them.
+                let rank = out.len();
+                let starts = attr_ints(n, "starts").unwrap_or_default();
+                let axes = attr_ints(n, "axes").unwrap_or_else(|| (0..starts.len() as i64).collect());
+                let keep: Vec<usize> = (0..axes.len())
+                    .filter(|&k| norm_axis(axes[k], rank).map_or(true, |d| natural[d].is_none()))
+                    .collect();
+                for key in ["axes", "starts", "ends", "steps"] {
+                    let v = if key == "axes" { Some(axes.clone()) } else { attr_ints(n, key) };
+                    if let Some(v) = v {
+                        attrs.insert(key.into(), Attr::List(keep.iter().map(|&k| Attr::Int(v[k])).collect()));
+                    }
+                }
+            }
+            _ => {}
+        }
+        let name = self.local_name(n);
+        let refs: Vec<&str> = operands.iter().map(String::as_str).collect();
+        let local = self.emit(&name, n.op, &refs, ty, attrs);
+        (local, natural, vec![], "sum")
+    }
+
+    /// matmul and einsum: every operand dim is an output dim (split as the output), or a
+    /// contracted dim, kept split when an operand already is (the result is then partial).
+    fn contraction(&mut self, n: &Node, out: &Layout) -> (String, Layout, Vec<usize>, &'static str) {
+        let ro = out.len();
+        // Letters: result dims are 0..ro; the contracted dim of matmul is ro; einsum
+        // letters not in the result get numbers from ro on.
+        let mut letters: Vec<Vec<usize>> = Vec::new();
+        if n.op == Op::Einsum {
+            let eq = meshc_ir::infer::attr_str(n, "equation", "");
+            let (terms, result) = meshc_ir::infer::parse_equation(eq, n.inputs.len()).expect("verified");
+            let mut extra: Vec<char> = Vec::new();
+            for t in &terms {
+                letters.push(
+                    t.iter()
+                        .map(|c| match result.iter().position(|r| r == c) {
+                            Some(p) => p,
+                            None => {
+                                if !extra.contains(c) {
+                                    extra.push(*c);
+                                }
+                                ro + extra.iter().position(|e| e == c).expect("pushed")
+                            }
+                        })
+                        .collect(),
+                );
+            }
+        } else {
+            let mut fresh = ro + 1;
+            for i in 0..2 {
+                let rank = self.global(&n.inputs[i]).rank();
+                let pairs = corresponding_dims(n, i, self.info);
+                let k = if i == 0 { rank - 1 } else { rank.saturating_sub(2).min(rank - 1) };
+                let v = (0..rank)
+                    .map(|d| match pairs.iter().find(|p| p.0 == d) {
+                        Some(&(_, o)) => o,
+                        None if d == k => ro,
+                        None => {
+                            fresh += 1;
+                            fresh
+                        }
+                    })
+                    .collect();
+                letters.push(v);
+            }
+        }
+        // A letter repeated within one operand (a diagonal) is never split.
+        let repeated = |l: usize| letters.iter().any(|t| t.iter().filter(|&&x| x == l).count() > 1);
+        let size_of = |this: &Self, l: usize| -> usize {
+            letters
+                .iter()
+                .zip(&n.inputs)
+                .find_map(|(t, name)| t.iter().position(|&x| x == l).map(|d| this.global(name).shape[d]))
+                .unwrap_or(1)
+        };
+        let mut axis_of: HashMap<usize, Option<usize>> = HashMap::new();
+        let mut natural = out.clone();
+        for (o, a) in natural.iter_mut().enumerate() {
+            if repeated(o) || letters.iter().all(|t| !t.contains(&o)) {
+                *a = None;
+            }
+            axis_of.insert(o, *a);
+        }
+        let mut partial = Vec::new();
+        let f32 = self.global(&n.name).dtype == DType::F32;
+        for (i, t) in n.inputs.iter().enumerate().filter(|_| f32) {
+            let cur = self.current(t);
+            for (d, &l) in letters[i].iter().enumerate() {
+                if l < ro || axis_of.contains_key(&l) {
+                    continue;
+                }
+                let ok = |a: usize| {
+                    !repeated(l)
+                        && !natural.contains(&Some(a))
+                        && !partial.contains(&a)
+                        && size_of(self, l) % self.mesh.shape[a] == 0
+                };
+                if let Some(a) = cur[d].filter(|&a| ok(a)) {
+                    axis_of.insert(l, Some(a));
+                    partial.push(a);
+                }
+            }
+        }
+        let mut operands = Vec::new();
+        for (i, t) in n.inputs.iter().enumerate() {
+            let shape = &self.global(t).shape;
+            let req: Layout = letters[i]
+                .iter()
+                .enumerate()
+                .map(|(d, l)| {
+                    axis_of.get(l).copied().flatten().filter(|&a| shape[d] % self.mesh.shape[a] == 0 && shape[d] > 1)
+                })
+                .collect();
+            operands.push(self.operand(t, &req));
+        }
+        let ty = self.local_ty(&n.name, &natural);
+        let name = self.local_name(n);
+        let refs: Vec<&str> = operands.iter().map(String::as_str).collect();
+        let local = self.emit(&name, n.op, &refs, ty, n.attrs.clone());
+        (local, natural, partial, "sum")
+    }
+
+    /// Reductions keep a split reduced dim split; the partial results are combined.
+    fn reduction(&mut self, n: &Node, out: &Layout) -> (String, Layout, Vec<usize>, &'static str) {
+        let t = &n.inputs[0];
+        let rank = self.global(t).rank();
+        let cur = self.current(t);
+        let mut req = vec![None; rank];
+        let mut natural = vec![None; out.len()];
+        for (di, dout) in corresponding_dims(n, 0, self.info) {
+            req[di] = out[dout];
+            natural[dout] = out[dout];
+        }
+        let mut partial = Vec::new();
+        // Partial results are combined in f32 only; other dtypes are reduced whole.
+        let f32 = self.global(&n.name).dtype == DType::F32;
+        for d in reduced_axes(n, rank).into_iter().filter(|_| f32) {
+            if let Some(a) = cur[d].filter(|a| !out.contains(&Some(*a)) && !partial.contains(a)) {
+                req[d] = Some(a);
+                partial.push(a);
+            }
+        }
+        let x = self.operand(t, &req);
+        let ty = self.local_ty(&n.name, &natural);
+        let name = self.local_name(n);
+        let local = self.emit(&name, n.op, &[&x], ty, n.attrs.clone());
+        let reduce = match n.op {
+            Op::ReduceMax => "max",
+            Op::ReduceMean => "mean",
+            _ => "sum",
+        };
+        (local, natural, partial, reduce)
+    }
+
+    /// The layout a normalising op (softmax, layer_norm) reads its input in: the result's,
+    /// plus the input's own split of the normalised dims when that axis is free.
+    fn normalised_layout(&self, n: &Node, out: &Layout, dims: &[usize]) -> Layout {
+        let cur = self.current(&n.inputs[0]);
+        let mut req = out.clone();
+        for &d in dims {
+            if req[d].is_none() {
+                if let Some(a) = cur[d].filter(|a| !req.contains(&Some(*a))) {
+                    req[d] = Some(a);
+                }
+            }
+        }
+        req
+    }
+
+    fn softmax(&mut self, n: &Node, out: &Layout) -> (String, Layout, Vec<usize>, &'static str) {
+        let rank = out.len();
+        let axis = norm_axis(attr_int(n, "axis", -1), rank).expect("verified");
+        let req = self.normalised_layout(n, out, &[axis]);
+        let x = self.operand(&n.inputs[0], &req);
+        let ty = self.local_ty(&n.name, &req);
+        let Some(a) = req[axis] else {
+            let name = self.local_name(n);
+            return (self.emit(&name, Op::Softmax, &[&x], ty, n.attrs.clone()), req, vec![], "sum");
+        };
+        // softmax(x) = exp(x - max) / sum(exp(x - max)), max and sum over the whole axis.
+        let mut stat_shape = ty.shape.clone();
+        stat_shape[axis] = 1;
+        let stat = TensorType::new(DType::F32, stat_shape);
+        let mut red = Attrs::new();
+        red.insert("axes".into(), ints([axis]));
+        red.insert("keepdims".into(), Attr::Bool(true));
+        let base = &n.name;
+        let m = self.emit(&self.fresh(base, "max"), Op::ReduceMax, &[&x], stat.clone(), red.clone());
+        let m = self.combine(base, &m, a_vec(a), "max", &stat);
+        let sh = self.emit(&self.fresh(base, "shifted"), Op::Sub, &[&x, &m], ty.clone(), Attrs::new());
+        let e = self.emit(&self.fresh(base, "exp"), Op::Exp, &[&sh], ty.clone(), Attrs::new());
+        let s = self.emit(&self.fresh(base, "sum"), Op::ReduceSum, &[&e], stat.clone(), red);
+        let s = self.combine(base, &s, a_vec(a), "sum", &stat);
+        let name = self.local_name(n);
+        (self.emit(&name, Op::Div, &[&e, &s], ty, Attrs::new()), req, vec![], "sum")
+    }
+
+    /// all_reduce of a statistic over the mesh axes `axes`.
+    fn combine(&mut self, base: &str, x: &str, axes: Vec<usize>, reduce: &str, ty: &TensorType) -> String {
+        let mut attrs = Attrs::new();
+        attrs.insert("reduce".into(), Attr::Str(reduce.into()));
+        attrs.insert("groups".into(), groups_attr(self.mesh.groups(&axes)));
+        let name = self.fresh(base, "all_reduce");
+        self.emit(&name, Op::AllReduce, &[x], ty.clone(), attrs)
+    }
+
+    /// A scalar f32 constant, held by every device.
+    fn constant(&mut self, base: &str, what: &str, v: f64) -> String {
+        let name = self.fresh(base, what);
+        let ty = TensorType::new(DType::F32, vec![]);
+        for dev in &mut self.devs {
+            dev.params.push(Param {
+                name: name.clone(),
+                ty: ty.clone(),
+                dims: None,
+                data: ParamData::Value(Attr::Float(v)),
+                loc: None,
+            });
+        }
+        self.types.insert(name.clone(), ty);
+        name
+    }
+
+    fn layer_norm(&mut self, n: &Node, out: &Layout) -> (String, Layout, Vec<usize>, &'static str) {
+        let rank = out.len();
+        let axis = norm_axis(attr_int(n, "axis", -1), rank).expect("verified");
+        let dims: Vec<usize> = (axis..rank).collect();
+        let req = self.normalised_layout(n, out, &dims);
+        let x = self.operand(&n.inputs[0], &req);
+        let gamma = self.operand(&n.inputs[1], &req[axis..]);
+        let beta = self.operand(&n.inputs[2], &req[axis..]);
+        let ty = self.local_ty(&n.name, &req);
+        let split: Vec<usize> = dims.iter().filter_map(|&d| req[d]).collect();
+        if split.is_empty() {
+            let name = self.local_name(n);
+            return (self.emit(&name, Op::LayerNorm, &[&x, &gamma, &beta], ty, n.attrs.clone()), req, vec![], "sum");
+        }
+        // (x - mean) * rsqrt(var + eps) * gamma + beta, with the sums over the normalised
+        // dims combined across the axes that split them.
+        let count: usize = dims.iter().map(|&d| self.global(&n.name).shape[d]).product();
+        let eps = n.attrs.get("eps").and_then(Attr::as_float).unwrap_or(1e-5);
+        let base = &n.name;
+        let mut stat_shape = ty.shape.clone();
+        for &d in &dims {
+            stat_shape[d] = 1;
+        }
+        let stat = TensorType::new(DType::F32, stat_shape);
+        let mut red = Attrs::new();
+        red.insert("axes".into(), ints(dims.iter().copied()));
+        red.insert("keepdims".into(), Attr::Bool(true));
+        let inv_n = self.constant(base, "inv_count", 1.0 / count as f64);
+        let eps = self.constant(base, "eps", eps);
+        let e = |this: &mut Self, what: &str, op: Op, ins: &[&str], ty: &TensorType, attrs: Attrs| {
+            let name = this.fresh(base, what);
+            this.emit(&name, op, ins, ty.clone(), attrs)
+        };
+        let s1 = e(self, "sum", Op::ReduceSum, &[&x], &stat, red.clone());
+        let s1 = self.combine(base, &s1, split.clone(), "sum", &stat);
+        let mean = e(self, "mean", Op::Mul, &[&s1, &inv_n], &stat, Attrs::new());
+        let d = e(self, "centred", Op::Sub, &[&x, &mean], &ty, Attrs::new());
+        let sq = e(self, "square", Op::Mul, &[&d, &d], &ty, Attrs::new());
+        let s2 = e(self, "sum_sq", Op::ReduceSum, &[&sq], &stat, red);
+        let s2 = self.combine(base, &s2, split, "sum", &stat);
+        let var = e(self, "var", Op::Mul, &[&s2, &inv_n], &stat, Attrs::new());
+        let ve = e(self, "var_eps", Op::Add, &[&var, &eps], &stat, Attrs::new());
+        let r = e(self, "rstd", Op::Rsqrt, &[&ve], &stat, Attrs::new());
+        let nrm = e(self, "normed", Op::Mul, &[&d, &r], &ty, Attrs::new());
+        let sc = e(self, "scaled", Op::Mul, &[&nrm, &gamma], &ty, Attrs::new());
+        let name = self.local_name(n);
+        (self.emit(&name, Op::Add, &[&sc, &beta], ty, Attrs::new()), req, vec![], "sum")
+    }
+}
+
+fn a_vec(a: usize) -> Vec<usize> {
+    vec![a]
+}
+
+/// Runs the pass on a verified graph whose tensors all have layouts.
+pub fn lower(g: &Graph, info: &Info, layouts: &Layouts) -> Result<Lowered> {
+    let mesh = &layouts.mesh;
+    let mut base = Graph { name: g.name.clone(), ..Graph::default() };
+    let mut types = HashMap::new();
+    let mut versions = HashMap::new();
+    let mut home = HashMap::new();
+    for i in &g.inputs {
+        let layout = layouts.of[&i.name].clone();
+        let ty = TensorType::new(i.ty.dtype, mesh.local_shape(&i.ty.shape, &layout));
+        base.inputs.push(Input { name: i.name.clone(), ty: ty.clone(), dims: i.dims.clone(), loc: None });
+        types.insert(i.name.clone(), ty);
+        versions.insert((i.name.clone(), layout), i.name.clone());
+        home.insert(i.name.clone(), i.name.clone());
+    }
+    for p in &g.params {
+        base.params.push(Param { loc: None, ..p.clone() });
+        types.insert(p.name.clone(), p.ty.clone());
+        versions.insert((p.name.clone(), vec![None; p.ty.rank()]), p.name.clone());
+    }
+    base.outputs = g.outputs.iter().map(|o| Output::new(o.name.clone())).collect();
+    let mut l = Lower { g, info, mesh, layouts, devs: vec![base; mesh.devices()], types, versions, home };
+    for &k in &info.order {
+        let n = &g.nodes[k];
+        l.node(n, &layouts.of[&n.name])?;
+    }
+    let io = |list: &mut dyn Iterator<Item = &String>| list.map(|t| (t.clone(), layouts.of[t].clone())).collect();
+    let inputs = io(&mut g.inputs.iter().map(|i| &i.name));
+    let mut outputs: Vec<(String, Layout)> = io(&mut g.outputs.iter().map(|o| &o.name));
+    for (name, layout) in &mut outputs {
+        // An output that is an input or param leaves in the layout it has locally.
+        if g.params.iter().any(|p| &p.name == name) {
+            *layout = vec![None; layout.len()];
+        }
+    }
+    Ok(Lowered { mesh: mesh.clone(), devices: l.devs, inputs, outputs })
+}
+
+/// `--dump-after lower`: every device's program in the text format.
+pub fn dump(l: &Lowered) -> String {
+    let mut s = String::new();
+    for (d, g) in l.devices.iter().enumerate() {
+        let c: Vec<String> = l.mesh.coords(d).iter().map(usize::to_string).collect();
+        s.push_str(&format!("# device {d} ({})\n", c.join(",")));
+        s.push_str(&meshc_ir::text::print(g));
+    }
+    s
+}

@@ -1,0 +1,5 @@
+//! The passes between the verified graph and code generation, one module each, named as
+//! `--dump-after` names them. Each is a function from IR to IR.
+
+pub mod layout;
+pub mod lower;
