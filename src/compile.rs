@@ -6,13 +6,18 @@
 use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{bail, Context, Result};
-use meshc_ir::verify::Info;
+use meshc_ir::verify::{verify, Info};
 use meshc_ir::{Graph, Node, Op, Tensor, TensorType};
 
 use crate::codegen::elementwise::{Arg, Fused, FusedNode};
 use crate::codegen::{self, Generated, Target};
 use crate::library;
-use crate::program::{align_up, Buffer, Exec, IoSpec, Kernel, Library, Meta, Program, Step, Storage, ALIGN};
+use crate::mesh::{Layout, Mesh};
+use crate::passes::lower::Lowered;
+use crate::program::{
+    align_up, Buffer, Collective, CollectiveOp, Exec, IoSpec, Kernel, Library, Meta, Program, Reduce, Step, Storage,
+    ALIGN,
+};
 
 /// Which implementation serves matmuls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,7 +148,6 @@ fn generate(target: &Target, node: &Node, inputs: &[TensorType], out: &TensorTyp
         Op::Transpose | Op::Slice | Op::Concat | Op::BroadcastTo | Op::Gather | Op::Einsum => {
             codegen::movement::kernel(target, &name, node, inputs, out)
         }
-        op if op.is_communication() => bail!("node '{}': {op} needs a mesh layout (a multi-device program)", node.name),
         op => bail!("node '{}': no kernel for {op}", node.name),
     }
 }
@@ -178,85 +182,225 @@ fn node_flops(n: &Node, info: &Info) -> u64 {
     }
 }
 
-pub fn compile(g: &Graph, info: &Info, params: &HashMap<String, Tensor>, opts: &Options) -> Result<Compiled> {
-    let target = Target::by_name(&opts.target)?;
-    let mut bufs = Buffers::default();
+/// Code and weights shared by the programs of all devices: identical kernels and identical
+/// weight blocks (replicas of a param shard) are stored once.
+struct Builder {
+    target: Target,
+    gemm: Gemm,
+    code: Vec<u8>,
+    code_at: BTreeMap<Vec<u8>, (usize, usize)>,
+    weights: Vec<u8>,
+    weight_at: HashMap<Vec<u8>, usize>,
+    /// Collective ids by node name: the members of a group name a collective alike.
+    collectives: BTreeMap<String, usize>,
+}
 
-    // Weights: each param at a 64-byte aligned offset of the weights section.
-    let mut weights = Vec::new();
-    for p in &g.params {
-        let bytes = params[&p.name].to_le_bytes();
-        let offset = align_up(weights.len(), ALIGN);
-        weights.resize(offset, 0);
-        weights.extend_from_slice(&bytes);
-        bufs.list.push(Buffer { name: p.name.clone(), bytes: bytes.len(), storage: Storage::Weights { offset } });
-        bufs.of.insert(p.name.clone(), bufs.list.len() - 1);
+/// Ops evaluated at compile time when all their operands are weights: the local slices of
+/// params that lowering gives each device become that device's own weights.
+fn foldable(op: Op) -> bool {
+    matches!(op, Op::Slice | Op::Reshape | Op::Transpose | Op::Cast)
+}
+
+impl Builder {
+    fn new(opts: &Options) -> Result<Builder> {
+        Ok(Builder {
+            target: Target::by_name(&opts.target)?,
+            gemm: opts.gemm,
+            code: Vec::new(),
+            code_at: BTreeMap::new(),
+            weights: Vec::new(),
+            weight_at: HashMap::new(),
+            collectives: BTreeMap::new(),
+        })
     }
-    let inputs: Vec<usize> = g.inputs.iter().map(|i| bufs.arena(&i.name, i.ty.size_bytes())).collect();
 
-    let (root, roots) = fusion_groups(g, info);
-    let mut code: Vec<u8> = Vec::new();
-    let mut kernels: Vec<Kernel> = Vec::new();
-    let mut by_bytes: BTreeMap<Vec<u8>, usize> = BTreeMap::new();
-    let mut steps = Vec::new();
-    for r in roots {
-        let node = &g.nodes[r];
-        let out = &info.types[&node.name];
-        if node.op == Op::Reshape {
-            // Same bytes, new shape: the result shares its operand's buffer.
-            let b = bufs.get(&node.inputs[0]);
-            bufs.of.insert(node.name.clone(), b);
-            continue;
+    fn weight(&mut self, bytes: Vec<u8>) -> usize {
+        let len = self.weights.len();
+        *self.weight_at.entry(bytes).or_insert_with_key(|bytes| {
+            let offset = align_up(len, ALIGN);
+            self.weights.resize(offset, 0);
+            self.weights.extend_from_slice(bytes);
+            offset
+        })
+    }
+
+    /// The program of one device: `g` verified as `info`, its params' values in `params`.
+    fn program(&mut self, device: usize, g: &Graph, info: &Info, params: &HashMap<String, Tensor>) -> Result<Program> {
+        let mut bufs = Buffers::default();
+        // Constants: params, and nodes computable from them alone.
+        let mut consts: HashMap<String, Tensor> = HashMap::new();
+        for p in &g.params {
+            let t = match &p.data {
+                meshc_ir::ParamData::Value(v) => meshc_ir::params::inline_value(p, v)?,
+                _ => params.get(&p.name).cloned().with_context(|| format!("no value for param '{}'", p.name))?,
+            };
+            consts.insert(p.name.clone(), t);
         }
-        let operand_types: Vec<TensorType> = node.inputs.iter().map(|i| info.types[i].clone()).collect();
-        let use_library = node.op == Op::MatMul
-            && match opts.gemm {
-                Gemm::Library => true,
-                Gemm::Cranelift => false,
-                Gemm::Auto => library::prefer_library(&operand_types[0], &operand_types[1]),
-            };
-        let (exec, operands, scratch) = if use_library {
-            let lib = Library::Matmul {
-                a: operand_types[0].shape.clone(),
-                b: operand_types[1].shape.clone(),
-                out: out.shape.clone(),
-            };
-            (Exec::Library(lib), node.inputs.clone(), 0)
-        } else {
-            let (generated, operands) = if node.op.is_elementwise() {
-                let (spec, operands) = fused_spec(g, info, &root, r);
-                (codegen::elementwise::fused(&target, &kernel_name(node), &spec)?, operands)
-            } else {
-                (generate(&target, node, &operand_types, out)?, node.inputs.clone())
-            };
-            let bytes = codegen::compile(&target, generated.func).with_context(|| format!("node '{}'", node.name))?;
-            // Identical kernels (e.g. the q, k and v projections) share one copy of the code.
-            let k = *by_bytes.entry(bytes).or_insert_with_key(|bytes| {
-                let offset = align_up(code.len(), KERNEL_ALIGN);
-                code.resize(offset, 0);
-                code.extend_from_slice(bytes);
-                kernels.push(Kernel { name: kernel_name(node), offset, len: bytes.len() });
-                kernels.len() - 1
-            });
-            (Exec::Kernel(k), operands, generated.scratch)
+        for &k in &info.order {
+            let n = &g.nodes[k];
+            if foldable(n.op) && n.inputs.iter().all(|i| consts.contains_key(i)) {
+                let args: Vec<&Tensor> = n.inputs.iter().map(|i| &consts[i]).collect();
+                let t = meshc_ir::interp::eval_node(n, &args, &info.types[&n.name])?;
+                consts.insert(n.name.clone(), t);
+            }
+        }
+        // Only the constants something reads become weights.
+        let outputs: Vec<&str> = g.outputs.iter().map(|o| o.name.as_str()).collect();
+        let used = |name: &str| {
+            outputs.contains(&name)
+                || g.nodes.iter().any(|n| !consts.contains_key(&n.name) && n.inputs.iter().any(|i| i == name))
         };
-        let mut buffers = vec![bufs.arena(&node.name, out.size_bytes())];
-        buffers.extend(operands.iter().map(|o| bufs.get(o)));
-        if scratch > 0 {
-            buffers.push(bufs.arena(&format!("{}.scratch", node.name), scratch));
+        let mut names: Vec<&String> = consts.keys().filter(|c| used(c)).collect();
+        names
+            .sort_by_key(|c| (g.params.iter().position(|p| &p.name == *c), g.nodes.iter().position(|n| &n.name == *c)));
+        for name in names {
+            let bytes = consts[name].to_le_bytes();
+            let len = bytes.len();
+            let offset = self.weight(bytes);
+            bufs.list.push(Buffer { name: name.clone(), bytes: len, storage: Storage::Weights { offset } });
+            bufs.of.insert(name.clone(), bufs.list.len() - 1);
         }
-        steps.push(Step { node: node.name.clone(), exec, buffers });
+        let inputs: Vec<usize> = g.inputs.iter().map(|i| bufs.arena(&i.name, i.ty.size_bytes())).collect();
+
+        let (root, roots) = fusion_groups(g, info);
+        let mut kernels: Vec<Kernel> = Vec::new();
+        let mut kernel_of: HashMap<usize, usize> = HashMap::new();
+        let mut steps = Vec::new();
+        for r in roots {
+            let node = &g.nodes[r];
+            if consts.contains_key(&node.name) {
+                continue;
+            }
+            let out = &info.types[&node.name];
+            if node.op == Op::Reshape {
+                // Same bytes, new shape: the result shares its operand's buffer.
+                let b = bufs.get(&node.inputs[0]);
+                bufs.of.insert(node.name.clone(), b);
+                continue;
+            }
+            let operand_types: Vec<TensorType> = node.inputs.iter().map(|i| info.types[i].clone()).collect();
+            let use_library = node.op == Op::MatMul
+                && match self.gemm {
+                    Gemm::Library => true,
+                    Gemm::Cranelift => false,
+                    Gemm::Auto => library::prefer_library(&operand_types[0], &operand_types[1]),
+                };
+            let (exec, operands, scratch) = if node.op.is_communication() {
+                (Exec::Collective(self.collective(node, &operand_types[0])?), node.inputs.clone(), 0)
+            } else if use_library {
+                let lib = Library::Matmul {
+                    a: operand_types[0].shape.clone(),
+                    b: operand_types[1].shape.clone(),
+                    out: out.shape.clone(),
+                };
+                (Exec::Library(lib), node.inputs.clone(), 0)
+            } else {
+                let (generated, operands) = if node.op.is_elementwise() {
+                    let (spec, operands) = fused_spec(g, info, &root, r);
+                    (codegen::elementwise::fused(&self.target, &kernel_name(node), &spec)?, operands)
+                } else {
+                    (generate(&self.target, node, &operand_types, out)?, node.inputs.clone())
+                };
+                let bytes =
+                    codegen::compile(&self.target, generated.func).with_context(|| format!("node '{}'", node.name))?;
+                // Identical kernels (e.g. the q, k and v projections, or the same op on
+                // every device) share one copy of the code.
+                let code = &mut self.code;
+                let (offset, len) = *self.code_at.entry(bytes).or_insert_with_key(|bytes| {
+                    let offset = align_up(code.len(), KERNEL_ALIGN);
+                    code.resize(offset, 0);
+                    code.extend_from_slice(bytes);
+                    (offset, bytes.len())
+                });
+                let k = *kernel_of.entry(offset).or_insert_with(|| {
+                    kernels.push(Kernel { name: kernel_name(node), offset, len });
+                    kernels.len() - 1
+                });
+                (Exec::Kernel(k), operands, generated.scratch)
+            };
+            let mut buffers = vec![bufs.arena(&node.name, out.size_bytes())];
+            buffers.extend(operands.iter().map(|o| bufs.get(o)));
+            if scratch > 0 {
+                buffers.push(bufs.arena(&format!("{}.scratch", node.name), scratch));
+            }
+            steps.push(Step { node: node.name.clone(), exec, buffers });
+        }
+        let outputs = g.outputs.iter().map(|o| bufs.get(&o.name)).collect();
+        Ok(Program { device, arena_bytes: bufs.arena, buffers: bufs.list, kernels, steps, inputs, outputs })
     }
-    let outputs = g.outputs.iter().map(|o| bufs.get(&o.name)).collect();
-    let meta = Meta {
+
+    fn collective(&mut self, node: &Node, operand: &TensorType) -> Result<Collective> {
+        let int = |key: &str| -> Result<usize> {
+            let v = meshc_ir::infer::attr_int(node, key, 0);
+            meshc_ir::infer::norm_axis(v, operand.rank()).map_err(|e| anyhow::anyhow!("node '{}': {e}", node.name))
+        };
+        let reduce = || {
+            let r = meshc_ir::infer::attr_str(node, "reduce", "sum");
+            Reduce::parse(r).with_context(|| format!("node '{}': unknown reduction {r}", node.name))
+        };
+        let op = match node.op {
+            Op::AllReduce => CollectiveOp::AllReduce { reduce: reduce()? },
+            Op::AllGather => CollectiveOp::AllGather { axis: int("axis")? },
+            Op::ReduceScatter => CollectiveOp::ReduceScatter { axis: int("axis")?, reduce: reduce()? },
+            Op::AllToAll => CollectiveOp::AllToAll { split_axis: int("split_axis")?, concat_axis: int("concat_axis")? },
+            op => bail!("node '{}': {op} is not supported by the runner yet", node.name),
+        };
+        let groups = node.attrs.get("groups").and_then(meshc_ir::Attr::as_int_lists).unwrap_or_default();
+        let next = self.collectives.len();
+        let id = *self.collectives.entry(node.name.clone()).or_insert(next);
+        Ok(Collective {
+            op,
+            id,
+            groups: groups.into_iter().map(|g| g.into_iter().map(|d| d as usize).collect()).collect(),
+            dtype: operand.dtype.name().to_string(),
+            shape: operand.shape.clone(),
+        })
+    }
+
+    fn finish(self, meta: Meta, programs: Vec<Program>) -> Compiled {
+        Compiled { meta, programs, code: self.code, weights: self.weights }
+    }
+}
+
+fn meta(g: &Graph, info: &Info, target: &Target, mesh: Mesh, layouts: &HashMap<String, Layout>) -> Meta {
+    let spec = |name: &str, ty: &TensorType| {
+        IoSpec::with_layout(name, ty, layouts.get(name).cloned().unwrap_or_else(|| vec![None; ty.rank()]))
+    };
+    Meta {
         graph: g.name.clone(),
         target: target.name.clone(),
         features: target.features.clone(),
-        mesh: crate::mesh::Mesh::single(),
+        mesh,
         flops: g.nodes.iter().map(|n| node_flops(n, info)).sum(),
-        inputs: g.inputs.iter().map(|i| IoSpec::new(&i.name, &i.ty)).collect(),
-        outputs: g.outputs.iter().map(|o| IoSpec::new(&o.name, &info.types[&o.name])).collect(),
-    };
-    let program = Program { device: 0, arena_bytes: bufs.arena, buffers: bufs.list, kernels, steps, inputs, outputs };
-    Ok(Compiled { meta, programs: vec![program], code, weights })
+        inputs: g.inputs.iter().map(|i| spec(&i.name, &i.ty)).collect(),
+        outputs: g.outputs.iter().map(|o| spec(&o.name, &info.types[&o.name])).collect(),
+    }
+}
+
+/// Compiles a graph for one device.
+pub fn compile(g: &Graph, info: &Info, params: &HashMap<String, Tensor>, opts: &Options) -> Result<Compiled> {
+    let mut b = Builder::new(opts)?;
+    let program = b.program(0, g, info, params)?;
+    let meta = meta(g, info, &b.target, Mesh::single(), &HashMap::new());
+    Ok(b.finish(meta, vec![program]))
+}
+
+/// Compiles the per-device programs of `lowered`, the lowering of `g` (verified as `info`,
+/// whose FLOPs the metadata counts), with `params` holding `g`'s params.
+pub fn compile_lowered(
+    g: &Graph,
+    info: &Info,
+    lowered: &Lowered,
+    params: &HashMap<String, Tensor>,
+    opts: &Options,
+) -> Result<Compiled> {
+    let mut b = Builder::new(opts)?;
+    let mut programs = Vec::new();
+    for (d, dev) in lowered.devices.iter().enumerate() {
+        let dinfo = verify(dev).with_context(|| format!("device {d}: the lowered program does not verify"))?;
+        programs.push(b.program(d, dev, &dinfo, params).with_context(|| format!("device {d}"))?);
+    }
+    let layouts: HashMap<String, Layout> = lowered.inputs.iter().chain(&lowered.outputs).cloned().collect();
+    let meta = meta(g, info, &b.target, lowered.mesh.clone(), &layouts);
+    Ok(b.finish(meta, programs))
 }

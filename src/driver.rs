@@ -8,10 +8,95 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, Context, Result};
 use meshc_ir::{Graph, ParamData};
 
+use std::collections::HashMap;
+
+use meshc_ir::verify::Info;
+use meshc_ir::Tensor;
+
 use crate::artifact::{Artifact, SectionKind, Writer};
-use crate::compile::Compiled;
+use crate::compile::{compile, compile_lowered, Compiled, Options};
+use crate::layout::Spec;
+use crate::passes;
 use crate::program::{CollectiveOp, Exec, Library, Meta, Program, Storage, ALIGN};
 use crate::runner::{Code, Loaded};
+
+/// The passes `--dump-after` can name, in pipeline order (their number prefixes the files
+/// of `--dump-dir`).
+pub const PASSES: &[&str] = &["verify", "layout", "lower"];
+
+/// Where `--dump-after` sends the IR after each pass it names.
+#[derive(Default)]
+pub struct Dumps {
+    pub after: Vec<String>,
+    pub dir: Option<PathBuf>,
+}
+
+impl Dumps {
+    /// Checks the pass names (`all` names every pass).
+    pub fn new(after: Vec<String>, dir: Option<PathBuf>) -> Result<Dumps> {
+        for a in &after {
+            if a != "all" && !PASSES.contains(&a.as_str()) {
+                return Err(anyhow!("--dump-after: unknown pass '{a}' (passes: {}, or all)", PASSES.join(", ")));
+            }
+        }
+        Ok(Dumps { after, dir })
+    }
+
+    fn emit(&self, pass: &str, text: impl FnOnce() -> String) -> Result<()> {
+        if !self.after.iter().any(|a| a == pass || a == "all") {
+            return Ok(());
+        }
+        let text = text();
+        match &self.dir {
+            Some(dir) => {
+                let n = PASSES.iter().position(|p| *p == pass).expect("a known pass") + 1;
+                let file = dir.join(format!("{n:02}-{pass}.txt"));
+                std::fs::create_dir_all(dir)
+                    .and_then(|_| std::fs::write(&file, text))
+                    .with_context(|| format!("--dump-dir: cannot write {}", file.display()))
+            }
+            None => {
+                print!("{text}");
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The whole pipeline: the verified graph `g` (with its params' values), and optionally a
+/// layout spec, to a compiled artifact. Without a spec the graph runs on one device.
+pub fn build(
+    g: &Graph,
+    info: &Info,
+    spec: Option<&Spec>,
+    params: &HashMap<String, Tensor>,
+    opts: &Options,
+    dumps: &Dumps,
+) -> Result<Compiled> {
+    dumps.emit("verify", || meshc_ir::text::print(g))?;
+    let Some(spec) = spec else {
+        if dumps.after.iter().any(|a| a == "layout" || a == "lower") {
+            return Err(anyhow!("--dump-after layout/lower need a layout spec (--layout SPEC)"));
+        }
+        return compile(g, info, params, opts);
+    };
+    let seeds = spec.seed_layouts(g, info)?;
+    let seeds = seeds
+        .into_iter()
+        .map(|(t, s)| {
+            let source = match s.source {
+                crate::layout::Source::Explicit => passes::layout::Source::Spec,
+                crate::layout::Source::Rule => passes::layout::Source::Rule,
+            };
+            (t, (s.layout, source))
+        })
+        .collect();
+    let layouts = passes::layout::propagate(g, info, &spec.mesh, seeds);
+    dumps.emit("layout", || passes::layout::dump(g, info, &layouts))?;
+    let lowered = passes::lower::lower(g, info, &layouts)?;
+    dumps.emit("lower", || passes::lower::dump(&lowered))?;
+    compile_lowered(g, info, &lowered, params, opts)
+}
 
 /// Writes `c` as one artifact file. Programs are stored as a list, one per device.
 pub fn write_artifact(c: &Compiled, out: &Path) -> Result<()> {
@@ -46,10 +131,11 @@ pub fn load_artifact<'a>(art: &'a Artifact, file: &str) -> Result<Loaded<'a>> {
     Loaded::new(meta, programs, Code::Mapped(code), weights).with_context(|| file.to_string())
 }
 
-/// Every file an artifact is built from: the graph and its param files.
-pub fn dependencies(graph_path: &Path, g: &Graph) -> Vec<PathBuf> {
+/// Every file an artifact is built from: the graph, its param files and the layout spec.
+pub fn dependencies(graph_path: &Path, g: &Graph, spec: Option<&Path>) -> Vec<PathBuf> {
     let base = graph_path.parent().unwrap_or(Path::new("."));
     let mut deps = vec![graph_path.to_path_buf()];
+    deps.extend(spec.map(Path::to_path_buf));
     for p in &g.params {
         if let ParamData::File { path, .. } = &p.data {
             let f = base.join(path);

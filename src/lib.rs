@@ -5,6 +5,7 @@ pub mod artifact;
 pub mod codegen;
 pub mod compile;
 pub mod driver;
+pub mod layout;
 pub mod library;
 pub mod mesh;
 pub mod mesh_interp;

@@ -27,7 +27,12 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Parse and verify a graph (and load its params), then print a summary.
-    Check { graph: PathBuf },
+    Check {
+        graph: PathBuf,
+        /// Also validate a layout spec against the graph and print the layouts it fixes.
+        #[arg(long, value_name = "SPEC")]
+        layout: Option<PathBuf>,
+    },
     /// Convert a graph between the JSON and text formats.
     Fmt {
         graph: PathBuf,
@@ -53,6 +58,12 @@ enum Cmd {
         /// Also write a make-style depfile listing every file the artifact is built from.
         #[arg(long = "MF", value_name = "DEPFILE")]
         depfile: Option<PathBuf>,
+        /// Print the IR after a pass (verify, layout, lower, or all); may be repeated.
+        #[arg(long, value_name = "PASS", value_delimiter = ',')]
+        dump_after: Vec<String>,
+        /// Write the dumps to DIR/NN-PASS.txt instead of stdout.
+        #[arg(long, value_name = "DIR")]
+        dump_dir: Option<PathBuf>,
     },
     /// Run an artifact (or compile a graph in memory and run it).
     Run {
@@ -79,6 +90,9 @@ enum Cmd {
 
 #[derive(clap::Args)]
 struct CodegenArgs {
+    /// A layout spec (meshc-layout/1): the mesh and how tensors are split over it.
+    #[arg(long, value_name = "SPEC")]
+    layout: Option<PathBuf>,
     /// native (this CPU's features), x86-64-v2 or x86-64-v3.
     #[arg(long, default_value = "native")]
     target: String,
@@ -132,10 +146,11 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.cmd {
-        Cmd::Check { graph } => check(&graph),
+        Cmd::Check { graph, layout } => check(&graph, layout.as_deref()),
         Cmd::Fmt { graph, to, o } => fmt(&graph, to, o.as_deref()),
         Cmd::Interp { graph, io } => interp(&graph, &io),
-        Cmd::Compile { graph, o, codegen, depfile } => compile_cmd(&graph, &o, &codegen, depfile.as_deref()),
+        Cmd::Compile { graph, o, codegen, depfile, dump_after, dump_dir } => driver::Dumps::new(dump_after, dump_dir)
+            .and_then(|dumps| compile_cmd(&graph, &o, &codegen, depfile.as_deref(), &dumps)),
         Cmd::Run { program, io, bench, trust_weights, check_against, codegen } => {
             let opts = RunOpts { bench, trust_weights, check_against: check_against.as_deref() };
             run(&program, &io, &opts, &codegen)
@@ -166,9 +181,17 @@ fn load_params(g: &Graph, graph: &Path) -> Result<HashMap<String, Tensor>> {
     Ok(params::load_all(g, base_dir(graph)).map_err(|e| e.in_file(graph.display().to_string()))?)
 }
 
-fn check(path: &Path) -> Result<()> {
+fn check(path: &Path, layout: Option<&Path>) -> Result<()> {
     let (g, info) = load::load(path)?;
     let params = load_params(&g, path)?;
+    // Everything is checked before anything is printed: a bad spec leaves stdout empty.
+    let layouts = layout
+        .map(|p| -> Result<_> {
+            let spec = meshc::layout::load(p)?;
+            let seeds = spec.seed_layouts(&g, &info)?;
+            Ok((spec.mesh, seeds))
+        })
+        .transpose()?;
     let param_bytes: usize = params.values().map(|t| t.ty().size_bytes()).sum();
     let mut ops: BTreeMap<&str, usize> = BTreeMap::new();
     for n in &g.nodes {
@@ -190,6 +213,20 @@ fn check(path: &Path) -> Result<()> {
     }
     for o in &g.outputs {
         println!("output {}: {}", o.name, info.types[&o.name]);
+    }
+    if let Some((m, seeds)) = layouts {
+        let shape: Vec<String> = m.shape.iter().map(usize::to_string).collect();
+        let devices = m.devices();
+        println!(
+            "mesh {} [{}] axes [{}] ({devices} device{})",
+            m.topology.name(),
+            shape.join("x"),
+            m.axes.join(", "),
+            if devices == 1 { "" } else { "s" }
+        );
+        for (name, seed) in &seeds {
+            println!("layout {name} {} ({})", m.layout_string(&seed.layout), seed.source.name());
+        }
     }
     Ok(())
 }
@@ -300,18 +337,26 @@ fn interp(path: &Path, io: &Io) -> Result<()> {
     io.write(wanted, &results)
 }
 
-fn compile_graph(path: &Path, args: &CodegenArgs) -> Result<(Graph, compile::Compiled)> {
+fn compile_graph(path: &Path, args: &CodegenArgs, dumps: &driver::Dumps) -> Result<(Graph, compile::Compiled)> {
     let (g, info) = load::load(path)?;
+    let spec = args.layout.as_deref().map(meshc::layout::load).transpose()?;
     let params = load_params(&g, path)?;
-    let compiled = compile::compile(&g, &info, &params, &args.options()).with_context(|| path.display().to_string())?;
+    let compiled = driver::build(&g, &info, spec.as_ref(), &params, &args.options(), dumps)
+        .with_context(|| path.display().to_string())?;
     Ok((g, compiled))
 }
 
-fn compile_cmd(path: &Path, out: &Path, args: &CodegenArgs, depfile: Option<&Path>) -> Result<()> {
-    let (g, compiled) = compile_graph(path, args)?;
+fn compile_cmd(
+    path: &Path,
+    out: &Path,
+    args: &CodegenArgs,
+    depfile: Option<&Path>,
+    dumps: &driver::Dumps,
+) -> Result<()> {
+    let (g, compiled) = compile_graph(path, args, dumps)?;
     driver::write_artifact(&compiled, out)?;
     if let Some(d) = depfile {
-        std::fs::write(d, driver::depfile(out, &driver::dependencies(path, &g)))
+        std::fs::write(d, driver::depfile(out, &driver::dependencies(path, &g, args.layout.as_deref())))
             .with_context(|| format!("{}: cannot write depfile", d.display()))?;
     }
     Ok(())
@@ -337,7 +382,7 @@ fn run(path: &Path, io: &Io, opts: &RunOpts, args: &CodegenArgs) -> Result<()> {
         let loaded = driver::load_artifact(&art, &file)?;
         run_loaded(&loaded, io, opts)
     } else {
-        let (_, c) = compile_graph(path, args)?;
+        let (_, c) = compile_graph(path, args, &driver::Dumps::default())?;
         let code = Code::Copied(codegen::ExecCode::new(&c.code)?);
         let weights = meshc::runner::AlignedBuf::from_bytes(&c.weights)?;
         let loaded = Loaded::new(c.meta, c.programs, code, weights.as_slice()).with_context(|| file.clone())?;

@@ -1,0 +1,82 @@
+//! Layout specs through the real `meshc` binary: every illegal spec in testdata/bad_layouts/
+//! fails `meshc check testdata/mlp/graph.json --layout SPEC` with its pinned one-line error
+//! (golden/bad_layouts/<name>.txt); the layouts the example specs in
+//! testdata/layouts_examples/ fix are pinned too (golden/layouts/<name>.txt).
+//! MESHC_BLESS=1 rewrites the pinned files instead.
+
+mod common;
+
+use common::{golden, meshc};
+use std::path::PathBuf;
+
+const MLP: &str = "testdata/mlp/graph.json";
+
+fn json_files(dir: &str) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{dir}: {e}"))
+        .map(|e| e.expect("readable dir").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// `meshc check GRAPH --layout SPEC` must fail like a user error (exit 1, nothing on stdout,
+/// one stderr line, no panic) with the message pinned in golden/bad_layouts/`case`.txt.
+fn refused(case: &str, graph: &str, spec: &str) -> Result<(), String> {
+    let run = meshc(&["check", graph, "--layout", spec]);
+    if run.status != Some(1) || !run.stdout.is_empty() || run.stderr.lines().count() != 1 {
+        return Err(format!("{spec}: expected exit 1, empty stdout and one stderr line, got {run:?}"));
+    }
+    if run.stderr.contains("panicked") || !run.stderr.starts_with("error: ") {
+        return Err(format!("{spec}: not a one-line user error: {:?}", run.stderr));
+    }
+    golden(&format!("bad_layouts/{case}.txt"), &run.stderr)
+}
+
+#[test]
+fn illegal_specs_fail_with_pinned_errors() {
+    let cases = json_files("testdata/bad_layouts");
+    assert!(cases.len() >= 15, "expected at least 15 illegal specs, found {}", cases.len());
+    let mut failures: Vec<String> = cases
+        .iter()
+        .filter_map(|spec| {
+            let case = spec.file_stem().unwrap().to_string_lossy();
+            refused(&case, MLP, &spec.display().to_string()).err()
+        })
+        .collect();
+    failures.extend(refused("no-such-file", MLP, "testdata/bad_layouts/no-such-file.json").err());
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn a_bad_graph_is_reported_before_its_spec() {
+    // The graph is checked first: its error wins even when the spec is bad too.
+    let run = meshc(&["check", "testdata/bad/verify-cycle.json", "--layout", "testdata/bad_layouts/empty-file.json"]);
+    assert_eq!(run.status, Some(1), "{run:?}");
+    assert!(run.stderr.starts_with("error: testdata/bad/verify-cycle.json"), "{run:?}");
+}
+
+#[test]
+fn example_specs_check_as_pinned() {
+    let examples = json_files("testdata/layouts_examples");
+    assert!(!examples.is_empty());
+    let mut failures = Vec::new();
+    for spec in &examples {
+        // Each example is named GRAPH-LAYOUT.json after the testdata graph it lays out.
+        let name = spec.file_stem().unwrap().to_string_lossy().to_string();
+        let graph = format!("testdata/{}/graph.json", name.split('-').next().unwrap());
+        let run = meshc(&["check", &graph, "--layout", &spec.display().to_string()]);
+        if run.status != Some(0) {
+            failures.push(format!("meshc check {graph} --layout {}: {run:?}", spec.display()));
+            continue;
+        }
+        // The graph summary comes first, unchanged by the spec.
+        let plain = meshc(&["check", &graph]);
+        if !run.stdout.starts_with(&plain.stdout) {
+            failures.push(format!("{}: the summary of {graph} changed with --layout", spec.display()));
+        }
+        failures.extend(golden(&format!("layouts/{name}.txt"), &run.stdout).err());
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
