@@ -20,14 +20,14 @@ test:
 	$(CARGO) test --workspace
 
 golden:
-	MESHC_BLESS=1 $(CARGO) test --test golden --test layouts --test compiled --test cli --test refused
+	MESHC_BLESS=1 $(CARGO) test --test golden --test layouts --test compiled --test cli --test refused --test distributed
 	git status --short golden/
 
 testdata:
 	python3 tools/gen_testdata.py
 
 bench:
-	$(CARGO) bench --bench gemm --bench pipeline
+	$(CARGO) bench --bench gemm --bench pipeline --bench mesh --bench collectives
 
 # The end-to-end example: compile the transformer block into one artifact, show what is in
 # it, run it (checking its outputs against numpy's), then time it against the interpreter.

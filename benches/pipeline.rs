@@ -68,7 +68,7 @@ fn time_steps(c: Compiled, inputs: &HashMap<String, Tensor>, n: usize) -> f64 {
     let mut runs = Vec::new();
     for _ in 0..=n {
         let mut total = 0.0;
-        l.run_timed(inputs, &mut |_, d| total += d.as_secs_f64()).unwrap();
+        l.run_timed(inputs, &mut |t| total += t.dur.as_secs_f64()).unwrap();
         runs.push(total);
     }
     runs.remove(0); // warm-up

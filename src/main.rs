@@ -81,6 +81,13 @@ enum Cmd {
         /// unless |got - want| <= 1e-5 + 1e-4·|want| everywhere (non-f32 outputs: exactly).
         #[arg(long, value_name = "DIR")]
         check_against: Option<PathBuf>,
+        /// Write a Chrome/Perfetto trace of the (first) run: a track per device, an event per
+        /// step, and the waits inside collectives.
+        #[arg(long, value_name = "FILE.json")]
+        trace: Option<PathBuf>,
+        /// After the run, print the bytes each mesh link carried, and the maximum.
+        #[arg(long)]
+        link_stats: bool,
         #[command(flatten)]
         codegen: CodegenArgs,
     },
@@ -151,8 +158,14 @@ fn main() -> ExitCode {
         Cmd::Interp { graph, io } => interp(&graph, &io),
         Cmd::Compile { graph, o, codegen, depfile, dump_after, dump_dir } => driver::Dumps::new(dump_after, dump_dir)
             .and_then(|dumps| compile_cmd(&graph, &o, &codegen, depfile.as_deref(), &dumps)),
-        Cmd::Run { program, io, bench, trust_weights, check_against, codegen } => {
-            let opts = RunOpts { bench, trust_weights, check_against: check_against.as_deref() };
+        Cmd::Run { program, io, bench, trust_weights, check_against, trace, link_stats, codegen } => {
+            let opts = RunOpts {
+                bench,
+                trust_weights,
+                check_against: check_against.as_deref(),
+                trace: trace.as_deref(),
+                link_stats,
+            };
             run(&program, &io, &opts, &codegen)
         }
         Cmd::Inspect { artifact } => inspect(&artifact),
@@ -373,6 +386,8 @@ struct RunOpts<'a> {
     bench: Option<usize>,
     trust_weights: bool,
     check_against: Option<&'a Path>,
+    trace: Option<&'a Path>,
+    link_stats: bool,
 }
 
 fn run(path: &Path, io: &Io, opts: &RunOpts, args: &CodegenArgs) -> Result<()> {
@@ -424,7 +439,17 @@ fn run_loaded(loaded: &Loaded, io: &Io, opts: &RunOpts) -> Result<()> {
     let inputs = read_inputs(&expected, &io.inputs)?;
     let names: Vec<&str> = loaded.meta.outputs.iter().map(|o| o.name.as_str()).collect();
     let wanted = io.wanted(&names)?;
-    let results = loaded.run(&inputs)?;
+    let results = match opts.trace {
+        None => loaded.run(&inputs)?,
+        Some(file) => {
+            let mut times = Vec::new();
+            let results = loaded.run_timed(&inputs, &mut |t| times.push(t.clone()))?;
+            std::fs::write(file, meshc::trace::chrome_trace(&loaded.meta, &loaded.programs, &times))
+                .with_context(|| format!("{}: cannot write", file.display()))?;
+            results
+        }
+    };
+    let links = opts.link_stats.then(|| loaded.link_stats());
     if let Some(dir) = opts.check_against {
         check_against(&results, dir)?;
     }
@@ -447,7 +472,11 @@ fn run_loaded(loaded: &Loaded, io: &Io, opts: &RunOpts) -> Result<()> {
             loaded.meta.flops
         );
     }
-    io.write(wanted, &results)
+    io.write(wanted, &results)?;
+    if let Some(links) = links {
+        print!("{}", links.report());
+    }
+    Ok(())
 }
 
 fn inspect(path: &Path) -> Result<()> {

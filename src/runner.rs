@@ -1,15 +1,26 @@
-//! The runner: executes a device program over its buffers. It knows nothing of the passes,
-//! only what the artifact (or an in-memory compile) provides: metadata, the program, code
-//! bytes mapped executable, and the weights.
+//! The runner: executes the programs of a compiled graph, one per device of its mesh, over
+//! their buffers. It knows nothing of the passes, only what the artifact (or an in-memory
+//! compile) provides: metadata, the programs, code bytes mapped executable, and the weights.
+//!
+//! A single-device program runs on the calling thread (its library matmuls on all cores).
+//! A multi-device one runs one thread per device, each over its own arena: inputs are
+//! scattered (each device copies its block of every input), the steps run in order,
+//! collectives meet in the fabric (`crate::fabric`), and the devices that hold the
+//! write-back copy of an output block gather it into the result. A failing or panicking
+//! device poisons the fabric, so that every other device stops at its next rendezvous.
 
-use std::collections::{BTreeMap, HashMap};
+use std::cell::Cell;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use meshc_ir::{Tensor, TensorType};
 
 use crate::codegen::{self, KernelFn};
+use crate::fabric::{self, Delivery, Fabric, LinkStats};
 use crate::library;
-use crate::program::{Exec, Library, Meta, Program, Storage, ALIGN};
+use crate::mesh::Mesh;
+use crate::program::{Buffer, Collective, Exec, IoSpec, Library, Meta, Program, Storage, ALIGN};
 
 /// A zeroed, 64-byte aligned heap block (the arena, and weights compiled in memory).
 pub struct AlignedBuf {
@@ -73,9 +84,42 @@ pub enum Code {
     Copied(codegen::ExecCode),
 }
 
+/// "device 3 (0,3)": how errors and traces name a device.
+pub fn device_label(mesh: &Mesh, device: usize) -> String {
+    let c: Vec<String> = mesh.coords(device).iter().map(usize::to_string).collect();
+    format!("device {device} ({})", c.join(","))
+}
+
+/// Checks an input's or output's layout against the mesh: one entry per dimension, axes
+/// that exist, used once, splitting their dimension evenly.
+fn check_layout(mesh: &Mesh, spec: &IoSpec, what: &str) -> Result<()> {
+    if spec.layout.len() != spec.shape.len() {
+        bail!(
+            "{what} '{}' has a layout of {} dims for a rank-{} tensor",
+            spec.name,
+            spec.layout.len(),
+            spec.shape.len()
+        );
+    }
+    let mut used = BTreeSet::new();
+    for (&n, a) in spec.shape.iter().zip(&spec.layout) {
+        let Some(a) = *a else { continue };
+        if a >= mesh.shape.len() || !used.insert(a) || !n.is_multiple_of(mesh.shape[a]) {
+            bail!(
+                "{what} '{}' cannot be laid out {} on mesh {:?}",
+                spec.name,
+                mesh.layout_string(&spec.layout),
+                mesh.shape
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Checks every number in the program that indexes something — buffer numbers, kernel
-/// numbers, the input and output lists against the metadata and their sizes — so that a
-/// well-formed but wrong program is refused instead of indexing out of bounds.
+/// numbers, the input and output lists against the metadata and their sizes (each device's
+/// block of the tensor) — so that a well-formed but wrong program is refused instead of
+/// indexing out of bounds.
 fn check_indices(meta: &Meta, p: &Program) -> Result<()> {
     let buffer = |b: usize, what: &str| -> Result<()> {
         if b >= p.buffers.len() {
@@ -99,33 +143,157 @@ fn check_indices(meta: &Meta, p: &Program) -> Result<()> {
         }
         for (&b, spec) in list.iter().zip(specs) {
             buffer(b, &format!("{what} '{}'", spec.name))?;
+            check_layout(&meta.mesh, spec, what)?;
             let ty = spec.ty().ok_or_else(|| anyhow!("{what} '{}' has unknown dtype {}", spec.name, spec.dtype))?;
-            if ty.checked_size_bytes() != Some(p.buffers[b].bytes) {
-                bail!("{what} '{}' ({ty}) does not fit its buffer of {} bytes", spec.name, p.buffers[b].bytes);
+            let local = TensorType::new(ty.dtype, meta.mesh.local_shape(&spec.shape, &spec.layout));
+            if local.checked_size_bytes() != Some(p.buffers[b].bytes) {
+                bail!("{what} '{}' ({local}) does not fit its buffer of {} bytes", spec.name, p.buffers[b].bytes);
             }
         }
     }
     Ok(())
 }
 
+/// Checks a collective step: its description (`fabric::result_shape`), and buffers
+/// [result, operand] of the right sizes, the result in the arena and apart from the operand.
+fn check_collective(mesh: &Mesh, p: &Program, c: &Collective, buffers: &[usize]) -> Result<()> {
+    let result = fabric::result_shape(mesh, p.device, c)?;
+    let [r, o] = buffers else { bail!("{} buffers for a collective (result, operand)", buffers.len()) };
+    let (r, o) = (&p.buffers[*r], &p.buffers[*o]);
+    let bytes = |s: &[usize]| s.iter().product::<usize>() * 4;
+    if o.bytes != bytes(&c.shape) || r.bytes != bytes(&result) {
+        bail!("buffers of {} and {} bytes for an f32 operand {:?} and result {result:?}", o.bytes, r.bytes, c.shape);
+    }
+    let Storage::Arena { offset: ro } = r.storage else { bail!("its result buffer '{}' lies in the weights", r.name) };
+    if let Storage::Arena { offset: oo } = o.storage {
+        if ro < oo + o.bytes && oo < ro + r.bytes {
+            bail!("its result buffer '{}' overlaps its operand '{}'", r.name, o.name);
+        }
+    }
+    Ok(())
+}
+
+/// Checks that the collectives of all programs fit together: every member of a group runs
+/// each collective of its group once, described alike, and in an order that lets all of them
+/// complete (simulated: the programs are straight lines, so this is exact). A run therefore
+/// never waits for a collective that cannot happen.
+fn check_collectives(mesh: &Mesh, programs: &[Program]) -> Result<()> {
+    let label = |d: usize| device_label(mesh, d);
+    // Per device, its collectives in order: (id, node).
+    let mut seqs: Vec<Vec<(usize, &str)>> = vec![Vec::new(); programs.len()];
+    let mut first: BTreeMap<usize, (&Collective, usize, &str)> = BTreeMap::new();
+    for (d, p) in programs.iter().enumerate() {
+        for step in &p.steps {
+            let Exec::Collective(c) = &step.exec else { continue };
+            let node = step.node.as_str();
+            check_collective(mesh, p, c, &step.buffers)
+                .with_context(|| format!("{}: node '{node}' (collective #{})", label(d), c.id))?;
+            match first.get(&c.id) {
+                Some(&(c0, d0, n0)) if c0 != c => bail!(
+                    "{}: node '{node}' describes collective #{} unlike node '{n0}' on {}",
+                    label(d),
+                    c.id,
+                    label(d0)
+                ),
+                Some(_) => {}
+                None => {
+                    first.insert(c.id, (c, d, node));
+                }
+            }
+            if seqs[d].iter().any(|s| s.0 == c.id) {
+                bail!("{}: node '{node}' runs collective #{} a second time", label(d), c.id);
+            }
+            seqs[d].push((c.id, node));
+        }
+    }
+    for (&id, &(c, _, node)) in &first {
+        if let Some(&m) = c.groups.iter().flatten().find(|&&m| !seqs[m].iter().any(|s| s.0 == id)) {
+            bail!("{} never runs collective #{id} (node '{node}') of its group", label(m));
+        }
+    }
+    let mut at = vec![0; programs.len()];
+    loop {
+        let mut progress = false;
+        for d in 0..programs.len() {
+            let Some(&(id, _)) = seqs[d].get(at[d]) else { continue };
+            let group = fabric::group_of(first[&id].0, d)?;
+            if group.iter().all(|&m| seqs[m].get(at[m]).is_some_and(|s| s.0 == id)) {
+                group.iter().for_each(|&m| at[m] += 1);
+                progress = true;
+            }
+        }
+        if !progress {
+            break;
+        }
+    }
+    let stuck: Vec<String> = (0..programs.len())
+        .filter_map(|d| seqs[d].get(at[d]).map(|&(id, node)| format!("{} waits in #{id} ('{node}')", label(d))))
+        .collect();
+    if !stuck.is_empty() {
+        bail!("the collectives cannot all complete in program order: {}", stuck.join(", "));
+    }
+    Ok(())
+}
+
+/// One step's wall time in a run, for profiles and traces. Times count from the start of
+/// the run; `waits` are the spans a collective spent blocked for other devices.
+#[derive(Clone, Debug)]
+pub struct StepTime {
+    pub device: usize,
+    pub step: usize,
+    pub start: Duration,
+    pub dur: Duration,
+    pub waits: Vec<(Duration, Duration)>,
+}
+
+/// A pointer that crosses threads: a device's output buffers, read after it has finished.
+#[derive(Clone, Copy)]
+struct SendPtr(*const u8);
+
+// SAFETY: only read once the thread that wrote through it has been joined.
+unsafe impl Send for SendPtr {}
+
+/// What the devices of one run share: the inputs, the bytes of those split over the mesh
+/// (`None` for the replicated ones), when the run started, and whether to time the steps.
+#[derive(Clone, Copy)]
+struct RunCtx<'a> {
+    inputs: &'a HashMap<String, Tensor>,
+    split: &'a [Option<Vec<u8>>],
+    epoch: Instant,
+    timed: bool,
+}
+
+/// What one device's run leaves: where its outputs are, and its step times.
+struct DeviceRun {
+    outputs: Vec<SendPtr>,
+    times: Vec<StepTime>,
+}
+
 /// A program ready to run: the runner's whole view of a compiled graph.
 pub struct Loaded<'w> {
     pub meta: Meta,
-    pub program: Program,
+    /// One per device of `meta.mesh`, in device order.
+    pub programs: Vec<Program>,
     code: Code,
     weights: &'w [u8],
-    /// Allocated once: repeated runs (`--bench`) reuse its pages.
-    arena: std::sync::Mutex<AlignedBuf>,
+    /// One per device, allocated once: repeated runs (`--bench`) reuse their pages.
+    arenas: std::sync::Mutex<Vec<AlignedBuf>>,
+    fabric: Fabric,
+    /// Per device and step: whether a collective may leave its result in the fabric's shared
+    /// buffer (no other step writes its result buffer, so the device may read it there).
+    share: Vec<Vec<bool>>,
 }
 
 impl<'w> Loaded<'w> {
-    /// Checks that this CPU has every feature the code was compiled for, then wraps the
-    /// pieces. `code` must hold the kernels `program` refers to.
-    pub fn new(meta: Meta, mut programs: Vec<Program>, code: Code, weights: &'w [u8]) -> Result<Loaded<'w>> {
-        if programs.len() != 1 {
-            bail!("this runner runs single-device programs; got {}", programs.len());
+    /// Checks that this CPU has every feature the code was compiled for and that the
+    /// programs are sound (buffers inside their storage, indices in range, collectives that
+    /// fit together), then wraps the pieces. `code` must hold the kernels the programs
+    /// refer to.
+    pub fn new(meta: Meta, programs: Vec<Program>, code: Code, weights: &'w [u8]) -> Result<Loaded<'w>> {
+        let devices = meta.mesh.devices();
+        if programs.len() != devices {
+            bail!("{} programs for a mesh of {devices} devices", programs.len());
         }
-        let program = programs.remove(0);
         let host = codegen::host_features();
         let missing: Vec<&str> = meta.features.iter().filter(|f| !host.contains(f)).map(String::as_str).collect();
         if !missing.is_empty() {
@@ -139,23 +307,56 @@ impl<'w> Loaded<'w> {
             Code::Mapped(m) => m.len(),
             Code::Copied(c) => c.len(),
         };
-        if let Some(k) = program.kernels.iter().find(|k| k.offset.checked_add(k.len).is_none_or(|end| end > code_len)) {
-            bail!("kernel {} lies outside the code section", k.name);
+        for (d, program) in programs.iter().enumerate() {
+            let check = || -> Result<()> {
+                if program.device != d {
+                    bail!("program {d} is for device {}", program.device);
+                }
+                if let Some(k) =
+                    program.kernels.iter().find(|k| k.offset.checked_add(k.len).is_none_or(|end| end > code_len))
+                {
+                    bail!("kernel {} lies outside the code section", k.name);
+                }
+                let fits = |b: &Buffer| match b.storage {
+                    Storage::Arena { offset } => {
+                        offset.checked_add(b.bytes).is_some_and(|end| end <= program.arena_bytes)
+                    }
+                    Storage::Weights { offset } => offset.checked_add(b.bytes).is_some_and(|end| end <= weights.len()),
+                };
+                if let Some(b) = program.buffers.iter().find(|b| !fits(b)) {
+                    bail!("buffer '{}' lies outside its storage", b.name);
+                }
+                check_indices(&meta, program)
+            };
+            if devices == 1 {
+                check()?;
+            } else {
+                check().with_context(|| device_label(&meta.mesh, d))?;
+            }
         }
-        let check = |b: &crate::program::Buffer| match b.storage {
-            Storage::Arena { offset } => offset.checked_add(b.bytes).is_some_and(|end| end <= program.arena_bytes),
-            Storage::Weights { offset } => offset.checked_add(b.bytes).is_some_and(|end| end <= weights.len()),
-        };
-        if let Some(b) = program.buffers.iter().find(|b| !check(b)) {
-            bail!("buffer '{}' lies outside its storage", b.name);
-        }
-        check_indices(&meta, &program)?;
-        let arena = std::sync::Mutex::new(AlignedBuf::zeroed(program.arena_bytes)?);
-        Ok(Loaded { meta, program, code, weights, arena })
+        check_collectives(&meta.mesh, &programs)?;
+        let share = programs
+            .iter()
+            .map(|p| {
+                let written = |i: usize, b: usize| {
+                    p.inputs.contains(&b)
+                        || p.steps.iter().enumerate().any(|(j, s)| j != i && s.buffers.first() == Some(&b))
+                };
+                p.steps
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| matches!(s.exec, Exec::Collective(_)) && !written(i, s.buffers[0]))
+                    .collect()
+            })
+            .collect();
+        let arenas = programs.iter().map(|p| AlignedBuf::zeroed(p.arena_bytes)).collect::<Result<_>>()?;
+        let fabric = Fabric::new(&meta.mesh);
+        let arenas = std::sync::Mutex::new(arenas);
+        Ok(Loaded { meta, programs, code, weights, arenas, fabric, share })
     }
 
-    fn kernel(&self, k: usize) -> KernelFn {
-        let offset = self.program.kernels[k].offset;
+    fn kernel(&self, device: usize, k: usize) -> KernelFn {
+        let offset = self.programs[device].kernels[k].offset;
         // SAFETY: `new` checked the kernel lies inside the code, which was compiled for a
         // target whose features this CPU has.
         unsafe {
@@ -182,23 +383,132 @@ impl<'w> Loaded<'w> {
         Ok(())
     }
 
-    /// Runs the program once.
-    pub fn run(&self, inputs: &HashMap<String, Tensor>) -> Result<BTreeMap<String, Tensor>> {
-        self.run_timed(inputs, &mut |_, _| {})
+    /// The bytes every link of the mesh carried in the last run (`--link-stats`).
+    pub fn link_stats(&self) -> LinkStats {
+        self.fabric.link_stats()
     }
 
-    /// Runs the program once, reporting each step's index and wall time to `timed` (the
-    /// per-step profile behind `--bench` and the kernel benchmarks).
+    /// Runs the programs once.
+    pub fn run(&self, inputs: &HashMap<String, Tensor>) -> Result<BTreeMap<String, Tensor>> {
+        Ok(self.run_inner(inputs, false)?.0)
+    }
+
+    /// Runs the programs once, then reports every step's time to `timed`, device by device
+    /// in step order (the per-step profile behind traces and the kernel benchmarks).
     pub fn run_timed(
         &self,
         inputs: &HashMap<String, Tensor>,
-        timed: &mut dyn FnMut(usize, std::time::Duration),
+        timed: &mut dyn FnMut(&StepTime),
     ) -> Result<BTreeMap<String, Tensor>> {
+        let (results, times) = self.run_inner(inputs, true)?;
+        times.iter().for_each(timed);
+        Ok(results)
+    }
+
+    fn run_inner(
+        &self,
+        inputs: &HashMap<String, Tensor>,
+        timed: bool,
+    ) -> Result<(BTreeMap<String, Tensor>, Vec<StepTime>)> {
         self.check_inputs(inputs)?;
-        let p = &self.program;
-        let mut arena = self.arena.lock().map_err(|_| anyhow!("a previous run panicked"))?;
+        let mut arenas = self.arenas.lock().map_err(|_| anyhow!("a previous run panicked"))?;
+        self.fabric.reset();
+        let epoch = Instant::now();
+        let mesh = &self.meta.mesh;
+        if mesh.devices() == 1 {
+            let ctx = RunCtx { inputs, split: &[], epoch, timed };
+            let run = self.device_run(0, &mut arenas[0], ctx, &Cell::new(0))?;
+            let results = self.meta.outputs.iter().zip(&run.outputs).map(|(spec, &p)| {
+                let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
+                // SAFETY: the buffer holds exactly the output's bytes.
+                let bytes = unsafe { std::slice::from_raw_parts(p.0, ty.size_bytes()) };
+                Ok((spec.name.clone(), Tensor::from_le_bytes(&ty, bytes)))
+            });
+            return Ok((results.collect::<Result<_>>()?, run.times));
+        }
+        // The bytes of every input split over the mesh, for the devices to take their
+        // blocks from; replicated inputs are written straight into each device's buffer.
+        let split: Vec<Option<Vec<u8>>> = self
+            .meta
+            .inputs
+            .iter()
+            .map(|s| s.layout.iter().any(Option::is_some).then(|| inputs[&s.name].to_le_bytes()))
+            .collect();
+        let ctx = RunCtx { inputs, split: &split, epoch, timed };
+        let runs: Vec<Option<DeviceRun>> = std::thread::scope(|s| {
+            let threads: Vec<_> = arenas
+                .iter_mut()
+                .enumerate()
+                .map(|(d, arena)| s.spawn(move || self.device_thread(d, arena, ctx)))
+                .collect();
+            // Device threads catch their own panics.
+            threads.into_iter().map(|t| t.join().ok().flatten()).collect()
+        });
+        if let Some(reason) = self.fabric.poisoned() {
+            bail!("{reason}");
+        }
+        let runs: Vec<DeviceRun> = runs.into_iter().collect::<Option<_>>().ok_or_else(|| anyhow!("a device failed"))?;
+        let mut results = BTreeMap::new();
+        for (i, spec) in self.meta.outputs.iter().enumerate() {
+            let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
+            let local = mesh.local_shape(&spec.shape, &spec.layout);
+            let e = ty.dtype.size_bytes();
+            let block = |d: usize| {
+                // SAFETY: the buffer holds the device's block of the output; its thread is done.
+                unsafe { std::slice::from_raw_parts(runs[d].outputs[i].0, local.iter().product::<usize>() * e) }
+            };
+            let t = if local == spec.shape {
+                Tensor::from_le_bytes(&ty, block(0))
+            } else {
+                let mut bytes = vec![0u8; ty.size_bytes()];
+                for d in (0..mesh.devices()).filter(|&d| mesh.writes_back(&spec.layout, d)) {
+                    let at: Vec<usize> = mesh.region(&spec.shape, &spec.layout, d).iter().map(|r| r.start).collect();
+                    let src = block(d);
+                    fabric::for_each_run(&local, &vec![0; local.len()], &spec.shape, &at, &local, |s, o, n| {
+                        bytes[o * e..(o + n) * e].copy_from_slice(&src[s * e..(s + n) * e])
+                    });
+                }
+                Tensor::from_le_bytes(&ty, &bytes)
+            };
+            results.insert(spec.name.clone(), t);
+        }
+        Ok((results, runs.into_iter().flat_map(|r| r.times).collect()))
+    }
+
+    /// One device's thread of a multi-device run: its error or panic poisons the fabric
+    /// (the reason names the device and node) and ends its run with `None`.
+    fn device_thread(&self, device: usize, arena: &mut AlignedBuf, ctx: RunCtx) -> Option<DeviceRun> {
+        let step = Cell::new(usize::MAX);
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.device_run(device, arena, ctx, &step)));
+        let label = device_label(&self.meta.mesh, device);
+        let reason = match run {
+            Ok(Ok(run)) => return Some(run),
+            Ok(Err(e)) => format!("{label}: {e:#}"),
+            Err(panic) => {
+                let msg = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                match self.programs[device].steps.get(step.get()) {
+                    Some(s) => format!("{label}: node '{}': panicked: {msg}", s.node),
+                    None => format!("{label}: panicked: {msg}"),
+                }
+            }
+        };
+        self.fabric.poison(reason);
+        None
+    }
+
+    /// Runs `device`'s program: copies in its inputs (its block of the split ones), runs its
+    /// steps, and returns where its outputs are. `step` tracks the running step (for a
+    /// panic's message).
+    fn device_run(&self, device: usize, arena: &mut AlignedBuf, ctx: RunCtx, step: &Cell<usize>) -> Result<DeviceRun> {
+        let RunCtx { inputs, split, epoch, timed } = ctx;
+        let p = &self.programs[device];
+        let mesh = &self.meta.mesh;
         let base = arena.as_mut_slice().as_mut_ptr();
-        let ptrs: Vec<*mut u8> = p
+        let mut ptrs: Vec<*mut u8> = p
             .buffers
             .iter()
             .map(|b| match b.storage {
@@ -208,24 +518,39 @@ impl<'w> Loaded<'w> {
                 Storage::Weights { offset } => unsafe { self.weights.as_ptr().add(offset) as *mut u8 },
             })
             .collect();
-        for (spec, &b) in self.meta.inputs.iter().zip(&p.inputs) {
-            let t = &inputs[&spec.name];
-            // SAFETY: the buffer has exactly the input's byte size (checked by check_inputs).
-            t.write_le_bytes(unsafe { std::slice::from_raw_parts_mut(ptrs[b], t.ty().size_bytes()) });
+        for (i, (spec, &b)) in self.meta.inputs.iter().zip(&p.inputs).enumerate() {
+            // SAFETY: the buffer has exactly the bytes of the device's block (check_indices).
+            let dst = unsafe { std::slice::from_raw_parts_mut(ptrs[b], p.buffers[b].bytes) };
+            match split.get(i).and_then(Option::as_ref) {
+                None => inputs[&spec.name].write_le_bytes(dst),
+                Some(bytes) => {
+                    let e = inputs[&spec.name].dtype().size_bytes();
+                    let local = mesh.local_shape(&spec.shape, &spec.layout);
+                    let at: Vec<usize> =
+                        mesh.region(&spec.shape, &spec.layout, device).iter().map(|r| r.start).collect();
+                    fabric::for_each_run(&spec.shape, &at, &local, &vec![0; local.len()], &local, |s, o, n| {
+                        dst[o * e..(o + n) * e].copy_from_slice(&bytes[s * e..(s + n) * e])
+                    });
+                }
+            }
         }
+        let single = mesh.devices() == 1;
+        let mut times = Vec::new();
+        let mut waits = Vec::new();
         let mut args: Vec<*mut u8> = Vec::new();
-        for (i, step) in p.steps.iter().enumerate() {
-            let start = std::time::Instant::now();
+        for (i, st) in p.steps.iter().enumerate() {
+            step.set(i);
+            let start = Instant::now();
             args.clear();
-            args.extend(step.buffers.iter().map(|&b| ptrs[b]));
-            match &step.exec {
+            args.extend(st.buffers.iter().map(|&b| ptrs[b]));
+            match &st.exec {
                 Exec::Kernel(k) => {
                     // SAFETY: the step's buffers are the ones its kernel was generated for.
-                    let status = unsafe { self.kernel(*k)(args.as_ptr()) };
+                    let status = unsafe { self.kernel(device, *k)(args.as_ptr()) };
                     if status == codegen::STATUS_INDEX_OUT_OF_RANGE {
-                        bail!("node '{}': gather index out of range", step.node);
+                        bail!("node '{}': gather index out of range", st.node);
                     } else if status != 0 {
-                        bail!("node '{}': kernel failed with status {status}", step.node);
+                        bail!("node '{}': kernel failed with status {status}", st.node);
                     }
                 }
                 Exec::Library(Library::Matmul { a, b, out }) => {
@@ -239,19 +564,242 @@ impl<'w> Loaded<'w> {
                             std::slice::from_raw_parts(args[2] as *const f32, len(b)),
                         )
                     };
-                    library::matmul(x, y, o, a, b, out)?;
+                    if single {
+                        library::matmul(x, y, o, a, b, out)
+                    } else {
+                        library::matmul_threads(x, y, o, a, b, out, 1)
+                    }
+                    .with_context(|| format!("node '{}'", st.node))?;
                 }
-                Exec::Collective(_) => bail!("node '{}': collectives need the multi-device runner", step.node),
+                Exec::Collective(c) => {
+                    // SAFETY: `new` checked the buffers' sizes against the collective and
+                    // that the result is apart from the operand; nothing else touches them
+                    // until the call returns.
+                    let delivery = unsafe {
+                        self.fabric.collective_raw(
+                            device,
+                            c,
+                            args[1] as *const f32,
+                            args[0] as *mut f32,
+                            self.share[device][i],
+                            timed.then_some(&mut waits),
+                        )
+                    }
+                    .with_context(|| format!("node '{}'", st.node))?;
+                    if let Delivery::Shared(at) = delivery {
+                        // No step writes this buffer again (`share`): read the result there.
+                        ptrs[st.buffers[0]] = at as *mut u8;
+                    }
+                }
             }
-            timed(i, start.elapsed());
+            if timed {
+                let since = |t: Instant| t.duration_since(epoch);
+                let waits = waits.drain(..).map(|(a, b): (Instant, Instant)| (since(a), b.duration_since(a))).collect();
+                times.push(StepTime { device, step: i, start: since(start), dur: start.elapsed(), waits });
+            }
         }
-        let mut results = BTreeMap::new();
-        for (spec, &b) in self.meta.outputs.iter().zip(&p.outputs) {
-            let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
-            // SAFETY: the buffer holds exactly the output's bytes.
-            let bytes = unsafe { std::slice::from_raw_parts(ptrs[b], ty.size_bytes()) };
-            results.insert(spec.name.clone(), Tensor::from_le_bytes(&ty, bytes));
+        Ok(DeviceRun { outputs: p.outputs.iter().map(|&b| SendPtr(ptrs[b])).collect(), times })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use meshc_ir::{DType, Data};
+
+    use super::*;
+    use crate::mesh::Topology;
+    use crate::program::{CollectiveOp, Reduce, Step};
+
+    fn mesh(shape: &[usize]) -> Mesh {
+        Mesh {
+            shape: shape.to_vec(),
+            axes: (0..shape.len()).map(|i| format!("a{i}")).collect(),
+            topology: Topology::Torus,
         }
-        Ok(results)
+    }
+
+    fn io(name: &str, dtype: DType, shape: &[usize], layout: &[Option<usize>]) -> IoSpec {
+        IoSpec::with_layout(name, &TensorType::new(dtype, shape.to_vec()), layout.to_vec())
+    }
+
+    /// A program over arena buffers of these sizes, one after the other.
+    fn program(device: usize, sizes: &[usize], steps: Vec<Step>, inputs: Vec<usize>, outputs: Vec<usize>) -> Program {
+        let mut at = 0;
+        let buffers = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &bytes)| {
+                let b = Buffer { name: format!("b{i}"), bytes, storage: Storage::Arena { offset: at } };
+                at += bytes.div_ceil(ALIGN) * ALIGN;
+                b
+            })
+            .collect();
+        Program { device, arena_bytes: at, buffers, kernels: vec![], steps, inputs, outputs }
+    }
+
+    fn load(m: &Mesh, inputs: Vec<IoSpec>, outputs: Vec<IoSpec>, programs: Vec<Program>) -> Result<Loaded<'static>> {
+        let meta = Meta {
+            graph: "t".into(),
+            target: "test".into(),
+            features: vec![],
+            mesh: m.clone(),
+            flops: 0,
+            inputs,
+            outputs,
+        };
+        Loaded::new(meta, programs, Code::Copied(codegen::ExecCode::new(&[])?), &[])
+    }
+
+    fn collective(id: usize, op: CollectiveOp, groups: Vec<Vec<usize>>, shape: &[usize]) -> Exec {
+        Exec::Collective(Collective { op, id, groups, dtype: "f32".into(), shape: shape.to_vec() })
+    }
+
+    fn step(node: &str, exec: Exec, buffers: &[usize]) -> Step {
+        Step { node: node.into(), exec, buffers: buffers.to_vec() }
+    }
+
+    fn iota(shape: &[usize]) -> Tensor {
+        Tensor::f32(shape.to_vec(), (0..shape.iter().product::<usize>()).map(|i| i as f32).collect())
+    }
+
+    #[test]
+    fn inputs_scatter_and_outputs_gather_by_layout() {
+        let m = mesh(&[2, 3]);
+        // Each device's output is its input buffer: gathering must undo the scatter.
+        for layout in [vec![Some(0), Some(1)], vec![Some(1), None], vec![None, Some(0)], vec![None, None]] {
+            let local = m.local_shape(&[6, 6], &layout);
+            let bytes = local.iter().product::<usize>() * 4;
+            let programs = (0..6).map(|d| program(d, &[bytes, bytes], vec![], vec![0, 1], vec![1, 0])).collect();
+            let l = load(
+                &m,
+                vec![io("x", DType::F32, &[6, 6], &layout), io("i", DType::I32, &[6, 6], &layout)],
+                vec![io("y", DType::I32, &[6, 6], &layout), io("z", DType::F32, &[6, 6], &layout)],
+                programs,
+            )
+            .unwrap();
+            let x = iota(&[6, 6]);
+            let i = Tensor::new(vec![6, 6], Data::I32((0..36).map(|v| 100 - v).collect()));
+            let out = l.run(&HashMap::from([("x".to_string(), x.clone()), ("i".to_string(), i.clone())])).unwrap();
+            assert_eq!((&out["z"], &out["y"]), (&x, &i), "layout {layout:?}");
+        }
+    }
+
+    #[test]
+    fn collectives_run_between_scatter_and_gather() {
+        let m = mesh(&[2, 2]);
+        let rows = m.groups(&[1]);
+        let gather = collective(0, CollectiveOp::AllGather { axis: 1 }, rows.clone(), &[2, 3]);
+        let sum = collective(1, CollectiveOp::AllReduce { reduce: Reduce::Sum }, m.groups(&[0, 1]), &[2, 6]);
+        // x [4,6] split [a0, a1]; an all_gather along each row of the mesh leaves device
+        // (r, c) with rows 2r..2r+2, and an all_reduce over all four devices sums both row
+        // blocks, each held twice.
+        let programs = (0..4)
+            .map(|d| {
+                let steps = vec![step("g", gather.clone(), &[1, 0]), step("s", sum.clone(), &[2, 1])];
+                program(d, &[24, 48, 48], steps, vec![0], vec![1, 2])
+            })
+            .collect();
+        let l = load(
+            &m,
+            vec![io("x", DType::F32, &[4, 6], &[Some(0), Some(1)])],
+            vec![io("g", DType::F32, &[4, 6], &[Some(0), None]), io("s", DType::F32, &[2, 6], &[None, None])],
+            programs,
+        )
+        .unwrap();
+        let x = iota(&[4, 6]);
+        let out = l.run(&HashMap::from([("x".to_string(), x.clone())])).unwrap();
+        assert_eq!(out["g"], x);
+        let v = x.as_f32().unwrap();
+        let want: Vec<f32> = (0..12).map(|i| 2.0 * (v[i] + v[i + 12])).collect();
+        assert_eq!(out["s"], Tensor::f32(vec![2, 6], want));
+        assert!(l.link_stats().max > 0);
+        let mut times = Vec::new();
+        l.run_timed(&HashMap::from([("x".to_string(), x)]), &mut |t| times.push(t.clone())).unwrap();
+        let steps: Vec<(usize, usize)> = times.iter().map(|t| (t.device, t.step)).collect();
+        assert_eq!(steps, (0..4).flat_map(|d| [(d, 0), (d, 1)]).collect::<Vec<_>>());
+        let trace = crate::trace::chrome_trace(&l.meta, &l.programs, &times);
+        let v: serde_json::Value = serde_json::from_str(&trace).unwrap();
+        let events = v["traceEvents"].as_array().unwrap();
+        assert!(events.iter().any(|e| e["args"]["name"] == "device 3 (1,1)"));
+        assert_eq!(events.iter().filter(|e| e["cat"] == "collective").count(), 8);
+    }
+
+    #[test]
+    fn large_results_are_read_from_the_shared_buffer() {
+        let m = mesh(&[4]);
+        let n = 1 << 16;
+        let sum = collective(0, CollectiveOp::AllReduce { reduce: Reduce::Mean }, vec![(0..4).collect()], &[n]);
+        let programs = (0..4)
+            .map(|d| program(d, &[4 * n, 4 * n], vec![step("s", sum.clone(), &[1, 0])], vec![0], vec![1]))
+            .collect();
+        let l = load(&m, vec![io("x", DType::F32, &[n], &[None])], vec![io("s", DType::F32, &[n], &[None])], programs)
+            .unwrap();
+        assert!(l.share.iter().all(|s| s == &[true]));
+        let x = iota(&[n]);
+        for _ in 0..2 {
+            assert_eq!(l.run(&HashMap::from([("x".to_string(), x.clone())])).unwrap()["s"], x);
+        }
+    }
+
+    #[test]
+    fn a_failing_device_stops_the_others() {
+        let m = mesh(&[2, 2]);
+        let sum = collective(0, CollectiveOp::AllReduce { reduce: Reduce::Sum }, m.groups(&[0, 1]), &[6]);
+        // Device 3 first runs a matmul whose shapes do not fit: the others wait for it in
+        // the all_reduce until its error poisons the fabric.
+        let bad = Exec::Library(Library::Matmul { a: vec![2, 3], b: vec![2, 3], out: vec![2, 3] });
+        let programs = (0..4)
+            .map(|d| {
+                let mut steps = vec![step("s", sum.clone(), &[1, 0])];
+                if d == 3 {
+                    steps.insert(0, step("h", bad.clone(), &[2, 0, 0]));
+                }
+                program(d, &[24, 24, 24], steps, vec![0], vec![1])
+            })
+            .collect();
+        let l = load(&m, vec![io("x", DType::F32, &[6], &[None])], vec![io("s", DType::F32, &[6], &[None])], programs)
+            .unwrap();
+        let x = HashMap::from([("x".to_string(), iota(&[6]))]);
+        for _ in 0..2 {
+            let e = l.run(&x).unwrap_err().to_string();
+            assert!(e.starts_with("device 3 (1,1): node 'h': matmul"), "{e}");
+        }
+    }
+
+    #[test]
+    fn collectives_that_cannot_meet_are_refused() {
+        let m = mesh(&[2]);
+        let all = vec![vec![0, 1]];
+        let a = collective(0, CollectiveOp::AllReduce { reduce: Reduce::Sum }, all.clone(), &[2]);
+        let b = collective(1, CollectiveOp::AllReduce { reduce: Reduce::Max }, all.clone(), &[2]);
+        let refuse = |steps: [Vec<Step>; 2]| {
+            let programs =
+                steps.into_iter().enumerate().map(|(d, s)| program(d, &[8, 8, 8], s, vec![0], vec![1])).collect();
+            let x = || vec![io("x", DType::F32, &[2], &[None])];
+            match load(&m, x(), x(), programs) {
+                Ok(_) => String::new(),
+                Err(e) => format!("{e:#}"),
+            }
+        };
+        let (sa, sb) = (step("a", a.clone(), &[1, 0]), step("b", b.clone(), &[2, 1]));
+        assert_eq!(refuse([vec![sa.clone(), sb.clone()], vec![sa.clone(), sb.clone()]]), "");
+        assert_eq!(
+            refuse([vec![sa.clone(), sb.clone()], vec![step("b", b, &[2, 0]), step("a", a.clone(), &[1, 2])]]),
+            "the collectives cannot all complete in program order: device 0 (0) waits in #0 ('a'), device 1 (1) waits in #1 ('b')"
+        );
+        assert_eq!(refuse([vec![sa.clone()], vec![]]), "device 1 (1) never runs collective #0 (node 'a') of its group");
+        let other = collective(0, CollectiveOp::AllReduce { reduce: Reduce::Sum }, all, &[1]);
+        assert_eq!(
+            refuse([vec![sa.clone()], vec![step("a", other, &[1, 0])]]),
+            "device 1 (1): node 'a' (collective #0): buffers of 8 and 8 bytes for an f32 operand [1] and result [1]"
+        );
+        assert_eq!(
+            refuse([vec![sa.clone()], vec![step("a", a, &[0, 0])]]),
+            "device 1 (1): node 'a' (collective #0): its result buffer 'b0' overlaps its operand 'b0'"
+        );
+        assert_eq!(
+            refuse([vec![sa.clone(), sa.clone()], vec![sa.clone(), sa]]),
+            "device 0 (0): node 'a' runs collective #0 a second time"
+        );
     }
 }
