@@ -225,7 +225,13 @@ impl Builder {
     }
 
     /// The program of one device: `g` verified as `info`, its params' values in `params`.
-    fn program(&mut self, device: usize, g: &Graph, info: &Info, params: &HashMap<String, Tensor>) -> Result<Program> {
+    fn program(
+        &mut self,
+        (device, devices): (usize, usize),
+        g: &Graph,
+        info: &Info,
+        params: &HashMap<String, Tensor>,
+    ) -> Result<Program> {
         let mut bufs = Buffers::default();
         // Constants: params, and nodes computable from them alone.
         let mut consts: HashMap<String, Tensor> = HashMap::new();
@@ -286,7 +292,7 @@ impl Builder {
                     Gemm::Auto => library::prefer_library(&operand_types[0], &operand_types[1]),
                 };
             let (exec, operands, scratch) = if node.op.is_communication() {
-                (Exec::Collective(self.collective(node, &operand_types[0])?), node.inputs.clone(), 0)
+                (Exec::Collective(self.collective(node, &operand_types[0], device, devices)?), node.inputs.clone(), 0)
             } else if use_library {
                 let lib = Library::Matmul {
                     a: operand_types[0].shape.clone(),
@@ -329,7 +335,7 @@ impl Builder {
         Ok(Program { device, arena_bytes: bufs.arena, buffers: bufs.list, kernels, steps, inputs, outputs })
     }
 
-    fn collective(&mut self, node: &Node, operand: &TensorType) -> Result<Collective> {
+    fn collective(&mut self, node: &Node, operand: &TensorType, device: usize, devices: usize) -> Result<Collective> {
         let int = |key: &str| -> Result<usize> {
             let v = meshc_ir::infer::attr_int(node, key, 0);
             meshc_ir::infer::norm_axis(v, operand.rank()).map_err(|e| anyhow::anyhow!("node '{}': {e}", node.name))
@@ -345,16 +351,23 @@ impl Builder {
             Op::AllToAll => CollectiveOp::AllToAll { split_axis: int("split_axis")?, concat_axis: int("concat_axis")? },
             op => bail!("node '{}': {op} is not supported by the runner yet", node.name),
         };
-        let groups = node.attrs.get("groups").and_then(meshc_ir::Attr::as_int_lists).unwrap_or_default();
+        let groups: Vec<Vec<usize>> = node
+            .attrs
+            .get("groups")
+            .and_then(meshc_ir::Attr::as_int_lists)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|g| g.into_iter().map(|d| d as usize).collect())
+            .collect();
+        if let Some(d) = groups.iter().flatten().find(|&&d| d >= devices) {
+            bail!("node '{}': its groups name device {d}, but the mesh has {devices} device(s)", node.name);
+        }
+        if !groups.iter().any(|g| g.contains(&device)) {
+            bail!("node '{}': device {device} runs it but is in none of its groups", node.name);
+        }
         let next = self.collectives.len();
         let id = *self.collectives.entry(node.name.clone()).or_insert(next);
-        Ok(Collective {
-            op,
-            id,
-            groups: groups.into_iter().map(|g| g.into_iter().map(|d| d as usize).collect()).collect(),
-            dtype: operand.dtype.name().to_string(),
-            shape: operand.shape.clone(),
-        })
+        Ok(Collective { op, id, groups, dtype: operand.dtype.name().to_string(), shape: operand.shape.clone() })
     }
 
     fn finish(self, meta: Meta, programs: Vec<Program>) -> Compiled {
@@ -380,7 +393,7 @@ fn meta(g: &Graph, info: &Info, target: &Target, mesh: Mesh, layouts: &HashMap<S
 /// Compiles a graph for one device.
 pub fn compile(g: &Graph, info: &Info, params: &HashMap<String, Tensor>, opts: &Options) -> Result<Compiled> {
     let mut b = Builder::new(opts)?;
-    let program = b.program(0, g, info, params)?;
+    let program = b.program((0, 1), g, info, params)?;
     let meta = meta(g, info, &b.target, Mesh::single(), &HashMap::new());
     Ok(b.finish(meta, vec![program]))
 }
@@ -398,7 +411,8 @@ pub fn compile_lowered(
     let mut programs = Vec::new();
     for (d, dev) in lowered.devices.iter().enumerate() {
         let dinfo = verify(dev).with_context(|| format!("device {d}: the lowered program does not verify"))?;
-        programs.push(b.program(d, dev, &dinfo, params).with_context(|| format!("device {d}"))?);
+        programs
+            .push(b.program((d, lowered.devices.len()), dev, &dinfo, params).with_context(|| format!("device {d}"))?);
     }
     let layouts: HashMap<String, Layout> = lowered.inputs.iter().chain(&lowered.outputs).cloned().collect();
     let meta = meta(g, info, &b.target, lowered.mesh.clone(), &layouts);

@@ -80,18 +80,7 @@ pub fn build(
         }
         return compile(g, info, params, opts);
     };
-    let seeds = spec.seed_layouts(g, info)?;
-    let seeds = seeds
-        .into_iter()
-        .map(|(t, s)| {
-            let source = match s.source {
-                crate::layout::Source::Explicit => passes::layout::Source::Spec,
-                crate::layout::Source::Rule => passes::layout::Source::Rule,
-            };
-            (t, (s.layout, source))
-        })
-        .collect();
-    let layouts = passes::layout::propagate(g, info, &spec.mesh, seeds);
+    let layouts = passes::layout::propagate(g, info, &spec.mesh, spec.seed_layouts(g, info)?);
     dumps.emit("layout", || passes::layout::dump(g, info, &layouts))?;
     let lowered = passes::lower::lower(g, info, &layouts)?;
     dumps.emit("lower", || passes::lower::dump(&lowered))?;
@@ -235,7 +224,11 @@ fn program_report(s: &mut String, p: &Program) -> Result<()> {
         let exec = match &st.exec {
             Exec::Kernel(k) => format!("kernel k{k}"),
             Exec::Library(Library::Matmul { a, b, .. }) => format!("library gemm {a:?}x{b:?}"),
-            Exec::Collective(c) => format!("collective #{} {}", c.id, collective_name(&c.op)),
+            Exec::Collective(c) => {
+                let group = c.groups.iter().find(|g| g.contains(&p.device)).cloned().unwrap_or_default();
+                let group: Vec<String> = group.iter().map(usize::to_string).collect();
+                format!("#{} {} {}{:?} group [{}]", c.id, collective_name(&c.op), c.dtype, c.shape, group.join(","))
+            }
         };
         let bufs: Vec<String> = st.buffers.iter().map(|b| format!("b{b}")).collect();
         writeln!(s, "  {:<24} {:<36} ({})", st.node, exec, bufs.join(", "))?;
@@ -245,9 +238,9 @@ fn program_report(s: &mut String, p: &Program) -> Result<()> {
 
 fn collective_name(op: &CollectiveOp) -> String {
     match op {
-        CollectiveOp::AllReduce { reduce } => format!("all_reduce {reduce:?}"),
+        CollectiveOp::AllReduce { reduce } => format!("all_reduce {}", reduce.name()),
         CollectiveOp::AllGather { axis } => format!("all_gather axis {axis}"),
-        CollectiveOp::ReduceScatter { axis, reduce } => format!("reduce_scatter axis {axis} {reduce:?}"),
+        CollectiveOp::ReduceScatter { axis, reduce } => format!("reduce_scatter axis {axis} {}", reduce.name()),
         CollectiveOp::AllToAll { split_axis, concat_axis } => format!("all_to_all {split_axis}->{concat_axis}"),
     }
 }

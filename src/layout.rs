@@ -16,6 +16,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::mesh::{Layout, Mesh, Topology};
+pub use crate::passes::layout::Source;
 
 pub const FORMAT: &str = "meshc-layout/1";
 
@@ -53,23 +54,6 @@ pub struct Degraded {
 pub struct Seed {
     pub layout: Layout,
     pub source: Source,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Source {
-    /// Written in `layouts`.
-    Explicit,
-    /// Derived from `rules` and the tensor's dim names.
-    Rule,
-}
-
-impl Source {
-    pub fn name(self) -> &'static str {
-        match self {
-            Source::Explicit => "spec",
-            Source::Rule => "rule",
-        }
-    }
 }
 
 /// Reads, parses and validates a spec file (everything that does not need the graph).
@@ -151,7 +135,13 @@ impl Spec {
                 .get(name)
                 .ok_or_else(|| err(format!("layout of '{name}': graph '{}' has no tensor '{name}'", g.name)))?;
             check_layout(&self.mesh, &ty.shape, layout).map_err(|m| err(format!("layout of '{name}': {m}")))?;
-            seeds.insert(name.clone(), Seed { layout: layout.clone(), source: Source::Explicit });
+            seeds.insert(name.clone(), Seed { layout: layout.clone(), source: Source::Spec });
+        }
+        // A rule whose dim name no tensor carries is a typo, not a no-op.
+        for (rule, _) in &self.rules {
+            if !info.dims.values().flatten().any(|d| d.as_deref() == Some(rule.as_str())) {
+                return Err(err(format!("rule '{rule}': no dimension of graph '{}' is named '{rule}'", g.name)));
+            }
         }
         let tensors = g.inputs.iter().map(|i| &i.name).chain(g.params.iter().map(|p| &p.name));
         for name in tensors.chain(g.nodes.iter().map(|n| &n.name)) {

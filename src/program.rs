@@ -99,6 +99,14 @@ pub enum Reduce {
 }
 
 impl Reduce {
+    pub fn name(self) -> &'static str {
+        match self {
+            Reduce::Sum => "sum",
+            Reduce::Max => "max",
+            Reduce::Mean => "mean",
+        }
+    }
+
     pub fn parse(s: &str) -> Option<Reduce> {
         match s {
             "sum" => Some(Reduce::Sum),

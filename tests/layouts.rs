@@ -1,12 +1,12 @@
 //! Layout specs through the real `meshc` binary: every illegal spec in testdata/bad_layouts/
 //! fails `meshc check testdata/mlp/graph.json --layout SPEC` with its pinned one-line error
-//! (golden/bad_layouts/<name>.txt); the layouts the example specs in
-//! testdata/layouts_examples/ fix are pinned too (golden/layouts/<name>.txt).
+//! (golden/bad_layouts/<name>.txt); the layouts each spec testdata/<graph>/layouts/<layout>.json
+//! fixes for its graph are pinned too (golden/layouts/<graph>-<layout>.txt).
 //! MESHC_BLESS=1 rewrites the pinned files instead.
 
 mod common;
 
-use common::{golden, meshc};
+use common::{golden, layout_cases, meshc};
 use std::path::PathBuf;
 
 const MLP: &str = "testdata/mlp/graph.json";
@@ -58,25 +58,23 @@ fn a_bad_graph_is_reported_before_its_spec() {
 }
 
 #[test]
-fn example_specs_check_as_pinned() {
-    let examples = json_files("testdata/layouts_examples");
-    assert!(!examples.is_empty());
+fn testdata_specs_check_as_pinned() {
+    let cases = layout_cases();
+    assert!(!cases.is_empty(), "no testdata/<graph>/layouts/*.json found");
     let mut failures = Vec::new();
-    for spec in &examples {
-        // Each example is named GRAPH-LAYOUT.json after the testdata graph it lays out.
-        let name = spec.file_stem().unwrap().to_string_lossy().to_string();
-        let graph = format!("testdata/{}/graph.json", name.split('-').next().unwrap());
-        let run = meshc(&["check", &graph, "--layout", &spec.display().to_string()]);
+    for c in &cases {
+        let (graph, spec) = (c.graph.display().to_string(), c.spec.display().to_string());
+        let run = meshc(&["check", &graph, "--layout", &spec]);
         if run.status != Some(0) {
-            failures.push(format!("meshc check {graph} --layout {}: {run:?}", spec.display()));
+            failures.push(format!("meshc check {graph} --layout {spec}: {run:?}"));
             continue;
         }
         // The graph summary comes first, unchanged by the spec.
         let plain = meshc(&["check", &graph]);
         if !run.stdout.starts_with(&plain.stdout) {
-            failures.push(format!("{}: the summary of {graph} changed with --layout", spec.display()));
+            failures.push(format!("{spec}: the summary of {graph} changed with --layout"));
         }
-        failures.extend(golden(&format!("layouts/{name}.txt"), &run.stdout).err());
+        failures.extend(golden(&format!("layouts/{}.txt", c.label), &run.stdout).err());
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }

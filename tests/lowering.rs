@@ -7,6 +7,7 @@ mod common;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
+use meshc::layout::Seed;
 use meshc::mesh::{Layout, Mesh, Topology};
 use meshc::passes::layout::{propagate, Source};
 use meshc::passes::lower::lower;
@@ -58,15 +59,15 @@ fn layout_from(mesh: &Mesh, shape: &[usize], picks: &[u8]) -> Layout {
     let mut layout = vec![None; shape.len()];
     for (d, &p) in picks.iter().enumerate().take(shape.len()) {
         let a = p as usize % (mesh.shape.len() + 1);
-        if a < mesh.shape.len() && shape[d] % mesh.shape[a] == 0 && !layout.contains(&Some(a)) {
+        if a < mesh.shape.len() && shape[d].is_multiple_of(mesh.shape[a]) && !layout.contains(&Some(a)) {
             layout[d] = Some(a);
         }
     }
     layout
 }
 
-fn check(c: &Case, mesh: &Mesh, seeds: BTreeMap<String, (Layout, Source)>) -> Result<(), String> {
-    let described: Vec<String> = seeds.iter().map(|(t, (l, _))| format!("{t}{}", mesh.layout_string(l))).collect();
+fn check(c: &Case, mesh: &Mesh, seeds: BTreeMap<String, Seed>) -> Result<(), String> {
+    let described: Vec<String> = seeds.iter().map(|(t, s)| format!("{t}{}", mesh.layout_string(&s.layout))).collect();
     let layouts = propagate(&c.g, &c.info, mesh, seeds);
     let lowered = lower(&c.g, &c.info, &layouts).map_err(|e| format!("{e:#}"))?;
     let got = meshc::mesh_interp::run(&lowered, &c.params, &c.inputs)
@@ -95,7 +96,7 @@ proptest! {
         for (k, name) in names.iter().enumerate() {
             if (k * 7 + density) % (density + 1) == 0 {
                 let l = layout_from(mesh, &c.info.types[*name].shape, &picks[k % picks.len()]);
-                seeds.insert(name.to_string(), (l, Source::Spec));
+                seeds.insert(name.to_string(), Seed { layout: l, source: Source::Spec });
             }
         }
         check(&c, mesh, seeds).map_err(TestCaseError::fail)?;

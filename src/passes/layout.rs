@@ -16,6 +16,7 @@ use meshc_ir::infer::{attr_int, attr_ints, attr_str, norm_axes, norm_axis, parse
 use meshc_ir::verify::Info;
 use meshc_ir::{Graph, Node, Op};
 
+use crate::layout::Seed;
 use crate::mesh::{Layout, Mesh};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,7 +31,7 @@ pub enum Source {
 }
 
 impl Source {
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Source::Spec => "spec",
             Source::Rule => "rule",
@@ -208,7 +209,7 @@ fn legal(mesh: &Mesh, shape: &[usize], layout: &[Option<usize>]) -> bool {
 fn build(mesh: &Mesh, shape: &[usize], candidates: impl IntoIterator<Item = (usize, usize)>) -> Layout {
     let mut layout = vec![None; shape.len()];
     for (d, a) in candidates {
-        if layout[d].is_none() && !layout.contains(&Some(a)) && shape[d] % mesh.shape[a] == 0 {
+        if layout[d].is_none() && !layout.contains(&Some(a)) && shape[d].is_multiple_of(mesh.shape[a]) {
             layout[d] = Some(a);
         }
     }
@@ -216,12 +217,12 @@ fn build(mesh: &Mesh, shape: &[usize], candidates: impl IntoIterator<Item = (usi
 }
 
 /// Runs the pass. `seeds` are the layouts the spec fixes (already legality-checked).
-pub fn propagate(g: &Graph, info: &Info, mesh: &Mesh, seeds: BTreeMap<String, (Layout, Source)>) -> Layouts {
+pub fn propagate(g: &Graph, info: &Info, mesh: &Mesh, seeds: BTreeMap<String, Seed>) -> Layouts {
     let mut of: BTreeMap<String, Layout> = BTreeMap::new();
     let mut source: BTreeMap<String, Source> = BTreeMap::new();
-    for (name, (layout, src)) in seeds {
-        of.insert(name.clone(), layout);
-        source.insert(name, src);
+    for (name, seed) in seeds {
+        of.insert(name.clone(), seed.layout);
+        source.insert(name, seed.source);
     }
     let bytes = |t: &str| info.types[t].size_bytes();
     loop {

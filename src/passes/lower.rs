@@ -275,7 +275,7 @@ impl Lower<'_> {
         let mut operands = Vec::new();
         let reshape_ok = |this: &Self, di: usize, dout: usize, a: usize| -> bool {
             let m = this.mesh.shape[a];
-            this.global(&n.inputs[0]).shape[di] % m == 0 && this.global(&n.name).shape[dout] % m == 0
+            this.global(&n.inputs[0]).shape[di].is_multiple_of(m) && this.global(&n.name).shape[dout].is_multiple_of(m)
         };
         for (i, t) in n.inputs.iter().enumerate() {
             let mut req = vec![None; self.global(t).rank()];
@@ -408,7 +408,7 @@ impl Lower<'_> {
                 .iter()
                 .enumerate()
                 .map(|(d, l)| {
-                    axis_of.get(l).copied().flatten().filter(|&a| shape[d] % self.mesh.shape[a] == 0 && shape[d] > 1)
+                    axis_of.get(l).copied().flatten().filter(|&a| shape[d].is_multiple_of(self.mesh.shape[a]) && shape[d] > 1)
                 })
                 .collect();
             operands.push(self.operand(t, &req));

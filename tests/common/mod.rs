@@ -124,3 +124,32 @@ pub fn compare_expected(graph: &Path, out_dir: &Path) -> Result<usize, String> {
     }
     Ok(n)
 }
+
+/// One testdata graph under one of its layout specs.
+pub struct LayoutCase {
+    pub graph: PathBuf,
+    pub spec: PathBuf,
+    /// `<graph>-<layout>`, e.g. `mlp-mp-2x4`: names its golden files.
+    pub label: String,
+}
+
+/// Every layout spec `testdata/<graph>/layouts/<layout>.json` with its graph's
+/// `graph.json`, sorted by graph then spec.
+pub fn layout_cases() -> Vec<LayoutCase> {
+    let mut v = Vec::new();
+    for graph in testdata_graphs() {
+        let dir = graph.parent().unwrap();
+        let Ok(entries) = std::fs::read_dir(dir.join("layouts")) else { continue };
+        let mut specs: Vec<PathBuf> = entries
+            .map(|e| e.expect("readable").path())
+            .filter(|p| p.extension().is_some_and(|e| e == "json"))
+            .collect();
+        specs.sort();
+        let name = dir.file_name().unwrap().to_string_lossy().to_string();
+        v.extend(specs.into_iter().map(|spec| {
+            let label = format!("{name}-{}", spec.file_stem().unwrap().to_string_lossy());
+            LayoutCase { graph: graph.clone(), spec, label }
+        }));
+    }
+    v
+}

@@ -1,0 +1,266 @@
+//! The testdata graphs spread over meshes: every layout spec `testdata/<graph>/layouts/<layout>.json`
+//! (data parallel, Megatron-style model parallel, 1-D, 2-D, 3-D and torus meshes) must give the
+//! single-device answer, `testdata/<graph>/expected/`, under the tolerance of `Tensor::closeness`:
+//! - lowered in-process and run by the reference execution of per-device programs (`mesh_interp`);
+//! - through the real binary: `meshc run GRAPH --layout SPEC`, and `meshc compile` to an artifact
+//!   then `meshc run ARTIFACT`.
+//!
+//! Each spec also states what it costs: the collectives each device runs are listed in
+//! `COMMUNICATION`, so a lowering change that adds a transfer fails here even when a bless
+//! would accept the new dump. The dumps after `layout` and `lower` are pinned in
+//! golden/lower/<graph>-<layout>.txt and `meshc inspect` of one multi-device artifact in
+//! golden/inspect/; MESHC_BLESS=1 rewrites those.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use common::{compare_expected, golden, input_args, layout_cases, meshc, scratch, LayoutCase};
+use meshc::passes::layout::propagate;
+use meshc::passes::lower::{lower, Lowered};
+use meshc_ir::{Attr, Tensor};
+
+fn cases() -> Vec<LayoutCase> {
+    let cases = layout_cases();
+    assert!(cases.len() >= 14, "expected the layouts of mlp and transformer, found {} specs", cases.len());
+    cases
+}
+
+/// A collective as `COMMUNICATION` states it: (op, node, mesh axes).
+type Stated = (&'static str, &'static str, &'static [&'static str]);
+
+/// A collective as a lowered program has it: (op, node, groups of devices).
+type Collective = (String, String, Vec<Vec<i64>>);
+
+/// The collectives every device of a case runs, in program order: (op, the lowered node it
+/// defines, the mesh axes its groups span). Data-parallel inference needs none; Megatron-style
+/// layouts one all_reduce after each row-split matmul; the rest what their splits imply.
+#[rustfmt::skip]
+const COMMUNICATION: &[(&str, &[Stated])] = &[
+    ("mlp-cube-2x2x2", &[("all_reduce", "h", &["row"]), ("all_reduce", "y", &["col"])]),
+    ("mlp-dp-2", &[]),
+    ("mlp-dp-2x4", &[]),
+    ("mlp-mp-2x4", &[("all_reduce", "y", &["model"])]),
+    ("mlp-mp-4", &[("all_reduce", "y", &["model"])]),
+    ("mlp-mp-8", &[("all_reduce", "y", &["model"])]),
+    // x split on embed, the dim h contracts: the all_reduce moves to h.
+    ("mlp-torus-2x4", &[("all_reduce", "h", &["model"])]),
+    // Sequence split: keys, values and the mask are gathered along seq for attention.
+    ("transformer-cube-2x2x2", &[
+        ("all_gather", "k_t.all_gather", &["seq"]),
+        ("all_gather", "mask.all_gather", &["seq"]),
+        ("all_gather", "v_h.all_gather", &["seq"]),
+        ("all_reduce", "o", &["model"]),
+        ("all_reduce", "f2", &["model"]),
+    ]),
+    ("transformer-dp-2", &[]),
+    ("transformer-dp-2x4", &[]),
+    ("transformer-mp-2x4", &[("all_reduce", "o", &["model"]), ("all_reduce", "f2", &["model"])]),
+    ("transformer-mp-4", &[("all_reduce", "o", &["model"]), ("all_reduce", "f2", &["model"])]),
+    // 4 heads do not split 8 ways: q, k and v are gathered before the reshape into heads.
+    ("transformer-mp-8", &[
+        ("all_gather", "q_b.all_gather", &["model"]),
+        ("all_gather", "k_b.all_gather", &["model"]),
+        ("all_gather", "v_b.all_gather", &["model"]),
+        ("all_reduce", "o", &["model"]),
+        ("all_reduce", "f2", &["model"]),
+    ]),
+    // probs split on heads, h2 on embed: layer_norm combines its two statistics over model.
+    ("transformer-torus-2x4", &[
+        ("all_gather", "probs.all_gather", &["model"]),
+        ("all_reduce", "h2.all_reduce", &["model"]),
+        ("all_reduce", "h2.all_reduce2", &["model"]),
+        ("all_gather", "h2.all_gather", &["model"]),
+        ("all_reduce", "f2", &["model"]),
+    ]),
+];
+
+/// The graph's inputs from `<graph dir>/inputs/<name>.npy`.
+fn inputs(graph: &Path, g: &meshc_ir::Graph) -> Result<HashMap<String, Tensor>> {
+    let dir = graph.parent().unwrap().join("inputs");
+    g.inputs.iter().map(|i| Ok((i.name.clone(), Tensor::read_npy(&dir.join(format!("{}.npy", i.name)))?))).collect()
+}
+
+/// Lowers `c` in-process as `meshc compile` does, and runs the per-device programs on the
+/// reference execution.
+fn lower_and_run(c: &LayoutCase) -> Result<(Lowered, BTreeMap<String, Tensor>)> {
+    let (g, info) = meshc_ir::load::load(&c.graph)?;
+    let params = meshc_ir::params::load_all(&g, c.graph.parent().unwrap())?;
+    let spec = meshc::layout::load(&c.spec)?;
+    let layouts = propagate(&g, &info, &spec.mesh, spec.seed_layouts(&g, &info)?);
+    let lowered = lower(&g, &info, &layouts)?;
+    let results = meshc::mesh_interp::run(&lowered, &params, &inputs(&c.graph, &g)?)?;
+    Ok((lowered, results))
+}
+
+/// Compares `results` with every `<graph dir>/expected/<output>.npy`; no output may be
+/// missing or extra.
+fn matches_expected(graph: &Path, results: &BTreeMap<String, Tensor>) -> Result<(), String> {
+    let dir = graph.parent().unwrap().join("expected");
+    let mut want: Vec<String> = std::fs::read_dir(&dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .map(|e| e.unwrap().path().file_stem().unwrap().to_string_lossy().to_string())
+        .collect();
+    want.sort();
+    let got: Vec<String> = results.keys().cloned().collect();
+    if got != want {
+        return Err(format!("outputs {got:?}, expected files for {want:?}"));
+    }
+    for (name, t) in results {
+        let expected = Tensor::read_npy(&dir.join(format!("{name}.npy"))).map_err(|e| e.to_string())?;
+        common::assert_close(&format!("output {name}"), t, &expected)?;
+    }
+    Ok(())
+}
+
+/// The collectives of each device's program, as (op, node, groups).
+fn collectives(l: &Lowered) -> Vec<Vec<Collective>> {
+    l.devices
+        .iter()
+        .map(|g| {
+            g.nodes
+                .iter()
+                .filter(|n| n.op.is_communication())
+                .map(|n| {
+                    let groups = n.attrs.get("groups").and_then(Attr::as_int_lists).unwrap_or_default();
+                    (n.op.name().to_string(), n.name.clone(), groups)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn communication_as_stated(c: &LayoutCase, l: &Lowered) -> Result<(), String> {
+    let (_, stated) = COMMUNICATION
+        .iter()
+        .find(|(label, _)| *label == c.label)
+        .ok_or_else(|| "no entry in COMMUNICATION: state the collectives this layout costs".to_string())?;
+    let mesh = &l.mesh;
+    let want: Vec<Collective> = stated
+        .iter()
+        .map(|(op, node, axes)| {
+            let axes: Vec<usize> = axes.iter().map(|a| mesh.axis(a).expect("a mesh axis of the spec")).collect();
+            let groups = mesh.groups(&axes).into_iter().map(|g| g.into_iter().map(|d| d as i64).collect()).collect();
+            (op.to_string(), node.to_string(), groups)
+        })
+        .collect();
+    for (d, got) in collectives(l).into_iter().enumerate() {
+        if got != want {
+            return Err(format!("device {d} runs collectives {got:?}, the layout should cost {want:?}"));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn reference_execution_of_every_layout_gives_the_expected_outputs() {
+    let failures: Vec<String> = cases()
+        .iter()
+        .filter_map(|c| {
+            let r = lower_and_run(c)
+                .with_context(|| c.spec.display().to_string())
+                .map_err(|e| format!("{e:#}"))
+                .and_then(|(lowered, results)| {
+                    if lowered.devices.len() != lowered.mesh.devices() {
+                        return Err(format!(
+                            "{} programs for {} devices",
+                            lowered.devices.len(),
+                            lowered.mesh.devices()
+                        ));
+                    }
+                    communication_as_stated(c, &lowered)?;
+                    matches_expected(&c.graph, &results)
+                });
+            r.err().map(|e| format!("{}: {e}", c.label))
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn every_stated_communication_has_its_spec() {
+    let labels: Vec<String> = cases().into_iter().map(|c| c.label).collect();
+    let stale: Vec<&str> = COMMUNICATION.iter().map(|(l, _)| *l).filter(|l| !labels.iter().any(|x| x == l)).collect();
+    assert!(stale.is_empty(), "COMMUNICATION names layouts that have no spec: {stale:?}");
+}
+
+#[test]
+fn dumps_after_layout_and_lower_are_pinned() {
+    let dir = scratch("distributed-dumps");
+    let mut failures = Vec::new();
+    for c in cases() {
+        let art = dir.join(format!("{}.mshc", c.label));
+        let (graph, spec) = (c.graph.display().to_string(), c.spec.display().to_string());
+        let run =
+            meshc(&["compile", &graph, "--layout", &spec, "--dump-after", "layout,lower", "-o", art.to_str().unwrap()]);
+        if run.status != Some(0) {
+            failures.push(format!("meshc compile {graph} --layout {spec}: {run:?}"));
+            continue;
+        }
+        failures.extend(golden(&format!("lower/{}.txt", c.label), &run.stdout).err());
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// Runs `meshc run PROGRAM` on the case's inputs, writing the outputs to `out`; the binary
+/// checks them against expected/ itself, and so does this test.
+fn run_and_compare(c: &LayoutCase, program: &Path, extra: &[&str], out: &Path) -> Result<(), String> {
+    let expected = c.graph.parent().unwrap().join("expected");
+    let mut args = vec!["run".to_string(), program.display().to_string()];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.extend(input_args(&c.graph));
+    args.extend(["--check-against".into(), expected.display().to_string(), "--output-dir".into()]);
+    args.push(out.display().to_string());
+    let run = meshc(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    if run.status != Some(0) || run.stdout.contains("FAILED") {
+        return Err(format!("meshc {}: {run:?}", args.join(" ")));
+    }
+    compare_expected(&c.graph, out).map(|_| ())
+}
+
+#[test]
+fn run_graph_with_each_layout_gives_the_expected_outputs() {
+    let dir = scratch("distributed-run");
+    let failures: Vec<String> = cases()
+        .iter()
+        .filter_map(|c| {
+            let spec = c.spec.display().to_string();
+            run_and_compare(c, &c.graph, &["--layout", &spec], &dir.join(&c.label)).err()
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn compiled_multi_device_artifacts_give_the_expected_outputs() {
+    let dir = scratch("distributed-artifacts");
+    let failures: Vec<String> = cases()
+        .iter()
+        .filter_map(|c| {
+            let art = dir.join(format!("{}.mshc", c.label));
+            let (graph, spec) = (c.graph.display().to_string(), c.spec.display().to_string());
+            let compiled = meshc(&["compile", &graph, "--layout", &spec, "-o", art.to_str().unwrap()]);
+            if compiled.status != Some(0) {
+                return Some(format!("meshc compile {graph} --layout {spec}: {compiled:?}"));
+            }
+            run_and_compare(c, &art, &[], &dir.join(&c.label)).err()
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn inspect_of_a_multi_device_artifact_is_pinned() {
+    let dir = scratch("distributed-inspect");
+    let art = dir.join("mlp-mp-2x4.mshc");
+    // A fixed target and GEMM choice keep the pinned text independent of the host.
+    let args = ["--layout", "testdata/mlp/layouts/mp-2x4.json", "--target", "x86-64-v3", "--gemm", "cranelift"];
+    let c = meshc(&[&["compile", "testdata/mlp/graph.json", "-o", art.to_str().unwrap()][..], &args[..]].concat());
+    assert_eq!(c.status, Some(0), "{c:?}");
+    let run = meshc(&["inspect", art.to_str().unwrap()]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    let text = run.stdout.replace(&art.display().to_string(), "mlp-mp-2x4.mshc");
+    golden("inspect/mlp-mp-2x4.txt", &text).unwrap();
+}
