@@ -408,7 +408,11 @@ impl Lower<'_> {
                 .iter()
                 .enumerate()
                 .map(|(d, l)| {
-                    axis_of.get(l).copied().flatten().filter(|&a| shape[d].is_multiple_of(self.mesh.shape[a]) && shape[d] > 1)
+                    axis_of
+                        .get(l)
+                        .copied()
+                        .flatten()
+                        .filter(|&a| shape[d].is_multiple_of(self.mesh.shape[a]) && shape[d] > 1)
                 })
                 .collect();
             operands.push(self.operand(t, &req));
