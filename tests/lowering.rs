@@ -87,7 +87,7 @@ fn random_seeds(c: &Case, mesh: &Mesh, picks: &[Vec<u8>], density: usize) -> BTr
     let names: Vec<&String> = names.chain(c.g.nodes.iter().map(|n| &n.name)).collect();
     let mut seeds = BTreeMap::new();
     for (k, name) in names.iter().enumerate() {
-        if (k * 7 + density) % (density + 1) == 0 {
+        if (k * 7 + density).is_multiple_of(density + 1) {
             let layout = layout_from(mesh, &c.info.types[*name].shape, &picks[k % picks.len()]);
             seeds.insert(name.to_string(), Seed { layout, source: Source::Spec });
         }
