@@ -30,7 +30,9 @@ bench:
 	$(CARGO) bench --bench gemm --bench pipeline --bench mesh --bench collectives
 
 # The end-to-end example: compile the transformer block into one artifact, show what is in
-# it, run it (checking its outputs against numpy's), then time it against the interpreter.
+# it, run it (checking its outputs against numpy's), then time it against the interpreter;
+# then compile it for a 2x4 mesh and run it on 8 device threads, with the traffic per link
+# and a Chrome trace (open out/transformer-mp-2x4.trace.json in ui.perfetto.dev).
 DEMO_INPUTS = $(foreach f,$(sort $(wildcard $(DEMO)/inputs/*.npy)),--input $(basename $(notdir $(f)))=$(f))
 demo: build
 	@mkdir -p out
@@ -39,6 +41,9 @@ demo: build
 	$(MESHC) inspect out/transformer.mshc | head -n 24
 	$(MESHC) run out/transformer.mshc $(DEMO_INPUTS) --output-dir out/demo --check-against $(DEMO)/expected --bench 200
 	$(MESHC) interp $(DEMO)/graph.json $(DEMO_INPUTS)
+	@echo "--- the same block, Megatron-style on a 2x4 mesh (batch over data, heads and hidden over model)"
+	$(MESHC) compile $(DEMO)/graph.json --layout $(DEMO)/layouts/mp-2x4.json -o out/transformer-mp-2x4.mshc
+	$(MESHC) run out/transformer-mp-2x4.mshc $(DEMO_INPUTS) --output-dir out/demo-mp-2x4 --check-against $(DEMO)/expected --link-stats --trace out/transformer-mp-2x4.trace.json --bench 200
 
 # Build-system use of `-MF`: an artifact is rebuilt only when its graph or a weight file it
 # reads changes — the depfile meshc writes names them all. (meshc itself is an order-only
