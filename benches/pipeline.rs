@@ -1,6 +1,7 @@
 //! `cargo bench --bench pipeline`: kernel throughput (softmax, layer_norm, a fused GELU
-//! chain, against memcpy), end-to-end latency and compile time of every testdata graph, and
-//! artifact load time for two weight sizes. Prints a table; figures are best-of-N or median
+//! chain, against memcpy), end-to-end latency, compile time and planned arena (against the
+//! naive sum of its buffers) of every testdata graph, and artifact load time for two weight
+//! sizes. Prints a table; figures are best-of-N or median
 //! wall times on this machine, measured in one run.
 
 use std::collections::HashMap;
@@ -133,8 +134,9 @@ fn load_inputs(g: &Graph, graph: &Path) -> HashMap<String, Tensor> {
 
 fn graphs() {
     println!("\n## Testdata graphs (in-memory compile, native target)");
-    println!("| graph | compile ms | run median µs | interpreter median µs |");
-    println!("|---|---|---|---|");
+    println!("Arena: planned by liveness (`passes::buffers`) against the naive sum of all buffers.");
+    println!("| graph | compile ms | run median µs | run median µs, naive arena | interpreter median µs | arena bytes | naive bytes | arena/naive |");
+    println!("|---|---|---|---|---|---|---|---|");
     for path in testdata_graphs() {
         let (g, info) = load::load(&path).unwrap();
         let ps = params::load_all(&g, path.parent().unwrap()).unwrap();
@@ -143,14 +145,25 @@ fn graphs() {
             compile::compile(&g, &info, &ps, &Options::default()).unwrap();
         });
         let c = compile::compile(&g, &info, &ps, &Options::default()).unwrap();
+        let arena = c.programs[0].arena_bytes;
         let t_run = time_compiled(c, &inputs, 51);
+        let naive = compile::compile(&g, &info, &ps, &Options { plan_arena: false, ..Options::default() }).unwrap();
+        let naive_bytes = naive.programs[0].arena_bytes;
+        let t_naive = time_compiled(naive, &inputs, 51);
         let mut values = inputs.clone();
         values.extend(ps.clone());
         let t_interp = median(5, || {
             meshc_ir::interp::run(&g, &info.order, &info.types, values.clone()).unwrap();
         });
         let name = path.parent().unwrap().file_name().unwrap().to_string_lossy().to_string();
-        println!("| {name} | {:.1} | {:.1} | {:.1} |", t_compile * 1e3, t_run * 1e6, t_interp * 1e6);
+        println!(
+            "| {name} | {:.1} | {:.1} | {:.1} | {:.1} | {arena} | {naive_bytes} | {:.1}% |",
+            t_compile * 1e3,
+            t_run * 1e6,
+            t_naive * 1e6,
+            t_interp * 1e6,
+            100.0 * arena as f64 / naive_bytes as f64
+        );
     }
 }
 

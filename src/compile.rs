@@ -1,7 +1,7 @@
 //! The single-device compiler: a verified graph and its params in, a `Compiled` out —
 //! kernels (elementwise chains fused into one loop each, matmuls by the generated kernel or
-//! the library GEMM), buffers with logical numbers, weights laid out 64-byte aligned, and
-//! the steps of the program. Later passes (layouts, placement, streams) feed this per device.
+//! the library GEMM), buffers with logical numbers (arenas planned by `passes::buffers`),
+//! weights laid out 64-byte aligned, and the steps of the program. Later passes (layouts, placement, streams) feed this per device.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -13,6 +13,7 @@ use crate::codegen::elementwise::{Arg, Fused, FusedNode};
 use crate::codegen::{self, Generated, Target};
 use crate::library;
 use crate::mesh::{Layout, Mesh};
+use crate::passes;
 use crate::passes::lower::Lowered;
 use crate::program::{
     align_up, Buffer, Collective, CollectiveOp, Exec, IoSpec, Kernel, Library, Meta, Program, Reduce, Step, Storage,
@@ -31,11 +32,14 @@ pub enum Gemm {
 pub struct Options {
     pub target: String,
     pub gemm: Gemm,
+    /// Plan each arena from liveness (`passes::buffers::plan`); false gives every buffer its
+    /// own slot (`passes::buffers::naive`), which the tests compare the plan against.
+    pub plan_arena: bool,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { target: "native".into(), gemm: Gemm::Auto }
+        Options { target: "native".into(), gemm: Gemm::Auto, plan_arena: true }
     }
 }
 
@@ -109,20 +113,17 @@ fn fused_spec(g: &Graph, info: &Info, root: &[usize], r: usize) -> (Fused, Vec<S
     (Fused { inputs: input_types, nodes }, inputs)
 }
 
-/// Builds the program's buffers one at a time; the arena is a bump allocator for now
-/// (liveness-based reuse is the buffer-assignment pass's job).
+/// Numbers the program's buffers one at a time; arena offsets are left to the
+/// buffer-assignment pass (`passes::buffers`).
 #[derive(Default)]
 struct Buffers {
     list: Vec<Buffer>,
-    arena: usize,
     of: HashMap<String, usize>,
 }
 
 impl Buffers {
     fn arena(&mut self, name: &str, bytes: usize) -> usize {
-        let offset = self.arena;
-        self.arena = align_up(offset + bytes, ALIGN);
-        self.list.push(Buffer { name: name.to_string(), bytes, storage: Storage::Arena { offset } });
+        self.list.push(Buffer { name: name.to_string(), bytes, storage: Storage::Arena { offset: 0 } });
         self.of.insert(name.to_string(), self.list.len() - 1);
         self.list.len() - 1
     }
@@ -187,6 +188,7 @@ fn node_flops(n: &Node, info: &Info) -> u64 {
 struct Builder {
     target: Target,
     gemm: Gemm,
+    plan_arena: bool,
     code: Vec<u8>,
     code_at: BTreeMap<Vec<u8>, (usize, usize)>,
     weights: Vec<u8>,
@@ -206,6 +208,7 @@ impl Builder {
         Ok(Builder {
             target: Target::by_name(&opts.target)?,
             gemm: opts.gemm,
+            plan_arena: opts.plan_arena,
             code: Vec::new(),
             code_at: BTreeMap::new(),
             weights: Vec::new(),
@@ -272,6 +275,8 @@ impl Builder {
         let mut kernels: Vec<Kernel> = Vec::new();
         let mut kernel_of: HashMap<usize, usize> = HashMap::new();
         let mut steps = Vec::new();
+        // Per step, the positions of operands its kernel lets the result overwrite.
+        let mut in_place: Vec<Vec<usize>> = Vec::new();
         for r in roots {
             let node = &g.nodes[r];
             if consts.contains_key(&node.name) {
@@ -291,6 +296,7 @@ impl Builder {
                     Gemm::Cranelift => false,
                     Gemm::Auto => library::prefer_library(&operand_types[0], &operand_types[1]),
                 };
+            let mut shares = Vec::new();
             let (exec, operands, scratch) = if node.op.is_communication() {
                 (Exec::Collective(self.collective(node, &operand_types[0], device, devices)?), node.inputs.clone(), 0)
             } else if use_library {
@@ -303,6 +309,12 @@ impl Builder {
             } else {
                 let (generated, operands) = if node.op.is_elementwise() {
                     let (spec, operands) = fused_spec(g, info, &root, r);
+                    // A fused loop reads each element before writing the same index, so an
+                    // operand laid out exactly like the result (not broadcast) may be it.
+                    shares = (spec.inputs.iter().enumerate())
+                        .filter(|(_, t)| t.shape == out.shape && t.dtype.size_bytes() == out.dtype.size_bytes())
+                        .map(|(k, _)| k + 1)
+                        .collect();
                     (codegen::elementwise::fused(&self.target, &kernel_name(node), &spec)?, operands)
                 } else {
                     (generate(&self.target, node, &operand_types, out)?, node.inputs.clone())
@@ -330,9 +342,16 @@ impl Builder {
                 buffers.push(bufs.arena(&format!("{}.scratch", node.name), scratch));
             }
             steps.push(Step { node: node.name.clone(), exec, buffers });
+            in_place.push(shares);
         }
         let outputs = g.outputs.iter().map(|o| bufs.get(&o.name)).collect();
-        Ok(Program { device, arena_bytes: bufs.arena, buffers: bufs.list, kernels, steps, inputs, outputs })
+        let mut p = Program { device, arena_bytes: 0, buffers: bufs.list, kernels, steps, inputs, outputs };
+        if self.plan_arena {
+            passes::buffers::plan(&mut p, &in_place);
+        } else {
+            passes::buffers::naive(&mut p);
+        }
+        Ok(p)
     }
 
     fn collective(&mut self, node: &Node, operand: &TensorType, device: usize, devices: usize) -> Result<Collective> {

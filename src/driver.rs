@@ -22,7 +22,7 @@ use crate::runner::{Code, Loaded};
 
 /// The passes `--dump-after` can name, in pipeline order (their number prefixes the files
 /// of `--dump-dir`).
-pub const PASSES: &[&str] = &["verify", "layout", "lower"];
+pub const PASSES: &[&str] = &["verify", "layout", "lower", "buffers"];
 
 /// Where `--dump-after` sends the IR after each pass it names.
 #[derive(Default)]
@@ -78,13 +78,17 @@ pub fn build(
         if dumps.after.iter().any(|a| a == "layout" || a == "lower") {
             return Err(anyhow!("--dump-after layout/lower need a layout spec (--layout SPEC)"));
         }
-        return compile(g, info, params, opts);
+        let compiled = compile(g, info, params, opts)?;
+        dumps.emit("buffers", || passes::buffers::dump(&compiled.programs))?;
+        return Ok(compiled);
     };
     let layouts = passes::layout::propagate(g, info, &spec.mesh, spec.seed_layouts(g, info)?);
     dumps.emit("layout", || passes::layout::dump(g, info, &layouts))?;
     let lowered = passes::lower::lower(g, info, &layouts)?;
     dumps.emit("lower", || passes::lower::dump(&lowered))?;
-    compile_lowered(g, info, &lowered, params, opts)
+    let compiled = compile_lowered(g, info, &lowered, params, opts)?;
+    dumps.emit("buffers", || passes::buffers::dump(&compiled.programs))?;
+    Ok(compiled)
 }
 
 /// Writes `c` as one artifact file. Programs are stored as a list, one per device.

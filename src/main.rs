@@ -58,7 +58,7 @@ enum Cmd {
         /// Also write a make-style depfile listing every file the artifact is built from.
         #[arg(long = "MF", value_name = "DEPFILE")]
         depfile: Option<PathBuf>,
-        /// Print the IR after a pass (verify, layout, lower, or all); may be repeated.
+        /// Print the IR after a pass (verify, layout, lower, buffers, or all); may be repeated.
         #[arg(long, value_name = "PASS", value_delimiter = ',')]
         dump_after: Vec<String>,
         /// Write the dumps to DIR/NN-PASS.txt instead of stdout.
@@ -122,7 +122,7 @@ impl CodegenArgs {
             GemmArg::Cranelift => compile::Gemm::Cranelift,
             GemmArg::Library => compile::Gemm::Library,
         };
-        compile::Options { target: self.target.clone(), gemm }
+        compile::Options { target: self.target.clone(), gemm, ..Default::default() }
     }
 }
 

@@ -1,5 +1,6 @@
 //! The passes between the verified graph and code generation, one module each, named as
 //! `--dump-after` names them. Each is a function from IR to IR.
 
+pub mod buffers;
 pub mod layout;
 pub mod lower;

@@ -1,10 +1,18 @@
 //! Shared helpers of the integration tests: running the real binary, finding testdata
-//! graphs, comparing tensors with the stated tolerance, and golden files.
+//! graphs, comparing tensors with the stated tolerance, golden files, and random graphs,
+//! meshes and layouts for the property tests.
 
 #![allow(dead_code)] // each test binary uses its own subset of these helpers
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use meshc::layout::Seed;
+use meshc::mesh::{Layout, Mesh, Topology};
+use meshc::passes::layout::Source;
+use meshc_ir::verify::Info;
+use meshc_ir::Graph;
 
 /// What one run of the binary did.
 #[derive(Debug)]
@@ -152,4 +160,110 @@ pub fn layout_cases() -> Vec<LayoutCase> {
         }));
     }
     v
+}
+
+/// The meshes the property tests draw from: 1-D to 3-D, mesh and torus.
+pub fn meshes() -> Vec<Mesh> {
+    let m = |shape: &[usize], topology| Mesh {
+        shape: shape.to_vec(),
+        axes: (0..shape.len()).map(|i| ["a", "b", "c"][i].to_string()).collect(),
+        topology,
+    };
+    vec![
+        m(&[2], Topology::Mesh),
+        m(&[4], Topology::Torus),
+        m(&[2, 2], Topology::Mesh),
+        m(&[2, 1, 2], Topology::Torus),
+        m(&[2, 4], Topology::Mesh),
+        m(&[2, 2, 2], Topology::Torus),
+    ]
+}
+
+/// A legal layout for `shape` drawn from `pick` (one number per dim).
+pub fn layout_from(mesh: &Mesh, shape: &[usize], picks: &[u8]) -> Layout {
+    let mut layout = vec![None; shape.len()];
+    for (d, &p) in picks.iter().enumerate().take(shape.len()) {
+        let a = p as usize % (mesh.shape.len() + 1);
+        if a < mesh.shape.len() && shape[d].is_multiple_of(mesh.shape[a]) && !layout.contains(&Some(a)) {
+            layout[d] = Some(a);
+        }
+    }
+    layout
+}
+
+/// Layouts for some of `g`'s tensors (about one in `density + 1`), drawn from `picks`.
+pub fn random_seeds(g: &Graph, info: &Info, mesh: &Mesh, picks: &[Vec<u8>], density: usize) -> BTreeMap<String, Seed> {
+    let names = g.inputs.iter().map(|i| &i.name).chain(g.params.iter().map(|p| &p.name));
+    let names: Vec<&String> = names.chain(g.nodes.iter().map(|n| &n.name)).collect();
+    let mut seeds = BTreeMap::new();
+    for (k, name) in names.iter().enumerate() {
+        if (k * 7 + density).is_multiple_of(density + 1) {
+            let layout = layout_from(mesh, &info.types[*name].shape, &picks[k % picks.len()]);
+            seeds.insert(name.to_string(), Seed { layout, source: Source::Spec });
+        }
+    }
+    seeds
+}
+
+/// A random small graph in the text format: a [B,D] input, then ops chosen by `ops` on
+/// earlier f32 results (matmuls and layer norms bring their own params).
+pub fn random_graph(b: usize, d: usize, ops: &[(u8, u8, u8)]) -> String {
+    let mut lines = vec![format!("input x: f32[{b},{d}]")];
+    let mut tensors: Vec<(String, Vec<usize>)> = vec![("x".into(), vec![b, d])];
+    for (k, &(op, pick, arg)) in ops.iter().enumerate() {
+        let (src, shape) = tensors[pick as usize % tensors.len()].clone();
+        let name = format!("t{k}");
+        let (r, c) = (shape[0], shape[1]);
+        let axis = arg as usize % 2;
+        let (line, out) = match op % 11 {
+            0 => (format!("{name} = tanh({src})"), shape.clone()),
+            1 => {
+                let same: Vec<&(String, Vec<usize>)> = tensors.iter().filter(|t| t.1 == shape).collect();
+                let other = &same[arg as usize % same.len()].0;
+                (format!("{name} = add({src}, {other})"), shape.clone())
+            }
+            2 => {
+                let n = [4, 8][arg as usize % 2];
+                lines.push(format!("param w{k}: f32[{c},{n}] = init normal{{seed = {k}, std = 0.3}}"));
+                (format!("{name} = matmul({src}, w{k})"), vec![r, n])
+            }
+            3 => (format!("{name} = reduce_sum({src}) {{axes = [{axis}], keepdims = true}}"), {
+                let mut s = shape.clone();
+                s[axis] = 1;
+                s
+            }),
+            4 => (format!("{name} = softmax({src}) {{axis = {axis}}}"), shape.clone()),
+            5 => {
+                lines.push(format!("param g{k}: f32[{c}] = init normal{{seed = {k}, mean = 1.0, std = 0.1}}"));
+                lines.push(format!("param b{k}: f32[{c}] = init normal{{seed = {}, std = 0.1}}", k + 100));
+                (format!("{name} = layer_norm({src}, g{k}, b{k}) {{axis = -1}}"), shape.clone())
+            }
+            6 => (format!("{name} = transpose({src}) {{perm = [1, 0]}}"), vec![c, r]),
+            7 if r * c % 2 == 0 => {
+                (format!("{name} = reshape({src}) {{shape = [{}, 2]}}", r * c / 2), vec![r * c / 2, 2])
+            }
+            8 => (format!("{name} = concat({src}, {src}) {{axis = {axis}}}"), {
+                let mut s = shape.clone();
+                s[axis] *= 2;
+                s
+            }),
+            9 if shape[axis] >= 2 => {
+                (format!("{name} = slice({src}) {{starts = [0], ends = [{}], axes = [{axis}]}}", shape[axis] / 2), {
+                    let mut s = shape.clone();
+                    s[axis] /= 2;
+                    s
+                })
+            }
+            10 => (format!("{name} = reduce_max({src}) {{axes = [{axis}], keepdims = true}}"), {
+                let mut s = shape.clone();
+                s[axis] = 1;
+                s
+            }),
+            _ => (format!("{name} = relu({src})"), shape.clone()),
+        };
+        lines.push(line);
+        tensors.push((name, out));
+    }
+    let last = &tensors.last().expect("x at least").0;
+    format!("graph random {{\n  {}\n  output {last}\n}}\n", lines.join("\n  "))
 }
