@@ -44,6 +44,14 @@
 //!   subtree's blocks) and results flow down the reverse links (one copy where all members
 //!   get the same result, else the subtree's results).
 //! - all_to_all: every member sends each other member its block directly (any size).
+//!
+//! # Degraded devices and links (`Fabric::degrade`, seed 002)
+//! An all_reduce over the whole mesh combines the operands of the healthy devices only (a
+//! mean divides by their number) and its link counters record the fault-tolerant schedule
+//! of `crate::degraded::plan` (forwarding and critical groups, any operand size). Degraded
+//! devices still meet in it, as their programs still run (lowering does not yet leave them
+//! out), and receive the same result. Every other collective must not involve a degraded
+//! device or send over a link that is not healthy: it fails, naming the collective.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -52,6 +60,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
 
+use crate::degraded::{self, coords_string, Topo};
 use crate::mesh::{Mesh, Topology};
 use crate::program::{Collective, CollectiveOp, Reduce};
 use crate::runner::AlignedBuf;
@@ -430,6 +439,9 @@ struct Member {
 // while their owner is blocked in the collective that published them.
 unsafe impl Send for Member {}
 
+/// Bytes per link (by index into `Links::list`) of one execution of a collective.
+type Traffic = Vec<(usize, u64)>;
+
 /// What a collective computes, fixed per slot.
 struct Plan {
     op: CollectiveOp,
@@ -438,8 +450,10 @@ struct Plan {
     n: usize,
     numel: usize,
     result_numel: usize,
-    /// Bytes per link of one execution.
-    traffic: Vec<(usize, u64)>,
+    traffic: Traffic,
+    /// The ranks whose operands a reduction combines: every member, except the degraded
+    /// ones of a fault-tolerant all_reduce.
+    contributors: Vec<usize>,
 }
 
 impl Plan {
@@ -464,6 +478,7 @@ impl Plan {
     /// else may access the elements this part writes while it runs.
     unsafe fn part(&self, r: usize, members: &[Member], shared: Option<*mut f32>) {
         let ops: Vec<*const f32> = members.iter().map(|m| m.operand).collect();
+        let contributing: Vec<*const f32> = self.contributors.iter().map(|&r| ops[r]).collect();
         let stream = self.result_numel * 4 >= STREAM_BYTES;
         // A result every member gets goes to the shared buffer and to each member that does
         // not read it there.
@@ -478,7 +493,7 @@ impl Plan {
         match self.op {
             CollectiveOp::AllReduce { reduce } => {
                 let lo = r * PART;
-                unsafe { reduce_range(&ops, lo, &everyone(), lo, PART.min(self.numel - lo), reduce, stream) };
+                unsafe { reduce_range(&contributing, lo, &everyone(), lo, PART.min(self.numel - lo), reduce, stream) };
             }
             CollectiveOp::AllGather { axis } => {
                 let mut start = vec![0; shape.len()];
@@ -749,6 +764,8 @@ pub struct Fabric {
     slots: RwLock<HashMap<(usize, usize), Arc<Slot>>>,
     poisoned: AtomicBool,
     reason: Mutex<Option<String>>,
+    /// The mesh's degraded devices and links, if any.
+    degraded: Option<Topo>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -767,7 +784,51 @@ impl Fabric {
             slots: RwLock::new(HashMap::new()),
             poisoned: AtomicBool::new(false),
             reason: Mutex::new(None),
+            degraded: None,
         }
+    }
+
+    /// Runs the collectives around the degraded devices and links of `topo` (module doc).
+    /// Before any collective runs.
+    pub fn degrade(&mut self, topo: Topo) -> Result<()> {
+        if topo.mesh != self.links.mesh {
+            bail!("the degradation describes a {:?} mesh, the fabric is {:?}", topo.mesh.shape, self.links.mesh.shape);
+        }
+        self.slots.get_mut().unwrap_or_else(|e| e.into_inner()).clear();
+        self.degraded = Some(topo);
+        Ok(())
+    }
+
+    /// The traffic and contributing ranks of an all_reduce over the whole degraded mesh
+    /// (module doc); `None` for every other collective, or without a degradation.
+    fn fault_tolerant(
+        &self,
+        c: &Collective,
+        group: &[usize],
+        numel: usize,
+    ) -> Result<Option<(Traffic, Vec<usize>)>> {
+        let Some(topo) = &self.degraded else { return Ok(None) };
+        if !matches!(c.op, CollectiveOp::AllReduce { .. }) || !group.iter().copied().eq(0..self.links.mesh.devices()) {
+            return Ok(None);
+        }
+        let schedule = degraded::plan(topo, numel).map_err(|e| anyhow!("collective #{}: {e}", c.id))?;
+        let traffic = schedule.link_bytes(4).into_iter().map(|((u, v), b)| (self.links.index[&(u, v)], b)).collect();
+        // The group is every device in order: ranks are devices.
+        Ok(Some((traffic, schedule.members)))
+    }
+
+    /// Fails if a collective of the plain plan involves a degraded device or link.
+    fn check_healthy(&self, c: &Collective, group: &[usize], traffic: &[(usize, u64)]) -> Result<()> {
+        let Some(topo) = &self.degraded else { return Ok(()) };
+        let mesh = &self.links.mesh;
+        if let Some(&d) = group.iter().find(|&&d| !topo.healthy(d)) {
+            bail!("collective #{}: device {} of its group is degraded", c.id, coords_string(mesh, d));
+        }
+        if let Some(&(u, v)) = traffic.iter().map(|&(l, _)| &self.links.list[l]).find(|&&(u, v)| !topo.link_ok(u, v)) {
+            let (u, v) = (coords_string(mesh, u), coords_string(mesh, v));
+            bail!("collective #{}: its route uses the degraded link {u}-{v}", c.id);
+        }
+        Ok(())
     }
 
     pub fn mesh(&self) -> &Mesh {
@@ -854,10 +915,19 @@ impl Fabric {
     fn new_slot(&self, device: usize, c: &Collective, group: &[usize]) -> Result<Slot> {
         let result_shape = result_shape(&self.links.mesh, device, c)?;
         let (numel, result_numel) = (c.shape.iter().product(), result_shape.iter().product());
+        let (traffic, contributors) = match self.fault_tolerant(c, group, numel)? {
+            Some(p) => p,
+            None => {
+                let traffic = Model::schedule(&self.links, &c.op, group, numel, result_numel);
+                self.check_healthy(c, group, &traffic)?;
+                (traffic, (0..group.len()).collect())
+            }
+        };
         let plan = Plan {
             op: c.op.clone(),
             shape: c.shape.clone(),
-            traffic: Model::schedule(&self.links, &c.op, group, numel, result_numel),
+            traffic,
+            contributors,
             result_shape,
             n: group.len(),
             numel,
@@ -1495,5 +1565,44 @@ mod tests {
         runs.clear();
         for_each_run(&[3, 4], &[0, 1], &[3, 2], &[0, 0], &[3, 2], |s, d, n| runs.push((s, d, n)));
         assert_eq!(runs, vec![(1, 0, 2), (5, 2, 2), (9, 4, 2)]);
+    }
+
+    #[test]
+    fn degraded_all_reduce_combines_the_healthy_operands_over_the_seed_schedule() {
+        use crate::degraded::{plan, Degradation};
+        let m = mesh(&[4, 4], Topology::Torus);
+        // The seed's figure 7 (a1, a2, b1, b2 failed) plus the link c3-c4.
+        let deg = Degradation { nodes: vec![0, 1, 4, 5], links: vec![(10, 11)], along: vec![] };
+        let topo = Topo::new(&m, &deg, false).unwrap();
+        let healthy: Vec<usize> = (0..16).filter(|&d| topo.healthy(d)).collect();
+        assert_eq!(healthy.len(), 12);
+        // Both paths: one rendezvous, and parts claimed in parallel.
+        for (numel, reduce) in [(1000, Reduce::Sum), (20_000, Reduce::Mean)] {
+            let mut f = Fabric::new(&m);
+            f.degrade(topo.clone()).unwrap();
+            let c = coll(CollectiveOp::AllReduce { reduce }, vec![(0..16).collect()], &[numel]);
+            let operands: Vec<Vec<f32>> = (0..16).map(|d| data(d, numel)).collect();
+            let want = reduced(reduce, &healthy.iter().map(|&d| &operands[d]).collect::<Vec<_>>());
+            for (d, (got, _)) in run(&f, &c, &operands, false).into_iter().enumerate() {
+                assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "device {d}, {numel}");
+            }
+            let stats = f.link_stats();
+            let schedule = plan(&topo, numel).unwrap().link_bytes(4);
+            for l in &stats.links {
+                let (u, v) = (m.device(&l.from), m.device(&l.to));
+                assert_eq!(l.bytes, schedule.get(&(u, v)).copied().unwrap_or(0), "{u}->{v}");
+                assert!(l.bytes == 0 || topo.link_ok(u, v), "{u}->{v} carried {} bytes", l.bytes);
+            }
+        }
+        // Other collectives must keep off degraded devices and links (c4 is degraded along
+        // the rows: its wrap link to c1 is unusable too).
+        let mut f = Fabric::new(&m);
+        f.degrade(topo).unwrap();
+        let c = coll(CollectiveOp::AllReduce { reduce: Reduce::Sum }, vec![vec![0, 1, 2, 3]], &[4]);
+        let e = f.collective(2, &c, &[0.0; 4], &mut [0.0; 4], None).unwrap_err();
+        assert_eq!(e.to_string(), "collective #7: device (0,0) of its group is degraded");
+        let c = coll(CollectiveOp::AllReduce { reduce: Reduce::Sum }, vec![vec![8, 9, 10, 11]], &[4]);
+        let e = f.collective(8, &c, &[0.0; 4], &mut [0.0; 4], None).unwrap_err();
+        assert_eq!(e.to_string(), "collective #7: its route uses the degraded link (2,0)-(2,3)");
     }
 }

@@ -4,6 +4,7 @@
 pub mod artifact;
 pub mod codegen;
 pub mod compile;
+pub mod degraded;
 pub mod driver;
 pub mod fabric;
 pub mod layout;

@@ -88,6 +88,14 @@ enum Cmd {
         /// After the run, print the bytes each mesh link carried, and the maximum.
         #[arg(long)]
         link_stats: bool,
+        /// Treat a device as failed (coordinates, e.g. 1,2); may be repeated. All-reduces over
+        /// the whole mesh route around it and leave out its operand.
+        #[arg(long, value_name = "DEVICE")]
+        degrade: Vec<String>,
+        /// Treat the link between two neighbouring devices as failed (e.g. 0,0:0,1); may be
+        /// repeated.
+        #[arg(long, value_name = "A:B")]
+        degrade_link: Vec<String>,
         #[command(flatten)]
         codegen: CodegenArgs,
     },
@@ -158,13 +166,26 @@ fn main() -> ExitCode {
         Cmd::Interp { graph, io } => interp(&graph, &io),
         Cmd::Compile { graph, o, codegen, depfile, dump_after, dump_dir } => driver::Dumps::new(dump_after, dump_dir)
             .and_then(|dumps| compile_cmd(&graph, &o, &codegen, depfile.as_deref(), &dumps)),
-        Cmd::Run { program, io, bench, trust_weights, check_against, trace, link_stats, codegen } => {
+        Cmd::Run {
+            program,
+            io,
+            bench,
+            trust_weights,
+            check_against,
+            trace,
+            link_stats,
+            degrade,
+            degrade_link,
+            codegen,
+        } => {
             let opts = RunOpts {
                 bench,
                 trust_weights,
                 check_against: check_against.as_deref(),
                 trace: trace.as_deref(),
                 link_stats,
+                degrade: &degrade,
+                degrade_link: &degrade_link,
             };
             run(&program, &io, &opts, &codegen)
         }
@@ -388,21 +409,35 @@ struct RunOpts<'a> {
     check_against: Option<&'a Path>,
     trace: Option<&'a Path>,
     link_stats: bool,
+    degrade: &'a [String],
+    degrade_link: &'a [String],
 }
 
 fn run(path: &Path, io: &Io, opts: &RunOpts, args: &CodegenArgs) -> Result<()> {
     let file = path.display().to_string();
     if is_artifact(path) {
         let art = Artifact::open_with(path, if opts.trust_weights { Verify::SkipBulk } else { Verify::All })?;
-        let loaded = driver::load_artifact(&art, &file)?;
+        let mut loaded = driver::load_artifact(&art, &file)?;
+        degrade(&mut loaded, opts)?;
         run_loaded(&loaded, io, opts)
     } else {
         let (_, c) = compile_graph(path, args, &driver::Dumps::default())?;
         let code = Code::Copied(codegen::ExecCode::new(&c.code)?);
         let weights = meshc::runner::AlignedBuf::from_bytes(&c.weights)?;
-        let loaded = Loaded::new(c.meta, c.programs, code, weights.as_slice()).with_context(|| file.clone())?;
+        let mut loaded = Loaded::new(c.meta, c.programs, code, weights.as_slice()).with_context(|| file.clone())?;
+        degrade(&mut loaded, opts)?;
         run_loaded(&loaded, io, opts)
     }
+}
+
+/// `--degrade` and `--degrade-link`: re-plans the collectives of the loaded programs.
+fn degrade(loaded: &mut Loaded, opts: &RunOpts) -> Result<()> {
+    if opts.degrade.is_empty() && opts.degrade_link.is_empty() {
+        return Ok(());
+    }
+    let deg = meshc::degraded::Degradation::from_args(&loaded.meta.mesh, opts.degrade, opts.degrade_link)
+        .context("--degrade")?;
+    loaded.degrade(&deg).context("--degrade")
 }
 
 /// Compares each result with DIR/NAME.npy under the tolerance of `Tensor::closeness` and

@@ -383,6 +383,14 @@ impl<'w> Loaded<'w> {
         Ok(())
     }
 
+    /// Runs the collectives around degraded devices and links (`meshc run --degrade`): an
+    /// all_reduce over the whole mesh combines the healthy devices' operands over the
+    /// schedule of `crate::degraded`; see `crate::fabric` for the rest.
+    pub fn degrade(&mut self, deg: &crate::degraded::Degradation) -> Result<()> {
+        let topo = crate::degraded::Topo::new(&self.meta.mesh, deg, false)?;
+        self.fabric.degrade(topo)
+    }
+
     /// The bytes every link of the mesh carried in the last run (`--link-stats`).
     pub fn link_stats(&self) -> LinkStats {
         self.fabric.link_stats()

@@ -1,0 +1,349 @@
+//! The fault-tolerant all-reduce (`meshc::degraded`, seed 002): the seed's figures with their
+//! sums and their schedules pinned in golden/degraded/, random degradations of 1–3-D meshes
+//! and tori (every healthy contribution exactly once, or an error naming an unreachable
+//! device), and the max link bytes against the fault-free run. Then `meshc run --degrade`
+//! and `--degrade-link` through the real binary: the all_reduce of the model-parallel MLP
+//! (4 devices in a row) routes around a failed device and leaves its partial sum out;
+//! collectives that compile-time lowering still gives a degraded device fail naming it; bad
+//! devices and links are one-line errors.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use common::{golden, input_args, meshc};
+use meshc::degraded::{coords_string, execute, plan, Degradation, Topo};
+use meshc::mesh::{Mesh, Topology};
+
+fn run(layout: &str, extra: &[&str]) -> common::Run {
+    let graph = Path::new("testdata/mlp/graph.json");
+    let mut args = vec!["run".to_string(), graph.display().to_string(), "--layout".into(), layout.into()];
+    args.extend(input_args(graph));
+    args.extend(extra.iter().map(|s| s.to_string()));
+    meshc(&args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// The first printed values of output y.
+fn y(r: &common::Run) -> &str {
+    r.stdout.lines().find(|l| l.starts_with("y: ")).unwrap_or_else(|| panic!("{r:?}"))
+}
+
+#[test]
+fn a_failed_device_carries_nothing_and_contributes_nothing() {
+    let free = run("testdata/mlp/layouts/mp-4.json", &["--link-stats"]);
+    let r = run("testdata/mlp/layouts/mp-4.json", &["--link-stats", "--degrade", "3"]);
+    assert_eq!(r.status, Some(0), "{r:?}");
+    let links: Vec<&str> = r.stdout.lines().filter(|l| l.starts_with("link ")).collect();
+    assert_eq!(links.len(), 4, "{r:?}");
+    assert!(links.iter().all(|l| !l.contains("(3)")), "{r:?}");
+    assert!(r.stdout.ends_with("max link bytes 4096\n"), "{r:?}");
+    // Device 3's partial sum is left out.
+    assert_ne!(y(&r), y(&free));
+}
+
+#[test]
+fn degraded_runs_fail_with_one_line_naming_the_device() {
+    let cases = [
+        // Lowering still gives (1,2) its share of a collective along the model axis.
+        ("torus-2x4", vec!["--degrade", "1,2"], "collective #0: device (1,2) of its group is degraded"),
+        ("mp-4", vec!["--degrade", "4"], "error: --degrade: device '4' is not in the [4] mesh"),
+        (
+            "mp-4",
+            vec!["--degrade-link", "0:2"],
+            "error: --degrade: degraded link 0-2: the devices are not neighbours in the [4] mesh",
+        ),
+        // In one dimension a failed link fails both ends, and then the ends of the row.
+        ("mp-4", vec!["--degrade-link", "1:2"], "every device of the [4] mesh is degraded"),
+    ];
+    for (layout, args, want) in cases {
+        let r = run(&format!("testdata/mlp/layouts/{layout}.json"), &args);
+        assert_eq!(r.status, Some(1), "{r:?}");
+        assert_eq!(r.stderr.lines().count(), 1, "{r:?}");
+        assert!(r.stderr.contains(want), "{want}: {r:?}");
+    }
+}
+
+fn mesh(shape: &[usize], topology: Topology) -> Mesh {
+    Mesh { shape: shape.to_vec(), axes: (0..shape.len()).map(|i| format!("a{i}")).collect(), topology }
+}
+
+/// A node of the seed's 4×4 figures: rows a–d (axis 0), columns 1–4 (axis 1).
+fn node(name: &str) -> usize {
+    let b = name.as_bytes();
+    (b[0] - b'a') as usize * 4 + (b[1] - b'1') as usize
+}
+
+fn nodes(names: &[&str]) -> Vec<usize> {
+    names.iter().map(|n| node(n)).collect()
+}
+
+/// A small deterministic generator (xorshift), so the property tests replay.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// Plans and runs the all-reduce of integer-valued vectors (exact in f64) that differ per
+/// device and element, so a missing or twice-counted contribution changes the result;
+/// checks every healthy device ends with the sum over all healthy devices and nothing
+/// touches an unhealthy link (`execute` refuses those). Returns the max link bytes.
+fn check(topo: &Topo, len: usize, seed: u64) -> u64 {
+    let n = topo.mesh.devices();
+    let schedule = plan(topo, len).unwrap();
+    let mut rng = Rng(seed | 1);
+    let mut data: Vec<Vec<f64>> = (0..n).map(|_| (0..len).map(|_| rng.below(1 << 20) as f64).collect()).collect();
+    let healthy: Vec<usize> = (0..n).filter(|&d| topo.healthy(d)).collect();
+    assert_eq!(schedule.members, healthy);
+    let want: Vec<f64> = (0..len).map(|e| healthy.iter().map(|&d| data[d][e]).sum()).collect();
+    let bytes = execute(topo, &schedule, &mut data).unwrap();
+    for &d in &healthy {
+        assert_eq!(data[d], want, "device {} of {:?}", coords_string(&topo.mesh, d), topo.mesh.shape);
+    }
+    for (&(u, v), _) in bytes.iter().filter(|(_, &b)| b > 0) {
+        assert!(topo.healthy(u) && topo.healthy(v) && topo.link_ok(u, v));
+    }
+    bytes.values().copied().max().unwrap_or(0)
+}
+
+/// Pins the schedule of a 16-element all-reduce in golden/degraded/NAME.txt.
+fn pin(name: &str, t: &Topo) {
+    golden(&format!("degraded/{name}.txt"), &plan(t, 16).unwrap().describe(&t.mesh)).unwrap();
+}
+
+fn figure(topology: Topology, failed: &[&str], links: &[(&str, &str)], rows_only: &[&str]) -> Topo {
+    let deg = Degradation {
+        nodes: nodes(failed),
+        links: links.iter().map(|&(a, b)| (node(a), node(b))).collect(),
+        along: rows_only.iter().map(|n| (node(n), 1)).collect(),
+    };
+    Topo::new(&mesh(&[4, 4], topology), &deg, false).unwrap()
+}
+
+fn healthy_count(t: &Topo) -> usize {
+    (0..16).filter(|&d| t.healthy(d)).count()
+}
+
+#[test]
+fn figure_4() {
+    let t = figure(Topology::Mesh, &["b3"], &[("c3", "c4"), ("c3", "d3")], &[]);
+    // c3 lost a link along each dimension: fully degraded. c4 along rows only, d3 along
+    // columns only; both still contribute.
+    assert!(!t.healthy(node("c3")) && t.healthy(node("c4")) && t.healthy(node("d3")));
+    assert!(t.degraded_along(node("c4"), 1) && !t.degraded_along(node("c4"), 0));
+    assert!(t.degraded_along(node("d3"), 0) && !t.degraded_along(node("d3"), 1));
+    assert_eq!(healthy_count(&t), 14);
+    check(&t, 37, 4);
+    pin("fig4", &t);
+}
+
+#[test]
+fn figure_5a() {
+    let t = figure(Topology::Mesh, &[], &[], &["b2", "b3", "c2", "c3"]);
+    assert_eq!(healthy_count(&t), 16);
+    check(&t, 37, 5);
+    pin("fig5a", &t);
+}
+
+#[test]
+fn figure_5b() {
+    let t = figure(Topology::Mesh, &["a1", "a2", "b1", "b2"], &[], &[]);
+    assert_eq!(healthy_count(&t), 12);
+    check(&t, 37, 6);
+    pin("fig5b", &t);
+}
+
+#[test]
+fn figure_5c() {
+    // The seed forwards only b1, d1, a3, b3, d3, a4, b4 to row c: a2 and d2 must count too.
+    let t = figure(Topology::Mesh, &["a1", "b2", "d4"], &[], &[]);
+    assert_eq!(healthy_count(&t), 13);
+    check(&t, 37, 7);
+    pin("fig5c", &t);
+}
+
+#[test]
+fn figure_6() {
+    let t = figure(Topology::Mesh, &["b2", "a3", "b3"], &[], &[]);
+    // a2's only neighbour along the columns is b2: it is degraded along them, not failed.
+    assert!(t.degraded_along(node("a2"), 0) && t.healthy(node("a2")));
+    assert_eq!(healthy_count(&t), 13);
+    check(&t, 37, 8);
+    pin("fig6", &t);
+}
+
+#[test]
+fn figure_7() {
+    let t = figure(Topology::Torus, &["a1", "a2", "b1", "b2"], &[], &[]);
+    assert_eq!(healthy_count(&t), 12);
+    check(&t, 37, 9);
+    pin("fig7", &t);
+}
+
+#[test]
+fn fault_free_matches_a_plain_all_reduce() {
+    for topology in [Topology::Mesh, Topology::Torus] {
+        for shape in [vec![1], vec![5], vec![4, 4], vec![2, 3, 2]] {
+            let t = Topo::new(&mesh(&shape, topology), &Degradation::default(), false).unwrap();
+            check(&t, 29, 10);
+        }
+    }
+}
+
+#[test]
+fn strict_treats_partial_as_full() {
+    let deg = Degradation { links: vec![(node("c3"), node("c4"))], ..Default::default() };
+    let t = Topo::new(&mesh(&[4, 4], Topology::Mesh), &deg, true).unwrap();
+    assert_eq!(healthy_count(&t), 14);
+    check(&t, 16, 11);
+}
+
+#[test]
+fn an_unreachable_node_is_named() {
+    // a3, b2 and c1 cut the corner a1, a2, b1 off the other ten healthy nodes.
+    let t = figure(Topology::Mesh, &["a3", "b2", "c1"], &[], &[]);
+    assert!(t.healthy(node("a1")) && t.healthy(node("a2")) && t.healthy(node("b1")));
+    let e = plan(&t, 8).unwrap_err().to_string();
+    assert_eq!(e, "healthy device (0,0), (0,1), (1,0) cannot reach the others over healthy links");
+    // Two halves of equal size: the one without device 0 is named.
+    let deg = Degradation { nodes: vec![2], ..Default::default() };
+    let t = Topo::new(&mesh(&[5], Topology::Mesh), &deg, false).unwrap();
+    let e = plan(&t, 8).unwrap_err().to_string();
+    assert_eq!(e, "healthy device (3), (4) cannot reach the others over healthy links");
+    // On a torus the wrap link joins them.
+    let t = Topo::new(&mesh(&[5], Topology::Torus), &deg, false).unwrap();
+    check(&t, 8, 12);
+}
+
+#[test]
+fn degradations_from_the_command_line() {
+    let m = mesh(&[4, 4], Topology::Torus);
+    let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let d = Degradation::from_args(&m, &args(&["1,2", "3, 0"]), &args(&["0,0:0,3"])).unwrap();
+    assert_eq!(d, Degradation { nodes: vec![6, 12], links: vec![(0, 3)], along: vec![] });
+    for (devices, links, want) in [
+        (&["1,x"][..], &[][..], "device '1,x': expected coordinates such as 1,2"),
+        (&["1"], &[], "device '1' is not in the [4, 4] mesh"),
+        (&["4,0"], &[], "device '4,0' is not in the [4, 4] mesh"),
+        (&[], &["0,0-0,1"], "link '0,0-0,1': expected two devices such as 0,0:0,1"),
+    ] {
+        assert_eq!(Degradation::from_args(&m, &args(devices), &args(links)).unwrap_err().to_string(), want);
+    }
+}
+
+#[test]
+fn bad_degradations_are_refused() {
+    let m = mesh(&[4, 4], Topology::Mesh);
+    let cases = [
+        (
+            Degradation { links: vec![(0, 5)], ..Default::default() },
+            "degraded link 0-5: the devices are not neighbours in the [4, 4] mesh",
+        ),
+        (Degradation { nodes: vec![16], ..Default::default() }, "degraded device 16 is not in the [4, 4] mesh"),
+        (
+            Degradation { along: vec![(1, 2)], ..Default::default() },
+            "device 1 degraded along dimension 2: not in the [4, 4] mesh",
+        ),
+    ];
+    for (deg, want) in cases {
+        assert_eq!(Topo::new(&m, &deg, false).unwrap_err().to_string(), want);
+    }
+}
+
+/// The healthy devices that reach `from` over healthy links (an independent search).
+fn reach(t: &Topo, from: usize) -> BTreeSet<usize> {
+    let mut seen = BTreeSet::from([from]);
+    let mut stack = vec![from];
+    while let Some(u) = stack.pop() {
+        for v in 0..t.mesh.devices() {
+            if t.link_ok(u, v) && seen.insert(v) {
+                stack.push(v);
+            }
+        }
+    }
+    seen
+}
+
+#[test]
+fn random_degradations_count_every_healthy_contribution_once() {
+    let mut rng = Rng(0x9e3779b97f4a7c15);
+    let (mut planned, mut refused) = (0, 0);
+    for case in 0..400 {
+        let dims = 1 + rng.below(3);
+        let shape: Vec<usize> = (0..dims).map(|_| 1 + rng.below(5)).collect();
+        let topology = if rng.below(2) == 0 { Topology::Mesh } else { Topology::Torus };
+        let m = mesh(&shape, topology);
+        let n = m.devices();
+        let free = Topo::new(&m, &Degradation::default(), false).unwrap();
+        let mut deg = Degradation::default();
+        for _ in 0..rng.below(n / 3 + 1) {
+            deg.nodes.push(rng.below(n));
+        }
+        for _ in 0..rng.below(n / 3 + 1) {
+            let u = rng.below(n);
+            let a = rng.below(dims);
+            if let Some(&v) = free.neighbours(u, a).first() {
+                deg.links.push((u, v));
+            }
+        }
+        let t = Topo::new(&m, &deg, rng.below(4) == 0).unwrap();
+        let healthy: Vec<usize> = (0..n).filter(|&d| t.healthy(d)).collect();
+        match plan(&t, 1 + rng.below(40)) {
+            Ok(_) => {
+                check(&t, 1 + rng.below(40), case);
+                planned += 1;
+                // Every healthy device is reachable from every other.
+                if let Some(&h) = healthy.first() {
+                    assert_eq!(reach(&t, h), healthy.iter().copied().collect());
+                }
+            }
+            Err(e) if healthy.is_empty() => {
+                assert_eq!(e.to_string(), format!("every device of the {shape:?} mesh is degraded"));
+            }
+            Err(e) => {
+                refused += 1;
+                let msg = e.to_string();
+                // It names healthy devices that some other healthy device cannot reach.
+                let named: Vec<usize> =
+                    healthy.iter().copied().filter(|&d| msg.contains(&coords_string(&m, d))).collect();
+                assert!(!named.is_empty(), "{msg}");
+                for d in named {
+                    assert!(reach(&t, d).len() < healthy.len(), "{msg}");
+                }
+            }
+        }
+    }
+    assert!(planned > 200 && refused > 5, "planned {planned}, refused {refused}");
+}
+
+/// Max link bytes of a 16 MiB f32 all-reduce on a 4×4 grid, fault-free and degraded, as
+/// (failed nodes, mesh bytes, torus bytes): the forwarding spreads over the receivers
+/// next to each forwarding node, so one failure on a torus costs no extra peak load.
+#[test]
+fn max_link_bytes_against_the_fault_free_run() {
+    let len = 4 << 20;
+    let cases: [(&[&str], u64, u64); 7] = [
+        (&[], 25165824, 12582912),
+        (&["b2"], 27962024, 12582912),
+        (&["b2", "c3"], 29360128, 16777216),
+        (&["b2", "b3", "c2", "c3"], 29360128, 16777216),
+        (&["b3"], 27962028, 12582912),
+        (&["a1", "a2", "b1", "b2"], 25165824, 16777216),
+        (&["b2", "a3", "b3"], 33554432, 16777216),
+    ];
+    for (failed, mesh_max, torus_max) in cases {
+        for (topology, want) in [(Topology::Mesh, mesh_max), (Topology::Torus, torus_max)] {
+            let t = figure(topology, failed, &[], &[]);
+            let got = plan(&t, len).unwrap().link_bytes(4).values().copied().max().unwrap();
+            assert_eq!(got, want, "{topology:?} with {failed:?} failed");
+        }
+    }
+}
