@@ -22,7 +22,7 @@ use crate::runner::{Code, Loaded};
 
 /// The passes `--dump-after` can name, in pipeline order (their number prefixes the files
 /// of `--dump-dir`).
-pub const PASSES: &[&str] = &["verify", "layout", "lower", "buffers"];
+pub const PASSES: &[&str] = &["verify", "layout", "lower", "pilot", "buffers"];
 
 /// Where `--dump-after` sends the IR after each pass it names.
 #[derive(Default)]
@@ -73,11 +73,35 @@ pub fn build(
     opts: &Options,
     dumps: &Dumps,
 ) -> Result<Compiled> {
+    build_with_pilot(g, info, spec, params, opts, dumps, None)
+}
+
+/// [`build`], plus the pilot pass when `pilot` is given. The pass runs on the global graph
+/// (so its masks do not depend on the layout); its masks are computed and dumped, not yet
+/// applied: the artifact is the unpruned one.
+pub fn build_with_pilot(
+    g: &Graph,
+    info: &Info,
+    spec: Option<&Spec>,
+    params: &HashMap<String, Tensor>,
+    opts: &Options,
+    dumps: &Dumps,
+    pilot: Option<&passes::pilot::Config>,
+) -> Result<Compiled> {
     dumps.emit("verify", || meshc_ir::text::print(g))?;
+    let masks = pilot.map(|cfg| passes::pilot::run(g, info, params, cfg)).transpose()?;
+    let emit_pilot = || match (pilot, &masks) {
+        (Some(cfg), Some(m)) => dumps.emit("pilot", || passes::pilot::dump(cfg, m)),
+        _ if dumps.after.iter().any(|a| a == "pilot") => {
+            Err(anyhow!("--dump-after pilot needs pilot inputs (--pilot-input NAME=FILE.npy)"))
+        }
+        _ => Ok(()),
+    };
     let Some(spec) = spec else {
         if dumps.after.iter().any(|a| a == "layout" || a == "lower") {
             return Err(anyhow!("--dump-after layout/lower need a layout spec (--layout SPEC)"));
         }
+        emit_pilot()?;
         let compiled = compile(g, info, params, opts)?;
         dumps.emit("buffers", || passes::buffers::dump(&compiled.programs))?;
         return Ok(compiled);
@@ -86,6 +110,7 @@ pub fn build(
     dumps.emit("layout", || passes::layout::dump(g, info, &layouts))?;
     let lowered = passes::lower::lower(g, info, &layouts)?;
     dumps.emit("lower", || passes::lower::dump(&lowered))?;
+    emit_pilot()?;
     let compiled = compile_lowered(g, info, &lowered, params, opts)?;
     dumps.emit("buffers", || passes::buffers::dump(&compiled.programs))?;
     Ok(compiled)

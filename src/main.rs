@@ -58,12 +58,14 @@ enum Cmd {
         /// Also write a make-style depfile listing every file the artifact is built from.
         #[arg(long = "MF", value_name = "DEPFILE")]
         depfile: Option<PathBuf>,
-        /// Print the IR after a pass (verify, layout, lower, buffers, or all); may be repeated.
+        /// Print the IR after a pass (verify, layout, lower, pilot, buffers, or all); may be repeated.
         #[arg(long, value_name = "PASS", value_delimiter = ',')]
         dump_after: Vec<String>,
         /// Write the dumps to DIR/NN-PASS.txt instead of stdout.
         #[arg(long, value_name = "DIR")]
         dump_dir: Option<PathBuf>,
+        #[command(flatten)]
+        pilot: PilotArgs,
     },
     /// Run an artifact (or compile a graph in memory and run it).
     Run {
@@ -164,8 +166,10 @@ fn main() -> ExitCode {
         Cmd::Check { graph, layout } => check(&graph, layout.as_deref()),
         Cmd::Fmt { graph, to, o } => fmt(&graph, to, o.as_deref()),
         Cmd::Interp { graph, io } => interp(&graph, &io),
-        Cmd::Compile { graph, o, codegen, depfile, dump_after, dump_dir } => driver::Dumps::new(dump_after, dump_dir)
-            .and_then(|dumps| compile_cmd(&graph, &o, &codegen, depfile.as_deref(), &dumps)),
+        Cmd::Compile { graph, o, codegen, depfile, dump_after, dump_dir, pilot } => {
+            driver::Dumps::new(dump_after, dump_dir)
+                .and_then(|dumps| compile_cmd(&graph, &o, &codegen, depfile.as_deref(), &dumps, &pilot))
+        }
         Cmd::Run {
             program,
             io,
@@ -371,12 +375,81 @@ fn interp(path: &Path, io: &Io) -> Result<()> {
     io.write(wanted, &results)
 }
 
-fn compile_graph(path: &Path, args: &CodegenArgs, dumps: &driver::Dumps) -> Result<(Graph, compile::Compiled)> {
+/// The pilot pass's flags (seed 003). Its masks are computed and shown by
+/// `--dump-after pilot`, NOT applied: the artifact still computes the unpruned graph.
+#[derive(clap::Args)]
+struct PilotArgs {
+    /// Run the pilot pass on this input value, NAME=FILE.npy (every graph input once per
+    /// pilot run; repeat the whole set for several runs). Masks are computed, not applied.
+    #[arg(long = "pilot-input", value_name = "NAME=FILE.npy")]
+    inputs: Vec<String>,
+    /// Keep this fraction (0 < F <= 1) of each prunable weight's blocks, highest priority first.
+    #[arg(long = "pilot-keep", value_name = "F", conflicts_with = "threshold")]
+    keep: Option<f64>,
+    /// Instead keep the blocks whose priority exceeds T times the weight's largest.
+    #[arg(long = "pilot-threshold", value_name = "T")]
+    threshold: Option<f64>,
+    /// The simplified graph: bits:N (mantissa bits kept), exponent (sign and power of two),
+    /// or downsample:AXIS:F (pilot inputs averaged over F along AXIS).
+    #[arg(long = "pilot-simplify", value_name = "HOW", default_value = "bits:7")]
+    simplify: String,
+    /// Output columns per block (default: 4 micro-panels of the matmul kernel).
+    #[arg(long = "pilot-block", value_name = "N", default_value_t = meshc::passes::pilot::DEFAULT_BLOCK)]
+    block: usize,
+}
+
+impl PilotArgs {
+    /// The pass's configuration, or None without `--pilot-input`.
+    fn config(&self, g: &Graph) -> Result<Option<meshc::passes::pilot::Config>> {
+        use meshc::passes::pilot::{Config, Select, Simplify};
+        if self.inputs.is_empty() {
+            if self.keep.is_some() || self.threshold.is_some() {
+                bail!("--pilot-keep/--pilot-threshold need pilot inputs (--pilot-input NAME=FILE.npy)");
+            }
+            return Ok(None);
+        }
+        let mut values: BTreeMap<&str, Vec<Tensor>> = BTreeMap::new();
+        for arg in &self.inputs {
+            let (name, file) = name_eq_file(arg, "--pilot-input")?;
+            let Some(input) = g.inputs.iter().find(|i| i.name == name) else {
+                bail!("--pilot-input {name}: the graph has no input '{name}'");
+            };
+            let t = Tensor::read_npy(Path::new(file)).with_context(|| format!("--pilot-input {name}"))?;
+            if t.ty() != input.ty {
+                bail!("--pilot-input {name}: {file} holds {}, the graph expects {}", t.ty(), input.ty);
+            }
+            values.entry(input.name.as_str()).or_default().push(t);
+        }
+        let runs = values.values().map(Vec::len).max().unwrap_or(0);
+        if let Some(i) = g.inputs.iter().find(|i| values.get(i.name.as_str()).map_or(0, Vec::len) != runs) {
+            bail!("--pilot-input {}: every graph input needs one value per pilot run ({runs} runs)", i.name);
+        }
+        let select = match (self.keep, self.threshold) {
+            (Some(f), _) if !(f > 0.0 && f <= 1.0) => bail!("--pilot-keep {f}: expected 0 < F <= 1"),
+            (_, Some(t)) if !(0.0..=1.0).contains(&t) => bail!("--pilot-threshold {t}: expected 0 <= T <= 1"),
+            (_, Some(t)) => Select::Threshold(t),
+            (f, None) => Select::Keep(f.unwrap_or(1.0)),
+        };
+        let runs = (0..runs)
+            .map(|r| values.iter().map(|(n, v)| (n.to_string(), v[r].clone())).collect())
+            .collect();
+        Ok(Some(Config { runs, simplify: Simplify::parse(&self.simplify)?, block: self.block, select }))
+    }
+}
+
+fn compile_graph(
+    path: &Path,
+    args: &CodegenArgs,
+    dumps: &driver::Dumps,
+    pilot: Option<&PilotArgs>,
+) -> Result<(Graph, compile::Compiled)> {
     let (g, info) = load::load(path)?;
     let spec = args.layout.as_deref().map(meshc::layout::load).transpose()?;
     let params = load_params(&g, path)?;
-    let compiled = driver::build(&g, &info, spec.as_ref(), &params, &args.options(), dumps)
-        .with_context(|| path.display().to_string())?;
+    let pilot = pilot.map(|p| p.config(&g)).transpose()?.flatten();
+    let compiled =
+        driver::build_with_pilot(&g, &info, spec.as_ref(), &params, &args.options(), dumps, pilot.as_ref())
+            .with_context(|| path.display().to_string())?;
     Ok((g, compiled))
 }
 
@@ -386,8 +459,9 @@ fn compile_cmd(
     args: &CodegenArgs,
     depfile: Option<&Path>,
     dumps: &driver::Dumps,
+    pilot: &PilotArgs,
 ) -> Result<()> {
-    let (g, compiled) = compile_graph(path, args, dumps)?;
+    let (g, compiled) = compile_graph(path, args, dumps, Some(pilot))?;
     driver::write_artifact(&compiled, out)?;
     if let Some(d) = depfile {
         std::fs::write(d, driver::depfile(out, &driver::dependencies(path, &g, args.layout.as_deref())))
@@ -421,7 +495,7 @@ fn run(path: &Path, io: &Io, opts: &RunOpts, args: &CodegenArgs) -> Result<()> {
         degrade(&mut loaded, opts)?;
         run_loaded(&loaded, io, opts)
     } else {
-        let (_, c) = compile_graph(path, args, &driver::Dumps::default())?;
+        let (_, c) = compile_graph(path, args, &driver::Dumps::default(), None)?;
         let code = Code::Copied(codegen::ExecCode::new(&c.code)?);
         let weights = meshc::runner::AlignedBuf::from_bytes(&c.weights)?;
         let mut loaded = Loaded::new(c.meta, c.programs, code, weights.as_slice()).with_context(|| file.clone())?;

@@ -4,3 +4,4 @@
 pub mod buffers;
 pub mod layout;
 pub mod lower;
+pub mod pilot;
