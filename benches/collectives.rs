@@ -4,8 +4,8 @@
 //! all_reduce and the bus bandwidth 2(n-1)/n·bytes/time, with the members reading the
 //! fabric's one result buffer (as the runner does) and, for comparison, each receiving its
 //! own copy. For 4 bytes: the median latency over many back-to-back all_reduces. Also the
-//! same 4-byte all_reduce as a whole run (thread start, rendezvous, results) through the
-//! runner, and a sweep of sizes across the switch between the small- and large-operand
+//! same 4-byte all_reduce as a whole run (waking the runner's parked device threads,
+//! rendezvous, results) through the runner, and a sweep of sizes across the switch between the small- and large-operand
 //! algorithms. Figures are medians of device 0's per-call wall times, measured in this one run.
 
 use std::collections::HashMap;
