@@ -36,7 +36,7 @@ fn build(spec: Option<&str>) -> Compiled {
     let info = verify::verify(&g).expect("bench graph verifies");
     let values = params::load_all(&g, std::path::Path::new(".")).expect("init params");
     let spec = spec.map(|s| layout::parse(s, "bench-spec").expect("bench spec parses"));
-    driver::build(&g, &info, spec.as_ref(), &values, &Options::default(), &Dumps::default()).expect("compiles")
+    driver::build(&g, &info, spec.as_ref(), &values, &Options::default(), &Dumps::default(), None).expect("compiles")
 }
 
 fn input() -> HashMap<String, Tensor> {

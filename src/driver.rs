@@ -64,22 +64,11 @@ impl Dumps {
 }
 
 /// The whole pipeline: the verified graph `g` (with its params' values), and optionally a
-/// layout spec, to a compiled artifact. Without a spec the graph runs on one device.
+/// layout spec, to a compiled artifact. Without a spec the graph runs on one device. With
+/// `pilot`, the pilot pass runs on the global graph (so its masks do not depend on the
+/// layout); its masks are computed and dumped, not yet applied: the artifact is the
+/// unpruned one.
 pub fn build(
-    g: &Graph,
-    info: &Info,
-    spec: Option<&Spec>,
-    params: &HashMap<String, Tensor>,
-    opts: &Options,
-    dumps: &Dumps,
-) -> Result<Compiled> {
-    build_with_pilot(g, info, spec, params, opts, dumps, None)
-}
-
-/// [`build`], plus the pilot pass when `pilot` is given. The pass runs on the global graph
-/// (so its masks do not depend on the layout); its masks are computed and dumped, not yet
-/// applied: the artifact is the unpruned one.
-pub fn build_with_pilot(
     g: &Graph,
     info: &Info,
     spec: Option<&Spec>,

@@ -801,12 +801,7 @@ impl Fabric {
 
     /// The traffic and contributing ranks of an all_reduce over the whole degraded mesh
     /// (module doc); `None` for every other collective, or without a degradation.
-    fn fault_tolerant(
-        &self,
-        c: &Collective,
-        group: &[usize],
-        numel: usize,
-    ) -> Result<Option<(Traffic, Vec<usize>)>> {
+    fn fault_tolerant(&self, c: &Collective, group: &[usize], numel: usize) -> Result<Option<(Traffic, Vec<usize>)>> {
         let Some(topo) = &self.degraded else { return Ok(None) };
         if !matches!(c.op, CollectiveOp::AllReduce { .. }) || !group.iter().copied().eq(0..self.links.mesh.devices()) {
             return Ok(None);

@@ -430,9 +430,7 @@ impl PilotArgs {
             (_, Some(t)) => Select::Threshold(t),
             (f, None) => Select::Keep(f.unwrap_or(1.0)),
         };
-        let runs = (0..runs)
-            .map(|r| values.iter().map(|(n, v)| (n.to_string(), v[r].clone())).collect())
-            .collect();
+        let runs = (0..runs).map(|r| values.iter().map(|(n, v)| (n.to_string(), v[r].clone())).collect()).collect();
         Ok(Some(Config { runs, simplify: Simplify::parse(&self.simplify)?, block: self.block, select }))
     }
 }
@@ -447,9 +445,8 @@ fn compile_graph(
     let spec = args.layout.as_deref().map(meshc::layout::load).transpose()?;
     let params = load_params(&g, path)?;
     let pilot = pilot.map(|p| p.config(&g)).transpose()?.flatten();
-    let compiled =
-        driver::build_with_pilot(&g, &info, spec.as_ref(), &params, &args.options(), dumps, pilot.as_ref())
-            .with_context(|| path.display().to_string())?;
+    let compiled = driver::build(&g, &info, spec.as_ref(), &params, &args.options(), dumps, pilot.as_ref())
+        .with_context(|| path.display().to_string())?;
     Ok((g, compiled))
 }
 

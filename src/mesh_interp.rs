@@ -9,7 +9,7 @@ use std::ops::Range;
 use anyhow::{anyhow, bail, Context, Result};
 use meshc_ir::infer::{attr_int, attr_str};
 use meshc_ir::verify::{verify, Info};
-use meshc_ir::{interp, Attr, Data, Op, ParamData, Tensor, TensorType};
+use meshc_ir::{interp, Attr, DType, Data, Op, ParamData, Tensor, TensorType};
 
 use crate::mesh::Mesh;
 use crate::passes::lower::Lowered;
@@ -42,21 +42,22 @@ fn for_block(outer: &[usize], region: &[Range<usize>], mut f: impl FnMut(usize, 
     }
 }
 
-fn block(t: &Tensor, region: &[Range<usize>]) -> Tensor {
-    let v = t.data.to_f64();
+/// The block `region` of a tensor of `shape` and `dtype` whose values are `v`.
+fn block(v: &[f64], shape: &[usize], dtype: DType, region: &[Range<usize>]) -> Tensor {
     let mut out = Vec::new();
-    for_block(&t.shape, region, |i, _| out.push(v[i]));
-    Tensor::new(region.iter().map(Range::len).collect(), Data::from_f64(t.dtype(), out))
+    for_block(shape, region, |i, _| out.push(v[i]));
+    Tensor::new(region.iter().map(Range::len).collect(), Data::from_f64(dtype, out))
 }
 
 /// `n` equal blocks of `t` along `axis`.
 fn split(t: &Tensor, axis: usize, n: usize) -> Vec<Tensor> {
     let b = t.shape[axis] / n;
+    let v = t.data.to_f64();
     (0..n)
         .map(|k| {
             let mut r: Vec<Range<usize>> = t.shape.iter().map(|&s| 0..s).collect();
             r[axis] = k * b..(k + 1) * b;
-            block(t, &r)
+            block(&v, &t.shape, t.dtype(), &r)
         })
         .collect()
 }
@@ -130,12 +131,19 @@ pub fn run(
         .enumerate()
         .map(|(d, g)| verify(g).with_context(|| format!("device {d}")))
         .collect::<Result<_>>()?;
+    let whole: Vec<(&Tensor, Vec<f64>)> = l
+        .inputs
+        .iter()
+        .map(|(name, _)| {
+            let t = inputs.get(name).ok_or_else(|| anyhow!("missing input '{name}'"))?;
+            Ok((t, t.data.to_f64()))
+        })
+        .collect::<Result<_>>()?;
     let mut values: Vec<HashMap<String, Tensor>> = Vec::new();
     for (d, g) in l.devices.iter().enumerate() {
         let mut v = HashMap::new();
-        for (name, layout) in &l.inputs {
-            let t = inputs.get(name).ok_or_else(|| anyhow!("missing input '{name}'"))?;
-            v.insert(name.clone(), block(t, &mesh.region(&t.shape, layout, d)));
+        for ((name, layout), (t, f)) in l.inputs.iter().zip(&whole) {
+            v.insert(name.clone(), block(f, &t.shape, t.dtype(), &mesh.region(&t.shape, layout, d)));
         }
         for p in &g.params {
             let t = match &p.data {

@@ -490,11 +490,11 @@ impl Lower<'_> {
         red.insert("keepdims".into(), Attr::Bool(true));
         let base = &n.name;
         let m = self.emit(&self.fresh(base, "max"), Op::ReduceMax, &[&x], stat.clone(), red.clone());
-        let m = self.combine(base, &m, a_vec(a), "max", &stat);
+        let m = self.combine(base, &m, vec![a], "max", &stat);
         let sh = self.emit(&self.fresh(base, "shifted"), Op::Sub, &[&x, &m], ty.clone(), Attrs::new());
         let e = self.emit(&self.fresh(base, "exp"), Op::Exp, &[&sh], ty.clone(), Attrs::new());
         let s = self.emit(&self.fresh(base, "sum"), Op::ReduceSum, &[&e], stat.clone(), red);
-        let s = self.combine(base, &s, a_vec(a), "sum", &stat);
+        let s = self.combine(base, &s, vec![a], "sum", &stat);
         let name = self.local_name(n);
         (self.emit(&name, Op::Div, &[&e, &s], ty, Attrs::new()), req, vec![], "sum")
     }
@@ -573,10 +573,6 @@ impl Lower<'_> {
         let name = self.local_name(n);
         (self.emit(&name, Op::Add, &[&sc, &beta], ty, Attrs::new()), req, vec![], "sum")
     }
-}
-
-fn a_vec(a: usize) -> Vec<usize> {
-    vec![a]
 }
 
 /// Runs the pass on a verified graph whose tensors all have layouts.
