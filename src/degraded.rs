@@ -54,19 +54,46 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 use std::ops::{AddAssign, Range};
 
 use anyhow::{anyhow, bail, Result};
+use serde::{Deserialize, Serialize};
 
 use crate::mesh::{Mesh, Topology};
 
 /// What failed: devices, links (pairs of neighbouring devices), and devices degraded along
 /// one dimension only (device, dimension). Devices are numbered as in `Mesh::device`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Recorded in the artifact's metadata when the layout spec names a degradation.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Degradation {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<usize>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub links: Vec<(usize, usize)>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub along: Vec<(usize, usize)>,
 }
 
 impl Degradation {
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty() && self.links.is_empty() && self.along.is_empty()
+    }
+
+    /// The layout spec's `degraded` (validated coordinates) as device numbers.
+    pub fn from_spec(mesh: &Mesh, d: &crate::layout::Degraded) -> Degradation {
+        Degradation {
+            nodes: d.nodes.iter().map(|c| mesh.device(c)).collect(),
+            links: d.links.iter().map(|(a, b)| (mesh.device(a), mesh.device(b))).collect(),
+            along: Vec::new(),
+        }
+    }
+
+    /// Both degradations at once (what is named twice counts once).
+    pub fn merged(&self, other: &Degradation) -> Degradation {
+        let mut out = self.clone();
+        out.nodes.extend(other.nodes.iter().filter(|d| !self.nodes.contains(d)));
+        out.links.extend(other.links.iter().filter(|l| !self.links.contains(l)));
+        out.along.extend(other.along.iter().filter(|l| !self.along.contains(l)));
+        out
+    }
+
     /// From the command line: devices as coordinates (`1,2`) and links as two of them (`0,0:0,1`).
     pub fn from_args(mesh: &Mesh, devices: &[String], links: &[String]) -> Result<Degradation> {
         let device = |s: &str| -> Result<usize> {
@@ -243,6 +270,26 @@ pub struct Schedule {
     /// The healthy devices: each contributes its vector once and ends with the sum.
     pub members: Vec<usize>,
     pub phases: Vec<Phase>,
+    /// The first `reduced` phases reduce; the rest broadcast the result back.
+    pub reduced: usize,
+}
+
+fn overlap(a: &Range<usize>, b: &Range<usize>) -> Option<Range<usize>> {
+    let r = a.start.max(b.start)..a.end.min(b.end);
+    (!r.is_empty()).then_some(r)
+}
+
+/// Sorts `set` and merges the ranges that touch.
+fn normalise(set: &mut Vec<Range<usize>>) {
+    set.sort_by_key(|r| r.start);
+    let mut out: Vec<Range<usize>> = Vec::with_capacity(set.len());
+    for r in set.drain(..) {
+        match out.last_mut() {
+            Some(l) if r.start <= l.end => l.end = l.end.max(r.end),
+            _ => out.push(r),
+        }
+    }
+    *set = out;
 }
 
 /// `range` split into `k` nearly equal contiguous chunks.
@@ -370,21 +417,22 @@ impl Planner<'_> {
 /// and the node that holds its partial sum.
 type Positions = BTreeMap<Vec<usize>, usize>;
 
-/// The healthy nodes no healthy route connects to the largest connected set of them.
-fn unreachable(topo: &Topo) -> Vec<usize> {
+/// The members that no healthy route (through any healthy node, member or not) connects to
+/// the connected set of healthy nodes holding the most members.
+fn unreachable(topo: &Topo, members: &[usize]) -> Vec<usize> {
     let n = topo.mesh.devices();
     let mut comp = vec![usize::MAX; n];
-    let mut sizes = Vec::new();
+    let mut held = Vec::new();
     for s in (0..n).filter(|&d| topo.healthy(d)) {
         if comp[s] != usize::MAX {
             continue;
         }
-        let id = sizes.len();
-        let mut size = 0;
+        let id = held.len();
+        let mut count = 0;
         let mut queue = VecDeque::from([s]);
         comp[s] = id;
         while let Some(u) = queue.pop_front() {
-            size += 1;
+            count += usize::from(members.contains(&u));
             for (v, _) in topo.healthy_links(u) {
                 if comp[v] == usize::MAX {
                     comp[v] = id;
@@ -392,31 +440,66 @@ fn unreachable(topo: &Topo) -> Vec<usize> {
                 }
             }
         }
-        sizes.push(size);
+        held.push(count);
     }
-    // The largest set, the first found among equals.
-    let main = (0..sizes.len()).max_by_key(|&i| (sizes[i], Reverse(i)));
-    (0..n).filter(|&d| topo.healthy(d) && Some(comp[d]) != main).collect()
+    // The set holding the most members, the first found among equals.
+    let main = (0..held.len()).max_by_key(|&i| (held[i], Reverse(i)));
+    members.iter().copied().filter(|&d| Some(comp[d]) != main).collect()
 }
 
 /// The all-reduce of a `len`-element vector over every healthy device of `topo`.
 pub fn plan(topo: &Topo, len: usize) -> Result<Schedule> {
+    plan_group(topo, &(0..topo.mesh.devices()).collect::<Vec<_>>(), len)
+}
+
+/// The all-reduce of a `len`-element vector over the healthy devices of `group` (devices of
+/// `topo`'s mesh). Routes may pass through healthy devices outside the group. A group that
+/// spans whole mesh axes (a sub-mesh, as lowering makes them) is reduced dimension by
+/// dimension over those axes as the module doc describes; any other group is one
+/// sub-network (chunk j reduced onto member j over spanning trees).
+pub fn plan_group(topo: &Topo, group: &[usize], len: usize) -> Result<Schedule> {
     let mesh = &topo.mesh;
-    let lost = unreachable(topo);
+    let whole = group.len() == mesh.devices();
+    let mut members: Vec<usize> = group.iter().copied().filter(|&d| d < mesh.devices() && topo.healthy(d)).collect();
+    members.sort();
+    members.dedup();
+    if members.is_empty() {
+        if whole {
+            bail!("every device of the {:?} mesh is degraded", mesh.shape);
+        }
+        bail!("every device of the group is degraded");
+    }
+    let lost = unreachable(topo, &members);
     if !lost.is_empty() {
         let names: Vec<String> = lost.iter().map(|&d| coords_string(mesh, d)).collect();
         bail!("healthy device {} cannot reach the others over healthy links", names.join(", "));
     }
-    let members: Vec<usize> = (0..mesh.devices()).filter(|&d| topo.healthy(d)).collect();
-    if members.is_empty() {
-        bail!("every device of the {:?} mesh is degraded", mesh.shape);
-    }
     let mut p = Planner { topo, len, load: BTreeMap::new(), phases: Vec::new() };
-    let pos: Positions = members.iter().map(|&d| (mesh.coords(d), d)).collect();
-    let all: Vec<usize> = (0..mesh.shape.len()).collect();
-    p.level(0..len, &pos, &all, true, 0);
+    let coords: Vec<Vec<usize>> = group.iter().map(|&d| mesh.coords(d)).collect();
+    let axes: Vec<usize> = if whole {
+        (0..mesh.shape.len()).collect()
+    } else {
+        (0..mesh.shape.len()).filter(|&a| coords.iter().any(|c| c[a] != coords[0][a])).collect()
+    };
+    let distinct: BTreeSet<&Vec<usize>> = coords.iter().collect();
+    if distinct.len() == group.len() && axes.iter().map(|&a| mesh.shape[a]).product::<usize>() == group.len() {
+        // Positions are keyed by their coordinates along the group's axes (the others zero).
+        let key = |d: usize| {
+            let mut c = mesh.coords(d);
+            (0..c.len()).filter(|a| !axes.contains(a)).for_each(|a| c[a] = 0);
+            c
+        };
+        let pos: Positions = members.iter().map(|&d| (key(d), d)).collect();
+        p.level(0..len, &pos, &axes, true, 0);
+    } else {
+        let adjacent = |u: usize, v: usize| topo.link_ok(u, v);
+        for (part, &root) in chunks(0..len, members.len()).into_iter().zip(&members) {
+            p.tree_reduce(0, "reduce (not a sub-mesh)", &members, &adjacent, root, part);
+        }
+    }
     // Broadcast back: the reduction reversed, copying final data the way it came.
     let reduce: Vec<Phase> = p.phases.into_iter().filter(|ph| !ph.transfers.is_empty()).collect();
+    let reduced = reduce.len();
     let mut phases = reduce.clone();
     for ph in reduce.iter().rev() {
         let transfers = ph
@@ -432,7 +515,7 @@ pub fn plan(topo: &Topo, len: usize) -> Result<Schedule> {
             .collect();
         phases.push(Phase { what: format!("broadcast back ({})", ph.what), transfers });
     }
-    Ok(Schedule { len, members, phases })
+    Ok(Schedule { len, members, phases, reduced })
 }
 
 impl Planner<'_> {
@@ -627,6 +710,42 @@ impl Schedule {
         for t in self.phases.iter().flat_map(|ph| &ph.transfers) {
             for w in t.route.windows(2) {
                 *bytes.entry((w[0], w[1])).or_default() += (t.range.len() * elem_bytes) as u64;
+            }
+        }
+        bytes
+    }
+
+    /// Bytes each directed link carries when the plan serves a reduce-scatter: every
+    /// reduction phase, then of the broadcast back only the elements on their way to a member
+    /// that keeps them (`keeps`: member → element ranges).
+    pub fn scatter_link_bytes(
+        &self,
+        elem_bytes: usize,
+        keeps: &BTreeMap<usize, Vec<Range<usize>>>,
+    ) -> BTreeMap<(usize, usize), u64> {
+        let mut bytes = BTreeMap::new();
+        let mut count = |route: &[usize], n: usize| {
+            for w in route.windows(2) {
+                *bytes.entry((w[0], w[1])).or_default() += (n * elem_bytes) as u64;
+            }
+        };
+        for t in self.phases[..self.reduced].iter().flat_map(|ph| &ph.transfers) {
+            count(&t.route, t.range.len());
+        }
+        // Last transfer first: what a device must receive is what it keeps plus what it
+        // passes on later.
+        let mut need: BTreeMap<usize, Vec<Range<usize>>> = keeps.clone();
+        for t in self.phases[self.reduced..].iter().rev().flat_map(|ph| ph.transfers.iter().rev()) {
+            let carried: Vec<Range<usize>> = need
+                .get(&t.to)
+                .map(|set| set.iter().filter_map(|r| overlap(r, &t.range)).collect())
+                .unwrap_or_default();
+            let n: usize = carried.iter().map(Range::len).sum();
+            if n > 0 {
+                count(&t.route, n);
+                let set = need.entry(t.from).or_default();
+                set.extend(carried);
+                normalise(set);
             }
         }
         bytes

@@ -451,8 +451,9 @@ struct Plan {
     numel: usize,
     result_numel: usize,
     traffic: Traffic,
-    /// The ranks whose operands a reduction combines: every member, except the degraded
-    /// ones of a fault-tolerant all_reduce.
+    /// The ranks whose operands a reduction combines and who take part: every member,
+    /// except the degraded ones of a fault-tolerant all_reduce or reduce_scatter (they run
+    /// nothing, so they never arrive).
     contributors: Vec<usize>,
 }
 
@@ -486,6 +487,7 @@ impl Plan {
             shared
                 .into_iter()
                 .chain(members.iter().filter(|m| shared.is_none() || !m.share).map(|m| m.result))
+                .filter(|p| !p.is_null())
                 .collect()
         };
         let n = self.n;
@@ -505,6 +507,10 @@ impl Plan {
                 }
             }
             CollectiveOp::ReduceScatter { axis, reduce } => {
+                // A degraded member (it never arrived) keeps nothing.
+                if members[r].result.is_null() {
+                    return;
+                }
                 let mine = [members[r].result];
                 let mut start = vec![0; shape.len()];
                 start[axis] = r * self.result_shape[axis];
@@ -514,7 +520,7 @@ impl Plan {
                     &self.result_shape,
                     &vec![0; shape.len()],
                     &self.result_shape,
-                    |s, o, len| unsafe { reduce_range(&ops, s, &mine, o, len, reduce, stream) },
+                    |s, o, len| unsafe { reduce_range(&contributing, s, &mine, o, len, reduce, stream) },
                 );
             }
             CollectiveOp::AllToAll { split_axis, concat_axis } => {
@@ -794,22 +800,63 @@ impl Fabric {
         if topo.mesh != self.links.mesh {
             bail!("the degradation describes a {:?} mesh, the fabric is {:?}", topo.mesh.shape, self.links.mesh.shape);
         }
+        if !(0..topo.mesh.devices()).any(|d| topo.healthy(d)) {
+            bail!("every device of the {:?} mesh is degraded", topo.mesh.shape);
+        }
         self.slots.get_mut().unwrap_or_else(|e| e.into_inner()).clear();
         self.degraded = Some(topo);
         Ok(())
     }
 
-    /// The traffic and contributing ranks of an all_reduce over the whole degraded mesh
+    /// The degraded devices and links the collectives run around, if any.
+    pub fn degraded(&self) -> Option<&Topo> {
+        self.degraded.as_ref()
+    }
+
+    /// The traffic and contributing ranks of an all_reduce or reduce_scatter whose group
+    /// holds a degraded device or whose plain schedule (`plain`) crosses a degraded link
     /// (module doc); `None` for every other collective, or without a degradation.
-    fn fault_tolerant(&self, c: &Collective, group: &[usize], numel: usize) -> Result<Option<(Traffic, Vec<usize>)>> {
+    fn fault_tolerant(
+        &self,
+        c: &Collective,
+        group: &[usize],
+        plain: &Traffic,
+        result_shape: &[usize],
+    ) -> Result<Option<(Traffic, Vec<usize>)>> {
         let Some(topo) = &self.degraded else { return Ok(None) };
-        if !matches!(c.op, CollectiveOp::AllReduce { .. }) || !group.iter().copied().eq(0..self.links.mesh.devices()) {
+        let touched = group.iter().any(|&d| !topo.healthy(d))
+            || plain.iter().any(|&(l, _)| !topo.link_ok(self.links.list[l].0, self.links.list[l].1));
+        if !touched {
             return Ok(None);
         }
-        let schedule = degraded::plan(topo, numel).map_err(|e| anyhow!("collective #{}: {e}", c.id))?;
-        let traffic = schedule.link_bytes(4).into_iter().map(|((u, v), b)| (self.links.index[&(u, v)], b)).collect();
-        // The group is every device in order: ranks are devices.
-        Ok(Some((traffic, schedule.members)))
+        let numel = c.shape.iter().product();
+        let bytes = match c.op {
+            CollectiveOp::AllReduce { .. } => degraded::plan_group(topo, group, numel)
+                .map_err(|e| anyhow!("collective #{}: {e}", c.id))?
+                .link_bytes(4),
+            CollectiveOp::ReduceScatter { axis, .. } => {
+                let schedule =
+                    degraded::plan_group(topo, group, numel).map_err(|e| anyhow!("collective #{}: {e}", c.id))?;
+                // The elements each healthy member keeps: its block along `axis`.
+                let zero = vec![0; c.shape.len()];
+                let keeps = (0..group.len())
+                    .filter(|&r| topo.healthy(group[r]))
+                    .map(|r| {
+                        let mut start = zero.clone();
+                        start[axis] = r * result_shape[axis];
+                        let mut ranges = Vec::new();
+                        for_each_run(&c.shape, &start, result_shape, &zero, result_shape, |s, _, n| {
+                            ranges.push(s..s + n)
+                        });
+                        (group[r], ranges)
+                    })
+                    .collect();
+                schedule.scatter_link_bytes(4, &keeps)
+            }
+            _ => return Ok(None),
+        };
+        let traffic = bytes.into_iter().map(|((u, v), b)| (self.links.index[&(u, v)], b)).collect();
+        Ok(Some((traffic, (0..group.len()).filter(|&r| topo.healthy(group[r])).collect())))
     }
 
     /// Fails if a collective of the plain plan involves a degraded device or link.
@@ -910,12 +957,12 @@ impl Fabric {
     fn new_slot(&self, device: usize, c: &Collective, group: &[usize]) -> Result<Slot> {
         let result_shape = result_shape(&self.links.mesh, device, c)?;
         let (numel, result_numel) = (c.shape.iter().product(), result_shape.iter().product());
-        let (traffic, contributors) = match self.fault_tolerant(c, group, numel)? {
+        let plain = Model::schedule(&self.links, &c.op, group, numel, result_numel);
+        let (traffic, contributors) = match self.fault_tolerant(c, group, &plain, &result_shape)? {
             Some(p) => p,
             None => {
-                let traffic = Model::schedule(&self.links, &c.op, group, numel, result_numel);
-                self.check_healthy(c, group, &traffic)?;
-                (traffic, (0..group.len()).collect())
+                self.check_healthy(c, group, &plain)?;
+                (plain, (0..group.len()).collect())
             }
         };
         let plan = Plan {
@@ -964,11 +1011,18 @@ impl Fabric {
         }
         let (slot, rank) = self.slot(device, c)?;
         let plan = &slot.plan;
+        if !plan.contributors.contains(&rank) {
+            bail!(
+                "collective #{}: device {} is degraded and takes no part",
+                c.id,
+                coords_string(&self.links.mesh, device)
+            );
+        }
         let mut s = lock(&slot.state);
         s.members[rank] = Member { operand, result, share };
         s.arrived += 1;
         let gen = slot.gen.load(Ordering::Relaxed);
-        if s.arrived == plan.n {
+        if s.arrived == plan.contributors.len() {
             s.arrived = 0;
             for &(l, b) in &plan.traffic {
                 self.bytes[l].fetch_add(b, Ordering::Relaxed);
@@ -1026,7 +1080,7 @@ impl Fabric {
         let mut s = lock(&slot.state);
         s.finished += 1;
         let fin_gen = slot.fin_gen.load(Ordering::Relaxed);
-        if s.finished == plan.n {
+        if s.finished == plan.contributors.len() {
             s.finished = 0;
             slot.fin_gen.store(fin_gen + 1, Ordering::Release);
             slot.cv.notify_all();
@@ -1195,7 +1249,8 @@ mod tests {
         let mut out: Vec<(Vec<f32>, bool)> = vec![(Vec::new(), false); operands.len()];
         std::thread::scope(|s| {
             for (d, slot) in out.iter_mut().enumerate() {
-                if !c.groups.iter().flatten().any(|&x| x == d) {
+                let degraded = f.degraded.as_ref().is_some_and(|t| !t.healthy(d));
+                if degraded || !c.groups.iter().flatten().any(|&x| x == d) {
                     continue;
                 }
                 let op = &operands[d];
@@ -1578,8 +1633,9 @@ mod tests {
             let c = coll(CollectiveOp::AllReduce { reduce }, vec![(0..16).collect()], &[numel]);
             let operands: Vec<Vec<f32>> = (0..16).map(|d| data(d, numel)).collect();
             let want = reduced(reduce, &healthy.iter().map(|&d| &operands[d]).collect::<Vec<_>>());
-            for (d, (got, _)) in run(&f, &c, &operands, false).into_iter().enumerate() {
-                assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "device {d}, {numel}");
+            let got = run(&f, &c, &operands, false);
+            for &d in &healthy {
+                assert!(got[d].0.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "device {d}, {numel}");
             }
             let stats = f.link_stats();
             let schedule = plan(&topo, numel).unwrap().link_bytes(4);
@@ -1589,15 +1645,60 @@ mod tests {
                 assert!(l.bytes == 0 || topo.link_ok(u, v), "{u}->{v} carried {} bytes", l.bytes);
             }
         }
-        // Other collectives must keep off degraded devices and links (c4 is degraded along
-        // the rows: its wrap link to c1 is unusable too).
+        // all_gather cannot leave a member's block out.
         let mut f = Fabric::new(&m);
         f.degrade(topo).unwrap();
-        let c = coll(CollectiveOp::AllReduce { reduce: Reduce::Sum }, vec![vec![0, 1, 2, 3]], &[4]);
-        let e = f.collective(2, &c, &[0.0; 4], &mut [0.0; 4], None).unwrap_err();
+        let c = coll(CollectiveOp::AllGather { axis: 0 }, vec![vec![0, 1, 2, 3]], &[4]);
+        let e = f.collective(2, &c, &[0.0; 4], &mut [0.0; 16], None).unwrap_err();
         assert_eq!(e.to_string(), "collective #7: device (0,0) of its group is degraded");
-        let c = coll(CollectiveOp::AllReduce { reduce: Reduce::Sum }, vec![vec![8, 9, 10, 11]], &[4]);
-        let e = f.collective(8, &c, &[0.0; 4], &mut [0.0; 4], None).unwrap_err();
-        assert_eq!(e.to_string(), "collective #7: its route uses the degraded link (2,0)-(2,3)");
+    }
+
+    #[test]
+    fn degraded_sub_group_reductions_route_around_and_leave_degraded_members_out() {
+        let m = mesh(&[4, 4], Topology::Mesh);
+        // b2 failed, the link c3-c4 failed: c4 is degraded along the rows, c3 along the rows.
+        let deg = crate::degraded::Degradation { nodes: vec![5], links: vec![(10, 11)], along: vec![] };
+        let topo = Topo::new(&m, &deg, false).unwrap();
+        for axis in [0, 1] {
+            for (numel, reduce) in [(64, Reduce::Sum), (40_000, Reduce::Mean)] {
+                for op in [CollectiveOp::AllReduce { reduce }, CollectiveOp::ReduceScatter { axis: 0, reduce }] {
+                    let mut f = Fabric::new(&m);
+                    f.degrade(topo.clone()).unwrap();
+                    let c = coll(op.clone(), m.groups(&[axis]), &[numel]);
+                    let operands: Vec<Vec<f32>> = (0..16).map(|d| data(d, numel)).collect();
+                    let got = run(&f, &c, &operands, false);
+                    for g in &c.groups {
+                        let healthy: Vec<&Vec<f32>> =
+                            g.iter().filter(|&&d| topo.healthy(d)).map(|&d| &operands[d]).collect();
+                        let want = reduced(reduce, &healthy);
+                        for (r, &d) in g.iter().enumerate().filter(|&(_, &d)| topo.healthy(d)) {
+                            let want = match op {
+                                CollectiveOp::AllReduce { .. } => &want[..],
+                                _ => &want[r * numel / 4..(r + 1) * numel / 4],
+                            };
+                            assert!(
+                                got[d].0.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                                "{op:?} along {axis}, device {d}"
+                            );
+                        }
+                    }
+                    for l in f.link_stats().links.iter().filter(|l| l.bytes > 0) {
+                        let (u, v) = (m.device(&l.from), m.device(&l.to));
+                        assert!(topo.link_ok(u, v), "{op:?} along {axis}: {u}->{v} carried {}", l.bytes);
+                    }
+                }
+            }
+        }
+        // A reduce-scatter's broadcast carries only what members keep: less than all_reduce.
+        let bytes = |op: CollectiveOp| {
+            let mut f = Fabric::new(&m);
+            f.degrade(topo.clone()).unwrap();
+            let c = coll(op, vec![vec![1, 5, 9, 13]], &[40_000]);
+            run(&f, &c, &(0..16).map(|d| data(d, 40_000)).collect::<Vec<_>>(), false);
+            f.link_stats().links.iter().map(|l| l.bytes).sum::<u64>()
+        };
+        let ar = bytes(CollectiveOp::AllReduce { reduce: Reduce::Sum });
+        let rs = bytes(CollectiveOp::ReduceScatter { axis: 0, reduce: Reduce::Sum });
+        assert!(rs < ar && rs > ar / 3, "reduce_scatter {rs}, all_reduce {ar}");
     }
 }

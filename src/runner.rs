@@ -18,7 +18,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use meshc_ir::{Tensor, TensorType};
+use meshc_ir::{DType, Tensor, TensorType};
 
 use crate::codegen::{self, KernelFn};
 use crate::fabric::{self, Delivery, Fabric, LinkStats};
@@ -547,10 +547,15 @@ impl<'w> Loaded<'w> {
             Some(d) => d,
             None => devices.insert(Devices::start(mesh.devices())?),
         };
+        // A degraded device runs nothing (the fabric leaves it out of every collective).
+        let healthy = |d: usize| self.fabric.degraded().is_none_or(|t| t.healthy(d));
         let jobs = arenas
             .iter_mut()
             .enumerate()
-            .map(|(d, arena)| Box::new(move || self.device_thread(d, arena, ctx)) as Job)
+            .map(|(d, arena)| match healthy(d) {
+                true => Box::new(move || self.device_thread(d, arena, ctx)) as Job,
+                false => Box::new(|| Some(DeviceRun { outputs: Vec::new(), times: Vec::new() })) as Job,
+            })
             .collect();
         let runs = devices.run(jobs);
         if let Some(reason) = self.fabric.poisoned() {
@@ -566,13 +571,23 @@ impl<'w> Loaded<'w> {
                 // SAFETY: the buffer holds the device's block of the output; its job is done.
                 unsafe { std::slice::from_raw_parts(runs[d].outputs[i].0, local.iter().product::<usize>() * e) }
             };
+            let region = |d: usize| mesh.region(&spec.shape, &spec.layout, d);
+            // The block from a healthy device that holds it, if any.
+            let holder =
+                |d: usize| (0..mesh.devices()).filter(|&h| healthy(h)).find(|&h| h == d || region(h) == region(d));
             let t = if local == spec.shape {
-                Tensor::from_le_bytes(&ty, block(0))
+                Tensor::from_le_bytes(&ty, block(holder(0).ok_or_else(|| anyhow!("every device is degraded"))?))
             } else {
-                let mut bytes = vec![0u8; ty.size_bytes()];
+                // Blocks that only degraded devices held (their data-parallel shards were
+                // dropped) read as NaN, or zero for other dtypes.
+                let mut bytes = match ty.dtype {
+                    DType::F32 => f32::NAN.to_le_bytes().repeat(ty.size_bytes() / 4),
+                    _ => vec![0u8; ty.size_bytes()],
+                };
                 for d in (0..mesh.devices()).filter(|&d| mesh.writes_back(&spec.layout, d)) {
-                    let at: Vec<usize> = mesh.region(&spec.shape, &spec.layout, d).iter().map(|r| r.start).collect();
-                    let src = block(d);
+                    let Some(h) = holder(d) else { continue };
+                    let at: Vec<usize> = region(d).iter().map(|r| r.start).collect();
+                    let src = block(h);
                     fabric::for_each_run(&local, &vec![0; local.len()], &spec.shape, &at, &local, |s, o, n| {
                         bytes[o * e..(o + n) * e].copy_from_slice(&src[s * e..(s + n) * e])
                     });

@@ -17,7 +17,12 @@ use meshc::degraded::{coords_string, execute, plan, Degradation, Topo};
 use meshc::mesh::{Mesh, Topology};
 
 fn run(layout: &str, extra: &[&str]) -> common::Run {
-    let graph = Path::new("testdata/mlp/graph.json");
+    run_graph("mlp", layout, extra)
+}
+
+fn run_graph(name: &str, layout: &str, extra: &[&str]) -> common::Run {
+    let graph = format!("testdata/{name}/graph.json");
+    let graph = Path::new(&graph);
     let mut args = vec!["run".to_string(), graph.display().to_string(), "--layout".into(), layout.into()];
     args.extend(input_args(graph));
     args.extend(extra.iter().map(|s| s.to_string()));
@@ -45,8 +50,12 @@ fn a_failed_device_carries_nothing_and_contributes_nothing() {
 #[test]
 fn degraded_runs_fail_with_one_line_naming_the_device() {
     let cases = [
-        // Lowering still gives (1,2) its share of a collective along the model axis.
-        ("torus-2x4", vec!["--degrade", "1,2"], "collective #0: device (1,2) of its group is degraded"),
+        // An all_gather cannot leave (1,2)'s block out.
+        (
+            "transformer:torus-2x4",
+            vec!["--degrade", "1,2"],
+            "node 'probs.all_gather': collective #0: device (1,2) of its group is degraded",
+        ),
         ("mp-4", vec!["--degrade", "4"], "error: --degrade: device '4' is not in the [4] mesh"),
         (
             "mp-4",
@@ -57,7 +66,8 @@ fn degraded_runs_fail_with_one_line_naming_the_device() {
         ("mp-4", vec!["--degrade-link", "1:2"], "every device of the [4] mesh is degraded"),
     ];
     for (layout, args, want) in cases {
-        let r = run(&format!("testdata/mlp/layouts/{layout}.json"), &args);
+        let (graph, layout) = layout.split_once(':').unwrap_or(("mlp", layout));
+        let r = run_graph(graph, &format!("testdata/{graph}/layouts/{layout}.json"), &args);
         assert_eq!(r.status, Some(1), "{r:?}");
         assert_eq!(r.stderr.lines().count(), 1, "{r:?}");
         assert!(r.stderr.contains(want), "{want}: {r:?}");
