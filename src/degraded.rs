@@ -800,3 +800,57 @@ pub fn execute<T: Copy + AddAssign>(
     }
     Ok(schedule.link_bytes(size_of::<T>()))
 }
+
+/// The lowered programs as `--dump-after lower` prints them under a degradation: a
+/// degraded device gets no work (its line says so, and it never runs); every healthy one
+/// its program; then the fault-tolerant schedule of each reduction whose group holds a
+/// device degraded along some dimension. Fails, naming the node, when a collective other
+/// than a reduction needs a degraded device's block (an all_gather or all_to_all cannot
+/// leave it out), or when a group cannot be planned.
+pub fn dump_lowered(l: &crate::passes::lower::Lowered, deg: &Degradation) -> Result<String> {
+    use meshc_ir::Op;
+    let topo = Topo::new(&l.mesh, deg, false)?;
+    let mut s = String::new();
+    for (d, g) in l.devices.iter().enumerate() {
+        let c = coords_string(&l.mesh, d);
+        if topo.healthy(d) {
+            s.push_str(&format!("# device {d} {c}\n{}", meshc_ir::text::print(g)));
+        } else {
+            s.push_str(&format!("# device {d} {c}: degraded, no work\n"));
+        }
+    }
+    let Some(g) = l.devices.first() else { return Ok(s) };
+    for n in &g.nodes {
+        let Some(groups) = n.attrs.get("groups").and_then(|a| a.as_int_lists()) else { continue };
+        let groups: Vec<Vec<usize>> = groups.iter().map(|g| g.iter().map(|&d| d as usize).collect()).collect();
+        let touched = |g: &Vec<usize>| g.iter().any(|&d| (0..l.mesh.shape.len()).any(|a| topo.degraded_along(d, a)));
+        let reduction = matches!(n.op, Op::AllReduce | Op::ReduceScatter);
+        for group in groups.iter().filter(|g| touched(g)) {
+            let names: Vec<String> = group.iter().map(|&d| coords_string(&l.mesh, d)).collect();
+            if !reduction {
+                if let Some(&d) = group.iter().find(|&&d| !topo.healthy(d)) {
+                    bail!(
+                        "node '{}' ({}) needs the block of degraded device {}: only reductions can leave a degraded device's shard out",
+                        n.name,
+                        n.op.name(),
+                        coords_string(&l.mesh, d)
+                    );
+                }
+                continue;
+            }
+            let mut numel: usize = n.shape.as_ref().map_or(1, |s| s.iter().product());
+            if n.op == Op::ReduceScatter {
+                numel *= group.len();
+            }
+            let plan = plan_group(&topo, group, numel).map_err(|e| anyhow!("node '{}': {e}", n.name))?;
+            s.push_str(&format!(
+                "# schedule of {} ({}, {numel} elements) over {}\n{}",
+                n.name,
+                n.op.name(),
+                names.join(" "),
+                plan.describe(&l.mesh)
+            ));
+        }
+    }
+    Ok(s)
+}

@@ -98,9 +98,16 @@ pub fn build(
     let layouts = passes::layout::propagate(g, info, &spec.mesh, spec.seed_layouts(g, info)?);
     dumps.emit("layout", || passes::layout::dump(g, info, &layouts))?;
     let lowered = passes::lower::lower(g, info, &layouts)?;
-    dumps.emit("lower", || passes::lower::dump(&lowered))?;
+    let degraded = crate::degraded::Degradation::from_spec(&spec.mesh, &spec.degraded);
+    if degraded.is_empty() {
+        dumps.emit("lower", || passes::lower::dump(&lowered))?;
+    } else {
+        let text = crate::degraded::dump_lowered(&lowered, &degraded).with_context(|| spec.file.clone())?;
+        dumps.emit("lower", || text)?;
+    }
     emit_pilot()?;
-    let compiled = compile_lowered(g, info, &lowered, params, opts)?;
+    let mut compiled = compile_lowered(g, info, &lowered, params, opts)?;
+    compiled.meta.degraded = degraded;
     dumps.emit("buffers", || passes::buffers::dump(&compiled.programs))?;
     Ok(compiled)
 }

@@ -694,6 +694,8 @@ struct SlotState {
     arrived: usize,
     /// Members at the second rendezvous (large operands): their parts are done.
     finished: usize,
+    /// Per rank: at the first rendezvous of this execution.
+    here: Vec<bool>,
     /// The result of all_reduce and all_gather that sharing members read.
     shared: Option<AlignedBuf>,
 }
@@ -701,6 +703,8 @@ struct SlotState {
 struct Slot {
     /// The description every member must agree on.
     desc: Collective,
+    /// The members' devices, by rank.
+    group: Vec<usize>,
     plan: Plan,
     state: Mutex<SlotState>,
     cv: Condvar,
@@ -772,7 +776,13 @@ pub struct Fabric {
     reason: Mutex<Option<String>>,
     /// The mesh's degraded devices and links, if any.
     degraded: Option<Topo>,
+    /// Per device: signs of life (`beat`).
+    heartbeats: Vec<AtomicU64>,
+    timeout: Duration,
 }
+
+/// The default of `Fabric::set_timeout`: far beyond any step of the graphs we run.
+pub const TIMEOUT: Duration = Duration::from_secs(10);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // The state stays consistent across a panic of a lock holder (every update is a few
@@ -791,6 +801,8 @@ impl Fabric {
             poisoned: AtomicBool::new(false),
             reason: Mutex::new(None),
             degraded: None,
+            heartbeats: (0..mesh.devices()).map(|_| AtomicU64::new(0)).collect(),
+            timeout: TIMEOUT,
         }
     }
 
@@ -902,6 +914,7 @@ impl Fabric {
             let mut s = lock(&slot.state);
             s.arrived = 0;
             s.finished = 0;
+            s.here.iter_mut().for_each(|h| *h = false);
         }
         *lock(&self.reason) = None;
         self.poisoned.store(false, Ordering::SeqCst);
@@ -978,7 +991,14 @@ impl Fabric {
         let none = Member { operand: std::ptr::null(), result: std::ptr::null_mut(), share: false };
         Ok(Slot {
             desc: c.clone(),
-            state: Mutex::new(SlotState { members: vec![none; plan.n], arrived: 0, finished: 0, shared: None }),
+            state: Mutex::new(SlotState {
+                members: vec![none; plan.n],
+                arrived: 0,
+                finished: 0,
+                here: vec![false; plan.n],
+                shared: None,
+            }),
+            group: group.to_vec(),
             plan,
             cv: Condvar::new(),
             gen: AtomicU64::new(0),
@@ -1020,10 +1040,12 @@ impl Fabric {
         }
         let mut s = lock(&slot.state);
         s.members[rank] = Member { operand, result, share };
+        s.here[rank] = true;
         s.arrived += 1;
         let gen = slot.gen.load(Ordering::Relaxed);
         if s.arrived == plan.contributors.len() {
             s.arrived = 0;
+            s.here.iter_mut().for_each(|h| *h = false);
             for &(l, b) in &plan.traffic {
                 self.bytes[l].fetch_add(b, Ordering::Relaxed);
             }
@@ -1044,12 +1066,13 @@ impl Fabric {
             slot.cv.notify_all();
         } else {
             let start = Instant::now();
-            s = match self.await_change(&slot, s, &slot.gen, gen, true) {
+            s = match self.await_change(&slot, s, &slot.gen, gen, Some(device)) {
                 Ok(s) => s,
                 Err(mut s) => {
                     // Withdraw: without this member the rendezvous can never complete, so
                     // no one touches its buffers.
                     s.arrived -= 1;
+                    s.here[rank] = false;
                     return Err(self.abandoned(c));
                 }
             };
@@ -1086,7 +1109,7 @@ impl Fabric {
             slot.cv.notify_all();
         } else {
             let start = Instant::now();
-            drop(self.await_change(&slot, s, &slot.fin_gen, fin_gen, false));
+            drop(self.await_change(&slot, s, &slot.fin_gen, fin_gen, None));
             if let Some(w) = waits {
                 w.push((start, Instant::now()));
             }
@@ -1096,30 +1119,72 @@ impl Fabric {
 
     /// Waits until `counter` (one of `slot`'s generations) moves past `seen`: first
     /// checking it while yielding the core, for up to `SPIN`, then blocking. With
-    /// `poisonable`, a poisoned fabric ends the wait with `Err`, still under the lock and
-    /// with `counter` unchanged.
+    /// `watcher` (the waiting device, at the first rendezvous), a poisoned fabric ends the
+    /// wait with `Err`, still under the lock and with `counter` unchanged; and the wait is
+    /// also a watch: the waiter beats its own heartbeat, and a missing member whose
+    /// heartbeat stood still for the whole timeout is declared failed (the fabric is
+    /// poisoned with its coordinates).
     fn await_change<'a>(
         &self,
         slot: &'a Slot,
         s: MutexGuard<'a, SlotState>,
         counter: &AtomicU64,
         seen: u64,
-        poisonable: bool,
+        watcher: Option<usize>,
     ) -> std::result::Result<MutexGuard<'a, SlotState>, MutexGuard<'a, SlotState>> {
-        let poisoned = || poisonable && self.poisoned.load(Ordering::SeqCst);
+        let poisoned = || watcher.is_some() && self.poisoned.load(Ordering::SeqCst);
         drop(s);
         let start = Instant::now();
         while counter.load(Ordering::Acquire) == seen && !poisoned() && start.elapsed() < SPIN {
             std::thread::yield_now();
         }
         let mut s = lock(&slot.state);
+        let missing = |s: &SlotState| -> Vec<(usize, u64)> {
+            let ranks = slot.plan.contributors.iter().filter(|&&r| !s.here[r]);
+            ranks.map(|&r| (slot.group[r], self.heartbeats[slot.group[r]].load(Ordering::SeqCst))).collect()
+        };
+        let mut window = (Instant::now(), missing(&s));
         while counter.load(Ordering::Relaxed) == seen {
             if poisoned() {
                 return Err(s);
             }
-            s = slot.cv.wait(s).unwrap_or_else(|e| e.into_inner());
+            let Some(me) = watcher else {
+                s = slot.cv.wait(s).unwrap_or_else(|e| e.into_inner());
+                continue;
+            };
+            self.beat(me);
+            let tick = (self.timeout / 4).max(Duration::from_millis(1));
+            s = slot.cv.wait_timeout(s, tick).unwrap_or_else(|e| e.into_inner()).0;
+            if counter.load(Ordering::Relaxed) != seen || window.0.elapsed() < self.timeout {
+                continue;
+            }
+            let now = missing(&s);
+            let dead: Vec<String> =
+                now.iter().filter(|m| window.1.contains(m)).map(|&(d, _)| coords_string(&self.links.mesh, d)).collect();
+            if !dead.is_empty() {
+                drop(s);
+                self.poison(format!(
+                    "device {} stopped answering: no sign of life for {} ms while device {} waited for it in collective #{}",
+                    dead.join(", "),
+                    self.timeout.as_millis(),
+                    coords_string(&self.links.mesh, me),
+                    slot.desc.id
+                ));
+                return Err(lock(&slot.state));
+            }
+            window = (Instant::now(), now);
         }
         Ok(s)
+    }
+
+    /// A sign of life from `device` (the runner gives one per step).
+    pub fn beat(&self, device: usize) {
+        self.heartbeats[device].fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// How long a member may show no sign of life before the others declare it failed.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
     }
 
     /// `collective_raw` on slices (lengths checked), always delivering into `result`.

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use meshc::artifact::{self, Artifact, Verify};
 use meshc::runner::{Code, Loaded};
@@ -98,6 +98,18 @@ enum Cmd {
         /// repeated.
         #[arg(long, value_name = "A:B")]
         degrade_link: Vec<String>,
+        /// Treat partially degraded devices (a failed link, or all neighbours along a
+        /// dimension degraded) as failed.
+        #[arg(long)]
+        degrade_strict: bool,
+        /// Make a device stop answering when it reaches its STEP-th collective (from 0), to
+        /// test detection (e.g. 1,2@0).
+        #[arg(long, value_name = "DEVICE@STEP")]
+        fail_device: Option<String>,
+        /// How long a device waits in a collective for a member that shows no sign of life
+        /// before declaring it failed (default 10000).
+        #[arg(long, value_name = "MS")]
+        collective_timeout: Option<u64>,
         #[command(flatten)]
         codegen: CodegenArgs,
     },
@@ -180,6 +192,9 @@ fn main() -> ExitCode {
             link_stats,
             degrade,
             degrade_link,
+            degrade_strict,
+            fail_device,
+            collective_timeout,
             codegen,
         } => {
             let opts = RunOpts {
@@ -190,6 +205,9 @@ fn main() -> ExitCode {
                 link_stats,
                 degrade: &degrade,
                 degrade_link: &degrade_link,
+                degrade_strict,
+                fail_device: fail_device.as_deref(),
+                collective_timeout,
             };
             run(&program, &io, &opts, &codegen)
         }
@@ -482,6 +500,9 @@ struct RunOpts<'a> {
     link_stats: bool,
     degrade: &'a [String],
     degrade_link: &'a [String],
+    degrade_strict: bool,
+    fail_device: Option<&'a str>,
+    collective_timeout: Option<u64>,
 }
 
 fn run(path: &Path, io: &Io, opts: &RunOpts, args: &CodegenArgs) -> Result<()> {
@@ -501,14 +522,28 @@ fn run(path: &Path, io: &Io, opts: &RunOpts, args: &CodegenArgs) -> Result<()> {
     }
 }
 
-/// `--degrade` and `--degrade-link`: re-plans the collectives of the loaded programs.
+/// `--degrade`, `--degrade-link` and `--degrade-strict`: re-plans the collectives of the
+/// loaded programs; `--fail-device` and `--collective-timeout`: failure injection and
+/// detection.
 fn degrade(loaded: &mut Loaded, opts: &RunOpts) -> Result<()> {
-    if opts.degrade.is_empty() && opts.degrade_link.is_empty() {
+    if let Some(ms) = opts.collective_timeout {
+        loaded.set_collective_timeout(std::time::Duration::from_millis(ms));
+    }
+    if let Some(f) = opts.fail_device {
+        let (device, step) = f
+            .split_once('@')
+            .and_then(|(d, s)| Some((d, s.trim().parse::<usize>().ok()?)))
+            .ok_or_else(|| anyhow!("--fail-device '{f}': expected DEVICE@STEP such as 1,2@0"))?;
+        let d = meshc::degraded::Degradation::from_args(&loaded.meta.mesh, &[device.to_string()], &[])
+            .context("--fail-device")?;
+        loaded.fail_device(d.nodes[0], step).context("--fail-device")?;
+    }
+    if opts.degrade.is_empty() && opts.degrade_link.is_empty() && !opts.degrade_strict {
         return Ok(());
     }
     let deg = meshc::degraded::Degradation::from_args(&loaded.meta.mesh, opts.degrade, opts.degrade_link)
         .context("--degrade")?;
-    loaded.degrade(&deg).context("--degrade")
+    loaded.degrade(&deg, opts.degrade_strict).context("--degrade")
 }
 
 /// Compares each result with DIR/NAME.npy under the tolerance of `Tensor::closeness` and

@@ -6,6 +6,7 @@
 use meshc_ir::{DType, TensorType};
 use serde::{Deserialize, Serialize};
 
+use crate::degraded::Degradation;
 use crate::mesh::{Layout, Mesh};
 
 /// Alignment of every buffer, weight and arena slot.
@@ -28,6 +29,10 @@ pub struct Meta {
     pub flops: u64,
     pub inputs: Vec<IoSpec>,
     pub outputs: Vec<IoSpec>,
+    /// The devices and links the layout spec names degraded (seed 002): those devices run
+    /// nothing, and the collectives route around them.
+    #[serde(default, skip_serializing_if = "Degradation::is_empty")]
+    pub degraded: Degradation,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

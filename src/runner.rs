@@ -381,6 +381,8 @@ pub struct Loaded<'w> {
     /// Per device and step: whether a collective may leave its result in the fabric's shared
     /// buffer (no other step writes its result buffer, so the device may read it there).
     share: Vec<Vec<bool>>,
+    /// `--fail-device`: this device stops answering at its collective number .1 (from 0).
+    fail: Option<(usize, usize)>,
 }
 
 impl<'w> Loaded<'w> {
@@ -449,9 +451,12 @@ impl<'w> Loaded<'w> {
             })
             .collect();
         let arenas = programs.iter().map(|p| AlignedBuf::zeroed(p.arena_bytes)).collect::<Result<_>>()?;
-        let fabric = Fabric::new(&meta.mesh);
+        let mut fabric = Fabric::new(&meta.mesh);
+        if !meta.degraded.is_empty() {
+            fabric.degrade(crate::degraded::Topo::new(&meta.mesh, &meta.degraded, false)?)?;
+        }
         let state = Mutex::new(State { arenas, devices: None });
-        Ok(Loaded { meta, programs, code, weights, state, fabric, share })
+        Ok(Loaded { meta, programs, code, weights, state, fabric, share, fail: None })
     }
 
     fn kernel(&self, device: usize, k: usize) -> KernelFn {
@@ -482,12 +487,29 @@ impl<'w> Loaded<'w> {
         Ok(())
     }
 
-    /// Runs the collectives around degraded devices and links (`meshc run --degrade`): an
-    /// all_reduce over the whole mesh combines the healthy devices' operands over the
-    /// schedule of `crate::degraded`; see `crate::fabric` for the rest.
-    pub fn degrade(&mut self, deg: &crate::degraded::Degradation) -> Result<()> {
-        let topo = crate::degraded::Topo::new(&self.meta.mesh, deg, false)?;
+    /// Re-plans the collectives around degraded devices and links (`meshc run --degrade`),
+    /// those the artifact names plus `deg`; with `strict`, partially degraded devices count
+    /// as failed. Degraded devices run nothing; see `crate::fabric` for the collectives.
+    pub fn degrade(&mut self, deg: &crate::degraded::Degradation, strict: bool) -> Result<()> {
+        let topo = crate::degraded::Topo::new(&self.meta.mesh, &self.meta.degraded.merged(deg), strict)?;
         self.fabric.degrade(topo)
+    }
+
+    /// How long a device waits for a collective's member that shows no sign of life before
+    /// the run ends naming it (`crate::fabric::TIMEOUT` unless set).
+    pub fn set_collective_timeout(&mut self, timeout: Duration) {
+        self.fabric.set_timeout(timeout);
+    }
+
+    /// Makes `device` stop answering (it neither runs on nor shows signs of life) when it
+    /// reaches its collective number `step`, from 0: how tests make a device fail mid-run.
+    pub fn fail_device(&mut self, device: usize, step: usize) -> Result<()> {
+        let runs = self.programs[device].steps.iter().filter(|s| matches!(s.exec, Exec::Collective(_))).count();
+        if step >= runs {
+            bail!("{} runs {runs} collective(s), none numbered {step}", device_label(&self.meta.mesh, device));
+        }
+        self.fail = Some((device, step));
+        Ok(())
     }
 
     /// The bytes every link of the mesh carried in the last run (`--link-stats`).
@@ -662,8 +684,20 @@ impl<'w> Loaded<'w> {
         let mut times = Vec::new();
         let mut waits = Vec::new();
         let mut args: Vec<*mut u8> = Vec::new();
+        let mut collectives = 0;
         for (i, st) in p.steps.iter().enumerate() {
             step.set(i);
+            self.fabric.beat(device);
+            if let Exec::Collective(c) = &st.exec {
+                if self.fail == Some((device, collectives)) {
+                    // Silent until the others give up on it.
+                    while self.fabric.poisoned().is_none() {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    bail!("node '{}': collective #{}: stopped answering (--fail-device)", st.node, c.id);
+                }
+                collectives += 1;
+            }
             let start = Instant::now();
             args.clear();
             args.extend(st.buffers.iter().map(|&b| ptrs[b]));
@@ -770,6 +804,7 @@ mod tests {
             flops: 0,
             inputs,
             outputs,
+            degraded: Default::default(),
         };
         Loaded::new(meta, programs, Code::Copied(codegen::ExecCode::new(&[])?), &[])
     }

@@ -357,3 +357,37 @@ fn max_link_bytes_against_the_fault_free_run() {
         }
     }
 }
+
+#[test]
+fn a_device_that_stops_answering_is_detected_and_named() {
+    let start = std::time::Instant::now();
+    let r = run("testdata/mlp/layouts/mp-2x4.json", &["--fail-device", "1,2@0", "--collective-timeout", "200"]);
+    assert_eq!(r.status, Some(1), "{r:?}");
+    assert_eq!(r.stderr.lines().count(), 1, "{r:?}");
+    assert!(
+        r.stderr.starts_with("error: device (1,2) stopped answering: no sign of life for 200 ms while device (1,"),
+        "{r:?}"
+    );
+    // Not a timing test: a guard against a hang (detection takes ~0.2 s).
+    assert!(start.elapsed().as_secs() < 20);
+    for (arg, want) in [
+        ("1,2@1", "error: --fail-device: device 6 (1,2) runs 1 collective(s), none numbered 1"),
+        ("1,2", "error: --fail-device '1,2': expected DEVICE@STEP such as 1,2@0"),
+        ("2,0@0", "error: --fail-device: device '2,0' is not in the [2, 4] mesh"),
+    ] {
+        let r = run("testdata/mlp/layouts/mp-2x4.json", &["--fail-device", arg]);
+        assert_eq!((r.status, r.stderr.trim_end()), (Some(1), want), "{r:?}");
+    }
+}
+
+#[test]
+fn strict_makes_the_ends_of_a_failed_link_carry_nothing() {
+    // torus-2x4 names the link (0,3)-(0,0) degraded: both ends still compute and forward.
+    let loose = run("testdata/mlp/layouts/torus-2x4.json", &["--link-stats"]);
+    assert_eq!(loose.status, Some(0), "{loose:?}");
+    assert!(loose.stdout.contains("link (0,0) -> "), "{loose:?}");
+    let strict = run("testdata/mlp/layouts/torus-2x4.json", &["--link-stats", "--degrade-strict"]);
+    assert_eq!(strict.status, Some(0), "{strict:?}");
+    let links: Vec<&str> = strict.stdout.lines().filter(|l| l.starts_with("link ")).collect();
+    assert!(!links.is_empty() && links.iter().all(|l| !l.contains("(0,0)") && !l.contains("(0,3)")), "{strict:?}");
+}
