@@ -20,11 +20,12 @@ test:
 	$(CARGO) test --workspace
 
 golden:
-	MESHC_BLESS=1 $(CARGO) test --test golden --test layouts --test compiled --test cli --test refused --test distributed --test buffers --test pilot
+	MESHC_BLESS=1 $(CARGO) test --test golden --test layouts --test compiled --test cli --test refused --test distributed --test buffers --test pilot --test degraded
 	git status --short golden/
 
 testdata:
 	python3 tools/gen_testdata.py
+	python3 tools/gen_dp_train.py
 
 bench:
 	$(CARGO) bench --bench gemm --bench pipeline --bench mesh --bench collectives

@@ -391,3 +391,65 @@ fn strict_makes_the_ends_of_a_failed_link_carry_nothing() {
     let links: Vec<&str> = strict.stdout.lines().filter(|l| l.starts_with("link ")).collect();
     assert!(!links.is_empty() && links.iter().all(|l| !l.contains("(0,0)") && !l.contains("(0,3)")), "{strict:?}");
 }
+
+fn dp_train(args: &[&str]) -> common::Run {
+    let d = "testdata/dp_train";
+    let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    if args[0] == "run" {
+        all.extend(["--input".into(), format!("x={d}/inputs/x.npy"), "--input".into(), format!("t={d}/inputs/t.npy")]);
+    }
+    meshc(&all.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// The data-parallel training step (tools/gen_dp_train.py) on a 4x4 torus: the compiled
+/// degradation of its layout gives the update from the healthy replicas' gradients only
+/// (numpy's expected-degraded/, unlike the fault-free expected/), and so does the
+/// fault-free artifact re-planned at run time; the lowered programs and schedules are pinned.
+#[test]
+fn a_training_step_on_a_degraded_torus_updates_from_the_healthy_replicas_only() {
+    let d = "testdata/dp_train";
+    let dir = common::scratch("degraded-dp-train");
+    let (free, degraded) = (dir.join("free.mshc"), dir.join("degraded.mshc"));
+    let (free, degraded) = (free.to_str().unwrap(), degraded.to_str().unwrap());
+    let c = dp_train(&[
+        "compile",
+        &format!("{d}/graph.json"),
+        "--layout",
+        &format!("{d}/layouts/torus-4x4.json"),
+        "-o",
+        free,
+    ]);
+    assert_eq!(c.status, Some(0), "{c:?}");
+    let c = dp_train(&[
+        "compile",
+        &format!("{d}/graph.json"),
+        "--layout",
+        &format!("{d}/layouts/torus-4x4-degraded.json"),
+        "-o",
+        degraded,
+        "--dump-after",
+        "lower",
+    ]);
+    assert_eq!(c.status, Some(0), "{c:?}");
+    golden("degraded/dp_train-lower.txt", &c.stdout).unwrap();
+    let want = |dir: &str| format!("{d}/{dir}");
+    let runs = [
+        (free, vec![], "expected", true),
+        (degraded, vec![], "expected-degraded", true),
+        (degraded, vec![], "expected", false),
+        (
+            free,
+            vec!["--degrade", "1,2", "--degrade", "2,1", "--degrade", "3,3", "--degrade-link", "0,0:0,1"],
+            "expected-degraded",
+            true,
+        ),
+    ];
+    for (art, extra, expected, ok) in runs {
+        let mut args = vec!["run", art, "--check-against"];
+        let e = want(expected);
+        args.push(&e);
+        args.extend(extra);
+        let r = dp_train(&args);
+        assert_eq!(r.status, Some(if ok { 0 } else { 1 }), "{art} against {expected}: {r:?}");
+    }
+}
