@@ -801,6 +801,16 @@ pub fn execute<T: Copy + AddAssign>(
     Ok(schedule.link_bytes(size_of::<T>()))
 }
 
+/// Gives the degraded devices of `l` no work: their programs become empty (no inputs,
+/// nodes or outputs), so the artifact holds no code, weights or arena for them.
+pub fn leave_out(l: &mut crate::passes::lower::Lowered, deg: &Degradation) -> Result<()> {
+    let topo = Topo::new(&l.mesh, deg, false)?;
+    for (d, g) in l.devices.iter_mut().enumerate().filter(|(d, _)| !topo.healthy(*d)) {
+        *g = meshc_ir::Graph { name: format!("{} (degraded device {d})", g.name), ..Default::default() };
+    }
+    Ok(())
+}
+
 /// The lowered programs as `--dump-after lower` prints them under a degradation: a
 /// degraded device gets no work (its line says so, and it never runs); every healthy one
 /// its program; then the fault-tolerant schedule of each reduction whose group holds a

@@ -97,13 +97,14 @@ pub fn build(
     };
     let layouts = passes::layout::propagate(g, info, &spec.mesh, spec.seed_layouts(g, info)?);
     dumps.emit("layout", || passes::layout::dump(g, info, &layouts))?;
-    let lowered = passes::lower::lower(g, info, &layouts)?;
+    let mut lowered = passes::lower::lower(g, info, &layouts)?;
     let degraded = crate::degraded::Degradation::from_spec(&spec.mesh, &spec.degraded);
     if degraded.is_empty() {
         dumps.emit("lower", || passes::lower::dump(&lowered))?;
     } else {
         let text = crate::degraded::dump_lowered(&lowered, &degraded).with_context(|| spec.file.clone())?;
         dumps.emit("lower", || text)?;
+        crate::degraded::leave_out(&mut lowered, &degraded)?;
     }
     emit_pilot()?;
     let mut compiled = compile_lowered(g, info, &lowered, params, opts)?;

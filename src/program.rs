@@ -179,8 +179,8 @@ pub struct Step {
     pub buffers: Vec<usize>,
 }
 
-/// The program of one device.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// The program of one device (the default: nothing to run, as for a degraded device).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Program {
     pub device: usize,
     pub arena_bytes: usize,

@@ -181,12 +181,13 @@ fn check_collective(mesh: &Mesh, p: &Program, c: &Collective, buffers: &[usize])
 /// each collective of its group once, described alike, and in an order that lets all of them
 /// complete (simulated: the programs are straight lines, so this is exact). A run therefore
 /// never waits for a collective that cannot happen.
-fn check_collectives(mesh: &Mesh, programs: &[Program]) -> Result<()> {
+/// Devices that are `absent` (degraded in the artifact: they run nothing) take no part.
+fn check_collectives(mesh: &Mesh, programs: &[Program], absent: &[bool]) -> Result<()> {
     let label = |d: usize| device_label(mesh, d);
     // Per device, its collectives in order: (id, node).
     let mut seqs: Vec<Vec<(usize, &str)>> = vec![Vec::new(); programs.len()];
     let mut first: BTreeMap<usize, (&Collective, usize, &str)> = BTreeMap::new();
-    for (d, p) in programs.iter().enumerate() {
+    for (d, p) in programs.iter().enumerate().filter(|&(d, _)| !absent[d]) {
         for step in &p.steps {
             let Exec::Collective(c) = &step.exec else { continue };
             let node = step.node.as_str();
@@ -211,7 +212,7 @@ fn check_collectives(mesh: &Mesh, programs: &[Program]) -> Result<()> {
         }
     }
     for (&id, &(c, _, node)) in &first {
-        if let Some(&m) = c.groups.iter().flatten().find(|&&m| !seqs[m].iter().any(|s| s.0 == id)) {
+        if let Some(&m) = c.groups.iter().flatten().find(|&&m| !absent[m] && !seqs[m].iter().any(|s| s.0 == id)) {
             bail!("{} never runs collective #{id} (node '{node}') of its group", label(m));
         }
     }
@@ -221,8 +222,9 @@ fn check_collectives(mesh: &Mesh, programs: &[Program]) -> Result<()> {
         for d in 0..programs.len() {
             let Some(&(id, _)) = seqs[d].get(at[d]) else { continue };
             let group = fabric::group_of(first[&id].0, d)?;
-            if group.iter().all(|&m| seqs[m].get(at[m]).is_some_and(|s| s.0 == id)) {
-                group.iter().for_each(|&m| at[m] += 1);
+            let present = group.iter().filter(|&&m| !absent[m]);
+            if present.clone().all(|&m| seqs[m].get(at[m]).is_some_and(|s| s.0 == id)) {
+                present.for_each(|&m| at[m] += 1);
                 progress = true;
             }
         }
@@ -408,7 +410,12 @@ impl<'w> Loaded<'w> {
             Code::Mapped(m) => m.len(),
             Code::Copied(c) => c.len(),
         };
-        for (d, program) in programs.iter().enumerate() {
+        // The devices the artifact names degraded run nothing: their programs are empty.
+        let topo = (!meta.degraded.is_empty())
+            .then(|| crate::degraded::Topo::new(&meta.mesh, &meta.degraded, false))
+            .transpose()?;
+        let absent: Vec<bool> = (0..devices).map(|d| topo.as_ref().is_some_and(|t| !t.healthy(d))).collect();
+        for (d, program) in programs.iter().enumerate().filter(|&(d, _)| !absent[d]) {
             let check = || -> Result<()> {
                 if program.device != d {
                     bail!("program {d} is for device {}", program.device);
@@ -435,7 +442,7 @@ impl<'w> Loaded<'w> {
                 check().with_context(|| device_label(&meta.mesh, d))?;
             }
         }
-        check_collectives(&meta.mesh, &programs)?;
+        check_collectives(&meta.mesh, &programs, &absent)?;
         let share = programs
             .iter()
             .map(|p| {
@@ -452,8 +459,8 @@ impl<'w> Loaded<'w> {
             .collect();
         let arenas = programs.iter().map(|p| AlignedBuf::zeroed(p.arena_bytes)).collect::<Result<_>>()?;
         let mut fabric = Fabric::new(&meta.mesh);
-        if !meta.degraded.is_empty() {
-            fabric.degrade(crate::degraded::Topo::new(&meta.mesh, &meta.degraded, false)?)?;
+        if let Some(topo) = topo {
+            fabric.degrade(topo)?;
         }
         let state = Mutex::new(State { arenas, devices: None });
         Ok(Loaded { meta, programs, code, weights, state, fabric, share, fail: None })

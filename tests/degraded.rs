@@ -424,7 +424,7 @@ fn a_training_step_on_a_degraded_torus_updates_from_the_healthy_replicas_only() 
         "compile",
         &format!("{d}/graph.json"),
         "--layout",
-        &format!("{d}/layouts/torus-4x4-degraded.json"),
+        &format!("{d}/degraded/torus-4x4.json"),
         "-o",
         degraded,
         "--dump-after",

@@ -8,8 +8,10 @@ pass, a hand-written backward pass of its own mean-squared-error loss, the gradi
 over the replicas (lowered to an all_reduce mean over the whole torus) and the SGD update.
 
 expected/ is the fault-free step (all 16 replicas; what the interpreter and a single device
-compute). expected-degraded/ is the step under layouts/torus-4x4-degraded.json: the
-degraded devices do no work, so the mean is over the healthy replicas' gradients only.
+compute; layouts/torus-4x4.json spreads it over the torus). expected-degraded/ is the step
+under degraded/torus-4x4.json, the same layout with failed devices and a failed link: the
+degraded devices do no work, so the mean is over the healthy replicas' gradients only. (It
+is kept out of layouts/, whose specs must all give the single-device answer.)
 
 Run: python3 tools/gen_dp_train.py (numpy only). Outputs are written in float32; the
 reference is computed in float64.
@@ -121,9 +123,9 @@ def main():
         "rules": {"rx": "dx", "ry": "dy"},
         **({"degraded": degraded} if degraded else {}),
     }
-    os.makedirs(os.path.join(OUT, "layouts"), exist_ok=True)
-    for name, deg in [("torus-4x4", None), ("torus-4x4-degraded", {"nodes": DEGRADED_NODES, "links": DEGRADED_LINKS})]:
-        with open(os.path.join(OUT, "layouts", name + ".json"), "w") as f:
+    for sub, deg in [("layouts", None), ("degraded", {"nodes": DEGRADED_NODES, "links": DEGRADED_LINKS})]:
+        os.makedirs(os.path.join(OUT, sub), exist_ok=True)
+        with open(os.path.join(OUT, sub, "torus-4x4.json"), "w") as f:
             json.dump(layout(deg), f)
             f.write("\n")
 
