@@ -451,6 +451,8 @@ struct Plan {
     numel: usize,
     result_numel: usize,
     traffic: Traffic,
+    /// The traffic of the plain schedule, as if nothing were degraded (`LinkStats::fault_free_max`).
+    plain: Traffic,
     /// The ranks whose operands a reduction combines and who take part: every member,
     /// except the degraded ones of a fault-tolerant all_reduce or reduce_scatter (they run
     /// nothing, so they never arrive).
@@ -736,6 +738,9 @@ pub struct LinkBytes {
 pub struct LinkStats {
     pub links: Vec<LinkBytes>,
     pub max: u64,
+    /// With degraded devices or links: the busiest link's bytes had the same collectives run
+    /// on the healthy network (the plain schedules), to compare `max` with.
+    pub fault_free_max: Option<u64>,
 }
 
 impl LinkStats {
@@ -747,6 +752,12 @@ impl LinkStats {
             s.push_str(&format!("link {} -> {} {} bytes\n", c(&l.from), c(&l.to), l.bytes));
         }
         s.push_str(&format!("max link bytes {}\n", self.max));
+        if let Some(f) = self.fault_free_max {
+            s.push_str(&format!(
+                "fault-free max link bytes {f} (degraded/fault-free {:.2})\n",
+                self.max as f64 / f as f64
+            ));
+        }
         s
     }
 }
@@ -776,6 +787,8 @@ pub struct Fabric {
     reason: Mutex<Option<String>>,
     /// The mesh's degraded devices and links, if any.
     degraded: Option<Topo>,
+    /// Per link: the bytes of the plain schedules (`LinkStats::fault_free_max`).
+    free_bytes: Vec<AtomicU64>,
     /// Per device: signs of life (`beat`).
     heartbeats: Vec<AtomicU64>,
     timeout: Duration,
@@ -794,9 +807,11 @@ impl Fabric {
     pub fn new(mesh: &Mesh) -> Fabric {
         let links = Links::new(mesh);
         let bytes = links.list.iter().map(|_| AtomicU64::new(0)).collect();
+        let free_bytes = links.list.iter().map(|_| AtomicU64::new(0)).collect();
         Fabric {
             links,
             bytes,
+            free_bytes,
             slots: RwLock::new(HashMap::new()),
             poisoned: AtomicBool::new(false),
             reason: Mutex::new(None),
@@ -903,13 +918,17 @@ impl Fabric {
             })
             .collect();
         let max = links.iter().map(|l| l.bytes).max().unwrap_or(0);
-        LinkStats { links, max }
+        let fault_free_max = self
+            .degraded
+            .as_ref()
+            .map(|_| self.free_bytes.iter().map(|b| b.load(Ordering::Relaxed)).max().unwrap_or(0));
+        LinkStats { links, max, fault_free_max }
     }
 
     /// Clears the counters, the poison and any half-met rendezvous. Only while no thread is
     /// inside a collective (between runs).
     pub fn reset(&self) {
-        self.bytes.iter().for_each(|b| b.store(0, Ordering::Relaxed));
+        self.bytes.iter().chain(&self.free_bytes).for_each(|b| b.store(0, Ordering::Relaxed));
         for slot in self.slots.read().unwrap_or_else(|e| e.into_inner()).values() {
             let mut s = lock(&slot.state);
             s.arrived = 0;
@@ -975,13 +994,14 @@ impl Fabric {
             Some(p) => p,
             None => {
                 self.check_healthy(c, group, &plain)?;
-                (plain, (0..group.len()).collect())
+                (plain.clone(), (0..group.len()).collect())
             }
         };
         let plan = Plan {
             op: c.op.clone(),
             shape: c.shape.clone(),
             traffic,
+            plain,
             contributors,
             result_shape,
             n: group.len(),
@@ -1048,6 +1068,9 @@ impl Fabric {
             s.here.iter_mut().for_each(|h| *h = false);
             for &(l, b) in &plan.traffic {
                 self.bytes[l].fetch_add(b, Ordering::Relaxed);
+            }
+            for &(l, b) in &plan.plain {
+                self.free_bytes[l].fetch_add(b, Ordering::Relaxed);
             }
             slot.next.store(0, Ordering::Relaxed);
             if plan.shareable() && s.members.iter().any(|m| m.share) && s.shared.is_none() {
@@ -1505,7 +1528,10 @@ mod tests {
         assert_eq!(links.len(), 18);
         let m = Fabric::new(&mesh(&[2, 3], Topology::Mesh));
         assert_eq!(traffic(&m).len(), 14);
-        assert_eq!(Fabric::new(&Mesh::single()).link_stats(), LinkStats { links: vec![], max: 0 });
+        assert_eq!(
+            Fabric::new(&Mesh::single()).link_stats(),
+            LinkStats { links: vec![], max: 0, fault_free_max: None }
+        );
     }
 
     #[test]

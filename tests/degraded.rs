@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use common::{golden, input_args, meshc};
-use meshc::degraded::{coords_string, execute, plan, Degradation, Topo};
+use meshc::degraded::{coords_string, execute, plan, plan_group, Degradation, Topo};
 use meshc::mesh::{Mesh, Topology};
 
 fn run(layout: &str, extra: &[&str]) -> common::Run {
@@ -42,9 +42,18 @@ fn a_failed_device_carries_nothing_and_contributes_nothing() {
     let links: Vec<&str> = r.stdout.lines().filter(|l| l.starts_with("link ")).collect();
     assert_eq!(links.len(), 4, "{r:?}");
     assert!(links.iter().all(|l| !l.contains("(3)")), "{r:?}");
-    assert!(r.stdout.ends_with("max link bytes 4096\n"), "{r:?}");
+    assert!(
+        r.stdout.ends_with("max link bytes 4096\nfault-free max link bytes 4096 (degraded/fault-free 1.00)\n"),
+        "{r:?}"
+    );
+    assert!(free.stdout.ends_with("max link bytes 4096\n"), "{free:?}");
     // Device 3's partial sum is left out.
     assert_ne!(y(&r), y(&free));
+    // A sub-group all_reduce (along the model axis of a 2x4 torus) is planned around (1,2).
+    let r = run("testdata/mlp/layouts/torus-2x4.json", &["--link-stats", "--degrade", "1,2"]);
+    assert_eq!(r.status, Some(0), "{r:?}");
+    let links: Vec<&str> = r.stdout.lines().filter(|l| l.starts_with("link ")).collect();
+    assert!(!links.is_empty() && links.iter().all(|l| !l.contains("(1,2)")), "{r:?}");
 }
 
 #[test]
@@ -332,6 +341,81 @@ fn random_degradations_count_every_healthy_contribution_once() {
         }
     }
     assert!(planned > 200 && refused > 5, "planned {planned}, refused {refused}");
+}
+
+/// Like `check`, for the all-reduce over one group (devices outside it may forward): the
+/// healthy members end with the sum of their vectors, each once; everyone else keeps its
+/// own; a reduce-scatter over the plan carries no more than the all-reduce on any link.
+fn check_group(t: &Topo, group: &[usize], len: usize, seed: u64) -> Result<(), String> {
+    let n = t.mesh.devices();
+    let schedule = plan_group(t, group, len).map_err(|e| e.to_string())?;
+    let members: Vec<usize> = group.iter().copied().filter(|&d| t.healthy(d)).collect();
+    assert_eq!(schedule.members, members);
+    let mut rng = Rng(seed | 1);
+    let mut data: Vec<Vec<f64>> = (0..n).map(|_| (0..len).map(|_| rng.below(1 << 20) as f64).collect()).collect();
+    let before = data.clone();
+    let want: Vec<f64> = (0..len).map(|e| members.iter().map(|&d| data[d][e]).sum()).collect();
+    let bytes = execute(t, &schedule, &mut data).unwrap();
+    for d in 0..n {
+        let expect = if members.contains(&d) { &want } else { &before[d] };
+        assert_eq!(&data[d], expect, "device {} of {group:?} in {:?}", coords_string(&t.mesh, d), t.mesh.shape);
+    }
+    for (&(u, v), &b) in &bytes {
+        assert!(b == 0 || t.healthy(u) && t.healthy(v) && t.link_ok(u, v));
+    }
+    let keep = |i: usize| std::iter::once(len * i / members.len()..len * (i + 1) / members.len()).collect();
+    let keeps = members.iter().enumerate().map(|(i, &d)| (d, keep(i))).collect();
+    for (link, b) in schedule.scatter_link_bytes(4, &keeps) {
+        assert!(b <= bytes[&link], "reduce-scatter over {link:?}");
+    }
+    Ok(())
+}
+
+#[test]
+fn random_sub_group_reductions_count_every_healthy_member_once() {
+    let mut rng = Rng(0x2545f4914f6cdd1d);
+    let (mut planned, mut refused) = (0, 0);
+    for case in 0..150 {
+        let dims = 1 + rng.below(3);
+        let shape: Vec<usize> = (0..dims).map(|_| 1 + rng.below(4)).collect();
+        let topology = if rng.below(2) == 0 { Topology::Mesh } else { Topology::Torus };
+        let m = mesh(&shape, topology);
+        let n = m.devices();
+        let free = Topo::new(&m, &Degradation::default(), false).unwrap();
+        let mut deg = Degradation::default();
+        for _ in 0..rng.below(n / 4 + 1) {
+            deg.nodes.push(rng.below(n));
+        }
+        for _ in 0..rng.below(n / 4 + 1) {
+            let u = rng.below(n);
+            if let Some(&v) = free.neighbours(u, rng.below(dims)).first() {
+                deg.links.push((u, v));
+            }
+        }
+        let t = Topo::new(&m, &deg, false).unwrap();
+        // Groups along a random set of axes (as lowering makes them), or an arbitrary set.
+        let axes: Vec<usize> = (0..dims).filter(|_| rng.below(2) == 0).collect();
+        let mut groups = m.groups(&axes);
+        if rng.below(4) == 0 {
+            groups = vec![(0..n).filter(|_| rng.below(2) == 0).collect()];
+        }
+        for g in groups.iter().filter(|g| g.iter().any(|&d| t.healthy(d))) {
+            match check_group(&t, g, 1 + rng.below(30), case) {
+                Ok(()) => planned += 1,
+                Err(e) => {
+                    refused += 1;
+                    let named: Vec<usize> = g.iter().copied().filter(|&d| e.contains(&coords_string(&m, d))).collect();
+                    assert!(!named.is_empty(), "{e}");
+                    // Each named member cannot reach some other healthy member.
+                    let members: BTreeSet<usize> = g.iter().copied().filter(|&d| t.healthy(d)).collect();
+                    for d in named {
+                        assert!(!members.is_subset(&reach(&t, d)), "{e}");
+                    }
+                }
+            }
+        }
+    }
+    assert!(planned > 200 && refused > 0, "planned {planned}, refused {refused}");
 }
 
 /// Max link bytes of a 16 MiB f32 all-reduce on a 4×4 grid, fault-free and degraded, as
