@@ -1,7 +1,11 @@
 //! Fault-tolerant all-reduce over a mesh/torus with degraded nodes and links (seed 002, its
 //! paragraphs 57–109; DESIGN.md §6): the topology model (`Topo`), the planner that turns it
-//! into an explicit schedule (`plan`), and an executor of that schedule on per-device vectors
-//! that counts bytes per directed link (`execute`).
+//! into an explicit schedule (`plan` for the whole mesh, `plan_group` for any group, with
+//! routes through healthy non-members), an executor of that schedule on per-device vectors
+//! that counts bytes per directed link (`execute`), and the compile-time side: lowered
+//! programs with the degraded devices left out (`leave_out`) and their dump with the
+//! schedules (`dump_lowered`). The fabric (`crate::fabric`) runs collectives over these
+//! schedules.
 //!
 //! # Topology model
 //! A node is degraded along a dimension when it failed (fully degraded), when one of its

@@ -46,12 +46,26 @@
 //! - all_to_all: every member sends each other member its block directly (any size).
 //!
 //! # Degraded devices and links (`Fabric::degrade`, seed 002)
-//! An all_reduce over the whole mesh combines the operands of the healthy devices only (a
-//! mean divides by their number) and its link counters record the fault-tolerant schedule
-//! of `crate::degraded::plan` (forwarding and critical groups, any operand size). Degraded
-//! devices still meet in it, as their programs still run (lowering does not yet leave them
-//! out), and receive the same result. Every other collective must not involve a degraded
-//! device or send over a link that is not healthy: it fails, naming the collective.
+//! Degraded devices run nothing (the runner starts no job for them), so they never arrive.
+//! An all_reduce or reduce_scatter whose group holds one, or whose plain schedule would
+//! cross a degraded link, combines the operands of its healthy members only (a mean divides
+//! by their number; a degraded member's block of a reduce_scatter goes to no one), and its
+//! link counters record the fault-tolerant schedule of `crate::degraded::plan_group`
+//! (forwarding and critical groups, any operand size; for reduce_scatter the reduce half
+//! and only the broadcast edges leading to what each member keeps). all_gather and
+//! all_to_all cannot leave a member out: one that involves a degraded device or would send
+//! over a degraded link fails, naming the collective. The counters of the plain schedules
+//! are kept too, for the fault-free comparison of `LinkStats`.
+//!
+//! # Failure detection
+//! A member waiting at the first rendezvous wakes every quarter of the timeout
+//! (`set_timeout`, `TIMEOUT` by default), beats its own heartbeat and looks at the members
+//! that have not arrived: one whose heartbeat (the runner beats once per step, waiters
+//! while they wait) stood still for a whole timeout is declared failed, and the fabric is
+//! poisoned with its coordinates, ending the run. A member blocked in another collective
+//! keeps beating, so the blame lands on the silent device, not on those waiting for it. A
+//! single step that computes for longer than the timeout would be blamed wrongly: the
+//! timeout must exceed the longest step.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

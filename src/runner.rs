@@ -8,7 +8,10 @@
 //! scattered (each device copies its block of every input), the steps run in order,
 //! collectives meet in the fabric (`crate::fabric`), and the devices that hold the
 //! write-back copy of an output block gather it into the result. A failing or panicking
-//! device poisons the fabric, so that every other device stops at its next rendezvous.
+//! device poisons the fabric, so that every other device stops at its next rendezvous; one
+//! that goes silent is detected by the fabric's heartbeat watch. Degraded devices
+//! (`Meta::degraded`, or `Loaded::degrade`) run nothing: outputs are taken from a healthy
+//! holder of each block.
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
