@@ -529,6 +529,11 @@ fn degrade(loaded: &mut Loaded, opts: &RunOpts) -> Result<()> {
     if let Some(ms) = opts.collective_timeout {
         loaded.set_collective_timeout(std::time::Duration::from_millis(ms));
     }
+    if !opts.degrade.is_empty() || !opts.degrade_link.is_empty() || opts.degrade_strict {
+        let deg = meshc::degraded::Degradation::from_args(&loaded.meta.mesh, opts.degrade, opts.degrade_link)
+            .context("--degrade")?;
+        loaded.degrade(&deg, opts.degrade_strict).context("--degrade")?;
+    }
     if let Some(f) = opts.fail_device {
         let (device, step) = f
             .split_once('@')
@@ -538,12 +543,7 @@ fn degrade(loaded: &mut Loaded, opts: &RunOpts) -> Result<()> {
             .context("--fail-device")?;
         loaded.fail_device(d.nodes[0], step).context("--fail-device")?;
     }
-    if opts.degrade.is_empty() && opts.degrade_link.is_empty() && !opts.degrade_strict {
-        return Ok(());
-    }
-    let deg = meshc::degraded::Degradation::from_args(&loaded.meta.mesh, opts.degrade, opts.degrade_link)
-        .context("--degrade")?;
-    loaded.degrade(&deg, opts.degrade_strict).context("--degrade")
+    Ok(())
 }
 
 /// Compares each result with DIR/NAME.npy under the tolerance of `Tensor::closeness` and

@@ -514,6 +514,9 @@ impl<'w> Loaded<'w> {
     /// Makes `device` stop answering (it neither runs on nor shows signs of life) when it
     /// reaches its collective number `step`, from 0: how tests make a device fail mid-run.
     pub fn fail_device(&mut self, device: usize, step: usize) -> Result<()> {
+        if self.fabric.degraded().is_some_and(|t| !t.healthy(device)) {
+            bail!("{} is degraded: it runs nothing", device_label(&self.meta.mesh, device));
+        }
         let runs = self.programs[device].steps.iter().filter(|s| matches!(s.exec, Exec::Collective(_))).count();
         if step >= runs {
             bail!("{} runs {runs} collective(s), none numbered {step}", device_label(&self.meta.mesh, device));

@@ -462,6 +462,8 @@ fn a_device_that_stops_answering_is_detected_and_named() {
         let r = run("testdata/mlp/layouts/mp-2x4.json", &["--fail-device", arg]);
         assert_eq!((r.status, r.stderr.trim_end()), (Some(1), want), "{r:?}");
     }
+    let r = run("testdata/mlp/layouts/mp-2x4.json", &["--degrade", "1,2", "--fail-device", "1,2@0"]);
+    assert_eq!(r.stderr, "error: --fail-device: device 6 (1,2) is degraded: it runs nothing\n", "{r:?}");
 }
 
 #[test]
