@@ -407,6 +407,7 @@ fn meta(g: &Graph, info: &Info, target: &Target, mesh: Mesh, layouts: &HashMap<S
         inputs: g.inputs.iter().map(|i| spec(&i.name, &i.ty)).collect(),
         outputs: g.outputs.iter().map(|o| spec(&o.name, &info.types[&o.name])).collect(),
         degraded: Default::default(),
+        model_axes: Vec::new(),
     }
 }
 

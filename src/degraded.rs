@@ -805,6 +805,19 @@ pub fn execute<T: Copy + AddAssign>(
     Ok(schedule.link_bytes(size_of::<T>()))
 }
 
+/// Refuses a degradation that fails a device while a param is split over a mesh axis
+/// (`split`: param, axis): the device's shard of the model would be lost, and the result
+/// wrong. Only a data-parallel shard can drop out.
+pub fn keep_model_shards(topo: &Topo, split: &[(&str, usize)]) -> Result<()> {
+    let Some(d) = (0..topo.mesh.devices()).find(|&d| !topo.healthy(d)) else { return Ok(()) };
+    let Some(&(param, a)) = split.iter().find(|&&(_, a)| topo.mesh.shape[a] > 1) else { return Ok(()) };
+    bail!(
+        "degraded device {} would take its shard of param '{param}' (split over mesh axis '{}') with it: only data-parallel layouts (params replicated) can lose a device",
+        coords_string(&topo.mesh, d),
+        topo.mesh.axes[a]
+    )
+}
+
 /// Gives the degraded devices of `l` no work: their programs become empty (no inputs,
 /// nodes or outputs), so the artifact holds no code, weights or arena for them.
 pub fn leave_out(l: &mut crate::passes::lower::Lowered, deg: &Degradation) -> Result<()> {

@@ -99,6 +99,16 @@ pub fn build(
     dumps.emit("layout", || passes::layout::dump(g, info, &layouts))?;
     let mut lowered = passes::lower::lower(g, info, &layouts)?;
     let degraded = crate::degraded::Degradation::from_spec(&spec.mesh, &spec.degraded);
+    let split: Vec<(&str, usize)> = g
+        .params
+        .iter()
+        .flat_map(|p| layouts.of.get(&p.name).into_iter().flatten().flatten().map(|&a| (p.name.as_str(), a)))
+        .collect();
+    let topo = crate::degraded::Topo::new(&spec.mesh, &degraded, false).with_context(|| spec.file.clone())?;
+    crate::degraded::keep_model_shards(&topo, &split).with_context(|| spec.file.clone())?;
+    let mut model_axes: Vec<usize> = split.iter().map(|&(_, a)| a).filter(|&a| spec.mesh.shape[a] > 1).collect();
+    model_axes.sort();
+    model_axes.dedup();
     if degraded.is_empty() {
         dumps.emit("lower", || passes::lower::dump(&lowered))?;
     } else {
@@ -109,6 +119,7 @@ pub fn build(
     emit_pilot()?;
     let mut compiled = compile_lowered(g, info, &lowered, params, opts)?;
     compiled.meta.degraded = degraded;
+    compiled.meta.model_axes = model_axes;
     dumps.emit("buffers", || passes::buffers::dump(&compiled.programs))?;
     Ok(compiled)
 }

@@ -33,6 +33,10 @@ pub struct Meta {
     /// nothing, and the collectives route around them.
     #[serde(default, skip_serializing_if = "Degradation::is_empty")]
     pub degraded: Degradation,
+    /// The mesh axes some param is split over: a device lost along them would take its
+    /// shard of the model with it, so no degradation may fail a device then.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub model_axes: Vec<usize>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

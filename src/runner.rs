@@ -502,6 +502,16 @@ impl<'w> Loaded<'w> {
     /// as failed. Degraded devices run nothing; see `crate::fabric` for the collectives.
     pub fn degrade(&mut self, deg: &crate::degraded::Degradation, strict: bool) -> Result<()> {
         let topo = crate::degraded::Topo::new(&self.meta.mesh, &self.meta.degraded.merged(deg), strict)?;
+        let mesh = &self.meta.mesh;
+        let lost = (0..mesh.devices()).find(|&d| !topo.healthy(d));
+        let any_left = (0..mesh.devices()).any(|d| topo.healthy(d));
+        if let (Some(d), Some(&a), true) = (lost, self.meta.model_axes.first(), any_left) {
+            bail!(
+                "device {} would take its shard of the model (params are split over mesh axis '{}') with it: only data-parallel layouts can lose a device",
+                crate::degraded::coords_string(mesh, d),
+                mesh.axes[a]
+            );
+        }
         self.fabric.degrade(topo)
     }
 
@@ -818,6 +828,7 @@ mod tests {
             inputs,
             outputs,
             degraded: Default::default(),
+            model_axes: Vec::new(),
         };
         Loaded::new(meta, programs, Code::Copied(codegen::ExecCode::new(&[])?), &[])
     }

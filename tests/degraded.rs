@@ -1,11 +1,12 @@
 //! The fault-tolerant all-reduce (`meshc::degraded`, seed 002): the seed's figures with their
 //! sums and their schedules pinned in golden/degraded/, random degradations of 1–3-D meshes
-//! and tori (every healthy contribution exactly once, or an error naming an unreachable
-//! device), and the max link bytes against the fault-free run. Then `meshc run --degrade`
-//! and `--degrade-link` through the real binary: the all_reduce of the model-parallel MLP
-//! (4 devices in a row) routes around a failed device and leaves its partial sum out;
-//! collectives that compile-time lowering still gives a degraded device fail naming it; bad
-//! devices and links are one-line errors.
+//! and tori, over the whole mesh and over random groups (every healthy contribution exactly
+//! once, or an error naming an unreachable device), and the max link bytes against the
+//! fault-free run. Then through the real binary: the data-parallel training step
+//! (testdata/dp_train) compiled for a degraded torus, or re-planned with `run --degrade`,
+//! updates from the healthy replicas only; a failed device carries nothing; a layout that
+//! splits params cannot lose a device; `--degrade-strict`; a device that stops answering
+//! (`--fail-device`) is named within the timeout; bad devices and links are one-line errors.
 
 mod common;
 
@@ -29,57 +30,77 @@ fn run_graph(name: &str, layout: &str, extra: &[&str]) -> common::Run {
     meshc(&args.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
-/// The first printed values of output y.
-fn y(r: &common::Run) -> &str {
-    r.stdout.lines().find(|l| l.starts_with("y: ")).unwrap_or_else(|| panic!("{r:?}"))
+#[test]
+fn a_failed_device_carries_nothing_and_the_busiest_link_is_compared_with_the_fault_free_run() {
+    let layout = "testdata/dp_train/layouts/torus-4x4.json";
+    let free = dp_train(&["run", "testdata/dp_train/graph.json", "--layout", layout, "--link-stats"]);
+    assert!(free.stdout.ends_with("max link bytes 3076\n"), "{free:?}");
+    let r = dp_train(&["run", "testdata/dp_train/graph.json", "--layout", layout, "--link-stats", "--degrade", "1,1"]);
+    assert_eq!(r.status, Some(0), "{r:?}");
+    let links: Vec<&str> = r.stdout.lines().filter(|l| l.starts_with("link ")).collect();
+    assert!(!links.is_empty() && links.iter().all(|l| !l.contains("(1,1)")), "{r:?}");
+    assert!(r.stdout.contains("\nfault-free max link bytes 3076 (degraded/fault-free "), "{r:?}");
+    // Device (1,1)'s replica is left out of the update.
+    let w1 = |r: &common::Run| r.stdout.lines().find(|l| l.starts_with("w1_new: ")).map(str::to_string);
+    assert_ne!(w1(&r), w1(&free));
 }
 
 #[test]
-fn a_failed_device_carries_nothing_and_contributes_nothing() {
-    let free = run("testdata/mlp/layouts/mp-4.json", &["--link-stats"]);
-    let r = run("testdata/mlp/layouts/mp-4.json", &["--link-stats", "--degrade", "3"]);
-    assert_eq!(r.status, Some(0), "{r:?}");
-    let links: Vec<&str> = r.stdout.lines().filter(|l| l.starts_with("link ")).collect();
-    assert_eq!(links.len(), 4, "{r:?}");
-    assert!(links.iter().all(|l| !l.contains("(3)")), "{r:?}");
+fn a_layout_that_splits_params_cannot_lose_a_device() {
+    let dir = common::scratch("degraded-model-shards");
+    let spec = dir.join("mp-4-degraded.json");
+    std::fs::write(
+        &spec,
+        r#"{"format": "meshc-layout/1", "mesh": {"shape": [4], "axes": ["model"]},
+            "layouts": {"w1": [null, "model"], "w2": ["model", null]}, "degraded": {"nodes": [[3]]}}"#,
+    )
+    .unwrap();
+    let out = dir.join("x.mshc");
+    let r =
+        meshc(&["compile", "testdata/mlp/graph.json", "--layout", spec.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert_eq!(r.status, Some(1), "{r:?}");
     assert!(
-        r.stdout.ends_with("max link bytes 4096\nfault-free max link bytes 4096 (degraded/fault-free 1.00)\n"),
+        r.stderr.ends_with("mp-4-degraded.json: degraded device (3) would take its shard of param 'w1' (split over mesh axis 'model') with it: only data-parallel layouts (params replicated) can lose a device\n"),
         "{r:?}"
     );
-    assert!(free.stdout.ends_with("max link bytes 4096\n"), "{free:?}");
-    // Device 3's partial sum is left out.
-    assert_ne!(y(&r), y(&free));
-    // A sub-group all_reduce (along the model axis of a 2x4 torus) is planned around (1,2).
-    let r = run("testdata/mlp/layouts/torus-2x4.json", &["--link-stats", "--degrade", "1,2"]);
+    // A failed link leaves its ends computing: allowed.
+    std::fs::write(
+        &spec,
+        r#"{"format": "meshc-layout/1", "mesh": {"shape": [2, 4], "axes": ["data", "model"]},
+            "layouts": {"w1": [null, "model"], "w2": ["model", null]}, "degraded": {"links": [[[0, 0], [1, 0]]]}}"#,
+    )
+    .unwrap();
+    let r =
+        meshc(&["compile", "testdata/mlp/graph.json", "--layout", spec.to_str().unwrap(), "-o", out.to_str().unwrap()]);
     assert_eq!(r.status, Some(0), "{r:?}");
-    let links: Vec<&str> = r.stdout.lines().filter(|l| l.starts_with("link ")).collect();
-    assert!(!links.is_empty() && links.iter().all(|l| !l.contains("(1,2)")), "{r:?}");
 }
 
 #[test]
 fn degraded_runs_fail_with_one_line_naming_the_device() {
+    let model = "would take its shard of the model (params are split over mesh axis 'model') with it: only data-parallel layouts can lose a device";
     let cases = [
-        // An all_gather cannot leave (1,2)'s block out.
+        ("mp-4", vec!["--degrade", "3"], format!("error: --degrade: device (3) {model}")),
+        ("torus-2x4", vec!["--degrade", "1,2"], format!("error: --degrade: device (1,2) {model}")),
         (
-            "transformer:torus-2x4",
-            vec!["--degrade", "1,2"],
-            "node 'probs.all_gather': collective #0: device (1,2) of its group is degraded",
+            "transformer:mp-4",
+            vec!["--degrade-link", "0:1", "--degrade-strict"],
+            format!("error: --degrade: device (0) {model}"),
         ),
-        ("mp-4", vec!["--degrade", "4"], "error: --degrade: device '4' is not in the [4] mesh"),
+        ("mp-4", vec!["--degrade", "4"], "error: --degrade: device '4' is not in the [4] mesh".into()),
         (
             "mp-4",
             vec!["--degrade-link", "0:2"],
-            "error: --degrade: degraded link 0-2: the devices are not neighbours in the [4] mesh",
+            "error: --degrade: degraded link 0-2: the devices are not neighbours in the [4] mesh".into(),
         ),
         // In one dimension a failed link fails both ends, and then the ends of the row.
-        ("mp-4", vec!["--degrade-link", "1:2"], "every device of the [4] mesh is degraded"),
+        ("mp-4", vec!["--degrade-link", "1:2"], "every device of the [4] mesh is degraded".into()),
     ];
     for (layout, args, want) in cases {
         let (graph, layout) = layout.split_once(':').unwrap_or(("mlp", layout));
         let r = run_graph(graph, &format!("testdata/{graph}/layouts/{layout}.json"), &args);
         assert_eq!(r.status, Some(1), "{r:?}");
         assert_eq!(r.stderr.lines().count(), 1, "{r:?}");
-        assert!(r.stderr.contains(want), "{want}: {r:?}");
+        assert!(r.stderr.contains(&want), "{want}: {r:?}");
     }
 }
 
@@ -462,20 +483,27 @@ fn a_device_that_stops_answering_is_detected_and_named() {
         let r = run("testdata/mlp/layouts/mp-2x4.json", &["--fail-device", arg]);
         assert_eq!((r.status, r.stderr.trim_end()), (Some(1), want), "{r:?}");
     }
-    let r = run("testdata/mlp/layouts/mp-2x4.json", &["--degrade", "1,2", "--fail-device", "1,2@0"]);
+    let (graph, layout) = ("testdata/dp_train/graph.json", "testdata/dp_train/layouts/torus-4x4.json");
+    let r = dp_train(&["run", graph, "--layout", layout, "--degrade", "1,2", "--fail-device", "1,2@0"]);
     assert_eq!(r.stderr, "error: --fail-device: device 6 (1,2) is degraded: it runs nothing\n", "{r:?}");
 }
 
 #[test]
 fn strict_makes_the_ends_of_a_failed_link_carry_nothing() {
-    // torus-2x4 names the link (0,3)-(0,0) degraded: both ends still compute and forward.
-    let loose = run("testdata/mlp/layouts/torus-2x4.json", &["--link-stats"]);
+    let layout = "testdata/dp_train/layouts/torus-4x4.json";
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", "testdata/dp_train/graph.json", "--layout", layout, "--link-stats"];
+        args.extend(extra);
+        dp_train(&args)
+    };
+    // The ends of a failed link still compute and forward along the other dimension.
+    let loose = run(&["--degrade-link", "0,0:0,1"]);
     assert_eq!(loose.status, Some(0), "{loose:?}");
-    assert!(loose.stdout.contains("link (0,0) -> "), "{loose:?}");
-    let strict = run("testdata/mlp/layouts/torus-2x4.json", &["--link-stats", "--degrade-strict"]);
+    assert!(loose.stdout.contains("link (0,0) -> ") && loose.stdout.contains("link (0,1) -> "), "{loose:?}");
+    let strict = run(&["--degrade-link", "0,0:0,1", "--degrade-strict"]);
     assert_eq!(strict.status, Some(0), "{strict:?}");
     let links: Vec<&str> = strict.stdout.lines().filter(|l| l.starts_with("link ")).collect();
-    assert!(!links.is_empty() && links.iter().all(|l| !l.contains("(0,0)") && !l.contains("(0,3)")), "{strict:?}");
+    assert!(!links.is_empty() && links.iter().all(|l| !l.contains("(0,0)") && !l.contains("(0,1)")), "{strict:?}");
 }
 
 fn dp_train(args: &[&str]) -> common::Run {
