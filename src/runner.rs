@@ -618,8 +618,10 @@ impl<'w> Loaded<'w> {
             };
             let region = |d: usize| mesh.region(&spec.shape, &spec.layout, d);
             // The block from a healthy device that holds it, if any.
-            let holder =
-                |d: usize| (0..mesh.devices()).filter(|&h| healthy(h)).find(|&h| h == d || region(h) == region(d));
+            let holder = |d: usize| match healthy(d) {
+                true => Some(d),
+                false => (0..mesh.devices()).filter(|&h| healthy(h)).find(|&h| region(h) == region(d)),
+            };
             let t = if local == spec.shape {
                 Tensor::from_le_bytes(&ty, block(holder(0).ok_or_else(|| anyhow!("every device is degraded"))?))
             } else {

@@ -567,3 +567,34 @@ fn a_training_step_on_a_degraded_torus_updates_from_the_healthy_replicas_only() 
         assert_eq!(r.status, Some(if ok { 0 } else { 1 }), "{art} against {expected}: {r:?}");
     }
 }
+
+/// Output blocks of a failed device come from a healthy replica, or read as NaN when no
+/// healthy device holds them (its data-parallel shard was dropped).
+#[test]
+fn output_blocks_of_a_failed_device_come_from_a_replica_or_read_nan() {
+    let dir = common::scratch("degraded-outputs");
+    let spec = dir.join("dp-4.json");
+    std::fs::write(
+        &spec,
+        r#"{"format": "meshc-layout/1", "mesh": {"shape": [4], "axes": ["data"]}, "rules": {"batch": "data"}}"#,
+    )
+    .unwrap();
+    let want = meshc_ir::Tensor::read_npy(Path::new("testdata/mlp/expected/y.npy")).unwrap();
+    let want = want.as_f32().unwrap();
+    // y is [16, 64]: device 3 of 4 held rows 12..16, and no one else did.
+    for (layout, device, lost_rows) in
+        [(spec.to_str().unwrap(), "3", 12..16), ("testdata/mlp/layouts/dp-2x4.json", "1,2", 0..0)]
+    {
+        let out = dir.join(format!("out-{device}"));
+        let r = run(layout, &["--degrade", device, "--output-dir", out.to_str().unwrap()]);
+        assert_eq!(r.status, Some(0), "{r:?}");
+        let y = meshc_ir::Tensor::read_npy(&out.join("y.npy")).unwrap();
+        for (i, (got, want)) in y.as_f32().unwrap().iter().zip(want).enumerate() {
+            if lost_rows.contains(&(i / 64)) {
+                assert!(got.is_nan(), "{layout}: element {i}");
+            } else {
+                assert!((got - want).abs() <= 1e-5 + 1e-4 * want.abs(), "{layout}: element {i}: {got} vs {want}");
+            }
+        }
+    }
+}
