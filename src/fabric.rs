@@ -803,6 +803,8 @@ pub struct Fabric {
     degraded: Option<Topo>,
     /// Per link: the bytes of the plain schedules (`LinkStats::fault_free_max`).
     free_bytes: Vec<AtomicU64>,
+    /// The devices found silent since the fabric was made (`dead`).
+    dead: Mutex<Vec<usize>>,
     /// Per device: signs of life (`beat`).
     heartbeats: Vec<AtomicU64>,
     timeout: Duration,
@@ -830,6 +832,7 @@ impl Fabric {
             poisoned: AtomicBool::new(false),
             reason: Mutex::new(None),
             degraded: None,
+            dead: Mutex::new(Vec::new()),
             heartbeats: (0..mesh.devices()).map(|_| AtomicU64::new(0)).collect(),
             timeout: TIMEOUT,
         }
@@ -1196,13 +1199,14 @@ impl Fabric {
                 continue;
             }
             let now = missing(&s);
-            let dead: Vec<String> =
-                now.iter().filter(|m| window.1.contains(m)).map(|&(d, _)| coords_string(&self.links.mesh, d)).collect();
+            let dead: Vec<usize> = now.iter().filter(|m| window.1.contains(m)).map(|&(d, _)| d).collect();
             if !dead.is_empty() {
                 drop(s);
+                let names: Vec<String> = dead.iter().map(|&d| coords_string(&self.links.mesh, d)).collect();
+                lock(&self.dead).extend(dead);
                 self.poison(format!(
                     "device {} stopped answering: no sign of life for {} ms while device {} waited for it in collective #{}",
-                    dead.join(", "),
+                    names.join(", "),
                     self.timeout.as_millis(),
                     coords_string(&self.links.mesh, me),
                     slot.desc.id
@@ -1212,6 +1216,14 @@ impl Fabric {
             window = (Instant::now(), now);
         }
         Ok(s)
+    }
+
+    /// The devices declared failed for showing no sign of life, sorted.
+    pub fn dead(&self) -> Vec<usize> {
+        let mut d = lock(&self.dead).clone();
+        d.sort();
+        d.dedup();
+        d
     }
 
     /// A sign of life from `device` (the runner gives one per step).

@@ -110,6 +110,10 @@ enum Cmd {
         /// before declaring it failed (default 10000).
         #[arg(long, value_name = "MS")]
         collective_timeout: Option<u64>,
+        /// When a device is found silent, degrade it and run the whole graph again without
+        /// it (data-parallel layouts).
+        #[arg(long)]
+        replan_on_failure: bool,
         #[command(flatten)]
         codegen: CodegenArgs,
     },
@@ -195,6 +199,7 @@ fn main() -> ExitCode {
             degrade_strict,
             fail_device,
             collective_timeout,
+            replan_on_failure,
             codegen,
         } => {
             let opts = RunOpts {
@@ -208,6 +213,7 @@ fn main() -> ExitCode {
                 degrade_strict,
                 fail_device: fail_device.as_deref(),
                 collective_timeout,
+                replan_on_failure,
             };
             run(&program, &io, &opts, &codegen)
         }
@@ -503,6 +509,7 @@ struct RunOpts<'a> {
     degrade_strict: bool,
     fail_device: Option<&'a str>,
     collective_timeout: Option<u64>,
+    replan_on_failure: bool,
 }
 
 fn run(path: &Path, io: &Io, opts: &RunOpts, args: &CodegenArgs) -> Result<()> {
@@ -511,14 +518,31 @@ fn run(path: &Path, io: &Io, opts: &RunOpts, args: &CodegenArgs) -> Result<()> {
         let art = Artifact::open_with(path, if opts.trust_weights { Verify::SkipBulk } else { Verify::All })?;
         let mut loaded = driver::load_artifact(&art, &file)?;
         degrade(&mut loaded, opts)?;
-        run_loaded(&loaded, io, opts)
+        run_replanning(&mut loaded, io, opts)
     } else {
         let (_, c) = compile_graph(path, args, &driver::Dumps::default(), None)?;
         let code = Code::Copied(codegen::ExecCode::new(&c.code)?);
         let weights = meshc::runner::AlignedBuf::from_bytes(&c.weights)?;
         let mut loaded = Loaded::new(c.meta, c.programs, code, weights.as_slice()).with_context(|| file.clone())?;
         degrade(&mut loaded, opts)?;
-        run_loaded(&loaded, io, opts)
+        run_replanning(&mut loaded, io, opts)
+    }
+}
+
+/// `run_loaded`, and with `--replan-on-failure`, once more without the devices a failed run
+/// found silent (they are degraded: the collectives are re-planned around them).
+fn run_replanning(loaded: &mut Loaded, io: &Io, opts: &RunOpts) -> Result<()> {
+    match run_loaded(loaded, io, opts) {
+        Err(e) if opts.replan_on_failure && !loaded.failed_devices().is_empty() => {
+            let dead = loaded.failed_devices();
+            let names: Vec<String> =
+                dead.iter().map(|&d| meshc::degraded::coords_string(&loaded.meta.mesh, d)).collect();
+            eprintln!("{e:#}: re-planning without {} and running again", names.join(", "));
+            let deg = meshc::degraded::Degradation { nodes: dead, ..Default::default() };
+            loaded.degrade(&deg, opts.degrade_strict).context("--replan-on-failure")?;
+            run_loaded(loaded, io, opts)
+        }
+        r => r,
     }
 }
 

@@ -388,6 +388,8 @@ pub struct Loaded<'w> {
     share: Vec<Vec<bool>>,
     /// `--fail-device`: this device stops answering at its collective number .1 (from 0).
     fail: Option<(usize, usize)>,
+    /// What `degrade` added to the artifact's degradation, and whether strictly.
+    degraded: (crate::degraded::Degradation, bool),
 }
 
 impl<'w> Loaded<'w> {
@@ -466,7 +468,7 @@ impl<'w> Loaded<'w> {
             fabric.degrade(topo)?;
         }
         let state = Mutex::new(State { arenas, devices: None });
-        Ok(Loaded { meta, programs, code, weights, state, fabric, share, fail: None })
+        Ok(Loaded { meta, programs, code, weights, state, fabric, share, fail: None, degraded: Default::default() })
     }
 
     fn kernel(&self, device: usize, k: usize) -> KernelFn {
@@ -501,7 +503,9 @@ impl<'w> Loaded<'w> {
     /// those the artifact names plus `deg`; with `strict`, partially degraded devices count
     /// as failed. Degraded devices run nothing; see `crate::fabric` for the collectives.
     pub fn degrade(&mut self, deg: &crate::degraded::Degradation, strict: bool) -> Result<()> {
-        let topo = crate::degraded::Topo::new(&self.meta.mesh, &self.meta.degraded.merged(deg), strict)?;
+        let extra = self.degraded.0.merged(deg);
+        let strict = strict || self.degraded.1;
+        let topo = crate::degraded::Topo::new(&self.meta.mesh, &self.meta.degraded.merged(&extra), strict)?;
         let mesh = &self.meta.mesh;
         let lost = (0..mesh.devices()).find(|&d| !topo.healthy(d));
         let any_left = (0..mesh.devices()).any(|d| topo.healthy(d));
@@ -512,7 +516,15 @@ impl<'w> Loaded<'w> {
                 mesh.axes[a]
             );
         }
-        self.fabric.degrade(topo)
+        self.fabric.degrade(topo)?;
+        self.degraded = (extra, strict);
+        Ok(())
+    }
+
+    /// The devices a run found silent (they showed no sign of life in a collective): what
+    /// `meshc run --replan-on-failure` degrades before running again.
+    pub fn failed_devices(&self) -> Vec<usize> {
+        self.fabric.dead()
     }
 
     /// How long a device waits for a collective's member that shows no sign of life before

@@ -598,3 +598,22 @@ fn output_blocks_of_a_failed_device_come_from_a_replica_or_read_nan() {
         }
     }
 }
+
+/// `--replan-on-failure`: the silent device is found, degraded, and the step runs again
+/// without it — the update from the remaining healthy replicas.
+#[test]
+fn a_silent_device_is_replanned_around_and_the_step_run_again() {
+    let d = "testdata/dp_train";
+    let (graph, layout, want) =
+        (format!("{d}/graph.json"), format!("{d}/layouts/torus-4x4.json"), format!("{d}/expected-degraded"));
+    let mut args = vec!["run", &graph, "--layout", &layout, "--check-against", &want, "--collective-timeout", "200"];
+    // expected-degraded leaves out (1,2), (2,1), (3,3) and the link (0,0)-(0,1): (3,3) fails mid-run.
+    args.extend(["--degrade", "1,2", "--degrade", "2,1", "--degrade-link", "0,0:0,1", "--fail-device", "3,3@1"]);
+    let r = dp_train(&args);
+    assert_eq!(r.status, Some(1), "{r:?}");
+    args.push("--replan-on-failure");
+    let r = dp_train(&args);
+    assert_eq!(r.status, Some(0), "{r:?}");
+    assert!(r.stderr.starts_with("device (3,3) stopped answering: "), "{r:?}");
+    assert!(r.stderr.ends_with(": re-planning without (3,3) and running again\n"), "{r:?}");
+}
