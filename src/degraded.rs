@@ -451,6 +451,14 @@ fn unreachable(topo: &Topo, members: &[usize]) -> Vec<usize> {
     members.iter().copied().filter(|&d| Some(comp[d]) != main).collect()
 }
 
+/// Whether a collective over `group` must be planned around the degradation: a member is
+/// degraded, or degraded along an axis the group spans (a link it would use failed).
+pub fn touches(topo: &Topo, group: &[usize]) -> bool {
+    let coords: Vec<Vec<usize>> = group.iter().map(|&d| topo.mesh.coords(d)).collect();
+    let spans = |a: usize| coords.iter().any(|c| c[a] != coords[0][a]);
+    group.iter().any(|&d| !topo.healthy(d) || (0..topo.mesh.shape.len()).any(|a| spans(a) && topo.degraded_along(d, a)))
+}
+
 /// The all-reduce of a `len`-element vector over every healthy device of `topo`.
 pub fn plan(topo: &Topo, len: usize) -> Result<Schedule> {
     plan_group(topo, &(0..topo.mesh.devices()).collect::<Vec<_>>(), len)
@@ -830,8 +838,8 @@ pub fn leave_out(l: &mut crate::passes::lower::Lowered, deg: &Degradation) -> Re
 
 /// The lowered programs as `--dump-after lower` prints them under a degradation: a
 /// degraded device gets no work (its line says so, and it never runs); every healthy one
-/// its program; then the fault-tolerant schedule of each reduction whose group holds a
-/// device degraded along some dimension. Fails, naming the node, when a collective other
+/// its program; then the fault-tolerant schedule of each reduction whose group the
+/// degradation `touches` (as the fabric decides). Fails, naming the node, when a collective other
 /// than a reduction needs a degraded device's block (an all_gather or all_to_all cannot
 /// leave it out), or when a group cannot be planned.
 pub fn dump_lowered(l: &crate::passes::lower::Lowered, deg: &Degradation) -> Result<String> {
@@ -850,7 +858,7 @@ pub fn dump_lowered(l: &crate::passes::lower::Lowered, deg: &Degradation) -> Res
     for n in &g.nodes {
         let Some(groups) = n.attrs.get("groups").and_then(|a| a.as_int_lists()) else { continue };
         let groups: Vec<Vec<usize>> = groups.iter().map(|g| g.iter().map(|&d| d as usize).collect()).collect();
-        let touched = |g: &Vec<usize>| g.iter().any(|&d| (0..l.mesh.shape.len()).any(|a| topo.degraded_along(d, a)));
+        let touched = |g: &Vec<usize>| touches(&topo, g);
         let reduction = matches!(n.op, Op::AllReduce | Op::ReduceScatter);
         for group in groups.iter().filter(|g| touched(g)) {
             let names: Vec<String> = group.iter().map(|&d| coords_string(&l.mesh, d)).collect();
