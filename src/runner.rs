@@ -415,6 +415,9 @@ impl<'w> Loaded<'w> {
             Code::Mapped(m) => m.len(),
             Code::Copied(c) => c.len(),
         };
+        if let Some(a) = meta.model_axes.iter().find(|&&a| a >= meta.mesh.shape.len()) {
+            bail!("model axis {a} is not an axis of the {:?} mesh", meta.mesh.shape);
+        }
         // The devices the artifact names degraded run nothing: their programs are empty.
         let topo = (!meta.degraded.is_empty())
             .then(|| crate::degraded::Topo::new(&meta.mesh, &meta.degraded, false))
@@ -1026,5 +1029,52 @@ mod tests {
             refuse([vec![sa.clone(), sa.clone()], vec![sa.clone(), sa]]),
             "device 0 (0): node 'a' runs collective #0 a second time"
         );
+    }
+
+    #[test]
+    fn degraded_devices_have_empty_programs_and_run_nothing() {
+        let m = mesh(&[2, 2]);
+        let sum = collective(0, CollectiveOp::AllReduce { reduce: Reduce::Mean }, m.groups(&[0, 1]), &[6]);
+        let x = || vec![io("x", DType::F32, &[2, 6], &[Some(0), None])];
+        let out = || vec![io("s", DType::F32, &[6], &[None])];
+        let programs = |failed: usize| -> Vec<Program> {
+            (0..4)
+                .map(|d| match d == failed {
+                    true => Program { device: d, ..Default::default() },
+                    false => program(d, &[24, 24], vec![step("s", sum.clone(), &[1, 0])], vec![0], vec![1]),
+                })
+                .collect()
+        };
+        let meta = |degraded: crate::degraded::Degradation, model_axes: Vec<usize>| Meta {
+            graph: "t".into(),
+            target: "test".into(),
+            features: vec![],
+            mesh: m.clone(),
+            flops: 0,
+            inputs: x(),
+            outputs: out(),
+            degraded,
+            model_axes,
+        };
+        let failed = |d: usize| crate::degraded::Degradation { nodes: vec![d], ..Default::default() };
+        let code = || Code::Copied(codegen::ExecCode::new(&[]).unwrap());
+        // x is [2, 6] split over axis 0 (row 0 on devices 0 and 1, row 1 on 2 and 3): the
+        // mean is over the three healthy devices' rows.
+        for gone in [0, 2] {
+            let l = Loaded::new(meta(failed(gone), vec![]), programs(gone), code(), &[]).unwrap();
+            let xs = iota(&[2, 6]);
+            let got = l.run(&HashMap::from([("x".to_string(), xs.clone())])).unwrap();
+            let rows = xs.as_f32().unwrap();
+            let block = |d: usize| &rows[6 * (d / 2)..6 * (d / 2) + 6];
+            let want: Vec<f32> =
+                (0..6).map(|i| (0..4).filter(|&d| d != gone).map(|d| block(d)[i]).sum::<f32>() / 3.0).collect();
+            assert_eq!(got["s"].as_f32().unwrap(), &want[..], "device {gone} failed");
+        }
+        // A corrupt degradation or model axis is refused, not a panic.
+        let e = |meta: Meta| Loaded::new(meta, programs(2), code(), &[]).err().map(|e| e.to_string());
+        assert_eq!(e(meta(failed(9), vec![])).unwrap(), "degraded device 9 is not in the [2, 2] mesh");
+        assert_eq!(e(meta(failed(2), vec![5])).unwrap(), "model axis 5 is not an axis of the [2, 2] mesh");
+        // Without the degradation, the empty program is refused.
+        assert!(e(meta(Default::default(), vec![])).unwrap().contains("device 2 (1,0)"));
     }
 }
