@@ -617,3 +617,23 @@ fn a_silent_device_is_replanned_around_and_the_step_run_again() {
     assert!(r.stderr.starts_with("device (3,3) stopped answering: "), "{r:?}");
     assert!(r.stderr.ends_with(": re-planning without (3,3) and running again\n"), "{r:?}");
 }
+
+/// A failed link leaves both ends computing: a model-parallel layout still gives the exact
+/// answer, its sub-group all_reduce re-planned at run time around the link (forwarded
+/// through the other row, since both ends lose every link along the row).
+#[test]
+fn a_failed_link_reroutes_a_model_parallel_all_reduce_at_run_time() {
+    let r = run(
+        "testdata/mlp/layouts/mp-2x4.json",
+        &["--degrade-link", "1,1:1,2", "--link-stats", "--check-against", "testdata/mlp/expected"],
+    );
+    assert_eq!(r.status, Some(0), "{r:?}");
+    let links: Vec<&str> = r.stdout.lines().filter(|l| l.starts_with("link ")).collect();
+    // Row 1's all_reduce crosses to row 0 and back.
+    assert!(links.iter().any(|l| l.starts_with("link (1,1) -> (0,1) ")), "{r:?}");
+    for l in links {
+        let w: Vec<&str> = l.split(' ').collect();
+        let along_row = w[1][1..2] == w[3][1..2];
+        assert!(!(along_row && ["(1,1)", "(1,2)"].iter().any(|d| w[1] == *d || w[3] == *d)), "{l}: {r:?}");
+    }
+}
