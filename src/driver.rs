@@ -214,6 +214,12 @@ pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
         let shape: Vec<String> = m.shape.iter().map(usize::to_string).collect();
         writeln!(s, "mesh {} [{}] axes [{}]", m.topology.name(), shape.join("x"), m.axes.join(", "))?;
     }
+    if !meta.degraded.is_empty() {
+        let c = |d: usize| crate::degraded::coords_string(m, d);
+        let nodes: Vec<String> = meta.degraded.nodes.iter().map(|&d| c(d)).collect();
+        let links: Vec<String> = meta.degraded.links.iter().map(|&(a, b)| format!("{}-{}", c(a), c(b))).collect();
+        writeln!(s, "degraded devices [{}] links [{}]", nodes.join(" "), links.join(" "))?;
+    }
     let io = |what: &str, i: &crate::program::IoSpec| {
         let layout = if i.layout.iter().any(Option::is_some) {
             format!(" layout {}", m.layout_string(&i.layout))

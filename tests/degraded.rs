@@ -546,6 +546,10 @@ fn a_training_step_on_a_degraded_torus_updates_from_the_healthy_replicas_only() 
     ]);
     assert_eq!(c.status, Some(0), "{c:?}");
     golden("degraded/dp_train-lower.txt", &c.stdout).unwrap();
+    // The degraded devices' programs are empty: no code, buffers or arena.
+    let i = meshc(&["inspect", degraded]);
+    assert!(i.stdout.contains("\ndegraded devices [(1,2) (2,1) (3,3)] links [(0,0)-(0,1)]\n"), "{i:?}");
+    assert!(i.stdout.contains("\ndevice 6: arena 0 bytes, 0 buffers, 0 kernels, 0 steps\n"), "{i:?}");
     let want = |dir: &str| format!("{d}/{dir}");
     let runs = [
         (free, vec![], "expected", true),
