@@ -66,8 +66,9 @@ impl Dumps {
 /// The whole pipeline: the verified graph `g` (with its params' values), and optionally a
 /// layout spec, to a compiled artifact. Without a spec the graph runs on one device. With
 /// `pilot`, the pilot pass runs on the global graph (so its masks do not depend on the
-/// layout); its masks are computed and dumped, not yet applied: the artifact is the
-/// unpruned one.
+/// layout) and prunes its params (`passes::pilot::apply`); the masks go with the weights
+/// (sliced with them under a layout) into the artifact, where the matmuls skip their
+/// pruned blocks.
 pub fn build(
     g: &Graph,
     info: &Info,
@@ -79,8 +80,19 @@ pub fn build(
 ) -> Result<Compiled> {
     dumps.emit("verify", || meshc_ir::text::print(g))?;
     let masks = pilot.map(|cfg| passes::pilot::run(g, info, params, cfg)).transpose()?;
-    let emit_pilot = || match (pilot, &masks) {
-        (Some(cfg), Some(m)) => dumps.emit("pilot", || passes::pilot::dump(cfg, m)),
+    let pruned = match (pilot, &masks) {
+        (Some(cfg), Some(m)) => Some(passes::pilot::apply(g, info, params, m, cfg.block)?),
+        _ => None,
+    };
+    let pruned_opts = pruned.as_ref().map(|p| Options { masks: p.masks.clone(), ..opts.clone() });
+    let (params, opts) = match (&pruned, &pruned_opts) {
+        (Some(p), Some(o)) => (&p.params, o),
+        _ => (params, opts),
+    };
+    let emit_pilot = || match (pilot, &masks, &pruned) {
+        (Some(cfg), Some(m), Some(p)) => {
+            dumps.emit("pilot", || passes::pilot::dump(cfg, m) + &passes::pilot::dump_pruned(p))
+        }
         _ if dumps.after.iter().any(|a| a == "pilot") => {
             Err(anyhow!("--dump-after pilot needs pilot inputs (--pilot-input NAME=FILE.npy)"))
         }
@@ -211,8 +223,64 @@ pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
     }
     for p in &programs {
         program_report(&mut s, p)?;
+        mask_report(&mut s, p, art.section(SectionKind::Weights).unwrap_or(&[]))?;
+    }
+    if let Some(total) = flops_skipped(&programs, meta.flops) {
+        writeln!(s, "{total}")?;
     }
     Ok(s)
+}
+
+/// The pruning masks of one device's weights, read back from the weights section.
+fn mask_report(s: &mut String, p: &Program, weights: &[u8]) -> Result<()> {
+    for b in &p.buffers {
+        let (Some(info), Storage::Weights { offset }) = (&b.mask, &b.storage) else { continue };
+        let m = crate::mask::Mask::decode(weights, *offset, info.rows, info.cols)
+            .with_context(|| format!("weight '{}'", b.name))?;
+        let runs =
+            |r: &[(usize, usize)]| r.iter().map(|(s, l)| format!("[{s},{})", s + l)).collect::<Vec<_>>().join(" ");
+        let mut parts = Vec::new();
+        if m.cols_kept() < m.cols {
+            parts.push(format!(
+                "columns kept {} of {} in {}-wide blocks {}",
+                m.cols_kept(),
+                m.cols,
+                m.block,
+                runs(&m.col_runs)
+            ));
+        }
+        if m.rows_kept() < m.rows {
+            parts.push(format!("rows kept {} of {} {}", m.rows_kept(), m.rows, runs(&m.row_runs)));
+        }
+        writeln!(
+            s,
+            "  mask {}: {}; FLOPs skipped {} of {} ({} bytes before the weight)",
+            b.name,
+            parts.join(", "),
+            info.flops_skipped,
+            info.flops,
+            info.bytes
+        )?;
+    }
+    Ok(())
+}
+
+/// The FLOPs the masks of `programs` skip, per weight and in total against `flops`, the
+/// unpruned graph's; None without masks.
+pub fn flops_skipped(programs: &[Program], flops: u64) -> Option<String> {
+    let mut per: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+    for b in programs.iter().flat_map(|p| &p.buffers) {
+        if let Some(m) = &b.mask {
+            *per.entry(b.name.as_str()).or_default() += m.flops_skipped;
+        }
+    }
+    if per.is_empty() {
+        return None;
+    }
+    let total: u64 = per.values().sum();
+    let each: Vec<String> = per.iter().map(|(n, f)| format!("{n} {f}")).collect();
+    let pct = 100.0 * total as f64 / flops.max(1) as f64;
+    Some(format!("pilot: FLOPs skipped {total} of {flops} ({pct:.1}%): {}", each.join(", ")))
 }
 
 fn program_report(s: &mut String, p: &Program) -> Result<()> {

@@ -25,6 +25,7 @@ use anyhow::{bail, Result};
 use meshc_ir::{DType, TensorType};
 
 use crate::codegen::matmul::MatmulShape;
+use crate::mask::Mask;
 
 /// Multiply-adds per matrix below which a second thread costs more than it saves (from
 /// `cargo bench --bench gemm`: 128×128×128 runs in ~40 µs on 1 or 2 threads alike,
@@ -94,6 +95,84 @@ pub fn matmul_threads(
                 false,
                 parallelism,
             );
+        }
+    }
+    Ok(())
+}
+
+/// `matmul` with `b` pruned by `mask` (seed 003's conditioned execution): the result is
+/// zeroed, then one GEMM runs per (kept column run, kept row run) of the mask on strided
+/// views of the operands, so pruned columns and rows of `b` cost nothing. `threads`: as
+/// `matmul_threads`, or `None` to choose from the work left.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_masked(
+    a: &[f32],
+    b: &[f32],
+    out: &mut [f32],
+    a_shape: &[usize],
+    b_shape: &[usize],
+    out_shape: &[usize],
+    mask: &Mask,
+    threads: Option<usize>,
+) -> Result<()> {
+    for (what, len, shape) in
+        [("operand a", a.len(), a_shape), ("operand b", b.len(), b_shape), ("result", out.len(), out_shape)]
+    {
+        if shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) != Some(len) {
+            bail!("matmul: {what} has {len} elements but shape {shape:?}");
+        }
+    }
+    let s = MatmulShape::new(a_shape, b_shape, out_shape)?;
+    let (m, k, n) = (s.m, s.k, s.n);
+    if b_shape.len() < 2 || (mask.rows, mask.cols) != (k, n) {
+        bail!("matmul: a mask of {}x{} matrices on operand b {b_shape:?}", mask.rows, mask.cols);
+    }
+    let macs = (m * k * n) as f64 * mask.kept_fraction() * s.batch.iter().map(|d| d.size).product::<usize>() as f64;
+    let threads = threads.unwrap_or(if macs >= PARALLEL_MIN_MACS as f64 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        1
+    });
+    let parallelism = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
+    out.fill(0.0);
+    if m == 0 {
+        return Ok(());
+    }
+    for (ao, bo, oo) in s.batch_offsets() {
+        for &(c0, cols) in &mask.col_runs {
+            for (r, &(k0, depth)) in mask.row_runs.iter().enumerate() {
+                // The runs lie inside the k×n matrix (checked above and by `Mask::decode`),
+                // so every view below stays inside its operand.
+                let (a, b, c) =
+                    (&a[ao + k0..ao + m * k], &b[bo + k0 * n + c0..bo + k * n], &mut out[oo + c0..oo + m * n]);
+                assert!(m == 0 || (a.len() >= (m - 1) * k + depth && c.len() >= (m - 1) * n + cols));
+                assert!(b.len() >= (depth - 1) * n + cols);
+                // SAFETY: the views hold the m×depth, depth×cols and m×cols strided matrices
+                // (lengths asserted above), and `c` does not alias `a` or `b`.
+                unsafe {
+                    gemm::gemm(
+                        m,
+                        cols,
+                        depth,
+                        c.as_mut_ptr(),
+                        1,
+                        n as isize,
+                        r > 0,
+                        a.as_ptr(),
+                        1,
+                        k as isize,
+                        b.as_ptr(),
+                        1,
+                        n as isize,
+                        1.0,
+                        1.0,
+                        false,
+                        false,
+                        false,
+                        parallelism,
+                    );
+                }
+            }
         }
     }
     Ok(())

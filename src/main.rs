@@ -459,6 +459,9 @@ fn compile_cmd(
     pilot: &PilotArgs,
 ) -> Result<()> {
     let (g, compiled) = compile_graph(path, args, dumps, Some(pilot))?;
+    if let Some(report) = driver::flops_skipped(&compiled.programs, compiled.meta.flops) {
+        eprintln!("{report}");
+    }
     driver::write_artifact(&compiled, out)?;
     if let Some(d) = depfile {
         std::fs::write(d, driver::depfile(out, &driver::dependencies(path, &g, args.layout.as_deref())))

@@ -193,6 +193,73 @@ pub fn matmul(target: &Target, name: &str, a: &TensorType, b: &TensorType, out: 
     Ok(Generated { func, scratch: blocks.map_or(0, |bl| bl.scratch_bytes()) })
 }
 
+/// Generates the masked matmul kernel (seed 003's conditioned execution): the same
+/// numpy matmul, but `b` (a weight `[.., K, N]`) is preceded by a mask record
+/// (`crate::mask`) that the kernel finds from `b`'s address at run time. It zeroes the
+/// result, then computes one sub-GEMM per (kept column run, kept row run) of the record, so
+/// pruned columns and rows cost nothing but the zeroing. The code depends only on the
+/// shapes: weights with different masks share one kernel.
+pub fn masked(target: &Target, name: &str, a: &TensorType, b: &TensorType, out: &TensorType) -> Result<Generated> {
+    for (what, t) in [("operand a", a), ("operand b", b), ("result", out)] {
+        if t.dtype != DType::F32 {
+            bail!("matmul kernel {name}: {what} is {}, only f32 is supported", t.dtype);
+        }
+    }
+    if b.shape.len() < 2 {
+        bail!("matmul kernel {name}: a masked operand b must be a matrix, not {:?}", b.shape);
+    }
+    let shape = MatmulShape::new(&a.shape, &b.shape, &out.shape)?;
+    let blocks = (shape.out_len() > 0 && shape.k > 0).then(|| Blocks::new(&shape));
+    let fma = target.has("fma");
+    let func = build_kernel(target, name, |kb| {
+        let (c, a, b) = (kb.buf(0), kb.buf(1), kb.buf(2));
+        let zero = kb.f32const(0.0);
+        kb.for_const(0, (shape.out_len() * F32) as i64, F32 as i64, |k, i| {
+            let p = k.b.ins().iadd(c, i);
+            k.b.ins().store(mem(), zero, p, 0);
+        });
+        let Some(blocks) = &blocks else { return };
+        let scratch = kb.buf(3);
+        let u32_at = |k: &mut KernelBuilder, p: Value, off: i32| k.b.ins().uload32(mem(), p, off);
+        let len = u32_at(kb, b, -4);
+        let record = kb.b.ins().isub(b, len);
+        let (col_runs, row_runs) = (u32_at(kb, record, 4), u32_at(kb, record, 8));
+        let runs = kb.b.ins().iadd_imm_s(record, crate::mask::HEADER as i64);
+        let rows_at = kb.addr(runs, col_runs, 8);
+        let g = Gemm { s: &shape, blocks, fma, scratch };
+        let n = shape.n;
+        batch_loops(kb, &shape.batch, [a, b, c], &mut |k, [a, b, c]| {
+            let zero = k.iconst(0);
+            k.for_range(zero, col_runs, 1, |k, cr| {
+                let e = k.addr(runs, cr, 8);
+                let (c0, cols) = (u32_at(k, e, 0), u32_at(k, e, 4));
+                let zero = k.iconst(0);
+                k.for_range(zero, row_runs, 1, |k, rr| {
+                    let e = k.addr(rows_at, rr, 8);
+                    let (k0, depth) = (u32_at(k, e, 0), u32_at(k, e, 4));
+                    let first = k.b.ins().icmp_imm_s(IntCC::Equal, rr, 0);
+                    let a = k.addr(a, k0, F32 as i64);
+                    let b = k.addr(b, k0, (n * F32) as i64);
+                    let b = k.addr(b, c0, F32 as i64);
+                    let c = k.addr(c, c0, F32 as i64);
+                    g.emit_part(k, a, b, c, Some(Part { n: cols, k: depth, first }));
+                });
+            });
+        });
+    });
+    Ok(Generated { func, scratch: blocks.map_or(0, |bl| bl.scratch_bytes()) })
+}
+
+/// A sub-GEMM of a masked matmul: `n` columns and `k` rows (run-time values) of the
+/// matrices, whose row strides stay those of the whole; `first` says whether it is the
+/// first contribution to its part of C (stored, not added).
+#[derive(Clone, Copy)]
+struct Part {
+    n: Value,
+    k: Value,
+    first: Value,
+}
+
 /// Loads of packed panels in the micro-kernel, marked movable (`readonly`, `can_move`) so
 /// the optimiser places each right before its use. Left in program order, the loads of a
 /// whole unrolled step would be issued first and all their values held live until the
@@ -264,21 +331,38 @@ struct Gemm<'a> {
 
 impl Gemm<'_> {
     fn emit(&self, k: &mut KernelBuilder, a: Value, b: Value, c: Value) {
+        self.emit_part(k, a, b, c, None)
+    }
+
+    /// `emit`, or with `part` only that sub-GEMM.
+    fn emit_part(&self, k: &mut KernelBuilder, a: Value, b: Value, c: Value, part: Option<Part>) {
         let MatmulShape { m, k: kk, n, .. } = *self.s;
         let ap = self.scratch;
         let bp = k.b.ins().iadd_imm_s(self.scratch, self.blocks.b_offset() as i64);
         let tile = k.b.ins().iadd_imm_s(self.scratch, self.blocks.tile_offset() as i64);
-        k.for_const(0, n as i64, NC as i64, |k, jc| {
-            let nc = block_len(k, n, jc, NC);
-            k.for_const(0, kk as i64, KC as i64, |k, pc| {
-                let kc = block_len(k, kk, pc, KC);
+        // The extents: constants for the whole matrix, the part's otherwise.
+        let end =
+            |k: &mut KernelBuilder, whole: usize, part: Option<Value>| part.unwrap_or_else(|| k.iconst(whole as i64));
+        let start = k.iconst(0);
+        let n_end = end(k, n, part.map(|p| p.n));
+        k.for_range(start, n_end, NC as i64, |k, jc| {
+            let n_end = end(k, n, part.map(|p| p.n));
+            let nc = remaining(k, n_end, jc, NC);
+            let start = k.iconst(0);
+            let k_end = end(k, kk, part.map(|p| p.k));
+            k.for_range(start, k_end, KC as i64, |k, pc| {
+                let k_end = end(k, kk, part.map(|p| p.k));
+                let kc = remaining(k, k_end, pc, KC);
                 // kc rounded up to KU, not as `(kc + KU-1) & -KU`: the optimiser recomputes an
                 // op with an immediate at every use, which would drag all that depends on kcp
                 // into the innermost loops.
                 let pad = k.b.ins().ineg(kc);
                 let pad = k.b.ins().band_imm_s(pad, KU as i64 - 1);
                 let kcp = k.b.ins().iadd(kc, pad);
-                let first = k.b.ins().icmp_imm_s(IntCC::Equal, pc, 0);
+                let mut first = k.b.ins().icmp_imm_s(IntCC::Equal, pc, 0);
+                if let Some(p) = part {
+                    first = k.b.ins().band(first, p.first);
+                }
                 let b_row = k.addr(b, pc, (n * F32) as i64);
                 let b_blk = k.addr(b_row, jc, F32 as i64);
                 pack_b(k, b_blk, n, kc, kcp, nc, bp);
