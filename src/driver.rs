@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, Context, Result};
 use meshc_ir::{Graph, ParamData};
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use meshc_ir::verify::Info;
 use meshc_ir::Tensor;
@@ -263,6 +263,43 @@ fn mask_report(s: &mut String, p: &Program, weights: &[u8]) -> Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// The error of each of the `pruned` outputs against the `unpruned` ones (`run
+/// --compare-unpruned`): max abs, relative L2 (‖pruned − unpruned‖ / ‖unpruned‖), and for
+/// classifier-like outputs (f32, rank ≥ 2, a last axis of 2..=1000 classes) the rows whose
+/// argmax agrees.
+pub fn compare(pruned: &BTreeMap<String, Tensor>, unpruned: &BTreeMap<String, Tensor>) -> Result<String> {
+    let mut s = String::new();
+    for (name, p) in pruned {
+        let u = unpruned.get(name).ok_or_else(|| anyhow!("the unpruned graph has no output '{name}'"))?;
+        if u.ty() != p.ty() {
+            return Err(anyhow!("output '{name}' is {} pruned but {} unpruned", p.ty(), u.ty()));
+        }
+        let (pv, uv) = (p.data.to_f64(), u.data.to_f64());
+        let max_abs = pv.iter().zip(&uv).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        let diff: f64 = pv.iter().zip(&uv).map(|(a, b)| (a - b) * (a - b)).sum();
+        let norm: f64 = uv.iter().map(|b| b * b).sum();
+        let rel = if norm == 0.0 {
+            if diff == 0.0 {
+                0.0
+            } else {
+                f64::INFINITY
+            }
+        } else {
+            (diff / norm).sqrt()
+        };
+        write!(s, "compare-unpruned {name}: max abs error {max_abs:.3e}, relative L2 {rel:.3e}")?;
+        let classes = *p.shape.last().unwrap_or(&0);
+        if p.dtype() == meshc_ir::DType::F32 && p.shape.len() >= 2 && (2..=1000).contains(&classes) {
+            let argmax = |row: &[f64]| (0..row.len()).max_by(|&i, &j| row[i].total_cmp(&row[j]).then(j.cmp(&i)));
+            let rows = pv.len() / classes;
+            let agree = (pv.chunks(classes).zip(uv.chunks(classes))).filter(|(a, b)| argmax(a) == argmax(b)).count();
+            write!(s, ", argmax agrees on {agree} of {rows} rows ({:.2}%)", 100.0 * agree as f64 / rows.max(1) as f64)?;
+        }
+        writeln!(s)?;
+    }
+    Ok(s)
 }
 
 /// The FLOPs the masks of `programs` skip, per weight and in total against `flops`, the

@@ -242,3 +242,42 @@ fn inspect_shows_masks_and_flops_skipped() {
     assert!(i.stdout.contains("mask w2: rows kept 64 of 256"), "{}", i.stdout);
     assert!(i.stdout.contains("pilot: FLOPs skipped"), "{}", i.stdout);
 }
+
+#[test]
+fn compare_unpruned_prints_the_error() {
+    let x = "x=testdata/mlp/inputs/x.npy";
+    let run = |extra: &[&str]| {
+        meshc(
+            &[&["run", "testdata/mlp/graph.json", "--input", x, "--output-dir", "/dev/null/none"][..4], extra].concat(),
+        )
+    };
+    let same = run(&["--pilot-input", x, "--pilot-keep", "1.0", "--compare-unpruned"]);
+    assert_eq!(same.status, Some(0), "{}", same.stderr);
+    assert!(
+        same.stdout.contains(
+            "compare-unpruned y: max abs error 0.000e0, relative L2 0.000e0, argmax agrees on 16 of 16 rows (100.00%)"
+        ),
+        "{}",
+        same.stdout
+    );
+    let pruned = run(&["--pilot-input", x, "--pilot-keep", "0.25", "--compare-unpruned"]);
+    assert_eq!(pruned.status, Some(0), "{}", pruned.stderr);
+    let line = pruned.stdout.lines().find(|l| l.starts_with("compare-unpruned y:")).unwrap();
+    assert!(!line.contains("max abs error 0.000e0"), "{line}");
+    let refused = run(&["--compare-unpruned"]);
+    assert_eq!(refused.status, Some(1));
+    assert!(refused.stderr.contains("nothing is pruned without the pilot pass"), "{}", refused.stderr);
+    assert!(refused.stdout.is_empty(), "refused before running: {}", refused.stdout);
+
+    let a = |v: &[f32]| Tensor::f32(vec![2, 3], v.to_vec());
+    let pruned = BTreeMap::from([("y".to_string(), a(&[1., 2., 3., 3., 1., 0.]))]);
+    let unpruned = BTreeMap::from([("y".to_string(), a(&[1., 2., 4., 1., 2., 0.]))]);
+    let s = driver::compare(&pruned, &unpruned).unwrap();
+    let rel = (6.0f64 / 26.0).sqrt();
+    assert_eq!(
+        s,
+        format!(
+            "compare-unpruned y: max abs error 2.000e0, relative L2 {rel:.3e}, argmax agrees on 1 of 2 rows (50.00%)\n"
+        )
+    );
+}
