@@ -281,3 +281,30 @@ fn compare_unpruned_prints_the_error() {
         )
     );
 }
+
+#[test]
+fn corrupted_mask_records_are_refused_at_load() {
+    let m = mlp(&[], false);
+    let c = build(&m, None, Gemm::Cranelift, Some(&config(Select::Keep(0.5))));
+    let (offset, info) = (c.programs[0].buffers.iter())
+        .find_map(|b| match (&b.storage, &b.mask) {
+            (meshc::program::Storage::Weights { offset }, Some(info)) => Some((*offset, info.clone())),
+            _ => None,
+        })
+        .expect("a masked weight");
+    let record = offset - info.bytes;
+    for (at, byte, want) in [
+        (record, b'X', "bad mask record magic"),
+        // The first column run's start, beyond the weight's columns.
+        (record + meshc::mask::HEADER + 1, 0x7f, "out of order or out of bounds"),
+        // The record's length word.
+        (offset - 4, 3, "no mask record"),
+    ] {
+        let mut weights = c.weights.clone();
+        weights[at] = byte;
+        let w = AlignedBuf::from_bytes(&weights).unwrap();
+        let code = Code::Copied(meshc::codegen::ExecCode::new(&c.code).unwrap());
+        let e = Loaded::new(c.meta.clone(), c.programs.clone(), code, w.as_slice()).err().expect("refused");
+        assert!(format!("{e:#}").contains(want), "{e:#}");
+    }
+}

@@ -777,6 +777,45 @@ pub(crate) mod tests {
         }
     }
 
+    /// The masked kernel finds the mask record before its weight operand and equals the
+    /// interpreter on the weight with the pruned columns and rows zeroed; batched too, and
+    /// across K and N blocks (two K blocks, N > NC).
+    #[test]
+    fn masked_kernel_reads_the_record_before_the_weight() {
+        for (a_shape, b_shape) in
+            [(&[13usize, 300][..], &[300usize, 37][..]), (&[2, 5, 41], &[2, 41, 29]), (&[3, 20], &[20, 1030])]
+        {
+            let (a, b, _) = oracle(a_shape, b_shape, 3);
+            let (k, n) = (b_shape[b_shape.len() - 2], b_shape[b_shape.len() - 1]);
+            let col_keep: Vec<bool> = (0..n).map(|c| (c / 5) % 3 != 1).collect();
+            let row_keep: Vec<bool> = (0..k).map(|r| (r / 7) % 4 != 2).collect();
+            let mask = crate::mask::Mask::new(&col_keep, &row_keep, 1);
+            let pruned: Vec<f32> = (b.as_f32().unwrap().iter().enumerate())
+                .map(|(i, &x)| if col_keep[i % n] && row_keep[(i / n) % k] { x } else { 0.0 })
+                .collect();
+            let node = Node::new("mm", Op::MatMul, &["a", "b"]);
+            let out_ty =
+                infer(&node, &[Operand { ty: &a.ty(), dims: None }, Operand { ty: &b.ty(), dims: None }]).unwrap().ty;
+            let want = eval_node(&node, &[&a, &Tensor::f32(b_shape.to_vec(), pruned)], &out_ty).unwrap();
+            let target = native();
+            let g = masked(&target, "mm", &a.ty(), &b.ty(), &out_ty).unwrap();
+            let (mut sa, mut sb, mut so, mut ss) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            let ab = f32_bytes(a.as_f32().unwrap());
+            let ba = aligned(&mut sa, ab.len());
+            ba.copy_from_slice(&ab);
+            let record = mask.encode();
+            let wb = aligned(&mut sb, record.len() + b.numel() * 4);
+            wb[..record.len()].copy_from_slice(&record);
+            wb[record.len()..].copy_from_slice(&f32_bytes(b.as_f32().unwrap()));
+            let (_, weight) = wb.split_at_mut(record.len());
+            let out = aligned(&mut so, want.numel() * 4);
+            out.fill(0x7f);
+            let mut bufs: Vec<&mut [u8]> = vec![out, ba, weight, aligned(&mut ss, g.scratch)];
+            assert_eq!(run(&target, g.func, &mut bufs), 0);
+            assert_close(&bytes_f32(bufs[0]), want.as_f32().unwrap(), &format!("masked {a_shape:?} @ {b_shape:?}"));
+        }
+    }
+
     #[test]
     fn shape_planning() {
         let s = MatmulShape::new(&[2, 3, 4], &[4, 5], &[2, 3, 5]).unwrap();
