@@ -104,6 +104,10 @@ enum Cmd {
         /// unpruned artifact or graph: --compare-unpruned=FILE.
         #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "")]
         compare_unpruned: Option<String>,
+        /// Live conditioning (GRAPH only): the pilot pass runs on this run's own inputs, so
+        /// the masks fit the input at hand (the graph is compiled for it, in memory).
+        #[arg(long, conflicts_with = "pilot_inputs")]
+        conditional: bool,
         #[command(flatten)]
         codegen: CodegenArgs,
         #[command(flatten)]
@@ -189,9 +193,13 @@ fn main() -> ExitCode {
             degrade,
             degrade_link,
             compare_unpruned,
+            conditional,
             codegen,
-            pilot,
+            mut pilot,
         } => {
+            if conditional {
+                pilot.inputs = io.inputs.clone();
+            }
             let opts = RunOpts {
                 bench,
                 trust_weights,
@@ -506,7 +514,7 @@ struct RunOpts<'a> {
 fn run(path: &Path, io: &Io, opts: &RunOpts, args: &CodegenArgs, pilot: &PilotArgs) -> Result<()> {
     let file = path.display().to_string();
     if is_artifact(path) && !pilot.inputs.is_empty() {
-        bail!("{file}: --pilot-input prunes a graph as it is compiled; this is an artifact");
+        bail!("{file}: --pilot-input and --conditional prune a graph as it is compiled; this is an artifact");
     }
     if is_artifact(path) {
         let art = Artifact::open_with(path, if opts.trust_weights { Verify::SkipBulk } else { Verify::All })?;

@@ -264,6 +264,10 @@ fn compare_unpruned_prints_the_error() {
     assert_eq!(pruned.status, Some(0), "{}", pruned.stderr);
     let line = pruned.stdout.lines().find(|l| l.starts_with("compare-unpruned y:")).unwrap();
     assert!(!line.contains("max abs error 0.000e0"), "{line}");
+    // --conditional: the pilot input is the run's own.
+    let live = run(&["--conditional", "--pilot-keep", "0.25", "--compare-unpruned"]);
+    assert_eq!(live.status, Some(0), "{}", live.stderr);
+    assert_eq!(live.stdout, pruned.stdout);
     let refused = run(&["--compare-unpruned"]);
     assert_eq!(refused.status, Some(1));
     assert!(refused.stderr.contains("nothing is pruned without the pilot pass"), "{}", refused.stderr);
