@@ -196,8 +196,9 @@ pub fn matmul(target: &Target, name: &str, a: &TensorType, b: &TensorType, out: 
 /// Generates the masked matmul kernel (seed 003's conditioned execution): the same
 /// numpy matmul, but `b` (a weight `[.., K, N]`) is preceded by a mask record
 /// (`crate::mask`) that the kernel finds from `b`'s address at run time. It zeroes the
-/// result, then computes one sub-GEMM per (kept column run, kept row run) of the record, so
-/// pruned columns and rows cost nothing but the zeroing. The code depends only on the
+/// result, then for each kept row run of the record runs the packed loop nest over the kept
+/// column runs only (`Gemm::emit_runs`), so pruned columns and rows cost nothing but the
+/// zeroing. The code depends only on the
 /// shapes: weights with different masks share one kernel.
 pub fn masked(target: &Target, name: &str, a: &TensorType, b: &TensorType, out: &TensorType) -> Result<Generated> {
     for (what, t) in [("operand a", a), ("operand b", b), ("result", out)] {
@@ -230,34 +231,17 @@ pub fn masked(target: &Target, name: &str, a: &TensorType, b: &TensorType, out: 
         let n = shape.n;
         batch_loops(kb, &shape.batch, [a, b, c], &mut |k, [a, b, c]| {
             let zero = k.iconst(0);
-            k.for_range(zero, col_runs, 1, |k, cr| {
-                let e = k.addr(runs, cr, 8);
-                let (c0, cols) = (u32_at(k, e, 0), u32_at(k, e, 4));
-                let zero = k.iconst(0);
-                k.for_range(zero, row_runs, 1, |k, rr| {
-                    let e = k.addr(rows_at, rr, 8);
-                    let (k0, depth) = (u32_at(k, e, 0), u32_at(k, e, 4));
-                    let first = k.b.ins().icmp_imm_s(IntCC::Equal, rr, 0);
-                    let a = k.addr(a, k0, F32 as i64);
-                    let b = k.addr(b, k0, (n * F32) as i64);
-                    let b = k.addr(b, c0, F32 as i64);
-                    let c = k.addr(c, c0, F32 as i64);
-                    g.emit_part(k, a, b, c, Some(Part { n: cols, k: depth, first }));
-                });
+            k.for_range(zero, row_runs, 1, |k, rr| {
+                let e = k.addr(rows_at, rr, 8);
+                let (k0, depth) = (u32_at(k, e, 0), u32_at(k, e, 4));
+                let first = k.b.ins().icmp_imm_s(IntCC::Equal, rr, 0);
+                let a = k.addr(a, k0, F32 as i64);
+                let b = k.addr(b, k0, (n * F32) as i64);
+                g.emit_runs(k, [a, b, c], (runs, col_runs), depth, first);
             });
         });
     });
     Ok(Generated { func, scratch: blocks.map_or(0, |bl| bl.scratch_bytes()) })
-}
-
-/// A sub-GEMM of a masked matmul: `n` columns and `k` rows (run-time values) of the
-/// matrices, whose row strides stay those of the whole; `first` says whether it is the
-/// first contribution to its part of C (stored, not added).
-#[derive(Clone, Copy)]
-struct Part {
-    n: Value,
-    k: Value,
-    first: Value,
 }
 
 /// Loads of packed panels in the micro-kernel, marked movable (`readonly`, `can_move`) so
@@ -331,38 +315,21 @@ struct Gemm<'a> {
 
 impl Gemm<'_> {
     fn emit(&self, k: &mut KernelBuilder, a: Value, b: Value, c: Value) {
-        self.emit_part(k, a, b, c, None)
-    }
-
-    /// `emit`, or with `part` only that sub-GEMM.
-    fn emit_part(&self, k: &mut KernelBuilder, a: Value, b: Value, c: Value, part: Option<Part>) {
         let MatmulShape { m, k: kk, n, .. } = *self.s;
         let ap = self.scratch;
         let bp = k.b.ins().iadd_imm_s(self.scratch, self.blocks.b_offset() as i64);
         let tile = k.b.ins().iadd_imm_s(self.scratch, self.blocks.tile_offset() as i64);
-        // The extents: constants for the whole matrix, the part's otherwise.
-        let end =
-            |k: &mut KernelBuilder, whole: usize, part: Option<Value>| part.unwrap_or_else(|| k.iconst(whole as i64));
-        let start = k.iconst(0);
-        let n_end = end(k, n, part.map(|p| p.n));
-        k.for_range(start, n_end, NC as i64, |k, jc| {
-            let n_end = end(k, n, part.map(|p| p.n));
-            let nc = remaining(k, n_end, jc, NC);
-            let start = k.iconst(0);
-            let k_end = end(k, kk, part.map(|p| p.k));
-            k.for_range(start, k_end, KC as i64, |k, pc| {
-                let k_end = end(k, kk, part.map(|p| p.k));
-                let kc = remaining(k, k_end, pc, KC);
+        k.for_const(0, n as i64, NC as i64, |k, jc| {
+            let nc = block_len(k, n, jc, NC);
+            k.for_const(0, kk as i64, KC as i64, |k, pc| {
+                let kc = block_len(k, kk, pc, KC);
                 // kc rounded up to KU, not as `(kc + KU-1) & -KU`: the optimiser recomputes an
                 // op with an immediate at every use, which would drag all that depends on kcp
                 // into the innermost loops.
                 let pad = k.b.ins().ineg(kc);
                 let pad = k.b.ins().band_imm_s(pad, KU as i64 - 1);
                 let kcp = k.b.ins().iadd(kc, pad);
-                let mut first = k.b.ins().icmp_imm_s(IntCC::Equal, pc, 0);
-                if let Some(p) = part {
-                    first = k.b.ins().band(first, p.first);
-                }
+                let first = k.b.ins().icmp_imm_s(IntCC::Equal, pc, 0);
                 let b_row = k.addr(b, pc, (n * F32) as i64);
                 let b_blk = k.addr(b_row, jc, F32 as i64);
                 pack_b(k, b_blk, n, kc, kcp, nc, bp);
@@ -373,24 +340,92 @@ impl Gemm<'_> {
                     pack_a(k, a_blk, kk, mc, kc, kcp, ap);
                     let c_row = k.addr(c, ic, (n * F32) as i64);
                     let c_blk = k.addr(c_row, jc, F32 as i64);
+                    self.panels(k, [ap, bp, tile], c_blk, nc, mc, kcp, first);
+                });
+            });
+        });
+    }
+
+    /// A masked GEMM's part for one run of kept rows (`a` and `b` at its first row, `depth`
+    /// rows, `first` on the first run): the kept column runs (`col_runs` pairs of u32 at
+    /// `runs`) are iterated inside each packed A block, so A is packed once per block
+    /// rather than once per column run.
+    #[allow(clippy::too_many_arguments)]
+    fn emit_runs(
+        &self,
+        k: &mut KernelBuilder,
+        [a, b, c]: [Value; 3],
+        (runs, col_runs): (Value, Value),
+        depth: Value,
+        first_run: Value,
+    ) {
+        let MatmulShape { m, k: kk, n, .. } = *self.s;
+        let ap = self.scratch;
+        let bp = k.b.ins().iadd_imm_s(self.scratch, self.blocks.b_offset() as i64);
+        let tile = k.b.ins().iadd_imm_s(self.scratch, self.blocks.tile_offset() as i64);
+        let start = k.iconst(0);
+        k.for_range(start, depth, KC as i64, |k, pc| {
+            let kc = remaining(k, depth, pc, KC);
+            let pad = k.b.ins().ineg(kc);
+            let pad = k.b.ins().band_imm_s(pad, KU as i64 - 1);
+            let kcp = k.b.ins().iadd(kc, pad);
+            let first = k.b.ins().icmp_imm_s(IntCC::Equal, pc, 0);
+            let first = k.b.ins().band(first, first_run);
+            k.for_const(0, m as i64, MC as i64, |k, ic| {
+                let mc = block_len(k, m, ic, MC);
+                let a_row = k.addr(a, ic, (kk * F32) as i64);
+                let a_blk = k.addr(a_row, pc, F32 as i64);
+                pack_a(k, a_blk, kk, mc, kc, kcp, ap);
+                let zero = k.iconst(0);
+                k.for_range(zero, col_runs, 1, |k, cr| {
+                    let e = k.addr(runs, cr, 8);
+                    let c0 = k.b.ins().uload32(mem(), e, 0);
+                    let cols = k.b.ins().uload32(mem(), e, 4);
                     let zero = k.iconst(0);
-                    k.for_range(zero, nc, NR as i64, |k, jr| {
-                        let cols = remaining(k, nc, jr, NR);
-                        // Panel jr / NR starts at (jr / NR) * kcp * NR = jr * kcp floats.
-                        let b_off = k.b.ins().imul(jr, kcp);
-                        let b_panel = k.addr(bp, b_off, F32 as i64);
-                        let c_col = k.addr(c_blk, jr, F32 as i64);
-                        let zero = k.iconst(0);
-                        k.for_range(zero, mc, MR as i64, |k, ir| {
-                            let rows = remaining(k, mc, ir, MR);
-                            let a_off = k.b.ins().imul(ir, kcp);
-                            let a_panel = k.addr(ap, a_off, F32 as i64);
-                            let acc = self.micro_kernel(k, a_panel, b_panel, kcp);
-                            let c_tile = k.addr(c_col, ir, (n * F32) as i64);
-                            store_tile(k, &acc, c_tile, n, rows, cols, first, tile);
-                        });
+                    k.for_range(zero, cols, NC as i64, |k, jc| {
+                        let nc = remaining(k, cols, jc, NC);
+                        let col = k.b.ins().iadd(c0, jc);
+                        let b_row = k.addr(b, pc, (n * F32) as i64);
+                        let b_blk = k.addr(b_row, col, F32 as i64);
+                        pack_b(k, b_blk, n, kc, kcp, nc, bp);
+                        let c_row = k.addr(c, ic, (n * F32) as i64);
+                        let c_blk = k.addr(c_row, col, F32 as i64);
+                        self.panels(k, [ap, bp, tile], c_blk, nc, mc, kcp, first);
                     });
                 });
+            });
+        });
+    }
+
+    /// The micro-kernel over every MR×NR tile of the packed `mc × nc` block (packed A at
+    /// `ap`, packed B at `bp`), stored or added (`first`) into C at `c_blk`.
+    #[allow(clippy::too_many_arguments)]
+    fn panels(
+        &self,
+        k: &mut KernelBuilder,
+        [ap, bp, tile]: [Value; 3],
+        c_blk: Value,
+        nc: Value,
+        mc: Value,
+        kcp: Value,
+        first: Value,
+    ) {
+        let n = self.s.n;
+        let zero = k.iconst(0);
+        k.for_range(zero, nc, NR as i64, |k, jr| {
+            let cols = remaining(k, nc, jr, NR);
+            // Panel jr / NR starts at (jr / NR) * kcp * NR = jr * kcp floats.
+            let b_off = k.b.ins().imul(jr, kcp);
+            let b_panel = k.addr(bp, b_off, F32 as i64);
+            let c_col = k.addr(c_blk, jr, F32 as i64);
+            let zero = k.iconst(0);
+            k.for_range(zero, mc, MR as i64, |k, ir| {
+                let rows = remaining(k, mc, ir, MR);
+                let a_off = k.b.ins().imul(ir, kcp);
+                let a_panel = k.addr(ap, a_off, F32 as i64);
+                let acc = self.micro_kernel(k, a_panel, b_panel, kcp);
+                let c_tile = k.addr(c_col, ir, (n * F32) as i64);
+                store_tile(k, &acc, c_tile, n, rows, cols, first, tile);
             });
         });
     }
