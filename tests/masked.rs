@@ -312,3 +312,55 @@ fn corrupted_mask_records_are_refused_at_load() {
         assert!(format!("{e:#}").contains(want), "{e:#}");
     }
 }
+
+/// What `apply` prunes beyond the ReLU MLP: a chain through sigmoid (which maps a removed
+/// feature to 0.5, not 0) stops there, columns that reach an output through a softmax are
+/// results and stay, and a weight used twice is left alone.
+#[test]
+fn apply_prunes_only_what_stays_exactly_zero() {
+    let src = "graph g {
+  input x: f32[4,8]
+  param w1: f32[8,32] = init uniform{seed = 1, low = -1, high = 1}
+  param b1: f32[32] = init uniform{seed = 2, low = -1, high = 1}
+  param w2: f32[32,16] = init uniform{seed = 3, low = -1, high = 1}
+  param ws: f32[16,16] = init uniform{seed = 4, low = -1, high = 1}
+  h = matmul(x, w1)
+  hb = add(h, b1)
+  s = sigmoid(hb)
+  z = matmul(s, w2)
+  u = matmul(z, ws)
+  v = matmul(u, ws)
+  y = softmax(v) {axis = -1}
+  output y
+}";
+    let g = meshc_ir::text::parse(src).unwrap();
+    let info = meshc_ir::verify::verify(&g).unwrap();
+    let params = meshc_ir::params::load_all(&g, std::path::Path::new(".")).unwrap();
+    let x = Tensor::f32(vec![4, 8], values(32, 9, false));
+    let cfg = Config {
+        runs: vec![HashMap::from([("x".to_string(), x.clone())])],
+        simplify: Simplify::Bits(23),
+        block: 8,
+        select: Select::Keep(0.5),
+    };
+    let masks = pilot::run(&g, &info, &params, &cfg).unwrap();
+    let p = pilot::apply(&g, &info, &params, &masks, 8).unwrap();
+    let log = p.log.join("\n");
+    let w1 = &p.masks["w1"];
+    assert_eq!(w1.col_keep.iter().filter(|&&k| !k).count(), 16, "{log}");
+    assert!(w1.row_keep.iter().all(|&k| k));
+    // b1's entries go with the removed features (the add keeps them exactly zero) ...
+    let dropped: Vec<usize> = (0..32).filter(|&j| !w1.col_keep[j]).collect();
+    assert!(dropped.iter().all(|&j| p.params["b1"].as_f32().unwrap()[j] == 0.0), "{log}");
+    // ... but sigmoid does not, so w2's rows stay; and w2's columns are not outputs, so they
+    // are pruned, while ws is used twice.
+    assert!(p.masks["w2"].row_keep.iter().all(|&k| k), "{log}");
+    assert!(p.masks["w2"].col_keep.iter().any(|&k| !k), "{log}");
+    assert!(!p.masks.contains_key("ws"), "{log}");
+    assert!(log.contains("ws in u: not pruned"), "{log}");
+    // The compiled pruned graph computes exactly this.
+    let m = (g, info, params);
+    let want = oracle(&m, &cfg, &HashMap::from([("x".to_string(), x.clone())]));
+    let (got, _) = run(build(&m, None, Gemm::Cranelift, Some(&cfg)), &HashMap::from([("x".to_string(), x)]));
+    common::assert_close("sigmoid chain", &got["y"], &want).unwrap();
+}

@@ -163,7 +163,8 @@ pub struct Pruned {
 /// matmul with a weight `W2` used nowhere else, the feature's rows of `W2` are zeroed and
 /// marked skipped. The result is an ordinary graph: the reference interpreter on these
 /// params is the oracle of the masked kernels. A weight whose columns reach a graph output
-/// through elementwise ops is not pruned (those columns are results, e.g. logits). Only
+/// without a matmul contracting them is not pruned (those columns are results, e.g.
+/// logits or class probabilities). Only
 /// `matmul` weights used by one node are pruned (an einsum's or a shared weight's mask is reported, not applied); a weight with
 /// nothing dropped gets no mask, so `keep 1.0` leaves the graph untouched.
 pub fn apply(
@@ -244,17 +245,23 @@ pub fn apply(
     Ok(out)
 }
 
-/// Whether `node`'s columns reach a graph output through elementwise ops only: they are
-/// then results (a classifier's logits), not features to remove.
+/// Whether `node`'s columns reach a graph output without being contracted away: through
+/// any ops that keep a last axis of `n` (a bias, a softmax over classes, ...) other than
+/// a matmul that contracts them. They are then results (a classifier's logits or
+/// probabilities), not features to remove.
 fn feeds_output(g: &Graph, uses: &HashMap<&str, Vec<(usize, usize)>>, node: &str, n: usize, info: &Info) -> bool {
+    let rank = |name: &str| info.types.get(name).map_or(0, |t| t.shape.len());
     let mut stack = vec![node.to_string()];
+    let mut seen = vec![node.to_string()];
     while let Some(v) = stack.pop() {
         if g.outputs.iter().any(|o| o.name == v) {
             return true;
         }
-        for &(u, _) in uses.get(v.as_str()).map_or(&[][..], Vec::as_slice) {
+        for &(u, pos) in uses.get(v.as_str()).map_or(&[][..], Vec::as_slice) {
             let user = &g.nodes[u];
-            if user.op.is_elementwise() && info.types[&user.name].shape.last() == Some(&n) {
+            let contracts = matmul_like(user, rank).is_some_and(|(l, _)| l == pos);
+            if !contracts && info.types[&user.name].shape.last() == Some(&n) && !seen.contains(&user.name) {
+                seen.push(user.name.clone());
                 stack.push(user.name.clone());
             }
         }
