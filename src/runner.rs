@@ -372,7 +372,7 @@ fn masks_of(p: &Program, weights: &[u8]) -> Result<HashMap<usize, Mask>> {
         let m = Mask::decode(weights, *offset, info.rows, info.cols)
             .and_then(|m| {
                 let matrix = info.rows * info.cols * 4;
-                if matrix == 0 || b.bytes % matrix != 0 || offset.checked_sub(info.bytes).is_none() {
+                if matrix == 0 || b.bytes % matrix != 0 || m.record_len() != info.bytes {
                     bail!("mask of {}x{} matrices on a weight of {} bytes", info.rows, info.cols, b.bytes);
                 }
                 Ok(m)
