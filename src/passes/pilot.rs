@@ -40,7 +40,12 @@
 //! **Masks.** `keep F` keeps the `ceil(F · blocks)` highest-priority blocks (ties: lower
 //! block first); `threshold T` keeps the blocks whose priority exceeds `T ×` the weight's
 //! largest (so `T = 0` drops exactly the blocks that never contribute). The FLOPs a mask
-//! would skip are those of the dropped columns in the weight's own matmul.
+//! would skip, in `--dump-after pilot`, are those of the dropped columns in the weight's
+//! own matmul; what the artifact skips, reported by `compile` and `inspect`, also counts
+//! the rows of the next weight that pruning removes (`apply`).
+//!
+//! **Pruning** (`apply`, documented there) turns the masks into the pruned graph's params
+//! and the masks of its matmul weights, which `compile` stores and the kernels read.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
