@@ -364,3 +364,49 @@ fn apply_prunes_only_what_stays_exactly_zero() {
     let (got, _) = run(build(&m, None, Gemm::Cranelift, Some(&cfg)), &HashMap::from([("x".to_string(), x)]));
     common::assert_close("sigmoid chain", &got["y"], &want).unwrap();
 }
+
+/// Three layers: the middle weight loses rows (the first layer's pruned features) and
+/// columns (its own) at once; one device and a model-parallel layout, both matmul paths.
+#[test]
+fn deep_mlp_prunes_rows_and_columns_of_one_weight() {
+    let src = "graph deep {
+  input x: f32[16,24]
+  param w1: f32[24,64] = init uniform{seed = 1, low = -1, high = 1}
+  param b1: f32[64] = init uniform{seed = 2, low = -1, high = 1}
+  param w2: f32[64,48] = init uniform{seed = 3, low = -1, high = 1}
+  param w3: f32[48,8] = init uniform{seed = 4, low = -1, high = 1}
+  h1 = matmul(x, w1)
+  hb = add(h1, b1)
+  a1 = relu(hb)
+  h2 = matmul(a1, w2)
+  a2 = gelu(h2)
+  y = matmul(a2, w3)
+  output y
+}";
+    let g = meshc_ir::text::parse(src).unwrap();
+    let info = meshc_ir::verify::verify(&g).unwrap();
+    let params = meshc_ir::params::load_all(&g, std::path::Path::new(".")).unwrap();
+    let x = Tensor::f32(vec![16, 24], values(16 * 24, 21, false));
+    let inputs = HashMap::from([("x".to_string(), x.clone())]);
+    let cfg = Config { runs: vec![inputs.clone()], simplify: Simplify::Exponent, block: 8, select: Select::Keep(0.4) };
+    let m = (g, info, params);
+    let want = oracle(&m, &cfg, &inputs);
+    let dir = scratch("masked-deep");
+    let spec = dir.join("mp.json");
+    std::fs::write(
+        &spec,
+        r#"{"format": "meshc-layout/1", "mesh": {"shape": [4], "axes": ["m"]}, "layouts": {"w2": ["m", null]}}"#,
+    )
+    .unwrap();
+    for layout in [None, Some(spec.to_str().unwrap())] {
+        for gemm in [Gemm::Cranelift, Gemm::Library] {
+            let (got, masks) = run(build(&m, layout, gemm, Some(&cfg)), &inputs);
+            common::assert_close(&format!("{layout:?} {gemm:?}"), &got["y"], &want).unwrap();
+            if layout.is_none() {
+                let w2 = &masks["w2"];
+                assert!(w2.rows_kept() < 64 && w2.cols_kept() < 48, "{w2:?}");
+                assert_eq!(masks["w3"].rows_kept(), w2.cols_kept(), "gelu(0) = 0: w3 loses w2's pruned features");
+            }
+        }
+    }
+}
