@@ -214,8 +214,12 @@ pub fn masked(target: &Target, name: &str, a: &TensorType, b: &TensorType, out: 
     let fma = target.has("fma");
     let func = build_kernel(target, name, |kb| {
         let (c, a, b) = (kb.buf(0), kb.buf(1), kb.buf(2));
+        // Zero the result: vectors, then the scalar tail.
+        let bytes = shape.out_len() * F32;
+        let vectors = kb.iconst((bytes & !15) as i64);
+        zero_fill(kb, c, vectors);
         let zero = kb.f32const(0.0);
-        kb.for_const(0, (shape.out_len() * F32) as i64, F32 as i64, |k, i| {
+        kb.for_const((bytes & !15) as i64, bytes as i64, F32 as i64, |k, i| {
             let p = k.b.ins().iadd(c, i);
             k.b.ins().store(mem(), zero, p, 0);
         });
@@ -832,22 +836,28 @@ pub(crate) mod tests {
             let out_ty =
                 infer(&node, &[Operand { ty: &a.ty(), dims: None }, Operand { ty: &b.ty(), dims: None }]).unwrap().ty;
             let want = eval_node(&node, &[&a, &Tensor::f32(b_shape.to_vec(), pruned)], &out_ty).unwrap();
-            let target = native();
-            let g = masked(&target, "mm", &a.ty(), &b.ty(), &out_ty).unwrap();
-            let (mut sa, mut sb, mut so, mut ss) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            let ab = f32_bytes(a.as_f32().unwrap());
-            let ba = aligned(&mut sa, ab.len());
-            ba.copy_from_slice(&ab);
-            let record = mask.encode();
-            let wb = aligned(&mut sb, record.len() + b.numel() * 4);
-            wb[..record.len()].copy_from_slice(&record);
-            wb[record.len()..].copy_from_slice(&f32_bytes(b.as_f32().unwrap()));
-            let (_, weight) = wb.split_at_mut(record.len());
-            let out = aligned(&mut so, want.numel() * 4);
-            out.fill(0x7f);
-            let mut bufs: Vec<&mut [u8]> = vec![out, ba, weight, aligned(&mut ss, g.scratch)];
-            assert_eq!(run(&target, g.func, &mut bufs), 0);
-            assert_close(&bytes_f32(bufs[0]), want.as_f32().unwrap(), &format!("masked {a_shape:?} @ {b_shape:?}"));
+            // x86-64-v2: SSE encodings, whose memory operands must be aligned, and no FMA.
+            for target in [native(), Target::by_name("x86-64-v2").unwrap()] {
+                let g = masked(&target, "mm", &a.ty(), &b.ty(), &out_ty).unwrap();
+                let (mut sa, mut sb, mut so, mut ss) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                let ab = f32_bytes(a.as_f32().unwrap());
+                let ba = aligned(&mut sa, ab.len());
+                ba.copy_from_slice(&ab);
+                let record = mask.encode();
+                let wb = aligned(&mut sb, record.len() + b.numel() * 4);
+                wb[..record.len()].copy_from_slice(&record);
+                wb[record.len()..].copy_from_slice(&f32_bytes(b.as_f32().unwrap()));
+                let (_, weight) = wb.split_at_mut(record.len());
+                let out = aligned(&mut so, want.numel() * 4);
+                out.fill(0x7f);
+                let mut bufs: Vec<&mut [u8]> = vec![out, ba, weight, aligned(&mut ss, g.scratch)];
+                assert_eq!(run(&target, g.func, &mut bufs), 0);
+                assert_close(
+                    &bytes_f32(bufs[0]),
+                    want.as_f32().unwrap(),
+                    &format!("masked {a_shape:?} @ {b_shape:?} on {}", target.name),
+                );
+            }
         }
     }
 
