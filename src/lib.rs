@@ -9,6 +9,7 @@ pub mod driver;
 pub mod fabric;
 pub mod layout;
 pub mod library;
+pub mod mask;
 pub mod mesh;
 pub mod mesh_interp;
 pub mod passes;

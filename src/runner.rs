@@ -26,6 +26,7 @@ use meshc_ir::{DType, Tensor, TensorType};
 use crate::codegen::{self, KernelFn};
 use crate::fabric::{self, Delivery, Fabric, LinkStats};
 use crate::library;
+use crate::mask::Mask;
 use crate::mesh::Mesh;
 use crate::program::{Buffer, Collective, Exec, IoSpec, Library, Meta, Program, Storage, ALIGN};
 
@@ -366,6 +367,34 @@ impl Drop for Devices {
     }
 }
 
+/// Decodes and checks the mask record before every masked weight of `p`: it must describe
+/// the weight's matrices, and every matmul reading the weight must have their shape, since
+/// kernels trust the record's runs.
+fn masks_of(p: &Program, weights: &[u8]) -> Result<HashMap<usize, Mask>> {
+    let mut out = HashMap::new();
+    for (i, b) in p.buffers.iter().enumerate() {
+        let (Some(info), Storage::Weights { offset }) = (&b.mask, &b.storage) else { continue };
+        let m = Mask::decode(weights, *offset, info.rows, info.cols)
+            .and_then(|m| {
+                let matrix = info.rows * info.cols * 4;
+                if matrix == 0 || b.bytes % matrix != 0 || m.record_len() != info.bytes {
+                    bail!("mask of {}x{} matrices on a weight of {} bytes", info.rows, info.cols, b.bytes);
+                }
+                Ok(m)
+            })
+            .with_context(|| format!("weight '{}'", b.name))?;
+        for st in p.steps.iter().filter(|st| st.buffers.get(2) == Some(&i)) {
+            if let Exec::Library(Library::Matmul { b: shape, .. }) = &st.exec {
+                if shape.len() < 2 || shape[shape.len() - 2..] != [info.rows, info.cols] {
+                    bail!("node '{}': its weight's mask does not fit its shape {shape:?}", st.node);
+                }
+            }
+        }
+        out.insert(i, m);
+    }
+    Ok(out)
+}
+
 /// What runs take one at a time: the arenas and the device threads.
 struct State {
     /// One per device, allocated once: repeated runs (`--bench`) reuse their pages.
@@ -383,6 +412,9 @@ pub struct Loaded<'w> {
     weights: &'w [u8],
     state: Mutex<State>,
     fabric: Fabric,
+    /// Per device, the decoded mask record of each masked weight buffer (the library GEMM
+    /// path iterates over its runs; the generated kernels read the record themselves).
+    masks: Vec<HashMap<usize, Mask>>,
     /// Per device and step: whether a collective may leave its result in the fabric's shared
     /// buffer (no other step writes its result buffer, so the device may read it there).
     share: Vec<Vec<bool>>,
@@ -451,6 +483,7 @@ impl<'w> Loaded<'w> {
             }
         }
         check_collectives(&meta.mesh, &programs, &absent)?;
+        let masks = programs.iter().map(|p| masks_of(p, weights)).collect::<Result<_>>()?;
         let share = programs
             .iter()
             .map(|p| {
@@ -471,7 +504,12 @@ impl<'w> Loaded<'w> {
             fabric.degrade(topo)?;
         }
         let state = Mutex::new(State { arenas, devices: None });
-        Ok(Loaded { meta, programs, code, weights, state, fabric, share, fail: None, degraded: Default::default() })
+        Ok(Loaded { meta, programs, code, weights, state, fabric, share, fail: None, degraded: Default::default(), masks })
+    }
+
+    /// The decoded mask of weight buffer `b` of `device`, if it has one.
+    pub fn mask(&self, device: usize, b: usize) -> Option<&Mask> {
+        self.masks[device].get(&b)
     }
 
     fn kernel(&self, device: usize, k: usize) -> KernelFn {
@@ -762,10 +800,11 @@ impl<'w> Loaded<'w> {
                             std::slice::from_raw_parts(args[2] as *const f32, len(b)),
                         )
                     };
-                    if single {
-                        library::matmul(x, y, o, a, b, out)
-                    } else {
-                        library::matmul_threads(x, y, o, a, b, out, 1)
+                    let threads = if single { None } else { Some(1) };
+                    match self.masks[device].get(&st.buffers[2]) {
+                        Some(m) => library::matmul_masked(x, y, o, a, b, out, m, threads),
+                        None if single => library::matmul(x, y, o, a, b, out),
+                        None => library::matmul_threads(x, y, o, a, b, out, 1),
                     }
                     .with_context(|| format!("node '{}'", st.node))?;
                 }
@@ -827,7 +866,7 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(i, &bytes)| {
-                let b = Buffer { name: format!("b{i}"), bytes, storage: Storage::Arena { offset: at } };
+                let b = Buffer { name: format!("b{i}"), bytes, storage: Storage::Arena { offset: at }, mask: None };
                 at += bytes.div_ceil(ALIGN) * ALIGN;
                 b
             })
