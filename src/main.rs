@@ -98,6 +98,10 @@ enum Cmd {
         /// repeated.
         #[arg(long, value_name = "A:B")]
         degrade_link: Vec<String>,
+        /// Fail the run when a recv waits this many seconds for its send (or a send for its
+        /// recv) instead of hanging; the error names the key and both devices.
+        #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+        timeout: f64,
         #[command(flatten)]
         codegen: CodegenArgs,
     },
@@ -180,6 +184,7 @@ fn main() -> ExitCode {
             link_stats,
             degrade,
             degrade_link,
+            timeout,
             codegen,
         } => {
             let opts = RunOpts {
@@ -190,6 +195,7 @@ fn main() -> ExitCode {
                 link_stats,
                 degrade: &degrade,
                 degrade_link: &degrade_link,
+                timeout,
             };
             run(&program, &io, &opts, &codegen)
         }
@@ -482,6 +488,7 @@ struct RunOpts<'a> {
     link_stats: bool,
     degrade: &'a [String],
     degrade_link: &'a [String],
+    timeout: f64,
 }
 
 fn run(path: &Path, io: &Io, opts: &RunOpts, args: &CodegenArgs) -> Result<()> {
@@ -540,6 +547,11 @@ fn check_against(results: &BTreeMap<String, Tensor>, dir: &Path) -> Result<()> {
 }
 
 fn run_loaded(loaded: &Loaded, io: &Io, opts: &RunOpts) -> Result<()> {
+    let timeout = std::time::Duration::try_from_secs_f64(opts.timeout)
+        .ok()
+        .filter(|t| !t.is_zero())
+        .ok_or_else(|| anyhow::anyhow!("--timeout {}: expected a positive number of seconds", opts.timeout))?;
+    loaded.set_timeout(timeout);
     let expected: Vec<(String, TensorType)> =
         loaded.meta.inputs.iter().filter_map(|s| Some((s.name.clone(), s.ty()?))).collect();
     let inputs = read_inputs(&expected, &io.inputs)?;

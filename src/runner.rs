@@ -21,10 +21,11 @@ use anyhow::{anyhow, bail, Context, Result};
 use meshc_ir::{Tensor, TensorType};
 
 use crate::codegen::{self, KernelFn};
+use crate::exchange::Exchange;
 use crate::fabric::{self, Delivery, Fabric, LinkStats};
 use crate::library;
 use crate::mesh::Mesh;
-use crate::program::{Buffer, Collective, Exec, IoSpec, Library, Meta, Program, Storage, ALIGN};
+use crate::program::{Buffer, Collective, Exec, IoSpec, Library, Meta, Program, Storage, Transfer, ALIGN};
 
 /// A zeroed, 64-byte aligned heap block (the arena, and weights compiled in memory).
 pub struct AlignedBuf {
@@ -147,13 +148,75 @@ fn check_indices(meta: &Meta, p: &Program) -> Result<()> {
         }
         for (&b, spec) in list.iter().zip(specs) {
             buffer(b, &format!("{what} '{}'", spec.name))?;
-            check_layout(&meta.mesh, spec, what)?;
+            check_stage(&meta.mesh, spec, what)?;
+            check_layout(spec.mesh(&meta.mesh), spec, what)?;
             let ty = spec.ty().ok_or_else(|| anyhow!("{what} '{}' has unknown dtype {}", spec.name, spec.dtype))?;
-            let local = TensorType::new(ty.dtype, meta.mesh.local_shape(&spec.shape, &spec.layout));
-            if local.checked_size_bytes() != Some(p.buffers[b].bytes) {
+            let local = TensorType::new(ty.dtype, spec.mesh(&meta.mesh).local_shape(&spec.shape, &spec.layout));
+            let want = if spec.block(&meta.mesh, p.device).is_some() { local.checked_size_bytes() } else { Some(0) };
+            if want != Some(p.buffers[b].bytes) {
                 bail!("{what} '{}' ({local}) does not fit its buffer of {} bytes", spec.name, p.buffers[b].bytes);
             }
         }
+    }
+    Ok(())
+}
+
+/// Checks an input's or output's stage: devices of the mesh, one per device of its sub-mesh.
+fn check_stage(mesh: &Mesh, spec: &IoSpec, what: &str) -> Result<()> {
+    let Some(st) = &spec.stage else { return Ok(()) };
+    let mut seen = BTreeSet::new();
+    if st.devices.len() != st.mesh.devices() || st.devices.iter().any(|&d| d >= mesh.devices() || !seen.insert(d)) {
+        bail!(
+            "{what} '{}' names a stage of devices {:?} that is not a sub-mesh of {} devices",
+            spec.name,
+            st.devices,
+            mesh.devices()
+        );
+    }
+    Ok(())
+}
+
+/// Checks that the sends and recvs of all programs pair up: each key sent once and received
+/// once, by the devices each end names, with the same size and protocol, and buffers of that
+/// size (a recv's in the arena). Whether they can all complete in program order is left to
+/// the run, whose waits time out (`crate::exchange`).
+fn check_transfers(mesh: &Mesh, programs: &[Program]) -> Result<()> {
+    let label = |d: usize| device_label(mesh, d);
+    let mut sends: BTreeMap<&str, (usize, &Transfer, &str)> = BTreeMap::new();
+    let mut recvs: BTreeMap<&str, (usize, &Transfer, &str)> = BTreeMap::new();
+    for (d, p) in programs.iter().enumerate() {
+        for st in &p.steps {
+            let (t, list, what) = match &st.exec {
+                Exec::Send(t) => (t, &mut sends, "sends"),
+                Exec::Recv(t) => (t, &mut recvs, "receives"),
+                _ => continue,
+            };
+            let at = || format!("{}: node '{}'", label(d), st.node);
+            let [b] = st.buffers[..] else { bail!("{}: {} buffers for a transfer (one)", at(), st.buffers.len()) };
+            if p.buffers[b].bytes != t.bytes {
+                bail!("{}: a buffer of {} bytes for a transfer of {}", at(), p.buffers[b].bytes, t.bytes);
+            }
+            if matches!(st.exec, Exec::Recv(_)) && !matches!(p.buffers[b].storage, Storage::Arena { .. }) {
+                bail!("{}: receives into the weights", at());
+            }
+            if t.peer >= programs.len() || t.peer == d {
+                bail!("{}: transfer '{}' with device {}", at(), t.key, t.peer);
+            }
+            if let Some((d0, _, n0)) = list.insert(t.key.as_str(), (d, t, st.node.as_str())) {
+                bail!("{}: {what} '{}' as node '{n0}' on {} does", at(), t.key, label(d0));
+            }
+        }
+    }
+    for (key, &(d, t, node)) in &sends {
+        let Some(&(r, rt, _)) = recvs.get(key) else {
+            bail!("{}: node '{node}' sends '{key}', which no device receives", label(d))
+        };
+        if r != t.peer || rt.peer != d || rt.bytes != t.bytes || rt.protocol != t.protocol {
+            bail!("{}: node '{node}' sends '{key}' unlike {} receives it", label(d), label(r));
+        }
+    }
+    if let Some((key, &(d, _, node))) = recvs.iter().find(|(k, _)| !sends.contains_key(*k)) {
+        bail!("{}: node '{node}' receives '{key}', which no device sends", label(d));
     }
     Ok(())
 }
@@ -378,6 +441,7 @@ pub struct Loaded<'w> {
     weights: &'w [u8],
     state: Mutex<State>,
     fabric: Fabric,
+    exchange: Exchange,
     /// Per device and step: whether a collective may leave its result in the fabric's shared
     /// buffer (no other step writes its result buffer, so the device may read it there).
     share: Vec<Vec<bool>>,
@@ -434,6 +498,7 @@ impl<'w> Loaded<'w> {
             }
         }
         check_collectives(&meta.mesh, &programs)?;
+        check_transfers(&meta.mesh, &programs)?;
         let share = programs
             .iter()
             .map(|p| {
@@ -451,7 +516,7 @@ impl<'w> Loaded<'w> {
         let arenas = programs.iter().map(|p| AlignedBuf::zeroed(p.arena_bytes)).collect::<Result<_>>()?;
         let fabric = Fabric::new(&meta.mesh);
         let state = Mutex::new(State { arenas, devices: None });
-        Ok(Loaded { meta, programs, code, weights, state, fabric, share })
+        Ok(Loaded { meta, programs, code, weights, state, fabric, exchange: Exchange::default(), share })
     }
 
     fn kernel(&self, device: usize, k: usize) -> KernelFn {
@@ -490,6 +555,11 @@ impl<'w> Loaded<'w> {
         self.fabric.degrade(topo)
     }
 
+    /// How long a recv waits for its send (and a send for its recv) before the run fails.
+    pub fn set_timeout(&self, t: Duration) {
+        self.exchange.set_timeout(t);
+    }
+
     /// The bytes every link of the mesh carried in the last run (`--link-stats`).
     pub fn link_stats(&self) -> LinkStats {
         self.fabric.link_stats()
@@ -521,6 +591,7 @@ impl<'w> Loaded<'w> {
         let mut state = self.state.lock().map_err(|_| anyhow!("a previous run panicked"))?;
         let State { arenas, devices } = &mut *state;
         self.fabric.reset();
+        self.exchange.reset();
         let epoch = Instant::now();
         let mesh = &self.meta.mesh;
         if mesh.devices() == 1 {
@@ -560,18 +631,21 @@ impl<'w> Loaded<'w> {
         let mut results = BTreeMap::new();
         for (i, spec) in self.meta.outputs.iter().enumerate() {
             let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
-            let local = mesh.local_shape(&spec.shape, &spec.layout);
+            let local = spec.mesh(mesh).local_shape(&spec.shape, &spec.layout);
             let e = ty.dtype.size_bytes();
+            let holders: Vec<(usize, Vec<std::ops::Range<usize>>)> = (0..mesh.devices())
+                .filter_map(|d| spec.block(mesh, d).filter(|(_, writes)| *writes).map(|(r, _)| (d, r)))
+                .collect();
             let block = |d: usize| {
                 // SAFETY: the buffer holds the device's block of the output; its job is done.
                 unsafe { std::slice::from_raw_parts(runs[d].outputs[i].0, local.iter().product::<usize>() * e) }
             };
             let t = if local == spec.shape {
-                Tensor::from_le_bytes(&ty, block(0))
+                Tensor::from_le_bytes(&ty, block(holders.first().map_or(0, |h| h.0)))
             } else {
                 let mut bytes = vec![0u8; ty.size_bytes()];
-                for d in (0..mesh.devices()).filter(|&d| mesh.writes_back(&spec.layout, d)) {
-                    let at: Vec<usize> = mesh.region(&spec.shape, &spec.layout, d).iter().map(|r| r.start).collect();
+                for (d, region) in &holders {
+                    let (d, at) = (*d, region.iter().map(|r| r.start).collect::<Vec<usize>>());
                     let src = block(d);
                     fabric::for_each_run(&local, &vec![0; local.len()], &spec.shape, &at, &local, |s, o, n| {
                         bytes[o * e..(o + n) * e].copy_from_slice(&src[s * e..(s + n) * e])
@@ -606,6 +680,7 @@ impl<'w> Loaded<'w> {
             }
         };
         self.fabric.poison(reason);
+        self.exchange.poison();
         None
     }
 
@@ -630,13 +705,14 @@ impl<'w> Loaded<'w> {
         for (i, (spec, &b)) in self.meta.inputs.iter().zip(&p.inputs).enumerate() {
             // SAFETY: the buffer has exactly the bytes of the device's block (check_indices).
             let dst = unsafe { std::slice::from_raw_parts_mut(ptrs[b], p.buffers[b].bytes) };
+            // A device outside the input's stage holds none of it.
+            let Some((region, _)) = spec.block(mesh, device) else { continue };
             match split.get(i).and_then(Option::as_ref) {
                 None => inputs[&spec.name].write_le_bytes(dst),
                 Some(bytes) => {
                     let e = inputs[&spec.name].dtype().size_bytes();
-                    let local = mesh.local_shape(&spec.shape, &spec.layout);
-                    let at: Vec<usize> =
-                        mesh.region(&spec.shape, &spec.layout, device).iter().map(|r| r.start).collect();
+                    let local: Vec<usize> = region.iter().map(|r| r.len()).collect();
+                    let at: Vec<usize> = region.iter().map(|r| r.start).collect();
                     fabric::for_each_run(&spec.shape, &at, &local, &vec![0; local.len()], &local, |s, o, n| {
                         dst[o * e..(o + n) * e].copy_from_slice(&bytes[s * e..(s + n) * e])
                     });
@@ -698,6 +774,24 @@ impl<'w> Loaded<'w> {
                     if let Delivery::Shared(at) = delivery {
                         // No step writes this buffer again (`share`): read the result there.
                         ptrs[st.buffers[0]] = at as *mut u8;
+                    }
+                }
+                Exec::Send(t) => {
+                    // SAFETY: `new` checked the buffer holds `t.bytes`; a `move` send's buffer
+                    // is live to the end of the program (`passes::buffers`), so it stays put.
+                    unsafe { self.exchange.send(device, t, args[0]) }.with_context(|| format!("node '{}'", st.node))?;
+                    if timed {
+                        waits.push((start, Instant::now()));
+                    }
+                }
+                Exec::Recv(t) => {
+                    // SAFETY: `new` checked the buffer holds `t.bytes` in the arena.
+                    let at = unsafe { self.exchange.recv(device, t, args[0]) }
+                        .with_context(|| format!("node '{}'", st.node))?;
+                    // `move`: the data stays in the sender's buffer; read it there.
+                    ptrs[st.buffers[0]] = at as *mut u8;
+                    if timed {
+                        waits.push((start, Instant::now()));
                     }
                 }
             }

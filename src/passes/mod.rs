@@ -5,3 +5,6 @@ pub mod buffers;
 pub mod layout;
 pub mod lower;
 pub mod pilot;
+pub mod place;
+mod place_auto;
+pub mod sendrecv;
