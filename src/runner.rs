@@ -1034,3 +1034,125 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod transfer_tests {
+    use meshc_ir::DType;
+
+    use super::*;
+    use crate::mesh::Topology;
+    use crate::program::{Protocol, Step, Transfer};
+
+    fn two() -> Mesh {
+        Mesh { shape: vec![2], axes: vec!["a".into()], topology: Topology::Mesh }
+    }
+
+    fn program(device: usize, steps: Vec<Step>) -> Program {
+        // b0: the input, b1: what is received, b2: the output.
+        let buffers = (0..3)
+            .map(|i| Buffer { name: format!("b{i}"), bytes: 16, storage: Storage::Arena { offset: 64 * i } })
+            .collect();
+        Program { device, arena_bytes: 192, buffers, kernels: vec![], steps, inputs: vec![0], outputs: vec![1] }
+    }
+
+    fn send(key: &str, to: usize, protocol: Protocol, b: usize) -> Step {
+        let t = Transfer { key: key.into(), peer: to, bytes: 16, protocol };
+        Step { node: format!("send {key}"), exec: Exec::Send(t), buffers: vec![b] }
+    }
+
+    fn recv(key: &str, from: usize, protocol: Protocol) -> Step {
+        let t = Transfer { key: key.into(), peer: from, bytes: 16, protocol };
+        Step { node: format!("recv {key}"), exec: Exec::Recv(t), buffers: vec![1] }
+    }
+
+    fn load(programs: Vec<Program>) -> Result<Loaded<'static>> {
+        let io = |n: &str| IoSpec::new(n, &TensorType::new(DType::F32, vec![4]));
+        let meta = Meta {
+            graph: "t".into(),
+            target: "test".into(),
+            features: vec![],
+            mesh: two(),
+            flops: 0,
+            inputs: vec![io("x")],
+            outputs: vec![io("y")],
+        };
+        Loaded::new(meta, programs, Code::Copied(codegen::ExecCode::new(&[])?), &[])
+    }
+
+    fn x() -> HashMap<String, Tensor> {
+        HashMap::from([("x".to_string(), Tensor::f32(vec![4], vec![1.0, 2.0, 3.0, 4.0]))])
+    }
+
+    #[test]
+    fn each_protocol_delivers_the_data() {
+        for protocol in [Protocol::Move, Protocol::Copy] {
+            // Device 0 sends its input to device 1, which sends it back: y is x on both.
+            let l = load(vec![
+                program(0, vec![send("there", 1, protocol, 0), recv("back", 1, protocol)]),
+                program(1, vec![recv("there", 0, protocol), send("back", 0, protocol, 1)]),
+            ])
+            .unwrap();
+            for _ in 0..2 {
+                assert_eq!(l.run(&x()).unwrap()["y"], x()["x"], "{protocol:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_recv_whose_send_never_comes_times_out_naming_key_and_devices() {
+        // Both devices receive first: each waits for a send the other reaches only after.
+        let l = load(vec![
+            program(0, vec![recv("b", 1, Protocol::Copy), send("a", 1, Protocol::Copy, 0)]),
+            program(1, vec![recv("a", 0, Protocol::Copy), send("b", 0, Protocol::Copy, 0)]),
+        ])
+        .unwrap();
+        l.set_timeout(Duration::from_millis(200));
+        let start = Instant::now();
+        let e = l.run(&x()).unwrap_err().to_string();
+        assert!(start.elapsed() < Duration::from_secs(5), "the other device must stop at once");
+        let a = "device 1 (1): node 'recv a': recv 'a' on device 1 from device 0: no send came within 200ms";
+        let b = "device 0 (0): node 'recv b': recv 'b' on device 0 from device 1: no send came within 200ms";
+        assert!(e == a || e == b, "{e}");
+        // The next run starts afresh (and fails the same way).
+        assert!(l.run(&x()).unwrap_err().to_string().contains("no send came within 200ms"));
+    }
+
+    #[test]
+    fn a_failing_sender_stops_its_receiver() {
+        let bad = Exec::Library(Library::Matmul { a: vec![2, 3], b: vec![2, 3], out: vec![2, 3] });
+        let l = load(vec![
+            program(
+                0,
+                vec![Step { node: "h".into(), exec: bad, buffers: vec![2, 0, 0] }, send("a", 1, Protocol::Copy, 2)],
+            ),
+            program(1, vec![recv("a", 0, Protocol::Copy)]),
+        ])
+        .unwrap();
+        let start = Instant::now();
+        let e = l.run(&x()).unwrap_err().to_string();
+        assert!(e.starts_with("device 0 (0): node 'h': matmul"), "{e}");
+        assert!(start.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn transfers_that_do_not_pair_up_are_refused() {
+        let refuse = |p0: Vec<Step>, p1: Vec<Step>| match load(vec![program(0, p0), program(1, p1)]) {
+            Ok(_) => String::new(),
+            Err(e) => format!("{e:#}"),
+        };
+        let ok = || (vec![send("a", 1, Protocol::Move, 0)], vec![recv("a", 0, Protocol::Move)]);
+        assert_eq!(refuse(ok().0, ok().1), "");
+        assert_eq!(refuse(ok().0, vec![]), "device 0 (0): node 'send a' sends 'a', which no device receives");
+        assert_eq!(refuse(vec![], ok().1), "device 1 (1): node 'recv a' receives 'a', which no device sends");
+        assert_eq!(
+            refuse(ok().0, vec![recv("a", 0, Protocol::Copy)]),
+            "device 0 (0): node 'send a' sends 'a' unlike device 1 (1) receives it"
+        );
+        assert_eq!(
+            refuse(vec![send("a", 0, Protocol::Move, 0)], ok().1),
+            "device 0 (0): node 'send a': transfer 'a' with device 0"
+        );
+        let twice = [send("a", 1, Protocol::Move, 0), send("a", 1, Protocol::Move, 0)].to_vec();
+        assert!(refuse(twice, ok().1).contains("sends 'a' as node 'send a' on device 0 (0) does"));
+    }
+}

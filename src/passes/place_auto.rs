@@ -60,6 +60,7 @@ fn runs(g: &Graph, info: &Info) -> Runs {
         for j in i + 1..=n {
             flops += cost(g, info, info.order[j - 1]).flops;
             r.flops[i][j] = flops;
+            // Tensors the run reads but does not compute: graph inputs and earlier results.
             let mut arriving: Vec<&str> = Vec::new();
             let mut params: Vec<&str> = Vec::new();
             for p in i..j {
@@ -68,12 +69,12 @@ fn runs(g: &Graph, info: &Info) -> Runs {
                         if !params.contains(&t.as_str()) {
                             params.push(t);
                         }
-                    } else if born(t) < i && !arriving.contains(&t.as_str()) {
+                    } else if !pos.get(t.as_str()).is_some_and(|&q| q >= i) && !arriving.contains(&t.as_str()) {
                         arriving.push(t);
                     }
                 }
             }
-            r.crossing[i][j] = arriving.iter().map(|t| bytes(t)).sum();
+            r.crossing[i][j] = arriving.iter().filter(|t| born(t) < i).map(|t| bytes(t)).sum();
             // Live activations at each step of the run.
             let last_use = |t: &str| -> usize {
                 let needed_after = (j..n).any(|p| node(p).inputs.iter().any(|x| x == t)) || outputs.contains(&t);

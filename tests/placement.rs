@@ -1,0 +1,245 @@
+//! Placement and send/recv through the real binary. The placed specs of testdata
+//! (`testdata/*/layouts/stages-*.json`: explicit stages, with and without per-stage layouts)
+//! already give the single-device answer in tests/distributed.rs (reference execution,
+//! `meshc run GRAPH`, compiled artifacts); here:
+//! - each states the transfers it costs (`TRANSFERS`), read from `meshc inspect`;
+//! - the dumps after `place` and `sendrecv` are pinned in golden/place/, and `inspect` of a
+//!   placed artifact in golden/inspect/;
+//! - the auto placer cuts a graph that does not fit one device's `memory_per_device` over
+//!   several, gives the single-device answer, and says by how much a graph fits nowhere;
+//! - explicit placements that cannot be honoured are refused with a one-line error.
+
+mod common;
+
+use common::{golden, input_args, layout_cases, meshc, scratch, LayoutCase};
+
+/// The send/recv pairs of each placed spec: (key, bytes, protocol). A tensor moves once
+/// per destination device, in the pieces the destination's layout needs.
+#[rustfmt::skip]
+const TRANSFERS: &[(&str, &[(&str, usize, &str)])] = &[
+    ("mlp-stages-2", &[("a:0->1", 16384, "move")]),
+    // a leaves split on hidden over devices 0-3 and arrives split on batch over 4-7: every
+    // destination takes a quarter of its rows from each source, nothing is gathered first.
+    ("mlp-stages-2x4", &[
+        ("a:0->4", 1024, "move"), ("a:0->5", 1024, "move"), ("a:0->6", 1024, "move"), ("a:0->7", 1024, "move"),
+        ("a:1->4", 1024, "move"), ("a:1->5", 1024, "move"), ("a:1->6", 1024, "move"), ("a:1->7", 1024, "move"),
+        ("a:2->4", 1024, "move"), ("a:2->5", 1024, "move"), ("a:2->6", 1024, "move"), ("a:2->7", 1024, "move"),
+        ("a:3->4", 1024, "move"), ("a:3->5", 1024, "move"), ("a:3->6", 1024, "move"), ("a:3->7", 1024, "move"),
+    ]),
+    // h is still read on device 0 after it is sent (q, k, v): copied; the others move.
+    ("transformer-stages-2", &[("h:0->1", 2048, "copy"), ("v_h:0->1", 2048, "move"), ("probs:0->1", 2048, "move")]),
+    ("transformer-stages-3", &[("h:0->1", 2048, "copy"), ("h:0->2", 2048, "move"), ("ctx_r:1->2", 2048, "move")]),
+    // h split on batch (stage 0) goes whole to stage 1 and split on seq to stage 2; ctx_r
+    // split on qkv goes split on seq; h2 split on seq goes whole to both devices of stage 3.
+    ("transformer-stages-4x2", &[
+        ("h:0->2", 1024, "copy"), ("h:0->3", 1024, "copy"), ("h:0->4", 512, "move"), ("h:0->5", 512, "move"),
+        ("h:1->2", 1024, "copy"), ("h:1->3", 1024, "copy"), ("h:1->4", 512, "move"), ("h:1->5", 512, "move"),
+        ("ctx_r:2->4", 512, "move"), ("ctx_r:2->5", 512, "move"), ("ctx_r:3->4", 512, "move"), ("ctx_r:3->5", 512, "move"),
+        ("h2:4->6", 1024, "copy"), ("h2:4->7", 1024, "move"), ("h2:5->6", 1024, "copy"), ("h2:5->7", 1024, "move"),
+    ]),
+];
+
+fn placed_cases() -> Vec<LayoutCase> {
+    let cases: Vec<LayoutCase> = layout_cases()
+        .into_iter()
+        .filter(|c| std::fs::read_to_string(&c.spec).unwrap().contains("\"placement\""))
+        .collect();
+    assert!(cases.len() >= 5, "expected the placed specs of mlp and transformer, found {}", cases.len());
+    cases
+}
+
+fn compile(graph: &str, spec: &str, out: &std::path::Path, extra: &[&str]) -> common::Run {
+    let mut args = vec!["compile", graph, "--layout", spec, "-o", out.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    meshc(&args)
+}
+
+/// The `transfers:` section of `meshc inspect`: (key, bytes, protocol).
+fn transfers(inspect: &str) -> Vec<(String, usize, String)> {
+    inspect
+        .lines()
+        .skip_while(|l| !l.starts_with("transfers:"))
+        .skip(1)
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w[0].to_string(), w[6].parse().unwrap(), w[8].to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn every_placed_spec_costs_the_stated_transfers() {
+    let dir = scratch("placement-transfers");
+    let mut failures = Vec::new();
+    for c in placed_cases() {
+        let art = dir.join(format!("{}.mshc", c.label));
+        let run = compile(c.graph.to_str().unwrap(), c.spec.to_str().unwrap(), &art, &[]);
+        assert_eq!(run.status, Some(0), "{run:?}");
+        let inspect = meshc(&["inspect", art.to_str().unwrap()]);
+        let got = transfers(&inspect.stdout);
+        let Some((_, want)) = TRANSFERS.iter().find(|(l, _)| *l == c.label) else {
+            failures.push(format!("{}: no entry in TRANSFERS; it costs {got:?}", c.label));
+            continue;
+        };
+        let want: Vec<(String, usize, String)> =
+            want.iter().map(|(k, b, p)| (k.to_string(), *b, p.to_string())).collect();
+        if got != want {
+            failures.push(format!("{}: transfers {got:?}, stated {want:?}", c.label));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn dumps_after_place_and_sendrecv_are_pinned() {
+    let dir = scratch("placement-dumps");
+    let mut failures = Vec::new();
+    for c in placed_cases() {
+        let art = dir.join(format!("{}.mshc", c.label));
+        let run =
+            compile(c.graph.to_str().unwrap(), c.spec.to_str().unwrap(), &art, &["--dump-after", "place,sendrecv"]);
+        assert_eq!(run.status, Some(0), "{run:?}");
+        failures.extend(golden(&format!("place/{}.txt", c.label), &run.stdout).err());
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn inspect_of_a_placed_artifact_is_pinned() {
+    let dir = scratch("placement-inspect");
+    let art = dir.join("mlp-stages-2x4.mshc");
+    let fixed = ["--target", "x86-64-v3", "--gemm", "cranelift"];
+    let run = compile("testdata/mlp/graph.json", "testdata/mlp/layouts/stages-2x4.json", &art, &fixed);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    let inspect = meshc(&["inspect", art.to_str().unwrap()]);
+    assert_eq!(inspect.status, Some(0), "{inspect:?}");
+    golden("inspect/mlp-stages-2x4.txt", &inspect.stdout.replace(art.to_str().unwrap(), "mlp-stages-2x4.mshc"))
+        .unwrap();
+}
+
+/// Runs `graph` compiled with `spec` (written to the scratch dir) against its expected
+/// outputs; returns the compile's result.
+fn compile_and_run(name: &str, graph: &str, spec: &str) -> common::Run {
+    let dir = scratch(&format!("placement-{name}"));
+    let spec_file = dir.join(format!("{name}.json"));
+    std::fs::write(&spec_file, spec).unwrap();
+    let art = dir.join(format!("{name}.mshc"));
+    let run = compile(graph, spec_file.to_str().unwrap(), &art, &["--dump-after", "place"]);
+    if run.status != Some(0) {
+        return run;
+    }
+    let graph = std::path::Path::new(graph);
+    let expected = graph.parent().unwrap().join("expected");
+    let mut args = vec!["run".to_string(), art.display().to_string()];
+    args.extend(input_args(graph));
+    args.extend(["--check-against".into(), expected.display().to_string()]);
+    let ran = meshc(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(ran.status, Some(0), "{name}: {ran:?}");
+    run
+}
+
+fn auto_spec(devices: usize, stages: usize, memory: usize) -> String {
+    format!(
+        r#"{{"format": "meshc-layout/1", "mesh": {{"shape": [{devices}], "axes": ["stage"]}},
+            "placement": {{"auto": {{"stages": {stages}}}}}, "memory_per_device": {memory}}}"#
+    )
+}
+
+#[test]
+fn the_auto_placer_splits_a_graph_too_big_for_one_device() {
+    // The MLP needs 160 KiB on one device (w1 and w2, 64 KiB each, and h and a, 16 KiB
+    // each, live at once), and fits 100000 bytes per device only cut in two.
+    let one = compile_and_run("mlp-1", "testdata/mlp/graph.json", &auto_spec(1, 1, 100_000));
+    assert_eq!(one.status, Some(1));
+    assert!(
+        one.stderr.contains(
+            "memory_per_device 100000 bytes: the graph does not fit in 1 stage(s): the best cut needs 163840 bytes on a \
+             device, 63840 bytes more than the budget"
+        ),
+        "{}",
+        one.stderr
+    );
+    let two = compile_and_run("mlp-2", "testdata/mlp/graph.json", &auto_spec(2, 2, 100_000));
+    assert_eq!(two.status, Some(0), "{two:?}");
+    assert!(two.stdout.contains("cut stage 0 -> stage 1: 16384 bytes (h)"), "{}", two.stdout);
+    // Nothing fits 70000 bytes: the error says by how much the best cut misses.
+    let none = compile_and_run("mlp-none", "testdata/mlp/graph.json", &auto_spec(2, 2, 70_000));
+    assert_eq!(none.status, Some(1));
+    assert!(none.stderr.contains("the best cut needs 98304 bytes on a device, 28304 bytes more"), "{}", none.stderr);
+}
+
+#[test]
+fn the_auto_placer_cuts_the_transformer_into_2_3_and_4_stages() {
+    for stages in [2, 3, 4] {
+        let run = compile_and_run(
+            &format!("transformer-auto-{stages}"),
+            "testdata/transformer/graph.json",
+            &auto_spec(stages, stages, 1 << 30),
+        );
+        assert_eq!(run.status, Some(0), "{run:?}");
+        golden(&format!("place/transformer-auto-{stages}.txt"), &run.stdout).unwrap();
+    }
+    // Over a 2-D mesh the stages are rows, laid out by the spec's rules within each.
+    let spec = r#"{"format": "meshc-layout/1", "mesh": {"shape": [2, 2], "axes": ["stage", "model"]},
+        "rules": {"qkv": "model", "hidden": "model"}, "placement": {"auto": {"stages": 2}}}"#;
+    let run = compile_and_run("transformer-auto-2x2", "testdata/transformer/graph.json", spec);
+    assert_eq!(run.status, Some(0), "{run:?}");
+}
+
+#[test]
+fn placements_that_cannot_be_honoured_are_refused() {
+    let dir = scratch("placement-refused");
+    let cases: &[(&str, &str)] = &[
+        (r#"[{"nodes": ["hh"], "devices": "0,*"}]"#, "placement: entry 1: graph 'mlp' has no node or input 'hh'"),
+        (
+            r#"[{"nodes": ["w1"], "devices": "0,*"}]"#,
+            "entry 1: 'w1' is a param; params are placed with the nodes that read them",
+        ),
+        (
+            r#"[{"nodes": ["h"], "devices": "0,*"}, {"nodes": ["h"], "devices": "1,*"}]"#,
+            "entry 2: 'h' is placed by entry 1 already",
+        ),
+        (
+            r#"[{"nodes": ["h"], "devices": "0,*"}, {"nodes": ["y"], "devices": "*,0"}]"#,
+            "entry 2: its devices overlap those of stage 0 (0,0:4) on device 0; a device runs one stage",
+        ),
+        (
+            r#"[{"nodes": ["h"], "devices": "2,*"}]"#,
+            "entry 1: devices \"2,*\": '2' is not a non-empty range of axis 'data' (size 2)",
+        ),
+        (r#"[{"nodes": ["h"], "devices": 8}]"#, "entry 1: device 8 does not exist (the mesh has 8 devices)"),
+        (
+            r#"[{"nodes": ["h"], "device": 0}]"#,
+            "entry 1: unknown key \"device\" (keys: nodes, devices, layouts, rules)",
+        ),
+        (r#"[]"#, "placement: the list is empty"),
+        (
+            r#"[{"nodes": ["h"], "devices": "0,*", "layouts": {"h": ["model", null]}}]"#,
+            "layout of 'h': dim 0 (size 16) does not divide by mesh axis 'model' (size 3)",
+        ),
+        (r#"{"auto": {"stages": 3}}"#, "placement: auto: no axis of the mesh [2, 4] divides into 3 equal sub-meshes"),
+        (r#"{"auto": {"stages": 0}}"#, "placement: auto: \"stages\" must be a positive number"),
+    ];
+    for (placement, want) in cases {
+        let mesh = if placement.contains("\"layouts\"") { "[1, 3]" } else { "[2, 4]" };
+        let spec = dir.join("spec.json");
+        std::fs::write(
+            &spec,
+            format!(
+                r#"{{"format": "meshc-layout/1", "mesh": {{"shape": {mesh}, "axes": ["data", "model"]}}, "placement": {placement}}}"#
+            ),
+        )
+        .unwrap();
+        let run = compile("testdata/mlp/graph.json", spec.to_str().unwrap(), &dir.join("x.mshc"), &[]);
+        assert_eq!(run.status, Some(1), "{placement}: {run:?}");
+        assert!(run.stderr.contains(want) && run.stderr.lines().count() == 1, "{placement}: {}", run.stderr);
+        assert!(!run.stderr.contains("panicked"));
+    }
+    let run = meshc(&["compile", "testdata/mlp/graph.json", "-o", "/dev/null", "--dump-after", "place"]);
+    assert_eq!(run.status, Some(1));
+    assert!(
+        run.stderr.contains("--dump-after place/sendrecv need a layout spec with a \"placement\""),
+        "{}",
+        run.stderr
+    );
+}
