@@ -69,7 +69,7 @@ fn runs(g: &Graph, info: &Info) -> Runs {
                         if !params.contains(&t.as_str()) {
                             params.push(t);
                         }
-                    } else if !pos.get(t.as_str()).is_some_and(|&q| q >= i) && !arriving.contains(&t.as_str()) {
+                    } else if pos.get(t.as_str()).is_none_or(|&q| q < i) && !arriving.contains(&t.as_str()) {
                         arriving.push(t);
                     }
                 }
