@@ -13,10 +13,13 @@ mod common;
 
 use common::{golden, input_args, layout_cases, meshc, scratch, LayoutCase};
 
-/// The send/recv pairs of each placed spec: (key, bytes, protocol). A tensor moves once
-/// per destination device, in the pieces the destination's layout needs.
+/// A send/recv pair as stated: (key, bytes, protocol).
+type Pair = (&'static str, usize, &'static str);
+
+/// The send/recv pairs of each placed spec. A tensor moves once per destination device, in
+/// the pieces the destination's layout needs.
 #[rustfmt::skip]
-const TRANSFERS: &[(&str, &[(&str, usize, &str)])] = &[
+const TRANSFERS: &[(&str, &[Pair])] = &[
     ("mlp-stages-2", &[("a:0->1", 16384, "move")]),
     // a leaves split on hidden over devices 0-3 and arrives split on batch over 4-7: every
     // destination takes a quarter of its rows from each source, nothing is gathered first.
