@@ -125,6 +125,8 @@ pub fn lower_placed(
     placement: &passes::place::Placement,
     dumps: &Dumps,
 ) -> Result<passes::lower::Lowered> {
+    // With micro-batches the unrolled graph is what runs.
+    let (g, info) = placement.unrolled.as_ref().map_or((g, info), |(g, i)| (g, i));
     dumps.emit("place", || passes::place::dump(g, info, placement))?;
     let (mut layout_dump, mut lower_dump) = (String::new(), String::new());
     let mut stages = Vec::new();

@@ -1,5 +1,6 @@
 //! Placement and send/recv through the real binary. The placed specs of testdata
-//! (`testdata/*/layouts/stages-*.json`: explicit stages, with and without per-stage layouts)
+//! (`testdata/*/layouts/{stages,pipeline}-*.json`: explicit and automatic stages, with and
+//! without per-stage layouts, with and without micro-batches)
 //! already give the single-device answer in tests/distributed.rs (reference execution,
 //! `meshc run GRAPH`, compiled artifacts); here:
 //! - each states the transfers it costs (`TRANSFERS`), read from `meshc inspect`;
@@ -20,6 +21,10 @@ type Pair = (&'static str, usize, &'static str);
 /// the pieces the destination's layout needs.
 #[rustfmt::skip]
 const TRANSFERS: &[(&str, &[Pair])] = &[
+    // Micro-batches: one transfer per micro-batch, in micro-batch order.
+    ("mlp-pipeline-2", &[
+        ("a.mb0:0->1", 4096, "move"), ("a.mb1:0->1", 4096, "move"), ("a.mb2:0->1", 4096, "move"), ("a.mb3:0->1", 4096, "move"),
+    ]),
     ("mlp-stages-2", &[("a:0->1", 16384, "move")]),
     // a leaves split on hidden over devices 0-3 and arrives split on batch over 4-7: every
     // destination takes a quarter of its rows from each source, nothing is gathered first.
@@ -28,6 +33,15 @@ const TRANSFERS: &[(&str, &[Pair])] = &[
         ("a:1->4", 1024, "move"), ("a:1->5", 1024, "move"), ("a:1->6", 1024, "move"), ("a:1->7", 1024, "move"),
         ("a:2->4", 1024, "move"), ("a:2->5", 1024, "move"), ("a:2->6", 1024, "move"), ("a:2->7", 1024, "move"),
         ("a:3->4", 1024, "move"), ("a:3->5", 1024, "move"), ("a:3->6", 1024, "move"), ("a:3->7", 1024, "move"),
+    ]),
+    // Auto-placed in 4 stages of 2 devices, qkv and hidden split over model: h (replicated)
+    // goes from each device to its counterpart, q (split) piece by piece.
+    ("transformer-pipeline-4x2", &[
+        ("h.mb0:0->2", 1024, "copy"), ("q.mb0:0->2", 512, "move"), ("h.mb1:0->2", 1024, "copy"), ("q.mb1:0->2", 512, "move"),
+        ("h.mb0:1->3", 1024, "copy"), ("q.mb0:1->3", 512, "move"), ("h.mb1:1->3", 1024, "copy"), ("q.mb1:1->3", 512, "move"),
+        ("h2.mb0:2->4", 1024, "copy"), ("h2.mb0:2->6", 1024, "move"), ("h2.mb1:2->4", 1024, "copy"), ("h2.mb1:2->6", 1024, "move"),
+        ("h2.mb0:3->5", 1024, "copy"), ("h2.mb0:3->7", 1024, "move"), ("h2.mb1:3->5", 1024, "copy"), ("h2.mb1:3->7", 1024, "move"),
+        ("f1_b.mb0:4->6", 2048, "move"), ("f1_b.mb1:4->6", 2048, "move"), ("f1_b.mb0:5->7", 2048, "move"), ("f1_b.mb1:5->7", 2048, "move"),
     ]),
     // h is still read on device 0 after it is sent (q, k, v): copied; the others move.
     ("transformer-stages-2", &[("h:0->1", 2048, "copy"), ("v_h:0->1", 2048, "move"), ("probs:0->1", 2048, "move")]),
@@ -47,7 +61,7 @@ fn placed_cases() -> Vec<LayoutCase> {
         .into_iter()
         .filter(|c| std::fs::read_to_string(&c.spec).unwrap().contains("\"placement\""))
         .collect();
-    assert!(cases.len() >= 5, "expected the placed specs of mlp and transformer, found {}", cases.len());
+    assert!(cases.len() >= 7, "expected the placed specs of mlp and transformer, found {}", cases.len());
     cases
 }
 
@@ -222,6 +236,11 @@ fn placements_that_cannot_be_honoured_are_refused() {
         ),
         (r#"{"auto": {"stages": 3}}"#, "placement: auto: no axis of the mesh [2, 4] divides into 3 equal sub-meshes"),
         (r#"{"auto": {"stages": 0}}"#, "placement: auto: \"stages\" must be a positive number"),
+        (
+            r#"{"stages": [{"nodes": ["h"], "devices": "0,*"}], "microbatches": 3}"#,
+            "placement: microbatches: the batch of 'x' (size 16) does not divide into 3 micro-batches",
+        ),
+        (r#"{"auto": {"stages": 2}, "microbatches": 0}"#, "placement: \"microbatches\": 0 is not a positive number"),
     ];
     for (placement, want) in cases {
         let mesh = if placement.contains("\"layouts\"") { "[1, 3]" } else { "[2, 4]" };
@@ -245,4 +264,33 @@ fn placements_that_cannot_be_honoured_are_refused() {
         "{}",
         run.stderr
     );
+}
+
+#[test]
+fn micro_batches_run_in_gpipe_order_in_the_trace() {
+    let dir = scratch("placement-trace");
+    let trace = dir.join("trace.json");
+    let graph = std::path::Path::new("testdata/mlp/graph.json");
+    let mut args = vec!["run".to_string(), graph.display().to_string()];
+    args.extend(["--layout".into(), "testdata/mlp/layouts/pipeline-2.json".into()]);
+    args.extend(input_args(graph));
+    args.extend(["--trace".into(), trace.display().to_string()]);
+    let run = meshc(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(run.status, Some(0), "{run:?}");
+    let t: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let steps = |tid: u64| -> Vec<String> {
+        let events = t["traceEvents"].as_array().unwrap().iter();
+        let steps = events.filter(|e| e["ph"] == "X" && e["tid"] == tid && e["cat"] != "wait");
+        steps.map(|e| e["name"].as_str().unwrap().to_string()).collect()
+    };
+    // Stage 0 slices the input, then computes and sends micro-batch k before it starts k+1;
+    // stage 1 receives and computes k before k+1, then concatenates the output.
+    let mb = |k: usize, names: &[&str]| names.iter().map(|n| format!("{n}.mb{k}")).collect::<Vec<_>>();
+    let sent = |k: usize| vec![format!("a.mb{k}.send")];
+    let want0: Vec<String> =
+        (0..4).flat_map(|k| mb(k, &["x"])).chain((0..4).flat_map(|k| [mb(k, &["h", "a"]), sent(k)].concat())).collect();
+    assert_eq!(steps(0), want0, "device 0");
+    let got1 = steps(1);
+    let want1: Vec<String> = (0..4).flat_map(|k| mb(k, &["a", "y"])).chain(["y".to_string()]).collect();
+    assert_eq!(got1, want1, "device 1");
 }

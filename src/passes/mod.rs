@@ -7,4 +7,5 @@ pub mod lower;
 pub mod pilot;
 pub mod place;
 mod place_auto;
+mod place_microbatch;
 pub mod sendrecv;

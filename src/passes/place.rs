@@ -49,8 +49,11 @@ pub struct Stage {
 #[derive(Clone, Debug)]
 pub struct Placement {
     pub stages: Vec<Stage>,
-    /// The stage of every graph input and node.
+    /// The stage of every graph input and node (of `unrolled` when there is one).
     pub stage_of: BTreeMap<String, usize>,
+    /// With micro-batches: the graph unrolled into one copy per micro-batch
+    /// (`place_microbatch`), which the later passes compile instead of the graph.
+    pub unrolled: Option<(Graph, Info)>,
 }
 
 /// A node's estimated cost (see the module doc).
@@ -83,9 +86,29 @@ pub fn cost(g: &Graph, info: &Info, k: usize) -> Cost {
 pub fn place(g: &Graph, info: &Info, spec: &Spec) -> Result<Option<Placement>> {
     let Some(p) = &spec.placement else { return Ok(None) };
     let err = |msg: String| anyhow!("{}: placement: {msg}", spec.file);
-    if let Some(auto) = p.get("auto") {
-        return super::place_auto::auto(g, info, spec, auto).map(Some);
+    let microbatches = match p.get("microbatches") {
+        None => 1,
+        Some(v) => v
+            .as_u64()
+            .filter(|&m| m >= 1)
+            .ok_or_else(|| err(format!("\"microbatches\": {v} is not a positive number")))? as usize,
+    };
+    let mut placement = match p.get("auto") {
+        Some(auto) => super::place_auto::auto(g, info, spec, auto)?,
+        None => explicit(g, info, spec, p.get("stages").unwrap_or(p))?,
+    };
+    if microbatches > 1 {
+        placement.unrolled = Some(
+            super::place_microbatch::unroll(g, info, microbatches, &mut placement.stage_of)
+                .map_err(|e| err(e.to_string()))?,
+        );
     }
+    Ok(Some(placement))
+}
+
+/// The placement of a list of entries (see the module doc).
+fn explicit(g: &Graph, info: &Info, spec: &Spec, p: &Value) -> Result<Placement> {
+    let err = |msg: String| anyhow!("{}: placement: {msg}", spec.file);
     let entries = p.as_array().ok_or_else(|| err("expected a list of entries".into()))?;
     let mut stages: Vec<Stage> = Vec::new();
     let mut stage_of: BTreeMap<String, usize> = BTreeMap::new();
@@ -159,7 +182,7 @@ pub fn place(g: &Graph, info: &Info, spec: &Spec) -> Result<Option<Placement>> {
     }
     check_layout_names(g, info, spec)?;
     fill(g, info, &mut stage_of);
-    Ok(Some(Placement { stages, stage_of }))
+    Ok(Placement { stages, stage_of, unrolled: None })
 }
 
 /// Every explicit layout names a tensor of the graph (stages see only their own tensors,

@@ -212,5 +212,5 @@ pub fn auto(g: &Graph, info: &Info, spec: &Spec, auto: &Value) -> Result<Placeme
     }
     check_layout_names(g, info, spec)?;
     fill(g, info, &mut stage_of);
-    Ok(Placement { stages, stage_of })
+    Ok(Placement { stages, stage_of, unrolled: None })
 }
