@@ -217,7 +217,7 @@ pub fn run(
         for d in 0..l.devices.len() {
             let Some(&k) = infos[d].order.get(next[d]) else { continue };
             let node = &l.devices[d].nodes[k];
-            if !node.op.is_communication() || node.op == Op::Recv {
+            if !node.op.is_communication() || matches!(node.op, Op::Send | Op::Recv) {
                 continue;
             }
             let group = group_of(node, d)?;

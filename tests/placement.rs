@@ -294,3 +294,96 @@ fn micro_batches_run_in_gpipe_order_in_the_trace() {
     let want1: Vec<String> = (0..4).flat_map(|k| mb(k, &["a", "y"])).chain(["y".to_string()]).collect();
     assert_eq!(got1, want1, "device 1");
 }
+
+/// One random placement of a testdata graph: every node on a random row of a
+/// `rows x cols` mesh (stages need not be contiguous: a tensor may go back and forth), each
+/// stage with random rules over its row, optionally micro-batched.
+fn random_placement(graph: &str, rows: usize, cols: usize, picks: &[u8], rules: &[u8], microbatches: usize) -> String {
+    let g = meshc_ir::load::load(std::path::Path::new(graph)).unwrap().0;
+    // Rules whose dims divide by the axis sizes here (the transformer's batch of 2 only by 2).
+    let choices: &[&str] = if graph.contains("mlp") {
+        &[r#"{}"#, r#"{"batch": "model"}"#, r#"{"hidden": "model"}"#, r#"{"embed": "model"}"#]
+    } else if cols == 2 {
+        &[
+            r#"{}"#,
+            r#"{"batch": "model"}"#,
+            r#"{"qkv": "model", "hidden": "model"}"#,
+            r#"{"seq": "model"}"#,
+            r#"{"embed": "model"}"#,
+        ]
+    } else {
+        &[r#"{}"#, r#"{"heads": "model", "qkv": "model"}"#, r#"{"seq": "model"}"#, r#"{"embed": "model"}"#]
+    };
+    // A micro-batch of the transformer holds one sequence: nothing left to split.
+    let choices: Vec<&str> = choices
+        .iter()
+        .copied()
+        .filter(|c| !(graph.contains("transformer") && microbatches > 1 && c.contains("batch")))
+        .collect();
+    let mut stages: Vec<Vec<&str>> = vec![Vec::new(); rows];
+    for (n, p) in g.nodes.iter().zip(picks.iter().cycle()) {
+        stages[*p as usize % rows].push(&n.name);
+    }
+    let entries: Vec<String> = stages
+        .iter()
+        .enumerate()
+        .filter(|(_, nodes)| !nodes.is_empty())
+        .map(|(r, nodes)| {
+            let names: Vec<String> = nodes.iter().map(|n| format!("\"{n}\"")).collect();
+            let rule = choices[rules[r] as usize % choices.len()];
+            format!(r#"{{"nodes": [{}], "devices": "{r},*", "rules": {rule}}}"#, names.join(", "))
+        })
+        .collect();
+    format!(
+        r#"{{"format": "meshc-layout/1", "mesh": {{"shape": [{rows}, {cols}], "axes": ["stage", "model"]}},
+            "placement": {{"stages": [{}], "microbatches": {microbatches}}}}}"#,
+        entries.join(", ")
+    )
+}
+
+/// Places, lowers and joins `graph` under `spec` in-process and runs the per-device programs
+/// on the reference execution (transfers included); compares with expected/.
+fn reference_run(graph: &str, spec: &str) -> Result<(), String> {
+    let path = std::path::Path::new(graph);
+    let (g, info) = meshc_ir::load::load(path).map_err(|e| e.to_string())?;
+    let params = meshc_ir::params::load_all(&g, path.parent().unwrap()).map_err(|e| e.to_string())?;
+    let spec = meshc::layout::parse(spec, "random.json").map_err(|e| e.to_string())?;
+    let p = meshc::passes::place::place(&g, &info, &spec).map_err(|e| format!("{e:#}"))?.expect("placed");
+    let lowered =
+        meshc::driver::lower_placed(&g, &info, &spec, &p, &Default::default()).map_err(|e| format!("{e:#}"))?;
+    let dir = path.parent().unwrap();
+    let inputs = g
+        .inputs
+        .iter()
+        .map(|i| (i.name.clone(), meshc_ir::Tensor::read_npy(&dir.join(format!("inputs/{}.npy", i.name))).unwrap()))
+        .collect();
+    let got = meshc::mesh_interp::run(&lowered, &params, &inputs).map_err(|e| format!("{e:#}"))?;
+    for (name, t) in &got {
+        let want = meshc_ir::Tensor::read_npy(&dir.join(format!("expected/{name}.npy"))).unwrap();
+        common::assert_close(name, t, &want)?;
+    }
+    Ok(())
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 48, failure_persistence: None, ..Default::default() })]
+
+    /// Any placement with any per-stage rules, micro-batched or not, gives the single-device
+    /// answer, and its transfers never deadlock.
+    #[test]
+    fn random_placements_give_the_single_device_result(
+        transformer in proptest::bool::ANY,
+        shape in 0usize..4,
+        picks in proptest::collection::vec(0u8..8, 1..40),
+        rules in proptest::collection::vec(0u8..8, 4),
+        microbatched in proptest::bool::ANY,
+    ) {
+        let (rows, cols) = [(2, 2), (3, 2), (4, 2), (2, 4)][shape];
+        let graph = if transformer { "testdata/transformer/graph.json" } else { "testdata/mlp/graph.json" };
+        let microbatches = if microbatched { 2 } else { 1 };
+        let spec = random_placement(graph, rows, cols, &picks, &rules, microbatches);
+        if let Err(e) = reference_run(graph, &spec) {
+            proptest::prop_assert!(false, "{spec}\n{e}");
+        }
+    }
+}
