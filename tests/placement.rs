@@ -387,3 +387,53 @@ proptest::proptest! {
         }
     }
 }
+
+/// As `reference_run`, compiled and run by the runner (device threads, the exchange).
+fn compiled_run(graph: &str, spec: &str) -> Result<(), String> {
+    let path = std::path::Path::new(graph);
+    let (g, info) = meshc_ir::load::load(path).map_err(|e| e.to_string())?;
+    let params = meshc_ir::params::load_all(&g, path.parent().unwrap()).map_err(|e| e.to_string())?;
+    let spec = meshc::layout::parse(spec, "random.json").map_err(|e| e.to_string())?;
+    let opts = meshc::compile::Options::default();
+    let c = meshc::driver::build(&g, &info, Some(&spec), &params, &opts, &Default::default(), None)
+        .map_err(|e| format!("{e:#}"))?;
+    let code = meshc::runner::Code::Copied(meshc::codegen::ExecCode::new(&c.code).map_err(|e| e.to_string())?);
+    let weights = meshc::runner::AlignedBuf::from_bytes(&c.weights).map_err(|e| e.to_string())?;
+    let l = meshc::runner::Loaded::new(c.meta, c.programs, code, weights.as_slice()).map_err(|e| format!("{e:#}"))?;
+    let dir = path.parent().unwrap();
+    let inputs = g
+        .inputs
+        .iter()
+        .map(|i| (i.name.clone(), meshc_ir::Tensor::read_npy(&dir.join(format!("inputs/{}.npy", i.name))).unwrap()))
+        .collect();
+    for _ in 0..2 {
+        let got = l.run(&inputs).map_err(|e| format!("{e:#}"))?;
+        for (name, t) in &got {
+            let want = meshc_ir::Tensor::read_npy(&dir.join(format!("expected/{name}.npy"))).unwrap();
+            common::assert_close(name, t, &want)?;
+        }
+    }
+    Ok(())
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 32, failure_persistence: None, ..Default::default() })]
+
+    /// The same through code generation and the runner: every transfer pairs up, moves or
+    /// copies the right bytes, and the run (twice, reusing the arenas) gives the answer.
+    #[test]
+    fn random_placements_compiled_give_the_single_device_result(
+        transformer in proptest::bool::ANY,
+        shape in 0usize..4,
+        picks in proptest::collection::vec(0u8..8, 1..40),
+        rules in proptest::collection::vec(0u8..8, 4),
+        microbatched in proptest::bool::ANY,
+    ) {
+        let (rows, cols) = [(2, 2), (3, 2), (4, 2), (2, 4)][shape];
+        let graph = if transformer { "testdata/transformer/graph.json" } else { "testdata/mlp/graph.json" };
+        let spec = random_placement(graph, rows, cols, &picks, &rules, if microbatched { 2 } else { 1 });
+        if let Err(e) = compiled_run(graph, &spec) {
+            proptest::prop_assert!(false, "{spec}\n{e}");
+        }
+    }
+}
