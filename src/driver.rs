@@ -104,6 +104,7 @@ pub fn build(
         emit_pilot()?;
         let compiled = compile_lowered(g, info, &joined, params, opts)?;
         dumps.emit("buffers", || passes::buffers::dump(&compiled.programs))?;
+        check_memory(&compiled, spec)?;
         return Ok(compiled);
     }
     let layouts = passes::layout::propagate(g, info, &spec.mesh, spec.seed_layouts(g, info)?);
@@ -113,7 +114,39 @@ pub fn build(
     emit_pilot()?;
     let compiled = compile_lowered(g, info, &lowered, params, opts)?;
     dumps.emit("buffers", || passes::buffers::dump(&compiled.programs))?;
+    check_memory(&compiled, spec)?;
     Ok(compiled)
+}
+
+/// Each device's memory — the weights its program reads plus its arena — against the spec's
+/// `memory_per_device`; the error names the device that needs most and by how much it is over.
+fn check_memory(c: &Compiled, spec: &Spec) -> Result<()> {
+    let Some(budget) = spec.memory_per_device else { return Ok(()) };
+    let need = |p: &Program| {
+        let mut weights: Vec<(usize, usize)> = p
+            .buffers
+            .iter()
+            .filter_map(|b| match b.storage {
+                Storage::Weights { offset } => Some((offset, b.bytes)),
+                Storage::Arena { .. } => None,
+            })
+            .collect();
+        weights.sort();
+        weights.dedup();
+        let w: usize = weights.iter().map(|w| w.1).sum();
+        (w as u64, p.arena_bytes as u64)
+    };
+    let worst = c.programs.iter().map(|p| (need(p), p.device)).max_by_key(|((w, a), d)| (w + a, std::cmp::Reverse(*d)));
+    match worst {
+        Some(((w, a), d)) if w + a > budget => Err(anyhow!(
+            "{}: memory_per_device {budget} bytes: device {d} needs {} bytes (weights {w} + arena {a}), {} more; \
+             spread the graph over more devices (\"placement\": {{\"auto\": {{\"stages\": N}}}}, or split its params)",
+            spec.file,
+            w + a,
+            w + a - budget
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The passes from `place` to `sendrecv` for a spec with a placement: each stage's graph is

@@ -141,7 +141,8 @@ fn compile_and_run(name: &str, graph: &str, spec: &str) -> common::Run {
     let spec_file = dir.join(format!("{name}.json"));
     std::fs::write(&spec_file, spec).unwrap();
     let art = dir.join(format!("{name}.mshc"));
-    let run = compile(graph, spec_file.to_str().unwrap(), &art, &["--dump-after", "place"]);
+    let dump: &[&str] = if spec.contains("placement") { &["--dump-after", "place"] } else { &[] };
+    let run = compile(graph, spec_file.to_str().unwrap(), &art, dump);
     if run.status != Some(0) {
         return run;
     }
@@ -436,4 +437,26 @@ proptest::proptest! {
             proptest::prop_assert!(false, "{spec}\n{e}");
         }
     }
+}
+
+#[test]
+fn memory_per_device_is_checked_on_every_device() {
+    // Megatron-style over 2 devices: each holds half of w1 and w2 (64 KiB) and a 12 KiB arena.
+    let spec = |memory: usize| {
+        format!(
+            r#"{{"format": "meshc-layout/1", "mesh": {{"shape": [2], "axes": ["model"]}},
+                "rules": {{"hidden": "model"}}, "memory_per_device": {memory}}}"#
+        )
+    };
+    let over = compile_and_run("mlp-mp-over", "testdata/mlp/graph.json", &spec(70_000));
+    assert_eq!(over.status, Some(1));
+    assert!(
+        over.stderr.contains(
+            "memory_per_device 70000 bytes: device 0 needs 77824 bytes (weights 65536 + arena 12288), 7824 more"
+        ),
+        "{}",
+        over.stderr
+    );
+    let fits = compile_and_run("mlp-mp-fits", "testdata/mlp/graph.json", &spec(77_824));
+    assert_eq!(fits.status, Some(0), "{fits:?}");
 }
