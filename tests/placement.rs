@@ -460,3 +460,42 @@ fn memory_per_device_is_checked_on_every_device() {
     let fits = compile_and_run("mlp-mp-fits", "testdata/mlp/graph.json", &spec(77_824));
     assert_eq!(fits.status, Some(0), "{fits:?}");
 }
+
+#[test]
+fn a_broken_artifact_times_out_naming_the_key_and_both_devices() {
+    // transformer-stages-2 sends h (copied: device 0 still reads it), v_h and probs from
+    // device 0 to device 1. Device 1 is made to wait for probs before taking h: device 0 is
+    // stuck handing h over, device 1 waits for a send that never comes. The pairs still
+    // match, so the artifact loads; the run must end after --timeout, not hang.
+    let graph = std::path::Path::new("testdata/transformer/graph.json");
+    let (g, info) = meshc_ir::load::load(graph).unwrap();
+    let params = meshc_ir::params::load_all(&g, graph.parent().unwrap()).unwrap();
+    let spec = meshc::layout::load(std::path::Path::new("testdata/transformer/layouts/stages-2.json")).unwrap();
+    let opts = meshc::compile::Options::default();
+    let mut c = meshc::driver::build(&g, &info, Some(&spec), &params, &opts, &Default::default(), None).unwrap();
+    let steps = &mut c.programs[1].steps;
+    let key = |s: &meshc::program::Step| match &s.exec {
+        meshc::program::Exec::Recv(t) => t.key.clone(),
+        _ => String::new(),
+    };
+    let h = steps.iter().position(|s| key(s) == "h:0->1").unwrap();
+    let probs = steps.iter().position(|s| key(s) == "probs:0->1").unwrap();
+    let moved = steps.remove(probs);
+    steps.insert(h, moved);
+    let dir = scratch("placement-broken");
+    let art = dir.join("broken.mshc");
+    meshc::driver::write_artifact(&c, &art).unwrap();
+    let mut args = vec!["run".to_string(), art.display().to_string(), "--timeout".into(), "0.5".into()];
+    args.extend(input_args(graph));
+    let start = std::time::Instant::now();
+    let run = meshc(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(start.elapsed() < std::time::Duration::from_secs(20), "{run:?}");
+    assert_eq!(run.status, Some(1), "{run:?}");
+    let recv = "recv 'probs:0->1' on device 1 from device 0: no send came within 500ms";
+    let send = "send 'h:0->1' from device 0 to device 1: the recv was not ready after 500ms";
+    assert!(run.stderr.contains(recv) || run.stderr.contains(send), "{}", run.stderr);
+    assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
+    // A timeout must be a positive number of seconds.
+    let bad = meshc(&["run", art.to_str().unwrap(), "--timeout", "0"]);
+    assert!(bad.stderr.contains("--timeout 0: expected a positive number of seconds"), "{bad:?}");
+}
