@@ -232,8 +232,32 @@ fn check(path: &Path, layout: Option<&Path>) -> Result<()> {
     let layouts = layout
         .map(|p| -> Result<_> {
             let spec = meshc::layout::load(p)?;
-            let seeds = spec.seed_layouts(&g, &info)?;
-            Ok((spec.mesh, seeds))
+            // With a placement, layouts are per stage, over each stage's sub-mesh.
+            let Some(placement) = meshc::passes::place::place(&g, &info, &spec)? else {
+                let seeds = spec.seed_layouts(&g, &info)?;
+                return Ok((spec.mesh, seeds, Vec::new()));
+            };
+            let (pg, pi) = placement.unrolled.as_ref().map_or((&g, &info), |(g, i)| (g, i));
+            let mut stages = Vec::new();
+            for (s, st) in placement.stages.iter().enumerate() {
+                let (sg, si) = placement.stage_graph(pg, pi, s)?;
+                let seeds = st.seeds(&sg, &si)?;
+                let devices: Vec<String> = st.mesh.devices.iter().map(usize::to_string).collect();
+                let mut lines = vec![format!(
+                    "stage {s}: devices [{}] (slice {}), {} nodes",
+                    devices.join(","),
+                    st.slice,
+                    sg.nodes.len()
+                )];
+                let m = &st.mesh.mesh;
+                lines.extend(
+                    seeds
+                        .iter()
+                        .map(|(n, sd)| format!("  layout {n} {} ({})", m.layout_string(&sd.layout), sd.source.name())),
+                );
+                stages.extend(lines);
+            }
+            Ok((spec.mesh, BTreeMap::new(), stages))
         })
         .transpose()?;
     let param_bytes: usize = params.values().map(|t| t.ty().size_bytes()).sum();
@@ -258,7 +282,7 @@ fn check(path: &Path, layout: Option<&Path>) -> Result<()> {
     for o in &g.outputs {
         println!("output {}: {}", o.name, info.types[&o.name]);
     }
-    if let Some((m, seeds)) = layouts {
+    if let Some((m, seeds, stages)) = layouts {
         let shape: Vec<String> = m.shape.iter().map(usize::to_string).collect();
         let devices = m.devices();
         println!(
@@ -270,6 +294,9 @@ fn check(path: &Path, layout: Option<&Path>) -> Result<()> {
         );
         for (name, seed) in &seeds {
             println!("layout {name} {} ({})", m.layout_string(&seed.layout), seed.source.name());
+        }
+        for line in stages {
+            println!("{line}");
         }
     }
     Ok(())

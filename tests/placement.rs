@@ -499,3 +499,16 @@ fn a_broken_artifact_times_out_naming_the_key_and_both_devices() {
     let bad = meshc(&["run", art.to_str().unwrap(), "--timeout", "0"]);
     assert!(bad.stderr.contains("--timeout 0: expected a positive number of seconds"), "{bad:?}");
 }
+
+#[test]
+fn check_reports_the_stages_and_their_layouts() {
+    let run = meshc(&[
+        "check",
+        "testdata/transformer/graph.json",
+        "--layout",
+        "testdata/transformer/layouts/stages-4x2.json",
+    ]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    let stage2 = "stage 2: devices [4,5] (slice 2,0:2), 4 nodes\n  layout res1 [-, model, -] (spec)\nstage 3:";
+    assert!(run.stdout.contains(stage2), "{}", run.stdout);
+}
