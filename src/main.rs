@@ -244,10 +244,11 @@ fn check(path: &Path, layout: Option<&Path>) -> Result<()> {
                 let seeds = st.seeds(&sg, &si)?;
                 let devices: Vec<String> = st.mesh.devices.iter().map(usize::to_string).collect();
                 let mut lines = vec![format!(
-                    "stage {s}: devices [{}] (slice {}), {} nodes",
+                    "stage {s}: devices [{}] (slice {}), {} node{}",
                     devices.join(","),
                     st.slice,
-                    sg.nodes.len()
+                    sg.nodes.len(),
+                    if sg.nodes.len() == 1 { "" } else { "s" }
                 )];
                 let m = &st.mesh.mesh;
                 lines.extend(
