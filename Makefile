@@ -20,7 +20,7 @@ test:
 	$(CARGO) test --workspace
 
 golden:
-	MESHC_BLESS=1 $(CARGO) test --test golden --test layouts --test compiled --test cli --test refused --test distributed --test buffers --test pilot
+	MESHC_BLESS=1 $(CARGO) test --test golden --test layouts --test compiled --test cli --test refused --test distributed --test buffers --test pilot --test placement
 	git status --short golden/
 
 testdata:
