@@ -1,6 +1,7 @@
 //! Placement and send/recv through the real binary. The placed specs of testdata
-//! (`testdata/*/layouts/{stages,pipeline}-*.json`: explicit and automatic stages, with and
-//! without per-stage layouts, with and without micro-batches)
+//! (`testdata/*/layouts/{stages,pipeline}-*.json`, `design-2x4`, `embed-on-0`: explicit and
+//! automatic stages, with and without per-stage layouts, stages sharing devices, with and
+//! without micro-batches)
 //! already give the single-device answer in tests/distributed.rs (reference execution,
 //! `meshc run GRAPH`, compiled artifacts); here:
 //! - each states the transfers it costs (`TRANSFERS`), read from `meshc inspect`;
@@ -21,6 +22,12 @@ type Pair = (&'static str, usize, &'static str);
 /// the pieces the destination's layout needs.
 #[rustfmt::skip]
 const TRANSFERS: &[(&str, &[Pair])] = &[
+    // DESIGN §3's example: h and a on row 0, y on the whole mesh (the default). Devices 0-3
+    // keep the rows of a they hold for y (a local slice), devices 4-7 receive theirs.
+    ("mlp-design-2x4", &[
+        ("a.stage1:0->4", 2048, "move"), ("a.stage1:1->5", 2048, "move"), ("a.stage1:2->6", 2048, "move"),
+        ("a.stage1:3->7", 2048, "move"),
+    ]),
     // Micro-batches: one transfer per micro-batch, in micro-batch order.
     ("mlp-pipeline-2", &[
         ("a.mb0:0->1", 4096, "move"), ("a.mb1:0->1", 4096, "move"), ("a.mb2:0->1", 4096, "move"), ("a.mb3:0->1", 4096, "move"),
@@ -34,6 +41,9 @@ const TRANSFERS: &[(&str, &[Pair])] = &[
         ("a:2->4", 1024, "move"), ("a:2->5", 1024, "move"), ("a:2->6", 1024, "move"), ("a:2->7", 1024, "move"),
         ("a:3->4", 1024, "move"), ("a:3->5", 1024, "move"), ("a:3->6", 1024, "move"), ("a:3->7", 1024, "move"),
     ]),
+    // The embedding on device 0, the rest on the whole 2x2 mesh: h goes to the others by
+    // their batch rows; device 0 keeps its own.
+    ("transformer-embed-on-0", &[("h.stage1:0->1", 1024, "move"), ("h.stage1:0->2", 1024, "move"), ("h.stage1:0->3", 1024, "move")]),
     // Auto-placed in 4 stages of 2 devices, qkv and hidden split over model: h (replicated)
     // goes from each device to its counterpart, q (split) piece by piece.
     ("transformer-pipeline-4x2", &[
@@ -61,7 +71,7 @@ fn placed_cases() -> Vec<LayoutCase> {
         .into_iter()
         .filter(|c| std::fs::read_to_string(&c.spec).unwrap().contains("\"placement\""))
         .collect();
-    assert!(cases.len() >= 7, "expected the placed specs of mlp and transformer, found {}", cases.len());
+    assert!(cases.len() >= 9, "expected the placed specs of mlp and transformer, found {}", cases.len());
     cases
 }
 
@@ -218,8 +228,8 @@ fn placements_that_cannot_be_honoured_are_refused() {
             "entry 2: 'h' is placed by entry 1 already",
         ),
         (
-            r#"[{"nodes": ["h"], "devices": "0,*"}, {"nodes": ["y"], "devices": "*,0"}]"#,
-            "entry 2: its devices overlap those of stage 0 (0,0:4) on device 0; a device runs one stage",
+            r#"[{"nodes": ["h"], "devices": "0,*"}, {"nodes": ["y"], "devices": "0,*", "rules": {}}]"#,
+            "entry 2: layouts or rules for stage 0 are given by an earlier entry already",
         ),
         (
             r#"[{"nodes": ["h"], "devices": "2,*"}]"#,
@@ -297,8 +307,9 @@ fn micro_batches_run_in_gpipe_order_in_the_trace() {
 }
 
 /// One random placement of a testdata graph: every node on a random row of a
-/// `rows x cols` mesh (stages need not be contiguous: a tensor may go back and forth), each
-/// stage with random rules over its row, optionally micro-batched.
+/// `rows x cols` mesh or on the whole mesh (stages need not be contiguous: a tensor may go
+/// back and forth; the whole mesh shares its devices with every row), each stage with
+/// random rules, optionally micro-batched.
 fn random_placement(graph: &str, rows: usize, cols: usize, picks: &[u8], rules: &[u8], microbatches: usize) -> String {
     let g = meshc_ir::load::load(std::path::Path::new(graph)).unwrap().0;
     // Rules whose dims divide by the axis sizes here (the transformer's batch of 2 only by 2).
@@ -321,9 +332,10 @@ fn random_placement(graph: &str, rows: usize, cols: usize, picks: &[u8], rules: 
         .copied()
         .filter(|c| !(graph.contains("transformer") && microbatches > 1 && c.contains("batch")))
         .collect();
-    let mut stages: Vec<Vec<&str>> = vec![Vec::new(); rows];
+    // Stage `rows` is the whole mesh: it shares every device with the others.
+    let mut stages: Vec<Vec<&str>> = vec![Vec::new(); rows + 1];
     for (n, p) in g.nodes.iter().zip(picks.iter().cycle()) {
-        stages[*p as usize % rows].push(&n.name);
+        stages[*p as usize % (rows + 1)].push(&n.name);
     }
     let entries: Vec<String> = stages
         .iter()
@@ -331,8 +343,9 @@ fn random_placement(graph: &str, rows: usize, cols: usize, picks: &[u8], rules: 
         .filter(|(_, nodes)| !nodes.is_empty())
         .map(|(r, nodes)| {
             let names: Vec<String> = nodes.iter().map(|n| format!("\"{n}\"")).collect();
-            let rule = choices[rules[r] as usize % choices.len()];
-            format!(r#"{{"nodes": [{}], "devices": "{r},*", "rules": {rule}}}"#, names.join(", "))
+            let rule = choices[rules[r % rules.len()] as usize % choices.len()];
+            let devices = if r == rows { "*,*".to_string() } else { format!("{r},*") };
+            format!(r#"{{"nodes": [{}], "devices": "{devices}", "rules": {rule}}}"#, names.join(", "))
         })
         .collect();
     format!(

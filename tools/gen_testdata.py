@@ -941,7 +941,8 @@ Each graph directory `NAME/` holds:
   docs/layout.md), written by hand, not by the script: data parallel (`dp-2`, `dp-2x4`),
   Megatron-style model parallel (`mp-2x4`, `mp-4`, `mp-8`), a 2×2×2 mesh mixing both
   (`cube-2x2x2`) and a torus (`torus-2x4`); placements on stages (`stages-*`: explicit,
-  with and without per-stage layouts) and pipelines with micro-batches (`pipeline-*`).
+  with and without per-stage layouts; `design-2x4`, `embed-on-0`: stages sharing devices
+  with the whole mesh) and pipelines with micro-batches (`pipeline-*`).
   Under each, the graph must still give `expected/` (tests/distributed.rs); what each
   costs in collectives is stated there, in transfers in tests/placement.rs.
 

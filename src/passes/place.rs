@@ -6,10 +6,11 @@
 //!   `a:b` (coordinates a..b, b excluded; either bound may be left out), e.g. `"0:1,*"`; a
 //!   number instead of a string names one device. An entry may carry its own `layouts` and
 //!   `rules`, which replace the spec's for that stage. Entries with the same devices form one
-//!   stage; stages must not share a device. A node no entry names joins the stage of its
-//!   operands (the latest of them), else of its consumers (the earliest); a graph input joins
-//!   the stage of its first consumer. Params are not placed: every stage that reads a param
-//!   holds its own copy (params are mapped weights, colocated with their consumers).
+//!   stage; stages may share devices (a device then runs the nodes of each of its stages, in
+//!   graph order). Nodes no entry names run on the whole mesh (DESIGN §3: the default); a
+//!   graph input joins the stage of its first consumer. Params are not placed: every stage
+//!   that reads a param holds its own copy (params are mapped weights, colocated with their
+//!   consumers).
 //! - `{"auto": {"stages": N}}` cuts the graph into N stages over N equal sub-meshes
 //!   (`auto`).
 //!
@@ -137,13 +138,6 @@ fn explicit(g: &Graph, info: &Info, spec: &Spec, p: &Value) -> Result<Placement>
             }
             Some(s) => s,
             None => {
-                if let Some(o) = stages.iter().position(|s| s.mesh.devices.iter().any(|d| sm.devices.contains(d))) {
-                    let d = stages[o].mesh.devices.iter().find(|d| sm.devices.contains(d)).expect("overlap");
-                    return Err(at(format!(
-                        "its devices overlap those of stage {o} ({}) on device {d}; a device runs one stage",
-                        stages[o].slice
-                    )));
-                }
                 let spec = stage_spec(spec, &sm.mesh, overrides).map_err(|m| at(m.to_string()))?;
                 stages.push(Stage { slice: slice_string(&ranges), mesh: sm, spec });
                 stages.len() - 1
@@ -180,6 +174,22 @@ fn explicit(g: &Graph, info: &Info, spec: &Spec, p: &Value) -> Result<Placement>
     if stages.is_empty() {
         return Err(err("the list is empty (leave \"placement\" out to run every node on the whole mesh)".into()));
     }
+    // What no entry names runs on the whole mesh, by the spec's own rules and layouts.
+    if g.nodes.iter().any(|n| !stage_of.contains_key(&n.name)) {
+        let whole: Vec<Range<usize>> = spec.mesh.shape.iter().map(|&n| 0..n).collect();
+        let sm = sub_mesh(&spec.mesh, &whole);
+        let s = match stages.iter().position(|s| s.mesh.devices == sm.devices) {
+            Some(s) => s,
+            None => {
+                let st_spec = stage_spec(spec, &sm.mesh, (None, None))?;
+                stages.push(Stage { slice: slice_string(&whole), mesh: sm, spec: st_spec });
+                stages.len() - 1
+            }
+        };
+        for n in &g.nodes {
+            stage_of.entry(n.name.clone()).or_insert(s);
+        }
+    }
     check_layout_names(g, info, spec)?;
     fill(g, info, &mut stage_of);
     Ok(Placement { stages, stage_of, unrolled: None })
@@ -194,27 +204,8 @@ pub(crate) fn check_layout_names(g: &Graph, info: &Info, spec: &Spec) -> Result<
     }
 }
 
-/// Gives every node and input without a stage one (see the module doc).
+/// Gives every graph input without a stage the stage of its first consumer.
 pub(crate) fn fill(g: &Graph, info: &Info, stage_of: &mut BTreeMap<String, usize>) {
-    let placed: BTreeSet<String> = stage_of.keys().cloned().collect();
-    for &k in &info.order {
-        let n = &g.nodes[k];
-        if placed.contains(&n.name) {
-            continue;
-        }
-        if let Some(s) = n.inputs.iter().filter_map(|i| stage_of.get(i)).max().copied() {
-            stage_of.insert(n.name.clone(), s);
-        }
-    }
-    for &k in info.order.iter().rev() {
-        let n = &g.nodes[k];
-        if stage_of.contains_key(&n.name) {
-            continue;
-        }
-        let consumers = g.nodes.iter().filter(|c| c.inputs.contains(&n.name));
-        let s = consumers.filter_map(|c| stage_of.get(&c.name)).min().copied().unwrap_or(0);
-        stage_of.insert(n.name.clone(), s);
-    }
     for i in &g.inputs {
         if !stage_of.contains_key(&i.name) {
             let first = info.order.iter().map(|&k| &g.nodes[k]).find(|n| n.inputs.contains(&i.name));

@@ -5,14 +5,16 @@
 //! A tensor produced in stage A (laid out `la` over A's sub-mesh) and read in stage B (laid
 //! out `lb` over B's) moves once per destination device of B, not once per edge: each
 //! device of B receives exactly the block `lb` gives it, cut into the pieces that A's blocks
-//! hold, each piece from one device of A that holds it (replicas are spread over the
-//! destinations) — a reshard with no gather to one device in between. A piece that is not
-//! the sender's whole block is sliced first; the receiver concatenates its pieces. Every
-//! pair shares a unique key `TENSOR:SRC->DST`.
+//! hold, each piece from one device of A that holds it (the destination itself when it is
+//! in A too, else replicas spread over the destinations) — a reshard with no gather to one
+//! device in between. A piece that is not the sender's whole block is sliced first; the
+//! receiver concatenates its pieces. Every pair shares a unique key `TENSOR:SRC->DST`
+//! (`TENSOR.stageB:SRC->DST` when B shares devices with another stage: there B knows the
+//! tensor as `TENSOR.stageB`, since the device may hold `TENSOR` in A's layout too).
 //!
-//! Order: each device runs its stage's nodes, and the transfers of a tensor right after the
-//! node that produces it (graph inputs' transfers first), all in one global order, so that
-//! blocking on a send or recv can never form a cycle (as with collectives).
+//! Order: each device runs the nodes of its stages, and the transfers of a tensor right
+//! after the node that produces it (graph inputs' transfers first), all in one global
+//! order, so that blocking on a send or recv can never form a cycle (as with collectives).
 //!
 //! Protocol (recorded on both ends): `move` when the sent buffer is dead on the sender after
 //! the send (the receiver then reads it in place), `copy` otherwise.
@@ -54,6 +56,22 @@ struct Join<'a> {
 }
 
 impl Join<'_> {
+    /// The name stage `s` knows tensor `t` by, when `t` arrives from another stage.
+    fn arriving_name(&self, s: usize, t: &str) -> String {
+        let shared = self
+            .p
+            .stages
+            .iter()
+            .enumerate()
+            .any(|(o, st)| o != s && st.mesh.devices.iter().any(|d| self.p.stages[s].mesh.devices.contains(d)));
+        let arrives = self.p.stage_of.get(t).is_some_and(|&from| from != s);
+        if shared && arrives {
+            format!("{t}.stage{s}")
+        } else {
+            t.to_string()
+        }
+    }
+
     fn push(&mut self, d: usize, mut n: Node) {
         n.device = Some(d as u32);
         self.names[d].insert(n.name.clone());
@@ -102,8 +120,9 @@ impl Join<'_> {
                         (0..shape.len()).all(|d| la[d].is_none_or(|ax| c[ax] == blocks[d]))
                     })
                     .collect();
-                let src = holders[j % holders.len()];
-                let name = self.piece(t, &ty, &ma, src, &la, &range, gj);
+                // A device that holds the piece itself takes it locally.
+                let src = holders.iter().copied().find(|&i| ma.devices[i] == gj).unwrap_or(holders[j % holders.len()]);
+                let name = self.piece(t, &ty, &ma, src, &la, &range, (gj, &self.arriving_name(b, t)));
                 pieces.insert(idx.clone(), name);
                 // Odometer over the pieces, last dim fastest.
                 let mut d = shape.len();
@@ -124,12 +143,22 @@ impl Join<'_> {
             }
             let counts: Vec<usize> = per_dim.iter().map(Vec::len).collect();
             let whole = self.assemble(t, gj, &pieces, &counts, &mut Vec::new());
-            self.rename_last(gj, &whole, t);
+            let name = self.arriving_name(b, t);
+            if whole == t {
+                // All of it is here already, under its own name: an alias (a reshape to the
+                // same shape shares the buffer).
+                let mut n = Node::new(name, Op::Reshape, &[t]);
+                n.attrs.insert("shape".into(), ints(rb.iter().map(Range::len)));
+                self.push(gj, n);
+            } else {
+                self.rename_last(gj, &whole, &name);
+            }
         }
     }
 
     /// Sends the piece `range` of `t` from stage-local device `src` of `ma` to global device
-    /// `dst`; returns the name of the recv on `dst`.
+    /// `dst`, where it becomes part of `as_name`; returns the name of the recv on `dst` (of
+    /// the piece itself when `dst` holds it).
     #[allow(clippy::too_many_arguments)]
     fn piece(
         &mut self,
@@ -139,7 +168,7 @@ impl Join<'_> {
         src: usize,
         la: &[Option<usize>],
         range: &[Range<usize>],
-        dst: usize,
+        (dst, as_name): (usize, &str),
     ) -> String {
         let gi = ma.devices[src];
         let held = ma.mesh.region(&ty.shape, la, src);
@@ -154,7 +183,10 @@ impl Join<'_> {
             self.push(gi, n);
             operand = name;
         }
-        let key = format!("{t}:{gi}->{dst}");
+        if gi == dst {
+            return operand;
+        }
+        let key = format!("{as_name}:{gi}->{dst}");
         let mut send = Node::new(fresh(&self.names[gi], t, "send"), Op::Send, &[&operand]);
         send.attrs.insert("key".into(), Attr::Str(key.clone()));
         send.attrs.insert("to".into(), Attr::Int(dst as i64));
@@ -224,6 +256,13 @@ pub fn join(g: &Graph, info: &Info, mesh: &Mesh, p: &Placement, stages: &[Lowere
     let mut renames: Vec<HashMap<String, String>> = Vec::new();
     for (s, l) in stages.iter().enumerate() {
         let mut r = HashMap::new();
+        // A tensor a stage receives keeps its name, unless the stage shares a device with
+        // another, where the name may already be taken by the tensor in another layout.
+        for (t, _) in &l.inputs {
+            if j.arriving_name(s, t) != *t {
+                r.insert(t.clone(), j.arriving_name(s, t));
+            }
+        }
         let names: Vec<String> =
             l.devices.first().map(|d| d.nodes.iter().map(|n| n.name.clone()).collect()).unwrap_or_default();
         for n in &names {
@@ -276,20 +315,25 @@ pub fn join(g: &Graph, info: &Info, mesh: &Mesh, p: &Placement, stages: &[Lowere
     // Params, and the graph inputs each device holds (placeholders of 0 elements elsewhere,
     // so that every program lists every input).
     for d in 0..mesh.devices() {
-        let stage = p.stages.iter().position(|st| st.mesh.devices.contains(&d));
-        let local = stage.map(|s| (s, p.stages[s].mesh.devices.iter().position(|&x| x == d).expect("member")));
+        // (stage, local device) of every stage the device is in.
+        let member: Vec<(usize, usize)> = (p.stages.iter().enumerate())
+            .filter_map(|(s, st)| st.mesh.devices.iter().position(|&x| x == d).map(|k| (s, k)))
+            .collect();
         for i in &g.inputs {
-            let held = local.filter(|&(s, _)| p.stage_of[&i.name] == s);
+            let held = member.iter().find(|&&(s, _)| p.stage_of[&i.name] == s);
             let input = match held {
-                Some((s, k)) => stages[s].devices[k].inputs.iter().find(|x| x.name == i.name).cloned().expect("held"),
+                Some(&(s, k)) => stages[s].devices[k].inputs.iter().find(|x| x.name == i.name).cloned().expect("held"),
                 None => Input { name: i.name.clone(), ty: TensorType::new(i.ty.dtype, vec![0]), dims: None, loc: None },
             };
             j.names[d].insert(input.name.clone());
             j.devices[d].inputs.push(input);
         }
-        if let Some((s, k)) = local {
-            j.devices[d].params = stages[s].devices[k].params.clone();
-            j.names[d].extend(j.devices[d].params.iter().map(|p| p.name.clone()));
+        for &(s, k) in &member {
+            for param in &stages[s].devices[k].params {
+                if j.names[d].insert(param.name.clone()) {
+                    j.devices[d].params.push(param.clone());
+                }
+            }
         }
     }
     let crossings = p.crossings(g, info);
