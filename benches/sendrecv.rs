@@ -4,9 +4,10 @@
 //!   for both protocols, against a 64 MiB memcpy on one thread.
 //! - A transformer block (batch 32, seq 32, embed 256, 8 heads, hidden 1024; the structure of
 //!   testdata/transformer) on one device, cut by the auto placer into 4 stages of one device
-//!   each without micro-batches, and with 8 micro-batches (GPipe). End-to-end medians of N
-//!   runs in memory (`SENDRECV_BENCH_RUNS`, default 30), all measured in this one run; the
-//!   pipelined results are checked against the one-device result.
+//!   each without micro-batches, and with 8 micro-batches (GPipe). End-to-end, in memory, N
+//!   rounds in which the three run in turn (`SENDRECV_BENCH_RUNS`, default 30: a loaded
+//!   machine slows them alike), min and median each, all in this one run; the pipelined
+//!   results are checked against the one-device result.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -174,21 +175,29 @@ fn inputs() -> HashMap<String, Tensor> {
     ])
 }
 
-/// Median seconds per run, and the output of the last run.
-fn time(c: Compiled, runs: usize) -> (f64, Tensor) {
-    let weights = AlignedBuf::from_bytes(&c.weights).unwrap();
-    let code = Code::Copied(codegen::ExecCode::new(&c.code).unwrap());
-    let l = Loaded::new(c.meta, c.programs, code, weights.as_slice()).unwrap();
-    let x = inputs();
-    let mut y = l.run(&x).unwrap();
-    let t = (0..runs)
-        .map(|_| {
-            let s = Instant::now();
-            y = l.run(&x).unwrap();
-            s.elapsed().as_secs_f64()
+/// Runs the compiled programs in turn, `runs` rounds (so that a loaded machine slows all
+/// of them alike); per program the min and median seconds, and its output.
+fn time_alternating(cs: Vec<Compiled>, runs: usize) -> Vec<(f64, f64, Tensor)> {
+    let held: Vec<(AlignedBuf, Compiled)> =
+        cs.into_iter().map(|c| (AlignedBuf::from_bytes(&c.weights).unwrap(), c)).collect();
+    let loaded: Vec<Loaded> = held
+        .iter()
+        .map(|(w, c)| {
+            let code = Code::Copied(codegen::ExecCode::new(&c.code).unwrap());
+            Loaded::new(c.meta.clone(), c.programs.clone(), code, w.as_slice()).unwrap()
         })
         .collect();
-    (median(t), y.remove("y").unwrap())
+    let x = inputs();
+    let mut outs: Vec<Tensor> = loaded.iter().map(|l| l.run(&x).unwrap().remove("y").unwrap()).collect();
+    let mut t: Vec<Vec<f64>> = vec![Vec::new(); loaded.len()];
+    for _ in 0..runs {
+        for (k, l) in loaded.iter().enumerate() {
+            let s = Instant::now();
+            outs[k] = l.run(&x).unwrap().remove("y").unwrap();
+            t[k].push(s.elapsed().as_secs_f64());
+        }
+    }
+    t.into_iter().zip(outs).map(|(t, y)| (t.iter().copied().fold(f64::INFINITY, f64::min), median(t), y)).collect()
 }
 
 fn spec(microbatches: usize) -> String {
@@ -222,20 +231,22 @@ fn main() {
     );
     println!("64 MiB memcpy, 1 thread {:6.2} ms  {:6.2} GB/s", mc * 1e3, mib as f64 / mc / 1e9);
 
-    println!("\n## transformer block [{B}x{S}x{E}], hidden {HIDDEN}: pipeline over 4 devices, median of {runs}");
-    let (t1, y1) = time(build(None), runs);
-    println!("1 device                     {:8.3} ms", t1 * 1e3);
-    let (t4, y4) = time(build(Some(&spec(1))), runs);
-    println!("4 stages, no micro-batches   {:8.3} ms  ({:.2}x the 1-device run)", t4 * 1e3, t1 / t4);
-    let (t48, y48) = time(build(Some(&spec(8))), runs);
     println!(
-        "4 stages, 8 micro-batches    {:8.3} ms  ({:.2}x the 1-device run, {:.2}x no micro-batches)",
-        t48 * 1e3,
-        t1 / t48,
-        t4 / t48
+        "\n## transformer block [{B}x{S}x{E}], hidden {HIDDEN}: pipeline over 4 devices, {runs} alternating rounds"
     );
-    for (what, y) in [("4 stages", &y4), ("4 stages x 8 micro-batches", &y48)] {
-        let c = y.closeness(&y1);
+    let r = time_alternating(vec![build(None), build(Some(&spec(1))), build(Some(&spec(8)))], runs);
+    let names = ["1 device", "4 stages, no micro-batches", "4 stages, 8 micro-batches"];
+    for ((min, med, _), name) in r.iter().zip(names) {
+        println!(
+            "{name:<28} min {:7.3} ms  median {:7.3} ms  (median {:.2}x the 1-device run)",
+            min * 1e3,
+            med * 1e3,
+            r[0].1 / med
+        );
+    }
+    println!("8 micro-batches vs none: {:.2}x (medians), {:.2}x (mins)", r[1].1 / r[2].1, r[1].0 / r[2].0);
+    for (what, (_, _, y)) in [("4 stages", &r[1]), ("4 stages x 8 micro-batches", &r[2])] {
+        let c = y.closeness(&r[0].2);
         assert!(c.first_bad.is_none(), "{what}: the result differs from the 1-device result: {c:?}");
     }
     println!("pipelined vs 1-device result: equal within tolerance");
