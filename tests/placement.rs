@@ -251,7 +251,10 @@ fn placements_that_cannot_be_honoured_are_refused() {
             r#"{"stages": [{"nodes": ["h"], "devices": "0,*"}], "microbatches": 3}"#,
             "placement: microbatches: the batch of 'x' (size 16) does not divide into 3 micro-batches",
         ),
-        (r#"{"auto": {"stages": 2}, "microbatches": 0}"#, "placement: \"microbatches\": 0 is not a positive number"),
+        (
+            r#"{"auto": {"stages": 2}, "microbatches": 0}"#,
+            "placement: \"microbatches\": 0 is not a number of micro-batches (1 to 1024)",
+        ),
     ];
     for (placement, want) in cases {
         let mesh = if placement.contains("\"layouts\"") { "[1, 3]" } else { "[2, 4]" };

@@ -36,6 +36,9 @@ use crate::layout::{Seed, Spec, FORMAT};
 use crate::mesh::{Mesh, Topology};
 use crate::program::StageMesh;
 
+/// The most micro-batches accepted: the graph is unrolled once per micro-batch.
+pub const MAX_MICROBATCHES: u64 = 1024;
+
 /// A stage: a sub-mesh, how it was written, and the layout spec that applies on it.
 #[derive(Clone, Debug)]
 pub struct Stage {
@@ -89,10 +92,9 @@ pub fn place(g: &Graph, info: &Info, spec: &Spec) -> Result<Option<Placement>> {
     let err = |msg: String| anyhow!("{}: placement: {msg}", spec.file);
     let microbatches = match p.get("microbatches") {
         None => 1,
-        Some(v) => v
-            .as_u64()
-            .filter(|&m| m >= 1)
-            .ok_or_else(|| err(format!("\"microbatches\": {v} is not a positive number")))? as usize,
+        Some(v) => v.as_u64().filter(|m| (1..=MAX_MICROBATCHES).contains(m)).ok_or_else(|| {
+            err(format!("\"microbatches\": {v} is not a number of micro-batches (1 to {MAX_MICROBATCHES})"))
+        })? as usize,
     };
     let mut placement = match p.get("auto") {
         Some(auto) => super::place_auto::auto(g, info, spec, auto)?,
@@ -214,14 +216,26 @@ pub(crate) fn fill(g: &Graph, info: &Info, stage_of: &mut BTreeMap<String, usize
     }
 }
 
-/// `*` matches any run of characters; everything else itself.
+/// `*` matches any run of characters; everything else itself. Linear in the pattern times
+/// the name (a pattern of many stars must not take exponential time).
 fn glob(pattern: &str, name: &str) -> bool {
-    match pattern.split_once('*') {
-        None => pattern == name,
-        Some((head, rest)) => {
-            name.starts_with(head) && (0..=name.len() - head.len()).any(|k| glob(rest, &name[head.len() + k..]))
+    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
+    // ok[j]: the pattern so far matches the first j characters of the name.
+    let mut ok = vec![false; n.len() + 1];
+    ok[0] = true;
+    for &c in &p {
+        if c == '*' {
+            for j in 1..=n.len() {
+                ok[j] |= ok[j - 1];
+            }
+        } else {
+            for j in (1..=n.len()).rev() {
+                ok[j] = ok[j - 1] && n[j - 1] == c;
+            }
+            ok[0] = false;
         }
     }
+    ok[n.len()]
 }
 
 /// Parses `"0:1,*"`: per axis `*`, `k` or `a:b` (b excluded).
@@ -480,5 +494,8 @@ mod tests {
         assert!(!glob("q*b", "q_r"));
         assert!(glob("*", ""));
         assert!(!glob("k", "k_b"));
+        assert!(glob("a*b*c", "aXbYbZc"));
+        assert!(!glob("a*b*c", "aXbYbZ"));
+        assert!(!glob(&"*a".repeat(40), &"a".repeat(39)), "many stars stay fast");
     }
 }
