@@ -16,8 +16,8 @@ use crate::mesh::{Layout, Mesh};
 use crate::passes;
 use crate::passes::lower::Lowered;
 use crate::program::{
-    align_up, Buffer, Collective, CollectiveOp, Exec, IoSpec, Kernel, Library, Meta, Program, Reduce, Step, Storage,
-    ALIGN,
+    align_up, Buffer, Collective, CollectiveOp, Exec, IoSpec, Kernel, Library, Meta, Program, Protocol, Reduce, Step,
+    Storage, Transfer, ALIGN,
 };
 
 /// Which implementation serves matmuls.
@@ -159,7 +159,7 @@ fn generate(target: &Target, node: &Node, inputs: &[TensorType], out: &TensorTyp
 
 /// The FLOP estimate of a node: 2 per multiply-add of contractions, one per element for
 /// elementwise ops and reductions, a few per element for softmax and layer_norm.
-fn node_flops(n: &Node, info: &Info) -> u64 {
+pub(crate) fn node_flops(n: &Node, info: &Info) -> u64 {
     let numel = |name: &str| info.types[name].numel() as u64;
     match n.op {
         Op::MatMul => {
@@ -358,6 +358,20 @@ impl Builder {
                 continue;
             }
             let operand_types: Vec<TensorType> = node.inputs.iter().map(|i| info.types[i].clone()).collect();
+            if matches!(node.op, Op::Send | Op::Recv) {
+                let t = transfer(node, out)?;
+                let (exec, b) = if node.op == Op::Send {
+                    // The send's result is its operand: nothing new to hold.
+                    let b = bufs.get(&node.inputs[0]);
+                    bufs.of.insert(node.name.clone(), b);
+                    (Exec::Send(t), b)
+                } else {
+                    (Exec::Recv(t), bufs.arena(&node.name, out.size_bytes()))
+                };
+                steps.push(Step { node: node.name.clone(), exec, buffers: vec![b] });
+                in_place.push(Vec::new());
+                continue;
+            }
             let use_library = node.op == Op::MatMul
                 && match self.gemm {
                     Gemm::Library => true,
@@ -465,6 +479,17 @@ impl Builder {
     }
 }
 
+/// One side of a transfer from a send or recv node (`passes::sendrecv`).
+fn transfer(node: &Node, ty: &TensorType) -> Result<Transfer> {
+    let str_attr = |k: &str| meshc_ir::infer::attr_str(node, k, "").to_string();
+    let peer = meshc_ir::infer::attr_int(node, if node.op == Op::Send { "to" } else { "from" }, -1);
+    let protocol = node.attrs.get("protocol").map_or(Ok(Protocol::Copy), |_| {
+        Protocol::parse(&str_attr("protocol")).with_context(|| format!("node '{}': unknown protocol", node.name))
+    })?;
+    let peer = usize::try_from(peer).with_context(|| format!("node '{}': device {peer}", node.name))?;
+    Ok(Transfer { key: str_attr("key"), peer, bytes: ty.size_bytes(), protocol })
+}
+
 fn meta(g: &Graph, info: &Info, target: &Target, mesh: Mesh, layouts: &HashMap<String, Layout>) -> Meta {
     let spec = |name: &str, ty: &TensorType| {
         IoSpec::with_layout(name, ty, layouts.get(name).cloned().unwrap_or_else(|| vec![None; ty.rank()]))
@@ -512,6 +537,14 @@ pub fn compile_lowered(
             .push(b.program((d, lowered.devices.len()), dev, &dinfo, params).with_context(|| format!("device {d}"))?);
     }
     let layouts: HashMap<String, Layout> = lowered.inputs.iter().chain(&lowered.outputs).cloned().collect();
-    let meta = meta(g, info, &b.target, lowered.mesh.clone(), &layouts);
+    let mut meta = meta(g, info, &b.target, lowered.mesh.clone(), &layouts);
+    for io in meta.inputs.iter_mut().chain(&mut meta.outputs) {
+        io.stage = lowered.io_stages.get(&io.name).cloned();
+    }
+    // Placed programs list, after the graph's inputs, placeholders of the outputs a device
+    // does not hold: they are no inputs of the run.
+    for p in &mut programs {
+        p.inputs.truncate(g.inputs.len());
+    }
     Ok(b.finish(meta, programs))
 }

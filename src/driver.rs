@@ -22,7 +22,7 @@ use crate::runner::{Code, Loaded};
 
 /// The passes `--dump-after` can name, in pipeline order (their number prefixes the files
 /// of `--dump-dir`).
-pub const PASSES: &[&str] = &["verify", "layout", "lower", "pilot", "buffers"];
+pub const PASSES: &[&str] = &["verify", "place", "layout", "lower", "sendrecv", "pilot", "buffers"];
 
 /// Where `--dump-after` sends the IR after each pass it names.
 #[derive(Default)]
@@ -98,6 +98,10 @@ pub fn build(
         }
         _ => Ok(()),
     };
+    let placement = spec.map(|s| passes::place::place(g, info, s)).transpose()?.flatten();
+    if placement.is_none() && dumps.after.iter().any(|a| a == "place" || a == "sendrecv") {
+        return Err(anyhow!("--dump-after place/sendrecv need a layout spec with a \"placement\" (--layout SPEC)"));
+    }
     let Some(spec) = spec else {
         if dumps.after.iter().any(|a| a == "layout" || a == "lower") {
             return Err(anyhow!("--dump-after layout/lower need a layout spec (--layout SPEC)"));
@@ -107,6 +111,14 @@ pub fn build(
         dumps.emit("buffers", || passes::buffers::dump(&compiled.programs))?;
         return Ok(compiled);
     };
+    if let Some(placement) = placement {
+        let joined = lower_placed(g, info, spec, &placement, dumps)?;
+        emit_pilot()?;
+        let compiled = compile_lowered(g, info, &joined, params, opts)?;
+        dumps.emit("buffers", || passes::buffers::dump(&compiled.programs))?;
+        check_memory(&compiled, spec)?;
+        return Ok(compiled);
+    }
     let layouts = passes::layout::propagate(g, info, &spec.mesh, spec.seed_layouts(g, info)?);
     dumps.emit("layout", || passes::layout::dump(g, info, &layouts))?;
     let mut lowered = passes::lower::lower(g, info, &layouts)?;
@@ -133,7 +145,73 @@ pub fn build(
     compiled.meta.degraded = degraded;
     compiled.meta.model_axes = model_axes;
     dumps.emit("buffers", || passes::buffers::dump(&compiled.programs))?;
+    check_memory(&compiled, spec)?;
     Ok(compiled)
+}
+
+/// Each device's memory — the weights its program reads plus its arena — against the spec's
+/// `memory_per_device`; the error names the device that needs most and by how much it is over.
+fn check_memory(c: &Compiled, spec: &Spec) -> Result<()> {
+    let Some(budget) = spec.memory_per_device else { return Ok(()) };
+    let need = |p: &Program| {
+        let mut weights: Vec<(usize, usize)> = p
+            .buffers
+            .iter()
+            .filter_map(|b| match b.storage {
+                Storage::Weights { offset } => Some((offset, b.bytes)),
+                Storage::Arena { .. } => None,
+            })
+            .collect();
+        weights.sort();
+        weights.dedup();
+        let w: usize = weights.iter().map(|w| w.1).sum();
+        (w as u64, p.arena_bytes as u64)
+    };
+    let worst = c.programs.iter().map(|p| (need(p), p.device)).max_by_key(|((w, a), d)| (w + a, std::cmp::Reverse(*d)));
+    match worst {
+        Some(((w, a), d)) if w + a > budget => Err(anyhow!(
+            "{}: memory_per_device {budget} bytes: device {d} needs {} bytes (weights {w} + arena {a}), {} more; \
+             spread the graph over more devices (\"placement\": {{\"auto\": {{\"stages\": N}}}}, or split its params)",
+            spec.file,
+            w + a,
+            w + a - budget
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The passes from `place` to `sendrecv` for a spec with a placement: each stage's graph is
+/// laid out and lowered over its sub-mesh, then the stages are joined by transfers.
+pub fn lower_placed(
+    g: &Graph,
+    info: &Info,
+    spec: &Spec,
+    placement: &passes::place::Placement,
+    dumps: &Dumps,
+) -> Result<passes::lower::Lowered> {
+    // With micro-batches the unrolled graph is what runs.
+    let (g, info) = placement.unrolled.as_ref().map_or((g, info), |(g, i)| (g, i));
+    dumps.emit("place", || passes::place::dump(g, info, placement))?;
+    let (mut layout_dump, mut lower_dump) = (String::new(), String::new());
+    let mut stages = Vec::new();
+    for (s, stage) in placement.stages.iter().enumerate() {
+        let (sg, si) = placement.stage_graph(g, info, s)?;
+        let layouts = passes::layout::propagate(&sg, &si, &stage.mesh.mesh, stage.seeds(&sg, &si)?);
+        let lowered = passes::lower::lower(&sg, &si, &layouts).with_context(|| format!("stage {s}"))?;
+        let devices: Vec<String> = stage.mesh.devices.iter().map(usize::to_string).collect();
+        let head =
+            format!("# stage {s}: devices [{}] (below, devices are numbered within the stage)\n", devices.join(","));
+        layout_dump += &head;
+        layout_dump += &passes::layout::dump(&sg, &si, &layouts);
+        lower_dump += &head;
+        lower_dump += &passes::lower::dump(&lowered);
+        stages.push(lowered);
+    }
+    dumps.emit("layout", || layout_dump)?;
+    dumps.emit("lower", || lower_dump)?;
+    let joined = passes::sendrecv::join(g, info, &spec.mesh, placement, &stages)?;
+    dumps.emit("sendrecv", || passes::lower::dump(&joined))?;
+    Ok(joined)
 }
 
 /// Writes `c` as one artifact file. Programs are stored as a list, one per device.
@@ -234,11 +312,15 @@ pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
     }
     let io = |what: &str, i: &crate::program::IoSpec| {
         let layout = if i.layout.iter().any(Option::is_some) {
-            format!(" layout {}", m.layout_string(&i.layout))
+            format!(" layout {}", i.mesh(m).layout_string(&i.layout))
         } else {
             String::new()
         };
-        format!("{what} {}: {}{:?}{layout}", i.name, i.dtype, i.shape)
+        let stage = i.stage.as_ref().map_or(String::new(), |s| {
+            let d: Vec<String> = s.devices.iter().map(usize::to_string).collect();
+            format!(" on devices [{}]", d.join(","))
+        });
+        format!("{what} {}: {}{:?}{layout}{stage}", i.name, i.dtype, i.shape)
     };
     for i in &meta.inputs {
         writeln!(s, "{}", io("input ", i))?;
@@ -253,6 +335,7 @@ pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
     if let Some(total) = flops_skipped(&programs, meta.flops) {
         writeln!(s, "{total}")?;
     }
+    transfer_report(&mut s, &programs)?;
     Ok(s)
 }
 
@@ -377,9 +460,30 @@ fn program_report(s: &mut String, p: &Program) -> Result<()> {
                 let group: Vec<String> = group.iter().map(usize::to_string).collect();
                 format!("#{} {} {}{:?} group [{}]", c.id, collective_name(&c.op), c.dtype, c.shape, group.join(","))
             }
+            Exec::Send(t) => format!("send -> {} {} {} B", t.peer, t.protocol.name(), t.bytes),
+            Exec::Recv(t) => format!("recv <- {} {} {} B", t.peer, t.protocol.name(), t.bytes),
         };
         let bufs: Vec<String> = st.buffers.iter().map(|b| format!("b{b}")).collect();
         writeln!(s, "  {:<24} {:<36} ({})", st.node, exec, bufs.join(", "))?;
+    }
+    Ok(())
+}
+
+/// The send/recv pairs of all programs, by key: who sends to whom, how many bytes, which
+/// protocol.
+fn transfer_report(s: &mut String, programs: &[Program]) -> Result<()> {
+    let sends: Vec<(usize, &crate::program::Transfer)> = programs
+        .iter()
+        .flat_map(|p| {
+            p.steps.iter().filter_map(move |st| if let Exec::Send(t) = &st.exec { Some((p.device, t)) } else { None })
+        })
+        .collect();
+    if sends.is_empty() {
+        return Ok(());
+    }
+    writeln!(s, "transfers: {} send/recv pair(s)", sends.len())?;
+    for (d, t) in sends {
+        writeln!(s, "  {:<32} device {d} -> device {}  {:>10} bytes  {}", t.key, t.peer, t.bytes, t.protocol.name())?;
     }
     Ok(())
 }

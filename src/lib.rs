@@ -6,6 +6,7 @@ pub mod codegen;
 pub mod compile;
 pub mod degraded;
 pub mod driver;
+pub mod exchange;
 pub mod fabric;
 pub mod layout;
 pub mod library;

@@ -124,6 +124,10 @@ enum Cmd {
         /// the masks fit the input at hand (the graph is compiled for it, in memory).
         #[arg(long, conflicts_with = "pilot_inputs")]
         conditional: bool,
+        /// Fail the run when a recv waits this many seconds for its send (or a send for its
+        /// recv) instead of hanging; the error names the key and both devices.
+        #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+        timeout: f64,
         #[command(flatten)]
         codegen: CodegenArgs,
         #[command(flatten)]
@@ -214,6 +218,7 @@ fn main() -> ExitCode {
             replan_on_failure,
             compare_unpruned,
             conditional,
+            timeout,
             codegen,
             mut pilot,
         } => {
@@ -232,6 +237,7 @@ fn main() -> ExitCode {
                 fail_device: fail_device.as_deref(),
                 collective_timeout,
                 replan_on_failure,
+                timeout,
             };
             unpruned_reference(&program, compare_unpruned.as_deref(), &pilot).and_then(|reference| {
                 run(&program, &io, &opts, &codegen, &pilot)?;
@@ -274,8 +280,33 @@ fn check(path: &Path, layout: Option<&Path>) -> Result<()> {
     let layouts = layout
         .map(|p| -> Result<_> {
             let spec = meshc::layout::load(p)?;
-            let seeds = spec.seed_layouts(&g, &info)?;
-            Ok((spec.mesh, seeds))
+            // With a placement, layouts are per stage, over each stage's sub-mesh.
+            let Some(placement) = meshc::passes::place::place(&g, &info, &spec)? else {
+                let seeds = spec.seed_layouts(&g, &info)?;
+                return Ok((spec.mesh, seeds, Vec::new()));
+            };
+            let (pg, pi) = placement.unrolled.as_ref().map_or((&g, &info), |(g, i)| (g, i));
+            let mut stages = Vec::new();
+            for (s, st) in placement.stages.iter().enumerate() {
+                let (sg, si) = placement.stage_graph(pg, pi, s)?;
+                let seeds = st.seeds(&sg, &si)?;
+                let devices: Vec<String> = st.mesh.devices.iter().map(usize::to_string).collect();
+                let mut lines = vec![format!(
+                    "stage {s}: devices [{}] (slice {}), {} node{}",
+                    devices.join(","),
+                    st.slice,
+                    sg.nodes.len(),
+                    if sg.nodes.len() == 1 { "" } else { "s" }
+                )];
+                let m = &st.mesh.mesh;
+                lines.extend(
+                    seeds
+                        .iter()
+                        .map(|(n, sd)| format!("  layout {n} {} ({})", m.layout_string(&sd.layout), sd.source.name())),
+                );
+                stages.extend(lines);
+            }
+            Ok((spec.mesh, BTreeMap::new(), stages))
         })
         .transpose()?;
     let param_bytes: usize = params.values().map(|t| t.ty().size_bytes()).sum();
@@ -300,7 +331,7 @@ fn check(path: &Path, layout: Option<&Path>) -> Result<()> {
     for o in &g.outputs {
         println!("output {}: {}", o.name, info.types[&o.name]);
     }
-    if let Some((m, seeds)) = layouts {
+    if let Some((m, seeds, stages)) = layouts {
         let shape: Vec<String> = m.shape.iter().map(usize::to_string).collect();
         let devices = m.devices();
         println!(
@@ -312,6 +343,9 @@ fn check(path: &Path, layout: Option<&Path>) -> Result<()> {
         );
         for (name, seed) in &seeds {
             println!("layout {name} {} ({})", m.layout_string(&seed.layout), seed.source.name());
+        }
+        for line in stages {
+            println!("{line}");
         }
     }
     Ok(())
@@ -537,6 +571,7 @@ struct RunOpts<'a> {
     fail_device: Option<&'a str>,
     collective_timeout: Option<u64>,
     replan_on_failure: bool,
+    timeout: f64,
 }
 
 fn run(path: &Path, io: &Io, opts: &RunOpts, args: &CodegenArgs, pilot: &PilotArgs) -> Result<()> {
@@ -678,6 +713,11 @@ fn check_against(results: &BTreeMap<String, Tensor>, dir: &Path) -> Result<()> {
 }
 
 fn run_loaded(loaded: &Loaded, io: &Io, opts: &RunOpts) -> Result<()> {
+    let timeout = std::time::Duration::try_from_secs_f64(opts.timeout)
+        .ok()
+        .filter(|t| !t.is_zero())
+        .ok_or_else(|| anyhow::anyhow!("--timeout {}: expected a positive number of seconds", opts.timeout))?;
+    loaded.set_timeout(timeout);
     let expected: Vec<(String, TensorType)> =
         loaded.meta.inputs.iter().filter_map(|s| Some((s.name.clone(), s.ty()?))).collect();
     let inputs = read_inputs(&expected, &io.inputs)?;

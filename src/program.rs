@@ -47,6 +47,18 @@ pub struct IoSpec {
     pub shape: Vec<usize>,
     /// The mesh axis each dimension is split over (`mesh::Mesh::region`).
     pub layout: Layout,
+    /// With placement: the stage (sub-mesh) that holds the tensor; `layout` is over its mesh
+    /// and devices outside it hold nothing (a 0-byte placeholder buffer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<StageMesh>,
+}
+
+/// A stage of a placed graph: a sub-mesh of the device mesh. Its local device k (row-major
+/// over `mesh`) is the global device `devices[k]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageMesh {
+    pub mesh: Mesh,
+    pub devices: Vec<usize>,
 }
 
 impl IoSpec {
@@ -55,7 +67,28 @@ impl IoSpec {
     }
 
     pub fn with_layout(name: &str, ty: &TensorType, layout: Layout) -> IoSpec {
-        IoSpec { name: name.to_string(), dtype: ty.dtype.name().to_string(), shape: ty.shape.clone(), layout }
+        IoSpec {
+            name: name.to_string(),
+            dtype: ty.dtype.name().to_string(),
+            shape: ty.shape.clone(),
+            layout,
+            stage: None,
+        }
+    }
+
+    /// The block of the tensor `device` holds (index ranges per dimension), and whether it
+    /// is the copy of that block that writes it back; `None` when the device holds none.
+    pub fn block(&self, mesh: &Mesh, device: usize) -> Option<(Vec<std::ops::Range<usize>>, bool)> {
+        let (mesh, local) = match &self.stage {
+            None => (mesh, device),
+            Some(s) => (&s.mesh, s.devices.iter().position(|&d| d == device)?),
+        };
+        Some((mesh.region(&self.shape, &self.layout, local), mesh.writes_back(&self.layout, local)))
+    }
+
+    /// The mesh `layout` is over: the stage's, or the whole one.
+    pub fn mesh<'a>(&'a self, mesh: &'a Mesh) -> &'a Mesh {
+        self.stage.as_ref().map_or(mesh, |s| &s.mesh)
     }
 
     pub fn ty(&self) -> Option<TensorType> {
@@ -183,6 +216,43 @@ pub struct Collective {
     pub shape: Vec<usize>,
 }
 
+/// How a send/recv pair moves its bytes, chosen at compile time (seed 000).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Protocol {
+    /// Same process, the send's buffer dead after it: the receiver reads the sender's
+    /// memory in place (the sender never reuses it within the run), no copy, and the send
+    /// does not wait.
+    Move,
+    /// Same process: the receiver announces its buffer, the sender copies into it.
+    Copy,
+    /// Another process: reserved for a transport between processes (DESIGN §7).
+    Remote,
+}
+
+impl Protocol {
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Move => "move",
+            Protocol::Copy => "copy",
+            Protocol::Remote => "remote",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Protocol> {
+        [Protocol::Move, Protocol::Copy, Protocol::Remote].into_iter().find(|p| p.name() == s)
+    }
+}
+
+/// One side of a point-to-point transfer. The pair shares `key`; `peer` is the other side.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Transfer {
+    pub key: String,
+    pub peer: usize,
+    pub bytes: usize,
+    pub protocol: Protocol,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Exec {
@@ -190,6 +260,10 @@ pub enum Exec {
     Library(Library),
     /// Buffers: result, operand.
     Collective(Collective),
+    /// Buffers: the operand sent.
+    Send(Transfer),
+    /// Buffers: the result received.
+    Recv(Transfer),
 }
 
 /// One step of the program: run a kernel or a library call on buffers (result first).

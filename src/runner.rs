@@ -24,11 +24,12 @@ use anyhow::{anyhow, bail, Context, Result};
 use meshc_ir::{DType, Tensor, TensorType};
 
 use crate::codegen::{self, KernelFn};
+use crate::exchange::Exchange;
 use crate::fabric::{self, Delivery, Fabric, LinkStats};
 use crate::library;
 use crate::mask::Mask;
 use crate::mesh::Mesh;
-use crate::program::{Buffer, Collective, Exec, IoSpec, Library, Meta, Program, Storage, ALIGN};
+use crate::program::{Buffer, Collective, Exec, IoSpec, Library, Meta, Program, Storage, Transfer, ALIGN};
 
 /// A zeroed, 64-byte aligned heap block (the arena, and weights compiled in memory).
 pub struct AlignedBuf {
@@ -151,13 +152,75 @@ fn check_indices(meta: &Meta, p: &Program) -> Result<()> {
         }
         for (&b, spec) in list.iter().zip(specs) {
             buffer(b, &format!("{what} '{}'", spec.name))?;
-            check_layout(&meta.mesh, spec, what)?;
+            check_stage(&meta.mesh, spec, what)?;
+            check_layout(spec.mesh(&meta.mesh), spec, what)?;
             let ty = spec.ty().ok_or_else(|| anyhow!("{what} '{}' has unknown dtype {}", spec.name, spec.dtype))?;
-            let local = TensorType::new(ty.dtype, meta.mesh.local_shape(&spec.shape, &spec.layout));
-            if local.checked_size_bytes() != Some(p.buffers[b].bytes) {
+            let local = TensorType::new(ty.dtype, spec.mesh(&meta.mesh).local_shape(&spec.shape, &spec.layout));
+            let want = if spec.block(&meta.mesh, p.device).is_some() { local.checked_size_bytes() } else { Some(0) };
+            if want != Some(p.buffers[b].bytes) {
                 bail!("{what} '{}' ({local}) does not fit its buffer of {} bytes", spec.name, p.buffers[b].bytes);
             }
         }
+    }
+    Ok(())
+}
+
+/// Checks an input's or output's stage: devices of the mesh, one per device of its sub-mesh.
+fn check_stage(mesh: &Mesh, spec: &IoSpec, what: &str) -> Result<()> {
+    let Some(st) = &spec.stage else { return Ok(()) };
+    let mut seen = BTreeSet::new();
+    if st.devices.len() != st.mesh.devices() || st.devices.iter().any(|&d| d >= mesh.devices() || !seen.insert(d)) {
+        bail!(
+            "{what} '{}' names a stage of devices {:?} that is not a sub-mesh of {} devices",
+            spec.name,
+            st.devices,
+            mesh.devices()
+        );
+    }
+    Ok(())
+}
+
+/// Checks that the sends and recvs of all programs pair up: each key sent once and received
+/// once, by the devices each end names, with the same size and protocol, and buffers of that
+/// size (a recv's in the arena). Whether they can all complete in program order is left to
+/// the run, whose waits time out (`crate::exchange`).
+fn check_transfers(mesh: &Mesh, programs: &[Program]) -> Result<()> {
+    let label = |d: usize| device_label(mesh, d);
+    let mut sends: BTreeMap<&str, (usize, &Transfer, &str)> = BTreeMap::new();
+    let mut recvs: BTreeMap<&str, (usize, &Transfer, &str)> = BTreeMap::new();
+    for (d, p) in programs.iter().enumerate() {
+        for st in &p.steps {
+            let (t, list, what) = match &st.exec {
+                Exec::Send(t) => (t, &mut sends, "sends"),
+                Exec::Recv(t) => (t, &mut recvs, "receives"),
+                _ => continue,
+            };
+            let at = || format!("{}: node '{}'", label(d), st.node);
+            let [b] = st.buffers[..] else { bail!("{}: {} buffers for a transfer (one)", at(), st.buffers.len()) };
+            if p.buffers[b].bytes != t.bytes {
+                bail!("{}: a buffer of {} bytes for a transfer of {}", at(), p.buffers[b].bytes, t.bytes);
+            }
+            if matches!(st.exec, Exec::Recv(_)) && !matches!(p.buffers[b].storage, Storage::Arena { .. }) {
+                bail!("{}: receives into the weights", at());
+            }
+            if t.peer >= programs.len() || t.peer == d {
+                bail!("{}: transfer '{}' with device {}", at(), t.key, t.peer);
+            }
+            if let Some((d0, _, n0)) = list.insert(t.key.as_str(), (d, t, st.node.as_str())) {
+                bail!("{}: {what} '{}' as node '{n0}' on {} does", at(), t.key, label(d0));
+            }
+        }
+    }
+    for (key, &(d, t, node)) in &sends {
+        let Some(&(r, rt, _)) = recvs.get(key) else {
+            bail!("{}: node '{node}' sends '{key}', which no device receives", label(d))
+        };
+        if r != t.peer || rt.peer != d || rt.bytes != t.bytes || rt.protocol != t.protocol {
+            bail!("{}: node '{node}' sends '{key}' unlike {} receives it", label(d), label(r));
+        }
+    }
+    if let Some((key, &(d, _, node))) = recvs.iter().find(|(k, _)| !sends.contains_key(*k)) {
+        bail!("{}: node '{node}' receives '{key}', which no device sends", label(d));
     }
     Ok(())
 }
@@ -415,6 +478,7 @@ pub struct Loaded<'w> {
     /// Per device, the decoded mask record of each masked weight buffer (the library GEMM
     /// path iterates over its runs; the generated kernels read the record themselves).
     masks: Vec<HashMap<usize, Mask>>,
+    exchange: Exchange,
     /// Per device and step: whether a collective may leave its result in the fabric's shared
     /// buffer (no other step writes its result buffer, so the device may read it there).
     share: Vec<Vec<bool>>,
@@ -483,6 +547,7 @@ impl<'w> Loaded<'w> {
             }
         }
         check_collectives(&meta.mesh, &programs, &absent)?;
+        check_transfers(&meta.mesh, &programs)?;
         let masks = programs.iter().map(|p| masks_of(p, weights)).collect::<Result<_>>()?;
         let share = programs
             .iter()
@@ -504,7 +569,9 @@ impl<'w> Loaded<'w> {
             fabric.degrade(topo)?;
         }
         let state = Mutex::new(State { arenas, devices: None });
-        Ok(Loaded { meta, programs, code, weights, state, fabric, share, fail: None, degraded: Default::default(), masks })
+        let exchange = Exchange::default();
+        let (fail, degraded) = (None, Default::default());
+        Ok(Loaded { meta, programs, code, weights, state, fabric, share, fail, degraded, masks, exchange })
     }
 
     /// The decoded mask of weight buffer `b` of `device`, if it has one.
@@ -588,6 +655,11 @@ impl<'w> Loaded<'w> {
         Ok(())
     }
 
+    /// How long a recv waits for its send (and a send for its recv) before the run fails.
+    pub fn set_timeout(&self, t: Duration) {
+        self.exchange.set_timeout(t);
+    }
+
     /// The bytes every link of the mesh carried in the last run (`--link-stats`).
     pub fn link_stats(&self) -> LinkStats {
         self.fabric.link_stats()
@@ -619,6 +691,7 @@ impl<'w> Loaded<'w> {
         let mut state = self.state.lock().map_err(|_| anyhow!("a previous run panicked"))?;
         let State { arenas, devices } = &mut *state;
         self.fabric.reset();
+        self.exchange.reset();
         let epoch = Instant::now();
         let mesh = &self.meta.mesh;
         if mesh.devices() == 1 {
@@ -663,20 +736,24 @@ impl<'w> Loaded<'w> {
         let mut results = BTreeMap::new();
         for (i, spec) in self.meta.outputs.iter().enumerate() {
             let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
-            let local = mesh.local_shape(&spec.shape, &spec.layout);
+            let local = spec.mesh(mesh).local_shape(&spec.shape, &spec.layout);
             let e = ty.dtype.size_bytes();
+            let holders: Vec<(usize, Vec<std::ops::Range<usize>>)> = (0..mesh.devices())
+                .filter_map(|d| spec.block(mesh, d).filter(|(_, writes)| *writes).map(|(r, _)| (d, r)))
+                .collect();
             let block = |d: usize| {
                 // SAFETY: the buffer holds the device's block of the output; its job is done.
                 unsafe { std::slice::from_raw_parts(runs[d].outputs[i].0, local.iter().product::<usize>() * e) }
             };
-            let region = |d: usize| mesh.region(&spec.shape, &spec.layout, d);
+            let region = |d: usize| spec.block(mesh, d).map(|(r, _)| r);
             // The block from a healthy device that holds it, if any.
             let holder = |d: usize| match healthy(d) {
                 true => Some(d),
                 false => (0..mesh.devices()).filter(|&h| healthy(h)).find(|&h| region(h) == region(d)),
             };
             let t = if local == spec.shape {
-                Tensor::from_le_bytes(&ty, block(holder(0).ok_or_else(|| anyhow!("every device is degraded"))?))
+                let first = holders.first().map_or(0, |h| h.0);
+                Tensor::from_le_bytes(&ty, block(holder(first).ok_or_else(|| anyhow!("every device is degraded"))?))
             } else {
                 // Blocks that only degraded devices held (their data-parallel shards were
                 // dropped) read as NaN, or zero for other dtypes.
@@ -684,9 +761,9 @@ impl<'w> Loaded<'w> {
                     DType::F32 => f32::NAN.to_le_bytes().repeat(ty.size_bytes() / 4),
                     _ => vec![0u8; ty.size_bytes()],
                 };
-                for d in (0..mesh.devices()).filter(|&d| mesh.writes_back(&spec.layout, d)) {
-                    let Some(h) = holder(d) else { continue };
-                    let at: Vec<usize> = region(d).iter().map(|r| r.start).collect();
+                for (d, r) in &holders {
+                    let Some(h) = holder(*d) else { continue };
+                    let at: Vec<usize> = r.iter().map(|r| r.start).collect();
                     let src = block(h);
                     fabric::for_each_run(&local, &vec![0; local.len()], &spec.shape, &at, &local, |s, o, n| {
                         bytes[o * e..(o + n) * e].copy_from_slice(&src[s * e..(s + n) * e])
@@ -721,6 +798,7 @@ impl<'w> Loaded<'w> {
             }
         };
         self.fabric.poison(reason);
+        self.exchange.poison();
         None
     }
 
@@ -745,13 +823,14 @@ impl<'w> Loaded<'w> {
         for (i, (spec, &b)) in self.meta.inputs.iter().zip(&p.inputs).enumerate() {
             // SAFETY: the buffer has exactly the bytes of the device's block (check_indices).
             let dst = unsafe { std::slice::from_raw_parts_mut(ptrs[b], p.buffers[b].bytes) };
+            // A device outside the input's stage holds none of it.
+            let Some((region, _)) = spec.block(mesh, device) else { continue };
             match split.get(i).and_then(Option::as_ref) {
                 None => inputs[&spec.name].write_le_bytes(dst),
                 Some(bytes) => {
                     let e = inputs[&spec.name].dtype().size_bytes();
-                    let local = mesh.local_shape(&spec.shape, &spec.layout);
-                    let at: Vec<usize> =
-                        mesh.region(&spec.shape, &spec.layout, device).iter().map(|r| r.start).collect();
+                    let local: Vec<usize> = region.iter().map(|r| r.len()).collect();
+                    let at: Vec<usize> = region.iter().map(|r| r.start).collect();
                     fabric::for_each_run(&spec.shape, &at, &local, &vec![0; local.len()], &local, |s, o, n| {
                         dst[o * e..(o + n) * e].copy_from_slice(&bytes[s * e..(s + n) * e])
                     });
@@ -826,6 +905,24 @@ impl<'w> Loaded<'w> {
                     if let Delivery::Shared(at) = delivery {
                         // No step writes this buffer again (`share`): read the result there.
                         ptrs[st.buffers[0]] = at as *mut u8;
+                    }
+                }
+                Exec::Send(t) => {
+                    // SAFETY: `new` checked the buffer holds `t.bytes`; a `move` send's buffer
+                    // is live to the end of the program (`passes::buffers`), so it stays put.
+                    unsafe { self.exchange.send(device, t, args[0]) }.with_context(|| format!("node '{}'", st.node))?;
+                    if timed {
+                        waits.push((start, Instant::now()));
+                    }
+                }
+                Exec::Recv(t) => {
+                    // SAFETY: `new` checked the buffer holds `t.bytes` in the arena.
+                    let at = unsafe { self.exchange.recv(device, t, args[0]) }
+                        .with_context(|| format!("node '{}'", st.node))?;
+                    // `move`: the data stays in the sender's buffer; read it there.
+                    ptrs[st.buffers[0]] = at as *mut u8;
+                    if timed {
+                        waits.push((start, Instant::now()));
                     }
                 }
             }
@@ -1115,5 +1212,129 @@ mod tests {
         assert_eq!(e(meta(failed(2), vec![5])).unwrap(), "model axis 5 is not an axis of the [2, 2] mesh");
         // Without the degradation, the empty program is refused.
         assert!(e(meta(Default::default(), vec![])).unwrap().contains("device 2 (1,0)"));
+    }
+}
+
+#[cfg(test)]
+mod transfer_tests {
+    use meshc_ir::DType;
+
+    use super::*;
+    use crate::mesh::Topology;
+    use crate::program::{Protocol, Step, Transfer};
+
+    fn two() -> Mesh {
+        Mesh { shape: vec![2], axes: vec!["a".into()], topology: Topology::Mesh }
+    }
+
+    fn program(device: usize, steps: Vec<Step>) -> Program {
+        // b0: the input, b1: what is received, b2: the output.
+        let buffers = (0..3)
+            .map(|i| Buffer { name: format!("b{i}"), bytes: 16, storage: Storage::Arena { offset: 64 * i }, mask: None })
+            .collect();
+        Program { device, arena_bytes: 192, buffers, kernels: vec![], steps, inputs: vec![0], outputs: vec![1] }
+    }
+
+    fn send(key: &str, to: usize, protocol: Protocol, b: usize) -> Step {
+        let t = Transfer { key: key.into(), peer: to, bytes: 16, protocol };
+        Step { node: format!("send {key}"), exec: Exec::Send(t), buffers: vec![b] }
+    }
+
+    fn recv(key: &str, from: usize, protocol: Protocol) -> Step {
+        let t = Transfer { key: key.into(), peer: from, bytes: 16, protocol };
+        Step { node: format!("recv {key}"), exec: Exec::Recv(t), buffers: vec![1] }
+    }
+
+    fn load(programs: Vec<Program>) -> Result<Loaded<'static>> {
+        let io = |n: &str| IoSpec::new(n, &TensorType::new(DType::F32, vec![4]));
+        let meta = Meta {
+            graph: "t".into(),
+            target: "test".into(),
+            features: vec![],
+            mesh: two(),
+            flops: 0,
+            inputs: vec![io("x")],
+            outputs: vec![io("y")],
+            degraded: Default::default(),
+            model_axes: Vec::new(),
+        };
+        Loaded::new(meta, programs, Code::Copied(codegen::ExecCode::new(&[])?), &[])
+    }
+
+    fn x() -> HashMap<String, Tensor> {
+        HashMap::from([("x".to_string(), Tensor::f32(vec![4], vec![1.0, 2.0, 3.0, 4.0]))])
+    }
+
+    #[test]
+    fn each_protocol_delivers_the_data() {
+        for protocol in [Protocol::Move, Protocol::Copy] {
+            // Device 0 sends its input to device 1, which sends it back: y is x on both.
+            let l = load(vec![
+                program(0, vec![send("there", 1, protocol, 0), recv("back", 1, protocol)]),
+                program(1, vec![recv("there", 0, protocol), send("back", 0, protocol, 1)]),
+            ])
+            .unwrap();
+            for _ in 0..2 {
+                assert_eq!(l.run(&x()).unwrap()["y"], x()["x"], "{protocol:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_recv_whose_send_never_comes_times_out_naming_key_and_devices() {
+        // Both devices receive first: each waits for a send the other reaches only after.
+        let l = load(vec![
+            program(0, vec![recv("b", 1, Protocol::Copy), send("a", 1, Protocol::Copy, 0)]),
+            program(1, vec![recv("a", 0, Protocol::Copy), send("b", 0, Protocol::Copy, 0)]),
+        ])
+        .unwrap();
+        l.set_timeout(Duration::from_millis(200));
+        let start = Instant::now();
+        let e = l.run(&x()).unwrap_err().to_string();
+        assert!(start.elapsed() < Duration::from_secs(5), "the other device must stop at once");
+        let a = "device 1 (1): node 'recv a': recv 'a' on device 1 from device 0: no send came within 200ms";
+        let b = "device 0 (0): node 'recv b': recv 'b' on device 0 from device 1: no send came within 200ms";
+        assert!(e == a || e == b, "{e}");
+        // The next run starts afresh (and fails the same way).
+        assert!(l.run(&x()).unwrap_err().to_string().contains("no send came within 200ms"));
+    }
+
+    #[test]
+    fn a_failing_sender_stops_its_receiver() {
+        let bad = Exec::Library(Library::Matmul { a: vec![2, 3], b: vec![2, 3], out: vec![2, 3] });
+        let l = load(vec![
+            program(
+                0,
+                vec![Step { node: "h".into(), exec: bad, buffers: vec![2, 0, 0] }, send("a", 1, Protocol::Copy, 2)],
+            ),
+            program(1, vec![recv("a", 0, Protocol::Copy)]),
+        ])
+        .unwrap();
+        let start = Instant::now();
+        let e = l.run(&x()).unwrap_err().to_string();
+        assert!(e.starts_with("device 0 (0): node 'h': matmul"), "{e}");
+        assert!(start.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn transfers_that_do_not_pair_up_are_refused() {
+        let refuse = |p0: Vec<Step>, p1: Vec<Step>| match load(vec![program(0, p0), program(1, p1)]) {
+            Ok(_) => String::new(),
+            Err(e) => format!("{e:#}"),
+        };
+        let ok = || (vec![send("a", 1, Protocol::Move, 0)], vec![recv("a", 0, Protocol::Move)]);
+        assert_eq!(refuse(ok().0, ok().1), "");
+        assert_eq!(refuse(ok().0, vec![]), "device 0 (0): node 'send a' sends 'a', which no device receives");
+        assert_eq!(refuse(vec![], ok().1), "device 1 (1): node 'recv a' receives 'a', which no device sends");
+        assert_eq!(
+            refuse(ok().0, vec![recv("a", 0, Protocol::Copy)]),
+            "device 0 (0): node 'send a' sends 'a' unlike device 1 (1) receives it"
+        );
+        assert_eq!(
+            refuse(vec![send("a", 0, Protocol::Move, 0)], ok().1),
+            "device 0 (0): node 'send a': transfer 'a' with device 0"
+        );
+        let twice = [send("a", 1, Protocol::Move, 0), send("a", 1, Protocol::Move, 0)].to_vec();
+        assert!(refuse(twice, ok().1).contains("sends 'a' as node 'send a' on device 0 (0) does"));
     }
 }

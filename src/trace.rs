@@ -29,6 +29,8 @@ pub fn chrome_trace(meta: &Meta, programs: &[Program], times: &[StepTime]) -> St
             Exec::Kernel(_) => "kernel",
             Exec::Library(_) => "library",
             Exec::Collective(_) => "collective",
+            Exec::Send(_) => "send",
+            Exec::Recv(_) => "recv",
         };
         events.push(event(&step.node, cat, t.device, micros(t.start), micros(t.dur)));
         for &(start, dur) in &t.waits {

@@ -26,7 +26,7 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
-use crate::program::{align_up, Exec, Program, Storage, ALIGN};
+use crate::program::{align_up, Exec, Program, Protocol, Storage, Transfer, ALIGN};
 
 /// The steps a buffer is live at, both inclusive; `last == steps.len()` means the buffer is
 /// a graph output, read after the last step.
@@ -57,6 +57,10 @@ pub fn liveness(p: &Program) -> Vec<Option<Live>> {
     for (i, s) in p.steps.iter().enumerate() {
         for &b in &s.buffers {
             touch(b, i);
+        }
+        // The receiver of a `move` reads the sent buffer in place until the run ends.
+        if let Exec::Send(Transfer { protocol: Protocol::Move, .. }) = &s.exec {
+            s.buffers.iter().for_each(|&b| touch(b, p.steps.len()));
         }
     }
     for &b in &p.outputs {
