@@ -1230,7 +1230,12 @@ mod transfer_tests {
     fn program(device: usize, steps: Vec<Step>) -> Program {
         // b0: the input, b1: what is received, b2: the output.
         let buffers = (0..3)
-            .map(|i| Buffer { name: format!("b{i}"), bytes: 16, storage: Storage::Arena { offset: 64 * i }, mask: None })
+            .map(|i| Buffer {
+                name: format!("b{i}"),
+                bytes: 16,
+                storage: Storage::Arena { offset: 64 * i },
+                mask: None,
+            })
             .collect();
         Program { device, arena_bytes: 192, buffers, kernels: vec![], steps, inputs: vec![0], outputs: vec![1] }
     }

@@ -410,3 +410,27 @@ fn deep_mlp_prunes_rows_and_columns_of_one_weight() {
         }
     }
 }
+
+/// Placed specs (stages on sub-meshes joined by send/recv) carry the masks too.
+#[test]
+fn masked_runs_under_placements_equal_one_device() {
+    let path = std::path::Path::new("testdata/mlp/graph.json");
+    let (g, info) = meshc_ir::load::load(path).unwrap();
+    let params = meshc_ir::params::load_all(&g, path.parent().unwrap()).unwrap();
+    let x = Tensor::read_npy(std::path::Path::new("testdata/mlp/inputs/x.npy")).unwrap();
+    let inputs = HashMap::from([("x".to_string(), x)]);
+    let cfg = Config { runs: vec![inputs.clone()], simplify: Simplify::Bits(7), block: 16, select: Select::Keep(0.3) };
+    let m = (g, info, params);
+    let (single, masks) = run(build(&m, None, Gemm::Auto, Some(&cfg)), &inputs);
+    assert!(masks.contains_key("w1"));
+    for spec in ["stages-2x4", "pipeline-2", "design-2x4"] {
+        let file = format!("testdata/mlp/layouts/{spec}.json");
+        for gemm in [Gemm::Cranelift, Gemm::Library] {
+            let c = build(&m, Some(&file), gemm, Some(&cfg));
+            let masked = c.programs.iter().flat_map(|p| &p.buffers).filter(|b| b.mask.is_some()).count();
+            assert!(masked >= 2, "{spec}: the devices hold masked weights");
+            let (got, _) = run(c, &inputs);
+            common::assert_close(&format!("{spec} {gemm:?}"), &got["y"], &single["y"]).unwrap();
+        }
+    }
+}
