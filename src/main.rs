@@ -626,6 +626,7 @@ fn unpruned_reference(path: &Path, compare: Option<&str>, pilot: &PilotArgs) -> 
             bail!("--compare-unpruned: nothing is pruned without the pilot pass (--pilot-input NAME=FILE.npy)")
         }
         Some("") => Ok(Some(path.to_path_buf())),
+        Some(file) if !Path::new(file).is_file() => bail!("--compare-unpruned {file}: no such file"),
         Some(file) => Ok(Some(PathBuf::from(file))),
     }
 }
@@ -652,7 +653,8 @@ fn compare_with_unpruned(path: &Path, reference: &Path, io: &Io, args: &CodegenA
         }
     };
     let pruned = results(path, pilot)?;
-    let unpruned = results(reference, &no_pilot)?;
+    let unpruned =
+        results(reference, &no_pilot).with_context(|| format!("--compare-unpruned {}", reference.display()))?;
     print!(
         "{}",
         driver::compare(&pruned, &unpruned).with_context(|| format!("--compare-unpruned {}", reference.display()))?

@@ -272,6 +272,10 @@ fn compare_unpruned_prints_the_error() {
     assert_eq!(refused.status, Some(1));
     assert!(refused.stderr.contains("nothing is pruned without the pilot pass"), "{}", refused.stderr);
     assert!(refused.stdout.is_empty(), "refused before running: {}", refused.stdout);
+    let missing = run(&["--pilot-input", x, "--compare-unpruned=nope.json"]);
+    assert_eq!(missing.status, Some(1));
+    assert_eq!(missing.stderr, "error: --compare-unpruned nope.json: no such file\n");
+    assert!(missing.stdout.is_empty());
 
     let a = |v: &[f32]| Tensor::f32(vec![2, 3], v.to_vec());
     let pruned = BTreeMap::from([("y".to_string(), a(&[1., 2., 3., 3., 1., 0.]))]);
