@@ -826,6 +826,18 @@ pub fn keep_model_shards(topo: &Topo, split: &[(&str, usize)]) -> Result<()> {
     )
 }
 
+/// Refuses a degradation that fails a device of a graph placed in stages (its devices pass
+/// results on by send/recv, so the pipeline would break).
+pub fn keep_stages(topo: &Topo) -> Result<()> {
+    match (0..topo.mesh.devices()).find(|&d| !topo.healthy(d)) {
+        Some(d) => bail!(
+            "degraded device {} would break the pipeline: a graph placed in stages cannot lose a device (failed links are fine)",
+            coords_string(&topo.mesh, d)
+        ),
+        None => Ok(()),
+    }
+}
+
 /// Gives the degraded devices of `l` no work: their programs become empty (no inputs,
 /// nodes or outputs), so the artifact holds no code, weights or arena for them.
 pub fn leave_out(l: &mut crate::passes::lower::Lowered, deg: &Degradation) -> Result<()> {

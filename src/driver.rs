@@ -112,9 +112,15 @@ pub fn build(
         return Ok(compiled);
     };
     if let Some(placement) = placement {
+        // Stages hand their results on by send/recv: a failed device would break the
+        // pipeline. Failed links only re-plan the collectives.
+        let degraded = crate::degraded::Degradation::from_spec(&spec.mesh, &spec.degraded);
+        let topo = crate::degraded::Topo::new(&spec.mesh, &degraded, false).with_context(|| spec.file.clone())?;
+        crate::degraded::keep_stages(&topo).with_context(|| spec.file.clone())?;
         let joined = lower_placed(g, info, spec, &placement, dumps)?;
         emit_pilot()?;
-        let compiled = compile_lowered(g, info, &joined, params, opts)?;
+        let mut compiled = compile_lowered(g, info, &joined, params, opts)?;
+        compiled.meta.degraded = degraded;
         dumps.emit("buffers", || passes::buffers::dump(&compiled.programs))?;
         check_memory(&compiled, spec)?;
         return Ok(compiled);

@@ -617,6 +617,14 @@ impl<'w> Loaded<'w> {
         let mesh = &self.meta.mesh;
         let lost = (0..mesh.devices()).find(|&d| !topo.healthy(d));
         let any_left = (0..mesh.devices()).any(|d| topo.healthy(d));
+        let staged =
+            self.programs.iter().flat_map(|p| &p.steps).any(|s| matches!(s.exec, Exec::Send(_) | Exec::Recv(_)));
+        if let (Some(d), true, true) = (lost, staged, any_left) {
+            bail!(
+                "device {} would break the pipeline: a graph placed in stages (send/recv between devices) cannot lose a device",
+                crate::degraded::coords_string(mesh, d)
+            );
+        }
         if let (Some(d), Some(&a), true) = (lost, self.meta.model_axes.first(), any_left) {
             bail!(
                 "device {} would take its shard of the model (params are split over mesh axis '{}') with it: only data-parallel layouts can lose a device",

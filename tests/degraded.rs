@@ -80,6 +80,11 @@ fn degraded_runs_fail_with_one_line_naming_the_device() {
     let model = "would take its shard of the model (params are split over mesh axis 'model') with it: only data-parallel layouts can lose a device";
     let cases = [
         ("mp-4", vec!["--degrade", "3"], format!("error: --degrade: device (3) {model}")),
+        (
+            "stages-2x4",
+            vec!["--degrade", "0,2"],
+            "error: --degrade: device (0,2) would break the pipeline: a graph placed in stages (send/recv between devices) cannot lose a device".into(),
+        ),
         ("torus-2x4", vec!["--degrade", "1,2"], format!("error: --degrade: device (1,2) {model}")),
         (
             "transformer:mp-4",
@@ -640,4 +645,34 @@ fn a_failed_link_reroutes_a_model_parallel_all_reduce_at_run_time() {
         let along_row = w[1][1..2] == w[3][1..2];
         assert!(!(along_row && ["(1,1)", "(1,2)"].iter().any(|d| w[1] == *d || w[3] == *d)), "{l}: {r:?}");
     }
+}
+
+/// A graph placed in stages cannot lose a device (the pipeline would break), but a failed
+/// link only re-plans its collectives: the answer stays exact. (The transformer's last stage,
+/// devices (3,*), all-reduces over the model axis; with its only link failed, the pair goes
+/// through stage 2's devices.)
+#[test]
+fn a_pipeline_keeps_its_devices_but_routes_around_a_failed_link() {
+    let dir = common::scratch("degraded-stages");
+    let spec = dir.join("stages.json");
+    let t = "testdata/transformer";
+    let base = std::fs::read_to_string(format!("{t}/layouts/stages-4x2.json")).unwrap();
+    let with =
+        |degraded: &str| base.trim_end().trim_end_matches('}').to_string() + &format!(", \"degraded\": {degraded}}}");
+    let out = dir.join("x.mshc");
+    let graph = format!("{t}/graph.json");
+    let compile = || meshc(&["compile", &graph, "--layout", spec.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    std::fs::write(&spec, with(r#"{"nodes": [[1, 1]]}"#)).unwrap();
+    let r = compile();
+    assert_eq!(r.status, Some(1), "{r:?}");
+    assert!(r.stderr.ends_with("stages.json: degraded device (1,1) would break the pipeline: a graph placed in stages cannot lose a device (failed links are fine)\n"), "{r:?}");
+    std::fs::write(&spec, with(r#"{"links": [[[3, 0], [3, 1]]]}"#)).unwrap();
+    assert_eq!(compile().status, Some(0));
+    let (ids, mask) = (format!("ids={t}/inputs/ids.npy"), format!("mask={t}/inputs/mask.npy"));
+    let want = format!("{t}/expected");
+    let art = out.to_str().unwrap();
+    let r = meshc(&["run", art, "--input", &ids, "--input", &mask, "--check-against", &want, "--link-stats"]);
+    assert_eq!(r.status, Some(0), "{r:?}");
+    assert!(r.stdout.contains("link (3,0) -> (2,0) "), "{r:?}");
+    assert!(!r.stdout.contains("link (3,0) -> (3,1) ") && !r.stdout.contains("link (3,1) -> (3,0) "), "{r:?}");
 }
