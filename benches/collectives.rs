@@ -103,6 +103,8 @@ fn runner_program(mesh: &Mesh, numel: usize) -> (Meta, Vec<Program>) {
         flops: 0,
         inputs: vec![IoSpec::with_layout("x", &ty, vec![None])],
         outputs: vec![IoSpec::with_layout("y", &ty, vec![None])],
+        degraded: Default::default(),
+        model_axes: Vec::new(),
     };
     let c = all_reduce(vec![(0..mesh.devices()).collect()], numel);
     let programs = (0..mesh.devices())

@@ -431,6 +431,8 @@ fn meta(g: &Graph, info: &Info, target: &Target, mesh: Mesh, layouts: &HashMap<S
         flops: g.nodes.iter().map(|n| node_flops(n, info)).sum(),
         inputs: g.inputs.iter().map(|i| spec(&i.name, &i.ty)).collect(),
         outputs: g.outputs.iter().map(|o| spec(&o.name, &info.types[&o.name])).collect(),
+        degraded: Default::default(),
+        model_axes: Vec::new(),
     }
 }
 
@@ -454,6 +456,11 @@ pub fn compile_lowered(
     let mut b = Builder::new(opts)?;
     let mut programs = Vec::new();
     for (d, dev) in lowered.devices.iter().enumerate() {
+        // A degraded device (`degraded::leave_out`) has nothing to run.
+        if dev.nodes.is_empty() && dev.outputs.is_empty() {
+            programs.push(Program { device: d, ..Default::default() });
+            continue;
+        }
         let dinfo = verify(dev).with_context(|| format!("device {d}: the lowered program does not verify"))?;
         programs
             .push(b.program((d, lowered.devices.len()), dev, &dinfo, params).with_context(|| format!("device {d}"))?);

@@ -100,6 +100,9 @@ pub fn build(
         return Ok(compiled);
     };
     if let Some(placement) = placement {
+        if !spec.degraded.nodes.is_empty() || !spec.degraded.links.is_empty() {
+            return Err(anyhow!("{}: a placement cannot be combined with degraded devices or links yet", spec.file));
+        }
         let joined = lower_placed(g, info, spec, &placement, dumps)?;
         emit_pilot()?;
         let compiled = compile_lowered(g, info, &joined, params, opts)?;
@@ -109,10 +112,29 @@ pub fn build(
     }
     let layouts = passes::layout::propagate(g, info, &spec.mesh, spec.seed_layouts(g, info)?);
     dumps.emit("layout", || passes::layout::dump(g, info, &layouts))?;
-    let lowered = passes::lower::lower(g, info, &layouts)?;
-    dumps.emit("lower", || passes::lower::dump(&lowered))?;
+    let mut lowered = passes::lower::lower(g, info, &layouts)?;
+    let degraded = crate::degraded::Degradation::from_spec(&spec.mesh, &spec.degraded);
+    let split: Vec<(&str, usize)> = g
+        .params
+        .iter()
+        .flat_map(|p| layouts.of.get(&p.name).into_iter().flatten().flatten().map(|&a| (p.name.as_str(), a)))
+        .collect();
+    let topo = crate::degraded::Topo::new(&spec.mesh, &degraded, false).with_context(|| spec.file.clone())?;
+    crate::degraded::keep_model_shards(&topo, &split).with_context(|| spec.file.clone())?;
+    let mut model_axes: Vec<usize> = split.iter().map(|&(_, a)| a).filter(|&a| spec.mesh.shape[a] > 1).collect();
+    model_axes.sort();
+    model_axes.dedup();
+    if degraded.is_empty() {
+        dumps.emit("lower", || passes::lower::dump(&lowered))?;
+    } else {
+        let text = crate::degraded::dump_lowered(&lowered, &degraded).with_context(|| spec.file.clone())?;
+        dumps.emit("lower", || text)?;
+        crate::degraded::leave_out(&mut lowered, &degraded)?;
+    }
     emit_pilot()?;
-    let compiled = compile_lowered(g, info, &lowered, params, opts)?;
+    let mut compiled = compile_lowered(g, info, &lowered, params, opts)?;
+    compiled.meta.degraded = degraded;
+    compiled.meta.model_axes = model_axes;
     dumps.emit("buffers", || passes::buffers::dump(&compiled.programs))?;
     check_memory(&compiled, spec)?;
     Ok(compiled)
@@ -272,6 +294,12 @@ pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
     if m.devices() > 1 {
         let shape: Vec<String> = m.shape.iter().map(usize::to_string).collect();
         writeln!(s, "mesh {} [{}] axes [{}]", m.topology.name(), shape.join("x"), m.axes.join(", "))?;
+    }
+    if !meta.degraded.is_empty() {
+        let c = |d: usize| crate::degraded::coords_string(m, d);
+        let nodes: Vec<String> = meta.degraded.nodes.iter().map(|&d| c(d)).collect();
+        let links: Vec<String> = meta.degraded.links.iter().map(|&(a, b)| format!("{}-{}", c(a), c(b))).collect();
+        writeln!(s, "degraded devices [{}] links [{}]", nodes.join(" "), links.join(" "))?;
     }
     let io = |what: &str, i: &crate::program::IoSpec| {
         let layout = if i.layout.iter().any(Option::is_some) {

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use meshc::artifact::{self, Artifact, Verify};
 use meshc::runner::{Code, Loaded};
@@ -98,6 +98,22 @@ enum Cmd {
         /// repeated.
         #[arg(long, value_name = "A:B")]
         degrade_link: Vec<String>,
+        /// Treat partially degraded devices (a failed link, or all neighbours along a
+        /// dimension degraded) as failed.
+        #[arg(long)]
+        degrade_strict: bool,
+        /// Make a device stop answering when it reaches its STEP-th collective (from 0), to
+        /// test detection (e.g. 1,2@0).
+        #[arg(long, value_name = "DEVICE@STEP")]
+        fail_device: Option<String>,
+        /// How long a device waits in a collective for a member that shows no sign of life
+        /// before declaring it failed (default 10000).
+        #[arg(long, value_name = "MS")]
+        collective_timeout: Option<u64>,
+        /// When a device is found silent, degrade it and run the whole graph again without
+        /// it (data-parallel layouts).
+        #[arg(long)]
+        replan_on_failure: bool,
         /// Fail the run when a recv waits this many seconds for its send (or a send for its
         /// recv) instead of hanging; the error names the key and both devices.
         #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
@@ -184,6 +200,10 @@ fn main() -> ExitCode {
             link_stats,
             degrade,
             degrade_link,
+            degrade_strict,
+            fail_device,
+            collective_timeout,
+            replan_on_failure,
             timeout,
             codegen,
         } => {
@@ -195,6 +215,10 @@ fn main() -> ExitCode {
                 link_stats,
                 degrade: &degrade,
                 degrade_link: &degrade_link,
+                degrade_strict,
+                fail_device: fail_device.as_deref(),
+                collective_timeout,
+                replan_on_failure,
                 timeout,
             };
             run(&program, &io, &opts, &codegen)
@@ -516,6 +540,10 @@ struct RunOpts<'a> {
     link_stats: bool,
     degrade: &'a [String],
     degrade_link: &'a [String],
+    degrade_strict: bool,
+    fail_device: Option<&'a str>,
+    collective_timeout: Option<u64>,
+    replan_on_failure: bool,
     timeout: f64,
 }
 
@@ -525,25 +553,56 @@ fn run(path: &Path, io: &Io, opts: &RunOpts, args: &CodegenArgs) -> Result<()> {
         let art = Artifact::open_with(path, if opts.trust_weights { Verify::SkipBulk } else { Verify::All })?;
         let mut loaded = driver::load_artifact(&art, &file)?;
         degrade(&mut loaded, opts)?;
-        run_loaded(&loaded, io, opts)
+        run_replanning(&mut loaded, io, opts)
     } else {
         let (_, c) = compile_graph(path, args, &driver::Dumps::default(), None)?;
         let code = Code::Copied(codegen::ExecCode::new(&c.code)?);
         let weights = meshc::runner::AlignedBuf::from_bytes(&c.weights)?;
         let mut loaded = Loaded::new(c.meta, c.programs, code, weights.as_slice()).with_context(|| file.clone())?;
         degrade(&mut loaded, opts)?;
-        run_loaded(&loaded, io, opts)
+        run_replanning(&mut loaded, io, opts)
     }
 }
 
-/// `--degrade` and `--degrade-link`: re-plans the collectives of the loaded programs.
-fn degrade(loaded: &mut Loaded, opts: &RunOpts) -> Result<()> {
-    if opts.degrade.is_empty() && opts.degrade_link.is_empty() {
-        return Ok(());
+/// `run_loaded`, and with `--replan-on-failure`, once more without the devices a failed run
+/// found silent (they are degraded: the collectives are re-planned around them).
+fn run_replanning(loaded: &mut Loaded, io: &Io, opts: &RunOpts) -> Result<()> {
+    match run_loaded(loaded, io, opts) {
+        Err(e) if opts.replan_on_failure && !loaded.failed_devices().is_empty() => {
+            let dead = loaded.failed_devices();
+            let names: Vec<String> =
+                dead.iter().map(|&d| meshc::degraded::coords_string(&loaded.meta.mesh, d)).collect();
+            eprintln!("{e:#}: re-planning without {} and running again", names.join(", "));
+            let deg = meshc::degraded::Degradation { nodes: dead, ..Default::default() };
+            loaded.degrade(&deg, opts.degrade_strict).context("--replan-on-failure")?;
+            run_loaded(loaded, io, opts)
+        }
+        r => r,
     }
-    let deg = meshc::degraded::Degradation::from_args(&loaded.meta.mesh, opts.degrade, opts.degrade_link)
-        .context("--degrade")?;
-    loaded.degrade(&deg).context("--degrade")
+}
+
+/// `--degrade`, `--degrade-link` and `--degrade-strict`: re-plans the collectives of the
+/// loaded programs; `--fail-device` and `--collective-timeout`: failure injection and
+/// detection.
+fn degrade(loaded: &mut Loaded, opts: &RunOpts) -> Result<()> {
+    if let Some(ms) = opts.collective_timeout {
+        loaded.set_collective_timeout(std::time::Duration::from_millis(ms));
+    }
+    if !opts.degrade.is_empty() || !opts.degrade_link.is_empty() || opts.degrade_strict {
+        let deg = meshc::degraded::Degradation::from_args(&loaded.meta.mesh, opts.degrade, opts.degrade_link)
+            .context("--degrade")?;
+        loaded.degrade(&deg, opts.degrade_strict).context("--degrade")?;
+    }
+    if let Some(f) = opts.fail_device {
+        let (device, step) = f
+            .split_once('@')
+            .and_then(|(d, s)| Some((d, s.trim().parse::<usize>().ok()?)))
+            .ok_or_else(|| anyhow!("--fail-device '{f}': expected DEVICE@STEP such as 1,2@0"))?;
+        let d = meshc::degraded::Degradation::from_args(&loaded.meta.mesh, &[device.to_string()], &[])
+            .context("--fail-device")?;
+        loaded.fail_device(d.nodes[0], step).context("--fail-device")?;
+    }
+    Ok(())
 }
 
 /// Compares each result with DIR/NAME.npy under the tolerance of `Tensor::closeness` and

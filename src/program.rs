@@ -6,6 +6,7 @@
 use meshc_ir::{DType, TensorType};
 use serde::{Deserialize, Serialize};
 
+use crate::degraded::Degradation;
 use crate::mesh::{Layout, Mesh};
 
 /// Alignment of every buffer, weight and arena slot.
@@ -28,6 +29,14 @@ pub struct Meta {
     pub flops: u64,
     pub inputs: Vec<IoSpec>,
     pub outputs: Vec<IoSpec>,
+    /// The devices and links the layout spec names degraded (seed 002): those devices run
+    /// nothing, and the collectives route around them.
+    #[serde(default, skip_serializing_if = "Degradation::is_empty")]
+    pub degraded: Degradation,
+    /// The mesh axes some param is split over: a device lost along them would take its
+    /// shard of the model with it, so no degradation may fail a device then.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub model_axes: Vec<usize>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -248,8 +257,8 @@ pub struct Step {
     pub buffers: Vec<usize>,
 }
 
-/// The program of one device.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// The program of one device (the default: nothing to run, as for a degraded device).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Program {
     pub device: usize,
     pub arena_bytes: usize,

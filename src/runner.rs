@@ -8,7 +8,10 @@
 //! scattered (each device copies its block of every input), the steps run in order,
 //! collectives meet in the fabric (`crate::fabric`), and the devices that hold the
 //! write-back copy of an output block gather it into the result. A failing or panicking
-//! device poisons the fabric, so that every other device stops at its next rendezvous.
+//! device poisons the fabric, so that every other device stops at its next rendezvous; one
+//! that goes silent is detected by the fabric's heartbeat watch. Degraded devices
+//! (`Meta::degraded`, or `Loaded::degrade`) run nothing: outputs are taken from a healthy
+//! holder of each block.
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -18,7 +21,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use meshc_ir::{Tensor, TensorType};
+use meshc_ir::{DType, Tensor, TensorType};
 
 use crate::codegen::{self, KernelFn};
 use crate::exchange::Exchange;
@@ -244,12 +247,13 @@ fn check_collective(mesh: &Mesh, p: &Program, c: &Collective, buffers: &[usize])
 /// each collective of its group once, described alike, and in an order that lets all of them
 /// complete (simulated: the programs are straight lines, so this is exact). A run therefore
 /// never waits for a collective that cannot happen.
-fn check_collectives(mesh: &Mesh, programs: &[Program]) -> Result<()> {
+/// Devices that are `absent` (degraded in the artifact: they run nothing) take no part.
+fn check_collectives(mesh: &Mesh, programs: &[Program], absent: &[bool]) -> Result<()> {
     let label = |d: usize| device_label(mesh, d);
     // Per device, its collectives in order: (id, node).
     let mut seqs: Vec<Vec<(usize, &str)>> = vec![Vec::new(); programs.len()];
     let mut first: BTreeMap<usize, (&Collective, usize, &str)> = BTreeMap::new();
-    for (d, p) in programs.iter().enumerate() {
+    for (d, p) in programs.iter().enumerate().filter(|&(d, _)| !absent[d]) {
         for step in &p.steps {
             let Exec::Collective(c) = &step.exec else { continue };
             let node = step.node.as_str();
@@ -274,7 +278,7 @@ fn check_collectives(mesh: &Mesh, programs: &[Program]) -> Result<()> {
         }
     }
     for (&id, &(c, _, node)) in &first {
-        if let Some(&m) = c.groups.iter().flatten().find(|&&m| !seqs[m].iter().any(|s| s.0 == id)) {
+        if let Some(&m) = c.groups.iter().flatten().find(|&&m| !absent[m] && !seqs[m].iter().any(|s| s.0 == id)) {
             bail!("{} never runs collective #{id} (node '{node}') of its group", label(m));
         }
     }
@@ -284,8 +288,9 @@ fn check_collectives(mesh: &Mesh, programs: &[Program]) -> Result<()> {
         for d in 0..programs.len() {
             let Some(&(id, _)) = seqs[d].get(at[d]) else { continue };
             let group = fabric::group_of(first[&id].0, d)?;
-            if group.iter().all(|&m| seqs[m].get(at[m]).is_some_and(|s| s.0 == id)) {
-                group.iter().for_each(|&m| at[m] += 1);
+            let present = group.iter().filter(|&&m| !absent[m]);
+            if present.clone().all(|&m| seqs[m].get(at[m]).is_some_and(|s| s.0 == id)) {
+                present.for_each(|&m| at[m] += 1);
                 progress = true;
             }
         }
@@ -445,6 +450,10 @@ pub struct Loaded<'w> {
     /// Per device and step: whether a collective may leave its result in the fabric's shared
     /// buffer (no other step writes its result buffer, so the device may read it there).
     share: Vec<Vec<bool>>,
+    /// `--fail-device`: this device stops answering at its collective number .1 (from 0).
+    fail: Option<(usize, usize)>,
+    /// What `degrade` added to the artifact's degradation, and whether strictly.
+    degraded: (crate::degraded::Degradation, bool),
 }
 
 impl<'w> Loaded<'w> {
@@ -470,7 +479,15 @@ impl<'w> Loaded<'w> {
             Code::Mapped(m) => m.len(),
             Code::Copied(c) => c.len(),
         };
-        for (d, program) in programs.iter().enumerate() {
+        if let Some(a) = meta.model_axes.iter().find(|&&a| a >= meta.mesh.shape.len()) {
+            bail!("model axis {a} is not an axis of the {:?} mesh", meta.mesh.shape);
+        }
+        // The devices the artifact names degraded run nothing: their programs are empty.
+        let topo = (!meta.degraded.is_empty())
+            .then(|| crate::degraded::Topo::new(&meta.mesh, &meta.degraded, false))
+            .transpose()?;
+        let absent: Vec<bool> = (0..devices).map(|d| topo.as_ref().is_some_and(|t| !t.healthy(d))).collect();
+        for (d, program) in programs.iter().enumerate().filter(|&(d, _)| !absent[d]) {
             let check = || -> Result<()> {
                 if program.device != d {
                     bail!("program {d} is for device {}", program.device);
@@ -497,7 +514,7 @@ impl<'w> Loaded<'w> {
                 check().with_context(|| device_label(&meta.mesh, d))?;
             }
         }
-        check_collectives(&meta.mesh, &programs)?;
+        check_collectives(&meta.mesh, &programs, &absent)?;
         check_transfers(&meta.mesh, &programs)?;
         let share = programs
             .iter()
@@ -514,9 +531,24 @@ impl<'w> Loaded<'w> {
             })
             .collect();
         let arenas = programs.iter().map(|p| AlignedBuf::zeroed(p.arena_bytes)).collect::<Result<_>>()?;
-        let fabric = Fabric::new(&meta.mesh);
+        let mut fabric = Fabric::new(&meta.mesh);
+        if let Some(topo) = topo {
+            fabric.degrade(topo)?;
+        }
         let state = Mutex::new(State { arenas, devices: None });
-        Ok(Loaded { meta, programs, code, weights, state, fabric, exchange: Exchange::default(), share })
+        let exchange = Exchange::default();
+        Ok(Loaded {
+            meta,
+            programs,
+            code,
+            weights,
+            state,
+            fabric,
+            exchange,
+            share,
+            fail: None,
+            degraded: Default::default(),
+        })
     }
 
     fn kernel(&self, device: usize, k: usize) -> KernelFn {
@@ -547,12 +579,62 @@ impl<'w> Loaded<'w> {
         Ok(())
     }
 
-    /// Runs the collectives around degraded devices and links (`meshc run --degrade`): an
-    /// all_reduce over the whole mesh combines the healthy devices' operands over the
-    /// schedule of `crate::degraded`; see `crate::fabric` for the rest.
-    pub fn degrade(&mut self, deg: &crate::degraded::Degradation) -> Result<()> {
-        let topo = crate::degraded::Topo::new(&self.meta.mesh, deg, false)?;
-        self.fabric.degrade(topo)
+    /// Re-plans the collectives around degraded devices and links (`meshc run --degrade`),
+    /// those the artifact names plus `deg`; with `strict`, partially degraded devices count
+    /// as failed. Degraded devices run nothing; see `crate::fabric` for the collectives.
+    pub fn degrade(&mut self, deg: &crate::degraded::Degradation, strict: bool) -> Result<()> {
+        let extra = self.degraded.0.merged(deg);
+        let strict = strict || self.degraded.1;
+        let topo = crate::degraded::Topo::new(&self.meta.mesh, &self.meta.degraded.merged(&extra), strict)?;
+        let mesh = &self.meta.mesh;
+        let lost = (0..mesh.devices()).find(|&d| !topo.healthy(d));
+        let any_left = (0..mesh.devices()).any(|d| topo.healthy(d));
+        // A placed graph's stages hand their tensors on by send/recv: a device that runs
+        // nothing would leave its peers waiting.
+        let placed =
+            self.programs.iter().flat_map(|p| &p.steps).any(|s| matches!(s.exec, Exec::Send(_) | Exec::Recv(_)));
+        if let (Some(d), true) = (lost, placed) {
+            bail!(
+                "device {} cannot be degraded: the graph is placed on stages, and its peers wait for its transfers",
+                crate::degraded::coords_string(mesh, d)
+            );
+        }
+        if let (Some(d), Some(&a), true) = (lost, self.meta.model_axes.first(), any_left) {
+            bail!(
+                "device {} would take its shard of the model (params are split over mesh axis '{}') with it: only data-parallel layouts can lose a device",
+                crate::degraded::coords_string(mesh, d),
+                mesh.axes[a]
+            );
+        }
+        self.fabric.degrade(topo)?;
+        self.degraded = (extra, strict);
+        Ok(())
+    }
+
+    /// The devices a run found silent (they showed no sign of life in a collective): what
+    /// `meshc run --replan-on-failure` degrades before running again.
+    pub fn failed_devices(&self) -> Vec<usize> {
+        self.fabric.dead()
+    }
+
+    /// How long a device waits for a collective's member that shows no sign of life before
+    /// the run ends naming it (`crate::fabric::TIMEOUT` unless set).
+    pub fn set_collective_timeout(&mut self, timeout: Duration) {
+        self.fabric.set_timeout(timeout);
+    }
+
+    /// Makes `device` stop answering (it neither runs on nor shows signs of life) when it
+    /// reaches its collective number `step`, from 0: how tests make a device fail mid-run.
+    pub fn fail_device(&mut self, device: usize, step: usize) -> Result<()> {
+        if self.fabric.degraded().is_some_and(|t| !t.healthy(device)) {
+            bail!("{} is degraded: it runs nothing", device_label(&self.meta.mesh, device));
+        }
+        let runs = self.programs[device].steps.iter().filter(|s| matches!(s.exec, Exec::Collective(_))).count();
+        if step >= runs {
+            bail!("{} runs {runs} collective(s), none numbered {step}", device_label(&self.meta.mesh, device));
+        }
+        self.fail = Some((device, step));
+        Ok(())
     }
 
     /// How long a recv waits for its send (and a send for its recv) before the run fails.
@@ -618,10 +700,15 @@ impl<'w> Loaded<'w> {
             Some(d) => d,
             None => devices.insert(Devices::start(mesh.devices())?),
         };
+        // A degraded device runs nothing (the fabric leaves it out of every collective).
+        let healthy = |d: usize| self.fabric.degraded().is_none_or(|t| t.healthy(d));
         let jobs = arenas
             .iter_mut()
             .enumerate()
-            .map(|(d, arena)| Box::new(move || self.device_thread(d, arena, ctx)) as Job)
+            .map(|(d, arena)| match healthy(d) {
+                true => Box::new(move || self.device_thread(d, arena, ctx)) as Job,
+                false => Box::new(|| Some(DeviceRun { outputs: Vec::new(), times: Vec::new() })) as Job,
+            })
             .collect();
         let runs = devices.run(jobs);
         if let Some(reason) = self.fabric.poisoned() {
@@ -633,20 +720,33 @@ impl<'w> Loaded<'w> {
             let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
             let local = spec.mesh(mesh).local_shape(&spec.shape, &spec.layout);
             let e = ty.dtype.size_bytes();
-            let holders: Vec<(usize, Vec<std::ops::Range<usize>>)> = (0..mesh.devices())
-                .filter_map(|d| spec.block(mesh, d).filter(|(_, writes)| *writes).map(|(r, _)| (d, r)))
-                .collect();
             let block = |d: usize| {
                 // SAFETY: the buffer holds the device's block of the output; its job is done.
                 unsafe { std::slice::from_raw_parts(runs[d].outputs[i].0, local.iter().product::<usize>() * e) }
             };
+            // The block `d` holds (`None` outside the output's stage), and whether it writes it.
+            let region = |d: usize| spec.block(mesh, d);
+            // The block from a healthy device that holds it, if any.
+            let holder = |d: usize| match healthy(d) {
+                true => Some(d),
+                false => (0..mesh.devices())
+                    .filter(|&h| healthy(h))
+                    .find(|&h| region(h).map(|r| r.0) == region(d).map(|r| r.0)),
+            };
             let t = if local == spec.shape {
-                Tensor::from_le_bytes(&ty, block(holders.first().map_or(0, |h| h.0)))
+                let first = (0..mesh.devices()).find(|&d| region(d).is_some()).unwrap_or(0);
+                Tensor::from_le_bytes(&ty, block(holder(first).ok_or_else(|| anyhow!("every device is degraded"))?))
             } else {
-                let mut bytes = vec![0u8; ty.size_bytes()];
-                for (d, region) in &holders {
-                    let (d, at) = (*d, region.iter().map(|r| r.start).collect::<Vec<usize>>());
-                    let src = block(d);
+                // Blocks that only degraded devices held (their data-parallel shards were
+                // dropped) read as NaN, or zero for other dtypes.
+                let mut bytes = match ty.dtype {
+                    DType::F32 => f32::NAN.to_le_bytes().repeat(ty.size_bytes() / 4),
+                    _ => vec![0u8; ty.size_bytes()],
+                };
+                for (d, (held, _)) in (0..mesh.devices()).filter_map(|d| region(d).filter(|r| r.1).map(|r| (d, r))) {
+                    let Some(h) = holder(d) else { continue };
+                    let at: Vec<usize> = held.iter().map(|r| r.start).collect();
+                    let src = block(h);
                     fabric::for_each_run(&local, &vec![0; local.len()], &spec.shape, &at, &local, |s, o, n| {
                         bytes[o * e..(o + n) * e].copy_from_slice(&src[s * e..(s + n) * e])
                     });
@@ -723,8 +823,20 @@ impl<'w> Loaded<'w> {
         let mut times = Vec::new();
         let mut waits = Vec::new();
         let mut args: Vec<*mut u8> = Vec::new();
+        let mut collectives = 0;
         for (i, st) in p.steps.iter().enumerate() {
             step.set(i);
+            self.fabric.beat(device);
+            if let Exec::Collective(c) = &st.exec {
+                if self.fail == Some((device, collectives)) {
+                    // Silent until the others give up on it.
+                    while self.fabric.poisoned().is_none() {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    bail!("node '{}': collective #{}: stopped answering (--fail-device)", st.node, c.id);
+                }
+                collectives += 1;
+            }
             let start = Instant::now();
             args.clear();
             args.extend(st.buffers.iter().map(|&b| ptrs[b]));
@@ -849,6 +961,8 @@ mod tests {
             flops: 0,
             inputs,
             outputs,
+            degraded: Default::default(),
+            model_axes: Vec::new(),
         };
         Loaded::new(meta, programs, Code::Copied(codegen::ExecCode::new(&[])?), &[])
     }
@@ -1033,6 +1147,53 @@ mod tests {
             "device 0 (0): node 'a' runs collective #0 a second time"
         );
     }
+
+    #[test]
+    fn degraded_devices_have_empty_programs_and_run_nothing() {
+        let m = mesh(&[2, 2]);
+        let sum = collective(0, CollectiveOp::AllReduce { reduce: Reduce::Mean }, m.groups(&[0, 1]), &[6]);
+        let x = || vec![io("x", DType::F32, &[2, 6], &[Some(0), None])];
+        let out = || vec![io("s", DType::F32, &[6], &[None])];
+        let programs = |failed: usize| -> Vec<Program> {
+            (0..4)
+                .map(|d| match d == failed {
+                    true => Program { device: d, ..Default::default() },
+                    false => program(d, &[24, 24], vec![step("s", sum.clone(), &[1, 0])], vec![0], vec![1]),
+                })
+                .collect()
+        };
+        let meta = |degraded: crate::degraded::Degradation, model_axes: Vec<usize>| Meta {
+            graph: "t".into(),
+            target: "test".into(),
+            features: vec![],
+            mesh: m.clone(),
+            flops: 0,
+            inputs: x(),
+            outputs: out(),
+            degraded,
+            model_axes,
+        };
+        let failed = |d: usize| crate::degraded::Degradation { nodes: vec![d], ..Default::default() };
+        let code = || Code::Copied(codegen::ExecCode::new(&[]).unwrap());
+        // x is [2, 6] split over axis 0 (row 0 on devices 0 and 1, row 1 on 2 and 3): the
+        // mean is over the three healthy devices' rows.
+        for gone in [0, 2] {
+            let l = Loaded::new(meta(failed(gone), vec![]), programs(gone), code(), &[]).unwrap();
+            let xs = iota(&[2, 6]);
+            let got = l.run(&HashMap::from([("x".to_string(), xs.clone())])).unwrap();
+            let rows = xs.as_f32().unwrap();
+            let block = |d: usize| &rows[6 * (d / 2)..6 * (d / 2) + 6];
+            let want: Vec<f32> =
+                (0..6).map(|i| (0..4).filter(|&d| d != gone).map(|d| block(d)[i]).sum::<f32>() / 3.0).collect();
+            assert_eq!(got["s"].as_f32().unwrap(), &want[..], "device {gone} failed");
+        }
+        // A corrupt degradation or model axis is refused, not a panic.
+        let e = |meta: Meta| Loaded::new(meta, programs(2), code(), &[]).err().map(|e| e.to_string());
+        assert_eq!(e(meta(failed(9), vec![])).unwrap(), "degraded device 9 is not in the [2, 2] mesh");
+        assert_eq!(e(meta(failed(2), vec![5])).unwrap(), "model axis 5 is not an axis of the [2, 2] mesh");
+        // Without the degradation, the empty program is refused.
+        assert!(e(meta(Default::default(), vec![])).unwrap().contains("device 2 (1,0)"));
+    }
 }
 
 #[cfg(test)]
@@ -1075,6 +1236,8 @@ mod transfer_tests {
             flops: 0,
             inputs: vec![io("x")],
             outputs: vec![io("y")],
+            degraded: Default::default(),
+            model_axes: Vec::new(),
         };
         Loaded::new(meta, programs, Code::Copied(codegen::ExecCode::new(&[])?), &[])
     }

@@ -55,6 +55,12 @@ const COMMUNICATION: &[(&str, &[Stated])] = &[
         ("all_reduce", "o", &["model"]),
         ("all_reduce", "f2", &["model"]),
     ]),
+    // One replica per device: the gradient means and the loss over the whole torus.
+    ("dp_train-torus-4x4", &[
+        ("all_reduce", "loss", &["dx", "dy"]),
+        ("all_reduce", "g1", &["dx", "dy"]),
+        ("all_reduce", "g2", &["dx", "dy"]),
+    ]),
     ("transformer-dp-2", &[]),
     ("transformer-dp-2x4", &[]),
     ("transformer-mp-2x4", &[("all_reduce", "o", &["model"]), ("all_reduce", "f2", &["model"])]),
