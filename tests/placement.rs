@@ -528,3 +528,23 @@ fn check_reports_the_stages_and_their_layouts() {
     let stage2 = "stage 2: devices [4,5] (slice 2,0:2), 4 nodes\n  layout res1 [-, model, -] (spec)\nstage 3:";
     assert!(run.stdout.contains(stage2), "{}", run.stdout);
 }
+
+#[test]
+fn a_placed_graph_refuses_degraded_devices() {
+    let mut args = vec!["run", "testdata/mlp/graph.json", "--layout", "testdata/mlp/layouts/stages-2x4.json"];
+    args.extend(["--input", "x=testdata/mlp/inputs/x.npy", "--degrade", "1,1"]);
+    let run = meshc(&args);
+    assert_eq!(run.status, Some(1));
+    assert!(run.stderr.contains("device (1,1) cannot be degraded: the graph is placed on stages"), "{}", run.stderr);
+    let dir = scratch("placement-degraded");
+    let spec = dir.join("spec.json");
+    std::fs::write(
+        &spec,
+        r#"{"format": "meshc-layout/1", "mesh": {"shape": [2], "axes": ["stage"]}, "degraded": {"nodes": [[1]]},
+            "placement": [{"nodes": ["h", "a"], "devices": "0"}, {"nodes": ["y"], "devices": "1"}]}"#,
+    )
+    .unwrap();
+    let run = compile("testdata/mlp/graph.json", spec.to_str().unwrap(), &dir.join("x.mshc"), &[]);
+    assert_eq!(run.status, Some(1));
+    assert!(run.stderr.contains("a placement cannot be combined with degraded devices or links yet"), "{}", run.stderr);
+}
