@@ -112,8 +112,8 @@ fn runner_program(mesh: &Mesh, numel: usize) -> (Meta, Vec<Program>) {
             device,
             arena_bytes: 2 * at,
             buffers: vec![
-                Buffer { name: "x".into(), bytes, storage: Storage::Arena { offset: 0 } },
-                Buffer { name: "y".into(), bytes, storage: Storage::Arena { offset: at } },
+                Buffer { name: "x".into(), bytes, storage: Storage::Arena { offset: 0 }, mask: None },
+                Buffer { name: "y".into(), bytes, storage: Storage::Arena { offset: at }, mask: None },
             ],
             kernels: vec![],
             steps: vec![Step { node: "y".into(), exec: Exec::Collective(c.clone()), buffers: vec![1, 0] }],

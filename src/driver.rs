@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, Context, Result};
 use meshc_ir::{Graph, ParamData};
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use meshc_ir::verify::Info;
 use meshc_ir::Tensor;
@@ -66,8 +66,9 @@ impl Dumps {
 /// The whole pipeline: the verified graph `g` (with its params' values), and optionally a
 /// layout spec, to a compiled artifact. Without a spec the graph runs on one device. With
 /// `pilot`, the pilot pass runs on the global graph (so its masks do not depend on the
-/// layout); its masks are computed and dumped, not yet applied: the artifact is the
-/// unpruned one.
+/// layout) and prunes its params (`passes::pilot::apply`); the masks go with the weights
+/// (sliced with them under a layout) into the artifact, where the matmuls skip their
+/// pruned blocks.
 pub fn build(
     g: &Graph,
     info: &Info,
@@ -79,8 +80,19 @@ pub fn build(
 ) -> Result<Compiled> {
     dumps.emit("verify", || meshc_ir::text::print(g))?;
     let masks = pilot.map(|cfg| passes::pilot::run(g, info, params, cfg)).transpose()?;
-    let emit_pilot = || match (pilot, &masks) {
-        (Some(cfg), Some(m)) => dumps.emit("pilot", || passes::pilot::dump(cfg, m)),
+    let pruned = match (pilot, &masks) {
+        (Some(cfg), Some(m)) => Some(passes::pilot::apply(g, info, params, m, cfg.block)?),
+        _ => None,
+    };
+    let pruned_opts = pruned.as_ref().map(|p| Options { masks: p.masks.clone(), ..opts.clone() });
+    let (params, opts) = match (&pruned, &pruned_opts) {
+        (Some(p), Some(o)) => (&p.params, o),
+        _ => (params, opts),
+    };
+    let emit_pilot = || match (pilot, &masks, &pruned) {
+        (Some(cfg), Some(m), Some(p)) => {
+            dumps.emit("pilot", || passes::pilot::dump(cfg, m) + &passes::pilot::dump_pruned(p))
+        }
         _ if dumps.after.iter().any(|a| a == "pilot") => {
             Err(anyhow!("--dump-after pilot needs pilot inputs (--pilot-input NAME=FILE.npy)"))
         }
@@ -321,9 +333,102 @@ pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
     }
     for p in &programs {
         program_report(&mut s, p)?;
+        mask_report(&mut s, p, art.section(SectionKind::Weights).unwrap_or(&[]))?;
+    }
+    if let Some(total) = flops_skipped(&programs, meta.flops) {
+        writeln!(s, "{total}")?;
     }
     transfer_report(&mut s, &programs)?;
     Ok(s)
+}
+
+/// The pruning masks of one device's weights, read back from the weights section.
+fn mask_report(s: &mut String, p: &Program, weights: &[u8]) -> Result<()> {
+    for b in &p.buffers {
+        let (Some(info), Storage::Weights { offset }) = (&b.mask, &b.storage) else { continue };
+        let m = crate::mask::Mask::decode(weights, *offset, info.rows, info.cols)
+            .with_context(|| format!("weight '{}'", b.name))?;
+        let runs =
+            |r: &[(usize, usize)]| r.iter().map(|(s, l)| format!("[{s},{})", s + l)).collect::<Vec<_>>().join(" ");
+        let mut parts = Vec::new();
+        if m.cols_kept() < m.cols {
+            parts.push(format!(
+                "columns kept {} of {} in {}-wide blocks {}",
+                m.cols_kept(),
+                m.cols,
+                m.block,
+                runs(&m.col_runs)
+            ));
+        }
+        if m.rows_kept() < m.rows {
+            parts.push(format!("rows kept {} of {} {}", m.rows_kept(), m.rows, runs(&m.row_runs)));
+        }
+        writeln!(
+            s,
+            "  mask {}: {}; FLOPs skipped {} of {} ({} bytes before the weight)",
+            b.name,
+            parts.join(", "),
+            info.flops_skipped,
+            info.flops,
+            info.bytes
+        )?;
+    }
+    Ok(())
+}
+
+/// The error of each of the `pruned` outputs against the `unpruned` ones (`run
+/// --compare-unpruned`): max abs, relative L2 (‖pruned − unpruned‖ / ‖unpruned‖), and for
+/// classifier-like outputs (f32, rank ≥ 2, a last axis of 2..=1000 classes) the rows whose
+/// argmax agrees.
+pub fn compare(pruned: &BTreeMap<String, Tensor>, unpruned: &BTreeMap<String, Tensor>) -> Result<String> {
+    let mut s = String::new();
+    for (name, p) in pruned {
+        let u = unpruned.get(name).ok_or_else(|| anyhow!("the unpruned graph has no output '{name}'"))?;
+        if u.ty() != p.ty() {
+            return Err(anyhow!("output '{name}' is {} pruned but {} unpruned", p.ty(), u.ty()));
+        }
+        let (pv, uv) = (p.data.to_f64(), u.data.to_f64());
+        let max_abs = pv.iter().zip(&uv).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        let diff: f64 = pv.iter().zip(&uv).map(|(a, b)| (a - b) * (a - b)).sum();
+        let norm: f64 = uv.iter().map(|b| b * b).sum();
+        let rel = if norm == 0.0 {
+            if diff == 0.0 {
+                0.0
+            } else {
+                f64::INFINITY
+            }
+        } else {
+            (diff / norm).sqrt()
+        };
+        write!(s, "compare-unpruned {name}: max abs error {max_abs:.3e}, relative L2 {rel:.3e}")?;
+        let classes = *p.shape.last().unwrap_or(&0);
+        if p.dtype() == meshc_ir::DType::F32 && p.shape.len() >= 2 && (2..=1000).contains(&classes) {
+            let argmax = |row: &[f64]| (0..row.len()).max_by(|&i, &j| row[i].total_cmp(&row[j]).then(j.cmp(&i)));
+            let rows = pv.len() / classes;
+            let agree = (pv.chunks(classes).zip(uv.chunks(classes))).filter(|(a, b)| argmax(a) == argmax(b)).count();
+            write!(s, ", argmax agrees on {agree} of {rows} rows ({:.2}%)", 100.0 * agree as f64 / rows.max(1) as f64)?;
+        }
+        writeln!(s)?;
+    }
+    Ok(s)
+}
+
+/// The FLOPs the masks of `programs` skip, per weight and in total against `flops`, the
+/// unpruned graph's; None without masks.
+pub fn flops_skipped(programs: &[Program], flops: u64) -> Option<String> {
+    let mut per: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+    for b in programs.iter().flat_map(|p| &p.buffers) {
+        if let Some(m) = &b.mask {
+            *per.entry(b.name.as_str()).or_default() += m.flops_skipped;
+        }
+    }
+    if per.is_empty() {
+        return None;
+    }
+    let total: u64 = per.values().sum();
+    let each: Vec<String> = per.iter().map(|(n, f)| format!("{n} {f}")).collect();
+    let pct = 100.0 * total as f64 / flops.max(1) as f64;
+    Some(format!("pilot: FLOPs skipped {total} of {flops} ({pct:.1}%): {}", each.join(", ")))
 }
 
 fn program_report(s: &mut String, p: &Program) -> Result<()> {

@@ -10,6 +10,7 @@ pub mod exchange;
 pub mod fabric;
 pub mod layout;
 pub mod library;
+pub mod mask;
 pub mod mesh;
 pub mod mesh_interp;
 pub mod passes;

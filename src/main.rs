@@ -114,12 +114,24 @@ enum Cmd {
         /// it (data-parallel layouts).
         #[arg(long)]
         replan_on_failure: bool,
+        /// Also run the unpruned graph on the same inputs and print the pruned run's error
+        /// (max abs, relative L2, argmax agreement of classifier-like outputs). For a graph
+        /// compiled with --pilot-*, no value is needed; for a pruned artifact, give the
+        /// unpruned artifact or graph: --compare-unpruned=FILE.
+        #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "")]
+        compare_unpruned: Option<String>,
+        /// Live conditioning (GRAPH only): the pilot pass runs on this run's own inputs, so
+        /// the masks fit the input at hand (the graph is compiled for it, in memory).
+        #[arg(long, conflicts_with = "pilot_inputs")]
+        conditional: bool,
         /// Fail the run when a recv waits this many seconds for its send (or a send for its
         /// recv) instead of hanging; the error names the key and both devices.
         #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
         timeout: f64,
         #[command(flatten)]
         codegen: CodegenArgs,
+        #[command(flatten)]
+        pilot: PilotArgs,
     },
     /// Describe an artifact: sections, inputs/outputs, kernels, buffers, steps.
     Inspect { artifact: PathBuf },
@@ -204,9 +216,15 @@ fn main() -> ExitCode {
             fail_device,
             collective_timeout,
             replan_on_failure,
+            compare_unpruned,
+            conditional,
             timeout,
             codegen,
+            mut pilot,
         } => {
+            if conditional {
+                pilot.inputs = io.inputs.clone();
+            }
             let opts = RunOpts {
                 bench,
                 trust_weights,
@@ -221,7 +239,13 @@ fn main() -> ExitCode {
                 replan_on_failure,
                 timeout,
             };
-            run(&program, &io, &opts, &codegen)
+            unpruned_reference(&program, compare_unpruned.as_deref(), &pilot).and_then(|reference| {
+                run(&program, &io, &opts, &codegen, &pilot)?;
+                match reference {
+                    Some(r) => compare_with_unpruned(&program, &r, &io, &codegen, &pilot),
+                    None => Ok(()),
+                }
+            })
         }
         Cmd::Inspect { artifact } => inspect(&artifact),
     };
@@ -433,13 +457,13 @@ fn interp(path: &Path, io: &Io) -> Result<()> {
     io.write(wanted, &results)
 }
 
-/// The pilot pass's flags (seed 003). Its masks are computed and shown by
-/// `--dump-after pilot`, NOT applied: the artifact still computes the unpruned graph.
-#[derive(clap::Args)]
+/// The pilot pass's flags (seed 003): masks computed on pilot inputs prune the graph, and
+/// the artifact's matmuls skip the pruned blocks (`--dump-after pilot` shows them).
+#[derive(clap::Args, Clone)]
 struct PilotArgs {
     /// Run the pilot pass on this input value, NAME=FILE.npy (every graph input once per
-    /// pilot run; repeat the whole set for several runs). Masks are computed, not applied.
-    #[arg(long = "pilot-input", value_name = "NAME=FILE.npy")]
+    /// pilot run; repeat the whole set for several runs); its masks prune the graph.
+    #[arg(long = "pilot-input", id = "pilot_inputs", value_name = "NAME=FILE.npy")]
     inputs: Vec<String>,
     /// Keep this fraction (0 < F <= 1) of each prunable weight's blocks, highest priority first.
     #[arg(long = "pilot-keep", value_name = "F", conflicts_with = "threshold")]
@@ -517,6 +541,9 @@ fn compile_cmd(
     pilot: &PilotArgs,
 ) -> Result<()> {
     let (g, compiled) = compile_graph(path, args, dumps, Some(pilot))?;
+    if let Some(report) = driver::flops_skipped(&compiled.programs, compiled.meta.flops) {
+        eprintln!("{report}");
+    }
     driver::write_artifact(&compiled, out)?;
     if let Some(d) = depfile {
         std::fs::write(d, driver::depfile(out, &driver::dependencies(path, &g, args.layout.as_deref())))
@@ -547,15 +574,18 @@ struct RunOpts<'a> {
     timeout: f64,
 }
 
-fn run(path: &Path, io: &Io, opts: &RunOpts, args: &CodegenArgs) -> Result<()> {
+fn run(path: &Path, io: &Io, opts: &RunOpts, args: &CodegenArgs, pilot: &PilotArgs) -> Result<()> {
     let file = path.display().to_string();
+    if is_artifact(path) && !pilot.inputs.is_empty() {
+        bail!("{file}: --pilot-input and --conditional prune a graph as it is compiled; this is an artifact");
+    }
     if is_artifact(path) {
         let art = Artifact::open_with(path, if opts.trust_weights { Verify::SkipBulk } else { Verify::All })?;
         let mut loaded = driver::load_artifact(&art, &file)?;
         degrade(&mut loaded, opts)?;
         run_replanning(&mut loaded, io, opts)
     } else {
-        let (_, c) = compile_graph(path, args, &driver::Dumps::default(), None)?;
+        let (_, c) = compile_graph(path, args, &driver::Dumps::default(), Some(pilot))?;
         let code = Code::Copied(codegen::ExecCode::new(&c.code)?);
         let weights = meshc::runner::AlignedBuf::from_bytes(&c.weights)?;
         let mut loaded = Loaded::new(c.meta, c.programs, code, weights.as_slice()).with_context(|| file.clone())?;
@@ -579,6 +609,55 @@ fn run_replanning(loaded: &mut Loaded, io: &Io, opts: &RunOpts) -> Result<()> {
         }
         r => r,
     }
+}
+
+/// The unpruned program `--compare-unpruned` names (empty: `path` compiled without the
+/// pilot pass), checked before anything runs.
+fn unpruned_reference(path: &Path, compare: Option<&str>, pilot: &PilotArgs) -> Result<Option<PathBuf>> {
+    match compare {
+        None => Ok(None),
+        Some("") if is_artifact(path) => {
+            bail!(
+                "--compare-unpruned: {} is an artifact; name the unpruned one (--compare-unpruned=FILE)",
+                path.display()
+            )
+        }
+        Some("") if pilot.inputs.is_empty() => {
+            bail!("--compare-unpruned: nothing is pruned without the pilot pass (--pilot-input NAME=FILE.npy)")
+        }
+        Some("") => Ok(Some(path.to_path_buf())),
+        Some(file) => Ok(Some(PathBuf::from(file))),
+    }
+}
+
+/// Runs `path` (pruned) and the unpruned `reference` on the inputs of `io`, and prints the
+/// error of the one against the other.
+fn compare_with_unpruned(path: &Path, reference: &Path, io: &Io, args: &CodegenArgs, pilot: &PilotArgs) -> Result<()> {
+    let no_pilot = PilotArgs { inputs: Vec::new(), keep: None, threshold: None, ..pilot.clone() };
+    let results = |p: &Path, pilot: &PilotArgs| -> Result<BTreeMap<String, Tensor>> {
+        let name = p.display().to_string();
+        let with = |loaded: &Loaded| -> Result<BTreeMap<String, Tensor>> {
+            let expected: Vec<(String, TensorType)> =
+                loaded.meta.inputs.iter().filter_map(|s| Some((s.name.clone(), s.ty()?))).collect();
+            loaded.run(&read_inputs(&expected, &io.inputs)?)
+        };
+        if is_artifact(p) {
+            let art = Artifact::open_with(p, Verify::All)?;
+            with(&driver::load_artifact(&art, &name)?)
+        } else {
+            let (_, c) = compile_graph(p, args, &driver::Dumps::default(), Some(pilot))?;
+            let weights = meshc::runner::AlignedBuf::from_bytes(&c.weights)?;
+            let code = Code::Copied(codegen::ExecCode::new(&c.code)?);
+            with(&Loaded::new(c.meta, c.programs, code, weights.as_slice()).with_context(|| name.clone())?)
+        }
+    };
+    let pruned = results(path, pilot)?;
+    let unpruned = results(reference, &no_pilot)?;
+    print!(
+        "{}",
+        driver::compare(&pruned, &unpruned).with_context(|| format!("--compare-unpruned {}", reference.display()))?
+    );
+    Ok(())
 }
 
 /// `--degrade`, `--degrade-link` and `--degrade-strict`: re-plans the collectives of the

@@ -113,6 +113,24 @@ pub struct Buffer {
     pub name: String,
     pub bytes: usize,
     pub storage: Storage,
+    /// A pruning mask record (`crate::mask`) stored right before this weight, read by the
+    /// matmul that takes the weight as its right operand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mask: Option<MaskInfo>,
+}
+
+/// What the program says about a weight's mask record; the record itself says which runs
+/// are kept.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MaskInfo {
+    /// The record's length: it occupies the bytes just before the weight.
+    pub bytes: usize,
+    /// Rows (K) and columns (N) of the weight's matrices.
+    pub rows: usize,
+    pub cols: usize,
+    /// FLOPs of the matmul that reads the weight, unpruned, and those the mask skips.
+    pub flops: u64,
+    pub flops_skipped: u64,
 }
 
 /// A generated kernel inside the code section.

@@ -27,6 +27,7 @@ use crate::codegen::{self, KernelFn};
 use crate::exchange::Exchange;
 use crate::fabric::{self, Delivery, Fabric, LinkStats};
 use crate::library;
+use crate::mask::Mask;
 use crate::mesh::Mesh;
 use crate::program::{Buffer, Collective, Exec, IoSpec, Library, Meta, Program, Storage, Transfer, ALIGN};
 
@@ -429,6 +430,34 @@ impl Drop for Devices {
     }
 }
 
+/// Decodes and checks the mask record before every masked weight of `p`: it must describe
+/// the weight's matrices, and every matmul reading the weight must have their shape, since
+/// kernels trust the record's runs.
+fn masks_of(p: &Program, weights: &[u8]) -> Result<HashMap<usize, Mask>> {
+    let mut out = HashMap::new();
+    for (i, b) in p.buffers.iter().enumerate() {
+        let (Some(info), Storage::Weights { offset }) = (&b.mask, &b.storage) else { continue };
+        let m = Mask::decode(weights, *offset, info.rows, info.cols)
+            .and_then(|m| {
+                let matrix = info.rows * info.cols * 4;
+                if matrix == 0 || b.bytes % matrix != 0 || m.record_len() != info.bytes {
+                    bail!("mask of {}x{} matrices on a weight of {} bytes", info.rows, info.cols, b.bytes);
+                }
+                Ok(m)
+            })
+            .with_context(|| format!("weight '{}'", b.name))?;
+        for st in p.steps.iter().filter(|st| st.buffers.get(2) == Some(&i)) {
+            if let Exec::Library(Library::Matmul { b: shape, .. }) = &st.exec {
+                if shape.len() < 2 || shape[shape.len() - 2..] != [info.rows, info.cols] {
+                    bail!("node '{}': its weight's mask does not fit its shape {shape:?}", st.node);
+                }
+            }
+        }
+        out.insert(i, m);
+    }
+    Ok(out)
+}
+
 /// What runs take one at a time: the arenas and the device threads.
 struct State {
     /// One per device, allocated once: repeated runs (`--bench`) reuse their pages.
@@ -446,6 +475,9 @@ pub struct Loaded<'w> {
     weights: &'w [u8],
     state: Mutex<State>,
     fabric: Fabric,
+    /// Per device, the decoded mask record of each masked weight buffer (the library GEMM
+    /// path iterates over its runs; the generated kernels read the record themselves).
+    masks: Vec<HashMap<usize, Mask>>,
     exchange: Exchange,
     /// Per device and step: whether a collective may leave its result in the fabric's shared
     /// buffer (no other step writes its result buffer, so the device may read it there).
@@ -516,6 +548,7 @@ impl<'w> Loaded<'w> {
         }
         check_collectives(&meta.mesh, &programs, &absent)?;
         check_transfers(&meta.mesh, &programs)?;
+        let masks = programs.iter().map(|p| masks_of(p, weights)).collect::<Result<_>>()?;
         let share = programs
             .iter()
             .map(|p| {
@@ -537,18 +570,13 @@ impl<'w> Loaded<'w> {
         }
         let state = Mutex::new(State { arenas, devices: None });
         let exchange = Exchange::default();
-        Ok(Loaded {
-            meta,
-            programs,
-            code,
-            weights,
-            state,
-            fabric,
-            exchange,
-            share,
-            fail: None,
-            degraded: Default::default(),
-        })
+        let (fail, degraded) = (None, Default::default());
+        Ok(Loaded { meta, programs, code, weights, state, fabric, share, fail, degraded, masks, exchange })
+    }
+
+    /// The decoded mask of weight buffer `b` of `device`, if it has one.
+    pub fn mask(&self, device: usize, b: usize) -> Option<&Mask> {
+        self.masks[device].get(&b)
     }
 
     fn kernel(&self, device: usize, k: usize) -> KernelFn {
@@ -720,21 +748,21 @@ impl<'w> Loaded<'w> {
             let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
             let local = spec.mesh(mesh).local_shape(&spec.shape, &spec.layout);
             let e = ty.dtype.size_bytes();
+            let holders: Vec<(usize, Vec<std::ops::Range<usize>>)> = (0..mesh.devices())
+                .filter_map(|d| spec.block(mesh, d).filter(|(_, writes)| *writes).map(|(r, _)| (d, r)))
+                .collect();
             let block = |d: usize| {
                 // SAFETY: the buffer holds the device's block of the output; its job is done.
                 unsafe { std::slice::from_raw_parts(runs[d].outputs[i].0, local.iter().product::<usize>() * e) }
             };
-            // The block `d` holds (`None` outside the output's stage), and whether it writes it.
-            let region = |d: usize| spec.block(mesh, d);
+            let region = |d: usize| spec.block(mesh, d).map(|(r, _)| r);
             // The block from a healthy device that holds it, if any.
             let holder = |d: usize| match healthy(d) {
                 true => Some(d),
-                false => (0..mesh.devices())
-                    .filter(|&h| healthy(h))
-                    .find(|&h| region(h).map(|r| r.0) == region(d).map(|r| r.0)),
+                false => (0..mesh.devices()).filter(|&h| healthy(h)).find(|&h| region(h) == region(d)),
             };
             let t = if local == spec.shape {
-                let first = (0..mesh.devices()).find(|&d| region(d).is_some()).unwrap_or(0);
+                let first = holders.first().map_or(0, |h| h.0);
                 Tensor::from_le_bytes(&ty, block(holder(first).ok_or_else(|| anyhow!("every device is degraded"))?))
             } else {
                 // Blocks that only degraded devices held (their data-parallel shards were
@@ -743,9 +771,9 @@ impl<'w> Loaded<'w> {
                     DType::F32 => f32::NAN.to_le_bytes().repeat(ty.size_bytes() / 4),
                     _ => vec![0u8; ty.size_bytes()],
                 };
-                for (d, (held, _)) in (0..mesh.devices()).filter_map(|d| region(d).filter(|r| r.1).map(|r| (d, r))) {
-                    let Some(h) = holder(d) else { continue };
-                    let at: Vec<usize> = held.iter().map(|r| r.start).collect();
+                for (d, r) in &holders {
+                    let Some(h) = holder(*d) else { continue };
+                    let at: Vec<usize> = r.iter().map(|r| r.start).collect();
                     let src = block(h);
                     fabric::for_each_run(&local, &vec![0; local.len()], &spec.shape, &at, &local, |s, o, n| {
                         bytes[o * e..(o + n) * e].copy_from_slice(&src[s * e..(s + n) * e])
@@ -861,10 +889,11 @@ impl<'w> Loaded<'w> {
                             std::slice::from_raw_parts(args[2] as *const f32, len(b)),
                         )
                     };
-                    if single {
-                        library::matmul(x, y, o, a, b, out)
-                    } else {
-                        library::matmul_threads(x, y, o, a, b, out, 1)
+                    let threads = if single { None } else { Some(1) };
+                    match self.masks[device].get(&st.buffers[2]) {
+                        Some(m) => library::matmul_masked(x, y, o, a, b, out, m, threads),
+                        None if single => library::matmul(x, y, o, a, b, out),
+                        None => library::matmul_threads(x, y, o, a, b, out, 1),
                     }
                     .with_context(|| format!("node '{}'", st.node))?;
                 }
@@ -944,7 +973,7 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(i, &bytes)| {
-                let b = Buffer { name: format!("b{i}"), bytes, storage: Storage::Arena { offset: at } };
+                let b = Buffer { name: format!("b{i}"), bytes, storage: Storage::Arena { offset: at }, mask: None };
                 at += bytes.div_ceil(ALIGN) * ALIGN;
                 b
             })
@@ -1211,7 +1240,12 @@ mod transfer_tests {
     fn program(device: usize, steps: Vec<Step>) -> Program {
         // b0: the input, b1: what is received, b2: the output.
         let buffers = (0..3)
-            .map(|i| Buffer { name: format!("b{i}"), bytes: 16, storage: Storage::Arena { offset: 64 * i } })
+            .map(|i| Buffer {
+                name: format!("b{i}"),
+                bytes: 16,
+                storage: Storage::Arena { offset: 64 * i },
+                mask: None,
+            })
             .collect();
         Program { device, arena_bytes: 192, buffers, kernels: vec![], steps, inputs: vec![0], outputs: vec![1] }
     }

@@ -221,7 +221,12 @@ mod tests {
     /// A program over arena buffers of these sizes; steps as (result, operands, collective).
     fn program(sizes: &[usize], steps: &[(usize, &[usize], bool)], inputs: &[usize], outputs: &[usize]) -> Program {
         let buffers = (sizes.iter().enumerate())
-            .map(|(i, &bytes)| Buffer { name: format!("t{i}"), bytes, storage: Storage::Arena { offset: 0 } })
+            .map(|(i, &bytes)| Buffer {
+                name: format!("t{i}"),
+                bytes,
+                storage: Storage::Arena { offset: 0 },
+                mask: None,
+            })
             .collect();
         let steps = (steps.iter())
             .map(|&(r, ops, collective)| Step {
