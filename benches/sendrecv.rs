@@ -6,8 +6,10 @@
 //!   testdata/transformer) on one device, cut by the auto placer into 4 stages of one device
 //!   each without micro-batches, and with 8 micro-batches (GPipe). End-to-end, in memory, N
 //!   rounds in which the three run in turn (`SENDRECV_BENCH_RUNS`, default 30: a loaded
-//!   machine slows them alike), min and median each, all in this one run; the pipelined
-//!   results are checked against the one-device result.
+//!   machine slows them alike), min and median each, and the cores each kept busy (CPU time
+//!   over wall time: where the 1-device run, whose GEMMs use every core, gets no more than
+//!   one, the machine had no second core to give a pipeline either), all in this one run;
+//!   the pipelined results are checked against the one-device result.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -175,9 +177,29 @@ fn inputs() -> HashMap<String, Tensor> {
     ])
 }
 
+/// CPU seconds of the whole process so far: the sum over its threads of the time each spent
+/// on a CPU (`/proc/self/task/*/schedstat`, first field, ns); 0 where /proc is missing.
+fn cpu_seconds() -> f64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0.0 };
+    let ns: u64 = tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    ns as f64 / 1e9
+}
+
+/// A compiled program's timings: min and median seconds of a run, the cores it kept busy
+/// on average (CPU time over wall time), and its output.
+struct Timed {
+    min: f64,
+    median: f64,
+    cores: f64,
+    y: Tensor,
+}
+
 /// Runs the compiled programs in turn, `runs` rounds (so that a loaded machine slows all
-/// of them alike); per program the min and median seconds, and its output.
-fn time_alternating(cs: Vec<Compiled>, runs: usize) -> Vec<(f64, f64, Tensor)> {
+/// of them alike).
+fn time_alternating(cs: Vec<Compiled>, runs: usize) -> Vec<Timed> {
     let held: Vec<(AlignedBuf, Compiled)> =
         cs.into_iter().map(|c| (AlignedBuf::from_bytes(&c.weights).unwrap(), c)).collect();
     let loaded: Vec<Loaded> = held
@@ -190,14 +212,24 @@ fn time_alternating(cs: Vec<Compiled>, runs: usize) -> Vec<(f64, f64, Tensor)> {
     let x = inputs();
     let mut outs: Vec<Tensor> = loaded.iter().map(|l| l.run(&x).unwrap().remove("y").unwrap()).collect();
     let mut t: Vec<Vec<f64>> = vec![Vec::new(); loaded.len()];
+    let mut cpu = vec![0.0; loaded.len()];
     for _ in 0..runs {
         for (k, l) in loaded.iter().enumerate() {
+            let c = cpu_seconds();
             let s = Instant::now();
             outs[k] = l.run(&x).unwrap().remove("y").unwrap();
             t[k].push(s.elapsed().as_secs_f64());
+            cpu[k] += cpu_seconds() - c;
         }
     }
-    t.into_iter().zip(outs).map(|(t, y)| (t.iter().copied().fold(f64::INFINITY, f64::min), median(t), y)).collect()
+    (t.into_iter().zip(outs).zip(cpu))
+        .map(|((t, y), cpu)| Timed {
+            min: t.iter().copied().fold(f64::INFINITY, f64::min),
+            cores: cpu / t.iter().sum::<f64>(),
+            median: median(t),
+            y,
+        })
+        .collect()
 }
 
 fn spec(microbatches: usize) -> String {
@@ -236,17 +268,23 @@ fn main() {
     );
     let r = time_alternating(vec![build(None), build(Some(&spec(1))), build(Some(&spec(8)))], runs);
     let names = ["1 device", "4 stages, no micro-batches", "4 stages, 8 micro-batches"];
-    for ((min, med, _), name) in r.iter().zip(names) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for (t, name) in r.iter().zip(names) {
         println!(
-            "{name:<28} min {:7.3} ms  median {:7.3} ms  (median {:.2}x the 1-device run)",
-            min * 1e3,
-            med * 1e3,
-            r[0].1 / med
+            "{name:<28} min {:7.3} ms  median {:7.3} ms  ({:.2}x the 1-device median)  cores busy {:.2} of {cores}",
+            t.min * 1e3,
+            t.median * 1e3,
+            r[0].median / t.median,
+            t.cores
         );
     }
-    println!("8 micro-batches vs none: {:.2}x (medians), {:.2}x (mins)", r[1].1 / r[2].1, r[1].0 / r[2].0);
-    for (what, (_, _, y)) in [("4 stages", &r[1]), ("4 stages x 8 micro-batches", &r[2])] {
-        let c = y.closeness(&r[0].2);
+    println!(
+        "8 micro-batches vs none: {:.2}x (medians), {:.2}x (mins)",
+        r[1].median / r[2].median,
+        r[1].min / r[2].min
+    );
+    for (what, t) in [("4 stages", &r[1]), ("4 stages x 8 micro-batches", &r[2])] {
+        let c = t.y.closeness(&r[0].y);
         assert!(c.first_bad.is_none(), "{what}: the result differs from the 1-device result: {c:?}");
     }
     println!("pipelined vs 1-device result: equal within tolerance");

@@ -8,10 +8,12 @@
 //!   reads the data there, in place, for the rest of the run.
 //!
 //! Nothing waits for ever: a wait ends with an error naming the key and both devices after
-//! the timeout, or as soon as another device failed (`poison`).
+//! the timeout, or as soon as another device failed (`poison`). A waiter first checks for
+//! `fabric::SPIN` while yielding the core, then blocks, as the fabric's rendezvous do (a
+//! sleeping thread's wake-up dominates a small transfer).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -37,6 +39,8 @@ enum Slot {
 pub struct Exchange {
     slots: Mutex<HashMap<String, Slot>>,
     changed: Condvar,
+    /// Counts the changes of `slots` (made under its lock), for the waiters that spin.
+    generation: AtomicU64,
     poisoned: AtomicBool,
     timeout: Mutex<Duration>,
 }
@@ -46,6 +50,7 @@ impl Default for Exchange {
         Exchange {
             slots: Mutex::new(HashMap::new()),
             changed: Condvar::new(),
+            generation: AtomicU64::new(0),
             poisoned: AtomicBool::new(false),
             timeout: Mutex::new(DEFAULT_TIMEOUT),
         }
@@ -72,6 +77,12 @@ impl Exchange {
     pub fn poison(&self) {
         let _guard = self.lock();
         self.poisoned.store(true, Ordering::SeqCst);
+        self.notify();
+    }
+
+    /// Wakes the waiters after a change of the slots (called under their lock).
+    fn notify(&self) {
+        self.generation.fetch_add(1, Ordering::Release);
         self.changed.notify_all();
     }
 
@@ -81,7 +92,7 @@ impl Exchange {
 
     /// Waits until `done` holds for the slots; `what` describes the wait for the error.
     fn wait<'a>(
-        &self,
+        &'a self,
         mut slots: MutexGuard<'a, HashMap<String, Slot>>,
         mut done: impl FnMut(&mut HashMap<String, Slot>) -> bool,
         what: impl Fn(Duration) -> String,
@@ -99,7 +110,18 @@ impl Exchange {
             if left.is_zero() {
                 bail!("{}", what(timeout));
             }
-            slots = self.changed.wait_timeout(slots, left).unwrap_or_else(|e| e.into_inner()).0;
+            // Changes happen under the lock and bump the generation: unchanged after the
+            // spin, nothing was missed, and blocking is safe.
+            let seen = self.generation.load(Ordering::Acquire);
+            drop(slots);
+            let spin = Instant::now();
+            while self.generation.load(Ordering::Acquire) == seen && spin.elapsed() < crate::fabric::SPIN {
+                std::thread::yield_now();
+            }
+            slots = self.lock();
+            if self.generation.load(Ordering::Acquire) == seen {
+                slots = self.changed.wait_timeout(slots, left).unwrap_or_else(|e| e.into_inner()).0;
+            }
         }
     }
 
@@ -114,7 +136,7 @@ impl Exchange {
             Protocol::Move => {
                 let mut slots = slots;
                 slots.insert(t.key.clone(), Slot::Handed(src as usize));
-                self.changed.notify_all();
+                self.notify();
                 Ok(())
             }
             Protocol::Copy => {
@@ -144,7 +166,7 @@ impl Exchange {
                 unsafe { std::ptr::copy_nonoverlapping(src, dst as *mut u8, t.bytes) };
                 slots = self.lock();
                 slots.insert(t.key.clone(), Slot::Done);
-                self.changed.notify_all();
+                self.notify();
                 Ok(())
             }
             Protocol::Remote => bail!("send '{}': the remote protocol needs a transport between processes", t.key),
@@ -164,7 +186,7 @@ impl Exchange {
         match t.protocol {
             Protocol::Move => {
                 slots.entry(t.key.clone()).or_insert(Slot::Ready(0));
-                self.changed.notify_all();
+                self.notify();
                 let mut at = 0;
                 let mut slots = self.wait(
                     slots,
@@ -182,7 +204,7 @@ impl Exchange {
             }
             Protocol::Copy => {
                 slots.insert(t.key.clone(), Slot::Ready(dst as usize));
-                self.changed.notify_all();
+                self.notify();
                 let mut slots = self.wait(slots, |s| s.get(&t.key) == Some(&Slot::Done), missing)?;
                 slots.remove(&t.key);
                 Ok(dst)

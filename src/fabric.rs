@@ -737,7 +737,7 @@ struct Slot {
 /// saves the wake-up of a sleeping thread (futex and, in a VM, an interrupt to an idle core),
 /// which dominates a small collective: the median latency of a 4-byte all_reduce over 8
 /// devices on 2 cores went from ~50 µs to ~12 µs.
-const SPIN: Duration = Duration::from_micros(50);
+pub(crate) const SPIN: Duration = Duration::from_micros(50);
 
 /// Bytes a directed link carried.
 #[derive(Clone, Debug, PartialEq, Eq)]
