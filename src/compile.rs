@@ -35,11 +35,13 @@ pub struct Options {
     /// Plan each arena from liveness (`passes::buffers::plan`); false gives every buffer its
     /// own slot (`passes::buffers::naive`), which the tests compare the plan against.
     pub plan_arena: bool,
+    /// How each device's steps are ordered and split into streams (`passes::streams`).
+    pub streams: passes::streams::Config,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { target: "native".into(), gemm: Gemm::Auto, plan_arena: true }
+        Options { target: "native".into(), gemm: Gemm::Auto, plan_arena: true, streams: Default::default() }
     }
 }
 
@@ -189,6 +191,7 @@ struct Builder {
     target: Target,
     gemm: Gemm,
     plan_arena: bool,
+    streams: passes::streams::Config,
     code: Vec<u8>,
     code_at: BTreeMap<Vec<u8>, (usize, usize)>,
     weights: Vec<u8>,
@@ -209,6 +212,7 @@ impl Builder {
             target: Target::by_name(&opts.target)?,
             gemm: opts.gemm,
             plan_arena: opts.plan_arena,
+            streams: opts.streams.clone(),
             code: Vec::new(),
             code_at: BTreeMap::new(),
             weights: Vec::new(),
@@ -345,7 +349,18 @@ impl Builder {
             in_place.push(shares);
         }
         let outputs = g.outputs.iter().map(|o| bufs.get(&o.name)).collect();
-        let mut p = Program { device, arena_bytes: 0, buffers: bufs.list, kernels, steps, inputs, outputs };
+        let mut p = Program {
+            device,
+            arena_bytes: 0,
+            buffers: bufs.list,
+            kernels,
+            steps,
+            inputs,
+            outputs,
+            ..Program::default()
+        };
+        passes::streams::schedule(&mut p, &mut in_place);
+        p.streams = passes::streams::assign(&p, &self.streams);
         if self.plan_arena {
             passes::buffers::plan(&mut p, &in_place);
         } else {

@@ -13,7 +13,8 @@
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::panic::AssertUnwindSafe;
-use std::sync::{mpsc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::{mpsc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -244,6 +245,8 @@ fn check_collectives(mesh: &Mesh, programs: &[Program]) -> Result<()> {
 #[derive(Clone, Debug)]
 pub struct StepTime {
     pub device: usize,
+    /// The stream that ran it (`Program::streams`; 0 without a plan).
+    pub stream: usize,
     pub step: usize,
     pub start: Duration,
     pub dur: Duration,
@@ -258,13 +261,162 @@ struct SendPtr(*const u8);
 unsafe impl Send for SendPtr {}
 
 /// What the devices of one run share: the inputs, the bytes of those split over the mesh
-/// (`None` for the replicated ones), when the run started, and whether to time the steps.
+/// (`None` for the replicated ones), when the run started, whether to time the steps, and
+/// every device's shared state (so a failing stream can wake all waiters).
 #[derive(Clone, Copy)]
 struct RunCtx<'a> {
     inputs: &'a HashMap<String, Tensor>,
     split: &'a [Option<Vec<u8>>],
     epoch: Instant,
     timed: bool,
+    devices: &'a [DeviceShared],
+}
+
+/// How long a stream waiting for an event keeps checking (yielding the core) before it
+/// blocks: as for the fabric's rendezvous (`fabric::SPIN`), a sleeping thread's wake-up
+/// costs more than a short collective or kernel takes.
+const EVENT_SPIN: Duration = Duration::from_micros(20);
+
+/// The events of one device in a run, plus one more: the inputs are in (`inputs_event`).
+/// Streams block on a condition variable (after a short spin), never spin for long.
+struct Board {
+    done: Vec<AtomicBool>,
+    lock: Mutex<()>,
+    cv: Condvar,
+    poisoned: AtomicBool,
+}
+
+impl Board {
+    fn new(events: usize) -> Board {
+        Board {
+            done: (0..events).map(|_| AtomicBool::new(false)).collect(),
+            lock: Mutex::new(()),
+            cv: Condvar::new(),
+            poisoned: AtomicBool::new(false),
+        }
+    }
+
+    fn guard(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.lock.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn record(&self, e: usize) {
+        self.done[e].store(true, Ordering::Release);
+        // Under the lock: a waiter checks the flag under it before sleeping.
+        let _g = self.guard();
+        self.cv.notify_all();
+    }
+
+    fn poison(&self) {
+        self.poisoned.store(true, Ordering::SeqCst);
+        let _g = self.guard();
+        self.cv.notify_all();
+    }
+
+    /// Waits until event `e` is recorded; false if the run was abandoned meanwhile.
+    fn wait(&self, e: usize) -> bool {
+        let start = Instant::now();
+        while !self.done[e].load(Ordering::Acquire) {
+            if self.poisoned.load(Ordering::SeqCst) {
+                return false;
+            }
+            if start.elapsed() > EVENT_SPIN {
+                let mut g = self.guard();
+                while !self.done[e].load(Ordering::Acquire) {
+                    if self.poisoned.load(Ordering::SeqCst) {
+                        return false;
+                    }
+                    g = self.cv.wait(g).unwrap_or_else(|e| e.into_inner());
+                }
+                return true;
+            }
+            std::thread::yield_now();
+        }
+        true
+    }
+}
+
+/// What the streams of one device share in a run: where each buffer is (a collective may
+/// leave its result in the fabric, moving the buffer there) and the device's events.
+struct DeviceShared {
+    ptrs: Vec<AtomicPtr<u8>>,
+    board: Board,
+}
+
+/// A device's streams as the runner runs them: `Program::streams` checked and indexed by
+/// step, or one stream of all steps for a program without a plan.
+struct Lanes {
+    /// The steps of each stream; stream 0 is the main one.
+    steps: Vec<Vec<usize>>,
+    /// Per step: the events to wait for before it, and those it records.
+    wait: Vec<Vec<usize>>,
+    record: Vec<Vec<usize>>,
+    join: Vec<usize>,
+    /// The event "the inputs are in" that every stream but the main one waits for first.
+    inputs_event: usize,
+}
+
+impl Lanes {
+    /// Streams that have something to run: the main one always.
+    fn active(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.steps.len()).filter(|&k| k == 0 || !self.steps[k].is_empty())
+    }
+}
+
+/// Checks a program's stream plan (every step on exactly one stream, in ascending order;
+/// events after existing steps; each wait for an event of an earlier step, so no stream can
+/// wait for itself) and indexes it.
+fn lanes(p: &Program) -> Result<Lanes> {
+    let n = p.steps.len();
+    let plan = &p.streams;
+    if plan.streams.is_empty() {
+        if !(plan.events.is_empty() && plan.waits.is_empty() && plan.join.is_empty()) {
+            bail!("events without streams");
+        }
+        return Ok(Lanes {
+            steps: vec![(0..n).collect()],
+            wait: vec![Vec::new(); n],
+            record: vec![Vec::new(); n],
+            join: Vec::new(),
+            inputs_event: 0,
+        });
+    }
+    let mut seen = vec![false; n];
+    for (k, st) in plan.streams.iter().enumerate() {
+        for (j, &i) in st.steps.iter().enumerate() {
+            if i >= n || seen[i] || (j > 0 && st.steps[j - 1] >= i) {
+                bail!("stream {k} lists step {i} out of order, twice or beyond the {n} steps");
+            }
+            seen[i] = true;
+        }
+    }
+    if let Some(i) = seen.iter().position(|s| !s) {
+        bail!("step '{}' is on no stream", p.steps[i].node);
+    }
+    let mut record = vec![Vec::new(); n];
+    for (e, ev) in plan.events.iter().enumerate() {
+        if ev.after >= n {
+            bail!("event {e} follows step {}, beyond the {n} steps", ev.after);
+        }
+        record[ev.after].push(e);
+    }
+    let mut wait = vec![Vec::new(); n];
+    for w in &plan.waits {
+        match plan.events.get(w.event) {
+            Some(ev) if w.before < n && ev.after < w.before => wait[w.before].push(w.event),
+            _ => bail!("a wait for event {} before step {} does not follow an earlier step", w.event, w.before),
+        }
+    }
+    if let Some(e) = plan.join.iter().find(|&&e| e >= plan.events.len()) {
+        bail!("the main stream joins event {e}, but there are {}", plan.events.len());
+    }
+    Ok(Lanes {
+        steps: plan.streams.iter().map(|s| s.steps.clone()).collect(),
+        wait,
+        record,
+        join: plan.join.clone(),
+        inputs_event: plan.events.len(),
+    })
 }
 
 /// What one device's run leaves: where its outputs are, and its step times.
@@ -381,6 +533,8 @@ pub struct Loaded<'w> {
     /// Per device and step: whether a collective may leave its result in the fabric's shared
     /// buffer (no other step writes its result buffer, so the device may read it there).
     share: Vec<Vec<bool>>,
+    /// Per device, its streams.
+    lanes: Vec<Lanes>,
 }
 
 impl<'w> Loaded<'w> {
@@ -425,7 +579,8 @@ impl<'w> Loaded<'w> {
                 if let Some(b) = program.buffers.iter().find(|b| !fits(b)) {
                     bail!("buffer '{}' lies outside its storage", b.name);
                 }
-                check_indices(&meta, program)
+                check_indices(&meta, program)?;
+                lanes(program).map(|_| ())
             };
             if devices == 1 {
                 check()?;
@@ -451,7 +606,8 @@ impl<'w> Loaded<'w> {
         let arenas = programs.iter().map(|p| AlignedBuf::zeroed(p.arena_bytes)).collect::<Result<_>>()?;
         let fabric = Fabric::new(&meta.mesh);
         let state = Mutex::new(State { arenas, devices: None });
-        Ok(Loaded { meta, programs, code, weights, state, fabric, share })
+        let lanes = programs.iter().map(lanes).collect::<Result<_>>()?;
+        Ok(Loaded { meta, programs, code, weights, state, fabric, share, lanes })
     }
 
     fn kernel(&self, device: usize, k: usize) -> KernelFn {
@@ -523,9 +679,27 @@ impl<'w> Loaded<'w> {
         self.fabric.reset();
         let epoch = Instant::now();
         let mesh = &self.meta.mesh;
-        if mesh.devices() == 1 {
-            let ctx = RunCtx { inputs, split: &[], epoch, timed };
-            let run = self.device_run(0, &mut arenas[0], ctx, &Cell::new(0))?;
+        let shared: Vec<DeviceShared> = (self.programs.iter().zip(arenas.iter_mut()).zip(&self.lanes))
+            .map(|((p, arena), lanes)| {
+                let base = arena.as_mut_slice().as_mut_ptr();
+                let ptrs = (p.buffers.iter())
+                    .map(|b| {
+                        AtomicPtr::new(match b.storage {
+                            // SAFETY (both): `new` checked every buffer lies inside its storage.
+                            Storage::Arena { offset } => unsafe { base.add(offset) },
+                            // Kernels never write their operands, so weights stay read-only.
+                            Storage::Weights { offset } => unsafe { self.weights.as_ptr().add(offset) as *mut u8 },
+                        })
+                    })
+                    .collect();
+                DeviceShared { ptrs, board: Board::new(lanes.inputs_event + 1) }
+            })
+            .collect();
+        let lanes: Vec<(usize, usize)> =
+            (0..mesh.devices()).flat_map(|d| self.lanes[d].active().map(move |k| (d, k))).collect();
+        if lanes.len() == 1 {
+            let ctx = RunCtx { inputs, split: &[], epoch, timed, devices: &shared };
+            let run = self.device_run(0, 0, ctx, &Cell::new(0), true)?;
             let results = self.meta.outputs.iter().zip(&run.outputs).map(|(spec, &p)| {
                 let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
                 // SAFETY: the buffer holds exactly the output's bytes.
@@ -542,21 +716,26 @@ impl<'w> Loaded<'w> {
             .iter()
             .map(|s| s.layout.iter().any(Option::is_some).then(|| inputs[&s.name].to_le_bytes()))
             .collect();
-        let ctx = RunCtx { inputs, split: &split, epoch, timed };
+        let ctx = RunCtx { inputs, split: &split, epoch, timed, devices: &shared };
         let devices = match devices {
             Some(d) => d,
-            None => devices.insert(Devices::start(mesh.devices())?),
+            None => devices.insert(Devices::start(lanes.len())?),
         };
-        let jobs = arenas
-            .iter_mut()
-            .enumerate()
-            .map(|(d, arena)| Box::new(move || self.device_thread(d, arena, ctx)) as Job)
-            .collect();
-        let runs = devices.run(jobs);
+        let jobs = lanes.iter().map(|&(d, k)| Box::new(move || self.device_thread(d, k, ctx)) as Job).collect();
+        let lane_runs = devices.run(jobs);
         if let Some(reason) = self.fabric.poisoned() {
             bail!("{reason}");
         }
-        let runs: Vec<DeviceRun> = runs.into_iter().collect::<Option<_>>().ok_or_else(|| anyhow!("a device failed"))?;
+        let lane_runs: Vec<DeviceRun> =
+            lane_runs.into_iter().collect::<Option<_>>().ok_or_else(|| anyhow!("a device failed"))?;
+        // Per device: its main stream's run (the outputs), with every stream's step times.
+        let mut runs: Vec<DeviceRun> = Vec::new();
+        for (&(_, k), run) in lanes.iter().zip(lane_runs) {
+            match runs.last_mut() {
+                Some(last) if k != 0 => last.times.extend(run.times),
+                _ => runs.push(run),
+            }
+        }
         let mut results = BTreeMap::new();
         for (i, spec) in self.meta.outputs.iter().enumerate() {
             let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
@@ -584,11 +763,14 @@ impl<'w> Loaded<'w> {
         Ok((results, runs.into_iter().flat_map(|r| r.times).collect()))
     }
 
-    /// One device's thread of a multi-device run: its error or panic poisons the fabric
-    /// (the reason names the device and node) and ends its run with `None`.
-    fn device_thread(&self, device: usize, arena: &mut AlignedBuf, ctx: RunCtx) -> Option<DeviceRun> {
+    /// One stream's thread of a multi-device (or multi-stream) run: its error or panic
+    /// poisons the fabric and every device's events (the reason names the device and node)
+    /// and ends its run with `None`.
+    fn device_thread(&self, device: usize, stream: usize, ctx: RunCtx) -> Option<DeviceRun> {
         let step = Cell::new(usize::MAX);
-        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.device_run(device, arena, ctx, &step)));
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.device_run(device, stream, ctx, &step, false)
+        }));
         let label = device_label(&self.meta.mesh, device);
         let reason = match run {
             Ok(Ok(run)) => return Some(run),
@@ -606,30 +788,38 @@ impl<'w> Loaded<'w> {
             }
         };
         self.fabric.poison(reason);
+        ctx.devices.iter().for_each(|d| d.board.poison());
         None
     }
 
-    /// Runs `device`'s program: copies in its inputs (its block of the split ones), runs its
-    /// steps, and returns where its outputs are. `step` tracks the running step (for a
-    /// panic's message).
-    fn device_run(&self, device: usize, arena: &mut AlignedBuf, ctx: RunCtx, step: &Cell<usize>) -> Result<DeviceRun> {
-        let RunCtx { inputs, split, epoch, timed } = ctx;
+    /// Runs stream `stream` of `device`'s program and, for the main stream (0), copies in
+    /// the device's inputs first (its block of the split ones), then joins the other streams
+    /// and returns where the outputs are. `step` tracks the running step (for a panic's
+    /// message); `alone`: the only stream of the run, whose library calls may use all cores.
+    fn device_run(
+        &self,
+        device: usize,
+        stream: usize,
+        ctx: RunCtx,
+        step: &Cell<usize>,
+        alone: bool,
+    ) -> Result<DeviceRun> {
+        let RunCtx { inputs, split, epoch, timed, devices } = ctx;
         let p = &self.programs[device];
+        let lanes = &self.lanes[device];
         let mesh = &self.meta.mesh;
-        let base = arena.as_mut_slice().as_mut_ptr();
-        let mut ptrs: Vec<*mut u8> = p
-            .buffers
-            .iter()
-            .map(|b| match b.storage {
-                // SAFETY (both): `new` checked every buffer lies inside its storage.
-                Storage::Arena { offset } => unsafe { base.add(offset) },
-                // Kernels never write their operands, so weights stay read-only.
-                Storage::Weights { offset } => unsafe { self.weights.as_ptr().add(offset) as *mut u8 },
-            })
-            .collect();
-        for (i, (spec, &b)) in self.meta.inputs.iter().zip(&p.inputs).enumerate() {
+        let DeviceShared { ptrs, board } = &devices[device];
+        let ptr = |b: usize| ptrs[b].load(Ordering::Relaxed);
+        let abandoned = || {
+            let reason = self.fabric.poisoned().unwrap_or_default();
+            anyhow!("abandoned: {reason}")
+        };
+        if stream != 0 && !board.wait(lanes.inputs_event) {
+            return Err(abandoned());
+        }
+        for (i, (spec, &b)) in self.meta.inputs.iter().zip(&p.inputs).enumerate().filter(|_| stream == 0) {
             // SAFETY: the buffer has exactly the bytes of the device's block (check_indices).
-            let dst = unsafe { std::slice::from_raw_parts_mut(ptrs[b], p.buffers[b].bytes) };
+            let dst = unsafe { std::slice::from_raw_parts_mut(ptr(b), p.buffers[b].bytes) };
             match split.get(i).and_then(Option::as_ref) {
                 None => inputs[&spec.name].write_le_bytes(dst),
                 Some(bytes) => {
@@ -643,15 +833,27 @@ impl<'w> Loaded<'w> {
                 }
             }
         }
-        let single = mesh.devices() == 1;
+        if stream == 0 {
+            board.record(lanes.inputs_event);
+        }
         let mut times = Vec::new();
         let mut waits = Vec::new();
         let mut args: Vec<*mut u8> = Vec::new();
-        for (i, st) in p.steps.iter().enumerate() {
+        for &i in &lanes.steps[stream] {
+            let st = &p.steps[i];
             step.set(i);
+            for &e in &lanes.wait[i] {
+                let start = Instant::now();
+                if !board.wait(e) {
+                    return Err(abandoned()).with_context(|| format!("node '{}'", st.node));
+                }
+                if timed {
+                    waits.push((start, Instant::now()));
+                }
+            }
             let start = Instant::now();
             args.clear();
-            args.extend(st.buffers.iter().map(|&b| ptrs[b]));
+            args.extend(st.buffers.iter().map(|&b| ptr(b)));
             match &st.exec {
                 Exec::Kernel(k) => {
                     // SAFETY: the step's buffers are the ones its kernel was generated for.
@@ -673,7 +875,7 @@ impl<'w> Loaded<'w> {
                             std::slice::from_raw_parts(args[2] as *const f32, len(b)),
                         )
                     };
-                    if single {
+                    if alone {
                         library::matmul(x, y, o, a, b, out)
                     } else {
                         library::matmul_threads(x, y, o, a, b, out, 1)
@@ -697,17 +899,30 @@ impl<'w> Loaded<'w> {
                     .with_context(|| format!("node '{}'", st.node))?;
                     if let Delivery::Shared(at) = delivery {
                         // No step writes this buffer again (`share`): read the result there.
-                        ptrs[st.buffers[0]] = at as *mut u8;
+                        // The streams that read it wait for an event this stream records
+                        // after the step, which orders this store before their loads.
+                        ptrs[st.buffers[0]].store(at as *mut u8, Ordering::Relaxed);
                     }
                 }
+            }
+            for &e in &lanes.record[i] {
+                board.record(e);
             }
             if timed {
                 let since = |t: Instant| t.duration_since(epoch);
                 let waits = waits.drain(..).map(|(a, b): (Instant, Instant)| (since(a), b.duration_since(a))).collect();
-                times.push(StepTime { device, step: i, start: since(start), dur: start.elapsed(), waits });
+                times.push(StepTime { device, stream, step: i, start: since(start), dur: start.elapsed(), waits });
             }
         }
-        Ok(DeviceRun { outputs: p.outputs.iter().map(|&b| SendPtr(ptrs[b])).collect(), times })
+        if stream != 0 {
+            return Ok(DeviceRun { outputs: Vec::new(), times });
+        }
+        for &e in &lanes.join {
+            if !board.wait(e) {
+                return Err(abandoned());
+            }
+        }
+        Ok(DeviceRun { outputs: p.outputs.iter().map(|&b| SendPtr(ptr(b))).collect(), times })
     }
 }
 
@@ -743,7 +958,16 @@ mod tests {
                 b
             })
             .collect();
-        Program { device, arena_bytes: at, buffers, kernels: vec![], steps, inputs, outputs }
+        Program {
+            device,
+            arena_bytes: at,
+            buffers,
+            kernels: vec![],
+            steps,
+            inputs,
+            outputs,
+            streams: Default::default(),
+        }
     }
 
     fn load(m: &Mesh, inputs: Vec<IoSpec>, outputs: Vec<IoSpec>, programs: Vec<Program>) -> Result<Loaded<'static>> {

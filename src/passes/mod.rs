@@ -5,3 +5,4 @@ pub mod buffers;
 pub mod layout;
 pub mod lower;
 pub mod pilot;
+pub mod streams;

@@ -1,0 +1,421 @@
+//! Stream assignment (seed 001, Fig. 4; DESIGN §4): orders each device's steps and splits
+//! them into streams — a compute stream (the main stream, 0), optionally more compute
+//! streams for independent branches, and a communication stream for the collectives — with
+//! cross-stream dependencies as events; `--dump-after streams` prints the plan.
+//!
+//! Dependencies: a step follows every earlier step it shares a buffer number with where one
+//! of the two writes it (the result is a step's first buffer); collectives also keep their
+//! program order among themselves, which is what lets the members of a group meet (the
+//! runner checks that order across devices).
+//!
+//! Scheduling heuristic (`schedule`, a list scheduler over those dependencies): a ready
+//! collective is issued at once, so the communication stream starts as early as the data
+//! allows. Among ready compute steps: first the ancestors of the next collective (the
+//! communication waits for them: running them first costs no time and lets the collective
+//! overlap what follows), then the steps that do not read a collective's result (reading
+//! one stalls the compute stream until the collective is done, so they are deferred while
+//! anything else can run), and within each class the step that grows the live bytes the
+//! least (its result and scratch, minus the operands it is the last reader of) — that is
+//! where memory is saved without costing time, as one compute stream does the same work in
+//! any order. Ties keep the graph's order.
+//!
+//! Streams (`assign`): collectives go to the communication stream (kept even when empty, so
+//! every device has one of each); with `Config::compute_streams` > 1 a compute step
+//! continues the stream of a compute predecessor that is still that stream's last step
+//! (chains stay on one stream), and otherwise opens the least-loaded stream (bytes touched as
+//! the cost), so independent branches spread out. The default is one compute stream: with
+//! one host thread per device and stream, 8 devices already fill the 2 cores of the test
+//! machine, so a second compute stream does not pay there. `Config::single` forces one
+//! stream (the baseline the benchmarks compare against).
+//!
+//! Events: a step waits for each dependency on another stream, unless another dependency
+//! (or its own stream's order) already implies it — transitive reduction, computed with
+//! vector clocks in program order: every dependency points to an earlier step, so a
+//! dependency can only be implied by a later one, and taking candidates latest first keeps
+//! exactly the irredundant ones. At the end the main stream joins the last step of every
+//! other stream, again leaving out what is already implied.
+//!
+//! Buffer assignment (`passes::buffers`) reads the resulting happens-before relation
+//! (`Order`) to decide which buffers may share arena bytes, so the overlap cannot corrupt
+//! data.
+
+use std::fmt::Write as _;
+
+use crate::program::{Event, Exec, Program, Storage, Stream, StreamKind, StreamPlan, Wait};
+
+/// How to split the steps into streams.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Everything on one stream, in program order (no communication stream, no events).
+    pub single: bool,
+    /// Compute streams per device (at least 1).
+    pub compute_streams: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config { single: false, compute_streams: 1 }
+    }
+}
+
+fn is_collective(p: &Program, i: usize) -> bool {
+    matches!(p.steps[i].exec, Exec::Collective(_))
+}
+
+/// Per step, the earlier steps it depends on (module doc), ascending, without repeats.
+pub fn deps(p: &Program) -> Vec<Vec<usize>> {
+    let mut writer: Vec<Option<usize>> = vec![None; p.buffers.len()];
+    let mut readers: Vec<Vec<usize>> = vec![Vec::new(); p.buffers.len()];
+    let mut last_collective = None;
+    let mut deps = Vec::with_capacity(p.steps.len());
+    for (i, s) in p.steps.iter().enumerate() {
+        let mut d: Vec<usize> = Vec::new();
+        for &b in &s.buffers[1.min(s.buffers.len())..] {
+            d.extend(writer[b]);
+        }
+        if let Some(&r) = s.buffers.first() {
+            d.extend(writer[r]);
+            d.extend(readers[r].iter().copied());
+        }
+        if is_collective(p, i) {
+            d.extend(last_collective);
+            last_collective = Some(i);
+        }
+        d.retain(|&j| j != i);
+        d.sort_unstable();
+        d.dedup();
+        for &b in &s.buffers[1.min(s.buffers.len())..] {
+            readers[b].push(i);
+        }
+        if let Some(&r) = s.buffers.first() {
+            writer[r] = Some(i);
+            readers[r].clear();
+        }
+        deps.push(d);
+    }
+    deps
+}
+
+/// Reorders `p`'s steps (module doc); `in_place[i]`, the in-place permissions of step `i`,
+/// moves with its step.
+pub fn schedule(p: &mut Program, in_place: &mut Vec<Vec<usize>>) {
+    let n = p.steps.len();
+    let deps = deps(p);
+    let mut succs: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (i, d) in deps.iter().enumerate() {
+        for &j in d {
+            succs[j].push(i);
+        }
+    }
+    let collectives: Vec<usize> = (0..n).filter(|&i| is_collective(p, i)).collect();
+    // The first collective (by its rank among collectives) each step leads to.
+    let mut feeds = vec![usize::MAX; n];
+    for i in (0..n).rev() {
+        if let Some(k) = collectives.iter().position(|&c| c == i) {
+            feeds[i] = k;
+        } else {
+            feeds[i] = succs[i].iter().map(|&s| feeds[s]).min().unwrap_or(usize::MAX);
+        }
+    }
+    let reads_collective: Vec<bool> = deps.iter().map(|d| d.iter().any(|&j| is_collective(p, j))).collect();
+    let bytes = |b: usize| match p.buffers[b].storage {
+        Storage::Arena { .. } => p.buffers[b].bytes,
+        Storage::Weights { .. } => 0,
+    };
+    let mut reads_left = vec![0usize; p.buffers.len()];
+    for s in &p.steps {
+        for &b in s.buffers.iter().skip(1) {
+            reads_left[b] += 1;
+        }
+    }
+    let mut written = vec![false; p.buffers.len()];
+    for &b in p.inputs.iter().chain(p.steps.iter().filter_map(|s| s.buffers.first())) {
+        written[b] = true;
+    }
+    let mut pending: Vec<usize> = deps.iter().map(Vec::len).collect();
+    let mut ready: Vec<usize> = (0..n).filter(|&i| pending[i] == 0).collect();
+    let mut order = Vec::with_capacity(n);
+    let mut next_collective = 0;
+    while !ready.is_empty() {
+        let growth = |i: usize| -> i64 {
+            let s = &p.steps[i];
+            let mut grow = bytes(s.buffers[0]) as i64;
+            let mut seen = Vec::new();
+            for &b in &s.buffers[1..] {
+                if seen.contains(&b) {
+                    continue;
+                }
+                seen.push(b);
+                let here = s.buffers[1..].iter().filter(|&&x| x == b).count();
+                // Scratch space (written by no step) comes and goes within its step.
+                if reads_left[b] == here && written[b] && !p.outputs.contains(&b) {
+                    grow -= bytes(b) as i64;
+                }
+            }
+            grow
+        };
+        let pick = (0..ready.len())
+            .min_by_key(|&k| {
+                let i = ready[k];
+                let class = if is_collective(p, i) {
+                    0
+                } else if feeds[i] == next_collective {
+                    1
+                } else if !reads_collective[i] {
+                    2
+                } else {
+                    3
+                };
+                (class, growth(i), i)
+            })
+            .expect("a ready step");
+        let i = ready.swap_remove(pick);
+        if is_collective(p, i) {
+            next_collective += 1;
+        }
+        for &b in p.steps[i].buffers.iter().skip(1) {
+            reads_left[b] -= 1;
+        }
+        for &s in &succs[i] {
+            pending[s] -= 1;
+            if pending[s] == 0 {
+                ready.push(s);
+            }
+        }
+        order.push(i);
+    }
+    debug_assert_eq!(order.len(), n, "the dependencies point backwards, so every step gets ready");
+    let mut steps: Vec<Option<crate::program::Step>> = std::mem::take(&mut p.steps).into_iter().map(Some).collect();
+    let mut perms: Vec<Vec<usize>> = std::mem::take(in_place);
+    perms.resize(n, Vec::new());
+    p.steps = order.iter().map(|&i| steps[i].take().expect("each step once")).collect();
+    *in_place = order.iter().map(|&i| std::mem::take(&mut perms[i])).collect();
+}
+
+/// The happens-before relation of a device's steps under its stream plan: stream order plus
+/// the events (and the inputs, copied in before any step).
+pub struct Order {
+    stream: Vec<usize>,
+    pos: Vec<usize>,
+    /// Per step and stream: how many of that stream's steps happen before the step, or are
+    /// it.
+    clock: Vec<Vec<usize>>,
+}
+
+impl Order {
+    /// The relation of `p`'s plan (program order for an empty plan). The plan must be one
+    /// the runner accepts (`runner::check_streams`): every wait points to an earlier step.
+    pub fn of(p: &Program) -> Order {
+        let n = p.steps.len();
+        let plan = &p.streams;
+        let lists: Vec<Vec<usize>> = if plan.streams.is_empty() {
+            vec![(0..n).collect()]
+        } else {
+            plan.streams.iter().map(|s| s.steps.clone()).collect()
+        };
+        let mut stream = vec![0; n];
+        let mut pos = vec![0; n];
+        for (s, list) in lists.iter().enumerate() {
+            for (k, &i) in list.iter().enumerate() {
+                stream[i] = s;
+                pos[i] = k;
+            }
+        }
+        let mut waits: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for w in &plan.waits {
+            waits[w.before].push(plan.events[w.event].after);
+        }
+        let mut clock: Vec<Vec<usize>> = vec![vec![0; lists.len()]; n];
+        for i in 0..n {
+            let mut c = vec![0; lists.len()];
+            let join = |c: &mut Vec<usize>, j: usize| {
+                for (x, y) in c.iter_mut().zip(&clock[j]) {
+                    *x = (*x).max(*y);
+                }
+            };
+            if pos[i] > 0 {
+                join(&mut c, lists[stream[i]][pos[i] - 1]);
+            }
+            for &j in &waits[i] {
+                join(&mut c, j);
+            }
+            c[stream[i]] = pos[i] + 1;
+            clock[i] = c;
+        }
+        Order { stream, pos, clock }
+    }
+
+    /// Whether step `a` finishes before step `b` starts.
+    pub fn before(&self, a: usize, b: usize) -> bool {
+        a != b && self.clock[b][self.stream[a]] > self.pos[a]
+    }
+}
+
+/// The stream plan of `p` (module doc).
+pub fn assign(p: &Program, cfg: &Config) -> StreamPlan {
+    let n = p.steps.len();
+    if cfg.single {
+        return StreamPlan {
+            streams: vec![Stream { kind: StreamKind::Compute, steps: (0..n).collect() }],
+            ..StreamPlan::default()
+        };
+    }
+    let computes = cfg.compute_streams.max(1);
+    let comm = computes;
+    let mut streams: Vec<Stream> =
+        (0..computes).map(|_| Stream { kind: StreamKind::Compute, steps: Vec::new() }).collect();
+    streams.push(Stream { kind: StreamKind::Comm, steps: Vec::new() });
+    let deps = deps(p);
+    let mut stream_of = vec![0; n];
+    let mut load = vec![0usize; computes];
+    for i in 0..n {
+        let s = if is_collective(p, i) {
+            comm
+        } else {
+            let tail = deps[i]
+                .iter()
+                .map(|&j| stream_of[j])
+                .find(|&s| s != comm && streams[s].steps.last().is_some_and(|&t| deps[i].contains(&t)));
+            tail.unwrap_or_else(|| (0..computes).min_by_key(|&s| (load[s], s)).expect("a compute stream"))
+        };
+        if s != comm {
+            load[s] += p.steps[i].buffers.iter().map(|&b| p.buffers[b].bytes).sum::<usize>();
+        }
+        stream_of[i] = s;
+        streams[s].steps.push(i);
+    }
+    let pos: Vec<usize> = {
+        let mut pos = vec![0; n];
+        for st in &streams {
+            for (k, &i) in st.steps.iter().enumerate() {
+                pos[i] = k;
+            }
+        }
+        pos
+    };
+    let m = streams.len();
+    let mut clock: Vec<Vec<usize>> = vec![vec![0; m]; n];
+    let mut event_of: Vec<Option<usize>> = vec![None; n];
+    let mut events: Vec<Event> = Vec::new();
+    let mut waits: Vec<Wait> = Vec::new();
+    // Keeps the candidates (latest first) that `c` does not already imply, joining each kept
+    // one's clock into `c`; returns them.
+    let reduce = |c: &mut Vec<usize>, clock: &[Vec<usize>], mut cands: Vec<usize>| -> Vec<usize> {
+        cands.sort_unstable_by(|a, b| b.cmp(a));
+        let mut kept = Vec::new();
+        for u in cands {
+            if c[stream_of[u]] > pos[u] {
+                continue;
+            }
+            for (x, y) in c.iter_mut().zip(&clock[u]) {
+                *x = (*x).max(*y);
+            }
+            kept.push(u);
+        }
+        kept
+    };
+    for i in 0..n {
+        let s = stream_of[i];
+        let mut c = vec![0; m];
+        if pos[i] > 0 {
+            c.clone_from(&clock[streams[s].steps[pos[i] - 1]]);
+        }
+        c[s] = pos[i] + 1;
+        let cands: Vec<usize> = deps[i].iter().copied().filter(|&j| stream_of[j] != s).collect();
+        let mut kept = reduce(&mut c, &clock, cands);
+        kept.sort_unstable();
+        for u in kept {
+            let e = *event_of[u].get_or_insert_with(|| {
+                events.push(Event { after: u });
+                events.len() - 1
+            });
+            waits.push(Wait { event: e, before: i });
+        }
+        clock[i] = c;
+    }
+    let mut end = streams[0].steps.last().map_or(vec![0; m], |&t| clock[t].clone());
+    let tails: Vec<usize> = streams[1..].iter().filter_map(|s| s.steps.last().copied()).collect();
+    let mut joined = reduce(&mut end, &clock, tails);
+    joined.sort_unstable();
+    let join = joined
+        .into_iter()
+        .map(|u| {
+            *event_of[u].get_or_insert_with(|| {
+                events.push(Event { after: u });
+                events.len() - 1
+            })
+        })
+        .collect();
+    // Events numbered in the order of the steps that record them, so the plan reads in order.
+    let mut by_step: Vec<usize> = (0..events.len()).collect();
+    by_step.sort_by_key(|&e| events[e].after);
+    let mut renumber = vec![0; events.len()];
+    for (new, &old) in by_step.iter().enumerate() {
+        renumber[old] = new;
+    }
+    let events = by_step.iter().map(|&e| events[e].clone()).collect();
+    let waits = waits.into_iter().map(|w| Wait { event: renumber[w.event], before: w.before }).collect();
+    let join = join_renumber(join, &renumber);
+    StreamPlan { streams, events, waits, join }
+}
+
+fn join_renumber(join: Vec<usize>, renumber: &[usize]) -> Vec<usize> {
+    let mut j: Vec<usize> = join.into_iter().map(|e| renumber[e]).collect();
+    j.sort_unstable();
+    j
+}
+
+/// "s1 comm": how dumps and `meshc inspect` name stream `s` of `p`.
+pub fn stream_name(p: &Program, s: usize) -> String {
+    let kind = match p.streams.streams[s].kind {
+        StreamKind::Compute => "compute",
+        StreamKind::Comm => "comm",
+    };
+    format!("s{s} {kind}{}", if s == 0 { " (main)" } else { "" })
+}
+
+/// The one-line summary of `p`'s streams: each with its number of steps, the events, and
+/// what the main stream joins.
+pub fn summary(p: &Program) -> String {
+    let plan = &p.streams;
+    let streams: Vec<String> = (0..plan.streams.len())
+        .map(|k| format!("{}: {} steps", stream_name(p, k), plan.streams[k].steps.len()))
+        .collect();
+    let join: Vec<String> = plan.join.iter().map(|e| format!("e{e}")).collect();
+    format!(
+        "{}; {} events; join {}",
+        streams.join(", "),
+        plan.events.len(),
+        if join.is_empty() { "-".to_string() } else { join.join(" ") }
+    )
+}
+
+/// Step `i`'s stream and events: "s1 wait e0 record e1".
+pub fn step_note(p: &Program, i: usize) -> String {
+    let plan = &p.streams;
+    let stream = plan.streams.iter().position(|s| s.steps.contains(&i)).unwrap_or(0);
+    let mut note = format!("s{stream}");
+    let waits: Vec<String> = plan.waits.iter().filter(|w| w.before == i).map(|w| format!("e{}", w.event)).collect();
+    if !waits.is_empty() {
+        let _ = write!(note, " wait {}", waits.join(" "));
+    }
+    let records: Vec<String> =
+        plan.events.iter().enumerate().filter(|(_, e)| e.after == i).map(|(k, _)| format!("e{k}")).collect();
+    if !records.is_empty() {
+        let _ = write!(note, " record {}", records.join(" "));
+    }
+    note
+}
+
+/// The `--dump-after streams` text: per device, its streams, then every step in program
+/// order with its stream, the events it waits for and those it records.
+pub fn dump(programs: &[Program]) -> String {
+    let mut s = String::new();
+    for p in programs {
+        let _ = writeln!(s, "device {}: {} steps; {}", p.device, p.steps.len(), summary(p));
+        for (i, step) in p.steps.iter().enumerate() {
+            let _ = writeln!(s, "  {i:>4}  {:<28} {}", step.node, step_note(p, i));
+        }
+    }
+    s
+}
