@@ -122,6 +122,15 @@ struct CodegenArgs {
     /// Compute streams per device, for independent branches (beside the communication stream).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     compute_streams: u16,
+    /// Which collectives run on the communication stream: those with compute to overlap, or all.
+    #[arg(long, value_enum, default_value = "auto", conflicts_with = "single_stream")]
+    comm_stream: CommArg,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum CommArg {
+    Auto,
+    Always,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -138,8 +147,11 @@ impl CodegenArgs {
             GemmArg::Cranelift => compile::Gemm::Cranelift,
             GemmArg::Library => compile::Gemm::Library,
         };
-        let streams =
-            meshc::passes::streams::Config { single: self.single_stream, compute_streams: self.compute_streams.into() };
+        let streams = meshc::passes::streams::Config {
+            single: self.single_stream,
+            compute_streams: self.compute_streams.into(),
+            comm_always: self.comm_stream == CommArg::Always,
+        };
         compile::Options { target: self.target.clone(), gemm, streams, ..Default::default() }
     }
 }

@@ -227,7 +227,10 @@ fn check_graph(
     // stream, all against the naive layout on one stream.
     let others = [
         ("", None),
-        (" with two compute streams", Some(Config { compute_streams: 2, ..Config::default() })),
+        (
+            " with two compute streams and every collective on the communication stream",
+            Some(Config { compute_streams: 2, comm_always: true, ..Config::default() }),
+        ),
         (" on one stream", Some(single)),
     ];
     for (how, streams) in others {
@@ -325,7 +328,7 @@ fn dumps_after_buffers_and_streams_are_pinned() {
         let name = graph.parent().unwrap().file_name().unwrap().to_string_lossy().to_string();
         dump(&name, &[graph.to_str().unwrap()]);
     }
-    for label in ["transformer-mp-2x4", "mlp-mp-2x4"] {
+    for label in ["transformer-mp-2x4", "transformer-mp-8", "mlp-mp-2x4"] {
         let case = common::layout_cases().into_iter().find(|c| c.label == label).expect("the layout");
         dump(&case.label, &[case.graph.to_str().unwrap(), "--layout", case.spec.to_str().unwrap()]);
     }
