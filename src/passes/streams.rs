@@ -277,8 +277,8 @@ pub fn assign(p: &Program, cfg: &Config) -> StreamPlan {
     // Per step, its ancestors (a bitset).
     let words = n.div_ceil(64);
     let mut anc: Vec<Vec<u64>> = vec![vec![0; words]; n];
-    for i in 0..n {
-        for &j in &deps[i] {
+    for (i, d) in deps.iter().enumerate() {
+        for &j in d {
             let (head, tail) = anc.split_at_mut(i);
             for (x, y) in tail[0].iter_mut().zip(&head[j]) {
                 *x |= *y;
