@@ -328,9 +328,18 @@ fn dumps_after_buffers_and_streams_are_pinned() {
         let name = graph.parent().unwrap().file_name().unwrap().to_string_lossy().to_string();
         dump(&name, &[graph.to_str().unwrap()]);
     }
-    for label in ["transformer-mp-2x4", "transformer-mp-8", "mlp-mp-2x4"] {
-        let case = common::layout_cases().into_iter().find(|c| c.label == label).expect("the layout");
-        dump(&case.label, &[case.graph.to_str().unwrap(), "--layout", case.spec.to_str().unwrap()]);
+    // The testdata layouts overlap too little to use the communication stream by default;
+    // the last one forces it.
+    let cases = [
+        ("transformer-mp-2x4", "transformer-mp-2x4", None),
+        ("mlp-mp-2x4", "mlp-mp-2x4", None),
+        ("transformer-mp-8", "transformer-mp-8-comm", Some("--comm-stream=always")),
+    ];
+    for (layout, label, extra) in cases {
+        let case = common::layout_cases().into_iter().find(|c| c.label == layout).expect("the layout");
+        let mut args = vec![case.graph.to_str().unwrap(), "--layout", case.spec.to_str().unwrap()];
+        args.extend(extra);
+        dump(label, &args);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

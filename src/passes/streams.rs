@@ -19,12 +19,13 @@
 //! where memory is saved without costing time, as one compute stream does the same work in
 //! any order. Ties keep the graph's order.
 //!
-//! Streams (`assign`): a collective goes to the communication stream when some compute step
-//! could run meanwhile — neither feeds it nor needs its result — as XLA makes a collective
-//! asynchronous only when something can be scheduled between its start and its end. A
-//! collective with nothing to overlap stays on the compute stream: on the communication
-//! stream it would only add two cross-thread hand-offs (the testdata transformer's
-//! Megatron layout is such a chain, and ran 2.8x slower with both its all_reduces moved).
+//! Streams (`assign`): a collective goes to the communication stream when enough compute
+//! could run meanwhile — steps that neither feed it nor need its result, touching at least
+//! `OVERLAP_BYTES` — as XLA makes a collective asynchronous only when something can be
+//! scheduled between its start and its end. Any other collective stays on the compute
+//! stream: on the communication stream it would only add two cross-thread hand-offs (the
+//! testdata transformer's Megatron layout is a chain, and ran 2.1x slower with both its
+//! all_reduces moved).
 //! `Config::comm_always` moves every collective (to measure exactly that). The
 //! communication stream is kept even when empty, so every device has one of each. With `Config::compute_streams` > 1 a compute step
 //! continues the stream of a compute predecessor that is still that stream's last step
@@ -48,6 +49,13 @@
 use std::fmt::Write as _;
 
 use crate::program::{Event, Exec, Program, Storage, Stream, StreamKind, StreamPlan, Wait};
+
+/// The least compute (bytes its steps touch) a collective must be able to overlap to go to
+/// the communication stream: each move costs two cross-thread hand-offs, ~10–50 µs on the
+/// test machine (8 device threads on 2 cores), while its kernels stream ~10 GB/s. Measured
+/// (`make bench`, streams): the testdata transformer on mp-8, whose q/k/v all_gathers can
+/// overlap ~30 KiB of projections, ran 0.313 ms with them moved, 0.204 ms on one stream.
+pub const OVERLAP_BYTES: usize = 512 << 10;
 
 /// How to split the steps into streams.
 #[derive(Clone, Debug)]
@@ -287,7 +295,11 @@ pub fn assign(p: &Program, cfg: &Config) -> StreamPlan {
         }
     }
     let reaches = |a: usize, b: usize| anc[b][a / 64] >> (a % 64) & 1 == 1;
-    let overlaps = |c: usize| (0..n).any(|x| !is_collective(p, x) && !reaches(x, c) && !reaches(c, x));
+    let work = |x: usize| p.steps[x].buffers.iter().map(|&b| p.buffers[b].bytes).sum::<usize>();
+    let overlaps = |c: usize| {
+        let concurrent = (0..n).filter(|&x| !is_collective(p, x) && !reaches(x, c) && !reaches(c, x));
+        concurrent.map(work).sum::<usize>() >= OVERLAP_BYTES
+    };
     let mut stream_of = vec![0; n];
     let mut load = vec![0usize; computes];
     for i in 0..n {
@@ -447,7 +459,8 @@ mod tests {
     use super::*;
     use crate::program::{Buffer, Collective, CollectiveOp, Reduce, Step};
 
-    /// A program over 64-byte arena buffers; steps as (result, operands, collective).
+    /// A program over 256 KiB arena buffers (two make a step worth overlapping); steps as
+    /// (result, operands, collective).
     fn program(buffers: usize, steps: &[(usize, &[usize], bool)]) -> Program {
         let collective = |id| {
             Exec::Collective(Collective {
@@ -460,7 +473,7 @@ mod tests {
         };
         Program {
             buffers: (0..buffers)
-                .map(|i| Buffer { name: format!("t{i}"), bytes: 64, storage: Storage::Arena { offset: 0 } })
+                .map(|i| Buffer { name: format!("t{i}"), bytes: 256 << 10, storage: Storage::Arena { offset: 0 } })
                 .collect(),
             steps: (steps.iter().enumerate())
                 .map(|(i, &(r, ops, c))| Step {
@@ -495,6 +508,15 @@ mod tests {
         // One stream: no events, program order.
         p.streams = assign(&p, &Config { single: true, ..Config::default() });
         assert!(p.streams.events.is_empty() && Order::of(&p).before(2, 3) && Order::of(&p).before(1, 2));
+    }
+
+    #[test]
+    fn a_collective_with_too_little_to_overlap_stays_on_the_compute_stream_unless_forced() {
+        let mut p = program(5, &[(1, &[0], false), (2, &[1], true), (3, &[0], false), (4, &[2, 3], false)]);
+        assert_eq!(assign(&p, &Config::default()).streams[1].steps, [1]);
+        p.buffers.iter_mut().for_each(|b| b.bytes = 64);
+        assert!(assign(&p, &Config::default()).streams[1].steps.is_empty());
+        assert_eq!(assign(&p, &Config { comm_always: true, ..Config::default() }).streams[1].steps, [1]);
     }
 
     #[test]
