@@ -932,7 +932,7 @@ mod tests {
 
     use super::*;
     use crate::mesh::Topology;
-    use crate::program::{CollectiveOp, Reduce, Step};
+    use crate::program::{CollectiveOp, Event, Reduce, Step, Stream, StreamKind, StreamPlan, Wait};
 
     fn mesh(shape: &[usize]) -> Mesh {
         Mesh {
@@ -1097,6 +1097,127 @@ mod tests {
         .join()
         .unwrap();
         assert!(l.state.lock().unwrap().devices.as_ref().is_some_and(|d| d.threads.len() == 1));
+    }
+
+    /// Streams for a program of three steps: 0 on the communication stream, 1 and 2 on the
+    /// main stream, 2 after 0 (event 0).
+    fn two_streams() -> StreamPlan {
+        StreamPlan {
+            streams: vec![
+                Stream { kind: StreamKind::Compute, steps: vec![1, 2] },
+                Stream { kind: StreamKind::Comm, steps: vec![0] },
+            ],
+            events: vec![Event { after: 0 }],
+            waits: vec![Wait { event: 0, before: 2 }],
+            join: vec![],
+        }
+    }
+
+    #[test]
+    fn streams_run_apart_joined_by_events_and_traced_per_stream() {
+        let m = mesh(&[2]);
+        let sum = collective(0, CollectiveOp::AllReduce { reduce: Reduce::Sum }, vec![vec![0, 1]], &[2, 2]);
+        let mm = Exec::Library(Library::Matmul { a: vec![2, 2], b: vec![2, 2], out: vec![2, 2] });
+        // b1 = all_reduce(b0) on the comm stream while b2 = b0·b0 runs; then b3 = b1·b2.
+        let programs = (0..2)
+            .map(|d| {
+                let steps = vec![
+                    step("s", sum.clone(), &[1, 0]),
+                    step("p", mm.clone(), &[2, 0, 0]),
+                    step("y", mm.clone(), &[3, 1, 2]),
+                ];
+                Program { streams: two_streams(), ..program(d, &[16; 4], steps, vec![0], vec![3]) }
+            })
+            .collect();
+        let x = || vec![io("x", DType::F32, &[2, 2], &[None, None])];
+        let l = load(&m, x(), vec![io("y", DType::F32, &[2, 2], &[None, None])], programs).unwrap();
+        let inputs = HashMap::from([("x".to_string(), iota(&[2, 2]))]);
+        // x = [[0,1],[2,3]]: b1 = 2x, b2 = x·x = [[2,3],[6,11]], y = 2x·x·x.
+        let want = Tensor::f32(vec![2, 2], vec![12.0, 22.0, 44.0, 78.0]);
+        let mut times = Vec::new();
+        for _ in 0..3 {
+            assert_eq!(l.run(&inputs).unwrap()["y"], want);
+        }
+        l.run_timed(&inputs, &mut |t| times.push(t.clone())).unwrap();
+        let streams: Vec<(usize, usize, usize)> = times.iter().map(|t| (t.device, t.stream, t.step)).collect();
+        assert_eq!(streams, [(0, 0, 1), (0, 0, 2), (0, 1, 0), (1, 0, 1), (1, 0, 2), (1, 1, 0)]);
+        let trace = crate::trace::chrome_trace(&l.meta, &l.programs, &times);
+        let v: serde_json::Value = serde_json::from_str(&trace).unwrap();
+        let events = v["traceEvents"].as_array().unwrap();
+        let track = |name: &str| events.iter().find(|e| e["args"]["name"] == name).map(|e| e["tid"].clone());
+        assert_eq!(track("device 1 (1) s1 comm"), Some(serde_json::json!(3)));
+        assert!(events.iter().any(|e| e["name"] == "s" && e["tid"] == 3));
+    }
+
+    #[test]
+    fn unsound_stream_plans_are_refused() {
+        let m = mesh(&[1]);
+        let mm = Exec::Library(Library::Matmul { a: vec![2, 2], b: vec![2, 2], out: vec![2, 2] });
+        let refuse = |plan: StreamPlan| {
+            let steps = vec![
+                step("a", mm.clone(), &[1, 0, 0]),
+                step("b", mm.clone(), &[2, 1, 1]),
+                step("c", mm.clone(), &[3, 2, 2]),
+            ];
+            let p = Program { streams: plan, ..program(0, &[16; 4], steps, vec![0], vec![3]) };
+            let x = || vec![io("x", DType::F32, &[2, 2], &[None, None])];
+            match load(&m, x(), vec![io("y", DType::F32, &[2, 2], &[None, None])], vec![p]) {
+                Ok(_) => String::new(),
+                Err(e) => format!("{e:#}"),
+            }
+        };
+        assert_eq!(refuse(two_streams()), "");
+        let mut p = two_streams();
+        p.streams[0].steps = vec![2, 1];
+        assert_eq!(refuse(p), "stream 0 lists step 1 out of order, twice or beyond the 3 steps");
+        let mut p = two_streams();
+        p.streams[0].steps = vec![2];
+        assert_eq!(refuse(p), "step 'b' is on no stream");
+        let mut p = two_streams();
+        p.waits = vec![Wait { event: 0, before: 0 }];
+        assert_eq!(refuse(p), "a wait for event 0 before step 0 does not follow an earlier step");
+        let mut p = two_streams();
+        p.join = vec![1];
+        assert_eq!(refuse(p), "the main stream joins event 1, but there are 1");
+        let p = StreamPlan { events: vec![Event { after: 0 }], ..StreamPlan::default() };
+        assert_eq!(refuse(p), "events without streams");
+    }
+
+    #[test]
+    fn a_failing_stream_stops_the_streams_waiting_for_it() {
+        let m = mesh(&[2]);
+        let sum = collective(0, CollectiveOp::AllReduce { reduce: Reduce::Sum }, vec![vec![0, 1]], &[2, 2]);
+        let bad = Exec::Library(Library::Matmul { a: vec![2, 3], b: vec![2, 3], out: vec![2, 2] });
+        let mm = Exec::Library(Library::Matmul { a: vec![2, 2], b: vec![2, 2], out: vec![2, 2] });
+        // Device 1's comm stream fails before its all_reduce; device 0's main stream waits
+        // for its own all_reduce's event, which never comes.
+        let programs = (0..2)
+            .map(|d| {
+                let first = if d == 1 { bad.clone() } else { mm.clone() };
+                let steps = vec![
+                    step("f", first, &[1, 0, 0]),
+                    step("p", mm.clone(), &[2, 0, 0]),
+                    step("s", sum.clone(), &[3, 1]),
+                ];
+                let plan = StreamPlan {
+                    streams: vec![
+                        Stream { kind: StreamKind::Compute, steps: vec![1] },
+                        Stream { kind: StreamKind::Comm, steps: vec![0, 2] },
+                    ],
+                    events: vec![Event { after: 2 }],
+                    waits: vec![],
+                    join: vec![0],
+                };
+                Program { streams: plan, ..program(d, &[16; 4], steps, vec![0], vec![3]) }
+            })
+            .collect();
+        let x = || vec![io("x", DType::F32, &[2, 2], &[None, None])];
+        let l = load(&m, x(), vec![io("y", DType::F32, &[2, 2], &[None, None])], programs).unwrap();
+        let inputs = HashMap::from([("x".to_string(), iota(&[2, 2]))]);
+        for _ in 0..2 {
+            let e = l.run(&inputs).unwrap_err().to_string();
+            assert!(e.starts_with("device 1 (1): node 'f': matmul"), "{e}");
+        }
     }
 
     #[test]
