@@ -10,6 +10,9 @@
 //!    (`--single-stream`); then the same block at a larger size. The configurations run
 //!    interleaved (one run of each in turn), medians of N runs; `STREAMS_BENCH_RUNS` sets N
 //!    for the testdata size (default 400; the larger size runs N/10).
+//!    "cores busy" is the process's CPU time over wall time times the cores: where it is near
+//!    100%, no overlap can shorten the run — the collectives' copies and sums are CPU work
+//!    too — it can only fill cores left idle while devices wait for each other.
 //! 3. Chrome traces of one run of each configuration into `$CARGO_TARGET_DIR/bench-out/`
 //!    (default `target/bench-out/`): open them in ui.perfetto.dev, one track per device and
 //!    stream.
@@ -166,6 +169,21 @@ fn transformer_inputs(g: &Graph) -> HashMap<String, Tensor> {
     ])
 }
 
+/// CPU time of the whole process so far (user + system, from /proc: clock ticks of 10 ms,
+/// so only sums over many runs mean anything).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // After the command name (which ends with ')'): state, then ..., utime and stime 12th and 13th.
+    let rest = stat.rsplit_once(')').map_or("", |r| r.1);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let field = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    (field(11) + field(12)) / 100.0
+}
+
+fn cores() -> f64 {
+    std::thread::available_parallelism().map_or(1, |n| n.get()) as f64
+}
+
 fn out_dir() -> PathBuf {
     let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
     let dir = Path::new(&target).join("bench-out");
@@ -202,11 +220,16 @@ fn overlap(label: &str, g: &Graph, info: &Info, params: &HashMap<String, Tensor>
         }
     }
     let mut times: Vec<Vec<f64>> = vec![Vec::with_capacity(runs); configs.len()];
+    let mut busy = vec![(0.0, 0.0); configs.len()]; // (CPU seconds, wall seconds)
     for _ in 0..runs {
         for (k, (l, _)) in loaded.iter().enumerate() {
+            let cpu = cpu_seconds();
             let s = Instant::now();
             l.run(&inputs).unwrap();
-            times[k].push(s.elapsed().as_secs_f64());
+            let wall = s.elapsed().as_secs_f64();
+            times[k].push(wall);
+            busy[k].0 += cpu_seconds() - cpu;
+            busy[k].1 += wall;
         }
     }
     let median = |t: &mut Vec<f64>| {
@@ -222,9 +245,10 @@ fn overlap(label: &str, g: &Graph, info: &Info, params: &HashMap<String, Tensor>
         let path = out_dir().join(format!("{}-{file}.trace.json", label.replace(' ', "-")));
         std::fs::write(&path, meshc::trace::chrome_trace(&l.meta, &l.programs, &trace)).unwrap();
         println!(
-            "{name:<20} {:9.3} ms  {:5.2}x vs single   ({on_comm} collective steps on comm streams; trace {})",
+            "{name:<20} {:9.3} ms  {:5.2}x vs single  cores busy {:3.0}%  ({on_comm} collective steps on comm streams; trace {})",
             medians[k] * 1e3,
             medians[2] / medians[k],
+            100.0 * busy[k].0 / busy[k].1 / cores(),
             path.display()
         );
     }
