@@ -274,8 +274,10 @@ struct RunCtx<'a> {
 
 /// How long a stream waiting for an event keeps checking (yielding the core) before it
 /// blocks: as for the fabric's rendezvous (`fabric::SPIN`), a sleeping thread's wake-up
-/// costs more than a short collective or kernel takes.
-const EVENT_SPIN: Duration = Duration::from_micros(20);
+/// costs more than a short collective or kernel takes. The testdata transformer on mp-8 with
+/// every collective on the communication stream: ~2.4x the one-stream time with 20 µs,
+/// ~2.1x with 100 µs (medians of 1000 runs, machine shared, so within noise).
+const EVENT_SPIN: Duration = Duration::from_micros(50);
 
 /// The events of one device in a run, plus one more: the inputs are in (`inputs_event`).
 /// Streams block on a condition variable (after a short spin), never spin for long.
