@@ -17,17 +17,23 @@ fn micros(d: std::time::Duration) -> f64 {
 /// The trace of one run's step times (from `Loaded::run_timed`) as JSON text.
 pub fn chrome_trace(meta: &Meta, programs: &[Program], times: &[StepTime]) -> String {
     let mut events = vec![json!({"name": "process_name", "ph": "M", "pid": 0, "args": {"name": meta.graph}})];
-    // One track per device and stream, a device's streams next to each other.
-    let per = programs.iter().map(|p| p.streams.streams.len()).max().unwrap_or(0).max(1);
+    // One track per device and stream that runs something, a device's streams next to each
+    // other; a device that runs everything on its main stream is just the device.
+    let used = |p: &Program| {
+        let s = &p.streams.streams;
+        (0..s.len()).filter(|&k| k == 0 || !s[k].steps.is_empty()).collect::<Vec<usize>>()
+    };
+    let per = programs.iter().map(|p| used(p).last().map_or(1, |&k| k + 1)).max().unwrap_or(1);
     let tid = |device: usize, stream: usize| device * per + stream;
     for (d, p) in programs.iter().enumerate() {
         let name = device_label(&meta.mesh, d);
-        if p.streams.streams.len() <= 1 {
+        let used = used(p);
+        if used.len() <= 1 {
             events.push(json!({"name": "thread_name", "ph": "M", "pid": 0, "tid": tid(d, 0), "args": {"name": name}}));
             continue;
         }
-        for (k, st) in p.streams.streams.iter().enumerate() {
-            let kind = match st.kind {
+        for k in used {
+            let kind = match p.streams.streams[k].kind {
                 StreamKind::Compute => "compute",
                 StreamKind::Comm => "comm",
             };
