@@ -371,7 +371,7 @@ pub fn assign(p: &Program, cfg: &Config) -> StreamPlan {
     let tails: Vec<usize> = streams[1..].iter().filter_map(|s| s.steps.last().copied()).collect();
     let mut joined = reduce(&mut end, &clock, tails);
     joined.sort_unstable();
-    let join = joined
+    let join: Vec<usize> = joined
         .into_iter()
         .map(|u| {
             *event_of[u].get_or_insert_with(|| {
@@ -389,14 +389,9 @@ pub fn assign(p: &Program, cfg: &Config) -> StreamPlan {
     }
     let events = by_step.iter().map(|&e| events[e].clone()).collect();
     let waits = waits.into_iter().map(|w| Wait { event: renumber[w.event], before: w.before }).collect();
-    let join = join_renumber(join, &renumber);
+    let mut join: Vec<usize> = join.into_iter().map(|e: usize| renumber[e]).collect();
+    join.sort_unstable();
     StreamPlan { streams, events, waits, join }
-}
-
-fn join_renumber(join: Vec<usize>, renumber: &[usize]) -> Vec<usize> {
-    let mut j: Vec<usize> = join.into_iter().map(|e| renumber[e]).collect();
-    j.sort_unstable();
-    j
 }
 
 /// "s1 comm": how dumps and `meshc inspect` name stream `s` of `p`.
