@@ -3,11 +3,15 @@
 //! compile) provides: metadata, the programs, code bytes mapped executable, and the weights.
 //!
 //! A single-device program runs on the calling thread (its library matmuls on all cores).
-//! A multi-device one runs one thread per device (`Devices`: started by the first run, kept
-//! parked between runs, joined when the `Loaded` drops), each over its own arena: inputs are
-//! scattered (each device copies its block of every input), the steps run in order,
+//! A multi-device one runs one thread per device and stream (`Devices`: started by the
+//! first run, kept parked between runs, joined when the `Loaded` drops), each device over
+//! its own arena: inputs are scattered (each device's main stream copies its block of every
+//! input), each stream runs its steps in order (`Program::streams`; without a plan one
+//! stream runs them all), waiting for the events of other streams with blocking waits,
 //! collectives meet in the fabric (`crate::fabric`), and the devices that hold the
-//! write-back copy of an output block gather it into the result. A failing or panicking
+//! write-back copy of an output block gather it into the result. A stream that waits for
+//! another one whose thread has not started the step yet runs that stream's steps itself
+//! (`Loaded::drive`), so the extra threads cost a hand-off only when they overlap work. A failing or panicking
 //! device poisons the fabric, so that every other device stops at its next rendezvous.
 
 use std::cell::Cell;
@@ -339,10 +343,31 @@ impl Board {
 }
 
 /// What the streams of one device share in a run: where each buffer is (a collective may
-/// leave its result in the fabric, moving the buffer there) and the device's events.
+/// leave its result in the fabric, moving the buffer there), the device's events, and per
+/// stream the position of its next step — whichever thread holds it runs that step.
 struct DeviceShared {
     ptrs: Vec<AtomicPtr<u8>>,
     board: Board,
+    cursors: Vec<Mutex<usize>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panicking step ends the run (the fabric is poisoned), so a poisoned cursor is never
+    // used for more than giving up.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One thread's state while it runs steps of a device (its own stream's, or another's it
+/// took over): its step times and scratch space.
+struct StepRun<'a> {
+    device: usize,
+    /// The only stream of the run: its library calls may use all cores.
+    alone: bool,
+    ctx: RunCtx<'a>,
+    step: &'a Cell<usize>,
+    times: Vec<StepTime>,
+    waits: Vec<fabric::Wait>,
+    args: Vec<*mut u8>,
 }
 
 /// A device's streams as the runner runs them: `Program::streams` checked and indexed by
@@ -356,6 +381,8 @@ struct Lanes {
     join: Vec<usize>,
     /// The event "the inputs are in" that every stream but the main one waits for first.
     inputs_event: usize,
+    /// The stream of each step.
+    stream_of: Vec<usize>,
 }
 
 impl Lanes {
@@ -381,6 +408,7 @@ fn lanes(p: &Program) -> Result<Lanes> {
             record: vec![Vec::new(); n],
             join: Vec::new(),
             inputs_event: 0,
+            stream_of: vec![0; n],
         });
     }
     let mut seen = vec![false; n];
@@ -412,7 +440,12 @@ fn lanes(p: &Program) -> Result<Lanes> {
     if let Some(e) = plan.join.iter().find(|&&e| e >= plan.events.len()) {
         bail!("the main stream joins event {e}, but there are {}", plan.events.len());
     }
+    let mut stream_of = vec![0; n];
+    for (k, st) in plan.streams.iter().enumerate() {
+        st.steps.iter().for_each(|&i| stream_of[i] = k);
+    }
     Ok(Lanes {
+        stream_of,
         steps: plan.streams.iter().map(|s| s.steps.clone()).collect(),
         wait,
         record,
@@ -694,7 +727,8 @@ impl<'w> Loaded<'w> {
                         })
                     })
                     .collect();
-                DeviceShared { ptrs, board: Board::new(lanes.inputs_event + 1) }
+                let cursors = lanes.steps.iter().map(|_| Mutex::new(0)).collect();
+                DeviceShared { ptrs, board: Board::new(lanes.inputs_event + 1), cursors }
             })
             .collect();
         let lanes: Vec<(usize, usize)> =
@@ -738,6 +772,8 @@ impl<'w> Loaded<'w> {
                 _ => runs.push(run),
             }
         }
+        // In step order, whichever thread ran them.
+        runs.iter_mut().for_each(|r| r.times.sort_by_key(|t| t.step));
         let mut results = BTreeMap::new();
         for (i, spec) in self.meta.outputs.iter().enumerate() {
             let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
@@ -806,11 +842,11 @@ impl<'w> Loaded<'w> {
         step: &Cell<usize>,
         alone: bool,
     ) -> Result<DeviceRun> {
-        let RunCtx { inputs, split, epoch, timed, devices } = ctx;
+        let RunCtx { inputs, split, devices, .. } = ctx;
         let p = &self.programs[device];
         let lanes = &self.lanes[device];
         let mesh = &self.meta.mesh;
-        let DeviceShared { ptrs, board } = &devices[device];
+        let DeviceShared { ptrs, board, cursors } = &devices[device];
         let ptr = |b: usize| ptrs[b].load(Ordering::Relaxed);
         let abandoned = || {
             let reason = self.fabric.poisoned().unwrap_or_default();
@@ -838,93 +874,147 @@ impl<'w> Loaded<'w> {
         if stream == 0 {
             board.record(lanes.inputs_event);
         }
-        let mut times = Vec::new();
-        let mut waits = Vec::new();
-        let mut args: Vec<*mut u8> = Vec::new();
-        for &i in &lanes.steps[stream] {
-            let st = &p.steps[i];
-            step.set(i);
+        let mut run = StepRun { device, alone, ctx, step, times: Vec::new(), waits: Vec::new(), args: Vec::new() };
+        let cursor = &cursors[stream];
+        loop {
+            let pos = *lock(cursor);
+            let Some(&i) = lanes.steps[stream].get(pos) else { break };
+            // Wait for the step's events without holding the stream, so that a stream
+            // waiting for this one may take the step over (`drive`).
             for &e in &lanes.wait[i] {
-                let start = Instant::now();
                 if !board.wait(e) {
-                    return Err(abandoned()).with_context(|| format!("node '{}'", st.node));
-                }
-                if timed {
-                    waits.push((start, Instant::now()));
+                    return Err(abandoned()).with_context(|| format!("node '{}'", p.steps[i].node));
                 }
             }
-            let start = Instant::now();
-            args.clear();
-            args.extend(st.buffers.iter().map(|&b| ptr(b)));
-            match &st.exec {
-                Exec::Kernel(k) => {
-                    // SAFETY: the step's buffers are the ones its kernel was generated for.
-                    let status = unsafe { self.kernel(device, *k)(args.as_ptr()) };
-                    if status == codegen::STATUS_INDEX_OUT_OF_RANGE {
-                        bail!("node '{}': gather index out of range", st.node);
-                    } else if status != 0 {
-                        bail!("node '{}': kernel failed with status {status}", st.node);
-                    }
-                }
-                Exec::Library(Library::Matmul { a, b, out }) => {
-                    let len = |s: &[usize]| s.iter().product::<usize>();
-                    // SAFETY: the buffers hold f32 tensors of exactly these shapes, and the
-                    // result does not alias the operands.
-                    let (o, x, y) = unsafe {
-                        (
-                            std::slice::from_raw_parts_mut(args[0] as *mut f32, len(out)),
-                            std::slice::from_raw_parts(args[1] as *const f32, len(a)),
-                            std::slice::from_raw_parts(args[2] as *const f32, len(b)),
-                        )
-                    };
-                    if alone {
-                        library::matmul(x, y, o, a, b, out)
-                    } else {
-                        library::matmul_threads(x, y, o, a, b, out, 1)
-                    }
-                    .with_context(|| format!("node '{}'", st.node))?;
-                }
-                Exec::Collective(c) => {
-                    // SAFETY: `new` checked the buffers' sizes against the collective and
-                    // that the result is apart from the operand; nothing else touches them
-                    // until the call returns.
-                    let delivery = unsafe {
-                        self.fabric.collective_raw(
-                            device,
-                            c,
-                            args[1] as *const f32,
-                            args[0] as *mut f32,
-                            self.share[device][i],
-                            timed.then_some(&mut waits),
-                        )
-                    }
-                    .with_context(|| format!("node '{}'", st.node))?;
-                    if let Delivery::Shared(at) = delivery {
-                        // No step writes this buffer again (`share`): read the result there.
-                        // The streams that read it wait for an event this stream records
-                        // after the step, which orders this store before their loads.
-                        ptrs[st.buffers[0]].store(at as *mut u8, Ordering::Relaxed);
-                    }
-                }
-            }
-            for &e in &lanes.record[i] {
-                board.record(e);
-            }
-            if timed {
-                let since = |t: Instant| t.duration_since(epoch);
-                let waits = waits.drain(..).map(|(a, b): (Instant, Instant)| (since(a), b.duration_since(a))).collect();
-                times.push(StepTime { device, stream, step: i, start: since(start), dur: start.elapsed(), waits });
+            let mut at = lock(cursor);
+            if *at == pos {
+                self.run_step(&mut run, stream, i)?;
+                *at += 1;
             }
         }
         if stream != 0 {
-            return Ok(DeviceRun { outputs: Vec::new(), times });
+            return Ok(DeviceRun { outputs: Vec::new(), times: run.times });
         }
         for &e in &lanes.join {
-            if !board.wait(e) {
-                return Err(abandoned());
+            self.await_event(&mut run, e)?;
+        }
+        let times = std::mem::take(&mut run.times);
+        Ok(DeviceRun { outputs: p.outputs.iter().map(|&b| SendPtr(ptr(b))).collect(), times })
+    }
+
+    /// Waits for event `e` of `run`'s device; first runs the steps of its stream up to the
+    /// one that records it, if no thread is running that stream (`drive`).
+    fn await_event(&self, run: &mut StepRun, e: usize) -> Result<()> {
+        let shared = &run.ctx.devices[run.device];
+        if !shared.board.done[e].load(Ordering::Acquire) {
+            let after = self.programs[run.device].streams.events[e].after;
+            self.drive(run, after)?;
+        }
+        if !shared.board.wait(e) {
+            let reason = self.fabric.poisoned().unwrap_or_default();
+            bail!("abandoned: {reason}");
+        }
+        Ok(())
+    }
+
+    /// Runs the steps of step `s`'s stream, in order, up to `s`, if no other thread is
+    /// running that stream: a stream waiting for another one does its work rather than
+    /// wake its thread and sleep (a hand-off between host threads costs ~25 µs with 8
+    /// devices on 2 cores, more than a small collective), while a stream that is already
+    /// under way keeps running on its own thread, overlapping. Every step waits only for
+    /// earlier steps, so the stream taken over never waits for the one that took it.
+    fn drive(&self, run: &mut StepRun, s: usize) -> Result<()> {
+        let lanes = &self.lanes[run.device];
+        let stream = lanes.stream_of[s];
+        let Ok(mut at) = run.ctx.devices[run.device].cursors[stream].try_lock() else { return Ok(()) };
+        while let Some(&j) = lanes.steps[stream].get(*at).filter(|&&j| j <= s) {
+            self.run_step(run, stream, j)?;
+            *at += 1;
+        }
+        Ok(())
+    }
+
+    /// Runs step `i` of stream `stream`: waits for its events, executes it, records its
+    /// events.
+    fn run_step(&self, run: &mut StepRun, stream: usize, i: usize) -> Result<()> {
+        let device = run.device;
+        let p = &self.programs[device];
+        let lanes = &self.lanes[device];
+        let RunCtx { epoch, timed, devices, .. } = run.ctx;
+        let DeviceShared { ptrs, board, .. } = &devices[device];
+        let st = &p.steps[i];
+        for &e in &lanes.wait[i] {
+            let start = Instant::now();
+            self.await_event(run, e).with_context(|| format!("node '{}'", st.node))?;
+            if timed {
+                run.waits.push((start, Instant::now()));
             }
         }
-        Ok(DeviceRun { outputs: p.outputs.iter().map(|&b| SendPtr(ptr(b))).collect(), times })
+        run.step.set(i);
+        let start = Instant::now();
+        let args = &mut run.args;
+        args.clear();
+        args.extend(st.buffers.iter().map(|&b| ptrs[b].load(Ordering::Relaxed)));
+        match &st.exec {
+            Exec::Kernel(k) => {
+                // SAFETY: the step's buffers are the ones its kernel was generated for.
+                let status = unsafe { self.kernel(device, *k)(args.as_ptr()) };
+                if status == codegen::STATUS_INDEX_OUT_OF_RANGE {
+                    bail!("node '{}': gather index out of range", st.node);
+                } else if status != 0 {
+                    bail!("node '{}': kernel failed with status {status}", st.node);
+                }
+            }
+            Exec::Library(Library::Matmul { a, b, out }) => {
+                let len = |s: &[usize]| s.iter().product::<usize>();
+                // SAFETY: the buffers hold f32 tensors of exactly these shapes, and the
+                // result does not alias the operands.
+                let (o, x, y) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut(args[0] as *mut f32, len(out)),
+                        std::slice::from_raw_parts(args[1] as *const f32, len(a)),
+                        std::slice::from_raw_parts(args[2] as *const f32, len(b)),
+                    )
+                };
+                if run.alone {
+                    library::matmul(x, y, o, a, b, out)
+                } else {
+                    library::matmul_threads(x, y, o, a, b, out, 1)
+                }
+                .with_context(|| format!("node '{}'", st.node))?;
+            }
+            Exec::Collective(c) => {
+                // SAFETY: `new` checked the buffers' sizes against the collective and
+                // that the result is apart from the operand; nothing else touches them
+                // until the call returns.
+                let delivery = unsafe {
+                    self.fabric.collective_raw(
+                        device,
+                        c,
+                        args[1] as *const f32,
+                        args[0] as *mut f32,
+                        self.share[device][i],
+                        timed.then_some(&mut run.waits),
+                    )
+                }
+                .with_context(|| format!("node '{}'", st.node))?;
+                if let Delivery::Shared(at) = delivery {
+                    // No step writes this buffer again (`share`): read the result there.
+                    // The streams that read it wait for an event recorded after the step,
+                    // which orders this store before their loads.
+                    ptrs[st.buffers[0]].store(at as *mut u8, Ordering::Relaxed);
+                }
+            }
+        }
+        for &e in &lanes.record[i] {
+            board.record(e);
+        }
+        if timed {
+            let since = |t: Instant| t.duration_since(epoch);
+            let waits = run.waits.drain(..).map(|(a, b): (Instant, Instant)| (since(a), b.duration_since(a))).collect();
+            run.times.push(StepTime { device, stream, step: i, start: since(start), dur: start.elapsed(), waits });
+        }
+        Ok(())
     }
 }
 
@@ -1142,7 +1232,7 @@ mod tests {
         }
         l.run_timed(&inputs, &mut |t| times.push(t.clone())).unwrap();
         let streams: Vec<(usize, usize, usize)> = times.iter().map(|t| (t.device, t.stream, t.step)).collect();
-        assert_eq!(streams, [(0, 0, 1), (0, 0, 2), (0, 1, 0), (1, 0, 1), (1, 0, 2), (1, 1, 0)]);
+        assert_eq!(streams, [(0, 1, 0), (0, 0, 1), (0, 0, 2), (1, 1, 0), (1, 0, 1), (1, 0, 2)]);
         let trace = crate::trace::chrome_trace(&l.meta, &l.programs, &times);
         let v: serde_json::Value = serde_json::from_str(&trace).unwrap();
         let events = v["traceEvents"].as_array().unwrap();
