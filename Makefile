@@ -20,14 +20,15 @@ test:
 	$(CARGO) test --workspace
 
 golden:
-	MESHC_BLESS=1 $(CARGO) test --test golden --test layouts --test compiled --test cli --test refused --test distributed --test buffers --test pilot
+	MESHC_BLESS=1 $(CARGO) test --test golden --test layouts --test compiled --test cli --test refused --test distributed --test buffers --test pilot --test degraded --test placement
 	git status --short golden/
 
 testdata:
 	python3 tools/gen_testdata.py
+	python3 tools/gen_dp_train.py
 
 bench:
-	$(CARGO) bench --bench gemm --bench pipeline --bench mesh --bench collectives --bench streams
+	$(CARGO) bench --bench gemm --bench pipeline --bench mesh --bench collectives --bench degraded --bench pilot --bench sendrecv --bench streams
 
 # The end-to-end example: compile the transformer block into one artifact, show what is in
 # it, run it (checking its outputs against numpy's), then time it against the interpreter;

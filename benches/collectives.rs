@@ -103,6 +103,8 @@ fn runner_program(mesh: &Mesh, numel: usize) -> (Meta, Vec<Program>) {
         flops: 0,
         inputs: vec![IoSpec::with_layout("x", &ty, vec![None])],
         outputs: vec![IoSpec::with_layout("y", &ty, vec![None])],
+        degraded: Default::default(),
+        model_axes: Vec::new(),
     };
     let c = all_reduce(vec![(0..mesh.devices()).collect()], numel);
     let programs = (0..mesh.devices())
@@ -110,8 +112,8 @@ fn runner_program(mesh: &Mesh, numel: usize) -> (Meta, Vec<Program>) {
             device,
             arena_bytes: 2 * at,
             buffers: vec![
-                Buffer { name: "x".into(), bytes, storage: Storage::Arena { offset: 0 } },
-                Buffer { name: "y".into(), bytes, storage: Storage::Arena { offset: at } },
+                Buffer { name: "x".into(), bytes, storage: Storage::Arena { offset: 0 }, mask: None },
+                Buffer { name: "y".into(), bytes, storage: Storage::Arena { offset: at }, mask: None },
             ],
             kernels: vec![],
             steps: vec![Step { node: "y".into(), exec: Exec::Collective(c.clone()), buffers: vec![1, 0] }],

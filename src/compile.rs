@@ -16,8 +16,8 @@ use crate::mesh::{Layout, Mesh};
 use crate::passes;
 use crate::passes::lower::Lowered;
 use crate::program::{
-    align_up, Buffer, Collective, CollectiveOp, Exec, IoSpec, Kernel, Library, Meta, Program, Reduce, Step, Storage,
-    ALIGN,
+    align_up, Buffer, Collective, CollectiveOp, Exec, IoSpec, Kernel, Library, Meta, Program, Protocol, Reduce, Step,
+    Storage, Transfer, ALIGN,
 };
 
 /// Which implementation serves matmuls.
@@ -29,19 +29,29 @@ pub enum Gemm {
     Library,
 }
 
+#[derive(Clone)]
 pub struct Options {
     pub target: String,
     pub gemm: Gemm,
     /// Plan each arena from liveness (`passes::buffers::plan`); false gives every buffer its
     /// own slot (`passes::buffers::naive`), which the tests compare the plan against.
     pub plan_arena: bool,
+    /// Pruning masks of matmul weights by param name (`passes::pilot::apply`): stored before
+    /// the (local slices of the) weights, and read by the matmuls that use them.
+    pub masks: HashMap<String, passes::pilot::ParamMask>,
     /// How each device's steps are ordered and split into streams (`passes::streams`).
     pub streams: passes::streams::Config,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { target: "native".into(), gemm: Gemm::Auto, plan_arena: true, streams: Default::default() }
+        Options {
+            target: "native".into(),
+            gemm: Gemm::Auto,
+            plan_arena: true,
+            masks: HashMap::new(),
+            streams: Default::default(),
+        }
     }
 }
 
@@ -125,7 +135,7 @@ struct Buffers {
 
 impl Buffers {
     fn arena(&mut self, name: &str, bytes: usize) -> usize {
-        self.list.push(Buffer { name: name.to_string(), bytes, storage: Storage::Arena { offset: 0 } });
+        self.list.push(Buffer { name: name.to_string(), bytes, storage: Storage::Arena { offset: 0 }, mask: None });
         self.of.insert(name.to_string(), self.list.len() - 1);
         self.list.len() - 1
     }
@@ -157,7 +167,7 @@ fn generate(target: &Target, node: &Node, inputs: &[TensorType], out: &TensorTyp
 
 /// The FLOP estimate of a node: 2 per multiply-add of contractions, one per element for
 /// elementwise ops and reductions, a few per element for softmax and layer_norm.
-fn node_flops(n: &Node, info: &Info) -> u64 {
+pub(crate) fn node_flops(n: &Node, info: &Info) -> u64 {
     let numel = |name: &str| info.types[name].numel() as u64;
     match n.op {
         Op::MatMul => {
@@ -185,12 +195,46 @@ fn node_flops(n: &Node, info: &Info) -> u64 {
     }
 }
 
+/// The mask record of every weight of `g` that is the right operand of a matmul and has a
+/// keep pattern in `keeps` that prunes something, with its entry in the program.
+fn local_masks<'g>(
+    g: &'g Graph,
+    info: &Info,
+    consts: &HashMap<String, Tensor>,
+    keeps: &HashMap<String, Tensor>,
+    block: usize,
+) -> HashMap<&'g str, (crate::mask::Mask, crate::program::MaskInfo)> {
+    let mut out = HashMap::new();
+    for n in g.nodes.iter().filter(|n| n.op == Op::MatMul && !consts.contains_key(&n.name)) {
+        let w = n.inputs[1].as_str();
+        let Some(keep) = keeps.get(w).filter(|t| t.shape.len() >= 2) else { continue };
+        let (k, cols) = (keep.shape[keep.shape.len() - 2], keep.shape[keep.shape.len() - 1]);
+        let (mut col_keep, mut row_keep) = (vec![false; cols], vec![false; k]);
+        for (i, &x) in keep.as_f32().expect("f32 keep pattern").iter().enumerate() {
+            if x != 0.0 {
+                col_keep[i % cols] = true;
+                row_keep[(i / cols) % k] = true;
+            }
+        }
+        let mask = crate::mask::Mask::new(&col_keep, &row_keep, block);
+        if !mask.prunes() {
+            continue;
+        }
+        let flops = node_flops(n, info);
+        let skipped = flops - (flops as f64 * mask.kept_fraction()).round() as u64;
+        let entry = crate::program::MaskInfo { bytes: mask.record_len(), rows: k, cols, flops, flops_skipped: skipped };
+        out.insert(w, (mask, entry));
+    }
+    out
+}
+
 /// Code and weights shared by the programs of all devices: identical kernels and identical
 /// weight blocks (replicas of a param shard) are stored once.
 struct Builder {
     target: Target,
     gemm: Gemm,
     plan_arena: bool,
+    masks: HashMap<String, passes::pilot::ParamMask>,
     streams: passes::streams::Config,
     code: Vec<u8>,
     code_at: BTreeMap<Vec<u8>, (usize, usize)>,
@@ -212,6 +256,7 @@ impl Builder {
             target: Target::by_name(&opts.target)?,
             gemm: opts.gemm,
             plan_arena: opts.plan_arena,
+            masks: opts.masks.clone(),
             streams: opts.streams.clone(),
             code: Vec::new(),
             code_at: BTreeMap::new(),
@@ -221,13 +266,16 @@ impl Builder {
         })
     }
 
-    fn weight(&mut self, bytes: Vec<u8>) -> usize {
+    /// Stores `bytes` (after `record`, a mask record that must end right where they start),
+    /// once per distinct content; returns the offset of `bytes`.
+    fn weight(&mut self, record: &[u8], bytes: Vec<u8>) -> usize {
         let len = self.weights.len();
-        *self.weight_at.entry(bytes).or_insert_with_key(|bytes| {
+        let key = [record, &bytes].concat();
+        *self.weight_at.entry(key).or_insert_with_key(|key| {
             let offset = align_up(len, ALIGN);
             self.weights.resize(offset, 0);
-            self.weights.extend_from_slice(bytes);
-            offset
+            self.weights.extend_from_slice(key);
+            offset + record.len()
         })
     }
 
@@ -249,14 +297,36 @@ impl Builder {
             };
             consts.insert(p.name.clone(), t);
         }
+        // Each masked param's keep pattern (1 kept, 0 pruned) is folded along with it, so a
+        // device's slice of a weight gets the matching slice of its mask.
+        let mut keeps: HashMap<String, Tensor> = HashMap::new();
+        for (name, m) in &self.masks {
+            if let Some(t) = consts.get(name) {
+                let v = (0..t.numel()).map(|i| {
+                    let (r, c) = ((i / m.col_keep.len()) % m.row_keep.len(), i % m.col_keep.len());
+                    if m.row_keep[r] && m.col_keep[c] {
+                        1.0
+                    } else {
+                        0.0
+                    }
+                });
+                keeps.insert(name.clone(), Tensor::f32(t.shape.clone(), v.collect()));
+            }
+        }
         for &k in &info.order {
             let n = &g.nodes[k];
             if foldable(n.op) && n.inputs.iter().all(|i| consts.contains_key(i)) {
                 let args: Vec<&Tensor> = n.inputs.iter().map(|i| &consts[i]).collect();
                 let t = meshc_ir::interp::eval_node(n, &args, &info.types[&n.name])?;
                 consts.insert(n.name.clone(), t);
+                if n.op != Op::Cast && n.inputs.iter().all(|i| keeps.contains_key(i)) {
+                    let args: Vec<&Tensor> = n.inputs.iter().map(|i| &keeps[i]).collect();
+                    keeps.insert(n.name.clone(), meshc_ir::interp::eval_node(n, &args, &info.types[&n.name])?);
+                }
             }
         }
+        let block = self.masks.values().next().map_or(0, |m| m.block);
+        let masks = local_masks(g, info, &consts, &keeps, block);
         // Only the constants something reads become weights.
         let outputs: Vec<&str> = g.outputs.iter().map(|o| o.name.as_str()).collect();
         let used = |name: &str| {
@@ -269,8 +339,12 @@ impl Builder {
         for name in names {
             let bytes = consts[name].to_le_bytes();
             let len = bytes.len();
-            let offset = self.weight(bytes);
-            bufs.list.push(Buffer { name: name.clone(), bytes: len, storage: Storage::Weights { offset } });
+            let (record, mask) = match masks.get(name.as_str()) {
+                Some((m, info)) => (m.encode(), Some(info.clone())),
+                None => (Vec::new(), None),
+            };
+            let offset = self.weight(&record, bytes);
+            bufs.list.push(Buffer { name: name.clone(), bytes: len, storage: Storage::Weights { offset }, mask });
             bufs.of.insert(name.clone(), bufs.list.len() - 1);
         }
         let inputs: Vec<usize> = g.inputs.iter().map(|i| bufs.arena(&i.name, i.ty.size_bytes())).collect();
@@ -294,6 +368,20 @@ impl Builder {
                 continue;
             }
             let operand_types: Vec<TensorType> = node.inputs.iter().map(|i| info.types[i].clone()).collect();
+            if matches!(node.op, Op::Send | Op::Recv) {
+                let t = transfer(node, out)?;
+                let (exec, b) = if node.op == Op::Send {
+                    // The send's result is its operand: nothing new to hold.
+                    let b = bufs.get(&node.inputs[0]);
+                    bufs.of.insert(node.name.clone(), b);
+                    (Exec::Send(t), b)
+                } else {
+                    (Exec::Recv(t), bufs.arena(&node.name, out.size_bytes()))
+                };
+                steps.push(Step { node: node.name.clone(), exec, buffers: vec![b] });
+                in_place.push(Vec::new());
+                continue;
+            }
             let use_library = node.op == Op::MatMul
                 && match self.gemm {
                     Gemm::Library => true,
@@ -320,6 +408,9 @@ impl Builder {
                         .map(|(k, _)| k + 1)
                         .collect();
                     (codegen::elementwise::fused(&self.target, &kernel_name(node), &spec)?, operands)
+                } else if node.op == Op::MatMul && masks.contains_key(node.inputs[1].as_str()) {
+                    let (a, b) = (&operand_types[0], &operand_types[1]);
+                    (codegen::matmul::masked(&self.target, &kernel_name(node), a, b, out)?, node.inputs.clone())
                 } else {
                     (generate(&self.target, node, &operand_types, out)?, node.inputs.clone())
                 };
@@ -409,6 +500,17 @@ impl Builder {
     }
 }
 
+/// One side of a transfer from a send or recv node (`passes::sendrecv`).
+fn transfer(node: &Node, ty: &TensorType) -> Result<Transfer> {
+    let str_attr = |k: &str| meshc_ir::infer::attr_str(node, k, "").to_string();
+    let peer = meshc_ir::infer::attr_int(node, if node.op == Op::Send { "to" } else { "from" }, -1);
+    let protocol = node.attrs.get("protocol").map_or(Ok(Protocol::Copy), |_| {
+        Protocol::parse(&str_attr("protocol")).with_context(|| format!("node '{}': unknown protocol", node.name))
+    })?;
+    let peer = usize::try_from(peer).with_context(|| format!("node '{}': device {peer}", node.name))?;
+    Ok(Transfer { key: str_attr("key"), peer, bytes: ty.size_bytes(), protocol })
+}
+
 fn meta(g: &Graph, info: &Info, target: &Target, mesh: Mesh, layouts: &HashMap<String, Layout>) -> Meta {
     let spec = |name: &str, ty: &TensorType| {
         IoSpec::with_layout(name, ty, layouts.get(name).cloned().unwrap_or_else(|| vec![None; ty.rank()]))
@@ -421,6 +523,8 @@ fn meta(g: &Graph, info: &Info, target: &Target, mesh: Mesh, layouts: &HashMap<S
         flops: g.nodes.iter().map(|n| node_flops(n, info)).sum(),
         inputs: g.inputs.iter().map(|i| spec(&i.name, &i.ty)).collect(),
         outputs: g.outputs.iter().map(|o| spec(&o.name, &info.types[&o.name])).collect(),
+        degraded: Default::default(),
+        model_axes: Vec::new(),
     }
 }
 
@@ -444,11 +548,24 @@ pub fn compile_lowered(
     let mut b = Builder::new(opts)?;
     let mut programs = Vec::new();
     for (d, dev) in lowered.devices.iter().enumerate() {
+        // A degraded device (`degraded::leave_out`) has nothing to run.
+        if dev.nodes.is_empty() && dev.outputs.is_empty() {
+            programs.push(Program { device: d, ..Default::default() });
+            continue;
+        }
         let dinfo = verify(dev).with_context(|| format!("device {d}: the lowered program does not verify"))?;
         programs
             .push(b.program((d, lowered.devices.len()), dev, &dinfo, params).with_context(|| format!("device {d}"))?);
     }
     let layouts: HashMap<String, Layout> = lowered.inputs.iter().chain(&lowered.outputs).cloned().collect();
-    let meta = meta(g, info, &b.target, lowered.mesh.clone(), &layouts);
+    let mut meta = meta(g, info, &b.target, lowered.mesh.clone(), &layouts);
+    for io in meta.inputs.iter_mut().chain(&mut meta.outputs) {
+        io.stage = lowered.io_stages.get(&io.name).cloned();
+    }
+    // Placed programs list, after the graph's inputs, placeholders of the outputs a device
+    // does not hold: they are no inputs of the run.
+    for p in &mut programs {
+        p.inputs.truncate(g.inputs.len());
+    }
     Ok(b.finish(meta, programs))
 }

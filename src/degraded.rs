@@ -1,7 +1,11 @@
 //! Fault-tolerant all-reduce over a mesh/torus with degraded nodes and links (seed 002, its
 //! paragraphs 57–109; DESIGN.md §6): the topology model (`Topo`), the planner that turns it
-//! into an explicit schedule (`plan`), and an executor of that schedule on per-device vectors
-//! that counts bytes per directed link (`execute`).
+//! into an explicit schedule (`plan` for the whole mesh, `plan_group` for any group, with
+//! routes through healthy non-members), an executor of that schedule on per-device vectors
+//! that counts bytes per directed link (`execute`), and the compile-time side: lowered
+//! programs with the degraded devices left out (`leave_out`) and their dump with the
+//! schedules (`dump_lowered`). The fabric (`crate::fabric`) runs collectives over these
+//! schedules.
 //!
 //! # Topology model
 //! A node is degraded along a dimension when it failed (fully degraded), when one of its
@@ -54,19 +58,46 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 use std::ops::{AddAssign, Range};
 
 use anyhow::{anyhow, bail, Result};
+use serde::{Deserialize, Serialize};
 
 use crate::mesh::{Mesh, Topology};
 
 /// What failed: devices, links (pairs of neighbouring devices), and devices degraded along
 /// one dimension only (device, dimension). Devices are numbered as in `Mesh::device`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Recorded in the artifact's metadata when the layout spec names a degradation.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Degradation {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<usize>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub links: Vec<(usize, usize)>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub along: Vec<(usize, usize)>,
 }
 
 impl Degradation {
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty() && self.links.is_empty() && self.along.is_empty()
+    }
+
+    /// The layout spec's `degraded` (validated coordinates) as device numbers.
+    pub fn from_spec(mesh: &Mesh, d: &crate::layout::Degraded) -> Degradation {
+        Degradation {
+            nodes: d.nodes.iter().map(|c| mesh.device(c)).collect(),
+            links: d.links.iter().map(|(a, b)| (mesh.device(a), mesh.device(b))).collect(),
+            along: Vec::new(),
+        }
+    }
+
+    /// Both degradations at once (what is named twice counts once).
+    pub fn merged(&self, other: &Degradation) -> Degradation {
+        let mut out = self.clone();
+        out.nodes.extend(other.nodes.iter().filter(|d| !self.nodes.contains(d)));
+        out.links.extend(other.links.iter().filter(|l| !self.links.contains(l)));
+        out.along.extend(other.along.iter().filter(|l| !self.along.contains(l)));
+        out
+    }
+
     /// From the command line: devices as coordinates (`1,2`) and links as two of them (`0,0:0,1`).
     pub fn from_args(mesh: &Mesh, devices: &[String], links: &[String]) -> Result<Degradation> {
         let device = |s: &str| -> Result<usize> {
@@ -243,6 +274,26 @@ pub struct Schedule {
     /// The healthy devices: each contributes its vector once and ends with the sum.
     pub members: Vec<usize>,
     pub phases: Vec<Phase>,
+    /// The first `reduced` phases reduce; the rest broadcast the result back.
+    pub reduced: usize,
+}
+
+fn overlap(a: &Range<usize>, b: &Range<usize>) -> Option<Range<usize>> {
+    let r = a.start.max(b.start)..a.end.min(b.end);
+    (!r.is_empty()).then_some(r)
+}
+
+/// Sorts `set` and merges the ranges that touch.
+fn normalise(set: &mut Vec<Range<usize>>) {
+    set.sort_by_key(|r| r.start);
+    let mut out: Vec<Range<usize>> = Vec::with_capacity(set.len());
+    for r in set.drain(..) {
+        match out.last_mut() {
+            Some(l) if r.start <= l.end => l.end = l.end.max(r.end),
+            _ => out.push(r),
+        }
+    }
+    *set = out;
 }
 
 /// `range` split into `k` nearly equal contiguous chunks.
@@ -370,21 +421,22 @@ impl Planner<'_> {
 /// and the node that holds its partial sum.
 type Positions = BTreeMap<Vec<usize>, usize>;
 
-/// The healthy nodes no healthy route connects to the largest connected set of them.
-fn unreachable(topo: &Topo) -> Vec<usize> {
+/// The members that no healthy route (through any healthy node, member or not) connects to
+/// the connected set of healthy nodes holding the most members.
+fn unreachable(topo: &Topo, members: &[usize]) -> Vec<usize> {
     let n = topo.mesh.devices();
     let mut comp = vec![usize::MAX; n];
-    let mut sizes = Vec::new();
+    let mut held = Vec::new();
     for s in (0..n).filter(|&d| topo.healthy(d)) {
         if comp[s] != usize::MAX {
             continue;
         }
-        let id = sizes.len();
-        let mut size = 0;
+        let id = held.len();
+        let mut count = 0;
         let mut queue = VecDeque::from([s]);
         comp[s] = id;
         while let Some(u) = queue.pop_front() {
-            size += 1;
+            count += usize::from(members.contains(&u));
             for (v, _) in topo.healthy_links(u) {
                 if comp[v] == usize::MAX {
                     comp[v] = id;
@@ -392,31 +444,74 @@ fn unreachable(topo: &Topo) -> Vec<usize> {
                 }
             }
         }
-        sizes.push(size);
+        held.push(count);
     }
-    // The largest set, the first found among equals.
-    let main = (0..sizes.len()).max_by_key(|&i| (sizes[i], Reverse(i)));
-    (0..n).filter(|&d| topo.healthy(d) && Some(comp[d]) != main).collect()
+    // The set holding the most members, the first found among equals.
+    let main = (0..held.len()).max_by_key(|&i| (held[i], Reverse(i)));
+    members.iter().copied().filter(|&d| Some(comp[d]) != main).collect()
+}
+
+/// Whether a collective over `group` must be planned around the degradation: a member is
+/// degraded, or degraded along an axis the group spans (a link it would use failed).
+pub fn touches(topo: &Topo, group: &[usize]) -> bool {
+    let coords: Vec<Vec<usize>> = group.iter().map(|&d| topo.mesh.coords(d)).collect();
+    let spans = |a: usize| coords.iter().any(|c| c[a] != coords[0][a]);
+    group.iter().any(|&d| !topo.healthy(d) || (0..topo.mesh.shape.len()).any(|a| spans(a) && topo.degraded_along(d, a)))
 }
 
 /// The all-reduce of a `len`-element vector over every healthy device of `topo`.
 pub fn plan(topo: &Topo, len: usize) -> Result<Schedule> {
+    plan_group(topo, &(0..topo.mesh.devices()).collect::<Vec<_>>(), len)
+}
+
+/// The all-reduce of a `len`-element vector over the healthy devices of `group` (devices of
+/// `topo`'s mesh). Routes may pass through healthy devices outside the group. A group that
+/// spans whole mesh axes (a sub-mesh, as lowering makes them) is reduced dimension by
+/// dimension over those axes as the module doc describes; any other group is one
+/// sub-network (chunk j reduced onto member j over spanning trees).
+pub fn plan_group(topo: &Topo, group: &[usize], len: usize) -> Result<Schedule> {
     let mesh = &topo.mesh;
-    let lost = unreachable(topo);
+    let whole = group.len() == mesh.devices();
+    let mut members: Vec<usize> = group.iter().copied().filter(|&d| d < mesh.devices() && topo.healthy(d)).collect();
+    members.sort();
+    members.dedup();
+    if members.is_empty() {
+        if whole {
+            bail!("every device of the {:?} mesh is degraded", mesh.shape);
+        }
+        bail!("every device of the group is degraded");
+    }
+    let lost = unreachable(topo, &members);
     if !lost.is_empty() {
         let names: Vec<String> = lost.iter().map(|&d| coords_string(mesh, d)).collect();
         bail!("healthy device {} cannot reach the others over healthy links", names.join(", "));
     }
-    let members: Vec<usize> = (0..mesh.devices()).filter(|&d| topo.healthy(d)).collect();
-    if members.is_empty() {
-        bail!("every device of the {:?} mesh is degraded", mesh.shape);
-    }
     let mut p = Planner { topo, len, load: BTreeMap::new(), phases: Vec::new() };
-    let pos: Positions = members.iter().map(|&d| (mesh.coords(d), d)).collect();
-    let all: Vec<usize> = (0..mesh.shape.len()).collect();
-    p.level(0..len, &pos, &all, true, 0);
+    let coords: Vec<Vec<usize>> = group.iter().map(|&d| mesh.coords(d)).collect();
+    let axes: Vec<usize> = if whole {
+        (0..mesh.shape.len()).collect()
+    } else {
+        (0..mesh.shape.len()).filter(|&a| coords.iter().any(|c| c[a] != coords[0][a])).collect()
+    };
+    let distinct: BTreeSet<&Vec<usize>> = coords.iter().collect();
+    if distinct.len() == group.len() && axes.iter().map(|&a| mesh.shape[a]).product::<usize>() == group.len() {
+        // Positions are keyed by their coordinates along the group's axes (the others zero).
+        let key = |d: usize| {
+            let mut c = mesh.coords(d);
+            (0..c.len()).filter(|a| !axes.contains(a)).for_each(|a| c[a] = 0);
+            c
+        };
+        let pos: Positions = members.iter().map(|&d| (key(d), d)).collect();
+        p.level(0..len, &pos, &axes, true, 0);
+    } else {
+        let adjacent = |u: usize, v: usize| topo.link_ok(u, v);
+        for (part, &root) in chunks(0..len, members.len()).into_iter().zip(&members) {
+            p.tree_reduce(0, "reduce (not a sub-mesh)", &members, &adjacent, root, part);
+        }
+    }
     // Broadcast back: the reduction reversed, copying final data the way it came.
     let reduce: Vec<Phase> = p.phases.into_iter().filter(|ph| !ph.transfers.is_empty()).collect();
+    let reduced = reduce.len();
     let mut phases = reduce.clone();
     for ph in reduce.iter().rev() {
         let transfers = ph
@@ -432,7 +527,7 @@ pub fn plan(topo: &Topo, len: usize) -> Result<Schedule> {
             .collect();
         phases.push(Phase { what: format!("broadcast back ({})", ph.what), transfers });
     }
-    Ok(Schedule { len, members, phases })
+    Ok(Schedule { len, members, phases, reduced })
 }
 
 impl Planner<'_> {
@@ -632,6 +727,42 @@ impl Schedule {
         bytes
     }
 
+    /// Bytes each directed link carries when the plan serves a reduce-scatter: every
+    /// reduction phase, then of the broadcast back only the elements on their way to a member
+    /// that keeps them (`keeps`: member → element ranges).
+    pub fn scatter_link_bytes(
+        &self,
+        elem_bytes: usize,
+        keeps: &BTreeMap<usize, Vec<Range<usize>>>,
+    ) -> BTreeMap<(usize, usize), u64> {
+        let mut bytes = BTreeMap::new();
+        let mut count = |route: &[usize], n: usize| {
+            for w in route.windows(2) {
+                *bytes.entry((w[0], w[1])).or_default() += (n * elem_bytes) as u64;
+            }
+        };
+        for t in self.phases[..self.reduced].iter().flat_map(|ph| &ph.transfers) {
+            count(&t.route, t.range.len());
+        }
+        // Last transfer first: what a device must receive is what it keeps plus what it
+        // passes on later.
+        let mut need: BTreeMap<usize, Vec<Range<usize>>> = keeps.clone();
+        for t in self.phases[self.reduced..].iter().rev().flat_map(|ph| ph.transfers.iter().rev()) {
+            let carried: Vec<Range<usize>> = need
+                .get(&t.to)
+                .map(|set| set.iter().filter_map(|r| overlap(r, &t.range)).collect())
+                .unwrap_or_default();
+            let n: usize = carried.iter().map(Range::len).sum();
+            if n > 0 {
+                count(&t.route, n);
+                let set = need.entry(t.from).or_default();
+                set.extend(carried);
+                normalise(set);
+            }
+        }
+        bytes
+    }
+
     /// One line per phase and per transfer, devices as coordinates: the schedule as people
     /// read it (and as the tests pin it).
     pub fn describe(&self, mesh: &Mesh) -> String {
@@ -680,4 +811,81 @@ pub fn execute<T: Copy + AddAssign>(
         }
     }
     Ok(schedule.link_bytes(size_of::<T>()))
+}
+
+/// Refuses a degradation that fails a device while a param is split over a mesh axis
+/// (`split`: param, axis): the device's shard of the model would be lost, and the result
+/// wrong. Only a data-parallel shard can drop out.
+pub fn keep_model_shards(topo: &Topo, split: &[(&str, usize)]) -> Result<()> {
+    let Some(d) = (0..topo.mesh.devices()).find(|&d| !topo.healthy(d)) else { return Ok(()) };
+    let Some(&(param, a)) = split.iter().find(|&&(_, a)| topo.mesh.shape[a] > 1) else { return Ok(()) };
+    bail!(
+        "degraded device {} would take its shard of param '{param}' (split over mesh axis '{}') with it: only data-parallel layouts (params replicated) can lose a device",
+        coords_string(&topo.mesh, d),
+        topo.mesh.axes[a]
+    )
+}
+
+/// Gives the degraded devices of `l` no work: their programs become empty (no inputs,
+/// nodes or outputs), so the artifact holds no code, weights or arena for them.
+pub fn leave_out(l: &mut crate::passes::lower::Lowered, deg: &Degradation) -> Result<()> {
+    let topo = Topo::new(&l.mesh, deg, false)?;
+    for (d, g) in l.devices.iter_mut().enumerate().filter(|(d, _)| !topo.healthy(*d)) {
+        *g = meshc_ir::Graph { name: format!("{} (degraded device {d})", g.name), ..Default::default() };
+    }
+    Ok(())
+}
+
+/// The lowered programs as `--dump-after lower` prints them under a degradation: a
+/// degraded device gets no work (its line says so, and it never runs); every healthy one
+/// its program; then the fault-tolerant schedule of each reduction whose group the
+/// degradation `touches` (as the fabric decides). Fails, naming the node, when a collective other
+/// than a reduction needs a degraded device's block (an all_gather or all_to_all cannot
+/// leave it out), or when a group cannot be planned.
+pub fn dump_lowered(l: &crate::passes::lower::Lowered, deg: &Degradation) -> Result<String> {
+    use meshc_ir::Op;
+    let topo = Topo::new(&l.mesh, deg, false)?;
+    let mut s = String::new();
+    for (d, g) in l.devices.iter().enumerate() {
+        let c = coords_string(&l.mesh, d);
+        if topo.healthy(d) {
+            s.push_str(&format!("# device {d} {c}\n{}", meshc_ir::text::print(g)));
+        } else {
+            s.push_str(&format!("# device {d} {c}: degraded, no work\n"));
+        }
+    }
+    let Some(g) = l.devices.first() else { return Ok(s) };
+    for n in &g.nodes {
+        let Some(groups) = n.attrs.get("groups").and_then(|a| a.as_int_lists()) else { continue };
+        let groups: Vec<Vec<usize>> = groups.iter().map(|g| g.iter().map(|&d| d as usize).collect()).collect();
+        let touched = |g: &Vec<usize>| touches(&topo, g);
+        let reduction = matches!(n.op, Op::AllReduce | Op::ReduceScatter);
+        for group in groups.iter().filter(|g| touched(g)) {
+            let names: Vec<String> = group.iter().map(|&d| coords_string(&l.mesh, d)).collect();
+            if !reduction {
+                if let Some(&d) = group.iter().find(|&&d| !topo.healthy(d)) {
+                    bail!(
+                        "node '{}' ({}) needs the block of degraded device {}: only reductions can leave a degraded device's shard out",
+                        n.name,
+                        n.op.name(),
+                        coords_string(&l.mesh, d)
+                    );
+                }
+                continue;
+            }
+            let mut numel: usize = n.shape.as_ref().map_or(1, |s| s.iter().product());
+            if n.op == Op::ReduceScatter {
+                numel *= group.len();
+            }
+            let plan = plan_group(&topo, group, numel).map_err(|e| anyhow!("node '{}': {e}", n.name))?;
+            s.push_str(&format!(
+                "# schedule of {} ({}, {numel} elements) over {}\n{}",
+                n.name,
+                n.op.name(),
+                names.join(" "),
+                plan.describe(&l.mesh)
+            ));
+        }
+    }
+    Ok(s)
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, Context, Result};
 use meshc_ir::{Graph, ParamData};
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use meshc_ir::verify::Info;
 use meshc_ir::Tensor;
@@ -22,7 +22,7 @@ use crate::runner::{Code, Loaded};
 
 /// The passes `--dump-after` can name, in pipeline order (their number prefixes the files
 /// of `--dump-dir`).
-pub const PASSES: &[&str] = &["verify", "layout", "lower", "pilot", "buffers", "streams"];
+pub const PASSES: &[&str] = &["verify", "place", "layout", "lower", "sendrecv", "pilot", "buffers", "streams"];
 
 /// Where `--dump-after` sends the IR after each pass it names.
 #[derive(Default)]
@@ -66,8 +66,9 @@ impl Dumps {
 /// The whole pipeline: the verified graph `g` (with its params' values), and optionally a
 /// layout spec, to a compiled artifact. Without a spec the graph runs on one device. With
 /// `pilot`, the pilot pass runs on the global graph (so its masks do not depend on the
-/// layout); its masks are computed and dumped, not yet applied: the artifact is the
-/// unpruned one.
+/// layout) and prunes its params (`passes::pilot::apply`); the masks go with the weights
+/// (sliced with them under a layout) into the artifact, where the matmuls skip their
+/// pruned blocks.
 pub fn build(
     g: &Graph,
     info: &Info,
@@ -79,13 +80,28 @@ pub fn build(
 ) -> Result<Compiled> {
     dumps.emit("verify", || meshc_ir::text::print(g))?;
     let masks = pilot.map(|cfg| passes::pilot::run(g, info, params, cfg)).transpose()?;
-    let emit_pilot = || match (pilot, &masks) {
-        (Some(cfg), Some(m)) => dumps.emit("pilot", || passes::pilot::dump(cfg, m)),
+    let pruned = match (pilot, &masks) {
+        (Some(cfg), Some(m)) => Some(passes::pilot::apply(g, info, params, m, cfg.block)?),
+        _ => None,
+    };
+    let pruned_opts = pruned.as_ref().map(|p| Options { masks: p.masks.clone(), ..opts.clone() });
+    let (params, opts) = match (&pruned, &pruned_opts) {
+        (Some(p), Some(o)) => (&p.params, o),
+        _ => (params, opts),
+    };
+    let emit_pilot = || match (pilot, &masks, &pruned) {
+        (Some(cfg), Some(m), Some(p)) => {
+            dumps.emit("pilot", || passes::pilot::dump(cfg, m) + &passes::pilot::dump_pruned(p))
+        }
         _ if dumps.after.iter().any(|a| a == "pilot") => {
             Err(anyhow!("--dump-after pilot needs pilot inputs (--pilot-input NAME=FILE.npy)"))
         }
         _ => Ok(()),
     };
+    let placement = spec.map(|s| passes::place::place(g, info, s)).transpose()?.flatten();
+    if placement.is_none() && dumps.after.iter().any(|a| a == "place" || a == "sendrecv") {
+        return Err(anyhow!("--dump-after place/sendrecv need a layout spec with a \"placement\" (--layout SPEC)"));
+    }
     let Some(spec) = spec else {
         if dumps.after.iter().any(|a| a == "layout" || a == "lower") {
             return Err(anyhow!("--dump-after layout/lower need a layout spec (--layout SPEC)"));
@@ -96,15 +112,109 @@ pub fn build(
         dumps.emit("streams", || passes::streams::dump(&compiled.programs))?;
         return Ok(compiled);
     };
+    if let Some(placement) = placement {
+        let joined = lower_placed(g, info, spec, &placement, dumps)?;
+        emit_pilot()?;
+        let compiled = compile_lowered(g, info, &joined, params, opts)?;
+        dumps.emit("buffers", || passes::buffers::dump(&compiled.programs))?;
+        dumps.emit("streams", || passes::streams::dump(&compiled.programs))?;
+        check_memory(&compiled, spec)?;
+        return Ok(compiled);
+    }
     let layouts = passes::layout::propagate(g, info, &spec.mesh, spec.seed_layouts(g, info)?);
     dumps.emit("layout", || passes::layout::dump(g, info, &layouts))?;
-    let lowered = passes::lower::lower(g, info, &layouts)?;
-    dumps.emit("lower", || passes::lower::dump(&lowered))?;
+    let mut lowered = passes::lower::lower(g, info, &layouts)?;
+    let degraded = crate::degraded::Degradation::from_spec(&spec.mesh, &spec.degraded);
+    let split: Vec<(&str, usize)> = g
+        .params
+        .iter()
+        .flat_map(|p| layouts.of.get(&p.name).into_iter().flatten().flatten().map(|&a| (p.name.as_str(), a)))
+        .collect();
+    let topo = crate::degraded::Topo::new(&spec.mesh, &degraded, false).with_context(|| spec.file.clone())?;
+    crate::degraded::keep_model_shards(&topo, &split).with_context(|| spec.file.clone())?;
+    let mut model_axes: Vec<usize> = split.iter().map(|&(_, a)| a).filter(|&a| spec.mesh.shape[a] > 1).collect();
+    model_axes.sort();
+    model_axes.dedup();
+    if degraded.is_empty() {
+        dumps.emit("lower", || passes::lower::dump(&lowered))?;
+    } else {
+        let text = crate::degraded::dump_lowered(&lowered, &degraded).with_context(|| spec.file.clone())?;
+        dumps.emit("lower", || text)?;
+        crate::degraded::leave_out(&mut lowered, &degraded)?;
+    }
     emit_pilot()?;
-    let compiled = compile_lowered(g, info, &lowered, params, opts)?;
+    let mut compiled = compile_lowered(g, info, &lowered, params, opts)?;
+    compiled.meta.degraded = degraded;
+    compiled.meta.model_axes = model_axes;
     dumps.emit("buffers", || passes::buffers::dump(&compiled.programs))?;
     dumps.emit("streams", || passes::streams::dump(&compiled.programs))?;
+    check_memory(&compiled, spec)?;
     Ok(compiled)
+}
+
+/// Each device's memory — the weights its program reads plus its arena — against the spec's
+/// `memory_per_device`; the error names the device that needs most and by how much it is over.
+fn check_memory(c: &Compiled, spec: &Spec) -> Result<()> {
+    let Some(budget) = spec.memory_per_device else { return Ok(()) };
+    let need = |p: &Program| {
+        let mut weights: Vec<(usize, usize)> = p
+            .buffers
+            .iter()
+            .filter_map(|b| match b.storage {
+                Storage::Weights { offset } => Some((offset, b.bytes)),
+                Storage::Arena { .. } => None,
+            })
+            .collect();
+        weights.sort();
+        weights.dedup();
+        let w: usize = weights.iter().map(|w| w.1).sum();
+        (w as u64, p.arena_bytes as u64)
+    };
+    let worst = c.programs.iter().map(|p| (need(p), p.device)).max_by_key(|((w, a), d)| (w + a, std::cmp::Reverse(*d)));
+    match worst {
+        Some(((w, a), d)) if w + a > budget => Err(anyhow!(
+            "{}: memory_per_device {budget} bytes: device {d} needs {} bytes (weights {w} + arena {a}), {} more; \
+             spread the graph over more devices (\"placement\": {{\"auto\": {{\"stages\": N}}}}, or split its params)",
+            spec.file,
+            w + a,
+            w + a - budget
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The passes from `place` to `sendrecv` for a spec with a placement: each stage's graph is
+/// laid out and lowered over its sub-mesh, then the stages are joined by transfers.
+pub fn lower_placed(
+    g: &Graph,
+    info: &Info,
+    spec: &Spec,
+    placement: &passes::place::Placement,
+    dumps: &Dumps,
+) -> Result<passes::lower::Lowered> {
+    // With micro-batches the unrolled graph is what runs.
+    let (g, info) = placement.unrolled.as_ref().map_or((g, info), |(g, i)| (g, i));
+    dumps.emit("place", || passes::place::dump(g, info, placement))?;
+    let (mut layout_dump, mut lower_dump) = (String::new(), String::new());
+    let mut stages = Vec::new();
+    for (s, stage) in placement.stages.iter().enumerate() {
+        let (sg, si) = placement.stage_graph(g, info, s)?;
+        let layouts = passes::layout::propagate(&sg, &si, &stage.mesh.mesh, stage.seeds(&sg, &si)?);
+        let lowered = passes::lower::lower(&sg, &si, &layouts).with_context(|| format!("stage {s}"))?;
+        let devices: Vec<String> = stage.mesh.devices.iter().map(usize::to_string).collect();
+        let head =
+            format!("# stage {s}: devices [{}] (below, devices are numbered within the stage)\n", devices.join(","));
+        layout_dump += &head;
+        layout_dump += &passes::layout::dump(&sg, &si, &layouts);
+        lower_dump += &head;
+        lower_dump += &passes::lower::dump(&lowered);
+        stages.push(lowered);
+    }
+    dumps.emit("layout", || layout_dump)?;
+    dumps.emit("lower", || lower_dump)?;
+    let joined = passes::sendrecv::join(g, info, &spec.mesh, placement, &stages)?;
+    dumps.emit("sendrecv", || passes::lower::dump(&joined))?;
+    Ok(joined)
 }
 
 /// Writes `c` as one artifact file. Programs are stored as a list, one per device.
@@ -197,13 +307,23 @@ pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
         let shape: Vec<String> = m.shape.iter().map(usize::to_string).collect();
         writeln!(s, "mesh {} [{}] axes [{}]", m.topology.name(), shape.join("x"), m.axes.join(", "))?;
     }
+    if !meta.degraded.is_empty() {
+        let c = |d: usize| crate::degraded::coords_string(m, d);
+        let nodes: Vec<String> = meta.degraded.nodes.iter().map(|&d| c(d)).collect();
+        let links: Vec<String> = meta.degraded.links.iter().map(|&(a, b)| format!("{}-{}", c(a), c(b))).collect();
+        writeln!(s, "degraded devices [{}] links [{}]", nodes.join(" "), links.join(" "))?;
+    }
     let io = |what: &str, i: &crate::program::IoSpec| {
         let layout = if i.layout.iter().any(Option::is_some) {
-            format!(" layout {}", m.layout_string(&i.layout))
+            format!(" layout {}", i.mesh(m).layout_string(&i.layout))
         } else {
             String::new()
         };
-        format!("{what} {}: {}{:?}{layout}", i.name, i.dtype, i.shape)
+        let stage = i.stage.as_ref().map_or(String::new(), |s| {
+            let d: Vec<String> = s.devices.iter().map(usize::to_string).collect();
+            format!(" on devices [{}]", d.join(","))
+        });
+        format!("{what} {}: {}{:?}{layout}{stage}", i.name, i.dtype, i.shape)
     };
     for i in &meta.inputs {
         writeln!(s, "{}", io("input ", i))?;
@@ -213,8 +333,102 @@ pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
     }
     for p in &programs {
         program_report(&mut s, p)?;
+        mask_report(&mut s, p, art.section(SectionKind::Weights).unwrap_or(&[]))?;
+    }
+    if let Some(total) = flops_skipped(&programs, meta.flops) {
+        writeln!(s, "{total}")?;
+    }
+    transfer_report(&mut s, &programs)?;
+    Ok(s)
+}
+
+/// The pruning masks of one device's weights, read back from the weights section.
+fn mask_report(s: &mut String, p: &Program, weights: &[u8]) -> Result<()> {
+    for b in &p.buffers {
+        let (Some(info), Storage::Weights { offset }) = (&b.mask, &b.storage) else { continue };
+        let m = crate::mask::Mask::decode(weights, *offset, info.rows, info.cols)
+            .with_context(|| format!("weight '{}'", b.name))?;
+        let runs =
+            |r: &[(usize, usize)]| r.iter().map(|(s, l)| format!("[{s},{})", s + l)).collect::<Vec<_>>().join(" ");
+        let mut parts = Vec::new();
+        if m.cols_kept() < m.cols {
+            parts.push(format!(
+                "columns kept {} of {} in {}-wide blocks {}",
+                m.cols_kept(),
+                m.cols,
+                m.block,
+                runs(&m.col_runs)
+            ));
+        }
+        if m.rows_kept() < m.rows {
+            parts.push(format!("rows kept {} of {} {}", m.rows_kept(), m.rows, runs(&m.row_runs)));
+        }
+        writeln!(
+            s,
+            "  mask {}: {}; FLOPs skipped {} of {} ({} bytes before the weight)",
+            b.name,
+            parts.join(", "),
+            info.flops_skipped,
+            info.flops,
+            info.bytes
+        )?;
+    }
+    Ok(())
+}
+
+/// The error of each of the `pruned` outputs against the `unpruned` ones (`run
+/// --compare-unpruned`): max abs, relative L2 (‖pruned − unpruned‖ / ‖unpruned‖), and for
+/// classifier-like outputs (f32, rank ≥ 2, a last axis of 2..=1000 classes) the rows whose
+/// argmax agrees.
+pub fn compare(pruned: &BTreeMap<String, Tensor>, unpruned: &BTreeMap<String, Tensor>) -> Result<String> {
+    let mut s = String::new();
+    for (name, p) in pruned {
+        let u = unpruned.get(name).ok_or_else(|| anyhow!("the unpruned graph has no output '{name}'"))?;
+        if u.ty() != p.ty() {
+            return Err(anyhow!("output '{name}' is {} pruned but {} unpruned", p.ty(), u.ty()));
+        }
+        let (pv, uv) = (p.data.to_f64(), u.data.to_f64());
+        let max_abs = pv.iter().zip(&uv).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        let diff: f64 = pv.iter().zip(&uv).map(|(a, b)| (a - b) * (a - b)).sum();
+        let norm: f64 = uv.iter().map(|b| b * b).sum();
+        let rel = if norm == 0.0 {
+            if diff == 0.0 {
+                0.0
+            } else {
+                f64::INFINITY
+            }
+        } else {
+            (diff / norm).sqrt()
+        };
+        write!(s, "compare-unpruned {name}: max abs error {max_abs:.3e}, relative L2 {rel:.3e}")?;
+        let classes = *p.shape.last().unwrap_or(&0);
+        if p.dtype() == meshc_ir::DType::F32 && p.shape.len() >= 2 && (2..=1000).contains(&classes) {
+            let argmax = |row: &[f64]| (0..row.len()).max_by(|&i, &j| row[i].total_cmp(&row[j]).then(j.cmp(&i)));
+            let rows = pv.len() / classes;
+            let agree = (pv.chunks(classes).zip(uv.chunks(classes))).filter(|(a, b)| argmax(a) == argmax(b)).count();
+            write!(s, ", argmax agrees on {agree} of {rows} rows ({:.2}%)", 100.0 * agree as f64 / rows.max(1) as f64)?;
+        }
+        writeln!(s)?;
     }
     Ok(s)
+}
+
+/// The FLOPs the masks of `programs` skip, per weight and in total against `flops`, the
+/// unpruned graph's; None without masks.
+pub fn flops_skipped(programs: &[Program], flops: u64) -> Option<String> {
+    let mut per: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+    for b in programs.iter().flat_map(|p| &p.buffers) {
+        if let Some(m) = &b.mask {
+            *per.entry(b.name.as_str()).or_default() += m.flops_skipped;
+        }
+    }
+    if per.is_empty() {
+        return None;
+    }
+    let total: u64 = per.values().sum();
+    let each: Vec<String> = per.iter().map(|(n, f)| format!("{n} {f}")).collect();
+    let pct = 100.0 * total as f64 / flops.max(1) as f64;
+    Some(format!("pilot: FLOPs skipped {total} of {flops} ({pct:.1}%): {}", each.join(", ")))
 }
 
 fn program_report(s: &mut String, p: &Program) -> Result<()> {
@@ -252,10 +466,31 @@ fn program_report(s: &mut String, p: &Program) -> Result<()> {
                 let group: Vec<String> = group.iter().map(usize::to_string).collect();
                 format!("#{} {} {}{:?} group [{}]", c.id, collective_name(&c.op), c.dtype, c.shape, group.join(","))
             }
+            Exec::Send(t) => format!("send -> {} {} {} B", t.peer, t.protocol.name(), t.bytes),
+            Exec::Recv(t) => format!("recv <- {} {} {} B", t.peer, t.protocol.name(), t.bytes),
         };
         let bufs: Vec<String> = st.buffers.iter().map(|b| format!("b{b}")).collect();
         let sync = if p.streams.streams.is_empty() { String::new() } else { passes::streams::step_note(p, i) };
         writeln!(s, "  {:<24} {:<36} ({}) {sync}", st.node, exec, bufs.join(", "))?;
+    }
+    Ok(())
+}
+
+/// The send/recv pairs of all programs, by key: who sends to whom, how many bytes, which
+/// protocol.
+fn transfer_report(s: &mut String, programs: &[Program]) -> Result<()> {
+    let sends: Vec<(usize, &crate::program::Transfer)> = programs
+        .iter()
+        .flat_map(|p| {
+            p.steps.iter().filter_map(move |st| if let Exec::Send(t) = &st.exec { Some((p.device, t)) } else { None })
+        })
+        .collect();
+    if sends.is_empty() {
+        return Ok(());
+    }
+    writeln!(s, "transfers: {} send/recv pair(s)", sends.len())?;
+    for (d, t) in sends {
+        writeln!(s, "  {:<32} device {d} -> device {}  {:>10} bytes  {}", t.key, t.peer, t.bytes, t.protocol.name())?;
     }
     Ok(())
 }

@@ -46,12 +46,26 @@
 //! - all_to_all: every member sends each other member its block directly (any size).
 //!
 //! # Degraded devices and links (`Fabric::degrade`, seed 002)
-//! An all_reduce over the whole mesh combines the operands of the healthy devices only (a
-//! mean divides by their number) and its link counters record the fault-tolerant schedule
-//! of `crate::degraded::plan` (forwarding and critical groups, any operand size). Degraded
-//! devices still meet in it, as their programs still run (lowering does not yet leave them
-//! out), and receive the same result. Every other collective must not involve a degraded
-//! device or send over a link that is not healthy: it fails, naming the collective.
+//! Degraded devices run nothing (the runner starts no job for them), so they never arrive.
+//! An all_reduce or reduce_scatter whose group holds one, or whose plain schedule would
+//! cross a degraded link, combines the operands of its healthy members only (a mean divides
+//! by their number; a degraded member's block of a reduce_scatter goes to no one), and its
+//! link counters record the fault-tolerant schedule of `crate::degraded::plan_group`
+//! (forwarding and critical groups, any operand size; for reduce_scatter the reduce half
+//! and only the broadcast edges leading to what each member keeps). all_gather and
+//! all_to_all cannot leave a member out: one that involves a degraded device or would send
+//! over a degraded link fails, naming the collective. The counters of the plain schedules
+//! are kept too, for the fault-free comparison of `LinkStats`.
+//!
+//! # Failure detection
+//! A member waiting at the first rendezvous wakes every quarter of the timeout
+//! (`set_timeout`, `TIMEOUT` by default), beats its own heartbeat and looks at the members
+//! that have not arrived: one whose heartbeat (the runner beats once per step, waiters
+//! while they wait) stood still for a whole timeout is declared failed, and the fabric is
+//! poisoned with its coordinates, ending the run. A member blocked in another collective
+//! keeps beating, so the blame lands on the silent device, not on those waiting for it. A
+//! single step that computes for longer than the timeout would be blamed wrongly: the
+//! timeout must exceed the longest step.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -451,8 +465,11 @@ struct Plan {
     numel: usize,
     result_numel: usize,
     traffic: Traffic,
-    /// The ranks whose operands a reduction combines: every member, except the degraded
-    /// ones of a fault-tolerant all_reduce.
+    /// The traffic of the plain schedule, as if nothing were degraded (`LinkStats::fault_free_max`).
+    plain: Traffic,
+    /// The ranks whose operands a reduction combines and who take part: every member,
+    /// except the degraded ones of a fault-tolerant all_reduce or reduce_scatter (they run
+    /// nothing, so they never arrive).
     contributors: Vec<usize>,
 }
 
@@ -486,6 +503,7 @@ impl Plan {
             shared
                 .into_iter()
                 .chain(members.iter().filter(|m| shared.is_none() || !m.share).map(|m| m.result))
+                .filter(|p| !p.is_null())
                 .collect()
         };
         let n = self.n;
@@ -505,6 +523,10 @@ impl Plan {
                 }
             }
             CollectiveOp::ReduceScatter { axis, reduce } => {
+                // A degraded member (it never arrived) keeps nothing.
+                if members[r].result.is_null() {
+                    return;
+                }
                 let mine = [members[r].result];
                 let mut start = vec![0; shape.len()];
                 start[axis] = r * self.result_shape[axis];
@@ -514,7 +536,7 @@ impl Plan {
                     &self.result_shape,
                     &vec![0; shape.len()],
                     &self.result_shape,
-                    |s, o, len| unsafe { reduce_range(&ops, s, &mine, o, len, reduce, stream) },
+                    |s, o, len| unsafe { reduce_range(&contributing, s, &mine, o, len, reduce, stream) },
                 );
             }
             CollectiveOp::AllToAll { split_axis, concat_axis } => {
@@ -688,6 +710,8 @@ struct SlotState {
     arrived: usize,
     /// Members at the second rendezvous (large operands): their parts are done.
     finished: usize,
+    /// Per rank: at the first rendezvous of this execution.
+    here: Vec<bool>,
     /// The result of all_reduce and all_gather that sharing members read.
     shared: Option<AlignedBuf>,
 }
@@ -695,6 +719,8 @@ struct SlotState {
 struct Slot {
     /// The description every member must agree on.
     desc: Collective,
+    /// The members' devices, by rank.
+    group: Vec<usize>,
     plan: Plan,
     state: Mutex<SlotState>,
     cv: Condvar,
@@ -726,6 +752,9 @@ pub struct LinkBytes {
 pub struct LinkStats {
     pub links: Vec<LinkBytes>,
     pub max: u64,
+    /// With degraded devices or links: the busiest link's bytes had the same collectives run
+    /// on the healthy network (the plain schedules), to compare `max` with.
+    pub fault_free_max: Option<u64>,
 }
 
 impl LinkStats {
@@ -737,6 +766,12 @@ impl LinkStats {
             s.push_str(&format!("link {} -> {} {} bytes\n", c(&l.from), c(&l.to), l.bytes));
         }
         s.push_str(&format!("max link bytes {}\n", self.max));
+        if let Some(f) = self.fault_free_max {
+            s.push_str(&format!(
+                "fault-free max link bytes {f} (degraded/fault-free {:.2})\n",
+                self.max as f64 / f as f64
+            ));
+        }
         s
     }
 }
@@ -766,7 +801,17 @@ pub struct Fabric {
     reason: Mutex<Option<String>>,
     /// The mesh's degraded devices and links, if any.
     degraded: Option<Topo>,
+    /// Per link: the bytes of the plain schedules (`LinkStats::fault_free_max`).
+    free_bytes: Vec<AtomicU64>,
+    /// The devices found silent since the fabric was made (`dead`).
+    dead: Mutex<Vec<usize>>,
+    /// Per device: signs of life (`beat`).
+    heartbeats: Vec<AtomicU64>,
+    timeout: Duration,
 }
+
+/// The default of `Fabric::set_timeout`: far beyond any step of the graphs we run.
+pub const TIMEOUT: Duration = Duration::from_secs(10);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // The state stays consistent across a panic of a lock holder (every update is a few
@@ -778,13 +823,18 @@ impl Fabric {
     pub fn new(mesh: &Mesh) -> Fabric {
         let links = Links::new(mesh);
         let bytes = links.list.iter().map(|_| AtomicU64::new(0)).collect();
+        let free_bytes = links.list.iter().map(|_| AtomicU64::new(0)).collect();
         Fabric {
             links,
             bytes,
+            free_bytes,
             slots: RwLock::new(HashMap::new()),
             poisoned: AtomicBool::new(false),
             reason: Mutex::new(None),
             degraded: None,
+            dead: Mutex::new(Vec::new()),
+            heartbeats: (0..mesh.devices()).map(|_| AtomicU64::new(0)).collect(),
+            timeout: TIMEOUT,
         }
     }
 
@@ -794,22 +844,64 @@ impl Fabric {
         if topo.mesh != self.links.mesh {
             bail!("the degradation describes a {:?} mesh, the fabric is {:?}", topo.mesh.shape, self.links.mesh.shape);
         }
+        if !(0..topo.mesh.devices()).any(|d| topo.healthy(d)) {
+            bail!("every device of the {:?} mesh is degraded", topo.mesh.shape);
+        }
         self.slots.get_mut().unwrap_or_else(|e| e.into_inner()).clear();
         self.degraded = Some(topo);
         Ok(())
     }
 
-    /// The traffic and contributing ranks of an all_reduce over the whole degraded mesh
+    /// The degraded devices and links the collectives run around, if any.
+    pub fn degraded(&self) -> Option<&Topo> {
+        self.degraded.as_ref()
+    }
+
+    /// The traffic and contributing ranks of an all_reduce or reduce_scatter whose group
+    /// holds a degraded device or whose plain schedule (`plain`) crosses a degraded link
     /// (module doc); `None` for every other collective, or without a degradation.
-    fn fault_tolerant(&self, c: &Collective, group: &[usize], numel: usize) -> Result<Option<(Traffic, Vec<usize>)>> {
+    fn fault_tolerant(
+        &self,
+        c: &Collective,
+        group: &[usize],
+        plain: &Traffic,
+        result_shape: &[usize],
+    ) -> Result<Option<(Traffic, Vec<usize>)>> {
         let Some(topo) = &self.degraded else { return Ok(None) };
-        if !matches!(c.op, CollectiveOp::AllReduce { .. }) || !group.iter().copied().eq(0..self.links.mesh.devices()) {
+        // For the sub-mesh groups lowering makes, the second test implies the first.
+        let touched = degraded::touches(topo, group)
+            || plain.iter().any(|&(l, _)| !topo.link_ok(self.links.list[l].0, self.links.list[l].1));
+        if !touched {
             return Ok(None);
         }
-        let schedule = degraded::plan(topo, numel).map_err(|e| anyhow!("collective #{}: {e}", c.id))?;
-        let traffic = schedule.link_bytes(4).into_iter().map(|((u, v), b)| (self.links.index[&(u, v)], b)).collect();
-        // The group is every device in order: ranks are devices.
-        Ok(Some((traffic, schedule.members)))
+        let numel = c.shape.iter().product();
+        let bytes = match c.op {
+            CollectiveOp::AllReduce { .. } => degraded::plan_group(topo, group, numel)
+                .map_err(|e| anyhow!("collective #{}: {e}", c.id))?
+                .link_bytes(4),
+            CollectiveOp::ReduceScatter { axis, .. } => {
+                let schedule =
+                    degraded::plan_group(topo, group, numel).map_err(|e| anyhow!("collective #{}: {e}", c.id))?;
+                // The elements each healthy member keeps: its block along `axis`.
+                let zero = vec![0; c.shape.len()];
+                let keeps = (0..group.len())
+                    .filter(|&r| topo.healthy(group[r]))
+                    .map(|r| {
+                        let mut start = zero.clone();
+                        start[axis] = r * result_shape[axis];
+                        let mut ranges = Vec::new();
+                        for_each_run(&c.shape, &start, result_shape, &zero, result_shape, |s, _, n| {
+                            ranges.push(s..s + n)
+                        });
+                        (group[r], ranges)
+                    })
+                    .collect();
+                schedule.scatter_link_bytes(4, &keeps)
+            }
+            _ => return Ok(None),
+        };
+        let traffic = bytes.into_iter().map(|((u, v), b)| (self.links.index[&(u, v)], b)).collect();
+        Ok(Some((traffic, (0..group.len()).filter(|&r| topo.healthy(group[r])).collect())))
     }
 
     /// Fails if a collective of the plain plan involves a degraded device or link.
@@ -844,17 +936,22 @@ impl Fabric {
             })
             .collect();
         let max = links.iter().map(|l| l.bytes).max().unwrap_or(0);
-        LinkStats { links, max }
+        let fault_free_max = self
+            .degraded
+            .as_ref()
+            .map(|_| self.free_bytes.iter().map(|b| b.load(Ordering::Relaxed)).max().unwrap_or(0));
+        LinkStats { links, max, fault_free_max }
     }
 
     /// Clears the counters, the poison and any half-met rendezvous. Only while no thread is
     /// inside a collective (between runs).
     pub fn reset(&self) {
-        self.bytes.iter().for_each(|b| b.store(0, Ordering::Relaxed));
+        self.bytes.iter().chain(&self.free_bytes).for_each(|b| b.store(0, Ordering::Relaxed));
         for slot in self.slots.read().unwrap_or_else(|e| e.into_inner()).values() {
             let mut s = lock(&slot.state);
             s.arrived = 0;
             s.finished = 0;
+            s.here.iter_mut().for_each(|h| *h = false);
         }
         *lock(&self.reason) = None;
         self.poisoned.store(false, Ordering::SeqCst);
@@ -910,18 +1007,19 @@ impl Fabric {
     fn new_slot(&self, device: usize, c: &Collective, group: &[usize]) -> Result<Slot> {
         let result_shape = result_shape(&self.links.mesh, device, c)?;
         let (numel, result_numel) = (c.shape.iter().product(), result_shape.iter().product());
-        let (traffic, contributors) = match self.fault_tolerant(c, group, numel)? {
+        let plain = Model::schedule(&self.links, &c.op, group, numel, result_numel);
+        let (traffic, contributors) = match self.fault_tolerant(c, group, &plain, &result_shape)? {
             Some(p) => p,
             None => {
-                let traffic = Model::schedule(&self.links, &c.op, group, numel, result_numel);
-                self.check_healthy(c, group, &traffic)?;
-                (traffic, (0..group.len()).collect())
+                self.check_healthy(c, group, &plain)?;
+                (plain.clone(), (0..group.len()).collect())
             }
         };
         let plan = Plan {
             op: c.op.clone(),
             shape: c.shape.clone(),
             traffic,
+            plain,
             contributors,
             result_shape,
             n: group.len(),
@@ -931,7 +1029,14 @@ impl Fabric {
         let none = Member { operand: std::ptr::null(), result: std::ptr::null_mut(), share: false };
         Ok(Slot {
             desc: c.clone(),
-            state: Mutex::new(SlotState { members: vec![none; plan.n], arrived: 0, finished: 0, shared: None }),
+            state: Mutex::new(SlotState {
+                members: vec![none; plan.n],
+                arrived: 0,
+                finished: 0,
+                here: vec![false; plan.n],
+                shared: None,
+            }),
+            group: group.to_vec(),
             plan,
             cv: Condvar::new(),
             gen: AtomicU64::new(0),
@@ -964,14 +1069,26 @@ impl Fabric {
         }
         let (slot, rank) = self.slot(device, c)?;
         let plan = &slot.plan;
+        if !plan.contributors.contains(&rank) {
+            bail!(
+                "collective #{}: device {} is degraded and takes no part",
+                c.id,
+                coords_string(&self.links.mesh, device)
+            );
+        }
         let mut s = lock(&slot.state);
         s.members[rank] = Member { operand, result, share };
+        s.here[rank] = true;
         s.arrived += 1;
         let gen = slot.gen.load(Ordering::Relaxed);
-        if s.arrived == plan.n {
+        if s.arrived == plan.contributors.len() {
             s.arrived = 0;
+            s.here.iter_mut().for_each(|h| *h = false);
             for &(l, b) in &plan.traffic {
                 self.bytes[l].fetch_add(b, Ordering::Relaxed);
+            }
+            for &(l, b) in &plan.plain {
+                self.free_bytes[l].fetch_add(b, Ordering::Relaxed);
             }
             slot.next.store(0, Ordering::Relaxed);
             if plan.shareable() && s.members.iter().any(|m| m.share) && s.shared.is_none() {
@@ -990,12 +1107,13 @@ impl Fabric {
             slot.cv.notify_all();
         } else {
             let start = Instant::now();
-            s = match self.await_change(&slot, s, &slot.gen, gen, true) {
+            s = match self.await_change(&slot, s, &slot.gen, gen, Some(device)) {
                 Ok(s) => s,
                 Err(mut s) => {
                     // Withdraw: without this member the rendezvous can never complete, so
                     // no one touches its buffers.
                     s.arrived -= 1;
+                    s.here[rank] = false;
                     return Err(self.abandoned(c));
                 }
             };
@@ -1026,13 +1144,13 @@ impl Fabric {
         let mut s = lock(&slot.state);
         s.finished += 1;
         let fin_gen = slot.fin_gen.load(Ordering::Relaxed);
-        if s.finished == plan.n {
+        if s.finished == plan.contributors.len() {
             s.finished = 0;
             slot.fin_gen.store(fin_gen + 1, Ordering::Release);
             slot.cv.notify_all();
         } else {
             let start = Instant::now();
-            drop(self.await_change(&slot, s, &slot.fin_gen, fin_gen, false));
+            drop(self.await_change(&slot, s, &slot.fin_gen, fin_gen, None));
             if let Some(w) = waits {
                 w.push((start, Instant::now()));
             }
@@ -1042,30 +1160,81 @@ impl Fabric {
 
     /// Waits until `counter` (one of `slot`'s generations) moves past `seen`: first
     /// checking it while yielding the core, for up to `SPIN`, then blocking. With
-    /// `poisonable`, a poisoned fabric ends the wait with `Err`, still under the lock and
-    /// with `counter` unchanged.
+    /// `watcher` (the waiting device, at the first rendezvous), a poisoned fabric ends the
+    /// wait with `Err`, still under the lock and with `counter` unchanged; and the wait is
+    /// also a watch: the waiter beats its own heartbeat, and a missing member whose
+    /// heartbeat stood still for the whole timeout is declared failed (the fabric is
+    /// poisoned with its coordinates).
     fn await_change<'a>(
         &self,
         slot: &'a Slot,
         s: MutexGuard<'a, SlotState>,
         counter: &AtomicU64,
         seen: u64,
-        poisonable: bool,
+        watcher: Option<usize>,
     ) -> std::result::Result<MutexGuard<'a, SlotState>, MutexGuard<'a, SlotState>> {
-        let poisoned = || poisonable && self.poisoned.load(Ordering::SeqCst);
+        let poisoned = || watcher.is_some() && self.poisoned.load(Ordering::SeqCst);
         drop(s);
         let start = Instant::now();
         while counter.load(Ordering::Acquire) == seen && !poisoned() && start.elapsed() < SPIN {
             std::thread::yield_now();
         }
         let mut s = lock(&slot.state);
+        let missing = |s: &SlotState| -> Vec<(usize, u64)> {
+            let ranks = slot.plan.contributors.iter().filter(|&&r| !s.here[r]);
+            ranks.map(|&r| (slot.group[r], self.heartbeats[slot.group[r]].load(Ordering::SeqCst))).collect()
+        };
+        let mut window = (Instant::now(), missing(&s));
         while counter.load(Ordering::Relaxed) == seen {
             if poisoned() {
                 return Err(s);
             }
-            s = slot.cv.wait(s).unwrap_or_else(|e| e.into_inner());
+            let Some(me) = watcher else {
+                s = slot.cv.wait(s).unwrap_or_else(|e| e.into_inner());
+                continue;
+            };
+            self.beat(me);
+            let tick = (self.timeout / 4).max(Duration::from_millis(1));
+            s = slot.cv.wait_timeout(s, tick).unwrap_or_else(|e| e.into_inner()).0;
+            if counter.load(Ordering::Relaxed) != seen || window.0.elapsed() < self.timeout {
+                continue;
+            }
+            let now = missing(&s);
+            let dead: Vec<usize> = now.iter().filter(|m| window.1.contains(m)).map(|&(d, _)| d).collect();
+            if !dead.is_empty() {
+                drop(s);
+                let names: Vec<String> = dead.iter().map(|&d| coords_string(&self.links.mesh, d)).collect();
+                lock(&self.dead).extend(dead);
+                self.poison(format!(
+                    "device {} stopped answering: no sign of life for {} ms while device {} waited for it in collective #{}",
+                    names.join(", "),
+                    self.timeout.as_millis(),
+                    coords_string(&self.links.mesh, me),
+                    slot.desc.id
+                ));
+                return Err(lock(&slot.state));
+            }
+            window = (Instant::now(), now);
         }
         Ok(s)
+    }
+
+    /// The devices declared failed for showing no sign of life, sorted.
+    pub fn dead(&self) -> Vec<usize> {
+        let mut d = lock(&self.dead).clone();
+        d.sort();
+        d.dedup();
+        d
+    }
+
+    /// A sign of life from `device` (the runner gives one per step).
+    pub fn beat(&self, device: usize) {
+        self.heartbeats[device].fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// How long a member may show no sign of life before the others declare it failed.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
     }
 
     /// `collective_raw` on slices (lengths checked), always delivering into `result`.
@@ -1195,7 +1364,8 @@ mod tests {
         let mut out: Vec<(Vec<f32>, bool)> = vec![(Vec::new(), false); operands.len()];
         std::thread::scope(|s| {
             for (d, slot) in out.iter_mut().enumerate() {
-                if !c.groups.iter().flatten().any(|&x| x == d) {
+                let degraded = f.degraded.as_ref().is_some_and(|t| !t.healthy(d));
+                if degraded || !c.groups.iter().flatten().any(|&x| x == d) {
                     continue;
                 }
                 let op = &operands[d];
@@ -1385,7 +1555,10 @@ mod tests {
         assert_eq!(links.len(), 18);
         let m = Fabric::new(&mesh(&[2, 3], Topology::Mesh));
         assert_eq!(traffic(&m).len(), 14);
-        assert_eq!(Fabric::new(&Mesh::single()).link_stats(), LinkStats { links: vec![], max: 0 });
+        assert_eq!(
+            Fabric::new(&Mesh::single()).link_stats(),
+            LinkStats { links: vec![], max: 0, fault_free_max: None }
+        );
     }
 
     #[test]
@@ -1578,8 +1751,9 @@ mod tests {
             let c = coll(CollectiveOp::AllReduce { reduce }, vec![(0..16).collect()], &[numel]);
             let operands: Vec<Vec<f32>> = (0..16).map(|d| data(d, numel)).collect();
             let want = reduced(reduce, &healthy.iter().map(|&d| &operands[d]).collect::<Vec<_>>());
-            for (d, (got, _)) in run(&f, &c, &operands, false).into_iter().enumerate() {
-                assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "device {d}, {numel}");
+            let got = run(&f, &c, &operands, false);
+            for &d in &healthy {
+                assert!(got[d].0.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "device {d}, {numel}");
             }
             let stats = f.link_stats();
             let schedule = plan(&topo, numel).unwrap().link_bytes(4);
@@ -1589,15 +1763,60 @@ mod tests {
                 assert!(l.bytes == 0 || topo.link_ok(u, v), "{u}->{v} carried {} bytes", l.bytes);
             }
         }
-        // Other collectives must keep off degraded devices and links (c4 is degraded along
-        // the rows: its wrap link to c1 is unusable too).
+        // all_gather cannot leave a member's block out.
         let mut f = Fabric::new(&m);
         f.degrade(topo).unwrap();
-        let c = coll(CollectiveOp::AllReduce { reduce: Reduce::Sum }, vec![vec![0, 1, 2, 3]], &[4]);
-        let e = f.collective(2, &c, &[0.0; 4], &mut [0.0; 4], None).unwrap_err();
+        let c = coll(CollectiveOp::AllGather { axis: 0 }, vec![vec![0, 1, 2, 3]], &[4]);
+        let e = f.collective(2, &c, &[0.0; 4], &mut [0.0; 16], None).unwrap_err();
         assert_eq!(e.to_string(), "collective #7: device (0,0) of its group is degraded");
-        let c = coll(CollectiveOp::AllReduce { reduce: Reduce::Sum }, vec![vec![8, 9, 10, 11]], &[4]);
-        let e = f.collective(8, &c, &[0.0; 4], &mut [0.0; 4], None).unwrap_err();
-        assert_eq!(e.to_string(), "collective #7: its route uses the degraded link (2,0)-(2,3)");
+    }
+
+    #[test]
+    fn degraded_sub_group_reductions_route_around_and_leave_degraded_members_out() {
+        let m = mesh(&[4, 4], Topology::Mesh);
+        // b2 failed, the link c3-c4 failed: c4 is degraded along the rows, c3 along the rows.
+        let deg = crate::degraded::Degradation { nodes: vec![5], links: vec![(10, 11)], along: vec![] };
+        let topo = Topo::new(&m, &deg, false).unwrap();
+        for axis in [0, 1] {
+            for (numel, reduce) in [(64, Reduce::Sum), (40_000, Reduce::Mean)] {
+                for op in [CollectiveOp::AllReduce { reduce }, CollectiveOp::ReduceScatter { axis: 0, reduce }] {
+                    let mut f = Fabric::new(&m);
+                    f.degrade(topo.clone()).unwrap();
+                    let c = coll(op.clone(), m.groups(&[axis]), &[numel]);
+                    let operands: Vec<Vec<f32>> = (0..16).map(|d| data(d, numel)).collect();
+                    let got = run(&f, &c, &operands, false);
+                    for g in &c.groups {
+                        let healthy: Vec<&Vec<f32>> =
+                            g.iter().filter(|&&d| topo.healthy(d)).map(|&d| &operands[d]).collect();
+                        let want = reduced(reduce, &healthy);
+                        for (r, &d) in g.iter().enumerate().filter(|&(_, &d)| topo.healthy(d)) {
+                            let want = match op {
+                                CollectiveOp::AllReduce { .. } => &want[..],
+                                _ => &want[r * numel / 4..(r + 1) * numel / 4],
+                            };
+                            assert!(
+                                got[d].0.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                                "{op:?} along {axis}, device {d}"
+                            );
+                        }
+                    }
+                    for l in f.link_stats().links.iter().filter(|l| l.bytes > 0) {
+                        let (u, v) = (m.device(&l.from), m.device(&l.to));
+                        assert!(topo.link_ok(u, v), "{op:?} along {axis}: {u}->{v} carried {}", l.bytes);
+                    }
+                }
+            }
+        }
+        // A reduce-scatter's broadcast carries only what members keep: less than all_reduce.
+        let bytes = |op: CollectiveOp| {
+            let mut f = Fabric::new(&m);
+            f.degrade(topo.clone()).unwrap();
+            let c = coll(op, vec![vec![1, 5, 9, 13]], &[40_000]);
+            run(&f, &c, &(0..16).map(|d| data(d, 40_000)).collect::<Vec<_>>(), false);
+            f.link_stats().links.iter().map(|l| l.bytes).sum::<u64>()
+        };
+        let ar = bytes(CollectiveOp::AllReduce { reduce: Reduce::Sum });
+        let rs = bytes(CollectiveOp::ReduceScatter { axis: 0, reduce: Reduce::Sum });
+        assert!(rs < ar && rs > ar / 3, "reduce_scatter {rs}, all_reduce {ar}");
     }
 }

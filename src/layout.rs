@@ -372,11 +372,17 @@ fn validate_mesh(raw: RawMesh) -> Result<Mesh, Error> {
 }
 
 fn check_placement(p: &Value) -> Result<(), Error> {
+    // The object form: the stages (a list, or "auto") and optionally "microbatches".
+    let object = |o: &serde_json::Map<String, Value>| {
+        let stages = o.get("auto").is_some_and(Value::is_object) != o.get("stages").is_some_and(Value::is_array);
+        stages && o.keys().all(|k| ["auto", "stages", "microbatches"].contains(&k.as_str()))
+    };
     match p {
         Value::Array(_) => Ok(()),
-        Value::Object(o) if o.len() == 1 && o.get("auto").is_some_and(Value::is_object) => Ok(()),
+        Value::Object(o) if object(o) => Ok(()),
         _ => Err(Error::new(format!(
-            "\"placement\" must be a list of stage assignments or {{\"auto\": {{...}}}}, found {}",
+            "\"placement\" must be a list of stage assignments, {{\"stages\": [...], \"microbatches\": M}} or \
+             {{\"auto\": {{\"stages\": N}}, \"microbatches\": M}}, found {}",
             match p {
                 Value::Null => "null",
                 Value::Bool(_) => "a boolean",

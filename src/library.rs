@@ -25,6 +25,7 @@ use anyhow::{bail, Result};
 use meshc_ir::{DType, TensorType};
 
 use crate::codegen::matmul::MatmulShape;
+use crate::mask::Mask;
 
 /// Multiply-adds per matrix below which a second thread costs more than it saves (from
 /// `cargo bench --bench gemm`: 128×128×128 runs in ~40 µs on 1 or 2 threads alike,
@@ -99,6 +100,101 @@ pub fn matmul_threads(
     Ok(())
 }
 
+/// `matmul` with `b` pruned by `mask` (seed 003's conditioned execution): the result is
+/// zeroed, then one GEMM runs per (kept column run, kept row run) of the mask on strided
+/// views of the operands, so pruned columns and rows of `b` cost nothing. `threads`: as
+/// `matmul_threads`, or `None` to choose from the work left. Threads split the rows of
+/// the result (each runs every pair on its rows): one fork per matrix instead of one per
+/// GEMM call, which matters with many short runs.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_masked(
+    a: &[f32],
+    b: &[f32],
+    out: &mut [f32],
+    a_shape: &[usize],
+    b_shape: &[usize],
+    out_shape: &[usize],
+    mask: &Mask,
+    threads: Option<usize>,
+) -> Result<()> {
+    for (what, len, shape) in
+        [("operand a", a.len(), a_shape), ("operand b", b.len(), b_shape), ("result", out.len(), out_shape)]
+    {
+        if shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) != Some(len) {
+            bail!("matmul: {what} has {len} elements but shape {shape:?}");
+        }
+    }
+    let s = MatmulShape::new(a_shape, b_shape, out_shape)?;
+    let (m, k, n) = (s.m, s.k, s.n);
+    if b_shape.len() < 2 || (mask.rows, mask.cols) != (k, n) {
+        bail!("matmul: a mask of {}x{} matrices on operand b {b_shape:?}", mask.rows, mask.cols);
+    }
+    let macs = (m * k * n) as f64 * mask.kept_fraction();
+    let threads = threads.unwrap_or(if macs >= PARALLEL_MIN_MACS as f64 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        1
+    });
+    out.fill(0.0);
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let rows_per = m.div_ceil(threads.max(1));
+    for (ao, bo, oo) in s.batch_offsets() {
+        let b = &b[bo..bo + k * n];
+        std::thread::scope(|scope| {
+            let mut blocks = out[oo..oo + m * n].chunks_mut(rows_per * n).enumerate().peekable();
+            while let Some((t, c)) = blocks.next() {
+                let a = &a[ao + t * rows_per * k..ao + (t * rows_per + c.len() / n) * k];
+                if blocks.peek().is_some() {
+                    scope.spawn(move || masked_rows(a, b, c, (k, n), mask));
+                } else {
+                    masked_rows(a, b, c, (k, n), mask);
+                }
+            }
+        });
+    }
+    Ok(())
+}
+
+/// `c = a @ b` on the kept runs of `mask`, on the calling thread: `a` holds whole rows of
+/// `k`, `c` the same number of whole rows of `n`, `b` the `k × n` matrix; `c` is zero.
+fn masked_rows(a: &[f32], b: &[f32], c: &mut [f32], (k, n): (usize, usize), mask: &Mask) {
+    let m = c.len() / n;
+    for &(c0, cols) in &mask.col_runs {
+        for (r, &(k0, depth)) in mask.row_runs.iter().enumerate() {
+            // The runs lie inside the k×n matrix (checked by the caller and `Mask::decode`).
+            assert!(c0 + cols <= n && k0 + depth <= k && a.len() == m * k && b.len() == k * n);
+            // SAFETY: the views at these offsets, with these strides, are the m×depth,
+            // depth×cols and m×cols sub-matrices of `a`, `b` and `c` (bounds asserted
+            // above), and `c` does not alias `a` or `b`.
+            unsafe {
+                gemm::gemm(
+                    m,
+                    cols,
+                    depth,
+                    c.as_mut_ptr().add(c0),
+                    1,
+                    n as isize,
+                    r > 0,
+                    a.as_ptr().add(k0),
+                    1,
+                    k as isize,
+                    b.as_ptr().add(k0 * n + c0),
+                    1,
+                    n as isize,
+                    1.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+        }
+    }
+}
+
 /// Multiply-adds per matrix up to which the generated kernel beats the library: there the
 /// library's per-call dispatch (~0.5 µs) costs more than the whole product.
 const KERNEL_MAX_MACS: usize = 12 * 12 * 12;
@@ -151,6 +247,41 @@ mod tests {
         ] {
             check(a, b);
         }
+    }
+
+    /// The masked GEMM equals the interpreter's matmul with the pruned columns and rows of
+    /// `b` zeroed, on 1 to 3 threads (rows split unevenly), batched or not.
+    #[test]
+    fn masked_matches_the_interpreter_on_the_pruned_weight() {
+        use meshc_ir::interp::eval_node;
+        use meshc_ir::{Node, Op, Tensor};
+        for (a_shape, b_shape) in
+            [(&[37usize, 41][..], &[41usize, 29][..]), (&[2, 7, 41], &[41, 29]), (&[2, 7, 41], &[2, 41, 29])]
+        {
+            let (a, b, _) = oracle(a_shape, b_shape, 5);
+            let (k, n) = (41, 29);
+            let col_keep: Vec<bool> = (0..n).map(|c| c % 7 < 4).collect();
+            let row_keep: Vec<bool> = (0..k).map(|r| !(10..20).contains(&r) && r != 40).collect();
+            let mask = Mask::new(&col_keep, &row_keep, 1);
+            let pruned: Vec<f32> = (b.as_f32().unwrap().iter().enumerate())
+                .map(|(i, &x)| if col_keep[i % n] && row_keep[(i / n) % k] { x } else { 0.0 })
+                .collect();
+            let pruned = Tensor::f32(b_shape.to_vec(), pruned);
+            let node = Node::new("mm", Op::MatMul, &["a", "b"]);
+            let (_, out_shape) = MatmulShape::infer(a_shape, b_shape).unwrap();
+            let ty = TensorType::new(DType::F32, out_shape.clone());
+            let want = eval_node(&node, &[&a, &pruned], &ty).unwrap();
+            for threads in [1, 2, 3] {
+                let mut out = vec![f32::NAN; want.numel()];
+                let (x, y) = (a.as_f32().unwrap(), b.as_f32().unwrap());
+                matmul_masked(x, y, &mut out, a_shape, b_shape, &out_shape, &mask, Some(threads)).unwrap();
+                assert_close(&out, want.as_f32().unwrap(), &format!("{a_shape:?} @ {b_shape:?}, {threads} threads"));
+            }
+        }
+        let mut out = vec![0.0; 4];
+        let wrong = Mask::new(&[true, false], &[true; 4], 1);
+        let e = matmul_masked(&[0.0; 6], &[0.0; 6], &mut out, &[2, 3], &[3, 2], &[2, 2], &wrong, None).unwrap_err();
+        assert!(e.to_string().contains("a mask of 4x2 matrices"), "{e}");
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use meshc::artifact::{self, Artifact, Verify};
 use meshc::runner::{Code, Loaded};
@@ -98,8 +98,40 @@ enum Cmd {
         /// repeated.
         #[arg(long, value_name = "A:B")]
         degrade_link: Vec<String>,
+        /// Treat partially degraded devices (a failed link, or all neighbours along a
+        /// dimension degraded) as failed.
+        #[arg(long)]
+        degrade_strict: bool,
+        /// Make a device stop answering when it reaches its STEP-th collective (from 0), to
+        /// test detection (e.g. 1,2@0).
+        #[arg(long, value_name = "DEVICE@STEP")]
+        fail_device: Option<String>,
+        /// How long a device waits in a collective for a member that shows no sign of life
+        /// before declaring it failed (default 10000).
+        #[arg(long, value_name = "MS")]
+        collective_timeout: Option<u64>,
+        /// When a device is found silent, degrade it and run the whole graph again without
+        /// it (data-parallel layouts).
+        #[arg(long)]
+        replan_on_failure: bool,
+        /// Also run the unpruned graph on the same inputs and print the pruned run's error
+        /// (max abs, relative L2, argmax agreement of classifier-like outputs). For a graph
+        /// compiled with --pilot-*, no value is needed; for a pruned artifact, give the
+        /// unpruned artifact or graph: --compare-unpruned=FILE.
+        #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "")]
+        compare_unpruned: Option<String>,
+        /// Live conditioning (GRAPH only): the pilot pass runs on this run's own inputs, so
+        /// the masks fit the input at hand (the graph is compiled for it, in memory).
+        #[arg(long, conflicts_with = "pilot_inputs")]
+        conditional: bool,
+        /// Fail the run when a recv waits this many seconds for its send (or a send for its
+        /// recv) instead of hanging; the error names the key and both devices.
+        #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+        timeout: f64,
         #[command(flatten)]
         codegen: CodegenArgs,
+        #[command(flatten)]
+        pilot: PilotArgs,
     },
     /// Describe an artifact: sections, inputs/outputs, kernels, buffers, steps.
     Inspect { artifact: PathBuf },
@@ -200,8 +232,19 @@ fn main() -> ExitCode {
             link_stats,
             degrade,
             degrade_link,
+            degrade_strict,
+            fail_device,
+            collective_timeout,
+            replan_on_failure,
+            compare_unpruned,
+            conditional,
+            timeout,
             codegen,
+            mut pilot,
         } => {
+            if conditional {
+                pilot.inputs = io.inputs.clone();
+            }
             let opts = RunOpts {
                 bench,
                 trust_weights,
@@ -210,8 +253,19 @@ fn main() -> ExitCode {
                 link_stats,
                 degrade: &degrade,
                 degrade_link: &degrade_link,
+                degrade_strict,
+                fail_device: fail_device.as_deref(),
+                collective_timeout,
+                replan_on_failure,
+                timeout,
             };
-            run(&program, &io, &opts, &codegen)
+            unpruned_reference(&program, compare_unpruned.as_deref(), &pilot).and_then(|reference| {
+                run(&program, &io, &opts, &codegen, &pilot)?;
+                match reference {
+                    Some(r) => compare_with_unpruned(&program, &r, &io, &codegen, &pilot),
+                    None => Ok(()),
+                }
+            })
         }
         Cmd::Inspect { artifact } => inspect(&artifact),
     };
@@ -246,8 +300,33 @@ fn check(path: &Path, layout: Option<&Path>) -> Result<()> {
     let layouts = layout
         .map(|p| -> Result<_> {
             let spec = meshc::layout::load(p)?;
-            let seeds = spec.seed_layouts(&g, &info)?;
-            Ok((spec.mesh, seeds))
+            // With a placement, layouts are per stage, over each stage's sub-mesh.
+            let Some(placement) = meshc::passes::place::place(&g, &info, &spec)? else {
+                let seeds = spec.seed_layouts(&g, &info)?;
+                return Ok((spec.mesh, seeds, Vec::new()));
+            };
+            let (pg, pi) = placement.unrolled.as_ref().map_or((&g, &info), |(g, i)| (g, i));
+            let mut stages = Vec::new();
+            for (s, st) in placement.stages.iter().enumerate() {
+                let (sg, si) = placement.stage_graph(pg, pi, s)?;
+                let seeds = st.seeds(&sg, &si)?;
+                let devices: Vec<String> = st.mesh.devices.iter().map(usize::to_string).collect();
+                let mut lines = vec![format!(
+                    "stage {s}: devices [{}] (slice {}), {} node{}",
+                    devices.join(","),
+                    st.slice,
+                    sg.nodes.len(),
+                    if sg.nodes.len() == 1 { "" } else { "s" }
+                )];
+                let m = &st.mesh.mesh;
+                lines.extend(
+                    seeds
+                        .iter()
+                        .map(|(n, sd)| format!("  layout {n} {} ({})", m.layout_string(&sd.layout), sd.source.name())),
+                );
+                stages.extend(lines);
+            }
+            Ok((spec.mesh, BTreeMap::new(), stages))
         })
         .transpose()?;
     let param_bytes: usize = params.values().map(|t| t.ty().size_bytes()).sum();
@@ -272,7 +351,7 @@ fn check(path: &Path, layout: Option<&Path>) -> Result<()> {
     for o in &g.outputs {
         println!("output {}: {}", o.name, info.types[&o.name]);
     }
-    if let Some((m, seeds)) = layouts {
+    if let Some((m, seeds, stages)) = layouts {
         let shape: Vec<String> = m.shape.iter().map(usize::to_string).collect();
         let devices = m.devices();
         println!(
@@ -284,6 +363,9 @@ fn check(path: &Path, layout: Option<&Path>) -> Result<()> {
         );
         for (name, seed) in &seeds {
             println!("layout {name} {} ({})", m.layout_string(&seed.layout), seed.source.name());
+        }
+        for line in stages {
+            println!("{line}");
         }
     }
     Ok(())
@@ -395,13 +477,13 @@ fn interp(path: &Path, io: &Io) -> Result<()> {
     io.write(wanted, &results)
 }
 
-/// The pilot pass's flags (seed 003). Its masks are computed and shown by
-/// `--dump-after pilot`, NOT applied: the artifact still computes the unpruned graph.
-#[derive(clap::Args)]
+/// The pilot pass's flags (seed 003): masks computed on pilot inputs prune the graph, and
+/// the artifact's matmuls skip the pruned blocks (`--dump-after pilot` shows them).
+#[derive(clap::Args, Clone)]
 struct PilotArgs {
     /// Run the pilot pass on this input value, NAME=FILE.npy (every graph input once per
-    /// pilot run; repeat the whole set for several runs). Masks are computed, not applied.
-    #[arg(long = "pilot-input", value_name = "NAME=FILE.npy")]
+    /// pilot run; repeat the whole set for several runs); its masks prune the graph.
+    #[arg(long = "pilot-input", id = "pilot_inputs", value_name = "NAME=FILE.npy")]
     inputs: Vec<String>,
     /// Keep this fraction (0 < F <= 1) of each prunable weight's blocks, highest priority first.
     #[arg(long = "pilot-keep", value_name = "F", conflicts_with = "threshold")]
@@ -479,6 +561,9 @@ fn compile_cmd(
     pilot: &PilotArgs,
 ) -> Result<()> {
     let (g, compiled) = compile_graph(path, args, dumps, Some(pilot))?;
+    if let Some(report) = driver::flops_skipped(&compiled.programs, compiled.meta.flops) {
+        eprintln!("{report}");
+    }
     driver::write_artifact(&compiled, out)?;
     if let Some(d) = depfile {
         std::fs::write(d, driver::depfile(out, &driver::dependencies(path, &g, args.layout.as_deref())))
@@ -502,33 +587,121 @@ struct RunOpts<'a> {
     link_stats: bool,
     degrade: &'a [String],
     degrade_link: &'a [String],
+    degrade_strict: bool,
+    fail_device: Option<&'a str>,
+    collective_timeout: Option<u64>,
+    replan_on_failure: bool,
+    timeout: f64,
 }
 
-fn run(path: &Path, io: &Io, opts: &RunOpts, args: &CodegenArgs) -> Result<()> {
+fn run(path: &Path, io: &Io, opts: &RunOpts, args: &CodegenArgs, pilot: &PilotArgs) -> Result<()> {
     let file = path.display().to_string();
+    if is_artifact(path) && !pilot.inputs.is_empty() {
+        bail!("{file}: --pilot-input and --conditional prune a graph as it is compiled; this is an artifact");
+    }
     if is_artifact(path) {
         let art = Artifact::open_with(path, if opts.trust_weights { Verify::SkipBulk } else { Verify::All })?;
         let mut loaded = driver::load_artifact(&art, &file)?;
         degrade(&mut loaded, opts)?;
-        run_loaded(&loaded, io, opts)
+        run_replanning(&mut loaded, io, opts)
     } else {
-        let (_, c) = compile_graph(path, args, &driver::Dumps::default(), None)?;
+        let (_, c) = compile_graph(path, args, &driver::Dumps::default(), Some(pilot))?;
         let code = Code::Copied(codegen::ExecCode::new(&c.code)?);
         let weights = meshc::runner::AlignedBuf::from_bytes(&c.weights)?;
         let mut loaded = Loaded::new(c.meta, c.programs, code, weights.as_slice()).with_context(|| file.clone())?;
         degrade(&mut loaded, opts)?;
-        run_loaded(&loaded, io, opts)
+        run_replanning(&mut loaded, io, opts)
     }
 }
 
-/// `--degrade` and `--degrade-link`: re-plans the collectives of the loaded programs.
-fn degrade(loaded: &mut Loaded, opts: &RunOpts) -> Result<()> {
-    if opts.degrade.is_empty() && opts.degrade_link.is_empty() {
-        return Ok(());
+/// `run_loaded`, and with `--replan-on-failure`, once more without the devices a failed run
+/// found silent (they are degraded: the collectives are re-planned around them).
+fn run_replanning(loaded: &mut Loaded, io: &Io, opts: &RunOpts) -> Result<()> {
+    match run_loaded(loaded, io, opts) {
+        Err(e) if opts.replan_on_failure && !loaded.failed_devices().is_empty() => {
+            let dead = loaded.failed_devices();
+            let names: Vec<String> =
+                dead.iter().map(|&d| meshc::degraded::coords_string(&loaded.meta.mesh, d)).collect();
+            eprintln!("{e:#}: re-planning without {} and running again", names.join(", "));
+            let deg = meshc::degraded::Degradation { nodes: dead, ..Default::default() };
+            loaded.degrade(&deg, opts.degrade_strict).context("--replan-on-failure")?;
+            run_loaded(loaded, io, opts)
+        }
+        r => r,
     }
-    let deg = meshc::degraded::Degradation::from_args(&loaded.meta.mesh, opts.degrade, opts.degrade_link)
-        .context("--degrade")?;
-    loaded.degrade(&deg).context("--degrade")
+}
+
+/// The unpruned program `--compare-unpruned` names (empty: `path` compiled without the
+/// pilot pass), checked before anything runs.
+fn unpruned_reference(path: &Path, compare: Option<&str>, pilot: &PilotArgs) -> Result<Option<PathBuf>> {
+    match compare {
+        None => Ok(None),
+        Some("") if is_artifact(path) => {
+            bail!(
+                "--compare-unpruned: {} is an artifact; name the unpruned one (--compare-unpruned=FILE)",
+                path.display()
+            )
+        }
+        Some("") if pilot.inputs.is_empty() => {
+            bail!("--compare-unpruned: nothing is pruned without the pilot pass (--pilot-input NAME=FILE.npy)")
+        }
+        Some("") => Ok(Some(path.to_path_buf())),
+        Some(file) => Ok(Some(PathBuf::from(file))),
+    }
+}
+
+/// Runs `path` (pruned) and the unpruned `reference` on the inputs of `io`, and prints the
+/// error of the one against the other.
+fn compare_with_unpruned(path: &Path, reference: &Path, io: &Io, args: &CodegenArgs, pilot: &PilotArgs) -> Result<()> {
+    let no_pilot = PilotArgs { inputs: Vec::new(), keep: None, threshold: None, ..pilot.clone() };
+    let results = |p: &Path, pilot: &PilotArgs| -> Result<BTreeMap<String, Tensor>> {
+        let name = p.display().to_string();
+        let with = |loaded: &Loaded| -> Result<BTreeMap<String, Tensor>> {
+            let expected: Vec<(String, TensorType)> =
+                loaded.meta.inputs.iter().filter_map(|s| Some((s.name.clone(), s.ty()?))).collect();
+            loaded.run(&read_inputs(&expected, &io.inputs)?)
+        };
+        if is_artifact(p) {
+            let art = Artifact::open_with(p, Verify::All)?;
+            with(&driver::load_artifact(&art, &name)?)
+        } else {
+            let (_, c) = compile_graph(p, args, &driver::Dumps::default(), Some(pilot))?;
+            let weights = meshc::runner::AlignedBuf::from_bytes(&c.weights)?;
+            let code = Code::Copied(codegen::ExecCode::new(&c.code)?);
+            with(&Loaded::new(c.meta, c.programs, code, weights.as_slice()).with_context(|| name.clone())?)
+        }
+    };
+    let pruned = results(path, pilot)?;
+    let unpruned = results(reference, &no_pilot)?;
+    print!(
+        "{}",
+        driver::compare(&pruned, &unpruned).with_context(|| format!("--compare-unpruned {}", reference.display()))?
+    );
+    Ok(())
+}
+
+/// `--degrade`, `--degrade-link` and `--degrade-strict`: re-plans the collectives of the
+/// loaded programs; `--fail-device` and `--collective-timeout`: failure injection and
+/// detection.
+fn degrade(loaded: &mut Loaded, opts: &RunOpts) -> Result<()> {
+    if let Some(ms) = opts.collective_timeout {
+        loaded.set_collective_timeout(std::time::Duration::from_millis(ms));
+    }
+    if !opts.degrade.is_empty() || !opts.degrade_link.is_empty() || opts.degrade_strict {
+        let deg = meshc::degraded::Degradation::from_args(&loaded.meta.mesh, opts.degrade, opts.degrade_link)
+            .context("--degrade")?;
+        loaded.degrade(&deg, opts.degrade_strict).context("--degrade")?;
+    }
+    if let Some(f) = opts.fail_device {
+        let (device, step) = f
+            .split_once('@')
+            .and_then(|(d, s)| Some((d, s.trim().parse::<usize>().ok()?)))
+            .ok_or_else(|| anyhow!("--fail-device '{f}': expected DEVICE@STEP such as 1,2@0"))?;
+        let d = meshc::degraded::Degradation::from_args(&loaded.meta.mesh, &[device.to_string()], &[])
+            .context("--fail-device")?;
+        loaded.fail_device(d.nodes[0], step).context("--fail-device")?;
+    }
+    Ok(())
 }
 
 /// Compares each result with DIR/NAME.npy under the tolerance of `Tensor::closeness` and
@@ -560,6 +733,11 @@ fn check_against(results: &BTreeMap<String, Tensor>, dir: &Path) -> Result<()> {
 }
 
 fn run_loaded(loaded: &Loaded, io: &Io, opts: &RunOpts) -> Result<()> {
+    let timeout = std::time::Duration::try_from_secs_f64(opts.timeout)
+        .ok()
+        .filter(|t| !t.is_zero())
+        .ok_or_else(|| anyhow::anyhow!("--timeout {}: expected a positive number of seconds", opts.timeout))?;
+    loaded.set_timeout(timeout);
     let expected: Vec<(String, TensorType)> =
         loaded.meta.inputs.iter().filter_map(|s| Some((s.name.clone(), s.ty()?))).collect();
     let inputs = read_inputs(&expected, &io.inputs)?;

@@ -1,6 +1,7 @@
 //! The reference execution of lowered per-device programs: every local op by the reference
 //! interpreter, every collective by its plain definition, inputs scattered and outputs
-//! gathered by their layouts. It checks the lowering pass on its own — no code generation,
+//! gathered by their layouts, a send/recv pair by handing the value over (placed graphs:
+//! inputs and outputs on their stage's devices only, by `Lowered::io_stages`). It checks the lowering pass on its own — no code generation,
 //! no runner, no threads — and is what the property tests run on random graphs and layouts.
 
 use std::collections::{BTreeMap, HashMap};
@@ -139,11 +140,27 @@ pub fn run(
             Ok((t, t.data.to_f64()))
         })
         .collect::<Result<_>>()?;
+    // The mesh a tensor's layout is over, and the index of device `d` on it.
+    let local = |name: &str, d: usize| -> Option<(&Mesh, usize)> {
+        match l.io_stages.get(name) {
+            None => Some((mesh, d)),
+            Some(s) => s.devices.iter().position(|&x| x == d).map(|k| (&s.mesh, k)),
+        }
+    };
     let mut values: Vec<HashMap<String, Tensor>> = Vec::new();
     for (d, g) in l.devices.iter().enumerate() {
         let mut v = HashMap::new();
         for ((name, layout), (t, f)) in l.inputs.iter().zip(&whole) {
-            v.insert(name.clone(), block(f, &t.shape, t.dtype(), &mesh.region(&t.shape, layout, d)));
+            let b = match local(name, d) {
+                Some((m, k)) => block(f, &t.shape, t.dtype(), &m.region(&t.shape, layout, k)),
+                None => Tensor::new(vec![0], Data::from_f64(t.dtype(), vec![])),
+            };
+            v.insert(name.clone(), b);
+        }
+        // Placeholders of outputs the device does not hold.
+        for i in &g.inputs {
+            v.entry(i.name.clone())
+                .or_insert_with(|| Tensor::new(i.ty.shape.clone(), Data::from_f64(i.ty.dtype, vec![])));
         }
         for p in &g.params {
             let t = match &p.data {
@@ -155,12 +172,36 @@ pub fn run(
         values.push(v);
     }
     let mut next = vec![0usize; l.devices.len()];
+    // Sent values by key, until received.
+    let mut mailbox: HashMap<String, Tensor> = HashMap::new();
     loop {
         let mut progress = false;
-        // Run each device up to its next collective.
+        // Run each device up to its next collective (or a recv whose send has not run).
         for (d, g) in l.devices.iter().enumerate() {
             while let Some(&k) = infos[d].order.get(next[d]) {
                 let node = &g.nodes[k];
+                let key = attr_str(node, "key", "").to_string();
+                if node.op == Op::Send {
+                    let x = values[d][&node.inputs[0]].clone();
+                    values[d].insert(node.name.clone(), x.clone());
+                    if mailbox.insert(key.clone(), x).is_some() {
+                        bail!("device {d}: node '{}': key '{key}' is sent twice", node.name);
+                    }
+                    next[d] += 1;
+                    progress = true;
+                    continue;
+                }
+                if node.op == Op::Recv {
+                    let Some(x) = mailbox.remove(&key) else { break };
+                    let want: &TensorType = &infos[d].types[&node.name];
+                    if x.ty() != *want {
+                        bail!("device {d}: node '{}': received {}, expected {want}", node.name, x.ty());
+                    }
+                    values[d].insert(node.name.clone(), x);
+                    next[d] += 1;
+                    progress = true;
+                    continue;
+                }
                 if node.op.is_communication() {
                     break;
                 }
@@ -176,7 +217,7 @@ pub fn run(
         for d in 0..l.devices.len() {
             let Some(&k) = infos[d].order.get(next[d]) else { continue };
             let node = &l.devices[d].nodes[k];
-            if !node.op.is_communication() {
+            if !node.op.is_communication() || matches!(node.op, Op::Send | Op::Recv) {
                 continue;
             }
             let group = group_of(node, d)?;
@@ -205,19 +246,22 @@ pub fn run(
                     infos[d].order.get(next[d]).map(|&k| format!("device {d} at '{}'", l.devices[d].nodes[k].name))
                 })
                 .collect();
-            bail!("the collectives deadlock: {}", stuck.join(", "));
+            bail!("the collectives or transfers deadlock: {}", stuck.join(", "));
         }
     }
     let mut outputs = BTreeMap::new();
     for (name, layout) in &l.outputs {
-        let local0 = &values[0][name];
+        let first = (0..l.devices.len()).find(|&d| local(name, d).is_some()).unwrap_or(0);
+        let local0 = &values[first][name];
+        let m0 = local(name, first).map_or(mesh, |(m, _)| m);
         let shape: Vec<usize> =
-            local0.shape.iter().zip(layout).map(|(&s, a)| a.map_or(s, |a| s * mesh.shape[a])).collect();
+            local0.shape.iter().zip(layout).map(|(&s, a)| a.map_or(s, |a| s * m0.shape[a])).collect();
         let mut out = vec![0.0; shape.iter().product()];
         for (d, v) in values.iter().enumerate() {
-            if mesh.writes_back(layout, d) {
+            let Some((m, k)) = local(name, d) else { continue };
+            if m.writes_back(layout, k) {
                 let local = v[name].data.to_f64();
-                for_block(&shape, &mesh.region(&shape, layout, d), |i, k| out[i] = local[k]);
+                for_block(&shape, &m.region(&shape, layout, k), |i, k| out[i] = local[k]);
             }
         }
         outputs.insert(name.clone(), Tensor::new(shape, Data::from_f64(local0.dtype(), out)));

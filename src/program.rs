@@ -6,6 +6,7 @@
 use meshc_ir::{DType, TensorType};
 use serde::{Deserialize, Serialize};
 
+use crate::degraded::Degradation;
 use crate::mesh::{Layout, Mesh};
 
 /// Alignment of every buffer, weight and arena slot.
@@ -28,6 +29,14 @@ pub struct Meta {
     pub flops: u64,
     pub inputs: Vec<IoSpec>,
     pub outputs: Vec<IoSpec>,
+    /// The devices and links the layout spec names degraded (seed 002): those devices run
+    /// nothing, and the collectives route around them.
+    #[serde(default, skip_serializing_if = "Degradation::is_empty")]
+    pub degraded: Degradation,
+    /// The mesh axes some param is split over: a device lost along them would take its
+    /// shard of the model with it, so no degradation may fail a device then.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub model_axes: Vec<usize>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -38,6 +47,18 @@ pub struct IoSpec {
     pub shape: Vec<usize>,
     /// The mesh axis each dimension is split over (`mesh::Mesh::region`).
     pub layout: Layout,
+    /// With placement: the stage (sub-mesh) that holds the tensor; `layout` is over its mesh
+    /// and devices outside it hold nothing (a 0-byte placeholder buffer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<StageMesh>,
+}
+
+/// A stage of a placed graph: a sub-mesh of the device mesh. Its local device k (row-major
+/// over `mesh`) is the global device `devices[k]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageMesh {
+    pub mesh: Mesh,
+    pub devices: Vec<usize>,
 }
 
 impl IoSpec {
@@ -46,7 +67,28 @@ impl IoSpec {
     }
 
     pub fn with_layout(name: &str, ty: &TensorType, layout: Layout) -> IoSpec {
-        IoSpec { name: name.to_string(), dtype: ty.dtype.name().to_string(), shape: ty.shape.clone(), layout }
+        IoSpec {
+            name: name.to_string(),
+            dtype: ty.dtype.name().to_string(),
+            shape: ty.shape.clone(),
+            layout,
+            stage: None,
+        }
+    }
+
+    /// The block of the tensor `device` holds (index ranges per dimension), and whether it
+    /// is the copy of that block that writes it back; `None` when the device holds none.
+    pub fn block(&self, mesh: &Mesh, device: usize) -> Option<(Vec<std::ops::Range<usize>>, bool)> {
+        let (mesh, local) = match &self.stage {
+            None => (mesh, device),
+            Some(s) => (&s.mesh, s.devices.iter().position(|&d| d == device)?),
+        };
+        Some((mesh.region(&self.shape, &self.layout, local), mesh.writes_back(&self.layout, local)))
+    }
+
+    /// The mesh `layout` is over: the stage's, or the whole one.
+    pub fn mesh<'a>(&'a self, mesh: &'a Mesh) -> &'a Mesh {
+        self.stage.as_ref().map_or(mesh, |s| &s.mesh)
     }
 
     pub fn ty(&self) -> Option<TensorType> {
@@ -71,6 +113,24 @@ pub struct Buffer {
     pub name: String,
     pub bytes: usize,
     pub storage: Storage,
+    /// A pruning mask record (`crate::mask`) stored right before this weight, read by the
+    /// matmul that takes the weight as its right operand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mask: Option<MaskInfo>,
+}
+
+/// What the program says about a weight's mask record; the record itself says which runs
+/// are kept.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MaskInfo {
+    /// The record's length: it occupies the bytes just before the weight.
+    pub bytes: usize,
+    /// Rows (K) and columns (N) of the weight's matrices.
+    pub rows: usize,
+    pub cols: usize,
+    /// FLOPs of the matmul that reads the weight, unpruned, and those the mask skips.
+    pub flops: u64,
+    pub flops_skipped: u64,
 }
 
 /// A generated kernel inside the code section.
@@ -156,6 +216,43 @@ pub struct Collective {
     pub shape: Vec<usize>,
 }
 
+/// How a send/recv pair moves its bytes, chosen at compile time (seed 000).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Protocol {
+    /// Same process, the send's buffer dead after it: the receiver reads the sender's
+    /// memory in place (the sender never reuses it within the run), no copy, and the send
+    /// does not wait.
+    Move,
+    /// Same process: the receiver announces its buffer, the sender copies into it.
+    Copy,
+    /// Another process: reserved for a transport between processes (DESIGN §7).
+    Remote,
+}
+
+impl Protocol {
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Move => "move",
+            Protocol::Copy => "copy",
+            Protocol::Remote => "remote",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Protocol> {
+        [Protocol::Move, Protocol::Copy, Protocol::Remote].into_iter().find(|p| p.name() == s)
+    }
+}
+
+/// One side of a point-to-point transfer. The pair shares `key`; `peer` is the other side.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Transfer {
+    pub key: String,
+    pub peer: usize,
+    pub bytes: usize,
+    pub protocol: Protocol,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Exec {
@@ -163,6 +260,10 @@ pub enum Exec {
     Library(Library),
     /// Buffers: result, operand.
     Collective(Collective),
+    /// Buffers: the operand sent.
+    Send(Transfer),
+    /// Buffers: the result received.
+    Recv(Transfer),
 }
 
 /// One step of the program: run a kernel or a library call on buffers (result first).
@@ -217,7 +318,7 @@ pub struct StreamPlan {
     pub join: Vec<usize>,
 }
 
-/// The program of one device.
+/// The program of one device (the default: nothing to run, as for a degraded device).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Program {
     pub device: usize,

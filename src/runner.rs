@@ -11,8 +11,11 @@
 //! collectives meet in the fabric (`crate::fabric`), and the devices that hold the
 //! write-back copy of an output block gather it into the result. A stream that waits for
 //! another one whose thread has not started the step yet runs that stream's steps itself
-//! (`Loaded::drive`), so the extra threads cost a hand-off only when they overlap work. A failing or panicking
-//! device poisons the fabric, so that every other device stops at its next rendezvous.
+//! (`Loaded::drive`), so the extra threads cost a hand-off only when they overlap work. A
+//! failing or panicking device poisons the fabric, so that every other device stops at its
+//! next rendezvous; one that goes silent is detected by the fabric's heartbeat watch.
+//! Degraded devices (`Meta::degraded`, or `Loaded::degrade`) run nothing: outputs are taken
+//! from a healthy holder of each block.
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -23,13 +26,15 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use meshc_ir::{Tensor, TensorType};
+use meshc_ir::{DType, Tensor, TensorType};
 
 use crate::codegen::{self, KernelFn};
+use crate::exchange::Exchange;
 use crate::fabric::{self, Delivery, Fabric, LinkStats};
 use crate::library;
+use crate::mask::Mask;
 use crate::mesh::Mesh;
-use crate::program::{Buffer, Collective, Exec, IoSpec, Library, Meta, Program, Storage, ALIGN};
+use crate::program::{Buffer, Collective, Exec, IoSpec, Library, Meta, Program, Storage, Transfer, ALIGN};
 
 /// A zeroed, 64-byte aligned heap block (the arena, and weights compiled in memory).
 pub struct AlignedBuf {
@@ -152,13 +157,75 @@ fn check_indices(meta: &Meta, p: &Program) -> Result<()> {
         }
         for (&b, spec) in list.iter().zip(specs) {
             buffer(b, &format!("{what} '{}'", spec.name))?;
-            check_layout(&meta.mesh, spec, what)?;
+            check_stage(&meta.mesh, spec, what)?;
+            check_layout(spec.mesh(&meta.mesh), spec, what)?;
             let ty = spec.ty().ok_or_else(|| anyhow!("{what} '{}' has unknown dtype {}", spec.name, spec.dtype))?;
-            let local = TensorType::new(ty.dtype, meta.mesh.local_shape(&spec.shape, &spec.layout));
-            if local.checked_size_bytes() != Some(p.buffers[b].bytes) {
+            let local = TensorType::new(ty.dtype, spec.mesh(&meta.mesh).local_shape(&spec.shape, &spec.layout));
+            let want = if spec.block(&meta.mesh, p.device).is_some() { local.checked_size_bytes() } else { Some(0) };
+            if want != Some(p.buffers[b].bytes) {
                 bail!("{what} '{}' ({local}) does not fit its buffer of {} bytes", spec.name, p.buffers[b].bytes);
             }
         }
+    }
+    Ok(())
+}
+
+/// Checks an input's or output's stage: devices of the mesh, one per device of its sub-mesh.
+fn check_stage(mesh: &Mesh, spec: &IoSpec, what: &str) -> Result<()> {
+    let Some(st) = &spec.stage else { return Ok(()) };
+    let mut seen = BTreeSet::new();
+    if st.devices.len() != st.mesh.devices() || st.devices.iter().any(|&d| d >= mesh.devices() || !seen.insert(d)) {
+        bail!(
+            "{what} '{}' names a stage of devices {:?} that is not a sub-mesh of {} devices",
+            spec.name,
+            st.devices,
+            mesh.devices()
+        );
+    }
+    Ok(())
+}
+
+/// Checks that the sends and recvs of all programs pair up: each key sent once and received
+/// once, by the devices each end names, with the same size and protocol, and buffers of that
+/// size (a recv's in the arena). Whether they can all complete in program order is left to
+/// the run, whose waits time out (`crate::exchange`).
+fn check_transfers(mesh: &Mesh, programs: &[Program]) -> Result<()> {
+    let label = |d: usize| device_label(mesh, d);
+    let mut sends: BTreeMap<&str, (usize, &Transfer, &str)> = BTreeMap::new();
+    let mut recvs: BTreeMap<&str, (usize, &Transfer, &str)> = BTreeMap::new();
+    for (d, p) in programs.iter().enumerate() {
+        for st in &p.steps {
+            let (t, list, what) = match &st.exec {
+                Exec::Send(t) => (t, &mut sends, "sends"),
+                Exec::Recv(t) => (t, &mut recvs, "receives"),
+                _ => continue,
+            };
+            let at = || format!("{}: node '{}'", label(d), st.node);
+            let [b] = st.buffers[..] else { bail!("{}: {} buffers for a transfer (one)", at(), st.buffers.len()) };
+            if p.buffers[b].bytes != t.bytes {
+                bail!("{}: a buffer of {} bytes for a transfer of {}", at(), p.buffers[b].bytes, t.bytes);
+            }
+            if matches!(st.exec, Exec::Recv(_)) && !matches!(p.buffers[b].storage, Storage::Arena { .. }) {
+                bail!("{}: receives into the weights", at());
+            }
+            if t.peer >= programs.len() || t.peer == d {
+                bail!("{}: transfer '{}' with device {}", at(), t.key, t.peer);
+            }
+            if let Some((d0, _, n0)) = list.insert(t.key.as_str(), (d, t, st.node.as_str())) {
+                bail!("{}: {what} '{}' as node '{n0}' on {} does", at(), t.key, label(d0));
+            }
+        }
+    }
+    for (key, &(d, t, node)) in &sends {
+        let Some(&(r, rt, _)) = recvs.get(key) else {
+            bail!("{}: node '{node}' sends '{key}', which no device receives", label(d))
+        };
+        if r != t.peer || rt.peer != d || rt.bytes != t.bytes || rt.protocol != t.protocol {
+            bail!("{}: node '{node}' sends '{key}' unlike {} receives it", label(d), label(r));
+        }
+    }
+    if let Some((key, &(d, _, node))) = recvs.iter().find(|(k, _)| !sends.contains_key(*k)) {
+        bail!("{}: node '{node}' receives '{key}', which no device sends", label(d));
     }
     Ok(())
 }
@@ -186,12 +253,13 @@ fn check_collective(mesh: &Mesh, p: &Program, c: &Collective, buffers: &[usize])
 /// each collective of its group once, described alike, and in an order that lets all of them
 /// complete (simulated: the programs are straight lines, so this is exact). A run therefore
 /// never waits for a collective that cannot happen.
-fn check_collectives(mesh: &Mesh, programs: &[Program]) -> Result<()> {
+/// Devices that are `absent` (degraded in the artifact: they run nothing) take no part.
+fn check_collectives(mesh: &Mesh, programs: &[Program], absent: &[bool]) -> Result<()> {
     let label = |d: usize| device_label(mesh, d);
     // Per device, its collectives in order: (id, node).
     let mut seqs: Vec<Vec<(usize, &str)>> = vec![Vec::new(); programs.len()];
     let mut first: BTreeMap<usize, (&Collective, usize, &str)> = BTreeMap::new();
-    for (d, p) in programs.iter().enumerate() {
+    for (d, p) in programs.iter().enumerate().filter(|&(d, _)| !absent[d]) {
         for step in &p.steps {
             let Exec::Collective(c) = &step.exec else { continue };
             let node = step.node.as_str();
@@ -216,7 +284,7 @@ fn check_collectives(mesh: &Mesh, programs: &[Program]) -> Result<()> {
         }
     }
     for (&id, &(c, _, node)) in &first {
-        if let Some(&m) = c.groups.iter().flatten().find(|&&m| !seqs[m].iter().any(|s| s.0 == id)) {
+        if let Some(&m) = c.groups.iter().flatten().find(|&&m| !absent[m] && !seqs[m].iter().any(|s| s.0 == id)) {
             bail!("{} never runs collective #{id} (node '{node}') of its group", label(m));
         }
     }
@@ -226,8 +294,9 @@ fn check_collectives(mesh: &Mesh, programs: &[Program]) -> Result<()> {
         for d in 0..programs.len() {
             let Some(&(id, _)) = seqs[d].get(at[d]) else { continue };
             let group = fabric::group_of(first[&id].0, d)?;
-            if group.iter().all(|&m| seqs[m].get(at[m]).is_some_and(|s| s.0 == id)) {
-                group.iter().for_each(|&m| at[m] += 1);
+            let present = group.iter().filter(|&&m| !absent[m]);
+            if present.clone().all(|&m| seqs[m].get(at[m]).is_some_and(|s| s.0 == id)) {
+                present.for_each(|&m| at[m] += 1);
                 progress = true;
             }
         }
@@ -548,6 +617,34 @@ impl Drop for Devices {
     }
 }
 
+/// Decodes and checks the mask record before every masked weight of `p`: it must describe
+/// the weight's matrices, and every matmul reading the weight must have their shape, since
+/// kernels trust the record's runs.
+fn masks_of(p: &Program, weights: &[u8]) -> Result<HashMap<usize, Mask>> {
+    let mut out = HashMap::new();
+    for (i, b) in p.buffers.iter().enumerate() {
+        let (Some(info), Storage::Weights { offset }) = (&b.mask, &b.storage) else { continue };
+        let m = Mask::decode(weights, *offset, info.rows, info.cols)
+            .and_then(|m| {
+                let matrix = info.rows * info.cols * 4;
+                if matrix == 0 || b.bytes % matrix != 0 || m.record_len() != info.bytes {
+                    bail!("mask of {}x{} matrices on a weight of {} bytes", info.rows, info.cols, b.bytes);
+                }
+                Ok(m)
+            })
+            .with_context(|| format!("weight '{}'", b.name))?;
+        for st in p.steps.iter().filter(|st| st.buffers.get(2) == Some(&i)) {
+            if let Exec::Library(Library::Matmul { b: shape, .. }) = &st.exec {
+                if shape.len() < 2 || shape[shape.len() - 2..] != [info.rows, info.cols] {
+                    bail!("node '{}': its weight's mask does not fit its shape {shape:?}", st.node);
+                }
+            }
+        }
+        out.insert(i, m);
+    }
+    Ok(out)
+}
+
 /// What runs take one at a time: the arenas and the device threads.
 struct State {
     /// One per device, allocated once: repeated runs (`--bench`) reuse their pages.
@@ -565,11 +662,19 @@ pub struct Loaded<'w> {
     weights: &'w [u8],
     state: Mutex<State>,
     fabric: Fabric,
+    /// Per device, the decoded mask record of each masked weight buffer (the library GEMM
+    /// path iterates over its runs; the generated kernels read the record themselves).
+    masks: Vec<HashMap<usize, Mask>>,
+    exchange: Exchange,
     /// Per device and step: whether a collective may leave its result in the fabric's shared
     /// buffer (no other step writes its result buffer, so the device may read it there).
     share: Vec<Vec<bool>>,
     /// Per device, its streams.
     lanes: Vec<Lanes>,
+    /// `--fail-device`: this device stops answering at its collective number .1 (from 0).
+    fail: Option<(usize, usize)>,
+    /// What `degrade` added to the artifact's degradation, and whether strictly.
+    degraded: (crate::degraded::Degradation, bool),
 }
 
 impl<'w> Loaded<'w> {
@@ -595,7 +700,15 @@ impl<'w> Loaded<'w> {
             Code::Mapped(m) => m.len(),
             Code::Copied(c) => c.len(),
         };
-        for (d, program) in programs.iter().enumerate() {
+        if let Some(a) = meta.model_axes.iter().find(|&&a| a >= meta.mesh.shape.len()) {
+            bail!("model axis {a} is not an axis of the {:?} mesh", meta.mesh.shape);
+        }
+        // The devices the artifact names degraded run nothing: their programs are empty.
+        let topo = (!meta.degraded.is_empty())
+            .then(|| crate::degraded::Topo::new(&meta.mesh, &meta.degraded, false))
+            .transpose()?;
+        let absent: Vec<bool> = (0..devices).map(|d| topo.as_ref().is_some_and(|t| !t.healthy(d))).collect();
+        for (d, program) in programs.iter().enumerate().filter(|&(d, _)| !absent[d]) {
             let check = || -> Result<()> {
                 if program.device != d {
                     bail!("program {d} is for device {}", program.device);
@@ -623,7 +736,9 @@ impl<'w> Loaded<'w> {
                 check().with_context(|| device_label(&meta.mesh, d))?;
             }
         }
-        check_collectives(&meta.mesh, &programs)?;
+        check_collectives(&meta.mesh, &programs, &absent)?;
+        check_transfers(&meta.mesh, &programs)?;
+        let masks = programs.iter().map(|p| masks_of(p, weights)).collect::<Result<_>>()?;
         let share = programs
             .iter()
             .map(|p| {
@@ -639,10 +754,20 @@ impl<'w> Loaded<'w> {
             })
             .collect();
         let arenas = programs.iter().map(|p| AlignedBuf::zeroed(p.arena_bytes)).collect::<Result<_>>()?;
-        let fabric = Fabric::new(&meta.mesh);
+        let mut fabric = Fabric::new(&meta.mesh);
+        if let Some(topo) = topo {
+            fabric.degrade(topo)?;
+        }
         let state = Mutex::new(State { arenas, devices: None });
+        let exchange = Exchange::default();
+        let (fail, degraded) = (None, Default::default());
         let lanes = programs.iter().map(lanes).collect::<Result<_>>()?;
-        Ok(Loaded { meta, programs, code, weights, state, fabric, share, lanes })
+        Ok(Loaded { meta, programs, code, weights, state, fabric, share, fail, degraded, masks, exchange, lanes })
+    }
+
+    /// The decoded mask of weight buffer `b` of `device`, if it has one.
+    pub fn mask(&self, device: usize, b: usize) -> Option<&Mask> {
+        self.masks[device].get(&b)
     }
 
     fn kernel(&self, device: usize, k: usize) -> KernelFn {
@@ -673,12 +798,57 @@ impl<'w> Loaded<'w> {
         Ok(())
     }
 
-    /// Runs the collectives around degraded devices and links (`meshc run --degrade`): an
-    /// all_reduce over the whole mesh combines the healthy devices' operands over the
-    /// schedule of `crate::degraded`; see `crate::fabric` for the rest.
-    pub fn degrade(&mut self, deg: &crate::degraded::Degradation) -> Result<()> {
-        let topo = crate::degraded::Topo::new(&self.meta.mesh, deg, false)?;
-        self.fabric.degrade(topo)
+    /// Re-plans the collectives around degraded devices and links (`meshc run --degrade`),
+    /// those the artifact names plus `deg`; with `strict`, partially degraded devices count
+    /// as failed. Degraded devices run nothing; see `crate::fabric` for the collectives.
+    pub fn degrade(&mut self, deg: &crate::degraded::Degradation, strict: bool) -> Result<()> {
+        let extra = self.degraded.0.merged(deg);
+        let strict = strict || self.degraded.1;
+        let topo = crate::degraded::Topo::new(&self.meta.mesh, &self.meta.degraded.merged(&extra), strict)?;
+        let mesh = &self.meta.mesh;
+        let lost = (0..mesh.devices()).find(|&d| !topo.healthy(d));
+        let any_left = (0..mesh.devices()).any(|d| topo.healthy(d));
+        if let (Some(d), Some(&a), true) = (lost, self.meta.model_axes.first(), any_left) {
+            bail!(
+                "device {} would take its shard of the model (params are split over mesh axis '{}') with it: only data-parallel layouts can lose a device",
+                crate::degraded::coords_string(mesh, d),
+                mesh.axes[a]
+            );
+        }
+        self.fabric.degrade(topo)?;
+        self.degraded = (extra, strict);
+        Ok(())
+    }
+
+    /// The devices a run found silent (they showed no sign of life in a collective): what
+    /// `meshc run --replan-on-failure` degrades before running again.
+    pub fn failed_devices(&self) -> Vec<usize> {
+        self.fabric.dead()
+    }
+
+    /// How long a device waits for a collective's member that shows no sign of life before
+    /// the run ends naming it (`crate::fabric::TIMEOUT` unless set).
+    pub fn set_collective_timeout(&mut self, timeout: Duration) {
+        self.fabric.set_timeout(timeout);
+    }
+
+    /// Makes `device` stop answering (it neither runs on nor shows signs of life) when it
+    /// reaches its collective number `step`, from 0: how tests make a device fail mid-run.
+    pub fn fail_device(&mut self, device: usize, step: usize) -> Result<()> {
+        if self.fabric.degraded().is_some_and(|t| !t.healthy(device)) {
+            bail!("{} is degraded: it runs nothing", device_label(&self.meta.mesh, device));
+        }
+        let runs = self.programs[device].steps.iter().filter(|s| matches!(s.exec, Exec::Collective(_))).count();
+        if step >= runs {
+            bail!("{} runs {runs} collective(s), none numbered {step}", device_label(&self.meta.mesh, device));
+        }
+        self.fail = Some((device, step));
+        Ok(())
+    }
+
+    /// How long a recv waits for its send (and a send for its recv) before the run fails.
+    pub fn set_timeout(&self, t: Duration) {
+        self.exchange.set_timeout(t);
     }
 
     /// The bytes every link of the mesh carried in the last run (`--link-stats`).
@@ -712,6 +882,7 @@ impl<'w> Loaded<'w> {
         let mut state = self.state.lock().map_err(|_| anyhow!("a previous run panicked"))?;
         let State { arenas, devices } = &mut *state;
         self.fabric.reset();
+        self.exchange.reset();
         let epoch = Instant::now();
         let mesh = &self.meta.mesh;
         let shared: Vec<DeviceShared> = (self.programs.iter().zip(arenas.iter_mut()).zip(&self.lanes))
@@ -757,7 +928,14 @@ impl<'w> Loaded<'w> {
             Some(d) => d,
             None => devices.insert(Devices::start(lanes.len())?),
         };
-        let jobs = lanes.iter().map(|&(d, k)| Box::new(move || self.device_thread(d, k, ctx)) as Job).collect();
+        // A degraded device runs nothing (the fabric leaves it out of every collective).
+        let healthy = |d: usize| self.fabric.degraded().is_none_or(|t| t.healthy(d));
+        let jobs = (lanes.iter())
+            .map(|&(d, k)| match healthy(d) {
+                true => Box::new(move || self.device_thread(d, k, ctx)) as Job,
+                false => Box::new(|| Some(DeviceRun { outputs: Vec::new(), times: Vec::new() })) as Job,
+            })
+            .collect();
         let lane_runs = devices.run(jobs);
         if let Some(reason) = self.fabric.poisoned() {
             bail!("{reason}");
@@ -777,19 +955,35 @@ impl<'w> Loaded<'w> {
         let mut results = BTreeMap::new();
         for (i, spec) in self.meta.outputs.iter().enumerate() {
             let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
-            let local = mesh.local_shape(&spec.shape, &spec.layout);
+            let local = spec.mesh(mesh).local_shape(&spec.shape, &spec.layout);
             let e = ty.dtype.size_bytes();
+            let holders: Vec<(usize, Vec<std::ops::Range<usize>>)> = (0..mesh.devices())
+                .filter_map(|d| spec.block(mesh, d).filter(|(_, writes)| *writes).map(|(r, _)| (d, r)))
+                .collect();
             let block = |d: usize| {
                 // SAFETY: the buffer holds the device's block of the output; its job is done.
                 unsafe { std::slice::from_raw_parts(runs[d].outputs[i].0, local.iter().product::<usize>() * e) }
             };
+            let region = |d: usize| spec.block(mesh, d).map(|(r, _)| r);
+            // The block from a healthy device that holds it, if any.
+            let holder = |d: usize| match healthy(d) {
+                true => Some(d),
+                false => (0..mesh.devices()).filter(|&h| healthy(h)).find(|&h| region(h) == region(d)),
+            };
             let t = if local == spec.shape {
-                Tensor::from_le_bytes(&ty, block(0))
+                let first = holders.first().map_or(0, |h| h.0);
+                Tensor::from_le_bytes(&ty, block(holder(first).ok_or_else(|| anyhow!("every device is degraded"))?))
             } else {
-                let mut bytes = vec![0u8; ty.size_bytes()];
-                for d in (0..mesh.devices()).filter(|&d| mesh.writes_back(&spec.layout, d)) {
-                    let at: Vec<usize> = mesh.region(&spec.shape, &spec.layout, d).iter().map(|r| r.start).collect();
-                    let src = block(d);
+                // Blocks that only degraded devices held (their data-parallel shards were
+                // dropped) read as NaN, or zero for other dtypes.
+                let mut bytes = match ty.dtype {
+                    DType::F32 => f32::NAN.to_le_bytes().repeat(ty.size_bytes() / 4),
+                    _ => vec![0u8; ty.size_bytes()],
+                };
+                for (d, r) in &holders {
+                    let Some(h) = holder(*d) else { continue };
+                    let at: Vec<usize> = r.iter().map(|r| r.start).collect();
+                    let src = block(h);
                     fabric::for_each_run(&local, &vec![0; local.len()], &spec.shape, &at, &local, |s, o, n| {
                         bytes[o * e..(o + n) * e].copy_from_slice(&src[s * e..(s + n) * e])
                     });
@@ -827,6 +1021,7 @@ impl<'w> Loaded<'w> {
         };
         self.fabric.poison(reason);
         ctx.devices.iter().for_each(|d| d.board.poison());
+        self.exchange.poison();
         None
     }
 
@@ -858,13 +1053,14 @@ impl<'w> Loaded<'w> {
         for (i, (spec, &b)) in self.meta.inputs.iter().zip(&p.inputs).enumerate().filter(|_| stream == 0) {
             // SAFETY: the buffer has exactly the bytes of the device's block (check_indices).
             let dst = unsafe { std::slice::from_raw_parts_mut(ptr(b), p.buffers[b].bytes) };
+            // A device outside the input's stage holds none of it.
+            let Some((region, _)) = spec.block(mesh, device) else { continue };
             match split.get(i).and_then(Option::as_ref) {
                 None => inputs[&spec.name].write_le_bytes(dst),
                 Some(bytes) => {
                     let e = inputs[&spec.name].dtype().size_bytes();
-                    let local = mesh.local_shape(&spec.shape, &spec.layout);
-                    let at: Vec<usize> =
-                        mesh.region(&spec.shape, &spec.layout, device).iter().map(|r| r.start).collect();
+                    let local: Vec<usize> = region.iter().map(|r| r.len()).collect();
+                    let at: Vec<usize> = region.iter().map(|r| r.start).collect();
                     fabric::for_each_run(&spec.shape, &at, &local, &vec![0; local.len()], &local, |s, o, n| {
                         dst[o * e..(o + n) * e].copy_from_slice(&bytes[s * e..(s + n) * e])
                     });
@@ -951,6 +1147,17 @@ impl<'w> Loaded<'w> {
             }
         }
         run.step.set(i);
+        self.fabric.beat(device);
+        if let Exec::Collective(c) = &st.exec {
+            let number = p.steps[..i].iter().filter(|s| matches!(s.exec, Exec::Collective(_))).count();
+            if self.fail == Some((device, number)) {
+                // Silent until the others give up on it.
+                while self.fabric.poisoned().is_none() {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                bail!("node '{}': collective #{}: stopped answering (--fail-device)", st.node, c.id);
+            }
+        }
         let start = Instant::now();
         let args = &mut run.args;
         args.clear();
@@ -976,10 +1183,11 @@ impl<'w> Loaded<'w> {
                         std::slice::from_raw_parts(args[2] as *const f32, len(b)),
                     )
                 };
-                if run.alone {
-                    library::matmul(x, y, o, a, b, out)
-                } else {
-                    library::matmul_threads(x, y, o, a, b, out, 1)
+                let threads = if run.alone { None } else { Some(1) };
+                match self.masks[device].get(&st.buffers[2]) {
+                    Some(m) => library::matmul_masked(x, y, o, a, b, out, m, threads),
+                    None if run.alone => library::matmul(x, y, o, a, b, out),
+                    None => library::matmul_threads(x, y, o, a, b, out, 1),
                 }
                 .with_context(|| format!("node '{}'", st.node))?;
             }
@@ -1003,6 +1211,25 @@ impl<'w> Loaded<'w> {
                     // The streams that read it wait for an event recorded after the step,
                     // which orders this store before their loads.
                     ptrs[st.buffers[0]].store(at as *mut u8, Ordering::Relaxed);
+                }
+            }
+            Exec::Send(t) => {
+                // SAFETY: `new` checked the buffer holds `t.bytes`; a `move` send's buffer
+                // is live to the end of the program (`passes::buffers`), so it stays put.
+                unsafe { self.exchange.send(device, t, args[0]) }.with_context(|| format!("node '{}'", st.node))?;
+                if timed {
+                    run.waits.push((start, Instant::now()));
+                }
+            }
+            Exec::Recv(t) => {
+                // SAFETY: `new` checked the buffer holds `t.bytes` in the arena.
+                let at =
+                    unsafe { self.exchange.recv(device, t, args[0]) }.with_context(|| format!("node '{}'", st.node))?;
+                // `move`: the data stays in the sender's buffer; read it there (the readers
+                // on other streams wait for an event recorded after this step).
+                ptrs[st.buffers[0]].store(at as *mut u8, Ordering::Relaxed);
+                if timed {
+                    run.waits.push((start, Instant::now()));
                 }
             }
         }
@@ -1045,7 +1272,7 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(i, &bytes)| {
-                let b = Buffer { name: format!("b{i}"), bytes, storage: Storage::Arena { offset: at } };
+                let b = Buffer { name: format!("b{i}"), bytes, storage: Storage::Arena { offset: at }, mask: None };
                 at += bytes.div_ceil(ALIGN) * ALIGN;
                 b
             })
@@ -1071,6 +1298,8 @@ mod tests {
             flops: 0,
             inputs,
             outputs,
+            degraded: Default::default(),
+            model_axes: Vec::new(),
         };
         Loaded::new(meta, programs, Code::Copied(codegen::ExecCode::new(&[])?), &[])
     }
@@ -1375,5 +1604,190 @@ mod tests {
             refuse([vec![sa.clone(), sa.clone()], vec![sa.clone(), sa]]),
             "device 0 (0): node 'a' runs collective #0 a second time"
         );
+    }
+
+    #[test]
+    fn degraded_devices_have_empty_programs_and_run_nothing() {
+        let m = mesh(&[2, 2]);
+        let sum = collective(0, CollectiveOp::AllReduce { reduce: Reduce::Mean }, m.groups(&[0, 1]), &[6]);
+        let x = || vec![io("x", DType::F32, &[2, 6], &[Some(0), None])];
+        let out = || vec![io("s", DType::F32, &[6], &[None])];
+        let programs = |failed: usize| -> Vec<Program> {
+            (0..4)
+                .map(|d| match d == failed {
+                    true => Program { device: d, ..Default::default() },
+                    false => program(d, &[24, 24], vec![step("s", sum.clone(), &[1, 0])], vec![0], vec![1]),
+                })
+                .collect()
+        };
+        let meta = |degraded: crate::degraded::Degradation, model_axes: Vec<usize>| Meta {
+            graph: "t".into(),
+            target: "test".into(),
+            features: vec![],
+            mesh: m.clone(),
+            flops: 0,
+            inputs: x(),
+            outputs: out(),
+            degraded,
+            model_axes,
+        };
+        let failed = |d: usize| crate::degraded::Degradation { nodes: vec![d], ..Default::default() };
+        let code = || Code::Copied(codegen::ExecCode::new(&[]).unwrap());
+        // x is [2, 6] split over axis 0 (row 0 on devices 0 and 1, row 1 on 2 and 3): the
+        // mean is over the three healthy devices' rows.
+        for gone in [0, 2] {
+            let l = Loaded::new(meta(failed(gone), vec![]), programs(gone), code(), &[]).unwrap();
+            let xs = iota(&[2, 6]);
+            let got = l.run(&HashMap::from([("x".to_string(), xs.clone())])).unwrap();
+            let rows = xs.as_f32().unwrap();
+            let block = |d: usize| &rows[6 * (d / 2)..6 * (d / 2) + 6];
+            let want: Vec<f32> =
+                (0..6).map(|i| (0..4).filter(|&d| d != gone).map(|d| block(d)[i]).sum::<f32>() / 3.0).collect();
+            assert_eq!(got["s"].as_f32().unwrap(), &want[..], "device {gone} failed");
+        }
+        // A corrupt degradation or model axis is refused, not a panic.
+        let e = |meta: Meta| Loaded::new(meta, programs(2), code(), &[]).err().map(|e| e.to_string());
+        assert_eq!(e(meta(failed(9), vec![])).unwrap(), "degraded device 9 is not in the [2, 2] mesh");
+        assert_eq!(e(meta(failed(2), vec![5])).unwrap(), "model axis 5 is not an axis of the [2, 2] mesh");
+        // Without the degradation, the empty program is refused.
+        assert!(e(meta(Default::default(), vec![])).unwrap().contains("device 2 (1,0)"));
+    }
+}
+
+#[cfg(test)]
+mod transfer_tests {
+    use meshc_ir::DType;
+
+    use super::*;
+    use crate::mesh::Topology;
+    use crate::program::{Protocol, Step, Transfer};
+
+    fn two() -> Mesh {
+        Mesh { shape: vec![2], axes: vec!["a".into()], topology: Topology::Mesh }
+    }
+
+    fn program(device: usize, steps: Vec<Step>) -> Program {
+        // b0: the input, b1: what is received, b2: the output.
+        let buffers = (0..3)
+            .map(|i| Buffer {
+                name: format!("b{i}"),
+                bytes: 16,
+                storage: Storage::Arena { offset: 64 * i },
+                mask: None,
+            })
+            .collect();
+        Program {
+            device,
+            arena_bytes: 192,
+            buffers,
+            kernels: vec![],
+            steps,
+            inputs: vec![0],
+            outputs: vec![1],
+            streams: Default::default(),
+        }
+    }
+
+    fn send(key: &str, to: usize, protocol: Protocol, b: usize) -> Step {
+        let t = Transfer { key: key.into(), peer: to, bytes: 16, protocol };
+        Step { node: format!("send {key}"), exec: Exec::Send(t), buffers: vec![b] }
+    }
+
+    fn recv(key: &str, from: usize, protocol: Protocol) -> Step {
+        let t = Transfer { key: key.into(), peer: from, bytes: 16, protocol };
+        Step { node: format!("recv {key}"), exec: Exec::Recv(t), buffers: vec![1] }
+    }
+
+    fn load(programs: Vec<Program>) -> Result<Loaded<'static>> {
+        let io = |n: &str| IoSpec::new(n, &TensorType::new(DType::F32, vec![4]));
+        let meta = Meta {
+            graph: "t".into(),
+            target: "test".into(),
+            features: vec![],
+            mesh: two(),
+            flops: 0,
+            inputs: vec![io("x")],
+            outputs: vec![io("y")],
+            degraded: Default::default(),
+            model_axes: Vec::new(),
+        };
+        Loaded::new(meta, programs, Code::Copied(codegen::ExecCode::new(&[])?), &[])
+    }
+
+    fn x() -> HashMap<String, Tensor> {
+        HashMap::from([("x".to_string(), Tensor::f32(vec![4], vec![1.0, 2.0, 3.0, 4.0]))])
+    }
+
+    #[test]
+    fn each_protocol_delivers_the_data() {
+        for protocol in [Protocol::Move, Protocol::Copy] {
+            // Device 0 sends its input to device 1, which sends it back: y is x on both.
+            let l = load(vec![
+                program(0, vec![send("there", 1, protocol, 0), recv("back", 1, protocol)]),
+                program(1, vec![recv("there", 0, protocol), send("back", 0, protocol, 1)]),
+            ])
+            .unwrap();
+            for _ in 0..2 {
+                assert_eq!(l.run(&x()).unwrap()["y"], x()["x"], "{protocol:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_recv_whose_send_never_comes_times_out_naming_key_and_devices() {
+        // Both devices receive first: each waits for a send the other reaches only after.
+        let l = load(vec![
+            program(0, vec![recv("b", 1, Protocol::Copy), send("a", 1, Protocol::Copy, 0)]),
+            program(1, vec![recv("a", 0, Protocol::Copy), send("b", 0, Protocol::Copy, 0)]),
+        ])
+        .unwrap();
+        l.set_timeout(Duration::from_millis(200));
+        let start = Instant::now();
+        let e = l.run(&x()).unwrap_err().to_string();
+        assert!(start.elapsed() < Duration::from_secs(5), "the other device must stop at once");
+        let a = "device 1 (1): node 'recv a': recv 'a' on device 1 from device 0: no send came within 200ms";
+        let b = "device 0 (0): node 'recv b': recv 'b' on device 0 from device 1: no send came within 200ms";
+        assert!(e == a || e == b, "{e}");
+        // The next run starts afresh (and fails the same way).
+        assert!(l.run(&x()).unwrap_err().to_string().contains("no send came within 200ms"));
+    }
+
+    #[test]
+    fn a_failing_sender_stops_its_receiver() {
+        let bad = Exec::Library(Library::Matmul { a: vec![2, 3], b: vec![2, 3], out: vec![2, 3] });
+        let l = load(vec![
+            program(
+                0,
+                vec![Step { node: "h".into(), exec: bad, buffers: vec![2, 0, 0] }, send("a", 1, Protocol::Copy, 2)],
+            ),
+            program(1, vec![recv("a", 0, Protocol::Copy)]),
+        ])
+        .unwrap();
+        let start = Instant::now();
+        let e = l.run(&x()).unwrap_err().to_string();
+        assert!(e.starts_with("device 0 (0): node 'h': matmul"), "{e}");
+        assert!(start.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn transfers_that_do_not_pair_up_are_refused() {
+        let refuse = |p0: Vec<Step>, p1: Vec<Step>| match load(vec![program(0, p0), program(1, p1)]) {
+            Ok(_) => String::new(),
+            Err(e) => format!("{e:#}"),
+        };
+        let ok = || (vec![send("a", 1, Protocol::Move, 0)], vec![recv("a", 0, Protocol::Move)]);
+        assert_eq!(refuse(ok().0, ok().1), "");
+        assert_eq!(refuse(ok().0, vec![]), "device 0 (0): node 'send a' sends 'a', which no device receives");
+        assert_eq!(refuse(vec![], ok().1), "device 1 (1): node 'recv a' receives 'a', which no device sends");
+        assert_eq!(
+            refuse(ok().0, vec![recv("a", 0, Protocol::Copy)]),
+            "device 0 (0): node 'send a' sends 'a' unlike device 1 (1) receives it"
+        );
+        assert_eq!(
+            refuse(vec![send("a", 0, Protocol::Move, 0)], ok().1),
+            "device 0 (0): node 'send a': transfer 'a' with device 0"
+        );
+        let twice = [send("a", 1, Protocol::Move, 0), send("a", 1, Protocol::Move, 0)].to_vec();
+        assert!(refuse(twice, ok().1).contains("sends 'a' as node 'send a' on device 0 (0) does"));
     }
 }

@@ -50,6 +50,8 @@ pub fn chrome_trace(meta: &Meta, programs: &[Program], times: &[StepTime]) -> St
             Exec::Kernel(_) => "kernel",
             Exec::Library(_) => "library",
             Exec::Collective(_) => "collective",
+            Exec::Send(_) => "send",
+            Exec::Recv(_) => "recv",
         };
         let tid = tid(t.device, t.stream);
         events.push(event(&step.node, cat, tid, micros(t.start), micros(t.dur)));

@@ -940,8 +940,11 @@ Each graph directory `NAME/` holds:
 - `layouts/<layout>.json` (mlp and transformer) — layout specs (`meshc-layout/1`,
   docs/layout.md), written by hand, not by the script: data parallel (`dp-2`, `dp-2x4`),
   Megatron-style model parallel (`mp-2x4`, `mp-4`, `mp-8`), a 2×2×2 mesh mixing both
-  (`cube-2x2x2`) and a torus (`torus-2x4`). Under each, the graph must still give
-  `expected/` (tests/distributed.rs); what each costs in collectives is stated there.
+  (`cube-2x2x2`) and a torus (`torus-2x4`); placements on stages (`stages-*`: explicit,
+  with and without per-stage layouts; `design-2x4`, `embed-on-0`: stages sharing devices
+  with the whole mesh) and pipelines with micro-batches (`pipeline-*`).
+  Under each, the graph must still give `expected/` (tests/distributed.rs); what each
+  costs in collectives is stated there, in transfers in tests/placement.rs.
 
 Expected outputs are computed by a numpy reference interpreter in float64 from the
 float32 data (so they are more accurate than f32 arithmetic), then cast to the output's

@@ -108,6 +108,8 @@ const fn opt(name: &'static str, kind: AttrKind) -> AttrSpec {
 }
 
 pub const REDUCE_KINDS: &[&str] = &["sum", "max", "mean"];
+/// How a send/recv pair moves its data (chosen by the send/recv pass, see meshc's `program::Protocol`).
+pub const PROTOCOLS: &[&str] = &["move", "copy", "remote"];
 pub const GELU_APPROX: &[&str] = &["none", "tanh"];
 
 impl Op {
@@ -166,8 +168,18 @@ impl Op {
                 const { &[req("starts", K::Ints), req("ends", K::Ints), opt("axes", K::Ints), opt("steps", K::Ints)] }
             }
             Gather => const { &[opt("axis", K::Int)] },
-            Send => const { &[req("key", K::Str), req("to", K::Int)] },
-            Recv => const { &[req("key", K::Str), req("from", K::Int), req("shape", K::Ints), req("dtype", K::DType)] },
+            Send => const { &[req("key", K::Str), req("to", K::Int), opt("protocol", K::Enum(PROTOCOLS))] },
+            Recv => {
+                const {
+                    &[
+                        req("key", K::Str),
+                        req("from", K::Int),
+                        req("shape", K::Ints),
+                        req("dtype", K::DType),
+                        opt("protocol", K::Enum(PROTOCOLS)),
+                    ]
+                }
+            }
             AllReduce => const { &[req("groups", K::Groups), opt("reduce", K::Enum(REDUCE_KINDS))] },
             AllGather => const { &[req("groups", K::Groups), req("axis", K::Int)] },
             ReduceScatter => {

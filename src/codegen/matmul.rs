@@ -193,6 +193,61 @@ pub fn matmul(target: &Target, name: &str, a: &TensorType, b: &TensorType, out: 
     Ok(Generated { func, scratch: blocks.map_or(0, |bl| bl.scratch_bytes()) })
 }
 
+/// Generates the masked matmul kernel (seed 003's conditioned execution): the same
+/// numpy matmul, but `b` (a weight `[.., K, N]`) is preceded by a mask record
+/// (`crate::mask`) that the kernel finds from `b`'s address at run time. It zeroes the
+/// result, then for each kept row run of the record runs the packed loop nest over the kept
+/// column runs only (`Gemm::emit_runs`), so pruned columns and rows cost nothing but the
+/// zeroing. The code depends only on the
+/// shapes: weights with different masks share one kernel.
+pub fn masked(target: &Target, name: &str, a: &TensorType, b: &TensorType, out: &TensorType) -> Result<Generated> {
+    for (what, t) in [("operand a", a), ("operand b", b), ("result", out)] {
+        if t.dtype != DType::F32 {
+            bail!("matmul kernel {name}: {what} is {}, only f32 is supported", t.dtype);
+        }
+    }
+    if b.shape.len() < 2 {
+        bail!("matmul kernel {name}: a masked operand b must be a matrix, not {:?}", b.shape);
+    }
+    let shape = MatmulShape::new(&a.shape, &b.shape, &out.shape)?;
+    let blocks = (shape.out_len() > 0 && shape.k > 0).then(|| Blocks::new(&shape));
+    let fma = target.has("fma");
+    let func = build_kernel(target, name, |kb| {
+        let (c, a, b) = (kb.buf(0), kb.buf(1), kb.buf(2));
+        // Zero the result: vectors, then the scalar tail.
+        let bytes = shape.out_len() * F32;
+        let vectors = kb.iconst((bytes & !15) as i64);
+        zero_fill(kb, c, vectors);
+        let zero = kb.f32const(0.0);
+        kb.for_const((bytes & !15) as i64, bytes as i64, F32 as i64, |k, i| {
+            let p = k.b.ins().iadd(c, i);
+            k.b.ins().store(mem(), zero, p, 0);
+        });
+        let Some(blocks) = &blocks else { return };
+        let scratch = kb.buf(3);
+        let u32_at = |k: &mut KernelBuilder, p: Value, off: i32| k.b.ins().uload32(mem(), p, off);
+        let len = u32_at(kb, b, -4);
+        let record = kb.b.ins().isub(b, len);
+        let (col_runs, row_runs) = (u32_at(kb, record, 4), u32_at(kb, record, 8));
+        let runs = kb.b.ins().iadd_imm_s(record, crate::mask::HEADER as i64);
+        let rows_at = kb.addr(runs, col_runs, 8);
+        let g = Gemm { s: &shape, blocks, fma, scratch };
+        let n = shape.n;
+        batch_loops(kb, &shape.batch, [a, b, c], &mut |k, [a, b, c]| {
+            let zero = k.iconst(0);
+            k.for_range(zero, row_runs, 1, |k, rr| {
+                let e = k.addr(rows_at, rr, 8);
+                let (k0, depth) = (u32_at(k, e, 0), u32_at(k, e, 4));
+                let first = k.b.ins().icmp_imm_s(IntCC::Equal, rr, 0);
+                let a = k.addr(a, k0, F32 as i64);
+                let b = k.addr(b, k0, (n * F32) as i64);
+                g.emit_runs(k, [a, b, c], (runs, col_runs), depth, first);
+            });
+        });
+    });
+    Ok(Generated { func, scratch: blocks.map_or(0, |bl| bl.scratch_bytes()) })
+}
+
 /// Loads of packed panels in the micro-kernel, marked movable (`readonly`, `can_move`) so
 /// the optimiser places each right before its use. Left in program order, the loads of a
 /// whole unrolled step would be issued first and all their values held live until the
@@ -289,24 +344,92 @@ impl Gemm<'_> {
                     pack_a(k, a_blk, kk, mc, kc, kcp, ap);
                     let c_row = k.addr(c, ic, (n * F32) as i64);
                     let c_blk = k.addr(c_row, jc, F32 as i64);
+                    self.panels(k, [ap, bp, tile], c_blk, nc, mc, kcp, first);
+                });
+            });
+        });
+    }
+
+    /// A masked GEMM's part for one run of kept rows (`a` and `b` at its first row, `depth`
+    /// rows, `first` on the first run): the kept column runs (`col_runs` pairs of u32 at
+    /// `runs`) are iterated inside each packed A block, so A is packed once per block
+    /// rather than once per column run.
+    #[allow(clippy::too_many_arguments)]
+    fn emit_runs(
+        &self,
+        k: &mut KernelBuilder,
+        [a, b, c]: [Value; 3],
+        (runs, col_runs): (Value, Value),
+        depth: Value,
+        first_run: Value,
+    ) {
+        let MatmulShape { m, k: kk, n, .. } = *self.s;
+        let ap = self.scratch;
+        let bp = k.b.ins().iadd_imm_s(self.scratch, self.blocks.b_offset() as i64);
+        let tile = k.b.ins().iadd_imm_s(self.scratch, self.blocks.tile_offset() as i64);
+        let start = k.iconst(0);
+        k.for_range(start, depth, KC as i64, |k, pc| {
+            let kc = remaining(k, depth, pc, KC);
+            let pad = k.b.ins().ineg(kc);
+            let pad = k.b.ins().band_imm_s(pad, KU as i64 - 1);
+            let kcp = k.b.ins().iadd(kc, pad);
+            let first = k.b.ins().icmp_imm_s(IntCC::Equal, pc, 0);
+            let first = k.b.ins().band(first, first_run);
+            k.for_const(0, m as i64, MC as i64, |k, ic| {
+                let mc = block_len(k, m, ic, MC);
+                let a_row = k.addr(a, ic, (kk * F32) as i64);
+                let a_blk = k.addr(a_row, pc, F32 as i64);
+                pack_a(k, a_blk, kk, mc, kc, kcp, ap);
+                let zero = k.iconst(0);
+                k.for_range(zero, col_runs, 1, |k, cr| {
+                    let e = k.addr(runs, cr, 8);
+                    let c0 = k.b.ins().uload32(mem(), e, 0);
+                    let cols = k.b.ins().uload32(mem(), e, 4);
                     let zero = k.iconst(0);
-                    k.for_range(zero, nc, NR as i64, |k, jr| {
-                        let cols = remaining(k, nc, jr, NR);
-                        // Panel jr / NR starts at (jr / NR) * kcp * NR = jr * kcp floats.
-                        let b_off = k.b.ins().imul(jr, kcp);
-                        let b_panel = k.addr(bp, b_off, F32 as i64);
-                        let c_col = k.addr(c_blk, jr, F32 as i64);
-                        let zero = k.iconst(0);
-                        k.for_range(zero, mc, MR as i64, |k, ir| {
-                            let rows = remaining(k, mc, ir, MR);
-                            let a_off = k.b.ins().imul(ir, kcp);
-                            let a_panel = k.addr(ap, a_off, F32 as i64);
-                            let acc = self.micro_kernel(k, a_panel, b_panel, kcp);
-                            let c_tile = k.addr(c_col, ir, (n * F32) as i64);
-                            store_tile(k, &acc, c_tile, n, rows, cols, first, tile);
-                        });
+                    k.for_range(zero, cols, NC as i64, |k, jc| {
+                        let nc = remaining(k, cols, jc, NC);
+                        let col = k.b.ins().iadd(c0, jc);
+                        let b_row = k.addr(b, pc, (n * F32) as i64);
+                        let b_blk = k.addr(b_row, col, F32 as i64);
+                        pack_b(k, b_blk, n, kc, kcp, nc, bp);
+                        let c_row = k.addr(c, ic, (n * F32) as i64);
+                        let c_blk = k.addr(c_row, col, F32 as i64);
+                        self.panels(k, [ap, bp, tile], c_blk, nc, mc, kcp, first);
                     });
                 });
+            });
+        });
+    }
+
+    /// The micro-kernel over every MR×NR tile of the packed `mc × nc` block (packed A at
+    /// `ap`, packed B at `bp`), stored or added (`first`) into C at `c_blk`.
+    #[allow(clippy::too_many_arguments)]
+    fn panels(
+        &self,
+        k: &mut KernelBuilder,
+        [ap, bp, tile]: [Value; 3],
+        c_blk: Value,
+        nc: Value,
+        mc: Value,
+        kcp: Value,
+        first: Value,
+    ) {
+        let n = self.s.n;
+        let zero = k.iconst(0);
+        k.for_range(zero, nc, NR as i64, |k, jr| {
+            let cols = remaining(k, nc, jr, NR);
+            // Panel jr / NR starts at (jr / NR) * kcp * NR = jr * kcp floats.
+            let b_off = k.b.ins().imul(jr, kcp);
+            let b_panel = k.addr(bp, b_off, F32 as i64);
+            let c_col = k.addr(c_blk, jr, F32 as i64);
+            let zero = k.iconst(0);
+            k.for_range(zero, mc, MR as i64, |k, ir| {
+                let rows = remaining(k, mc, ir, MR);
+                let a_off = k.b.ins().imul(ir, kcp);
+                let a_panel = k.addr(ap, a_off, F32 as i64);
+                let acc = self.micro_kernel(k, a_panel, b_panel, kcp);
+                let c_tile = k.addr(c_col, ir, (n * F32) as i64);
+                store_tile(k, &acc, c_tile, n, rows, cols, first, tile);
             });
         });
     }
@@ -690,6 +813,51 @@ pub(crate) mod tests {
         assert!(!v2.has("fma"));
         for (a, b) in [(&[7usize, 13][..], &[13usize, 5][..]), (&[2, 1, 3, 9], &[3, 9, 5]), (&[26, 31], &[31, 11])] {
             check_on(&v2, a, b, 5);
+        }
+    }
+
+    /// The masked kernel finds the mask record before its weight operand and equals the
+    /// interpreter on the weight with the pruned columns and rows zeroed; batched too, and
+    /// across K and N blocks (two K blocks, N > NC).
+    #[test]
+    fn masked_kernel_reads_the_record_before_the_weight() {
+        for (a_shape, b_shape) in
+            [(&[13usize, 300][..], &[300usize, 37][..]), (&[2, 5, 41], &[2, 41, 29]), (&[3, 20], &[20, 1030])]
+        {
+            let (a, b, _) = oracle(a_shape, b_shape, 3);
+            let (k, n) = (b_shape[b_shape.len() - 2], b_shape[b_shape.len() - 1]);
+            let col_keep: Vec<bool> = (0..n).map(|c| (c / 5) % 3 != 1).collect();
+            let row_keep: Vec<bool> = (0..k).map(|r| (r / 7) % 4 != 2).collect();
+            let mask = crate::mask::Mask::new(&col_keep, &row_keep, 1);
+            let pruned: Vec<f32> = (b.as_f32().unwrap().iter().enumerate())
+                .map(|(i, &x)| if col_keep[i % n] && row_keep[(i / n) % k] { x } else { 0.0 })
+                .collect();
+            let node = Node::new("mm", Op::MatMul, &["a", "b"]);
+            let out_ty =
+                infer(&node, &[Operand { ty: &a.ty(), dims: None }, Operand { ty: &b.ty(), dims: None }]).unwrap().ty;
+            let want = eval_node(&node, &[&a, &Tensor::f32(b_shape.to_vec(), pruned)], &out_ty).unwrap();
+            // x86-64-v2: SSE encodings, whose memory operands must be aligned, and no FMA.
+            for target in [native(), Target::by_name("x86-64-v2").unwrap()] {
+                let g = masked(&target, "mm", &a.ty(), &b.ty(), &out_ty).unwrap();
+                let (mut sa, mut sb, mut so, mut ss) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                let ab = f32_bytes(a.as_f32().unwrap());
+                let ba = aligned(&mut sa, ab.len());
+                ba.copy_from_slice(&ab);
+                let record = mask.encode();
+                let wb = aligned(&mut sb, record.len() + b.numel() * 4);
+                wb[..record.len()].copy_from_slice(&record);
+                wb[record.len()..].copy_from_slice(&f32_bytes(b.as_f32().unwrap()));
+                let (_, weight) = wb.split_at_mut(record.len());
+                let out = aligned(&mut so, want.numel() * 4);
+                out.fill(0x7f);
+                let mut bufs: Vec<&mut [u8]> = vec![out, ba, weight, aligned(&mut ss, g.scratch)];
+                assert_eq!(run(&target, g.func, &mut bufs), 0);
+                assert_close(
+                    &bytes_f32(bufs[0]),
+                    want.as_f32().unwrap(),
+                    &format!("masked {a_shape:?} @ {b_shape:?} on {}", target.name),
+                );
+            }
         }
     }
 

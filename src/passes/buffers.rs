@@ -35,7 +35,7 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use crate::passes::streams::Order;
-use crate::program::{align_up, Exec, Program, Storage, ALIGN};
+use crate::program::{align_up, Exec, Program, Protocol, Storage, Transfer, ALIGN};
 
 /// The steps a buffer is live at, both inclusive; `last == steps.len()` means the buffer is
 /// a graph output, read after the last step.
@@ -66,6 +66,10 @@ pub fn liveness(p: &Program) -> Vec<Option<Live>> {
     for (i, s) in p.steps.iter().enumerate() {
         for &b in &s.buffers {
             touch(b, i);
+        }
+        // The receiver of a `move` reads the sent buffer in place until the run ends.
+        if let Exec::Send(Transfer { protocol: Protocol::Move, .. }) = &s.exec {
+            s.buffers.iter().for_each(|&b| touch(b, p.steps.len()));
         }
     }
     for &b in &p.outputs {
@@ -118,6 +122,10 @@ fn accesses(p: &Program) -> Vec<Vec<At>> {
             if at[b].last() != Some(&At::Step(i)) {
                 at[b].push(At::Step(i));
             }
+        }
+        // The receiver of a `move` reads the sent buffer in place until the run ends.
+        if let Exec::Send(Transfer { protocol: Protocol::Move, .. }) = &s.exec {
+            s.buffers.iter().for_each(|&b| at[b].push(At::Out));
         }
     }
     for &b in &p.outputs {
@@ -278,7 +286,12 @@ mod tests {
     /// A program over arena buffers of these sizes; steps as (result, operands, collective).
     fn program(sizes: &[usize], steps: &[(usize, &[usize], bool)], inputs: &[usize], outputs: &[usize]) -> Program {
         let buffers = (sizes.iter().enumerate())
-            .map(|(i, &bytes)| Buffer { name: format!("t{i}"), bytes, storage: Storage::Arena { offset: 0 } })
+            .map(|(i, &bytes)| Buffer {
+                name: format!("t{i}"),
+                bytes,
+                storage: Storage::Arena { offset: 0 },
+                mask: None,
+            })
             .collect();
         let steps = (steps.iter())
             .map(|&(r, ops, collective)| Step {

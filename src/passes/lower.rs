@@ -21,7 +21,7 @@
 //! Every device's program has the same nodes in the same order (SPMD), so a collective is
 //! named alike on all members of its group; only the bounds of local slices differ.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{bail, Result};
 use meshc_ir::infer::{attr_int, attr_ints, norm_axis};
@@ -30,6 +30,7 @@ use meshc_ir::{Attr, Attrs, DType, Graph, Input, Node, Op, Output, Param, ParamD
 
 use super::layout::{corresponding_dims, reduced_axes, Layouts};
 use crate::mesh::{Layout, Mesh};
+use crate::program::StageMesh;
 
 /// One program per device, plus the layouts of the graph's inputs and outputs.
 #[derive(Clone, Debug)]
@@ -38,6 +39,9 @@ pub struct Lowered {
     pub devices: Vec<Graph>,
     pub inputs: Vec<(String, Layout)>,
     pub outputs: Vec<(String, Layout)>,
+    /// With placement: the stage that holds each graph input and output (its layout above
+    /// is over that stage's sub-mesh).
+    pub io_stages: BTreeMap<String, StageMesh>,
 }
 
 struct Lower<'a> {
@@ -610,7 +614,7 @@ pub fn lower(g: &Graph, info: &Info, layouts: &Layouts) -> Result<Lowered> {
             *layout = vec![None; layout.len()];
         }
     }
-    Ok(Lowered { mesh: mesh.clone(), devices: l.devs, inputs, outputs })
+    Ok(Lowered { mesh: mesh.clone(), devices: l.devs, inputs, outputs, io_stages: BTreeMap::new() })
 }
 
 /// `--dump-after lower`: every device's program in the text format.

@@ -5,4 +5,8 @@ pub mod buffers;
 pub mod layout;
 pub mod lower;
 pub mod pilot;
+pub mod place;
+mod place_auto;
+mod place_microbatch;
+pub mod sendrecv;
 pub mod streams;

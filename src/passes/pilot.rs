@@ -1,7 +1,8 @@
 //! The pilot pass (seed 003, DESIGN.md §4): run a simplified copy of the graph on pilot
 //! inputs, give every block of output features of every prunable weight a priority, and
-//! turn the priorities into pruning masks. The masks are computed and reported only: no
-//! kernel reads them yet (masked kernels are a later step of issue 7).
+//! turn the priorities into pruning masks, then prune the graph's params by them (`apply`):
+//! the masks travel into the artifact next to their weights (`crate::mask`), where the
+//! matmul kernels read them and skip the pruned work.
 //!
 //! It runs on the single-device (global) graph, before lowering: priorities are a property
 //! of the computation, not of how it is split, and a mask is later sliced with its weight.
@@ -39,7 +40,12 @@
 //! **Masks.** `keep F` keeps the `ceil(F · blocks)` highest-priority blocks (ties: lower
 //! block first); `threshold T` keeps the blocks whose priority exceeds `T ×` the weight's
 //! largest (so `T = 0` drops exactly the blocks that never contribute). The FLOPs a mask
-//! would skip are those of the dropped columns in the weight's own matmul.
+//! would skip, in `--dump-after pilot`, are those of the dropped columns in the weight's
+//! own matmul; what the artifact skips, reported by `compile` and `inspect`, also counts
+//! the rows of the next weight that pruning removes (`apply`).
+//!
+//! **Pruning** (`apply`, documented there) turns the masks into the pruned graph's params
+//! and the masks of its matmul weights, which `compile` stores and the kernels read.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -128,6 +134,211 @@ pub struct WeightMask {
     /// FLOPs of the weight's matmul, and those of the dropped blocks.
     pub flops: u64,
     pub flops_skipped: u64,
+}
+
+/// The mask of one pruned matmul weight `[.., K, N]`: which of its columns (output
+/// features) and which of its rows (contracted features) survive.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParamMask {
+    pub col_keep: Vec<bool>,
+    pub row_keep: Vec<bool>,
+    /// The pilot's block of output features (reported with the mask).
+    pub block: usize,
+}
+
+/// The pruned graph: its params, and the masks of its matmul weights.
+#[derive(Clone, Debug, Default)]
+pub struct Pruned {
+    pub params: HashMap<String, Tensor>,
+    /// By param name.
+    pub masks: HashMap<String, ParamMask>,
+    /// What was pruned, one line per action, for `--dump-after pilot`.
+    pub log: Vec<String>,
+}
+
+/// Prunes the params of `g` (verified as `info`) by `masks`, the pilot's result.
+///
+/// **What pruning a block of output features means.** A dropped feature is removed from
+/// the network, as structured pruning does: its column of `W` (in `c = x·W`) is zeroed;
+/// then, following `c` forward through elementwise ops whose last axis is still the
+/// feature axis, every per-feature param on the way (a bias `[.., N]` used nowhere else)
+/// has the feature's entry zeroed, as long as the feature's value stays exactly zero
+/// (checked by evaluating the op with the interpreter on zeros: true of `relu(c + b)`,
+/// `gelu`, `c * s`, not of `sigmoid`); and where such a value is the left operand of a
+/// matmul with a weight `W2` used nowhere else, the feature's rows of `W2` are zeroed and
+/// marked skipped. The result is an ordinary graph: the reference interpreter on these
+/// params is the oracle of the masked kernels. A weight whose columns reach a graph output
+/// without a matmul contracting them is not pruned (those columns are results, e.g.
+/// logits or class probabilities). Only
+/// `matmul` weights used by one node are pruned (an einsum's or a shared weight's mask is reported, not applied); a weight with
+/// nothing dropped gets no mask, so `keep 1.0` leaves the graph untouched.
+pub fn apply(
+    g: &Graph,
+    info: &Info,
+    params: &HashMap<String, Tensor>,
+    masks: &[WeightMask],
+    block: usize,
+) -> Result<Pruned> {
+    let mut uses: HashMap<&str, Vec<(usize, usize)>> = HashMap::new();
+    for (i, n) in g.nodes.iter().enumerate() {
+        for (pos, inp) in n.inputs.iter().enumerate() {
+            uses.entry(inp.as_str()).or_default().push((i, pos));
+        }
+    }
+    let single_use = |name: &str| params.contains_key(name) && uses.get(name).is_some_and(|u| u.len() == 1);
+    let index: HashMap<&str, usize> = g.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
+    let mut out = Pruned { params: params.clone(), ..Pruned::default() };
+    let matrix = |name: &str| -> Option<(usize, usize)> {
+        let s = &info.types[name].shape;
+        (s.len() >= 2 && info.types[name].dtype == meshc_ir::DType::F32).then(|| (s[s.len() - 2], s[s.len() - 1]))
+    };
+    for m in masks {
+        if m.keep.iter().all(|&k| k) {
+            continue;
+        }
+        let node = &g.nodes[index[m.node.as_str()]];
+        let Some((k, n)) = matrix(&m.weight).filter(|_| node.op == Op::MatMul && single_use(&m.weight)) else {
+            out.log.push(format!("{} in {}: not pruned (only a matmul weight used once is)", m.weight, m.node));
+            continue;
+        };
+        if feeds_output(g, &uses, &m.node, n, info) {
+            out.log.push(format!("{} in {}: not pruned (its columns are graph outputs)", m.weight, m.node));
+            continue;
+        }
+        let col_keep: Vec<bool> = (0..n).map(|c| m.keep[c / block]).collect();
+        let dropped: Vec<usize> = (0..n).filter(|&c| !col_keep[c]).collect();
+        let mask = out.masks.entry(m.weight.clone()).or_insert_with(|| ParamMask {
+            col_keep: vec![true; n],
+            row_keep: vec![true; k],
+            block,
+        });
+        mask.col_keep = col_keep;
+        zero_last_axis(out.params.get_mut(&m.weight).expect("a param"), &dropped, 1);
+        out.log.push(format!("{} in {}: {} of {n} columns pruned", m.weight, m.node, dropped.len()));
+        // Follow the dropped features forward while they stay exactly zero.
+        let mut chain = vec![m.node.clone()];
+        let mut seen = vec![m.node.clone()];
+        while let Some(v) = chain.pop() {
+            for &(u, pos) in uses.get(v.as_str()).map_or(&[][..], Vec::as_slice) {
+                let user = &g.nodes[u];
+                if user.op == Op::MatMul && pos == 0 {
+                    let w2 = &user.inputs[1];
+                    if matrix(w2).is_some_and(|(k2, _)| k2 == n) && single_use(w2) {
+                        let (k2, n2) = matrix(w2).expect("a matrix");
+                        let mask = out.masks.entry(w2.clone()).or_insert_with(|| ParamMask {
+                            col_keep: vec![true; n2],
+                            row_keep: vec![true; k2],
+                            block,
+                        });
+                        dropped.iter().for_each(|&r| mask.row_keep[r] = false);
+                        zero_last_axis(out.params.get_mut(w2).expect("a param"), &dropped, n2);
+                        out.log.push(format!(
+                            "{w2} in {}: {} of {k2} rows pruned (zero features of {v})",
+                            user.name,
+                            dropped.len()
+                        ));
+                    }
+                } else if !seen.contains(&user.name)
+                    && zero_preserving(user, info, &seen, &dropped, n, &mut out, &single_use)?
+                {
+                    seen.push(user.name.clone());
+                    chain.push(user.name.clone());
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Whether `node`'s columns reach a graph output without being contracted away: through
+/// any ops that keep a last axis of `n` (a bias, a softmax over classes, ...) other than
+/// a matmul that contracts them. They are then results (a classifier's logits or
+/// probabilities), not features to remove.
+fn feeds_output(g: &Graph, uses: &HashMap<&str, Vec<(usize, usize)>>, node: &str, n: usize, info: &Info) -> bool {
+    let rank = |name: &str| info.types.get(name).map_or(0, |t| t.shape.len());
+    let mut stack = vec![node.to_string()];
+    let mut seen = vec![node.to_string()];
+    while let Some(v) = stack.pop() {
+        if g.outputs.iter().any(|o| o.name == v) {
+            return true;
+        }
+        for &(u, pos) in uses.get(v.as_str()).map_or(&[][..], Vec::as_slice) {
+            let user = &g.nodes[u];
+            let contracts = matmul_like(user, rank).is_some_and(|(l, _)| l == pos);
+            if !contracts && info.types[&user.name].shape.last() == Some(&n) && !seen.contains(&user.name) {
+                seen.push(user.name.clone());
+                stack.push(user.name.clone());
+            }
+        }
+    }
+    false
+}
+
+/// Zeroes, in every matrix of `t`, the entries at positions `at` of the axis whose elements
+/// are `stride` apart (`stride` 1: columns of the last axis; `n`: rows of `[.., K, n]`).
+fn zero_last_axis(t: &mut Tensor, at: &[usize], stride: usize) {
+    let Data::F32(v) = &mut t.data else { return };
+    let cols = *t.shape.last().unwrap_or(&1);
+    let axis = if stride == 1 { cols } else { t.shape[t.shape.len() - 2] };
+    let span = axis * stride;
+    for chunk in v.chunks_mut(span.max(1)) {
+        for &i in at {
+            chunk[i * stride..(i + 1) * stride].fill(0.0);
+        }
+    }
+}
+
+/// Whether elementwise `user` keeps the `dropped` features exactly zero when its operands
+/// in `chain` are zero there; if so, the per-feature params it reads get those entries
+/// zeroed in `out`.
+fn zero_preserving(
+    user: &Node,
+    info: &Info,
+    chain: &[String],
+    dropped: &[usize],
+    n: usize,
+    out: &mut Pruned,
+    single_use: &dyn Fn(&str) -> bool,
+) -> Result<bool> {
+    let ty = &info.types[&user.name];
+    if !user.op.is_elementwise() || user.op.is_communication() || ty.shape.last() != Some(&n) {
+        return Ok(false);
+    }
+    let mut args = Vec::new();
+    let mut features = Vec::new();
+    for a in &user.inputs {
+        let t = &info.types[a];
+        if chain.contains(a) {
+            if t.shape.last() != Some(&n) {
+                return Ok(false);
+            }
+            args.push(Tensor::zeros(t));
+        } else if let Some(p) = out.params.get(a) {
+            let mut p = p.clone();
+            if t.shape.last() == Some(&n) {
+                if !single_use(a) {
+                    return Ok(false);
+                }
+                zero_last_axis(&mut p, dropped, 1);
+                features.push((a.clone(), p.clone()));
+            }
+            args.push(p);
+        } else {
+            return Ok(false);
+        }
+    }
+    let refs: Vec<&Tensor> = args.iter().collect();
+    let r = meshc_ir::interp::eval_node(user, &refs, ty).map_err(|e| anyhow!("pilot: {e}"))?;
+    let mut is_dropped = vec![false; n];
+    dropped.iter().for_each(|&d| is_dropped[d] = true);
+    if !r.data.to_f64().iter().enumerate().all(|(i, &x)| x == 0.0 || !is_dropped[i % n]) {
+        return Ok(false);
+    }
+    for (name, p) in features {
+        out.log.push(format!("{name} in {}: {} of {n} entries pruned", user.name, dropped.len()));
+        out.params.insert(name, p);
+    }
+    Ok(true)
 }
 
 /// Rounds `x` to `bits` mantissa bits, to nearest with ties to even.
@@ -399,7 +610,7 @@ pub fn dump(cfg: &Config, masks: &[WeightMask]) -> String {
     };
     let _ = writeln!(
         s,
-        "# pilot: masks computed, NOT applied (no masked kernels yet): the artifact computes the unpruned graph"
+        "# pilot: masks computed and applied: the artifact computes the pruned graph, skipping the pruned blocks"
     );
     let _ = writeln!(
         s,
@@ -423,6 +634,18 @@ pub fn dump(cfg: &Config, masks: &[WeightMask]) -> String {
     }
     let pct = if total == 0 { 0.0 } else { 100.0 * skipped as f64 / total as f64 };
     let _ = writeln!(s, "total flops skipped {skipped} of {total} prunable ({pct:.1}%)");
+    s
+}
+
+/// The pruning `apply` did, for `--dump-after pilot`.
+pub fn dump_pruned(p: &Pruned) -> String {
+    let mut s = String::from("pruned:\n");
+    for l in &p.log {
+        let _ = writeln!(s, "  {l}");
+    }
+    if p.log.is_empty() {
+        s.push_str("  nothing (every block kept)\n");
+    }
     s
 }
 

@@ -9,8 +9,8 @@
 //! runner checks that order across devices).
 //!
 //! Scheduling heuristic (`schedule`, a list scheduler over those dependencies): a ready
-//! collective is issued at once, so the communication stream starts as early as the data
-//! allows. Among ready compute steps: first the ancestors of the next collective (the
+//! collective or send is issued at once, so the communication starts as early as the data
+//! allows; a receive, which waits for another device, is deferred like the readers below. Among ready compute steps: first the ancestors of the next collective (the
 //! communication waits for them: running them first costs no time and lets the collective
 //! overlap what follows), then the steps that do not read a collective's result (reading
 //! one stalls the compute stream until the collective is done, so they are deferred while
@@ -48,7 +48,7 @@
 
 use std::fmt::Write as _;
 
-use crate::program::{Event, Exec, Program, Storage, Stream, StreamKind, StreamPlan, Wait};
+use crate::program::{Event, Exec, Program, Step, Storage, Stream, StreamKind, StreamPlan, Wait};
 
 /// The least compute (bytes its steps touch) a collective must be able to overlap to go to
 /// the communication stream: each move costs two cross-thread hand-offs, ~10–50 µs on the
@@ -74,8 +74,26 @@ impl Default for Config {
     }
 }
 
+/// Collectives, sends and receives: the steps that meet other devices (kept in program
+/// order among themselves, and the ones the communication stream takes).
 fn is_collective(p: &Program, i: usize) -> bool {
-    matches!(p.steps[i].exec, Exec::Collective(_))
+    matches!(p.steps[i].exec, Exec::Collective(_) | Exec::Send(_) | Exec::Recv(_))
+}
+
+/// The buffer step `s` writes, if any (its first; a send only reads its one buffer).
+fn result(s: &Step) -> Option<usize> {
+    match s.exec {
+        Exec::Send(_) => None,
+        _ => s.buffers.first().copied(),
+    }
+}
+
+/// The buffers step `s` reads (and its scratch).
+fn operands(s: &Step) -> &[usize] {
+    match s.exec {
+        Exec::Send(_) => &s.buffers,
+        _ => s.buffers.get(1..).unwrap_or(&[]),
+    }
 }
 
 /// Per step, the earlier steps it depends on (module doc), ascending, without repeats.
@@ -86,10 +104,10 @@ pub fn deps(p: &Program) -> Vec<Vec<usize>> {
     let mut deps = Vec::with_capacity(p.steps.len());
     for (i, s) in p.steps.iter().enumerate() {
         let mut d: Vec<usize> = Vec::new();
-        for &b in &s.buffers[1.min(s.buffers.len())..] {
+        for &b in operands(s) {
             d.extend(writer[b]);
         }
-        if let Some(&r) = s.buffers.first() {
+        if let Some(r) = result(s) {
             d.extend(writer[r]);
             d.extend(readers[r].iter().copied());
         }
@@ -100,10 +118,10 @@ pub fn deps(p: &Program) -> Vec<Vec<usize>> {
         d.retain(|&j| j != i);
         d.sort_unstable();
         d.dedup();
-        for &b in &s.buffers[1.min(s.buffers.len())..] {
+        for &b in operands(s) {
             readers[b].push(i);
         }
-        if let Some(&r) = s.buffers.first() {
+        if let Some(r) = result(s) {
             writer[r] = Some(i);
             readers[r].clear();
         }
@@ -140,14 +158,13 @@ pub fn schedule(p: &mut Program, in_place: &mut Vec<Vec<usize>>) {
     };
     let mut reads_left = vec![0usize; p.buffers.len()];
     for s in &p.steps {
-        for &b in s.buffers.iter().skip(1) {
+        for &b in operands(s) {
             reads_left[b] += 1;
         }
     }
     let mut written = vec![false; p.buffers.len()];
-    for &b in p.inputs.iter().chain(p.steps.iter().filter_map(|s| s.buffers.first())) {
-        written[b] = true;
-    }
+    p.inputs.iter().for_each(|&b| written[b] = true);
+    p.steps.iter().filter_map(result).for_each(|b| written[b] = true);
     let mut pending: Vec<usize> = deps.iter().map(Vec::len).collect();
     let mut ready: Vec<usize> = (0..n).filter(|&i| pending[i] == 0).collect();
     let mut order = Vec::with_capacity(n);
@@ -155,14 +172,14 @@ pub fn schedule(p: &mut Program, in_place: &mut Vec<Vec<usize>>) {
     while !ready.is_empty() {
         let growth = |i: usize| -> i64 {
             let s = &p.steps[i];
-            let mut grow = bytes(s.buffers[0]) as i64;
+            let mut grow = result(s).map_or(0, bytes) as i64;
             let mut seen = Vec::new();
-            for &b in &s.buffers[1..] {
+            for &b in operands(s) {
                 if seen.contains(&b) {
                     continue;
                 }
                 seen.push(b);
-                let here = s.buffers[1..].iter().filter(|&&x| x == b).count();
+                let here = operands(s).iter().filter(|&&x| x == b).count();
                 // Scratch space (written by no step) comes and goes within its step.
                 if reads_left[b] == here && written[b] && !p.outputs.contains(&b) {
                     grow -= bytes(b) as i64;
@@ -173,7 +190,11 @@ pub fn schedule(p: &mut Program, in_place: &mut Vec<Vec<usize>>) {
         let pick = (0..ready.len())
             .min_by_key(|&k| {
                 let i = ready[k];
-                let class = if is_collective(p, i) {
+                // A receive waits for another device: deferred like a reader of a
+                // collective, so that the compute it does not feed runs first.
+                let class = if matches!(p.steps[i].exec, Exec::Recv(_)) {
+                    3
+                } else if is_collective(p, i) {
                     0
                 } else if feeds[i] == next_collective {
                     1
@@ -189,7 +210,7 @@ pub fn schedule(p: &mut Program, in_place: &mut Vec<Vec<usize>>) {
         if is_collective(p, i) {
             next_collective += 1;
         }
-        for &b in p.steps[i].buffers.iter().skip(1) {
+        for &b in operands(&p.steps[i]) {
             reads_left[b] -= 1;
         }
         for &s in &succs[i] {
@@ -201,7 +222,7 @@ pub fn schedule(p: &mut Program, in_place: &mut Vec<Vec<usize>>) {
         order.push(i);
     }
     debug_assert_eq!(order.len(), n, "the dependencies point backwards, so every step gets ready");
-    let mut steps: Vec<Option<crate::program::Step>> = std::mem::take(&mut p.steps).into_iter().map(Some).collect();
+    let mut steps: Vec<Option<Step>> = std::mem::take(&mut p.steps).into_iter().map(Some).collect();
     let mut perms: Vec<Vec<usize>> = std::mem::take(in_place);
     perms.resize(n, Vec::new());
     p.steps = order.iter().map(|&i| steps[i].take().expect("each step once")).collect();
@@ -468,7 +489,12 @@ mod tests {
         };
         Program {
             buffers: (0..buffers)
-                .map(|i| Buffer { name: format!("t{i}"), bytes: 256 << 10, storage: Storage::Arena { offset: 0 } })
+                .map(|i| Buffer {
+                    name: format!("t{i}"),
+                    bytes: 256 << 10,
+                    storage: Storage::Arena { offset: 0 },
+                    mask: None,
+                })
                 .collect(),
             steps: (steps.iter().enumerate())
                 .map(|(i, &(r, ops, c))| Step {

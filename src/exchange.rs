@@ -1,0 +1,193 @@
+//! Point-to-point transfers between device threads: the receiver-pull rendezvous of seed 000,
+//! one slot per key (`program::Transfer`), for the protocol the compiler chose:
+//! - `copy`: the recv announces its buffer; the send waits for it, copies its bytes straight
+//!   into it and marks the slot done; the recv waits for that. The sender's buffer is free
+//!   again as soon as the send returns.
+//! - `move`: the send hands its buffer's address over and goes on (its memory is never
+//!   reused within the run: the compiler kept it live); the recv waits for the address and
+//!   reads the data there, in place, for the rest of the run.
+//!
+//! Nothing waits for ever: a wait ends with an error naming the key and both devices after
+//! the timeout, or as soon as another device failed (`poison`).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+
+use crate::program::{Protocol, Transfer};
+
+/// How long a send or recv waits for its peer by default (`meshc run --timeout`).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slot {
+    /// The receiver is ready; for `copy`, at this address.
+    Ready(usize),
+    /// `move`: the sender's data is at this address.
+    Handed(usize),
+    /// `copy`: the sender is copying.
+    Copying,
+    /// `copy`: the data is in the receiver's buffer.
+    Done,
+}
+
+pub struct Exchange {
+    slots: Mutex<HashMap<String, Slot>>,
+    changed: Condvar,
+    poisoned: AtomicBool,
+    timeout: Mutex<Duration>,
+}
+
+impl Default for Exchange {
+    fn default() -> Self {
+        Exchange {
+            slots: Mutex::new(HashMap::new()),
+            changed: Condvar::new(),
+            poisoned: AtomicBool::new(false),
+            timeout: Mutex::new(DEFAULT_TIMEOUT),
+        }
+    }
+}
+
+/// "device 3": how the errors name a peer (the runner adds the failing device's label).
+fn dev(d: usize) -> String {
+    format!("device {d}")
+}
+
+impl Exchange {
+    pub fn set_timeout(&self, t: Duration) {
+        *self.timeout.lock().unwrap_or_else(|e| e.into_inner()) = t;
+    }
+
+    /// Forgets the last run's slots.
+    pub fn reset(&self) {
+        self.lock().clear();
+        self.poisoned.store(false, Ordering::SeqCst);
+    }
+
+    /// Wakes every waiter: another device failed, the run is over.
+    pub fn poison(&self) {
+        let _guard = self.lock();
+        self.poisoned.store(true, Ordering::SeqCst);
+        self.changed.notify_all();
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Slot>> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits until `done` holds for the slots; `what` describes the wait for the error.
+    fn wait<'a>(
+        &self,
+        mut slots: MutexGuard<'a, HashMap<String, Slot>>,
+        mut done: impl FnMut(&mut HashMap<String, Slot>) -> bool,
+        what: impl Fn(Duration) -> String,
+    ) -> Result<MutexGuard<'a, HashMap<String, Slot>>> {
+        let timeout = *self.timeout.lock().unwrap_or_else(|e| e.into_inner());
+        let start = Instant::now();
+        loop {
+            if done(&mut slots) {
+                return Ok(slots);
+            }
+            if self.poisoned.load(Ordering::SeqCst) {
+                bail!("stopped: another device failed");
+            }
+            let left = timeout.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                bail!("{}", what(timeout));
+            }
+            slots = self.changed.wait_timeout(slots, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    /// Device `me` sends `t.bytes` bytes at `src` to `t.peer`.
+    ///
+    /// # Safety
+    /// `src` holds `t.bytes` readable bytes; for `move`, they stay valid and unchanged until
+    /// the run ends.
+    pub unsafe fn send(&self, me: usize, t: &Transfer, src: *const u8) -> Result<()> {
+        let slots = self.lock();
+        match t.protocol {
+            Protocol::Move => {
+                let mut slots = slots;
+                slots.insert(t.key.clone(), Slot::Handed(src as usize));
+                self.changed.notify_all();
+                Ok(())
+            }
+            Protocol::Copy => {
+                let mut dst = 0;
+                let mut slots = self.wait(
+                    slots,
+                    |s| match s.get(&t.key) {
+                        Some(Slot::Ready(at)) => {
+                            dst = *at;
+                            s.insert(t.key.clone(), Slot::Copying);
+                            true
+                        }
+                        _ => false,
+                    },
+                    |after| {
+                        format!(
+                            "send '{}' from {} to {}: the recv was not ready after {after:?}",
+                            t.key,
+                            dev(me),
+                            dev(t.peer)
+                        )
+                    },
+                )?;
+                drop(slots);
+                // SAFETY: the receiver announced a buffer of `t.bytes` (both ends were
+                // checked to agree at load) and waits, not touching it, until Done.
+                unsafe { std::ptr::copy_nonoverlapping(src, dst as *mut u8, t.bytes) };
+                slots = self.lock();
+                slots.insert(t.key.clone(), Slot::Done);
+                self.changed.notify_all();
+                Ok(())
+            }
+            Protocol::Remote => bail!("send '{}': the remote protocol needs a transport between processes", t.key),
+        }
+    }
+
+    /// Device `me` receives into `dst` (for `copy`); returns where the data is (`dst`, or
+    /// the sender's buffer for `move`).
+    ///
+    /// # Safety
+    /// `dst` has `t.bytes` writable bytes nothing else touches during the call.
+    pub unsafe fn recv(&self, me: usize, t: &Transfer, dst: *mut u8) -> Result<*const u8> {
+        let mut slots = self.lock();
+        let missing = |after: Duration| {
+            format!("recv '{}' on {} from {}: no send came within {after:?}", t.key, dev(me), dev(t.peer))
+        };
+        match t.protocol {
+            Protocol::Move => {
+                slots.entry(t.key.clone()).or_insert(Slot::Ready(0));
+                self.changed.notify_all();
+                let mut at = 0;
+                let mut slots = self.wait(
+                    slots,
+                    |s| match s.get(&t.key) {
+                        Some(Slot::Handed(p)) => {
+                            at = *p;
+                            true
+                        }
+                        _ => false,
+                    },
+                    missing,
+                )?;
+                slots.remove(&t.key);
+                Ok(at as *const u8)
+            }
+            Protocol::Copy => {
+                slots.insert(t.key.clone(), Slot::Ready(dst as usize));
+                self.changed.notify_all();
+                let mut slots = self.wait(slots, |s| s.get(&t.key) == Some(&Slot::Done), missing)?;
+                slots.remove(&t.key);
+                Ok(dst)
+            }
+            Protocol::Remote => bail!("recv '{}': the remote protocol needs a transport between processes", t.key),
+        }
+    }
+}
