@@ -94,8 +94,12 @@ fn check_streams(p: &Program) -> Result<(), String> {
     }
     // Every reader of a buffer after its writer; every writer after the earlier readers.
     for b in 0..p.buffers.len() {
+        // (step, writes it): a step writes its first buffer, but a send only reads it.
+        let writes = |s: &meshc::program::Step, k: usize| k == 0 && !matches!(s.exec, Exec::Send(_));
         let touch: Vec<(usize, bool)> = (p.steps.iter().enumerate())
-            .flat_map(|(i, s)| s.buffers.iter().enumerate().filter(|&(_, &x)| x == b).map(move |(k, _)| (i, k == 0)))
+            .flat_map(|(i, s)| {
+                s.buffers.iter().enumerate().filter(|&(_, &x)| x == b).map(move |(k, _)| (i, writes(s, k)))
+            })
             .collect();
         for (x, &(i, wi)) in touch.iter().enumerate() {
             for &(j, wj) in &touch[x + 1..] {
@@ -134,7 +138,11 @@ fn check_plan(p: &Program) -> Result<(), String> {
         if p.inputs.contains(&b) {
             t.push(IN);
         }
-        if p.outputs.contains(&b) {
+        // The receiver of a `move` send reads the sender's buffer until the run ends.
+        let moved = |s: &meshc::program::Step| {
+            matches!(&s.exec, Exec::Send(t) if t.protocol == meshc::program::Protocol::Move) && s.buffers.contains(&b)
+        };
+        if p.outputs.contains(&b) || p.steps.iter().any(moved) {
             t.push(OUT);
         }
         t
@@ -306,6 +314,33 @@ fn testdata_graphs_and_layouts_plan_sound_arenas_that_compute_the_same() {
         let seeds = spec.seed_layouts(&g, &info).unwrap();
         check_graph(&g, &info, Some((&spec.mesh, seeds)), &params, &testdata_inputs(&case.graph, &g))
             .unwrap_or_else(|e| panic!("{}: {e}", case.label));
+    }
+}
+
+/// Every testdata layout through the whole driver (placement, send/recv, lowering): the
+/// plans with every communication step on the communication stream and two compute streams
+/// are sound and compute bit for bit what one stream computes.
+#[test]
+fn testdata_layouts_through_the_driver_plan_sound_streams() {
+    for case in common::layout_cases() {
+        let (g, info) = meshc_ir::load::load(&case.graph).unwrap();
+        let params = meshc_ir::params::load_all(&g, case.graph.parent().unwrap()).unwrap();
+        let spec = meshc::layout::load(&case.spec).unwrap();
+        let build = |streams: Config| {
+            let opts = Options { streams, ..Options::default() };
+            meshc::driver::build(&g, &info, Some(&spec), &params, &opts, &meshc::driver::Dumps::default(), None)
+                .unwrap_or_else(|e| panic!("{}: {e:#}", case.label))
+        };
+        let inputs = testdata_inputs(&case.graph, &g);
+        let want = run(build(Config { single: true, ..Config::default() }), &inputs).unwrap();
+        let c = build(Config { compute_streams: 2, comm_always: true, ..Config::default() });
+        for p in &c.programs {
+            check_plan(p).unwrap_or_else(|e| panic!("{}: {e}", case.label));
+        }
+        let got = run(c, &inputs).unwrap_or_else(|e| panic!("{}: {e}", case.label));
+        for (name, w) in &want {
+            assert_eq!(got[name].to_le_bytes(), w.to_le_bytes(), "{}: output '{name}'", case.label);
+        }
     }
 }
 
