@@ -3,8 +3,10 @@
 //! 1. Peak arena bytes against the naive sum of all arena tensors, for every testdata graph
 //!    on one device and for every testdata layout (the largest device).
 //! 2. End-to-end time of the transformer block on its model-parallel 2x4 layout
-//!    (testdata/transformer/layouts/mp-2x4.json) and on its 1-D 8-device layout (mp-8, whose
-//!    q/k/v all_gathers can overlap the next projections), each compiled three ways: the
+//!    (testdata/transformer/layouts/mp-2x4.json), on its 1-D 8-device layout (mp-8, whose
+//!    q/k/v all_gathers can overlap the next projections) and on 4 pipeline stages of 2
+//!    devices with 2 micro-batches (pipeline-4x2: sends and receives between stages), each
+//!    compiled three ways: the
 //!    default (a collective goes to the communication stream when compute can overlap it),
 //!    every collective on the communication stream (`--comm-stream always`), and one stream
 //!    (`--single-stream`); then the same block at a larger size. The configurations run
@@ -245,7 +247,7 @@ fn overlap(label: &str, g: &Graph, info: &Info, params: &HashMap<String, Tensor>
         let path = out_dir().join(format!("{}-{file}.trace.json", label.replace(' ', "-")));
         std::fs::write(&path, meshc::trace::chrome_trace(&l.meta, &l.programs, &trace)).unwrap();
         println!(
-            "{name:<20} {:9.3} ms  {:5.2}x vs single  cores busy {:3.0}%  ({on_comm} collective steps on comm streams; trace {})",
+            "{name:<20} {:9.3} ms  {:5.2}x vs single  cores busy {:3.0}%  ({on_comm} communication steps on comm streams; trace {})",
             medians[k] * 1e3,
             medians[2] / medians[k],
             100.0 * busy[k].0 / busy[k].1 / cores(),
@@ -260,7 +262,7 @@ fn main() {
     let graph = Path::new("testdata/transformer/graph.json");
     let (g, info) = meshc_ir::load::load(graph).unwrap();
     let params = meshc_ir::params::load_all(&g, graph.parent().unwrap()).unwrap();
-    for l in ["mp-2x4", "mp-8"] {
+    for l in ["mp-2x4", "mp-8", "pipeline-4x2"] {
         let spec = layout::load(&graph.parent().unwrap().join(format!("layouts/{l}.json"))).unwrap();
         overlap(&format!("transformer {l}"), &g, &info, &params, &spec, runs);
     }
@@ -269,7 +271,7 @@ fn main() {
     let g = meshc_ir::text::parse(&src).unwrap();
     let info = meshc_ir::verify::verify(&g).unwrap();
     let params = meshc_ir::params::load_all(&g, Path::new(".")).unwrap();
-    for l in ["mp-2x4", "mp-8"] {
+    for l in ["mp-2x4", "mp-8", "pipeline-4x2"] {
         let spec = layout::load(&graph.parent().unwrap().join(format!("layouts/{l}.json"))).unwrap();
         overlap(&format!("transformer 8x128x256 {l}"), &g, &info, &params, &spec, (runs / 10).max(5));
     }
