@@ -14,7 +14,9 @@
 //!    for the testdata size (default 400; the larger size runs N/10).
 //!    "cores busy" is the process's CPU time over wall time times the cores: where it is near
 //!    100%, no overlap can shorten the run — the collectives' copies and sums are CPU work
-//!    too — it can only fill cores left idle while devices wait for each other.
+//!    too — it can only fill cores left idle while devices wait for each other. For runs
+//!    under a millisecond it over-counts (device threads spin up to 50 µs after a run, and
+//!    that CPU time lands in the next run's figure), so only the larger size's is meaningful.
 //! 3. Chrome traces of one run of each configuration into `$CARGO_TARGET_DIR/bench-out/`
 //!    (default `target/bench-out/`): open them in ui.perfetto.dev, one track per device and
 //!    stream.
@@ -171,15 +173,16 @@ fn transformer_inputs(g: &Graph) -> HashMap<String, Tensor> {
     ])
 }
 
-/// CPU time of the whole process so far (user + system, from /proc: clock ticks of 10 ms,
-/// so only sums over many runs mean anything).
+/// CPU time of the whole process so far: the sum over its threads of the nanoseconds each
+/// spent on a CPU (`/proc/self/task/*/schedstat`, first field). The device threads persist
+/// across runs, so differences of this sum measure a run; 0 where /proc is missing.
 fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // After the command name (which ends with ')'): state, then ..., utime and stime 12th and 13th.
-    let rest = stat.rsplit_once(')').map_or("", |r| r.1);
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let field = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
-    (field(11) + field(12)) / 100.0
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0.0 };
+    let ns: u64 = tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    ns as f64 / 1e9
 }
 
 fn cores() -> f64 {
