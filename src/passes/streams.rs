@@ -76,7 +76,7 @@ impl Default for Config {
 
 /// Collectives, sends and receives: the steps that meet other devices (kept in program
 /// order among themselves, and the ones the communication stream takes).
-fn is_collective(p: &Program, i: usize) -> bool {
+fn is_communication(p: &Program, i: usize) -> bool {
     matches!(p.steps[i].exec, Exec::Collective(_) | Exec::Send(_) | Exec::Recv(_))
 }
 
@@ -111,7 +111,7 @@ pub fn deps(p: &Program) -> Vec<Vec<usize>> {
             d.extend(writer[r]);
             d.extend(readers[r].iter().copied());
         }
-        if is_collective(p, i) {
+        if is_communication(p, i) {
             d.extend(last_collective);
             last_collective = Some(i);
         }
@@ -141,7 +141,7 @@ pub fn schedule(p: &mut Program, in_place: &mut Vec<Vec<usize>>) {
             succs[j].push(i);
         }
     }
-    let collectives: Vec<usize> = (0..n).filter(|&i| is_collective(p, i)).collect();
+    let collectives: Vec<usize> = (0..n).filter(|&i| is_communication(p, i)).collect();
     // The first collective (by its rank among collectives) each step leads to.
     let mut feeds = vec![usize::MAX; n];
     for i in (0..n).rev() {
@@ -151,7 +151,7 @@ pub fn schedule(p: &mut Program, in_place: &mut Vec<Vec<usize>>) {
             feeds[i] = succs[i].iter().map(|&s| feeds[s]).min().unwrap_or(usize::MAX);
         }
     }
-    let reads_collective: Vec<bool> = deps.iter().map(|d| d.iter().any(|&j| is_collective(p, j))).collect();
+    let reads_collective: Vec<bool> = deps.iter().map(|d| d.iter().any(|&j| is_communication(p, j))).collect();
     let bytes = |b: usize| match p.buffers[b].storage {
         Storage::Arena { .. } => p.buffers[b].bytes,
         Storage::Weights { .. } => 0,
@@ -194,7 +194,7 @@ pub fn schedule(p: &mut Program, in_place: &mut Vec<Vec<usize>>) {
                 // collective, so that the compute it does not feed runs first.
                 let class = if matches!(p.steps[i].exec, Exec::Recv(_)) {
                     3
-                } else if is_collective(p, i) {
+                } else if is_communication(p, i) {
                     0
                 } else if feeds[i] == next_collective {
                     1
@@ -207,7 +207,7 @@ pub fn schedule(p: &mut Program, in_place: &mut Vec<Vec<usize>>) {
             })
             .expect("a ready step");
         let i = ready.swap_remove(pick);
-        if is_collective(p, i) {
+        if is_communication(p, i) {
             next_collective += 1;
         }
         for &b in operands(&p.steps[i]) {
@@ -316,15 +316,16 @@ pub fn assign(p: &Program, cfg: &Config) -> StreamPlan {
         }
     }
     let reaches = |a: usize, b: usize| anc[b][a / 64] >> (a % 64) & 1 == 1;
+    // A step's cost: the bytes it touches.
     let work = |x: usize| p.steps[x].buffers.iter().map(|&b| p.buffers[b].bytes).sum::<usize>();
     let overlaps = |c: usize| {
-        let concurrent = (0..n).filter(|&x| !is_collective(p, x) && !reaches(x, c) && !reaches(c, x));
+        let concurrent = (0..n).filter(|&x| !is_communication(p, x) && !reaches(x, c) && !reaches(c, x));
         concurrent.map(work).sum::<usize>() >= OVERLAP_BYTES
     };
     let mut stream_of = vec![0; n];
     let mut load = vec![0usize; computes];
     for i in 0..n {
-        let s = if is_collective(p, i) && (cfg.comm_always || overlaps(i)) {
+        let s = if is_communication(p, i) && (cfg.comm_always || overlaps(i)) {
             comm
         } else {
             let tail = deps[i]
@@ -334,7 +335,7 @@ pub fn assign(p: &Program, cfg: &Config) -> StreamPlan {
             tail.unwrap_or_else(|| (0..computes).min_by_key(|&s| (load[s], s)).expect("a compute stream"))
         };
         if s != comm {
-            load[s] += p.steps[i].buffers.iter().map(|&b| p.buffers[b].bytes).sum::<usize>();
+            load[s] += work(i);
         }
         stream_of[i] = s;
         streams[s].steps.push(i);
