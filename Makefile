@@ -28,7 +28,7 @@ testdata:
 	python3 tools/gen_dp_train.py
 
 bench:
-	$(CARGO) bench --bench gemm --bench pipeline --bench mesh --bench collectives --bench degraded --bench pilot --bench sendrecv
+	$(CARGO) bench --bench gemm --bench pipeline --bench mesh --bench collectives --bench degraded --bench pilot --bench sendrecv --bench streams
 
 # The end-to-end example: compile the transformer block into one artifact, show what is in
 # it, run it (checking its outputs against numpy's), then time it against the interpreter;

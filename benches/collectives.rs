@@ -119,6 +119,7 @@ fn runner_program(mesh: &Mesh, numel: usize) -> (Meta, Vec<Program>) {
             steps: vec![Step { node: "y".into(), exec: Exec::Collective(c.clone()), buffers: vec![1, 0] }],
             inputs: vec![0],
             outputs: vec![1],
+            streams: Default::default(),
         })
         .collect();
     (meta, programs)

@@ -39,11 +39,19 @@ pub struct Options {
     /// Pruning masks of matmul weights by param name (`passes::pilot::apply`): stored before
     /// the (local slices of the) weights, and read by the matmuls that use them.
     pub masks: HashMap<String, passes::pilot::ParamMask>,
+    /// How each device's steps are ordered and split into streams (`passes::streams`).
+    pub streams: passes::streams::Config,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { target: "native".into(), gemm: Gemm::Auto, plan_arena: true, masks: HashMap::new() }
+        Options {
+            target: "native".into(),
+            gemm: Gemm::Auto,
+            plan_arena: true,
+            masks: HashMap::new(),
+            streams: Default::default(),
+        }
     }
 }
 
@@ -227,6 +235,7 @@ struct Builder {
     gemm: Gemm,
     plan_arena: bool,
     masks: HashMap<String, passes::pilot::ParamMask>,
+    streams: passes::streams::Config,
     code: Vec<u8>,
     code_at: BTreeMap<Vec<u8>, (usize, usize)>,
     weights: Vec<u8>,
@@ -248,6 +257,7 @@ impl Builder {
             gemm: opts.gemm,
             plan_arena: opts.plan_arena,
             masks: opts.masks.clone(),
+            streams: opts.streams.clone(),
             code: Vec::new(),
             code_at: BTreeMap::new(),
             weights: Vec::new(),
@@ -430,7 +440,18 @@ impl Builder {
             in_place.push(shares);
         }
         let outputs = g.outputs.iter().map(|o| bufs.get(&o.name)).collect();
-        let mut p = Program { device, arena_bytes: 0, buffers: bufs.list, kernels, steps, inputs, outputs };
+        let mut p = Program {
+            device,
+            arena_bytes: 0,
+            buffers: bufs.list,
+            kernels,
+            steps,
+            inputs,
+            outputs,
+            ..Program::default()
+        };
+        passes::streams::schedule(&mut p, &mut in_place);
+        p.streams = passes::streams::assign(&p, &self.streams);
         if self.plan_arena {
             passes::buffers::plan(&mut p, &in_place);
         } else {

@@ -22,7 +22,7 @@ use crate::runner::{Code, Loaded};
 
 /// The passes `--dump-after` can name, in pipeline order (their number prefixes the files
 /// of `--dump-dir`).
-pub const PASSES: &[&str] = &["verify", "place", "layout", "lower", "sendrecv", "pilot", "buffers"];
+pub const PASSES: &[&str] = &["verify", "place", "layout", "lower", "sendrecv", "pilot", "buffers", "streams"];
 
 /// Where `--dump-after` sends the IR after each pass it names.
 #[derive(Default)]
@@ -109,6 +109,7 @@ pub fn build(
         emit_pilot()?;
         let compiled = compile(g, info, params, opts)?;
         dumps.emit("buffers", || passes::buffers::dump(&compiled.programs))?;
+        dumps.emit("streams", || passes::streams::dump(&compiled.programs))?;
         return Ok(compiled);
     };
     if let Some(placement) = placement {
@@ -122,6 +123,7 @@ pub fn build(
         let mut compiled = compile_lowered(g, info, &joined, params, opts)?;
         compiled.meta.degraded = degraded;
         dumps.emit("buffers", || passes::buffers::dump(&compiled.programs))?;
+        dumps.emit("streams", || passes::streams::dump(&compiled.programs))?;
         check_memory(&compiled, spec)?;
         return Ok(compiled);
     }
@@ -151,6 +153,7 @@ pub fn build(
     compiled.meta.degraded = degraded;
     compiled.meta.model_axes = model_axes;
     dumps.emit("buffers", || passes::buffers::dump(&compiled.programs))?;
+    dumps.emit("streams", || passes::streams::dump(&compiled.programs))?;
     check_memory(&compiled, spec)?;
     Ok(compiled)
 }
@@ -456,8 +459,11 @@ fn program_report(s: &mut String, p: &Program) -> Result<()> {
         };
         writeln!(s, "  b{i:<3} {:<24} {:>10} bytes  {at}", b.name, b.bytes)?;
     }
+    if !p.streams.streams.is_empty() {
+        writeln!(s, "streams: {}", passes::streams::summary(p))?;
+    }
     writeln!(s, "steps:")?;
-    for st in &p.steps {
+    for (i, st) in p.steps.iter().enumerate() {
         let exec = match &st.exec {
             Exec::Kernel(k) => format!("kernel k{k}"),
             Exec::Library(Library::Matmul { a, b, .. }) => format!("library gemm {a:?}x{b:?}"),
@@ -470,7 +476,8 @@ fn program_report(s: &mut String, p: &Program) -> Result<()> {
             Exec::Recv(t) => format!("recv <- {} {} {} B", t.peer, t.protocol.name(), t.bytes),
         };
         let bufs: Vec<String> = st.buffers.iter().map(|b| format!("b{b}")).collect();
-        writeln!(s, "  {:<24} {:<36} ({})", st.node, exec, bufs.join(", "))?;
+        let sync = if p.streams.streams.is_empty() { String::new() } else { passes::streams::step_note(p, i) };
+        writeln!(s, "  {:<24} {:<36} ({}) {sync}", st.node, exec, bufs.join(", "))?;
     }
     Ok(())
 }

@@ -148,6 +148,21 @@ struct CodegenArgs {
     /// Which implementation serves matmuls (auto: the faster for each shape).
     #[arg(long, value_enum, default_value = "auto")]
     gemm: GemmArg,
+    /// Run each device's steps on one stream (no communication stream, no events).
+    #[arg(long, conflicts_with = "compute_streams")]
+    single_stream: bool,
+    /// Compute streams per device, for independent branches (beside the communication stream).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    compute_streams: u16,
+    /// Which collectives run on the communication stream: those with compute to overlap, or all.
+    #[arg(long, value_enum, default_value = "auto", conflicts_with = "single_stream")]
+    comm_stream: CommArg,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum CommArg {
+    Auto,
+    Always,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -164,7 +179,12 @@ impl CodegenArgs {
             GemmArg::Cranelift => compile::Gemm::Cranelift,
             GemmArg::Library => compile::Gemm::Library,
         };
-        compile::Options { target: self.target.clone(), gemm, ..Default::default() }
+        let streams = meshc::passes::streams::Config {
+            single: self.single_stream,
+            compute_streams: self.compute_streams.into(),
+            comm_always: self.comm_stream == CommArg::Always,
+        };
+        compile::Options { target: self.target.clone(), gemm, streams, ..Default::default() }
     }
 }
 

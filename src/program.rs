@@ -275,6 +275,49 @@ pub struct Step {
     pub buffers: Vec<usize>,
 }
 
+/// What a stream runs: kernels and library calls, or collectives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamKind {
+    Compute,
+    Comm,
+}
+
+/// A sequence of steps that runs in order, independently of the device's other streams but
+/// for the events it waits on (seed 001, Fig. 4).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Stream {
+    pub kind: StreamKind,
+    /// Step numbers, ascending.
+    pub steps: Vec<usize>,
+}
+
+/// A cross-stream dependency: the event `event` (recorded once step `Event::after` has
+/// finished) must have happened before step `before` starts.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Wait {
+    pub event: usize,
+    pub before: usize,
+}
+
+/// An event, recorded on its step's stream right after the step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub after: usize,
+}
+
+/// How a device's steps are split into streams. Stream 0 is the main stream: it copies the
+/// inputs in (every other stream starts after that), and at the end waits for the events of
+/// `join` before the outputs are read. Empty (`streams` empty): one stream runs the steps in
+/// program order.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StreamPlan {
+    pub streams: Vec<Stream>,
+    pub events: Vec<Event>,
+    pub waits: Vec<Wait>,
+    pub join: Vec<usize>,
+}
+
 /// The program of one device (the default: nothing to run, as for a degraded device).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Program {
@@ -287,4 +330,7 @@ pub struct Program {
     pub inputs: Vec<usize>,
     /// Buffer of each graph output (copied out after the last step), in `Meta::outputs` order.
     pub outputs: Vec<usize>,
+    /// The streams the steps run on, and the events between them (`passes::streams`).
+    #[serde(default)]
+    pub streams: StreamPlan,
 }

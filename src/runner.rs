@@ -3,20 +3,25 @@
 //! compile) provides: metadata, the programs, code bytes mapped executable, and the weights.
 //!
 //! A single-device program runs on the calling thread (its library matmuls on all cores).
-//! A multi-device one runs one thread per device (`Devices`: started by the first run, kept
-//! parked between runs, joined when the `Loaded` drops), each over its own arena: inputs are
-//! scattered (each device copies its block of every input), the steps run in order,
+//! A multi-device one runs one thread per device and stream (`Devices`: started by the
+//! first run, kept parked between runs, joined when the `Loaded` drops), each device over
+//! its own arena: inputs are scattered (each device's main stream copies its block of every
+//! input), each stream runs its steps in order (`Program::streams`; without a plan one
+//! stream runs them all), waiting for the events of other streams with blocking waits,
 //! collectives meet in the fabric (`crate::fabric`), and the devices that hold the
-//! write-back copy of an output block gather it into the result. A failing or panicking
-//! device poisons the fabric, so that every other device stops at its next rendezvous; one
-//! that goes silent is detected by the fabric's heartbeat watch. Degraded devices
-//! (`Meta::degraded`, or `Loaded::degrade`) run nothing: outputs are taken from a healthy
-//! holder of each block.
+//! write-back copy of an output block gather it into the result. A stream that waits for
+//! another one whose thread has not started the step yet runs that stream's steps itself
+//! (`Loaded::drive`), so the extra threads cost a hand-off only when they overlap work. A
+//! failing or panicking device poisons the fabric, so that every other device stops at its
+//! next rendezvous; one that goes silent is detected by the fabric's heartbeat watch.
+//! Degraded devices (`Meta::degraded`, or `Loaded::degrade`) run nothing: outputs are taken
+//! from a healthy holder of each block.
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::panic::AssertUnwindSafe;
-use std::sync::{mpsc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::{mpsc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -313,6 +318,8 @@ fn check_collectives(mesh: &Mesh, programs: &[Program], absent: &[bool]) -> Resu
 #[derive(Clone, Debug)]
 pub struct StepTime {
     pub device: usize,
+    /// The stream that ran it (`Program::streams`; 0 without a plan).
+    pub stream: usize,
     pub step: usize,
     pub start: Duration,
     pub dur: Duration,
@@ -327,13 +334,193 @@ struct SendPtr(*const u8);
 unsafe impl Send for SendPtr {}
 
 /// What the devices of one run share: the inputs, the bytes of those split over the mesh
-/// (`None` for the replicated ones), when the run started, and whether to time the steps.
+/// (`None` for the replicated ones), when the run started, whether to time the steps, and
+/// every device's shared state (so a failing stream can wake all waiters).
 #[derive(Clone, Copy)]
 struct RunCtx<'a> {
     inputs: &'a HashMap<String, Tensor>,
     split: &'a [Option<Vec<u8>>],
     epoch: Instant,
     timed: bool,
+    devices: &'a [DeviceShared],
+}
+
+/// How long a stream waiting for an event keeps checking (yielding the core) before it
+/// blocks: as for the fabric's rendezvous (`fabric::SPIN`), a sleeping thread's wake-up
+/// costs more than a short collective or kernel takes. The testdata transformer on mp-8 with
+/// every collective on the communication stream: ~2.4x the one-stream time with 20 µs,
+/// ~2.1x with 100 µs (medians of 1000 runs, machine shared, so within noise).
+const EVENT_SPIN: Duration = Duration::from_micros(50);
+
+/// The events of one device in a run, plus one more: the inputs are in (`inputs_event`).
+/// Streams block on a condition variable (after a short spin), never spin for long.
+struct Board {
+    done: Vec<AtomicBool>,
+    lock: Mutex<()>,
+    cv: Condvar,
+    poisoned: AtomicBool,
+}
+
+impl Board {
+    fn new(events: usize) -> Board {
+        Board {
+            done: (0..events).map(|_| AtomicBool::new(false)).collect(),
+            lock: Mutex::new(()),
+            cv: Condvar::new(),
+            poisoned: AtomicBool::new(false),
+        }
+    }
+
+    fn guard(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.lock.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn record(&self, e: usize) {
+        self.done[e].store(true, Ordering::Release);
+        // Under the lock: a waiter checks the flag under it before sleeping.
+        let _g = self.guard();
+        self.cv.notify_all();
+    }
+
+    fn poison(&self) {
+        self.poisoned.store(true, Ordering::SeqCst);
+        let _g = self.guard();
+        self.cv.notify_all();
+    }
+
+    /// Waits until event `e` is recorded; false if the run was abandoned meanwhile.
+    fn wait(&self, e: usize) -> bool {
+        let start = Instant::now();
+        while !self.done[e].load(Ordering::Acquire) {
+            if self.poisoned.load(Ordering::SeqCst) {
+                return false;
+            }
+            if start.elapsed() > EVENT_SPIN {
+                let mut g = self.guard();
+                while !self.done[e].load(Ordering::Acquire) {
+                    if self.poisoned.load(Ordering::SeqCst) {
+                        return false;
+                    }
+                    g = self.cv.wait(g).unwrap_or_else(|e| e.into_inner());
+                }
+                return true;
+            }
+            std::thread::yield_now();
+        }
+        true
+    }
+}
+
+/// What the streams of one device share in a run: where each buffer is (a collective may
+/// leave its result in the fabric, moving the buffer there), the device's events, and per
+/// stream the position of its next step — whichever thread holds it runs that step.
+struct DeviceShared {
+    ptrs: Vec<AtomicPtr<u8>>,
+    board: Board,
+    cursors: Vec<Mutex<usize>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panicking step ends the run (the fabric is poisoned), so a poisoned cursor is never
+    // used for more than giving up.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One thread's state while it runs steps of a device (its own stream's, or another's it
+/// took over): its step times and scratch space.
+struct StepRun<'a> {
+    device: usize,
+    /// The only stream of the run: its library calls may use all cores.
+    alone: bool,
+    ctx: RunCtx<'a>,
+    step: &'a Cell<usize>,
+    times: Vec<StepTime>,
+    waits: Vec<fabric::Wait>,
+    args: Vec<*mut u8>,
+}
+
+/// A device's streams as the runner runs them: `Program::streams` checked and indexed by
+/// step, or one stream of all steps for a program without a plan.
+struct Lanes {
+    /// The steps of each stream; stream 0 is the main one.
+    steps: Vec<Vec<usize>>,
+    /// Per step: the events to wait for before it, and those it records.
+    wait: Vec<Vec<usize>>,
+    record: Vec<Vec<usize>>,
+    join: Vec<usize>,
+    /// The event "the inputs are in" that every stream but the main one waits for first.
+    inputs_event: usize,
+    /// The stream of each step.
+    stream_of: Vec<usize>,
+}
+
+impl Lanes {
+    /// Streams that have something to run: the main one always.
+    fn active(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.steps.len()).filter(|&k| k == 0 || !self.steps[k].is_empty())
+    }
+}
+
+/// Checks a program's stream plan (every step on exactly one stream, in ascending order;
+/// events after existing steps; each wait for an event of an earlier step, so no stream can
+/// wait for itself) and indexes it.
+fn lanes(p: &Program) -> Result<Lanes> {
+    let n = p.steps.len();
+    let plan = &p.streams;
+    if plan.streams.is_empty() {
+        if !(plan.events.is_empty() && plan.waits.is_empty() && plan.join.is_empty()) {
+            bail!("events without streams");
+        }
+        return Ok(Lanes {
+            steps: vec![(0..n).collect()],
+            wait: vec![Vec::new(); n],
+            record: vec![Vec::new(); n],
+            join: Vec::new(),
+            inputs_event: 0,
+            stream_of: vec![0; n],
+        });
+    }
+    let mut seen = vec![false; n];
+    for (k, st) in plan.streams.iter().enumerate() {
+        for (j, &i) in st.steps.iter().enumerate() {
+            if i >= n || seen[i] || (j > 0 && st.steps[j - 1] >= i) {
+                bail!("stream {k} lists step {i} out of order, twice or beyond the {n} steps");
+            }
+            seen[i] = true;
+        }
+    }
+    if let Some(i) = seen.iter().position(|s| !s) {
+        bail!("step '{}' is on no stream", p.steps[i].node);
+    }
+    let mut record = vec![Vec::new(); n];
+    for (e, ev) in plan.events.iter().enumerate() {
+        if ev.after >= n {
+            bail!("event {e} follows step {}, beyond the {n} steps", ev.after);
+        }
+        record[ev.after].push(e);
+    }
+    let mut wait = vec![Vec::new(); n];
+    for w in &plan.waits {
+        match plan.events.get(w.event) {
+            Some(ev) if w.before < n && ev.after < w.before => wait[w.before].push(w.event),
+            _ => bail!("a wait for event {} before step {} does not follow an earlier step", w.event, w.before),
+        }
+    }
+    if let Some(e) = plan.join.iter().find(|&&e| e >= plan.events.len()) {
+        bail!("the main stream joins event {e}, but there are {}", plan.events.len());
+    }
+    let mut stream_of = vec![0; n];
+    for (k, st) in plan.streams.iter().enumerate() {
+        st.steps.iter().for_each(|&i| stream_of[i] = k);
+    }
+    Ok(Lanes {
+        stream_of,
+        steps: plan.streams.iter().map(|s| s.steps.clone()).collect(),
+        wait,
+        record,
+        join: plan.join.clone(),
+        inputs_event: plan.events.len(),
+    })
 }
 
 /// What one device's run leaves: where its outputs are, and its step times.
@@ -482,6 +669,8 @@ pub struct Loaded<'w> {
     /// Per device and step: whether a collective may leave its result in the fabric's shared
     /// buffer (no other step writes its result buffer, so the device may read it there).
     share: Vec<Vec<bool>>,
+    /// Per device, its streams.
+    lanes: Vec<Lanes>,
     /// `--fail-device`: this device stops answering at its collective number .1 (from 0).
     fail: Option<(usize, usize)>,
     /// What `degrade` added to the artifact's degradation, and whether strictly.
@@ -538,7 +727,8 @@ impl<'w> Loaded<'w> {
                 if let Some(b) = program.buffers.iter().find(|b| !fits(b)) {
                     bail!("buffer '{}' lies outside its storage", b.name);
                 }
-                check_indices(&meta, program)
+                check_indices(&meta, program)?;
+                lanes(program).map(|_| ())
             };
             if devices == 1 {
                 check()?;
@@ -571,7 +761,8 @@ impl<'w> Loaded<'w> {
         let state = Mutex::new(State { arenas, devices: None });
         let exchange = Exchange::default();
         let (fail, degraded) = (None, Default::default());
-        Ok(Loaded { meta, programs, code, weights, state, fabric, share, fail, degraded, masks, exchange })
+        let lanes = programs.iter().map(lanes).collect::<Result<_>>()?;
+        Ok(Loaded { meta, programs, code, weights, state, fabric, share, fail, degraded, masks, exchange, lanes })
     }
 
     /// The decoded mask of weight buffer `b` of `device`, if it has one.
@@ -702,9 +893,28 @@ impl<'w> Loaded<'w> {
         self.exchange.reset();
         let epoch = Instant::now();
         let mesh = &self.meta.mesh;
-        if mesh.devices() == 1 {
-            let ctx = RunCtx { inputs, split: &[], epoch, timed };
-            let run = self.device_run(0, &mut arenas[0], ctx, &Cell::new(0))?;
+        let shared: Vec<DeviceShared> = (self.programs.iter().zip(arenas.iter_mut()).zip(&self.lanes))
+            .map(|((p, arena), lanes)| {
+                let base = arena.as_mut_slice().as_mut_ptr();
+                let ptrs = (p.buffers.iter())
+                    .map(|b| {
+                        AtomicPtr::new(match b.storage {
+                            // SAFETY (both): `new` checked every buffer lies inside its storage.
+                            Storage::Arena { offset } => unsafe { base.add(offset) },
+                            // Kernels never write their operands, so weights stay read-only.
+                            Storage::Weights { offset } => unsafe { self.weights.as_ptr().add(offset) as *mut u8 },
+                        })
+                    })
+                    .collect();
+                let cursors = lanes.steps.iter().map(|_| Mutex::new(0)).collect();
+                DeviceShared { ptrs, board: Board::new(lanes.inputs_event + 1), cursors }
+            })
+            .collect();
+        let lanes: Vec<(usize, usize)> =
+            (0..mesh.devices()).flat_map(|d| self.lanes[d].active().map(move |k| (d, k))).collect();
+        if lanes.len() == 1 {
+            let ctx = RunCtx { inputs, split: &[], epoch, timed, devices: &shared };
+            let run = self.device_run(0, 0, ctx, &Cell::new(0), true)?;
             let results = self.meta.outputs.iter().zip(&run.outputs).map(|(spec, &p)| {
                 let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
                 // SAFETY: the buffer holds exactly the output's bytes.
@@ -721,26 +931,35 @@ impl<'w> Loaded<'w> {
             .iter()
             .map(|s| s.layout.iter().any(Option::is_some).then(|| inputs[&s.name].to_le_bytes()))
             .collect();
-        let ctx = RunCtx { inputs, split: &split, epoch, timed };
+        let ctx = RunCtx { inputs, split: &split, epoch, timed, devices: &shared };
         let devices = match devices {
             Some(d) => d,
-            None => devices.insert(Devices::start(mesh.devices())?),
+            None => devices.insert(Devices::start(lanes.len())?),
         };
         // A degraded device runs nothing (the fabric leaves it out of every collective).
         let healthy = |d: usize| self.fabric.degraded().is_none_or(|t| t.healthy(d));
-        let jobs = arenas
-            .iter_mut()
-            .enumerate()
-            .map(|(d, arena)| match healthy(d) {
-                true => Box::new(move || self.device_thread(d, arena, ctx)) as Job,
+        let jobs = (lanes.iter())
+            .map(|&(d, k)| match healthy(d) {
+                true => Box::new(move || self.device_thread(d, k, ctx)) as Job,
                 false => Box::new(|| Some(DeviceRun { outputs: Vec::new(), times: Vec::new() })) as Job,
             })
             .collect();
-        let runs = devices.run(jobs);
+        let lane_runs = devices.run(jobs);
         if let Some(reason) = self.fabric.poisoned() {
             bail!("{reason}");
         }
-        let runs: Vec<DeviceRun> = runs.into_iter().collect::<Option<_>>().ok_or_else(|| anyhow!("a device failed"))?;
+        let lane_runs: Vec<DeviceRun> =
+            lane_runs.into_iter().collect::<Option<_>>().ok_or_else(|| anyhow!("a device failed"))?;
+        // Per device: its main stream's run (the outputs), with every stream's step times.
+        let mut runs: Vec<DeviceRun> = Vec::new();
+        for (&(_, k), run) in lanes.iter().zip(lane_runs) {
+            match runs.last_mut() {
+                Some(last) if k != 0 => last.times.extend(run.times),
+                _ => runs.push(run),
+            }
+        }
+        // In step order, whichever thread ran them.
+        runs.iter_mut().for_each(|r| r.times.sort_by_key(|t| t.step));
         let mut results = BTreeMap::new();
         for (i, spec) in self.meta.outputs.iter().enumerate() {
             let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
@@ -784,11 +1003,14 @@ impl<'w> Loaded<'w> {
         Ok((results, runs.into_iter().flat_map(|r| r.times).collect()))
     }
 
-    /// One device's thread of a multi-device run: its error or panic poisons the fabric
-    /// (the reason names the device and node) and ends its run with `None`.
-    fn device_thread(&self, device: usize, arena: &mut AlignedBuf, ctx: RunCtx) -> Option<DeviceRun> {
+    /// One stream's thread of a multi-device (or multi-stream) run: its error or panic
+    /// poisons the fabric and every device's events (the reason names the device and node)
+    /// and ends its run with `None`.
+    fn device_thread(&self, device: usize, stream: usize, ctx: RunCtx) -> Option<DeviceRun> {
         let step = Cell::new(usize::MAX);
-        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.device_run(device, arena, ctx, &step)));
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.device_run(device, stream, ctx, &step, false)
+        }));
         let label = device_label(&self.meta.mesh, device);
         let reason = match run {
             Ok(Ok(run)) => return Some(run),
@@ -806,31 +1028,39 @@ impl<'w> Loaded<'w> {
             }
         };
         self.fabric.poison(reason);
+        ctx.devices.iter().for_each(|d| d.board.poison());
         self.exchange.poison();
         None
     }
 
-    /// Runs `device`'s program: copies in its inputs (its block of the split ones), runs its
-    /// steps, and returns where its outputs are. `step` tracks the running step (for a
-    /// panic's message).
-    fn device_run(&self, device: usize, arena: &mut AlignedBuf, ctx: RunCtx, step: &Cell<usize>) -> Result<DeviceRun> {
-        let RunCtx { inputs, split, epoch, timed } = ctx;
+    /// Runs stream `stream` of `device`'s program and, for the main stream (0), copies in
+    /// the device's inputs first (its block of the split ones), then joins the other streams
+    /// and returns where the outputs are. `step` tracks the running step (for a panic's
+    /// message); `alone`: the only stream of the run, whose library calls may use all cores.
+    fn device_run(
+        &self,
+        device: usize,
+        stream: usize,
+        ctx: RunCtx,
+        step: &Cell<usize>,
+        alone: bool,
+    ) -> Result<DeviceRun> {
+        let RunCtx { inputs, split, devices, .. } = ctx;
         let p = &self.programs[device];
+        let lanes = &self.lanes[device];
         let mesh = &self.meta.mesh;
-        let base = arena.as_mut_slice().as_mut_ptr();
-        let mut ptrs: Vec<*mut u8> = p
-            .buffers
-            .iter()
-            .map(|b| match b.storage {
-                // SAFETY (both): `new` checked every buffer lies inside its storage.
-                Storage::Arena { offset } => unsafe { base.add(offset) },
-                // Kernels never write their operands, so weights stay read-only.
-                Storage::Weights { offset } => unsafe { self.weights.as_ptr().add(offset) as *mut u8 },
-            })
-            .collect();
-        for (i, (spec, &b)) in self.meta.inputs.iter().zip(&p.inputs).enumerate() {
+        let DeviceShared { ptrs, board, cursors } = &devices[device];
+        let ptr = |b: usize| ptrs[b].load(Ordering::Relaxed);
+        let abandoned = || {
+            let reason = self.fabric.poisoned().unwrap_or_default();
+            anyhow!("abandoned: {reason}")
+        };
+        if stream != 0 && !board.wait(lanes.inputs_event) {
+            return Err(abandoned());
+        }
+        for (i, (spec, &b)) in self.meta.inputs.iter().zip(&p.inputs).enumerate().filter(|_| stream == 0) {
             // SAFETY: the buffer has exactly the bytes of the device's block (check_indices).
-            let dst = unsafe { std::slice::from_raw_parts_mut(ptrs[b], p.buffers[b].bytes) };
+            let dst = unsafe { std::slice::from_raw_parts_mut(ptr(b), p.buffers[b].bytes) };
             // A device outside the input's stage holds none of it.
             let Some((region, _)) = spec.block(mesh, device) else { continue };
             match split.get(i).and_then(Option::as_ref) {
@@ -845,102 +1075,181 @@ impl<'w> Loaded<'w> {
                 }
             }
         }
-        let single = mesh.devices() == 1;
-        let mut times = Vec::new();
-        let mut waits = Vec::new();
-        let mut args: Vec<*mut u8> = Vec::new();
-        let mut collectives = 0;
-        for (i, st) in p.steps.iter().enumerate() {
-            step.set(i);
-            self.fabric.beat(device);
-            if let Exec::Collective(c) = &st.exec {
-                if self.fail == Some((device, collectives)) {
-                    // Silent until the others give up on it.
-                    while self.fabric.poisoned().is_none() {
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                    bail!("node '{}': collective #{}: stopped answering (--fail-device)", st.node, c.id);
-                }
-                collectives += 1;
-            }
-            let start = Instant::now();
-            args.clear();
-            args.extend(st.buffers.iter().map(|&b| ptrs[b]));
-            match &st.exec {
-                Exec::Kernel(k) => {
-                    // SAFETY: the step's buffers are the ones its kernel was generated for.
-                    let status = unsafe { self.kernel(device, *k)(args.as_ptr()) };
-                    if status == codegen::STATUS_INDEX_OUT_OF_RANGE {
-                        bail!("node '{}': gather index out of range", st.node);
-                    } else if status != 0 {
-                        bail!("node '{}': kernel failed with status {status}", st.node);
-                    }
-                }
-                Exec::Library(Library::Matmul { a, b, out }) => {
-                    let len = |s: &[usize]| s.iter().product::<usize>();
-                    // SAFETY: the buffers hold f32 tensors of exactly these shapes, and the
-                    // result does not alias the operands.
-                    let (o, x, y) = unsafe {
-                        (
-                            std::slice::from_raw_parts_mut(args[0] as *mut f32, len(out)),
-                            std::slice::from_raw_parts(args[1] as *const f32, len(a)),
-                            std::slice::from_raw_parts(args[2] as *const f32, len(b)),
-                        )
-                    };
-                    let threads = if single { None } else { Some(1) };
-                    match self.masks[device].get(&st.buffers[2]) {
-                        Some(m) => library::matmul_masked(x, y, o, a, b, out, m, threads),
-                        None if single => library::matmul(x, y, o, a, b, out),
-                        None => library::matmul_threads(x, y, o, a, b, out, 1),
-                    }
-                    .with_context(|| format!("node '{}'", st.node))?;
-                }
-                Exec::Collective(c) => {
-                    // SAFETY: `new` checked the buffers' sizes against the collective and
-                    // that the result is apart from the operand; nothing else touches them
-                    // until the call returns.
-                    let delivery = unsafe {
-                        self.fabric.collective_raw(
-                            device,
-                            c,
-                            args[1] as *const f32,
-                            args[0] as *mut f32,
-                            self.share[device][i],
-                            timed.then_some(&mut waits),
-                        )
-                    }
-                    .with_context(|| format!("node '{}'", st.node))?;
-                    if let Delivery::Shared(at) = delivery {
-                        // No step writes this buffer again (`share`): read the result there.
-                        ptrs[st.buffers[0]] = at as *mut u8;
-                    }
-                }
-                Exec::Send(t) => {
-                    // SAFETY: `new` checked the buffer holds `t.bytes`; a `move` send's buffer
-                    // is live to the end of the program (`passes::buffers`), so it stays put.
-                    unsafe { self.exchange.send(device, t, args[0]) }.with_context(|| format!("node '{}'", st.node))?;
-                    if timed {
-                        waits.push((start, Instant::now()));
-                    }
-                }
-                Exec::Recv(t) => {
-                    // SAFETY: `new` checked the buffer holds `t.bytes` in the arena.
-                    let at = unsafe { self.exchange.recv(device, t, args[0]) }
-                        .with_context(|| format!("node '{}'", st.node))?;
-                    // `move`: the data stays in the sender's buffer; read it there.
-                    ptrs[st.buffers[0]] = at as *mut u8;
-                    if timed {
-                        waits.push((start, Instant::now()));
-                    }
+        if stream == 0 {
+            board.record(lanes.inputs_event);
+        }
+        let mut run = StepRun { device, alone, ctx, step, times: Vec::new(), waits: Vec::new(), args: Vec::new() };
+        let cursor = &cursors[stream];
+        loop {
+            let pos = *lock(cursor);
+            let Some(&i) = lanes.steps[stream].get(pos) else { break };
+            // Wait for the step's events without holding the stream, so that a stream
+            // waiting for this one may take the step over (`drive`).
+            for &e in &lanes.wait[i] {
+                if !board.wait(e) {
+                    return Err(abandoned()).with_context(|| format!("node '{}'", p.steps[i].node));
                 }
             }
-            if timed {
-                let since = |t: Instant| t.duration_since(epoch);
-                let waits = waits.drain(..).map(|(a, b): (Instant, Instant)| (since(a), b.duration_since(a))).collect();
-                times.push(StepTime { device, step: i, start: since(start), dur: start.elapsed(), waits });
+            let mut at = lock(cursor);
+            if *at == pos {
+                self.run_step(&mut run, stream, i)?;
+                *at += 1;
             }
         }
-        Ok(DeviceRun { outputs: p.outputs.iter().map(|&b| SendPtr(ptrs[b])).collect(), times })
+        if stream != 0 {
+            return Ok(DeviceRun { outputs: Vec::new(), times: run.times });
+        }
+        for &e in &lanes.join {
+            self.await_event(&mut run, e)?;
+        }
+        let times = std::mem::take(&mut run.times);
+        Ok(DeviceRun { outputs: p.outputs.iter().map(|&b| SendPtr(ptr(b))).collect(), times })
+    }
+
+    /// Waits for event `e` of `run`'s device; first runs the steps of its stream up to the
+    /// one that records it, if no thread is running that stream (`drive`).
+    fn await_event(&self, run: &mut StepRun, e: usize) -> Result<()> {
+        let shared = &run.ctx.devices[run.device];
+        if !shared.board.done[e].load(Ordering::Acquire) {
+            let after = self.programs[run.device].streams.events[e].after;
+            self.drive(run, after)?;
+        }
+        if !shared.board.wait(e) {
+            let reason = self.fabric.poisoned().unwrap_or_default();
+            bail!("abandoned: {reason}");
+        }
+        Ok(())
+    }
+
+    /// Runs the steps of step `s`'s stream, in order, up to `s`, if no other thread is
+    /// running that stream: a stream waiting for another one does its work rather than
+    /// wake its thread and sleep (a hand-off between host threads costs ~25 µs with 8
+    /// devices on 2 cores, more than a small collective), while a stream that is already
+    /// under way keeps running on its own thread, overlapping. Every step waits only for
+    /// earlier steps, so the stream taken over never waits for the one that took it.
+    fn drive(&self, run: &mut StepRun, s: usize) -> Result<()> {
+        let lanes = &self.lanes[run.device];
+        let stream = lanes.stream_of[s];
+        let Ok(mut at) = run.ctx.devices[run.device].cursors[stream].try_lock() else { return Ok(()) };
+        while let Some(&j) = lanes.steps[stream].get(*at).filter(|&&j| j <= s) {
+            self.run_step(run, stream, j)?;
+            *at += 1;
+        }
+        Ok(())
+    }
+
+    /// Runs step `i` of stream `stream`: waits for its events, executes it, records its
+    /// events.
+    fn run_step(&self, run: &mut StepRun, stream: usize, i: usize) -> Result<()> {
+        let device = run.device;
+        let p = &self.programs[device];
+        let lanes = &self.lanes[device];
+        let RunCtx { epoch, timed, devices, .. } = run.ctx;
+        let DeviceShared { ptrs, board, .. } = &devices[device];
+        let st = &p.steps[i];
+        for &e in &lanes.wait[i] {
+            let start = Instant::now();
+            self.await_event(run, e).with_context(|| format!("node '{}'", st.node))?;
+            if timed {
+                run.waits.push((start, Instant::now()));
+            }
+        }
+        run.step.set(i);
+        self.fabric.beat(device);
+        if let Exec::Collective(c) = &st.exec {
+            let number = p.steps[..i].iter().filter(|s| matches!(s.exec, Exec::Collective(_))).count();
+            if self.fail == Some((device, number)) {
+                // Silent until the others give up on it.
+                while self.fabric.poisoned().is_none() {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                bail!("node '{}': collective #{}: stopped answering (--fail-device)", st.node, c.id);
+            }
+        }
+        let start = Instant::now();
+        let args = &mut run.args;
+        args.clear();
+        args.extend(st.buffers.iter().map(|&b| ptrs[b].load(Ordering::Relaxed)));
+        match &st.exec {
+            Exec::Kernel(k) => {
+                // SAFETY: the step's buffers are the ones its kernel was generated for.
+                let status = unsafe { self.kernel(device, *k)(args.as_ptr()) };
+                if status == codegen::STATUS_INDEX_OUT_OF_RANGE {
+                    bail!("node '{}': gather index out of range", st.node);
+                } else if status != 0 {
+                    bail!("node '{}': kernel failed with status {status}", st.node);
+                }
+            }
+            Exec::Library(Library::Matmul { a, b, out }) => {
+                let len = |s: &[usize]| s.iter().product::<usize>();
+                // SAFETY: the buffers hold f32 tensors of exactly these shapes, and the
+                // result does not alias the operands.
+                let (o, x, y) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut(args[0] as *mut f32, len(out)),
+                        std::slice::from_raw_parts(args[1] as *const f32, len(a)),
+                        std::slice::from_raw_parts(args[2] as *const f32, len(b)),
+                    )
+                };
+                let threads = if run.alone { None } else { Some(1) };
+                match self.masks[device].get(&st.buffers[2]) {
+                    Some(m) => library::matmul_masked(x, y, o, a, b, out, m, threads),
+                    None if run.alone => library::matmul(x, y, o, a, b, out),
+                    None => library::matmul_threads(x, y, o, a, b, out, 1),
+                }
+                .with_context(|| format!("node '{}'", st.node))?;
+            }
+            Exec::Collective(c) => {
+                // SAFETY: `new` checked the buffers' sizes against the collective and
+                // that the result is apart from the operand; nothing else touches them
+                // until the call returns.
+                let delivery = unsafe {
+                    self.fabric.collective_raw(
+                        device,
+                        c,
+                        args[1] as *const f32,
+                        args[0] as *mut f32,
+                        self.share[device][i],
+                        timed.then_some(&mut run.waits),
+                    )
+                }
+                .with_context(|| format!("node '{}'", st.node))?;
+                if let Delivery::Shared(at) = delivery {
+                    // No step writes this buffer again (`share`): read the result there.
+                    // The streams that read it wait for an event recorded after the step,
+                    // which orders this store before their loads.
+                    ptrs[st.buffers[0]].store(at as *mut u8, Ordering::Relaxed);
+                }
+            }
+            Exec::Send(t) => {
+                // SAFETY: `new` checked the buffer holds `t.bytes`; a `move` send's buffer
+                // is live to the end of the program (`passes::buffers`), so it stays put.
+                unsafe { self.exchange.send(device, t, args[0]) }.with_context(|| format!("node '{}'", st.node))?;
+                if timed {
+                    run.waits.push((start, Instant::now()));
+                }
+            }
+            Exec::Recv(t) => {
+                // SAFETY: `new` checked the buffer holds `t.bytes` in the arena.
+                let at =
+                    unsafe { self.exchange.recv(device, t, args[0]) }.with_context(|| format!("node '{}'", st.node))?;
+                // `move`: the data stays in the sender's buffer; read it there (the readers
+                // on other streams wait for an event recorded after this step).
+                ptrs[st.buffers[0]].store(at as *mut u8, Ordering::Relaxed);
+                if timed {
+                    run.waits.push((start, Instant::now()));
+                }
+            }
+        }
+        for &e in &lanes.record[i] {
+            board.record(e);
+        }
+        if timed {
+            let since = |t: Instant| t.duration_since(epoch);
+            let waits = run.waits.drain(..).map(|(a, b): (Instant, Instant)| (since(a), b.duration_since(a))).collect();
+            run.times.push(StepTime { device, stream, step: i, start: since(start), dur: start.elapsed(), waits });
+        }
+        Ok(())
     }
 }
 
@@ -950,7 +1259,7 @@ mod tests {
 
     use super::*;
     use crate::mesh::Topology;
-    use crate::program::{CollectiveOp, Reduce, Step};
+    use crate::program::{CollectiveOp, Event, Reduce, Step, Stream, StreamKind, StreamPlan, Wait};
 
     fn mesh(shape: &[usize]) -> Mesh {
         Mesh {
@@ -976,7 +1285,16 @@ mod tests {
                 b
             })
             .collect();
-        Program { device, arena_bytes: at, buffers, kernels: vec![], steps, inputs, outputs }
+        Program {
+            device,
+            arena_bytes: at,
+            buffers,
+            kernels: vec![],
+            steps,
+            inputs,
+            outputs,
+            streams: Default::default(),
+        }
     }
 
     fn load(m: &Mesh, inputs: Vec<IoSpec>, outputs: Vec<IoSpec>, programs: Vec<Program>) -> Result<Loaded<'static>> {
@@ -1108,6 +1426,127 @@ mod tests {
         .join()
         .unwrap();
         assert!(l.state.lock().unwrap().devices.as_ref().is_some_and(|d| d.threads.len() == 1));
+    }
+
+    /// Streams for a program of three steps: 0 on the communication stream, 1 and 2 on the
+    /// main stream, 2 after 0 (event 0).
+    fn two_streams() -> StreamPlan {
+        StreamPlan {
+            streams: vec![
+                Stream { kind: StreamKind::Compute, steps: vec![1, 2] },
+                Stream { kind: StreamKind::Comm, steps: vec![0] },
+            ],
+            events: vec![Event { after: 0 }],
+            waits: vec![Wait { event: 0, before: 2 }],
+            join: vec![],
+        }
+    }
+
+    #[test]
+    fn streams_run_apart_joined_by_events_and_traced_per_stream() {
+        let m = mesh(&[2]);
+        let sum = collective(0, CollectiveOp::AllReduce { reduce: Reduce::Sum }, vec![vec![0, 1]], &[2, 2]);
+        let mm = Exec::Library(Library::Matmul { a: vec![2, 2], b: vec![2, 2], out: vec![2, 2] });
+        // b1 = all_reduce(b0) on the comm stream while b2 = b0·b0 runs; then b3 = b1·b2.
+        let programs = (0..2)
+            .map(|d| {
+                let steps = vec![
+                    step("s", sum.clone(), &[1, 0]),
+                    step("p", mm.clone(), &[2, 0, 0]),
+                    step("y", mm.clone(), &[3, 1, 2]),
+                ];
+                Program { streams: two_streams(), ..program(d, &[16; 4], steps, vec![0], vec![3]) }
+            })
+            .collect();
+        let x = || vec![io("x", DType::F32, &[2, 2], &[None, None])];
+        let l = load(&m, x(), vec![io("y", DType::F32, &[2, 2], &[None, None])], programs).unwrap();
+        let inputs = HashMap::from([("x".to_string(), iota(&[2, 2]))]);
+        // x = [[0,1],[2,3]]: b1 = 2x, b2 = x·x = [[2,3],[6,11]], y = 2x·x·x.
+        let want = Tensor::f32(vec![2, 2], vec![12.0, 22.0, 44.0, 78.0]);
+        let mut times = Vec::new();
+        for _ in 0..3 {
+            assert_eq!(l.run(&inputs).unwrap()["y"], want);
+        }
+        l.run_timed(&inputs, &mut |t| times.push(t.clone())).unwrap();
+        let streams: Vec<(usize, usize, usize)> = times.iter().map(|t| (t.device, t.stream, t.step)).collect();
+        assert_eq!(streams, [(0, 1, 0), (0, 0, 1), (0, 0, 2), (1, 1, 0), (1, 0, 1), (1, 0, 2)]);
+        let trace = crate::trace::chrome_trace(&l.meta, &l.programs, &times);
+        let v: serde_json::Value = serde_json::from_str(&trace).unwrap();
+        let events = v["traceEvents"].as_array().unwrap();
+        let track = |name: &str| events.iter().find(|e| e["args"]["name"] == name).map(|e| e["tid"].clone());
+        assert_eq!(track("device 1 (1) s1 comm"), Some(serde_json::json!(3)));
+        assert!(events.iter().any(|e| e["name"] == "s" && e["tid"] == 3));
+    }
+
+    #[test]
+    fn unsound_stream_plans_are_refused() {
+        let m = mesh(&[1]);
+        let mm = Exec::Library(Library::Matmul { a: vec![2, 2], b: vec![2, 2], out: vec![2, 2] });
+        let refuse = |plan: StreamPlan| {
+            let steps = vec![
+                step("a", mm.clone(), &[1, 0, 0]),
+                step("b", mm.clone(), &[2, 1, 1]),
+                step("c", mm.clone(), &[3, 2, 2]),
+            ];
+            let p = Program { streams: plan, ..program(0, &[16; 4], steps, vec![0], vec![3]) };
+            let x = || vec![io("x", DType::F32, &[2, 2], &[None, None])];
+            match load(&m, x(), vec![io("y", DType::F32, &[2, 2], &[None, None])], vec![p]) {
+                Ok(_) => String::new(),
+                Err(e) => format!("{e:#}"),
+            }
+        };
+        assert_eq!(refuse(two_streams()), "");
+        let mut p = two_streams();
+        p.streams[0].steps = vec![2, 1];
+        assert_eq!(refuse(p), "stream 0 lists step 1 out of order, twice or beyond the 3 steps");
+        let mut p = two_streams();
+        p.streams[0].steps = vec![2];
+        assert_eq!(refuse(p), "step 'b' is on no stream");
+        let mut p = two_streams();
+        p.waits = vec![Wait { event: 0, before: 0 }];
+        assert_eq!(refuse(p), "a wait for event 0 before step 0 does not follow an earlier step");
+        let mut p = two_streams();
+        p.join = vec![1];
+        assert_eq!(refuse(p), "the main stream joins event 1, but there are 1");
+        let p = StreamPlan { events: vec![Event { after: 0 }], ..StreamPlan::default() };
+        assert_eq!(refuse(p), "events without streams");
+    }
+
+    #[test]
+    fn a_failing_stream_stops_the_streams_waiting_for_it() {
+        let m = mesh(&[2]);
+        let sum = collective(0, CollectiveOp::AllReduce { reduce: Reduce::Sum }, vec![vec![0, 1]], &[2, 2]);
+        let bad = Exec::Library(Library::Matmul { a: vec![2, 3], b: vec![2, 3], out: vec![2, 2] });
+        let mm = Exec::Library(Library::Matmul { a: vec![2, 2], b: vec![2, 2], out: vec![2, 2] });
+        // Device 1's comm stream fails before its all_reduce; device 0's main stream waits
+        // for its own all_reduce's event, which never comes.
+        let programs = (0..2)
+            .map(|d| {
+                let first = if d == 1 { bad.clone() } else { mm.clone() };
+                let steps = vec![
+                    step("f", first, &[1, 0, 0]),
+                    step("p", mm.clone(), &[2, 0, 0]),
+                    step("s", sum.clone(), &[3, 1]),
+                ];
+                let plan = StreamPlan {
+                    streams: vec![
+                        Stream { kind: StreamKind::Compute, steps: vec![1] },
+                        Stream { kind: StreamKind::Comm, steps: vec![0, 2] },
+                    ],
+                    events: vec![Event { after: 2 }],
+                    waits: vec![],
+                    join: vec![0],
+                };
+                Program { streams: plan, ..program(d, &[16; 4], steps, vec![0], vec![3]) }
+            })
+            .collect();
+        let x = || vec![io("x", DType::F32, &[2, 2], &[None, None])];
+        let l = load(&m, x(), vec![io("y", DType::F32, &[2, 2], &[None, None])], programs).unwrap();
+        let inputs = HashMap::from([("x".to_string(), iota(&[2, 2]))]);
+        for _ in 0..2 {
+            let e = l.run(&inputs).unwrap_err().to_string();
+            assert!(e.starts_with("device 1 (1): node 'f': matmul"), "{e}");
+        }
     }
 
     #[test]
@@ -1245,7 +1684,16 @@ mod transfer_tests {
                 mask: None,
             })
             .collect();
-        Program { device, arena_bytes: 192, buffers, kernels: vec![], steps, inputs: vec![0], outputs: vec![1] }
+        Program {
+            device,
+            arena_bytes: 192,
+            buffers,
+            kernels: vec![],
+            steps,
+            inputs: vec![0],
+            outputs: vec![1],
+            streams: Default::default(),
+        }
     }
 
     fn send(key: &str, to: usize, protocol: Protocol, b: usize) -> Step {

@@ -1,8 +1,13 @@
-//! The buffer-assignment pass: on random graphs (one device and random layouts over several
-//! meshes) and on every testdata graph and layout, no two buffers live at the same step share
+//! The buffer- and stream-assignment passes: on random graphs (one device and random layouts
+//! over several meshes) and on every testdata graph and layout, the stream plan is sound
+//! (every wait has its record, none is redundant, every dependency through a buffer is
+//! ordered, the main stream joins the others), no two buffers that may be touched at the
+//! same time — by the happens-before of the streams, computed here independently — share
 //! arena bytes except an elementwise result and the operand that dies at its step, and the
-//! planned programs compute exactly what the naive layout computes. Plus the golden
-//! `--dump-after buffers` of every testdata graph and of one layout.
+//! planned programs with a communication stream, with two compute streams and on one stream
+//! compute exactly what the naive layout on one stream computes. Plus the golden
+//! `--dump-after buffers` and `--dump-after streams` of every testdata graph and of one
+//! layout.
 
 mod common;
 
@@ -12,18 +17,143 @@ use std::path::Path;
 use meshc::compile::{compile, compile_lowered, Compiled, Options};
 use meshc::layout::Seed;
 use meshc::mesh::Mesh;
-use meshc::passes::buffers::{liveness, naive_bytes};
+use meshc::passes::buffers::naive_bytes;
 use meshc::passes::layout::propagate;
 use meshc::passes::lower::lower;
+use meshc::passes::streams::Config;
 use meshc::program::{Exec, Program, Storage, ALIGN};
 use meshc::runner::{AlignedBuf, Code, Loaded};
 use meshc_ir::verify::Info;
 use meshc_ir::{Graph, Tensor};
 use proptest::prelude::*;
 
-/// Checks the arena plan of one program; the error names the two buffers at fault.
+/// The happens-before relation of a program's stream plan, computed directly (reachability
+/// over stream order and event waits), independently of `passes::streams::Order`:
+/// `hb[a][b]` when step `a` finishes before step `b` starts. Without a plan: program order.
+fn happens_before(p: &Program, skip_wait: Option<usize>) -> Vec<Vec<bool>> {
+    let n = p.steps.len();
+    let plan = &p.streams;
+    let mut next: Vec<Vec<usize>> = vec![Vec::new(); n];
+    if plan.streams.is_empty() {
+        (1..n).for_each(|i| next[i - 1].push(i));
+    }
+    for st in &plan.streams {
+        st.steps.windows(2).for_each(|w| next[w[0]].push(w[1]));
+    }
+    for (_, w) in plan.waits.iter().enumerate().filter(|&(k, _)| Some(k) != skip_wait) {
+        next[plan.events[w.event].after].push(w.before);
+    }
+    let mut hb = vec![vec![false; n]; n];
+    for (a, row) in hb.iter_mut().enumerate() {
+        let mut todo = next[a].clone();
+        while let Some(b) = todo.pop() {
+            if !row[b] {
+                row[b] = true;
+                todo.extend(&next[b]);
+            }
+        }
+    }
+    hb
+}
+
+/// Checks the stream plan of one program: every step on one stream, in order; every wait
+/// for an event some step records, none implied by the others (transitive reduction); every
+/// dependency through a buffer ordered; the main stream joins every stream.
+fn check_streams(p: &Program) -> Result<(), String> {
+    let n = p.steps.len();
+    let plan = &p.streams;
+    let d = p.device;
+    let mut on = vec![usize::MAX; n];
+    for (k, st) in plan.streams.iter().enumerate() {
+        if !st.steps.windows(2).all(|w| w[0] < w[1]) {
+            return Err(format!("device {d}: stream {k} is out of order"));
+        }
+        for &i in &st.steps {
+            if on[i] != usize::MAX {
+                return Err(format!("device {d}: step {i} is on two streams"));
+            }
+            on[i] = k;
+        }
+    }
+    if !plan.streams.is_empty() && on.contains(&usize::MAX) {
+        return Err(format!("device {d}: a step is on no stream"));
+    }
+    for w in &plan.waits {
+        let Some(e) = plan.events.get(w.event) else {
+            return Err(format!("device {d}: step {} waits for event {}, which nothing records", w.before, w.event));
+        };
+        if e.after >= w.before || on[e.after] == on[w.before] {
+            return Err(format!("device {d}: step {} waits for event {} of step {}", w.before, w.event, e.after));
+        }
+    }
+    let hb = happens_before(p, None);
+    for (k, w) in plan.waits.iter().enumerate() {
+        if happens_before(p, Some(k))[plan.events[w.event].after][w.before] {
+            return Err(format!("device {d}: the wait of step {} for event {} is redundant", w.before, w.event));
+        }
+    }
+    // Every reader of a buffer after its writer; every writer after the earlier readers.
+    for b in 0..p.buffers.len() {
+        // (step, writes it): a step writes its first buffer, but a send only reads it.
+        let writes = |s: &meshc::program::Step, k: usize| k == 0 && !matches!(s.exec, Exec::Send(_));
+        let touch: Vec<(usize, bool)> = (p.steps.iter().enumerate())
+            .flat_map(|(i, s)| {
+                s.buffers.iter().enumerate().filter(|&(_, &x)| x == b).map(move |(k, _)| (i, writes(s, k)))
+            })
+            .collect();
+        for (x, &(i, wi)) in touch.iter().enumerate() {
+            for &(j, wj) in &touch[x + 1..] {
+                if i != j && (wi || wj) && !hb[i][j] {
+                    return Err(format!("device {d}: steps {i} and {j} both touch b{b} unordered"));
+                }
+            }
+        }
+    }
+    if let Some(main) = plan.streams.first() {
+        let ends: Vec<usize> =
+            main.steps.last().copied().into_iter().chain(plan.join.iter().map(|&e| plan.events[e].after)).collect();
+        for st in &plan.streams[1..] {
+            if let Some(&t) = st.steps.last() {
+                if !ends.iter().any(|&x| x == t || hb[t][x]) {
+                    return Err(format!("device {d}: the main stream does not join step {t}"));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks the arena plan of one program against its streams: two buffers that share arena
+/// bytes are touched one after the other — every touch of one happens before every touch of
+/// the other — except an elementwise result and the operand that dies at its step. The
+/// error names the two buffers at fault.
 fn check_plan(p: &Program) -> Result<(), String> {
-    let live = liveness(p);
+    check_streams(p)?;
+    let hb = happens_before(p, None);
+    // Touches: None = copied in before / read after every step.
+    const IN: usize = usize::MAX - 1;
+    const OUT: usize = usize::MAX;
+    let touches = |b: usize| -> Vec<usize> {
+        let mut t: Vec<usize> = (0..p.steps.len()).filter(|&i| p.steps[i].buffers.contains(&b)).collect();
+        if p.inputs.contains(&b) {
+            t.push(IN);
+        }
+        // The receiver of a `move` send reads the sender's buffer until the run ends.
+        let moved = |s: &meshc::program::Step| {
+            matches!(&s.exec, Exec::Send(t) if t.protocol == meshc::program::Protocol::Move) && s.buffers.contains(&b)
+        };
+        if p.outputs.contains(&b) || p.steps.iter().any(moved) {
+            t.push(OUT);
+        }
+        t
+    };
+    let before = |a: usize, b: usize| match (a, b) {
+        (IN, x) => x != IN,
+        (_, OUT) => a != OUT,
+        (OUT, _) | (_, IN) => false,
+        (x, y) => hb[x][y],
+    };
+    let apart = |x: &[usize], y: &[usize]| x.iter().all(|&a| y.iter().all(|&b| before(a, b)));
     let arena: Vec<(usize, usize, usize)> = (p.buffers.iter().enumerate())
         .filter_map(|(b, buf)| match buf.storage {
             Storage::Arena { offset } => Some((b, offset, buf.bytes)),
@@ -38,11 +168,10 @@ fn check_plan(p: &Program) -> Result<(), String> {
     // The deliberate pair: result and operand of the step where the operand dies, in the
     // same place, and the step a kernel (collectives and library calls never share).
     let in_place = |r: usize, o: usize| {
-        let (lr, lo) = (live[r].unwrap(), live[o].unwrap());
-        let s = &p.steps[lr.first];
-        lo.last == lr.first
-            && s.buffers[0] == r
-            && s.buffers[1..].contains(&o)
+        let Some(i) = p.steps.iter().position(|s| s.buffers[0] == r) else { return false };
+        let s = &p.steps[i];
+        s.buffers[1..].contains(&o)
+            && touches(o).iter().all(|&t| t == i || before(t, i))
             && matches!(s.exec, Exec::Kernel(_))
             && p.buffers[r].storage == p.buffers[o].storage
             && p.buffers[r].bytes == p.buffers[o].bytes
@@ -50,10 +179,11 @@ fn check_plan(p: &Program) -> Result<(), String> {
     for (i, &(a, oa, na)) in arena.iter().enumerate() {
         for &(b, ob, nb) in &arena[i + 1..] {
             let overlap = oa < ob + nb && ob < oa + na;
-            if overlap && live[a].unwrap().intersects(&live[b].unwrap()) && !in_place(a, b) && !in_place(b, a) {
+            let (ta, tb) = (touches(a), touches(b));
+            if overlap && !apart(&ta, &tb) && !apart(&tb, &ta) && !in_place(a, b) && !in_place(b, a) {
                 return Err(format!(
-                    "device {}: b{a} '{}' {:?} at {oa} (+{na}) and b{b} '{}' {:?} at {ob} (+{nb}) overlap",
-                    p.device, p.buffers[a].name, live[a], p.buffers[b].name, live[b]
+                    "device {}: b{a} '{}' {ta:?} at {oa} (+{na}) and b{b} '{}' {tb:?} at {ob} (+{nb}) overlap",
+                    p.device, p.buffers[a].name, p.buffers[b].name
                 ));
             }
         }
@@ -82,15 +212,16 @@ fn check_graph(
         Some((mesh, seeds)) => Some(lower(g, info, &propagate(g, info, mesh, seeds)).map_err(|e| format!("{e:#}"))?),
         None => None,
     };
-    let build = |plan_arena: bool| {
-        let opts = Options { plan_arena, ..Options::default() };
+    let build = |plan_arena: bool, streams: Config| {
+        let opts = Options { plan_arena, streams, ..Options::default() };
         match &lowered {
             Some(l) => compile_lowered(g, info, l, params, &opts),
             None => compile(g, info, params, &opts),
         }
         .map_err(|e| format!("{e:#}"))
     };
-    let (planned, naive) = (build(true)?, build(false)?);
+    let single = Config { single: true, ..Config::default() };
+    let (planned, naive) = (build(true, Config::default())?, build(false, single.clone())?);
     for p in &planned.programs {
         check_plan(p)?;
     }
@@ -98,10 +229,34 @@ fn check_graph(
     if sizes.1 != naive_bytes(&planned.programs[0]) || sizes.0 > sizes.1 {
         return Err(format!("arena {} bytes, naive {} bytes", sizes.0, sizes.1));
     }
-    let (got, want) = (run(planned, inputs)?, run(naive, inputs)?);
-    for (name, w) in &want {
-        if got[name].ty() != w.ty() || got[name].to_le_bytes() != w.to_le_bytes() {
-            return Err(format!("output '{name}' differs from the naive layout's"));
+    let want = run(naive, inputs)?;
+    let mut planned = Some(planned);
+    // The planned arenas with a communication stream, with two compute streams, and on one
+    // stream, all against the naive layout on one stream.
+    let others = [
+        ("", None),
+        (
+            " with two compute streams and every collective on the communication stream",
+            Some(Config { compute_streams: 2, comm_always: true, ..Config::default() }),
+        ),
+        (" on one stream", Some(single)),
+    ];
+    for (how, streams) in others {
+        let c = match streams {
+            None => planned.take().expect("the first variant"),
+            Some(cfg) => {
+                let c = build(true, cfg)?;
+                for p in &c.programs {
+                    check_plan(p).map_err(|e| format!("{how}: {e}"))?;
+                }
+                c
+            }
+        };
+        let got = run(c, inputs)?;
+        for (name, w) in &want {
+            if got[name].ty() != w.ty() || got[name].to_le_bytes() != w.to_le_bytes() {
+                return Err(format!("output '{name}'{how} differs from the naive layout's on one stream"));
+            }
         }
     }
     Ok(sizes)
@@ -162,24 +317,64 @@ fn testdata_graphs_and_layouts_plan_sound_arenas_that_compute_the_same() {
     }
 }
 
+/// Every testdata layout through the whole driver (placement, send/recv, lowering): the
+/// plans with every communication step on the communication stream and two compute streams
+/// are sound and compute bit for bit what one stream computes.
 #[test]
-fn dumps_after_buffers_are_pinned() {
+fn testdata_layouts_through_the_driver_plan_sound_streams() {
+    for case in common::layout_cases() {
+        let (g, info) = meshc_ir::load::load(&case.graph).unwrap();
+        let params = meshc_ir::params::load_all(&g, case.graph.parent().unwrap()).unwrap();
+        let spec = meshc::layout::load(&case.spec).unwrap();
+        let build = |streams: Config| {
+            let opts = Options { streams, ..Options::default() };
+            meshc::driver::build(&g, &info, Some(&spec), &params, &opts, &meshc::driver::Dumps::default(), None)
+                .unwrap_or_else(|e| panic!("{}: {e:#}", case.label))
+        };
+        let inputs = testdata_inputs(&case.graph, &g);
+        let want = run(build(Config { single: true, ..Config::default() }), &inputs).unwrap();
+        let c = build(Config { compute_streams: 2, comm_always: true, ..Config::default() });
+        for p in &c.programs {
+            check_plan(p).unwrap_or_else(|e| panic!("{}: {e}", case.label));
+        }
+        let got = run(c, &inputs).unwrap_or_else(|e| panic!("{}: {e}", case.label));
+        for (name, w) in &want {
+            assert_eq!(got[name].to_le_bytes(), w.to_le_bytes(), "{}: output '{name}'", case.label);
+        }
+    }
+}
+
+#[test]
+fn dumps_after_buffers_and_streams_are_pinned() {
     let out = common::scratch("buffers-dump").join("graph.mshc");
     let mut failures = Vec::new();
     let mut dump = |label: &str, args: &[&str]| {
-        let mut all = vec!["compile", args[0], "-o", out.to_str().unwrap(), "--dump-after", "buffers"];
-        all.extend(&args[1..]);
-        let r = common::meshc(&all);
-        assert_eq!(r.status, Some(0), "{label}: {}", r.stderr);
-        if let Err(e) = common::golden(&format!("buffers/{label}.txt"), &r.stdout) {
-            failures.push(e);
+        for pass in ["buffers", "streams"] {
+            let mut all = vec!["compile", args[0], "-o", out.to_str().unwrap(), "--dump-after", pass];
+            all.extend(&args[1..]);
+            let r = common::meshc(&all);
+            assert_eq!(r.status, Some(0), "{label}: {}", r.stderr);
+            if let Err(e) = common::golden(&format!("{pass}/{label}.txt"), &r.stdout) {
+                failures.push(e);
+            }
         }
     };
     for graph in common::testdata_graphs() {
         let name = graph.parent().unwrap().file_name().unwrap().to_string_lossy().to_string();
         dump(&name, &[graph.to_str().unwrap()]);
     }
-    let case = common::layout_cases().into_iter().find(|c| c.label == "transformer-mp-2x4").expect("the layout");
-    dump(&case.label, &[case.graph.to_str().unwrap(), "--layout", case.spec.to_str().unwrap()]);
+    // The testdata layouts overlap too little to use the communication stream by default;
+    // the last one forces it.
+    let cases = [
+        ("transformer-mp-2x4", "transformer-mp-2x4", None),
+        ("mlp-mp-2x4", "mlp-mp-2x4", None),
+        ("transformer-mp-8", "transformer-mp-8-comm", Some("--comm-stream=always")),
+    ];
+    for (layout, label, extra) in cases {
+        let case = common::layout_cases().into_iter().find(|c| c.label == layout).expect("the layout");
+        let mut args = vec![case.graph.to_str().unwrap(), "--layout", case.spec.to_str().unwrap()];
+        args.extend(extra);
+        dump(label, &args);
+    }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -275,3 +275,28 @@ fn inspect_of_a_multi_device_artifact_is_pinned() {
     let text = run.stdout.replace(&art.display().to_string(), "mlp-mp-2x4.mshc");
     golden("inspect/mlp-mp-2x4.txt", &text).unwrap();
 }
+
+/// The stream options through the binary: every collective on the communication stream
+/// (traced on its own track), two compute streams, one stream — all give the expected
+/// outputs on every layout of the transformer with collectives that can overlap.
+#[test]
+fn stream_options_give_the_expected_outputs_and_trace_each_stream() {
+    let dir = scratch("distributed-streams");
+    let case = cases().into_iter().find(|c| c.label == "transformer-mp-8").expect("the layout");
+    let spec = case.spec.display().to_string();
+    let trace = dir.join("trace.json");
+    let options: [&[&str]; 3] = [
+        &["--comm-stream", "always", "--trace", trace.to_str().unwrap()],
+        &["--compute-streams", "2", "--comm-stream", "always"],
+        &["--single-stream"],
+    ];
+    for extra in options {
+        let args = [&["--layout", spec.as_str()][..], extra].concat();
+        run_and_compare(&case, &case.graph, &args, &dir.join("out")).unwrap_or_else(|e| panic!("{extra:?}: {e}"));
+    }
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let events = v["traceEvents"].as_array().unwrap();
+    let comm = events.iter().find(|e| e["args"]["name"] == "device 7 (7) s1 comm").expect("a comm track");
+    let on_comm = events.iter().filter(|e| e["tid"] == comm["tid"] && e["cat"] == "collective").count();
+    assert!(on_comm > 0, "no collective on device 7's comm stream");
+}

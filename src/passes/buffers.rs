@@ -9,11 +9,19 @@
 //! be written by them during the step, so both are simply live at that step. Weights live in
 //! the weights section and are not planned.
 //!
+//! Streams: the steps of a device run on several streams (`passes::streams`), so program
+//! order alone does not say what may run at the same time. Two buffers may share bytes only
+//! if every touch of one happens before every touch of the other under the stream plan
+//! (stream order and events, `passes::streams::Order`; the inputs are copied in before any
+//! step, the outputs read after all); an operand may hand its slot to the result only if
+//! all its other touches happen before that step. On one stream this is exactly the
+//! interval test of program order; `Live` (program order) is what the dump shows.
+//!
 //! Heuristic (greedy by size with best fit, as TFLite's arena planner and XLA's heap
 //! simulator do it offline): in-place pairs are merged into one slot first; slots are placed
-//! largest first, each at the smallest gap between the already placed slots whose lifetimes
-//! intersect its own that can hold it, or above the highest of them when no gap can. Sizes
-//! are rounded up to `ALIGN` and every offset is a multiple of it.
+//! largest first, each at the smallest gap, between the already placed slots that may be
+//! touched at the same time as it, that can hold it, or above the highest of them when no
+//! gap can. Sizes are rounded up to `ALIGN` and every offset is a multiple of it.
 //!
 //! In place: the compiler names, per step, the operand positions whose kernel tolerates
 //! sharing the result's memory (fused elementwise kernels read every element before writing
@@ -26,6 +34,7 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
+use crate::passes::streams::Order;
 use crate::program::{align_up, Exec, Program, Protocol, Storage, Transfer, ALIGN};
 
 /// The steps a buffer is live at, both inclusive; `last == steps.len()` means the buffer is
@@ -94,6 +103,56 @@ pub fn naive(p: &mut Program) {
     p.arena_bytes = at;
 }
 
+/// Where a buffer is touched: copied in before any step, by a step, or read after all.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum At {
+    In,
+    Step(usize),
+    Out,
+}
+
+/// Every place each buffer of `p` is touched (a buffer nothing touches: throughout).
+fn accesses(p: &Program) -> Vec<Vec<At>> {
+    let mut at: Vec<Vec<At>> = vec![Vec::new(); p.buffers.len()];
+    for &b in &p.inputs {
+        at[b].push(At::In);
+    }
+    for (i, s) in p.steps.iter().enumerate() {
+        for &b in &s.buffers {
+            if at[b].last() != Some(&At::Step(i)) {
+                at[b].push(At::Step(i));
+            }
+        }
+        // The receiver of a `move` reads the sent buffer in place until the run ends.
+        if let Exec::Send(Transfer { protocol: Protocol::Move, .. }) = &s.exec {
+            s.buffers.iter().for_each(|&b| at[b].push(At::Out));
+        }
+    }
+    for &b in &p.outputs {
+        at[b].push(At::Out);
+    }
+    for a in &mut at {
+        if a.is_empty() {
+            a.extend([At::In, At::Out]);
+        }
+    }
+    at
+}
+
+/// Whether `a` is over before `b` starts.
+fn happens_before(order: &Order, a: At, b: At) -> bool {
+    match (a, b) {
+        (At::In, At::Step(_) | At::Out) | (At::Step(_), At::Out) => true,
+        (At::Step(x), At::Step(y)) => order.before(x, y),
+        _ => false,
+    }
+}
+
+/// Whether every touch of `x` is over before any touch of `y` starts.
+fn all_before(order: &Order, x: &[At], y: &[At]) -> bool {
+    x.iter().all(|&a| y.iter().all(|&b| happens_before(order, a, b)))
+}
+
 /// Buffers sharing one place in the arena, one after the other in time.
 struct Slot {
     members: Vec<usize>,
@@ -106,6 +165,11 @@ struct Slot {
 /// their memory.
 pub fn plan(p: &mut Program, in_place: &[Vec<usize>]) {
     let live = liveness(p);
+    let order = Order::of(p);
+    let at = accesses(p);
+    // Buffers may share bytes only when one is done before the other starts on every
+    // stream: in program order alone, the streams' overlap would corrupt data.
+    let apart = |x: usize, y: usize| all_before(&order, &at[x], &at[y]) || all_before(&order, &at[y], &at[x]);
     let mut slot_of: Vec<Option<usize>> = vec![None; p.buffers.len()];
     let mut slots: Vec<Slot> = Vec::new();
     for (b, l) in live.iter().enumerate() {
@@ -125,7 +189,7 @@ pub fn plan(p: &mut Program, in_place: &[Vec<usize>]) {
         let fits = |o: usize| {
             matches!(step.exec, Exec::Kernel(_))
                 && o != r
-                && live[o].is_some_and(|l| l.last == i)
+                && at[o].iter().all(|&a| a == At::Step(i) || happens_before(&order, a, At::Step(i)))
                 && p.buffers[o].bytes == p.buffers[r].bytes
                 && (1..step.buffers.len()).filter(|&k| step.buffers[k] == o).all(|k| allowed.contains(&k))
         };
@@ -141,11 +205,12 @@ pub fn plan(p: &mut Program, in_place: &[Vec<usize>]) {
     slots.retain(|s| !s.members.is_empty());
     // Largest first; ties by start, then by buffer number, so the plan is deterministic.
     slots.sort_by_key(|s| (std::cmp::Reverse(s.bytes), s.live.first, s.members[0]));
-    let mut placed: Vec<(usize, usize, Live)> = Vec::new(); // (offset, bytes, live)
+    let mut placed: Vec<(usize, usize, &Slot)> = Vec::new(); // (offset, bytes, slot)
     let mut top = 0;
     for s in &slots {
+        let clash = |t: &Slot| s.members.iter().any(|&x| t.members.iter().any(|&y| !apart(x, y)));
         let taken: BTreeSet<(usize, usize)> =
-            placed.iter().filter(|(_, _, l)| l.intersects(&s.live)).map(|&(o, n, _)| (o, n)).collect();
+            placed.iter().filter(|(_, _, t)| clash(t)).map(|&(o, n, _)| (o, n)).collect();
         let mut cursor = 0;
         let mut best: Option<(usize, usize)> = None; // (gap, offset)
         for &(o, n) in &taken {
@@ -155,7 +220,7 @@ pub fn plan(p: &mut Program, in_place: &[Vec<usize>]) {
             cursor = cursor.max(o + n);
         }
         let offset = best.map_or(cursor, |(_, at)| at);
-        placed.push((offset, s.bytes, s.live));
+        placed.push((offset, s.bytes, s));
         top = top.max(offset + s.bytes);
         for &m in &s.members {
             p.buffers[m].storage = Storage::Arena { offset };
@@ -253,6 +318,7 @@ mod tests {
             steps,
             inputs: inputs.to_vec(),
             outputs: outputs.to_vec(),
+            streams: Default::default(),
         }
     }
 

@@ -9,3 +9,4 @@ pub mod place;
 mod place_auto;
 mod place_microbatch;
 pub mod sendrecv;
+pub mod streams;

@@ -1,0 +1,281 @@
+//! `cargo bench --bench streams`: the stream- and buffer-assignment figures of issue 8.
+//!
+//! 1. Peak arena bytes against the naive sum of all arena tensors, for every testdata graph
+//!    on one device and for every testdata layout (the largest device).
+//! 2. End-to-end time of the transformer block on its model-parallel 2x4 layout
+//!    (testdata/transformer/layouts/mp-2x4.json), on its 1-D 8-device layout (mp-8, whose
+//!    q/k/v all_gathers can overlap the next projections) and on 4 pipeline stages of 2
+//!    devices with 2 micro-batches (pipeline-4x2: sends and receives between stages), each
+//!    compiled three ways: the
+//!    default (a collective goes to the communication stream when compute can overlap it),
+//!    every collective on the communication stream (`--comm-stream always`), and one stream
+//!    (`--single-stream`); then the same block at a larger size. The configurations run
+//!    interleaved (one run of each in turn), medians of N runs; `STREAMS_BENCH_RUNS` sets N
+//!    for the testdata size (default 400; the larger size runs N/10).
+//!    "cores busy" is the process's CPU time over wall time times the cores: where it is near
+//!    100%, no overlap can shorten the run — the collectives' copies and sums are CPU work
+//!    too — it can only fill cores left idle while devices wait for each other. For runs
+//!    under a millisecond it over-counts (device threads spin up to 50 µs after a run, and
+//!    that CPU time lands in the next run's figure), so only the larger size's is meaningful.
+//! 3. Chrome traces of one run of each configuration into `$CARGO_TARGET_DIR/bench-out/`
+//!    (default `target/bench-out/`): open them in ui.perfetto.dev, one track per device and
+//!    stream.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use meshc::compile::{Compiled, Options};
+use meshc::driver::{self, Dumps};
+use meshc::passes::buffers::naive_bytes;
+use meshc::passes::streams::Config;
+use meshc::runner::{AlignedBuf, Code, Loaded};
+use meshc::{codegen, layout};
+use meshc_ir::verify::Info;
+use meshc_ir::{Data, Graph, Tensor};
+
+fn testdata_graphs() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir("testdata")
+        .unwrap()
+        .filter_map(|e| Some(e.ok()?.path().join("graph.json")))
+        .filter(|p| p.exists())
+        .collect();
+    v.sort();
+    v
+}
+
+fn build(
+    g: &Graph,
+    info: &Info,
+    params: &HashMap<String, Tensor>,
+    spec: Option<&layout::Spec>,
+    streams: Config,
+) -> Compiled {
+    let opts = Options { streams, ..Options::default() };
+    driver::build(g, info, spec, params, &opts, &Dumps::default(), None).expect("compiles")
+}
+
+fn load(c: Compiled) -> (Loaded<'static>, &'static AlignedBuf) {
+    // Leaked: a bench process loads a handful of programs and exits.
+    let weights: &'static AlignedBuf = Box::leak(Box::new(AlignedBuf::from_bytes(&c.weights).unwrap()));
+    let code = Code::Copied(codegen::ExecCode::new(&c.code).unwrap());
+    (Loaded::new(c.meta, c.programs, code, weights.as_slice()).unwrap(), weights)
+}
+
+fn arenas() {
+    println!("\n## Peak arena bytes vs the naive sum (largest device), scheduled and planned with streams");
+    println!("{:<40} {:>12} {:>12} {:>8}", "graph / layout", "arena", "naive", "ratio");
+    let row = |label: &str, c: &Compiled| {
+        let p = c.programs.iter().max_by_key(|p| p.arena_bytes).expect("a program");
+        let naive = naive_bytes(p);
+        println!(
+            "{label:<40} {:>12} {:>12} {:>7.1}%",
+            p.arena_bytes,
+            naive,
+            100.0 * p.arena_bytes as f64 / naive as f64
+        );
+    };
+    for graph in testdata_graphs() {
+        let (g, info) = meshc_ir::load::load(&graph).unwrap();
+        let params = meshc_ir::params::load_all(&g, graph.parent().unwrap()).unwrap();
+        let name = graph.parent().unwrap().file_name().unwrap().to_string_lossy().to_string();
+        row(&name, &build(&g, &info, &params, None, Config::default()));
+        let dir = graph.parent().unwrap().join("layouts");
+        let mut specs: Vec<PathBuf> =
+            std::fs::read_dir(&dir).map(|d| d.filter_map(|e| Some(e.ok()?.path())).collect()).unwrap_or_default();
+        specs.sort();
+        for s in specs {
+            let spec = layout::load(&s).unwrap();
+            let label = format!("{name} {}", s.file_stem().unwrap().to_string_lossy());
+            row(&label, &build(&g, &info, &params, Some(&spec), Config::default()));
+        }
+    }
+}
+
+/// The testdata transformer block's text at another size: the same ops and dim names, params
+/// drawn from seeded normals.
+fn transformer(b: usize, s: usize, d: usize, heads: usize, f: usize, vocab: usize) -> String {
+    let hd = d / heads;
+    let std = |n: usize| 1.0 / (n as f64).sqrt();
+    format!(
+        "graph transformer_{b}x{s}x{d} {{
+  input ids: i32[{b},{s}] dims(batch, seq)
+  input mask: f32[{b},1,1,{s}] dims(batch, _, _, seq)
+  param emb: f32[{vocab},{d}] dims(vocab, embed) = init normal{{seed = 1, std = 0.5}}
+  param pos: f32[{s},{d}] dims(seq, embed) = init normal{{seed = 2, std = 0.5}}
+  param ln1_g: f32[{d}] dims(embed) = init ones
+  param ln1_b: f32[{d}] dims(embed) = init zeros
+  param wq: f32[{d},{d}] dims(embed, qkv) = init normal{{seed = 3, std = {sd}}}
+  param bq: f32[{d}] dims(qkv) = init zeros
+  param wk: f32[{d},{d}] dims(embed, qkv) = init normal{{seed = 4, std = {sd}}}
+  param bk: f32[{d}] dims(qkv) = init zeros
+  param wv: f32[{d},{d}] dims(embed, qkv) = init normal{{seed = 5, std = {sd}}}
+  param bv: f32[{d}] dims(qkv) = init zeros
+  param scale: f32[] = value {scale}
+  param wo: f32[{d},{d}] dims(qkv, embed) = init normal{{seed = 6, std = {sd}}}
+  param bo: f32[{d}] dims(embed) = init zeros
+  param ln2_g: f32[{d}] dims(embed) = init ones
+  param ln2_b: f32[{d}] dims(embed) = init zeros
+  param w_ff1: f32[{d},{f}] dims(embed, hidden) = init normal{{seed = 7, std = {sd}}}
+  param b_ff1: f32[{f}] dims(hidden) = init zeros
+  param w_ff2: f32[{f},{d}] dims(hidden, embed) = init normal{{seed = 8, std = {sf}}}
+  param b_ff2: f32[{d}] dims(embed) = init zeros
+  tok = gather(emb, ids) {{axis = 0}}
+  x0 = add(tok, pos)
+  h = layer_norm(x0, ln1_g, ln1_b) {{axis = -1, eps = 1e-12}}
+  q = matmul(h, wq)
+  q_b = add(q, bq)
+  q_r: ? dims(batch, seq, heads, head_dim) = reshape(q_b) {{shape = [{b}, {s}, {heads}, {hd}]}}
+  q_h = transpose(q_r) {{perm = [0, 2, 1, 3]}}
+  k = matmul(h, wk)
+  k_b = add(k, bk)
+  k_r: ? dims(batch, seq, heads, head_dim) = reshape(k_b) {{shape = [{b}, {s}, {heads}, {hd}]}}
+  k_h = transpose(k_r) {{perm = [0, 2, 1, 3]}}
+  v = matmul(h, wv)
+  v_b = add(v, bv)
+  v_r: ? dims(batch, seq, heads, head_dim) = reshape(v_b) {{shape = [{b}, {s}, {heads}, {hd}]}}
+  v_h = transpose(v_r) {{perm = [0, 2, 1, 3]}}
+  k_t = transpose(k_h) {{perm = [0, 1, 3, 2]}}
+  scores = matmul(q_h, k_t)
+  scaled = mul(scores, scale)
+  masked = add(scaled, mask)
+  probs = softmax(masked) {{axis = -1}}
+  ctx = matmul(probs, v_h)
+  ctx_t = transpose(ctx) {{perm = [0, 2, 1, 3]}}
+  ctx_r: ? dims(batch, seq, qkv) = reshape(ctx_t) {{shape = [{b}, {s}, -1]}}
+  o = matmul(ctx_r, wo)
+  o_b = add(o, bo)
+  res1 = add(h, o_b)
+  h2 = layer_norm(res1, ln2_g, ln2_b)
+  f1: ? dims(batch, seq, hidden) = matmul(h2, w_ff1)
+  f1_b = add(f1, b_ff1)
+  f1_a = gelu(f1_b)
+  f2 = matmul(f1_a, w_ff2)
+  f2_b = add(f2, b_ff2)
+  y: ? dims(batch, seq, embed) = add(h2, f2_b)
+  output y
+}}",
+        sd = std(d),
+        sf = std(f),
+        scale = 1.0 / (hd as f64).sqrt(),
+    )
+}
+
+fn transformer_inputs(g: &Graph) -> HashMap<String, Tensor> {
+    let ty = |n: &str| g.inputs.iter().find(|i| i.name == n).unwrap().ty.clone();
+    let (ids, mask) = (ty("ids"), ty("mask"));
+    let vocab = g.params.iter().find(|p| p.name == "emb").unwrap().ty.shape[0];
+    let ids_v: Vec<i32> = (0..ids.numel()).map(|i| ((i * 7919) % vocab) as i32).collect();
+    let mask_v: Vec<f32> = (0..mask.numel()).map(|i| if i % 7 == 6 { -1e9 } else { 0.0 }).collect();
+    HashMap::from([
+        ("ids".to_string(), Tensor::new(ids.shape, Data::I32(ids_v))),
+        ("mask".to_string(), Tensor::new(mask.shape, Data::F32(mask_v))),
+    ])
+}
+
+/// CPU time of the whole process so far: the sum over its threads of the nanoseconds each
+/// spent on a CPU (`/proc/self/task/*/schedstat`, first field). The device threads persist
+/// across runs, so differences of this sum measure a run; 0 where /proc is missing.
+fn cpu_seconds() -> f64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0.0 };
+    let ns: u64 = tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    ns as f64 / 1e9
+}
+
+fn cores() -> f64 {
+    std::thread::available_parallelism().map_or(1, |n| n.get()) as f64
+}
+
+fn out_dir() -> PathBuf {
+    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
+    let dir = Path::new(&target).join("bench-out");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Times the three stream configurations of `g` under `spec`, interleaved; writes a trace of
+/// each. Returns nothing: prints the medians and the ratios against one stream.
+fn overlap(label: &str, g: &Graph, info: &Info, params: &HashMap<String, Tensor>, spec: &layout::Spec, runs: usize) {
+    let inputs = transformer_inputs(g);
+    let configs = [
+        ("default (auto)", "auto", Config::default()),
+        ("comm stream always", "comm", Config { comm_always: true, ..Config::default() }),
+        ("single stream", "single", Config { single: true, ..Config::default() }),
+    ];
+    let loaded: Vec<(Loaded, usize)> = configs
+        .iter()
+        .map(|(_, _, cfg)| {
+            let c = build(g, info, params, Some(spec), cfg.clone());
+            let on_comm = c.programs.iter().map(|p| p.streams.streams.get(1).map_or(0, |s| s.steps.len())).sum();
+            (load(c).0, on_comm)
+        })
+        .collect();
+    let want = loaded[2].0.run(&inputs).unwrap();
+    for (l, _) in &loaded {
+        let got = l.run(&inputs).unwrap();
+        for (k, w) in &want {
+            assert_eq!(
+                got[k].to_le_bytes(),
+                w.to_le_bytes(),
+                "{label}: the stream configurations must agree bit for bit"
+            );
+        }
+    }
+    let mut times: Vec<Vec<f64>> = vec![Vec::with_capacity(runs); configs.len()];
+    let mut busy = vec![(0.0, 0.0); configs.len()]; // (CPU seconds, wall seconds)
+    for _ in 0..runs {
+        for (k, (l, _)) in loaded.iter().enumerate() {
+            let cpu = cpu_seconds();
+            let s = Instant::now();
+            l.run(&inputs).unwrap();
+            let wall = s.elapsed().as_secs_f64();
+            times[k].push(wall);
+            busy[k].0 += cpu_seconds() - cpu;
+            busy[k].1 += wall;
+        }
+    }
+    let median = |t: &mut Vec<f64>| {
+        t.sort_by(f64::total_cmp);
+        t[t.len() / 2]
+    };
+    let medians: Vec<f64> = times.iter_mut().map(median).collect();
+    println!("\n## {label}: median of {runs} interleaved runs (machine shared with other builds)");
+    for (k, (name, file, _)) in configs.iter().enumerate() {
+        let (l, on_comm) = &loaded[k];
+        let mut trace = Vec::new();
+        l.run_timed(&inputs, &mut |t| trace.push(t.clone())).unwrap();
+        let path = out_dir().join(format!("{}-{file}.trace.json", label.replace(' ', "-")));
+        std::fs::write(&path, meshc::trace::chrome_trace(&l.meta, &l.programs, &trace)).unwrap();
+        println!(
+            "{name:<20} {:9.3} ms  {:5.2}x vs single  cores busy {:3.0}%  ({on_comm} communication steps on comm streams; trace {})",
+            medians[k] * 1e3,
+            medians[2] / medians[k],
+            100.0 * busy[k].0 / busy[k].1 / cores(),
+            path.display()
+        );
+    }
+}
+
+fn main() {
+    let runs: usize = std::env::var("STREAMS_BENCH_RUNS").ok().and_then(|s| s.parse().ok()).unwrap_or(400);
+    arenas();
+    let graph = Path::new("testdata/transformer/graph.json");
+    let (g, info) = meshc_ir::load::load(graph).unwrap();
+    let params = meshc_ir::params::load_all(&g, graph.parent().unwrap()).unwrap();
+    for l in ["mp-2x4", "mp-8", "pipeline-4x2"] {
+        let spec = layout::load(&graph.parent().unwrap().join(format!("layouts/{l}.json"))).unwrap();
+        overlap(&format!("transformer {l}"), &g, &info, &params, &spec, runs);
+    }
+    // The same block, larger: batch 8, sequence 128, model 256, 8 heads, hidden 1024.
+    let src = transformer(8, 128, 256, 8, 1024, 512);
+    let g = meshc_ir::text::parse(&src).unwrap();
+    let info = meshc_ir::verify::verify(&g).unwrap();
+    let params = meshc_ir::params::load_all(&g, Path::new(".")).unwrap();
+    for l in ["mp-2x4", "mp-8", "pipeline-4x2"] {
+        let spec = layout::load(&graph.parent().unwrap().join(format!("layouts/{l}.json"))).unwrap();
+        overlap(&format!("transformer 8x128x256 {l}"), &g, &info, &params, &spec, (runs / 10).max(5));
+    }
+}

@@ -1,0 +1,577 @@
+//! Stream assignment (seed 001, Fig. 4; DESIGN §4): orders each device's steps and splits
+//! them into streams — a compute stream (the main stream, 0), optionally more compute
+//! streams for independent branches, and a communication stream for the collectives — with
+//! cross-stream dependencies as events; `--dump-after streams` prints the plan.
+//!
+//! Dependencies: a step follows every earlier step it shares a buffer number with where one
+//! of the two writes it (the result is a step's first buffer); collectives also keep their
+//! program order among themselves, which is what lets the members of a group meet (the
+//! runner checks that order across devices).
+//!
+//! Scheduling heuristic (`schedule`, a list scheduler over those dependencies): a ready
+//! collective or send is issued at once, so the communication starts as early as the data
+//! allows; a receive, which waits for another device, is deferred like the readers below. Among ready compute steps: first the ancestors of the next collective (the
+//! communication waits for them: running them first costs no time and lets the collective
+//! overlap what follows), then the steps that do not read a collective's result (reading
+//! one stalls the compute stream until the collective is done, so they are deferred while
+//! anything else can run), and within each class the step that grows the live bytes the
+//! least (its result and scratch, minus the operands it is the last reader of) — that is
+//! where memory is saved without costing time, as one compute stream does the same work in
+//! any order. Ties keep the graph's order.
+//!
+//! Streams (`assign`): a collective goes to the communication stream when enough compute
+//! could run meanwhile — steps that neither feed it nor need its result, touching at least
+//! `OVERLAP_BYTES` — as XLA makes a collective asynchronous only when something can be
+//! scheduled between its start and its end. Any other collective stays on the compute
+//! stream: on the communication stream it would only add two cross-thread hand-offs (the
+//! testdata transformer's Megatron layout is a chain, and ran 2.1x slower with both its
+//! all_reduces moved).
+//! `Config::comm_always` moves every collective (to measure exactly that). The
+//! communication stream is kept even when empty, so every device has one of each. With `Config::compute_streams` > 1 a compute step
+//! continues the stream of a compute predecessor that is still that stream's last step
+//! (chains stay on one stream), and otherwise opens the least-loaded stream (bytes touched as
+//! the cost), so independent branches spread out. The default is one compute stream: with
+//! one host thread per device and stream, 8 devices already fill the 2 cores of the test
+//! machine, so a second compute stream does not pay there. `Config::single` forces one
+//! stream (the baseline the benchmarks compare against).
+//!
+//! Events: a step waits for each dependency on another stream, unless another dependency
+//! (or its own stream's order) already implies it — transitive reduction, computed with
+//! vector clocks in program order: every dependency points to an earlier step, so a
+//! dependency can only be implied by a later one, and taking candidates latest first keeps
+//! exactly the irredundant ones. At the end the main stream joins the last step of every
+//! other stream, again leaving out what is already implied.
+//!
+//! Buffer assignment (`passes::buffers`) reads the resulting happens-before relation
+//! (`Order`) to decide which buffers may share arena bytes, so the overlap cannot corrupt
+//! data.
+
+use std::fmt::Write as _;
+
+use crate::program::{Event, Exec, Program, Step, Storage, Stream, StreamKind, StreamPlan, Wait};
+
+/// The least compute (bytes its steps touch) a collective must be able to overlap to go to
+/// the communication stream: each move costs two cross-thread hand-offs, ~10–50 µs on the
+/// test machine (8 device threads on 2 cores), while its kernels stream ~10 GB/s. Measured
+/// (`make bench`, streams): the testdata transformer on mp-8, whose q/k/v all_gathers can
+/// overlap ~30 KiB of projections, ran 0.313 ms with them moved, 0.204 ms on one stream.
+pub const OVERLAP_BYTES: usize = 512 << 10;
+
+/// How to split the steps into streams.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Everything on one stream, in program order (no communication stream, no events).
+    pub single: bool,
+    /// Compute streams per device (at least 1).
+    pub compute_streams: usize,
+    /// Every collective on the communication stream, even with nothing to overlap.
+    pub comm_always: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config { single: false, compute_streams: 1, comm_always: false }
+    }
+}
+
+/// Collectives, sends and receives: the steps that meet other devices (kept in program
+/// order among themselves, and the ones the communication stream takes).
+fn is_communication(p: &Program, i: usize) -> bool {
+    matches!(p.steps[i].exec, Exec::Collective(_) | Exec::Send(_) | Exec::Recv(_))
+}
+
+/// The buffer step `s` writes, if any (its first; a send only reads its one buffer).
+fn result(s: &Step) -> Option<usize> {
+    match s.exec {
+        Exec::Send(_) => None,
+        _ => s.buffers.first().copied(),
+    }
+}
+
+/// The buffers step `s` reads (and its scratch).
+fn operands(s: &Step) -> &[usize] {
+    match s.exec {
+        Exec::Send(_) => &s.buffers,
+        _ => s.buffers.get(1..).unwrap_or(&[]),
+    }
+}
+
+/// Per step, the earlier steps it depends on (module doc), ascending, without repeats.
+pub fn deps(p: &Program) -> Vec<Vec<usize>> {
+    let mut writer: Vec<Option<usize>> = vec![None; p.buffers.len()];
+    let mut readers: Vec<Vec<usize>> = vec![Vec::new(); p.buffers.len()];
+    let mut last_collective = None;
+    let mut deps = Vec::with_capacity(p.steps.len());
+    for (i, s) in p.steps.iter().enumerate() {
+        let mut d: Vec<usize> = Vec::new();
+        for &b in operands(s) {
+            d.extend(writer[b]);
+        }
+        if let Some(r) = result(s) {
+            d.extend(writer[r]);
+            d.extend(readers[r].iter().copied());
+        }
+        if is_communication(p, i) {
+            d.extend(last_collective);
+            last_collective = Some(i);
+        }
+        d.retain(|&j| j != i);
+        d.sort_unstable();
+        d.dedup();
+        for &b in operands(s) {
+            readers[b].push(i);
+        }
+        if let Some(r) = result(s) {
+            writer[r] = Some(i);
+            readers[r].clear();
+        }
+        deps.push(d);
+    }
+    deps
+}
+
+/// Reorders `p`'s steps (module doc); `in_place[i]`, the in-place permissions of step `i`,
+/// moves with its step.
+pub fn schedule(p: &mut Program, in_place: &mut Vec<Vec<usize>>) {
+    let n = p.steps.len();
+    let deps = deps(p);
+    let mut succs: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (i, d) in deps.iter().enumerate() {
+        for &j in d {
+            succs[j].push(i);
+        }
+    }
+    let collectives: Vec<usize> = (0..n).filter(|&i| is_communication(p, i)).collect();
+    // The first collective (by its rank among collectives) each step leads to.
+    let mut feeds = vec![usize::MAX; n];
+    for i in (0..n).rev() {
+        if let Some(k) = collectives.iter().position(|&c| c == i) {
+            feeds[i] = k;
+        } else {
+            feeds[i] = succs[i].iter().map(|&s| feeds[s]).min().unwrap_or(usize::MAX);
+        }
+    }
+    let reads_collective: Vec<bool> = deps.iter().map(|d| d.iter().any(|&j| is_communication(p, j))).collect();
+    let bytes = |b: usize| match p.buffers[b].storage {
+        Storage::Arena { .. } => p.buffers[b].bytes,
+        Storage::Weights { .. } => 0,
+    };
+    let mut reads_left = vec![0usize; p.buffers.len()];
+    for s in &p.steps {
+        for &b in operands(s) {
+            reads_left[b] += 1;
+        }
+    }
+    let mut written = vec![false; p.buffers.len()];
+    p.inputs.iter().for_each(|&b| written[b] = true);
+    p.steps.iter().filter_map(result).for_each(|b| written[b] = true);
+    let mut pending: Vec<usize> = deps.iter().map(Vec::len).collect();
+    let mut ready: Vec<usize> = (0..n).filter(|&i| pending[i] == 0).collect();
+    let mut order = Vec::with_capacity(n);
+    let mut next_collective = 0;
+    while !ready.is_empty() {
+        let growth = |i: usize| -> i64 {
+            let s = &p.steps[i];
+            let mut grow = result(s).map_or(0, bytes) as i64;
+            let mut seen = Vec::new();
+            for &b in operands(s) {
+                if seen.contains(&b) {
+                    continue;
+                }
+                seen.push(b);
+                let here = operands(s).iter().filter(|&&x| x == b).count();
+                // Scratch space (written by no step) comes and goes within its step.
+                if reads_left[b] == here && written[b] && !p.outputs.contains(&b) {
+                    grow -= bytes(b) as i64;
+                }
+            }
+            grow
+        };
+        let pick = (0..ready.len())
+            .min_by_key(|&k| {
+                let i = ready[k];
+                // A receive waits for another device: deferred like a reader of a
+                // collective, so that the compute it does not feed runs first.
+                let class = if matches!(p.steps[i].exec, Exec::Recv(_)) {
+                    3
+                } else if is_communication(p, i) {
+                    0
+                } else if feeds[i] == next_collective {
+                    1
+                } else if !reads_collective[i] {
+                    2
+                } else {
+                    3
+                };
+                (class, growth(i), i)
+            })
+            .expect("a ready step");
+        let i = ready.swap_remove(pick);
+        if is_communication(p, i) {
+            next_collective += 1;
+        }
+        for &b in operands(&p.steps[i]) {
+            reads_left[b] -= 1;
+        }
+        for &s in &succs[i] {
+            pending[s] -= 1;
+            if pending[s] == 0 {
+                ready.push(s);
+            }
+        }
+        order.push(i);
+    }
+    debug_assert_eq!(order.len(), n, "the dependencies point backwards, so every step gets ready");
+    let mut steps: Vec<Option<Step>> = std::mem::take(&mut p.steps).into_iter().map(Some).collect();
+    let mut perms: Vec<Vec<usize>> = std::mem::take(in_place);
+    perms.resize(n, Vec::new());
+    p.steps = order.iter().map(|&i| steps[i].take().expect("each step once")).collect();
+    *in_place = order.iter().map(|&i| std::mem::take(&mut perms[i])).collect();
+}
+
+/// The happens-before relation of a device's steps under its stream plan: stream order plus
+/// the events (and the inputs, copied in before any step).
+pub struct Order {
+    stream: Vec<usize>,
+    pos: Vec<usize>,
+    /// Per step and stream: how many of that stream's steps happen before the step, or are
+    /// it.
+    clock: Vec<Vec<usize>>,
+}
+
+impl Order {
+    /// The relation of `p`'s plan (program order for an empty plan). The plan must be one
+    /// the runner accepts (`runner::check_streams`): every wait points to an earlier step.
+    pub fn of(p: &Program) -> Order {
+        let n = p.steps.len();
+        let plan = &p.streams;
+        let lists: Vec<Vec<usize>> = if plan.streams.is_empty() {
+            vec![(0..n).collect()]
+        } else {
+            plan.streams.iter().map(|s| s.steps.clone()).collect()
+        };
+        let mut stream = vec![0; n];
+        let mut pos = vec![0; n];
+        for (s, list) in lists.iter().enumerate() {
+            for (k, &i) in list.iter().enumerate() {
+                stream[i] = s;
+                pos[i] = k;
+            }
+        }
+        let mut waits: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for w in &plan.waits {
+            waits[w.before].push(plan.events[w.event].after);
+        }
+        let mut clock: Vec<Vec<usize>> = vec![vec![0; lists.len()]; n];
+        for i in 0..n {
+            let mut c = vec![0; lists.len()];
+            let join = |c: &mut Vec<usize>, j: usize| {
+                for (x, y) in c.iter_mut().zip(&clock[j]) {
+                    *x = (*x).max(*y);
+                }
+            };
+            if pos[i] > 0 {
+                join(&mut c, lists[stream[i]][pos[i] - 1]);
+            }
+            for &j in &waits[i] {
+                join(&mut c, j);
+            }
+            c[stream[i]] = pos[i] + 1;
+            clock[i] = c;
+        }
+        Order { stream, pos, clock }
+    }
+
+    /// Whether step `a` finishes before step `b` starts.
+    pub fn before(&self, a: usize, b: usize) -> bool {
+        a != b && self.clock[b][self.stream[a]] > self.pos[a]
+    }
+}
+
+/// The stream plan of `p` (module doc).
+pub fn assign(p: &Program, cfg: &Config) -> StreamPlan {
+    let n = p.steps.len();
+    if cfg.single {
+        return StreamPlan {
+            streams: vec![Stream { kind: StreamKind::Compute, steps: (0..n).collect() }],
+            ..StreamPlan::default()
+        };
+    }
+    let computes = cfg.compute_streams.max(1);
+    let comm = computes;
+    let mut streams: Vec<Stream> =
+        (0..computes).map(|_| Stream { kind: StreamKind::Compute, steps: Vec::new() }).collect();
+    streams.push(Stream { kind: StreamKind::Comm, steps: Vec::new() });
+    let deps = deps(p);
+    // Per step, its ancestors (a bitset).
+    let words = n.div_ceil(64);
+    let mut anc: Vec<Vec<u64>> = vec![vec![0; words]; n];
+    for (i, d) in deps.iter().enumerate() {
+        for &j in d {
+            let (head, tail) = anc.split_at_mut(i);
+            for (x, y) in tail[0].iter_mut().zip(&head[j]) {
+                *x |= *y;
+            }
+            tail[0][j / 64] |= 1 << (j % 64);
+        }
+    }
+    let reaches = |a: usize, b: usize| anc[b][a / 64] >> (a % 64) & 1 == 1;
+    // A step's cost: the bytes it touches.
+    let work = |x: usize| p.steps[x].buffers.iter().map(|&b| p.buffers[b].bytes).sum::<usize>();
+    let overlaps = |c: usize| {
+        let concurrent = (0..n).filter(|&x| !is_communication(p, x) && !reaches(x, c) && !reaches(c, x));
+        concurrent.map(work).sum::<usize>() >= OVERLAP_BYTES
+    };
+    let mut stream_of = vec![0; n];
+    let mut load = vec![0usize; computes];
+    for i in 0..n {
+        let s = if is_communication(p, i) && (cfg.comm_always || overlaps(i)) {
+            comm
+        } else {
+            let tail = deps[i]
+                .iter()
+                .map(|&j| stream_of[j])
+                .find(|&s| s != comm && streams[s].steps.last().is_some_and(|&t| deps[i].contains(&t)));
+            tail.unwrap_or_else(|| (0..computes).min_by_key(|&s| (load[s], s)).expect("a compute stream"))
+        };
+        if s != comm {
+            load[s] += work(i);
+        }
+        stream_of[i] = s;
+        streams[s].steps.push(i);
+    }
+    let pos: Vec<usize> = {
+        let mut pos = vec![0; n];
+        for st in &streams {
+            for (k, &i) in st.steps.iter().enumerate() {
+                pos[i] = k;
+            }
+        }
+        pos
+    };
+    let m = streams.len();
+    let mut clock: Vec<Vec<usize>> = vec![vec![0; m]; n];
+    let mut event_of: Vec<Option<usize>> = vec![None; n];
+    let mut events: Vec<Event> = Vec::new();
+    let mut waits: Vec<Wait> = Vec::new();
+    // Keeps the candidates (latest first) that `c` does not already imply, joining each kept
+    // one's clock into `c`; returns them.
+    let reduce = |c: &mut Vec<usize>, clock: &[Vec<usize>], mut cands: Vec<usize>| -> Vec<usize> {
+        cands.sort_unstable_by(|a, b| b.cmp(a));
+        let mut kept = Vec::new();
+        for u in cands {
+            if c[stream_of[u]] > pos[u] {
+                continue;
+            }
+            for (x, y) in c.iter_mut().zip(&clock[u]) {
+                *x = (*x).max(*y);
+            }
+            kept.push(u);
+        }
+        kept
+    };
+    for i in 0..n {
+        let s = stream_of[i];
+        let mut c = vec![0; m];
+        if pos[i] > 0 {
+            c.clone_from(&clock[streams[s].steps[pos[i] - 1]]);
+        }
+        c[s] = pos[i] + 1;
+        let cands: Vec<usize> = deps[i].iter().copied().filter(|&j| stream_of[j] != s).collect();
+        let mut kept = reduce(&mut c, &clock, cands);
+        kept.sort_unstable();
+        for u in kept {
+            let e = *event_of[u].get_or_insert_with(|| {
+                events.push(Event { after: u });
+                events.len() - 1
+            });
+            waits.push(Wait { event: e, before: i });
+        }
+        clock[i] = c;
+    }
+    let mut end = streams[0].steps.last().map_or(vec![0; m], |&t| clock[t].clone());
+    let tails: Vec<usize> = streams[1..].iter().filter_map(|s| s.steps.last().copied()).collect();
+    let mut joined = reduce(&mut end, &clock, tails);
+    joined.sort_unstable();
+    let join: Vec<usize> = joined
+        .into_iter()
+        .map(|u| {
+            *event_of[u].get_or_insert_with(|| {
+                events.push(Event { after: u });
+                events.len() - 1
+            })
+        })
+        .collect();
+    // Events numbered in the order of the steps that record them, so the plan reads in order.
+    let mut by_step: Vec<usize> = (0..events.len()).collect();
+    by_step.sort_by_key(|&e| events[e].after);
+    let mut renumber = vec![0; events.len()];
+    for (new, &old) in by_step.iter().enumerate() {
+        renumber[old] = new;
+    }
+    let events = by_step.iter().map(|&e| events[e].clone()).collect();
+    let waits = waits.into_iter().map(|w| Wait { event: renumber[w.event], before: w.before }).collect();
+    let mut join: Vec<usize> = join.into_iter().map(|e: usize| renumber[e]).collect();
+    join.sort_unstable();
+    StreamPlan { streams, events, waits, join }
+}
+
+/// "s1 comm": how dumps and `meshc inspect` name stream `s` of `p`.
+pub fn stream_name(p: &Program, s: usize) -> String {
+    let kind = match p.streams.streams[s].kind {
+        StreamKind::Compute => "compute",
+        StreamKind::Comm => "comm",
+    };
+    format!("s{s} {kind}{}", if s == 0 { " (main)" } else { "" })
+}
+
+/// The one-line summary of `p`'s streams: each with its number of steps, the events, and
+/// what the main stream joins.
+pub fn summary(p: &Program) -> String {
+    let plan = &p.streams;
+    let streams: Vec<String> = (0..plan.streams.len())
+        .map(|k| format!("{}: {} steps", stream_name(p, k), plan.streams[k].steps.len()))
+        .collect();
+    let join: Vec<String> = plan.join.iter().map(|e| format!("e{e}")).collect();
+    format!(
+        "{}; {} events; join {}",
+        streams.join(", "),
+        plan.events.len(),
+        if join.is_empty() { "-".to_string() } else { join.join(" ") }
+    )
+}
+
+/// Step `i`'s stream and events: "s1 wait e0 record e1".
+pub fn step_note(p: &Program, i: usize) -> String {
+    let plan = &p.streams;
+    let stream = plan.streams.iter().position(|s| s.steps.contains(&i)).unwrap_or(0);
+    let mut note = format!("s{stream}");
+    let waits: Vec<String> = plan.waits.iter().filter(|w| w.before == i).map(|w| format!("e{}", w.event)).collect();
+    if !waits.is_empty() {
+        let _ = write!(note, " wait {}", waits.join(" "));
+    }
+    let records: Vec<String> =
+        plan.events.iter().enumerate().filter(|(_, e)| e.after == i).map(|(k, _)| format!("e{k}")).collect();
+    if !records.is_empty() {
+        let _ = write!(note, " record {}", records.join(" "));
+    }
+    note
+}
+
+/// The `--dump-after streams` text: per device, its streams, then every step in program
+/// order with its stream, the events it waits for and those it records.
+pub fn dump(programs: &[Program]) -> String {
+    let mut s = String::new();
+    for p in programs {
+        let _ = writeln!(s, "device {}: {} steps; {}", p.device, p.steps.len(), summary(p));
+        for (i, step) in p.steps.iter().enumerate() {
+            let _ = writeln!(s, "  {i:>4}  {:<28} {}", step.node, step_note(p, i));
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::program::{Buffer, Collective, CollectiveOp, Reduce, Step};
+
+    /// A program over 256 KiB arena buffers (two make a step worth overlapping); steps as
+    /// (result, operands, collective).
+    fn program(buffers: usize, steps: &[(usize, &[usize], bool)]) -> Program {
+        let collective = |id| {
+            Exec::Collective(Collective {
+                op: CollectiveOp::AllReduce { reduce: Reduce::Sum },
+                id,
+                groups: vec![vec![0]],
+                dtype: "f32".into(),
+                shape: vec![16],
+            })
+        };
+        Program {
+            buffers: (0..buffers)
+                .map(|i| Buffer {
+                    name: format!("t{i}"),
+                    bytes: 256 << 10,
+                    storage: Storage::Arena { offset: 0 },
+                    mask: None,
+                })
+                .collect(),
+            steps: (steps.iter().enumerate())
+                .map(|(i, &(r, ops, c))| Step {
+                    node: format!("t{r}"),
+                    exec: if c { collective(i) } else { Exec::Kernel(0) },
+                    buffers: [&[r][..], ops].concat(),
+                })
+                .collect(),
+            inputs: vec![0],
+            outputs: vec![buffers - 1],
+            ..Program::default()
+        }
+    }
+
+    #[test]
+    fn a_collective_overlaps_the_independent_branch_with_irredundant_events() {
+        // t1 = f(t0); t2 = all_reduce(t1); t3 = g(t0) and t4 = g(t3), independent of the
+        // collective; t5 = t2 + t4 + t1 (t1's dependency is implied by t2's).
+        let mut p = program(
+            6,
+            &[(1, &[0], false), (2, &[1], true), (3, &[0], false), (4, &[3], false), (5, &[2, 4, 1], false)],
+        );
+        p.streams = assign(&p, &Config::default());
+        let plan = &p.streams;
+        assert_eq!(plan.streams.iter().map(|s| s.steps.clone()).collect::<Vec<_>>(), [vec![0, 2, 3, 4], vec![1]]);
+        assert_eq!(plan.events, [Event { after: 0 }, Event { after: 1 }]);
+        assert_eq!(plan.waits, [Wait { event: 0, before: 1 }, Wait { event: 1, before: 4 }]);
+        assert!(plan.join.is_empty(), "the last step of the main stream waits for the collective");
+        let order = Order::of(&p);
+        assert!(order.before(0, 1) && order.before(1, 4) && order.before(0, 4));
+        assert!(!order.before(2, 1) && !order.before(1, 2) && !order.before(3, 1));
+        // One stream: no events, program order.
+        p.streams = assign(&p, &Config { single: true, ..Config::default() });
+        assert!(p.streams.events.is_empty() && Order::of(&p).before(2, 3) && Order::of(&p).before(1, 2));
+    }
+
+    #[test]
+    fn a_collective_with_too_little_to_overlap_stays_on_the_compute_stream_unless_forced() {
+        let mut p = program(5, &[(1, &[0], false), (2, &[1], true), (3, &[0], false), (4, &[2, 3], false)]);
+        assert_eq!(assign(&p, &Config::default()).streams[1].steps, [1]);
+        p.buffers.iter_mut().for_each(|b| b.bytes = 64);
+        assert!(assign(&p, &Config::default()).streams[1].steps.is_empty());
+        assert_eq!(assign(&p, &Config { comm_always: true, ..Config::default() }).streams[1].steps, [1]);
+    }
+
+    #[test]
+    fn a_collective_with_nothing_to_overlap_stays_on_the_compute_stream_unless_forced() {
+        let p = program(4, &[(1, &[0], false), (2, &[1], true), (3, &[2], false)]);
+        let plan = assign(&p, &Config::default());
+        assert_eq!(plan.streams[0].steps, [0, 1, 2]);
+        assert!(plan.streams[1].steps.is_empty() && plan.waits.is_empty());
+        let plan = assign(&p, &Config { comm_always: true, ..Config::default() });
+        assert_eq!((plan.streams[0].steps.clone(), plan.streams[1].steps.clone()), (vec![0, 2], vec![1]));
+        assert_eq!(plan.waits.len(), 2);
+    }
+
+    #[test]
+    fn the_main_stream_joins_a_stream_whose_result_it_never_reads() {
+        // The collective's result t2 is an output nobody reads: the main stream joins it.
+        let mut p = program(4, &[(1, &[0], false), (2, &[1], true), (3, &[0], false)]);
+        p.outputs = vec![2, 3];
+        let plan = assign(&p, &Config::default());
+        assert_eq!(plan.streams[1].steps, [1]);
+        assert_eq!(plan.join, [1]);
+        assert_eq!(plan.events[1], Event { after: 1 });
+    }
+
+    #[test]
+    fn the_schedule_issues_collectives_early_and_defers_their_readers() {
+        // In graph order: t1 = f(t0), t2 = all_reduce(t1), t3 = g(t2) reads it at once,
+        // t4 = h(t0) is independent; the schedule runs t4 before t3.
+        let mut p =
+            program(6, &[(1, &[0], false), (2, &[1], true), (3, &[2], false), (4, &[0], false), (5, &[3, 4], false)]);
+        let mut perms = vec![vec![]; 5];
+        schedule(&mut p, &mut perms);
+        let order: Vec<&str> = p.steps.iter().map(|s| s.node.as_str()).collect();
+        assert_eq!(order, ["t1", "t2", "t4", "t3", "t5"]);
+    }
+}
