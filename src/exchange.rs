@@ -22,7 +22,7 @@ use anyhow::{bail, Result};
 use crate::program::{Protocol, Transfer};
 
 /// How long a send or recv waits for its peer by default (`meshc run --timeout`).
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+pub const DEFAULT_TIMEOUT: Duration = crate::fabric::TIMEOUT;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Slot {

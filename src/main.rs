@@ -106,10 +106,6 @@ enum Cmd {
         /// test detection (e.g. 1,2@0).
         #[arg(long, value_name = "DEVICE@STEP")]
         fail_device: Option<String>,
-        /// How long a device waits in a collective for a member that shows no sign of life
-        /// before declaring it failed (default 10000).
-        #[arg(long, value_name = "MS")]
-        collective_timeout: Option<u64>,
         /// When a device is found silent, degrade it and run the whole graph again without
         /// it (data-parallel layouts).
         #[arg(long)]
@@ -124,9 +120,10 @@ enum Cmd {
         /// the masks fit the input at hand (the graph is compiled for it, in memory).
         #[arg(long, conflicts_with = "pilot_inputs")]
         conditional: bool,
-        /// Fail the run when a recv waits this many seconds for its send (or a send for its
-        /// recv) instead of hanging; the error names the key and both devices.
-        #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+        /// How long a device waits for a peer — a recv for its send (or a send for its recv),
+        /// a collective for a member that shows no sign of life — before the run fails
+        /// instead of hanging; the error names the key or member and the devices.
+        #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
         timeout: f64,
         #[command(flatten)]
         codegen: CodegenArgs,
@@ -234,7 +231,6 @@ fn main() -> ExitCode {
             degrade_link,
             degrade_strict,
             fail_device,
-            collective_timeout,
             replan_on_failure,
             compare_unpruned,
             conditional,
@@ -255,7 +251,6 @@ fn main() -> ExitCode {
                 degrade_link: &degrade_link,
                 degrade_strict,
                 fail_device: fail_device.as_deref(),
-                collective_timeout,
                 replan_on_failure,
                 timeout,
             };
@@ -589,7 +584,6 @@ struct RunOpts<'a> {
     degrade_link: &'a [String],
     degrade_strict: bool,
     fail_device: Option<&'a str>,
-    collective_timeout: Option<u64>,
     replan_on_failure: bool,
     timeout: f64,
 }
@@ -683,12 +677,9 @@ fn compare_with_unpruned(path: &Path, reference: &Path, io: &Io, args: &CodegenA
 }
 
 /// `--degrade`, `--degrade-link` and `--degrade-strict`: re-plans the collectives of the
-/// loaded programs; `--fail-device` and `--collective-timeout`: failure injection and
-/// detection.
+/// loaded programs; `--fail-device` and `--timeout`: failure injection and detection.
 fn degrade(loaded: &mut Loaded, opts: &RunOpts) -> Result<()> {
-    if let Some(ms) = opts.collective_timeout {
-        loaded.set_collective_timeout(std::time::Duration::from_millis(ms));
-    }
+    loaded.set_collective_timeout(timeout(opts)?);
     if !opts.degrade.is_empty() || !opts.degrade_link.is_empty() || opts.degrade_strict {
         let deg = meshc::degraded::Degradation::from_args(&loaded.meta.mesh, opts.degrade, opts.degrade_link)
             .context("--degrade")?;
@@ -734,12 +725,16 @@ fn check_against(results: &BTreeMap<String, Tensor>, dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn run_loaded(loaded: &Loaded, io: &Io, opts: &RunOpts) -> Result<()> {
-    let timeout = std::time::Duration::try_from_secs_f64(opts.timeout)
+/// `--timeout`: one bound on every wait for a peer, transfers and collectives alike.
+fn timeout(opts: &RunOpts) -> Result<std::time::Duration> {
+    std::time::Duration::try_from_secs_f64(opts.timeout)
         .ok()
         .filter(|t| !t.is_zero())
-        .ok_or_else(|| anyhow::anyhow!("--timeout {}: expected a positive number of seconds", opts.timeout))?;
-    loaded.set_timeout(timeout);
+        .ok_or_else(|| anyhow!("--timeout {}: expected a positive number of seconds", opts.timeout))
+}
+
+fn run_loaded(loaded: &Loaded, io: &Io, opts: &RunOpts) -> Result<()> {
+    loaded.set_timeout(timeout(opts)?);
     let expected: Vec<(String, TensorType)> =
         loaded.meta.inputs.iter().filter_map(|s| Some((s.name.clone(), s.ty()?))).collect();
     let inputs = read_inputs(&expected, &io.inputs)?;

@@ -471,7 +471,7 @@ fn max_link_bytes_against_the_fault_free_run() {
 #[test]
 fn a_device_that_stops_answering_is_detected_and_named() {
     let start = std::time::Instant::now();
-    let r = run("testdata/mlp/layouts/mp-2x4.json", &["--fail-device", "1,2@0", "--collective-timeout", "200"]);
+    let r = run("testdata/mlp/layouts/mp-2x4.json", &["--fail-device", "1,2@0", "--timeout", "0.2"]);
     assert_eq!(r.status, Some(1), "{r:?}");
     assert_eq!(r.stderr.lines().count(), 1, "{r:?}");
     assert!(
@@ -615,7 +615,7 @@ fn a_silent_device_is_replanned_around_and_the_step_run_again() {
     let d = "testdata/dp_train";
     let (graph, layout, want) =
         (format!("{d}/graph.json"), format!("{d}/layouts/torus-4x4.json"), format!("{d}/expected-degraded"));
-    let mut args = vec!["run", &graph, "--layout", &layout, "--check-against", &want, "--collective-timeout", "200"];
+    let mut args = vec!["run", &graph, "--layout", &layout, "--check-against", &want, "--timeout", "0.2"];
     // expected-degraded leaves out (1,2), (2,1), (3,3) and the link (0,0)-(0,1): (3,3) fails mid-run.
     args.extend(["--degrade", "1,2", "--degrade", "2,1", "--degrade-link", "0,0:0,1", "--fail-device", "3,3@1"]);
     let r = dp_train(&args);
