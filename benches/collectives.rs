@@ -8,19 +8,18 @@
 //! rendezvous, results) through the runner, and a sweep of sizes across the switch between the small- and large-operand
 //! algorithms. Figures are medians of device 0's per-call wall times, measured in this one run.
 
+mod common;
+
 use std::collections::HashMap;
 use std::time::Instant;
 
-use meshc::fabric::{Delivery, Fabric, SMALL_BYTES};
+use common::{median, time_collective};
+
+use meshc::fabric::{Fabric, SMALL_BYTES};
 use meshc::mesh::{Mesh, Topology};
 use meshc::program::{Buffer, Collective, CollectiveOp, Exec, IoSpec, Meta, Program, Reduce, Step, Storage, ALIGN};
-use meshc::runner::{AlignedBuf, Code, Loaded};
+use meshc::runner::{Code, Loaded};
 use meshc_ir::{DType, Tensor, TensorType};
-
-fn median(mut t: Vec<f64>) -> f64 {
-    t.sort_by(f64::total_cmp);
-    t[t.len() / 2]
-}
 
 fn all_reduce(groups: Vec<Vec<usize>>, numel: usize) -> Collective {
     Collective {
@@ -35,59 +34,10 @@ fn all_reduce(groups: Vec<Vec<usize>>, numel: usize) -> Collective {
 /// Every device runs the collective `warmup + iters` times back to back; device 0's wall
 /// time of each of the last `iters` calls.
 fn per_call(mesh: &Mesh, c: &Collective, share: bool, warmup: usize, iters: usize) -> Vec<f64> {
-    let f = Fabric::new(mesh);
-    let numel: usize = c.shape.iter().product();
-    let mut times = Vec::new();
-    std::thread::scope(|s| {
-        let threads: Vec<_> = (0..mesh.devices())
-            .map(|d| {
-                let (f, c) = (&f, &c);
-                s.spawn(move || {
-                    let mut operand = AlignedBuf::zeroed(numel * 4).unwrap();
-                    let bytes = operand.as_mut_slice();
-                    for (i, x) in bytes.chunks_exact_mut(4).enumerate() {
-                        x.copy_from_slice(&((i % 1000 + d) as f32).to_le_bytes());
-                    }
-                    let mut result = AlignedBuf::zeroed(numel * 4).unwrap();
-                    let mut times = Vec::new();
-                    for i in 0..warmup + iters {
-                        let t = Instant::now();
-                        // SAFETY: both buffers live, apart, through the call.
-                        let delivery = unsafe {
-                            f.collective_raw(
-                                d,
-                                c,
-                                operand.as_slice().as_ptr() as *const f32,
-                                result.as_mut_slice().as_mut_ptr() as *mut f32,
-                                share,
-                                None,
-                            )
-                        }
-                        .unwrap();
-                        if i >= warmup {
-                            times.push(t.elapsed().as_secs_f64());
-                        }
-                        let out = match delivery {
-                            // SAFETY: valid until the next call.
-                            Delivery::Shared(p) => unsafe { *p.add(numel - 1) },
-                            Delivery::Written => {
-                                f32::from_le_bytes(result.as_slice()[numel * 4 - 4..].try_into().unwrap())
-                            }
-                        };
-                        std::hint::black_box(out);
-                    }
-                    times
-                })
-            })
-            .collect();
-        for (d, t) in threads.into_iter().enumerate() {
-            let t = t.join().unwrap();
-            if d == 0 {
-                times = t;
-            }
-        }
-    });
-    times
+    let devices: Vec<usize> = (0..mesh.devices()).collect();
+    time_collective(&Fabric::new(mesh), c, &devices, share, (warmup, iters), |_, x| {
+        std::hint::black_box(x);
+    })
 }
 
 /// A one-step program per device: the all_reduce of its input into its output.

@@ -12,21 +12,18 @@
 //! The fault-free case is planned by the same planner with nothing degraded (the
 //! dimension-by-dimension ring all-reduce), so the ratios compare like with like.
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::time::Instant;
+
+use common::{median, time_collective};
 
 use meshc::degraded::{plan, Degradation, Schedule, Topo};
-use meshc::fabric::{Delivery, Fabric};
+use meshc::fabric::Fabric;
 use meshc::mesh::{Mesh, Topology};
 use meshc::program::{Collective, CollectiveOp, Reduce};
-use meshc::runner::AlignedBuf;
 
 const LINK_BYTES_PER_S: f64 = 25e9;
-
-fn median(mut t: Vec<f64>) -> f64 {
-    t.sort_by(f64::total_cmp);
-    t[t.len() / 2]
-}
 
 /// Seconds the schedule takes when every phase lasts as long as its busiest link.
 fn modelled(s: &Schedule) -> f64 {
@@ -59,51 +56,7 @@ fn per_call(topo: &Topo, numel: usize, warmup: usize, iters: usize) -> Vec<f64> 
     };
     let healthy: Vec<usize> = (0..mesh.devices()).filter(|&d| topo.healthy(d)).collect();
     let want: f32 = healthy.iter().map(|&d| ((numel - 1) % 1000 + d) as f32).sum();
-    let (f, c) = (&f, &c);
-    std::thread::scope(|s| {
-        let threads: Vec<_> = healthy
-            .iter()
-            .map(|&d| {
-                s.spawn(move || {
-                    let mut operand = AlignedBuf::zeroed(numel * 4).unwrap();
-                    for (i, x) in operand.as_mut_slice().chunks_exact_mut(4).enumerate() {
-                        x.copy_from_slice(&((i % 1000 + d) as f32).to_le_bytes());
-                    }
-                    let mut result = AlignedBuf::zeroed(numel * 4).unwrap();
-                    let mut times = Vec::new();
-                    for i in 0..warmup + iters {
-                        let t = Instant::now();
-                        // SAFETY: both buffers live, apart, through the call.
-                        let delivery = unsafe {
-                            f.collective_raw(
-                                d,
-                                c,
-                                operand.as_slice().as_ptr() as *const f32,
-                                result.as_mut_slice().as_mut_ptr() as *mut f32,
-                                true,
-                                None,
-                            )
-                        }
-                        .unwrap();
-                        if i >= warmup {
-                            times.push(t.elapsed().as_secs_f64());
-                        }
-                        // The last element is the sum over the healthy devices.
-                        let last = match delivery {
-                            // SAFETY: valid until the next call.
-                            Delivery::Shared(p) => unsafe { *p.add(numel - 1) },
-                            Delivery::Written => {
-                                f32::from_le_bytes(result.as_slice()[numel * 4 - 4..].try_into().unwrap())
-                            }
-                        };
-                        assert_eq!(last, want, "device {d}");
-                    }
-                    times
-                })
-            })
-            .collect();
-        threads.into_iter().map(|t| t.join().unwrap()).next().unwrap_or_default()
-    })
+    time_collective(&f, &c, &healthy, true, (warmup, iters), |d, last| assert_eq!(last, want, "device {d}"))
 }
 
 fn main() {

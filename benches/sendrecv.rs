@@ -11,9 +11,12 @@
 //!   one, the machine had no second core to give a pipeline either), all in this one run;
 //!   the pipelined results are checked against the one-device result.
 
+mod common;
+
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use common::{cpu_seconds, median};
 use meshc::compile::{Compiled, Options};
 use meshc::driver::{self, Dumps};
 use meshc::exchange::Exchange;
@@ -21,11 +24,6 @@ use meshc::program::{Protocol, Transfer};
 use meshc::runner::{AlignedBuf, Code, Loaded};
 use meshc::{codegen, layout};
 use meshc_ir::{params, text, verify, Data, Tensor};
-
-fn median(mut t: Vec<f64>) -> f64 {
-    t.sort_by(f64::total_cmp);
-    t[t.len() / 2]
-}
 
 fn transfer(key: &str, peer: usize, bytes: usize, protocol: Protocol) -> Transfer {
     Transfer { key: key.into(), peer, bytes, protocol }
@@ -175,17 +173,6 @@ fn inputs() -> HashMap<String, Tensor> {
         ("ids".to_string(), Tensor::new(vec![B, S], Data::I32(ids))),
         ("mask".to_string(), Tensor::new(vec![B, 1, 1, S], Data::F32(vec![0.0; B * S]))),
     ])
-}
-
-/// CPU seconds of the whole process so far: the sum over its threads of the time each spent
-/// on a CPU (`/proc/self/task/*/schedstat`, first field, ns); 0 where /proc is missing.
-fn cpu_seconds() -> f64 {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0.0 };
-    let ns: u64 = tasks
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .sum();
-    ns as f64 / 1e9
 }
 
 /// A compiled program's timings: min and median seconds of a run, the cores it kept busy

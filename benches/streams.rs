@@ -21,10 +21,13 @@
 //!    (default `target/bench-out/`): open them in ui.perfetto.dev, one track per device and
 //!    stream.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use common::cpu_seconds;
 use meshc::compile::{Compiled, Options};
 use meshc::driver::{self, Dumps};
 use meshc::passes::buffers::naive_bytes;
@@ -171,18 +174,6 @@ fn transformer_inputs(g: &Graph) -> HashMap<String, Tensor> {
         ("ids".to_string(), Tensor::new(ids.shape, Data::I32(ids_v))),
         ("mask".to_string(), Tensor::new(mask.shape, Data::F32(mask_v))),
     ])
-}
-
-/// CPU time of the whole process so far: the sum over its threads of the nanoseconds each
-/// spent on a CPU (`/proc/self/task/*/schedstat`, first field). The device threads persist
-/// across runs, so differences of this sum measure a run; 0 where /proc is missing.
-fn cpu_seconds() -> f64 {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0.0 };
-    let ns: u64 = tasks
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .sum();
-    ns as f64 / 1e9
 }
 
 fn cores() -> f64 {

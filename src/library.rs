@@ -58,14 +58,7 @@ pub fn matmul_threads(
     out_shape: &[usize],
     threads: usize,
 ) -> Result<()> {
-    // Lengths first: once they match, every product of dims below fits in a usize.
-    for (what, len, shape) in
-        [("operand a", a.len(), a_shape), ("operand b", b.len(), b_shape), ("result", out.len(), out_shape)]
-    {
-        if shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) != Some(len) {
-            bail!("matmul: {what} has {len} elements but shape {shape:?}");
-        }
-    }
+    check_lengths(a, b, out, a_shape, b_shape, out_shape)?;
     let s = MatmulShape::new(a_shape, b_shape, out_shape)?;
     let parallelism = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
     let (m, k, n) = (s.m, s.k, s.n);
@@ -100,6 +93,26 @@ pub fn matmul_threads(
     Ok(())
 }
 
+/// Checks each operand's length against its shape. Lengths first: once they match, every
+/// product of dims after it fits in a usize.
+fn check_lengths(
+    a: &[f32],
+    b: &[f32],
+    out: &[f32],
+    a_shape: &[usize],
+    b_shape: &[usize],
+    out_shape: &[usize],
+) -> Result<()> {
+    for (what, len, shape) in
+        [("operand a", a.len(), a_shape), ("operand b", b.len(), b_shape), ("result", out.len(), out_shape)]
+    {
+        if shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) != Some(len) {
+            bail!("matmul: {what} has {len} elements but shape {shape:?}");
+        }
+    }
+    Ok(())
+}
+
 /// `matmul` with `b` pruned by `mask` (seed 003's conditioned execution): the result is
 /// zeroed, then one GEMM runs per (kept column run, kept row run) of the mask on strided
 /// views of the operands, so pruned columns and rows of `b` cost nothing. `threads`: as
@@ -117,13 +130,7 @@ pub fn matmul_masked(
     mask: &Mask,
     threads: Option<usize>,
 ) -> Result<()> {
-    for (what, len, shape) in
-        [("operand a", a.len(), a_shape), ("operand b", b.len(), b_shape), ("result", out.len(), out_shape)]
-    {
-        if shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) != Some(len) {
-            bail!("matmul: {what} has {len} elements but shape {shape:?}");
-        }
-    }
+    check_lengths(a, b, out, a_shape, b_shape, out_shape)?;
     let s = MatmulShape::new(a_shape, b_shape, out_shape)?;
     let (m, k, n) = (s.m, s.k, s.n);
     if b_shape.len() < 2 || (mask.rows, mask.cols) != (k, n) {
