@@ -70,7 +70,9 @@ fn main() {
         ("4 failed: (1,1), (1,2), (2,1), (2,2)", vec![5, 6, 9, 10]),
     ];
     println!("\n## all_reduce of 16 MiB f32 per device on a 4x4 torus, degraded (median of 21)");
-    println!("Measured on a shared 2-core machine (other developers were compiling): read the ratios.");
+    println!(
+        "Measured on a shared, noisy 2-core machine: read the ratios (each against the fault-free row of this run)."
+    );
     println!("| devices | measured ms | ratio | max link bytes | ratio | modelled ms @25 GB/s | ratio |");
     println!("|---|---|---|---|---|---|---|");
     let mut base = None;
