@@ -233,7 +233,7 @@ fn overlap(label: &str, g: &Graph, info: &Info, params: &HashMap<String, Tensor>
         t[t.len() / 2]
     };
     let medians: Vec<f64> = times.iter_mut().map(median).collect();
-    println!("\n## {label}: median of {runs} interleaved runs (machine shared with other builds)");
+    println!("\n## {label}: median of {runs} interleaved runs (a shared, noisy machine: compare within this table)");
     for (k, (name, file, _)) in configs.iter().enumerate() {
         let (l, on_comm) = &loaded[k];
         let mut trace = Vec::new();
