@@ -290,17 +290,12 @@ proptest! {
     }
 }
 
-fn testdata_inputs(graph: &Path, g: &Graph) -> HashMap<String, Tensor> {
-    let dir = graph.parent().unwrap().join("inputs");
-    g.inputs.iter().map(|i| (i.name.clone(), Tensor::read_npy(&dir.join(format!("{}.npy", i.name))).unwrap())).collect()
-}
-
 #[test]
 fn testdata_graphs_and_layouts_plan_sound_arenas_that_compute_the_same() {
     for graph in common::testdata_graphs() {
         let (g, info) = meshc_ir::load::load(&graph).unwrap();
         let params = meshc_ir::params::load_all(&g, graph.parent().unwrap()).unwrap();
-        let inputs = testdata_inputs(&graph, &g);
+        let inputs = common::testdata_inputs(&graph, &g).unwrap();
         let (arena, naive) =
             check_graph(&g, &info, None, &params, &inputs).unwrap_or_else(|e| panic!("{}: {e}", graph.display()));
         if graph.parent().unwrap().ends_with("transformer") {
@@ -312,7 +307,7 @@ fn testdata_graphs_and_layouts_plan_sound_arenas_that_compute_the_same() {
         let params = meshc_ir::params::load_all(&g, case.graph.parent().unwrap()).unwrap();
         let spec = meshc::layout::load(&case.spec).unwrap();
         let seeds = spec.seed_layouts(&g, &info).unwrap();
-        check_graph(&g, &info, Some((&spec.mesh, seeds)), &params, &testdata_inputs(&case.graph, &g))
+        check_graph(&g, &info, Some((&spec.mesh, seeds)), &params, &common::testdata_inputs(&case.graph, &g).unwrap())
             .unwrap_or_else(|e| panic!("{}: {e}", case.label));
     }
 }
@@ -331,7 +326,7 @@ fn testdata_layouts_through_the_driver_plan_sound_streams() {
             meshc::driver::build(&g, &info, Some(&spec), &params, &opts, &meshc::driver::Dumps::default(), None)
                 .unwrap_or_else(|e| panic!("{}: {e:#}", case.label))
         };
-        let inputs = testdata_inputs(&case.graph, &g);
+        let inputs = common::testdata_inputs(&case.graph, &g).unwrap();
         let want = run(build(Config { single: true, ..Config::default() }), &inputs).unwrap();
         let c = build(Config { compute_streams: 2, comm_always: true, ..Config::default() });
         for p in &c.programs {

@@ -13,11 +13,13 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use common::{compare_expected, golden, input_args, layout_cases, meshc, scratch, LayoutCase};
+use common::{
+    compare_expected, golden, input_args, layout_cases, matches_expected, meshc, scratch, testdata_inputs, LayoutCase,
+};
 use meshc::passes::layout::propagate;
 use meshc::passes::lower::{lower, Lowered};
 use meshc_ir::{Attr, Tensor};
@@ -83,12 +85,6 @@ const COMMUNICATION: &[(&str, &[Stated])] = &[
     ]),
 ];
 
-/// The graph's inputs from `<graph dir>/inputs/<name>.npy`.
-fn inputs(graph: &Path, g: &meshc_ir::Graph) -> Result<HashMap<String, Tensor>> {
-    let dir = graph.parent().unwrap().join("inputs");
-    g.inputs.iter().map(|i| Ok((i.name.clone(), Tensor::read_npy(&dir.join(format!("{}.npy", i.name)))?))).collect()
-}
-
 /// Lowers `c` in-process as `meshc compile` does, and runs the per-device programs on the
 /// reference execution.
 fn lower_and_run(c: &LayoutCase) -> Result<(Lowered, BTreeMap<String, Tensor>)> {
@@ -99,28 +95,8 @@ fn lower_and_run(c: &LayoutCase) -> Result<(Lowered, BTreeMap<String, Tensor>)> 
         Some(p) => meshc::driver::lower_placed(&g, &info, &spec, &p, &Default::default())?,
         None => lower(&g, &info, &propagate(&g, &info, &spec.mesh, spec.seed_layouts(&g, &info)?))?,
     };
-    let results = meshc::mesh_interp::run(&lowered, &params, &inputs(&c.graph, &g)?)?;
+    let results = meshc::mesh_interp::run(&lowered, &params, &testdata_inputs(&c.graph, &g)?)?;
     Ok((lowered, results))
-}
-
-/// Compares `results` with every `<graph dir>/expected/<output>.npy`; no output may be
-/// missing or extra.
-fn matches_expected(graph: &Path, results: &BTreeMap<String, Tensor>) -> Result<(), String> {
-    let dir = graph.parent().unwrap().join("expected");
-    let mut want: Vec<String> = std::fs::read_dir(&dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))?
-        .map(|e| e.unwrap().path().file_stem().unwrap().to_string_lossy().to_string())
-        .collect();
-    want.sort();
-    let got: Vec<String> = results.keys().cloned().collect();
-    if got != want {
-        return Err(format!("outputs {got:?}, expected files for {want:?}"));
-    }
-    for (name, t) in results {
-        let expected = Tensor::read_npy(&dir.join(format!("{name}.npy"))).map_err(|e| e.to_string())?;
-        common::assert_close(&format!("output {name}"), t, &expected)?;
-    }
-    Ok(())
 }
 
 /// The collectives of each device's program, as (op, node, groups).

@@ -369,18 +369,9 @@ fn reference_run(graph: &str, spec: &str) -> Result<(), String> {
     let p = meshc::passes::place::place(&g, &info, &spec).map_err(|e| format!("{e:#}"))?.expect("placed");
     let lowered =
         meshc::driver::lower_placed(&g, &info, &spec, &p, &Default::default()).map_err(|e| format!("{e:#}"))?;
-    let dir = path.parent().unwrap();
-    let inputs = g
-        .inputs
-        .iter()
-        .map(|i| (i.name.clone(), meshc_ir::Tensor::read_npy(&dir.join(format!("inputs/{}.npy", i.name))).unwrap()))
-        .collect();
+    let inputs = common::testdata_inputs(path, &g).map_err(|e| e.to_string())?;
     let got = meshc::mesh_interp::run(&lowered, &params, &inputs).map_err(|e| format!("{e:#}"))?;
-    for (name, t) in &got {
-        let want = meshc_ir::Tensor::read_npy(&dir.join(format!("expected/{name}.npy"))).unwrap();
-        common::assert_close(name, t, &want)?;
-    }
-    Ok(())
+    common::matches_expected(path, &got)
 }
 
 proptest::proptest! {
@@ -418,18 +409,9 @@ fn compiled_run(graph: &str, spec: &str) -> Result<(), String> {
     let code = meshc::runner::Code::Copied(meshc::codegen::ExecCode::new(&c.code).map_err(|e| e.to_string())?);
     let weights = meshc::runner::AlignedBuf::from_bytes(&c.weights).map_err(|e| e.to_string())?;
     let l = meshc::runner::Loaded::new(c.meta, c.programs, code, weights.as_slice()).map_err(|e| format!("{e:#}"))?;
-    let dir = path.parent().unwrap();
-    let inputs = g
-        .inputs
-        .iter()
-        .map(|i| (i.name.clone(), meshc_ir::Tensor::read_npy(&dir.join(format!("inputs/{}.npy", i.name))).unwrap()))
-        .collect();
+    let inputs = common::testdata_inputs(path, &g).map_err(|e| e.to_string())?;
     for _ in 0..2 {
-        let got = l.run(&inputs).map_err(|e| format!("{e:#}"))?;
-        for (name, t) in &got {
-            let want = meshc_ir::Tensor::read_npy(&dir.join(format!("expected/{name}.npy"))).unwrap();
-            common::assert_close(name, t, &want)?;
-        }
+        common::matches_expected(path, &l.run(&inputs).map_err(|e| format!("{e:#}"))?)?;
     }
     Ok(())
 }

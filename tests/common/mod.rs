@@ -133,6 +133,35 @@ pub fn compare_expected(graph: &Path, out_dir: &Path) -> Result<usize, String> {
     Ok(n)
 }
 
+/// The graph's inputs from `<graph dir>/inputs/<name>.npy`.
+pub fn testdata_inputs(graph: &Path, g: &Graph) -> anyhow::Result<std::collections::HashMap<String, meshc_ir::Tensor>> {
+    let dir = graph.parent().unwrap().join("inputs");
+    g.inputs
+        .iter()
+        .map(|i| Ok((i.name.clone(), meshc_ir::Tensor::read_npy(&dir.join(format!("{}.npy", i.name)))?)))
+        .collect()
+}
+
+/// Compares `results` with every `<graph dir>/expected/<output>.npy`; no output may be
+/// missing or extra.
+pub fn matches_expected(graph: &Path, results: &BTreeMap<String, meshc_ir::Tensor>) -> Result<(), String> {
+    let dir = graph.parent().unwrap().join("expected");
+    let mut want: Vec<String> = std::fs::read_dir(&dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .map(|e| e.unwrap().path().file_stem().unwrap().to_string_lossy().to_string())
+        .collect();
+    want.sort();
+    let got: Vec<String> = results.keys().cloned().collect();
+    if got != want {
+        return Err(format!("outputs {got:?}, expected files for {want:?}"));
+    }
+    for (name, t) in results {
+        let expected = meshc_ir::Tensor::read_npy(&dir.join(format!("{name}.npy"))).map_err(|e| e.to_string())?;
+        assert_close(&format!("output {name}"), t, &expected)?;
+    }
+    Ok(())
+}
+
 /// One testdata graph under one of its layout specs.
 pub struct LayoutCase {
     pub graph: PathBuf,
