@@ -317,22 +317,24 @@ struct Gemm<'a> {
     scratch: Value,
 }
 
+/// `kc` rounded up to KU, not as `(kc + KU-1) & -KU`: the optimiser recomputes an op with an
+/// immediate at every use, which would drag all that depends on the result into the
+/// innermost loops.
+fn round_up_ku(k: &mut KernelBuilder, kc: Value) -> Value {
+    let pad = k.b.ins().ineg(kc);
+    let pad = k.b.ins().band_imm_s(pad, KU as i64 - 1);
+    k.b.ins().iadd(kc, pad)
+}
+
 impl Gemm<'_> {
     fn emit(&self, k: &mut KernelBuilder, a: Value, b: Value, c: Value) {
         let MatmulShape { m, k: kk, n, .. } = *self.s;
-        let ap = self.scratch;
-        let bp = k.b.ins().iadd_imm_s(self.scratch, self.blocks.b_offset() as i64);
-        let tile = k.b.ins().iadd_imm_s(self.scratch, self.blocks.tile_offset() as i64);
+        let [ap, bp, tile] = self.scratch_parts(k);
         k.for_const(0, n as i64, NC as i64, |k, jc| {
             let nc = block_len(k, n, jc, NC);
             k.for_const(0, kk as i64, KC as i64, |k, pc| {
                 let kc = block_len(k, kk, pc, KC);
-                // kc rounded up to KU, not as `(kc + KU-1) & -KU`: the optimiser recomputes an
-                // op with an immediate at every use, which would drag all that depends on kcp
-                // into the innermost loops.
-                let pad = k.b.ins().ineg(kc);
-                let pad = k.b.ins().band_imm_s(pad, KU as i64 - 1);
-                let kcp = k.b.ins().iadd(kc, pad);
+                let kcp = round_up_ku(k, kc);
                 let first = k.b.ins().icmp_imm_s(IntCC::Equal, pc, 0);
                 let b_row = k.addr(b, pc, (n * F32) as i64);
                 let b_blk = k.addr(b_row, jc, F32 as i64);
@@ -350,6 +352,13 @@ impl Gemm<'_> {
         });
     }
 
+    /// The scratch space's three parts: packed A, packed B and the edge tile.
+    fn scratch_parts(&self, k: &mut KernelBuilder) -> [Value; 3] {
+        let bp = k.b.ins().iadd_imm_s(self.scratch, self.blocks.b_offset() as i64);
+        let tile = k.b.ins().iadd_imm_s(self.scratch, self.blocks.tile_offset() as i64);
+        [self.scratch, bp, tile]
+    }
+
     /// A masked GEMM's part for one run of kept rows (`a` and `b` at its first row, `depth`
     /// rows, `first` on the first run): the kept column runs (`col_runs` pairs of u32 at
     /// `runs`) are iterated inside each packed A block, so A is packed once per block
@@ -364,15 +373,11 @@ impl Gemm<'_> {
         first_run: Value,
     ) {
         let MatmulShape { m, k: kk, n, .. } = *self.s;
-        let ap = self.scratch;
-        let bp = k.b.ins().iadd_imm_s(self.scratch, self.blocks.b_offset() as i64);
-        let tile = k.b.ins().iadd_imm_s(self.scratch, self.blocks.tile_offset() as i64);
+        let [ap, bp, tile] = self.scratch_parts(k);
         let start = k.iconst(0);
         k.for_range(start, depth, KC as i64, |k, pc| {
             let kc = remaining(k, depth, pc, KC);
-            let pad = k.b.ins().ineg(kc);
-            let pad = k.b.ins().band_imm_s(pad, KU as i64 - 1);
-            let kcp = k.b.ins().iadd(kc, pad);
+            let kcp = round_up_ku(k, kc);
             let first = k.b.ins().icmp_imm_s(IntCC::Equal, pc, 0);
             let first = k.b.ins().band(first, first_run);
             k.for_const(0, m as i64, MC as i64, |k, ic| {
