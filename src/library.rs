@@ -43,9 +43,17 @@ pub fn matmul(
     out_shape: &[usize],
 ) -> Result<()> {
     let macs = a_shape.last().copied().unwrap_or(1).saturating_mul(out_shape.iter().product());
-    let threads =
-        if macs >= PARALLEL_MIN_MACS { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { 1 };
-    matmul_threads(a, b, out, a_shape, b_shape, out_shape, threads)
+    matmul_threads(a, b, out, a_shape, b_shape, out_shape, threads_for(macs))
+}
+
+/// All the machine's cores for a product of `macs` multiply-adds large enough to gain from
+/// them, else one.
+fn threads_for(macs: usize) -> usize {
+    if macs >= PARALLEL_MIN_MACS {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        1
+    }
 }
 
 /// `matmul` on at most `threads` threads (1: on the calling thread only).
@@ -136,12 +144,7 @@ pub fn matmul_masked(
     if b_shape.len() < 2 || (mask.rows, mask.cols) != (k, n) {
         bail!("matmul: a mask of {}x{} matrices on operand b {b_shape:?}", mask.rows, mask.cols);
     }
-    let macs = (m * k * n) as f64 * mask.kept_fraction();
-    let threads = threads.unwrap_or(if macs >= PARALLEL_MIN_MACS as f64 {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    } else {
-        1
-    });
+    let threads = threads.unwrap_or_else(|| threads_for(((m * k * n) as f64 * mask.kept_fraction()) as usize));
     out.fill(0.0);
     if m == 0 || n == 0 {
         return Ok(());
