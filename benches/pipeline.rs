@@ -4,11 +4,14 @@
 //! sizes. Prints a table; figures are best-of-N or median
 //! wall times on this machine, measured in one run.
 
+mod common;
+
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
+use common::testdata_graphs;
 use meshc::compile::{self, Compiled, Options};
 use meshc::runner::{AlignedBuf, Code, Loaded};
 use meshc::{codegen, driver};
@@ -115,16 +118,6 @@ fn kernels() {
         let gbs = 2.0 * bytes as f64 / k / 1e9;
         println!("| {name} | {rows}x{cols} f32 | {:.2} | {gbs:.1} | {:.2} |", k * 1e3, copy_gbs / gbs);
     }
-}
-
-fn testdata_graphs() -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir("testdata")
-        .unwrap()
-        .map(|e| e.unwrap().path().join("graph.json"))
-        .filter(|p| p.is_file())
-        .collect();
-    v.sort();
-    v
 }
 
 fn load_inputs(g: &Graph, graph: &Path) -> HashMap<String, Tensor> {

@@ -16,14 +16,14 @@ mod common;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::{cpu_seconds, median};
+use common::{cpu_seconds, median, transformer, transformer_inputs};
 use meshc::compile::{Compiled, Options};
 use meshc::driver::{self, Dumps};
 use meshc::exchange::Exchange;
 use meshc::program::{Protocol, Transfer};
 use meshc::runner::{AlignedBuf, Code, Loaded};
 use meshc::{codegen, layout};
-use meshc_ir::{params, text, verify, Data, Tensor};
+use meshc_ir::{params, text, verify, Tensor};
 
 fn transfer(key: &str, peer: usize, bytes: usize, protocol: Protocol) -> Transfer {
     Transfer { key: key.into(), peer, bytes, protocol }
@@ -112,51 +112,11 @@ const B: usize = 32;
 const S: usize = 32;
 const E: usize = 256;
 const HEADS: usize = 8;
-const HD: usize = E / HEADS;
 const HIDDEN: usize = 1024;
 const VOCAB: usize = 100;
 
 fn graph() -> String {
-    let p = |name: &str, shape: &str, dims: &str, seed: usize| {
-        format!("  param {name}: f32[{shape}] dims({dims}) = init normal{{seed = {seed}, std = 0.1}}\n")
-    };
-    let mut s = format!("graph transformer_bench {{\n  input ids: i32[{B},{S}] dims(batch, seq)\n");
-    s += &format!("  input mask: f32[{B},1,1,{S}] dims(batch, _, _, seq)\n");
-    s += &p("emb", &format!("{VOCAB},{E}"), "vocab, embed", 1);
-    s += &p("pos", &format!("{S},{E}"), "seq, embed", 2);
-    s +=
-        &format!("  param ln1_g: f32[{E}] dims(embed) = init ones\n  param ln1_b: f32[{E}] dims(embed) = init zeros\n");
-    for (i, w) in ["wq", "wk", "wv"].iter().enumerate() {
-        s += &p(w, &format!("{E},{E}"), "embed, qkv", 3 + i);
-        s += &p(&format!("b{}", &w[1..]), &E.to_string(), "qkv", 6 + i);
-    }
-    s += &format!("  param scale: f32[] = value {}\n", 1.0 / (HD as f64).sqrt());
-    s += &p("wo", &format!("{E},{E}"), "qkv, embed", 9);
-    s += &p("bo", &E.to_string(), "embed", 10);
-    s +=
-        &format!("  param ln2_g: f32[{E}] dims(embed) = init ones\n  param ln2_b: f32[{E}] dims(embed) = init zeros\n");
-    s += &p("w_ff1", &format!("{E},{HIDDEN}"), "embed, hidden", 11);
-    s += &p("b_ff1", &HIDDEN.to_string(), "hidden", 12);
-    s += &p("w_ff2", &format!("{HIDDEN},{E}"), "hidden, embed", 13);
-    s += &p("b_ff2", &E.to_string(), "embed", 14);
-    s += "  tok = gather(emb, ids) {axis = 0}\n  x0 = add(tok, pos)\n";
-    s += "  h = layer_norm(x0, ln1_g, ln1_b) {axis = -1, eps = 1e-12}\n";
-    for x in ["q", "k", "v"] {
-        s += &format!("  {x} = matmul(h, w{x})\n  {x}_b = add({x}, b{x})\n");
-        s += &format!(
-            "  {x}_r: ? dims(batch, seq, heads, head_dim) = reshape({x}_b) {{shape = [{B}, {S}, {HEADS}, {HD}]}}\n"
-        );
-        s += &format!("  {x}_h = transpose({x}_r) {{perm = [0, 2, 1, 3]}}\n");
-    }
-    s += "  k_t = transpose(k_h) {perm = [0, 1, 3, 2]}\n  scores = matmul(q_h, k_t)\n  scaled = mul(scores, scale)\n";
-    s += "  masked = add(scaled, mask)\n  probs = softmax(masked) {axis = -1}\n  ctx = matmul(probs, v_h)\n";
-    s += &format!(
-        "  ctx_t = transpose(ctx) {{perm = [0, 2, 1, 3]}}\n  ctx_r = reshape(ctx_t) {{shape = [{B}, {S}, -1]}}\n"
-    );
-    s += "  o = matmul(ctx_r, wo)\n  o_b = add(o, bo)\n  res1 = add(h, o_b)\n";
-    s += "  h2 = layer_norm(res1, ln2_g, ln2_b)\n  f1 = matmul(h2, w_ff1)\n  f1_b = add(f1, b_ff1)\n";
-    s += "  f1_a = gelu(f1_b)\n  f2 = matmul(f1_a, w_ff2)\n  f2_b = add(f2, b_ff2)\n  y = add(h2, f2_b)\n  output y\n}\n";
-    s
+    transformer(B, S, E, HEADS, HIDDEN, VOCAB)
 }
 
 fn build(spec: Option<&str>) -> Compiled {
@@ -168,11 +128,7 @@ fn build(spec: Option<&str>) -> Compiled {
 }
 
 fn inputs() -> HashMap<String, Tensor> {
-    let ids = (0..B * S).map(|i| ((i * 7919) % VOCAB) as i32).collect();
-    HashMap::from([
-        ("ids".to_string(), Tensor::new(vec![B, S], Data::I32(ids))),
-        ("mask".to_string(), Tensor::new(vec![B, 1, 1, S], Data::F32(vec![0.0; B * S]))),
-    ])
+    transformer_inputs(&text::parse(&graph()).expect("bench graph parses"))
 }
 
 /// A compiled program's timings: min and median seconds of a run, the cores it kept busy

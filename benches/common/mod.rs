@@ -1,14 +1,17 @@
 //! Helpers shared by the bench binaries (each includes this file as `mod common`): medians,
-//! the process's CPU time, and timing a collective on device threads that meet in the
-//! fabric exactly as the runner's do.
+//! the process's CPU time, timing a collective on device threads that meet in the fabric
+//! exactly as the runner's do, the testdata graphs, and a transformer block of any size.
 
 #![allow(dead_code)] // each bench uses its own subset
 
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::time::Instant;
 
 use meshc::fabric::{Delivery, Fabric};
 use meshc::program::Collective;
 use meshc::runner::AlignedBuf;
+use meshc_ir::{Data, Graph, Tensor};
 
 pub fn median(mut t: Vec<f64>) -> f64 {
     t.sort_by(f64::total_cmp);
@@ -84,4 +87,98 @@ pub fn time_collective(
             .collect();
         threads.into_iter().map(|t| t.join().unwrap()).next().unwrap_or_default()
     })
+}
+
+/// Every `testdata/<name>/graph.json`, sorted.
+pub fn testdata_graphs() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir("testdata")
+        .unwrap()
+        .filter_map(|e| Some(e.ok()?.path().join("graph.json")))
+        .filter(|p| p.exists())
+        .collect();
+    v.sort();
+    v
+}
+
+/// The testdata transformer block's text at another size: the same ops and dim names, params
+/// drawn from seeded normals.
+pub fn transformer(b: usize, s: usize, d: usize, heads: usize, f: usize, vocab: usize) -> String {
+    let hd = d / heads;
+    let std = |n: usize| 1.0 / (n as f64).sqrt();
+    format!(
+        "graph transformer_{b}x{s}x{d} {{
+  input ids: i32[{b},{s}] dims(batch, seq)
+  input mask: f32[{b},1,1,{s}] dims(batch, _, _, seq)
+  param emb: f32[{vocab},{d}] dims(vocab, embed) = init normal{{seed = 1, std = 0.5}}
+  param pos: f32[{s},{d}] dims(seq, embed) = init normal{{seed = 2, std = 0.5}}
+  param ln1_g: f32[{d}] dims(embed) = init ones
+  param ln1_b: f32[{d}] dims(embed) = init zeros
+  param wq: f32[{d},{d}] dims(embed, qkv) = init normal{{seed = 3, std = {sd}}}
+  param bq: f32[{d}] dims(qkv) = init zeros
+  param wk: f32[{d},{d}] dims(embed, qkv) = init normal{{seed = 4, std = {sd}}}
+  param bk: f32[{d}] dims(qkv) = init zeros
+  param wv: f32[{d},{d}] dims(embed, qkv) = init normal{{seed = 5, std = {sd}}}
+  param bv: f32[{d}] dims(qkv) = init zeros
+  param scale: f32[] = value {scale}
+  param wo: f32[{d},{d}] dims(qkv, embed) = init normal{{seed = 6, std = {sd}}}
+  param bo: f32[{d}] dims(embed) = init zeros
+  param ln2_g: f32[{d}] dims(embed) = init ones
+  param ln2_b: f32[{d}] dims(embed) = init zeros
+  param w_ff1: f32[{d},{f}] dims(embed, hidden) = init normal{{seed = 7, std = {sd}}}
+  param b_ff1: f32[{f}] dims(hidden) = init zeros
+  param w_ff2: f32[{f},{d}] dims(hidden, embed) = init normal{{seed = 8, std = {sf}}}
+  param b_ff2: f32[{d}] dims(embed) = init zeros
+  tok = gather(emb, ids) {{axis = 0}}
+  x0 = add(tok, pos)
+  h = layer_norm(x0, ln1_g, ln1_b) {{axis = -1, eps = 1e-12}}
+  q = matmul(h, wq)
+  q_b = add(q, bq)
+  q_r: ? dims(batch, seq, heads, head_dim) = reshape(q_b) {{shape = [{b}, {s}, {heads}, {hd}]}}
+  q_h = transpose(q_r) {{perm = [0, 2, 1, 3]}}
+  k = matmul(h, wk)
+  k_b = add(k, bk)
+  k_r: ? dims(batch, seq, heads, head_dim) = reshape(k_b) {{shape = [{b}, {s}, {heads}, {hd}]}}
+  k_h = transpose(k_r) {{perm = [0, 2, 1, 3]}}
+  v = matmul(h, wv)
+  v_b = add(v, bv)
+  v_r: ? dims(batch, seq, heads, head_dim) = reshape(v_b) {{shape = [{b}, {s}, {heads}, {hd}]}}
+  v_h = transpose(v_r) {{perm = [0, 2, 1, 3]}}
+  k_t = transpose(k_h) {{perm = [0, 1, 3, 2]}}
+  scores = matmul(q_h, k_t)
+  scaled = mul(scores, scale)
+  masked = add(scaled, mask)
+  probs = softmax(masked) {{axis = -1}}
+  ctx = matmul(probs, v_h)
+  ctx_t = transpose(ctx) {{perm = [0, 2, 1, 3]}}
+  ctx_r: ? dims(batch, seq, qkv) = reshape(ctx_t) {{shape = [{b}, {s}, -1]}}
+  o = matmul(ctx_r, wo)
+  o_b = add(o, bo)
+  res1 = add(h, o_b)
+  h2 = layer_norm(res1, ln2_g, ln2_b)
+  f1: ? dims(batch, seq, hidden) = matmul(h2, w_ff1)
+  f1_b = add(f1, b_ff1)
+  f1_a = gelu(f1_b)
+  f2 = matmul(f1_a, w_ff2)
+  f2_b = add(f2, b_ff2)
+  y: ? dims(batch, seq, embed) = add(h2, f2_b)
+  output y
+}}",
+        sd = std(d),
+        sf = std(f),
+        scale = 1.0 / (hd as f64).sqrt(),
+    )
+}
+
+/// Inputs for `transformer`: token ids spread over the vocabulary, a mask that hides one
+/// position in seven.
+pub fn transformer_inputs(g: &Graph) -> HashMap<String, Tensor> {
+    let ty = |n: &str| g.inputs.iter().find(|i| i.name == n).unwrap().ty.clone();
+    let (ids, mask) = (ty("ids"), ty("mask"));
+    let vocab = g.params.iter().find(|p| p.name == "emb").unwrap().ty.shape[0];
+    let ids_v: Vec<i32> = (0..ids.numel()).map(|i| ((i * 7919) % vocab) as i32).collect();
+    let mask_v: Vec<f32> = (0..mask.numel()).map(|i| if i % 7 == 6 { -1e9 } else { 0.0 }).collect();
+    HashMap::from([
+        ("ids".to_string(), Tensor::new(ids.shape, Data::I32(ids_v))),
+        ("mask".to_string(), Tensor::new(mask.shape, Data::F32(mask_v))),
+    ])
 }
