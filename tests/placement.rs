@@ -359,13 +359,22 @@ fn random_placement(graph: &str, rows: usize, cols: usize, picks: &[u8], rules: 
     )
 }
 
-/// Places, lowers and joins `graph` under `spec` in-process and runs the per-device programs
-/// on the reference execution (transfers included); compares with expected/.
-fn reference_run(graph: &str, spec: &str) -> Result<(), String> {
+type Case =
+    (meshc_ir::Graph, meshc_ir::verify::Info, std::collections::HashMap<String, meshc_ir::Tensor>, meshc::layout::Spec);
+
+/// The testdata `graph` with its params, and the layout spec text `spec`.
+fn load_case(graph: &str, spec: &str) -> Result<Case, String> {
     let path = std::path::Path::new(graph);
     let (g, info) = meshc_ir::load::load(path).map_err(|e| e.to_string())?;
     let params = meshc_ir::params::load_all(&g, path.parent().unwrap()).map_err(|e| e.to_string())?;
     let spec = meshc::layout::parse(spec, "random.json").map_err(|e| e.to_string())?;
+    Ok((g, info, params, spec))
+}
+
+/// Places, lowers and joins `graph` under `spec` in-process and runs the per-device programs
+/// on the reference execution (transfers included); compares with expected/.
+fn reference_run(graph: &str, spec: &str) -> Result<(), String> {
+    let (path, (g, info, params, spec)) = (std::path::Path::new(graph), load_case(graph, spec)?);
     let p = meshc::passes::place::place(&g, &info, &spec).map_err(|e| format!("{e:#}"))?.expect("placed");
     let lowered =
         meshc::driver::lower_placed(&g, &info, &spec, &p, &Default::default()).map_err(|e| format!("{e:#}"))?;
@@ -399,10 +408,7 @@ proptest::proptest! {
 
 /// As `reference_run`, compiled and run by the runner (device threads, the exchange).
 fn compiled_run(graph: &str, spec: &str) -> Result<(), String> {
-    let path = std::path::Path::new(graph);
-    let (g, info) = meshc_ir::load::load(path).map_err(|e| e.to_string())?;
-    let params = meshc_ir::params::load_all(&g, path.parent().unwrap()).map_err(|e| e.to_string())?;
-    let spec = meshc::layout::parse(spec, "random.json").map_err(|e| e.to_string())?;
+    let (path, (g, info, params, spec)) = (std::path::Path::new(graph), load_case(graph, spec)?);
     let opts = meshc::compile::Options::default();
     let c = meshc::driver::build(&g, &info, Some(&spec), &params, &opts, &Default::default(), None)
         .map_err(|e| format!("{e:#}"))?;
