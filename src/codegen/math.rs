@@ -12,12 +12,14 @@
 //! - `tanh`: −expm1(−2|x|)/(expm1(−2|x|) + 2) with the sign of x; the expm1 form keeps small
 //!   |x| accurate without a second polynomial.
 //! - `erf`: x·P5(x²)/Q5(x²) with x clamped to ±3.92 (where erf is ±1 in f32): one rational
-//!   over the whole range, no exponential and no branches.
+//!   over the whole range, no exponential and no branches; Q monic (its Horner chain starts
+//!   with an addition), fitted by `tools/fit_erf.py`, whose table of lower degrees shows why
+//!   not fewer terms: their f64 error alone would exceed the f32 evaluation's.
 //! - `sigmoid`: 1/(1 + exp(−x)).
 //! - `gelu` (exact): x·Φ(x) with Φ = ½ + ½erf(x/√2) from the same rational (x clamped to
 //!   ±5.6, where Φ is 0 or 1 in f32). Accurate relative to the result for x >= −1; below,
 //!   Φ is a small difference of numbers near ½ and its error is absolute (a few roundings of
-//!   ½, times |x|): 1e-6 at most, about a tenth of the project tolerance's absolute term
+//!   ½, times |x|): 9e-7 at most, about a tenth of the project tolerance's absolute term
 //!   (1e-5), and gelu(x) is −0 below −5.6 where the true value is above −6e-8. The former
 //!   form, x·½erfc(−x/√2) through an exponential, kept relative accuracy down to the
 //!   subnormals with 3.6 times the instructions (the fused gelu chain ran 3 times slower).
@@ -38,9 +40,9 @@
 //! f32, so 1.2e-7 means one ulp off the correctly rounded result), 1e5 points each, on the
 //! FMA and non-FMA targets, vector and scalar forms alike (test `max_error_sweeps`, which
 //! asserts these bounds with a little slack): exp, log, rsqrt 1.2e-7; sigmoid 1.6e-7;
-//! tanh 2.0e-7; erf 4.2e-7 (the rational's f32 evaluation: a few roundings of values near
+//! tanh 2.0e-7; erf 3.0e-7 (the rational's f32 evaluation: a few roundings of values near
 //! 1); pow 1.2e-7 for |b·ln a| up to 80 with moderate a and b, 3.4e-7 with |b| up to 120;
-//! gelu 4.7e-7 for x >= −1 and at most 1e-6 absolute below (see
+//! gelu 3.7e-7 for x >= −1 and at most 8.7e-7 absolute below (see
 //! above); gelu's tanh form 2.8e-7 for x >= −1, then growing as 1.3e-7·|y| with
 //! y = 2√(2/π)(x + 0.044715x³) (the rounding of that argument): 9e-7 at x = −3, 1.3e-5 at
 //! x = −10 where results are 1e-38.
@@ -62,24 +64,27 @@ const EXPM1: [f32; 5] = [0.5, 0.16666548, 0.041666854, 0.008366058, 0.0013898229
 const LOG1P: [f32; 9] =
     [0.333333, -0.2500001, 0.20002905, -0.16668601, 0.1420611, -0.12387539, 0.11960279, -0.118062034, 0.0675385];
 /// erf(x)/x = P(x²)/Q(x²) on [0, 4]: minimax for relative error, 2.5e-8 in f64 (these are
-/// the f64 coefficients; each use rounds them to f32 after any rescaling). Beyond 4, erf is 1
-/// in f32. Both erf and Φ − ½ = ½erf(x/√2) (GELU) use it, Φ's coefficients rescaled.
+/// the f64 coefficients of `tools/fit_erf.py`; each use rounds them to f32 after any
+/// rescaling). Beyond 4, erf is 1 in f32. Both erf and Φ − ½ = ½erf(x/√2) (GELU) use it, Φ's
+/// coefficients rescaled. Q is monic, so its Horner chain starts with an addition, and lower
+/// degrees are not accurate enough: (4, 5) is at 3.5e-7 and (5, 4) at 6.8e-7 in f64, more
+/// than the f32 evaluation's own error (the script prints the table).
 const ERF_P: [f64; 6] = [
-    1.1283791393013638,
-    0.1935458497878151,
-    0.05310185548418252,
-    0.0038833800703130623,
-    0.0002845671133526513,
-    1.986781138197636e-06,
+    30154.39408027222,
+    5172.232909481946,
+    1419.0720811349504,
+    103.77717951729163,
+    7.60462204479449,
+    0.05309381786237195,
 ];
 const ERF_Q: [f64; 6] =
-    [1.0, 0.5048580987256436, 0.11535033090902913, 0.015207321944278448, 0.0011855807019970559, 3.742022666860843e-05];
+    [26723.636612411494, 13491.63015711747, 3082.5732460007057, 406.39329373622957, 31.682766752688096, 1.0];
 /// Where the clamped argument stops: the first floats past erf's (and Φ's) rounding to 1 at
 /// which the f32 evaluation below gives exactly erf = ±1 (Φ − ½ = ±½), with and without FMA
-/// (found by evaluating every float from 3.92 and 5.6 up both ways; checked by the test
+/// (searched by `tools/fit_erf.py`, which emulates both evaluations; checked by the test
 /// `rational_caps_saturate_exactly`), so results past the cap are exactly ±1, x and −0.
-const ERF_CAP: f32 = 3.920_004; // 0x407ae158
-const PHI_CAP: f32 = 5.600_004; // 0x40b3333c
+const ERF_CAP: f32 = 3.9200027; // 0x407ae153
+const PHI_CAP: f32 = 5.6000004; // 0x40b33334
 /// e^r on |r| <= ln2/2 (Horner, degree 5), relative error 9.2e-8 with these f32 coefficients
 /// (fitted one at a time after rounding the previous ones): the exponential of GELU's tanh
 /// form, whose argument already carries a larger rounding error.
@@ -459,10 +464,17 @@ impl<'r, 'f> Math<'r, 'f> {
     }
 
     /// c[0] + c[1]·x + …: Horner's rule, the fewest operations (and NaN-free when x is
-    /// large: every step keeps the sign of the leading term).
+    /// large: every step keeps the sign of the leading term). A monic polynomial starts with
+    /// an addition, which leaves the multiply pipes that bound these kernels.
     fn horner(&mut self, x: Value, c: &[f32]) -> Value {
         let (&last, rest) = c.split_last().expect("non-empty polynomial");
-        let mut r = self.c(last);
+        let (mut r, rest) = match rest.split_last() {
+            Some((&next, rest)) if last == 1.0 => {
+                let next = self.c(next);
+                (self.b.ins().fadd(x, next), rest)
+            }
+            _ => (self.c(last), rest),
+        };
         for &k in rest.iter().rev() {
             let k = self.c(k);
             r = self.madd(r, x, k);
@@ -474,10 +486,15 @@ impl<'r, 'f> Math<'r, 'f> {
     /// (s, d = 1, 1 for erf; ½, 2 for Φ − ½). One formula over the whole range: no
     /// branches, no exponential; the clamp makes the result saturate exactly (see ERF_CAP).
     fn erf_rational(&mut self, x: Value, s: f64, d: f64, cap: f32) -> Value {
+        // x → x/√d divides the k-th coefficients by d^k; multiplying both polynomials by d^5
+        // (exact for d = 2) keeps Q monic.
         let scaled = |c: &[f64; 6], s: f64| -> Vec<f32> {
-            c.iter().enumerate().map(|(k, &c)| (c * s / d.powi(k as i32)) as f32).collect()
+            c.iter().enumerate().map(|(k, &c)| (c * s * d.powi(5 - k as i32)) as f32).collect()
         };
         let (p, q) = (scaled(&ERF_P, s / d.sqrt()), scaled(&ERF_Q, 1.0));
+        // The clamp stays a minps/maxps pair: an unsigned integer minimum of |x|'s bits
+        // (pminud, the sign put back by logic ops) leaves the FMA pipes freer but was 2%
+        // slower in L1 (as C intrinsics on Zen 5) and no faster in the streaming bench.
         let xc = self.clamp_max(x, cap);
         let xc = self.clamp_min(xc, -cap);
         let z = self.b.ins().fmul(xc, xc);
@@ -491,11 +508,11 @@ impl<'r, 'f> Math<'r, 'f> {
         self.erf_rational(x, 1.0, 1.0, ERF_CAP)
     }
 
-    /// x·Φ(x) with Φ = ½ + ½erf(x/√2) from the rational erf: 17 vector operations
-    /// instead of an erfc with its exponential and division. The price is in the negative
-    /// tail, where Φ is a difference of nearly equal numbers: the error there is absolute,
-    /// a few f32 roundings of ½ times |x| (at most 1e-6, near x = −5.5), and results below
-    /// −PHI_CAP are −0 (the true values are above −6e-8 there).
+    /// x·Φ(x) with Φ = ½ + ½erf(x/√2) from the rational erf: 17 vector operations (9 of
+    /// them multiply-adds) instead of an erfc with its exponential and division. The price is
+    /// in the negative tail, where Φ is a difference of nearly equal numbers: the error there
+    /// is absolute, a few f32 roundings of ½ times |x| (at most 9e-7, near x = −5.4), and
+    /// results below −PHI_CAP are −0 (the true values are above −6e-8 there).
     pub fn gelu_erf(&mut self, x: Value) -> Value {
         let e = self.erf_rational(x, 0.5, 2.0, PHI_CAP);
         let half = self.c(0.5);
