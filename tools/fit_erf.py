@@ -6,7 +6,8 @@ Run from the repository root:  python3 tools/fit_erf.py [M N]   (needs numpy and
 erf(x)/x = P(z)/Q(z), z = x², on x in [0, 4] (erf is 1 in f32 beyond 3.92, and Φ − ½ =
 ½erf(x/√2) needs x/√2 up to 5.6/√2 = 3.96): P of degree M, Q of degree N (5 5 by default),
 minimax for relative error. Without arguments it first prints the f64 minimax error of a few
-lower degrees, the trade-off behind the choice of (5, 5).
+lower degrees, the trade-off behind the choice of (5, 5), and how far each is from GELU's
+error budget when fitted for GELU alone (`gelu_weight`).
 
 The fit is Loeb's linearisation P − f·Q ≈ 0 weighted by 1/(f·Q_previous), with Lawson's
 reweighting (each point's weight times its error) driving the least-squares solutions to
@@ -15,12 +16,12 @@ equioscillation; on a dense Chebyshev grid, computed in f64 against mpmath's erf
 For the chosen degree it prints the f64 tables of math.rs with Q made monic (its leading
 coefficient 1, so the first Horner step is an addition, not a fused multiply-add); math.rs
 rounds them to f32 for erf, and for Φ − ½ after rescaling (x → x/√2, times ½), as `tables`
-does here. Then it emulates the kernel's f32
-evaluation, n = xc·P(z), n/Q(z), with and without FMA (an FMA rounds once; emulated
-exactly), and searches the caps: the first float at or past the point where erf rounds to 1
-in f32 (3.92; Φ: 5.6) at which both evaluations give exactly 1 (Φ − ½: ½), so that the
-clamped results saturate exactly. Finally it reports the emulated max relative error of
-erf on [0, 4] (the Rust test `max_error_sweeps` measures the real code).
+does here. Then it emulates the kernel's f32 evaluation, n = xc·P(z), n/Q(z), with and
+without FMA (an FMA rounds once; emulated exactly), and searches the caps: the first float
+at or past the point where erf rounds to 1 in f32 (3.92; Φ: 5.6) at which both evaluations
+give exactly 1 (Φ − ½: ½), so that the clamped results saturate exactly. Finally it
+reports the emulated max relative error of erf on [0, 4] (the Rust test `max_error_sweeps`
+measures the real code).
 """
 
 import sys
@@ -44,8 +45,29 @@ def grid():
     return x, np.array([erf_over_x(mpmath.mpf(float(v))) for v in x])
 
 
-def fit(m, n, x, f, iters=400):
-    """p (m+1), q (n+1, q[0] = 1) in z = x², minimax relative; and the max relative error."""
+# What GELU's tests leave to the rational once the f32 evaluation has taken its share (about
+# 3.7e-7 of 5.5e-7 relative for x >= −1, 8.7e-7 of 1.2e-6 absolute below): 1.5e-7 relative
+# in Φ, 3e-7 absolute in x·Φ.
+PHI_RELATIVE, GELU_ABSOLUTE = 1.5e-7, 3e-7
+
+
+def gelu_weight(u):
+    """Weights on erf(u)/u's error that make 1 GELU's budget: Φ − ½ = ½u·(erf(u)/u) at
+    x = u√2 is relative to Φ(±x) for |x| <= 1, to Φ(x) and absolute times |x| beyond."""
+    w = []
+    for v in u:
+        t = float(v) * np.sqrt(2)
+        if t <= 1:
+            tail = 1 / float(mpmath.ncdf(-t))
+        else:
+            tail = max(1 / float(mpmath.ncdf(t)), t * PHI_RELATIVE / GELU_ABSOLUTE)
+        w.append(float(v) / 2 * tail / PHI_RELATIVE)
+    return np.array(w)
+
+
+def fit(m, n, x, f, iters=400, weight=None):
+    """p (m+1), q (n+1, q[0] = 1) in z = x², minimax for the error times `weight` (relative
+    error by default); and that max error."""
     t = (x / X_MAX) ** 2  # z scaled to [0, 1] for conditioning
     vp = np.vander(t, m + 1, increasing=True)
     vq = np.vander(t, n + 1, increasing=True)[:, 1:]
@@ -54,11 +76,12 @@ def fit(m, n, x, f, iters=400):
     qprev = np.ones_like(t)
     best = (np.inf, None, None)
     for _ in range(iters):
-        s = np.sqrt(w) / (f * qprev)
+        s = np.sqrt(w) / (f * qprev) if weight is None else np.sqrt(w) * weight / qprev
         c, *_ = np.linalg.lstsq(a * s[:, None], f * s, rcond=None)
         p, q = c[: m + 1], np.concatenate([[1.0], c[m + 1 :]])
         qprev = np.polynomial.polynomial.polyval(t, q)
-        err = (np.polynomial.polynomial.polyval(t, p) / qprev - f) / f
+        err = np.polynomial.polynomial.polyval(t, p) / qprev - f
+        err = err / f if weight is None else err * weight
         e = np.max(np.abs(err))
         if e < best[0]:
             best = (e, p, q)
@@ -149,9 +172,11 @@ def main():
         m, n = int(sys.argv[1]), int(sys.argv[2])
     else:
         m, n = 5, 5
-        print("f64 minimax relative error of erf(x)/x = P(z)/Q(z) on [0, 4], by degree (M, N):")
+        print("erf(x)/x = P(z)/Q(z) on [0, 4] by degree (M, N): f64 minimax relative error, and")
+        print("the error of a fit weighted for GELU alone in units of its budget (1 = all of it):")
+        gw = gelu_weight(x)
         for dm, dn in [(5, 5), (5, 4), (4, 5), (6, 3), (3, 6), (4, 4), (4, 3), (3, 3)]:
-            print(f"  ({dm}, {dn}): {fit(dm, dn, x, f)[2]:.2e}")
+            print(f"  ({dm}, {dn}): {fit(dm, dn, x, f)[2]:.2e}  {fit(dm, dn, x, f, weight=gw)[2]:.2f}")
     p, q, e = fit(m, n, x, f)
     print(f"\n({m}, {n}): f64 max relative error {e:.2e}")
     p, q = monic(p, q)
