@@ -166,7 +166,7 @@ fn cranelift(
     let secs = best(reps, || {
         // SAFETY: the kernel was compiled for this host; every buffer has the size and
         // alignment the kernel ABI asks for.
-        status = unsafe { exec.kernel(0)(bufs.as_ptr()) };
+        status = unsafe { exec.kernel(0)(bufs.as_ptr(), 0, 1) };
     });
     if status != 0 {
         bail!("kernel returned status {status}");
@@ -185,7 +185,8 @@ fn library_time(
     let mut out = Buf::new(m * n * 4);
     let (a, b, c) = (a.f32s(m * k), b.f32s(k * n), out.f32s_mut(m * n));
     let mut res = Ok(());
-    let secs = best(reps, || res = library::matmul_threads(a, b, c, &[m, k], &[k, n], &[m, n], threads));
+    let secs =
+        best(reps, || res = library::matmul(a, b, c, &[m, k], &[k, n], &[m, n], library::Threads::Exactly(threads)));
     res?;
     Ok((secs, c.to_vec()))
 }

@@ -18,7 +18,7 @@ use memmap2::{Mmap, MmapOptions};
 /// The first 8 bytes of every artifact.
 pub const MAGIC: [u8; 8] = *b"MESHC\0AR";
 /// The format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Sections start at multiples of this many bytes, so each can be mapped on its own.
 pub const PAGE: usize = 4096;
 /// Section flag: the section's checksum is checked by `Verify::All` or
@@ -694,8 +694,12 @@ mod tests {
         assert!(err(b"\x7fELF\x02\x01\x01\0 and so on", Verify::All).ends_with("not a meshc artifact (bad magic)"));
         assert!(err(b"MESHX", Verify::All).ends_with("not a meshc artifact (bad magic)"));
         let mut b = sample().to_vec();
-        b[8] = 2;
-        assert!(err(&b, Verify::All).ends_with("unsupported artifact format version 2 (this build reads version 1)"));
+        // Version 1 (kernels without `part`/`parts`) as well as any later one.
+        for (v, name) in [(1u8, "1"), (3, "3")] {
+            b[8] = v;
+            let want = format!("unsupported artifact format version {name} (this build reads version 2)");
+            assert!(err(&b, Verify::All).ends_with(&want));
+        }
         let t = TempFile::new();
         std::fs::create_dir(&t.0).unwrap();
         assert!(err_at(&t.0).ends_with("not a regular file"));

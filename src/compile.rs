@@ -414,6 +414,7 @@ impl Builder {
                 } else {
                     (generate(&self.target, node, &operand_types, out)?, node.inputs.clone())
                 };
+                let (parts, scratch) = (generated.parts, generated.scratch);
                 let bytes =
                     codegen::compile(&self.target, generated.func).with_context(|| format!("node '{}'", node.name))?;
                 // Identical kernels (e.g. the q, k and v projections, or the same op on
@@ -426,10 +427,10 @@ impl Builder {
                     (offset, bytes.len())
                 });
                 let k = *kernel_of.entry(offset).or_insert_with(|| {
-                    kernels.push(Kernel { name: kernel_name(node), offset, len });
+                    kernels.push(Kernel { name: kernel_name(node), offset, len, parts });
                     kernels.len() - 1
                 });
-                (Exec::Kernel(k), operands, generated.scratch)
+                (Exec::Kernel(k), operands, scratch)
             };
             let mut buffers = vec![bufs.arena(&node.name, out.size_bytes())];
             buffers.extend(operands.iter().map(|o| bufs.get(o)));

@@ -449,7 +449,8 @@ fn program_report(s: &mut String, p: &Program) -> Result<()> {
     )?;
     writeln!(s, "kernels:")?;
     for (i, k) in p.kernels.iter().enumerate() {
-        writeln!(s, "  k{i:<3} {:<32} offset {:>7}  {:>6} bytes", k.name, k.offset, k.len)?;
+        let parts = if k.parts > 1 { format!("  {} parts", k.parts) } else { String::new() };
+        writeln!(s, "  k{i:<3} {:<32} offset {:>7}  {:>6} bytes{parts}", k.name, k.offset, k.len)?;
     }
     writeln!(s, "buffers:")?;
     for (i, b) in p.buffers.iter().enumerate() {

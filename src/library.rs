@@ -32,8 +32,27 @@ use crate::mask::Mask;
 /// 4096×64×64 in 340 µs on 1 and 190 µs on 2).
 const PARALLEL_MIN_MACS: usize = 1 << 22;
 
-/// `out = a @ b` (numpy `matmul`, f32, batch dims broadcast): on all the machine's cores when
-/// the product is large enough to gain from them, else on the calling thread.
+/// How many threads a library call runs on.
+#[derive(Clone, Copy, Debug)]
+pub enum Threads {
+    /// Exactly this many (1: the calling thread only).
+    Exactly(usize),
+    /// As many as the work gains from (`PARALLEL_MIN_MACS`), up to this many.
+    UpTo(usize),
+}
+
+impl Threads {
+    /// The threads for a product of `macs` multiply-adds.
+    fn pick(self, macs: usize) -> usize {
+        match self {
+            Threads::Exactly(n) => n.max(1),
+            Threads::UpTo(n) if macs >= PARALLEL_MIN_MACS => n.max(1),
+            Threads::UpTo(_) => 1,
+        }
+    }
+}
+
+/// `out = a @ b` (numpy `matmul`, f32, batch dims broadcast) on `threads`.
 pub fn matmul(
     a: &[f32],
     b: &[f32],
@@ -41,33 +60,11 @@ pub fn matmul(
     a_shape: &[usize],
     b_shape: &[usize],
     out_shape: &[usize],
-) -> Result<()> {
-    let macs = a_shape.last().copied().unwrap_or(1).saturating_mul(out_shape.iter().product());
-    matmul_threads(a, b, out, a_shape, b_shape, out_shape, threads_for(macs))
-}
-
-/// All the machine's cores for a product of `macs` multiply-adds large enough to gain from
-/// them, else one.
-fn threads_for(macs: usize) -> usize {
-    if macs >= PARALLEL_MIN_MACS {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    } else {
-        1
-    }
-}
-
-/// `matmul` on at most `threads` threads (1: on the calling thread only).
-pub fn matmul_threads(
-    a: &[f32],
-    b: &[f32],
-    out: &mut [f32],
-    a_shape: &[usize],
-    b_shape: &[usize],
-    out_shape: &[usize],
-    threads: usize,
+    threads: Threads,
 ) -> Result<()> {
     check_lengths(a, b, out, a_shape, b_shape, out_shape)?;
     let s = MatmulShape::new(a_shape, b_shape, out_shape)?;
+    let threads = threads.pick(s.k.saturating_mul(out_shape.iter().product()));
     let parallelism = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
     let (m, k, n) = (s.m, s.k, s.n);
     for (ao, bo, oo) in s.batch_offsets() {
@@ -123,8 +120,8 @@ fn check_lengths(
 
 /// `matmul` with `b` pruned by `mask` (seed 003's conditioned execution): the result is
 /// zeroed, then one GEMM runs per (kept column run, kept row run) of the mask on strided
-/// views of the operands, so pruned columns and rows of `b` cost nothing. `threads`: as
-/// `matmul_threads`, or `None` to choose from the work left. Threads split the rows of
+/// views of the operands, so pruned columns and rows of `b` cost nothing. `threads` are
+/// picked for the work the mask leaves. Threads split the rows of
 /// the result (each runs every pair on its rows): one fork per matrix instead of one per
 /// GEMM call, which matters with many short runs.
 #[allow(clippy::too_many_arguments)]
@@ -136,7 +133,7 @@ pub fn matmul_masked(
     b_shape: &[usize],
     out_shape: &[usize],
     mask: &Mask,
-    threads: Option<usize>,
+    threads: Threads,
 ) -> Result<()> {
     check_lengths(a, b, out, a_shape, b_shape, out_shape)?;
     let s = MatmulShape::new(a_shape, b_shape, out_shape)?;
@@ -144,7 +141,7 @@ pub fn matmul_masked(
     if b_shape.len() < 2 || (mask.rows, mask.cols) != (k, n) {
         bail!("matmul: a mask of {}x{} matrices on operand b {b_shape:?}", mask.rows, mask.cols);
     }
-    let threads = threads.unwrap_or_else(|| threads_for(((m * k * n) as f64 * mask.kept_fraction()) as usize));
+    let threads = threads.pick(((m * k * n) as f64 * mask.kept_fraction()) as usize);
     out.fill(0.0);
     if m == 0 || n == 0 {
         return Ok(());
@@ -231,8 +228,8 @@ mod tests {
         let (a, b, want) = oracle(a_shape, b_shape, 11);
         for threads in [1, 2] {
             let mut out = vec![f32::NAN; want.numel()];
-            matmul_threads(a.as_f32().unwrap(), b.as_f32().unwrap(), &mut out, a_shape, b_shape, &want.shape, threads)
-                .unwrap();
+            let (x, y) = (a.as_f32().unwrap(), b.as_f32().unwrap());
+            matmul(x, y, &mut out, a_shape, b_shape, &want.shape, Threads::Exactly(threads)).unwrap();
             assert_close(&out, want.as_f32().unwrap(), &format!("{a_shape:?} @ {b_shape:?}, {threads} threads"));
         }
     }
@@ -284,25 +281,26 @@ mod tests {
             for threads in [1, 2, 3] {
                 let mut out = vec![f32::NAN; want.numel()];
                 let (x, y) = (a.as_f32().unwrap(), b.as_f32().unwrap());
-                matmul_masked(x, y, &mut out, a_shape, b_shape, &out_shape, &mask, Some(threads)).unwrap();
+                matmul_masked(x, y, &mut out, a_shape, b_shape, &out_shape, &mask, Threads::Exactly(threads)).unwrap();
                 assert_close(&out, want.as_f32().unwrap(), &format!("{a_shape:?} @ {b_shape:?}, {threads} threads"));
             }
         }
         let mut out = vec![0.0; 4];
         let wrong = Mask::new(&[true, false], &[true; 4], 1);
-        let e = matmul_masked(&[0.0; 6], &[0.0; 6], &mut out, &[2, 3], &[3, 2], &[2, 2], &wrong, None).unwrap_err();
+        let e = matmul_masked(&[0.0; 6], &[0.0; 6], &mut out, &[2, 3], &[3, 2], &[2, 2], &wrong, Threads::UpTo(1))
+            .unwrap_err();
         assert!(e.to_string().contains("a mask of 4x2 matrices"), "{e}");
     }
 
     #[test]
     fn checks_shapes_and_lengths() {
         let mut out = vec![0.0; 4];
-        assert!(matmul(&[0.0; 6], &[0.0; 6], &mut out, &[2, 3], &[3, 2], &[2, 2]).is_ok());
-        let e = matmul(&[0.0; 6], &[0.0; 6], &mut out, &[2, 3], &[2, 3], &[2, 2]).unwrap_err();
+        assert!(matmul(&[0.0; 6], &[0.0; 6], &mut out, &[2, 3], &[3, 2], &[2, 2], Threads::UpTo(1)).is_ok());
+        let e = matmul(&[0.0; 6], &[0.0; 6], &mut out, &[2, 3], &[2, 3], &[2, 2], Threads::UpTo(1)).unwrap_err();
         assert!(e.to_string().contains("contraction dims differ"), "{e}");
-        let e = matmul(&[0.0; 5], &[0.0; 6], &mut out, &[2, 3], &[3, 2], &[2, 2]).unwrap_err();
+        let e = matmul(&[0.0; 5], &[0.0; 6], &mut out, &[2, 3], &[3, 2], &[2, 2], Threads::UpTo(1)).unwrap_err();
         assert!(e.to_string().contains("operand a has 5 elements"), "{e}");
-        let e = matmul(&[0.0; 6], &[0.0; 6], &mut out, &[2, 3], &[3, 2], &[4]).unwrap_err();
+        let e = matmul(&[0.0; 6], &[0.0; 6], &mut out, &[2, 3], &[3, 2], &[4], Threads::UpTo(1)).unwrap_err();
         assert!(e.to_string().contains("does not match"), "{e}");
     }
 

@@ -125,6 +125,11 @@ enum Cmd {
         /// instead of hanging; the error names the key or member and the devices.
         #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
         timeout: f64,
+        /// The most cores a one-device run uses: its large elementwise kernels split into
+        /// that many parts and its library GEMMs fork that many threads (default: every
+        /// core; results are the same for any N). Mesh runs use one core per stream.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        threads: Option<u32>,
         #[command(flatten)]
         codegen: CodegenArgs,
         #[command(flatten)]
@@ -235,6 +240,7 @@ fn main() -> ExitCode {
             compare_unpruned,
             conditional,
             timeout,
+            threads,
             codegen,
             mut pilot,
         } => {
@@ -253,6 +259,7 @@ fn main() -> ExitCode {
                 fail_device: fail_device.as_deref(),
                 replan_on_failure,
                 timeout,
+                threads,
             };
             unpruned_reference(&program, compare_unpruned.as_deref(), &pilot).and_then(|reference| {
                 run(&program, &io, &opts, &codegen, &pilot)?;
@@ -586,6 +593,7 @@ struct RunOpts<'a> {
     fail_device: Option<&'a str>,
     replan_on_failure: bool,
     timeout: f64,
+    threads: Option<u32>,
 }
 
 fn run(path: &Path, io: &Io, opts: &RunOpts, args: &CodegenArgs, pilot: &PilotArgs) -> Result<()> {
@@ -677,9 +685,13 @@ fn compare_with_unpruned(path: &Path, reference: &Path, io: &Io, args: &CodegenA
 }
 
 /// `--degrade`, `--degrade-link` and `--degrade-strict`: re-plans the collectives of the
-/// loaded programs; `--fail-device` and `--timeout`: failure injection and detection.
+/// loaded programs; `--fail-device` and `--timeout`: failure injection and detection;
+/// `--threads`.
 fn degrade(loaded: &mut Loaded, opts: &RunOpts) -> Result<()> {
     loaded.set_collective_timeout(timeout(opts)?);
+    if let Some(n) = opts.threads {
+        loaded.set_threads(n as usize);
+    }
     if !opts.degrade.is_empty() || !opts.degrade_link.is_empty() || opts.degrade_strict {
         let deg = meshc::degraded::Degradation::from_args(&loaded.meta.mesh, opts.degrade, opts.degrade_link)
             .context("--degrade")?;

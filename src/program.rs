@@ -139,6 +139,8 @@ pub struct Kernel {
     pub name: String,
     pub offset: usize,
     pub len: usize,
+    /// Into how many parts the runner may split a call (the kernel ABI's `part`/`parts`).
+    pub parts: usize,
 }
 
 /// A subroutine linked into the runner (seed 001's "library data").

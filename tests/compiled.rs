@@ -202,3 +202,56 @@ fn check_against_fails_on_a_wrong_reference() {
     assert_eq!(bad.status, Some(1), "{bad:?}");
     assert!(bad.stdout.contains("FAILED") && bad.stderr.contains("differ"), "{bad:?}");
 }
+
+/// Kernels large enough to split (elementwise chains over a 2-D nest and over a flat loop
+/// with a tail, softmax, layer_norm) give bit-identical results on 1 and 2 threads, and the
+/// interpreter's within tolerance; `inspect` shows into how many parts each may split.
+#[test]
+fn split_kernels_match_one_thread_and_the_interpreter() {
+    let dir = scratch("split");
+    let graph = dir.join("wide.txt");
+    std::fs::write(
+        &graph,
+        "graph wide {
+           input x: f32[1024, 1100]
+           param a: f32[1100] = init uniform{seed = 1, low = 0.5, high = 1.5}
+           param b: f32[1100] = init uniform{seed = 2, low = -1.0, high = 1.0}
+           m = mul(x, a)  s = add(m, b)  chain = gelu(s)
+           t = tanh(x)  flat = mul(t, x)
+           sm = softmax(x)
+           ln = layer_norm(x, a, b)
+           output chain, flat, sm, ln
+         }",
+    )
+    .unwrap();
+    let mut seed = 7u64;
+    let x: Vec<f32> = (0..1024 * 1100)
+        .map(|_| {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 8.0 - 4.0
+        })
+        .collect();
+    let input = dir.join("x.npy");
+    meshc_ir::Tensor::f32(vec![1024, 1100], x).write_npy(&input).unwrap();
+    let x_arg = format!("x={}", input.display());
+    let art = dir.join("wide.mshc");
+    let (g, a) = (graph.display().to_string(), art.display().to_string());
+    let c = meshc(&["compile", &g, "-o", &a]);
+    assert_eq!(c.status, Some(0), "{c:?}");
+    let inspect = meshc(&["inspect", &a]);
+    let parts: Vec<&str> = inspect.stdout.lines().filter(|l| l.ends_with(" parts")).collect();
+    assert_eq!(parts.len(), 4, "{}", inspect.stdout);
+    let outs: Vec<std::path::PathBuf> = ["interp", "1", "2"].iter().map(|t| dir.join(format!("out-{t}"))).collect();
+    let r = meshc(&["interp", &g, "--input", &x_arg, "--output-dir", outs[0].to_str().unwrap()]);
+    assert_eq!(r.status, Some(0), "{r:?}");
+    for (threads, out) in ["1", "2"].iter().zip(&outs[1..]) {
+        let r = meshc(&["run", &a, "--input", &x_arg, "--threads", threads, "--output-dir", out.to_str().unwrap()]);
+        assert_eq!(r.status, Some(0), "{r:?}");
+    }
+    for name in ["chain", "flat", "sm", "ln"] {
+        let read = |d: &Path| meshc_ir::Tensor::read_npy(&d.join(format!("{name}.npy"))).unwrap();
+        let (want, one, two) = (read(&outs[0]), read(&outs[1]), read(&outs[2]));
+        common::assert_close(name, &one, &want).unwrap();
+        assert!(one.to_le_bytes() == two.to_le_bytes(), "{name}: 2 threads differ from 1");
+    }
+}

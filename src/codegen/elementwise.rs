@@ -30,10 +30,14 @@ use meshc_ir::{Attr, Attrs, DType, Node, Op, TensorType};
 
 use super::emit::{build_kernel, mem, KernelBuilder, LANES};
 use super::math::Math;
-use super::{Generated, Target};
+use super::{parts_for, Generated, Target};
 
 /// Vectors per iteration of the innermost loop.
 const UNROLL: i64 = 4;
+
+/// A flat loop of at least two of these elements becomes chunks of this many (a multiple of
+/// the unrolled step) plus a tail, so that its work splits into parts (`Plan::parts`).
+const CHUNK: usize = 16384;
 
 /// An operand of a fused node: one of the kernel's inputs or an earlier node of the group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,9 +69,14 @@ pub fn fused(target: &Target, name: &str, f: &Fused) -> Result<Generated> {
         if plan.dims.iter().all(|&d| d > 0) {
             let at = At { out: k.buf(0), ins: (0..plan.strides.len()).map(|i| k.buf(i + 1)).collect() };
             plan.outer(k, target, 0, &at);
+            if plan.tail > 0 {
+                let last = k.b.ins().iadd_imm_s(k.parts, -1);
+                let is_last = k.b.ins().icmp(IntCC::Equal, k.part, last);
+                k.when(is_last, |k| plan.tail(k, target, &at));
+            }
         }
     });
-    Ok(Generated { func, scratch: 0 })
+    Ok(Generated { func, scratch: 0, parts: plan.parts(f) })
 }
 
 /// Addresses of the result and of every input at the current loop position.
@@ -99,6 +108,9 @@ struct Plan {
     invariant: Vec<bool>,
     /// Whether the innermost dim gets an f32x4 loop.
     vector: bool,
+    /// Elements after a flat loop cut into `CHUNK`s (`dims` = [chunks, CHUNK]); the last
+    /// part does them.
+    tail: usize,
 }
 
 impl Plan {
@@ -153,7 +165,14 @@ impl Plan {
         // Element strides of every input and of the result along the result's dims.
         let mut all: Vec<Vec<usize>> = f.inputs.iter().map(|t| broadcast_strides(&t.shape, shape)).collect();
         all.push(broadcast_strides(shape, shape));
-        let (dims, mut all) = collapse(shape, &all);
+        let (mut dims, mut all) = collapse(shape, &all);
+        let mut tail = 0;
+        if let [n] = dims[..] {
+            if n >= 2 * CHUNK {
+                (dims, tail) = (vec![n / CHUNK, CHUNK], n % CHUNK);
+                all = all.iter().map(|s| vec![s[0] * CHUNK, s[0]]).collect();
+            }
+        }
         let out_strides = all.pop().expect("the result's strides");
         let strides = all;
 
@@ -164,34 +183,61 @@ impl Plan {
         }
         let inner = *dims.last().expect("at least one dim");
         let vector = inner >= LANES && !dtypes.contains(&DType::I64);
-        Ok(Plan { dtypes, nodes, dims, strides, out_strides, invariant, vector })
+        Ok(Plan { dtypes, nodes, dims, strides, out_strides, invariant, vector, tail })
     }
 
-    /// Loop level `d` of the nest, with the result's and the inputs' current addresses.
+    /// Into how many parts the work may split: whole iterations of the outermost loop (a
+    /// flat loop's parts are chunks).
+    fn parts(&self, f: &Fused) -> usize {
+        if self.dims.len() < 2 {
+            return 1;
+        }
+        let result = f.nodes.last().map_or(0, |n| n.ty.size_bytes());
+        parts_for(result + f.inputs.iter().map(TensorType::size_bytes).sum::<usize>(), self.dims[0])
+    }
+
+    /// Loop level `d` of the nest, with the result's and the inputs' current addresses; the
+    /// outermost level runs only this call's part of its iterations.
     fn outer(&self, k: &mut KernelBuilder, target: &Target, d: usize, at: &At) {
         if d + 1 == self.dims.len() {
-            return self.inner(k, target, at);
+            return self.inner(k, target, at, self.dims[d]);
         }
-        k.for_const(0, self.dims[d] as i64, 1, |k, i| {
-            let step = |s: usize, dt: DType| (s * dt.size_bytes()) as i64;
-            let out = k.addr(at.out, i, step(self.out_strides[d], self.out_dtype()));
-            let ins = (at.ins.iter().enumerate())
-                .map(|(j, &p)| match self.strides[j][d] {
-                    0 => p,
-                    s => k.addr(p, i, step(s, self.dtypes[j])),
-                })
-                .collect();
-            self.outer(k, target, d + 1, &At { out, ins });
+        let (start, end) =
+            if d == 0 { k.part_range(self.dims[0] as i64) } else { (k.iconst(0), k.iconst(self.dims[d] as i64)) };
+        k.for_range(start, end, 1, |k, i| {
+            let at = self.advance(k, at, d, i);
+            self.outer(k, target, d + 1, &at);
         });
+    }
+
+    /// The elements after the last chunk of a chunked flat loop.
+    fn tail(&self, k: &mut KernelBuilder, target: &Target, at: &At) {
+        let chunks = k.iconst(self.dims[0] as i64);
+        let at = self.advance(k, at, 0, chunks);
+        self.inner(k, target, &at, self.tail);
+    }
+
+    /// The addresses `i` steps along loop level `d` from `at`.
+    fn advance(&self, k: &mut KernelBuilder, at: &At, d: usize, i: Value) -> At {
+        let step = |s: usize, dt: DType| (s * dt.size_bytes()) as i64;
+        let out = k.addr(at.out, i, step(self.out_strides[d], self.out_dtype()));
+        let ins = (at.ins.iter().enumerate())
+            .map(|(j, &p)| match self.strides[j][d] {
+                0 => p,
+                s => k.addr(p, i, step(s, self.dtypes[j])),
+            })
+            .collect();
+        At { out, ins }
     }
 
     fn out_dtype(&self) -> DType {
         *self.dtypes.last().expect("a result")
     }
 
-    /// The innermost dim: invariant values first, then the f32x4 loop and the scalar tail.
-    fn inner(&self, k: &mut KernelBuilder, target: &Target, at: &At) {
-        let n = *self.dims.last().expect("at least one dim") as i64;
+    /// `n` elements along the innermost dim: invariant values first, then the f32x4 loop and
+    /// the scalar tail.
+    fn inner(&self, k: &mut KernelBuilder, target: &Target, at: &At, n: usize) {
+        let n = n as i64;
         let n_in = at.ins.len();
         let mut scalar_inv: Vec<Option<Value>> = vec![None; self.dtypes.len()];
         {
@@ -477,7 +523,7 @@ fn cast(m: &mut Math, from: DType, to: DType, x: Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codegen::emit::testing::{native, run};
+    use crate::codegen::emit::testing::{check_parts, native, run};
     use crate::codegen::math::tests::{runnable_targets, Rng};
     use crate::codegen::{compile, ExecCode};
     use meshc_ir::interp::eval_node;
@@ -901,10 +947,16 @@ mod tests {
 
     #[test]
     fn collapses_contiguous_dims() {
-        let f = group(&[f32t(&[64, 1024]), f32t(&[64, 1024])], &[(Op::Add, &[], &[IN0, IN1])]);
+        let f = group(&[f32t(&[16, 1024]), f32t(&[16, 1024])], &[(Op::Add, &[], &[IN0, IN1])]);
         let p = Plan::new(&f).unwrap();
-        assert_eq!(p.dims, [65536]);
+        assert_eq!(p.dims, [16384]);
         assert!(p.vector);
+        // A flat loop long enough to split is cut into chunks and a tail.
+        let f = group(&[f32t(&[5, 16384]), f32t(&[])], &[(Op::Add, &[], &[IN0, IN1])]);
+        let p = Plan::new(&f).unwrap();
+        assert_eq!((p.dims.clone(), p.strides.clone(), p.tail), (vec![5, CHUNK], vec![vec![CHUNK, 1], vec![0, 0]], 0));
+        let f = group(&[f32t(&[2 * CHUNK + 3])], &[(Op::Neg, &[], &[IN0])]);
+        assert_eq!((Plan::new(&f).unwrap().dims, Plan::new(&f).unwrap().tail), (vec![2, CHUNK], 3));
         let f = group(&[f32t(&[2, 1, 3, 4, 5]), f32t(&[4, 5])], &[(Op::Add, &[], &[IN0, IN1])]);
         let p = Plan::new(&f).unwrap();
         assert_eq!(
@@ -917,6 +969,46 @@ mod tests {
         let p = Plan::new(&f).unwrap();
         assert_eq!(p.dims, [5]);
         assert!(p.vector && !p.invariant[0]);
+    }
+
+    /// Called as any number of parts, a kernel writes every element of the result exactly
+    /// once, each with the value the whole call gives (which is the interpreter's).
+    #[test]
+    fn parts_tile_the_result() {
+        let t = native();
+        let gelu: (Op, &[(&str, &str)], &[Arg]) = (Op::Gelu, &[("approximate", "none")], &[Arg::Node(1)]);
+        let chain = [(Op::Mul, &[][..], &[IN0, IN1][..]), (Op::Add, &[], &[Arg::Node(0), IN2]), gelu];
+        let cases = [
+            group(&[f32t(&[2 * CHUNK + 5]), f32t(&[]), f32t(&[2 * CHUNK + 5])], &chain),
+            group(&[f32t(&[3 * CHUNK]), f32t(&[3 * CHUNK]), f32t(&[])], &chain),
+            group(&[f32t(&[37, 1000]), f32t(&[1000]), f32t(&[37, 1])], &chain),
+            group(&[f32t(&[5, 7, 301]), f32t(&[7, 1]), f32t(&[301])], &chain),
+        ];
+        for (c, f) in cases.iter().enumerate() {
+            let mut rng = Rng(40 + c as u64);
+            let inputs: Vec<Tensor> = f.inputs.iter().map(|ty| random(&mut rng, ty)).collect();
+            let whole = run_fused(&t, f, &inputs);
+            assert_close(&whole, &reference(f, &inputs), &inputs, &format!("case {c}"));
+            let mut ins: Vec<Vec<u8>> = inputs.iter().map(Tensor::to_le_bytes).collect();
+            let func = fused(&t, "parts", f).unwrap().func;
+            check_parts(&t, func, whole.ty().size_bytes(), &mut ins, &format!("case {c}"));
+        }
+    }
+
+    /// Only work worth a thread hand-off splits: a part is at least 4 MiB read and written.
+    #[test]
+    fn parts_by_size() {
+        let t = native();
+        let parts = |shapes: &[&[usize]]| {
+            let inputs: Vec<TensorType> = shapes.iter().map(|s| f32t(s)).collect();
+            let args: Vec<Arg> = (0..inputs.len()).map(Arg::Input).collect();
+            fused(&t, "p", &group(&inputs, &[(Op::Add, &[], &args)])).unwrap().parts
+        };
+        assert_eq!(parts(&[&[1024, 1024], &[1024]]), 2);
+        assert_eq!(parts(&[&[1 << 22], &[1 << 22]]), 12);
+        assert_eq!(parts(&[&[3, 1 << 22], &[1 << 22]]), 3);
+        assert_eq!(parts(&[&[512, 512], &[512]]), 1);
+        assert_eq!(parts(&[&[2 * CHUNK - 1], &[]]), 1);
     }
 
     #[test]
@@ -1026,7 +1118,7 @@ mod tests {
                 let ptrs =
                     [out.as_mut_ptr() as *mut u8, x.as_ptr() as *mut u8, a.as_ptr() as *mut u8, b.as_ptr() as *mut u8];
                 // SAFETY: as above.
-                let secs = best(|| assert_eq!(unsafe { kernel(ptrs.as_ptr()) }, 0));
+                let secs = best(|| assert_eq!(unsafe { kernel(ptrs.as_ptr(), 0, 1) }, 0));
                 let bw = ((2 * N + 2 * a.len()) * 4) as f64 / secs;
                 eprintln!(
                     "{op}{attrs:?}(x·a + b), a and b {:6}: {:6.2} ms, {:5.1} GB/s, {:5.2}× memcpy's time per byte",

@@ -15,6 +15,9 @@ pub const LANES: usize = 4;
 pub struct KernelBuilder<'a> {
     pub b: FunctionBuilder<'a>,
     bufs: Value,
+    /// The ABI's `part` and `parts` arguments (pointer-sized).
+    pub part: Value,
+    pub parts: Value,
     pub ptr: Type,
 }
 
@@ -33,12 +36,14 @@ pub fn build_kernel(target: &Target, name: &str, body: impl FnOnce(&mut KernelBu
     let mut fctx = FunctionBuilderContext::new();
     {
         let b = FunctionBuilder::new(&mut func, &mut fctx);
-        let mut kb = KernelBuilder { b, bufs: Value::from_u32(0), ptr: target.isa.pointer_type() };
+        let none = Value::from_u32(0);
+        let mut kb = KernelBuilder { b, bufs: none, part: none, parts: none, ptr: target.isa.pointer_type() };
         let entry = kb.b.create_block();
         kb.b.append_block_params_for_function_params(entry);
         kb.b.switch_to_block(entry);
         kb.b.seal_block(entry);
-        kb.bufs = kb.b.block_params(entry)[0];
+        let params = kb.b.block_params(entry);
+        (kb.bufs, kb.part, kb.parts) = (params[0], params[1], params[2]);
         body(&mut kb);
         let zero = kb.b.ins().iconst(types::I32, 0);
         kb.b.ins().return_(&[zero]);
@@ -105,6 +110,29 @@ impl KernelBuilder<'_> {
         self.for_range(s, e, step, body);
     }
 
+    /// This call's share of `n` units, `[n·part/parts, n·(part+1)/parts)`: the parts tile
+    /// `0..n` exactly, in order, and differ in size by at most one unit.
+    pub fn part_range(&mut self, n: i64) -> (Value, Value) {
+        let n = self.iconst(n);
+        let bound = |k: &mut Self, p: Value| {
+            let units = k.b.ins().imul(n, p);
+            k.b.ins().udiv(units, k.parts)
+        };
+        let next = self.b.ins().iadd_imm_s(self.part, 1);
+        (bound(self, self.part), bound(self, next))
+    }
+
+    /// `if cond { body }`.
+    pub fn when(&mut self, cond: Value, body: impl FnOnce(&mut Self)) {
+        let then = self.b.create_block();
+        let after = self.b.create_block();
+        self.b.ins().brif(cond, then, &[], after, &[]);
+        self.b.switch_to_block(then);
+        body(self);
+        self.b.ins().jump(after, &[]);
+        self.b.switch_to_block(after);
+    }
+
     /// Returns `status` from the kernel right away when `cond` is true.
     pub fn fail_if(&mut self, cond: Value, status: u32) {
         let fail = self.b.create_block();
@@ -134,7 +162,38 @@ pub mod testing {
         let ptrs: Vec<*mut u8> = bufs.iter_mut().map(|b| b.as_mut_ptr()).collect();
         // SAFETY: the kernel was compiled for this host and reads/writes only its buffers,
         // which the caller sized for it.
-        unsafe { exec.kernel(0)(ptrs.as_ptr()) }
+        unsafe { exec.kernel(0)(ptrs.as_ptr(), 0, 1) }
+    }
+
+    /// Checks that the kernel `func`, called as any of 2, 3 or 7 parts, writes every element
+    /// of its `out_bytes`-byte f32 result exactly once, each with the bits the whole call
+    /// (0 of 1) gives. `ins`: its other buffers.
+    pub fn check_parts(target: &Target, func: Function, out_bytes: usize, ins: &mut [Vec<u8>], what: &str) {
+        let code = compile(target, func).expect("kernel compiles");
+        let exec = ExecCode::new(&code).expect("executable memory");
+        let call = |ins: &mut [Vec<u8>], part: usize, parts: usize| {
+            let mut out = vec![0xa5u8; out_bytes];
+            let mut ptrs = vec![out.as_mut_ptr()];
+            ptrs.extend(ins.iter_mut().map(|b| b.as_mut_ptr()));
+            // SAFETY: compiled for this host; the caller sized the buffers for the kernel.
+            assert_eq!(unsafe { exec.kernel(0)(ptrs.as_ptr(), part, parts) }, 0, "{what}");
+            out
+        };
+        let whole = call(ins, 0, 1);
+        for parts in [2, 3, 7] {
+            let mut writer = vec![None; out_bytes / 4];
+            for part in 0..parts {
+                let out = call(ins, part, parts);
+                for (i, (got, want)) in out.chunks(4).zip(whole.chunks(4)).enumerate() {
+                    if got != [0xa5; 4] {
+                        assert_eq!(got, want, "{what}: element {i} of part {part}/{parts}");
+                        assert_eq!(writer[i].replace(part), None, "{what}: element {i} written twice");
+                    }
+                }
+            }
+            let missed = writer.iter().position(Option::is_none);
+            assert_eq!(missed, None, "{what}: an element no part of {parts} writes");
+        }
     }
 
     pub fn f32_bytes(v: &[f32]) -> Vec<u8> {

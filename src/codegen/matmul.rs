@@ -190,7 +190,7 @@ pub fn matmul(target: &Target, name: &str, a: &TensorType, b: &TensorType, out: 
             }
         }
     });
-    Ok(Generated { func, scratch: blocks.map_or(0, |bl| bl.scratch_bytes()) })
+    Ok(Generated { func, scratch: blocks.map_or(0, |bl| bl.scratch_bytes()), parts: 1 })
 }
 
 /// Generates the masked matmul kernel (seed 003's conditioned execution): the same
@@ -245,7 +245,7 @@ pub fn masked(target: &Target, name: &str, a: &TensorType, b: &TensorType, out: 
             });
         });
     });
-    Ok(Generated { func, scratch: blocks.map_or(0, |bl| bl.scratch_bytes()) })
+    Ok(Generated { func, scratch: blocks.map_or(0, |bl| bl.scratch_bytes()), parts: 1 })
 }
 
 /// Loads of packed panels in the micro-kernel, marked movable (`readonly`, `can_move`) so

@@ -1,11 +1,14 @@
 //! Cranelift code generation: the target ISA (`Target`), the kernel ABI, and turning a
 //! Cranelift function into position-independent machine code with no relocations.
 //!
-//! Kernel ABI: every kernel is `extern "C" fn(bufs: *const *mut u8) -> u32`. `bufs[i]` is the
-//! address of the kernel's i-th buffer (by convention the result first, then the operands,
-//! then any scratch space the kernel asked for). Shapes are baked into the code. A kernel
-//! returns 0, or a non-zero status the runner turns into an error (e.g. a gather index out
-//! of range). Kernels call nothing and embed no absolute address, so their bytes run
+//! Kernel ABI: every kernel is `extern "C" fn(bufs: *const *mut u8, part: usize, parts: usize)
+//! -> u32`. `bufs[i]` is the address of the kernel's i-th buffer (by convention the result
+//! first, then the operands, then any scratch space the kernel asked for). Shapes are baked
+//! into the code. A kernel that can split its work (`Generated::parts` > 1) does the `part`-th
+//! of `parts` disjoint pieces, so that the runner may call it once per part on several
+//! threads at once; the others ignore both arguments, and `(0, 1)` always means the whole
+//! work. A kernel returns 0, or a non-zero status the runner turns into an error (e.g. a
+//! gather index out of range). Kernels call nothing and embed no absolute address, so their bytes run
 //! wherever they are mapped: straight from the artifact file, with no relocation step.
 
 pub mod elementwise;
@@ -23,7 +26,7 @@ use cranelift_codegen::settings::{self, Configurable};
 use cranelift_codegen::Context;
 
 /// The signature of every generated kernel.
-pub type KernelFn = unsafe extern "C" fn(bufs: *const *mut u8) -> u32;
+pub type KernelFn = unsafe extern "C" fn(bufs: *const *mut u8, part: usize, parts: usize) -> u32;
 
 /// Status a kernel returns when a gather index is out of range.
 pub const STATUS_INDEX_OUT_OF_RANGE: u32 = 1;
@@ -112,7 +115,7 @@ pub fn host_features() -> Vec<String> {
 pub fn kernel_function(target: &Target, name: &str) -> Function {
     let ptr = target.isa.pointer_type();
     let mut sig = Signature::new(CallConv::SystemV);
-    sig.params.push(AbiParam::new(ptr));
+    sig.params.extend([AbiParam::new(ptr); 3]);
     sig.returns.push(AbiParam::new(types::I32));
     Function::with_name_signature(UserFuncName::testcase(name), sig)
 }
@@ -162,11 +165,24 @@ impl ExecCode {
     }
 }
 
+/// The least work, in bytes read and written, worth a part of its own: handing a part to
+/// another thread costs the runner 15–30 µs (median, on the 2-core development VM), which
+/// 4 MiB of streaming (~100 µs) repays; at 2 MiB two parts were slower than one.
+const MIN_PART_BYTES: usize = 4 << 20;
+
+/// Into how many parts a kernel may split that reads and writes `bytes` in all, in `units`
+/// independent pieces (rows, iterations of its outermost loop).
+pub fn parts_for(bytes: usize, units: usize) -> usize {
+    (bytes / MIN_PART_BYTES).clamp(1, units.max(1))
+}
+
 /// A generated kernel and the scratch space (bytes, 64-byte aligned) it wants as its last
-/// buffer; 0 means no scratch buffer is passed.
+/// buffer (0: no scratch buffer is passed); `parts`: into how many pieces its work may be
+/// split (1: it ignores `part` and `parts`).
 pub struct Generated {
     pub func: Function,
     pub scratch: usize,
+    pub parts: usize,
 }
 
 #[cfg(test)]

@@ -111,7 +111,7 @@ pub fn kernel(target: &Target, name: &str, node: &Node, inputs: &[TensorType], o
             })
         }
     };
-    Ok(Generated { func, scratch: 0 })
+    Ok(Generated { func, scratch: 0, parts: 1 })
 }
 
 /// A strided copy from operand buffer `src_buf` into the result; offsets and the

@@ -26,7 +26,7 @@ use meshc_ir::{Attr, DType, Node, Op, TensorType};
 use super::emit::{build_kernel, mem, KernelBuilder, F32X4, LANES};
 use super::math::Math;
 use super::movement::{collapse, contiguous_strides, for_nest, Dim};
-use super::{Generated, Target};
+use super::{parts_for, Generated, Target};
 
 /// Vectors per chunk: independent accumulators, enough to cover the latency of a vector add.
 const U: usize = 4;
@@ -44,13 +44,24 @@ pub fn kernel(target: &Target, name: &str, node: &Node, inputs: &[TensorType], o
     if matches!(node.op, Op::Softmax | Op::LayerNorm) && out.shape != x.shape {
         bail!("{} result {out} does not match its operand {x}", node.op);
     }
-    let func = match node.op {
-        Op::ReduceSum | Op::ReduceMean | Op::ReduceMax => reduce(target, name, node, x, out)?,
+    let (func, parts) = match node.op {
+        Op::ReduceSum | Op::ReduceMean | Op::ReduceMax => (reduce(target, name, node, x, out)?, 1),
         Op::Softmax => softmax(target, name, node, x)?,
         Op::LayerNorm => layer_norm(target, name, node, inputs)?,
         other => bail!("{other} is not a reduction"),
     };
-    Ok(Generated { func, scratch: 0 })
+    Ok(Generated { func, scratch: 0, parts })
+}
+
+/// Calls `body` with the source and result addresses of each of this call's part of `outer`
+/// rows of `row` bytes: softmax and layer_norm split their work by rows.
+fn rows(kb: &mut KernelBuilder, outer: usize, row: i64, body: &mut dyn FnMut(&mut KernelBuilder, &[Value])) {
+    let (dst, src) = (kb.buf(0), kb.buf(1));
+    let (start, end) = kb.part_range(outer as i64);
+    kb.for_range(start, end, 1, |kb, i| {
+        let p = [kb.addr(src, i, row), kb.addr(dst, i, row)];
+        body(kb, &p)
+    });
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -419,19 +430,18 @@ fn reduce_int(kb: &mut KernelBuilder, target: &Target, op: Combine, ty: Type, di
 }
 
 /// softmax over `axis` of `[outer, n, inner]`: rows when `inner` is 1, columns otherwise.
-fn softmax(target: &Target, name: &str, node: &Node, x: &TensorType) -> Result<Function> {
+fn softmax(target: &Target, name: &str, node: &Node, x: &TensorType) -> Result<(Function, usize)> {
     let axis = norm_axis(attr_int(node, "axis", -1), x.rank()).map_err(anyhow::Error::msg)?;
     let outer: usize = x.shape[..axis].iter().product();
     let n = x.shape[axis];
     let inner: usize = x.shape[axis + 1..].iter().product();
     let empty = x.numel() == 0;
     let row = (n * inner) as i64 * F32;
-    Ok(build_kernel(target, name, |kb| {
+    let func = build_kernel(target, name, |kb| {
         if empty {
             return;
         }
-        let (dst, src) = (kb.buf(0), kb.buf(1));
-        for_nest(kb, &[Dim::new(outer, &[row, row])], &[src, dst], &mut |kb, p| {
+        rows(kb, outer, row, &mut |kb, p| {
             if inner == 1 {
                 softmax_walk(kb, target, &Walk { loops: vec![], run: n }, p[0], p[1], true);
             } else {
@@ -442,7 +452,8 @@ fn softmax(target: &Target, name: &str, node: &Node, x: &TensorType) -> Result<F
                 });
             }
         });
-    }))
+    });
+    Ok((func, parts_for(2 * x.size_bytes(), outer)))
 }
 
 /// Three passes: max; exp(x - max) stored and summed; scale by 1/sum.
@@ -475,7 +486,7 @@ fn softmax_walk(kb: &mut KernelBuilder, target: &Target, walk: &Walk, src: Value
 
 /// layer_norm over the trailing dims from `axis`: each result row is a contiguous run,
 /// normalised in two passes (mean, then the mean square of `x - mean`).
-fn layer_norm(target: &Target, name: &str, node: &Node, inputs: &[TensorType]) -> Result<Function> {
+fn layer_norm(target: &Target, name: &str, node: &Node, inputs: &[TensorType]) -> Result<(Function, usize)> {
     let [x, gamma, beta] = inputs else { bail!("layer_norm takes x, gamma and beta") };
     let axis = norm_axis(attr_int(node, "axis", -1), x.rank()).map_err(anyhow::Error::msg)?;
     let outer: usize = x.shape[..axis].iter().product();
@@ -486,13 +497,13 @@ fn layer_norm(target: &Target, name: &str, node: &Node, inputs: &[TensorType]) -
     let eps = node.attrs.get("eps").and_then(Attr::as_float).unwrap_or(1e-5) as f32;
     let empty = x.numel() == 0;
     let row = n as i64 * F32;
-    Ok(build_kernel(target, name, |kb| {
+    let func = build_kernel(target, name, |kb| {
         if empty {
             return;
         }
-        let (dst, src, g, b) = (kb.buf(0), kb.buf(1), kb.buf(2), kb.buf(3));
+        let (g, b) = (kb.buf(2), kb.buf(3));
         let walk = Walk { loops: vec![], run: n };
-        for_nest(kb, &[Dim::new(outer, &[row, row])], &[src, dst], &mut |kb, p| {
+        rows(kb, outer, row, &mut |kb, p| {
             let count = kb.splat(n as f32);
             let load = |kb: &mut KernelBuilder, base: Value, at: &At| {
                 let a = kb.b.ins().iadd(base, at.off);
@@ -523,11 +534,13 @@ fn layer_norm(target: &Target, name: &str, node: &Node, inputs: &[TensorType]) -
                 store_vec(kb, y, d, at.width);
             });
         });
-    }))
+    });
+    Ok((func, parts_for(2 * x.size_bytes() + gamma.size_bytes() + beta.size_bytes(), outer)))
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::emit::testing::check_parts;
     use super::super::movement::testing::{check, ints, node, random};
     use super::*;
     use meshc_ir::{Data, Tensor};
@@ -663,5 +676,27 @@ mod tests {
             let attrs = [vec![("axis", Attr::Int(axis))], eps].concat();
             check(kernel, &node(Op::LayerNorm, 3, &attrs), &args);
         }
+    }
+
+    /// softmax (over rows and over a middle axis) and layer_norm split by rows: any number
+    /// of parts writes each element once, as the whole call does; and only large ones split.
+    #[test]
+    fn parts_tile_the_rows() {
+        let t = Target::by_name("native").unwrap();
+        let x = |shape: &[usize]| random(DType::F32, shape, -3.0, 5.0, 9);
+        let cases = [
+            (node(Op::Softmax, 1, &[]), vec![x(&[13, 37])]),
+            (node(Op::Softmax, 1, &[("axis", Attr::Int(1))]), vec![x(&[5, 7, 9])]),
+            (node(Op::LayerNorm, 3, &[]), vec![x(&[11, 20]), x(&[20]), x(&[20])]),
+        ];
+        for (n, args) in cases {
+            let tys: Vec<TensorType> = args.iter().map(Tensor::ty).collect();
+            let g = kernel(&t, "k", &n, &tys, &tys[0]).unwrap();
+            assert_eq!(g.parts, 1, "{}: small", n.op);
+            let mut ins: Vec<Vec<u8>> = args.iter().map(Tensor::to_le_bytes).collect();
+            check_parts(&t, g.func, tys[0].size_bytes(), &mut ins, &n.op.to_string());
+        }
+        let big = [TensorType::new(DType::F32, vec![1024, 2048])];
+        assert_eq!(kernel(&t, "k", &node(Op::Softmax, 1, &[]), &big, &big[0]).unwrap().parts, 4);
     }
 }
