@@ -16,6 +16,7 @@ use meshc::compile::{self, Compiled, Options};
 use meshc::runner::{AlignedBuf, Code, Loaded};
 use meshc::{codegen, driver};
 use meshc_ir::{load, params, text, verify, Data, Graph, Tensor};
+use rayon::prelude::*;
 
 /// Median wall time of `f` in seconds, after one warm-up call.
 fn median(n: usize, mut f: impl FnMut()) -> f64 {
@@ -65,10 +66,12 @@ fn time_compiled(c: Compiled, inputs: &HashMap<String, Tensor>, n: usize) -> f64
     })
 }
 
-/// Median seconds of the steps alone (no input/output copies) over `n` runs.
-fn time_steps(c: Compiled, inputs: &HashMap<String, Tensor>, n: usize) -> f64 {
+/// Median seconds of the steps alone (no input/output copies) over `n` runs, on at most
+/// `threads` cores.
+fn time_steps(c: Compiled, inputs: &HashMap<String, Tensor>, n: usize, threads: usize) -> f64 {
     let weights = AlignedBuf::from_bytes(&c.weights).unwrap();
-    let l = loaded(c, &weights);
+    let mut l = loaded(c, &weights);
+    l.set_threads(threads);
     let mut runs = Vec::new();
     for _ in 0..=n {
         let mut total = 0.0;
@@ -81,16 +84,32 @@ fn time_steps(c: Compiled, inputs: &HashMap<String, Tensor>, n: usize) -> f64 {
 }
 
 fn kernels() {
-    println!("\n## Kernels (one thread; GB/s counts bytes read + written once)");
-    println!("| kernel | shape | median ms | GB/s | vs memcpy |");
-    println!("|---|---|---|---|---|");
+    let cores = rayon::current_num_threads();
+    println!("\n## Kernels (GB/s counts bytes read + written once; 1 thread, then {cores} cores: `run --threads`)");
+    println!("Ratios are against the faster memcpy (one thread or {cores} halves at once), per byte.");
+    println!("| kernel | shape | ms, 1 thread | ms, {cores} cores | GB/s, {cores} cores | vs memcpy, 1 thread | vs memcpy, {cores} cores |");
+    println!("|---|---|---|---|---|---|---|");
     let (rows, cols) = (4096usize, 4096usize);
     let bytes = rows * cols * 4;
     let src = vec![1.0f32; rows * cols];
     let mut dst = vec![0.0f32; rows * cols];
-    let t_copy = median(9, || dst.copy_from_slice(std::hint::black_box(&src)));
-    let copy_gbs = 2.0 * bytes as f64 / t_copy / 1e9;
-    println!("| memcpy | {rows}x{cols} f32 | {:.2} | {copy_gbs:.1} | 1.00 |", t_copy * 1e3);
+    let t_copy1 = median(9, || dst.copy_from_slice(std::hint::black_box(&src)));
+    let chunk = src.len().div_ceil(cores);
+    let t_copyn = median(9, || {
+        dst.par_chunks_mut(chunk)
+            .zip(std::hint::black_box(&src).par_chunks(chunk))
+            .for_each(|(d, s)| d.copy_from_slice(s))
+    });
+    let t_copy = t_copy1.min(t_copyn);
+    let gbs = |t: f64| 2.0 * bytes as f64 / t / 1e9;
+    println!(
+        "| memcpy | {rows}x{cols} f32 | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} |",
+        t_copy1 * 1e3,
+        t_copyn * 1e3,
+        gbs(t_copyn),
+        t_copy1 / t_copy,
+        t_copyn / t_copy
+    );
     let x = random(&[rows, cols], 1);
     let row = |seed| random(&[cols], seed);
     let cases: Vec<(&str, String, HashMap<String, Tensor>)> = vec![
@@ -112,11 +131,17 @@ fn kernels() {
         ),
     ];
     for (name, src, params) in cases {
-        let c = compile_text(&src, &params);
         let inputs = HashMap::from([("x".to_string(), x.clone())]);
-        let k = time_steps(c, &inputs, 7);
-        let gbs = 2.0 * bytes as f64 / k / 1e9;
-        println!("| {name} | {rows}x{cols} f32 | {:.2} | {gbs:.1} | {:.2} |", k * 1e3, copy_gbs / gbs);
+        let k1 = time_steps(compile_text(&src, &params), &inputs, 7, 1);
+        let kn = time_steps(compile_text(&src, &params), &inputs, 7, cores);
+        println!(
+            "| {name} | {rows}x{cols} f32 | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} |",
+            k1 * 1e3,
+            kn * 1e3,
+            gbs(kn),
+            k1 / t_copy,
+            kn / t_copy
+        );
     }
 }
 
