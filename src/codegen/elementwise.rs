@@ -523,12 +523,11 @@ fn cast(m: &mut Math, from: DType, to: DType, x: Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::codegen::compile;
     use crate::codegen::emit::testing::{check_parts, native, run};
     use crate::codegen::math::tests::{runnable_targets, Rng};
-    use crate::codegen::{compile, ExecCode};
     use meshc_ir::interp::eval_node;
     use meshc_ir::{Data, Tensor};
-    use std::time::Instant;
 
     /// A node of a test group: op, string attributes, operands.
     type Spec<'a> = (Op, &'a [(&'a str, &'a str)], &'a [Arg]);
@@ -1048,87 +1047,6 @@ mod tests {
             nodes: vec![node(Op::Neg, vec![IN0], f32t(&[2, 3])), node(Op::Neg, vec![IN0], f32t(&[3]))],
         });
         assert!(e.contains("does not broadcast to the result"), "{e}");
-    }
-
-    /// Best-of-10 time of `f` on the CPU (this thread's run time from
-    /// /proc/thread-self/schedstat, so time spent descheduled on a busy machine does not
-    /// count; wall time where that file is missing).
-    fn best(mut f: impl FnMut()) -> f64 {
-        let on_cpu = || -> Option<f64> {
-            let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-            Some(s.split_whitespace().next()?.parse::<f64>().ok()? * 1e-9)
-        };
-        (0..10)
-            .map(|_| {
-                let (t, c) = (Instant::now(), on_cpu());
-                f();
-                match (c, on_cpu()) {
-                    (Some(a), Some(b)) => b - a,
-                    _ => t.elapsed().as_secs_f64(),
-                }
-            })
-            .fold(f64::INFINITY, f64::min)
-    }
-
-    /// `op(x·a + b)` over 16M f32 against memcpy (bytes read + written per second), with a
-    /// and b scalars or full tensors; also a plain Rust loop for the memory-bound case. Run
-    /// with `cargo test --release --lib codegen::elementwise -- --ignored --nocapture`.
-    #[test]
-    #[ignore]
-    fn throughput_vs_memcpy() {
-        const N: usize = 16 << 20;
-        let t = native();
-        let src = vec![1.5f32; N];
-        let mut dst = vec![0f32; N];
-        let copy = best(|| {
-            dst.copy_from_slice(std::hint::black_box(&src));
-            std::hint::black_box(&mut dst);
-        });
-        let memcpy_bw = (2 * N * 4) as f64 / copy;
-        eprintln!("memcpy 64 MiB: {:.2} ms, {:.1} GB/s", copy * 1e3, memcpy_bw / 1e9);
-        let rust = best(|| {
-            let (a, b) = std::hint::black_box((1.1f32, -0.3f32));
-            for (d, s) in dst.iter_mut().zip(&src) {
-                *d = -(s * a + b);
-            }
-            std::hint::black_box(&mut dst);
-        });
-        eprintln!("rustc loop -(x·a + b): {:.2} ms", rust * 1e3);
-        let unary: [(Op, &[(&str, &str)]); 6] = [
-            (Op::Neg, &[]),
-            (Op::Gelu, &[("approximate", "none")]),
-            (Op::Gelu, &[("approximate", "tanh")]),
-            (Op::Exp, &[]),
-            (Op::Tanh, &[]),
-            (Op::Sigmoid, &[]),
-        ];
-        for ab in [&[][..], &[N][..]] {
-            for (op, attrs) in unary {
-                let f = group(
-                    &[f32t(&[N]), f32t(ab), f32t(ab)],
-                    &[(Op::Mul, &[], &[IN0, IN1]), (Op::Add, &[], &[Arg::Node(0), IN2]), (op, attrs, &[Arg::Node(1)])],
-                );
-                let code = compile(&t, fused(&t, "bench", &f).unwrap().func).unwrap();
-                let exec = ExecCode::new(&code).unwrap();
-                // SAFETY: compiled for this host; the buffers have the sizes the kernel uses.
-                let kernel = unsafe { exec.kernel(0) };
-                let x: Vec<f32> = (0..N).map(|i| (i % 1000) as f32 * 0.01 - 5.0).collect();
-                let (a, b) = (vec![1.1f32; ab.iter().product()], vec![-0.3f32; ab.iter().product()]);
-                let mut out = vec![0f32; N];
-                let ptrs =
-                    [out.as_mut_ptr() as *mut u8, x.as_ptr() as *mut u8, a.as_ptr() as *mut u8, b.as_ptr() as *mut u8];
-                // SAFETY: as above.
-                let secs = best(|| assert_eq!(unsafe { kernel(ptrs.as_ptr(), 0, 1) }, 0));
-                let bw = ((2 * N + 2 * a.len()) * 4) as f64 / secs;
-                eprintln!(
-                    "{op}{attrs:?}(x·a + b), a and b {:6}: {:6.2} ms, {:5.1} GB/s, {:5.2}× memcpy's time per byte",
-                    if ab.is_empty() { "scalar" } else { "[16M]" },
-                    secs * 1e3,
-                    bw / 1e9,
-                    memcpy_bw / bw
-                );
-            }
-        }
     }
 
     /// Prints the machine code (Cranelift's VCode listing) of the unrolled loop of
