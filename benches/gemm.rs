@@ -2,6 +2,7 @@
 //! Cranelift kernel (single thread) and the library GEMM (1 thread and all cores) — next to
 //! the machine's single-thread 128-bit FMA peak: 2 FMA ports × 4 lanes × 2 flops per cycle
 //! at the clock measured here (a chain of dependent adds), checked against a tight FMA loop.
+//! At 2048, numpy's `a @ b` is timed in the same run (through python3, when it has numpy).
 //! Timings are best-of-N with `std::time::Instant`. Sizes can be picked with
 //! `GEMM_SIZES=256,1024`.
 
@@ -235,11 +236,26 @@ fn main() -> Result<()> {
         "library 1T",
         format!("library {threads}T")
     );
+    let mut library_at = Vec::new();
     for n in sizes {
         let reps = if n >= 2048 { 3 } else { 10 };
         let [cl, l1, ln] = both(&target, (n, n, n), threads, reps)?.map(|t| gflops((n, n, n), t));
         let pct = peak.map_or("-".to_string(), |p| format!("{:.0}%", 100.0 * cl / p));
         println!("{n:>6} {cl:>12.1} {pct:>8} {l1:>12.1} {ln:>12.1}");
+        library_at.push((n, ln));
+    }
+    // The yardstick of issue 3: numpy's `a @ b` in the same run, with the environment's
+    // OpenBLAS settings and with none (a machine's OPENBLAS_CORETYPE may pick slower kernels).
+    for (n, ln) in library_at.into_iter().filter(|&(n, _)| n == 2048) {
+        for (label, unset) in [("environment as is", false), ("OPENBLAS_* unset", true)] {
+            match numpy_gflops(n, unset) {
+                Some(np) => println!(
+                    "numpy a @ b, {n}³ f32 ({label}): {np:.1} GFLOP/s; library {threads}T / numpy = {:.0}%",
+                    100.0 * ln / np
+                ),
+                None => println!("numpy a @ b, {n}³ f32 ({label}): not measured (python3 with numpy not found)"),
+            }
+        }
     }
     // Where each path wins (what `library::prefer_library` encodes): small and skinny shapes.
     println!("microseconds per call, [m,k] @ [k,n]:");
@@ -250,6 +266,29 @@ fn main() -> Result<()> {
         println!("{:>16} {cl:>12.2} {l1:>12.2} {ln:>12.2}", format!("{},{},{}", mkn.0, mkn.1, mkn.2));
     }
     Ok(())
+}
+
+/// numpy's `a @ b` on two n×n f32 matrices: GFLOP/s, best of 5 after a warm-up; `None`
+/// without python3 and numpy. `unset`: with every OPENBLAS_* variable removed.
+fn numpy_gflops(n: usize, unset: bool) -> Option<f64> {
+    let script = format!(
+        "import numpy as np, time\n\
+         a = np.random.default_rng(0).standard_normal(({n}, {n})).astype(np.float32)\n\
+         b = np.random.default_rng(1).standard_normal(({n}, {n})).astype(np.float32)\n\
+         a @ b\n\
+         best = 1e9\n\
+         for _ in range(5):\n    t = time.perf_counter(); a @ b; best = min(best, time.perf_counter() - t)\n\
+         print(2 * {n}**3 / best / 1e9)"
+    );
+    let mut cmd = std::process::Command::new("python3");
+    cmd.arg("-c").arg(script);
+    if unset {
+        for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("OPENBLAS_")) {
+            cmd.env_remove(k);
+        }
+    }
+    let out = cmd.output().ok().filter(|o| o.status.success())?;
+    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
 }
 
 const SMALL: [(usize, usize, usize); 17] = [
