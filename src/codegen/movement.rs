@@ -95,6 +95,23 @@ pub(crate) fn for_nest(
     }
 }
 
+/// `for_nest`, with the outermost of `dims` cut into the kernel's parts: this call visits
+/// only its part of those iterations (`KernelBuilder::part_range`). With no dims the body
+/// runs once, so such a kernel must not be split.
+pub(crate) fn for_parts(
+    kb: &mut KernelBuilder,
+    dims: &[Dim],
+    ptrs: &[Value],
+    body: &mut dyn FnMut(&mut KernelBuilder, &[Value]),
+) {
+    let Some((d, rest)) = dims.split_first() else { return body(kb, ptrs) };
+    let (start, end) = kb.part_range(d.n as i64);
+    kb.for_range(start, end, 1, |kb, i| {
+        let moved: Vec<Value> = ptrs.iter().zip(&d.strides).map(|(&p, &s)| advance(kb, p, i, s)).collect();
+        for_nest(kb, rest, &moved, body)
+    });
+}
+
 pub fn kernel(target: &Target, name: &str, node: &Node, inputs: &[TensorType], out: &TensorType) -> Result<Generated> {
     let func = match node.op {
         Op::Gather => gather(target, name, node, inputs, out)?,

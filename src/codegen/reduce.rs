@@ -25,7 +25,7 @@ use meshc_ir::{Attr, DType, Node, Op, TensorType};
 
 use super::emit::{build_kernel, mem, KernelBuilder, F32X4, LANES};
 use super::math::Math;
-use super::movement::{collapse, contiguous_strides, for_nest, Dim};
+use super::movement::{collapse, contiguous_strides, for_nest, for_parts, Dim};
 use super::{parts_for, Generated, Target};
 
 /// Vectors per chunk: independent accumulators, enough to cover the latency of a vector add.
@@ -45,23 +45,12 @@ pub fn kernel(target: &Target, name: &str, node: &Node, inputs: &[TensorType], o
         bail!("{} result {out} does not match its operand {x}", node.op);
     }
     let (func, parts) = match node.op {
-        Op::ReduceSum | Op::ReduceMean | Op::ReduceMax => (reduce(target, name, node, x, out)?, 1),
+        Op::ReduceSum | Op::ReduceMean | Op::ReduceMax => reduce(target, name, node, x, out)?,
         Op::Softmax => softmax(target, name, node, x)?,
         Op::LayerNorm => layer_norm(target, name, node, inputs)?,
         other => bail!("{other} is not a reduction"),
     };
     Ok(Generated { func, scratch: 0, parts })
-}
-
-/// Calls `body` with the source and result addresses of each of this call's part of `outer`
-/// rows of `row` bytes: softmax and layer_norm split their work by rows.
-fn rows(kb: &mut KernelBuilder, outer: usize, row: i64, body: &mut dyn FnMut(&mut KernelBuilder, &[Value])) {
-    let (dst, src) = (kb.buf(0), kb.buf(1));
-    let (start, end) = kb.part_range(outer as i64);
-    kb.for_range(start, end, 1, |kb, i| {
-        let p = [kb.addr(src, i, row), kb.addr(dst, i, row)];
-        body(kb, &p)
-    });
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -313,8 +302,9 @@ fn in_bytes(dims: &[Dim], esize: i64) -> Vec<Dim> {
 }
 
 /// `reduce_*`: the input's dims with `[input, result]` element strides (result stride 0 on
-/// reduced dims), collapsed; the innermost dim then says row or column walk.
-fn reduce(target: &Target, name: &str, node: &Node, x: &TensorType, out: &TensorType) -> Result<Function> {
+/// reduced dims), collapsed; the innermost dim then says row or column walk. The kernel
+/// splits the outermost kept dim of its loop nest into parts (none left: no split).
+fn reduce(target: &Target, name: &str, node: &Node, x: &TensorType, out: &TensorType) -> Result<(Function, usize)> {
     let rank = x.rank();
     let axes = match attr_ints(node, "axes") {
         Some(a) => norm_axes(&a, rank).map_err(anyhow::Error::msg)?,
@@ -348,11 +338,15 @@ fn reduce(target: &Target, name: &str, node: &Node, x: &TensorType, out: &Tensor
         DType::I64 => Some(types::I64),
         DType::Bool => bail!("{} of bool is not supported", node.op),
     };
-    Ok(build_kernel(target, name, |kb| match ity {
+    let func = build_kernel(target, name, |kb| match ity {
         _ if empty => {}
         None => reduce_f32(kb, target, op, mean, &dims),
         Some(ty) => reduce_int(kb, target, op, ty, &dims),
-    }))
+    });
+    // The f32 walk handles the innermost dim itself; the integer loops nest every dim.
+    let nest = if ity.is_none() { &dims[..dims.len() - 1] } else { &dims[..] };
+    let parts = split(nest).0.first().map_or(1, |d| parts_for(x.size_bytes() + out.size_bytes(), d.n));
+    Ok((func, parts))
 }
 
 /// Kept dims (result stride != 0) and reduced dims of a collapsed reduction.
@@ -368,7 +362,7 @@ fn reduce_f32(kb: &mut KernelBuilder, target: &Target, op: Combine, mean: Option
     let loops: Vec<(usize, i64)> = red.iter().map(|d| (d.n, d.strides[0] * F32)).collect();
     if last.strides[1] == 0 {
         let walk = Walk { loops, run: last.n };
-        for_nest(kb, &in_bytes(&kept, F32), &[src, dst], &mut |kb, p| {
+        for_parts(kb, &in_bytes(&kept, F32), &[src, dst], &mut |kb, p| {
             let slots = fold(kb, target, &walk, op, &mut |kb, at| {
                 let a = kb.b.ins().iadd(p[0], at.off);
                 load_vec(kb, a, at.width)
@@ -381,7 +375,7 @@ fn reduce_f32(kb: &mut KernelBuilder, target: &Target, op: Combine, mean: Option
             kb.b.ins().store(mem(), r, p[1], 0);
         });
     } else {
-        for_nest(kb, &in_bytes(&kept, F32), &[src, dst], &mut |kb, p| {
+        for_parts(kb, &in_bytes(&kept, F32), &[src, dst], &mut |kb, p| {
             for_chunks(kb, last.n, &mut |kb, first, len| {
                 let s = kb.addr(p[0], first, F32);
                 let d = kb.addr(p[1], first, F32);
@@ -414,7 +408,7 @@ fn reduce_int(kb: &mut KernelBuilder, target: &Target, op: Combine, ty: Type, di
     };
     let (dst, src) = (kb.buf(0), kb.buf(1));
     let red = in_bytes(&red, esize);
-    for_nest(kb, &in_bytes(&kept, esize), &[src, dst], &mut |kb, p| {
+    for_parts(kb, &in_bytes(&kept, esize), &[src, dst], &mut |kb, p| {
         let acc = kb.b.declare_var(ty);
         let init = kb.b.ins().iconst(ty, identity);
         kb.b.def_var(acc, init);
@@ -441,7 +435,8 @@ fn softmax(target: &Target, name: &str, node: &Node, x: &TensorType) -> Result<(
         if empty {
             return;
         }
-        rows(kb, outer, row, &mut |kb, p| {
+        let (dst, src) = (kb.buf(0), kb.buf(1));
+        for_parts(kb, &[Dim::new(outer, &[row, row])], &[src, dst], &mut |kb, p| {
             if inner == 1 {
                 softmax_walk(kb, target, &Walk { loops: vec![], run: n }, p[0], p[1], true);
             } else {
@@ -501,9 +496,9 @@ fn layer_norm(target: &Target, name: &str, node: &Node, inputs: &[TensorType]) -
         if empty {
             return;
         }
-        let (g, b) = (kb.buf(2), kb.buf(3));
+        let (dst, src, g, b) = (kb.buf(0), kb.buf(1), kb.buf(2), kb.buf(3));
         let walk = Walk { loops: vec![], run: n };
-        rows(kb, outer, row, &mut |kb, p| {
+        for_parts(kb, &[Dim::new(outer, &[row, row])], &[src, dst], &mut |kb, p| {
             let count = kb.splat(n as f32);
             let load = |kb: &mut KernelBuilder, base: Value, at: &At| {
                 let a = kb.b.ins().iadd(base, at.off);
@@ -541,7 +536,7 @@ fn layer_norm(target: &Target, name: &str, node: &Node, inputs: &[TensorType]) -
 #[cfg(test)]
 mod tests {
     use super::super::emit::testing::check_parts;
-    use super::super::movement::testing::{check, ints, node, random};
+    use super::super::movement::testing::{check, ints, node, out_type, random};
     use super::*;
     use meshc_ir::{Data, Tensor};
 
@@ -678,25 +673,36 @@ mod tests {
         }
     }
 
-    /// softmax (over rows and over a middle axis) and layer_norm split by rows: any number
-    /// of parts writes each element once, as the whole call does; and only large ones split.
+    /// softmax (over rows and over a middle axis) and layer_norm split by rows, reductions
+    /// by their outermost kept dim: any number of parts writes each element once, as the
+    /// whole call does; and only large ones split.
     #[test]
-    fn parts_tile_the_rows() {
+    fn parts_tile_the_results() {
         let t = Target::by_name("native").unwrap();
         let x = |shape: &[usize]| random(DType::F32, shape, -3.0, 5.0, 9);
         let cases = [
             (node(Op::Softmax, 1, &[]), vec![x(&[13, 37])]),
             (node(Op::Softmax, 1, &[("axis", Attr::Int(1))]), vec![x(&[5, 7, 9])]),
             (node(Op::LayerNorm, 3, &[]), vec![x(&[11, 20]), x(&[20]), x(&[20])]),
+            (reduce_node(Op::ReduceSum, Some(&[1]), false), vec![x(&[13, 40, 7])]),
+            (reduce_node(Op::ReduceMean, Some(&[-1]), true), vec![x(&[9, 3, 50])]),
+            (reduce_node(Op::ReduceMax, Some(&[1]), false), vec![random(DType::I32, &[6, 10, 5], -50.0, 50.0, 3)]),
         ];
         for (n, args) in cases {
             let tys: Vec<TensorType> = args.iter().map(Tensor::ty).collect();
-            let g = kernel(&t, "k", &n, &tys, &tys[0]).unwrap();
+            let out = out_type(&n, &args);
+            let g = kernel(&t, "k", &n, &tys, &out).unwrap();
             assert_eq!(g.parts, 1, "{}: small", n.op);
             let mut ins: Vec<Vec<u8>> = args.iter().map(Tensor::to_le_bytes).collect();
-            check_parts(&t, g.func, tys[0].size_bytes(), &mut ins, &n.op.to_string());
+            check_parts(&t, g.func, out.size_bytes(), &mut ins, &n.op.to_string());
         }
-        let big = [TensorType::new(DType::F32, vec![1024, 2048])];
-        assert_eq!(kernel(&t, "k", &node(Op::Softmax, 1, &[]), &big, &big[0]).unwrap().parts, 4);
+        let parts = |n: &Node, shape: Vec<usize>, out: Vec<usize>| {
+            let x = [TensorType::new(DType::F32, shape)];
+            kernel(&t, "k", n, &x, &TensorType::new(DType::F32, out)).unwrap().parts
+        };
+        assert_eq!(parts(&node(Op::Softmax, 1, &[]), vec![1024, 2048], vec![1024, 2048]), 4);
+        assert_eq!(parts(&reduce_node(Op::ReduceSum, Some(&[1]), false), vec![64, 8192, 4], vec![64, 4]), 2);
+        // Only the innermost dim is kept: the column walk has nothing to split.
+        assert_eq!(parts(&reduce_node(Op::ReduceSum, Some(&[0]), false), vec![8192, 256], vec![256]), 1);
     }
 }
