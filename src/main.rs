@@ -125,9 +125,9 @@ enum Cmd {
         /// instead of hanging; the error names the key or member and the devices.
         #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
         timeout: f64,
-        /// The most cores a one-device run uses: its large elementwise kernels split into
-        /// that many parts and its library GEMMs fork that many threads (default: every
-        /// core; results are the same for any N). Mesh runs use one core per stream.
+        /// The most cores a one-device run uses: its large elementwise and reduction kernels
+        /// split into that many parts and its library GEMMs fork that many threads (default:
+        /// every core; results are the same for any N). Mesh runs use one core per stream.
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
         threads: Option<u32>,
         #[command(flatten)]
