@@ -1265,10 +1265,6 @@ impl Fabric {
 mod tests {
     use super::*;
 
-    fn mesh(shape: &[usize], topology: Topology) -> Mesh {
-        Mesh { shape: shape.to_vec(), axes: (0..shape.len()).map(|i| format!("a{i}")).collect(), topology }
-    }
-
     fn coll(op: CollectiveOp, groups: Vec<Vec<usize>>, shape: &[usize]) -> Collective {
         Collective { op, id: 7, groups, dtype: "f32".into(), shape: shape.to_vec() }
     }
@@ -1427,11 +1423,11 @@ mod tests {
         for n in [2, 4, 8] {
             cases.push((vec![n], vec![(0..n).collect()]));
         }
-        let m24 = mesh(&[2, 4], Topology::Mesh);
+        let m24 = Mesh::numbered(&[2, 4], Topology::Mesh);
         for axes in [&[0][..], &[1], &[0, 1], &[1, 0]] {
             cases.push((vec![2, 4], m24.groups(axes)));
         }
-        let m222 = mesh(&[2, 2, 2], Topology::Mesh);
+        let m222 = Mesh::numbered(&[2, 2, 2], Topology::Mesh);
         for axes in [&[0][..], &[1], &[2], &[0, 2], &[0, 1, 2]] {
             cases.push((vec![2, 2, 2], m222.groups(axes)));
         }
@@ -1439,7 +1435,7 @@ mod tests {
         cases.push((vec![2, 4], vec![vec![6, 1, 3], vec![0, 5, 4]]));
         for (shape, groups) in &cases {
             for topology in [Topology::Mesh, Topology::Torus] {
-                let m = mesh(shape, topology);
+                let m = Mesh::numbered(shape, topology);
                 for op in ops() {
                     // 24 divides over every group size; `large` rows make a large operand.
                     // (The topology changes the traffic model only: one suffices here.)
@@ -1458,7 +1454,7 @@ mod tests {
                 }
             }
         }
-        let m = mesh(&[4], Topology::Torus);
+        let m = Mesh::numbered(&[4], Topology::Torus);
         let all = vec![(0..4).collect()];
         check(&m, &coll(CollectiveOp::AllReduce { reduce: Reduce::Sum }, all.clone(), &[]), false);
         check(&m, &coll(CollectiveOp::AllGather { axis: 2 }, all.clone(), &[3, 5, 1]), false);
@@ -1467,7 +1463,7 @@ mod tests {
 
     #[test]
     fn max_propagates_nan_like_numpy() {
-        let m = mesh(&[4], Topology::Mesh);
+        let m = Mesh::numbered(&[4], Topology::Mesh);
         for numel in [8, SMALL_BYTES] {
             let mut operands: Vec<Vec<f32>> = (0..4).map(|d| data(d, numel)).collect();
             operands[2][1] = f32::NAN;
@@ -1481,7 +1477,7 @@ mod tests {
 
     #[test]
     fn members_that_do_not_share_get_their_own_copy() {
-        let m = mesh(&[4], Topology::Torus);
+        let m = Mesh::numbered(&[4], Topology::Torus);
         let c = coll(CollectiveOp::AllReduce { reduce: Reduce::Sum }, vec![(0..4).collect()], &[1 << 16]);
         let f = Fabric::new(&m);
         let operands: Vec<Vec<f32>> = (0..4).map(|d| data(d, 1 << 16)).collect();
@@ -1508,7 +1504,7 @@ mod tests {
     #[test]
     fn repeated_runs_of_one_collective_keep_their_generations_apart() {
         for numel in [64, 1 << 16] {
-            let m = mesh(&[2, 4], Topology::Torus);
+            let m = Mesh::numbered(&[2, 4], Topology::Torus);
             let c = coll(CollectiveOp::AllReduce { reduce: Reduce::Sum }, m.groups(&[1]), &[numel]);
             let f = Fabric::new(&m);
             std::thread::scope(|s| {
@@ -1547,13 +1543,13 @@ mod tests {
 
     #[test]
     fn links_join_neighbours_only() {
-        let t = Fabric::new(&mesh(&[2, 3], Topology::Torus));
+        let t = Fabric::new(&Mesh::numbered(&[2, 3], Topology::Torus));
         let links: Vec<(usize, usize)> = traffic(&t).into_keys().collect();
         // Axis 0 (size 2): one link pair per column; axis 1 (size 3): a ring per row.
         let want = vec![(0, 1), (0, 2), (0, 3), (1, 0), (1, 2), (1, 4), (2, 0), (2, 1), (2, 5), (3, 0), (3, 4), (3, 5)];
         assert_eq!(links[..12], want[..]);
         assert_eq!(links.len(), 18);
-        let m = Fabric::new(&mesh(&[2, 3], Topology::Mesh));
+        let m = Fabric::new(&Mesh::numbered(&[2, 3], Topology::Mesh));
         assert_eq!(traffic(&m).len(), 14);
         assert_eq!(
             Fabric::new(&Mesh::single()).link_stats(),
@@ -1567,7 +1563,7 @@ mod tests {
         let bytes = 4 * numel as u64;
         for n in [2, 4, 8] {
             for topology in [Topology::Torus, Topology::Mesh] {
-                let m = mesh(&[n], topology);
+                let m = Mesh::numbered(&[n], topology);
                 let f = run_once(
                     &m,
                     &coll(CollectiveOp::AllReduce { reduce: Reduce::Sum }, vec![(0..n).collect()], &[numel]),
@@ -1588,7 +1584,7 @@ mod tests {
     fn multi_axis_all_reduce_goes_dimension_by_dimension() {
         let numel = 1 << 16;
         let b = 4 * numel as u64;
-        let m = mesh(&[2, 4], Topology::Torus);
+        let m = Mesh::numbered(&[2, 4], Topology::Torus);
         let f = run_once(&m, &coll(CollectiveOp::AllReduce { reduce: Reduce::Sum }, m.groups(&[0, 1]), &[numel]));
         for (&(x, y), &got) in &traffic(&f) {
             let (cx, cy) = (m.coords(x), m.coords(y));
@@ -1610,12 +1606,12 @@ mod tests {
         let numel = 16;
         let b = 4 * numel as u64;
         let ar = CollectiveOp::AllReduce { reduce: Reduce::Sum };
-        let f = run_once(&mesh(&[4], Topology::Mesh), &coll(ar.clone(), vec![(0..4).collect()], &[numel]));
+        let f = run_once(&Mesh::numbered(&[4], Topology::Mesh), &coll(ar.clone(), vec![(0..4).collect()], &[numel]));
         let want: BTreeMap<(usize, usize), u64> =
             [(0, 1), (1, 0), (1, 2), (2, 1), (2, 3), (3, 2)].map(|l| (l, b)).into();
         assert_eq!(traffic(&f), want);
         // On a torus of 8, members 4..7 reach 0 the other way round (4 ties: forward).
-        let f = run_once(&mesh(&[8], Topology::Torus), &coll(ar, vec![(0..8).collect()], &[numel]));
+        let f = run_once(&Mesh::numbered(&[8], Topology::Torus), &coll(ar, vec![(0..8).collect()], &[numel]));
         let t = traffic(&f);
         for (x, y) in [(1, 0), (2, 1), (3, 2), (4, 5), (5, 6), (6, 7), (7, 0)] {
             assert_eq!((t[&(x, y)], t[&(y, x)]), (b, b), "{x}<->{y}");
@@ -1623,7 +1619,7 @@ mod tests {
         assert_eq!(t.values().sum::<u64>(), 14 * b);
         // all_gather: the subtree's blocks up, the whole result down.
         let f = run_once(
-            &mesh(&[4], Topology::Mesh),
+            &Mesh::numbered(&[4], Topology::Mesh),
             &coll(CollectiveOp::AllGather { axis: 0 }, vec![(0..4).collect()], &[numel]),
         );
         let t = traffic(&f);
@@ -1635,7 +1631,7 @@ mod tests {
     fn large_gather_scatter_and_all_to_all_traffic() {
         let numel = 1 << 16;
         let b = 4 * numel as u64;
-        let m = mesh(&[4], Topology::Torus);
+        let m = Mesh::numbered(&[4], Topology::Torus);
         let all = vec![(0..4).collect::<Vec<_>>()];
         let t = traffic(&run_once(&m, &coll(CollectiveOp::AllGather { axis: 0 }, all.clone(), &[numel])));
         assert!((0..4).all(|d| t[&(d, (d + 1) % 4)] == 3 * b && t[&((d + 1) % 4, d)] == 0));
@@ -1644,14 +1640,14 @@ mod tests {
         assert!((0..4).all(|d| t[&(d, (d + 1) % 4)] == 3 * b / 4));
         // all_to_all is direct: on a line of 4 the middle link carries four blocks.
         let a2a = CollectiveOp::AllToAll { split_axis: 0, concat_axis: 0 };
-        let t = traffic(&run_once(&mesh(&[4], Topology::Mesh), &coll(a2a, vec![(0..4).collect()], &[numel])));
+        let t = traffic(&run_once(&Mesh::numbered(&[4], Topology::Mesh), &coll(a2a, vec![(0..4).collect()], &[numel])));
         assert_eq!([t[&(0, 1)], t[&(1, 2)], t[&(2, 3)]], [3 * b / 4, b, 3 * b / 4]);
         assert_eq!([t[&(1, 0)], t[&(2, 1)], t[&(3, 2)]], [3 * b / 4, b, 3 * b / 4]);
     }
 
     #[test]
     fn link_report_lists_busy_links_and_the_maximum() {
-        let m = mesh(&[1, 3], Topology::Mesh);
+        let m = Mesh::numbered(&[1, 3], Topology::Mesh);
         let f = run_once(&m, &coll(CollectiveOp::AllGather { axis: 0 }, vec![vec![0, 1]], &[2]));
         assert_eq!(
             f.link_stats().report(),
@@ -1663,7 +1659,7 @@ mod tests {
 
     #[test]
     fn a_failed_member_ends_the_others_waits() {
-        let m = mesh(&[4], Topology::Torus);
+        let m = Mesh::numbered(&[4], Topology::Torus);
         for numel in [4, 1 << 16] {
             let c = coll(CollectiveOp::AllReduce { reduce: Reduce::Sum }, vec![(0..4).collect()], &[numel]);
             let f = Fabric::new(&m);
@@ -1696,7 +1692,7 @@ mod tests {
 
     #[test]
     fn descriptions_are_checked() {
-        let m = mesh(&[2, 2], Topology::Mesh);
+        let m = Mesh::numbered(&[2, 2], Topology::Mesh);
         let c = |op, groups, shape: &[usize]| result_shape(&m, 0, &coll(op, groups, shape)).unwrap_err().to_string();
         let ar = CollectiveOp::AllReduce { reduce: Reduce::Sum };
         assert_eq!(c(ar.clone(), vec![vec![0, 4]], &[2]), "collective #7: device 4 is not in the mesh of 4 devices");
@@ -1738,7 +1734,7 @@ mod tests {
     #[test]
     fn degraded_all_reduce_combines_the_healthy_operands_over_the_seed_schedule() {
         use crate::degraded::{plan, Degradation};
-        let m = mesh(&[4, 4], Topology::Torus);
+        let m = Mesh::numbered(&[4, 4], Topology::Torus);
         // The seed's figure 7 (a1, a2, b1, b2 failed) plus the link c3-c4.
         let deg = Degradation { nodes: vec![0, 1, 4, 5], links: vec![(10, 11)], along: vec![] };
         let topo = Topo::new(&m, &deg, false).unwrap();
@@ -1773,7 +1769,7 @@ mod tests {
 
     #[test]
     fn degraded_sub_group_reductions_route_around_and_leave_degraded_members_out() {
-        let m = mesh(&[4, 4], Topology::Mesh);
+        let m = Mesh::numbered(&[4, 4], Topology::Mesh);
         // b2 failed, the link c3-c4 failed: c4 is degraded along the rows, c3 along the rows.
         let deg = crate::degraded::Degradation { nodes: vec![5], links: vec![(10, 11)], along: vec![] };
         let topo = Topo::new(&m, &deg, false).unwrap();

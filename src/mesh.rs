@@ -46,6 +46,12 @@ impl Mesh {
         Mesh { shape: vec![1], axes: vec!["device".into()], topology: Topology::Mesh }
     }
 
+    /// A mesh of `shape` whose axes are named a0, a1, …: for tests and benches that need
+    /// a mesh without a layout spec.
+    pub fn numbered(shape: &[usize], topology: Topology) -> Mesh {
+        Mesh { shape: shape.to_vec(), axes: (0..shape.len()).map(|i| format!("a{i}")).collect(), topology }
+    }
+
     pub fn devices(&self) -> usize {
         self.shape.iter().product()
     }
@@ -134,14 +140,9 @@ impl Mesh {
 mod tests {
     use super::*;
 
-    fn mesh(shape: &[usize]) -> Mesh {
-        let axes = (0..shape.len()).map(|i| format!("a{i}")).collect();
-        Mesh { shape: shape.to_vec(), axes, topology: Topology::Mesh }
-    }
-
     #[test]
     fn coordinates_are_row_major() {
-        let m = mesh(&[2, 4]);
+        let m = Mesh::numbered(&[2, 4], Topology::Mesh);
         assert_eq!(m.coords(5), vec![1, 1]);
         for d in 0..8 {
             assert_eq!(m.device(&m.coords(d)), d);
@@ -150,7 +151,7 @@ mod tests {
 
     #[test]
     fn groups_along_axes() {
-        let m = mesh(&[2, 4]);
+        let m = Mesh::numbered(&[2, 4], Topology::Mesh);
         assert_eq!(m.groups(&[1]), vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7]]);
         assert_eq!(m.groups(&[0]), vec![vec![0, 4], vec![1, 5], vec![2, 6], vec![3, 7]]);
         assert_eq!(m.groups(&[0, 1]), vec![(0..8).collect::<Vec<_>>()]);
@@ -160,7 +161,7 @@ mod tests {
 
     #[test]
     fn regions_tile_the_tensor_once() {
-        let m = mesh(&[2, 2, 2]);
+        let m = Mesh::numbered(&[2, 2, 2], Topology::Mesh);
         let layout = vec![Some(2), None, Some(0)];
         let shape = [4, 3, 6];
         let mut seen = vec![0; 4 * 3 * 6];

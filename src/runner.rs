@@ -1310,14 +1310,6 @@ mod tests {
     use crate::mesh::Topology;
     use crate::program::{CollectiveOp, Event, Reduce, Step, Stream, StreamKind, StreamPlan, Wait};
 
-    fn mesh(shape: &[usize]) -> Mesh {
-        Mesh {
-            shape: shape.to_vec(),
-            axes: (0..shape.len()).map(|i| format!("a{i}")).collect(),
-            topology: Topology::Torus,
-        }
-    }
-
     fn io(name: &str, dtype: DType, shape: &[usize], layout: &[Option<usize>]) -> IoSpec {
         IoSpec::with_layout(name, &TensorType::new(dtype, shape.to_vec()), layout.to_vec())
     }
@@ -1375,7 +1367,7 @@ mod tests {
 
     #[test]
     fn inputs_scatter_and_outputs_gather_by_layout() {
-        let m = mesh(&[2, 3]);
+        let m = Mesh::numbered(&[2, 3], Topology::Torus);
         // Each device's output is its input buffer: gathering must undo the scatter.
         for layout in [vec![Some(0), Some(1)], vec![Some(1), None], vec![None, Some(0)], vec![None, None]] {
             let local = m.local_shape(&[6, 6], &layout);
@@ -1397,7 +1389,7 @@ mod tests {
 
     #[test]
     fn collectives_run_between_scatter_and_gather() {
-        let m = mesh(&[2, 2]);
+        let m = Mesh::numbered(&[2, 2], Topology::Torus);
         let rows = m.groups(&[1]);
         let gather = collective(0, CollectiveOp::AllGather { axis: 1 }, rows.clone(), &[2, 3]);
         let sum = collective(1, CollectiveOp::AllReduce { reduce: Reduce::Sum }, m.groups(&[0, 1]), &[2, 6]);
@@ -1437,7 +1429,7 @@ mod tests {
 
     #[test]
     fn large_results_are_read_from_the_shared_buffer() {
-        let m = mesh(&[4]);
+        let m = Mesh::numbered(&[4], Topology::Torus);
         let n = 1 << 16;
         let sum = collective(0, CollectiveOp::AllReduce { reduce: Reduce::Mean }, vec![(0..4).collect()], &[n]);
         let programs = (0..4)
@@ -1455,7 +1447,7 @@ mod tests {
     #[test]
     fn device_threads_serve_a_moved_loaded_and_any_thread() {
         fn shareable<T: Send + Sync>(_: &T) {}
-        let m = mesh(&[2]);
+        let m = Mesh::numbered(&[2], Topology::Torus);
         let sum = collective(0, CollectiveOp::AllReduce { reduce: Reduce::Sum }, vec![vec![0, 1]], &[3]);
         let programs = (0..2).map(|d| program(d, &[12, 12], vec![step("s", sum.clone(), &[1, 0])], vec![0], vec![1]));
         let x = [io("x", DType::F32, &[3], &[None])];
@@ -1493,7 +1485,7 @@ mod tests {
 
     #[test]
     fn streams_run_apart_joined_by_events_and_traced_per_stream() {
-        let m = mesh(&[2]);
+        let m = Mesh::numbered(&[2], Topology::Torus);
         let sum = collective(0, CollectiveOp::AllReduce { reduce: Reduce::Sum }, vec![vec![0, 1]], &[2, 2]);
         let mm = Exec::Library(Library::Matmul { a: vec![2, 2], b: vec![2, 2], out: vec![2, 2] });
         // b1 = all_reduce(b0) on the comm stream while b2 = b0·b0 runs; then b3 = b1·b2.
@@ -1529,7 +1521,7 @@ mod tests {
 
     #[test]
     fn unsound_stream_plans_are_refused() {
-        let m = mesh(&[1]);
+        let m = Mesh::numbered(&[1], Topology::Torus);
         let mm = Exec::Library(Library::Matmul { a: vec![2, 2], b: vec![2, 2], out: vec![2, 2] });
         let refuse = |plan: StreamPlan| {
             let steps = vec![
@@ -1563,7 +1555,7 @@ mod tests {
 
     #[test]
     fn a_failing_stream_stops_the_streams_waiting_for_it() {
-        let m = mesh(&[2]);
+        let m = Mesh::numbered(&[2], Topology::Torus);
         let sum = collective(0, CollectiveOp::AllReduce { reduce: Reduce::Sum }, vec![vec![0, 1]], &[2, 2]);
         let bad = Exec::Library(Library::Matmul { a: vec![2, 3], b: vec![2, 3], out: vec![2, 2] });
         let mm = Exec::Library(Library::Matmul { a: vec![2, 2], b: vec![2, 2], out: vec![2, 2] });
@@ -1600,7 +1592,7 @@ mod tests {
 
     #[test]
     fn a_failing_device_stops_the_others() {
-        let m = mesh(&[2, 2]);
+        let m = Mesh::numbered(&[2, 2], Topology::Torus);
         let sum = collective(0, CollectiveOp::AllReduce { reduce: Reduce::Sum }, m.groups(&[0, 1]), &[6]);
         // One device first runs a matmul whose shapes do not fit: the others wait for it in
         // the all_reduce until its error poisons the fabric. Device 0 runs on the calling
@@ -1628,7 +1620,7 @@ mod tests {
 
     #[test]
     fn collectives_that_cannot_meet_are_refused() {
-        let m = mesh(&[2]);
+        let m = Mesh::numbered(&[2], Topology::Torus);
         let all = vec![vec![0, 1]];
         let a = collective(0, CollectiveOp::AllReduce { reduce: Reduce::Sum }, all.clone(), &[2]);
         let b = collective(1, CollectiveOp::AllReduce { reduce: Reduce::Max }, all.clone(), &[2]);
@@ -1665,7 +1657,7 @@ mod tests {
 
     #[test]
     fn degraded_devices_have_empty_programs_and_run_nothing() {
-        let m = mesh(&[2, 2]);
+        let m = Mesh::numbered(&[2, 2], Topology::Torus);
         let sum = collective(0, CollectiveOp::AllReduce { reduce: Reduce::Mean }, m.groups(&[0, 1]), &[6]);
         let x = || vec![io("x", DType::F32, &[2, 6], &[Some(0), None])];
         let out = || vec![io("s", DType::F32, &[6], &[None])];

@@ -109,10 +109,6 @@ fn degraded_runs_fail_with_one_line_naming_the_device() {
     }
 }
 
-fn mesh(shape: &[usize], topology: Topology) -> Mesh {
-    Mesh { shape: shape.to_vec(), axes: (0..shape.len()).map(|i| format!("a{i}")).collect(), topology }
-}
-
 /// A node of the seed's 4×4 figures: rows a–d (axis 0), columns 1–4 (axis 1).
 fn node(name: &str) -> usize {
     let b = name.as_bytes();
@@ -170,7 +166,7 @@ fn figure(topology: Topology, failed: &[&str], links: &[(&str, &str)], rows_only
         links: links.iter().map(|&(a, b)| (node(a), node(b))).collect(),
         along: rows_only.iter().map(|n| (node(n), 1)).collect(),
     };
-    Topo::new(&mesh(&[4, 4], topology), &deg, false).unwrap()
+    Topo::new(&Mesh::numbered(&[4, 4], topology), &deg, false).unwrap()
 }
 
 fn healthy_count(t: &Topo) -> usize {
@@ -237,7 +233,7 @@ fn figure_7() {
 fn fault_free_matches_a_plain_all_reduce() {
     for topology in [Topology::Mesh, Topology::Torus] {
         for shape in [vec![1], vec![5], vec![4, 4], vec![2, 3, 2]] {
-            let t = Topo::new(&mesh(&shape, topology), &Degradation::default(), false).unwrap();
+            let t = Topo::new(&Mesh::numbered(&shape, topology), &Degradation::default(), false).unwrap();
             check(&t, 29, 10);
         }
     }
@@ -246,7 +242,7 @@ fn fault_free_matches_a_plain_all_reduce() {
 #[test]
 fn strict_treats_partial_as_full() {
     let deg = Degradation { links: vec![(node("c3"), node("c4"))], ..Default::default() };
-    let t = Topo::new(&mesh(&[4, 4], Topology::Mesh), &deg, true).unwrap();
+    let t = Topo::new(&Mesh::numbered(&[4, 4], Topology::Mesh), &deg, true).unwrap();
     assert_eq!(healthy_count(&t), 14);
     check(&t, 16, 11);
 }
@@ -260,17 +256,17 @@ fn an_unreachable_node_is_named() {
     assert_eq!(e, "healthy device (0,0), (0,1), (1,0) cannot reach the others over healthy links");
     // Two halves of equal size: the one without device 0 is named.
     let deg = Degradation { nodes: vec![2], ..Default::default() };
-    let t = Topo::new(&mesh(&[5], Topology::Mesh), &deg, false).unwrap();
+    let t = Topo::new(&Mesh::numbered(&[5], Topology::Mesh), &deg, false).unwrap();
     let e = plan(&t, 8).unwrap_err().to_string();
     assert_eq!(e, "healthy device (3), (4) cannot reach the others over healthy links");
     // On a torus the wrap link joins them.
-    let t = Topo::new(&mesh(&[5], Topology::Torus), &deg, false).unwrap();
+    let t = Topo::new(&Mesh::numbered(&[5], Topology::Torus), &deg, false).unwrap();
     check(&t, 8, 12);
 }
 
 #[test]
 fn degradations_from_the_command_line() {
-    let m = mesh(&[4, 4], Topology::Torus);
+    let m = Mesh::numbered(&[4, 4], Topology::Torus);
     let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let d = Degradation::from_args(&m, &args(&["1,2", "3, 0"]), &args(&["0,0:0,3"])).unwrap();
     assert_eq!(d, Degradation { nodes: vec![6, 12], links: vec![(0, 3)], along: vec![] });
@@ -286,7 +282,7 @@ fn degradations_from_the_command_line() {
 
 #[test]
 fn bad_degradations_are_refused() {
-    let m = mesh(&[4, 4], Topology::Mesh);
+    let m = Mesh::numbered(&[4, 4], Topology::Mesh);
     let cases = [
         (
             Degradation { links: vec![(0, 5)], ..Default::default() },
@@ -325,7 +321,7 @@ fn random_degradations_count_every_healthy_contribution_once() {
         let dims = 1 + rng.below(3);
         let shape: Vec<usize> = (0..dims).map(|_| 1 + rng.below(5)).collect();
         let topology = if rng.below(2) == 0 { Topology::Mesh } else { Topology::Torus };
-        let m = mesh(&shape, topology);
+        let m = Mesh::numbered(&shape, topology);
         let n = m.devices();
         let free = Topo::new(&m, &Degradation::default(), false).unwrap();
         let mut deg = Degradation::default();
@@ -405,7 +401,7 @@ fn random_sub_group_reductions_count_every_healthy_member_once() {
         let dims = 1 + rng.below(3);
         let shape: Vec<usize> = (0..dims).map(|_| 1 + rng.below(4)).collect();
         let topology = if rng.below(2) == 0 { Topology::Mesh } else { Topology::Torus };
-        let m = mesh(&shape, topology);
+        let m = Mesh::numbered(&shape, topology);
         let n = m.devices();
         let free = Topo::new(&m, &Degradation::default(), false).unwrap();
         let mut deg = Degradation::default();

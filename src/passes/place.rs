@@ -461,17 +461,9 @@ pub fn dump(g: &Graph, info: &Info, p: &Placement) -> String {
 mod tests {
     use super::*;
 
-    fn mesh(shape: &[usize]) -> Mesh {
-        Mesh {
-            shape: shape.to_vec(),
-            axes: (0..shape.len()).map(|i| format!("a{i}")).collect(),
-            topology: Topology::Torus,
-        }
-    }
-
     #[test]
     fn slices() {
-        let m = mesh(&[2, 4]);
+        let m = Mesh::numbered(&[2, 4], Topology::Torus);
         assert_eq!(parse_slice(&m, "0:1,*"), Ok(vec![0..1, 0..4]));
         assert_eq!(parse_slice(&m, "1, 2:"), Ok(vec![1..2, 2..4]));
         assert_eq!(parse_slice(&m, ":, :2"), Ok(vec![0..2, 0..2]));
