@@ -371,6 +371,20 @@ fn load_case(graph: &str, spec: &str) -> Result<Case, String> {
     Ok((g, info, params, spec))
 }
 
+/// A testdata graph (the MLP or the transformer) and a random placement of it: the mesh
+/// shape, stage picks and per-stage rules, micro-batched or not (`random_placement`).
+fn placements() -> impl proptest::strategy::Strategy<Value = (&'static str, String)> {
+    use proptest::prelude::*;
+    let picks = proptest::collection::vec(0u8..8, 1..40);
+    (any::<bool>(), 0usize..4, picks, proptest::collection::vec(0u8..8, 4), any::<bool>()).prop_map(
+        |(transformer, shape, picks, rules, microbatched)| {
+            let (rows, cols) = [(2, 2), (3, 2), (4, 2), (2, 4)][shape];
+            let graph = if transformer { "testdata/transformer/graph.json" } else { "testdata/mlp/graph.json" };
+            (graph, random_placement(graph, rows, cols, &picks, &rules, if microbatched { 2 } else { 1 }))
+        },
+    )
+}
+
 /// Places, lowers and joins `graph` under `spec` in-process and runs the per-device programs
 /// on the reference execution (transfers included); compares with expected/.
 fn reference_run(graph: &str, spec: &str) -> Result<(), String> {
@@ -389,17 +403,7 @@ proptest::proptest! {
     /// Any placement with any per-stage rules, micro-batched or not, gives the single-device
     /// answer, and its transfers never deadlock.
     #[test]
-    fn random_placements_give_the_single_device_result(
-        transformer in proptest::bool::ANY,
-        shape in 0usize..4,
-        picks in proptest::collection::vec(0u8..8, 1..40),
-        rules in proptest::collection::vec(0u8..8, 4),
-        microbatched in proptest::bool::ANY,
-    ) {
-        let (rows, cols) = [(2, 2), (3, 2), (4, 2), (2, 4)][shape];
-        let graph = if transformer { "testdata/transformer/graph.json" } else { "testdata/mlp/graph.json" };
-        let microbatches = if microbatched { 2 } else { 1 };
-        let spec = random_placement(graph, rows, cols, &picks, &rules, microbatches);
+    fn random_placements_give_the_single_device_result((graph, spec) in placements()) {
         if let Err(e) = reference_run(graph, &spec) {
             proptest::prop_assert!(false, "{spec}\n{e}");
         }
@@ -428,16 +432,7 @@ proptest::proptest! {
     /// The same through code generation and the runner: every transfer pairs up, moves or
     /// copies the right bytes, and the run (twice, reusing the arenas) gives the answer.
     #[test]
-    fn random_placements_compiled_give_the_single_device_result(
-        transformer in proptest::bool::ANY,
-        shape in 0usize..4,
-        picks in proptest::collection::vec(0u8..8, 1..40),
-        rules in proptest::collection::vec(0u8..8, 4),
-        microbatched in proptest::bool::ANY,
-    ) {
-        let (rows, cols) = [(2, 2), (3, 2), (4, 2), (2, 4)][shape];
-        let graph = if transformer { "testdata/transformer/graph.json" } else { "testdata/mlp/graph.json" };
-        let spec = random_placement(graph, rows, cols, &picks, &rules, if microbatched { 2 } else { 1 });
+    fn random_placements_compiled_give_the_single_device_result((graph, spec) in placements()) {
         if let Err(e) = compiled_run(graph, &spec) {
             proptest::prop_assert!(false, "{spec}\n{e}");
         }
