@@ -161,9 +161,9 @@ impl MatmulShape {
     }
 }
 
-/// Generates the matmul kernel: bufs[0] = result, bufs[1] = a, bufs[2] = b, then the
-/// packing scratch buffer.
-pub fn matmul(target: &Target, name: &str, a: &TensorType, b: &TensorType, out: &TensorType) -> Result<Generated> {
+/// The checked f32 shapes of a matmul kernel and its cache blocking (`None` when there is
+/// nothing to multiply: an empty result or an empty contraction).
+fn plan(name: &str, a: &TensorType, b: &TensorType, out: &TensorType) -> Result<(MatmulShape, Option<Blocks>)> {
     for (what, t) in [("operand a", a), ("operand b", b), ("result", out)] {
         if t.dtype != DType::F32 {
             bail!("matmul kernel {name}: {what} is {}, only f32 is supported", t.dtype);
@@ -171,6 +171,13 @@ pub fn matmul(target: &Target, name: &str, a: &TensorType, b: &TensorType, out: 
     }
     let shape = MatmulShape::new(&a.shape, &b.shape, &out.shape)?;
     let blocks = (shape.out_len() > 0 && shape.k > 0).then(|| Blocks::new(&shape));
+    Ok((shape, blocks))
+}
+
+/// Generates the matmul kernel: bufs[0] = result, bufs[1] = a, bufs[2] = b, then the
+/// packing scratch buffer.
+pub fn matmul(target: &Target, name: &str, a: &TensorType, b: &TensorType, out: &TensorType) -> Result<Generated> {
+    let (shape, blocks) = plan(name, a, b, out)?;
     let fma = target.has("fma");
     let func = build_kernel(target, name, |kb| {
         let (c, a, b) = (kb.buf(0), kb.buf(1), kb.buf(2));
@@ -201,16 +208,10 @@ pub fn matmul(target: &Target, name: &str, a: &TensorType, b: &TensorType, out: 
 /// zeroing. The code depends only on the
 /// shapes: weights with different masks share one kernel.
 pub fn masked(target: &Target, name: &str, a: &TensorType, b: &TensorType, out: &TensorType) -> Result<Generated> {
-    for (what, t) in [("operand a", a), ("operand b", b), ("result", out)] {
-        if t.dtype != DType::F32 {
-            bail!("matmul kernel {name}: {what} is {}, only f32 is supported", t.dtype);
-        }
-    }
+    let (shape, blocks) = plan(name, a, b, out)?;
     if b.shape.len() < 2 {
         bail!("matmul kernel {name}: a masked operand b must be a matrix, not {:?}", b.shape);
     }
-    let shape = MatmulShape::new(&a.shape, &b.shape, &out.shape)?;
-    let blocks = (shape.out_len() > 0 && shape.k > 0).then(|| Blocks::new(&shape));
     let fma = target.has("fma");
     let func = build_kernel(target, name, |kb| {
         let (c, a, b) = (kb.buf(0), kb.buf(1), kb.buf(2));
