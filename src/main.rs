@@ -604,14 +604,14 @@ fn run(path: &Path, io: &Io, opts: &RunOpts, args: &CodegenArgs, pilot: &PilotAr
     if is_artifact(path) {
         let art = Artifact::open_with(path, if opts.trust_weights { Verify::SkipBulk } else { Verify::All })?;
         let mut loaded = driver::load_artifact(&art, &file)?;
-        degrade(&mut loaded, opts)?;
+        configure(&mut loaded, opts)?;
         run_replanning(&mut loaded, io, opts)
     } else {
         let (_, c) = compile_graph(path, args, &driver::Dumps::default(), Some(pilot))?;
         let code = Code::Copied(codegen::ExecCode::new(&c.code)?);
         let weights = meshc::runner::AlignedBuf::from_bytes(&c.weights)?;
         let mut loaded = Loaded::new(c.meta, c.programs, code, weights.as_slice()).with_context(|| file.clone())?;
-        degrade(&mut loaded, opts)?;
+        configure(&mut loaded, opts)?;
         run_replanning(&mut loaded, io, opts)
     }
 }
@@ -684,10 +684,10 @@ fn compare_with_unpruned(path: &Path, reference: &Path, io: &Io, args: &CodegenA
     Ok(())
 }
 
-/// `--degrade`, `--degrade-link` and `--degrade-strict`: re-plans the collectives of the
-/// loaded programs; `--fail-device` and `--timeout`: failure injection and detection;
-/// `--threads`.
-fn degrade(loaded: &mut Loaded, opts: &RunOpts) -> Result<()> {
+/// The run options that set up loaded programs before they run: `--degrade`,
+/// `--degrade-link` and `--degrade-strict` re-plan the collectives; `--fail-device` and
+/// `--timeout` inject and detect failures; `--threads` caps the cores of a one-device run.
+fn configure(loaded: &mut Loaded, opts: &RunOpts) -> Result<()> {
     loaded.set_collective_timeout(timeout(opts)?);
     if let Some(n) = opts.threads {
         loaded.set_threads(n as usize);
