@@ -82,6 +82,14 @@ fn mlp(dead: &[usize], dyadic: bool) -> (Graph, Info, HashMap<String, Tensor>) {
     (g, info, params)
 }
 
+/// A text graph whose params are all `init`: parsed, verified, params made.
+fn parsed(src: &str) -> (Graph, Info, HashMap<String, Tensor>) {
+    let g = meshc_ir::text::parse(src).unwrap_or_else(|e| panic!("{e}\n{src}"));
+    let info = meshc_ir::verify::verify(&g).unwrap();
+    let params = meshc_ir::params::load_all(&g, std::path::Path::new(".")).unwrap();
+    (g, info, params)
+}
+
 /// Inputs ≥ 0.
 fn input(seed: u64, dyadic: bool) -> HashMap<String, Tensor> {
     let x: Vec<f32> = values(BATCH * IN, seed, dyadic).iter().map(|v| v.abs()).collect();
@@ -337,9 +345,7 @@ fn apply_prunes_only_what_stays_exactly_zero() {
   y = softmax(v) {axis = -1}
   output y
 }";
-    let g = meshc_ir::text::parse(src).unwrap();
-    let info = meshc_ir::verify::verify(&g).unwrap();
-    let params = meshc_ir::params::load_all(&g, std::path::Path::new(".")).unwrap();
+    let (g, info, params) = parsed(src);
     let x = Tensor::f32(vec![4, 8], values(32, 9, false));
     let cfg = Config {
         runs: vec![HashMap::from([("x".to_string(), x.clone())])],
@@ -387,9 +393,7 @@ fn deep_mlp_prunes_rows_and_columns_of_one_weight() {
   y = matmul(a2, w3)
   output y
 }";
-    let g = meshc_ir::text::parse(src).unwrap();
-    let info = meshc_ir::verify::verify(&g).unwrap();
-    let params = meshc_ir::params::load_all(&g, std::path::Path::new(".")).unwrap();
+    let (g, info, params) = parsed(src);
     let x = Tensor::f32(vec![16, 24], values(16 * 24, 21, false));
     let inputs = HashMap::from([("x".to_string(), x.clone())]);
     let cfg = Config { runs: vec![inputs.clone()], simplify: Simplify::Exponent, block: 8, select: Select::Keep(0.4) };
