@@ -793,7 +793,11 @@ impl<'w> Loaded<'w> {
         let exchange = Exchange::default();
         let (fail, degraded) = (None, Default::default());
         let lanes = programs.iter().map(lanes).collect::<Result<_>>()?;
-        let threads = rayon::current_num_threads();
+        // Not rayon::current_num_threads(): that starts the pool's threads, which a run
+        // that never splits a kernel does not need (and load time would pay for). Asked
+        // once: the answer comes from cgroup files (~20 µs).
+        static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        let threads = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         Ok(Loaded {
             meta,
             programs,
