@@ -30,6 +30,7 @@ use meshc_ir::{Attr, Attrs, DType, Node, Op, TensorType};
 
 use super::emit::{build_kernel, mem, KernelBuilder, LANES};
 use super::math::Math;
+use super::movement::{advance, for_parts, Dim};
 use super::{parts_for, Generated, Target};
 
 /// Vectors per iteration of the innermost loop.
@@ -67,12 +68,20 @@ pub fn fused(target: &Target, name: &str, f: &Fused) -> Result<Generated> {
     let plan = Plan::new(f).with_context(|| format!("fused elementwise kernel {name}"))?;
     let func = build_kernel(target, name, |k| {
         if plan.dims.iter().all(|&d| d > 0) {
-            let at = At { out: k.buf(0), ins: (0..plan.strides.len()).map(|i| k.buf(i + 1)).collect() };
-            plan.outer(k, target, 0, &at);
+            let ptrs: Vec<Value> = (0..=plan.strides.len()).map(|i| k.buf(i)).collect();
+            let nest = plan.nest();
+            let (outer, inner) = nest.split_at(nest.len() - 1);
+            for_parts(k, outer, &ptrs, &mut |k, p| plan.inner(k, target, &At::of(p), inner[0].n));
             if plan.tail > 0 {
+                // The elements after the last chunk of a chunked flat loop.
                 let last = k.b.ins().iadd_imm_s(k.parts, -1);
                 let is_last = k.b.ins().icmp(IntCC::Equal, k.part, last);
-                k.when(is_last, |k| plan.tail(k, target, &at));
+                k.when(is_last, |k| {
+                    let chunks = k.iconst(nest[0].n as i64);
+                    let p: Vec<Value> =
+                        ptrs.iter().zip(&nest[0].strides).map(|(&p, &s)| advance(k, p, chunks, s)).collect();
+                    plan.inner(k, target, &At::of(&p), plan.tail)
+                });
             }
         }
     });
@@ -83,6 +92,13 @@ pub fn fused(target: &Target, name: &str, f: &Fused) -> Result<Generated> {
 struct At {
     out: Value,
     ins: Vec<Value>,
+}
+
+impl At {
+    /// From the kernel's buffer order: the result, then the inputs.
+    fn of(ptrs: &[Value]) -> At {
+        At { out: ptrs[0], ins: ptrs[1..].to_vec() }
+    }
 }
 
 /// What a node computes, with its attributes resolved.
@@ -196,38 +212,18 @@ impl Plan {
         parts_for(result + f.inputs.iter().map(TensorType::size_bytes).sum::<usize>(), self.dims[0])
     }
 
-    /// Loop level `d` of the nest, with the result's and the inputs' current addresses; the
-    /// outermost level runs only this call's part of its iterations.
-    fn outer(&self, k: &mut KernelBuilder, target: &Target, d: usize, at: &At) {
-        if d + 1 == self.dims.len() {
-            return self.inner(k, target, at, self.dims[d]);
-        }
-        let (start, end) =
-            if d == 0 { k.part_range(self.dims[0] as i64) } else { (k.iconst(0), k.iconst(self.dims[d] as i64)) };
-        k.for_range(start, end, 1, |k, i| {
-            let at = self.advance(k, at, d, i);
-            self.outer(k, target, d + 1, &at);
-        });
-    }
-
-    /// The elements after the last chunk of a chunked flat loop.
-    fn tail(&self, k: &mut KernelBuilder, target: &Target, at: &At) {
-        let chunks = k.iconst(self.dims[0] as i64);
-        let at = self.advance(k, at, 0, chunks);
-        self.inner(k, target, &at, self.tail);
-    }
-
-    /// The addresses `i` steps along loop level `d` from `at`.
-    fn advance(&self, k: &mut KernelBuilder, at: &At, d: usize, i: Value) -> At {
-        let step = |s: usize, dt: DType| (s * dt.size_bytes()) as i64;
-        let out = k.addr(at.out, i, step(self.out_strides[d], self.out_dtype()));
-        let ins = (at.ins.iter().enumerate())
-            .map(|(j, &p)| match self.strides[j][d] {
-                0 => p,
-                s => k.addr(p, i, step(s, self.dtypes[j])),
+    /// The loop nest, outermost first, with the byte strides of the result and of each
+    /// input (the kernel's buffer order) along each dim.
+    fn nest(&self) -> Vec<Dim> {
+        let bytes = |s: usize, dt: DType| (s * dt.size_bytes()) as i64;
+        (0..self.dims.len())
+            .map(|d| {
+                let ins = self.strides.iter().zip(&self.dtypes).map(|(s, &dt)| bytes(s[d], dt));
+                let strides: Vec<i64> =
+                    std::iter::once(bytes(self.out_strides[d], self.out_dtype())).chain(ins).collect();
+                Dim::new(self.dims[d], &strides)
             })
-            .collect();
-        At { out, ins }
+            .collect()
     }
 
     fn out_dtype(&self) -> DType {

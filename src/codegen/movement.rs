@@ -69,7 +69,7 @@ pub(crate) fn collapse(dims: &[Dim]) -> Vec<Dim> {
 }
 
 /// `ptr + i * stride` (bytes); no arithmetic for stride 0.
-fn advance(kb: &mut KernelBuilder, ptr: Value, i: Value, stride: i64) -> Value {
+pub(crate) fn advance(kb: &mut KernelBuilder, ptr: Value, i: Value, stride: i64) -> Value {
     if stride == 0 {
         ptr
     } else {
