@@ -15,11 +15,13 @@ use std::time::Instant;
 
 use common::{median, time_collective};
 
-use meshc::fabric::{Fabric, SMALL_BYTES};
-use meshc::mesh::{Mesh, Topology};
-use meshc::program::{Buffer, Collective, CollectiveOp, Exec, IoSpec, Meta, Program, Reduce, Step, Storage, ALIGN};
-use meshc::runner::{Code, Loaded};
 use meshc_ir::{DType, Tensor, TensorType};
+use meshc_runtime::fabric::{Fabric, SMALL_BYTES};
+use meshc_runtime::mesh::{Mesh, Topology};
+use meshc_runtime::program::{
+    Buffer, Collective, CollectiveOp, Exec, IoSpec, Meta, Program, Reduce, Step, Storage, ALIGN,
+};
+use meshc_runtime::runner::Loaded;
 
 fn all_reduce(groups: Vec<Vec<usize>>, numel: usize) -> Collective {
     Collective {
@@ -117,7 +119,7 @@ fn main() {
     }
 
     let (meta, programs) = runner_program(&torus8, 1);
-    let l = Loaded::new(meta, programs, Code::Copied(meshc::codegen::ExecCode::new(&[]).unwrap()), &[]).unwrap();
+    let l = Loaded::in_memory(meta, programs, &[], &[]).unwrap();
     let x = HashMap::from([("x".to_string(), Tensor::f32(vec![1], vec![1.0]))]);
     let t = median(
         (0..500)

@@ -12,8 +12,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use meshc::codegen::{compile, matmul::matmul, ExecCode, Target};
-use meshc::library;
 use meshc_ir::{DType, TensorType};
+use meshc_runtime::library;
 
 /// A zeroed, 64-byte aligned buffer, as the runner hands kernels.
 struct Buf {

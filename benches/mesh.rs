@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use meshc::compile::{Compiled, Options};
 use meshc::driver::{self, Dumps};
-use meshc::runner::{AlignedBuf, Code, Loaded};
-use meshc::{codegen, layout};
+
+use meshc::layout;
 use meshc_ir::{params, text, verify, Data, Tensor};
 
 const B: usize = 512;
@@ -46,9 +46,7 @@ fn input() -> HashMap<String, Tensor> {
 
 /// Median seconds per run, and the outputs of the last run.
 fn time(c: Compiled, runs: usize) -> (f64, Tensor) {
-    let weights = AlignedBuf::from_bytes(&c.weights).unwrap();
-    let code = Code::Copied(codegen::ExecCode::new(&c.code).unwrap());
-    let l = Loaded::new(c.meta, c.programs, code, weights.as_slice()).unwrap();
+    let l = c.load().unwrap();
     let x = input();
     let mut y = l.run(&x).unwrap();
     let mut t: Vec<f64> = (0..runs)

@@ -26,13 +26,13 @@ use std::time::Instant;
 use meshc::compile::{Compiled, Gemm, Options};
 use meshc::driver::{self, Dumps};
 use meshc::passes::pilot::{Config, Select, Simplify, DEFAULT_BLOCK};
-use meshc::runner::{AlignedBuf, Code, Loaded};
 use meshc_ir::{Data, Tensor};
+use meshc_runtime::runner::Loaded;
 
 const DIR: &str = "testdata/pilot_mlp";
 
 struct Model {
-    loaded: Loaded<'static>,
+    loaded: Loaded,
     flops: u64,
     skipped: u64,
 }
@@ -41,10 +41,7 @@ fn load(c: Compiled) -> Model {
     let flops = c.meta.flops;
     let skipped =
         c.programs.iter().flat_map(|p| &p.buffers).filter_map(|b| b.mask.as_ref()).map(|m| m.flops_skipped).sum();
-    // A handful of models live until the process ends: leaking their weights is simplest.
-    let weights: &'static AlignedBuf = Box::leak(Box::new(AlignedBuf::from_bytes(&c.weights).unwrap()));
-    let code = Code::Copied(meshc::codegen::ExecCode::new(&c.code).unwrap());
-    Model { loaded: Loaded::new(c.meta, c.programs, code, weights.as_slice()).unwrap(), flops, skipped }
+    Model { loaded: c.load().unwrap(), flops, skipped }
 }
 
 impl Model {

@@ -13,8 +13,7 @@ use std::time::Instant;
 
 use common::testdata_graphs;
 use meshc::compile::{self, Compiled, Options};
-use meshc::runner::{AlignedBuf, Code, Loaded};
-use meshc::{codegen, driver};
+use meshc::driver;
 use meshc_ir::{load, params, text, verify, Data, Graph, Tensor};
 
 /// Median wall time of `f` in seconds, after one warm-up call.
@@ -51,15 +50,9 @@ fn random(shape: &[usize], seed: u32) -> Tensor {
     Tensor::new(shape.to_vec(), Data::F32(v))
 }
 
-fn loaded(c: Compiled, weights: &AlignedBuf) -> Loaded<'_> {
-    let code = Code::Copied(codegen::ExecCode::new(&c.code).unwrap());
-    Loaded::new(c.meta, c.programs, code, weights.as_slice()).unwrap()
-}
-
 /// Runs a compiled graph in memory `n` times; median seconds per whole run.
 fn time_compiled(c: Compiled, inputs: &HashMap<String, Tensor>, n: usize) -> f64 {
-    let weights = AlignedBuf::from_bytes(&c.weights).unwrap();
-    let l = loaded(c, &weights);
+    let l = c.load().unwrap();
     median(n, || {
         l.run(inputs).unwrap();
     })
@@ -68,8 +61,7 @@ fn time_compiled(c: Compiled, inputs: &HashMap<String, Tensor>, n: usize) -> f64
 /// Median seconds of the steps alone (no input/output copies) over `n` runs, on at most
 /// `threads` cores.
 fn time_steps(c: Compiled, inputs: &HashMap<String, Tensor>, n: usize, threads: usize) -> f64 {
-    let weights = AlignedBuf::from_bytes(&c.weights).unwrap();
-    let mut l = loaded(c, &weights);
+    let mut l = c.load().unwrap();
     l.set_threads(threads);
     let mut runs = Vec::new();
     for _ in 0..=n {
@@ -215,8 +207,9 @@ fn load_time() {
         driver::write_artifact(&c, &art).unwrap();
         let size = std::fs::metadata(&art).unwrap().len();
         let t_open = median(21, || {
-            let a = meshc::artifact::Artifact::open_with(&art, meshc::artifact::Verify::SkipBulk).unwrap();
-            std::hint::black_box(driver::load_artifact(&a, "bench").unwrap());
+            let a =
+                meshc_runtime::artifact::Artifact::open_with(&art, meshc_runtime::artifact::Verify::SkipBulk).unwrap();
+            std::hint::black_box(meshc_runtime::loader::load_artifact(a, "bench").unwrap());
         });
         let input = format!("i={}", x.display());
         let t_proc = median(21, || {

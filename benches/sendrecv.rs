@@ -1,5 +1,5 @@
 //! `cargo bench --bench sendrecv`: point-to-point transfers and pipelining (issue 5).
-//! - The rendezvous (`meshc::exchange`) between two device threads: one-way latency of a
+//! - The rendezvous (`meshc_runtime::exchange`) between two device threads: one-way latency of a
 //!   4-byte transfer (ping-pong, half the round trip) and throughput of a 64 MiB transfer,
 //!   for both protocols, against a 64 MiB memcpy on one thread.
 //! - A transformer block (batch 32, seq 32, embed 256, 8 heads, hidden 1024; the structure of
@@ -19,11 +19,11 @@ use std::time::{Duration, Instant};
 use common::{cpu_seconds, median, transformer, transformer_inputs};
 use meshc::compile::{Compiled, Options};
 use meshc::driver::{self, Dumps};
-use meshc::exchange::Exchange;
-use meshc::program::{Protocol, Transfer};
-use meshc::runner::{AlignedBuf, Code, Loaded};
-use meshc::{codegen, layout};
+use meshc::layout;
 use meshc_ir::{params, text, verify, Tensor};
+use meshc_runtime::exchange::Exchange;
+use meshc_runtime::program::{Protocol, Transfer};
+use meshc_runtime::runner::{AlignedBuf, Loaded};
 
 fn transfer(key: &str, peer: usize, bytes: usize, protocol: Protocol) -> Transfer {
     Transfer { key: key.into(), peer, bytes, protocol }
@@ -143,15 +143,7 @@ struct Timed {
 /// Runs the compiled programs in turn, `runs` rounds (so that a loaded machine slows all
 /// of them alike).
 fn time_alternating(cs: Vec<Compiled>, runs: usize) -> Vec<Timed> {
-    let held: Vec<(AlignedBuf, Compiled)> =
-        cs.into_iter().map(|c| (AlignedBuf::from_bytes(&c.weights).unwrap(), c)).collect();
-    let loaded: Vec<Loaded> = held
-        .iter()
-        .map(|(w, c)| {
-            let code = Code::Copied(codegen::ExecCode::new(&c.code).unwrap());
-            Loaded::new(c.meta.clone(), c.programs.clone(), code, w.as_slice()).unwrap()
-        })
-        .collect();
+    let loaded: Vec<Loaded> = cs.into_iter().map(|c| c.load().unwrap()).collect();
     let x = inputs();
     let mut outs: Vec<Tensor> = loaded.iter().map(|l| l.run(&x).unwrap().remove("y").unwrap()).collect();
     let mut t: Vec<Vec<f64>> = vec![Vec::new(); loaded.len()];

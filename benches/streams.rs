@@ -30,12 +30,12 @@ use std::time::Instant;
 use common::{cpu_seconds, testdata_graphs, transformer, transformer_inputs};
 use meshc::compile::{Compiled, Options};
 use meshc::driver::{self, Dumps};
+use meshc::layout;
 use meshc::passes::buffers::naive_bytes;
 use meshc::passes::streams::Config;
-use meshc::runner::{AlignedBuf, Code, Loaded};
-use meshc::{codegen, layout};
 use meshc_ir::verify::Info;
 use meshc_ir::{Graph, Tensor};
+use meshc_runtime::runner::Loaded;
 
 fn build(
     g: &Graph,
@@ -46,13 +46,6 @@ fn build(
 ) -> Compiled {
     let opts = Options { streams, ..Options::default() };
     driver::build(g, info, spec, params, &opts, &Dumps::default(), None).expect("compiles")
-}
-
-fn load(c: Compiled) -> (Loaded<'static>, &'static AlignedBuf) {
-    // Leaked: a bench process loads a handful of programs and exits.
-    let weights: &'static AlignedBuf = Box::leak(Box::new(AlignedBuf::from_bytes(&c.weights).unwrap()));
-    let code = Code::Copied(codegen::ExecCode::new(&c.code).unwrap());
-    (Loaded::new(c.meta, c.programs, code, weights.as_slice()).unwrap(), weights)
 }
 
 fn arenas() {
@@ -110,7 +103,7 @@ fn overlap(label: &str, g: &Graph, info: &Info, params: &HashMap<String, Tensor>
         .map(|(_, _, cfg)| {
             let c = build(g, info, params, Some(spec), cfg.clone());
             let on_comm = c.programs.iter().map(|p| p.streams.streams.get(1).map_or(0, |s| s.steps.len())).sum();
-            (load(c).0, on_comm)
+            (c.load().unwrap(), on_comm)
         })
         .collect();
     let want = loaded[2].0.run(&inputs).unwrap();
@@ -148,7 +141,7 @@ fn overlap(label: &str, g: &Graph, info: &Info, params: &HashMap<String, Tensor>
         let mut trace = Vec::new();
         l.run_timed(&inputs, &mut |t| trace.push(t.clone())).unwrap();
         let path = out_dir().join(format!("{}-{file}.trace.json", label.replace(' ', "-")));
-        std::fs::write(&path, meshc::trace::chrome_trace(&l.meta, &l.programs, &trace)).unwrap();
+        std::fs::write(&path, meshc_runtime::trace::chrome_trace(&l.meta, &l.programs, &trace)).unwrap();
         println!(
             "{name:<20} {:9.3} ms  {:5.2}x vs single  cores busy {:3.0}%  ({on_comm} communication steps on comm streams; trace {})",
             medians[k] * 1e3,

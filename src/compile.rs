@@ -11,14 +11,15 @@ use meshc_ir::{Graph, Node, Op, Tensor, TensorType};
 
 use crate::codegen::elementwise::{Arg, Fused, FusedNode};
 use crate::codegen::{self, Generated, Target};
-use crate::library;
-use crate::mesh::{Layout, Mesh};
 use crate::passes;
 use crate::passes::lower::Lowered;
-use crate::program::{
+use meshc_runtime::library;
+use meshc_runtime::mesh::{Layout, Mesh};
+use meshc_runtime::program::{
     align_up, Buffer, Collective, CollectiveOp, Exec, IoSpec, Kernel, Library, Meta, Program, Protocol, Reduce, Step,
     Storage, Transfer, ALIGN,
 };
+use meshc_runtime::runner::Loaded;
 
 /// Which implementation serves matmuls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,6 +63,14 @@ pub struct Compiled {
     pub programs: Vec<Program>,
     pub code: Vec<u8>,
     pub weights: Vec<u8>,
+}
+
+impl Compiled {
+    /// The compiled programs ready to run in this process, with no artifact file in
+    /// between: the same code and weight bytes an artifact would hold.
+    pub fn load(self) -> Result<Loaded> {
+        Loaded::in_memory(self.meta, self.programs, &self.code, &self.weights)
+    }
 }
 
 /// Kernels start at this alignment inside the code section (a cache-line boundary).
@@ -203,7 +212,7 @@ fn local_masks<'g>(
     consts: &HashMap<String, Tensor>,
     keeps: &HashMap<String, Tensor>,
     block: usize,
-) -> HashMap<&'g str, (crate::mask::Mask, crate::program::MaskInfo)> {
+) -> HashMap<&'g str, (meshc_runtime::mask::Mask, meshc_runtime::program::MaskInfo)> {
     let mut out = HashMap::new();
     for n in g.nodes.iter().filter(|n| n.op == Op::MatMul && !consts.contains_key(&n.name)) {
         let w = n.inputs[1].as_str();
@@ -216,13 +225,14 @@ fn local_masks<'g>(
                 row_keep[(i / cols) % k] = true;
             }
         }
-        let mask = crate::mask::Mask::new(&col_keep, &row_keep, block);
+        let mask = meshc_runtime::mask::Mask::new(&col_keep, &row_keep, block);
         if !mask.prunes() {
             continue;
         }
         let flops = node_flops(n, info);
         let skipped = flops - (flops as f64 * mask.kept_fraction()).round() as u64;
-        let entry = crate::program::MaskInfo { bytes: mask.record_len(), rows: k, cols, flops, flops_skipped: skipped };
+        let entry =
+            meshc_runtime::program::MaskInfo { bytes: mask.record_len(), rows: k, cols, flops, flops_skipped: skipped };
         out.insert(w, (mask, entry));
     }
     out

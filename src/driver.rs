@@ -13,12 +13,11 @@ use std::collections::{BTreeMap, HashMap};
 use meshc_ir::verify::Info;
 use meshc_ir::Tensor;
 
-use crate::artifact::{Artifact, SectionKind, Writer};
 use crate::compile::{compile, compile_lowered, Compiled, Options};
 use crate::layout::Spec;
 use crate::passes;
-use crate::program::{CollectiveOp, Exec, Library, Meta, Program, Storage, ALIGN};
-use crate::runner::{Code, Loaded};
+use meshc_runtime::artifact::{SectionKind, Writer};
+use meshc_runtime::program::{Program, Storage, ALIGN};
 
 /// The passes `--dump-after` can name, in pipeline order (their number prefixes the files
 /// of `--dump-dir`).
@@ -115,9 +114,10 @@ pub fn build(
     if let Some(placement) = placement {
         // Stages hand their results on by send/recv: a failed device would break the
         // pipeline. Failed links only re-plan the collectives.
-        let degraded = crate::degraded::Degradation::from_spec(&spec.mesh, &spec.degraded);
-        let topo = crate::degraded::Topo::new(&spec.mesh, &degraded, false).with_context(|| spec.file.clone())?;
-        crate::degraded::keep_stages(&topo).with_context(|| spec.file.clone())?;
+        let degraded = spec.degraded.degradation(&spec.mesh);
+        let topo =
+            meshc_runtime::degraded::Topo::new(&spec.mesh, &degraded, false).with_context(|| spec.file.clone())?;
+        crate::degrade::keep_stages(&topo).with_context(|| spec.file.clone())?;
         let joined = lower_placed(g, info, spec, &placement, dumps)?;
         emit_pilot()?;
         let mut compiled = compile_lowered(g, info, &joined, params, opts)?;
@@ -130,23 +130,23 @@ pub fn build(
     let layouts = passes::layout::propagate(g, info, &spec.mesh, spec.seed_layouts(g, info)?);
     dumps.emit("layout", || passes::layout::dump(g, info, &layouts))?;
     let mut lowered = passes::lower::lower(g, info, &layouts)?;
-    let degraded = crate::degraded::Degradation::from_spec(&spec.mesh, &spec.degraded);
+    let degraded = spec.degraded.degradation(&spec.mesh);
     let split: Vec<(&str, usize)> = g
         .params
         .iter()
         .flat_map(|p| layouts.of.get(&p.name).into_iter().flatten().flatten().map(|&a| (p.name.as_str(), a)))
         .collect();
-    let topo = crate::degraded::Topo::new(&spec.mesh, &degraded, false).with_context(|| spec.file.clone())?;
-    crate::degraded::keep_model_shards(&topo, &split).with_context(|| spec.file.clone())?;
+    let topo = meshc_runtime::degraded::Topo::new(&spec.mesh, &degraded, false).with_context(|| spec.file.clone())?;
+    crate::degrade::keep_model_shards(&topo, &split).with_context(|| spec.file.clone())?;
     let mut model_axes: Vec<usize> = split.iter().map(|&(_, a)| a).filter(|&a| spec.mesh.shape[a] > 1).collect();
     model_axes.sort();
     model_axes.dedup();
     if degraded.is_empty() {
         dumps.emit("lower", || passes::lower::dump(&lowered))?;
     } else {
-        let text = crate::degraded::dump_lowered(&lowered, &degraded).with_context(|| spec.file.clone())?;
+        let text = crate::degrade::dump_lowered(&lowered, &degraded).with_context(|| spec.file.clone())?;
         dumps.emit("lower", || text)?;
-        crate::degraded::leave_out(&mut lowered, &degraded)?;
+        crate::degrade::leave_out(&mut lowered, &degraded)?;
     }
     emit_pilot()?;
     let mut compiled = compile_lowered(g, info, &lowered, params, opts)?;
@@ -235,27 +235,6 @@ pub fn write_artifact(c: &Compiled, out: &Path) -> Result<()> {
     w.write(out)
 }
 
-fn parse_sections(art: &Artifact, file: &str) -> Result<(Meta, Vec<Program>)> {
-    let section = |k: SectionKind| art.section(k).ok_or_else(|| anyhow!("{file}: no {} section", k.name()));
-    let meta: Meta =
-        serde_json::from_slice(section(SectionKind::Meta)?).with_context(|| format!("{file}: bad meta section"))?;
-    let programs: Vec<Program> = serde_json::from_slice(section(SectionKind::Program)?)
-        .with_context(|| format!("{file}: bad program section"))?;
-    if programs.len() != meta.mesh.devices() {
-        return Err(anyhow!("{file}: {} programs for a mesh of {} devices", programs.len(), meta.mesh.devices()));
-    }
-    Ok((meta, programs))
-}
-
-/// Opens a verified artifact for running. The code is mapped executable only after the
-/// container verified it (`Artifact::map_code`) and the metadata parsed.
-pub fn load_artifact<'a>(art: &'a Artifact, file: &str) -> Result<Loaded<'a>> {
-    let (meta, programs) = parse_sections(art, file)?;
-    let weights = art.section(SectionKind::Weights).unwrap_or(&[]);
-    let code = art.map_code()?;
-    Loaded::new(meta, programs, Code::Mapped(code), weights).with_context(|| file.to_string())
-}
-
 /// Every file an artifact is built from: the graph, its param files and the layout spec.
 pub fn dependencies(graph_path: &Path, g: &Graph, spec: Option<&Path>) -> Vec<PathBuf> {
     let base = graph_path.parent().unwrap_or(Path::new("."));
@@ -282,104 +261,6 @@ pub fn depfile(out: &Path, deps: &[PathBuf]) -> String {
     }
     s.push('\n');
     s
-}
-
-/// The report of `meshc inspect`: sections, metadata, kernels, buffers and steps.
-pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
-    let (meta, programs) = parse_sections(art, file)?;
-    let mut s = String::new();
-    writeln!(s, "artifact {file}")?;
-    writeln!(s, "sections:")?;
-    for sec in art.sections() {
-        writeln!(
-            s,
-            "  {:<8} offset {:>10}  size {:>10}  crc32 {:08x}",
-            sec.kind.name(),
-            sec.offset,
-            sec.size,
-            sec.checksum
-        )?;
-    }
-    writeln!(
-        s,
-        "graph {} | target {} [{}] | {} device(s)",
-        meta.graph,
-        meta.target,
-        meta.features.join(" "),
-        meta.mesh.devices()
-    )?;
-    let m = &meta.mesh;
-    if m.devices() > 1 {
-        let shape: Vec<String> = m.shape.iter().map(usize::to_string).collect();
-        writeln!(s, "mesh {} [{}] axes [{}]", m.topology.name(), shape.join("x"), m.axes.join(", "))?;
-    }
-    if !meta.degraded.is_empty() {
-        let c = |d: usize| crate::degraded::coords_string(m, d);
-        let nodes: Vec<String> = meta.degraded.nodes.iter().map(|&d| c(d)).collect();
-        let links: Vec<String> = meta.degraded.links.iter().map(|&(a, b)| format!("{}-{}", c(a), c(b))).collect();
-        writeln!(s, "degraded devices [{}] links [{}]", nodes.join(" "), links.join(" "))?;
-    }
-    let io = |what: &str, i: &crate::program::IoSpec| {
-        let layout = if i.layout.iter().any(Option::is_some) {
-            format!(" layout {}", i.mesh(m).layout_string(&i.layout))
-        } else {
-            String::new()
-        };
-        let stage = i.stage.as_ref().map_or(String::new(), |s| {
-            let d: Vec<String> = s.devices.iter().map(usize::to_string).collect();
-            format!(" on devices [{}]", d.join(","))
-        });
-        format!("{what} {}: {}{:?}{layout}{stage}", i.name, i.dtype, i.shape)
-    };
-    for i in &meta.inputs {
-        writeln!(s, "{}", io("input ", i))?;
-    }
-    for o in &meta.outputs {
-        writeln!(s, "{}", io("output", o))?;
-    }
-    for p in &programs {
-        program_report(&mut s, p)?;
-        mask_report(&mut s, p, art.section(SectionKind::Weights).unwrap_or(&[]))?;
-    }
-    if let Some(total) = flops_skipped(&programs, meta.flops) {
-        writeln!(s, "{total}")?;
-    }
-    transfer_report(&mut s, &programs)?;
-    Ok(s)
-}
-
-/// The pruning masks of one device's weights, read back from the weights section.
-fn mask_report(s: &mut String, p: &Program, weights: &[u8]) -> Result<()> {
-    for b in &p.buffers {
-        let (Some(info), Storage::Weights { offset }) = (&b.mask, &b.storage) else { continue };
-        let m = crate::mask::Mask::decode(weights, *offset, info.rows, info.cols)
-            .with_context(|| format!("weight '{}'", b.name))?;
-        let runs =
-            |r: &[(usize, usize)]| r.iter().map(|(s, l)| format!("[{s},{})", s + l)).collect::<Vec<_>>().join(" ");
-        let mut parts = Vec::new();
-        if m.cols_kept() < m.cols {
-            parts.push(format!(
-                "columns kept {} of {} in {}-wide blocks {}",
-                m.cols_kept(),
-                m.cols,
-                m.block,
-                runs(&m.col_runs)
-            ));
-        }
-        if m.rows_kept() < m.rows {
-            parts.push(format!("rows kept {} of {} {}", m.rows_kept(), m.rows, runs(&m.row_runs)));
-        }
-        writeln!(
-            s,
-            "  mask {}: {}; FLOPs skipped {} of {} ({} bytes before the weight)",
-            b.name,
-            parts.join(", "),
-            info.flops_skipped,
-            info.flops,
-            info.bytes
-        )?;
-    }
-    Ok(())
 }
 
 /// The error of each of the `pruned` outputs against the `unpruned` ones (`run
@@ -417,96 +298,4 @@ pub fn compare(pruned: &BTreeMap<String, Tensor>, unpruned: &BTreeMap<String, Te
         writeln!(s)?;
     }
     Ok(s)
-}
-
-/// The FLOPs the masks of `programs` skip, per weight and in total against `flops`, the
-/// unpruned graph's; None without masks.
-pub fn flops_skipped(programs: &[Program], flops: u64) -> Option<String> {
-    let mut per: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
-    for b in programs.iter().flat_map(|p| &p.buffers) {
-        if let Some(m) = &b.mask {
-            *per.entry(b.name.as_str()).or_default() += m.flops_skipped;
-        }
-    }
-    if per.is_empty() {
-        return None;
-    }
-    let total: u64 = per.values().sum();
-    let each: Vec<String> = per.iter().map(|(n, f)| format!("{n} {f}")).collect();
-    let pct = 100.0 * total as f64 / flops.max(1) as f64;
-    Some(format!("pilot: FLOPs skipped {total} of {flops} ({pct:.1}%): {}", each.join(", ")))
-}
-
-fn program_report(s: &mut String, p: &Program) -> Result<()> {
-    writeln!(
-        s,
-        "device {}: arena {} bytes, {} buffers, {} kernels, {} steps",
-        p.device,
-        p.arena_bytes,
-        p.buffers.len(),
-        p.kernels.len(),
-        p.steps.len()
-    )?;
-    writeln!(s, "kernels:")?;
-    for (i, k) in p.kernels.iter().enumerate() {
-        let parts = if k.parts > 1 { format!("  {} parts", k.parts) } else { String::new() };
-        writeln!(s, "  k{i:<3} {:<32} offset {:>7}  {:>6} bytes{parts}", k.name, k.offset, k.len)?;
-    }
-    writeln!(s, "buffers:")?;
-    for (i, b) in p.buffers.iter().enumerate() {
-        let at = match b.storage {
-            Storage::Arena { offset } => format!("arena+{offset}"),
-            Storage::Weights { offset } => format!("weights+{offset}"),
-        };
-        writeln!(s, "  b{i:<3} {:<24} {:>10} bytes  {at}", b.name, b.bytes)?;
-    }
-    if !p.streams.streams.is_empty() {
-        writeln!(s, "streams: {}", passes::streams::summary(p))?;
-    }
-    writeln!(s, "steps:")?;
-    for (i, st) in p.steps.iter().enumerate() {
-        let exec = match &st.exec {
-            Exec::Kernel(k) => format!("kernel k{k}"),
-            Exec::Library(Library::Matmul { a, b, .. }) => format!("library gemm {a:?}x{b:?}"),
-            Exec::Collective(c) => {
-                let group = c.groups.iter().find(|g| g.contains(&p.device)).cloned().unwrap_or_default();
-                let group: Vec<String> = group.iter().map(usize::to_string).collect();
-                format!("#{} {} {}{:?} group [{}]", c.id, collective_name(&c.op), c.dtype, c.shape, group.join(","))
-            }
-            Exec::Send(t) => format!("send -> {} {} {} B", t.peer, t.protocol.name(), t.bytes),
-            Exec::Recv(t) => format!("recv <- {} {} {} B", t.peer, t.protocol.name(), t.bytes),
-        };
-        let bufs: Vec<String> = st.buffers.iter().map(|b| format!("b{b}")).collect();
-        let sync = if p.streams.streams.is_empty() { String::new() } else { passes::streams::step_note(p, i) };
-        writeln!(s, "  {:<24} {:<36} ({}) {sync}", st.node, exec, bufs.join(", "))?;
-    }
-    Ok(())
-}
-
-/// The send/recv pairs of all programs, by key: who sends to whom, how many bytes, which
-/// protocol.
-fn transfer_report(s: &mut String, programs: &[Program]) -> Result<()> {
-    let sends: Vec<(usize, &crate::program::Transfer)> = programs
-        .iter()
-        .flat_map(|p| {
-            p.steps.iter().filter_map(move |st| if let Exec::Send(t) = &st.exec { Some((p.device, t)) } else { None })
-        })
-        .collect();
-    if sends.is_empty() {
-        return Ok(());
-    }
-    writeln!(s, "transfers: {} send/recv pair(s)", sends.len())?;
-    for (d, t) in sends {
-        writeln!(s, "  {:<32} device {d} -> device {}  {:>10} bytes  {}", t.key, t.peer, t.bytes, t.protocol.name())?;
-    }
-    Ok(())
-}
-
-fn collective_name(op: &CollectiveOp) -> String {
-    match op {
-        CollectiveOp::AllReduce { reduce } => format!("all_reduce {}", reduce.name()),
-        CollectiveOp::AllGather { axis } => format!("all_gather axis {axis}"),
-        CollectiveOp::ReduceScatter { axis, reduce } => format!("reduce_scatter axis {axis} {}", reduce.name()),
-        CollectiveOp::AllToAll { split_axis, concat_axis } => format!("all_to_all {split_axis}->{concat_axis}"),
-    }
 }

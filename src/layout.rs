@@ -15,8 +15,9 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::mesh::{Layout, Mesh, Topology};
 pub use crate::passes::layout::Source;
+use meshc_runtime::degraded::Degradation;
+use meshc_runtime::mesh::{Layout, Mesh, Topology};
 
 pub const FORMAT: &str = "meshc-layout/1";
 
@@ -47,6 +48,17 @@ pub struct Spec {
 pub struct Degraded {
     pub nodes: Vec<Vec<usize>>,
     pub links: Vec<(Vec<usize>, Vec<usize>)>,
+}
+
+impl Degraded {
+    /// The validated coordinates as device numbers, as the runtime's planner takes them.
+    pub fn degradation(&self, mesh: &Mesh) -> Degradation {
+        Degradation {
+            nodes: self.nodes.iter().map(|c| mesh.device(c)).collect(),
+            links: self.links.iter().map(|(a, b)| (mesh.device(a), mesh.device(b))).collect(),
+            along: Vec::new(),
+        }
+    }
 }
 
 /// A layout the spec fixes for one tensor, and why.

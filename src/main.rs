@@ -5,12 +5,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use meshc::artifact::{self, Artifact, Verify};
-use meshc::runner::{Code, Loaded};
-use meshc::{codegen, compile, driver};
+use meshc::{compile, driver};
 use meshc_ir::{json, load, params, text, verify::Info, Graph, Tensor, TensorType};
+use meshc_runtime::artifact::{Artifact, Verify};
+use meshc_runtime::cli::{self, is_artifact, name_eq_file, read_inputs, Io, RunArgs};
+use meshc_runtime::inspect::flops_skipped;
+use meshc_runtime::loader::load_artifact;
+use meshc_runtime::runner::Loaded;
 
 #[derive(Parser)]
 #[command(
@@ -73,43 +76,8 @@ enum Cmd {
         program: PathBuf,
         #[command(flatten)]
         io: Io,
-        /// Run N more times and print min/median/max latency and GFLOP/s.
-        #[arg(long, value_name = "N")]
-        bench: Option<usize>,
-        /// Skip the weights checksum when opening an artifact (load time independent of size).
-        #[arg(long)]
-        trust_weights: bool,
-        /// Compare every output with DIR/NAME.npy (e.g. the interpreter's or numpy's) and fail
-        /// unless |got - want| <= 1e-5 + 1e-4·|want| everywhere (non-f32 outputs: exactly).
-        #[arg(long, value_name = "DIR")]
-        check_against: Option<PathBuf>,
-        /// Write a Chrome/Perfetto trace of the (first) run: a track per device, an event per
-        /// step, and the waits inside collectives.
-        #[arg(long, value_name = "FILE.json")]
-        trace: Option<PathBuf>,
-        /// After the run, print the bytes each mesh link carried, and the maximum.
-        #[arg(long)]
-        link_stats: bool,
-        /// Treat a device as failed (coordinates, e.g. 1,2); may be repeated. All-reduces over
-        /// the whole mesh route around it and leave out its operand.
-        #[arg(long, value_name = "DEVICE")]
-        degrade: Vec<String>,
-        /// Treat the link between two neighbouring devices as failed (e.g. 0,0:0,1); may be
-        /// repeated.
-        #[arg(long, value_name = "A:B")]
-        degrade_link: Vec<String>,
-        /// Treat partially degraded devices (a failed link, or all neighbours along a
-        /// dimension degraded) as failed.
-        #[arg(long)]
-        degrade_strict: bool,
-        /// Make a device stop answering when it reaches its STEP-th collective (from 0), to
-        /// test detection (e.g. 1,2@0).
-        #[arg(long, value_name = "DEVICE@STEP")]
-        fail_device: Option<String>,
-        /// When a device is found silent, degrade it and run the whole graph again without
-        /// it (data-parallel layouts).
-        #[arg(long)]
-        replan_on_failure: bool,
+        #[command(flatten)]
+        run: RunArgs,
         /// Also run the unpruned graph on the same inputs and print the pruned run's error
         /// (max abs, relative L2, argmax agreement of classifier-like outputs). For a graph
         /// compiled with --pilot-*, no value is needed; for a pruned artifact, give the
@@ -120,16 +88,6 @@ enum Cmd {
         /// the masks fit the input at hand (the graph is compiled for it, in memory).
         #[arg(long, conflicts_with = "pilot_inputs")]
         conditional: bool,
-        /// How long a device waits for a peer — a recv for its send (or a send for its recv),
-        /// a collective for a member that shows no sign of life — before the run fails
-        /// instead of hanging; the error names the key or member and the devices.
-        #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
-        timeout: f64,
-        /// The most cores a one-device run uses: its large elementwise and reduction kernels
-        /// split into that many parts and its library GEMMs fork that many threads (default:
-        /// every core; results are the same for any N). Mesh runs use one core per stream.
-        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-        threads: Option<u32>,
         #[command(flatten)]
         codegen: CodegenArgs,
         #[command(flatten)]
@@ -200,21 +158,9 @@ fn main() -> ExitCode {
     // `-MF DEPFILE` is the compiler-driver spelling build systems know (gcc, clang); clap
     // has no two-letter short flags, so it is read as `--MF`.
     let args = std::env::args_os().map(|a| if a == "-MF" { "--MF".into() } else { a });
-    let cli = match Cli::try_parse_from(args) {
+    let cli: Cli = match cli::parse(args) {
         Ok(cli) => cli,
-        Err(e) if !e.use_stderr() => {
-            // --help and --version
-            print!("{e}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            let rendered = e.to_string();
-            eprintln!(
-                "{}",
-                rendered.lines().take_while(|l| !l.trim().is_empty()).map(str::trim).collect::<Vec<_>>().join(" ")
-            );
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let result = match cli.cmd {
         Cmd::Check { graph, layout } => check(&graph, layout.as_deref()),
@@ -224,67 +170,21 @@ fn main() -> ExitCode {
             driver::Dumps::new(dump_after, dump_dir)
                 .and_then(|dumps| compile_cmd(&graph, &o, &codegen, depfile.as_deref(), &dumps, &pilot))
         }
-        Cmd::Run {
-            program,
-            io,
-            bench,
-            trust_weights,
-            check_against,
-            trace,
-            link_stats,
-            degrade,
-            degrade_link,
-            degrade_strict,
-            fail_device,
-            replan_on_failure,
-            compare_unpruned,
-            conditional,
-            timeout,
-            threads,
-            codegen,
-            mut pilot,
-        } => {
+        Cmd::Run { program, io, run: run_args, compare_unpruned, conditional, codegen, mut pilot } => {
             if conditional {
                 pilot.inputs = io.inputs.clone();
             }
-            let opts = RunOpts {
-                bench,
-                trust_weights,
-                check_against: check_against.as_deref(),
-                trace: trace.as_deref(),
-                link_stats,
-                degrade: &degrade,
-                degrade_link: &degrade_link,
-                degrade_strict,
-                fail_device: fail_device.as_deref(),
-                replan_on_failure,
-                timeout,
-                threads,
-            };
             unpruned_reference(&program, compare_unpruned.as_deref(), &pilot).and_then(|reference| {
-                run(&program, &io, &opts, &codegen, &pilot)?;
+                run(&program, &io, &run_args, &codegen, &pilot)?;
                 match reference {
                     Some(r) => compare_with_unpruned(&program, &r, &io, &codegen, &pilot),
                     None => Ok(()),
                 }
             })
         }
-        Cmd::Inspect { artifact } => inspect(&artifact),
+        Cmd::Inspect { artifact } => cli::inspect(&artifact),
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            // anyhow's alternate form joins the context chain on one line.
-            eprintln!(
-                "error: {}",
-                format!("{e:#}")
-                    .chars()
-                    .flat_map(|c| if c.is_control() { c.escape_default().collect() } else { vec![c] })
-                    .collect::<String>()
-            );
-            ExitCode::FAILURE
-        }
-    }
+    cli::exit(result)
 }
 
 fn base_dir(graph: &Path) -> &Path {
@@ -386,86 +286,8 @@ fn fmt(path: &Path, to: Format, out: Option<&Path>) -> Result<()> {
     Ok(())
 }
 
-/// Splits `NAME=FILE`.
-fn name_eq_file<'a>(arg: &'a str, flag: &str) -> Result<(&'a str, &'a str)> {
-    match arg.split_once('=') {
-        Some((n, f)) if !n.is_empty() && !f.is_empty() => Ok((n, f)),
-        _ => bail!("{flag} '{arg}': expected NAME=FILE.npy"),
-    }
-}
-
-/// Reads the `--input` values and checks them against the expected inputs: every input
-/// given once, nothing else, each with the declared dtype and shape.
-fn read_inputs(expected: &[(String, TensorType)], args: &[String]) -> Result<HashMap<String, Tensor>> {
-    let mut values = HashMap::new();
-    for arg in args {
-        let (name, file) = name_eq_file(arg, "--input")?;
-        let Some((_, ty)) = expected.iter().find(|(n, _)| n == name) else {
-            let names: Vec<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
-            bail!("--input {name}: the graph has no input '{name}' (its inputs: {})", names.join(", "));
-        };
-        let t = Tensor::read_npy(Path::new(file)).with_context(|| format!("--input {name}"))?;
-        if t.ty() != *ty {
-            bail!("--input {name}: {file} holds {}, the graph expects {ty}", t.ty());
-        }
-        if values.insert(name.to_string(), t).is_some() {
-            bail!("--input {name} is given twice");
-        }
-    }
-    if let Some((name, ty)) = expected.iter().find(|(n, _)| !values.contains_key(n)) {
-        bail!("missing --input {name}=FILE.npy (the graph's input '{name}' is {ty})");
-    }
-    Ok(values)
-}
-
 fn graph_inputs(g: &Graph) -> Vec<(String, TensorType)> {
     g.inputs.iter().map(|i| (i.name.clone(), i.ty.clone())).collect()
-}
-
-/// The `--input`/`--output`/`--output-dir` arguments of `interp` and `run`.
-#[derive(clap::Args)]
-struct Io {
-    /// An input value: NAME=FILE.npy (repeat for each input).
-    #[arg(long = "input", value_name = "NAME=FILE.npy")]
-    inputs: Vec<String>,
-    /// Write one output: NAME=FILE.npy (repeatable).
-    #[arg(long = "output", value_name = "NAME=FILE.npy", conflicts_with = "output_dir")]
-    outputs: Vec<String>,
-    /// Write every output to DIR/NAME.npy.
-    #[arg(long)]
-    output_dir: Option<PathBuf>,
-}
-
-impl Io {
-    /// The `--output NAME=FILE` requests, checked against the output names.
-    fn wanted(&self, names: &[&str]) -> Result<Vec<(String, PathBuf)>> {
-        let mut wanted = Vec::new();
-        for arg in &self.outputs {
-            let (name, file) = name_eq_file(arg, "--output")?;
-            if !names.contains(&name) {
-                bail!("--output {name}: the graph has no output '{name}' (its outputs: {})", names.join(", "));
-            }
-            wanted.push((name.to_string(), PathBuf::from(file)));
-        }
-        Ok(wanted)
-    }
-
-    /// Writes the results as asked, or prints a summary of each when nothing was asked.
-    fn write(&self, mut wanted: Vec<(String, PathBuf)>, results: &BTreeMap<String, Tensor>) -> Result<()> {
-        if let Some(dir) = &self.output_dir {
-            std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create directory", dir.display()))?;
-            wanted = results.keys().map(|k| (k.clone(), dir.join(format!("{k}.npy")))).collect();
-        }
-        for (name, file) in &wanted {
-            results[name].write_npy(file)?;
-        }
-        if wanted.is_empty() {
-            for (name, t) in results {
-                println!("{name}: {}", summary(t));
-            }
-        }
-        Ok(())
-    }
 }
 
 fn interp(path: &Path, io: &Io) -> Result<()> {
@@ -563,7 +385,7 @@ fn compile_cmd(
     pilot: &PilotArgs,
 ) -> Result<()> {
     let (g, compiled) = compile_graph(path, args, dumps, Some(pilot))?;
-    if let Some(report) = driver::flops_skipped(&compiled.programs, compiled.meta.flops) {
+    if let Some(report) = flops_skipped(&compiled.programs, compiled.meta.flops) {
         eprintln!("{report}");
     }
     driver::write_artifact(&compiled, out)?;
@@ -574,63 +396,18 @@ fn compile_cmd(
     Ok(())
 }
 
-fn is_artifact(path: &Path) -> bool {
-    use std::io::Read;
-    let mut magic = [0u8; 8];
-    std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && magic == artifact::MAGIC
-}
-
-/// The options of `run` beyond inputs and outputs.
-struct RunOpts<'a> {
-    bench: Option<usize>,
-    trust_weights: bool,
-    check_against: Option<&'a Path>,
-    trace: Option<&'a Path>,
-    link_stats: bool,
-    degrade: &'a [String],
-    degrade_link: &'a [String],
-    degrade_strict: bool,
-    fail_device: Option<&'a str>,
-    replan_on_failure: bool,
-    timeout: f64,
-    threads: Option<u32>,
-}
-
-fn run(path: &Path, io: &Io, opts: &RunOpts, args: &CodegenArgs, pilot: &PilotArgs) -> Result<()> {
+fn run(path: &Path, io: &Io, run_args: &RunArgs, args: &CodegenArgs, pilot: &PilotArgs) -> Result<()> {
     let file = path.display().to_string();
     if is_artifact(path) && !pilot.inputs.is_empty() {
         bail!("{file}: --pilot-input and --conditional prune a graph as it is compiled; this is an artifact");
     }
-    if is_artifact(path) {
-        let art = Artifact::open_with(path, if opts.trust_weights { Verify::SkipBulk } else { Verify::All })?;
-        let mut loaded = driver::load_artifact(&art, &file)?;
-        configure(&mut loaded, opts)?;
-        run_replanning(&mut loaded, io, opts)
+    let mut loaded = if is_artifact(path) {
+        cli::open(path, run_args)?
     } else {
         let (_, c) = compile_graph(path, args, &driver::Dumps::default(), Some(pilot))?;
-        let code = Code::Copied(codegen::ExecCode::new(&c.code)?);
-        let weights = meshc::runner::AlignedBuf::from_bytes(&c.weights)?;
-        let mut loaded = Loaded::new(c.meta, c.programs, code, weights.as_slice()).with_context(|| file.clone())?;
-        configure(&mut loaded, opts)?;
-        run_replanning(&mut loaded, io, opts)
-    }
-}
-
-/// `run_loaded`, and with `--replan-on-failure`, once more without the devices a failed run
-/// found silent (they are degraded: the collectives are re-planned around them).
-fn run_replanning(loaded: &mut Loaded, io: &Io, opts: &RunOpts) -> Result<()> {
-    match run_loaded(loaded, io, opts) {
-        Err(e) if opts.replan_on_failure && !loaded.failed_devices().is_empty() => {
-            let dead = loaded.failed_devices();
-            let names: Vec<String> =
-                dead.iter().map(|&d| meshc::degraded::coords_string(&loaded.meta.mesh, d)).collect();
-            eprintln!("{e:#}: re-planning without {} and running again", names.join(", "));
-            let deg = meshc::degraded::Degradation { nodes: dead, ..Default::default() };
-            loaded.degrade(&deg, opts.degrade_strict).context("--replan-on-failure")?;
-            run_loaded(loaded, io, opts)
-        }
-        r => r,
-    }
+        c.load().with_context(|| file.clone())?
+    };
+    cli::run(&mut loaded, io, run_args)
 }
 
 /// The unpruned program `--compare-unpruned` names (empty: `path` compiled without the
@@ -660,18 +437,14 @@ fn compare_with_unpruned(path: &Path, reference: &Path, io: &Io, args: &CodegenA
     let results = |p: &Path, pilot: &PilotArgs| -> Result<BTreeMap<String, Tensor>> {
         let name = p.display().to_string();
         let with = |loaded: &Loaded| -> Result<BTreeMap<String, Tensor>> {
-            let expected: Vec<(String, TensorType)> =
-                loaded.meta.inputs.iter().filter_map(|s| Some((s.name.clone(), s.ty()?))).collect();
-            loaded.run(&read_inputs(&expected, &io.inputs)?)
+            loaded.run(&read_inputs(&cli::expected_inputs(loaded), &io.inputs)?)
         };
         if is_artifact(p) {
             let art = Artifact::open_with(p, Verify::All)?;
-            with(&driver::load_artifact(&art, &name)?)
+            with(&load_artifact(art, &name)?)
         } else {
             let (_, c) = compile_graph(p, args, &driver::Dumps::default(), Some(pilot))?;
-            let weights = meshc::runner::AlignedBuf::from_bytes(&c.weights)?;
-            let code = Code::Copied(codegen::ExecCode::new(&c.code)?);
-            with(&Loaded::new(c.meta, c.programs, code, weights.as_slice()).with_context(|| name.clone())?)
+            with(&c.load().with_context(|| name.clone())?)
         }
     };
     let pruned = results(path, pilot)?;
@@ -682,125 +455,4 @@ fn compare_with_unpruned(path: &Path, reference: &Path, io: &Io, args: &CodegenA
         driver::compare(&pruned, &unpruned).with_context(|| format!("--compare-unpruned {}", reference.display()))?
     );
     Ok(())
-}
-
-/// The run options that set up loaded programs before they run: `--degrade`,
-/// `--degrade-link` and `--degrade-strict` re-plan the collectives; `--fail-device` and
-/// `--timeout` inject and detect failures; `--threads` caps the cores of a one-device run.
-fn configure(loaded: &mut Loaded, opts: &RunOpts) -> Result<()> {
-    loaded.set_collective_timeout(timeout(opts)?);
-    if let Some(n) = opts.threads {
-        loaded.set_threads(n as usize);
-    }
-    if !opts.degrade.is_empty() || !opts.degrade_link.is_empty() || opts.degrade_strict {
-        let deg = meshc::degraded::Degradation::from_args(&loaded.meta.mesh, opts.degrade, opts.degrade_link)
-            .context("--degrade")?;
-        loaded.degrade(&deg, opts.degrade_strict).context("--degrade")?;
-    }
-    if let Some(f) = opts.fail_device {
-        let (device, step) = f
-            .split_once('@')
-            .and_then(|(d, s)| Some((d, s.trim().parse::<usize>().ok()?)))
-            .ok_or_else(|| anyhow!("--fail-device '{f}': expected DEVICE@STEP such as 1,2@0"))?;
-        let d = meshc::degraded::Degradation::from_args(&loaded.meta.mesh, &[device.to_string()], &[])
-            .context("--fail-device")?;
-        loaded.fail_device(d.nodes[0], step).context("--fail-device")?;
-    }
-    Ok(())
-}
-
-/// Compares each result with DIR/NAME.npy under the tolerance of `Tensor::closeness` and
-/// prints the worst error per output.
-fn check_against(results: &BTreeMap<String, Tensor>, dir: &Path) -> Result<()> {
-    let mut failed = Vec::new();
-    for (name, got) in results {
-        let file = dir.join(format!("{name}.npy"));
-        let want = Tensor::read_npy(&file)?;
-        if want.ty() != got.ty() {
-            bail!("--check-against: {} holds {}, output '{name}' is {}", file.display(), want.ty(), got.ty());
-        }
-        let c = got.closeness(&want);
-        let ok = c.first_bad.is_none();
-        println!(
-            "check {name}: max abs error {:.3e} against {} ({})",
-            c.max_abs_err,
-            file.display(),
-            if ok { "ok" } else { "FAILED" }
-        );
-        if !ok {
-            failed.push(name.as_str());
-        }
-    }
-    if !failed.is_empty() {
-        bail!("outputs {} differ from {} beyond 1e-5 + 1e-4·|want|", failed.join(", "), dir.display());
-    }
-    Ok(())
-}
-
-/// `--timeout`: one bound on every wait for a peer, transfers and collectives alike.
-fn timeout(opts: &RunOpts) -> Result<std::time::Duration> {
-    std::time::Duration::try_from_secs_f64(opts.timeout)
-        .ok()
-        .filter(|t| !t.is_zero())
-        .ok_or_else(|| anyhow!("--timeout {}: expected a positive number of seconds", opts.timeout))
-}
-
-fn run_loaded(loaded: &Loaded, io: &Io, opts: &RunOpts) -> Result<()> {
-    loaded.set_timeout(timeout(opts)?);
-    let expected: Vec<(String, TensorType)> =
-        loaded.meta.inputs.iter().filter_map(|s| Some((s.name.clone(), s.ty()?))).collect();
-    let inputs = read_inputs(&expected, &io.inputs)?;
-    let names: Vec<&str> = loaded.meta.outputs.iter().map(|o| o.name.as_str()).collect();
-    let wanted = io.wanted(&names)?;
-    let results = match opts.trace {
-        None => loaded.run(&inputs)?,
-        Some(file) => {
-            let mut times = Vec::new();
-            let results = loaded.run_timed(&inputs, &mut |t| times.push(t.clone()))?;
-            std::fs::write(file, meshc::trace::chrome_trace(&loaded.meta, &loaded.programs, &times))
-                .with_context(|| format!("{}: cannot write", file.display()))?;
-            results
-        }
-    };
-    let links = opts.link_stats.then(|| loaded.link_stats());
-    if let Some(dir) = opts.check_against {
-        check_against(&results, dir)?;
-    }
-    if let Some(n) = opts.bench {
-        let mut times = Vec::with_capacity(n);
-        for _ in 0..n.max(1) {
-            let t = std::time::Instant::now();
-            loaded.run(&inputs)?;
-            times.push(t.elapsed().as_secs_f64());
-        }
-        times.sort_by(f64::total_cmp);
-        let med = times[times.len() / 2];
-        eprintln!(
-            "bench: {} runs, latency min {:.3} ms, median {:.3} ms, max {:.3} ms, {:.2} GFLOP/s (median, {} FLOPs)",
-            times.len(),
-            times[0] * 1e3,
-            med * 1e3,
-            times[times.len() - 1] * 1e3,
-            loaded.meta.flops as f64 / med / 1e9,
-            loaded.meta.flops
-        );
-    }
-    io.write(wanted, &results)?;
-    if let Some(links) = links {
-        print!("{}", links.report());
-    }
-    Ok(())
-}
-
-fn inspect(path: &Path) -> Result<()> {
-    let art = Artifact::open_with(path, Verify::All)?;
-    print!("{}", driver::inspect(&art, &path.display().to_string())?);
-    Ok(())
-}
-
-/// A one-line look at a tensor: type and its first values.
-fn summary(t: &Tensor) -> String {
-    let v = t.data.to_f64();
-    let head: Vec<String> = v.iter().take(6).map(|x| format!("{x:.6}")).collect();
-    format!("{} [{}{}]", t.ty(), head.join(", "), if v.len() > 6 { ", ..." } else { "" })
 }

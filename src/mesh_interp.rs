@@ -12,8 +12,8 @@ use meshc_ir::infer::{attr_int, attr_str};
 use meshc_ir::verify::{verify, Info};
 use meshc_ir::{interp, Attr, DType, Data, Op, ParamData, Tensor, TensorType};
 
-use crate::mesh::Mesh;
 use crate::passes::lower::Lowered;
+use meshc_runtime::mesh::Mesh;
 
 /// Row-major strides of `shape`.
 fn strides(shape: &[usize]) -> Vec<usize> {

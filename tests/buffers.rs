@@ -16,13 +16,13 @@ use std::path::Path;
 
 use meshc::compile::{compile, compile_lowered, Compiled, Options};
 use meshc::layout::Seed;
-use meshc::mesh::Mesh;
 use meshc::passes::buffers::naive_bytes;
 use meshc::passes::layout::propagate;
 use meshc::passes::lower::lower;
 use meshc::passes::streams::Config;
-use meshc::program::{Exec, Program, Storage, ALIGN};
-use meshc::runner::{AlignedBuf, Code, Loaded};
+use meshc_runtime::mesh::Mesh;
+use meshc_runtime::program::{Exec, Program, Storage, ALIGN};
+
 use meshc_ir::verify::Info;
 use meshc_ir::{Graph, Tensor};
 use proptest::prelude::*;
@@ -95,7 +95,7 @@ fn check_streams(p: &Program) -> Result<(), String> {
     // Every reader of a buffer after its writer; every writer after the earlier readers.
     for b in 0..p.buffers.len() {
         // (step, writes it): a step writes its first buffer, but a send only reads it.
-        let writes = |s: &meshc::program::Step, k: usize| k == 0 && !matches!(s.exec, Exec::Send(_));
+        let writes = |s: &meshc_runtime::program::Step, k: usize| k == 0 && !matches!(s.exec, Exec::Send(_));
         let touch: Vec<(usize, bool)> = (p.steps.iter().enumerate())
             .flat_map(|(i, s)| {
                 s.buffers.iter().enumerate().filter(|&(_, &x)| x == b).map(move |(k, _)| (i, writes(s, k)))
@@ -139,8 +139,9 @@ fn check_plan(p: &Program) -> Result<(), String> {
             t.push(IN);
         }
         // The receiver of a `move` send reads the sender's buffer until the run ends.
-        let moved = |s: &meshc::program::Step| {
-            matches!(&s.exec, Exec::Send(t) if t.protocol == meshc::program::Protocol::Move) && s.buffers.contains(&b)
+        let moved = |s: &meshc_runtime::program::Step| {
+            matches!(&s.exec, Exec::Send(t) if t.protocol == meshc_runtime::program::Protocol::Move)
+                && s.buffers.contains(&b)
         };
         if p.outputs.contains(&b) || p.steps.iter().any(moved) {
             t.push(OUT);
@@ -192,9 +193,7 @@ fn check_plan(p: &Program) -> Result<(), String> {
 }
 
 fn run(c: Compiled, inputs: &HashMap<String, Tensor>) -> Result<BTreeMap<String, Tensor>, String> {
-    let weights = AlignedBuf::from_bytes(&c.weights).unwrap();
-    let code = Code::Copied(meshc::codegen::ExecCode::new(&c.code).unwrap());
-    let loaded = Loaded::new(c.meta, c.programs, code, weights.as_slice()).map_err(|e| format!("{e:#}"))?;
+    let loaded = c.load().map_err(|e| format!("{e:#}"))?;
     loaded.run(inputs).map_err(|e| format!("{e:#}"))
 }
 

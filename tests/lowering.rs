@@ -9,11 +9,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use meshc::layout::Seed;
-use meshc::mesh::Mesh;
 use meshc::passes::layout::propagate;
 use meshc::passes::lower::lower;
 use meshc_ir::verify::Info;
 use meshc_ir::{Graph, Tensor};
+use meshc_runtime::mesh::Mesh;
 use proptest::prelude::*;
 
 struct Case {
@@ -74,10 +74,7 @@ fn check_compiled(c: &Case, mesh: &Mesh, seeds: BTreeMap<String, Seed>) -> Resul
     let compiled =
         meshc::compile::compile_lowered(&c.g, &c.info, &lowered, &c.params, &meshc::compile::Options::default())
             .map_err(|e| format!("{e:#}"))?;
-    let weights = meshc::runner::AlignedBuf::from_bytes(&compiled.weights).unwrap();
-    let code = meshc::runner::Code::Copied(meshc::codegen::ExecCode::new(&compiled.code).unwrap());
-    let loaded = meshc::runner::Loaded::new(compiled.meta, compiled.programs, code, weights.as_slice())
-        .map_err(|e| format!("{e:#}"))?;
+    let loaded = compiled.load().map_err(|e| format!("{e:#}"))?;
     let got = loaded.run(&c.inputs).map_err(|e| format!("{e:#}"))?;
     for (name, want) in &c.want {
         let closeness = got[name].closeness(want);

@@ -14,9 +14,9 @@ use common::{meshc, scratch};
 use meshc::compile::{Compiled, Gemm, Options};
 use meshc::driver::{self, Dumps};
 use meshc::passes::pilot::{self, Config, Select, Simplify};
-use meshc::runner::{AlignedBuf, Code, Loaded};
 use meshc_ir::verify::Info;
 use meshc_ir::{Graph, Tensor};
+use meshc_runtime::runner::Loaded;
 
 const BATCH: usize = 24;
 const IN: usize = 20;
@@ -116,10 +116,8 @@ fn build(
 fn run(
     c: Compiled,
     inputs: &HashMap<String, Tensor>,
-) -> (BTreeMap<String, Tensor>, BTreeMap<String, meshc::mask::Mask>) {
-    let weights = AlignedBuf::from_bytes(&c.weights).unwrap();
-    let code = Code::Copied(meshc::codegen::ExecCode::new(&c.code).unwrap());
-    let loaded = Loaded::new(c.meta, c.programs, code, weights.as_slice()).unwrap();
+) -> (BTreeMap<String, Tensor>, BTreeMap<String, meshc_runtime::mask::Mask>) {
+    let loaded = c.load().unwrap();
     let masks = (loaded.programs[0].buffers.iter().enumerate())
         .filter_map(|(i, b)| Some((b.name.clone(), loaded.mask(0, i)?.clone())))
         .collect();
@@ -304,7 +302,7 @@ fn corrupted_mask_records_are_refused_at_load() {
     let c = build(&m, None, Gemm::Cranelift, Some(&config(Select::Keep(0.5))));
     let (offset, info) = (c.programs[0].buffers.iter())
         .find_map(|b| match (&b.storage, &b.mask) {
-            (meshc::program::Storage::Weights { offset }, Some(info)) => Some((*offset, info.clone())),
+            (meshc_runtime::program::Storage::Weights { offset }, Some(info)) => Some((*offset, info.clone())),
             _ => None,
         })
         .expect("a masked weight");
@@ -312,15 +310,13 @@ fn corrupted_mask_records_are_refused_at_load() {
     for (at, byte, want) in [
         (record, b'X', "bad mask record magic"),
         // The first column run's start, beyond the weight's columns.
-        (record + meshc::mask::HEADER + 1, 0x7f, "out of order or out of bounds"),
+        (record + meshc_runtime::mask::HEADER + 1, 0x7f, "out of order or out of bounds"),
         // The record's length word.
         (offset - 4, 3, "no mask record"),
     ] {
         let mut weights = c.weights.clone();
         weights[at] = byte;
-        let w = AlignedBuf::from_bytes(&weights).unwrap();
-        let code = Code::Copied(meshc::codegen::ExecCode::new(&c.code).unwrap());
-        let e = Loaded::new(c.meta.clone(), c.programs.clone(), code, w.as_slice()).err().expect("refused");
+        let e = Loaded::in_memory(c.meta.clone(), c.programs.clone(), &c.code, &weights).err().expect("refused");
         assert!(format!("{e:#}").contains(want), "{e:#}");
     }
 }

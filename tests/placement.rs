@@ -416,9 +416,7 @@ fn compiled_run(graph: &str, spec: &str) -> Result<(), String> {
     let opts = meshc::compile::Options::default();
     let c = meshc::driver::build(&g, &info, Some(&spec), &params, &opts, &Default::default(), None)
         .map_err(|e| format!("{e:#}"))?;
-    let code = meshc::runner::Code::Copied(meshc::codegen::ExecCode::new(&c.code).map_err(|e| e.to_string())?);
-    let weights = meshc::runner::AlignedBuf::from_bytes(&c.weights).map_err(|e| e.to_string())?;
-    let l = meshc::runner::Loaded::new(c.meta, c.programs, code, weights.as_slice()).map_err(|e| format!("{e:#}"))?;
+    let l = c.load().map_err(|e| format!("{e:#}"))?;
     let inputs = common::testdata_inputs(path, &g).map_err(|e| e.to_string())?;
     for _ in 0..2 {
         common::matches_expected(path, &l.run(&inputs).map_err(|e| format!("{e:#}"))?)?;
@@ -474,8 +472,8 @@ fn a_broken_artifact_times_out_naming_the_key_and_both_devices() {
     let opts = meshc::compile::Options::default();
     let mut c = meshc::driver::build(&g, &info, Some(&spec), &params, &opts, &Default::default(), None).unwrap();
     let steps = &mut c.programs[1].steps;
-    let key = |s: &meshc::program::Step| match &s.exec {
-        meshc::program::Exec::Recv(t) => t.key.clone(),
+    let key = |s: &meshc_runtime::program::Step| match &s.exec {
+        meshc_runtime::program::Exec::Recv(t) => t.key.clone(),
         _ => String::new(),
     };
     let h = steps.iter().position(|s| key(s) == "h:0->1").unwrap();

@@ -8,10 +8,10 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use meshc::fabric::{Delivery, Fabric};
-use meshc::program::Collective;
-use meshc::runner::AlignedBuf;
 use meshc_ir::{Data, Graph, Tensor};
+use meshc_runtime::fabric::{Delivery, Fabric};
+use meshc_runtime::program::Collective;
+use meshc_runtime::runner::AlignedBuf;
 
 pub fn median(mut t: Vec<f64>) -> f64 {
     t.sort_by(f64::total_cmp);

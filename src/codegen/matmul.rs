@@ -1,7 +1,7 @@
 //! The matmul kernel: numpy `matmul` on f32 (docs/ops.md), as a Cranelift-generated,
 //! packed, register-blocked GEMM. Also owns `MatmulShape`, the reduction of a matmul's
 //! shapes to a loop nest of plain row-major GEMMs, which the library path
-//! (`crate::library`) shares so both paths agree on the semantics.
+//! (`meshc_runtime::library`) shares so both paths agree on the semantics.
 //!
 //! Design (BLIS-style loop nest; all shapes are baked in, block edges are runtime values
 //! computed from constants):
@@ -36,6 +36,7 @@ use meshc_ir::{DType, TensorType};
 
 use super::emit::{build_kernel, mem, KernelBuilder, F32X4, LANES};
 use super::{Generated, Target};
+pub use meshc_runtime::matmul_shape::{BatchDim, MatmulShape};
 
 /// Rows of the register tile (one accumulator vector per row).
 const MR: usize = 12;
@@ -53,113 +54,6 @@ const MC: usize = 144;
 const NC: usize = 1024;
 
 const F32: usize = 4;
-
-/// One batch dimension of the result, with the element strides of the operands' matrices
-/// along it (0 where an operand is broadcast).
-#[derive(Clone, Debug, PartialEq)]
-pub struct BatchDim {
-    pub size: usize,
-    pub a_stride: usize,
-    pub b_stride: usize,
-    pub out_stride: usize,
-}
-
-/// A matmul as a loop nest over `batch` of `[m,k] @ [k,n]` products of dense row-major
-/// matrices. Size-1 batch dims are dropped, and a batch over which `b` is shared but `a`
-/// is not is folded into `m` (one tall GEMM instead of many short ones).
-#[derive(Clone, Debug, PartialEq)]
-pub struct MatmulShape {
-    pub m: usize,
-    pub k: usize,
-    pub n: usize,
-    pub batch: Vec<BatchDim>,
-}
-
-impl MatmulShape {
-    /// numpy `matmul` shape rules; `out` must be exactly the result shape.
-    pub fn new(a: &[usize], b: &[usize], out: &[usize]) -> Result<MatmulShape> {
-        let (shape, want) = MatmulShape::infer(a, b)?;
-        if want != out {
-            bail!("matmul result shape {out:?} does not match {a:?} @ {b:?} (expected {want:?})");
-        }
-        Ok(shape)
-    }
-
-    /// The plan for `a @ b`, and the result's shape.
-    pub fn infer(a: &[usize], b: &[usize]) -> Result<(MatmulShape, Vec<usize>)> {
-        let (a_batch, m, k) = match a {
-            [] => bail!("matmul operand a is a scalar"),
-            [k] => (&[][..], 1, *k),
-            [batch @ .., m, k] => (batch, *m, *k),
-        };
-        let (b_batch, k2, n) = match b {
-            [] => bail!("matmul operand b is a scalar"),
-            [k] => (&[][..], *k, 1),
-            [batch @ .., k, n] => (batch, *k, *n),
-        };
-        if k != k2 {
-            bail!("matmul contraction dims differ: {a:?} @ {b:?}");
-        }
-        let rank = a_batch.len().max(b_batch.len());
-        let aligned = |s: &[usize], i: usize| (i + s.len()).checked_sub(rank).map(|j| s[j]);
-        let mut batch_shape = Vec::with_capacity(rank);
-        for i in 0..rank {
-            let (da, db) = (aligned(a_batch, i).unwrap_or(1), aligned(b_batch, i).unwrap_or(1));
-            batch_shape.push(match (da, db) {
-                _ if da == db => da,
-                (1, d) | (d, 1) => d,
-                _ => bail!("matmul batch dims cannot be broadcast together: {a:?} @ {b:?}"),
-            });
-        }
-        let mut out = batch_shape.clone();
-        out.extend(a.len().ge(&2).then_some(m));
-        out.extend(b.len().ge(&2).then_some(n));
-
-        // Matrix strides (elements) of each operand along each result batch dim.
-        let strides = |s: &[usize], matrix: usize| -> Vec<usize> {
-            let mut st = vec![0; rank];
-            let mut step = matrix;
-            for i in (0..rank).rev() {
-                if let Some(d) = aligned(s, i) {
-                    st[i] = if d == 1 { 0 } else { step };
-                    step *= d;
-                }
-            }
-            st
-        };
-        let (sa, sb, so) = (strides(a_batch, m * k), strides(b_batch, k * n), strides(&batch_shape, m * n));
-        let batch: Vec<BatchDim> = (0..rank)
-            .filter(|&i| batch_shape[i] != 1)
-            .map(|i| BatchDim { size: batch_shape[i], a_stride: sa[i], b_stride: sb[i], out_stride: so[i] })
-            .collect();
-        let count: usize = batch.iter().map(|d| d.size).product();
-        let a_count: usize = a_batch.iter().product();
-        if batch.iter().all(|d| d.b_stride == 0) && a_count == count {
-            // a's matrices, like the result's, are consecutive: rows of one tall GEMM.
-            return Ok((MatmulShape { m: m * count, k, n, batch: Vec::new() }, out));
-        }
-        Ok((MatmulShape { m, k, n, batch }, out))
-    }
-
-    /// The number of result elements.
-    pub fn out_len(&self) -> usize {
-        self.m * self.n * self.batch.iter().map(|d| d.size).product::<usize>()
-    }
-
-    /// Element offsets `(a, b, out)` of the matrices of each batch entry, in result order.
-    pub fn batch_offsets(&self) -> Vec<(usize, usize, usize)> {
-        let mut offs = vec![(0, 0, 0)];
-        for d in &self.batch {
-            offs = offs
-                .iter()
-                .flat_map(|&(a, b, o)| {
-                    (0..d.size).map(move |i| (a + i * d.a_stride, b + i * d.b_stride, o + i * d.out_stride))
-                })
-                .collect();
-        }
-        offs
-    }
-}
 
 /// The checked f32 shapes of a matmul kernel and its cache blocking (`None` when there is
 /// nothing to multiply: an empty result or an empty contraction).
@@ -202,7 +96,7 @@ pub fn matmul(target: &Target, name: &str, a: &TensorType, b: &TensorType, out: 
 
 /// Generates the masked matmul kernel (seed 003's conditioned execution): the same
 /// numpy matmul, but `b` (a weight `[.., K, N]`) is preceded by a mask record
-/// (`crate::mask`) that the kernel finds from `b`'s address at run time. It zeroes the
+/// (`meshc_runtime::mask`) that the kernel finds from `b`'s address at run time. It zeroes the
 /// result, then for each kept row run of the record runs the packed loop nest over the kept
 /// column runs only (`Gemm::emit_runs`), so pruned columns and rows cost nothing but the
 /// zeroing. The code depends only on the
@@ -230,7 +124,7 @@ pub fn masked(target: &Target, name: &str, a: &TensorType, b: &TensorType, out: 
         let len = u32_at(kb, b, -4);
         let record = kb.b.ins().isub(b, len);
         let (col_runs, row_runs) = (u32_at(kb, record, 4), u32_at(kb, record, 8));
-        let runs = kb.b.ins().iadd_imm_s(record, crate::mask::HEADER as i64);
+        let runs = kb.b.ins().iadd_imm_s(record, meshc_runtime::mask::HEADER as i64);
         let rows_at = kb.addr(runs, col_runs, 8);
         let g = Gemm { s: &shape, blocks, fma, scratch };
         let n = shape.n;
@@ -672,40 +566,7 @@ pub(crate) mod tests {
     use meshc_ir::infer::{infer, Operand};
     use meshc_ir::interp::eval_node;
     use meshc_ir::{Node, Op, Tensor};
-
-    /// Deterministic pseudo-random values in [-1, 1) (SplitMix64).
-    pub(crate) fn random(seed: u64, len: usize) -> Vec<f32> {
-        let mut s = seed;
-        (0..len)
-            .map(|_| {
-                s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
-                let mut z = s;
-                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-                ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            })
-            .collect()
-    }
-
-    /// The interpreter's result for `a @ b` on random operands: (a, b, result).
-    pub(crate) fn oracle(a_shape: &[usize], b_shape: &[usize], seed: u64) -> (Tensor, Tensor, Tensor) {
-        let ta = TensorType::new(DType::F32, a_shape.to_vec());
-        let tb = TensorType::new(DType::F32, b_shape.to_vec());
-        let node = Node::new("mm", Op::MatMul, &["a", "b"]);
-        let ops = [Operand { ty: &ta, dims: None }, Operand { ty: &tb, dims: None }];
-        let out = infer(&node, &ops).expect("valid matmul").ty;
-        let a = Tensor::f32(a_shape.to_vec(), random(seed, ta.numel()));
-        let b = Tensor::f32(b_shape.to_vec(), random(seed ^ 0xabcd, tb.numel()));
-        let want = eval_node(&node, &[&a, &b], &out).expect("interpreter");
-        (a, b, want)
-    }
-
-    pub(crate) fn assert_close(got: &[f32], want: &[f32], what: &str) {
-        assert_eq!(got.len(), want.len(), "{what}: length");
-        for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-            assert!((g - w).abs() <= 1e-5 + 1e-4 * w.abs(), "{what}: element {i}: got {g}, want {w}");
-        }
-    }
+    pub(crate) use meshc_runtime::matmul_shape::testing::{assert_close, oracle, random};
 
     /// A zeroed buffer of `len` bytes starting at a 64-byte boundary, as the runner gives.
     fn aligned(storage: &mut Vec<u8>, len: usize) -> &mut [u8] {
@@ -834,7 +695,7 @@ pub(crate) mod tests {
             let (k, n) = (b_shape[b_shape.len() - 2], b_shape[b_shape.len() - 1]);
             let col_keep: Vec<bool> = (0..n).map(|c| (c / 5) % 3 != 1).collect();
             let row_keep: Vec<bool> = (0..k).map(|r| (r / 7) % 4 != 2).collect();
-            let mask = crate::mask::Mask::new(&col_keep, &row_keep, 1);
+            let mask = meshc_runtime::mask::Mask::new(&col_keep, &row_keep, 1);
             let pruned: Vec<f32> = (b.as_f32().unwrap().iter().enumerate())
                 .map(|(i, &x)| if col_keep[i % n] && row_keep[(i / n) % k] { x } else { 0.0 })
                 .collect();

@@ -18,22 +18,14 @@ pub mod matmul;
 pub mod movement;
 pub mod reduce;
 
+pub use meshc_runtime::abi::{host_features, ExecCode, KernelFn, KNOWN_FEATURES, STATUS_INDEX_OUT_OF_RANGE};
+
 use anyhow::{anyhow, bail, Result};
 use cranelift_codegen::control::ControlPlane;
 use cranelift_codegen::ir::{types, AbiParam, Function, Signature, UserFuncName};
 use cranelift_codegen::isa::{CallConv, OwnedTargetIsa};
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_codegen::Context;
-
-/// The signature of every generated kernel.
-pub type KernelFn = unsafe extern "C" fn(bufs: *const *mut u8, part: usize, parts: usize) -> u32;
-
-/// Status a kernel returns when a gather index is out of range.
-pub const STATUS_INDEX_OUT_OF_RANGE: u32 = 1;
-
-/// CPU features a target may require; recorded in the artifact and checked by the runner.
-pub const KNOWN_FEATURES: &[&str] =
-    &["sse3", "ssse3", "sse4.1", "sse4.2", "popcnt", "avx", "avx2", "fma", "bmi1", "bmi2", "lzcnt"];
 
 /// A code-generation target: the Cranelift ISA plus the CPU features its code may use.
 pub struct Target {
@@ -86,31 +78,6 @@ fn isa_features(isa: &OwnedTargetIsa) -> Vec<String> {
     KNOWN_FEATURES.iter().filter(|f| enabled.iter().any(|e| e == *f)).map(|f| f.to_string()).collect()
 }
 
-/// The CPU features of the machine this process runs on.
-pub fn host_features() -> Vec<String> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let checks: [(&str, bool); 11] = [
-            ("sse3", std::arch::is_x86_feature_detected!("sse3")),
-            ("ssse3", std::arch::is_x86_feature_detected!("ssse3")),
-            ("sse4.1", std::arch::is_x86_feature_detected!("sse4.1")),
-            ("sse4.2", std::arch::is_x86_feature_detected!("sse4.2")),
-            ("popcnt", std::arch::is_x86_feature_detected!("popcnt")),
-            ("avx", std::arch::is_x86_feature_detected!("avx")),
-            ("avx2", std::arch::is_x86_feature_detected!("avx2")),
-            ("fma", std::arch::is_x86_feature_detected!("fma")),
-            ("bmi1", std::arch::is_x86_feature_detected!("bmi1")),
-            ("bmi2", std::arch::is_x86_feature_detected!("bmi2")),
-            ("lzcnt", std::arch::is_x86_feature_detected!("lzcnt")),
-        ];
-        checks.iter().filter(|(_, ok)| *ok).map(|(f, _)| f.to_string()).collect()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        Vec::new()
-    }
-}
-
 /// A fresh function with the kernel signature.
 pub fn kernel_function(target: &Target, name: &str) -> Function {
     let ptr = target.isa.pointer_type();
@@ -132,37 +99,6 @@ pub fn compile(target: &Target, func: Function) -> Result<Vec<u8>> {
         bail!("kernel {name} needs a relocation ({:?}); kernels must be position-independent", r.kind);
     }
     Ok(code.code_buffer().to_vec())
-}
-
-/// Machine code copied into fresh executable memory: how `meshc run GRAPH` and the tests
-/// run kernels without an artifact file. (Kernels need no relocation, so a plain copy into
-/// executable memory runs exactly the bytes an artifact would hold.)
-pub struct ExecCode {
-    map: memmap2::Mmap,
-}
-
-impl ExecCode {
-    pub fn new(code: &[u8]) -> Result<ExecCode> {
-        let mut map = memmap2::MmapMut::map_anon(code.len().max(1))?;
-        map[..code.len()].copy_from_slice(code);
-        Ok(ExecCode { map: map.make_exec()? })
-    }
-
-    pub fn len(&self) -> usize {
-        self.map.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
-    }
-
-    /// The kernel starting at `offset`.
-    ///
-    /// # Safety
-    /// `offset` must be the start of a kernel compiled for a target this CPU supports.
-    pub unsafe fn kernel(&self, offset: usize) -> KernelFn {
-        unsafe { std::mem::transmute::<*const u8, KernelFn>(self.map.as_ptr().add(offset)) }
-    }
 }
 
 /// The least work, in bytes read and written, worth a part of its own: handing a part to

@@ -35,7 +35,7 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use crate::passes::streams::Order;
-use crate::program::{align_up, Exec, Program, Protocol, Storage, Transfer, ALIGN};
+use meshc_runtime::program::{align_up, Exec, Program, Protocol, Storage, Transfer, ALIGN};
 
 /// The steps a buffer is live at, both inclusive; `last == steps.len()` means the buffer is
 /// a graph output, read after the last step.
@@ -281,7 +281,7 @@ pub fn dump(programs: &[Program]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::program::{Buffer, Collective, CollectiveOp, Reduce, Step};
+    use meshc_runtime::program::{Buffer, Collective, CollectiveOp, Reduce, Step};
 
     /// A program over arena buffers of these sizes; steps as (result, operands, collective).
     fn program(sizes: &[usize], steps: &[(usize, &[usize], bool)], inputs: &[usize], outputs: &[usize]) -> Program {

@@ -17,7 +17,7 @@ use meshc_ir::verify::Info;
 use meshc_ir::{Graph, Node, Op};
 
 use crate::layout::Seed;
-use crate::mesh::{Layout, Mesh};
+use meshc_runtime::mesh::{Layout, Mesh};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Source {

@@ -29,8 +29,8 @@ use meshc_ir::verify::Info;
 use meshc_ir::{Attr, Attrs, DType, Graph, Input, Node, Op, Output, Param, ParamData, TensorType};
 
 use super::layout::{corresponding_dims, reduced_axes, Layouts};
-use crate::mesh::{Layout, Mesh};
-use crate::program::StageMesh;
+use meshc_runtime::mesh::{Layout, Mesh};
+use meshc_runtime::program::StageMesh;
 
 /// One program per device, plus the layouts of the graph's inputs and outputs.
 #[derive(Clone, Debug)]

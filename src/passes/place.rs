@@ -33,8 +33,8 @@ use meshc_ir::{Graph, Input, Output};
 use serde_json::Value;
 
 use crate::layout::{Seed, Spec, FORMAT};
-use crate::mesh::{Mesh, Topology};
-use crate::program::StageMesh;
+use meshc_runtime::mesh::{Mesh, Topology};
+use meshc_runtime::program::StageMesh;
 
 /// The most micro-batches accepted: the graph is unrolled once per micro-batch.
 pub const MAX_MICROBATCHES: u64 = 1024;

@@ -48,7 +48,8 @@
 
 use std::fmt::Write as _;
 
-use crate::program::{Event, Exec, Program, Step, Storage, Stream, StreamKind, StreamPlan, Wait};
+use meshc_runtime::inspect::{step_note, streams_summary};
+use meshc_runtime::program::{Event, Exec, Program, Step, Storage, Stream, StreamKind, StreamPlan, Wait};
 
 /// The least compute (bytes its steps touch) a collective must be able to overlap to go to
 /// the communication stream: each move costs two cross-thread hand-offs, ~10–50 µs on the
@@ -416,54 +417,12 @@ pub fn assign(p: &Program, cfg: &Config) -> StreamPlan {
     StreamPlan { streams, events, waits, join }
 }
 
-/// "s1 comm": how dumps and `meshc inspect` name stream `s` of `p`.
-pub fn stream_name(p: &Program, s: usize) -> String {
-    let kind = match p.streams.streams[s].kind {
-        StreamKind::Compute => "compute",
-        StreamKind::Comm => "comm",
-    };
-    format!("s{s} {kind}{}", if s == 0 { " (main)" } else { "" })
-}
-
-/// The one-line summary of `p`'s streams: each with its number of steps, the events, and
-/// what the main stream joins.
-pub fn summary(p: &Program) -> String {
-    let plan = &p.streams;
-    let streams: Vec<String> = (0..plan.streams.len())
-        .map(|k| format!("{}: {} steps", stream_name(p, k), plan.streams[k].steps.len()))
-        .collect();
-    let join: Vec<String> = plan.join.iter().map(|e| format!("e{e}")).collect();
-    format!(
-        "{}; {} events; join {}",
-        streams.join(", "),
-        plan.events.len(),
-        if join.is_empty() { "-".to_string() } else { join.join(" ") }
-    )
-}
-
-/// Step `i`'s stream and events: "s1 wait e0 record e1".
-pub fn step_note(p: &Program, i: usize) -> String {
-    let plan = &p.streams;
-    let stream = plan.streams.iter().position(|s| s.steps.contains(&i)).unwrap_or(0);
-    let mut note = format!("s{stream}");
-    let waits: Vec<String> = plan.waits.iter().filter(|w| w.before == i).map(|w| format!("e{}", w.event)).collect();
-    if !waits.is_empty() {
-        let _ = write!(note, " wait {}", waits.join(" "));
-    }
-    let records: Vec<String> =
-        plan.events.iter().enumerate().filter(|(_, e)| e.after == i).map(|(k, _)| format!("e{k}")).collect();
-    if !records.is_empty() {
-        let _ = write!(note, " record {}", records.join(" "));
-    }
-    note
-}
-
 /// The `--dump-after streams` text: per device, its streams, then every step in program
 /// order with its stream, the events it waits for and those it records.
 pub fn dump(programs: &[Program]) -> String {
     let mut s = String::new();
     for p in programs {
-        let _ = writeln!(s, "device {}: {} steps; {}", p.device, p.steps.len(), summary(p));
+        let _ = writeln!(s, "device {}: {} steps; {}", p.device, p.steps.len(), streams_summary(p));
         for (i, step) in p.steps.iter().enumerate() {
             let _ = writeln!(s, "  {i:>4}  {:<28} {}", step.node, step_note(p, i));
         }
@@ -474,7 +433,7 @@ pub fn dump(programs: &[Program]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::program::{Buffer, Collective, CollectiveOp, Reduce, Step};
+    use meshc_runtime::program::{Buffer, Collective, CollectiveOp, Reduce, Step};
 
     /// A program over 256 KiB arena buffers (two make a step worth overlapping); steps as
     /// (result, operands, collective).

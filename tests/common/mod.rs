@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use meshc::layout::Seed;
-use meshc::mesh::{Layout, Mesh, Topology};
 use meshc::passes::layout::Source;
 use meshc_ir::verify::Info;
 use meshc_ir::Graph;
+use meshc_runtime::mesh::{Layout, Mesh, Topology};
 
 /// What one run of the binary did.
 #[derive(Debug)]

@@ -2,10 +2,9 @@
 //! paragraphs 57–109; DESIGN.md §6): the topology model (`Topo`), the planner that turns it
 //! into an explicit schedule (`plan` for the whole mesh, `plan_group` for any group, with
 //! routes through healthy non-members), an executor of that schedule on per-device vectors
-//! that counts bytes per directed link (`execute`), and the compile-time side: lowered
-//! programs with the degraded devices left out (`leave_out`) and their dump with the
-//! schedules (`dump_lowered`). The fabric (`crate::fabric`) runs collectives over these
-//! schedules.
+//! that counts bytes per directed link (`execute`). The fabric (`crate::fabric`) runs
+//! collectives over these schedules; the compiler's `degrade` module checks a spec's
+//! degradation against the lowered programs and leaves degraded devices out.
 //!
 //! # Topology model
 //! A node is degraded along a dimension when it failed (fully degraded), when one of its
@@ -78,15 +77,6 @@ pub struct Degradation {
 impl Degradation {
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty() && self.links.is_empty() && self.along.is_empty()
-    }
-
-    /// The layout spec's `degraded` (validated coordinates) as device numbers.
-    pub fn from_spec(mesh: &Mesh, d: &crate::layout::Degraded) -> Degradation {
-        Degradation {
-            nodes: d.nodes.iter().map(|c| mesh.device(c)).collect(),
-            links: d.links.iter().map(|(a, b)| (mesh.device(a), mesh.device(b))).collect(),
-            along: Vec::new(),
-        }
     }
 
     /// Both degradations at once (what is named twice counts once).
@@ -811,93 +801,4 @@ pub fn execute<T: Copy + AddAssign>(
         }
     }
     Ok(schedule.link_bytes(size_of::<T>()))
-}
-
-/// Refuses a degradation that fails a device while a param is split over a mesh axis
-/// (`split`: param, axis): the device's shard of the model would be lost, and the result
-/// wrong. Only a data-parallel shard can drop out.
-pub fn keep_model_shards(topo: &Topo, split: &[(&str, usize)]) -> Result<()> {
-    let Some(d) = (0..topo.mesh.devices()).find(|&d| !topo.healthy(d)) else { return Ok(()) };
-    let Some(&(param, a)) = split.iter().find(|&&(_, a)| topo.mesh.shape[a] > 1) else { return Ok(()) };
-    bail!(
-        "degraded device {} would take its shard of param '{param}' (split over mesh axis '{}') with it: only data-parallel layouts (params replicated) can lose a device",
-        coords_string(&topo.mesh, d),
-        topo.mesh.axes[a]
-    )
-}
-
-/// Refuses a degradation that fails a device of a graph placed in stages (its devices pass
-/// results on by send/recv, so the pipeline would break).
-pub fn keep_stages(topo: &Topo) -> Result<()> {
-    match (0..topo.mesh.devices()).find(|&d| !topo.healthy(d)) {
-        Some(d) => bail!(
-            "degraded device {} would break the pipeline: a graph placed in stages cannot lose a device (failed links are fine)",
-            coords_string(&topo.mesh, d)
-        ),
-        None => Ok(()),
-    }
-}
-
-/// Gives the degraded devices of `l` no work: their programs become empty (no inputs,
-/// nodes or outputs), so the artifact holds no code, weights or arena for them.
-pub fn leave_out(l: &mut crate::passes::lower::Lowered, deg: &Degradation) -> Result<()> {
-    let topo = Topo::new(&l.mesh, deg, false)?;
-    for (d, g) in l.devices.iter_mut().enumerate().filter(|(d, _)| !topo.healthy(*d)) {
-        *g = meshc_ir::Graph { name: format!("{} (degraded device {d})", g.name), ..Default::default() };
-    }
-    Ok(())
-}
-
-/// The lowered programs as `--dump-after lower` prints them under a degradation: a
-/// degraded device gets no work (its line says so, and it never runs); every healthy one
-/// its program; then the fault-tolerant schedule of each reduction whose group the
-/// degradation `touches` (as the fabric decides). Fails, naming the node, when a collective other
-/// than a reduction needs a degraded device's block (an all_gather or all_to_all cannot
-/// leave it out), or when a group cannot be planned.
-pub fn dump_lowered(l: &crate::passes::lower::Lowered, deg: &Degradation) -> Result<String> {
-    use meshc_ir::Op;
-    let topo = Topo::new(&l.mesh, deg, false)?;
-    let mut s = String::new();
-    for (d, g) in l.devices.iter().enumerate() {
-        let c = coords_string(&l.mesh, d);
-        if topo.healthy(d) {
-            s.push_str(&format!("# device {d} {c}\n{}", meshc_ir::text::print(g)));
-        } else {
-            s.push_str(&format!("# device {d} {c}: degraded, no work\n"));
-        }
-    }
-    let Some(g) = l.devices.first() else { return Ok(s) };
-    for n in &g.nodes {
-        let Some(groups) = n.attrs.get("groups").and_then(|a| a.as_int_lists()) else { continue };
-        let groups: Vec<Vec<usize>> = groups.iter().map(|g| g.iter().map(|&d| d as usize).collect()).collect();
-        let touched = |g: &Vec<usize>| touches(&topo, g);
-        let reduction = matches!(n.op, Op::AllReduce | Op::ReduceScatter);
-        for group in groups.iter().filter(|g| touched(g)) {
-            let names: Vec<String> = group.iter().map(|&d| coords_string(&l.mesh, d)).collect();
-            if !reduction {
-                if let Some(&d) = group.iter().find(|&&d| !topo.healthy(d)) {
-                    bail!(
-                        "node '{}' ({}) needs the block of degraded device {}: only reductions can leave a degraded device's shard out",
-                        n.name,
-                        n.op.name(),
-                        coords_string(&l.mesh, d)
-                    );
-                }
-                continue;
-            }
-            let mut numel: usize = n.shape.as_ref().map_or(1, |s| s.iter().product());
-            if n.op == Op::ReduceScatter {
-                numel *= group.len();
-            }
-            let plan = plan_group(&topo, group, numel).map_err(|e| anyhow!("node '{}': {e}", n.name))?;
-            s.push_str(&format!(
-                "# schedule of {} ({}, {numel} elements) over {}\n{}",
-                n.name,
-                n.op.name(),
-                names.join(" "),
-                plan.describe(&l.mesh)
-            ));
-        }
-    }
-    Ok(s)
 }

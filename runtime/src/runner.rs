@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use meshc_ir::{DType, Tensor, TensorType};
 
-use crate::codegen::{self, KernelFn};
+use crate::abi::{self, ExecCode, KernelFn};
+use crate::artifact::{Artifact, SectionKind};
 use crate::exchange::Exchange;
 use crate::fabric::{self, Delivery, Fabric, LinkStats};
 use crate::library::{self, Threads};
@@ -95,7 +96,24 @@ impl Drop for AlignedBuf {
 /// Executable code: from an artifact mapping or copied into memory by an in-memory compile.
 pub enum Code {
     Mapped(memmap2::Mmap),
-    Copied(codegen::ExecCode),
+    Copied(ExecCode),
+}
+
+/// The weights a loaded program reads: the artifact's weights section where the artifact
+/// is mapped (the `Loaded` keeps the mapping alive), or an aligned copy from an in-memory
+/// compile.
+pub enum Weights {
+    Artifact(Artifact),
+    Owned(AlignedBuf),
+}
+
+impl Weights {
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Weights::Artifact(a) => a.section(SectionKind::Weights).unwrap_or(&[]),
+            Weights::Owned(b) => b.as_slice(),
+        }
+    }
 }
 
 /// "device 3 (0,3)": how errors and traces name a device.
@@ -654,12 +672,12 @@ struct State {
 }
 
 /// A program ready to run: the runner's whole view of a compiled graph.
-pub struct Loaded<'w> {
+pub struct Loaded {
     pub meta: Meta,
     /// One per device of `meta.mesh`, in device order.
     pub programs: Vec<Program>,
     code: Code,
-    weights: &'w [u8],
+    weights: Weights,
     state: Mutex<State>,
     fabric: Fabric,
     /// Per device, the decoded mask record of each masked weight buffer (the library GEMM
@@ -705,17 +723,26 @@ fn call_kernel(kernel: KernelFn, args: &[*mut u8], parts: usize) -> u32 {
     status.iter().map(|s| s.load(Ordering::Relaxed)).find(|&s| s != 0).unwrap_or(0)
 }
 
-impl<'w> Loaded<'w> {
+impl Loaded {
+    /// Code and weights an in-memory compile produced (no artifact file): the code copied
+    /// into fresh executable memory (kernels need no relocation, so these are the bytes an
+    /// artifact would hold), the weights into an aligned block.
+    pub fn in_memory(meta: Meta, programs: Vec<Program>, code: &[u8], weights: &[u8]) -> Result<Loaded> {
+        let code = Code::Copied(ExecCode::new(code)?);
+        Loaded::new(meta, programs, code, Weights::Owned(AlignedBuf::from_bytes(weights)?))
+    }
+
     /// Checks that this CPU has every feature the code was compiled for and that the
     /// programs are sound (buffers inside their storage, indices in range, collectives that
     /// fit together), then wraps the pieces. `code` must hold the kernels the programs
     /// refer to.
-    pub fn new(meta: Meta, programs: Vec<Program>, code: Code, weights: &'w [u8]) -> Result<Loaded<'w>> {
+    pub fn new(meta: Meta, programs: Vec<Program>, code: Code, weights: Weights) -> Result<Loaded> {
+        let bytes = weights.bytes();
         let devices = meta.mesh.devices();
         if programs.len() != devices {
             bail!("{} programs for a mesh of {devices} devices", programs.len());
         }
-        let host = codegen::host_features();
+        let host = abi::host_features();
         let missing: Vec<&str> = meta.features.iter().filter(|f| !host.contains(f)).map(String::as_str).collect();
         if !missing.is_empty() {
             bail!(
@@ -753,7 +780,7 @@ impl<'w> Loaded<'w> {
                     Storage::Arena { offset } => {
                         offset.checked_add(b.bytes).is_some_and(|end| end <= program.arena_bytes)
                     }
-                    Storage::Weights { offset } => offset.checked_add(b.bytes).is_some_and(|end| end <= weights.len()),
+                    Storage::Weights { offset } => offset.checked_add(b.bytes).is_some_and(|end| end <= bytes.len()),
                 };
                 if let Some(b) = program.buffers.iter().find(|b| !fits(b)) {
                     bail!("buffer '{}' lies outside its storage", b.name);
@@ -769,7 +796,7 @@ impl<'w> Loaded<'w> {
         }
         check_collectives(&meta.mesh, &programs, &absent)?;
         check_transfers(&meta.mesh, &programs)?;
-        let masks = programs.iter().map(|p| masks_of(p, weights)).collect::<Result<_>>()?;
+        let masks = programs.iter().map(|p| masks_of(p, bytes)).collect::<Result<_>>()?;
         let share = programs
             .iter()
             .map(|p| {
@@ -958,7 +985,9 @@ impl<'w> Loaded<'w> {
                             // SAFETY (both): `new` checked every buffer lies inside its storage.
                             Storage::Arena { offset } => unsafe { base.add(offset) },
                             // Kernels never write their operands, so weights stay read-only.
-                            Storage::Weights { offset } => unsafe { self.weights.as_ptr().add(offset) as *mut u8 },
+                            Storage::Weights { offset } => unsafe {
+                                self.weights.bytes().as_ptr().add(offset) as *mut u8
+                            },
                         })
                     })
                     .collect();
@@ -1228,7 +1257,7 @@ impl<'w> Loaded<'w> {
         match &st.exec {
             Exec::Kernel(k) => {
                 let status = call_kernel(self.kernel(device, *k), args, p.kernels[*k].parts.min(run.threads));
-                if status == codegen::STATUS_INDEX_OUT_OF_RANGE {
+                if status == abi::STATUS_INDEX_OUT_OF_RANGE {
                     bail!("node '{}': gather index out of range", st.node);
                 } else if status != 0 {
                     bail!("node '{}': kernel failed with status {status}", st.node);
@@ -1342,7 +1371,7 @@ mod tests {
         }
     }
 
-    fn load(m: &Mesh, inputs: Vec<IoSpec>, outputs: Vec<IoSpec>, programs: Vec<Program>) -> Result<Loaded<'static>> {
+    fn load(m: &Mesh, inputs: Vec<IoSpec>, outputs: Vec<IoSpec>, programs: Vec<Program>) -> Result<Loaded> {
         let meta = Meta {
             graph: "t".into(),
             target: "test".into(),
@@ -1354,7 +1383,7 @@ mod tests {
             degraded: Default::default(),
             model_axes: Vec::new(),
         };
-        Loaded::new(meta, programs, Code::Copied(codegen::ExecCode::new(&[])?), &[])
+        Loaded::in_memory(meta, programs, &[], &[])
     }
 
     fn collective(id: usize, op: CollectiveOp, groups: Vec<Vec<usize>>, shape: &[usize]) -> Exec {
@@ -1685,11 +1714,10 @@ mod tests {
             model_axes,
         };
         let failed = |d: usize| crate::degraded::Degradation { nodes: vec![d], ..Default::default() };
-        let code = || Code::Copied(codegen::ExecCode::new(&[]).unwrap());
         // x is [2, 6] split over axis 0 (row 0 on devices 0 and 1, row 1 on 2 and 3): the
         // mean is over the three healthy devices' rows.
         for gone in [0, 2] {
-            let l = Loaded::new(meta(failed(gone), vec![]), programs(gone), code(), &[]).unwrap();
+            let l = Loaded::in_memory(meta(failed(gone), vec![]), programs(gone), &[], &[]).unwrap();
             let xs = iota(&[2, 6]);
             let got = l.run(&HashMap::from([("x".to_string(), xs.clone())])).unwrap();
             let rows = xs.as_f32().unwrap();
@@ -1699,7 +1727,7 @@ mod tests {
             assert_eq!(got["s"].as_f32().unwrap(), &want[..], "device {gone} failed");
         }
         // A corrupt degradation or model axis is refused, not a panic.
-        let e = |meta: Meta| Loaded::new(meta, programs(2), code(), &[]).err().map(|e| e.to_string());
+        let e = |meta: Meta| Loaded::in_memory(meta, programs(2), &[], &[]).err().map(|e| e.to_string());
         assert_eq!(e(meta(failed(9), vec![])).unwrap(), "degraded device 9 is not in the [2, 2] mesh");
         assert_eq!(e(meta(failed(2), vec![5])).unwrap(), "model axis 5 is not an axis of the [2, 2] mesh");
         // Without the degradation, the empty program is refused.
@@ -1751,7 +1779,7 @@ mod transfer_tests {
         Step { node: format!("recv {key}"), exec: Exec::Recv(t), buffers: vec![1] }
     }
 
-    fn load(programs: Vec<Program>) -> Result<Loaded<'static>> {
+    fn load(programs: Vec<Program>) -> Result<Loaded> {
         let io = |n: &str| IoSpec::new(n, &TensorType::new(DType::F32, vec![4]));
         let meta = Meta {
             graph: "t".into(),
@@ -1764,7 +1792,7 @@ mod transfer_tests {
             degraded: Default::default(),
             model_axes: Vec::new(),
         };
-        Loaded::new(meta, programs, Code::Copied(codegen::ExecCode::new(&[])?), &[])
+        Loaded::in_memory(meta, programs, &[], &[])
     }
 
     fn x() -> HashMap<String, Tensor> {

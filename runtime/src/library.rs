@@ -1,6 +1,6 @@
 //! The library GEMM path (seed 001's "library data"): a matmul served by a high-performance
 //! GEMM linked into the runner instead of generated code, with the same numpy semantics
-//! as the Cranelift kernel (shared shape planning: `codegen::matmul::MatmulShape`), and
+//! as the Cranelift kernel (shared shape planning: `crate::matmul_shape::MatmulShape`), and
 //! `prefer_library`, the default choice between the two paths.
 //!
 //! The library is the `gemm` crate, built with its AVX-512 kernels (`x86-v4`; chosen at run
@@ -24,8 +24,8 @@
 use anyhow::{bail, Result};
 use meshc_ir::{DType, TensorType};
 
-use crate::codegen::matmul::MatmulShape;
 use crate::mask::Mask;
+use crate::matmul_shape::MatmulShape;
 
 /// Multiply-adds per matrix below which a second thread costs more than it saves (from
 /// `cargo bench --bench gemm`: 128×128×128 runs in ~40 µs on 1 or 2 threads alike,
@@ -222,7 +222,7 @@ pub fn prefer_library(a: &TensorType, b: &TensorType) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codegen::matmul::tests::{assert_close, oracle};
+    use crate::matmul_shape::testing::{assert_close, oracle};
 
     fn check(a_shape: &[usize], b_shape: &[usize]) {
         let (a, b, want) = oracle(a_shape, b_shape, 11);

@@ -1,0 +1,53 @@
+//! `meshc-run`: runs and inspects compiled artifacts with the runtime alone — no compiler,
+//! no Cranelift. `meshc run ARTIFACT` and `meshc inspect` do the same through the compiler's
+//! binary.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use meshc_runtime::cli::{self, Io, RunArgs};
+
+#[derive(Parser)]
+#[command(name = "meshc-run", version, about = "Run a meshc artifact (no compiler needed)")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+// Parsed once per process: boxing the larger variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run an artifact.
+    Run {
+        /// An artifact (.mshc).
+        artifact: PathBuf,
+        #[command(flatten)]
+        io: Io,
+        #[command(flatten)]
+        run: RunArgs,
+    },
+    /// Describe an artifact: sections, inputs/outputs, kernels, buffers, steps.
+    Inspect { artifact: PathBuf },
+}
+
+fn main() -> ExitCode {
+    let cli: Cli = match cli::parse(std::env::args_os()) {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
+    cli::exit(match cli.cmd {
+        Cmd::Run { artifact, io, run } => {
+            if !cli::is_artifact(&artifact) {
+                Err(anyhow::anyhow!(
+                    "{}: not a meshc artifact (meshc-run runs compiled artifacts only)",
+                    artifact.display()
+                ))
+            } else {
+                cli::open(&artifact, &run).and_then(|mut loaded| cli::run(&mut loaded, &io, &run))
+            }
+        }
+        Cmd::Inspect { artifact } => cli::inspect(&artifact),
+    })
+}

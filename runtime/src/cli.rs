@@ -1,0 +1,337 @@
+//! The command-line pieces of running an artifact, shared by `meshc-run` (the runtime's own
+//! binary) and `meshc run`/`meshc inspect`: the input/output arguments, the run options
+//! that apply to a loaded artifact, the run itself (bench, trace, link stats, checks), and
+//! how an error leaves the process (one line, exit 1).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{anyhow, bail, Context, Result};
+use meshc_ir::{Tensor, TensorType};
+
+use crate::artifact::{self, Artifact, Verify};
+use crate::degraded::{coords_string, Degradation};
+use crate::runner::Loaded;
+
+/// Parses the command line with clap, printing `--help`/`--version` to stdout (exit 0) and a
+/// usage error as one line on stderr (exit 1).
+pub fn parse<P: clap::Parser>(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<P, ExitCode> {
+    match P::try_parse_from(args) {
+        Ok(cli) => Ok(cli),
+        Err(e) if !e.use_stderr() => {
+            print!("{e}");
+            Err(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            let rendered = e.to_string();
+            eprintln!(
+                "{}",
+                rendered.lines().take_while(|l| !l.trim().is_empty()).map(str::trim).collect::<Vec<_>>().join(" ")
+            );
+            Err(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// The exit of a command: success, or its error on one line of stderr with status 1.
+pub fn exit(result: Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // anyhow's alternate form joins the context chain on one line.
+            eprintln!(
+                "error: {}",
+                format!("{e:#}")
+                    .chars()
+                    .flat_map(|c| if c.is_control() { c.escape_default().collect() } else { vec![c] })
+                    .collect::<String>()
+            );
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Splits `NAME=FILE`.
+pub fn name_eq_file<'a>(arg: &'a str, flag: &str) -> Result<(&'a str, &'a str)> {
+    match arg.split_once('=') {
+        Some((n, f)) if !n.is_empty() && !f.is_empty() => Ok((n, f)),
+        _ => bail!("{flag} '{arg}': expected NAME=FILE.npy"),
+    }
+}
+
+/// Reads the `--input` values and checks them against the expected inputs: every input
+/// given once, nothing else, each with the declared dtype and shape.
+pub fn read_inputs(expected: &[(String, TensorType)], args: &[String]) -> Result<HashMap<String, Tensor>> {
+    let mut values = HashMap::new();
+    for arg in args {
+        let (name, file) = name_eq_file(arg, "--input")?;
+        let Some((_, ty)) = expected.iter().find(|(n, _)| n == name) else {
+            let names: Vec<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
+            bail!("--input {name}: the graph has no input '{name}' (its inputs: {})", names.join(", "));
+        };
+        let t = Tensor::read_npy(Path::new(file)).with_context(|| format!("--input {name}"))?;
+        if t.ty() != *ty {
+            bail!("--input {name}: {file} holds {}, the graph expects {ty}", t.ty());
+        }
+        if values.insert(name.to_string(), t).is_some() {
+            bail!("--input {name} is given twice");
+        }
+    }
+    if let Some((name, ty)) = expected.iter().find(|(n, _)| !values.contains_key(n)) {
+        bail!("missing --input {name}=FILE.npy (the graph's input '{name}' is {ty})");
+    }
+    Ok(values)
+}
+
+/// The `--input`/`--output`/`--output-dir` arguments of `interp` and `run`.
+#[derive(clap::Args)]
+pub struct Io {
+    /// An input value: NAME=FILE.npy (repeat for each input).
+    #[arg(long = "input", value_name = "NAME=FILE.npy")]
+    pub inputs: Vec<String>,
+    /// Write one output: NAME=FILE.npy (repeatable).
+    #[arg(long = "output", value_name = "NAME=FILE.npy", conflicts_with = "output_dir")]
+    pub outputs: Vec<String>,
+    /// Write every output to DIR/NAME.npy.
+    #[arg(long)]
+    pub output_dir: Option<PathBuf>,
+}
+
+impl Io {
+    /// The `--output NAME=FILE` requests, checked against the output names.
+    pub fn wanted(&self, names: &[&str]) -> Result<Vec<(String, PathBuf)>> {
+        let mut wanted = Vec::new();
+        for arg in &self.outputs {
+            let (name, file) = name_eq_file(arg, "--output")?;
+            if !names.contains(&name) {
+                bail!("--output {name}: the graph has no output '{name}' (its outputs: {})", names.join(", "));
+            }
+            wanted.push((name.to_string(), PathBuf::from(file)));
+        }
+        Ok(wanted)
+    }
+
+    /// Writes the results as asked, or prints a summary of each when nothing was asked.
+    pub fn write(&self, mut wanted: Vec<(String, PathBuf)>, results: &BTreeMap<String, Tensor>) -> Result<()> {
+        if let Some(dir) = &self.output_dir {
+            std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create directory", dir.display()))?;
+            wanted = results.keys().map(|k| (k.clone(), dir.join(format!("{k}.npy")))).collect();
+        }
+        for (name, file) in &wanted {
+            results[name].write_npy(file)?;
+        }
+        if wanted.is_empty() {
+            for (name, t) in results {
+                println!("{name}: {}", summary(t));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The options of `run` that apply to a loaded program, whoever compiled it.
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Run N more times and print min/median/max latency and GFLOP/s.
+    #[arg(long, value_name = "N")]
+    pub bench: Option<usize>,
+    /// Skip the weights checksum when opening an artifact (load time independent of size).
+    #[arg(long)]
+    pub trust_weights: bool,
+    /// Compare every output with DIR/NAME.npy (e.g. the interpreter's or numpy's) and fail
+    /// unless |got - want| <= 1e-5 + 1e-4·|want| everywhere (non-f32 outputs: exactly).
+    #[arg(long, value_name = "DIR")]
+    pub check_against: Option<PathBuf>,
+    /// Write a Chrome/Perfetto trace of the (first) run: a track per device, an event per
+    /// step, and the waits inside collectives.
+    #[arg(long, value_name = "FILE.json")]
+    pub trace: Option<PathBuf>,
+    /// After the run, print the bytes each mesh link carried, and the maximum.
+    #[arg(long)]
+    pub link_stats: bool,
+    /// Treat a device as failed (coordinates, e.g. 1,2); may be repeated. All-reduces over
+    /// the whole mesh route around it and leave out its operand.
+    #[arg(long, value_name = "DEVICE")]
+    pub degrade: Vec<String>,
+    /// Treat the link between two neighbouring devices as failed (e.g. 0,0:0,1); may be
+    /// repeated.
+    #[arg(long, value_name = "A:B")]
+    pub degrade_link: Vec<String>,
+    /// Treat partially degraded devices (a failed link, or all neighbours along a
+    /// dimension degraded) as failed.
+    #[arg(long)]
+    pub degrade_strict: bool,
+    /// Make a device stop answering when it reaches its STEP-th collective (from 0), to
+    /// test detection (e.g. 1,2@0).
+    #[arg(long, value_name = "DEVICE@STEP")]
+    pub fail_device: Option<String>,
+    /// When a device is found silent, degrade it and run the whole graph again without
+    /// it (data-parallel layouts).
+    #[arg(long)]
+    pub replan_on_failure: bool,
+    /// How long a device waits for a peer — a recv for its send (or a send for its recv),
+    /// a collective for a member that shows no sign of life — before the run fails
+    /// instead of hanging; the error names the key or member and the devices.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+    pub timeout: f64,
+    /// The most cores a one-device run uses: its large elementwise and reduction kernels
+    /// split into that many parts and its library GEMMs fork that many threads (default:
+    /// every core; results are the same for any N). Mesh runs use one core per stream.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub threads: Option<u32>,
+}
+
+/// Whether `path` starts with the artifact magic (anything else is read as a graph).
+pub fn is_artifact(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 8];
+    std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && magic == artifact::MAGIC
+}
+
+/// Opens the artifact at `path` as `run` does (`--trust-weights` skips the bulk checksum).
+pub fn open(path: &Path, args: &RunArgs) -> Result<Loaded> {
+    let art = Artifact::open_with(path, if args.trust_weights { Verify::SkipBulk } else { Verify::All })?;
+    crate::loader::load_artifact(art, &path.display().to_string())
+}
+
+/// `run` of a loaded program: set up (`configure`), run, and with `--replan-on-failure`
+/// once more without the devices a failed run found silent (they are degraded: the
+/// collectives are re-planned around them).
+pub fn run(loaded: &mut Loaded, io: &Io, args: &RunArgs) -> Result<()> {
+    configure(loaded, args)?;
+    match run_loaded(loaded, io, args) {
+        Err(e) if args.replan_on_failure && !loaded.failed_devices().is_empty() => {
+            let dead = loaded.failed_devices();
+            let names: Vec<String> = dead.iter().map(|&d| coords_string(&loaded.meta.mesh, d)).collect();
+            eprintln!("{e:#}: re-planning without {} and running again", names.join(", "));
+            let deg = Degradation { nodes: dead, ..Default::default() };
+            loaded.degrade(&deg, args.degrade_strict).context("--replan-on-failure")?;
+            run_loaded(loaded, io, args)
+        }
+        r => r,
+    }
+}
+
+/// The run options that set up loaded programs before they run: `--degrade`,
+/// `--degrade-link` and `--degrade-strict` re-plan the collectives; `--fail-device` and
+/// `--timeout` inject and detect failures; `--threads` caps the cores of a one-device run.
+fn configure(loaded: &mut Loaded, args: &RunArgs) -> Result<()> {
+    loaded.set_collective_timeout(timeout(args)?);
+    if let Some(n) = args.threads {
+        loaded.set_threads(n as usize);
+    }
+    if !args.degrade.is_empty() || !args.degrade_link.is_empty() || args.degrade_strict {
+        let deg = Degradation::from_args(&loaded.meta.mesh, &args.degrade, &args.degrade_link).context("--degrade")?;
+        loaded.degrade(&deg, args.degrade_strict).context("--degrade")?;
+    }
+    if let Some(f) = &args.fail_device {
+        let (device, step) = f
+            .split_once('@')
+            .and_then(|(d, s)| Some((d, s.trim().parse::<usize>().ok()?)))
+            .ok_or_else(|| anyhow!("--fail-device '{f}': expected DEVICE@STEP such as 1,2@0"))?;
+        let d = Degradation::from_args(&loaded.meta.mesh, &[device.to_string()], &[]).context("--fail-device")?;
+        loaded.fail_device(d.nodes[0], step).context("--fail-device")?;
+    }
+    Ok(())
+}
+
+/// Compares each result with DIR/NAME.npy under the tolerance of `Tensor::closeness` and
+/// prints the worst error per output.
+fn check_against(results: &BTreeMap<String, Tensor>, dir: &Path) -> Result<()> {
+    let mut failed = Vec::new();
+    for (name, got) in results {
+        let file = dir.join(format!("{name}.npy"));
+        let want = Tensor::read_npy(&file)?;
+        if want.ty() != got.ty() {
+            bail!("--check-against: {} holds {}, output '{name}' is {}", file.display(), want.ty(), got.ty());
+        }
+        let c = got.closeness(&want);
+        let ok = c.first_bad.is_none();
+        println!(
+            "check {name}: max abs error {:.3e} against {} ({})",
+            c.max_abs_err,
+            file.display(),
+            if ok { "ok" } else { "FAILED" }
+        );
+        if !ok {
+            failed.push(name.as_str());
+        }
+    }
+    if !failed.is_empty() {
+        bail!("outputs {} differ from {} beyond 1e-5 + 1e-4·|want|", failed.join(", "), dir.display());
+    }
+    Ok(())
+}
+
+/// `--timeout`: one bound on every wait for a peer, transfers and collectives alike.
+fn timeout(args: &RunArgs) -> Result<std::time::Duration> {
+    std::time::Duration::try_from_secs_f64(args.timeout)
+        .ok()
+        .filter(|t| !t.is_zero())
+        .ok_or_else(|| anyhow!("--timeout {}: expected a positive number of seconds", args.timeout))
+}
+
+/// The inputs a loaded program expects, by name.
+pub fn expected_inputs(loaded: &Loaded) -> Vec<(String, TensorType)> {
+    loaded.meta.inputs.iter().filter_map(|s| Some((s.name.clone(), s.ty()?))).collect()
+}
+
+fn run_loaded(loaded: &Loaded, io: &Io, args: &RunArgs) -> Result<()> {
+    loaded.set_timeout(timeout(args)?);
+    let inputs = read_inputs(&expected_inputs(loaded), &io.inputs)?;
+    let names: Vec<&str> = loaded.meta.outputs.iter().map(|o| o.name.as_str()).collect();
+    let wanted = io.wanted(&names)?;
+    let results = match &args.trace {
+        None => loaded.run(&inputs)?,
+        Some(file) => {
+            let mut times = Vec::new();
+            let results = loaded.run_timed(&inputs, &mut |t| times.push(t.clone()))?;
+            std::fs::write(file, crate::trace::chrome_trace(&loaded.meta, &loaded.programs, &times))
+                .with_context(|| format!("{}: cannot write", file.display()))?;
+            results
+        }
+    };
+    let links = args.link_stats.then(|| loaded.link_stats());
+    if let Some(dir) = &args.check_against {
+        check_against(&results, dir)?;
+    }
+    if let Some(n) = args.bench {
+        let mut times = Vec::with_capacity(n);
+        for _ in 0..n.max(1) {
+            let t = std::time::Instant::now();
+            loaded.run(&inputs)?;
+            times.push(t.elapsed().as_secs_f64());
+        }
+        times.sort_by(f64::total_cmp);
+        let med = times[times.len() / 2];
+        eprintln!(
+            "bench: {} runs, latency min {:.3} ms, median {:.3} ms, max {:.3} ms, {:.2} GFLOP/s (median, {} FLOPs)",
+            times.len(),
+            times[0] * 1e3,
+            med * 1e3,
+            times[times.len() - 1] * 1e3,
+            loaded.meta.flops as f64 / med / 1e9,
+            loaded.meta.flops
+        );
+    }
+    io.write(wanted, &results)?;
+    if let Some(links) = links {
+        print!("{}", links.report());
+    }
+    Ok(())
+}
+
+/// `inspect ARTIFACT`.
+pub fn inspect(path: &Path) -> Result<()> {
+    let art = Artifact::open_with(path, Verify::All)?;
+    print!("{}", crate::inspect::inspect(&art, &path.display().to_string())?);
+    Ok(())
+}
+
+/// A one-line look at a tensor: type and its first values.
+pub fn summary(t: &Tensor) -> String {
+    let v = t.data.to_f64();
+    let head: Vec<String> = v.iter().take(6).map(|x| format!("{x:.6}")).collect();
+    format!("{} [{}{}]", t.ty(), head.join(", "), if v.len() > 6 { ", ..." } else { "" })
+}

@@ -1,0 +1,27 @@
+//! meshc-runtime: everything needed to run a compiled artifact, and nothing of the
+//! compiler (no passes, no Cranelift). The compiler and this crate meet only in the
+//! artifact format (`artifact`, `program`) and the kernel ABI (`abi`).
+//!
+//! Modules, from the bottom up: `abi` (kernel signature, CPU features, executable memory),
+//! `mesh` (the device mesh and layouts), `program` (what the artifact's program and meta
+//! sections hold), `artifact` (the container: sections, checksums, mapping), `mask` (pruning
+//! mask records), `matmul_shape` and `library` (the library GEMM), `degraded` (the
+//! fault-tolerant collective planner), `exchange` (send/recv), `fabric` (collectives over
+//! the simulated mesh), `runner` (validation and execution), `loader` (artifact to runner),
+//! `trace` and `inspect` (reports), `cli` (the run command shared by both binaries).
+
+pub mod abi;
+pub mod artifact;
+pub mod cli;
+pub mod degraded;
+pub mod exchange;
+pub mod fabric;
+pub mod inspect;
+pub mod library;
+pub mod loader;
+pub mod mask;
+pub mod matmul_shape;
+pub mod mesh;
+pub mod program;
+pub mod runner;
+pub mod trace;

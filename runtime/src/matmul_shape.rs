@@ -1,0 +1,154 @@
+//! `MatmulShape`: a matmul's operand shapes (numpy `matmul` rules) reduced to a loop nest
+//! of plain row-major GEMMs. The compiler's Cranelift kernel and the runtime's library GEMM
+//! both plan from it, so the two paths agree on the semantics.
+
+use anyhow::{bail, Result};
+
+/// One batch dimension of the result, with the element strides of the operands' matrices
+/// along it (0 where an operand is broadcast).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchDim {
+    pub size: usize,
+    pub a_stride: usize,
+    pub b_stride: usize,
+    pub out_stride: usize,
+}
+
+/// A matmul as a loop nest over `batch` of `[m,k] @ [k,n]` products of dense row-major
+/// matrices. Size-1 batch dims are dropped, and a batch over which `b` is shared but `a`
+/// is not is folded into `m` (one tall GEMM instead of many short ones).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MatmulShape {
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    pub batch: Vec<BatchDim>,
+}
+
+impl MatmulShape {
+    /// numpy `matmul` shape rules; `out` must be exactly the result shape.
+    pub fn new(a: &[usize], b: &[usize], out: &[usize]) -> Result<MatmulShape> {
+        let (shape, want) = MatmulShape::infer(a, b)?;
+        if want != out {
+            bail!("matmul result shape {out:?} does not match {a:?} @ {b:?} (expected {want:?})");
+        }
+        Ok(shape)
+    }
+
+    /// The plan for `a @ b`, and the result's shape.
+    pub fn infer(a: &[usize], b: &[usize]) -> Result<(MatmulShape, Vec<usize>)> {
+        let (a_batch, m, k) = match a {
+            [] => bail!("matmul operand a is a scalar"),
+            [k] => (&[][..], 1, *k),
+            [batch @ .., m, k] => (batch, *m, *k),
+        };
+        let (b_batch, k2, n) = match b {
+            [] => bail!("matmul operand b is a scalar"),
+            [k] => (&[][..], *k, 1),
+            [batch @ .., k, n] => (batch, *k, *n),
+        };
+        if k != k2 {
+            bail!("matmul contraction dims differ: {a:?} @ {b:?}");
+        }
+        let rank = a_batch.len().max(b_batch.len());
+        let aligned = |s: &[usize], i: usize| (i + s.len()).checked_sub(rank).map(|j| s[j]);
+        let mut batch_shape = Vec::with_capacity(rank);
+        for i in 0..rank {
+            let (da, db) = (aligned(a_batch, i).unwrap_or(1), aligned(b_batch, i).unwrap_or(1));
+            batch_shape.push(match (da, db) {
+                _ if da == db => da,
+                (1, d) | (d, 1) => d,
+                _ => bail!("matmul batch dims cannot be broadcast together: {a:?} @ {b:?}"),
+            });
+        }
+        let mut out = batch_shape.clone();
+        out.extend(a.len().ge(&2).then_some(m));
+        out.extend(b.len().ge(&2).then_some(n));
+
+        // Matrix strides (elements) of each operand along each result batch dim.
+        let strides = |s: &[usize], matrix: usize| -> Vec<usize> {
+            let mut st = vec![0; rank];
+            let mut step = matrix;
+            for i in (0..rank).rev() {
+                if let Some(d) = aligned(s, i) {
+                    st[i] = if d == 1 { 0 } else { step };
+                    step *= d;
+                }
+            }
+            st
+        };
+        let (sa, sb, so) = (strides(a_batch, m * k), strides(b_batch, k * n), strides(&batch_shape, m * n));
+        let batch: Vec<BatchDim> = (0..rank)
+            .filter(|&i| batch_shape[i] != 1)
+            .map(|i| BatchDim { size: batch_shape[i], a_stride: sa[i], b_stride: sb[i], out_stride: so[i] })
+            .collect();
+        let count: usize = batch.iter().map(|d| d.size).product();
+        let a_count: usize = a_batch.iter().product();
+        if batch.iter().all(|d| d.b_stride == 0) && a_count == count {
+            // a's matrices, like the result's, are consecutive: rows of one tall GEMM.
+            return Ok((MatmulShape { m: m * count, k, n, batch: Vec::new() }, out));
+        }
+        Ok((MatmulShape { m, k, n, batch }, out))
+    }
+
+    /// The number of result elements.
+    pub fn out_len(&self) -> usize {
+        self.m * self.n * self.batch.iter().map(|d| d.size).product::<usize>()
+    }
+
+    /// Element offsets `(a, b, out)` of the matrices of each batch entry, in result order.
+    pub fn batch_offsets(&self) -> Vec<(usize, usize, usize)> {
+        let mut offs = vec![(0, 0, 0)];
+        for d in &self.batch {
+            offs = offs
+                .iter()
+                .flat_map(|&(a, b, o)| {
+                    (0..d.size).map(move |i| (a + i * d.a_stride, b + i * d.b_stride, o + i * d.out_stride))
+                })
+                .collect();
+        }
+        offs
+    }
+}
+
+/// Operands, the interpreter's results and a tolerance for the GEMM tests of both crates.
+#[doc(hidden)]
+pub mod testing {
+    use meshc_ir::infer::{infer, Operand};
+    use meshc_ir::interp::eval_node;
+    use meshc_ir::{DType, Node, Op, Tensor, TensorType};
+
+    /// Deterministic pseudo-random values in [-1, 1) (SplitMix64).
+    pub fn random(seed: u64, len: usize) -> Vec<f32> {
+        let mut s = seed;
+        (0..len)
+            .map(|_| {
+                s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                let mut z = s;
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    /// The interpreter's result for `a @ b` on random operands: (a, b, result).
+    pub fn oracle(a_shape: &[usize], b_shape: &[usize], seed: u64) -> (Tensor, Tensor, Tensor) {
+        let ta = TensorType::new(DType::F32, a_shape.to_vec());
+        let tb = TensorType::new(DType::F32, b_shape.to_vec());
+        let node = Node::new("mm", Op::MatMul, &["a", "b"]);
+        let ops = [Operand { ty: &ta, dims: None }, Operand { ty: &tb, dims: None }];
+        let out = infer(&node, &ops).expect("valid matmul").ty;
+        let a = Tensor::f32(a_shape.to_vec(), random(seed, ta.numel()));
+        let b = Tensor::f32(b_shape.to_vec(), random(seed ^ 0xabcd, tb.numel()));
+        let want = eval_node(&node, &[&a, &b], &out).expect("interpreter");
+        (a, b, want)
+    }
+
+    pub fn assert_close(got: &[f32], want: &[f32], what: &str) {
+        assert_eq!(got.len(), want.len(), "{what}: length");
+        for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+            assert!((g - w).abs() <= 1e-5 + 1e-4 * w.abs(), "{what}: element {i}: got {g}, want {w}");
+        }
+    }
+}
