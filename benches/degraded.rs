@@ -1,4 +1,4 @@
-//! `cargo bench --bench degraded`: the fault-tolerant all_reduce (seed 002) of 16 MiB of f32
+//! `cargo bench --bench degraded`: the fault-tolerant all_reduce (docs/design.md §6.2) of 16 MiB of f32
 //! per device on a 4x4 torus, fault-free against 1, 2 and 4 failed devices.
 //!
 //! Three figures per case, each also as a ratio to the fault-free case of the same run:

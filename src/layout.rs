@@ -1,4 +1,4 @@
-//! The layout spec `meshc-layout/1` (DESIGN §3, docs/layout.md): reading and validating a
+//! The layout spec `meshc-layout/1` (docs/layout.md; docs/design.md §3): reading and validating a
 //! spec on its own (mesh, rules, per-tensor layouts, placement, degraded devices and links,
 //! memory per device), the legality of a layout for a tensor shape, and the layouts a spec
 //! fixes for the tensors of a verified graph — the seeds layout propagation starts from.
@@ -503,8 +503,8 @@ fn memory_size(v: &Value) -> Option<u64> {
 mod tests {
     use super::*;
 
-    /// DESIGN §3's example, verbatim.
-    const DESIGN_EXAMPLE: &str = r#"{ "format": "meshc-layout/1",
+    /// The example spec of docs/layout.md, verbatim.
+    const SPEC_EXAMPLE: &str = r#"{ "format": "meshc-layout/1",
   "mesh": {"shape": [2, 4], "axes": ["data", "model"], "topology": "torus"},
   "rules":   {"batch": "data", "hidden": "model"},
   "layouts": {"x": ["data", null], "w1": [null, "model"]},
@@ -524,7 +524,7 @@ mod tests {
 
     #[test]
     fn design_example_parses() {
-        let s = parse(DESIGN_EXAMPLE, "spec.json").unwrap();
+        let s = parse(SPEC_EXAMPLE, "spec.json").unwrap();
         assert_eq!(s.mesh.shape, vec![2, 4]);
         assert_eq!(s.mesh.axes, vec!["data", "model"]);
         assert_eq!(s.mesh.topology, Topology::Torus);

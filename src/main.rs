@@ -301,7 +301,7 @@ fn interp(path: &Path, io: &Io) -> Result<()> {
     io.write(wanted, &results)
 }
 
-/// The pilot pass's flags (seed 003): masks computed on pilot inputs prune the graph, and
+/// The pilot pass's flags (docs/design.md §4.3): masks computed on pilot inputs prune the graph, and
 /// the artifact's matmuls skip the pruned blocks (`--dump-after pilot` shows them).
 #[derive(clap::Args, Clone)]
 struct PilotArgs {

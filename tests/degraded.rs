@@ -1,4 +1,4 @@
-//! The fault-tolerant all-reduce (`meshc_runtime::degraded`, seed 002): the seed's figures with their
+//! The fault-tolerant all-reduce (`meshc_runtime::degraded`, docs/design.md §6.2): the method's figures with their
 //! sums and their schedules pinned in golden/degraded/, random degradations of 1–3-D meshes
 //! and tori, over the whole mesh and over random groups (every healthy contribution exactly
 //! once, or an error naming an unreachable device), and the max link bytes against the

@@ -1,4 +1,4 @@
-//! Conditioned execution (seed 003): artifacts compiled with the pilot pass skip the pruned
+//! Conditional execution (docs/design.md §4.3): artifacts compiled with the pilot pass skip the pruned
 //! blocks, and compute exactly the pruned graph. The oracle is the reference interpreter
 //! on the graph with the pruned params (`passes::pilot::apply`: pruned columns of W1,
 //! entries of b1 and rows of W2 zeroed). Checked for the generated and the library matmul,

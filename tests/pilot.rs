@@ -1,4 +1,4 @@
-//! The pilot pass (seed 003) on a ReLU MLP whose pilot input provably kills two of its four
+//! The pilot pass (docs/design.md §4.3) on a ReLU MLP whose pilot input provably kills two of its four
 //! hidden blocks: those get priority exactly 0 and are dropped first, the live ones get the
 //! documented priority, keep=1.0 keeps everything, and the `--dump-after pilot` text is
 //! pinned in golden/pilot/. Also the simplifications and the CLI's refusals.

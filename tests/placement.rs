@@ -22,7 +22,7 @@ type Pair = (&'static str, usize, &'static str);
 /// the pieces the destination's layout needs.
 #[rustfmt::skip]
 const TRANSFERS: &[(&str, &[Pair])] = &[
-    // DESIGN §3's example: h and a on row 0, y on the whole mesh (the default). Devices 0-3
+    // The example of docs/layout.md: h and a on row 0, y on the whole mesh (the default). Devices 0-3
     // keep the rows of a they hold for y (a local slice), devices 4-7 receive theirs.
     ("mlp-design-2x4", &[
         ("a.stage1:0->4", 2048, "move"), ("a.stage1:1->5", 2048, "move"), ("a.stage1:2->6", 2048, "move"),

@@ -337,7 +337,7 @@ fn matmul(ops: &[Operand]) -> R<Inferred> {
     let name = |o: &Operand, i: usize| o.dims.and_then(|d| d[i].clone());
     let mut shape = batch.clone();
     let mut dims: Dims = vec![None; batch.len()];
-    // Batch dim names come from the lhs, as DESIGN §3 says.
+    // Batch dim names come from the lhs, as docs/design.md §3 says.
     if let Some(d) = a.dims.filter(|_| sa.len() > 2) {
         let off = batch.len() - (sa.len() - 2);
         for i in 0..sa.len() - 2 {

@@ -325,7 +325,7 @@ fn node_json(n: &Node) -> Map<String, Value> {
     m
 }
 
-/// Canonical JSON: the layout of DESIGN §3, one entry per line.
+/// Canonical JSON: the layout of docs/format.md, one entry per line.
 pub fn print(g: &Graph) -> String {
     fn section(out: &mut String, key: &str, entries: Vec<Map<String, Value>>, last: bool) {
         out.push_str(&format!("  \"{key}\": ["));

@@ -1,5 +1,5 @@
-//! Fault-tolerant all-reduce over a mesh/torus with degraded nodes and links (seed 002, its
-//! paragraphs 57–109; DESIGN.md §6): the topology model (`Topo`), the planner that turns it
+//! Fault-tolerant all-reduce over a mesh/torus with degraded nodes and links (docs/design.md
+//! §6.2): the topology model (`Topo`), the planner that turns it
 //! into an explicit schedule (`plan` for the whole mesh, `plan_group` for any group, with
 //! routes through healthy non-members), an executor of that schedule on per-device vectors
 //! that counts bytes per directed link (`execute`). The fabric (`crate::fabric`) runs
@@ -14,7 +14,7 @@
 //! fully degraded. A link along dimension d is healthy when neither end is degraded along d;
 //! only healthy links carry data. Nodes that are not fully degraded are healthy: each
 //! contributes once and receives the result. `strict` treats partially degraded nodes as
-//! fully degraded (the seed's precaution, paragraph 69).
+//! fully degraded (the precaution of docs/design.md §6.2).
 //!
 //! # The plan (seed terms)
 //! The reduction runs level by level over a shrinking network of positions, each holding a
@@ -26,8 +26,8 @@
 //! - forwarding phase: the positions of forwarding groups (groups with a position degraded
 //!   along the dimension) form sub-networks — connected sets of them (at level 0 over healthy
 //!   links, later as neighbouring positions). A member next to a critical group heads a
-//!   sub-network of its own and the others join the nearest head's (the seed's sub-networks of
-//!   different sizes, paragraph 90); each sub-network reduces internally onto its head over a
+//!   sub-network of its own and the others join the nearest head's (docs/design.md §6.2, sub-networks
+//!   of different sizes); each sub-network reduces internally onto its head over a
 //!   spanning tree, and the head splits the internal vector over its receivers in critical
 //!   groups, one chunk each, added there. Every contribution thus reaches exactly one receiver
 //!   per element (the seed's figures 6 and 7 send the whole internal vector to several
@@ -587,7 +587,7 @@ impl Planner<'_> {
             }
             sub.sort();
             // Members next to a critical group (gateways) each head a sub-network of their own
-            // (the seed's sub-networks of different sizes, paragraph 90); the others join the
+            // (docs/design.md §6.2: sub-networks of different sizes); the others join the
             // nearest gateway's. Without any, the whole sub-network heads for the nearest
             // critical position.
             let receivers =

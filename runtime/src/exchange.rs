@@ -1,4 +1,4 @@
-//! Point-to-point transfers between device threads: the receiver-pull rendezvous of seed 000,
+//! Point-to-point transfers between device threads: the receiver-pull rendezvous (docs/design.md §4.1),
 //! one slot per key (`program::Transfer`), for the protocol the compiler chose:
 //! - `copy`: the recv announces its buffer; the send waits for it, copies its bytes straight
 //!   into it and marks the slot done; the recv waits for that. The sender's buffer is free

@@ -45,7 +45,7 @@
 //!   get the same result, else the subtree's results).
 //! - all_to_all: every member sends each other member its block directly (any size).
 //!
-//! # Degraded devices and links (`Fabric::degrade`, seed 002)
+//! # Degraded devices and links (`Fabric::degrade`, docs/design.md §6.2)
 //! Degraded devices run nothing (the runner starts no job for them), so they never arrive.
 //! An all_reduce or reduce_scatter whose group holds one, or whose plain schedule would
 //! cross a degraded link, combines the operands of its healthy members only (a mean divides

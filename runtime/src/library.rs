@@ -1,4 +1,4 @@
-//! The library GEMM path (seed 001's "library data"): a matmul served by a high-performance
+//! The library GEMM path (docs/design.md §4.5): a matmul served by a high-performance
 //! GEMM linked into the runner instead of generated code, with the same numpy semantics
 //! as the Cranelift kernel (shared shape planning: `crate::matmul_shape::MatmulShape`), and
 //! `prefer_library`, the default choice between the two paths.
@@ -118,7 +118,7 @@ fn check_lengths(
     Ok(())
 }
 
-/// `matmul` with `b` pruned by `mask` (seed 003's conditioned execution): the result is
+/// `matmul` with `b` pruned by `mask` (conditional execution, docs/design.md §4.3): the result is
 /// zeroed, then one GEMM runs per (kept column run, kept row run) of the mask on strided
 /// views of the operands, so pruned columns and rows of `b` cost nothing. `threads` are
 /// picked for the work the mask leaves. Threads split the rows of

@@ -1,4 +1,4 @@
-//! Pruning masks in the artifact (seed 003, claims 11 and 14): the record stored
+//! Pruning masks in the artifact (docs/design.md §4.3): the record stored
 //! immediately before a masked weight block, so that the weight's address alone yields
 //! both the weights and their mask, and the matmul kernels (generated and library) that
 //! read it.

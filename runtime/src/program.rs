@@ -1,6 +1,6 @@
 //! The per-device program: what the compiler hands the runner through the artifact, and all
 //! the runner knows — buffers with logical numbers and where they live, kernels (offsets into
-//! the code section), library calls, and the steps that tie them together (seed 001's op
+//! the code section), library calls, and the steps that tie them together (docs/design.md §4.4's op
 //! DAG, buffer data and library data). Serialised as JSON inside the artifact.
 
 use meshc_ir::{DType, TensorType};
@@ -29,7 +29,7 @@ pub struct Meta {
     pub flops: u64,
     pub inputs: Vec<IoSpec>,
     pub outputs: Vec<IoSpec>,
-    /// The devices and links the layout spec names degraded (seed 002): those devices run
+    /// The devices and links the layout spec names degraded (docs/design.md §6.2): those devices run
     /// nothing, and the collectives route around them.
     #[serde(default, skip_serializing_if = "Degradation::is_empty")]
     pub degraded: Degradation,
@@ -143,7 +143,7 @@ pub struct Kernel {
     pub parts: usize,
 }
 
-/// A subroutine linked into the runner (seed 001's "library data").
+/// A subroutine linked into the runner (docs/design.md §4.5).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Library {
@@ -218,7 +218,7 @@ pub struct Collective {
     pub shape: Vec<usize>,
 }
 
-/// How a send/recv pair moves its bytes, chosen at compile time (seed 000).
+/// How a send/recv pair moves its bytes, chosen at compile time (docs/design.md §4.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Protocol {
@@ -228,7 +228,7 @@ pub enum Protocol {
     Move,
     /// Same process: the receiver announces its buffer, the sender copies into it.
     Copy,
-    /// Another process: reserved for a transport between processes (DESIGN §7).
+    /// Another process: reserved for a transport between processes (docs/design.md §7).
     Remote,
 }
 
@@ -286,7 +286,7 @@ pub enum StreamKind {
 }
 
 /// A sequence of steps that runs in order, independently of the device's other streams but
-/// for the events it waits on (seed 001, Fig. 4).
+/// for the events it waits on (docs/design.md §4.4).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Stream {
     pub kind: StreamKind,

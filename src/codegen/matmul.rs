@@ -94,7 +94,7 @@ pub fn matmul(target: &Target, name: &str, a: &TensorType, b: &TensorType, out: 
     Ok(Generated { func, scratch: blocks.map_or(0, |bl| bl.scratch_bytes()), parts: 1 })
 }
 
-/// Generates the masked matmul kernel (seed 003's conditioned execution): the same
+/// Generates the masked matmul kernel (conditional execution, docs/design.md §4.3): the same
 /// numpy matmul, but `b` (a weight `[.., K, N]`) is preceded by a mask record
 /// (`meshc_runtime::mask`) that the kernel finds from `b`'s address at run time. It zeroes the
 /// result, then for each kept row run of the record runs the packed loop nest over the kept

@@ -1,4 +1,4 @@
-//! Buffer assignment (seed 001, DESIGN §4): plans each device's arena from the liveness of
+//! Buffer assignment (docs/design.md §4.4): plans each device's arena from the liveness of
 //! its logical buffers (`Program::buffers`, numbered by the compiler: one per tensor, reshape
 //! results sharing their operand's, one per kernel scratch area), and the dump of the plan.
 //!

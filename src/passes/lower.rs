@@ -1,4 +1,4 @@
-//! The `lower` pass (seed 004): from a graph whose tensors all have layouts to one program
+//! The `lower` pass (docs/design.md §4.2): from a graph whose tensors all have layouts to one program
 //! per device — the slice-wise instance of every op on the block each device holds, with
 //! communication only where slice-wise results are not the answer.
 //!

@@ -1,4 +1,4 @@
-//! The pilot pass (seed 003, DESIGN.md §4): run a simplified copy of the graph on pilot
+//! The pilot pass (docs/design.md §4.3): run a simplified copy of the graph on pilot
 //! inputs, give every block of output features of every prunable weight a priority, and
 //! turn the priorities into pruning masks, then prune the graph's params by them (`apply`):
 //! the masks travel into the artifact next to their weights (`meshc_runtime::mask`), where the

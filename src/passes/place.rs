@@ -1,4 +1,4 @@
-//! The `place` pass (seed 000): every node of the graph gets a stage — a device or a
+//! The `place` pass (docs/design.md §4.1): every node of the graph gets a stage — a device or a
 //! sub-mesh of the device mesh — from the spec's `placement` (docs/layout.md):
 //! - a list of entries `{"nodes": [NAME or PATTERN...], "devices": SLICE}` places the named
 //!   nodes (and graph inputs; `*` in a name matches any run of characters) on a sub-mesh:
@@ -7,7 +7,7 @@
 //!   number instead of a string names one device. An entry may carry its own `layouts` and
 //!   `rules`, which replace the spec's for that stage. Entries with the same devices form one
 //!   stage; stages may share devices (a device then runs the nodes of each of its stages, in
-//!   graph order). Nodes no entry names run on the whole mesh (DESIGN §3: the default); a
+//!   graph order). Nodes no entry names run on the whole mesh (the default: docs/design.md §4.1); a
 //!   graph input joins the stage of its first consumer. Params are not placed: every stage
 //!   that reads a param holds its own copy (params are mapped weights, colocated with their
 //!   consumers).

@@ -2,7 +2,7 @@
 //! placement): the graph is unrolled into M copies, each on one M-th of the batch, so that
 //! the stages work on different micro-batches at once.
 //!
-//! The batch is the dimension named `batch` (DESIGN §3 dim names, inferred for every
+//! The batch is the dimension named `batch` (dim names, docs/design.md §3, inferred for every
 //! tensor): every input and node must carry it, with a size M divides, and no node may mix
 //! the batch (reduce, slice, concatenate or gather along it). Copy k of node `n` is
 //! `n.mbK` on the k-th block of the batch; inputs are sliced (`x.mbK`, placed with `x`) and

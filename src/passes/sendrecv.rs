@@ -1,4 +1,4 @@
-//! The `sendrecv` pass (seed 000): joins the per-stage lowered programs of a placed graph
+//! The `sendrecv` pass (docs/design.md §4.1): joins the per-stage lowered programs of a placed graph
 //! into one program per device of the whole mesh, turning every edge between stages into
 //! point-to-point transfers.
 //!

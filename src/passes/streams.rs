@@ -1,4 +1,4 @@
-//! Stream assignment (seed 001, Fig. 4; DESIGN §4): orders each device's steps and splits
+//! Stream assignment (docs/design.md §4.4): orders each device's steps and splits
 //! them into streams — a compute stream (the main stream, 0), optionally more compute
 //! streams for independent branches, and a communication stream for the collectives — with
 //! cross-stream dependencies as events; `--dump-after streams` prints the plan.
