@@ -3,7 +3,7 @@ CARGO ?= cargo
 MESHC := target/release/meshc
 DEMO := testdata/transformer
 
-.PHONY: help build test golden testdata bench demo fmt lint clean artifacts
+.PHONY: help build test golden testdata bench demo fmt lint clean artifacts modules
 
 help:
 	@echo "make demo      build meshc and run the transformer-block example end to end"
@@ -61,6 +61,11 @@ $(MESHC):
 	$(CARGO) build --release
 
 -include $(wildcard $(ART_DIR)/*.mshc.d)
+
+# The module map of docs/design.md §1, drawn from the sources (needs Graphviz's dot).
+modules:
+	python3 tools/module_map.py > docs/modules.dot
+	dot -Tsvg docs/modules.dot -o docs/modules.svg
 
 lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
