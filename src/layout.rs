@@ -71,7 +71,8 @@ pub struct Seed {
 /// Reads, parses and validates a spec file (everything that does not need the graph).
 pub fn load(path: &Path) -> Result<Spec, Error> {
     let file = path.display().to_string();
-    let src = std::fs::read(path).map_err(|e| Error::new(format!("cannot read layout spec: {e}")).in_file(&file))?;
+    let src =
+        meshc_ir::file::read(path, meshc_ir::file::MAX_TEXT_BYTES, "layout spec").map_err(|e| e.in_file(&file))?;
     let src = String::from_utf8(src).map_err(|_| Error::new("layout spec is not UTF-8 text").in_file(&file))?;
     parse(&src, &file)
 }

@@ -249,3 +249,68 @@ fn interp_prints_a_summary_without_output_flags() {
     assert_eq!(lines.len(), 1, "{run:?}");
     assert!(lines[0].starts_with("y: f32[16,64] ["), "{run:?}");
 }
+
+/// Files that are not regular are refused at once, whatever names them: a device never
+/// ends (/dev/zero was read until memory ran out), a FIFO with no writer would block the
+/// open forever. Each run must end within seconds with exit 1 and one line.
+#[test]
+fn non_regular_files_are_refused_at_once() {
+    let dir = scratch("fifo");
+    let fifo = dir.join("fifo");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status().expect("mkfifo runs");
+    assert!(made.success(), "mkfifo {}", fifo.display());
+    let fifo = fifo.display().to_string();
+    let input = format!("x={fifo}");
+    let cases: [(&[&str], &str); 6] = [
+        (&["check", "/dev/zero"], "error: /dev/zero: cannot read graph: is a device"),
+        (&["check", &fifo], "cannot read graph: is a FIFO"),
+        (&["check", MLP, "--layout", "/dev/zero"], "error: /dev/zero: cannot read layout spec: is a device"),
+        (&["check", MLP, "--layout", &fifo], "cannot read layout spec: is a FIFO"),
+        (&["interp", MLP, "--input", &input], "cannot read: is a FIFO"),
+        (&["interp", MLP, "--input", "x=/dev/zero"], "error: --input x: /dev/zero: cannot read: is a device"),
+    ];
+    for (args, want) in cases {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_meshc"))
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("meshc starts");
+        let start = std::time::Instant::now();
+        while child.try_wait().expect("waits").is_none() {
+            if start.elapsed() > std::time::Duration::from_secs(20) {
+                child.kill().ok();
+                panic!("meshc {} hangs", args.join(" "));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().expect("output");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "meshc {}: {stderr}", args.join(" "));
+        assert_eq!(stderr.lines().count(), 1, "meshc {}: {stderr}", args.join(" "));
+        assert!(stderr.trim_end().ends_with(want.trim_start_matches("error: ")), "meshc {}: {stderr}", args.join(" "));
+    }
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// The interpreter refuses a result the system cannot hold (a broadcast to 40 GB), as
+/// `run` does, instead of aborting.
+#[test]
+fn interp_refuses_results_it_cannot_allocate() {
+    let dir = scratch("huge-result");
+    let graph = dir.join("g.txt");
+    std::fs::write(
+        &graph,
+        "graph big {\n  input x: f32[4]\n  y = broadcast_to(x) {shape = [2500000000, 4]}\n  output y\n}\n",
+    )
+    .unwrap();
+    let x = dir.join("x.npy");
+    meshc_ir::Tensor::f32(vec![4], vec![1.0; 4]).write_npy(&x).unwrap();
+    let run = meshc(&["interp", &graph.display().to_string(), "--input", &format!("x={}", x.display())]);
+    assert_eq!(run.status, Some(1), "{run:?}");
+    assert!(
+        run.stderr.trim_end().ends_with("cannot allocate 40000000000 bytes for node 'y' (f32[2500000000,4])"),
+        "{run:?}"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}

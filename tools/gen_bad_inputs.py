@@ -70,6 +70,11 @@ def main():
         "model.safetensors": safetensors_bytes({"w": w, "b": np.zeros(4, dtype=np.float32)}),
         # A header length that points far past the end of the file.
         "bad_header.safetensors": struct.pack("<Q", 1 << 20) + b'{"w":',
+        # A whole f32[3,4] and then bytes nobody would read.
+        "w_trailing.npy": npy_bytes(w) + b"trailing bytes",
+        "w_trailing.safetensors": safetensors_bytes({"w": w}) + b"trailing bytes",
+        # A version-2 header claiming 4 GiB (a reader that trusts it allocates that much).
+        "w_huge_header.npy": b"\x93NUMPY\x02\x00" + struct.pack("<I", 0xFFFFFFF0) + b"{'descr': '<f4'",
     }
     for name, data in files.items():
         with open(path(name), "wb") as f:

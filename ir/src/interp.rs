@@ -84,6 +84,12 @@ pub fn run(
         let node = &graph.nodes[i];
         let fail = |msg: String| Error::at(node.loc, format!("node '{}': {msg}", node.name));
         let out = types.get(&node.name).ok_or_else(|| fail("no inferred result type".into()))?;
+        // Asked before the evaluation, which would abort the process when the system
+        // cannot give the memory.
+        let bytes = out.checked_size_bytes().unwrap_or(usize::MAX);
+        if !crate::file::can_allocate(bytes) {
+            return Err(Error::at(node.loc, format!("cannot allocate {bytes} bytes for node '{}' ({out})", node.name)));
+        }
         let result = {
             let args = node
                 .inputs

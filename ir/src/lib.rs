@@ -5,6 +5,7 @@
 pub mod attr;
 pub mod dtype;
 pub mod error;
+pub mod file;
 pub mod graph;
 pub mod infer;
 pub mod init;

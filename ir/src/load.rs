@@ -6,7 +6,7 @@ use std::path::Path;
 use crate::error::{Error, Result};
 use crate::graph::Graph;
 use crate::verify::{self, Info};
-use crate::{json, text};
+use crate::{file, json, text};
 
 pub fn is_json(path: &Path) -> bool {
     path.extension().is_some_and(|e| e.eq_ignore_ascii_case("json"))
@@ -15,7 +15,7 @@ pub fn is_json(path: &Path) -> bool {
 /// Parses a graph file without verifying it.
 pub fn parse_file(path: &Path) -> Result<Graph> {
     let file = path.display().to_string();
-    let src = std::fs::read(path).map_err(|e| Error::new(format!("cannot read graph: {e}")).in_file(&file))?;
+    let src = file::read(path, file::MAX_TEXT_BYTES, "graph").map_err(|e| e.in_file(&file))?;
     let src = String::from_utf8(src).map_err(|_| Error::new("graph file is not UTF-8 text").in_file(&file))?;
     let parsed = if is_json(path) { json::parse(&src) } else { text::parse(&src) };
     parsed.map_err(|e| e.in_file(&file))

@@ -1,6 +1,7 @@
 //! Host tensors (`Tensor`): the values the interpreter computes on and the runner reads and
 //! writes, plus their file formats (`.npy` via npyz, `.safetensors` via safetensors).
 
+use std::io::Read;
 use std::path::Path;
 
 use crate::dtype::{DType, TensorType};
@@ -91,6 +92,79 @@ fn npy_data_offset(bytes: &[u8]) -> usize {
         Some(1) => le(8..10).map_or(usize::MAX, |n| 10 + n),
         _ => le(8..12).map_or(usize::MAX, |n| 12 + n),
     }
+}
+
+const NPY_MAGIC: &[u8] = b"\x93NUMPY";
+
+/// The largest `.npy` header read (numpy writes a few hundred bytes; a header claiming
+/// gigabytes is a hostile or broken file).
+const MAX_NPY_HEADER: usize = 1 << 20;
+
+/// Reads until `buf` is full or the file ends; the number of bytes read.
+fn read_up_to(f: &mut std::fs::File, buf: &mut [u8]) -> Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match f.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Error::new(format!("cannot read: {e}"))),
+        }
+    }
+    Ok(got)
+}
+
+/// The type a `.npy` header declares (`bytes` holds at least the whole header), refusing
+/// what meshc does not read.
+fn npy_type(bytes: &[u8]) -> Result<TensorType> {
+    // npyz allocates what the header's length field says before reading it.
+    let offset = npy_data_offset(bytes);
+    if offset > bytes.len().min(MAX_NPY_HEADER) {
+        return Err(Error::new(if offset > MAX_NPY_HEADER && offset != usize::MAX {
+            format!("the .npy header declares {offset} bytes, more than the {MAX_NPY_HEADER} meshc reads")
+        } else {
+            "not a valid .npy file: it ends inside its header".to_string()
+        }));
+    }
+    let npy = npyz::NpyHeader::from_reader(bytes).map_err(|e| Error::new(format!("not a valid .npy file: {e}")))?;
+    if npy.order() == npyz::Order::Fortran {
+        return Err(Error::new("Fortran-ordered .npy arrays are not supported; save with C order"));
+    }
+    let descr = match npy.dtype() {
+        npyz::DType::Plain(t) => t.to_string(),
+        other => return Err(Error::new(format!("unsupported .npy dtype {}", other.descr()))),
+    };
+    let dtype = match descr.as_str() {
+        "<f4" => DType::F32,
+        "<i4" => DType::I32,
+        "<i8" => DType::I64,
+        "|b1" => DType::Bool,
+        other => {
+            return Err(Error::new(format!(
+                "unsupported .npy dtype {other} (meshc reads float32, int32, int64 and bool)"
+            )))
+        }
+    };
+    let ty = TensorType::new(dtype, npy.shape().iter().map(|&d| d as usize).collect());
+    ty.checked_size_bytes().ok_or_else(|| Error::new(format!("the .npy header declares {ty}, which is too large")))?;
+    Ok(ty)
+}
+
+/// Refuses data of `have` bytes after the header where it declares `want`: too few (a
+/// truncated file) or too many (bytes after the array that nobody would read).
+fn check_npy_size(ty: &TensorType, have: u64, want: u64) -> Result<()> {
+    if have < want {
+        return Err(Error::new(format!(
+            "file ends early: the header says {ty} ({want} bytes of data), only {have} are present"
+        )));
+    }
+    if have > want {
+        return Err(Error::new(format!(
+            "{} bytes follow the data the header declares ({ty}, {want} bytes)",
+            have - want
+        )));
+    }
+    Ok(())
 }
 
 impl Tensor {
@@ -187,46 +261,46 @@ impl Tensor {
     }
 
     /// Reads a `.npy` file: little-endian f4/i4/i8/b1, C order. Anything else is refused
-    /// with the reason, naming the file.
+    /// with the reason, naming the file. The header is read and checked first, so that the
+    /// file's size must match what it declares before the data is read.
     pub fn read_npy(path: &Path) -> Result<Tensor> {
         let file = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|e| Error::new(format!("cannot read: {e}")).in_file(&file))?;
-        Tensor::from_npy_bytes(&bytes).map_err(|e| e.in_file(&file))
+        let in_file = |e: Error| e.in_file(&file);
+        let (mut f, len) = crate::file::open(path, "").map_err(in_file)?;
+        let mut prefix = [0u8; 12];
+        let got = read_up_to(&mut f, &mut prefix).map_err(in_file)?;
+        if !prefix.starts_with(NPY_MAGIC) {
+            return Err(in_file(Error::new("not a valid .npy file: magic not found for NPY file")));
+        }
+        let offset = npy_data_offset(&prefix[..got]);
+        if offset != usize::MAX && offset > MAX_NPY_HEADER {
+            return Err(in_file(Error::new(format!(
+                "the .npy header declares {offset} bytes, more than the {MAX_NPY_HEADER} meshc reads"
+            ))));
+        }
+        // The header alone is read first: what it declares fixes the file's size, which
+        // must match before the data is read.
+        let header_len = (offset as u64).min(len);
+        let mut all = crate::file::buffer(header_len, ".npy header").map_err(in_file)?;
+        all.extend_from_slice(&prefix[..got]);
+        let read_err = |e: std::io::Error| in_file(Error::new(format!("cannot read: {e}")));
+        (&mut f).take(header_len - got as u64).read_to_end(&mut all).map_err(read_err)?;
+        let ty = npy_type(&all).map_err(in_file)?;
+        let want = ty.checked_size_bytes().expect("checked by npy_type") as u64;
+        check_npy_size(&ty, len.saturating_sub(offset as u64), want).map_err(in_file)?;
+        all.try_reserve_exact(want as usize)
+            .map_err(|_| in_file(Error::new(format!("cannot allocate {want} bytes for {ty}"))))?;
+        (&mut f).take(want).read_to_end(&mut all).map_err(read_err)?;
+        Tensor::from_npy_bytes(&all).map_err(in_file)
     }
 
     pub fn from_npy_bytes(bytes: &[u8]) -> Result<Tensor> {
+        let ty = npy_type(bytes)?;
+        let want = ty.checked_size_bytes().expect("checked by npy_type");
+        check_npy_size(&ty, bytes.len().saturating_sub(npy_data_offset(bytes)) as u64, want as u64)?;
         let npy = npyz::NpyFile::new(bytes).map_err(|e| Error::new(format!("not a valid .npy file: {e}")))?;
-        if npy.order() == npyz::Order::Fortran {
-            return Err(Error::new("Fortran-ordered .npy arrays are not supported; save with C order"));
-        }
-        let descr = match npy.dtype() {
-            npyz::DType::Plain(t) => t.to_string(),
-            other => return Err(Error::new(format!("unsupported .npy dtype {}", other.descr()))),
-        };
-        let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
-        let dtype = match descr.as_str() {
-            "<f4" => DType::F32,
-            "<i4" => DType::I32,
-            "<i8" => DType::I64,
-            "|b1" => DType::Bool,
-            other => {
-                return Err(Error::new(format!(
-                    "unsupported .npy dtype {other} (meshc reads float32, int32, int64 and bool)"
-                )))
-            }
-        };
-        let ty = TensorType::new(dtype, shape);
-        let want = ty
-            .checked_size_bytes()
-            .ok_or_else(|| Error::new(format!("the .npy header declares {ty}, which is too large")))?;
-        let have = bytes.len().saturating_sub(npy_data_offset(bytes));
-        if have < want {
-            return Err(Error::new(format!(
-                "file ends early: the header says {ty} ({want} bytes of data), only {have} are present"
-            )));
-        }
         let corrupt = |e: std::io::Error| Error::new(format!("corrupt .npy data for {ty}: {e}"));
-        let data = match dtype {
+        let data = match ty.dtype {
             DType::F32 => Data::F32(npy.into_vec::<f32>().map_err(corrupt)?),
             DType::I32 => Data::I32(npy.into_vec::<i32>().map_err(corrupt)?),
             DType::I64 => Data::I64(npy.into_vec::<i64>().map_err(corrupt)?),
@@ -264,7 +338,8 @@ impl Tensor {
     /// Reads the tensor `key` of a `.safetensors` file (F32, I32, I64 or BOOL).
     pub fn read_safetensors(path: &Path, key: &str) -> Result<Tensor> {
         let file = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|e| Error::new(format!("cannot read: {e}")).in_file(&file))?;
+        let bytes = crate::file::read(path, u64::MAX, "").map_err(|e| e.in_file(&file))?;
+        // The crate refuses a header over 100 MB and bytes the header does not cover.
         let st = safetensors::SafeTensors::deserialize(&bytes)
             .map_err(|e| Error::new(format!("not a valid .safetensors file: {e}")).in_file(&file))?;
         let view = st.tensor(key).map_err(|_| {

@@ -1,0 +1,110 @@
+//! Reading files a user hands us, which are hostile until checked: only regular files
+//! (a FIFO would hang the read, a device such as /dev/zero never ends, a directory is a
+//! mistake), never more bytes than the caller can use, and memory asked for fallibly so
+//! that a size the system cannot give becomes an error, not an abort.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+
+use crate::error::{Error, Result};
+
+/// The largest graph file or layout spec read (text or JSON; weights belong in `.npy` or
+/// `.safetensors` files, which have no such limit).
+pub const MAX_TEXT_BYTES: u64 = 256 << 20;
+
+/// What a path that is not a regular file is, as the refusal says it.
+fn kind(meta: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    if t.is_dir() {
+        "is a directory"
+    } else if t.is_fifo() {
+        "is a FIFO"
+    } else if t.is_char_device() || t.is_block_device() {
+        "is a device"
+    } else if t.is_socket() {
+        "is a socket"
+    } else {
+        "is not a regular file"
+    }
+}
+
+/// Opens `path` for reading if it is a regular file, with its size; errors say "cannot
+/// read WHAT: ..." (`what` may be empty). The type is checked before opening (opening a
+/// FIFO blocks until a writer comes) and again on the open file (the name may have been
+/// swapped in between).
+pub fn open(path: &Path, what: &str) -> Result<(File, u64)> {
+    let fail = |why: &dyn std::fmt::Display| {
+        Error::new(format!("cannot read{}{what}: {why}", if what.is_empty() { "" } else { " " }))
+    };
+    let meta = std::fs::metadata(path).map_err(|e| fail(&e))?;
+    if !meta.is_file() {
+        return Err(fail(&kind(&meta)));
+    }
+    let f = File::open(path).map_err(|e| fail(&e))?;
+    let meta = f.metadata().map_err(|e| fail(&e))?;
+    if !meta.is_file() {
+        return Err(fail(&kind(&meta)));
+    }
+    Ok((f, meta.len()))
+}
+
+/// A buffer of `len` bytes' capacity, or an error naming `what` when the system cannot
+/// give it.
+pub fn buffer(len: u64, what: &str) -> Result<Vec<u8>> {
+    let mut v = Vec::new();
+    usize::try_from(len)
+        .ok()
+        .and_then(|n| v.try_reserve_exact(n).ok())
+        .ok_or_else(|| Error::new(format!("cannot allocate {len} bytes for {what}")))?;
+    Ok(v)
+}
+
+/// Reads exactly `len` bytes of `f` (its size as `open` saw it) into a fresh buffer; a file
+/// that shrank meanwhile is an error.
+pub fn read_exact(f: &mut File, len: u64, what: &str) -> Result<Vec<u8>> {
+    let mut v = buffer(len, what)?;
+    f.take(len).read_to_end(&mut v).map_err(|e| Error::new(format!("cannot read: {e}")))?;
+    if (v.len() as u64) < len {
+        return Err(Error::new(format!("file ends early: {} of {len} bytes", v.len())));
+    }
+    Ok(v)
+}
+
+/// The whole of a regular file of at most `max` bytes; `what` names it in errors.
+pub fn read(path: &Path, max: u64, what: &str) -> Result<Vec<u8>> {
+    let (mut f, len) = open(path, what)?;
+    if len > max {
+        return Err(Error::new(format!("{what} of {len} bytes is larger than the {max} bytes meshc reads")));
+    }
+    read_exact(&mut f, len, what)
+}
+
+/// Whether `bytes` more can be allocated now: asked of the allocator and given back, so
+/// that a computation whose result the system cannot hold fails before it starts.
+pub fn can_allocate(bytes: usize) -> bool {
+    Vec::<u8>::new().try_reserve_exact(bytes).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_what_is_not_a_regular_file() {
+        let e = read(Path::new("/dev/zero"), MAX_TEXT_BYTES, "graph").unwrap_err();
+        assert_eq!(e.msg, "cannot read graph: is a device");
+        let e = read(Path::new("/"), MAX_TEXT_BYTES, "layout spec").unwrap_err();
+        assert_eq!(e.msg, "cannot read layout spec: is a directory");
+    }
+
+    #[test]
+    fn refuses_files_over_the_limit_and_sizes_the_system_cannot_give() {
+        let e = read(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src/file.rs")), 10, "graph").unwrap_err();
+        assert!(e.msg.starts_with("graph of ") && e.msg.ends_with("larger than the 10 bytes meshc reads"), "{}", e.msg);
+        assert_eq!(buffer(u64::MAX, "x").unwrap_err().msg, format!("cannot allocate {} bytes for x", u64::MAX));
+        assert!(!can_allocate(usize::MAX / 2));
+        assert!(can_allocate(1 << 20));
+    }
+}
