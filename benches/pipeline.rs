@@ -204,7 +204,7 @@ fn load_time() {
         let w = Tensor::new(vec![rows, 16], Data::F32(vec![0.0; rows * 16]));
         let c = compile_text(&src, &HashMap::from([("w".to_string(), w)]));
         let art = dir.join(format!("load{mib}.mshc"));
-        driver::write_artifact(&c, &art).unwrap();
+        driver::write_artifact(&c, &art, None).unwrap();
         let size = std::fs::metadata(&art).unwrap().len();
         let t_open = median(21, || {
             let a =

@@ -223,11 +223,13 @@ pub fn lower_placed(
     Ok(joined)
 }
 
-/// Writes `c` as one artifact file. Programs are stored as a list, one per device.
-pub fn write_artifact(c: &Compiled, out: &Path) -> Result<()> {
+/// Writes `c` as one artifact file, signed when a key is given. Programs are stored as a
+/// list, one per device.
+pub fn write_artifact(c: &Compiled, out: &Path, signer: Option<ed25519_dalek::SigningKey>) -> Result<()> {
     let meta = serde_json::to_vec_pretty(&c.meta)?;
     let programs = serde_json::to_vec_pretty(&c.programs)?;
     let mut w = Writer::new();
+    w.signer = signer;
     w.add_section(SectionKind::Meta, 8, meta)?;
     w.add_section(SectionKind::Program, 8, programs)?;
     w.add_section(SectionKind::Code, 64, &c.code[..])?;

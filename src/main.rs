@@ -14,6 +14,7 @@ use meshc_runtime::cli::{self, is_artifact, name_eq_file, read_inputs, Io, RunAr
 use meshc_runtime::inspect::flops_skipped;
 use meshc_runtime::loader::load_artifact;
 use meshc_runtime::runner::Loaded;
+use meshc_runtime::signature;
 
 #[derive(Parser)]
 #[command(
@@ -67,8 +68,17 @@ enum Cmd {
         /// Write the dumps to DIR/NN-PASS.txt instead of stdout.
         #[arg(long, value_name = "DIR")]
         dump_dir: Option<PathBuf>,
+        /// Sign the artifact with this secret key (from `meshc keygen`): `run
+        /// --require-signature` then accepts it.
+        #[arg(long, value_name = "KEY")]
+        sign: Option<PathBuf>,
         #[command(flatten)]
         pilot: PilotArgs,
+    },
+    /// Make a new Ed25519 key pair for signing artifacts: KEY (secret, mode 0600) and KEY.pub.
+    Keygen {
+        #[arg(short, value_name = "KEY")]
+        o: PathBuf,
     },
     /// Run an artifact (or compile a graph in memory and run it).
     Run {
@@ -166,10 +176,13 @@ fn main() -> ExitCode {
         Cmd::Check { graph, layout } => check(&graph, layout.as_deref()),
         Cmd::Fmt { graph, to, o } => fmt(&graph, to, o.as_deref()),
         Cmd::Interp { graph, io } => interp(&graph, &io),
-        Cmd::Compile { graph, o, codegen, depfile, dump_after, dump_dir, pilot } => {
-            driver::Dumps::new(dump_after, dump_dir)
-                .and_then(|dumps| compile_cmd(&graph, &o, &codegen, depfile.as_deref(), &dumps, &pilot))
+        Cmd::Compile { graph, o, codegen, depfile, dump_after, dump_dir, sign, pilot } => {
+            driver::Dumps::new(dump_after, dump_dir).and_then(|dumps| {
+                let signer = sign.as_deref().map(signature::read_signing_key).transpose()?;
+                compile_cmd(&graph, &o, &codegen, depfile.as_deref(), &dumps, &pilot, signer)
+            })
         }
+        Cmd::Keygen { o } => keygen(&o),
         Cmd::Run { program, io, run: run_args, compare_unpruned, conditional, codegen, mut pilot } => {
             if conditional {
                 pilot.inputs = io.inputs.clone();
@@ -383,12 +396,13 @@ fn compile_cmd(
     depfile: Option<&Path>,
     dumps: &driver::Dumps,
     pilot: &PilotArgs,
+    signer: Option<ed25519_dalek::SigningKey>,
 ) -> Result<()> {
     let (g, compiled) = compile_graph(path, args, dumps, Some(pilot))?;
     if let Some(report) = flops_skipped(&compiled.programs, compiled.meta.flops) {
         eprintln!("{report}");
     }
-    driver::write_artifact(&compiled, out)?;
+    driver::write_artifact(&compiled, out, signer)?;
     if let Some(d) = depfile {
         std::fs::write(d, driver::depfile(out, &driver::dependencies(path, &g, args.layout.as_deref())))
             .with_context(|| format!("{}: cannot write depfile", d.display()))?;
@@ -396,8 +410,31 @@ fn compile_cmd(
     Ok(())
 }
 
+/// `keygen -o KEY`: the secret key to KEY (readable by its owner only) and the public key
+/// to KEY.pub, refusing to replace an existing key.
+fn keygen(out: &Path) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let public = PathBuf::from(format!("{}.pub", out.display()));
+    let (secret_text, public_text) = signature::generate()?;
+    for (path, text, mode) in [(out, &secret_text, 0o600), (public.as_path(), &public_text, 0o644)] {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(path)
+            .and_then(|mut f| f.write_all(text.as_bytes()).and_then(|()| f.sync_all()))
+            .with_context(|| format!("{}: cannot write key (an existing key is never replaced)", path.display()))?;
+    }
+    eprintln!("wrote {} (secret: keep it private) and {}", out.display(), public.display());
+    Ok(())
+}
+
 fn run(path: &Path, io: &Io, run_args: &RunArgs, args: &CodegenArgs, pilot: &PilotArgs) -> Result<()> {
     let file = path.display().to_string();
+    if !is_artifact(path) && run_args.require_signature.is_some() {
+        bail!("{file}: --require-signature: only artifacts are signed; this is a graph");
+    }
     if is_artifact(path) && !pilot.inputs.is_empty() {
         bail!("{file}: --pilot-input and --conditional prune a graph as it is compiled; this is an artifact");
     }

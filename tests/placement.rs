@@ -482,7 +482,7 @@ fn a_broken_artifact_times_out_naming_the_key_and_both_devices() {
     steps.insert(h, moved);
     let dir = scratch("placement-broken");
     let art = dir.join("broken.mshc");
-    meshc::driver::write_artifact(&c, &art).unwrap();
+    meshc::driver::write_artifact(&c, &art, None).unwrap();
     let mut args = vec!["run".to_string(), art.display().to_string(), "--timeout".into(), "0.5".into()];
     args.extend(input_args(graph));
     let start = std::time::Instant::now();

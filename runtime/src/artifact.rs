@@ -38,11 +38,13 @@ pub enum SectionKind {
     Program = 2,
     Code = 3,
     Weights = 4,
+    /// Optional: an Ed25519 signature over every other section (`crate::signature`).
+    Signature = 5,
 }
 
 impl SectionKind {
-    pub const ALL: [SectionKind; 4] =
-        [SectionKind::Meta, SectionKind::Program, SectionKind::Code, SectionKind::Weights];
+    pub const ALL: [SectionKind; 5] =
+        [SectionKind::Meta, SectionKind::Program, SectionKind::Code, SectionKind::Weights, SectionKind::Signature];
 
     pub fn from_u32(v: u32) -> Option<SectionKind> {
         SectionKind::ALL.into_iter().find(|k| *k as u32 == v)
@@ -54,6 +56,7 @@ impl SectionKind {
             SectionKind::Program => "program",
             SectionKind::Code => "code",
             SectionKind::Weights => "weights",
+            SectionKind::Signature => "signature",
         }
     }
 
@@ -170,6 +173,8 @@ pub struct Writer<'a> {
     /// Artifact-wide flags, stored in the header; their meaning belongs to the compiler.
     pub flags: u32,
     sections: Vec<Pending<'a>>,
+    /// Signs the other sections into a signature section when the artifact is written.
+    pub signer: Option<ed25519_dalek::SigningKey>,
 }
 
 impl Default for Writer<'_> {
@@ -180,7 +185,7 @@ impl Default for Writer<'_> {
 
 impl<'a> Writer<'a> {
     pub fn new() -> Self {
-        Writer { flags: 0, sections: Vec::new() }
+        Writer { flags: 0, sections: Vec::new(), signer: None }
     }
 
     /// Adds a section; `bytes` may be owned (`Vec<u8>`) or borrowed (`&[u8]`, not copied).
@@ -229,6 +234,26 @@ impl<'a> Writer<'a> {
     /// Writes the whole artifact to `w`: header, table, then each section after zero
     /// padding up to its offset.
     pub fn write_to(&self, w: &mut impl Write) -> Result<()> {
+        match &self.signer {
+            None => self.write_sections(w),
+            Some(key) => {
+                if self.sections.iter().any(|s| s.kind == SectionKind::Signature) {
+                    bail!("artifact: a signature section and a signer");
+                }
+                let parts: Vec<(SectionKind, u32, &[u8])> =
+                    self.sections.iter().map(|s| (s.kind, s.align, &s.bytes[..])).collect();
+                let signature = crate::signature::sign(key, self.flags, &parts);
+                let mut signed = Writer { flags: self.flags, sections: Vec::new(), signer: None };
+                for s in &self.sections {
+                    signed.add_section(s.kind, s.align as usize, &s.bytes[..])?;
+                }
+                signed.add_section(SectionKind::Signature, 8, signature)?;
+                signed.write_sections(w)
+            }
+        }
+    }
+
+    fn write_sections(&self, w: &mut impl Write) -> Result<()> {
         const ZEROS: [u8; PAGE] = [0; PAGE];
         let (table, file_size) = self.layout()?;
         let table_bytes: Vec<u8> = table.iter().flat_map(SectionInfo::encode).collect();
@@ -324,6 +349,23 @@ impl Artifact {
 
     fn info(&self, kind: SectionKind) -> Option<&SectionInfo> {
         self.sections.iter().find(|s| s.kind == kind)
+    }
+
+    /// The header flags and every section but the signature, as they were signed.
+    pub fn signed_parts(&self) -> (u32, Vec<(SectionKind, u32, &[u8])>) {
+        let mut parts: Vec<(SectionKind, u32, &[u8])> = self
+            .sections
+            .iter()
+            .filter(|s| s.kind != SectionKind::Signature)
+            .map(|s| (s.kind, s.align, &self.map[s.range()]))
+            .collect();
+        parts.sort_by_key(|p| p.0);
+        (self.flags, parts)
+    }
+
+    /// The file's path, as errors name it.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// Verifies the checksums `open` skipped (those of bulk sections).

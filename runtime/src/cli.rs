@@ -180,6 +180,10 @@ pub struct RunArgs {
     /// every core; results are the same for any N). Mesh runs use one core per stream.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: Option<u32>,
+    /// Refuse the artifact unless it is signed by this public key (a file from `meshc
+    /// keygen`) and the signature matches every section; checked before any code is mapped.
+    #[arg(long, value_name = "PUBKEY")]
+    pub require_signature: Option<PathBuf>,
 }
 
 /// Whether `path` starts with the artifact magic (anything else is read as a graph).
@@ -192,6 +196,9 @@ pub fn is_artifact(path: &Path) -> bool {
 /// Opens the artifact at `path` as `run` does (`--trust-weights` skips the bulk checksum).
 pub fn open(path: &Path, args: &RunArgs) -> Result<Loaded> {
     let art = Artifact::open_with(path, if args.trust_weights { Verify::SkipBulk } else { Verify::All })?;
+    if let Some(key) = &args.require_signature {
+        crate::signature::require(&art, &crate::signature::read_public_key(key)?)?;
+    }
     crate::loader::load_artifact(art, &path.display().to_string())
 }
 

@@ -26,6 +26,10 @@ pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
             sec.checksum
         )?;
     }
+    if let crate::signature::Signed::By(key, valid) = crate::signature::check(art)? {
+        let state = if valid { "valid" } else { "DOES NOT MATCH the contents" };
+        writeln!(s, "signed by ed25519 key {} ({state})", crate::signature::hex(key.as_bytes()))?;
+    }
     writeln!(
         s,
         "graph {} | target {} [{}] | {} device(s)",

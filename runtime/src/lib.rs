@@ -24,4 +24,5 @@ pub mod matmul_shape;
 pub mod mesh;
 pub mod program;
 pub mod runner;
+pub mod signature;
 pub mod trace;
