@@ -160,6 +160,9 @@ fn encode_header(flags: u32, count: u32, table_crc: u32, file_size: u64) -> [u8;
     h
 }
 
+/// A section as it is signed: kind, alignment and bytes.
+pub type Part<'a> = (SectionKind, u32, &'a [u8]);
+
 struct Pending<'a> {
     kind: SectionKind,
     align: u32,
@@ -240,8 +243,7 @@ impl<'a> Writer<'a> {
                 if self.sections.iter().any(|s| s.kind == SectionKind::Signature) {
                     bail!("artifact: a signature section and a signer");
                 }
-                let parts: Vec<(SectionKind, u32, &[u8])> =
-                    self.sections.iter().map(|s| (s.kind, s.align, &s.bytes[..])).collect();
+                let parts: Vec<Part> = self.sections.iter().map(|s| (s.kind, s.align, &s.bytes[..])).collect();
                 let signature = crate::signature::sign(key, self.flags, &parts);
                 let mut signed = Writer { flags: self.flags, sections: Vec::new(), signer: None };
                 for s in &self.sections {
@@ -352,8 +354,8 @@ impl Artifact {
     }
 
     /// The header flags and every section but the signature, as they were signed.
-    pub fn signed_parts(&self) -> (u32, Vec<(SectionKind, u32, &[u8])>) {
-        let mut parts: Vec<(SectionKind, u32, &[u8])> = self
+    pub fn signed_parts(&self) -> (u32, Vec<Part<'_>>) {
+        let mut parts: Vec<Part> = self
             .sections
             .iter()
             .filter(|s| s.kind != SectionKind::Signature)

@@ -16,7 +16,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
 use sha2::{Digest, Sha512};
 
-use crate::artifact::{Artifact, SectionKind};
+use crate::artifact::{Artifact, Part, SectionKind};
 
 const DOMAIN: &[u8] = b"meshc-artifact-signature/1\0";
 const SECRET_TAG: &str = "meshc-ed25519-secret-key";
@@ -25,7 +25,7 @@ const PUBLIC_TAG: &str = "meshc-ed25519-public-key";
 const SECTION_LEN: usize = 32 + 64;
 
 /// What is signed: `flags` and the sections `parts` (kind, alignment, bytes) in kind order.
-fn message(flags: u32, parts: &[(SectionKind, u32, &[u8])]) -> Vec<u8> {
+fn message(flags: u32, parts: &[Part]) -> Vec<u8> {
     let mut m = DOMAIN.to_vec();
     m.extend_from_slice(&flags.to_le_bytes());
     for (kind, align, bytes) in parts {
@@ -38,7 +38,7 @@ fn message(flags: u32, parts: &[(SectionKind, u32, &[u8])]) -> Vec<u8> {
 }
 
 /// The signature section's bytes for these parts.
-pub fn sign(key: &SigningKey, flags: u32, parts: &[(SectionKind, u32, &[u8])]) -> Vec<u8> {
+pub fn sign(key: &SigningKey, flags: u32, parts: &[Part]) -> Vec<u8> {
     let mut out = key.verifying_key().to_bytes().to_vec();
     out.extend_from_slice(&key.sign(&message(flags, parts)).to_bytes());
     out
