@@ -60,3 +60,18 @@ impl std::error::Error for Error {}
 macro_rules! err {
     ($loc:expr, $($arg:tt)*) => { $crate::error::Error::at($loc, format!($($arg)*)) };
 }
+
+/// The longest name or value a message quotes whole: a 1 MB operand name must not become a
+/// 1 MB error line.
+pub const QUOTE_MAX: usize = 80;
+
+/// `s` as a message quotes it: whole when short, else its first characters and its length.
+pub fn shorten(s: &str) -> std::borrow::Cow<'_, str> {
+    match s.char_indices().nth(QUOTE_MAX) {
+        None => s.into(),
+        Some(_) => {
+            let head: String = s.chars().take(QUOTE_MAX - 20).collect();
+            format!("{head}... ({} characters)", s.chars().count()).into()
+        }
+    }
+}

@@ -9,7 +9,7 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -236,7 +236,7 @@ impl<'a> Writer<'a> {
 
     /// Writes the whole artifact to `w`: header, table, then each section after zero
     /// padding up to its offset.
-    pub fn write_to(&self, w: &mut impl Write) -> Result<()> {
+    pub fn write_to(&self, w: &mut (impl Write + ?Sized)) -> Result<()> {
         match &self.signer {
             None => self.write_sections(w),
             Some(key) => {
@@ -255,7 +255,7 @@ impl<'a> Writer<'a> {
         }
     }
 
-    fn write_sections(&self, w: &mut impl Write) -> Result<()> {
+    fn write_sections(&self, w: &mut (impl Write + ?Sized)) -> Result<()> {
         const ZEROS: [u8; PAGE] = [0; PAGE];
         let (table, file_size) = self.layout()?;
         let table_bytes: Vec<u8> = table.iter().flat_map(SectionInfo::encode).collect();
@@ -277,24 +277,19 @@ impl<'a> Writer<'a> {
         Ok(out)
     }
 
-    /// Writes the artifact to `path` through a temporary file in the same directory renamed
-    /// into place: a runner that has the old file mapped keeps its (unchanged) inode, and a
-    /// crash never leaves a half-written artifact under the final name.
+    /// Stages the artifact at `path` in `out` (written to a temporary file beside it,
+    /// renamed into place when `out` commits): a runner that has the old file mapped keeps
+    /// its (unchanged) inode, and a crash never leaves a half-written artifact under the
+    /// final name.
+    pub fn stage(&self, out: &mut crate::output::Outputs, path: &Path) -> Result<()> {
+        out.write(path, |w| self.write_to(w)).with_context(|| format!("cannot write artifact {}", path.display()))
+    }
+
+    /// Writes the artifact to `path`, all or nothing (`stage`, then commit).
     pub fn write(&self, path: &Path) -> Result<()> {
-        let name = path.file_name().ok_or_else(|| anyhow!("{}: not a file name", path.display()))?;
-        let tmp = path.with_file_name(format!(".{}.tmp{}", name.to_string_lossy(), std::process::id()));
-        let written = File::create(&tmp).map_err(anyhow::Error::from).and_then(|f| {
-            let mut w = BufWriter::with_capacity(1 << 20, f);
-            self.write_to(&mut w)?;
-            w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-            Ok(())
-        });
-        let renamed = written.and_then(|()| std::fs::rename(&tmp, path).map_err(anyhow::Error::from));
-        if renamed.is_err() {
-            // Best effort: the write error is the one worth reporting.
-            let _ = std::fs::remove_file(&tmp);
-        }
-        renamed.with_context(|| format!("cannot write artifact {}", path.display()))
+        let mut out = crate::output::Outputs::new();
+        self.stage(&mut out, path)?;
+        out.commit().with_context(|| format!("cannot write artifact {}", path.display()))
     }
 }
 

@@ -22,6 +22,7 @@ pub mod loader;
 pub mod mask;
 pub mod matmul_shape;
 pub mod mesh;
+pub mod output;
 pub mod program;
 pub mod runner;
 pub mod signature;
