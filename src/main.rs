@@ -75,11 +75,6 @@ enum Cmd {
         #[command(flatten)]
         pilot: PilotArgs,
     },
-    /// Make a new Ed25519 key pair for signing artifacts: KEY (secret, mode 0600) and KEY.pub.
-    Keygen {
-        #[arg(short, value_name = "KEY")]
-        o: PathBuf,
-    },
     /// Run an artifact (or compile a graph in memory and run it).
     Run {
         /// An artifact (.mshc) or a graph file.
@@ -105,6 +100,11 @@ enum Cmd {
     },
     /// Describe an artifact: sections, inputs/outputs, kernels, buffers, steps.
     Inspect { artifact: PathBuf },
+    /// Make a new Ed25519 key pair for signing artifacts: KEY (secret, mode 0600) and KEY.pub.
+    Keygen {
+        #[arg(short, value_name = "KEY")]
+        o: PathBuf,
+    },
 }
 
 #[derive(clap::Args)]

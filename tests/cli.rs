@@ -314,3 +314,17 @@ fn interp_refuses_results_it_cannot_allocate() {
     );
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// A name of a megabyte is quoted by its first characters and its length, not whole.
+#[test]
+fn long_names_are_cut_in_messages() {
+    let dir = scratch("long-name");
+    let graph = dir.join("g.txt");
+    let name = "n".repeat(1 << 20);
+    std::fs::write(&graph, format!("graph g {{\n  input x: f32[2]\n  y = relu({name})\n  output y\n}}\n")).unwrap();
+    let run = meshc(&["check", &graph.display().to_string()]);
+    assert_eq!(run.status, Some(1), "{:?}", run.status);
+    assert!(run.stderr.len() < 400, "{} bytes: {}", run.stderr.len(), &run.stderr[..400.min(run.stderr.len())]);
+    assert!(run.stderr.contains("(1048576 characters)"), "{}", run.stderr);
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -65,6 +65,23 @@ macro_rules! err {
 /// 1 MB error line.
 pub const QUOTE_MAX: usize = 80;
 
+/// `msg` with every single-quoted part longer than `QUOTE_MAX` shortened: how messages
+/// leave the process, whatever layer quoted a user's name in them.
+pub fn shorten_quoted(msg: &str) -> String {
+    let parts: Vec<&str> = msg.split('\'').collect();
+    if parts.len() < 3 {
+        return msg.to_string();
+    }
+    // Odd parts sit between quotes (an unmatched last quote leaves its tail alone).
+    let last = if parts.len() % 2 == 0 { parts.len() - 1 } else { parts.len() };
+    parts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| if i % 2 == 1 && i < last { shorten(p) } else { (*p).into() })
+        .collect::<Vec<_>>()
+        .join("'")
+}
+
 /// `s` as a message quotes it: whole when short, else its first characters and its length.
 pub fn shorten(s: &str) -> std::borrow::Cow<'_, str> {
     match s.char_indices().nth(QUOTE_MAX) {
@@ -73,5 +90,21 @@ pub fn shorten(s: &str) -> std::borrow::Cow<'_, str> {
             let head: String = s.chars().take(QUOTE_MAX - 20).collect();
             format!("{head}... ({} characters)", s.chars().count()).into()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_quoted_names_are_shortened() {
+        let name = "n".repeat(1 << 20);
+        let msg = shorten_quoted(&format!("node 'y': operand '{name}' is not defined; 'x' is"));
+        assert_eq!(
+            msg,
+            format!("node 'y': operand '{}... (1048576 characters)' is not defined; 'x' is", "n".repeat(60))
+        );
+        assert_eq!(shorten_quoted("it's fine"), "it's fine");
     }
 }

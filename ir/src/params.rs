@@ -43,9 +43,12 @@ pub fn inline_value(p: &Param, v: &Attr) -> Result<Tensor> {
     walk(v, &p.ty.shape, 0, &mut flat).map_err(|e| at(format!("{e} (shape {})", ShapeDisplay(&p.ty.shape))))?;
     let bad = |a: &Attr| at(format!("value entry {a} is not a valid {}", p.ty.dtype));
     let data = match p.ty.dtype {
-        DType::F32 => {
-            Data::F32(flat.iter().map(|a| a.as_float().map(|x| x as f32).ok_or_else(|| bad(a))).collect::<Result<_>>()?)
-        }
+        // A number beyond f32's range would silently become infinite.
+        DType::F32 => Data::F32(
+            flat.iter()
+                .map(|a| a.as_float().map(|x| x as f32).filter(|x| x.is_finite()).ok_or_else(|| bad(a)))
+                .collect::<Result<_>>()?,
+        ),
         DType::I32 => Data::I32(
             flat.iter()
                 .map(|a| a.as_int().and_then(|i| i32::try_from(i).ok()).ok_or_else(|| bad(a)))
@@ -64,7 +67,17 @@ pub fn load_param(p: &Param, base: &Path) -> Result<Tensor> {
     let fail = |msg: String| Error::at(p.loc, format!("param '{}': {msg}", p.name));
     match &p.data {
         ParamData::Value(v) => inline_value(p, v),
-        ParamData::Init(i) => init::materialize(i, &p.ty).map_err(|e| fail(e.msg)),
+        ParamData::Init(i) => {
+            let t = init::materialize(i, &p.ty).map_err(|e| fail(e.msg))?;
+            // NaN or infinite parameters (or a mean beyond f32's range) give values no
+            // graph wants; they would only show up as NaN outputs far from the cause.
+            match &t.data {
+                Data::F32(v) if v.iter().any(|x| !x.is_finite()) => {
+                    Err(fail("its init gives values that are not finite f32 numbers (check its parameters)".into()))
+                }
+                _ => Ok(t),
+            }
+        }
         ParamData::File { path, key } => {
             let full = base.join(path);
             let loaded = match key {

@@ -82,6 +82,9 @@ pub struct Closeness {
     pub worst: usize,
     /// The first element outside the tolerance, if any.
     pub first_bad: Option<usize>,
+    /// Elements that are NaN on one side only (never within tolerance, and without an
+    /// absolute error to report).
+    pub nan_mismatches: usize,
 }
 
 /// Where an .npy file's data starts: after the 6-byte magic, 2 version bytes, and the header
@@ -126,7 +129,9 @@ fn npy_type(bytes: &[u8]) -> Result<TensorType> {
             "not a valid .npy file: it ends inside its header".to_string()
         }));
     }
-    let npy = npyz::NpyHeader::from_reader(bytes).map_err(|e| Error::new(format!("not a valid .npy file: {e}")))?;
+    // npyz quotes the whole header in some errors.
+    let npy = npyz::NpyHeader::from_reader(bytes)
+        .map_err(|e| Error::new(format!("not a valid .npy file: {}", crate::error::shorten(&e.to_string()))))?;
     if npy.order() == npyz::Order::Fortran {
         return Err(Error::new("Fortran-ordered .npy arrays are not supported; save with C order"));
     }
@@ -205,14 +210,18 @@ impl Tensor {
     /// non-f32 dtypes must match exactly.
     pub fn closeness(&self, want: &Tensor) -> Closeness {
         let exact = want.dtype() != DType::F32;
-        let mut c = Closeness { max_abs_err: 0.0, worst: 0, first_bad: None };
+        let mut c = Closeness { max_abs_err: 0.0, worst: 0, first_bad: None, nan_mismatches: 0 };
         for (i, (a, b)) in self.data.to_f64().into_iter().zip(want.data.to_f64()).enumerate() {
-            let err = (a - b).abs();
-            let ok = if exact { a == b } else { err <= ATOL + RTOL * b.abs() || (a.is_nan() && b.is_nan()) };
+            let one_nan = a.is_nan() != b.is_nan();
+            // Equal values (infinities included) and NaN against NaN have no error.
+            let err = if a == b || (a.is_nan() && b.is_nan()) { 0.0 } else { (a - b).abs() };
+            let ok = !one_nan && (err == 0.0 || !exact && err <= ATOL + RTOL * b.abs());
             if !ok && c.first_bad.is_none() {
                 c.first_bad = Some(i);
             }
-            if err > c.max_abs_err {
+            if one_nan {
+                c.nan_mismatches += 1;
+            } else if err > c.max_abs_err {
                 (c.max_abs_err, c.worst) = (err, i);
             }
         }
@@ -357,5 +366,21 @@ impl Tensor {
             other => return Err(Error::new(format!("tensor '{key}' has unsupported dtype {other:?}")).in_file(&file)),
         };
         Ok(Tensor::new(view.shape().to_vec(), data))
+    }
+}
+
+#[cfg(test)]
+mod closeness_tests {
+    use super::*;
+
+    #[test]
+    fn nan_on_one_side_fails_and_is_counted() {
+        let got = Tensor::f32(vec![3], vec![1.0, f32::NAN, f32::INFINITY]);
+        let c = got.closeness(&Tensor::f32(vec![3], vec![f32::NAN, f32::NAN, f32::INFINITY]));
+        assert_eq!((c.first_bad, c.nan_mismatches, c.max_abs_err), (Some(0), 1, 0.0));
+        let c = got.closeness(&got.clone());
+        assert_eq!((c.first_bad, c.nan_mismatches), (None, 0));
+        let c = got.closeness(&Tensor::f32(vec![3], vec![1.0, f32::NAN, 1.0]));
+        assert_eq!((c.first_bad, c.max_abs_err), (Some(2), f64::INFINITY));
     }
 }

@@ -42,7 +42,7 @@ pub fn exit(result: Result<()>) -> ExitCode {
             // anyhow's alternate form joins the context chain on one line.
             eprintln!(
                 "error: {}",
-                format!("{e:#}")
+                meshc_ir::error::shorten_quoted(&format!("{e:#}"))
                     .chars()
                     .flat_map(|c| if c.is_control() { c.escape_default().collect() } else { vec![c] })
                     .collect::<String>()
@@ -255,8 +255,12 @@ fn check_against(results: &BTreeMap<String, Tensor>, dir: &Path) -> Result<()> {
         }
         let c = got.closeness(&want);
         let ok = c.first_bad.is_none();
+        let nans = match c.nan_mismatches {
+            0 => String::new(),
+            n => format!("{n} element(s) NaN on one side only, "),
+        };
         println!(
-            "check {name}: max abs error {:.3e} against {} ({})",
+            "check {name}: {nans}max abs error {:.3e} against {} ({})",
             c.max_abs_err,
             file.display(),
             if ok { "ok" } else { "FAILED" }
