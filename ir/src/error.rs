@@ -73,7 +73,7 @@ pub fn shorten_quoted(msg: &str) -> String {
         return msg.to_string();
     }
     // Odd parts sit between quotes (an unmatched last quote leaves its tail alone).
-    let last = if parts.len() % 2 == 0 { parts.len() - 1 } else { parts.len() };
+    let last = if parts.len().is_multiple_of(2) { parts.len() - 1 } else { parts.len() };
     parts
         .iter()
         .enumerate()
