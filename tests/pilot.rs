@@ -196,6 +196,8 @@ fn refusals_are_one_line() {
         (&["--pilot-input", "X", "--pilot-simplify", "downsample:1:2"], "does not accept the smaller inputs"),
         (&["--pilot-input", "z=nope.npy"], "the graph has no input 'z'"),
         (&["--pilot-input", "X", "--pilot-simplify", "downsample:0:3"], "axis 0 has size 8, not a multiple of 3"),
+        // The input is rank 2: an axis 9 would leave the pilot run unsimplified.
+        (&["--pilot-input", "X", "--pilot-simplify", "downsample:9:2"], "no input has an axis 9 ('x' rank 2)"),
     ] {
         let r = compile(&m, args);
         assert_eq!(r.status, Some(1), "{args:?}: {}", r.stderr);

@@ -453,6 +453,13 @@ pub fn run(g: &Graph, info: &Info, params: &HashMap<String, Tensor>, cfg: &Confi
     let simple_params = simplify_params(params, &cfg.simplify);
     let (graph, pinfo) = match cfg.simplify {
         Simplify::Downsample { axis, factor } => {
+            // An axis no input has would leave every input as it is: the pilot run would
+            // not be the simplified one the user asked for.
+            if !g.inputs.iter().any(|i| i.ty.shape.len() > axis) {
+                let ranks: Vec<String> =
+                    g.inputs.iter().map(|i| format!("'{}' rank {}", i.name, i.ty.shape.len())).collect();
+                bail!("pilot: downsample:{axis}:{factor}: no input has an axis {axis} ({})", ranks.join(", "));
+            }
             let mut g2 = g.clone();
             // A size that is not a multiple of F is refused when the input is downsampled.
             for i in g2.inputs.iter_mut().filter(|i| i.ty.shape.len() > axis) {
