@@ -17,6 +17,7 @@ use crate::compile::{compile, compile_lowered, Compiled, Options};
 use crate::layout::Spec;
 use crate::passes;
 use meshc_runtime::artifact::{SectionKind, Writer};
+use meshc_runtime::output::Outputs;
 use meshc_runtime::program::{Program, Storage, ALIGN};
 
 /// The passes `--dump-after` can name, in pipeline order (their number prefixes the files
@@ -226,6 +227,18 @@ pub fn lower_placed(
 /// Writes `c` as one artifact file, signed when a key is given. Programs are stored as a
 /// list, one per device.
 pub fn write_artifact(c: &Compiled, out: &Path, signer: Option<ed25519_dalek::SigningKey>) -> Result<()> {
+    let mut files = Outputs::new();
+    stage_artifact(c, &mut files, out, signer)?;
+    files.commit()
+}
+
+/// Stages `c` as an artifact at `out` in `files` (written when they commit).
+pub fn stage_artifact(
+    c: &Compiled,
+    files: &mut Outputs,
+    out: &Path,
+    signer: Option<ed25519_dalek::SigningKey>,
+) -> Result<()> {
     let meta = serde_json::to_vec_pretty(&c.meta)?;
     let programs = serde_json::to_vec_pretty(&c.programs)?;
     let mut w = Writer::new();
@@ -234,7 +247,7 @@ pub fn write_artifact(c: &Compiled, out: &Path, signer: Option<ed25519_dalek::Si
     w.add_section(SectionKind::Program, 8, programs)?;
     w.add_section(SectionKind::Code, 64, &c.code[..])?;
     w.add_section(SectionKind::Weights, ALIGN, &c.weights[..])?;
-    w.write(out)
+    w.stage(files, out)
 }
 
 /// Every file an artifact is built from: the graph, its param files and the layout spec.

@@ -13,6 +13,7 @@ use meshc_runtime::artifact::{Artifact, Verify};
 use meshc_runtime::cli::{self, is_artifact, name_eq_file, read_inputs, Io, RunArgs};
 use meshc_runtime::inspect::flops_skipped;
 use meshc_runtime::loader::load_artifact;
+use meshc_runtime::output::{check_output_name, Outputs};
 use meshc_runtime::runner::Loaded;
 use meshc_runtime::signature;
 
@@ -165,6 +166,7 @@ enum Format {
 }
 
 fn main() -> ExitCode {
+    meshc_runtime::output::init();
     // `-MF DEPFILE` is the compiler-driver spelling build systems know (gcc, clang); clap
     // has no two-letter short flags, so it is read as `--MF`.
     let args = std::env::args_os().map(|a| if a == "-MF" { "--MF".into() } else { a });
@@ -293,10 +295,16 @@ fn fmt(path: &Path, to: Format, out: Option<&Path>) -> Result<()> {
         Format::Json => json::print(&g),
     };
     match out {
-        Some(o) => std::fs::write(o, s).with_context(|| format!("{}: cannot write", o.display()))?,
-        None => print!("{s}"),
+        Some(o) => {
+            let mut out = Outputs::new();
+            out.write_bytes(o, s.as_bytes())?;
+            out.commit()
+        }
+        None => {
+            print!("{s}");
+            Ok(())
+        }
     }
-    Ok(())
 }
 
 fn graph_inputs(g: &Graph) -> Vec<(String, TensorType)> {
@@ -311,7 +319,9 @@ fn interp(path: &Path, io: &Io) -> Result<()> {
     let wanted = io.wanted(&names)?;
     let results = meshc_ir::interp::run(&g, &info.order, &info.types, values)
         .map_err(|e| e.in_file(path.display().to_string()))?;
-    io.write(wanted, &results)
+    let mut out = Outputs::new();
+    io.write(&mut out, wanted, &results)?;
+    out.commit()
 }
 
 /// The pilot pass's flags (docs/design.md §4.3): masks computed on pilot inputs prune the graph, and
@@ -381,6 +391,10 @@ fn compile_graph(
     pilot: Option<&PilotArgs>,
 ) -> Result<(Graph, compile::Compiled)> {
     let (g, info) = load::load(path)?;
+    // An artifact's outputs become file names (`run --output-dir`): refused here already.
+    for o in &g.outputs {
+        check_output_name(&o.name).with_context(|| path.display().to_string())?;
+    }
     let spec = args.layout.as_deref().map(meshc::layout::load).transpose()?;
     let params = load_params(&g, path)?;
     let pilot = pilot.map(|p| p.config(&g)).transpose()?.flatten();
@@ -402,12 +416,14 @@ fn compile_cmd(
     if let Some(report) = flops_skipped(&compiled.programs, compiled.meta.flops) {
         eprintln!("{report}");
     }
-    driver::write_artifact(&compiled, out, signer)?;
+    // The artifact and its depfile appear together or not at all.
+    let mut files = Outputs::new();
+    driver::stage_artifact(&compiled, &mut files, out, signer)?;
     if let Some(d) = depfile {
-        std::fs::write(d, driver::depfile(out, &driver::dependencies(path, &g, args.layout.as_deref())))
-            .with_context(|| format!("{}: cannot write depfile", d.display()))?;
+        let text = driver::depfile(out, &driver::dependencies(path, &g, args.layout.as_deref()));
+        files.write_bytes(d, text.as_bytes())?;
     }
-    Ok(())
+    files.commit()
 }
 
 /// `keygen -o KEY`: the secret key to KEY (readable by its owner only) and the public key

@@ -12,7 +12,7 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use memmap2::{Mmap, MmapOptions};
 
 /// The first 8 bytes of every artifact.
@@ -282,14 +282,14 @@ impl<'a> Writer<'a> {
     /// its (unchanged) inode, and a crash never leaves a half-written artifact under the
     /// final name.
     pub fn stage(&self, out: &mut crate::output::Outputs, path: &Path) -> Result<()> {
-        out.write(path, |w| self.write_to(w)).with_context(|| format!("cannot write artifact {}", path.display()))
+        out.write(path, |w| self.write_to(w))
     }
 
     /// Writes the artifact to `path`, all or nothing (`stage`, then commit).
     pub fn write(&self, path: &Path) -> Result<()> {
         let mut out = crate::output::Outputs::new();
         self.stage(&mut out, path)?;
-        out.commit().with_context(|| format!("cannot write artifact {}", path.display()))
+        out.commit()
     }
 }
 

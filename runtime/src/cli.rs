@@ -12,6 +12,7 @@ use meshc_ir::{Tensor, TensorType};
 
 use crate::artifact::{self, Artifact, Verify};
 use crate::degraded::{coords_string, Degradation};
+use crate::output::{check_output_name, Outputs};
 use crate::runner::Loaded;
 
 /// Parses the command line with clap, printing `--help`/`--version` to stdout (exit 0) and a
@@ -112,14 +113,24 @@ impl Io {
         Ok(wanted)
     }
 
-    /// Writes the results as asked, or prints a summary of each when nothing was asked.
-    pub fn write(&self, mut wanted: Vec<(String, PathBuf)>, results: &BTreeMap<String, Tensor>) -> Result<()> {
+    /// Stages the results as asked in `out` (written when it commits), or prints a summary
+    /// of each when nothing was asked. Output names become file names under
+    /// `--output-dir`: a name that is not a plain file name is refused.
+    pub fn write(
+        &self,
+        out: &mut Outputs,
+        mut wanted: Vec<(String, PathBuf)>,
+        results: &BTreeMap<String, Tensor>,
+    ) -> Result<()> {
         if let Some(dir) = &self.output_dir {
+            for name in results.keys() {
+                check_output_name(name).context("--output-dir")?;
+            }
             std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create directory", dir.display()))?;
             wanted = results.keys().map(|k| (k.clone(), dir.join(format!("{k}.npy")))).collect();
         }
         for (name, file) in &wanted {
-            results[name].write_npy(file)?;
+            out.write_bytes(file, &results[name].to_npy_bytes())?;
         }
         if wanted.is_empty() {
             for (name, t) in results {
@@ -293,13 +304,14 @@ fn run_loaded(loaded: &Loaded, io: &Io, args: &RunArgs) -> Result<()> {
     let inputs = read_inputs(&expected_inputs(loaded), &io.inputs)?;
     let names: Vec<&str> = loaded.meta.outputs.iter().map(|o| o.name.as_str()).collect();
     let wanted = io.wanted(&names)?;
+    // Every file the run writes appears together, once everything has succeeded.
+    let mut out = Outputs::new();
     let results = match &args.trace {
         None => loaded.run(&inputs)?,
         Some(file) => {
             let mut times = Vec::new();
             let results = loaded.run_timed(&inputs, &mut |t| times.push(t.clone()))?;
-            std::fs::write(file, crate::trace::chrome_trace(&loaded.meta, &loaded.programs, &times))
-                .with_context(|| format!("{}: cannot write", file.display()))?;
+            out.write_bytes(file, crate::trace::chrome_trace(&loaded.meta, &loaded.programs, &times).as_bytes())?;
             results
         }
     };
@@ -326,7 +338,8 @@ fn run_loaded(loaded: &Loaded, io: &Io, args: &RunArgs) -> Result<()> {
             loaded.meta.flops
         );
     }
-    io.write(wanted, &results)?;
+    io.write(&mut out, wanted, &results)?;
+    out.commit()?;
     if let Some(links) = links {
         print!("{}", links.report());
     }

@@ -27,8 +27,13 @@ fn pending() -> std::sync::MutexGuard<'static, BTreeSet<PathBuf>> {
 pub fn init() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        // SAFETY: setting a signal's disposition to the default has no preconditions.
-        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+        // SAFETY: setting a signal's disposition has no preconditions. A file over the
+        // size limit (`ulimit -f`) then fails its write with EFBIG, an error like a full
+        // disk, instead of killing the process with its temporaries left behind.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+        }
         use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
         let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) else { return };
         std::thread::spawn(move || {
@@ -81,7 +86,7 @@ impl Outputs {
     /// Stages `path`, its contents written by `fill`. Two writes to one path are refused.
     pub fn write(&mut self, path: &Path, fill: impl FnOnce(&mut dyn Write) -> Result<()>) -> Result<()> {
         if self.staged.iter().any(|(_, p)| same_file(p, path)) {
-            bail!("{}: written twice by one command", path.display());
+            bail!("{}: two outputs of one command would be written to this file", path.display());
         }
         let tmp = Temp::beside(path)?;
         let written = std::fs::File::create(&tmp.path).map_err(anyhow::Error::from).and_then(|f| {
@@ -90,7 +95,7 @@ impl Outputs {
             w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
             Ok(())
         });
-        written.with_context(|| format!("cannot write {}", path.display()))?;
+        written.with_context(|| format!("{}: cannot write", path.display()))?;
         self.staged.push((tmp, path.to_path_buf()));
         Ok(())
     }
@@ -103,7 +108,7 @@ impl Outputs {
     /// Renames every staged file into place, in the order they were staged.
     pub fn commit(mut self) -> Result<()> {
         for (tmp, path) in self.staged.drain(..) {
-            std::fs::rename(&tmp.path, &path).with_context(|| format!("cannot write {}", path.display()))?;
+            std::fs::rename(&tmp.path, &path).with_context(|| format!("{}: cannot write", path.display()))?;
             pending().remove(&tmp.path);
             std::mem::forget(tmp);
         }
@@ -168,7 +173,7 @@ mod tests {
         out.write_bytes(&d.join("a"), b"new a").unwrap();
         out.write_bytes(&d.join("b"), b"new b").unwrap();
         assert_eq!(std::fs::read_to_string(d.join("a")).unwrap(), "old a");
-        assert!(out.write_bytes(&d.join("a"), b"again").unwrap_err().to_string().contains("written twice"));
+        assert!(out.write_bytes(&d.join("a"), b"again").unwrap_err().to_string().contains("two outputs"));
         // A failing write: the staged ones are dropped with it, the old file stays.
         let failing = out.write(&d.join("c"), |_| bail!("disk full"));
         assert!(format!("{:#}", failing.unwrap_err()).contains("disk full"));

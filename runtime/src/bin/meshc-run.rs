@@ -33,6 +33,7 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
+    meshc_runtime::output::init();
     let cli: Cli = match cli::parse(std::env::args_os()) {
         Ok(cli) => cli,
         Err(code) => return code,
