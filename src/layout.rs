@@ -15,7 +15,6 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
 
-pub use crate::passes::layout::Source;
 use meshc_runtime::degraded::Degradation;
 use meshc_runtime::mesh::{Layout, Mesh, Topology};
 
@@ -57,6 +56,29 @@ impl Degraded {
             nodes: self.nodes.iter().map(|c| mesh.device(c)).collect(),
             links: self.links.iter().map(|(a, b)| (mesh.device(a), mesh.device(b))).collect(),
             along: Vec::new(),
+        }
+    }
+}
+
+/// Where a tensor's layout came from, as dumps report it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// An explicit `layouts` entry of the spec.
+    Spec,
+    /// A dim-name rule of the spec.
+    Rule,
+    Propagated,
+    /// Nothing reached it: replicated.
+    Default,
+}
+
+impl Source {
+    pub fn name(self) -> &'static str {
+        match self {
+            Source::Spec => "spec",
+            Source::Rule => "rule",
+            Source::Propagated => "propagated",
+            Source::Default => "replicated",
         }
     }
 }

@@ -3,6 +3,7 @@
 //! against.
 
 pub mod attr;
+pub mod cost;
 pub mod dtype;
 pub mod error;
 pub mod file;

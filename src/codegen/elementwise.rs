@@ -30,7 +30,7 @@ use meshc_ir::{Attr, Attrs, DType, Node, Op, TensorType};
 
 use super::emit::{build_kernel, mem, KernelBuilder, LANES};
 use super::math::Math;
-use super::movement::{advance, for_parts, Dim};
+use super::nest::{advance, for_parts, Dim};
 use super::{parts_for, Generated, Target};
 
 /// Vectors per iteration of the innermost loop.

@@ -568,6 +568,13 @@ pub(crate) mod tests {
     use meshc_ir::{Node, Op, Tensor};
     pub(crate) use meshc_runtime::matmul_shape::testing::{assert_close, oracle, random};
 
+    /// The pilot pass's default block is whole micro-panels, so that a pruned block skips
+    /// whole panels of this kernel.
+    #[test]
+    fn pilot_blocks_are_whole_micro_panels() {
+        assert_eq!(crate::passes::pilot::DEFAULT_BLOCK % NR, 0);
+    }
+
     /// A zeroed buffer of `len` bytes starting at a 64-byte boundary, as the runner gives.
     fn aligned(storage: &mut Vec<u8>, len: usize) -> &mut [u8] {
         *storage = vec![0; len + 64];

@@ -16,6 +16,7 @@ pub mod emit;
 pub mod math;
 pub mod matmul;
 pub mod movement;
+pub mod nest;
 pub mod reduce;
 
 pub use meshc_runtime::abi::{host_features, ExecCode, KernelFn, KNOWN_FEATURES, STATUS_INDEX_OUT_OF_RANGE};

@@ -1,6 +1,5 @@
 //! Data-movement kernels — reshape, transpose, slice, broadcast_to, concat, gather — and
-//! einsum; plus the strided loop nests (`Dim`, `collapse`, `for_nest`) that the reduction
-//! kernels share.
+//! einsum, over the strided loop nests of `super::nest`.
 //!
 //! Every data-movement op except gather is one or more *strided copies*: the result (or,
 //! for concat, one operand's slab of it) walked in row-major order while the source pointer
@@ -20,97 +19,9 @@ use meshc_ir::{DType, Node, Op, TensorType};
 
 use super::emit::{build_kernel, mem, KernelBuilder, F32X4, LANES};
 use super::math::Math;
+use super::nest::{advance, collapse, contiguous_strides, for_nest, Dim};
 use super::reduce::{for_chunks, load_vec, store_vec, sum_run};
 use super::{Generated, Target, STATUS_INDEX_OUT_OF_RANGE};
-
-/// One loop of a nest: its trip count and, per pointer the nest advances, a stride
-/// (elements or bytes, as the caller decides).
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Dim {
-    pub n: usize,
-    pub strides: Vec<i64>,
-}
-
-impl Dim {
-    pub fn new(n: usize, strides: &[i64]) -> Dim {
-        Dim { n, strides: strides.to_vec() }
-    }
-
-    pub fn scaled(&self, by: i64) -> Dim {
-        Dim { n: self.n, strides: self.strides.iter().map(|s| s * by).collect() }
-    }
-}
-
-/// Row-major element strides of `shape`.
-pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<i64> {
-    let mut s = vec![1i64; shape.len()];
-    for d in (0..shape.len().saturating_sub(1)).rev() {
-        s[d] = s[d + 1] * shape[d + 1] as i64;
-    }
-    s
-}
-
-/// The same iteration with fewer loops: size-1 dims dropped, and a dim merged into the
-/// next one wherever, for every pointer, stepping the outer dim once equals stepping the
-/// inner dim its full length. An empty iteration stays empty (a merge with a size-0 dim
-/// has size 0).
-pub(crate) fn collapse(dims: &[Dim]) -> Vec<Dim> {
-    let mut out: Vec<Dim> = Vec::new();
-    for d in dims.iter().filter(|d| d.n != 1) {
-        match out.last_mut() {
-            Some(prev) if prev.strides.iter().zip(&d.strides).all(|(&p, &s)| p == s * d.n as i64) => {
-                prev.n *= d.n;
-                prev.strides.clone_from(&d.strides);
-            }
-            _ => out.push(d.clone()),
-        }
-    }
-    out
-}
-
-/// `ptr + i * stride` (bytes); no arithmetic for stride 0.
-pub(crate) fn advance(kb: &mut KernelBuilder, ptr: Value, i: Value, stride: i64) -> Value {
-    if stride == 0 {
-        ptr
-    } else {
-        kb.addr(ptr, i, stride)
-    }
-}
-
-/// Loops over `dims` (outermost first, strides in bytes, one per pointer) and calls `body`
-/// with the pointers advanced to each point.
-pub(crate) fn for_nest(
-    kb: &mut KernelBuilder,
-    dims: &[Dim],
-    ptrs: &[Value],
-    body: &mut dyn FnMut(&mut KernelBuilder, &[Value]),
-) {
-    match dims.split_first() {
-        None => body(kb, ptrs),
-        Some((d, rest)) if d.n == 1 => for_nest(kb, rest, ptrs, body),
-        Some((d, rest)) => kb.for_const(0, d.n as i64, 1, |kb, i| {
-            let moved: Vec<Value> = ptrs.iter().zip(&d.strides).map(|(&p, &s)| advance(kb, p, i, s)).collect();
-            for_nest(kb, rest, &moved, body)
-        }),
-    }
-}
-
-/// `for_nest`, with the outermost of `dims` cut into the kernel's parts: this call visits
-/// only its part of those iterations (`KernelBuilder::part_range`). With no dims the body
-/// runs once, so such a kernel must not be split.
-pub(crate) fn for_parts(
-    kb: &mut KernelBuilder,
-    dims: &[Dim],
-    ptrs: &[Value],
-    body: &mut dyn FnMut(&mut KernelBuilder, &[Value]),
-) {
-    let Some((d, rest)) = dims.split_first() else { return body(kb, ptrs) };
-    let (start, end) = kb.part_range(d.n as i64);
-    kb.for_range(start, end, 1, |kb, i| {
-        let moved: Vec<Value> = ptrs.iter().zip(&d.strides).map(|(&p, &s)| advance(kb, p, i, s)).collect();
-        for_nest(kb, rest, &moved, body)
-    });
-}
 
 pub fn kernel(target: &Target, name: &str, node: &Node, inputs: &[TensorType], out: &TensorType) -> Result<Generated> {
     let func = match node.op {

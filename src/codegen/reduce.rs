@@ -25,7 +25,7 @@ use meshc_ir::{Attr, DType, Node, Op, TensorType};
 
 use super::emit::{build_kernel, mem, KernelBuilder, F32X4, LANES};
 use super::math::Math;
-use super::movement::{collapse, contiguous_strides, for_nest, for_parts, Dim};
+use super::nest::{collapse, contiguous_strides, for_nest, for_parts, Dim};
 use super::{parts_for, Generated, Target};
 
 /// Vectors per chunk: independent accumulators, enough to cover the latency of a vector add.

@@ -16,30 +16,8 @@ use meshc_ir::infer::{attr_int, attr_ints, attr_str, norm_axes, norm_axis, parse
 use meshc_ir::verify::Info;
 use meshc_ir::{Graph, Node, Op};
 
-use crate::layout::Seed;
+use crate::layout::{Seed, Source};
 use meshc_runtime::mesh::{Layout, Mesh};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Source {
-    /// An explicit `layouts` entry of the spec.
-    Spec,
-    /// A dim-name rule of the spec.
-    Rule,
-    Propagated,
-    /// Nothing reached it: replicated.
-    Default,
-}
-
-impl Source {
-    pub fn name(self) -> &'static str {
-        match self {
-            Source::Spec => "spec",
-            Source::Rule => "rule",
-            Source::Propagated => "propagated",
-            Source::Default => "replicated",
-        }
-    }
-}
 
 /// The layout of every tensor (input, param and node) of a graph.
 #[derive(Clone, Debug)]

@@ -6,7 +6,5 @@ pub mod layout;
 pub mod lower;
 pub mod pilot;
 pub mod place;
-mod place_auto;
-mod place_microbatch;
 pub mod sendrecv;
 pub mod streams;

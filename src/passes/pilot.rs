@@ -55,12 +55,10 @@ use meshc_ir::infer::attr_str;
 use meshc_ir::verify::Info;
 use meshc_ir::{Data, Graph, Node, Op, Tensor};
 
-use crate::codegen::emit::LANES;
-
 /// Default block of output features: 4 micro-panels of the matmul kernel (its NR is one
-/// f32x4 vector, `LANES` columns), so a dropped block skips whole micro-panels and one
-/// 64-byte cache line of every weight row (16 f32).
-pub const DEFAULT_BLOCK: usize = 4 * LANES;
+/// f32x4 vector, 4 columns; codegen's matmul tests check that the two agree), so a dropped
+/// block skips whole micro-panels and one 64-byte cache line of every weight row (16 f32).
+pub const DEFAULT_BLOCK: usize = 16;
 
 /// How the simplified graph is derived.
 #[derive(Clone, Debug, PartialEq)]

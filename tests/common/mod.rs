@@ -8,8 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use meshc::layout::Seed;
-use meshc::passes::layout::Source;
+use meshc::layout::{Seed, Source};
 use meshc_ir::verify::Info;
 use meshc_ir::Graph;
 use meshc_runtime::mesh::{Layout, Mesh, Topology};

@@ -29,7 +29,7 @@ use meshc_ir::verify::Info;
 use meshc_ir::Graph;
 use serde_json::Value;
 
-use super::place::{check_layout_names, cost, fill, slice_string, stage_spec, sub_mesh, Placement, Stage};
+use super::stages::{check_layout_names, cost, fill, slice_string, stage_spec, sub_mesh, Placement, Stage};
 use crate::layout::Spec;
 
 /// Per contiguous run [i, j) of the topological order: FLOPs, bytes received, memory.

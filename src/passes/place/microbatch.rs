@@ -63,7 +63,7 @@ pub fn unroll(g: &Graph, info: &Info, m: usize, stage_of: &mut BTreeMap<String, 
         let x = &n.inputs[0];
         let shape = &info.types[x].shape;
         let mixes = batch_dim(info, x).is_some_and(|b| match n.op {
-            Op::Slice => super::layout::sliced(n, shape, b),
+            Op::Slice => crate::passes::layout::sliced(n, shape, b),
             Op::Concat | Op::Gather => norm_axis(attr_int(n, "axis", 0), shape.len()).ok() == Some(b),
             _ => false,
         });

@@ -1,0 +1,38 @@
+//! The cost model the compiler plans with: FLOPs per node (the placer balances stages by
+//! it, the artifact reports it, `--bench` divides by it).
+
+use std::collections::BTreeMap;
+
+use crate::graph::Node;
+use crate::ops::Op;
+use crate::verify::Info;
+
+/// The FLOP estimate of a node: 2 per multiply-add of contractions, one per element for
+/// elementwise ops and reductions, a few per element for softmax and layer_norm.
+pub fn node_flops(n: &Node, info: &Info) -> u64 {
+    let numel = |name: &str| info.types[name].numel() as u64;
+    match n.op {
+        Op::MatMul => {
+            let a = &info.types[&n.inputs[0]].shape;
+            2 * numel(&n.name) * *a.last().unwrap_or(&1) as u64
+        }
+        Op::Einsum => {
+            // Every combination of letters is one multiply-add per operand beyond the first.
+            let eq = crate::infer::attr_str(n, "equation", "");
+            let mut sizes: BTreeMap<char, u64> = BTreeMap::new();
+            if let Ok((terms, _)) = crate::infer::parse_equation(eq, n.inputs.len()) {
+                for (t, i) in terms.iter().zip(&n.inputs) {
+                    for (c, &d) in t.iter().zip(&info.types[i].shape) {
+                        sizes.insert(*c, d as u64);
+                    }
+                }
+            }
+            2 * sizes.values().product::<u64>() * (n.inputs.len() as u64 - 1).max(1)
+        }
+        Op::ReduceSum | Op::ReduceMean | Op::ReduceMax => numel(&n.inputs[0]),
+        Op::Softmax => 5 * numel(&n.name),
+        Op::LayerNorm => 8 * numel(&n.name),
+        op if op.is_elementwise() => numel(&n.name),
+        _ => 0,
+    }
+}
