@@ -37,9 +37,10 @@ def modules(src):
 
 
 def strip_tests(text):
-    """The file without its `#[cfg(test)]` modules (tests may reach anywhere)."""
+    """The file without its `#[cfg(test)]` modules (tests may reach anywhere) and comments."""
     i = text.find("#[cfg(test)]\nmod tests")
-    return text if i < 0 else text[:i]
+    text = text if i < 0 else text[:i]
+    return "\n".join(line.split("//")[0] for line in text.splitlines())
 
 
 def resolve(mods, path):

@@ -15,6 +15,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Result};
 use memmap2::{Mmap, MmapOptions};
 
+use crate::signature::{self, Part, Signed};
+
 /// The first 8 bytes of every artifact.
 pub const MAGIC: [u8; 8] = *b"MESHC\0AR";
 /// The format version this build writes and reads.
@@ -160,9 +162,6 @@ fn encode_header(flags: u32, count: u32, table_crc: u32, file_size: u64) -> [u8;
     h
 }
 
-/// A section as it is signed: kind, alignment and bytes.
-pub type Part<'a> = (SectionKind, u32, &'a [u8]);
-
 struct Pending<'a> {
     kind: SectionKind,
     align: u32,
@@ -243,8 +242,8 @@ impl<'a> Writer<'a> {
                 if self.sections.iter().any(|s| s.kind == SectionKind::Signature) {
                     bail!("artifact: a signature section and a signer");
                 }
-                let parts: Vec<Part> = self.sections.iter().map(|s| (s.kind, s.align, &s.bytes[..])).collect();
-                let signature = crate::signature::sign(key, self.flags, &parts);
+                let parts: Vec<Part> = self.sections.iter().map(|s| (s.kind as u32, s.align, &s.bytes[..])).collect();
+                let signature = signature::sign(key, self.flags, &parts);
                 let mut signed = Writer { flags: self.flags, sections: Vec::new(), signer: None };
                 for s in &self.sections {
                     signed.add_section(s.kind, s.align as usize, &s.bytes[..])?;
@@ -348,16 +347,18 @@ impl Artifact {
         self.sections.iter().find(|s| s.kind == kind)
     }
 
-    /// The header flags and every section but the signature, as they were signed.
-    pub fn signed_parts(&self) -> (u32, Vec<Part<'_>>) {
+    /// How the artifact is signed: the signature section checked against every other
+    /// section (which hashes them all, weights included).
+    pub fn signature(&self) -> Result<Signed> {
+        let Some(bytes) = self.section(SectionKind::Signature) else { return Ok(Signed::No) };
         let mut parts: Vec<Part> = self
             .sections
             .iter()
             .filter(|s| s.kind != SectionKind::Signature)
-            .map(|s| (s.kind, s.align, &self.map[s.range()]))
+            .map(|s| (s.kind as u32, s.align, &self.map[s.range()]))
             .collect();
         parts.sort_by_key(|p| p.0);
-        (self.flags, parts)
+        signature::verify(bytes, self.flags, &parts).map_err(|e| anyhow!("{}: {e:#}", self.path.display()))
     }
 
     /// The file's path, as errors name it.

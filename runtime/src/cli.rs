@@ -208,7 +208,8 @@ pub fn is_artifact(path: &Path) -> bool {
 pub fn open(path: &Path, args: &RunArgs) -> Result<Loaded> {
     let art = Artifact::open_with(path, if args.trust_weights { Verify::SkipBulk } else { Verify::All })?;
     if let Some(key) = &args.require_signature {
-        crate::signature::require(&art, &crate::signature::read_public_key(key)?)?;
+        let key = crate::signature::read_public_key(key)?;
+        crate::signature::require(art.signature()?, &key, &path.display().to_string())?;
     }
     crate::loader::load_artifact(art, &path.display().to_string())
 }

@@ -9,20 +9,20 @@
 //!
 //! Nothing waits for ever: a wait ends with an error naming the key and both devices after
 //! the timeout, or as soon as another device failed (`poison`). A waiter first checks for
-//! `fabric::SPIN` while yielding the core, then blocks, as the fabric's rendezvous do (a
+//! `sync::SPIN` while yielding the core, then blocks, as the fabric's rendezvous do (a
 //! sleeping thread's wake-up dominates a small transfer).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 
 use crate::program::{Protocol, Transfer};
+use crate::sync::{spin_until, Condvar, Mutex, MutexGuard};
 
 /// How long a send or recv waits for its peer by default (`meshc run --timeout`).
-pub const DEFAULT_TIMEOUT: Duration = crate::fabric::TIMEOUT;
+pub const DEFAULT_TIMEOUT: Duration = crate::sync::TIMEOUT;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Slot {
@@ -64,7 +64,7 @@ fn dev(d: usize) -> String {
 
 impl Exchange {
     pub fn set_timeout(&self, t: Duration) {
-        *self.timeout.lock().unwrap_or_else(|e| e.into_inner()) = t;
+        *self.timeout.lock() = t;
     }
 
     /// Forgets the last run's slots.
@@ -87,7 +87,7 @@ impl Exchange {
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Slot>> {
-        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+        self.slots.lock()
     }
 
     /// Waits until `done` holds for the slots; `what` describes the wait for the error.
@@ -97,7 +97,7 @@ impl Exchange {
         mut done: impl FnMut(&mut HashMap<String, Slot>) -> bool,
         what: impl Fn(Duration) -> String,
     ) -> Result<MutexGuard<'a, HashMap<String, Slot>>> {
-        let timeout = *self.timeout.lock().unwrap_or_else(|e| e.into_inner());
+        let timeout = *self.timeout.lock();
         let start = Instant::now();
         loop {
             if done(&mut slots) {
@@ -114,13 +114,10 @@ impl Exchange {
             // spin, nothing was missed, and blocking is safe.
             let seen = self.generation.load(Ordering::Acquire);
             drop(slots);
-            let spin = Instant::now();
-            while self.generation.load(Ordering::Acquire) == seen && spin.elapsed() < crate::fabric::SPIN {
-                std::thread::yield_now();
-            }
+            spin_until(|| self.generation.load(Ordering::Acquire) != seen);
             slots = self.lock();
             if self.generation.load(Ordering::Acquire) == seen {
-                slots = self.changed.wait_timeout(slots, left).unwrap_or_else(|e| e.into_inner()).0;
+                self.changed.wait_for(&mut slots, left);
             }
         }
     }

@@ -69,15 +69,17 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
 
 use crate::degraded::{self, coords_string, Topo};
+use crate::memory::AlignedBuf;
 use crate::mesh::{Mesh, Topology};
 use crate::program::{Collective, CollectiveOp, Reduce};
-use crate::runner::AlignedBuf;
+pub use crate::sync::TIMEOUT;
+use crate::sync::{spin_until, Condvar, Mutex, MutexGuard, RwLock};
 
 /// Operands of fewer bytes take the one-rendezvous path: below this size a second
 /// rendezvous costs more than the second core saves. Measured for an all_reduce over 8
@@ -732,13 +734,6 @@ struct Slot {
     next: AtomicUsize,
 }
 
-/// How long a member waiting at a rendezvous keeps checking before it blocks. It yields
-/// the core meanwhile, so device threads sharing the core still run; not blocking at once
-/// saves the wake-up of a sleeping thread (futex and, in a VM, an interrupt to an idle core),
-/// which dominates a small collective: the median latency of a 4-byte all_reduce over 8
-/// devices on 2 cores went from ~50 µs to ~12 µs.
-pub(crate) const SPIN: Duration = Duration::from_micros(50);
-
 /// Bytes a directed link carried.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LinkBytes {
@@ -810,15 +805,6 @@ pub struct Fabric {
     timeout: Duration,
 }
 
-/// The default of `Fabric::set_timeout`: far beyond any step of the graphs we run.
-pub const TIMEOUT: Duration = Duration::from_secs(10);
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // The state stays consistent across a panic of a lock holder (every update is a few
-    // plain stores), so a poisoned lock is still usable.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl Fabric {
     pub fn new(mesh: &Mesh) -> Fabric {
         let links = Links::new(mesh);
@@ -847,7 +833,7 @@ impl Fabric {
         if !(0..topo.mesh.devices()).any(|d| topo.healthy(d)) {
             bail!("every device of the {:?} mesh is degraded", topo.mesh.shape);
         }
-        self.slots.get_mut().unwrap_or_else(|e| e.into_inner()).clear();
+        self.slots.get_mut().clear();
         self.degraded = Some(topo);
         Ok(())
     }
@@ -947,31 +933,31 @@ impl Fabric {
     /// inside a collective (between runs).
     pub fn reset(&self) {
         self.bytes.iter().chain(&self.free_bytes).for_each(|b| b.store(0, Ordering::Relaxed));
-        for slot in self.slots.read().unwrap_or_else(|e| e.into_inner()).values() {
-            let mut s = lock(&slot.state);
+        for slot in self.slots.read().values() {
+            let mut s = slot.state.lock();
             s.arrived = 0;
             s.finished = 0;
             s.here.iter_mut().for_each(|h| *h = false);
         }
-        *lock(&self.reason) = None;
+        *self.reason.lock() = None;
         self.poisoned.store(false, Ordering::SeqCst);
     }
 
     /// Makes every member waiting for others (now or later) return an error naming
     /// `reason`; the first reason is kept.
     pub fn poison(&self, reason: String) {
-        lock(&self.reason).get_or_insert(reason);
+        self.reason.lock().get_or_insert(reason);
         self.poisoned.store(true, Ordering::SeqCst);
-        for slot in self.slots.read().unwrap_or_else(|e| e.into_inner()).values() {
+        for slot in self.slots.read().values() {
             // Under the slot lock: a waiter checks the flag under it before sleeping.
-            let _s = lock(&slot.state);
+            let _s = slot.state.lock();
             slot.cv.notify_all();
         }
     }
 
     /// The first poison reason, if any.
     pub fn poisoned(&self) -> Option<String> {
-        lock(&self.reason).clone()
+        self.reason.lock().clone()
     }
 
     fn abandoned(&self, c: &Collective) -> anyhow::Error {
@@ -983,11 +969,11 @@ impl Fabric {
         let group = group_of(c, device)?;
         let rank = group.iter().position(|&d| d == device).expect("group holds the device");
         let key = (c.id, group[0]);
-        let found = self.slots.read().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
+        let found = self.slots.read().get(&key).cloned();
         let slot = match found {
             Some(slot) => slot,
             None => {
-                let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
+                let mut slots = self.slots.write();
                 match slots.get(&key) {
                     Some(slot) => slot.clone(),
                     None => {
@@ -1076,7 +1062,7 @@ impl Fabric {
                 coords_string(&self.links.mesh, device)
             );
         }
-        let mut s = lock(&slot.state);
+        let mut s = slot.state.lock();
         s.members[rank] = Member { operand, result, share };
         s.here[rank] = true;
         s.arrived += 1;
@@ -1141,7 +1127,7 @@ impl Fabric {
         }
         // The second rendezvous ignores poison: every member past the first one finishes
         // its part, and none may return while others still use its buffers.
-        let mut s = lock(&slot.state);
+        let mut s = slot.state.lock();
         s.finished += 1;
         let fin_gen = slot.fin_gen.load(Ordering::Relaxed);
         if s.finished == plan.contributors.len() {
@@ -1175,11 +1161,8 @@ impl Fabric {
     ) -> std::result::Result<MutexGuard<'a, SlotState>, MutexGuard<'a, SlotState>> {
         let poisoned = || watcher.is_some() && self.poisoned.load(Ordering::SeqCst);
         drop(s);
-        let start = Instant::now();
-        while counter.load(Ordering::Acquire) == seen && !poisoned() && start.elapsed() < SPIN {
-            std::thread::yield_now();
-        }
-        let mut s = lock(&slot.state);
+        spin_until(|| counter.load(Ordering::Acquire) != seen || poisoned());
+        let mut s = slot.state.lock();
         let missing = |s: &SlotState| -> Vec<(usize, u64)> {
             let ranks = slot.plan.contributors.iter().filter(|&&r| !s.here[r]);
             ranks.map(|&r| (slot.group[r], self.heartbeats[slot.group[r]].load(Ordering::SeqCst))).collect()
@@ -1190,12 +1173,12 @@ impl Fabric {
                 return Err(s);
             }
             let Some(me) = watcher else {
-                s = slot.cv.wait(s).unwrap_or_else(|e| e.into_inner());
+                slot.cv.wait(&mut s);
                 continue;
             };
             self.beat(me);
             let tick = (self.timeout / 4).max(Duration::from_millis(1));
-            s = slot.cv.wait_timeout(s, tick).unwrap_or_else(|e| e.into_inner()).0;
+            slot.cv.wait_for(&mut s, tick);
             if counter.load(Ordering::Relaxed) != seen || window.0.elapsed() < self.timeout {
                 continue;
             }
@@ -1204,7 +1187,7 @@ impl Fabric {
             if !dead.is_empty() {
                 drop(s);
                 let names: Vec<String> = dead.iter().map(|&d| coords_string(&self.links.mesh, d)).collect();
-                lock(&self.dead).extend(dead);
+                self.dead.lock().extend(dead);
                 self.poison(format!(
                     "device {} stopped answering: no sign of life for {} ms while device {} waited for it in collective #{}",
                     names.join(", "),
@@ -1212,7 +1195,7 @@ impl Fabric {
                     coords_string(&self.links.mesh, me),
                     slot.desc.id
                 ));
-                return Err(lock(&slot.state));
+                return Err(slot.state.lock());
             }
             window = (Instant::now(), now);
         }
@@ -1221,7 +1204,7 @@ impl Fabric {
 
     /// The devices declared failed for showing no sign of life, sorted.
     pub fn dead(&self) -> Vec<usize> {
-        let mut d = lock(&self.dead).clone();
+        let mut d = self.dead.lock().clone();
         d.sort();
         d.dedup();
         d

@@ -26,7 +26,7 @@ pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
             sec.checksum
         )?;
     }
-    if let crate::signature::Signed::By(key, valid) = crate::signature::check(art)? {
+    if let crate::signature::Signed::By(key, valid) = art.signature()? {
         let state = if valid { "valid" } else { "DOES NOT MATCH the contents" };
         writeln!(s, "signed by ed25519 key {} ({state})", crate::signature::hex(key.as_bytes()))?;
     }

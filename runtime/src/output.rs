@@ -9,16 +9,17 @@
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, Once};
+use std::sync::Once;
+
+use crate::sync::{Mutex, MutexGuard};
 
 use anyhow::{anyhow, bail, Context, Result};
 
 /// Temporaries not yet renamed or removed: what a signal must clean up.
 static PENDING: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
 
-fn pending() -> std::sync::MutexGuard<'static, BTreeSet<PathBuf>> {
-    // A panic while holding the lock leaves a set that is still valid.
-    PENDING.lock().unwrap_or_else(|e| e.into_inner())
+fn pending() -> MutexGuard<'static, BTreeSet<PathBuf>> {
+    PENDING.lock()
 }
 
 /// Process-wide setup of both binaries: SIGPIPE to its default action, and a thread that

@@ -21,7 +21,7 @@ use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
-use std::sync::{mpsc, Condvar, Mutex};
+use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -34,64 +34,10 @@ use crate::exchange::Exchange;
 use crate::fabric::{self, Delivery, Fabric, LinkStats};
 use crate::library::{self, Threads};
 use crate::mask::Mask;
+pub use crate::memory::AlignedBuf;
 use crate::mesh::Mesh;
-use crate::program::{Buffer, Collective, Exec, IoSpec, Library, Meta, Program, Storage, Transfer, ALIGN};
-
-/// A zeroed, 64-byte aligned heap block (the arena, and weights compiled in memory).
-pub struct AlignedBuf {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: AlignedBuf owns its allocation like a Vec<u8> does.
-unsafe impl Send for AlignedBuf {}
-unsafe impl Sync for AlignedBuf {}
-
-impl AlignedBuf {
-    pub fn zeroed(len: usize) -> Result<AlignedBuf> {
-        if len == 0 {
-            return Ok(AlignedBuf { ptr: std::ptr::null_mut(), len: 0 });
-        }
-        let layout = std::alloc::Layout::from_size_align(len, ALIGN)?;
-        // SAFETY: layout has non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            bail!("cannot allocate {len} bytes");
-        }
-        Ok(AlignedBuf { ptr, len })
-    }
-
-    pub fn from_bytes(bytes: &[u8]) -> Result<AlignedBuf> {
-        let mut b = AlignedBuf::zeroed(bytes.len())?;
-        b.as_mut_slice().copy_from_slice(bytes);
-        Ok(b)
-    }
-
-    pub fn as_slice(&self) -> &[u8] {
-        if self.len == 0 {
-            return &[];
-        }
-        // SAFETY: ptr points to len initialised bytes owned by self.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        if self.len == 0 {
-            return &mut [];
-        }
-        // SAFETY: as above, and &mut self guarantees exclusivity.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        if self.len > 0 {
-            // SAFETY: allocated in `zeroed` with this layout.
-            unsafe { std::alloc::dealloc(self.ptr, std::alloc::Layout::from_size_align_unchecked(self.len, ALIGN)) }
-        }
-    }
-}
+use crate::program::{Buffer, Collective, Exec, IoSpec, Library, Meta, Program, Storage, Transfer};
+use crate::sync::{spin_until, Condvar, Mutex, MutexGuard};
 
 /// Executable code: from an artifact mapping or copied into memory by an in-memory compile.
 pub enum Code {
@@ -363,13 +309,6 @@ struct RunCtx<'a> {
     devices: &'a [DeviceShared],
 }
 
-/// How long a stream waiting for an event keeps checking (yielding the core) before it
-/// blocks: as for the fabric's rendezvous (`fabric::SPIN`), a sleeping thread's wake-up
-/// costs more than a short collective or kernel takes. The testdata transformer on mp-8 with
-/// every collective on the communication stream: ~2.4x the one-stream time with 20 µs,
-/// ~2.1x with 100 µs (medians of 1000 runs, machine shared, so within noise).
-const EVENT_SPIN: Duration = Duration::from_micros(50);
-
 /// The events of one device in a run, plus one more: the inputs are in (`inputs_event`).
 /// Streams block on a condition variable (after a short spin), never spin for long.
 struct Board {
@@ -389,8 +328,8 @@ impl Board {
         }
     }
 
-    fn guard(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.lock.lock().unwrap_or_else(|e| e.into_inner())
+    fn guard(&self) -> MutexGuard<'_, ()> {
+        self.lock.lock()
     }
 
     fn record(&self, e: usize) {
@@ -408,24 +347,14 @@ impl Board {
 
     /// Waits until event `e` is recorded; false if the run was abandoned meanwhile.
     fn wait(&self, e: usize) -> bool {
-        let start = Instant::now();
-        while !self.done[e].load(Ordering::Acquire) {
-            if self.poisoned.load(Ordering::SeqCst) {
-                return false;
+        let settled = || self.done[e].load(Ordering::Acquire) || self.poisoned.load(Ordering::SeqCst);
+        if !spin_until(settled) {
+            let mut g = self.guard();
+            while !settled() {
+                self.cv.wait(&mut g);
             }
-            if start.elapsed() > EVENT_SPIN {
-                let mut g = self.guard();
-                while !self.done[e].load(Ordering::Acquire) {
-                    if self.poisoned.load(Ordering::SeqCst) {
-                        return false;
-                    }
-                    g = self.cv.wait(g).unwrap_or_else(|e| e.into_inner());
-                }
-                return true;
-            }
-            std::thread::yield_now();
         }
-        true
+        self.done[e].load(Ordering::Acquire)
     }
 }
 
@@ -436,12 +365,6 @@ struct DeviceShared {
     ptrs: Vec<AtomicPtr<u8>>,
     board: Board,
     cursors: Vec<Mutex<usize>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A panicking step ends the run (the fabric is poisoned), so a poisoned cursor is never
-    // used for more than giving up.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// One thread's state while it runs steps of a device (its own stream's, or another's it
@@ -678,7 +601,9 @@ pub struct Loaded {
     pub programs: Vec<Program>,
     code: Code,
     weights: Weights,
-    state: Mutex<State>,
+    /// std's lock, not `sync`'s: its poisoning is the signal that a run panicked while it
+    /// held the arenas, which are then refused to the next run.
+    state: std::sync::Mutex<State>,
     fabric: Fabric,
     /// Per device, the decoded mask record of each masked weight buffer (the library GEMM
     /// path iterates over its runs; the generated kernels read the record themselves).
@@ -816,7 +741,7 @@ impl Loaded {
         if let Some(topo) = topo {
             fabric.degrade(topo)?;
         }
-        let state = Mutex::new(State { arenas, devices: None });
+        let state = std::sync::Mutex::new(State { arenas, devices: None });
         let exchange = Exchange::default();
         let (fail, degraded) = (None, Default::default());
         let lanes = programs.iter().map(lanes).collect::<Result<_>>()?;
@@ -1165,7 +1090,7 @@ impl Loaded {
         let mut run = StepRun { device, threads, ctx, step, times: Vec::new(), waits: Vec::new(), args: Vec::new() };
         let cursor = &cursors[stream];
         loop {
-            let pos = *lock(cursor);
+            let pos = *cursor.lock();
             let Some(&i) = lanes.steps[stream].get(pos) else { break };
             // Wait for the step's events without holding the stream, so that a stream
             // waiting for this one may take the step over (`drive`).
@@ -1174,7 +1099,7 @@ impl Loaded {
                     return Err(abandoned()).with_context(|| format!("node '{}'", p.steps[i].node));
                 }
             }
-            let mut at = lock(cursor);
+            let mut at = cursor.lock();
             if *at == pos {
                 self.run_step(&mut run, stream, i)?;
                 *at += 1;
@@ -1214,7 +1139,7 @@ impl Loaded {
     fn drive(&self, run: &mut StepRun, s: usize) -> Result<()> {
         let lanes = &self.lanes[run.device];
         let stream = lanes.stream_of[s];
-        let Ok(mut at) = run.ctx.devices[run.device].cursors[stream].try_lock() else { return Ok(()) };
+        let Some(mut at) = run.ctx.devices[run.device].cursors[stream].try_lock() else { return Ok(()) };
         while let Some(&j) = lanes.steps[stream].get(*at).filter(|&&j| j <= s) {
             self.run_step(run, stream, j)?;
             *at += 1;
@@ -1341,6 +1266,7 @@ mod tests {
 
     use super::*;
     use crate::mesh::Topology;
+    use crate::program::ALIGN;
     use crate::program::{CollectiveOp, Event, Reduce, Step, Stream, StreamKind, StreamPlan, Wait};
 
     fn io(name: &str, dtype: DType, shape: &[usize], layout: &[Option<usize>]) -> IoSpec {

@@ -12,11 +12,12 @@
 
 use std::path::Path;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
 use sha2::{Digest, Sha512};
 
-use crate::artifact::{Artifact, Part, SectionKind};
+/// A section as it is signed: kind (its number in the format), alignment and bytes.
+pub type Part<'a> = (u32, u32, &'a [u8]);
 
 const DOMAIN: &[u8] = b"meshc-artifact-signature/1\0";
 const SECRET_TAG: &str = "meshc-ed25519-secret-key";
@@ -29,7 +30,7 @@ fn message(flags: u32, parts: &[Part]) -> Vec<u8> {
     let mut m = DOMAIN.to_vec();
     m.extend_from_slice(&flags.to_le_bytes());
     for (kind, align, bytes) in parts {
-        m.extend_from_slice(&(*kind as u32).to_le_bytes());
+        m.extend_from_slice(&kind.to_le_bytes());
         m.extend_from_slice(&align.to_le_bytes());
         m.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
         m.extend_from_slice(&Sha512::digest(bytes));
@@ -51,22 +52,20 @@ pub enum Signed {
     By(VerifyingKey, bool),
 }
 
-/// Reads and checks the signature of `art` (hashing every section, weights included).
-pub fn check(art: &Artifact) -> Result<Signed> {
-    let Some(bytes) = art.section(SectionKind::Signature) else { return Ok(Signed::No) };
+/// Checks a signature section's `bytes` against what it signs (hashing every part).
+pub fn verify(bytes: &[u8], flags: u32, parts: &[Part]) -> Result<Signed> {
     let bytes: &[u8; SECTION_LEN] =
         bytes.try_into().map_err(|_| anyhow!("signature section of {} bytes, expected {SECTION_LEN}", bytes.len()))?;
     let key = VerifyingKey::from_bytes(bytes[..32].try_into().expect("32 bytes"))
         .map_err(|_| anyhow!("the signature section holds no valid public key"))?;
     let signature = Signature::from_bytes(bytes[32..].try_into().expect("64 bytes"));
-    let (flags, parts) = art.signed_parts();
-    Ok(Signed::By(key, key.verify(&message(flags, &parts), &signature).is_ok()))
+    Ok(Signed::By(key, key.verify(&message(flags, parts), &signature).is_ok()))
 }
 
-/// Refuses `art` unless `key` signed it and the signature matches every section.
-pub fn require(art: &Artifact, key: &VerifyingKey) -> Result<()> {
-    let file = art.path().display();
-    match check(art).with_context(|| file.to_string())? {
+/// Refuses the artifact `file` (signed as `signed` says) unless `key` signed it and the
+/// signature matches every section.
+pub fn require(signed: Signed, key: &VerifyingKey, file: &str) -> Result<()> {
+    match signed {
         Signed::No => bail!("{file}: not signed (--require-signature)"),
         Signed::By(signer, _) if signer != *key => {
             bail!("{file}: signed by {}, not by the required key {}", hex(signer.as_bytes()), hex(key.as_bytes()))
