@@ -3,7 +3,7 @@ CARGO ?= cargo
 MESHC := target/release/meshc
 DEMO := testdata/transformer
 
-.PHONY: help build test golden testdata bench demo fmt lint clean artifacts modules
+.PHONY: help build test golden testdata bench demo fmt lint clean artifacts modules fuzz
 
 help:
 	@echo "make demo      build meshc and run the transformer-block example end to end"
@@ -11,6 +11,7 @@ help:
 	@echo "make golden    rewrite golden/ from the current outputs (review the diff!)"
 	@echo "make testdata  regenerate testdata/ with numpy (pip install numpy)"
 	@echo "make bench     run the benchmarks"
+	@echo "make fuzz      differential fuzzing of the whole pipeline (FUZZ_CASES=N, ~20 min by default)"
 	@echo "make artifacts compile every testdata graph into out/ (rebuilt only when an input changes)"
 
 build:
@@ -26,6 +27,14 @@ golden:
 testdata:
 	python3 tools/gen_testdata.py
 	python3 tools/gen_dp_train.py
+
+# Differential fuzzing of the whole pipeline (tests/fuzz.rs) for longer than `make test`
+# does: FUZZ_CASES random graphs x layouts x options (about 20 minutes at the default on
+# two cores). A failure's minimised graph is written to target/fuzz-failure.txt.
+FUZZ_CASES ?= 150000
+fuzz:
+	MESHC_FUZZ_CASES=$(FUZZ_CASES) MESHC_FUZZ_SAVE=$(CURDIR)/target/fuzz-failure.txt PROPTEST_MAX_SHRINK_ITERS=100000 \
+		$(CARGO) test --test fuzz -- --nocapture compiled_runs_equal_the_interpreter
 
 bench:
 	$(CARGO) bench --bench gemm --bench pipeline --bench mesh --bench collectives --bench degraded --bench pilot --bench sendrecv --bench streams

@@ -184,11 +184,14 @@ pub fn plan(p: &mut Program, in_place: &[Vec<usize>]) {
             continue;
         }
         let allowed = in_place.get(i).map(Vec::as_slice).unwrap_or(&[]);
-        // Kernels only (never collectives or library calls, whatever the caller allows), and
-        // every position the operand takes in this step must tolerate the sharing.
+        // Kernels only (never collectives or library calls, whatever the caller allows), an
+        // operand in the arena, and every position it takes in this step must tolerate the
+        // sharing.
         let fits = |o: usize| {
             matches!(step.exec, Exec::Kernel(_))
                 && o != r
+                // Weights are not in the arena: a result never takes their place.
+                && live[o].is_some()
                 && at[o].iter().all(|&a| a == At::Step(i) || happens_before(&order, a, At::Step(i)))
                 && p.buffers[o].bytes == p.buffers[r].bytes
                 && (1..step.buffers.len()).filter(|&k| step.buffers[k] == o).all(|k| allowed.contains(&k))

@@ -1,0 +1,316 @@
+//! Differential fuzzing of the whole pipeline: random valid graphs — every value kind
+//! (inputs, params from `init` and inline `value`) in every operand position, repeated
+//! uses, outputs that other nodes also read, broadcasting, ranks 0 to 4, sizes that do and
+//! do not divide, graphs of params only — compiled with both GEMM paths and random stream
+//! options, on one device and under random legal layouts on 2 to 8 devices, must give
+//! what the reference interpreter gives, and nothing may panic.
+//!
+//! `make test` runs `DEFAULT_CASES`; `MESHC_FUZZ_CASES=N` runs N (`make fuzz`). A failure
+//! prints the minimised graph in the text format, and with `MESHC_FUZZ_SAVE=FILE` writes
+//! it there: add it to testdata/regress/ with the fix.
+
+mod common;
+
+use std::collections::HashMap;
+
+use meshc::compile::{Gemm, Options};
+use meshc::passes::streams::Config;
+use meshc_ir::{Tensor, TensorType};
+use proptest::prelude::*;
+
+const DEFAULT_CASES: u32 = 96;
+
+const UNARY: &[&str] = &["relu", "neg", "abs", "tanh", "sigmoid", "gelu", "erf"];
+const BINARY: &[&str] = &["add", "sub", "mul", "maximum", "minimum"];
+const DIMS: &[usize] = &[1, 2, 3, 4, 6, 8];
+
+/// What a case is made of; the graph is built from it deterministically, so proptest
+/// shrinks the numbers and the graph shrinks with them.
+#[derive(Clone, Debug)]
+struct Recipe {
+    base: Vec<u8>,
+    inputs: Vec<u8>,
+    params: Vec<(u8, u8)>,
+    ops: Vec<(u8, u8, u8, u8)>,
+    outputs: u8,
+    options: u8,
+    layout: Option<(u8, Vec<u8>)>,
+}
+
+fn recipe() -> impl Strategy<Value = Recipe> {
+    (
+        prop::collection::vec(any::<u8>(), 0..=4),
+        prop::collection::vec(any::<u8>(), 0..=2),
+        prop::collection::vec((any::<u8>(), any::<u8>()), 0..=3),
+        prop::collection::vec((any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>()), 1..=7),
+        any::<u8>(),
+        any::<u8>(),
+        prop::option::weighted(0.4, (any::<u8>(), prop::collection::vec(any::<u8>(), 4))),
+    )
+        .prop_map(|(base, inputs, params, ops, outputs, options, layout)| Recipe {
+            base,
+            inputs,
+            params,
+            ops,
+            outputs,
+            options,
+            layout,
+        })
+}
+
+/// A value's shape: the base shape with the dims `mask` picks set to 1, and the leading
+/// `drop` dims left out (both broadcast against the base).
+fn derived(base: &[usize], mask: u8, drop: usize) -> Vec<usize> {
+    base.iter().enumerate().skip(drop).map(|(d, &n)| if mask >> d & 1 == 1 { 1 } else { n }).collect()
+}
+
+fn broadcast(a: &[usize], b: &[usize]) -> Vec<usize> {
+    let r = a.len().max(b.len());
+    let at = |s: &[usize], i: usize| (i + s.len()).checked_sub(r).map_or(1, |j| s[j]);
+    (0..r).map(|i| at(a, i).max(at(b, i))).collect()
+}
+
+fn shape_text(s: &[usize]) -> String {
+    let d: Vec<String> = s.iter().map(usize::to_string).collect();
+    format!("[{}]", d.join(","))
+}
+
+/// The graph of `r` in the text format.
+fn graph(r: &Recipe) -> String {
+    let base: Vec<usize> = r.base.iter().map(|&b| DIMS[b as usize % DIMS.len()]).collect();
+    let mut lines = Vec::new();
+    let mut values: Vec<(String, Vec<usize>)> = Vec::new();
+    for (k, &m) in r.inputs.iter().enumerate() {
+        let s = derived(&base, m, (m >> 5) as usize % (base.len() + 1));
+        lines.push(format!("input x{k}: f32{}", shape_text(&s)));
+        values.push((format!("x{k}"), s));
+    }
+    for (k, &(m, how)) in r.params.iter().enumerate() {
+        let s = derived(&base, m, (m >> 5) as usize % (base.len() + 1));
+        let n: usize = s.iter().product();
+        let data = match how % 3 {
+            0 => format!("init normal{{seed = {how}, std = 0.5}}"),
+            1 => "init ones".to_string(),
+            _ if n <= 16 => {
+                let v: Vec<String> = (0..n).map(|i| format!("{:.2}", (i as f64 * 0.37 + how as f64).sin())).collect();
+                format!("value {}", nest(&v, &s))
+            }
+            _ => format!("init uniform{{seed = {how}, low = -1.0, high = 1.0}}"),
+        };
+        lines.push(format!("param p{k}: f32{} = {data}", shape_text(&s)));
+        values.push((format!("p{k}"), s));
+    }
+    if values.is_empty() {
+        lines.push(format!("param p: f32{} = init normal{{seed = 7, std = 1.0}}", shape_text(&base)));
+        values.push(("p".into(), base.clone()));
+    }
+    let mut nodes = Vec::new();
+    for (k, &(op, a, b, arg)) in r.ops.iter().enumerate() {
+        let (x, xs) = values[a as usize % values.len()].clone();
+        let name = format!("n{k}");
+        let (line, shape) = match op % 6 {
+            0 => (format!("{name} = {}({x})", UNARY[arg as usize % UNARY.len()]), xs.clone()),
+            1 | 2 => {
+                let (y, ys) = values[b as usize % values.len()].clone();
+                let op = BINARY[arg as usize % BINARY.len()];
+                // Either order: params and inputs in every operand position.
+                let (l, r) = if arg & 0x80 != 0 { (&y, &x) } else { (&x, &y) };
+                (format!("{name} = {op}({l}, {r})"), broadcast(&xs, &ys))
+            }
+            3 if !xs.is_empty() => {
+                let axis = arg as usize % xs.len();
+                let red = ["reduce_sum", "reduce_mean", "reduce_max"][b as usize % 3];
+                let mut s = xs.clone();
+                s[axis] = 1;
+                (format!("{name} = {red}({x}) {{axes = [{axis}], keepdims = true}}"), s)
+            }
+            4 if !xs.is_empty() => {
+                (format!("{name} = softmax({x}) {{axis = {}}}", arg as usize % xs.len()), xs.clone())
+            }
+            5 if !xs.is_empty() => {
+                let (kdim, n) = (*xs.last().unwrap(), *base.last().unwrap_or(&1));
+                lines.push(format!("param w{k}: f32[{kdim},{n}] = init normal{{seed = {arg}, std = 0.5}}"));
+                let mut s = xs.clone();
+                *s.last_mut().unwrap() = n;
+                (format!("{name} = matmul({x}, w{k})"), s)
+            }
+            _ => (format!("{name} = relu({x})"), xs.clone()),
+        };
+        lines.push(line);
+        values.push((name.clone(), shape));
+        nodes.push(name);
+    }
+    let last = nodes.last().expect("at least one op").clone();
+    let mut outputs: Vec<String> =
+        nodes.iter().enumerate().filter(|(i, _)| r.outputs >> (i % 8) & 1 == 1).map(|(_, n)| n.clone()).collect();
+    if !outputs.contains(&last) {
+        outputs.push(last);
+    }
+    format!("graph fuzz {{\n  {}\n  output {}\n}}\n", lines.join("\n  "), outputs.join(", "))
+}
+
+/// `v` as nested lists of shape `s` (rank 0: the scalar).
+fn nest(v: &[String], s: &[usize]) -> String {
+    match s.split_first() {
+        None => v[0].clone(),
+        Some((&n, rest)) => {
+            let per = rest.iter().product::<usize>().max(1);
+            let parts: Vec<String> = (0..n).map(|i| nest(&v[i * per..(i + 1) * per], rest)).collect();
+            format!("[{}]", parts.join(", "))
+        }
+    }
+}
+
+fn options(o: u8) -> Options {
+    let gemm = [Gemm::Auto, Gemm::Cranelift, Gemm::Library][o as usize % 3];
+    let streams = Config { single: o & 4 != 0, compute_streams: 1 + (o as usize >> 3) % 3, comm_always: o & 0x20 != 0 };
+    Options {
+        gemm,
+        streams: if streams.single { Config { compute_streams: 1, ..streams } } else { streams },
+        ..Options::default()
+    }
+}
+
+/// A legal layout spec for some values of `g` on one of the test meshes, as JSON.
+fn spec(g: &meshc_ir::Graph, info: &meshc_ir::verify::Info, mesh_pick: u8, picks: &[u8]) -> String {
+    let meshes = common::meshes();
+    let mesh = &meshes[mesh_pick as usize % meshes.len()];
+    let names =
+        g.inputs.iter().map(|i| &i.name).chain(g.params.iter().map(|p| &p.name)).chain(g.nodes.iter().map(|n| &n.name));
+    let mut layouts = Vec::new();
+    for (k, name) in names.enumerate() {
+        if picks[k % picks.len()].is_multiple_of(3) {
+            continue;
+        }
+        let picks: Vec<u8> = (0..4).map(|d| picks[(k + d) % picks.len()].rotate_left(d as u32 + k as u32)).collect();
+        let l = common::layout_from(mesh, &info.types[name].shape, &picks);
+        let axes: Vec<String> =
+            l.iter().map(|a| a.map_or("null".into(), |a| format!("\"{}\"", mesh.axes[a]))).collect();
+        layouts.push(format!("\"{name}\": [{}]", axes.join(", ")));
+    }
+    let shape: Vec<String> = mesh.shape.iter().map(usize::to_string).collect();
+    let axes: Vec<String> = mesh.axes.iter().map(|a| format!("\"{a}\"")).collect();
+    let topology = if mesh.topology == meshc_runtime::mesh::Topology::Torus { "torus" } else { "mesh" };
+    format!(
+        r#"{{"format": "meshc-layout/1", "mesh": {{"shape": [{}], "axes": [{}], "topology": "{topology}"}}, "layouts": {{{}}}}}"#,
+        shape.join(", "),
+        axes.join(", "),
+        layouts.join(", ")
+    )
+}
+
+/// Deterministic inputs in [-1, 1).
+fn inputs(g: &meshc_ir::Graph) -> HashMap<String, Tensor> {
+    g.inputs
+        .iter()
+        .enumerate()
+        .map(|(k, i)| {
+            let TensorType { shape, .. } = &i.ty;
+            let n: usize = shape.iter().product();
+            let v = (0..n).map(|j| ((j * 7 + k * 13) % 17) as f32 / 8.5 - 1.0).collect();
+            (i.name.clone(), Tensor::f32(shape.clone(), v))
+        })
+        .collect()
+}
+
+/// Compiles and runs `text` as `meshc run` does, under `spec` when given, and compares every
+/// output with the interpreter's.
+fn check(r: &Recipe) -> Result<(), String> {
+    let text = graph(r);
+    let fail = |what: String| format!("{what}\n--- graph\n{text}");
+    let g = meshc_ir::text::parse(&text).map_err(|e| fail(format!("the generator wrote an invalid graph: {e}")))?;
+    let info = meshc_ir::verify::verify(&g).map_err(|e| fail(format!("the generator wrote an invalid graph: {e}")))?;
+    let params = meshc_ir::params::load_all(&g, std::path::Path::new(".")).map_err(|e| fail(format!("params: {e}")))?;
+    let x = inputs(&g);
+    let mut values = x.clone();
+    values.extend(params.clone());
+    let want = meshc_ir::interp::run(&g, &info.order, &info.types, values).map_err(|e| fail(format!("interp: {e}")))?;
+    let spec_text = r.layout.as_ref().map(|(m, picks)| spec(&g, &info, *m, picks));
+    let spec = match &spec_text {
+        Some(t) => Some(meshc::layout::parse(t, "fuzz.json").map_err(|e| fail(format!("layout: {e}\n--- spec\n{t}")))?),
+        None => None,
+    };
+    let with_spec = |msg: String| match &spec_text {
+        Some(t) => fail(format!("{msg}\n--- spec\n{t}")),
+        None => fail(msg),
+    };
+    let compiled =
+        meshc::driver::build(&g, &info, spec.as_ref(), &params, &options(r.options), &Default::default(), None)
+            .map_err(|e| with_spec(format!("compile: {e:#}")))?;
+    let got = compiled.load().and_then(|l| l.run(&x)).map_err(|e| with_spec(format!("run: {e:#}")))?;
+    for (name, w) in &want {
+        let g = got.get(name).ok_or_else(|| with_spec(format!("no output '{name}'")))?;
+        if g.ty() != w.ty() {
+            return Err(with_spec(format!("output '{name}' is {}, the interpreter's {}", g.ty(), w.ty())));
+        }
+        let c = g.closeness(w);
+        if let Some(i) = c.first_bad {
+            return Err(with_spec(format!(
+                "output '{name}' element {i}: got {}, interpreter {} (options {:#x})",
+                g.data.to_f64()[i],
+                w.data.to_f64()[i],
+                r.options
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn cases() -> u32 {
+    std::env::var("MESHC_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_CASES)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn compiled_runs_equal_the_interpreter(r in recipe()) {
+        let result = std::panic::catch_unwind(|| check(&r));
+        // Shrinking runs failing cases smaller and smaller: the last one saved is minimal.
+        if let (false, Ok(path)) = (matches!(result, Ok(Ok(()))), std::env::var("MESHC_FUZZ_SAVE")) {
+            std::fs::write(&path, graph(&r)).expect("MESHC_FUZZ_SAVE is writable");
+        }
+        match result {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => prop_assert!(false, "{}", e),
+            Err(_) => prop_assert!(false, "panicked\n--- graph\n{}", graph(&r)),
+        }
+    }
+}
+
+/// Every graph of testdata/regress through the real binary: `run` (compiled in memory)
+/// against `interp`, on the same inputs.
+#[test]
+fn regression_graphs_run_as_the_interpreter_does() {
+    let dir = common::scratch("regress");
+    let mut graphs: Vec<_> = std::fs::read_dir("testdata/regress")
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "txt"))
+        .collect();
+    graphs.sort();
+    assert!(graphs.len() >= 4, "{graphs:?}");
+    for path in graphs {
+        let g = meshc_ir::load::load(&path).unwrap().0;
+        let mut args: Vec<String> = Vec::new();
+        for (name, t) in inputs(&g) {
+            let file = dir.join(format!("{name}.npy"));
+            t.write_npy(&file).unwrap();
+            args.extend(["--input".into(), format!("{name}={}", file.display())]);
+        }
+        for (cmd, out) in [("run", "run"), ("interp", "interp")] {
+            let mut a = vec![cmd.to_string(), path.display().to_string()];
+            a.extend(args.iter().cloned());
+            a.extend(["--output-dir".into(), dir.join(out).display().to_string()]);
+            let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            let r = common::meshc(&a);
+            assert_eq!(r.status, Some(0), "{}: meshc {cmd}: {}", path.display(), r.stderr);
+        }
+        for o in &g.outputs {
+            let read = |d: &str| Tensor::read_npy(&dir.join(d).join(format!("{}.npy", o.name))).unwrap();
+            let (got, want) = (read("run"), read("interp"));
+            assert!(got.closeness(&want).first_bad.is_none(), "{}: output {}", path.display(), o.name);
+        }
+    }
+    std::fs::remove_dir_all(dir).ok();
+}
