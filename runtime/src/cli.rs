@@ -12,6 +12,7 @@ use meshc_ir::{Tensor, TensorType};
 
 use crate::artifact::{self, Artifact, Verify};
 use crate::degraded::{coords_string, Degradation};
+use crate::error::RunError;
 use crate::output::{check_output_name, Outputs};
 use crate::runner::Loaded;
 
@@ -219,9 +220,10 @@ pub fn open(path: &Path, args: &RunArgs) -> Result<Loaded> {
 /// collectives are re-planned around them).
 pub fn run(loaded: &mut Loaded, io: &Io, args: &RunArgs) -> Result<()> {
     configure(loaded, args)?;
+    let failed = |e: &anyhow::Error| e.downcast_ref::<RunError>().map(RunError::failed_devices).unwrap_or_default();
     match run_loaded(loaded, io, args) {
-        Err(e) if args.replan_on_failure && !loaded.failed_devices().is_empty() => {
-            let dead = loaded.failed_devices();
+        Err(e) if args.replan_on_failure && !failed(&e).is_empty() => {
+            let dead = failed(&e);
             let names: Vec<String> = dead.iter().map(|&d| coords_string(&loaded.meta.mesh, d)).collect();
             eprintln!("{e:#}: re-planning without {} and running again", names.join(", "));
             let deg = Degradation { nodes: dead, ..Default::default() };

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 
+use crate::error::RunError;
 use crate::program::{Protocol, Transfer};
 use crate::sync::{spin_until, Condvar, Mutex, MutexGuard};
 
@@ -108,7 +109,7 @@ impl Exchange {
             }
             let left = timeout.saturating_sub(start.elapsed());
             if left.is_zero() {
-                bail!("{}", what(timeout));
+                return Err(RunError::Timeout(what(timeout)).into());
             }
             // Changes happen under the lock and bump the generation: unchanged after the
             // spin, nothing was missed, and blocking is safe.

@@ -75,6 +75,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Result};
 
 use crate::degraded::{self, coords_string, Topo};
+use crate::error::RunError;
 use crate::memory::AlignedBuf;
 use crate::mesh::{Mesh, Topology};
 use crate::program::{Collective, CollectiveOp, Reduce};
@@ -793,13 +794,11 @@ pub struct Fabric {
     bytes: Vec<AtomicU64>,
     slots: RwLock<HashMap<(usize, usize), Arc<Slot>>>,
     poisoned: AtomicBool,
-    reason: Mutex<Option<String>>,
+    reason: Mutex<Option<RunError>>,
     /// The mesh's degraded devices and links, if any.
     degraded: Option<Topo>,
     /// Per link: the bytes of the plain schedules (`LinkStats::fault_free_max`).
     free_bytes: Vec<AtomicU64>,
-    /// The devices found silent since the fabric was made (`dead`).
-    dead: Mutex<Vec<usize>>,
     /// Per device: signs of life (`beat`).
     heartbeats: Vec<AtomicU64>,
     timeout: Duration,
@@ -818,7 +817,6 @@ impl Fabric {
             poisoned: AtomicBool::new(false),
             reason: Mutex::new(None),
             degraded: None,
-            dead: Mutex::new(Vec::new()),
             heartbeats: (0..mesh.devices()).map(|_| AtomicU64::new(0)).collect(),
             timeout: TIMEOUT,
         }
@@ -945,7 +943,7 @@ impl Fabric {
 
     /// Makes every member waiting for others (now or later) return an error naming
     /// `reason`; the first reason is kept.
-    pub fn poison(&self, reason: String) {
+    pub fn poison(&self, reason: RunError) {
         self.reason.lock().get_or_insert(reason);
         self.poisoned.store(true, Ordering::SeqCst);
         for slot in self.slots.read().values() {
@@ -956,12 +954,12 @@ impl Fabric {
     }
 
     /// The first poison reason, if any.
-    pub fn poisoned(&self) -> Option<String> {
+    pub fn poisoned(&self) -> Option<RunError> {
         self.reason.lock().clone()
     }
 
     fn abandoned(&self, c: &Collective) -> anyhow::Error {
-        let reason = self.poisoned().unwrap_or_default();
+        let reason = self.poisoned().map(|r| r.to_string()).unwrap_or_default();
         anyhow!("collective #{} abandoned: {reason}", c.id)
     }
 
@@ -1186,28 +1184,19 @@ impl Fabric {
             let dead: Vec<usize> = now.iter().filter(|m| window.1.contains(m)).map(|&(d, _)| d).collect();
             if !dead.is_empty() {
                 drop(s);
-                let names: Vec<String> = dead.iter().map(|&d| coords_string(&self.links.mesh, d)).collect();
-                self.dead.lock().extend(dead);
-                self.poison(format!(
-                    "device {} stopped answering: no sign of life for {} ms while device {} waited for it in collective #{}",
-                    names.join(", "),
-                    self.timeout.as_millis(),
-                    coords_string(&self.links.mesh, me),
-                    slot.desc.id
-                ));
+                let names = dead.iter().map(|&d| coords_string(&self.links.mesh, d)).collect();
+                self.poison(RunError::DeviceFailed {
+                    devices: dead,
+                    names,
+                    ms: self.timeout.as_millis(),
+                    waiter: coords_string(&self.links.mesh, me),
+                    collective: slot.desc.id,
+                });
                 return Err(slot.state.lock());
             }
             window = (Instant::now(), now);
         }
         Ok(s)
-    }
-
-    /// The devices declared failed for showing no sign of life, sorted.
-    pub fn dead(&self) -> Vec<usize> {
-        let mut d = self.dead.lock().clone();
-        d.sort();
-        d.dedup();
-        d
     }
 
     /// A sign of life from `device` (the runner gives one per step).
@@ -1658,7 +1647,7 @@ mod tests {
                     .collect();
                 // Device 3 fails instead of arriving (whether or not the others wait yet).
                 std::thread::sleep(std::time::Duration::from_millis(20));
-                f.poison("device 3 (3): node 'h': broke".into());
+                f.poison(RunError::Other("device 3 (3): node 'h': broke".into()));
                 waiting.into_iter().map(|h| h.join().unwrap()).collect()
             });
             for e in errors {

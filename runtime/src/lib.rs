@@ -14,6 +14,7 @@ pub mod abi;
 pub mod artifact;
 pub mod cli;
 pub mod degraded;
+pub mod error;
 pub mod exchange;
 pub mod fabric;
 pub mod inspect;

@@ -30,6 +30,7 @@ use meshc_ir::{DType, Tensor, TensorType};
 
 use crate::abi::{self, ExecCode, KernelFn};
 use crate::artifact::{Artifact, SectionKind};
+use crate::error::RunError;
 use crate::exchange::Exchange;
 use crate::fabric::{self, Delivery, Fabric, LinkStats};
 use crate::library::{self, Threads};
@@ -830,12 +831,6 @@ impl Loaded {
         Ok(())
     }
 
-    /// The devices a run found silent (they showed no sign of life in a collective): what
-    /// `meshc run --replan-on-failure` degrades before running again.
-    pub fn failed_devices(&self) -> Vec<usize> {
-        self.fabric.dead()
-    }
-
     /// How long a device waits for a collective's member that shows no sign of life before
     /// the run ends naming it (`crate::fabric::TIMEOUT` unless set).
     pub fn set_collective_timeout(&mut self, timeout: Duration) {
@@ -956,7 +951,7 @@ impl Loaded {
             .collect();
         let lane_runs = devices.run(jobs);
         if let Some(reason) = self.fabric.poisoned() {
-            bail!("{reason}");
+            return Err(reason.into());
         }
         let lane_runs: Vec<DeviceRun> =
             lane_runs.into_iter().collect::<Option<_>>().ok_or_else(|| anyhow!("a device failed"))?;
@@ -1021,22 +1016,22 @@ impl Loaded {
         let run =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.device_run(device, stream, ctx, &step, 1)));
         let label = device_label(&self.meta.mesh, device);
-        let reason = match run {
+        let cause = match run {
             Ok(Ok(run)) => return Some(run),
-            Ok(Err(e)) => format!("{label}: {e:#}"),
+            Ok(Err(e)) => RunError::of(&e),
             Err(panic) => {
                 let msg = panic
                     .downcast_ref::<&str>()
                     .map(|s| s.to_string())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_default();
-                match self.programs[device].steps.get(step.get()) {
-                    Some(s) => format!("{label}: node '{}': panicked: {msg}", s.node),
-                    None => format!("{label}: panicked: {msg}"),
-                }
+                RunError::Other(match self.programs[device].steps.get(step.get()) {
+                    Some(s) => format!("node '{}': panicked: {msg}", s.node),
+                    None => format!("panicked: {msg}"),
+                })
             }
         };
-        self.fabric.poison(reason);
+        self.fabric.poison(RunError::OnDevice { device, label, cause: Box::new(cause) });
         ctx.devices.iter().for_each(|d| d.board.poison());
         self.exchange.poison();
         None
@@ -1061,7 +1056,7 @@ impl Loaded {
         let DeviceShared { ptrs, board, cursors } = &devices[device];
         let ptr = |b: usize| ptrs[b].load(Ordering::Relaxed);
         let abandoned = || {
-            let reason = self.fabric.poisoned().unwrap_or_default();
+            let reason = self.fabric.poisoned().map(|r| r.to_string()).unwrap_or_default();
             anyhow!("abandoned: {reason}")
         };
         if stream != 0 && !board.wait(lanes.inputs_event) {
@@ -1124,7 +1119,7 @@ impl Loaded {
             self.drive(run, after)?;
         }
         if !shared.board.wait(e) {
-            let reason = self.fabric.poisoned().unwrap_or_default();
+            let reason = self.fabric.poisoned().map(|r| r.to_string()).unwrap_or_default();
             bail!("abandoned: {reason}");
         }
         Ok(())
@@ -1182,10 +1177,8 @@ impl Loaded {
         match &st.exec {
             Exec::Kernel(k) => {
                 let status = call_kernel(self.kernel(device, *k), args, p.kernels[*k].parts.min(run.threads));
-                if status == abi::STATUS_INDEX_OUT_OF_RANGE {
-                    bail!("node '{}': gather index out of range", st.node);
-                } else if status != 0 {
-                    bail!("node '{}': kernel failed with status {status}", st.node);
+                if status != 0 {
+                    return Err(RunError::KernelStatus { node: st.node.clone(), status }.into());
                 }
             }
             Exec::Library(Library::Matmul { a, b, out }) => {
