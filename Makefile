@@ -34,7 +34,7 @@ testdata:
 FUZZ_CASES ?= 150000
 fuzz:
 	MESHC_FUZZ_CASES=$(FUZZ_CASES) MESHC_FUZZ_SAVE=$(CURDIR)/target/fuzz-failure.txt PROPTEST_MAX_SHRINK_ITERS=100000 \
-		$(CARGO) test --test fuzz -- --nocapture compiled_runs_equal_the_interpreter
+		$(CARGO) test --test fuzz -- --nocapture
 
 bench:
 	$(CARGO) bench --bench gemm --bench pipeline --bench mesh --bench collectives --bench degraded --bench pilot --bench sendrecv --bench streams

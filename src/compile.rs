@@ -408,7 +408,14 @@ impl Builder {
                     (offset, bytes.len())
                 });
                 let k = *kernel_of.entry(offset).or_insert_with(|| {
-                    kernels.push(Kernel { name: kernel_name(node), offset, len, parts });
+                    kernels.push(Kernel {
+                        name: kernel_name(node),
+                        offset,
+                        len,
+                        parts,
+                        args: Vec::new(),
+                        in_place: shares.clone(),
+                    });
                     kernels.len() - 1
                 });
                 (Exec::Kernel(k), operands, scratch)
@@ -417,6 +424,19 @@ impl Builder {
             buffers.extend(operands.iter().map(|o| bufs.get(o)));
             if scratch > 0 {
                 buffers.push(bufs.arena(&format!("{}.scratch", node.name), scratch));
+            }
+            if let Exec::Kernel(k) = exec {
+                // Steps that share a kernel's code may pass buffers of different sizes (a
+                // slice reads a prefix of each): the code reaches no further than the
+                // smallest, which is what the runner then requires.
+                let sizes = buffers.iter().map(|&b| bufs.list[b].bytes);
+                let kernel = &mut kernels[k];
+                if kernel.args.is_empty() {
+                    kernel.args.extend(sizes);
+                } else {
+                    kernel.args.iter_mut().zip(sizes).for_each(|(a, s)| *a = (*a).min(s));
+                    kernel.in_place.retain(|k| shares.contains(k));
+                }
             }
             steps.push(Step { node: node.name.clone(), exec, buffers });
             in_place.push(shares);

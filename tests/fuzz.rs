@@ -314,3 +314,149 @@ fn regression_graphs_run_as_the_interpreter_does() {
     }
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// A valid artifact and its input arguments, to mutate.
+struct Base {
+    sections: Vec<(meshc_runtime::artifact::SectionKind, usize, Vec<u8>)>,
+    inputs: Vec<String>,
+}
+
+fn bases() -> &'static Vec<Base> {
+    static BASES: std::sync::OnceLock<Vec<Base>> = std::sync::OnceLock::new();
+    BASES.get_or_init(|| {
+        let dir = common::scratch("mutate-base");
+        let cases = [
+            ("testdata/mlp/graph.json", Some("testdata/mlp/layouts/mp-2x4.json")),
+            ("testdata/transformer/graph.json", None),
+            ("testdata/reductions/graph.json", None),
+        ];
+        let bases = cases
+            .iter()
+            .enumerate()
+            .map(|(k, (graph, layout))| {
+                let art = dir.join(format!("{k}.mshc"));
+                let mut args = vec!["compile", graph, "-o", art.to_str().unwrap(), "--gemm", "cranelift"];
+                args.extend(layout.iter().flat_map(|l| ["--layout", *l]));
+                assert_eq!(common::meshc(&args).status, Some(0), "{args:?}");
+                let a = meshc_runtime::artifact::Artifact::open(&art).unwrap();
+                let sections = a
+                    .sections()
+                    .iter()
+                    .map(|s| (s.kind, s.align as usize, a.section(s.kind).unwrap().to_vec()))
+                    .collect();
+                let inputs = common::input_args(std::path::Path::new(graph));
+                run_artifact(&art, &inputs, &dir.join(format!("{k}-out"))).expect("runs").expect("accepted");
+                Base { sections, inputs }
+            })
+            .collect();
+        std::fs::remove_dir_all(dir).ok();
+        bases
+    })
+}
+
+/// Runs an artifact through the binary: Some when it ran, None when it was refused (exit 1,
+/// one line); anything else (a crash, a panic) is an error.
+fn run_artifact(art: &std::path::Path, inputs: &[String], out: &std::path::Path) -> Result<Option<()>, String> {
+    let mut args = vec!["run".to_string(), art.display().to_string(), "--timeout".into(), "2".into()];
+    args.extend(inputs.iter().cloned());
+    args.extend(["--output-dir".into(), out.display().to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let r = common::meshc(&args);
+    match r.status {
+        Some(0) => {}
+        Some(1) if r.stderr.lines().count() == 1 && !r.stderr.contains("panicked") => return Ok(None),
+        _ => return Err(format!("exit {:?}: {}", r.status, r.stderr)),
+    }
+    Ok(Some(()))
+}
+
+/// Changes one place of a JSON value: the `pick`-th number or array, by `how`.
+fn mutate(v: &mut serde_json::Value, pick: &mut usize, how: u64) -> bool {
+    use serde_json::Value;
+    match v {
+        Value::Number(n) => {
+            if *pick > 0 {
+                *pick -= 1;
+                return false;
+            }
+            let x = n.as_u64().unwrap_or(0);
+            let new = [0, 1, 7, 63, 64, x + 1, x.saturating_sub(1), x * 2, 1 << 31, u64::MAX >> 12][how as usize % 10];
+            *v = Value::from(new);
+            true
+        }
+        Value::Array(items) => {
+            if *pick == 0 && !items.is_empty() {
+                match how % 3 {
+                    0 => drop(items.remove((how as usize / 3) % items.len())),
+                    1 => items.push(items[(how as usize / 3) % items.len()].clone()),
+                    _ => {
+                        let last = items.len() - 1;
+                        items.swap(0, last)
+                    }
+                }
+                return true;
+            }
+            *pick = pick.saturating_sub(1);
+            items.iter_mut().any(|i| mutate(i, pick, how))
+        }
+        Value::Object(m) => m.values_mut().any(|i| mutate(i, pick, how)),
+        _ => false,
+    }
+}
+
+/// How many numbers and arrays `v` holds: the places `mutate` can pick.
+fn places(v: &serde_json::Value) -> usize {
+    use serde_json::Value;
+    match v {
+        Value::Number(_) => 1,
+        Value::Array(items) => 1 + items.iter().map(places).sum::<usize>(),
+        Value::Object(m) => m.values().map(places).sum(),
+        _ => 0,
+    }
+}
+
+fn mutated_cases() -> u32 {
+    std::env::var("MESHC_FUZZ_CASES").ok().and_then(|v| v.parse::<u32>().ok()).map_or(48, |n| n / 20 + 1)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: mutated_cases(), failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// An artifact whose program or metadata was changed, checksums recomputed (so the
+    /// container accepts it), is refused with one line or runs to the end: never a crash.
+    #[test]
+    fn mutated_programs_are_refused_or_correct(base in 0usize..3, meta in any::<bool>(), pick in any::<u16>(), how in any::<u64>()) {
+        use meshc_runtime::artifact::{SectionKind, Writer};
+        let b = &bases()[base];
+        let kind = if meta { SectionKind::Meta } else { SectionKind::Program };
+        let mut w = Writer::new();
+        let mut changed = false;
+        for (k, align, bytes) in &b.sections {
+            if *k == kind {
+                let mut v: serde_json::Value = serde_json::from_slice(bytes).unwrap();
+                let mut p = pick as usize % places(&v);
+                changed = mutate(&mut v, &mut p, how);
+                if std::env::var("FUZZ_DEBUG").is_ok() {
+                    std::fs::write("/tmp/mut-before.json", bytes).unwrap();
+                    std::fs::write("/tmp/mut-after.json", serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+                }
+                w.add_section(*k, *align, serde_json::to_vec(&v).unwrap()).unwrap();
+            } else {
+                w.add_section(*k, *align, &bytes[..]).unwrap();
+            }
+        }
+        prop_assume!(changed);
+        let dir = common::scratch(&format!("mutate-{base}-{pick}-{how}"));
+        let art = dir.join("m.mshc");
+        w.write(&art).unwrap();
+        let result = run_artifact(&art, &b.inputs, &dir.join("out"));
+        std::fs::remove_dir_all(&dir).ok();
+        // Refused with one line, or run to the end: a changed program may be another
+        // valid program (a step reading another buffer of the right size, a shape permuted
+        // over the same bytes) that no runner can tell from the intended one (a signature
+        // can); what it must never do is crash, hang or touch memory outside its buffers.
+        if let Err(e) = result {
+            prop_assert!(false, "{} section, number/array {pick} changed by {how}: {e}", kind.name());
+        }
+    }
+}

@@ -24,6 +24,7 @@ pub mod mask;
 pub mod matmul_shape;
 pub mod memory;
 pub mod mesh;
+pub mod order;
 pub mod output;
 pub mod program;
 pub mod runner;

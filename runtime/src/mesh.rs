@@ -101,8 +101,10 @@ impl Mesh {
     }
 
     /// `[data, -]`: a layout as people read it.
+    /// An axis the mesh does not have (a damaged artifact) shows as its number.
     pub fn layout_string(&self, layout: &[Option<usize>]) -> String {
-        let dims: Vec<&str> = layout.iter().map(|a| a.map_or("-", |a| self.axes[a].as_str())).collect();
+        let name = |a: usize| self.axes.get(a).cloned().unwrap_or_else(|| format!("axis {a}"));
+        let dims: Vec<String> = layout.iter().map(|a| a.map_or("-".to_string(), name)).collect();
         format!("[{}]", dims.join(", "))
     }
 

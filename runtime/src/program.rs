@@ -141,6 +141,15 @@ pub struct Kernel {
     pub len: usize,
     /// Into how many parts the runner may split a call (the kernel ABI's `part`/`parts`).
     pub parts: usize,
+    /// Per buffer the kernel takes (result, operands, scratch), bytes its code may reach
+    /// (shapes are baked in; the smallest buffer any of its steps passes): the runner
+    /// refuses a step that passes fewer buffers or smaller ones.
+    pub args: Vec<usize>,
+    /// The operand positions (of `args`) whose buffer may be the result's: the code reads
+    /// each element before writing it. The runner accepts a plan in which a buffer shares
+    /// bytes with another it is live with only for these.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub in_place: Vec<usize>,
 }
 
 /// A subroutine linked into the runner (docs/design.md §4.5).
@@ -266,6 +275,19 @@ pub enum Exec {
     Send(Transfer),
     /// Buffers: the result received.
     Recv(Transfer),
+}
+
+impl Exec {
+    /// What the step runs, as messages name it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Exec::Kernel(_) => "kernel",
+            Exec::Library(_) => "library call",
+            Exec::Collective(_) => "collective",
+            Exec::Send(_) => "send",
+            Exec::Recv(_) => "recv",
+        }
+    }
 }
 
 /// One step of the program: run a kernel or a library call on buffers (result first).

@@ -37,6 +37,7 @@ use crate::library::{self, Threads};
 use crate::mask::Mask;
 pub use crate::memory::AlignedBuf;
 use crate::mesh::Mesh;
+use crate::order::{accesses, all_before, happens_before, At, Order};
 use crate::program::{Buffer, Collective, Exec, IoSpec, Library, Meta, Program, Storage, Transfer};
 use crate::sync::{spin_until, Condvar, Mutex, MutexGuard};
 
@@ -129,6 +130,123 @@ fn check_indices(meta: &Meta, p: &Program) -> Result<()> {
             let want = if spec.block(&meta.mesh, p.device).is_some() { local.checked_size_bytes() } else { Some(0) };
             if want != Some(p.buffers[b].bytes) {
                 bail!("{what} '{}' ({local}) does not fit its buffer of {} bytes", spec.name, p.buffers[b].bytes);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The alignment of every kernel's first byte in the code section (docs/artifact.md): a
+/// kernel offset anywhere else is not the start of a function the compiler emitted.
+const KERNEL_ALIGN: usize = 64;
+
+/// Checks the kernel table of all programs against the code section: every kernel starts
+/// on a kernel boundary, lies inside the section, and two kernels either are the same
+/// function or do not overlap. The code itself cannot be validated (signatures can vouch
+/// for it); this keeps a program from calling into the middle of a function.
+fn check_kernels(programs: &[Program], code_len: usize) -> Result<()> {
+    let mut spans: Vec<(usize, usize, &str)> = Vec::new();
+    for k in programs.iter().flat_map(|p| &p.kernels) {
+        if k.args.is_empty() {
+            bail!("kernel {} records no buffers (a kernel writes at least its result)", k.name);
+        }
+        if !k.offset.is_multiple_of(KERNEL_ALIGN) || k.len == 0 {
+            bail!("kernel {} at offset {} does not start a function of the code section", k.name, k.offset);
+        }
+        if k.offset.checked_add(k.len).is_none_or(|end| end > code_len) {
+            bail!("kernel {} lies outside the code section", k.name);
+        }
+        spans.push((k.offset, k.len, &k.name));
+    }
+    spans.sort();
+    spans.dedup_by_key(|s| (s.0, s.1));
+    if let Some(w) = spans.windows(2).find(|w| w[1].0 < w[0].0 + w[0].1) {
+        bail!("kernels {} and {} overlap in the code section", w[0].2, w[1].2);
+    }
+    Ok(())
+}
+
+/// Checks every step's buffers against what it does: the count each kind of step takes,
+/// sizes at least what a kernel's code or a library call's shapes reach, and results in the
+/// arena (nothing writes into the weights, which are mapped read-only from the file).
+fn check_steps(p: &Program) -> Result<()> {
+    for st in &p.steps {
+        let fail = |msg: String| anyhow!("step '{}': {msg}", st.node);
+        let bytes = |i: usize| p.buffers[st.buffers[i]].bytes;
+        let count = |want: usize| -> Result<()> {
+            match st.buffers.len() == want {
+                true => Ok(()),
+                false => Err(fail(format!("{} buffers where its {} takes {want}", st.buffers.len(), st.exec.kind()))),
+            }
+        };
+        match &st.exec {
+            Exec::Kernel(k) => {
+                let args = &p.kernels[*k].args;
+                count(args.len())?;
+                if let Some(i) = (0..args.len()).find(|&i| bytes(i) < args[i]) {
+                    bail!(fail(format!(
+                        "buffer {i} holds {} bytes, kernel {} reaches {}",
+                        bytes(i),
+                        p.kernels[*k].name,
+                        args[i]
+                    )));
+                }
+            }
+            Exec::Library(Library::Matmul { a, b, out }) => {
+                count(3)?;
+                crate::matmul_shape::MatmulShape::new(a, b, out).map_err(|e| fail(e.to_string()))?;
+                for (i, s) in [out, a, b].into_iter().enumerate() {
+                    let need = s.iter().try_fold(4usize, |n, &d| n.checked_mul(d));
+                    if need.is_none_or(|n| bytes(i) < n) {
+                        bail!(fail(format!("buffer {i} holds {} bytes, too few for f32{s:?}", bytes(i))));
+                    }
+                }
+            }
+            Exec::Collective(_) => count(2)?,
+            Exec::Send(_) | Exec::Recv(_) => count(1)?,
+        }
+        let writes = !matches!(st.exec, Exec::Send(_));
+        if writes && matches!(p.buffers[st.buffers[0]].storage, Storage::Weights { .. }) {
+            bail!(fail(format!("its result buffer '{}' lies in the weights", p.buffers[st.buffers[0]].name)));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that buffers sharing arena bytes are never in use at the same time under the
+/// stream plan (`crate::order`), but for an operand handing its bytes to the result of the
+/// kernel step where it dies, at a position the kernel allows (`Kernel::in_place`). A plan
+/// that breaks this would run, and give wrong results.
+fn check_arena(p: &Program) -> Result<()> {
+    let order = Order::of(p);
+    let at = accesses(p);
+    let apart = |x: usize, y: usize| all_before(&order, &at[x], &at[y]) || all_before(&order, &at[y], &at[x]);
+    // x hands its bytes to y at a step that allows it, and each stays on its side of it.
+    let hands_over = |x: usize, y: usize| {
+        p.steps.iter().enumerate().any(|(s, st)| {
+            let Exec::Kernel(k) = st.exec else { return false };
+            st.buffers[0] == y
+                && (1..st.buffers.len()).filter(|&i| st.buffers[i] == x).all(|i| p.kernels[k].in_place.contains(&i))
+                && st.buffers[1..].contains(&x)
+                && at[x].iter().all(|&a| a == At::Step(s) || happens_before(&order, a, At::Step(s)))
+                && at[y].iter().all(|&a| a == At::Step(s) || happens_before(&order, At::Step(s), a))
+        })
+    };
+    let mut spans: Vec<(usize, usize, usize)> = (p.buffers.iter().enumerate())
+        .filter_map(|(b, buf)| match buf.storage {
+            Storage::Arena { offset } if buf.bytes > 0 => Some((offset, offset + buf.bytes, b)),
+            _ => None,
+        })
+        .collect();
+    spans.sort();
+    for (i, &(_, end, x)) in spans.iter().enumerate() {
+        for &(_, _, y) in spans[i + 1..].iter().take_while(|s| s.0 < end) {
+            if !apart(x, y) && !hands_over(x, y) && !hands_over(y, x) {
+                bail!(
+                    "buffers '{}' and '{}' share arena bytes while both are in use",
+                    p.buffers[x].name,
+                    p.buffers[y].name
+                );
             }
         }
     }
@@ -694,11 +812,6 @@ impl Loaded {
                 if program.device != d {
                     bail!("program {d} is for device {}", program.device);
                 }
-                if let Some(k) =
-                    program.kernels.iter().find(|k| k.offset.checked_add(k.len).is_none_or(|end| end > code_len))
-                {
-                    bail!("kernel {} lies outside the code section", k.name);
-                }
                 if let Some(k) = program.kernels.iter().find(|k| k.parts == 0) {
                     bail!("kernel {} splits into 0 parts", k.name);
                 }
@@ -712,7 +825,9 @@ impl Loaded {
                     bail!("buffer '{}' lies outside its storage", b.name);
                 }
                 check_indices(&meta, program)?;
-                lanes(program).map(|_| ())
+                check_steps(program)?;
+                lanes(program)?;
+                check_arena(program)
             };
             if devices == 1 {
                 check()?;
@@ -720,6 +835,7 @@ impl Loaded {
                 check().with_context(|| device_label(&meta.mesh, d))?;
             }
         }
+        check_kernels(&programs, code_len)?;
         check_collectives(&meta.mesh, &programs, &absent)?;
         check_transfers(&meta.mesh, &programs)?;
         let masks = programs.iter().map(|p| masks_of(p, bytes)).collect::<Result<_>>()?;

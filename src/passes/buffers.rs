@@ -12,7 +12,7 @@
 //! Streams: the steps of a device run on several streams (`passes::streams`), so program
 //! order alone does not say what may run at the same time. Two buffers may share bytes only
 //! if every touch of one happens before every touch of the other under the stream plan
-//! (stream order and events, `passes::streams::Order`; the inputs are copied in before any
+//! (stream order and events, `meshc_runtime::order`; the inputs are copied in before any
 //! step, the outputs read after all); an operand may hand its slot to the result only if
 //! all its other touches happen before that step. On one stream this is exactly the
 //! interval test of program order; `Live` (program order) is what the dump shows.
@@ -34,7 +34,7 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
-use crate::passes::streams::Order;
+use meshc_runtime::order::{accesses, all_before, happens_before, At, Order};
 use meshc_runtime::program::{align_up, Exec, Program, Protocol, Storage, Transfer, ALIGN};
 
 /// The steps a buffer is live at, both inclusive; `last == steps.len()` means the buffer is
@@ -101,56 +101,6 @@ pub fn naive(p: &mut Program) {
         }
     }
     p.arena_bytes = at;
-}
-
-/// Where a buffer is touched: copied in before any step, by a step, or read after all.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum At {
-    In,
-    Step(usize),
-    Out,
-}
-
-/// Every place each buffer of `p` is touched (a buffer nothing touches: throughout).
-fn accesses(p: &Program) -> Vec<Vec<At>> {
-    let mut at: Vec<Vec<At>> = vec![Vec::new(); p.buffers.len()];
-    for &b in &p.inputs {
-        at[b].push(At::In);
-    }
-    for (i, s) in p.steps.iter().enumerate() {
-        for &b in &s.buffers {
-            if at[b].last() != Some(&At::Step(i)) {
-                at[b].push(At::Step(i));
-            }
-        }
-        // The receiver of a `move` reads the sent buffer in place until the run ends.
-        if let Exec::Send(Transfer { protocol: Protocol::Move, .. }) = &s.exec {
-            s.buffers.iter().for_each(|&b| at[b].push(At::Out));
-        }
-    }
-    for &b in &p.outputs {
-        at[b].push(At::Out);
-    }
-    for a in &mut at {
-        if a.is_empty() {
-            a.extend([At::In, At::Out]);
-        }
-    }
-    at
-}
-
-/// Whether `a` is over before `b` starts.
-fn happens_before(order: &Order, a: At, b: At) -> bool {
-    match (a, b) {
-        (At::In, At::Step(_) | At::Out) | (At::Step(_), At::Out) => true,
-        (At::Step(x), At::Step(y)) => order.before(x, y),
-        _ => false,
-    }
-}
-
-/// Whether every touch of `x` is over before any touch of `y` starts.
-fn all_before(order: &Order, x: &[At], y: &[At]) -> bool {
-    x.iter().all(|&a| y.iter().all(|&b| happens_before(order, a, b)))
 }
 
 /// Buffers sharing one place in the arena, one after the other in time.

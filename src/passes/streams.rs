@@ -230,65 +230,6 @@ pub fn schedule(p: &mut Program, in_place: &mut Vec<Vec<usize>>) {
     *in_place = order.iter().map(|&i| std::mem::take(&mut perms[i])).collect();
 }
 
-/// The happens-before relation of a device's steps under its stream plan: stream order plus
-/// the events (and the inputs, copied in before any step).
-pub struct Order {
-    stream: Vec<usize>,
-    pos: Vec<usize>,
-    /// Per step and stream: how many of that stream's steps happen before the step, or are
-    /// it.
-    clock: Vec<Vec<usize>>,
-}
-
-impl Order {
-    /// The relation of `p`'s plan (program order for an empty plan). The plan must be one
-    /// the runner accepts (`runner::check_streams`): every wait points to an earlier step.
-    pub fn of(p: &Program) -> Order {
-        let n = p.steps.len();
-        let plan = &p.streams;
-        let lists: Vec<Vec<usize>> = if plan.streams.is_empty() {
-            vec![(0..n).collect()]
-        } else {
-            plan.streams.iter().map(|s| s.steps.clone()).collect()
-        };
-        let mut stream = vec![0; n];
-        let mut pos = vec![0; n];
-        for (s, list) in lists.iter().enumerate() {
-            for (k, &i) in list.iter().enumerate() {
-                stream[i] = s;
-                pos[i] = k;
-            }
-        }
-        let mut waits: Vec<Vec<usize>> = vec![Vec::new(); n];
-        for w in &plan.waits {
-            waits[w.before].push(plan.events[w.event].after);
-        }
-        let mut clock: Vec<Vec<usize>> = vec![vec![0; lists.len()]; n];
-        for i in 0..n {
-            let mut c = vec![0; lists.len()];
-            let join = |c: &mut Vec<usize>, j: usize| {
-                for (x, y) in c.iter_mut().zip(&clock[j]) {
-                    *x = (*x).max(*y);
-                }
-            };
-            if pos[i] > 0 {
-                join(&mut c, lists[stream[i]][pos[i] - 1]);
-            }
-            for &j in &waits[i] {
-                join(&mut c, j);
-            }
-            c[stream[i]] = pos[i] + 1;
-            clock[i] = c;
-        }
-        Order { stream, pos, clock }
-    }
-
-    /// Whether step `a` finishes before step `b` starts.
-    pub fn before(&self, a: usize, b: usize) -> bool {
-        a != b && self.clock[b][self.stream[a]] > self.pos[a]
-    }
-}
-
 /// The stream plan of `p` (module doc).
 pub fn assign(p: &Program, cfg: &Config) -> StreamPlan {
     let n = p.steps.len();
@@ -433,6 +374,7 @@ pub fn dump(programs: &[Program]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use meshc_runtime::order::Order;
     use meshc_runtime::program::{Buffer, Collective, CollectiveOp, Reduce, Step};
 
     /// A program over 256 KiB arena buffers (two make a step worth overlapping); steps as
