@@ -1631,7 +1631,7 @@ mod tests {
         // for its own all_reduce's event, which never comes.
         let programs = (0..2)
             .map(|d| {
-                let first = if d == 1 { bad.clone() } else { mm.clone() };
+                let first = mm.clone();
                 let steps = vec![
                     step("f", first, &[1, 0, 0]),
                     step("p", mm.clone(), &[2, 0, 0]),
@@ -1650,7 +1650,9 @@ mod tests {
             })
             .collect();
         let x = || vec![io("x", DType::F32, &[2, 2], &[None, None])];
-        let l = load(&m, x(), vec![io("y", DType::F32, &[2, 2], &[None, None])], programs).unwrap();
+        let mut l = load(&m, x(), vec![io("y", DType::F32, &[2, 2], &[None, None])], programs).unwrap();
+        // Shapes that do not fit pass no load check: the step is broken after loading.
+        l.programs[1].steps[0].exec = bad;
         let inputs = HashMap::from([("x".to_string(), iota(&[2, 2]))]);
         for _ in 0..2 {
             let e = l.run(&inputs).unwrap_err().to_string();
@@ -1666,18 +1668,21 @@ mod tests {
         // the all_reduce until its error poisons the fabric. Device 0 runs on the calling
         // thread, device 3 on one of the runner's.
         let bad = Exec::Library(Library::Matmul { a: vec![2, 3], b: vec![2, 3], out: vec![2, 3] });
+        let good = Exec::Library(Library::Matmul { a: vec![2, 3], b: vec![3, 2], out: vec![2, 2] });
         for (failing, label) in [(3, "device 3 (1,1)"), (0, "device 0 (0,0)")] {
             let programs = (0..4)
                 .map(|d| {
                     let mut steps = vec![step("s", sum.clone(), &[1, 0])];
                     if d == failing {
-                        steps.insert(0, step("h", bad.clone(), &[2, 0, 0]));
+                        steps.insert(0, step("h", good.clone(), &[2, 0, 0]));
                     }
                     program(d, &[24, 24, 24], steps, vec![0], vec![1])
                 })
                 .collect();
             let x = || vec![io("x", DType::F32, &[6], &[None])];
-            let l = load(&m, x(), vec![io("s", DType::F32, &[6], &[None])], programs).unwrap();
+            let mut l = load(&m, x(), vec![io("s", DType::F32, &[6], &[None])], programs).unwrap();
+            // Shapes that do not fit pass no load check: the step is broken after loading.
+            l.programs[failing].steps[0].exec = bad.clone();
             let x = HashMap::from([("x".to_string(), iota(&[6]))]);
             for _ in 0..2 {
                 let e = l.run(&x).unwrap_err().to_string();
@@ -1871,14 +1876,17 @@ mod transfer_tests {
     #[test]
     fn a_failing_sender_stops_its_receiver() {
         let bad = Exec::Library(Library::Matmul { a: vec![2, 3], b: vec![2, 3], out: vec![2, 3] });
-        let l = load(vec![
+        let good = Exec::Library(Library::Matmul { a: vec![2, 2], b: vec![2, 2], out: vec![2, 2] });
+        let mut l = load(vec![
             program(
                 0,
-                vec![Step { node: "h".into(), exec: bad, buffers: vec![2, 0, 0] }, send("a", 1, Protocol::Copy, 2)],
+                vec![Step { node: "h".into(), exec: good, buffers: vec![2, 0, 0] }, send("a", 1, Protocol::Copy, 2)],
             ),
             program(1, vec![recv("a", 0, Protocol::Copy)]),
         ])
         .unwrap();
+        // Shapes that do not fit pass no load check: the step is broken after loading.
+        l.programs[0].steps[0].exec = bad;
         let start = Instant::now();
         let e = l.run(&x()).unwrap_err().to_string();
         assert!(e.starts_with("device 0 (0): node 'h': matmul"), "{e}");
