@@ -118,6 +118,7 @@ pub fn build(
         let degraded = spec.degraded.degradation(&spec.mesh);
         let topo =
             meshc_runtime::degraded::Topo::new(&spec.mesh, &degraded, false).with_context(|| spec.file.clone())?;
+        topo.require_healthy().with_context(|| spec.file.clone())?;
         crate::degrade::keep_stages(&topo).with_context(|| spec.file.clone())?;
         let joined = lower_placed(g, info, spec, &placement, dumps)?;
         emit_pilot()?;
@@ -138,6 +139,7 @@ pub fn build(
         .flat_map(|p| layouts.of.get(&p.name).into_iter().flatten().flatten().map(|&a| (p.name.as_str(), a)))
         .collect();
     let topo = meshc_runtime::degraded::Topo::new(&spec.mesh, &degraded, false).with_context(|| spec.file.clone())?;
+    topo.require_healthy().with_context(|| spec.file.clone())?;
     crate::degrade::keep_model_shards(&topo, &split).with_context(|| spec.file.clone())?;
     let mut model_axes: Vec<usize> = split.iter().map(|&(_, a)| a).filter(|&a| spec.mesh.shape[a] > 1).collect();
     model_axes.sort();

@@ -144,6 +144,21 @@ enum GemmArg {
 }
 
 impl CodegenArgs {
+    /// The first option given that differs from its default (`run ARTIFACT` refuses them
+    /// rather than ignore them).
+    fn given(&self) -> Option<&'static str> {
+        [
+            (self.layout.is_some(), "--layout"),
+            (self.target != "native", "--target"),
+            (!matches!(self.gemm, GemmArg::Auto), "--gemm"),
+            (self.single_stream, "--single-stream"),
+            (self.compute_streams != 1, "--compute-streams"),
+            (self.comm_stream != CommArg::Auto, "--comm-stream"),
+        ]
+        .into_iter()
+        .find_map(|(given, flag)| given.then_some(flag))
+    }
+
     fn options(&self) -> compile::Options {
         let gemm = match self.gemm {
             GemmArg::Auto => compile::Gemm::Auto,
@@ -455,6 +470,9 @@ fn run(path: &Path, io: &Io, run_args: &RunArgs, args: &CodegenArgs, pilot: &Pil
         bail!("{file}: --pilot-input and --conditional prune a graph as it is compiled; this is an artifact");
     }
     let mut loaded = if is_artifact(path) {
+        if let Some(flag) = args.given() {
+            bail!("{file}: {flag} applies when a graph is compiled; this artifact is already compiled");
+        }
         cli::open(path, run_args)?
     } else {
         let (_, c) = compile_graph(path, args, &driver::Dumps::default(), Some(pilot))?;

@@ -328,3 +328,53 @@ fn long_names_are_cut_in_messages() {
     assert!(run.stderr.contains("(1048576 characters)"), "{}", run.stderr);
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// The smaller contract fixes, through the binary: options a compiled artifact cannot
+/// honour are refused, `--bench 0` is refused, an empty `.mshc` is an artifact error, the
+/// flag a message blames is the one given, a spec that leaves no healthy device is refused
+/// at compile time, and a closed pipe ends the output quietly.
+#[test]
+fn options_and_files_are_held_to_what_they_mean() {
+    let dir = scratch("contract");
+    let art = dir.join("mlp8.mshc").display().to_string();
+    ok(&["compile", MLP, "--layout", "testdata/mlp/layouts/mp-8.json", "-o", &art]);
+    let fails = |args: &[&str], want: &str| {
+        let r = meshc(args);
+        assert_eq!(r.status, Some(1), "{args:?}: {r:?}");
+        assert!(r.stderr.contains(want) && r.stderr.lines().count() == 1, "{args:?}: want {want:?}: {r:?}");
+    };
+    fails(&["run", &art, "--input", MLP_X, "--gemm", "library"], "--gemm applies when a graph is compiled");
+    fails(&["run", &art, "--input", MLP_X, "--layout", "x.json"], "--layout applies when a graph is compiled");
+    fails(&["run", MLP, "--input", MLP_X, "--bench", "0"], "--bench");
+    let empty = dir.join("empty.mshc");
+    std::fs::write(&empty, "").unwrap();
+    fails(&["run", &empty.display().to_string(), "--input", MLP_X], "not a meshc artifact (empty file)");
+    fails(
+        &["run", &art, "--input", MLP_X, "--degrade-link", "0:9"],
+        "--degrade-link: device '9' is not in the [8] mesh",
+    );
+    // Three of four devices of a line degraded: the fourth has no healthy neighbour left.
+    let spec = dir.join("spec.json");
+    std::fs::write(
+        &spec,
+        r#"{"format": "meshc-layout/1", "mesh": {"shape": [4], "axes": ["data"]}, "rules": {"batch": "data"},
+            "degraded": {"nodes": [[1], [2], [3]]}}"#,
+    )
+    .unwrap();
+    let out = dir.join("none.mshc").display().to_string();
+    fails(
+        &["compile", MLP, "--layout", &spec.display().to_string(), "-o", &out],
+        "every device of the [4] mesh is degraded",
+    );
+    // `inspect | head`: the reader goes away; meshc ends by SIGPIPE (141 in a shell), quietly.
+    let script = format!(
+        "{} inspect {art} 2>{}/err | head -c 1 >/dev/null; echo ${{PIPESTATUS[0]}}",
+        env!("CARGO_BIN_EXE_meshc"),
+        dir.display()
+    );
+    let out = std::process::Command::new("bash").args(["-c", &script]).output().unwrap();
+    let status = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(status == "141" || status == "0", "status {status}");
+    assert_eq!(std::fs::read_to_string(dir.join("err")).unwrap(), "", "nothing on stderr");
+    std::fs::remove_dir_all(dir).ok();
+}

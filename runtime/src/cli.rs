@@ -146,8 +146,8 @@ impl Io {
 #[derive(clap::Args)]
 pub struct RunArgs {
     /// Run N more times and print min/median/max latency and GFLOP/s.
-    #[arg(long, value_name = "N")]
-    pub bench: Option<usize>,
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub bench: Option<u64>,
     /// Skip the weights checksum when opening an artifact (load time independent of size).
     #[arg(long)]
     pub trust_weights: bool,
@@ -198,11 +198,19 @@ pub struct RunArgs {
     pub require_signature: Option<PathBuf>,
 }
 
-/// Whether `path` starts with the artifact magic (anything else is read as a graph).
+/// Whether `path` is to be read as an artifact: named `.mshc`, or starting with the
+/// artifact magic. An empty or damaged `.mshc` is then refused by the artifact reader with
+/// its own message, not parsed as a graph. Only regular files are opened (a FIFO would
+/// block).
 pub fn is_artifact(path: &Path) -> bool {
     use std::io::Read;
+    if path.extension().is_some_and(|e| e == "mshc") {
+        return true;
+    }
     let mut magic = [0u8; 8];
-    std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && magic == artifact::MAGIC
+    path.is_file()
+        && std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok()
+        && magic == artifact::MAGIC
 }
 
 /// Opens the artifact at `path` as `run` does (`--trust-weights` skips the bulk checksum).
@@ -243,8 +251,12 @@ fn configure(loaded: &mut Loaded, args: &RunArgs) -> Result<()> {
         loaded.set_threads(n as usize);
     }
     if !args.degrade.is_empty() || !args.degrade_link.is_empty() || args.degrade_strict {
-        let deg = Degradation::from_args(&loaded.meta.mesh, &args.degrade, &args.degrade_link).context("--degrade")?;
-        loaded.degrade(&deg, args.degrade_strict).context("--degrade")?;
+        let mesh = &loaded.meta.mesh;
+        let devices = Degradation::from_args(mesh, &args.degrade, &[]).context("--degrade")?;
+        let links = Degradation::from_args(mesh, &[], &args.degrade_link).context("--degrade-link")?;
+        // What the degradation implies (a lost model shard, nothing left healthy) is the
+        // degradation's as a whole.
+        loaded.degrade(&devices.merged(&links), args.degrade_strict).context("--degrade")?;
     }
     if let Some(f) = &args.fail_device {
         let (device, step) = f
@@ -323,8 +335,8 @@ fn run_loaded(loaded: &Loaded, io: &Io, args: &RunArgs) -> Result<()> {
         check_against(&results, dir)?;
     }
     if let Some(n) = args.bench {
-        let mut times = Vec::with_capacity(n);
-        for _ in 0..n.max(1) {
+        let mut times = Vec::new();
+        for _ in 0..n {
             let t = std::time::Instant::now();
             loaded.run(&inputs)?;
             times.push(t.elapsed().as_secs_f64());

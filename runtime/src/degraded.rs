@@ -179,6 +179,16 @@ impl Topo {
         Ok(topo)
     }
 
+    /// Refuses a degradation that leaves no device healthy. Degrading the neighbours of a
+    /// device along every axis degrades it too, so a spec can get there without naming every
+    /// device: the compiler refuses it as the fabric does.
+    pub fn require_healthy(&self) -> Result<()> {
+        if !(0..self.mesh.devices()).any(|d| self.healthy(d)) {
+            bail!("every device of the {:?} mesh is degraded", self.mesh.shape);
+        }
+        Ok(())
+    }
+
     /// The neighbours of `d` along dimension `a` (one each way; on an axis of two, one).
     pub fn neighbours(&self, d: usize, a: usize) -> Vec<usize> {
         let s = self.mesh.shape[a];

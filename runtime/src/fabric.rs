@@ -828,9 +828,7 @@ impl Fabric {
         if topo.mesh != self.links.mesh {
             bail!("the degradation describes a {:?} mesh, the fabric is {:?}", topo.mesh.shape, self.links.mesh.shape);
         }
-        if !(0..topo.mesh.devices()).any(|d| topo.healthy(d)) {
-            bail!("every device of the {:?} mesh is degraded", topo.mesh.shape);
-        }
+        topo.require_healthy()?;
         self.slots.get_mut().clear();
         self.degraded = Some(topo);
         Ok(())
