@@ -21,20 +21,20 @@ test:
 	$(CARGO) test --workspace
 
 golden:
-	MESHC_BLESS=1 $(CARGO) test --test golden --test layouts --test compiled --test cli --test refused --test distributed --test buffers --test pilot --test degraded --test placement
+	MESHC_BLESS=1 $(CARGO) test --test all
 	git status --short golden/
 
 testdata:
 	python3 tools/gen_testdata.py
 	python3 tools/gen_dp_train.py
 
-# Differential fuzzing of the whole pipeline (tests/fuzz.rs) for longer than `make test`
+# Differential fuzzing of the whole pipeline (tests/all/fuzz.rs) for longer than `make test`
 # does: FUZZ_CASES random graphs x layouts x options (about 20 minutes at the default on
 # two cores). A failure's minimised graph is written to target/fuzz-failure.txt.
 FUZZ_CASES ?= 150000
 fuzz:
 	MESHC_FUZZ_CASES=$(FUZZ_CASES) MESHC_FUZZ_SAVE=$(CURDIR)/target/fuzz-failure.txt PROPTEST_MAX_SHRINK_ITERS=100000 \
-		$(CARGO) test --test fuzz -- --nocapture
+		$(CARGO) test --test all -- --nocapture fuzz::
 
 bench:
 	$(CARGO) bench --bench gemm --bench pipeline --bench mesh --bench collectives --bench degraded --bench pilot --bench sendrecv --bench streams

@@ -435,7 +435,15 @@ impl Builder {
                     kernel.args.extend(sizes);
                 } else {
                     kernel.args.iter_mut().zip(sizes).for_each(|(a, s)| *a = (*a).min(s));
-                    kernel.in_place.retain(|k| shares.contains(k));
+                    // In place is a property of the code at a position (it reads each
+                    // element before writing that index): what one step's shapes show
+                    // safe holds for every step running the same bytes.
+                    for &k in &shares {
+                        if !kernel.in_place.contains(&k) {
+                            kernel.in_place.push(k);
+                        }
+                    }
+                    kernel.in_place.sort();
                 }
             }
             steps.push(Step { node: node.name.clone(), exec, buffers });

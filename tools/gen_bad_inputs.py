@@ -49,7 +49,7 @@ def main():
     files = {
         # A well-formed f32[3,4]: the reference the broken ones differ from.
         "w.npy": npy_bytes(w),
-        # A well-formed f32[2,3] for the input `x` of the param-*.json graphs (tests/cli.rs runs
+        # A well-formed f32[2,3] for the input `x` of the param-*.json graphs (tests/all/cli.rs runs
         # `interp` on them to see the param error rather than an input error).
         "x.npy": npy_bytes(np.arange(6, dtype=np.float32).reshape(2, 3)),
         # float64 data where meshc reads f32/i32/i64/bool only.

@@ -943,8 +943,8 @@ Each graph directory `NAME/` holds:
   (`cube-2x2x2`) and a torus (`torus-2x4`); placements on stages (`stages-*`: explicit,
   with and without per-stage layouts; `design-2x4`, `embed-on-0`: stages sharing devices
   with the whole mesh) and pipelines with micro-batches (`pipeline-*`).
-  Under each, the graph must still give `expected/` (tests/distributed.rs); what each
-  costs in collectives is stated there, in transfers in tests/placement.rs.
+  Under each, the graph must still give `expected/` (tests/all/distributed.rs); what each
+  costs in collectives is stated there, in transfers in tests/all/placement.rs.
 
 Expected outputs are computed by a numpy reference interpreter in float64 from the
 float32 data (so they are more accurate than f32 arithmetic), then cast to the output's

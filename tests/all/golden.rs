@@ -2,9 +2,7 @@
 //! fail with its pinned one-line error; the text form and `check` summary of every testdata
 //! graph are pinned too. `make golden` (MESHC_BLESS=1) rewrites the files instead.
 
-mod common;
-
-use common::{golden, meshc, testdata_graphs};
+use crate::common::{golden, meshc, testdata_graphs};
 use std::path::Path;
 
 #[test]

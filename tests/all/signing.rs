@@ -3,9 +3,7 @@
 //! modified artifacts (checksums recomputed, so only the signature can tell) before any
 //! code runs.
 
-mod common;
-
-use common::{meshc, scratch};
+use crate::common::{meshc, scratch};
 use meshc_runtime::artifact::{Artifact, SectionKind, Writer};
 
 const MLP: &str = "testdata/mlp/graph.json";
@@ -44,7 +42,7 @@ fn signed_artifacts_run_only_with_their_key() {
     let run = |art: &str, key: &str| meshc(&["run", &p(art), "--input", MLP_X, "--require-signature", &p(key)]);
     let ok = run("signed.mshc", "k.pub");
     assert_eq!(ok.status, Some(0), "{ok:?}");
-    let refused = |r: common::Run, want: &str| {
+    let refused = |r: crate::common::Run, want: &str| {
         assert_eq!(r.status, Some(1), "{r:?}");
         assert!(r.stderr.contains(want) && r.stdout.is_empty(), "want {want:?}: {r:?}");
     };

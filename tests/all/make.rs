@@ -1,9 +1,7 @@
 //! The build-system use of the depfile: with the Makefile's `artifacts` rule, an artifact is
 //! rebuilt when its graph or a weight file changes, and not otherwise.
 
-mod common;
-
-use common::scratch;
+use crate::common::scratch;
 use std::process::Command;
 
 fn make(args: &[&str]) -> std::process::Output {

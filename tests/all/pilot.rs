@@ -3,12 +3,10 @@
 //! documented priority, keep=1.0 keeps everything, and the `--dump-after pilot` text is
 //! pinned in golden/pilot/. Also the simplifications and the CLI's refusals.
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use common::{golden, meshc, scratch};
+use crate::common::{golden, meshc, scratch};
 use meshc::passes::pilot::{run, simplify_params, Config, Select, Simplify, WeightMask, DEFAULT_BLOCK};
 use meshc_ir::{Data, Tensor};
 
@@ -156,7 +154,7 @@ fn simplifications() {
     assert_eq!(w1.flops, 2 * (BATCH * IN * HIDDEN) as u64, "FLOPs are those of the real graph");
 }
 
-fn compile(m: &Mlp, extra: &[&str]) -> common::Run {
+fn compile(m: &Mlp, extra: &[&str]) -> crate::common::Run {
     let (out, graph, x) = (m.dir.join("out.mshc"), m.graph(), m.pilot_x());
     let mut args = vec!["compile", graph.to_str().unwrap(), "-o", out.to_str().unwrap()];
     args.extend(extra.iter().copied().map(|a| if a == "X" { x.as_str() } else { a }));

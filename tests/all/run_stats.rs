@@ -2,11 +2,9 @@
 //! 2×4 torus: the link report names neighbouring links only and ends with their maximum; the
 //! trace is Chrome trace-event JSON with one named track per device and an event per step.
 
-mod common;
-
 use std::path::Path;
 
-use common::{input_args, meshc, scratch};
+use crate::common::{input_args, meshc, scratch};
 
 /// Runs the MLP (with `layout`, if any) with both flags; returns stdout and the trace.
 fn run(layout: Option<&str>, name: &str) -> (String, serde_json::Value) {

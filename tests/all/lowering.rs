@@ -3,8 +3,6 @@
 //! (`mesh_interp`), and random small graphs, lowered, compiled and run by the multi-device
 //! runner as well, must equal the single-device interpreter.
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
@@ -92,10 +90,10 @@ proptest! {
         b in 0usize..2, d in 0usize..2, ops in proptest::collection::vec((0u8..12, 0u8..16, 0u8..4), 2..8),
         mesh in 0usize..6, picks in proptest::collection::vec(proptest::collection::vec(0u8..8, 4), 16), density in 1usize..4
     ) {
-        let src = common::random_graph([4, 8][b], [4, 8][d], &ops);
+        let src = crate::common::random_graph([4, 8][b], [4, 8][d], &ops);
         let c = random_case(&src);
-        let mesh = &common::meshes()[mesh];
-        let seeds = common::random_seeds(&c.g, &c.info, mesh, &picks, density);
+        let mesh = &crate::common::meshes()[mesh];
+        let seeds = crate::common::random_seeds(&c.g, &c.info, mesh, &picks, density);
         check(&c, mesh, seeds.clone()).map_err(|e| TestCaseError::fail(format!("{e}\n{src}")))?;
         check_compiled(&c, mesh, seeds).map_err(|e| TestCaseError::fail(format!("{e}\n{src}")))?;
     }
@@ -107,10 +105,10 @@ proptest! {
     fn random_layouts_lower_to_the_single_device_result(
         graph in 0usize..16, mesh in 0usize..6, picks in proptest::collection::vec(proptest::collection::vec(0u8..8, 4), 64), density in 1usize..4
     ) {
-        let graphs = common::testdata_graphs();
+        let graphs = crate::common::testdata_graphs();
         let dir = graphs[graph % graphs.len()].parent().unwrap().to_path_buf();
         let c = case(&dir);
-        let mesh = &common::meshes()[mesh];
-        check(&c, mesh, common::random_seeds(&c.g, &c.info, mesh, &picks, density)).map_err(TestCaseError::fail)?;
+        let mesh = &crate::common::meshes()[mesh];
+        check(&c, mesh, crate::common::random_seeds(&c.g, &c.info, mesh, &picks, density)).map_err(TestCaseError::fail)?;
     }
 }

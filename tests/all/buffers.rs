@@ -9,8 +9,6 @@
 //! `--dump-after buffers` and `--dump-after streams` of every testdata graph and of one
 //! layout.
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
@@ -278,36 +276,42 @@ proptest! {
         b in 0usize..2, d in 0usize..2, ops in proptest::collection::vec((0u8..12, 0u8..16, 0u8..4), 2..12),
         mesh in 0usize..7, picks in proptest::collection::vec(proptest::collection::vec(0u8..8, 4), 24), density in 1usize..4
     ) {
-        let src = common::random_graph([4, 8][b], [4, 8][d], &ops);
+        let src = crate::common::random_graph([4, 8][b], [4, 8][d], &ops);
         let g = meshc_ir::text::parse(&src).unwrap();
         let info = meshc_ir::verify::verify(&g).unwrap();
         let params = meshc_ir::params::load_all(&g, Path::new(".")).unwrap();
-        let meshes = common::meshes();
+        let meshes = crate::common::meshes();
         // The last draw is one device without a layout.
-        let layouts = meshes.get(mesh).map(|m| (m, common::random_seeds(&g, &info, m, &picks, density)));
+        let layouts = meshes.get(mesh).map(|m| (m, crate::common::random_seeds(&g, &info, m, &picks, density)));
         check_graph(&g, &info, layouts, &params, &random_input(&g)).map_err(|e| TestCaseError::fail(format!("{e}\n{src}")))?;
     }
 }
 
 #[test]
 fn testdata_graphs_and_layouts_plan_sound_arenas_that_compute_the_same() {
-    for graph in common::testdata_graphs() {
+    for graph in crate::common::testdata_graphs() {
         let (g, info) = meshc_ir::load::load(&graph).unwrap();
         let params = meshc_ir::params::load_all(&g, graph.parent().unwrap()).unwrap();
-        let inputs = common::testdata_inputs(&graph, &g).unwrap();
+        let inputs = crate::common::testdata_inputs(&graph, &g).unwrap();
         let (arena, naive) =
             check_graph(&g, &info, None, &params, &inputs).unwrap_or_else(|e| panic!("{}: {e}", graph.display()));
         if graph.parent().unwrap().ends_with("transformer") {
             assert!(arena * 10 <= naive * 4, "transformer: arena {arena} bytes is over 40% of naive {naive}");
         }
     }
-    for case in common::layout_cases() {
+    for case in crate::common::layout_cases() {
         let (g, info) = meshc_ir::load::load(&case.graph).unwrap();
         let params = meshc_ir::params::load_all(&g, case.graph.parent().unwrap()).unwrap();
         let spec = meshc::layout::load(&case.spec).unwrap();
         let seeds = spec.seed_layouts(&g, &info).unwrap();
-        check_graph(&g, &info, Some((&spec.mesh, seeds)), &params, &common::testdata_inputs(&case.graph, &g).unwrap())
-            .unwrap_or_else(|e| panic!("{}: {e}", case.label));
+        check_graph(
+            &g,
+            &info,
+            Some((&spec.mesh, seeds)),
+            &params,
+            &crate::common::testdata_inputs(&case.graph, &g).unwrap(),
+        )
+        .unwrap_or_else(|e| panic!("{}: {e}", case.label));
     }
 }
 
@@ -316,7 +320,7 @@ fn testdata_graphs_and_layouts_plan_sound_arenas_that_compute_the_same() {
 /// are sound and compute bit for bit what one stream computes.
 #[test]
 fn testdata_layouts_through_the_driver_plan_sound_streams() {
-    for case in common::layout_cases() {
+    for case in crate::common::layout_cases() {
         let (g, info) = meshc_ir::load::load(&case.graph).unwrap();
         let params = meshc_ir::params::load_all(&g, case.graph.parent().unwrap()).unwrap();
         let spec = meshc::layout::load(&case.spec).unwrap();
@@ -325,7 +329,7 @@ fn testdata_layouts_through_the_driver_plan_sound_streams() {
             meshc::driver::build(&g, &info, Some(&spec), &params, &opts, &meshc::driver::Dumps::default(), None)
                 .unwrap_or_else(|e| panic!("{}: {e:#}", case.label))
         };
-        let inputs = common::testdata_inputs(&case.graph, &g).unwrap();
+        let inputs = crate::common::testdata_inputs(&case.graph, &g).unwrap();
         let want = run(build(Config { single: true, ..Config::default() }), &inputs).unwrap();
         let c = build(Config { compute_streams: 2, comm_always: true, ..Config::default() });
         for p in &c.programs {
@@ -340,20 +344,20 @@ fn testdata_layouts_through_the_driver_plan_sound_streams() {
 
 #[test]
 fn dumps_after_buffers_and_streams_are_pinned() {
-    let out = common::scratch("buffers-dump").join("graph.mshc");
+    let out = crate::common::scratch("buffers-dump").join("graph.mshc");
     let mut failures = Vec::new();
     let mut dump = |label: &str, args: &[&str]| {
         for pass in ["buffers", "streams"] {
             let mut all = vec!["compile", args[0], "-o", out.to_str().unwrap(), "--dump-after", pass];
             all.extend(&args[1..]);
-            let r = common::meshc(&all);
+            let r = crate::common::meshc(&all);
             assert_eq!(r.status, Some(0), "{label}: {}", r.stderr);
-            if let Err(e) = common::golden(&format!("{pass}/{label}.txt"), &r.stdout) {
+            if let Err(e) = crate::common::golden(&format!("{pass}/{label}.txt"), &r.stdout) {
                 failures.push(e);
             }
         }
     };
-    for graph in common::testdata_graphs() {
+    for graph in crate::common::testdata_graphs() {
         let name = graph.parent().unwrap().file_name().unwrap().to_string_lossy().to_string();
         dump(&name, &[graph.to_str().unwrap()]);
     }
@@ -365,7 +369,7 @@ fn dumps_after_buffers_and_streams_are_pinned() {
         ("transformer-mp-8", "transformer-mp-8-comm", Some("--comm-stream=always")),
     ];
     for (layout, label, extra) in cases {
-        let case = common::layout_cases().into_iter().find(|c| c.label == layout).expect("the layout");
+        let case = crate::common::layout_cases().into_iter().find(|c| c.label == layout).expect("the layout");
         let mut args = vec![case.graph.to_str().unwrap(), "--layout", case.spec.to_str().unwrap()];
         args.extend(extra);
         dump(label, &args);

@@ -4,9 +4,7 @@
 //! fixes for its graph are pinned too (golden/layouts/<graph>-<layout>.txt).
 //! MESHC_BLESS=1 rewrites the pinned files instead.
 
-mod common;
-
-use common::{golden, layout_cases, meshc};
+use crate::common::{golden, layout_cases, meshc};
 use std::path::PathBuf;
 
 const MLP: &str = "testdata/mlp/graph.json";

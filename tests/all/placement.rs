@@ -2,7 +2,7 @@
 //! (`testdata/*/layouts/{stages,pipeline}-*.json`, `design-2x4`, `embed-on-0`: explicit and
 //! automatic stages, with and without per-stage layouts, stages sharing devices, with and
 //! without micro-batches)
-//! already give the single-device answer in tests/distributed.rs (reference execution,
+//! already give the single-device answer in tests/all/distributed.rs (reference execution,
 //! `meshc run GRAPH`, compiled artifacts); here:
 //! - each states the transfers it costs (`TRANSFERS`), read from `meshc inspect`;
 //! - the dumps after `place` and `sendrecv` are pinned in golden/place/, and `inspect` of a
@@ -11,9 +11,7 @@
 //!   several, gives the single-device answer, and says by how much a graph fits nowhere;
 //! - explicit placements that cannot be honoured are refused with a one-line error.
 
-mod common;
-
-use common::{golden, input_args, layout_cases, meshc, scratch, LayoutCase};
+use crate::common::{golden, input_args, layout_cases, meshc, scratch, LayoutCase};
 
 /// A send/recv pair as stated: (key, bytes, protocol).
 type Pair = (&'static str, usize, &'static str);
@@ -75,7 +73,7 @@ fn placed_cases() -> Vec<LayoutCase> {
     cases
 }
 
-fn compile(graph: &str, spec: &str, out: &std::path::Path, extra: &[&str]) -> common::Run {
+fn compile(graph: &str, spec: &str, out: &std::path::Path, extra: &[&str]) -> crate::common::Run {
     let mut args = vec!["compile", graph, "--layout", spec, "-o", out.to_str().unwrap()];
     args.extend_from_slice(extra);
     meshc(&args)
@@ -146,7 +144,7 @@ fn inspect_of_a_placed_artifact_is_pinned() {
 
 /// Runs `graph` compiled with `spec` (written to the scratch dir) against its expected
 /// outputs; returns the compile's result.
-fn compile_and_run(name: &str, graph: &str, spec: &str) -> common::Run {
+fn compile_and_run(name: &str, graph: &str, spec: &str) -> crate::common::Run {
     let dir = scratch(&format!("placement-{name}"));
     let spec_file = dir.join(format!("{name}.json"));
     std::fs::write(&spec_file, spec).unwrap();
@@ -392,9 +390,9 @@ fn reference_run(graph: &str, spec: &str) -> Result<(), String> {
     let p = meshc::passes::place::place(&g, &info, &spec).map_err(|e| format!("{e:#}"))?.expect("placed");
     let lowered =
         meshc::driver::lower_placed(&g, &info, &spec, &p, &Default::default()).map_err(|e| format!("{e:#}"))?;
-    let inputs = common::testdata_inputs(path, &g).map_err(|e| e.to_string())?;
+    let inputs = crate::common::testdata_inputs(path, &g).map_err(|e| e.to_string())?;
     let got = meshc::mesh_interp::run(&lowered, &params, &inputs).map_err(|e| format!("{e:#}"))?;
-    common::matches_expected(path, &got)
+    crate::common::matches_expected(path, &got)
 }
 
 proptest::proptest! {
@@ -417,9 +415,9 @@ fn compiled_run(graph: &str, spec: &str) -> Result<(), String> {
     let c = meshc::driver::build(&g, &info, Some(&spec), &params, &opts, &Default::default(), None)
         .map_err(|e| format!("{e:#}"))?;
     let l = c.load().map_err(|e| format!("{e:#}"))?;
-    let inputs = common::testdata_inputs(path, &g).map_err(|e| e.to_string())?;
+    let inputs = crate::common::testdata_inputs(path, &g).map_err(|e| e.to_string())?;
     for _ in 0..2 {
-        common::matches_expected(path, &l.run(&inputs).map_err(|e| format!("{e:#}"))?)?;
+        crate::common::matches_expected(path, &l.run(&inputs).map_err(|e| format!("{e:#}"))?)?;
     }
     Ok(())
 }

@@ -3,12 +3,10 @@
 //! `--output-dir`, two outputs to one file are refused, a full disk (a file-size limit)
 //! and SIGTERM leave the old file and no temporary behind.
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 
-use common::{input_args, meshc, scratch};
+use crate::common::{input_args, meshc, scratch};
 
 const MLP_X: &str = "x=testdata/mlp/inputs/x.npy";
 

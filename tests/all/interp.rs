@@ -2,9 +2,7 @@
 //! binary (`meshc interp`), must reproduce the expected outputs tools/gen_testdata.py
 //! computed in float64, within the tolerance of testdata/README.md.
 
-mod common;
-
-use common::{compare_expected, input_args, meshc, scratch, testdata_graphs};
+use crate::common::{compare_expected, input_args, meshc, scratch, testdata_graphs};
 
 #[test]
 fn interp_matches_numpy_on_every_testdata_graph() {

@@ -6,11 +6,9 @@
 //! exactly nothing and skips exactly those blocks; keep 1.0 is the unpruned artifact, byte
 //! for byte.
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap};
 
-use common::{meshc, scratch};
+use crate::common::{meshc, scratch};
 use meshc::compile::{Compiled, Gemm, Options};
 use meshc::driver::{self, Dumps};
 use meshc::passes::pilot::{self, Config, Select, Simplify};
@@ -179,10 +177,13 @@ fn both_matmul_paths_compute_the_pruned_graph() {
         let inputs = input(5, false);
         let want = oracle(&m, &cfg, &inputs);
         let (unpruned, _) = run(build(&m, None, Gemm::Library, None), &inputs);
-        assert!(common::assert_close("unpruned", &unpruned["y"], &want).is_err(), "keep {keep}: pruning changes y");
+        assert!(
+            crate::common::assert_close("unpruned", &unpruned["y"], &want).is_err(),
+            "keep {keep}: pruning changes y"
+        );
         for gemm in [Gemm::Cranelift, Gemm::Library] {
             let (got, masks) = run(build(&m, None, gemm, Some(&cfg)), &inputs);
-            common::assert_close(&format!("keep {keep} {gemm:?}"), &got["y"], &want).unwrap();
+            crate::common::assert_close(&format!("keep {keep} {gemm:?}"), &got["y"], &want).unwrap();
             let kept = masks["w1"].cols_kept();
             assert_eq!(kept, (keep * (HIDDEN / BLOCK) as f64).ceil() as usize * BLOCK, "keep {keep}");
             assert_eq!(masks["w2"].rows_kept(), kept);
@@ -220,7 +221,7 @@ fn masked_runs_under_layouts_equal_one_device() {
         for gemm in [Gemm::Cranelift, Gemm::Library] {
             let (got, masks) = run(build(&m, Some(file.to_str().unwrap()), gemm, Some(&cfg)), &inputs);
             assert!(!masks.is_empty(), "{name}: device 0 has masked weights");
-            common::assert_close(&format!("{name} {gemm:?}"), &got["y"], &single["y"]).unwrap();
+            crate::common::assert_close(&format!("{name} {gemm:?}"), &got["y"], &single["y"]).unwrap();
         }
     }
 }
@@ -368,7 +369,7 @@ fn apply_prunes_only_what_stays_exactly_zero() {
     let m = (g, info, params);
     let want = oracle(&m, &cfg, &HashMap::from([("x".to_string(), x.clone())]));
     let (got, _) = run(build(&m, None, Gemm::Cranelift, Some(&cfg)), &HashMap::from([("x".to_string(), x)]));
-    common::assert_close("sigmoid chain", &got["y"], &want).unwrap();
+    crate::common::assert_close("sigmoid chain", &got["y"], &want).unwrap();
 }
 
 /// Three layers: the middle weight loses rows (the first layer's pruned features) and
@@ -405,7 +406,7 @@ fn deep_mlp_prunes_rows_and_columns_of_one_weight() {
     for layout in [None, Some(spec.to_str().unwrap())] {
         for gemm in [Gemm::Cranelift, Gemm::Library] {
             let (got, masks) = run(build(&m, layout, gemm, Some(&cfg)), &inputs);
-            common::assert_close(&format!("{layout:?} {gemm:?}"), &got["y"], &want).unwrap();
+            crate::common::assert_close(&format!("{layout:?} {gemm:?}"), &got["y"], &want).unwrap();
             if layout.is_none() {
                 let w2 = &masks["w2"];
                 assert!(w2.rows_kept() < 64 && w2.cols_kept() < 48, "{w2:?}");
@@ -434,7 +435,7 @@ fn masked_runs_under_placements_equal_one_device() {
             let masked = c.programs.iter().flat_map(|p| &p.buffers).filter(|b| b.mask.is_some()).count();
             assert!(masked >= 2, "{spec}: the devices hold masked weights");
             let (got, _) = run(c, &inputs);
-            common::assert_close(&format!("{spec} {gemm:?}"), &got["y"], &single["y"]).unwrap();
+            crate::common::assert_close(&format!("{spec} {gemm:?}"), &got["y"], &single["y"]).unwrap();
         }
     }
 }

@@ -9,8 +9,6 @@
 //! prints the minimised graph in the text format, and with `MESHC_FUZZ_SAVE=FILE` writes
 //! it there: add it to testdata/regress/ with the fix.
 
-mod common;
-
 use std::collections::HashMap;
 
 use meshc::compile::{Gemm, Options};
@@ -173,7 +171,7 @@ fn options(o: u8) -> Options {
 
 /// A legal layout spec for some values of `g` on one of the test meshes, as JSON.
 fn spec(g: &meshc_ir::Graph, info: &meshc_ir::verify::Info, mesh_pick: u8, picks: &[u8]) -> String {
-    let meshes = common::meshes();
+    let meshes = crate::common::meshes();
     let mesh = &meshes[mesh_pick as usize % meshes.len()];
     let names =
         g.inputs.iter().map(|i| &i.name).chain(g.params.iter().map(|p| &p.name)).chain(g.nodes.iter().map(|n| &n.name));
@@ -183,7 +181,7 @@ fn spec(g: &meshc_ir::Graph, info: &meshc_ir::verify::Info, mesh_pick: u8, picks
             continue;
         }
         let picks: Vec<u8> = (0..4).map(|d| picks[(k + d) % picks.len()].rotate_left(d as u32 + k as u32)).collect();
-        let l = common::layout_from(mesh, &info.types[name].shape, &picks);
+        let l = crate::common::layout_from(mesh, &info.types[name].shape, &picks);
         let axes: Vec<String> =
             l.iter().map(|a| a.map_or("null".into(), |a| format!("\"{}\"", mesh.axes[a]))).collect();
         layouts.push(format!("\"{name}\": [{}]", axes.join(", ")));
@@ -282,7 +280,7 @@ proptest! {
 /// against `interp`, on the same inputs.
 #[test]
 fn regression_graphs_run_as_the_interpreter_does() {
-    let dir = common::scratch("regress");
+    let dir = crate::common::scratch("regress");
     let mut graphs: Vec<_> = std::fs::read_dir("testdata/regress")
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -303,7 +301,7 @@ fn regression_graphs_run_as_the_interpreter_does() {
             a.extend(args.iter().cloned());
             a.extend(["--output-dir".into(), dir.join(out).display().to_string()]);
             let a: Vec<&str> = a.iter().map(String::as_str).collect();
-            let r = common::meshc(&a);
+            let r = crate::common::meshc(&a);
             assert_eq!(r.status, Some(0), "{}: meshc {cmd}: {}", path.display(), r.stderr);
         }
         for o in &g.outputs {
@@ -324,7 +322,7 @@ struct Base {
 fn bases() -> &'static Vec<Base> {
     static BASES: std::sync::OnceLock<Vec<Base>> = std::sync::OnceLock::new();
     BASES.get_or_init(|| {
-        let dir = common::scratch("mutate-base");
+        let dir = crate::common::scratch("mutate-base");
         let cases = [
             ("testdata/mlp/graph.json", Some("testdata/mlp/layouts/mp-2x4.json")),
             ("testdata/transformer/graph.json", None),
@@ -337,14 +335,14 @@ fn bases() -> &'static Vec<Base> {
                 let art = dir.join(format!("{k}.mshc"));
                 let mut args = vec!["compile", graph, "-o", art.to_str().unwrap(), "--gemm", "cranelift"];
                 args.extend(layout.iter().flat_map(|l| ["--layout", *l]));
-                assert_eq!(common::meshc(&args).status, Some(0), "{args:?}");
+                assert_eq!(crate::common::meshc(&args).status, Some(0), "{args:?}");
                 let a = meshc_runtime::artifact::Artifact::open(&art).unwrap();
                 let sections = a
                     .sections()
                     .iter()
                     .map(|s| (s.kind, s.align as usize, a.section(s.kind).unwrap().to_vec()))
                     .collect();
-                let inputs = common::input_args(std::path::Path::new(graph));
+                let inputs = crate::common::input_args(std::path::Path::new(graph));
                 run_artifact(&art, &inputs, &dir.join(format!("{k}-out"))).expect("runs").expect("accepted");
                 Base { sections, inputs }
             })
@@ -361,7 +359,7 @@ fn run_artifact(art: &std::path::Path, inputs: &[String], out: &std::path::Path)
     args.extend(inputs.iter().cloned());
     args.extend(["--output-dir".into(), out.display().to_string()]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let r = common::meshc(&args);
+    let r = crate::common::meshc(&args);
     match r.status {
         Some(0) => {}
         Some(1) if r.stderr.lines().count() == 1 && !r.stderr.contains("panicked") => return Ok(None),
@@ -446,7 +444,7 @@ proptest! {
             }
         }
         prop_assume!(changed);
-        let dir = common::scratch(&format!("mutate-{base}-{pick}-{how}"));
+        let dir = crate::common::scratch(&format!("mutate-{base}-{pick}-{how}"));
         let art = dir.join("m.mshc");
         w.write(&art).unwrap();
         let result = run_artifact(&art, &b.inputs, &dir.join("out"));

@@ -8,20 +8,18 @@
 //! splits params cannot lose a device; `--degrade-strict`; a device that stops answering
 //! (`--fail-device`) is named within the timeout; bad devices and links are one-line errors.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use common::{golden, input_args, meshc};
+use crate::common::{golden, input_args, meshc};
 use meshc_runtime::degraded::{coords_string, execute, plan, plan_group, Degradation, Topo};
 use meshc_runtime::mesh::{Mesh, Topology};
 
-fn run(layout: &str, extra: &[&str]) -> common::Run {
+fn run(layout: &str, extra: &[&str]) -> crate::common::Run {
     run_graph("mlp", layout, extra)
 }
 
-fn run_graph(name: &str, layout: &str, extra: &[&str]) -> common::Run {
+fn run_graph(name: &str, layout: &str, extra: &[&str]) -> crate::common::Run {
     let graph = format!("testdata/{name}/graph.json");
     let graph = Path::new(&graph);
     let mut args = vec!["run".to_string(), graph.display().to_string(), "--layout".into(), layout.into()];
@@ -41,13 +39,13 @@ fn a_failed_device_carries_nothing_and_the_busiest_link_is_compared_with_the_fau
     assert!(!links.is_empty() && links.iter().all(|l| !l.contains("(1,1)")), "{r:?}");
     assert!(r.stdout.contains("\nfault-free max link bytes 3076 (degraded/fault-free "), "{r:?}");
     // Device (1,1)'s replica is left out of the update.
-    let w1 = |r: &common::Run| r.stdout.lines().find(|l| l.starts_with("w1_new: ")).map(str::to_string);
+    let w1 = |r: &crate::common::Run| r.stdout.lines().find(|l| l.starts_with("w1_new: ")).map(str::to_string);
     assert_ne!(w1(&r), w1(&free));
 }
 
 #[test]
 fn a_layout_that_splits_params_cannot_lose_a_device() {
-    let dir = common::scratch("degraded-model-shards");
+    let dir = crate::common::scratch("degraded-model-shards");
     let spec = dir.join("mp-4-degraded.json");
     std::fs::write(
         &spec,
@@ -507,7 +505,7 @@ fn strict_makes_the_ends_of_a_failed_link_carry_nothing() {
     assert!(!links.is_empty() && links.iter().all(|l| !l.contains("(0,0)") && !l.contains("(0,1)")), "{strict:?}");
 }
 
-fn dp_train(args: &[&str]) -> common::Run {
+fn dp_train(args: &[&str]) -> crate::common::Run {
     let d = "testdata/dp_train";
     let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
     if args[0] == "run" {
@@ -523,7 +521,7 @@ fn dp_train(args: &[&str]) -> common::Run {
 #[test]
 fn a_training_step_on_a_degraded_torus_updates_from_the_healthy_replicas_only() {
     let d = "testdata/dp_train";
-    let dir = common::scratch("degraded-dp-train");
+    let dir = crate::common::scratch("degraded-dp-train");
     let (free, degraded) = (dir.join("free.mshc"), dir.join("degraded.mshc"));
     let (free, degraded) = (free.to_str().unwrap(), degraded.to_str().unwrap());
     let c = dp_train(&[
@@ -577,7 +575,7 @@ fn a_training_step_on_a_degraded_torus_updates_from_the_healthy_replicas_only() 
 /// healthy device holds them (its data-parallel shard was dropped).
 #[test]
 fn output_blocks_of_a_failed_device_come_from_a_replica_or_read_nan() {
-    let dir = common::scratch("degraded-outputs");
+    let dir = crate::common::scratch("degraded-outputs");
     let spec = dir.join("dp-4.json");
     std::fs::write(
         &spec,
@@ -649,7 +647,7 @@ fn a_failed_link_reroutes_a_model_parallel_all_reduce_at_run_time() {
 /// through stage 2's devices.)
 #[test]
 fn a_pipeline_keeps_its_devices_but_routes_around_a_failed_link() {
-    let dir = common::scratch("degraded-stages");
+    let dir = crate::common::scratch("degraded-stages");
     let spec = dir.join("stages.json");
     let t = "testdata/transformer";
     let base = std::fs::read_to_string(format!("{t}/layouts/stages-4x2.json")).unwrap();

@@ -11,15 +11,13 @@
 //! golden/lower/<graph>-<layout>.txt and `meshc inspect` of one multi-device artifact in
 //! golden/inspect/; MESHC_BLESS=1 rewrites those.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use anyhow::{Context, Result};
-use common::{
+use crate::common::{
     compare_expected, golden, input_args, layout_cases, matches_expected, meshc, scratch, testdata_inputs, LayoutCase,
 };
+use anyhow::{Context, Result};
 use meshc::passes::layout::propagate;
 use meshc::passes::lower::{lower, Lowered};
 use meshc_ir::{Attr, Tensor};
@@ -154,7 +152,7 @@ fn reference_execution_of_every_layout_gives_the_expected_outputs() {
                             lowered.mesh.devices()
                         ));
                     }
-                    // Placed specs state their transfers in tests/placement.rs instead.
+                    // Placed specs state their transfers in tests/all/placement.rs instead.
                     if lowered.io_stages.is_empty() {
                         communication_as_stated(c, &lowered)?;
                     }

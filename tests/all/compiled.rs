@@ -4,9 +4,7 @@
 //! tolerance of testdata/README.md. Also: byte-identical artifacts, the depfile, `inspect`
 //! pinned in golden/, and refusal of damaged artifacts before any code is mapped.
 
-mod common;
-
-use common::{compare_expected, golden, input_args, meshc, scratch, testdata_graphs};
+use crate::common::{compare_expected, golden, input_args, meshc, scratch, testdata_graphs};
 use std::path::Path;
 
 fn graph_name(g: &Path) -> String {
@@ -251,7 +249,7 @@ fn split_kernels_match_one_thread_and_the_interpreter() {
     for name in ["chain", "flat", "sm", "ln"] {
         let read = |d: &Path| meshc_ir::Tensor::read_npy(&d.join(format!("{name}.npy"))).unwrap();
         let (want, one, two) = (read(&outs[0]), read(&outs[1]), read(&outs[2]));
-        common::assert_close(name, &one, &want).unwrap();
+        crate::common::assert_close(name, &one, &want).unwrap();
         assert!(one.to_le_bytes() == two.to_le_bytes(), "{name}: 2 threads differ from 1");
     }
 }

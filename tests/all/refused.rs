@@ -2,9 +2,7 @@
 //! error before anything runs: code needing a CPU feature this machine lacks (never
 //! SIGILL), and programs whose numbers point outside what they describe (never a panic).
 
-mod common;
-
-use common::{golden, meshc, scratch};
+use crate::common::{golden, meshc, scratch};
 use std::path::Path;
 
 fn compiled_mlp() -> meshc::compile::Compiled {

@@ -3,9 +3,7 @@
 //! round-trips every testdata graph; `interp --output` writes exactly what it is asked to.
 //! `make golden` (MESHC_BLESS=1) rewrites the pinned messages instead.
 
-mod common;
-
-use common::{golden, meshc, scratch, testdata_graphs, Run};
+use crate::common::{golden, meshc, scratch, testdata_graphs, Run};
 use std::path::{Path, PathBuf};
 
 const MLP: &str = "testdata/mlp/graph.json";
@@ -199,20 +197,20 @@ fn interp_output_writes_exactly_that_file() {
     let graph = Path::new("testdata/reductions/graph.json");
     let out = dir.join("the_max.npy");
     let mut args: Vec<String> = vec!["interp".into(), graph.display().to_string()];
-    args.extend(common::input_args(graph));
+    args.extend(crate::common::input_args(graph));
     args.extend(["--output".to_string(), format!("max_1={}", out.display())]);
     let run = ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(run.stdout.is_empty(), "--output should print nothing, got {:?}", run.stdout);
     assert_eq!(files_in(&dir), vec![out.clone()], "exactly the requested file is written");
     let got = meshc_ir::Tensor::read_npy(&out).unwrap();
     let want = meshc_ir::Tensor::read_npy(Path::new("testdata/reductions/expected/max_1.npy")).unwrap();
-    common::assert_close("reductions max_1", &got, &want).unwrap();
+    crate::common::assert_close("reductions max_1", &got, &want).unwrap();
 
     // Two outputs, two files.
     let dir2 = scratch("interp-output-two");
     let (a, b) = (dir2.join("a.npy"), dir2.join("b.npy"));
     let mut args: Vec<String> = vec!["interp".into(), graph.display().to_string()];
-    args.extend(common::input_args(graph));
+    args.extend(crate::common::input_args(graph));
     args.extend([
         "--output".into(),
         format!("sum_all={}", a.display()),
@@ -222,7 +220,7 @@ fn interp_output_writes_exactly_that_file() {
     ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(files_in(&dir2), vec![a.clone(), b.clone()]);
     let want_b = meshc_ir::Tensor::read_npy(Path::new("testdata/reductions/expected/c_sum.npy")).unwrap();
-    common::assert_close("reductions c_sum", &meshc_ir::Tensor::read_npy(&b).unwrap(), &want_b).unwrap();
+    crate::common::assert_close("reductions c_sum", &meshc_ir::Tensor::read_npy(&b).unwrap(), &want_b).unwrap();
 }
 
 /// `--output-dir` writes one NAME.npy per graph output, and nothing else.
@@ -231,13 +229,13 @@ fn interp_output_dir_writes_every_output() {
     let dir = scratch("interp-output-dir");
     let graph = Path::new("testdata/reductions/graph.json");
     let mut args: Vec<String> = vec!["interp".into(), graph.display().to_string()];
-    args.extend(common::input_args(graph));
+    args.extend(crate::common::input_args(graph));
     args.extend(["--output-dir".to_string(), dir.join("out").display().to_string()]);
     ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let names =
         |d: &Path| files_in(d).iter().map(|p| p.file_name().unwrap().to_string_lossy().to_string()).collect::<Vec<_>>();
     assert_eq!(names(&dir.join("out")), names(Path::new("testdata/reductions/expected")));
-    assert_eq!(common::compare_expected(graph, &dir.join("out")), Ok(16));
+    assert_eq!(crate::common::compare_expected(graph, &dir.join("out")), Ok(16));
 }
 
 /// Without `--output`, interp prints one summary line per output to stdout.

@@ -1,0 +1,24 @@
+//! Every integration test in one binary, a module per topic (cargo links one test
+//! binary instead of one per file, and runs every test in one pool of threads).
+
+mod common;
+
+mod buffers;
+mod cli;
+mod compiled;
+mod degraded;
+mod distributed;
+mod fuzz;
+mod golden;
+mod interp;
+mod layouts;
+mod lowering;
+mod make;
+mod masked;
+mod modules;
+mod outputs;
+mod pilot;
+mod placement;
+mod refused;
+mod run_stats;
+mod signing;
