@@ -38,7 +38,7 @@ def modules(src):
 
 def strip_tests(text):
     """The file without its `#[cfg(test)]` modules (tests may reach anywhere) and comments."""
-    i = text.find("#[cfg(test)]\nmod tests")
+    i = min((text.find(t) for t in ("#[cfg(test)]\nmod tests", "#[cfg(test)]\npub(crate) mod tests") if t in text), default=-1)
     text = text if i < 0 else text[:i]
     return "\n".join(line.split("//")[0] for line in text.splitlines())
 

@@ -31,6 +31,7 @@ fn modules(src: &Path) -> BTreeMap<Module, String> {
             }
             let text = std::fs::read_to_string(&p).unwrap();
             let text = text.split("#[cfg(test)]\nmod tests").next().unwrap();
+            let text = text.split("#[cfg(test)]\npub(crate) mod tests").next().unwrap();
             let text: Vec<&str> = text.lines().map(|l| l.split("//").next().unwrap()).collect();
             out.insert(m, text.join("\n"));
         }
