@@ -51,8 +51,13 @@ impl Dumps {
             Some(dir) => {
                 let n = PASSES.iter().position(|p| *p == pass).expect("a known pass") + 1;
                 let file = dir.join(format!("{n:02}-{pass}.txt"));
+                // Each dump appears whole, as its pass completes: a compile that fails in a
+                // later pass keeps the dumps that show how far it got.
+                let mut out = Outputs::new();
                 std::fs::create_dir_all(dir)
-                    .and_then(|_| std::fs::write(&file, text))
+                    .map_err(anyhow::Error::from)
+                    .and_then(|_| out.write_bytes(&file, text.as_bytes()))
+                    .and_then(|_| out.commit())
                     .with_context(|| format!("--dump-dir: cannot write {}", file.display()))
             }
             None => {
