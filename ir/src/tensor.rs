@@ -99,6 +99,23 @@ fn npy_data_offset(bytes: &[u8]) -> usize {
 
 const NPY_MAGIC: &[u8] = b"\x93NUMPY";
 
+/// The largest `.safetensors` header read (the format's own limit).
+const MAX_SAFETENSORS_HEADER: u64 = 100_000_000;
+
+/// Where the data a `.safetensors` header (its JSON) declares ends: the largest end offset.
+fn safetensors_data_end(header: &[u8]) -> Result<u64> {
+    let bad = |why: String| Error::new(format!("not a valid .safetensors file: {why}"));
+    let v: serde_json::Value = serde_json::from_slice(header).map_err(|e| bad(format!("header: {e}")))?;
+    let entries = v.as_object().ok_or_else(|| bad("the header is not an object".into()))?;
+    let mut ends = entries.iter().filter(|(k, _)| *k != "__metadata__").map(|(k, t)| {
+        t.get("data_offsets")
+            .and_then(|o| o.get(1))
+            .and_then(serde_json::Value::as_u64)
+            .ok_or_else(|| bad(format!("tensor '{}' has no data_offsets", crate::error::shorten(k))))
+    });
+    ends.try_fold(0, |m, e| Ok(m.max(e?)))
+}
+
 /// The largest `.npy` header read (numpy writes a few hundred bytes; a header claiming
 /// gigabytes is a hostile or broken file).
 const MAX_NPY_HEADER: usize = 1 << 20;
@@ -347,8 +364,32 @@ impl Tensor {
     /// Reads the tensor `key` of a `.safetensors` file (F32, I32, I64 or BOOL).
     pub fn read_safetensors(path: &Path, key: &str) -> Result<Tensor> {
         let file = path.display().to_string();
-        let bytes = crate::file::read(path, u64::MAX, "").map_err(|e| e.in_file(&file))?;
-        // The crate refuses a header over 100 MB and bytes the header does not cover.
+        let in_file = |e: Error| e.in_file(&file);
+        let (mut f, len) = crate::file::open(path, "").map_err(in_file)?;
+        // The header first: the size of the file must be what it declares before the data
+        // is read (the crate checks the same, but only once everything is in memory).
+        let mut n = [0u8; 8];
+        let got = read_up_to(&mut f, &mut n).map_err(in_file)?;
+        let header = u64::from_le_bytes(n);
+        if got < 8 || header > MAX_SAFETENSORS_HEADER || 8 + header > len {
+            return Err(in_file(Error::new(format!(
+                "not a valid .safetensors file: a header of {header} bytes in a file of {len}"
+            ))));
+        }
+        let mut head = crate::file::buffer(header, ".safetensors header").map_err(in_file)?;
+        (&mut f).take(header).read_to_end(&mut head).map_err(|e| in_file(Error::new(format!("cannot read: {e}"))))?;
+        let end = safetensors_data_end(&head).map_err(in_file)?;
+        if 8 + header + end != len {
+            return Err(in_file(Error::new(format!(
+                "not a valid .safetensors file: its header covers {} bytes, the file has {len}",
+                8 + header + end
+            ))));
+        }
+        let mut bytes = crate::file::buffer(len, ".safetensors file").map_err(in_file)?;
+        bytes.extend_from_slice(&n);
+        bytes.extend_from_slice(&head);
+        drop(head);
+        (&mut f).take(end).read_to_end(&mut bytes).map_err(|e| in_file(Error::new(format!("cannot read: {e}"))))?;
         let st = safetensors::SafeTensors::deserialize(&bytes)
             .map_err(|e| Error::new(format!("not a valid .safetensors file: {e}")).in_file(&file))?;
         let view = st.tensor(key).map_err(|_| {
