@@ -80,7 +80,7 @@ const KERNEL_ALIGN: usize = 64;
 /// The groups of nodes that become one step each: elementwise chains whose inner results
 /// have no other use are fused into the group of their consumer. Returns, per node, the
 /// root of its group, and the roots in order.
-fn fusion_groups(g: &Graph, info: &Info) -> (Vec<usize>, Vec<usize>) {
+fn fusion_groups(g: &Graph, info: &Info, folded: impl Fn(&str) -> bool) -> (Vec<usize>, Vec<usize>) {
     let index: HashMap<&str, usize> = g.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
     let mut users: Vec<Vec<usize>> = vec![Vec::new(); g.nodes.len()];
     for (i, n) in g.nodes.iter().enumerate() {
@@ -97,7 +97,8 @@ fn fusion_groups(g: &Graph, info: &Info) -> (Vec<usize>, Vec<usize>) {
     // Reverse topological order: a consumer's group is settled before its producers join it.
     for &i in info.order.iter().rev() {
         let n = &g.nodes[i];
-        if !n.op.is_elementwise() || n.op.is_communication() {
+        // A node folded at compile time is a weight its consumers read, not code to fuse.
+        if !n.op.is_elementwise() || n.op.is_communication() || folded(&n.name) {
             continue;
         }
         let fusable = !is_output[i] && users[i].len() == 1 && g.nodes[users[i][0]].op.is_elementwise();
@@ -330,7 +331,7 @@ impl Builder {
         }
         let inputs: Vec<usize> = g.inputs.iter().map(|i| bufs.arena(&i.name, i.ty.size_bytes())).collect();
 
-        let (root, roots) = fusion_groups(g, info);
+        let (root, roots) = fusion_groups(g, info, |name| consts.contains_key(name));
         let mut kernels: Vec<Kernel> = Vec::new();
         let mut kernel_of: HashMap<usize, usize> = HashMap::new();
         let mut steps = Vec::new();
@@ -471,6 +472,15 @@ impl Builder {
     }
 
     fn collective(&mut self, node: &Node, operand: &TensorType, device: usize, devices: usize) -> Result<Collective> {
+        // The fabric moves and reduces f32 elements only: refused here, with the node, rather
+        // than at run time.
+        if operand.dtype != meshc_ir::DType::F32 {
+            bail!(
+                "node '{}' ({} of a {operand} tensor): collectives carry f32 only; lay the tensor out so that it needs none (replicated, or split as its producer is)",
+                node.name,
+                node.op.name()
+            );
+        }
         let int = |key: &str| -> Result<usize> {
             let v = meshc_ir::infer::attr_int(node, key, 0);
             meshc_ir::infer::norm_axis(v, operand.rank()).map_err(|e| anyhow::anyhow!("node '{}': {e}", node.name))
