@@ -5,7 +5,7 @@
 //! schedule.
 
 use anyhow::{anyhow, bail, Result};
-use meshc_runtime::degraded::{coords_string, plan_group, touches, Degradation, Topo};
+use meshc_runtime::degraded::{plan_group, touches, Degradation, Topo};
 
 use crate::passes::lower::Lowered;
 
@@ -17,7 +17,7 @@ pub fn keep_model_shards(topo: &Topo, split: &[(&str, usize)]) -> Result<()> {
     let Some(&(param, a)) = split.iter().find(|&&(_, a)| topo.mesh.shape[a] > 1) else { return Ok(()) };
     bail!(
         "degraded device {} would take its shard of param '{param}' (split over mesh axis '{}') with it: only data-parallel layouts (params replicated) can lose a device",
-        coords_string(&topo.mesh, d),
+        topo.mesh.coords_string(d),
         topo.mesh.axes[a]
     )
 }
@@ -28,7 +28,7 @@ pub fn keep_stages(topo: &Topo) -> Result<()> {
     match (0..topo.mesh.devices()).find(|&d| !topo.healthy(d)) {
         Some(d) => bail!(
             "degraded device {} would break the pipeline: a graph placed in stages cannot lose a device (failed links are fine)",
-            coords_string(&topo.mesh, d)
+            topo.mesh.coords_string(d)
         ),
         None => Ok(()),
     }
@@ -55,7 +55,7 @@ pub fn dump_lowered(l: &Lowered, deg: &Degradation) -> Result<String> {
     let topo = Topo::new(&l.mesh, deg, false)?;
     let mut s = String::new();
     for (d, g) in l.devices.iter().enumerate() {
-        let c = coords_string(&l.mesh, d);
+        let c = l.mesh.coords_string(d);
         if topo.healthy(d) {
             s.push_str(&format!("# device {d} {c}\n{}", meshc_ir::text::print(g)));
         } else {
@@ -69,14 +69,14 @@ pub fn dump_lowered(l: &Lowered, deg: &Degradation) -> Result<String> {
         let touched = |g: &Vec<usize>| touches(&topo, g);
         let reduction = matches!(n.op, Op::AllReduce | Op::ReduceScatter);
         for group in groups.iter().filter(|g| touched(g)) {
-            let names: Vec<String> = group.iter().map(|&d| coords_string(&l.mesh, d)).collect();
+            let names: Vec<String> = group.iter().map(|&d| l.mesh.coords_string(d)).collect();
             if !reduction {
                 if let Some(&d) = group.iter().find(|&&d| !topo.healthy(d)) {
                     bail!(
                         "node '{}' ({}) needs the block of degraded device {}: only reductions can leave a degraded device's shard out",
                         n.name,
                         n.op.name(),
-                        coords_string(&l.mesh, d)
+                        l.mesh.coords_string(d)
                     );
                 }
                 continue;

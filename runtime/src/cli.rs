@@ -11,7 +11,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use meshc_ir::{Tensor, TensorType};
 
 use crate::artifact::{self, Artifact, Verify};
-use crate::degraded::{coords_string, Degradation};
+use crate::degraded::Degradation;
 use crate::error::RunError;
 use crate::output::{check_output_name, Outputs};
 use crate::runner::Loaded;
@@ -232,7 +232,7 @@ pub fn run(loaded: &mut Loaded, io: &Io, args: &RunArgs) -> Result<()> {
     match run_loaded(loaded, io, args) {
         Err(e) if args.replan_on_failure && !failed(&e).is_empty() => {
             let dead = failed(&e);
-            let names: Vec<String> = dead.iter().map(|&d| coords_string(&loaded.meta.mesh, d)).collect();
+            let names: Vec<String> = dead.iter().map(|&d| loaded.meta.mesh.coords_string(d)).collect();
             eprintln!("{e:#}: re-planning without {} and running again", names.join(", "));
             let deg = Degradation { nodes: dead, ..Default::default() };
             loaded.degrade(&deg, args.degrade_strict).context("--replan-on-failure")?;

@@ -121,12 +121,6 @@ pub struct Topo {
     degraded: Vec<Vec<bool>>,
 }
 
-/// "(1,2)": a device as people name it.
-pub fn coords_string(mesh: &Mesh, device: usize) -> String {
-    let c: Vec<String> = mesh.coords(device).iter().map(usize::to_string).collect();
-    format!("({})", c.join(","))
-}
-
 impl Topo {
     pub fn new(mesh: &Mesh, deg: &Degradation, strict: bool) -> Result<Topo> {
         let n = mesh.devices();
@@ -302,15 +296,6 @@ fn chunks(range: Range<usize>, k: usize) -> Vec<Range<usize>> {
     (0..k).map(|j| s + n * j / k..s + n * (j + 1) / k).collect()
 }
 
-/// The ring order of a group of `n`: around a torus axis in coordinate order, on a mesh axis
-/// 0, 2, 4, .., 5, 3, 1 so that every ring edge spans at most two hops.
-fn ring_order(n: usize, topology: Topology) -> Vec<usize> {
-    match topology {
-        Topology::Torus => (0..n).collect(),
-        Topology::Mesh => (0..n).step_by(2).chain((1..n).step_by(2).rev()).collect(),
-    }
-}
-
 struct Planner<'a> {
     topo: &'a Topo,
     len: usize,
@@ -483,7 +468,7 @@ pub fn plan_group(topo: &Topo, group: &[usize], len: usize) -> Result<Schedule> 
     }
     let lost = unreachable(topo, &members);
     if !lost.is_empty() {
-        let names: Vec<String> = lost.iter().map(|&d| coords_string(mesh, d)).collect();
+        let names: Vec<String> = lost.iter().map(|&d| mesh.coords_string(d)).collect();
         bail!("healthy device {} cannot reach the others over healthy links", names.join(", "));
     }
     let mut p = Planner { topo, len, load: BTreeMap::new(), phases: Vec::new() };
@@ -651,7 +636,7 @@ impl Planner<'_> {
         // with chunk i + 1 and represents its group for that chunk at the next level.
         let ring = start + depth + 1;
         let m = mesh.shape[a];
-        let order = ring_order(m, mesh.topology);
+        let order = mesh.topology.ring_order(m);
         let parts = chunks(range, m);
         let what = format!("critical along dim {a}: ring reduce-scatter");
         for g in &crit {
@@ -766,7 +751,7 @@ impl Schedule {
     /// One line per phase and per transfer, devices as coordinates: the schedule as people
     /// read it (and as the tests pin it).
     pub fn describe(&self, mesh: &Mesh) -> String {
-        let c = |d: usize| coords_string(mesh, d);
+        let c = |d: usize| mesh.coords_string(d);
         let mut s = String::new();
         for (i, ph) in self.phases.iter().enumerate() {
             s.push_str(&format!("phase {i}: {}\n", ph.what));
@@ -794,10 +779,10 @@ pub fn execute<T: Copy + AddAssign>(
     let m = &topo.mesh;
     for t in schedule.phases.iter().flat_map(|ph| &ph.transfers) {
         if t.route.first() != Some(&t.from) || t.route.last() != Some(&t.to) {
-            bail!("transfer {} -> {}: its route does not join them", coords_string(m, t.from), coords_string(m, t.to));
+            bail!("transfer {} -> {}: its route does not join them", m.coords_string(t.from), m.coords_string(t.to));
         }
         if let Some(w) = t.route.windows(2).find(|w| !topo.link_ok(w[0], w[1])) {
-            bail!("route uses the unusable link {}-{}", coords_string(m, w[0]), coords_string(m, w[1]));
+            bail!("route uses the unusable link {}-{}", m.coords_string(w[0]), m.coords_string(w[1]));
         }
     }
     for ph in &schedule.phases {

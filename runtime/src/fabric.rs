@@ -74,7 +74,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
 
-use crate::degraded::{self, coords_string, Topo};
+use crate::degraded::{self, Topo};
 use crate::error::RunError;
 use crate::memory::AlignedBuf;
 use crate::mesh::{Mesh, Topology};
@@ -286,15 +286,6 @@ impl Links {
         }
         links
     }
-
-    /// The order of coordinates 0..n along an axis in which consecutive ones (and the last
-    /// and the first) are at most two hops apart, each link used once per direction.
-    fn ring_order(&self, n: usize) -> Vec<usize> {
-        match self.mesh.topology {
-            Topology::Torus => (0..n).collect(),
-            Topology::Mesh => (0..n).step_by(2).chain((1..n).step_by(2).rev()).collect(),
-        }
-    }
 }
 
 /// The modelled traffic of one execution of a collective: bytes per link.
@@ -327,7 +318,7 @@ impl Model<'_> {
         axes.iter()
             .map(|&a| {
                 let mut rings: BTreeMap<Vec<usize>, Vec<usize>> = BTreeMap::new();
-                let order = self.links.ring_order(mesh.shape[a]);
+                let order = mesh.topology.ring_order(mesh.shape[a]);
                 for (r, c) in coords.iter().enumerate() {
                     let mut key = c.clone();
                     key[a] = 0;
@@ -891,10 +882,10 @@ impl Fabric {
         let Some(topo) = &self.degraded else { return Ok(()) };
         let mesh = &self.links.mesh;
         if let Some(&d) = group.iter().find(|&&d| !topo.healthy(d)) {
-            bail!("collective #{}: device {} of its group is degraded", c.id, coords_string(mesh, d));
+            bail!("collective #{}: device {} of its group is degraded", c.id, mesh.coords_string(d));
         }
         if let Some(&(u, v)) = traffic.iter().map(|&(l, _)| &self.links.list[l]).find(|&&(u, v)| !topo.link_ok(u, v)) {
-            let (u, v) = (coords_string(mesh, u), coords_string(mesh, v));
+            let (u, v) = (mesh.coords_string(u), mesh.coords_string(v));
             bail!("collective #{}: its route uses the degraded link {u}-{v}", c.id);
         }
         Ok(())
@@ -1055,7 +1046,7 @@ impl Fabric {
             bail!(
                 "collective #{}: device {} is degraded and takes no part",
                 c.id,
-                coords_string(&self.links.mesh, device)
+                self.links.mesh.coords_string(device)
             );
         }
         let mut s = slot.state.lock();
@@ -1182,12 +1173,12 @@ impl Fabric {
             let dead: Vec<usize> = now.iter().filter(|m| window.1.contains(m)).map(|&(d, _)| d).collect();
             if !dead.is_empty() {
                 drop(s);
-                let names = dead.iter().map(|&d| coords_string(&self.links.mesh, d)).collect();
+                let names = dead.iter().map(|&d| self.links.mesh.coords_string(d)).collect();
                 self.poison(RunError::DeviceFailed {
                     devices: dead,
                     names,
                     ms: self.timeout.as_millis(),
-                    waiter: coords_string(&self.links.mesh, me),
+                    waiter: self.links.mesh.coords_string(me),
                     collective: slot.desc.id,
                 });
                 return Err(slot.state.lock());

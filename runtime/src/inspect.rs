@@ -44,7 +44,7 @@ pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
         writeln!(s, "mesh {} [{}] axes [{}]", m.topology.name(), shape.join("x"), m.axes.join(", "))?;
     }
     if !meta.degraded.is_empty() {
-        let c = |d: usize| crate::degraded::coords_string(m, d);
+        let c = |d: usize| m.coords_string(d);
         let nodes: Vec<String> = meta.degraded.nodes.iter().map(|&d| c(d)).collect();
         let links: Vec<String> = meta.degraded.links.iter().map(|&(a, b)| format!("{}-{}", c(a), c(b))).collect();
         writeln!(s, "degraded devices [{}] links [{}]", nodes.join(" "), links.join(" "))?;

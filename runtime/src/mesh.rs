@@ -21,6 +21,17 @@ pub enum Topology {
 }
 
 impl Topology {
+    /// The order of coordinates 0..n along an axis in which consecutive ones (and the last
+    /// and the first) are at most two hops apart, each link used once per direction: around
+    /// a torus axis in coordinate order, on a mesh axis 0, 2, 4, .., 5, 3, 1. The fabric's
+    /// rings and the fault-tolerant planner's critical groups both go this way.
+    pub fn ring_order(self, n: usize) -> Vec<usize> {
+        match self {
+            Topology::Torus => (0..n).collect(),
+            Topology::Mesh => (0..n).step_by(2).chain((1..n).step_by(2).rev()).collect(),
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Topology::Mesh => "mesh",
@@ -98,6 +109,17 @@ impl Mesh {
             groups.push(group);
         }
         groups
+    }
+
+    /// "(1,2)": a device as people name it.
+    pub fn coords_string(&self, device: usize) -> String {
+        let c: Vec<String> = self.coords(device).iter().map(usize::to_string).collect();
+        format!("({})", c.join(","))
+    }
+
+    /// "device 3 (0,3)": how errors and traces name a device.
+    pub fn device_label(&self, device: usize) -> String {
+        format!("device {device} {}", self.coords_string(device))
     }
 
     /// `[data, -]`: a layout as people read it.

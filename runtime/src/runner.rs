@@ -64,12 +64,6 @@ impl Weights {
     }
 }
 
-/// "device 3 (0,3)": how errors and traces name a device.
-pub fn device_label(mesh: &Mesh, device: usize) -> String {
-    let c: Vec<String> = mesh.coords(device).iter().map(usize::to_string).collect();
-    format!("device {device} ({})", c.join(","))
-}
-
 /// Checks an input's or output's layout against the mesh: one entry per dimension, axes
 /// that exist, used once, splitting their dimension evenly.
 fn check_layout(mesh: &Mesh, spec: &IoSpec, what: &str) -> Result<()> {
@@ -273,7 +267,7 @@ fn check_stage(mesh: &Mesh, spec: &IoSpec, what: &str) -> Result<()> {
 /// size (a recv's in the arena). Whether they can all complete in program order is left to
 /// the run, whose waits time out (`crate::exchange`).
 fn check_transfers(mesh: &Mesh, programs: &[Program]) -> Result<()> {
-    let label = |d: usize| device_label(mesh, d);
+    let label = |d: usize| mesh.device_label(d);
     let mut sends: BTreeMap<&str, (usize, &Transfer, &str)> = BTreeMap::new();
     let mut recvs: BTreeMap<&str, (usize, &Transfer, &str)> = BTreeMap::new();
     for (d, p) in programs.iter().enumerate() {
@@ -338,7 +332,7 @@ fn check_collective(mesh: &Mesh, p: &Program, c: &Collective, buffers: &[usize])
 /// never waits for a collective that cannot happen.
 /// Devices that are `absent` (degraded in the artifact: they run nothing) take no part.
 fn check_collectives(mesh: &Mesh, programs: &[Program], absent: &[bool]) -> Result<()> {
-    let label = |d: usize| device_label(mesh, d);
+    let label = |d: usize| mesh.device_label(d);
     // Per device, its collectives in order: (id, node).
     let mut seqs: Vec<Vec<(usize, &str)>> = vec![Vec::new(); programs.len()];
     let mut first: BTreeMap<usize, (&Collective, usize, &str)> = BTreeMap::new();
@@ -832,7 +826,7 @@ impl Loaded {
             if devices == 1 {
                 check()?;
             } else {
-                check().with_context(|| device_label(&meta.mesh, d))?;
+                check().with_context(|| meta.mesh.device_label(d))?;
             }
         }
         check_kernels(&programs, code_len)?;
@@ -932,13 +926,13 @@ impl Loaded {
         if let (Some(d), true, true) = (lost, staged, any_left) {
             bail!(
                 "device {} would break the pipeline: a graph placed in stages (send/recv between devices) cannot lose a device",
-                crate::degraded::coords_string(mesh, d)
+                mesh.coords_string(d)
             );
         }
         if let (Some(d), Some(&a), true) = (lost, self.meta.model_axes.first(), any_left) {
             bail!(
                 "device {} would take its shard of the model (params are split over mesh axis '{}') with it: only data-parallel layouts can lose a device",
-                crate::degraded::coords_string(mesh, d),
+                mesh.coords_string(d),
                 mesh.axes[a]
             );
         }
@@ -957,11 +951,11 @@ impl Loaded {
     /// reaches its collective number `step`, from 0: how tests make a device fail mid-run.
     pub fn fail_device(&mut self, device: usize, step: usize) -> Result<()> {
         if self.fabric.degraded().is_some_and(|t| !t.healthy(device)) {
-            bail!("{} is degraded: it runs nothing", device_label(&self.meta.mesh, device));
+            bail!("{} is degraded: it runs nothing", self.meta.mesh.device_label(device));
         }
         let runs = self.programs[device].steps.iter().filter(|s| matches!(s.exec, Exec::Collective(_))).count();
         if step >= runs {
-            bail!("{} runs {runs} collective(s), none numbered {step}", device_label(&self.meta.mesh, device));
+            bail!("{} runs {runs} collective(s), none numbered {step}", self.meta.mesh.device_label(device));
         }
         self.fail = Some((device, step));
         Ok(())
@@ -1131,7 +1125,7 @@ impl Loaded {
         let step = Cell::new(usize::MAX);
         let run =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.device_run(device, stream, ctx, &step, 1)));
-        let label = device_label(&self.meta.mesh, device);
+        let label = self.meta.mesh.device_label(device);
         let cause = match run {
             Ok(Ok(run)) => return Some(run),
             Ok(Err(e)) => RunError::of(&e),

@@ -7,7 +7,7 @@
 use serde_json::{json, Value};
 
 use crate::program::{Exec, Meta, Program, StreamKind};
-use crate::runner::{device_label, StepTime};
+use crate::runner::StepTime;
 
 /// Microseconds, to the nanosecond (the format's unit, without binary fractions' noise).
 fn micros(d: std::time::Duration) -> f64 {
@@ -26,7 +26,7 @@ pub fn chrome_trace(meta: &Meta, programs: &[Program], times: &[StepTime]) -> St
     let per = programs.iter().map(|p| used(p).last().map_or(1, |&k| k + 1)).max().unwrap_or(1);
     let tid = |device: usize, stream: usize| device * per + stream;
     for (d, p) in programs.iter().enumerate() {
-        let name = device_label(&meta.mesh, d);
+        let name = meta.mesh.device_label(d);
         let used = used(p);
         if used.len() <= 1 {
             events.push(json!({"name": "thread_name", "ph": "M", "pid": 0, "tid": tid(d, 0), "args": {"name": name}}));

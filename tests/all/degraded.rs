@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use crate::common::{golden, input_args, meshc};
-use meshc_runtime::degraded::{coords_string, execute, plan, plan_group, Degradation, Topo};
+use meshc_runtime::degraded::{execute, plan, plan_group, Degradation, Topo};
 use meshc_runtime::mesh::{Mesh, Topology};
 
 fn run(layout: &str, extra: &[&str]) -> crate::common::Run {
@@ -145,7 +145,7 @@ fn check(topo: &Topo, len: usize, seed: u64) -> u64 {
     let want: Vec<f64> = (0..len).map(|e| healthy.iter().map(|&d| data[d][e]).sum()).collect();
     let bytes = execute(topo, &schedule, &mut data).unwrap();
     for &d in &healthy {
-        assert_eq!(data[d], want, "device {} of {:?}", coords_string(&topo.mesh, d), topo.mesh.shape);
+        assert_eq!(data[d], want, "device {} of {:?}", topo.mesh.coords_string(d), topo.mesh.shape);
     }
     for (&(u, v), _) in bytes.iter().filter(|(_, &b)| b > 0) {
         assert!(topo.healthy(u) && topo.healthy(v) && topo.link_ok(u, v));
@@ -352,7 +352,7 @@ fn random_degradations_count_every_healthy_contribution_once() {
                 let msg = e.to_string();
                 // It names healthy devices that some other healthy device cannot reach.
                 let named: Vec<usize> =
-                    healthy.iter().copied().filter(|&d| msg.contains(&coords_string(&m, d))).collect();
+                    healthy.iter().copied().filter(|&d| msg.contains(&m.coords_string(d))).collect();
                 assert!(!named.is_empty(), "{msg}");
                 for d in named {
                     assert!(reach(&t, d).len() < healthy.len(), "{msg}");
@@ -378,7 +378,7 @@ fn check_group(t: &Topo, group: &[usize], len: usize, seed: u64) -> Result<(), S
     let bytes = execute(t, &schedule, &mut data).unwrap();
     for d in 0..n {
         let expect = if members.contains(&d) { &want } else { &before[d] };
-        assert_eq!(&data[d], expect, "device {} of {group:?} in {:?}", coords_string(&t.mesh, d), t.mesh.shape);
+        assert_eq!(&data[d], expect, "device {} of {group:?} in {:?}", t.mesh.coords_string(d), t.mesh.shape);
     }
     for (&(u, v), &b) in &bytes {
         assert!(b == 0 || t.healthy(u) && t.healthy(v) && t.link_ok(u, v));
@@ -424,7 +424,7 @@ fn random_sub_group_reductions_count_every_healthy_member_once() {
                 Ok(()) => planned += 1,
                 Err(e) => {
                     refused += 1;
-                    let named: Vec<usize> = g.iter().copied().filter(|&d| e.contains(&coords_string(&m, d))).collect();
+                    let named: Vec<usize> = g.iter().copied().filter(|&d| e.contains(&m.coords_string(d))).collect();
                     assert!(!named.is_empty(), "{e}");
                     // Each named member cannot reach some other healthy member.
                     let members: BTreeSet<usize> = g.iter().copied().filter(|&d| t.healthy(d)).collect();
