@@ -185,25 +185,7 @@ impl Topo {
 
     /// The neighbours of `d` along dimension `a` (one each way; on an axis of two, one).
     pub fn neighbours(&self, d: usize, a: usize) -> Vec<usize> {
-        let s = self.mesh.shape[a];
-        let c = self.mesh.coords(d);
-        let mut out = BTreeSet::new();
-        let mut at = |x: usize| {
-            let mut nc = c.clone();
-            nc[a] = x;
-            out.insert(self.mesh.device(&nc));
-        };
-        if c[a] + 1 < s {
-            at(c[a] + 1);
-        }
-        if c[a] > 0 {
-            at(c[a] - 1);
-        }
-        if self.mesh.topology == Topology::Torus && s > 2 {
-            at((c[a] + 1) % s);
-            at((c[a] + s - 1) % s);
-        }
-        out.into_iter().collect()
+        self.mesh.neighbours(d, a)
     }
 
     /// The dimension of the link between `u` and `v`, if they are neighbours.

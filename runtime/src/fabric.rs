@@ -241,24 +241,8 @@ impl Links {
     fn new(mesh: &Mesh) -> Links {
         let mut set = BTreeSet::new();
         for d in 0..mesh.devices() {
-            let c = mesh.coords(d);
-            for (a, &s) in mesh.shape.iter().enumerate() {
-                let mut to = |x: usize| {
-                    let mut nc = c.clone();
-                    nc[a] = x;
-                    set.insert((d, mesh.device(&nc)));
-                };
-                if c[a] + 1 < s {
-                    to(c[a] + 1);
-                }
-                if c[a] > 0 {
-                    to(c[a] - 1);
-                }
-                // On an axis of two the wrap-around link would join the same two devices again.
-                if mesh.topology == Topology::Torus && s > 2 {
-                    to((c[a] + 1) % s);
-                    to((c[a] + s - 1) % s);
-                }
+            for a in 0..mesh.shape.len() {
+                set.extend(mesh.neighbours(d, a).into_iter().map(|n| (d, n)));
             }
         }
         let list: Vec<(usize, usize)> = set.into_iter().collect();

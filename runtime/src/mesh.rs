@@ -111,6 +111,34 @@ impl Mesh {
         groups
     }
 
+    /// The neighbours of `device` along axis `a`, ascending: one each way, plus the
+    /// wrap-around on a torus (on an axis of two the wrap-around would join the same two
+    /// devices again, so there is just the one).
+    pub fn neighbours(&self, device: usize, a: usize) -> Vec<usize> {
+        let (s, c) = (self.shape[a], self.coords(device));
+        let mut along = Vec::new();
+        if c[a] + 1 < s {
+            along.push(c[a] + 1);
+        }
+        if c[a] > 0 {
+            along.push(c[a] - 1);
+        }
+        if self.topology == Topology::Torus && s > 2 {
+            along.extend([(c[a] + 1) % s, (c[a] + s - 1) % s]);
+        }
+        let mut out: Vec<usize> = along
+            .into_iter()
+            .map(|x| {
+                let mut n = c.clone();
+                n[a] = x;
+                self.device(&n)
+            })
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// "(1,2)": a device as people name it.
     pub fn coords_string(&self, device: usize) -> String {
         let c: Vec<String> = self.coords(device).iter().map(usize::to_string).collect();
