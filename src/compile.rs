@@ -333,7 +333,7 @@ impl Builder {
 
         let (root, roots) = fusion_groups(g, info, |name| consts.contains_key(name));
         let mut kernels: Vec<Kernel> = Vec::new();
-        let mut kernel_of: HashMap<usize, usize> = HashMap::new();
+        let mut kernel_of: HashMap<(usize, usize), usize> = HashMap::new();
         let mut steps = Vec::new();
         // Per step, the positions of operands its kernel lets the result overwrite.
         let mut in_place: Vec<Vec<usize>> = Vec::new();
@@ -408,7 +408,10 @@ impl Builder {
                     code.extend_from_slice(bytes);
                     (offset, bytes.len())
                 });
-                let k = *kernel_of.entry(offset).or_insert_with(|| {
+                // The same code may serve steps with different numbers of buffers (a loop
+                // over zero elements reads no operand): each arity is its own kernel.
+                let arity = 1 + operands.len() + usize::from(scratch > 0);
+                let k = *kernel_of.entry((offset, arity)).or_insert_with(|| {
                     kernels.push(Kernel {
                         name: kernel_name(node),
                         offset,
