@@ -431,6 +431,28 @@ pub fn plan(topo: &Topo, len: usize) -> Result<Schedule> {
     plan_group(topo, &(0..topo.mesh.devices()).collect::<Vec<_>>(), len)
 }
 
+/// The bytes per directed link of the point-to-point `transfers` (from, to, bytes) among
+/// healthy devices, each routed around the degradation over the route that is shortest
+/// given the load planned so far, as the reductions' transfers are: how an all_gather or
+/// all_to_all whose plain schedule crosses a failed link moves its blocks. Fails when a
+/// device cannot reach the others.
+pub fn route_transfers(topo: &Topo, transfers: &[(usize, usize, usize)]) -> Result<BTreeMap<(usize, usize), u64>> {
+    let mut ends: Vec<usize> = transfers.iter().flat_map(|&(u, v, _)| [u, v]).collect();
+    ends.sort();
+    ends.dedup();
+    let lost = unreachable(topo, &ends);
+    if !lost.is_empty() {
+        let names: Vec<String> = lost.iter().map(|&d| topo.mesh.coords_string(d)).collect();
+        bail!("healthy device {} cannot reach the others over healthy links", names.join(", "));
+    }
+    let len = transfers.iter().map(|t| t.2).max().unwrap_or(0);
+    let mut p = Planner { topo, len, load: BTreeMap::new(), phases: Vec::new() };
+    for &(from, to, bytes) in transfers {
+        p.transfer(0, "", from, to, 0..bytes, Kind::Copy);
+    }
+    Ok(p.load.into_iter().map(|(l, b)| (l, b as u64)).collect())
+}
+
 /// The all-reduce of a `len`-element vector over the healthy devices of `group` (devices of
 /// `topo`'s mesh). Routes may pass through healthy devices outside the group. A group that
 /// spans whole mesh axes (a sub-mesh, as lowering makes them) is reduced dimension by

@@ -816,7 +816,8 @@ impl Fabric {
 
     /// The traffic and contributing ranks of an all_reduce or reduce_scatter whose group
     /// holds a degraded device or whose plain schedule (`plain`) crosses a degraded link
-    /// (module doc); `None` for every other collective, or without a degradation.
+    /// (module doc), and of an all_gather or all_to_all of healthy members whose plain
+    /// schedule crosses one; `None` for every other collective, or without a degradation.
     fn fault_tolerant(
         &self,
         c: &Collective,
@@ -854,6 +855,17 @@ impl Fabric {
                     })
                     .collect();
                 schedule.scatter_link_bytes(4, &keeps)
+            }
+            // Blocks go member to member: each routed around the failed links (a degraded
+            // member cannot be left out of these: `check_healthy` refuses it).
+            CollectiveOp::AllGather { .. } | CollectiveOp::AllToAll { .. }
+                if group.iter().all(|&d| topo.healthy(d)) =>
+            {
+                let block = if matches!(c.op, CollectiveOp::AllGather { .. }) { numel } else { numel / group.len() };
+                let pairs: Vec<(usize, usize, usize)> = (group.iter())
+                    .flat_map(|&u| group.iter().filter(move |&&v| v != u).map(move |&v| (u, v, 4 * block)))
+                    .collect();
+                degraded::route_transfers(topo, &pairs).map_err(|e| anyhow!("collective #{}: {e}", c.id))?
             }
             _ => return Ok(None),
         };
