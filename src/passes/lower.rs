@@ -481,7 +481,8 @@ impl Lower<'_> {
         let req = self.normalised_layout(n, out, &[axis]);
         let x = self.operand(&n.inputs[0], &req);
         let ty = self.local_ty(&n.name, &req);
-        let Some(a) = req[axis] else {
+        // An empty result needs no statistics (and a max over an empty axis has no identity).
+        let Some(a) = req[axis].filter(|_| !ty.shape.contains(&0)) else {
             let name = self.local_name(n);
             return (self.emit(&name, Op::Softmax, &[&x], ty, n.attrs.clone()), req, vec![], "sum");
         };
@@ -539,7 +540,7 @@ impl Lower<'_> {
         let beta = self.operand(&n.inputs[2], &req[axis..]);
         let ty = self.local_ty(&n.name, &req);
         let split: Vec<usize> = dims.iter().filter_map(|&d| req[d]).collect();
-        if split.is_empty() {
+        if split.is_empty() || ty.shape.contains(&0) {
             let name = self.local_name(n);
             return (self.emit(&name, Op::LayerNorm, &[&x, &gamma, &beta], ty, n.attrs.clone()), req, vec![], "sum");
         }
