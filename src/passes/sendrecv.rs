@@ -314,7 +314,8 @@ pub fn join(g: &Graph, info: &Info, mesh: &Mesh, p: &Placement, stages: &[Lowere
     }
     // Params, and the graph inputs each device holds (placeholders of 0 elements elsewhere,
     // so that every program lists every input).
-    for d in 0..mesh.devices() {
+    let mut absent: Vec<HashSet<String>> = vec![HashSet::new(); mesh.devices()];
+    for (d, placeholders) in absent.iter_mut().enumerate() {
         // (stage, local device) of every stage the device is in.
         let member: Vec<(usize, usize)> = (p.stages.iter().enumerate())
             .filter_map(|(s, st)| st.mesh.devices.iter().position(|&x| x == d).map(|k| (s, k)))
@@ -323,7 +324,10 @@ pub fn join(g: &Graph, info: &Info, mesh: &Mesh, p: &Placement, stages: &[Lowere
             let held = member.iter().find(|&&(s, _)| p.stage_of[&i.name] == s);
             let input = match held {
                 Some(&(s, k)) => stages[s].devices[k].inputs.iter().find(|x| x.name == i.name).cloned().expect("held"),
-                None => Input { name: i.name.clone(), ty: TensorType::new(i.ty.dtype, vec![0]), dims: None, loc: None },
+                None => {
+                    placeholders.insert(i.name.clone());
+                    Input { name: i.name.clone(), ty: TensorType::new(i.ty.dtype, vec![0]), dims: None, loc: None }
+                }
             };
             j.names[d].insert(input.name.clone());
             j.devices[d].inputs.push(input);
@@ -389,6 +393,14 @@ pub fn join(g: &Graph, info: &Info, mesh: &Mesh, p: &Placement, stages: &[Lowere
             (i.name.clone(), layout.unwrap_or_else(|| vec![None; i.ty.rank()]))
         })
         .collect();
+    // A device that receives a graph input it does not hold (for a stage that reads it)
+    // renames its placeholder: the received tensor takes the input's name.
+    for (d, dev) in j.devices.iter_mut().enumerate() {
+        let received: HashSet<&str> = dev.nodes.iter().map(|n| n.name.as_str()).collect();
+        for i in dev.inputs.iter_mut().filter(|i| absent[d].contains(&i.name) && received.contains(i.name.as_str())) {
+            i.name = format!("{}.absent", i.name);
+        }
+    }
     choose_protocols(&mut j.devices);
     Ok(Lowered { mesh: mesh.clone(), devices: j.devices, inputs, outputs, io_stages })
 }
