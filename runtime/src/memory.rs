@@ -19,7 +19,9 @@ unsafe impl Sync for AlignedBuf {}
 impl AlignedBuf {
     pub fn zeroed(len: usize) -> Result<AlignedBuf> {
         if len == 0 {
-            return Ok(AlignedBuf { ptr: std::ptr::null_mut(), len: 0 });
+            // No allocation, but an address: the runner makes (empty) f32 slices of empty
+            // buffers, and a slice needs a non-null, aligned pointer even then.
+            return Ok(AlignedBuf { ptr: std::ptr::without_provenance_mut(ALIGN), len: 0 });
         }
         let layout = std::alloc::Layout::from_size_align(len, ALIGN)?;
         // SAFETY: layout has non-zero size.
@@ -37,17 +39,12 @@ impl AlignedBuf {
     }
 
     pub fn as_slice(&self) -> &[u8] {
-        if self.len == 0 {
-            return &[];
-        }
-        // SAFETY: ptr points to len initialised bytes owned by self.
+        // SAFETY: ptr points to len initialised bytes owned by self (non-null and aligned
+        // when len is 0).
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        if self.len == 0 {
-            return &mut [];
-        }
         // SAFETY: as above, and &mut self guarantees exclusivity.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
@@ -58,6 +55,22 @@ impl Drop for AlignedBuf {
         if self.len > 0 {
             // SAFETY: allocated in `zeroed` with this layout.
             unsafe { std::alloc::dealloc(self.ptr, std::alloc::Layout::from_size_align_unchecked(self.len, ALIGN)) }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An empty arena's f32 view (an empty matmul operand of the library GEMM) needs a
+    /// non-null, aligned address: a null one was undefined behaviour, caught by the debug
+    /// checks of `slice::from_raw_parts`.
+    #[test]
+    fn an_empty_buffer_has_an_aligned_address() {
+        let mut b = AlignedBuf::zeroed(0).unwrap();
+        for p in [b.as_slice().as_ptr() as usize, b.as_mut_slice().as_mut_ptr() as usize] {
+            assert!(p != 0 && p.is_multiple_of(ALIGN), "{p:#x}");
         }
     }
 }
