@@ -1,12 +1,15 @@
 //! Differential fuzzing of the whole pipeline: random valid graphs — every value kind
 //! (inputs, params from `init` and inline `value`) in every operand position, repeated
 //! uses, outputs that other nodes also read, broadcasting, ranks 0 to 4, sizes that do and
-//! do not divide, graphs of params only; elementwise ops (exp, log, sqrt and div behind
-//! guards that keep them in their domain), reductions, softmax, layer_norm, matmul, casts
-//! through i32 and where on a bool input — compiled with both GEMM paths and random stream
-//! options, on one device and under random legal layouts on 2 to 8 devices, must give
-//! what the reference interpreter gives, and nothing may panic. Data movement, gather and
-//! einsum are covered by the random graphs of tests/all/placement.rs, not yet here.
+//! do not divide, graphs of params only; elementwise ops (exp, log, sqrt, div and pow
+//! behind guards that keep them in their domain), reductions, softmax, layer_norm, matmul,
+//! einsum, data movement (reshape, transpose, slice with any steps, concat, broadcast_to),
+//! gather with i32 and i64 indices, integer arithmetic in i32 and i64, casts, and where on
+//! a bool input — compiled with both GEMM paths and random stream options, on one device,
+//! under random legal layouts on 2 to 8 devices, placed in random stages (micro-batched or
+//! not), and with failed links or failed devices, must give what the reference
+//! interpreter gives, and nothing may panic. The only accepted failures are the documented
+//! refusals of `REFUSALS`.
 //!
 //! `make test` runs `DEFAULT_CASES`; `MESHC_FUZZ_CASES=N` runs N (`make fuzz`). A failure
 //! prints the minimised graph in the text format, and with `MESHC_FUZZ_SAVE=FILE` writes
@@ -19,7 +22,7 @@ use meshc::passes::streams::Config;
 use meshc_ir::{Tensor, TensorType};
 use proptest::prelude::*;
 
-const DEFAULT_CASES: u32 = 96;
+const DEFAULT_CASES: u32 = 512;
 
 const UNARY: &[&str] = &["relu", "neg", "abs", "tanh", "sigmoid", "gelu", "erf"];
 const BINARY: &[&str] = &["add", "sub", "mul", "maximum", "minimum"];
@@ -35,7 +38,8 @@ struct Recipe {
     ops: Vec<(u8, u8, u8, u8)>,
     outputs: u8,
     options: u8,
-    layout: Option<(u8, Vec<u8>)>,
+    /// How the graph is spread (`Spread`), the mesh, and the picks of layouts and stages.
+    layout: Option<(u8, u8, Vec<u8>)>,
 }
 
 fn recipe() -> impl Strategy<Value = Recipe> {
@@ -46,7 +50,7 @@ fn recipe() -> impl Strategy<Value = Recipe> {
         prop::collection::vec((any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>()), 1..=7),
         any::<u8>(),
         any::<u8>(),
-        prop::option::weighted(0.4, (any::<u8>(), prop::collection::vec(any::<u8>(), 4))),
+        prop::option::weighted(0.5, (any::<u8>(), any::<u8>(), prop::collection::vec(any::<u8>(), 4))),
     )
         .prop_map(|(base, inputs, params, ops, outputs, options, layout)| Recipe {
             base,
@@ -65,10 +69,24 @@ fn derived(base: &[usize], mask: u8, drop: usize) -> Vec<usize> {
     base.iter().enumerate().skip(drop).map(|(d, &n)| if mask >> d & 1 == 1 { 1 } else { n }).collect()
 }
 
+/// The value `b` picks among those whose shape broadcasts with `xs` (the first operand is
+/// one).
+fn partner(values: &[(String, Vec<usize>)], xs: &[usize], b: u8) -> (String, Vec<usize>) {
+    let fit: Vec<&(String, Vec<usize>)> = values.iter().filter(|(_, s)| broadcasts(s, xs)).collect();
+    fit[b as usize % fit.len()].clone()
+}
+
+fn broadcasts(a: &[usize], b: &[usize]) -> bool {
+    (1..=a.len().min(b.len())).all(|i| {
+        let (p, q) = (a[a.len() - i], b[b.len() - i]);
+        p == q || p == 1 || q == 1
+    })
+}
+
 fn broadcast(a: &[usize], b: &[usize]) -> Vec<usize> {
     let r = a.len().max(b.len());
     let at = |s: &[usize], i: usize| (i + s.len()).checked_sub(r).map_or(1, |j| s[j]);
-    (0..r).map(|i| at(a, i).max(at(b, i))).collect()
+    (0..r).map(|i| if at(a, i) == 1 { at(b, i) } else { at(a, i) }).collect()
 }
 
 fn shape_text(s: &[usize]) -> String {
@@ -110,10 +128,10 @@ fn graph(r: &Recipe) -> String {
     for (k, &(op, a, b, arg)) in r.ops.iter().enumerate() {
         let (x, xs) = values[a as usize % values.len()].clone();
         let name = format!("n{k}");
-        let (line, shape) = match op % 11 {
+        let (line, shape) = match op % 19 {
             0 => (format!("{name} = {}({x})", UNARY[arg as usize % UNARY.len()]), xs.clone()),
             1 | 2 => {
-                let (y, ys) = values[b as usize % values.len()].clone();
+                let (y, ys) = partner(&values, &xs, b);
                 let op = BINARY[arg as usize % BINARY.len()];
                 // Either order: params and inputs in every operand position.
                 let (l, r) = if arg & 0x80 != 0 { (&y, &x) } else { (&x, &y) };
@@ -121,7 +139,8 @@ fn graph(r: &Recipe) -> String {
             }
             3 if !xs.is_empty() => {
                 let axis = arg as usize % xs.len();
-                let red = ["reduce_sum", "reduce_mean", "reduce_max"][b as usize % 3];
+                // (A max over an empty axis is an error.)
+                let red = ["reduce_sum", "reduce_mean", "reduce_max"][b as usize % (2 + usize::from(xs[axis] > 0))];
                 let mut s = xs.clone();
                 s[axis] = 1;
                 (format!("{name} = {red}({x}) {{axes = [{axis}], keepdims = true}}"), s)
@@ -177,10 +196,149 @@ fn graph(r: &Recipe) -> String {
                 (format!("{name} = cast({name}i) {{to = \"f32\"}}"), xs)
             }
             9 if !r.inputs.is_empty() => {
-                let (y, ys) = values[b as usize % values.len()].clone();
+                let (y, ys) = partner(&values, &xs, b);
                 let c = format!("c{k}");
-                lines.insert(0, format!("input {c}: bool{}", shape_text(&base)));
-                (format!("{name} = where({c}, {x}, {y})"), broadcast(&base, &broadcast(&xs, &ys)))
+                let s = broadcast(&xs, &ys);
+                lines.insert(0, format!("input {c}: bool{}", shape_text(&s)));
+                (format!("{name} = where({c}, {x}, {y})"), s)
+            }
+            10 => {
+                let n: usize = xs.iter().product();
+                let to = reshaped(n, arg);
+                let mut text: Vec<String> = to.iter().map(usize::to_string).collect();
+                // (A -1 among zero elements is ambiguous.)
+                if let (Some(first), true) = (text.first_mut(), b & 1 == 1 && n > 0) {
+                    *first = "-1".into();
+                }
+                (format!("{name} = reshape({x}) {{shape = [{}]}}", text.join(", ")), to)
+            }
+            11 => {
+                let perm = permutation(xs.len(), arg as usize * 31 + b as usize);
+                let text: Vec<String> = perm.iter().map(usize::to_string).collect();
+                (
+                    format!("{name} = transpose({x}) {{perm = [{}]}}", text.join(", ")),
+                    perm.iter().map(|&d| xs[d]).collect(),
+                )
+            }
+            12 if !xs.is_empty() => {
+                let axis = arg as usize % xs.len();
+                let n = xs[axis] as i64;
+                let step = [1, 2, -1, -3][b as usize % 4];
+                let (start, end) = ((arg >> 2) as i64 % (2 * n + 1) - n, (b >> 2) as i64 % (2 * n + 3) - n - 1);
+                let mut s = xs.clone();
+                s[axis] = slice_len(n, start, end, step);
+                (
+                    format!(
+                        "{name} = slice({x}) {{starts = [{start}], ends = [{end}], axes = [{axis}], steps = [{step}]}}"
+                    ),
+                    s,
+                )
+            }
+            13 if !xs.is_empty() => {
+                let axis = arg as usize % xs.len();
+                let fits = |s: &[usize]| s.len() == xs.len() && (0..s.len()).all(|d| d == axis || s[d] == xs[d]);
+                let same: Vec<&(String, Vec<usize>)> = values.iter().filter(|(_, s)| fits(s)).collect();
+                let (y, ys) = same[b as usize % same.len()].clone();
+                let mut s = xs.clone();
+                s[axis] += ys[axis];
+                let mut operands = vec![x.clone(), y];
+                if arg & 0x80 != 0 {
+                    operands.push(x.clone());
+                    s[axis] += xs[axis];
+                }
+                (format!("{name} = concat({}) {{axis = {axis}}}", operands.join(", ")), s)
+            }
+            14 => {
+                let mut to = if broadcasts(&xs, &base) { broadcast(&xs, &base) } else { xs.clone() };
+                if arg & 1 == 1 && to.len() < 4 {
+                    to.insert(0, DIMS[b as usize % DIMS.len()]);
+                }
+                (format!("{name} = broadcast_to({x}) {{shape = {}}}", shape_text(&to)), to)
+            }
+            // Indices in [-n, n) of an inline i32/i64 value, or an integer graph input.
+            15 if !xs.is_empty() => {
+                let axis = arg as usize % xs.len();
+                let n = xs[axis];
+                // (No index is in range of an empty axis.)
+                let ishape = if n == 0 { vec![0] } else { [vec![], vec![2], vec![2, 3]][b as usize % 3].clone() };
+                let dtype = if arg & 0x80 != 0 { "i64" } else { "i32" };
+                let i = format!("i{k}");
+                if arg & 0x40 != 0 {
+                    lines.insert(0, format!("input {i}: {dtype}{}", shape_text(&ishape)));
+                } else {
+                    let count: usize = ishape.iter().product();
+                    let v: Vec<String> = (0..count)
+                        .map(|j| ((j * 5 + b as usize) % (2 * n)) as i64 - n as i64)
+                        .map(|v| v.to_string())
+                        .collect();
+                    lines.push(format!("param {i}: {dtype}{} = value {}", shape_text(&ishape), nest(&v, &ishape)));
+                }
+                let mut s = xs[..axis].to_vec();
+                s.extend(&ishape);
+                s.extend(&xs[axis + 1..]);
+                (format!("{name} = gather({x}, {i}) {{axis = {axis}}}"), s)
+            }
+            // x's letters, w's `cz`: contracts or keeps x's last letter, may sum out another,
+            // and permutes the output.
+            16 if !xs.is_empty() => {
+                let letters: Vec<char> = "abcdefgh".chars().take(xs.len()).collect();
+                let (c, n) = (*letters.last().unwrap(), DIMS[b as usize % DIMS.len()]);
+                lines.push(format!(
+                    "param w{k}: f32[{},{n}] = init normal{{seed = {arg}, std = 0.5}}",
+                    xs[xs.len() - 1]
+                ));
+                let mut out: Vec<(char, usize)> = letters.iter().copied().zip(xs.iter().copied()).collect();
+                if arg & 1 == 0 {
+                    out.pop();
+                }
+                if arg & 2 != 0 && out.len() > 1 {
+                    out.remove(b as usize % out.len());
+                }
+                out.push(('z', n));
+                let out: Vec<(char, usize)> =
+                    permutation(out.len(), arg as usize >> 2).iter().map(|&i| out[i]).collect();
+                let x_letters: String = letters.iter().collect();
+                let o_letters: String = out.iter().map(|p| p.0).collect();
+                (
+                    format!("{name} = einsum({x}, w{k}) {{equation = \"{x_letters},{c}z->{o_letters}\"}}"),
+                    out.iter().map(|p| p.1).collect(),
+                )
+            }
+            // pow of a base in [1/e, e] to an exponent in (-1, 1).
+            17 => {
+                let (y, ys) = partner(&values, &xs, b);
+                lines.push(format!("{name}t = tanh({x})"));
+                lines.push(format!("{name}g = exp({name}t)"));
+                lines.push(format!("{name}e = tanh({y})"));
+                (format!("{name} = pow({name}g, {name}e)"), broadcast(&xs, &ys))
+            }
+            // Integer arithmetic (wrapping, so any order agrees) on truncated leaves.
+            18 => {
+                let ((x, xs), (y, ys)) = (values[a as usize % leaves].clone(), values[b as usize % leaves].clone());
+                let dtype = ["i32", "i64"][arg as usize % 2];
+                lines.push(format!("{name}i = cast({x}) {{to = \"{dtype}\"}}"));
+                lines.push(format!("{name}j = cast({y}) {{to = \"{dtype}\"}}"));
+                let op = ["add", "sub", "mul", "maximum", "minimum"][(arg >> 1) as usize % 5];
+                lines.push(format!("{name}k = {op}({name}i, {name}j)"));
+                let mut s = broadcast(&xs, &ys);
+                let last = match (arg >> 4) % 4 {
+                    0 if !s.is_empty() => {
+                        let red = ["reduce_sum", "reduce_max"][(arg >> 6) as usize % (1 + usize::from(s[0] > 0))];
+                        lines.push(format!("{name}r = {red}({name}k) {{axes = [0], keepdims = false}}"));
+                        s.remove(0);
+                        format!("{name}r")
+                    }
+                    1 => {
+                        lines.push(format!("{name}r = neg({name}k)"));
+                        format!("{name}r")
+                    }
+                    2 => {
+                        lines.push(format!("{name}r = abs({name}k)"));
+                        format!("{name}r")
+                    }
+                    _ => format!("{name}k"),
+                };
+                (format!("{name} = cast({last}) {{to = \"f32\"}}"), s)
             }
             _ => (format!("{name} = relu({x})"), xs.clone()),
         };
@@ -195,6 +353,45 @@ fn graph(r: &Recipe) -> String {
         outputs.push(last);
     }
     format!("graph fuzz {{\n  {}\n  output {}\n}}\n", lines.join("\n  "), outputs.join(", "))
+}
+
+/// A shape of `n` elements picked by `arg`: flat, two or three dims from a divisor of `n`,
+/// or a scalar.
+fn reshaped(n: usize, arg: u8) -> Vec<usize> {
+    if n == 0 {
+        return [vec![0], vec![3, 0], vec![0, 1, 2]][arg as usize % 3].clone();
+    }
+    let divisors: Vec<usize> = (1..=n).filter(|d| n.is_multiple_of(*d)).collect();
+    let d = divisors[arg as usize % divisors.len()];
+    match (arg >> 4) % 4 {
+        _ if n == 1 && arg & 8 != 0 => vec![],
+        0 => vec![n],
+        1 => vec![d, n / d],
+        2 => vec![n / d, 1, d],
+        _ => vec![1, d, n / d],
+    }
+}
+
+/// A permutation of 0..n drawn from `seed`.
+fn permutation(n: usize, seed: usize) -> Vec<usize> {
+    let mut p: Vec<usize> = (0..n).collect();
+    let mut s = seed;
+    for i in (1..n).rev() {
+        p.swap(i, s % (i + 1));
+        s = s / (i + 1) + 7 * i;
+    }
+    p
+}
+
+/// The length of Python's `range(n)[start:end:step]`.
+fn slice_len(n: i64, start: i64, end: i64, step: i64) -> usize {
+    let bound = |v: i64, lo: i64, hi: i64| (if v < 0 { v + n } else { v }).clamp(lo, hi);
+    let (len, by) = if step > 0 {
+        (bound(end, 0, n) - bound(start, 0, n), step)
+    } else {
+        (bound(start, -1, n - 1) - bound(end, -1, n - 1), -step)
+    };
+    (len.max(0) as usize).div_ceil(by as usize)
 }
 
 /// `v` as nested lists of shape `s` (rank 0: the scalar).
@@ -219,33 +416,122 @@ fn options(o: u8) -> Options {
     }
 }
 
-/// A legal layout spec for some values of `g` on one of the test meshes, as JSON.
-fn spec(g: &meshc_ir::Graph, info: &meshc_ir::verify::Info, mesh_pick: u8, picks: &[u8]) -> String {
-    let meshes = crate::common::meshes();
+/// How a case spreads its graph over a mesh (picked by the recipe's first layout number).
+#[derive(Clone, Copy, PartialEq)]
+enum Spread {
+    /// Random legal layouts of some values.
+    Layouts,
+    /// The same, with a failed link: the reductions route around it.
+    FailedLink,
+    /// Every node in a random stage (a row of the mesh, or the whole mesh), micro-batched
+    /// or not.
+    Stages,
+    /// Everything replicated and one device failed: the others compute without it.
+    FailedDevice,
+}
+
+fn spread(mode: u8) -> Spread {
+    [Spread::Layouts, Spread::FailedLink, Spread::Stages, Spread::FailedDevice][mode as usize % 4]
+}
+
+/// A legal layout spec of `g` under `spread` on one of the test meshes, as JSON.
+fn spec(g: &meshc_ir::Graph, info: &meshc_ir::verify::Info, mode: u8, mesh_pick: u8, picks: &[u8]) -> String {
+    let spread = spread(mode);
+    let meshes: Vec<meshc_runtime::mesh::Mesh> = crate::common::meshes()
+        .into_iter()
+        .filter(|m| match spread {
+            Spread::Stages => m.shape.len() > 1 && m.shape[0] > 1,
+            // A device degraded along all its linked axes counts as failed: with two linked
+            // axes, the ends of a failed link keep computing (and the result is exact).
+            Spread::FailedLink => m.shape.iter().filter(|&&n| n > 1).count() > 1,
+            _ => true,
+        })
+        .collect();
     let mesh = &meshes[mesh_pick as usize % meshes.len()];
-    let names =
-        g.inputs.iter().map(|i| &i.name).chain(g.params.iter().map(|p| &p.name)).chain(g.nodes.iter().map(|n| &n.name));
+    let pick = |k: usize| picks[k % picks.len()] as usize;
+    let mut extra = Vec::new();
     let mut layouts = Vec::new();
-    for (k, name) in names.enumerate() {
-        if picks[k % picks.len()].is_multiple_of(3) {
-            continue;
+    if matches!(spread, Spread::Layouts | Spread::FailedLink) {
+        let names = g.inputs.iter().map(|i| &i.name).chain(g.params.iter().map(|p| &p.name));
+        for (k, name) in names.chain(g.nodes.iter().map(|n| &n.name)).enumerate() {
+            if pick(k).is_multiple_of(3) {
+                continue;
+            }
+            let picks: Vec<u8> =
+                (0..4).map(|d| picks[(k + d) % picks.len()].rotate_left(d as u32 + k as u32)).collect();
+            let l = crate::common::layout_from(mesh, &info.types[name].shape, &picks);
+            let axes: Vec<String> =
+                l.iter().map(|a| a.map_or("null".into(), |a| format!("\"{}\"", mesh.axes[a]))).collect();
+            layouts.push(format!("\"{name}\": [{}]", axes.join(", ")));
         }
-        let picks: Vec<u8> = (0..4).map(|d| picks[(k + d) % picks.len()].rotate_left(d as u32 + k as u32)).collect();
-        let l = crate::common::layout_from(mesh, &info.types[name].shape, &picks);
-        let axes: Vec<String> =
-            l.iter().map(|a| a.map_or("null".into(), |a| format!("\"{}\"", mesh.axes[a]))).collect();
-        layouts.push(format!("\"{name}\": [{}]", axes.join(", ")));
+    }
+    let coords = |d: usize| format!("{:?}", mesh.coords(d));
+    let device = pick(0) % mesh.devices();
+    match spread {
+        Spread::FailedLink => {
+            let axis = pick(1) % mesh.shape.len();
+            let mut c = mesh.coords(device);
+            let mut to = c.clone();
+            if c[axis] + 1 < mesh.shape[axis] {
+                to[axis] += 1;
+            } else if mesh.topology == meshc_runtime::mesh::Topology::Torus && mesh.shape[axis] > 2 {
+                to[axis] = 0;
+            } else if mesh.shape[axis] > 1 {
+                c[axis] -= 1;
+            }
+            if c != to {
+                extra.push(format!(r#""degraded": {{"links": [[{c:?}, {to:?}]]}}"#));
+            }
+        }
+        Spread::FailedDevice => extra.push(format!(r#""degraded": {{"nodes": [{}]}}"#, coords(device))),
+        Spread::Stages => {
+            let rows = mesh.shape[0];
+            let rest = ",*".repeat(mesh.shape.len() - 1);
+            let mut stages: Vec<Vec<String>> = vec![Vec::new(); rows + 1];
+            for (k, n) in g.nodes.iter().enumerate() {
+                stages[pick(k * 3 + 1) % (rows + 1)].push(format!("\"{}\"", n.name));
+            }
+            let entries: Vec<String> = stages
+                .iter()
+                .enumerate()
+                .filter(|(_, nodes)| !nodes.is_empty())
+                .map(|(r, nodes)| {
+                    let devices = if r == rows { format!("*{rest}") } else { format!("{r}{rest}") };
+                    format!(r#"{{"nodes": [{}], "devices": "{devices}"}}"#, nodes.join(", "))
+                })
+                .collect();
+            let microbatches = 1 + pick(2) % 2;
+            extra.push(format!(
+                r#""placement": {{"stages": [{}], "microbatches": {microbatches}}}"#,
+                entries.join(", ")
+            ));
+        }
+        Spread::Layouts => {}
     }
     let shape: Vec<String> = mesh.shape.iter().map(usize::to_string).collect();
     let axes: Vec<String> = mesh.axes.iter().map(|a| format!("\"{a}\"")).collect();
     let topology = if mesh.topology == meshc_runtime::mesh::Topology::Torus { "torus" } else { "mesh" };
+    extra.insert(0, format!(r#""layouts": {{{}}}"#, layouts.join(", ")));
     format!(
-        r#"{{"format": "meshc-layout/1", "mesh": {{"shape": [{}], "axes": [{}], "topology": "{topology}"}}, "layouts": {{{}}}}}"#,
+        r#"{{"format": "meshc-layout/1", "mesh": {{"shape": [{}], "axes": [{}], "topology": "{topology}"}}, {}}}"#,
         shape.join(", "),
         axes.join(", "),
-        layouts.join(", ")
+        extra.join(", ")
     )
 }
+
+/// The documented refusals (docs/layout.md) a random case may meet: a layout that needs a
+/// collective of an i32 or bool tensor, micro-batches of a graph that works across the
+/// batch or whose batch does not divide, a stage of dead nodes only, a failed link that cuts a device off, and one
+/// that degrades every device (a device degraded along all its linked axes counts as
+/// failed: on a [2] mesh, the one link).
+const REFUSALS: &[&str] = &[
+    "collectives carry f32 only",
+    "microbatches:",
+    "computes nothing any other stage or output needs",
+    "cannot reach the others",
+    "every device of the",
+];
 
 /// Deterministic inputs in [-1, 1).
 fn inputs(g: &meshc_ir::Graph) -> HashMap<String, Tensor> {
@@ -273,7 +559,7 @@ fn check(r: &Recipe) -> Result<(), String> {
     let mut values = x.clone();
     values.extend(params.clone());
     let want = meshc_ir::interp::run(&g, &info.order, &info.types, values).map_err(|e| fail(format!("interp: {e}")))?;
-    let spec_text = r.layout.as_ref().map(|(m, picks)| spec(&g, &info, *m, picks));
+    let spec_text = r.layout.as_ref().map(|(mode, m, picks)| spec(&g, &info, *mode, *m, picks));
     let spec = match &spec_text {
         Some(t) => Some(meshc::layout::parse(t, "fuzz.json").map_err(|e| fail(format!("layout: {e}\n--- spec\n{t}")))?),
         None => None,
@@ -285,9 +571,7 @@ fn check(r: &Recipe) -> Result<(), String> {
     let built = meshc::driver::build(&g, &info, spec.as_ref(), &params, &options(r.options), &Default::default(), None);
     let compiled = match built {
         Ok(c) => c,
-        // A documented refusal (docs/layout.md): a layout that needs a collective of an i32 or
-        // bool tensor.
-        Err(e) if format!("{e:#}").contains("collectives carry f32 only") => return Ok(()),
+        Err(e) if REFUSALS.iter().any(|r| format!("{e:#}").contains(r)) => return Ok(()),
         Err(e) => return Err(with_spec(format!("compile: {e:#}"))),
     };
     let got = compiled.load().and_then(|l| l.run(&x)).map_err(|e| with_spec(format!("run: {e:#}")))?;
@@ -331,8 +615,8 @@ proptest! {
     }
 }
 
-/// Every graph of testdata/regress through the real binary: `run` (compiled in memory)
-/// against `interp`, on the same inputs.
+/// Every graph of testdata/regress through the real binary: `run` (compiled in memory,
+/// under the spec beside it if any) against `interp`, on the same inputs.
 #[test]
 fn regression_graphs_run_as_the_interpreter_does() {
     let dir = crate::common::scratch("regress");
@@ -351,9 +635,13 @@ fn regression_graphs_run_as_the_interpreter_does() {
             t.write_npy(&file).unwrap();
             args.extend(["--input".into(), format!("{name}={}", file.display())]);
         }
+        let spec = path.with_extension("json");
         for (cmd, out) in [("run", "run"), ("interp", "interp")] {
             let mut a = vec![cmd.to_string(), path.display().to_string()];
             a.extend(args.iter().cloned());
+            if cmd == "run" && spec.exists() {
+                a.extend(["--layout".into(), spec.display().to_string()]);
+            }
             a.extend(["--output-dir".into(), dir.join(out).display().to_string()]);
             let a: Vec<&str> = a.iter().map(String::as_str).collect();
             let r = crate::common::meshc(&a);
