@@ -8,7 +8,8 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use meshc::compile::{Compiled, Options};
-use meshc::driver::{self, Dumps};
+use meshc::driver;
+use meshc::dumps::Dumps;
 
 use meshc::layout;
 use meshc_ir::{params, text, verify, Data, Tensor};

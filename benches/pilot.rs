@@ -24,7 +24,8 @@ use std::path::Path;
 use std::time::Instant;
 
 use meshc::compile::{Compiled, Gemm, Options};
-use meshc::driver::{self, Dumps};
+use meshc::driver;
+use meshc::dumps::Dumps;
 use meshc::passes::pilot::{Config, Select, Simplify, DEFAULT_BLOCK};
 use meshc_ir::{Data, Tensor};
 use meshc_runtime::runner::Loaded;

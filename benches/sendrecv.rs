@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 
 use common::{cpu_seconds, median, transformer, transformer_inputs};
 use meshc::compile::{Compiled, Options};
-use meshc::driver::{self, Dumps};
+use meshc::driver;
+use meshc::dumps::Dumps;
 use meshc::layout;
 use meshc_ir::{params, text, verify, Tensor};
 use meshc_runtime::exchange::Exchange;

@@ -29,7 +29,8 @@ use std::time::Instant;
 
 use common::{cpu_seconds, testdata_graphs, transformer, transformer_inputs};
 use meshc::compile::{Compiled, Options};
-use meshc::driver::{self, Dumps};
+use meshc::driver;
+use meshc::dumps::Dumps;
 use meshc::layout;
 use meshc::passes::buffers::naive_bytes;
 use meshc::passes::streams::Config;

@@ -1,7 +1,10 @@
-//! The single-device compiler: a verified graph and its params in, a `Compiled` out —
-//! kernels (elementwise chains fused into one loop each, matmuls by the generated kernel or
-//! the library GEMM), buffers with logical numbers (arenas planned by `passes::buffers`),
-//! weights laid out 64-byte aligned, and the steps of the program. Later passes (layouts, placement, streams) feed this per device.
+//! The per-device half of the pipeline: the lowered programs of every device in, a
+//! `Compiled` out. `compile_lowered` runs the per-device passes in order (`passes::fold`,
+//! `passes::fuse`, code generation here, `passes::streams`, `passes::buffers`), each over
+//! every device before the next; code generation turns each step into a kernel (a fused
+//! elementwise loop, a matmul by the generated kernel or the library GEMM, a collective or
+//! a transfer), stores identical kernels and weight blocks once, and lays the weights out
+//! 64-byte aligned.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -11,7 +14,10 @@ use meshc_ir::{Graph, Node, Op, Tensor, TensorType};
 
 use crate::codegen::elementwise::{Arg, Fused, FusedNode};
 use crate::codegen::{self, Generated, Target};
+use crate::dumps::Dumps;
 use crate::passes;
+use crate::passes::fold::Folded;
+use crate::passes::fuse::Groups;
 use crate::passes::lower::Lowered;
 use meshc_ir::cost::node_flops;
 use meshc_runtime::library;
@@ -77,42 +83,9 @@ impl Compiled {
 /// Kernels start at this alignment inside the code section (a cache-line boundary).
 const KERNEL_ALIGN: usize = 64;
 
-/// The groups of nodes that become one step each: elementwise chains whose inner results
-/// have no other use are fused into the group of their consumer. Returns, per node, the
-/// root of its group, and the roots in order.
-fn fusion_groups(g: &Graph, info: &Info, folded: impl Fn(&str) -> bool) -> (Vec<usize>, Vec<usize>) {
-    let index: HashMap<&str, usize> = g.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
-    let mut users: Vec<Vec<usize>> = vec![Vec::new(); g.nodes.len()];
-    for (i, n) in g.nodes.iter().enumerate() {
-        for inp in &n.inputs {
-            if let Some(&p) = index.get(inp.as_str()) {
-                if !users[p].contains(&i) {
-                    users[p].push(i);
-                }
-            }
-        }
-    }
-    let is_output: Vec<bool> = g.nodes.iter().map(|n| g.outputs.iter().any(|o| o.name == n.name)).collect();
-    let mut root: Vec<usize> = (0..g.nodes.len()).collect();
-    // Reverse topological order: a consumer's group is settled before its producers join it.
-    for &i in info.order.iter().rev() {
-        let n = &g.nodes[i];
-        // A node folded at compile time is a weight its consumers read, not code to fuse.
-        if !n.op.is_elementwise() || n.op.is_communication() || folded(&n.name) {
-            continue;
-        }
-        let fusable = !is_output[i] && users[i].len() == 1 && g.nodes[users[i][0]].op.is_elementwise();
-        if fusable {
-            root[i] = root[users[i][0]];
-        }
-    }
-    let roots = info.order.iter().copied().filter(|&i| root[i] == i).collect();
-    (root, roots)
-}
-
 /// The fused-kernel description of the group rooted at `r`, and the names of its operands.
-fn fused_spec(g: &Graph, info: &Info, root: &[usize], r: usize) -> (Fused, Vec<String>) {
-    let members: Vec<usize> = info.order.iter().copied().filter(|&i| root[i] == r).collect();
+fn fused_spec(g: &Graph, info: &Info, groups: &Groups, r: usize) -> (Fused, Vec<String>) {
+    let members = groups.members(info, r);
     let mut inputs: Vec<String> = Vec::new();
     let mut nodes = Vec::new();
     let mut pos: HashMap<&str, usize> = HashMap::new();
@@ -215,9 +188,8 @@ fn local_masks<'g>(
 struct Builder {
     target: Target,
     gemm: Gemm,
-    plan_arena: bool,
-    masks: HashMap<String, passes::pilot::ParamMask>,
-    streams: passes::streams::Config,
+    /// The block size of the pruning masks (one for all).
+    mask_block: usize,
     code: Vec<u8>,
     code_at: BTreeMap<Vec<u8>, (usize, usize)>,
     weights: Vec<u8>,
@@ -226,20 +198,12 @@ struct Builder {
     collectives: BTreeMap<String, usize>,
 }
 
-/// Ops evaluated at compile time when all their operands are weights: the local slices of
-/// params that lowering gives each device become that device's own weights.
-fn foldable(op: Op) -> bool {
-    matches!(op, Op::Slice | Op::Reshape | Op::Transpose | Op::Cast)
-}
-
 impl Builder {
     fn new(opts: &Options) -> Result<Builder> {
         Ok(Builder {
             target: Target::by_name(&opts.target)?,
             gemm: opts.gemm,
-            plan_arena: opts.plan_arena,
-            masks: opts.masks.clone(),
-            streams: opts.streams.clone(),
+            mask_block: opts.masks.values().next().map_or(0, |m| m.block),
             code: Vec::new(),
             code_at: BTreeMap::new(),
             weights: Vec::new(),
@@ -261,54 +225,21 @@ impl Builder {
         })
     }
 
-    /// The program of one device: `g` verified as `info`, its params' values in `params`.
+    /// The program of one device: `g` verified as `info`, its constants `folded` and its
+    /// fusion `groups`; its steps in program order on one stream and its buffers unplanned
+    /// (`passes::streams` and `passes::buffers` follow), with the operand positions each
+    /// step's kernel lets its result overwrite.
     fn program(
         &mut self,
         (device, devices): (usize, usize),
         g: &Graph,
         info: &Info,
-        params: &HashMap<String, Tensor>,
-    ) -> Result<Program> {
+        folded: &Folded,
+        groups: &Groups,
+    ) -> Result<(Program, Vec<Vec<usize>>)> {
         let mut bufs = Buffers::default();
-        // Constants: params, and nodes computable from them alone.
-        let mut consts: HashMap<String, Tensor> = HashMap::new();
-        for p in &g.params {
-            let t = match &p.data {
-                meshc_ir::ParamData::Value(v) => meshc_ir::params::inline_value(p, v)?,
-                _ => params.get(&p.name).cloned().with_context(|| format!("no value for param '{}'", p.name))?,
-            };
-            consts.insert(p.name.clone(), t);
-        }
-        // Each masked param's keep pattern (1 kept, 0 pruned) is folded along with it, so a
-        // device's slice of a weight gets the matching slice of its mask.
-        let mut keeps: HashMap<String, Tensor> = HashMap::new();
-        for (name, m) in &self.masks {
-            if let Some(t) = consts.get(name) {
-                let v = (0..t.numel()).map(|i| {
-                    let (r, c) = ((i / m.col_keep.len()) % m.row_keep.len(), i % m.col_keep.len());
-                    if m.row_keep[r] && m.col_keep[c] {
-                        1.0
-                    } else {
-                        0.0
-                    }
-                });
-                keeps.insert(name.clone(), Tensor::f32(t.shape.clone(), v.collect()));
-            }
-        }
-        for &k in &info.order {
-            let n = &g.nodes[k];
-            if foldable(n.op) && n.inputs.iter().all(|i| consts.contains_key(i)) {
-                let args: Vec<&Tensor> = n.inputs.iter().map(|i| &consts[i]).collect();
-                let t = meshc_ir::interp::eval_node(n, &args, &info.types[&n.name])?;
-                consts.insert(n.name.clone(), t);
-                if n.op != Op::Cast && n.inputs.iter().all(|i| keeps.contains_key(i)) {
-                    let args: Vec<&Tensor> = n.inputs.iter().map(|i| &keeps[i]).collect();
-                    keeps.insert(n.name.clone(), meshc_ir::interp::eval_node(n, &args, &info.types[&n.name])?);
-                }
-            }
-        }
-        let block = self.masks.values().next().map_or(0, |m| m.block);
-        let masks = local_masks(g, info, &consts, &keeps, block);
+        let Folded { consts, keeps } = folded;
+        let masks = local_masks(g, info, consts, keeps, self.mask_block);
         // Only the constants something reads become weights.
         let outputs: Vec<&str> = g.outputs.iter().map(|o| o.name.as_str()).collect();
         let used = |name: &str| {
@@ -331,13 +262,12 @@ impl Builder {
         }
         let inputs: Vec<usize> = g.inputs.iter().map(|i| bufs.arena(&i.name, i.ty.size_bytes())).collect();
 
-        let (root, roots) = fusion_groups(g, info, |name| consts.contains_key(name));
         let mut kernels: Vec<Kernel> = Vec::new();
         let mut kernel_of: HashMap<(usize, usize), usize> = HashMap::new();
         let mut steps = Vec::new();
         // Per step, the positions of operands its kernel lets the result overwrite.
         let mut in_place: Vec<Vec<usize>> = Vec::new();
-        for r in roots {
+        for &r in &groups.roots {
             let node = &g.nodes[r];
             if consts.contains_key(&node.name) {
                 continue;
@@ -382,7 +312,7 @@ impl Builder {
                 (Exec::Library(lib), node.inputs.clone(), 0)
             } else {
                 let (generated, operands) = if node.op.is_elementwise() {
-                    let (spec, operands) = fused_spec(g, info, &root, r);
+                    let (spec, operands) = fused_spec(g, info, groups, r);
                     // A fused loop reads each element before writing the same index, so an
                     // operand laid out exactly like the result (not broadcast) may be it.
                     shares = (spec.inputs.iter().enumerate())
@@ -454,7 +384,7 @@ impl Builder {
             in_place.push(shares);
         }
         let outputs = g.outputs.iter().map(|o| bufs.get(&o.name)).collect();
-        let mut p = Program {
+        let p = Program {
             device,
             arena_bytes: 0,
             buffers: bufs.list,
@@ -464,14 +394,7 @@ impl Builder {
             outputs,
             ..Program::default()
         };
-        passes::streams::schedule(&mut p, &mut in_place);
-        p.streams = passes::streams::assign(&p, &self.streams);
-        if self.plan_arena {
-            passes::buffers::plan(&mut p, &in_place);
-        } else {
-            passes::buffers::naive(&mut p);
-        }
-        Ok(p)
+        Ok((p, in_place))
     }
 
     fn collective(&mut self, node: &Node, operand: &TensorType, device: usize, devices: usize) -> Result<Collective> {
@@ -551,35 +474,63 @@ fn meta(g: &Graph, info: &Info, target: &Target, mesh: Mesh, layouts: &HashMap<S
     }
 }
 
-/// Compiles a graph for one device.
-pub fn compile(g: &Graph, info: &Info, params: &HashMap<String, Tensor>, opts: &Options) -> Result<Compiled> {
-    let mut b = Builder::new(opts)?;
-    let program = b.program((0, 1), g, info, params)?;
-    let meta = meta(g, info, &b.target, Mesh::single(), &HashMap::new());
-    Ok(b.finish(meta, vec![program]))
-}
-
 /// Compiles the per-device programs of `lowered`, the lowering of `g` (verified as `info`,
-/// whose FLOPs the metadata counts), with `params` holding `g`'s params.
+/// whose FLOPs the metadata counts), with `params` holding `g`'s params: the per-device
+/// passes in order — fold, fuse, code generation, streams, buffers — each over every
+/// device before the next, dumped as `dumps` asks.
 pub fn compile_lowered(
     g: &Graph,
     info: &Info,
     lowered: &Lowered,
     params: &HashMap<String, Tensor>,
     opts: &Options,
+    dumps: &Dumps,
 ) -> Result<Compiled> {
     let mut b = Builder::new(opts)?;
-    let mut programs = Vec::new();
+    // A degraded device (`degraded::leave_out`) has nothing to run.
+    let mut devices = Vec::new();
     for (d, dev) in lowered.devices.iter().enumerate() {
-        // A degraded device (`degraded::leave_out`) has nothing to run.
-        if dev.nodes.is_empty() && dev.outputs.is_empty() {
-            programs.push(Program { device: d, ..Default::default() });
-            continue;
+        if !(dev.nodes.is_empty() && dev.outputs.is_empty()) {
+            let dinfo = verify(dev).with_context(|| format!("device {d}: the lowered program does not verify"))?;
+            devices.push((d, dev, dinfo));
         }
-        let dinfo = verify(dev).with_context(|| format!("device {d}: the lowered program does not verify"))?;
-        programs
-            .push(b.program((d, lowered.devices.len()), dev, &dinfo, params).with_context(|| format!("device {d}"))?);
     }
+    let folded = (devices.iter())
+        .map(|(d, dev, dinfo)| {
+            passes::fold::fold(dev, dinfo, params, &opts.masks).with_context(|| format!("device {d}"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    dumps.emit("fold", || {
+        let v: Vec<_> = devices.iter().zip(&folded).map(|((d, dev, _), f)| (*d, *dev, f)).collect();
+        passes::fold::dump(&v)
+    })?;
+    let groups: Vec<Groups> =
+        devices.iter().zip(&folded).map(|((_, dev, dinfo), f)| passes::fuse::fuse(dev, dinfo, f)).collect();
+    dumps.emit("fuse", || {
+        let v: Vec<_> = devices.iter().zip(&groups).map(|((d, dev, dinfo), gr)| (*d, *dev, dinfo, gr)).collect();
+        passes::fuse::dump(&v)
+    })?;
+    let mut programs: Vec<Program> =
+        (0..lowered.devices.len()).map(|d| Program { device: d, ..Default::default() }).collect();
+    let mut in_place = vec![Vec::new(); programs.len()];
+    for (((d, dev, dinfo), f), gr) in devices.iter().zip(&folded).zip(&groups) {
+        let (p, shares) =
+            b.program((*d, lowered.devices.len()), dev, dinfo, f, gr).with_context(|| format!("device {d}"))?;
+        (programs[*d], in_place[*d]) = (p, shares);
+    }
+    for (p, shares) in programs.iter_mut().zip(&mut in_place) {
+        passes::streams::schedule(p, shares);
+        p.streams = passes::streams::assign(p, &opts.streams);
+    }
+    dumps.emit("streams", || passes::streams::dump(&programs))?;
+    for (p, shares) in programs.iter_mut().zip(&in_place) {
+        if opts.plan_arena {
+            passes::buffers::plan(p, shares);
+        } else {
+            passes::buffers::naive(p);
+        }
+    }
+    dumps.emit("buffers", || passes::buffers::dump(&programs))?;
     let layouts: HashMap<String, Layout> = lowered.inputs.iter().chain(&lowered.outputs).cloned().collect();
     let mut meta = meta(g, info, &b.target, lowered.mesh.clone(), &layouts);
     for io in meta.inputs.iter_mut().chain(&mut meta.outputs) {
@@ -591,4 +542,9 @@ pub fn compile_lowered(
         p.inputs.truncate(g.inputs.len());
     }
     Ok(b.finish(meta, programs))
+}
+
+/// Compiles a graph for one device.
+pub fn compile(g: &Graph, info: &Info, params: &HashMap<String, Tensor>, opts: &Options) -> Result<Compiled> {
+    compile_lowered(g, info, &Lowered::single(g, info), params, opts, &Dumps::default())
 }

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use meshc_ir::{Graph, ParamData};
 
 use std::collections::{BTreeMap, HashMap};
@@ -13,67 +13,22 @@ use std::collections::{BTreeMap, HashMap};
 use meshc_ir::verify::Info;
 use meshc_ir::Tensor;
 
-use crate::compile::{compile, compile_lowered, Compiled, Options};
+use crate::compile::{compile_lowered, Compiled, Options};
+use crate::dumps::Dumps;
 use crate::layout::Spec;
 use crate::passes;
+use crate::passes::lower::Lowered;
 use meshc_runtime::artifact::{SectionKind, Writer};
+use meshc_runtime::degraded::Topo;
 use meshc_runtime::output::Outputs;
 use meshc_runtime::program::{Program, Storage, ALIGN};
 
-/// The passes `--dump-after` can name, in pipeline order (their number prefixes the files
-/// of `--dump-dir`).
-pub const PASSES: &[&str] = &["verify", "place", "layout", "lower", "sendrecv", "pilot", "buffers", "streams"];
-
-/// Where `--dump-after` sends the IR after each pass it names.
-#[derive(Default)]
-pub struct Dumps {
-    pub after: Vec<String>,
-    pub dir: Option<PathBuf>,
-}
-
-impl Dumps {
-    /// Checks the pass names (`all` names every pass).
-    pub fn new(after: Vec<String>, dir: Option<PathBuf>) -> Result<Dumps> {
-        for a in &after {
-            if a != "all" && !PASSES.contains(&a.as_str()) {
-                return Err(anyhow!("--dump-after: unknown pass '{a}' (passes: {}, or all)", PASSES.join(", ")));
-            }
-        }
-        Ok(Dumps { after, dir })
-    }
-
-    fn emit(&self, pass: &str, text: impl FnOnce() -> String) -> Result<()> {
-        if !self.after.iter().any(|a| a == pass || a == "all") {
-            return Ok(());
-        }
-        let text = text();
-        match &self.dir {
-            Some(dir) => {
-                let n = PASSES.iter().position(|p| *p == pass).expect("a known pass") + 1;
-                let file = dir.join(format!("{n:02}-{pass}.txt"));
-                // Each dump appears whole, as its pass completes: a compile that fails in a
-                // later pass keeps the dumps that show how far it got.
-                let mut out = Outputs::new();
-                std::fs::create_dir_all(dir)
-                    .map_err(anyhow::Error::from)
-                    .and_then(|_| out.write_bytes(&file, text.as_bytes()))
-                    .and_then(|_| out.commit())
-                    .with_context(|| format!("--dump-dir: cannot write {}", file.display()))
-            }
-            None => {
-                print!("{text}");
-                Ok(())
-            }
-        }
-    }
-}
-
-/// The whole pipeline: the verified graph `g` (with its params' values), and optionally a
-/// layout spec, to a compiled artifact. Without a spec the graph runs on one device. With
-/// `pilot`, the pilot pass runs on the global graph (so its masks do not depend on the
-/// layout) and prunes its params (`passes::pilot::apply`); the masks go with the weights
-/// (sliced with them under a layout) into the artifact, where the matmuls skip their
-/// pruned blocks.
+/// The whole pipeline, in the order of `dumps::PASSES`: the verified graph `g` (with its
+/// params' values), and optionally a layout spec, to a compiled artifact. Without a spec
+/// the graph runs on one device. With `pilot`, the pilot pass runs on the global graph (so
+/// its masks do not depend on the layout) and prunes its params (`passes::pilot::apply`);
+/// the masks go with the weights (sliced with them under a layout) into the artifact,
+/// where the matmuls skip their pruned blocks.
 pub fn build(
     g: &Graph,
     info: &Info,
@@ -84,71 +39,69 @@ pub fn build(
     pilot: Option<&passes::pilot::Config>,
 ) -> Result<Compiled> {
     dumps.emit("verify", || meshc_ir::text::print(g))?;
-    let masks = pilot.map(|cfg| passes::pilot::run(g, info, params, cfg)).transpose()?;
-    let pruned = match (pilot, &masks) {
-        (Some(cfg), Some(m)) => Some(passes::pilot::apply(g, info, params, m, cfg.block)?),
-        _ => None,
+    let pruned = match pilot {
+        Some(cfg) => {
+            let masks = passes::pilot::run(g, info, params, cfg)?;
+            let pruned = passes::pilot::apply(g, info, params, &masks, cfg.block)?;
+            dumps.emit("pilot", || passes::pilot::dump(cfg, &masks) + &passes::pilot::dump_pruned(&pruned))?;
+            Some(pruned)
+        }
+        None if dumps.names("pilot") => bail!("--dump-after pilot needs pilot inputs (--pilot-input NAME=FILE.npy)"),
+        None => None,
     };
     let pruned_opts = pruned.as_ref().map(|p| Options { masks: p.masks.clone(), ..opts.clone() });
     let (params, opts) = match (&pruned, &pruned_opts) {
         (Some(p), Some(o)) => (&p.params, o),
         _ => (params, opts),
     };
-    let emit_pilot = || match (pilot, &masks, &pruned) {
-        (Some(cfg), Some(m), Some(p)) => {
-            dumps.emit("pilot", || passes::pilot::dump(cfg, m) + &passes::pilot::dump_pruned(p))
-        }
-        _ if dumps.after.iter().any(|a| a == "pilot") => {
-            Err(anyhow!("--dump-after pilot needs pilot inputs (--pilot-input NAME=FILE.npy)"))
-        }
-        _ => Ok(()),
-    };
-    let placement = spec.map(|s| passes::place::place(g, info, s)).transpose()?.flatten();
-    if placement.is_none() && dumps.after.iter().any(|a| a == "place" || a == "sendrecv") {
-        return Err(anyhow!("--dump-after place/sendrecv need a layout spec with a \"placement\" (--layout SPEC)"));
-    }
     let Some(spec) = spec else {
-        if dumps.after.iter().any(|a| a == "layout" || a == "lower") {
-            return Err(anyhow!("--dump-after layout/lower need a layout spec (--layout SPEC)"));
+        if let Some(pass) = ["place", "layout", "lower", "sendrecv"].into_iter().find(|p| dumps.names(p)) {
+            let with = if matches!(pass, "place" | "sendrecv") { " with a \"placement\"" } else { "" };
+            bail!("--dump-after {pass} needs a layout spec{with} (--layout SPEC)");
         }
-        emit_pilot()?;
-        let compiled = compile(g, info, params, opts)?;
-        dumps.emit("buffers", || passes::buffers::dump(&compiled.programs))?;
-        dumps.emit("streams", || passes::streams::dump(&compiled.programs))?;
-        return Ok(compiled);
+        return compile_lowered(g, info, &Lowered::single(g, info), params, opts, dumps);
     };
-    if let Some(placement) = placement {
-        // Stages hand their results on by send/recv: a failed device would break the
-        // pipeline. Failed links only re-plan the collectives.
-        let degraded = spec.degraded.degradation(&spec.mesh);
-        let topo =
-            meshc_runtime::degraded::Topo::new(&spec.mesh, &degraded, false).with_context(|| spec.file.clone())?;
-        topo.require_healthy().with_context(|| spec.file.clone())?;
-        crate::degrade::keep_stages(&topo).with_context(|| spec.file.clone())?;
-        let joined = lower_placed(g, info, spec, &placement, dumps)?;
-        emit_pilot()?;
-        let mut compiled = compile_lowered(g, info, &joined, params, opts)?;
-        compiled.meta.degraded = degraded;
-        dumps.emit("buffers", || passes::buffers::dump(&compiled.programs))?;
-        dumps.emit("streams", || passes::streams::dump(&compiled.programs))?;
-        check_memory(&compiled, spec)?;
-        return Ok(compiled);
-    }
+    let degraded = spec.degraded.degradation(&spec.mesh);
+    let topo = meshc_runtime::degraded::Topo::new(&spec.mesh, &degraded, false).with_context(|| spec.file.clone())?;
+    topo.require_healthy().with_context(|| spec.file.clone())?;
+    let (lowered, model_axes) = match passes::place::place(g, info, spec)? {
+        Some(placement) => {
+            // Stages hand their results on by send/recv: a failed device would break the
+            // pipeline. Failed links only re-plan the collectives.
+            crate::degrade::keep_stages(&topo).with_context(|| spec.file.clone())?;
+            (lower_placed(g, info, spec, &placement, dumps)?, Vec::new())
+        }
+        None => {
+            if let Some(pass) = ["place", "sendrecv"].into_iter().find(|p| dumps.names(p)) {
+                bail!("--dump-after {pass} needs a layout spec with a \"placement\" (--layout SPEC)");
+            }
+            lower_laid_out(g, info, spec, &topo, dumps)?
+        }
+    };
+    let mut compiled = compile_lowered(g, info, &lowered, params, opts, dumps)?;
+    compiled.meta.degraded = degraded;
+    compiled.meta.model_axes = model_axes;
+    check_memory(&compiled, spec)?;
+    Ok(compiled)
+}
+
+/// The passes `layout` and `lower` for a spec without a placement, under the spec's
+/// degradation `topo`: the lowered programs (degraded devices left without work) and the
+/// mesh axes that split a param (the model axes `inspect` reports).
+fn lower_laid_out(g: &Graph, info: &Info, spec: &Spec, topo: &Topo, dumps: &Dumps) -> Result<(Lowered, Vec<usize>)> {
     let layouts = passes::layout::propagate(g, info, &spec.mesh, spec.seed_layouts(g, info)?);
     dumps.emit("layout", || passes::layout::dump(g, info, &layouts))?;
     let mut lowered = passes::lower::lower(g, info, &layouts)?;
-    let degraded = spec.degraded.degradation(&spec.mesh);
     let split: Vec<(&str, usize)> = g
         .params
         .iter()
         .flat_map(|p| layouts.of.get(&p.name).into_iter().flatten().flatten().map(|&a| (p.name.as_str(), a)))
         .collect();
-    let topo = meshc_runtime::degraded::Topo::new(&spec.mesh, &degraded, false).with_context(|| spec.file.clone())?;
-    topo.require_healthy().with_context(|| spec.file.clone())?;
-    crate::degrade::keep_model_shards(&topo, &split).with_context(|| spec.file.clone())?;
+    crate::degrade::keep_model_shards(topo, &split).with_context(|| spec.file.clone())?;
     let mut model_axes: Vec<usize> = split.iter().map(|&(_, a)| a).filter(|&a| spec.mesh.shape[a] > 1).collect();
     model_axes.sort();
     model_axes.dedup();
+    let degraded = spec.degraded.degradation(&spec.mesh);
     if degraded.is_empty() {
         dumps.emit("lower", || passes::lower::dump(&lowered))?;
     } else {
@@ -156,14 +109,7 @@ pub fn build(
         dumps.emit("lower", || text)?;
         crate::degrade::leave_out(&mut lowered, &degraded)?;
     }
-    emit_pilot()?;
-    let mut compiled = compile_lowered(g, info, &lowered, params, opts)?;
-    compiled.meta.degraded = degraded;
-    compiled.meta.model_axes = model_axes;
-    dumps.emit("buffers", || passes::buffers::dump(&compiled.programs))?;
-    dumps.emit("streams", || passes::streams::dump(&compiled.programs))?;
-    check_memory(&compiled, spec)?;
-    Ok(compiled)
+    Ok((lowered, model_axes))
 }
 
 /// Each device's memory — the weights its program reads plus its arena — against the spec's
@@ -205,7 +151,7 @@ pub fn lower_placed(
     spec: &Spec,
     placement: &passes::place::Placement,
     dumps: &Dumps,
-) -> Result<passes::lower::Lowered> {
+) -> Result<Lowered> {
     // With micro-batches the unrolled graph is what runs.
     let (g, info) = placement.unrolled.as_ref().map_or((g, info), |(g, i)| (g, i));
     dumps.emit("place", || passes::place::dump(g, info, placement))?;

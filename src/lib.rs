@@ -7,6 +7,7 @@ pub mod codegen;
 pub mod compile;
 pub mod degrade;
 pub mod driver;
+pub mod dumps;
 pub mod layout;
 pub mod mesh_interp;
 pub mod passes;

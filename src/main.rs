@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
+use meshc::dumps::Dumps;
 use meshc::{compile, driver};
 use meshc_ir::{json, load, params, text, verify::Info, Graph, Tensor, TensorType};
 use meshc_runtime::artifact::{Artifact, Verify};
@@ -63,7 +64,8 @@ enum Cmd {
         /// Also write a make-style depfile listing every file the artifact is built from.
         #[arg(long = "MF", value_name = "DEPFILE")]
         depfile: Option<PathBuf>,
-        /// Print the IR after a pass (verify, layout, lower, pilot, buffers, or all); may be repeated.
+        /// Print the IR after a pass (verify, pilot, place, layout, lower, sendrecv, fold, fuse,
+        /// streams, buffers, or all); may be repeated.
         #[arg(long, value_name = "PASS", value_delimiter = ',')]
         dump_after: Vec<String>,
         /// Write the dumps to DIR/NN-PASS.txt instead of stdout.
@@ -194,7 +196,7 @@ fn main() -> ExitCode {
         Cmd::Fmt { graph, to, o } => fmt(&graph, to, o.as_deref()),
         Cmd::Interp { graph, io } => interp(&graph, &io),
         Cmd::Compile { graph, o, codegen, depfile, dump_after, dump_dir, sign, pilot } => {
-            driver::Dumps::new(dump_after, dump_dir).and_then(|dumps| {
+            Dumps::new(dump_after, dump_dir).and_then(|dumps| {
                 let signer = sign.as_deref().map(signature::read_signing_key).transpose()?;
                 compile_cmd(&graph, &o, &codegen, depfile.as_deref(), &dumps, &pilot, signer)
             })
@@ -402,7 +404,7 @@ impl PilotArgs {
 fn compile_graph(
     path: &Path,
     args: &CodegenArgs,
-    dumps: &driver::Dumps,
+    dumps: &Dumps,
     pilot: Option<&PilotArgs>,
 ) -> Result<(Graph, compile::Compiled)> {
     let (g, info) = load::load(path)?;
@@ -423,7 +425,7 @@ fn compile_cmd(
     out: &Path,
     args: &CodegenArgs,
     depfile: Option<&Path>,
-    dumps: &driver::Dumps,
+    dumps: &Dumps,
     pilot: &PilotArgs,
     signer: Option<ed25519_dalek::SigningKey>,
 ) -> Result<()> {
@@ -475,7 +477,7 @@ fn run(path: &Path, io: &Io, run_args: &RunArgs, args: &CodegenArgs, pilot: &Pil
         }
         cli::open(path, run_args)?
     } else {
-        let (_, c) = compile_graph(path, args, &driver::Dumps::default(), Some(pilot))?;
+        let (_, c) = compile_graph(path, args, &Dumps::default(), Some(pilot))?;
         c.load().with_context(|| file.clone())?
     };
     cli::run(&mut loaded, io, run_args)
@@ -514,7 +516,7 @@ fn compare_with_unpruned(path: &Path, reference: &Path, io: &Io, args: &CodegenA
             let art = Artifact::open_with(p, Verify::All)?;
             with(&load_artifact(art, &name)?)
         } else {
-            let (_, c) = compile_graph(p, args, &driver::Dumps::default(), Some(pilot))?;
+            let (_, c) = compile_graph(p, args, &Dumps::default(), Some(pilot))?;
             with(&c.load().with_context(|| name.clone())?)
         }
     };

@@ -44,6 +44,20 @@ pub struct Lowered {
     pub io_stages: BTreeMap<String, StageMesh>,
 }
 
+impl Lowered {
+    /// `g` (verified as `info`) on one device, as it is.
+    pub fn single(g: &Graph, info: &Info) -> Lowered {
+        let unsplit = |name: &str| (name.to_string(), vec![None; info.types[name].rank()]);
+        Lowered {
+            mesh: Mesh::single(),
+            devices: vec![g.clone()],
+            inputs: g.inputs.iter().map(|i| unsplit(&i.name)).collect(),
+            outputs: g.outputs.iter().map(|o| unsplit(&o.name)).collect(),
+            io_stages: BTreeMap::new(),
+        }
+    }
+}
+
 struct Lower<'a> {
     g: &'a Graph,
     info: &'a Info,

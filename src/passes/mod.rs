@@ -2,6 +2,8 @@
 //! `--dump-after` names them. Each is a function from IR to IR.
 
 pub mod buffers;
+pub mod fold;
+pub mod fuse;
 pub mod layout;
 pub mod lower;
 pub mod pilot;

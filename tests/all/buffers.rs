@@ -212,7 +212,7 @@ fn check_graph(
     let build = |plan_arena: bool, streams: Config| {
         let opts = Options { plan_arena, streams, ..Options::default() };
         match &lowered {
-            Some(l) => compile_lowered(g, info, l, params, &opts),
+            Some(l) => compile_lowered(g, info, l, params, &opts, &Default::default()),
             None => compile(g, info, params, &opts),
         }
         .map_err(|e| format!("{e:#}"))
@@ -326,7 +326,7 @@ fn testdata_layouts_through_the_driver_plan_sound_streams() {
         let spec = meshc::layout::load(&case.spec).unwrap();
         let build = |streams: Config| {
             let opts = Options { streams, ..Options::default() };
-            meshc::driver::build(&g, &info, Some(&spec), &params, &opts, &meshc::driver::Dumps::default(), None)
+            meshc::driver::build(&g, &info, Some(&spec), &params, &opts, &meshc::dumps::Dumps::default(), None)
                 .unwrap_or_else(|e| panic!("{}: {e:#}", case.label))
         };
         let inputs = crate::common::testdata_inputs(&case.graph, &g).unwrap();
@@ -343,11 +343,11 @@ fn testdata_layouts_through_the_driver_plan_sound_streams() {
 }
 
 #[test]
-fn dumps_after_buffers_and_streams_are_pinned() {
+fn dumps_after_fold_fuse_buffers_and_streams_are_pinned() {
     let out = crate::common::scratch("buffers-dump").join("graph.mshc");
     let mut failures = Vec::new();
     let mut dump = |label: &str, args: &[&str]| {
-        for pass in ["buffers", "streams"] {
+        for pass in ["fold", "fuse", "buffers", "streams"] {
             let mut all = vec!["compile", args[0], "-o", out.to_str().unwrap(), "--dump-after", pass];
             all.extend(&args[1..]);
             let r = crate::common::meshc(&all);
@@ -375,4 +375,30 @@ fn dumps_after_buffers_and_streams_are_pinned() {
         dump(label, &args);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `--dump-dir` numbers its files in the order the passes run (`dumps::PASSES`), each
+/// pass's file written as it completes; `all` leaves out the passes that do not run
+/// (no pilot inputs, no placement).
+#[test]
+fn dump_dir_files_follow_the_pipeline_order() {
+    let dir = crate::common::scratch("dump-dir");
+    let spec = "testdata/transformer/layouts/mp-2x4.json";
+    let out = dir.join("t.mshc");
+    let dumps = dir.join("dumps");
+    let args = ["compile", "testdata/transformer/graph.json", "--layout", spec, "-o", out.to_str().unwrap()];
+    let r =
+        crate::common::meshc(&[&args[..], &["--dump-after", "all", "--dump-dir", dumps.to_str().unwrap()]].concat());
+    assert_eq!(r.status, Some(0), "{}", r.stderr);
+    let mut files: Vec<String> =
+        std::fs::read_dir(&dumps).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    files.sort();
+    let want = ["01-verify", "04-layout", "05-lower", "07-fold", "08-fuse", "09-streams", "10-buffers"];
+    assert_eq!(files, want.map(|f| format!("{f}.txt")));
+    let passes: Vec<&str> = meshc::dumps::PASSES.to_vec();
+    assert_eq!(
+        passes,
+        ["verify", "pilot", "place", "layout", "lower", "sendrecv", "fold", "fuse", "streams", "buffers"]
+    );
+    std::fs::remove_dir_all(dir).ok();
 }

@@ -70,7 +70,7 @@ fn check_compiled(c: &Case, mesh: &Mesh, seeds: BTreeMap<String, Seed>) -> Resul
     let layouts = propagate(&c.g, &c.info, mesh, seeds);
     let lowered = lower(&c.g, &c.info, &layouts).map_err(|e| format!("{e:#}"))?;
     let compiled =
-        meshc::compile::compile_lowered(&c.g, &c.info, &lowered, &c.params, &meshc::compile::Options::default())
+        meshc::compile::compile_lowered(&c.g, &c.info, &lowered, &c.params, &Default::default(), &Default::default())
             .map_err(|e| format!("{e:#}"))?;
     let loaded = compiled.load().map_err(|e| format!("{e:#}"))?;
     let got = loaded.run(&c.inputs).map_err(|e| format!("{e:#}"))?;

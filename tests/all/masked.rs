@@ -10,7 +10,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::common::{meshc, scratch};
 use meshc::compile::{Compiled, Gemm, Options};
-use meshc::driver::{self, Dumps};
+use meshc::driver;
+use meshc::dumps::Dumps;
 use meshc::passes::pilot::{self, Config, Select, Simplify};
 use meshc_ir::verify::Info;
 use meshc_ir::{Graph, Tensor};

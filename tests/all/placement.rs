@@ -271,11 +271,7 @@ fn placements_that_cannot_be_honoured_are_refused() {
     }
     let run = meshc(&["compile", "testdata/mlp/graph.json", "-o", "/dev/null", "--dump-after", "place"]);
     assert_eq!(run.status, Some(1));
-    assert!(
-        run.stderr.contains("--dump-after place/sendrecv need a layout spec with a \"placement\""),
-        "{}",
-        run.stderr
-    );
+    assert!(run.stderr.contains("--dump-after place needs a layout spec with a \"placement\""), "{}", run.stderr);
 }
 
 #[test]
