@@ -288,7 +288,6 @@ fn non_regular_files_are_refused_at_once() {
         assert_eq!(stderr.lines().count(), 1, "meshc {}: {stderr}", args.join(" "));
         assert!(stderr.trim_end().ends_with(want.trim_start_matches("error: ")), "meshc {}: {stderr}", args.join(" "));
     }
-    std::fs::remove_dir_all(dir).ok();
 }
 
 /// The interpreter refuses a result the system cannot hold (a broadcast to 40 GB), as
@@ -310,7 +309,6 @@ fn interp_refuses_results_it_cannot_allocate() {
         run.stderr.trim_end().ends_with("cannot allocate 40000000000 bytes for node 'y' (f32[2500000000,4])"),
         "{run:?}"
     );
-    std::fs::remove_dir_all(dir).ok();
 }
 
 /// A name of a megabyte is quoted by its first characters and its length, not whole.
@@ -324,7 +322,6 @@ fn long_names_are_cut_in_messages() {
     assert_eq!(run.status, Some(1), "{:?}", run.status);
     assert!(run.stderr.len() < 400, "{} bytes: {}", run.stderr.len(), &run.stderr[..400.min(run.stderr.len())]);
     assert!(run.stderr.contains("(1048576 characters)"), "{}", run.stderr);
-    std::fs::remove_dir_all(dir).ok();
 }
 
 /// The smaller contract fixes, through the binary: options a compiled artifact cannot
@@ -374,5 +371,4 @@ fn options_and_files_are_held_to_what_they_mean() {
     let status = String::from_utf8_lossy(&out.stdout).trim().to_string();
     assert!(status == "141" || status == "0", "status {status}");
     assert_eq!(std::fs::read_to_string(dir.join("err")).unwrap(), "", "nothing on stderr");
-    std::fs::remove_dir_all(dir).ok();
 }

@@ -653,7 +653,6 @@ fn regression_graphs_run_as_the_interpreter_does() {
             assert!(got.closeness(&want).first_bad.is_none(), "{}: output {}", path.display(), o.name);
         }
     }
-    std::fs::remove_dir_all(dir).ok();
 }
 
 /// A valid artifact and its input arguments, to mutate.
@@ -690,7 +689,6 @@ fn bases() -> &'static Vec<Base> {
                 Base { sections, inputs }
             })
             .collect();
-        std::fs::remove_dir_all(dir).ok();
         bases
     })
 }
@@ -791,7 +789,6 @@ proptest! {
         let art = dir.join("m.mshc");
         w.write(&art).unwrap();
         let result = run_artifact(&art, &b.inputs, &dir.join("out"));
-        std::fs::remove_dir_all(&dir).ok();
         // Refused with one line, or run to the end: a changed program may be another
         // valid program (a step reading another buffer of the right size, a shape permuted
         // over the same bytes) that no runner can tell from the intended one (a signature

@@ -4,7 +4,7 @@
 //! pinned in golden/pilot/. Also the simplifications and the CLI's refusals.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::common::{golden, meshc, scratch};
 use meshc::passes::pilot::{run, simplify_params, Config, Select, Simplify, WeightMask, DEFAULT_BLOCK};
@@ -29,7 +29,7 @@ fn values(n: usize, seed: u64, lo: f32, hi: f32) -> Vec<f32> {
 }
 
 struct Mlp {
-    dir: PathBuf,
+    dir: crate::common::Scratch,
     x: Tensor,
     w1: Tensor,
     w2: Tensor,
@@ -201,7 +201,7 @@ fn refusals_are_one_line() {
         assert_eq!(r.status, Some(1), "{args:?}: {}", r.stderr);
         assert!(r.stderr.contains(want) && r.stderr.lines().count() == 1, "{args:?}: {}", r.stderr);
     }
-    assert!(Path::new(&m.dir).exists());
+    assert!(m.dir.exists());
 }
 
 #[test]

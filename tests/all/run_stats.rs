@@ -9,7 +9,8 @@ use crate::common::{input_args, meshc, scratch};
 /// Runs the MLP (with `layout`, if any) with both flags; returns stdout and the trace.
 fn run(layout: Option<&str>, name: &str) -> (String, serde_json::Value) {
     let graph = Path::new("testdata/mlp/graph.json");
-    let trace = scratch(name).join("trace.json");
+    let dir = scratch(name);
+    let trace = dir.join("trace.json");
     let mut args = vec!["run".to_string(), graph.display().to_string()];
     if let Some(l) = layout {
         args.extend(["--layout".to_string(), l.to_string()]);

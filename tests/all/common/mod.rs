@@ -93,12 +93,34 @@ pub fn assert_close(what: &str, got: &meshc_ir::Tensor, want: &meshc_ir::Tensor)
     }
 }
 
-/// A fresh scratch directory for one test.
-pub fn scratch(name: &str) -> PathBuf {
+/// A fresh scratch directory for one test, removed (with everything in it) when the test
+/// drops it, passed or failed.
+pub fn scratch(name: &str) -> Scratch {
     let dir = std::env::temp_dir().join(format!("meshc-test-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    Scratch(dir)
+}
+
+pub struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = PathBuf;
+    fn deref(&self) -> &PathBuf {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// `--input NAME=FILE` arguments for every `.npy` in `<graph dir>/inputs`.
