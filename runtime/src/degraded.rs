@@ -53,10 +53,13 @@
 //! naming its coordinates.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ops::{AddAssign, Range};
 
 use anyhow::{anyhow, bail, Result};
+use petgraph::graphmap::DiGraphMap;
+use petgraph::visit::{Bfs, VisitMap};
+use petgraph::Direction;
 use serde::{Deserialize, Serialize};
 
 use crate::mesh::{Mesh, Topology};
@@ -206,6 +209,19 @@ impl Topo {
         self.link_dim(u, v).is_some_and(|a| !self.degraded[u][a] && !self.degraded[v][a])
     }
 
+    /// The healthy links as a graph: every device a node (a failed one without edges),
+    /// both directions of each healthy link an edge.
+    fn links(&self) -> DiGraphMap<usize, ()> {
+        let mut g = DiGraphMap::new();
+        for d in 0..self.mesh.devices() {
+            g.add_node(d);
+            for (m, _) in self.healthy_links(d) {
+                g.add_edge(d, m, ());
+            }
+        }
+        g
+    }
+
     /// The healthy links out of `d`, with their dimension.
     fn healthy_links(&self, d: usize) -> Vec<(usize, usize)> {
         (0..self.mesh.shape.len())
@@ -288,34 +304,21 @@ struct Planner<'a> {
 
 impl Planner<'_> {
     /// The healthy route from `a` to `b` that is shortest when each hop costs one plus the
-    /// vectors already planned over its link.
+    /// vectors already planned over its link. Among equally short routes, each hop back
+    /// from `b` goes to the predecessor nearest `a`, then the lowest-numbered: a fixed rule,
+    /// so the same degradation always gives the same schedule.
     fn route(&self, a: usize, b: usize) -> Vec<usize> {
-        let n = self.topo.mesh.devices();
+        let links = self.topo.links();
         let len = self.len.max(1) as u64;
-        let mut dist = vec![u64::MAX; n];
-        let mut prev = vec![usize::MAX; n];
-        let mut heap = BinaryHeap::new();
-        dist[a] = 0;
-        heap.push(Reverse((0u64, a)));
-        while let Some(Reverse((dd, u))) = heap.pop() {
-            if u == b {
-                break;
-            }
-            if dd > dist[u] {
-                continue;
-            }
-            for (v, _) in self.topo.healthy_links(u) {
-                let w = 1000 + 1000 * *self.load.get(&(u, v)).unwrap_or(&0) as u64 / len;
-                if dd + w < dist[v] {
-                    dist[v] = dd + w;
-                    prev[v] = u;
-                    heap.push(Reverse((dd + w, v)));
-                }
-            }
-        }
+        let cost = |u: usize, v: usize| 1000 + 1000 * *self.load.get(&(u, v)).unwrap_or(&0) as u64 / len;
+        let dist = petgraph::algo::dijkstra(&links, a, None, |(u, v, _)| cost(u, v));
         let mut path = vec![b];
-        while *path.last().unwrap() != a {
-            path.push(prev[*path.last().unwrap()]);
+        while let Some(&v) = path.last().filter(|&&v| v != a) {
+            let on_route = |&u: &usize| dist.get(&u).is_some_and(|&d| d + cost(u, v) == dist[&v]);
+            let u = (links.neighbors_directed(v, Direction::Incoming).filter(on_route))
+                .min_by_key(|&u| (dist[&u], u))
+                .expect("callers route between devices of one healthy component");
+            path.push(u);
         }
         path.reverse();
         path
@@ -351,21 +354,29 @@ impl Planner<'_> {
         root: usize,
         range: Range<usize>,
     ) -> usize {
+        let mut tree = DiGraphMap::<usize, ()>::new();
+        for &u in members {
+            tree.add_node(u);
+            for &v in members.iter().filter(|&&v| adjacent(u, v)) {
+                tree.add_edge(u, v, ());
+            }
+        }
         let mut depth = BTreeMap::from([(root, 0usize)]);
         let mut parent = BTreeMap::new();
-        let mut queue = VecDeque::from([root]);
+        let mut bfs = Bfs::new(&tree, root);
         loop {
-            while let Some(u) = queue.pop_front() {
-                for &v in members {
-                    if !depth.contains_key(&v) && adjacent(u, v) {
+            // A node's children are the neighbours it discovers: those not yet reached when
+            // the search takes it, in member order.
+            while let Some(u) = bfs.next(&tree) {
+                for v in tree.neighbors(u) {
+                    if !depth.contains_key(&v) {
                         depth.insert(v, depth[&u] + 1);
                         parent.insert(v, u);
-                        queue.push_back(v);
                     }
                 }
             }
             // Positions of later levels need not neighbour each other: hang the nearest
-            // unreached member below the reached member closest to it.
+            // unreached member below the reached member closest to it, and search on from it.
             let best = members
                 .iter()
                 .filter(|v| !depth.contains_key(v))
@@ -374,7 +385,8 @@ impl Planner<'_> {
             let Some((u, v)) = best else { break };
             depth.insert(v, depth[&u] + 1);
             parent.insert(v, u);
-            queue.push_back(v);
+            bfs.discovered.visit(v);
+            bfs.stack.push_back(v);
         }
         let deepest = depth.values().copied().max().unwrap_or(0);
         for (&v, &p) in &parent {
@@ -389,33 +401,17 @@ impl Planner<'_> {
 type Positions = BTreeMap<Vec<usize>, usize>;
 
 /// The members that no healthy route (through any healthy node, member or not) connects to
-/// the connected set of healthy nodes holding the most members.
+/// the connected set of healthy nodes holding the most members (among equals, the one with
+/// the lowest-numbered device).
 fn unreachable(topo: &Topo, members: &[usize]) -> Vec<usize> {
-    let n = topo.mesh.devices();
-    let mut comp = vec![usize::MAX; n];
-    let mut held = Vec::new();
-    for s in (0..n).filter(|&d| topo.healthy(d)) {
-        if comp[s] != usize::MAX {
-            continue;
-        }
-        let id = held.len();
-        let mut count = 0;
-        let mut queue = VecDeque::from([s]);
-        comp[s] = id;
-        while let Some(u) = queue.pop_front() {
-            count += usize::from(members.contains(&u));
-            for (v, _) in topo.healthy_links(u) {
-                if comp[v] == usize::MAX {
-                    comp[v] = id;
-                    queue.push_back(v);
-                }
-            }
-        }
-        held.push(count);
-    }
-    // The set holding the most members, the first found among equals.
-    let main = (0..held.len()).max_by_key(|&i| (held[i], Reverse(i)));
-    members.iter().copied().filter(|&d| Some(comp[d]) != main).collect()
+    // Links are symmetric, so the strongly connected components are the connected ones.
+    let sets: Vec<Vec<usize>> = petgraph::algo::kosaraju_scc(&topo.links())
+        .into_iter()
+        .filter(|set| set.iter().all(|&d| topo.healthy(d)))
+        .collect();
+    let held = |set: &Vec<usize>| set.iter().filter(|d| members.contains(d)).count();
+    let main = sets.iter().max_by_key(|set| (held(set), Reverse(set.iter().min().copied())));
+    members.iter().copied().filter(|d| !main.is_some_and(|set| set.contains(d))).collect()
 }
 
 /// Whether a collective over `group` must be planned around the degradation: a member is
