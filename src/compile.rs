@@ -6,6 +6,7 @@
 //! a transfer), stores identical kernels and weight blocks once, and lays the weights out
 //! 64-byte aligned.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{bail, Context, Result};
@@ -154,7 +155,7 @@ fn generate(target: &Target, node: &Node, inputs: &[TensorType], out: &TensorTyp
 fn local_masks<'g>(
     g: &'g Graph,
     info: &Info,
-    consts: &HashMap<String, Tensor>,
+    consts: &HashMap<String, Cow<'_, Tensor>>,
     keeps: &HashMap<String, Tensor>,
     block: usize,
 ) -> HashMap<&'g str, (meshc_runtime::mask::Mask, meshc_runtime::program::MaskInfo)> {

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
-use meshc_ir::{Graph, ParamData};
+use meshc_ir::Graph;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -201,22 +201,6 @@ pub fn stage_artifact(
     w.add_section(SectionKind::Code, 64, &c.code[..])?;
     w.add_section(SectionKind::Weights, ALIGN, &c.weights[..])?;
     w.stage(files, out)
-}
-
-/// Every file an artifact is built from: the graph, its param files and the layout spec.
-pub fn dependencies(graph_path: &Path, g: &Graph, spec: Option<&Path>) -> Vec<PathBuf> {
-    let base = graph_path.parent().unwrap_or(Path::new("."));
-    let mut deps = vec![graph_path.to_path_buf()];
-    deps.extend(spec.map(Path::to_path_buf));
-    for p in &g.params {
-        if let ParamData::File { path, .. } = &p.data {
-            let f = base.join(path);
-            if !deps.contains(&f) {
-                deps.push(f);
-            }
-        }
-    }
-    deps
 }
 
 /// A make rule `OUT: DEP ...` with spaces escaped the way make reads them.

@@ -9,6 +9,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use meshc::dumps::Dumps;
 use meshc::{compile, driver};
+use meshc_ir::weights::WeightFiles;
 use meshc_ir::{json, load, params, text, verify::Info, Graph, Tensor, TensorType};
 use meshc_runtime::artifact::{Artifact, Verify};
 use meshc_runtime::cli::{self, is_artifact, name_eq_file, read_inputs, Io, RunArgs};
@@ -223,13 +224,16 @@ fn base_dir(graph: &Path) -> &Path {
     graph.parent().unwrap_or(Path::new("."))
 }
 
-fn load_params(g: &Graph, graph: &Path) -> Result<HashMap<String, Tensor>> {
-    Ok(params::load_all(g, base_dir(graph)).map_err(|e| e.in_file(graph.display().to_string()))?)
+/// Every param of `g`, and the weight files they were read from (mapped once each).
+fn load_params(g: &Graph, graph: &Path) -> Result<(HashMap<String, Tensor>, WeightFiles)> {
+    let mut files = WeightFiles::new(base_dir(graph));
+    let params = params::load_all_from(g, &mut files).map_err(|e| e.in_file(graph.display().to_string()))?;
+    Ok((params, files))
 }
 
 fn check(path: &Path, layout: Option<&Path>) -> Result<()> {
     let (g, info) = load::load(path)?;
-    let params = load_params(&g, path)?;
+    params::check_all(&g, &mut WeightFiles::new(base_dir(path))).map_err(|e| e.in_file(path.display().to_string()))?;
     // Everything is checked before anything is printed: a bad spec leaves stdout empty.
     let layouts = layout
         .map(|p| -> Result<_> {
@@ -263,7 +267,7 @@ fn check(path: &Path, layout: Option<&Path>) -> Result<()> {
             Ok((spec.mesh, BTreeMap::new(), stages))
         })
         .transpose()?;
-    let param_bytes: usize = params.values().map(|t| t.ty().size_bytes()).sum();
+    let param_bytes: usize = g.params.iter().map(|p| p.ty.size_bytes()).sum();
     let mut ops: BTreeMap<&str, usize> = BTreeMap::new();
     for n in &g.nodes {
         *ops.entry(n.op.name()).or_default() += 1;
@@ -331,7 +335,7 @@ fn graph_inputs(g: &Graph) -> Vec<(String, TensorType)> {
 fn interp(path: &Path, io: &Io) -> Result<()> {
     let (g, info): (Graph, Info) = load::load(path)?;
     let mut values = read_inputs(&graph_inputs(&g), &io.inputs)?;
-    values.extend(load_params(&g, path)?);
+    values.extend(load_params(&g, path)?.0);
     let names: Vec<&str> = g.outputs.iter().map(|o| o.name.as_str()).collect();
     let wanted = io.wanted(&names)?;
     let results = meshc_ir::interp::run(&g, &info.order, &info.types, values)
@@ -406,18 +410,23 @@ fn compile_graph(
     args: &CodegenArgs,
     dumps: &Dumps,
     pilot: Option<&PilotArgs>,
-) -> Result<(Graph, compile::Compiled)> {
+) -> Result<(compile::Compiled, Vec<PathBuf>)> {
     let (g, info) = load::load(path)?;
     // An artifact's outputs become file names (`run --output-dir`): refused here already.
     for o in &g.outputs {
         check_output_name(&o.name).with_context(|| path.display().to_string())?;
     }
     let spec = args.layout.as_deref().map(meshc::layout::load).transpose()?;
-    let params = load_params(&g, path)?;
+    let (params, files) = load_params(&g, path)?;
     let pilot = pilot.map(|p| p.config(&g)).transpose()?.flatten();
     let compiled = driver::build(&g, &info, spec.as_ref(), &params, &args.options(), dumps, pilot.as_ref())
         .with_context(|| path.display().to_string())?;
-    Ok((g, compiled))
+    // Everything the artifact holds has been copied out of the weight files by now.
+    files.check_unchanged()?;
+    let mut deps = vec![path.to_path_buf()];
+    deps.extend(args.layout.clone());
+    deps.extend(files.paths().iter().cloned());
+    Ok((compiled, deps))
 }
 
 fn compile_cmd(
@@ -429,7 +438,7 @@ fn compile_cmd(
     pilot: &PilotArgs,
     signer: Option<ed25519_dalek::SigningKey>,
 ) -> Result<()> {
-    let (g, compiled) = compile_graph(path, args, dumps, Some(pilot))?;
+    let (compiled, deps) = compile_graph(path, args, dumps, Some(pilot))?;
     if let Some(report) = flops_skipped(&compiled.programs, compiled.meta.flops) {
         eprintln!("{report}");
     }
@@ -437,7 +446,7 @@ fn compile_cmd(
     let mut files = Outputs::new();
     driver::stage_artifact(&compiled, &mut files, out, signer)?;
     if let Some(d) = depfile {
-        let text = driver::depfile(out, &driver::dependencies(path, &g, args.layout.as_deref()));
+        let text = driver::depfile(out, &deps);
         files.write_bytes(d, text.as_bytes())?;
     }
     files.commit()
@@ -477,7 +486,7 @@ fn run(path: &Path, io: &Io, run_args: &RunArgs, args: &CodegenArgs, pilot: &Pil
         }
         cli::open(path, run_args)?
     } else {
-        let (_, c) = compile_graph(path, args, &Dumps::default(), Some(pilot))?;
+        let (c, _) = compile_graph(path, args, &Dumps::default(), Some(pilot))?;
         c.load().with_context(|| file.clone())?
     };
     cli::run(&mut loaded, io, run_args)
@@ -516,7 +525,7 @@ fn compare_with_unpruned(path: &Path, reference: &Path, io: &Io, args: &CodegenA
             let art = Artifact::open_with(p, Verify::All)?;
             with(&load_artifact(art, &name)?)
         } else {
-            let (_, c) = compile_graph(p, args, &Dumps::default(), Some(pilot))?;
+            let (c, _) = compile_graph(p, args, &Dumps::default(), Some(pilot))?;
             with(&c.load().with_context(|| name.clone())?)
         }
     };

@@ -35,7 +35,7 @@ def safetensors_bytes(tensors):
     header, data = {}, b""
     for name, arr in tensors.items():
         raw = arr.astype(arr.dtype.newbyteorder("<")).tobytes()
-        dtype = {np.dtype("float32"): "F32", np.dtype("int32"): "I32", np.dtype("int64"): "I64"}[arr.dtype]
+        dtype = {np.dtype("float32"): "F32", np.dtype("int32"): "I32", np.dtype("int64"): "I64", np.dtype("int8"): "I8"}[arr.dtype]
         header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [len(data), len(data) + len(raw)]}
         data += raw
     h = json.dumps(header, separators=(",", ":")).encode()
@@ -75,6 +75,16 @@ def main():
         "w_trailing.safetensors": safetensors_bytes({"w": w}) + b"trailing bytes",
         # A version-2 header claiming 4 GiB (a reader that trusts it allocates that much).
         "w_huge_header.npy": b"\x93NUMPY\x02\x00" + struct.pack("<I", 0xFFFFFFF0) + b"{'descr': '<f4'",
+        # int8 data: a dtype meshc cannot take into an f32 param (quantized weights).
+        "w_i8.safetensors": safetensors_bytes({"w": np.arange(12, dtype=np.int8).reshape(3, 4)}),
+        # A header whose offsets run past the end of the data that follows it.
+        "w_offsets.safetensors": safetensors_bytes({"w": w})[:-8],
+        # A sharded checkpoint whose index names a shard that is not there (for "b"), beside
+        # one that is (for "w").
+        "index.safetensors.index.json": json.dumps(
+            {"metadata": {"total_size": 64}, "weight_map": {"w": "w-00001-of-00002.safetensors", "b": "b-00002-of-00002.safetensors"}},
+            indent=1, sort_keys=True).encode() + b"\n",
+        "w-00001-of-00002.safetensors": safetensors_bytes({"w": w}),
     }
     for name, data in files.items():
         with open(path(name), "wb") as f:

@@ -18,6 +18,7 @@ pub mod params;
 pub mod tensor;
 pub mod text;
 pub mod verify;
+pub mod weights;
 
 pub use attr::{Attr, Attrs};
 pub use dtype::{DType, TensorType};

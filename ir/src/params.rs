@@ -1,6 +1,6 @@
-//! Param data: turns each param's source (a `.npy`/`.safetensors` file relative to the graph,
-//! a seeded initialiser, an inline value) into a `Tensor` of its declared type, refusing
-//! any mismatch with the file and param named.
+//! Param data: turns each param's source (a `.npy`/`.safetensors` file or checkpoint index
+//! relative to the graph, read through `WeightFiles`; a seeded initialiser; an inline value)
+//! into a `Tensor` of its declared type, refusing any mismatch with the file and param named.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::graph::{Graph, Param, ParamData};
 use crate::init;
 use crate::tensor::{Data, Tensor};
+use crate::weights::{View, WeightFiles};
 
 /// Converts an inline `value` literal (a scalar or nested lists) into a tensor of the
 /// param's declared type.
@@ -60,10 +61,22 @@ pub fn inline_value(p: &Param, v: &Attr) -> Result<Tensor> {
     Ok(Tensor::new(p.ty.shape.clone(), data))
 }
 
-/// Loads one param; `base` is the directory of the graph file. Errors point at the param
-/// (its line:col in a text graph) and name the data file as the graph spells it; the
-/// caller adds the graph file's name.
-pub fn load_param(p: &Param, base: &Path) -> Result<Tensor> {
+/// The view of a file-backed param, checked against its declaration. Errors point at the
+/// param (its line:col in a text graph) and name the data file as the graph spells it.
+fn file_view<'a>(p: &Param, files: &'a mut WeightFiles, path: &str, key: Option<&str>) -> Result<View<'a>> {
+    let fail = |msg: String| Error::at(p.loc, format!("param '{}': {msg}", p.name));
+    let v = files.view(path, key).map_err(|e| {
+        let file = e.file.clone().unwrap_or_else(|| path.to_string());
+        fail(format!("{file}: {}", e.msg))
+    })?;
+    if v.ty != p.ty {
+        return Err(fail(format!("{path} holds {}, the graph declares {}", v.ty, p.ty)));
+    }
+    Ok(v)
+}
+
+/// Loads one param, its files through `files`; the caller adds the graph file's name.
+pub fn load_param(p: &Param, files: &mut WeightFiles) -> Result<Tensor> {
     let fail = |msg: String| Error::at(p.loc, format!("param '{}': {msg}", p.name));
     match &p.data {
         ParamData::Value(v) => inline_value(p, v),
@@ -79,21 +92,30 @@ pub fn load_param(p: &Param, base: &Path) -> Result<Tensor> {
             }
         }
         ParamData::File { path, key } => {
-            let full = base.join(path);
-            let loaded = match key {
-                Some(k) => Tensor::read_safetensors(&full, k),
-                None => Tensor::read_npy(&full),
-            };
-            let t = loaded.map_err(|e| fail(format!("{path}: {}", e.msg)))?;
-            if t.ty() != p.ty {
-                return Err(fail(format!("{path} holds {}, the graph declares {}", t.ty(), p.ty)));
-            }
-            Ok(t)
+            let v = file_view(p, files, path, key.as_deref())?;
+            Ok(Tensor::from_le_bytes(&v.ty, v.bytes))
         }
     }
 }
 
-/// Loads every param of `g`.
+/// Loads every param of `g`, reading its files (relative to `base`) through `files`.
+pub fn load_all_from(g: &Graph, files: &mut WeightFiles) -> Result<HashMap<String, Tensor>> {
+    g.params.iter().map(|p| Ok((p.name.clone(), load_param(p, files)?))).collect()
+}
+
+/// Loads every param of `g`; `base` is the directory of the graph file.
 pub fn load_all(g: &Graph, base: &Path) -> Result<HashMap<String, Tensor>> {
-    g.params.iter().map(|p| Ok((p.name.clone(), load_param(p, base)?))).collect()
+    load_all_from(g, &mut WeightFiles::new(base))
+}
+
+/// Checks every param of `g` as `load_all` would, without copying file-backed data: their
+/// headers are read and their types compared, so a checkpoint of gigabytes checks at once.
+pub fn check_all(g: &Graph, files: &mut WeightFiles) -> Result<()> {
+    for p in &g.params {
+        match &p.data {
+            ParamData::File { path, key } => drop(file_view(p, files, path, key.as_deref())?),
+            _ => drop(load_param(p, files)?),
+        }
+    }
+    Ok(())
 }

@@ -89,7 +89,7 @@ pub struct Closeness {
 
 /// Where an .npy file's data starts: after the 6-byte magic, 2 version bytes, and the header
 /// length field (u16 in version 1, u32 in versions 2 and 3) and header.
-fn npy_data_offset(bytes: &[u8]) -> usize {
+pub(crate) fn npy_data_offset(bytes: &[u8]) -> usize {
     let le = |r: std::ops::Range<usize>| bytes.get(r).map(|b| b.iter().rev().fold(0usize, |n, &x| n << 8 | x as usize));
     match bytes.get(6) {
         Some(1) => le(8..10).map_or(usize::MAX, |n| 10 + n),
@@ -97,13 +97,13 @@ fn npy_data_offset(bytes: &[u8]) -> usize {
     }
 }
 
-const NPY_MAGIC: &[u8] = b"\x93NUMPY";
+pub(crate) const NPY_MAGIC: &[u8] = b"\x93NUMPY";
 
 /// The largest `.safetensors` header read (the format's own limit).
-const MAX_SAFETENSORS_HEADER: u64 = 100_000_000;
+pub(crate) const MAX_SAFETENSORS_HEADER: u64 = 100_000_000;
 
 /// Where the data a `.safetensors` header (its JSON) declares ends: the largest end offset.
-fn safetensors_data_end(header: &[u8]) -> Result<u64> {
+pub(crate) fn safetensors_data_end(header: &[u8]) -> Result<u64> {
     let bad = |why: String| Error::new(format!("not a valid .safetensors file: {why}"));
     let v: serde_json::Value = serde_json::from_slice(header).map_err(|e| bad(format!("header: {e}")))?;
     let entries = v.as_object().ok_or_else(|| bad("the header is not an object".into()))?;
@@ -136,7 +136,7 @@ fn read_up_to(f: &mut std::fs::File, buf: &mut [u8]) -> Result<usize> {
 
 /// The type a `.npy` header declares (`bytes` holds at least the whole header), refusing
 /// what meshc does not read.
-fn npy_type(bytes: &[u8]) -> Result<TensorType> {
+pub(crate) fn npy_type(bytes: &[u8]) -> Result<TensorType> {
     // npyz allocates what the header's length field says before reading it.
     let offset = npy_data_offset(bytes);
     if offset > bytes.len().min(MAX_NPY_HEADER) {
@@ -174,7 +174,7 @@ fn npy_type(bytes: &[u8]) -> Result<TensorType> {
 
 /// Refuses data of `have` bytes after the header where it declares `want`: too few (a
 /// truncated file) or too many (bytes after the array that nobody would read).
-fn check_npy_size(ty: &TensorType, have: u64, want: u64) -> Result<()> {
+pub(crate) fn check_npy_size(ty: &TensorType, have: u64, want: u64) -> Result<()> {
     if have < want {
         return Err(Error::new(format!(
             "file ends early: the header says {ty} ({want} bytes of data), only {have} are present"
@@ -359,54 +359,6 @@ impl Tensor {
             Data::Bool(v) => write(&mut out, &shape, v),
         }
         out
-    }
-
-    /// Reads the tensor `key` of a `.safetensors` file (F32, I32, I64 or BOOL).
-    pub fn read_safetensors(path: &Path, key: &str) -> Result<Tensor> {
-        let file = path.display().to_string();
-        let in_file = |e: Error| e.in_file(&file);
-        let (mut f, len) = crate::file::open(path, "").map_err(in_file)?;
-        // The header first: the size of the file must be what it declares before the data
-        // is read (the crate checks the same, but only once everything is in memory).
-        let mut n = [0u8; 8];
-        let got = read_up_to(&mut f, &mut n).map_err(in_file)?;
-        let header = u64::from_le_bytes(n);
-        if got < 8 || header > MAX_SAFETENSORS_HEADER || 8 + header > len {
-            return Err(in_file(Error::new(format!(
-                "not a valid .safetensors file: a header of {header} bytes in a file of {len}"
-            ))));
-        }
-        let mut head = crate::file::buffer(header, ".safetensors header").map_err(in_file)?;
-        (&mut f).take(header).read_to_end(&mut head).map_err(|e| in_file(Error::new(format!("cannot read: {e}"))))?;
-        let end = safetensors_data_end(&head).map_err(in_file)?;
-        if 8 + header + end != len {
-            return Err(in_file(Error::new(format!(
-                "not a valid .safetensors file: its header covers {} bytes, the file has {len}",
-                8 + header + end
-            ))));
-        }
-        let mut bytes = crate::file::buffer(len, ".safetensors file").map_err(in_file)?;
-        bytes.extend_from_slice(&n);
-        bytes.extend_from_slice(&head);
-        drop(head);
-        (&mut f).take(end).read_to_end(&mut bytes).map_err(|e| in_file(Error::new(format!("cannot read: {e}"))))?;
-        let st = safetensors::SafeTensors::deserialize(&bytes)
-            .map_err(|e| Error::new(format!("not a valid .safetensors file: {e}")).in_file(&file))?;
-        let view = st.tensor(key).map_err(|_| {
-            let mut names = st.names();
-            names.sort();
-            Error::new(format!("no tensor '{key}' (it has: {})", names.join(", "))).in_file(&file)
-        })?;
-        let raw = view.data();
-        use safetensors::Dtype as S;
-        let data = match view.dtype() {
-            S::F32 => Data::F32(raw.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()),
-            S::I32 => Data::I32(raw.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()),
-            S::I64 => Data::I64(raw.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()),
-            S::BOOL => Data::Bool(raw.iter().map(|&b| b != 0).collect()),
-            other => return Err(Error::new(format!("tensor '{key}' has unsupported dtype {other:?}")).in_file(&file)),
-        };
-        Ok(Tensor::new(view.shape().to_vec(), data))
     }
 }
 

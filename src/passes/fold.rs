@@ -4,6 +4,7 @@
 //! device's weights. The keep pattern of each pruned param (`passes::pilot`) is folded along
 //! with it, so a device's slice of a weight gets the matching slice of its mask.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
@@ -14,9 +15,11 @@ use meshc_ir::{Graph, Op, ParamData, Tensor};
 use super::pilot::ParamMask;
 
 /// The constants of one device's program.
-pub struct Folded {
-    /// Params and folded nodes, by name.
-    pub consts: HashMap<String, Tensor>,
+pub struct Folded<'p> {
+    /// Params and folded nodes, by name. Params from files or initialisers are borrowed:
+    /// every device of a mesh reads the same ones, and a copy each would hold a model's
+    /// weights once per device.
+    pub consts: HashMap<String, Cow<'p, Tensor>>,
     /// Keep patterns (1 kept, 0 pruned) of the pruned params and of what was folded from them.
     pub keeps: HashMap<String, Tensor>,
 }
@@ -28,17 +31,17 @@ fn foldable(op: Op) -> bool {
 
 /// Folds `g` (verified as `info`), whose params' values are in `params` (inline values
 /// are read from the graph), with the pruning `masks` by param name.
-pub fn fold(
+pub fn fold<'p>(
     g: &Graph,
     info: &Info,
-    params: &HashMap<String, Tensor>,
+    params: &'p HashMap<String, Tensor>,
     masks: &HashMap<String, ParamMask>,
-) -> Result<Folded> {
-    let mut consts: HashMap<String, Tensor> = HashMap::new();
+) -> Result<Folded<'p>> {
+    let mut consts: HashMap<String, Cow<'p, Tensor>> = HashMap::new();
     for p in &g.params {
         let t = match &p.data {
-            ParamData::Value(v) => meshc_ir::params::inline_value(p, v)?,
-            _ => params.get(&p.name).cloned().with_context(|| format!("no value for param '{}'", p.name))?,
+            ParamData::Value(v) => Cow::Owned(meshc_ir::params::inline_value(p, v)?),
+            _ => Cow::Borrowed(params.get(&p.name).with_context(|| format!("no value for param '{}'", p.name))?),
         };
         consts.insert(p.name.clone(), t);
     }
@@ -59,9 +62,9 @@ pub fn fold(
     for &k in &info.order {
         let n = &g.nodes[k];
         if foldable(n.op) && n.inputs.iter().all(|i| consts.contains_key(i)) {
-            let args: Vec<&Tensor> = n.inputs.iter().map(|i| &consts[i]).collect();
+            let args: Vec<&Tensor> = n.inputs.iter().map(|i| &*consts[i]).collect();
             let t = meshc_ir::interp::eval_node(n, &args, &info.types[&n.name])?;
-            consts.insert(n.name.clone(), t);
+            consts.insert(n.name.clone(), Cow::Owned(t));
             if n.op != Op::Cast && n.inputs.iter().all(|i| keeps.contains_key(i)) {
                 let args: Vec<&Tensor> = n.inputs.iter().map(|i| &keeps[i]).collect();
                 keeps.insert(n.name.clone(), meshc_ir::interp::eval_node(n, &args, &info.types[&n.name])?);
@@ -71,7 +74,7 @@ pub fn fold(
     Ok(Folded { consts, keeps })
 }
 
-impl Folded {
+impl Folded<'_> {
     /// Whether `name` is a constant of the program.
     pub fn has(&self, name: &str) -> bool {
         self.consts.contains_key(name)

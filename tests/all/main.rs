@@ -4,6 +4,7 @@
 mod common;
 
 mod buffers;
+mod checkpoints;
 mod cli;
 mod compiled;
 mod degraded;

@@ -1,0 +1,330 @@
+//! Weight files, each opened and memory-mapped once per `WeightFiles`: `.npy` files,
+//! `.safetensors` files and Hugging Face checkpoint indexes (`*.index.json`, whose
+//! `weight_map` names the shard holding each tensor). Headers are parsed when a file is
+//! first named; every param that names it is then a view of the one mapping, so a
+//! checkpoint of a hundred tensors is read once, not a hundred times.
+//!
+//! A mapped file that another process truncates while meshc reads it would fault, as it
+//! does for every mmap-based loader; what can be checked is checked: each file's size and
+//! modification time are recorded when it is mapped, and `check_unchanged` refuses a
+//! compile during which one of them changed.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use memmap2::Mmap;
+use safetensors::tensor::Metadata;
+
+use crate::dtype::{DType, TensorType};
+use crate::error::{shorten, Error, Result};
+use crate::tensor::{check_npy_size, npy_data_offset, npy_type, safetensors_data_end, MAX_SAFETENSORS_HEADER};
+
+/// What a file's header says, parsed once.
+enum Header {
+    Npy { ty: TensorType, offset: usize },
+    Safetensors { data_start: usize, metadata: Metadata },
+    Index { weight_map: BTreeMap<String, String> },
+}
+
+/// A file's size and modification time when meshc opened it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    len: u64,
+    modified: Option<SystemTime>,
+}
+
+impl Stamp {
+    fn of(meta: &std::fs::Metadata) -> Stamp {
+        Stamp { len: meta.len(), modified: meta.modified().ok() }
+    }
+}
+
+struct Mapped {
+    /// `None` for an index, which is read, not mapped (it is small JSON).
+    map: Option<Mmap>,
+    stamp: Stamp,
+    header: Header,
+}
+
+/// A tensor as it lies in a mapped file: its type and its little-endian, row-major bytes.
+pub struct View<'a> {
+    pub ty: TensorType,
+    pub bytes: &'a [u8],
+}
+
+/// The weight files a graph's params name, relative to the graph's directory `base`.
+pub struct WeightFiles {
+    base: PathBuf,
+    files: HashMap<PathBuf, Mapped>,
+    /// In the order first opened (the depfile lists them so).
+    order: Vec<PathBuf>,
+}
+
+/// How many names a "no tensor" error lists in full before it lists only the closest.
+const LIST_ALL_NAMES: usize = 8;
+
+impl WeightFiles {
+    pub fn new(base: &Path) -> WeightFiles {
+        WeightFiles { base: base.to_path_buf(), files: HashMap::new(), order: Vec::new() }
+    }
+
+    /// Every file opened so far (shards included), in the order first opened.
+    pub fn paths(&self) -> &[PathBuf] {
+        &self.order
+    }
+
+    /// The tensor `key` of `file` (a path relative to the base): the whole array of a
+    /// `.npy` (`key` must be `None`), a tensor of a `.safetensors`, or of the shard an
+    /// index names for it. Errors name the file the way the caller spelled it.
+    pub fn view(&mut self, file: &str, key: Option<&str>) -> Result<View<'_>> {
+        let path = self.base.join(file);
+        self.open(&path).map_err(|e| e.in_file(file))?;
+        let (path, spelled) = match (&self.files[&path].header, key) {
+            (Header::Index { weight_map }, Some(k)) => {
+                let shard = weight_map.get(k).ok_or_else(|| no_tensor(k, weight_map.keys()).in_file(file))?.clone();
+                let shard = shard.as_str();
+                let dir = path.parent().unwrap_or(Path::new("."));
+                let spelled = Path::new(file).parent().unwrap_or(Path::new("")).join(shard).display().to_string();
+                let shard_path = dir.join(shard);
+                self.open(&shard_path).map_err(|e| {
+                    Error::new(format!("shard '{}' of tensor '{}': {}", shorten(shard), shorten(k), e.msg))
+                        .in_file(file)
+                })?;
+                if matches!(self.files[&shard_path].header, Header::Index { .. }) {
+                    let msg = format!("shard '{}' is itself an index", shorten(shard));
+                    return Err(Error::new(msg).in_file(file));
+                }
+                (shard_path, spelled)
+            }
+            (Header::Index { .. }, None) => {
+                return Err(Error::new("a checkpoint index names shards: the param must give a key").in_file(file))
+            }
+            _ => (path, file.to_string()),
+        };
+        let m = &self.files[&path];
+        let bytes = m.map.as_deref().unwrap_or(&[]);
+        match (&m.header, key) {
+            (Header::Npy { ty, offset }, None) => {
+                Ok(View { ty: ty.clone(), bytes: &bytes[*offset..*offset + ty.size_bytes()] })
+            }
+            (Header::Npy { .. }, Some(k)) => {
+                Err(Error::new(format!("a .npy file holds one array: key '{}' needs a .safetensors file", shorten(k)))
+                    .in_file(spelled))
+            }
+            (Header::Safetensors { data_start, metadata }, Some(k)) => {
+                let info = metadata.info(k).ok_or_else(|| no_tensor(k, metadata.tensors().keys()).in_file(&spelled))?;
+                let dtype = safetensors_dtype(info.dtype)
+                    .ok_or_else(|| {
+                        Error::new(format!(
+                            "tensor '{}' has dtype {:?}, which meshc does not read (F32, I32, I64, BOOL)",
+                            shorten(k),
+                            info.dtype
+                        ))
+                    })
+                    .map_err(|e| e.in_file(&spelled))?;
+                let (start, end) = info.data_offsets;
+                Ok(View {
+                    ty: TensorType::new(dtype, info.shape.clone()),
+                    bytes: &bytes[data_start + start..data_start + end],
+                })
+            }
+            (Header::Safetensors { .. }, None) => {
+                Err(Error::new("a .safetensors file holds named tensors: the param must give a key").in_file(spelled))
+            }
+            (Header::Index { .. }, _) => unreachable!("an index's shard is checked not to be an index"),
+        }
+    }
+
+    /// Maps `path` and parses its header, unless that was done already.
+    fn open(&mut self, path: &Path) -> Result<()> {
+        if self.files.contains_key(path) {
+            return Ok(());
+        }
+        let (mut f, _) = crate::file::open(path, "")?;
+        let meta = f.metadata().map_err(|e| Error::new(format!("cannot read: {e}")))?;
+        let stamp = Stamp::of(&meta);
+        let is_index = path.to_str().is_some_and(|p| p.ends_with(".json"));
+        let mapped = if is_index {
+            let max = crate::file::MAX_TEXT_BYTES;
+            if stamp.len > max {
+                return Err(Error::new(format!(
+                    "checkpoint index of {} bytes is larger than the {max} bytes meshc reads",
+                    stamp.len
+                )));
+            }
+            let text = crate::file::read_exact(&mut f, stamp.len, "checkpoint index")?;
+            Mapped { map: None, stamp, header: Header::Index { weight_map: parse_index(&text)? } }
+        } else {
+            // SAFETY: the mapping is read-only and private; see the module comment for what
+            // a file truncated meanwhile does, and `check_unchanged` for what is checked.
+            let map = unsafe { Mmap::map(&f) }.map_err(|e| Error::new(format!("cannot map: {e}")))?;
+            let npy = path.extension().is_some_and(|e| e == "npy") || map.starts_with(crate::tensor::NPY_MAGIC);
+            let header = parse_header(&map, npy)?;
+            Mapped { map: Some(map), stamp, header }
+        };
+        self.files.insert(path.to_path_buf(), mapped);
+        self.order.push(path.to_path_buf());
+        Ok(())
+    }
+
+    /// Refuses when a file opened here has since changed size or modification time: what
+    /// was compiled may then mix the old and the new contents.
+    pub fn check_unchanged(&self) -> Result<()> {
+        for path in &self.order {
+            let now = std::fs::metadata(path).map(|m| Stamp::of(&m)).ok();
+            if now != Some(self.files[path].stamp) {
+                return Err(Error::new(
+                    "changed while meshc read it (its size or modification time differ): run again",
+                )
+                .in_file(path.display().to_string()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The header of a mapped `.npy` (`npy`: by its name or magic) or `.safetensors` file.
+fn parse_header(bytes: &[u8], npy: bool) -> Result<Header> {
+    if npy {
+        if !bytes.starts_with(crate::tensor::NPY_MAGIC) {
+            return Err(Error::new("not a valid .npy file: magic not found for NPY file"));
+        }
+        let ty = npy_type(bytes)?;
+        let offset = npy_data_offset(bytes);
+        check_npy_size(&ty, (bytes.len() - offset) as u64, ty.size_bytes() as u64)?;
+        return Ok(Header::Npy { ty, offset });
+    }
+    let len = bytes.len() as u64;
+    let header = bytes.get(..8).map_or(0, |n| u64::from_le_bytes(n.try_into().expect("8 bytes")));
+    if len < 8 || header > MAX_SAFETENSORS_HEADER || 8 + header > len {
+        return Err(Error::new(format!(
+            "not a valid .safetensors file: a header of {header} bytes in a file of {len}"
+        )));
+    }
+    let end = safetensors_data_end(&bytes[8..8 + header as usize])?;
+    if 8 + header + end != len {
+        return Err(Error::new(format!(
+            "not a valid .safetensors file: its header covers {} bytes, the file has {len}",
+            8 + header + end
+        )));
+    }
+    let (n, metadata) = safetensors::SafeTensors::read_metadata(bytes)
+        .map_err(|e| Error::new(format!("not a valid .safetensors file: {e}")))?;
+    Ok(Header::Safetensors { data_start: 8 + n, metadata })
+}
+
+/// A Hugging Face checkpoint index: `{"metadata": ..., "weight_map": {tensor: shard}}`.
+fn parse_index(text: &[u8]) -> Result<BTreeMap<String, String>> {
+    #[derive(serde::Deserialize)]
+    struct Index {
+        weight_map: BTreeMap<String, String>,
+    }
+    let index: Index = serde_json::from_slice(text)
+        .map_err(|e| Error::new(format!("not a valid checkpoint index: {}", shorten(&e.to_string()))))?;
+    Ok(index.weight_map)
+}
+
+fn safetensors_dtype(d: safetensors::Dtype) -> Option<DType> {
+    use safetensors::Dtype as S;
+    Some(match d {
+        S::F32 => DType::F32,
+        S::I32 => DType::I32,
+        S::I64 => DType::I64,
+        S::BOOL => DType::Bool,
+        _ => return None,
+    })
+}
+
+/// "no tensor 'k'": with every name when there are few, else the closest few and the count.
+fn no_tensor<'a>(key: &str, names: impl Iterator<Item = &'a String>) -> Error {
+    let mut names: Vec<&str> = names.map(String::as_str).collect();
+    names.sort();
+    if names.len() <= LIST_ALL_NAMES {
+        return Error::new(format!("no tensor '{}' (it has: {})", shorten(key), names.join(", ")));
+    }
+    let count = names.len();
+    names.sort_by_key(|n| (strsim::levenshtein(n, key), *n));
+    let closest: Vec<String> = names.iter().take(3).map(|n| shorten(n).into_owned()).collect();
+    Error::new(format!("no tensor '{}' (closest: {}; {count} in all)", shorten(key), closest.join(", ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A directory of its own under the system's temporary directory, removed on drop.
+    struct Scratch(PathBuf);
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn scratch(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("meshc-weights-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    fn safetensors(tensors: &[(&str, &[f32])]) -> Vec<u8> {
+        let bytes: Vec<Vec<u8>> =
+            tensors.iter().map(|(_, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
+        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+            .iter()
+            .zip(&bytes)
+            .map(|((k, v), b)| {
+                (
+                    k.to_string(),
+                    safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![v.len()], b).unwrap(),
+                )
+            })
+            .collect();
+        safetensors::serialize(views, None).unwrap()
+    }
+
+    #[test]
+    fn a_file_is_mapped_once_and_an_index_picks_the_shard() {
+        let s = scratch("index");
+        std::fs::write(s.0.join("a.safetensors"), safetensors(&[("x", &[1.0, 2.0]), ("y", &[3.0])])).unwrap();
+        std::fs::write(s.0.join("b.safetensors"), safetensors(&[("z", &[4.0, 5.0, 6.0])])).unwrap();
+        let index =
+            r#"{"metadata": {}, "weight_map": {"x": "a.safetensors", "y": "a.safetensors", "z": "b.safetensors"}}"#;
+        std::fs::write(s.0.join("m.index.json"), index).unwrap();
+        let mut files = WeightFiles::new(&s.0);
+        for (key, want) in [("x", vec![1.0f32, 2.0]), ("z", vec![4.0, 5.0, 6.0]), ("y", vec![3.0])] {
+            let v = files.view("m.index.json", Some(key)).unwrap();
+            assert_eq!(v.ty, TensorType::new(DType::F32, vec![want.len()]));
+            let got: Vec<f32> = v.bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            assert_eq!(got, want, "{key}");
+        }
+        assert_eq!(files.view("a.safetensors", Some("y")).unwrap().bytes, 3.0f32.to_le_bytes());
+        // The index and each shard, each once.
+        let names: Vec<_> = files.paths().iter().map(|p| p.file_name().unwrap().to_str().unwrap()).collect();
+        assert_eq!(names, ["m.index.json", "a.safetensors", "b.safetensors"]);
+        files.check_unchanged().unwrap();
+    }
+
+    #[test]
+    fn a_file_that_changes_while_read_is_refused() {
+        let s = scratch("changed");
+        let path = s.0.join("w.safetensors");
+        std::fs::write(&path, safetensors(&[("w", &[1.0])])).unwrap();
+        let mut files = WeightFiles::new(&s.0);
+        files.view("w.safetensors", Some("w")).unwrap();
+        std::fs::write(&path, safetensors(&[("w", &[1.0, 2.0])])).unwrap();
+        let e = files.check_unchanged().unwrap_err();
+        assert!(e.msg.starts_with("changed while meshc read it"), "{}", e.msg);
+        assert_eq!(e.file.as_deref(), Some(path.display().to_string().as_str()));
+    }
+
+    #[test]
+    fn a_missing_key_among_many_names_the_closest() {
+        let names: Vec<String> = (0..20).map(|i| format!("layer.{i}.weight")).collect();
+        let e = no_tensor("layer.1.weigth", names.iter());
+        assert_eq!(
+            e.msg,
+            "no tensor 'layer.1.weigth' (closest: layer.1.weight, layer.0.weight, layer.10.weight; 20 in all)"
+        );
+    }
+}
