@@ -194,7 +194,9 @@ struct Builder {
     code: Vec<u8>,
     code_at: BTreeMap<Vec<u8>, (usize, usize)>,
     weights: Vec<u8>,
-    weight_at: HashMap<Vec<u8>, usize>,
+    /// Offsets in `weights` of the blocks stored so far (mask record and bytes), by a hash
+    /// of their content: keys holding the bytes themselves kept a second copy of a model.
+    weight_at: HashMap<u64, Vec<usize>>,
     /// Collective ids by node name: the members of a group name a collective alike.
     collectives: BTreeMap<String, usize>,
 }
@@ -215,15 +217,22 @@ impl Builder {
 
     /// Stores `bytes` (after `record`, a mask record that must end right where they start),
     /// once per distinct content; returns the offset of `bytes`.
-    fn weight(&mut self, record: &[u8], bytes: Vec<u8>) -> usize {
-        let len = self.weights.len();
-        let key = [record, &bytes].concat();
-        *self.weight_at.entry(key).or_insert_with_key(|key| {
-            let offset = align_up(len, ALIGN);
-            self.weights.resize(offset, 0);
-            self.weights.extend_from_slice(key);
-            offset + record.len()
-        })
+    fn weight(&mut self, record: &[u8], bytes: &[u8]) -> usize {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (record, bytes).hash(&mut h);
+        let at = self.weight_at.entry(h.finish()).or_default();
+        let (w, r) = (&self.weights, record.len());
+        let same = |o: usize| w.get(o..o + r) == Some(record) && w.get(o + r..o + r + bytes.len()) == Some(bytes);
+        if let Some(&o) = at.iter().find(|&&o| same(o)) {
+            return o + record.len();
+        }
+        let offset = align_up(self.weights.len(), ALIGN);
+        self.weights.resize(offset, 0);
+        self.weights.extend_from_slice(record);
+        self.weights.extend_from_slice(bytes);
+        at.push(offset);
+        offset + record.len()
     }
 
     /// The program of one device: `g` verified as `info`, its constants `folded` and its
@@ -257,7 +266,7 @@ impl Builder {
                 Some((m, info)) => (m.encode(), Some(info.clone())),
                 None => (Vec::new(), None),
             };
-            let offset = self.weight(&record, bytes);
+            let offset = self.weight(&record, &bytes);
             bufs.list.push(Buffer { name: name.clone(), bytes: len, storage: Storage::Weights { offset }, mask });
             bufs.of.insert(name.clone(), bufs.list.len() - 1);
         }
