@@ -6,10 +6,10 @@
 //! a transfer), stores identical kernels and weight blocks once, and lays the weights out
 //! 64-byte aligned.
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{bail, Context, Result};
+use meshc_ir::params::Params;
 use meshc_ir::verify::{verify, Info};
 use meshc_ir::{Graph, Node, Op, Tensor, TensorType};
 
@@ -17,7 +17,7 @@ use crate::codegen::elementwise::{Arg, Fused, FusedNode};
 use crate::codegen::{self, Generated, Target};
 use crate::dumps::Dumps;
 use crate::passes;
-use crate::passes::fold::Folded;
+use crate::passes::fold::{Const, Folded};
 use crate::passes::fuse::Groups;
 use crate::passes::lower::Lowered;
 use meshc_ir::cost::node_flops;
@@ -155,7 +155,7 @@ fn generate(target: &Target, node: &Node, inputs: &[TensorType], out: &TensorTyp
 fn local_masks<'g>(
     g: &'g Graph,
     info: &Info,
-    consts: &HashMap<String, Cow<'_, Tensor>>,
+    consts: &HashMap<String, Const<'_>>,
     keeps: &HashMap<String, Tensor>,
     block: usize,
 ) -> HashMap<&'g str, (meshc_runtime::mask::Mask, meshc_runtime::program::MaskInfo)> {
@@ -248,7 +248,7 @@ impl Builder {
         groups: &Groups,
     ) -> Result<(Program, Vec<Vec<usize>>)> {
         let mut bufs = Buffers::default();
-        let Folded { consts, keeps } = folded;
+        let Folded { consts, keeps, params } = folded;
         let masks = local_masks(g, info, consts, keeps, self.mask_block);
         // Only the constants something reads become weights.
         let outputs: Vec<&str> = g.outputs.iter().map(|o| o.name.as_str()).collect();
@@ -260,13 +260,31 @@ impl Builder {
         names
             .sort_by_key(|c| (g.params.iter().position(|p| &p.name == *c), g.nodes.iter().position(|n| &n.name == *c)));
         for name in names {
-            let bytes = consts[name].to_le_bytes();
+            // A weight read from a file as it is goes from the file's mapping straight into
+            // the weights section; any other constant through one conversion buffer.
+            let converted;
+            let bytes = match &consts[name.as_str()] {
+                Const::Param => {
+                    let p = g.params.iter().find(|p| &p.name == name).expect("a param");
+                    match params.file_bytes(p) {
+                        Some(b) => b,
+                        None => {
+                            converted = params.get(p)?.to_le_bytes();
+                            &converted[..]
+                        }
+                    }
+                }
+                Const::Value(t) => {
+                    converted = t.to_le_bytes();
+                    &converted[..]
+                }
+            };
             let len = bytes.len();
             let (record, mask) = match masks.get(name.as_str()) {
                 Some((m, info)) => (m.encode(), Some(info.clone())),
                 None => (Vec::new(), None),
             };
-            let offset = self.weight(&record, &bytes);
+            let offset = self.weight(&record, bytes);
             bufs.list.push(Buffer { name: name.clone(), bytes: len, storage: Storage::Weights { offset }, mask });
             bufs.of.insert(name.clone(), bufs.list.len() - 1);
         }
@@ -488,14 +506,15 @@ fn meta(g: &Graph, info: &Info, target: &Target, mesh: Mesh, layouts: &HashMap<S
 /// whose FLOPs the metadata counts), with `params` holding `g`'s params: the per-device
 /// passes in order — fold, fuse, code generation, streams, buffers — each over every
 /// device before the next, dumped as `dumps` asks.
-pub fn compile_lowered(
+pub fn compile_lowered<'p>(
     g: &Graph,
     info: &Info,
     lowered: &Lowered,
-    params: &HashMap<String, Tensor>,
+    params: impl Into<Params<'p>>,
     opts: &Options,
     dumps: &Dumps,
 ) -> Result<Compiled> {
+    let params = params.into();
     let mut b = Builder::new(opts)?;
     // A degraded device (`degraded::leave_out`) has nothing to run.
     let mut devices = Vec::new();
@@ -507,7 +526,7 @@ pub fn compile_lowered(
     }
     let folded = (devices.iter())
         .map(|(d, dev, dinfo)| {
-            passes::fold::fold(dev, dinfo, params, &opts.masks).with_context(|| format!("device {d}"))
+            passes::fold::fold(dev, dinfo, &params, &opts.masks).with_context(|| format!("device {d}"))
         })
         .collect::<Result<Vec<_>>>()?;
     dumps.emit("fold", || {
@@ -555,6 +574,6 @@ pub fn compile_lowered(
 }
 
 /// Compiles a graph for one device.
-pub fn compile(g: &Graph, info: &Info, params: &HashMap<String, Tensor>, opts: &Options) -> Result<Compiled> {
+pub fn compile<'p>(g: &Graph, info: &Info, params: impl Into<Params<'p>>, opts: &Options) -> Result<Compiled> {
     compile_lowered(g, info, &Lowered::single(g, info), params, opts, &Dumps::default())
 }

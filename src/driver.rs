@@ -6,9 +6,10 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
+use meshc_ir::params::Params;
 use meshc_ir::Graph;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use meshc_ir::verify::Info;
 use meshc_ir::Tensor;
@@ -29,20 +30,22 @@ use meshc_runtime::program::{Program, Storage, ALIGN};
 /// its masks do not depend on the layout) and prunes its params (`passes::pilot::apply`);
 /// the masks go with the weights (sliced with them under a layout) into the artifact,
 /// where the matmuls skip their pruned blocks.
-pub fn build(
+pub fn build<'p>(
     g: &Graph,
     info: &Info,
     spec: Option<&Spec>,
-    params: &HashMap<String, Tensor>,
+    params: impl Into<Params<'p>>,
     opts: &Options,
     dumps: &Dumps,
     pilot: Option<&passes::pilot::Config>,
 ) -> Result<Compiled> {
     dumps.emit("verify", || meshc_ir::text::print(g))?;
+    let params = params.into();
     let pruned = match pilot {
         Some(cfg) => {
-            let masks = passes::pilot::run(g, info, params, cfg)?;
-            let pruned = passes::pilot::apply(g, info, params, &masks, cfg.block)?;
+            let all = params.all(g)?;
+            let masks = passes::pilot::run(g, info, &all, cfg)?;
+            let pruned = passes::pilot::apply(g, info, &all, &masks, cfg.block)?;
             dumps.emit("pilot", || passes::pilot::dump(cfg, &masks) + &passes::pilot::dump_pruned(&pruned))?;
             Some(pruned)
         }
@@ -51,7 +54,7 @@ pub fn build(
     };
     let pruned_opts = pruned.as_ref().map(|p| Options { masks: p.masks.clone(), ..opts.clone() });
     let (params, opts) = match (&pruned, &pruned_opts) {
-        (Some(p), Some(o)) => (&p.params, o),
+        (Some(p), Some(o)) => (Params::from(&p.params), o),
         _ => (params, opts),
     };
     let Some(spec) = spec else {
@@ -59,7 +62,7 @@ pub fn build(
             let with = if matches!(pass, "place" | "sendrecv") { " with a \"placement\"" } else { "" };
             bail!("--dump-after {pass} needs a layout spec{with} (--layout SPEC)");
         }
-        return compile_lowered(g, info, &Lowered::single(g, info), params, opts, dumps);
+        return compile_lowered(g, info, &Lowered::single(g, info), &params, opts, dumps);
     };
     let degraded = spec.degraded.degradation(&spec.mesh);
     let topo = meshc_runtime::degraded::Topo::new(&spec.mesh, &degraded, false).with_context(|| spec.file.clone())?;
@@ -78,7 +81,7 @@ pub fn build(
             lower_laid_out(g, info, spec, &topo, dumps)?
         }
     };
-    let mut compiled = compile_lowered(g, info, &lowered, params, opts, dumps)?;
+    let mut compiled = compile_lowered(g, info, &lowered, &params, opts, dumps)?;
     compiled.meta.degraded = degraded;
     compiled.meta.model_axes = model_axes;
     check_memory(&compiled, spec)?;

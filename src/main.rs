@@ -417,9 +417,14 @@ fn compile_graph(
         check_output_name(&o.name).with_context(|| path.display().to_string())?;
     }
     let spec = args.layout.as_deref().map(meshc::layout::load).transpose()?;
-    let (params, files) = load_params(&g, path)?;
+    // File-backed weights stay in their files' mappings until code generation copies each
+    // into the weights section.
+    let in_graph = |e: meshc_ir::Error| e.in_file(path.display().to_string());
+    let mut files = WeightFiles::new(base_dir(path));
+    params::open_files(&g, &mut files).map_err(in_graph)?;
+    let params = params::Params::lazy(&g, &files).map_err(in_graph)?;
     let pilot = pilot.map(|p| p.config(&g)).transpose()?.flatten();
-    let compiled = driver::build(&g, &info, spec.as_ref(), &params, &args.options(), dumps, pilot.as_ref())
+    let compiled = driver::build(&g, &info, spec.as_ref(), params, &args.options(), dumps, pilot.as_ref())
         .with_context(|| path.display().to_string())?;
     // Everything the artifact holds has been copied out of the weight files by now.
     files.check_unchanged()?;

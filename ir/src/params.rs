@@ -108,14 +108,90 @@ pub fn load_all(g: &Graph, base: &Path) -> Result<HashMap<String, Tensor>> {
     load_all_from(g, &mut WeightFiles::new(base))
 }
 
-/// Checks every param of `g` as `load_all` would, without copying file-backed data: their
-/// headers are read and their types compared, so a checkpoint of gigabytes checks at once.
-pub fn check_all(g: &Graph, files: &mut WeightFiles) -> Result<()> {
+/// Opens the weight files of every file-backed param of `g` and checks each param against
+/// its declaration from the file's header, without copying data.
+pub fn open_files(g: &Graph, files: &mut WeightFiles) -> Result<()> {
     for p in &g.params {
-        match &p.data {
-            ParamData::File { path, key } => drop(file_view(p, files, path, key.as_deref())?),
-            _ => drop(load_param(p, files)?),
+        if let ParamData::File { path, key } = &p.data {
+            file_view(p, files, path, key.as_deref())?;
         }
     }
     Ok(())
+}
+
+/// Checks every param of `g` as `load_all` would, without copying file-backed data: their
+/// headers are read and their types compared, so a checkpoint of gigabytes checks at once.
+pub fn check_all(g: &Graph, files: &mut WeightFiles) -> Result<()> {
+    open_files(g, files)?;
+    Params::lazy(g, files).map(drop)
+}
+
+/// The values of a graph's params as the compiler reads them: tensors already loaded
+/// (inline values, initialisers, pruned weights — anything in `loaded`), else views of
+/// the mapped weight files, turned into a tensor only where one is needed. A weight that
+/// goes into an artifact unchanged is copied from its file's mapping once, straight into
+/// the artifact's weights, instead of living as a tensor through the whole compile.
+pub struct Params<'a> {
+    pub loaded: std::borrow::Cow<'a, HashMap<String, Tensor>>,
+    /// Opened (`open_files`) for every file-backed param not in `loaded`.
+    pub files: Option<&'a WeightFiles>,
+}
+
+impl<'a> From<&'a HashMap<String, Tensor>> for Params<'a> {
+    fn from(loaded: &'a HashMap<String, Tensor>) -> Self {
+        Params { loaded: std::borrow::Cow::Borrowed(loaded), files: None }
+    }
+}
+
+impl<'a> From<&'a Params<'a>> for Params<'a> {
+    fn from(p: &'a Params<'a>) -> Self {
+        Params { loaded: std::borrow::Cow::Borrowed(&*p.loaded), files: p.files }
+    }
+}
+
+impl<'a> Params<'a> {
+    /// The params of `g` that are not file-backed loaded, the others left to `files`
+    /// (which `open_files` has opened and checked).
+    pub fn lazy(g: &Graph, files: &'a WeightFiles) -> Result<Params<'a>> {
+        let mut loaded = HashMap::new();
+        for p in g.params.iter().filter(|p| !matches!(p.data, ParamData::File { .. })) {
+            loaded.insert(p.name.clone(), load_param(p, &mut WeightFiles::new(Path::new("")))?);
+        }
+        Ok(Params { loaded: std::borrow::Cow::Owned(loaded), files: Some(files) })
+    }
+
+    /// The little-endian bytes of `p` as its file holds them, when it is read from a file
+    /// and not loaded.
+    pub fn file_bytes(&self, p: &Param) -> Option<&[u8]> {
+        match (&p.data, self.files) {
+            (ParamData::File { path, key }, Some(files)) if !self.loaded.contains_key(&p.name) => {
+                files.get(path, key.as_deref()).ok().map(|v| v.bytes)
+            }
+            _ => None,
+        }
+    }
+
+    /// The value of `p` (an inline value is read from the graph).
+    pub fn get(&self, p: &Param) -> Result<std::borrow::Cow<'_, Tensor>> {
+        if let Some(t) = self.loaded.get(&p.name) {
+            return Ok(std::borrow::Cow::Borrowed(t));
+        }
+        match (&p.data, self.files) {
+            (ParamData::Value(v), _) => Ok(std::borrow::Cow::Owned(inline_value(p, v)?)),
+            (ParamData::File { path, key }, Some(files)) => {
+                let v = files.get(path, key.as_deref())?;
+                Ok(std::borrow::Cow::Owned(Tensor::from_le_bytes(&v.ty, v.bytes)))
+            }
+            _ => Err(Error::new(format!("no value for param '{}'", p.name))),
+        }
+    }
+
+    /// Every param of `g` as a tensor (for the passes that compute on all of them).
+    pub fn all(&self, g: &Graph) -> Result<std::borrow::Cow<'_, HashMap<String, Tensor>>> {
+        if self.files.is_none() {
+            return Ok(std::borrow::Cow::Borrowed(&*self.loaded));
+        }
+        let all = g.params.iter().map(|p| Ok((p.name.clone(), self.get(p)?.into_owned()))).collect::<Result<_>>()?;
+        Ok(std::borrow::Cow::Owned(all))
+    }
 }

@@ -78,31 +78,43 @@ impl WeightFiles {
     /// `.npy` (`key` must be `None`), a tensor of a `.safetensors`, or of the shard an
     /// index names for it. Errors name the file the way the caller spelled it.
     pub fn view(&mut self, file: &str, key: Option<&str>) -> Result<View<'_>> {
+        self.resolve(file, key)?;
+        self.get(file, key)
+    }
+
+    /// Opens what `get(file, key)` reads: the file, and for an index the shard it names.
+    fn resolve(&mut self, file: &str, key: Option<&str>) -> Result<()> {
         let path = self.base.join(file);
         self.open(&path).map_err(|e| e.in_file(file))?;
-        let (path, spelled) = match (&self.files[&path].header, key) {
+        if let (Header::Index { weight_map }, Some(k)) = (&self.files[&path].header, key) {
+            let shard = weight_map.get(k).ok_or_else(|| no_tensor(k, weight_map.keys()).in_file(file))?.clone();
+            let shard_path = path.parent().unwrap_or(Path::new(".")).join(&shard);
+            self.open(&shard_path).map_err(|e| {
+                Error::new(format!("shard '{}' of tensor '{}': {}", shorten(&shard), shorten(k), e.msg)).in_file(file)
+            })?;
+            if matches!(self.files[&shard_path].header, Header::Index { .. }) {
+                return Err(Error::new(format!("shard '{}' is itself an index", shorten(&shard))).in_file(file));
+            }
+        }
+        Ok(())
+    }
+
+    /// What `view` gives, of files opened already (by `view`); a file not opened yet is an
+    /// error.
+    pub fn get(&self, file: &str, key: Option<&str>) -> Result<View<'_>> {
+        let path = self.base.join(file);
+        let opened = |p: &Path| self.files.get(p).ok_or_else(|| Error::new("not opened").in_file(file));
+        let (m, spelled) = match (&opened(&path)?.header, key) {
             (Header::Index { weight_map }, Some(k)) => {
-                let shard = weight_map.get(k).ok_or_else(|| no_tensor(k, weight_map.keys()).in_file(file))?.clone();
-                let shard = shard.as_str();
-                let dir = path.parent().unwrap_or(Path::new("."));
+                let shard = weight_map.get(k).ok_or_else(|| no_tensor(k, weight_map.keys()).in_file(file))?;
                 let spelled = Path::new(file).parent().unwrap_or(Path::new("")).join(shard).display().to_string();
-                let shard_path = dir.join(shard);
-                self.open(&shard_path).map_err(|e| {
-                    Error::new(format!("shard '{}' of tensor '{}': {}", shorten(shard), shorten(k), e.msg))
-                        .in_file(file)
-                })?;
-                if matches!(self.files[&shard_path].header, Header::Index { .. }) {
-                    let msg = format!("shard '{}' is itself an index", shorten(shard));
-                    return Err(Error::new(msg).in_file(file));
-                }
-                (shard_path, spelled)
+                (opened(&path.parent().unwrap_or(Path::new(".")).join(shard))?, spelled)
             }
             (Header::Index { .. }, None) => {
                 return Err(Error::new("a checkpoint index names shards: the param must give a key").in_file(file))
             }
-            _ => (path, file.to_string()),
+            (_, _) => (opened(&path)?, file.to_string()),
         };
-        let m = &self.files[&path];
         let bytes = m.map.as_deref().unwrap_or(&[]);
         match (&m.header, key) {
             (Header::Npy { ty, offset }, None) => {
@@ -132,7 +144,7 @@ impl WeightFiles {
             (Header::Safetensors { .. }, None) => {
                 Err(Error::new("a .safetensors file holds named tensors: the param must give a key").in_file(spelled))
             }
-            (Header::Index { .. }, _) => unreachable!("an index's shard is checked not to be an index"),
+            (Header::Index { .. }, _) => Err(Error::new("a shard that is itself an index").in_file(spelled)),
         }
     }
 
