@@ -8,6 +8,7 @@ mod cli;
 mod compiled;
 mod degraded;
 mod distributed;
+mod dot;
 mod fuzz;
 mod golden;
 mod interp;
