@@ -42,7 +42,9 @@ bench:
 # The end-to-end example: compile the transformer block into one artifact, show what is in
 # it, run it (checking its outputs against numpy's), then time it against the interpreter;
 # then compile it for a 2x4 mesh and run it on 8 device threads, with the traffic per link
-# and a Chrome trace (open out/transformer-mp-2x4.trace.json in ui.perfetto.dev).
+# and a Chrome trace (open out/transformer-mp-2x4.trace.json in ui.perfetto.dev); and, when
+# Graphviz's dot is installed, its 4x2 pipeline placement drawn as out/transformer-pipeline-4x2.place.svg
+# (--dump-format dot: stages as clusters, the bytes each cut carries on its edges).
 DEMO_INPUTS = $(foreach f,$(sort $(wildcard $(DEMO)/inputs/*.npy)),--input $(basename $(notdir $(f)))=$(f))
 demo: build
 	@mkdir -p out
@@ -54,6 +56,12 @@ demo: build
 	@echo "--- the same block, Megatron-style on a 2x4 mesh (batch over data, heads and hidden over model)"
 	$(MESHC) compile $(DEMO)/graph.json --layout $(DEMO)/layouts/mp-2x4.json -o out/transformer-mp-2x4.mshc
 	$(MESHC) run out/transformer-mp-2x4.mshc $(DEMO_INPUTS) --output-dir out/demo-mp-2x4 --check-against $(DEMO)/expected --link-stats --trace out/transformer-mp-2x4.trace.json --bench 200
+	@if command -v dot >/dev/null; then \
+		echo "--- the 4x2 pipeline's placement, drawn: out/transformer-pipeline-4x2.place.svg"; \
+		$(MESHC) compile $(DEMO)/graph.json --layout $(DEMO)/layouts/pipeline-4x2.json -o out/transformer-pipeline-4x2.mshc \
+			--dump-after place --dump-format dot > out/transformer-pipeline-4x2.place.dot && \
+		dot -Tsvg out/transformer-pipeline-4x2.place.dot -o out/transformer-pipeline-4x2.place.svg; \
+	fi
 
 # Build-system use of `-MF`: an artifact is rebuilt only when its graph or a weight file it
 # reads changes — the depfile meshc writes names them all. (meshc itself is an order-only

@@ -551,7 +551,7 @@ pub fn compile_lowered<'p>(
         passes::streams::schedule(p, shares);
         p.streams = passes::streams::assign(p, &opts.streams);
     }
-    dumps.emit("streams", || passes::streams::dump(&programs))?;
+    dumps.emit_graph("streams", || passes::streams::dump(&programs), || crate::dot::streams(&programs))?;
     for (p, shares) in programs.iter_mut().zip(&in_place) {
         if opts.plan_arena {
             passes::buffers::plan(p, shares);

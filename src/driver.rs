@@ -105,11 +105,12 @@ fn lower_laid_out(g: &Graph, info: &Info, spec: &Spec, topo: &Topo, dumps: &Dump
     model_axes.sort();
     model_axes.dedup();
     let degraded = spec.degraded.degradation(&spec.mesh);
+    let dot = || crate::dot::lowered(&[(String::new(), &lowered)]);
     if degraded.is_empty() {
-        dumps.emit("lower", || passes::lower::dump(&lowered))?;
+        dumps.emit_graph("lower", || passes::lower::dump(&lowered), dot)?;
     } else {
         let text = crate::degrade::dump_lowered(&lowered, &degraded).with_context(|| spec.file.clone())?;
-        dumps.emit("lower", || text)?;
+        dumps.emit_graph("lower", || text, dot)?;
         crate::degrade::leave_out(&mut lowered, &degraded)?;
     }
     Ok((lowered, model_axes))
@@ -157,9 +158,9 @@ pub fn lower_placed(
 ) -> Result<Lowered> {
     // With micro-batches the unrolled graph is what runs.
     let (g, info) = placement.unrolled.as_ref().map_or((g, info), |(g, i)| (g, i));
-    dumps.emit("place", || passes::place::dump(g, info, placement))?;
+    dumps.emit_graph("place", || passes::place::dump(g, info, placement), || crate::dot::place(g, info, placement))?;
     let (mut layout_dump, mut lower_dump) = (String::new(), String::new());
-    let mut stages = Vec::new();
+    let (mut stages, mut labels) = (Vec::new(), Vec::new());
     for (s, stage) in placement.stages.iter().enumerate() {
         let (sg, si) = placement.stage_graph(g, info, s)?;
         let layouts = passes::layout::propagate(&sg, &si, &stage.mesh.mesh, stage.seeds(&sg, &si)?);
@@ -172,11 +173,20 @@ pub fn lower_placed(
         lower_dump += &head;
         lower_dump += &passes::lower::dump(&lowered);
         stages.push(lowered);
+        labels.push(format!("stage {s}: devices [{}], numbered within it", devices.join(",")));
     }
     dumps.emit("layout", || layout_dump)?;
-    dumps.emit("lower", || lower_dump)?;
+    dumps.emit_graph(
+        "lower",
+        || lower_dump,
+        || crate::dot::lowered(&labels.iter().cloned().zip(&stages).collect::<Vec<_>>()),
+    )?;
     let joined = passes::sendrecv::join(g, info, &spec.mesh, placement, &stages)?;
-    dumps.emit("sendrecv", || passes::lower::dump(&joined))?;
+    dumps.emit_graph(
+        "sendrecv",
+        || passes::lower::dump(&joined),
+        || crate::dot::lowered(&[(String::new(), &joined)]),
+    )?;
     Ok(joined)
 }
 

@@ -35,8 +35,8 @@ pub struct Spec {
     /// Explicit per-tensor layouts; each is injective and names existing axes (rank and
     /// divisibility need the graph: `seed_layouts` checks them).
     pub layouts: BTreeMap<String, Layout>,
-    /// Kept as written: a list of stage assignments or `{"auto": {...}}`.
-    pub placement: Option<Value>,
+    /// As written (node names and slices need the graph: `passes::place` resolves them).
+    pub placement: Option<Placement>,
     pub degraded: Degraded,
     pub memory_per_device: Option<u64>,
 }
@@ -58,6 +58,123 @@ impl Degraded {
             along: Vec::new(),
         }
     }
+}
+
+/// The spec's `placement` (docs/layout.md): how the nodes go to stages, and into how many
+/// micro-batches the pipeline splits the batch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Placement {
+    pub stages: Stages,
+    /// Only in the object form; `passes::place` checks the range.
+    pub microbatches: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Stages {
+    /// Entries naming nodes and the sub-mesh they go to.
+    Listed(Vec<Entry>),
+    /// Cut by the auto placer.
+    Auto(Auto),
+}
+
+/// One entry of a listed placement: `{"nodes": [...], "devices": ..., "layouts": ..., "rules": ...}`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a placement entry {\"nodes\": [...], \"devices\": ...}")]
+pub struct Entry {
+    #[serde(deserialize_with = "node_names")]
+    pub nodes: Vec<String>,
+    pub devices: Devices,
+    /// The stage's own layouts and rules, replacing the spec's (both, when either is given).
+    #[serde(default)]
+    pub layouts: Option<LayoutEntries>,
+    #[serde(default)]
+    pub rules: Option<RuleEntries>,
+}
+
+/// An entry's `devices`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(untagged, expecting = "\"devices\" must be a mesh slice such as \"0:1,*\" or a device number")]
+pub enum Devices {
+    /// Per mesh axis `*`, `k` or `a:b` (`passes::place::parse_slice`).
+    Slice(String),
+    Device(u64),
+}
+
+/// `{"auto": {"stages": N}}`; `passes::place` checks that N is positive.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "\"auto\" to be {\"stages\": N}")]
+pub struct Auto {
+    #[serde(deserialize_with = "stage_count")]
+    pub stages: u64,
+}
+
+/// The object form of `placement`, before it is checked to name its stages one way.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PlacementObject {
+    #[serde(default)]
+    auto: Option<Auto>,
+    #[serde(default)]
+    stages: Option<Vec<Entry>>,
+    #[serde(default, deserialize_with = "microbatch_count")]
+    microbatches: Option<u64>,
+}
+
+/// `"placement"` is a list of entries or an object; serde's derives cannot tell those apart
+/// without giving up the errors inside the entries, so a visitor does.
+impl<'de> Deserialize<'de> for Placement {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Placement;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(
+                    "\"placement\" to be a list of stage assignments, {\"stages\": [...], \"microbatches\": M} or \
+                     {\"auto\": {\"stages\": N}, \"microbatches\": M}",
+                )
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, seq: A) -> Result<Placement, A::Error> {
+                let entries = Vec::deserialize(de::value::SeqAccessDeserializer::new(seq))?;
+                Ok(Placement { stages: Stages::Listed(entries), microbatches: None })
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Placement, A::Error> {
+                let o = PlacementObject::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                let stages = match (o.auto, o.stages) {
+                    (Some(auto), None) => Stages::Auto(auto),
+                    (None, Some(entries)) => Stages::Listed(entries),
+                    (Some(_), Some(_)) => {
+                        return Err(de::Error::custom("\"placement\" has both \"auto\" and \"stages\""))
+                    }
+                    (None, None) => return Err(de::Error::custom("\"placement\" has neither \"auto\" nor \"stages\"")),
+                };
+                Ok(Placement { stages, microbatches: o.microbatches })
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A `T`, or the error `msg`: serde's own ("invalid type: string, expected a sequence")
+/// would not say which field is wrong.
+fn or_say<'de, T: Deserialize<'de>, D: Deserializer<'de>>(d: D, msg: &'static str) -> Result<T, D::Error> {
+    T::deserialize(d).map_err(|_| de::Error::custom(msg))
+}
+
+fn node_names<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    or_say(d, "\"nodes\" must be a list of node names or patterns")
+}
+
+fn stage_count<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    or_say(d, "\"stages\" must be a positive number")
+}
+
+fn microbatch_count<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    or_say(d, "\"microbatches\" must be a number of micro-batches").map(Some)
+}
+
+/// A present field that may not be null (`Option`'s own impl would read null as absent).
+fn present<'de, T: Deserialize<'de>, D: Deserializer<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
 }
 
 /// Where a tensor's layout came from, as dumps report it.
@@ -216,11 +333,11 @@ struct Raw {
     _format: de::IgnoredAny,
     mesh: RawMesh,
     #[serde(default)]
-    rules: Entries<AxisRef>,
+    rules: RuleEntries,
     #[serde(default)]
-    layouts: Entries<Vec<Option<AxisRef>>>,
-    #[serde(default)]
-    placement: Option<Value>,
+    layouts: LayoutEntries,
+    #[serde(default, deserialize_with = "present")]
+    placement: Option<Placement>,
     #[serde(default)]
     degraded: RawDegraded,
     #[serde(default)]
@@ -246,7 +363,8 @@ struct RawDegraded {
 }
 
 /// A mesh axis as written: its name or its index.
-enum AxisRef {
+#[derive(Clone, Debug, PartialEq)]
+pub enum AxisRef {
     Name(String),
     Index(usize),
 }
@@ -272,7 +390,13 @@ impl<'de> Deserialize<'de> for AxisRef {
 
 /// A JSON object's entries in file order. A key given twice is an error: serde_json's maps
 /// would silently keep the last one, hiding a mistake in a hand-written spec.
-struct Entries<T>(Vec<(String, T)>);
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entries<T>(Vec<(String, T)>);
+
+/// Dim-name rules as written: dim name → axis.
+pub type RuleEntries = Entries<AxisRef>;
+/// Per-tensor layouts as written: tensor → an axis or null per dim.
+pub type LayoutEntries = Entries<Vec<Option<AxisRef>>>;
 
 impl<T> Default for Entries<T> {
     fn default() -> Self {
@@ -328,34 +452,45 @@ fn json_error(e: serde_json::Error) -> Error {
     }
 }
 
-fn validate(raw: Raw, file: &str) -> Result<Spec, Error> {
-    let mesh = validate_mesh(raw.mesh)?;
-    let resolve = |a: &AxisRef| match a {
+fn resolve_axis(mesh: &Mesh, a: &AxisRef) -> Result<usize, String> {
+    match a {
         AxisRef::Name(n) => {
             mesh.axis(n).ok_or_else(|| format!("unknown mesh axis '{n}' (the mesh's axes: {})", mesh.axes.join(", ")))
         }
         AxisRef::Index(i) if *i < mesh.shape.len() => Ok(*i),
-        AxisRef::Index(i) => Err(no_such_axis(&mesh, *i)),
-    };
-    let rules = raw
-        .rules
-        .0
-        .into_iter()
-        .map(|(dim, a)| resolve(&a).map(|a| (dim.clone(), a)).map_err(|m| Error::new(format!("rule '{dim}': {m}"))))
-        .collect::<Result<_, _>>()?;
-    let mut layouts = BTreeMap::new();
-    for (name, entries) in raw.layouts.0 {
-        let layout: Layout = entries
-            .iter()
-            .map(|a| a.as_ref().map(resolve).transpose())
-            .collect::<Result<_, _>>()
-            .and_then(|l: Layout| check_injective(&mesh, &l).map(|()| l))
-            .map_err(|m| Error::new(format!("layout of '{name}': {m}")))?;
-        layouts.insert(name, layout);
+        AxisRef::Index(i) => Err(no_such_axis(mesh, *i)),
     }
-    if let Some(p) = &raw.placement {
-        check_placement(p)?;
-    }
+}
+
+/// Dim-name rules as written, their axes resolved on `mesh`.
+pub fn resolve_rules(mesh: &Mesh, rules: &RuleEntries) -> Result<Vec<(String, usize)>, Error> {
+    (rules.0.iter())
+        .map(|(dim, a)| {
+            let a = resolve_axis(mesh, a).map_err(|m| Error::new(format!("rule '{dim}': {m}")))?;
+            Ok((dim.clone(), a))
+        })
+        .collect()
+}
+
+/// Per-tensor layouts as written, their axes resolved on `mesh`; each is injective.
+pub fn resolve_layouts(mesh: &Mesh, layouts: &LayoutEntries) -> Result<BTreeMap<String, Layout>, Error> {
+    (layouts.0.iter())
+        .map(|(name, entries)| {
+            let layout: Layout = entries
+                .iter()
+                .map(|a| a.as_ref().map(|a| resolve_axis(mesh, a)).transpose())
+                .collect::<Result<_, _>>()
+                .and_then(|l: Layout| check_injective(mesh, &l).map(|()| l))
+                .map_err(|m| Error::new(format!("layout of '{name}': {m}")))?;
+            Ok((name.clone(), layout))
+        })
+        .collect()
+}
+
+fn validate(raw: Raw, file: &str) -> Result<Spec, Error> {
+    let mesh = validate_mesh(raw.mesh)?;
+    let rules = resolve_rules(&mesh, &raw.rules)?;
+    let layouts = resolve_layouts(&mesh, &raw.layouts)?;
     let degraded = validate_degraded(&mesh, raw.degraded)?;
     let memory_per_device = raw
         .memory_per_device
@@ -404,30 +539,6 @@ fn validate_mesh(raw: RawMesh) -> Result<Mesh, Error> {
         return bad(format!("{:?} has more than {MAX_DEVICES} devices, the most meshc runs", raw.shape));
     }
     Ok(Mesh { shape: raw.shape, axes: raw.axes, topology: raw.topology.unwrap_or(Topology::Mesh) })
-}
-
-fn check_placement(p: &Value) -> Result<(), Error> {
-    // The object form: the stages (a list, or "auto") and optionally "microbatches".
-    let object = |o: &serde_json::Map<String, Value>| {
-        let stages = o.get("auto").is_some_and(Value::is_object) != o.get("stages").is_some_and(Value::is_array);
-        stages && o.keys().all(|k| ["auto", "stages", "microbatches"].contains(&k.as_str()))
-    };
-    match p {
-        Value::Array(_) => Ok(()),
-        Value::Object(o) if object(o) => Ok(()),
-        _ => Err(Error::new(format!(
-            "\"placement\" must be a list of stage assignments, {{\"stages\": [...], \"microbatches\": M}} or \
-             {{\"auto\": {{\"stages\": N}}, \"microbatches\": M}}, found {}",
-            match p {
-                Value::Null => "null",
-                Value::Bool(_) => "a boolean",
-                Value::Number(_) => "a number",
-                Value::String(_) => "a string",
-                Value::Array(_) => "a list",
-                Value::Object(_) => "an object that is not {\"auto\": {...}}",
-            }
-        ))),
-    }
 }
 
 fn check_coords(mesh: &Mesh, c: &[usize]) -> Result<(), String> {
@@ -554,7 +665,14 @@ mod tests {
         assert_eq!(s.rules, vec![("batch".to_string(), 0), ("hidden".to_string(), 1)]);
         assert_eq!(s.layouts["x"], vec![Some(0), None]);
         assert_eq!(s.layouts["w1"], vec![None, Some(1)]);
-        assert!(s.placement.as_ref().unwrap().is_array());
+        let entries = match &s.placement.as_ref().unwrap().stages {
+            Stages::Listed(entries) => entries,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            (entries[0].nodes.clone(), entries[0].devices.clone()),
+            (vec!["h".into(), "a".into()], Devices::Slice("0:1,*".into()))
+        );
         assert_eq!(s.degraded.nodes, vec![vec![1, 2]]);
         assert_eq!(s.degraded.links, vec![(vec![0, 0], vec![0, 1])]);
         assert_eq!(s.memory_per_device, Some(512 << 20));
@@ -570,7 +688,7 @@ mod tests {
         assert_eq!(s.degraded, Degraded::default());
         assert_eq!((s.placement, s.memory_per_device), (None, None));
         let auto = parse(&spec_with(r#", "placement": {"auto": {"stages": 2}}"#), "f").unwrap();
-        assert!(auto.placement.unwrap()["auto"]["stages"] == 2);
+        assert_eq!(auto.placement.unwrap(), Placement { stages: Stages::Auto(Auto { stages: 2 }), microbatches: None });
     }
 
     #[test]
@@ -640,9 +758,25 @@ mod tests {
 
     #[test]
     fn placement_shape_is_checked() {
-        assert!(error(&spec_with(r#", "placement": "auto""#)).ends_with("found a string"));
-        assert!(error(&spec_with(r#", "placement": {"auto": 2}"#)).contains("found an object"));
-        assert!(error(&spec_with(r#", "placement": {"auto": {}, "x": 1}"#)).contains("found an object"));
+        let placement = |p: &str| error(&spec_with(&format!(r#", "placement": {p}"#)));
+        assert!(placement(r#""auto""#).contains(r#"invalid type: string "auto", expected "placement" to be a list"#));
+        assert!(placement("null").contains("invalid type: null"));
+        assert!(placement(r#"{"auto": 2}"#).contains(r#"expected "auto" to be {"stages": N}"#));
+        assert!(placement(r#"{"auto": {"stages": 2}, "x": 1}"#).contains("unknown field `x`"));
+        assert!(placement(r#"{"auto": {"stages": "2"}}"#).ends_with(r#""stages" must be a positive number"#));
+        assert!(placement(r#"{"auto": {"stages": 2}, "stages": []}"#).ends_with(r#"has both "auto" and "stages""#));
+        assert!(placement(r#"{"microbatches": 2}"#).ends_with(r#"has neither "auto" nor "stages""#));
+        assert!(placement(r#"{"stages": [], "microbatches": "2"}"#).ends_with("must be a number of micro-batches"));
+        assert!(placement(r#"[{"nodes": ["h"], "device": 0}]"#).contains("unknown field `device`"));
+        assert!(placement(r#"[{"devices": 0}]"#).contains("missing field `nodes`"));
+        assert!(placement(r#"[{"nodes": "h", "devices": 0}]"#)
+            .ends_with(r#""nodes" must be a list of node names or patterns"#));
+        assert!(placement(r#"[{"nodes": ["h"], "devices": -1}]"#)
+            .ends_with(r#""devices" must be a mesh slice such as "0:1,*" or a device number"#));
+        assert!(placement(r#"[{"nodes": ["h"], "devices": 0, "rules": {"b": 0, "b": 1}}]"#)
+            .ends_with(r#""b" is given twice"#));
+        // Every error points into the file.
+        assert!(placement(r#"[{"nodes": "h", "devices": 0}]"#).starts_with("spec.json:1:"));
     }
 
     #[test]

@@ -6,6 +6,7 @@
 pub mod codegen;
 pub mod compile;
 pub mod degrade;
+pub mod dot;
 pub mod driver;
 pub mod dumps;
 pub mod layout;

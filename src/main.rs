@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use meshc::dumps::Dumps;
+use meshc::dumps::{Dumps, Format as DumpFormat};
 use meshc::{compile, driver};
 use meshc_ir::weights::WeightFiles;
 use meshc_ir::{json, load, params, text, verify::Info, Graph, Tensor, TensorType};
@@ -69,9 +69,12 @@ enum Cmd {
         /// streams, buffers, or all); may be repeated.
         #[arg(long, value_name = "PASS", value_delimiter = ',')]
         dump_after: Vec<String>,
-        /// Write the dumps to DIR/NN-PASS.txt instead of stdout.
+        /// Write the dumps to DIR/NN-PASS.txt (.dot) instead of stdout.
         #[arg(long, value_name = "DIR")]
         dump_dir: Option<PathBuf>,
+        /// The form of the dumps: text, or Graphviz dot (place, lower, sendrecv, streams).
+        #[arg(long, value_name = "FORMAT", default_value = "text")]
+        dump_format: DumpFormat,
         /// Sign the artifact with this secret key (from `meshc keygen`): `run
         /// --require-signature` then accepts it.
         #[arg(long, value_name = "KEY")]
@@ -196,8 +199,8 @@ fn main() -> ExitCode {
         Cmd::Check { graph, layout } => check(&graph, layout.as_deref()),
         Cmd::Fmt { graph, to, o } => fmt(&graph, to, o.as_deref()),
         Cmd::Interp { graph, io } => interp(&graph, &io),
-        Cmd::Compile { graph, o, codegen, depfile, dump_after, dump_dir, sign, pilot } => {
-            Dumps::new(dump_after, dump_dir).and_then(|dumps| {
+        Cmd::Compile { graph, o, codegen, depfile, dump_after, dump_dir, dump_format, sign, pilot } => {
+            Dumps::new(dump_after, dump_dir, dump_format).and_then(|dumps| {
                 let signer = sign.as_deref().map(signature::read_signing_key).transpose()?;
                 compile_cmd(&graph, &o, &codegen, depfile.as_deref(), &dumps, &pilot, signer)
             })

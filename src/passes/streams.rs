@@ -36,11 +36,15 @@
 //! stream (the baseline the benchmarks compare against).
 //!
 //! Events: a step waits for each dependency on another stream, unless another dependency
-//! (or its own stream's order) already implies it — transitive reduction, computed with
-//! vector clocks in program order: every dependency points to an earlier step, so a
-//! dependency can only be implied by a later one, and taking candidates latest first keeps
-//! exactly the irredundant ones. At the end the main stream joins the last step of every
-//! other stream, again leaving out what is already implied.
+//! (or its own stream's order) already implies it. That is the transitive reduction of the
+//! happens-before DAG — stream order, the dependencies across streams, and an end node
+//! after the last step of every stream — computed by petgraph's `algo::tred`: its edges
+//! across streams are the waits, and those into the end node from streams other than the
+//! main one are what the main stream joins at the end. A DAG has exactly one transitive
+//! reduction, so no rule is needed to choose among equivalent waits. Every edge points from
+//! an earlier step to a later one, so program order is the topological order `tred` wants.
+//! The closure of the dependencies themselves (the same `tred` call) tells which compute
+//! steps a collective could overlap.
 //!
 //! Buffer assignment (`passes::buffers`) reads the resulting happens-before relation
 //! (`Order`) to decide which buffers may share arena bytes, so the overlap cannot corrupt
@@ -50,6 +54,10 @@ use std::fmt::Write as _;
 
 use meshc_runtime::inspect::{step_note, streams_summary};
 use meshc_runtime::program::{Event, Exec, Program, Step, Storage, Stream, StreamKind, StreamPlan, Wait};
+use petgraph::adj::UnweightedList;
+use petgraph::algo::tred;
+use petgraph::graph::{DiGraph, NodeIndex};
+use petgraph::visit::IntoNeighbors;
 
 /// The least compute (bytes its steps touch) a collective must be able to overlap to go to
 /// the communication stream: each move costs two cross-thread hand-offs, ~10–50 µs on the
@@ -245,29 +253,28 @@ pub fn assign(p: &Program, cfg: &Config) -> StreamPlan {
         (0..computes).map(|_| Stream { kind: StreamKind::Compute, steps: Vec::new() }).collect();
     streams.push(Stream { kind: StreamKind::Comm, steps: Vec::new() });
     let deps = deps(p);
-    // Per step, its ancestors (a bitset).
-    let words = n.div_ceil(64);
-    let mut anc: Vec<Vec<u64>> = vec![vec![0; words]; n];
-    for (i, d) in deps.iter().enumerate() {
-        for &j in d {
-            let (head, tail) = anc.split_at_mut(i);
-            for (x, y) in tail[0].iter_mut().zip(&head[j]) {
-                *x |= *y;
-            }
-            tail[0][j / 64] |= 1 << (j % 64);
-        }
-    }
-    let reaches = |a: usize, b: usize| anc[b][a / 64] >> (a % 64) & 1 == 1;
+    let comm_step = |x: usize| is_communication(p, x);
     // A step's cost: the bytes it touches.
     let work = |x: usize| p.steps[x].buffers.iter().map(|&b| p.buffers[b].bytes).sum::<usize>();
-    let overlaps = |c: usize| {
-        let concurrent = (0..n).filter(|&x| !is_communication(p, x) && !reaches(x, c) && !reaches(c, x));
-        concurrent.map(work).sum::<usize>() >= OVERLAP_BYTES
-    };
+    // What a collective can overlap: all the compute work but that of the steps it feeds or
+    // needs (its descendants and ancestors in the closure of the dependencies).
+    let (_, closure) = reduction_closure(n, deps.iter().enumerate().flat_map(|(i, d)| d.iter().map(move |&j| (j, i))));
+    let mut related = vec![0usize; n];
+    for x in 0..n {
+        for y in closure.neighbors(x as u32).map(|y| y as usize) {
+            match (comm_step(x), comm_step(y)) {
+                (true, false) => related[x] += work(y),
+                (false, true) => related[y] += work(x),
+                _ => {}
+            }
+        }
+    }
+    let compute_work: usize = (0..n).filter(|&x| !comm_step(x)).map(work).sum();
+    let overlaps = |c: usize| compute_work - related[c] >= OVERLAP_BYTES;
     let mut stream_of = vec![0; n];
     let mut load = vec![0usize; computes];
     for i in 0..n {
-        let s = if is_communication(p, i) && (cfg.comm_always || overlaps(i)) {
+        let s = if comm_step(i) && (cfg.comm_always || overlaps(i)) {
             comm
         } else {
             let tail = deps[i]
@@ -282,80 +289,65 @@ pub fn assign(p: &Program, cfg: &Config) -> StreamPlan {
         stream_of[i] = s;
         streams[s].steps.push(i);
     }
-    let pos: Vec<usize> = {
-        let mut pos = vec![0; n];
-        for st in &streams {
-            for (k, &i) in st.steps.iter().enumerate() {
-                pos[i] = k;
+    // The happens-before DAG: stream order, the dependencies across streams, and a last node
+    // `end` after the main stream's last step and every other stream's. Its reduction keeps
+    // exactly the edges no path of other edges implies: across streams, the waits (and into
+    // `end` from another stream, the joins). A DAG has one transitive reduction, so the plan
+    // does not depend on how it is computed.
+    let end = n;
+    let order = streams.iter().flat_map(|st| st.steps.windows(2).map(|w| (w[0], w[1])));
+    let stream_of = &stream_of;
+    let across = deps
+        .iter()
+        .enumerate()
+        .flat_map(|(i, d)| d.iter().filter(move |&&j| stream_of[j] != stream_of[i]).map(move |&j| (j, i)));
+    let tails = streams.iter().filter_map(|st| st.steps.last().map(|&t| (t, end)));
+    let (reduction, _) = reduction_closure(n + 1, order.chain(across).chain(tails));
+    let mut waits: Vec<(usize, usize)> = Vec::new();
+    let mut joined: Vec<usize> = Vec::new();
+    for u in 0..n {
+        for v in reduction.neighbors(u as u32).map(|v| v as usize) {
+            if v == end {
+                if stream_of[u] != 0 {
+                    joined.push(u);
+                }
+            } else if stream_of[v] != stream_of[u] {
+                waits.push((u, v));
             }
         }
-        pos
-    };
-    let m = streams.len();
-    let mut clock: Vec<Vec<usize>> = vec![vec![0; m]; n];
-    let mut event_of: Vec<Option<usize>> = vec![None; n];
-    let mut events: Vec<Event> = Vec::new();
-    let mut waits: Vec<Wait> = Vec::new();
-    // Keeps the candidates (latest first) that `c` does not already imply, joining each kept
-    // one's clock into `c`; returns them.
-    let reduce = |c: &mut Vec<usize>, clock: &[Vec<usize>], mut cands: Vec<usize>| -> Vec<usize> {
-        cands.sort_unstable_by(|a, b| b.cmp(a));
-        let mut kept = Vec::new();
-        for u in cands {
-            if c[stream_of[u]] > pos[u] {
-                continue;
-            }
-            for (x, y) in c.iter_mut().zip(&clock[u]) {
-                *x = (*x).max(*y);
-            }
-            kept.push(u);
-        }
-        kept
-    };
-    for i in 0..n {
-        let s = stream_of[i];
-        let mut c = vec![0; m];
-        if pos[i] > 0 {
-            c.clone_from(&clock[streams[s].steps[pos[i] - 1]]);
-        }
-        c[s] = pos[i] + 1;
-        let cands: Vec<usize> = deps[i].iter().copied().filter(|&j| stream_of[j] != s).collect();
-        let mut kept = reduce(&mut c, &clock, cands);
-        kept.sort_unstable();
-        for u in kept {
-            let e = *event_of[u].get_or_insert_with(|| {
-                events.push(Event { after: u });
-                events.len() - 1
-            });
-            waits.push(Wait { event: e, before: i });
-        }
-        clock[i] = c;
     }
-    let mut end = streams[0].steps.last().map_or(vec![0; m], |&t| clock[t].clone());
-    let tails: Vec<usize> = streams[1..].iter().filter_map(|s| s.steps.last().copied()).collect();
-    let mut joined = reduce(&mut end, &clock, tails);
-    joined.sort_unstable();
-    let join: Vec<usize> = joined
-        .into_iter()
-        .map(|u| {
-            *event_of[u].get_or_insert_with(|| {
-                events.push(Event { after: u });
-                events.len() - 1
-            })
-        })
-        .collect();
-    // Events numbered in the order of the steps that record them, so the plan reads in order.
-    let mut by_step: Vec<usize> = (0..events.len()).collect();
-    by_step.sort_by_key(|&e| events[e].after);
-    let mut renumber = vec![0; events.len()];
-    for (new, &old) in by_step.iter().enumerate() {
-        renumber[old] = new;
-    }
-    let events = by_step.iter().map(|&e| events[e].clone()).collect();
-    let waits = waits.into_iter().map(|w| Wait { event: renumber[w.event], before: w.before }).collect();
-    let mut join: Vec<usize> = join.into_iter().map(|e: usize| renumber[e]).collect();
+    // One event per step another stream waits for, numbered in step order, so the plan
+    // reads in order; waits in the order of the steps that wait.
+    let mut recorded: Vec<usize> = waits.iter().map(|w| w.0).chain(joined.iter().copied()).collect();
+    recorded.sort_unstable();
+    recorded.dedup();
+    let event = |u: usize| recorded.binary_search(&u).expect("a recorded step");
+    waits.sort_unstable_by_key(|&(u, v)| (v, u));
+    let waits = waits.into_iter().map(|(u, v)| Wait { event: event(u), before: v }).collect();
+    let mut join: Vec<usize> = joined.into_iter().map(event).collect();
     join.sort_unstable();
+    let events = recorded.iter().map(|&u| Event { after: u }).collect();
     StreamPlan { streams, events, waits, join }
+}
+
+/// The transitive reduction and closure (petgraph's `tred`) of the DAG on nodes `0..nodes`
+/// whose `edges` each go from an earlier node to a later one, as adjacency lists indexed by
+/// node. (The node order is then a topological order, and the lists keep its numbering.)
+fn reduction_closure(
+    nodes: usize,
+    edges: impl IntoIterator<Item = (usize, usize)>,
+) -> (UnweightedList<u32>, UnweightedList<u32>) {
+    let mut g = DiGraph::<(), (), u32>::with_capacity(nodes, 0);
+    for _ in 0..nodes {
+        g.add_node(());
+    }
+    for (a, b) in edges {
+        debug_assert!(a < b, "edge {a} -> {b} points backwards");
+        g.add_edge(NodeIndex::new(a), NodeIndex::new(b), ());
+    }
+    let topo: Vec<NodeIndex> = g.node_indices().collect();
+    let (list, _) = tred::dag_to_toposorted_adjacency_list::<_, u32>(&g, &topo);
+    tred::dag_transitive_reduction_closure(&list)
 }
 
 /// The `--dump-after streams` text: per device, its streams, then every step in program

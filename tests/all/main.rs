@@ -9,6 +9,7 @@ mod cli;
 mod compiled;
 mod degraded;
 mod distributed;
+mod dot;
 mod fuzz;
 mod golden;
 mod interp;

@@ -236,7 +236,7 @@ fn placements_that_cannot_be_honoured_are_refused() {
         (r#"[{"nodes": ["h"], "devices": 8}]"#, "entry 1: device 8 does not exist (the mesh has 8 devices)"),
         (
             r#"[{"nodes": ["h"], "device": 0}]"#,
-            "entry 1: unknown key \"device\" (keys: nodes, devices, layouts, rules)",
+            "unknown field `device`, expected one of `nodes`, `devices`, `layouts`, `rules`",
         ),
         (r#"[]"#, "placement: the list is empty"),
         (

@@ -27,10 +27,9 @@ use std::collections::BTreeMap;
 use anyhow::{anyhow, bail, Result};
 use meshc_ir::verify::Info;
 use meshc_ir::Graph;
-use serde_json::Value;
 
 use super::stages::{check_layout_names, cost, fill, slice_string, stage_spec, sub_mesh, Placement, Stage};
-use crate::layout::Spec;
+use crate::layout::{Auto, Spec};
 
 /// Per contiguous run [i, j) of the topological order: FLOPs, bytes received, memory.
 struct Runs {
@@ -150,17 +149,12 @@ fn least_memory(r: &Runs, n: usize, k: usize) -> u64 {
     best[k][n]
 }
 
-pub fn auto(g: &Graph, info: &Info, spec: &Spec, auto: &Value) -> Result<Placement> {
+pub fn auto(g: &Graph, info: &Info, spec: &Spec, auto: &Auto) -> Result<Placement> {
     let err = |msg: String| anyhow!("{}: placement: auto: {msg}", spec.file);
-    let obj = auto.as_object().ok_or_else(|| err("expected {\"stages\": N}".into()))?;
-    if let Some(k) = obj.keys().find(|k| k.as_str() != "stages") {
-        return Err(err(format!("unknown key \"{k}\" (keys: stages)")));
-    }
-    let k = obj
-        .get("stages")
-        .and_then(Value::as_u64)
+    let k = usize::try_from(auto.stages)
+        .ok()
         .filter(|&k| k >= 1)
-        .ok_or_else(|| err("\"stages\" must be a positive number".into()))? as usize;
+        .ok_or_else(|| err("\"stages\" must be a positive number".into()))?;
     let n = info.order.len();
     if k > n {
         return Err(err(format!("{k} stages for a graph of {n} nodes (each stage needs one)")));
@@ -202,7 +196,7 @@ pub fn auto(g: &Graph, info: &Info, spec: &Spec, auto: &Value) -> Result<Placeme
         let mut ranges: Vec<std::ops::Range<usize>> = m.shape.iter().map(|&x| 0..x).collect();
         ranges[axis] = s * block..(s + 1) * block;
         let sm = sub_mesh(m, &ranges);
-        let st_spec = stage_spec(spec, &sm.mesh, (None, None))?;
+        let st_spec = stage_spec(spec, &sm.mesh, None)?;
         stages.push(Stage { slice: slice_string(&ranges), mesh: sm, spec: st_spec });
     }
     let mut stage_of = BTreeMap::new();

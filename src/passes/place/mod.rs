@@ -30,9 +30,8 @@ use std::ops::Range;
 use anyhow::{anyhow, Result};
 use meshc_ir::verify::Info;
 use meshc_ir::Graph;
-use serde_json::Value;
 
-use crate::layout::Spec;
+use crate::layout::{Devices, Entry, Spec, Stages};
 
 mod auto;
 mod microbatch;
@@ -45,15 +44,18 @@ pub use stages::{cost, parse_slice, Cost, Placement, Stage, MAX_MICROBATCHES};
 pub fn place(g: &Graph, info: &Info, spec: &Spec) -> Result<Option<Placement>> {
     let Some(p) = &spec.placement else { return Ok(None) };
     let err = |msg: String| anyhow!("{}: placement: {msg}", spec.file);
-    let microbatches = match p.get("microbatches") {
+    let microbatches = match p.microbatches {
         None => 1,
-        Some(v) => v.as_u64().filter(|m| (1..=MAX_MICROBATCHES).contains(m)).ok_or_else(|| {
-            err(format!("\"microbatches\": {v} is not a number of micro-batches (1 to {MAX_MICROBATCHES})"))
-        })? as usize,
+        Some(m) if (1..=MAX_MICROBATCHES).contains(&m) => m as usize,
+        Some(m) => {
+            return Err(err(format!(
+                "\"microbatches\": {m} is not a number of micro-batches (1 to {MAX_MICROBATCHES})"
+            )))
+        }
     };
-    let mut placement = match p.get("auto") {
-        Some(auto) => auto::auto(g, info, spec, auto)?,
-        None => explicit(g, info, spec, p.get("stages").unwrap_or(p))?,
+    let mut placement = match &p.stages {
+        Stages::Auto(auto) => auto::auto(g, info, spec, auto)?,
+        Stages::Listed(entries) => explicit(g, info, spec, entries)?,
     };
     if microbatches > 1 {
         placement.unrolled =
@@ -63,47 +65,35 @@ pub fn place(g: &Graph, info: &Info, spec: &Spec) -> Result<Option<Placement>> {
 }
 
 /// The placement of a list of entries (see the module doc).
-fn explicit(g: &Graph, info: &Info, spec: &Spec, p: &Value) -> Result<Placement> {
+fn explicit(g: &Graph, info: &Info, spec: &Spec, entries: &[Entry]) -> Result<Placement> {
     let err = |msg: String| anyhow!("{}: placement: {msg}", spec.file);
-    let entries = p.as_array().ok_or_else(|| err("expected a list of entries".into()))?;
     let mut stages: Vec<Stage> = Vec::new();
     let mut stage_of: BTreeMap<String, usize> = BTreeMap::new();
     let mut entry_of: BTreeMap<String, usize> = BTreeMap::new();
     for (e, entry) in entries.iter().enumerate() {
         let at = |msg: String| err(format!("entry {}: {msg}", e + 1));
-        let obj = entry.as_object().ok_or_else(|| at("expected {\"nodes\": [...], \"devices\": ...}".into()))?;
-        if let Some(k) = obj.keys().find(|k| !["nodes", "devices", "layouts", "rules"].contains(&k.as_str())) {
-            return Err(at(format!("unknown key \"{k}\" (keys: nodes, devices, layouts, rules)")));
-        }
-        let ranges = match obj.get("devices") {
-            Some(Value::String(s)) => parse_slice(&spec.mesh, s).map_err(|m| at(format!("devices \"{s}\": {m}")))?,
-            Some(Value::Number(n)) => {
-                let d = n.as_u64().map(|d| d as usize).filter(|&d| d < spec.mesh.devices()).ok_or_else(|| {
+        let ranges = match &entry.devices {
+            Devices::Slice(s) => parse_slice(&spec.mesh, s).map_err(|m| at(format!("devices \"{s}\": {m}")))?,
+            &Devices::Device(n) => {
+                let d = usize::try_from(n).ok().filter(|&d| d < spec.mesh.devices()).ok_or_else(|| {
                     at(format!("device {n} does not exist (the mesh has {} devices)", spec.mesh.devices()))
                 })?;
                 spec.mesh.coords(d).into_iter().map(|c| c..c + 1).collect()
             }
-            _ => return Err(at("\"devices\" must be a mesh slice such as \"0:1,*\" or a device number".into())),
         };
         let sm = sub_mesh(&spec.mesh, &ranges);
-        let overrides = (obj.get("layouts"), obj.get("rules"));
         let s = match stages.iter().position(|s| s.mesh.devices == sm.devices) {
-            Some(s) if overrides != (None, None) => {
+            Some(s) if entry.layouts.is_some() || entry.rules.is_some() => {
                 return Err(at(format!("layouts or rules for stage {} are given by an earlier entry already", s)));
             }
             Some(s) => s,
             None => {
-                let spec = stage_spec(spec, &sm.mesh, overrides).map_err(|m| at(m.to_string()))?;
+                let spec = stage_spec(spec, &sm.mesh, Some(entry)).map_err(|m| at(m.to_string()))?;
                 stages.push(Stage { slice: slice_string(&ranges), mesh: sm, spec });
                 stages.len() - 1
             }
         };
-        let names = obj
-            .get("nodes")
-            .and_then(Value::as_array)
-            .ok_or_else(|| at("\"nodes\" must be a list of node names or patterns".into()))?;
-        for name in names {
-            let name = name.as_str().ok_or_else(|| at(format!("{name} is not a node name")))?;
+        for name in entry.nodes.iter().map(String::as_str) {
             let matches: Vec<&String> = if name.contains('*') {
                 let all = g.inputs.iter().map(|i| &i.name).chain(g.nodes.iter().map(|n| &n.name));
                 all.filter(|n| glob(name, n)).collect()
@@ -136,7 +126,7 @@ fn explicit(g: &Graph, info: &Info, spec: &Spec, p: &Value) -> Result<Placement>
         let s = match stages.iter().position(|s| s.mesh.devices == sm.devices) {
             Some(s) => s,
             None => {
-                let st_spec = stage_spec(spec, &sm.mesh, (None, None))?;
+                let st_spec = stage_spec(spec, &sm.mesh, None)?;
                 stages.push(Stage { slice: slice_string(&whole), mesh: sm, spec: st_spec });
                 stages.len() - 1
             }

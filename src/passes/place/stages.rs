@@ -9,9 +9,8 @@ use std::ops::Range;
 use anyhow::{anyhow, bail, Result};
 use meshc_ir::verify::{verify, Info};
 use meshc_ir::{Graph, Input, Output};
-use serde_json::Value;
 
-use crate::layout::{Seed, Spec, FORMAT};
+use crate::layout::{resolve_layouts, resolve_rules, Entry, Seed, Spec};
 use meshc_runtime::mesh::{Mesh, Topology};
 use meshc_runtime::program::StageMesh;
 
@@ -169,24 +168,14 @@ pub fn sub_mesh(mesh: &Mesh, ranges: &[Range<usize>]) -> StageMesh {
     StageMesh { mesh: sub, devices }
 }
 
-/// The spec of a stage: the spec's rules and layouts over the stage's mesh, or the entry's
-/// own (`layouts` and `rules` as in a spec, resolved by the spec's parser).
-pub fn stage_spec(spec: &Spec, mesh: &Mesh, overrides: (Option<&Value>, Option<&Value>)) -> Result<Spec> {
+/// The spec of a stage: the spec's rules and layouts over the stage's mesh, or, when its
+/// `entry` gives either, the entry's own (what it leaves out is empty, not the spec's).
+pub fn stage_spec(spec: &Spec, mesh: &Mesh, entry: Option<&Entry>) -> Result<Spec> {
     let mut s = Spec { mesh: mesh.clone(), placement: None, ..spec.clone() };
-    if overrides != (None, None) {
-        let mut raw = serde_json::json!({
-            "format": FORMAT,
-            "mesh": {"shape": mesh.shape, "axes": mesh.axes},
-        });
-        if let Some(l) = overrides.0 {
-            raw["layouts"] = l.clone();
-        }
-        if let Some(r) = overrides.1 {
-            raw["rules"] = r.clone();
-        }
-        let parsed = crate::layout::parse(&raw.to_string(), &spec.file).map_err(|e| anyhow!("{e}"))?;
-        s.layouts = parsed.layouts;
-        s.rules = parsed.rules;
+    if let Some(e) = entry.filter(|e| e.layouts.is_some() || e.rules.is_some()) {
+        let own = |e: meshc_ir::Error| anyhow!("{e}");
+        s.layouts = e.layouts.as_ref().map_or(Ok(BTreeMap::new()), |l| resolve_layouts(mesh, l)).map_err(own)?;
+        s.rules = e.rules.as_ref().map_or(Ok(Vec::new()), |r| resolve_rules(mesh, r)).map_err(own)?;
     }
     Ok(s)
 }
