@@ -9,6 +9,7 @@
 //!
 //!     cargo bench --bench checkpoints            (LAYERS=24 WIDTH=1024 by default)
 //!     MESHC_CKPT_LAYERS=4 cargo bench --bench checkpoints
+//!     MESHC_CKPT_KEEP=1 ...    keeps the generated files (to profile a step by hand)
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -19,7 +20,9 @@ use std::time::{Duration, Instant};
 struct Scratch(PathBuf);
 impl Drop for Scratch {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        if std::env::var_os("MESHC_CKPT_KEEP").is_none() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
 }
 

@@ -9,10 +9,15 @@ pub enum DType {
     I32,
     I64,
     Bool,
+    /// IEEE half precision and bfloat16: storage types (weights at half the bytes). Data
+    /// movement, `where` and `cast` take them; arithmetic takes f32 (`cast` first), as the
+    /// compiled kernels compute in f32 whatever the weights are stored in.
+    F16,
+    BF16,
 }
 
 impl DType {
-    pub const ALL: [DType; 4] = [DType::F32, DType::I32, DType::I64, DType::Bool];
+    pub const ALL: [DType; 6] = [DType::F32, DType::I32, DType::I64, DType::Bool, DType::F16, DType::BF16];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -20,6 +25,8 @@ impl DType {
             DType::I32 => "i32",
             DType::I64 => "i64",
             DType::Bool => "bool",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
         }
     }
 
@@ -32,6 +39,7 @@ impl DType {
             DType::F32 | DType::I32 => 4,
             DType::I64 => 8,
             DType::Bool => 1,
+            DType::F16 | DType::BF16 => 2,
         }
     }
 
@@ -39,9 +47,14 @@ impl DType {
         matches!(self, DType::I32 | DType::I64)
     }
 
-    /// Types arithmetic is defined on (everything but bool).
+    /// Types arithmetic is defined on (everything but bool and the storage floats).
     pub fn is_numeric(self) -> bool {
-        self != DType::Bool
+        matches!(self, DType::F32 | DType::I32 | DType::I64)
+    }
+
+    /// f16 and bf16: floats stored in 2 bytes, computed on as f32.
+    pub fn is_half(self) -> bool {
+        matches!(self, DType::F16 | DType::BF16)
     }
 }
 

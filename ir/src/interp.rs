@@ -264,6 +264,8 @@ elem!(f32, F32);
 elem!(i32, I32);
 elem!(i64, I64);
 elem!(bool, Bool);
+elem!(half::f16, F16);
+elem!(half::bf16, BF16);
 
 /// Integer element types: wrapping arithmetic, like numpy.
 trait Int: Elem + Ord {
@@ -320,6 +322,14 @@ macro_rules! with_elem {
             }
             DType::Bool => {
                 type $T = bool;
+                $body
+            }
+            DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            DType::BF16 => {
+                type $T = half::bf16;
                 $body
             }
         }
@@ -530,7 +540,7 @@ fn binary(op: Op, a: &Tensor, b: &Tensor) -> R<Tensor> {
         }
         DType::I32 => int::<i32>(op, a, b, &shape)?,
         DType::I64 => int::<i64>(op, a, b, &shape)?,
-        DType::Bool => return Err(undefined(op, DType::Bool)),
+        other => return Err(undefined(op, other)),
     };
     Ok(Tensor::new(shape, data))
 }
@@ -585,7 +595,7 @@ fn unary(op: Op, tanh_gelu: bool, x: &Tensor) -> R<Tensor> {
         }
         DType::I32 => int::<i32>(op, x)?,
         DType::I64 => int::<i64>(op, x)?,
-        DType::Bool => return Err(undefined(op, DType::Bool)),
+        other => return Err(undefined(op, other)),
     };
     Ok(Tensor::new(x.shape.clone(), data))
 }
@@ -599,30 +609,54 @@ fn conv<A: Copy, B>(v: &[A], f: impl Fn(A) -> B) -> Vec<B> {
 /// numpy leaves those cases undefined); int → narrower int wraps; nonzero (incl. NaN) →
 /// true; bool → 0/1.
 fn cast(x: &Data, to: DType) -> Data {
+    use half::{bf16, f16};
+    match (x, to) {
+        (Data::F16(_), DType::F16) | (Data::BF16(_), DType::BF16) => return x.clone(),
+        // Widening to f32 is exact; every other cast of a half goes on from there.
+        (Data::F16(v), _) => return cast(&Data::F32(conv(v, f16::to_f32)), to),
+        (Data::BF16(v), _) => return cast(&Data::F32(conv(v, bf16::to_f32)), to),
+        _ => {}
+    }
+    // Into a half: one rounding, to nearest even (ints through f64, exact below 2^53).
+    fn half<T>(x: &Data, from_f32: fn(f32) -> T, from_f64: fn(f64) -> T) -> Vec<T> {
+        match x {
+            Data::F32(v) => conv(v, from_f32),
+            Data::I32(v) => conv(v, |a| from_f64(a as f64)),
+            Data::I64(v) => conv(v, |a| from_f64(a as f64)),
+            Data::Bool(v) => conv(v, |a| from_f32(a as u8 as f32)),
+            Data::F16(_) | Data::BF16(_) => unreachable!("widened above"),
+        }
+    }
     match to {
+        DType::F16 => Data::F16(half(x, f16::from_f32, f16::from_f64)),
+        DType::BF16 => Data::BF16(half(x, bf16::from_f32, bf16::from_f64)),
         DType::F32 => Data::F32(match x {
             Data::F32(v) => v.clone(),
             Data::I32(v) => conv(v, |a| a as f32),
             Data::I64(v) => conv(v, |a| a as f32),
             Data::Bool(v) => conv(v, |a| a as u8 as f32),
+            Data::F16(_) | Data::BF16(_) => unreachable!("widened above"),
         }),
         DType::I32 => Data::I32(match x {
             Data::F32(v) => conv(v, |a| a as i32),
             Data::I32(v) => v.clone(),
             Data::I64(v) => conv(v, |a| a as i32),
             Data::Bool(v) => conv(v, |a| a as i32),
+            Data::F16(_) | Data::BF16(_) => unreachable!("widened above"),
         }),
         DType::I64 => Data::I64(match x {
             Data::F32(v) => conv(v, |a| a as i64),
             Data::I32(v) => conv(v, |a| a as i64),
             Data::I64(v) => v.clone(),
             Data::Bool(v) => conv(v, |a| a as i64),
+            Data::F16(_) | Data::BF16(_) => unreachable!("widened above"),
         }),
         DType::Bool => Data::Bool(match x {
             Data::F32(v) => conv(v, |a| a != 0.0),
             Data::I32(v) => conv(v, |a| a != 0),
             Data::I64(v) => conv(v, |a| a != 0),
             Data::Bool(v) => v.clone(),
+            Data::F16(_) | Data::BF16(_) => unreachable!("widened above"),
         }),
     }
 }
@@ -813,7 +847,7 @@ fn reduce_op(op: Op, x: &Tensor, axes: &[usize], keepdims: bool) -> R<Tensor> {
         }
         DType::I32 => int::<i32>(op, x, axes)?,
         DType::I64 => int::<i64>(op, x, axes)?,
-        DType::Bool => return Err(undefined(op, DType::Bool)),
+        other => return Err(undefined(op, other)),
     };
     Ok(Tensor::new(shape, data))
 }
@@ -1273,7 +1307,21 @@ mod tests {
         check(Op::Cast, &to("bool"), &[&x], x.clone());
 
         assert!(error(Op::Cast, &[], &[&x]).contains("missing required attribute 'to'"));
-        assert!(error(Op::Cast, &to("f16"), &[&x]).contains("unknown dtype 'f16'"));
+        assert!(error(Op::Cast, &to("f64"), &[&x]).contains("unknown dtype 'f64'"));
+
+        // Into the halves: round to nearest, ties to even; out of range is infinite.
+        let x = f(&[5], &[1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, -3.0e38, 70000.0, f32::NAN]);
+        let bf = cast(&x.data, DType::BF16);
+        assert_eq!(bf.to_f64()[..4], [1.0, 1.015625, -1.765625 * 2f64.powi(127), 70144.0]);
+        let h = cast(&x.data, DType::F16);
+        assert_eq!(h.to_f64()[..4], [1.00390625, 1.01171875, f64::NEG_INFINITY, f64::INFINITY]);
+        assert!(h.to_f64()[4].is_nan() && bf.to_f64()[4].is_nan());
+        // Out of the halves: exactly, and on to ints and bools from there.
+        let back = |d: &Data, to: DType| Tensor::new(vec![5], cast(d, to));
+        assert_eq!(back(&h, DType::I32), i32t(&[5], &[1, 1, i32::MIN, i32::MAX, 0]));
+        assert_eq!(back(&bf, DType::Bool), bt(&[5], &[true, true, true, true, true]));
+        let bits = |d: Data| Tensor::new(vec![5], d).to_le_bytes();
+        assert_eq!(bits(cast(&cast(&bf, DType::F32), DType::BF16)), bits(bf));
     }
 
     #[test]

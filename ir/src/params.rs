@@ -57,6 +57,15 @@ pub fn inline_value(p: &Param, v: &Attr) -> Result<Tensor> {
         ),
         DType::I64 => Data::I64(flat.iter().map(|a| a.as_int().ok_or_else(|| bad(a))).collect::<Result<_>>()?),
         DType::Bool => Data::Bool(flat.iter().map(|a| a.as_bool().ok_or_else(|| bad(a))).collect::<Result<_>>()?),
+        // Rounded to the half type; a number beyond its range is refused like one beyond f32's.
+        DType::F16 | DType::BF16 => {
+            let v = flat.iter().map(|a| a.as_float().ok_or_else(|| bad(a))).collect::<Result<Vec<f64>>>()?;
+            let data = Data::from_f64(p.ty.dtype, v);
+            if let Some(i) = data.to_f64().iter().position(|x| !x.is_finite()) {
+                return Err(bad(flat[i]));
+            }
+            data
+        }
     };
     Ok(Tensor::new(p.ty.shape.clone(), data))
 }
@@ -84,12 +93,13 @@ pub fn load_param(p: &Param, files: &mut WeightFiles) -> Result<Tensor> {
             let t = init::materialize(i, &p.ty).map_err(|e| fail(e.msg))?;
             // NaN or infinite parameters (or a mean beyond f32's range) give values no
             // graph wants; they would only show up as NaN outputs far from the cause.
-            match &t.data {
-                Data::F32(v) if v.iter().any(|x| !x.is_finite()) => {
-                    Err(fail("its init gives values that are not finite f32 numbers (check its parameters)".into()))
-                }
-                _ => Ok(t),
+            let float = matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16);
+            if float && t.data.to_f64().iter().any(|x| !x.is_finite()) {
+                let msg =
+                    format!("its init gives values that are not finite {} numbers (check its parameters)", t.dtype());
+                return Err(fail(msg));
             }
+            Ok(t)
         }
         ParamData::File { path, key } => {
             let v = file_view(p, files, path, key.as_deref())?;

@@ -13,6 +13,8 @@ pub enum Data {
     I32(Vec<i32>),
     I64(Vec<i64>),
     Bool(Vec<bool>),
+    F16(Vec<half::f16>),
+    BF16(Vec<half::bf16>),
 }
 
 /// A dense, row-major tensor.
@@ -29,6 +31,8 @@ impl Data {
             Data::I32(_) => DType::I32,
             Data::I64(_) => DType::I64,
             Data::Bool(_) => DType::Bool,
+            Data::F16(_) => DType::F16,
+            Data::BF16(_) => DType::BF16,
         }
     }
 
@@ -38,6 +42,8 @@ impl Data {
             Data::I32(v) => v.len(),
             Data::I64(v) => v.len(),
             Data::Bool(v) => v.len(),
+            Data::F16(v) => v.len(),
+            Data::BF16(v) => v.len(),
         }
     }
 
@@ -53,6 +59,8 @@ impl Data {
             Data::I32(v) => v.iter().map(|&x| x as f64).collect(),
             Data::I64(v) => v.iter().map(|&x| x as f64).collect(),
             Data::Bool(v) => v.iter().map(|&x| x as u8 as f64).collect(),
+            Data::F16(v) => v.iter().map(|&x| x.to_f64()).collect(),
+            Data::BF16(v) => v.iter().map(|&x| x.to_f64()).collect(),
         }
     }
 
@@ -65,6 +73,9 @@ impl Data {
             DType::I32 => Data::I32(v.map(|x| x as i32).collect()),
             DType::I64 => Data::I64(v.map(|x| x as i64).collect()),
             DType::Bool => Data::Bool(v.map(|x| x != 0.0).collect()),
+            // Rounded once, to nearest even, straight from f64.
+            DType::F16 => Data::F16(v.map(half::f16::from_f64).collect()),
+            DType::BF16 => Data::BF16(v.map(half::bf16::from_f64).collect()),
         }
     }
 }
@@ -161,9 +172,10 @@ pub(crate) fn npy_type(bytes: &[u8]) -> Result<TensorType> {
         "<i4" => DType::I32,
         "<i8" => DType::I64,
         "|b1" => DType::Bool,
+        "<f2" => DType::F16,
         other => {
             return Err(Error::new(format!(
-                "unsupported .npy dtype {other} (meshc reads float32, int32, int64 and bool)"
+                "unsupported .npy dtype {other} (meshc reads float32, float16, int32, int64 and bool)"
             )))
         }
     };
@@ -226,7 +238,7 @@ impl Tensor {
     /// Compares with a reference of the same type under `ATOL`/`RTOL` (NaN matches NaN);
     /// non-f32 dtypes must match exactly.
     pub fn closeness(&self, want: &Tensor) -> Closeness {
-        let exact = want.dtype() != DType::F32;
+        let exact = !matches!(want.dtype(), DType::F32 | DType::F16 | DType::BF16);
         let mut c = Closeness { max_abs_err: 0.0, worst: 0, first_bad: None, nan_mismatches: 0 };
         for (i, (a, b)) in self.data.to_f64().into_iter().zip(want.data.to_f64()).enumerate() {
             let one_nan = a.is_nan() != b.is_nan();
@@ -258,6 +270,8 @@ impl Tensor {
             Data::I32(v) => put(dst, v, i32::to_le_bytes),
             Data::I64(v) => put(dst, v, i64::to_le_bytes),
             Data::Bool(v) => put(dst, v, |b: bool| [b as u8]),
+            Data::F16(v) => put(dst, v, half::f16::to_le_bytes),
+            Data::BF16(v) => put(dst, v, half::bf16::to_le_bytes),
         }
     }
 
@@ -275,6 +289,12 @@ impl Tensor {
                 Data::I64(bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
             }
             DType::Bool => Data::Bool(bytes.iter().map(|&b| b != 0).collect()),
+            DType::F16 => Data::F16(
+                bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes(c.try_into().expect("2 bytes"))).collect(),
+            ),
+            DType::BF16 => Data::BF16(
+                bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes(c.try_into().expect("2 bytes"))).collect(),
+            ),
         };
         Tensor::new(ty.shape.clone(), data)
     }
@@ -331,6 +351,8 @@ impl Tensor {
             DType::I32 => Data::I32(npy.into_vec::<i32>().map_err(corrupt)?),
             DType::I64 => Data::I64(npy.into_vec::<i64>().map_err(corrupt)?),
             DType::Bool => Data::Bool(npy.into_vec::<bool>().map_err(corrupt)?),
+            DType::F16 => Data::F16(npy.into_vec::<half::f16>().map_err(corrupt)?),
+            DType::BF16 => unreachable!("npy_type never gives bf16"),
         };
         let TensorType { shape, .. } = ty;
         Ok(Tensor::new(shape, data))
@@ -357,6 +379,9 @@ impl Tensor {
             Data::I32(v) => write(&mut out, &shape, v),
             Data::I64(v) => write(&mut out, &shape, v),
             Data::Bool(v) => write(&mut out, &shape, v),
+            Data::F16(v) => write(&mut out, &shape, v),
+            // numpy has no bfloat16: stored widened to f32 (exactly).
+            Data::BF16(v) => write(&mut out, &shape, &v.iter().map(|x| x.to_f32()).collect::<Vec<_>>()),
         }
         out
     }

@@ -129,7 +129,7 @@ impl WeightFiles {
                 let dtype = safetensors_dtype(info.dtype)
                     .ok_or_else(|| {
                         Error::new(format!(
-                            "tensor '{}' has dtype {:?}, which meshc does not read (F32, I32, I64, BOOL)",
+                            "tensor '{}' has dtype {:?}, which meshc does not read (F32, F16, BF16, I32, I64, BOOL)",
                             shorten(k),
                             info.dtype
                         ))
@@ -244,6 +244,8 @@ fn safetensors_dtype(d: safetensors::Dtype) -> Option<DType> {
         S::I32 => DType::I32,
         S::I64 => DType::I64,
         S::BOOL => DType::Bool,
+        S::F16 => DType::F16,
+        S::BF16 => DType::BF16,
         _ => return None,
     })
 }

@@ -165,6 +165,13 @@ impl Plan {
             if !broadcasts_to(&node.ty.shape, shape) {
                 return Err(fail(format!("shape {} does not broadcast to the result {}", node.ty, last.ty)));
             }
+            if node.ty.dtype.is_half() {
+                // Halves are storage: kernels widen them as they load them and compute in f32.
+                return Err(fail(format!(
+                    "a {} result is not compiled yet (f16/bf16 are read by kernels, not written)",
+                    node.ty.dtype
+                )));
+            }
             let kind = match node.op {
                 Op::Gelu => Kind::Gelu { tanh: gelu_is_tanh(&node.attrs).map_err(fail)? },
                 Op::Cast => Kind::Cast { from: dtypes[args[0]], to: node.ty.dtype },
@@ -367,11 +374,12 @@ fn collapse(shape: &[usize], strides: &[Vec<usize>]) -> (Vec<usize>, Vec<Vec<usi
     (dims, out)
 }
 
-/// The Cranelift type of one lane group of `dt`: scalar, or the vector-loop form.
+/// The Cranelift type of one lane group of `dt`: scalar, or the vector-loop form. Halves
+/// are held as the f32 values they are widened to on loading.
 fn lane_type(dt: DType, vector: bool) -> Type {
     match (dt, vector) {
-        (DType::F32, false) => types::F32,
-        (DType::F32, true) => types::F32X4,
+        (DType::F32 | DType::F16 | DType::BF16, false) => types::F32,
+        (DType::F32 | DType::F16 | DType::BF16, true) => types::F32X4,
         (DType::I32, false) => types::I32,
         (DType::I32 | DType::Bool, true) => types::I32X4,
         (DType::I64, _) => types::I64,
@@ -380,6 +388,9 @@ fn lane_type(dt: DType, vector: bool) -> Type {
 }
 
 fn load(b: &mut FunctionBuilder, dt: DType, vector: bool, addr: Value) -> Value {
+    if dt.is_half() {
+        return load_half(b, dt, vector, addr);
+    }
     if dt != DType::Bool || !vector {
         return b.ins().load(lane_type(dt, vector), mem(), addr, 0);
     }
@@ -393,6 +404,50 @@ fn load(b: &mut FunctionBuilder, dt: DType, vector: bool, addr: Value) -> Value 
     let zero = b.ins().iconst(types::I32, 0);
     let zero = b.ins().splat(types::I32X4, zero);
     b.ins().icmp(IntCC::NotEqual, lanes, zero)
+}
+
+/// One f16 or bf16 lane group loaded and widened to f32, exactly. bf16 is the top half of
+/// an f32. f16: its exponent and mantissa moved into f32 position and scaled by 2^112
+/// (which rebiases the exponent, and makes subnormals normal), infinities and NaNs given
+/// the f32 exponent of all ones, the sign put back.
+fn load_half(b: &mut FunctionBuilder, dt: DType, vector: bool, addr: Value) -> Value {
+    let (ity, fty) = if vector { (types::I32X4, types::F32X4) } else { (types::I32, types::F32) };
+    let flags = cranelift_codegen::ir::MemFlagsData::new();
+    let bits = if vector { b.ins().uload16x4(mem(), addr, 0) } else { b.ins().uload16(types::I32, mem(), addr, 0) };
+    let int = |b: &mut FunctionBuilder, v: i64| {
+        let c = b.ins().iconst(types::I32, v);
+        if vector {
+            b.ins().splat(ity, c)
+        } else {
+            c
+        }
+    };
+    if dt == DType::BF16 {
+        let f = b.ins().ishl_imm_u(bits, 16);
+        return b.ins().bitcast(fty, flags, f);
+    }
+    let sign_mask = int(b, 0x8000);
+    let sign = b.ins().band(bits, sign_mask);
+    let sign = b.ins().ishl_imm_u(sign, 16);
+    let em_mask = int(b, 0x7fff);
+    let em = b.ins().band(bits, em_mask);
+    let shifted = b.ins().ishl_imm_u(em, 13);
+    let scaled = b.ins().bitcast(fty, flags, shifted);
+    let scale = b.ins().f32const(2f32.powi(112));
+    let scale = if vector { b.ins().splat(fty, scale) } else { scale };
+    let normal = b.ins().fmul(scaled, scale);
+    let normal = b.ins().bitcast(ity, flags, normal);
+    let all_ones = int(b, 0x7f80_0000);
+    let special = b.ins().bor(shifted, all_ones);
+    let limit = int(b, 0x7c00);
+    let is_special = b.ins().icmp(IntCC::UnsignedGreaterThanOrEqual, em, limit);
+    let r = if vector {
+        b.ins().bitselect(is_special, special, normal)
+    } else {
+        b.ins().select(is_special, special, normal)
+    };
+    let r = b.ins().bor(r, sign);
+    b.ins().bitcast(fty, flags, r)
 }
 
 fn store(b: &mut FunctionBuilder, dt: DType, vector: bool, v: Value, addr: Value) {
@@ -490,6 +545,8 @@ fn cast(m: &mut Math, from: DType, to: DType, x: Value) -> Value {
     use DType::*;
     let vector = m.ty().is_vector();
     let to_ty = lane_type(to, vector);
+    // A half was widened to f32 as it was loaded (and is never a result: `Plan::new`).
+    let from = if from.is_half() { F32 } else { from };
     match (from, to) {
         (F32, I32 | I64) => m.b.ins().fcvt_to_sint_sat(to_ty, x),
         (I32 | I64, F32) => m.b.ins().fcvt_from_sint(to_ty, x),
@@ -513,6 +570,7 @@ fn cast(m: &mut Math, from: DType, to: DType, x: Value) -> Value {
         (I32, I64) => m.b.ins().sextend(types::I64, x),
         (I64, I32) => m.b.ins().ireduce(types::I32, x),
         (Bool, Bool) | (F32, F32) | (I32, I32) | (I64, I64) => x,
+        (_, F16 | BF16) | (F16 | BF16, _) => unreachable!("refused by Plan::new, widened on load"),
     }
 }
 
@@ -620,7 +678,38 @@ mod tests {
             Data::I32(v) => v[flat].to_string(),
             Data::I64(v) => v[flat].to_string(),
             Data::Bool(v) => v[flat].to_string(),
+            Data::F16(v) => format!("{:e}", v[flat]),
+            Data::BF16(v) => format!("{:e}", v[flat]),
         }
+    }
+
+    /// Every f16 and every bf16 (all 65536 bit patterns, and 3 more for the scalar tail),
+    /// widened as kernels load them: exactly the interpreter's value (NaN for NaN), alone,
+    /// into an f32 sum, and through a cast to i32.
+    #[test]
+    fn every_half_is_widened_exactly() {
+        for dt in [DType::F16, DType::BF16] {
+            let bits = (0..=u16::MAX).chain([0x3c00, 0x8001, 0x7c01]);
+            let bytes: Vec<u8> = bits.flat_map(u16::to_le_bytes).collect();
+            let n = bytes.len() / 2;
+            let x = Tensor::from_le_bytes(&TensorType::new(dt, vec![n]), &bytes);
+            let ht = TensorType::new(dt, vec![n]);
+            let cast = |to: &'static str| -> Spec<'static> {
+                (Op::Cast, if to == "f32" { &[("to", "f32")] } else { &[("to", "i32")] }, &[Arg::Input(0)])
+            };
+            check(&group(&[ht.clone()], &[cast("f32")]), &[x.clone()], &format!("{dt} -> f32"));
+            check(&group(&[ht.clone()], &[cast("i32")]), &[x.clone()], &format!("{dt} -> i32"));
+            let y = Tensor::f32(vec![n], (0..n).map(|i| i as f32 * 0.25).collect());
+            let f = group(&[ht, f32t(&[n])], &[cast("f32"), (Op::Add, &[], &[Arg::Node(0), Arg::Input(1)])]);
+            check(&f, &[x, y], &format!("{dt} + f32"));
+        }
+    }
+
+    #[test]
+    fn a_half_result_is_refused() {
+        let f = group(&[f32t(&[4])], &[(Op::Cast, &[("to", "bf16")], &[Arg::Input(0)])]);
+        let e = format!("{:#}", fused(&native(), "t", &f).err().expect("refused"));
+        assert!(e.contains("a bf16 result is not compiled yet"), "{e}");
     }
 
     /// Runs `f` on every runnable target and compares with the interpreter.
@@ -676,6 +765,11 @@ mod tests {
             DType::I32 => Data::I32((0..n).map(|_| int(rng) as i32).collect()),
             DType::I64 => Data::I64((0..n).map(|_| int(rng)).collect()),
             DType::Bool => Data::Bool((0..n).map(|_| rng.next().is_multiple_of(2)).collect()),
+            // Any bit pattern: every value, subnormals, infinities and NaNs included.
+            DType::F16 | DType::BF16 => {
+                let bytes: Vec<u8> = (0..n).flat_map(|_| (rng.next() as u16).to_le_bytes()).collect();
+                return Tensor::from_le_bytes(ty, &bytes);
+            }
         };
         Tensor::new(ty.shape.clone(), data)
     }

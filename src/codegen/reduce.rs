@@ -336,7 +336,7 @@ fn reduce(target: &Target, name: &str, node: &Node, x: &TensorType, out: &Tensor
         DType::F32 => None,
         DType::I32 => Some(types::I32),
         DType::I64 => Some(types::I64),
-        DType::Bool => bail!("{} of bool is not supported", node.op),
+        other => bail!("{} of {other} is not supported", node.op),
     };
     let func = build_kernel(target, name, |kb| match ity {
         _ if empty => {}

@@ -81,3 +81,99 @@ fn a_sharded_checkpoint_gives_the_artifact_of_the_single_file() {
         assert!(deps.contains(f), "{f} not in the depfile:\n{deps}");
     }
 }
+
+/// An MLP whose weights are stored as bf16 and f16 (a safetensors checkpoint) and whose
+/// input is f16 (.npy), each cast to f32 where it is used.
+const HALF_MLP: &str = "graph half_mlp {
+  input x: f16[8,16] dims(batch, embed)
+  param w1: bf16[16,32] dims(embed, hidden) = file(\"halves.safetensors\", key = \"w1\")
+  param b1: f16[32] dims(hidden) = file(\"halves.safetensors\", key = \"b1\")
+  param w2: bf16[32,16] dims(hidden, embed) = file(\"halves.safetensors\", key = \"w2\")
+  xf = cast(x) {to = \"f32\"}
+  w1f = cast(w1) {to = \"f32\"}
+  b1f = cast(b1) {to = \"f32\"}
+  w2f = cast(w2) {to = \"f32\"}
+  h = matmul(xf, w1f)
+  hb = add(h, b1f)
+  a = gelu(hb)
+  y = matmul(a, w2f)
+  output y
+}
+";
+
+/// Half-precision weights and inputs: every compiled path (both GEMMs, one device and a
+/// 2x4 mesh) gives the interpreter's result, which is the f32 graph's on the same (rounded)
+/// values.
+#[test]
+fn half_precision_weights_and_inputs_run_as_their_f32_values() {
+    use meshc_ir::{Data, Tensor, TensorType};
+    let dir = scratch("halves");
+    let values = |n: usize, seed: u32| -> Vec<f64> {
+        (0..n).map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 2001) as f64 / 1000.0 - 1.0).collect()
+    };
+    let half = |dtype: DType, shape: Vec<usize>, seed: u32| {
+        let n = shape.iter().product();
+        Tensor::new(shape, Data::from_f64(dtype, values(n, seed)))
+    };
+    use meshc_ir::DType;
+    let (w1, b1, w2) =
+        (half(DType::BF16, vec![16, 32], 1), half(DType::F16, vec![32], 2), half(DType::BF16, vec![32, 16], 3));
+    let entry = |t: &Tensor, name: &str| {
+        let dtype = if t.dtype() == DType::BF16 { "BF16" } else { "F16" };
+        (name.to_string(), serde_json::json!({"dtype": dtype, "shape": t.shape}), t.to_le_bytes())
+    };
+    let entries = [entry(&w1, "w1"), entry(&b1, "b1"), entry(&w2, "w2")];
+    let views: Vec<(String, serde_json::Value, &[u8])> =
+        entries.iter().map(|(n, i, b)| (n.clone(), i.clone(), b.as_slice())).collect();
+    std::fs::write(dir.join("halves.safetensors"), safetensors(&views)).unwrap();
+    std::fs::write(dir.join("g.txt"), HALF_MLP).unwrap();
+    half(DType::F16, vec![8, 16], 4).write_npy(&dir.join("x.npy")).unwrap();
+    // The same graph in f32, on the rounded values.
+    let widen = |t: &Tensor| Tensor::new(t.shape.clone(), Data::from_f64(DType::F32, t.data.to_f64()));
+    for (name, t) in [("w1", &w1), ("b1", &b1), ("w2", &w2)] {
+        widen(t).write_npy(&dir.join(format!("{name}.npy"))).unwrap();
+    }
+    widen(&half(DType::F16, vec![8, 16], 4)).write_npy(&dir.join("x32.npy")).unwrap();
+    let f32_graph = HALF_MLP
+        .replace("f16[8,16]", "f32[8,16]")
+        .replace("bf16[", "f32[")
+        .replace("f16[32]", "f32[32]")
+        .replace("file(\"halves.safetensors\", key = \"w1\")", "file(\"w1.npy\")")
+        .replace("file(\"halves.safetensors\", key = \"b1\")", "file(\"b1.npy\")")
+        .replace("file(\"halves.safetensors\", key = \"w2\")", "file(\"w2.npy\")");
+    std::fs::write(dir.join("g32.txt"), f32_graph).unwrap();
+    std::fs::write(
+        dir.join("mp.json"),
+        r#"{"format": "meshc-layout/1", "mesh": {"shape": [2, 4], "axes": ["data", "model"]}, "rules": {"batch": "data", "hidden": "model"}}"#,
+    )
+    .unwrap();
+
+    let path = |f: &str| dir.join(f).display().to_string();
+    let result = |args: &[&str], out: &str| -> Tensor {
+        let o = path(out);
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["--output", &o]);
+        let run = meshc(&all);
+        assert_eq!(run.status, Some(0), "{args:?}: {}", run.stderr);
+        Tensor::read_npy(std::path::Path::new(&o)).unwrap()
+    };
+    let (g, g32, x, x32, mp) = (
+        path("g.txt"),
+        path("g32.txt"),
+        format!("x={}", path("x.npy")),
+        format!("x={}", path("x32.npy")),
+        path("mp.json"),
+    );
+    let want = result(&["interp", &g32, "--input", &x32], "want.npy");
+    assert_eq!(want.ty(), TensorType::new(DType::F32, vec![8, 16]));
+    let interp = result(&["interp", &g, "--input", &x], "interp.npy");
+    assert_eq!(interp, want, "the interpreter computes on the widened values");
+    for gemm in ["cranelift", "library"] {
+        for layout in [None, Some(mp.as_str())] {
+            let mut args = vec!["run", g.as_str(), "--input", x.as_str(), "--gemm", gemm];
+            args.extend(layout.iter().flat_map(|l| ["--layout", *l]));
+            let got = result(&args, "got.npy");
+            crate::common::assert_close(&format!("{gemm} {layout:?}"), &got, &want).unwrap();
+        }
+    }
+}
