@@ -404,6 +404,7 @@ impl PilotArgs {
 fn compile_graph(
     path: &Path,
     args: &CodegenArgs,
+    emit: compile::Emit,
     dumps: &Dumps,
     pilot: Option<&PilotArgs>,
 ) -> Result<(Graph, compile::Compiled)> {
@@ -415,7 +416,8 @@ fn compile_graph(
     let spec = args.layout.as_deref().map(meshc::layout::load).transpose()?;
     let params = load_params(&g, path)?;
     let pilot = pilot.map(|p| p.config(&g)).transpose()?.flatten();
-    let compiled = driver::build(&g, &info, spec.as_ref(), &params, &args.options(), dumps, pilot.as_ref())
+    let opts = compile::Options { emit, ..args.options() };
+    let compiled = driver::build(&g, &info, spec.as_ref(), &params, &opts, dumps, pilot.as_ref())
         .with_context(|| path.display().to_string())?;
     Ok((g, compiled))
 }
@@ -429,7 +431,7 @@ fn compile_cmd(
     pilot: &PilotArgs,
     signer: Option<ed25519_dalek::SigningKey>,
 ) -> Result<()> {
-    let (g, compiled) = compile_graph(path, args, dumps, Some(pilot))?;
+    let (g, compiled) = compile_graph(path, args, compile::Emit::Artifact, dumps, Some(pilot))?;
     if let Some(report) = flops_skipped(&compiled.programs, compiled.meta.flops) {
         eprintln!("{report}");
     }
@@ -477,7 +479,7 @@ fn run(path: &Path, io: &Io, run_args: &RunArgs, args: &CodegenArgs, pilot: &Pil
         }
         cli::open(path, run_args)?
     } else {
-        let (_, c) = compile_graph(path, args, &Dumps::default(), Some(pilot))?;
+        let (_, c) = compile_graph(path, args, compile::Emit::Memory, &Dumps::default(), Some(pilot))?;
         c.load().with_context(|| file.clone())?
     };
     cli::run(&mut loaded, io, run_args)
@@ -516,7 +518,7 @@ fn compare_with_unpruned(path: &Path, reference: &Path, io: &Io, args: &CodegenA
             let art = Artifact::open_with(p, Verify::All)?;
             with(&load_artifact(art, &name)?)
         } else {
-            let (_, c) = compile_graph(p, args, &Dumps::default(), Some(pilot))?;
+            let (_, c) = compile_graph(p, args, compile::Emit::Memory, &Dumps::default(), Some(pilot))?;
             with(&c.load().with_context(|| name.clone())?)
         }
     };
