@@ -119,7 +119,7 @@ fn main() {
     }
 
     let (meta, programs) = runner_program(&torus8, 1);
-    let l = Loaded::in_memory(meta, programs, &[], &[]).unwrap();
+    let l = Loaded::in_memory(meta, programs, Box::new(()), &[]).unwrap();
     let x = HashMap::from([("x".to_string(), Tensor::f32(vec![1], vec![1.0]))]);
     let t = median(
         (0..500)

@@ -11,7 +11,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use meshc::codegen::{compile, matmul::matmul, ExecCode, Target};
+use meshc::codegen::{matmul::matmul, module::jit, KernelTable, Target};
 use meshc_ir::{DType, TensorType};
 use meshc_runtime::library;
 
@@ -160,14 +160,15 @@ fn cranelift(
     reps: usize,
 ) -> Result<(f64, Vec<f32>)> {
     let g = matmul(target, "mm", &f32_type(&[m, k]), &f32_type(&[k, n]), &f32_type(&[m, n]))?;
-    let exec = ExecCode::new(&compile(target, g.func)?)?;
+    let code = jit(target, g.func)?;
+    let kernel = code.get(0).context("a kernel at 0")?;
     let (out, scratch) = (Buf::new(m * n * 4), Buf::new(g.scratch));
     let bufs = [out.ptr, a.ptr, b.ptr, scratch.ptr];
     let mut status = 0;
     let secs = best(reps, || {
         // SAFETY: the kernel was compiled for this host; every buffer has the size and
         // alignment the kernel ABI asks for.
-        status = unsafe { exec.kernel(0)(bufs.as_ptr(), 0, 1) };
+        status = unsafe { kernel(bufs.as_ptr(), 0, 1) };
     });
     if status != 0 {
         bail!("kernel returned status {status}");

@@ -12,7 +12,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use common::testdata_graphs;
-use meshc::compile::{self, Compiled, Options};
+use meshc::compile::{self, Compiled, Emit, Options};
 use meshc::driver;
 use meshc_ir::{load, params, text, verify, Data, Graph, Tensor};
 
@@ -30,10 +30,10 @@ fn median(n: usize, mut f: impl FnMut()) -> f64 {
     t[t.len() / 2]
 }
 
-fn compile_text(src: &str, params: &HashMap<String, Tensor>) -> Compiled {
+fn compile_text(src: &str, params: &HashMap<String, Tensor>, emit: Emit) -> Compiled {
     let g = text::parse(src).expect("bench graph parses");
     let info = verify::verify(&g).expect("bench graph verifies");
-    compile::compile(&g, &info, params, &Options::default()).expect("bench graph compiles")
+    compile::compile(&g, &info, params, &Options { emit, ..Options::default() }).expect("bench graph compiles")
 }
 
 fn random(shape: &[usize], seed: u32) -> Tensor {
@@ -130,8 +130,8 @@ fn kernels() {
     ];
     for (name, src, params) in cases {
         let inputs = HashMap::from([("x".to_string(), x.clone())]);
-        let k1 = time_steps(compile_text(&src, &params), &inputs, 7, 1);
-        let kn = time_steps(compile_text(&src, &params), &inputs, 7, cores);
+        let k1 = time_steps(compile_text(&src, &params, Emit::Memory), &inputs, 7, 1);
+        let kn = time_steps(compile_text(&src, &params, Emit::Memory), &inputs, 7, cores);
         println!(
             "| {name} | {rows}x{cols} f32 | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} |",
             k1 * 1e3,
@@ -202,7 +202,7 @@ fn load_time() {
             "graph load{mib} {{ input i: i32[1] param w: f32[{rows},16] = init zeros y = gather(w, i) {{axis = 0}} output y }}"
         );
         let w = Tensor::new(vec![rows, 16], Data::F32(vec![0.0; rows * 16]));
-        let c = compile_text(&src, &HashMap::from([("w".to_string(), w)]));
+        let c = compile_text(&src, &HashMap::from([("w".to_string(), w)]), Emit::Artifact);
         let art = dir.join(format!("load{mib}.mshc"));
         driver::write_artifact(&c, &art, None).unwrap();
         let size = std::fs::metadata(&art).unwrap().len();

@@ -3,8 +3,9 @@
 //! `passes::fuse`, code generation here, `passes::streams`, `passes::buffers`), each over
 //! every device before the next; code generation turns each step into a kernel (a fused
 //! elementwise loop, a matmul by the generated kernel or the library GEMM, a collective or
-//! a transfer), stores identical kernels and weight blocks once, and lays the weights out
-//! 64-byte aligned.
+//! a transfer) defined in the module `Options::emit` asks for (`codegen::module`: the
+//! artifact's code section, or executable memory), stores identical kernels and weight
+//! blocks once, and lays the weights out 64-byte aligned.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -14,6 +15,7 @@ use meshc_ir::verify::{verify, Info};
 use meshc_ir::{Graph, Node, Op, Tensor, TensorType};
 
 use crate::codegen::elementwise::{Arg, Fused, FusedNode};
+use crate::codegen::module::{ArtifactModule, JitCode, Kernels, Place};
 use crate::codegen::{self, Generated, Target};
 use crate::dumps::Dumps;
 use crate::passes;
@@ -50,6 +52,16 @@ pub struct Options {
     pub masks: HashMap<String, passes::pilot::ParamMask>,
     /// How each device's steps are ordered and split into streams (`passes::streams`).
     pub streams: passes::streams::Config,
+    pub emit: Emit,
+}
+
+/// Where the kernels go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Emit {
+    /// Into executable memory, to run in this process (`Compiled::load`).
+    Memory,
+    /// Into a code section, to write as an artifact (`driver::write_artifact`).
+    Artifact,
 }
 
 impl Default for Options {
@@ -60,6 +72,7 @@ impl Default for Options {
             plan_arena: true,
             masks: HashMap::new(),
             streams: Default::default(),
+            emit: Emit::Memory,
         }
     }
 }
@@ -69,20 +82,50 @@ pub struct Compiled {
     pub meta: Meta,
     /// One per device, in device order.
     pub programs: Vec<Program>,
-    pub code: Vec<u8>,
+    pub code: Code,
     pub weights: Vec<u8>,
+}
+
+/// The kernels of a `Compiled`, as `Options::emit` asked.
+pub enum Code {
+    /// The code section of an artifact.
+    Section(Vec<u8>),
+    /// In executable memory, at the offsets the programs name.
+    Memory(Box<JitCode>),
 }
 
 impl Compiled {
     /// The compiled programs ready to run in this process, with no artifact file in
-    /// between: the same code and weight bytes an artifact would hold.
+    /// between: the kernels where the JIT put them, the weight bytes an artifact would hold.
     pub fn load(self) -> Result<Loaded> {
-        Loaded::in_memory(self.meta, self.programs, &self.code, &self.weights)
+        let Code::Memory(code) = self.code else {
+            bail!("compiled for an artifact: write it and load that, or compile to run in memory");
+        };
+        Loaded::in_memory(self.meta, self.programs, code, &self.weights)
     }
 }
 
-/// Kernels start at this alignment inside the code section (a cache-line boundary).
-const KERNEL_ALIGN: usize = 64;
+/// The module kernels are defined in, as `Options::emit` asks.
+enum Sink {
+    Section(Box<Kernels<ArtifactModule>>),
+    Memory(Box<Kernels<cranelift_jit::JITModule>>),
+}
+
+impl Sink {
+    fn define(&mut self, func: cranelift_codegen::ir::Function) -> Result<Place> {
+        match self {
+            Sink::Section(k) => k.define(func),
+            Sink::Memory(k) => k.define(func),
+        }
+    }
+
+    fn finish(self) -> Result<Code> {
+        Ok(match self {
+            Sink::Section(k) => Code::Section(k.finish()?),
+            Sink::Memory(k) => Code::Memory(Box::new(k.finish()?)),
+        })
+    }
+}
 
 /// The fused-kernel description of the group rooted at `r`, and the names of its operands.
 fn fused_spec(g: &Graph, info: &Info, groups: &Groups, r: usize) -> (Fused, Vec<String>) {
@@ -191,8 +234,7 @@ struct Builder {
     gemm: Gemm,
     /// The block size of the pruning masks (one for all).
     mask_block: usize,
-    code: Vec<u8>,
-    code_at: BTreeMap<Vec<u8>, (usize, usize)>,
+    code: Sink,
     weights: Vec<u8>,
     /// Offsets in `weights` of the blocks stored so far (mask record and bytes), by a hash
     /// of their content: keys holding the bytes themselves kept a second copy of a model.
@@ -203,12 +245,16 @@ struct Builder {
 
 impl Builder {
     fn new(opts: &Options) -> Result<Builder> {
+        let target = Target::by_name(&opts.target)?;
+        let code = match opts.emit {
+            Emit::Artifact => Sink::Section(Box::new(Kernels::artifact(&target))),
+            Emit::Memory => Sink::Memory(Box::new(Kernels::jit(&target)?)),
+        };
         Ok(Builder {
-            target: Target::by_name(&opts.target)?,
+            target,
             gemm: opts.gemm,
             mask_block: opts.masks.values().next().map_or(0, |m| m.block),
-            code: Vec::new(),
-            code_at: BTreeMap::new(),
+            code,
             weights: Vec::new(),
             weight_at: HashMap::new(),
             collectives: BTreeMap::new(),
@@ -355,17 +401,9 @@ impl Builder {
                     (generate(&self.target, node, &operand_types, out)?, node.inputs.clone())
                 };
                 let (parts, scratch) = (generated.parts, generated.scratch);
-                let bytes =
-                    codegen::compile(&self.target, generated.func).with_context(|| format!("node '{}'", node.name))?;
-                // Identical kernels (e.g. the q, k and v projections, or the same op on
-                // every device) share one copy of the code.
-                let code = &mut self.code;
-                let (offset, len) = *self.code_at.entry(bytes).or_insert_with_key(|bytes| {
-                    let offset = align_up(code.len(), KERNEL_ALIGN);
-                    code.resize(offset, 0);
-                    code.extend_from_slice(bytes);
-                    (offset, bytes.len())
-                });
+                // Identical kernels share one copy of the code.
+                let Place { offset, len } =
+                    self.code.define(generated.func).with_context(|| format!("node '{}'", node.name))?;
                 // The same code may serve steps with different numbers of buffers (a loop
                 // over zero elements reads no operand): each arity is its own kernel.
                 let arity = 1 + operands.len() + usize::from(scratch > 0);
@@ -469,8 +507,8 @@ impl Builder {
         Ok(Collective { op, id, groups, dtype: operand.dtype.name().to_string(), shape: operand.shape.clone() })
     }
 
-    fn finish(self, meta: Meta, programs: Vec<Program>) -> Compiled {
-        Compiled { meta, programs, code: self.code, weights: self.weights }
+    fn finish(self, meta: Meta, programs: Vec<Program>) -> Result<Compiled> {
+        Ok(Compiled { meta, programs, code: self.code.finish()?, weights: self.weights })
     }
 }
 
@@ -570,7 +608,7 @@ pub fn compile_lowered<'p>(
     for p in &mut programs {
         p.inputs.truncate(g.inputs.len());
     }
-    Ok(b.finish(meta, programs))
+    b.finish(meta, programs)
 }
 
 /// Compiles a graph for one device.

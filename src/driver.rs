@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use meshc_ir::verify::Info;
 use meshc_ir::Tensor;
 
-use crate::compile::{compile_lowered, Compiled, Options};
+use crate::compile::{compile_lowered, Code, Compiled, Options};
 use crate::dumps::Dumps;
 use crate::layout::Spec;
 use crate::passes;
@@ -205,13 +205,16 @@ pub fn stage_artifact(
     out: &Path,
     signer: Option<ed25519_dalek::SigningKey>,
 ) -> Result<()> {
+    let Code::Section(code) = &c.code else {
+        bail!("compiled to run in memory: compile with `Emit::Artifact` to write an artifact");
+    };
     let meta = serde_json::to_vec_pretty(&c.meta)?;
     let programs = serde_json::to_vec_pretty(&c.programs)?;
     let mut w = Writer::new();
     w.signer = signer;
     w.add_section(SectionKind::Meta, 8, meta)?;
     w.add_section(SectionKind::Program, 8, programs)?;
-    w.add_section(SectionKind::Code, 64, &c.code[..])?;
+    w.add_section(SectionKind::Code, 64, &code[..])?;
     w.add_section(SectionKind::Weights, ALIGN, &c.weights[..])?;
     w.stage(files, out)
 }

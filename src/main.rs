@@ -411,6 +411,7 @@ impl PilotArgs {
 fn compile_graph(
     path: &Path,
     args: &CodegenArgs,
+    emit: compile::Emit,
     dumps: &Dumps,
     pilot: Option<&PilotArgs>,
 ) -> Result<(compile::Compiled, Vec<PathBuf>)> {
@@ -427,7 +428,8 @@ fn compile_graph(
     params::open_files(&g, &mut files).map_err(in_graph)?;
     let params = params::Params::lazy(&g, &files).map_err(in_graph)?;
     let pilot = pilot.map(|p| p.config(&g)).transpose()?.flatten();
-    let compiled = driver::build(&g, &info, spec.as_ref(), params, &args.options(), dumps, pilot.as_ref())
+    let opts = compile::Options { emit, ..args.options() };
+    let compiled = driver::build(&g, &info, spec.as_ref(), params, &opts, dumps, pilot.as_ref())
         .with_context(|| path.display().to_string())?;
     // Everything the artifact holds has been copied out of the weight files by now.
     files.check_unchanged()?;
@@ -446,7 +448,7 @@ fn compile_cmd(
     pilot: &PilotArgs,
     signer: Option<ed25519_dalek::SigningKey>,
 ) -> Result<()> {
-    let (compiled, deps) = compile_graph(path, args, dumps, Some(pilot))?;
+    let (compiled, deps) = compile_graph(path, args, compile::Emit::Artifact, dumps, Some(pilot))?;
     if let Some(report) = flops_skipped(&compiled.programs, compiled.meta.flops) {
         eprintln!("{report}");
     }
@@ -494,7 +496,7 @@ fn run(path: &Path, io: &Io, run_args: &RunArgs, args: &CodegenArgs, pilot: &Pil
         }
         cli::open(path, run_args)?
     } else {
-        let (c, _) = compile_graph(path, args, &Dumps::default(), Some(pilot))?;
+        let (c, _) = compile_graph(path, args, compile::Emit::Memory, &Dumps::default(), Some(pilot))?;
         c.load().with_context(|| file.clone())?
     };
     cli::run(&mut loaded, io, run_args)
@@ -533,7 +535,7 @@ fn compare_with_unpruned(path: &Path, reference: &Path, io: &Io, args: &CodegenA
             let art = Artifact::open_with(p, Verify::All)?;
             with(&load_artifact(art, &name)?)
         } else {
-            let (c, _) = compile_graph(p, args, &Dumps::default(), Some(pilot))?;
+            let (c, _) = compile_graph(p, args, compile::Emit::Memory, &Dumps::default(), Some(pilot))?;
             with(&c.load().with_context(|| name.clone())?)
         }
     };

@@ -1,7 +1,7 @@
 //! The kernel ABI shared by the compiler that emits kernels and the runtime that calls
 //! them: the kernel signature and its status codes, the CPU features a target may require
 //! (recorded in the artifact, checked against the host before any code is mapped), and
-//! executable memory for code that does not come from an artifact file.
+//! the seam through which the runner finds kernels that do not come from an artifact file.
 //!
 //! Every kernel is `extern "C" fn(bufs: *const *mut u8, part: usize, parts: usize) -> u32`.
 //! `bufs[i]` is the address of the kernel's i-th buffer (by convention the result first,
@@ -9,10 +9,9 @@
 //! the code. A kernel that can split its work does the `part`-th of `parts` disjoint
 //! pieces, so that the runner may call it once per part on several threads at once; `(0, 1)`
 //! always means the whole work. A kernel returns 0, or a non-zero status the runner turns
-//! into an error. Kernels embed no absolute address, so their bytes run wherever they are
-//! mapped: straight from the artifact file, with no relocation step.
-
-use anyhow::Result;
+//! into an error. Kernels embed no absolute address and call only functions of their own
+//! code section, PC-relative, so the section runs wherever it is mapped: straight from the
+//! artifact file, with no relocation step.
 
 /// The signature of every generated kernel.
 pub type KernelFn = unsafe extern "C" fn(bufs: *const *mut u8, part: usize, parts: usize) -> u32;
@@ -49,33 +48,25 @@ pub fn host_features() -> Vec<String> {
     }
 }
 
-/// Machine code copied into fresh executable memory: how `meshc run GRAPH` and the tests
-/// run kernels without an artifact file. (Kernels need no relocation, so a plain copy into
-/// executable memory runs exactly the bytes an artifact would hold.)
-pub struct ExecCode {
-    map: memmap2::Mmap,
+/// Kernels already in executable memory of this process, owned by whoever compiled them
+/// (the compiler's JIT: `meshc run GRAPH` and the tests run kernels without an artifact
+/// file), found by the offsets the programs name in the code section an artifact of the
+/// same compile would hold. The runtime itself compiles nothing.
+pub trait KernelTable: Send + Sync {
+    /// The length of that code section: no kernel reaches past it.
+    fn section_len(&self) -> usize;
+
+    /// The function starting at `offset` of the section, if one does.
+    fn get(&self, offset: usize) -> Option<KernelFn>;
 }
 
-impl ExecCode {
-    pub fn new(code: &[u8]) -> Result<ExecCode> {
-        let mut map = memmap2::MmapMut::map_anon(code.len().max(1))?;
-        map[..code.len()].copy_from_slice(code);
-        Ok(ExecCode { map: map.make_exec()? })
+/// No code: programs whose steps are all collectives, transfers and library calls.
+impl KernelTable for () {
+    fn section_len(&self) -> usize {
+        0
     }
 
-    pub fn len(&self) -> usize {
-        self.map.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
-    }
-
-    /// The kernel starting at `offset`.
-    ///
-    /// # Safety
-    /// `offset` must be the start of a kernel compiled for a target this CPU supports.
-    pub unsafe fn kernel(&self, offset: usize) -> KernelFn {
-        unsafe { std::mem::transmute::<*const u8, KernelFn>(self.map.as_ptr().add(offset)) }
+    fn get(&self, _: usize) -> Option<KernelFn> {
+        None
     }
 }

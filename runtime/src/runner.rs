@@ -1,6 +1,7 @@
 //! The runner: executes the programs of a compiled graph, one per device of its mesh, over
 //! their buffers. It knows nothing of the passes, only what the artifact (or an in-memory
-//! compile) provides: metadata, the programs, code bytes mapped executable, and the weights.
+//! compile) provides: metadata, the programs, their kernels in executable memory, and the
+//! weights.
 //!
 //! A single-device program runs on the calling thread (its library matmuls on all cores).
 //! A multi-device one runs one thread per device and stream (`Devices`: started by the
@@ -28,7 +29,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use meshc_ir::{DType, Tensor, TensorType};
 
-use crate::abi::{self, ExecCode, KernelFn};
+use crate::abi::{self, KernelFn, KernelTable};
 use crate::artifact::{Artifact, SectionKind};
 use crate::error::RunError;
 use crate::exchange::Exchange;
@@ -41,10 +42,11 @@ use crate::order::{accesses, all_before, happens_before, At, Order};
 use crate::program::{Buffer, Collective, Exec, IoSpec, Library, Meta, Program, Storage, Transfer};
 use crate::sync::{spin_until, Condvar, Mutex, MutexGuard};
 
-/// Executable code: from an artifact mapping or copied into memory by an in-memory compile.
+/// Where the kernels are: an artifact's code section mapped executable, or executable
+/// memory an in-memory compile owns (the `Loaded` keeps it alive).
 pub enum Code {
     Mapped(memmap2::Mmap),
-    Copied(ExecCode),
+    InProcess(Box<dyn KernelTable>),
 }
 
 /// The weights a loaded program reads: the artifact's weights section where the artifact
@@ -764,12 +766,10 @@ fn call_kernel(kernel: KernelFn, args: &[*mut u8], parts: usize) -> u32 {
 }
 
 impl Loaded {
-    /// Code and weights an in-memory compile produced (no artifact file): the code copied
-    /// into fresh executable memory (kernels need no relocation, so these are the bytes an
-    /// artifact would hold), the weights into an aligned block.
-    pub fn in_memory(meta: Meta, programs: Vec<Program>, code: &[u8], weights: &[u8]) -> Result<Loaded> {
-        let code = Code::Copied(ExecCode::new(code)?);
-        Loaded::new(meta, programs, code, Weights::Owned(AlignedBuf::from_bytes(weights)?))
+    /// Kernels and weights an in-memory compile produced (no artifact file): the kernels
+    /// where the compiler put them, the weights copied into an aligned block.
+    pub fn in_memory(meta: Meta, programs: Vec<Program>, code: Box<dyn KernelTable>, weights: &[u8]) -> Result<Loaded> {
+        Loaded::new(meta, programs, Code::InProcess(code), Weights::Owned(AlignedBuf::from_bytes(weights)?))
     }
 
     /// Checks that this CPU has every feature the code was compiled for and that the
@@ -793,7 +793,7 @@ impl Loaded {
         }
         let code_len = match &code {
             Code::Mapped(m) => m.len(),
-            Code::Copied(c) => c.len(),
+            Code::InProcess(t) => t.section_len(),
         };
         if let Some(a) = meta.model_axes.iter().find(|&&a| a >= meta.mesh.shape.len()) {
             bail!("model axis {a} is not an axis of the {:?} mesh", meta.mesh.shape);
@@ -832,6 +832,11 @@ impl Loaded {
             }
         }
         check_kernels(&programs, code_len)?;
+        if let Code::InProcess(t) = &code {
+            if let Some(k) = programs.iter().flat_map(|p| &p.kernels).find(|k| t.get(k.offset).is_none()) {
+                bail!("kernel {} at offset {} is not a function of the compiled code", k.name, k.offset);
+            }
+        }
         check_collectives(&meta.mesh, &programs, &absent)?;
         check_transfers(&meta.mesh, &programs)?;
         let masks = programs.iter().map(|p| masks_of(p, bytes)).collect::<Result<_>>()?;
@@ -887,13 +892,11 @@ impl Loaded {
 
     fn kernel(&self, device: usize, k: usize) -> KernelFn {
         let offset = self.programs[device].kernels[k].offset;
-        // SAFETY: `new` checked the kernel lies inside the code, which was compiled for a
-        // target whose features this CPU has.
-        unsafe {
-            match &self.code {
-                Code::Mapped(m) => std::mem::transmute::<*const u8, KernelFn>(m.as_ptr().add(offset)),
-                Code::Copied(c) => c.kernel(offset),
-            }
+        match &self.code {
+            // SAFETY: `new` checked the kernel lies inside the code, which was compiled for a
+            // target whose features this CPU has.
+            Code::Mapped(m) => unsafe { std::mem::transmute::<*const u8, KernelFn>(m.as_ptr().add(offset)) },
+            Code::InProcess(t) => t.get(offset).expect("checked by `new`"),
         }
     }
 
@@ -1414,7 +1417,7 @@ mod tests {
             degraded: Default::default(),
             model_axes: Vec::new(),
         };
-        Loaded::in_memory(meta, programs, &[], &[])
+        Loaded::in_memory(meta, programs, Box::new(()), &[])
     }
 
     fn collective(id: usize, op: CollectiveOp, groups: Vec<Vec<usize>>, shape: &[usize]) -> Exec {
@@ -1753,7 +1756,7 @@ mod tests {
         // x is [2, 6] split over axis 0 (row 0 on devices 0 and 1, row 1 on 2 and 3): the
         // mean is over the three healthy devices' rows.
         for gone in [0, 2] {
-            let l = Loaded::in_memory(meta(failed(gone), vec![]), programs(gone), &[], &[]).unwrap();
+            let l = Loaded::in_memory(meta(failed(gone), vec![]), programs(gone), Box::new(()), &[]).unwrap();
             let xs = iota(&[2, 6]);
             let got = l.run(&HashMap::from([("x".to_string(), xs.clone())])).unwrap();
             let rows = xs.as_f32().unwrap();
@@ -1763,7 +1766,7 @@ mod tests {
             assert_eq!(got["s"].as_f32().unwrap(), &want[..], "device {gone} failed");
         }
         // A corrupt degradation or model axis is refused, not a panic.
-        let e = |meta: Meta| Loaded::in_memory(meta, programs(2), &[], &[]).err().map(|e| e.to_string());
+        let e = |meta: Meta| Loaded::in_memory(meta, programs(2), Box::new(()), &[]).err().map(|e| e.to_string());
         assert_eq!(e(meta(failed(9), vec![])).unwrap(), "degraded device 9 is not in the [2, 2] mesh");
         assert_eq!(e(meta(failed(2), vec![5])).unwrap(), "model axis 5 is not an axis of the [2, 2] mesh");
         // Without the degradation, the empty program is refused.
@@ -1828,7 +1831,7 @@ mod transfer_tests {
             degraded: Default::default(),
             model_axes: Vec::new(),
         };
-        Loaded::in_memory(meta, programs, &[], &[])
+        Loaded::in_memory(meta, programs, Box::new(()), &[])
     }
 
     fn x() -> HashMap<String, Tensor> {

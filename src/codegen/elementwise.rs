@@ -577,9 +577,9 @@ fn cast(m: &mut Math, from: DType, to: DType, x: Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codegen::compile;
     use crate::codegen::emit::testing::{check_parts, native, run};
     use crate::codegen::math::tests::{runnable_targets, Rng};
+    use crate::codegen::module::Kernels;
     use meshc_ir::interp::eval_node;
     use meshc_ir::{Data, Tensor};
 
@@ -1023,12 +1023,15 @@ mod tests {
         );
         for name in ["native", "x86-64-v2", "x86-64-v3"] {
             let t = Target::by_name(name).unwrap();
-            compile(&t, fused(&t, "all", &f).unwrap().func).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+            Kernels::artifact(&t)
+                .define(fused(&t, "all", &f).unwrap().func)
+                .unwrap_or_else(|e| panic!("{name}: {e:#}"));
         }
         let f32_only = Fused { inputs: f.inputs[..2].to_vec(), nodes: f.nodes[..19].to_vec() };
         for name in ["native", "x86-64-v2", "x86-64-v3"] {
             let t = Target::by_name(name).unwrap();
-            compile(&t, fused(&t, "all_f32", &f32_only).unwrap().func).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+            let func = fused(&t, "all_f32", &f32_only).unwrap().func;
+            Kernels::artifact(&t).define(func).unwrap_or_else(|e| panic!("{name}: {e:#}"));
         }
         check_random(&f, 950, "every op");
         check_random(&f32_only, 951, "every f32 op");

@@ -148,7 +148,8 @@ impl KernelBuilder<'_> {
 /// Test support: compiles a kernel and runs it on host buffers.
 #[cfg(test)]
 pub mod testing {
-    use super::super::{compile, ExecCode, Target};
+    use super::super::module::jit;
+    use super::super::{KernelTable, Target};
     use cranelift_codegen::ir::Function;
 
     pub fn native() -> Target {
@@ -157,26 +158,25 @@ pub mod testing {
 
     /// Compiles `func` for `target` and calls it with the given buffers; returns its status.
     pub fn run(target: &Target, func: Function, bufs: &mut [&mut [u8]]) -> u32 {
-        let code = compile(target, func).expect("kernel compiles");
-        let exec = ExecCode::new(&code).expect("executable memory");
+        let code = jit(target, func).expect("kernel compiles");
         let ptrs: Vec<*mut u8> = bufs.iter_mut().map(|b| b.as_mut_ptr()).collect();
         // SAFETY: the kernel was compiled for this host and reads/writes only its buffers,
         // which the caller sized for it.
-        unsafe { exec.kernel(0)(ptrs.as_ptr(), 0, 1) }
+        unsafe { code.get(0).expect("a kernel at 0")(ptrs.as_ptr(), 0, 1) }
     }
 
     /// Checks that the kernel `func`, called as any of 2, 3 or 7 parts, writes every element
     /// of its `out_bytes`-byte f32 result exactly once, each with the bits the whole call
     /// (0 of 1) gives. `ins`: its other buffers.
     pub fn check_parts(target: &Target, func: Function, out_bytes: usize, ins: &mut [Vec<u8>], what: &str) {
-        let code = compile(target, func).expect("kernel compiles");
-        let exec = ExecCode::new(&code).expect("executable memory");
+        let code = jit(target, func).expect("kernel compiles");
+        let kernel = code.get(0).expect("a kernel at 0");
         let call = |ins: &mut [Vec<u8>], part: usize, parts: usize| {
             let mut out = vec![0xa5u8; out_bytes];
             let mut ptrs = vec![out.as_mut_ptr()];
             ptrs.extend(ins.iter_mut().map(|b| b.as_mut_ptr()));
             // SAFETY: compiled for this host; the caller sized the buffers for the kernel.
-            assert_eq!(unsafe { exec.kernel(0)(ptrs.as_ptr(), part, parts) }, 0, "{what}");
+            assert_eq!(unsafe { kernel(ptrs.as_ptr(), part, parts) }, 0, "{what}");
             out
         };
         let whole = call(ins, 0, 1);

@@ -463,7 +463,7 @@ fn a_broken_artifact_times_out_naming_the_key_and_both_devices() {
     let (g, info) = meshc_ir::load::load(graph).unwrap();
     let params = meshc_ir::params::load_all(&g, graph.parent().unwrap()).unwrap();
     let spec = meshc::layout::load(std::path::Path::new("testdata/transformer/layouts/stages-2.json")).unwrap();
-    let opts = meshc::compile::Options::default();
+    let opts = meshc::compile::Options { emit: meshc::compile::Emit::Artifact, ..Default::default() };
     let mut c = meshc::driver::build(&g, &info, Some(&spec), &params, &opts, &Default::default(), None).unwrap();
     let steps = &mut c.programs[1].steps;
     let key = |s: &meshc_runtime::program::Step| match &s.exec {
