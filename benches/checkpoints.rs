@@ -28,7 +28,6 @@ impl Drop for Scratch {
 
 const BATCH: usize = 2;
 const SEQ: usize = 16;
-const HEADS: usize = 16;
 
 /// The params of layer `l`: name, shape.
 fn layer_params(l: usize, d: usize, f: usize) -> Vec<(String, Vec<usize>)> {
@@ -58,8 +57,8 @@ fn layer_params(l: usize, d: usize, f: usize) -> Vec<(String, Vec<usize>)> {
 
 /// The encoder's text: `layers` copies of the testdata transformer block's layer (layer
 /// norm, 16-head attention with a mask, GELU FFN, residuals), params read from `file`.
-fn encoder(layers: usize, d: usize, f: usize, file: &str) -> String {
-    let (b, s, h, hd) = (BATCH, SEQ, HEADS, d / HEADS);
+fn encoder(layers: usize, d: usize, heads: usize, f: usize, file: &str) -> String {
+    let (b, s, h, hd) = (BATCH, SEQ, heads, d / heads);
     let mut t = format!(
         "graph encoder_{layers}x{d} {{\n  input x: f32[{b},{s},{d}]\n  input mask: f32[{b},1,1,{s}]\n  param scale: f32[] = value {}\n",
         1.0 / (hd as f64).sqrt()
@@ -219,10 +218,17 @@ fn measure(meshc: &Path, args: &[&str]) -> (f64, u64, u64) {
 
 fn main() {
     let env = |k: &str, d: usize| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
-    let (layers, d) = (env("MESHC_CKPT_LAYERS", 24), env("MESHC_CKPT_WIDTH", 1024));
+    // all-MiniLM-L6-v2's shapes, then a BERT-large-sized checkpoint.
+    case(6, 384, 12);
+    case(env("MESHC_CKPT_LAYERS", 24), env("MESHC_CKPT_WIDTH", 1024), 16);
+}
+
+/// Generates the checkpoint of an encoder of `layers` layers, `d` wide with `heads` heads,
+/// and measures meshc on it.
+fn case(layers: usize, d: usize, heads: usize) {
     let f = 4 * d;
     let meshc = PathBuf::from(env!("CARGO_BIN_EXE_meshc"));
-    let dir = Scratch(std::env::temp_dir().join(format!("meshc-bench-ckpt-{}", std::process::id())));
+    let dir = Scratch(std::env::temp_dir().join(format!("meshc-bench-ckpt-{}-{layers}x{d}", std::process::id())));
     std::fs::create_dir_all(&dir.0).unwrap();
 
     let params: Vec<(String, Vec<usize>)> = (0..layers).flat_map(|l| layer_params(l, d, f)).collect();
@@ -244,7 +250,7 @@ fn main() {
     let index = serde_json::json!({"metadata": {"total_size": weight_bytes}, "weight_map": weight_map});
     std::fs::write(dir.0.join("model.safetensors.index.json"), index.to_string()).unwrap();
     println!(
-        "checkpoint: {layers} layers x {d} wide, {} params, {:.2} GB of f32 (written in {:.1} s)",
+        "\ncheckpoint: {layers} layers x {d} wide, {heads} heads, {} params, {:.3} GB of f32 (written in {:.1} s)",
         params.len(),
         weight_bytes as f64 / 1e9,
         t.elapsed().as_secs_f64()
@@ -263,7 +269,7 @@ fn main() {
     );
     for (label, file) in [("single", "model.safetensors"), ("3 shards", "model.safetensors.index.json")] {
         let graph = dir.0.join(format!("{}.txt", label.replace(' ', "_")));
-        std::fs::write(&graph, encoder(layers, d, f, file)).unwrap();
+        std::fs::write(&graph, encoder(layers, d, heads, f, file)).unwrap();
         let art = dir.0.join(format!("{}.mshc", label.replace(' ', "_")));
         let g = graph.to_str().unwrap();
         let check = (0..3).map(|_| measure(&meshc, &["check", g]).0).fold(f64::MAX, f64::min);

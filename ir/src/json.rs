@@ -81,7 +81,8 @@ fn entry_name(obj: &Map<String, Value>, section: &str, i: usize) -> Result<Strin
 fn dtype(v: Option<&Value>, what: &str) -> Result<DType> {
     let v = v.ok_or_else(|| Error::new(format!("{what} has no \"dtype\"")))?;
     let s = string(v, &format!("\"dtype\" of {what}"))?;
-    DType::parse(s).ok_or_else(|| Error::new(format!("{what}: unknown dtype \"{s}\" (expected f32, i32, i64, bool, f16 or bf16)")))
+    DType::parse(s)
+        .ok_or_else(|| Error::new(format!("{what}: unknown dtype \"{s}\" (expected f32, i32, i64, bool, f16 or bf16)")))
 }
 
 fn shape(v: &Value, what: &str) -> Result<Vec<usize>> {

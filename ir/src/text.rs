@@ -999,7 +999,12 @@ graph mlp {
 
     #[test]
     fn text_error_bad_dtype() {
-        fails("graph g {\n  input x: f64[2]\n}", 2, 12, "unknown dtype 'f64' (expected one of f32, i32, i64, bool, f16, bf16)");
+        fails(
+            "graph g {\n  input x: f64[2]\n}",
+            2,
+            12,
+            "unknown dtype 'f64' (expected one of f32, i32, i64, bool, f16, bf16)",
+        );
     }
 
     #[test]
