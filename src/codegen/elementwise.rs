@@ -869,7 +869,8 @@ mod tests {
     #[test]
     fn every_cast() {
         for from in DType::ALL {
-            for to in DType::ALL {
+            // Halves are widened on loading, never written (`a_half_result_is_refused`).
+            for to in DType::ALL.into_iter().filter(|t| !t.is_half()) {
                 for shape in UNARY_SHAPES {
                     let f = group(&[ty(from, shape)], &[(Op::Cast, &[("to", to.name())], &[IN0])]);
                     check_random(&f, 400, &format!("cast {from} -> {to} {shape:?}"));
@@ -897,7 +898,7 @@ mod tests {
 
     #[test]
     fn where_every_dtype() {
-        for (k, dt) in DType::ALL.into_iter().enumerate() {
+        for (k, dt) in DType::ALL.into_iter().filter(|t| !t.is_half()).enumerate() {
             for (c, a, b) in [(&[1023][..], &[1023][..], &[1023][..]), (&[5, 1], &[7], &[1]), (&[3], &[3], &[3])] {
                 let f = group(&[ty(DType::Bool, c), ty(dt, a), ty(dt, b)], &[(Op::Where, &[], &[IN0, IN1, IN2])]);
                 check_random(&f, 500 + k as u64, &format!("where {dt} {c:?} {a:?} {b:?}"));

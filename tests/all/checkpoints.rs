@@ -152,7 +152,8 @@ fn half_precision_weights_and_inputs_run_as_their_f32_values() {
     let result = |args: &[&str], out: &str| -> Tensor {
         let o = path(out);
         let mut all: Vec<&str> = args.to_vec();
-        all.extend(["--output", &o]);
+        let o_arg = format!("y={o}");
+        all.extend(["--output", &o_arg]);
         let run = meshc(&all);
         assert_eq!(run.status, Some(0), "{args:?}: {}", run.stderr);
         Tensor::read_npy(std::path::Path::new(&o)).unwrap()
