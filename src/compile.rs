@@ -53,6 +53,8 @@ pub struct Options {
     /// How each device's steps are ordered and split into streams (`passes::streams`).
     pub streams: passes::streams::Config,
     pub emit: Emit,
+    /// How matmul weights are stored (`passes::fold::WeightsDtype`).
+    pub weights: passes::fold::WeightsDtype,
 }
 
 /// Where the kernels go.
@@ -73,6 +75,7 @@ impl Default for Options {
             masks: HashMap::new(),
             streams: Default::default(),
             emit: Emit::Memory,
+            weights: Default::default(),
         }
     }
 }
@@ -294,7 +297,7 @@ impl Builder {
         groups: &Groups,
     ) -> Result<(Program, Vec<Vec<usize>>)> {
         let mut bufs = Buffers::default();
-        let Folded { consts, keeps, params } = folded;
+        let Folded { consts, keeps, params, absorbed, .. } = folded;
         let masks = local_masks(g, info, consts, keeps, self.mask_block);
         // Only the constants something reads become weights.
         let outputs: Vec<&str> = g.outputs.iter().map(|o| o.name.as_str()).collect();
@@ -347,13 +350,22 @@ impl Builder {
                 continue;
             }
             let out = &info.types[&node.name];
+            if let Some(weight) = absorbed.get(&node.name) {
+                // Its matmuls read the half weight itself (`passes::fold`).
+                let b = bufs.get(weight);
+                bufs.of.insert(node.name.clone(), b);
+                continue;
+            }
             if node.op == Op::Reshape {
                 // Same bytes, new shape: the result shares its operand's buffer.
                 let b = bufs.get(&node.inputs[0]);
                 bufs.of.insert(node.name.clone(), b);
                 continue;
             }
-            let operand_types: Vec<TensorType> = node.inputs.iter().map(|i| info.types[i].clone()).collect();
+            let mut operand_types: Vec<TensorType> = node.inputs.iter().map(|i| info.types[i].clone()).collect();
+            if node.op == Op::MatMul {
+                operand_types[1] = folded.stored(&node.inputs[1], &info.types);
+            }
             if matches!(node.op, Op::Send | Op::Recv) {
                 let t = transfer(node, out)?;
                 let (exec, b) = if node.op == Op::Send {
@@ -368,7 +380,9 @@ impl Builder {
                 in_place.push(Vec::new());
                 continue;
             }
+            // The library GEMM reads f32 only; a half weight goes to the generated kernel.
             let use_library = node.op == Op::MatMul
+                && operand_types[1].dtype == meshc_ir::DType::F32
                 && match self.gemm {
                     Gemm::Library => true,
                     Gemm::Cranelift => false,
@@ -564,7 +578,7 @@ pub fn compile_lowered<'p>(
     }
     let folded = (devices.iter())
         .map(|(d, dev, dinfo)| {
-            passes::fold::fold(dev, dinfo, &params, &opts.masks).with_context(|| format!("device {d}"))
+            passes::fold::fold(dev, dinfo, &params, &opts.masks, opts.weights).with_context(|| format!("device {d}"))
         })
         .collect::<Result<Vec<_>>>()?;
     dumps.emit("fold", || {

@@ -134,6 +134,18 @@ struct CodegenArgs {
     /// Which collectives run on the communication stream: those with compute to overlap, or all.
     #[arg(long, value_enum, default_value = "auto", conflicts_with = "single_stream")]
     comm_stream: CommArg,
+    /// How matmul weights are stored: keep (f16/bf16 stay half), f32, or f32 weights rounded
+    /// to bf16/f16 (half the bytes; the rounding error shows in --dump-after fold).
+    #[arg(long, value_enum, default_value = "keep")]
+    weights_dtype: WeightsArg,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum WeightsArg {
+    Keep,
+    F32,
+    Bf16,
+    F16,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -160,6 +172,7 @@ impl CodegenArgs {
             (self.single_stream, "--single-stream"),
             (self.compute_streams != 1, "--compute-streams"),
             (self.comm_stream != CommArg::Auto, "--comm-stream"),
+            (self.weights_dtype != WeightsArg::Keep, "--weights-dtype"),
         ]
         .into_iter()
         .find_map(|(given, flag)| given.then_some(flag))
@@ -176,7 +189,14 @@ impl CodegenArgs {
             compute_streams: self.compute_streams.into(),
             comm_always: self.comm_stream == CommArg::Always,
         };
-        compile::Options { target: self.target.clone(), gemm, streams, ..Default::default() }
+        use meshc::passes::fold::WeightsDtype;
+        let weights = match self.weights_dtype {
+            WeightsArg::Keep => WeightsDtype::Keep,
+            WeightsArg::F32 => WeightsDtype::F32,
+            WeightsArg::Bf16 => WeightsDtype::BF16,
+            WeightsArg::F16 => WeightsDtype::F16,
+        };
+        compile::Options { target: self.target.clone(), gemm, streams, weights, ..Default::default() }
     }
 }
 

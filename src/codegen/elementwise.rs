@@ -28,7 +28,7 @@ use cranelift_frontend::FunctionBuilder;
 use meshc_ir::infer::{infer, Operand};
 use meshc_ir::{Attr, Attrs, DType, Node, Op, TensorType};
 
-use super::emit::{build_kernel, mem, KernelBuilder, LANES};
+use super::emit::{build_kernel, load_widened, mem, KernelBuilder, LANES};
 use super::math::Math;
 use super::nest::{advance, for_parts, Dim};
 use super::{parts_for, Generated, Target};
@@ -389,7 +389,7 @@ fn lane_type(dt: DType, vector: bool) -> Type {
 
 fn load(b: &mut FunctionBuilder, dt: DType, vector: bool, addr: Value) -> Value {
     if dt.is_half() {
-        return load_half(b, dt, vector, addr);
+        return load_widened(b, dt, vector, addr);
     }
     if dt != DType::Bool || !vector {
         return b.ins().load(lane_type(dt, vector), mem(), addr, 0);
@@ -404,50 +404,6 @@ fn load(b: &mut FunctionBuilder, dt: DType, vector: bool, addr: Value) -> Value 
     let zero = b.ins().iconst(types::I32, 0);
     let zero = b.ins().splat(types::I32X4, zero);
     b.ins().icmp(IntCC::NotEqual, lanes, zero)
-}
-
-/// One f16 or bf16 lane group loaded and widened to f32, exactly. bf16 is the top half of
-/// an f32. f16: its exponent and mantissa moved into f32 position and scaled by 2^112
-/// (which rebiases the exponent, and makes subnormals normal), infinities and NaNs given
-/// the f32 exponent of all ones, the sign put back.
-fn load_half(b: &mut FunctionBuilder, dt: DType, vector: bool, addr: Value) -> Value {
-    let (ity, fty) = if vector { (types::I32X4, types::F32X4) } else { (types::I32, types::F32) };
-    let flags = cranelift_codegen::ir::MemFlagsData::new();
-    let bits = if vector { b.ins().uload16x4(mem(), addr, 0) } else { b.ins().uload16(types::I32, mem(), addr, 0) };
-    let int = |b: &mut FunctionBuilder, v: i64| {
-        let c = b.ins().iconst(types::I32, v);
-        if vector {
-            b.ins().splat(ity, c)
-        } else {
-            c
-        }
-    };
-    if dt == DType::BF16 {
-        let f = b.ins().ishl_imm_u(bits, 16);
-        return b.ins().bitcast(fty, flags, f);
-    }
-    let sign_mask = int(b, 0x8000);
-    let sign = b.ins().band(bits, sign_mask);
-    let sign = b.ins().ishl_imm_u(sign, 16);
-    let em_mask = int(b, 0x7fff);
-    let em = b.ins().band(bits, em_mask);
-    let shifted = b.ins().ishl_imm_u(em, 13);
-    let scaled = b.ins().bitcast(fty, flags, shifted);
-    let scale = b.ins().f32const(2f32.powi(112));
-    let scale = if vector { b.ins().splat(fty, scale) } else { scale };
-    let normal = b.ins().fmul(scaled, scale);
-    let normal = b.ins().bitcast(ity, flags, normal);
-    let all_ones = int(b, 0x7f80_0000);
-    let special = b.ins().bor(shifted, all_ones);
-    let limit = int(b, 0x7c00);
-    let is_special = b.ins().icmp(IntCC::UnsignedGreaterThanOrEqual, em, limit);
-    let r = if vector {
-        b.ins().bitselect(is_special, special, normal)
-    } else {
-        b.ins().select(is_special, special, normal)
-    };
-    let r = b.ins().bor(r, sign);
-    b.ins().bitcast(fty, flags, r)
 }
 
 fn store(b: &mut FunctionBuilder, dt: DType, vector: bool, v: Value, addr: Value) {
@@ -697,8 +653,13 @@ mod tests {
             let cast = |to: &'static str| -> Spec<'static> {
                 (Op::Cast, if to == "f32" { &[("to", "f32")] } else { &[("to", "i32")] }, &[Arg::Input(0)])
             };
-            check(&group(&[ht.clone()], &[cast("f32")]), &[x.clone()], &format!("{dt} -> f32"));
-            check(&group(&[ht.clone()], &[cast("i32")]), &[x.clone()], &format!("{dt} -> i32"));
+            for to in ["f32", "i32"] {
+                check(
+                    &group(std::slice::from_ref(&ht), &[cast(to)]),
+                    std::slice::from_ref(&x),
+                    &format!("{dt} -> {to}"),
+                );
+            }
             let y = Tensor::f32(vec![n], (0..n).map(|i| i as f32 * 0.25).collect());
             let f = group(&[ht, f32t(&[n])], &[cast("f32"), (Op::Add, &[], &[Arg::Node(0), Arg::Input(1)])]);
             check(&f, &[x, y], &format!("{dt} + f32"));

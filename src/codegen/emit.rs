@@ -6,6 +6,8 @@ use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{types, Function, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 
+use meshc_ir::DType;
+
 use super::{kernel_function, Target};
 
 /// f32 vector type: x64 vectors are 128-bit.
@@ -146,6 +148,50 @@ impl KernelBuilder<'_> {
 }
 
 /// Test support: compiles a kernel and runs it on host buffers.
+/// One f16 or bf16 lane group loaded and widened to f32, exactly. bf16 is the top half of
+/// an f32. f16: its exponent and mantissa moved into f32 position and scaled by 2^112
+/// (which rebiases the exponent, and makes subnormals normal), infinities and NaNs given
+/// the f32 exponent of all ones, the sign put back.
+pub fn load_widened(b: &mut FunctionBuilder, dt: DType, vector: bool, addr: Value) -> Value {
+    let (ity, fty) = if vector { (types::I32X4, types::F32X4) } else { (types::I32, types::F32) };
+    let flags = cranelift_codegen::ir::MemFlagsData::new();
+    let bits = if vector { b.ins().uload16x4(mem(), addr, 0) } else { b.ins().uload16(types::I32, mem(), addr, 0) };
+    let int = |b: &mut FunctionBuilder, v: i64| {
+        let c = b.ins().iconst(types::I32, v);
+        if vector {
+            b.ins().splat(ity, c)
+        } else {
+            c
+        }
+    };
+    if dt == DType::BF16 {
+        let f = b.ins().ishl_imm_u(bits, 16);
+        return b.ins().bitcast(fty, flags, f);
+    }
+    let sign_mask = int(b, 0x8000);
+    let sign = b.ins().band(bits, sign_mask);
+    let sign = b.ins().ishl_imm_u(sign, 16);
+    let em_mask = int(b, 0x7fff);
+    let em = b.ins().band(bits, em_mask);
+    let shifted = b.ins().ishl_imm_u(em, 13);
+    let scaled = b.ins().bitcast(fty, flags, shifted);
+    let scale = b.ins().f32const(2f32.powi(112));
+    let scale = if vector { b.ins().splat(fty, scale) } else { scale };
+    let normal = b.ins().fmul(scaled, scale);
+    let normal = b.ins().bitcast(ity, flags, normal);
+    let all_ones = int(b, 0x7f80_0000);
+    let special = b.ins().bor(shifted, all_ones);
+    let limit = int(b, 0x7c00);
+    let is_special = b.ins().icmp(IntCC::UnsignedGreaterThanOrEqual, em, limit);
+    let r = if vector {
+        b.ins().bitselect(is_special, special, normal)
+    } else {
+        b.ins().select(is_special, special, normal)
+    };
+    let r = b.ins().bor(r, sign);
+    b.ins().bitcast(fty, flags, r)
+}
+
 #[cfg(test)]
 pub mod testing {
     use super::super::module::jit;

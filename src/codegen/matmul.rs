@@ -34,7 +34,7 @@ use cranelift_codegen::ir::{types, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_frontend::Variable;
 use meshc_ir::{DType, TensorType};
 
-use super::emit::{build_kernel, mem, KernelBuilder, F32X4, LANES};
+use super::emit::{build_kernel, load_widened, mem, KernelBuilder, F32X4, LANES};
 use super::{Generated, Target};
 pub use meshc_runtime::matmul_shape::{BatchDim, MatmulShape};
 
@@ -59,8 +59,10 @@ const F32: usize = 4;
 /// nothing to multiply: an empty result or an empty contraction).
 fn plan(name: &str, a: &TensorType, b: &TensorType, out: &TensorType) -> Result<(MatmulShape, Option<Blocks>)> {
     for (what, t) in [("operand a", a), ("operand b", b), ("result", out)] {
-        if t.dtype != DType::F32 {
-            bail!("matmul kernel {name}: {what} is {}, only f32 is supported", t.dtype);
+        // A weight may be stored as f16/bf16: packing B widens it (a conversion per panel).
+        let half_b = what == "operand b" && t.dtype.is_half();
+        if t.dtype != DType::F32 && !half_b {
+            bail!("matmul kernel {name}: {what} is {}, only f32 (and f16/bf16 for b) is supported", t.dtype);
         }
     }
     let shape = MatmulShape::new(&a.shape, &b.shape, &out.shape)?;
@@ -72,6 +74,7 @@ fn plan(name: &str, a: &TensorType, b: &TensorType, out: &TensorType) -> Result<
 /// packing scratch buffer.
 pub fn matmul(target: &Target, name: &str, a: &TensorType, b: &TensorType, out: &TensorType) -> Result<Generated> {
     let (shape, blocks) = plan(name, a, b, out)?;
+    let b_dt = b;
     let fma = target.has("fma");
     let func = build_kernel(target, name, |kb| {
         let (c, a, b) = (kb.buf(0), kb.buf(1), kb.buf(2));
@@ -86,8 +89,9 @@ pub fn matmul(target: &Target, name: &str, a: &TensorType, b: &TensorType, out: 
             }
             Some(blocks) => {
                 let scratch = kb.buf(3);
-                let g = Gemm { s: &shape, blocks, fma, scratch };
-                batch_loops(kb, &shape.batch, [a, b, c], &mut |k, [a, b, c]| g.emit(k, a, b, c));
+                let g = Gemm { s: &shape, blocks, fma, scratch, b_dtype: b_dt.dtype };
+                let sizes = [F32, g.b_size(), F32];
+                batch_loops(kb, &shape.batch, [a, b, c], sizes, &mut |k, [a, b, c]| g.emit(k, a, b, c));
             }
         }
     });
@@ -103,6 +107,9 @@ pub fn matmul(target: &Target, name: &str, a: &TensorType, b: &TensorType, out: 
 /// shapes: weights with different masks share one kernel.
 pub fn masked(target: &Target, name: &str, a: &TensorType, b: &TensorType, out: &TensorType) -> Result<Generated> {
     let (shape, blocks) = plan(name, a, b, out)?;
+    if b.dtype != DType::F32 {
+        bail!("matmul kernel {name}: a masked operand b must be f32, not {}", b.dtype);
+    }
     if b.shape.len() < 2 {
         bail!("matmul kernel {name}: a masked operand b must be a matrix, not {:?}", b.shape);
     }
@@ -126,9 +133,9 @@ pub fn masked(target: &Target, name: &str, a: &TensorType, b: &TensorType, out: 
         let (col_runs, row_runs) = (u32_at(kb, record, 4), u32_at(kb, record, 8));
         let runs = kb.b.ins().iadd_imm_s(record, meshc_runtime::mask::HEADER as i64);
         let rows_at = kb.addr(runs, col_runs, 8);
-        let g = Gemm { s: &shape, blocks, fma, scratch };
+        let g = Gemm { s: &shape, blocks, fma, scratch, b_dtype: DType::F32 };
         let n = shape.n;
-        batch_loops(kb, &shape.batch, [a, b, c], &mut |k, [a, b, c]| {
+        batch_loops(kb, &shape.batch, [a, b, c], [F32; 3], &mut |k, [a, b, c]| {
             let zero = k.iconst(0);
             k.for_range(zero, row_runs, 1, |k, rr| {
                 let e = k.addr(rows_at, rr, 8);
@@ -184,11 +191,13 @@ impl Blocks {
     }
 }
 
-/// Emits nested loops over the batch dims; `body` gets the (a, b, out) matrix addresses.
+/// Emits nested loops over the batch dims; `body` gets the (a, b, out) matrix addresses,
+/// whose elements are `sizes` bytes.
 fn batch_loops(
     k: &mut KernelBuilder,
     dims: &[BatchDim],
     ptrs: [Value; 3],
+    sizes: [usize; 3],
     body: &mut dyn FnMut(&mut KernelBuilder, [Value; 3]),
 ) {
     let Some((d, rest)) = dims.split_first() else {
@@ -196,11 +205,14 @@ fn batch_loops(
     };
     k.for_const(0, d.size as i64, 1, |k, i| {
         let strides = [d.a_stride, d.b_stride, d.out_stride];
-        let ptrs =
-            std::array::from_fn(
-                |j| if strides[j] == 0 { ptrs[j] } else { k.addr(ptrs[j], i, (strides[j] * F32) as i64) },
-            );
-        batch_loops(k, rest, ptrs, body);
+        let ptrs = std::array::from_fn(|j| {
+            if strides[j] == 0 {
+                ptrs[j]
+            } else {
+                k.addr(ptrs[j], i, (strides[j] * sizes[j]) as i64)
+            }
+        });
+        batch_loops(k, rest, ptrs, sizes, body);
     });
 }
 
@@ -210,6 +222,8 @@ struct Gemm<'a> {
     blocks: &'a Blocks,
     fma: bool,
     scratch: Value,
+    /// B's element type as stored: f32, or a half that packing widens.
+    b_dtype: DType,
 }
 
 /// `kc` rounded up to KU, not as `(kc + KU-1) & -KU`: the optimiser recomputes an op with an
@@ -222,6 +236,10 @@ fn round_up_ku(k: &mut KernelBuilder, kc: Value) -> Value {
 }
 
 impl Gemm<'_> {
+    fn b_size(&self) -> usize {
+        self.b_dtype.size_bytes()
+    }
+
     fn emit(&self, k: &mut KernelBuilder, a: Value, b: Value, c: Value) {
         let MatmulShape { m, k: kk, n, .. } = *self.s;
         let [ap, bp, tile] = self.scratch_parts(k);
@@ -231,9 +249,9 @@ impl Gemm<'_> {
                 let kc = block_len(k, kk, pc, KC);
                 let kcp = round_up_ku(k, kc);
                 let first = k.b.ins().icmp_imm_s(IntCC::Equal, pc, 0);
-                let b_row = k.addr(b, pc, (n * F32) as i64);
-                let b_blk = k.addr(b_row, jc, F32 as i64);
-                pack_b(k, b_blk, n, kc, kcp, nc, bp);
+                let b_row = k.addr(b, pc, (n * self.b_size()) as i64);
+                let b_blk = k.addr(b_row, jc, self.b_size() as i64);
+                pack_b(k, (b_blk, self.b_dtype), n, kc, kcp, nc, bp);
                 k.for_const(0, m as i64, MC as i64, |k, ic| {
                     let mc = block_len(k, m, ic, MC);
                     let a_row = k.addr(a, ic, (kk * F32) as i64);
@@ -291,7 +309,7 @@ impl Gemm<'_> {
                         let col = k.b.ins().iadd(c0, jc);
                         let b_row = k.addr(b, pc, (n * F32) as i64);
                         let b_blk = k.addr(b_row, col, F32 as i64);
-                        pack_b(k, b_blk, n, kc, kcp, nc, bp);
+                        pack_b(k, (b_blk, DType::F32), n, kc, kcp, nc, bp);
                         let c_row = k.addr(c, ic, (n * F32) as i64);
                         let c_blk = k.addr(c_row, col, F32 as i64);
                         self.panels(k, [ap, bp, tile], c_blk, nc, mc, kcp, first);
@@ -427,12 +445,13 @@ fn zero_padding(k: &mut KernelBuilder, dst: Value, len: Value, width: usize, kc:
 }
 
 /// Copies `count` values of type `ty` from `src` to `dst`, advancing the two addresses by
-/// the given byte strides. The loop carries the addresses themselves: Cranelift does not
+/// the given byte strides; elements of `src_dt` f16/bf16 are widened to f32 as they are
+/// read. The loop carries the addresses themselves: Cranelift does not
 /// hoist address arithmetic involving constants out of loops, so computing each address
 /// from a counter would redo it for every element.
 fn copy_strided(
     k: &mut KernelBuilder,
-    ty: Type,
+    (ty, src_dt): (Type, DType),
     count: Value,
     (src, src_stride): (Value, i64),
     (dst, dst_stride): (Value, i64),
@@ -447,7 +466,11 @@ fn copy_strided(
     let more = k.b.ins().icmp_imm_s(IntCC::NotEqual, left, 0);
     k.b.ins().brif(more, body, &[], exit, &[]);
     k.b.switch_to_block(body);
-    let x = k.b.ins().load(ty, mem(), from, 0);
+    let x = if src_dt.is_half() {
+        load_widened(&mut k.b, src_dt, ty.is_vector(), from)
+    } else {
+        k.b.ins().load(ty, mem(), from, 0)
+    };
     k.b.ins().store(mem(), x, to, 0);
     let left = k.b.ins().iadd_imm_s(left, -1);
     let from = k.b.ins().iadd_imm_s(from, src_stride);
@@ -456,28 +479,29 @@ fn copy_strided(
     k.b.switch_to_block(exit);
 }
 
-/// Packs the `kc × nc` block of B at `src` (row stride `n`) into NR-column panels:
-/// element (p, j) goes to `dst[((j / NR) * kcp + p) * NR + j % NR]`.
-fn pack_b(k: &mut KernelBuilder, src: Value, n: usize, kc: Value, kcp: Value, nc: Value, dst: Value) {
+/// Packs the `kc × nc` block of B at `src` (row stride `n` elements of `dt`) into f32
+/// NR-column panels: element (p, j) goes to `dst[((j / NR) * kcp + p) * NR + j % NR]`.
+fn pack_b(k: &mut KernelBuilder, (src, dt): (Value, DType), n: usize, kc: Value, kcp: Value, nc: Value, dst: Value) {
     zero_padding(k, dst, nc, NR, kc, kcp);
-    let row_stride = (n * F32) as i64;
+    let size = dt.size_bytes() as i64;
+    let row_stride = n as i64 * size;
     // Whole panels, a vector per k step; panel jr / NR starts at jr * kcp floats.
     let full = k.b.ins().band_imm_s(nc, !(NR as i64 - 1));
     let zero = k.iconst(0);
     k.for_range(zero, full, NR as i64, |k, jr| {
-        let from = k.addr(src, jr, F32 as i64);
+        let from = k.addr(src, jr, size);
         let off = k.b.ins().imul(jr, kcp);
         let to = k.addr(dst, off, F32 as i64);
-        copy_strided(k, F32X4, kc, (from, row_stride), (to, (NR * F32) as i64));
+        copy_strided(k, (F32X4, dt), kc, (from, row_stride), (to, (NR * F32) as i64));
     });
     // The last, partial panel: column by column.
     let off = k.b.ins().imul(full, kcp);
     let panel = k.addr(dst, off, F32 as i64);
     k.for_range(full, nc, 1, |k, j| {
-        let from = k.addr(src, j, F32 as i64);
+        let from = k.addr(src, j, size);
         let lane = k.b.ins().isub(j, full);
         let to = k.addr(panel, lane, F32 as i64);
-        copy_strided(k, types::F32, kc, (from, row_stride), (to, (NR * F32) as i64));
+        copy_strided(k, (types::F32, dt), kc, (from, row_stride), (to, (NR * F32) as i64));
     });
 }
 
@@ -494,7 +518,7 @@ fn pack_a(k: &mut KernelBuilder, src: Value, kk: usize, mc: Value, kc: Value, kc
         let off = k.b.ins().imul(panel, kcp);
         let off = k.b.ins().iadd(off, lane);
         let to = k.addr(dst, off, F32 as i64);
-        copy_strided(k, types::F32, kc, (from, F32 as i64), (to, (MR * F32) as i64));
+        copy_strided(k, (types::F32, DType::F32), kc, (from, F32 as i64), (to, (MR * F32) as i64));
     });
 }
 
@@ -584,11 +608,14 @@ pub(crate) mod tests {
 
     fn check_on(target: &Target, a_shape: &[usize], b_shape: &[usize], seed: u64) {
         let (a, b, want) = oracle(a_shape, b_shape, seed);
-        let what = format!("{a_shape:?} @ {b_shape:?} on {}", target.name);
+        check_product(target, &a, &b, &want, &format!("{a_shape:?} @ {b_shape:?} on {}", target.name));
+    }
+
+    /// The kernel for `a @ b` (b as stored: f32 or a half) gives `want`.
+    fn check_product(target: &Target, a: &Tensor, b: &Tensor, want: &Tensor, what: &str) {
         let g = matmul(target, "mm", &a.ty(), &b.ty(), &want.ty()).expect("kernel generates");
         let (mut sa, mut sb, mut so, mut ss) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let ab = f32_bytes(a.as_f32().unwrap());
-        let bb = f32_bytes(b.as_f32().unwrap());
+        let (ab, bb) = (a.to_le_bytes(), b.to_le_bytes());
         let ba = aligned(&mut sa, ab.len());
         ba.copy_from_slice(&ab);
         let bbuf = aligned(&mut sb, bb.len());
@@ -601,7 +628,31 @@ pub(crate) mod tests {
             bufs.push(aligned(&mut ss, g.scratch));
         }
         assert_eq!(run(target, g.func, &mut bufs), 0, "{what}");
-        assert_close(&bytes_f32(bufs[0]), want.as_f32().unwrap(), &what);
+        assert_close(&bytes_f32(bufs[0]), want.as_f32().unwrap(), what);
+    }
+
+    /// A weight stored as f16 or bf16 is widened as B is packed: the product is the f32
+    /// product with the rounded weight (full panels, a partial panel, batches, several K
+    /// blocks).
+    #[test]
+    fn half_precision_b_is_widened_as_it_is_packed() {
+        use meshc_ir::Data;
+        for dt in [DType::F16, DType::BF16] {
+            for (t, (a_shape, b_shape)) in
+                [(&[13, 300][..], &[300, 37][..]), (&[2, 5, 7], &[7, 9]), (&[3, 600], &[600, 8])]
+                    .into_iter()
+                    .enumerate()
+            {
+                let (a, b, _) = oracle(a_shape, b_shape, t as u64);
+                let half = Tensor::new(b.shape.clone(), Data::from_f64(dt, b.data.to_f64()));
+                let widened = Tensor::new(b.shape.clone(), Data::from_f64(DType::F32, half.data.to_f64()));
+                let node = Node::new("mm", Op::MatMul, &[]);
+                let operands = [Operand { ty: &a.ty(), dims: None }, Operand { ty: &widened.ty(), dims: None }];
+                let ty = infer(&node, &operands).unwrap().ty;
+                let want = eval_node(&node, &[&a, &widened], &ty).unwrap();
+                check_product(&native(), &a, &half, &want, &format!("{a_shape:?} @ {dt}{b_shape:?}"));
+            }
+        }
     }
 
     fn check(a_shape: &[usize], b_shape: &[usize]) {

@@ -3,6 +3,12 @@
 //! device), are evaluated at compile time with the reference interpreter and become that
 //! device's weights. The keep pattern of each pruned param (`passes::pilot`) is folded along
 //! with it, so a device's slice of a weight gets the matching slice of its mask.
+//!
+//! Matmul weights may be stored as f16/bf16 (`WeightsDtype`): a weight that only ever
+//! serves as the right operand of matmuls is kept (or, asked to, converted) in half
+//! precision, and the matmul kernel widens it as it packs it — half the bytes in the
+//! artifact, at load and at run time. The `cast` to f32 that reads a half weight is then
+//! not folded into an f32 copy but absorbed by its matmuls (`Folded::absorbed`).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -11,7 +17,7 @@ use std::fmt::Write as _;
 use anyhow::{Context, Result};
 use meshc_ir::params::Params;
 use meshc_ir::verify::Info;
-use meshc_ir::{Graph, Op, Tensor};
+use meshc_ir::{DType, Graph, Op, Tensor};
 
 use super::pilot::ParamMask;
 
@@ -33,6 +39,25 @@ pub struct Folded<'p> {
     pub keeps: HashMap<String, Tensor>,
     /// Where the values of `Const::Param`s are read.
     pub params: &'p Params<'p>,
+    /// Casts to f32 of half-precision weights that only matmuls read (as their right
+    /// operand), by name, with the weight they cast: the matmuls read the weight itself.
+    pub absorbed: HashMap<String, String>,
+    /// The f32 weights converted to a half type (`WeightsDtype::F16`/`BF16`), with the
+    /// largest absolute rounding error of each, in program order.
+    pub converted: Vec<(String, f64)>,
+}
+
+/// How matmul weights are stored in the artifact (`--weights-dtype`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightsDtype {
+    /// As the checkpoint holds them: an f16/bf16 weight stays f16/bf16.
+    #[default]
+    Keep,
+    /// Every weight f32 (the library GEMM, which reads f32 only, may then serve every matmul).
+    F32,
+    /// f32 weights that only matmuls read, rounded (to nearest even) into f16 or bf16.
+    F16,
+    BF16,
 }
 
 /// Ops evaluated at compile time when all their operands are constants.
@@ -47,6 +72,7 @@ pub fn fold<'p>(
     info: &Info,
     params: &'p Params<'p>,
     masks: &HashMap<String, ParamMask>,
+    weights: WeightsDtype,
 ) -> Result<Folded<'p>> {
     let mut consts: HashMap<String, Const<'p>> = g.params.iter().map(|p| (p.name.clone(), Const::Param)).collect();
     let mut keeps: HashMap<String, Tensor> = HashMap::new();
@@ -63,8 +89,27 @@ pub fn fold<'p>(
             keeps.insert(name.clone(), Tensor::f32(t.shape.clone(), v.collect()));
         }
     }
+    // Whether `name` is read only as the right operand of (unmasked) matmuls.
+    let only_matmul_b = |name: &str, keeps: &HashMap<String, Tensor>| {
+        let uses = || g.nodes.iter().flat_map(|n| n.inputs.iter().enumerate().map(move |(j, i)| (n, j, i)));
+        !keeps.contains_key(name)
+            && !g.outputs.iter().any(|o| o.name == name)
+            && uses().any(|(_, _, i)| i == name)
+            && uses().filter(|(_, _, i)| *i == name).all(|(n, j, _)| n.op == Op::MatMul && j == 1)
+    };
+    let mut absorbed = HashMap::new();
     for &k in &info.order {
         let n = &g.nodes[k];
+        let half_operand = |i: &String| info.types[i].dtype.is_half() && consts.contains_key(i);
+        if weights != WeightsDtype::F32
+            && n.op == Op::Cast
+            && info.types[&n.name].dtype == DType::F32
+            && half_operand(&n.inputs[0])
+            && only_matmul_b(&n.name, &keeps)
+        {
+            absorbed.insert(n.name.clone(), n.inputs[0].clone());
+            continue;
+        }
         if foldable(n.op) && n.inputs.iter().all(|i| consts.contains_key(i)) {
             let args = (n.inputs.iter())
                 .map(|i| match &consts[i] {
@@ -84,13 +129,51 @@ pub fn fold<'p>(
             }
         }
     }
-    Ok(Folded { consts, keeps, params })
+    let mut converted = Vec::new();
+    if let Some(dtype) = match weights {
+        WeightsDtype::F16 => Some(DType::F16),
+        WeightsDtype::BF16 => Some(DType::BF16),
+        _ => None,
+    } {
+        let order = g.params.iter().map(|p| &p.name).chain(info.order.iter().map(|&k| &g.nodes[k].name));
+        let names: Vec<String> = order
+            .filter(|name| consts.contains_key(*name) && info.types[*name].dtype == DType::F32)
+            .filter(|name| only_matmul_b(name, &keeps))
+            .cloned()
+            .collect();
+        for name in names {
+            let t = match &consts[&name] {
+                Const::Param => {
+                    let p = g.params.iter().find(|p| p.name == name).expect("a param");
+                    params.get(p).with_context(|| format!("param '{name}'"))?
+                }
+                Const::Value(t) => Cow::Borrowed(&**t),
+            };
+            let wide = t.data.to_f64();
+            let half = Tensor::new(t.shape.clone(), meshc_ir::Data::from_f64(dtype, wide.iter().copied()));
+            let err = wide.iter().zip(half.data.to_f64()).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            converted.push((name.clone(), err));
+            consts.insert(name, Const::Value(Cow::Owned(half)));
+        }
+    }
+    Ok(Folded { consts, keeps, params, absorbed, converted })
 }
 
 impl Folded<'_> {
     /// Whether `name` is a constant of the program.
     pub fn has(&self, name: &str) -> bool {
         self.consts.contains_key(name)
+    }
+
+    /// The type in which the matmul operand `name` (declared `types[name]`) is stored: a
+    /// half weight behind an absorbed cast, a converted weight, or as declared.
+    pub fn stored(&self, name: &str, types: &HashMap<String, meshc_ir::TensorType>) -> meshc_ir::TensorType {
+        let weight = self.absorbed.get(name).map_or(name, String::as_str);
+        let dtype = match self.consts.get(weight) {
+            Some(Const::Value(t)) => t.dtype(),
+            _ => types[weight].dtype,
+        };
+        meshc_ir::TensorType::new(dtype, types[name].shape.clone())
     }
 }
 
@@ -104,6 +187,15 @@ pub fn dump(devices: &[(usize, &Graph, &Folded)]) -> String {
         for n in folded {
             let Const::Value(t) = &f.consts[&n.name] else { unreachable!("a node is not a param") };
             let _ = writeln!(s, "  {} = {}({})  -> {}", n.name, n.op.name(), n.inputs.join(", "), t.ty());
+        }
+        let mut absorbed: Vec<_> = f.absorbed.iter().collect();
+        absorbed.sort();
+        for (cast, weight) in absorbed {
+            let _ = writeln!(s, "  {cast} = cast({weight}) absorbed: its matmuls read the half weight");
+        }
+        for (name, err) in &f.converted {
+            let Const::Value(t) = &f.consts[name] else { unreachable!("converted weights are values") };
+            let _ = writeln!(s, "  {name} stored as {} (max abs rounding error {err:.3e})", t.dtype());
         }
     }
     s

@@ -171,10 +171,67 @@ fn half_precision_weights_and_inputs_run_as_their_f32_values() {
     assert_eq!(interp, want, "the interpreter computes on the widened values");
     for gemm in ["cranelift", "library"] {
         for layout in [None, Some(mp.as_str())] {
-            let mut args = vec!["run", g.as_str(), "--input", x.as_str(), "--gemm", gemm];
-            args.extend(layout.iter().flat_map(|l| ["--layout", *l]));
-            let got = result(&args, "got.npy");
-            crate::common::assert_close(&format!("{gemm} {layout:?}"), &got, &want).unwrap();
+            for weights in ["keep", "f32"] {
+                let mut args =
+                    vec!["run", g.as_str(), "--input", x.as_str(), "--gemm", gemm, "--weights-dtype", weights];
+                args.extend(layout.iter().flat_map(|l| ["--layout", *l]));
+                let got = result(&args, "got.npy");
+                crate::common::assert_close(&format!("{gemm} {layout:?} {weights}"), &got, &want).unwrap();
+            }
         }
     }
+    // Kept half, the matmul weights take half the bytes of the artifact's f32 ones.
+    let weights_bytes = |weights: &str| {
+        let art = path(&format!("{weights}.mshc"));
+        let run = meshc(&["compile", &g, "-o", &art, "--weights-dtype", weights]);
+        assert_eq!(run.status, Some(0), "{}", run.stderr);
+        let inspect = meshc(&["inspect", &art]).stdout;
+        let line = inspect.lines().find(|l| l.trim_start().starts_with("weights")).expect("a weights line").to_string();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let at = words.iter().position(|w| *w == "size").expect("a size");
+        words[at + 1].parse::<usize>().expect("a byte count")
+    };
+    let (kept, wide) = (weights_bytes("keep"), weights_bytes("f32"));
+    assert!(kept < wide * 3 / 5, "kept halves: {kept} bytes of weights, f32: {wide}");
+}
+
+/// `--weights-dtype bf16` rounds an f32 model's matmul weights: half the weight bytes,
+/// outputs within bf16's rounding of the f32 ones, and the rounding error reported.
+#[test]
+fn f32_weights_converted_to_bf16_run_within_its_rounding() {
+    use meshc_ir::Tensor;
+    let dir = scratch("to-bf16");
+    let graph = "testdata/mlp/graph.json";
+    let inputs = crate::common::input_args(std::path::Path::new(graph));
+    let run = |weights: &str, layout: &[&str]| -> Tensor {
+        let out = dir.join(format!("{weights}{}.npy", layout.len())).display().to_string();
+        let mut args = vec!["run", graph, "--weights-dtype", weights, "--output"];
+        let o = format!("y={out}");
+        args.push(&o);
+        args.extend(inputs.iter().map(String::as_str));
+        args.extend(layout);
+        let r = meshc(&args);
+        assert_eq!(r.status, Some(0), "{}", r.stderr);
+        Tensor::read_npy(std::path::Path::new(&out)).unwrap()
+    };
+    let wide = run("f32", &[]);
+    let w = wide.data.to_f64();
+    let norm = w.iter().map(|x| x * x).sum::<f64>().sqrt();
+    // On one device and with each device's slice of the weights converted.
+    for layout in [&[][..], &["--layout", "testdata/mlp/layouts/mp-2x4.json"]] {
+        let h = run("bf16", layout).data.to_f64();
+        let diff = w.iter().zip(&h).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt();
+        assert!(diff > 0.0 && diff < 1e-2 * norm, "{layout:?}: relative L2 difference {} of bf16 weights", diff / norm);
+    }
+    let dump = meshc(&[
+        "compile",
+        graph,
+        "--weights-dtype",
+        "bf16",
+        "--dump-after",
+        "fold",
+        "-o",
+        &dir.join("a.mshc").display().to_string(),
+    ]);
+    assert!(dump.stdout.contains("stored as bf16 (max abs rounding error"), "{}", dump.stdout);
 }
