@@ -3,6 +3,7 @@
 //! that runs an artifact live in `meshc-runtime`, which knows nothing of this crate. The
 //! `meshc` binary (src/main.rs) is the CLI.
 
+pub mod attribution;
 pub mod codegen;
 pub mod compile;
 pub mod degrade;
