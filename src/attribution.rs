@@ -14,17 +14,8 @@ use meshc_runtime::mesh::Mesh;
 use meshc_runtime::program::{Collective, CollectiveOp, Reduce, Why};
 
 /// The collective a lowered node runs on an operand of local type `operand` (its `id` 0:
-/// numbering is the code generator's).
+/// numbering is the code generator's; so is refusing dtypes the fabric does not carry).
 pub fn collective(node: &Node, operand: &TensorType) -> Result<Collective> {
-    // The fabric moves and reduces f32 elements only: refused here, with the node, rather
-    // than at run time.
-    if operand.dtype != meshc_ir::DType::F32 {
-        bail!(
-            "node '{}' ({} of a {operand} tensor): collectives carry f32 only; lay the tensor out so that it needs none (replicated, or split as its producer is)",
-            node.name,
-            node.op.name()
-        );
-    }
     let int = |key: &str| -> Result<usize> {
         let v = meshc_ir::infer::attr_int(node, key, 0);
         meshc_ir::infer::norm_axis(v, operand.rank()).map_err(|e| anyhow::anyhow!("node '{}': {e}", node.name))

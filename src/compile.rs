@@ -428,6 +428,15 @@ impl Builder {
     }
 
     fn collective(&mut self, node: &Node, operand: &TensorType, device: usize, devices: usize) -> Result<Collective> {
+        // The fabric moves and reduces f32 elements only: refused here, with the node, rather
+        // than at run time.
+        if operand.dtype != meshc_ir::DType::F32 {
+            bail!(
+                "node '{}' ({} of a {operand} tensor): collectives carry f32 only; lay the tensor out so that it needs none (replicated, or split as its producer is)",
+                node.name,
+                node.op.name()
+            );
+        }
         let mut c = crate::attribution::collective(node, operand)?;
         let groups = &c.groups;
         if let Some(d) = groups.iter().flatten().find(|&&d| d >= devices) {

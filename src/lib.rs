@@ -10,6 +10,7 @@ pub mod degrade;
 pub mod dot;
 pub mod driver;
 pub mod dumps;
+pub mod explain;
 pub mod layout;
 pub mod mesh_interp;
 pub mod passes;

@@ -421,6 +421,9 @@ impl Model<'_> {
 pub fn traffic(mesh: &Mesh, c: &Collective) -> Result<Vec<(usize, usize, u64)>> {
     let links = Links::new(mesh);
     let mut bytes = vec![0u64; links.list.len()];
+    // The schedule depends on shapes only, counted in 4-byte elements as the fabric carries
+    // them: a collective of another dtype (which the compiler refuses) is priced alike.
+    let c = &Collective { dtype: "f32".into(), ..c.clone() };
     for group in &c.groups {
         let result = result_shape(mesh, group[0], c)?;
         let (numel, result_numel) = (c.shape.iter().product(), result.iter().product());
