@@ -68,7 +68,7 @@ fn runner_program(mesh: &Mesh, numel: usize) -> (Meta, Vec<Program>) {
                 Buffer { name: "y".into(), bytes, storage: Storage::Arena { offset: at }, mask: None },
             ],
             kernels: vec![],
-            steps: vec![Step { node: "y".into(), exec: Exec::Collective(c.clone()), buffers: vec![1, 0] }],
+            steps: vec![Step { node: "y".into(), exec: Exec::Collective(c.clone()), buffers: vec![1, 0], why: None }],
             inputs: vec![0],
             outputs: vec![1],
             streams: Default::default(),

@@ -26,8 +26,8 @@ use meshc_ir::cost::node_flops;
 use meshc_runtime::library;
 use meshc_runtime::mesh::{Layout, Mesh};
 use meshc_runtime::program::{
-    align_up, Buffer, Collective, CollectiveOp, Exec, IoSpec, Kernel, Library, Meta, Program, Protocol, Reduce, Step,
-    Storage, Transfer, ALIGN,
+    align_up, Buffer, Collective, Exec, IoSpec, Kernel, Library, Meta, Program, Protocol, Step, Storage, Transfer, Why,
+    ALIGN,
 };
 use meshc_runtime::runner::Loaded;
 
@@ -295,6 +295,7 @@ impl Builder {
         info: &Info,
         folded: &Folded,
         groups: &Groups,
+        why: &BTreeMap<String, Why>,
     ) -> Result<(Program, Vec<Vec<usize>>)> {
         let mut bufs = Buffers::default();
         let Folded { consts, keeps, params, absorbed, .. } = folded;
@@ -366,6 +367,7 @@ impl Builder {
             if node.op == Op::MatMul {
                 operand_types[1] = folded.stored(&node.inputs[1], &info.types);
             }
+            let why = crate::attribution::key(node).and_then(|k| why.get(&k).cloned());
             if matches!(node.op, Op::Send | Op::Recv) {
                 let t = transfer(node, out)?;
                 let (exec, b) = if node.op == Op::Send {
@@ -376,7 +378,7 @@ impl Builder {
                 } else {
                     (Exec::Recv(t), bufs.arena(&node.name, out.size_bytes()))
                 };
-                steps.push(Step { node: node.name.clone(), exec, buffers: vec![b] });
+                steps.push(Step { node: node.name.clone(), exec, buffers: vec![b], why });
                 in_place.push(Vec::new());
                 continue;
             }
@@ -460,7 +462,7 @@ impl Builder {
                     kernel.in_place.sort();
                 }
             }
-            steps.push(Step { node: node.name.clone(), exec, buffers });
+            steps.push(Step { node: node.name.clone(), exec, buffers, why });
             in_place.push(shares);
         }
         let outputs = g.outputs.iter().map(|o| bufs.get(&o.name)).collect();
@@ -487,29 +489,8 @@ impl Builder {
                 node.op.name()
             );
         }
-        let int = |key: &str| -> Result<usize> {
-            let v = meshc_ir::infer::attr_int(node, key, 0);
-            meshc_ir::infer::norm_axis(v, operand.rank()).map_err(|e| anyhow::anyhow!("node '{}': {e}", node.name))
-        };
-        let reduce = || {
-            let r = meshc_ir::infer::attr_str(node, "reduce", "sum");
-            Reduce::parse(r).with_context(|| format!("node '{}': unknown reduction {r}", node.name))
-        };
-        let op = match node.op {
-            Op::AllReduce => CollectiveOp::AllReduce { reduce: reduce()? },
-            Op::AllGather => CollectiveOp::AllGather { axis: int("axis")? },
-            Op::ReduceScatter => CollectiveOp::ReduceScatter { axis: int("axis")?, reduce: reduce()? },
-            Op::AllToAll => CollectiveOp::AllToAll { split_axis: int("split_axis")?, concat_axis: int("concat_axis")? },
-            op => bail!("node '{}': {op} is not supported by the runner yet", node.name),
-        };
-        let groups: Vec<Vec<usize>> = node
-            .attrs
-            .get("groups")
-            .and_then(meshc_ir::Attr::as_int_lists)
-            .unwrap_or_default()
-            .into_iter()
-            .map(|g| g.into_iter().map(|d| d as usize).collect())
-            .collect();
+        let mut c = crate::attribution::collective(node, operand)?;
+        let groups = &c.groups;
         if let Some(d) = groups.iter().flatten().find(|&&d| d >= devices) {
             bail!("node '{}': its groups name device {d}, but the mesh has {devices} device(s)", node.name);
         }
@@ -517,8 +498,8 @@ impl Builder {
             bail!("node '{}': device {device} runs it but is in none of its groups", node.name);
         }
         let next = self.collectives.len();
-        let id = *self.collectives.entry(node.name.clone()).or_insert(next);
-        Ok(Collective { op, id, groups, dtype: operand.dtype.name().to_string(), shape: operand.shape.clone() })
+        c.id = *self.collectives.entry(node.name.clone()).or_insert(next);
+        Ok(c)
     }
 
     fn finish(self, meta: Meta, programs: Vec<Program>) -> Result<Compiled> {
@@ -595,8 +576,9 @@ pub fn compile_lowered<'p>(
         (0..lowered.devices.len()).map(|d| Program { device: d, ..Default::default() }).collect();
     let mut in_place = vec![Vec::new(); programs.len()];
     for (((d, dev, dinfo), f), gr) in devices.iter().zip(&folded).zip(&groups) {
-        let (p, shares) =
-            b.program((*d, lowered.devices.len()), dev, dinfo, f, gr).with_context(|| format!("device {d}"))?;
+        let (p, shares) = b
+            .program((*d, lowered.devices.len()), dev, dinfo, f, gr, &lowered.why)
+            .with_context(|| format!("device {d}"))?;
         (programs[*d], in_place[*d]) = (p, shares);
     }
     for (p, shares) in programs.iter_mut().zip(&mut in_place) {

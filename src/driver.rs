@@ -64,28 +64,36 @@ pub fn build<'p>(
         }
         return compile_lowered(g, info, &Lowered::single(g, info), &params, opts, dumps);
     };
+    let (lowered, model_axes) = lower_spec(g, info, spec, dumps)?;
     let degraded = spec.degraded.degradation(&spec.mesh);
-    let topo = meshc_runtime::degraded::Topo::new(&spec.mesh, &degraded, false).with_context(|| spec.file.clone())?;
-    topo.require_healthy().with_context(|| spec.file.clone())?;
-    let (lowered, model_axes) = match passes::place::place(g, info, spec)? {
-        Some(placement) => {
-            // Stages hand their results on by send/recv: a failed device would break the
-            // pipeline. Failed links only re-plan the collectives.
-            crate::degrade::keep_stages(&topo).with_context(|| spec.file.clone())?;
-            (lower_placed(g, info, spec, &placement, dumps)?, Vec::new())
-        }
-        None => {
-            if let Some(pass) = ["place", "sendrecv"].into_iter().find(|p| dumps.names(p)) {
-                bail!("--dump-after {pass} needs a layout spec with a \"placement\" (--layout SPEC)");
-            }
-            lower_laid_out(g, info, spec, &topo, dumps)?
-        }
-    };
     let mut compiled = compile_lowered(g, info, &lowered, &params, opts, dumps)?;
     compiled.meta.degraded = degraded;
     compiled.meta.model_axes = model_axes;
     check_memory(&compiled, spec)?;
     Ok(compiled)
+}
+
+/// The passes from `place` to `sendrecv` under `spec` (its degradation checked): the lowered
+/// programs of every device and the mesh axes that split a param (the model axes `inspect`
+/// reports).
+pub fn lower_spec(g: &Graph, info: &Info, spec: &Spec, dumps: &Dumps) -> Result<(Lowered, Vec<usize>)> {
+    let degraded = spec.degraded.degradation(&spec.mesh);
+    let topo = meshc_runtime::degraded::Topo::new(&spec.mesh, &degraded, false).with_context(|| spec.file.clone())?;
+    topo.require_healthy().with_context(|| spec.file.clone())?;
+    match passes::place::place(g, info, spec)? {
+        Some(placement) => {
+            // Stages hand their results on by send/recv: a failed device would break the
+            // pipeline. Failed links only re-plan the collectives.
+            crate::degrade::keep_stages(&topo).with_context(|| spec.file.clone())?;
+            Ok((lower_placed(g, info, spec, &placement, dumps)?, Vec::new()))
+        }
+        None => {
+            if let Some(pass) = ["place", "sendrecv"].into_iter().find(|p| dumps.names(p)) {
+                bail!("--dump-after {pass} needs a layout spec with a \"placement\" (--layout SPEC)");
+            }
+            lower_laid_out(g, info, spec, &topo, dumps)
+        }
+    }
 }
 
 /// The passes `layout` and `lower` for a spec without a placement, under the spec's

@@ -3,12 +3,14 @@
 //! that runs an artifact live in `meshc-runtime`, which knows nothing of this crate. The
 //! `meshc` binary (src/main.rs) is the CLI.
 
+pub mod attribution;
 pub mod codegen;
 pub mod compile;
 pub mod degrade;
 pub mod dot;
 pub mod driver;
 pub mod dumps;
+pub mod explain;
 pub mod layout;
 pub mod mesh_interp;
 pub mod passes;

@@ -107,6 +107,17 @@ enum Cmd {
     },
     /// Describe an artifact: sections, inputs/outputs, kernels, buffers, steps.
     Inspect { artifact: PathBuf },
+    /// Explain a sharding plan: every communication step with its reason and bytes, the
+    /// traffic per device and per link, the estimated time, and the FLOPs per device.
+    Explain {
+        graph: PathBuf,
+        /// The layout spec (meshc-layout/1) to explain.
+        #[arg(long, value_name = "SPEC")]
+        layout: PathBuf,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Make a new Ed25519 key pair for signing artifacts: KEY (secret, mode 0600) and KEY.pub.
     Keygen {
         #[arg(short, value_name = "KEY")]
@@ -239,8 +250,21 @@ fn main() -> ExitCode {
             })
         }
         Cmd::Inspect { artifact } => cli::inspect(&artifact),
+        Cmd::Explain { graph, layout, json } => explain(&graph, &layout, json),
     };
     cli::exit(result)
+}
+
+fn explain(path: &Path, layout: &Path, json: bool) -> Result<()> {
+    let (g, info) = load::load(path)?;
+    let spec = meshc::layout::load(layout)?;
+    let report = meshc::explain::explain(&g, &info, &spec).with_context(|| path.display().to_string())?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.text());
+    }
+    Ok(())
 }
 
 fn base_dir(graph: &Path) -> &Path {

@@ -415,6 +415,32 @@ impl Model<'_> {
     }
 }
 
+/// The bytes one execution of `c` (every group of it) puts on each directed link of `mesh`,
+/// as (from device, to device, bytes), by the same plain schedules the fabric's counters
+/// record on a healthy mesh: what the compiler's attribution and `meshc explain` predict.
+pub fn traffic(mesh: &Mesh, c: &Collective) -> Result<Vec<(usize, usize, u64)>> {
+    let links = Links::new(mesh);
+    let mut bytes = vec![0u64; links.list.len()];
+    // The schedule depends on shapes only, counted in 4-byte elements as the fabric carries
+    // them: a collective of another dtype (which the compiler refuses) is priced alike.
+    let c = &Collective { dtype: "f32".into(), ..c.clone() };
+    for group in &c.groups {
+        let result = result_shape(mesh, group[0], c)?;
+        let (numel, result_numel) = (c.shape.iter().product(), result.iter().product());
+        for (l, b) in Model::schedule(&links, &c.op, group, numel, result_numel) {
+            bytes[l] += b;
+        }
+    }
+    Ok(links.list.iter().zip(bytes).filter(|(_, b)| *b > 0).map(|(&(f, t), b)| (f, t, b)).collect())
+}
+
+/// The directed links (from, to) of the dimension-ordered route a message from `from` to
+/// `to` takes over `mesh`.
+pub fn route(mesh: &Mesh, from: usize, to: usize) -> Vec<(usize, usize)> {
+    let links = Links::new(mesh);
+    links.route(from, to).into_iter().map(|l| links.list[l]).collect()
+}
+
 fn small(numel: usize) -> bool {
     numel.saturating_mul(4) < SMALL_BYTES
 }

@@ -1,6 +1,6 @@
 //! The text of `inspect`: an artifact's sections, metadata, kernels, buffers, steps with
-//! their streams and events, masks and send/recv pairs; and the stream notes the compiler's
-//! `--dump-after streams` shares.
+//! their streams and events and why each communication step is there, masks and send/recv
+//! pairs; and the stream notes the compiler's `--dump-after streams` shares.
 
 use std::fmt::Write as _;
 
@@ -154,6 +154,13 @@ fn program_report(s: &mut String, p: &Program) -> Result<()> {
         let bufs: Vec<String> = st.buffers.iter().map(|b| format!("b{b}")).collect();
         let sync = if p.streams.streams.is_empty() { String::new() } else { step_note(p, i) };
         writeln!(s, "  {:<24} {:<36} ({}) {sync}", st.node, exec, bufs.join(", "))?;
+        if let Some(w) = &st.why {
+            let what = match &st.exec {
+                Exec::Collective(c) => collective_name(&c.op),
+                other => other.kind().to_string(),
+            };
+            writeln!(s, "    why: {}", w.describe(&what))?;
+        }
     }
     Ok(())
 }

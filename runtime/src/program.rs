@@ -297,6 +297,90 @@ pub struct Step {
     pub node: String,
     pub exec: Exec,
     pub buffers: Vec<usize>,
+    /// Why the compiler inserted this communication step (collectives, sends and recvs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<Why>,
+}
+
+/// The rule that made the compiler move a tensor (docs/design.md §4.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Rule {
+    /// A matmul or einsum contracted a split dim: each device holds a partial sum.
+    ContractionOverSplitDim,
+    /// A reduction reduced a split dim: each device holds a partial result.
+    ReductionOverSplitDim,
+    /// softmax or layer_norm over a split dim: their statistics are combined over the axis.
+    StatisticsOverSplitDim,
+    /// A reshape cannot keep the operand's split (the split dim is not the major dim of a
+    /// group of dims it keeps together, or a size does not divide).
+    ReshapeCannotKeepSplit,
+    /// A contraction needs the operand split otherwise (its axis splits another dim of the
+    /// result, or the dim is a diagonal).
+    ContractionNeedsOtherSplit,
+    /// The op reads the whole of a dim the operand splits (a concat, slice or gather axis,
+    /// a broadcast, a normalised dim whose axis the result uses).
+    OpReadsWholeDim,
+    /// The op is slice-wise, and the spec gives its result another layout than the operand's.
+    LayoutGivenInSpec,
+    /// The op is slice-wise, and propagation gave its result another operand's layout.
+    OperandLayoutsDisagree,
+    /// The tensor crosses from one stage of the placement to another.
+    StageBoundary,
+}
+
+impl Rule {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Rule::ContractionOverSplitDim => "contraction over a split dim",
+            Rule::ReductionOverSplitDim => "reduction over a split dim",
+            Rule::StatisticsOverSplitDim => "normalisation statistics over a split dim",
+            Rule::ReshapeCannotKeepSplit => "reshape cannot keep the split",
+            Rule::ContractionNeedsOtherSplit => "contraction needs the operand split otherwise",
+            Rule::OpReadsWholeDim => "the op reads a split dim whole",
+            Rule::LayoutGivenInSpec => "layout given in the spec",
+            Rule::OperandLayoutsDisagree => "operand layouts disagree",
+            Rule::StageBoundary => "stage boundary",
+        }
+    }
+}
+
+/// The attribution of one communication step: which op needed which tensor in which layout,
+/// by which rule, and what it costs on the mesh. Every member of a collective, and both ends
+/// of a transfer, carry the same record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Why {
+    /// The graph node that needed the step.
+    pub node: String,
+    /// The graph tensor moved (the node's operand, or its own result when partial).
+    pub tensor: String,
+    /// The layout the tensor had, and the one it was needed in (`Mesh::layout_string`, with
+    /// `partial(AXES)` for a partial result; a stage's layouts are over its sub-mesh).
+    pub from: String,
+    pub to: String,
+    pub rule: Rule,
+    /// The most bytes any one device sends onto its links for the step (forwarded bytes
+    /// included), by the fabric's schedule (`fabric::traffic`); for a transfer, the piece.
+    pub bytes_per_device: u64,
+    /// The bytes of the step over the busiest link of the mesh.
+    pub busiest_link: u64,
+}
+
+impl Why {
+    /// "all_gather of q2 for q3: [-, model] -> [-, -] (reshape cannot keep the split), 1536 B
+    /// per device, 1536 B on the busiest link": `what` names the step.
+    pub fn describe(&self, what: &str) -> String {
+        format!(
+            "{what} of {} for {}: {} -> {} ({}), {} B per device, {} B on the busiest link",
+            self.tensor,
+            self.node,
+            self.from,
+            self.to,
+            self.rule.describe(),
+            self.bytes_per_device,
+            self.busiest_link
+        )
+    }
 }
 
 /// What a stream runs: kernels and library calls, or collectives.

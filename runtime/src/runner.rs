@@ -1425,7 +1425,7 @@ mod tests {
     }
 
     fn step(node: &str, exec: Exec, buffers: &[usize]) -> Step {
-        Step { node: node.into(), exec, buffers: buffers.to_vec() }
+        Step { node: node.into(), exec, buffers: buffers.to_vec(), why: None }
     }
 
     fn iota(shape: &[usize]) -> Tensor {
@@ -1810,12 +1810,12 @@ mod transfer_tests {
 
     fn send(key: &str, to: usize, protocol: Protocol, b: usize) -> Step {
         let t = Transfer { key: key.into(), peer: to, bytes: 16, protocol };
-        Step { node: format!("send {key}"), exec: Exec::Send(t), buffers: vec![b] }
+        Step { node: format!("send {key}"), exec: Exec::Send(t), buffers: vec![b], why: None }
     }
 
     fn recv(key: &str, from: usize, protocol: Protocol) -> Step {
         let t = Transfer { key: key.into(), peer: from, bytes: 16, protocol };
-        Step { node: format!("recv {key}"), exec: Exec::Recv(t), buffers: vec![1] }
+        Step { node: format!("recv {key}"), exec: Exec::Recv(t), buffers: vec![1], why: None }
     }
 
     fn load(programs: Vec<Program>) -> Result<Loaded> {
@@ -1879,7 +1879,10 @@ mod transfer_tests {
         let mut l = load(vec![
             program(
                 0,
-                vec![Step { node: "h".into(), exec: good, buffers: vec![2, 0, 0] }, send("a", 1, Protocol::Copy, 2)],
+                vec![
+                    Step { node: "h".into(), exec: good, buffers: vec![2, 0, 0], why: None },
+                    send("a", 1, Protocol::Copy, 2),
+                ],
             ),
             program(1, vec![recv("a", 0, Protocol::Copy)]),
         ])

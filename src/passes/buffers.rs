@@ -261,6 +261,7 @@ mod tests {
                     Exec::Kernel(0)
                 },
                 buffers: [&[r][..], ops].concat(),
+                why: None,
             })
             .collect();
         Program {

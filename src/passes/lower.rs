@@ -29,8 +29,9 @@ use meshc_ir::verify::Info;
 use meshc_ir::{Attr, Attrs, DType, Graph, Input, Node, Op, Output, Param, ParamData, TensorType};
 
 use super::layout::{corresponding_dims, reduced_axes, Layouts};
+use crate::layout::Source;
 use meshc_runtime::mesh::{Layout, Mesh};
-use meshc_runtime::program::StageMesh;
+use meshc_runtime::program::{Rule, StageMesh, Why};
 
 /// One program per device, plus the layouts of the graph's inputs and outputs.
 #[derive(Clone, Debug)]
@@ -42,6 +43,8 @@ pub struct Lowered {
     /// With placement: the stage that holds each graph input and output (its layout above
     /// is over that stage's sub-mesh).
     pub io_stages: BTreeMap<String, StageMesh>,
+    /// Why each communication step is there, by `attribution::key` (priced over `mesh`).
+    pub why: BTreeMap<String, Why>,
 }
 
 impl Lowered {
@@ -54,6 +57,7 @@ impl Lowered {
             inputs: g.inputs.iter().map(|i| unsplit(&i.name)).collect(),
             outputs: g.outputs.iter().map(|o| unsplit(&o.name)).collect(),
             io_stages: BTreeMap::new(),
+            why: BTreeMap::new(),
         }
     }
 }
@@ -70,6 +74,9 @@ struct Lower<'a> {
     versions: HashMap<(String, Layout), String>,
     /// The local tensor that holds a global tensor (not a param) in its own layout.
     home: HashMap<String, String>,
+    /// The record each collective emitted now gets (set around each reshard).
+    cause: Option<Why>,
+    why: BTreeMap<String, Why>,
 }
 
 fn groups_attr(groups: Vec<Vec<usize>>) -> Attr {
@@ -138,7 +145,45 @@ impl Lower<'_> {
         let mut attrs = attrs;
         attrs.insert("groups".into(), groups_attr(self.mesh.groups(axes)));
         let ty = self.local_ty(t, after);
+        self.attribute(&name);
         self.emit(&name, op, &[src], ty, attrs)
+    }
+
+    /// Records the current cause for the collective `name`.
+    fn attribute(&mut self, name: &str) {
+        let cause = self.cause.clone().expect("every collective is emitted with its cause");
+        self.why.insert(name.to_string(), cause);
+    }
+
+    /// The record of a step that brings `tensor` from `from` to `to` for node `n`.
+    fn cause(&self, n: &Node, tensor: &str, from: String, to: &[Option<usize>], rule: Rule) -> Why {
+        Why {
+            node: n.name.clone(),
+            tensor: tensor.to_string(),
+            from,
+            to: self.mesh.layout_string(to),
+            rule,
+            bytes_per_device: 0,
+            busiest_link: 0,
+        }
+    }
+
+    /// Why operand `i` of `n`, laid out `cur`, must be brought to `req`: the rule behind the
+    /// first split it loses.
+    fn operand_rule(&self, n: &Node, i: usize, cur: &[Option<usize>], req: &[Option<usize>]) -> Rule {
+        let Some(d) = (0..cur.len()).find(|&d| cur[d].is_some() && req[d] != cur[d]) else {
+            return Rule::OperandLayoutsDisagree;
+        };
+        let dout = corresponding_dims(n, i, self.info).into_iter().find(|p| p.0 == d).map(|p| p.1);
+        match (n.op, dout) {
+            (Op::Reshape, _) => Rule::ReshapeCannotKeepSplit,
+            (Op::MatMul | Op::Einsum, None) => Rule::ContractionNeedsOtherSplit,
+            (_, None) => Rule::OpReadsWholeDim,
+            _ if matches!(self.layouts.source.get(&n.name), Some(Source::Spec | Source::Rule)) => {
+                Rule::LayoutGivenInSpec
+            }
+            _ => Rule::OperandLayoutsDisagree,
+        }
     }
 
     /// A local slice that splits dims of `src` (holding `t` in layout `from`) to `to`.
@@ -220,9 +265,10 @@ impl Lower<'_> {
         cur
     }
 
-    /// The local name of global tensor `t` in layout `to`, resharding its first version.
-    /// Params are sliced from the whole param every device holds.
-    fn operand(&mut self, t: &str, to: &[Option<usize>]) -> String {
+    /// The local name of operand `i` of `n` (global tensor `t`) in layout `to`, resharding
+    /// its first version. Params are sliced from the whole param every device holds.
+    fn operand(&mut self, n: &Node, i: usize, to: &[Option<usize>]) -> String {
+        let t = n.inputs[i].as_str();
         let key = (t.to_string(), to.to_vec());
         if let Some(v) = self.versions.get(&key) {
             return v.clone();
@@ -233,7 +279,11 @@ impl Lower<'_> {
         } else {
             let src = self.home[t].clone();
             let layout = self.layouts.of[t].clone();
-            self.reshard(t, &src, &layout, &[], "sum", to)
+            let rule = self.operand_rule(n, i, &layout, to);
+            self.cause = Some(self.cause(n, t, self.mesh.layout_string(&layout), to, rule));
+            let v = self.reshard(t, &src, &layout, &[], "sum", to);
+            self.cause = None;
+            v
         };
         self.versions.insert(key, v.clone());
         v
@@ -249,6 +299,9 @@ impl Lower<'_> {
             }
             let ty = self.types.remove(&local).expect("emitted");
             self.types.insert(n.name.clone(), ty);
+            if let Some(w) = self.why.remove(&local) {
+                self.why.insert(n.name.clone(), w);
+            }
         }
         self.versions.insert((n.name.clone(), layout), n.name.clone());
         self.home.insert(n.name.clone(), n.name.clone());
@@ -272,7 +325,16 @@ impl Lower<'_> {
         let result = if natural == *out && partial.is_empty() {
             local
         } else {
-            self.reshard(&n.name, &local, &natural, &partial, reduce, out)
+            let rule = match n.op {
+                Op::MatMul | Op::Einsum => Rule::ContractionOverSplitDim,
+                _ => Rule::ReductionOverSplitDim,
+            };
+            let axes: Vec<&str> = partial.iter().map(|&a| self.mesh.axes[a].as_str()).collect();
+            let from = format!("{} partial({})", self.mesh.layout_string(&natural), axes.join(", "));
+            self.cause = Some(self.cause(n, &n.name, from, out, rule));
+            let r = self.reshard(&n.name, &local, &natural, &partial, reduce, out);
+            self.cause = None;
+            r
         };
         self.finish(n, result, out.clone());
         Ok(())
@@ -305,7 +367,7 @@ impl Lower<'_> {
                     }
                 }
             }
-            operands.push(self.operand(t, &req));
+            operands.push(self.operand(n, i, &req));
         }
         let natural: Layout = out.iter().zip(&covered).map(|(&a, &c)| if c { a } else { None }).collect();
         let ty = self.local_ty(&n.name, &natural);
@@ -433,7 +495,7 @@ impl Lower<'_> {
                         .filter(|&a| shape[d].is_multiple_of(self.mesh.shape[a]) && shape[d] > 1)
                 })
                 .collect();
-            operands.push(self.operand(t, &req));
+            operands.push(self.operand(n, i, &req));
         }
         let ty = self.local_ty(&n.name, &natural);
         let name = self.local_name(n);
@@ -462,7 +524,7 @@ impl Lower<'_> {
                 partial.push(a);
             }
         }
-        let x = self.operand(t, &req);
+        let x = self.operand(n, 0, &req);
         let ty = self.local_ty(&n.name, &natural);
         let name = self.local_name(n);
         let local = self.emit(&name, n.op, &[&x], ty, n.attrs.clone());
@@ -493,7 +555,7 @@ impl Lower<'_> {
         let rank = out.len();
         let axis = norm_axis(attr_int(n, "axis", -1), rank).expect("verified");
         let req = self.normalised_layout(n, out, &[axis]);
-        let x = self.operand(&n.inputs[0], &req);
+        let x = self.operand(n, 0, &req);
         let ty = self.local_ty(&n.name, &req);
         // An empty result needs no statistics (and a max over an empty axis has no identity).
         let Some(a) = req[axis].filter(|_| !ty.shape.contains(&0)) else {
@@ -507,6 +569,7 @@ impl Lower<'_> {
         let mut red = Attrs::new();
         red.insert("axes".into(), ints([axis]));
         red.insert("keepdims".into(), Attr::Bool(true));
+        self.statistics_cause(n, &req);
         let base = &n.name;
         let m = self.emit(&self.fresh(base, "max"), Op::ReduceMax, &[&x], stat.clone(), red.clone());
         let m = self.combine(base, &m, vec![a], "max", &stat);
@@ -514,8 +577,16 @@ impl Lower<'_> {
         let e = self.emit(&self.fresh(base, "exp"), Op::Exp, &[&sh], ty.clone(), Attrs::new());
         let s = self.emit(&self.fresh(base, "sum"), Op::ReduceSum, &[&e], stat.clone(), red);
         let s = self.combine(base, &s, vec![a], "sum", &stat);
+        self.cause = None;
         let name = self.local_name(n);
         (self.emit(&name, Op::Div, &[&e, &s], ty, Attrs::new()), req, vec![], "sum")
+    }
+
+    /// The cause of the statistics all_reduces of softmax or layer_norm `n`, read in `req`.
+    fn statistics_cause(&mut self, n: &Node, req: &[Option<usize>]) {
+        let t = &n.inputs[0];
+        let from = self.mesh.layout_string(req);
+        self.cause = Some(self.cause(n, t, from, &vec![None; req.len()], Rule::StatisticsOverSplitDim));
     }
 
     /// all_reduce of a statistic over the mesh axes `axes`.
@@ -524,6 +595,7 @@ impl Lower<'_> {
         attrs.insert("reduce".into(), Attr::Str(reduce.into()));
         attrs.insert("groups".into(), groups_attr(self.mesh.groups(&axes)));
         let name = self.fresh(base, "all_reduce");
+        self.attribute(&name);
         self.emit(&name, Op::AllReduce, &[x], ty.clone(), attrs)
     }
 
@@ -549,9 +621,9 @@ impl Lower<'_> {
         let axis = norm_axis(attr_int(n, "axis", -1), rank).expect("verified");
         let dims: Vec<usize> = (axis..rank).collect();
         let req = self.normalised_layout(n, out, &dims);
-        let x = self.operand(&n.inputs[0], &req);
-        let gamma = self.operand(&n.inputs[1], &req[axis..]);
-        let beta = self.operand(&n.inputs[2], &req[axis..]);
+        let x = self.operand(n, 0, &req);
+        let gamma = self.operand(n, 1, &req[axis..]);
+        let beta = self.operand(n, 2, &req[axis..]);
         let ty = self.local_ty(&n.name, &req);
         let split: Vec<usize> = dims.iter().filter_map(|&d| req[d]).collect();
         if split.is_empty() || ty.shape.contains(&0) {
@@ -571,6 +643,7 @@ impl Lower<'_> {
         let mut red = Attrs::new();
         red.insert("axes".into(), ints(dims.iter().copied()));
         red.insert("keepdims".into(), Attr::Bool(true));
+        self.statistics_cause(n, &req);
         let inv_n = self.constant(base, "inv_count", 1.0 / count as f64);
         let eps = self.constant(base, "eps", eps);
         let e = |this: &mut Self, what: &str, op: Op, ins: &[&str], ty: &TensorType, attrs: Attrs| {
@@ -587,6 +660,7 @@ impl Lower<'_> {
         let var = e(self, "var", Op::Mul, &[&s2, &inv_n], &stat, Attrs::new());
         let ve = e(self, "var_eps", Op::Add, &[&var, &eps], &stat, Attrs::new());
         let r = e(self, "rstd", Op::Rsqrt, &[&ve], &stat, Attrs::new());
+        self.cause = None;
         let nrm = e(self, "normed", Op::Mul, &[&d, &r], &ty, Attrs::new());
         let sc = e(self, "scaled", Op::Mul, &[&nrm, &gamma], &ty, Attrs::new());
         let name = self.local_name(n);
@@ -615,7 +689,18 @@ pub fn lower(g: &Graph, info: &Info, layouts: &Layouts) -> Result<Lowered> {
         versions.insert((p.name.clone(), vec![None; p.ty.rank()]), p.name.clone());
     }
     base.outputs = g.outputs.iter().map(|o| Output::new(o.name.clone())).collect();
-    let mut l = Lower { g, info, mesh, layouts, devs: vec![base; mesh.devices()], types, versions, home };
+    let mut l = Lower {
+        g,
+        info,
+        mesh,
+        layouts,
+        devs: vec![base; mesh.devices()],
+        types,
+        versions,
+        home,
+        cause: None,
+        why: BTreeMap::new(),
+    };
     for &k in &info.order {
         let n = &g.nodes[k];
         l.node(n, &layouts.of[&n.name])?;
@@ -629,16 +714,31 @@ pub fn lower(g: &Graph, info: &Info, layouts: &Layouts) -> Result<Lowered> {
             *layout = vec![None; layout.len()];
         }
     }
-    Ok(Lowered { mesh: mesh.clone(), devices: l.devs, inputs, outputs, io_stages: BTreeMap::new() })
+    crate::attribution::price(mesh, &l.devs, &mut l.why)?;
+    Ok(Lowered { mesh: mesh.clone(), devices: l.devs, inputs, outputs, io_stages: BTreeMap::new(), why: l.why })
 }
 
-/// `--dump-after lower`: every device's program in the text format.
+/// `--dump-after lower` (and `sendrecv`): every device's program in the text format, each
+/// communication step after a comment that says why it is there (the text still parses).
 pub fn dump(l: &Lowered) -> String {
     let mut s = String::new();
     for (d, g) in l.devices.iter().enumerate() {
         let c: Vec<String> = l.mesh.coords(d).iter().map(usize::to_string).collect();
         s.push_str(&format!("# device {d} ({})\n", c.join(",")));
-        s.push_str(&meshc_ir::text::print(g));
+        let notes: HashMap<&str, String> = (g.nodes.iter())
+            .filter_map(|n| {
+                let w = l.why.get(&crate::attribution::key(n)?)?;
+                Some((n.name.as_str(), w.describe(n.op.name())))
+            })
+            .collect();
+        for line in meshc_ir::text::print(g).lines() {
+            let defined = line.trim_start().split([':', ' ']).next().unwrap_or_default();
+            if let Some(note) = notes.get(defined) {
+                s.push_str(&format!("  # {note}\n"));
+            }
+            s.push_str(line);
+            s.push('\n');
+        }
     }
     s
 }

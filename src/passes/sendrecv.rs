@@ -29,7 +29,7 @@ use meshc_ir::{Attr, Graph, Input, Node, Op, Output, TensorType};
 use super::lower::Lowered;
 use super::place::Placement;
 use meshc_runtime::mesh::{Layout, Mesh};
-use meshc_runtime::program::StageMesh;
+use meshc_runtime::program::{Rule, StageMesh, Why};
 
 fn ints(v: impl IntoIterator<Item = usize>) -> Attr {
     Attr::List(v.into_iter().map(|x| Attr::Int(x as i64)).collect())
@@ -53,6 +53,8 @@ struct Join<'a> {
     stages: &'a [Lowered],
     devices: Vec<Graph>,
     names: Vec<HashSet<String>>,
+    /// The attribution records of the transfers (by key) and of the stages' collectives.
+    why: BTreeMap<String, Why>,
 }
 
 impl Join<'_> {
@@ -91,6 +93,16 @@ impl Join<'_> {
         let la = self.layout_in(a, t, true);
         let lb = self.layout_in(b, t, false);
         let (ma, mb): (StageMesh, StageMesh) = (self.p.stages[a].mesh.clone(), self.p.stages[b].mesh.clone());
+        let consumer = self.g.nodes.iter().find(|n| self.p.stage_of[&n.name] == b && n.inputs.iter().any(|i| i == t));
+        let why = Why {
+            node: consumer.map_or_else(|| t.to_string(), |n| n.name.clone()),
+            tensor: t.to_string(),
+            from: format!("{} on stage {a}", ma.mesh.layout_string(&la)),
+            to: format!("{} on stage {b}", mb.mesh.layout_string(&lb)),
+            rule: Rule::StageBoundary,
+            bytes_per_device: 0,
+            busiest_link: 0,
+        };
         for j in 0..mb.devices.len() {
             let gj = mb.devices[j];
             let rb = mb.mesh.region(&shape, &lb, j);
@@ -122,7 +134,7 @@ impl Join<'_> {
                     .collect();
                 // A device that holds the piece itself takes it locally.
                 let src = holders.iter().copied().find(|&i| ma.devices[i] == gj).unwrap_or(holders[j % holders.len()]);
-                let name = self.piece(t, &ty, &ma, src, &la, &range, (gj, &self.arriving_name(b, t)));
+                let name = self.piece(t, &ty, &ma, src, &la, &range, (gj, &self.arriving_name(b, t)), &why);
                 pieces.insert(idx.clone(), name);
                 // Odometer over the pieces, last dim fastest.
                 let mut d = shape.len();
@@ -169,6 +181,7 @@ impl Join<'_> {
         la: &[Option<usize>],
         range: &[Range<usize>],
         (dst, as_name): (usize, &str),
+        why: &Why,
     ) -> String {
         let gi = ma.devices[src];
         let held = ma.mesh.region(&ty.shape, la, src);
@@ -187,6 +200,7 @@ impl Join<'_> {
             return operand;
         }
         let key = format!("{as_name}:{gi}->{dst}");
+        self.why.insert(key.clone(), why.clone());
         let mut send = Node::new(fresh(&self.names[gi], t, "send"), Op::Send, &[&operand]);
         send.attrs.insert("key".into(), Attr::Str(key.clone()));
         send.attrs.insert("to".into(), Attr::Int(dst as i64));
@@ -247,8 +261,15 @@ impl Join<'_> {
 /// one program per device of `mesh`; devices in no stage run an empty one.
 pub fn join(g: &Graph, info: &Info, mesh: &Mesh, p: &Placement, stages: &[Lowered]) -> Result<Lowered> {
     let base = Graph { name: g.name.clone(), ..Graph::default() };
-    let mut j =
-        Join { g, info, p, stages, devices: vec![base; mesh.devices()], names: vec![HashSet::new(); mesh.devices()] };
+    let mut j = Join {
+        g,
+        info,
+        p,
+        stages,
+        devices: vec![base; mesh.devices()],
+        names: vec![HashSet::new(); mesh.devices()],
+        why: BTreeMap::new(),
+    };
     // Generated node names (reshards, statistics) may repeat across stages; collectives are
     // numbered by name, so later stages' repeats get the stage as a suffix.
     let original: HashSet<&str> = g.nodes.iter().map(|n| n.name.as_str()).collect();
@@ -271,6 +292,9 @@ pub fn join(g: &Graph, info: &Info, mesh: &Mesh, p: &Placement, stages: &[Lowere
             }
         }
         seen.extend(names);
+        for (k, w) in &l.why {
+            j.why.insert(r.get(k).unwrap_or(k).clone(), w.clone());
+        }
         renames.push(r);
     }
     // Per stage and local device: the lowered nodes of each original node.
@@ -402,7 +426,10 @@ pub fn join(g: &Graph, info: &Info, mesh: &Mesh, p: &Placement, stages: &[Lowere
         }
     }
     choose_protocols(&mut j.devices);
-    Ok(Lowered { mesh: mesh.clone(), devices: j.devices, inputs, outputs, io_stages })
+    // The stages priced their collectives over their sub-meshes; over the whole mesh the
+    // routes (and so the busiest link) may differ.
+    crate::attribution::price(mesh, &j.devices, &mut j.why)?;
+    Ok(Lowered { mesh: mesh.clone(), devices: j.devices, inputs, outputs, io_stages, why: j.why })
 }
 
 /// Records on every send and its recv whether the sent tensor is dead on the sender after

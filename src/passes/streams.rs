@@ -395,6 +395,7 @@ mod tests {
                     node: format!("t{r}"),
                     exec: if c { collective(i) } else { Exec::Kernel(0) },
                     buffers: [&[r][..], ops].concat(),
+                    why: None,
                 })
                 .collect(),
             inputs: vec![0],

@@ -1,0 +1,84 @@
+//! `meshc explain`: its report for every testdata graph under each of its layout specs is
+//! pinned in golden/explain/<graph>-<layout>.txt (MESHC_BLESS=1 rewrites them), `--json`
+//! gives the same entries; and under random legal layouts the bytes it predicts per link are
+//! the bytes the runner's fabric counts, while the outputs equal the single-device run.
+
+use std::collections::{BTreeMap, HashMap};
+
+use meshc::passes::layout::propagate;
+use meshc::passes::lower::lower;
+use meshc_ir::Tensor;
+use proptest::prelude::*;
+
+use crate::common::{golden, layout_cases, meshc, random_seeds, testdata_graphs};
+
+#[test]
+fn explain_of_every_layout_is_pinned() {
+    let mut failures = Vec::new();
+    for c in layout_cases() {
+        let (graph, spec) = (c.graph.display().to_string(), c.spec.display().to_string());
+        let run = meshc(&["explain", &graph, "--layout", &spec]);
+        if run.status != Some(0) {
+            failures.push(format!("meshc explain {graph} --layout {spec}: {run:?}"));
+            continue;
+        }
+        failures.extend(golden(&format!("explain/{}.txt", c.label), &run.stdout).err());
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn json_lists_the_entries_of_the_text() {
+    let args = ["explain", "testdata/transformer/graph.json", "--layout", "testdata/transformer/layouts/mp-8.json"];
+    let run = meshc(&[&args[..], &["--json"]].concat());
+    assert_eq!(run.status, Some(0), "{run:?}");
+    let v: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    let entries = v["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 5);
+    assert_eq!(entries[2]["rule"], "reshape_cannot_keep_split");
+    let bytes: u64 = entries.iter().map(|e| e["bytes"].as_u64().unwrap()).sum();
+    assert_eq!(v["bytes"].as_u64(), Some(bytes));
+    let text = meshc(&args).stdout;
+    assert!(text.contains(&format!("{bytes} bytes over links")), "{text}");
+}
+
+#[test]
+fn a_missing_spec_is_one_line() {
+    let run = meshc(&["explain", "testdata/mlp/graph.json", "--layout", "no/such/spec.json"]);
+    assert_eq!(run.status, Some(1));
+    assert_eq!(run.stderr.lines().count(), 1, "{run:?}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+    #[test]
+    fn predicted_link_bytes_are_what_the_fabric_counts(
+        graph in 0usize..16, mesh in 0usize..6,
+        picks in proptest::collection::vec(proptest::collection::vec(0u8..8, 4), 64), density in 1usize..4
+    ) {
+        let graphs = testdata_graphs();
+        let dir = graphs[graph % graphs.len()].parent().unwrap().to_path_buf();
+        let (g, info) = meshc_ir::load::load(&dir.join("graph.json")).unwrap();
+        let mesh = &crate::common::meshes()[mesh];
+        let layouts = propagate(&g, &info, mesh, random_seeds(&g, &info, mesh, &picks, density));
+        let lowered = lower(&g, &info, &layouts).unwrap();
+        let report = meshc::explain::report(&g, &info, &lowered, false).unwrap();
+        let params = meshc_ir::params::load_all(&g, &dir).unwrap();
+        // Collectives carry f32 only: a layout that needs one of another dtype is refused.
+        let compiled = meshc::compile::compile_lowered(&g, &info, &lowered, &params, &Default::default(), &Default::default());
+        prop_assume!(compiled.is_ok());
+        let loaded = compiled.unwrap().load().unwrap();
+        let inputs: HashMap<String, Tensor> = g
+            .inputs
+            .iter()
+            .map(|i| (i.name.clone(), Tensor::read_npy(&dir.join("inputs").join(format!("{}.npy", i.name))).unwrap()))
+            .collect();
+        let got = loaded.run(&inputs).unwrap();
+        crate::common::matches_expected(&dir.join("graph.json"), &got).map_err(TestCaseError::fail)?;
+        let counted: BTreeMap<(Vec<usize>, Vec<usize>), u64> =
+            loaded.link_stats().links.into_iter().filter(|l| l.bytes > 0).map(|l| ((l.from, l.to), l.bytes)).collect();
+        let predicted: BTreeMap<(Vec<usize>, Vec<usize>), u64> =
+            report.links.into_iter().filter(|l| l.collectives > 0).map(|l| ((l.from, l.to), l.collectives)).collect();
+        prop_assert_eq!(predicted, counted, "{} on {:?}", dir.display(), mesh.shape);
+    }
+}
