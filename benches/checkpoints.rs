@@ -57,7 +57,8 @@ fn layer_params(l: usize, d: usize, f: usize) -> Vec<(String, Vec<usize>)> {
 
 /// The encoder's text: `layers` copies of the testdata transformer block's layer (layer
 /// norm, 16-head attention with a mask, GELU FFN, residuals), params read from `file`.
-fn encoder(layers: usize, d: usize, heads: usize, f: usize, file: &str) -> String {
+/// With `half`, the matmul weights are declared bf16 and cast to f32 where they are used.
+fn encoder(layers: usize, d: usize, heads: usize, f: usize, file: &str, half: bool) -> String {
     let (b, s, h, hd) = (BATCH, SEQ, heads, d / heads);
     let mut t = format!(
         "graph encoder_{layers}x{d} {{\n  input x: f32[{b},{s},{d}]\n  input mask: f32[{b},1,1,{s}]\n  param scale: f32[] = value {}\n",
@@ -66,12 +67,19 @@ fn encoder(layers: usize, d: usize, heads: usize, f: usize, file: &str) -> Strin
     for l in 0..layers {
         for (n, shape) in layer_params(l, d, f) {
             let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
-            t += &format!("  param {n}: f32[{}] = file(\"{file}\", key = \"{n}\")\n", dims.join(","));
+            let dtype = if half && is_matmul_weight(&n) { "bf16" } else { "f32" };
+            t += &format!("  param {n}: {dtype}[{}] = file(\"{file}\", key = \"{n}\")\n", dims.join(","));
         }
     }
     let mut x = "x".to_string();
     for l in 0..layers {
-        let p = |n: &str| format!("l{l}_{n}");
+        let name = |n: &str| format!("l{l}_{n}");
+        let p = |n: &str| if half && is_matmul_weight(n) { format!("l{l}_{n}_f") } else { name(n) };
+        if half {
+            for w in ["wq", "wk", "wv", "wo", "w_ff1", "w_ff2"] {
+                t += &format!("  {} = cast({}) {{to = \"f32\"}}\n", p(w), name(w));
+            }
+        }
         t += &format!(
             "  {h_} = layer_norm({x}, {g1}, {b1}) {{axis = -1, eps = 1e-12}}
   {q} = matmul({h_}, {wq})
@@ -156,6 +164,11 @@ fn encoder(layers: usize, d: usize, heads: usize, f: usize, file: &str) -> Strin
     t + &format!("  output {x}\n}}\n")
 }
 
+/// The params a matmul reads as its weight (the ones a bf16 checkpoint holds in bf16).
+fn is_matmul_weight(name: &str) -> bool {
+    ["wq", "wk", "wv", "wo", "w_ff1", "w_ff2"].iter().any(|w| name.ends_with(w))
+}
+
 /// Seeded values in [-0.05, 0.05) (xorshift: fast enough to write a gigabyte in a second),
 /// as little-endian f32 bytes; layer norm gains near 1.
 fn values(name: &str, n: usize, seed: &mut u64) -> Vec<u8> {
@@ -172,12 +185,15 @@ fn values(name: &str, n: usize, seed: &mut u64) -> Vec<u8> {
 }
 
 /// Writes `tensors` (name, shape) as a `.safetensors` file, data made by `values`.
-fn write_safetensors(path: &Path, tensors: &[(String, Vec<usize>)], seed: &mut u64) {
+/// With `half`, the matmul weights are stored as bf16 (the same values, rounded).
+fn write_safetensors(path: &Path, tensors: &[(String, Vec<usize>)], seed: &mut u64, half: bool) {
+    let bf16 = |n: &str| half && is_matmul_weight(n);
     let mut header = serde_json::Map::new();
     let mut off = 0usize;
     for (n, shape) in tensors {
-        let len = shape.iter().product::<usize>() * 4;
-        header.insert(n.clone(), serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [off, off + len]}));
+        let len = shape.iter().product::<usize>() * if bf16(n) { 2 } else { 4 };
+        let dtype = if bf16(n) { "BF16" } else { "F32" };
+        header.insert(n.clone(), serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [off, off + len]}));
         off += len;
     }
     let mut h = serde_json::to_vec(&header).unwrap();
@@ -186,7 +202,14 @@ fn write_safetensors(path: &Path, tensors: &[(String, Vec<usize>)], seed: &mut u
     f.write_all(&(h.len() as u64).to_le_bytes()).unwrap();
     f.write_all(&h).unwrap();
     for (n, shape) in tensors {
-        f.write_all(&values(n, shape.iter().product(), seed)).unwrap();
+        let v = values(n, shape.iter().product(), seed);
+        if bf16(n) {
+            let wide = v.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64);
+            let t = meshc_ir::Tensor::new(vec![v.len() / 4], meshc_ir::Data::from_f64(meshc_ir::DType::BF16, wide));
+            f.write_all(&t.to_le_bytes()).unwrap();
+        } else {
+            f.write_all(&v).unwrap();
+        }
     }
     f.flush().unwrap();
 }
@@ -235,14 +258,16 @@ fn case(layers: usize, d: usize, heads: usize) {
     let weight_bytes: usize = params.iter().map(|(_, s)| s.iter().product::<usize>() * 4).sum();
     let t = Instant::now();
     let mut seed = 0x9E37_79B9_7F4A_7C15;
-    write_safetensors(&dir.0.join("model.safetensors"), &params, &mut seed);
+    write_safetensors(&dir.0.join("model.safetensors"), &params, &mut seed, false);
+    let mut seed = 0x9E37_79B9_7F4A_7C15;
+    write_safetensors(&dir.0.join("model-bf16.safetensors"), &params, &mut seed, true);
     // The same values in three shards: the seed restarts, tensors keep their order.
     let mut seed = 0x9E37_79B9_7F4A_7C15;
     let per = params.len().div_ceil(3);
     let mut weight_map = serde_json::Map::new();
     for (i, chunk) in params.chunks(per).enumerate() {
         let shard = format!("model-{:05}-of-00003.safetensors", i + 1);
-        write_safetensors(&dir.0.join(&shard), chunk, &mut seed);
+        write_safetensors(&dir.0.join(&shard), chunk, &mut seed, false);
         for (n, _) in chunk {
             weight_map.insert(n.clone(), shard.clone().into());
         }
@@ -267,13 +292,20 @@ fn case(layers: usize, d: usize, heads: usize) {
         "{:<8} {:>8} {:>10} {:>13} {:>12} {:>12} {:>12} {:>10}",
         "source", "check s", "compile s", "s per GB", "RssAnon MB", "bound MB", "VmHWM MB", "run ms"
     );
-    for (label, file) in [("single", "model.safetensors"), ("3 shards", "model.safetensors.index.json")] {
-        let graph = dir.0.join(format!("{}.txt", label.replace(' ', "_")));
-        std::fs::write(&graph, encoder(layers, d, heads, f, file)).unwrap();
-        let art = dir.0.join(format!("{}.mshc", label.replace(' ', "_")));
+    for (label, file, half, weights) in [
+        ("single", "model.safetensors", false, "keep"),
+        ("3 shards", "model.safetensors.index.json", false, "keep"),
+        ("bf16", "model-bf16.safetensors", true, "keep"),
+        ("->bf16", "model.safetensors", false, "bf16"),
+    ] {
+        let stem = label.replace(' ', "_").replace("->", "to_");
+        let graph = dir.0.join(format!("{stem}.txt"));
+        std::fs::write(&graph, encoder(layers, d, heads, f, file, half)).unwrap();
+        let art = dir.0.join(format!("{stem}.mshc"));
         let g = graph.to_str().unwrap();
         let check = (0..3).map(|_| measure(&meshc, &["check", g]).0).fold(f64::MAX, f64::min);
-        let (compile, anon, hwm) = measure(&meshc, &["compile", g, "-o", art.to_str().unwrap()]);
+        let (compile, anon, hwm) =
+            measure(&meshc, &["compile", g, "-o", art.to_str().unwrap(), "--weights-dtype", weights]);
         let art_bytes = std::fs::metadata(&art).unwrap().len();
         let mut run_args = vec!["run".to_string(), art.display().to_string(), "--trust-weights".into()];
         for i in &inputs {

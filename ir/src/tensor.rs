@@ -51,16 +51,21 @@ impl Data {
         self.len() == 0
     }
 
-    /// Every element widened to f64 (exact for all four dtypes' values in practice:
-    /// i64 beyond 2^53 only loses precision, which no graph here relies on).
+    /// Every element widened to f64 (exact for every dtype's values in practice: i64
+    /// beyond 2^53 only loses precision, which no graph here relies on).
     pub fn to_f64(&self) -> Vec<f64> {
+        self.iter_f64().collect()
+    }
+
+    /// `to_f64` one element at a time, for a pass over a large tensor that needs no copy.
+    pub fn iter_f64(&self) -> Box<dyn Iterator<Item = f64> + '_> {
         match self {
-            Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
-            Data::I32(v) => v.iter().map(|&x| x as f64).collect(),
-            Data::I64(v) => v.iter().map(|&x| x as f64).collect(),
-            Data::Bool(v) => v.iter().map(|&x| x as u8 as f64).collect(),
-            Data::F16(v) => v.iter().map(|&x| x.to_f64()).collect(),
-            Data::BF16(v) => v.iter().map(|&x| x.to_f64()).collect(),
+            Data::F32(v) => Box::new(v.iter().map(|&x| x as f64)),
+            Data::I32(v) => Box::new(v.iter().map(|&x| x as f64)),
+            Data::I64(v) => Box::new(v.iter().map(|&x| x as f64)),
+            Data::Bool(v) => Box::new(v.iter().map(|&x| x as u8 as f64)),
+            Data::F16(v) => Box::new(v.iter().map(|&x| x.to_f64())),
+            Data::BF16(v) => Box::new(v.iter().map(|&x| x.to_f64())),
         }
     }
 

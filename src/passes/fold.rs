@@ -149,9 +149,9 @@ pub fn fold<'p>(
                 }
                 Const::Value(t) => Cow::Borrowed(&**t),
             };
-            let wide = t.data.to_f64();
-            let half = Tensor::new(t.shape.clone(), meshc_ir::Data::from_f64(dtype, wide.iter().copied()));
-            let err = wide.iter().zip(half.data.to_f64()).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            // Element by element: an f64 copy of a large weight would be 2x its f32 bytes.
+            let half = Tensor::new(t.shape.clone(), meshc_ir::Data::from_f64(dtype, t.data.iter_f64()));
+            let err = t.data.iter_f64().zip(half.data.iter_f64()).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
             converted.push((name.clone(), err));
             consts.insert(name, Const::Value(Cow::Owned(half)));
         }
