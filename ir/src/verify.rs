@@ -86,7 +86,9 @@ fn check_attrs(n: &Node) -> Result<()> {
 }
 
 /// Orders the nodes so every operand is computed before its use; a cycle is an error
-/// naming the nodes on it.
+/// naming the nodes on it. Hand-written rather than petgraph's `toposort`: ties here keep
+/// the file's order (dumps and programs follow the graph as written), and a cycle is
+/// reported as its whole path, where petgraph's `Cycle` names one node of it.
 fn topo_order(g: &Graph, producer: &HashMap<&str, usize>) -> Result<Vec<usize>> {
     let n = g.nodes.len();
     let mut indegree = vec![0usize; n];
