@@ -280,6 +280,19 @@ fn case(layers: usize, d: usize, heads: usize) {
         weight_bytes as f64 / 1e9,
         t.elapsed().as_secs_f64()
     );
+    // The anchor: writing the artifact's bytes alone, as compile writes them (through the
+    // page cache, no fsync), on this machine in this run.
+    let bytes = vec![1u8; weight_bytes];
+    let t = Instant::now();
+    std::fs::write(dir.0.join("anchor.bin"), &bytes).unwrap();
+    let write_s = t.elapsed().as_secs_f64();
+    drop(bytes);
+    std::fs::remove_file(dir.0.join("anchor.bin")).unwrap();
+    println!(
+        "anchor: writing {:.3} GB to a file here takes {write_s:.2} s ({:.2} s per GB)",
+        weight_bytes as f64 / 1e9,
+        write_s / (weight_bytes as f64 / 1e9)
+    );
     let mut inputs = Vec::new();
     for (name, shape) in [("x", vec![BATCH, SEQ, d]), ("mask", vec![BATCH, 1, 1, SEQ])] {
         let path = dir.0.join(format!("{name}.npy"));
