@@ -11,4 +11,5 @@ pub mod driver;
 pub mod dumps;
 pub mod layout;
 pub mod mesh_interp;
+pub mod onnx;
 pub mod passes;
