@@ -198,9 +198,38 @@ def shapes():
     save("shapes", g, {"x": rng.standard_normal((3, 6)).astype(np.float32)}, {"batch": 3})
 
 
+def bad():
+    """Bad inputs for testdata/bad/ (tests/all/golden.rs pins each one-line error)."""
+    d = os.path.join(OUT, "..", "bad")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])
+
+    def write(name, nodes, inits=(), inputs=None, opset=OPSET):
+        g = helper.make_graph(nodes, name, inputs or [x], [y], list(inits))
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+        with open(os.path.join(d, f"onnx-{name}.onnx"), "wb") as f:
+            f.write(m.SerializeToString())
+
+    with open(os.path.join(OUT, "encoder", "model.onnx"), "rb") as f:
+        whole = f.read()
+    with open(os.path.join(d, "onnx-truncated.onnx"), "wb") as f:
+        f.write(whole[: len(whole) // 2])
+    write("unknown-op", [helper.make_node("NonZero", ["x"], ["y"], name="nz")])
+    write("unknown-domain", [helper.make_node("FusedMatMul", ["x", "x"], ["y"], name="fused", domain="com.microsoft")])
+    dyn = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    write("unbound-dim", [helper.make_node("Relu", ["x"], ["y"])], inputs=[dyn])
+    short = numpy_helper.from_array(np.zeros((4, 4), np.float32), "w")
+    short.raw_data = short.raw_data[:48]  # 12 of the 16 floats its dims say
+    write("initializer-size", [helper.make_node("MatMul", ["x", "w"], ["y"])], [short])
+    write("int8", [helper.make_node("Add", ["x", "q"], ["y"])], [numpy_helper.from_array(np.zeros(4, np.int8), "q")])
+    write("cycle", [helper.make_node("Relu", ["h"], ["y"], name="a"), helper.make_node("Relu", ["y"], ["h"], name="b")])
+    write("opset-11", [helper.make_node("Relu", ["x"], ["y"])], opset=11)
+
+
 if __name__ == "__main__":
     mlp()
     encoder()
     shapes()
+    bad()
     total = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote {OUT} ({total} bytes)", file=sys.stderr)

@@ -18,6 +18,7 @@ mod lowering;
 mod make;
 mod masked;
 mod modules;
+mod onnx;
 mod outputs;
 mod pilot;
 mod placement;
