@@ -403,7 +403,7 @@ fn gemm(b: &mut Builder, c: &Ctx) -> R<Value> {
 /// from opset 13 for ReduceSum and from 18 for the others.
 fn reduce(b: &mut Builder, c: &Ctx, op_type: &str) -> R<Vec<Value>> {
     let axes_input = c.opset >= if op_type == "ReduceSum" { 13 } else { 18 };
-    let axes = if axes_input { c.ints_input_or_attr(1, "")?.filter(|_| c.opt(1).is_some()) } else { c.ints("axes") };
+    let axes = if axes_input { c.opt(1).map(|_| c.const_ints(1)).transpose()? } else { c.ints("axes") };
     let axes = axes.filter(|a| !a.is_empty());
     let x = c.arg(0)?;
     if axes.is_none() && c.int("noop_with_empty_axes", 0) != 0 {
