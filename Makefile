@@ -3,13 +3,15 @@ CARGO ?= cargo
 MESHC := target/release/meshc
 DEMO := testdata/transformer
 
-.PHONY: help build test golden testdata bench demo fmt lint clean artifacts modules fuzz
+.PHONY: help build test golden testdata bench demo fmt lint clean artifacts modules fuzz onnx-proto onnx-testdata
 
 help:
 	@echo "make demo      build meshc and run the transformer-block example end to end"
 	@echo "make test      run every test (unit, property, golden, CLI)"
 	@echo "make golden    rewrite golden/ from the current outputs (review the diff!)"
 	@echo "make testdata  regenerate testdata/ with numpy (pip install numpy)"
+	@echo "make onnx-testdata  regenerate testdata/onnx/ (a venv under target/ with onnx, onnxruntime)"
+	@echo "make onnx-proto     regenerate src/onnx/proto.rs from src/onnx/onnx.proto (no protoc needed)"
 	@echo "make bench     run the benchmarks"
 	@echo "make fuzz      differential fuzzing of the whole pipeline (FUZZ_CASES=N, ~20 min by default)"
 	@echo "make artifacts compile every testdata graph into out/ (rebuilt only when an input changes)"
@@ -27,6 +29,20 @@ golden:
 testdata:
 	python3 tools/gen_testdata.py
 	python3 tools/gen_dp_train.py
+
+# The ONNX frontend's test models (tools/gen_onnx_testdata.py), written with onnx.helper and
+# checked against onnxruntime, from a venv of their own under target/.
+ONNX_VENV := target/onnx-venv
+$(ONNX_VENV)/bin/python:
+	python3 -m venv $(ONNX_VENV)
+	$(ONNX_VENV)/bin/pip install -q onnx onnxruntime numpy
+onnx-testdata: $(ONNX_VENV)/bin/python
+	$(ONNX_VENV)/bin/python tools/gen_onnx_testdata.py
+
+# The prost types of onnx.proto are checked in; this rewrites them with a pure-Rust protobuf
+# compiler (protox), in a crate of its own so the compiler's build never builds it.
+onnx-proto:
+	CARGO_TARGET_DIR=$(CURDIR)/target/protogen $(CARGO) run --manifest-path tools/onnx-protogen/Cargo.toml
 
 # Differential fuzzing of the whole pipeline (tests/all/fuzz.rs) for longer than `make test`
 # does: FUZZ_CASES random graphs x layouts x options (about 20 minutes at the default on

@@ -13,4 +13,5 @@ pub mod dumps;
 pub mod explain;
 pub mod layout;
 pub mod mesh_interp;
+pub mod onnx;
 pub mod passes;

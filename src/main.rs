@@ -35,10 +35,25 @@ struct Cli {
 enum Cmd {
     /// Parse and verify a graph (and load its params), then print a summary.
     Check {
+        /// A graph file, or an ONNX model (imported in memory).
         graph: PathBuf,
         /// Also validate a layout spec against the graph and print the layouts it fixes.
         #[arg(long, value_name = "SPEC")]
         layout: Option<PathBuf>,
+        #[command(flatten)]
+        onnx: OnnxArgs,
+    },
+    /// Import an ONNX model as a graph file, its weights in a safetensors file beside it.
+    Import {
+        model: PathBuf,
+        /// The graph to write: GRAPH.json (meshc-graph/1) or GRAPH.txt (text format).
+        #[arg(short, value_name = "GRAPH")]
+        o: PathBuf,
+        /// Where the weights go (default: GRAPH with the extension .safetensors).
+        #[arg(long, value_name = "OUT.safetensors")]
+        weights: Option<PathBuf>,
+        #[command(flatten)]
+        onnx: OnnxArgs,
     },
     /// Convert a graph between the JSON and text formats.
     Fmt {
@@ -54,6 +69,8 @@ enum Cmd {
         graph: PathBuf,
         #[command(flatten)]
         io: Io,
+        #[command(flatten)]
+        onnx: OnnxArgs,
     },
     /// Compile a graph into one mmap-loadable artifact.
     Compile {
@@ -149,6 +166,8 @@ struct CodegenArgs {
     /// to bf16/f16 (half the bytes; the rounding error shows in --dump-after fold).
     #[arg(long, value_enum, default_value = "keep")]
     weights_dtype: WeightsArg,
+    #[command(flatten)]
+    onnx: OnnxArgs,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -157,6 +176,14 @@ enum WeightsArg {
     F32,
     Bf16,
     F16,
+}
+
+/// What importing an ONNX model needs (every command that takes a graph takes a `.onnx`).
+#[derive(clap::Args, Clone, Default)]
+struct OnnxArgs {
+    /// Bind the ONNX model's symbolic dim NAME to the size N (repeatable).
+    #[arg(long = "dim", value_name = "NAME=N")]
+    dims: Vec<String>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -184,6 +211,7 @@ impl CodegenArgs {
             (self.compute_streams != 1, "--compute-streams"),
             (self.comm_stream != CommArg::Auto, "--comm-stream"),
             (self.weights_dtype != WeightsArg::Keep, "--weights-dtype"),
+            (!self.onnx.dims.is_empty(), "--dim"),
         ]
         .into_iter()
         .find_map(|(given, flag)| given.then_some(flag))
@@ -227,9 +255,10 @@ fn main() -> ExitCode {
         Err(code) => return code,
     };
     let result = match cli.cmd {
-        Cmd::Check { graph, layout } => check(&graph, layout.as_deref()),
+        Cmd::Check { graph, layout, onnx } => check(&graph, layout.as_deref(), &onnx),
+        Cmd::Import { model, o, weights, onnx } => import(&model, &o, weights.as_deref(), &onnx),
         Cmd::Fmt { graph, to, o } => fmt(&graph, to, o.as_deref()),
-        Cmd::Interp { graph, io } => interp(&graph, &io),
+        Cmd::Interp { graph, io, onnx } => interp(&graph, &io, &onnx),
         Cmd::Compile { graph, o, codegen, depfile, dump_after, dump_dir, dump_format, sign, pilot } => {
             Dumps::new(dump_after, dump_dir, dump_format).and_then(|dumps| {
                 let signer = sign.as_deref().map(signature::read_signing_key).transpose()?;
@@ -278,9 +307,41 @@ fn load_params(g: &Graph, graph: &Path) -> Result<(HashMap<String, Tensor>, Weig
     Ok((params, files))
 }
 
-fn check(path: &Path, layout: Option<&Path>) -> Result<()> {
-    let (g, info) = load::load(path)?;
-    params::check_all(&g, &mut WeightFiles::new(base_dir(path))).map_err(|e| e.in_file(path.display().to_string()))?;
+/// A graph as the commands take it: a graph file, whose params are read from their
+/// sources, or an ONNX model imported in memory, with its params' values.
+struct GraphIn {
+    graph: Graph,
+    info: Info,
+    imported: Option<HashMap<String, Tensor>>,
+}
+
+fn load_graph(path: &Path, onnx: &OnnxArgs) -> Result<GraphIn> {
+    if meshc::onnx::is_onnx(path) {
+        let imp = meshc::onnx::import(path, &meshc::onnx::parse_dims(&onnx.dims)?)?;
+        return Ok(GraphIn { graph: imp.graph, info: imp.info, imported: Some(imp.params) });
+    }
+    if !onnx.dims.is_empty() {
+        bail!("{}: --dim binds the symbolic dims of an ONNX model; this is a graph", path.display());
+    }
+    let (graph, info) = load::load(path)?;
+    Ok(GraphIn { graph, info, imported: None })
+}
+
+/// `import MODEL -o GRAPH [--weights W]`.
+fn import(model: &Path, out: &Path, weights: Option<&Path>, onnx: &OnnxArgs) -> Result<()> {
+    if !meshc::onnx::is_onnx(model) {
+        bail!("{}: import reads an ONNX model (.onnx)", model.display());
+    }
+    let imp = meshc::onnx::import(model, &meshc::onnx::parse_dims(&onnx.dims)?)?;
+    meshc::onnx::write(&imp, out, weights)
+}
+
+fn check(path: &Path, layout: Option<&Path>, onnx: &OnnxArgs) -> Result<()> {
+    let GraphIn { graph: g, info, imported } = load_graph(path, onnx)?;
+    if imported.is_none() {
+        let mut files = WeightFiles::new(base_dir(path));
+        params::check_all(&g, &mut files).map_err(|e| e.in_file(path.display().to_string()))?;
+    }
     // Everything is checked before anything is printed: a bad spec leaves stdout empty.
     let layouts = layout
         .map(|p| -> Result<_> {
@@ -379,10 +440,13 @@ fn graph_inputs(g: &Graph) -> Vec<(String, TensorType)> {
     g.inputs.iter().map(|i| (i.name.clone(), i.ty.clone())).collect()
 }
 
-fn interp(path: &Path, io: &Io) -> Result<()> {
-    let (g, info): (Graph, Info) = load::load(path)?;
+fn interp(path: &Path, io: &Io, onnx: &OnnxArgs) -> Result<()> {
+    let GraphIn { graph: g, info, imported } = load_graph(path, onnx)?;
     let mut values = read_inputs(&graph_inputs(&g), &io.inputs)?;
-    values.extend(load_params(&g, path)?.0);
+    values.extend(match imported {
+        Some(p) => p,
+        None => load_params(&g, path)?.0,
+    });
     let names: Vec<&str> = g.outputs.iter().map(|o| o.name.as_str()).collect();
     let wanted = io.wanted(&names)?;
     let results = meshc_ir::interp::run(&g, &info.order, &info.types, values)
@@ -459,7 +523,7 @@ fn compile_graph(
     dumps: &Dumps,
     pilot: Option<&PilotArgs>,
 ) -> Result<(compile::Compiled, Vec<PathBuf>)> {
-    let (g, info) = load::load(path)?;
+    let GraphIn { graph: g, info, imported } = load_graph(path, &args.onnx)?;
     // An artifact's outputs become file names (`run --output-dir`): refused here already.
     for o in &g.outputs {
         check_output_name(&o.name).with_context(|| path.display().to_string())?;
@@ -469,8 +533,13 @@ fn compile_graph(
     // into the weights section.
     let in_graph = |e: meshc_ir::Error| e.in_file(path.display().to_string());
     let mut files = WeightFiles::new(base_dir(path));
-    params::open_files(&g, &mut files).map_err(in_graph)?;
-    let params = params::Params::lazy(&g, &files).map_err(in_graph)?;
+    let params = match &imported {
+        Some(p) => params::Params::from(p),
+        None => {
+            params::open_files(&g, &mut files).map_err(in_graph)?;
+            params::Params::lazy(&g, &files).map_err(in_graph)?
+        }
+    };
     let pilot = pilot.map(|p| p.config(&g)).transpose()?.flatten();
     let opts = compile::Options { emit, ..args.options() };
     let compiled = driver::build(&g, &info, spec.as_ref(), params, &opts, dumps, pilot.as_ref())

@@ -19,6 +19,7 @@ mod lowering;
 mod make;
 mod masked;
 mod modules;
+mod onnx;
 mod outputs;
 mod pilot;
 mod placement;

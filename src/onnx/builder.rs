@@ -1,0 +1,211 @@
+//! Building the meshc graph of an import: values are either known at import time
+//! (`Value::Const`) or computed at run time (`Value::Tensor`); a meshc node all of whose
+//! operands are known is evaluated with the reference interpreter instead of being emitted,
+//! which is how shape subgraphs fold. Weights are the exception: a node on a weight stays a
+//! node, so the weight stays a param under its ONNX name (layout specs name it; compile's
+//! fold pass folds its transposes and casts anyway). Names are sanitised and unique.
+
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+
+use meshc_ir::infer::{infer, Operand};
+use meshc_ir::interp::eval_node;
+use meshc_ir::{Attr, DType, Graph, Node, Op, Param, ParamData, Tensor, TensorType};
+
+type R<T> = std::result::Result<T, String>;
+
+#[derive(Clone)]
+pub enum Value {
+    Const {
+        t: Rc<Tensor>,
+        /// The ONNX name of an initializer or Constant it is, which names its param.
+        source: Option<String>,
+        /// A float initializer (or Constant) of more than one element: kept as a param.
+        weight: bool,
+    },
+    /// A graph input or node of the meshc graph, by its meshc name.
+    Tensor(String),
+}
+
+impl Value {
+    pub fn computed(t: Tensor) -> Value {
+        Value::Const { t: Rc::new(t), source: None, weight: false }
+    }
+
+    /// An initializer or Constant named `source`.
+    pub fn named(t: Tensor, source: &str) -> Value {
+        let weight = t.dtype() == DType::F32 && t.numel() > 1;
+        Value::Const { t: Rc::new(t), source: Some(source.to_string()), weight }
+    }
+
+    pub fn as_const(&self) -> Option<&Tensor> {
+        match self {
+            Value::Const { t, .. } => Some(t),
+            Value::Tensor(_) => None,
+        }
+    }
+}
+
+/// What `Value::Tensor` names resolve to, and what the import has produced so far.
+#[derive(Default)]
+pub struct Builder {
+    pub graph: Graph,
+    /// The values of the graph's params, by param name.
+    pub params: HashMap<String, Tensor>,
+    types: HashMap<String, TensorType>,
+    used: HashSet<String>,
+    /// Consts already turned into params, by ONNX source name.
+    param_of: HashMap<String, String>,
+}
+
+/// `name` as a meshc name: ONNX names are any string (`/encoder/layer.0/MatMul_output_0`,
+/// `onnx::MatMul_12`), meshc's become file names (`run --output-dir`) and layout spec keys,
+/// so everything but letters, digits, `_` and `.` becomes `_`, and a leading `_` is dropped.
+pub fn sanitise(name: &str) -> String {
+    let s: String = name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' { c } else { '_' }).collect();
+    let s = s.trim_start_matches(['_', '.']);
+    match s.chars().next() {
+        None => "t".to_string(),
+        Some(c) if c.is_ascii_digit() => format!("t{s}"),
+        Some(_) => s.to_string(),
+    }
+}
+
+impl Builder {
+    /// A fresh meshc name for ONNX name `hint`: sanitised, with `_2`, `_3`... if taken.
+    pub fn fresh(&mut self, hint: &str) -> String {
+        let base = sanitise(hint);
+        let name =
+            (1..).map(|k| if k == 1 { base.clone() } else { format!("{base}_{k}") }).find(|n| !self.used.contains(n));
+        let name = name.expect("an unused suffix exists");
+        self.used.insert(name.clone());
+        name
+    }
+
+    pub fn add_input(&mut self, input: meshc_ir::Input) {
+        self.types.insert(input.name.clone(), input.ty.clone());
+        self.graph.inputs.push(input);
+    }
+
+    pub fn ty(&self, v: &Value) -> TensorType {
+        match v {
+            Value::Const { t, .. } => t.ty(),
+            Value::Tensor(n) => self.types[n].clone(),
+        }
+    }
+
+    /// The meshc name of `v`, turning a const into a param (once per ONNX source).
+    pub fn operand(&mut self, v: &Value, hint: &str) -> String {
+        let (t, source) = match v {
+            Value::Tensor(n) => return n.clone(),
+            Value::Const { t, source, .. } => (t, source),
+        };
+        if let Some(p) = source.as_ref().and_then(|s| self.param_of.get(s)) {
+            return p.clone();
+        }
+        let name = self.fresh(source.as_deref().unwrap_or(hint));
+        if let Some(s) = source {
+            self.param_of.insert(s.clone(), name.clone());
+        }
+        let ty = t.ty();
+        self.types.insert(name.clone(), ty.clone());
+        // The file is set when the graph is written (`save`): in memory, `params` holds it.
+        let data = ParamData::File { path: String::new(), key: Some(name.clone()) };
+        self.graph.params.push(Param { name: name.clone(), ty, dims: None, data, loc: None });
+        self.params.insert(name.clone(), (**t).clone());
+        name
+    }
+
+    /// `op(args) {attrs}`, named after `name`: evaluated now when every operand is a
+    /// non-weight const, else emitted.
+    pub fn node(&mut self, name: &str, op: Op, args: &[&Value], attrs: &[(&str, Attr)]) -> R<Value> {
+        let mut node = Node::new(name, op, &[]);
+        for (k, v) in attrs {
+            node.attrs.insert(k.to_string(), v.clone());
+        }
+        let types: Vec<TensorType> = args.iter().map(|a| self.ty(a)).collect();
+        let operands: Vec<Operand> = types.iter().map(|ty| Operand { ty, dims: None }).collect();
+        let out = infer(&node, &operands).map_err(|e| format!("{op}: {e}"))?.ty;
+        let consts: Option<Vec<&Tensor>> = args
+            .iter()
+            .map(|a| match a {
+                Value::Const { t, weight: false, .. } => Some(&**t),
+                _ => None,
+            })
+            .collect();
+        if let Some(consts) = consts {
+            return eval_node(&node, &consts, &out).map(Value::computed).map_err(|e| e.msg);
+        }
+        node.inputs = args.iter().enumerate().map(|(i, a)| self.operand(a, &format!("{name}.{i}"))).collect();
+        node.name = self.fresh(name);
+        self.types.insert(node.name.clone(), out);
+        let v = Value::Tensor(node.name.clone());
+        self.graph.nodes.push(node);
+        Ok(v)
+    }
+
+    /// Names the graph output `want` after its ONNX name: the node computing it is renamed
+    /// (with every use) when the name is free, so `run --output-dir` writes `y.npy` even when
+    /// the model ends in an Identity. Consts become params.
+    pub fn output(&mut self, v: &Value, want: &str) -> R<String> {
+        let Value::Tensor(have) = v else { return Ok(self.operand(v, want)) };
+        let is_node = self.graph.nodes.iter().any(|n| &n.name == have);
+        let is_output = self.graph.outputs.iter().any(|o| &o.name == have);
+        // An output that is an input, or another output again, gets a copy of its own.
+        if !is_node || is_output {
+            let same = Attr::ints(&self.types[have].shape.iter().map(|&d| d as i64).collect::<Vec<_>>());
+            let copy = self.node(want, Op::Reshape, &[v], &[("shape", same)])?;
+            return Ok(self.operand(&copy, want));
+        }
+        let want = sanitise(want);
+        if *have == want || self.used.contains(&want) {
+            return Ok(have.clone());
+        }
+        for n in &mut self.graph.nodes {
+            if &n.name == have {
+                n.name = want.clone();
+            }
+            for i in n.inputs.iter_mut().filter(|i| *i == have) {
+                i.clone_from(&want);
+            }
+        }
+        for o in &mut self.graph.outputs {
+            if &o.name == have {
+                o.name = want.clone();
+            }
+        }
+        let ty = self.types.remove(have).expect("a node has a type");
+        self.types.insert(want.clone(), ty);
+        self.used.insert(want.clone());
+        Ok(want)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_sanitised_and_unique() {
+        assert_eq!(sanitise("/encoder/layer.0/MatMul_output_0"), "encoder_layer.0_MatMul_output_0");
+        assert_eq!(sanitise("onnx::MatMul_12"), "onnx__MatMul_12");
+        assert_eq!(sanitise("0"), "t0");
+        assert_eq!(sanitise(""), "t");
+        let mut b = Builder::default();
+        assert_eq!(b.fresh("a/b"), "a_b");
+        assert_eq!(b.fresh("a:b"), "a_b_2");
+    }
+
+    #[test]
+    fn nodes_on_constants_fold_and_nodes_on_weights_stay() {
+        let mut b = Builder::default();
+        let two = Value::computed(Tensor::new(vec![], meshc_ir::Data::I64(vec![2])));
+        let v = b.node("m", Op::Mul, &[&two, &two], &[]).unwrap();
+        assert_eq!(v.as_const().unwrap().data, meshc_ir::Data::I64(vec![4]));
+        assert!(b.graph.nodes.is_empty());
+        let w = Value::named(Tensor::f32(vec![2], vec![1.0, 2.0]), "w");
+        let v = b.node("n", Op::Neg, &[&w], &[]).unwrap();
+        assert!(matches!(v, Value::Tensor(ref n) if n == "n"));
+        assert_eq!(b.graph.params[0].name, "w");
+    }
+}

@@ -1,0 +1,146 @@
+//! An ONNX model to a meshc graph: the opset and domains it may use, its inputs (symbolic
+//! dims bound by `--dim`), its initializers, its nodes in order (each through `ops`), its
+//! outputs. Every refusal names what it refuses: the input and dim, the initializer, or the
+//! node and its op type.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use meshc_ir::{DType, Graph, Input, Output, Tensor, TensorType};
+
+use super::builder::{Builder, Value};
+use super::ops::{self, Ctx};
+use super::proto::tensor_shape_proto::dimension;
+use super::proto::{type_proto, GraphProto, ModelProto, NodeProto, ValueInfoProto};
+use super::tensors;
+
+type R<T> = std::result::Result<T, String>;
+
+/// The opsets of the default domain meshc reads (torch.onnx writes 17 and 18 today).
+pub const OPSETS: std::ops::RangeInclusive<i64> = 13..=21;
+
+fn is_default_domain(d: Option<&str>) -> bool {
+    matches!(d, None | Some("" | "ai.onnx"))
+}
+
+/// The graph of `model` and its params' values; `dims` binds symbolic dims by name.
+pub fn import(model: &ModelProto, dims: &BTreeMap<String, usize>) -> R<(Graph, HashMap<String, Tensor>)> {
+    let opset = model
+        .opset_import
+        .iter()
+        .find(|o| is_default_domain(o.domain.as_deref()))
+        .and_then(|o| o.version)
+        .ok_or("the model imports no opset of the default ONNX domain")?;
+    if !OPSETS.contains(&opset) {
+        return Err(format!("opset {opset} of the default domain is not supported (13 to 21)"));
+    }
+    let g = model.graph.as_ref().ok_or("the model has no graph")?;
+    let mut b = Builder::default();
+    b.graph.name = builder_name(g);
+    let mut values: HashMap<String, Value> = HashMap::new();
+    for t in &g.initializer {
+        let name = t.name.clone().unwrap_or_default();
+        let v = tensors::tensor(t).map_err(|e| format!("initializer '{name}': {e}"))?;
+        values.insert(name.clone(), Value::named(v, &name));
+    }
+    let mut bound = BTreeSet::new();
+    for i in &g.input {
+        let onnx_name = i.name.clone().unwrap_or_default();
+        // Older exporters list initializers among the inputs too.
+        if values.contains_key(&onnx_name) {
+            continue;
+        }
+        let v = input(&mut b, i, dims, &mut bound).map_err(|e| format!("input '{onnx_name}': {e}"))?;
+        values.insert(onnx_name, v);
+    }
+    if let Some(unused) = dims.keys().find(|d| !bound.contains(*d)) {
+        return Err(format!("--dim {unused}: the model's inputs have no symbolic dim '{unused}'"));
+    }
+    for n in &g.node {
+        node(&mut b, n, opset, &mut values)?;
+    }
+    for o in &g.output {
+        let name = o.name.clone().unwrap_or_default();
+        let v = values.get(&name).ok_or_else(|| format!("output '{name}' is computed by no node"))?;
+        let meshc_name = b.output(v, &name).map_err(|e| format!("output '{name}': {e}"))?;
+        b.graph.outputs.push(Output::new(meshc_name));
+    }
+    Ok((b.graph, b.params))
+}
+
+fn builder_name(g: &GraphProto) -> String {
+    super::builder::sanitise(g.name.as_deref().filter(|n| !n.is_empty()).unwrap_or("model"))
+}
+
+/// A graph input: its type with symbolic dims bound, its dim names kept as meshc dims (a
+/// layout spec's rules name them). A half-float input stays half and is widened at once.
+fn input(
+    b: &mut Builder,
+    i: &ValueInfoProto,
+    dims: &BTreeMap<String, usize>,
+    bound: &mut BTreeSet<String>,
+) -> R<Value> {
+    let Some(type_proto::Value::TensorType(t)) = i.r#type.as_ref().and_then(|t| t.value.as_ref()) else {
+        return Err("only tensor inputs are supported".into());
+    };
+    let dtype = tensors::storage_dtype(t.elem_type.unwrap_or(0))?;
+    let shape_proto = t.shape.as_ref().ok_or("its shape is unknown (the model gives no rank)")?;
+    let (mut shape, mut names) = (Vec::new(), Vec::new());
+    for (k, d) in shape_proto.dim.iter().enumerate() {
+        let (size, name) = match &d.value {
+            Some(dimension::Value::DimValue(v)) if *v >= 0 => (*v as usize, None),
+            Some(dimension::Value::DimParam(p)) => match dims.get(p) {
+                Some(&n) => {
+                    bound.insert(p.clone());
+                    (n, Some(p.clone()))
+                }
+                None => return Err(format!("dim {k} is symbolic ('{p}'): bind it with --dim {p}=N")),
+            },
+            _ => return Err(format!("dim {k} has no size and no name")),
+        };
+        shape.push(size);
+        names.push(name);
+    }
+    let ty = TensorType::new(dtype, shape);
+    tensors::shape(&ty.shape.iter().map(|&d| d as i64).collect::<Vec<_>>(), dtype.size_bytes())?;
+    let name = b.fresh(i.name.as_deref().unwrap_or("input"));
+    let dims = names.iter().any(Option::is_some).then_some(names);
+    b.add_input(Input { name: name.clone(), ty, dims, loc: None });
+    let v = Value::Tensor(name.clone());
+    if dtype.is_half() {
+        return b.node(
+            &format!("{name}.f32"),
+            meshc_ir::Op::Cast,
+            &[&v],
+            &[("to", meshc_ir::Attr::Str(DType::F32.name().into()))],
+        );
+    }
+    Ok(v)
+}
+
+/// One node: checked for its domain and inputs, lowered by `ops`, its outputs recorded.
+fn node(b: &mut Builder, n: &NodeProto, opset: i64, values: &mut HashMap<String, Value>) -> R<()> {
+    let op_type = n.op_type.as_deref().unwrap_or("");
+    let out = n.output.iter().find(|o| !o.is_empty()).cloned().unwrap_or_default();
+    let label = n.name.clone().filter(|s| !s.is_empty()).unwrap_or_else(|| out.clone());
+    let fail = |e: String| format!("node '{label}' ({op_type}): {e}");
+    if !is_default_domain(n.domain.as_deref()) {
+        let domain = n.domain.as_deref().unwrap_or("");
+        return Err(fail(format!("domain '{domain}' is not supported (only the default ONNX domain)")));
+    }
+    let args = n
+        .input
+        .iter()
+        .map(|i| match i.as_str() {
+            "" => Ok(None),
+            i => values.get(i).cloned().map(Some).ok_or_else(|| {
+                fail(format!("input '{i}' is not computed before it (the nodes are not in order, or form a cycle)"))
+            }),
+        })
+        .collect::<R<Vec<_>>>()?;
+    let ctx = Ctx { node: n, args, opset, out };
+    let results = ops::lower(b, &ctx).map_err(fail)?;
+    for (name, v) in n.output.iter().zip(results).filter(|(name, _)| !name.is_empty()) {
+        values.insert(name.clone(), v);
+    }
+    Ok(())
+}

@@ -1,0 +1,524 @@
+//! ONNX ops onto meshc's op set (docs/onnx.md lists them): one ONNX node becomes zero or
+//! more meshc nodes through the `Builder`, which folds what is known at import time. Each
+//! mapping carries the ONNX semantics meshc spells differently: reductions with no axes
+//! reduce all of them, Reshape's 0 copies the input dim, Gemm is matmul + add with
+//! transposes, Clip is maximum/minimum, shape inputs must be known at import time.
+
+use meshc_ir::infer::{broadcast_shapes, norm_axis};
+use meshc_ir::{Attr, DType, Data, Op, Tensor};
+
+use super::builder::{Builder, Value};
+use super::proto::{AttributeProto, NodeProto};
+use super::tensors;
+
+type R<T> = std::result::Result<T, String>;
+
+/// One ONNX node: its attributes, its (optional) inputs and the name of its first output.
+pub struct Ctx<'a> {
+    pub node: &'a NodeProto,
+    pub args: Vec<Option<Value>>,
+    pub opset: i64,
+    pub out: String,
+}
+
+impl Ctx<'_> {
+    fn attr(&self, name: &str) -> Option<&AttributeProto> {
+        self.node.attribute.iter().find(|a| a.name.as_deref() == Some(name))
+    }
+
+    fn int(&self, name: &str, default: i64) -> i64 {
+        self.attr(name).and_then(|a| a.i).unwrap_or(default)
+    }
+
+    fn float(&self, name: &str, default: f32) -> f32 {
+        self.attr(name).and_then(|a| a.f).unwrap_or(default)
+    }
+
+    fn ints(&self, name: &str) -> Option<Vec<i64>> {
+        self.attr(name).map(|a| a.ints.clone())
+    }
+
+    fn string(&self, name: &str, default: &str) -> String {
+        self.attr(name).and_then(|a| a.s.as_ref()).map_or(default.to_string(), |s| String::from_utf8_lossy(s).into())
+    }
+
+    fn opt(&self, i: usize) -> Option<&Value> {
+        self.args.get(i).and_then(Option::as_ref)
+    }
+
+    fn arg(&self, i: usize) -> R<&Value> {
+        self.opt(i).ok_or_else(|| format!("input {i} is missing"))
+    }
+
+    /// Input `i` as integers, which meshc needs at import time (a shape, axes, bounds).
+    fn const_ints(&self, i: usize) -> R<Vec<i64>> {
+        let v = self.arg(i)?;
+        let t = v.as_const().ok_or_else(|| {
+            format!("input {i} must be known at import time (computed from shapes and constants only)")
+        })?;
+        match &t.data {
+            Data::I64(v) => Ok(v.clone()),
+            Data::I32(v) => Ok(v.iter().map(|&x| x.into()).collect()),
+            other => Err(format!("input {i} must hold integers, found {}", other.dtype())),
+        }
+    }
+
+    /// Input `i` if given (`None` when absent or empty), else attribute `name` (opsets before
+    /// the attribute became an input).
+    fn ints_input_or_attr(&self, i: usize, name: &str) -> R<Option<Vec<i64>>> {
+        match self.opt(i) {
+            Some(_) => self.const_ints(i).map(Some),
+            None => Ok(self.ints(name)),
+        }
+    }
+
+    /// The name of helper node `what` of this ONNX node.
+    fn part(&self, what: &str) -> String {
+        format!("{}.{what}", self.out)
+    }
+}
+
+fn scalar(dtype: DType, v: f64) -> Value {
+    Value::computed(Tensor::new(vec![], Data::from_f64(dtype, [v])))
+}
+
+fn unary(op_type: &str) -> Option<Op> {
+    Some(match op_type {
+        "Neg" => Op::Neg,
+        "Abs" => Op::Abs,
+        "Exp" => Op::Exp,
+        "Log" => Op::Log,
+        "Sqrt" => Op::Sqrt,
+        "Tanh" => Op::Tanh,
+        "Erf" => Op::Erf,
+        "Sigmoid" => Op::Sigmoid,
+        "Relu" => Op::Relu,
+        _ => return None,
+    })
+}
+
+fn binary(op_type: &str) -> Option<Op> {
+    Some(match op_type {
+        "Add" | "Sum" => Op::Add,
+        "Sub" => Op::Sub,
+        "Mul" => Op::Mul,
+        "Div" => Op::Div,
+        "Pow" => Op::Pow,
+        "Max" => Op::Maximum,
+        "Min" => Op::Minimum,
+        _ => return None,
+    })
+}
+
+/// The ONNX op types this importer maps (docs/onnx.md): everything else is refused.
+pub const SUPPORTED: &[&str] = &[
+    "Abs",
+    "Add",
+    "Cast",
+    "Clip",
+    "Concat",
+    "Constant",
+    "ConstantOfShape",
+    "Div",
+    "Dropout",
+    "Einsum",
+    "Erf",
+    "Exp",
+    "Expand",
+    "Flatten",
+    "Gather",
+    "Gelu",
+    "Gemm",
+    "Identity",
+    "LayerNormalization",
+    "Log",
+    "LogSoftmax",
+    "MatMul",
+    "Max",
+    "Mean",
+    "Min",
+    "Mul",
+    "Neg",
+    "Pow",
+    "Range",
+    "Reciprocal",
+    "ReduceMax",
+    "ReduceMean",
+    "ReduceMin",
+    "ReduceSum",
+    "ReduceSumSquare",
+    "Relu",
+    "Reshape",
+    "Shape",
+    "Sigmoid",
+    "Size",
+    "Slice",
+    "Softmax",
+    "Split",
+    "Sqrt",
+    "Squeeze",
+    "Sub",
+    "Sum",
+    "Tanh",
+    "Transpose",
+    "Unsqueeze",
+    "Where",
+];
+
+/// The values of the node's outputs, in order.
+pub fn lower(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+    let op_type = c.node.op_type.as_deref().unwrap_or("");
+    let out = c.out.as_str();
+    let one = |v: Value| Ok(vec![v]);
+    if let Some(op) = unary(op_type) {
+        return one(b.node(out, op, &[c.arg(0)?], &[])?);
+    }
+    if let Some(op) = binary(op_type) {
+        return nary(b, c, op);
+    }
+    match op_type {
+        "Identity" => one(c.arg(0)?.clone()),
+        "Dropout" => {
+            if c.node.output.get(1).is_some_and(|m| !m.is_empty()) {
+                return Err("its mask output is not supported (inference only)".into());
+            }
+            one(c.arg(0)?.clone())
+        }
+        "Mean" => {
+            let sum = nary(b, c, Op::Add)?.remove(0);
+            let n = scalar(b.ty(&sum).dtype, c.args.len() as f64);
+            one(b.node(out, Op::Div, &[&sum, &n], &[])?)
+        }
+        "Reciprocal" => {
+            let x = c.arg(0)?;
+            one(b.node(out, Op::Div, &[&scalar(b.ty(x).dtype, 1.0), x], &[])?)
+        }
+        "Gelu" => {
+            let approx = c.string("approximate", "none");
+            one(b.node(out, Op::Gelu, &[c.arg(0)?], &[("approximate", Attr::Str(approx))])?)
+        }
+        "Softmax" => one(b.node(out, Op::Softmax, &[c.arg(0)?], &[("axis", Attr::Int(c.int("axis", -1)))])?),
+        "LogSoftmax" => {
+            let s = b.node(&c.part("softmax"), Op::Softmax, &[c.arg(0)?], &[("axis", Attr::Int(c.int("axis", -1)))])?;
+            one(b.node(out, Op::Log, &[&s], &[])?)
+        }
+        "Cast" => {
+            let to = tensors::dtype(c.int("to", 0) as i32)?;
+            cast(b, c.arg(0)?, to, out).map(|v| vec![v])
+        }
+        "Where" => one(b.node(out, Op::Where, &[c.arg(0)?, c.arg(1)?, c.arg(2)?], &[])?),
+        "Clip" => {
+            let mut x = c.arg(0)?.clone();
+            for (i, op, what) in [(1, Op::Maximum, "min"), (2, Op::Minimum, "max")] {
+                if let Some(bound) = c.opt(i) {
+                    let last = c.opt(2).is_none() || i == 2;
+                    x = b.node(&if last { out.to_string() } else { c.part(what) }, op, &[&x, bound], &[])?;
+                }
+            }
+            one(x)
+        }
+        "MatMul" => one(b.node(out, Op::MatMul, &[c.arg(0)?, c.arg(1)?], &[])?),
+        "Gemm" => gemm(b, c).map(|v| vec![v]),
+        "Einsum" => {
+            let eq: String = c.string("equation", "").chars().filter(|ch| !ch.is_whitespace()).collect();
+            let args = (0..c.args.len()).map(|i| c.arg(i)).collect::<R<Vec<_>>>()?;
+            one(b.node(out, Op::Einsum, &args, &[("equation", Attr::Str(eq))])?)
+        }
+        "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceSumSquare" => reduce(b, c, op_type),
+        "LayerNormalization" => layer_norm(b, c).map(|v| vec![v]),
+        "Reshape" => {
+            let x = c.arg(0)?;
+            let shape = b.ty(x).shape;
+            let mut target = c.const_ints(1)?;
+            if c.int("allowzero", 0) == 0 {
+                for (i, d) in target.iter_mut().enumerate().filter(|(_, d)| **d == 0) {
+                    *d = *shape.get(i).ok_or("a 0 in the shape has no input dim to copy")? as i64;
+                }
+            }
+            one(reshape(b, x, &target, out)?)
+        }
+        "Flatten" => {
+            let x = c.arg(0)?;
+            let shape = b.ty(x).shape;
+            let axis = c.int("axis", 1);
+            let axis = if axis < 0 { axis + shape.len() as i64 } else { axis };
+            if !(0..=shape.len() as i64).contains(&axis) {
+                return Err(format!("axis {} is out of range for rank {}", c.int("axis", 1), shape.len()));
+            }
+            let (lead, rest) = shape.split_at(axis as usize);
+            let target = [lead.iter().product::<usize>() as i64, rest.iter().product::<usize>() as i64];
+            one(reshape(b, x, &target, out)?)
+        }
+        "Squeeze" => {
+            let x = c.arg(0)?;
+            let shape = b.ty(x).shape;
+            let axes = match c.ints_input_or_attr(1, "axes")? {
+                Some(a) => a.iter().map(|&a| norm_axis(a, shape.len())).collect::<R<Vec<_>>>()?,
+                None => (0..shape.len()).filter(|&i| shape[i] == 1).collect(),
+            };
+            if let Some(&a) = axes.iter().find(|&&a| shape[a] != 1) {
+                return Err(format!("axis {a} has size {}, not 1", shape[a]));
+            }
+            let target: Vec<i64> = (0..shape.len()).filter(|i| !axes.contains(i)).map(|i| shape[i] as i64).collect();
+            one(reshape(b, x, &target, out)?)
+        }
+        "Unsqueeze" => {
+            let x = c.arg(0)?;
+            let shape = b.ty(x).shape;
+            let axes = c.ints_input_or_attr(1, "axes")?.ok_or("it needs axes")?;
+            let rank = shape.len() + axes.len();
+            let axes = axes.iter().map(|&a| norm_axis(a, rank)).collect::<R<Vec<_>>>()?;
+            let mut dims = shape.iter();
+            let target: Vec<i64> =
+                (0..rank).map(|i| if axes.contains(&i) { 1 } else { dims.next().map_or(1, |&d| d as i64) }).collect();
+            one(reshape(b, x, &target, out)?)
+        }
+        "Transpose" => {
+            let attrs: Vec<(&str, Attr)> = c.ints("perm").map(|p| ("perm", Attr::ints(&p))).into_iter().collect();
+            one(b.node(out, Op::Transpose, &[c.arg(0)?], &attrs)?)
+        }
+        "Concat" => {
+            let args = (0..c.args.len()).map(|i| c.arg(i)).collect::<R<Vec<_>>>()?;
+            one(b.node(out, Op::Concat, &args, &[("axis", Attr::Int(c.int("axis", 0)))])?)
+        }
+        "Slice" => {
+            let mut attrs = vec![("starts", Attr::ints(&c.const_ints(1)?)), ("ends", Attr::ints(&c.const_ints(2)?))];
+            for (i, name) in [(3, "axes"), (4, "steps")] {
+                if c.opt(i).is_some() {
+                    attrs.push((name, Attr::ints(&c.const_ints(i)?)));
+                }
+            }
+            one(b.node(out, Op::Slice, &[c.arg(0)?], &attrs)?)
+        }
+        "Gather" => one(b.node(out, Op::Gather, &[c.arg(0)?, c.arg(1)?], &[("axis", Attr::Int(c.int("axis", 0)))])?),
+        "Expand" => {
+            let x = c.arg(0)?;
+            let shape = b.ty(x).shape;
+            let want = c.const_ints(1)?;
+            let want: Vec<usize> = want
+                .iter()
+                .map(|&d| usize::try_from(d).map_err(|_| format!("shape {want:?} has a negative size")))
+                .collect::<R<_>>()?;
+            let result = broadcast_shapes(&[&shape, &want])?;
+            if result == shape {
+                return one(x.clone());
+            }
+            let target: Vec<i64> = result.iter().map(|&d| d as i64).collect();
+            one(b.node(out, Op::BroadcastTo, &[x], &[("shape", Attr::ints(&target))])?)
+        }
+        "Split" => split(b, c),
+        "Shape" => {
+            let shape = b.ty(c.arg(0)?).shape;
+            let r = shape.len() as i64;
+            let clamp = |i: i64| (if i < 0 { i + r } else { i }).clamp(0, r) as usize;
+            let (start, end) = (clamp(c.int("start", 0)), clamp(c.int("end", r)));
+            let dims: Vec<i64> = shape[start..end.max(start)].iter().map(|&d| d as i64).collect();
+            one(Value::computed(Tensor::new(vec![dims.len()], Data::I64(dims))))
+        }
+        "Size" => one(Value::computed(Tensor::new(vec![], Data::I64(vec![b.ty(c.arg(0)?).numel() as i64])))),
+        "ConstantOfShape" => {
+            let shape = tensors::shape(&c.const_ints(0)?, 8)?;
+            let fill = match c.attr("value").and_then(|a| a.t.as_ref()) {
+                Some(t) => tensors::tensor(t)?,
+                None => Tensor::f32(vec![1], vec![0.0]),
+            };
+            let v = *fill.data.to_f64().first().ok_or("its value is empty")?;
+            let n = shape.iter().product::<usize>();
+            one(Value::computed(Tensor::new(shape, Data::from_f64(fill.dtype(), vec![v; n]))))
+        }
+        "Range" => range(c).map(|v| vec![v]),
+        "Constant" => one(Value::named(constant(c)?, out)),
+        other => Err(format!("op '{other}' is not supported (docs/onnx.md lists the supported ops)")),
+    }
+}
+
+/// `op` folded over all inputs (the n-ary Max/Min/Sum, and the binary ops). Operands of
+/// different dtypes are ONNX's Pow with an integer exponent: it is cast to the base's type.
+/// Integer Div goes through f32, exact below 2^24 (meshc's div is f32 only).
+fn nary(b: &mut Builder, c: &Ctx, op: Op) -> R<Vec<Value>> {
+    let mut acc = c.arg(0)?.clone();
+    let n = c.args.len();
+    for i in 1..n {
+        let name = if i + 1 == n { c.out.clone() } else { c.part(&format!("acc{i}")) };
+        let mut rhs = c.arg(i)?.clone();
+        let dtype = b.ty(&acc).dtype;
+        if b.ty(&rhs).dtype != dtype && op == Op::Pow {
+            rhs = cast(b, &rhs, dtype, &c.part("exponent"))?;
+        }
+        acc = if op == Op::Div && dtype.is_int() {
+            let (x, y) = (cast(b, &acc, DType::F32, &c.part("a"))?, cast(b, &rhs, DType::F32, &c.part("b"))?);
+            let q = b.node(&c.part("quotient"), Op::Div, &[&x, &y], &[])?;
+            cast(b, &q, dtype, &name)?
+        } else {
+            b.node(&name, op, &[&acc, &rhs], &[])?
+        };
+    }
+    Ok(vec![acc])
+}
+
+fn cast(b: &mut Builder, x: &Value, to: DType, name: &str) -> R<Value> {
+    if b.ty(x).dtype == to {
+        return Ok(x.clone());
+    }
+    b.node(name, Op::Cast, &[x], &[("to", Attr::Str(to.name().into()))])
+}
+
+fn reshape(b: &mut Builder, x: &Value, target: &[i64], name: &str) -> R<Value> {
+    let shape: Vec<i64> = b.ty(x).shape.iter().map(|&d| d as i64).collect();
+    if shape == target {
+        return Ok(x.clone());
+    }
+    b.node(name, Op::Reshape, &[x], &[("shape", Attr::ints(target))])
+}
+
+/// `alpha * A' @ B' + beta * C`, with A', B' transposed when asked.
+fn gemm(b: &mut Builder, c: &Ctx) -> R<Value> {
+    let mut ab = [c.arg(0)?.clone(), c.arg(1)?.clone()];
+    for (i, flag) in ["transA", "transB"].iter().enumerate() {
+        if c.int(flag, 0) != 0 {
+            ab[i] = b.node(&c.part(&format!("{}_t", ["a", "b"][i])), Op::Transpose, &[&ab[i]], &[])?;
+        }
+    }
+    let (alpha, beta) = (c.float("alpha", 1.0), c.float("beta", 1.0));
+    let bias = c.opt(2);
+    let last = |step: &str| if step == "bias" || bias.is_none() { c.out.clone() } else { c.part(step) };
+    let mut y =
+        b.node(&if alpha == 1.0 { last("matmul") } else { c.part("matmul") }, Op::MatMul, &[&ab[0], &ab[1]], &[])?;
+    if alpha != 1.0 {
+        y = b.node(&last("alpha"), Op::Mul, &[&y, &scalar(DType::F32, alpha.into())], &[])?;
+    }
+    if let Some(bias) = bias {
+        let bias = if beta == 1.0 {
+            bias.clone()
+        } else {
+            b.node(&c.part("beta"), Op::Mul, &[bias, &scalar(DType::F32, beta.into())], &[])?
+        };
+        y = b.node(&c.out, Op::Add, &[&y, &bias], &[])?;
+    }
+    Ok(y)
+}
+
+/// ONNX reductions: `keepdims` defaults to true, and no (or empty) axes mean every axis
+/// unless `noop_with_empty_axes`, where meshc's empty list means none. Axes are an input
+/// from opset 13 for ReduceSum and from 18 for the others.
+fn reduce(b: &mut Builder, c: &Ctx, op_type: &str) -> R<Vec<Value>> {
+    let axes_input = c.opset >= if op_type == "ReduceSum" { 13 } else { 18 };
+    let axes = if axes_input { c.opt(1).map(|_| c.const_ints(1)).transpose()? } else { c.ints("axes") };
+    let axes = axes.filter(|a| !a.is_empty());
+    let x = c.arg(0)?;
+    if axes.is_none() && c.int("noop_with_empty_axes", 0) != 0 {
+        return Ok(vec![x.clone()]);
+    }
+    let mut attrs = vec![("keepdims", Attr::Bool(c.int("keepdims", 1) != 0))];
+    attrs.extend(axes.map(|a| ("axes", Attr::ints(&a))));
+    let v = match op_type {
+        "ReduceSum" => b.node(&c.out, Op::ReduceSum, &[x], &attrs)?,
+        "ReduceMean" => b.node(&c.out, Op::ReduceMean, &[x], &attrs)?,
+        "ReduceMax" => b.node(&c.out, Op::ReduceMax, &[x], &attrs)?,
+        "ReduceSumSquare" => {
+            let sq = b.node(&c.part("square"), Op::Mul, &[x, x], &[])?;
+            b.node(&c.out, Op::ReduceSum, &[&sq], &attrs)?
+        }
+        _ => {
+            let neg = b.node(&c.part("neg"), Op::Neg, &[x], &[])?;
+            let max = b.node(&c.part("max"), Op::ReduceMax, &[&neg], &attrs)?;
+            b.node(&c.out, Op::Neg, &[&max], &[])?
+        }
+    };
+    Ok(vec![v])
+}
+
+/// LayerNormalization's Y (Mean and InvStdDev are training outputs, refused); scale and
+/// bias broadcast to `x.shape[axis:]` as meshc wants them, a missing bias is zeros.
+fn layer_norm(b: &mut Builder, c: &Ctx) -> R<Value> {
+    if c.node.output.iter().skip(1).any(|o| !o.is_empty()) {
+        return Err("its Mean and InvStdDev outputs are not supported (inference only)".into());
+    }
+    let x = c.arg(0)?;
+    let shape = b.ty(x).shape;
+    let axis = norm_axis(c.int("axis", -1), shape.len())?;
+    let norm: Vec<i64> = shape[axis..].iter().map(|&d| d as i64).collect();
+    let zeros = Value::computed(Tensor::new(vec![], Data::F32(vec![0.0])));
+    let mut gb = [c.arg(1)?.clone(), c.opt(2).cloned().unwrap_or(zeros)];
+    for (i, what) in ["scale", "bias"].iter().enumerate() {
+        if b.ty(&gb[i]).shape != shape[axis..] {
+            gb[i] = b.node(&c.part(what), Op::BroadcastTo, &[&gb[i]], &[("shape", Attr::ints(&norm))])?;
+        }
+    }
+    let attrs = [("axis", Attr::Int(axis as i64)), ("eps", Attr::Float(c.float("epsilon", 1e-5).into()))];
+    b.node(&c.out, Op::LayerNorm, &[x, &gb[0], &gb[1]], &attrs)
+}
+
+/// Split into slices: sizes from the `split` input (opset 13) or attribute, else equal
+/// parts, one per output (the last smaller with `num_outputs`, opset 18).
+fn split(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+    let x = c.arg(0)?;
+    let shape = b.ty(x).shape;
+    let axis = norm_axis(c.int("axis", 0), shape.len())?;
+    let n = c.node.output.len().max(1);
+    let sizes = match c.ints_input_or_attr(1, "split")? {
+        Some(s) => s,
+        None => {
+            let part = shape[axis].div_ceil(n) as i64;
+            (0..n as i64).map(|i| part.min(shape[axis] as i64 - i * part).max(0)).collect()
+        }
+    };
+    if sizes.len() != n || sizes.iter().sum::<i64>() != shape[axis] as i64 {
+        return Err(format!("split sizes {sizes:?} do not cut an axis of {} into {n} outputs", shape[axis]));
+    }
+    let mut start = 0;
+    let mut outs = Vec::new();
+    for (size, name) in sizes.iter().zip(&c.node.output) {
+        let attrs = [
+            ("starts", Attr::ints(&[start])),
+            ("ends", Attr::ints(&[start + size])),
+            ("axes", Attr::ints(&[axis as i64])),
+        ];
+        outs.push(b.node(if name.is_empty() { &c.out } else { name }, Op::Slice, &[x], &attrs)?);
+        start += size;
+    }
+    Ok(outs)
+}
+
+/// Range of scalar constants: `max(ceil((limit - start) / delta), 0)` elements.
+fn range(c: &Ctx) -> R<Value> {
+    let scalar = |i: usize| -> R<Tensor> {
+        let t = c.arg(i)?.as_const().ok_or_else(|| format!("input {i} must be known at import time"))?;
+        if t.numel() != 1 {
+            return Err(format!("input {i} must be a scalar"));
+        }
+        Ok(t.clone())
+    };
+    let (start, limit, delta) = (scalar(0)?, scalar(1)?, scalar(2)?);
+    let dtype = start.dtype();
+    let [s, l, d] = [&start, &limit, &delta].map(|t| t.data.to_f64()[0]);
+    if d == 0.0 {
+        return Err("delta is 0".into());
+    }
+    let n = ((l - s) / d).ceil().max(0.0);
+    if n > (1u64 << 31) as f64 {
+        return Err(format!("{n} elements are more than meshc folds"));
+    }
+    let values = (0..n as usize).map(|i| s + i as f64 * d);
+    Ok(Value::computed(Tensor::new(vec![n as usize], Data::from_f64(dtype, values))))
+}
+
+/// A Constant node's value, from whichever of its attributes is given.
+fn constant(c: &Ctx) -> R<Tensor> {
+    if let Some(t) = c.attr("value").and_then(|a| a.t.as_ref()) {
+        return tensors::tensor(t);
+    }
+    if let Some(a) = c.attr("value_float").and_then(|a| a.f) {
+        return Ok(Tensor::f32(vec![], vec![a]));
+    }
+    if let Some(a) = c.attr("value_int").and_then(|a| a.i) {
+        return Ok(Tensor::new(vec![], Data::I64(vec![a])));
+    }
+    if let Some(a) = c.attr("value_floats") {
+        return Ok(Tensor::f32(vec![a.floats.len()], a.floats.clone()));
+    }
+    if let Some(a) = c.attr("value_ints") {
+        return Ok(Tensor::new(vec![a.ints.len()], Data::I64(a.ints.clone())));
+    }
+    Err("only tensor, float and int values are supported".into())
+}

@@ -1,0 +1,146 @@
+//! ONNX element types and tensors as meshc sees them: `TensorProto.DataType` codes to
+//! `DType` (refusing what meshc has no type for), and a `TensorProto` (raw bytes or typed
+//! lists) to a `Tensor`, its size checked against its dims before anything is allocated.
+//! Half floats are widened to f32 here: meshc computes in f32 (docs/onnx.md).
+
+use meshc_ir::dtype::{ShapeDisplay, MAX_TENSOR_BYTES};
+use meshc_ir::{DType, Data, Tensor, TensorType};
+
+use super::proto::tensor_proto::DataType;
+use super::proto::TensorProto;
+
+type R<T> = std::result::Result<T, String>;
+
+/// The meshc dtype of an ONNX element type code, as meshc computes on it (halves as f32).
+pub fn dtype(code: i32) -> R<DType> {
+    match DataType::try_from(code) {
+        Ok(DataType::Float | DataType::Float16 | DataType::Bfloat16) => Ok(DType::F32),
+        Ok(DataType::Int32) => Ok(DType::I32),
+        Ok(DataType::Int64) => Ok(DType::I64),
+        Ok(DataType::Bool) => Ok(DType::Bool),
+        Ok(other) => Err(format!("element type {} is not supported (f32, f16, bf16, i32, i64, bool)", name(other))),
+        Err(_) => Err(format!("element type code {code} is not an ONNX type")),
+    }
+}
+
+/// The dtype of a code as stored, halves kept (graph inputs keep their storage type).
+pub fn storage_dtype(code: i32) -> R<DType> {
+    match DataType::try_from(code) {
+        Ok(DataType::Float16) => Ok(DType::F16),
+        Ok(DataType::Bfloat16) => Ok(DType::BF16),
+        _ => dtype(code),
+    }
+}
+
+fn name(t: DataType) -> String {
+    t.as_str_name().to_lowercase()
+}
+
+/// The shape of `dims`, refused when a dim is negative or the tensor would exceed meshc's
+/// largest (so no size computed from it overflows).
+pub fn shape(dims: &[i64], elem_bytes: usize) -> R<Vec<usize>> {
+    let shape = dims
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| format!("dims {dims:?} have a negative size")))
+        .collect::<R<Vec<usize>>>()?;
+    let bytes = shape.iter().try_fold(elem_bytes, |n, &d| n.checked_mul(d));
+    match bytes {
+        Some(b) if b as u64 <= MAX_TENSOR_BYTES as u64 => Ok(shape),
+        _ => Err(format!("dims {dims:?} are larger than the {MAX_TENSOR_BYTES} bytes meshc accepts")),
+    }
+}
+
+/// The values of `t`, in meshc's computing dtype.
+pub fn tensor(t: &TensorProto) -> R<Tensor> {
+    if t.data_location == Some(super::proto::tensor_proto::DataLocation::External as i32) {
+        return Err("its data is external (a .onnx.data file): not supported yet".into());
+    }
+    let stored = DataType::try_from(t.data_type.unwrap_or(0)).map_err(|_| "unknown element type".to_string())?;
+    dtype(stored as i32)?;
+    let width = match stored {
+        DataType::Float | DataType::Int32 => 4,
+        DataType::Int64 => 8,
+        DataType::Bool => 1,
+        _ => 2,
+    };
+    let shape = shape(&t.dims, width)?;
+    let n: usize = shape.iter().product();
+    let raw = t.raw_data.as_deref();
+    let held = match (raw, stored) {
+        (Some(r), _) => r.len() / width + usize::from(!r.len().is_multiple_of(width)),
+        (None, DataType::Float) => t.float_data.len(),
+        (None, DataType::Int64) => t.int64_data.len(),
+        (None, _) => t.int32_data.len(),
+    };
+    if held != n || raw.is_some_and(|r| r.len() != n * width) {
+        let got = raw.map_or(format!("{held} values"), |r| format!("{} bytes", r.len()));
+        let want = if raw.is_some() { format!("{} bytes", n * width) } else { format!("{n} values") };
+        return Err(format!("dims {} need {want}, its data has {got}", ShapeDisplay(&shape)));
+    }
+    let data = match (raw, stored) {
+        (Some(r), DataType::Float) => {
+            Data::F32(r.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
+        }
+        (Some(r), DataType::Int32) => {
+            Data::I32(r.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect())
+        }
+        (Some(r), DataType::Int64) => {
+            Data::I64(r.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect())
+        }
+        (Some(r), DataType::Bool) => Data::Bool(r.iter().map(|&b| b != 0).collect()),
+        (Some(r), _) => halves(stored, r.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]))),
+        (None, DataType::Float) => Data::F32(t.float_data.clone()),
+        (None, DataType::Int64) => Data::I64(t.int64_data.clone()),
+        (None, DataType::Int32) => Data::I32(t.int32_data.clone()),
+        (None, DataType::Bool) => Data::Bool(t.int32_data.iter().map(|&b| b != 0).collect()),
+        // Halves in `int32_data` hold their bit patterns, one per entry.
+        (None, _) => halves(stored, t.int32_data.iter().map(|&b| b as u16)),
+    };
+    Ok(Tensor::new(shape, data))
+}
+
+/// Half-float bit patterns widened to f32 (exact), through the ir's half types.
+fn halves(stored: DataType, bits: impl Iterator<Item = u16>) -> Data {
+    let bytes: Vec<u8> = bits.flat_map(u16::to_le_bytes).collect();
+    let dtype = if stored == DataType::Bfloat16 { DType::BF16 } else { DType::F16 };
+    let t = Tensor::from_le_bytes(&TensorType::new(dtype, vec![bytes.len() / 2]), &bytes);
+    Data::from_f64(DType::F32, t.data.to_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proto(data_type: DataType, dims: Vec<i64>) -> TensorProto {
+        TensorProto { data_type: Some(data_type as i32), dims, ..Default::default() }
+    }
+
+    #[test]
+    fn reads_raw_and_typed_data_and_widens_halves() {
+        let mut t = proto(DataType::Float, vec![2]);
+        t.raw_data = Some([1.5f32.to_le_bytes(), (-2f32).to_le_bytes()].concat());
+        assert_eq!(tensor(&t).unwrap(), Tensor::f32(vec![2], vec![1.5, -2.0]));
+        let mut t = proto(DataType::Int64, vec![]);
+        t.int64_data = vec![7];
+        assert_eq!(tensor(&t).unwrap(), Tensor::new(vec![], Data::I64(vec![7])));
+        let mut t = proto(DataType::Float16, vec![1]);
+        t.int32_data = vec![0x3800]; // 0.5 in f16
+        assert_eq!(tensor(&t).unwrap(), Tensor::f32(vec![1], vec![0.5]));
+    }
+
+    #[test]
+    fn refuses_data_that_disagrees_with_dims_and_unsupported_types() {
+        let mut t = proto(DataType::Float, vec![2, 2]);
+        t.raw_data = Some(vec![0; 12]);
+        assert_eq!(tensor(&t).unwrap_err(), "dims [2,2] need 16 bytes, its data has 12 bytes");
+        t.raw_data = None;
+        t.float_data = vec![1.0; 3];
+        assert_eq!(tensor(&t).unwrap_err(), "dims [2,2] need 4 values, its data has 3 values");
+        assert!(tensor(&proto(DataType::Float, vec![-1])).unwrap_err().contains("negative"));
+        assert!(tensor(&proto(DataType::Float, vec![1 << 40, 1 << 20])).unwrap_err().contains("larger than"));
+        assert_eq!(
+            dtype(DataType::Int8 as i32).unwrap_err(),
+            "element type int8 is not supported (f32, f16, bf16, i32, i64, bool)"
+        );
+    }
+}

@@ -1,0 +1,131 @@
+//! The ONNX frontend end to end through the real binary: every model of testdata/onnx/
+//! imported to JSON and text and run from those files, interpreted, and run from the `.onnx`
+//! directly on one device, compiled to an artifact, and under each of its layouts — always
+//! against onnxruntime's outputs. The bad ONNX files are in testdata/bad/ (golden.rs).
+
+use std::path::{Path, PathBuf};
+
+use crate::common::{compare_expected, input_args, meshc, scratch};
+
+fn models() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir("testdata/onnx")
+        .expect("testdata/onnx exists")
+        .map(|e| e.unwrap().path().join("model.onnx"))
+        .filter(|p| p.is_file())
+        .collect();
+    v.sort();
+    assert!(v.len() >= 3, "expected the models of tools/gen_onnx_testdata.py, found {v:?}");
+    v
+}
+
+/// `--dim NAME=N` for every line of the model's dims.txt.
+fn dim_args(model: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(model.with_file_name("dims.txt")).unwrap();
+    text.lines().flat_map(|l| ["--dim".to_string(), l.to_string()]).collect()
+}
+
+/// Runs meshc with `args`, then checks its output dir against the model's expected outputs.
+fn outputs_match(model: &Path, args: &[String], out: &Path) -> Result<(), String> {
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out_arg = out.display().to_string();
+    args.extend(["--output-dir", &out_arg]);
+    let run = meshc(&args);
+    if run.status != Some(0) {
+        return Err(format!("meshc {}: {run:?}", args.join(" ")));
+    }
+    compare_expected(model, out).map(drop)
+}
+
+#[test]
+fn models_import_to_json_and_text_and_run_from_those_files() {
+    let tmp = scratch("onnx-import");
+    for model in models() {
+        let name = model.parent().unwrap().file_name().unwrap().to_string_lossy().to_string();
+        for ext in ["json", "txt"] {
+            let graph = tmp.join(format!("{name}.{ext}"));
+            let mut args =
+                vec!["import".to_string(), model.display().to_string(), "-o".into(), graph.display().to_string()];
+            args.extend(dim_args(&model));
+            let run = meshc(&args.iter().map(String::as_str).collect::<Vec<_>>());
+            assert_eq!(run.status, Some(0), "{run:?}");
+            // The weights are beside the graph, never inline lists.
+            let text = std::fs::read_to_string(&graph).unwrap();
+            assert!(text.contains(&format!("{name}.safetensors")) && text.len() < 20_000, "{text}");
+            let cmd = if ext == "json" { "run" } else { "interp" };
+            let mut args = vec![cmd.to_string(), graph.display().to_string()];
+            args.extend(input_args(&model));
+            outputs_match(&model, &args, &tmp.join(format!("out-{name}-{ext}"))).unwrap();
+        }
+    }
+}
+
+#[test]
+fn models_interp_compile_and_run_from_the_onnx_file_on_one_device_and_under_layouts() {
+    let tmp = scratch("onnx-run");
+    for model in models() {
+        let name = model.parent().unwrap().file_name().unwrap().to_string_lossy().to_string();
+        let (path, dims, inputs) = (model.display().to_string(), dim_args(&model), input_args(&model));
+        let with = |cmd: &[&str]| [cmd.iter().map(|s| s.to_string()).collect(), dims.clone(), inputs.clone()].concat();
+        outputs_match(&model, &with(&["interp", &path]), &tmp.join(format!("{name}-interp"))).unwrap();
+        outputs_match(&model, &with(&["run", &path]), &tmp.join(format!("{name}-run"))).unwrap();
+        let art = tmp.join(format!("{name}.mshc")).display().to_string();
+        let run = meshc(
+            &[&["compile", &path, "-o", &art][..], &dims.iter().map(String::as_str).collect::<Vec<_>>()].concat(),
+        );
+        assert_eq!(run.status, Some(0), "{run:?}");
+        let mut args = vec!["run".to_string(), art.clone()];
+        args.extend(inputs.clone());
+        outputs_match(&model, &args, &tmp.join(format!("{name}-artifact"))).unwrap();
+        let mut layouts: Vec<PathBuf> =
+            std::fs::read_dir(model.with_file_name("layouts")).unwrap().map(|e| e.unwrap().path()).collect();
+        layouts.sort();
+        assert!(!layouts.is_empty(), "{name} has no layouts");
+        for l in layouts {
+            let out = tmp.join(format!("{name}-{}", l.file_stem().unwrap().to_string_lossy()));
+            outputs_match(&model, &with(&["run", &path, "--layout", &l.display().to_string()]), &out).unwrap();
+        }
+    }
+}
+
+#[test]
+fn imported_graphs_keep_onnx_names_fold_shapes_and_name_dims() {
+    let run = meshc(&["check", "testdata/onnx/encoder/model.onnx", "--dim", "batch=2", "--dim", "seq=5"]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    // Shape/Gather/Unsqueeze/Concat folded away: no node of those kinds is left, only data.
+    assert!(!run.stdout.contains("gather") && !run.stdout.contains("concat"), "{}", run.stdout);
+    let tmp = scratch("onnx-names");
+    let graph = tmp.join("encoder.txt").display().to_string();
+    let run =
+        meshc(&["import", "testdata/onnx/encoder/model.onnx", "-o", &graph, "--dim", "batch=2", "--dim", "seq=5"]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    let text = std::fs::read_to_string(&graph).unwrap();
+    for want in [
+        "input hidden_states: f32[2,5,32] dims(batch, seq, _)",
+        "param encoder.layer.0.attention.self.query.weight_t: f32[32,32] = file(\"encoder.safetensors\"",
+        "last_hidden_state = layer_norm(",
+    ] {
+        assert!(text.contains(want), "no '{want}' in\n{text}");
+    }
+}
+
+#[test]
+fn dims_must_be_bound_and_must_name_a_dim() {
+    let model = "testdata/onnx/mlp/model.onnx";
+    let run = meshc(&["check", model, "--dim", "batch=4", "--dim", "seq=3"]);
+    assert_eq!(run.status, Some(1));
+    assert_eq!(run.stderr.trim(), format!("error: {model}: --dim seq: the model's inputs have no symbolic dim 'seq'"));
+    let run = meshc(&["check", model, "--dim", "batch"]);
+    assert_eq!((run.status, run.stderr.trim()), (Some(1), "error: --dim batch: expected NAME=N"), "{run:?}");
+    let run = meshc(&["check", "testdata/mlp/graph.json", "--dim", "batch=4"]);
+    assert_eq!(run.status, Some(1), "{run:?}");
+    assert!(run.stderr.contains("--dim binds the symbolic dims of an ONNX model"), "{run:?}");
+}
+
+#[test]
+fn an_import_that_fails_writes_nothing() {
+    let tmp = scratch("onnx-nothing");
+    let graph = tmp.join("g.json");
+    let run = meshc(&["import", "testdata/onnx/mlp/model.onnx", "-o", &graph.display().to_string()]);
+    assert_eq!(run.status, Some(1), "{run:?}");
+    assert_eq!(std::fs::read_dir(&*tmp).unwrap().count(), 0, "files left behind");
+}

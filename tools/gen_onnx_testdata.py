@@ -1,0 +1,235 @@
+#!/usr/bin/env python3
+"""Writes testdata/onnx/: small random-weight ONNX models built with onnx.helper, the way
+exporters (torch.onnx at opset 17) write them, with inputs and onnxruntime's outputs.
+
+Each model goes to testdata/onnx/NAME/: model.onnx, inputs/INPUT.npy, expected/OUTPUT.npy,
+and dims.txt (the `--dim NAME=N` arguments its symbolic dims need). tests/all/onnx.rs checks
+them through `meshc import`, `interp`, and `run` (1 device and under a layout).
+
+Needs onnx, onnxruntime and numpy; `make onnx-testdata` makes a venv under target/ with them.
+Deterministic: the same packages write the same files.
+"""
+
+import os
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testdata", "onnx")
+OPSET = 17
+rng = np.random.default_rng(17)
+
+
+def init(name, shape, scale=0.2):
+    return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+
+
+def ints(name, values):
+    return numpy_helper.from_array(np.array(values, dtype=np.int64), name)
+
+
+def const(out, array):
+    """A Constant node, as torch.onnx writes scalars and shape pieces."""
+    return helper.make_node("Constant", [], [out], value=numpy_helper.from_array(np.array(array)), name=out)
+
+
+def node(op, inputs, outputs, **attrs):
+    return helper.make_node(op, inputs, outputs, name="/" + outputs[0].replace("_output_0", ""), **attrs)
+
+
+def save(name, graph, inputs, dims):
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="gen_onnx_testdata")
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    d = os.path.join(OUT, name)
+    os.makedirs(os.path.join(d, "inputs"), exist_ok=True)
+    os.makedirs(os.path.join(d, "expected"), exist_ok=True)
+    onnx.save(model, os.path.join(d, "model.onnx"))
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    outs = sess.run(None, inputs)
+    for k, v in inputs.items():
+        np.save(os.path.join(d, "inputs", k + ".npy"), v)
+    for o, v in zip(sess.get_outputs(), outs):
+        np.save(os.path.join(d, "expected", o.name + ".npy"), v)
+    with open(os.path.join(d, "dims.txt"), "w") as f:
+        f.write("".join(f"{k}={v}\n" for k, v in dims.items()))
+
+
+def mlp():
+    """Gemm with transB (a torch Linear), Relu, then MatMul with the bias added first (as
+    torch writes Add(bias, x)), a Clip with only a min, and an Identity at the end."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])
+    nodes = [
+        node("Gemm", ["x", "fc1.weight", "fc1.bias"], ["/fc1/Gemm_output_0"], transB=1),
+        node("Relu", ["/fc1/Gemm_output_0"], ["/act/Relu_output_0"]),
+        node("MatMul", ["/act/Relu_output_0", "fc2.weight"], ["/fc2/MatMul_output_0"]),
+        node("Add", ["fc2.bias", "/fc2/MatMul_output_0"], ["/fc2/Add_output_0"]),
+        const("/clip/min", np.float32(-0.25)),
+        helper.make_node("Clip", ["/fc2/Add_output_0", "/clip/min"], ["/clip/Clip_output_0"], name="/clip/Clip"),
+        helper.make_node("Identity", ["/clip/Clip_output_0"], ["y"], name="/Identity"),
+    ]
+    inits = [init("fc1.weight", [32, 16]), init("fc1.bias", [32]), init("fc2.weight", [32, 8]), init("fc2.bias", [8])]
+    g = helper.make_graph(nodes, "mlp", [x], [y], inits)
+    save("mlp", g, {"x": rng.standard_normal((4, 16)).astype(np.float32)}, {"batch": 4})
+
+
+def encoder():
+    """One BERT encoder block (hidden 32, 4 heads) with an attention mask, written the way
+    torch.onnx writes it: head reshapes whose target shapes come from Shape/Gather/
+    Unsqueeze/Concat on the input, the extended mask (1 - mask) * min, erf GELU."""
+    hid, heads, ffn = 32, 4, 64
+    hd = hid // heads
+    x = helper.make_tensor_value_info("hidden_states", TensorProto.FLOAT, ["batch", "seq", hid])
+    m = helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])
+    y = helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "seq", hid])
+    n, inits = [], []
+    p = "encoder.layer.0."
+    # Shape pieces, as exporters compute them.
+    n += [node("Shape", ["hidden_states"], ["/Shape_output_0"]),
+          const("/Constant_output_0", np.int64(0)), const("/Constant_1_output_0", np.int64(1)),
+          node("Gather", ["/Shape_output_0", "/Constant_output_0"], ["/Gather_output_0"], axis=0),
+          node("Gather", ["/Shape_output_0", "/Constant_1_output_0"], ["/Gather_1_output_0"], axis=0),
+          const("/axes0", np.array([0], dtype=np.int64)),
+          node("Unsqueeze", ["/Gather_output_0", "/axes0"], ["/Unsqueeze_output_0"]),
+          node("Unsqueeze", ["/Gather_1_output_0", "/axes0"], ["/Unsqueeze_1_output_0"]),
+          const("/heads", np.array([heads, hd], dtype=np.int64)),
+          const("/hidden", np.array([hid], dtype=np.int64)),
+          node("Concat", ["/Unsqueeze_output_0", "/Unsqueeze_1_output_0", "/heads"], ["/Concat_output_0"], axis=0),
+          node("Concat", ["/Unsqueeze_output_0", "/Unsqueeze_1_output_0", "/hidden"], ["/Concat_1_output_0"], axis=0)]
+    # The extended attention mask: [batch, 1, 1, seq], 0 where attended, a large negative elsewhere.
+    n += [const("/mask_axes", np.array([1, 2], dtype=np.int64)),
+          node("Unsqueeze", ["attention_mask", "/mask_axes"], ["/Unsqueeze_2_output_0"]),
+          node("Cast", ["/Unsqueeze_2_output_0"], ["/Cast_output_0"], to=TensorProto.FLOAT),
+          const("/one", np.float32(1.0)),
+          node("Sub", ["/one", "/Cast_output_0"], ["/Sub_output_0"]),
+          const("/min", np.float32(np.finfo(np.float32).min)),
+          node("Mul", ["/Sub_output_0", "/min"], ["/Mul_output_0"])]
+
+    def linear(name, inp, din, dout, out):
+        inits.extend([init(p + name + ".weight_t", [din, dout]), init(p + name + ".bias", [dout], 0.05)])
+        mm = f"/{name}/MatMul_output_0"
+        return [node("MatMul", [inp, p + name + ".weight_t"], [mm]), node("Add", [p + name + ".bias", mm], [out])]
+
+    def heads_of(t, out, perm):
+        r = f"/{out}/Reshape_output_0"
+        return [node("Reshape", [t, "/Concat_output_0"], [r]), node("Transpose", [r], [out], perm=perm)]
+
+    for name in ["query", "key", "value"]:
+        n += linear("attention.self." + name, "hidden_states", hid, hid, f"/{name}_output_0")
+    n += heads_of("/query_output_0", "/q_output_0", [0, 2, 1, 3])
+    n += heads_of("/key_output_0", "/kT_output_0", [0, 2, 3, 1])
+    n += heads_of("/value_output_0", "/v_output_0", [0, 2, 1, 3])
+    n += [node("MatMul", ["/q_output_0", "/kT_output_0"], ["/scores_output_0"]),
+          const("/scale", np.float32(np.sqrt(hd))),
+          node("Div", ["/scores_output_0", "/scale"], ["/scaled_output_0"]),
+          node("Add", ["/scaled_output_0", "/Mul_output_0"], ["/masked_output_0"]),
+          node("Softmax", ["/masked_output_0"], ["/probs_output_0"], axis=-1),
+          node("MatMul", ["/probs_output_0", "/v_output_0"], ["/context_output_0"]),
+          node("Transpose", ["/context_output_0"], ["/context_t_output_0"], perm=[0, 2, 1, 3]),
+          node("Reshape", ["/context_t_output_0", "/Concat_1_output_0"], ["/context_r_output_0"])]
+    n += linear("attention.output.dense", "/context_r_output_0", hid, hid, "/attn_out_output_0")
+    inits += [init(p + "attention.output.LayerNorm.weight", [hid]), init(p + "attention.output.LayerNorm.bias", [hid])]
+    n += [node("Add", ["/attn_out_output_0", "hidden_states"], ["/res1_output_0"]),
+          node("LayerNormalization", ["/res1_output_0", p + "attention.output.LayerNorm.weight",
+                                      p + "attention.output.LayerNorm.bias"], ["/ln1_output_0"], axis=-1, epsilon=1e-12)]
+    n += linear("intermediate.dense", "/ln1_output_0", hid, ffn, "/inter_output_0")
+    n += [const("/sqrt2", np.float32(np.sqrt(2.0))),
+          node("Div", ["/inter_output_0", "/sqrt2"], ["/gelu_div_output_0"]),
+          node("Erf", ["/gelu_div_output_0"], ["/gelu_erf_output_0"]),
+          node("Add", ["/gelu_erf_output_0", "/one"], ["/gelu_add_output_0"]),
+          node("Mul", ["/inter_output_0", "/gelu_add_output_0"], ["/gelu_mul_output_0"]),
+          const("/half", np.float32(0.5)),
+          node("Mul", ["/gelu_mul_output_0", "/half"], ["/gelu_output_0"])]
+    n += linear("output.dense", "/gelu_output_0", ffn, hid, "/ffn_out_output_0")
+    inits += [init(p + "output.LayerNorm.weight", [hid]), init(p + "output.LayerNorm.bias", [hid])]
+    n += [node("Add", ["/ffn_out_output_0", "/ln1_output_0"], ["/res2_output_0"]),
+          node("LayerNormalization", ["/res2_output_0", p + "output.LayerNorm.weight", p + "output.LayerNorm.bias"],
+               ["last_hidden_state"], axis=-1, epsilon=1e-12)]
+    g = helper.make_graph(n, "encoder", [x, m], [y], inits)
+    mask = np.ones((2, 5), dtype=np.int64)
+    mask[1, 3:] = 0
+    save("encoder", g, {"hidden_states": rng.standard_normal((2, 5, hid)).astype(np.float32), "attention_mask": mask},
+         {"batch": 2, "seq": 5})
+
+
+def shapes():
+    """Shape subgraphs and semantic traps: Size, ConstantOfShape, Range, Expand, Flatten,
+    Squeeze, Slice with INT64_MAX ends, Split, Reshape with 0 (copy the dim), reductions with
+    absent axes (all axes) and with noop_with_empty_axes, ReduceSum's axes as an input."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6])
+    shapes = {"flat": ["batch", 6], "total": [], "same": ["batch", 6], "pos": ["batch", 6], "halves": ["batch", 3]}
+    outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, s) for o, s in shapes.items()]
+    big = np.iinfo(np.int64).max
+    n = [node("Shape", ["x"], ["/Shape_output_0"]),
+         node("Size", ["x"], ["/Size_output_0"]),
+         node("Cast", ["/Size_output_0"], ["/size_f_output_0"], to=TensorProto.FLOAT),
+         # ones of x's shape, then positions 0..6 expanded over the batch.
+         helper.make_node("ConstantOfShape", ["/Shape_output_0"], ["/ones_output_0"], name="/ConstantOfShape",
+                          value=numpy_helper.from_array(np.array([1.0], dtype=np.float32))),
+         const("/start", np.float32(0)), const("/limit", np.float32(6)), const("/delta", np.float32(1)),
+         node("Range", ["/start", "/limit", "/delta"], ["/Range_output_0"]),
+         node("Expand", ["/Range_output_0", "/Shape_output_0"], ["/Expand_output_0"]),
+         node("Mul", ["/Expand_output_0", "/ones_output_0"], ["/posx_output_0"]),
+         node("Add", ["/posx_output_0", "x"], ["pos"]),
+         # Reshape with 0 copies the batch dim; Flatten back.
+         const("/shape3", np.array([0, 3, 2], dtype=np.int64)),
+         node("Reshape", ["x", "/shape3"], ["/r3_output_0"]),
+         node("Flatten", ["/r3_output_0"], ["flat"], axis=1),
+         # A reduction with no axes reduces all; noop_with_empty_axes keeps the input.
+         node("ReduceSum", ["x"], ["/sum_all_output_0"], keepdims=0),
+         node("Div", ["/sum_all_output_0", "/size_f_output_0"], ["total"]),
+         node("ReduceSum", ["x"], ["same"], noop_with_empty_axes=1),
+         # A slice to INT64_MAX, a squeeze of a unit axis, and Split into halves.
+         const("/starts", np.array([1], dtype=np.int64)), const("/ends", np.array([big], dtype=np.int64)),
+         const("/axes1", np.array([1], dtype=np.int64)),
+         node("Slice", ["x", "/starts", "/ends", "/axes1"], ["/sl_output_0"]),
+         node("ReduceMean", ["/sl_output_0"], ["/rm_output_0"], axes=[1], keepdims=1),
+         node("Squeeze", ["/rm_output_0", "/axes1"], ["/sq_output_0"]),
+         node("Unsqueeze", ["/sq_output_0", "/axes1"], ["/unsq_output_0"]),
+         const("/split", np.array([3, 3], dtype=np.int64)),
+         helper.make_node("Split", ["x", "/split"], ["/a_output_0", "/b_output_0"], name="/Split", axis=1),
+         node("Sub", ["/a_output_0", "/b_output_0"], ["/ab_output_0"]),
+         node("Add", ["/ab_output_0", "/unsq_output_0"], ["halves"])]
+    g = helper.make_graph(n, "shapes", [x], outs)
+    save("shapes", g, {"x": rng.standard_normal((3, 6)).astype(np.float32)}, {"batch": 3})
+
+
+def bad():
+    """Bad inputs for testdata/bad/ (tests/all/golden.rs pins each one-line error)."""
+    d = os.path.join(OUT, "..", "bad")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])
+
+    def write(name, nodes, inits=(), inputs=None, opset=OPSET):
+        g = helper.make_graph(nodes, name, inputs or [x], [y], list(inits))
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+        with open(os.path.join(d, f"onnx-{name}.onnx"), "wb") as f:
+            f.write(m.SerializeToString())
+
+    with open(os.path.join(OUT, "encoder", "model.onnx"), "rb") as f:
+        whole = f.read()
+    with open(os.path.join(d, "onnx-truncated.onnx"), "wb") as f:
+        f.write(whole[: len(whole) // 2])
+    write("unknown-op", [helper.make_node("NonZero", ["x"], ["y"], name="nz")])
+    write("unknown-domain", [helper.make_node("FusedMatMul", ["x", "x"], ["y"], name="fused", domain="com.microsoft")])
+    dyn = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    write("unbound-dim", [helper.make_node("Relu", ["x"], ["y"])], inputs=[dyn])
+    short = numpy_helper.from_array(np.zeros((4, 4), np.float32), "w")
+    short.raw_data = short.raw_data[:48]  # 12 of the 16 floats its dims say
+    write("initializer-size", [helper.make_node("MatMul", ["x", "w"], ["y"])], [short])
+    write("int8", [helper.make_node("Add", ["x", "q"], ["y"])], [numpy_helper.from_array(np.zeros(4, np.int8), "q")])
+    write("cycle", [helper.make_node("Relu", ["h"], ["y"], name="a"), helper.make_node("Relu", ["y"], ["h"], name="b")])
+    write("opset-11", [helper.make_node("Relu", ["x"], ["y"])], opset=11)
+
+
+if __name__ == "__main__":
+    mlp()
+    encoder()
+    shapes()
+    bad()
+    total = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(OUT) for f in fs)
+    print(f"wrote {OUT} ({total} bytes)", file=sys.stderr)
