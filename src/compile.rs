@@ -26,8 +26,8 @@ use meshc_ir::cost::node_flops;
 use meshc_runtime::library;
 use meshc_runtime::mesh::{Layout, Mesh};
 use meshc_runtime::program::{
-    align_up, Buffer, Collective, Exec, IoSpec, Kernel, Library, Meta, Program, Protocol, Step, Storage, Transfer, Why,
-    ALIGN,
+    align_up, Buffer, Collective, Elem, Exec, IoSpec, Kernel, Library, Meta, Program, Protocol, Step, Storage,
+    Transfer, Why, ALIGN,
 };
 use meshc_runtime::runner::Loaded;
 
@@ -382,13 +382,15 @@ impl Builder {
                 in_place.push(Vec::new());
                 continue;
             }
-            // The library GEMM reads f32 only; a half weight goes to the generated kernel.
+            // Both GEMMs read a half weight (widening it by blocks): the choice is by shape.
             let use_library = node.op == Op::MatMul
-                && operand_types[1].dtype == meshc_ir::DType::F32
                 && match self.gemm {
                     Gemm::Library => true,
                     Gemm::Cranelift => false,
-                    Gemm::Auto => library::prefer_library(&operand_types[0], &operand_types[1]),
+                    Gemm::Auto => library::prefer_library(
+                        &operand_types[0],
+                        &TensorType::new(meshc_ir::DType::F32, operand_types[1].shape.clone()),
+                    ),
                 };
             let mut shares = Vec::new();
             let (exec, operands, scratch) = if node.op.is_communication() {
@@ -398,6 +400,7 @@ impl Builder {
                     a: operand_types[0].shape.clone(),
                     b: operand_types[1].shape.clone(),
                     out: out.shape.clone(),
+                    b_elem: Elem::of(operand_types[1].dtype),
                 };
                 (Exec::Library(lib), node.inputs.clone(), 0)
             } else {

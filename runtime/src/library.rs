@@ -26,6 +26,7 @@ use meshc_ir::{DType, TensorType};
 
 use crate::mask::Mask;
 use crate::matmul_shape::MatmulShape;
+use crate::program::Elem;
 
 /// Multiply-adds per matrix below which a second thread costs more than it saves (from
 /// `cargo bench --bench gemm`: 128×128×128 runs in ~40 µs on 1 or 2 threads alike,
@@ -62,7 +63,7 @@ pub fn matmul(
     out_shape: &[usize],
     threads: Threads,
 ) -> Result<()> {
-    check_lengths(a, b, out, a_shape, b_shape, out_shape)?;
+    check_lengths([a.len(), b.len(), out.len()], a_shape, b_shape, out_shape)?;
     let s = MatmulShape::new(a_shape, b_shape, out_shape)?;
     let threads = threads.pick(s.k.saturating_mul(out_shape.iter().product()));
     let parallelism = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
@@ -98,18 +99,90 @@ pub fn matmul(
     Ok(())
 }
 
-/// Checks each operand's length against its shape. Lengths first: once they match, every
-/// product of dims after it fits in a usize.
-fn check_lengths(
+/// Rows of a half-precision `b` widened at a time: 256 rows of a 4096-wide weight are a
+/// 4 MiB f32 block, which the GEMM then packs as it would any f32 operand.
+const HALF_ROWS: usize = 256;
+
+thread_local! {
+    /// The widened block of `matmul_half`, kept between calls (a fresh one each call
+    /// would be page-faulted in each time).
+    static WIDENED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `matmul` with `b` stored as f16 or bf16 bits (`Elem`): `HALF_ROWS` rows of b at a time
+/// are widened (exactly) into an f32 block and their product is accumulated into the
+/// result, so a half weight costs a conversion per block, never a whole f32 copy.
+pub fn matmul_half(
     a: &[f32],
-    b: &[f32],
-    out: &[f32],
+    (b, elem): (&[u16], Elem),
+    out: &mut [f32],
     a_shape: &[usize],
     b_shape: &[usize],
     out_shape: &[usize],
+    threads: Threads,
 ) -> Result<()> {
-    for (what, len, shape) in
-        [("operand a", a.len(), a_shape), ("operand b", b.len(), b_shape), ("result", out.len(), out_shape)]
+    use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+    check_lengths([a.len(), b.len(), out.len()], a_shape, b_shape, out_shape)?;
+    let s = MatmulShape::new(a_shape, b_shape, out_shape)?;
+    if s.m == 0 || s.n == 0 {
+        return Ok(());
+    }
+    let threads = threads.pick(s.k.saturating_mul(out_shape.iter().product()));
+    let parallelism = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
+    let (m, k, n) = (s.m, s.k, s.n);
+    WIDENED.with_borrow_mut(|block| {
+        block.resize(HALF_ROWS.min(k) * n, 0.0);
+        for (ao, bo, oo) in s.batch_offsets() {
+            let c = &mut out[oo..oo + m * n];
+            if k == 0 {
+                c.fill(0.0);
+            }
+            for k0 in (0..k).step_by(HALF_ROWS) {
+                let rows = HALF_ROWS.min(k - k0);
+                let bits = &b[bo + k0 * n..bo + (k0 + rows) * n];
+                let wide = &mut block[..rows * n];
+                match elem {
+                    Elem::F16 => bits.reinterpret_cast::<half::f16>().convert_to_f32_slice(wide),
+                    Elem::Bf16 => bits.reinterpret_cast::<half::bf16>().convert_to_f32_slice(wide),
+                    Elem::F32 => unreachable!("f32 operands take `matmul`"),
+                }
+                // SAFETY: `c` is the m×n result, `a[ao + k0..]` with row stride k holds the
+                // m×rows columns of a this block multiplies, `wide` the rows×n block; `c`
+                // aliases neither.
+                unsafe {
+                    gemm::gemm(
+                        m,
+                        n,
+                        rows,
+                        c.as_mut_ptr(),
+                        1,
+                        n as isize,
+                        k0 > 0,
+                        a[ao + k0..].as_ptr(),
+                        1,
+                        k as isize,
+                        wide.as_ptr(),
+                        1,
+                        n as isize,
+                        1.0,
+                        1.0,
+                        false,
+                        false,
+                        false,
+                        parallelism,
+                    );
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Checks each operand's length against its shape. Lengths first: once they match, every
+/// product of dims after it fits in a usize.
+fn check_lengths(lens: [usize; 3], a_shape: &[usize], b_shape: &[usize], out_shape: &[usize]) -> Result<()> {
+    for ((what, len), shape) in
+        ["operand a", "operand b", "result"].into_iter().zip(lens).zip([a_shape, b_shape, out_shape])
     {
         if shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) != Some(len) {
             bail!("matmul: {what} has {len} elements but shape {shape:?}");
@@ -135,7 +208,7 @@ pub fn matmul_masked(
     mask: &Mask,
     threads: Threads,
 ) -> Result<()> {
-    check_lengths(a, b, out, a_shape, b_shape, out_shape)?;
+    check_lengths([a.len(), b.len(), out.len()], a_shape, b_shape, out_shape)?;
     let s = MatmulShape::new(a_shape, b_shape, out_shape)?;
     let (m, k, n) = (s.m, s.k, s.n);
     if b_shape.len() < 2 || (mask.rows, mask.cols) != (k, n) {
@@ -231,6 +304,39 @@ mod tests {
             let (x, y) = (a.as_f32().unwrap(), b.as_f32().unwrap());
             matmul(x, y, &mut out, a_shape, b_shape, &want.shape, Threads::Exactly(threads)).unwrap();
             assert_close(&out, want.as_f32().unwrap(), &format!("{a_shape:?} @ {b_shape:?}, {threads} threads"));
+        }
+    }
+
+    /// A weight stored as f16 or bf16, widened a block of rows at a time, gives the f32
+    /// product with the rounded weight: one block, several (the last partial), batches,
+    /// broadcast, and empty shapes.
+    #[test]
+    fn half_weights_match_the_product_of_their_f32_values() {
+        use meshc_ir::{DType, Data, Tensor};
+        let shapes: [(&[usize], &[usize]); 6] = [
+            (&[5, 7], &[7, 3]),
+            (&[9, 600], &[600, 33]),
+            (&[2, 3, 300], &[300, 4]),
+            (&[4, 0], &[0, 6]),
+            (&[0, 5], &[5, 2]),
+            (&[3], &[3, 520]),
+        ];
+        for (dtype, elem) in [(DType::F16, Elem::F16), (DType::BF16, Elem::Bf16)] {
+            for (a_shape, b_shape) in shapes {
+                let (a, b, _) = oracle(a_shape, b_shape, 5);
+                let half = Tensor::new(b.shape.clone(), Data::from_f64(dtype, b.data.iter_f64()));
+                let wide = Tensor::new(b.shape.clone(), Data::from_f64(DType::F32, half.data.iter_f64()));
+                let want = crate::matmul_shape::testing::product(&a, &wide);
+                let bits: Vec<u16> =
+                    half.to_le_bytes().chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
+                for threads in [1, 2] {
+                    let mut out = vec![f32::NAN; want.numel()];
+                    let x = a.as_f32().unwrap();
+                    let t = Threads::Exactly(threads);
+                    matmul_half(x, (&bits, elem), &mut out, a_shape, b_shape, &want.shape, t).unwrap();
+                    assert_close(&out, want.as_f32().unwrap(), &format!("{a_shape:?} @ {dtype}{b_shape:?}"));
+                }
+            }
         }
     }
 

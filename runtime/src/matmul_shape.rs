@@ -116,7 +116,7 @@ impl MatmulShape {
 pub mod testing {
     use meshc_ir::infer::{infer, Operand};
     use meshc_ir::interp::eval_node;
-    use meshc_ir::{DType, Node, Op, Tensor, TensorType};
+    use meshc_ir::{Node, Op, Tensor};
 
     /// Deterministic pseudo-random values in [-1, 1) (SplitMix64).
     pub fn random(seed: u64, len: usize) -> Vec<f32> {
@@ -134,15 +134,19 @@ pub mod testing {
 
     /// The interpreter's result for `a @ b` on random operands: (a, b, result).
     pub fn oracle(a_shape: &[usize], b_shape: &[usize], seed: u64) -> (Tensor, Tensor, Tensor) {
-        let ta = TensorType::new(DType::F32, a_shape.to_vec());
-        let tb = TensorType::new(DType::F32, b_shape.to_vec());
+        let a = Tensor::f32(a_shape.to_vec(), random(seed, a_shape.iter().product()));
+        let b = Tensor::f32(b_shape.to_vec(), random(seed ^ 0xabcd, b_shape.iter().product()));
+        let want = product(&a, &b);
+        (a, b, want)
+    }
+
+    /// `a @ b` by the interpreter.
+    pub fn product(a: &Tensor, b: &Tensor) -> Tensor {
         let node = Node::new("mm", Op::MatMul, &["a", "b"]);
+        let (ta, tb) = (a.ty(), b.ty());
         let ops = [Operand { ty: &ta, dims: None }, Operand { ty: &tb, dims: None }];
         let out = infer(&node, &ops).expect("valid matmul").ty;
-        let a = Tensor::f32(a_shape.to_vec(), random(seed, ta.numel()));
-        let b = Tensor::f32(b_shape.to_vec(), random(seed ^ 0xabcd, tb.numel()));
-        let want = eval_node(&node, &[&a, &b], &out).expect("interpreter");
-        (a, b, want)
+        eval_node(&node, &[a, b], &out).expect("interpreter")
     }
 
     pub fn assert_close(got: &[f32], want: &[f32], what: &str) {

@@ -156,8 +156,49 @@ pub struct Kernel {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Library {
-    /// numpy matmul of f32 operands (batched, broadcasting) by the runner's GEMM.
-    Matmul { a: Vec<usize>, b: Vec<usize>, out: Vec<usize> },
+    /// numpy matmul of f32 operands (batched, broadcasting) by the runner's GEMM; the right
+    /// operand, a weight, may be stored as f16 or bf16 (`b_elem`).
+    Matmul {
+        a: Vec<usize>,
+        b: Vec<usize>,
+        out: Vec<usize>,
+        #[serde(default, skip_serializing_if = "Elem::is_f32")]
+        b_elem: Elem,
+    },
+}
+
+/// How a library matmul's right operand is stored: f32, or a half type that the GEMM
+/// widens a block of rows at a time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Elem {
+    #[default]
+    F32,
+    F16,
+    Bf16,
+}
+
+impl Elem {
+    pub fn is_f32(&self) -> bool {
+        *self == Elem::F32
+    }
+
+    pub fn size(self) -> usize {
+        if self == Elem::F32 {
+            4
+        } else {
+            2
+        }
+    }
+
+    /// The storage of a `dtype` operand (f32 for anything that is not a half).
+    pub fn of(dtype: DType) -> Elem {
+        match dtype {
+            DType::F16 => Elem::F16,
+            DType::BF16 => Elem::Bf16,
+            _ => Elem::F32,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

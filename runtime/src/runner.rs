@@ -39,7 +39,7 @@ use crate::mask::Mask;
 pub use crate::memory::AlignedBuf;
 use crate::mesh::Mesh;
 use crate::order::{accesses, all_before, happens_before, At, Order};
-use crate::program::{Buffer, Collective, Exec, IoSpec, Library, Meta, Program, Storage, Transfer};
+use crate::program::{Buffer, Collective, Elem, Exec, IoSpec, Library, Meta, Program, Storage, Transfer};
 use crate::sync::{spin_until, Condvar, Mutex, MutexGuard};
 
 /// Where the kernels are: an artifact's code section mapped executable, or executable
@@ -190,14 +190,17 @@ fn check_steps(p: &Program) -> Result<()> {
                     )));
                 }
             }
-            Exec::Library(Library::Matmul { a, b, out }) => {
+            Exec::Library(Library::Matmul { a, b, out, b_elem }) => {
                 count(3)?;
                 crate::matmul_shape::MatmulShape::new(a, b, out).map_err(|e| fail(e.to_string()))?;
-                for (i, s) in [out, a, b].into_iter().enumerate() {
-                    let need = s.iter().try_fold(4usize, |n, &d| n.checked_mul(d));
+                for (i, s, elem) in [(0, out, Elem::F32), (1, a, Elem::F32), (2, b, *b_elem)] {
+                    let need = s.iter().try_fold(elem.size(), |n, &d| n.checked_mul(d));
                     if need.is_none_or(|n| bytes(i) < n) {
-                        bail!(fail(format!("buffer {i} holds {} bytes, too few for f32{s:?}", bytes(i))));
+                        bail!(fail(format!("buffer {i} holds {} bytes, too few for {elem:?}{s:?}", bytes(i))));
                     }
+                }
+                if !b_elem.is_f32() && p.buffers[st.buffers[2]].mask.is_some() {
+                    bail!(fail("a pruned weight is f32, not a half type".to_string()));
                 }
             }
             Exec::Collective(_) => count(2)?,
@@ -1296,21 +1299,32 @@ impl Loaded {
                     return Err(RunError::KernelStatus { node: st.node.clone(), status }.into());
                 }
             }
-            Exec::Library(Library::Matmul { a, b, out }) => {
+            Exec::Library(Library::Matmul { a, b, out, b_elem }) => {
                 let len = |s: &[usize]| s.iter().product::<usize>();
-                // SAFETY: the buffers hold f32 tensors of exactly these shapes, and the
-                // result does not alias the operands.
-                let (o, x, y) = unsafe {
+                // SAFETY: the buffers hold tensors of exactly these shapes (f32, b as
+                // `b_elem`: checked by `check_program`), and the result does not alias the
+                // operands.
+                let (o, x) = unsafe {
                     (
                         std::slice::from_raw_parts_mut(args[0] as *mut f32, len(out)),
                         std::slice::from_raw_parts(args[1] as *const f32, len(a)),
-                        std::slice::from_raw_parts(args[2] as *const f32, len(b)),
                     )
                 };
                 let threads = Threads::UpTo(run.threads);
-                match self.masks[device].get(&st.buffers[2]) {
-                    Some(m) => library::matmul_masked(x, y, o, a, b, out, m, threads),
-                    None => library::matmul(x, y, o, a, b, out, threads),
+                match (b_elem, self.masks[device].get(&st.buffers[2])) {
+                    (Elem::F32, mask) => {
+                        // SAFETY: as above.
+                        let y = unsafe { std::slice::from_raw_parts(args[2] as *const f32, len(b)) };
+                        match mask {
+                            Some(m) => library::matmul_masked(x, y, o, a, b, out, m, threads),
+                            None => library::matmul(x, y, o, a, b, out, threads),
+                        }
+                    }
+                    (half, _) => {
+                        // SAFETY: as above.
+                        let y = unsafe { std::slice::from_raw_parts(args[2] as *const u16, len(b)) };
+                        library::matmul_half(x, (y, *half), o, a, b, out, threads)
+                    }
                 }
                 .with_context(|| format!("node '{}'", st.node))?;
             }
@@ -1554,7 +1568,7 @@ mod tests {
     fn streams_run_apart_joined_by_events_and_traced_per_stream() {
         let m = Mesh::numbered(&[2], Topology::Torus);
         let sum = collective(0, CollectiveOp::AllReduce { reduce: Reduce::Sum }, vec![vec![0, 1]], &[2, 2]);
-        let mm = Exec::Library(Library::Matmul { a: vec![2, 2], b: vec![2, 2], out: vec![2, 2] });
+        let mm = Exec::Library(Library::Matmul { a: vec![2, 2], b: vec![2, 2], out: vec![2, 2], b_elem: Elem::F32 });
         // b1 = all_reduce(b0) on the comm stream while b2 = b0·b0 runs; then b3 = b1·b2.
         let programs = (0..2)
             .map(|d| {
@@ -1589,7 +1603,7 @@ mod tests {
     #[test]
     fn unsound_stream_plans_are_refused() {
         let m = Mesh::numbered(&[1], Topology::Torus);
-        let mm = Exec::Library(Library::Matmul { a: vec![2, 2], b: vec![2, 2], out: vec![2, 2] });
+        let mm = Exec::Library(Library::Matmul { a: vec![2, 2], b: vec![2, 2], out: vec![2, 2], b_elem: Elem::F32 });
         let refuse = |plan: StreamPlan| {
             let steps = vec![
                 step("a", mm.clone(), &[1, 0, 0]),
@@ -1624,8 +1638,8 @@ mod tests {
     fn a_failing_stream_stops_the_streams_waiting_for_it() {
         let m = Mesh::numbered(&[2], Topology::Torus);
         let sum = collective(0, CollectiveOp::AllReduce { reduce: Reduce::Sum }, vec![vec![0, 1]], &[2, 2]);
-        let bad = Exec::Library(Library::Matmul { a: vec![2, 3], b: vec![2, 3], out: vec![2, 2] });
-        let mm = Exec::Library(Library::Matmul { a: vec![2, 2], b: vec![2, 2], out: vec![2, 2] });
+        let bad = Exec::Library(Library::Matmul { a: vec![2, 3], b: vec![2, 3], out: vec![2, 2], b_elem: Elem::F32 });
+        let mm = Exec::Library(Library::Matmul { a: vec![2, 2], b: vec![2, 2], out: vec![2, 2], b_elem: Elem::F32 });
         // Device 1's comm stream fails before its all_reduce; device 0's main stream waits
         // for its own all_reduce's event, which never comes.
         let programs = (0..2)
@@ -1666,8 +1680,8 @@ mod tests {
         // One device first runs a matmul whose shapes do not fit: the others wait for it in
         // the all_reduce until its error poisons the fabric. Device 0 runs on the calling
         // thread, device 3 on one of the runner's.
-        let bad = Exec::Library(Library::Matmul { a: vec![2, 3], b: vec![2, 3], out: vec![2, 3] });
-        let good = Exec::Library(Library::Matmul { a: vec![2, 3], b: vec![3, 2], out: vec![2, 2] });
+        let bad = Exec::Library(Library::Matmul { a: vec![2, 3], b: vec![2, 3], out: vec![2, 3], b_elem: Elem::F32 });
+        let good = Exec::Library(Library::Matmul { a: vec![2, 3], b: vec![3, 2], out: vec![2, 2], b_elem: Elem::F32 });
         for (failing, label) in [(3, "device 3 (1,1)"), (0, "device 0 (0,0)")] {
             let programs = (0..4)
                 .map(|d| {
@@ -1874,8 +1888,8 @@ mod transfer_tests {
 
     #[test]
     fn a_failing_sender_stops_its_receiver() {
-        let bad = Exec::Library(Library::Matmul { a: vec![2, 3], b: vec![2, 3], out: vec![2, 3] });
-        let good = Exec::Library(Library::Matmul { a: vec![2, 2], b: vec![2, 2], out: vec![2, 2] });
+        let bad = Exec::Library(Library::Matmul { a: vec![2, 3], b: vec![2, 3], out: vec![2, 3], b_elem: Elem::F32 });
+        let good = Exec::Library(Library::Matmul { a: vec![2, 2], b: vec![2, 2], out: vec![2, 2], b_elem: Elem::F32 });
         let mut l = load(vec![
             program(
                 0,

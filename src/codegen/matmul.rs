@@ -590,7 +590,7 @@ pub(crate) mod tests {
     use meshc_ir::infer::{infer, Operand};
     use meshc_ir::interp::eval_node;
     use meshc_ir::{Node, Op, Tensor};
-    pub(crate) use meshc_runtime::matmul_shape::testing::{assert_close, oracle, random};
+    pub(crate) use meshc_runtime::matmul_shape::testing::{assert_close, oracle, product, random};
 
     /// The pilot pass's default block is whole micro-panels, so that a pruned block skips
     /// whole panels of this kernel.
@@ -646,10 +646,7 @@ pub(crate) mod tests {
                 let (a, b, _) = oracle(a_shape, b_shape, t as u64);
                 let half = Tensor::new(b.shape.clone(), Data::from_f64(dt, b.data.to_f64()));
                 let widened = Tensor::new(b.shape.clone(), Data::from_f64(DType::F32, half.data.to_f64()));
-                let node = Node::new("mm", Op::MatMul, &[]);
-                let operands = [Operand { ty: &a.ty(), dims: None }, Operand { ty: &widened.ty(), dims: None }];
-                let ty = infer(&node, &operands).unwrap().ty;
-                let want = eval_node(&node, &[&a, &widened], &ty).unwrap();
+                let want = product(&a, &widened);
                 check_product(&native(), &a, &half, &want, &format!("{a_shape:?} @ {dt}{b_shape:?}"));
             }
         }

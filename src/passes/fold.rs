@@ -53,7 +53,7 @@ pub enum WeightsDtype {
     /// As the checkpoint holds them: an f16/bf16 weight stays f16/bf16.
     #[default]
     Keep,
-    /// Every weight f32 (the library GEMM, which reads f32 only, may then serve every matmul).
+    /// Every weight f32 (twice the bytes, no widening at run time).
     F32,
     /// f32 weights that only matmuls read, rounded (to nearest even) into f16 or bf16.
     F16,
