@@ -3,7 +3,7 @@ CARGO ?= cargo
 MESHC := target/release/meshc
 DEMO := testdata/transformer
 
-.PHONY: help build test golden testdata bench demo fmt lint clean artifacts modules fuzz onnx-proto onnx-testdata
+.PHONY: help build test golden testdata bench demo fmt lint clean artifacts modules fuzz onnx-proto onnx-testdata onnx-conformance
 
 help:
 	@echo "make demo      build meshc and run the transformer-block example end to end"
@@ -12,6 +12,7 @@ help:
 	@echo "make testdata  regenerate testdata/ with numpy (pip install numpy)"
 	@echo "make onnx-testdata  regenerate testdata/onnx/ (a venv under target/ with onnx, onnxruntime)"
 	@echo "make onnx-proto     regenerate src/onnx/proto.rs from src/onnx/onnx.proto (no protoc needed)"
+	@echo "make onnx-conformance  every ONNX backend node test through meshc (a venv under target/ with onnx)"
 	@echo "make bench     run the benchmarks"
 	@echo "make fuzz      differential fuzzing of the whole pipeline (FUZZ_CASES=N, ~20 min by default)"
 	@echo "make artifacts compile every testdata graph into out/ (rebuilt only when an input changes)"
@@ -38,6 +39,12 @@ $(ONNX_VENV)/bin/python:
 	$(ONNX_VENV)/bin/pip install -q onnx onnxruntime numpy
 onnx-testdata: $(ONNX_VENV)/bin/python
 	$(ONNX_VENV)/bin/python tools/gen_onnx_testdata.py
+
+# The ONNX backend node tests of the installed onnx package through import, compile, run and
+# interp (tools/onnx_conformance.py): a table per op, the totals; fails on any crash.
+onnx-conformance: $(ONNX_VENV)/bin/python
+	$(CARGO) build --release
+	$(ONNX_VENV)/bin/python -W ignore tools/onnx_conformance.py $(MESHC)
 
 # The prost types of onnx.proto are checked in; this rewrites them with a pure-Rust protobuf
 # compiler (protox), in a crate of its own so the compiler's build never builds it.

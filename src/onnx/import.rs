@@ -16,7 +16,7 @@ use super::tensors;
 type R<T> = std::result::Result<T, String>;
 
 /// The opsets of the default domain meshc reads (torch.onnx writes 17 and 18 today).
-pub const OPSETS: std::ops::RangeInclusive<i64> = 13..=21;
+pub const OPSETS: std::ops::RangeInclusive<i64> = 13..=28;
 
 fn is_default_domain(d: Option<&str>) -> bool {
     matches!(d, None | Some("" | "ai.onnx"))
@@ -31,7 +31,7 @@ pub fn import(model: &ModelProto, dims: &BTreeMap<String, usize>) -> R<(Graph, H
         .and_then(|o| o.version)
         .ok_or("the model imports no opset of the default ONNX domain")?;
     if !OPSETS.contains(&opset) {
-        return Err(format!("opset {opset} of the default domain is not supported (13 to 21)"));
+        return Err(format!("opset {opset} of the default domain is not supported (13 to 28)"));
     }
     let g = model.graph.as_ref().ok_or("the model has no graph")?;
     let mut b = Builder::default();

@@ -182,10 +182,21 @@ pub fn lower(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
             if c.node.output.get(1).is_some_and(|m| !m.is_empty()) {
                 return Err("its mask output is not supported (inference only)".into());
             }
+            // Training mode drops at random (unless the ratio is 0): not an identity.
+            let training = match c.opt(2) {
+                None => false,
+                Some(v) => {
+                    v.as_const().ok_or("training_mode must be known at import time")?.data.iter_f64().any(|x| x != 0.0)
+                }
+            };
+            let ratio_zero = c.opt(1).and_then(Value::as_const).is_some_and(|r| r.data.iter_f64().all(|x| x == 0.0));
+            if training && !ratio_zero {
+                return Err("training mode (random dropping) is not supported (inference only)".into());
+            }
             one(c.arg(0)?.clone())
         }
         "Mean" => {
-            let sum = nary(b, c, Op::Add)?.remove(0);
+            let sum = nary_named(b, c, Op::Add, &c.part("sum"))?.remove(0);
             let n = scalar(b.ty(&sum).dtype, c.args.len() as f64);
             one(b.node(out, Op::Div, &[&sum, &n], &[])?)
         }
@@ -336,10 +347,15 @@ pub fn lower(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
 /// different dtypes are ONNX's Pow with an integer exponent: it is cast to the base's type.
 /// Integer Div goes through f32, exact below 2^24 (meshc's div is f32 only).
 fn nary(b: &mut Builder, c: &Ctx, op: Op) -> R<Vec<Value>> {
+    nary_named(b, c, op, &c.out)
+}
+
+/// `nary` with its result named `last` (an op built on it keeps the ONNX name).
+fn nary_named(b: &mut Builder, c: &Ctx, op: Op, last: &str) -> R<Vec<Value>> {
     let mut acc = c.arg(0)?.clone();
     let n = c.args.len();
     for i in 1..n {
-        let name = if i + 1 == n { c.out.clone() } else { c.part(&format!("acc{i}")) };
+        let name = if i + 1 == n { last.to_string() } else { c.part(&format!("acc{i}")) };
         let mut rhs = c.arg(i)?.clone();
         let dtype = b.ty(&acc).dtype;
         if b.ty(&rhs).dtype != dtype && op == Op::Pow {
