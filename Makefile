@@ -41,7 +41,7 @@ onnx-testdata: $(ONNX_VENV)/bin/python
 	$(ONNX_VENV)/bin/python tools/gen_onnx_testdata.py
 
 # The ONNX backend node tests of the installed onnx package through import, compile, run and
-# interp (tools/onnx_conformance.py): a table per op, the totals; fails on any crash.
+# interp (tools/onnx_conformance.py): a table per op, the totals; fails on any crash or wrong result.
 onnx-conformance: $(ONNX_VENV)/bin/python
 	$(CARGO) build --release
 	$(ONNX_VENV)/bin/python -W ignore tools/onnx_conformance.py $(MESHC)
