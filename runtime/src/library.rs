@@ -72,31 +72,49 @@ pub fn matmul(
         let (a, b, c) = (&a[ao..ao + m * k], &b[bo..bo + k * n], &mut out[oo..oo + m * n]);
         // SAFETY: the three slices hold exactly the m×k, k×n and m×n row-major matrices the
         // strides describe (lengths checked above), and `c` does not alias `a` or `b`.
-        unsafe {
-            gemm::gemm(
-                m,
-                n,
-                k,
-                c.as_mut_ptr(),
-                1,
-                n as isize,
-                false,
-                a.as_ptr(),
-                1,
-                k as isize,
-                b.as_ptr(),
-                1,
-                n as isize,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                parallelism,
-            );
-        }
+        unsafe { gemm_rows((m, n, k), (c.as_mut_ptr(), n), (a.as_ptr(), k), (b.as_ptr(), n), false, parallelism) };
     }
     Ok(())
+}
+
+/// `c = a @ b`, or `c += a @ b` with `accumulate`, for row-major matrices given by their
+/// first element and row stride: `c` m×n, `a` m×k, `b` k×n.
+///
+/// # Safety
+/// The pointers must address matrices of those shapes and strides, and `c` must alias
+/// neither `a` nor `b`.
+unsafe fn gemm_rows(
+    (m, n, k): (usize, usize, usize),
+    (c, ldc): (*mut f32, usize),
+    (a, lda): (*const f32, usize),
+    (b, ldb): (*const f32, usize),
+    accumulate: bool,
+    parallelism: gemm::Parallelism,
+) {
+    // SAFETY: as the caller promises; gemm reads `c` only when it accumulates.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c,
+            1,
+            ldc as isize,
+            accumulate,
+            a,
+            1,
+            lda as isize,
+            b,
+            1,
+            ldb as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
 }
 
 /// Rows of a half-precision `b` widened at a time: 256 rows of a 4096-wide weight are a
@@ -150,27 +168,8 @@ pub fn matmul_half(
                 // m×rows columns of a this block multiplies, `wide` the rows×n block; `c`
                 // aliases neither.
                 unsafe {
-                    gemm::gemm(
-                        m,
-                        n,
-                        rows,
-                        c.as_mut_ptr(),
-                        1,
-                        n as isize,
-                        k0 > 0,
-                        a[ao + k0..].as_ptr(),
-                        1,
-                        k as isize,
-                        wide.as_ptr(),
-                        1,
-                        n as isize,
-                        1.0,
-                        1.0,
-                        false,
-                        false,
-                        false,
-                        parallelism,
-                    );
+                    let a = a[ao + k0..].as_ptr();
+                    gemm_rows((m, n, rows), (c.as_mut_ptr(), n), (a, k), (wide.as_ptr(), n), k0 > 0, parallelism);
                 }
             }
         }
@@ -249,27 +248,8 @@ fn masked_rows(a: &[f32], b: &[f32], c: &mut [f32], (k, n): (usize, usize), mask
             // depth×cols and m×cols sub-matrices of `a`, `b` and `c` (bounds asserted
             // above), and `c` does not alias `a` or `b`.
             unsafe {
-                gemm::gemm(
-                    m,
-                    cols,
-                    depth,
-                    c.as_mut_ptr().add(c0),
-                    1,
-                    n as isize,
-                    r > 0,
-                    a.as_ptr().add(k0),
-                    1,
-                    k as isize,
-                    b.as_ptr().add(k0 * n + c0),
-                    1,
-                    n as isize,
-                    1.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
-                );
+                let (c, a, b) = (c.as_mut_ptr().add(c0), a.as_ptr().add(k0), b.as_ptr().add(k0 * n + c0));
+                gemm_rows((m, cols, depth), (c, n), (a, k), (b, n), r > 0, gemm::Parallelism::None);
             }
         }
     }
