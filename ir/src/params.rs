@@ -84,28 +84,34 @@ fn file_view<'a>(p: &Param, files: &'a mut WeightFiles, path: &str, key: Option<
     Ok(v)
 }
 
-/// Loads one param, its files through `files`; the caller adds the graph file's name.
-pub fn load_param(p: &Param, files: &mut WeightFiles) -> Result<Tensor> {
+/// The values of a param the graph itself gives (an inline `value`, a seeded `init`);
+/// `None` for a file-backed one.
+fn from_graph(p: &Param) -> Option<Result<Tensor>> {
     let fail = |msg: String| Error::at(p.loc, format!("param '{}': {msg}", p.name));
     match &p.data {
-        ParamData::Value(v) => inline_value(p, v),
-        ParamData::Init(i) => {
-            let t = init::materialize(i, &p.ty).map_err(|e| fail(e.msg))?;
+        ParamData::Value(v) => Some(inline_value(p, v)),
+        ParamData::Init(i) => Some(init::materialize(i, &p.ty).map_err(|e| fail(e.msg)).and_then(|t| {
             // NaN or infinite parameters (or a mean beyond f32's range) give values no
             // graph wants; they would only show up as NaN outputs far from the cause.
             let float = matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16);
-            if float && t.data.to_f64().iter().any(|x| !x.is_finite()) {
+            if float && t.data.iter_f64().any(|x| !x.is_finite()) {
                 let msg =
                     format!("its init gives values that are not finite {} numbers (check its parameters)", t.dtype());
                 return Err(fail(msg));
             }
             Ok(t)
-        }
-        ParamData::File { path, key } => {
-            let v = file_view(p, files, path, key.as_deref())?;
-            Ok(Tensor::from_le_bytes(&v.ty, v.bytes))
-        }
+        })),
+        ParamData::File { .. } => None,
     }
+}
+
+/// Loads one param, its files through `files`; the caller adds the graph file's name.
+pub fn load_param(p: &Param, files: &mut WeightFiles) -> Result<Tensor> {
+    if let ParamData::File { path, key } = &p.data {
+        let v = file_view(p, files, path, key.as_deref())?;
+        return Ok(Tensor::from_le_bytes(&v.ty, v.bytes));
+    }
+    from_graph(p).expect("every other param the graph gives")
 }
 
 /// Loads every param of `g`, reading its files (relative to `base`) through `files`.
@@ -163,10 +169,9 @@ impl<'a> Params<'a> {
     /// The params of `g` that are not file-backed loaded, the others left to `files`
     /// (which `open_files` has opened and checked).
     pub fn lazy(g: &Graph, files: &'a WeightFiles) -> Result<Params<'a>> {
-        let mut loaded = HashMap::new();
-        for p in g.params.iter().filter(|p| !matches!(p.data, ParamData::File { .. })) {
-            loaded.insert(p.name.clone(), load_param(p, &mut WeightFiles::new(Path::new("")))?);
-        }
+        let loaded = (g.params.iter())
+            .filter_map(|p| from_graph(p).map(|t| t.map(|t| (p.name.clone(), t))))
+            .collect::<Result<HashMap<_, _>>>()?;
         Ok(Params { loaded: std::borrow::Cow::Owned(loaded), files: Some(files) })
     }
 
