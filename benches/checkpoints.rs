@@ -76,7 +76,7 @@ fn encoder(layers: usize, d: usize, heads: usize, f: usize, file: &str, half: bo
         let name = |n: &str| format!("l{l}_{n}");
         let p = |n: &str| if half && is_matmul_weight(n) { format!("l{l}_{n}_f") } else { name(n) };
         if half {
-            for w in ["wq", "wk", "wv", "wo", "w_ff1", "w_ff2"] {
+            for w in MATMUL_WEIGHTS {
                 t += &format!("  {} = cast({}) {{to = \"f32\"}}\n", p(w), name(w));
             }
         }
@@ -164,9 +164,12 @@ fn encoder(layers: usize, d: usize, heads: usize, f: usize, file: &str, half: bo
     t + &format!("  output {x}\n}}\n")
 }
 
-/// The params a matmul reads as its weight (the ones a bf16 checkpoint holds in bf16).
+/// The params of a layer that a matmul reads as its weight (the ones a bf16 checkpoint
+/// holds in bf16).
+const MATMUL_WEIGHTS: [&str; 6] = ["wq", "wk", "wv", "wo", "w_ff1", "w_ff2"];
+
 fn is_matmul_weight(name: &str) -> bool {
-    ["wq", "wk", "wv", "wo", "w_ff1", "w_ff2"].iter().any(|w| name.ends_with(w))
+    MATMUL_WEIGHTS.iter().any(|w| name.ends_with(w))
 }
 
 /// Seeded values in [-0.05, 0.05) (xorshift: fast enough to write a gigabyte in a second),
