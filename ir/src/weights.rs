@@ -87,8 +87,8 @@ impl WeightFiles {
         let path = self.base.join(file);
         self.open(&path).map_err(|e| e.in_file(file))?;
         if let (Header::Index { weight_map }, Some(k)) = (&self.files[&path].header, key) {
-            let shard = weight_map.get(k).ok_or_else(|| no_tensor(k, weight_map.keys()).in_file(file))?.clone();
-            let shard_path = path.parent().unwrap_or(Path::new(".")).join(&shard);
+            let (shard, shard_path) = shard_of(weight_map, &path, file, k)?;
+            let shard = shard.to_string();
             self.open(&shard_path).map_err(|e| {
                 Error::new(format!("shard '{}' of tensor '{}': {}", shorten(&shard), shorten(k), e.msg)).in_file(file)
             })?;
@@ -106,9 +106,9 @@ impl WeightFiles {
         let opened = |p: &Path| self.files.get(p).ok_or_else(|| Error::new("not opened").in_file(file));
         let (m, spelled) = match (&opened(&path)?.header, key) {
             (Header::Index { weight_map }, Some(k)) => {
-                let shard = weight_map.get(k).ok_or_else(|| no_tensor(k, weight_map.keys()).in_file(file))?;
+                let (shard, shard_path) = shard_of(weight_map, &path, file, k)?;
                 let spelled = Path::new(file).parent().unwrap_or(Path::new("")).join(shard).display().to_string();
-                (opened(&path.parent().unwrap_or(Path::new(".")).join(shard))?, spelled)
+                (opened(&shard_path)?, spelled)
             }
             (Header::Index { .. }, None) => {
                 return Err(Error::new("a checkpoint index names shards: the param must give a key").in_file(file))
@@ -194,6 +194,18 @@ impl WeightFiles {
         }
         Ok(())
     }
+}
+
+/// The shard an index (at `path`, spelled `file`) names for tensor `k`: its name as the
+/// index gives it, and its path (relative to the index).
+fn shard_of<'m>(
+    weight_map: &'m BTreeMap<String, String>,
+    path: &Path,
+    file: &str,
+    k: &str,
+) -> Result<(&'m str, PathBuf)> {
+    let shard = weight_map.get(k).ok_or_else(|| no_tensor(k, weight_map.keys()).in_file(file))?;
+    Ok((shard, path.parent().unwrap_or(Path::new(".")).join(shard)))
 }
 
 /// The header of a mapped `.npy` (`npy`: by its name or magic) or `.safetensors` file.
