@@ -328,6 +328,11 @@ impl Builder {
                     converted = t.to_le_bytes();
                     &converted[..]
                 }
+                Const::Slice { param, node, .. } => {
+                    let p = g.params.iter().find(|p| &p.name == param).expect("a param");
+                    converted = crate::passes::fold::slice_bytes(params.file_bytes(p).expect("mapped"), node, &p.ty)?;
+                    &converted[..]
+                }
             };
             let len = bytes.len();
             let (record, mask) = match masks.get(name.as_str()) {

@@ -978,7 +978,32 @@ fn concat(args: &[&Tensor], axis: i64) -> R<Tensor> {
 }
 
 fn slice(x: &Tensor, starts: &[i64], ends: &[i64], axes: Option<Vec<i64>>, steps: Option<Vec<i64>>) -> R<Tensor> {
-    let rank = x.shape.len();
+    let (shape, strides, offset) = slice_layout(&x.shape, starts, ends, axes, steps)?;
+    strided_view(x, shape, strides, offset)
+}
+
+/// The element offsets into a contiguous tensor of shape `shape` that the slice `node`
+/// reads, in the order of its result: a slice of a weight in a mapped file is copied
+/// straight from the mapping by them, without the whole weight becoming a tensor first.
+pub fn slice_offsets(node: &Node, shape: &[usize]) -> Result<impl Iterator<Item = usize>> {
+    let fail = |msg: String| Error::at(node.loc, format!("node '{}': {msg}", node.name));
+    let starts = required(ints_attr(node, "starts").map_err(fail)?, "starts").map_err(fail)?;
+    let ends = required(ints_attr(node, "ends").map_err(fail)?, "ends").map_err(fail)?;
+    let (axes, steps) = (ints_attr(node, "axes").map_err(fail)?, ints_attr(node, "steps").map_err(fail)?);
+    let (shape, strides, offset) = slice_layout(shape, &starts, &ends, axes, steps).map_err(fail)?;
+    Ok(Strided::new(&shape, strides, offset))
+}
+
+/// The shape, strides and first element of the view a slice takes of a contiguous tensor
+/// of shape `shape`.
+fn slice_layout(
+    shape: &[usize],
+    starts: &[i64],
+    ends: &[i64],
+    axes: Option<Vec<i64>>,
+    steps: Option<Vec<i64>>,
+) -> R<(Vec<usize>, Vec<isize>, isize)> {
+    let rank = shape.len();
     let axes = match axes {
         None => (0..starts.len() as i64).collect(),
         Some(a) => a,
@@ -993,8 +1018,8 @@ fn slice(x: &Tensor, starts: &[i64], ends: &[i64], axes: Option<Vec<i64>>, steps
             steps.len()
         ));
     }
-    let mut shape = x.shape.clone();
-    let mut strides = contiguous_strides(&x.shape);
+    let (in_shape, mut shape) = (shape, shape.to_vec());
+    let mut strides = contiguous_strides(in_shape);
     let mut offset = 0isize;
     let mut seen = vec![false; rank];
     for (((&a, &s), &e), &st) in axes.iter().zip(starts).zip(ends).zip(&steps) {
@@ -1002,13 +1027,13 @@ fn slice(x: &Tensor, starts: &[i64], ends: &[i64], axes: Option<Vec<i64>>, steps
         if std::mem::replace(&mut seen[d], true) {
             return Err(format!("slice axes {axes:?} repeat axis {d}"));
         }
-        let (first, len) = slice_range(s, e, st, x.shape[d])?;
+        let (first, len) = slice_range(s, e, st, in_shape[d])?;
         offset += first as isize * strides[d];
         // Only walked when len > 1, where step * stride stays inside the tensor.
         strides[d] = strides[d].wrapping_mul(st as isize);
         shape[d] = len;
     }
-    strided_view(x, shape, strides, offset)
+    Ok((shape, strides, offset))
 }
 
 /// numpy `take(data, indices, axis)`; negative indices count from the end.

@@ -29,6 +29,10 @@ pub enum Const<'p> {
     Param,
     /// A folded node's value.
     Value(Cow<'p, Tensor>),
+    /// The slice `node` (its operand a param whose bytes are in a mapped file): a device's
+    /// part of a weight is copied from the mapping when it is written (`Folded::bytes`),
+    /// never a tensor of its own, nor is the whole weight.
+    Slice { param: String, node: meshc_ir::Node, ty: meshc_ir::TensorType },
 }
 
 /// The constants of one device's program.
@@ -111,18 +115,16 @@ pub fn fold<'p>(
             continue;
         }
         if foldable(n.op) && n.inputs.iter().all(|i| consts.contains_key(i)) {
-            let args = (n.inputs.iter())
-                .map(|i| match &consts[i] {
-                    Const::Param => {
-                        let p = g.params.iter().find(|p| &p.name == i).expect("a param");
-                        params.get(p).with_context(|| format!("param '{i}'"))
-                    }
-                    Const::Value(t) => Ok(Cow::Borrowed(&**t)),
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let args: Vec<&Tensor> = args.iter().map(|t| &**t).collect();
-            let t = meshc_ir::interp::eval_node(n, &args, &info.types[&n.name])?;
-            consts.insert(n.name.clone(), Const::Value(Cow::Owned(t)));
+            let mapped = |i: &String| matches!(consts[i], Const::Param) && params.file_bytes(param(g, i)).is_some();
+            if n.op == Op::Slice && mapped(&n.inputs[0]) {
+                let (param, ty) = (n.inputs[0].clone(), info.types[&n.name].clone());
+                consts.insert(n.name.clone(), Const::Slice { param, node: n.clone(), ty });
+            } else {
+                let args = (n.inputs.iter()).map(|i| value(g, params, &consts, i)).collect::<Result<Vec<_>>>()?;
+                let args: Vec<&Tensor> = args.iter().map(|t| &**t).collect();
+                let t = meshc_ir::interp::eval_node(n, &args, &info.types[&n.name])?;
+                consts.insert(n.name.clone(), Const::Value(Cow::Owned(t)));
+            }
             if n.op != Op::Cast && n.inputs.iter().all(|i| keeps.contains_key(i)) {
                 let args: Vec<&Tensor> = n.inputs.iter().map(|i| &keeps[i]).collect();
                 keeps.insert(n.name.clone(), meshc_ir::interp::eval_node(n, &args, &info.types[&n.name])?);
@@ -142,13 +144,7 @@ pub fn fold<'p>(
             .cloned()
             .collect();
         for name in names {
-            let t = match &consts[&name] {
-                Const::Param => {
-                    let p = g.params.iter().find(|p| p.name == name).expect("a param");
-                    params.get(p).with_context(|| format!("param '{name}'"))?
-                }
-                Const::Value(t) => Cow::Borrowed(&**t),
-            };
+            let t = value(g, params, &consts, &name)?;
             // Element by element: an f64 copy of a large weight would be 2x its f32 bytes.
             let half = Tensor::new(t.shape.clone(), meshc_ir::Data::from_f64(dtype, t.data.iter_f64()));
             let err = t.data.iter_f64().zip(half.data.iter_f64()).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
@@ -157,6 +153,51 @@ pub fn fold<'p>(
         }
     }
     Ok(Folded { consts, keeps, params, absorbed, converted })
+}
+
+fn param<'g>(g: &'g Graph, name: &str) -> &'g meshc_ir::Param {
+    g.params.iter().find(|p| p.name == name).expect("a param")
+}
+
+/// The bytes of the slice `node` of a weight of type `ty` whose little-endian bytes are
+/// `src`, copied run by run (a run: elements adjacent in both).
+pub fn slice_bytes(src: &[u8], node: &meshc_ir::Node, ty: &meshc_ir::TensorType) -> Result<Vec<u8>> {
+    let size = ty.dtype.size_bytes();
+    let mut out = Vec::new();
+    let mut run: Option<(usize, usize)> = None;
+    for at in meshc_ir::interp::slice_offsets(node, &ty.shape)? {
+        run = match run {
+            Some((first, len)) if first + len == at => Some((first, len + 1)),
+            Some((first, len)) => {
+                out.extend_from_slice(&src[first * size..(first + len) * size]);
+                Some((at, 1))
+            }
+            None => Some((at, 1)),
+        };
+    }
+    if let Some((first, len)) = run {
+        out.extend_from_slice(&src[first * size..(first + len) * size]);
+    }
+    Ok(out)
+}
+
+/// The value of the constant `name` of `consts` as a tensor.
+fn value<'a>(
+    g: &Graph,
+    params: &'a Params<'a>,
+    consts: &'a HashMap<String, Const<'a>>,
+    name: &str,
+) -> Result<Cow<'a, Tensor>> {
+    let t = match &consts[name] {
+        Const::Param => params.get(param(g, name)).with_context(|| format!("param '{name}'"))?,
+        Const::Value(t) => Cow::Borrowed(&**t),
+        Const::Slice { param: p, node, ty } => {
+            let p = param(g, p);
+            let bytes = slice_bytes(params.file_bytes(p).expect("a mapped param"), node, &p.ty)?;
+            Cow::Owned(Tensor::from_le_bytes(ty, &bytes))
+        }
+    };
+    Ok(t)
 }
 
 impl Folded<'_> {
@@ -185,8 +226,12 @@ pub fn dump(devices: &[(usize, &Graph, &Folded)]) -> String {
         let folded: Vec<&meshc_ir::Node> = g.nodes.iter().filter(|n| f.has(&n.name)).collect();
         let _ = writeln!(s, "device {d}: {} node(s) folded", folded.len());
         for n in folded {
-            let Const::Value(t) = &f.consts[&n.name] else { unreachable!("a node is not a param") };
-            let _ = writeln!(s, "  {} = {}({})  -> {}", n.name, n.op.name(), n.inputs.join(", "), t.ty());
+            let ty = match &f.consts[&n.name] {
+                Const::Value(t) => t.ty(),
+                Const::Slice { ty, .. } => ty.clone(),
+                Const::Param => unreachable!("a node is not a param"),
+            };
+            let _ = writeln!(s, "  {} = {}({})  -> {ty}", n.name, n.op.name(), n.inputs.join(", "));
         }
         let mut absorbed: Vec<_> = f.absorbed.iter().collect();
         absorbed.sort();
@@ -199,4 +244,39 @@ pub fn dump(devices: &[(usize, &Graph, &Folded)]) -> String {
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use meshc_ir::interp::eval_node;
+
+    /// A slice copied from a weight's bytes run by run is the slice the interpreter takes,
+    /// whatever its axes and steps (negative, larger than a dim, skipping dims).
+    #[test]
+    fn slice_bytes_is_the_interpreters_slice() {
+        let attrs = [
+            "starts = [0], ends = [2]",
+            "axes = [1], starts = [1], ends = [5]",
+            "axes = [2], starts = [0], ends = [4]",
+            "axes = [0, 2], starts = [1, 1], ends = [3, 3]",
+            "axes = [1], starts = [-1], ends = [-100], steps = [-2]",
+            "axes = [2, 0], starts = [3, 2], ends = [0, 0], steps = [-1, -1]",
+            "axes = [1], starts = [0], ends = [6], steps = [7]",
+            "axes = [1], starts = [4], ends = [2]",
+        ];
+        let body: String = attrs.iter().enumerate().map(|(i, a)| format!("  s{i} = slice(w) {{{a}}}\n")).collect();
+        let outs: Vec<String> = (0..attrs.len()).map(|i| format!("s{i}")).collect();
+        let src = format!(
+            "graph g {{\n  param w: f32[3,6,4] = init normal{{seed = 1, std = 1.0}}\n{body}  output {}\n}}\n",
+            outs.join(", ")
+        );
+        let g = meshc_ir::text::parse(&src).unwrap();
+        let info = meshc_ir::verify::verify(&g).unwrap();
+        let w = meshc_ir::params::load_all(&g, std::path::Path::new(".")).unwrap().remove("w").unwrap();
+        let bytes = w.to_le_bytes();
+        for n in &g.nodes {
+            let want = eval_node(n, &[&w], &info.types[&n.name]).unwrap().to_le_bytes();
+            assert_eq!(super::slice_bytes(&bytes, n, &g.params[0].ty).unwrap(), want, "{}", n.name);
+        }
+    }
 }
