@@ -281,7 +281,11 @@ impl Spec {
     pub fn seed_layouts(&self, g: &Graph, info: &Info) -> Result<BTreeMap<String, Seed>, Error> {
         let err = |msg: String| Error::new(msg).in_file(&self.file);
         let mut seeds = BTreeMap::new();
-        for (name, layout) in &self.layouts {
+        let (layouts, unmatched) = self.expand_patterns(g).map_err(err)?;
+        if let Some(p) = unmatched.first() {
+            return Err(err(format!("layout of '{p}': the pattern matches no tensor of graph '{}'", g.name)));
+        }
+        for (name, layout) in &layouts {
             let ty = info
                 .types
                 .get(name)
@@ -472,7 +476,55 @@ pub fn resolve_rules(mesh: &Mesh, rules: &RuleEntries) -> Result<Vec<(String, us
         .collect()
 }
 
-/// Per-tensor layouts as written, their axes resolved on `mesh`; each is injective.
+/// Whether a `layouts` key is a glob pattern (`*`, `?`, `[...]`) rather than a tensor name,
+/// which never holds those characters.
+pub fn is_pattern(key: &str) -> bool {
+    key.contains(['*', '?', '['])
+}
+
+fn pattern(key: &str) -> Result<glob::Pattern, String> {
+    glob::Pattern::new(key).map_err(|e| format!("layout of '{key}': not a valid pattern: {}", e.msg))
+}
+
+impl Spec {
+    /// The explicit layouts with each glob pattern replaced by the tensors of `g` it
+    /// matches (an exact name wins over a pattern; two patterns that give one tensor
+    /// different layouts are an error naming both), and the patterns that matched nothing.
+    pub fn expand_patterns(&self, g: &Graph) -> Result<(BTreeMap<String, Layout>, Vec<String>), String> {
+        let mut out: BTreeMap<String, Layout> =
+            self.layouts.iter().filter(|(k, _)| !is_pattern(k)).map(|(k, l)| (k.clone(), l.clone())).collect();
+        let names: Vec<&str> = (g.inputs.iter().map(|i| i.name.as_str()))
+            .chain(g.params.iter().map(|p| p.name.as_str()))
+            .chain(g.nodes.iter().map(|n| n.name.as_str()))
+            .collect();
+        let mut by: BTreeMap<&str, &str> = BTreeMap::new();
+        let mut unmatched = Vec::new();
+        for (key, layout) in self.layouts.iter().filter(|(k, _)| is_pattern(k)) {
+            let pat = pattern(key)?;
+            let matched: Vec<&str> = names.iter().copied().filter(|n| pat.matches(n)).collect();
+            if matched.is_empty() {
+                unmatched.push(key.clone());
+            }
+            for name in matched {
+                if self.layouts.contains_key(name) {
+                    continue;
+                }
+                if let Some(other) = by.insert(name, key) {
+                    if &self.layouts[other] != layout {
+                        return Err(format!(
+                            "layout of '{name}': matched by the patterns '{other}' and '{key}', which give it different layouts"
+                        ));
+                    }
+                }
+                out.insert(name.to_string(), layout.clone());
+            }
+        }
+        Ok((out, unmatched))
+    }
+}
+
+/// Per-tensor layouts as written, their axes resolved on `mesh`; each is injective, and a
+/// key that is a pattern is a valid one.
 pub fn resolve_layouts(mesh: &Mesh, layouts: &LayoutEntries) -> Result<BTreeMap<String, Layout>, Error> {
     (layouts.0.iter())
         .map(|(name, entries)| {
@@ -482,6 +534,9 @@ pub fn resolve_layouts(mesh: &Mesh, layouts: &LayoutEntries) -> Result<BTreeMap<
                 .collect::<Result<_, _>>()
                 .and_then(|l: Layout| check_injective(mesh, &l).map(|()| l))
                 .map_err(|m| Error::new(format!("layout of '{name}': {m}")))?;
+            if is_pattern(name) {
+                pattern(name).map_err(Error::new)?;
+            }
             Ok((name.clone(), layout))
         })
         .collect()
@@ -893,6 +948,28 @@ mod tests {
             ],
             "u is a scalar with no dims, so no rule reaches it"
         );
+    }
+
+    #[test]
+    fn patterns_select_tensors_and_exact_names_win() {
+        // `?` matches `q` and `k` (and `s`, `p`, `u`); `[qk]` only the first two.
+        let got = seeds(&spec_with(r#", "layouts": {"[qk]": ["data", null, null], "q": [null, "model", null]}"#));
+        assert_eq!(got.unwrap(), vec![row("k", "[data, -, -]", "spec"), row("q", "[-, model, -]", "spec")]);
+        let got = seeds(&spec_with(r#", "layouts": {"*": [], "s": ["data", null, null]}"#));
+        let e = got.unwrap_err();
+        assert!(e.contains("layout of 'k': "), "{e}");
+        let same = seeds(&spec_with(r#", "layouts": {"[qk]": ["data", null, null], "?": ["data", null, null]}"#));
+        let e = same.unwrap_err();
+        assert!(e.contains("layout of 'u'"), "`?` also matches the scalar u: {e}");
+        let clash = seeds(&spec_with(r#", "layouts": {"[qp]": ["data", null, null], "[qk]": [null, "model", null]}"#));
+        assert_eq!(
+            clash.unwrap_err(),
+            "spec.json: layout of 'q': matched by the patterns '[qk]' and '[qp]', which give it different layouts"
+        );
+        let none = seeds(&spec_with(r#", "layouts": {"enc.*.w": [null]}"#));
+        assert_eq!(none.unwrap_err(), "spec.json: layout of 'enc.*.w': the pattern matches no tensor of graph 'attn'");
+        let bad = parse(&spec_with(r#", "layouts": {"w[": [null]}"#), "spec.json").unwrap_err().to_string();
+        assert!(bad.starts_with("spec.json: layout of 'w[': not a valid pattern"), "{bad}");
     }
 
     #[test]

@@ -129,3 +129,20 @@ fn an_import_that_fails_writes_nothing() {
     assert_eq!(run.status, Some(1), "{run:?}");
     assert_eq!(std::fs::read_dir(&*tmp).unwrap().count(), 0, "files left behind");
 }
+
+/// A Megatron-style spec written with glob patterns shards the imported encoder exactly as
+/// the spec that names every weight: the same artifact, byte for byte.
+#[test]
+fn layout_patterns_shard_an_imported_model_as_exact_names_do() {
+    let tmp = scratch("onnx-patterns");
+    let model = "testdata/onnx/encoder/model.onnx";
+    let mut artifacts = Vec::new();
+    for spec in ["mp-2x2", "mp-2x2-patterns"] {
+        let art = tmp.join(format!("{spec}.mshc")).display().to_string();
+        let layout = format!("testdata/onnx/encoder/layouts/{spec}.json");
+        let run = meshc(&["compile", model, "--dim", "batch=2", "--dim", "seq=5", "--layout", &layout, "-o", &art]);
+        assert_eq!(run.status, Some(0), "{run:?}");
+        artifacts.push(std::fs::read(&art).unwrap());
+    }
+    assert!(artifacts[0] == artifacts[1], "the patterns gave another artifact");
+}

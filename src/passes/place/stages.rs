@@ -10,7 +10,7 @@ use anyhow::{anyhow, bail, Result};
 use meshc_ir::verify::{verify, Info};
 use meshc_ir::{Graph, Input, Output};
 
-use crate::layout::{resolve_layouts, resolve_rules, Entry, Seed, Spec};
+use crate::layout::{is_pattern, resolve_layouts, resolve_rules, Entry, Seed, Spec};
 use meshc_runtime::mesh::{Mesh, Topology};
 use meshc_runtime::program::StageMesh;
 
@@ -67,7 +67,11 @@ pub fn cost(g: &Graph, info: &Info, k: usize) -> Cost {
 /// Every explicit layout names a tensor of the graph (stages see only their own tensors,
 /// so a typo would otherwise go unnoticed).
 pub fn check_layout_names(g: &Graph, info: &Info, spec: &Spec) -> Result<()> {
-    match spec.layouts.keys().find(|t| !info.types.contains_key(*t)) {
+    let (_, unmatched) = spec.expand_patterns(g).map_err(|m| anyhow!("{}: {m}", spec.file))?;
+    if let Some(p) = unmatched.first() {
+        bail!("{}: layout of '{p}': the pattern matches no tensor of graph '{}'", spec.file, g.name);
+    }
+    match spec.layouts.keys().find(|t| !is_pattern(t) && !info.types.contains_key(*t)) {
         Some(t) => bail!("{}: layout of '{t}': graph '{}' has no tensor '{t}'", spec.file, g.name),
         None => Ok(()),
     }
@@ -185,6 +189,9 @@ impl Stage {
     /// layouts and rules that concern them (others concern other stages).
     pub fn seeds(&self, sg: &Graph, si: &Info) -> Result<BTreeMap<String, Seed>> {
         let mut spec = self.spec.clone();
+        // A pattern may match tensors of other stages only: the whole graph checks that it
+        // matches some (`check_layout_names`).
+        spec.layouts = spec.expand_patterns(sg).map_err(|m| anyhow!("{}: {m}", spec.file))?.0;
         spec.layouts.retain(|t, _| si.types.contains_key(t));
         spec.rules.retain(|(dim, _)| si.dims.values().flatten().any(|d| d.as_deref() == Some(dim.as_str())));
         spec.seed_layouts(sg, si).map_err(|e| anyhow!("{e}"))
