@@ -4,10 +4,12 @@
 //! node and its op type.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
 
 use meshc_ir::{DType, Graph, Input, Output, Tensor, TensorType};
 
 use super::builder::{Builder, Value};
+use super::external::External;
 use super::ops::{self, Ctx};
 use super::proto::tensor_shape_proto::dimension;
 use super::proto::{type_proto, GraphProto, ModelProto, NodeProto, ValueInfoProto};
@@ -22,8 +24,9 @@ fn is_default_domain(d: Option<&str>) -> bool {
     matches!(d, None | Some("" | "ai.onnx"))
 }
 
-/// The graph of `model` and its params' values; `dims` binds symbolic dims by name.
-pub fn import(model: &ModelProto, dims: &BTreeMap<String, usize>) -> R<(Graph, HashMap<String, Tensor>)> {
+/// The graph of `model` and its params' values; `dims` binds symbolic dims by name;
+/// external data is read relative to `dir`, the model's directory.
+pub fn import(model: &ModelProto, dims: &BTreeMap<String, usize>, dir: &Path) -> R<(Graph, HashMap<String, Tensor>)> {
     let opset = model
         .opset_import
         .iter()
@@ -37,9 +40,14 @@ pub fn import(model: &ModelProto, dims: &BTreeMap<String, usize>) -> R<(Graph, H
     let mut b = Builder::default();
     b.graph.name = builder_name(g);
     let mut values: HashMap<String, Value> = HashMap::new();
+    let mut external = External::new(dir);
     for t in &g.initializer {
         let name = t.name.clone().unwrap_or_default();
-        let v = tensors::tensor(t).map_err(|e| format!("initializer '{name}': {e}"))?;
+        let raw = match tensors::is_external(t) {
+            true => external.bytes(t).map(Some),
+            false => Ok(t.raw_data.as_deref()),
+        };
+        let v = raw.and_then(|raw| tensors::tensor_from(t, raw)).map_err(|e| format!("initializer '{name}': {e}"))?;
         values.insert(name.clone(), Value::named(v, &name));
     }
     let mut bound = BTreeSet::new();

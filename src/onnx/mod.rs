@@ -8,6 +8,7 @@
 pub mod proto;
 
 mod builder;
+mod external;
 mod import;
 mod ops;
 mod tensors;
@@ -57,7 +58,8 @@ pub fn import(path: &Path, dims: &BTreeMap<String, usize>) -> meshc_ir::Result<I
     let bytes = file::read(path, MAX_MODEL_BYTES, "ONNX model").map_err(in_file)?;
     let model = proto::ModelProto::decode(&bytes[..])
         .map_err(|e| in_file(meshc_ir::Error::new(format!("not a valid ONNX model: {e}"))))?;
-    let (graph, params) = import::import(&model, dims).map_err(|e| in_file(meshc_ir::Error::new(e)))?;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let (graph, params) = import::import(&model, dims, dir).map_err(|e| in_file(meshc_ir::Error::new(e)))?;
     let info = verify::verify(&graph).map_err(in_file)?;
     Ok(Imported { graph, info, params })
 }

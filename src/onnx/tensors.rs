@@ -50,11 +50,21 @@ pub fn shape(dims: &[i64], elem_bytes: usize) -> R<Vec<usize>> {
     }
 }
 
-/// The values of `t`, in meshc's computing dtype.
+/// Whether `t` keeps its data in an external file (`super::external`).
+pub fn is_external(t: &TensorProto) -> bool {
+    t.data_location == Some(super::proto::tensor_proto::DataLocation::External as i32)
+}
+
+/// The values of `t`, in meshc's computing dtype (a Constant's: never external).
 pub fn tensor(t: &TensorProto) -> R<Tensor> {
-    if t.data_location == Some(super::proto::tensor_proto::DataLocation::External as i32) {
-        return Err("its data is external (a .onnx.data file): not supported yet".into());
+    if is_external(t) {
+        return Err("its data is external, which only initializers may be".into());
     }
+    tensor_from(t, t.raw_data.as_deref())
+}
+
+/// The values of `t` whose raw bytes, if any, are `raw` (its own or its external data's).
+pub fn tensor_from(t: &TensorProto, raw: Option<&[u8]>) -> R<Tensor> {
     let stored = DataType::try_from(t.data_type.unwrap_or(0)).map_err(|_| "unknown element type".to_string())?;
     dtype(stored as i32)?;
     let width = match stored {
@@ -65,7 +75,6 @@ pub fn tensor(t: &TensorProto) -> R<Tensor> {
     };
     let shape = shape(&t.dims, width)?;
     let n: usize = shape.iter().product();
-    let raw = t.raw_data.as_deref();
     let held = match (raw, stored) {
         (Some(r), _) => r.len() / width + usize::from(!r.len().is_multiple_of(width)),
         (None, DataType::Float) => t.float_data.len(),

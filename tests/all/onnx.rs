@@ -146,3 +146,53 @@ fn layout_patterns_shard_an_imported_model_as_exact_names_do() {
     }
     assert!(artifacts[0] == artifacts[1], "the patterns gave another artifact");
 }
+
+/// A model whose initializers live in a `.onnx.data` file beside it (as `onnx.save_model`
+/// with `save_as_external_data` writes it) runs as the model holding them does; a missing
+/// or short data file and a location outside the model's directory are one-line errors.
+#[test]
+fn external_data_initializers_are_read_from_the_file_beside_the_model() {
+    use meshc::onnx::proto::{tensor_proto::DataLocation, ModelProto, StringStringEntryProto};
+    use prost::Message;
+    let tmp = scratch("onnx-external");
+    let original = Path::new("testdata/onnx/mlp/model.onnx");
+    let external = |location: &str| {
+        let mut m = ModelProto::decode(&std::fs::read(original).unwrap()[..]).unwrap();
+        let mut data = Vec::new();
+        for t in &mut m.graph.as_mut().unwrap().initializer {
+            let raw = t.raw_data.take().unwrap_or_else(|| t.float_data.drain(..).flat_map(f32::to_le_bytes).collect());
+            let entry = |k: &str, v: String| StringStringEntryProto { key: Some(k.into()), value: Some(v) };
+            t.external_data = vec![
+                entry("location", location.into()),
+                entry("offset", data.len().to_string()),
+                entry("length", raw.len().to_string()),
+            ];
+            t.data_location = Some(DataLocation::External as i32);
+            data.extend(raw);
+        }
+        std::fs::write(tmp.join("model.onnx"), m.encode_to_vec()).unwrap();
+        data
+    };
+    let data = external("model.onnx.data");
+    std::fs::write(tmp.join("model.onnx.data"), &data).unwrap();
+    let model = tmp.join("model.onnx").display().to_string();
+    let mut args = vec!["run".to_string(), model.clone()];
+    args.extend(dim_args(original));
+    args.extend(input_args(original));
+    outputs_match(original, &args, &tmp.join("out")).unwrap();
+
+    let refused = |want: &str| {
+        let mut args = vec!["check", model.as_str()];
+        let dims = dim_args(original);
+        args.extend(dims.iter().map(String::as_str));
+        let run = meshc(&args);
+        assert_eq!(run.status, Some(1), "{run:?}");
+        assert!(run.stderr.lines().count() == 1 && run.stderr.contains(want), "want '{want}' in {}", run.stderr);
+    };
+    std::fs::write(tmp.join("model.onnx.data"), &data[..data.len() - 1]).unwrap();
+    refused("is past the end of 'model.onnx.data'");
+    std::fs::remove_file(tmp.join("model.onnx.data")).unwrap();
+    refused("cannot read external data file");
+    external("../model.onnx.data");
+    refused("external data location '../model.onnx.data' is not a relative path inside the model's directory");
+}
