@@ -223,6 +223,9 @@ def bad():
     write("initializer-size", [helper.make_node("MatMul", ["x", "w"], ["y"])], [short])
     write("int8", [helper.make_node("Add", ["x", "q"], ["y"])], [numpy_helper.from_array(np.zeros(4, np.int8), "q")])
     write("cycle", [helper.make_node("Relu", ["h"], ["y"], name="a"), helper.make_node("Relu", ["y"], ["h"], name="b")])
+    # Found by tests/all/onnx_fuzz.rs: an op given fewer inputs than it takes panicked in
+    # shape inference.
+    write("concat-no-inputs", [helper.make_node("Concat", [], ["y"], name="cat", axis=0)])
     write("opset-11", [helper.make_node("Relu", ["x"], ["y"])], opset=11)
 
 

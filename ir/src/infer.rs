@@ -153,6 +153,11 @@ fn keep(o: &Operand, dtype: DType) -> Inferred {
 /// the caller; everything that depends on operand types is checked here.
 pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
     use Op::*;
+    // The verifier checks arity first, but not every caller is the verifier (the ONNX
+    // importer infers as it builds): the `expect("arity checked")`s below rest on this.
+    if !node.op.arity().accepts(ops.len()) {
+        return Err(format!("takes {}, got {}", node.op.arity(), ops.len()));
+    }
     let x = ops.first();
     match node.op {
         Add | Sub | Mul | Maximum | Minimum | Div | Pow => {

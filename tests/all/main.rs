@@ -20,6 +20,7 @@ mod make;
 mod masked;
 mod modules;
 mod onnx;
+mod onnx_fuzz;
 mod outputs;
 mod pilot;
 mod placement;
