@@ -7,6 +7,7 @@ pub mod cost;
 pub mod dtype;
 pub mod error;
 pub mod file;
+pub mod grad;
 pub mod graph;
 pub mod infer;
 pub mod init;
