@@ -135,6 +135,20 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Append the gradient of a scalar loss with respect to params (outputs `grad.P`).
+    Grad {
+        graph: PathBuf,
+        /// The scalar f32 output to differentiate.
+        #[arg(long, value_name = "NAME")]
+        loss: String,
+        /// The params to differentiate: names or globs (`*`, `?`), comma-separated
+        /// (default: every f32 param).
+        #[arg(long, value_name = "P,...", value_delimiter = ',')]
+        wrt: Vec<String>,
+        /// The graph to write: OUT.json (meshc-graph/1) or OUT.txt (text format).
+        #[arg(short, value_name = "OUT")]
+        o: PathBuf,
+    },
     /// Make a new Ed25519 key pair for signing artifacts: KEY (secret, mode 0600) and KEY.pub.
     Keygen {
         #[arg(short, value_name = "KEY")]
@@ -266,6 +280,7 @@ fn main() -> ExitCode {
             })
         }
         Cmd::Keygen { o } => keygen(&o),
+        Cmd::Grad { graph, loss, wrt, o } => meshc::train::grad_cmd(&graph, &loss, &wrt, &o),
         Cmd::Run { program, io, run: run_args, compare_unpruned, conditional, codegen, mut pilot } => {
             if conditional {
                 pilot.inputs = io.inputs.clone();

@@ -13,6 +13,7 @@ mod dot;
 mod explain;
 mod fuzz;
 mod golden;
+mod grad;
 mod interp;
 mod layouts;
 mod lowering;
