@@ -15,6 +15,7 @@ pub mod interp;
 pub mod json;
 pub mod load;
 pub mod ops;
+pub mod optim;
 pub mod params;
 pub mod tensor;
 pub mod text;
