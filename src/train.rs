@@ -1,13 +1,17 @@
 //! The training side of the driver: `meshc grad` (a graph with its gradients appended,
-//! written as a graph file next to wherever the user wants it).
+//! written as a graph file next to wherever the user wants it), and the training step
+//! `compile`/`run` build with `--loss NAME --optimizer SPEC` (`meshc_ir::optim`), whose
+//! state the runner keeps from step to step (`meshc_runtime::steps`).
 
 use std::path::{Component, Path, PathBuf};
 
 use anyhow::{Context, Result};
 use meshc_ir::grad::{grad, select_wrt};
+use meshc_ir::optim::{train_step, Optimizer};
 use meshc_ir::verify::{self, Info};
-use meshc_ir::{load, Graph, ParamData};
+use meshc_ir::{load, Graph, Input, Param, ParamData, Tensor};
 use meshc_runtime::output::Outputs;
+use meshc_runtime::steps::State;
 
 /// `g` with the gradient of `loss` with respect to the params `wrt` selects (names or
 /// globs; none: every f32 param) appended as outputs `grad.P`, verified.
@@ -62,3 +66,58 @@ fn relative(target: &Path, base: &Path) -> PathBuf {
     out
 }
 
+/// The flags that turn a compile (or an in-memory run) into a training step.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct TrainArgs {
+    /// Compile one training step of this scalar f32 output (with --optimizer): the
+    /// program takes the params and optimizer state as inputs and returns them updated.
+    #[arg(long, value_name = "NAME", requires = "optimizer")]
+    pub loss: Option<String>,
+    /// The params to train: names or globs, comma-separated (default: every f32 param).
+    #[arg(long, value_name = "P,...", value_delimiter = ',', requires = "loss")]
+    pub wrt: Vec<String>,
+    /// sgd:LR | momentum:LR,BETA | adamw:LR,B1,B2,EPS,WD
+    #[arg(long, value_name = "SPEC", requires = "loss")]
+    pub optimizer: Option<String>,
+}
+
+/// A training step ready to compile: its graph, with the state (trained params and
+/// optimizer state) turned from params into inputs, and the state's initial values.
+pub struct Step {
+    pub graph: Graph,
+    pub info: Info,
+    pub init: State,
+}
+
+/// The training step `args` asks for, if any: `value` gives a param's initial value.
+pub fn step(
+    g: &Graph,
+    info: &Info,
+    args: &TrainArgs,
+    mut value: impl FnMut(&Param) -> Result<Tensor>,
+) -> Result<Option<Step>> {
+    let (Some(loss), Some(spec)) = (&args.loss, &args.optimizer) else { return Ok(None) };
+    let opt = Optimizer::parse(spec)?;
+    let chosen = select_wrt(g, &args.wrt)?;
+    let (mut tg, state) = train_step(g, info, loss, &chosen, opt)?;
+    let mut init = State { tensors: Default::default(), step: 0 };
+    for name in &state {
+        let at = tg.params.iter().position(|p| &p.name == name).expect("train_step makes every state tensor a param");
+        let p = tg.params.remove(at);
+        init.tensors.insert(name.clone(), value(&p)?);
+        tg.inputs.push(Input { name: p.name, ty: p.ty, dims: p.dims, loc: p.loc });
+    }
+    let info = verify::verify(&tg).context("the training step does not verify (a meshc bug)")?;
+    Ok(Some(Step { graph: tg, info, init }))
+}
+
+/// Where `compile -o OUT.mshc` puts the initial state of a training step, and where `run
+/// OUT.mshc --steps` looks for it: OUT.init.safetensors.
+pub fn init_path(artifact: &Path) -> PathBuf {
+    artifact.with_extension("init.safetensors")
+}
+
+/// Where a training run writes its checkpoint unless told: PROGRAM.ckpt.safetensors.
+pub fn checkpoint_path(program: &Path) -> PathBuf {
+    program.with_extension("ckpt.safetensors")
+}

@@ -27,3 +27,4 @@ mod placement;
 mod refused;
 mod run_stats;
 mod signing;
+mod train;
