@@ -108,8 +108,9 @@ enum Cmd {
         io: Io,
         #[command(flatten)]
         run: RunArgs,
+        // Boxed: the run options already make this the largest command.
         #[command(flatten)]
-        steps: StepArgs,
+        steps: Box<StepArgs>,
         /// Also run the unpruned graph on the same inputs and print the pruned run's error
         /// (max abs, relative L2, argmax agreement of classifier-like outputs). For a graph
         /// compiled with --pilot-*, no value is needed; for a pruned artifact, give the
@@ -703,7 +704,7 @@ fn compare_with_unpruned(path: &Path, reference: &Path, io: &Io, args: &CodegenA
 /// `--resume CKPT`.
 fn train_run(path: &Path, steps: &StepArgs, args: &CodegenArgs, run_args: &RunArgs) -> Result<()> {
     let file = path.display().to_string();
-    let (loaded, init) = if is_artifact(path) {
+    let (mut loaded, init) = if is_artifact(path) {
         if let Some(flag) = args.given() {
             bail!("{file}: {flag} applies when a graph is compiled; this artifact is already compiled");
         }
@@ -717,6 +718,8 @@ fn train_run(path: &Path, steps: &StepArgs, args: &CodegenArgs, run_args: &RunAr
         let (c, _, init) = compile_graph(path, args, compile::Emit::Memory, &Dumps::default(), None)?;
         (c.load().with_context(|| file.clone())?, init)
     };
+    // --degrade, --timeout and --threads apply to every step.
+    cli::configure(&mut loaded, run_args)?;
     let state = match &steps.resume {
         Some(ckpt) => State::read(ckpt)?,
         None => init.context("the program has no initial state")?,

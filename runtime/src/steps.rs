@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use meshc_ir::optim::next_name;
+use meshc_ir::tensor::{safetensors_bytes, safetensors_dtype};
 use meshc_ir::{DType, Tensor, TensorType};
 
 use crate::output::Outputs;
@@ -21,7 +22,13 @@ use crate::runner::Loaded;
 pub struct StepArgs {
     /// Run a training artifact (or graph, with --loss and --optimizer) N steps, feeding
     /// each step's updated state to the next.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = clap::value_parser!(u64).range(1..),
+        conflicts_with_all = ["inputs", "outputs", "output_dir", "bench", "check_against", "trace", "link_stats",
+            "fail_device", "replan_on_failure", "compare_unpruned", "conditional", "pilot_inputs"]
+    )]
     pub steps: Option<u64>,
     /// The batches: DIR/step_000000/NAME.npy... per step, or DIR/NAME.npy with a leading
     /// step axis.
@@ -47,30 +54,12 @@ pub struct State {
 
 const STEP_KEY: &str = "meshc.step";
 
-fn st_dtype(d: DType) -> safetensors::Dtype {
-    match d {
-        DType::F32 => safetensors::Dtype::F32,
-        DType::I32 => safetensors::Dtype::I32,
-        DType::I64 => safetensors::Dtype::I64,
-        DType::Bool => safetensors::Dtype::BOOL,
-        DType::F16 => safetensors::Dtype::F16,
-        DType::BF16 => safetensors::Dtype::BF16,
-    }
-}
-
 impl State {
     /// The checkpoint's bytes: every tensor under its name, the step in the metadata.
     pub fn to_safetensors(&self) -> Result<Vec<u8>> {
-        let bytes: Vec<(&String, Vec<u8>, &Tensor)> =
-            self.tensors.iter().map(|(n, t)| (n, t.to_le_bytes(), t)).collect();
-        let views = bytes
-            .iter()
-            .map(|(n, b, t)| {
-                Ok((n.as_str(), safetensors::tensor::TensorView::new(st_dtype(t.dtype()), t.shape.clone(), b)?))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let tensors: Vec<(&str, &Tensor)> = self.tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
         let meta = HashMap::from([(STEP_KEY.to_string(), self.step.to_string())]);
-        Ok(safetensors::tensor::serialize(views, Some(meta))?)
+        Ok(safetensors_bytes(&tensors, Some(meta))?)
     }
 
     /// Reads a checkpoint `to_safetensors` wrote.
@@ -89,7 +78,7 @@ impl State {
             .with_context(|| format!("{file}: not a safetensors checkpoint"))?;
         let mut tensors = BTreeMap::new();
         for (name, view) in st.tensors() {
-            let dtype = DType::ALL.into_iter().find(|&d| st_dtype(d) == view.dtype()).ok_or_else(|| {
+            let dtype = DType::ALL.into_iter().find(|&d| safetensors_dtype(d) == view.dtype()).ok_or_else(|| {
                 anyhow!("{file}: tensor '{name}' has dtype {:?}, which meshc does not read", view.dtype())
             })?;
             let ty = TensorType::new(dtype, view.shape().to_vec());
@@ -224,7 +213,7 @@ pub fn train(loaded: &Loaded, mut state: State, args: &StepArgs, checkpoint: &Pa
         let losses: Vec<String> =
             reported.iter().filter_map(|r| out.get(*r).map(|t| format!("{r} {}", t.data.to_f64()[0] as f32))).collect();
         println!("step {} {}", state.step, losses.join(" "));
-        if args.save_every.is_some_and(|k| state.step % k == 0) {
+        if args.save_every.is_some_and(|k| state.step.is_multiple_of(k)) {
             state.save(checkpoint)?;
         }
     }
