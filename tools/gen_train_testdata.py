@@ -7,7 +7,7 @@ Run from the repository root, in the venv of tools/gen_grad_testdata.py (jax, nu
 
 Writes testdata/train/:
 
-    graph.json              x f32[16,8] -> dense 32 + relu -> dense 4 -> softmax
+    classifier.json         x f32[16,8] -> dense 32 + relu -> dense 4 -> softmax
                             cross-entropy against one-hot `labels` (loss, a scalar);
                             weights from seeded `init`s, biases zero
     layouts/mp-2x4.json     batch over a mesh axis of 2, the hidden layer over one of 4
@@ -125,7 +125,7 @@ def main():
     x, labels = data()
     dst = os.path.join(gt.TESTDATA, "train")
     shutil.rmtree(dst, ignore_errors=True)
-    gt.write_file(os.path.join(dst, "graph.json"), (json.dumps(g, indent=1) + "\n").encode())
+    gt.write_file(os.path.join(dst, "classifier.json"), (json.dumps(g, indent=1) + "\n").encode())
     gt.write_file(os.path.join(dst, "layouts", "mp-2x4.json"), LAYOUT.encode())
     gt.write_npy(os.path.join(dst, "data", "x.npy"), x)
     gt.write_npy(os.path.join(dst, "data", "labels.npy"), labels)

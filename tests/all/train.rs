@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use crate::common::{meshc, scratch};
 use meshc_runtime::steps::State;
 
-const GRAPH: &str = "testdata/train/graph.json";
+const GRAPH: &str = "testdata/train/classifier.json";
 
 /// The losses `run --steps` printed, in order.
 fn losses(stdout: &str) -> Vec<f64> {
