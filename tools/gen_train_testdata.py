@@ -11,10 +11,14 @@ Writes testdata/train/:
                             cross-entropy against one-hot `labels` (loss, a scalar);
                             weights from seeded `init`s, biases zero
     layouts/mp-2x4.json     batch over a mesh axis of 2, the hidden layer over one of 4
+    layouts/ring-8.json     batch over a ring (1-D torus) of 8 devices
     data/x.npy              f32[200,16,8]  one batch per step (leading step axis)
     data/labels.npy         f32[200,16,4]  one-hot classes of a random linear teacher
     expected/sgd.npy        f32[200] the loss of every step, trained with sgd:0.1
     expected/adamw.npy      f32[200] ... with adamw:0.01,0.9,0.999,1e-8,0.01 (computed in float64)
+    expected/sgd-ring-8-degraded-3.npy
+                            f32[200] sgd:0.1 on the rows of the healthy devices of ring-8
+                            with device 3 degraded (rows 6 and 7 left out)
 
 The reference trains in float64 from the float32 initial values: the loss comes from the
 jax interpreter of tools/gen_grad_testdata.py, the gradient from jax.grad, and the updates
@@ -44,16 +48,25 @@ LAYOUT = """{
   "rules": {"batch": "data", "hidden": "model"}
 }
 """
+# The batch over a ring of 8 devices (2 rows each), for runs with device 3 degraded: the
+# reference for those is the same training on the 14 rows of the healthy devices.
+RING = """{
+  "format": "meshc-layout/1",
+  "mesh": {"shape": [8], "axes": ["data"], "topology": "torus"},
+  "rules": {"batch": "data"}
+}
+"""
+DEGRADED_ROWS = (6, 7)
 OPTIMIZERS = {"sgd": "sgd:0.1", "adamw": "adamw:0.01,0.9,0.999,1e-8,0.01"}
 
 
-def graph():
+def graph(batch=B):
     return {
         "format": "meshc-graph/1",
         "name": "classifier",
         "inputs": [
-            {"name": "x", "dtype": "f32", "shape": [B, D], "dims": ["batch", "feature"]},
-            {"name": "labels", "dtype": "f32", "shape": [B, C], "dims": ["batch", "class"]},
+            {"name": "x", "dtype": "f32", "shape": [batch, D], "dims": ["batch", "feature"]},
+            {"name": "labels", "dtype": "f32", "shape": [batch, C], "dims": ["batch", "class"]},
         ],
         "params": [
             {"name": "w1", "dtype": "f32", "shape": [D, H], "dims": ["feature", "hidden"],
@@ -127,12 +140,17 @@ def main():
     shutil.rmtree(dst, ignore_errors=True)
     gt.write_file(os.path.join(dst, "classifier.json"), (json.dumps(g, indent=1) + "\n").encode())
     gt.write_file(os.path.join(dst, "layouts", "mp-2x4.json"), LAYOUT.encode())
+    gt.write_file(os.path.join(dst, "layouts", "ring-8.json"), RING.encode())
     gt.write_npy(os.path.join(dst, "data", "x.npy"), x)
     gt.write_npy(os.path.join(dst, "data", "labels.npy"), labels)
     for name, spec in OPTIMIZERS.items():
         c = curve(g, params, x, labels, spec)
         gt.write_npy(os.path.join(dst, "expected", name + ".npy"), c.astype(np.float32))
         print("%-6s %-32s loss %.6f -> %.6f" % (name, spec, c[0], c[-1]))
+    keep = [i for i in range(B) if i not in DEGRADED_ROWS]
+    c = curve(graph(len(keep)), params, x[:, keep], labels[:, keep], OPTIMIZERS["sgd"])
+    gt.write_npy(os.path.join(dst, "expected", "sgd-ring-8-degraded-3.npy"), c.astype(np.float32))
+    print("sgd on the 14 rows of a ring of 8 with device 3 degraded: loss %.6f -> %.6f" % (c[0], c[-1]))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,11 @@
 //! - the gradient of a strided or reversed slice is the output gradient spread out with
 //!   zeros by reshape + concat (and reversed back by a slice of step -1).
 //!
+//! A mean's gradient divides by a count of the elements averaged (a reduce_sum of ones
+//! shaped and laid out like the operand), not by a constant, so that on a degraded mesh,
+//! where the forward mean leaves out the degraded devices' shards, the step is that of
+//! the healthy shards' data.
+//!
 //! Ties follow JAX: `maximum`/`minimum` give each operand half the gradient where they
 //! are equal, `reduce_max` splits it evenly among the maxima, `relu` and `abs` give 0 at 0.
 
@@ -516,9 +521,17 @@ impl Builder {
                 let g = self.unreduce(gy, &x_shape, &axes)?;
                 match n.op {
                     ReduceSum => g,
+                    ReduceMean if axes.is_empty() => g,
                     ReduceMean => {
-                        let count: usize = axes.iter().map(|&a| x_shape[a]).product();
-                        self.mul_const(&g, 1.0 / count as f32)?
+                        // g / (the number of elements averaged), counted by a reduce_sum
+                        // of ones laid out like x rather than taken from the shape: on a
+                        // degraded mesh the forward mean averages the healthy shards only,
+                        // and so does this count.
+                        let present = self.op(Cast, &[x], &[("to", Attr::Str("bool".into()))])?;
+                        let one = self.constant(1.0)?;
+                        let ones = self.select(&present, &one, &one)?;
+                        let count = self.reduce_keep(ReduceSum, &ones, &axes)?;
+                        self.bin(Div, &g, &count)?
                     }
                     _ if axes.is_empty() => g,
                     _ => {

@@ -2,8 +2,9 @@
 //! (`compile --loss --optimizer`) and run 200 steps (`run --steps --data`) must give the
 //! loss curve of tools/gen_train_testdata.py's float64 reference within 1e-4 relative at
 //! every step, with SGD and AdamW, on one device and split over a 2x4 (data x model)
-//! mesh; the checkpoint resumes to the same curve; and a run killed while it writes
-//! checkpoints leaves a whole one.
+//! mesh; data parallel over a ring of 8 with a degraded device, the curve of the healthy
+//! devices' data; the checkpoint resumes to the same curve; and a run killed while it
+//! writes checkpoints leaves a whole one.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -60,6 +61,26 @@ fn classifier_trains_along_the_reference_curve_on_one_device_and_a_2x4_mesh() {
             assert_eq!(state.step, 200);
             assert!(state.tensors.contains_key("w1") && state.tensors.contains_key("b2"));
         }
+    }
+}
+
+/// Data parallel over a ring of 8 (the gradients all-reduced), fault-free and with device
+/// 3 degraded: the degraded run must follow the reference trained on the healthy
+/// devices' rows only (its mean over 14 rows, forward and backward).
+#[test]
+fn a_degraded_ring_trains_like_the_healthy_devices_data_alone() {
+    let dir = scratch("train-degraded");
+    let art = compile(&dir, "sgd:0.1", Some("testdata/train/layouts/ring-8.json"));
+    let ckpt = dir.join("ck.safetensors").display().to_string();
+    for (degrade, want) in [(None, "sgd"), (Some("3"), "sgd-ring-8-degraded-3")] {
+        let want = meshc_ir::Tensor::read_npy(Path::new(&format!("testdata/train/expected/{want}.npy"))).unwrap();
+        let mut args = vec!["run", &art, "--steps", "200", "--data", "testdata/train/data", "--checkpoint", &ckpt];
+        if let Some(d) = degrade {
+            args.extend(["--degrade", d]);
+        }
+        let r = meshc(&args);
+        assert_eq!(r.status, Some(0), "{r:?}");
+        assert_curve(&format!("ring-8 degraded {degrade:?}"), &losses(&r.stdout), &want.data.to_f64());
     }
 }
 
