@@ -196,6 +196,17 @@ pub fn train(loaded: &Loaded, mut state: State, args: &StepArgs, checkpoint: &Pa
         .map(|o| o.name.as_str())
         .collect();
     let steps = args.steps.unwrap_or(0);
+    // A run that would find no batch for its last steps is refused before its first.
+    if let Some(Batches::Stacked(all)) = &batches {
+        let short = batch_inputs.iter().map(|(n, _)| (n, all[n].1)).find(|&(_, have)| state.step + steps > have);
+        if let Some((name, have)) = short {
+            bail!(
+                "--data: {name}.npy holds {have} steps; steps {} to {} need a batch each",
+                state.step,
+                state.step + steps - 1
+            );
+        }
+    }
     for _ in 0..steps {
         let mut inputs = match &batches {
             Some(b) => b.get(state.step, &batch_inputs)?,

@@ -141,6 +141,32 @@ fn training_refusals_are_one_line_errors() {
         assert_eq!(r.status, Some(1), "{r:?}");
         assert!(r.stderr.contains(want) && r.stderr.lines().count() == 1, "{}", r.stderr);
     }
+    // Hostile or missing files around a run: one line each, naming the file.
+    let good = compile(&dir, "sgd:0.1", None);
+    let junk = dir.join("junk.safetensors");
+    std::fs::write(&junk, b"not a checkpoint").unwrap();
+    let other = dir.join("other.safetensors");
+    let mut st = State::read(&dir.join("train.init.safetensors")).unwrap();
+    st.tensors.remove("w2");
+    st.save(&other).unwrap();
+    let (junk, other) = (junk.display().to_string(), other.display().to_string());
+    let data = ["--data", "testdata/train/data"];
+    for (args, want) in [
+        (vec!["--steps", "1", "--resume", &junk], "junk.safetensors: not a safetensors checkpoint"),
+        (vec!["--steps", "1", "--resume", &other], "the initial state has no tensor 'w2'"),
+        (vec!["--steps", "201"], "holds 200 steps; steps 0 to 200 need a batch each"),
+        (vec!["--steps", "1", "--input", "x=testdata/train/data/x.npy"], "cannot be used with"),
+    ] {
+        let mut a = vec!["run", &good];
+        a.extend(args);
+        a.extend(data);
+        let r = meshc(&a);
+        assert_eq!(r.status, Some(1), "{r:?}");
+        assert!(r.stderr.contains(want) && r.stderr.lines().count() == 1, "{}", r.stderr);
+    }
+    let r = meshc(&["run", &good, "--steps", "1", "--data", "testdata/train/nope"]);
+    assert_eq!(r.status, Some(1), "{r:?}");
+    assert!(r.stderr.contains("testdata/train/nope/x.npy") && r.stderr.lines().count() == 1, "{}", r.stderr);
     let plain = dir.join("plain.mshc").display().to_string();
     assert_eq!(meshc(&["compile", GRAPH, "-o", &plain]).status, Some(0));
     let r = meshc(&["run", &plain, "--steps", "2", "--data", "testdata/train/data"]);
