@@ -15,3 +15,4 @@ pub mod layout;
 pub mod mesh_interp;
 pub mod onnx;
 pub mod passes;
+pub mod train;

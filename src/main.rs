@@ -18,6 +18,7 @@ use meshc_runtime::loader::load_artifact;
 use meshc_runtime::output::{check_output_name, Outputs};
 use meshc_runtime::runner::Loaded;
 use meshc_runtime::signature;
+use meshc_runtime::steps::{State, StepArgs};
 
 #[derive(Parser)]
 #[command(
@@ -107,6 +108,9 @@ enum Cmd {
         io: Io,
         #[command(flatten)]
         run: RunArgs,
+        // Boxed: the run options already make this the largest command.
+        #[command(flatten)]
+        steps: Box<StepArgs>,
         /// Also run the unpruned graph on the same inputs and print the pruned run's error
         /// (max abs, relative L2, argmax agreement of classifier-like outputs). For a graph
         /// compiled with --pilot-*, no value is needed; for a pruned artifact, give the
@@ -134,6 +138,20 @@ enum Cmd {
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Append the gradient of a scalar loss with respect to params (outputs `grad.P`).
+    Grad {
+        graph: PathBuf,
+        /// The scalar f32 output to differentiate.
+        #[arg(long, value_name = "NAME")]
+        loss: String,
+        /// The params to differentiate: names or globs (`*`, `?`), comma-separated
+        /// (default: every f32 param).
+        #[arg(long, value_name = "P,...", value_delimiter = ',')]
+        wrt: Vec<String>,
+        /// The graph to write: OUT.json (meshc-graph/1) or OUT.txt (text format).
+        #[arg(short, value_name = "OUT")]
+        o: PathBuf,
     },
     /// Make a new Ed25519 key pair for signing artifacts: KEY (secret, mode 0600) and KEY.pub.
     Keygen {
@@ -168,6 +186,8 @@ struct CodegenArgs {
     weights_dtype: WeightsArg,
     #[command(flatten)]
     onnx: OnnxArgs,
+    #[command(flatten)]
+    train: meshc::train::TrainArgs,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -212,6 +232,7 @@ impl CodegenArgs {
             (self.comm_stream != CommArg::Auto, "--comm-stream"),
             (self.weights_dtype != WeightsArg::Keep, "--weights-dtype"),
             (!self.onnx.dims.is_empty(), "--dim"),
+            (self.train.loss.is_some(), "--loss"),
         ]
         .into_iter()
         .find_map(|(given, flag)| given.then_some(flag))
@@ -266,7 +287,11 @@ fn main() -> ExitCode {
             })
         }
         Cmd::Keygen { o } => keygen(&o),
-        Cmd::Run { program, io, run: run_args, compare_unpruned, conditional, codegen, mut pilot } => {
+        Cmd::Grad { graph, loss, wrt, o } => meshc::train::grad_cmd(&graph, &loss, &wrt, &o),
+        Cmd::Run { program, steps, codegen, run: run_args, .. } if steps.steps.is_some() => {
+            train_run(&program, &steps, &codegen, &run_args)
+        }
+        Cmd::Run { program, io, run: run_args, compare_unpruned, conditional, codegen, mut pilot, .. } => {
             if conditional {
                 pilot.inputs = io.inputs.clone();
             }
@@ -522,8 +547,19 @@ fn compile_graph(
     emit: compile::Emit,
     dumps: &Dumps,
     pilot: Option<&PilotArgs>,
-) -> Result<(compile::Compiled, Vec<PathBuf>)> {
+) -> Result<(compile::Compiled, Vec<PathBuf>, Option<State>)> {
     let GraphIn { graph: g, info, imported } = load_graph(path, &args.onnx)?;
+    let mut files = WeightFiles::new(base_dir(path));
+    let in_graph = |e: meshc_ir::Error| e.in_file(path.display().to_string());
+    let step = meshc::train::step(&g, &info, &args.train, |p| match imported.as_ref().and_then(|m| m.get(&p.name)) {
+        Some(t) => Ok(t.clone()),
+        None => Ok(params::load_param(p, &mut files).map_err(in_graph)?),
+    })
+    .with_context(|| path.display().to_string())?;
+    let (g, info, init) = match step {
+        Some(s) => (s.graph, s.info, Some(s.init)),
+        None => (g, info, None),
+    };
     // An artifact's outputs become file names (`run --output-dir`): refused here already.
     for o in &g.outputs {
         check_output_name(&o.name).with_context(|| path.display().to_string())?;
@@ -531,8 +567,6 @@ fn compile_graph(
     let spec = args.layout.as_deref().map(meshc::layout::load).transpose()?;
     // File-backed weights stay in their files' mappings until code generation copies each
     // into the weights section.
-    let in_graph = |e: meshc_ir::Error| e.in_file(path.display().to_string());
-    let mut files = WeightFiles::new(base_dir(path));
     let params = match &imported {
         Some(p) => params::Params::from(p),
         None => {
@@ -549,7 +583,7 @@ fn compile_graph(
     let mut deps = vec![path.to_path_buf()];
     deps.extend(args.layout.clone());
     deps.extend(files.paths().iter().cloned());
-    Ok((compiled, deps))
+    Ok((compiled, deps, init))
 }
 
 fn compile_cmd(
@@ -561,13 +595,16 @@ fn compile_cmd(
     pilot: &PilotArgs,
     signer: Option<ed25519_dalek::SigningKey>,
 ) -> Result<()> {
-    let (compiled, deps) = compile_graph(path, args, compile::Emit::Artifact, dumps, Some(pilot))?;
+    let (compiled, deps, init) = compile_graph(path, args, compile::Emit::Artifact, dumps, Some(pilot))?;
     if let Some(report) = flops_skipped(&compiled.programs, compiled.meta.flops) {
         eprintln!("{report}");
     }
     // The artifact and its depfile appear together or not at all.
     let mut files = Outputs::new();
     driver::stage_artifact(&compiled, &mut files, out, signer)?;
+    if let Some(init) = init {
+        files.write_bytes(&meshc::train::init_path(out), &init.to_safetensors()?)?;
+    }
     if let Some(d) = depfile {
         let text = driver::depfile(out, &deps);
         files.write_bytes(d, text.as_bytes())?;
@@ -609,7 +646,7 @@ fn run(path: &Path, io: &Io, run_args: &RunArgs, args: &CodegenArgs, pilot: &Pil
         }
         cli::open(path, run_args)?
     } else {
-        let (c, _) = compile_graph(path, args, compile::Emit::Memory, &Dumps::default(), Some(pilot))?;
+        let (c, _, _) = compile_graph(path, args, compile::Emit::Memory, &Dumps::default(), Some(pilot))?;
         c.load().with_context(|| file.clone())?
     };
     cli::run(&mut loaded, io, run_args)
@@ -648,7 +685,7 @@ fn compare_with_unpruned(path: &Path, reference: &Path, io: &Io, args: &CodegenA
             let art = Artifact::open_with(p, Verify::All)?;
             with(&load_artifact(art, &name)?)
         } else {
-            let (c, _) = compile_graph(p, args, compile::Emit::Memory, &Dumps::default(), Some(pilot))?;
+            let (c, _, _) = compile_graph(p, args, compile::Emit::Memory, &Dumps::default(), Some(pilot))?;
             with(&c.load().with_context(|| name.clone())?)
         }
     };
@@ -659,5 +696,35 @@ fn compare_with_unpruned(path: &Path, reference: &Path, io: &Io, args: &CodegenA
         "{}",
         driver::compare(&pruned, &unpruned).with_context(|| format!("--compare-unpruned {}", reference.display()))?
     );
+    Ok(())
+}
+
+/// `run PROGRAM --steps N`: a training artifact from its initial state (written beside it
+/// by compile) or a graph compiled in memory with --loss and --optimizer, or either from
+/// `--resume CKPT`.
+fn train_run(path: &Path, steps: &StepArgs, args: &CodegenArgs, run_args: &RunArgs) -> Result<()> {
+    let file = path.display().to_string();
+    let (mut loaded, init) = if is_artifact(path) {
+        if let Some(flag) = args.given() {
+            bail!("{file}: {flag} applies when a graph is compiled; this artifact is already compiled");
+        }
+        let loaded = cli::open(path, run_args)?;
+        let init = meshc::train::init_path(path);
+        (loaded, steps.resume.is_none().then(|| State::read(&init)).transpose()?)
+    } else {
+        if args.train.loss.is_none() {
+            bail!("{file}: --steps trains a graph compiled with --loss NAME --optimizer SPEC");
+        }
+        let (c, _, init) = compile_graph(path, args, compile::Emit::Memory, &Dumps::default(), None)?;
+        (c.load().with_context(|| file.clone())?, init)
+    };
+    // --degrade, --timeout and --threads apply to every step.
+    cli::configure(&mut loaded, run_args)?;
+    let state = match &steps.resume {
+        Some(ckpt) => State::read(ckpt)?,
+        None => init.context("the program has no initial state")?,
+    };
+    let ckpt = steps.checkpoint.clone().unwrap_or_else(|| meshc::train::checkpoint_path(path));
+    meshc_runtime::steps::train(&loaded, state, steps, &ckpt).with_context(|| file.clone())?;
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! Host tensors (`Tensor`): the values the interpreter computes on and the runner reads and
 //! writes, plus their file formats (`.npy` via npyz, `.safetensors` via safetensors).
 
+use std::collections::HashMap;
 use std::io::Read;
 use std::path::Path;
 
@@ -390,6 +391,36 @@ impl Tensor {
         }
         out
     }
+}
+
+/// The safetensors dtype of a meshc dtype (every one has one).
+pub fn safetensors_dtype(d: DType) -> safetensors::Dtype {
+    match d {
+        DType::F32 => safetensors::Dtype::F32,
+        DType::I32 => safetensors::Dtype::I32,
+        DType::I64 => safetensors::Dtype::I64,
+        DType::Bool => safetensors::Dtype::BOOL,
+        DType::F16 => safetensors::Dtype::F16,
+        DType::BF16 => safetensors::Dtype::BF16,
+    }
+}
+
+/// A safetensors file holding `tensors` under their names, with `metadata` in its header.
+pub fn safetensors_bytes(tensors: &[(&str, &Tensor)], metadata: Option<HashMap<String, String>>) -> Result<Vec<u8>> {
+    let bytes: Vec<Vec<u8>> = tensors.iter().map(|(_, t)| t.to_le_bytes()).collect();
+    let st_err = |e: safetensors::SafeTensorError| Error::new(format!("cannot serialise the tensors: {e}"));
+    let views = tensors
+        .iter()
+        .zip(&bytes)
+        .map(|((n, t), b)| {
+            Ok((
+                *n,
+                safetensors::tensor::TensorView::new(safetensors_dtype(t.dtype()), t.shape.clone(), b)
+                    .map_err(st_err)?,
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    safetensors::tensor::serialize(views, metadata).map_err(st_err)
 }
 
 #[cfg(test)]

@@ -245,7 +245,7 @@ pub fn run(loaded: &mut Loaded, io: &Io, args: &RunArgs) -> Result<()> {
 /// The run options that set up loaded programs before they run: `--degrade`,
 /// `--degrade-link` and `--degrade-strict` re-plan the collectives; `--fail-device` and
 /// `--timeout` inject and detect failures; `--threads` caps the cores of a one-device run.
-fn configure(loaded: &mut Loaded, args: &RunArgs) -> Result<()> {
+pub fn configure(loaded: &mut Loaded, args: &RunArgs) -> Result<()> {
     loaded.set_collective_timeout(timeout(args)?);
     if let Some(n) = args.threads {
         loaded.set_threads(n as usize);

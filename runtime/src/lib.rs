@@ -29,5 +29,6 @@ pub mod output;
 pub mod program;
 pub mod runner;
 pub mod signature;
+pub mod steps;
 pub mod sync;
 pub mod trace;

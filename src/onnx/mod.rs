@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use meshc_ir::verify::{self, Info};
-use meshc_ir::{file, Attr, DType, Data, Graph, ParamData, Tensor};
+use meshc_ir::{file, Attr, Data, Graph, ParamData, Tensor};
 use meshc_runtime::output::Outputs;
 use prost::Message;
 
@@ -85,12 +85,7 @@ pub fn write(imp: &Imported, graph_out: &Path, weights_out: Option<&Path>) -> Re
     }
     let mut out = Outputs::new();
     if !stored.is_empty() {
-        let bytes: Vec<(&str, Vec<u8>, &Tensor)> = stored.iter().map(|(n, t)| (*n, t.to_le_bytes(), *t)).collect();
-        let views = bytes
-            .iter()
-            .map(|(n, b, t)| Ok((*n, safetensors::tensor::TensorView::new(st_dtype(t.dtype()), t.shape.clone(), b)?)))
-            .collect::<Result<Vec<_>>>()?;
-        let data = safetensors::tensor::serialize(views, None).context("cannot serialise the weights")?;
+        let data = meshc_ir::tensor::safetensors_bytes(&stored, None)?;
         out.write_bytes(&weights, &data)?;
     }
     let text = if meshc_ir::load::is_json(graph_out) { meshc_ir::json::print(&g) } else { meshc_ir::text::print(&g) };
@@ -123,16 +118,5 @@ fn inline(t: &Tensor) -> Option<Attr> {
         Data::I64(v) => Some(Attr::Int(v[0])),
         Data::Bool(v) => Some(Attr::Bool(v[0])),
         _ => None,
-    }
-}
-
-fn st_dtype(d: DType) -> safetensors::Dtype {
-    match d {
-        DType::F32 => safetensors::Dtype::F32,
-        DType::I32 => safetensors::Dtype::I32,
-        DType::I64 => safetensors::Dtype::I64,
-        DType::Bool => safetensors::Dtype::BOOL,
-        DType::F16 => safetensors::Dtype::F16,
-        DType::BF16 => safetensors::Dtype::BF16,
     }
 }

@@ -1,0 +1,846 @@
+//! Reverse-mode differentiation as a graph transform: `grad(graph, loss, wrt)` returns the
+//! graph with gradient nodes appended and an output `grad.P` for every differentiated
+//! param P (the gradient of the scalar `loss` with respect to P).
+//!
+//! Every node between the chosen params and the loss is differentiated exactly once: its
+//! gradient is the sum of the contributions of its consumers, added left to right in the
+//! order the consumers are visited (reverse topological order, then operand order), so the
+//! same graph always gives the same nodes and the same bits. A node with several
+//! contributions gets its sum named `grad.NAME`; other new nodes are `bwd.NODE.K`, and the
+//! constants they need are scalar params `bwd_const.K`.
+//!
+//! Everything is built from ops of the op set, so the gradient graph goes through the
+//! verifier, the interpreter, layouts and codegen like any other. Three rules need a
+//! construction rather than one op:
+//! - masks (`a > b`, for relu, abs, maximum, minimum, reduce_max) are `cast(relu(a - b),
+//!   bool)`: the op set has no comparison, and the f32 difference of two distinct f32
+//!   values is never zero (gradual underflow);
+//! - gather's gradient, a scatter-add, is a contraction of the output gradient with the
+//!   one-hot matrix of the indices, `relu(1 - |i - j|) + relu(1 - |i + n - j|)` (exact for
+//!   integer indices below 2^24, the second term covering negative indices), against an
+//!   inline iota param;
+//! - the gradient of a strided or reversed slice is the output gradient spread out with
+//!   zeros by reshape + concat (and reversed back by a slice of step -1).
+//!
+//! A mean's gradient divides by a count of the elements averaged (a reduce_sum of ones
+//! shaped and laid out like the operand), not by a constant, so that on a degraded mesh,
+//! where the forward mean leaves out the degraded devices' shards, the step is that of
+//! the healthy shards' data.
+//!
+//! Ties follow JAX: `maximum`/`minimum` give each operand half the gradient where they
+//! are equal, `reduce_max` splits it evenly among the maxima, `relu` and `abs` give 0 at 0.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use crate::attr::Attr;
+use crate::dtype::{DType, TensorType};
+use crate::error::{Error, Result};
+use crate::graph::{Graph, Node, Output, Param, ParamData};
+use crate::infer::{self, attr_int, attr_ints, attr_str, norm_axes, norm_axis, slice_range, Operand};
+use crate::ops::Op;
+use crate::verify::Info;
+
+/// The name of the output that holds the gradient of `param`.
+pub fn grad_name(param: &str) -> String {
+    format!("grad.{param}")
+}
+
+/// The params (or inputs) `patterns` select, in the graph's order: each pattern is a name
+/// or a glob with `*` and `?`; none means every f32 param. A pattern that selects nothing,
+/// or a selected tensor that is not f32/f16/bf16, is an error.
+pub fn select_wrt(g: &Graph, patterns: &[String]) -> Result<Vec<String>> {
+    let candidates: Vec<(&str, DType)> = g
+        .params
+        .iter()
+        .map(|p| (p.name.as_str(), p.ty.dtype))
+        .chain(g.inputs.iter().map(|i| (i.name.as_str(), i.ty.dtype)))
+        .collect();
+    if patterns.is_empty() {
+        return Ok(g.params.iter().filter(|p| p.ty.dtype == DType::F32).map(|p| p.name.clone()).collect());
+    }
+    let mut chosen = Vec::new();
+    for pat in patterns {
+        let hits: Vec<_> = candidates.iter().filter(|(n, _)| glob(pat, n)).collect();
+        if hits.is_empty() {
+            return Err(Error::new(format!("--wrt '{pat}' matches no param or input of the graph")));
+        }
+        for &&(name, dtype) in &hits {
+            if !is_float(dtype) {
+                return Err(Error::new(format!("--wrt '{pat}': '{name}' is {dtype}, not a float tensor")));
+            }
+            if !chosen.iter().any(|c| c == name) {
+                chosen.push(name.to_string());
+            }
+        }
+    }
+    // The graph's order, whatever order the patterns came in.
+    Ok(candidates.iter().filter(|(n, _)| chosen.iter().any(|c| c == n)).map(|(n, _)| n.to_string()).collect())
+}
+
+/// `*` matches any run of characters, `?` any one character.
+fn glob(pat: &str, name: &str) -> bool {
+    let (p, n): (Vec<char>, Vec<char>) = (pat.chars().collect(), name.chars().collect());
+    // Classic two-pointer match with backtracking to the last star.
+    let (mut i, mut j, mut star, mut mark) = (0, 0, None, 0);
+    while j < n.len() {
+        if i < p.len() && (p[i] == '?' || p[i] == n[j]) {
+            i += 1;
+            j += 1;
+        } else if i < p.len() && p[i] == '*' {
+            star = Some(i);
+            mark = j;
+            i += 1;
+        } else if let Some(s) = star {
+            i = s + 1;
+            mark += 1;
+            j = mark;
+        } else {
+            return false;
+        }
+    }
+    p[i..].iter().all(|&c| c == '*')
+}
+
+fn is_float(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::F16 | DType::BF16)
+}
+
+/// Appends the gradient of the scalar f32 `loss` with respect to each of `wrt` (params or
+/// inputs, as `select_wrt` gives them) to a copy of `g`, whose verifier result is `info`.
+pub fn grad(g: &Graph, info: &Info, loss: &str, wrt: &[String]) -> Result<Graph> {
+    let loss_ty =
+        info.types.get(loss).ok_or_else(|| Error::new(format!("--loss '{loss}' is not a tensor of the graph")))?;
+    if *loss_ty != TensorType::new(DType::F32, vec![]) {
+        return Err(Error::new(format!("--loss '{loss}' is {loss_ty}; the loss must be a scalar f32[]")));
+    }
+
+    // Tensors whose value depends on a differentiated param through float values.
+    let mut depends: HashSet<String> = wrt.iter().cloned().collect();
+    // Tensors the loss is computed from.
+    let mut feeds_loss: HashSet<&str> = HashSet::from([loss]);
+    for &i in info.order.iter().rev() {
+        let n = &g.nodes[i];
+        if feeds_loss.contains(n.name.as_str()) {
+            feeds_loss.extend(n.inputs.iter().map(String::as_str));
+        }
+    }
+    for &i in &info.order {
+        let n = &g.nodes[i];
+        let Some(from) = n.inputs.iter().find(|x| depends.contains(*x)) else { continue };
+        if !feeds_loss.contains(n.name.as_str()) {
+            continue;
+        }
+        if let Some(why) = not_differentiable(n, &info.types[&n.name]) {
+            return Err(Error::at(
+                n.loc,
+                format!("node '{}': {why} is not differentiable, and the loss depends on '{from}' through it", n.name),
+            ));
+        }
+        depends.insert(n.name.clone());
+    }
+
+    let mut b = Builder::new(g, info);
+    let mut contribs: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let one = b.constant(1.0)?;
+    contribs.insert(loss.to_string(), vec![one]);
+    for &i in info.order.iter().rev() {
+        let n = &g.nodes[i];
+        if !depends.contains(&n.name) {
+            continue;
+        }
+        let Some(parts) = contribs.remove(&n.name) else { continue };
+        let gy = b.sum(&n.name, parts)?;
+        b.scope = n.name.clone();
+        for (k, x) in n.inputs.iter().enumerate() {
+            if depends.contains(x) {
+                let d = b.contribution(n, k, &gy)?;
+                contribs.entry(x.clone()).or_default().push(d);
+            }
+        }
+    }
+
+    let mut out = g.clone();
+    let mut wanted = Vec::new();
+    for w in wrt {
+        let ty = b.ty(w).clone();
+        b.scope = w.clone();
+        let total = match contribs.remove(w) {
+            Some(parts) => b.sum(w, parts)?,
+            None => b.zeros(&ty.shape)?,
+        };
+        let name = grad_name(w);
+        if total != name {
+            b.reserve(&name)?;
+            let shape = ty.shape.iter().map(|&d| d as i64).collect::<Vec<_>>();
+            b.push(Node::new(&name, Op::Reshape, &[&total]).with_attr("shape", Attr::ints(&shape)))?;
+        }
+        wanted.push(name);
+    }
+    out.params.extend(b.params);
+    out.nodes.extend(b.nodes);
+    out.outputs.extend(wanted.into_iter().map(Output::new));
+    Ok(out)
+}
+
+/// Why `n`, which consumes a differentiated value, cannot pass a gradient back, if so.
+fn not_differentiable(n: &Node, out: &TensorType) -> Option<String> {
+    if n.op.is_communication() {
+        return Some(format!("{} (differentiate before lowering)", n.op));
+    }
+    if !is_float(out.dtype) {
+        return Some(format!("{} to {}", n.op, out.dtype));
+    }
+    None
+}
+
+/// Appends nodes and constants, inferring each new node's type as it goes.
+struct Builder {
+    types: HashMap<String, TensorType>,
+    taken: HashSet<String>,
+    nodes: Vec<Node>,
+    params: Vec<Param>,
+    consts: BTreeMap<u32, String>,
+    iotas: BTreeMap<usize, String>,
+    /// The forward node whose gradient is being built: names new nodes `bwd.SCOPE.K`.
+    scope: String,
+    next: HashMap<String, usize>,
+}
+
+type Shape = Vec<usize>;
+
+fn ints(v: &[usize]) -> Attr {
+    Attr::ints(&v.iter().map(|&d| d as i64).collect::<Vec<_>>())
+}
+
+impl Builder {
+    fn new(g: &Graph, info: &Info) -> Builder {
+        let taken = info.types.keys().cloned().collect();
+        Builder {
+            types: info.types.clone(),
+            taken,
+            nodes: Vec::new(),
+            params: Vec::new(),
+            consts: BTreeMap::new(),
+            iotas: BTreeMap::new(),
+            scope: g.name.clone(),
+            next: HashMap::new(),
+        }
+    }
+
+    fn ty(&self, name: &str) -> &TensorType {
+        &self.types[name]
+    }
+
+    fn shape(&self, name: &str) -> Shape {
+        self.types[name].shape.clone()
+    }
+
+    fn reserve(&mut self, name: &str) -> Result<()> {
+        if !self.taken.insert(name.to_string()) {
+            return Err(Error::new(format!(
+                "the gradient graph needs the name '{name}', which the graph already uses; rename that tensor"
+            )));
+        }
+        Ok(())
+    }
+
+    fn fresh(&mut self, prefix: &str) -> Result<String> {
+        let k = self.next.entry(prefix.to_string()).or_default();
+        let name = format!("{prefix}.{k}");
+        *k += 1;
+        self.reserve(&name)?;
+        Ok(name)
+    }
+
+    fn push(&mut self, node: Node) -> Result<String> {
+        let operands: Vec<Operand> = node.inputs.iter().map(|i| Operand { ty: &self.types[i], dims: None }).collect();
+        let inf = infer::infer(&node, &operands)
+            .map_err(|e| Error::new(format!("gradient node '{}' ({}): {e}", node.name, node.op)))?;
+        self.types.insert(node.name.clone(), inf.ty);
+        let name = node.name.clone();
+        self.nodes.push(node);
+        Ok(name)
+    }
+
+    fn op(&mut self, op: Op, inputs: &[&str], attrs: &[(&str, Attr)]) -> Result<String> {
+        let name = self.fresh(&format!("bwd.{}", self.scope))?;
+        let mut node = Node::new(name, op, inputs);
+        for (k, v) in attrs {
+            node.attrs.insert(k.to_string(), v.clone());
+        }
+        self.push(node)
+    }
+
+    fn param(&mut self, prefix: &str, ty: TensorType, value: Attr) -> Result<String> {
+        let name = self.fresh(prefix)?;
+        self.types.insert(name.clone(), ty.clone());
+        self.params.push(Param { name: name.clone(), ty, dims: None, data: ParamData::Value(value), loc: None });
+        Ok(name)
+    }
+
+    /// A scalar f32 constant, one param per distinct value.
+    fn constant(&mut self, v: f32) -> Result<String> {
+        if let Some(n) = self.consts.get(&v.to_bits()) {
+            return Ok(n.clone());
+        }
+        let name = self.param("bwd_const", TensorType::new(DType::F32, vec![]), Attr::Float(v as f64))?;
+        self.consts.insert(v.to_bits(), name.clone());
+        Ok(name)
+    }
+
+    /// `[0, 1, ..., n-1]` as f32.
+    fn iota(&mut self, n: usize) -> Result<String> {
+        if let Some(name) = self.iotas.get(&n) {
+            return Ok(name.clone());
+        }
+        let value = Attr::List((0..n).map(|i| Attr::Float(i as f64)).collect());
+        let name = self.param("bwd_iota", TensorType::new(DType::F32, vec![n]), value)?;
+        self.iotas.insert(n, name.clone());
+        Ok(name)
+    }
+
+    fn zeros(&mut self, shape: &[usize]) -> Result<String> {
+        let zero = self.constant(0.0)?;
+        self.op(Op::BroadcastTo, &[&zero], &[("shape", ints(shape))])
+    }
+
+    fn bin(&mut self, op: Op, a: &str, b: &str) -> Result<String> {
+        self.op(op, &[a, b], &[])
+    }
+
+    fn un(&mut self, op: Op, a: &str) -> Result<String> {
+        self.op(op, &[a], &[])
+    }
+
+    fn mul_const(&mut self, a: &str, c: f32) -> Result<String> {
+        let c = self.constant(c)?;
+        self.bin(Op::Mul, a, &c)
+    }
+
+    fn reshape(&mut self, a: &str, shape: &[usize]) -> Result<String> {
+        if self.ty(a).shape == shape {
+            return Ok(a.to_string());
+        }
+        self.op(Op::Reshape, &[a], &[("shape", ints(shape))])
+    }
+
+    /// `a > b` elementwise (with broadcasting), as a bool mask.
+    fn greater(&mut self, a: &str, b: &str) -> Result<String> {
+        let d = self.bin(Op::Sub, a, b)?;
+        self.positive(&d)
+    }
+
+    /// `x > 0` (NaN counts as true).
+    fn positive(&mut self, x: &str) -> Result<String> {
+        let r = self.un(Op::Relu, x)?;
+        self.op(Op::Cast, &[&r], &[("to", Attr::Str("bool".into()))])
+    }
+
+    fn select(&mut self, cond: &str, a: &str, b: &str) -> Result<String> {
+        self.op(Op::Where, &[cond, a, b], &[])
+    }
+
+    /// Sums the contributions to `of`'s gradient left to right; the total of several is
+    /// named `grad.OF`.
+    fn sum(&mut self, of: &str, parts: Vec<String>) -> Result<String> {
+        let mut it = parts.into_iter();
+        let mut acc = it.next().expect("a gradient has at least one contribution");
+        let mut rest = it.peekable();
+        while let Some(p) = rest.next() {
+            let name = if rest.peek().is_none() {
+                let n = grad_name(of);
+                self.reserve(&n)?;
+                n
+            } else {
+                self.fresh(&format!("bwd.{of}.acc"))?
+            };
+            acc = self.push(Node::new(name, Op::Add, &[&acc, &p]))?;
+        }
+        Ok(acc)
+    }
+
+    /// Sums `d` (a gradient of a broadcast result) down to `shape`, the operand's shape.
+    fn unbroadcast(&mut self, d: &str, shape: &[usize]) -> Result<String> {
+        let have = self.shape(d);
+        if have == shape {
+            return Ok(d.to_string());
+        }
+        let lead = have.len() - shape.len();
+        let axes: Vec<usize> =
+            (0..have.len()).filter(|&i| i < lead || (shape[i - lead] == 1 && have[i] != 1)).collect();
+        let s = if axes.is_empty() {
+            d.to_string()
+        } else {
+            self.op(Op::ReduceSum, &[d], &[("axes", ints(&axes)), ("keepdims", Attr::Bool(false))])?
+        };
+        self.reshape(&s, shape)
+    }
+
+    /// `d` (of the shape `x` had after reducing `axes` without keepdims) broadcast back.
+    fn unreduce(&mut self, d: &str, x_shape: &[usize], axes: &[usize]) -> Result<String> {
+        let kept: Vec<usize> =
+            x_shape.iter().enumerate().map(|(i, &n)| if axes.contains(&i) { 1 } else { n }).collect();
+        let d = self.reshape(d, &kept)?;
+        if kept == x_shape {
+            return Ok(d);
+        }
+        self.op(Op::BroadcastTo, &[&d], &[("shape", ints(x_shape))])
+    }
+
+    fn reduce_keep(&mut self, op: Op, x: &str, axes: &[usize]) -> Result<String> {
+        self.op(op, &[x], &[("axes", ints(axes)), ("keepdims", Attr::Bool(true))])
+    }
+
+    /// The contribution of node `n`'s result gradient `gy` to the gradient of its operand `k`.
+    fn contribution(&mut self, n: &Node, k: usize, gy: &str) -> Result<String> {
+        use Op::*;
+        let x = n.inputs[k].as_str();
+        let y = n.name.as_str();
+        let x_shape = self.shape(x);
+        let fail = |msg: &str| Error::at(n.loc, format!("node '{}': {msg}", n.name));
+        let d = match n.op {
+            Add => gy.to_string(),
+            Sub if k == 0 => gy.to_string(),
+            Sub => self.un(Neg, gy)?,
+            Mul => self.bin(Mul, gy, &n.inputs[1 - k])?,
+            Div if k == 0 => self.bin(Div, gy, &n.inputs[1])?,
+            Div => {
+                let gyy = self.bin(Mul, gy, y)?;
+                let q = self.bin(Div, &gyy, &n.inputs[1])?;
+                self.un(Neg, &q)?
+            }
+            Pow if k == 0 => {
+                // d(a^b)/da = b·a^(b-1)
+                let one = self.constant(1.0)?;
+                let bm1 = self.bin(Sub, &n.inputs[1], &one)?;
+                let p = self.bin(Pow, &n.inputs[0], &bm1)?;
+                let bp = self.bin(Mul, &n.inputs[1], &p)?;
+                self.bin(Mul, gy, &bp)?
+            }
+            Pow => {
+                // d(a^b)/db = a^b·log(a)
+                let l = self.un(Log, &n.inputs[0])?;
+                let yl = self.bin(Mul, y, &l)?;
+                self.bin(Mul, gy, &yl)?
+            }
+            Maximum | Minimum => {
+                let (a, b) = (&n.inputs[0], &n.inputs[1]);
+                // For maximum operand 0 wins where a > b; for minimum where b > a.
+                let (mine, theirs) = if (n.op == Maximum) == (k == 0) { (a, b) } else { (b, a) };
+                let wins = self.greater(mine, theirs)?;
+                let loses = self.greater(theirs, mine)?;
+                let zero = self.constant(0.0)?;
+                let half = self.mul_const(gy, 0.5)?;
+                let tie = self.select(&loses, &zero, &half)?;
+                self.select(&wins, gy, &tie)?
+            }
+            Neg => self.un(Neg, gy)?,
+            Abs => {
+                let zero = self.constant(0.0)?;
+                let pos = self.positive(x)?;
+                let nx = self.un(Neg, x)?;
+                let neg = self.positive(&nx)?;
+                let ng = self.un(Neg, gy)?;
+                let inner = self.select(&pos, gy, &zero)?;
+                self.select(&neg, &ng, &inner)?
+            }
+            Relu => {
+                let zero = self.constant(0.0)?;
+                let pos = self.op(Cast, &[y], &[("to", Attr::Str("bool".into()))])?;
+                self.select(&pos, gy, &zero)?
+            }
+            Exp => self.bin(Mul, gy, y)?,
+            Log => self.bin(Div, gy, x)?,
+            Sqrt => {
+                let h = self.mul_const(gy, 0.5)?;
+                self.bin(Div, &h, y)?
+            }
+            Rsqrt => {
+                // d(x^-1/2)/dx = -½·y³
+                let y2 = self.bin(Mul, y, y)?;
+                let y3 = self.bin(Mul, &y2, y)?;
+                let c = self.mul_const(&y3, -0.5)?;
+                self.bin(Mul, gy, &c)?
+            }
+            Tanh => {
+                let one = self.constant(1.0)?;
+                let y2 = self.bin(Mul, y, y)?;
+                let s = self.bin(Sub, &one, &y2)?;
+                self.bin(Mul, gy, &s)?
+            }
+            Sigmoid => {
+                let one = self.constant(1.0)?;
+                let s = self.bin(Sub, &one, y)?;
+                let ys = self.bin(Mul, y, &s)?;
+                self.bin(Mul, gy, &ys)?
+            }
+            Erf => {
+                let x2 = self.bin(Mul, x, x)?;
+                let nx2 = self.un(Neg, &x2)?;
+                let e = self.un(Exp, &nx2)?;
+                let d = self.mul_const(&e, std::f64::consts::FRAC_2_SQRT_PI as f32)?;
+                self.bin(Mul, gy, &d)?
+            }
+            Gelu => {
+                let d = match attr_str(n, "approximate", "none") {
+                    "tanh" => self.gelu_tanh_slope(x)?,
+                    _ => self.gelu_slope(x)?,
+                };
+                self.bin(Mul, gy, &d)?
+            }
+            Cast => {
+                let from = self.ty(x).dtype;
+                if from == self.ty(y).dtype {
+                    gy.to_string()
+                } else {
+                    self.op(Cast, &[gy], &[("to", Attr::Str(from.name().into()))])?
+                }
+            }
+            Where if k == 0 => return Err(fail("the condition of where has no gradient")),
+            Where => {
+                let zero = self.constant(0.0)?;
+                let zero = if self.ty(gy).dtype == DType::F32 {
+                    zero
+                } else {
+                    let dt = self.ty(gy).dtype.name();
+                    self.op(Cast, &[&zero], &[("to", Attr::Str(dt.into()))])?
+                };
+                if k == 1 {
+                    self.select(&n.inputs[0], gy, &zero)?
+                } else {
+                    self.select(&n.inputs[0], &zero, gy)?
+                }
+            }
+            MatMul => self.matmul(n, k, gy)?,
+            Einsum => self.einsum(n, k, gy)?,
+            ReduceSum | ReduceMean | ReduceMax => {
+                let axes = match attr_ints(n, "axes") {
+                    Some(a) => norm_axes(&a, x_shape.len()).map_err(|e| fail(&e))?,
+                    None => (0..x_shape.len()).collect(),
+                };
+                let g = self.unreduce(gy, &x_shape, &axes)?;
+                match n.op {
+                    ReduceSum => g,
+                    ReduceMean if axes.is_empty() => g,
+                    ReduceMean => {
+                        // g / (the number of elements averaged), counted by a reduce_sum
+                        // of ones laid out like x rather than taken from the shape: on a
+                        // degraded mesh the forward mean averages the healthy shards only,
+                        // and so does this count.
+                        let present = self.op(Cast, &[x], &[("to", Attr::Str("bool".into()))])?;
+                        let one = self.constant(1.0)?;
+                        let ones = self.select(&present, &one, &one)?;
+                        let count = self.reduce_keep(ReduceSum, &ones, &axes)?;
+                        self.bin(Div, &g, &count)?
+                    }
+                    _ if axes.is_empty() => g,
+                    _ => {
+                        // Evenly among the maxima: ind = (x >= max), d = g·ind / Σind.
+                        let m = self.unreduce(y, &x_shape, &axes)?;
+                        let below = self.greater(&m, x)?;
+                        let (zero, one) = (self.constant(0.0)?, self.constant(1.0)?);
+                        let ind = self.select(&below, &zero, &one)?;
+                        let count = self.reduce_keep(ReduceSum, &ind, &axes)?;
+                        let share = self.bin(Div, &ind, &count)?;
+                        self.bin(Mul, &g, &share)?
+                    }
+                }
+            }
+            Softmax => {
+                let axis = norm_axis(attr_int(n, "axis", -1), x_shape.len()).map_err(|e| fail(&e))?;
+                let gyy = self.bin(Mul, gy, y)?;
+                let s = self.reduce_keep(ReduceSum, &gyy, &[axis])?;
+                let c = self.bin(Sub, gy, &s)?;
+                self.bin(Mul, y, &c)?
+            }
+            LayerNorm => self.layer_norm(n, k, gy)?,
+            Reshape => self.reshape(gy, &x_shape)?,
+            Transpose => {
+                let rank = x_shape.len();
+                let perm = match attr_ints(n, "perm") {
+                    Some(p) => {
+                        p.iter().map(|&a| norm_axis(a, rank)).collect::<Result<Vec<_>, _>>().map_err(|e| fail(&e))?
+                    }
+                    None => (0..rank).rev().collect(),
+                };
+                let mut inv = vec![0; rank];
+                for (i, &p) in perm.iter().enumerate() {
+                    inv[p] = i;
+                }
+                self.op(Transpose, &[gy], &[("perm", ints(&inv))])?
+            }
+            BroadcastTo => gy.to_string(),
+            Concat => {
+                let axis = norm_axis(attr_int(n, "axis", 0), x_shape.len()).map_err(|e| fail(&e))?;
+                let start: usize = n.inputs[..k].iter().map(|o| self.shape(o)[axis]).sum();
+                let end = start + x_shape[axis];
+                let a = [("starts", ints(&[start])), ("ends", ints(&[end])), ("axes", ints(&[axis]))];
+                self.op(Slice, &[gy], &a)?
+            }
+            Slice => self.slice(n, gy)?,
+            Gather if k == 0 => self.gather(n, gy)?,
+            Gather => return Err(fail("the indices of gather have no gradient")),
+            op => return Err(fail(&format!("{op} has no gradient"))),
+        };
+        self.unbroadcast(&d, &x_shape)
+    }
+
+    /// d gelu(x)/dx = Φ(x) + x·φ(x).
+    fn gelu_slope(&mut self, x: &str) -> Result<String> {
+        let xs = self.mul_const(x, std::f64::consts::FRAC_1_SQRT_2 as f32)?;
+        let e = self.un(Op::Erf, &xs)?;
+        let one = self.constant(1.0)?;
+        let e1 = self.bin(Op::Add, &one, &e)?;
+        let cdf = self.mul_const(&e1, 0.5)?;
+        let x2 = self.bin(Op::Mul, x, x)?;
+        let h = self.mul_const(&x2, -0.5)?;
+        let ex = self.un(Op::Exp, &h)?;
+        let pdf = self.mul_const(&ex, (1.0 / (2.0 * std::f64::consts::PI).sqrt()) as f32)?;
+        let xpdf = self.bin(Op::Mul, x, &pdf)?;
+        self.bin(Op::Add, &cdf, &xpdf)
+    }
+
+    /// gelu_tanh(x) = ½x(1+t), t = tanh(c(x + 0.044715x³)):
+    /// slope ½(1+t) + ½x(1-t²)·c(1 + 3·0.044715x²).
+    fn gelu_tanh_slope(&mut self, x: &str) -> Result<String> {
+        let c = (2.0 / std::f64::consts::PI).sqrt() as f32;
+        let one = self.constant(1.0)?;
+        let x2 = self.bin(Op::Mul, x, x)?;
+        let x3 = self.bin(Op::Mul, &x2, x)?;
+        let k3 = self.mul_const(&x3, 0.044715)?;
+        let inner = self.bin(Op::Add, x, &k3)?;
+        let u = self.mul_const(&inner, c)?;
+        let t = self.un(Op::Tanh, &u)?;
+        let t1 = self.bin(Op::Add, &one, &t)?;
+        let left = self.mul_const(&t1, 0.5)?;
+        let t2 = self.bin(Op::Mul, &t, &t)?;
+        let sech2 = self.bin(Op::Sub, &one, &t2)?;
+        let k2 = self.mul_const(&x2, 3.0 * 0.044715)?;
+        let du = self.bin(Op::Add, &one, &k2)?;
+        let du = self.mul_const(&du, c)?;
+        let hx = self.mul_const(x, 0.5)?;
+        let r = self.bin(Op::Mul, &hx, &sech2)?;
+        let right = self.bin(Op::Mul, &r, &du)?;
+        self.bin(Op::Add, &left, &right)
+    }
+
+    /// numpy matmul: 1-D operands are promoted to matrices, batch dims broadcast (summed
+    /// back by `unbroadcast` in the caller).
+    fn matmul(&mut self, n: &Node, k: usize, gy: &str) -> Result<String> {
+        let (a, b) = (n.inputs[0].as_str(), n.inputs[1].as_str());
+        let (sa, sb) = (self.shape(a), self.shape(b));
+        let a2: Shape = if sa.len() == 1 { vec![1, sa[0]] } else { sa.clone() };
+        let b2: Shape = if sb.len() == 1 { vec![sb[0], 1] } else { sb.clone() };
+        let mut g2 = self.shape(gy);
+        if sa.len() == 1 {
+            g2.insert(g2.len() - usize::from(sb.len() != 1), 1);
+        }
+        if sb.len() == 1 {
+            g2.push(1);
+        }
+        let g = self.reshape(gy, &g2)?;
+        let swap = |r: usize| -> Vec<usize> {
+            let mut p: Vec<usize> = (0..r).collect();
+            p.swap(r - 2, r - 1);
+            p
+        };
+        let d = if k == 0 {
+            let b = self.reshape(b, &b2)?;
+            let bt = self.op(Op::Transpose, &[&b], &[("perm", ints(&swap(b2.len())))])?;
+            let d = self.bin(Op::MatMul, &g, &bt)?;
+            self.unbroadcast(&d, &a2)?
+        } else {
+            let a = self.reshape(a, &a2)?;
+            let at = self.op(Op::Transpose, &[&a], &[("perm", ints(&swap(a2.len())))])?;
+            let d = self.bin(Op::MatMul, &at, &g)?;
+            self.unbroadcast(&d, &b2)?
+        };
+        self.reshape(&d, if k == 0 { &sa } else { &sb })
+    }
+
+    /// The gradient of operand k of an einsum is an einsum of the output gradient with
+    /// the other operands; letters only operand k has are a broadcast of the result.
+    fn einsum(&mut self, n: &Node, k: usize, gy: &str) -> Result<String> {
+        let eq = attr_str(n, "equation", "");
+        let (terms, out) = infer::parse_equation(eq, n.inputs.len())
+            .map_err(|e| Error::at(n.loc, format!("node '{}': {e}", n.name)))?;
+        let mut operands = vec![gy.to_string()];
+        let mut lhs: Vec<String> = vec![out.iter().collect()];
+        for (i, t) in terms.iter().enumerate() {
+            if i != k {
+                operands.push(n.inputs[i].clone());
+                lhs.push(t.iter().collect());
+            }
+        }
+        let mine = &terms[k];
+        let seen: HashSet<char> = lhs.iter().flat_map(|s| s.chars()).collect();
+        let kept: Vec<char> = mine.iter().copied().filter(|c| seen.contains(c)).collect();
+        let eq = format!("{}->{}", lhs.join(","), kept.iter().collect::<String>());
+        let refs: Vec<&str> = operands.iter().map(String::as_str).collect();
+        let d = self.op(Op::Einsum, &refs, &[("equation", Attr::Str(eq))])?;
+        if kept.len() == mine.len() {
+            return Ok(d);
+        }
+        let x_shape = self.shape(&n.inputs[k]);
+        let axes: Vec<usize> = (0..mine.len()).filter(|&i| !seen.contains(&mine[i])).collect();
+        self.unreduce(&d, &x_shape, &axes)
+    }
+
+    /// layer_norm over dims `axis..`: with x̂ = (x-μ)·r, r = 1/√(var+eps),
+    /// dx = r·(dx̂ - mean(dx̂) - x̂·mean(dx̂·x̂)), dx̂ = g·γ, dγ = Σ g·x̂, dβ = Σ g.
+    fn layer_norm(&mut self, n: &Node, k: usize, gy: &str) -> Result<String> {
+        let x = n.inputs[0].as_str();
+        let shape = self.shape(x);
+        let axis = norm_axis(attr_int(n, "axis", -1), shape.len())
+            .map_err(|e| Error::at(n.loc, format!("node '{}': {e}", n.name)))?;
+        let norm: Vec<usize> = (axis..shape.len()).collect();
+        let lead: Vec<usize> = (0..axis).collect();
+        if k == 2 {
+            return self.unbroadcast(gy, &shape[axis..]);
+        }
+        let eps = n.attrs.get("eps").and_then(Attr::as_float).unwrap_or(1e-5);
+        let mu = self.reduce_keep(Op::ReduceMean, x, &norm)?;
+        let xc = self.bin(Op::Sub, x, &mu)?;
+        let sq = self.bin(Op::Mul, &xc, &xc)?;
+        let var = self.reduce_keep(Op::ReduceMean, &sq, &norm)?;
+        let eps = self.constant(eps as f32)?;
+        let ve = self.bin(Op::Add, &var, &eps)?;
+        let r = self.un(Op::Rsqrt, &ve)?;
+        let xhat = self.bin(Op::Mul, &xc, &r)?;
+        if k == 1 {
+            let gx = self.bin(Op::Mul, gy, &xhat)?;
+            if lead.is_empty() {
+                return Ok(gx);
+            }
+            return self.op(Op::ReduceSum, &[&gx], &[("axes", ints(&lead)), ("keepdims", Attr::Bool(false))]);
+        }
+        let dxhat = self.bin(Op::Mul, gy, &n.inputs[1])?;
+        let m1 = self.reduce_keep(Op::ReduceMean, &dxhat, &norm)?;
+        let dx_x = self.bin(Op::Mul, &dxhat, &xhat)?;
+        let m2 = self.reduce_keep(Op::ReduceMean, &dx_x, &norm)?;
+        let t = self.bin(Op::Mul, &xhat, &m2)?;
+        let c = self.bin(Op::Sub, &dxhat, &m1)?;
+        let c = self.bin(Op::Sub, &c, &t)?;
+        self.bin(Op::Mul, &r, &c)
+    }
+
+    /// The gradient of a slice: per sliced axis, the output gradient put back at the
+    /// positions the slice read, zeros elsewhere.
+    fn slice(&mut self, n: &Node, gy: &str) -> Result<String> {
+        let fail = |e: String| Error::at(n.loc, format!("node '{}': {e}", n.name));
+        let x_shape = self.shape(&n.inputs[0]);
+        let rank = x_shape.len();
+        let starts = attr_ints(n, "starts").unwrap_or_default();
+        let ends = attr_ints(n, "ends").unwrap_or_default();
+        let axes = attr_ints(n, "axes").unwrap_or_else(|| (0..starts.len() as i64).collect());
+        let steps = attr_ints(n, "steps").unwrap_or_else(|| vec![1; starts.len()]);
+        let mut g = gy.to_string();
+        for j in 0..starts.len() {
+            let axis = norm_axis(axes[j], rank).map_err(fail)?;
+            let size = x_shape[axis];
+            let (start, len) = slice_range(starts[j], ends[j], steps[j], size).map_err(fail)?;
+            let mut shape = self.shape(&g);
+            if len == 0 {
+                shape[axis] = size;
+                g = self.zeros(&shape)?;
+                continue;
+            }
+            let (mut first, step) = (start, steps[j].unsigned_abs() as usize);
+            if steps[j] < 0 {
+                let rev = [
+                    ("starts", Attr::ints(&[-1])),
+                    ("ends", Attr::ints(&[-(len as i64) - 1])),
+                    ("axes", ints(&[axis])),
+                    ("steps", Attr::ints(&[-1])),
+                ];
+                g = self.op(Op::Slice, &[&g], &rev)?;
+                first = start - step * (len - 1);
+            }
+            if step > 1 {
+                // [.., len, ..] → [.., len, 1, ..] ++ zeros [.., len, step-1, ..] → [.., len·step, ..]
+                let mut col = shape.clone();
+                col.insert(axis + 1, 1);
+                let gc = self.reshape(&g, &col)?;
+                col[axis + 1] = step - 1;
+                let z = self.zeros(&col)?;
+                let cat = self.op(Op::Concat, &[&gc, &z], &[("axis", Attr::Int(axis as i64 + 1))])?;
+                shape[axis] = len * step;
+                g = self.reshape(&cat, &shape)?;
+                if first + len * step > size {
+                    let keep = size - first;
+                    let a = [("starts", ints(&[0])), ("ends", ints(&[keep])), ("axes", ints(&[axis]))];
+                    g = self.op(Op::Slice, &[&g], &a)?;
+                    shape[axis] = keep;
+                }
+            }
+            let after = size - first - shape[axis];
+            let mut parts = Vec::new();
+            for (width, is_g) in [(first, false), (shape[axis], true), (after, false)] {
+                if is_g {
+                    parts.push(g.clone());
+                } else if width > 0 {
+                    let mut zs = shape.clone();
+                    zs[axis] = width;
+                    parts.push(self.zeros(&zs)?);
+                }
+            }
+            if parts.len() > 1 {
+                let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
+                g = self.op(Op::Concat, &refs, &[("axis", Attr::Int(axis as i64))])?;
+            }
+        }
+        Ok(g)
+    }
+
+    /// gather's gradient: Σ over the indices of gy times the one-hot of each index.
+    fn gather(&mut self, n: &Node, gy: &str) -> Result<String> {
+        let (data, idx) = (n.inputs[0].as_str(), n.inputs[1].as_str());
+        let d_shape = self.shape(data);
+        let i_shape = self.shape(idx);
+        let fail = |e: String| Error::at(n.loc, format!("node '{}': {e}", n.name));
+        let axis = norm_axis(attr_int(n, "axis", 0), d_shape.len()).map_err(fail)?;
+        let size = d_shape[axis];
+        const LETTERS: &str = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+        if d_shape.len() + i_shape.len() > LETTERS.len() {
+            return Err(fail("gather's gradient supports data and indices ranks up to 52 together".into()));
+        }
+        let iota = self.iota(size)?;
+        let fi = self.op(Op::Cast, &[idx], &[("to", Attr::Str("f32".into()))])?;
+        let mut col = i_shape.clone();
+        col.push(1);
+        let fi = self.reshape(&fi, &col)?;
+        let d = self.bin(Op::Sub, &fi, &iota)?;
+        let one = self.constant(1.0)?;
+        let ad = self.un(Op::Abs, &d)?;
+        let hit = self.bin(Op::Sub, &one, &ad)?;
+        let hit = self.un(Op::Relu, &hit)?;
+        let n_c = self.constant(size as f32)?;
+        let dn = self.bin(Op::Add, &d, &n_c)?;
+        let adn = self.un(Op::Abs, &dn)?;
+        let hitn = self.bin(Op::Sub, &one, &adn)?;
+        let hitn = self.un(Op::Relu, &hitn)?;
+        let onehot = self.bin(Op::Add, &hit, &hitn)?;
+        let l: Vec<char> = LETTERS.chars().collect();
+        let (dl, il) = (&l[..d_shape.len()], &l[d_shape.len()..d_shape.len() + i_shape.len()]);
+        let g_letters: String = dl[..axis].iter().chain(il).chain(&dl[axis + 1..]).collect();
+        let oh_letters: String = il.iter().chain([&dl[axis]]).collect();
+        let out: String = dl.iter().collect();
+        let eq = format!("{g_letters},{oh_letters}->{out}");
+        self.op(Op::Einsum, &[gy, &onehot], &[("equation", Attr::Str(eq))])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob;
+
+    #[test]
+    fn globs() {
+        assert!(glob("w*", "w1"));
+        assert!(glob("*", ""));
+        assert!(glob("attn.*.w?", "attn.q.wk"));
+        assert!(!glob("attn.*.w?", "attn.q.wkk"));
+        assert!(glob("*b*b", "abcbb"));
+        assert!(!glob("w1", "w12"));
+    }
+}

@@ -1,0 +1,442 @@
+//! The `grad` transform against central finite differences on the interpreter, one op at
+//! a time over random shapes and attributes (a property test), plus its refusals.
+//!
+//! The interpreter has no f64 dtype (it rounds to f32 after every op), so the differences
+//! are taken in f32 with a step of 5e-3 on values at least 0.025 away from every kink
+//! (relu, abs, maximum/minimum, reduce_max), and compared with |analytic - numeric| <=
+//! 2e-3 + 2e-2·|numeric|. The rounding noise of a loss of a few units is ~1e-6, i.e.
+//! ~1e-4 in the quotient, and the truncation error h²f'''/6 ~ 1e-5: a missing term, a
+//! wrong factor or a wrong sign is off by far more than the tolerance.
+//!
+//! Each case's graph is `y = OP(operands)`, `loss = reduce_sum(y * r)` with a random `r`,
+//! so every element of the gradient of y is weighted differently.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use meshc_ir::grad::{grad, select_wrt};
+use meshc_ir::{interp, params, verify, Attr, DType, Graph, Input, Node, Op, Output, Tensor, TensorType};
+use proptest::prelude::*;
+
+/// xorshift64*: the cases' values come from a proptest-chosen seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn shape(&mut self, rank: usize) -> Vec<usize> {
+        (0..rank).map(|_| 1 + self.below(3)).collect()
+    }
+    /// A shape of rank `min_rank` to `min_rank + spread - 1`.
+    fn any_shape(&mut self, min_rank: usize, spread: usize) -> Vec<usize> {
+        let rank = min_rank + self.below(spread);
+        self.shape(rank)
+    }
+    /// Distinct magnitudes 0.25 + 0.05·k (+ `offset`), random signs unless `positive`:
+    /// any two values of one tensor are ≥ 0.05 apart, of tensors with offsets differing by
+    /// 0.025 at least 0.025.
+    fn values(&mut self, n: usize, offset: f64, positive: bool) -> Vec<f32> {
+        let mut perm: Vec<usize> = (0..n).collect();
+        for i in (1..n).rev() {
+            perm.swap(i, self.below(i + 1));
+        }
+        perm.iter()
+            .map(|&k| {
+                let sign = if positive || self.next() & 1 == 0 { 1.0 } else { -1.0 };
+                (sign * (0.25 + 0.05 * k as f64 + offset)) as f32
+            })
+            .collect()
+    }
+}
+
+/// One case: a graph computing `y`, its input values, and the inputs to differentiate.
+struct Case {
+    inputs: Vec<(String, Tensor)>,
+    nodes: Vec<Node>,
+    wrt: Vec<String>,
+}
+
+impl Case {
+    fn new() -> Case {
+        Case { inputs: Vec::new(), nodes: Vec::new(), wrt: Vec::new() }
+    }
+    fn input(&mut self, name: &str, t: Tensor, diff: bool) -> String {
+        self.inputs.push((name.to_string(), t));
+        if diff {
+            self.wrt.push(name.to_string());
+        }
+        name.to_string()
+    }
+    fn float(&mut self, rng: &mut Rng, name: &str, shape: Vec<usize>, offset: f64, positive: bool) -> String {
+        let n = shape.iter().product();
+        let t = Tensor::f32(shape, rng.values(n, offset, positive));
+        self.input(name, t, true)
+    }
+    fn node(&mut self, n: Node) {
+        self.nodes.push(n);
+    }
+
+    /// The graph with `loss = reduce_sum(y * r)` appended.
+    fn graph(&self, rng: &mut Rng) -> (Graph, HashMap<String, Tensor>) {
+        let mut g = Graph { name: "case".into(), ..Default::default() };
+        let mut values: HashMap<String, Tensor> = self.inputs.iter().cloned().collect();
+        for (name, t) in &self.inputs {
+            g.inputs.push(Input { name: name.clone(), ty: t.ty(), dims: None, loc: None });
+        }
+        g.nodes.clone_from(&self.nodes);
+        let info = verify::verify(&Graph { outputs: vec![Output::new("y")], ..g.clone() }).expect("case verifies");
+        let y_ty = &info.types["y"];
+        let r = Tensor::f32(y_ty.shape.clone(), (0..y_ty.numel()).map(|_| (rng.unit() * 2.0 - 1.0) as f32).collect());
+        g.inputs.push(Input { name: "r".into(), ty: r.ty(), dims: None, loc: None });
+        values.insert("r".into(), r);
+        g.nodes.push(Node::new("yr", Op::Mul, &["y", "r"]));
+        g.nodes.push(Node::new("loss", Op::ReduceSum, &["yr"]));
+        g.outputs.push(Output::new("loss"));
+        (g, values)
+    }
+}
+
+fn loss_of(g: &Graph, info: &verify::Info, values: &HashMap<String, Tensor>) -> f64 {
+    let out = interp::run(g, &info.order, &info.types, values.clone()).expect("forward runs");
+    out["loss"].data.to_f64()[0]
+}
+
+/// Checks every gradient element of `case` against central differences.
+fn check(case: &Case, rng: &mut Rng) -> Result<(), TestCaseError> {
+    let (g, values) = case.graph(rng);
+    let info = verify::verify(&g).expect("forward verifies");
+    let wrt = select_wrt(&g, &case.wrt).expect("wrt selects");
+    let gg = grad(&g, &info, "loss", &wrt).expect("grad builds");
+    let ginfo = verify::verify(&gg).unwrap_or_else(|e| panic!("gradient graph verifies: {e}"));
+    let mut all = values.clone();
+    all.extend(params::load_all(&gg, Path::new(".")).expect("constants load"));
+    let grads = interp::run(&gg, &ginfo.order, &ginfo.types, all).expect("gradient graph runs");
+    const H: f32 = 5e-3;
+    for w in &wrt {
+        let analytic = grads[&format!("grad.{w}")].data.to_f64();
+        let base = values[w].clone();
+        let n = base.numel();
+        prop_assert_eq!(analytic.len(), n);
+        for (i, &want) in analytic.iter().enumerate() {
+            let x = base.as_f32().expect("wrt inputs are f32")[i];
+            let at = |v: f32| {
+                let mut vals = values.clone();
+                let mut t = base.as_f32().expect("f32").to_vec();
+                t[i] = v;
+                vals.insert(w.clone(), Tensor::f32(base.shape.clone(), t));
+                loss_of(&g, &info, &vals)
+            };
+            let (hi, lo) = (x + H, x - H);
+            let numeric = (at(hi) - at(lo)) / (hi as f64 - lo as f64);
+            prop_assert!(
+                (want - numeric).abs() <= 2e-3 + 2e-2 * numeric.abs(),
+                "d loss / d {}[{}]: grad gives {}, finite differences {}\n{}",
+                w,
+                i,
+                want,
+                numeric,
+                meshc_ir::text::print(&gg)
+            );
+        }
+    }
+    Ok(())
+}
+
+fn ints(v: &[i64]) -> Attr {
+    Attr::ints(v)
+}
+
+/// A shape `b` broadcasts against `a` with: some dims set to 1, some leading dims dropped.
+fn broadcastable(rng: &mut Rng, a: &[usize]) -> Vec<usize> {
+    let drop = rng.below(a.len() + 1);
+    a[drop..].iter().map(|&d| if rng.below(3) == 0 { 1 } else { d }).collect()
+}
+
+const BINARY: &[Op] = &[Op::Add, Op::Sub, Op::Mul, Op::Div, Op::Maximum, Op::Minimum, Op::Pow];
+const UNARY: &[Op] =
+    &[Op::Neg, Op::Abs, Op::Exp, Op::Log, Op::Sqrt, Op::Rsqrt, Op::Tanh, Op::Erf, Op::Sigmoid, Op::Relu, Op::Gelu];
+
+fn elementwise_case(rng: &mut Rng) -> Case {
+    let mut c = Case::new();
+    let shape = rng.any_shape(0, 4);
+    if rng.below(2) == 0 {
+        let op = UNARY[rng.below(UNARY.len())];
+        let positive = matches!(op, Op::Log | Op::Sqrt | Op::Rsqrt);
+        let x = c.float(rng, "x", shape, 0.0, positive);
+        let mut n = Node::new("y", op, &[&x]);
+        if op == Op::Gelu {
+            n = n.with_attr("approximate", Attr::Str(["none", "tanh"][rng.below(2)].into()));
+        }
+        c.node(n);
+    } else {
+        let op = BINARY[rng.below(BINARY.len())];
+        let (sa, sb) = if rng.below(2) == 0 {
+            let b = broadcastable(rng, &shape);
+            (shape, b)
+        } else {
+            (broadcastable(rng, &shape), shape)
+        };
+        let a = c.float(rng, "a", sa, 0.0, op == Op::Pow);
+        let b = c.float(rng, "b", sb, 0.025, false);
+        c.node(Node::new("y", op, &[&a, &b]));
+    }
+    c
+}
+
+fn where_case(rng: &mut Rng) -> Case {
+    let mut c = Case::new();
+    let shape = rng.any_shape(1, 3);
+    let cs = broadcastable(rng, &shape);
+    let n = cs.iter().product();
+    let cond = Tensor::new(cs, meshc_ir::Data::Bool((0..n).map(|_| rng.below(2) == 0).collect()));
+    c.input("c", cond, false);
+    let bs = broadcastable(rng, &shape);
+    c.float(rng, "a", shape, 0.0, false);
+    c.float(rng, "b", bs, 0.0, false);
+    c.node(Node::new("y", Op::Where, &["c", "a", "b"]));
+    c
+}
+
+fn contraction_case(rng: &mut Rng) -> Case {
+    let mut c = Case::new();
+    let (m, k, n) = (1 + rng.below(3), 1 + rng.below(3), 1 + rng.below(3));
+    match rng.below(6) {
+        0 => {
+            c.float(rng, "a", vec![m, k], 0.0, false);
+            c.float(rng, "b", vec![k, n], 0.0, false);
+        }
+        1 => {
+            c.float(rng, "a", vec![k], 0.0, false);
+            c.float(rng, "b", vec![2, k, n], 0.0, false);
+        }
+        2 => {
+            c.float(rng, "a", vec![2, 1, m, k], 0.0, false);
+            c.float(rng, "b", vec![k], 0.0, false);
+        }
+        3 => {
+            c.float(rng, "a", vec![3, m, k], 0.0, false);
+            c.float(rng, "b", vec![k, n], 0.0, false);
+        }
+        4 => {
+            c.float(rng, "a", vec![k], 0.0, false);
+            c.float(rng, "b", vec![k], 0.0, false);
+        }
+        _ => {
+            // Einsums: plain, batched, a letter only one operand has, three operands.
+            let (eq, shapes): (&str, Vec<Vec<usize>>) = match rng.below(4) {
+                0 => ("ij,jk->ki", vec![vec![m, k], vec![k, n]]),
+                1 => ("bij,bkj->bik", vec![vec![2, m, k], vec![2, n, k]]),
+                2 => ("ij,k->kj", vec![vec![m, k], vec![n]]),
+                _ => ("ab,bc,cd->ad", vec![vec![m, k], vec![k, n], vec![n, 2]]),
+            };
+            let names: Vec<String> =
+                shapes.into_iter().enumerate().map(|(i, s)| c.float(rng, &format!("e{i}"), s, 0.0, false)).collect();
+            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            c.node(Node::new("y", Op::Einsum, &refs).with_attr("equation", Attr::Str(eq.into())));
+            return c;
+        }
+    }
+    c.node(Node::new("y", Op::MatMul, &["a", "b"]));
+    c
+}
+
+fn reduction_case(rng: &mut Rng) -> Case {
+    let mut c = Case::new();
+    let rank = 1 + rng.below(3);
+    let shape = rng.shape(rank);
+    let x = c.float(rng, "x", shape, 0.0, false);
+    let op = [Op::ReduceSum, Op::ReduceMean, Op::ReduceMax, Op::Softmax, Op::LayerNorm][rng.below(5)];
+    let axis = rng.below(rank) as i64 - if rng.below(2) == 0 { rank as i64 } else { 0 };
+    let node = match op {
+        Op::Softmax => Node::new("y", op, &[&x]).with_attr("axis", Attr::Int(axis)),
+        Op::LayerNorm => {
+            let shape = c.inputs[0].1.shape.clone();
+            let norm = shape[(axis + if axis < 0 { rank as i64 } else { 0 }) as usize..].to_vec();
+            let gm = c.float(rng, "gamma", norm.clone(), 0.0, false);
+            let bt = c.float(rng, "beta", norm, 0.0, false);
+            Node::new("y", op, &[&x, &gm, &bt]).with_attr("axis", Attr::Int(axis)).with_attr("eps", Attr::Float(1e-3))
+        }
+        _ => {
+            let mut n = Node::new("y", op, &[&x]).with_attr("keepdims", Attr::Bool(rng.below(2) == 0));
+            if rng.below(4) != 0 {
+                let axes: Vec<i64> = (0..rank as i64).filter(|_| rng.below(2) == 0).collect();
+                n = n.with_attr("axes", ints(&axes));
+            }
+            n
+        }
+    };
+    c.node(node);
+    c
+}
+
+fn movement_case(rng: &mut Rng) -> Case {
+    let mut c = Case::new();
+    let rank = 1 + rng.below(3);
+    let shape = rng.shape(rank);
+    let numel: usize = shape.iter().product();
+    let x = c.float(rng, "x", shape.clone(), 0.0, false);
+    let node = match rng.below(6) {
+        0 => Node::new("y", Op::Reshape, &[&x]).with_attr("shape", ints(&[numel as i64, 1])),
+        1 => {
+            let mut perm: Vec<i64> = (0..rank as i64).collect();
+            for i in (1..rank).rev() {
+                perm.swap(i, rng.below(i + 1));
+            }
+            Node::new("y", Op::Transpose, &[&x]).with_attr("perm", ints(&perm))
+        }
+        2 => {
+            let mut to: Vec<i64> = vec![2];
+            to.extend(shape.iter().map(|&d| d as i64));
+            Node::new("y", Op::BroadcastTo, &[&x]).with_attr("shape", ints(&to))
+        }
+        3 => {
+            let axis = rng.below(rank);
+            let mut s2 = shape.clone();
+            s2[axis] = 1 + rng.below(3);
+            let x2 = c.float(rng, "x2", s2, 0.025, false);
+            Node::new("y", Op::Concat, &[&x, &x2, &x]).with_attr("axis", Attr::Int(axis as i64))
+        }
+        4 => slice_node(rng, &x, rank),
+        _ => {
+            let axis = rng.below(rank);
+            let n = shape[axis] as i64;
+            let ishape = rng.any_shape(0, 3);
+            let count: usize = ishape.iter().product();
+            // In range, negative ones included, repeats likely (their gradients add).
+            let idx: Vec<i64> = (0..count).map(|_| rng.below(2 * n as usize) as i64 - n).collect();
+            c.input("idx", Tensor::new(ishape, meshc_ir::Data::I64(idx)), false);
+            Node::new("y", Op::Gather, &[&x, "idx"]).with_attr("axis", Attr::Int(axis as i64))
+        }
+    };
+    c.node(node);
+    c
+}
+
+/// Any mix of starts, ends and steps (negative, out of range) on some of the axes.
+fn slice_node(rng: &mut Rng, x: &str, rank: usize) -> Node {
+    let axes: Vec<i64> = (0..rank as i64).filter(|_| rng.below(3) != 0).collect();
+    let pick = |rng: &mut Rng| rng.below(13) as i64 - 6;
+    let starts: Vec<i64> = axes.iter().map(|_| pick(rng)).collect();
+    let ends: Vec<i64> = axes.iter().map(|_| pick(rng)).collect();
+    let steps: Vec<i64> = axes.iter().map(|_| [1, 2, 3, -1, -2, -3][rng.below(6)]).collect();
+    Node::new("y", Op::Slice, &[x])
+        .with_attr("starts", ints(&starts))
+        .with_attr("ends", ints(&ends))
+        .with_attr("axes", ints(&axes))
+        .with_attr("steps", ints(&steps))
+}
+
+fn slice_case(rng: &mut Rng) -> Case {
+    let mut c = Case::new();
+    let rank = 1 + rng.below(2);
+    let shape: Vec<usize> = (0..rank).map(|_| 1 + rng.below(6)).collect();
+    let x = c.float(rng, "x", shape, 0.0, false);
+    c.node(slice_node(rng, &x, rank));
+    c
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn elementwise_gradients_match_finite_differences(seed in 1u64..) {
+        let mut rng = Rng(seed);
+        check(&elementwise_case(&mut rng), &mut rng)?;
+    }
+
+    #[test]
+    fn where_gradients_match_finite_differences(seed in 1u64..) {
+        let mut rng = Rng(seed);
+        check(&where_case(&mut rng), &mut rng)?;
+    }
+
+    #[test]
+    fn contraction_gradients_match_finite_differences(seed in 1u64..) {
+        let mut rng = Rng(seed);
+        check(&contraction_case(&mut rng), &mut rng)?;
+    }
+
+    #[test]
+    fn reduction_and_normalisation_gradients_match_finite_differences(seed in 1u64..) {
+        let mut rng = Rng(seed);
+        check(&reduction_case(&mut rng), &mut rng)?;
+    }
+
+    #[test]
+    fn slice_gradients_match_finite_differences(seed in 1u64..) {
+        let mut rng = Rng(seed);
+        check(&slice_case(&mut rng), &mut rng)?;
+    }
+
+    #[test]
+    fn data_movement_gradients_match_finite_differences(seed in 1u64..) {
+        let mut rng = Rng(seed);
+        check(&movement_case(&mut rng), &mut rng)?;
+    }
+}
+
+/// A chain through a shared subexpression: `s = x·w` used three times, differentiated
+/// once; the same graph gives the same gradient graph (and so the same bits).
+#[test]
+fn shared_subexpressions_are_differentiated_once_and_deterministically() {
+    let mut rng = Rng(7);
+    let mut c = Case::new();
+    c.float(&mut rng, "x", vec![2, 3], 0.0, false);
+    c.float(&mut rng, "w", vec![3, 3], 0.025, false);
+    c.node(Node::new("s", Op::MatMul, &["x", "w"]));
+    c.node(Node::new("t", Op::Tanh, &["s"]));
+    c.node(Node::new("u", Op::Mul, &["s", "t"]));
+    c.node(Node::new("y", Op::Add, &["u", "s"]));
+    check(&c, &mut rng).unwrap();
+    let (g, _) = c.graph(&mut rng);
+    let info = verify::verify(&g).unwrap();
+    let wrt = select_wrt(&g, &["x".into(), "w".into()]).unwrap();
+    let a = grad(&g, &info, "loss", &wrt).unwrap();
+    let b = grad(&g, &info, "loss", &wrt).unwrap();
+    assert_eq!(a, b);
+    // One matmul gradient pair for s, however many times s is used.
+    let matmuls = a.nodes.iter().filter(|n| n.op == Op::MatMul).count();
+    assert_eq!(matmuls, 3, "{}", meshc_ir::text::print(&a));
+    assert!(a.nodes.iter().any(|n| n.name == "grad.s"), "s's three contributions are summed as grad.s");
+}
+
+fn small_graph(extra: &[Node], loss_from: &str) -> (Graph, verify::Info) {
+    let mut g = Graph { name: "g".into(), ..Default::default() };
+    g.inputs.push(Input { name: "x".into(), ty: TensorType::new(DType::F32, vec![4]), dims: None, loc: None });
+    g.nodes.extend_from_slice(extra);
+    g.nodes.push(Node::new("loss", Op::ReduceSum, &[loss_from]));
+    g.outputs.push(Output::new("loss"));
+    let info = verify::verify(&g).unwrap();
+    (g, info)
+}
+
+#[test]
+fn a_non_differentiable_use_on_the_path_names_the_node() {
+    let (g, info) = small_graph(
+        &[
+            Node::new("i", Op::Cast, &["x"]).with_attr("to", Attr::Str("i32".into())),
+            Node::new("f", Op::Cast, &["i"]).with_attr("to", Attr::Str("f32".into())),
+        ],
+        "f",
+    );
+    let e = grad(&g, &info, "loss", &["x".into()]).unwrap_err();
+    assert_eq!(e.msg, "node 'i': cast to i32 is not differentiable, and the loss depends on 'x' through it");
+}
+
+#[test]
+fn bad_loss_and_wrt_are_one_line_errors() {
+    let (g, info) = small_graph(&[Node::new("e", Op::Exp, &["x"])], "e");
+    assert_eq!(grad(&g, &info, "nope", &[]).unwrap_err().msg, "--loss 'nope' is not a tensor of the graph");
+    assert_eq!(grad(&g, &info, "e", &[]).unwrap_err().msg, "--loss 'e' is f32[4]; the loss must be a scalar f32[]");
+    assert_eq!(select_wrt(&g, &["w*".into()]).unwrap_err().msg, "--wrt 'w*' matches no param or input of the graph");
+}

@@ -1,0 +1,175 @@
+//! Training end to end: the classifier of testdata/train compiled as a training step
+//! (`compile --loss --optimizer`) and run 200 steps (`run --steps --data`) must give the
+//! loss curve of tools/gen_train_testdata.py's float64 reference within 1e-4 relative at
+//! every step, with SGD and AdamW, on one device and split over a 2x4 (data x model)
+//! mesh; data parallel over a ring of 8 with a degraded device, the curve of the healthy
+//! devices' data; the checkpoint resumes to the same curve; and a run killed while it
+//! writes checkpoints leaves a whole one.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use crate::common::{meshc, scratch};
+use meshc_runtime::steps::State;
+
+const GRAPH: &str = "testdata/train/classifier.json";
+
+/// The losses `run --steps` printed, in order.
+fn losses(stdout: &str) -> Vec<f64> {
+    stdout
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            assert!(f.len() == 4 && f[0] == "step" && f[2] == "loss", "unexpected line '{l}'");
+            f[3].parse().unwrap()
+        })
+        .collect()
+}
+
+fn compile(dir: &Path, spec: &str, layout: Option<&str>) -> String {
+    let art = dir.join("train.mshc").display().to_string();
+    let mut args = vec!["compile", GRAPH, "--loss", "loss", "--optimizer", spec, "-o", &art];
+    if let Some(l) = layout {
+        args.extend(["--layout", l]);
+    }
+    let c = meshc(&args);
+    assert_eq!(c.status, Some(0), "{c:?}");
+    art
+}
+
+fn assert_curve(label: &str, got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{label}: {} steps", got.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= 1e-4 * w.abs(), "{label}: step {} loss {g}, reference {w}", i + 1);
+    }
+}
+
+#[test]
+fn classifier_trains_along_the_reference_curve_on_one_device_and_a_2x4_mesh() {
+    for (name, spec) in [("sgd", "sgd:0.1"), ("adamw", "adamw:0.01,0.9,0.999,1e-8,0.01")] {
+        let want = meshc_ir::Tensor::read_npy(Path::new(&format!("testdata/train/expected/{name}.npy"))).unwrap();
+        let want = want.data.to_f64();
+        for layout in [None, Some("testdata/train/layouts/mp-2x4.json")] {
+            let label = format!("{name} {}", layout.unwrap_or("one device"));
+            let dir = scratch(&format!("train-{name}-{}", layout.is_some()));
+            let art = compile(&dir, spec, layout);
+            let ckpt = dir.join("ck.safetensors").display().to_string();
+            let r = meshc(&["run", &art, "--steps", "200", "--data", "testdata/train/data", "--checkpoint", &ckpt]);
+            assert_eq!(r.status, Some(0), "{label}: {r:?}");
+            assert_curve(&label, &losses(&r.stdout), &want);
+            let state = State::read(Path::new(&ckpt)).unwrap();
+            assert_eq!(state.step, 200);
+            assert!(state.tensors.contains_key("w1") && state.tensors.contains_key("b2"));
+        }
+    }
+}
+
+/// Data parallel over a ring of 8 (the gradients all-reduced), fault-free and with device
+/// 3 degraded: the degraded run must follow the reference trained on the healthy
+/// devices' rows only (its mean over 14 rows, forward and backward).
+#[test]
+fn a_degraded_ring_trains_like_the_healthy_devices_data_alone() {
+    let dir = scratch("train-degraded");
+    let art = compile(&dir, "sgd:0.1", Some("testdata/train/layouts/ring-8.json"));
+    let ckpt = dir.join("ck.safetensors").display().to_string();
+    for (degrade, want) in [(None, "sgd"), (Some("3"), "sgd-ring-8-degraded-3")] {
+        let want = meshc_ir::Tensor::read_npy(Path::new(&format!("testdata/train/expected/{want}.npy"))).unwrap();
+        let mut args = vec!["run", &art, "--steps", "200", "--data", "testdata/train/data", "--checkpoint", &ckpt];
+        if let Some(d) = degrade {
+            args.extend(["--degrade", d]);
+        }
+        let r = meshc(&args);
+        assert_eq!(r.status, Some(0), "{r:?}");
+        assert_curve(&format!("ring-8 degraded {degrade:?}"), &losses(&r.stdout), &want.data.to_f64());
+    }
+}
+
+#[test]
+fn a_resumed_run_continues_the_same_curve() {
+    let dir = scratch("train-resume");
+    let art = compile(&dir, "adamw:0.01,0.9,0.999,1e-8,0.01", None);
+    let (a, b) = (dir.join("a.safetensors").display().to_string(), dir.join("b.safetensors").display().to_string());
+    let whole = meshc(&["run", &art, "--steps", "20", "--data", "testdata/train/data", "--checkpoint", &a]);
+    let first = meshc(&["run", &art, "--steps", "12", "--data", "testdata/train/data", "--checkpoint", &b]);
+    let rest =
+        meshc(&["run", &art, "--steps", "8", "--data", "testdata/train/data", "--resume", &b, "--checkpoint", &b]);
+    for r in [&whole, &first, &rest] {
+        assert_eq!(r.status, Some(0), "{r:?}");
+    }
+    assert_eq!(whole.stdout, first.stdout + &rest.stdout);
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap(), "the checkpoints differ");
+}
+
+#[test]
+fn a_run_killed_while_saving_leaves_a_whole_checkpoint() {
+    let dir = scratch("train-kill");
+    let art = compile(&dir, "sgd:0.1", None);
+    let ckpt = dir.join("ck.safetensors");
+    // Kill at several moments, a few milliseconds apart: each time, the checkpoint on disk
+    // is one a completed save wrote (it reads back, with its step's state).
+    let mut seen = Vec::new();
+    for i in 0..6u64 {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_meshc"))
+            .args(["run", &art, "--steps", "200", "--save-every", "1", "--data", "testdata/train/data"])
+            .args(["--checkpoint", &ckpt.display().to_string()])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(150 + 37 * i));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        if ckpt.exists() {
+            let s = State::read(&ckpt).unwrap_or_else(|e| panic!("kill {i}: a torn checkpoint: {e:#}"));
+            assert_eq!(s.tensors.len(), 4);
+            seen.push(s.step);
+        }
+    }
+    assert!(!seen.is_empty(), "no run got as far as its first checkpoint");
+}
+
+#[test]
+fn training_refusals_are_one_line_errors() {
+    let dir = scratch("train-refusals");
+    let art = dir.join("t.mshc").display().to_string();
+    for (args, want) in [
+        (vec!["--loss", "loss", "--optimizer", "adam:1"], "unknown optimizer 'adam'"),
+        (vec!["--loss", "p", "--optimizer", "sgd:0.1"], "--loss 'p' is f32[16,4]; the loss must be a scalar f32[]"),
+    ] {
+        let mut a = vec!["compile", GRAPH, "-o", &art];
+        a.extend(args);
+        let r = meshc(&a);
+        assert_eq!(r.status, Some(1), "{r:?}");
+        assert!(r.stderr.contains(want) && r.stderr.lines().count() == 1, "{}", r.stderr);
+    }
+    // Hostile or missing files around a run: one line each, naming the file.
+    let good = compile(&dir, "sgd:0.1", None);
+    let junk = dir.join("junk.safetensors");
+    std::fs::write(&junk, b"not a checkpoint").unwrap();
+    let other = dir.join("other.safetensors");
+    let mut st = State::read(&dir.join("train.init.safetensors")).unwrap();
+    st.tensors.remove("w2");
+    st.save(&other).unwrap();
+    let (junk, other) = (junk.display().to_string(), other.display().to_string());
+    let data = ["--data", "testdata/train/data"];
+    for (args, want) in [
+        (vec!["--steps", "1", "--resume", &junk], "junk.safetensors: not a safetensors checkpoint"),
+        (vec!["--steps", "1", "--resume", &other], "the initial state has no tensor 'w2'"),
+        (vec!["--steps", "201"], "holds 200 steps; steps 0 to 200 need a batch each"),
+        (vec!["--steps", "1", "--input", "x=testdata/train/data/x.npy"], "cannot be used with"),
+    ] {
+        let mut a = vec!["run", &good];
+        a.extend(args);
+        a.extend(data);
+        let r = meshc(&a);
+        assert_eq!(r.status, Some(1), "{r:?}");
+        assert!(r.stderr.contains(want) && r.stderr.lines().count() == 1, "{}", r.stderr);
+    }
+    let r = meshc(&["run", &good, "--steps", "1", "--data", "testdata/train/nope"]);
+    assert_eq!(r.status, Some(1), "{r:?}");
+    assert!(r.stderr.contains("testdata/train/nope/x.npy") && r.stderr.lines().count() == 1, "{}", r.stderr);
+    let plain = dir.join("plain.mshc").display().to_string();
+    assert_eq!(meshc(&["compile", GRAPH, "-o", &plain]).status, Some(0));
+    let r = meshc(&["run", &plain, "--steps", "2", "--data", "testdata/train/data"]);
+    assert_eq!(r.status, Some(1), "{r:?}");
+    assert!(r.stderr.contains("init.safetensors"), "{}", r.stderr);
+}
