@@ -57,6 +57,7 @@ fn runner_program(mesh: &Mesh, numel: usize) -> (Meta, Vec<Program>) {
         outputs: vec![IoSpec::with_layout("y", &ty, vec![None])],
         degraded: Default::default(),
         model_axes: Vec::new(),
+        hosts: Vec::new(),
     };
     let c = all_reduce(vec![(0..mesh.devices()).collect()], numel);
     let programs = (0..mesh.devices())

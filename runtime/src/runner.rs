@@ -1430,6 +1430,7 @@ mod tests {
             outputs,
             degraded: Default::default(),
             model_axes: Vec::new(),
+            hosts: Vec::new(),
         };
         Loaded::in_memory(meta, programs, Box::new(()), &[])
     }
@@ -1765,6 +1766,7 @@ mod tests {
             outputs: out(),
             degraded,
             model_axes,
+            hosts: Vec::new(),
         };
         let failed = |d: usize| crate::degraded::Degradation { nodes: vec![d], ..Default::default() };
         // x is [2, 6] split over axis 0 (row 0 on devices 0 and 1, row 1 on 2 and 3): the
@@ -1844,6 +1846,7 @@ mod transfer_tests {
             outputs: vec![io("y")],
             degraded: Default::default(),
             model_axes: Vec::new(),
+            hosts: Vec::new(),
         };
         Loaded::in_memory(meta, programs, Box::new(()), &[])
     }
