@@ -13,12 +13,15 @@ mod dot;
 mod explain;
 mod fuzz;
 mod golden;
+mod hosts;
 mod interp;
 mod layouts;
 mod lowering;
 mod make;
 mod masked;
 mod modules;
+#[cfg(feature = "mpi")]
+mod mpi;
 mod onnx;
 mod outputs;
 mod pilot;
