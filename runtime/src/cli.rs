@@ -386,6 +386,10 @@ fn run_loaded(loaded: &Loaded, io: &Io, args: &RunArgs) -> Result<()> {
         }
     };
     let links = args.link_stats.then(|| loaded.link_stats());
+    // Every host reports what it sent across (measured, not modelled).
+    if let Some(sent) = args.link_stats.then(|| loaded.host_stats()).flatten() {
+        print!("{sent}");
+    }
     if let Some(dir) = args.check_against.as_ref().filter(|_| leader) {
         check_against(&results, dir)?;
     }

@@ -107,7 +107,7 @@ impl Exchange {
         what: impl Fn(Duration) -> String,
     ) -> Result<()> {
         let timeout = self.timeout();
-        match hosts.transport.exchange(sends, recvs, timeout, &|| self.poisoned.load(Ordering::SeqCst)) {
+        match hosts.exchange(sends, recvs, timeout, &|| self.poisoned.load(Ordering::SeqCst)) {
             Ok(()) => Ok(()),
             Err(Stall::Stopped) => bail!("stopped: another device failed"),
             Err(Stall::Timeout { .. }) => Err(RunError::Timeout(what(timeout)).into()),

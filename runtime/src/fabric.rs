@@ -1391,7 +1391,7 @@ impl Fabric {
             })
             .collect();
         let id = slot.desc.id;
-        match hosts.transport.exchange(&out, &mut inc, self.timeout, &|| self.poisoned.load(Ordering::SeqCst)) {
+        match hosts.exchange(&out, &mut inc, self.timeout, &|| self.poisoned.load(Ordering::SeqCst)) {
             Ok(()) => Ok(()),
             Err(Stall::Stopped) => Err(self.abandoned(&slot.desc)),
             Err(Stall::Timeout { recv, send }) => {

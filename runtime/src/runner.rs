@@ -908,6 +908,12 @@ impl Loaded {
         Ok(())
     }
 
+    /// Under hosts: the bytes this host sent each other host in the last run, one line per
+    /// host (`--link-stats`).
+    pub fn host_stats(&self) -> Option<String> {
+        self.hosts.as_ref().map(|h| h.report())
+    }
+
     /// This process's host: 0 unless `set_transport` made it another. Only host 0's runs
     /// return the outputs.
     pub fn host(&self) -> usize {
@@ -944,7 +950,7 @@ impl Loaded {
         let mut recvs: Vec<Incoming> =
             blocks.iter_mut().map(|(_, from, tag, b)| Incoming { from: *from, tag: *tag, bytes: b }).collect();
         let timeout = self.exchange.timeout();
-        match hosts.transport.exchange(&sends, &mut recvs, timeout, &|| false) {
+        match hosts.exchange(&sends, &mut recvs, timeout, &|| false) {
             Ok(()) => Ok(blocks.into_iter().map(|(at, _, _, b)| (at, b)).collect()),
             Err(Stall::Timeout { recv, .. }) => {
                 let from = recv.map_or(me, |r| recvs[r].from);
@@ -1079,6 +1085,9 @@ impl Loaded {
         let State { arenas, devices } = &mut *state;
         self.fabric.reset();
         self.exchange.reset();
+        if let Some(h) = &self.hosts {
+            h.reset();
+        }
         let epoch = Instant::now();
         let mesh = &self.meta.mesh;
         let shared: Vec<DeviceShared> = (self.programs.iter().zip(arenas.iter_mut()).zip(&self.lanes))

@@ -15,6 +15,7 @@
 //! the programs (all processes map the same artifact, so they number them alike).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -84,10 +85,12 @@ pub struct Hosts {
     keys: HashMap<String, u32>,
     collectives: HashMap<(usize, usize), u32>,
     outputs_base: u32,
+    /// Per host: the bytes this host sent it since `reset` (`--link-stats`).
+    sent: Vec<AtomicU64>,
 }
 
-/// Tags are a tag base times this, plus the message's phase: a transfer's ready signal and
-/// its data, a reduction's partial sums and its result.
+/// Tags are a tag base times this, plus the message's phase (a reduction's partial results,
+/// then its result).
 pub const PHASES: u32 = 4;
 
 impl Hosts {
@@ -140,7 +143,37 @@ impl Hosts {
         let keys: HashMap<String, u32> = keys.into_iter().enumerate().map(|(i, k)| (k, i as u32)).collect();
         let base = keys.len();
         let collectives = collectives.into_iter().enumerate().map(|(i, c)| (c, (base + i) as u32)).collect();
-        Ok(Hosts { transport, host_of, devices: meta.hosts.clone(), keys, collectives, outputs_base })
+        let sent = meta.hosts.iter().map(|_| AtomicU64::new(0)).collect();
+        Ok(Hosts { transport, host_of, devices: meta.hosts.clone(), keys, collectives, outputs_base, sent })
+    }
+
+    /// `Transport::exchange`, counting the bytes sent per host.
+    pub fn exchange(
+        &self,
+        sends: &[Outgoing],
+        recvs: &mut [Incoming],
+        timeout: Duration,
+        stop: &dyn Fn() -> bool,
+    ) -> std::result::Result<(), Stall> {
+        for s in sends {
+            self.sent[s.to].fetch_add(s.bytes.len() as u64, Ordering::Relaxed);
+        }
+        self.transport.exchange(sends, recvs, timeout, stop)
+    }
+
+    /// Clears the byte counts (between runs).
+    pub fn reset(&self) {
+        self.sent.iter().for_each(|b| b.store(0, Ordering::Relaxed));
+    }
+
+    /// "host 0 -> host 1 N bytes": one line per host this one sent anything since `reset`.
+    pub fn report(&self) -> String {
+        let me = self.me();
+        (self.sent.iter().enumerate())
+            .map(|(h, b)| (h, b.load(Ordering::Relaxed)))
+            .filter(|&(_, b)| b > 0)
+            .map(|(h, b)| format!("host {me} -> host {h} {b} bytes\n"))
+            .collect()
     }
 
     /// This process's host.

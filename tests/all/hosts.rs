@@ -173,3 +173,19 @@ fn a_recv_across_hosts_whose_send_never_comes_times_out_on_every_host() {
         "{e}"
     );
 }
+
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn without_the_mpi_feature_transport_mpi_says_how_to_build_it() {
+    let dir = scratch("hosts-no-mpi");
+    let art = dir.join("t.mshc");
+    compile(Path::new("testdata/transformer/graph.json"), Path::new("testdata/transformer/hosts/mp-2x4.json"), &art);
+    let run = meshc(&["run", &art.display().to_string(), "--transport", "mpi"]);
+    assert_eq!(run.status, Some(1));
+    assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("built without MPI; build it with `cargo build --release --features mpi`"),
+        "{}",
+        run.stderr
+    );
+}

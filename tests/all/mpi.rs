@@ -218,3 +218,23 @@ fn a_rank_killed_mid_run_ends_the_job_with_a_failure() {
     assert!(code.is_some_and(|c| c != 0), "{code:?} {stderr}");
     assert!(took < Duration::from_secs(15), "{took:?}");
 }
+
+#[test]
+fn link_stats_count_the_bytes_each_host_sent_each_other() {
+    let dir = scratch("mpi-link-stats");
+    let graph = Path::new("testdata/transformer/graph.json");
+    let art = dir.join("t.mshc");
+    compile(graph, Path::new("testdata/transformer/hosts/mp-2x4.json"), &art);
+    let mut args = vec!["run".to_string(), art.display().to_string(), "--transport".into(), "mpi".into()];
+    args.extend(input_args(graph));
+    args.push("--link-stats".into());
+    let out = mpirun(2, &args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // Every all_reduce of the model axis crosses both ways; host 1 also sends its outputs.
+    for pair in ["host 0 -> host 1 ", "host 1 -> host 0 "] {
+        let line = stdout.lines().find(|l| l.starts_with(pair)).unwrap_or_else(|| panic!("no '{pair}' in {stdout}"));
+        let bytes: u64 = line[pair.len()..].trim_end_matches(" bytes").parse().unwrap();
+        assert!(bytes > 0, "{line}");
+    }
+}
