@@ -920,8 +920,19 @@ impl Loaded {
         self.hosts.as_ref().map_or(0, |h| h.me())
     }
 
-    /// Under hosts, every healthy device's block of every output goes to host 0 (a copy
-    /// per holder); host 0 gets them back by (output, device), the others nothing.
+    /// Under hosts: the device whose copy of `d`'s block of output `spec` host 0 reads: `d`
+    /// when it is healthy and on host 0, else the first healthy device with the same block
+    /// on host 0, else the first healthy one anywhere (its host sends that copy).
+    fn source(&self, hosts: &Hosts, spec: &IoSpec, d: usize, healthy: impl Fn(usize) -> bool) -> Option<usize> {
+        let mesh = &self.meta.mesh;
+        let region = |x: usize| spec.block(mesh, x).map(|(r, _)| r);
+        let mine = region(d);
+        let same: Vec<usize> = (0..mesh.devices()).filter(|&h| healthy(h) && region(h) == mine).collect();
+        same.iter().copied().find(|&h| hosts.host_of(h) == 0).or(same.first().copied())
+    }
+
+    /// Under hosts, the blocks host 0 reads (`source`) that other hosts hold go to host 0,
+    /// one copy per block; host 0 gets them back by (output, device), the others nothing.
     fn gather_outputs(
         &self,
         hosts: &Hosts,
@@ -936,7 +947,11 @@ impl Loaded {
             let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
             let len = spec.mesh(mesh).local_shape(&spec.shape, &spec.layout).iter().product::<usize>()
                 * ty.dtype.size_bytes();
-            for d in (0..mesh.devices()).filter(|&d| healthy(d) && spec.block(mesh, d).is_some_and(|(_, w)| w)) {
+            let sources: BTreeSet<usize> = (0..mesh.devices())
+                .filter(|&d| spec.block(mesh, d).is_some_and(|(_, w)| w))
+                .filter_map(|d| self.source(hosts, spec, d, &healthy))
+                .collect();
+            for d in sources {
                 let (host, tag) = (hosts.host_of(d), hosts.output_tag(i, d));
                 if me != 0 && host == me {
                     // SAFETY: the buffer holds the device's block of the output; its job is done.
@@ -1185,10 +1200,12 @@ impl Loaded {
                 },
             };
             let region = |d: usize| spec.block(mesh, d).map(|(r, _)| r);
-            // The block from a healthy device that holds it, if any.
-            let holder = |d: usize| match healthy(d) {
-                true => Some(d),
-                false => (0..mesh.devices()).filter(|&h| healthy(h)).find(|&h| region(h) == region(d)),
+            // The block from a healthy device that holds it, if any (under hosts, the copy
+            // host 0 reads).
+            let holder = |d: usize| match (&self.hosts, healthy(d)) {
+                (Some(hosts), _) => self.source(hosts, spec, d, healthy),
+                (None, true) => Some(d),
+                (None, false) => (0..mesh.devices()).filter(|&h| healthy(h)).find(|&h| region(h) == region(d)),
             };
             let t = if local == spec.shape {
                 let first = holders.first().map_or(0, |h| h.0);
