@@ -3,7 +3,7 @@ CARGO ?= cargo
 MESHC := target/release/meshc
 DEMO := testdata/transformer
 
-.PHONY: help build test golden testdata bench demo fmt lint clean artifacts modules fuzz onnx-proto onnx-testdata onnx-conformance
+.PHONY: help build test golden testdata bench demo fmt lint clean artifacts modules fuzz onnx-proto onnx-testdata onnx-conformance mpi-deps test-mpi mpi-demo
 
 help:
 	@echo "make demo      build meshc and run the transformer-block example end to end"
@@ -16,6 +16,8 @@ help:
 	@echo "make bench     run the benchmarks"
 	@echo "make fuzz      differential fuzzing of the whole pipeline (FUZZ_CASES=N, ~20 min by default)"
 	@echo "make artifacts compile every testdata graph into out/ (rebuilt only when an input changes)"
+	@echo "make test-mpi  the tests of meshc run --transport mpi on simulated hosts (installs Open MPI if missing)"
+	@echo "make mpi-demo  the transformer block on 2 simulated hosts x 4 devices over MPI (installs Open MPI if missing)"
 
 build:
 	$(CARGO) build --release
@@ -85,6 +87,27 @@ demo: build
 			--dump-after place --dump-format dot > out/transformer-pipeline-4x2.place.dot && \
 		dot -Tsvg out/transformer-pipeline-4x2.place.dot -o out/transformer-pipeline-4x2.place.svg; \
 	fi
+
+# Several hosts over MPI (`--transport mpi`, cargo feature `mpi`): Debian's Open MPI, installed
+# when missing (~10 s, ~100 MB); it gives MPI_THREAD_MULTIPLE and idles politely when ranks
+# outnumber cores. The tests and the demo simulate hosts on this machine over loopback TCP
+# (tools/mpirun-hosts); README, "Several machines", for real ones.
+mpi-deps:
+	@command -v mpirun >/dev/null && pkg-config --exists ompi-c || { \
+		apt-get update -qq && apt-get install -y -qq --no-install-recommends openmpi-bin libopenmpi-dev pkg-config; }
+
+test-mpi: mpi-deps
+	$(CARGO) test --features mpi --test all mpi::
+
+# The transformer block Megatron-style on a 2x4 mesh whose model axis spans two hosts (each
+# host holds two model ranks of each data row, so every all_reduce crosses), as two MPI
+# ranks of four device threads each; rank 0 checks the outputs against numpy's.
+mpi-demo: mpi-deps
+	$(CARGO) build --release --features mpi
+	@mkdir -p out
+	$(MESHC) compile $(DEMO)/graph.json --layout $(DEMO)/hosts/mp-2x4.json -o out/transformer-2-hosts.mshc
+	tools/mpirun-hosts 2 $(MESHC) run out/transformer-2-hosts.mshc $(DEMO_INPUTS) --transport mpi \
+		--output-dir out/demo-2-hosts --check-against $(DEMO)/expected --link-stats --bench 200
 
 # Build-system use of `-MF`: an artifact is rebuilt only when its graph or a weight file it
 # reads changes — the depfile meshc writes names them all. (meshc itself is an order-only

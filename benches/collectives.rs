@@ -13,25 +13,13 @@ mod common;
 use std::collections::HashMap;
 use std::time::Instant;
 
-use common::{median, time_collective};
+use common::{all_reduce, median, runner_program, time_collective};
 
-use meshc_ir::{DType, Tensor, TensorType};
+use meshc_ir::Tensor;
 use meshc_runtime::fabric::{Fabric, SMALL_BYTES};
 use meshc_runtime::mesh::{Mesh, Topology};
-use meshc_runtime::program::{
-    Buffer, Collective, CollectiveOp, Exec, IoSpec, Meta, Program, Reduce, Step, Storage, ALIGN,
-};
+use meshc_runtime::program::Collective;
 use meshc_runtime::runner::Loaded;
-
-fn all_reduce(groups: Vec<Vec<usize>>, numel: usize) -> Collective {
-    Collective {
-        op: CollectiveOp::AllReduce { reduce: Reduce::Sum },
-        id: 0,
-        groups,
-        dtype: "f32".into(),
-        shape: vec![numel],
-    }
-}
 
 /// Every device runs the collective `warmup + iters` times back to back; device 0's wall
 /// time of each of the last `iters` calls.
@@ -40,41 +28,6 @@ fn per_call(mesh: &Mesh, c: &Collective, share: bool, warmup: usize, iters: usiz
     time_collective(&Fabric::new(mesh), c, &devices, share, (warmup, iters), |_, x| {
         std::hint::black_box(x);
     })
-}
-
-/// A one-step program per device: the all_reduce of its input into its output.
-fn runner_program(mesh: &Mesh, numel: usize) -> (Meta, Vec<Program>) {
-    let ty = TensorType::new(DType::F32, vec![numel]);
-    let bytes = numel * 4;
-    let at = (bytes).div_ceil(ALIGN) * ALIGN;
-    let meta = Meta {
-        graph: "all_reduce".into(),
-        target: "x86-64".into(),
-        features: vec![],
-        mesh: mesh.clone(),
-        flops: 0,
-        inputs: vec![IoSpec::with_layout("x", &ty, vec![None])],
-        outputs: vec![IoSpec::with_layout("y", &ty, vec![None])],
-        degraded: Default::default(),
-        model_axes: Vec::new(),
-    };
-    let c = all_reduce(vec![(0..mesh.devices()).collect()], numel);
-    let programs = (0..mesh.devices())
-        .map(|device| Program {
-            device,
-            arena_bytes: 2 * at,
-            buffers: vec![
-                Buffer { name: "x".into(), bytes, storage: Storage::Arena { offset: 0 }, mask: None },
-                Buffer { name: "y".into(), bytes, storage: Storage::Arena { offset: at }, mask: None },
-            ],
-            kernels: vec![],
-            steps: vec![Step { node: "y".into(), exec: Exec::Collective(c.clone()), buffers: vec![1, 0], why: None }],
-            inputs: vec![0],
-            outputs: vec![1],
-            streams: Default::default(),
-        })
-        .collect();
-    (meta, programs)
 }
 
 fn main() {

@@ -560,6 +560,7 @@ fn meta(g: &Graph, info: &Info, target: &Target, mesh: Mesh, layouts: &HashMap<S
         outputs: g.outputs.iter().map(|o| spec(&o.name, &info.types[&o.name])).collect(),
         degraded: Default::default(),
         model_axes: Vec::new(),
+        hosts: Vec::new(),
     }
 }
 

@@ -69,6 +69,7 @@ pub fn build<'p>(
     let mut compiled = compile_lowered(g, info, &lowered, &params, opts, dumps)?;
     compiled.meta.degraded = degraded;
     compiled.meta.model_axes = model_axes;
+    compiled.meta.hosts = spec.hosts.clone();
     check_memory(&compiled, spec)?;
     Ok(compiled)
 }

@@ -39,6 +39,9 @@ pub struct Spec {
     pub placement: Option<Placement>,
     pub degraded: Degraded,
     pub memory_per_device: Option<u64>,
+    /// The devices of each host (`hosts`; host h is MPI rank h), each group in ascending
+    /// order; empty when the whole mesh is one host.
+    pub hosts: Vec<Vec<usize>>,
 }
 
 /// Failed devices and links, by mesh coordinates. Every coordinate is in range, nothing is
@@ -346,6 +349,22 @@ struct Raw {
     degraded: RawDegraded,
     #[serde(default)]
     memory_per_device: Option<Value>,
+    #[serde(default)]
+    hosts: Option<RawHosts>,
+}
+
+/// `hosts` as written: one host per index of a mesh axis, or explicit device groups.
+#[derive(Deserialize)]
+#[serde(untagged, expecting = "hosts: {\"axis\": AXIS} or a list of device groups [[0, 1], [2, 3], ...]")]
+enum RawHosts {
+    Axis(RawHostAxis),
+    Groups(Vec<Vec<usize>>),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHostAxis {
+    axis: AxisRef,
 }
 
 #[derive(Deserialize)]
@@ -559,7 +578,52 @@ fn validate(raw: Raw, file: &str) -> Result<Spec, Error> {
             })
         })
         .transpose()?;
-    Ok(Spec { file: file.to_string(), mesh, rules, layouts, placement: raw.placement, degraded, memory_per_device })
+    let hosts = raw.hosts.map(|h| validate_hosts(&mesh, h)).transpose()?.unwrap_or_default();
+    Ok(Spec {
+        file: file.to_string(),
+        mesh,
+        rules,
+        layouts,
+        placement: raw.placement,
+        degraded,
+        memory_per_device,
+        hosts,
+    })
+}
+
+/// The device groups of `hosts`: every device of the mesh on exactly one host.
+fn validate_hosts(mesh: &Mesh, raw: RawHosts) -> Result<Vec<Vec<usize>>, Error> {
+    let bad = |msg: String| Error::new(format!("hosts: {msg}"));
+    let mut groups = match raw {
+        RawHosts::Axis(RawHostAxis { axis }) => {
+            let a = resolve_axis(mesh, &axis).map_err(bad)?;
+            let mut groups = vec![Vec::new(); mesh.shape[a]];
+            for d in 0..mesh.devices() {
+                groups[mesh.coords(d)[a]].push(d);
+            }
+            groups
+        }
+        RawHosts::Groups(groups) => groups,
+    };
+    let mut host_of = vec![None; mesh.devices()];
+    for (h, g) in groups.iter_mut().enumerate() {
+        if g.is_empty() {
+            return Err(bad(format!("host {h} has no device")));
+        }
+        for &d in g.iter() {
+            let slot = host_of
+                .get_mut(d)
+                .ok_or_else(|| bad(format!("host {h}: device {d} is not in the mesh of {} devices", mesh.devices())))?;
+            if let Some(other) = slot.replace(h) {
+                return Err(bad(format!("device {d} is on host {other} and on host {h}")));
+            }
+        }
+        g.sort_unstable();
+    }
+    if let Some(d) = host_of.iter().position(Option::is_none) {
+        return Err(bad(format!("device {d} ({:?}) is on no host", mesh.coords(d))));
+    }
+    Ok(groups)
 }
 
 fn is_identifier(s: &str) -> bool {
@@ -768,6 +832,29 @@ mod tests {
         assert!(twice.starts_with("spec.json:1:") && twice.ends_with(r#""batch" is given twice"#), "{twice}");
         let topo = r#"{"format": "meshc-layout/1", "mesh": {"shape": [2], "axes": ["a"], "topology": "ring"}}"#;
         assert!(error(topo).contains("unknown variant `ring`, expected `mesh` or `torus`"));
+    }
+
+    #[test]
+    fn hosts_by_axis_or_groups() {
+        let hosts = |h: &str| parse(&spec_with(&format!(r#", "hosts": {h}"#)), "f").map(|s| s.hosts);
+        assert_eq!(hosts(r#"{"axis": "data"}"#).unwrap(), vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7]]);
+        assert_eq!(hosts(r#"{"axis": 1}"#).unwrap(), vec![vec![0, 4], vec![1, 5], vec![2, 6], vec![3, 7]]);
+        // Explicit groups keep their order (host h is rank h); devices sorted inside.
+        assert_eq!(hosts("[[7, 6, 5, 4], [0, 1, 2, 3]]").unwrap(), vec![vec![4, 5, 6, 7], vec![0, 1, 2, 3]]);
+        assert_eq!(parse(&spec_with(""), "f").unwrap().hosts, Vec::<Vec<usize>>::new());
+        let error = |h: &str| error(&spec_with(&format!(r#", "hosts": {h}"#)));
+        assert_eq!(
+            error(r#"{"axis": "dat"}"#),
+            "spec.json: hosts: unknown mesh axis 'dat' (the mesh's axes: data, model)"
+        );
+        assert_eq!(error("[[0, 1, 2, 3], [3, 4, 5, 6, 7]]"), "spec.json: hosts: device 3 is on host 0 and on host 1");
+        assert_eq!(error("[[0, 1, 2, 3], [4, 5, 6]]"), "spec.json: hosts: device 7 ([1, 3]) is on no host");
+        assert_eq!(error("[[0, 1, 2, 3, 4, 5, 6, 7], []]"), "spec.json: hosts: host 1 has no device");
+        assert_eq!(
+            error("[[0, 1, 2, 3, 4, 5, 6, 7, 8]]"),
+            "spec.json: hosts: host 0: device 8 is not in the mesh of 8 devices"
+        );
+        assert!(error(r#"{"axes": "data"}"#).contains("hosts: {\"axis\": AXIS} or a list of device groups"));
     }
 
     #[test]

@@ -8,9 +8,12 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use meshc_ir::{Data, Graph, Tensor};
+use meshc_ir::{DType, Data, Graph, Tensor, TensorType};
 use meshc_runtime::fabric::{Delivery, Fabric};
-use meshc_runtime::program::Collective;
+use meshc_runtime::mesh::Mesh;
+use meshc_runtime::program::{
+    Buffer, Collective, CollectiveOp, Exec, IoSpec, Meta, Program, Reduce, Step, Storage, ALIGN,
+};
 use meshc_runtime::runner::AlignedBuf;
 
 pub fn median(mut t: Vec<f64>) -> f64 {
@@ -181,4 +184,51 @@ pub fn transformer_inputs(g: &Graph) -> HashMap<String, Tensor> {
         ("ids".to_string(), Tensor::new(ids.shape, Data::I32(ids_v))),
         ("mask".to_string(), Tensor::new(mask.shape, Data::F32(mask_v))),
     ])
+}
+
+/// A sum all_reduce of `numel` f32 over each of `groups`.
+pub fn all_reduce(groups: Vec<Vec<usize>>, numel: usize) -> Collective {
+    Collective {
+        op: CollectiveOp::AllReduce { reduce: Reduce::Sum },
+        id: 0,
+        groups,
+        dtype: "f32".into(),
+        shape: vec![numel],
+    }
+}
+
+/// A one-step program per device: the all_reduce of its input into its output.
+pub fn runner_program(mesh: &Mesh, numel: usize) -> (Meta, Vec<Program>) {
+    let ty = TensorType::new(DType::F32, vec![numel]);
+    let bytes = numel * 4;
+    let at = (bytes).div_ceil(ALIGN) * ALIGN;
+    let meta = Meta {
+        graph: "all_reduce".into(),
+        target: "x86-64".into(),
+        features: vec![],
+        mesh: mesh.clone(),
+        flops: 0,
+        inputs: vec![IoSpec::with_layout("x", &ty, vec![None])],
+        outputs: vec![IoSpec::with_layout("y", &ty, vec![None])],
+        degraded: Default::default(),
+        model_axes: Vec::new(),
+        hosts: Vec::new(),
+    };
+    let c = all_reduce(vec![(0..mesh.devices()).collect()], numel);
+    let programs = (0..mesh.devices())
+        .map(|device| Program {
+            device,
+            arena_bytes: 2 * at,
+            buffers: vec![
+                Buffer { name: "x".into(), bytes, storage: Storage::Arena { offset: 0 }, mask: None },
+                Buffer { name: "y".into(), bytes, storage: Storage::Arena { offset: at }, mask: None },
+            ],
+            kernels: vec![],
+            steps: vec![Step { node: "y".into(), exec: Exec::Collective(c.clone()), buffers: vec![1, 0], why: None }],
+            inputs: vec![0],
+            outputs: vec![1],
+            streams: Default::default(),
+        })
+        .collect();
+    (meta, programs)
 }

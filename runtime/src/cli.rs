@@ -41,17 +41,22 @@ pub fn exit(result: Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            // anyhow's alternate form joins the context chain on one line.
-            eprintln!(
-                "error: {}",
-                meshc_ir::error::shorten_quoted(&format!("{e:#}"))
-                    .chars()
-                    .flat_map(|c| if c.is_control() { c.escape_default().collect() } else { vec![c] })
-                    .collect::<String>()
-            );
+            report(&e);
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error as one line of stderr.
+fn report(e: &anyhow::Error) {
+    // anyhow's alternate form joins the context chain on one line.
+    eprintln!(
+        "error: {}",
+        meshc_ir::error::shorten_quoted(&format!("{e:#}"))
+            .chars()
+            .flat_map(|c| if c.is_control() { c.escape_default().collect() } else { vec![c] })
+            .collect::<String>()
+    );
 }
 
 /// Splits `NAME=FILE`.
@@ -196,6 +201,19 @@ pub struct RunArgs {
     /// keygen`) and the signature matches every section; checked before any code is mapped.
     #[arg(long, value_name = "PUBKEY")]
     pub require_signature: Option<PathBuf>,
+    /// How the hosts of an artifact compiled with "hosts" are joined: `in-process` (this
+    /// process runs every device; the default) or `mpi` (under `mpirun -n HOSTS`, each rank
+    /// runs its host's devices; outputs are written by rank 0; needs a meshc built with
+    /// `--features mpi`).
+    #[arg(long, value_enum, default_value_t = TransportKind::InProcess)]
+    pub transport: TransportKind,
+}
+
+/// `--transport`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TransportKind {
+    InProcess,
+    Mpi,
 }
 
 /// Whether `path` is to be read as an artifact: named `.mshc`, or starting with the
@@ -227,6 +245,39 @@ pub fn open(path: &Path, args: &RunArgs) -> Result<Loaded> {
 /// once more without the devices a failed run found silent (they are degraded: the
 /// collectives are re-planned around them).
 pub fn run(loaded: &mut Loaded, io: &Io, args: &RunArgs) -> Result<()> {
+    match args.transport {
+        TransportKind::InProcess => run_here(loaded, io, args),
+        TransportKind::Mpi => run_mpi(loaded, io, args),
+    }
+}
+
+/// `run --transport mpi`: this process is one rank, running its host's devices. An error
+/// on any rank is reported there and aborts the whole job (exit 1 from mpirun).
+#[cfg(feature = "mpi")]
+fn run_mpi(loaded: &mut Loaded, io: &Io, args: &RunArgs) -> Result<()> {
+    if args.replan_on_failure {
+        bail!("--replan-on-failure: under --transport mpi a lost host ends the job (MPI cannot go on without a process); run again with --degrade naming its devices");
+    }
+    let (mpi, transport) = crate::mpi::init()?;
+    let transport: std::sync::Arc<dyn crate::transport::Transport> = std::sync::Arc::new(transport);
+    let result = loaded.set_transport(transport.clone()).and_then(|()| run_here(loaded, io, args));
+    let result = result.with_context(|| format!("host {}", transport.rank()));
+    if let Err(e) = &result {
+        report(e);
+        transport.abort();
+    }
+    // MPI_Finalize, once every device thread is parked.
+    drop(mpi);
+    result
+}
+
+#[cfg(not(feature = "mpi"))]
+fn run_mpi(_: &mut Loaded, _: &Io, _: &RunArgs) -> Result<()> {
+    bail!("--transport mpi: this meshc was built without MPI; build it with `cargo build --release --features mpi` (needs Open MPI: apt-get install openmpi-bin libopenmpi-dev pkg-config)")
+}
+
+/// `run` in this process (as one rank, under `--transport mpi`).
+fn run_here(loaded: &mut Loaded, io: &Io, args: &RunArgs) -> Result<()> {
     configure(loaded, args)?;
     let failed = |e: &anyhow::Error| e.downcast_ref::<RunError>().map(RunError::failed_devices).unwrap_or_default();
     match run_loaded(loaded, io, args) {
@@ -321,17 +372,25 @@ fn run_loaded(loaded: &Loaded, io: &Io, args: &RunArgs) -> Result<()> {
     let wanted = io.wanted(&names)?;
     // Every file the run writes appears together, once everything has succeeded.
     let mut out = Outputs::new();
+    // Under hosts, host 0 gets the outputs and writes what is asked; the others run along.
+    let leader = loaded.host() == 0;
     let results = match &args.trace {
         None => loaded.run(&inputs)?,
         Some(file) => {
             let mut times = Vec::new();
             let results = loaded.run_timed(&inputs, &mut |t| times.push(t.clone()))?;
-            out.write_bytes(file, crate::trace::chrome_trace(&loaded.meta, &loaded.programs, &times).as_bytes())?;
+            if leader {
+                out.write_bytes(file, crate::trace::chrome_trace(&loaded.meta, &loaded.programs, &times).as_bytes())?;
+            }
             results
         }
     };
     let links = args.link_stats.then(|| loaded.link_stats());
-    if let Some(dir) = &args.check_against {
+    // Every host reports what it sent across (measured, not modelled).
+    if let Some(sent) = args.link_stats.then(|| loaded.host_stats()).flatten() {
+        print!("{sent}");
+    }
+    if let Some(dir) = args.check_against.as_ref().filter(|_| leader) {
         check_against(&results, dir)?;
     }
     if let Some(n) = args.bench {
@@ -343,15 +402,20 @@ fn run_loaded(loaded: &Loaded, io: &Io, args: &RunArgs) -> Result<()> {
         }
         times.sort_by(f64::total_cmp);
         let med = times[times.len() / 2];
-        eprintln!(
-            "bench: {} runs, latency min {:.3} ms, median {:.3} ms, max {:.3} ms, {:.2} GFLOP/s (median, {} FLOPs)",
-            times.len(),
-            times[0] * 1e3,
-            med * 1e3,
-            times[times.len() - 1] * 1e3,
-            loaded.meta.flops as f64 / med / 1e9,
-            loaded.meta.flops
-        );
+        if leader {
+            eprintln!(
+                "bench: {} runs, latency min {:.3} ms, median {:.3} ms, max {:.3} ms, {:.2} GFLOP/s (median, {} FLOPs)",
+                times.len(),
+                times[0] * 1e3,
+                med * 1e3,
+                times[times.len() - 1] * 1e3,
+                loaded.meta.flops as f64 / med / 1e9,
+                loaded.meta.flops
+            );
+        }
+    }
+    if !leader {
+        return Ok(());
     }
     io.write(&mut out, wanted, &results)?;
     out.commit()?;

@@ -7,6 +7,10 @@
 //!   reused within the run: the compiler kept it live); the recv waits for the address and
 //!   reads the data there, in place, for the rest of the run.
 //!
+//! Between devices of different hosts (`set_hosts`) a transfer is one message over the
+//! transport (`crate::transport`), receiver-pull as well: the data leaves once the recv has
+//! posted its buffer, where it lands under either protocol. The tag comes from the key.
+//!
 //! Nothing waits for ever: a wait ends with an error naming the key and both devices after
 //! the timeout, or as soon as another device failed (`poison`). A waiter first checks for
 //! `sync::SPIN` while yielding the core, then blocks, as the fabric's rendezvous do (a
@@ -14,6 +18,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
@@ -21,6 +26,7 @@ use anyhow::{bail, Result};
 use crate::error::RunError;
 use crate::program::{Protocol, Transfer};
 use crate::sync::{spin_until, Condvar, Mutex, MutexGuard};
+use crate::transport::{Hosts, Incoming, Outgoing, Stall};
 
 /// How long a send or recv waits for its peer by default (`meshc run --timeout`).
 pub const DEFAULT_TIMEOUT: Duration = crate::sync::TIMEOUT;
@@ -44,6 +50,8 @@ pub struct Exchange {
     generation: AtomicU64,
     poisoned: AtomicBool,
     timeout: Mutex<Duration>,
+    /// Set when the devices are spread over hosts.
+    hosts: Option<Arc<Hosts>>,
 }
 
 impl Default for Exchange {
@@ -54,6 +62,7 @@ impl Default for Exchange {
             generation: AtomicU64::new(0),
             poisoned: AtomicBool::new(false),
             timeout: Mutex::new(DEFAULT_TIMEOUT),
+            hosts: None,
         }
     }
 }
@@ -63,9 +72,47 @@ fn dev(d: usize) -> String {
     format!("device {d}")
 }
 
+/// "device 5 (host 1 (devices 4-7))": a device in an error about a transfer between hosts.
+fn on(hosts: &Hosts, d: usize) -> String {
+    format!("{} on {}", dev(d), hosts.label(hosts.host_of(d)))
+}
+
 impl Exchange {
     pub fn set_timeout(&self, t: Duration) {
         *self.timeout.lock() = t;
+    }
+
+    pub fn timeout(&self) -> Duration {
+        *self.timeout.lock()
+    }
+
+    /// Sends the transfers between devices of different hosts over `hosts`' transport.
+    pub fn set_hosts(&mut self, hosts: Arc<Hosts>) {
+        self.hosts = Some(hosts);
+    }
+
+    /// The hosts, if `me` and `peer` are on different ones.
+    fn across(&self, me: usize, peer: usize) -> Option<&Hosts> {
+        self.hosts.as_deref().filter(|h| h.host_of(me) != h.host_of(peer))
+    }
+
+    /// One exchange with another host for transfer `key`; `what` describes the wait for a
+    /// timeout's error.
+    fn cross(
+        &self,
+        hosts: &Hosts,
+        key: &str,
+        sends: &[Outgoing],
+        recvs: &mut [Incoming],
+        what: impl Fn(Duration) -> String,
+    ) -> Result<()> {
+        let timeout = self.timeout();
+        match hosts.exchange(sends, recvs, timeout, &|| self.poisoned.load(Ordering::SeqCst)) {
+            Ok(()) => Ok(()),
+            Err(Stall::Stopped) => bail!("stopped: another device failed"),
+            Err(Stall::Timeout { .. }) => Err(RunError::Timeout(what(timeout)).into()),
+            Err(Stall::Failed(m)) => bail!("'{key}': {m}"),
+        }
     }
 
     /// Forgets the last run's slots.
@@ -129,6 +176,21 @@ impl Exchange {
     /// `src` holds `t.bytes` readable bytes; for `move`, they stay valid and unchanged until
     /// the run ends.
     pub unsafe fn send(&self, me: usize, t: &Transfer, src: *const u8) -> Result<()> {
+        if let Some(hosts) = self.across(me, t.peer) {
+            let peer = hosts.host_of(t.peer);
+            let what = |after| {
+                format!(
+                    "send '{}' from {} to {}: the recv was not ready after {after:?}",
+                    t.key,
+                    on(hosts, me),
+                    on(hosts, t.peer)
+                )
+            };
+            // SAFETY: the caller's contract: `src` holds `t.bytes` readable bytes.
+            let bytes = unsafe { std::slice::from_raw_parts(src, t.bytes) };
+            let data = Outgoing { to: peer, tag: hosts.key_tag(&t.key, 0)?, bytes };
+            return self.cross(hosts, &t.key, &[data], &mut [], what);
+        }
         let slots = self.lock();
         match t.protocol {
             Protocol::Move => {
@@ -177,6 +239,22 @@ impl Exchange {
     /// # Safety
     /// `dst` has `t.bytes` writable bytes nothing else touches during the call.
     pub unsafe fn recv(&self, me: usize, t: &Transfer, dst: *mut u8) -> Result<*const u8> {
+        if let Some(hosts) = self.across(me, t.peer) {
+            let peer = hosts.host_of(t.peer);
+            // SAFETY: the caller's contract: `dst` has `t.bytes` writable bytes.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(dst, t.bytes) };
+            let data = Incoming { from: peer, tag: hosts.key_tag(&t.key, 0)?, bytes };
+            let what = |after| {
+                format!(
+                    "recv '{}' on {} from {}: no send came within {after:?}",
+                    t.key,
+                    on(hosts, me),
+                    on(hosts, t.peer)
+                )
+            };
+            self.cross(hosts, &t.key, &[], &mut [data], what)?;
+            return Ok(dst);
+        }
         let mut slots = self.lock();
         let missing = |after: Duration| {
             format!("recv '{}' on {} from {}: no send came within {after:?}", t.key, dev(me), dev(t.peer))

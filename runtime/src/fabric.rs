@@ -57,6 +57,25 @@
 //! over a degraded link fails, naming the collective. The counters of the plain schedules
 //! are kept too, for the fault-free comparison of `LinkStats`.
 //!
+//! # Across hosts (`Fabric::set_hosts`, `crate::transport`)
+//! When the devices are spread over hosts (one process each), a collective whose group
+//! lies inside this host runs as above and never touches the transport. One whose group
+//! spans hosts runs hierarchically: the members on this host meet in one rendezvous (as for
+//! small operands); the last of them to arrive is the host's leader and, with every local
+//! member's buffers published, does the host's part of the cross-host exchange with the
+//! other leaders, then writes every local member's result:
+//! - all_reduce and reduce_scatter: the contributing ranks, in rank order, are cut into runs
+//!   of consecutive ranks on one host. The host of the first run folds its operands, sends
+//!   the partial result to the host of the next run, which folds its own onto it, and so on:
+//!   the combination order is the rank order of the in-process fabric, so results are bit
+//!   for bit the same. The last host (dividing a mean) sends the result to the other hosts;
+//!   each writes its members' results (a reduce_scatter member its block).
+//! - all_gather and all_to_all: each leader sends its members' operands to every other
+//!   leader; each host then places the blocks for its members.
+//!
+//! Only leaders cross hosts, one message per host and phase. A host that does not answer
+//! within the timeout ends the run with an error naming both hosts.
+//!
 //! # Failure detection
 //! A member waiting at the first rendezvous wakes every quarter of the timeout
 //! (`set_timeout`, `TIMEOUT` by default), beats its own heartbeat and looks at the members
@@ -81,6 +100,7 @@ use crate::mesh::{Mesh, Topology};
 use crate::program::{Collective, CollectiveOp, Reduce};
 pub use crate::sync::TIMEOUT;
 use crate::sync::{spin_until, Condvar, Mutex, MutexGuard, RwLock};
+use crate::transport::{Hosts, Incoming, Outgoing, Stall};
 
 /// Operands of fewer bytes take the one-rendezvous path: below this size a second
 /// rendezvous costs more than the second core saves. Measured for an all_reduce over 8
@@ -584,7 +604,7 @@ unsafe fn reduce_range(
     while b < len {
         let e = (b + BLOCK).min(len);
         let a = &mut acc[..e - b];
-        combine(a, &srcs, b, reduce);
+        combine(a, &srcs, b, reduce, true);
         if reduce == Reduce::Mean {
             let n = srcs.len() as f32;
             a.iter_mut().for_each(|x| *x /= n);
@@ -599,27 +619,29 @@ unsafe fn reduce_range(
 /// `fold` with the operation of `reduce` (a mean sums; the caller divides), in AVX-512
 /// code when the CPU has it: wider loads keep more bytes in flight per core, ~13% more
 /// bandwidth on a 16 MiB all_reduce. Every lane computes exactly what the scalar code would.
-fn combine(acc: &mut [f32], srcs: &[&[f32]], at: usize, reduce: Reduce) {
+/// Unless `fresh`, the fold goes on from what `acc` holds (a partial result of earlier
+/// ranks, from another host).
+fn combine(acc: &mut [f32], srcs: &[&[f32]], at: usize, reduce: Reduce, fresh: bool) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: the CPU has AVX-512F.
-        return unsafe { combine_avx512(acc, srcs, at, reduce) };
+        return unsafe { combine_avx512(acc, srcs, at, reduce, fresh) };
     }
-    combine_any(acc, srcs, at, reduce)
+    combine_any(acc, srcs, at, reduce, fresh)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn combine_avx512(acc: &mut [f32], srcs: &[&[f32]], at: usize, reduce: Reduce) {
-    combine_any(acc, srcs, at, reduce)
+unsafe fn combine_avx512(acc: &mut [f32], srcs: &[&[f32]], at: usize, reduce: Reduce, fresh: bool) {
+    combine_any(acc, srcs, at, reduce, fresh)
 }
 
 #[inline(always)]
-fn combine_any(acc: &mut [f32], srcs: &[&[f32]], at: usize, reduce: Reduce) {
+fn combine_any(acc: &mut [f32], srcs: &[&[f32]], at: usize, reduce: Reduce, fresh: bool) {
     match reduce {
-        Reduce::Sum | Reduce::Mean => fold(acc, srcs, at, |x, y| x + y),
+        Reduce::Sum | Reduce::Mean => fold(acc, srcs, at, fresh, |x, y| x + y),
         // numpy's maximum: a NaN on either side wins.
-        Reduce::Max => fold(acc, srcs, at, |x, y| if y > x || y.is_nan() { y } else { x }),
+        Reduce::Max => fold(acc, srcs, at, fresh, |x, y| if y > x || y.is_nan() { y } else { x }),
     }
 }
 
@@ -627,11 +649,11 @@ fn combine_any(acc: &mut [f32], srcs: &[&[f32]], at: usize, reduce: Reduce) {
 /// reading up to eight operands per pass over the block (more memory streams at once read
 /// faster; the order of combination stays the rank order).
 #[inline(always)]
-fn fold(acc: &mut [f32], srcs: &[&[f32]], at: usize, c: impl Fn(f32, f32) -> f32 + Copy) {
+fn fold(acc: &mut [f32], srcs: &[&[f32]], at: usize, fresh: bool, c: impl Fn(f32, f32) -> f32 + Copy) {
     let mut k = 0;
     while k < srcs.len() {
         let s = &srcs[k..];
-        let first = k == 0;
+        let first = fresh && k == 0;
         k += match s.len() {
             1 => pass::<1>(acc, s, at, first, c),
             2 => pass::<2>(acc, s, at, first, c),
@@ -726,6 +748,10 @@ struct Slot {
     /// The members' devices, by rank.
     group: Vec<usize>,
     plan: Plan,
+    /// The ranks that meet in this process: the contributors on this host.
+    waited: Vec<usize>,
+    /// Set when the group spans hosts (module doc).
+    span: Option<Span>,
     state: Mutex<SlotState>,
     cv: Condvar,
     /// Executions that passed the first and the second rendezvous. Changed only under the
@@ -734,6 +760,18 @@ struct Slot {
     fin_gen: AtomicU64,
     /// The next unclaimed part of the current execution (large operands).
     next: AtomicUsize,
+}
+
+/// A collective whose group spans hosts: who takes part where, and how results are written.
+struct Span {
+    /// The contributing ranks in rank order, cut into runs of consecutive ranks on one host:
+    /// (host, ranks).
+    runs: Vec<(usize, Vec<usize>)>,
+    /// The hosts holding a contributor, ascending.
+    hosts: Vec<usize>,
+    /// all_reduce and reduce_scatter: the plan that writes every local member's result from
+    /// the fully reduced operand, as the one contributor.
+    write: Plan,
 }
 
 /// Bytes a directed link carried.
@@ -803,6 +841,8 @@ pub struct Fabric {
     /// Per device: signs of life (`beat`).
     heartbeats: Vec<AtomicU64>,
     timeout: Duration,
+    /// Set when the devices are spread over hosts (module doc).
+    hosts: Option<Arc<Hosts>>,
 }
 
 impl Fabric {
@@ -820,7 +860,15 @@ impl Fabric {
             degraded: None,
             heartbeats: (0..mesh.devices()).map(|_| AtomicU64::new(0)).collect(),
             timeout: TIMEOUT,
+            hosts: None,
         }
+    }
+
+    /// Runs the collectives whose groups span hosts over `hosts`' transport (module doc).
+    /// Before any collective runs.
+    pub fn set_hosts(&mut self, hosts: Arc<Hosts>) {
+        self.slots.get_mut().clear();
+        self.hosts = Some(hosts);
     }
 
     /// Runs the collectives around the degraded devices and links of `topo` (module doc).
@@ -1021,9 +1069,36 @@ impl Fabric {
             numel,
             result_numel,
         };
+        let local = |r: &usize| self.hosts.as_ref().is_none_or(|h| h.is_local(group[*r]));
+        let waited: Vec<usize> = plan.contributors.iter().copied().filter(local).collect();
+        let span =
+            self.hosts.as_ref().filter(|h| group.iter().any(|&d| h.host_of(d) != h.host_of(group[0]))).map(|h| {
+                let mut runs: Vec<(usize, Vec<usize>)> = Vec::new();
+                for &r in &plan.contributors {
+                    match runs.last_mut() {
+                        Some((host, ranks)) if *host == h.host_of(group[r]) => ranks.push(r),
+                        _ => runs.push((h.host_of(group[r]), vec![r])),
+                    }
+                }
+                let hosts: BTreeSet<usize> = runs.iter().map(|r| r.0).collect();
+                let write = Plan {
+                    op: plan.op.clone(),
+                    shape: plan.shape.clone(),
+                    result_shape: plan.result_shape.clone(),
+                    n: plan.n,
+                    numel: plan.numel,
+                    result_numel: plan.result_numel,
+                    traffic: Vec::new(),
+                    plain: Vec::new(),
+                    contributors: vec![0],
+                };
+                Span { runs, hosts: hosts.into_iter().collect(), write }
+            });
         let none = Member { operand: std::ptr::null(), result: std::ptr::null_mut(), share: false };
         Ok(Slot {
             desc: c.clone(),
+            waited,
+            span,
             state: Mutex::new(SlotState {
                 members: vec![none; plan.n],
                 arrived: 0,
@@ -1076,7 +1151,7 @@ impl Fabric {
         s.here[rank] = true;
         s.arrived += 1;
         let gen = slot.gen.load(Ordering::Relaxed);
-        if s.arrived == plan.contributors.len() {
+        if s.arrived == slot.waited.len() {
             s.arrived = 0;
             s.here.iter_mut().for_each(|h| *h = false);
             for &(l, b) in &plan.traffic {
@@ -1090,7 +1165,16 @@ impl Fabric {
                 // Without the memory, every member simply gets its own copy.
                 s.shared = AlignedBuf::zeroed(plan.result_numel * 4).ok();
             }
-            if small(plan.numel) {
+            if slot.span.is_some() {
+                let shared = shared_ptr(plan, &mut s);
+                // SAFETY: as below.
+                if let Err(e) = unsafe { self.cross_hosts(&slot, &s.members, shared) } {
+                    // The other local members wake to the poison; none touches a buffer.
+                    drop(s);
+                    self.poison(RunError::of(&e));
+                    return Err(e);
+                }
+            } else if small(plan.numel) {
                 let shared = shared_ptr(plan, &mut s);
                 for r in 0..plan.parts() {
                     // SAFETY: every member is blocked in this rendezvous (the caller's
@@ -1121,7 +1205,7 @@ impl Fabric {
             Some(p) if share => Delivery::Shared(p),
             _ => Delivery::Written,
         };
-        if small(plan.numel) {
+        if small(plan.numel) || slot.span.is_some() {
             return Ok(delivery);
         }
         let members = s.members.clone();
@@ -1139,7 +1223,7 @@ impl Fabric {
         let mut s = slot.state.lock();
         s.finished += 1;
         let fin_gen = slot.fin_gen.load(Ordering::Relaxed);
-        if s.finished == plan.contributors.len() {
+        if s.finished == slot.waited.len() {
             s.finished = 0;
             slot.fin_gen.store(fin_gen + 1, Ordering::Release);
             slot.cv.notify_all();
@@ -1173,7 +1257,7 @@ impl Fabric {
         spin_until(|| counter.load(Ordering::Acquire) != seen || poisoned());
         let mut s = slot.state.lock();
         let missing = |s: &SlotState| -> Vec<(usize, u64)> {
-            let ranks = slot.plan.contributors.iter().filter(|&&r| !s.here[r]);
+            let ranks = slot.waited.iter().filter(|&&r| !s.here[r]);
             ranks.map(|&r| (slot.group[r], self.heartbeats[slot.group[r]].load(Ordering::SeqCst))).collect()
         };
         let mut window = (Instant::now(), missing(&s));
@@ -1208,6 +1292,124 @@ impl Fabric {
             window = (Instant::now(), now);
         }
         Ok(s)
+    }
+
+    /// The host's part of a collective whose group spans hosts (module doc), done by the
+    /// last local member to arrive.
+    ///
+    /// # Safety
+    /// Every local member is blocked in the rendezvous with its buffers in `members`, valid
+    /// for the plan's sizes; `shared` (if any) holds the result's length.
+    unsafe fn cross_hosts(&self, slot: &Slot, members: &[Member], shared: Option<*mut f32>) -> Result<()> {
+        let (Some(hosts), Some(span)) = (&self.hosts, &slot.span) else { bail!("no hosts to cross") };
+        let plan = &slot.plan;
+        let me = hosts.me();
+        let tag = |phase| hosts.collective_tag(slot.desc.id, slot.group[0], phase);
+        // SAFETY: the caller's contract: every local member's operand holds `numel` elements.
+        let operand = |r: usize| unsafe { std::slice::from_raw_parts(members[r].operand, plan.numel) };
+        match plan.op {
+            CollectiveOp::AllReduce { reduce } | CollectiveOp::ReduceScatter { reduce, .. } => {
+                let mut acc = vec![0f32; plan.numel];
+                let last = span.runs.last().map_or(me, |r| r.0);
+                for (j, (_, ranks)) in span.runs.iter().enumerate().filter(|(_, r)| r.0 == me) {
+                    if j > 0 {
+                        self.swap(slot, &[], &mut [(span.runs[j - 1].0, tag(0)?, &mut acc)])?;
+                    }
+                    let srcs: Vec<&[f32]> = ranks.iter().map(|&r| operand(r)).collect();
+                    combine(&mut acc, &srcs, 0, reduce, j == 0);
+                    if let Some(next) = span.runs.get(j + 1) {
+                        self.swap(slot, &[(next.0, tag(0)?, &acc)], &mut [])?;
+                    }
+                }
+                if me == last {
+                    if reduce == Reduce::Mean {
+                        let n = plan.contributors.len() as f32;
+                        acc.iter_mut().for_each(|x| *x /= n);
+                    }
+                    let sends: Vec<(usize, u32, &[f32])> = span
+                        .hosts
+                        .iter()
+                        .filter(|&&h| h != me)
+                        .map(|&h| Ok((h, tag(1)?, &acc[..])))
+                        .collect::<Result<_>>()?;
+                    self.swap(slot, &sends, &mut [])?;
+                } else {
+                    self.swap(slot, &[], &mut [(last, tag(1)?, &mut acc)])?;
+                }
+                let members: Vec<Member> = members.iter().map(|m| Member { operand: acc.as_ptr(), ..*m }).collect();
+                for r in 0..span.write.parts() {
+                    // SAFETY: `acc` holds the reduced operand; the results are the members'.
+                    unsafe { span.write.part(r, &members, shared) };
+                }
+            }
+            CollectiveOp::AllGather { .. } | CollectiveOp::AllToAll { .. } => {
+                let on = |h: usize| (0..plan.n).filter(move |&r| hosts.host_of(slot.group[r]) == h);
+                let mine: Vec<f32> = on(me).flat_map(operand).copied().collect();
+                let others: Vec<usize> = span.hosts.iter().copied().filter(|&h| h != me).collect();
+                let mut theirs: Vec<Vec<f32>> =
+                    others.iter().map(|&h| vec![0f32; on(h).count() * plan.numel]).collect();
+                let sends: Vec<(usize, u32, &[f32])> =
+                    others.iter().map(|&h| Ok((h, tag(0)?, &mine[..]))).collect::<Result<_>>()?;
+                let mut recvs: Vec<(usize, u32, &mut [f32])> = (others.iter().zip(&mut theirs))
+                    .map(|(&h, buf)| Ok((h, tag(0)?, &mut buf[..])))
+                    .collect::<Result<_>>()?;
+                self.swap(slot, &sends, &mut recvs)?;
+                let mut all = members.to_vec();
+                for (&h, buf) in others.iter().zip(&theirs) {
+                    for (k, r) in on(h).enumerate() {
+                        all[r].operand = buf[k * plan.numel..].as_ptr();
+                    }
+                }
+                let to_all_local = matches!(plan.op, CollectiveOp::AllToAll { .. });
+                for r in (0..plan.n).filter(|&r| !to_all_local || hosts.is_local(slot.group[r])) {
+                    // SAFETY: every operand is a local member's or a received copy; results
+                    // are the local members' (a remote member's is null, never written).
+                    unsafe { plan.part(r, &all, shared) };
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One exchange of f32 buffers with other hosts (`Transport::exchange`), bounded by the
+    /// timeout and ended by the poison.
+    fn swap(&self, slot: &Slot, sends: &[(usize, u32, &[f32])], recvs: &mut [(usize, u32, &mut [f32])]) -> Result<()> {
+        let Some(hosts) = &self.hosts else { bail!("no hosts to cross") };
+        // SAFETY (both): reinterpreting f32s as their bytes, within the same borrow.
+        let out: Vec<Outgoing> = (sends.iter())
+            .map(|&(to, tag, s)| Outgoing {
+                to,
+                tag,
+                bytes: unsafe { std::slice::from_raw_parts(s.as_ptr().cast(), s.len() * 4) },
+            })
+            .collect();
+        let mut inc: Vec<Incoming> = (recvs.iter_mut())
+            .map(|(from, tag, s)| Incoming {
+                from: *from,
+                tag: *tag,
+                bytes: unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast(), s.len() * 4) },
+            })
+            .collect();
+        let id = slot.desc.id;
+        match hosts.exchange(&out, &mut inc, self.timeout, &|| self.poisoned.load(Ordering::SeqCst)) {
+            Ok(()) => Ok(()),
+            Err(Stall::Stopped) => Err(self.abandoned(&slot.desc)),
+            Err(Stall::Timeout { recv, send }) => {
+                let (what, peer) = match (recv, send) {
+                    (Some(i), _) => ("nothing came from", inc[i].from),
+                    (None, Some(i)) => ("nothing was taken by", out[i].to),
+                    (None, None) => ("no answer from", hosts.me()),
+                };
+                Err(RunError::Timeout(format!(
+                    "collective #{id} across hosts: on {}, {what} {} within {:?}",
+                    hosts.label(hosts.me()),
+                    hosts.label(peer),
+                    self.timeout
+                ))
+                .into())
+            }
+            Err(Stall::Failed(m)) => bail!("collective #{id} across hosts: {m}"),
+        }
     }
 
     /// A sign of life from `device` (the runner gives one per step).

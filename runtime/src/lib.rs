@@ -8,7 +8,9 @@
 //! mask records), `matmul_shape` and `library` (the library GEMM), `degraded` (the
 //! fault-tolerant collective planner), `exchange` (send/recv), `fabric` (collectives over
 //! the simulated mesh), `runner` (validation and execution), `loader` (artifact to runner),
-//! `trace` and `inspect` (reports), `cli` (the run command shared by both binaries).
+//! `trace` and `inspect` (reports), `cli` (the run command shared by both binaries);
+//! `transport` (the seam between hosts, one process each) and `mpi` (the MPI transport,
+//! cargo feature `mpi`).
 
 pub mod abi;
 pub mod artifact;
@@ -24,6 +26,8 @@ pub mod mask;
 pub mod matmul_shape;
 pub mod memory;
 pub mod mesh;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod order;
 pub mod output;
 pub mod program;
@@ -32,3 +36,4 @@ pub mod signature;
 pub mod steps;
 pub mod sync;
 pub mod trace;
+pub mod transport;

@@ -37,6 +37,10 @@ pub struct Meta {
     /// shard of the model with it, so no degradation may fail a device then.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub model_axes: Vec<usize>,
+    /// The devices of each host (the layout spec's `hosts`): under `meshc run --transport
+    /// mpi`, rank h runs the devices of host h. Empty: one host runs every device.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<Vec<usize>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -17,12 +17,18 @@
 //! next rendezvous; one that goes silent is detected by the fabric's heartbeat watch.
 //! Degraded devices (`Meta::degraded`, or `Loaded::degrade`) run nothing: outputs are taken
 //! from a healthy holder of each block.
+//!
+//! Over hosts (`Loaded::set_transport`, `crate::transport`): this process runs the devices
+//! of its own host only, the fabric and the exchange carry what crosses hosts over the
+//! transport, and the other hosts send their devices' output blocks to host 0, whose run
+//! returns the outputs (the others' return none).
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 use std::sync::mpsc;
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -41,6 +47,7 @@ use crate::mesh::Mesh;
 use crate::order::{accesses, all_before, happens_before, At, Order};
 use crate::program::{Buffer, Collective, Elem, Exec, IoSpec, Library, Meta, Program, Storage, Transfer};
 use crate::sync::{spin_until, Condvar, Mutex, MutexGuard};
+use crate::transport::{Hosts, Incoming, Outgoing, Stall, Transport};
 
 /// Where the kernels are: an artifact's code section mapped executable, or executable
 /// memory an in-memory compile owns (the `Loaded` keeps it alive).
@@ -742,6 +749,8 @@ pub struct Loaded {
     /// parts and its library calls fork up to this many (`set_threads`). A run with more
     /// streams already keeps the cores busy with its stream threads, one core each.
     threads: usize,
+    /// Set when this process runs one host's devices (`set_transport`).
+    hosts: Option<Arc<Hosts>>,
 }
 
 /// Runs `kernel` on `args` (the step's buffers, which are the ones it was generated for) as
@@ -885,7 +894,86 @@ impl Loaded {
             exchange,
             lanes,
             threads,
+            hosts: None,
         })
+    }
+
+    /// Runs only this host's devices (`meta.hosts`, the transport's rank), joining the
+    /// other hosts over `transport`. Before the first run.
+    pub fn set_transport(&mut self, transport: Arc<dyn Transport>) -> Result<()> {
+        let hosts = Arc::new(Hosts::new(&self.meta, &self.programs, transport)?);
+        self.fabric.set_hosts(hosts.clone());
+        self.exchange.set_hosts(hosts.clone());
+        self.hosts = Some(hosts);
+        Ok(())
+    }
+
+    /// Under hosts: the bytes this host sent each other host in the last run, one line per
+    /// host (`--link-stats`).
+    pub fn host_stats(&self) -> Option<String> {
+        self.hosts.as_ref().map(|h| h.report())
+    }
+
+    /// This process's host: 0 unless `set_transport` made it another. Only host 0's runs
+    /// return the outputs.
+    pub fn host(&self) -> usize {
+        self.hosts.as_ref().map_or(0, |h| h.me())
+    }
+
+    /// Under hosts: the device whose copy of `d`'s block of output `spec` host 0 reads: `d`
+    /// when it is healthy and on host 0, else the first healthy device with the same block
+    /// on host 0, else the first healthy one anywhere (its host sends that copy).
+    fn source(&self, hosts: &Hosts, spec: &IoSpec, d: usize, healthy: impl Fn(usize) -> bool) -> Option<usize> {
+        let mesh = &self.meta.mesh;
+        let region = |x: usize| spec.block(mesh, x).map(|(r, _)| r);
+        let mine = region(d);
+        let same: Vec<usize> = (0..mesh.devices()).filter(|&h| healthy(h) && region(h) == mine).collect();
+        same.iter().copied().find(|&h| hosts.host_of(h) == 0).or(same.first().copied())
+    }
+
+    /// Under hosts, the blocks host 0 reads (`source`) that other hosts hold go to host 0,
+    /// one copy per block; host 0 gets them back by (output, device), the others nothing.
+    fn gather_outputs(
+        &self,
+        hosts: &Hosts,
+        runs: &[DeviceRun],
+        healthy: impl Fn(usize) -> bool,
+    ) -> Result<HashMap<(usize, usize), Vec<u8>>> {
+        let mesh = &self.meta.mesh;
+        let me = hosts.me();
+        let mut sends = Vec::new();
+        let mut blocks = Vec::new();
+        for (i, spec) in self.meta.outputs.iter().enumerate() {
+            let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
+            let len = spec.mesh(mesh).local_shape(&spec.shape, &spec.layout).iter().product::<usize>()
+                * ty.dtype.size_bytes();
+            let sources: BTreeSet<usize> = (0..mesh.devices())
+                .filter(|&d| spec.block(mesh, d).is_some_and(|(_, w)| w))
+                .filter_map(|d| self.source(hosts, spec, d, &healthy))
+                .collect();
+            for d in sources {
+                let (host, tag) = (hosts.host_of(d), hosts.output_tag(i, d));
+                if me != 0 && host == me {
+                    // SAFETY: the buffer holds the device's block of the output; its job is done.
+                    let bytes = unsafe { std::slice::from_raw_parts(runs[d].outputs[i].0, len) };
+                    sends.push(Outgoing { to: 0, tag, bytes });
+                } else if me == 0 && host != 0 {
+                    blocks.push(((i, d), host, tag, vec![0u8; len]));
+                }
+            }
+        }
+        let mut recvs: Vec<Incoming> =
+            blocks.iter_mut().map(|(_, from, tag, b)| Incoming { from: *from, tag: *tag, bytes: b }).collect();
+        let timeout = self.exchange.timeout();
+        match hosts.exchange(&sends, &mut recvs, timeout, &|| false) {
+            Ok(()) => Ok(blocks.into_iter().map(|(at, _, _, b)| (at, b)).collect()),
+            Err(Stall::Timeout { recv, .. }) => {
+                let from = recv.map_or(me, |r| recvs[r].from);
+                bail!("gathering the outputs on host 0: {} sent nothing within {timeout:?}", hosts.label(from))
+            }
+            Err(Stall::Stopped) => bail!("gathering the outputs on host 0: stopped"),
+            Err(Stall::Failed(m)) => bail!("gathering the outputs on host 0: {m}"),
+        }
     }
 
     /// The decoded mask of weight buffer `b` of `device`, if it has one.
@@ -1012,6 +1100,9 @@ impl Loaded {
         let State { arenas, devices } = &mut *state;
         self.fabric.reset();
         self.exchange.reset();
+        if let Some(h) = &self.hosts {
+            h.reset();
+        }
         let epoch = Instant::now();
         let mesh = &self.meta.mesh;
         let shared: Vec<DeviceShared> = (self.programs.iter().zip(arenas.iter_mut()).zip(&self.lanes))
@@ -1061,8 +1152,10 @@ impl Loaded {
         };
         // A degraded device runs nothing (the fabric leaves it out of every collective).
         let healthy = |d: usize| self.fabric.degraded().is_none_or(|t| t.healthy(d));
+        // Another host's devices run there.
+        let here = |d: usize| self.hosts.as_ref().is_none_or(|h| h.is_local(d));
         let jobs = (lanes.iter())
-            .map(|&(d, k)| match healthy(d) {
+            .map(|&(d, k)| match healthy(d) && here(d) {
                 true => Box::new(move || self.device_thread(d, k, ctx)) as Job,
                 false => Box::new(|| Some(DeviceRun { outputs: Vec::new(), times: Vec::new() })) as Job,
             })
@@ -1083,6 +1176,14 @@ impl Loaded {
         }
         // In step order, whichever thread ran them.
         runs.iter_mut().for_each(|r| r.times.sort_by_key(|t| t.step));
+        let remote = match &self.hosts {
+            Some(hosts) => self.gather_outputs(hosts, &runs, healthy)?,
+            None => HashMap::new(),
+        };
+        let times = || runs.iter().flat_map(|r| r.times.clone()).collect();
+        if self.host() != 0 {
+            return Ok((BTreeMap::new(), times()));
+        }
         let mut results = BTreeMap::new();
         for (i, spec) in self.meta.outputs.iter().enumerate() {
             let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
@@ -1091,15 +1192,20 @@ impl Loaded {
             let holders: Vec<(usize, Vec<std::ops::Range<usize>>)> = (0..mesh.devices())
                 .filter_map(|d| spec.block(mesh, d).filter(|(_, writes)| *writes).map(|(r, _)| (d, r)))
                 .collect();
-            let block = |d: usize| {
+            let block = |d: usize| match remote.get(&(i, d)) {
+                Some(b) => b.as_slice(),
                 // SAFETY: the buffer holds the device's block of the output; its job is done.
-                unsafe { std::slice::from_raw_parts(runs[d].outputs[i].0, local.iter().product::<usize>() * e) }
+                None => unsafe {
+                    std::slice::from_raw_parts(runs[d].outputs[i].0, local.iter().product::<usize>() * e)
+                },
             };
             let region = |d: usize| spec.block(mesh, d).map(|(r, _)| r);
-            // The block from a healthy device that holds it, if any.
-            let holder = |d: usize| match healthy(d) {
-                true => Some(d),
-                false => (0..mesh.devices()).filter(|&h| healthy(h)).find(|&h| region(h) == region(d)),
+            // The block from a healthy device that holds it, if any (under hosts, the copy
+            // host 0 reads).
+            let holder = |d: usize| match (&self.hosts, healthy(d)) {
+                (Some(hosts), _) => self.source(hosts, spec, d, healthy),
+                (None, true) => Some(d),
+                (None, false) => (0..mesh.devices()).filter(|&h| healthy(h)).find(|&h| region(h) == region(d)),
             };
             let t = if local == spec.shape {
                 let first = holders.first().map_or(0, |h| h.0);
@@ -1123,7 +1229,7 @@ impl Loaded {
             };
             results.insert(spec.name.clone(), t);
         }
-        Ok((results, runs.into_iter().flat_map(|r| r.times).collect()))
+        Ok((results, times()))
     }
 
     /// One stream's thread of a multi-device (or multi-stream) run: its error or panic
@@ -1430,6 +1536,7 @@ mod tests {
             outputs,
             degraded: Default::default(),
             model_axes: Vec::new(),
+            hosts: Vec::new(),
         };
         Loaded::in_memory(meta, programs, Box::new(()), &[])
     }
@@ -1765,6 +1872,7 @@ mod tests {
             outputs: out(),
             degraded,
             model_axes,
+            hosts: Vec::new(),
         };
         let failed = |d: usize| crate::degraded::Degradation { nodes: vec![d], ..Default::default() };
         // x is [2, 6] split over axis 0 (row 0 on devices 0 and 1, row 1 on 2 and 3): the
@@ -1844,6 +1952,7 @@ mod transfer_tests {
             outputs: vec![io("y")],
             degraded: Default::default(),
             model_axes: Vec::new(),
+            hosts: Vec::new(),
         };
         Loaded::in_memory(meta, programs, Box::new(()), &[])
     }

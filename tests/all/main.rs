@@ -14,12 +14,15 @@ mod explain;
 mod fuzz;
 mod golden;
 mod grad;
+mod hosts;
 mod interp;
 mod layouts;
 mod lowering;
 mod make;
 mod masked;
 mod modules;
+#[cfg(feature = "mpi")]
+mod mpi;
 mod onnx;
 mod onnx_fuzz;
 mod outputs;

@@ -1,0 +1,191 @@
+//! Devices spread over hosts (`hosts` in the layout spec, `runtime/src/transport.rs`)
+//! without MPI: each host is a thread of this test with its own `Loaded` of the same
+//! artifact, joined by the `Threads` transport, so everything above the transport seam
+//! (hierarchical collectives, send/recv between hosts, outputs gathered on host 0) is
+//! tested in `make test`. `make test-mpi` (tests/all/mpi.rs) runs the same over MPI.
+//!
+//! Every testdata graph × layout, its devices over 2 hosts and over hosts of 2 devices,
+//! gives outputs bit-identical to the in-process run of the same artifact; so does the
+//! degraded 4×4 torus over 4 hosts. A recv whose send never comes ends every host's run
+//! with a timeout naming the key, devices and hosts.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use meshc_ir::Tensor;
+use meshc_runtime::artifact::{Artifact, Verify};
+use meshc_runtime::degraded::Degradation;
+use meshc_runtime::loader::load_artifact;
+use meshc_runtime::runner::Loaded;
+use meshc_runtime::transport::Threads;
+
+use crate::common::{layout_cases, meshc, scratch};
+
+/// `out`, compiled from `graph` under `spec` by the real binary.
+pub fn compile(graph: &Path, spec: &Path, out: &Path) {
+    let run = meshc(&[
+        "compile",
+        &graph.display().to_string(),
+        "--layout",
+        &spec.display().to_string(),
+        "-o",
+        &out.display().to_string(),
+    ]);
+    assert_eq!(run.status, Some(0), "compile {}: {}", spec.display(), run.stderr);
+}
+
+fn open(artifact: &Path) -> Loaded {
+    load_artifact(Artifact::open_with(artifact, Verify::All).unwrap(), "test").unwrap()
+}
+
+/// The graph's inputs, `<graph dir>/inputs/NAME.npy` for each input of the artifact.
+fn inputs(graph: &Path, l: &Loaded) -> HashMap<String, Tensor> {
+    let dir = graph.parent().unwrap().join("inputs");
+    l.meta
+        .inputs
+        .iter()
+        .map(|s| (s.name.clone(), Tensor::read_npy(&dir.join(format!("{}.npy", s.name))).unwrap()))
+        .collect()
+}
+
+/// Runs `artifact` with its devices over `hosts` (one `Loaded` per host, each on its own
+/// thread; `setup` applied to each first): every host's result, host 0's holding the outputs.
+fn over_hosts(
+    artifact: &Path,
+    hosts: &[Vec<usize>],
+    inputs: &HashMap<String, Tensor>,
+    setup: impl Fn(&mut Loaded) + Sync,
+) -> Vec<Result<BTreeMap<String, Tensor>, String>> {
+    let transports = Threads::joined(hosts.len());
+    std::thread::scope(|s| {
+        let runs: Vec<_> = transports
+            .into_iter()
+            .map(|t| {
+                let setup = &setup;
+                s.spawn(move || {
+                    let mut l = open(artifact);
+                    l.meta.hosts = hosts.to_vec();
+                    setup(&mut l);
+                    l.set_transport(t).map_err(|e| format!("{e:#}"))?;
+                    l.run(inputs).map_err(|e| format!("{e:#}"))
+                })
+            })
+            .collect();
+        runs.into_iter().map(|r| r.join().unwrap()).collect()
+    })
+}
+
+/// Bit-for-bit equality of two runs' outputs.
+fn identical(a: &BTreeMap<String, Tensor>, b: &BTreeMap<String, Tensor>) -> Result<(), String> {
+    if a.keys().ne(b.keys()) {
+        return Err(format!("outputs {:?} and {:?}", a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>()));
+    }
+    match a.iter().find(|(k, t)| t.to_le_bytes() != b[*k].to_le_bytes()) {
+        Some((k, _)) => Err(format!("output {k} differs")),
+        None => Ok(()),
+    }
+}
+
+/// The ways to spread `n` devices over hosts the tests use: two hosts of n/2 (2×4 on 8
+/// devices) and hosts of two devices (4×2), each group contiguous.
+pub fn groupings(n: usize) -> Vec<Vec<Vec<usize>>> {
+    let by = |size: usize| (0..n / size).map(|h| (h * size..(h + 1) * size).collect()).collect();
+    let mut v: Vec<Vec<Vec<usize>>> = vec![by(n / 2)];
+    if n >= 4 && n / 2 != 2 {
+        v.push(by(2));
+    }
+    v
+}
+
+#[test]
+fn every_layout_over_hosts_gives_the_in_process_outputs_bit_for_bit() {
+    let dir = scratch("hosts");
+    let mut failures = Vec::new();
+    let mut runs = 0;
+    for case in layout_cases() {
+        let art = dir.join(format!("{}.mshc", case.label));
+        compile(&case.graph, &case.spec, &art);
+        let here = open(&art);
+        let devices = here.meta.mesh.devices();
+        if devices < 2 {
+            continue;
+        }
+        let inputs = inputs(&case.graph, &here);
+        let want = here.run(&inputs).unwrap();
+        for hosts in groupings(devices) {
+            let label = format!("{} over {}x{}", case.label, hosts.len(), hosts[0].len());
+            let got = over_hosts(&art, &hosts, &inputs, |_| {});
+            for (h, r) in got.iter().enumerate() {
+                match (h, r) {
+                    (0, Ok(out)) => failures.extend(identical(out, &want).err().map(|e| format!("{label}: {e}"))),
+                    (_, Ok(out)) if out.is_empty() => {}
+                    (_, Ok(_)) => failures.push(format!("{label}: host {h} returned outputs")),
+                    (_, Err(e)) => failures.push(format!("{label}: host {h}: {e}")),
+                }
+            }
+            runs += 1;
+        }
+    }
+    assert!(runs >= 30, "only {runs} runs over hosts");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn a_degraded_torus_over_four_hosts_gives_its_in_process_outputs() {
+    let dir = scratch("hosts-degraded");
+    let graph = Path::new("testdata/dp_train/graph.json");
+    let art = dir.join("dp.mshc");
+    compile(graph, Path::new("testdata/dp_train/layouts/torus-4x4.json"), &art);
+    // A failed device and a failed link, crossing between hosts (rows of the torus).
+    let deg = Degradation { nodes: vec![6], links: vec![(1, 5), (12, 0)], ..Default::default() };
+    let degrade = |l: &mut Loaded| l.degrade(&deg, false).unwrap();
+    let mut here = open(&art);
+    degrade(&mut here);
+    let inputs = inputs(graph, &here);
+    let want = here.run(&inputs).unwrap();
+    let rows: Vec<Vec<usize>> = (0..4).map(|r| (4 * r..4 * r + 4).collect()).collect();
+    let got = over_hosts(&art, &rows, &inputs, degrade);
+    identical(got[0].as_ref().unwrap(), &want).unwrap();
+    assert!(got[1..].iter().all(|r| r.as_ref().is_ok_and(BTreeMap::is_empty)));
+}
+
+#[test]
+fn a_recv_across_hosts_whose_send_never_comes_times_out_on_every_host() {
+    let dir = scratch("hosts-timeout");
+    let graph = Path::new("testdata/mlp/graph.json");
+    let art = dir.join("stages.mshc");
+    compile(graph, Path::new("testdata/mlp/layouts/stages-2.json"), &art);
+    let here = open(&art);
+    let inputs = inputs(graph, &here);
+    // Only host 1 (stage 1, device 1) runs: the activations stage 0 sends it never come.
+    let transports = Threads::joined(2);
+    let mut l = open(&art);
+    l.meta.hosts = vec![vec![0], vec![1]];
+    l.set_transport(Arc::clone(&transports[1])).unwrap();
+    l.set_timeout(Duration::from_millis(300));
+    let start = std::time::Instant::now();
+    let e = format!("{:#}", l.run(&inputs).unwrap_err());
+    assert!(start.elapsed() < Duration::from_secs(10), "{e}");
+    assert!(
+        e.contains("on device 1 on host 1 (device 1) from device 0 on host 0 (device 0): no send came within 300ms"),
+        "{e}"
+    );
+}
+
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn without_the_mpi_feature_transport_mpi_says_how_to_build_it() {
+    let dir = scratch("hosts-no-mpi");
+    let art = dir.join("t.mshc");
+    compile(Path::new("testdata/transformer/graph.json"), Path::new("testdata/transformer/hosts/mp-2x4.json"), &art);
+    let run = meshc(&["run", &art.display().to_string(), "--transport", "mpi"]);
+    assert_eq!(run.status, Some(1));
+    assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("built without MPI; build it with `cargo build --release --features mpi`"),
+        "{}",
+        run.stderr
+    );
+}

@@ -1,0 +1,240 @@
+//! `meshc run --transport mpi` for real (`make test-mpi`; cargo feature `mpi`, Open MPI
+//! installed): every testdata graph × layout with `hosts` in its spec — 2 hosts × n/2
+//! devices and hosts of 2 devices — compiled by `meshc compile` and run by `mpirun` on
+//! simulated hosts over loopback TCP (`tools/mpirun-hosts`), writes outputs byte-identical
+//! to the in-process run of the same artifact; so does the degraded 4×4 torus over 4 hosts.
+//! A recv whose send never comes ends the job with exit 1 and a message naming the key,
+//! devices and hosts; a rank killed mid-run ends it with a non-zero exit within the timeout.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::{input_args, layout_cases, meshc, scratch};
+use crate::hosts::{compile, groupings};
+
+/// `tools/mpirun-hosts HOSTS meshc ARGS...`.
+fn mpirun(hosts: usize, args: &[String]) -> Output {
+    Command::new("tools/mpirun-hosts")
+        .arg(hosts.to_string())
+        .arg(env!("CARGO_BIN_EXE_meshc"))
+        .args(args)
+        .output()
+        .expect("tools/mpirun-hosts runs (Open MPI installed?)")
+}
+
+/// `spec` with `"hosts": hosts` added, written to `out`.
+fn with_hosts(spec: &Path, hosts: &serde_json::Value, out: &Path) {
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(spec).unwrap()).unwrap();
+    v["hosts"] = hosts.clone();
+    std::fs::write(out, v.to_string()).unwrap();
+}
+
+/// The files of `dir`, sorted, with their bytes.
+fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.map(|e| e.unwrap().path())
+                .map(|p| (p.file_name().unwrap().to_string_lossy().into(), std::fs::read(&p).unwrap()))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Runs `art` in-process and over `hosts` ranks; the failure, if the outputs differ.
+fn compare(label: &str, graph: &Path, art: &Path, hosts: usize, extra: &[&str], dir: &Path) -> Result<(), String> {
+    let (here, there) = (dir.join(format!("{label}-here")), dir.join(format!("{label}-mpi")));
+    let base: Vec<String> = ["run".to_string(), art.display().to_string()]
+        .into_iter()
+        .chain(input_args(graph))
+        .chain(extra.iter().map(|s| s.to_string()))
+        .collect();
+    let args = |out: &PathBuf, mpi: bool| -> Vec<String> {
+        let mut a = base.clone();
+        a.extend(["--output-dir".to_string(), out.display().to_string()]);
+        if mpi {
+            a.extend(["--transport".to_string(), "mpi".to_string()]);
+        }
+        a
+    };
+    let a = args(&here, false);
+    let run = meshc(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    if run.status != Some(0) {
+        return Err(format!("{label}: in-process run failed: {}", run.stderr));
+    }
+    let out = mpirun(hosts, &args(&there, true));
+    if !out.status.success() {
+        return Err(format!(
+            "{label}: mpirun exited {:?}: {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let (want, got) = (files(&here), files(&there));
+    if want.is_empty() || want != got {
+        let names = |v: &[(String, Vec<u8>)]| v.iter().map(|f| f.0.clone()).collect::<Vec<_>>();
+        return Err(format!(
+            "{label}: outputs {:?} over MPI, {:?} in-process, or their bytes differ",
+            names(&got),
+            names(&want)
+        ));
+    }
+    Ok(())
+}
+
+#[test]
+fn every_layout_over_mpi_hosts_writes_the_in_process_outputs() {
+    let dir = scratch("mpi-layouts");
+    let mut failures = Vec::new();
+    let mut runs = 0;
+    for case in layout_cases() {
+        let devices = {
+            let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&case.spec).unwrap()).unwrap();
+            v["mesh"]["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).product::<usize>()
+        };
+        if devices < 2 {
+            continue;
+        }
+        for hosts in groupings(devices) {
+            let label = format!("{}-{}x{}", case.label, hosts.len(), hosts[0].len());
+            let spec = dir.join(format!("{label}.json"));
+            with_hosts(&case.spec, &serde_json::json!(hosts), &spec);
+            let art = dir.join(format!("{label}.mshc"));
+            compile(&case.graph, &spec, &art);
+            failures.extend(compare(&label, &case.graph, &art, hosts.len(), &[], &dir).err());
+            runs += 1;
+        }
+    }
+    assert!(runs >= 30, "only {runs} runs over MPI");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn a_degraded_torus_over_four_mpi_hosts_writes_its_in_process_outputs() {
+    let dir = scratch("mpi-degraded");
+    let graph = Path::new("testdata/dp_train/graph.json");
+    let spec = dir.join("torus.json");
+    with_hosts(Path::new("testdata/dp_train/layouts/torus-4x4.json"), &serde_json::json!({"axis": "dx"}), &spec);
+    let art = dir.join("torus.mshc");
+    compile(graph, &spec, &art);
+    compare(
+        "torus",
+        graph,
+        &art,
+        4,
+        &["--degrade", "1,2", "--degrade-link", "0,1:1,1", "--degrade-link", "3,0:0,0"],
+        &dir,
+    )
+    .unwrap();
+}
+
+/// The pipeline mlp with its two stages on two hosts, compiled into `dir`.
+fn stages(dir: &Path) -> PathBuf {
+    let spec = dir.join("stages.json");
+    with_hosts(Path::new("testdata/mlp/layouts/stages-2.json"), &serde_json::json!({"axis": "stage"}), &spec);
+    let art = dir.join("stages.mshc");
+    compile(Path::new("testdata/mlp/graph.json"), &spec, &art);
+    art
+}
+
+/// Starts the pipeline mlp on two MPI hosts running for long (`--bench`) with
+/// `--timeout 2`, waits until rank `rank` runs, sends it `signal`, and returns mpirun's
+/// exit, its stderr and how long it took to end after the signal.
+fn signal_rank(name: &str, rank: usize, signal: i32) -> (Option<i32>, String, Duration) {
+    let dir = scratch(name);
+    let art = stages(&dir);
+    let mark = format!("{name}-{}", std::process::id());
+    let mut args = vec!["run".to_string(), art.display().to_string()];
+    args.extend(input_args(Path::new("testdata/mlp/graph.json")));
+    args.extend(["--transport", "mpi", "--timeout", "2", "--bench", "100000000"].map(String::from));
+    let mut job = Command::new("tools/mpirun-hosts")
+        .arg("2")
+        .arg(env!("CARGO_BIN_EXE_meshc"))
+        .args(&args)
+        .env("MESHC_TEST_MARK", &mark)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The rank: the meshc process with this test's mark and that rank in its environment.
+    let wanted = [format!("MESHC_TEST_MARK={mark}"), format!("OMPI_COMM_WORLD_RANK={rank}")];
+    let find = || {
+        std::fs::read_dir("/proc").ok()?.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok()).find(|pid| {
+            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            let vars: Vec<&[u8]> = env.split(|&b| b == 0).collect();
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "meshc")
+                && wanted.iter().all(|w| vars.contains(&w.as_bytes()))
+        })
+    };
+    let start = Instant::now();
+    let pid = loop {
+        if let Some(pid) = find() {
+            break pid;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "rank {rank} never started");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // Mid-run: the ranks are past start-up and into the runs.
+    std::thread::sleep(Duration::from_millis(1500));
+    // SAFETY: a plain kill(2) of a process this test started.
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+    let signalled = Instant::now();
+    let status = loop {
+        if let Some(status) = job.try_wait().unwrap() {
+            break status;
+        }
+        if signalled.elapsed() > Duration::from_secs(30) {
+            let _ = job.kill();
+            panic!("the job did not end 30 s after rank {rank} got signal {signal}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let took = signalled.elapsed();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(job.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    (status.code(), stderr, took)
+}
+
+#[test]
+fn a_recv_whose_send_never_comes_ends_the_job_with_exit_1_naming_key_devices_and_hosts() {
+    // Rank 0 (stage 0) stops: the activations stage 1 waits for never come.
+    let (code, stderr, took) = signal_rank("mpi-stopped", 0, libc::SIGSTOP);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("error: host 1: device 1 (1): node '")
+            && stderr.contains(
+                "on device 1 on host 1 (device 1) from device 0 on host 0 (device 0): no send came within 2s"
+            ),
+        "{stderr}"
+    );
+    assert!(took < Duration::from_secs(15), "{took:?}");
+}
+
+#[test]
+fn a_rank_killed_mid_run_ends_the_job_with_a_failure() {
+    let (code, stderr, took) = signal_rank("mpi-killed", 1, libc::SIGKILL);
+    assert!(code.is_some_and(|c| c != 0), "{code:?} {stderr}");
+    assert!(took < Duration::from_secs(15), "{took:?}");
+}
+
+#[test]
+fn link_stats_count_the_bytes_each_host_sent_each_other() {
+    let dir = scratch("mpi-link-stats");
+    let graph = Path::new("testdata/transformer/graph.json");
+    let art = dir.join("t.mshc");
+    compile(graph, Path::new("testdata/transformer/hosts/mp-2x4.json"), &art);
+    let mut args = vec!["run".to_string(), art.display().to_string(), "--transport".into(), "mpi".into()];
+    args.extend(input_args(graph));
+    args.push("--link-stats".into());
+    let out = mpirun(2, &args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // Every all_reduce of the model axis crosses both ways; host 1 also sends its outputs.
+    for pair in ["host 0 -> host 1 ", "host 1 -> host 0 "] {
+        let line = stdout.lines().find(|l| l.starts_with(pair)).unwrap_or_else(|| panic!("no '{pair}' in {stdout}"));
+        let bytes: u64 = line[pair.len()..].trim_end_matches(" bytes").parse().unwrap();
+        assert!(bytes > 0, "{line}");
+    }
+}
