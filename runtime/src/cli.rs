@@ -161,7 +161,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     pub check_against: Option<PathBuf>,
     /// Write a Chrome/Perfetto trace of the (first) run: a track per device, an event per
-    /// step, and the waits inside collectives.
+    /// step, and the waits inside collectives. Under `--transport mpi` each host writes its
+    /// devices' trace, host h > 0 to FILE.host<h>.json.
     #[arg(long, value_name = "FILE.json")]
     pub trace: Option<PathBuf>,
     /// After the run, print the bytes each mesh link carried, and the maximum.
@@ -379,9 +380,16 @@ fn run_loaded(loaded: &Loaded, io: &Io, args: &RunArgs) -> Result<()> {
         Some(file) => {
             let mut times = Vec::new();
             let results = loaded.run_timed(&inputs, &mut |t| times.push(t.clone()))?;
-            if leader {
-                out.write_bytes(file, crate::trace::chrome_trace(&loaded.meta, &loaded.programs, &times).as_bytes())?;
-            }
+            // Under hosts each rank traces its own devices: host h > 0 writes FILE with
+            // `.host<h>` before its extension.
+            let file = match loaded.host() {
+                0 => file.clone(),
+                h => file.with_extension(match file.extension() {
+                    Some(e) => format!("host{h}.{}", e.to_string_lossy()),
+                    None => format!("host{h}"),
+                }),
+            };
+            out.write_bytes(&file, crate::trace::chrome_trace(&loaded.meta, &loaded.programs, &times).as_bytes())?;
             results
         }
     };
@@ -415,7 +423,7 @@ fn run_loaded(loaded: &Loaded, io: &Io, args: &RunArgs) -> Result<()> {
         }
     }
     if !leader {
-        return Ok(());
+        return out.commit();
     }
     io.write(&mut out, wanted, &results)?;
     out.commit()?;

@@ -220,14 +220,15 @@ fn a_rank_killed_mid_run_ends_the_job_with_a_failure() {
 }
 
 #[test]
-fn link_stats_count_the_bytes_each_host_sent_each_other() {
+fn link_stats_count_the_bytes_each_host_sent_and_each_host_writes_its_trace() {
     let dir = scratch("mpi-link-stats");
     let graph = Path::new("testdata/transformer/graph.json");
     let art = dir.join("t.mshc");
     compile(graph, Path::new("testdata/transformer/hosts/mp-2x4.json"), &art);
     let mut args = vec!["run".to_string(), art.display().to_string(), "--transport".into(), "mpi".into()];
     args.extend(input_args(graph));
-    args.push("--link-stats".into());
+    let trace = dir.join("trace.json");
+    args.extend(["--link-stats".into(), "--trace".into(), trace.display().to_string()]);
     let out = mpirun(2, &args);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -236,5 +237,10 @@ fn link_stats_count_the_bytes_each_host_sent_each_other() {
         let line = stdout.lines().find(|l| l.starts_with(pair)).unwrap_or_else(|| panic!("no '{pair}' in {stdout}"));
         let bytes: u64 = line[pair.len()..].trim_end_matches(" bytes").parse().unwrap();
         assert!(bytes > 0, "{line}");
+    }
+    // A trace per host, each with its own devices' steps.
+    for file in [trace, dir.join("trace.host1.json")] {
+        let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        assert!(text.contains("\"ph\""), "{text}");
     }
 }
