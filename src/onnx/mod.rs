@@ -10,6 +10,8 @@ pub mod proto;
 mod builder;
 mod import;
 mod ops;
+mod ops_attention;
+mod ops_math;
 mod tensors;
 
 pub use ops::SUPPORTED;
