@@ -78,7 +78,7 @@ pub fn attention(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
     };
     let (qs, ks, vs) = (s.b.ty(&q).shape, s.b.ty(&k).shape, s.b.ty(&v).shape);
     let (qh, kh) = (qs[1], ks[1]);
-    if vs[1] != kh || kh == 0 || qh % kh != 0 || ks[3] != qs[3] {
+    if vs[1] != kh || kh == 0 || !qh.is_multiple_of(kh) || ks[3] != qs[3] {
         return Err(format!("Q {qs:?}, K {ks:?} and V {vs:?} do not make attention heads"));
     }
     let (kr, vr) = (repeat_heads(&mut s, &k, qh / kh, "k")?, repeat_heads(&mut s, &v, qh / kh, "v")?);
@@ -126,7 +126,7 @@ pub fn attention(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
 /// [B, S, H·D] as [B, H, S, D].
 fn heads(s: &mut Steps, x: &Value, h: usize, what: &str) -> R<Value> {
     let shape = s.b.ty(x).shape;
-    if shape[2] % h != 0 {
+    if !shape[2].is_multiple_of(h) {
         return Err(format!("{what}'s hidden size {} is not a multiple of {h} heads", shape[2]));
     }
     let split = reshape(
