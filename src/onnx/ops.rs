@@ -176,9 +176,6 @@ pub fn lower(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
     if let Some(op) = binary(op_type) {
         return nary(b, c, op);
     }
-    if let Some(r) = super::ops_math::lower(b, c) {
-        return r;
-    }
     match op_type {
         "Identity" => one(c.arg(0)?.clone()),
         "Dropout" => {
@@ -239,7 +236,7 @@ pub fn lower(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
             one(b.node(out, Op::Einsum, &args, &[("equation", Attr::Str(eq))])?)
         }
         "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceSumSquare" => reduce(b, c, op_type),
-        "LayerNormalization" => layer_norm(b, c).map(|v| vec![v]),
+        "LayerNormalization" => layer_norm(b, c),
         "Reshape" => {
             let x = c.arg(0)?;
             let shape = b.ty(x).shape;
@@ -461,12 +458,32 @@ pub(super) fn reduce_attrs(c: &Ctx, op_type: &str) -> R<Option<Vec<(&'static str
     Ok(Some(attrs))
 }
 
-/// LayerNormalization's Y (Mean and InvStdDev are training outputs, refused); scale and
-/// bias broadcast to `x.shape[axis:]` as meshc wants them, a missing bias is zeros.
-fn layer_norm(b: &mut Builder, c: &Ctx) -> R<Value> {
-    if c.node.output.iter().skip(1).any(|o| !o.is_empty()) {
-        return Err("its Mean and InvStdDev outputs are not supported (inference only)".into());
+/// LayerNormalization's Y, and its Mean and InvStdDev (over the dims from `axis` on, kept
+/// as size 1) when asked for; scale and bias broadcast to `x.shape[axis:]` as meshc wants
+/// them, a missing bias is zeros.
+fn layer_norm(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+    let x = c.arg(0)?;
+    let y = layer_norm_y(b, c)?;
+    let wanted = |i: usize| c.node.output.get(i).is_some_and(|o| !o.is_empty());
+    if !wanted(1) && !wanted(2) {
+        return Ok(vec![y]);
     }
+    let rank = b.ty(x).shape.len();
+    let axis = norm_axis(c.int("axis", -1), rank)?;
+    let axes: Vec<i64> = (axis as i64..rank as i64).collect();
+    let attrs = [("axes", Attr::ints(&axes)), ("keepdims", Attr::Bool(true))];
+    let name = |i: usize, step: &str| if wanted(i) { c.node.output[i].clone() } else { c.part(step) };
+    let mean = b.node(&name(1, "mean"), Op::ReduceMean, &[x], &attrs)?;
+    let d = b.node(&c.part("centred"), Op::Sub, &[x, &mean], &[])?;
+    let sq = b.node(&c.part("square"), Op::Mul, &[&d, &d], &[])?;
+    let var = b.node(&c.part("var"), Op::ReduceMean, &[&sq], &attrs)?;
+    let eps = scalar(DType::F32, c.float("epsilon", 1e-5).into());
+    let ve = b.node(&c.part("var_eps"), Op::Add, &[&var, &eps], &[])?;
+    let inv = b.node(&name(2, "inv_std_dev"), Op::Rsqrt, &[&ve], &[])?;
+    Ok(vec![y, mean, inv])
+}
+
+fn layer_norm_y(b: &mut Builder, c: &Ctx) -> R<Value> {
     let x = c.arg(0)?;
     let shape = b.ty(x).shape;
     let axis = norm_axis(c.int("axis", -1), shape.len())?;

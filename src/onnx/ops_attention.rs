@@ -29,8 +29,13 @@ fn perm(p: &[i64]) -> [(&'static str, Attr); 1] {
     [("perm", Attr::ints(p))]
 }
 
+/// The outputs of an Attention node, or `None` when `c` is another op.
+pub fn lower(b: &mut Builder, c: &Ctx) -> Option<R<Vec<Value>>> {
+    (c.node.op_type.as_deref() == Some("Attention")).then(|| attention(b, c))
+}
+
 /// Y, present_key, present_value and (when asked for) qk_matmul_output.
-pub fn attention(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+fn attention(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
     let mut s = Steps { b, c };
     let (q, k, v) = (c.arg(0)?, c.arg(1)?, c.arg(2)?);
     for (x, what) in [(q, "Q"), (k, "K"), (v, "V")] {

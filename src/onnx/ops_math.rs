@@ -19,7 +19,6 @@ pub const SUPPORTED: &[&str] = &[
     "And",
     "ArgMax",
     "ArgMin",
-    "Attention",
     "CastLike",
     "Ceil",
     "Celu",
@@ -103,9 +102,6 @@ pub fn lower(b: &mut Builder, c: &Ctx) -> Option<R<Vec<Value>>> {
     let op_type = c.node.op_type.as_deref().unwrap_or("");
     if !SUPPORTED.contains(&op_type) {
         return None;
-    }
-    if op_type == "Attention" {
-        return Some(super::ops_attention::attention(b, c));
     }
     let mut s = Steps { b, c };
     if op_type == "SoftmaxCrossEntropyLoss" || op_type == "NegativeLogLikelihoodLoss" {
