@@ -1,13 +1,13 @@
-//! ONNX Attention (opsets 23 and 24) as meshc ops, following ONNX's reference step by
+//! ONNX Attention (opsets 23 to 25) as meshc ops, following ONNX's reference step by
 //! step: 3-D inputs split into heads, the past key/value concatenated before the new ones,
 //! grouped-query heads repeated (each KV head for `q_heads / kv_heads` query heads in a
-//! row), Q and K each scaled by √scale, an optional softcap, the additive bias from the
-//! mask (bool: −inf where false; shorter than the keys: padded as masked) and the causal
-//! frontier (key j for query i when j ≤ i + past length), softmax, rows whose bias is −inf
-//! throughout set to 0, then the product with V; sliding windows (opset 25) as a constant
-//! bias too. Refused with one line: the padding-length input (`nonpad_kv_seqlen`, a bias
-//! known only at run time), half inputs (ONNX computes in their precision) and a softmax
-//! precision other than float.
+//! row), Q and K each scaled by √scale, an optional softcap, then an additive bias: the
+//! mask (bool: −inf where false; shorter than the keys: padded as masked), the causal
+//! frontier and the sliding window (key j for query i by the distance i + offset − j,
+//! offset being the past length or, with `nonpad_kv_seqlen`, that length − q per batch, at
+//! run time) and the padding keys; softmax, rows whose bias is −inf throughout set to 0,
+//! then the product with V. Refused with one line: half inputs (ONNX computes in their
+//! precision) and a softmax precision other than float.
 
 use meshc_ir::{Attr, DType, Data, Op, Tensor};
 
@@ -40,9 +40,6 @@ fn attention(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
     let (q, k, v) = (c.arg(0)?, c.arg(1)?, c.arg(2)?);
     for (x, what) in [(q, "Q"), (k, "K"), (v, "V")] {
         float_only(s.b, x, what)?;
-    }
-    if c.opt(6).is_some() {
-        return Err("the nonpad_kv_seqlen input is not supported".into());
     }
     if [q, k, v].iter().any(|x| s.b.half_origin(x).is_some()) {
         // ONNX computes it in the half precision: its products and softmax round to it.
@@ -160,12 +157,6 @@ fn repeat_heads(s: &mut Steps, x: &Value, reps: usize, what: &str) -> R<Value> {
     reshape(s.b, &wide, &dims(&[sh[0], sh[1] * reps, sh[2], sh[3]]), &s.c.part(&format!("{what}_groups")))
 }
 
-/// A constant [n, m] f32 bias: 0 where `allowed(i, j)`, −inf elsewhere.
-fn frontier(n: usize, m: usize, allowed: impl Fn(usize, usize) -> bool) -> Value {
-    let v = (0..n * m).map(|p| if allowed(p / m, p % m) { 0.0 } else { f32::NEG_INFINITY }).collect();
-    Value::computed(Tensor::f32(vec![n, m], v))
-}
-
 /// The additive bias of the mask input and the causal frontier, `None` without either.
 fn bias(s: &mut Steps, sq: usize, skv: usize, past: usize) -> R<Option<Value>> {
     let c = s.c;
@@ -208,19 +199,55 @@ fn bias(s: &mut Steps, sq: usize, skv: usize, past: usize) -> R<Option<Value>> {
     if left < -1 || right < -1 {
         return Err(format!("window sizes {left} and {right} must be -1 or at least 0"));
     }
-    // The causal frontier, then the sliding window: from `left` keys before the query's
-    // position (i + past) to `right` after it (−1: unbounded).
-    let diff = |i: usize, j: usize| (i + past) as i64 - j as i64;
-    let windowed = |i, j| (left < 0 || diff(i, j) <= left) && (right < 0 || -diff(i, j) <= right);
-    let fronts =
-        [(causal, frontier(sq, skv, |i, j| diff(i, j) >= 0)), (left >= 0 || right >= 0, frontier(sq, skv, windowed))];
-    for (step, (on, f)) in ["causal", "window"].into_iter().zip(fronts) {
-        if on {
-            bias = Some(match bias {
-                Some(m) => s.op0(step, Op::Add, &[&m, &f])?,
-                None => f,
-            });
+    // The number of keys before query 0: the past length, or per batch (external cache)
+    // nonpad_kv_seqlen − q, known only at run time ([B, 1, 1, 1]).
+    let nonpad = match c.opt(6) {
+        None => None,
+        Some(_) if past > 0 => return Err("nonpad_kv_seqlen cannot be combined with past_key".into()),
+        Some(n) => {
+            let t = s.b.ty(n);
+            if !t.dtype.is_int() || t.shape.len() != 1 {
+                return Err(format!("nonpad_kv_seqlen must be 1-D integers, found {t}"));
+            }
+            Some(reshape(s.b, n, &[t.shape[0] as i64, 1, 1, 1], &c.part("nonpad"))?)
         }
+    };
+    let offset = match &nonpad {
+        None => Value::computed(Tensor::new(vec![], Data::I64(vec![past as i64]))),
+        Some(n) => s.op0("offset", Op::Sub, &[n, &s.k(n, sq as f64)])?,
+    };
+    // Query i sits at position i + offset; key j is at distance diff = i + offset − j.
+    let i_minus_j = (0..sq * skv).map(|p| ((p / skv) as f64) - ((p % skv) as f64));
+    let i_minus_j = Value::computed(Tensor::new(vec![sq, skv], Data::from_f64(s.b.ty(&offset).dtype, i_minus_j)));
+    let diff = s.op0("distance", Op::Add, &[&i_minus_j, &offset])?;
+    let mut allowed: Vec<(&str, Value)> = Vec::new();
+    // The causal frontier, then the sliding window from `left` keys before the query's
+    // position to `right` after it (−1: unbounded).
+    for (on, step, op, bound) in [
+        (causal, "causal", Op::GreaterEqual, 0),
+        (left >= 0, "window_left", Op::LessEqual, left),
+        (right >= 0, "window_right", Op::GreaterEqual, -right),
+    ] {
+        if on {
+            let k = s.k(&diff, bound as f64);
+            allowed.push((step, s.op0(&format!("{step}_allowed"), op, &[&diff, &k])?));
+        }
+    }
+    if let Some(n) = &nonpad {
+        // Keys past a batch's length are padding.
+        let keys = Value::computed(Tensor::new(vec![skv], Data::from_f64(s.b.ty(n).dtype, (0..skv).map(|j| j as f64))));
+        allowed.push(("padding", s.op0("padding_allowed", Op::Less, &[&keys, n])?));
+    }
+    let (zero, ninf) = (
+        Value::computed(Tensor::f32(vec![], vec![0.0])),
+        Value::computed(Tensor::f32(vec![], vec![f32::NEG_INFINITY])),
+    );
+    for (step, ok) in allowed {
+        let f = s.op0(&format!("{step}_bias"), Op::Where, &[&ok, &zero, &ninf])?;
+        bias = Some(match bias {
+            Some(m) => s.op0(step, Op::Add, &[&m, &f])?,
+            None => f,
+        });
     }
     Ok(bias)
 }
