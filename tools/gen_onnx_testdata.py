@@ -198,6 +198,51 @@ def shapes():
     save("shapes", g, {"x": rng.standard_normal((3, 6)).astype(np.float32)}, {"batch": 3})
 
 
+def opset_v2():
+    """Semantic traps of op set v2's elementwise, logic and reduction ops, against
+    onnxruntime: CumSum exclusive and reverse (float) and inclusive (int64); ArgMax with ties
+    and select_last_index, ArgMin keeping dims; Mod's two sign rules; Round half to even;
+    comparisons and logic on bools; Trilu with k; HardSwish, Softplus, ReduceLogSumExp; a
+    softmax cross-entropy with ignore_index and the mean over the counted targets."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6])
+    i = helper.make_tensor_value_info("i", TensorProto.INT64, ["batch", 6])
+    labels = helper.make_tensor_value_info("labels", TensorProto.INT64, ["batch"])
+    f, b, l = TensorProto.FLOAT, TensorProto.BOOL, TensorProto.INT64
+    shapes = {"cumsum": (f, ["batch", 6]), "cumsum_int": (l, ["batch", 6]), "argmax": (l, ["batch"]),
+              "argmin": (l, ["batch", 1]), "mod": (l, ["batch", 6]), "fmod": (l, ["batch", 6]),
+              "rounded": (f, ["batch", 6]), "mask": (b, ["batch", 6]), "upper": (f, ["batch", 6]),
+              "hard_swish": (f, ["batch", 6]), "softplus": (f, ["batch", 6]), "lse": (f, ["batch", 1]),
+              "loss": (f, [])}
+    outs = [helper.make_tensor_value_info(o, t, s) for o, (t, s) in shapes.items()]
+    divisors = numpy_helper.from_array(np.array([3, -3, 4, -4, 7, -1], dtype=np.int64), "divisors")
+    n = [const("/axis1", np.array(1, dtype=np.int64)),
+         node("CumSum", ["x", "/axis1"], ["cumsum"], exclusive=1, reverse=1),
+         node("CumSum", ["i", "/axis1"], ["cumsum_int"]),
+         node("ArgMax", ["x"], ["argmax"], axis=1, keepdims=0, select_last_index=1),
+         node("ArgMin", ["x"], ["argmin"], axis=1, keepdims=1),
+         node("Mod", ["i", "divisors"], ["mod"]),
+         node("Mod", ["i", "divisors"], ["fmod"], fmod=1),
+         node("Round", ["x"], ["rounded"]),
+         const("/one", np.float32(1)), const("/half", np.float32(0.5)),
+         node("Less", ["x", "/one"], ["/lt_output_0"]),
+         node("Equal", ["x", "/half"], ["/eq_output_0"]),
+         node("Not", ["/eq_output_0"], ["/ne_output_0"]),
+         node("And", ["/lt_output_0", "/ne_output_0"], ["/and_output_0"]),
+         node("GreaterOrEqual", ["x", "rounded"], ["/ge_output_0"]),
+         node("Xor", ["/and_output_0", "/ge_output_0"], ["mask"]),
+         node("Trilu", ["x", "/axis1"], ["upper"], upper=1),
+         node("HardSwish", ["x"], ["hard_swish"]),
+         node("Softplus", ["x"], ["softplus"]),
+         node("ReduceLogSumExp", ["x"], ["lse"], axes=[1], keepdims=1),
+         node("SoftmaxCrossEntropyLoss", ["x", "labels"], ["loss"], ignore_index=2)]
+    g = helper.make_graph(n, "opset_v2", [x, i, labels], outs, [divisors])
+    xv = np.array([[0.5, 1.5, 2.5, 2.5, -0.5, -2.5],
+                   [1.0, -1.0, 1.0, -1.0, 0.0, 0.5],
+                   rng.standard_normal(6) * 3], dtype=np.float32)
+    iv = np.array([[7, -7, 7, -7, 0, 5], [-9, 9, -8, 8, 13, -13], [1, 2, 3, -4, -5, 6]], dtype=np.int64)
+    save("opset_v2", g, {"x": xv, "i": iv, "labels": np.array([1, 2, 5], dtype=np.int64)}, {"batch": 3})
+
+
 def bad():
     """Bad inputs for testdata/bad/ (tests/all/golden.rs pins each one-line error)."""
     d = os.path.join(OUT, "..", "bad")
@@ -233,6 +278,7 @@ if __name__ == "__main__":
     mlp()
     encoder()
     shapes()
+    opset_v2()
     bad()
     total = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote {OUT} ({total} bytes)", file=sys.stderr)

@@ -136,6 +136,8 @@ fn expect_dtype(o: &Operand, allowed: &[DType], what: &str) -> R<()> {
 const NUMERIC: &[DType] = &[DType::F32, DType::I32, DType::I64];
 const FLOAT: &[DType] = &[DType::F32];
 const INDEX: &[DType] = &[DType::I32, DType::I64];
+const BOOL: &[DType] = &[DType::Bool];
+const EQUATABLE: &[DType] = &[DType::F32, DType::I32, DType::I64, DType::Bool];
 
 fn same_dtype(ops: &[Operand]) -> R<DType> {
     let d = ops[0].ty.dtype;
@@ -169,6 +171,32 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
             let shape = broadcast_shapes(&[&ops[0].ty.shape, &ops[1].ty.shape])?;
             let dims = broadcast_dims(ops, shape.len());
             Ok(Inferred { ty: TensorType::new(dtype, shape), dims })
+        }
+        Equal | Less | LessEqual | Greater | GreaterEqual | And | Or | Xor | Mod => {
+            let allowed = match node.op {
+                Equal => EQUATABLE,
+                And | Or | Xor => BOOL,
+                Mod => INDEX,
+                _ => NUMERIC,
+            };
+            for (i, o) in ops.iter().enumerate() {
+                expect_dtype(o, allowed, &format!("operand {i}"))?;
+            }
+            let dtype = same_dtype(ops)?;
+            let shape = broadcast_shapes(&[&ops[0].ty.shape, &ops[1].ty.shape])?;
+            let dims = broadcast_dims(ops, shape.len());
+            let dtype = if node.op == Mod { dtype } else { DType::Bool };
+            Ok(Inferred { ty: TensorType::new(dtype, shape), dims })
+        }
+        Not => {
+            let x = x.expect("arity checked");
+            expect_dtype(x, BOOL, "the operand")?;
+            Ok(keep(x, DType::Bool))
+        }
+        Floor | Ceil | Round => {
+            let x = x.expect("arity checked");
+            expect_dtype(x, FLOAT, "the operand")?;
+            Ok(keep(x, DType::F32))
         }
         Neg | Abs | Relu => {
             let x = x.expect("arity checked");

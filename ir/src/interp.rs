@@ -132,7 +132,10 @@ fn eval(node: &Node, args: &[&Tensor]) -> R<Tensor> {
     let op = node.op;
     match op {
         Add | Sub | Mul | Div | Maximum | Minimum | Pow => binary(op, args[0], args[1]),
-        Neg | Abs | Exp | Log | Sqrt | Rsqrt | Tanh | Erf | Sigmoid | Relu | Gelu => {
+        Equal | Less | LessEqual | Greater | GreaterEqual | And | Or | Xor => compare(op, args[0], args[1]),
+        Not => Ok(Tensor::new(args[0].shape.clone(), Data::Bool(elems::<bool>(args[0])?.iter().map(|b| !b).collect()))),
+        Mod => modulo(args[0], args[1], bool_attr(node, "fmod", false)?),
+        Neg | Abs | Exp | Log | Sqrt | Rsqrt | Tanh | Erf | Sigmoid | Relu | Gelu | Floor | Ceil | Round => {
             let tanh_gelu = op == Gelu
                 && match str_attr(node, "approximate", Some("none"))? {
                     "none" => false,
@@ -276,6 +279,7 @@ trait Int: Elem + Ord {
     fn wmul(self, o: Self) -> Self;
     fn wneg(self) -> Self;
     fn wabs(self) -> Self;
+    fn wrem(self, o: Self) -> Self;
 }
 
 macro_rules! int {
@@ -297,6 +301,9 @@ macro_rules! int {
             }
             fn wabs(self) -> Self {
                 self.wrapping_abs()
+            }
+            fn wrem(self, o: Self) -> Self {
+                self.wrapping_rem(o)
             }
         }
     };
@@ -545,6 +552,67 @@ fn binary(op: Op, a: &Tensor, b: &Tensor) -> R<Tensor> {
     Ok(Tensor::new(shape, data))
 }
 
+/// Comparisons (any dtype, NaN compares unequal and unordered, as in IEEE and numpy) and
+/// and/or/xor (on bools, where `!=` is xor): a bool result.
+fn compare(op: Op, a: &Tensor, b: &Tensor) -> R<Tensor> {
+    if a.dtype() != b.dtype() {
+        return Err(format!("{op} operands have different dtypes {} and {}", a.dtype(), b.dtype()));
+    }
+    fn test<T: PartialOrd>(op: Op, x: T, y: T) -> bool {
+        match op {
+            Op::Equal => x == y,
+            Op::Less => x < y,
+            Op::LessEqual => x <= y,
+            Op::Greater => x > y,
+            Op::GreaterEqual => x >= y,
+            _ => unreachable!("not a comparison"),
+        }
+    }
+    let shape = broadcast_shapes(&[&a.shape, &b.shape])?;
+    let data = match op {
+        Op::And | Op::Or | Op::Xor => {
+            let f: fn(bool, bool) -> bool = match op {
+                Op::And => |x, y| x && y,
+                Op::Or => |x, y| x || y,
+                _ => |x, y| x != y,
+            };
+            map2(a, b, &shape, f)?
+        }
+        _ => with_elem!(a.dtype(), T => map2(a, b, &shape, |x: T, y: T| test(op, x, y))?),
+    };
+    Ok(Tensor::new(shape, Data::Bool(data)))
+}
+
+/// Integer `mod`: the remainder of truncating division takes the sign of the dividend
+/// (`fmod`, C's `%`); without `fmod` a nonzero remainder whose sign differs from the
+/// divisor's is moved by the divisor (Python's `%`, numpy's `mod`). x mod 0 is 0, as numpy
+/// gives it; MIN mod −1 is 0.
+fn modulo(a: &Tensor, b: &Tensor, fmod: bool) -> R<Tensor> {
+    if a.dtype() != b.dtype() {
+        return Err(format!("mod operands have different dtypes {} and {}", a.dtype(), b.dtype()));
+    }
+    fn int<T: Int>(a: &Tensor, b: &Tensor, shape: &[usize], fmod: bool) -> R<Data> {
+        Ok(T::wrap(map2(a, b, shape, |x: T, y: T| {
+            if y == T::ZERO {
+                return T::ZERO;
+            }
+            let r = x.wrem(y);
+            if !fmod && r != T::ZERO && (r < T::ZERO) != (y < T::ZERO) {
+                r.wadd(y)
+            } else {
+                r
+            }
+        })?))
+    }
+    let shape = broadcast_shapes(&[&a.shape, &b.shape])?;
+    let data = match a.dtype() {
+        DType::I32 => int::<i32>(a, b, &shape, fmod)?,
+        DType::I64 => int::<i64>(a, b, &shape, fmod)?,
+        other => return Err(undefined(Op::Mod, other)),
+    };
+    Ok(Tensor::new(shape, data))
+}
+
 fn gelu_erf(x: f64) -> f64 {
     x * 0.5 * (1.0 + libm::erf(x / std::f64::consts::SQRT_2))
 }
@@ -566,6 +634,9 @@ fn float_unop(op: Op, tanh_gelu: bool) -> Option<fn(f64) -> f64> {
         Op::Erf => libm::erf,
         Op::Sigmoid => |x| 1.0 / (1.0 + (-x).exp()),
         Op::Relu => |x| max_nan(x, 0.0),
+        Op::Floor => f64::floor,
+        Op::Ceil => f64::ceil,
+        Op::Round => f64::round_ties_even,
         Op::Gelu if tanh_gelu => gelu_tanh,
         Op::Gelu => gelu_erf,
         _ => return None,
@@ -1273,6 +1344,48 @@ mod tests {
         check(Op::Sigmoid, &[], &[&x], fd(&[4], &[0.2689414213699951, 0.5, 0.7310585786300049, 0.8807970779778823]));
         check(Op::Sigmoid, &[], &[&f(&[2], &[-1000., 1000.])], f(&[2], &[0., 1.]));
         check(Op::Relu, &[], &[&f(&[1], &[f32::NAN])], f(&[1], &[f32::NAN]));
+    }
+
+    #[test]
+    fn comparisons_give_bools_and_nan_compares_false() {
+        let a = f(&[5], &[1., 2., 3., f32::NAN, -0.]);
+        let b = f(&[5], &[2., 2., 2., f32::NAN, 0.]);
+        let t = |v: &[bool]| bt(&[5], v);
+        check(Op::Equal, &[], &[&a, &b], t(&[false, true, false, false, true]));
+        check(Op::Less, &[], &[&a, &b], t(&[true, false, false, false, false]));
+        check(Op::LessEqual, &[], &[&a, &b], t(&[true, true, false, false, true]));
+        check(Op::Greater, &[], &[&a, &b], t(&[false, false, true, false, false]));
+        check(Op::GreaterEqual, &[], &[&a, &b], t(&[false, true, true, false, true]));
+        let (x, y) = (i64t(&[2, 1], &[i64::MIN, 7]), i64t(&[2], &[7, i64::MAX]));
+        check(Op::Less, &[], &[&x, &y], bt(&[2, 2], &[true, true, false, true]));
+        let (p, q) = (bt(&[4], &[false, false, true, true]), bt(&[4], &[false, true, false, true]));
+        check(Op::Equal, &[], &[&p, &q], bt(&[4], &[true, false, false, true]));
+        check(Op::And, &[], &[&p, &q], bt(&[4], &[false, false, false, true]));
+        check(Op::Or, &[], &[&p, &q], bt(&[4], &[false, true, true, true]));
+        check(Op::Xor, &[], &[&p, &q], bt(&[4], &[false, true, true, false]));
+        check(Op::Not, &[], &[&p], bt(&[4], &[true, true, false, false]));
+        assert!(error(Op::Less, &[], &[&a, &i32t(&[1], &[1])]).contains("different dtypes"));
+    }
+
+    #[test]
+    fn mod_takes_the_sign_of_the_divisor_or_with_fmod_of_the_dividend() {
+        // Expected values: Python's `%` (numpy mod) and C's `%` (math.fmod).
+        let a = i32t(&[8], &[7, -7, 7, -7, 0, 5, i32::MIN, 3]);
+        let b = i32t(&[8], &[3, 3, -3, -3, 4, 0, -1, 5]);
+        check(Op::Mod, &[], &[&a, &b], i32t(&[8], &[1, 2, -2, -1, 0, 0, 0, 3]));
+        let fmod = [("fmod", Attr::Bool(true))];
+        check(Op::Mod, &fmod, &[&a, &b], i32t(&[8], &[1, -1, 1, -1, 0, 0, 0, 3]));
+        let (a, b) = (i64t(&[2], &[-9, i64::MIN]), i64t(&[1], &[4]));
+        check(Op::Mod, &[], &[&a, &b], i64t(&[2], &[3, 0]));
+        assert!(error(Op::Mod, &[], &[&f(&[1], &[1.]), &f(&[1], &[1.])]).contains("not defined for f32"));
+    }
+
+    #[test]
+    fn rounding_ops_round_half_to_even() {
+        let x = f(&[8], &[0.5, 1.5, 2.5, -0.5, -1.5, 1.2, -1.2, f32::NAN]);
+        check(Op::Round, &[], &[&x], f(&[8], &[0., 2., 2., -0., -2., 1., -1., f32::NAN]));
+        check(Op::Floor, &[], &[&x], f(&[8], &[0., 1., 2., -1., -2., 1., -2., f32::NAN]));
+        check(Op::Ceil, &[], &[&x], f(&[8], &[1., 2., 3., -0., -1., 2., -1., f32::NAN]));
     }
 
     #[test]

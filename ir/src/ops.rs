@@ -26,6 +26,9 @@ ops! {
     Cast = "cast", Where = "where",
     MatMul = "matmul", Einsum = "einsum",
     ReduceSum = "reduce_sum", ReduceMean = "reduce_mean", ReduceMax = "reduce_max",
+    Equal = "equal", Less = "less", LessEqual = "less_equal", Greater = "greater", GreaterEqual = "greater_equal",
+    And = "and", Or = "or", Xor = "xor", Not = "not",
+    Mod = "mod", Floor = "floor", Ceil = "ceil", Round = "round",
     Softmax = "softmax", LayerNorm = "layer_norm",
     Reshape = "reshape", Transpose = "transpose", BroadcastTo = "broadcast_to",
     Concat = "concat", Slice = "slice", Gather = "gather",
@@ -120,11 +123,27 @@ impl Op {
     pub fn is_binary_elementwise(self) -> bool {
         use Op::*;
         matches!(self, Add | Sub | Mul | Div | Maximum | Minimum | Pow)
+            || self.is_comparison()
+            || self.is_logic()
+            || self == Mod
+    }
+
+    /// equal, less, less_equal, greater, greater_equal: same-dtype operands, a bool result.
+    pub fn is_comparison(self) -> bool {
+        use Op::*;
+        matches!(self, Equal | Less | LessEqual | Greater | GreaterEqual)
+    }
+
+    /// and, or, xor (binary) on bools.
+    pub fn is_logic(self) -> bool {
+        use Op::*;
+        matches!(self, And | Or | Xor)
     }
 
     pub fn is_unary_elementwise(self) -> bool {
         use Op::*;
         matches!(self, Neg | Abs | Exp | Log | Sqrt | Rsqrt | Tanh | Erf | Sigmoid | Relu | Gelu | Cast)
+            || matches!(self, Not | Floor | Ceil | Round)
     }
 
     /// Elementwise ops (with broadcasting): the ones a fuser may chain into one loop.
@@ -156,6 +175,7 @@ impl Op {
         match self {
             Gelu => const { &[opt("approximate", K::Enum(GELU_APPROX))] },
             Cast => const { &[req("to", K::DType)] },
+            Mod => const { &[opt("fmod", K::Bool)] },
             Einsum => const { &[req("equation", K::Str)] },
             ReduceSum | ReduceMean | ReduceMax => const { &[opt("axes", K::Ints), opt("keepdims", K::Bool)] },
             Softmax => const { &[opt("axis", K::Int)] },

@@ -105,8 +105,22 @@ impl At {
 #[derive(Clone, Copy, Debug)]
 enum Kind {
     Plain(Op),
-    Gelu { tanh: bool },
-    Cast { from: DType, to: DType },
+    Gelu {
+        tanh: bool,
+    },
+    Cast {
+        from: DType,
+        to: DType,
+    },
+    /// A comparison of operands of dtype `of` (f32, or an integer or bool lane type).
+    Compare {
+        op: Op,
+        of: DType,
+    },
+    /// Integer `mod`: scalar only, as there is no vector remainder.
+    Mod {
+        fmod: bool,
+    },
 }
 
 /// A checked group, laid out as a loop nest. Values are numbered inputs first, then nodes.
@@ -175,6 +189,8 @@ impl Plan {
             let kind = match node.op {
                 Op::Gelu => Kind::Gelu { tanh: gelu_is_tanh(&node.attrs).map_err(fail)? },
                 Op::Cast => Kind::Cast { from: dtypes[args[0]], to: node.ty.dtype },
+                op if op.is_comparison() => Kind::Compare { op, of: dtypes[args[0]] },
+                Op::Mod => Kind::Mod { fmod: node.attrs.get("fmod").and_then(Attr::as_bool).unwrap_or(false) },
                 op => Kind::Plain(op),
             };
             dtypes.push(node.ty.dtype);
@@ -205,7 +221,8 @@ impl Plan {
             invariant.push(inv);
         }
         let inner = *dims.last().expect("at least one dim");
-        let vector = inner >= LANES && !dtypes.contains(&DType::I64);
+        let has_mod = nodes.iter().any(|(k, _)| matches!(k, Kind::Mod { .. }));
+        let vector = inner >= LANES && !dtypes.contains(&DType::I64) && !has_mod;
         Ok(Plan { dtypes, nodes, dims, strides, out_strides, invariant, vector, tail })
     }
 
@@ -448,6 +465,15 @@ fn emit_node(m: &mut Math, kind: Kind, dt: DType, args: &[Value]) -> Value {
         Kind::Gelu { tanh: false } => m.gelu_erf(args[0]),
         Kind::Cast { from, to } => cast(m, from, to, args[0]),
         Kind::Plain(Op::Where) => m.select(args[0], args[1], args[2]),
+        Kind::Compare { op, of } => compare(m, op, of, args),
+        Kind::Mod { fmod } => modulo(m, fmod, args[0], args[1]),
+        // Bools are lane masks (all-ones/zero) on vectors and 0/1 on scalars: and, or, xor
+        // keep either form; not flips every bit of a mask, bit 0 of a scalar.
+        Kind::Plain(Op::And) => m.b.ins().band(args[0], args[1]),
+        Kind::Plain(Op::Or) => m.b.ins().bor(args[0], args[1]),
+        Kind::Plain(Op::Xor) => m.b.ins().bxor(args[0], args[1]),
+        Kind::Plain(Op::Not) if m.ty().is_vector() => m.b.ins().bnot(args[0]),
+        Kind::Plain(Op::Not) => m.b.ins().bxor_imm_u(args[0], 1),
         Kind::Plain(op) if dt == DType::F32 => float_op(m, op, args),
         Kind::Plain(op) => int_op(m, op, args),
     }
@@ -472,6 +498,10 @@ fn float_op(m: &mut Math, op: Op, a: &[Value]) -> Value {
         Op::Tanh => m.tanh(a[0]),
         Op::Erf => m.erf(a[0]),
         Op::Sigmoid => m.sigmoid(a[0]),
+        // roundss/roundps (SSE4.1, which every target meshc names has).
+        Op::Floor => m.b.ins().floor(a[0]),
+        Op::Ceil => m.b.ins().ceil(a[0]),
+        Op::Round => m.b.ins().nearest(a[0]),
         other => unreachable!("{other} is not a float elementwise op (checked by Plan::new)"),
     }
 }
@@ -493,6 +523,47 @@ fn int_op(m: &mut Math, op: Op, a: &[Value]) -> Value {
         }
         other => unreachable!("{other} is not an integer elementwise op (checked by Plan::new)"),
     }
+}
+
+/// A comparison as a lane mask: `fcmp` on f32 (NaN is unordered: only `!=`-like tests hold,
+/// and there are none here), `icmp` on integers and bools (a bool mask compares as 0/−1
+/// and a scalar bool as 0/1, so only equal is meaningful, and only equal is allowed).
+fn compare(m: &mut Math, op: Op, of: DType, a: &[Value]) -> Value {
+    let (fc, ic) = match op {
+        Op::Equal => (FloatCC::Equal, IntCC::Equal),
+        Op::Less => (FloatCC::LessThan, IntCC::SignedLessThan),
+        Op::LessEqual => (FloatCC::LessThanOrEqual, IntCC::SignedLessThanOrEqual),
+        Op::Greater => (FloatCC::GreaterThan, IntCC::SignedGreaterThan),
+        Op::GreaterEqual => (FloatCC::GreaterThanOrEqual, IntCC::SignedGreaterThanOrEqual),
+        other => unreachable!("{other} is not a comparison"),
+    };
+    if of == DType::F32 || of.is_half() {
+        m.cmp(fc, a[0], a[1])
+    } else {
+        m.b.ins().icmp(ic, a[0], a[1])
+    }
+}
+
+/// Integer `mod` on scalars, as the interpreter defines it: a zero divisor is replaced by 1
+/// (srem would trap) and its result by 0; without `fmod`, a nonzero remainder whose sign
+/// differs from the divisor's gets the divisor added.
+fn modulo(m: &mut Math, fmod: bool, x: Value, y: Value) -> Value {
+    let b = &mut *m.b;
+    let t = b.func.dfg.value_type(x);
+    let zero = b.ins().iconst(t, 0);
+    let one = b.ins().iconst(t, 1);
+    let y_zero = b.ins().icmp(IntCC::Equal, y, zero);
+    let safe = b.ins().select(y_zero, one, y);
+    let mut r = b.ins().srem(x, safe);
+    if !fmod {
+        let nonzero = b.ins().icmp(IntCC::NotEqual, r, zero);
+        let signs = b.ins().bxor(r, safe);
+        let differ = b.ins().icmp(IntCC::SignedLessThan, signs, zero);
+        let fix = b.ins().band(nonzero, differ);
+        let moved = b.ins().iadd(r, safe);
+        r = b.ins().select(fix, moved, r);
+    }
+    b.ins().select(y_zero, zero, r)
 }
 
 /// `cast`: float → int truncates and saturates (NaN → 0), nonzero (and NaN) → true,
@@ -547,7 +618,11 @@ mod tests {
         let mut types: Vec<TensorType> = inputs.to_vec();
         let mut out = Vec::new();
         for &(op, attrs, args) in nodes {
-            let attrs: Attrs = attrs.iter().map(|(k, v)| (k.to_string(), Attr::Str(v.to_string()))).collect();
+            let attr = |v: &str| match v {
+                "true" | "false" => Attr::Bool(v == "true"),
+                _ => Attr::Str(v.to_string()),
+            };
+            let attrs: Attrs = attrs.iter().map(|(k, v)| (k.to_string(), attr(v))).collect();
             let ty_of = |a: &Arg| match *a {
                 Arg::Input(i) => types[i].clone(),
                 Arg::Node(i) => types[inputs.len() + i].clone(),
@@ -764,7 +839,10 @@ mod tests {
 
     #[test]
     fn every_float_op() {
-        let unary: [(Op, &[(&str, &str)]); 14] = [
+        let unary: [(Op, &[(&str, &str)]); 17] = [
+            (Op::Floor, &[]),
+            (Op::Ceil, &[]),
+            (Op::Round, &[]),
             (Op::Neg, &[]),
             (Op::Abs, &[]),
             (Op::Relu, &[]),
@@ -803,9 +881,37 @@ mod tests {
         let n = vals.len();
         let a = Tensor::f32(vec![n, 1], vals.clone());
         let b = Tensor::f32(vec![n], vals);
-        for op in [Op::Add, Op::Sub, Op::Mul, Op::Div, Op::Maximum, Op::Minimum, Op::Pow] {
+        for op in [Op::Add, Op::Sub, Op::Mul, Op::Div, Op::Maximum, Op::Minimum, Op::Pow].into_iter().chain(COMPARISONS)
+        {
             let f = group(&[f32t(&[n, 1]), f32t(&[n])], &[(op, &[], &[IN0, IN1])]);
             check(&f, &[a.clone(), b.clone()], &format!("{op} specials"));
+        }
+    }
+
+    const COMPARISONS: [Op; 5] = [Op::Equal, Op::Less, Op::LessEqual, Op::Greater, Op::GreaterEqual];
+
+    /// and, or, xor, not and equal on bools, alone and chained (a mask and its negation,
+    /// both lane forms), and comparisons feeding logic.
+    #[test]
+    fn every_logic_op() {
+        let b = |s: &[usize]| ty(DType::Bool, s);
+        for (k, (x, y)) in BINARY_SHAPES.iter().enumerate() {
+            for op in [Op::And, Op::Or, Op::Xor, Op::Equal] {
+                let f = group(&[b(x), b(y)], &[(op, &[], &[IN0, IN1])]);
+                check_random(&f, 400 + k as u64, &format!("{op} {x:?} {y:?}"));
+            }
+            let f = group(&[b(x), b(y)], &[(Op::Not, &[], &[IN0]), (Op::Xor, &[], &[Arg::Node(0), IN1])]);
+            check_random(&f, 410 + k as u64, &format!("xor(not) {x:?} {y:?}"));
+            let f = group(
+                &[f32t(x), f32t(y)],
+                &[
+                    (Op::Less, &[], &[IN0, IN1]),
+                    (Op::Equal, &[], &[IN0, IN0]),
+                    (Op::Not, &[], &[Arg::Node(1)]),
+                    (Op::Or, &[], &[Arg::Node(0), Arg::Node(2)]),
+                ],
+            );
+            check_random(&f, 420 + k as u64, &format!("less or isnan {x:?} {y:?}"));
         }
     }
 
@@ -818,11 +924,21 @@ mod tests {
                     check_random(&f, 200 + k as u64, &format!("{op} {dt} {shape:?}"));
                 }
             }
-            for op in [Op::Add, Op::Sub, Op::Mul, Op::Maximum, Op::Minimum] {
+            let ops = [Op::Add, Op::Sub, Op::Mul, Op::Maximum, Op::Minimum, Op::Mod].into_iter().chain(COMPARISONS);
+            for op in ops {
                 for (a, b) in BINARY_SHAPES {
                     let f = group(&[ty(dt, a), ty(dt, b)], &[(op, &[], &[IN0, IN1])]);
                     check_random(&f, 300 + k as u64, &format!("{op} {dt} {a:?} {b:?}"));
                 }
+            }
+            // fmod, and zero divisors, −1 divisors of the smallest integer, mixed signs.
+            let (a, b) = (ty(dt, &[10, 1]), ty(dt, &[7]));
+            let vals = [7, -7, 0, 1, -1, i32::MIN as i64, i32::MAX as i64, -3, 3, 5];
+            let x = Tensor::new(vec![10, 1], Data::from_f64(dt, vals.iter().map(|&v| v as f64)));
+            let y = Tensor::new(vec![7], Data::from_f64(dt, [3.0, -3.0, 0.0, -1.0, 1.0, 5.0, -5.0]));
+            for fmod in ["true", "false"] {
+                let f = group(&[a.clone(), b.clone()], &[(Op::Mod, &[("fmod", fmod)], &[IN0, IN1])]);
+                check(&f, &[x.clone(), y.clone()], &format!("mod fmod={fmod} {dt}"));
             }
         }
     }

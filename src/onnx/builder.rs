@@ -94,6 +94,14 @@ impl Builder {
         }
     }
 
+    /// The half dtype of the graph input `v` is the widened form of (see `import::input`).
+    pub fn half_origin(&self, v: &Value) -> Option<DType> {
+        let Value::Tensor(name) = v else { return None };
+        let node = self.graph.nodes.iter().find(|n| &n.name == name).filter(|n| n.op == Op::Cast)?;
+        let input = self.graph.inputs.iter().find(|i| node.inputs.first() == Some(&i.name))?;
+        Some(input.ty.dtype).filter(|d| d.is_half())
+    }
+
     /// The meshc name of `v`, turning a const into a param (once per ONNX source).
     pub fn operand(&mut self, v: &Value, hint: &str) -> String {
         let (t, source) = match v {

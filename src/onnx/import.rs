@@ -14,6 +14,7 @@ use super::ops::{self, Ctx};
 use super::proto::tensor_shape_proto::dimension;
 use super::proto::{type_proto, GraphProto, ModelProto, NodeProto, ValueInfoProto};
 use super::tensors;
+use super::{ops_attention, ops_math};
 
 type R<T> = std::result::Result<T, String>;
 
@@ -125,7 +126,8 @@ fn input(
     Ok(v)
 }
 
-/// One node: checked for its domain and inputs, lowered by `ops`, its outputs recorded.
+/// One node: checked for its domain and inputs, lowered by `ops_attention`, `ops_math` or
+/// `ops`, its outputs recorded.
 fn node(b: &mut Builder, n: &NodeProto, opset: i64, values: &mut HashMap<String, Value>) -> R<()> {
     let op_type = n.op_type.as_deref().unwrap_or("");
     let out = n.output.iter().find(|o| !o.is_empty()).cloned().unwrap_or_default();
@@ -146,7 +148,9 @@ fn node(b: &mut Builder, n: &NodeProto, opset: i64, values: &mut HashMap<String,
         })
         .collect::<R<Vec<_>>>()?;
     let ctx = Ctx { node: n, args, opset, out };
-    let results = ops::lower(b, &ctx).map_err(fail)?;
+    // Op set v2's mappings first, each module saying whether the op is its own.
+    let mapped = ops_attention::lower(b, &ctx).or_else(|| ops_math::lower(b, &ctx));
+    let results = mapped.unwrap_or_else(|| ops::lower(b, &ctx)).map_err(fail)?;
     for (name, v) in n.output.iter().zip(results).filter(|(name, _)| !name.is_empty()) {
         values.insert(name.clone(), v);
     }

@@ -11,6 +11,8 @@ mod builder;
 mod external;
 mod import;
 mod ops;
+mod ops_attention;
+mod ops_math;
 mod tensors;
 
 pub use ops::SUPPORTED;

@@ -22,36 +22,36 @@ pub struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    fn attr(&self, name: &str) -> Option<&AttributeProto> {
+    pub(super) fn attr(&self, name: &str) -> Option<&AttributeProto> {
         self.node.attribute.iter().find(|a| a.name.as_deref() == Some(name))
     }
 
-    fn int(&self, name: &str, default: i64) -> i64 {
+    pub(super) fn int(&self, name: &str, default: i64) -> i64 {
         self.attr(name).and_then(|a| a.i).unwrap_or(default)
     }
 
-    fn float(&self, name: &str, default: f32) -> f32 {
+    pub(super) fn float(&self, name: &str, default: f32) -> f32 {
         self.attr(name).and_then(|a| a.f).unwrap_or(default)
     }
 
-    fn ints(&self, name: &str) -> Option<Vec<i64>> {
+    pub(super) fn ints(&self, name: &str) -> Option<Vec<i64>> {
         self.attr(name).map(|a| a.ints.clone())
     }
 
-    fn string(&self, name: &str, default: &str) -> String {
+    pub(super) fn string(&self, name: &str, default: &str) -> String {
         self.attr(name).and_then(|a| a.s.as_ref()).map_or(default.to_string(), |s| String::from_utf8_lossy(s).into())
     }
 
-    fn opt(&self, i: usize) -> Option<&Value> {
+    pub(super) fn opt(&self, i: usize) -> Option<&Value> {
         self.args.get(i).and_then(Option::as_ref)
     }
 
-    fn arg(&self, i: usize) -> R<&Value> {
+    pub(super) fn arg(&self, i: usize) -> R<&Value> {
         self.opt(i).ok_or_else(|| format!("input {i} is missing"))
     }
 
     /// Input `i` as integers, which meshc needs at import time (a shape, axes, bounds).
-    fn const_ints(&self, i: usize) -> R<Vec<i64>> {
+    pub(super) fn const_ints(&self, i: usize) -> R<Vec<i64>> {
         let v = self.arg(i)?;
         let t = v.as_const().ok_or_else(|| {
             format!("input {i} must be known at import time (computed from shapes and constants only)")
@@ -73,12 +73,12 @@ impl Ctx<'_> {
     }
 
     /// The name of helper node `what` of this ONNX node.
-    fn part(&self, what: &str) -> String {
+    pub(super) fn part(&self, what: &str) -> String {
         format!("{}.{what}", self.out)
     }
 }
 
-fn scalar(dtype: DType, v: f64) -> Value {
+pub(super) fn scalar(dtype: DType, v: f64) -> Value {
     Value::computed(Tensor::new(vec![], Data::from_f64(dtype, [v])))
 }
 
@@ -236,7 +236,7 @@ pub fn lower(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
             one(b.node(out, Op::Einsum, &args, &[("equation", Attr::Str(eq))])?)
         }
         "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceSumSquare" => reduce(b, c, op_type),
-        "LayerNormalization" => layer_norm(b, c).map(|v| vec![v]),
+        "LayerNormalization" => layer_norm(b, c),
         "Reshape" => {
             let x = c.arg(0)?;
             let shape = b.ty(x).shape;
@@ -372,14 +372,14 @@ fn nary_named(b: &mut Builder, c: &Ctx, op: Op, last: &str) -> R<Vec<Value>> {
     Ok(vec![acc])
 }
 
-fn cast(b: &mut Builder, x: &Value, to: DType, name: &str) -> R<Value> {
+pub(super) fn cast(b: &mut Builder, x: &Value, to: DType, name: &str) -> R<Value> {
     if b.ty(x).dtype == to {
         return Ok(x.clone());
     }
     b.node(name, Op::Cast, &[x], &[("to", Attr::Str(to.name().into()))])
 }
 
-fn reshape(b: &mut Builder, x: &Value, target: &[i64], name: &str) -> R<Value> {
+pub(super) fn reshape(b: &mut Builder, x: &Value, target: &[i64], name: &str) -> R<Value> {
     let shape: Vec<i64> = b.ty(x).shape.iter().map(|&d| d as i64).collect();
     if shape == target {
         return Ok(x.clone());
@@ -418,15 +418,8 @@ fn gemm(b: &mut Builder, c: &Ctx) -> R<Value> {
 /// unless `noop_with_empty_axes`, where meshc's empty list means none. Axes are an input
 /// from opset 13 for ReduceSum and from 18 for the others.
 fn reduce(b: &mut Builder, c: &Ctx, op_type: &str) -> R<Vec<Value>> {
-    let axes_input = c.opset >= if op_type == "ReduceSum" { 13 } else { 18 };
-    let axes = if axes_input { c.opt(1).map(|_| c.const_ints(1)).transpose()? } else { c.ints("axes") };
-    let axes = axes.filter(|a| !a.is_empty());
     let x = c.arg(0)?;
-    if axes.is_none() && c.int("noop_with_empty_axes", 0) != 0 {
-        return Ok(vec![x.clone()]);
-    }
-    let mut attrs = vec![("keepdims", Attr::Bool(c.int("keepdims", 1) != 0))];
-    attrs.extend(axes.map(|a| ("axes", Attr::ints(&a))));
+    let Some(attrs) = reduce_attrs(c, op_type)? else { return Ok(vec![x.clone()]) };
     let v = match op_type {
         "ReduceSum" => b.node(&c.out, Op::ReduceSum, &[x], &attrs)?,
         "ReduceMean" => b.node(&c.out, Op::ReduceMean, &[x], &attrs)?,
@@ -436,20 +429,61 @@ fn reduce(b: &mut Builder, c: &Ctx, op_type: &str) -> R<Vec<Value>> {
             b.node(&c.out, Op::ReduceSum, &[&sq], &attrs)?
         }
         _ => {
-            let neg = b.node(&c.part("neg"), Op::Neg, &[x], &[])?;
+            // The min is the max of an order-reversing map: −x for floats, −1 − x for
+            // integers (which, unlike −x, cannot overflow at the smallest integer).
+            let dtype = b.ty(x).dtype;
+            let flip = |b: &mut Builder, v: &Value, name: &str| match dtype {
+                DType::F32 => b.node(name, Op::Neg, &[v], &[]),
+                _ => b.node(name, Op::Sub, &[&scalar(dtype, -1.0), v], &[]),
+            };
+            let neg = flip(b, x, &c.part("neg"))?;
             let max = b.node(&c.part("max"), Op::ReduceMax, &[&neg], &attrs)?;
-            b.node(&c.out, Op::Neg, &[&max], &[])?
+            flip(b, &max, &c.out)?
         }
     };
     Ok(vec![v])
 }
 
-/// LayerNormalization's Y (Mean and InvStdDev are training outputs, refused); scale and
-/// bias broadcast to `x.shape[axis:]` as meshc wants them, a missing bias is zeros.
-fn layer_norm(b: &mut Builder, c: &Ctx) -> R<Value> {
-    if c.node.output.iter().skip(1).any(|o| !o.is_empty()) {
-        return Err("its Mean and InvStdDev outputs are not supported (inference only)".into());
+/// The attributes of a meshc reduction for ONNX reduction `c` (`None`: reduce nothing,
+/// with `noop_with_empty_axes` and no axes).
+pub(super) fn reduce_attrs(c: &Ctx, op_type: &str) -> R<Option<Vec<(&'static str, Attr)>>> {
+    let axes_input = c.opset >= if op_type == "ReduceSum" { 13 } else { 18 };
+    let axes = if axes_input { c.opt(1).map(|_| c.const_ints(1)).transpose()? } else { c.ints("axes") };
+    let axes = axes.filter(|a| !a.is_empty());
+    if axes.is_none() && c.int("noop_with_empty_axes", 0) != 0 {
+        return Ok(None);
     }
+    let mut attrs = vec![("keepdims", Attr::Bool(c.int("keepdims", 1) != 0))];
+    attrs.extend(axes.map(|a| ("axes", Attr::ints(&a))));
+    Ok(Some(attrs))
+}
+
+/// LayerNormalization's Y, and its Mean and InvStdDev (over the dims from `axis` on, kept
+/// as size 1) when asked for; scale and bias broadcast to `x.shape[axis:]` as meshc wants
+/// them, a missing bias is zeros.
+fn layer_norm(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+    let x = c.arg(0)?;
+    let y = layer_norm_y(b, c)?;
+    let wanted = |i: usize| c.node.output.get(i).is_some_and(|o| !o.is_empty());
+    if !wanted(1) && !wanted(2) {
+        return Ok(vec![y]);
+    }
+    let rank = b.ty(x).shape.len();
+    let axis = norm_axis(c.int("axis", -1), rank)?;
+    let axes: Vec<i64> = (axis as i64..rank as i64).collect();
+    let attrs = [("axes", Attr::ints(&axes)), ("keepdims", Attr::Bool(true))];
+    let name = |i: usize, step: &str| if wanted(i) { c.node.output[i].clone() } else { c.part(step) };
+    let mean = b.node(&name(1, "mean"), Op::ReduceMean, &[x], &attrs)?;
+    let d = b.node(&c.part("centred"), Op::Sub, &[x, &mean], &[])?;
+    let sq = b.node(&c.part("square"), Op::Mul, &[&d, &d], &[])?;
+    let var = b.node(&c.part("var"), Op::ReduceMean, &[&sq], &attrs)?;
+    let eps = scalar(DType::F32, c.float("epsilon", 1e-5).into());
+    let ve = b.node(&c.part("var_eps"), Op::Add, &[&var, &eps], &[])?;
+    let inv = b.node(&name(2, "inv_std_dev"), Op::Rsqrt, &[&ve], &[])?;
+    Ok(vec![y, mean, inv])
+}
+
+fn layer_norm_y(b: &mut Builder, c: &Ctx) -> R<Value> {
     let x = c.arg(0)?;
     let shape = b.ty(x).shape;
     let axis = norm_axis(c.int("axis", -1), shape.len())?;

@@ -4,8 +4,8 @@
 //! do not divide, graphs of params only; elementwise ops (exp, log, sqrt, div and pow
 //! behind guards that keep them in their domain), reductions, softmax, layer_norm, matmul,
 //! einsum, data movement (reshape, transpose, slice with any steps, concat, broadcast_to),
-//! gather with i32 and i64 indices, integer arithmetic in i32 and i64, casts, and where on
-//! a bool input — compiled with both GEMM paths and random stream options, on one device,
+//! gather with i32 and i64 indices, integer arithmetic and mod in i32 and i64, casts,
+//! comparisons, logic, floor/ceil/round, and where on a bool input or a computed mask — compiled with both GEMM paths and random stream options, on one device,
 //! under random legal layouts on 2 to 8 devices, placed in random stages (micro-batched or
 //! not), and with failed links or failed devices, must give what the reference
 //! interpreter gives, and nothing may panic. The only accepted failures are the documented
@@ -128,7 +128,7 @@ fn graph(r: &Recipe) -> String {
     for (k, &(op, a, b, arg)) in r.ops.iter().enumerate() {
         let (x, xs) = values[a as usize % values.len()].clone();
         let name = format!("n{k}");
-        let (line, shape) = match op % 19 {
+        let (line, shape) = match op % 20 {
             0 => (format!("{name} = {}({x})", UNARY[arg as usize % UNARY.len()]), xs.clone()),
             1 | 2 => {
                 let (y, ys) = partner(&values, &xs, b);
@@ -339,6 +339,37 @@ fn graph(r: &Recipe) -> String {
                     _ => format!("{name}k"),
                 };
                 (format!("{name} = cast({last}) {{to = \"f32\"}}"), s)
+            }
+            // Comparisons and logic (bools inside fused loops), rounding, and integer mod
+            // (zero divisors, both sign rules), all on leaves: a computed value may differ
+            // by an ulp between the compiled and interpreted graphs, which would flip a
+            // comparison or a rounding at a tie.
+            19 => {
+                let ((x, xs), (y, ys)) = (values[a as usize % leaves].clone(), values[b as usize % leaves].clone());
+                let s = broadcast(&xs, &ys);
+                if arg & 0x80 != 0 {
+                    let dtype = ["i32", "i64"][arg as usize % 2];
+                    lines.push(format!("{name}i = cast({x}) {{to = \"{dtype}\"}}"));
+                    lines.push(format!("{name}j = cast({y}) {{to = \"{dtype}\"}}"));
+                    let fmod = (arg >> 1) & 1 == 1;
+                    lines.push(format!("{name}m = mod({name}i, {name}j) {{fmod = {fmod}}}"));
+                    (format!("{name} = cast({name}m) {{to = \"f32\"}}"), s)
+                } else {
+                    const CMP: &[&str] = &["equal", "less", "less_equal", "greater", "greater_equal"];
+                    let cmp = CMP[arg as usize % CMP.len()];
+                    lines.push(format!("{name}c = {cmp}({x}, {y})"));
+                    let logic = match (arg >> 3) % 4 {
+                        3 => format!("not({name}c)"),
+                        k => {
+                            let cmp2 = CMP[(arg >> 5) as usize % CMP.len()];
+                            lines.push(format!("{name}e = {cmp2}({y}, {x})"));
+                            format!("{}({name}c, {name}e)", ["and", "or", "xor"][k as usize])
+                        }
+                    };
+                    lines.push(format!("{name}l = {logic}"));
+                    lines.push(format!("{name}r = {}({x})", ["floor", "ceil", "round"][(arg >> 2) as usize % 3]));
+                    (format!("{name} = where({name}l, {name}r, {y})"), s)
+                }
             }
             _ => (format!("{name} = relu({x})"), xs.clone()),
         };

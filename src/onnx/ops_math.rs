@@ -1,0 +1,671 @@
+//! ONNX comparison, logic, rounding and integer ops onto meshc's ops of the same name, and
+//! the ONNX ops meshc spells as a few of its own (docs/onnx.md): activations from
+//! arithmetic, `where` and comparisons; ReduceL1/L2/LogSum/LogSumExp from sums; ArgMax,
+//! ArgMin and Hardmax from a max, an equality and an index constant; Trilu, EyeLike and
+//! CumSum from constant masks; RMS, Lp and mean-variance normalisation. Each decomposition
+//! computes what ONNX's reference does, with the same formula where precision could differ.
+
+use meshc_ir::infer::norm_axis;
+use meshc_ir::{Attr, DType, Data, Op, Tensor};
+
+use super::builder::{Builder, Value};
+use super::ops::{cast, reduce_attrs, reshape, scalar, Ctx};
+use super::tensors;
+
+type R<T> = std::result::Result<T, String>;
+
+/// The ONNX op types this module maps.
+pub const SUPPORTED: &[&str] = &[
+    "And",
+    "ArgMax",
+    "ArgMin",
+    "CastLike",
+    "Ceil",
+    "Celu",
+    "CumSum",
+    "Elu",
+    "Equal",
+    "EyeLike",
+    "Floor",
+    "Greater",
+    "GreaterOrEqual",
+    "HardSigmoid",
+    "HardSwish",
+    "Hardmax",
+    "IsInf",
+    "IsNaN",
+    "LeakyRelu",
+    "Less",
+    "LessOrEqual",
+    "LpNormalization",
+    "MeanVarianceNormalization",
+    "Mish",
+    "Mod",
+    "NegativeLogLikelihoodLoss",
+    "Not",
+    "Or",
+    "PRelu",
+    "RMSNormalization",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "Round",
+    "Selu",
+    "Shrink",
+    "Sign",
+    "SoftmaxCrossEntropyLoss",
+    "Softplus",
+    "Softsign",
+    "Swish",
+    "ThresholdedRelu",
+    "Trilu",
+    "Xor",
+];
+
+/// Emits the nodes of one decomposition: every step is named after the ONNX output
+/// (`out.step`), the last one after the output itself.
+pub(super) struct Steps<'b, 'c, 'n> {
+    pub b: &'b mut Builder,
+    pub c: &'c Ctx<'n>,
+}
+
+impl Steps<'_, '_, '_> {
+    pub fn op(&mut self, step: &str, op: Op, args: &[&Value], attrs: &[(&str, Attr)]) -> R<Value> {
+        let name = if step.is_empty() { self.c.out.clone() } else { self.c.part(step) };
+        self.b.node(&name, op, args, attrs)
+    }
+
+    pub fn op0(&mut self, step: &str, op: Op, args: &[&Value]) -> R<Value> {
+        self.op(step, op, args, &[])
+    }
+
+    /// A scalar of `like`'s dtype.
+    pub fn k(&self, like: &Value, v: f64) -> Value {
+        scalar(self.b.ty(like).dtype, v)
+    }
+
+    fn float(&self, name: &str, default: f32) -> f64 {
+        self.c.float(name, default).into()
+    }
+}
+
+pub(super) fn float_only(b: &Builder, x: &Value, what: &str) -> R<()> {
+    match b.ty(x).dtype {
+        DType::F32 => Ok(()),
+        other => Err(format!("{what} of {other} is not supported (f32, or a half widened to f32)")),
+    }
+}
+
+/// The values of the node's outputs, or `None` when the op is not one of this module's.
+pub fn lower(b: &mut Builder, c: &Ctx) -> Option<R<Vec<Value>>> {
+    let op_type = c.node.op_type.as_deref().unwrap_or("");
+    if !SUPPORTED.contains(&op_type) {
+        return None;
+    }
+    let mut s = Steps { b, c };
+    if op_type == "SoftmaxCrossEntropyLoss" || op_type == "NegativeLogLikelihoodLoss" {
+        return Some(loss(&mut s, op_type == "SoftmaxCrossEntropyLoss"));
+    }
+    Some(lower_one(&mut s, op_type).map(|v| vec![v]))
+}
+
+fn lower_one(s: &mut Steps, op_type: &str) -> R<Value> {
+    let c = s.c;
+    let x = c.arg(0)?;
+    let compare = |op_type: &str| match op_type {
+        "Equal" => Some(Op::Equal),
+        "Less" => Some(Op::Less),
+        "LessOrEqual" => Some(Op::LessEqual),
+        "Greater" => Some(Op::Greater),
+        "GreaterOrEqual" => Some(Op::GreaterEqual),
+        "And" => Some(Op::And),
+        "Or" => Some(Op::Or),
+        "Xor" => Some(Op::Xor),
+        _ => None,
+    };
+    if let Some(op) = compare(op_type) {
+        return s.op0("", op, &[x, c.arg(1)?]);
+    }
+    match op_type {
+        "Not" => s.op0("", Op::Not, &[x]),
+        "Floor" | "Ceil" | "Round" => {
+            let op = [Op::Floor, Op::Ceil, Op::Round]
+                [["Floor", "Ceil", "Round"].iter().position(|o| *o == op_type).unwrap_or(0)];
+            s.op0("", op, &[x])
+        }
+        "Mod" => {
+            if !s.b.ty(x).dtype.is_int() {
+                return Err(format!("Mod of {} is not supported (integers only)", s.b.ty(x).dtype));
+            }
+            s.op("", Op::Mod, &[x, c.arg(1)?], &[("fmod", Attr::Bool(c.int("fmod", 0) != 0))])
+        }
+        "CastLike" => {
+            // A half input is widened on entry: its type is still the half.
+            let like = c.arg(1)?;
+            let to = s.b.half_origin(like).unwrap_or(s.b.ty(like).dtype);
+            cast(s.b, x, to, &c.out)
+        }
+        "Sign" => {
+            // x itself where it is neither positive nor negative: 0 stays 0, NaN stays NaN.
+            let (zero, one, minus) = (s.k(x, 0.0), s.k(x, 1.0), s.k(x, -1.0));
+            let pos = s.op0("pos", Op::Greater, &[x, &zero])?;
+            let neg = s.op0("neg", Op::Less, &[x, &zero])?;
+            let m = s.op0("minus", Op::Where, &[&neg, &minus, x])?;
+            s.op0("", Op::Where, &[&pos, &one, &m])
+        }
+        "IsNaN" => {
+            let same = s.op0("same", Op::Equal, &[x, x])?;
+            s.op0("", Op::Not, &[&same])
+        }
+        "IsInf" => {
+            float_only(s.b, x, "IsInf")?;
+            let (pos, neg) = (c.int("detect_positive", 1) != 0, c.int("detect_negative", 1) != 0);
+            let mut hits = Vec::new();
+            for (on, v, what) in [(pos, f64::INFINITY, "pos"), (neg, f64::NEG_INFINITY, "neg")] {
+                if on {
+                    let inf = s.k(x, v);
+                    hits.push(s.op0(what, Op::Equal, &[x, &inf])?);
+                }
+            }
+            match hits.as_slice() {
+                [] => Ok(Value::computed(Tensor::new(
+                    s.b.ty(x).shape.clone(),
+                    Data::Bool(vec![false; s.b.ty(x).numel()]),
+                ))),
+                [h] => Ok(h.clone()),
+                [p, n, ..] => s.op0("", Op::Or, &[p, n]),
+            }
+        }
+        _ => activation(s, op_type, x)
+            .or_else(|| other(s, op_type, x))
+            .unwrap_or_else(|| Err(format!("op '{op_type}' is not mapped"))),
+    }
+}
+
+/// Activations of f32 (ONNX's formulas, attribute defaults included).
+fn activation(s: &mut Steps, op_type: &str, x: &Value) -> Option<R<Value>> {
+    const ACTIVATIONS: &[&str] = &[
+        "SoftmaxCrossEntropyLoss",
+        "Softplus",
+        "LeakyRelu",
+        "Elu",
+        "Selu",
+        "Celu",
+        "HardSigmoid",
+        "HardSwish",
+        "Swish",
+        "Mish",
+        "Softsign",
+        "ThresholdedRelu",
+        "Shrink",
+        "PRelu",
+    ];
+    if !ACTIVATIONS.contains(&op_type) {
+        return None;
+    }
+    Some(float_only(s.b, x, op_type).and_then(|()| activation_f32(s, op_type, x)))
+}
+
+fn activation_f32(s: &mut Steps, op_type: &str, x: &Value) -> R<Value> {
+    let zero = s.k(x, 0.0);
+    let one = s.k(x, 1.0);
+    match op_type {
+        "Softplus" => softplus(s, x, ""),
+        "LeakyRelu" | "PRelu" => {
+            let slope = if op_type == "PRelu" { s.c.arg(1)?.clone() } else { s.k(x, s.float("alpha", 0.01)) };
+            let neg = s.op0("neg", Op::Less, &[x, &zero])?;
+            let scaled = s.op0("scaled", Op::Mul, &[&slope, x])?;
+            s.op0("", Op::Where, &[&neg, &scaled, x])
+        }
+        "Elu" => {
+            let alpha = s.k(x, s.float("alpha", 1.0));
+            let neg = s.op0("neg", Op::Less, &[x, &zero])?;
+            let e = s.op0("exp", Op::Exp, &[x])?;
+            let em1 = s.op0("expm1", Op::Sub, &[&e, &one])?;
+            let scaled = s.op0("scaled", Op::Mul, &[&alpha, &em1])?;
+            s.op0("", Op::Where, &[&neg, &scaled, x])
+        }
+        "Selu" => {
+            let (alpha, gamma) = (s.float("alpha", 1.673_263_2), s.float("gamma", 1.050_701));
+            let (alpha, gamma) = (s.k(x, alpha), s.k(x, gamma));
+            let le = s.op0("le0", Op::LessEqual, &[x, &zero])?;
+            let e = s.op0("exp", Op::Exp, &[x])?;
+            let ae = s.op0("alpha_exp", Op::Mul, &[&alpha, &e])?;
+            let neg = s.op0("negative", Op::Sub, &[&ae, &alpha])?;
+            let w = s.op0("select", Op::Where, &[&le, &neg, x])?;
+            s.op0("", Op::Mul, &[&gamma, &w])
+        }
+        "Celu" => {
+            let alpha = s.k(x, s.float("alpha", 1.0));
+            let pos = s.op0("pos", Op::Maximum, &[x, &zero])?;
+            let d = s.op0("scaled", Op::Div, &[x, &alpha])?;
+            let e = s.op0("exp", Op::Exp, &[&d])?;
+            let em1 = s.op0("expm1", Op::Sub, &[&e, &one])?;
+            let a = s.op0("alpha_expm1", Op::Mul, &[&alpha, &em1])?;
+            let neg = s.op0("neg", Op::Minimum, &[&a, &zero])?;
+            s.op0("", Op::Add, &[&pos, &neg])
+        }
+        "HardSigmoid" | "HardSwish" => {
+            let (alpha, beta) =
+                if op_type == "HardSwish" { (1.0 / 6.0, 0.5) } else { (s.float("alpha", 0.2), s.float("beta", 0.5)) };
+            let (alpha, beta) = (s.k(x, alpha), s.k(x, beta));
+            let ax = s.op0("ax", Op::Mul, &[&alpha, x])?;
+            let lin = s.op0("linear", Op::Add, &[&ax, &beta])?;
+            let lo = s.op0("upper", Op::Minimum, &[&lin, &one])?;
+            if op_type == "HardSigmoid" {
+                return s.op0("", Op::Maximum, &[&lo, &zero]);
+            }
+            let hs = s.op0("hard_sigmoid", Op::Maximum, &[&lo, &zero])?;
+            s.op0("", Op::Mul, &[x, &hs])
+        }
+        "Swish" => {
+            let alpha = s.k(x, s.float("alpha", 1.0));
+            let ax = s.op0("ax", Op::Mul, &[&alpha, x])?;
+            let sg = s.op0("sigmoid", Op::Sigmoid, &[&ax])?;
+            s.op0("", Op::Mul, &[x, &sg])
+        }
+        "Mish" => {
+            let sp = softplus(s, x, "softplus")?;
+            let t = s.op0("tanh", Op::Tanh, &[&sp])?;
+            s.op0("", Op::Mul, &[x, &t])
+        }
+        "Softsign" => {
+            let a = s.op0("abs", Op::Abs, &[x])?;
+            let d = s.op0("denominator", Op::Add, &[&one, &a])?;
+            s.op0("", Op::Div, &[x, &d])
+        }
+        "ThresholdedRelu" => {
+            let alpha = s.k(x, s.float("alpha", 1.0));
+            let over = s.op0("over", Op::Greater, &[x, &alpha])?;
+            s.op0("", Op::Where, &[&over, x, &zero])
+        }
+        _ => {
+            // Shrink: x + bias below −lambd, x − bias above lambd, 0 between.
+            let (lambd, bias) = (s.float("lambd", 0.5), s.float("bias", 0.0));
+            let (lo, hi, bias) = (s.k(x, -lambd), s.k(x, lambd), s.k(x, bias));
+            let below = s.op0("below", Op::Less, &[x, &lo])?;
+            let above = s.op0("above", Op::Greater, &[x, &hi])?;
+            let up = s.op0("plus_bias", Op::Add, &[x, &bias])?;
+            let down = s.op0("minus_bias", Op::Sub, &[x, &bias])?;
+            let mid = s.op0("upper", Op::Where, &[&above, &down, &zero])?;
+            s.op0("", Op::Where, &[&below, &up, &mid])
+        }
+    }
+}
+
+/// ln(exp(x) + 1), ONNX's formula.
+fn softplus(s: &mut Steps, x: &Value, step: &str) -> R<Value> {
+    let e = s.op0(&format!("{step}exp"), Op::Exp, &[x])?;
+    let one = s.k(x, 1.0);
+    let p = s.op0(&format!("{step}exp_plus_1"), Op::Add, &[&e, &one])?;
+    s.op0(step, Op::Log, &[&p])
+}
+
+/// Reductions, index ops, masks and normalisations.
+fn other(s: &mut Steps, op_type: &str, x: &Value) -> Option<R<Value>> {
+    Some(match op_type {
+        "ReduceL1" | "ReduceL2" | "ReduceLogSum" | "ReduceLogSumExp" => reduce(s, op_type, x),
+        "ArgMax" | "ArgMin" => arg_extreme(s, op_type == "ArgMin", x),
+        "Hardmax" => hardmax(s, x),
+        "Trilu" => trilu(s, x),
+        "EyeLike" => eye_like(s, x),
+        "CumSum" => cumsum(s, x),
+        "RMSNormalization" | "LpNormalization" | "MeanVarianceNormalization" => normalisation(s, op_type, x),
+        _ => return None,
+    })
+}
+
+/// Sums of |x|, x², x, exp(x) (the last shifted by the max, so it cannot overflow), then
+/// the root or log. With `noop_with_empty_axes` and no axes, the input as it is.
+fn reduce(s: &mut Steps, op_type: &str, x: &Value) -> R<Value> {
+    let Some(attrs) = reduce_attrs(s.c, op_type)? else { return Ok(x.clone()) };
+    float_only(s.b, x, op_type)?;
+    match op_type {
+        "ReduceL1" => {
+            let a = s.op0("abs", Op::Abs, &[x])?;
+            s.op("", Op::ReduceSum, &[&a], &attrs)
+        }
+        "ReduceL2" => {
+            let sq = s.op0("square", Op::Mul, &[x, x])?;
+            let sum = s.op("sum", Op::ReduceSum, &[&sq], &attrs)?;
+            s.op0("", Op::Sqrt, &[&sum])
+        }
+        "ReduceLogSum" => {
+            let sum = s.op("sum", Op::ReduceSum, &[x], &attrs)?;
+            s.op0("", Op::Log, &[&sum])
+        }
+        _ => {
+            let keep: Vec<(&str, Attr)> = attrs
+                .iter()
+                .map(|(k, v)| if *k == "keepdims" { (*k, Attr::Bool(true)) } else { (*k, v.clone()) })
+                .collect();
+            let m = s.op("max", Op::ReduceMax, &[x], &keep)?;
+            // An infinite max (all −inf, or a +inf) would make x − max NaN: shift by 0 then.
+            let finite = finite_or_zero(s, &m)?;
+            let d = s.op0("shifted", Op::Sub, &[x, &finite])?;
+            let e = s.op0("exp", Op::Exp, &[&d])?;
+            let sum = s.op("sum", Op::ReduceSum, &[&e], &attrs)?;
+            let l = s.op0("log", Op::Log, &[&sum])?;
+            let shape: Vec<i64> = s.b.ty(&l).shape.iter().map(|&d| d as i64).collect();
+            let shift = reshape(s.b, &finite, &shape, &s.c.part("max_shape"))?;
+            s.op0("", Op::Add, &[&l, &shift])
+        }
+    }
+}
+
+/// `m` where it is finite, else 0.
+fn finite_or_zero(s: &mut Steps, m: &Value) -> R<Value> {
+    let a = s.op0("max_abs", Op::Abs, &[m])?;
+    let inf = s.k(m, f64::INFINITY);
+    let fin = s.op0("max_finite", Op::Less, &[&a, &inf])?;
+    let zero = s.k(m, 0.0);
+    s.op0("max_shift", Op::Where, &[&fin, m, &zero])
+}
+
+/// `0, 1, …, n−1` along `axis` of a rank-`rank` tensor (size 1 elsewhere), i64.
+fn iota(n: usize, axis: usize, rank: usize, reverse: bool) -> Value {
+    let mut shape = vec![1; rank];
+    shape[axis] = n;
+    let v = (0..n as i64).map(|i| if reverse { n as i64 - 1 - i } else { i }).collect();
+    Value::computed(Tensor::new(shape, Data::I64(v)))
+}
+
+/// The axis attribute of `s`'s node against `x`'s rank.
+fn axis_of(s: &Steps, x: &Value, default: i64) -> R<(usize, Vec<usize>)> {
+    let shape = s.b.ty(x).shape;
+    Ok((norm_axis(s.c.int("axis", default), shape.len())?, shape))
+}
+
+/// The first (or with `select_last_index` the last) index of the max (min) along `axis`, i64.
+/// A max over values holding NaN is NaN and NaN equals nothing: the NaNs are the hits then,
+/// as numpy's argmax returns the first NaN. A min of integers is taken as the max of
+/// −1 − x, which (unlike −x) cannot overflow.
+fn arg_extreme(s: &mut Steps, min: bool, x: &Value) -> R<Value> {
+    let (axis, shape) = axis_of(s, x, 0)?;
+    let float = s.b.ty(x).dtype == DType::F32;
+    let v = match (min, float) {
+        (false, _) => x.clone(),
+        (true, true) => s.op0("neg", Op::Neg, &[x])?,
+        (true, false) => {
+            let m1 = s.k(x, -1.0);
+            s.op0("flipped", Op::Sub, &[&m1, x])?
+        }
+    };
+    let hit = hits_of_max(s, &v, axis, float)?;
+    let last = s.c.int("select_last_index", 0) != 0;
+    let idx = iota(shape[axis], axis, shape.len(), !last);
+    let none = scalar(DType::I64, -1.0);
+    let cand = s.op0("candidates", Op::Where, &[&hit, &idx, &none])?;
+    let keepdims = s.c.int("keepdims", 1) != 0;
+    let attrs = [("axes", Attr::ints(&[axis as i64])), ("keepdims", Attr::Bool(keepdims))];
+    if last {
+        return s.op("", Op::ReduceMax, &[&cand], &attrs);
+    }
+    let r = s.op("reversed", Op::ReduceMax, &[&cand], &attrs)?;
+    let top = scalar(DType::I64, shape[axis] as f64 - 1.0);
+    s.op0("", Op::Sub, &[&top, &r])
+}
+
+/// Where `v` equals its max along `axis` (or is NaN, for floats), as bools.
+fn hits_of_max(s: &mut Steps, v: &Value, axis: usize, float: bool) -> R<Value> {
+    let attrs = [("axes", Attr::ints(&[axis as i64])), ("keepdims", Attr::Bool(true))];
+    let m = s.op("max", Op::ReduceMax, &[v], &attrs)?;
+    let eq = s.op0("is_max", Op::Equal, &[v, &m])?;
+    if !float {
+        return Ok(eq);
+    }
+    let same = s.op0("not_nan", Op::Equal, &[v, v])?;
+    let nan = s.op0("nan", Op::Not, &[&same])?;
+    s.op0("hit", Op::Or, &[&eq, &nan])
+}
+
+/// 1 at the first max along `axis`, 0 elsewhere.
+fn hardmax(s: &mut Steps, x: &Value) -> R<Value> {
+    let (axis, shape) = axis_of(s, x, -1)?;
+    float_only(s.b, x, "Hardmax")?;
+    let hit = hits_of_max(s, x, axis, true)?;
+    let idx = iota(shape[axis], axis, shape.len(), true);
+    let none = scalar(DType::I64, -1.0);
+    let cand = s.op0("candidates", Op::Where, &[&hit, &idx, &none])?;
+    let attrs = [("axes", Attr::ints(&[axis as i64])), ("keepdims", Attr::Bool(true))];
+    let first = s.op("first", Op::ReduceMax, &[&cand], &attrs)?;
+    let at = s.op0("at_first", Op::Equal, &[&idx, &first])?;
+    cast(s.b, &at, DType::F32, &s.c.out)
+}
+
+/// A bool constant of `shape` whose element at (i, j) of its two last dims is `f(i, j)`.
+fn mask(shape: &[usize], f: impl Fn(i64, i64) -> bool) -> Value {
+    let (n, m) = (shape[shape.len() - 2], shape[shape.len() - 1]);
+    let v = (0..n * m).map(|k| f((k / m) as i64, (k % m) as i64)).collect();
+    let mut mshape = vec![1; shape.len() - 2];
+    mshape.extend([n, m]);
+    Value::computed(Tensor::new(mshape, Data::Bool(v)))
+}
+
+/// The optional scalar input `i` (an integer known at import time), else `default`.
+fn const_scalar(s: &Steps, i: usize, default: i64) -> R<i64> {
+    match s.c.opt(i) {
+        None => Ok(default),
+        Some(_) => match s.c.const_ints(i)?.as_slice() {
+            [k] => Ok(*k),
+            other => Err(format!("input {i} must be one integer, found {} values", other.len())),
+        },
+    }
+}
+
+/// Trilu: the elements on and above (upper) or below (lower) diagonal k, zeros elsewhere.
+fn trilu(s: &mut Steps, x: &Value) -> R<Value> {
+    let shape = s.b.ty(x).shape;
+    if shape.len() < 2 {
+        return Err(format!("the input has rank {}, Trilu needs at least 2", shape.len()));
+    }
+    let k = const_scalar(s, 1, 0)?;
+    let upper = s.c.int("upper", 1) != 0;
+    let keep = mask(&shape, |i, j| if upper { j - i >= k } else { j - i <= k });
+    let zero = s.k(x, 0.0);
+    s.op0("", Op::Where, &[&keep, x, &zero])
+}
+
+/// EyeLike: ones on diagonal k of a 2-D tensor of `x`'s shape, a constant.
+fn eye_like(s: &mut Steps, x: &Value) -> R<Value> {
+    let shape = s.b.ty(x).shape;
+    if shape.len() != 2 {
+        return Err(format!("the input has rank {}, EyeLike needs 2", shape.len()));
+    }
+    let dtype = match s.c.attr("dtype").and_then(|a| a.i) {
+        Some(d) => tensors::dtype(d as i32)?,
+        None => s.b.ty(x).dtype,
+    };
+    let k = s.c.int("k", 0);
+    let m = shape[1];
+    let v = (0..shape[0] * m).map(|p| if (p % m) as i64 - (p / m) as i64 == k { 1.0 } else { 0.0 });
+    Ok(Value::computed(Tensor::new(shape, Data::from_f64(dtype, v))))
+}
+
+/// CumSum along `axis` as a masked sum: x is viewed with a size-1 dim before the axis,
+/// selected by a constant [n, n] mask (j ≤ i, or j < i exclusive, mirrored in reverse) and
+/// summed over the original axis. Exact for integers; n² work per line, which is what the
+/// small cumulative sums of exported models need.
+fn cumsum(s: &mut Steps, x: &Value) -> R<Value> {
+    let shape = s.b.ty(x).shape;
+    if shape.is_empty() {
+        return Err("the input is a scalar, CumSum needs an axis".into());
+    }
+    let axis = norm_axis(
+        const_scalar(s, 1, i64::MIN).and_then(|a| {
+            if a == i64::MIN {
+                Err("it needs an axis".to_string())
+            } else {
+                Ok(a)
+            }
+        })?,
+        shape.len(),
+    )?;
+    let (exclusive, reverse) = (s.c.int("exclusive", 0) != 0, s.c.int("reverse", 0) != 0);
+    let n = shape[axis];
+    let mut view: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    view.insert(axis, 1);
+    let xv = reshape(s.b, x, &view, &s.c.part("view"))?;
+    let mut mshape = vec![n, n];
+    mshape.extend(std::iter::repeat_n(1, shape.len() - axis - 1));
+    let v: Vec<bool> = (0..n * n)
+        .map(|k| {
+            let (i, j) = ((k / n) as i64, (k % n) as i64);
+            match (reverse, exclusive) {
+                (false, false) => j <= i,
+                (false, true) => j < i,
+                (true, false) => j >= i,
+                (true, true) => j > i,
+            }
+        })
+        .collect();
+    let keep = Value::computed(Tensor::new(mshape, Data::Bool(v)));
+    let zero = s.k(x, 0.0);
+    let picked = s.op0("picked", Op::Where, &[&keep, &xv, &zero])?;
+    let attrs = [("axes", Attr::ints(&[axis as i64 + 1])), ("keepdims", Attr::Bool(false))];
+    s.op("", Op::ReduceSum, &[&picked], &attrs)
+}
+
+/// RMSNormalization (x / √(mean(x²) + ε) · scale over the dims from `axis` on),
+/// LpNormalization (x / ‖x‖ₚ along `axis`, p 1 or 2) and MeanVarianceNormalization
+/// ((x − mean) / (√(mean(x²) − mean²) + 1e-9) over `axes`, as ONNX's reference writes it).
+fn normalisation(s: &mut Steps, op_type: &str, x: &Value) -> R<Value> {
+    float_only(s.b, x, op_type)?;
+    let shape = s.b.ty(x).shape;
+    let rank = shape.len();
+    let keep = |axes: Vec<usize>| {
+        [("axes", Attr::ints(&axes.iter().map(|&a| a as i64).collect::<Vec<_>>())), ("keepdims", Attr::Bool(true))]
+    };
+    match op_type {
+        "RMSNormalization" => {
+            let axis = norm_axis(s.c.int("axis", -1), rank)?;
+            let attrs = keep((axis..rank).collect());
+            let sq = s.op0("square", Op::Mul, &[x, x])?;
+            let ms = s.op("mean_square", Op::ReduceMean, &[&sq], &attrs)?;
+            let eps = s.k(x, s.float("epsilon", 1e-5));
+            let ve = s.op0("plus_eps", Op::Add, &[&ms, &eps])?;
+            let r = s.op0("rms_inv", Op::Rsqrt, &[&ve])?;
+            let n = s.op0("normed", Op::Mul, &[x, &r])?;
+            s.op0("", Op::Mul, &[&n, s.c.arg(1)?])
+        }
+        "LpNormalization" => {
+            let axis = norm_axis(s.c.int("axis", -1), rank)?;
+            let attrs = keep(vec![axis]);
+            let norm = match s.c.int("p", 2) {
+                1 => {
+                    let a = s.op0("abs", Op::Abs, &[x])?;
+                    s.op("norm", Op::ReduceSum, &[&a], &attrs)?
+                }
+                2 => {
+                    let sq = s.op0("square", Op::Mul, &[x, x])?;
+                    let sum = s.op("sum_square", Op::ReduceSum, &[&sq], &attrs)?;
+                    s.op0("norm", Op::Sqrt, &[&sum])?
+                }
+                p => return Err(format!("p = {p} is not supported (1 or 2)")),
+            };
+            // A zero norm gives 0, not 0/0 (ONNX's reference).
+            let zero = s.k(x, 0.0);
+            let is_zero = s.op0("norm_zero", Op::Equal, &[&norm, &zero])?;
+            let q = s.op0("quotient", Op::Div, &[x, &norm])?;
+            s.op0("", Op::Where, &[&is_zero, &zero, &q])
+        }
+        _ => {
+            let axes = match s.c.ints("axes") {
+                Some(a) => a.iter().map(|&a| norm_axis(a, rank)).collect::<R<Vec<_>>>()?,
+                None => [0, 2, 3].into_iter().filter(|&a| a < rank).collect(),
+            };
+            let attrs = keep(axes);
+            let mean = s.op("mean", Op::ReduceMean, &[x], &attrs)?;
+            let sq = s.op0("square", Op::Mul, &[x, x])?;
+            let msq = s.op("mean_square", Op::ReduceMean, &[&sq], &attrs)?;
+            let m2 = s.op0("mean_squared", Op::Mul, &[&mean, &mean])?;
+            let var = s.op0("variance", Op::Sub, &[&msq, &m2])?;
+            let std = s.op0("std", Op::Sqrt, &[&var])?;
+            let eps = s.k(x, 1e-9);
+            let d = s.op0("std_eps", Op::Add, &[&std, &eps])?;
+            let centred = s.op0("centred", Op::Sub, &[x, &mean])?;
+            s.op0("", Op::Div, &[&centred, &d])
+        }
+    }
+}
+
+/// NegativeLogLikelihoodLoss of log-probabilities [N, C, d…] at integer targets [N, d…], or
+/// SoftmaxCrossEntropyLoss (the same of `log(softmax(scores, axis 1))`, which is its second
+/// output): the class is picked by `equal(class index, target)` and a sum over C (exact:
+/// the other terms are zeros), weighted by `weight[target]`; a target equal to
+/// `ignore_index` (or outside 0..C) weighs 0. `mean` divides by the sum of the weights.
+fn loss(s: &mut Steps, softmax: bool) -> R<Vec<Value>> {
+    let c = s.c;
+    let x = c.arg(0)?;
+    float_only(s.b, x, "the input")?;
+    let shape = s.b.ty(x).shape;
+    if shape.len() < 2 {
+        return Err(format!("the input has rank {}, at least 2 needed ([N, C, ...])", shape.len()));
+    }
+    let target = c.arg(1)?;
+    let tt = s.b.ty(target);
+    if !tt.dtype.is_int() {
+        return Err(format!("the target is {}, not an integer", tt.dtype));
+    }
+    let mut tshape = shape.clone();
+    tshape.remove(1);
+    if tt.shape != tshape {
+        return Err(format!("the target has shape {:?}, the input {:?} wants {tshape:?}", tt.shape, shape));
+    }
+    let reduction = c.string("reduction", "mean");
+    if !["none", "sum", "mean"].contains(&reduction.as_str()) {
+        return Err(format!("reduction '{reduction}' is not none, sum or mean"));
+    }
+    let logp = if softmax {
+        let sm = s.op("softmax", Op::Softmax, &[x], &[("axis", Attr::Int(1))])?;
+        let name = c.node.output.get(1).filter(|n| !n.is_empty()).cloned().unwrap_or_else(|| c.part("log_prob"));
+        s.b.node(&name, Op::Log, &[&sm], &[])?
+    } else {
+        x.clone()
+    };
+    let mut view: Vec<i64> = tshape.iter().map(|&d| d as i64).collect();
+    view.insert(1, 1);
+    let t = reshape(s.b, target, &view, &c.part("target_view"))?;
+    let classes = {
+        let mut ishape = vec![1; shape.len()];
+        ishape[1] = shape[1];
+        Value::computed(Tensor::new(ishape, Data::from_f64(tt.dtype, (0..shape[1]).map(|i| i as f64))))
+    };
+    let mut hit = s.op0("hit", Op::Equal, &[&t, &classes])?;
+    if let Some(ignore) = c.attr("ignore_index").and_then(|a| a.i) {
+        let ig = scalar(tt.dtype, ignore as f64);
+        let ignored = s.op0("ignored", Op::Equal, &[&t, &ig])?;
+        let kept = s.op0("kept", Op::Not, &[&ignored])?;
+        hit = s.op0("counted", Op::And, &[&hit, &kept])?;
+    }
+    let zero = s.k(x, 0.0);
+    let weight = match c.opt(2) {
+        Some(w) => {
+            let mut wshape = vec![1i64; shape.len()];
+            wshape[1] = shape[1] as i64;
+            reshape(s.b, w, &wshape, &c.part("weight_view"))?
+        }
+        None => s.k(x, 1.0),
+    };
+    let w = s.op0("weights", Op::Where, &[&hit, &weight, &zero])?;
+    // Selected after the product: a −inf log-probability of another class must not meet a 0.
+    let prod = s.op0("products", Op::Mul, &[&weight, &logp])?;
+    let wl = s.op0("weighted", Op::Where, &[&hit, &prod, &zero])?;
+    let over_c = [("axes", Attr::ints(&[1])), ("keepdims", Attr::Bool(false))];
+    let picked = s.op("picked", Op::ReduceSum, &[&wl], &over_c)?;
+    let out = match reduction.as_str() {
+        "none" => s.op0("", Op::Neg, &[&picked])?,
+        "sum" => {
+            let total = s.op("total", Op::ReduceSum, &[&picked], &[("keepdims", Attr::Bool(false))])?;
+            s.op0("", Op::Neg, &[&total])?
+        }
+        _ => {
+            let total = s.op("total", Op::ReduceSum, &[&picked], &[("keepdims", Attr::Bool(false))])?;
+            let wsum = s.op("weight_sum", Op::ReduceSum, &[&w], &[("keepdims", Attr::Bool(false))])?;
+            let neg = s.op0("neg_total", Op::Neg, &[&total])?;
+            s.op0("", Op::Div, &[&neg, &wsum])?
+        }
+    };
+    Ok(if softmax { vec![out, logp] } else { vec![out] })
+}
