@@ -352,7 +352,12 @@ fn space_to_depth(b: &mut Builder, c: &Ctx) -> R<Value> {
     if h % bs != 0 || w % bs != 0 {
         return Err(format!("H = {h} and W = {w} must be multiples of blocksize {bs}"));
     }
-    rearrange(b, c, &[n, ch, h / bs, bs, w / bs, bs], &[0, 3, 5, 1, 2, 4], &[n, ch * bs * bs, h / bs, w / bs])
+    let (view, result) = ([n, ch, h / bs, bs, w / bs, bs], [n, ch * bs * bs, h / bs, w / bs]);
+    match c.string("mode", "DCR").as_str() {
+        "DCR" => rearrange(b, c, &view, &[0, 3, 5, 1, 2, 4], &result),
+        "CRD" => rearrange(b, c, &view, &[0, 1, 3, 5, 2, 4], &result),
+        other => Err(format!("mode '{other}' is not DCR or CRD")),
+    }
 }
 
 /// GatherElements as a gather from the flattened data: the flat index of each element is
