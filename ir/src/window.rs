@@ -311,3 +311,105 @@ pub fn pad(node: &Node, x: &Tensor) -> R<Tensor> {
     };
     Ok(Tensor::new(shape, data))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::Op;
+
+    fn node(op: Op, attrs: &[(&str, Attr)]) -> Node {
+        let mut n = Node::new("n", op, &["x"]);
+        for (k, v) in attrs {
+            n.attrs.insert(k.to_string(), v.clone());
+        }
+        n
+    }
+
+    fn ints(v: &[i64]) -> Attr {
+        Attr::ints(v)
+    }
+
+    fn row(v: &[f32]) -> Tensor {
+        Tensor::f32(vec![1, 1, v.len()], v.to_vec())
+    }
+
+    fn values(t: &Tensor) -> Vec<f32> {
+        t.as_f32().unwrap().to_vec()
+    }
+
+    /// ceil_mode adds a last window only where it starts inside the input (and its begin
+    /// pad), and that window averages over its real elements alone.
+    #[test]
+    fn ceil_mode_keeps_only_windows_that_start_inside() {
+        let x = row(&[1., 2., 3., 4., 5.]);
+        let attrs = |ceil| vec![("kernel", ints(&[2])), ("strides", ints(&[2])), ("ceil_mode", Attr::Bool(ceil))];
+        assert_eq!(values(&pool(&node(Op::MaxPool, &attrs(false)), &x, true).unwrap()), [2., 4.]);
+        assert_eq!(values(&pool(&node(Op::MaxPool, &attrs(true)), &x, true).unwrap()), [2., 4., 5.]);
+        assert_eq!(values(&pool(&node(Op::AvgPool, &attrs(true)), &x, false).unwrap()), [1.5, 3.5, 5.]);
+        // Input 1, end pad 1, stride 2: ceil would give a second window starting in the
+        // end pad, which ONNX drops.
+        let n = node(
+            Op::MaxPool,
+            &[
+                ("kernel", ints(&[1])),
+                ("strides", ints(&[2])),
+                ("pads", ints(&[0, 1])),
+                ("ceil_mode", Attr::Bool(true)),
+            ],
+        );
+        assert_eq!(Window::of(&n, 1, None).unwrap().out_sizes(&[1]).unwrap(), [1]);
+    }
+
+    #[test]
+    fn count_include_pad_counts_pads_as_zeros() {
+        let x = row(&[1., 2., 3.]);
+        let attrs = |inc| vec![("kernel", ints(&[3])), ("pads", ints(&[1, 1])), ("count_include_pad", Attr::Bool(inc))];
+        assert_eq!(values(&pool(&node(Op::AvgPool, &attrs(false)), &x, false).unwrap()), [1.5, 2., 2.5]);
+        assert_eq!(values(&pool(&node(Op::AvgPool, &attrs(true)), &x, false).unwrap()), [1., 2., 5. / 3.]);
+        // Max ignores pads, even when every real element is negative.
+        let neg = row(&[-1., -2., -3.]);
+        assert_eq!(values(&pool(&node(Op::MaxPool, &attrs(false)), &neg, true).unwrap()), [-1., -1., -2.]);
+    }
+
+    /// Negative pads crop; reflect, edge and wrap map the new positions back in.
+    #[test]
+    fn pads_crop_and_modes_map_indices() {
+        let x = Tensor::f32(vec![4], vec![1., 2., 3., 4.]);
+        let pad_with = |mode: &str| {
+            let n = node(
+                Op::Pad,
+                &[("pads", ints(&[-1, 2])), ("mode", Attr::Str(mode.into())), ("value", Attr::Float(9.))],
+            );
+            values(&pad(&n, &x).unwrap())
+        };
+        assert_eq!(pad_with("constant"), [2., 3., 4., 9., 9.]);
+        assert_eq!(pad_with("reflect"), [2., 3., 4., 3., 2.]);
+        assert_eq!(pad_with("edge"), [2., 3., 4., 4., 4.]);
+        assert_eq!(pad_with("wrap"), [2., 3., 4., 1., 2.]);
+        let n = node(Op::Pad, &[("pads", ints(&[3, 0])), ("mode", Attr::Str("reflect".into()))]);
+        assert_eq!(values(&pad(&n, &Tensor::f32(vec![2], vec![1., 2.])).unwrap()), [2., 1., 2., 1., 2.]);
+        let n = node(Op::Pad, &[("pads", ints(&[-3, -2]))]);
+        assert!(pad_shape(&n, &[4]).unwrap_err().contains("below zero"));
+        let n = node(Op::Pad, &[("pads", ints(&[1, 0])), ("mode", Attr::Str("edge".into()))]);
+        assert!(pad_shape(&n, &[0]).unwrap_err().contains("nothing to copy"));
+    }
+
+    /// A padded 3x3 box filter sums the 4, 6 or 9 real neighbours; a depthwise conv keeps
+    /// channels apart; the grouping must divide the channels.
+    #[test]
+    fn conv_pads_and_groups() {
+        let mut n = Node::new("c", Op::Conv, &["x", "w"]);
+        n.attrs.insert("pads".into(), ints(&[1, 1, 1, 1]));
+        let x = Tensor::f32(vec![1, 1, 3, 3], vec![1.; 9]);
+        let w = Tensor::f32(vec![1, 1, 3, 3], vec![1.; 9]);
+        assert_eq!(values(&conv(&n, &x, &w, None).unwrap()), [4., 6., 4., 6., 9., 6., 4., 6., 4.]);
+        let mut dw = Node::new("c", Op::Conv, &["x", "w"]);
+        dw.attrs.insert("groups".into(), Attr::Int(2));
+        let x = Tensor::f32(vec![1, 2, 1, 2], vec![1., 2., 10., 20.]);
+        let w = Tensor::f32(vec![2, 1, 1, 1], vec![2., 3.]);
+        let b = Tensor::f32(vec![2], vec![0.5, -0.5]);
+        assert_eq!(values(&conv(&dw, &x, &w, Some(&b)).unwrap()), [2.5, 4.5, 29.5, 59.5]);
+        let bad = Tensor::f32(vec![2, 2, 1, 1], vec![1.; 4]);
+        assert!(conv(&dw, &x, &bad, None).unwrap_err().contains("groups"));
+    }
+}
