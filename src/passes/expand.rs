@@ -11,6 +11,11 @@
 //!   past, filled with −inf or 0), then `reduce_max`, or `reduce_sum` divided by a
 //!   constant table of per-window counts.
 //!
+//! - `add(mul(conv(x, w, b), scale), shift)` with per-channel constants (an inference
+//!   BatchNormalization) becomes one conv whose weight is `w·scale` and bias `b·scale +
+//!   shift`, when `w` (and `b`) are constants: fold computes them (`--dump-after fold`
+//!   lists them), and the conv's result is read by nothing else.
+//!
 //! New nodes are named after the node they expand (`NAME.cols`, `NAME.gemm`, ...); the
 //! last keeps the node's own name, so outputs and later readers are unchanged.
 
@@ -27,13 +32,75 @@ pub fn needed(g: &Graph) -> bool {
     g.nodes.iter().any(|n| matches!(n.op, Op::Conv | Op::MaxPool | Op::AvgPool | Op::Pad))
 }
 
-/// `g` (verified as `info`) with every conv, pool and pad node expanded.
+/// A batch norm to fold into the conv before it: `add(mul(conv, scale), shift)`.
+struct BnFold<'g> {
+    conv: &'g Node,
+    mul: &'g str,
+    scale: &'g str,
+    shift: &'g str,
+}
+
+/// The convs followed by a per-channel mul and add of constants (inference
+/// BatchNormalization as the importer writes it), by the add's name. The conv's weight
+/// (and bias) must be constants, and neither the conv nor the mul be read elsewhere.
+fn bn_folds<'g>(g: &'g Graph, info: &Info) -> HashMap<&'g str, BnFold<'g>> {
+    let by_name: HashMap<&str, &Node> = g.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    let params: Vec<&str> = g.params.iter().map(|p| p.name.as_str()).collect();
+    // Params and the local slices, reshapes, transposes and casts of them: what fold computes.
+    fn constant(t: &str, by_name: &HashMap<&str, &Node>, params: &[&str]) -> bool {
+        params.contains(&t)
+            || by_name.get(t).is_some_and(|n| {
+                matches!(n.op, Op::Slice | Op::Reshape | Op::Transpose | Op::Cast)
+                    && n.inputs.iter().all(|i| constant(i, by_name, params))
+            })
+    }
+    let uses = |t: &str| {
+        g.nodes.iter().flat_map(|n| &n.inputs).filter(|i| *i == t).count()
+            + g.outputs.iter().filter(|o| o.name == t).count()
+    };
+    let mut folds = HashMap::new();
+    for add in g.nodes.iter().filter(|n| n.op == Op::Add) {
+        let pick = |n: &'g Node, op: Op| -> Option<(&'g Node, &'g str)> {
+            let [a, b] = &n.inputs[..] else { return None };
+            [(a, b), (b, a)].into_iter().find_map(|(x, c)| {
+                let x = by_name.get(x.as_str()).filter(|x| x.op == op && uses(&x.name) == 1)?;
+                Some((*x, c.as_str()))
+            })
+        };
+        let Some((mul, shift)) = pick(add, Op::Mul) else { continue };
+        let Some((conv, scale)) = pick(mul, Op::Conv) else { continue };
+        let m = info.types[&conv.name].shape[1];
+        let rank = info.types[&conv.name].rank();
+        let per_channel = |t: &str| {
+            let s = &info.types[t].shape;
+            s.len() == rank - 1 && s[0] == m && s[1..].iter().all(|&d| d == 1)
+        };
+        let consts = conv.inputs[1..]
+            .iter()
+            .chain([&scale.to_string(), &shift.to_string()])
+            .all(|t| constant(t, &by_name, &params));
+        if consts && per_channel(scale) && per_channel(shift) {
+            folds.insert(add.name.as_str(), BnFold { conv, mul: &mul.name, scale, shift });
+        }
+    }
+    folds
+}
+
+/// `g` (verified as `info`) with every conv, pool and pad node expanded, and batch norms
+/// folded into the convs before them.
 pub fn expand(g: &Graph, info: &Info) -> Result<Graph> {
     let mut ex = Expander { g: g.clone(), types: info.types.clone() };
     ex.g.nodes.clear();
+    let folds = bn_folds(g, info);
+    // The conv and the mul of a fold are emitted, as one conv, in the add's place.
+    let absorbed: Vec<&str> = folds.values().flat_map(|f| [f.conv.name.as_str(), f.mul]).collect();
     for &k in &info.order {
         let n = &g.nodes[k];
+        if absorbed.contains(&n.name.as_str()) {
+            continue;
+        }
         let done = match n.op {
+            Op::Add if folds.contains_key(n.name.as_str()) => ex.fold_bn(n, &folds[n.name.as_str()]),
             Op::Conv => ex.conv(n),
             Op::MaxPool | Op::AvgPool => ex.pool(n),
             Op::Pad => ex.pad(n),
@@ -218,6 +285,31 @@ impl Expander {
         let idx = self.table(base("taps"), &[n_k, n_out], &idx);
         let axis = view.len() as i64 - 1;
         Ok(Some(self.emit(n, base("cols"), Op::Gather, &[&flat, &idx], &[("axis", Attr::Int(axis))])?))
+    }
+
+    /// The conv of `bn` with its weight scaled per output channel and its bias scaled and
+    /// shifted, named `add` (the node it replaces): fold computes the new weight and bias.
+    fn fold_bn(&mut self, add: &Node, bn: &BnFold) -> R<()> {
+        let conv = bn.conv;
+        let w = self.shape(&conv.inputs[1]);
+        let m = w[0] as i64;
+        let base = |what: &str| format!("{}.{what}", conv.name);
+        let wshape = std::iter::once(m).chain(w[1..].iter().map(|_| 1));
+        let s_w = self.emit(conv, base("bn_scale_w"), Op::Reshape, &[bn.scale], &[("shape", ints(wshape))])?;
+        let weight = self.emit(conv, base("bn_weight"), Op::Mul, &[&conv.inputs[1], &s_w], &[])?;
+        let s = self.emit(conv, base("bn_scale_b"), Op::Reshape, &[bn.scale], &[("shape", ints([m]))])?;
+        let t = self.emit(conv, base("bn_shift_b"), Op::Reshape, &[bn.shift], &[("shape", ints([m]))])?;
+        let bias = match conv.inputs.get(2) {
+            Some(b) => {
+                let scaled = self.emit(conv, base("bn_bias_scaled"), Op::Mul, &[b, &s], &[])?;
+                self.emit(conv, base("bn_bias"), Op::Add, &[&scaled, &t], &[])?
+            }
+            None => t,
+        };
+        let mut folded = conv.clone();
+        folded.name.clone_from(&add.name);
+        folded.inputs = vec![conv.inputs[0].clone(), weight, bias];
+        self.conv(&folded)
     }
 
     fn conv(&mut self, n: &Node) -> R<()> {
