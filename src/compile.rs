@@ -583,7 +583,13 @@ pub fn compile_lowered<'p>(
     for (d, dev) in lowered.devices.iter().enumerate() {
         if !(dev.nodes.is_empty() && dev.outputs.is_empty()) {
             let dinfo = verify(dev).with_context(|| format!("device {d}: the lowered program does not verify"))?;
-            devices.push((d, dev, dinfo));
+            if passes::expand::needed(dev) {
+                let e = passes::expand::expand(dev, &dinfo).with_context(|| format!("device {d}"))?;
+                let einfo = verify(&e).with_context(|| format!("device {d}: the expanded program does not verify"))?;
+                devices.push((d, std::borrow::Cow::Owned(e), einfo));
+            } else {
+                devices.push((d, std::borrow::Cow::Borrowed(dev), dinfo));
+            }
         }
     }
     let folded = (devices.iter())
@@ -592,13 +598,13 @@ pub fn compile_lowered<'p>(
         })
         .collect::<Result<Vec<_>>>()?;
     dumps.emit("fold", || {
-        let v: Vec<_> = devices.iter().zip(&folded).map(|((d, dev, _), f)| (*d, *dev, f)).collect();
+        let v: Vec<_> = devices.iter().zip(&folded).map(|((d, dev, _), f)| (*d, &**dev, f)).collect();
         passes::fold::dump(&v)
     })?;
     let groups: Vec<Groups> =
         devices.iter().zip(&folded).map(|((_, dev, dinfo), f)| passes::fuse::fuse(dev, dinfo, f)).collect();
     dumps.emit("fuse", || {
-        let v: Vec<_> = devices.iter().zip(&groups).map(|((d, dev, dinfo), gr)| (*d, *dev, dinfo, gr)).collect();
+        let v: Vec<_> = devices.iter().zip(&groups).map(|((d, dev, dinfo), gr)| (*d, &**dev, dinfo, gr)).collect();
         passes::fuse::dump(&v)
     })?;
     let mut programs: Vec<Program> =

@@ -204,6 +204,17 @@ struct OnnxArgs {
     /// Bind the ONNX model's symbolic dim NAME to the size N (repeatable).
     #[arg(long = "dim", value_name = "NAME=N")]
     dims: Vec<String>,
+    /// Fix the ONNX model's input NAME to the value in FILE.npy: it folds at import like an
+    /// initializer (an input giving a shape, pads or scales must be known then; repeatable).
+    #[arg(long = "const", value_name = "NAME=FILE.npy")]
+    consts: Vec<String>,
+}
+
+impl OnnxArgs {
+    fn import(&self, path: &Path) -> Result<meshc::onnx::Imported> {
+        let dims = meshc::onnx::parse_dims(&self.dims)?;
+        Ok(meshc::onnx::import(path, &dims, &meshc::onnx::parse_consts(&self.consts)?)?)
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -233,6 +244,7 @@ impl CodegenArgs {
             (self.weights_dtype != WeightsArg::Keep, "--weights-dtype"),
             (!self.onnx.dims.is_empty(), "--dim"),
             (self.train.loss.is_some(), "--loss"),
+            (!self.onnx.consts.is_empty(), "--const"),
         ]
         .into_iter()
         .find_map(|(given, flag)| given.then_some(flag))
@@ -342,11 +354,14 @@ struct GraphIn {
 
 fn load_graph(path: &Path, onnx: &OnnxArgs) -> Result<GraphIn> {
     if meshc::onnx::is_onnx(path) {
-        let imp = meshc::onnx::import(path, &meshc::onnx::parse_dims(&onnx.dims)?)?;
+        let imp = onnx.import(path)?;
         return Ok(GraphIn { graph: imp.graph, info: imp.info, imported: Some(imp.params) });
     }
     if !onnx.dims.is_empty() {
         bail!("{}: --dim binds the symbolic dims of an ONNX model; this is a graph", path.display());
+    }
+    if !onnx.consts.is_empty() {
+        bail!("{}: --const fixes inputs of an ONNX model; this is a graph", path.display());
     }
     let (graph, info) = load::load(path)?;
     Ok(GraphIn { graph, info, imported: None })
@@ -357,7 +372,7 @@ fn import(model: &Path, out: &Path, weights: Option<&Path>, onnx: &OnnxArgs) -> 
     if !meshc::onnx::is_onnx(model) {
         bail!("{}: import reads an ONNX model (.onnx)", model.display());
     }
-    let imp = meshc::onnx::import(model, &meshc::onnx::parse_dims(&onnx.dims)?)?;
+    let imp = onnx.import(model)?;
     meshc::onnx::write(&imp, out, weights)
 }
 

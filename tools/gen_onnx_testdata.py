@@ -243,6 +243,78 @@ def opset_v2():
     save("opset_v2", g, {"x": xv, "i": iv, "labels": np.array([1, 2, 5], dtype=np.int64)}, {"batch": 3})
 
 
+def conv_bn(n, inits, name, inp, out, cin, cout, k, stride=1, group=1, act=None, **attrs):
+    """A torch Conv2d (no bias) + BatchNorm2d (+ Relu or ReLU6 as Clip), as torch.onnx
+    writes them with training=TrainingMode.PRESERVE (BN kept, not folded)."""
+    pads = attrs.pop("pads", [k // 2] * 4) if "auto_pad" not in attrs else None
+    extra = {"pads": pads} if pads is not None else {}
+    inits += [init(name + ".weight", [cout, cin // group, k, k], (2.0 / (cin // group * k * k)) ** 0.5)]
+    conv = f"/{name}/Conv_output_0"
+    n.append(node("Conv", [inp, name + ".weight"], [conv], kernel_shape=[k, k], strides=[stride, stride],
+                  group=group, **extra, **attrs))
+    bn = name.replace("conv", "bn")
+    inits += [numpy_helper.from_array((1 + 0.1 * rng.standard_normal(cout)).astype(np.float32), bn + ".weight"),
+              numpy_helper.from_array((0.1 * rng.standard_normal(cout)).astype(np.float32), bn + ".bias"),
+              numpy_helper.from_array((0.1 * rng.standard_normal(cout)).astype(np.float32), bn + ".running_mean"),
+              numpy_helper.from_array((1 + 0.2 * rng.random(cout)).astype(np.float32), bn + ".running_var")]
+    bn_out = out if act is None else f"/{bn}/BatchNormalization_output_0"
+    n.append(node("BatchNormalization", [conv, bn + ".weight", bn + ".bias", bn + ".running_mean",
+                                         bn + ".running_var"], [bn_out], epsilon=1e-5, momentum=0.9))
+    if act == "relu":
+        n.append(node("Relu", [bn_out], [out]))
+    elif act == "relu6":
+        n.append(helper.make_node("Clip", [bn_out, "/zero", "/six"], [out], name=f"/{bn}/Clip"))
+
+
+def resnet_block():
+    """A ResNet stem and basic block (torchvision's resnet18 layers at 1/8 width): conv-BN-
+    relu, 3x3/2 max pool, conv-BN-relu-conv-BN + residual, relu, global average pool,
+    flatten and the fc Gemm."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 16, 16])
+    y = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])
+    n, inits = [], []
+    conv_bn(n, inits, "conv1", "x", "/relu/Relu_output_0", 3, 8, 7, stride=2, act="relu", pads=[3, 3, 3, 3])
+    n.append(node("MaxPool", ["/relu/Relu_output_0"], ["/maxpool/MaxPool_output_0"], kernel_shape=[3, 3],
+                  strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=0))
+    conv_bn(n, inits, "layer1.0.conv1", "/maxpool/MaxPool_output_0", "/layer1.0/relu/Relu_output_0", 8, 8, 3,
+            act="relu")
+    conv_bn(n, inits, "layer1.0.conv2", "/layer1.0/relu/Relu_output_0", "/layer1.0/bn2/BN_output_0", 8, 8, 3)
+    n += [node("Add", ["/layer1.0/bn2/BN_output_0", "/maxpool/MaxPool_output_0"], ["/layer1.0/Add_output_0"]),
+          node("Relu", ["/layer1.0/Add_output_0"], ["/layer1.0/relu_1/Relu_output_0"]),
+          node("GlobalAveragePool", ["/layer1.0/relu_1/Relu_output_0"], ["/avgpool/GlobalAveragePool_output_0"]),
+          node("Flatten", ["/avgpool/GlobalAveragePool_output_0"], ["/Flatten_output_0"], axis=1),
+          node("Gemm", ["/Flatten_output_0", "fc.weight", "fc.bias"], ["logits"], alpha=1.0, beta=1.0, transB=1)]
+    inits += [init("fc.weight", [10, 8]), init("fc.bias", [10], 0.05)]
+    g = helper.make_graph(n, "resnet_block", [x], [y], inits)
+    save("resnet_block", g, {"x": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)}, {"batch": 2})
+
+
+def mobilenet_block():
+    """MobileNetV2 inverted residuals (torchvision's layout at small width): 1x1 expand +
+    BN + ReLU6 (a Clip), 3x3 depthwise + BN + ReLU6, 1x1 project + BN, the residual add;
+    then a stride-2 block whose depthwise conv pads with auto_pad SAME_UPPER, as
+    TensorFlow exports write it, and an average pool."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8, 12, 12])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 12, 3, 3])
+    n = [const("/zero", np.float32(0.0)), const("/six", np.float32(6.0))]
+    inits = []
+    p = "features.1.conv."
+    conv_bn(n, inits, p + "0.conv", "x", "/b1/expand_output_0", 8, 24, 1, act="relu6", pads=[0, 0, 0, 0])
+    conv_bn(n, inits, p + "1.conv", "/b1/expand_output_0", "/b1/dw_output_0", 24, 24, 3, group=24, act="relu6")
+    conv_bn(n, inits, p + "2.conv", "/b1/dw_output_0", "/b1/project_output_0", 24, 8, 1, pads=[0, 0, 0, 0])
+    n.append(node("Add", ["x", "/b1/project_output_0"], ["/b1/Add_output_0"]))
+    p = "features.2.conv."
+    conv_bn(n, inits, p + "0.conv", "/b1/Add_output_0", "/b2/expand_output_0", 8, 32, 1, act="relu6",
+            pads=[0, 0, 0, 0])
+    conv_bn(n, inits, p + "1.conv", "/b2/expand_output_0", "/b2/dw_output_0", 32, 32, 3, stride=2, group=32,
+            act="relu6", auto_pad="SAME_UPPER")
+    conv_bn(n, inits, p + "2.conv", "/b2/dw_output_0", "/b2/project_output_0", 32, 12, 1, pads=[0, 0, 0, 0])
+    n.append(node("AveragePool", ["/b2/project_output_0"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+                  pads=[1, 1, 1, 1], count_include_pad=0))
+    g = helper.make_graph(n, "mobilenet_block", [x], [y], inits)
+    save("mobilenet_block", g, {"x": rng.standard_normal((2, 8, 12, 12)).astype(np.float32)}, {"batch": 2})
+
+
 def bad():
     """Bad inputs for testdata/bad/ (tests/all/golden.rs pins each one-line error)."""
     d = os.path.join(OUT, "..", "bad")
@@ -279,6 +351,8 @@ if __name__ == "__main__":
     encoder()
     shapes()
     opset_v2()
+    resnet_block()
+    mobilenet_block()
     bad()
     total = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote {OUT} ({total} bytes)", file=sys.stderr)

@@ -342,7 +342,60 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
             Ok(Inferred { ty: TensorType::new(dtype, shape), dims: None })
         }
         AllReduce | AllGather | ReduceScatter | AllToAll => collective(node, x.expect("arity checked")),
+        Conv => conv(node, ops),
+        MaxPool | AvgPool => {
+            let x = x.expect("arity checked");
+            expect_dtype(x, FLOAT, "the operand")?;
+            if x.ty.rank() < 3 {
+                return Err(format!(
+                    "{} wants x of rank >= 3 ([N, C, spatial...]), found rank {}",
+                    node.op,
+                    x.ty.rank()
+                ));
+            }
+            let win = crate::window::Window::of(node, x.ty.rank() - 2, None)?;
+            let shape = [&x.ty.shape[..2], &win.out_sizes(&x.ty.shape[2..])?[..]].concat();
+            Ok(Inferred { ty: TensorType::new(DType::F32, shape), dims: window_dims(x) })
+        }
+        Pad => {
+            let x = x.expect("arity checked");
+            let (_, shape) = crate::window::pad_shape(node, &x.ty.shape)?;
+            let dims =
+                x.dims.map(|d| (0..shape.len()).map(|i| d[i].clone().filter(|_| shape[i] == x.ty.shape[i])).collect());
+            Ok(Inferred { ty: TensorType::new(x.ty.dtype, shape), dims })
+        }
     }
+}
+
+/// The names a window op keeps: batch and channel (spatial sizes change).
+fn window_dims(x: &Operand) -> Option<Dims> {
+    x.dims.map(|d| (0..d.len()).map(|i| if i < 2 { d[i].clone() } else { None }).collect())
+}
+
+fn conv(node: &Node, ops: &[Operand]) -> R<Inferred> {
+    if ops.len() > 3 {
+        return Err(format!("conv takes x, w and an optional bias, got {} operands", ops.len()));
+    }
+    for (i, o) in ops.iter().enumerate() {
+        expect_dtype(o, FLOAT, ["x", "the weight", "the bias"][i])?;
+    }
+    let (x, w) = (&ops[0].ty.shape, &ops[1].ty.shape);
+    let (win, _) = crate::window::conv_window(node, x, w)?;
+    if let Some(b) = ops.get(2) {
+        if b.ty.shape != [w[0]] {
+            return Err(format!(
+                "the bias has shape {}, expected [{}] (one per output channel)",
+                sh(&b.ty.shape),
+                w[0]
+            ));
+        }
+    }
+    let shape = [&[x[0], w[0]][..], &win.out_sizes(&x[2..])?[..]].concat();
+    let mut dims = window_dims(&ops[0]);
+    if let (Some(d), Some(wd)) = (dims.as_mut(), ops[1].dims) {
+        d[1].clone_from(&wd[0]);
+    }
+    Ok(Inferred { ty: TensorType::new(DType::F32, shape), dims })
 }
 
 fn non_negative(v: &[i64], what: &str) -> R<Vec<usize>> {

@@ -182,6 +182,9 @@ fn eval(node: &Node, args: &[&Tensor]) -> R<Tensor> {
         Send | Recv | AllReduce | AllGather | ReduceScatter | AllToAll => {
             Err(format!("communication op {op} cannot run in the single-graph interpreter"))
         }
+        Conv => crate::window::conv(node, args[0], args[1], args.get(2).copied()),
+        MaxPool | AvgPool => crate::window::pool(node, args[0], op == MaxPool),
+        Pad => crate::window::pad(node, args[0]),
     }
 }
 

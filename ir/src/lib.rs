@@ -21,6 +21,7 @@ pub mod tensor;
 pub mod text;
 pub mod verify;
 pub mod weights;
+pub mod window;
 
 pub use attr::{Attr, Attrs};
 pub use dtype::{DType, TensorType};

@@ -35,6 +35,7 @@ ops! {
     Send = "send", Recv = "recv",
     AllReduce = "all_reduce", AllGather = "all_gather",
     ReduceScatter = "reduce_scatter", AllToAll = "all_to_all",
+    Conv = "conv", MaxPool = "max_pool", AvgPool = "avg_pool", Pad = "pad",
 }
 
 /// How many operands an op takes.
@@ -163,6 +164,7 @@ impl Op {
             _ if self.is_unary_elementwise() => Arity::Exactly(1),
             Where | LayerNorm => Arity::Exactly(3),
             MatMul | Gather => Arity::Exactly(2),
+            Conv => Arity::AtLeast(2),
             Einsum | Concat => Arity::AtLeast(1),
             Recv => Arity::Exactly(0),
             _ => Arity::Exactly(1),
@@ -206,6 +208,35 @@ impl Op {
                 const { &[req("groups", K::Groups), req("axis", K::Int), opt("reduce", K::Enum(REDUCE_KINDS))] }
             }
             AllToAll => const { &[req("groups", K::Groups), req("split_axis", K::Int), req("concat_axis", K::Int)] },
+            Conv => {
+                const { &[opt("strides", K::Ints), opt("pads", K::Ints), opt("dilations", K::Ints), opt("groups", K::Int)] }
+            }
+            MaxPool => {
+                const {
+                    &[
+                        req("kernel", K::Ints),
+                        opt("strides", K::Ints),
+                        opt("pads", K::Ints),
+                        opt("dilations", K::Ints),
+                        opt("ceil_mode", K::Bool),
+                    ]
+                }
+            }
+            AvgPool => {
+                const {
+                    &[
+                        req("kernel", K::Ints),
+                        opt("strides", K::Ints),
+                        opt("pads", K::Ints),
+                        opt("dilations", K::Ints),
+                        opt("ceil_mode", K::Bool),
+                        opt("count_include_pad", K::Bool),
+                    ]
+                }
+            }
+            Pad => {
+                const { &[req("pads", K::Ints), opt("mode", K::Enum(crate::window::PAD_MODES)), opt("value", K::Float)] }
+            }
             _ => &[],
         }
     }

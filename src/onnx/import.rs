@@ -25,9 +25,16 @@ fn is_default_domain(d: Option<&str>) -> bool {
     matches!(d, None | Some("" | "ai.onnx"))
 }
 
-/// The graph of `model` and its params' values; `dims` binds symbolic dims by name;
-/// external data is read relative to `dir`, the model's directory.
-pub fn import(model: &ModelProto, dims: &BTreeMap<String, usize>, dir: &Path) -> R<(Graph, HashMap<String, Tensor>)> {
+/// The graph of `model` and its params' values; `dims` binds symbolic dims by name, and
+/// `consts` fixes inputs to values, which then fold like initializers (an input that gives
+/// a shape, pads or scales must be known at import time); external data is read relative
+/// to `dir`, the model's directory.
+pub fn import(
+    model: &ModelProto,
+    dims: &BTreeMap<String, usize>,
+    consts: &BTreeMap<String, Tensor>,
+    dir: &Path,
+) -> R<(Graph, HashMap<String, Tensor>)> {
     let opset = model
         .opset_import
         .iter()
@@ -58,8 +65,27 @@ pub fn import(model: &ModelProto, dims: &BTreeMap<String, usize>, dir: &Path) ->
         if values.contains_key(&onnx_name) {
             continue;
         }
+        if let Some(t) = consts.get(&onnx_name) {
+            let want = i.r#type.as_ref().and_then(|t| match &t.value {
+                Some(type_proto::Value::TensorType(tt)) => tensors::storage_dtype(tt.elem_type.unwrap_or(0)).ok(),
+                _ => None,
+            });
+            if want.is_some_and(|d| d != t.dtype()) {
+                return Err(format!(
+                    "--const {onnx_name}: the value is {}, the input {}",
+                    t.dtype(),
+                    want.unwrap_or(t.dtype())
+                ));
+            }
+            values.insert(onnx_name.clone(), Value::named(t.clone(), &onnx_name));
+            continue;
+        }
         let v = input(&mut b, i, dims, &mut bound).map_err(|e| format!("input '{onnx_name}': {e}"))?;
         values.insert(onnx_name, v);
+    }
+    let inputs: BTreeSet<&str> = g.input.iter().filter_map(|i| i.name.as_deref()).collect();
+    if let Some(unused) = consts.keys().find(|c| !inputs.contains(c.as_str())) {
+        return Err(format!("--const {unused}: the model has no input '{unused}'"));
     }
     if let Some(unused) = dims.keys().find(|d| !bound.contains(*d)) {
         return Err(format!("--dim {unused}: the model's inputs have no symbolic dim '{unused}'"));

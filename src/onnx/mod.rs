@@ -53,15 +53,32 @@ pub fn parse_dims(args: &[String]) -> Result<BTreeMap<String, usize>> {
     Ok(dims)
 }
 
+/// `--const NAME=FILE.npy` arguments as a map, each name once.
+pub fn parse_consts(args: &[String]) -> Result<BTreeMap<String, Tensor>> {
+    let mut consts = BTreeMap::new();
+    for a in args {
+        let Some((name, file)) = a.split_once('=') else { bail!("--const {a}: expected NAME=FILE.npy") };
+        let t = Tensor::read_npy(Path::new(file)).map_err(|e| anyhow::anyhow!("--const {name}: {e}"))?;
+        if consts.insert(name.to_string(), t).is_some() {
+            bail!("--const {name}: given twice");
+        }
+    }
+    Ok(consts)
+}
+
 /// Reads, decodes and imports `path`; every error is one line naming the file.
-pub fn import(path: &Path, dims: &BTreeMap<String, usize>) -> meshc_ir::Result<Imported> {
+pub fn import(
+    path: &Path,
+    dims: &BTreeMap<String, usize>,
+    consts: &BTreeMap<String, Tensor>,
+) -> meshc_ir::Result<Imported> {
     let file = path.display().to_string();
     let in_file = |e: meshc_ir::Error| e.in_file(&file);
     let bytes = file::read(path, MAX_MODEL_BYTES, "ONNX model").map_err(in_file)?;
     let model = proto::ModelProto::decode(&bytes[..])
         .map_err(|e| in_file(meshc_ir::Error::new(format!("not a valid ONNX model: {e}"))))?;
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let (graph, params) = import::import(&model, dims, dir).map_err(|e| in_file(meshc_ir::Error::new(e)))?;
+    let (graph, params) = import::import(&model, dims, consts, dir).map_err(|e| in_file(meshc_ir::Error::new(e)))?;
     let info = verify::verify(&graph).map_err(in_file)?;
     Ok(Imported { graph, info, params })
 }

@@ -7,11 +7,13 @@
 use meshc_ir::infer::{broadcast_shapes, norm_axis};
 use meshc_ir::{Attr, DType, Data, Op, Tensor};
 
+mod nn;
+
 use super::builder::{Builder, Value};
 use super::proto::{AttributeProto, NodeProto};
 use super::tensors;
 
-type R<T> = std::result::Result<T, String>;
+pub(crate) type R<T> = std::result::Result<T, String>;
 
 /// One ONNX node: its attributes, its (optional) inputs and the name of its first output.
 pub struct Ctx<'a> {
@@ -163,6 +165,22 @@ pub const SUPPORTED: &[&str] = &[
     "Transpose",
     "Unsqueeze",
     "Where",
+    // CNN and data movement (ops/nn.rs).
+    "AveragePool",
+    "BatchNormalization",
+    "Conv",
+    "DepthToSpace",
+    "GatherElements",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "GroupNormalization",
+    "InstanceNormalization",
+    "MaxPool",
+    "OneHot",
+    "Pad",
+    "Resize",
+    "SpaceToDepth",
+    "Tile",
 ];
 
 /// The values of the node's outputs, in order.
@@ -175,6 +193,9 @@ pub fn lower(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
     }
     if let Some(op) = binary(op_type) {
         return nary(b, c, op);
+    }
+    if let Some(r) = nn::lower(b, c, op_type) {
+        return r;
     }
     match op_type {
         "Identity" => one(c.arg(0)?.clone()),

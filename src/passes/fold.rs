@@ -64,9 +64,13 @@ pub enum WeightsDtype {
     BF16,
 }
 
-/// Ops evaluated at compile time when all their operands are constants.
-fn foldable(op: Op) -> bool {
-    matches!(op, Op::Slice | Op::Reshape | Op::Transpose | Op::Cast)
+/// Ops evaluated at compile time when all their operands are constants: data movement,
+/// and elementwise mul/add that produce no more elements than their largest operand (a
+/// batch norm folded into a conv's weight and bias; a broadcast would only grow the weights).
+fn foldable(n: &meshc_ir::Node, info: &Info) -> bool {
+    let largest = n.inputs.iter().map(|i| info.types[i].numel()).max().unwrap_or(0);
+    matches!(n.op, Op::Slice | Op::Reshape | Op::Transpose | Op::Cast)
+        || matches!(n.op, Op::Mul | Op::Add) && info.types[&n.name].numel() <= largest
 }
 
 /// Folds `g` (verified as `info`), whose params' values are in `params` (inline values
@@ -114,7 +118,7 @@ pub fn fold<'p>(
             absorbed.insert(n.name.clone(), n.inputs[0].clone());
             continue;
         }
-        if foldable(n.op) && n.inputs.iter().all(|i| consts.contains_key(i)) {
+        if foldable(n, info) && n.inputs.iter().all(|i| consts.contains_key(i)) {
             let mapped = |i: &String| matches!(consts[i], Const::Param) && params.file_bytes(param(g, i)).is_some();
             if n.op == Op::Slice && mapped(&n.inputs[0]) {
                 let (param, ty) = (n.inputs[0].clone(), info.types[&n.name].clone());

@@ -115,9 +115,35 @@ pub fn corresponding_dims(n: &Node, i: usize, info: &Info) -> Vec<(usize, usize)
                 (0..ri).map(|d| (d, axis + d)).collect()
             }
         }
+        Op::Conv => conv_pairs(n, i, info),
+        // Batch and channel; the spatial dims change size (a split of them is gathered).
+        Op::MaxPool | Op::AvgPool => vec![(0, 0), (1, 1)],
+        Op::Pad => {
+            let pads = attr_ints(n, "pads").unwrap_or_default();
+            (0..ins.len())
+                .filter(|&d| pads.get(d) == Some(&0) && pads.get(ins.len() + d) == Some(&0))
+                .map(|d| (d, d))
+                .collect()
+        }
         op if op.is_communication() => vec![],
         // Elementwise ops (with broadcasting) and broadcast_to.
         _ => aligned(ins, out),
+    }
+}
+
+/// conv: the batch passes through; the weight's (and bias's) output channels are the
+/// result's channels when each output channel reads all input channels (groups = 1) or
+/// exactly its own (depthwise: groups = C = M), where the input's channels are too. Other
+/// splits (spatial, input channels, grouped convs) are gathered before the conv.
+fn conv_pairs(n: &Node, i: usize, info: &Info) -> Vec<(usize, usize)> {
+    let (c, m) = (info.types[&n.inputs[0]].shape[1], info.types[&n.inputs[1]].shape[0]);
+    let groups = attr_int(n, "groups", 1) as usize;
+    let depthwise = groups > 1 && groups == c && c == m;
+    match i {
+        0 if depthwise => vec![(0, 0), (1, 1)],
+        0 => vec![(0, 0)],
+        _ if groups == 1 || depthwise => vec![(0, 1)],
+        _ => vec![],
     }
 }
 

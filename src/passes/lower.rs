@@ -391,6 +391,10 @@ impl Lower<'_> {
                     }
                 }
             }
+            // A depthwise conv split over its channels has that many groups locally.
+            Op::Conv if natural[1].is_some() && attr_int(n, "groups", 1) > 1 => {
+                attrs.insert("groups".into(), Attr::Int(ty.shape[1] as i64));
+            }
             _ => {}
         }
         let name = self.local_name(n);

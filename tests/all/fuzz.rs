@@ -128,7 +128,7 @@ fn graph(r: &Recipe) -> String {
     for (k, &(op, a, b, arg)) in r.ops.iter().enumerate() {
         let (x, xs) = values[a as usize % values.len()].clone();
         let name = format!("n{k}");
-        let (line, shape) = match op % 20 {
+        let (line, shape) = match op % 23 {
             0 => (format!("{name} = {}({x})", UNARY[arg as usize % UNARY.len()]), xs.clone()),
             1 | 2 => {
                 let (y, ys) = partner(&values, &xs, b);
@@ -370,6 +370,122 @@ fn graph(r: &Recipe) -> String {
                     lines.push(format!("{name}r = {}({x})", ["floor", "ceil", "round"][(arg >> 2) as usize % 3]));
                     (format!("{name} = where({name}l, {name}r, {y})"), s)
                 }
+            }
+            // conv over [N, C, spatial...]: groups 1, 2 or depthwise, strides, pads and
+            // dilations small enough that every window fits the padded input.
+            20 if (3..=4).contains(&xs.len()) && xs.iter().all(|&d| d > 0) => {
+                let c = xs[1];
+                let groups = [1, c, if c % 2 == 0 { 2 } else { 1 }][b as usize % 3];
+                let m = groups * (1 + (arg as usize >> 7));
+                let sp = &xs[2..];
+                let mut kernel = Vec::new();
+                let (mut strides, mut dil, mut begin, mut end, mut out) = (vec![], vec![], vec![], vec![], vec![]);
+                for (d, &n) in sp.iter().enumerate() {
+                    let bits = (arg as usize >> (2 * d)) ^ (b as usize >> d);
+                    let (pb, pe, st, dl) = (bits % 2, (bits >> 1) % 2, 1 + (bits >> 2) % 2, 1 + (bits >> 3) % 2);
+                    let mut ks = 1 + (bits >> 4) % 3;
+                    while (ks - 1) * dl + 1 > n + pb + pe {
+                        ks -= 1;
+                    }
+                    out.push((n + pb + pe - (ks - 1) * dl - 1) / st + 1);
+                    kernel.push(ks);
+                    strides.push(st);
+                    dil.push(dl);
+                    begin.push(pb);
+                    end.push(pe);
+                }
+                let wshape: Vec<usize> = [m, c / groups].into_iter().chain(kernel.iter().copied()).collect();
+                lines.push(format!("param w{k}: f32{} = init normal{{seed = {arg}, std = 0.5}}", shape_text(&wshape)));
+                let bias = if arg & 0x40 != 0 {
+                    lines.push(format!("param cb{k}: f32[{m}] = init normal{{seed = {b}, std = 0.5}}"));
+                    format!(", cb{k}")
+                } else {
+                    String::new()
+                };
+                let list = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(", ");
+                let pads = [begin, end].concat();
+                (
+                    format!(
+                        "{name} = conv({x}, w{k}{bias}) {{strides = [{}], pads = [{}], dilations = [{}], groups = {groups}}}",
+                        list(&strides),
+                        list(&pads),
+                        list(&dil)
+                    ),
+                    [vec![xs[0], m], out].concat(),
+                )
+            }
+            // max_pool / avg_pool: pads below the kernel (no window of padding alone),
+            // dilation only unpadded, ceil_mode and count_include_pad both ways.
+            21 if (3..=4).contains(&xs.len()) && xs.iter().all(|&d| d > 0) => {
+                let max = arg & 1 == 1;
+                let ceil = arg & 2 != 0;
+                let (mut kernel, mut strides, mut dil, mut begin, mut end, mut out) =
+                    (vec![], vec![], vec![], vec![], vec![], vec![]);
+                for (d, &n) in xs[2..].iter().enumerate() {
+                    let bits = (arg as usize >> (2 + d)) ^ (b as usize >> (2 * d));
+                    let ks = 1 + bits % 3.min(n);
+                    let (pb, pe) = ((bits >> 2) % ks, (bits >> 3) % ks);
+                    let dl = if pb + pe == 0 && ks > 1 && (ks - 1) * 2 < n { 1 + (bits >> 4) % 2 } else { 1 };
+                    let st = 1 + (bits >> 5) % 2;
+                    let (padded, span) = (n + pb + pe, (ks - 1) * dl + 1);
+                    let mut o = (padded - span) / st + 1;
+                    if ceil && (padded - span) % st != 0 {
+                        o += 1;
+                        if (o - 1) * st >= n + pb {
+                            o -= 1;
+                        }
+                    }
+                    out.push(o);
+                    kernel.push(ks);
+                    strides.push(st);
+                    dil.push(dl);
+                    begin.push(pb);
+                    end.push(pe);
+                }
+                let list = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(", ");
+                let pads = [begin, end].concat();
+                let (op, extra) = if max {
+                    ("max_pool", String::new())
+                } else {
+                    ("avg_pool", format!(", count_include_pad = {}", b & 1 == 1))
+                };
+                (
+                    format!(
+                        "{name} = {op}({x}) {{kernel = [{}], strides = [{}], pads = [{}], dilations = [{}], ceil_mode = {ceil}{extra}}}",
+                        list(&kernel),
+                        list(&strides),
+                        list(&pads),
+                        list(&dil)
+                    ),
+                    [xs[..2].to_vec(), out].concat(),
+                )
+            }
+            // pad in every mode, with crops (negative pads) where the dim allows them.
+            22 if !xs.is_empty() => {
+                let mode = ["constant", "reflect", "edge", "wrap"][arg as usize % 4];
+                let r = xs.len();
+                let mut pads = vec![0i64; 2 * r];
+                let mut s = xs.clone();
+                for d in 0..r {
+                    let bits = (b as usize >> d) ^ (arg as usize >> (2 + d));
+                    let (mut pb, mut pe) = ((bits % 4) as i64 - 1, ((bits >> 2) % 4) as i64 - 1);
+                    if xs[d] == 0 && mode != "constant" {
+                        (pb, pe) = (0, 0);
+                    }
+                    pb = pb.max(-(xs[d] as i64));
+                    pe = pe.max(-(xs[d] as i64) - pb);
+                    (pads[d], pads[r + d]) = (pb, pe);
+                    s[d] = (xs[d] as i64 + pb + pe) as usize;
+                }
+                let list: Vec<String> = pads.iter().map(i64::to_string).collect();
+                let value = (arg as f64 * 0.37).sin();
+                (
+                    format!(
+                        "{name} = pad({x}) {{pads = [{}], mode = \"{mode}\", value = {value:.3}}}",
+                        list.join(", ")
+                    ),
+                    s,
+                )
             }
             _ => (format!("{name} = relu({x})"), xs.clone()),
         };

@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::common::{compare_expected, input_args, meshc, scratch};
+use meshc_ir::Tensor;
 
 fn models() -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir("testdata/onnx")
@@ -106,6 +107,46 @@ fn imported_graphs_keep_onnx_names_fold_shapes_and_name_dims() {
     ] {
         assert!(text.contains(want), "no '{want}' in\n{text}");
     }
+}
+
+/// The importer writes each BatchNormalization as a per-channel mul and add; compile folds
+/// the pair into the conv before it: new weights and biases, computed by the fold pass.
+#[test]
+fn batch_norms_fold_into_their_convs() {
+    let tmp = scratch("onnx-bn-fold");
+    let art = tmp.join("resnet.mshc").display().to_string();
+    let model = "testdata/onnx/resnet_block/model.onnx";
+    let run = meshc(&["compile", model, "--dim", "batch=2", "-o", &art, "--dump-after", "fold"]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    let dump = run.stdout;
+    for conv in ["conv1", "layer1.0.conv1", "layer1.0.conv2"] {
+        let want = format!("{conv}_Conv_output_0.bn_weight = mul({conv}.weight, ");
+        assert!(dump.contains(&want), "no '{want}' in\n{dump}");
+    }
+    let run = meshc(&["compile", model, "--dim", "batch=2", "-o", &art, "--dump-after", "fuse"]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    assert!(!run.stdout.contains("scaled"), "a batch norm's mul was left:\n{}", run.stdout);
+}
+
+/// `--const` fixes an input that must be known at import time; it must name an input and
+/// agree with its dtype.
+#[test]
+fn consts_fix_inputs_at_import() {
+    let tmp = scratch("onnx-const");
+    let x = tmp.join("x.npy");
+    Tensor::f32(vec![4, 16], vec![0.5; 64]).write_npy(&x).unwrap();
+    let model = "testdata/onnx/mlp/model.onnx";
+    let run = meshc(&["check", model, "--const", &format!("x={}", x.display())]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    assert!(!run.stdout.contains("input x"), "x is still an input:\n{}", run.stdout);
+    let run = meshc(&["check", model, "--dim", "batch=4", "--const", &format!("nope={}", x.display())]);
+    assert_eq!(run.status, Some(1), "{run:?}");
+    assert!(run.stderr.contains("--const nope: the model has no input 'nope'"), "{}", run.stderr);
+    let i = tmp.join("i.npy");
+    Tensor::new(vec![4, 16], meshc_ir::Data::I64(vec![1; 64])).write_npy(&i).unwrap();
+    let run = meshc(&["check", model, "--dim", "batch=4", "--const", &format!("x={}", i.display())]);
+    assert_eq!(run.status, Some(1), "{run:?}");
+    assert!(run.stderr.contains("--const x: the value is i64, the input f32"), "{}", run.stderr);
 }
 
 #[test]
