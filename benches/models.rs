@@ -84,18 +84,11 @@ fn anchor(python: &Path, args: &[String]) -> Result<Anchor, String> {
     })
 }
 
-/// Median seconds per run of `l` on `inputs` over `runs` runs (after one warm-up), and the
-/// last run's outputs.
-fn time_runs(l: &Loaded, inputs: &HashMap<String, Tensor>, runs: usize) -> (f64, BTreeMap<String, Tensor>) {
-    let mut out = l.run(inputs).unwrap();
-    let t = (0..runs)
-        .map(|_| {
-            let s = Instant::now();
-            out = l.run(inputs).unwrap();
-            s.elapsed().as_secs_f64()
-        })
-        .collect();
-    (median(t), out)
+/// Seconds of one run of `l` on `inputs`.
+fn time_run(l: &Loaded, inputs: &HashMap<String, Tensor>) -> f64 {
+    let s = Instant::now();
+    l.run(inputs).unwrap();
+    s.elapsed().as_secs_f64()
 }
 
 /// Flops of one encoder run on `b` × `s` tokens: its six GEMMs per layer and attention's two
@@ -183,13 +176,16 @@ fn encoder_case(dir: &Path, (b, s): (usize, usize), anchors: &Anchors) {
     let probe = Instant::now();
     l.run(&inputs).unwrap();
     let runs = runs_for(probe.elapsed().as_secs_f64());
-    let mut meshc = Vec::new();
-    for threads in [1, 2] {
-        l.set_threads(threads);
-        let (t, out) = time_runs(&l, &inputs, runs);
-        out.values().next().unwrap().write_npy(&dir.join("y.npy")).unwrap();
-        meshc.push(t);
+    // 1 and 2 threads alternate, so that both see the same load from the rest of the machine.
+    let mut times = [Vec::new(), Vec::new()];
+    for _ in 0..runs {
+        for (threads, t) in [1, 2].into_iter().zip(&mut times) {
+            l.set_threads(threads);
+            t.push(time_run(&l, &inputs));
+        }
     }
+    l.run(&inputs).unwrap().values().next().unwrap().write_npy(&dir.join("y.npy")).unwrap();
+    let meshc = times.map(median);
     let row = |name: &str, ms: f64, vs: &str| {
         println!("  {name:<22} {ms:>9.3} ms {:>8.1} GFLOP/s  {vs}", flops / ms / 1e6);
     };
@@ -241,13 +237,20 @@ fn encoder_case(dir: &Path, (b, s): (usize, usize), anchors: &Anchors) {
     );
 }
 
-/// Microseconds of one fork/join as the runner does it to split a step over two cores
-/// (`rayon::in_place_scope`, one part spawned onto the pool, one run here), with no work:
-/// back to back (the pool's thread still awake), and after a 200 µs pause of this thread
-/// (the pool's thread gone to sleep, as between steps that do not split).
+/// Microseconds of one fork/join of a step over two cores with no work: the runner's
+/// (`meshc_runtime::pool::split`, two parts) and a rayon scope entered from outside its pool
+/// (one part spawned, one run here: how the runner split a step before), back to back
+/// and after a 200 µs pause of this thread (the pool's thread gone idle, as between steps
+/// that do not split).
 fn fork_join_cost() {
-    let fork = || rayon::in_place_scope(|s| s.spawn(|_| std::hint::black_box(())));
-    let time = |pause: Option<Duration>| {
+    let pool = || {
+        meshc_runtime::pool::split(2, &|p| {
+            std::hint::black_box(p);
+        })
+    };
+    let rayon = || rayon::in_place_scope(|s| s.spawn(|_| std::hint::black_box(())));
+    let time = |fork: &dyn Fn(), pause: Option<Duration>| {
+        fork();
         let t = (0..2000)
             .map(|_| {
                 if let Some(p) = pause {
@@ -263,12 +266,11 @@ fn fork_join_cost() {
             .collect();
         median(t) * 1e6
     };
-    fork();
-    println!(
-        "\n## fork/join of a step over 2 cores, no work: {:.1} µs back to back, {:.1} µs after 200 µs apart (median of 2000)",
-        time(None),
-        time(Some(Duration::from_micros(200)))
-    );
+    println!("\n## fork/join of a step over 2 cores, no work (µs, median of 2000)");
+    for (label, fork) in [("meshc pool", &pool as &dyn Fn()), ("rayon scope", &rayon)] {
+        let pause = Some(Duration::from_micros(200));
+        println!("  {label:<22} {:>6.1} back to back {:>6.1} 200 µs apart", time(fork, None), time(fork, pause));
+    }
 }
 
 /// The mesh bench's MLP on the 2×4 mesh against XLA on the same machine.
@@ -280,7 +282,7 @@ fn mlp_case(anchors: &Anchors) {
     let probe = Instant::now();
     l.run(&x).unwrap();
     let runs = runs_for(probe.elapsed().as_secs_f64());
-    let (t, _) = time_runs(&l, &x, runs);
+    let t = median((0..runs).map(|_| time_run(&l, &x)).collect());
     println!("\n## MLP [{B},{D}]·[{D},{H}] → relu → ·[{H},{D}], {:.2} GFLOP per run, median of {runs}", flops / 1e9);
     println!("  {:<22} {:>9.3} ms {:>8.1} GFLOP/s", "meshc 2x4 mesh", t * 1e3, flops / t / 1e9);
     let Some(python) = &anchors.xla else {
