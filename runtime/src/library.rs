@@ -20,6 +20,11 @@
 //!
 //! (numpy 2.4 / OpenBLAS 0.3.31 `a @ b` on the same machine: ~120 on 1 thread, ~236 on 2 at
 //! n = 2048.)
+//!
+//! Products of at most `small_m::MAX_M` rows take `small_m` instead (on AVX-512 CPUs): the
+//! gemm crate's threads split blocks of rows, and a short product is a single block, so it
+//! ran on one core however many it was given. Longer ones are split by rows over
+//! `crate::pool`, each part a single-threaded gemm call.
 
 use anyhow::{bail, Result};
 use meshc_ir::{DType, TensorType};
@@ -338,6 +343,25 @@ mod tests {
             let mut out = vec![f32::NAN; want.numel()];
             general(x, y, &mut out, &s, threads);
             assert_close(&out, want.as_f32().unwrap(), &format!("{what}, general path"));
+        }
+    }
+
+    /// The thread count does not change a bit of the result (README: `--threads`): every
+    /// row of a split general GEMM, and every strip of a small-M one, is computed as alone.
+    #[test]
+    fn threads_do_not_change_the_bits() {
+        for (a_shape, b_shape) in [(&[700usize, 300][..], &[300usize, 70][..]), (&[2, 13, 384], &[384, 100])] {
+            let (a, b, want) = oracle(a_shape, b_shape, 5);
+            let (x, y) = (a.as_f32().unwrap(), b.as_f32().unwrap());
+            let run = |threads| {
+                let mut out = vec![f32::NAN; want.numel()];
+                matmul(x, y, &mut out, a_shape, b_shape, &want.shape, Threads::Exactly(threads)).unwrap();
+                out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+            };
+            let one = run(1);
+            for threads in [2, 3] {
+                assert!(run(threads) == one, "{a_shape:?} @ {b_shape:?}: {threads} threads differ from 1");
+            }
         }
     }
 

@@ -20,6 +20,9 @@ use std::time::{Duration, Instant};
 /// steps of a run (an unsplit kernel or two), short enough not to hold a core between runs.
 const SPIN: Duration = Duration::from_micros(300);
 
+/// How long a spin stays busy before it yields between polls.
+const YIELD_AFTER: Duration = Duration::from_micros(20);
+
 /// Parts per thread a step splits into where its work divides finely (the GEMMs): a part a
 /// worker has claimed and then been descheduled from (a machine busy with other jobs) holds
 /// up the whole step, and smaller parts bound that wait; the others are claimed by whoever
@@ -99,15 +102,26 @@ fn pool() -> &'static Pool {
     })
 }
 
+/// One round of a spin that began at `start`: busy at first, then yielding the core, so
+/// that on a machine with more runnable threads than cores the spinner lets the thread it
+/// waits for (or another job) run instead of burning its time slice.
+fn pause(start: Instant) {
+    if start.elapsed() < YIELD_AFTER {
+        for _ in 0..64 {
+            std::hint::spin_loop();
+        }
+    } else {
+        std::thread::yield_now();
+    }
+}
+
 fn worker(pool: &'static Pool) {
     let mut seen = 0u64;
     loop {
         // Spin for a new epoch, then sleep for one.
         let start = Instant::now();
         while pool.epoch.load(Ordering::Acquire) as u64 == seen && start.elapsed() < SPIN {
-            for _ in 0..64 {
-                std::hint::spin_loop();
-            }
+            pause(start);
         }
         let mut slot = pool.slot.lock().unwrap_or_else(|e| e.into_inner());
         while slot.epoch == seen {
@@ -163,8 +177,9 @@ impl Drop for Finish {
     fn drop(&mut self) {
         let pool = self.0;
         pool.slot.lock().unwrap_or_else(|e| e.into_inner()).job = None;
+        let start = Instant::now();
         while pool.active.load(Ordering::Acquire) > 0 {
-            std::hint::spin_loop();
+            pause(start);
         }
         pool.busy.store(false, Ordering::Release);
     }
