@@ -4,46 +4,13 @@
 //! (inputs scattered, outputs gathered). GFLOP/s counts 4·B·D·H. Medians of N runs, both
 //! measured in this one run. `MESH_BENCH_RUNS` sets N (default 20).
 
-use std::collections::HashMap;
+mod common;
+
 use std::time::Instant;
 
-use meshc::compile::{Compiled, Options};
-use meshc::driver;
-use meshc::dumps::Dumps;
-
-use meshc::layout;
-use meshc_ir::{params, text, verify, Data, Tensor};
-
-const B: usize = 512;
-const D: usize = 1024;
-const H: usize = 4096;
-
-const GRAPH: &str = "graph mlp_bench {
-  input x: f32[512,1024] dims(batch, embed)
-  param w1: f32[1024,4096] dims(embed, hidden) = init normal{seed = 1, std = 0.02}
-  param w2: f32[4096,1024] dims(hidden, embed) = init normal{seed = 2, std = 0.02}
-  h = matmul(x, w1)
-  a = relu(h)
-  y = matmul(a, w2)
-  output y
-}";
-
-const SPEC_2X4: &str = r#"{"format": "meshc-layout/1",
-  "mesh": {"shape": [2, 4], "axes": ["data", "model"], "topology": "torus"},
-  "rules": {"batch": "data", "hidden": "model"}}"#;
-
-fn build(spec: Option<&str>) -> Compiled {
-    let g = text::parse(GRAPH).expect("bench graph parses");
-    let info = verify::verify(&g).expect("bench graph verifies");
-    let values = params::load_all(&g, std::path::Path::new(".")).expect("init params");
-    let spec = spec.map(|s| layout::parse(s, "bench-spec").expect("bench spec parses"));
-    driver::build(&g, &info, spec.as_ref(), &values, &Options::default(), &Dumps::default(), None).expect("compiles")
-}
-
-fn input() -> HashMap<String, Tensor> {
-    let v = (0..B * D).map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0).collect();
-    HashMap::from([("x".to_string(), Tensor::new(vec![B, D], Data::F32(v)))])
-}
+use common::mlp::{build, input, B, D, H, SPEC_2X4};
+use meshc::compile::Compiled;
+use meshc_ir::Tensor;
 
 /// Median seconds per run, and the outputs of the last run.
 fn time(c: Compiled, runs: usize) -> (f64, Tensor) {

@@ -4,6 +4,9 @@
 
 #![allow(dead_code)] // each bench uses its own subset
 
+pub mod encoder;
+pub mod mlp;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Instant;

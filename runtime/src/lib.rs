@@ -5,12 +5,13 @@
 //! Modules, from the bottom up: `abi` (kernel signature, CPU features, executable memory),
 //! `mesh` (the device mesh and layouts), `program` (what the artifact's program and meta
 //! sections hold), `artifact` (the container: sections, checksums, mapping), `mask` (pruning
-//! mask records), `matmul_shape` and `library` (the library GEMM), `degraded` (the
+//! mask records), `matmul_shape`, `library` and `small_m` (the library GEMM), `pool` (the
+//! fork/join of a step over the cores), `degraded` (the
 //! fault-tolerant collective planner), `exchange` (send/recv), `fabric` (collectives over
 //! the simulated mesh), `runner` (validation and execution), `loader` (artifact to runner),
 //! `trace` and `inspect` (reports), `cli` (the run command shared by both binaries);
 //! `transport` (the seam between hosts, one process each) and `mpi` (the MPI transport,
-//! cargo feature `mpi`).
+//! cargo feature `mpi`); `steps` (training runs: state kept resident across steps).
 
 pub mod abi;
 pub mod artifact;
@@ -30,9 +31,11 @@ pub mod mesh;
 pub mod mpi;
 pub mod order;
 pub mod output;
+pub mod pool;
 pub mod program;
 pub mod runner;
 pub mod signature;
+pub mod small_m;
 pub mod steps;
 pub mod sync;
 pub mod trace;

@@ -20,6 +20,11 @@
 //!
 //! (numpy 2.4 / OpenBLAS 0.3.31 `a @ b` on the same machine: ~120 on 1 thread, ~236 on 2 at
 //! n = 2048.)
+//!
+//! Products of at most `small_m::MAX_M` rows take `small_m` instead (on AVX-512 CPUs): the
+//! gemm crate's threads split blocks of rows, and a short product is a single block, so it
+//! ran on one core however many it was given. Longer ones are split by rows over
+//! `crate::pool`, each part a single-threaded gemm call.
 
 use anyhow::{bail, Result};
 use meshc_ir::{DType, TensorType};
@@ -27,6 +32,7 @@ use meshc_ir::{DType, TensorType};
 use crate::mask::Mask;
 use crate::matmul_shape::MatmulShape;
 use crate::program::Elem;
+use crate::small_m;
 
 /// Multiply-adds per matrix below which a second thread costs more than it saves (from
 /// `cargo bench --bench gemm`: 128×128×128 runs in ~40 µs on 1 or 2 threads alike,
@@ -51,7 +57,25 @@ impl Threads {
             Threads::UpTo(_) => 1,
         }
     }
+
+    /// The threads for a small-M product (`small_m`) of `macs` multiply-adds: its fork is
+    /// one rayon scope, cheaper than the general GEMM's.
+    fn pick_small_m(self, macs: usize) -> usize {
+        match self {
+            Threads::Exactly(n) => n.max(1),
+            Threads::UpTo(n) if macs >= SMALL_M_PARALLEL_MIN_MACS => n.max(1),
+            Threads::UpTo(_) => 1,
+        }
+    }
 }
+
+/// Multiply-adds of a small-M product below which its second thread costs more than it
+/// saves.
+const SMALL_M_PARALLEL_MIN_MACS: usize = 1 << 18;
+
+/// Rows of a part of a split general GEMM, at least (but for a product with fewer rows
+/// than threads × this): fewer rows than the kernel's blocking waste its tiles.
+const MIN_PART_ROWS: usize = 128;
 
 /// `out = a @ b` (numpy `matmul`, f32, batch dims broadcast) on `threads`.
 pub fn matmul(
@@ -65,16 +89,44 @@ pub fn matmul(
 ) -> Result<()> {
     check_lengths([a.len(), b.len(), out.len()], a_shape, b_shape, out_shape)?;
     let s = MatmulShape::new(a_shape, b_shape, out_shape)?;
-    let threads = threads.pick(s.k.saturating_mul(out_shape.iter().product()));
-    let parallelism = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
-    let (m, k, n) = (s.m, s.k, s.n);
-    for (ao, bo, oo) in s.batch_offsets() {
-        let (a, b, c) = (&a[ao..ao + m * k], &b[bo..bo + k * n], &mut out[oo..oo + m * n]);
-        // SAFETY: the three slices hold exactly the m×k, k×n and m×n row-major matrices the
-        // strides describe (lengths checked above), and `c` does not alias `a` or `b`.
-        unsafe { gemm_rows((m, n, k), (c.as_mut_ptr(), n), (a.as_ptr(), k), (b.as_ptr(), n), false, parallelism) };
+    let macs = s.k.saturating_mul(out_shape.iter().product());
+    if small_m::serves(s.m) {
+        small_m::matmul(a, b, out, &s, threads.pick_small_m(macs));
+    } else {
+        general(a, b, out, &s, threads.pick(macs));
     }
     Ok(())
+}
+
+/// `out = a @ b` for the plan `s` by the gemm crate on `threads` cores; the caller checked
+/// the slices' lengths against the shapes.
+fn general(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, threads: usize) {
+    let (m, k, n) = (s.m, s.k, s.n);
+    let batches = s.batch_offsets();
+    for &(ao, bo, oo) in &batches {
+        assert!(ao + m * k <= a.len() && bo + k * n <= b.len() && oo + m * n <= out.len());
+    }
+    // The cores split the rows of every matrix, each part running the GEMM on its rows on
+    // the pool (`crate::pool`, whose fork/join costs no system call): a part packs `b` for
+    // itself, k·n against the (≥ MIN_PART_ROWS)·k·n multiply-adds of its rows. (The gemm
+    // crate's own threading splits blocks of rows too, but not fewer than its block, so a
+    // short product ran on one core whatever it was given.)
+    let parts =
+        if threads > 1 { (crate::pool::PARTS_PER_THREAD * threads).min(m / MIN_PART_ROWS).max(threads) } else { 1 };
+    let parts = parts.min(m.max(1));
+    let (a, b, c) = (a.as_ptr() as usize, b.as_ptr() as usize, out.as_mut_ptr() as usize);
+    crate::pool::split(parts, &|p| {
+        let (r0, r1) = (m * p / parts, m * (p + 1) / parts);
+        for &(ao, bo, oo) in &batches {
+            // SAFETY: rows r0..r1 of whole matrices inside the slices (asserted above), `c`
+            // aliases neither operand, and the parts write disjoint rows.
+            unsafe {
+                let (a, b, c) =
+                    ((a as *const f32).add(ao + r0 * k), (b as *const f32).add(bo), (c as *mut f32).add(oo + r0 * n));
+                gemm_rows((r1 - r0, n, k), (c, n), (a, k), (b, n), false, gemm::Parallelism::None);
+            }
+        }
+    });
 }
 
 /// `c = a @ b`, or `c += a @ b` with `accumulate`, for row-major matrices given by their
@@ -277,13 +329,39 @@ mod tests {
     use super::*;
     use crate::matmul_shape::testing::{assert_close, oracle};
 
+    /// `matmul` (which picks the path) and the general GEMM path itself (which the small-M
+    /// path takes most of these shapes from; `small_m` has its own tests), on 1 to 3 threads.
     fn check(a_shape: &[usize], b_shape: &[usize]) {
         let (a, b, want) = oracle(a_shape, b_shape, 11);
-        for threads in [1, 2] {
+        let (x, y) = (a.as_f32().unwrap(), b.as_f32().unwrap());
+        let s = MatmulShape::new(a_shape, b_shape, &want.shape).unwrap();
+        for threads in [1, 2, 3] {
+            let what = format!("{a_shape:?} @ {b_shape:?}, {threads} threads");
             let mut out = vec![f32::NAN; want.numel()];
-            let (x, y) = (a.as_f32().unwrap(), b.as_f32().unwrap());
             matmul(x, y, &mut out, a_shape, b_shape, &want.shape, Threads::Exactly(threads)).unwrap();
-            assert_close(&out, want.as_f32().unwrap(), &format!("{a_shape:?} @ {b_shape:?}, {threads} threads"));
+            assert_close(&out, want.as_f32().unwrap(), &what);
+            let mut out = vec![f32::NAN; want.numel()];
+            general(x, y, &mut out, &s, threads);
+            assert_close(&out, want.as_f32().unwrap(), &format!("{what}, general path"));
+        }
+    }
+
+    /// The thread count does not change a bit of the result (README: `--threads`): every
+    /// row of a split general GEMM, and every strip of a small-M one, is computed as alone.
+    #[test]
+    fn threads_do_not_change_the_bits() {
+        for (a_shape, b_shape) in [(&[700usize, 300][..], &[300usize, 70][..]), (&[2, 13, 384], &[384, 100])] {
+            let (a, b, want) = oracle(a_shape, b_shape, 5);
+            let (x, y) = (a.as_f32().unwrap(), b.as_f32().unwrap());
+            let run = |threads| {
+                let mut out = vec![f32::NAN; want.numel()];
+                matmul(x, y, &mut out, a_shape, b_shape, &want.shape, Threads::Exactly(threads)).unwrap();
+                out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+            };
+            let one = run(1);
+            for threads in [2, 3] {
+                assert!(run(threads) == one, "{a_shape:?} @ {b_shape:?}: {threads} threads differ from 1");
+            }
         }
     }
 
@@ -327,6 +405,8 @@ mod tests {
             (&[7, 13], &[13, 5]),
             (&[65, 33], &[33, 129]),
             (&[150, 300], &[300, 70]),
+            (&[700, 20], &[20, 9]),
+            (&[3, 300, 8], &[8, 40]),
             (&[1], &[1]),
             (&[17], &[17, 3]),
             (&[4, 17], &[17]),
