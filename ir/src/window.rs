@@ -9,13 +9,22 @@
 
 use crate::attr::Attr;
 use crate::graph::Node;
-use crate::infer::{attr_int, attr_ints};
 use crate::tensor::{Data, Tensor};
 
 type R<T> = std::result::Result<T, String>;
 
-/// The modes of `pad`.
-pub const PAD_MODES: &[&str] = &["constant", "reflect", "edge", "wrap"];
+// Attribute readers of their own (`infer` builds on this module, not the other way).
+fn attr_ints(node: &Node, name: &str) -> Option<Vec<i64>> {
+    node.attrs.get(name).and_then(Attr::as_ints)
+}
+
+fn attr_int(node: &Node, name: &str, default: i64) -> i64 {
+    node.attrs.get(name).and_then(Attr::as_int).unwrap_or(default)
+}
+
+fn attr_str<'a>(node: &'a Node, name: &str, default: &'a str) -> &'a str {
+    node.attrs.get(name).and_then(Attr::as_str).unwrap_or(default)
+}
 
 /// Where one window tap lands along one spatial dim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -184,7 +193,7 @@ pub fn pad_shape(node: &Node, x: &[usize]) -> R<(Vec<i64>, Vec<usize>)> {
             usize::try_from(n).map_err(|_| format!("pads crop dim {d} (size {}) below zero", x[d]))
         })
         .collect::<R<Vec<_>>>()?;
-    let mode = crate::infer::attr_str(node, "mode", "constant");
+    let mode = attr_str(node, "mode", "constant");
     if mode != "constant" {
         if let Some(d) = (0..x.len()).find(|&d| x[d] == 0 && shape[d] > 0) {
             return Err(format!("{mode} padding of dim {d} of size 0 has nothing to copy"));
@@ -288,7 +297,7 @@ pub fn pool(node: &Node, x: &Tensor, max: bool) -> R<Tensor> {
 /// pad, any dtype; `value` (converted to the dtype) fills the constant mode.
 pub fn pad(node: &Node, x: &Tensor) -> R<Tensor> {
     let (pads, shape) = pad_shape(node, &x.shape)?;
-    let mode = crate::infer::attr_str(node, "mode", "constant");
+    let mode = attr_str(node, "mode", "constant");
     let value = node.attrs.get("value").and_then(Attr::as_float).unwrap_or(0.0);
     let r = x.shape.len();
     let maps: Vec<Vec<Option<usize>>> =

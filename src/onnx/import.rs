@@ -163,7 +163,8 @@ fn node(b: &mut Builder, n: &NodeProto, opset: i64, values: &mut HashMap<String,
         })
         .collect::<R<Vec<_>>>()?;
     let ctx = Ctx { node: n, args, opset, out };
-    let results = ops::lower(b, &ctx).map_err(fail)?;
+    let op_type = ctx.node.op_type.as_deref().unwrap_or("");
+    let results = super::nn::lower(b, &ctx, op_type).unwrap_or_else(|| ops::lower(b, &ctx)).map_err(fail)?;
     for (name, v) in n.output.iter().zip(results).filter(|(name, _)| !name.is_empty()) {
         values.insert(name.clone(), v);
     }

@@ -9,6 +9,7 @@ pub mod proto;
 
 mod builder;
 mod import;
+mod nn;
 mod ops;
 mod tensors;
 

@@ -7,8 +7,6 @@
 use meshc_ir::infer::{broadcast_shapes, norm_axis};
 use meshc_ir::{Attr, DType, Data, Op, Tensor};
 
-mod nn;
-
 use super::builder::{Builder, Value};
 use super::proto::{AttributeProto, NodeProto};
 use super::tensors;
@@ -24,36 +22,36 @@ pub struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    fn attr(&self, name: &str) -> Option<&AttributeProto> {
+    pub(super) fn attr(&self, name: &str) -> Option<&AttributeProto> {
         self.node.attribute.iter().find(|a| a.name.as_deref() == Some(name))
     }
 
-    fn int(&self, name: &str, default: i64) -> i64 {
+    pub(super) fn int(&self, name: &str, default: i64) -> i64 {
         self.attr(name).and_then(|a| a.i).unwrap_or(default)
     }
 
-    fn float(&self, name: &str, default: f32) -> f32 {
+    pub(super) fn float(&self, name: &str, default: f32) -> f32 {
         self.attr(name).and_then(|a| a.f).unwrap_or(default)
     }
 
-    fn ints(&self, name: &str) -> Option<Vec<i64>> {
+    pub(super) fn ints(&self, name: &str) -> Option<Vec<i64>> {
         self.attr(name).map(|a| a.ints.clone())
     }
 
-    fn string(&self, name: &str, default: &str) -> String {
+    pub(super) fn string(&self, name: &str, default: &str) -> String {
         self.attr(name).and_then(|a| a.s.as_ref()).map_or(default.to_string(), |s| String::from_utf8_lossy(s).into())
     }
 
-    fn opt(&self, i: usize) -> Option<&Value> {
+    pub(super) fn opt(&self, i: usize) -> Option<&Value> {
         self.args.get(i).and_then(Option::as_ref)
     }
 
-    fn arg(&self, i: usize) -> R<&Value> {
+    pub(super) fn arg(&self, i: usize) -> R<&Value> {
         self.opt(i).ok_or_else(|| format!("input {i} is missing"))
     }
 
     /// Input `i` as integers, which meshc needs at import time (a shape, axes, bounds).
-    fn const_ints(&self, i: usize) -> R<Vec<i64>> {
+    pub(super) fn const_ints(&self, i: usize) -> R<Vec<i64>> {
         let v = self.arg(i)?;
         let t = v.as_const().ok_or_else(|| {
             format!("input {i} must be known at import time (computed from shapes and constants only)")
@@ -67,7 +65,7 @@ impl Ctx<'_> {
 
     /// Input `i` if given (`None` when absent or empty), else attribute `name` (opsets before
     /// the attribute became an input).
-    fn ints_input_or_attr(&self, i: usize, name: &str) -> R<Option<Vec<i64>>> {
+    pub(super) fn ints_input_or_attr(&self, i: usize, name: &str) -> R<Option<Vec<i64>>> {
         match self.opt(i) {
             Some(_) => self.const_ints(i).map(Some),
             None => Ok(self.ints(name)),
@@ -75,12 +73,12 @@ impl Ctx<'_> {
     }
 
     /// The name of helper node `what` of this ONNX node.
-    fn part(&self, what: &str) -> String {
+    pub(super) fn part(&self, what: &str) -> String {
         format!("{}.{what}", self.out)
     }
 }
 
-fn scalar(dtype: DType, v: f64) -> Value {
+pub(super) fn scalar(dtype: DType, v: f64) -> Value {
     Value::computed(Tensor::new(vec![], Data::from_f64(dtype, [v])))
 }
 
@@ -165,7 +163,7 @@ pub const SUPPORTED: &[&str] = &[
     "Transpose",
     "Unsqueeze",
     "Where",
-    // CNN and data movement (ops/nn.rs).
+    // CNN and data movement (nn.rs).
     "AveragePool",
     "BatchNormalization",
     "Conv",
@@ -193,9 +191,6 @@ pub fn lower(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
     }
     if let Some(op) = binary(op_type) {
         return nary(b, c, op);
-    }
-    if let Some(r) = nn::lower(b, c, op_type) {
-        return r;
     }
     match op_type {
         "Identity" => one(c.arg(0)?.clone()),
@@ -393,14 +388,14 @@ fn nary_named(b: &mut Builder, c: &Ctx, op: Op, last: &str) -> R<Vec<Value>> {
     Ok(vec![acc])
 }
 
-fn cast(b: &mut Builder, x: &Value, to: DType, name: &str) -> R<Value> {
+pub(super) fn cast(b: &mut Builder, x: &Value, to: DType, name: &str) -> R<Value> {
     if b.ty(x).dtype == to {
         return Ok(x.clone());
     }
     b.node(name, Op::Cast, &[x], &[("to", Attr::Str(to.name().into()))])
 }
 
-fn reshape(b: &mut Builder, x: &Value, target: &[i64], name: &str) -> R<Value> {
+pub(super) fn reshape(b: &mut Builder, x: &Value, target: &[i64], name: &str) -> R<Value> {
     let shape: Vec<i64> = b.ty(x).shape.iter().map(|&d| d as i64).collect();
     if shape == target {
         return Ok(x.clone());

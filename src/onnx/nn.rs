@@ -10,7 +10,8 @@
 use meshc_ir::infer::norm_axis;
 use meshc_ir::{Attr, DType, Data, Op, Tensor};
 
-use super::{cast, reshape, scalar, Builder, Ctx, Value, R};
+use super::builder::{Builder, Value};
+use super::ops::{cast, reshape, scalar, Ctx, R};
 
 /// The values of the node's outputs, or `None` when `op_type` is not one of this module's.
 pub fn lower(b: &mut Builder, c: &Ctx, op_type: &str) -> Option<R<Vec<Value>>> {
