@@ -99,7 +99,7 @@ impl Window {
                 }
                 let s = self.strides[d];
                 let mut n = (padded - span) / s + 1;
-                if self.ceil_mode && (padded - span) % s != 0 {
+                if self.ceil_mode && !(padded - span).is_multiple_of(s) {
                     n += 1;
                     if (n - 1) * s >= input[d] + self.begin[d] {
                         n -= 1;
@@ -172,7 +172,7 @@ pub fn conv_window(node: &Node, x: &[usize], w: &[usize]) -> R<(Window, usize)> 
     }
     let groups =
         usize::try_from(attr_int(node, "groups", 1)).ok().filter(|&g| g > 0).ok_or("'groups' must be positive")?;
-    if x[1] % groups != 0 || w[0] % groups != 0 || w[1] * groups != x[1] {
+    if !x[1].is_multiple_of(groups) || !w[0].is_multiple_of(groups) || w[1] * groups != x[1] {
         return Err(format!(
             "groups = {groups} needs C = {} and M = {} divisible by it and a weight with C/groups input channels, found {}",
             x[1], w[0], w[1]
