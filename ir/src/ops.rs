@@ -115,6 +115,16 @@ pub const REDUCE_KINDS: &[&str] = &["sum", "max", "mean"];
 /// How a send/recv pair moves its data (chosen by the send/recv pass, see meshc's `program::Protocol`).
 pub const PROTOCOLS: &[&str] = &["move", "copy", "remote"];
 pub const GELU_APPROX: &[&str] = &["none", "tanh"];
+/// The modes of `pad` (`window` gives their meaning).
+pub const PAD_MODES: &[&str] = &["constant", "reflect", "edge", "wrap"];
+const POOL_ATTRS: &[AttrSpec] = &[
+    req("kernel", AttrKind::Ints),
+    opt("strides", AttrKind::Ints),
+    opt("pads", AttrKind::Ints),
+    opt("dilations", AttrKind::Ints),
+    opt("ceil_mode", AttrKind::Bool),
+    opt("count_include_pad", AttrKind::Bool),
+];
 
 impl Op {
     pub fn from_name(s: &str) -> Option<Op> {
@@ -211,32 +221,10 @@ impl Op {
             Conv => {
                 const { &[opt("strides", K::Ints), opt("pads", K::Ints), opt("dilations", K::Ints), opt("groups", K::Int)] }
             }
-            MaxPool => {
-                const {
-                    &[
-                        req("kernel", K::Ints),
-                        opt("strides", K::Ints),
-                        opt("pads", K::Ints),
-                        opt("dilations", K::Ints),
-                        opt("ceil_mode", K::Bool),
-                    ]
-                }
-            }
-            AvgPool => {
-                const {
-                    &[
-                        req("kernel", K::Ints),
-                        opt("strides", K::Ints),
-                        opt("pads", K::Ints),
-                        opt("dilations", K::Ints),
-                        opt("ceil_mode", K::Bool),
-                        opt("count_include_pad", K::Bool),
-                    ]
-                }
-            }
-            Pad => {
-                const { &[req("pads", K::Ints), opt("mode", K::Enum(crate::window::PAD_MODES)), opt("value", K::Float)] }
-            }
+            // max_pool takes all but the last (count_include_pad).
+            MaxPool => &POOL_ATTRS[..POOL_ATTRS.len() - 1],
+            AvgPool => POOL_ATTRS,
+            Pad => const { &[req("pads", K::Ints), opt("mode", K::Enum(PAD_MODES)), opt("value", K::Float)] },
             _ => &[],
         }
     }

@@ -9,13 +9,22 @@
 
 use crate::attr::Attr;
 use crate::graph::Node;
-use crate::infer::{attr_int, attr_ints};
 use crate::tensor::{Data, Tensor};
 
 type R<T> = std::result::Result<T, String>;
 
-/// The modes of `pad`.
-pub const PAD_MODES: &[&str] = &["constant", "reflect", "edge", "wrap"];
+// Attribute readers of their own (`infer` builds on this module, not the other way).
+fn attr_ints(node: &Node, name: &str) -> Option<Vec<i64>> {
+    node.attrs.get(name).and_then(Attr::as_ints)
+}
+
+fn attr_int(node: &Node, name: &str, default: i64) -> i64 {
+    node.attrs.get(name).and_then(Attr::as_int).unwrap_or(default)
+}
+
+fn attr_str<'a>(node: &'a Node, name: &str, default: &'a str) -> &'a str {
+    node.attrs.get(name).and_then(Attr::as_str).unwrap_or(default)
+}
 
 /// Where one window tap lands along one spatial dim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,7 +99,7 @@ impl Window {
                 }
                 let s = self.strides[d];
                 let mut n = (padded - span) / s + 1;
-                if self.ceil_mode && (padded - span) % s != 0 {
+                if self.ceil_mode && !(padded - span).is_multiple_of(s) {
                     n += 1;
                     if (n - 1) * s >= input[d] + self.begin[d] {
                         n -= 1;
@@ -163,7 +172,7 @@ pub fn conv_window(node: &Node, x: &[usize], w: &[usize]) -> R<(Window, usize)> 
     }
     let groups =
         usize::try_from(attr_int(node, "groups", 1)).ok().filter(|&g| g > 0).ok_or("'groups' must be positive")?;
-    if x[1] % groups != 0 || w[0] % groups != 0 || w[1] * groups != x[1] {
+    if !x[1].is_multiple_of(groups) || !w[0].is_multiple_of(groups) || w[1] * groups != x[1] {
         return Err(format!(
             "groups = {groups} needs C = {} and M = {} divisible by it and a weight with C/groups input channels, found {}",
             x[1], w[0], w[1]
@@ -184,7 +193,7 @@ pub fn pad_shape(node: &Node, x: &[usize]) -> R<(Vec<i64>, Vec<usize>)> {
             usize::try_from(n).map_err(|_| format!("pads crop dim {d} (size {}) below zero", x[d]))
         })
         .collect::<R<Vec<_>>>()?;
-    let mode = crate::infer::attr_str(node, "mode", "constant");
+    let mode = attr_str(node, "mode", "constant");
     if mode != "constant" {
         if let Some(d) = (0..x.len()).find(|&d| x[d] == 0 && shape[d] > 0) {
             return Err(format!("{mode} padding of dim {d} of size 0 has nothing to copy"));
@@ -288,7 +297,7 @@ pub fn pool(node: &Node, x: &Tensor, max: bool) -> R<Tensor> {
 /// pad, any dtype; `value` (converted to the dtype) fills the constant mode.
 pub fn pad(node: &Node, x: &Tensor) -> R<Tensor> {
     let (pads, shape) = pad_shape(node, &x.shape)?;
-    let mode = crate::infer::attr_str(node, "mode", "constant");
+    let mode = attr_str(node, "mode", "constant");
     let value = node.attrs.get("value").and_then(Attr::as_float).unwrap_or(0.0);
     let r = x.shape.len();
     let maps: Vec<Vec<Option<usize>>> =

@@ -175,7 +175,9 @@ fn node(b: &mut Builder, n: &NodeProto, opset: i64, values: &mut HashMap<String,
         .collect::<R<Vec<_>>>()?;
     let ctx = Ctx { node: n, args, opset, out };
     // Op set v2's mappings first, each module saying whether the op is its own.
-    let mapped = ops_attention::lower(b, &ctx).or_else(|| ops_math::lower(b, &ctx));
+    let mapped = (ops_attention::lower(b, &ctx))
+        .or_else(|| ops_math::lower(b, &ctx))
+        .or_else(|| super::nn::lower(b, &ctx, op_type));
     let results = mapped.unwrap_or_else(|| ops::lower(b, &ctx)).map_err(fail)?;
     for (name, v) in n.output.iter().zip(results).filter(|(name, _)| !name.is_empty()) {
         values.insert(name.clone(), v);

@@ -10,6 +10,7 @@ pub mod proto;
 mod builder;
 mod external;
 mod import;
+mod nn;
 mod ops;
 mod ops_attention;
 mod ops_math;

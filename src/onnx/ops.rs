@@ -7,8 +7,6 @@
 use meshc_ir::infer::{broadcast_shapes, norm_axis};
 use meshc_ir::{Attr, DType, Data, Op, Tensor};
 
-mod nn;
-
 use super::builder::{Builder, Value};
 use super::proto::{AttributeProto, NodeProto};
 use super::tensors;
@@ -67,7 +65,7 @@ impl Ctx<'_> {
 
     /// Input `i` if given (`None` when absent or empty), else attribute `name` (opsets before
     /// the attribute became an input).
-    fn ints_input_or_attr(&self, i: usize, name: &str) -> R<Option<Vec<i64>>> {
+    pub(super) fn ints_input_or_attr(&self, i: usize, name: &str) -> R<Option<Vec<i64>>> {
         match self.opt(i) {
             Some(_) => self.const_ints(i).map(Some),
             None => Ok(self.ints(name)),
@@ -165,7 +163,7 @@ pub const SUPPORTED: &[&str] = &[
     "Transpose",
     "Unsqueeze",
     "Where",
-    // CNN and data movement (ops/nn.rs).
+    // CNN and data movement (nn.rs).
     "AveragePool",
     "BatchNormalization",
     "Conv",
@@ -193,9 +191,6 @@ pub fn lower(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
     }
     if let Some(op) = binary(op_type) {
         return nary(b, c, op);
-    }
-    if let Some(r) = nn::lower(b, c, op_type) {
-        return r;
     }
     match op_type {
         "Identity" => one(c.arg(0)?.clone()),

@@ -10,7 +10,8 @@
 use meshc_ir::infer::norm_axis;
 use meshc_ir::{Attr, DType, Data, Op, Tensor};
 
-use super::{cast, reshape, scalar, Builder, Ctx, Value, R};
+use super::builder::{Builder, Value};
+use super::ops::{cast, reshape, scalar, Ctx, R};
 
 /// The values of the node's outputs, or `None` when `op_type` is not one of this module's.
 pub fn lower(b: &mut Builder, c: &Ctx, op_type: &str) -> Option<R<Vec<Value>>> {
@@ -220,7 +221,7 @@ fn group_norm(b: &mut Builder, c: &Ctx) -> R<Value> {
     let x = c.arg(0)?;
     let shape = b.ty(x).shape;
     let g = c.int("num_groups", 0);
-    if shape.len() < 2 || g < 1 || shape[1] % g as usize != 0 {
+    if shape.len() < 2 || g < 1 || !shape[1].is_multiple_of(g as usize) {
         return Err(format!("num_groups {g} does not divide the {} channels of X", shape.get(1).unwrap_or(&0)));
     }
     let (g, ch) = (g as usize, shape[1]);
@@ -554,7 +555,7 @@ impl Resize {
             let xp = xo + pad;
             let (p, frac) = (xp.floor(), xp - xp.floor());
             let half = (n / 2) as f64;
-            let offset = if n % 2 == 0 {
+            let offset = if n.is_multiple_of(2) {
                 if frac == 0.0 {
                     -half
                 } else {
@@ -640,7 +641,7 @@ fn resize(b: &mut Builder, c: &Ctx) -> R<Value> {
     let (scales, sizes): (Vec<f64>, Vec<usize>) = match (present(2), present(3)) {
         (Some(s), None) => {
             let s = floats(s, "scales")?;
-            if s.len() != axes.len() || s.iter().any(|&v| !(v > 0.0)) {
+            if s.len() != axes.len() || s.iter().any(|&v| v.is_nan() || v <= 0.0) {
                 return Err(format!("scales {s:?} must hold {} positive values", axes.len()));
             }
             let mut scales = vec![1.0; r];
@@ -693,7 +694,7 @@ fn resize(b: &mut Builder, c: &Ctx) -> R<Value> {
         let (n, idx, w, extra) = rs.table(scales[a], shape[a], sizes[a], roi[a]);
         let out = sizes[a];
         let one_hot = extra.iter().all(|&e| e == 0.0)
-            && w.chunks(n).all(|row| row.iter().filter(|&&v| v != 0.0).count() == 1 && row.iter().any(|&v| v == 1.0));
+            && w.chunks(n).all(|row| row.iter().filter(|&&v| v != 0.0).count() == 1 && row.contains(&1.0));
         if one_hot {
             let picked: Vec<i64> =
                 (0..out).map(|y| idx[y * n + w[y * n..][..n].iter().position(|&v| v == 1.0).unwrap_or(0)]).collect();
