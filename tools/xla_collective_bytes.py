@@ -65,14 +65,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
 jax.config.update("jax_enable_x64", False)
 
-# The MLP and the transformer block, each on the 2x4 Megatron layout (data x model) and on
-# a 4-way model axis.
-CASES = [
-    ("mlp", "mp-2x4"),
-    ("mlp", "mp-4"),
-    ("transformer", "mp-2x4"),
-    ("transformer", "mp-4"),
-]
+
+
+def default_cases():
+    """The cases of tools/xla_cases.txt: (graph, layout)."""
+    with open(os.path.join(ROOT, "tools", "xla_cases.txt")) as f:
+        return [tuple(line.split()) for line in f if line.strip() and not line.startswith("#")]
 
 DTYPE = {"f32": np.float32, "f64": np.float64, "i32": np.int32, "i64": np.int64, "bool": np.bool_}
 
@@ -382,9 +380,9 @@ def main():
     ap.add_argument("--meshc", default=os.path.join(ROOT, "target", "release", "meshc"))
     ap.add_argument("--json", help="write the cases (collectives of both sides) to this file")
     ap.add_argument("--hlo-dir", help="write each case's optimized HLO into this directory")
-    ap.add_argument("--case", action="append", help="GRAPH:LAYOUT (repeatable); default: the 4 cases")
+    ap.add_argument("--case", action="append", help="GRAPH:LAYOUT (repeatable); default: tools/xla_cases.txt")
     a = ap.parse_args()
-    cases = [tuple(c.split(":", 1)) for c in a.case] if a.case else CASES
+    cases = [tuple(c.split(":", 1)) for c in a.case] if a.case else default_cases()
     if len(jax.devices()) < 8:
         raise SystemExit("jax sees %d devices, not 8 (XLA_FLAGS)" % len(jax.devices()))
     results = [run_case(a.meshc, g, l) for g, l in cases]
