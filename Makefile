@@ -62,7 +62,7 @@ fuzz:
 		$(CARGO) test --test all -- --nocapture fuzz::
 
 bench:
-	$(CARGO) bench --bench gemm --bench pipeline --bench mesh --bench collectives --bench degraded --bench pilot --bench sendrecv --bench streams --bench checkpoints --bench models --bench train --bench onnx
+	$(CARGO) bench --bench gemm --bench pipeline --bench mesh --bench collectives --bench degraded --bench pilot --bench sendrecv --bench streams --bench checkpoints --bench models --bench train --bench onnx --bench xla_bytes
 
 # The end-to-end example: compile the transformer block into one artifact, show what is in
 # it, run it (checking its outputs against numpy's), then time it against the interpreter;
