@@ -39,8 +39,23 @@ pub fn build<'p>(
     dumps: &Dumps,
     pilot: Option<&passes::pilot::Config>,
 ) -> Result<Compiled> {
-    dumps.emit("verify", || meshc_ir::text::print(g))?;
     let params = params.into();
+    // Weights `--weights-dtype` rounds to a half type are listed after the graph, with the
+    // largest rounding error of each: what the conversion costs is known before any pass.
+    let converted = match opts.weights {
+        passes::fold::WeightsDtype::F16 | passes::fold::WeightsDtype::BF16 if dumps.wants("verify") => {
+            passes::fold::fold(g, info, &params, &std::collections::HashMap::new(), opts.weights)?.converted
+        }
+        _ => Vec::new(),
+    };
+    dumps.emit("verify", || {
+        let mut text = meshc_ir::text::print(g);
+        for (name, err) in &converted {
+            let dtype = if opts.weights == passes::fold::WeightsDtype::F16 { "f16" } else { "bf16" };
+            text += &format!("# {name}: f32 -> {dtype} (--weights-dtype), max abs rounding error {err:.3e}\n");
+        }
+        text
+    })?;
     let pruned = match pilot {
         Some(cfg) => {
             let all = params.all(g)?;

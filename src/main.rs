@@ -181,7 +181,7 @@ struct CodegenArgs {
     #[arg(long, value_enum, default_value = "auto", conflicts_with = "single_stream")]
     comm_stream: CommArg,
     /// How matmul weights are stored: keep (f16/bf16 stay half), f32, or f32 weights rounded
-    /// to bf16/f16 (half the bytes; the rounding error shows in --dump-after fold).
+    /// to bf16/f16 (half the bytes; the rounding error of each shows in --dump-after verify and fold).
     #[arg(long, value_enum, default_value = "keep")]
     weights_dtype: WeightsArg,
     #[command(flatten)]

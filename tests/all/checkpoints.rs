@@ -234,4 +234,13 @@ fn f32_weights_converted_to_bf16_run_within_its_rounding() {
         &dir.join("a.mshc").display().to_string(),
     ]);
     assert!(dump.stdout.contains("stored as bf16 (max abs rounding error"), "{}", dump.stdout);
+    // The verify dump lists each converted weight with its largest rounding error, before
+    // any pass: here w1's, computed from the file's values.
+    let w1 = Tensor::read_npy(std::path::Path::new("testdata/mlp/weights/w1.npy")).unwrap();
+    let half = meshc_ir::Data::from_f64(meshc_ir::DType::BF16, w1.data.iter_f64());
+    let err = w1.data.iter_f64().zip(half.iter_f64()).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+    let out = dir.join("v.mshc").display().to_string();
+    let verify = meshc(&["compile", graph, "--weights-dtype", "bf16", "--dump-after", "verify", "-o", &out]);
+    let want = format!("# w1: f32 -> bf16 (--weights-dtype), max abs rounding error {err:.3e}");
+    assert!(err > 0.0 && verify.stdout.contains(&want), "no '{want}' in\n{}", verify.stdout);
 }
