@@ -318,7 +318,7 @@ impl Builder {
         why: &BTreeMap<String, Why>,
     ) -> Result<(Program, Vec<Vec<usize>>)> {
         let mut bufs = Buffers::default();
-        let Folded { consts, keeps, params, absorbed, .. } = folded;
+        let Folded { consts, keeps, absorbed, .. } = folded;
         let masks = local_masks(g, info, consts, keeps, self.mask_block);
         // Only the constants something reads become weights.
         let outputs: Vec<&str> = g.outputs.iter().map(|o| o.name.as_str()).collect();
@@ -330,36 +330,13 @@ impl Builder {
         names
             .sort_by_key(|c| (g.params.iter().position(|p| &p.name == *c), g.nodes.iter().position(|n| &n.name == *c)));
         for name in names {
-            // A weight read from a file as it is goes from the file's mapping straight into
-            // the weights section; any other constant through one conversion buffer.
-            let converted;
-            let bytes = match &consts[name.as_str()] {
-                Const::Param => {
-                    let p = g.params.iter().find(|p| &p.name == name).expect("a param");
-                    match params.file_bytes(p) {
-                        Some(b) => b,
-                        None => {
-                            converted = params.get(p)?.to_le_bytes();
-                            &converted[..]
-                        }
-                    }
-                }
-                Const::Value(t) => {
-                    converted = t.to_le_bytes();
-                    &converted[..]
-                }
-                Const::Slice { param, node, .. } => {
-                    let p = g.params.iter().find(|p| &p.name == param).expect("a param");
-                    converted = crate::passes::fold::slice_bytes(params.file_bytes(p).expect("mapped"), node, &p.ty)?;
-                    &converted[..]
-                }
-            };
+            let bytes = folded.bytes(g, name)?;
             let len = bytes.len();
             let (record, mask) = match masks.get(name.as_str()) {
                 Some((m, info)) => (m.encode(), Some(info.clone())),
                 None => (Vec::new(), None),
             };
-            let offset = self.weight(&record, bytes);
+            let offset = self.weight(&record, &bytes);
             bufs.list.push(Buffer { name: name.clone(), bytes: len, storage: Storage::Weights { offset }, mask });
             bufs.of.insert(name.clone(), bufs.list.len() - 1);
         }

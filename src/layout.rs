@@ -302,8 +302,7 @@ impl Spec {
                 return Err(err(format!("rule '{rule}': no dimension of graph '{}' is named '{rule}'", g.name)));
             }
         }
-        let tensors = g.inputs.iter().map(|i| &i.name).chain(g.params.iter().map(|p| &p.name));
-        for name in tensors.chain(g.nodes.iter().map(|n| &n.name)) {
+        for name in g.tensor_names() {
             let Some(dims) = info.dims.get(name) else { continue };
             if seeds.contains_key(name) {
                 continue;
@@ -512,10 +511,7 @@ impl Spec {
     pub fn expand_patterns(&self, g: &Graph) -> Result<(BTreeMap<String, Layout>, Vec<String>), String> {
         let mut out: BTreeMap<String, Layout> =
             self.layouts.iter().filter(|(k, _)| !is_pattern(k)).map(|(k, l)| (k.clone(), l.clone())).collect();
-        let names: Vec<&str> = (g.inputs.iter().map(|i| i.name.as_str()))
-            .chain(g.params.iter().map(|p| p.name.as_str()))
-            .chain(g.nodes.iter().map(|n| n.name.as_str()))
-            .collect();
+        let names: Vec<&str> = g.tensor_names().map(String::as_str).collect();
         let mut by: BTreeMap<&str, &str> = BTreeMap::new();
         let mut unmatched = Vec::new();
         for (key, layout) in self.layouts.iter().filter(|(k, _)| is_pattern(k)) {

@@ -107,6 +107,14 @@ impl PartialEq for Output {
     }
 }
 
+impl Graph {
+    /// The name of every tensor: inputs, params, then nodes, each in file order.
+    pub fn tensor_names(&self) -> impl Iterator<Item = &String> {
+        let inputs = self.inputs.iter().map(|i| &i.name);
+        inputs.chain(self.params.iter().map(|p| &p.name)).chain(self.nodes.iter().map(|n| &n.name))
+    }
+}
+
 impl Node {
     pub fn new(name: impl Into<String>, op: Op, inputs: &[&str]) -> Node {
         Node {

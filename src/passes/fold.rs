@@ -163,9 +163,15 @@ fn param<'g>(g: &'g Graph, name: &str) -> &'g meshc_ir::Param {
     g.params.iter().find(|p| p.name == name).expect("a param")
 }
 
+/// The bytes of the slice `node` of the mapped param `name` (a `Const::Slice`).
+fn mapped_slice(g: &Graph, params: &Params, name: &str, node: &meshc_ir::Node) -> Result<Vec<u8>> {
+    let p = param(g, name);
+    slice_bytes(params.file_bytes(p).expect("a slice is folded only from a mapped param"), node, &p.ty)
+}
+
 /// The bytes of the slice `node` of a weight of type `ty` whose little-endian bytes are
 /// `src`, copied run by run (a run: elements adjacent in both).
-pub fn slice_bytes(src: &[u8], node: &meshc_ir::Node, ty: &meshc_ir::TensorType) -> Result<Vec<u8>> {
+fn slice_bytes(src: &[u8], node: &meshc_ir::Node, ty: &meshc_ir::TensorType) -> Result<Vec<u8>> {
     let size = ty.dtype.size_bytes();
     let mut out = Vec::new();
     let mut run: Option<(usize, usize)> = None;
@@ -196,15 +202,30 @@ fn value<'a>(
         Const::Param => params.get(param(g, name)).with_context(|| format!("param '{name}'"))?,
         Const::Value(t) => Cow::Borrowed(&**t),
         Const::Slice { param: p, node, ty } => {
-            let p = param(g, p);
-            let bytes = slice_bytes(params.file_bytes(p).expect("a mapped param"), node, &p.ty)?;
-            Cow::Owned(Tensor::from_le_bytes(ty, &bytes))
+            Cow::Owned(Tensor::from_le_bytes(ty, &mapped_slice(g, params, p, node)?))
         }
     };
     Ok(t)
 }
 
 impl Folded<'_> {
+    /// The little-endian bytes the artifact stores for the constant `name` of `g`: a param
+    /// read from a file as it is comes straight from the file's mapping, a slice of one is
+    /// copied from it run by run, anything else goes through one conversion buffer.
+    pub fn bytes(&self, g: &Graph, name: &str) -> Result<Cow<'_, [u8]>> {
+        Ok(match &self.consts[name] {
+            Const::Param => {
+                let p = param(g, name);
+                match self.params.file_bytes(p) {
+                    Some(b) => Cow::Borrowed(b),
+                    None => Cow::Owned(self.params.get(p)?.to_le_bytes()),
+                }
+            }
+            Const::Value(t) => Cow::Owned(t.to_le_bytes()),
+            Const::Slice { param: p, node, .. } => Cow::Owned(mapped_slice(g, self.params, p, node)?),
+        })
+    }
+
     /// Whether `name` is a constant of the program.
     pub fn has(&self, name: &str) -> bool {
         self.consts.contains_key(name)

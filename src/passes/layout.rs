@@ -278,9 +278,7 @@ pub fn propagate(g: &Graph, info: &Info, mesh: &Mesh, seeds: BTreeMap<String, Se
             break;
         }
     }
-    let all =
-        g.inputs.iter().map(|i| &i.name).chain(g.params.iter().map(|p| &p.name)).chain(g.nodes.iter().map(|n| &n.name));
-    for name in all {
+    for name in g.tensor_names() {
         if !of.contains_key(name) {
             of.insert(name.clone(), vec![None; info.types[name].rank()]);
             source.insert(name.clone(), Source::Default);
