@@ -172,6 +172,10 @@ pub struct RunArgs {
     /// the whole mesh route around it and leave out its operand.
     #[arg(long, value_name = "DEVICE")]
     pub degrade: Vec<String>,
+    /// Treat every device of host H (the artifact's `hosts`) as failed; may be repeated.
+    /// What `tools/mpirun-replan` adds when it restarts a job that lost host H.
+    #[arg(long, value_name = "H")]
+    pub degrade_host: Vec<usize>,
     /// Treat the link between two neighbouring devices as failed (e.g. 0,0:0,1); may be
     /// repeated.
     #[arg(long, value_name = "A:B")]
@@ -257,7 +261,7 @@ pub fn run(loaded: &mut Loaded, io: &Io, args: &RunArgs) -> Result<()> {
 #[cfg(feature = "mpi")]
 fn run_mpi(loaded: &mut Loaded, io: &Io, args: &RunArgs) -> Result<()> {
     if args.replan_on_failure {
-        bail!("--replan-on-failure: under --transport mpi a lost host ends the job (MPI cannot go on without a process); run again with --degrade naming its devices");
+        bail!("--replan-on-failure: under --transport mpi a lost host ends the job (MPI cannot go on without a process); start it with tools/mpirun-replan, which runs it again with --degrade-host");
     }
     let (mpi, transport) = crate::mpi::init()?;
     let transport: std::sync::Arc<dyn crate::transport::Transport> = std::sync::Arc::new(transport);
@@ -302,9 +306,23 @@ pub fn configure(loaded: &mut Loaded, args: &RunArgs) -> Result<()> {
     if let Some(n) = args.threads {
         loaded.set_threads(n as usize);
     }
-    if !args.degrade.is_empty() || !args.degrade_link.is_empty() || args.degrade_strict {
+    if !args.degrade.is_empty() || !args.degrade_link.is_empty() || !args.degrade_host.is_empty() || args.degrade_strict
+    {
         let mesh = &loaded.meta.mesh;
-        let devices = Degradation::from_args(mesh, &args.degrade, &[]).context("--degrade")?;
+        let mut devices = Degradation::from_args(mesh, &args.degrade, &[]).context("--degrade")?;
+        for &h in &args.degrade_host {
+            let Some(group) = loaded.meta.hosts.get(h) else {
+                match loaded.meta.hosts.len() {
+                    0 => bail!(
+                        "--degrade-host {h}: the artifact names no hosts (a layout spec with \"hosts\" gives them)"
+                    ),
+                    n => bail!("--degrade-host {h}: the artifact has hosts 0 to {}", n - 1),
+                }
+            };
+            devices.nodes.extend(group);
+        }
+        devices.nodes.sort_unstable();
+        devices.nodes.dedup();
         let links = Degradation::from_args(mesh, &[], &args.degrade_link).context("--degrade-link")?;
         // What the degradation implies (a lost model shard, nothing left healthy) is the
         // degradation's as a whole.

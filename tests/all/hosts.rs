@@ -178,6 +178,37 @@ fn a_recv_across_hosts_whose_send_never_comes_times_out_on_every_host() {
     );
 }
 
+#[test]
+fn degrade_host_degrades_every_device_of_that_host() {
+    let dir = scratch("hosts-degrade-host");
+    let graph = Path::new("testdata/dp_train/graph.json");
+    let spec = dir.join("torus.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string("testdata/dp_train/layouts/torus-4x4.json").unwrap()).unwrap();
+    v["hosts"] = serde_json::json!({"axis": "dx"});
+    std::fs::write(&spec, v.to_string()).unwrap();
+    let art = dir.join("t.mshc").display().to_string();
+    compile(graph, &spec, Path::new(&art));
+    let inputs = crate::common::input_args(graph);
+    let run = |out: &str, extra: &[&str]| {
+        let out = dir.join(out).display().to_string();
+        let mut args: Vec<&str> = vec!["run", &art, "--output-dir", &out];
+        args.extend(inputs.iter().map(String::as_str));
+        args.extend(extra);
+        let r = meshc(&args);
+        assert_eq!(r.status, Some(0), "{}", r.stderr);
+        let mut files: Vec<_> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().path()).collect();
+        files.sort();
+        files.iter().map(|f| std::fs::read(f).unwrap()).collect::<Vec<_>>()
+    };
+    let by_host = run("by-host", &["--degrade-host", "1"]);
+    let by_device = run("by-device", &["--degrade", "1,0", "--degrade", "1,1", "--degrade", "1,2", "--degrade", "1,3"]);
+    assert_eq!(by_host, by_device);
+    assert_ne!(by_host, run("healthy", &[]), "degrading a host changed nothing");
+    let bad = meshc(&["run", &art, "--degrade-host", "4"]);
+    assert_eq!((bad.status, bad.stderr.trim()), (Some(1), "error: --degrade-host 4: the artifact has hosts 0 to 3"));
+}
+
 #[cfg(not(feature = "mpi"))]
 #[test]
 fn without_the_mpi_feature_transport_mpi_says_how_to_build_it() {

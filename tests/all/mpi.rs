@@ -4,7 +4,8 @@
 //! simulated hosts over loopback TCP (`tools/mpirun-hosts`), writes outputs byte-identical
 //! to the in-process run of the same artifact; so does the degraded 4×4 torus over 4 hosts.
 //! A recv whose send never comes ends the job with exit 1 and a message naming the key,
-//! devices and hosts; a rank killed mid-run ends it with a non-zero exit within the timeout.
+//! devices and hosts; a rank killed mid-run ends it with a non-zero exit within the timeout;
+//! `tools/mpirun-replan` restarts a job that lost a host without that host.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -128,6 +129,37 @@ fn a_degraded_torus_over_four_mpi_hosts_writes_its_in_process_outputs() {
         &dir,
     )
     .unwrap();
+}
+
+#[test]
+fn mpirun_replan_restarts_a_job_that_lost_a_host_without_it() {
+    let dir = scratch("mpi-replan");
+    let graph = Path::new("testdata/dp_train/graph.json");
+    let spec = dir.join("torus.json");
+    with_hosts(Path::new("testdata/dp_train/layouts/torus-4x4.json"), &serde_json::json!({"axis": "dx"}), &spec);
+    let art = dir.join("torus.mshc");
+    compile(graph, &spec, &art);
+    let (here, there) = (dir.join("here"), dir.join("mpi"));
+    let mut args = vec!["run".to_string(), art.display().to_string()];
+    args.extend(input_args(graph));
+    let mut here_args = args.clone();
+    here_args.extend(["--degrade-host", "1", "--output-dir", &here.display().to_string()].map(String::from));
+    let run = meshc(&here_args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(run.status, Some(0), "{}", run.stderr);
+    // Device (1,0) of host 1 goes silent in the first attempt: its host reports it and the
+    // job ends; the restart runs without host 1.
+    args.extend(["--transport", "mpi", "--timeout", "2", "--fail-device", "1,0@0", "--output-dir"].map(String::from));
+    args.push(there.display().to_string());
+    let out = Command::new("tools/mpirun-replan")
+        .args(["tools/mpirun-hosts", "4", env!("CARGO_BIN_EXE_meshc")])
+        .args(&args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("mpirun-replan: host 1 was lost; running again with --degrade-host 1"), "{stderr}");
+    assert_eq!(files(&there), files(&here));
+    assert!(!files(&here).is_empty());
 }
 
 /// The pipeline mlp with its two stages on two hosts, compiled into `dir`.
