@@ -225,13 +225,13 @@ fn without_the_mpi_feature_transport_mpi_says_how_to_build_it() {
     );
 }
 
-/// Collective `op` over 4 devices on a 1-D torus, the input x [16, 4] split over the
+/// Collective `op` over 4 devices on a 1-D torus, the input x [4·rows, 4] split over the
 /// devices (each operand its own block), the result the output y of `y_shape`, split along
 /// axis 0 over the devices when `y_split`: programs to load in-process or per host.
-fn one_collective(op: CollectiveOp, y_shape: &[usize], y_split: bool) -> (Meta, Vec<Program>) {
+fn one_collective(op: CollectiveOp, rows: usize, y_shape: &[usize], y_split: bool) -> (Meta, Vec<Program>) {
     use meshc_ir::{DType, TensorType};
     let mesh = Mesh { shape: vec![4], axes: vec!["x".into()], topology: Topology::Torus };
-    let x = TensorType::new(DType::F32, vec![16, 4]);
+    let x = TensorType::new(DType::F32, vec![4 * rows, 4]);
     let y = TensorType::new(DType::F32, y_shape.to_vec());
     let block = |t: &TensorType, split: bool| t.size_bytes() / if split { 4 } else { 1 };
     let (xb, yb) = (block(&x, true), block(&y, y_split));
@@ -248,7 +248,7 @@ fn one_collective(op: CollectiveOp, y_shape: &[usize], y_split: bool) -> (Meta, 
         model_axes: Vec::new(),
         hosts: Vec::new(),
     };
-    let c = Collective { op, id: 0, groups: vec![vec![0, 1, 2, 3]], dtype: "f32".into(), shape: vec![4, 4] };
+    let c = Collective { op, id: 0, groups: vec![vec![0, 1, 2, 3]], dtype: "f32".into(), shape: vec![rows, 4] };
     let programs = (0..4)
         .map(|device| Program {
             device,
@@ -269,28 +269,37 @@ fn one_collective(op: CollectiveOp, y_shape: &[usize], y_split: bool) -> (Meta, 
 
 #[test]
 fn every_collective_across_hosts_equals_the_in_process_one_whatever_the_grouping() {
+    // Small operands, and operands of several pieces of the reduction chain, the last one
+    // partial (the chain's pieces are 2^18 elements).
+    for rows in [4, 131076] {
+        collectives_across_hosts(rows);
+    }
+}
+
+fn collectives_across_hosts(rows: usize) {
     let ops = [
-        (CollectiveOp::AllReduce { reduce: Reduce::Sum }, vec![4, 4], false),
-        (CollectiveOp::AllReduce { reduce: Reduce::Mean }, vec![4, 4], false),
-        (CollectiveOp::AllReduce { reduce: Reduce::Max }, vec![4, 4], false),
-        (CollectiveOp::ReduceScatter { axis: 0, reduce: Reduce::Sum }, vec![4, 4], true),
-        (CollectiveOp::ReduceScatter { axis: 0, reduce: Reduce::Mean }, vec![4, 4], true),
-        (CollectiveOp::AllGather { axis: 0 }, vec![16, 4], false),
-        (CollectiveOp::AllToAll { split_axis: 0, concat_axis: 1 }, vec![4, 16], true),
+        (CollectiveOp::AllReduce { reduce: Reduce::Sum }, vec![rows, 4], false),
+        (CollectiveOp::AllReduce { reduce: Reduce::Mean }, vec![rows, 4], false),
+        (CollectiveOp::AllReduce { reduce: Reduce::Max }, vec![rows, 4], false),
+        (CollectiveOp::ReduceScatter { axis: 0, reduce: Reduce::Sum }, vec![rows, 4], true),
+        (CollectiveOp::ReduceScatter { axis: 0, reduce: Reduce::Mean }, vec![rows, 4], true),
+        (CollectiveOp::AllGather { axis: 0 }, vec![4 * rows, 4], false),
+        (CollectiveOp::AllToAll { split_axis: 0, concat_axis: 1 }, vec![rows, 16], true),
     ];
     // Values whose sums round differently in another order.
-    let values: Vec<f32> = (0..64).map(|i| 1.0 / (i as f32 + 0.37) * if i % 3 == 0 { -1e4 } else { 1.0 }).collect();
-    let inputs = HashMap::from([("x".to_string(), Tensor::f32(vec![16, 4], values))]);
+    let values: Vec<f32> =
+        (0..16 * rows).map(|i| 1.0 / (i as f32 + 0.37) * if i % 3 == 0 { -1e4 } else { 1.0 }).collect();
+    let inputs = HashMap::from([("x".to_string(), Tensor::f32(vec![4 * rows, 4], values))]);
     let load = |(meta, programs): (Meta, Vec<Program>)| Loaded::in_memory(meta, programs, Box::new(()), &[]).unwrap();
     for (op, y_shape, y_split) in ops {
-        let want = load(one_collective(op.clone(), &y_shape, y_split)).run(&inputs).unwrap();
+        let want = load(one_collective(op.clone(), rows, &y_shape, y_split)).run(&inputs).unwrap();
         // Contiguous, and interleaved (the reduction chain goes host 0, 1, 0, 1).
         for hosts in [vec![vec![0, 1], vec![2, 3]], vec![vec![0, 2], vec![1, 3]], vec![vec![0], vec![1, 2], vec![3]]] {
             let transports = Threads::joined(hosts.len());
             let got: Vec<_> = std::thread::scope(|s| {
                 let runs: Vec<_> = (transports.into_iter())
                     .map(|t| {
-                        let (mut meta, programs) = one_collective(op.clone(), &y_shape, y_split);
+                        let (mut meta, programs) = one_collective(op.clone(), rows, &y_shape, y_split);
                         meta.hosts = hosts.clone();
                         let inputs = &inputs;
                         s.spawn(move || {
