@@ -321,6 +321,92 @@ def mobilenet_block():
     save("mobilenet_block", g, {"x": rng.standard_normal((2, 8, 12, 12)).astype(np.float32)}, {"batch": 2})
 
 
+def gpt2_block():
+    """A GPT-2 decoder block (hidden 32, 4 heads), the full-sequence graph as torch.onnx
+    writes it at opset 18: ln_1, one c_attn projection (a Conv1D: MatMul on a [in, out]
+    weight, then Add) split in three, heads reshaped and transposed with target shapes from
+    Shape/Gather/Concat, the causal mask from Range and Less on the sequence length chosen
+    by Where against the float32 minimum, Softmax, c_proj and the residual; ln_2 and the MLP
+    with gelu_new (the tanh approximation: Pow, Tanh) and the second residual."""
+    hid, heads = 32, 4
+    hd = hid // heads
+    x = helper.make_tensor_value_info("hidden_states", TensorProto.FLOAT, ["batch", "seq", hid])
+    y = helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", "seq", hid])
+    p = "h.0."
+    n, inits = [], []
+
+    def conv1d(name, inp, din, dout, out):
+        inits.extend([init(p + name + ".weight", [din, dout]), init(p + name + ".bias", [dout], 0.05)])
+        mm = f"/{name}/MatMul_output_0"
+        return [node("MatMul", [inp, p + name + ".weight"], [mm]), node("Add", [p + name + ".bias", mm], [out])]
+
+    def layer_norm(name, inp, out):
+        inits.extend([numpy_helper.from_array((1 + 0.1 * rng.standard_normal(hid)).astype(np.float32),
+                                              p + name + ".weight"), init(p + name + ".bias", [hid], 0.05)])
+        return [node("LayerNormalization", [inp, p + name + ".weight", p + name + ".bias"], [out], axis=-1,
+                     epsilon=1e-5)]
+
+    # The sequence length and the head shape, from the input's shape.
+    n += [node("Shape", ["hidden_states"], ["/Shape_output_0"]),
+          const("/Constant_output_0", np.int64(0)), const("/Constant_1_output_0", np.int64(1)),
+          node("Gather", ["/Shape_output_0", "/Constant_output_0"], ["/Gather_output_0"], axis=0),
+          node("Gather", ["/Shape_output_0", "/Constant_1_output_0"], ["/Gather_1_output_0"], axis=0),
+          const("/axes0", np.array([0], dtype=np.int64)),
+          node("Unsqueeze", ["/Gather_output_0", "/axes0"], ["/Unsqueeze_output_0"]),
+          node("Unsqueeze", ["/Gather_1_output_0", "/axes0"], ["/Unsqueeze_1_output_0"]),
+          const("/heads", np.array([heads, hd], dtype=np.int64)),
+          const("/hidden", np.array([hid], dtype=np.int64)),
+          node("Concat", ["/Unsqueeze_output_0", "/Unsqueeze_1_output_0", "/heads"], ["/Concat_output_0"], axis=0),
+          node("Concat", ["/Unsqueeze_output_0", "/Unsqueeze_1_output_0", "/hidden"], ["/Concat_1_output_0"], axis=0)]
+    # The causal mask: key position j is hidden from query position i when i < j.
+    n += [const("/zero_i", np.int64(0)), const("/one_i", np.int64(1)),
+          node("Range", ["/zero_i", "/Gather_1_output_0", "/one_i"], ["/Range_output_0"]),
+          const("/axes1", np.array([1], dtype=np.int64)),
+          node("Unsqueeze", ["/Range_output_0", "/axes1"], ["/rows_output_0"]),
+          node("Unsqueeze", ["/Range_output_0", "/axes0"], ["/cols_output_0"]),
+          node("Less", ["/rows_output_0", "/cols_output_0"], ["/future_output_0"]),
+          const("/mask_value", np.float32(np.finfo(np.float32).min))]
+    n += layer_norm("ln_1", "hidden_states", "/ln_1/LayerNormalization_output_0")
+    n += conv1d("attn.c_attn", "/ln_1/LayerNormalization_output_0", hid, 3 * hid, "/attn/c_attn/Add_output_0")
+    n += [const("/split", np.array([hid] * 3, dtype=np.int64)),
+          helper.make_node("Split", ["/attn/c_attn/Add_output_0", "/split"],
+                           ["/attn/Split_output_0", "/attn/Split_output_1", "/attn/Split_output_2"],
+                           name="/attn/Split", axis=2)]
+    for i, (t, perm) in enumerate([("q", [0, 2, 1, 3]), ("kT", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])]):
+        n += [node("Reshape", [f"/attn/Split_output_{i}", "/Concat_output_0"], [f"/attn/{t}/Reshape_output_0"]),
+              node("Transpose", [f"/attn/{t}/Reshape_output_0"], [f"/attn/{t}_output_0"], perm=perm)]
+    n += [node("MatMul", ["/attn/q_output_0", "/attn/kT_output_0"], ["/attn/MatMul_output_0"]),
+          const("/attn/scale", np.float32(np.sqrt(hd))),
+          node("Div", ["/attn/MatMul_output_0", "/attn/scale"], ["/attn/Div_output_0"]),
+          node("Where", ["/future_output_0", "/mask_value", "/attn/Div_output_0"], ["/attn/Where_output_0"]),
+          node("Softmax", ["/attn/Where_output_0"], ["/attn/Softmax_output_0"], axis=-1),
+          node("MatMul", ["/attn/Softmax_output_0", "/attn/v_output_0"], ["/attn/MatMul_1_output_0"]),
+          node("Transpose", ["/attn/MatMul_1_output_0"], ["/attn/Transpose_output_0"], perm=[0, 2, 1, 3]),
+          node("Reshape", ["/attn/Transpose_output_0", "/Concat_1_output_0"], ["/attn/Reshape_output_0"])]
+    n += conv1d("attn.c_proj", "/attn/Reshape_output_0", hid, hid, "/attn/c_proj/Add_output_0")
+    n += [node("Add", ["/attn/c_proj/Add_output_0", "hidden_states"], ["/Add_output_0"])]
+    n += layer_norm("ln_2", "/Add_output_0", "/ln_2/LayerNormalization_output_0")
+    n += conv1d("mlp.c_fc", "/ln_2/LayerNormalization_output_0", hid, 4 * hid, "/mlp/c_fc/Add_output_0")
+    # gelu_new: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+    h = "/mlp/c_fc/Add_output_0"
+    n += [const("/mlp/act/half", np.float32(0.5)), const("/mlp/act/three", np.float32(3.0)),
+          const("/mlp/act/c", np.float32(0.044715)), const("/mlp/act/k", np.float32(np.sqrt(2.0 / np.pi))),
+          const("/mlp/act/one", np.float32(1.0)),
+          node("Mul", ["/mlp/act/half", h], ["/mlp/act/Mul_output_0"]),
+          node("Pow", [h, "/mlp/act/three"], ["/mlp/act/Pow_output_0"]),
+          node("Mul", ["/mlp/act/c", "/mlp/act/Pow_output_0"], ["/mlp/act/Mul_1_output_0"]),
+          node("Add", [h, "/mlp/act/Mul_1_output_0"], ["/mlp/act/Add_output_0"]),
+          node("Mul", ["/mlp/act/k", "/mlp/act/Add_output_0"], ["/mlp/act/Mul_2_output_0"]),
+          node("Tanh", ["/mlp/act/Mul_2_output_0"], ["/mlp/act/Tanh_output_0"]),
+          node("Add", ["/mlp/act/one", "/mlp/act/Tanh_output_0"], ["/mlp/act/Add_1_output_0"]),
+          node("Mul", ["/mlp/act/Mul_output_0", "/mlp/act/Add_1_output_0"], ["/mlp/act/Mul_3_output_0"])]
+    n += conv1d("mlp.c_proj", "/mlp/act/Mul_3_output_0", 4 * hid, hid, "/mlp/c_proj/Add_output_0")
+    n += [node("Add", ["/Add_output_0", "/mlp/c_proj/Add_output_0"], ["output"])]
+    g = helper.make_graph(n, "gpt2_block", [x], [y], inits)
+    save("gpt2_block", g, {"hidden_states": rng.standard_normal((2, 6, hid)).astype(np.float32)},
+         {"batch": 2, "seq": 6}, opset=18)
+
+
 def bad():
     """Bad inputs for testdata/bad/ (tests/all/golden.rs pins each one-line error)."""
     d = os.path.join(OUT, "..", "bad")
@@ -363,6 +449,7 @@ if __name__ == "__main__":
     rng.bit_generator.state = after_shapes
     resnet_block()
     mobilenet_block()
+    gpt2_block()
     bad()
     total = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote {OUT} ({total} bytes)", file=sys.stderr)

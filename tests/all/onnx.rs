@@ -109,6 +109,21 @@ fn imported_graphs_keep_onnx_names_fold_shapes_and_name_dims() {
     }
 }
 
+/// The GPT-2 block's causal mask (Range and Less on the sequence length) folds at import
+/// into a constant bool matrix that one `where` applies to the scores.
+#[test]
+fn a_causal_mask_folds_into_a_constant_for_where() {
+    let tmp = scratch("onnx-causal");
+    let graph = tmp.join("gpt2.txt").display().to_string();
+    let model = "testdata/onnx/gpt2_block/model.onnx";
+    let run = meshc(&["import", model, "-o", &graph, "--dim", "batch=2", "--dim", "seq=6"]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    let text = std::fs::read_to_string(&graph).unwrap();
+    assert!(text.contains("param attn_Where_output_0.0: bool[6,6] = file("), "{text}");
+    assert!(text.contains(" = where(attn_Where_output_0.0, mask_value, attn_Div_output_0)"), "{text}");
+    assert!(!text.contains("range(") && !text.contains("less("), "the mask was not folded:\n{text}");
+}
+
 /// The importer writes each BatchNormalization as a per-channel mul and add; compile folds
 /// the pair into the conv before it: new weights and biases, computed by the fold pass.
 #[test]
