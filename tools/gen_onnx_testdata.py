@@ -7,6 +7,7 @@ and dims.txt (the `--dim NAME=N` arguments its symbolic dims need). tests/all/on
 them through `meshc import`, `interp`, and `run` (1 device and under a layout).
 
 Needs onnx, onnxruntime and numpy; `make onnx-testdata` makes a venv under target/ with them.
+`--bench DIR` writes only the bench's 6-layer encoder, into DIR.
 Deterministic: the same packages write the same files.
 """
 
@@ -439,6 +440,11 @@ def bad():
 
 
 if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--bench":
+        # The bench's 6-layer, 384-wide encoder (all-MiniLM-L6-v2's shapes), too big to
+        # commit (11 M weights): `cargo bench --bench onnx` writes it under target/.
+        encoder("encoder_6x384", hid=384, heads=12, ffn=1536, layers=6, batch=2, seq=32, out=sys.argv[2])
+        sys.exit(0)
     mlp()
     encoder()
     shapes()
