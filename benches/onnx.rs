@@ -30,8 +30,7 @@ fn dims(d: &Path) -> Vec<String> {
 
 /// `--input NAME=FILE` for each file of the model's inputs/.
 fn inputs(d: &Path) -> Vec<String> {
-    let mut files: Vec<PathBuf> =
-        std::fs::read_dir(d.join("inputs")).unwrap().map(|e| e.unwrap().path()).collect();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(d.join("inputs")).unwrap().map(|e| e.unwrap().path()).collect();
     files.sort();
     files
         .iter()

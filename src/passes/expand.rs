@@ -3,7 +3,8 @@
 //! - `pad`: per padded dim, one `gather` with constant indices (reflect, edge, wrap and
 //!   negative pads are all just index maps); the constant mode first appends one slice of
 //!   the fill value, which the indices of padding point at.
-//! - `conv`: im2col + GEMM. The padded input, viewed as `[N, G, C/G, positions]`, is
+//! - `conv`: a depthwise conv (groups = input channels, f32, 1-D or 2-D) stays as it is,
+//!   for its own kernel (`codegen::conv`); any other is im2col + GEMM. The padded input, viewed as `[N, G, C/G, positions]`, is
 //!   gathered with a constant `[taps, outputs]` index table into `[N, G, C/G·taps, outputs]`
 //!   and multiplied by the weight viewed as `[G, M/G, C/G·taps]` (a folded reshape), so the
 //!   work is one batched matmul on the existing GEMM; a 1×1 stride-1 conv needs no gather.
@@ -26,6 +27,8 @@ use meshc_ir::infer::{attr_str, Operand};
 use meshc_ir::verify::Info;
 use meshc_ir::window::{conv_window, numel, pad_shape, pad_source, Tap, Window};
 use meshc_ir::{Attr, Attrs, DType, Graph, Node, Op, Param, ParamData, TensorType};
+
+use crate::codegen::conv::is_depthwise;
 
 /// Whether `g` has anything to expand.
 pub fn needed(g: &Graph) -> bool {
@@ -313,6 +316,11 @@ impl Expander {
     }
 
     fn conv(&mut self, n: &Node) -> R<()> {
+        if is_depthwise(n, &self.types[&n.inputs[0]], &self.types[&n.inputs[1]]) {
+            // Code generation has a kernel of its own for these (`codegen::conv`).
+            self.g.nodes.push(n.clone());
+            return Ok(());
+        }
         let (x, w) = (self.shape(&n.inputs[0]), self.shape(&n.inputs[1]));
         let (win, g) = conv_window(n, &x, &w)?;
         let out = win.out_sizes(&x[2..])?;
