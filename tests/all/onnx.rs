@@ -143,6 +143,25 @@ fn batch_norms_fold_into_their_convs() {
     assert!(!run.stdout.contains("scaled"), "a batch norm's mul was left:\n{}", run.stdout);
 }
 
+/// MobileNet's depthwise convs (their batch norms folded in) run on the depthwise kernel,
+/// not through im2col: the only gather left is the average pool's.
+#[test]
+fn depthwise_convs_have_their_own_kernel() {
+    let tmp = scratch("onnx-depthwise");
+    let art = tmp.join("mobilenet.mshc").display().to_string();
+    let run = meshc(&["compile", "testdata/onnx/mobilenet_block/model.onnx", "--dim", "batch=2", "-o", &art]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    let run = meshc(&["inspect", &art]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    for b in [1, 2] {
+        let want = format!(" conv_features_{b}_bn_1_bn_BatchNormalization_output_0 ");
+        assert!(run.stdout.contains(&want), "no kernel '{want}' in\n{}", run.stdout);
+    }
+    let gathers: Vec<&str> = run.stdout.lines().filter(|l| l.contains(" gather_")).collect();
+    assert_eq!(gathers.len(), 1, "{gathers:?}");
+    assert!(gathers[0].contains("gather_y_cols"), "{gathers:?}");
+}
+
 /// `--const` fixes an input that must be known at import time; it must name an input and
 /// agree with its dtype.
 #[test]
