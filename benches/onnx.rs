@@ -1,65 +1,97 @@
-//! Imported CNN blocks (testdata/onnx: a ResNet basic block, MobileNetV2 inverted
-//! residuals) through the real `meshc` binary against onnxruntime, in the same run: `meshc
-//! run ARTIFACT --bench N` (compiled once, one device) and an onnxruntime session with
-//! intra_op_num_threads = 2, each on the model's committed input. onnxruntime comes from
+//! Imported ONNX models through the real `meshc` binary against onnxruntime, in the same
+//! run: the blocks of testdata/onnx (a BERT encoder block, a GPT-2 decoder block, a ResNet
+//! basic block, MobileNetV2 inverted residuals) and a 6-layer, 384-wide encoder
+//! (all-MiniLM-L6-v2's shapes) that `tools/gen_onnx_testdata.py --bench` writes under
+//! target/onnx-bench/. Per model: `meshc compile MODEL.onnx` (import + compile, wall time,
+//! the median of 3), `meshc run ARTIFACT --bench N` (one device) and an onnxruntime session
+//! with intra_op_num_threads = 2, each on the model's input files. onnxruntime comes from
 //! the venv `make onnx-testdata` makes (target/onnx-venv), or `MESHC_ORT_PYTHON`; without
-//! one the bench says "onnxruntime: not measured".
+//! one the bench says "onnxruntime: not measured" (and skips the generated encoder).
 //!
 //!     cargo bench --bench onnx
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Instant;
 
-const MODELS: &[&str] = &["resnet_block", "mobilenet_block"];
+const MODELS: &[&str] = &["encoder", "gpt2_block", "resnet_block", "mobilenet_block"];
+const GENERATED: &str = "encoder_6x384";
 const RUNS: usize = 300;
+const COMPILES: usize = 3;
 
-/// The median latency (ms) `meshc run --bench` prints.
-fn meshc_median(meshc: &Path, model: &str, dir: &Path) -> f64 {
-    let d = Path::new("testdata/onnx").join(model);
-    let art = dir.join(format!("{model}.mshc"));
-    let dims: Vec<String> = std::fs::read_to_string(d.join("dims.txt"))
+/// `--dim NAME=N` for each line of the model's dims.txt.
+fn dims(d: &Path) -> Vec<String> {
+    std::fs::read_to_string(d.join("dims.txt"))
         .unwrap()
         .lines()
         .flat_map(|l| ["--dim".to_string(), l.to_string()])
+        .collect()
+}
+
+/// `--input NAME=FILE` for each file of the model's inputs/.
+fn inputs(d: &Path) -> Vec<String> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(d.join("inputs")).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    files
+        .iter()
+        .flat_map(|f| ["--input".to_string(), format!("{}={}", f.file_stem().unwrap().to_string_lossy(), f.display())])
+        .collect()
+}
+
+/// The median wall time (ms) of `meshc compile MODEL.onnx`, and the median latency (ms)
+/// `meshc run --bench` prints for its artifact.
+fn meshc_medians(meshc: &Path, d: &Path, dir: &Path) -> (f64, f64) {
+    let name = d.file_name().unwrap().to_string_lossy().to_string();
+    let art = dir.join(format!("{name}.mshc"));
+    let mut compiles: Vec<f64> = (0..COMPILES)
+        .map(|_| {
+            let t = Instant::now();
+            let out =
+                Command::new(meshc).arg("compile").arg(d.join("model.onnx")).args(dims(d)).arg("-o").arg(&art).output();
+            let out = out.unwrap();
+            assert!(out.status.success(), "compile {name}: {}", String::from_utf8_lossy(&out.stderr));
+            t.elapsed().as_secs_f64() * 1e3
+        })
         .collect();
-    let model_path = d.join("model.onnx");
-    let out = Command::new(meshc).arg("compile").arg(&model_path).args(&dims).arg("-o").arg(&art).output().unwrap();
-    assert!(out.status.success(), "compile {model}: {}", String::from_utf8_lossy(&out.stderr));
+    compiles.sort_by(f64::total_cmp);
     let out = Command::new(meshc)
         .arg("run")
         .arg(&art)
-        .arg("--input")
-        .arg(format!("x={}", d.join("inputs/x.npy").display()))
+        .args(inputs(d))
+        .arg("--check-against")
+        .arg(d.join("expected"))
         .arg("--output-dir")
-        .arg(dir.join(model))
+        .arg(dir.join(&name))
         .args(["--bench", &RUNS.to_string()])
         .output()
         .unwrap();
-    assert!(out.status.success(), "run {model}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "run {name}: {}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     let median = text.split("median ").nth(1).and_then(|s| s.split(" ms").next()).unwrap_or_else(|| panic!("{text}"));
-    median.parse().unwrap()
+    (compiles[COMPILES / 2], median.parse().unwrap())
 }
 
 const ORT: &str = r#"
-import sys, time, numpy as np, onnxruntime as ort
+import os, sys, time, numpy as np, onnxruntime as ort
 runs = int(sys.argv[1])
-for m in sys.argv[2:]:
+for d in sys.argv[2:]:
     o = ort.SessionOptions(); o.intra_op_num_threads = 2; o.inter_op_num_threads = 1
-    s = ort.InferenceSession(f"testdata/onnx/{m}/model.onnx", o, providers=["CPUExecutionProvider"])
-    x = np.load(f"testdata/onnx/{m}/inputs/x.npy")
-    for _ in range(20): s.run(None, {"x": x})
+    s = ort.InferenceSession(os.path.join(d, "model.onnx"), o, providers=["CPUExecutionProvider"])
+    feed = {f[:-4]: np.load(os.path.join(d, "inputs", f)) for f in os.listdir(os.path.join(d, "inputs"))}
+    for _ in range(20): s.run(None, feed)
     t = []
     for _ in range(runs):
-        a = time.perf_counter(); s.run(None, {"x": x}); t.append(time.perf_counter() - a)
-    print(m, np.median(t) * 1e3)
+        a = time.perf_counter(); s.run(None, feed); t.append(time.perf_counter() - a)
+    print(d, np.median(t) * 1e3)
 "#;
 
-/// onnxruntime's median latency (ms) per model, or `None` without a Python that has it.
-fn ort_medians() -> Option<Vec<f64>> {
-    let python = std::env::var_os("MESHC_ORT_PYTHON")
-        .map_or_else(|| PathBuf::from("target/onnx-venv/bin/python"), PathBuf::from);
-    let out = Command::new(python).arg("-c").arg(ORT).arg(RUNS.to_string()).args(MODELS).output().ok()?;
+fn python() -> PathBuf {
+    std::env::var_os("MESHC_ORT_PYTHON").map_or_else(|| PathBuf::from("target/onnx-venv/bin/python"), PathBuf::from)
+}
+
+/// onnxruntime's median latency (ms) per model dir, or `None` without a Python that has it.
+fn ort_medians(dirs: &[PathBuf]) -> Option<Vec<f64>> {
+    let out = Command::new(python()).arg("-c").arg(ORT).arg(RUNS.to_string()).args(dirs).output().ok()?;
     if !out.status.success() {
         return None;
     }
@@ -67,18 +99,36 @@ fn ort_medians() -> Option<Vec<f64>> {
     text.lines().map(|l| l.split_whitespace().nth(1)?.parse().ok()).collect()
 }
 
+/// The generated encoder's dir, written by the generator unless it is there already;
+/// `None` without a Python that can run the generator.
+fn generated() -> Option<PathBuf> {
+    let root = PathBuf::from("target/onnx-bench");
+    let d = root.join(GENERATED);
+    if !d.join("model.onnx").is_file() {
+        let ok = Command::new(python()).arg("tools/gen_onnx_testdata.py").arg("--bench").arg(&root).status();
+        if !ok.is_ok_and(|s| s.success()) {
+            return None;
+        }
+    }
+    Some(d)
+}
+
 fn main() {
     let meshc = PathBuf::from(env!("CARGO_BIN_EXE_meshc"));
     let dir = std::env::temp_dir().join(format!("meshc-bench-onnx-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let ours: Vec<f64> = MODELS.iter().map(|m| meshc_median(&meshc, m, &dir)).collect();
-    let ort = ort_medians();
+    let mut dirs: Vec<PathBuf> = MODELS.iter().map(|m| Path::new("testdata/onnx").join(m)).collect();
+    dirs.extend(generated());
+    let ours: Vec<(f64, f64)> = dirs.iter().map(|d| meshc_medians(&meshc, d, &dir)).collect();
+    let ort = ort_medians(&dirs);
     let _ = std::fs::remove_dir_all(&dir);
-    println!("{:<18} {:>14} {:>18} {:>8}", "model", "meshc ms", "onnxruntime ms", "ratio");
-    for (i, m) in MODELS.iter().enumerate() {
+    println!("{:<18} {:>16} {:>12} {:>16} {:>8}", "model", "compile ms", "meshc ms", "onnxruntime ms", "ratio");
+    for (i, d) in dirs.iter().enumerate() {
+        let m = d.file_name().unwrap().to_string_lossy();
+        let (compile, run) = ours[i];
         match &ort {
-            Some(o) => println!("{m:<18} {:>14.4} {:>18.4} {:>7.2}x", ours[i], o[i], ours[i] / o[i]),
-            None => println!("{m:<18} {:>14.4} {:>18}", ours[i], "-"),
+            Some(o) => println!("{m:<18} {compile:>16.1} {run:>12.4} {:>16.4} {:>7.2}x", o[i], run / o[i]),
+            None => println!("{m:<18} {compile:>16.1} {run:>12.4} {:>16}", "-"),
         }
     }
     if ort.is_none() {

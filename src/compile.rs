@@ -192,6 +192,7 @@ fn generate(target: &Target, node: &Node, inputs: &[TensorType], out: &TensorTyp
         Op::Transpose | Op::Slice | Op::Concat | Op::BroadcastTo | Op::Gather | Op::Einsum => {
             codegen::movement::kernel(target, &name, node, inputs, out)
         }
+        Op::Conv => codegen::conv::depthwise(target, &name, node, inputs, out),
         op => bail!("node '{}': no kernel for {op}", node.name),
     }
 }

@@ -7,6 +7,7 @@ and dims.txt (the `--dim NAME=N` arguments its symbolic dims need). tests/all/on
 them through `meshc import`, `interp`, and `run` (1 device and under a layout).
 
 Needs onnx, onnxruntime and numpy; `make onnx-testdata` makes a venv under target/ with them.
+`--bench DIR` writes only the bench's 6-layer encoder, into DIR.
 Deterministic: the same packages write the same files.
 """
 
@@ -40,11 +41,11 @@ def node(op, inputs, outputs, **attrs):
     return helper.make_node(op, inputs, outputs, name="/" + outputs[0].replace("_output_0", ""), **attrs)
 
 
-def save(name, graph, inputs, dims):
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="gen_onnx_testdata")
+def save(name, graph, inputs, dims, opset=OPSET, out=OUT):
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="gen_onnx_testdata")
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)
-    d = os.path.join(OUT, name)
+    d = os.path.join(out, name)
     os.makedirs(os.path.join(d, "inputs"), exist_ok=True)
     os.makedirs(os.path.join(d, "expected"), exist_ok=True)
     onnx.save(model, os.path.join(d, "model.onnx"))
@@ -77,17 +78,16 @@ def mlp():
     save("mlp", g, {"x": rng.standard_normal((4, 16)).astype(np.float32)}, {"batch": 4})
 
 
-def encoder():
-    """One BERT encoder block (hidden 32, 4 heads) with an attention mask, written the way
-    torch.onnx writes it: head reshapes whose target shapes come from Shape/Gather/
-    Unsqueeze/Concat on the input, the extended mask (1 - mask) * min, erf GELU."""
-    hid, heads, ffn = 32, 4, 64
+def encoder(name="encoder", hid=32, heads=4, ffn=64, layers=1, batch=2, seq=5, out=OUT):
+    """BERT encoder blocks (by default one: hidden 32, 4 heads) with an attention mask,
+    written the way torch.onnx writes them: head reshapes whose target shapes come from
+    Shape/Gather/Unsqueeze/Concat on the input, the extended mask (1 - mask) * min, erf
+    GELU. Layer i > 0 prefixes its node names with /layer.i."""
     hd = hid // heads
     x = helper.make_tensor_value_info("hidden_states", TensorProto.FLOAT, ["batch", "seq", hid])
     m = helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])
     y = helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "seq", hid])
     n, inits = [], []
-    p = "encoder.layer.0."
     # Shape pieces, as exporters compute them.
     n += [node("Shape", ["hidden_states"], ["/Shape_output_0"]),
           const("/Constant_output_0", np.int64(0)), const("/Constant_1_output_0", np.int64(1)),
@@ -108,52 +108,59 @@ def encoder():
           node("Sub", ["/one", "/Cast_output_0"], ["/Sub_output_0"]),
           const("/min", np.float32(np.finfo(np.float32).min)),
           node("Mul", ["/Sub_output_0", "/min"], ["/Mul_output_0"])]
+    inp = "hidden_states"
+    for i in range(layers):
+        t = f"/layer.{i}" if i else ""
+        p = f"encoder.layer.{i}."
+        last = "last_hidden_state" if i + 1 == layers else f"{t}/ln2_output_0"
 
-    def linear(name, inp, din, dout, out):
-        inits.extend([init(p + name + ".weight_t", [din, dout]), init(p + name + ".bias", [dout], 0.05)])
-        mm = f"/{name}/MatMul_output_0"
-        return [node("MatMul", [inp, p + name + ".weight_t"], [mm]), node("Add", [p + name + ".bias", mm], [out])]
+        def linear(name, inp, din, dout, out):
+            inits.extend([init(p + name + ".weight_t", [din, dout]), init(p + name + ".bias", [dout], 0.05)])
+            mm = f"{t}/{name}/MatMul_output_0"
+            return [node("MatMul", [inp, p + name + ".weight_t"], [mm]), node("Add", [p + name + ".bias", mm], [out])]
 
-    def heads_of(t, out, perm):
-        r = f"/{out}/Reshape_output_0"
-        return [node("Reshape", [t, "/Concat_output_0"], [r]), node("Transpose", [r], [out], perm=perm)]
+        def heads_of(x, out, perm):
+            r = f"/{out}/Reshape_output_0"
+            return [node("Reshape", [x, "/Concat_output_0"], [r]), node("Transpose", [r], [out], perm=perm)]
 
-    for name in ["query", "key", "value"]:
-        n += linear("attention.self." + name, "hidden_states", hid, hid, f"/{name}_output_0")
-    n += heads_of("/query_output_0", "/q_output_0", [0, 2, 1, 3])
-    n += heads_of("/key_output_0", "/kT_output_0", [0, 2, 3, 1])
-    n += heads_of("/value_output_0", "/v_output_0", [0, 2, 1, 3])
-    n += [node("MatMul", ["/q_output_0", "/kT_output_0"], ["/scores_output_0"]),
-          const("/scale", np.float32(np.sqrt(hd))),
-          node("Div", ["/scores_output_0", "/scale"], ["/scaled_output_0"]),
-          node("Add", ["/scaled_output_0", "/Mul_output_0"], ["/masked_output_0"]),
-          node("Softmax", ["/masked_output_0"], ["/probs_output_0"], axis=-1),
-          node("MatMul", ["/probs_output_0", "/v_output_0"], ["/context_output_0"]),
-          node("Transpose", ["/context_output_0"], ["/context_t_output_0"], perm=[0, 2, 1, 3]),
-          node("Reshape", ["/context_t_output_0", "/Concat_1_output_0"], ["/context_r_output_0"])]
-    n += linear("attention.output.dense", "/context_r_output_0", hid, hid, "/attn_out_output_0")
-    inits += [init(p + "attention.output.LayerNorm.weight", [hid]), init(p + "attention.output.LayerNorm.bias", [hid])]
-    n += [node("Add", ["/attn_out_output_0", "hidden_states"], ["/res1_output_0"]),
-          node("LayerNormalization", ["/res1_output_0", p + "attention.output.LayerNorm.weight",
-                                      p + "attention.output.LayerNorm.bias"], ["/ln1_output_0"], axis=-1, epsilon=1e-12)]
-    n += linear("intermediate.dense", "/ln1_output_0", hid, ffn, "/inter_output_0")
-    n += [const("/sqrt2", np.float32(np.sqrt(2.0))),
-          node("Div", ["/inter_output_0", "/sqrt2"], ["/gelu_div_output_0"]),
-          node("Erf", ["/gelu_div_output_0"], ["/gelu_erf_output_0"]),
-          node("Add", ["/gelu_erf_output_0", "/one"], ["/gelu_add_output_0"]),
-          node("Mul", ["/inter_output_0", "/gelu_add_output_0"], ["/gelu_mul_output_0"]),
-          const("/half", np.float32(0.5)),
-          node("Mul", ["/gelu_mul_output_0", "/half"], ["/gelu_output_0"])]
-    n += linear("output.dense", "/gelu_output_0", ffn, hid, "/ffn_out_output_0")
-    inits += [init(p + "output.LayerNorm.weight", [hid]), init(p + "output.LayerNorm.bias", [hid])]
-    n += [node("Add", ["/ffn_out_output_0", "/ln1_output_0"], ["/res2_output_0"]),
-          node("LayerNormalization", ["/res2_output_0", p + "output.LayerNorm.weight", p + "output.LayerNorm.bias"],
-               ["last_hidden_state"], axis=-1, epsilon=1e-12)]
+        for proj in ["query", "key", "value"]:
+            n += linear("attention.self." + proj, inp, hid, hid, f"{t}/{proj}_output_0")
+        n += heads_of(f"{t}/query_output_0", f"{t}/q_output_0", [0, 2, 1, 3])
+        n += heads_of(f"{t}/key_output_0", f"{t}/kT_output_0", [0, 2, 3, 1])
+        n += heads_of(f"{t}/value_output_0", f"{t}/v_output_0", [0, 2, 1, 3])
+        n += [node("MatMul", [f"{t}/q_output_0", f"{t}/kT_output_0"], [f"{t}/scores_output_0"]),
+              const(f"{t}/scale", np.float32(np.sqrt(hd))),
+              node("Div", [f"{t}/scores_output_0", f"{t}/scale"], [f"{t}/scaled_output_0"]),
+              node("Add", [f"{t}/scaled_output_0", "/Mul_output_0"], [f"{t}/masked_output_0"]),
+              node("Softmax", [f"{t}/masked_output_0"], [f"{t}/probs_output_0"], axis=-1),
+              node("MatMul", [f"{t}/probs_output_0", f"{t}/v_output_0"], [f"{t}/context_output_0"]),
+              node("Transpose", [f"{t}/context_output_0"], [f"{t}/context_t_output_0"], perm=[0, 2, 1, 3]),
+              node("Reshape", [f"{t}/context_t_output_0", "/Concat_1_output_0"], [f"{t}/context_r_output_0"])]
+        n += linear("attention.output.dense", f"{t}/context_r_output_0", hid, hid, f"{t}/attn_out_output_0")
+        inits += [init(p + "attention.output.LayerNorm.weight", [hid]), init(p + "attention.output.LayerNorm.bias", [hid])]
+        n += [node("Add", [f"{t}/attn_out_output_0", inp], [f"{t}/res1_output_0"]),
+              node("LayerNormalization", [f"{t}/res1_output_0", p + "attention.output.LayerNorm.weight",
+                                          p + "attention.output.LayerNorm.bias"], [f"{t}/ln1_output_0"], axis=-1,
+                   epsilon=1e-12)]
+        n += linear("intermediate.dense", f"{t}/ln1_output_0", hid, ffn, f"{t}/inter_output_0")
+        n += [const(f"{t}/sqrt2", np.float32(np.sqrt(2.0))),
+              node("Div", [f"{t}/inter_output_0", f"{t}/sqrt2"], [f"{t}/gelu_div_output_0"]),
+              node("Erf", [f"{t}/gelu_div_output_0"], [f"{t}/gelu_erf_output_0"]),
+              node("Add", [f"{t}/gelu_erf_output_0", "/one"], [f"{t}/gelu_add_output_0"]),
+              node("Mul", [f"{t}/inter_output_0", f"{t}/gelu_add_output_0"], [f"{t}/gelu_mul_output_0"]),
+              const(f"{t}/half", np.float32(0.5)),
+              node("Mul", [f"{t}/gelu_mul_output_0", f"{t}/half"], [f"{t}/gelu_output_0"])]
+        n += linear("output.dense", f"{t}/gelu_output_0", ffn, hid, f"{t}/ffn_out_output_0")
+        inits += [init(p + "output.LayerNorm.weight", [hid]), init(p + "output.LayerNorm.bias", [hid])]
+        n += [node("Add", [f"{t}/ffn_out_output_0", f"{t}/ln1_output_0"], [f"{t}/res2_output_0"]),
+              node("LayerNormalization", [f"{t}/res2_output_0", p + "output.LayerNorm.weight",
+                                          p + "output.LayerNorm.bias"], [last], axis=-1, epsilon=1e-12)]
+        inp = last
     g = helper.make_graph(n, "encoder", [x, m], [y], inits)
-    mask = np.ones((2, 5), dtype=np.int64)
+    mask = np.ones((batch, seq), dtype=np.int64)
     mask[1, 3:] = 0
-    save("encoder", g, {"hidden_states": rng.standard_normal((2, 5, hid)).astype(np.float32), "attention_mask": mask},
-         {"batch": 2, "seq": 5})
+    save(name, g, {"hidden_states": rng.standard_normal((batch, seq, hid)).astype(np.float32), "attention_mask": mask},
+         {"batch": batch, "seq": seq}, out=out)
 
 
 def shapes():
@@ -315,6 +322,92 @@ def mobilenet_block():
     save("mobilenet_block", g, {"x": rng.standard_normal((2, 8, 12, 12)).astype(np.float32)}, {"batch": 2})
 
 
+def gpt2_block():
+    """A GPT-2 decoder block (hidden 32, 4 heads), the full-sequence graph as torch.onnx
+    writes it at opset 18: ln_1, one c_attn projection (a Conv1D: MatMul on a [in, out]
+    weight, then Add) split in three, heads reshaped and transposed with target shapes from
+    Shape/Gather/Concat, the causal mask from Range and Less on the sequence length chosen
+    by Where against the float32 minimum, Softmax, c_proj and the residual; ln_2 and the MLP
+    with gelu_new (the tanh approximation: Pow, Tanh) and the second residual."""
+    hid, heads = 32, 4
+    hd = hid // heads
+    x = helper.make_tensor_value_info("hidden_states", TensorProto.FLOAT, ["batch", "seq", hid])
+    y = helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", "seq", hid])
+    p = "h.0."
+    n, inits = [], []
+
+    def conv1d(name, inp, din, dout, out):
+        inits.extend([init(p + name + ".weight", [din, dout]), init(p + name + ".bias", [dout], 0.05)])
+        mm = f"/{name}/MatMul_output_0"
+        return [node("MatMul", [inp, p + name + ".weight"], [mm]), node("Add", [p + name + ".bias", mm], [out])]
+
+    def layer_norm(name, inp, out):
+        inits.extend([numpy_helper.from_array((1 + 0.1 * rng.standard_normal(hid)).astype(np.float32),
+                                              p + name + ".weight"), init(p + name + ".bias", [hid], 0.05)])
+        return [node("LayerNormalization", [inp, p + name + ".weight", p + name + ".bias"], [out], axis=-1,
+                     epsilon=1e-5)]
+
+    # The sequence length and the head shape, from the input's shape.
+    n += [node("Shape", ["hidden_states"], ["/Shape_output_0"]),
+          const("/Constant_output_0", np.int64(0)), const("/Constant_1_output_0", np.int64(1)),
+          node("Gather", ["/Shape_output_0", "/Constant_output_0"], ["/Gather_output_0"], axis=0),
+          node("Gather", ["/Shape_output_0", "/Constant_1_output_0"], ["/Gather_1_output_0"], axis=0),
+          const("/axes0", np.array([0], dtype=np.int64)),
+          node("Unsqueeze", ["/Gather_output_0", "/axes0"], ["/Unsqueeze_output_0"]),
+          node("Unsqueeze", ["/Gather_1_output_0", "/axes0"], ["/Unsqueeze_1_output_0"]),
+          const("/heads", np.array([heads, hd], dtype=np.int64)),
+          const("/hidden", np.array([hid], dtype=np.int64)),
+          node("Concat", ["/Unsqueeze_output_0", "/Unsqueeze_1_output_0", "/heads"], ["/Concat_output_0"], axis=0),
+          node("Concat", ["/Unsqueeze_output_0", "/Unsqueeze_1_output_0", "/hidden"], ["/Concat_1_output_0"], axis=0)]
+    # The causal mask: key position j is hidden from query position i when i < j.
+    n += [const("/zero_i", np.int64(0)), const("/one_i", np.int64(1)),
+          node("Range", ["/zero_i", "/Gather_1_output_0", "/one_i"], ["/Range_output_0"]),
+          const("/axes1", np.array([1], dtype=np.int64)),
+          node("Unsqueeze", ["/Range_output_0", "/axes1"], ["/rows_output_0"]),
+          node("Unsqueeze", ["/Range_output_0", "/axes0"], ["/cols_output_0"]),
+          node("Less", ["/rows_output_0", "/cols_output_0"], ["/future_output_0"]),
+          const("/mask_value", np.float32(np.finfo(np.float32).min))]
+    n += layer_norm("ln_1", "hidden_states", "/ln_1/LayerNormalization_output_0")
+    n += conv1d("attn.c_attn", "/ln_1/LayerNormalization_output_0", hid, 3 * hid, "/attn/c_attn/Add_output_0")
+    n += [const("/split", np.array([hid] * 3, dtype=np.int64)),
+          helper.make_node("Split", ["/attn/c_attn/Add_output_0", "/split"],
+                           ["/attn/Split_output_0", "/attn/Split_output_1", "/attn/Split_output_2"],
+                           name="/attn/Split", axis=2)]
+    for i, (t, perm) in enumerate([("q", [0, 2, 1, 3]), ("kT", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])]):
+        n += [node("Reshape", [f"/attn/Split_output_{i}", "/Concat_output_0"], [f"/attn/{t}/Reshape_output_0"]),
+              node("Transpose", [f"/attn/{t}/Reshape_output_0"], [f"/attn/{t}_output_0"], perm=perm)]
+    n += [node("MatMul", ["/attn/q_output_0", "/attn/kT_output_0"], ["/attn/MatMul_output_0"]),
+          const("/attn/scale", np.float32(np.sqrt(hd))),
+          node("Div", ["/attn/MatMul_output_0", "/attn/scale"], ["/attn/Div_output_0"]),
+          node("Where", ["/future_output_0", "/mask_value", "/attn/Div_output_0"], ["/attn/Where_output_0"]),
+          node("Softmax", ["/attn/Where_output_0"], ["/attn/Softmax_output_0"], axis=-1),
+          node("MatMul", ["/attn/Softmax_output_0", "/attn/v_output_0"], ["/attn/MatMul_1_output_0"]),
+          node("Transpose", ["/attn/MatMul_1_output_0"], ["/attn/Transpose_output_0"], perm=[0, 2, 1, 3]),
+          node("Reshape", ["/attn/Transpose_output_0", "/Concat_1_output_0"], ["/attn/Reshape_output_0"])]
+    n += conv1d("attn.c_proj", "/attn/Reshape_output_0", hid, hid, "/attn/c_proj/Add_output_0")
+    n += [node("Add", ["/attn/c_proj/Add_output_0", "hidden_states"], ["/Add_output_0"])]
+    n += layer_norm("ln_2", "/Add_output_0", "/ln_2/LayerNormalization_output_0")
+    n += conv1d("mlp.c_fc", "/ln_2/LayerNormalization_output_0", hid, 4 * hid, "/mlp/c_fc/Add_output_0")
+    # gelu_new: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+    h = "/mlp/c_fc/Add_output_0"
+    n += [const("/mlp/act/half", np.float32(0.5)), const("/mlp/act/three", np.float32(3.0)),
+          const("/mlp/act/c", np.float32(0.044715)), const("/mlp/act/k", np.float32(np.sqrt(2.0 / np.pi))),
+          const("/mlp/act/one", np.float32(1.0)),
+          node("Mul", ["/mlp/act/half", h], ["/mlp/act/Mul_output_0"]),
+          node("Pow", [h, "/mlp/act/three"], ["/mlp/act/Pow_output_0"]),
+          node("Mul", ["/mlp/act/c", "/mlp/act/Pow_output_0"], ["/mlp/act/Mul_1_output_0"]),
+          node("Add", [h, "/mlp/act/Mul_1_output_0"], ["/mlp/act/Add_output_0"]),
+          node("Mul", ["/mlp/act/k", "/mlp/act/Add_output_0"], ["/mlp/act/Mul_2_output_0"]),
+          node("Tanh", ["/mlp/act/Mul_2_output_0"], ["/mlp/act/Tanh_output_0"]),
+          node("Add", ["/mlp/act/one", "/mlp/act/Tanh_output_0"], ["/mlp/act/Add_1_output_0"]),
+          node("Mul", ["/mlp/act/Mul_output_0", "/mlp/act/Add_1_output_0"], ["/mlp/act/Mul_3_output_0"])]
+    n += conv1d("mlp.c_proj", "/mlp/act/Mul_3_output_0", 4 * hid, hid, "/mlp/c_proj/Add_output_0")
+    n += [node("Add", ["/Add_output_0", "/mlp/c_proj/Add_output_0"], ["output"])]
+    g = helper.make_graph(n, "gpt2_block", [x], [y], inits)
+    save("gpt2_block", g, {"hidden_states": rng.standard_normal((2, 6, hid)).astype(np.float32)},
+         {"batch": 2, "seq": 6}, opset=18)
+
+
 def bad():
     """Bad inputs for testdata/bad/ (tests/all/golden.rs pins each one-line error)."""
     d = os.path.join(OUT, "..", "bad")
@@ -347,12 +440,22 @@ def bad():
 
 
 if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--bench":
+        # The bench's 6-layer, 384-wide encoder (all-MiniLM-L6-v2's shapes), too big to
+        # commit (11 M weights): `cargo bench --bench onnx` writes it under target/.
+        encoder("encoder_6x384", hid=384, heads=12, ffn=1536, layers=6, batch=2, seq=32, out=sys.argv[2])
+        sys.exit(0)
     mlp()
     encoder()
     shapes()
+    after_shapes = rng.bit_generator.state
     opset_v2()
+    # The CNN blocks were first written by a generator without opset_v2: their weights and
+    # inputs draw from where shapes() left off, so that regenerating keeps their bytes.
+    rng.bit_generator.state = after_shapes
     resnet_block()
     mobilenet_block()
+    gpt2_block()
     bad()
     total = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote {OUT} ({total} bytes)", file=sys.stderr)

@@ -12,6 +12,7 @@
 //! their own code section, PC-relative, so the section runs wherever it is mapped: straight
 //! from the artifact file, with no relocation step.
 
+pub mod conv;
 pub mod elementwise;
 pub mod emit;
 pub mod math;

@@ -236,6 +236,9 @@ fn fill_run(kb: &mut KernelBuilder, dst: Value, src: Value, esize: i64, n: i64) 
 
 /// numpy `take`: validates every index first (so a bad index fails the kernel even when
 /// the result is empty, as in the interpreter), then copies one `data` run per index.
+/// The most rows a gather of single elements copies, unrolled, per index it loads.
+const GATHER_ROWS_INSIDE: usize = 16;
+
 fn gather(
     target: &Target,
     name: &str,
@@ -281,13 +284,32 @@ fn gather(
         if run == 0 {
             return;
         }
+        let source = |kb: &mut KernelBuilder, j: Value| {
+            let i = load_index(kb, j);
+            let wrapped = kb.b.ins().iadd_imm_s(i, n);
+            let negative = kb.b.ins().icmp_imm_s(IntCC::SignedLessThan, i, 0);
+            kb.b.ins().select(negative, wrapped, i)
+        };
+        if inner == 1 && (2..=GATHER_ROWS_INSIDE).contains(&outer) {
+            // Single elements from a few rows (im2col's gathers): each index serves every
+            // row, so it is loaded and wrapped once, and the rows' copies are unrolled with
+            // constant offsets.
+            kb.for_const(0, count, 1, |kb, j| {
+                let i = source(kb, j);
+                let s = kb.addr(src, i, esize);
+                let d = kb.addr(dst, j, esize);
+                let ty = move_type(esize);
+                for o in 0..outer as i64 {
+                    let v = kb.b.ins().load(ty, mem(), s, (o * n * esize) as i32);
+                    kb.b.ins().store(mem(), v, d, (o * count * esize) as i32);
+                }
+            });
+            return;
+        }
         let rows = [Dim::new(outer, &[n * run, count * run])];
         for_nest(kb, &rows, &[src, dst], &mut |kb, p| {
             kb.for_const(0, count, 1, |kb, j| {
-                let i = load_index(kb, j);
-                let wrapped = kb.b.ins().iadd_imm_s(i, n);
-                let negative = kb.b.ins().icmp_imm_s(IntCC::SignedLessThan, i, 0);
-                let i = kb.b.ins().select(negative, wrapped, i);
+                let i = source(kb, j);
                 let s = kb.addr(p[0], i, run);
                 let d = kb.addr(p[1], j, run);
                 copy_run(kb, d, s, run);
@@ -701,6 +723,7 @@ mod tests {
             (&[3, 5, 4], 1, &[2, 2], &[4, -2, 0, 1]),
             (&[3, 5, 4], -1, &[], &[2]),
             (&[10, 33], 0, &[3], &[9, 0, 9]),
+            (&[3, 2, 7], 2, &[2, 5], &[6, 0, -1, 3, -7, 2, 2, 5, 1, -3]),
             (&[2, 3], 0, &[0], &[]),
         ];
         for (i, &(shape, axis, ishape, idx)) in cases.iter().enumerate() {

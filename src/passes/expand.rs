@@ -3,8 +3,10 @@
 //! - `pad`: per padded dim, one `gather` with constant indices (reflect, edge, wrap and
 //!   negative pads are all just index maps); the constant mode first appends one slice of
 //!   the fill value, which the indices of padding point at.
-//! - `conv`: im2col + GEMM. The padded input, viewed as `[N, G, C/G, positions]`, is
-//!   gathered with a constant `[taps, outputs]` index table into `[N, G, C/G·taps, outputs]`
+//! - `conv`: a depthwise conv (groups = input channels, f32, 1-D or 2-D) stays as it is,
+//!   for its own kernel (`codegen::conv`); any other is im2col + GEMM. The input, viewed as `[N, G, C/G, positions]` (with one
+//!   element of padding appended when a tap lands on a pad), is gathered with a constant
+//!   `[taps, outputs]` index table into `[N, G, C/G·taps, outputs]`
 //!   and multiplied by the weight viewed as `[G, M/G, C/G·taps]` (a folded reshape), so the
 //!   work is one batched matmul on the existing GEMM; a 1×1 stride-1 conv needs no gather.
 //! - `max_pool` / `avg_pool`: the same gather (pads, and the end a ceil_mode window runs
@@ -26,6 +28,8 @@ use meshc_ir::infer::{attr_str, Operand};
 use meshc_ir::verify::Info;
 use meshc_ir::window::{conv_window, numel, pad_shape, pad_source, Tap, Window};
 use meshc_ir::{Attr, Attrs, DType, Graph, Node, Op, Param, ParamData, TensorType};
+
+use crate::codegen::conv::is_depthwise;
 
 /// Whether `g` has anything to expand.
 pub fn needed(g: &Graph) -> bool {
@@ -240,51 +244,52 @@ impl Expander {
         Ok(())
     }
 
-    /// `x` padded as `win` says (plus the end a ceil_mode window runs past) with `value`,
-    /// gathered into `[N, C, taps, outputs]` (or with the channel dim cut into `groups`:
-    /// `[N, G, C/G, taps, outputs]`). `None` when the gather is the identity (a 1×1,
-    /// stride-1, unpadded window).
+    /// `x` gathered by the taps of `win` into `[N, C, taps, outputs]` (or with the channel
+    /// dim cut into `groups`: `[N, G, C/G, taps, outputs]`); a tap on padding, or past the
+    /// input where a ceil_mode window runs, reads `value`. The spatial dims are gathered as
+    /// one flat dim, to which one element of `value` is appended when a tap needs it: one
+    /// concat and one gather, where padding dim by dim first cost three steps per dim.
+    /// `None` when the gather is the identity (a 1×1, stride-1, unpadded window).
     fn columns(&mut self, n: &Node, win: &Window, value: f64, groups: Option<usize>) -> R<Option<String>> {
         let x = &n.inputs[0];
         let shape = self.shape(x);
-        let (sp, r) = (&shape[2..], shape.len());
+        let sp = &shape[2..];
         let out = win.out_sizes(sp)?;
-        let mut pads = vec![0i64; 2 * r];
-        let mut padded = shape.clone();
-        for d in 0..sp.len() {
-            let span = (win.kernel[d] - 1) * win.dilations[d] + 1;
-            let need = (out[d] - 1) * win.strides[d] + span;
-            let end = need.saturating_sub(sp[d] + win.begin[d]).max(win.end[d]);
-            (pads[2 + d], pads[r + 2 + d]) = (win.begin[d] as i64, end as i64);
-            padded[2 + d] = sp[d] + win.begin[d] + end;
-        }
-        let identity = numel(&win.kernel) == 1 && win.strides.iter().all(|&s| s == 1) && pads.iter().all(|&p| p == 0);
-        if identity {
+        if numel(&win.kernel) == 1 && win.strides.iter().all(|&s| s == 1) && out == sp {
             return Ok(None);
         }
         let base = |what: &str| format!("{}.{what}", n.name);
-        let mut cur = x.clone();
-        if pads.iter().any(|&p| p != 0) {
-            cur = self.padded(n, x, &pads, "constant", value, &base("padded"))?;
-        }
-        let psp = &padded[2..];
-        let (n_k, n_out) = (numel(&win.kernel), numel(&out));
-        // The padded input has no padding of its own: every tap is real.
-        let geometry = Window { begin: vec![0; psp.len()], end: vec![0; psp.len()], ceil_mode: false, ..win.clone() };
-        let taps = geometry.taps(psp, &out);
-        let mut idx = vec![0i64; n_k * n_out];
+        let (n_k, n_out, n_in) = (numel(&win.kernel), numel(&out), numel(sp));
+        let taps = win.taps(sp, &out);
+        // Every tap off the input reads the appended element, at index n_in.
+        let mut idx = vec![n_in as i64; n_k * n_out];
         for (t, tap) in taps.iter().enumerate() {
-            let Tap::Real(i) = tap else { return Err("a window tap outside the padded input".into()) };
-            idx[(t % n_k) * n_out + t / n_k] = *i as i64;
+            if let Tap::Real(i) = tap {
+                idx[(t % n_k) * n_out + t / n_k] = *i as i64;
+            }
         }
-        let view: Vec<i64> = match groups {
-            Some(g) => vec![shape[0] as i64, g as i64, (shape[1] / g) as i64, numel(psp) as i64],
-            None => vec![shape[0] as i64, shape[1] as i64, numel(psp) as i64],
+        let view: Vec<usize> = match groups {
+            Some(g) => vec![shape[0], g, shape[1] / g, n_in],
+            None => vec![shape[0], shape[1], n_in],
         };
-        let flat = self.emit(n, base("flat"), Op::Reshape, &[&cur], &[("shape", ints(view.iter().copied()))])?;
+        let axis = view.len() - 1;
+        let mut src =
+            self.emit(n, base("flat"), Op::Reshape, &[x], &[("shape", ints(view.iter().map(|&s| s as i64)))])?;
+        if idx.contains(&(n_in as i64)) {
+            let mut one = view.clone();
+            one[axis] = 1;
+            let fill = self.fill(n, base("value"), self.types[x].dtype, value)?;
+            let block = self.emit(
+                n,
+                base("fill"),
+                Op::BroadcastTo,
+                &[&fill],
+                &[("shape", ints(one.iter().map(|&s| s as i64)))],
+            )?;
+            src = self.emit(n, base("ext"), Op::Concat, &[&src, &block], &[("axis", Attr::Int(axis as i64))])?;
+        }
         let idx = self.table(base("taps"), &[n_k, n_out], &idx);
-        let axis = view.len() as i64 - 1;
-        Ok(Some(self.emit(n, base("cols"), Op::Gather, &[&flat, &idx], &[("axis", Attr::Int(axis))])?))
+        Ok(Some(self.emit(n, base("cols"), Op::Gather, &[&src, &idx], &[("axis", Attr::Int(axis as i64))])?))
     }
 
     /// The conv of `bn` with its weight scaled per output channel and its bias scaled and
@@ -313,6 +318,11 @@ impl Expander {
     }
 
     fn conv(&mut self, n: &Node) -> R<()> {
+        if is_depthwise(n, &self.types[&n.inputs[0]], &self.types[&n.inputs[1]]) {
+            // Code generation has a kernel of its own for these (`codegen::conv`).
+            self.g.nodes.push(n.clone());
+            return Ok(());
+        }
         let (x, w) = (self.shape(&n.inputs[0]), self.shape(&n.inputs[1]));
         let (win, g) = conv_window(n, &x, &w)?;
         let out = win.out_sizes(&x[2..])?;

@@ -109,6 +109,21 @@ fn imported_graphs_keep_onnx_names_fold_shapes_and_name_dims() {
     }
 }
 
+/// The GPT-2 block's causal mask (Range and Less on the sequence length) folds at import
+/// into a constant bool matrix that one `where` applies to the scores.
+#[test]
+fn a_causal_mask_folds_into_a_constant_for_where() {
+    let tmp = scratch("onnx-causal");
+    let graph = tmp.join("gpt2.txt").display().to_string();
+    let model = "testdata/onnx/gpt2_block/model.onnx";
+    let run = meshc(&["import", model, "-o", &graph, "--dim", "batch=2", "--dim", "seq=6"]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    let text = std::fs::read_to_string(&graph).unwrap();
+    assert!(text.contains("param attn_Where_output_0.0: bool[6,6] = file("), "{text}");
+    assert!(text.contains(" = where(attn_Where_output_0.0, mask_value, attn_Div_output_0)"), "{text}");
+    assert!(!text.contains("range(") && !text.contains("less("), "the mask was not folded:\n{text}");
+}
+
 /// The importer writes each BatchNormalization as a per-channel mul and add; compile folds
 /// the pair into the conv before it: new weights and biases, computed by the fold pass.
 #[test]
@@ -126,6 +141,25 @@ fn batch_norms_fold_into_their_convs() {
     let run = meshc(&["compile", model, "--dim", "batch=2", "-o", &art, "--dump-after", "fuse"]);
     assert_eq!(run.status, Some(0), "{run:?}");
     assert!(!run.stdout.contains("scaled"), "a batch norm's mul was left:\n{}", run.stdout);
+}
+
+/// MobileNet's depthwise convs (their batch norms folded in) run on the depthwise kernel,
+/// not through im2col: the only gather left is the average pool's.
+#[test]
+fn depthwise_convs_have_their_own_kernel() {
+    let tmp = scratch("onnx-depthwise");
+    let art = tmp.join("mobilenet.mshc").display().to_string();
+    let run = meshc(&["compile", "testdata/onnx/mobilenet_block/model.onnx", "--dim", "batch=2", "-o", &art]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    let run = meshc(&["inspect", &art]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    for b in [1, 2] {
+        let want = format!(" conv_features_{b}_bn_1_bn_BatchNormalization_output_0 ");
+        assert!(run.stdout.contains(&want), "no kernel '{want}' in\n{}", run.stdout);
+    }
+    let gathers: Vec<&str> = run.stdout.lines().filter(|l| l.contains(" gather_")).collect();
+    assert_eq!(gathers.len(), 1, "{gathers:?}");
+    assert!(gathers[0].contains("gather_y_cols"), "{gathers:?}");
 }
 
 /// `--const` fixes an input that must be known at import time; it must name an input and
