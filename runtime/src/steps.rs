@@ -1,8 +1,8 @@
 //! Training runs: a training artifact (`meshc compile --loss --optimizer`) computes one
 //! step, state tensors in (the params and the optimizer's moments and step count, as
 //! inputs) and `next.S` out. `train` runs it N times on one loaded program — compiled code
-//! and weights stay mapped, the state is handed from one step's outputs to the next
-//! step's inputs in memory — with a new batch per step from a data directory, prints the
+//! and weights stay mapped, the state stays on the devices from one step to the next
+//! (`crate::resident`) — with a new batch per step from a data directory, prints the
 //! loss of every step, and writes the state as a safetensors checkpoint (temporary file,
 //! fsync, rename: a crash leaves the previous checkpoint or the new one, never a torn one).
 
@@ -15,6 +15,7 @@ use meshc_ir::tensor::{safetensors_bytes, safetensors_dtype};
 use meshc_ir::{DType, Tensor, TensorType};
 
 use crate::output::Outputs;
+use crate::resident::Resident;
 use crate::runner::Loaded;
 
 /// The flags of a training run.
@@ -207,27 +208,26 @@ pub fn train(loaded: &Loaded, mut state: State, args: &StepArgs, checkpoint: &Pa
             );
         }
     }
+    // The state goes onto the devices once and stays there; only checkpoints gather it.
+    let mut resident = loaded.upload(&state.tensors, &names, next_name)?;
+    let save = |state: &mut State, resident: &Resident| -> Result<()> {
+        state.tensors = loaded.download(resident)?;
+        state.save(checkpoint)
+    };
     for _ in 0..steps {
-        let mut inputs = match &batches {
+        let inputs = match &batches {
             Some(b) => b.get(state.step, &batch_inputs)?,
             None => HashMap::new(),
         };
-        for n in &names {
-            inputs.insert(n.clone(), state.tensors.remove(n).expect("checked above"));
-        }
-        let mut out = loaded.run(&inputs).with_context(|| format!("step {}", state.step))?;
-        for n in &names {
-            let t = out.remove(&next_name(n)).ok_or_else(|| anyhow!("the program has no output '{}'", next_name(n)))?;
-            state.tensors.insert(n.clone(), t);
-        }
+        let out = loaded.run_resident(&inputs, &mut resident).with_context(|| format!("step {}", state.step))?;
         state.step += 1;
         let losses: Vec<String> =
             reported.iter().filter_map(|r| out.get(*r).map(|t| format!("{r} {}", t.data.to_f64()[0] as f32))).collect();
         println!("step {} {}", state.step, losses.join(" "));
         if args.save_every.is_some_and(|k| state.step.is_multiple_of(k)) {
-            state.save(checkpoint)?;
+            save(&mut state, &resident)?;
         }
     }
-    state.save(checkpoint)?;
+    save(&mut state, &resident)?;
     Ok(state)
 }

@@ -173,3 +173,64 @@ fn training_refusals_are_one_line_errors() {
     assert_eq!(r.status, Some(1), "{r:?}");
     assert!(r.stderr.contains("init.safetensors"), "{}", r.stderr);
 }
+
+/// The step run with its state on the devices (`Loaded::upload`, `run_resident`) against
+/// the state handed through the host every step (`Loaded::run` with the state as inputs):
+/// the same losses and the same final state, bit for bit, on one device and on the 2x4
+/// mesh; and per step only the batch's blocks go in and the loss comes out — the state's
+/// blocks are cut once (the upload) and gathered once (the download), whatever the steps.
+#[test]
+fn resident_state_steps_like_the_host_round_trip_and_never_reslices() {
+    use meshc_runtime::artifact::Artifact;
+    use meshc_runtime::steps::state_names;
+    use std::collections::HashMap;
+    let x = meshc_ir::Tensor::read_npy(Path::new("testdata/train/data/x.npy")).unwrap();
+    let labels = meshc_ir::Tensor::read_npy(Path::new("testdata/train/data/labels.npy")).unwrap();
+    let batch = |s: usize| {
+        let cut = |t: &meshc_ir::Tensor| {
+            let ty = meshc_ir::TensorType::new(t.dtype(), t.shape[1..].to_vec());
+            let bytes = t.to_le_bytes();
+            meshc_ir::Tensor::from_le_bytes(&ty, &bytes[s * ty.size_bytes()..(s + 1) * ty.size_bytes()])
+        };
+        HashMap::from([("x".to_string(), cut(&x)), ("labels".to_string(), cut(&labels))])
+    };
+    for layout in [None, Some("testdata/train/layouts/mp-2x4.json")] {
+        let dir = scratch(&format!("train-resident-{}", layout.is_some()));
+        let art = compile(&dir, "adamw:0.01,0.9,0.999,1e-8,0.01", layout);
+        let loaded = meshc_runtime::loader::load_artifact(Artifact::open(Path::new(&art)).unwrap(), &art).unwrap();
+        let init = State::read(&dir.join("train.init.safetensors")).unwrap();
+        let names = state_names(&loaded);
+        assert!(names.len() >= 8, "{names:?}");
+        let steps = 6;
+        // Through the host.
+        let mut host = init.tensors.clone();
+        let mut host_losses = Vec::new();
+        for s in 0..steps {
+            let mut inputs = batch(s);
+            inputs.extend(host.iter().map(|(n, t)| (n.clone(), t.clone())));
+            let mut out = loaded.run(&inputs).unwrap();
+            for n in &names {
+                host.insert(n.clone(), out.remove(&meshc_ir::optim::next_name(n)).unwrap());
+            }
+            host_losses.push(out["loss"].to_le_bytes());
+        }
+        // Resident.
+        let before = loaded.host_copies();
+        let mut resident = loaded.upload(&init.tensors, &names, meshc_ir::optim::next_name).unwrap();
+        let devices = loaded.meta.mesh.devices() as u64;
+        assert_eq!(loaded.host_copies() - before, devices * names.len() as u64, "{art}: the upload");
+        for s in 0..steps {
+            let before = loaded.host_copies();
+            let out = loaded.run_resident(&batch(s), &mut resident).unwrap();
+            // x and labels into every device, the loss out of one.
+            assert_eq!(loaded.host_copies() - before, 2 * devices + 1, "{art}: step {s}");
+            assert_eq!(out.keys().collect::<Vec<_>>(), ["loss"]);
+            assert_eq!(out["loss"].to_le_bytes(), host_losses[s], "{art}: step {s}'s loss");
+        }
+        let state = loaded.download(&resident).unwrap();
+        for n in &names {
+            assert_eq!(state[n].ty(), host[n].ty());
+            assert_eq!(state[n].to_le_bytes(), host[n].to_le_bytes(), "{art}: '{n}' after {steps} steps");
+        }
+    }
+}
