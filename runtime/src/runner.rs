@@ -974,6 +974,15 @@ impl Loaded {
         }
     }
 
+    /// Section `kind` of the artifact the program was loaded from (none for a program
+    /// compiled in memory).
+    pub fn section(&self, kind: SectionKind) -> Option<&[u8]> {
+        match &self.weights {
+            Weights::Artifact(a) => a.section(kind),
+            Weights::Owned(_) => None,
+        }
+    }
+
     /// The decoded mask of weight buffer `b` of `device`, if it has one.
     pub fn mask(&self, device: usize, b: usize) -> Option<&Mask> {
         self.masks[device].get(&b)

@@ -37,6 +37,14 @@ fn compile(dir: &Path, spec: &str, layout: Option<&str>) -> String {
     art
 }
 
+/// A training artifact loaded, with the initial state its state section holds.
+fn open(art: &str) -> (meshc_runtime::runner::Loaded, State) {
+    let a = meshc_runtime::artifact::Artifact::open(Path::new(art)).unwrap();
+    let loaded = meshc_runtime::loader::load_artifact(a, art).unwrap();
+    let init = State::initial(&loaded, art).unwrap().expect("a state section");
+    (loaded, init)
+}
+
 fn assert_curve(label: &str, got: &[f64], want: &[f64]) {
     assert_eq!(got.len(), want.len(), "{label}: {} steps", got.len());
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
@@ -146,7 +154,7 @@ fn training_refusals_are_one_line_errors() {
     let junk = dir.join("junk.safetensors");
     std::fs::write(&junk, b"not a checkpoint").unwrap();
     let other = dir.join("other.safetensors");
-    let mut st = State::read(&dir.join("train.init.safetensors")).unwrap();
+    let (_, mut st) = open(&good);
     st.tensors.remove("w2");
     st.save(&other).unwrap();
     let (junk, other) = (junk.display().to_string(), other.display().to_string());
@@ -171,7 +179,7 @@ fn training_refusals_are_one_line_errors() {
     assert_eq!(meshc(&["compile", GRAPH, "-o", &plain]).status, Some(0));
     let r = meshc(&["run", &plain, "--steps", "2", "--data", "testdata/train/data"]);
     assert_eq!(r.status, Some(1), "{r:?}");
-    assert!(r.stderr.contains("init.safetensors"), "{}", r.stderr);
+    assert!(r.stderr.contains("not a training artifact") && r.stderr.lines().count() == 1, "{}", r.stderr);
 }
 
 /// The step run with its state on the devices (`Loaded::upload`, `run_resident`) against
@@ -181,7 +189,6 @@ fn training_refusals_are_one_line_errors() {
 /// blocks are cut once (the upload) and gathered once (the download), whatever the steps.
 #[test]
 fn resident_state_steps_like_the_host_round_trip_and_never_reslices() {
-    use meshc_runtime::artifact::Artifact;
     use meshc_runtime::steps::state_names;
     use std::collections::HashMap;
     let x = meshc_ir::Tensor::read_npy(Path::new("testdata/train/data/x.npy")).unwrap();
@@ -197,8 +204,7 @@ fn resident_state_steps_like_the_host_round_trip_and_never_reslices() {
     for layout in [None, Some("testdata/train/layouts/mp-2x4.json")] {
         let dir = scratch(&format!("train-resident-{}", layout.is_some()));
         let art = compile(&dir, "adamw:0.01,0.9,0.999,1e-8,0.01", layout);
-        let loaded = meshc_runtime::loader::load_artifact(Artifact::open(Path::new(&art)).unwrap(), &art).unwrap();
-        let init = State::read(&dir.join("train.init.safetensors")).unwrap();
+        let (loaded, init) = open(&art);
         let names = state_names(&loaded);
         assert!(names.len() >= 8, "{names:?}");
         let steps = 6;
@@ -233,4 +239,30 @@ fn resident_state_steps_like_the_host_round_trip_and_never_reslices() {
             assert_eq!(state[n].to_le_bytes(), host[n].to_le_bytes(), "{art}: '{n}' after {steps} steps");
         }
     }
+}
+
+/// The artifact alone trains: its state section holds the params' initial values and
+/// names the zero optimizer state without storing it, and a run needs no other file.
+#[test]
+fn a_training_artifact_needs_nothing_beside_it() {
+    let dir = scratch("train-alone");
+    let art = compile(&dir, "adamw:0.01,0.9,0.999,1e-8,0.01", None);
+    let files: Vec<_> = std::fs::read_dir(&*dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(files, ["train.mshc"], "compile wrote more than the artifact");
+    let (loaded, init) = open(&art);
+    assert_eq!(init.step, 0);
+    let graph = meshc_ir::load::load(Path::new(GRAPH)).unwrap().0;
+    for p in &graph.params {
+        let (m, v) = (&init.tensors[&format!("opt.m.{}", p.name)], &init.tensors[&format!("opt.v.{}", p.name)]);
+        assert!(m.to_le_bytes().iter().chain(&v.to_le_bytes()).all(|&b| b == 0), "{}'s moments", p.name);
+        assert_eq!(init.tensors[&p.name].ty(), m.ty());
+    }
+    // Only the params' bytes are stored: the zero moments are named, not written.
+    let params: usize = graph.params.iter().map(|p| p.ty.size_bytes()).sum();
+    let section = loaded.section(meshc_runtime::artifact::SectionKind::State).unwrap().len();
+    assert!(section < params + 4096, "a state section of {section} bytes for {params} bytes of params");
+    let r = meshc(&["run", &art, "--steps", "3", "--data", "testdata/train/data"]);
+    assert_eq!(r.status, Some(0), "{r:?}");
+    let want = meshc_ir::Tensor::read_npy(Path::new("testdata/train/expected/adamw.npy")).unwrap();
+    assert_curve("alone", &losses(&r.stdout), &want.data.to_f64()[..3]);
 }
