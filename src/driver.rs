@@ -218,16 +218,18 @@ pub fn lower_placed(
 /// list, one per device.
 pub fn write_artifact(c: &Compiled, out: &Path, signer: Option<ed25519_dalek::SigningKey>) -> Result<()> {
     let mut files = Outputs::new();
-    stage_artifact(c, &mut files, out, signer)?;
+    stage_artifact(c, &mut files, out, signer, None)?;
     files.commit()
 }
 
-/// Stages `c` as an artifact at `out` in `files` (written when they commit).
+/// Stages `c` as an artifact at `out` in `files` (written when they commit), with the
+/// state section `state` of a training step (`steps::State::to_section`) if given.
 pub fn stage_artifact(
     c: &Compiled,
     files: &mut Outputs,
     out: &Path,
     signer: Option<ed25519_dalek::SigningKey>,
+    state: Option<Vec<u8>>,
 ) -> Result<()> {
     let Code::Section(code) = &c.code else {
         bail!("compiled to run in memory: compile with `Emit::Artifact` to write an artifact");
@@ -240,6 +242,9 @@ pub fn stage_artifact(
     w.add_section(SectionKind::Program, 8, programs)?;
     w.add_section(SectionKind::Code, 64, &code[..])?;
     w.add_section(SectionKind::Weights, ALIGN, &c.weights[..])?;
+    if let Some(state) = state {
+        w.add_section(SectionKind::State, 8, state)?;
+    }
     w.stage(files, out)
 }
 

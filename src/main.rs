@@ -616,10 +616,7 @@ fn compile_cmd(
     }
     // The artifact and its depfile appear together or not at all.
     let mut files = Outputs::new();
-    driver::stage_artifact(&compiled, &mut files, out, signer)?;
-    if let Some(init) = init {
-        files.write_bytes(&meshc::train::init_path(out), &init.to_safetensors()?)?;
-    }
+    driver::stage_artifact(&compiled, &mut files, out, signer, init.map(|i| i.to_section()).transpose()?)?;
     if let Some(d) = depfile {
         let text = driver::depfile(out, &deps);
         files.write_bytes(d, text.as_bytes())?;
@@ -714,8 +711,8 @@ fn compare_with_unpruned(path: &Path, reference: &Path, io: &Io, args: &CodegenA
     Ok(())
 }
 
-/// `run PROGRAM --steps N`: a training artifact from its initial state (written beside it
-/// by compile) or a graph compiled in memory with --loss and --optimizer, or either from
+/// `run PROGRAM --steps N`: a training artifact from its initial state (its state
+/// section) or a graph compiled in memory with --loss and --optimizer, or either from
 /// `--resume CKPT`.
 fn train_run(path: &Path, steps: &StepArgs, args: &CodegenArgs, run_args: &RunArgs) -> Result<()> {
     let file = path.display().to_string();
@@ -724,8 +721,11 @@ fn train_run(path: &Path, steps: &StepArgs, args: &CodegenArgs, run_args: &RunAr
             bail!("{file}: {flag} applies when a graph is compiled; this artifact is already compiled");
         }
         let loaded = cli::open(path, run_args)?;
-        let init = meshc::train::init_path(path);
-        (loaded, steps.resume.is_none().then(|| State::read(&init)).transpose()?)
+        let init = State::initial(&loaded, &file)?;
+        if init.is_none() {
+            bail!("{file}: not a training artifact (it holds no initial state; compile with --loss NAME --optimizer SPEC)");
+        }
+        (loaded, init)
     } else {
         if args.train.loss.is_none() {
             bail!("{file}: --steps trains a graph compiled with --loss NAME --optimizer SPEC");

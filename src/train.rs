@@ -111,12 +111,6 @@ pub fn step(
     Ok(Some(Step { graph: tg, info, init }))
 }
 
-/// Where `compile -o OUT.mshc` puts the initial state of a training step, and where `run
-/// OUT.mshc --steps` looks for it: OUT.init.safetensors.
-pub fn init_path(artifact: &Path) -> PathBuf {
-    artifact.with_extension("init.safetensors")
-}
-
 /// Where a training run writes its checkpoint unless told: PROGRAM.ckpt.safetensors.
 pub fn checkpoint_path(program: &Path) -> PathBuf {
     program.with_extension("ckpt.safetensors")

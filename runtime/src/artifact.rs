@@ -42,11 +42,19 @@ pub enum SectionKind {
     Weights = 4,
     /// Optional: an Ed25519 signature over every other section (`crate::signature`).
     Signature = 5,
+    /// Optional: a training step's initial state (`crate::steps::State::to_section`).
+    State = 6,
 }
 
 impl SectionKind {
-    pub const ALL: [SectionKind; 5] =
-        [SectionKind::Meta, SectionKind::Program, SectionKind::Code, SectionKind::Weights, SectionKind::Signature];
+    pub const ALL: [SectionKind; 6] = [
+        SectionKind::Meta,
+        SectionKind::Program,
+        SectionKind::Code,
+        SectionKind::Weights,
+        SectionKind::Signature,
+        SectionKind::State,
+    ];
 
     pub fn from_u32(v: u32) -> Option<SectionKind> {
         SectionKind::ALL.into_iter().find(|k| *k as u32 == v)
@@ -59,6 +67,7 @@ impl SectionKind {
             SectionKind::Code => "code",
             SectionKind::Weights => "weights",
             SectionKind::Signature => "signature",
+            SectionKind::State => "state",
         }
     }
 
@@ -66,7 +75,7 @@ impl SectionKind {
     /// time (load cost must not grow with weight size). Code is never bulk: it is never
     /// mapped executable unverified.
     pub fn is_bulk(self) -> bool {
-        self == SectionKind::Weights
+        matches!(self, SectionKind::Weights | SectionKind::State)
     }
 
     /// Every artifact must have these.

@@ -11,7 +11,7 @@
 //! the simulated mesh), `runner` (validation and execution), `loader` (artifact to runner),
 //! `trace` and `inspect` (reports), `cli` (the run command shared by both binaries);
 //! `transport` (the seam between hosts, one process each) and `mpi` (the MPI transport,
-//! cargo feature `mpi`); `steps` (training runs: state kept resident across steps).
+//! cargo feature `mpi`); `resident` (state kept on the devices between runs) and `steps` (training runs).
 
 pub mod abi;
 pub mod artifact;
@@ -33,6 +33,7 @@ pub mod order;
 pub mod output;
 pub mod pool;
 pub mod program;
+pub mod resident;
 pub mod runner;
 pub mod signature;
 pub mod small_m;

@@ -26,7 +26,7 @@
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -47,6 +47,7 @@ use crate::mesh::Mesh;
 use crate::order::{accesses, all_before, happens_before, At, Order};
 use crate::pool;
 use crate::program::{Buffer, Collective, Elem, Exec, IoSpec, Library, Meta, Program, Storage, Transfer};
+use crate::resident::Resident;
 use crate::sync::{spin_until, Condvar, Mutex, MutexGuard};
 use crate::transport::{Hosts, Incoming, Outgoing, Stall, Transport};
 
@@ -426,12 +427,14 @@ struct SendPtr(*const u8);
 unsafe impl Send for SendPtr {}
 
 /// What the devices of one run share: the inputs, the bytes of those split over the mesh
-/// (`None` for the replicated ones), when the run started, whether to time the steps, and
+/// (`None` for the replicated ones), which are resident state, when the run started, whether to time the steps, and
 /// every device's shared state (so a failing stream can wake all waiters).
 #[derive(Clone, Copy)]
 struct RunCtx<'a> {
     inputs: &'a HashMap<String, Tensor>,
     split: &'a [Option<Vec<u8>>],
+    /// Per input: whether it is resident state, already on the device.
+    resident: &'a [bool],
     epoch: Instant,
     timed: bool,
     devices: &'a [DeviceShared],
@@ -752,6 +755,8 @@ pub struct Loaded {
     threads: usize,
     /// Set when this process runs one host's devices (`set_transport`).
     hosts: Option<Arc<Hosts>>,
+    /// `host_copies`.
+    host_copies: AtomicU64,
 }
 
 /// Runs `kernel` on `args` (the step's buffers, which are the ones it was generated for) as
@@ -887,6 +892,7 @@ impl Loaded {
             lanes,
             threads,
             hosts: None,
+            host_copies: AtomicU64::new(0),
         })
     }
 
@@ -968,6 +974,15 @@ impl Loaded {
         }
     }
 
+    /// Section `kind` of the artifact the program was loaded from (none for a program
+    /// compiled in memory).
+    pub fn section(&self, kind: SectionKind) -> Option<&[u8]> {
+        match &self.weights {
+            Weights::Artifact(a) => a.section(kind),
+            Weights::Owned(_) => None,
+        }
+    }
+
     /// The decoded mask of weight buffer `b` of `device`, if it has one.
     pub fn mask(&self, device: usize, b: usize) -> Option<&Mask> {
         self.masks[device].get(&b)
@@ -985,7 +1000,12 @@ impl Loaded {
 
     /// Checks the inputs against the metadata: each once, with its dtype and shape.
     pub fn check_inputs(&self, inputs: &HashMap<String, Tensor>) -> Result<()> {
-        for spec in &self.meta.inputs {
+        self.check_given(inputs, &vec![true; self.meta.inputs.len()])
+    }
+
+    /// `check_inputs` for the inputs `wanted` marks (the others are resident state).
+    fn check_given(&self, inputs: &HashMap<String, Tensor>, wanted: &[bool]) -> Result<()> {
+        for spec in self.meta.inputs.iter().zip(wanted).filter(|(_, w)| **w).map(|(s, _)| s) {
             let want = spec.ty().ok_or_else(|| anyhow!("input '{}' has unknown dtype {}", spec.name, spec.dtype))?;
             match inputs.get(&spec.name) {
                 None => bail!("missing input '{}' ({want})", spec.name),
@@ -993,7 +1013,8 @@ impl Loaded {
                 Some(_) => {}
             }
         }
-        if let Some(extra) = inputs.keys().find(|k| !self.meta.inputs.iter().any(|s| &s.name == *k)) {
+        let known = |k: &String| self.meta.inputs.iter().zip(wanted).any(|(s, w)| *w && &s.name == k);
+        if let Some(extra) = inputs.keys().find(|k| !known(k)) {
             bail!("the graph has no input '{extra}'");
         }
         Ok(())
@@ -1067,7 +1088,18 @@ impl Loaded {
 
     /// Runs the programs once.
     pub fn run(&self, inputs: &HashMap<String, Tensor>) -> Result<BTreeMap<String, Tensor>> {
-        Ok(self.run_inner(inputs, false)?.0)
+        Ok(self.run_inner(inputs, None, false)?.0)
+    }
+
+    /// Runs the programs once with the state in `resident` (`Loaded::upload`) on the
+    /// devices: `inputs` holds only the other inputs, the state's outputs stay on the
+    /// devices as the next run's state, and the other outputs are returned.
+    pub fn run_resident(
+        &self,
+        inputs: &HashMap<String, Tensor>,
+        resident: &mut Resident,
+    ) -> Result<BTreeMap<String, Tensor>> {
+        Ok(self.run_inner(inputs, Some(resident), false)?.0)
     }
 
     /// Runs the programs once, then reports every step's time to `timed`, device by device
@@ -1077,17 +1109,101 @@ impl Loaded {
         inputs: &HashMap<String, Tensor>,
         timed: &mut dyn FnMut(&StepTime),
     ) -> Result<BTreeMap<String, Tensor>> {
-        let (results, times) = self.run_inner(inputs, true)?;
+        let (results, times) = self.run_inner(inputs, None, true)?;
         times.iter().for_each(timed);
         Ok(results)
+    }
+
+    /// How many blocks of tensors have been copied between the host and the devices'
+    /// buffers (an input's block into a device, or a device's block of an output out of
+    /// it) since the program was loaded: what resident state saves shows here.
+    pub fn host_copies(&self) -> u64 {
+        self.host_copies.load(Ordering::Relaxed)
+    }
+
+    /// Whether `device` runs (it is not degraded).
+    fn healthy(&self, device: usize) -> bool {
+        self.fabric.degraded().is_none_or(|t| t.healthy(device))
+    }
+
+    /// Copies `device`'s block of input `i` (value `t`; `bytes`: its bytes, for an input
+    /// split over the mesh) into `dst`, the device's buffer of it.
+    pub(crate) fn cut_block(&self, i: usize, device: usize, t: &Tensor, dst: &mut [u8], bytes: Option<&[u8]>) {
+        let spec = &self.meta.inputs[i];
+        // A device outside the input's stage holds none of it.
+        let Some((region, _)) = spec.block(&self.meta.mesh, device) else { return };
+        self.host_copies.fetch_add(1, Ordering::Relaxed);
+        match bytes {
+            None => t.write_le_bytes(dst),
+            Some(bytes) => {
+                let e = t.dtype().size_bytes();
+                let local: Vec<usize> = region.iter().map(|r| r.len()).collect();
+                let at: Vec<usize> = region.iter().map(|r| r.start).collect();
+                fabric::for_each_run(&spec.shape, &at, &local, &vec![0; local.len()], &local, |s, o, n| {
+                    dst[o * e..(o + n) * e].copy_from_slice(&bytes[s * e..(s + n) * e])
+                });
+            }
+        }
+    }
+
+    /// Output `spec` as a whole tensor from the devices' blocks (`block(d)`: device d's),
+    /// each block read from a healthy device that holds it; under hosts, from the copy host 0
+    /// reads (`source`).
+    pub(crate) fn assemble<'b>(&self, spec: &IoSpec, block: &dyn Fn(usize) -> &'b [u8]) -> Result<Tensor> {
+        let mesh = &self.meta.mesh;
+        let healthy = |d: usize| self.healthy(d);
+        let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
+        let local = spec.mesh(mesh).local_shape(&spec.shape, &spec.layout);
+        let e = ty.dtype.size_bytes();
+        let holders: Vec<(usize, Vec<std::ops::Range<usize>>)> = (0..mesh.devices())
+            .filter_map(|d| spec.block(mesh, d).filter(|(_, writes)| *writes).map(|(r, _)| (d, r)))
+            .collect();
+        let region = |d: usize| spec.block(mesh, d).map(|(r, _)| r);
+        // The block from a healthy device that holds it, if any (under hosts, the copy
+        // host 0 reads).
+        let holder = |d: usize| match (&self.hosts, healthy(d)) {
+            (Some(hosts), _) => self.source(hosts, spec, d, healthy),
+            (None, true) => Some(d),
+            (None, false) => (0..mesh.devices()).filter(|&h| healthy(h)).find(|&h| region(h) == region(d)),
+        };
+        if local == spec.shape {
+            let first = holders.first().map_or(0, |h| h.0);
+            self.host_copies.fetch_add(1, Ordering::Relaxed);
+            return Ok(Tensor::from_le_bytes(
+                &ty,
+                block(holder(first).ok_or_else(|| anyhow!("every device is degraded"))?),
+            ));
+        }
+        // Blocks that only degraded devices held (their data-parallel shards were
+        // dropped) read as NaN, or zero for other dtypes.
+        let mut bytes = match ty.dtype {
+            DType::F32 => f32::NAN.to_le_bytes().repeat(ty.size_bytes() / 4),
+            _ => vec![0u8; ty.size_bytes()],
+        };
+        for (d, r) in &holders {
+            let Some(h) = holder(*d) else { continue };
+            self.host_copies.fetch_add(1, Ordering::Relaxed);
+            let at: Vec<usize> = r.iter().map(|r| r.start).collect();
+            let src = block(h);
+            fabric::for_each_run(&local, &vec![0; local.len()], &spec.shape, &at, &local, |s, o, n| {
+                bytes[o * e..(o + n) * e].copy_from_slice(&src[s * e..(s + n) * e])
+            });
+        }
+        Ok(Tensor::from_le_bytes(&ty, &bytes))
     }
 
     fn run_inner(
         &self,
         inputs: &HashMap<String, Tensor>,
+        mut resident: Option<&mut Resident>,
         timed: bool,
     ) -> Result<(BTreeMap<String, Tensor>, Vec<StepTime>)> {
-        self.check_inputs(inputs)?;
+        let is_state = |i: usize| resident.as_ref().is_some_and(|r| r.holds_input(i));
+        let from_host: Vec<bool> = (0..self.meta.inputs.len()).map(|i| !is_state(i)).collect();
+        self.check_given(inputs, &from_host)?;
+        let taken: Vec<bool> = from_host.iter().map(|h| !h).collect();
+        let returned: Vec<bool> =
+            (0..self.meta.outputs.len()).map(|o| resident.as_ref().is_none_or(|r| !r.holds_output(o))).collect();
         let mut state = self.state.lock().map_err(|_| anyhow!("a previous run panicked"))?;
         let State { arenas, devices } = &mut *state;
         self.fabric.reset();
@@ -1098,52 +1214,75 @@ impl Loaded {
         let epoch = Instant::now();
         let mesh = &self.meta.mesh;
         let shared: Vec<DeviceShared> = (self.programs.iter().zip(arenas.iter_mut()).zip(&self.lanes))
-            .map(|((p, arena), lanes)| {
+            .enumerate()
+            .map(|(d, ((p, arena), lanes))| {
                 let base = arena.as_mut_slice().as_mut_ptr();
-                let ptrs = (p.buffers.iter())
-                    .map(|b| {
-                        AtomicPtr::new(match b.storage {
-                            // SAFETY (both): `new` checked every buffer lies inside its storage.
-                            Storage::Arena { offset } => unsafe { base.add(offset) },
-                            // Kernels never write their operands, so weights stay read-only.
-                            Storage::Weights { offset } => unsafe {
-                                self.weights.bytes().as_ptr().add(offset) as *mut u8
-                            },
-                        })
+                let mut ptrs: Vec<*mut u8> = (p.buffers.iter())
+                    .map(|b| match b.storage {
+                        // SAFETY (both): `new` checked every buffer lies inside its storage.
+                        Storage::Arena { offset } => unsafe { base.add(offset) },
+                        // Kernels never write their operands, so weights stay read-only.
+                        Storage::Weights { offset } => unsafe { self.weights.bytes().as_ptr().add(offset) as *mut u8 },
                     })
                     .collect();
+                // Resident state: the step reads S where it lives and writes next.S into
+                // the slot's other buffer (an arena output only: a weight is never written).
+                for (&(i, o), slot) in resident.iter_mut().flat_map(|r| r.pairs.iter().zip(r.slots[d].iter_mut())) {
+                    let (cur, next) = slot.ptrs();
+                    let (ib, ob) = (p.inputs[i], p.outputs[o]);
+                    ptrs[ib] = cur;
+                    if ob != ib && matches!(p.buffers[ob].storage, Storage::Arena { .. }) {
+                        ptrs[ob] = next;
+                    }
+                }
+                let ptrs = ptrs.into_iter().map(AtomicPtr::new).collect();
                 let cursors = lanes.steps.iter().map(|_| Mutex::new(0)).collect();
                 DeviceShared { ptrs, board: Board::new(lanes.inputs_event + 1), cursors }
             })
             .collect();
+        // Once the devices are done: each resident block's new value is where the step
+        // left next.S (`out(d, o)`).
+        let mut settle = |out: &dyn Fn(usize, usize) -> Option<*const u8>| {
+            for r in resident.iter_mut() {
+                for (d, slots) in r.slots.iter_mut().enumerate() {
+                    for (&(_, o), slot) in r.pairs.iter().zip(slots.iter_mut()) {
+                        if let Some(at) = out(d, o) {
+                            slot.settle(at);
+                        }
+                    }
+                }
+            }
+        };
         let lanes: Vec<(usize, usize)> =
             (0..mesh.devices()).flat_map(|d| self.lanes[d].active().map(move |k| (d, k))).collect();
         if lanes.len() == 1 {
-            let ctx = RunCtx { inputs, split: &[], epoch, timed, devices: &shared };
+            let ctx = RunCtx { inputs, split: &[], resident: &taken, epoch, timed, devices: &shared };
             let run = self.device_run(0, 0, ctx, &Cell::new(0), self.threads)?;
-            let results = self.meta.outputs.iter().zip(&run.outputs).map(|(spec, &p)| {
-                let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
-                // SAFETY: the buffer holds exactly the output's bytes.
-                let bytes = unsafe { std::slice::from_raw_parts(p.0, ty.size_bytes()) };
-                Ok((spec.name.clone(), Tensor::from_le_bytes(&ty, bytes)))
-            });
+            settle(&|_, o| Some(run.outputs[o].0));
+            let results = (self.meta.outputs.iter().zip(&run.outputs).zip(&returned)).filter(|(_, r)| **r).map(
+                |((spec, &p), _)| {
+                    let ty: TensorType =
+                        spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
+                    // SAFETY: the buffer holds exactly the output's bytes.
+                    let bytes = unsafe { std::slice::from_raw_parts(p.0, ty.size_bytes()) };
+                    self.host_copies.fetch_add(1, Ordering::Relaxed);
+                    Ok((spec.name.clone(), Tensor::from_le_bytes(&ty, bytes)))
+                },
+            );
             return Ok((results.collect::<Result<_>>()?, run.times));
         }
         // The bytes of every input split over the mesh, for the devices to take their
         // blocks from; replicated inputs are written straight into each device's buffer.
-        let split: Vec<Option<Vec<u8>>> = self
-            .meta
-            .inputs
-            .iter()
-            .map(|s| s.layout.iter().any(Option::is_some).then(|| inputs[&s.name].to_le_bytes()))
+        let split: Vec<Option<Vec<u8>>> = (self.meta.inputs.iter().zip(&from_host))
+            .map(|(s, &h)| (h && s.layout.iter().any(Option::is_some)).then(|| inputs[&s.name].to_le_bytes()))
             .collect();
-        let ctx = RunCtx { inputs, split: &split, epoch, timed, devices: &shared };
+        let ctx = RunCtx { inputs, split: &split, resident: &taken, epoch, timed, devices: &shared };
         let devices = match devices {
             Some(d) => d,
             None => devices.insert(Devices::start(lanes.len())?),
         };
         // A degraded device runs nothing (the fabric leaves it out of every collective).
-        let healthy = |d: usize| self.fabric.degraded().is_none_or(|t| t.healthy(d));
+        let healthy = |d: usize| self.healthy(d);
         // Another host's devices run there.
         let here = |d: usize| self.hosts.as_ref().is_none_or(|h| h.is_local(d));
         let jobs = (lanes.iter())
@@ -1166,6 +1305,7 @@ impl Loaded {
                 _ => runs.push(run),
             }
         }
+        settle(&|d, o| runs[d].outputs.get(o).map(|p| p.0));
         // In step order, whichever thread ran them.
         runs.iter_mut().for_each(|r| r.times.sort_by_key(|t| t.step));
         let remote = match &self.hosts {
@@ -1177,49 +1317,16 @@ impl Loaded {
             return Ok((BTreeMap::new(), times()));
         }
         let mut results = BTreeMap::new();
-        for (i, spec) in self.meta.outputs.iter().enumerate() {
+        for (i, spec) in self.meta.outputs.iter().enumerate().filter(|&(i, _)| returned[i]) {
             let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
-            let local = spec.mesh(mesh).local_shape(&spec.shape, &spec.layout);
-            let e = ty.dtype.size_bytes();
-            let holders: Vec<(usize, Vec<std::ops::Range<usize>>)> = (0..mesh.devices())
-                .filter_map(|d| spec.block(mesh, d).filter(|(_, writes)| *writes).map(|(r, _)| (d, r)))
-                .collect();
+            let len = spec.mesh(mesh).local_shape(&spec.shape, &spec.layout).iter().product::<usize>()
+                * ty.dtype.size_bytes();
             let block = |d: usize| match remote.get(&(i, d)) {
                 Some(b) => b.as_slice(),
                 // SAFETY: the buffer holds the device's block of the output; its job is done.
-                None => unsafe {
-                    std::slice::from_raw_parts(runs[d].outputs[i].0, local.iter().product::<usize>() * e)
-                },
+                None => unsafe { std::slice::from_raw_parts(runs[d].outputs[i].0, len) },
             };
-            let region = |d: usize| spec.block(mesh, d).map(|(r, _)| r);
-            // The block from a healthy device that holds it, if any (under hosts, the copy
-            // host 0 reads).
-            let holder = |d: usize| match (&self.hosts, healthy(d)) {
-                (Some(hosts), _) => self.source(hosts, spec, d, healthy),
-                (None, true) => Some(d),
-                (None, false) => (0..mesh.devices()).filter(|&h| healthy(h)).find(|&h| region(h) == region(d)),
-            };
-            let t = if local == spec.shape {
-                let first = holders.first().map_or(0, |h| h.0);
-                Tensor::from_le_bytes(&ty, block(holder(first).ok_or_else(|| anyhow!("every device is degraded"))?))
-            } else {
-                // Blocks that only degraded devices held (their data-parallel shards were
-                // dropped) read as NaN, or zero for other dtypes.
-                let mut bytes = match ty.dtype {
-                    DType::F32 => f32::NAN.to_le_bytes().repeat(ty.size_bytes() / 4),
-                    _ => vec![0u8; ty.size_bytes()],
-                };
-                for (d, r) in &holders {
-                    let Some(h) = holder(*d) else { continue };
-                    let at: Vec<usize> = r.iter().map(|r| r.start).collect();
-                    let src = block(h);
-                    fabric::for_each_run(&local, &vec![0; local.len()], &spec.shape, &at, &local, |s, o, n| {
-                        bytes[o * e..(o + n) * e].copy_from_slice(&src[s * e..(s + n) * e])
-                    });
-                }
-                Tensor::from_le_bytes(&ty, &bytes)
-            };
-            results.insert(spec.name.clone(), t);
+            results.insert(spec.name.clone(), self.assemble(spec, &block)?);
         }
         Ok((results, times()))
     }
@@ -1268,7 +1375,6 @@ impl Loaded {
         let RunCtx { inputs, split, devices, .. } = ctx;
         let p = &self.programs[device];
         let lanes = &self.lanes[device];
-        let mesh = &self.meta.mesh;
         let DeviceShared { ptrs, board, cursors } = &devices[device];
         let ptr = |b: usize| ptrs[b].load(Ordering::Relaxed);
         let abandoned = || {
@@ -1279,21 +1385,14 @@ impl Loaded {
             return Err(abandoned());
         }
         for (i, (spec, &b)) in self.meta.inputs.iter().zip(&p.inputs).enumerate().filter(|_| stream == 0) {
+            // State already on the device: the buffer points at it (`run_inner`).
+            if ctx.resident[i] {
+                continue;
+            }
             // SAFETY: the buffer has exactly the bytes of the device's block (check_indices).
             let dst = unsafe { std::slice::from_raw_parts_mut(ptr(b), p.buffers[b].bytes) };
-            // A device outside the input's stage holds none of it.
-            let Some((region, _)) = spec.block(mesh, device) else { continue };
-            match split.get(i).and_then(Option::as_ref) {
-                None => inputs[&spec.name].write_le_bytes(dst),
-                Some(bytes) => {
-                    let e = inputs[&spec.name].dtype().size_bytes();
-                    let local: Vec<usize> = region.iter().map(|r| r.len()).collect();
-                    let at: Vec<usize> = region.iter().map(|r| r.start).collect();
-                    fabric::for_each_run(&spec.shape, &at, &local, &vec![0; local.len()], &local, |s, o, n| {
-                        dst[o * e..(o + n) * e].copy_from_slice(&bytes[s * e..(s + n) * e])
-                    });
-                }
-            }
+            let bytes = split.get(i).and_then(Option::as_deref);
+            self.cut_block(i, device, &inputs[&spec.name], dst, bytes);
         }
         if stream == 0 {
             board.record(lanes.inputs_event);

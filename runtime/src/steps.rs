@@ -1,8 +1,8 @@
 //! Training runs: a training artifact (`meshc compile --loss --optimizer`) computes one
 //! step, state tensors in (the params and the optimizer's moments and step count, as
 //! inputs) and `next.S` out. `train` runs it N times on one loaded program — compiled code
-//! and weights stay mapped, the state is handed from one step's outputs to the next
-//! step's inputs in memory — with a new batch per step from a data directory, prints the
+//! and weights stay mapped, the state stays on the devices from one step to the next
+//! (`crate::resident`) — with a new batch per step from a data directory, prints the
 //! loss of every step, and writes the state as a safetensors checkpoint (temporary file,
 //! fsync, rename: a crash leaves the previous checkpoint or the new one, never a torn one).
 
@@ -14,7 +14,9 @@ use meshc_ir::optim::next_name;
 use meshc_ir::tensor::{safetensors_bytes, safetensors_dtype};
 use meshc_ir::{DType, Tensor, TensorType};
 
+use crate::artifact::SectionKind;
 use crate::output::Outputs;
+use crate::resident::Resident;
 use crate::runner::Loaded;
 
 /// The flags of a training run.
@@ -53,6 +55,8 @@ pub struct State {
 }
 
 const STEP_KEY: &str = "meshc.step";
+/// In a state section: the tensors left out because they are all zero, name → type.
+const ZEROS_KEY: &str = "meshc.zeros";
 
 impl State {
     /// The checkpoint's bytes: every tensor under its name, the step in the metadata.
@@ -66,15 +70,46 @@ impl State {
     pub fn read(path: &Path) -> Result<State> {
         let file = path.display().to_string();
         let bytes = std::fs::read(path).with_context(|| format!("{file}: cannot read"))?;
-        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes)
+        State::parse(&bytes, &file, |_| None)
+    }
+
+    /// The bytes of a training artifact's state section: the checkpoint's, but with every
+    /// tensor that is all zero (the optimizer's fresh moments, zero biases) left out and
+    /// only named, with its type, in the metadata: the artifact does not grow by the
+    /// optimizer's state.
+    pub fn to_section(&self) -> Result<Vec<u8>> {
+        let zero = |t: &Tensor| t.to_le_bytes().iter().all(|&b| b == 0);
+        let tensors: Vec<(&str, &Tensor)> =
+            self.tensors.iter().filter(|(_, t)| !zero(t)).map(|(n, t)| (n.as_str(), t)).collect();
+        let zeros: BTreeMap<&str, String> =
+            self.tensors.iter().filter(|(_, t)| zero(t)).map(|(n, t)| (n.as_str(), t.ty().to_string())).collect();
+        let meta = HashMap::from([
+            (STEP_KEY.to_string(), self.step.to_string()),
+            (ZEROS_KEY.to_string(), serde_json::to_string(&zeros)?),
+        ]);
+        Ok(safetensors_bytes(&tensors, Some(meta))?)
+    }
+
+    /// The initial state in the state section of the artifact `loaded` was loaded from
+    /// (`to_section`), if it has one: the tensors it leaves out are zeros of the program's
+    /// input types.
+    pub fn initial(loaded: &Loaded, file: &str) -> Result<Option<State>> {
+        let Some(bytes) = loaded.section(SectionKind::State) else { return Ok(None) };
+        let ty = |n: &str| loaded.meta.inputs.iter().find(|i| i.name == n).and_then(|i| i.ty());
+        State::parse(bytes, &format!("{file}: state section"), ty).map(Some)
+    }
+
+    /// A checkpoint's (or a state section's) bytes; `zero_type` types the tensors the
+    /// metadata lists as zeros.
+    fn parse(bytes: &[u8], file: &str, zero_type: impl Fn(&str) -> Option<TensorType>) -> Result<State> {
+        let (_, meta) = safetensors::SafeTensors::read_metadata(bytes)
             .with_context(|| format!("{file}: not a safetensors checkpoint"))?;
+        let meta = meta.metadata().clone().unwrap_or_default();
         let step = meta
-            .metadata()
-            .as_ref()
-            .and_then(|m| m.get(STEP_KEY))
+            .get(STEP_KEY)
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| anyhow!("{file}: not a meshc checkpoint (no '{STEP_KEY}' in its metadata)"))?;
-        let st = safetensors::SafeTensors::deserialize(&bytes)
+        let st = safetensors::SafeTensors::deserialize(bytes)
             .with_context(|| format!("{file}: not a safetensors checkpoint"))?;
         let mut tensors = BTreeMap::new();
         for (name, view) in st.tensors() {
@@ -83,6 +118,16 @@ impl State {
             })?;
             let ty = TensorType::new(dtype, view.shape().to_vec());
             tensors.insert(name.clone(), Tensor::from_le_bytes(&ty, view.data()));
+        }
+        if let Some(zeros) = meta.get(ZEROS_KEY) {
+            let zeros: BTreeMap<String, String> = serde_json::from_str(zeros)
+                .map_err(|e| anyhow!("{file}: '{ZEROS_KEY}' is not a map of names to types: {e}"))?;
+            for (name, written) in zeros {
+                let ty = zero_type(&name)
+                    .filter(|t| t.to_string() == written)
+                    .ok_or_else(|| anyhow!("{file}: zero tensor '{name}' ({written}) is no input of the program"))?;
+                tensors.insert(name, Tensor::from_le_bytes(&ty, &vec![0u8; ty.size_bytes()]));
+            }
         }
         Ok(State { tensors, step })
     }
@@ -207,27 +252,26 @@ pub fn train(loaded: &Loaded, mut state: State, args: &StepArgs, checkpoint: &Pa
             );
         }
     }
+    // The state goes onto the devices once and stays there; only checkpoints gather it.
+    let mut resident = loaded.upload(&state.tensors, &names, next_name)?;
+    let save = |state: &mut State, resident: &Resident| -> Result<()> {
+        state.tensors = loaded.download(resident)?;
+        state.save(checkpoint)
+    };
     for _ in 0..steps {
-        let mut inputs = match &batches {
+        let inputs = match &batches {
             Some(b) => b.get(state.step, &batch_inputs)?,
             None => HashMap::new(),
         };
-        for n in &names {
-            inputs.insert(n.clone(), state.tensors.remove(n).expect("checked above"));
-        }
-        let mut out = loaded.run(&inputs).with_context(|| format!("step {}", state.step))?;
-        for n in &names {
-            let t = out.remove(&next_name(n)).ok_or_else(|| anyhow!("the program has no output '{}'", next_name(n)))?;
-            state.tensors.insert(n.clone(), t);
-        }
+        let out = loaded.run_resident(&inputs, &mut resident).with_context(|| format!("step {}", state.step))?;
         state.step += 1;
         let losses: Vec<String> =
             reported.iter().filter_map(|r| out.get(*r).map(|t| format!("{r} {}", t.data.to_f64()[0] as f32))).collect();
         println!("step {} {}", state.step, losses.join(" "));
         if args.save_every.is_some_and(|k| state.step.is_multiple_of(k)) {
-            state.save(checkpoint)?;
+            save(&mut state, &resident)?;
         }
     }
-    state.save(checkpoint)?;
+    save(&mut state, &resident)?;
     Ok(state)
 }

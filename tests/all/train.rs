@@ -37,6 +37,14 @@ fn compile(dir: &Path, spec: &str, layout: Option<&str>) -> String {
     art
 }
 
+/// A training artifact loaded, with the initial state its state section holds.
+fn open(art: &str) -> (meshc_runtime::runner::Loaded, State) {
+    let a = meshc_runtime::artifact::Artifact::open(Path::new(art)).unwrap();
+    let loaded = meshc_runtime::loader::load_artifact(a, art).unwrap();
+    let init = State::initial(&loaded, art).unwrap().expect("a state section");
+    (loaded, init)
+}
+
 fn assert_curve(label: &str, got: &[f64], want: &[f64]) {
     assert_eq!(got.len(), want.len(), "{label}: {} steps", got.len());
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
@@ -146,7 +154,7 @@ fn training_refusals_are_one_line_errors() {
     let junk = dir.join("junk.safetensors");
     std::fs::write(&junk, b"not a checkpoint").unwrap();
     let other = dir.join("other.safetensors");
-    let mut st = State::read(&dir.join("train.init.safetensors")).unwrap();
+    let (_, mut st) = open(&good);
     st.tensors.remove("w2");
     st.save(&other).unwrap();
     let (junk, other) = (junk.display().to_string(), other.display().to_string());
@@ -171,5 +179,90 @@ fn training_refusals_are_one_line_errors() {
     assert_eq!(meshc(&["compile", GRAPH, "-o", &plain]).status, Some(0));
     let r = meshc(&["run", &plain, "--steps", "2", "--data", "testdata/train/data"]);
     assert_eq!(r.status, Some(1), "{r:?}");
-    assert!(r.stderr.contains("init.safetensors"), "{}", r.stderr);
+    assert!(r.stderr.contains("not a training artifact") && r.stderr.lines().count() == 1, "{}", r.stderr);
+}
+
+/// The step run with its state on the devices (`Loaded::upload`, `run_resident`) against
+/// the state handed through the host every step (`Loaded::run` with the state as inputs):
+/// the same losses and the same final state, bit for bit, on one device and on the 2x4
+/// mesh; and per step only the batch's blocks go in and the loss comes out — the state's
+/// blocks are cut once (the upload) and gathered once (the download), whatever the steps.
+#[test]
+fn resident_state_steps_like_the_host_round_trip_and_never_reslices() {
+    use meshc_runtime::steps::state_names;
+    use std::collections::HashMap;
+    let x = meshc_ir::Tensor::read_npy(Path::new("testdata/train/data/x.npy")).unwrap();
+    let labels = meshc_ir::Tensor::read_npy(Path::new("testdata/train/data/labels.npy")).unwrap();
+    let batch = |s: usize| {
+        let cut = |t: &meshc_ir::Tensor| {
+            let ty = meshc_ir::TensorType::new(t.dtype(), t.shape[1..].to_vec());
+            let bytes = t.to_le_bytes();
+            meshc_ir::Tensor::from_le_bytes(&ty, &bytes[s * ty.size_bytes()..(s + 1) * ty.size_bytes()])
+        };
+        HashMap::from([("x".to_string(), cut(&x)), ("labels".to_string(), cut(&labels))])
+    };
+    for layout in [None, Some("testdata/train/layouts/mp-2x4.json")] {
+        let dir = scratch(&format!("train-resident-{}", layout.is_some()));
+        let art = compile(&dir, "adamw:0.01,0.9,0.999,1e-8,0.01", layout);
+        let (loaded, init) = open(&art);
+        let names = state_names(&loaded);
+        assert!(names.len() >= 8, "{names:?}");
+        let steps = 6;
+        // Through the host.
+        let mut host = init.tensors.clone();
+        let mut host_losses = Vec::new();
+        for s in 0..steps {
+            let mut inputs = batch(s);
+            inputs.extend(host.iter().map(|(n, t)| (n.clone(), t.clone())));
+            let mut out = loaded.run(&inputs).unwrap();
+            for n in &names {
+                host.insert(n.clone(), out.remove(&meshc_ir::optim::next_name(n)).unwrap());
+            }
+            host_losses.push(out["loss"].to_le_bytes());
+        }
+        // Resident.
+        let before = loaded.host_copies();
+        let mut resident = loaded.upload(&init.tensors, &names, meshc_ir::optim::next_name).unwrap();
+        let devices = loaded.meta.mesh.devices() as u64;
+        assert_eq!(loaded.host_copies() - before, devices * names.len() as u64, "{art}: the upload");
+        for (s, want) in host_losses.iter().enumerate() {
+            let before = loaded.host_copies();
+            let out = loaded.run_resident(&batch(s), &mut resident).unwrap();
+            // x and labels into every device, the loss out of one.
+            assert_eq!(loaded.host_copies() - before, 2 * devices + 1, "{art}: step {s}");
+            assert_eq!(out.keys().collect::<Vec<_>>(), ["loss"]);
+            assert_eq!(&out["loss"].to_le_bytes(), want, "{art}: step {s}'s loss");
+        }
+        let state = loaded.download(&resident).unwrap();
+        for n in &names {
+            assert_eq!(state[n].ty(), host[n].ty());
+            assert_eq!(state[n].to_le_bytes(), host[n].to_le_bytes(), "{art}: '{n}' after {steps} steps");
+        }
+    }
+}
+
+/// The artifact alone trains: its state section holds the params' initial values and
+/// names the zero optimizer state without storing it, and a run needs no other file.
+#[test]
+fn a_training_artifact_needs_nothing_beside_it() {
+    let dir = scratch("train-alone");
+    let art = compile(&dir, "adamw:0.01,0.9,0.999,1e-8,0.01", None);
+    let files: Vec<_> = std::fs::read_dir(&*dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(files, ["train.mshc"], "compile wrote more than the artifact");
+    let (loaded, init) = open(&art);
+    assert_eq!(init.step, 0);
+    let graph = meshc_ir::load::load(Path::new(GRAPH)).unwrap().0;
+    for p in &graph.params {
+        let (m, v) = (&init.tensors[&format!("opt.m.{}", p.name)], &init.tensors[&format!("opt.v.{}", p.name)]);
+        assert!(m.to_le_bytes().iter().chain(&v.to_le_bytes()).all(|&b| b == 0), "{}'s moments", p.name);
+        assert_eq!(init.tensors[&p.name].ty(), m.ty());
+    }
+    // Only the params' bytes are stored: the zero moments are named, not written.
+    let params: usize = graph.params.iter().map(|p| p.ty.size_bytes()).sum();
+    let section = loaded.section(meshc_runtime::artifact::SectionKind::State).unwrap().len();
+    assert!(section < params + 4096, "a state section of {section} bytes for {params} bytes of params");
+    let r = meshc(&["run", &art, "--steps", "3", "--data", "testdata/train/data"]);
+    assert_eq!(r.status, Some(0), "{r:?}");
+    let want = meshc_ir::Tensor::read_npy(Path::new("testdata/train/expected/adamw.npy")).unwrap();
+    assert_curve("alone", &losses(&r.stdout), &want.data.to_f64()[..3]);
 }
