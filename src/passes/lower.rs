@@ -28,7 +28,7 @@ use meshc_ir::infer::{attr_int, attr_ints, norm_axis};
 use meshc_ir::verify::Info;
 use meshc_ir::{Attr, Attrs, DType, Graph, Input, Node, Op, Output, Param, ParamData, TensorType};
 
-use super::layout::{corresponding_dims, reduced_axes, Layouts};
+use super::layout::{carried, corresponding_dims, reduced_axes, Layouts};
 use crate::layout::Source;
 use meshc_runtime::mesh::{Layout, Mesh};
 use meshc_runtime::program::{Rule, StageMesh, Why};
@@ -194,12 +194,12 @@ impl Lower<'_> {
         let ty = self.local_ty(t, to);
         let mesh = self.mesh.clone();
         self.emit_with(&name, Op::Slice, &[src], ty, |d| {
-            let c = mesh.coords(d);
-            let block = |k: usize| shape[k] / mesh.shape[to[k].expect("split dim")];
+            let entry = |k: usize| to[k].expect("split dim");
+            let block = |k: usize| shape[k] / mesh.shards(entry(k));
             let mut a = Attrs::new();
             a.insert("axes".into(), ints(dims.iter().copied()));
-            a.insert("starts".into(), ints(dims.iter().map(|&k| c[to[k].expect("split dim")] * block(k))));
-            a.insert("ends".into(), ints(dims.iter().map(|&k| (c[to[k].expect("split dim")] + 1) * block(k))));
+            a.insert("starts".into(), ints(dims.iter().map(|&k| mesh.coord(d, entry(k)) * block(k))));
+            a.insert("ends".into(), ints(dims.iter().map(|&k| (mesh.coord(d, entry(k)) + 1) * block(k))));
             a
         })
     }
@@ -329,7 +329,7 @@ impl Lower<'_> {
                 Op::MatMul | Op::Einsum => Rule::ContractionOverSplitDim,
                 _ => Rule::ReductionOverSplitDim,
             };
-            let axes: Vec<&str> = partial.iter().map(|&a| self.mesh.axes[a].as_str()).collect();
+            let axes: Vec<String> = partial.iter().map(|&a| self.mesh.entry_name(a)).collect();
             let from = format!("{} partial({})", self.mesh.layout_string(&natural), axes.join(", "));
             self.cause = Some(self.cause(n, &n.name, from, out, rule));
             let r = self.reshard(&n.name, &local, &natural, &partial, reduce, out);
@@ -345,6 +345,11 @@ impl Lower<'_> {
         self.layouts.of[t].clone()
     }
 
+    /// Whether entry `a` shares a factor of a mesh axis with one of `used`.
+    fn overlaps_any<'u>(&self, mut used: impl Iterator<Item = &'u usize>, a: usize) -> bool {
+        used.any(|&b| self.mesh.overlaps(a, b))
+    }
+
     fn local_name(&self, n: &Node) -> String {
         self.fresh(&n.name, "local")
     }
@@ -353,19 +358,14 @@ impl Lower<'_> {
     fn slicewise(&mut self, n: &Node, out: &Layout) -> (String, Layout, Vec<usize>, &'static str) {
         let mut covered = vec![n.op == Op::BroadcastTo; out.len()];
         let mut operands = Vec::new();
-        let reshape_ok = |this: &Self, di: usize, dout: usize, a: usize| -> bool {
-            let m = this.mesh.shape[a];
-            this.global(&n.inputs[0]).shape[di].is_multiple_of(m) && this.global(&n.name).shape[dout].is_multiple_of(m)
-        };
         for (i, t) in n.inputs.iter().enumerate() {
             let mut req = vec![None; self.global(t).rank()];
-            for (di, dout) in corresponding_dims(n, i, self.info) {
-                if let Some(a) = out[dout] {
-                    if n.op != Op::Reshape || reshape_ok(self, di, dout, a) {
-                        req[di] = Some(a);
-                        covered[dout] = true;
-                    }
-                }
+            for (di, a) in carried(self.mesh, n, i, self.info, out, false) {
+                req[di] = Some(a);
+            }
+            // What the operand in `req` gives the result (a reshape may keep less than asked).
+            for (dout, a) in carried(self.mesh, n, i, self.info, &req, true) {
+                covered[dout] |= out[dout] == Some(a);
             }
             operands.push(self.operand(n, i, &req));
         }
@@ -475,9 +475,8 @@ impl Lower<'_> {
                 }
                 let ok = |a: usize| {
                     !repeated(l)
-                        && !natural.contains(&Some(a))
-                        && !partial.contains(&a)
-                        && size_of(self, l) % self.mesh.shape[a] == 0
+                        && !self.overlaps_any(natural.iter().flatten().chain(&partial), a)
+                        && size_of(self, l).is_multiple_of(self.mesh.shards(a))
                 };
                 if let Some(a) = cur[d].filter(|&a| ok(a)) {
                     axis_of.insert(l, Some(a));
@@ -496,7 +495,7 @@ impl Lower<'_> {
                         .get(l)
                         .copied()
                         .flatten()
-                        .filter(|&a| shape[d].is_multiple_of(self.mesh.shape[a]) && shape[d] > 1)
+                        .filter(|&a| shape[d].is_multiple_of(self.mesh.shards(a)) && shape[d] > 1)
                 })
                 .collect();
             operands.push(self.operand(n, i, &req));
@@ -523,7 +522,7 @@ impl Lower<'_> {
         // Partial results are combined in f32 only; other dtypes are reduced whole.
         let f32 = self.global(&n.name).dtype == DType::F32;
         for d in reduced_axes(n, rank).into_iter().filter(|_| f32) {
-            if let Some(a) = cur[d].filter(|a| !out.contains(&Some(*a)) && !partial.contains(a)) {
+            if let Some(a) = cur[d].filter(|&a| !self.overlaps_any(out.iter().flatten().chain(&partial), a)) {
                 req[d] = Some(a);
                 partial.push(a);
             }
@@ -547,7 +546,7 @@ impl Lower<'_> {
         let mut req = out.clone();
         for &d in dims {
             if req[d].is_none() {
-                if let Some(a) = cur[d].filter(|a| !req.contains(&Some(*a))) {
+                if let Some(a) = cur[d].filter(|&a| !self.overlaps_any(req.iter().flatten(), a)) {
                     req[d] = Some(a);
                 }
             }
