@@ -21,7 +21,7 @@ use crate::attribution;
 use crate::dumps::Dumps;
 use crate::layout::Spec;
 use crate::passes::layout::corresponding_dims;
-use crate::passes::lower::Lowered;
+use crate::passes::lower::{Lowered, Overridden};
 
 /// Latency of one collective or transfer on the simulated fabric: the one-rendezvous
 /// all_reduce over 8 devices that `benches/collectives.rs` times took 12–18 µs at 16 KiB
@@ -96,6 +96,8 @@ pub struct Report {
     /// the nodes that account for it, most first.
     pub replicated_flops: u64,
     pub replicated: Vec<(String, u64)>,
+    /// Params whose explicit layout in the spec a reader overrode (`lower::Overridden`).
+    pub overridden: Vec<Overridden>,
     /// The spec degrades devices or links: the figures are of the fault-free schedules.
     pub degraded: bool,
 }
@@ -226,6 +228,7 @@ pub fn report(g: &Graph, info: &Info, lowered: &Lowered, degraded: bool) -> Resu
         flops_all_devices,
         replicated_flops: flops_all_devices.saturating_sub(flops),
         replicated,
+        overridden: lowered.overridden.clone(),
         degraded,
     })
 }
@@ -359,6 +362,16 @@ impl Report {
         );
         for (n, f) in self.replicated.iter().take(SUGGESTED) {
             let _ = writeln!(s, "  replicated {n}: {f} FLOPs");
+        }
+        if !self.overridden.is_empty() {
+            let _ = writeln!(
+                s,
+                "params read in another layout than the spec gives (each device maps the whole param and slices \
+                 what its reader needs, with no communication; the spec's layout would need a reshard):"
+            );
+        }
+        for o in &self.overridden {
+            let _ = writeln!(s, "  {}: spec {}, read {} by '{}'", o.param, o.spec, o.read, o.node);
         }
         let fixes: Vec<&Entry> = self.entries.iter().filter(|e| e.fix.is_some()).collect();
         if !fixes.is_empty() {

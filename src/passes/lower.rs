@@ -45,6 +45,22 @@ pub struct Lowered {
     pub io_stages: BTreeMap<String, StageMesh>,
     /// Why each communication step is there, by `attribution::key` (priced over `mesh`).
     pub why: BTreeMap<String, Why>,
+    /// Params a reader slices other than the spec's explicit layout says.
+    pub overridden: Vec<Overridden>,
+}
+
+/// A param the spec gives a layout explicitly, read by `node` in another one. Every device
+/// maps the whole param from the artifact, so lowering slices it locally in the layout its
+/// reader needs: no communication, where keeping the spec's layout would reshard it (and the
+/// device stores the block it reads, which may be larger than the spec's).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Overridden {
+    pub param: String,
+    pub node: String,
+    /// The spec's layout, and the one `node` reads (`Mesh::layout_string`, over the stage's
+    /// sub-mesh under a placement).
+    pub spec: String,
+    pub read: String,
 }
 
 impl Lowered {
@@ -58,6 +74,7 @@ impl Lowered {
             outputs: g.outputs.iter().map(|o| unsplit(&o.name)).collect(),
             io_stages: BTreeMap::new(),
             why: BTreeMap::new(),
+            overridden: Vec::new(),
         }
     }
 }
@@ -77,6 +94,7 @@ struct Lower<'a> {
     /// The record each collective emitted now gets (set around each reshard).
     cause: Option<Why>,
     why: BTreeMap<String, Why>,
+    overridden: Vec<Overridden>,
 }
 
 fn groups_attr(groups: Vec<Vec<usize>>) -> Attr {
@@ -274,6 +292,15 @@ impl Lower<'_> {
             return v.clone();
         }
         let v = if self.g.params.iter().any(|p| p.name == t) {
+            let given = &self.layouts.of[t];
+            if self.layouts.source.get(t) == Some(&Source::Spec) && given.as_slice() != to {
+                self.overridden.push(Overridden {
+                    param: t.to_string(),
+                    node: n.name.clone(),
+                    spec: self.mesh.layout_string(given),
+                    read: self.mesh.layout_string(to),
+                });
+            }
             let whole = vec![None; to.len()];
             self.split_locally(t, t, &whole, to)
         } else {
@@ -703,6 +730,7 @@ pub fn lower(g: &Graph, info: &Info, layouts: &Layouts) -> Result<Lowered> {
         home,
         cause: None,
         why: BTreeMap::new(),
+        overridden: Vec::new(),
     };
     for &k in &info.order {
         let n = &g.nodes[k];
@@ -718,7 +746,15 @@ pub fn lower(g: &Graph, info: &Info, layouts: &Layouts) -> Result<Lowered> {
         }
     }
     crate::attribution::price(mesh, &l.devs, &mut l.why)?;
-    Ok(Lowered { mesh: mesh.clone(), devices: l.devs, inputs, outputs, io_stages: BTreeMap::new(), why: l.why })
+    Ok(Lowered {
+        mesh: mesh.clone(),
+        devices: l.devs,
+        inputs,
+        outputs,
+        io_stages: BTreeMap::new(),
+        why: l.why,
+        overridden: l.overridden,
+    })
 }
 
 /// `--dump-after lower` (and `sendrecv`): every device's program in the text format, each

@@ -44,6 +44,28 @@ fn json_lists_the_entries_of_the_text() {
     assert!(text.contains(&format!("{bytes} bytes over links")), "{text}");
 }
 
+/// A param the spec lays out explicitly but its reader slices otherwise: w2 given its columns
+/// split ([-, model]) while y contracts over its rows (split, as a is). Slicing the whole
+/// param every device maps costs nothing, so lowering reads it [model, -]; explain says so.
+#[test]
+fn an_overridden_param_layout_is_reported() {
+    let dir = crate::common::scratch("explain-override");
+    let spec = dir.join("spec.json");
+    let original = std::fs::read_to_string("testdata/mlp/layouts/design-2x4.json").unwrap();
+    std::fs::write(&spec, original.replace(r#""w1": [null, "model"]"#, r#""w?": [null, "model"]"#)).unwrap();
+    let run = meshc(&["explain", "testdata/mlp/graph.json", "--layout", spec.to_str().unwrap()]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    assert!(run.stdout.contains("params read in another layout than the spec gives"), "{}", run.stdout);
+    assert!(run.stdout.contains("  w2: spec [-, model], read [model, -] by 'y'\n"), "{}", run.stdout);
+    assert!(!run.stdout.contains("  w1: spec"), "w1 is read as the spec gives it: {}", run.stdout);
+    let json = meshc(&["explain", "testdata/mlp/graph.json", "--layout", spec.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(v["overridden"][0]["param"], "w2");
+    // The spec as given (w1 only) overrides nothing.
+    let plain = meshc(&["explain", "testdata/mlp/graph.json", "--layout", "testdata/mlp/layouts/design-2x4.json"]);
+    assert!(!plain.stdout.contains("params read in another layout"), "{}", plain.stdout);
+}
+
 #[test]
 fn a_missing_spec_is_one_line() {
     let run = meshc(&["explain", "testdata/mlp/graph.json", "--layout", "no/such/spec.json"]);
