@@ -19,8 +19,8 @@ use serde::Serialize;
 
 use crate::attribution;
 use crate::dumps::Dumps;
-use crate::layout::Spec;
-use crate::passes::layout::corresponding_dims;
+use crate::layout::{resolve_entry, AxisRef, Spec};
+use crate::passes::layout::{corresponding_dims, reshape_layout};
 use crate::passes::lower::{Lowered, Overridden};
 
 /// Latency of one collective or transfer on the simulated fabric: the one-rendezvous
@@ -256,7 +256,21 @@ fn axes_of(layout: &str) -> Vec<Option<String>> {
 fn fix(g: &Graph, info: &Info, mesh: &Mesh, w: &Why) -> Option<String> {
     match w.rule {
         Rule::LayoutGivenInSpec => {
-            Some(format!("give '{}' the layout {} of its operand '{}' in the spec", w.node, w.from, w.tensor))
+            let n = g.nodes.iter().find(|n| n.name == w.node)?;
+            // Through a reshape, the layout that keeps its operand's split.
+            let (layout, of) = if n.op == Op::Reshape {
+                let entry = |a: &Option<String>| {
+                    a.as_ref()
+                        .map(|a| resolve_entry(mesh, &AxisRef::Name(a.clone())).ok())
+                        .map_or(Some(None), |e| e.map(Some))
+                };
+                let from: Vec<Option<usize>> = axes_of(&w.from).iter().map(entry).collect::<Option<_>>()?;
+                let (ins, out) = (&info.types[&w.tensor].shape, &info.types[&n.name].shape);
+                (mesh.layout_string(&reshape_layout(mesh, ins, &from, out)), "that keeps the split of")
+            } else {
+                (w.from.clone(), "of")
+            };
+            Some(format!("give '{}' the layout {layout} {of} its operand '{}' in the spec", w.node, w.tensor))
         }
         Rule::OperandLayoutsDisagree => {
             Some(format!("give '{}' and the other operands of '{}' one layout in the spec", w.tensor, w.node))
@@ -266,8 +280,12 @@ fn fix(g: &Graph, info: &Info, mesh: &Mesh, w: &Why) -> Option<String> {
             let n = g.nodes.iter().find(|n| n.name == w.node)?;
             let ins = &info.types[&w.tensor].shape;
             let out = &info.types[&n.name].shape;
-            let held = axes_of(&w.from);
-            let (d, axis) = held.iter().enumerate().find_map(|(d, a)| a.clone().map(|a| (d, a)))?;
+            let (held, kept) = (axes_of(&w.from), axes_of(&w.to));
+            // The first split the reshape loses (others it may keep).
+            let (d, axis) = held
+                .iter()
+                .enumerate()
+                .find_map(|(d, a)| a.clone().filter(|_| kept.get(d) != Some(a)).map(|a| (d, a)))?;
             let size = mesh.shape[mesh.axis(&axis)?];
             // A dim the reshape keeps (major dim of a group) whose sizes divide by the axis.
             let keep = corresponding_dims(n, 0, info)

@@ -391,3 +391,35 @@ pub fn dump(g: &Graph, info: &Info, l: &Layouts) -> String {
     }
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use meshc_runtime::mesh::Topology;
+
+    #[test]
+    fn reshapes_keep_splits_that_leave_each_block_a_box() {
+        let m8 = Mesh::numbered(&[8], Topology::Mesh);
+        let (hi, lo) = (m8.part(0, 1, 4), m8.part(0, 4, 2));
+        // 32 split 8 ways into 4 heads x 8: heads 4 ways, head_dim 2 ways; merging is the inverse.
+        assert_eq!(reshape_layout(&m8, &[2, 32], &[None, Some(0)], &[2, 4, 8]), vec![None, Some(hi), Some(lo)]);
+        assert_eq!(reshape_layout(&m8, &[2, 4, 8], &[None, Some(hi), Some(lo)], &[2, 32]), vec![None, Some(0)]);
+        // Enough heads: the major dim takes the whole split.
+        assert_eq!(reshape_layout(&m8, &[64], &[Some(0)], &[8, 8]), vec![Some(0), None]);
+        // Splits of dims outside the regrouped ones pass through.
+        let m = Mesh::numbered(&[2, 4], Topology::Mesh);
+        assert_eq!(reshape_layout(&m, &[2, 32], &[Some(0), Some(1)], &[2, 4, 8]), vec![Some(0), Some(1), None]);
+        // Not one contiguous run of the merged dim: a split minor dim alone, half the heads
+        // with halves of head_dim, two different axes, blocks that straddle rows.
+        let m4 = Mesh::numbered(&[4], Topology::Mesh);
+        assert_eq!(reshape_layout(&m4, &[4, 8], &[None, Some(0)], &[32]), vec![None]);
+        let halves = [Some(m4.part(0, 1, 2)), Some(m4.part(0, 2, 2))];
+        assert_eq!(reshape_layout(&m4, &[4, 8], &halves, &[32]), vec![None]);
+        let m22 = Mesh::numbered(&[2, 2], Topology::Mesh);
+        assert_eq!(reshape_layout(&m22, &[2, 2], &[Some(0), Some(1)], &[4]), vec![None]);
+        assert_eq!(reshape_layout(&m4, &[24], &[Some(0)], &[6, 4]), vec![None, None]);
+        // A sub-axis splits further into its own factors.
+        let (a, b) = (m8.part(0, 2, 2), m8.part(0, 4, 2));
+        assert_eq!(reshape_layout(&m8, &[16], &[Some(m8.part(0, 2, 4))], &[2, 8]), vec![Some(a), Some(b)]);
+    }
+}

@@ -193,10 +193,17 @@ impl Lower<'_> {
             return Rule::OperandLayoutsDisagree;
         };
         let dout = corresponding_dims(n, i, self.info).into_iter().find(|p| p.0 == d).map(|p| p.1);
+        // Whether a reshape could carry the split of dim d: then the result's layout lost it.
+        let keeps = || {
+            let kept = carried(self.mesh, n, i, self.info, cur, true);
+            let mut result = vec![None; self.global(&n.name).rank()];
+            kept.into_iter().for_each(|(o, a)| result[o] = Some(a));
+            carried(self.mesh, n, i, self.info, &result, false).contains(&(d, cur[d].expect("split")))
+        };
         match (n.op, dout) {
-            (Op::Reshape, _) => Rule::ReshapeCannotKeepSplit,
+            (Op::Reshape, _) if !keeps() => Rule::ReshapeCannotKeepSplit,
             (Op::MatMul | Op::Einsum, None) => Rule::ContractionNeedsOtherSplit,
-            (_, None) => Rule::OpReadsWholeDim,
+            (op, None) if op != Op::Reshape => Rule::OpReadsWholeDim,
             _ if matches!(self.layouts.source.get(&n.name), Some(Source::Spec | Source::Rule)) => {
                 Rule::LayoutGivenInSpec
             }

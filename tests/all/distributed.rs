@@ -63,6 +63,12 @@ const COMMUNICATION: &[(&str, &[Stated])] = &[
     ]),
     ("transformer-dp-2", &[]),
     ("transformer-dp-2x4", &[]),
+    // mp-8's plan, written out with sub-axes in the spec.
+    ("transformer-heads-8", &[
+        ("all_reduce", "scores", &["model:(4)2"]),
+        ("all_reduce", "o", &["model"]),
+        ("all_reduce", "f2", &["model"]),
+    ]),
     ("transformer-mp-2x4", &[("all_reduce", "o", &["model"]), ("all_reduce", "f2", &["model"])]),
     ("transformer-mp-4", &[("all_reduce", "o", &["model"]), ("all_reduce", "f2", &["model"])]),
     // 8 shards of qkv over 4 heads x 2 halves of head_dim (model:(1)4, model:(4)2): the
