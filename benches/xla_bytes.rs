@@ -28,17 +28,18 @@
 //! mlp          mp-4          24576      24576       1.00  y 24576
 //! transformer  mp-2x4        24576      24576       1.00  f2 12288, o 12288
 //! transformer  mp-4          24576      24576       1.00  f2 12288, o 12288
-//! transformer  mp-8         100352      61440       1.63  f2 28672, k_b.all_gather 14336, o 28672, q_b.all_gather 14336, v_b.all_gather 14336
+//! transformer  mp-8          61440      61440       1.00  f2 28672, o 28672, scores 4096
 //! transformer  torus-2x4      25344      30720       0.82  f2 12288, h2.all_gather 6144, h2.all_reduce 384, h2.all_reduce2 384, probs.all_gather 6144
 //! ```
 //!
 //! On `mp-*` with 2 or 4 shards both run the Megatron plan: one all_reduce of the partial
 //! sums after each row-split matmul (y of the MLP; o and f2 of the block), nothing else. On
-//! `mp-8` the 8 shards of qkv do not survive meshc's reshape to 4 heads of 8, so it gathers
-//! q, k and v; XLA splits heads 4 ways and head_dim 2 ways and all-reduces the partial scores
-//! over pairs (4 KiB). On `torus-2x4` XLA computes the last residual add in h2's split layout
-//! and all-gathers y at the end; meshc all-gathers h2 once (ff1 needs it whole) and reduces
-//! only layer_norm's statistics across the split.
+//! `mp-8` both split the 32-wide qkv 8 ways as 4 heads x 2 halves of head_dim (meshc's
+//! sub-axes `model:(1)4`, `model:(4)2`, kept through the reshape to heads) and all-reduce
+//! the partial scores over pairs (4 KiB); before meshc kept splits through reshapes it
+//! gathered q, k and v instead (100,352 B, 1.63x). On `torus-2x4` XLA computes the last
+//! residual add in h2's split layout and all-gathers y at the end; meshc all-gathers h2 once
+//! (ff1 needs it whole) and reduces only layer_norm's statistics across the split.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

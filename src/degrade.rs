@@ -14,11 +14,11 @@ use crate::passes::lower::Lowered;
 /// wrong. Only a data-parallel shard can drop out.
 pub fn keep_model_shards(topo: &Topo, split: &[(&str, usize)]) -> Result<()> {
     let Some(d) = (0..topo.mesh.devices()).find(|&d| !topo.healthy(d)) else { return Ok(()) };
-    let Some(&(param, a)) = split.iter().find(|&&(_, a)| topo.mesh.shape[a] > 1) else { return Ok(()) };
+    let Some(&(param, a)) = split.iter().find(|&&(_, a)| topo.mesh.shards(a) > 1) else { return Ok(()) };
     bail!(
         "degraded device {} would take its shard of param '{param}' (split over mesh axis '{}') with it: only data-parallel layouts (params replicated) can lose a device",
         topo.mesh.coords_string(d),
-        topo.mesh.axes[a]
+        topo.mesh.axes[topo.mesh.split(a).0]
     )
 }
 

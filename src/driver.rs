@@ -125,7 +125,9 @@ fn lower_laid_out(g: &Graph, info: &Info, spec: &Spec, topo: &Topo, dumps: &Dump
         .flat_map(|p| layouts.of.get(&p.name).into_iter().flatten().flatten().map(|&a| (p.name.as_str(), a)))
         .collect();
     crate::degrade::keep_model_shards(topo, &split).with_context(|| spec.file.clone())?;
-    let mut model_axes: Vec<usize> = split.iter().map(|&(_, a)| a).filter(|&a| spec.mesh.shape[a] > 1).collect();
+    let m = &spec.mesh;
+    let mut model_axes: Vec<usize> =
+        split.iter().filter(|&&(_, a)| m.shards(a) > 1).map(|&(_, a)| m.split(a).0).collect();
     model_axes.sort();
     model_axes.dedup();
     let degraded = spec.degraded.degradation(&spec.mesh);

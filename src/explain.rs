@@ -19,9 +19,9 @@ use serde::Serialize;
 
 use crate::attribution;
 use crate::dumps::Dumps;
-use crate::layout::Spec;
-use crate::passes::layout::corresponding_dims;
-use crate::passes::lower::Lowered;
+use crate::layout::{resolve_entry, AxisRef, Spec};
+use crate::passes::layout::{corresponding_dims, reshape_layout};
+use crate::passes::lower::{Lowered, Overridden};
 
 /// Latency of one collective or transfer on the simulated fabric: the one-rendezvous
 /// all_reduce over 8 devices that `benches/collectives.rs` times took 12–18 µs at 16 KiB
@@ -96,6 +96,8 @@ pub struct Report {
     /// the nodes that account for it, most first.
     pub replicated_flops: u64,
     pub replicated: Vec<(String, u64)>,
+    /// Params whose explicit layout in the spec a reader overrode (`lower::Overridden`).
+    pub overridden: Vec<Overridden>,
     /// The spec degrades devices or links: the figures are of the fault-free schedules.
     pub degraded: bool,
 }
@@ -226,6 +228,7 @@ pub fn report(g: &Graph, info: &Info, lowered: &Lowered, degraded: bool) -> Resu
         flops_all_devices,
         replicated_flops: flops_all_devices.saturating_sub(flops),
         replicated,
+        overridden: lowered.overridden.clone(),
         degraded,
     })
 }
@@ -253,7 +256,21 @@ fn axes_of(layout: &str) -> Vec<Option<String>> {
 fn fix(g: &Graph, info: &Info, mesh: &Mesh, w: &Why) -> Option<String> {
     match w.rule {
         Rule::LayoutGivenInSpec => {
-            Some(format!("give '{}' the layout {} of its operand '{}' in the spec", w.node, w.from, w.tensor))
+            let n = g.nodes.iter().find(|n| n.name == w.node)?;
+            // Through a reshape, the layout that keeps its operand's split.
+            let (layout, of) = if n.op == Op::Reshape {
+                let entry = |a: &Option<String>| {
+                    a.as_ref()
+                        .map(|a| resolve_entry(mesh, &AxisRef::Name(a.clone())).ok())
+                        .map_or(Some(None), |e| e.map(Some))
+                };
+                let from: Vec<Option<usize>> = axes_of(&w.from).iter().map(entry).collect::<Option<_>>()?;
+                let (ins, out) = (&info.types[&w.tensor].shape, &info.types[&n.name].shape);
+                (mesh.layout_string(&reshape_layout(mesh, ins, &from, out)), "that keeps the split of")
+            } else {
+                (w.from.clone(), "of")
+            };
+            Some(format!("give '{}' the layout {layout} {of} its operand '{}' in the spec", w.node, w.tensor))
         }
         Rule::OperandLayoutsDisagree => {
             Some(format!("give '{}' and the other operands of '{}' one layout in the spec", w.tensor, w.node))
@@ -263,8 +280,12 @@ fn fix(g: &Graph, info: &Info, mesh: &Mesh, w: &Why) -> Option<String> {
             let n = g.nodes.iter().find(|n| n.name == w.node)?;
             let ins = &info.types[&w.tensor].shape;
             let out = &info.types[&n.name].shape;
-            let held = axes_of(&w.from);
-            let (d, axis) = held.iter().enumerate().find_map(|(d, a)| a.clone().map(|a| (d, a)))?;
+            let (held, kept) = (axes_of(&w.from), axes_of(&w.to));
+            // The first split the reshape loses (others it may keep).
+            let (d, axis) = held
+                .iter()
+                .enumerate()
+                .find_map(|(d, a)| a.clone().filter(|_| kept.get(d) != Some(a)).map(|a| (d, a)))?;
             let size = mesh.shape[mesh.axis(&axis)?];
             // A dim the reshape keeps (major dim of a group) whose sizes divide by the axis.
             let keep = corresponding_dims(n, 0, info)
@@ -359,6 +380,16 @@ impl Report {
         );
         for (n, f) in self.replicated.iter().take(SUGGESTED) {
             let _ = writeln!(s, "  replicated {n}: {f} FLOPs");
+        }
+        if !self.overridden.is_empty() {
+            let _ = writeln!(
+                s,
+                "params read in another layout than the spec gives (each device maps the whole param and slices \
+                 what its reader needs, with no communication; the spec's layout would need a reshard):"
+            );
+        }
+        for o in &self.overridden {
+            let _ = writeln!(s, "  {}: spec {}, read {} by '{}'", o.param, o.spec, o.read, o.node);
         }
         let fixes: Vec<&Entry> = self.entries.iter().filter(|e| e.fix.is_some()).collect();
         if !fixes.is_empty() {

@@ -241,29 +241,49 @@ pub fn check_layout(mesh: &Mesh, shape: &[usize], layout: &[Option<usize>]) -> R
     Ok(())
 }
 
-/// Every axis exists and splits at most one dim.
+/// Every axis exists and splits at most one dim; sub-axes of one axis share no factor.
 fn check_injective(mesh: &Mesh, layout: &[Option<usize>]) -> Result<(), String> {
     for (d, a) in layout.iter().enumerate() {
         let Some(a) = *a else { continue };
-        if a >= mesh.shape.len() {
-            return Err(no_such_axis(mesh, a));
+        let (x, pre, size) = mesh.split(a);
+        if x >= mesh.shape.len() {
+            return Err(no_such_axis(mesh, x));
         }
-        if let Some(first) = layout[..d].iter().position(|&b| b == Some(a)) {
+        if !mesh.valid(a) {
+            let k = mesh.shape[x];
+            return Err(format!("sub-axis '{}:({pre}){size}' does not fit mesh axis of size {k}", mesh.axes[x]));
+        }
+        let Some(first) = layout[..d].iter().position(|&b| b.is_some_and(|b| mesh.overlaps(a, b))) else { continue };
+        let b = layout[first].expect("found");
+        if a == b && a < mesh.shape.len() {
             return Err(format!(
                 "mesh axis '{}' splits both dim {first} and dim {d} (a layout uses each axis at most once)",
                 mesh.axes[a]
             ));
         }
+        return Err(format!(
+            "{} (dim {first}) and {} (dim {d}) share a factor of mesh axis '{}' (a layout uses each factor of an axis at most once)",
+            entry_name(mesh, b),
+            entry_name(mesh, a),
+            mesh.axes[mesh.split(a).0]
+        ));
     }
     Ok(())
 }
 
+/// "mesh axis 'model'" or "sub-axis 'model:(1)4'", as errors name a layout entry.
+fn entry_name(mesh: &Mesh, a: usize) -> String {
+    let name = mesh.entry_name(a);
+    let what = if a < mesh.shape.len() { "mesh axis" } else { "sub-axis" };
+    format!("{what} '{name}'")
+}
+
 fn check_divides(mesh: &Mesh, dim: usize, size: usize, axis: usize) -> Result<(), String> {
-    let k = mesh.shape[axis];
+    let k = mesh.shards(axis);
     if size.is_multiple_of(k) {
         Ok(())
     } else {
-        Err(format!("dim {dim} (size {size}) does not divide by mesh axis '{}' (size {k})", mesh.axes[axis]))
+        Err(format!("dim {dim} (size {size}) does not divide by {} (size {k})", entry_name(mesh, axis)))
     }
 }
 
@@ -311,7 +331,7 @@ impl Spec {
             let mut layout: Layout = vec![None; dims.len()];
             for (d, dim) in dims.iter().enumerate() {
                 let Some(&(_, axis)) = self.rules.iter().find(|(r, _)| Some(r) == dim.as_ref()) else { continue };
-                if layout.contains(&Some(axis)) {
+                if layout.iter().flatten().any(|&b| self.mesh.overlaps(axis, b)) {
                     continue;
                 }
                 check_divides(&self.mesh, d, shape[d], axis).map_err(|m| {
@@ -484,11 +504,31 @@ fn resolve_axis(mesh: &Mesh, a: &AxisRef) -> Result<usize, String> {
     }
 }
 
+/// A layout entry as written: a mesh axis, or a sub-axis `NAME:(PRE)SIZE` (Shardy's
+/// notation: the factor SIZE of the axis that follows its factor PRE), as `Mesh::part`.
+pub fn resolve_entry(mesh: &Mesh, a: &AxisRef) -> Result<usize, String> {
+    let AxisRef::Name(n) = a else { return resolve_axis(mesh, a) };
+    let Some((name, factors)) = n.split_once(':') else { return resolve_axis(mesh, a) };
+    let parsed = factors.strip_prefix('(').and_then(|f| f.split_once(')'));
+    let number = |s: &str| s.parse::<usize>().ok().filter(|_| s.bytes().all(|b| b.is_ascii_digit()));
+    let Some((pre, size)) = parsed.and_then(|(p, s)| number(p).zip(number(s))) else {
+        return Err(format!("'{n}' is neither a mesh axis nor a sub-axis NAME:(PRE)SIZE such as 'model:(1)4'"));
+    };
+    let axis = resolve_axis(mesh, &AxisRef::Name(name.to_string()))?;
+    let k = mesh.shape[axis];
+    if pre == 0 || size < 2 || !k.is_multiple_of(pre.saturating_mul(size)) {
+        return Err(format!(
+            "sub-axis '{n}': PRE ({pre}) times SIZE ({size}, at least 2) must divide the size of mesh axis '{name}' ({k})"
+        ));
+    }
+    Ok(mesh.part(axis, pre, size))
+}
+
 /// Dim-name rules as written, their axes resolved on `mesh`.
 pub fn resolve_rules(mesh: &Mesh, rules: &RuleEntries) -> Result<Vec<(String, usize)>, Error> {
     (rules.0.iter())
         .map(|(dim, a)| {
-            let a = resolve_axis(mesh, a).map_err(|m| Error::new(format!("rule '{dim}': {m}")))?;
+            let a = resolve_entry(mesh, a).map_err(|m| Error::new(format!("rule '{dim}': {m}")))?;
             Ok((dim.clone(), a))
         })
         .collect()
@@ -545,7 +585,7 @@ pub fn resolve_layouts(mesh: &Mesh, layouts: &LayoutEntries) -> Result<BTreeMap<
         .map(|(name, entries)| {
             let layout: Layout = entries
                 .iter()
-                .map(|a| a.as_ref().map(|a| resolve_axis(mesh, a)).transpose())
+                .map(|a| a.as_ref().map(|a| resolve_entry(mesh, a)).transpose())
                 .collect::<Result<_, _>>()
                 .and_then(|l: Layout| check_injective(mesh, &l).map(|()| l))
                 .map_err(|m| Error::new(format!("layout of '{name}': {m}")))?;

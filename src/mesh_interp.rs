@@ -255,7 +255,7 @@ pub fn run(
         let local0 = &values[first][name];
         let m0 = local(name, first).map_or(mesh, |(m, _)| m);
         let shape: Vec<usize> =
-            local0.shape.iter().zip(layout).map(|(&s, a)| a.map_or(s, |a| s * m0.shape[a])).collect();
+            local0.shape.iter().zip(layout).map(|(&s, a)| a.map_or(s, |a| s * m0.shards(a))).collect();
         let mut out = vec![0.0; shape.iter().product()];
         for (d, v) in values.iter().enumerate() {
             let Some((m, k)) = local(name, d) else { continue };

@@ -86,17 +86,13 @@ fn check_layout(mesh: &Mesh, spec: &IoSpec, what: &str) -> Result<()> {
             spec.shape.len()
         );
     }
-    let mut used = BTreeSet::new();
-    for (&n, a) in spec.shape.iter().zip(&spec.layout) {
-        let Some(a) = *a else { continue };
-        if a >= mesh.shape.len() || !used.insert(a) || !n.is_multiple_of(mesh.shape[a]) {
-            bail!(
-                "{what} '{}' cannot be laid out {} on mesh {:?}",
-                spec.name,
-                mesh.layout_string(&spec.layout),
-                mesh.shape
-            );
-        }
+    if !mesh.fits(&spec.shape, &spec.layout) {
+        bail!(
+            "{what} '{}' cannot be laid out {} on mesh {:?}",
+            spec.name,
+            mesh.layout_string(&spec.layout),
+            mesh.shape
+        );
     }
     Ok(())
 }

@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::ops::Range;
 
 use meshc_ir::infer::{attr_int, attr_ints, attr_str, norm_axes, norm_axis, parse_equation, slice_range};
 use meshc_ir::verify::Info;
@@ -169,10 +170,18 @@ pub fn sliced(n: &Node, ins: &[usize], d: usize) -> bool {
 }
 
 /// For reshape: the first non-unit dim of each group of operand dims whose product equals
-/// that of a group of result dims. A split of the first dim of such a group keeps every
-/// device's block contiguous on both sides (when both sizes divide by the axis).
+/// that of a group of result dims (`reshape_groups`). A split of the first dim of such a
+/// group keeps every device's block contiguous on both sides (when both sizes divide by the
+/// axis); `reshape_layout` keeps more.
 fn reshape_pairs(ins: &[usize], out: &[usize]) -> Vec<(usize, usize)> {
-    let mut pairs = Vec::new();
+    let first = |s: &[usize], r: Range<usize>| r.clone().find(|&k| s[k] != 1);
+    (reshape_groups(ins, out).into_iter()).filter_map(|(i, j)| Some((first(ins, i)?, first(out, j)?))).collect()
+}
+
+/// The groups of consecutive operand and result dims of a reshape whose products are equal,
+/// smallest first: the reshape only regroups the elements within each.
+fn reshape_groups(ins: &[usize], out: &[usize]) -> Vec<(Range<usize>, Range<usize>)> {
+    let mut groups = Vec::new();
     let (mut i, mut j) = (0, 0);
     while i < ins.len() && j < out.len() {
         let (i0, j0) = (i, j);
@@ -187,25 +196,94 @@ fn reshape_pairs(ins: &[usize], out: &[usize]) -> Vec<(usize, usize)> {
                 pj *= out[j];
                 j += 1;
             } else {
-                return pairs;
+                return groups;
             }
         }
-        let first = |s: &[usize], r: std::ops::Range<usize>| r.clone().find(|&k| s[k] != 1);
-        if let (Some(a), Some(b)) = (first(ins, i0..i), first(out, j0..j)) {
-            pairs.push((a, b));
-        }
+        groups.push((i0..i, j0..j));
     }
-    pairs
+    groups
 }
 
-/// Whether `layout` may be given to a tensor of `shape`: injective, every split dim
-/// divisible by its axis.
-fn legal(mesh: &Mesh, shape: &[usize], layout: &[Option<usize>]) -> bool {
-    let mut used = vec![false; mesh.shape.len()];
-    shape.iter().zip(layout).all(|(&n, a)| match *a {
-        None => true,
-        Some(a) => !std::mem::replace(&mut used[a], true) && n % mesh.shape[a] == 0,
-    })
+/// The layout of the result of reshaping a tensor of shape `ins`, laid out `layout`, to
+/// `out`, keeping every split that leaves each device's block a box on both sides. Within
+/// a group of dims (`reshape_groups`) the splits must read, major to minor, as consecutive
+/// factors of one mesh axis over dims that are cut to width 1 but the last split one (so
+/// each device holds one contiguous run of the flattened group); that run is then cut the
+/// same way over the result's dims: whole dims first, then a divisor of the next one. So a
+/// 32-wide dim over 8 devices becomes 4 heads x 8 as `[axis:(1)4, axis:(4)2]`, and merging
+/// those back gives the whole axis. A group whose split does not survive stays unsplit.
+pub fn reshape_layout(mesh: &Mesh, ins: &[usize], layout: &[Option<usize>], out: &[usize]) -> Layout {
+    let mut result = vec![None; out.len()];
+    for (gi, go) in reshape_groups(ins, out) {
+        let Some((axis, pre, mut left)) = flattened(mesh, ins, layout, gi) else { continue };
+        let mut at = pre;
+        let mut cut = Vec::new();
+        for d in go.filter(|&d| out[d] > 1) {
+            if left == 1 {
+                break;
+            }
+            let f = if left.is_multiple_of(out[d]) { out[d] } else { left };
+            if !out[d].is_multiple_of(f) {
+                break;
+            }
+            cut.push((d, mesh.part(axis, at, f)));
+            at *= f;
+            left /= f;
+        }
+        if left == 1 {
+            for (d, a) in cut {
+                result[d] = Some(a);
+            }
+        }
+    }
+    result
+}
+
+/// The split of the dims `group` of a tensor of `shape` laid out `layout`, read as one
+/// flattened dim: `(axis, pre, size)` when it is one run of factors of one axis, split as
+/// `reshape_layout` needs; `None` when nothing or something else splits the group.
+fn flattened(
+    mesh: &Mesh,
+    shape: &[usize],
+    layout: &[Option<usize>],
+    group: Range<usize>,
+) -> Option<(usize, usize, usize)> {
+    let split: Vec<usize> = group.clone().filter(|&d| layout[d].is_some()).collect();
+    let (&first, &last) = (split.first()?, split.last()?);
+    let (axis, pre, _) = mesh.split(layout[first]?);
+    let mut next = pre;
+    for &d in &split {
+        let (x, p, s) = mesh.split(layout[d]?);
+        if x != axis || p != next {
+            return None;
+        }
+        next *= s;
+    }
+    // Every dim before the last split one is cut to width 1, and none after it is split.
+    let whole = (group.start..last).all(|d| layout[d].map_or(1, |a| mesh.shards(a)) == shape[d]);
+    whole.then_some((axis, pre, next / pre))
+}
+
+/// The splits that carry over between operand `i` of `n` and its result: with `forward`,
+/// those of the operand laid out `layout`, as (result dim, entry); else those of the result
+/// laid out `layout`, as (operand dim, entry). A reshape keeps what `reshape_layout` keeps.
+pub fn carried(
+    mesh: &Mesh,
+    n: &Node,
+    i: usize,
+    info: &Info,
+    layout: &[Option<usize>],
+    forward: bool,
+) -> Vec<(usize, usize)> {
+    if n.op == Op::Reshape && i == 0 {
+        let (ins, out) = (&info.types[&n.inputs[0]].shape, &info.types[&n.name].shape);
+        let (from, to) = if forward { (ins, out) } else { (out, ins) };
+        let l = reshape_layout(mesh, from, layout, to);
+        return l.iter().enumerate().filter_map(|(d, a)| a.map(|a| (d, a))).collect();
+    }
+    let pairs = corresponding_dims(n, i, info).into_iter();
+    let pairs = pairs.map(|(di, dout)| if forward { (di, dout) } else { (dout, di) });
+    pairs.filter_map(|(from, to)| layout[from].map(|a| (to, a))).collect()
 }
 
 /// Builds a layout for a tensor of `shape` from candidates `(dim, axis)` in priority order,
@@ -213,7 +291,8 @@ fn legal(mesh: &Mesh, shape: &[usize], layout: &[Option<usize>]) -> bool {
 fn build(mesh: &Mesh, shape: &[usize], candidates: impl IntoIterator<Item = (usize, usize)>) -> Layout {
     let mut layout = vec![None; shape.len()];
     for (d, a) in candidates {
-        if layout[d].is_none() && !layout.contains(&Some(a)) && shape[d].is_multiple_of(mesh.shape[a]) {
+        let free = !layout.iter().flatten().any(|&b| mesh.overlaps(a, b));
+        if layout[d].is_none() && free && shape[d].is_multiple_of(mesh.shards(a)) {
             layout[d] = Some(a);
         }
     }
@@ -239,10 +318,7 @@ pub fn propagate(g: &Graph, info: &Info, mesh: &Mesh, seeds: BTreeMap<String, Se
             }
             let mut operands: Vec<usize> = (0..n.inputs.len()).filter(|&i| of.contains_key(&n.inputs[i])).collect();
             operands.sort_by_key(|&i| std::cmp::Reverse(bytes(&n.inputs[i])));
-            let candidates = operands.iter().flat_map(|&i| {
-                let l = &of[&n.inputs[i]];
-                corresponding_dims(n, i, info).into_iter().filter_map(move |(di, dout)| l[di].map(|a| (dout, a)))
-            });
+            let candidates = operands.iter().flat_map(|&i| carried(mesh, n, i, info, &of[&n.inputs[i]], true));
             let layout = build(mesh, &info.types[&n.name].shape, candidates.collect::<Vec<_>>());
             if layout.iter().any(Option::is_some) {
                 of.insert(n.name.clone(), layout);
@@ -261,12 +337,7 @@ pub fn propagate(g: &Graph, info: &Info, mesh: &Mesh, seeds: BTreeMap<String, Se
                 if of.contains_key(name) {
                     continue;
                 }
-                let pairs = corresponding_dims(n, i, info);
-                let layout = build(
-                    mesh,
-                    &info.types[name].shape,
-                    pairs.into_iter().filter_map(|(di, dout)| out[dout].map(|a| (di, a))),
-                );
+                let layout = build(mesh, &info.types[name].shape, carried(mesh, n, i, info, &out, false));
                 if layout.iter().any(Option::is_some) {
                     of.insert(name.clone(), layout);
                     source.insert(name.clone(), Source::Propagated);
@@ -284,7 +355,7 @@ pub fn propagate(g: &Graph, info: &Info, mesh: &Mesh, seeds: BTreeMap<String, Se
             source.insert(name.clone(), Source::Default);
         }
     }
-    debug_assert!(of.iter().all(|(t, l)| legal(mesh, &info.types[t].shape, l)));
+    debug_assert!(of.iter().all(|(t, l)| mesh.fits(&info.types[t].shape, l)));
     Layouts { mesh: mesh.clone(), of, source }
 }
 
@@ -319,4 +390,36 @@ pub fn dump(g: &Graph, info: &Info, l: &Layouts) -> String {
         );
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use meshc_runtime::mesh::Topology;
+
+    #[test]
+    fn reshapes_keep_splits_that_leave_each_block_a_box() {
+        let m8 = Mesh::numbered(&[8], Topology::Mesh);
+        let (hi, lo) = (m8.part(0, 1, 4), m8.part(0, 4, 2));
+        // 32 split 8 ways into 4 heads x 8: heads 4 ways, head_dim 2 ways; merging is the inverse.
+        assert_eq!(reshape_layout(&m8, &[2, 32], &[None, Some(0)], &[2, 4, 8]), vec![None, Some(hi), Some(lo)]);
+        assert_eq!(reshape_layout(&m8, &[2, 4, 8], &[None, Some(hi), Some(lo)], &[2, 32]), vec![None, Some(0)]);
+        // Enough heads: the major dim takes the whole split.
+        assert_eq!(reshape_layout(&m8, &[64], &[Some(0)], &[8, 8]), vec![Some(0), None]);
+        // Splits of dims outside the regrouped ones pass through.
+        let m = Mesh::numbered(&[2, 4], Topology::Mesh);
+        assert_eq!(reshape_layout(&m, &[2, 32], &[Some(0), Some(1)], &[2, 4, 8]), vec![Some(0), Some(1), None]);
+        // Not one contiguous run of the merged dim: a split minor dim alone, half the heads
+        // with halves of head_dim, two different axes, blocks that straddle rows.
+        let m4 = Mesh::numbered(&[4], Topology::Mesh);
+        assert_eq!(reshape_layout(&m4, &[4, 8], &[None, Some(0)], &[32]), vec![None]);
+        let halves = [Some(m4.part(0, 1, 2)), Some(m4.part(0, 2, 2))];
+        assert_eq!(reshape_layout(&m4, &[4, 8], &halves, &[32]), vec![None]);
+        let m22 = Mesh::numbered(&[2, 2], Topology::Mesh);
+        assert_eq!(reshape_layout(&m22, &[2, 2], &[Some(0), Some(1)], &[4]), vec![None]);
+        assert_eq!(reshape_layout(&m4, &[24], &[Some(0)], &[6, 4]), vec![None, None]);
+        // A sub-axis splits further into its own factors.
+        let (a, b) = (m8.part(0, 2, 2), m8.part(0, 4, 2));
+        assert_eq!(reshape_layout(&m8, &[16], &[Some(m8.part(0, 2, 4))], &[2, 8]), vec![Some(a), Some(b)]);
+    }
 }

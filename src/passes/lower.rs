@@ -28,7 +28,7 @@ use meshc_ir::infer::{attr_int, attr_ints, norm_axis};
 use meshc_ir::verify::Info;
 use meshc_ir::{Attr, Attrs, DType, Graph, Input, Node, Op, Output, Param, ParamData, TensorType};
 
-use super::layout::{corresponding_dims, reduced_axes, Layouts};
+use super::layout::{carried, corresponding_dims, reduced_axes, Layouts};
 use crate::layout::Source;
 use meshc_runtime::mesh::{Layout, Mesh};
 use meshc_runtime::program::{Rule, StageMesh, Why};
@@ -45,6 +45,22 @@ pub struct Lowered {
     pub io_stages: BTreeMap<String, StageMesh>,
     /// Why each communication step is there, by `attribution::key` (priced over `mesh`).
     pub why: BTreeMap<String, Why>,
+    /// Params a reader slices other than the spec's explicit layout says.
+    pub overridden: Vec<Overridden>,
+}
+
+/// A param the spec gives a layout explicitly, read by `node` in another one. Every device
+/// maps the whole param from the artifact, so lowering slices it locally in the layout its
+/// reader needs: no communication, where keeping the spec's layout would reshard it (and the
+/// device stores the block it reads, which may be larger than the spec's).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Overridden {
+    pub param: String,
+    pub node: String,
+    /// The spec's layout, and the one `node` reads (`Mesh::layout_string`, over the stage's
+    /// sub-mesh under a placement).
+    pub spec: String,
+    pub read: String,
 }
 
 impl Lowered {
@@ -58,6 +74,7 @@ impl Lowered {
             outputs: g.outputs.iter().map(|o| unsplit(&o.name)).collect(),
             io_stages: BTreeMap::new(),
             why: BTreeMap::new(),
+            overridden: Vec::new(),
         }
     }
 }
@@ -77,6 +94,7 @@ struct Lower<'a> {
     /// The record each collective emitted now gets (set around each reshard).
     cause: Option<Why>,
     why: BTreeMap<String, Why>,
+    overridden: Vec<Overridden>,
 }
 
 fn groups_attr(groups: Vec<Vec<usize>>) -> Attr {
@@ -175,10 +193,17 @@ impl Lower<'_> {
             return Rule::OperandLayoutsDisagree;
         };
         let dout = corresponding_dims(n, i, self.info).into_iter().find(|p| p.0 == d).map(|p| p.1);
+        // Whether a reshape could carry the split of dim d: then the result's layout lost it.
+        let keeps = || {
+            let kept = carried(self.mesh, n, i, self.info, cur, true);
+            let mut result = vec![None; self.global(&n.name).rank()];
+            kept.into_iter().for_each(|(o, a)| result[o] = Some(a));
+            carried(self.mesh, n, i, self.info, &result, false).contains(&(d, cur[d].expect("split")))
+        };
         match (n.op, dout) {
-            (Op::Reshape, _) => Rule::ReshapeCannotKeepSplit,
+            (Op::Reshape, _) if !keeps() => Rule::ReshapeCannotKeepSplit,
             (Op::MatMul | Op::Einsum, None) => Rule::ContractionNeedsOtherSplit,
-            (_, None) => Rule::OpReadsWholeDim,
+            (op, None) if op != Op::Reshape => Rule::OpReadsWholeDim,
             _ if matches!(self.layouts.source.get(&n.name), Some(Source::Spec | Source::Rule)) => {
                 Rule::LayoutGivenInSpec
             }
@@ -194,12 +219,12 @@ impl Lower<'_> {
         let ty = self.local_ty(t, to);
         let mesh = self.mesh.clone();
         self.emit_with(&name, Op::Slice, &[src], ty, |d| {
-            let c = mesh.coords(d);
-            let block = |k: usize| shape[k] / mesh.shape[to[k].expect("split dim")];
+            let entry = |k: usize| to[k].expect("split dim");
+            let block = |k: usize| shape[k] / mesh.shards(entry(k));
             let mut a = Attrs::new();
             a.insert("axes".into(), ints(dims.iter().copied()));
-            a.insert("starts".into(), ints(dims.iter().map(|&k| c[to[k].expect("split dim")] * block(k))));
-            a.insert("ends".into(), ints(dims.iter().map(|&k| (c[to[k].expect("split dim")] + 1) * block(k))));
+            a.insert("starts".into(), ints(dims.iter().map(|&k| mesh.coord(d, entry(k)) * block(k))));
+            a.insert("ends".into(), ints(dims.iter().map(|&k| (mesh.coord(d, entry(k)) + 1) * block(k))));
             a
         })
     }
@@ -274,6 +299,15 @@ impl Lower<'_> {
             return v.clone();
         }
         let v = if self.g.params.iter().any(|p| p.name == t) {
+            let given = &self.layouts.of[t];
+            if self.layouts.source.get(t) == Some(&Source::Spec) && given.as_slice() != to {
+                self.overridden.push(Overridden {
+                    param: t.to_string(),
+                    node: n.name.clone(),
+                    spec: self.mesh.layout_string(given),
+                    read: self.mesh.layout_string(to),
+                });
+            }
             let whole = vec![None; to.len()];
             self.split_locally(t, t, &whole, to)
         } else {
@@ -329,7 +363,7 @@ impl Lower<'_> {
                 Op::MatMul | Op::Einsum => Rule::ContractionOverSplitDim,
                 _ => Rule::ReductionOverSplitDim,
             };
-            let axes: Vec<&str> = partial.iter().map(|&a| self.mesh.axes[a].as_str()).collect();
+            let axes: Vec<String> = partial.iter().map(|&a| self.mesh.entry_name(a)).collect();
             let from = format!("{} partial({})", self.mesh.layout_string(&natural), axes.join(", "));
             self.cause = Some(self.cause(n, &n.name, from, out, rule));
             let r = self.reshard(&n.name, &local, &natural, &partial, reduce, out);
@@ -345,6 +379,11 @@ impl Lower<'_> {
         self.layouts.of[t].clone()
     }
 
+    /// Whether entry `a` shares a factor of a mesh axis with one of `used`.
+    fn overlaps_any<'u>(&self, mut used: impl Iterator<Item = &'u usize>, a: usize) -> bool {
+        used.any(|&b| self.mesh.overlaps(a, b))
+    }
+
     fn local_name(&self, n: &Node) -> String {
         self.fresh(&n.name, "local")
     }
@@ -353,19 +392,14 @@ impl Lower<'_> {
     fn slicewise(&mut self, n: &Node, out: &Layout) -> (String, Layout, Vec<usize>, &'static str) {
         let mut covered = vec![n.op == Op::BroadcastTo; out.len()];
         let mut operands = Vec::new();
-        let reshape_ok = |this: &Self, di: usize, dout: usize, a: usize| -> bool {
-            let m = this.mesh.shape[a];
-            this.global(&n.inputs[0]).shape[di].is_multiple_of(m) && this.global(&n.name).shape[dout].is_multiple_of(m)
-        };
         for (i, t) in n.inputs.iter().enumerate() {
             let mut req = vec![None; self.global(t).rank()];
-            for (di, dout) in corresponding_dims(n, i, self.info) {
-                if let Some(a) = out[dout] {
-                    if n.op != Op::Reshape || reshape_ok(self, di, dout, a) {
-                        req[di] = Some(a);
-                        covered[dout] = true;
-                    }
-                }
+            for (di, a) in carried(self.mesh, n, i, self.info, out, false) {
+                req[di] = Some(a);
+            }
+            // What the operand in `req` gives the result (a reshape may keep less than asked).
+            for (dout, a) in carried(self.mesh, n, i, self.info, &req, true) {
+                covered[dout] |= out[dout] == Some(a);
             }
             operands.push(self.operand(n, i, &req));
         }
@@ -475,9 +509,8 @@ impl Lower<'_> {
                 }
                 let ok = |a: usize| {
                     !repeated(l)
-                        && !natural.contains(&Some(a))
-                        && !partial.contains(&a)
-                        && size_of(self, l) % self.mesh.shape[a] == 0
+                        && !self.overlaps_any(natural.iter().flatten().chain(&partial), a)
+                        && size_of(self, l).is_multiple_of(self.mesh.shards(a))
                 };
                 if let Some(a) = cur[d].filter(|&a| ok(a)) {
                     axis_of.insert(l, Some(a));
@@ -496,7 +529,7 @@ impl Lower<'_> {
                         .get(l)
                         .copied()
                         .flatten()
-                        .filter(|&a| shape[d].is_multiple_of(self.mesh.shape[a]) && shape[d] > 1)
+                        .filter(|&a| shape[d].is_multiple_of(self.mesh.shards(a)) && shape[d] > 1)
                 })
                 .collect();
             operands.push(self.operand(n, i, &req));
@@ -523,7 +556,7 @@ impl Lower<'_> {
         // Partial results are combined in f32 only; other dtypes are reduced whole.
         let f32 = self.global(&n.name).dtype == DType::F32;
         for d in reduced_axes(n, rank).into_iter().filter(|_| f32) {
-            if let Some(a) = cur[d].filter(|a| !out.contains(&Some(*a)) && !partial.contains(a)) {
+            if let Some(a) = cur[d].filter(|&a| !self.overlaps_any(out.iter().flatten().chain(&partial), a)) {
                 req[d] = Some(a);
                 partial.push(a);
             }
@@ -547,7 +580,7 @@ impl Lower<'_> {
         let mut req = out.clone();
         for &d in dims {
             if req[d].is_none() {
-                if let Some(a) = cur[d].filter(|a| !req.contains(&Some(*a))) {
+                if let Some(a) = cur[d].filter(|&a| !self.overlaps_any(req.iter().flatten(), a)) {
                     req[d] = Some(a);
                 }
             }
@@ -704,6 +737,7 @@ pub fn lower(g: &Graph, info: &Info, layouts: &Layouts) -> Result<Lowered> {
         home,
         cause: None,
         why: BTreeMap::new(),
+        overridden: Vec::new(),
     };
     for &k in &info.order {
         let n = &g.nodes[k];
@@ -719,7 +753,15 @@ pub fn lower(g: &Graph, info: &Info, layouts: &Layouts) -> Result<Lowered> {
         }
     }
     crate::attribution::price(mesh, &l.devs, &mut l.why)?;
-    Ok(Lowered { mesh: mesh.clone(), devices: l.devs, inputs, outputs, io_stages: BTreeMap::new(), why: l.why })
+    Ok(Lowered {
+        mesh: mesh.clone(),
+        devices: l.devs,
+        inputs,
+        outputs,
+        io_stages: BTreeMap::new(),
+        why: l.why,
+        overridden: l.overridden,
+    })
 }
 
 /// `--dump-after lower` (and `sendrecv`): every device's program in the text format, each

@@ -429,7 +429,8 @@ pub fn join(g: &Graph, info: &Info, mesh: &Mesh, p: &Placement, stages: &[Lowere
     // The stages priced their collectives over their sub-meshes; over the whole mesh the
     // routes (and so the busiest link) may differ.
     crate::attribution::price(mesh, &j.devices, &mut j.why)?;
-    Ok(Lowered { mesh: mesh.clone(), devices: j.devices, inputs, outputs, io_stages, why: j.why })
+    let overridden = stages.iter().flat_map(|l| l.overridden.iter().cloned()).collect();
+    Ok(Lowered { mesh: mesh.clone(), devices: j.devices, inputs, outputs, io_stages, why: j.why, overridden })
 }
 
 /// Records on every send and its recv whether the sent tensor is dead on the sender after

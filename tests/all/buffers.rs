@@ -274,7 +274,7 @@ proptest! {
     #[test]
     fn random_graphs_plan_sound_arenas_that_compute_the_same(
         b in 0usize..2, d in 0usize..2, ops in proptest::collection::vec((0u8..12, 0u8..16, 0u8..4), 2..12),
-        mesh in 0usize..7, picks in proptest::collection::vec(proptest::collection::vec(0u8..8, 4), 24), density in 1usize..4
+        mesh in 0usize..8, picks in proptest::collection::vec(proptest::collection::vec(0u8..8, 4), 24), density in 1usize..4
     ) {
         let src = crate::common::random_graph([4, 8][b], [4, 8][d], &ops);
         let g = meshc_ir::text::parse(&src).unwrap();

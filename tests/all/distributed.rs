@@ -63,13 +63,18 @@ const COMMUNICATION: &[(&str, &[Stated])] = &[
     ]),
     ("transformer-dp-2", &[]),
     ("transformer-dp-2x4", &[]),
+    // mp-8's plan, written out with sub-axes in the spec.
+    ("transformer-heads-8", &[
+        ("all_reduce", "scores", &["model:(4)2"]),
+        ("all_reduce", "o", &["model"]),
+        ("all_reduce", "f2", &["model"]),
+    ]),
     ("transformer-mp-2x4", &[("all_reduce", "o", &["model"]), ("all_reduce", "f2", &["model"])]),
     ("transformer-mp-4", &[("all_reduce", "o", &["model"]), ("all_reduce", "f2", &["model"])]),
-    // 4 heads do not split 8 ways: q, k and v are gathered before the reshape into heads.
+    // 8 shards of qkv over 4 heads x 2 halves of head_dim (model:(1)4, model:(4)2): the
+    // scores are partial sums over the halves, added by one all_reduce within each pair.
     ("transformer-mp-8", &[
-        ("all_gather", "q_b.all_gather", &["model"]),
-        ("all_gather", "k_b.all_gather", &["model"]),
-        ("all_gather", "v_b.all_gather", &["model"]),
+        ("all_reduce", "scores", &["model:(4)2"]),
         ("all_reduce", "o", &["model"]),
         ("all_reduce", "f2", &["model"]),
     ]),
@@ -123,7 +128,11 @@ fn communication_as_stated(c: &LayoutCase, l: &Lowered) -> Result<(), String> {
     let want: Vec<Collective> = stated
         .iter()
         .map(|(op, node, axes)| {
-            let axes: Vec<usize> = axes.iter().map(|a| mesh.axis(a).expect("a mesh axis of the spec")).collect();
+            let axes: Vec<usize> = axes
+                .iter()
+                .map(|a| meshc::layout::resolve_entry(mesh, &meshc::layout::AxisRef::Name(a.to_string())))
+                .collect::<Result<_, _>>()
+                .expect("a mesh axis of the spec");
             let groups = mesh.groups(&axes).into_iter().map(|g| g.into_iter().map(|d| d as i64).collect()).collect();
             (op.to_string(), node.to_string(), groups)
         })

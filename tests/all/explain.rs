@@ -34,12 +34,36 @@ fn json_lists_the_entries_of_the_text() {
     assert_eq!(run.status, Some(0), "{run:?}");
     let v: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
     let entries = v["entries"].as_array().unwrap();
-    assert_eq!(entries.len(), 5);
-    assert_eq!(entries[2]["rule"], "reshape_cannot_keep_split");
+    // The two Megatron all_reduces, then the half-scores added over pairs of devices.
+    assert_eq!(entries.len(), 3);
+    assert_eq!(entries[2]["tensor"], "scores");
+    assert_eq!(entries[2]["rule"], "contraction_over_split_dim");
     let bytes: u64 = entries.iter().map(|e| e["bytes"].as_u64().unwrap()).sum();
     assert_eq!(v["bytes"].as_u64(), Some(bytes));
     let text = meshc(&args).stdout;
     assert!(text.contains(&format!("{bytes} bytes over links")), "{text}");
+}
+
+/// A param the spec lays out explicitly but its reader slices otherwise: w2 given its columns
+/// split ([-, model]) while y contracts over its rows (split, as a is). Slicing the whole
+/// param every device maps costs nothing, so lowering reads it [model, -]; explain says so.
+#[test]
+fn an_overridden_param_layout_is_reported() {
+    let dir = crate::common::scratch("explain-override");
+    let spec = dir.join("spec.json");
+    let original = std::fs::read_to_string("testdata/mlp/layouts/design-2x4.json").unwrap();
+    std::fs::write(&spec, original.replace(r#""w1": [null, "model"]"#, r#""w?": [null, "model"]"#)).unwrap();
+    let run = meshc(&["explain", "testdata/mlp/graph.json", "--layout", spec.to_str().unwrap()]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    assert!(run.stdout.contains("params read in another layout than the spec gives"), "{}", run.stdout);
+    assert!(run.stdout.contains("  w2: spec [-, model], read [model, -] by 'y'\n"), "{}", run.stdout);
+    assert!(!run.stdout.contains("  w1: spec"), "w1 is read as the spec gives it: {}", run.stdout);
+    let json = meshc(&["explain", "testdata/mlp/graph.json", "--layout", spec.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(v["overridden"][0]["param"], "w2");
+    // The spec as given (w1 only) overrides nothing.
+    let plain = meshc(&["explain", "testdata/mlp/graph.json", "--layout", "testdata/mlp/layouts/design-2x4.json"]);
+    assert!(!plain.stdout.contains("params read in another layout"), "{}", plain.stdout);
 }
 
 #[test]
@@ -53,7 +77,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
     #[test]
     fn predicted_link_bytes_are_what_the_fabric_counts(
-        graph in 0usize..16, mesh in 0usize..6,
+        graph in 0usize..16, mesh in 0usize..7,
         picks in proptest::collection::vec(proptest::collection::vec(0u8..8, 4), 64), density in 1usize..4
     ) {
         let graphs = testdata_graphs();

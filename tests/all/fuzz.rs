@@ -608,7 +608,7 @@ fn spec(g: &meshc_ir::Graph, info: &meshc_ir::verify::Info, mode: u8, mesh_pick:
                 (0..4).map(|d| picks[(k + d) % picks.len()].rotate_left(d as u32 + k as u32)).collect();
             let l = crate::common::layout_from(mesh, &info.types[name].shape, &picks);
             let axes: Vec<String> =
-                l.iter().map(|a| a.map_or("null".into(), |a| format!("\"{}\"", mesh.axes[a]))).collect();
+                l.iter().map(|a| a.map_or("null".into(), |a| format!("\"{}\"", mesh.entry_name(a)))).collect();
             layouts.push(format!("\"{name}\": [{}]", axes.join(", ")));
         }
     }

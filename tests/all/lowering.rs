@@ -88,7 +88,7 @@ proptest! {
     #[test]
     fn random_graphs_lower_and_run_like_one_device(
         b in 0usize..2, d in 0usize..2, ops in proptest::collection::vec((0u8..12, 0u8..16, 0u8..4), 2..8),
-        mesh in 0usize..6, picks in proptest::collection::vec(proptest::collection::vec(0u8..8, 4), 16), density in 1usize..4
+        mesh in 0usize..7, picks in proptest::collection::vec(proptest::collection::vec(0u8..8, 4), 16), density in 1usize..4
     ) {
         let src = crate::common::random_graph([4, 8][b], [4, 8][d], &ops);
         let c = random_case(&src);
@@ -103,7 +103,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
     #[test]
     fn random_layouts_lower_to_the_single_device_result(
-        graph in 0usize..16, mesh in 0usize..6, picks in proptest::collection::vec(proptest::collection::vec(0u8..8, 4), 64), density in 1usize..4
+        graph in 0usize..16, mesh in 0usize..7, picks in proptest::collection::vec(proptest::collection::vec(0u8..8, 4), 64), density in 1usize..4
     ) {
         let graphs = crate::common::testdata_graphs();
         let dir = graphs[graph % graphs.len()].parent().unwrap().to_path_buf();

@@ -226,15 +226,25 @@ pub fn meshes() -> Vec<Mesh> {
         m(&[2, 1, 2], Topology::Torus),
         m(&[2, 4], Topology::Mesh),
         m(&[2, 2, 2], Topology::Torus),
+        m(&[8], Topology::Mesh),
     ]
 }
 
-/// A legal layout for `shape` drawn from `pick` (one number per dim).
+/// A legal layout for `shape` drawn from `pick` (one number per dim): each dim unsplit, split
+/// over a mesh axis, or over a sub-axis (the major or minor factor of an axis whose size is
+/// a product, so one axis's factors may land on two dims).
 pub fn layout_from(mesh: &Mesh, shape: &[usize], picks: &[u8]) -> Layout {
+    let mut entries: Vec<usize> = (0..mesh.shape.len()).collect();
+    for (a, &n) in mesh.shape.iter().enumerate() {
+        for f in (2..n).filter(|f| n.is_multiple_of(*f)) {
+            entries.extend([mesh.part(a, 1, f), mesh.part(a, f, n / f)]);
+        }
+    }
     let mut layout = vec![None; shape.len()];
     for (d, &p) in picks.iter().enumerate().take(shape.len()) {
-        let a = p as usize % (mesh.shape.len() + 1);
-        if a < mesh.shape.len() && shape[d].is_multiple_of(mesh.shape[a]) && !layout.contains(&Some(a)) {
+        let Some(&a) = entries.get(p as usize % (entries.len() + 1)) else { continue };
+        let free = !layout.iter().flatten().any(|&b| mesh.overlaps(a, b));
+        if free && shape[d].is_multiple_of(mesh.shards(a)) {
             layout[d] = Some(a);
         }
     }
