@@ -207,7 +207,7 @@ pub fn lower(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
                 return Err("training mode (random dropping) is not supported (inference only)".into());
             }
             let x = c.arg(0)?;
-            if !c.node.output.get(1).is_some_and(|m| !m.is_empty()) {
+            if c.node.output.get(1).is_none_or(|m| m.is_empty()) {
                 return one(x.clone());
             }
             // Nothing is dropped: the mask keeps every element (bool from opset 10, of x's type before).
