@@ -97,6 +97,7 @@ const SINCE: &[(&str, i64)] = &[
     ("ReduceMax", 1),
     ("ReduceMean", 1),
     ("ReduceMin", 1),
+    ("ReduceProd", 1),
     ("ReduceSum", 1),
     ("ReduceSumSquare", 1),
     ("Relu", 6),

@@ -3,15 +3,15 @@
 //! GatherND (a gather from the flattened data at flat indices, each index component
 //! normalised and range-checked by a gather from `0..n`), LpPool (a depthwise conv of ones
 //! over |x|^p, then the p-th root), ConvTranspose (the input spread by zero insertion, padded,
-//! and convolved with the flipped, transposed kernel) and RotaryEmbedding (ONNX's
-//! reference formula with gathers from the caches).
+//! and convolved with the flipped, transposed kernel), RotaryEmbedding (ONNX's reference
+//! formula with gathers from the caches) and ReduceProd (products of halves, halving).
 
 use meshc_ir::infer::norm_axis;
 use meshc_ir::{Attr, Data, Op, Tensor};
 
 use super::builder::{Builder, Value};
 use super::nn::{i64_table, ones_or, window_attrs};
-use super::ops::{reshape, Ctx, R};
+use super::ops::{reduce_attrs, reshape, Ctx, R};
 use super::ops_math::{float_only, Steps};
 
 /// The values of the node's outputs, or `None` when the op is not one of this module's.
@@ -26,6 +26,7 @@ pub fn lower(b: &mut Builder, c: &Ctx) -> Option<R<Vec<Value>>> {
         "LpPool" => lp_pool(&mut s),
         "ConvTranspose" => conv_transpose(&mut s),
         "RotaryEmbedding" => rotary(&mut s),
+        "ReduceProd" => reduce_prod(&mut s),
         _ => return None,
     };
     Some(v.map(|v| vec![v]))
@@ -199,6 +200,68 @@ fn split_halves(s: &mut Steps, v: &Value, what: &str) -> R<(Value, Value)> {
 
 fn scalar_i64(v: usize) -> Value {
     Value::computed(Tensor::new(vec![], Data::I64(vec![v as i64])))
+}
+
+/// ReduceProd: the reduced axes moved last and flattened into one of n elements, then
+/// halved ⌈log2 n⌉ times, the first half times the second (an odd element out carried
+/// along): a real product (exact for integers, wrapping as they do), never exp(Σ log).
+/// Over no elements the product is 1.
+fn reduce_prod(s: &mut Steps) -> R<Value> {
+    let x = s.c.arg(0)?;
+    let Some(attrs) = reduce_attrs(s.c, "ReduceProd")? else { return Ok(x.clone()) };
+    let ty = s.b.ty(x);
+    let r = ty.shape.len();
+    let keepdims = attrs.iter().any(|(k, v)| *k == "keepdims" && *v == Attr::Bool(true));
+    let mut axes = match attrs.iter().find(|(k, _)| *k == "axes").and_then(|(_, v)| v.as_ints()) {
+        Some(a) => a.iter().map(|&a| norm_axis(a, r)).collect::<R<Vec<_>>>()?,
+        None => (0..r).collect(),
+    };
+    axes.sort_unstable();
+    axes.dedup();
+    let kept: Vec<usize> = (0..r).filter(|d| !axes.contains(d)).collect();
+    let out: Vec<i64> = (0..r)
+        .filter(|d| keepdims || kept.contains(d))
+        .map(|d| if kept.contains(&d) { ty.shape[d] as i64 } else { 1 })
+        .collect();
+    let n: usize = axes.iter().map(|&a| ty.shape[a]).product();
+    if n == 0 {
+        let numel = out.iter().product::<i64>() as usize;
+        let ones = Data::from_f64(ty.dtype, vec![1.0; numel]);
+        return Ok(Value::computed(Tensor::new(out.iter().map(|&d| d as usize).collect(), ones)));
+    }
+    let perm: Vec<i64> = kept.iter().chain(&axes).map(|&d| d as i64).collect();
+    let moved = if perm.iter().enumerate().all(|(i, &p)| i as i64 == p) {
+        x.clone()
+    } else {
+        s.op("moved", Op::Transpose, &[x], &[("perm", Attr::ints(&perm))])?
+    };
+    let mut view: Vec<i64> = kept.iter().map(|&d| ty.shape[d] as i64).collect();
+    view.push(n as i64);
+    let last = view.len() as i64 - 1;
+    let mut cur = reshape(s.b, &moved, &view, &s.c.part("lines"))?;
+    let mut len = n;
+    let mut step = 0;
+    while len > 1 {
+        let half = len / 2;
+        let part = |s: &mut Steps, what: &str, from: usize, to: usize| {
+            let attrs = [
+                ("starts", Attr::ints(&[from as i64])),
+                ("ends", Attr::ints(&[to as i64])),
+                ("axes", Attr::ints(&[last])),
+            ];
+            s.op(&format!("{what}{step}"), Op::Slice, &[&cur], &attrs)
+        };
+        let (a, b) = (part(s, "first", 0, half)?, part(s, "second", half, 2 * half)?);
+        let mut p = s.op0(&format!("product{step}"), Op::Mul, &[&a, &b])?;
+        if len % 2 == 1 {
+            let odd = part(s, "odd", len - 1, len)?;
+            p = s.op(&format!("carried{step}"), Op::Concat, &[&p, &odd], &[("axis", Attr::Int(last))])?;
+        }
+        cur = p;
+        len = half + len % 2;
+        step += 1;
+    }
+    reshape(s.b, &cur, &out, &s.c.out)
 }
 
 /// `x^p` for the p of LpPool, by multiplication where that is exact.
@@ -505,6 +568,22 @@ mod tests {
         let got = f32s(&eval("Mod", 13, vec![Tensor::f32(vec![14], x), Tensor::f32(vec![14], y)], vec![]).unwrap());
         assert_eq!(got[..8], want);
         assert!(got[8..].iter().all(|v| v.is_nan()), "{got:?}");
+    }
+
+    #[test]
+    fn reduce_prod_multiplies_over_the_axes_and_gives_one_over_none() {
+        let x = Tensor::new(vec![2, 3, 5], Data::I64((1..=30).collect()));
+        let y = eval("ReduceProd", 18, vec![x.clone(), Tensor::new(vec![2], Data::I64(vec![0, 2]))], vec![]).unwrap();
+        let want: Vec<i64> = (0..3)
+            .map(|j| (0..2).flat_map(|i| (0..5).map(move |k| (i * 15 + j * 5 + k + 1) as i64)).product())
+            .collect();
+        assert_eq!((y.shape.clone(), y.data), (vec![1, 3, 1], Data::I64(want)));
+        let y = eval("ReduceProd", 13, vec![x], vec![attr_ints("axes", &[-2]), attr_i("keepdims", 0)]).unwrap();
+        assert_eq!(y.shape, vec![2, 5]);
+        assert_eq!(y.data.iter_f64().next(), Some(1.0 * 6.0 * 11.0));
+        let empty = Tensor::f32(vec![2, 0], vec![]);
+        let y = eval("ReduceProd", 13, vec![empty], vec![attr_ints("axes", &[1])]).unwrap();
+        assert_eq!((y.shape.clone(), f32s(&y)), (vec![2, 1], vec![1.0, 1.0]));
     }
 
     #[test]
