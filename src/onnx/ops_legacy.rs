@@ -193,7 +193,7 @@ fn coerced_2d(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(in crate::onnx) fn attr_i(name: &str, v: i64) -> AttributeProto {
