@@ -68,12 +68,7 @@ fn float_mod(s: &mut Steps) -> R<Value> {
     let e = s.op0("err", Op::Add, &[&e, &ll])?;
     let d = s.op0("x_minus_multiple", Op::Sub, &[x, &p])?;
     let r = s.op0("remainder0", Op::Sub, &[&d, &e])?;
-    let r_neg = s.op0("remainder0_neg", Op::Less, &[&r, &zero])?;
-    let x_neg = s.op0("x_neg", Op::Less, &[x, &zero])?;
-    let r_zero = s.op0("remainder0_zero", Op::Equal, &[&r, &zero])?;
-    let flipped = s.op0("remainder0_flipped", Op::Xor, &[&r_neg, &x_neg])?;
-    let r_nonzero = s.op0("remainder0_nonzero", Op::Not, &[&r_zero])?;
-    let overshot = s.op0("overshot", Op::And, &[&flipped, &r_nonzero])?;
+    let (overshot, r_neg) = nonzero_against(s, &r, x, "remainder0")?;
     let ay = s.op0("abs_y", Op::Abs, &[y])?;
     let nay = s.op0("neg_abs_y", Op::Neg, &[&ay])?;
     let step = s.op0("step", Op::Where, &[&r_neg, &ay, &nay])?;
@@ -88,12 +83,7 @@ fn float_mod(s: &mut Steps) -> R<Value> {
     if !python {
         return Ok(f);
     }
-    let f_neg = s.op0("fmod_neg", Op::Less, &[&f, &zero])?;
-    let y_neg = s.op0("y_neg", Op::Less, &[y, &zero])?;
-    let f_zero = s.op0("fmod_zero", Op::Equal, &[&f, &zero])?;
-    let differ = s.op0("signs_differ", Op::Xor, &[&f_neg, &y_neg])?;
-    let f_nonzero = s.op0("fmod_nonzero", Op::Not, &[&f_zero])?;
-    let adjust = s.op0("adjust", Op::And, &[&differ, &f_nonzero])?;
+    let (adjust, _) = nonzero_against(s, &f, y, "fmod")?;
     let moved = s.op0("moved", Op::Add, &[&f, y])?;
     s.op0("", Op::Where, &[&adjust, &moved, &f])
 }
@@ -186,6 +176,17 @@ fn gather_nd(s: &mut Steps) -> R<Value> {
     view.extend(dims(&ds[bd + k..]));
     let all = reshape(s.b, data, &view, &s.c.part("blocks"))?;
     s.op("", Op::Gather, &[&all, &flat], &[("axis", Attr::Int(0))])
+}
+
+/// Where `r` is nonzero with the sign opposite to `other`'s, and where `r` is negative.
+fn nonzero_against(s: &mut Steps, r: &Value, other: &Value, what: &str) -> R<(Value, Value)> {
+    let zero = s.k(r, 0.0);
+    let r_neg = s.op0(&format!("{what}_neg"), Op::Less, &[r, &zero])?;
+    let other_neg = s.op0(&format!("{what}_other_neg"), Op::Less, &[other, &zero])?;
+    let r_zero = s.op0(&format!("{what}_zero"), Op::Equal, &[r, &zero])?;
+    let flipped = s.op0(&format!("{what}_flipped"), Op::Xor, &[&r_neg, &other_neg])?;
+    let r_nonzero = s.op0(&format!("{what}_nonzero"), Op::Not, &[&r_zero])?;
+    Ok((s.op0(&format!("{what}_against"), Op::And, &[&flipped, &r_nonzero])?, r_neg))
 }
 
 /// `v` as `hi + lo`, each of at most 12 significant bits (Veltkamp's split).
