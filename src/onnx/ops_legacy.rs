@@ -141,7 +141,9 @@ pub fn check(op_type: &str, opset: i64) -> R<()> {
         Some(&(_, since)) => Err(format!(
             "{op_type} at opset {opset} is not supported (meshc implements its semantics from opset {since})"
         )),
-        None => Err(format!("{op_type} at opset {opset} is not supported (meshc reads it from opset {CURRENT} on)")),
+        None => Err(format!(
+            "{op_type} at opset {opset} is not supported (before opset {CURRENT}, meshc reads only the ops whose older versions it implements)"
+        )),
     }
 }
 
