@@ -436,7 +436,9 @@ def bad():
     # Found by tests/all/onnx_fuzz.rs: an op given fewer inputs than it takes panicked in
     # shape inference.
     write("concat-no-inputs", [helper.make_node("Concat", [], ["y"], name="cat", axis=0)])
-    write("opset-11", [helper.make_node("Relu", ["x"], ["y"])], opset=11)
+    # Add before opset 7 broadcast only with its `broadcast` attribute: not numpy's rules.
+    write("opset-6-add", [helper.make_node("Add", ["x", "x"], ["y"], name="add")], opset=6)
+    write("opset-29", [helper.make_node("Relu", ["x"], ["y"])], opset=29)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ ship as files) is written out as model.onnx plus .npy inputs, then given to `mes
 (import, compile, run) and to `meshc interp`, and each output is compared with the case's
 expected one under the case's own tolerances.
 
-    python3 tools/onnx_conformance.py target/release/meshc [--filter SUBSTRING] [--keep DIR]
+    python3 tools/onnx_conformance.py target/release/meshc [--filter SUBSTRING] [--keep DIR] [--verbose]
 
 Each case is one of: pass (both paths agree with ONNX), wrong (ran, but an output differs:
 the first differing element is shown), refused (meshc said no in one line with exit 1:
@@ -108,6 +108,7 @@ def main():
     ap.add_argument("meshc")
     ap.add_argument("--filter", default="")
     ap.add_argument("--keep", help="write the cases here and keep them")
+    ap.add_argument("--verbose", action="store_true", help="print every case not passing, with why")
     args = ap.parse_args()
     meshc = os.path.abspath(args.meshc)
 
@@ -136,6 +137,8 @@ def main():
             if verdict == "refused" and "must be known at import time" in detail:
                 verdict, detail = run_case(meshc, case, case_dir, in_names, out_names, bind=True)
             per_op[op][verdict] += 1
+            if args.verbose and verdict != "pass":
+                print(f"{verdict:<8} {case.name}: {detail}", flush=True)
             if verdict != "pass":
                 examples.setdefault((op, verdict), f"{case.name}: {detail}")
     finally:

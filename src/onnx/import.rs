@@ -14,12 +14,13 @@ use super::ops::{self, Ctx};
 use super::proto::tensor_shape_proto::dimension;
 use super::proto::{type_proto, GraphProto, ModelProto, NodeProto, ValueInfoProto};
 use super::tensors;
-use super::{ops_attention, ops_math};
+use super::{ops_attention, ops_legacy, ops_math, ops_more};
 
 type R<T> = std::result::Result<T, String>;
 
-/// The opsets of the default domain meshc reads (torch.onnx writes 17 and 18 today).
-pub const OPSETS: std::ops::RangeInclusive<i64> = 13..=28;
+/// The opsets of the default domain meshc reads (torch.onnx writes 17 and 18 today; before
+/// 13, `ops_legacy` says which ops it reads).
+pub const OPSETS: std::ops::RangeInclusive<i64> = ops_legacy::OLDEST..=28;
 
 fn is_default_domain(d: Option<&str>) -> bool {
     matches!(d, None | Some("" | "ai.onnx"))
@@ -42,7 +43,8 @@ pub fn import(
         .and_then(|o| o.version)
         .ok_or("the model imports no opset of the default ONNX domain")?;
     if !OPSETS.contains(&opset) {
-        return Err(format!("opset {opset} of the default domain is not supported (13 to 28)"));
+        let (lo, hi) = OPSETS.into_inner();
+        return Err(format!("opset {opset} of the default domain is not supported ({lo} to {hi})"));
     }
     let g = model.graph.as_ref().ok_or("the model has no graph")?;
     let mut b = Builder::default();
@@ -173,9 +175,12 @@ fn node(b: &mut Builder, n: &NodeProto, opset: i64, values: &mut HashMap<String,
             }),
         })
         .collect::<R<Vec<_>>>()?;
+    ops_legacy::check(op_type, opset).map_err(fail)?;
     let ctx = Ctx { node: n, args, opset, out };
     // Op set v2's mappings first, each module saying whether the op is its own.
-    let mapped = (ops_attention::lower(b, &ctx))
+    let mapped = (ops_legacy::lower(b, &ctx))
+        .or_else(|| ops_more::lower(b, &ctx))
+        .or_else(|| ops_attention::lower(b, &ctx))
         .or_else(|| ops_math::lower(b, &ctx))
         .or_else(|| super::nn::lower(b, &ctx, op_type));
     let results = mapped.unwrap_or_else(|| ops::lower(b, &ctx)).map_err(fail)?;

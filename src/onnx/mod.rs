@@ -13,7 +13,9 @@ mod import;
 mod nn;
 mod ops;
 mod ops_attention;
+mod ops_legacy;
 mod ops_math;
+mod ops_more;
 mod tensors;
 
 pub use ops::SUPPORTED;

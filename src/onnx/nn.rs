@@ -38,7 +38,7 @@ fn ints(v: &[i64]) -> Attr {
     Attr::ints(v)
 }
 
-fn i64_table(shape: Vec<usize>, v: Vec<i64>) -> Value {
+pub(super) fn i64_table(shape: Vec<usize>, v: Vec<i64>) -> Value {
     Value::computed(Tensor::new(shape, Data::I64(v)))
 }
 
@@ -70,7 +70,7 @@ fn window_pads(c: &Ctx, input: &[usize], span: &[usize], strides: &[i64]) -> R<V
     }
 }
 
-fn ones_or(c: &Ctx, name: &str, n: usize) -> R<Vec<i64>> {
+pub(super) fn ones_or(c: &Ctx, name: &str, n: usize) -> R<Vec<i64>> {
     let v = c.ints(name).unwrap_or_else(|| vec![1; n]);
     if v.len() != n || v.iter().any(|&s| s < 1) {
         return Err(format!("{name} {v:?} must hold {n} positive entries"));
@@ -79,7 +79,7 @@ fn ones_or(c: &Ctx, name: &str, n: usize) -> R<Vec<i64>> {
 }
 
 /// strides, dilations and explicit pads of a window op over `input` spatial sizes.
-fn window_attrs(c: &Ctx, input: &[usize], kernel: &[usize]) -> R<Vec<(&'static str, Attr)>> {
+pub(super) fn window_attrs(c: &Ctx, input: &[usize], kernel: &[usize]) -> R<Vec<(&'static str, Attr)>> {
     let n = input.len();
     let strides = ones_or(c, "strides", n)?;
     let dilations = ones_or(c, "dilations", n)?;

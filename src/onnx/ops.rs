@@ -195,9 +195,6 @@ pub fn lower(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
     match op_type {
         "Identity" => one(c.arg(0)?.clone()),
         "Dropout" => {
-            if c.node.output.get(1).is_some_and(|m| !m.is_empty()) {
-                return Err("its mask output is not supported (inference only)".into());
-            }
             // Training mode drops at random (unless the ratio is 0): not an identity.
             let training = match c.opt(2) {
                 None => false,
@@ -209,7 +206,17 @@ pub fn lower(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
             if training && !ratio_zero {
                 return Err("training mode (random dropping) is not supported (inference only)".into());
             }
-            one(c.arg(0)?.clone())
+            let x = c.arg(0)?;
+            if c.node.output.get(1).is_none_or(|m| m.is_empty()) {
+                return one(x.clone());
+            }
+            // Nothing is dropped: the mask keeps every element (bool from opset 10, of x's type before).
+            let ty = b.ty(x);
+            let mask = match c.opset {
+                ..10 => Data::from_f64(ty.dtype, vec![1.0; ty.numel()]),
+                _ => Data::Bool(vec![true; ty.numel()]),
+            };
+            Ok(vec![x.clone(), Value::computed(Tensor::new(ty.shape, mask))])
         }
         "Mean" => {
             let sum = nary_named(b, c, Op::Add, &c.part("sum"))?.remove(0);

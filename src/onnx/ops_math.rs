@@ -136,7 +136,7 @@ fn lower_one(s: &mut Steps, op_type: &str) -> R<Value> {
         }
         "Mod" => {
             if !s.b.ty(x).dtype.is_int() {
-                return Err(format!("Mod of {} is not supported (integers only)", s.b.ty(x).dtype));
+                return Err(format!("Mod of {} is not supported (integers and f32)", s.b.ty(x).dtype));
             }
             s.op("", Op::Mod, &[x, c.arg(1)?], &[("fmod", Attr::Bool(c.int("fmod", 0) != 0))])
         }
