@@ -649,6 +649,15 @@ impl Builder {
             let bt = self.op(Op::Transpose, &[&b], &[("perm", ints(&swap(b2.len())))])?;
             let d = self.bin(Op::MatMul, &g, &bt)?;
             self.unbroadcast(&d, &a2)?
+        } else if b2.len() == 2 && a2.len() > 2 {
+            // A matrix applied to a batch (a weight): one einsum contracts every batch dim
+            // at once. As a batched matmul then a sum over the batch, a batch split over two
+            // mesh axes would be reduced in two stages, and on a degraded mesh the second
+            // stage's groups miss the degraded devices' rows' partial sums of the first.
+            let a = self.reshape(a, &a2)?;
+            let batch: String = ('a'..='z').filter(|c| !"kmn".contains(*c)).take(a2.len() - 2).collect();
+            let eq = format!("{batch}mk,{batch}mn->kn");
+            self.op(Op::Einsum, &[&a, &g], &[("equation", Attr::Str(eq))])?
         } else {
             let a = self.reshape(a, &a2)?;
             let at = self.op(Op::Transpose, &[&a], &[("perm", ints(&swap(a2.len())))])?;

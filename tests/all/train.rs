@@ -327,3 +327,82 @@ fn zero_shards_the_optimizer_state_and_trains_like_the_plain_run() {
         assert!(r.stderr.contains("would take its shard") && r.stderr.lines().count() == 1, "{}", r.stderr);
     }
 }
+
+/// The classifier with its batch of 16 rows as a 4x4 grid (dims rx, ry: one row per device
+/// of a 4x4 torus), or as `rows` rows.
+fn classifier_variant(batch: &[usize], dims: &[&str]) -> String {
+    let mut g: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(GRAPH).unwrap()).unwrap();
+    for input in g["inputs"].as_array_mut().unwrap() {
+        let last = input["shape"].as_array().unwrap().last().unwrap().clone();
+        let last_dim = input["dims"].as_array().unwrap().last().unwrap().clone();
+        let mut shape: Vec<serde_json::Value> = batch.iter().map(|&b| b.into()).collect();
+        shape.push(last);
+        let mut names: Vec<serde_json::Value> = dims.iter().map(|&d| d.into()).collect();
+        names.push(last_dim);
+        input["shape"] = shape.into();
+        input["dims"] = names.into();
+    }
+    for n in g["nodes"].as_array_mut().unwrap().iter_mut().filter(|n| n["name"] == "s") {
+        n["attrs"]["axes"] = serde_json::json!([batch.len()]);
+    }
+    serde_json::to_string(&g).unwrap()
+}
+
+/// Seed 002 end to end: a step on a 4x4 torus (one row of the batch per device) with
+/// devices (1,1) and (2,3) degraded applies the update of the fault-free step over the
+/// healthy devices' 14 rows: 200 steps follow, loss by loss and in the final state, the
+/// same training run on one device over those rows alone.
+#[test]
+fn a_degraded_4x4_torus_trains_like_the_fault_free_step_over_the_healthy_rows() {
+    let dir = scratch("train-torus");
+    let read = |n: &str| meshc_ir::Tensor::read_npy(Path::new(&format!("testdata/train/data/{n}.npy"))).unwrap();
+    let (x, labels) = (read("x"), read("labels"));
+    let (torus_data, rows_data) = (dir.join("torus"), dir.join("rows"));
+    let lost = [5usize, 11]; // rows 4*i + j of devices (1,1) and (2,3)
+    for d in [&torus_data, &rows_data] {
+        std::fs::create_dir(d).unwrap();
+    }
+    for (name, t) in [("x", &x), ("labels", &labels)] {
+        let (steps, rows, width) = (t.shape[0], t.shape[1], t.shape[2]);
+        let grid = meshc_ir::TensorType::new(t.dtype(), vec![steps, 4, 4, width]);
+        meshc_ir::Tensor::from_le_bytes(&grid, &t.to_le_bytes())
+            .write_npy(&torus_data.join(format!("{name}.npy")))
+            .unwrap();
+        let v = t.data.to_f64();
+        let kept: Vec<f32> = (0..steps * rows)
+            .filter(|r| !lost.contains(&(r % rows)))
+            .flat_map(|r| v[r * width..(r + 1) * width].iter().map(|&e| e as f32))
+            .collect();
+        let healthy = meshc_ir::Tensor::new(vec![steps, rows - lost.len(), width], meshc_ir::Data::F32(kept));
+        healthy.write_npy(&rows_data.join(format!("{name}.npy"))).unwrap();
+    }
+    let torus_graph = dir.join("torus.json");
+    std::fs::write(&torus_graph, classifier_variant(&[4, 4], &["rx", "ry"])).unwrap();
+    let rows_graph = dir.join("rows.json");
+    std::fs::write(&rows_graph, classifier_variant(&[14], &["batch"])).unwrap();
+    let layout = "testdata/dp_train/layouts/torus-4x4.json";
+    for spec in ["sgd:0.1", "adamw:0.01,0.9,0.999,1e-8,0.01"] {
+        let run = |graph: &Path, data: &Path, more: &[&str]| {
+            let ckpt = dir.join("ck.safetensors").display().to_string();
+            let (graph, data) = (graph.display().to_string(), data.display().to_string());
+            let mut args = vec!["run", &graph, "--loss", "loss", "--optimizer", spec, "--steps", "200"];
+            args.extend(["--data", &data, "--checkpoint", &ckpt]);
+            args.extend(more);
+            let r = meshc(&args);
+            assert_eq!(r.status, Some(0), "{r:?}");
+            (losses(&r.stdout), State::read(Path::new(&ckpt)).unwrap())
+        };
+        let (want, want_state) = run(&rows_graph, &rows_data, &[]);
+        let (got, state) =
+            run(&torus_graph, &torus_data, &["--layout", layout, "--degrade", "1,1", "--degrade", "2,3"]);
+        let (free, _) = run(&torus_graph, &torus_data, &["--layout", layout]);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!((g - w).abs() <= 1e-5 * w.abs(), "{spec}: step {} loss {g} degraded, {w} over the 14 rows", i + 1);
+        }
+        assert!(free.iter().zip(&want).any(|(f, w)| (f - w).abs() > 1e-3 * w.abs()), "{spec}: nothing was left out");
+        for (n, t) in &want_state.tensors {
+            let c = state.tensors[n].closeness(t);
+            assert!(c.max_abs_err <= 1e-4 && c.nan_mismatches == 0, "{spec}: '{n}' after 200 steps: {c:?}");
+        }
+    }
+}
