@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
+use meshc_ir::optim::next_name;
 use meshc_ir::params::Params;
 use meshc_ir::Graph;
 
@@ -114,15 +115,16 @@ pub fn lower_spec(g: &Graph, info: &Info, spec: &Spec, dumps: &Dumps) -> Result<
 
 /// The passes `layout` and `lower` for a spec without a placement, under the spec's
 /// degradation `topo`: the lowered programs (degraded devices left without work) and the
-/// mesh axes that split a param (the model axes `inspect` reports).
+/// mesh axes that split a param or training state (the model axes `inspect` reports).
 fn lower_laid_out(g: &Graph, info: &Info, spec: &Spec, topo: &Topo, dumps: &Dumps) -> Result<(Lowered, Vec<usize>)> {
     let layouts = passes::layout::propagate(g, info, &spec.mesh, spec.seed_layouts(g, info)?);
     dumps.emit("layout", || passes::layout::dump(g, info, &layouts))?;
     let mut lowered = passes::lower::lower(g, info, &layouts)?;
-    let split: Vec<(&str, usize)> = g
-        .params
-        .iter()
-        .flat_map(|p| layouts.of.get(&p.name).into_iter().flatten().flatten().map(|&a| (p.name.as_str(), a)))
+    // A training step's state (an input S with an output next.S: its params and optimizer
+    // state) is held like params: a device lost would take its shard with it.
+    let state = g.inputs.iter().map(|i| &i.name).filter(|n| g.outputs.iter().any(|o| o.name == next_name(n)));
+    let split: Vec<(&str, usize)> = (g.params.iter().map(|p| &p.name).chain(state))
+        .flat_map(|n| layouts.of.get(n).into_iter().flatten().flatten().map(|&a| (n.as_str(), a)))
         .collect();
     crate::degrade::keep_model_shards(topo, &split).with_context(|| spec.file.clone())?;
     let m = &spec.mesh;

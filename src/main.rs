@@ -579,7 +579,12 @@ fn compile_graph(
     for o in &g.outputs {
         check_output_name(&o.name).with_context(|| path.display().to_string())?;
     }
-    let spec = args.layout.as_deref().map(meshc::layout::load).transpose()?;
+    let mut spec = args.layout.as_deref().map(meshc::layout::load).transpose()?;
+    if let (true, Some(init)) = (args.train.zero, &init) {
+        let spec =
+            spec.as_mut().context("--zero shards the optimizer state over the data-parallel axes of a --layout")?;
+        meshc::train::zero(spec, &g, &info, init).with_context(|| path.display().to_string())?;
+    }
     // File-backed weights stay in their files' mappings until code generation copies each
     // into the weights section.
     let params = match &imported {

@@ -10,6 +10,8 @@ use meshc_ir::grad::{grad, select_wrt};
 use meshc_ir::optim::{train_step, Optimizer};
 use meshc_ir::verify::{self, Info};
 use meshc_ir::{load, Graph, Input, Param, ParamData, Tensor};
+
+use crate::layout::Spec;
 use meshc_runtime::output::Outputs;
 use meshc_runtime::steps::State;
 
@@ -79,6 +81,10 @@ pub struct TrainArgs {
     /// sgd:LR | momentum:LR,BETA | adamw:LR,B1,B2,EPS,WD
     #[arg(long, value_name = "SPEC", requires = "loss")]
     pub optimizer: Option<String>,
+    /// ZeRO-1 under --layout: each device of the data-parallel axes keeps and updates its
+    /// 1/n of the optimizer state (gradients reduce-scattered, params all-gathered).
+    #[arg(long, requires = "optimizer")]
+    pub zero: bool,
 }
 
 /// A training step ready to compile: its graph, with the state (trained params and
@@ -114,4 +120,62 @@ pub fn step(
 /// Where a training run writes its checkpoint unless told: PROGRAM.ckpt.safetensors.
 pub fn checkpoint_path(program: &Path) -> PathBuf {
     program.with_extension("ckpt.safetensors")
+}
+
+/// ZeRO-1 (`--zero`) as layouts added to `spec` for the training step `g` (state `step`):
+/// the data-parallel axes are the mesh axes that split no trained param. For every trained
+/// param P, the sharded layout is P's own with one more dimension split over each
+/// data-parallel axis (the first unsplit one it divides). It goes to P's optimizer state,
+/// to the update's nodes (those of P's shape that read the gradient or the state), and to
+/// the gradient back through the reshapes that produce it, so lowering reduce-scatters
+/// the gradient's partial sums where it would all-reduce them and each device updates only
+/// its block; P and `next.P` keep P's layout, so the updated blocks are all-gathered.
+/// Layouts the spec gives explicitly win.
+pub fn zero(spec: &mut Spec, g: &Graph, info: &Info, step: &State) -> Result<()> {
+    let seeds = spec.seed_layouts(g, info)?;
+    let shape = |n: &str| &info.types[n].shape;
+    let layout_of = |n: &str| seeds.get(n).map_or_else(|| vec![None; shape(n).len()], |s| s.layout.clone());
+    let params: Vec<&String> = step.tensors.keys().filter(|n| !n.starts_with("opt.")).collect();
+    let used: Vec<usize> = params.iter().flat_map(|p| layout_of(p)).flatten().collect();
+    let data: Vec<usize> =
+        (0..spec.mesh.shape.len()).filter(|a| spec.mesh.shape[*a] > 1 && !used.contains(a)).collect();
+    if data.is_empty() {
+        anyhow::bail!(
+            "--zero: every axis of the mesh splits some param: no data-parallel axis is left to shard the optimizer state over"
+        );
+    }
+    let node = |n: &str| g.nodes.iter().find(|x| x.name == n);
+    for p in params {
+        let whole = layout_of(p);
+        let mut sharded = whole.clone();
+        for &a in &data {
+            let s = shape(p);
+            if let Some(d) = (0..s.len()).find(|&d| sharded[d].is_none() && s[d] % spec.mesh.shape[a] == 0) {
+                sharded[d] = Some(a);
+            }
+        }
+        let next = meshc_ir::optim::next_name(p);
+        let mut layouts = vec![(p.clone(), whole.clone()), (next.clone(), whole)];
+        // The gradient, and what it is a reshape of.
+        let mut t = meshc_ir::grad::grad_name(p);
+        loop {
+            layouts.push((t.clone(), sharded.clone()));
+            match node(&t) {
+                Some(n) if n.op == meshc_ir::Op::Reshape && shape(&n.inputs[0]) == shape(p) => t = n.inputs[0].clone(),
+                _ => break,
+            }
+        }
+        // The state, and the update's nodes of P's shape downstream of it or the gradient.
+        let mut tainted: Vec<String> = vec![meshc_ir::grad::grad_name(p), format!("opt.m.{p}"), format!("opt.v.{p}")];
+        for n in &g.nodes {
+            if n.name != next && n.inputs.iter().any(|i| tainted.contains(i)) && shape(&n.name) == shape(p) {
+                tainted.push(n.name.clone());
+            }
+        }
+        layouts.extend(tainted.into_iter().filter(|n| info.types.contains_key(n)).map(|n| (n, sharded.clone())));
+        for (name, layout) in layouts {
+            spec.layouts.entry(name).or_insert(layout);
+        }
+    }
+    Ok(())
 }

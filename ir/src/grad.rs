@@ -127,7 +127,8 @@ pub fn grad(g: &Graph, info: &Info, loss: &str, wrt: &[String]) -> Result<Graph>
     for &i in &info.order {
         let n = &g.nodes[i];
         let Some(from) = n.inputs.iter().find(|x| depends.contains(*x)) else { continue };
-        if !feeds_loss.contains(n.name.as_str()) {
+        // Piecewise constant: a zero gradient, as JAX's (a where's condition passes none).
+        if !feeds_loss.contains(n.name.as_str()) || piecewise_constant(n.op) {
             continue;
         }
         if let Some(why) = not_differentiable(n, &info.types[&n.name]) {
@@ -180,6 +181,13 @@ pub fn grad(g: &Graph, info: &Info, loss: &str, wrt: &[String]) -> Result<Graph>
     out.nodes.extend(b.nodes);
     out.outputs.extend(wanted.into_iter().map(Output::new));
     Ok(out)
+}
+
+/// Ops whose result is constant wherever it is continuous: comparisons and logic (whose
+/// bool result only selects), floor, ceil and round. Their operands get no gradient.
+fn piecewise_constant(op: Op) -> bool {
+    use Op::*;
+    matches!(op, Equal | Less | LessEqual | Greater | GreaterEqual | And | Or | Xor | Not | Floor | Ceil | Round)
 }
 
 /// Why `n`, which consumes a differentiated value, cannot pass a gradient back, if so.
@@ -578,6 +586,13 @@ impl Builder {
                 self.op(Slice, &[gy], &a)?
             }
             Slice => self.slice(n, gy)?,
+            // y = pad(x, p) with a constant: x's gradient is gy with the pads taken back
+            // (a pad cropped, a crop filled with zeros).
+            Pad if attr_str(n, "mode", "constant") == "constant" => {
+                let pads: Vec<i64> = attr_ints(n, "pads").unwrap_or_default().iter().map(|p| -p).collect();
+                self.op(Pad, &[gy], &[("pads", Attr::ints(&pads))])?
+            }
+            Pad => return Err(fail(&format!("pad mode '{}' has no gradient (constant has)", attr_str(n, "mode", "")))),
             Gather if k == 0 => self.gather(n, gy)?,
             Gather => return Err(fail("the indices of gather have no gradient")),
             op => return Err(fail(&format!("{op} has no gradient"))),
@@ -649,6 +664,15 @@ impl Builder {
             let bt = self.op(Op::Transpose, &[&b], &[("perm", ints(&swap(b2.len())))])?;
             let d = self.bin(Op::MatMul, &g, &bt)?;
             self.unbroadcast(&d, &a2)?
+        } else if b2.len() == 2 && a2.len() > 2 {
+            // A matrix applied to a batch (a weight): one einsum contracts every batch dim
+            // at once. As a batched matmul then a sum over the batch, a batch split over two
+            // mesh axes would be reduced in two stages, and on a degraded mesh the second
+            // stage's groups miss the degraded devices' rows' partial sums of the first.
+            let a = self.reshape(a, &a2)?;
+            let batch: String = ('a'..='z').filter(|c| !"kmn".contains(*c)).take(a2.len() - 2).collect();
+            let eq = format!("{batch}mk,{batch}mn->kn");
+            self.op(Op::Einsum, &[&a, &g], &[("equation", Attr::Str(eq))])?
         } else {
             let a = self.reshape(a, &a2)?;
             let at = self.op(Op::Transpose, &[&a], &[("perm", ints(&swap(a2.len())))])?;

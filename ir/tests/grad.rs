@@ -215,6 +215,57 @@ fn where_case(rng: &mut Rng) -> Case {
     c
 }
 
+/// floor, ceil or round of `a` times `b`, plus a where whose condition compares `a` with
+/// a threshold (negated or not): the rounding and the comparison pass no gradient, the
+/// chosen branch and the product the rest. `a` stays 0.1 from every jump (integers and
+/// halves) and 0.05 from the threshold.
+fn piecewise_case(rng: &mut Rng) -> Case {
+    let mut c = Case::new();
+    let shape = rng.any_shape(1, 3);
+    let n: usize = shape.iter().product();
+    let a: Vec<f32> = (0..n)
+        .map(|_| {
+            let frac = 0.1 + 0.3 * rng.unit() + if rng.below(2) == 0 { 0.0 } else { 0.5 };
+            (rng.below(5) as f64 - 2.0 + frac) as f32
+        })
+        .collect();
+    let t: Vec<f32> = a.iter().map(|&x| x + if rng.below(2) == 0 { 0.05 } else { -0.05 }).collect();
+    c.input("a", Tensor::f32(shape.clone(), a), true);
+    c.input("t", Tensor::f32(shape.clone(), t), false);
+    c.float(rng, "b", shape, 0.0, false);
+    let round = [Op::Floor, Op::Ceil, Op::Round][rng.below(3)];
+    let cmp = [Op::Greater, Op::GreaterEqual, Op::Less, Op::LessEqual, Op::Equal][rng.below(5)];
+    c.node(Node::new("f", round, &["a"]));
+    c.node(Node::new("fb", Op::Mul, &["f", "b"]));
+    c.node(Node::new("k", cmp, &["a", "t"]));
+    let cond = if rng.below(2) == 0 {
+        c.node(Node::new("nk", Op::Not, &["k"]));
+        "nk"
+    } else {
+        "k"
+    };
+    c.node(Node::new("w", Op::Where, &[cond, "a", "b"]));
+    c.node(Node::new("y", Op::Add, &["fb", "w"]));
+    c
+}
+
+/// pad with a constant, each side padded by up to 2 or cropped by 1 (keeping a dim).
+fn pad_case(rng: &mut Rng) -> Case {
+    let mut c = Case::new();
+    let shape = rng.any_shape(1, 3);
+    let rank = shape.len();
+    let mut pads = vec![0i64; 2 * rank];
+    for d in 0..rank {
+        for side in [d, d + rank] {
+            let crop = shape[d] as i64 + pads[d] + pads[d + rank] > 1 && rng.below(3) == 0;
+            pads[side] = if crop { -1 } else { rng.below(3) as i64 };
+        }
+    }
+    let x = c.float(rng, "x", shape, 0.0, false);
+    c.node(Node::new("y", Op::Pad, &[&x]).with_attr("pads", ints(&pads)).with_attr("value", Attr::Float(0.5)));
+    c
+}
+
 fn contraction_case(rng: &mut Rng) -> Case {
     let mut c = Case::new();
     let (m, k, n) = (1 + rng.below(3), 1 + rng.below(3), 1 + rng.below(3));
@@ -366,6 +417,18 @@ proptest! {
     fn where_gradients_match_finite_differences(seed in 1u64..) {
         let mut rng = Rng(seed);
         check(&where_case(&mut rng), &mut rng)?;
+    }
+
+    #[test]
+    fn piecewise_constant_ops_pass_no_gradient(seed in 1u64..) {
+        let mut rng = Rng(seed);
+        check(&piecewise_case(&mut rng), &mut rng)?;
+    }
+
+    #[test]
+    fn pad_gradients_match_finite_differences(seed in 1u64..) {
+        let mut rng = Rng(seed);
+        check(&pad_case(&mut rng), &mut rng)?;
     }
 
     #[test]

@@ -16,7 +16,9 @@
 //! failing or panicking device poisons the fabric, so that every other device stops at its
 //! next rendezvous; one that goes silent is detected by the fabric's heartbeat watch.
 //! Degraded devices (`Meta::degraded`, or `Loaded::degrade`) run nothing: outputs are taken
-//! from a healthy holder of each block.
+//! from a healthy holder of each block. A training run's state stays on the devices between
+//! runs (`crate::resident`, `Loaded::upload`, `run_resident`): its input buffers point at
+//! each device's block, and its outputs land in the block's second buffer.
 //!
 //! Over hosts (`Loaded::set_transport`, `crate::transport`): this process runs the devices
 //! of its own host only, the fabric and the exchange carry what crosses hosts over the
@@ -47,7 +49,7 @@ use crate::mesh::Mesh;
 use crate::order::{accesses, all_before, happens_before, At, Order};
 use crate::pool;
 use crate::program::{Buffer, Collective, Elem, Exec, IoSpec, Library, Meta, Program, Storage, Transfer};
-use crate::resident::Resident;
+use crate::resident::{Resident, Slot};
 use crate::sync::{spin_until, Condvar, Mutex, MutexGuard};
 use crate::transport::{Hosts, Incoming, Outgoing, Stall, Transport};
 
@@ -1124,7 +1126,7 @@ impl Loaded {
 
     /// Copies `device`'s block of input `i` (value `t`; `bytes`: its bytes, for an input
     /// split over the mesh) into `dst`, the device's buffer of it.
-    pub(crate) fn cut_block(&self, i: usize, device: usize, t: &Tensor, dst: &mut [u8], bytes: Option<&[u8]>) {
+    fn cut_block(&self, i: usize, device: usize, t: &Tensor, dst: &mut [u8], bytes: Option<&[u8]>) {
         let spec = &self.meta.inputs[i];
         // A device outside the input's stage holds none of it.
         let Some((region, _)) = spec.block(&self.meta.mesh, device) else { return };
@@ -1145,7 +1147,7 @@ impl Loaded {
     /// Output `spec` as a whole tensor from the devices' blocks (`block(d)`: device d's),
     /// each block read from a healthy device that holds it; under hosts, from the copy host 0
     /// reads (`source`).
-    pub(crate) fn assemble<'b>(&self, spec: &IoSpec, block: &dyn Fn(usize) -> &'b [u8]) -> Result<Tensor> {
+    fn assemble<'b>(&self, spec: &IoSpec, block: &dyn Fn(usize) -> &'b [u8]) -> Result<Tensor> {
         let mesh = &self.meta.mesh;
         let healthy = |d: usize| self.healthy(d);
         let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
@@ -1572,6 +1574,65 @@ impl Loaded {
             run.times.push(StepTime { device, stream, step: i, start: since(start), dur: start.elapsed(), waits });
         }
         Ok(())
+    }
+}
+
+/// Resident state (`crate::resident`): onto the devices and back.
+impl Loaded {
+    /// Puts `state` (the inputs named `names`, each with an output `next_of(S)`) on the
+    /// devices: each device's block of each tensor is cut once, here.
+    pub fn upload(
+        &self,
+        state: &BTreeMap<String, Tensor>,
+        names: &[String],
+        next_of: impl Fn(&str) -> String,
+    ) -> Result<Resident> {
+        if self.host() != 0 || !self.meta.hosts.is_empty() {
+            bail!("training runs over several hosts are not supported");
+        }
+        let mesh = &self.meta.mesh;
+        let mut pairs = Vec::new();
+        for n in names {
+            let i = self.meta.inputs.iter().position(|s| &s.name == n).ok_or_else(|| anyhow!("no input '{n}'"))?;
+            let next = next_of(n);
+            let o =
+                self.meta.outputs.iter().position(|s| s.name == next).ok_or_else(|| anyhow!("no output '{next}'"))?;
+            let (si, so) = (&self.meta.inputs[i], &self.meta.outputs[o]);
+            // The step must leave every device the block of next.S that it reads of S.
+            let same = (0..mesh.devices()).all(|d| si.block(mesh, d).map(|b| b.0) == so.block(mesh, d).map(|b| b.0));
+            if si.dtype != so.dtype || si.shape != so.shape || !same {
+                bail!("state '{n}' leaves the step laid out unlike it enters it (a meshc bug)");
+            }
+            pairs.push((i, o));
+        }
+        let tensors = names
+            .iter()
+            .map(|n| state.get(n).map(|t| (t, t.to_le_bytes())).ok_or_else(|| anyhow!("the state has no tensor '{n}'")))
+            .collect::<Result<Vec<_>>>()?;
+        let mut slots = Vec::new();
+        for (d, p) in self.programs.iter().enumerate() {
+            let mut mine = Vec::new();
+            for (&(i, _), (t, bytes)) in pairs.iter().zip(&tensors) {
+                let len = p.buffers[p.inputs[i]].bytes;
+                let mut cur = AlignedBuf::zeroed(len)?;
+                self.cut_block(i, d, t, cur.as_mut_slice(), Some(bytes));
+                mine.push(Slot { bufs: [cur, AlignedBuf::zeroed(len)?], cur: 0 });
+            }
+            slots.push(mine);
+        }
+        Ok(Resident { pairs, slots })
+    }
+
+    /// The state tensors as whole tensors (by input name), gathered from the devices'
+    /// blocks: what a checkpoint writes.
+    pub fn download(&self, resident: &Resident) -> Result<BTreeMap<String, Tensor>> {
+        let mut out = BTreeMap::new();
+        for (k, &(i, o)) in resident.pairs.iter().enumerate() {
+            let spec = &self.meta.outputs[o];
+            let t = self.assemble(spec, &|d| resident.slots[d][k].current())?;
+            out.insert(self.meta.inputs[i].name.clone(), t);
+        }
+        Ok(out)
     }
 }
 

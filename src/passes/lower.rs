@@ -501,6 +501,18 @@ impl Lower<'_> {
         }
         let mut partial = Vec::new();
         let f32 = self.global(&n.name).dtype == DType::F32;
+        // A contracted dim split over an axis the spec puts on one of the result's dims (a
+        // weight gradient sharded over the data axis, `--zero`): the local blocks are
+        // contracted and the partial sums reduce-scattered, instead of gathering the operands.
+        let given = self.layouts.source.get(&n.name) == Some(&Source::Spec);
+        for (i, t) in n.inputs.iter().enumerate().filter(|_| f32 && given) {
+            for (d, _) in letters[i].iter().enumerate().filter(|&(_, &l)| l >= ro && !repeated(l)) {
+                if let Some(o) = self.current(t)[d].and_then(|a| natural.iter().position(|&x| x == Some(a))) {
+                    natural[o] = None;
+                    axis_of.insert(o, None);
+                }
+            }
+        }
         for (i, t) in n.inputs.iter().enumerate().filter(|_| f32) {
             let cur = self.current(t);
             for (d, &l) in letters[i].iter().enumerate() {

@@ -27,11 +27,16 @@ fn losses(stdout: &str) -> Vec<f64> {
 }
 
 fn compile(dir: &Path, spec: &str, layout: Option<&str>) -> String {
-    let art = dir.join("train.mshc").display().to_string();
+    compile_with(dir, "train.mshc", spec, layout, &[])
+}
+
+fn compile_with(dir: &Path, name: &str, spec: &str, layout: Option<&str>, more: &[&str]) -> String {
+    let art = dir.join(name).display().to_string();
     let mut args = vec!["compile", GRAPH, "--loss", "loss", "--optimizer", spec, "-o", &art];
     if let Some(l) = layout {
         args.extend(["--layout", l]);
     }
+    args.extend(more);
     let c = meshc(&args);
     assert_eq!(c.status, Some(0), "{c:?}");
     art
@@ -265,4 +270,139 @@ fn a_training_artifact_needs_nothing_beside_it() {
     assert_eq!(r.status, Some(0), "{r:?}");
     let want = meshc_ir::Tensor::read_npy(Path::new("testdata/train/expected/adamw.npy")).unwrap();
     assert_curve("alone", &losses(&r.stdout), &want.data.to_f64()[..3]);
+}
+
+/// ZeRO-1 (`--zero`) on the 2x4 mesh (data x model) and data parallel over a ring of 8:
+/// the optimizer state of each param is split over the data axis on top of its own layout
+/// (per device, a half or an eighth of the bytes), the gradients reach it by reduce-scatter
+/// and the params leave by all-gather; the run follows the run without --zero (only the
+/// order of the gradient's reduction may differ) and the reference curve.
+#[test]
+fn zero_shards_the_optimizer_state_and_trains_like_the_plain_run() {
+    use meshc_runtime::program::{CollectiveOp, Exec};
+    let want = meshc_ir::Tensor::read_npy(Path::new("testdata/train/expected/adamw.npy")).unwrap().data.to_f64();
+    let spec = "adamw:0.01,0.9,0.999,1e-8,0.01";
+    for (layout, data, device) in [("mp-2x4", 2, "1,0"), ("ring-8", 8, "1")] {
+        let dir = scratch(&format!("train-zero-{layout}"));
+        let l = format!("testdata/train/layouts/{layout}.json");
+        let plain = compile_with(&dir, "plain.mshc", spec, Some(&l), &[]);
+        let zero = compile_with(&dir, "zero.mshc", spec, Some(&l), &["--zero"]);
+        let ((p, _), (z, _)) = (open(&plain), open(&zero));
+        let bytes = |l: &meshc_runtime::runner::Loaded, name: &str| {
+            let i = l.meta.inputs.iter().position(|s| s.name == name).unwrap();
+            l.programs.iter().map(|q| q.buffers[q.inputs[i]].bytes).max().unwrap()
+        };
+        // w1 [8, 32] and w2 [32, 4] have a dim the data axis divides: their moments shrink
+        // on every device; the params themselves stay whole.
+        for m in ["opt.m.w1", "opt.v.w1", "opt.m.w2", "opt.v.w2"] {
+            assert_eq!(bytes(&z, m) * data, bytes(&p, m), "{layout}: '{m}' per device");
+        }
+        assert_eq!(bytes(&z, "w1"), bytes(&p, "w1"), "{layout}");
+        let count = |l: &meshc_runtime::runner::Loaded, f: fn(&CollectiveOp) -> bool| {
+            (l.programs[0].steps.iter()).filter(|s| matches!(&s.exec, Exec::Collective(c) if f(&c.op))).count()
+        };
+        let scatter = |c: &CollectiveOp| matches!(c, CollectiveOp::ReduceScatter { .. });
+        let gather = |c: &CollectiveOp| matches!(c, CollectiveOp::AllGather { .. });
+        assert_eq!(count(&p, scatter), 0, "{layout}");
+        assert!(count(&z, scatter) >= 2 && count(&z, gather) >= 2, "{layout}: {} reduce-scatters", count(&z, scatter));
+        let run = |art: &str, ckpt: &str| {
+            let ckpt = dir.join(ckpt).display().to_string();
+            let r = meshc(&["run", art, "--steps", "200", "--data", "testdata/train/data", "--checkpoint", &ckpt]);
+            assert_eq!(r.status, Some(0), "{r:?}");
+            (losses(&r.stdout), State::read(Path::new(&ckpt)).unwrap())
+        };
+        let ((lp, sp), (lz, sz)) = (run(&plain, "p.safetensors"), run(&zero, "z.safetensors"));
+        assert_curve(&format!("{layout} --zero"), &lz, &want);
+        for (i, (a, b)) in lp.iter().zip(&lz).enumerate() {
+            assert!((a - b).abs() <= 1e-5 * a.abs(), "{layout}: step {} loss {b} with --zero, {a} without", i + 1);
+        }
+        for (n, t) in &sp.tensors {
+            let c = sz.tensors[n].closeness(t);
+            assert!(c.max_abs_err <= 1e-4 && c.nan_mismatches == 0, "{layout}: '{n}' after 200 steps: {c:?}");
+        }
+        // Each device holds the only copy of its shard of the optimizer state: losing one
+        // would lose it, so a degraded device is refused.
+        let r = meshc(&["run", &zero, "--steps", "1", "--data", "testdata/train/data", "--degrade", device]);
+        assert_eq!(r.status, Some(1), "{r:?}");
+        assert!(r.stderr.contains("would take its shard") && r.stderr.lines().count() == 1, "{}", r.stderr);
+    }
+}
+
+/// The classifier with its batch of 16 rows as a 4x4 grid (dims rx, ry: one row per device
+/// of a 4x4 torus), or as `rows` rows.
+fn classifier_variant(batch: &[usize], dims: &[&str]) -> String {
+    let mut g: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(GRAPH).unwrap()).unwrap();
+    for input in g["inputs"].as_array_mut().unwrap() {
+        let last = input["shape"].as_array().unwrap().last().unwrap().clone();
+        let last_dim = input["dims"].as_array().unwrap().last().unwrap().clone();
+        let mut shape: Vec<serde_json::Value> = batch.iter().map(|&b| b.into()).collect();
+        shape.push(last);
+        let mut names: Vec<serde_json::Value> = dims.iter().map(|&d| d.into()).collect();
+        names.push(last_dim);
+        input["shape"] = shape.into();
+        input["dims"] = names.into();
+    }
+    for n in g["nodes"].as_array_mut().unwrap().iter_mut().filter(|n| n["name"] == "s") {
+        n["attrs"]["axes"] = serde_json::json!([batch.len()]);
+    }
+    serde_json::to_string(&g).unwrap()
+}
+
+/// Seed 002 end to end: a step on a 4x4 torus (one row of the batch per device) with
+/// devices (1,1) and (2,3) degraded applies the update of the fault-free step over the
+/// healthy devices' 14 rows: 200 steps follow, loss by loss and in the final state, the
+/// same training run on one device over those rows alone.
+#[test]
+fn a_degraded_4x4_torus_trains_like_the_fault_free_step_over_the_healthy_rows() {
+    let dir = scratch("train-torus");
+    let read = |n: &str| meshc_ir::Tensor::read_npy(Path::new(&format!("testdata/train/data/{n}.npy"))).unwrap();
+    let (x, labels) = (read("x"), read("labels"));
+    let (torus_data, rows_data) = (dir.join("torus"), dir.join("rows"));
+    let lost = [5usize, 11]; // rows 4*i + j of devices (1,1) and (2,3)
+    for d in [&torus_data, &rows_data] {
+        std::fs::create_dir(d).unwrap();
+    }
+    for (name, t) in [("x", &x), ("labels", &labels)] {
+        let (steps, rows, width) = (t.shape[0], t.shape[1], t.shape[2]);
+        let grid = meshc_ir::TensorType::new(t.dtype(), vec![steps, 4, 4, width]);
+        meshc_ir::Tensor::from_le_bytes(&grid, &t.to_le_bytes())
+            .write_npy(&torus_data.join(format!("{name}.npy")))
+            .unwrap();
+        let v = t.data.to_f64();
+        let kept: Vec<f32> = (0..steps * rows)
+            .filter(|r| !lost.contains(&(r % rows)))
+            .flat_map(|r| v[r * width..(r + 1) * width].iter().map(|&e| e as f32))
+            .collect();
+        let healthy = meshc_ir::Tensor::new(vec![steps, rows - lost.len(), width], meshc_ir::Data::F32(kept));
+        healthy.write_npy(&rows_data.join(format!("{name}.npy"))).unwrap();
+    }
+    let torus_graph = dir.join("torus.json");
+    std::fs::write(&torus_graph, classifier_variant(&[4, 4], &["rx", "ry"])).unwrap();
+    let rows_graph = dir.join("rows.json");
+    std::fs::write(&rows_graph, classifier_variant(&[14], &["batch"])).unwrap();
+    let layout = "testdata/dp_train/layouts/torus-4x4.json";
+    for spec in ["sgd:0.1", "adamw:0.01,0.9,0.999,1e-8,0.01"] {
+        let run = |graph: &Path, data: &Path, more: &[&str]| {
+            let ckpt = dir.join("ck.safetensors").display().to_string();
+            let (graph, data) = (graph.display().to_string(), data.display().to_string());
+            let mut args = vec!["run", &graph, "--loss", "loss", "--optimizer", spec, "--steps", "200"];
+            args.extend(["--data", &data, "--checkpoint", &ckpt]);
+            args.extend(more);
+            let r = meshc(&args);
+            assert_eq!(r.status, Some(0), "{r:?}");
+            (losses(&r.stdout), State::read(Path::new(&ckpt)).unwrap())
+        };
+        let (want, want_state) = run(&rows_graph, &rows_data, &[]);
+        let (got, state) =
+            run(&torus_graph, &torus_data, &["--layout", layout, "--degrade", "1,1", "--degrade", "2,3"]);
+        let (free, _) = run(&torus_graph, &torus_data, &["--layout", layout]);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!((g - w).abs() <= 1e-5 * w.abs(), "{spec}: step {} loss {g} degraded, {w} over the 14 rows", i + 1);
+        }
+        assert!(free.iter().zip(&want).any(|(f, w)| (f - w).abs() > 1e-3 * w.abs()), "{spec}: nothing was left out");
+        for (n, t) in &want_state.tensors {
+            let c = state.tensors[n].closeness(t);
+            assert!(c.max_abs_err <= 1e-4 && c.nan_mismatches == 0, "{spec}: '{n}' after 200 steps: {c:?}");
+        }
+    }
 }
