@@ -24,7 +24,9 @@ use crate::passes::fuse::Groups;
 use crate::passes::lower::Lowered;
 use meshc_ir::cost::node_flops;
 use meshc_runtime::library;
+use meshc_runtime::matmul_shape::MatmulShape;
 use meshc_runtime::mesh::{Layout, Mesh};
+use meshc_runtime::panels;
 use meshc_runtime::program::{
     align_up, Buffer, Collective, Elem, Exec, IoSpec, Kernel, Library, Meta, Program, Protocol, Step, Storage,
     Transfer, Why, ALIGN,
@@ -317,23 +319,29 @@ impl Builder {
     }
 
     /// Whether the constant `name` is stored in panels: an f32 matrix (or batch of them)
-    /// whose columns pad to whole strips cheaply (`panels::worth_packing`), that is no output, and that every node reading it reads as the right operand of a
-    /// matmul the library GEMM serves. (The caller leaves pruned weights row-major: their
-    /// GEMM runs on strided views.)
+    /// whose columns pad to whole strips cheaply (`panels::worth_packing`), that is no output,
+    /// and that every node reading it reads as the right operand of a matmul the library
+    /// GEMM serves with at most `panels::SMALL_M` rows a matrix. (Longer products pack their
+    /// weight once per call over many rows, and the gemm crate's kernels, which pack `a` too,
+    /// ran them 5% faster than the panels' kernels: `cargo bench --bench gemm`; at few rows
+    /// the panels are level with the small-M GEMM or faster, 2.8× at one row.) The caller
+    /// leaves pruned weights row-major: their GEMM runs on strided views.
     fn in_panels(&self, g: &Graph, info: &Info, folded: &Folded, name: &str) -> bool {
         let ty = folded.stored(name, &info.types);
         let mut readers =
             g.nodes.iter().filter(|n| !folded.consts.contains_key(&n.name) && n.inputs.iter().any(|i| i == name));
         ty.dtype == meshc_ir::DType::F32
             && ty.shape.len() >= 2
-            && meshc_runtime::panels::worth_packing(ty.shape[ty.shape.len() - 1])
+            && panels::worth_packing(ty.shape[ty.shape.len() - 1])
             && !g.outputs.iter().any(|o| o.name == name)
             && !folded.absorbed.values().any(|w| w == name)
             && readers.all(|n| {
+                let a = &info.types[&n.inputs[0]];
                 n.op == Op::MatMul
                     && n.inputs[0] != name
                     && n.inputs[1] == name
-                    && self.library_serves(&[info.types[&n.inputs[0]].clone(), ty.clone()])
+                    && self.library_serves(&[a.clone(), ty.clone()])
+                    && MatmulShape::infer(&a.shape, &ty.shape).is_ok_and(|(s, _)| s.m <= panels::SMALL_M)
             })
     }
 
@@ -375,7 +383,7 @@ impl Builder {
                     _ => unreachable!("`in_panels` takes matrices"),
                 };
                 let count = shape[..shape.len() - 2].iter().product();
-                bytes = std::borrow::Cow::Owned(meshc_runtime::panels::pack_bytes(&bytes, count, k, n));
+                bytes = std::borrow::Cow::Owned(panels::pack_bytes(&bytes, count, k, n));
                 panelled.push(name.clone());
             }
             let len = bytes.len();
