@@ -2,7 +2,9 @@
 //! Cranelift kernel (single thread) and the library GEMM (1 thread and all cores) — next to
 //! the machine's single-thread 128-bit FMA peak: 2 FMA ports × 4 lanes × 2 flops per cycle
 //! at the clock measured here (a chain of dependent adds), checked against a tight FMA loop.
-//! At 2048, numpy's `a @ b` is timed in the same run (through python3, when it has numpy).
+//! The library's GEMM on a weight prepacked in panels (`meshc_runtime::panels`, what the
+//! compiler stores constant weights as) runs on all cores beside it. At 2048, numpy's
+//! `a @ b` is timed in the same run (through python3, when it has numpy).
 //! Timings are best-of-N with `std::time::Instant`. Sizes can be picked with
 //! `GEMM_SIZES=256,1024`.
 
@@ -193,17 +195,43 @@ fn library_time(
     Ok((secs, c.to_vec()))
 }
 
-/// Times both paths on one shape; fails if their results disagree.
-fn both(target: &Target, mkn: (usize, usize, usize), threads: usize, reps: usize) -> Result<[f64; 3]> {
+/// Seconds per call of the library GEMM with `b` prepacked in panels, on `threads`
+/// threads, and its result.
+fn panels_time(
+    (m, k, n): (usize, usize, usize),
+    a: &Buf,
+    b: &Buf,
+    threads: usize,
+    reps: usize,
+) -> Result<(f64, Vec<f32>)> {
+    let bytes: Vec<u8> = b.f32s(k * n).iter().flat_map(|v| v.to_le_bytes()).collect();
+    let panels: Vec<f32> = meshc_runtime::panels::pack_bytes(&bytes, 1, k, n)
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let mut out = Buf::new(m * n * 4);
+    let (a, c) = (a.f32s(m * k), out.f32s_mut(m * n));
+    let mut res = Ok(());
+    let t = library::Threads::Exactly(threads);
+    let secs = best(reps, || res = library::matmul_panels(a, &panels, c, &[m, k], &[k, n], &[m, n], t));
+    res?;
+    Ok((secs, c.to_vec()))
+}
+
+/// Times every path on one shape; fails if their results disagree.
+fn all_paths(target: &Target, mkn: (usize, usize, usize), threads: usize, reps: usize) -> Result<[f64; 4]> {
     let (a, b) = operands(mkn.0, mkn.1, mkn.2);
     let (cl, got) = cranelift(target, mkn, &a, &b, reps)?;
     let (l1, want) = library_time(mkn, &a, &b, 1, reps)?;
     let (ln, _) = library_time(mkn, &a, &b, threads, reps)?;
-    let err = got.iter().zip(&want).map(|(g, w)| (g - w).abs() / (1.0 + w.abs())).fold(0f32, f32::max);
-    if err > 1e-3 {
-        bail!("{mkn:?}: the kernel and the library disagree (relative error {err})");
+    let (pn, packed) = panels_time(mkn, &a, &b, threads, reps)?;
+    for (what, got) in [("the kernel", got), ("the prepacked GEMM", packed)] {
+        let err = got.iter().zip(&want).map(|(g, w)| (g - w).abs() / (1.0 + w.abs())).fold(0f32, f32::max);
+        if err > 1e-3 {
+            bail!("{mkn:?}: {what} and the library disagree (relative error {err})");
+        }
     }
-    Ok([cl, l1, ln])
+    Ok([cl, l1, ln, pn])
 }
 
 fn main() -> Result<()> {
@@ -230,29 +258,32 @@ fn main() -> Result<()> {
     let gflops = |(m, k, n): (usize, usize, usize), secs: f64| 2.0 * (m * k * n) as f64 / secs / 1e9;
     println!("GFLOP/s, n×n×n:");
     println!(
-        "{:>6} {:>12} {:>8} {:>12} {:>12}",
+        "{:>6} {:>12} {:>8} {:>12} {:>12} {:>12}",
         "n",
         "cranelift",
         "% peak",
         "library 1T",
-        format!("library {threads}T")
+        format!("library {threads}T"),
+        format!("prepacked {threads}T")
     );
     let mut library_at = Vec::new();
     for n in sizes {
         let reps = if n >= 2048 { 3 } else { 10 };
-        let [cl, l1, ln] = both(&target, (n, n, n), threads, reps)?.map(|t| gflops((n, n, n), t));
+        let [cl, l1, ln, pn] = all_paths(&target, (n, n, n), threads, reps)?.map(|t| gflops((n, n, n), t));
         let pct = peak.map_or("-".to_string(), |p| format!("{:.0}%", 100.0 * cl / p));
-        println!("{n:>6} {cl:>12.1} {pct:>8} {l1:>12.1} {ln:>12.1}");
-        library_at.push((n, ln));
+        println!("{n:>6} {cl:>12.1} {pct:>8} {l1:>12.1} {ln:>12.1} {pn:>12.1}");
+        library_at.push((n, ln, pn));
     }
     // The yardstick of issue 3: numpy's `a @ b` in the same run, with the environment's
     // OpenBLAS settings and with none (a machine's OPENBLAS_CORETYPE may pick slower kernels).
-    for (n, ln) in library_at.into_iter().filter(|&(n, _)| n == 2048) {
+    for (n, ln, pn) in library_at.into_iter().filter(|&(n, ..)| n == 2048) {
         for (label, unset) in [("environment as is", false), ("OPENBLAS_* unset", true)] {
             match numpy_gflops(n, unset) {
                 Some(np) => println!(
-                    "numpy a @ b, {n}³ f32 ({label}): {np:.1} GFLOP/s; library {threads}T / numpy = {:.0}%",
-                    100.0 * ln / np
+                    "numpy a @ b, {n}³ f32 ({label}): {np:.1} GFLOP/s; library {threads}T / numpy = {:.0}%, \
+                     prepacked {threads}T / numpy = {:.0}%",
+                    100.0 * ln / np,
+                    100.0 * pn / np
                 ),
                 None => println!("numpy a @ b, {n}³ f32 ({label}): not measured (python3 with numpy not found)"),
             }
@@ -260,11 +291,18 @@ fn main() -> Result<()> {
     }
     // Where each path wins (what `library::prefer_library` encodes): small and skinny shapes.
     println!("microseconds per call, [m,k] @ [k,n]:");
-    println!("{:>16} {:>12} {:>12} {:>12}", "m,k,n", "cranelift", "library 1T", format!("library {threads}T"));
+    println!(
+        "{:>16} {:>12} {:>12} {:>12} {:>12}",
+        "m,k,n",
+        "cranelift",
+        "library 1T",
+        format!("library {threads}T"),
+        format!("prepacked {threads}T")
+    );
     for mkn in SMALL {
         let reps = (20_000_000 / (mkn.0 * mkn.1 * mkn.2)).clamp(5, 2000);
-        let [cl, l1, ln] = both(&target, mkn, threads, reps)?.map(|t| t * 1e6);
-        println!("{:>16} {cl:>12.2} {l1:>12.2} {ln:>12.2}", format!("{},{},{}", mkn.0, mkn.1, mkn.2));
+        let [cl, l1, ln, pn] = all_paths(&target, mkn, threads, reps)?.map(|t| t * 1e6);
+        println!("{:>16} {cl:>12.2} {l1:>12.2} {ln:>12.2} {pn:>12.2}", format!("{},{},{}", mkn.0, mkn.1, mkn.2));
     }
     Ok(())
 }
@@ -292,7 +330,9 @@ fn numpy_gflops(n: usize, unset: bool) -> Option<f64> {
     String::from_utf8_lossy(&out.stdout).trim().parse().ok()
 }
 
-const SMALL: [(usize, usize, usize); 17] = [
+/// Small and skinny shapes, then the weight GEMMs of the models bench's encoder (2 × 13 and
+/// 32 × 128 tokens, width 384, FFN 1536).
+const SMALL: [(usize, usize, usize); 22] = [
     (4, 4, 4),
     (8, 8, 8),
     (12, 12, 12),
@@ -310,4 +350,9 @@ const SMALL: [(usize, usize, usize); 17] = [
     (4096, 64, 64),
     (64, 64, 4096),
     (64, 4096, 64),
+    (26, 384, 384),
+    (26, 384, 1536),
+    (26, 1536, 384),
+    (4096, 384, 1536),
+    (4096, 1536, 384),
 ];

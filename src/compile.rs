@@ -24,7 +24,9 @@ use crate::passes::fuse::Groups;
 use crate::passes::lower::Lowered;
 use meshc_ir::cost::node_flops;
 use meshc_runtime::library;
+use meshc_runtime::matmul_shape::MatmulShape;
 use meshc_runtime::mesh::{Layout, Mesh};
+use meshc_runtime::panels;
 use meshc_runtime::program::{
     align_up, Buffer, Collective, Elem, Exec, IoSpec, Kernel, Library, Meta, Program, Protocol, Step, Storage,
     Transfer, Why, ALIGN,
@@ -305,6 +307,45 @@ impl Builder {
         offset + record.len()
     }
 
+    /// Whether the library GEMM serves a matmul of operands of these types (as stored).
+    /// Both GEMMs read a half weight (widening it by blocks): the choice is by shape.
+    fn library_serves(&self, operands: &[TensorType]) -> bool {
+        match self.gemm {
+            Gemm::Library => true,
+            Gemm::Cranelift => false,
+            Gemm::Auto => {
+                library::prefer_library(&operands[0], &TensorType::new(meshc_ir::DType::F32, operands[1].shape.clone()))
+            }
+        }
+    }
+
+    /// Whether the constant `name` is stored in panels: an f32 matrix (or batch of them)
+    /// whose columns pad to whole strips cheaply (`panels::worth_packing`), that is no output,
+    /// and that every node reading it reads as the right operand of a matmul the library
+    /// GEMM serves with at most `panels::SMALL_M` rows a matrix. (Longer products pack their
+    /// weight once per call over many rows, and the gemm crate's kernels, which pack `a` too,
+    /// ran them 5% faster than the panels' kernels: `cargo bench --bench gemm`; at few rows
+    /// the panels are level with the small-M GEMM or faster, 2.8× at one row.) The caller
+    /// leaves pruned weights row-major: their GEMM runs on strided views.
+    fn in_panels(&self, g: &Graph, info: &Info, folded: &Folded, name: &str) -> bool {
+        let ty = folded.stored(name, &info.types);
+        let mut readers =
+            g.nodes.iter().filter(|n| !folded.consts.contains_key(&n.name) && n.inputs.iter().any(|i| i == name));
+        ty.dtype == meshc_ir::DType::F32
+            && ty.shape.len() >= 2
+            && panels::worth_packing(ty.shape[ty.shape.len() - 1])
+            && !g.outputs.iter().any(|o| o.name == name)
+            && !folded.absorbed.values().any(|w| w == name)
+            && readers.all(|n| {
+                let a = &info.types[&n.inputs[0]];
+                n.op == Op::MatMul
+                    && n.inputs[0] != name
+                    && n.inputs[1] == name
+                    && self.library_serves(&[a.clone(), ty.clone()])
+                    && MatmulShape::infer(&a.shape, &ty.shape).is_ok_and(|(s, _)| s.m <= panels::SMALL_M)
+            })
+    }
+
     /// The program of one device: `g` verified as `info`, its constants `folded` and its
     /// fusion `groups`; its steps in program order on one stream and its buffers unplanned
     /// (`passes::streams` and `passes::buffers` follow), with the operand positions each
@@ -320,6 +361,8 @@ impl Builder {
     ) -> Result<(Program, Vec<Vec<usize>>)> {
         let mut bufs = Buffers::default();
         let Folded { consts, keeps, absorbed, .. } = folded;
+        // The weights stored in panels (`meshc_runtime::panels`).
+        let mut panelled: Vec<String> = Vec::new();
         let masks = local_masks(g, info, consts, keeps, self.mask_block);
         // Only the constants something reads become weights.
         let outputs: Vec<&str> = g.outputs.iter().map(|o| o.name.as_str()).collect();
@@ -331,7 +374,19 @@ impl Builder {
         names
             .sort_by_key(|c| (g.params.iter().position(|p| &p.name == *c), g.nodes.iter().position(|n| &n.name == *c)));
         for name in names {
-            let bytes = folded.bytes(g, name)?;
+            let mut bytes = folded.bytes(g, name)?;
+            if !masks.contains_key(name.as_str()) && self.in_panels(g, info, folded, name) {
+                // Only library matmuls read it, as their weight: stored as their GEMM reads
+                // it, so no run packs it.
+                let shape = &info.types[name].shape;
+                let (k, n) = match shape[..] {
+                    [.., k, n] => (k, n),
+                    _ => unreachable!("`in_panels` takes matrices"),
+                };
+                let count = shape[..shape.len() - 2].iter().product();
+                bytes = std::borrow::Cow::Owned(panels::pack_bytes(&bytes, count, k, n));
+                panelled.push(name.clone());
+            }
             let len = bytes.len();
             let (record, mask) = match masks.get(name.as_str()) {
                 Some((m, info)) => (m.encode(), Some(info.clone())),
@@ -385,16 +440,7 @@ impl Builder {
                 in_place.push(Vec::new());
                 continue;
             }
-            // Both GEMMs read a half weight (widening it by blocks): the choice is by shape.
-            let use_library = node.op == Op::MatMul
-                && match self.gemm {
-                    Gemm::Library => true,
-                    Gemm::Cranelift => false,
-                    Gemm::Auto => library::prefer_library(
-                        &operand_types[0],
-                        &TensorType::new(meshc_ir::DType::F32, operand_types[1].shape.clone()),
-                    ),
-                };
+            let use_library = node.op == Op::MatMul && self.library_serves(&operand_types);
             let mut shares = Vec::new();
             let (exec, operands, scratch) = if node.op.is_communication() {
                 (Exec::Collective(self.collective(node, &operand_types[0], device, devices)?), node.inputs.clone(), 0)
@@ -404,6 +450,7 @@ impl Builder {
                     b: operand_types[1].shape.clone(),
                     out: out.shape.clone(),
                     b_elem: Elem::of(operand_types[1].dtype),
+                    panels: panelled.contains(&node.inputs[1]),
                 };
                 (Exec::Library(lib), node.inputs.clone(), 0)
             } else {

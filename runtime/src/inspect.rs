@@ -142,7 +142,9 @@ fn program_report(s: &mut String, p: &Program) -> Result<()> {
     for (i, st) in p.steps.iter().enumerate() {
         let exec = match &st.exec {
             Exec::Kernel(k) => format!("kernel k{k}"),
-            Exec::Library(Library::Matmul { a, b, .. }) => format!("library gemm {a:?}x{b:?}"),
+            Exec::Library(Library::Matmul { a, b, panels, .. }) => {
+                format!("library gemm {a:?}x{b:?}{}", if *panels { " (weight in panels)" } else { "" })
+            }
             Exec::Collective(c) => {
                 let group = c.groups.iter().find(|g| g.contains(&p.device)).cloned().unwrap_or_default();
                 let group: Vec<String> = group.iter().map(usize::to_string).collect();

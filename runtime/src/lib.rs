@@ -5,7 +5,8 @@
 //! Modules, from the bottom up: `abi` (kernel signature, CPU features, executable memory),
 //! `mesh` (the device mesh and layouts), `program` (what the artifact's program and meta
 //! sections hold), `artifact` (the container: sections, checksums, mapping), `mask` (pruning
-//! mask records), `matmul_shape`, `library` and `small_m` (the library GEMM), `pool` (the
+//! mask records), `matmul_shape`, `library`, `small_m` and `panels` (the library GEMM; `panels` the
+//! prepacked weights), `pool` (the
 //! fork/join of a step over the cores), `degraded` (the
 //! fault-tolerant collective planner), `exchange` (send/recv), `fabric` (collectives over
 //! the simulated mesh), `runner` (validation and execution), `loader` (artifact to runner),
@@ -31,6 +32,7 @@ pub mod mesh;
 pub mod mpi;
 pub mod order;
 pub mod output;
+pub mod panels;
 pub mod pool;
 pub mod program;
 pub mod resident;

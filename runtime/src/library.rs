@@ -21,6 +21,11 @@
 //! (numpy 2.4 / OpenBLAS 0.3.31 `a @ b` on the same machine: ~120 on 1 thread, ~236 on 2 at
 //! n = 2048.)
 //!
+//! A weight the compiler stored in panels (`crate::panels`: every f32, unpruned constant
+//! that only library matmuls read) takes `matmul_panels`, whose own kernels read the
+//! panels as they are: no run packs a weight. What stays here serves products of two run-time
+//! values, pruned weights (`matmul_masked`) and half-precision ones (`matmul_half`).
+//!
 //! Products of at most `small_m::MAX_M` rows take `small_m` instead (on AVX-512 CPUs): the
 //! gemm crate's threads split blocks of rows, and a short product is a single block, so it
 //! ran on one core however many it was given. Longer ones are split by rows over
@@ -95,6 +100,27 @@ pub fn matmul(
     } else {
         general(a, b, out, &s, threads.pick(macs));
     }
+    Ok(())
+}
+
+/// `out = a @ b` (numpy `matmul`, f32) with `b` a weight stored in panels
+/// (`crate::panels`: `panels::packed_len(k, n)` elements per matrix of `b_shape`), on
+/// `threads`: no packing at run time.
+pub fn matmul_panels(
+    a: &[f32],
+    panels: &[f32],
+    out: &mut [f32],
+    a_shape: &[usize],
+    b_shape: &[usize],
+    out_shape: &[usize],
+    threads: Threads,
+) -> Result<()> {
+    let Some(b_len) = crate::panels::packed_elems(b_shape) else { bail!("matmul: operand b {b_shape:?} is too large") };
+    check_lengths([a.len(), panels.len(), out.len()], a_shape, &[b_len], out_shape)?;
+    let s = MatmulShape::new(a_shape, b_shape, out_shape)?;
+    let macs = s.k.saturating_mul(out_shape.iter().product());
+    let threads = if s.m <= crate::panels::SMALL_M { threads.pick_small_m(macs) } else { threads.pick(macs) };
+    crate::panels::matmul(a, panels, out, &s, threads);
     Ok(())
 }
 

@@ -168,6 +168,9 @@ pub enum Library {
         out: Vec<usize>,
         #[serde(default, skip_serializing_if = "Elem::is_f32")]
         b_elem: Elem,
+        /// `b` is a weight stored in the GEMM's panels (`crate::panels`, f32), not row-major.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        panels: bool,
     },
 }
 

@@ -197,17 +197,23 @@ fn check_steps(p: &Program) -> Result<()> {
                     )));
                 }
             }
-            Exec::Library(Library::Matmul { a, b, out, b_elem }) => {
+            Exec::Library(Library::Matmul { a, b, out, b_elem, panels }) => {
                 count(3)?;
                 crate::matmul_shape::MatmulShape::new(a, b, out).map_err(|e| fail(e.to_string()))?;
-                for (i, s, elem) in [(0, out, Elem::F32), (1, a, Elem::F32), (2, b, *b_elem)] {
+                let b_panels = [crate::panels::packed_elems(b).unwrap_or(usize::MAX)];
+                let b_stored = if *panels { &b_panels[..] } else { b };
+                for (i, s, elem) in [(0, &out[..], Elem::F32), (1, a, Elem::F32), (2, b_stored, *b_elem)] {
                     let need = s.iter().try_fold(elem.size(), |n, &d| n.checked_mul(d));
                     if need.is_none_or(|n| bytes(i) < n) {
                         bail!(fail(format!("buffer {i} holds {} bytes, too few for {elem:?}{s:?}", bytes(i))));
                     }
                 }
-                if !b_elem.is_f32() && p.buffers[st.buffers[2]].mask.is_some() {
+                let weight = &p.buffers[st.buffers[2]];
+                if !b_elem.is_f32() && weight.mask.is_some() {
                     bail!(fail("a pruned weight is f32, not a half type".to_string()));
+                }
+                if *panels && (!b_elem.is_f32() || weight.mask.is_some()) {
+                    bail!(fail("weights in panels are f32 and unpruned".to_string()));
                 }
             }
             Exec::Collective(_) => count(2)?,
@@ -1494,7 +1500,21 @@ impl Loaded {
                     return Err(RunError::KernelStatus { node: st.node.clone(), status }.into());
                 }
             }
-            Exec::Library(Library::Matmul { a, b, out, b_elem }) => {
+            Exec::Library(Library::Matmul { a, b, out, panels: true, .. }) => {
+                let len = |s: &[usize]| s.iter().product::<usize>();
+                // SAFETY: the buffers hold f32 tensors of these shapes, `b` in panels
+                // (checked by `check_program`), and the result does not alias the operands.
+                let (o, x, y) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut(args[0] as *mut f32, len(out)),
+                        std::slice::from_raw_parts(args[1] as *const f32, len(a)),
+                        std::slice::from_raw_parts(args[2] as *const f32, crate::panels::packed_elems(b).unwrap_or(0)),
+                    )
+                };
+                library::matmul_panels(x, y, o, a, b, out, Threads::UpTo(run.threads))
+                    .with_context(|| format!("node '{}'", st.node))?;
+            }
+            Exec::Library(Library::Matmul { a, b, out, b_elem, .. }) => {
                 let len = |s: &[usize]| s.iter().product::<usize>();
                 // SAFETY: the buffers hold tensors of exactly these shapes (f32, b as
                 // `b_elem`: checked by `check_program`), and the result does not alias the
@@ -1823,7 +1843,13 @@ mod tests {
     fn streams_run_apart_joined_by_events_and_traced_per_stream() {
         let m = Mesh::numbered(&[2], Topology::Torus);
         let sum = collective(0, CollectiveOp::AllReduce { reduce: Reduce::Sum }, vec![vec![0, 1]], &[2, 2]);
-        let mm = Exec::Library(Library::Matmul { a: vec![2, 2], b: vec![2, 2], out: vec![2, 2], b_elem: Elem::F32 });
+        let mm = Exec::Library(Library::Matmul {
+            a: vec![2, 2],
+            b: vec![2, 2],
+            out: vec![2, 2],
+            b_elem: Elem::F32,
+            panels: false,
+        });
         // b1 = all_reduce(b0) on the comm stream while b2 = b0·b0 runs; then b3 = b1·b2.
         let programs = (0..2)
             .map(|d| {
@@ -1858,7 +1884,13 @@ mod tests {
     #[test]
     fn unsound_stream_plans_are_refused() {
         let m = Mesh::numbered(&[1], Topology::Torus);
-        let mm = Exec::Library(Library::Matmul { a: vec![2, 2], b: vec![2, 2], out: vec![2, 2], b_elem: Elem::F32 });
+        let mm = Exec::Library(Library::Matmul {
+            a: vec![2, 2],
+            b: vec![2, 2],
+            out: vec![2, 2],
+            b_elem: Elem::F32,
+            panels: false,
+        });
         let refuse = |plan: StreamPlan| {
             let steps = vec![
                 step("a", mm.clone(), &[1, 0, 0]),
@@ -1893,8 +1925,20 @@ mod tests {
     fn a_failing_stream_stops_the_streams_waiting_for_it() {
         let m = Mesh::numbered(&[2], Topology::Torus);
         let sum = collective(0, CollectiveOp::AllReduce { reduce: Reduce::Sum }, vec![vec![0, 1]], &[2, 2]);
-        let bad = Exec::Library(Library::Matmul { a: vec![2, 3], b: vec![2, 3], out: vec![2, 2], b_elem: Elem::F32 });
-        let mm = Exec::Library(Library::Matmul { a: vec![2, 2], b: vec![2, 2], out: vec![2, 2], b_elem: Elem::F32 });
+        let bad = Exec::Library(Library::Matmul {
+            a: vec![2, 3],
+            b: vec![2, 3],
+            out: vec![2, 2],
+            b_elem: Elem::F32,
+            panels: false,
+        });
+        let mm = Exec::Library(Library::Matmul {
+            a: vec![2, 2],
+            b: vec![2, 2],
+            out: vec![2, 2],
+            b_elem: Elem::F32,
+            panels: false,
+        });
         // Device 1's comm stream fails before its all_reduce; device 0's main stream waits
         // for its own all_reduce's event, which never comes.
         let programs = (0..2)
@@ -1935,8 +1979,20 @@ mod tests {
         // One device first runs a matmul whose shapes do not fit: the others wait for it in
         // the all_reduce until its error poisons the fabric. Device 0 runs on the calling
         // thread, device 3 on one of the runner's.
-        let bad = Exec::Library(Library::Matmul { a: vec![2, 3], b: vec![2, 3], out: vec![2, 3], b_elem: Elem::F32 });
-        let good = Exec::Library(Library::Matmul { a: vec![2, 3], b: vec![3, 2], out: vec![2, 2], b_elem: Elem::F32 });
+        let bad = Exec::Library(Library::Matmul {
+            a: vec![2, 3],
+            b: vec![2, 3],
+            out: vec![2, 3],
+            b_elem: Elem::F32,
+            panels: false,
+        });
+        let good = Exec::Library(Library::Matmul {
+            a: vec![2, 3],
+            b: vec![3, 2],
+            out: vec![2, 2],
+            b_elem: Elem::F32,
+            panels: false,
+        });
         for (failing, label) in [(3, "device 3 (1,1)"), (0, "device 0 (0,0)")] {
             let programs = (0..4)
                 .map(|d| {
@@ -2145,8 +2201,20 @@ mod transfer_tests {
 
     #[test]
     fn a_failing_sender_stops_its_receiver() {
-        let bad = Exec::Library(Library::Matmul { a: vec![2, 3], b: vec![2, 3], out: vec![2, 3], b_elem: Elem::F32 });
-        let good = Exec::Library(Library::Matmul { a: vec![2, 2], b: vec![2, 2], out: vec![2, 2], b_elem: Elem::F32 });
+        let bad = Exec::Library(Library::Matmul {
+            a: vec![2, 3],
+            b: vec![2, 3],
+            out: vec![2, 3],
+            b_elem: Elem::F32,
+            panels: false,
+        });
+        let good = Exec::Library(Library::Matmul {
+            a: vec![2, 2],
+            b: vec![2, 2],
+            out: vec![2, 2],
+            b_elem: Elem::F32,
+            panels: false,
+        });
         let mut l = load(vec![
             program(
                 0,

@@ -26,6 +26,7 @@ mod mpi;
 mod onnx;
 mod onnx_fuzz;
 mod outputs;
+mod panels;
 mod pilot;
 mod placement;
 mod refused;
