@@ -408,6 +408,30 @@ def gpt2_block():
          {"batch": 2, "seq": 6}, opset=18)
 
 
+def half_weights():
+    """Weights stored as f16 and bf16, each read through a Cast to float, as mixed-precision
+    exports write them: meshc keeps the half bytes in the weights file and the artifact."""
+    r = np.random.default_rng(1616)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])
+    w1 = numpy_helper.from_array((r.standard_normal((16, 32)) * 0.2).astype(np.float16), "fc1.weight")
+    b1 = numpy_helper.from_array((r.standard_normal(32) * 0.2).astype(np.float16), "fc1.bias")
+    # make_tensor rounds the floats to bfloat16 (to nearest even).
+    w2 = helper.make_tensor("fc2.weight", TensorProto.BFLOAT16, [32, 8],
+                            (r.standard_normal((32, 8)) * 0.2).astype(np.float32).ravel().tolist())
+    nodes = [
+        node("Cast", ["fc1.weight"], ["/fc1/Cast_output_0"], to=TensorProto.FLOAT),
+        node("MatMul", ["x", "/fc1/Cast_output_0"], ["/fc1/MatMul_output_0"]),
+        node("Cast", ["fc1.bias"], ["/fc1/Cast_1_output_0"], to=TensorProto.FLOAT),
+        node("Add", ["/fc1/MatMul_output_0", "/fc1/Cast_1_output_0"], ["/fc1/Add_output_0"]),
+        node("Relu", ["/fc1/Add_output_0"], ["/act/Relu_output_0"]),
+        node("Cast", ["fc2.weight"], ["/fc2/Cast_output_0"], to=TensorProto.FLOAT),
+        helper.make_node("MatMul", ["/act/Relu_output_0", "/fc2/Cast_output_0"], ["y"], name="/fc2/MatMul"),
+    ]
+    g = helper.make_graph(nodes, "half_weights", [x], [y], [w1, b1, w2])
+    save("half_weights", g, {"x": r.standard_normal((4, 16)).astype(np.float32)}, {"batch": 4})
+
+
 def bad():
     """Bad inputs for testdata/bad/ (tests/all/golden.rs pins each one-line error)."""
     d = os.path.join(OUT, "..", "bad")
@@ -458,6 +482,7 @@ if __name__ == "__main__":
     resnet_block()
     mobilenet_block()
     gpt2_block()
+    half_weights()
     bad()
     total = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote {OUT} ({total} bytes)", file=sys.stderr)

@@ -10,7 +10,7 @@ use std::rc::Rc;
 
 use meshc_ir::infer::{infer, Operand};
 use meshc_ir::interp::eval_node;
-use meshc_ir::{Attr, DType, Graph, Node, Op, Param, ParamData, Tensor, TensorType};
+use meshc_ir::{Attr, DType, Data, Graph, Node, Op, Param, ParamData, Tensor, TensorType};
 
 type R<T> = std::result::Result<T, String>;
 
@@ -22,6 +22,9 @@ pub enum Value {
         source: Option<String>,
         /// A float initializer (or Constant) of more than one element: kept as a param.
         weight: bool,
+        /// The half type an initializer was stored in (`t` holds it widened): its param
+        /// keeps the half bytes.
+        half: Option<DType>,
     },
     /// A graph input or node of the meshc graph, by its meshc name.
     Tensor(String),
@@ -29,13 +32,19 @@ pub enum Value {
 
 impl Value {
     pub fn computed(t: Tensor) -> Value {
-        Value::Const { t: Rc::new(t), source: None, weight: false }
+        Value::Const { t: Rc::new(t), source: None, weight: false, half: None }
     }
 
     /// An initializer or Constant named `source`.
     pub fn named(t: Tensor, source: &str) -> Value {
+        Value::stored(t, source, DType::F32)
+    }
+
+    /// An initializer named `source` stored as `dtype` (a half is widened in `t`).
+    pub fn stored(t: Tensor, source: &str, dtype: DType) -> Value {
         let weight = t.dtype() == DType::F32 && t.numel() > 1;
-        Value::Const { t: Rc::new(t), source: Some(source.to_string()), weight }
+        let half = Some(dtype).filter(|d| d.is_half());
+        Value::Const { t: Rc::new(t), source: Some(source.to_string()), weight, half }
     }
 
     pub fn as_const(&self) -> Option<&Tensor> {
@@ -102,26 +111,44 @@ impl Builder {
         Some(input.ty.dtype).filter(|d| d.is_half())
     }
 
-    /// The meshc name of `v`, turning a const into a param (once per ONNX source).
+    /// The meshc name of `v`, turning a const into a param (once per ONNX source). A half
+    /// initializer's param keeps its half bytes (weights file and artifact at half the size)
+    /// and is read through a cast to f32, which a matmul reads as the half weight itself.
     pub fn operand(&mut self, v: &Value, hint: &str) -> String {
-        let (t, source) = match v {
+        let (t, source, half) = match v {
             Value::Tensor(n) => return n.clone(),
-            Value::Const { t, source, .. } => (t, source),
+            Value::Const { t, source, half, .. } => (t, source, *half),
         };
         if let Some(p) = source.as_ref().and_then(|s| self.param_of.get(s)) {
             return p.clone();
         }
         let name = self.fresh(source.as_deref().unwrap_or(hint));
-        if let Some(s) = source {
-            self.param_of.insert(s.clone(), name.clone());
-        }
-        let ty = t.ty();
+        let value = match half {
+            // Exact: `t` was widened from these halves.
+            Some(h) => Tensor::new(t.shape.clone(), Data::from_f64(h, t.data.to_f64())),
+            None => (**t).clone(),
+        };
+        let ty = value.ty();
         self.types.insert(name.clone(), ty.clone());
         // The file is set when the graph is written (`save`): in memory, `params` holds it.
         let data = ParamData::File { path: String::new(), key: Some(name.clone()) };
         self.graph.params.push(Param { name: name.clone(), ty, dims: None, data, loc: None });
-        self.params.insert(name.clone(), (**t).clone());
-        name
+        self.params.insert(name.clone(), value);
+        let read = match half {
+            Some(_) => {
+                let cast = self.fresh(&format!("{name}.f32"));
+                let mut node = Node::new(&cast, Op::Cast, &[name.as_str()]);
+                node.attrs.insert("to".into(), Attr::Str(DType::F32.name().into()));
+                self.types.insert(cast.clone(), t.ty());
+                self.graph.nodes.push(node);
+                cast
+            }
+            None => name,
+        };
+        if let Some(s) = source {
+            self.param_of.insert(s.clone(), read.clone());
+        }
+        read
     }
 
     /// `op(args) {attrs}`, named after `name`: evaluated now when every operand is a

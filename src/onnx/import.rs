@@ -58,7 +58,8 @@ pub fn import(
             false => Ok(t.raw_data.as_deref()),
         };
         let v = raw.and_then(|raw| tensors::tensor_from(t, raw)).map_err(|e| format!("initializer '{name}': {e}"))?;
-        values.insert(name.clone(), Value::named(v, &name));
+        let stored = tensors::storage_dtype(t.data_type.unwrap_or(0)).unwrap_or(DType::F32);
+        values.insert(name.clone(), Value::stored(v, &name, stored));
     }
     let mut bound = BTreeSet::new();
     for i in &g.input {

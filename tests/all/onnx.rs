@@ -109,6 +109,36 @@ fn imported_graphs_keep_onnx_names_fold_shapes_and_name_dims() {
     }
 }
 
+/// f16 and bf16 initializers stay half: params of their own type in the weights file (read
+/// through a cast), and half-size weights in the artifact.
+#[test]
+fn half_initializers_stay_half_in_the_weights_file_and_the_artifact() {
+    let tmp = scratch("onnx-half");
+    let model = "testdata/onnx/half_weights/model.onnx";
+    let graph = tmp.join("half.txt").display().to_string();
+    let run = meshc(&["import", model, "-o", &graph, "--dim", "batch=4"]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    let text = std::fs::read_to_string(&graph).unwrap();
+    for want in ["param fc1.weight: f16[16,32]", "param fc1.bias: f16[32]", "param fc2.weight: bf16[32,8]"] {
+        assert!(text.contains(want), "no '{want}' in\n{text}");
+    }
+    let weights = std::fs::read(tmp.join("half.safetensors")).unwrap();
+    assert!(weights.len() < 2 * (16 * 32 + 32 + 32 * 8) + 1024, "{} bytes of weights", weights.len());
+    let art = tmp.join("half.mshc").display().to_string();
+    let run = meshc(&["compile", model, "--dim", "batch=4", "-o", &art]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    let inspect = meshc(&["inspect", &art]);
+    // The two half weights (16·32 + 32·8 halves) and the bias, which a fold widened: less
+    // than the 3,200 bytes of f32 weights.
+    let weights: usize = (inspect.stdout.lines())
+        .find_map(|l| {
+            let words: Vec<&str> = l.strip_prefix("  weights")?.split_whitespace().collect();
+            words.iter().position(|&w| w == "size").and_then(|i| words.get(i + 1)?.parse().ok())
+        })
+        .unwrap_or_else(|| panic!("no weights section in {}", inspect.stdout));
+    assert_eq!(weights, 2 * (16 * 32 + 32 * 8) + 4 * 32, "{}", inspect.stdout);
+}
+
 /// The GPT-2 block's causal mask (Range and Less on the sequence length) folds at import
 /// into a constant bool matrix that one `where` applies to the scores.
 #[test]
