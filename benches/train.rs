@@ -8,8 +8,8 @@
 //!
 //!     cargo bench --bench train                   (B,D,H = 512,1024,4096, N = 3)
 //!     MESHC_TRAIN_SHAPE=64,256,1024 MESHC_TRAIN_STEPS=10 cargo bench --bench train
-//!     MESHC_TRAIN_PYTHON=path/to/python  (default target/venv-jax/bin/python; without
-//!                                         jax the JAX column says so)
+//!     MESHC_TRAIN_PYTHON=path/to/python  (default target/jax-venv/bin/python, the models
+//!                                         bench's venv; without jax the JAX column says so)
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -136,7 +136,7 @@ fn main() {
         Tensor::f32(vec![n + 1, b, d], v).write_npy(&dir.join("data").join(format!("{name}.npy"))).unwrap();
     }
     let python =
-        std::env::var_os("MESHC_TRAIN_PYTHON").map(PathBuf::from).unwrap_or("target/venv-jax/bin/python".into());
+        std::env::var_os("MESHC_TRAIN_PYTHON").map(PathBuf::from).unwrap_or("target/jax-venv/bin/python".into());
     let flops = 3.0 * 2.0 * 2.0 * (b * d * h) as f64;
     println!("train step: MLP [{b},{d}] -> {h} -> {d}, MSE loss, forward + backward + {ADAMW}, {n} timed steps");
     println!("{:<12} {:>14} {:>10} {:>14} {:>12}", "config", "meshc ms/step", "GFLOP/s", "JAX ms/step", "meshc/JAX");
