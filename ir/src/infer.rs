@@ -355,7 +355,10 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
             }
             let reduction = attr_str(node, "reduction", "none");
             if reduction != "none" && !matches!(data.ty.dtype, DType::F32 | DType::I32 | DType::I64) {
-                return Err(format!("scatter_elements reduction {reduction} needs f32, i32 or i64, got {}", data.ty.dtype));
+                return Err(format!(
+                    "scatter_elements reduction {reduction} needs f32, i32 or i64, got {}",
+                    data.ty.dtype
+                ));
             }
             Ok(keep(&ops[0], data.ty.dtype))
         }

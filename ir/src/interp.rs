@@ -179,11 +179,9 @@ fn eval(node: &Node, args: &[&Tensor]) -> R<Tensor> {
             ints_attr(node, "steps")?,
         ),
         Gather => gather(args[0], args[1], int_attr(node, "axis", Some(0))?),
-        ScatterElements => scatter_elements(
-            args,
-            int_attr(node, "axis", Some(0))?,
-            str_attr(node, "reduction", Some("none"))?,
-        ),
+        ScatterElements => {
+            scatter_elements(args, int_attr(node, "axis", Some(0))?, str_attr(node, "reduction", Some("none"))?)
+        }
         Send | Recv | AllReduce | AllGather | ReduceScatter | AllToAll => {
             Err(format!("communication op {op} cannot run in the single-graph interpreter"))
         }
@@ -1211,7 +1209,12 @@ fn scatter_elements(args: &[&Tensor], axis: i64, reduction: &str) -> R<Tensor> {
         apply(data, updates, targets, int_binop::<T>(op).ok_or_else(|| undefined(op, T::DTYPE))?)
     }
     let op = match reduction {
-        "none" => return Ok(Tensor::new(data.shape.clone(), with_elem!(data.dtype(), T => apply::<T>(data, updates, &targets, |_, u| u)?))),
+        "none" => {
+            return Ok(Tensor::new(
+                data.shape.clone(),
+                with_elem!(data.dtype(), T => apply::<T>(data, updates, &targets, |_, u| u)?),
+            ))
+        }
         "add" => Op::Add,
         "mul" => Op::Mul,
         "max" => Op::Maximum,
