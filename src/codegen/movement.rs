@@ -821,7 +821,11 @@ mod tests {
                 let ax = ("axis", Attr::Int(axis));
                 each_dtype(i as u64, shape, |x| {
                     let u = random(x.dtype(), ishape, -1000.0, 1000.0, 40 + i as u64);
-                    check(kernel, &node(Op::ScatterElements, 3, &[ax.clone()]), &[x, index(id, ishape, idx), u]);
+                    check(
+                        kernel,
+                        &node(Op::ScatterElements, 3, std::slice::from_ref(&ax)),
+                        &[x, index(id, ishape, idx), u],
+                    );
                 });
                 for r in ["add", "mul", "max", "min"] {
                     for dt in [DType::F32, DType::I32, DType::I64] {
