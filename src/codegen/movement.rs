@@ -237,6 +237,54 @@ fn fill_run(kb: &mut KernelBuilder, dst: Value, src: Value, esize: i64, n: i64) 
 
 /// numpy `take`: validates every index first (so a bad index fails the kernel even when
 /// the result is empty, as in the interpreter), then copies one `data` run per index.
+/// The i32 or i64 indices of a gather or scatter along an axis of size `n`.
+struct Indices {
+    ty: Type,
+    /// Bytes per index.
+    size: i64,
+    n: i64,
+}
+
+impl Indices {
+    fn new(op: Op, idx: &TensorType, n: i64) -> Result<Indices> {
+        let ty = match idx.dtype {
+            DType::I32 => types::I32,
+            DType::I64 => types::I64,
+            other => bail!("{op} indices must be i32 or i64, got {other}"),
+        };
+        Ok(Indices { ty, size: idx.dtype.size_bytes() as i64, n })
+    }
+
+    /// The index at `at`, pointer-sized.
+    fn load(&self, kb: &mut KernelBuilder, at: Value) -> Value {
+        let i = kb.b.ins().load(self.ty, mem(), at, 0);
+        if self.ty == kb.ptr {
+            i
+        } else {
+            kb.b.ins().sextend(kb.ptr, i)
+        }
+    }
+
+    /// Fails the kernel unless each of the `count` indices at `ip` lies in [-n, n): exactly
+    /// when i + n, as unsigned, is below 2n.
+    fn check_all(&self, kb: &mut KernelBuilder, ip: Value, count: i64) {
+        kb.for_const(0, count, 1, |kb, j| {
+            let at = kb.addr(ip, j, self.size);
+            let i = self.load(kb, at);
+            let shifted = kb.b.ins().iadd_imm_s(i, self.n);
+            let bad = kb.b.ins().icmp_imm_s(IntCC::UnsignedGreaterThanOrEqual, shifted, 2 * self.n);
+            kb.fail_if(bad, STATUS_INDEX_OUT_OF_RANGE);
+        });
+    }
+
+    /// A checked index with a negative one counted from the end.
+    fn wrap(&self, kb: &mut KernelBuilder, i: Value) -> Value {
+        let wrapped = kb.b.ins().iadd_imm_s(i, self.n);
+        let negative = kb.b.ins().icmp_imm_s(IntCC::SignedLessThan, i, 0);
+        kb.b.ins().select(negative, wrapped, i)
+    }
+}
+
 /// The most rows a gather of single elements copies, unrolled, per index it loads.
 const GATHER_ROWS_INSIDE: usize = 16;
 
@@ -249,14 +297,9 @@ fn gather(
 ) -> Result<cranelift_codegen::ir::Function> {
     let [data, idx] = inputs else { bail!("gather takes data and indices") };
     let axis = norm_axis(attr_int(node, "axis", 0), data.rank()).map_err(anyhow::Error::msg)?;
-    let ity = match idx.dtype {
-        DType::I32 => types::I32,
-        DType::I64 => types::I64,
-        other => bail!("gather indices must be i32 or i64, got {other}"),
-    };
-    let isize = idx.dtype.size_bytes() as i64;
     let esize = data.dtype.size_bytes() as i64;
     let n = data.shape[axis] as i64;
+    let ix = Indices::new(node.op, idx, n)?;
     let outer: usize = data.shape[..axis].iter().product();
     let inner: usize = data.shape[axis + 1..].iter().product();
     let run = inner as i64 * esize;
@@ -266,30 +309,14 @@ fn gather(
     }
     Ok(build_kernel(target, name, |kb| {
         let (dst, src, ip) = (kb.buf(0), kb.buf(1), kb.buf(2));
-        let load_index = |kb: &mut KernelBuilder, j: Value| {
-            let at = kb.addr(ip, j, isize);
-            let i = kb.b.ins().load(ity, mem(), at, 0);
-            if ity == kb.ptr {
-                i
-            } else {
-                kb.b.ins().sextend(kb.ptr, i)
-            }
-        };
-        // i in [-n, n) exactly when i + n, as unsigned, is below 2n.
-        kb.for_const(0, count, 1, |kb, j| {
-            let i = load_index(kb, j);
-            let shifted = kb.b.ins().iadd_imm_s(i, n);
-            let bad = kb.b.ins().icmp_imm_s(IntCC::UnsignedGreaterThanOrEqual, shifted, 2 * n);
-            kb.fail_if(bad, STATUS_INDEX_OUT_OF_RANGE);
-        });
+        ix.check_all(kb, ip, count);
         if run == 0 {
             return;
         }
         let source = |kb: &mut KernelBuilder, j: Value| {
-            let i = load_index(kb, j);
-            let wrapped = kb.b.ins().iadd_imm_s(i, n);
-            let negative = kb.b.ins().icmp_imm_s(IntCC::SignedLessThan, i, 0);
-            kb.b.ins().select(negative, wrapped, i)
+            let at = kb.addr(ip, j, ix.size);
+            let i = ix.load(kb, at);
+            ix.wrap(kb, i)
         };
         if inner == 1 && (2..=GATHER_ROWS_INSIDE).contains(&outer) {
             // Single elements from a few rows (im2col's gathers): each index serves every
@@ -331,11 +358,6 @@ fn scatter_elements(
 ) -> Result<cranelift_codegen::ir::Function> {
     let [data, idx, upd] = inputs else { bail!("scatter_elements takes data, indices and updates") };
     let axis = norm_axis(attr_int(node, "axis", 0), data.rank()).map_err(anyhow::Error::msg)?;
-    let ity = match idx.dtype {
-        DType::I32 => types::I32,
-        DType::I64 => types::I64,
-        other => bail!("scatter_elements indices must be i32 or i64, got {other}"),
-    };
     let fits = idx.rank() == data.rank() && (0..data.rank()).all(|d| d == axis || idx.shape[d] <= data.shape[d]);
     if out != data || upd.dtype != data.dtype || upd.shape != idx.shape || !fits {
         bail!("scatter_elements of {data}, {idx}, {upd} into {out}: the types do not match");
@@ -348,8 +370,9 @@ fn scatter_elements(
         (DType::I64, _) => (types::I64, false),
         (other, r) => bail!("scatter_elements reduction {r} is not defined for {other}"),
     };
-    let (isize, esize) = (idx.dtype.size_bytes() as i64, data.dtype.size_bytes() as i64);
-    let n = data.shape[axis] as i64;
+    let esize = data.dtype.size_bytes() as i64;
+    let ix = Indices::new(node.op, idx, data.shape[axis] as i64)?;
+    let isize = ix.size;
     let (istrides, dstrides) = (contiguous_strides(&idx.shape), contiguous_strides(&data.shape));
     // Per dim of the indices: their stride, the updates' (the same, in elements) and the
     // result's, which is 0 along the axis: there the index itself picks the element.
@@ -363,28 +386,11 @@ fn scatter_elements(
     let (count, axis_stride) = (idx.numel() as i64, dstrides[axis] * esize);
     Ok(build_kernel(target, name, |kb| {
         let (dst, src, ip, up) = (kb.buf(0), kb.buf(1), kb.buf(2), kb.buf(3));
-        let load_index = |kb: &mut KernelBuilder, at: Value| {
-            let i = kb.b.ins().load(ity, mem(), at, 0);
-            if ity == kb.ptr {
-                i
-            } else {
-                kb.b.ins().sextend(kb.ptr, i)
-            }
-        };
-        // i in [-n, n) exactly when i + n, as unsigned, is below 2n.
-        kb.for_const(0, count, 1, |kb, j| {
-            let at = kb.addr(ip, j, isize);
-            let i = load_index(kb, at);
-            let shifted = kb.b.ins().iadd_imm_s(i, n);
-            let bad = kb.b.ins().icmp_imm_s(IntCC::UnsignedGreaterThanOrEqual, shifted, 2 * n);
-            kb.fail_if(bad, STATUS_INDEX_OUT_OF_RANGE);
-        });
+        ix.check_all(kb, ip, count);
         copy_run(kb, dst, src, data.numel() as i64 * esize);
         for_nest(kb, &dims, &[ip, up, dst], &mut |kb, p| {
-            let i = load_index(kb, p[0]);
-            let wrapped = kb.b.ins().iadd_imm_s(i, n);
-            let negative = kb.b.ins().icmp_imm_s(IntCC::SignedLessThan, i, 0);
-            let i = kb.b.ins().select(negative, wrapped, i);
+            let i = ix.load(kb, p[0]);
+            let i = ix.wrap(kb, i);
             let at = kb.addr(p[2], i, axis_stride);
             let u = kb.b.ins().load(ty, mem(), p[1], 0);
             let v = match reduction {
