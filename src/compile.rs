@@ -191,7 +191,7 @@ fn generate(target: &Target, node: &Node, inputs: &[TensorType], out: &TensorTyp
         Op::ReduceSum | Op::ReduceMean | Op::ReduceMax | Op::Softmax | Op::LayerNorm => {
             codegen::reduce::kernel(target, &name, node, inputs, out)
         }
-        Op::Transpose | Op::Slice | Op::Concat | Op::BroadcastTo | Op::Gather | Op::Einsum => {
+        Op::Transpose | Op::Slice | Op::Concat | Op::BroadcastTo | Op::Gather | Op::ScatterElements | Op::Einsum => {
             codegen::movement::kernel(target, &name, node, inputs, out)
         }
         Op::Conv => codegen::conv::depthwise(target, &name, node, inputs, out),

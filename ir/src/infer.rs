@@ -335,6 +335,33 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
             }
             Ok(Inferred { ty: TensorType::new(data.ty.dtype, shape), dims })
         }
+        ScatterElements => {
+            let (data, idx, upd) = (&ops[0], &ops[1], &ops[2]);
+            expect_dtype(idx, INDEX, "the indices")?;
+            let axis = norm_axis(attr_int(node, "axis", 0), data.ty.rank())?;
+            let (ds, is) = (&data.ty.shape, &idx.ty.shape);
+            if upd.ty.dtype != data.ty.dtype || upd.ty.shape != *is {
+                return Err(format!("updates {} must be {} of the indices' shape {}", upd.ty, data.ty.dtype, sh(is)));
+            }
+            if is.len() != ds.len() || (0..ds.len()).any(|d| d != axis && is[d] > ds[d]) {
+                return Err(format!(
+                    "indices {} must have data's rank and fit in data {} off axis {axis}",
+                    sh(is),
+                    sh(ds)
+                ));
+            }
+            if ds[axis] == 0 && idx.ty.numel() > 0 {
+                return Err(format!("scatter into axis {axis} of size 0"));
+            }
+            let reduction = attr_str(node, "reduction", "none");
+            if reduction != "none" && !matches!(data.ty.dtype, DType::F32 | DType::I32 | DType::I64) {
+                return Err(format!(
+                    "scatter_elements reduction {reduction} needs f32, i32 or i64, got {}",
+                    data.ty.dtype
+                ));
+            }
+            Ok(keep(&ops[0], data.ty.dtype))
+        }
         Send => Ok(keep(x.expect("arity checked"), x.expect("arity checked").ty.dtype)),
         Recv => {
             let shape = non_negative(&attr_ints(node, "shape").unwrap_or_default(), "shape")?;

@@ -179,6 +179,9 @@ fn eval(node: &Node, args: &[&Tensor]) -> R<Tensor> {
             ints_attr(node, "steps")?,
         ),
         Gather => gather(args[0], args[1], int_attr(node, "axis", Some(0))?),
+        ScatterElements => {
+            scatter_elements(args, int_attr(node, "axis", Some(0))?, str_attr(node, "reduction", Some("none"))?)
+        }
         Send | Recv | AllReduce | AllGather | ReduceScatter | AllToAll => {
             Err(format!("communication op {op} cannot run in the single-graph interpreter"))
         }
@@ -1111,24 +1114,29 @@ fn slice_layout(
 }
 
 /// numpy `take(data, indices, axis)`; negative indices count from the end.
-fn gather(data: &Tensor, indices: &Tensor, axis: i64) -> R<Tensor> {
-    let ax = norm_axis(axis, data.shape.len())?;
+/// The indices of gather or scatter_elements (`op`) along an axis of size `n`, negative ones
+/// wrapped once; one out of range is an error naming it.
+fn axis_indices(op: Op, indices: &Tensor, ax: usize, n: usize) -> R<Vec<usize>> {
     let idx: Vec<i64> = match &indices.data {
         Data::I32(v) => v.iter().map(|&i| i as i64).collect(),
         Data::I64(v) => v.clone(),
-        other => return Err(format!("gather indices must be i32 or i64, got {}", other.dtype())),
+        other => return Err(format!("{op} indices must be i32 or i64, got {}", other.dtype())),
     };
-    let n = data.shape[ax];
-    let idx = idx
-        .iter()
+    idx.iter()
         .map(|&i| {
             let j = if i < 0 { i as i128 + n as i128 } else { i as i128 };
             usize::try_from(j)
                 .ok()
                 .filter(|&j| j < n)
-                .ok_or_else(|| format!("gather index {i} out of range for axis {ax} of size {n}"))
+                .ok_or_else(|| format!("{op} index {i} out of range for axis {ax} of size {n}"))
         })
-        .collect::<R<Vec<usize>>>()?;
+        .collect()
+}
+
+fn gather(data: &Tensor, indices: &Tensor, axis: i64) -> R<Tensor> {
+    let ax = norm_axis(axis, data.shape.len())?;
+    let n = data.shape[ax];
+    let idx = axis_indices(Op::Gather, indices, ax, n)?;
     let shape: Vec<usize> = [&data.shape[..ax], &indices.shape[..], &data.shape[ax + 1..]].concat();
     let outer = numel(&data.shape[..ax]);
     let inner = numel(&data.shape[ax + 1..]);
@@ -1143,6 +1151,86 @@ fn gather(data: &Tensor, indices: &Tensor, axis: i64) -> R<Tensor> {
         T::wrap(out)
     });
     Ok(Tensor::new(shape, out))
+}
+
+/// ONNX ScatterElements: a copy of `data` where, for each position `p` of `indices` (in
+/// row-major order), the element at `p` with coordinate `axis` replaced by `indices[p]`
+/// becomes `updates[p]` (`none`: a later duplicate wins) or that element combined with it.
+fn scatter_elements(args: &[&Tensor], axis: i64, reduction: &str) -> R<Tensor> {
+    let [data, indices, updates] = args else { return Err("scatter_elements takes data, indices and updates".into()) };
+    let rank = data.shape.len();
+    let ax = norm_axis(axis, rank)?;
+    if indices.shape != updates.shape {
+        return Err(format!(
+            "scatter_elements indices {} and updates {} differ in shape",
+            ShapeDisplay(&indices.shape),
+            ShapeDisplay(&updates.shape)
+        ));
+    }
+    if indices.shape.len() != rank || (0..rank).any(|d| d != ax && indices.shape[d] > data.shape[d]) {
+        return Err(format!(
+            "scatter_elements indices {} do not fit data {} off axis {ax}",
+            ShapeDisplay(&indices.shape),
+            ShapeDisplay(&data.shape)
+        ));
+    }
+    if updates.dtype() != data.dtype() {
+        return Err(format!("scatter_elements updates are {}, data {}", updates.dtype(), data.dtype()));
+    }
+    let idx = axis_indices(Op::ScatterElements, indices, ax, data.shape[ax])?;
+    // The flat offset in data of each position of indices, row-major.
+    let mut strides = vec![1usize; rank];
+    for d in (0..rank.saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * data.shape[d + 1];
+    }
+    let mut coord = vec![0usize; rank];
+    let targets: Vec<usize> = idx
+        .iter()
+        .map(|&k| {
+            let at = (0..rank).map(|d| if d == ax { k } else { coord[d] } * strides[d]).sum();
+            for d in (0..rank).rev() {
+                coord[d] += 1;
+                if coord[d] < indices.shape[d] {
+                    break;
+                }
+                coord[d] = 0;
+            }
+            at
+        })
+        .collect();
+    fn apply<T: Elem + Copy>(data: &Tensor, updates: &Tensor, targets: &[usize], f: impl Fn(T, T) -> T) -> R<Data> {
+        let mut out = elems::<T>(data)?.to_vec();
+        for (&t, &u) in targets.iter().zip(elems::<T>(updates)?) {
+            out[t] = f(out[t], u);
+        }
+        Ok(T::wrap(out))
+    }
+    fn int<T: Int>(op: Op, data: &Tensor, updates: &Tensor, targets: &[usize]) -> R<Data> {
+        apply(data, updates, targets, int_binop::<T>(op).ok_or_else(|| undefined(op, T::DTYPE))?)
+    }
+    let op = match reduction {
+        "none" => {
+            return Ok(Tensor::new(
+                data.shape.clone(),
+                with_elem!(data.dtype(), T => apply::<T>(data, updates, &targets, |_, u| u)?),
+            ))
+        }
+        "add" => Op::Add,
+        "mul" => Op::Mul,
+        "max" => Op::Maximum,
+        "min" => Op::Minimum,
+        other => return Err(format!("unknown scatter_elements reduction '{other}' (none, add, mul, max or min)")),
+    };
+    let out = match data.dtype() {
+        DType::F32 => {
+            let f = float_binop(op).ok_or_else(|| undefined(op, DType::F32))?;
+            apply(data, updates, &targets, |x: f32, y: f32| f(x as f64, y as f64) as f32)?
+        }
+        DType::I32 => int::<i32>(op, data, updates, &targets)?,
+        DType::I64 => int::<i64>(op, data, updates, &targets)?,
+        other => return Err(format!("scatter_elements with reduction {reduction} is not defined for {other}")),
+    };
+    Ok(Tensor::new(data.shape.clone(), out))
 }
 
 #[cfg(test)]
@@ -1838,6 +1926,44 @@ mod tests {
             &[&d3, &i64t(&[2], &[2, 0])],
             f(&[2, 2, 2], &[4., 5., 0., 1., 10., 11., 6., 7.]),
         );
+    }
+
+    #[test]
+    fn scatter_elements_cases() {
+        let sc = |axis: i64, red: &str| [("axis", Attr::Int(axis)), ("reduction", s(red))];
+        // ONNX's own examples: axis 0 into zeros, then axis 1 with a negative index.
+        let upd = f(&[2, 3], &[1.0, 1.1, 1.2, 2.0, 2.1, 2.2]);
+        let want = f(&[3, 3], &[2.0, 1.1, 0.0, 1.0, 0.0, 2.2, 0.0, 2.1, 1.2]);
+        check(Op::ScatterElements, &[], &[&f(&[3, 3], &[0.; 9]), &i64t(&[2, 3], &[1, 0, 2, 0, 2, 1]), &upd], want);
+        let data = f(&[1, 5], &[1., 2., 3., 4., 5.]);
+        let want = f(&[1, 5], &[1., 1.1, 2.1, 4., 5.]);
+        check(Op::ScatterElements, &sc(1, "none"), &[&data, &i32t(&[1, 2], &[1, -3]), &f(&[1, 2], &[1.1, 2.1])], want);
+        // Duplicates: the last in row-major order wins, or all combine in that order.
+        let (data, idx, upd) = (f(&[5], &[1., 2., 3., 4., 5.]), i64t(&[2], &[1, 1]), f(&[2], &[1.1, 2.1]));
+        for (red, v) in [("none", 2.1), ("add", 5.2), ("mul", 2.0 * 1.1 * 2.1), ("max", 2.1), ("min", 1.1)] {
+            check(Op::ScatterElements, &sc(0, red), &[&data, &idx, &upd], fd(&[5], &[1., v, 3., 4., 5.]));
+        }
+        // Integers, indices smaller than data off the axis, any dtype without a reduction.
+        let data = i64t(&[2, 3], &[0; 6]);
+        let args = [&data, &i32t(&[1, 2], &[0, -1]), &i64t(&[1, 2], &[7, 9])];
+        check(Op::ScatterElements, &sc(0, "add"), &args, i64t(&[2, 3], &[7, 0, 0, 0, 9, 0]));
+        let args = [&bt(&[3], &[false; 3]), &i32t(&[2], &[2, 0]), &bt(&[2], &[true, true])];
+        check(Op::ScatterElements, &[], &args, bt(&[3], &[true, false, true]));
+    }
+
+    #[test]
+    fn scatter_elements_errors() {
+        let mut g = node(Op::ScatterElements, &[]);
+        g.name = "g".into();
+        let out = TensorType::new(DType::F32, vec![5]);
+        let (data, upd) = (ramp(&[5]), ramp(&[2]));
+        let e = eval_node(&g, &[&data, &i32t(&[2], &[0, 5]), &upd], &out).unwrap_err();
+        assert_eq!(e.msg, "node 'g': scatter_elements index 5 out of range for axis 0 of size 5");
+        let e = eval_node(&g, &[&data, &i64t(&[2], &[-6, 0]), &upd], &out).unwrap_err();
+        assert_eq!(e.msg, "node 'g': scatter_elements index -6 out of range for axis 0 of size 5");
+        assert!(error(Op::ScatterElements, &[], &[&data, &f(&[2], &[0., 1.]), &upd]).contains("i32 or i64"));
+        let args = [&bt(&[3], &[false; 3]), &i32t(&[1], &[0]), &bt(&[1], &[true])];
+        assert!(error(Op::ScatterElements, &[("reduction", s("add"))], &args).contains("not defined for bool"));
     }
 
     #[test]

@@ -31,7 +31,7 @@ ops! {
     Mod = "mod", Floor = "floor", Ceil = "ceil", Round = "round",
     Softmax = "softmax", LayerNorm = "layer_norm",
     Reshape = "reshape", Transpose = "transpose", BroadcastTo = "broadcast_to",
-    Concat = "concat", Slice = "slice", Gather = "gather",
+    Concat = "concat", Slice = "slice", Gather = "gather", ScatterElements = "scatter_elements",
     Send = "send", Recv = "recv",
     AllReduce = "all_reduce", AllGather = "all_gather",
     ReduceScatter = "reduce_scatter", AllToAll = "all_to_all",
@@ -114,6 +114,8 @@ const fn opt(name: &'static str, kind: AttrKind) -> AttrSpec {
 pub const REDUCE_KINDS: &[&str] = &["sum", "max", "mean"];
 /// How a send/recv pair moves its data (chosen by the send/recv pass, see meshc's `program::Protocol`).
 pub const PROTOCOLS: &[&str] = &["move", "copy", "remote"];
+/// How `scatter_elements` combines an update with the element it lands on.
+pub const SCATTER_REDUCTIONS: &[&str] = &["none", "add", "mul", "max", "min"];
 pub const GELU_APPROX: &[&str] = &["none", "tanh"];
 /// The modes of `pad` (`window` gives their meaning).
 pub const PAD_MODES: &[&str] = &["constant", "reflect", "edge", "wrap"];
@@ -172,7 +174,7 @@ impl Op {
         match self {
             _ if self.is_binary_elementwise() => Arity::Exactly(2),
             _ if self.is_unary_elementwise() => Arity::Exactly(1),
-            Where | LayerNorm => Arity::Exactly(3),
+            Where | LayerNorm | ScatterElements => Arity::Exactly(3),
             MatMul | Gather => Arity::Exactly(2),
             Conv => Arity::AtLeast(2),
             Einsum | Concat => Arity::AtLeast(1),
@@ -200,6 +202,7 @@ impl Op {
                 const { &[req("starts", K::Ints), req("ends", K::Ints), opt("axes", K::Ints), opt("steps", K::Ints)] }
             }
             Gather => const { &[opt("axis", K::Int)] },
+            ScatterElements => const { &[opt("axis", K::Int), opt("reduction", K::Enum(SCATTER_REDUCTIONS))] },
             Send => const { &[req("key", K::Str), req("to", K::Int), opt("protocol", K::Enum(PROTOCOLS))] },
             Recv => {
                 const {

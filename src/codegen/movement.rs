@@ -26,6 +26,7 @@ use super::{Generated, Target, STATUS_INDEX_OUT_OF_RANGE};
 pub fn kernel(target: &Target, name: &str, node: &Node, inputs: &[TensorType], out: &TensorType) -> Result<Generated> {
     let func = match node.op {
         Op::Gather => gather(target, name, node, inputs, out)?,
+        Op::ScatterElements => scatter_elements(target, name, node, inputs, out)?,
         Op::Einsum => einsum(target, name, node, inputs, out)?,
         _ => {
             let copies = copies(node, inputs, out)?;
@@ -236,6 +237,54 @@ fn fill_run(kb: &mut KernelBuilder, dst: Value, src: Value, esize: i64, n: i64) 
 
 /// numpy `take`: validates every index first (so a bad index fails the kernel even when
 /// the result is empty, as in the interpreter), then copies one `data` run per index.
+/// The i32 or i64 indices of a gather or scatter along an axis of size `n`.
+struct Indices {
+    ty: Type,
+    /// Bytes per index.
+    size: i64,
+    n: i64,
+}
+
+impl Indices {
+    fn new(op: Op, idx: &TensorType, n: i64) -> Result<Indices> {
+        let ty = match idx.dtype {
+            DType::I32 => types::I32,
+            DType::I64 => types::I64,
+            other => bail!("{op} indices must be i32 or i64, got {other}"),
+        };
+        Ok(Indices { ty, size: idx.dtype.size_bytes() as i64, n })
+    }
+
+    /// The index at `at`, pointer-sized.
+    fn load(&self, kb: &mut KernelBuilder, at: Value) -> Value {
+        let i = kb.b.ins().load(self.ty, mem(), at, 0);
+        if self.ty == kb.ptr {
+            i
+        } else {
+            kb.b.ins().sextend(kb.ptr, i)
+        }
+    }
+
+    /// Fails the kernel unless each of the `count` indices at `ip` lies in [-n, n): exactly
+    /// when i + n, as unsigned, is below 2n.
+    fn check_all(&self, kb: &mut KernelBuilder, ip: Value, count: i64) {
+        kb.for_const(0, count, 1, |kb, j| {
+            let at = kb.addr(ip, j, self.size);
+            let i = self.load(kb, at);
+            let shifted = kb.b.ins().iadd_imm_s(i, self.n);
+            let bad = kb.b.ins().icmp_imm_s(IntCC::UnsignedGreaterThanOrEqual, shifted, 2 * self.n);
+            kb.fail_if(bad, STATUS_INDEX_OUT_OF_RANGE);
+        });
+    }
+
+    /// A checked index with a negative one counted from the end.
+    fn wrap(&self, kb: &mut KernelBuilder, i: Value) -> Value {
+        let wrapped = kb.b.ins().iadd_imm_s(i, self.n);
+        let negative = kb.b.ins().icmp_imm_s(IntCC::SignedLessThan, i, 0);
+        kb.b.ins().select(negative, wrapped, i)
+    }
+}
+
 /// The most rows a gather of single elements copies, unrolled, per index it loads.
 const GATHER_ROWS_INSIDE: usize = 16;
 
@@ -248,14 +297,9 @@ fn gather(
 ) -> Result<cranelift_codegen::ir::Function> {
     let [data, idx] = inputs else { bail!("gather takes data and indices") };
     let axis = norm_axis(attr_int(node, "axis", 0), data.rank()).map_err(anyhow::Error::msg)?;
-    let ity = match idx.dtype {
-        DType::I32 => types::I32,
-        DType::I64 => types::I64,
-        other => bail!("gather indices must be i32 or i64, got {other}"),
-    };
-    let isize = idx.dtype.size_bytes() as i64;
     let esize = data.dtype.size_bytes() as i64;
     let n = data.shape[axis] as i64;
+    let ix = Indices::new(node.op, idx, n)?;
     let outer: usize = data.shape[..axis].iter().product();
     let inner: usize = data.shape[axis + 1..].iter().product();
     let run = inner as i64 * esize;
@@ -265,30 +309,14 @@ fn gather(
     }
     Ok(build_kernel(target, name, |kb| {
         let (dst, src, ip) = (kb.buf(0), kb.buf(1), kb.buf(2));
-        let load_index = |kb: &mut KernelBuilder, j: Value| {
-            let at = kb.addr(ip, j, isize);
-            let i = kb.b.ins().load(ity, mem(), at, 0);
-            if ity == kb.ptr {
-                i
-            } else {
-                kb.b.ins().sextend(kb.ptr, i)
-            }
-        };
-        // i in [-n, n) exactly when i + n, as unsigned, is below 2n.
-        kb.for_const(0, count, 1, |kb, j| {
-            let i = load_index(kb, j);
-            let shifted = kb.b.ins().iadd_imm_s(i, n);
-            let bad = kb.b.ins().icmp_imm_s(IntCC::UnsignedGreaterThanOrEqual, shifted, 2 * n);
-            kb.fail_if(bad, STATUS_INDEX_OUT_OF_RANGE);
-        });
+        ix.check_all(kb, ip, count);
         if run == 0 {
             return;
         }
         let source = |kb: &mut KernelBuilder, j: Value| {
-            let i = load_index(kb, j);
-            let wrapped = kb.b.ins().iadd_imm_s(i, n);
-            let negative = kb.b.ins().icmp_imm_s(IntCC::SignedLessThan, i, 0);
-            kb.b.ins().select(negative, wrapped, i)
+            let at = kb.addr(ip, j, ix.size);
+            let i = ix.load(kb, at);
+            ix.wrap(kb, i)
         };
         if inner == 1 && (2..=GATHER_ROWS_INSIDE).contains(&outer) {
             // Single elements from a few rows (im2col's gathers): each index serves every
@@ -314,6 +342,74 @@ fn gather(
                 let d = kb.addr(p[1], j, run);
                 copy_run(kb, d, s, run);
             });
+        });
+    }))
+}
+
+/// scatter_elements: every index checked first (an out-of-range one fails before anything is
+/// written), data copied to the result, then the updates applied one by one in row-major
+/// order of the indices, so a later duplicate wins or combines last, as in the interpreter.
+fn scatter_elements(
+    target: &Target,
+    name: &str,
+    node: &Node,
+    inputs: &[TensorType],
+    out: &TensorType,
+) -> Result<cranelift_codegen::ir::Function> {
+    let [data, idx, upd] = inputs else { bail!("scatter_elements takes data, indices and updates") };
+    let axis = norm_axis(attr_int(node, "axis", 0), data.rank()).map_err(anyhow::Error::msg)?;
+    let fits = idx.rank() == data.rank() && (0..data.rank()).all(|d| d == axis || idx.shape[d] <= data.shape[d]);
+    if out != data || upd.dtype != data.dtype || upd.shape != idx.shape || !fits {
+        bail!("scatter_elements of {data}, {idx}, {upd} into {out}: the types do not match");
+    }
+    let reduction = attr_str(node, "reduction", "none");
+    let (ty, float) = match (data.dtype, reduction) {
+        (_, "none") => (move_type(data.dtype.size_bytes() as i64), false),
+        (DType::F32, _) => (types::F32, true),
+        (DType::I32, _) => (types::I32, false),
+        (DType::I64, _) => (types::I64, false),
+        (other, r) => bail!("scatter_elements reduction {r} is not defined for {other}"),
+    };
+    let esize = data.dtype.size_bytes() as i64;
+    let ix = Indices::new(node.op, idx, data.shape[axis] as i64)?;
+    let isize = ix.size;
+    let (istrides, dstrides) = (contiguous_strides(&idx.shape), contiguous_strides(&data.shape));
+    // Per dim of the indices: their stride, the updates' (the same, in elements) and the
+    // result's, which is 0 along the axis: there the index itself picks the element.
+    let dims: Vec<Dim> = (0..idx.rank())
+        .map(|d| {
+            let at = if d == axis { 0 } else { dstrides[d] * esize };
+            Dim::new(idx.shape[d], &[istrides[d] * isize, istrides[d] * esize, at])
+        })
+        .collect();
+    let dims = collapse(&dims);
+    let (count, axis_stride) = (idx.numel() as i64, dstrides[axis] * esize);
+    Ok(build_kernel(target, name, |kb| {
+        let (dst, src, ip, up) = (kb.buf(0), kb.buf(1), kb.buf(2), kb.buf(3));
+        ix.check_all(kb, ip, count);
+        copy_run(kb, dst, src, data.numel() as i64 * esize);
+        for_nest(kb, &dims, &[ip, up, dst], &mut |kb, p| {
+            let i = ix.load(kb, p[0]);
+            let i = ix.wrap(kb, i);
+            let at = kb.addr(p[2], i, axis_stride);
+            let u = kb.b.ins().load(ty, mem(), p[1], 0);
+            let v = match reduction {
+                "none" => u,
+                _ => {
+                    let old = kb.b.ins().load(ty, mem(), at, 0);
+                    match (reduction, float) {
+                        ("add", true) => kb.b.ins().fadd(old, u),
+                        ("add", false) => kb.b.ins().iadd(old, u),
+                        ("mul", true) => kb.b.ins().fmul(old, u),
+                        ("mul", false) => kb.b.ins().imul(old, u),
+                        ("max", true) => Math::new(&mut kb.b, types::F32, target).maximum(old, u),
+                        ("max", false) => kb.b.ins().smax(old, u),
+                        ("min", true) => Math::new(&mut kb.b, types::F32, target).minimum(old, u),
+                        _ => kb.b.ins().smin(old, u),
+                    }
+                }
+            };
+            kb.b.ins().store(mem(), v, at, 0);
         });
     }))
 }
@@ -711,6 +807,55 @@ mod tests {
             _ => Data::I64(v.to_vec()),
         };
         Tensor::new(shape.to_vec(), data)
+    }
+
+    #[test]
+    fn scatter_elements() {
+        // (data shape, axis, indices shape, indices): duplicates, negatives, indices smaller
+        // than data off the axis, rank 1 to 3, an empty index list.
+        type Case<'a> = (&'a [usize], i64, &'a [usize], &'a [i64]);
+        let cases: &[Case] = &[
+            (&[5], 0, &[4], &[1, -1, 1, 0]),
+            (&[3, 4], 0, &[2, 3], &[1, 0, 2, -1, 2, 1]),
+            (&[3, 4], 1, &[2, 2], &[3, 3, -4, 0]),
+            (&[2, 5, 3], 1, &[2, 3, 2], &[4, 0, -1, 2, 2, 2, 0, 1, 3, -5, 4, 4]),
+            (&[2, 3], -1, &[0, 3], &[]),
+        ];
+        let red = |r: &str| ("reduction", Attr::Str(r.into()));
+        for (i, &(shape, axis, ishape, idx)) in cases.iter().enumerate() {
+            for id in [DType::I32, DType::I64] {
+                let ax = ("axis", Attr::Int(axis));
+                each_dtype(i as u64, shape, |x| {
+                    let u = random(x.dtype(), ishape, -1000.0, 1000.0, 40 + i as u64);
+                    check(
+                        kernel,
+                        &node(Op::ScatterElements, 3, std::slice::from_ref(&ax)),
+                        &[x, index(id, ishape, idx), u],
+                    );
+                });
+                for r in ["add", "mul", "max", "min"] {
+                    for dt in [DType::F32, DType::I32, DType::I64] {
+                        let x = random(dt, shape, -1000.0, 1000.0, i as u64);
+                        let u = random(dt, ishape, -1000.0, 1000.0, 40 + i as u64);
+                        let n = node(Op::ScatterElements, 3, &[ax.clone(), red(r)]);
+                        check(kernel, &n, &[x, index(id, ishape, idx), u]);
+                    }
+                }
+            }
+        }
+        // Out of range either way: the status, whatever else the kernel would write.
+        for idx in [&[0, 5, 1][..], &[-6, 0, 0]] {
+            for id in [DType::I32, DType::I64] {
+                let args = [
+                    random(DType::F32, &[5, 2], 0.0, 1.0, 9),
+                    index(id, &[3, 1], idx),
+                    random(DType::F32, &[3, 1], 0.0, 1.0, 8),
+                ];
+                for (status, _) in run_kernel(kernel, &node(Op::ScatterElements, 3, &[]), &args) {
+                    assert_eq!(status, STATUS_INDEX_OUT_OF_RANGE, "{idx:?}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -14,7 +14,7 @@ use super::ops::{self, Ctx};
 use super::proto::tensor_shape_proto::dimension;
 use super::proto::{type_proto, GraphProto, ModelProto, NodeProto, ValueInfoProto};
 use super::tensors;
-use super::{ops_attention, ops_legacy, ops_math, ops_more};
+use super::{ops_attention, ops_legacy, ops_math, ops_more, ops_scatter};
 
 type R<T> = std::result::Result<T, String>;
 
@@ -181,6 +181,7 @@ fn node(b: &mut Builder, n: &NodeProto, opset: i64, values: &mut HashMap<String,
     // Op set v2's mappings first, each module saying whether the op is its own.
     let mapped = (ops_legacy::lower(b, &ctx))
         .or_else(|| ops_more::lower(b, &ctx))
+        .or_else(|| ops_scatter::lower(b, &ctx))
         .or_else(|| ops_attention::lower(b, &ctx))
         .or_else(|| ops_math::lower(b, &ctx))
         .or_else(|| super::nn::lower(b, &ctx, op_type));

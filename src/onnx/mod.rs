@@ -16,6 +16,7 @@ mod ops_attention;
 mod ops_legacy;
 mod ops_math;
 mod ops_more;
+mod ops_scatter;
 mod tensors;
 
 pub use ops::SUPPORTED;

@@ -104,6 +104,9 @@ const SINCE: &[(&str, i64)] = &[
     ("Reshape", 5),
     ("Resize", 11),
     ("Round", 11),
+    ("Scatter", 9),
+    ("ScatterElements", 11),
+    ("ScatterND", 11),
     ("Selu", 6),
     ("Shape", 1),
     ("Shrink", 9),
@@ -230,6 +233,7 @@ pub(crate) mod tests {
         let mut b = Builder::default();
         let v = lower(&mut b, &ctx)
             .or_else(|| super::super::ops_more::lower(&mut b, &ctx))
+            .or_else(|| super::super::ops_scatter::lower(&mut b, &ctx))
             .or_else(|| super::super::ops_math::lower(&mut b, &ctx))
             .unwrap_or_else(|| ops::lower(&mut b, &ctx))?;
         Ok(v[0].as_const().expect("constant inputs fold").clone())

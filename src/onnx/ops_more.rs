@@ -32,7 +32,7 @@ pub fn lower(b: &mut Builder, c: &Ctx) -> Option<R<Vec<Value>>> {
     Some(v.map(|v| vec![v]))
 }
 
-fn dims(shape: &[usize]) -> Vec<i64> {
+pub(super) fn dims(shape: &[usize]) -> Vec<i64> {
     shape.iter().map(|&d| d as i64).collect()
 }
 
@@ -145,26 +145,7 @@ fn gather_nd(s: &mut Steps) -> R<Value> {
     }
     let lead = &is[..is.len() - 1];
     let block: usize = ds[bd..bd + k].iter().product();
-    let mut flat: Option<Value> = None;
-    for j in 0..k {
-        let attrs = [
-            ("starts", Attr::ints(&[j as i64])),
-            ("ends", Attr::ints(&[j as i64 + 1])),
-            ("axes", Attr::ints(&[is.len() as i64 - 1])),
-        ];
-        let comp = s.op(&format!("index{j}"), Op::Slice, &[indices], &attrs)?;
-        let comp = reshape(s.b, &comp, &dims(lead), &s.c.part(&format!("index{j}_view")))?;
-        let n = ds[bd + j];
-        let iota = i64_table(vec![n], (0..n as i64).collect());
-        let norm = s.op(&format!("index{j}_norm"), Op::Gather, &[&iota, &comp], &[])?;
-        let stride: usize = ds[bd + j + 1..bd + k].iter().product();
-        let scaled = s.op0(&format!("offset{j}"), Op::Mul, &[&norm, &scalar_i64(stride)])?;
-        flat = Some(match flat {
-            None => scaled,
-            Some(acc) => s.op0(&format!("offset_to{j}"), Op::Add, &[&acc, &scaled])?,
-        });
-    }
-    let mut flat = flat.expect("k > 0 components");
+    let mut flat = flat_offsets(s, indices, &ds[bd..bd + k])?;
     if bd > 0 {
         let mut shape = is[..bd].to_vec();
         shape.extend(std::iter::repeat_n(1, lead.len() - bd));
@@ -176,6 +157,34 @@ fn gather_nd(s: &mut Steps) -> R<Value> {
     view.extend(dims(&ds[bd + k..]));
     let all = reshape(s.b, data, &view, &s.c.part("blocks"))?;
     s.op("", Op::Gather, &[&all, &flat], &[("axis", Attr::Int(0))])
+}
+
+/// The row-major offset over the dims `ds` of each index tuple of `indices` (`[..., k]`, k =
+/// `ds.len()`), as i64 of the indices' shape without its last dim; each component is
+/// normalised and range-checked by a gather from `0..n` (an index out of range is a run-time
+/// error, never a wrong element).
+pub(super) fn flat_offsets(s: &mut Steps, indices: &Value, ds: &[usize]) -> R<Value> {
+    let is = s.b.ty(indices).shape;
+    let lead = &is[..is.len() - 1];
+    let mut flat: Option<Value> = None;
+    for (j, &n) in ds.iter().enumerate() {
+        let attrs = [
+            ("starts", Attr::ints(&[j as i64])),
+            ("ends", Attr::ints(&[j as i64 + 1])),
+            ("axes", Attr::ints(&[is.len() as i64 - 1])),
+        ];
+        let comp = s.op(&format!("index{j}"), Op::Slice, &[indices], &attrs)?;
+        let comp = reshape(s.b, &comp, &dims(lead), &s.c.part(&format!("index{j}_view")))?;
+        let iota = i64_table(vec![n], (0..n as i64).collect());
+        let norm = s.op(&format!("index{j}_norm"), Op::Gather, &[&iota, &comp], &[])?;
+        let stride: usize = ds[j + 1..].iter().product();
+        let scaled = s.op0(&format!("offset{j}"), Op::Mul, &[&norm, &scalar_i64(stride)])?;
+        flat = Some(match flat {
+            None => scaled,
+            Some(acc) => s.op0(&format!("offset_to{j}"), Op::Add, &[&acc, &scaled])?,
+        });
+    }
+    flat.ok_or_else(|| "an index tuple of no components".to_string())
 }
 
 /// Where `r` is nonzero with the sign opposite to `other`'s, and where `r` is negative.

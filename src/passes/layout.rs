@@ -116,6 +116,15 @@ pub fn corresponding_dims(n: &Node, i: usize, info: &Info) -> Vec<(usize, usize)
                 (0..ri).map(|d| (d, axis + d)).collect()
             }
         }
+        // A dim off the axis that the indices span whole splits data, indices and updates
+        // alike, and each shard scatters on its own (indices count along the axis, which
+        // stays whole); any other split is gathered before the op.
+        Op::ScatterElements => {
+            let data = &info.types[&n.inputs[0]].shape;
+            let idx = &info.types[&n.inputs[1]].shape;
+            let axis = norm_axis(attr_int(n, "axis", 0), data.len()).unwrap_or(0);
+            (0..data.len()).filter(|&d| d != axis && idx.get(d) == Some(&data[d])).map(|d| (d, d)).collect()
+        }
         Op::Conv => conv_pairs(n, i, info),
         // Batch and channel; the spatial dims change size (a split of them is gathered).
         Op::MaxPool | Op::AvgPool => vec![(0, 0), (1, 1)],

@@ -4,7 +4,7 @@
 //! do not divide, graphs of params only; elementwise ops (exp, log, sqrt, div and pow
 //! behind guards that keep them in their domain), reductions, softmax, layer_norm, matmul,
 //! einsum, data movement (reshape, transpose, slice with any steps, concat, broadcast_to),
-//! gather with i32 and i64 indices, integer arithmetic and mod in i32 and i64, casts,
+//! gather and scatter_elements (every reduction) with i32 and i64 indices, integer arithmetic and mod in i32 and i64, casts,
 //! comparisons, logic, floor/ceil/round, and where on a bool input or a computed mask — compiled with both GEMM paths and random stream options, on one device,
 //! under random legal layouts on 2 to 8 devices, placed in random stages (micro-batched or
 //! not), and with failed links or failed devices, must give what the reference
@@ -128,7 +128,7 @@ fn graph(r: &Recipe) -> String {
     for (k, &(op, a, b, arg)) in r.ops.iter().enumerate() {
         let (x, xs) = values[a as usize % values.len()].clone();
         let name = format!("n{k}");
-        let (line, shape) = match op % 23 {
+        let (line, shape) = match op % 24 {
             0 => (format!("{name} = {}({x})", UNARY[arg as usize % UNARY.len()]), xs.clone()),
             1 | 2 => {
                 let (y, ys) = partner(&values, &xs, b);
@@ -488,6 +488,28 @@ fn graph(r: &Recipe) -> String {
                         list.join(", ")
                     ),
                     s,
+                )
+            }
+            // scatter_elements of a value whose dims fit in x's off the axis (x itself, a
+            // slice, a broadcast partner), at inline i32/i64 indices in [-n, n) with
+            // duplicates, with every reduction.
+            23 if !xs.is_empty() && xs.iter().all(|&d| d > 0) => {
+                let axis = arg as usize % xs.len();
+                let n = xs[axis];
+                let fits = |s: &[usize]| s.len() == xs.len() && (0..s.len()).all(|d| d == axis || s[d] <= xs[d]);
+                let same: Vec<&(String, Vec<usize>)> = values.iter().filter(|(_, s)| fits(s)).collect();
+                let (u, us) = same[b as usize % same.len()].clone();
+                let dtype = if arg & 0x80 != 0 { "i64" } else { "i32" };
+                let count: usize = us.iter().product();
+                let v: Vec<String> = (0..count)
+                    .map(|j| ((j * 7 + b as usize) % (2 * n)) as i64 - n as i64)
+                    .map(|v| v.to_string())
+                    .collect();
+                lines.push(format!("param s{k}: {dtype}{} = value {}", shape_text(&us), nest(&v, &us)));
+                let reduction = ["none", "add", "mul", "max", "min"][(arg >> 2) as usize % 5];
+                (
+                    format!("{name} = scatter_elements({x}, s{k}, {u}) {{axis = {axis}, reduction = \"{reduction}\"}}"),
+                    xs.clone(),
                 )
             }
             _ => (format!("{name} = relu({x})"), xs.clone()),
