@@ -207,6 +207,11 @@ fn check_steps(p: &Program) -> Result<()> {
                     if need.is_none_or(|n| bytes(i) < n) {
                         bail!(fail(format!("buffer {i} holds {} bytes, too few for {elem:?}{s:?}", bytes(i))));
                     }
+                    // The library reads its operands as slices of their element type.
+                    let (Storage::Arena { offset } | Storage::Weights { offset }) = p.buffers[st.buffers[i]].storage;
+                    if !offset.is_multiple_of(elem.size()) {
+                        bail!(fail(format!("buffer {i} at offset {offset} is not aligned for {elem:?}")));
+                    }
                 }
                 let weight = &p.buffers[st.buffers[2]];
                 if !b_elem.is_f32() && weight.mask.is_some() {

@@ -571,7 +571,7 @@ fn nest(v: &[String], s: &[usize]) -> String {
     match s.split_first() {
         None => v[0].clone(),
         Some((&n, rest)) => {
-            let per = rest.iter().product::<usize>().max(1);
+            let per = rest.iter().product::<usize>();
             let parts: Vec<String> = (0..n).map(|i| nest(&v[i * per..(i + 1) * per], rest)).collect();
             format!("[{}]", parts.join(", "))
         }
