@@ -1978,6 +1978,24 @@ mod tests {
     }
 
     #[test]
+    fn a_library_operand_off_its_element_alignment_is_refused() {
+        let m = Mesh::numbered(&[1], Topology::Torus);
+        let matmul = Exec::Library(Library::Matmul {
+            a: vec![2, 3],
+            b: vec![3, 2],
+            out: vec![2, 2],
+            b_elem: Elem::F32,
+            panels: false,
+        });
+        let mut p = program(0, &[16, 24, 24], vec![step("y", matmul, &[0, 1, 2])], vec![], vec![]);
+        load(&m, vec![], vec![], vec![p.clone()]).unwrap();
+        // What the mutation fuzzer found: an operand moved off alignment but still in bounds.
+        p.buffers[1].storage = Storage::Arena { offset: 66 };
+        let e = format!("{:#}", load(&m, vec![], vec![], vec![p]).err().expect("refused"));
+        assert!(e.contains("step 'y': buffer 1 at offset 66 is not aligned for F32"), "{e}");
+    }
+
+    #[test]
     fn a_failing_device_stops_the_others() {
         let m = Mesh::numbered(&[2, 2], Topology::Torus);
         let sum = collective(0, CollectiveOp::AllReduce { reduce: Reduce::Sum }, m.groups(&[0, 1]), &[6]);
