@@ -13,7 +13,7 @@ For every graph NAME it (re)writes, and only these (testdata/bad/ is not touched
 
 plus testdata/README.md, which lists the graphs and the comparison tolerance.
 
-Graphs: mlp, gelu_mlp, transformer, reductions, all_ops (see README_TEXT below).
+Graphs: mlp, gelu_mlp, transformer, reductions, all_ops, cnn (see README_TEXT below).
 
 How the expected outputs are computed
 -------------------------------------
@@ -275,6 +275,143 @@ def eval_op(op, a, at, F):
         n = data.shape[ax]
         assert np.all((ind >= -n) & (ind < n)), "index out of range"
         return np.take(data, np.where(ind < 0, ind + n, ind), axis=ax)
+    return eval_op_v2(op, a, at, F)
+
+
+def _py_mod(x, y, fmod):
+    """ONNX/numpy integer mod on Python ints: sign of the divisor, or of the dividend (fmod)."""
+    if y == 0:
+        return 0
+    r = x % y
+    if fmod and r != 0 and (r < 0) != (x < 0):
+        r -= y
+    return r
+
+
+def _window_attrs(at, kernel):
+    sp = len(kernel)
+    pads = at.get("pads", [0] * 2 * sp)
+    return (list(kernel), at.get("strides", [1] * sp), at.get("dilations", [1] * sp),
+            pads[:sp], pads[sp:], at.get("ceil_mode", False))
+
+
+def _window_out(n, win):
+    k, st, dl, b, e, ceil = win
+    out = []
+    for d in range(len(n)):
+        span = (k[d] - 1) * dl[d] + 1
+        padded = n[d] + b[d] + e[d]
+        assert padded >= span
+        m = (padded - span) // st[d] + 1
+        if ceil and (padded - span) % st[d]:
+            m += 1
+            if (m - 1) * st[d] >= n[d] + b[d]:
+                m -= 1
+        out.append(m)
+    return out
+
+
+def _window_taps(n, win, o):
+    """(tap, kind, input index) of every kernel tap of output position o; kind is
+    'real', 'pad' (inside the pads) or 'out' (past the end pad: counts for nothing)."""
+    k, st, dl, b, e, _ = win
+    for tap in np.ndindex(*k):
+        kind, idx = "real", []
+        for d in range(len(n)):
+            i = o[d] * st[d] + tap[d] * dl[d] - b[d]
+            if 0 <= i < n[d]:
+                idx.append(i)
+            elif i < n[d] + e[d]:
+                kind = "out" if kind == "out" else "pad"
+            else:
+                kind = "out"
+        yield tap, kind, tuple(idx)
+
+
+def eval_op_v2(op, a, at, F):
+    """Op set v2: comparisons, logic, mod, rounding, scatter_elements, windows and pad."""
+    x = a[0] if a else None
+    cmp = {"equal": np.equal, "less": np.less, "less_equal": np.less_equal,
+           "greater": np.greater, "greater_equal": np.greater_equal}
+    if op in cmp:
+        assert a[0].dtype == a[1].dtype and (op == "equal" or a[0].dtype != np.bool_), op
+        return cmp[op](a[0], a[1])
+    logic = {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}
+    if op in logic:
+        assert a[0].dtype == a[1].dtype == np.bool_, op
+        return logic[op](a[0], a[1])
+    if op == "not":
+        assert x.dtype == np.bool_
+        return np.logical_not(x)
+    if op == "mod":
+        assert a[0].dtype == a[1].dtype and a[0].dtype.kind == "i"
+        xb, yb = np.broadcast_arrays(a[0], a[1])
+        r = [_py_mod(int(p), int(q), at.get("fmod", False)) for p, q in zip(xb.ravel(), yb.ravel())]
+        return np.array(r, np.int64).astype(a[0].dtype).reshape(xb.shape)
+    if op in ("floor", "ceil", "round"):
+        assert x.dtype.kind == "f"
+        return {"floor": np.floor, "ceil": np.ceil, "round": np.round}[op](x)
+    if op == "scatter_elements":
+        data, ind, upd = a
+        ax = _axis(at.get("axis", 0), data.ndim)
+        red = at.get("reduction", "none")
+        out = data.copy()
+        for p in np.ndindex(*ind.shape):
+            i = int(ind[p])
+            i = i + data.shape[ax] if i < 0 else i
+            assert 0 <= i < data.shape[ax]
+            q = p[:ax] + (i,) + p[ax + 1:]
+            u = upd[p]
+            out[q] = {"none": lambda o: u, "add": lambda o: o + u, "mul": lambda o: o * u,
+                      "max": lambda o: max(o, u), "min": lambda o: min(o, u)}[red](out[q])
+        return out
+    if op == "conv":
+        w = a[1]
+        groups = at.get("groups", 1)
+        n = list(x.shape[2:])
+        win = _window_attrs(at, w.shape[2:])
+        out_sz = _window_out(n, win)
+        M, cg = w.shape[0], w.shape[1]
+        mg = M // groups
+        out = np.zeros((x.shape[0], M, *out_sz), F)
+        for o in np.ndindex(*out_sz):
+            for tap, kind, idx in _window_taps(n, win, o):
+                if kind != "real":
+                    continue
+                for g_ in range(groups):
+                    xs = x[(slice(None), slice(g_ * cg, (g_ + 1) * cg)) + idx]  # [N, cg]
+                    ws = w[(slice(g_ * mg, (g_ + 1) * mg), slice(None)) + tap]  # [mg, cg]
+                    out[(slice(None), slice(g_ * mg, (g_ + 1) * mg)) + o] += xs @ ws.T
+        if len(a) == 3:
+            out += a[2].reshape((1, M) + (1,) * len(n))
+        return out
+    if op in ("max_pool", "avg_pool"):
+        n = list(x.shape[2:])
+        win = _window_attrs(at, at["kernel"])
+        out_sz = _window_out(n, win)
+        out = np.zeros(x.shape[:2] + tuple(out_sz), x.dtype)
+        for o in np.ndindex(*out_sz):
+            taps = list(_window_taps(n, win, o))
+            real = [x[(slice(None), slice(None)) + idx] for _, kind, idx in taps if kind == "real"]
+            assert real, "a window of pads only"
+            if op == "max_pool":
+                out[(slice(None), slice(None)) + o] = np.max(np.stack(real), axis=0)
+            else:
+                count = len(real) + (sum(kind == "pad" for _, kind, _ in taps) if at.get("count_include_pad") else 0)
+                out[(slice(None), slice(None)) + o] = np.sum(np.stack(real), axis=0) / F(count)
+        return out
+    if op == "pad":
+        pads = at["pads"]
+        r = x.ndim
+        mode = at.get("mode", "constant")
+        crop = tuple(slice(max(0, -pads[d]), x.shape[d] - max(0, -pads[r + d])) for d in range(r))
+        grow = [(max(0, pads[d]), max(0, pads[r + d])) for d in range(r)]
+        # A crop and a non-constant pad on one dim would depend on their order: not used.
+        assert mode == "constant" or all(pads[d] >= 0 and pads[r + d] >= 0 for d in range(r))
+        y = x[crop]
+        if mode == "constant":
+            return np.pad(y, grow, mode="constant", constant_values=np.array(at.get("value", 0.0)).astype(x.dtype))
+        return np.pad(y, grow, mode=mode)
     raise ValueError("unknown op " + op)
 
 
@@ -923,6 +1060,160 @@ def build_all_ops():
 
 
 # --------------------------------------------------------------------------------------
+# 6. cnn — op set v2: windows, pad, comparisons and logic, mod, rounding, scatter.
+# --------------------------------------------------------------------------------------
+
+
+def build_cnn():
+    rng = np.random.default_rng(1006)
+    g = G("cnn")
+    g.input("x", normal(rng, (4, 3, 9, 9)), dims=["batch", "cin", "h", "w"])
+    g.input("s", normal(rng, (4, 5, 10)), dims=["batch", "cs", "len"])
+    a = normal(rng, (4, 6))
+    b = np.where(rng.random((4, 6)) < 0.3, a, normal(rng, (4, 6))).astype(np.float32)
+    g.input("a", a, dims=["batch", "feat"])
+    g.input("b", b, dims=["batch", "feat"])
+    # r: exact halves (round half to even), integers and values in between.
+    r = rng.choice(np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, -3.0, 4.0, 0.3, -0.7, 1.75, -2.2], np.float32), (4, 6))
+    g.input("r", r, dims=["batch", "feat"])
+    g.input("n", rng.integers(-9, 10, (4, 6)).astype(np.int32), dims=["batch", "feat"])
+    g.input("k", rng.choice(np.array([-4, -3, -1, 0, 2, 3, 5], np.int32), (4, 6)), dims=["batch", "feat"])
+    g.input("si", np.array([[5, 0, 2], [1, -1, 3], [4, 2, 0], [-6, 3, 1]], np.int64), dims=["batch", None])
+    g.input("su", normal(rng, (4, 3)), dims=["batch", None])
+    # Column indices with duplicates (2 twice in row 0, 1 three times in row 2): reductions combine them.
+    g.input("sd", np.array([[2, 2, 0], [1, 4, 5], [1, 1, 1], [0, 5, -1]], np.int32), dims=["batch", None])
+    # Row indices, every one hit twice (3 and -2 are rows 3 and 2).
+    g.param_value("rows", [[3, 0, 2], [3, 0, -2]], "i64", [2, 3])
+
+    st = "params.safetensors"
+    g.param_npy("w1", normal(rng, (8, 3, 3, 3), 0.3), dims=["ch", "cin", "kh", "kw"])
+    g.param_npy("b1", normal(rng, (8,), 0.1), dims=["ch"])
+    g.param_st("wd", normal(rng, (8, 1, 3, 3), 0.3), st, dims=["ch", None, "kh", "kw"])
+    g.param_st("wg", normal(rng, (4, 4, 3, 3), 0.3), st)
+    g.param_st("w1d", normal(rng, (6, 5, 3), 0.3), st)
+    g.param_st("wfc", normal(rng, (8 * 5 * 5, 10), 0.1), st, dims=["flat", "cls"])
+    g.param_value("big", [10, -10, 7, -7, 1, 0], "i64", [6])
+
+    N = g.node
+    # A small CNN: conv (bias, pads) -> relu -> depthwise (strides, asymmetric pads) and pools.
+    N("c1", "conv", ["x", "w1", "b1"], {"pads": [1, 1, 1, 1]}, shape=[4, 8, 9, 9], dims=["batch", "ch", "h", "w"])
+    N("r1", "relu", ["c1"])
+    N("dw", "conv", ["r1", "wd"], {"groups": 8, "strides": [2, 2], "pads": [1, 0, 1, 2]}, shape=[4, 8, 5, 5])
+    N("gc", "conv", ["r1", "wg"], {"groups": 2, "dilations": [2, 2], "strides": [1, 2]}, shape=[4, 4, 5, 3])
+    N("mp", "max_pool", ["r1"], {"kernel": [3, 3], "strides": [2, 2], "pads": [1, 1, 0, 0], "ceil_mode": True},
+      shape=[4, 8, 5, 5])
+    N("mp_d", "max_pool", ["c1"], {"kernel": [2, 2], "dilations": [2, 1], "strides": [3, 3], "ceil_mode": True},
+      shape=[4, 8, 3, 3])
+    N("ap", "avg_pool", ["r1"], {"kernel": [2, 3], "strides": [2, 2], "pads": [0, 1, 0, 1], "count_include_pad": True},
+      shape=[4, 8, 4, 5])
+    N("ap_c", "avg_pool", ["c1"], {"kernel": [3, 3], "strides": [3, 2], "pads": [1, 1, 1, 1], "ceil_mode": True},
+      shape=[4, 8, 4, 5])
+    N("gap", "reduce_mean", ["r1"], {"axes": [2, 3]}, shape=[4, 8])
+    N("flat", "reshape", ["mp"], {"shape": [4, 200]})
+    N("logits", "matmul", ["flat", "wfc"], shape=[4, 10])
+    # 1-D windows.
+    N("c1d", "conv", ["s", "w1d"], {"pads": [2, 0], "dilations": [2]}, shape=[4, 6, 8])
+    N("mp1d", "max_pool", ["s"], {"kernel": [3], "strides": [2]}, shape=[4, 5, 4])
+    N("ap1d", "avg_pool", ["s"], {"kernel": [4], "pads": [2, 2], "strides": [3]}, shape=[4, 5, 4])
+    # pad: every mode; a negative pad crops.
+    N("pd_c", "pad", ["x"], {"pads": [0, 0, 1, -1, 0, 0, 2, 1], "value": 0.5}, shape=[4, 3, 12, 9])
+    N("pd_r", "pad", ["x"], {"pads": [0, 0, 2, 1, 0, 0, 1, 3], "mode": "reflect"}, shape=[4, 3, 12, 13])
+    N("pd_e", "pad", ["s"], {"pads": [0, 1, 2, 0, 0, 3], "mode": "edge"}, shape=[4, 6, 15])
+    N("pd_w", "pad", ["s"], {"pads": [0, 0, 12, 0, 2, 1], "mode": "wrap"}, shape=[4, 7, 23])
+    N("pd_i", "pad", ["n"], {"pads": [0, 2, 0, -1], "value": 7.0}, shape=[4, 7], dtype="i32")
+    # Comparisons and logic.
+    N("eq", "equal", ["a", "b"], dtype="bool")
+    N("lt", "less", ["a", "b"], dtype="bool")
+    N("le", "less_equal", ["a", "b"], dtype="bool")
+    N("gt", "greater", ["a", "b"], dtype="bool")
+    N("ge_i", "greater_equal", ["n", "k"], dtype="bool")
+    N("eq_b", "equal", ["eq", "le"], dtype="bool")
+    N("and_", "and", ["le", "ge_i"], dtype="bool")
+    N("or_", "or", ["lt", "gt"], dtype="bool")
+    N("xor_", "xor", ["eq", "ge_i"], dtype="bool")
+    N("not_", "not", ["and_"], dtype="bool")
+    N("sel", "where", ["not_", "a", "b"])
+    # Integer mod: divisor sign (Python), dividend sign (fmod), by zero, i64 broadcast.
+    N("mod_", "mod", ["n", "k"], dtype="i32")
+    N("fmod_", "mod", ["n", "k"], {"fmod": True}, dtype="i32")
+    N("n64", "cast", ["n"], {"to": "i64"}, dtype="i64")
+    N("mod64", "mod", ["big", "n64"], dtype="i64")
+    # Rounding.
+    N("fl", "floor", ["r"])
+    N("ce", "ceil", ["r"])
+    N("ro", "round", ["r"])
+    # scatter_elements along the split-free axis 1 (rows stay with their batch) and along 0.
+    N("sc", "scatter_elements", ["a", "si", "su"], {"axis": 1})
+    N("sc_add", "scatter_elements", ["b", "sd", "su"], {"axis": 1, "reduction": "add"})
+    N("sc_max", "scatter_elements", ["a", "sd", "su"], {"axis": 1, "reduction": "max"})
+    N("k3", "slice", ["k"], {"starts": [0], "ends": [3], "axes": [1]}, dtype="i32")
+    N("sc_mul", "scatter_elements", ["n", "sd", "k3"], {"axis": 1, "reduction": "mul"}, dtype="i32")
+    # Along axis 0 the indices pick rows: a batch split cannot stay.
+    N("su2", "slice", ["su"], {"starts": [1], "ends": [3], "axes": [0]})
+    N("sc_0", "scatter_elements", ["a", "rows", "su2"], {"axis": 0, "reduction": "min"})
+    g.outputs = [n["name"] for n in g.nodes]  # every node is an output
+
+    def alt(d):
+        d = f64(d)
+        x, s, a, b, n, k = (d[v] for v in "x s a b n k".split())
+
+        def im2col_conv(x, w, pads, strides, dil, groups, bias=None):
+            sp = x.ndim - 2
+            xp = np.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[sp + i]) for i in range(sp)])
+            M, cg = w.shape[:2]
+            mg = M // groups
+            outs = []
+            for gi in range(groups):
+                xs = xp[:, gi * cg:(gi + 1) * cg]
+                span = [(w.shape[2 + i] - 1) * dil[i] + 1 for i in range(sp)]
+                win = np.lib.stride_tricks.sliding_window_view(xs, span, axis=tuple(range(2, 2 + sp)))
+                sel = (Ellipsis,) + tuple(slice(None, None, dil[i]) for i in range(sp))
+                win = win[sel]  # [N, cg, positions..., kernel...]
+                win = win[(slice(None), slice(None)) + tuple(slice(None, None, strides[i]) for i in range(sp))]
+                ws = w[gi * mg:(gi + 1) * mg]
+                if sp == 2:
+                    outs.append(np.einsum("ncyxij,mcij->nmyx", win, ws))
+                else:
+                    outs.append(np.einsum("ncyi,mci->nmy", win, ws))
+            out = np.concatenate(outs, axis=1)
+            return out if bias is None else out + bias.reshape((1, -1) + (1,) * sp)
+
+        c1 = im2col_conv(x, d["w1"], [1, 1, 1, 1], [1, 1], [1, 1], 1, d["b1"])
+        r1 = np.maximum(c1, 0)
+        # max_pool by hand: -inf pads; ceil_mode's last window reaches one past the input, where
+        # the second -inf pad stands in for "counts for nothing".
+        rp = np.pad(r1, [(0, 0), (0, 0), (1, 1), (1, 1)], constant_values=-np.inf)
+        mp = np.array([[[[rp[i, c, 2 * y:2 * y + 3, 2 * z:2 * z + 3].max() for z in range(5)] for y in range(5)]
+                        for c in range(8)] for i in range(4)])
+        py = n.astype(np.int64) % np.where(k == 0, 1, k)
+        fm = np.fmod(n, np.where(k == 0, 1, k))
+        su = d["su"]
+        sc = a.copy()
+        np.put_along_axis(sc, np.where(d["si"] < 0, d["si"] + 6, d["si"]), su, axis=1)
+        sc_add = b.copy()
+        for row in range(4):
+            np.add.at(sc_add[row], np.where(d["sd"][row] < 0, d["sd"][row] + 6, d["sd"][row]), su[row])
+        return {
+            "c1": c1, "r1": r1,
+            "dw": im2col_conv(r1, d["wd"], [1, 0, 1, 2], [2, 2], [1, 1], 8),
+            "gc": im2col_conv(r1, d["wg"], [0, 0, 0, 0], [1, 2], [2, 2], 2),
+            "c1d": im2col_conv(s, d["w1d"], [2, 0], [1], [2], 1),
+            "mp": mp, "logits": mp.reshape(4, 200) @ d["wfc"],
+            "gap": r1.mean(axis=(2, 3)),
+            "mp1d": np.stack([s[:, :, 2 * j:2 * j + 3].max(-1) for j in range(4)], -1),
+            "pd_c": np.pad(x[:, :, :, 1:], [(0, 0), (0, 0), (1, 2), (0, 1)], constant_values=0.5),
+            "pd_i": np.pad(n[:, :5], [(0, 0), (2, 0)], constant_values=7),
+            "eq": a == b, "lt": a < b, "gt": a > b, "ge_i": n >= k, "not_": ~((a <= b) & (n >= k)),
+            "sel": np.where(~((a <= b) & (n >= k)), a, b),
+            "mod_": np.where(k == 0, 0, py).astype(np.int32), "fmod_": np.where(k == 0, 0, fm).astype(np.int32),
+            "fl": np.floor(d["r"]), "ce": np.ceil(d["r"]), "ro": np.round(d["r"]),
+            "sc": sc, "sc_add": sc_add,
+        }
+
+    return g, alt
+
+
+# --------------------------------------------------------------------------------------
 
 README_TEXT = """\
 # testdata
@@ -937,7 +1228,7 @@ Each graph directory `NAME/` holds:
 - `weights/` — params stored as `.npy` and, for some, `.safetensors` (with `key`);
 - `inputs/<input>.npy` — one file per graph input;
 - `expected/<output>.npy` — one file per graph output;
-- `layouts/<layout>.json` (mlp and transformer) — layout specs (`meshc-layout/1`,
+- `layouts/<layout>.json` (mlp, transformer and cnn) — layout specs (`meshc-layout/1`,
   docs/layout.md), written by hand, not by the script: data parallel (`dp-2`, `dp-2x4`),
   Megatron-style model parallel (`mp-2x4`, `mp-4`, `mp-8`), a 2×2×2 mesh mixing both
   (`cube-2x2x2`) and a torus (`torus-2x4`); placements on stages (`stages-*`: explicit,
@@ -958,6 +1249,19 @@ The script checks that an f32 evaluation of each graph meets this tolerance.
 | graph | inputs | outputs | exercises |
 |---|---|---|---|
 {rows}
+
+## onnx/
+
+Small random-weight ONNX models written by `tools/gen_onnx_testdata.py` (`make
+onnx-testdata`: a venv under target/ with onnx, onnxruntime and numpy), each in its folder:
+`model.onnx`, `inputs/`, `expected/` (onnxruntime's outputs) and `dims.txt` (the `--dim`
+bindings its symbolic dims need). `mlp` (Gemm with transB, Add with the bias first, Clip
+with only a min, a final Identity), `encoder` (one BERT block with an attention mask, head
+reshapes from Shape/Gather/Unsqueeze/Concat), `gpt2_block` (a causal mask from
+Range/Trilu/Where), `resnet_block` and `mobilenet_block` (Conv, BatchNormalization, pools,
+depthwise convs), `opset_v2` (the op set v2 imports), `half_weights` (f16/bf16
+initializers), `shapes` (shape subgraphs and ONNX's semantic traps). tests/all/onnx.rs
+checks them through import, interp, and run on 1 device and under `layouts/`.
 """
 
 DESCRIPTIONS = {
@@ -965,6 +1269,7 @@ DESCRIPTIONS = {
     "gelu_mlp": "3-layer MLP with bias adds (broadcast), gelu `none` and `tanh`; `init` uniform and inline `value` params",
     "transformer": "BERT-style encoder block: embedding gather (table in .safetensors), positional add, layer_norm, 4-head self-attention with padding mask (-1e9), softmax, FFN with gelu, residuals; `init` ones/zeros/normal, scalar `value` param",
     "reductions": "reduce_sum/mean/max over various axes (negative, unsorted, empty list, all), keepdims, i32 reductions, softmax over a middle axis, layer_norm over the last 2 dims, variance and logsumexp by hand",
+    "cnn": "op set v2: a small CNN (conv with bias and pads, relu, depthwise and grouped/dilated convs, max/avg pools with ceil_mode, dilations and count_include_pad, global average pool, flatten, matmul head), 1-D conv and pools, pad in every mode (and a crop), comparisons and logic to bool, where, integer mod (both signs, by zero, i64), floor/ceil/round (halves), scatter_elements with every reduction; every node is an output",
     "all_ops": "every non-communication op and attribute form: broadcasting, all casts, where, matmul with 1-D operands and broadcast batch dims, 4 einsums, slices with negative indices/steps, gathers with i32/i64, negative and scalar indices; every node is an output",
 }
 
@@ -977,7 +1282,7 @@ def main():
     _check_init_generator()
     os.makedirs(TESTDATA, exist_ok=True)
     rows = []
-    for build in (build_mlp, build_gelu_mlp, build_transformer, build_reductions, build_all_ops):
+    for build in (build_mlp, build_gelu_mlp, build_transformer, build_reductions, build_all_ops, build_cnn):
         g, alt = build()
         graph, expected = emit(g, alt)
         outs = [{"name": o, "dtype": dtype_name(v) if v.dtype.kind != "f" else "f32", "shape": list(v.shape)}

@@ -7,8 +7,9 @@ use crate::graph::Node;
 use crate::ops::Op;
 use crate::verify::Info;
 
-/// The FLOP estimate of a node: 2 per multiply-add of contractions, one per element for
-/// elementwise ops and reductions, a few per element for softmax and layer_norm.
+/// The FLOP estimate of a node: 2 per multiply-add of contractions and convs, one per
+/// element for elementwise ops, reductions, pooling taps and combining scatters, a few per
+/// element for softmax and layer_norm; data movement costs none.
 pub fn node_flops(n: &Node, info: &Info) -> u64 {
     let numel = |name: &str| info.types[name].numel() as u64;
     match n.op {
@@ -29,6 +30,20 @@ pub fn node_flops(n: &Node, info: &Info) -> u64 {
             }
             2 * sizes.values().product::<u64>() * (n.inputs.len() as u64 - 1).max(1)
         }
+        Op::Conv => {
+            // Every output element is a dot product over its group's channels and the kernel.
+            let w = &info.types[&n.inputs[1]].shape;
+            let taps: u64 = w[1..].iter().map(|&d| d as u64).product();
+            2 * numel(&n.name) * taps + if n.inputs.len() == 3 { numel(&n.name) } else { 0 }
+        }
+        Op::MaxPool | Op::AvgPool => {
+            let kernel = n.attrs.get("kernel").and_then(crate::Attr::as_ints).unwrap_or_default();
+            numel(&n.name) * kernel.iter().map(|&k| k.max(1) as u64).product::<u64>()
+        }
+        Op::ScatterElements => match crate::infer::attr_str(n, "reduction", "none") {
+            "none" => 0,
+            _ => numel(&n.inputs[2]),
+        },
         Op::ReduceSum | Op::ReduceMean | Op::ReduceMax => numel(&n.inputs[0]),
         Op::Softmax => 5 * numel(&n.name),
         Op::LayerNorm => 8 * numel(&n.name),

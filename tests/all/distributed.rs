@@ -39,6 +39,24 @@ type Collective = (String, String, Vec<Vec<i64>>);
 /// layouts one all_reduce after each row-split matmul; the rest what their splits imply.
 #[rustfmt::skip]
 const COMMUNICATION: &[(&str, &[Stated])] = &[
+    // The batch passes through convs and pools; only scatter_elements along the batch axis
+    // (sc_0) reads its data and updates whole.
+    ("cnn-dp-2", &[
+        ("all_gather", "su.all_gather", &["data"]),
+        ("all_gather", "a.all_gather", &["data"]),
+        ("all_gather", "su2.all_gather", &["data"]),
+    ]),
+    // Output channels split: the depthwise conv and the pools keep the split, the grouped
+    // conv (groups = 2 < C) gathers its input, the head contracts over the split channels.
+    ("cnn-mp-2", &[("all_gather", "r1.all_gather", &["model"]), ("all_reduce", "logits", &["model"])]),
+    // Both: the spec's batch rule pins the flattened features to [data, -], so they gather.
+    ("cnn-dp-mp-2x2", &[
+        ("all_gather", "r1.all_gather", &["model"]),
+        ("all_gather", "mp.all_gather", &["model"]),
+        ("all_gather", "su.all_gather", &["data"]),
+        ("all_gather", "a.all_gather", &["data"]),
+        ("all_gather", "su2.all_gather", &["data"]),
+    ]),
     ("mlp-cube-2x2x2", &[("all_reduce", "h", &["row"]), ("all_reduce", "y", &["col"])]),
     ("mlp-dp-2", &[]),
     ("mlp-dp-2x4", &[]),
