@@ -157,11 +157,72 @@ fn emit_copy(kb: &mut KernelBuilder, esize: i64, src: Value, dst: Value, c: &Str
     if c.dims.iter().any(|d| d.n == 0) {
         return;
     }
-    let mut dims = collapse(&c.dims);
+    let dims = collapse(&c.dims);
+    for (src_off, dst_off, dims) in tiled(dims) {
+        let src = kb.b.ins().iadd_imm_s(src, (c.src_off + src_off) * esize);
+        let dst = kb.b.ins().iadd_imm_s(dst, (c.dst_off + dst_off) * esize);
+        emit_nest(kb, esize, src, dst, dims);
+    }
+}
+
+/// Side of the square tiles of a transposing copy: 16 elements of 4 bytes are one 64-byte
+/// cache line, so a tile reads 16 whole source lines and writes 16 whole destination lines
+/// while all of them stay in L1.
+const TILE: usize = 16;
+
+/// A copy whose destination runs contiguously while its source jumps (a transpose: the
+/// source's contiguous dim is an outer loop) reads one element per cache line, and at
+/// strides of a page one per TLB entry: 16 ns an element for a 4096×1024 f32 transpose.
+/// Such a copy is cut into `TILE`×`TILE` tiles (the two dims blocked, tiles innermost), plus
+/// the strips the tiles leave at the ends of the two dims, as (source offset, destination
+/// offset, dims) pieces; any other copy is one piece.
+fn tiled(mut dims: Vec<Dim>) -> Vec<(i64, i64, Vec<Dim>)> {
+    let t = TILE;
+    let inner = dims.last().cloned();
+    let partner = dims.iter().rposition(|d| d.strides[0] == 1 && d.n >= t);
+    let (Some(inner), Some(o)) = (inner, partner) else { return vec![(0, 0, dims)] };
+    let (ss, ds) = (inner.strides[0], inner.strides[1]);
+    if ds != 1 || ss == 0 || ss == 1 || inner.n < t || o == dims.len() - 1 {
+        return vec![(0, 0, dims)];
+    }
+    let outer = dims.remove(o);
+    dims.pop();
+    let (ss_o, ds_o) = (outer.strides[0], outer.strides[1]);
+    let (bo, bi) = (outer.n / t * t, inner.n / t * t);
+    let with = |tail: &[Dim]| dims.iter().cloned().chain(tail.iter().cloned()).collect::<Vec<_>>();
+    let ti = t as i64;
+    let mut pieces = vec![(
+        0,
+        0,
+        with(&[
+            Dim::new(bo / t, &[ti * ss_o, ti * ds_o]),
+            Dim::new(bi / t, &[ti * ss, ti]),
+            Dim::new(t, &[ss_o, ds_o]),
+            Dim::new(t, &[ss, 1]),
+        ]),
+    )];
+    if outer.n > bo {
+        pieces.push((
+            bo as i64 * ss_o,
+            bo as i64 * ds_o,
+            with(&[Dim::new(outer.n - bo, &[ss_o, ds_o]), inner.clone()]),
+        ));
+    }
+    if inner.n > bi {
+        pieces.push((
+            bi as i64 * ss,
+            bi as i64,
+            with(&[Dim::new(bo, &[ss_o, ds_o]), Dim::new(inner.n - bi, &[ss, 1])]),
+        ));
+    }
+    pieces
+}
+
+/// The loops of one piece of a copy, `src` and `dst` at its first element: the outer dims
+/// as a nest, the innermost as a run, a fill or an element loop.
+fn emit_nest(kb: &mut KernelBuilder, esize: i64, src: Value, dst: Value, mut dims: Vec<Dim>) {
     let inner = dims.pop().unwrap_or_else(|| Dim::new(1, &[1, 1]));
     let outer: Vec<Dim> = dims.iter().map(|d| d.scaled(esize)).collect();
-    let src = kb.b.ins().iadd_imm_s(src, c.src_off * esize);
-    let dst = kb.b.ins().iadd_imm_s(dst, c.dst_off * esize);
     let n = inner.n as i64;
     let (ss, ds) = (inner.strides[0], inner.strides[1]);
     for_nest(kb, &outer, &[src, dst], &mut |kb, p| match (ss, ds) {
@@ -739,6 +800,12 @@ mod tests {
             (&[3, 1, 17], Some(&[1, 2, 0])),
             (&[4, 5, 6], Some(&[0, 1, 2])),
             (&[], None),
+            // Tiled: whole tiles only, strips along both dims, batched, and a tile partner
+            // that is not the next-to-last dim.
+            (&[32, 48], None),
+            (&[37, 21], None),
+            (&[2, 20, 33], Some(&[0, 2, 1])),
+            (&[18, 3, 40], Some(&[2, 1, 0])),
         ];
         for (i, &(shape, perm)) in cases.iter().enumerate() {
             let attrs: Vec<(&str, Attr)> = perm.map(|p| ("perm", ints(p))).into_iter().collect();
