@@ -410,8 +410,9 @@ fn a_degraded_4x4_torus_trains_like_the_fault_free_step_over_the_healthy_rows() 
 /// The small CNN (conv → relu → max_pool → reshape → matmul) and the embedding table
 /// (gather, whose gradient is a scatter-add) of testdata/train_small, trained 5 steps by
 /// the compiled artifact on one device and data parallel over 2 (where the embedding's
-/// gradient is a partial sum per device, all-reduced) against the same step run by the
-/// interpreter, state fed back by hand: the losses agree within 1e-4 relative.
+/// gradient is a partial sum per device, all-reduced; reduce-scattered with `--zero`)
+/// against the same step run by the interpreter, state fed back by hand: the losses agree
+/// within 1e-4 relative.
 #[test]
 fn a_cnn_and_an_embedding_train_compiled_as_interpreted_on_one_and_two_devices() {
     use meshc_ir::{optim, params, verify, Data, Tensor};
@@ -464,10 +465,11 @@ fn a_cnn_and_an_embedding_train_compiled_as_interpreted_on_one_and_two_devices()
             want.push(out["loss"].data.to_f64()[0]);
         }
         assert!(want[STEPS - 1] < want[0], "{name}: the loss does not fall: {want:?}");
-        for layout in [None, Some("testdata/train_small/dp-2.json")] {
+        let dp = ["--layout", "testdata/train_small/dp-2.json"];
+        for layout in [&[][..], &dp, &[dp[0], dp[1], "--zero"]] {
             let art = dir.join("train.mshc").display().to_string();
             let mut args = vec!["compile", &src, "--loss", "loss", "--optimizer", spec, "-o", &art];
-            args.extend(layout.iter().flat_map(|l| ["--layout", l]));
+            args.extend(layout);
             let c = meshc(&args);
             assert_eq!(c.status, Some(0), "{c:?}");
             let r = meshc(&["run", &art, "--steps", "5", "--data", &data.display().to_string()]);
