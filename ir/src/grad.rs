@@ -10,15 +10,19 @@
 //! constants they need are scalar params `bwd_const.K`.
 //!
 //! Everything is built from ops of the op set, so the gradient graph goes through the
-//! verifier, the interpreter, layouts and codegen like any other. Three rules need a
+//! verifier, the interpreter, layouts and codegen like any other. Some rules need a
 //! construction rather than one op:
-//! - masks (`a > b`, for relu, abs, maximum, minimum, reduce_max) are `cast(relu(a - b),
-//!   bool)`: the op set has no comparison, and the f32 difference of two distinct f32
-//!   values is never zero (gradual underflow);
-//! - gather's gradient, a scatter-add, is a contraction of the output gradient with the
-//!   one-hot matrix of the indices, `relu(1 - |i - j|) + relu(1 - |i + n - j|)` (exact for
-//!   integer indices below 2^24, the second term covering negative indices), against an
-//!   inline iota param;
+//! - masks (`a > b`, for relu, abs, maximum, minimum, reduce_max, max_pool) are
+//!   `cast(relu(a - b), bool)`: the f32 difference of two distinct f32 values is never
+//!   zero (gradual underflow);
+//! - gather's gradient is a scatter-add (`scatter_elements` with reduction `add`) of the
+//!   output gradient into zeros; reflect, edge and wrap padding are a gather per padded
+//!   dim with a constant index map, and take the same rule;
+//! - conv, max_pool and avg_pool go through im2col, a gather with a constant `[taps,
+//!   outputs]` table as compile expands them: conv's weight gradient contracts the output
+//!   gradient with the gathered input, and every input gradient is a gradient per tap
+//!   brought back onto the input positions by col2im, a gather with the inverse table
+//!   (each tap and input position fix at most one output) and a sum over the taps;
 //! - the gradient of a strided or reversed slice is the output gradient spread out with
 //!   zeros by reshape + concat (and reversed back by a slice of step -1).
 //!
@@ -39,6 +43,7 @@ use crate::graph::{Graph, Node, Output, Param, ParamData};
 use crate::infer::{self, attr_int, attr_ints, attr_str, norm_axes, norm_axis, slice_range, Operand};
 use crate::ops::Op;
 use crate::verify::Info;
+use crate::window::{self, Tap, Window};
 
 /// The name of the output that holds the gradient of `param`.
 pub fn grad_name(param: &str) -> String {
@@ -208,7 +213,6 @@ struct Builder {
     nodes: Vec<Node>,
     params: Vec<Param>,
     consts: BTreeMap<u32, String>,
-    iotas: BTreeMap<usize, String>,
     /// The forward node whose gradient is being built: names new nodes `bwd.SCOPE.K`.
     scope: String,
     next: HashMap<String, usize>,
@@ -229,7 +233,6 @@ impl Builder {
             nodes: Vec::new(),
             params: Vec::new(),
             consts: BTreeMap::new(),
-            iotas: BTreeMap::new(),
             scope: g.name.clone(),
             next: HashMap::new(),
         }
@@ -293,17 +296,6 @@ impl Builder {
         }
         let name = self.param("bwd_const", TensorType::new(DType::F32, vec![]), Attr::Float(v as f64))?;
         self.consts.insert(v.to_bits(), name.clone());
-        Ok(name)
-    }
-
-    /// `[0, 1, ..., n-1]` as f32.
-    fn iota(&mut self, n: usize) -> Result<String> {
-        if let Some(name) = self.iotas.get(&n) {
-            return Ok(name.clone());
-        }
-        let value = Attr::List((0..n).map(|i| Attr::Float(i as f64)).collect());
-        let name = self.param("bwd_iota", TensorType::new(DType::F32, vec![n]), value)?;
-        self.iotas.insert(n, name.clone());
         Ok(name)
     }
 
@@ -592,9 +584,18 @@ impl Builder {
                 let pads: Vec<i64> = attr_ints(n, "pads").unwrap_or_default().iter().map(|p| -p).collect();
                 self.op(Pad, &[gy], &[("pads", Attr::ints(&pads))])?
             }
-            Pad => return Err(fail(&format!("pad mode '{}' has no gradient (constant has)", attr_str(n, "mode", "")))),
-            Gather if k == 0 => self.gather(n, gy)?,
+            Pad => self.pad(n, gy)?,
+            Gather if k == 0 => {
+                let axis = norm_axis(attr_int(n, "axis", 0), x_shape.len()).map_err(|e| fail(&e))?;
+                self.gather(gy, &n.inputs[1], &x_shape, axis)?
+            }
             Gather => return Err(fail("the indices of gather have no gradient")),
+            Conv if k == 2 => {
+                let axes: Vec<usize> = (0..self.shape(gy).len()).filter(|&d| d != 1).collect();
+                self.op(ReduceSum, &[gy], &[("axes", ints(&axes)), ("keepdims", Attr::Bool(false))])?
+            }
+            Conv => self.conv(n, k, gy).map_err(|e| fail(&e.msg))?,
+            MaxPool | AvgPool => self.pool(n, gy).map_err(|e| fail(&e.msg))?,
             op => return Err(fail(&format!("{op} has no gradient"))),
         };
         self.unbroadcast(&d, &x_shape)
@@ -816,41 +817,194 @@ impl Builder {
         Ok(g)
     }
 
-    /// gather's gradient: Σ over the indices of gy times the one-hot of each index.
-    fn gather(&mut self, n: &Node, gy: &str) -> Result<String> {
-        let (data, idx) = (n.inputs[0].as_str(), n.inputs[1].as_str());
-        let d_shape = self.shape(data);
-        let i_shape = self.shape(idx);
-        let fail = |e: String| Error::at(n.loc, format!("node '{}': {e}", n.name));
-        let axis = norm_axis(attr_int(n, "axis", 0), d_shape.len()).map_err(fail)?;
-        let size = d_shape[axis];
-        const LETTERS: &str = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
-        if d_shape.len() + i_shape.len() > LETTERS.len() {
-            return Err(fail("gather's gradient supports data and indices ranks up to 52 together".into()));
+    /// The gradient of `data` (of shape `d_shape`) in `y = gather(data, idx) {axis}`: the
+    /// output gradient scatter-added at the indices into zeros, as one `scatter_elements`
+    /// with reduction `add` over `[before axis, indices, after axis]` (memory of the size of
+    /// `data` and of `gy`, where a one-hot contraction would take data's axis times the
+    /// number of indices).
+    fn gather(&mut self, gy: &str, idx: &str, d_shape: &[usize], axis: usize) -> Result<String> {
+        let pre: usize = d_shape[..axis].iter().product();
+        let post: usize = d_shape[axis + 1..].iter().product();
+        let count: usize = self.shape(idx).iter().product();
+        let g = self.reshape(gy, &[pre, count, post])?;
+        let i = self.reshape(idx, &[1, count, 1])?;
+        let i =
+            if pre * post == 1 { i } else { self.op(Op::BroadcastTo, &[&i], &[("shape", ints(&[pre, count, post]))])? };
+        let zeros = self.zeros(&[pre, d_shape[axis], post])?;
+        let a = [("axis", Attr::Int(1)), ("reduction", Attr::Str("add".into()))];
+        let s = self.op(Op::ScatterElements, &[&zeros, &i, &g], &a)?;
+        self.reshape(&s, d_shape)
+    }
+
+    /// An i64 constant `[values.len()]` reshaped to `shape`.
+    fn index_table(&mut self, values: &[usize], shape: &[usize]) -> Result<String> {
+        let ty = TensorType::new(DType::I64, vec![values.len()]);
+        let value = Attr::List(values.iter().map(|&v| Attr::Int(v as i64)).collect());
+        let t = self.param("bwd_index", ty, value)?;
+        self.reshape(&t, shape)
+    }
+
+    /// An f32 constant `[values.len()]` reshaped to `shape`.
+    fn f32_table(&mut self, values: &[f32], shape: &[usize]) -> Result<String> {
+        let ty = TensorType::new(DType::F32, vec![values.len()]);
+        let value = Attr::List(values.iter().map(|&v| Attr::Float(v as f64)).collect());
+        let t = self.param("bwd_table", ty, value)?;
+        self.reshape(&t, shape)
+    }
+
+    /// Reflect, edge and wrap padding read every output element from one input element
+    /// (`window::pad_source`): per padded dim a gather with a constant index map, whose
+    /// gradient is a scatter-add of gy along that dim.
+    fn pad(&mut self, n: &Node, gy: &str) -> Result<String> {
+        let x_shape = self.shape(&n.inputs[0]);
+        let mode = attr_str(n, "mode", "constant");
+        let (pads, _) =
+            window::pad_shape(n, &x_shape).map_err(|e| Error::at(n.loc, format!("node '{}': {e}", n.name)))?;
+        let rank = x_shape.len();
+        let mut g = gy.to_string();
+        for d in (0..rank).filter(|&d| pads[d] != 0 || pads[rank + d] != 0) {
+            let out = self.shape(&g)[d];
+            let map: Option<Vec<usize>> = (0..out).map(|o| window::pad_source(mode, x_shape[d], pads[d], o)).collect();
+            let map = map.expect("every mode but constant reads each element from the input");
+            let idx = self.index_table(&map, &[out])?;
+            let mut shape = self.shape(&g);
+            shape[d] = x_shape[d];
+            g = self.gather(&g, &idx, &shape, d)?;
         }
-        let iota = self.iota(size)?;
-        let fi = self.op(Op::Cast, &[idx], &[("to", Attr::Str("f32".into()))])?;
-        let mut col = i_shape.clone();
-        col.push(1);
-        let fi = self.reshape(&fi, &col)?;
-        let d = self.bin(Op::Sub, &fi, &iota)?;
-        let one = self.constant(1.0)?;
-        let ad = self.un(Op::Abs, &d)?;
-        let hit = self.bin(Op::Sub, &one, &ad)?;
-        let hit = self.un(Op::Relu, &hit)?;
-        let n_c = self.constant(size as f32)?;
-        let dn = self.bin(Op::Add, &d, &n_c)?;
-        let adn = self.un(Op::Abs, &dn)?;
-        let hitn = self.bin(Op::Sub, &one, &adn)?;
-        let hitn = self.un(Op::Relu, &hitn)?;
-        let onehot = self.bin(Op::Add, &hit, &hitn)?;
-        let l: Vec<char> = LETTERS.chars().collect();
-        let (dl, il) = (&l[..d_shape.len()], &l[d_shape.len()..d_shape.len() + i_shape.len()]);
-        let g_letters: String = dl[..axis].iter().chain(il).chain(&dl[axis + 1..]).collect();
-        let oh_letters: String = il.iter().chain([&dl[axis]]).collect();
-        let out: String = dl.iter().collect();
-        let eq = format!("{g_letters},{oh_letters}->{out}");
-        self.op(Op::Einsum, &[gy, &onehot], &[("equation", Attr::Str(eq))])
+        Ok(g)
+    }
+
+    /// The window of conv or pool node `n` over the spatial dims of its input: the window,
+    /// the input's and the result's spatial sizes, and the tap table (`Window::taps`).
+    fn window(&self, n: &Node) -> Result<(Window, Shape, Shape, Vec<Tap>)> {
+        let x = self.shape(&n.inputs[0]);
+        let win = if n.op == Op::Conv {
+            window::conv_window(n, &x, &self.shape(&n.inputs[1])).map(|w| w.0)
+        } else {
+            Window::of(n, x.len().saturating_sub(2), None)
+        };
+        let win = win.map_err(Error::new)?;
+        let sp = x[2..].to_vec();
+        let out = win.out_sizes(&sp).map_err(Error::new)?;
+        let taps = win.taps(&sp, &out);
+        Ok((win, sp, out, taps))
+    }
+
+    /// im2col: `x` viewed as `lead ++ [positions]` gathered into `lead ++ [taps, outputs]`
+    /// (a tap that lands on padding reads 0).
+    fn im2col(&mut self, x: &str, lead: &[usize], taps: &[Tap], n_k: usize, n_out: usize) -> Result<String> {
+        let n_in: usize = self.shape(x)[lead.len()..].iter().product();
+        let xf = self.reshape(x, &[lead, &[n_in]].concat())?;
+        let src = if taps.iter().all(|t| matches!(t, Tap::Real(_))) {
+            xf
+        } else {
+            let zero = self.zeros(&[lead, &[1]].concat())?;
+            self.op(Op::Concat, &[&xf, &zero], &[("axis", Attr::Int(lead.len() as i64))])?
+        };
+        let table: Vec<usize> = (0..n_k * n_out)
+            .map(|j| match taps[(j % n_out) * n_k + j / n_out] {
+                Tap::Real(i) => i,
+                _ => n_in,
+            })
+            .collect();
+        let idx = self.index_table(&table, &[n_k, n_out])?;
+        self.op(Op::Gather, &[&src, &idx], &[("axis", Attr::Int(lead.len() as i64))])
+    }
+
+    /// col2im, im2col's gradient: `d` (`lead ++ [taps, outputs]`) summed back onto the
+    /// input positions its taps read, `lead ++ [positions]`. A tap and an input position
+    /// fix the output position (if any), so this is a gather with a constant table from
+    /// `[taps, positions]` into `d` flattened (an extra zero where no output reads the
+    /// position) and a sum over the taps: no scatter, the same order of adds every time.
+    fn col2im(&mut self, d: &str, lead: &[usize], taps: &[Tap], n_in: usize) -> Result<String> {
+        let (n_k, n_out) = (self.shape(d)[lead.len()], self.shape(d)[lead.len() + 1]);
+        let flat = self.reshape(d, &[lead, &[n_k * n_out]].concat())?;
+        let zero = self.zeros(&[lead, &[1]].concat())?;
+        let src = self.op(Op::Concat, &[&flat, &zero], &[("axis", Attr::Int(lead.len() as i64))])?;
+        let mut table = vec![n_k * n_out; n_k * n_in];
+        for (j, t) in taps.iter().enumerate() {
+            if let Tap::Real(i) = t {
+                let (o, k) = (j / n_k, j % n_k);
+                table[k * n_in + i] = k * n_out + o;
+            }
+        }
+        let idx = self.index_table(&table, &[n_k, n_in])?;
+        let g = self.op(Op::Gather, &[&src, &idx], &[("axis", Attr::Int(lead.len() as i64))])?;
+        self.op(Op::ReduceSum, &[&g], &[("axes", ints(&[lead.len()])), ("keepdims", Attr::Bool(false))])
+    }
+
+    /// conv's gradients through im2col: with x's channels as `[G, C/G]` and the weight as
+    /// `[G, M/G, C/G, taps]`, the input's is col2im of gy contracted with the weight, the
+    /// weight's gy contracted with im2col of x (over the batch and the outputs).
+    fn conv(&mut self, n: &Node, k: usize, gy: &str) -> Result<String> {
+        let (x, w) = (n.inputs[0].as_str(), n.inputs[1].as_str());
+        let (xs, ws) = (self.shape(x), self.shape(w));
+        let (_, groups) = window::conv_window(n, &xs, &ws).map_err(Error::new)?;
+        let (_, sp, out, taps) = self.window(n)?;
+        let (n_in, n_out, n_k): (usize, usize, usize) =
+            (sp.iter().product(), out.iter().product(), ws[2..].iter().product());
+        let (cg, mg) = (xs[1] / groups, ws[0] / groups);
+        let lead = [xs[0], groups, cg];
+        let g4 = self.reshape(gy, &[xs[0], groups, mg, n_out])?;
+        let eq = |e: &str| [("equation", Attr::Str(e.into()))];
+        if k == 0 {
+            let w4 = self.reshape(w, &[groups, mg, cg, n_k])?;
+            let dcols = self.op(Op::Einsum, &[&g4, &w4], &eq("ngmo,gmck->ngcko"))?;
+            let dx = self.col2im(&dcols, &lead, &taps, n_in)?;
+            return self.reshape(&dx, &xs);
+        }
+        let x4 = self.reshape(x, &[&lead[..], &[n_in]].concat())?;
+        let cols = self.im2col(&x4, &lead, &taps, n_k, n_out)?;
+        let dw = self.op(Op::Einsum, &[&cols, &g4], &eq("ngcko,ngmo->gmck"))?;
+        self.reshape(&dw, &ws)
+    }
+
+    /// max_pool and avg_pool: gy spread over each window's taps, then col2im. max_pool
+    /// gives a window's gradient to its maximum (split evenly among equal maxima, as
+    /// reduce_max), avg_pool to every element it averaged, divided by the window's count
+    /// (pads counted with count_include_pad, as the forward op).
+    fn pool(&mut self, n: &Node, gy: &str) -> Result<String> {
+        let x = n.inputs[0].as_str();
+        let xs = self.shape(x);
+        let (win, sp, out, taps) = self.window(n)?;
+        let (n_in, n_out, n_k): (usize, usize, usize) =
+            (sp.iter().product(), out.iter().product(), win.kernel.iter().product());
+        let lead = [xs[0], xs[1]];
+        let cols_shape = [xs[0], xs[1], n_k, n_out];
+        let g4 = self.reshape(gy, &[xs[0], xs[1], 1, n_out])?;
+        let dcols = if n.op == Op::MaxPool {
+            let cols = self.im2col(x, &lead, &taps, n_k, n_out)?;
+            let y4 = self.reshape(&n.name, &[xs[0], xs[1], 1, n_out])?;
+            let below = self.greater(&y4, &cols)?;
+            let real: Vec<f32> = (0..n_k * n_out)
+                .map(|j| f32::from(u8::from(matches!(taps[(j % n_out) * n_k + j / n_out], Tap::Real(_)))))
+                .collect();
+            let real = self.f32_table(&real, &[n_k, n_out])?;
+            let zero = self.constant(0.0)?;
+            let ind = self.select(&below, &zero, &real)?;
+            let count = self.reduce_keep(Op::ReduceSum, &ind, &[2])?;
+            // A window with no real element (all padding) passes nothing, not 0/0.
+            let one = self.constant(1.0)?;
+            let count = self.bin(Op::Maximum, &count, &one)?;
+            let share = self.bin(Op::Div, &ind, &count)?;
+            self.bin(Op::Mul, &g4, &share)?
+        } else {
+            let include_pad = n.attrs.get("count_include_pad").and_then(Attr::as_bool).unwrap_or(false);
+            let counts: Vec<f32> = (0..n_out)
+                .map(|o| {
+                    let c = taps[o * n_k..][..n_k]
+                        .iter()
+                        .filter(|t| matches!(t, Tap::Real(_)) || include_pad && **t == Tap::Pad)
+                        .count();
+                    c.max(1) as f32
+                })
+                .collect();
+            let counts = self.f32_table(&counts, &[1, 1, 1, n_out])?;
+            let share = self.bin(Op::Div, &g4, &counts)?;
+            self.op(Op::BroadcastTo, &[&share], &[("shape", ints(&cols_shape))])?
+        };
+        let dx = self.col2im(&dcols, &lead, &taps, n_in)?;
+        self.reshape(&dx, &xs)
     }
 }
 

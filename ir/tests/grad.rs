@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use meshc_ir::grad::{grad, select_wrt};
+use meshc_ir::window::{Tap, Window};
 use meshc_ir::{interp, params, verify, Attr, DType, Graph, Input, Node, Op, Output, Tensor, TensorType};
 use proptest::prelude::*;
 
@@ -249,7 +250,8 @@ fn piecewise_case(rng: &mut Rng) -> Case {
     c
 }
 
-/// pad with a constant, each side padded by up to 2 or cropped by 1 (keeping a dim).
+/// pad in any mode, each side padded by up to 2 or cropped by 1 (keeping a dim): reflect
+/// and wrap may pad by more than the dim has, reading some elements several times.
 fn pad_case(rng: &mut Rng) -> Case {
     let mut c = Case::new();
     let shape = rng.any_shape(1, 3);
@@ -262,7 +264,94 @@ fn pad_case(rng: &mut Rng) -> Case {
         }
     }
     let x = c.float(rng, "x", shape, 0.0, false);
-    c.node(Node::new("y", Op::Pad, &[&x]).with_attr("pads", ints(&pads)).with_attr("value", Attr::Float(0.5)));
+    let mode = ["constant", "reflect", "edge", "wrap"][rng.below(4)];
+    let mut n = Node::new("y", Op::Pad, &[&x]).with_attr("pads", ints(&pads)).with_attr("mode", Attr::Str(mode.into()));
+    if mode == "constant" {
+        n = n.with_attr("value", Attr::Float(0.5));
+    }
+    c.node(n);
+    c
+}
+
+/// Window attributes over `spatial` dims of sizes up to 4: kernels up to 3, strides and
+/// dilations up to 2, pads up to 2 (below the window's span, so every window reads a
+/// real element), sizes grown until the window fits.
+fn window_attrs(rng: &mut Rng, spatial: usize) -> (Vec<usize>, Vec<usize>, Vec<(&'static str, Attr)>) {
+    let kernel: Vec<usize> = (0..spatial).map(|_| 1 + rng.below(3)).collect();
+    let strides: Vec<i64> = (0..spatial).map(|_| 1 + rng.below(2) as i64).collect();
+    let dilations: Vec<i64> = (0..spatial).map(|_| 1 + rng.below(2) as i64).collect();
+    let span = |d: usize| (kernel[d] - 1) * dilations[d] as usize + 1;
+    let mut pads = vec![0i64; 2 * spatial];
+    for d in 0..spatial {
+        for side in [d, d + spatial] {
+            pads[side] = rng.below(3.min(span(d))) as i64;
+        }
+    }
+    let sizes: Vec<usize> = (0..spatial)
+        .map(|d| (1 + rng.below(4)).max(span(d).saturating_sub((pads[d] + pads[d + spatial]) as usize)))
+        .collect();
+    let attrs = vec![("strides", ints(&strides)), ("dilations", ints(&dilations)), ("pads", ints(&pads))];
+    (kernel, sizes, attrs)
+}
+
+/// conv, 1-D or 2-D, with or without a bias: plain, grouped (2 groups) or depthwise (as
+/// many groups as channels, each with one or two output channels).
+fn conv_case(rng: &mut Rng) -> Case {
+    let mut c = Case::new();
+    let spatial = 1 + rng.below(2);
+    let (kernel, sizes, attrs) = window_attrs(rng, spatial);
+    let (groups, channels, outs) = match rng.below(3) {
+        0 => (1, 1 + rng.below(2), 1 + rng.below(2)),
+        1 => (2, 2 * (1 + rng.below(2)), 2 * (1 + rng.below(2))),
+        _ => {
+            let ch = 1 + rng.below(3);
+            (ch, ch, ch * (1 + rng.below(2)))
+        }
+    };
+    let batch = 1 + rng.below(2);
+    let x = c.float(rng, "x", [vec![batch, channels], sizes].concat(), 0.0, false);
+    let w = c.float(rng, "w", [vec![outs, channels / groups], kernel].concat(), 0.025, false);
+    let mut inputs = vec![x, w];
+    if rng.below(2) == 0 {
+        inputs.push(c.float(rng, "b", vec![outs], 0.0, false));
+    }
+    let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+    let mut n = Node::new("y", Op::Conv, &refs).with_attr("groups", Attr::Int(groups as i64));
+    for (k, v) in attrs {
+        n = n.with_attr(k, v);
+    }
+    c.node(n);
+    c
+}
+
+/// max_pool or avg_pool, 1-D or 2-D, ceil_mode either way, avg_pool counting pads or
+/// not. The values are 0.05 apart, so a step of 5e-3 never changes which one is the max.
+/// Windows on padding alone (their result NaN) are drawn again.
+fn pool_case(rng: &mut Rng) -> Case {
+    let mut c = Case::new();
+    let spatial = 1 + rng.below(2);
+    let op = [Op::MaxPool, Op::AvgPool][rng.below(2)];
+    let (n, sizes) = loop {
+        let (kernel, sizes, attrs) = window_attrs(rng, spatial);
+        let kernel: Vec<i64> = kernel.iter().map(|&k| k as i64).collect();
+        let mut n = Node::new("y", op, &["x"]).with_attr("kernel", ints(&kernel));
+        for (k, v) in attrs {
+            n = n.with_attr(k, v);
+        }
+        n = n.with_attr("ceil_mode", Attr::Bool(rng.below(2) == 0));
+        if op == Op::AvgPool {
+            n = n.with_attr("count_include_pad", Attr::Bool(rng.below(2) == 0));
+        }
+        let win = Window::of(&n, spatial, None).expect("a valid window");
+        let out = win.out_sizes(&sizes).expect("the window fits");
+        let taps = win.taps(&sizes, &out);
+        if taps.chunks(kernel.iter().product::<i64>() as usize).all(|w| w.iter().any(|t| matches!(t, Tap::Real(_)))) {
+            break (n, sizes);
+        }
+    };
+    let shape = [vec![1 + rng.below(2), 1 + rng.below(2)], sizes].concat();
+    c.float(rng, "x", shape, 0.0, false);
+    c.node(n);
     c
 }
 
@@ -429,6 +518,18 @@ proptest! {
     fn pad_gradients_match_finite_differences(seed in 1u64..) {
         let mut rng = Rng(seed);
         check(&pad_case(&mut rng), &mut rng)?;
+    }
+
+    #[test]
+    fn conv_gradients_match_finite_differences(seed in 1u64..) {
+        let mut rng = Rng(seed);
+        check(&conv_case(&mut rng), &mut rng)?;
+    }
+
+    #[test]
+    fn pool_gradients_match_finite_differences(seed in 1u64..) {
+        let mut rng = Rng(seed);
+        check(&pool_case(&mut rng), &mut rng)?;
     }
 
     #[test]

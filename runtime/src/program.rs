@@ -360,6 +360,9 @@ pub enum Rule {
     ReductionOverSplitDim,
     /// softmax or layer_norm over a split dim: their statistics are combined over the axis.
     StatisticsOverSplitDim,
+    /// A scatter-add into zeros of split indices and updates (a gather's gradient): each
+    /// device adds its own updates into the whole result, a partial sum.
+    ScatterAddOfSplitUpdates,
     /// A reshape cannot keep the operand's split (the split dim is not the major dim of a
     /// group of dims it keeps together, or a size does not divide).
     ReshapeCannotKeepSplit,
@@ -383,6 +386,7 @@ impl Rule {
             Rule::ContractionOverSplitDim => "contraction over a split dim",
             Rule::ReductionOverSplitDim => "reduction over a split dim",
             Rule::StatisticsOverSplitDim => "normalisation statistics over a split dim",
+            Rule::ScatterAddOfSplitUpdates => "scatter-add of split updates",
             Rule::ReshapeCannotKeepSplit => "reshape cannot keep the split",
             Rule::ContractionNeedsOtherSplit => "contraction needs the operand split otherwise",
             Rule::OpReadsWholeDim => "the op reads a split dim whole",

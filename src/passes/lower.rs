@@ -354,6 +354,7 @@ impl Lower<'_> {
             Op::ReduceSum | Op::ReduceMean | Op::ReduceMax => self.reduction(n, out),
             Op::Softmax => self.softmax(n, out),
             Op::LayerNorm => self.layer_norm(n, out),
+            Op::ScatterElements if self.adds_into_zeros(n) => self.scatter_add(n, out),
             _ => self.slicewise(n, out),
         };
         let result = if natural == *out && partial.is_empty() {
@@ -361,6 +362,7 @@ impl Lower<'_> {
         } else {
             let rule = match n.op {
                 Op::MatMul | Op::Einsum => Rule::ContractionOverSplitDim,
+                Op::ScatterElements => Rule::ScatterAddOfSplitUpdates,
                 _ => Rule::ReductionOverSplitDim,
             };
             let axes: Vec<String> = partial.iter().map(|&a| self.mesh.entry_name(a)).collect();
@@ -546,6 +548,44 @@ impl Lower<'_> {
                 .collect();
             operands.push(self.operand(n, i, &req));
         }
+        let ty = self.local_ty(&n.name, &natural);
+        let name = self.local_name(n);
+        let refs: Vec<&str> = operands.iter().map(String::as_str).collect();
+        let local = self.emit(&name, n.op, &refs, ty, n.attrs.clone());
+        (local, natural, partial, "sum")
+    }
+
+    /// Whether `n` is an f32 scatter_elements with reduction `add` into zeros (a constant
+    /// zero param, broadcast or reshaped): what a gather's gradient is.
+    fn adds_into_zeros(&self, n: &Node) -> bool {
+        fn zeros(g: &Graph, t: &str) -> bool {
+            if let Some(p) = g.params.iter().find(|p| p.name == t) {
+                return matches!(&p.data, ParamData::Value(v) if v.as_float() == Some(0.0));
+            }
+            g.nodes
+                .iter()
+                .find(|n| n.name == t)
+                .is_some_and(|n| matches!(n.op, Op::BroadcastTo | Op::Reshape) && zeros(g, &n.inputs[0]))
+        }
+        meshc_ir::infer::attr_str(n, "reduction", "none") == "add"
+            && self.global(&n.name).dtype == DType::F32
+            && zeros(self.g, &n.inputs[0])
+    }
+
+    /// A scatter-add into zeros runs where the indices are, as they are laid out (indices
+    /// are integers, which collectives do not carry; the updates are brought to the same
+    /// layout). A split of a dim the result shares (off the axis, spanned whole) splits the
+    /// result too; a split of the axis leaves each device the whole result with its own
+    /// updates added into zeros: a partial sum over that mesh axis, combined after. (Off
+    /// the axis, an index's position is its coordinate, so other splits are gathered.)
+    fn scatter_add(&mut self, n: &Node, out: &Layout) -> (String, Layout, Vec<usize>, &'static str) {
+        let axis = norm_axis(attr_int(n, "axis", 0), out.len()).expect("verified");
+        let shared: Vec<usize> = corresponding_dims(n, 1, self.info).into_iter().map(|p| p.0).collect();
+        let held = self.current(&n.inputs[1]);
+        let within: Layout = (0..held.len()).map(|d| held[d].filter(|_| d == axis || shared.contains(&d))).collect();
+        let natural: Layout = (0..out.len()).map(|d| if shared.contains(&d) { within[d] } else { None }).collect();
+        let partial: Vec<usize> = within[axis].into_iter().collect();
+        let operands = [self.operand(n, 0, &natural), self.operand(n, 1, &within), self.operand(n, 2, &within)];
         let ty = self.local_ty(&n.name, &natural);
         let name = self.local_name(n);
         let refs: Vec<&str> = operands.iter().map(String::as_str).collect();

@@ -1,7 +1,8 @@
 //! `meshc grad` end to end: the gradients of the MLP and the transformer block of
 //! testdata (with a mean-squared-error loss) against jax.grad's (tools/gen_grad_testdata.py,
 //! float64), on the interpreter; compiled gradient graphs (one device, and split over a
-//! 2x4 mesh) against the interpreter's; and the command's refusals.
+//! 2x4 mesh) against the interpreter's; an embedding's gradient under data parallelism
+//! (a partial scatter-add, all-reduced); and the command's refusals.
 
 use std::path::Path;
 
@@ -85,4 +86,21 @@ fn grad_refusals_are_one_line_errors() {
     assert_eq!(c.status, Some(0), "{c:?}");
     let text = std::fs::read_to_string(&out).unwrap();
     assert!(text.contains("grad.w2") && !text.contains("grad.w1"), "{text}");
+}
+
+/// Under data parallelism the embedding's gradient (a scatter-add of the batch's rows)
+/// runs where its batch-split indices are: one all-reduce of the table's partial sums,
+/// explained as such, and nothing gathers the integer indices.
+#[test]
+fn an_embedding_gradient_is_a_partial_scatter_add_all_reduced() {
+    let dir = scratch("grad-embed-dp");
+    let out = dir.join("g.json").display().to_string();
+    let r = meshc(&["grad", "testdata/train_small/embed.txt", "--loss", "loss", "-o", &out]);
+    assert_eq!(r.status, Some(0), "{r:?}");
+    let e = meshc(&["explain", &out, "--layout", "testdata/train_small/dp-2.json"]);
+    assert_eq!(e.status, Some(0), "{e:?}");
+    let steps: Vec<&str> = e.stdout.lines().filter(|l| l.contains("scatter-add of split updates")).collect();
+    assert_eq!(steps.len(), 1, "{}", e.stdout);
+    assert!(steps[0].contains("all_reduce") && steps[0].contains("partial(data)"), "{}", steps[0]);
+    assert!(!e.stdout.contains("all_gather"), "{}", e.stdout);
 }
