@@ -430,7 +430,8 @@ pub fn join(g: &Graph, info: &Info, mesh: &Mesh, p: &Placement, stages: &[Lowere
     // routes (and so the busiest link) may differ.
     crate::attribution::price(mesh, &j.devices, &mut j.why)?;
     let overridden = stages.iter().flat_map(|l| l.overridden.iter().cloned()).collect();
-    Ok(Lowered { mesh: mesh.clone(), devices: j.devices, inputs, outputs, io_stages, why: j.why, overridden })
+    let pinned = stages.iter().flat_map(|l| l.pinned.clone()).collect();
+    Ok(Lowered { mesh: mesh.clone(), devices: j.devices, inputs, outputs, io_stages, why: j.why, overridden, pinned })
 }
 
 /// Records on every send and its recv whether the sent tensor is dead on the sender after
