@@ -20,6 +20,13 @@
 //! summed over every member. It is not the fabric's count (`meshc explain`), which adds
 //! the bytes forwarded over a mesh without wrap-around.
 //!
+//! Like with like: the script gives XLA the shardings `meshc check` says the spec fixes —
+//! inputs and params by `in_shardings`, outputs by `out_shardings`, other tensors by
+//! `with_sharding_constraint` — and leaves every other tensor, outputs included, to XLA's
+//! propagation (`out_shardings` entry `None`: unspecified, not replicated — jax keeps a free
+//! output sharded when its propagation says so), as meshc leaves them to its own. Neither
+//! side counts the copy of the outputs to the host, which is no mesh link.
+//!
 //! One run (jax 0.10.2, XLA's CPU backend):
 //!
 //! ```text
@@ -27,19 +34,25 @@
 //! mlp          mp-2x4        24576      24576       1.00  y 24576
 //! mlp          mp-4          24576      24576       1.00  y 24576
 //! transformer  mp-2x4        24576      24576       1.00  f2 12288, o 12288
-//! transformer  mp-4          24576      24576       1.00  f2 12288, o 12288
-//! transformer  mp-8          61440      61440       1.00  f2 28672, o 28672, scores 4096
+//! transformer  mp-4          18432      24576       0.75  f2 6144, o 12288
+//! transformer  mp-8          47104      61440       0.77  f2 14336, o 28672, scores 4096
 //! transformer  torus-2x4      25344      30720       0.82  f2 12288, h2.all_gather 6144, h2.all_reduce 384, h2.all_reduce2 384, probs.all_gather 6144
 //! ```
 //!
-//! On `mp-*` with 2 or 4 shards both run the Megatron plan: one all_reduce of the partial
-//! sums after each row-split matmul (y of the MLP; o and f2 of the block), nothing else. On
-//! `mp-8` both split the 32-wide qkv 8 ways as 4 heads x 2 halves of head_dim (meshc's
-//! sub-axes `model:(1)4`, `model:(4)2`, kept through the reshape to heads) and all-reduce
-//! the partial scores over pairs (4 KiB); before meshc kept splits through reshapes it
-//! gathered q, k and v instead (100,352 B, 1.63x). On `torus-2x4` XLA computes the last
-//! residual add in h2's split layout and all-gathers y at the end; meshc all-gathers h2 once
-//! (ff1 needs it whole) and reduces only layer_norm's statistics across the split.
+//! On `mp-*` both run the Megatron plan: the partial sums of each row-split matmul (y of the
+//! MLP; o and f2 of the block) are combined once. XLA all-reduces them all. meshc
+//! reduce-scatters f2 of the block on `mp-4` and `mp-8` (half the bytes on a ring): only
+//! elementwise ops (the bias and residual adds) lead from it to y, an output the spec leaves
+//! free, so they run on blocks of seq and y is returned split (docs/layout.md). Where the
+//! spec pins the output — mlp's `mp-4` gives y `[-, -]`, the `batch` rule of `mp-2x4` and
+//! `torus-2x4` pins f2, f2_b and y — XLA is given the same sharding and both all-reduce
+//! (`meshc explain` names the entries to drop). On `mp-8` both split the 32-wide qkv 8 ways
+//! as 4 heads x 2 halves of head_dim (meshc's sub-axes `model:(1)4`, `model:(4)2`, kept
+//! through the reshape to heads) and all-reduce the partial scores over pairs (4 KiB);
+//! before meshc kept splits through reshapes it gathered q, k and v instead (100,352 B,
+//! 1.63x). On `torus-2x4` XLA computes the last residual add in h2's split layout and
+//! all-gathers y at the end; meshc all-gathers h2 once (ff1 needs it whole) and reduces only
+//! layer_norm's statistics across the split.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

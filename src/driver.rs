@@ -6,11 +6,10 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
-use meshc_ir::optim::next_name;
 use meshc_ir::params::Params;
 use meshc_ir::Graph;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use meshc_ir::verify::Info;
 use meshc_ir::Tensor;
@@ -120,12 +119,8 @@ fn lower_laid_out(g: &Graph, info: &Info, spec: &Spec, topo: &Topo, dumps: &Dump
     let layouts = passes::layout::propagate(g, info, &spec.mesh, spec.seed_layouts(g, info)?);
     dumps.emit("layout", || passes::layout::dump(g, info, &layouts))?;
     let mut lowered = passes::lower::lower(g, info, &layouts)?;
-    // A training step's state (an input S with an output next.S: its params and optimizer
-    // state) is held like params: a device lost would take its shard with it.
-    let state = g.inputs.iter().map(|i| &i.name).filter(|n| g.outputs.iter().any(|o| o.name == next_name(n)));
-    let split: Vec<(&str, usize)> = (g.params.iter().map(|p| &p.name).chain(state))
-        .flat_map(|n| layouts.of.get(n).into_iter().flatten().flatten().map(|&a| (n.as_str(), a)))
-        .collect();
+    // A training step's state is held like params: a device lost would take its shard with it.
+    let split = layouts.held_splits(g);
     crate::degrade::keep_model_shards(topo, &split).with_context(|| spec.file.clone())?;
     let m = &spec.mesh;
     let mut model_axes: Vec<usize> =
@@ -189,9 +184,12 @@ pub fn lower_placed(
     dumps.emit_graph("place", || passes::place::dump(g, info, placement), || crate::dot::place(g, info, placement))?;
     let (mut layout_dump, mut lower_dump) = (String::new(), String::new());
     let (mut stages, mut labels) = (Vec::new(), Vec::new());
+    // A tensor another stage reads is sent in the layout its stage gives it.
+    let sent: BTreeSet<String> = placement.crossings(g, info).into_iter().map(|(t, _, _)| t).collect();
     for (s, stage) in placement.stages.iter().enumerate() {
         let (sg, si) = placement.stage_graph(g, info, s)?;
-        let layouts = passes::layout::propagate(&sg, &si, &stage.mesh.mesh, stage.seeds(&sg, &si)?);
+        let mut layouts = passes::layout::propagate(&sg, &si, &stage.mesh.mesh, stage.seeds(&sg, &si)?);
+        layouts.free_outputs.retain(|o| !sent.contains(o));
         let lowered = passes::lower::lower(&sg, &si, &layouts).with_context(|| format!("stage {s}"))?;
         let devices: Vec<String> = stage.mesh.devices.iter().map(usize::to_string).collect();
         let head =

@@ -20,7 +20,7 @@ use serde::Serialize;
 use crate::attribution;
 use crate::dumps::Dumps;
 use crate::layout::{resolve_entry, AxisRef, Spec};
-use crate::passes::layout::{corresponding_dims, reshape_layout};
+use crate::passes::layout::{corresponding_dims, reshape_layout, reshape_run_layout};
 use crate::passes::lower::{Lowered, Overridden};
 
 /// Latency of one collective or transfer on the simulated fabric: the one-rendezvous
@@ -98,6 +98,9 @@ pub struct Report {
     pub replicated: Vec<(String, u64)>,
     /// Params whose explicit layout in the spec a reader overrode (`lower::Overridden`).
     pub overridden: Vec<Overridden>,
+    /// Graph outputs each device returns a block of, as (name, layout over the mesh or
+    /// stage that computes it): the runner assembles them on the host, over no mesh link.
+    pub split_outputs: Vec<(String, String)>,
     /// The spec degrades devices or links: the figures are of the fault-free schedules.
     pub degraded: bool,
 }
@@ -194,7 +197,7 @@ pub fn report(g: &Graph, info: &Info, lowered: &Lowered, degraded: bool) -> Resu
         .collect();
     entries.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.name.cmp(&b.name)));
     for e in entries.iter_mut().take(SUGGESTED) {
-        e.fix = fix(g, info, mesh, &e.why);
+        e.fix = fix(g, info, mesh, &e.why, lowered.pinned.get(&e.name));
     }
     let mut sent = vec![0u64; lowered.devices.len()];
     for (&(f, _), l) in &links {
@@ -229,6 +232,10 @@ pub fn report(g: &Graph, info: &Info, lowered: &Lowered, degraded: bool) -> Resu
         replicated_flops: flops_all_devices.saturating_sub(flops),
         replicated,
         overridden: lowered.overridden.clone(),
+        split_outputs: (lowered.outputs.iter())
+            .filter(|(_, l)| l.iter().any(Option::is_some))
+            .map(|(o, l)| (o.clone(), lowered.io_stages.get(o).map_or(mesh, |s| &s.mesh).layout_string(l)))
+            .collect(),
         degraded,
     })
 }
@@ -252,19 +259,34 @@ fn axes_of(layout: &str) -> Vec<Option<String>> {
     inner.split(", ").map(|a| (a != "-").then(|| a.to_string())).collect()
 }
 
-/// The spec change that would remove the step `w` describes, when one is known.
-fn fix(g: &Graph, info: &Info, mesh: &Mesh, w: &Why) -> Option<String> {
+/// The layout the entries `axes` name (`axes_of`), over `mesh`.
+fn resolved(mesh: &Mesh, axes: &[Option<String>]) -> Option<Vec<Option<usize>>> {
+    let entry = |a: &Option<String>| match a {
+        Some(a) => resolve_entry(mesh, &AxisRef::Name(a.clone())).ok().map(Some),
+        None => Some(None),
+    };
+    axes.iter().map(entry).collect()
+}
+
+/// The spec change that would remove the step `w` describes (or make it cheaper), when one
+/// is known. `pinned`: for an all_reduce of a partial sum, the tensors whose layouts in the
+/// spec kept it from being reduce-scattered (`Lowered::pinned`).
+fn fix(g: &Graph, info: &Info, mesh: &Mesh, w: &Why, pinned: Option<&Vec<String>>) -> Option<String> {
     match w.rule {
+        Rule::ContractionOverSplitDim | Rule::ReductionOverSplitDim => pinned.map(|ts| {
+            let ts: Vec<String> = ts.iter().map(|t| format!("'{t}'")).collect();
+            format!(
+                "drop the layout of {} from the spec: '{}' would be reduce-scattered instead, the elementwise ops \
+                 after it and the outputs they reach left split",
+                ts.join(", "),
+                w.node
+            )
+        }),
         Rule::LayoutGivenInSpec => {
             let n = g.nodes.iter().find(|n| n.name == w.node)?;
             // Through a reshape, the layout that keeps its operand's split.
             let (layout, of) = if n.op == Op::Reshape {
-                let entry = |a: &Option<String>| {
-                    a.as_ref()
-                        .map(|a| resolve_entry(mesh, &AxisRef::Name(a.clone())).ok())
-                        .map_or(Some(None), |e| e.map(Some))
-                };
-                let from: Vec<Option<usize>> = axes_of(&w.from).iter().map(entry).collect::<Option<_>>()?;
+                let from = resolved(mesh, &axes_of(&w.from))?;
                 let (ins, out) = (&info.types[&w.tensor].shape, &info.types[&n.name].shape);
                 (mesh.layout_string(&reshape_layout(mesh, ins, &from, out)), "that keeps the split of")
             } else {
@@ -286,11 +308,23 @@ fn fix(g: &Graph, info: &Info, mesh: &Mesh, w: &Why) -> Option<String> {
                 .iter()
                 .enumerate()
                 .find_map(|(d, a)| a.clone().filter(|_| kept.get(d) != Some(a)).map(|a| (d, a)))?;
-            let size = mesh.shape[mesh.axis(&axis)?];
+            let from = resolved(mesh, &held)?;
+            let size = mesh.shards(from[d]?);
             // A dim the reshape keeps (major dim of a group) whose sizes divide by the axis.
             let keep = corresponding_dims(n, 0, info)
                 .into_iter()
                 .find(|&(di, dout)| di != d && ins[di].is_multiple_of(size) && out[dout].is_multiple_of(size));
+            if let (None, Some((run, result))) = (keep, reshape_run_layout(mesh, ins, &from, out, d, from[d]?)) {
+                return Some(format!(
+                    "give '{}' the layout {} in the spec (its {axis} blocks as one run over the dims '{}' reshapes \
+                     together): '{}' keeps it, as {}",
+                    w.tensor,
+                    mesh.layout_string(&run),
+                    w.node,
+                    w.node,
+                    mesh.layout_string(&result)
+                ));
+            }
             let mut s = match keep {
                 Some((di, _)) => format!(
                     "split dim {di} of '{}' (size {}) over {axis} instead of dim {d}: '{}' keeps it whole",
@@ -391,9 +425,15 @@ impl Report {
         for o in &self.overridden {
             let _ = writeln!(s, "  {}: spec {}, read {} by '{}'", o.param, o.spec, o.read, o.node);
         }
+        if !self.split_outputs.is_empty() {
+            let _ = writeln!(s, "outputs left split (the runner assembles the blocks on the host, over no mesh link):");
+        }
+        for (o, l) in &self.split_outputs {
+            let _ = writeln!(s, "  {o} {l}");
+        }
         let fixes: Vec<&Entry> = self.entries.iter().filter(|e| e.fix.is_some()).collect();
         if !fixes.is_empty() {
-            let _ = writeln!(s, "to remove the costliest:");
+            let _ = writeln!(s, "to remove (or shrink) the costliest:");
         }
         for e in fixes {
             let _ = writeln!(s, "  {} ({} bytes): {}", e.name, e.bytes, e.fix.as_deref().unwrap_or_default());

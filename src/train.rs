@@ -136,7 +136,8 @@ pub fn zero(spec: &mut Spec, g: &Graph, info: &Info, step: &State) -> Result<()>
     let shape = |n: &str| &info.types[n].shape;
     let layout_of = |n: &str| seeds.get(n).map_or_else(|| vec![None; shape(n).len()], |s| s.layout.clone());
     let params: Vec<&String> = step.tensors.keys().filter(|n| !n.starts_with("opt.")).collect();
-    let used: Vec<usize> = params.iter().flat_map(|p| layout_of(p)).flatten().collect();
+    // The mesh axes (not entries: a sub-axis uses its whole axis here) that split a param.
+    let used: Vec<usize> = params.iter().flat_map(|p| layout_of(p)).flatten().map(|e| spec.mesh.split(e).0).collect();
     let data: Vec<usize> =
         (0..spec.mesh.shape.len()).filter(|a| spec.mesh.shape[*a] > 1 && !used.contains(a)).collect();
     if data.is_empty() {

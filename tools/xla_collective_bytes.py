@@ -323,7 +323,9 @@ def run_case(meshc, gname, lname):
     arg_names = [t["name"] for t in graph["inputs"]] + [p["name"] for p in graph["params"]]
     replicated = NamedSharding(mesh, PartitionSpec())
     in_sh = tuple(sharding(mesh, layouts[n]) if n in layouts else replicated for n in arg_names)
-    # An output the spec leaves free is left where propagation puts it, as meshc does.
+    # An output the spec leaves free is left where propagation puts it, as meshc does: with
+    # no mesh context, an out_shardings entry None is unspecified (XLA may keep the output
+    # split), not replicated.
     out_sh = tuple(sharding(mesh, layouts[o]) if o in layouts else None for o in graph["outputs"])
 
     def fn(*args):

@@ -378,6 +378,9 @@ pub enum Rule {
     OperandLayoutsDisagree,
     /// The tensor crosses from one stage of the placement to another.
     StageBoundary,
+    /// A partial sum whose readers are all elementwise, up to graph outputs the spec leaves
+    /// free: reduce-scattered, and those readers and outputs left split.
+    PartialSumScattered,
 }
 
 impl Rule {
@@ -393,6 +396,7 @@ impl Rule {
             Rule::LayoutGivenInSpec => "layout given in the spec",
             Rule::OperandLayoutsDisagree => "operand layouts disagree",
             Rule::StageBoundary => "stage boundary",
+            Rule::PartialSumScattered => "partial sum reduce-scattered: only elementwise consumers and a free output",
         }
     }
 }

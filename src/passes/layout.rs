@@ -9,11 +9,12 @@
 //! `corresponding_dims` is the one place that knows, per op, which operand dimension becomes
 //! which result dimension; lowering relies on the same table.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::ops::Range;
 
 use meshc_ir::infer::{attr_int, attr_ints, attr_str, norm_axes, norm_axis, parse_equation, slice_range};
+use meshc_ir::optim::next_name;
 use meshc_ir::verify::Info;
 use meshc_ir::{Graph, Node, Op};
 
@@ -26,6 +27,22 @@ pub struct Layouts {
     pub mesh: Mesh,
     pub of: BTreeMap<String, Layout>,
     pub source: BTreeMap<String, Source>,
+    /// The graph outputs computed by a node whose layout the spec leaves free (neither given
+    /// nor ruled) and that no later run reads back (a training step's next state is read in
+    /// its state's layout; under a placement, a tensor another stage reads is sent in the
+    /// layout the stage gave it). Lowering may leave them split where that saves communication.
+    pub free_outputs: BTreeSet<String>,
+}
+
+impl Layouts {
+    /// The splits of the tensors a device holds from run to run — params and a training
+    /// step's state (an input S with an output next.S) — as (tensor, entry).
+    pub fn held_splits<'g>(&self, g: &'g Graph) -> Vec<(&'g str, usize)> {
+        let state = g.inputs.iter().map(|i| &i.name).filter(|n| g.outputs.iter().any(|o| o.name == next_name(n)));
+        (g.params.iter().map(|p| &p.name).chain(state))
+            .flat_map(|n| self.of.get(n).into_iter().flatten().flatten().map(|&a| (n.as_str(), a)))
+            .collect()
+    }
 }
 
 /// Pairs `(operand dim, result dim)` of operand `i` of `n` that are the same dimension, so a
@@ -224,28 +241,68 @@ fn reshape_groups(ins: &[usize], out: &[usize]) -> Vec<(Range<usize>, Range<usiz
 pub fn reshape_layout(mesh: &Mesh, ins: &[usize], layout: &[Option<usize>], out: &[usize]) -> Layout {
     let mut result = vec![None; out.len()];
     for (gi, go) in reshape_groups(ins, out) {
-        let Some((axis, pre, mut left)) = flattened(mesh, ins, layout, gi) else { continue };
-        let mut at = pre;
-        let mut cut = Vec::new();
-        for d in go.filter(|&d| out[d] > 1) {
-            if left == 1 {
-                break;
-            }
-            let f = if left.is_multiple_of(out[d]) { out[d] } else { left };
-            if !out[d].is_multiple_of(f) {
-                break;
-            }
-            cut.push((d, mesh.part(axis, at, f)));
-            at *= f;
-            left /= f;
-        }
-        if left == 1 {
-            for (d, a) in cut {
-                result[d] = Some(a);
-            }
+        let Some((axis, pre, size)) = flattened(mesh, ins, layout, gi) else { continue };
+        for (d, a) in cut_run(mesh, out, go, axis, pre, size).unwrap_or_default() {
+            result[d] = Some(a);
         }
     }
     result
+}
+
+/// The factors of `axis` after `pre`, `size` of them in all, cut over the `dims` of a tensor
+/// of `shape`, major to minor — whole dims first, then a divisor of the next — so that each
+/// device's block is one contiguous run of the flattened dims: (dim, entry) pairs, `None`
+/// when the factors do not fit.
+fn cut_run(
+    mesh: &Mesh,
+    shape: &[usize],
+    dims: Range<usize>,
+    axis: usize,
+    pre: usize,
+    size: usize,
+) -> Option<Vec<(usize, usize)>> {
+    let (mut at, mut left, mut cut) = (pre, size, Vec::new());
+    for d in dims.filter(|&d| shape[d] > 1) {
+        if left == 1 {
+            break;
+        }
+        let f = if left.is_multiple_of(shape[d]) { shape[d] } else { left };
+        if !shape[d].is_multiple_of(f) {
+            break;
+        }
+        cut.push((d, mesh.part(axis, at, f)));
+        at *= f;
+        left /= f;
+    }
+    (left == 1).then_some(cut)
+}
+
+/// For a reshape from `ins` to `out` that loses the split of operand dim `d` over `entry`:
+/// the operand layout `layout` with that split spread instead over the dims reshaped
+/// together with `d`, as one run (`cut_run`: sub-axes of `entry`'s axis where the run spans
+/// several dims), and the result's layout, which keeps it. `None` when no such run fits,
+/// the reshape would still lose it, or another entry splits those dims.
+pub fn reshape_run_layout(
+    mesh: &Mesh,
+    ins: &[usize],
+    layout: &[Option<usize>],
+    out: &[usize],
+    d: usize,
+    entry: usize,
+) -> Option<(Layout, Layout)> {
+    let (gi, _) = reshape_groups(ins, out).into_iter().find(|(gi, _)| gi.contains(&d))?;
+    if gi.clone().any(|k| k != d && layout[k].is_some()) {
+        return None;
+    }
+    let (axis, pre, size) = mesh.split(entry);
+    let mut run = layout.to_vec();
+    run[d] = None;
+    for (k, a) in cut_run(mesh, ins, gi, axis, pre, size)? {
+        run[k] = Some(a);
+    }
+    let result = reshape_layout(mesh, ins, &run, out);
+    let kept = result.iter().flatten().any(|&a| mesh.overlaps(a, entry));
+    (kept && run.as_slice() != layout).then_some((run, result))
 }
 
 /// The split of the dims `group` of a tensor of `shape` laid out `layout`, read as one
@@ -365,7 +422,13 @@ pub fn propagate(g: &Graph, info: &Info, mesh: &Mesh, seeds: BTreeMap<String, Se
         }
     }
     debug_assert!(of.iter().all(|(t, l)| mesh.fits(&info.types[t].shape, l)));
-    Layouts { mesh: mesh.clone(), of, source }
+    let computed = |o: &String| g.nodes.iter().any(|n| &n.name == o);
+    let next_state = |o: &String| g.inputs.iter().any(|i| &next_name(&i.name) == o);
+    let free_outputs = (g.outputs.iter().map(|o| &o.name))
+        .filter(|o| computed(o) && !next_state(o) && matches!(source[*o], Source::Propagated | Source::Default))
+        .cloned()
+        .collect();
+    Layouts { mesh: mesh.clone(), of, source, free_outputs }
 }
 
 /// `--dump-after layout`: the mesh, then every tensor in graph order with its global type,
@@ -430,5 +493,23 @@ mod tests {
         // A sub-axis splits further into its own factors.
         let (a, b) = (m8.part(0, 2, 2), m8.part(0, 4, 2));
         assert_eq!(reshape_layout(&m8, &[16], &[Some(m8.part(0, 2, 4))], &[2, 8]), vec![Some(a), Some(b)]);
+    }
+
+    #[test]
+    fn a_lost_split_spread_over_the_reshaped_dims_as_sub_axes_is_kept() {
+        let m4 = Mesh::numbered(&[4], Topology::Mesh);
+        // [2, 16] with 16 split 4 ways merges to [32] only if each device holds a contiguous
+        // run: 2 x 2 blocks, row-major, are the 4 quarters of 32.
+        let (hi, lo) = (m4.part(0, 1, 2), m4.part(0, 2, 2));
+        let run = reshape_run_layout(&m4, &[2, 16], &[None, Some(0)], &[32], 1, 0);
+        assert_eq!(run, Some((vec![Some(hi), Some(lo)], vec![Some(0)])));
+        // Dims outside the group keep their split; the whole axis on the major dim needs no
+        // sub-axes.
+        let m24 = Mesh::numbered(&[2, 4], Topology::Mesh);
+        let run = reshape_run_layout(&m24, &[2, 4, 8], &[Some(0), None, Some(1)], &[2, 32], 2, 1);
+        assert_eq!(run, Some((vec![Some(0), Some(1), None], vec![Some(0), Some(1)])));
+        // No run fits (6 x 4 cut 4 ways straddles rows), or another entry splits the group.
+        assert_eq!(reshape_run_layout(&m4, &[6, 4], &[None, Some(0)], &[24], 1, 0), None);
+        assert_eq!(reshape_run_layout(&m24, &[2, 16], &[Some(0), Some(1)], &[32], 1, 1), None);
     }
 }

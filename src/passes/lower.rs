@@ -12,7 +12,9 @@
 //! - a split to add: a local slice, no communication.
 //!
 //! Contractions (matmul, einsum) and reductions keep a split contracted/reduced dimension
-//! split and all-reduce the partial results; softmax and layer_norm over a split axis are
+//! split and all-reduce the partial results — or reduce-scatter them, when only elementwise
+//! ops read them on the way to graph outputs the spec leaves free (`scatter_plan`: those ops
+//! then run split, and the outputs stay split for the runner to assemble); softmax and layer_norm over a split axis are
 //! decomposed so that their statistics (max and sum; mean and variance) are combined over the
 //! axis. Params are held whole by every device (they are mapped from the artifact) and each
 //! device slices its block locally; compile folds those slices into per-device weights.
@@ -21,7 +23,7 @@
 //! Every device's program has the same nodes in the same order (SPMD), so a collective is
 //! named alike on all members of its group; only the bounds of local slices differ.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use anyhow::{bail, Result};
 use meshc_ir::infer::{attr_int, attr_ints, norm_axis};
@@ -47,6 +49,10 @@ pub struct Lowered {
     pub why: BTreeMap<String, Why>,
     /// Params a reader slices other than the spec's explicit layout says.
     pub overridden: Vec<Overridden>,
+    /// Partial sums all-reduced where a reduce_scatter would have done but for the layouts
+    /// the spec's `layouts` entries give some tensors: node -> those tensors (`explain`
+    /// suggests leaving them free).
+    pub pinned: BTreeMap<String, Vec<String>>,
 }
 
 /// A param the spec gives a layout explicitly, read by `node` in another one. Every device
@@ -75,6 +81,7 @@ impl Lowered {
             io_stages: BTreeMap::new(),
             why: BTreeMap::new(),
             overridden: Vec::new(),
+            pinned: BTreeMap::new(),
         }
     }
 }
@@ -95,6 +102,11 @@ struct Lower<'a> {
     cause: Option<Why>,
     why: BTreeMap<String, Why>,
     overridden: Vec<Overridden>,
+    /// Layouts `scatter_plan` changed from the layout pass's.
+    relaid: HashMap<String, Layout>,
+    /// The mesh axes that split a param or state (`Layouts::held_splits`).
+    model_axes: BTreeSet<usize>,
+    pinned: BTreeMap<String, Vec<String>>,
 }
 
 fn groups_attr(groups: Vec<Vec<usize>>) -> Attr {
@@ -312,7 +324,7 @@ impl Lower<'_> {
             self.split_locally(t, t, &whole, to)
         } else {
             let src = self.home[t].clone();
-            let layout = self.layouts.of[t].clone();
+            let layout = self.layout_of(t);
             let rule = self.operand_rule(n, i, &layout, to);
             self.cause = Some(self.cause(n, t, self.mesh.layout_string(&layout), to, rule));
             let v = self.reshard(t, &src, &layout, &[], "sum", to);
@@ -357,14 +369,29 @@ impl Lower<'_> {
             Op::ScatterElements if self.adds_into_zeros(n) => self.scatter_add(n, out),
             _ => self.slicewise(n, out),
         };
+        let mut out = out.clone();
+        let mut rule = match n.op {
+            Op::MatMul | Op::Einsum => Rule::ContractionOverSplitDim,
+            Op::ScatterElements => Rule::ScatterAddOfSplitUpdates,
+            _ => Rule::ReductionOverSplitDim,
+        };
+        if !partial.is_empty() {
+            match self.scatter_plan(n, &natural, &partial, &out) {
+                Ok(plan) => {
+                    out = plan[&n.name].clone();
+                    self.relaid.extend(plan);
+                    rule = Rule::PartialSumScattered;
+                }
+                Err(pinned) if !pinned.is_empty() => {
+                    self.pinned.insert(n.name.clone(), pinned);
+                }
+                Err(_) => {}
+            }
+        }
+        let out = &out;
         let result = if natural == *out && partial.is_empty() {
             local
         } else {
-            let rule = match n.op {
-                Op::MatMul | Op::Einsum => Rule::ContractionOverSplitDim,
-                Op::ScatterElements => Rule::ScatterAddOfSplitUpdates,
-                _ => Rule::ReductionOverSplitDim,
-            };
             let axes: Vec<String> = partial.iter().map(|&a| self.mesh.entry_name(a)).collect();
             let from = format!("{} partial({})", self.mesh.layout_string(&natural), axes.join(", "));
             self.cause = Some(self.cause(n, &n.name, from, out, rule));
@@ -378,7 +405,112 @@ impl Lower<'_> {
 
     /// The layout global tensor `t` was given (a param's is where it prefers to be sliced).
     fn current(&self, t: &str) -> Layout {
-        self.layouts.of[t].clone()
+        self.layout_of(t)
+    }
+
+    /// The layout of `t`: the layout pass's, unless `scatter_plan` changed it.
+    fn layout_of(&self, t: &str) -> Layout {
+        self.relaid.get(t).unwrap_or(&self.layouts.of[t]).clone()
+    }
+
+    /// The layouts under which the partial sum `n` (held in `natural`, partial over
+    /// `partial`) is reduce-scattered instead of all-reduced into `out`. That needs every
+    /// reader of it, and of theirs, to be elementwise, up to graph outputs the spec leaves
+    /// free (`Layouts::free_outputs`), and for each axis the all_reduce would combine a dim
+    /// of `n` whose split those readers carry to their results; they then run split (their
+    /// other operands sliced locally, never moved: none of those may hold a factor of the
+    /// axis) and the outputs stay split, gathered by the runner on the host, which is no
+    /// mesh link. On a ring that halves the bytes (GSPMD all-reduces there, and splits the
+    /// elementwise tail only if an output sharding asks for it). Gives the new layouts of `n`
+    /// and the readers. Only over axes that split a param or state (model parallelism): a
+    /// data-parallel partial sum stays an all_reduce, the collective the runner re-plans
+    /// around a lost device (a reduce_scatter's block of a lost member goes to no one).
+    /// `Err(ts)` when only the spec's `layouts` entries of the tensors `ts` stand in the way
+    /// (a dim-name rule, which pins every tensor of those dims, does not count: no change to
+    /// one tensor's entry would free it).
+    fn scatter_plan(
+        &self,
+        n: &Node,
+        natural: &Layout,
+        partial: &[usize],
+        out: &Layout,
+    ) -> std::result::Result<HashMap<String, Layout>, Vec<String>> {
+        let mesh = self.mesh;
+        let axes: Vec<usize> = partial.iter().copied().filter(|&a| !out.contains(&Some(a))).collect();
+        if axes.is_empty() || !axes.iter().all(|&a| self.model_axes.contains(&mesh.split(a).0)) {
+            return Err(Vec::new());
+        }
+        // The readers, and theirs, in graph order.
+        let mut names: BTreeSet<&str> = BTreeSet::from([n.name.as_str()]);
+        let mut chain: Vec<&Node> = Vec::new();
+        for &k in &self.info.order {
+            let r = &self.g.nodes[k];
+            if r.name != n.name && r.inputs.iter().any(|i| names.contains(i.as_str())) {
+                if !r.op.is_elementwise() {
+                    return Err(Vec::new());
+                }
+                names.insert(&r.name);
+                chain.push(r);
+            }
+        }
+        let mut pinned = Vec::new();
+        for &t in &names {
+            match self.layouts.source.get(t) {
+                Some(Source::Spec) => pinned.push(t.to_string()),
+                Some(Source::Rule) => return Err(Vec::new()),
+                _ if self.g.outputs.iter().any(|o| o.name == t) && !self.layouts.free_outputs.contains(t) => {
+                    return Err(Vec::new())
+                }
+                _ => {}
+            }
+        }
+        let mut plan: HashMap<String, Layout> = names.iter().map(|&t| (t.to_string(), self.layout_of(t))).collect();
+        for a in axes {
+            let fits = |plan: &HashMap<String, Layout>, t: &str, d: usize| {
+                let l = &plan[t];
+                l[d].is_none()
+                    && !self.overlaps_any(l.iter().flatten(), a)
+                    && self.global(t).shape[d].is_multiple_of(mesh.shards(a))
+            };
+            // The dim of each tensor of the chain that `a` splits, from a dim of `n`'s.
+            let carry = |d0: usize| -> Option<HashMap<&str, usize>> {
+                if natural[d0].is_some() || !fits(&plan, &n.name, d0) {
+                    return None;
+                }
+                let mut dim_of: HashMap<&str, usize> = HashMap::from([(n.name.as_str(), d0)]);
+                for r in &chain {
+                    let mut at = None;
+                    for (i, t) in r.inputs.iter().enumerate() {
+                        let Some(&d) = dim_of.get(t.as_str()) else { continue };
+                        let dr = corresponding_dims(r, i, self.info).into_iter().find(|p| p.0 == d)?.1;
+                        if at.is_some_and(|x| x != dr) {
+                            return None;
+                        }
+                        at = Some(dr);
+                    }
+                    let dr = at?;
+                    let moved = |t: &String| {
+                        !dim_of.contains_key(t.as_str())
+                            && !self.g.params.iter().any(|p| &p.name == t)
+                            && self.overlaps_any(self.layout_of(t).iter().flatten(), a)
+                    };
+                    if !fits(&plan, &r.name, dr) || r.inputs.iter().any(moved) {
+                        return None;
+                    }
+                    dim_of.insert(&r.name, dr);
+                }
+                Some(dim_of)
+            };
+            let dims = (0..natural.len()).find_map(carry).ok_or_else(Vec::new)?;
+            for (t, d) in dims {
+                plan.get_mut(t).expect("in the chain")[d] = Some(a);
+            }
+        }
+        if pinned.is_empty() {
+            Ok(plan)
+        } else {
+            Err(pinned)
+        }
     }
 
     /// Whether entry `a` shares a factor of a mesh axis with one of `used`.
@@ -790,12 +922,16 @@ pub fn lower(g: &Graph, info: &Info, layouts: &Layouts) -> Result<Lowered> {
         cause: None,
         why: BTreeMap::new(),
         overridden: Vec::new(),
+        relaid: HashMap::new(),
+        model_axes: layouts.held_splits(g).into_iter().map(|(_, a)| mesh.split(a).0).collect(),
+        pinned: BTreeMap::new(),
     };
     for &k in &info.order {
         let n = &g.nodes[k];
-        l.node(n, &layouts.of[&n.name])?;
+        let out = l.layout_of(&n.name);
+        l.node(n, &out)?;
     }
-    let io = |list: &mut dyn Iterator<Item = &String>| list.map(|t| (t.clone(), layouts.of[t].clone())).collect();
+    let io = |list: &mut dyn Iterator<Item = &String>| list.map(|t| (t.clone(), l.layout_of(t))).collect();
     let inputs = io(&mut g.inputs.iter().map(|i| &i.name));
     let mut outputs: Vec<(String, Layout)> = io(&mut g.outputs.iter().map(|o| &o.name));
     for (name, layout) in &mut outputs {
@@ -813,6 +949,7 @@ pub fn lower(g: &Graph, info: &Info, layouts: &Layouts) -> Result<Lowered> {
         io_stages: BTreeMap::new(),
         why: l.why,
         overridden: l.overridden,
+        pinned: l.pinned,
     })
 }
 

@@ -111,7 +111,7 @@ impl Join<'_> {
                 .map(|d| match la[d] {
                     None => vec![(0, rb[d].clone())],
                     Some(ax) => {
-                        let bs = shape[d] / ma.mesh.shape[ax];
+                        let bs = shape[d] / ma.mesh.shards(ax);
                         if rb[d].is_empty() || bs == 0 {
                             return vec![(0, rb[d].clone())];
                         }
@@ -127,10 +127,7 @@ impl Join<'_> {
                 let blocks: Vec<usize> = (0..shape.len()).map(|d| per_dim[d][idx[d]].0).collect();
                 let range: Vec<Range<usize>> = (0..shape.len()).map(|d| per_dim[d][idx[d]].1.clone()).collect();
                 let holders: Vec<usize> = (0..ma.devices.len())
-                    .filter(|&i| {
-                        let c = ma.mesh.coords(i);
-                        (0..shape.len()).all(|d| la[d].is_none_or(|ax| c[ax] == blocks[d]))
-                    })
+                    .filter(|&i| (0..shape.len()).all(|d| la[d].is_none_or(|ax| ma.mesh.coord(i, ax) == blocks[d])))
                     .collect();
                 // A device that holds the piece itself takes it locally.
                 let src = holders.iter().copied().find(|&i| ma.devices[i] == gj).unwrap_or(holders[j % holders.len()]);
@@ -430,7 +427,8 @@ pub fn join(g: &Graph, info: &Info, mesh: &Mesh, p: &Placement, stages: &[Lowere
     // routes (and so the busiest link) may differ.
     crate::attribution::price(mesh, &j.devices, &mut j.why)?;
     let overridden = stages.iter().flat_map(|l| l.overridden.iter().cloned()).collect();
-    Ok(Lowered { mesh: mesh.clone(), devices: j.devices, inputs, outputs, io_stages, why: j.why, overridden })
+    let pinned = stages.iter().flat_map(|l| l.pinned.clone()).collect();
+    Ok(Lowered { mesh: mesh.clone(), devices: j.devices, inputs, outputs, io_stages, why: j.why, overridden, pinned })
 }
 
 /// Records on every send and its recv whether the sent tensor is dead on the sender after

@@ -36,7 +36,9 @@ type Collective = (String, String, Vec<Vec<i64>>);
 
 /// The collectives every device of a case runs, in program order: (op, the lowered node it
 /// defines, the mesh axes its groups span). Data-parallel inference needs none; Megatron-style
-/// layouts one all_reduce after each row-split matmul; the rest what their splits imply.
+/// layouts one all_reduce after each row-split matmul — a reduce_scatter where only
+/// elementwise ops lead from it to outputs the spec leaves free (which then stay split); the
+/// rest what their splits imply.
 #[rustfmt::skip]
 const COMMUNICATION: &[(&str, &[Stated])] = &[
     // The batch passes through convs and pools; only scatter_elements along the batch axis
@@ -62,7 +64,8 @@ const COMMUNICATION: &[(&str, &[Stated])] = &[
     ("mlp-dp-2x4", &[]),
     ("mlp-mp-2x4", &[("all_reduce", "y", &["model"])]),
     ("mlp-mp-4", &[("all_reduce", "y", &["model"])]),
-    ("mlp-mp-8", &[("all_reduce", "y", &["model"])]),
+    // y is an output the spec leaves free (mp-4 gives it [-, -]).
+    ("mlp-mp-8", &[("reduce_scatter", "y", &["model"])]),
     // x split on embed, the dim h contracts: the all_reduce moves to h.
     ("mlp-torus-2x4", &[("all_reduce", "h", &["model"])]),
     // Sequence split: keys, values and the mask are gathered along seq for attention.
@@ -85,16 +88,18 @@ const COMMUNICATION: &[(&str, &[Stated])] = &[
     ("transformer-heads-8", &[
         ("all_reduce", "scores", &["model:(4)2"]),
         ("all_reduce", "o", &["model"]),
-        ("all_reduce", "f2", &["model"]),
+        ("reduce_scatter", "f2", &["model"]),
     ]),
+    // The rule batch -> data pins f2, f2_b and y: f2 stays an all_reduce.
     ("transformer-mp-2x4", &[("all_reduce", "o", &["model"]), ("all_reduce", "f2", &["model"])]),
-    ("transformer-mp-4", &[("all_reduce", "o", &["model"]), ("all_reduce", "f2", &["model"])]),
+    // f2 reaches the free output y through adds only: reduce-scattered, y left split on seq.
+    ("transformer-mp-4", &[("all_reduce", "o", &["model"]), ("reduce_scatter", "f2", &["model"])]),
     // 8 shards of qkv over 4 heads x 2 halves of head_dim (model:(1)4, model:(4)2): the
     // scores are partial sums over the halves, added by one all_reduce within each pair.
     ("transformer-mp-8", &[
         ("all_reduce", "scores", &["model:(4)2"]),
         ("all_reduce", "o", &["model"]),
-        ("all_reduce", "f2", &["model"]),
+        ("reduce_scatter", "f2", &["model"]),
     ]),
     // probs split on heads, h2 on embed: layer_norm combines its two statistics over model.
     ("transformer-torus-2x4", &[

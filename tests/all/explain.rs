@@ -106,3 +106,85 @@ proptest! {
         prop_assert_eq!(predicted, counted, "{} on {:?}", dir.display(), mesh.shape);
     }
 }
+
+/// A reshape that merges [2, 16] into [32] loses a 4-way split of the 16 (each device's
+/// block straddles the rows); laid out as 2 x 2 blocks — sub-axes `model:(1)2`, `model:(2)2`
+/// — the quarters are contiguous and the merge keeps them. explain suggests that layout, and
+/// the spec that follows it moves nothing and still computes what one device does.
+#[test]
+fn a_reshape_that_loses_a_split_gets_a_sub_axis_layout_suggested() {
+    let dir = crate::common::scratch("explain-sub-axis");
+    let graph = dir.join("graph.txt");
+    std::fs::write(
+        &graph,
+        "graph runs {\n  input x: f32[2,16]\n  param w: f32[16,16] = init normal{seed = 1, std = 0.3}\n  \
+         h = matmul(x, w)\n  r = reshape(h) {shape = [32]}\n  y = tanh(r)\n  output y\n}\n",
+    )
+    .unwrap();
+    let spec = |layouts: &str| {
+        let path = dir.join(format!("spec{}.json", layouts.len()));
+        let text = format!(
+            r#"{{"format": "meshc-layout/1", "mesh": {{"shape": [4], "axes": ["model"]}}, "layouts": {{{layouts}}}}}"#
+        );
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let graph = graph.display().to_string();
+    let lost = meshc(&["explain", &graph, "--layout", &spec(r#""w": [null, "model"]"#)]);
+    assert_eq!(lost.status, Some(0), "{lost:?}");
+    assert!(lost.stdout.contains("all_gather     h.all_gather"), "{}", lost.stdout);
+    assert!(lost.stdout.contains("reshape cannot keep the split"), "{}", lost.stdout);
+    let fix = "give 'h' the layout [model:(1)2, model:(2)2] in the spec (its model blocks as one run over the dims \
+               'r' reshapes together): 'r' keeps it, as [model]";
+    assert!(lost.stdout.contains(fix), "{}", lost.stdout);
+    let kept = spec(r#""w": [null, "model"], "h": ["model:(1)2", "model:(2)2"]"#);
+    let run = meshc(&["explain", &graph, "--layout", &kept]);
+    assert!(run.stdout.contains("communication: 0 step(s)"), "{}", run.stdout);
+    assert!(run.stdout.contains("  y [model]\n"), "{}", run.stdout);
+    let x = dir.join("x.npy");
+    let v: Vec<f32> = (0..32).map(|i| (i % 7) as f32 / 3.0 - 1.0).collect();
+    Tensor::new(vec![2, 16], meshc_ir::Data::F32(v)).write_npy(&x).unwrap();
+    let input = format!("x={}", x.display());
+    let (got, want) = (dir.join("got.npy"), dir.join("want.npy"));
+    let r = meshc(&["run", &graph, "--layout", &kept, "--input", &input, "--output", &format!("y={}", got.display())]);
+    assert_eq!(r.status, Some(0), "{r:?}");
+    let r = meshc(&["interp", &graph, "--input", &input, "--output", &format!("y={}", want.display())]);
+    assert_eq!(r.status, Some(0), "{r:?}");
+    let (got, want) = (Tensor::read_npy(&got).unwrap(), Tensor::read_npy(&want).unwrap());
+    crate::common::assert_close("y", &got, &want).unwrap();
+}
+
+/// The MLP on a 4-way model axis: y, a partial sum over the axis, is an output. mp-4 pins it
+/// replicated, so it is all-reduced and explain says which spec entry keeps it so; without
+/// that entry it is reduce-scattered, left split for the runner to assemble, and the run
+/// still gives the expected outputs.
+#[test]
+fn a_pinned_output_that_keeps_a_partial_sum_whole_gets_freeing_it_suggested() {
+    let graph = "testdata/mlp/graph.json";
+    let pinned = meshc(&["explain", graph, "--layout", "testdata/mlp/layouts/mp-4.json"]);
+    assert_eq!(pinned.status, Some(0), "{pinned:?}");
+    assert!(pinned.stdout.contains("all_reduce     y "), "{}", pinned.stdout);
+    let fix = "y (24576 bytes): drop the layout of 'y' from the spec: 'y' would be reduce-scattered instead";
+    assert!(pinned.stdout.contains(fix), "{}", pinned.stdout);
+    let dir = crate::common::scratch("explain-free-output");
+    let spec = dir.join("mp-4-free.json");
+    let original = std::fs::read_to_string("testdata/mlp/layouts/mp-4.json").unwrap();
+    let free = original.replace(r#", "y": [null, null]"#, "");
+    assert_ne!(free, original, "mp-4 pins y");
+    std::fs::write(&spec, free).unwrap();
+    let spec = spec.to_str().unwrap();
+    let json = meshc(&["explain", graph, "--layout", spec, "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    let entries = v["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{}", json.stdout);
+    assert_eq!(entries[0]["step"], "reduce_scatter");
+    assert_eq!(entries[0]["rule"], "partial_sum_scattered");
+    assert_eq!(entries[0]["to"], "[model, -]");
+    assert!(v["bytes"].as_u64().unwrap() < 24576, "{}", json.stdout);
+    assert_eq!(v["split_outputs"][0], serde_json::json!(["y", "[model, -]"]));
+    let mut args = vec!["run".to_string(), graph.into(), "--layout".into(), spec.into()];
+    args.extend(crate::common::input_args(std::path::Path::new(graph)));
+    args.extend(["--check-against".into(), "testdata/mlp/expected".into()]);
+    let run = meshc(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(run.status, Some(0), "{run:?}");
+}

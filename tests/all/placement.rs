@@ -1,7 +1,7 @@
 //! Placement and send/recv through the real binary. The placed specs of testdata
 //! (`testdata/*/layouts/{stages,pipeline}-*.json`, `design-2x4`, `embed-on-0`: explicit and
 //! automatic stages, with and without per-stage layouts, stages sharing devices, with and
-//! without micro-batches)
+//! without micro-batches, with sub-axis layouts carried across stages)
 //! already give the single-device answer in tests/all/distributed.rs (reference execution,
 //! `meshc run GRAPH`, compiled artifacts); here:
 //! - each states the transfers it costs (`TRANSFERS`), read from `meshc inspect`;
@@ -51,9 +51,24 @@ const TRANSFERS: &[(&str, &[Pair])] = &[
         ("h2.mb0:3->5", 1024, "copy"), ("h2.mb0:3->7", 1024, "move"), ("h2.mb1:3->5", 1024, "copy"), ("h2.mb1:3->7", 1024, "move"),
         ("f1_b.mb0:4->6", 2048, "move"), ("f1_b.mb1:4->6", 2048, "move"), ("f1_b.mb0:5->7", 2048, "move"), ("f1_b.mb1:5->7", 2048, "move"),
     ]),
+    // Sub-axes under a placement, micro-batched: ctx leaves stage 0 as [-, model:(1)2, -,
+    // model:(2)2] and stage 1 reads it with the two factors swapped, so device 1 (heads
+    // block 0, head_dim block 1) sends to device 6 and device 2 to device 5.
+    ("transformer-pipeline-sub-2x4", &[
+        ("h.mb0:0->4", 1024, "copy"), ("ctx.mb0:0->4", 256, "move"), ("h.mb1:0->4", 1024, "copy"), ("ctx.mb1:0->4", 256, "move"),
+        ("h.mb0:1->5", 1024, "copy"), ("ctx.mb0:1->6", 256, "move"), ("h.mb1:1->5", 1024, "copy"), ("ctx.mb1:1->6", 256, "move"),
+        ("h.mb0:2->6", 1024, "copy"), ("ctx.mb0:2->5", 256, "move"), ("h.mb1:2->6", 1024, "copy"), ("ctx.mb1:2->5", 256, "move"),
+        ("h.mb0:3->7", 1024, "copy"), ("ctx.mb0:3->7", 256, "move"), ("h.mb1:3->7", 1024, "copy"), ("ctx.mb1:3->7", 256, "move"),
+    ]),
     // h is still read on device 0 after it is sent (q, k, v): copied; the others move.
     ("transformer-stages-2", &[("h:0->1", 2048, "copy"), ("v_h:0->1", 2048, "move"), ("probs:0->1", 2048, "move")]),
     ("transformer-stages-3", &[("h:0->1", 2048, "copy"), ("h:0->2", 2048, "move"), ("ctx_r:1->2", 2048, "move")]),
+    // Sub-axes under a placement: ctx, split over 2 heads blocks x 2 head_dim halves on
+    // stage 0, is read in the same layout on stage 1: each device sends its counterpart its block.
+    ("transformer-stages-sub-2x4", &[
+        ("h:0->4", 2048, "copy"), ("ctx:0->4", 512, "move"), ("h:1->5", 2048, "copy"), ("ctx:1->5", 512, "move"),
+        ("h:2->6", 2048, "copy"), ("ctx:2->6", 512, "move"), ("h:3->7", 2048, "copy"), ("ctx:3->7", 512, "move"),
+    ]),
     // h split on batch (stage 0) goes whole to stage 1 and split on seq to stage 2; ctx_r
     // split on qkv goes split on seq; h2 split on seq goes whole to both devices of stage 3.
     ("transformer-stages-4x2", &[
