@@ -49,8 +49,9 @@ const COMMUNICATION: &[(&str, &[Stated])] = &[
         ("all_gather", "su2.all_gather", &["data"]),
     ]),
     // Output channels split: the depthwise conv and the pools keep the split, the grouped
-    // conv (groups = 2 < C) gathers its input, the head contracts over the split channels.
-    ("cnn-mp-2", &[("all_gather", "r1.all_gather", &["model"]), ("all_reduce", "logits", &["model"])]),
+    // conv (groups = 2 < C) gathers its input, the head contracts over the split channels
+    // into a free output, so its partial sum is reduce-scattered and logits stay split.
+    ("cnn-mp-2", &[("all_gather", "r1.all_gather", &["model"]), ("reduce_scatter", "logits", &["model"])]),
     // Both: the spec's batch rule pins the flattened features to [data, -], so they gather.
     ("cnn-dp-mp-2x2", &[
         ("all_gather", "r1.all_gather", &["model"]),
