@@ -51,15 +51,17 @@ pub fn import(
     b.graph.name = builder_name(g);
     let mut values: HashMap<String, Value> = HashMap::new();
     let mut external = External::new(dir);
+    let sources = sources(g);
     for t in &g.initializer {
         let name = t.name.clone().unwrap_or_default();
+        let source = sources.get(&name).cloned().unwrap_or_else(|| name.clone());
         let raw = match tensors::is_external(t) {
             true => external.bytes(t).map(Some),
             false => Ok(t.raw_data.as_deref()),
         };
         let v = raw.and_then(|raw| tensors::tensor_from(t, raw)).map_err(|e| format!("initializer '{name}': {e}"))?;
         let stored = tensors::storage_dtype(t.data_type.unwrap_or(0)).unwrap_or(DType::F32);
-        values.insert(name.clone(), Value::stored(v, &name, stored));
+        values.insert(name, Value::stored(v, &source, stored));
     }
     let mut bound = BTreeSet::new();
     for i in &g.input {
@@ -103,6 +105,49 @@ pub fn import(
         b.graph.outputs.push(Output::new(meshc_name));
     }
     Ok((b.graph, b.params))
+}
+
+/// The initializers named by `folded_name`, by ONNX name. A name two of them would share,
+/// or that another initializer has, is not given: the param names must stay apart.
+fn sources(g: &GraphProto) -> HashMap<String, String> {
+    let mut readers: HashMap<&str, Vec<(&NodeProto, usize)>> = HashMap::new();
+    for n in &g.node {
+        for (k, i) in n.input.iter().enumerate() {
+            readers.entry(i.as_str()).or_default().push((n, k));
+        }
+    }
+    let names: Vec<&str> = g.initializer.iter().filter_map(|t| t.name.as_deref()).collect();
+    let given: Vec<(String, String)> =
+        names.iter().filter_map(|&n| Some((n.to_string(), folded_name(n, &readers)?))).collect();
+    let mut count: HashMap<&str, usize> = names.iter().map(|&n| (n, 1)).collect();
+    for (_, s) in &given {
+        *count.entry(s).or_default() += 1;
+    }
+    given.iter().filter(|(_, s)| count[s.as_str()] == 1).cloned().collect()
+}
+
+/// The name a weight torch.onnx made itself gets. Its constant folding writes a Linear's
+/// transposed weight, or a Conv's weight with the batch norm after it folded in, as a new
+/// initializer named `onnx::MatMul_886`: nothing a layout spec could name. Such a weight
+/// read by one node is named after that node's scope and the ONNX name of the input it is
+/// (`/encoder/layer.0/attention/self/query/MatMul` reading it as B gives
+/// `encoder.layer.0.attention.self.query.MatMul.B`), so `encoder.layer.*.attention.self.*.MatMul.B`
+/// selects the attention projections of every layer.
+fn folded_name(name: &str, readers: &HashMap<&str, Vec<(&NodeProto, usize)>>) -> Option<String> {
+    if !name.starts_with("onnx::") {
+        return None;
+    }
+    let [(node, k)] = readers.get(name)?.as_slice() else { return None };
+    let scope = node.name.as_deref().map(|n| n.trim_matches('/').replace('/', ".")).filter(|n| !n.is_empty())?;
+    let slot = match (node.op_type.as_deref().unwrap_or(""), k) {
+        ("MatMul" | "Gemm" | "Add" | "Sub" | "Mul" | "Div", 0) => "A".to_string(),
+        ("MatMul" | "Gemm" | "Add" | "Sub" | "Mul" | "Div", 1) => "B".to_string(),
+        ("Gemm", 2) => "C".to_string(),
+        ("Conv" | "ConvTranspose", 1) => "W".to_string(),
+        ("Conv" | "ConvTranspose", 2) => "B".to_string(),
+        (_, k) => format!("input{k}"),
+    };
+    Some(format!("{scope}.{slot}"))
 }
 
 fn builder_name(g: &GraphProto) -> String {
