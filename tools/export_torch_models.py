@@ -167,10 +167,10 @@ MODELS = {
                  {"dp-2": {"mesh": {"shape": [2], "axes": ["data"]}, "rules": {"batch": "data"}}}),
     "resnet50": (vision("resnet50", 64), [17], {}),
     "mobilenet_v2": (vision("mobilenet_v2", 64), [13, 17], {}),
-    "mobilenet_v3_small": (vision("mobilenet_v3_small", 64), [17, 18], {}),
+    "mobilenet_v3_small": (vision("mobilenet_v3_small", 64), [15, 16, 17, 18], {}),
     "mobilenet_v3_large": (vision("mobilenet_v3_large", 64), [17], {}),
     "bert": (text("BertModel", "BertConfig", ["last_hidden_state", "pooler_output"], token_types=True,
-                  **SMALL_BERT), [13, 17, 18], {}),
+                  **SMALL_BERT), [13, 14, 15, 16, 17, 18], {}),
     "distilbert": (text("DistilBertModel", "DistilBertConfig", ["last_hidden_state"], vocab_size=512, dim=64,
                         n_layers=2, n_heads=4, hidden_dim=128, max_position_embeddings=64), [13, 17], {}),
     "roberta": (text("RobertaModel", "RobertaConfig", ["last_hidden_state"], **SMALL_BERT), [17, 18], {}),
@@ -179,12 +179,18 @@ MODELS = {
                     max_position_embeddings=128), [17],
                {"megatron-4": {"mesh": {"shape": [4], "axes": ["model"]}, "layouts": MEGATRON_BERT}}),
     "gpt2": (text("GPT2LMHeadModel", "GPT2Config", ["logits"], vocab_size=512, n_embd=64, n_layer=2, n_head=4,
-                  n_positions=64, use_cache=False), [13, 17, 18], {}),
+                  n_positions=64, use_cache=False), [13, 14, 15, 16, 17, 18], {}),
     "causal_lm": (causal_lm, [14, 17, 18], {}),
 }
 
 
-def export(name, opset, out):
+# Exported a second time without the exporter's constant folding (`-nofold`), as
+# `do_constant_folding=False` writes them: batch norms as BatchNormalization nodes, Linear
+# weights behind Transposes, the attention scale as a double Sqrt.
+NO_FOLDING = {"resnet18": 17, "mobilenet_v3_small": 17, "bert": 17, "distilbert": 13, "gpt2": 18, "causal_lm": 17}
+
+
+def export(name, opset, out, fold=True):
     build, _, layouts = MODELS[name]
     torch.manual_seed(sum(map(ord, name)))
     model, make_inputs, output_names, axes, dims = build(opset)
@@ -193,14 +199,15 @@ def export(name, opset, out):
     # shows up as a wrong result rather than passing by coincidence.
     trace = make_inputs(dims["batch"] - 1)
     inputs = make_inputs(dims["batch"])
-    d = os.path.join(out, f"{name}-op{opset}")
+    d = os.path.join(out, f"{name}{'' if fold else '-nofold'}-op{opset}")
     for sub in ["inputs", "expected", "layouts"]:
         os.makedirs(os.path.join(d, sub), exist_ok=True)
     path = os.path.join(d, "model.onnx")
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         torch.onnx.export(model, tuple(trace.values()), path, dynamo=False, opset_version=opset,
-                          input_names=list(trace), output_names=output_names, dynamic_axes=axes)
+                          input_names=list(trace), output_names=output_names, dynamic_axes=axes,
+                          do_constant_folding=fold)
     onnx.checker.check_model(onnx.load(path), full_check=True)
     feeds = {k: v.numpy() for k, v in inputs.items()}
     sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
@@ -223,8 +230,10 @@ def main():
     args = ap.parse_args()
     names = args.only.split(",") if args.only else list(MODELS)
     for name in names:
-        for opset in MODELS[name][1]:
-            d = export(name, opset, args.out)
+        exports = [(opset, True) for opset in MODELS[name][1]]
+        exports += [(NO_FOLDING[name], False)] if name in NO_FOLDING else []
+        for opset, fold in exports:
+            d = export(name, opset, args.out, fold)
             size = os.path.getsize(os.path.join(d, "model.onnx"))
             print(f"exported {d} ({size / 1e6:.1f} MB)", file=sys.stderr)
 
