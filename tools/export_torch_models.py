@@ -2,10 +2,11 @@
 """Exports real PyTorch models with torch.onnx (the TorchScript exporter, dynamo=False) into
 target/torch-models/: torchvision's ResNet-18/50 and MobileNetV2/V3, and transformers'
 BERT, DistilBERT, RoBERTa, a MiniLM-shaped BERT and GPT-2 (the full-sequence graph with its
-causal mask), each built from its config with random weights (nothing is downloaded) and
-kept small except where the shape is the point (ResNet-50, MiniLM).
+causal mask), and a small decoder whose causal mask is a Trilu; each built from its config
+with random weights (nothing is downloaded) and kept small except where the shape is the
+point (ResNet-50, MiniLM). Some are exported a second time without constant folding.
 
-Each export goes to OUT/NAME-opN/ in testdata/onnx's layout: model.onnx, inputs/*.npy,
+Each export goes to OUT/NAME-opN/ (NAME-nofold-opN) in testdata/onnx's layout: model.onnx, inputs/*.npy,
 expected/*.npy (onnxruntime's outputs), dims.txt (the `--dim NAME=N` its dynamic axes need)
 and, for some, layouts/*.json. tools/check_torch_models.py runs them through meshc.
 
@@ -143,6 +144,8 @@ class CausalLM(torch.nn.Module):
 
 
 def causal_lm(opset):
+    """CausalLM, as `vision` and `text` build theirs: (model, inputs of a batch size,
+    output names, dynamic axes, the dims checked)."""
     make = lambda b: {"input_ids": torch.randint(0, 512, (b, 9 if b == 3 else 7))}  # noqa: E731
     axes = {"input_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}}
     return CausalLM(), make, ["logits"], axes, {"batch": 3, "seq": 9}
