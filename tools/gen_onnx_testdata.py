@@ -434,9 +434,9 @@ def half_weights():
 
 def torch_names():
     """Weights named as torch.onnx's constant folding names them: a Linear's transposed weight
-    becomes a new initializer `onnx::MatMul_N`, read by one MatMul. meshc names each after its
-    reader (`encoder.layer.0.attention.self.query.MatMul.B`), which the layout's patterns
-    select; one whose new name another initializer has keeps its own (`onnx__MatMul_9`)."""
+    becomes a new initializer `onnx::MatMul_N` (`val_N` from the torch.export exporter), read
+    by one MatMul. meshc names each after its reader's module scope
+    (`encoder.layer.0.attention.self.query.MatMul.B`), which the layout's patterns select; one whose new name another initializer has keeps its own (`onnx__MatMul_9`)."""
     r = np.random.default_rng(1313)
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])
@@ -453,10 +453,17 @@ def torch_names():
         helper.make_node("MatMul", ["/act_output_0", "onnx::MatMul_8"], ["/d_output_0"], name=d + "/MatMul"),
         # The name onnx::MatMul_9 would get is another initializer's: it keeps its own.
         helper.make_node("MatMul", ["/d_output_0", "onnx::MatMul_9"], ["/e_output_0"], name="/extra/MatMul"),
-        helper.make_node("MatMul", ["/e_output_0", "extra.MatMul.B"], ["y"], name="/other/MatMul"),
+        helper.make_node("MatMul", ["/e_output_0", "extra.MatMul.B"], ["/f_output_0"], name="/other/MatMul"),
+        # As the torch.export-based exporter writes it: numbered names, the module path in
+        # the node's namespace metadata.
+        helper.make_node("MatMul", ["/f_output_0", "val_84"], ["y"], name="node_MatMul_83"),
     ]
+    nodes[-1].metadata_props.add(key="namespace", value=": Model/encoder: Encoder/encoder.layer.0: Layer/"
+                                 "encoder.layer.0.intermediate.dense: torch.nn.modules.linear.Linear/linear: "
+                                 "aten.linear.default")
     inits = [w("onnx::MatMul_7", [8, 16]), w("encoder.layer.0.attention.self.query.bias", [16]),
-             w("onnx::MatMul_8", [16, 8]), w("onnx::MatMul_9", [8, 8]), w("extra.MatMul.B", [8, 8])]
+             w("onnx::MatMul_8", [16, 8]), w("onnx::MatMul_9", [8, 8]), w("extra.MatMul.B", [8, 8]),
+             w("val_84", [8, 8])]
     g = helper.make_graph(nodes, "torch_names", [x], [y], inits)
     save("torch_names", g, {"x": r.standard_normal((4, 8)).astype(np.float32)}, {"batch": 4})
 

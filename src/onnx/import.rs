@@ -128,18 +128,35 @@ fn sources(g: &GraphProto) -> HashMap<String, String> {
 
 /// The name a weight torch.onnx made itself gets. Its constant folding writes a Linear's
 /// transposed weight, or a Conv's weight with the batch norm after it folded in, as a new
-/// initializer named `onnx::MatMul_886`: nothing a layout spec could name. Such a weight
-/// read by one node is named after that node's scope and the ONNX name of the input it is
-/// (`/encoder/layer.0/attention/self/query/MatMul` reading it as B gives
-/// `encoder.layer.0.attention.self.query.MatMul.B`), so `encoder.layer.*.attention.self.*.MatMul.B`
-/// selects the attention projections of every layer.
+/// initializer named by number (`onnx::MatMul_886` from the TorchScript exporter, `val_84`
+/// from the torch.export one): nothing a layout spec could name. Such a weight read by one
+/// node is named after that node's module scope, the node and the ONNX name of the input it
+/// is: `/encoder/layer.0/attention/self/query/MatMul` reading it as B (or a MatMul whose
+/// `namespace` metadata ends in the module `encoder.layer.0.attention.self.query`) gives
+/// `encoder.layer.0.attention.self.query.MatMul.B`, so `encoder.layer.*.attention.self.*.MatMul.B`
+/// selects the attention projections of every layer, from either exporter.
 fn folded_name(name: &str, readers: &HashMap<&str, Vec<(&NodeProto, usize)>>) -> Option<String> {
-    if !name.starts_with("onnx::") {
+    let numbered = name.strip_prefix("val_").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    if !name.starts_with("onnx::") && !numbered {
         return None;
     }
     let [(node, k)] = readers.get(name)?.as_slice() else { return None };
-    let scope = node.name.as_deref().map(|n| n.trim_matches('/').replace('/', ".")).filter(|n| !n.is_empty())?;
-    let slot = match (node.op_type.as_deref().unwrap_or(""), k) {
+    let op = node.op_type.as_deref().unwrap_or("");
+    let scope = match node.name.as_deref().and_then(|n| n.strip_prefix('/')) {
+        // TorchScript: `/scope/of/the/module/Op_1`.
+        Some(path) => path.replace('/', "."),
+        // torch.export: `: Model/encoder: Encoder/.../encoder.layer.0.attention.self.query: Linear/linear: aten.linear.default`,
+        // the last module before the aten op's own entry.
+        None => {
+            let ns = node.metadata_props.iter().find(|p| p.key.as_deref() == Some("namespace"))?.value.as_deref()?;
+            let module = ns.rsplit('/').nth(1)?.split(": ").next()?;
+            format!("{module}.{op}")
+        }
+    };
+    if scope.is_empty() || scope.starts_with('.') {
+        return None;
+    }
+    let slot = match (op, k) {
         ("MatMul" | "Gemm" | "Add" | "Sub" | "Mul" | "Div", 0) => "A".to_string(),
         ("MatMul" | "Gemm" | "Add" | "Sub" | "Mul" | "Div", 1) => "B".to_string(),
         ("Gemm", 2) => "C".to_string(),

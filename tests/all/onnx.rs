@@ -109,8 +109,8 @@ fn imported_graphs_keep_onnx_names_fold_shapes_and_name_dims() {
     }
 }
 
-/// The weights torch.onnx's folding names `onnx::MatMul_N` are named after the node that
-/// reads them and its input (the layout of testdata/onnx/torch_names selects them so); one
+/// The weights torch.onnx's folding names `onnx::MatMul_N` (`val_N` from the torch.export
+/// exporter) are named after the node that reads them and its input (the layout of testdata/onnx/torch_names selects them so); one
 /// whose new name another initializer has keeps its own.
 #[test]
 fn weights_torch_named_by_number_are_named_after_their_reader() {
@@ -125,6 +125,7 @@ fn weights_torch_named_by_number_are_named_after_their_reader() {
         "param encoder.layer.0.output.dense.MatMul.B: f32[16,8]",
         "param onnx__MatMul_9: f32[8,8]",
         "param extra.MatMul.B: f32[8,8]",
+        "param encoder.layer.0.intermediate.dense.MatMul.B: f32[8,8]",
     ] {
         assert!(text.contains(want), "no '{want}' in\n{text}");
     }
