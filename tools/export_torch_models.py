@@ -4,9 +4,10 @@ target/torch-models/: torchvision's ResNet-18/50 and MobileNetV2/V3, and transfo
 BERT, DistilBERT, RoBERTa, a MiniLM-shaped BERT and GPT-2 (the full-sequence graph with its
 causal mask), and a small decoder whose causal mask is a Trilu; each built from its config
 with random weights (nothing is downloaded) and kept small except where the shape is the
-point (ResNet-50, MiniLM). Some are exported a second time without constant folding.
+point (ResNet-50, MiniLM). Some are exported again without constant folding, and with
+the torch.export-based exporter (dynamo=True).
 
-Each export goes to OUT/NAME-opN/ (NAME-nofold-opN) in testdata/onnx's layout: model.onnx, inputs/*.npy,
+Each export goes to OUT/NAME-opN/ (NAME-nofold-opN, NAME-dynamo-opN) in testdata/onnx's layout: model.onnx, inputs/*.npy,
 expected/*.npy (onnxruntime's outputs), dims.txt (the `--dim NAME=N` its dynamic axes need)
 and, for some, layouts/*.json. tools/check_torch_models.py runs them through meshc.
 
@@ -15,6 +16,7 @@ venv under target/ with them. Usage: export_torch_models.py [OUT] [--only NAME,.
 """
 
 import argparse
+import inspect
 import json
 import os
 import sys
@@ -191,9 +193,15 @@ MODELS = {
 # `do_constant_folding=False` writes them: batch norms as BatchNormalization nodes, Linear
 # weights behind Transposes, the attention scale as a double Sqrt.
 NO_FOLDING = {"resnet18": 17, "mobilenet_v3_small": 17, "bert": 17, "distilbert": 13, "gpt2": 18, "causal_lm": 17}
+# And with the torch.export-based exporter (`-dynamo`, torch.onnx's default since 2.9): its
+# own decompositions (GatherND, Max, ReduceMean for pooling), dims named s21, s50, ...,
+# weights it made named val_N.
+DYNAMO = {"resnet18": 18, "mobilenet_v3_small": 18, "bert": 20, "gpt2": 18, "roberta": 18, "minilm": 18,
+          "causal_lm": 18}
 
 
-def export(name, opset, out, fold=True):
+def export(name, opset, out, variant=""):
+    """One export into OUT/NAME[-VARIANT]-opOPSET; variant is "", "nofold" or "dynamo"."""
     build, _, layouts = MODELS[name]
     torch.manual_seed(sum(map(ord, name)))
     model, make_inputs, output_names, axes, dims = build(opset)
@@ -202,25 +210,49 @@ def export(name, opset, out, fold=True):
     # shows up as a wrong result rather than passing by coincidence.
     trace = make_inputs(dims["batch"] - 1)
     inputs = make_inputs(dims["batch"])
-    d = os.path.join(out, f"{name}{'' if fold else '-nofold'}-op{opset}")
+    d = os.path.join(out, f"{name}{'-' + variant if variant else ''}-op{opset}")
     for sub in ["inputs", "expected", "layouts"]:
         os.makedirs(os.path.join(d, sub), exist_ok=True)
     path = os.path.join(d, "model.onnx")
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, tuple(trace.values()), path, dynamo=False, opset_version=opset,
-                          input_names=list(trace), output_names=output_names, dynamic_axes=axes,
-                          do_constant_folding=fold)
-    onnx.checker.check_model(onnx.load(path), full_check=True)
+        if variant == "dynamo":
+            # Every axis named in `axes` dynamic; a model taking *args (`returning_tuple`)
+            # gets them as its one parameter.
+            shapes = [{i: torch.export.Dim.AUTO for i in axes[k]} for k in trace]
+            params = list(inspect.signature(model.forward).parameters.values())
+            var = params[0].kind == inspect.Parameter.VAR_POSITIONAL
+            dynamic = {params[0].name: tuple(shapes)} if var else dict(zip((p.name for p in params), shapes))
+            torch.onnx.export(model, tuple(trace.values()), path, dynamo=True, opset_version=opset,
+                              input_names=list(trace), output_names=output_names, dynamic_shapes=dynamic,
+                              external_data=False, verbose=False)
+        else:
+            torch.onnx.export(model, tuple(trace.values()), path, dynamo=False, opset_version=opset,
+                              input_names=list(trace), output_names=output_names, dynamic_axes=axes,
+                              do_constant_folding=variant != "nofold")
+    exported = onnx.load(path)
+    onnx.checker.check_model(exported, full_check=True)
     feeds = {k: v.numpy() for k, v in inputs.items()}
     sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     for k, v in feeds.items():
         np.save(os.path.join(d, "inputs", k + ".npy"), v)
     for o, v in zip(sess.get_outputs(), sess.run(None, feeds)):
         np.save(os.path.join(d, "expected", o.name + ".npy"), v)
+    # The dims as the model names them (torch.export names its own: s21, s50, ...).
+    named = {}
+    for i in exported.graph.input:
+        if i.name in feeds:
+            for dim, size in zip(i.type.tensor_type.shape.dim, feeds[i.name].shape):
+                if dim.dim_param:
+                    named[dim.dim_param] = size
+    assert set(named.values()) <= set(dims.values()), (named, dims)
     with open(os.path.join(d, "dims.txt"), "w") as f:
-        f.write("".join(f"{k}={v}\n" for k, v in dims.items()))
+        f.write("".join(f"{k}={v}\n" for k, v in named.items()))
     for stem, spec in layouts.items():
+        # A rule names a dim as the checked dims do (batch); torch.export names it its own way.
+        if "rules" in spec:
+            rules = {k: axis for dim, axis in spec["rules"].items() for k, n in named.items() if n == dims[dim]}
+            spec = {**spec, "rules": rules}
         with open(os.path.join(d, "layouts", stem + ".json"), "w") as f:
             json.dump({"format": "meshc-layout/1", **spec}, f, indent=1)
     return d
@@ -233,10 +265,11 @@ def main():
     args = ap.parse_args()
     names = args.only.split(",") if args.only else list(MODELS)
     for name in names:
-        exports = [(opset, True) for opset in MODELS[name][1]]
-        exports += [(NO_FOLDING[name], False)] if name in NO_FOLDING else []
-        for opset, fold in exports:
-            d = export(name, opset, args.out, fold)
+        exports = [(opset, "") for opset in MODELS[name][1]]
+        exports += [(NO_FOLDING[name], "nofold")] if name in NO_FOLDING else []
+        exports += [(DYNAMO[name], "dynamo")] if name in DYNAMO else []
+        for opset, variant in exports:
+            d = export(name, opset, args.out, variant)
             size = os.path.getsize(os.path.join(d, "model.onnx"))
             print(f"exported {d} ({size / 1e6:.1f} MB)", file=sys.stderr)
 
