@@ -57,7 +57,7 @@ onnx-conformance: $(ONNX_VENV)/bin/python
 TORCH_VENV := target/torch-venv
 $(TORCH_VENV)/installed:
 	python3 -m venv $(TORCH_VENV)
-	$(TORCH_VENV)/bin/pip install -q torch==2.15.0 torchvision==0.29.2 transformers==5.24.0 onnx==1.23.2 \
+	$(TORCH_VENV)/bin/pip install -q torch==2.15.0 torchvision==0.29.2 transformers==5.24.0 onnx==1.23.2 onnxscript==0.7.2 \
 		onnxruntime==1.32.0 numpy
 	touch $@
 onnx-models: $(TORCH_VENV)/installed

@@ -11,7 +11,7 @@ Each export goes to OUT/NAME-opN/ (NAME-nofold-opN, NAME-dynamo-opN) in testdata
 expected/*.npy (onnxruntime's outputs), dims.txt (the `--dim NAME=N` its dynamic axes need)
 and, for some, layouts/*.json. tools/check_torch_models.py runs them through meshc.
 
-Needs torch, torchvision, transformers, onnx and onnxruntime: `make onnx-models` makes a
+Needs torch, torchvision, transformers, onnx, onnxscript and onnxruntime: `make onnx-models` makes a
 venv under target/ with them. Usage: export_torch_models.py [OUT] [--only NAME,...]
 """
 
