@@ -3,7 +3,7 @@ CARGO ?= cargo
 MESHC := target/release/meshc
 DEMO := testdata/transformer
 
-.PHONY: help build test golden testdata bench demo fmt lint clean artifacts modules fuzz onnx-proto onnx-testdata onnx-conformance mpi-deps test-mpi mpi-demo
+.PHONY: help build test golden testdata bench demo fmt lint clean artifacts modules fuzz onnx-proto onnx-testdata onnx-conformance onnx-models mpi-deps test-mpi mpi-demo
 
 help:
 	@echo "make demo      build meshc and run the transformer-block example end to end"
@@ -13,6 +13,7 @@ help:
 	@echo "make onnx-testdata  regenerate testdata/onnx/ (a venv under target/ with onnx, onnxruntime)"
 	@echo "make onnx-proto     regenerate src/onnx/proto.rs from src/onnx/onnx.proto (no protoc needed)"
 	@echo "make onnx-conformance  every ONNX backend node test through meshc (a venv under target/ with onnx)"
+	@echo "make onnx-models  real torch.onnx exports (ResNet, MobileNet, BERT, GPT-2, ...) through meshc (a venv with torch, ~6 GB)"
 	@echo "make bench     run the benchmarks"
 	@echo "make fuzz      differential fuzzing of the whole pipeline (FUZZ_CASES=N, ~20 min by default)"
 	@echo "make artifacts compile every testdata graph into out/ (rebuilt only when an input changes)"
@@ -47,6 +48,22 @@ onnx-testdata: $(ONNX_VENV)/bin/python
 onnx-conformance: $(ONNX_VENV)/bin/python
 	$(CARGO) build --release
 	$(ONNX_VENV)/bin/python -W ignore tools/onnx_conformance.py $(MESHC)
+
+# Real models exported by torch.onnx (tools/export_torch_models.py: torchvision's ResNets and
+# MobileNets, transformers' BERT family and GPT-2, at opsets 13 to 18, random weights) through
+# import, interp, compile + run and layouts, against onnxruntime (tools/check_torch_models.py).
+# The venv has PyPI's torch, whose CUDA libraries make it about 6 GB; the versions are pinned
+# so that the exported graphs stay the ones checked. The stamp marks a finished install.
+TORCH_VENV := target/torch-venv
+$(TORCH_VENV)/installed:
+	python3 -m venv $(TORCH_VENV)
+	$(TORCH_VENV)/bin/pip install -q torch==2.15.0 torchvision==0.29.2 transformers==5.24.0 onnx==1.23.2 onnxscript==0.7.2 \
+		onnxruntime==1.32.0 numpy
+	touch $@
+onnx-models: $(TORCH_VENV)/installed
+	$(CARGO) build --release
+	$(TORCH_VENV)/bin/python -W ignore tools/export_torch_models.py
+	$(TORCH_VENV)/bin/python tools/check_torch_models.py $(MESHC)
 
 # The prost types of onnx.proto are checked in; this rewrites them with a pure-Rust protobuf
 # compiler (protox), in a crate of its own so the compiler's build never builds it.

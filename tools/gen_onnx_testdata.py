@@ -432,6 +432,69 @@ def half_weights():
     save("half_weights", g, {"x": r.standard_normal((4, 16)).astype(np.float32)}, {"batch": 4})
 
 
+def torch_names():
+    """Weights named as torch.onnx's constant folding names them: a Linear's transposed weight
+    becomes a new initializer `onnx::MatMul_N` (`val_N` from the torch.export exporter), read
+    by one MatMul. meshc names each after its reader's module scope
+    (`encoder.layer.0.attention.self.query.MatMul.B`), which the layout's patterns select; one whose new name another initializer has keeps its own (`onnx__MatMul_9`)."""
+    r = np.random.default_rng(1313)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])
+
+    def w(name, shape):
+        return numpy_helper.from_array((r.standard_normal(shape) * 0.3).astype(np.float32), name)
+
+    q, d = "/encoder/layer.0/attention/self/query", "/encoder/layer.0/output/dense"
+    nodes = [
+        helper.make_node("MatMul", ["x", "onnx::MatMul_7"], ["/q_output_0"], name=q + "/MatMul"),
+        helper.make_node("Add", ["encoder.layer.0.attention.self.query.bias", "/q_output_0"], ["/qb_output_0"],
+                         name=q + "/Add"),
+        helper.make_node("Relu", ["/qb_output_0"], ["/act_output_0"], name="/act/Relu"),
+        helper.make_node("MatMul", ["/act_output_0", "onnx::MatMul_8"], ["/d_output_0"], name=d + "/MatMul"),
+        # The name onnx::MatMul_9 would get is another initializer's: it keeps its own.
+        helper.make_node("MatMul", ["/d_output_0", "onnx::MatMul_9"], ["/e_output_0"], name="/extra/MatMul"),
+        helper.make_node("MatMul", ["/e_output_0", "extra.MatMul.B"], ["/f_output_0"], name="/other/MatMul"),
+        # As the torch.export-based exporter writes it: numbered names, the module path in
+        # the node's namespace metadata.
+        helper.make_node("MatMul", ["/f_output_0", "val_84"], ["y"], name="node_MatMul_83"),
+    ]
+    nodes[-1].metadata_props.add(key="namespace", value=": Model/encoder: Encoder/encoder.layer.0: Layer/"
+                                 "encoder.layer.0.intermediate.dense: torch.nn.modules.linear.Linear/linear: "
+                                 "aten.linear.default")
+    inits = [w("onnx::MatMul_7", [8, 16]), w("encoder.layer.0.attention.self.query.bias", [16]),
+             w("onnx::MatMul_8", [16, 8]), w("onnx::MatMul_9", [8, 8]), w("extra.MatMul.B", [8, 8]),
+             w("val_84", [8, 8])]
+    g = helper.make_graph(nodes, "torch_names", [x], [y], inits)
+    save("torch_names", g, {"x": r.standard_normal((4, 8)).astype(np.float32)}, {"batch": 4})
+
+
+def double_consts():
+    """Doubles as torch.onnx writes them without constant folding: the attention scale a
+    double Constant, its Sqrt computed in double, then Cast to float; a dim of the input
+    Cast to double; a double initializer. meshc computes them in f32."""
+    r = np.random.default_rng(6464)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])
+    nodes = [
+        const("/scale", np.float64(0.25)),
+        node("Sqrt", ["/scale"], ["/Sqrt_output_0"]),
+        node("Cast", ["/Sqrt_output_0"], ["/Cast_output_0"], to=TensorProto.FLOAT),
+        node("Mul", ["x", "/Cast_output_0"], ["/Mul_output_0"]),
+        node("Shape", ["x"], ["/Shape_output_0"]),
+        const("/one", np.int64(1)),
+        node("Gather", ["/Shape_output_0", "/one"], ["/Gather_output_0"], axis=0),
+        node("Cast", ["/Gather_output_0"], ["/Cast_1_output_0"], to=TensorProto.DOUBLE),
+        node("Div", ["/Cast_1_output_0", "offset"], ["/Div_output_0"]),
+        node("Cast", ["/Div_output_0"], ["/Cast_2_output_0"], to=TensorProto.FLOAT),
+        node("Add", ["/Mul_output_0", "/Cast_2_output_0"], ["/Add_output_0"]),
+        node("Mul", ["/Add_output_0", "weight"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(np.float64(3.0), "offset"),
+             numpy_helper.from_array(r.standard_normal(16).astype(np.float32), "weight")]
+    g = helper.make_graph(nodes, "double_consts", [x], [y], inits)
+    save("double_consts", g, {"x": r.standard_normal((4, 16)).astype(np.float32)}, {"batch": 4})
+
+
 def bad():
     """Bad inputs for testdata/bad/ (tests/all/golden.rs pins each one-line error)."""
     d = os.path.join(OUT, "..", "bad")
@@ -483,6 +546,8 @@ if __name__ == "__main__":
     mobilenet_block()
     gpt2_block()
     half_weights()
+    torch_names()
+    double_consts()
     bad()
     total = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote {OUT} ({total} bytes)", file=sys.stderr)

@@ -51,15 +51,17 @@ pub fn import(
     b.graph.name = builder_name(g);
     let mut values: HashMap<String, Value> = HashMap::new();
     let mut external = External::new(dir);
+    let sources = sources(g);
     for t in &g.initializer {
         let name = t.name.clone().unwrap_or_default();
+        let source = sources.get(&name).cloned().unwrap_or_else(|| name.clone());
         let raw = match tensors::is_external(t) {
             true => external.bytes(t).map(Some),
             false => Ok(t.raw_data.as_deref()),
         };
         let v = raw.and_then(|raw| tensors::tensor_from(t, raw)).map_err(|e| format!("initializer '{name}': {e}"))?;
         let stored = tensors::storage_dtype(t.data_type.unwrap_or(0)).unwrap_or(DType::F32);
-        values.insert(name.clone(), Value::stored(v, &name, stored));
+        values.insert(name, Value::stored(v, &source, stored));
     }
     let mut bound = BTreeSet::new();
     for i in &g.input {
@@ -103,6 +105,66 @@ pub fn import(
         b.graph.outputs.push(Output::new(meshc_name));
     }
     Ok((b.graph, b.params))
+}
+
+/// The initializers named by `folded_name`, by ONNX name. A name two of them would share,
+/// or that another initializer has, is not given: the param names must stay apart.
+fn sources(g: &GraphProto) -> HashMap<String, String> {
+    let mut readers: HashMap<&str, Vec<(&NodeProto, usize)>> = HashMap::new();
+    for n in &g.node {
+        for (k, i) in n.input.iter().enumerate() {
+            readers.entry(i.as_str()).or_default().push((n, k));
+        }
+    }
+    let names: Vec<&str> = g.initializer.iter().filter_map(|t| t.name.as_deref()).collect();
+    let given: Vec<(String, String)> =
+        names.iter().filter_map(|&n| Some((n.to_string(), folded_name(n, &readers)?))).collect();
+    let mut count: HashMap<&str, usize> = names.iter().map(|&n| (n, 1)).collect();
+    for (_, s) in &given {
+        *count.entry(s).or_default() += 1;
+    }
+    given.iter().filter(|(_, s)| count[s.as_str()] == 1).cloned().collect()
+}
+
+/// The name a weight torch.onnx made itself gets. Its constant folding writes a Linear's
+/// transposed weight, or a Conv's weight with the batch norm after it folded in, as a new
+/// initializer named by number (`onnx::MatMul_886` from the TorchScript exporter, `val_84`
+/// from the torch.export one): nothing a layout spec could name. Such a weight read by one
+/// node is named after that node's module scope, the node and the ONNX name of the input it
+/// is: `/encoder/layer.0/attention/self/query/MatMul` reading it as B (or a MatMul whose
+/// `namespace` metadata ends in the module `encoder.layer.0.attention.self.query`) gives
+/// `encoder.layer.0.attention.self.query.MatMul.B`, so `encoder.layer.*.attention.self.*.MatMul.B`
+/// selects the attention projections of every layer, from either exporter.
+fn folded_name(name: &str, readers: &HashMap<&str, Vec<(&NodeProto, usize)>>) -> Option<String> {
+    let numbered = name.strip_prefix("val_").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    if !name.starts_with("onnx::") && !numbered {
+        return None;
+    }
+    let [(node, k)] = readers.get(name)?.as_slice() else { return None };
+    let op = node.op_type.as_deref().unwrap_or("");
+    let scope = match node.name.as_deref().and_then(|n| n.strip_prefix('/')) {
+        // TorchScript: `/scope/of/the/module/Op_1`.
+        Some(path) => path.replace('/', "."),
+        // torch.export: `: Model/encoder: Encoder/.../encoder.layer.0.attention.self.query: Linear/linear: aten.linear.default`,
+        // the last module before the aten op's own entry.
+        None => {
+            let ns = node.metadata_props.iter().find(|p| p.key.as_deref() == Some("namespace"))?.value.as_deref()?;
+            let module = ns.rsplit('/').nth(1)?.split(": ").next()?;
+            format!("{module}.{op}")
+        }
+    };
+    if scope.is_empty() || scope.starts_with('.') {
+        return None;
+    }
+    let slot = match (op, k) {
+        ("MatMul" | "Gemm" | "Add" | "Sub" | "Mul" | "Div", 0) => "A".to_string(),
+        ("MatMul" | "Gemm" | "Add" | "Sub" | "Mul" | "Div", 1) => "B".to_string(),
+        ("Gemm", 2) => "C".to_string(),
+        ("Conv" | "ConvTranspose", 1) => "W".to_string(),
+        ("Conv" | "ConvTranspose", 2) => "B".to_string(),
+        (_, k) => format!("input{k}"),
+    };
+    Some(format!("{scope}.{slot}"))
 }
 
 fn builder_name(g: &GraphProto) -> String {

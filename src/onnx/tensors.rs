@@ -1,7 +1,8 @@
 //! ONNX element types and tensors as meshc sees them: `TensorProto.DataType` codes to
 //! `DType` (refusing what meshc has no type for), and a `TensorProto` (raw bytes or typed
 //! lists) to a `Tensor`, its size checked against its dims before anything is allocated.
-//! Half floats are widened to f32 here: meshc computes in f32 (docs/onnx.md).
+//! Half floats are widened to f32 here and doubles rounded to it: meshc computes in f32
+//! (docs/onnx.md).
 
 use meshc_ir::dtype::{ShapeDisplay, MAX_TENSOR_BYTES};
 use meshc_ir::{DType, Data, Tensor, TensorType};
@@ -11,10 +12,12 @@ use super::proto::TensorProto;
 
 type R<T> = std::result::Result<T, String>;
 
-/// The meshc dtype of an ONNX element type code, as meshc computes on it (halves as f32).
+/// The meshc dtype of an ONNX element type code, as meshc computes on it (halves and
+/// doubles as f32: torch.onnx writes double constants, such as the attention scale it
+/// computes in Python floats, and Casts to double, which meshc computes in f32).
 pub fn dtype(code: i32) -> R<DType> {
     match DataType::try_from(code) {
-        Ok(DataType::Float | DataType::Float16 | DataType::Bfloat16) => Ok(DType::F32),
+        Ok(DataType::Float | DataType::Float16 | DataType::Bfloat16 | DataType::Double) => Ok(DType::F32),
         Ok(DataType::Int32) => Ok(DType::I32),
         Ok(DataType::Int64) => Ok(DType::I64),
         Ok(DataType::Bool) => Ok(DType::Bool),
@@ -23,11 +26,14 @@ pub fn dtype(code: i32) -> R<DType> {
     }
 }
 
-/// The dtype of a code as stored, halves kept (graph inputs keep their storage type).
+/// The dtype of a code as stored, halves kept (graph inputs keep their storage type). A
+/// double has no meshc type to be stored in: an initializer of it is rounded to f32 (see
+/// `dtype`), a graph input of it refused.
 pub fn storage_dtype(code: i32) -> R<DType> {
     match DataType::try_from(code) {
         Ok(DataType::Float16) => Ok(DType::F16),
         Ok(DataType::Bfloat16) => Ok(DType::BF16),
+        Ok(DataType::Double) => Err("element type double is not supported for an input (meshc computes in f32)".into()),
         _ => dtype(code),
     }
 }
@@ -69,7 +75,7 @@ pub fn tensor_from(t: &TensorProto, raw: Option<&[u8]>) -> R<Tensor> {
     dtype(stored as i32)?;
     let width = match stored {
         DataType::Float | DataType::Int32 => 4,
-        DataType::Int64 => 8,
+        DataType::Int64 | DataType::Double => 8,
         DataType::Bool => 1,
         _ => 2,
     };
@@ -79,6 +85,7 @@ pub fn tensor_from(t: &TensorProto, raw: Option<&[u8]>) -> R<Tensor> {
         (Some(r), _) => r.len() / width + usize::from(!r.len().is_multiple_of(width)),
         (None, DataType::Float) => t.float_data.len(),
         (None, DataType::Int64) => t.int64_data.len(),
+        (None, DataType::Double) => t.double_data.len(),
         (None, _) => t.int32_data.len(),
     };
     if held != n || raw.is_some_and(|r| r.len() != n * width) {
@@ -97,11 +104,15 @@ pub fn tensor_from(t: &TensorProto, raw: Option<&[u8]>) -> R<Tensor> {
             Data::I64(r.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect())
         }
         (Some(r), DataType::Bool) => Data::Bool(r.iter().map(|&b| b != 0).collect()),
+        (Some(r), DataType::Double) => {
+            Data::F32(r.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap()) as f32).collect())
+        }
         (Some(r), _) => halves(stored, r.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]))),
         (None, DataType::Float) => Data::F32(t.float_data.clone()),
         (None, DataType::Int64) => Data::I64(t.int64_data.clone()),
         (None, DataType::Int32) => Data::I32(t.int32_data.clone()),
         (None, DataType::Bool) => Data::Bool(t.int32_data.iter().map(|&b| b != 0).collect()),
+        (None, DataType::Double) => Data::F32(t.double_data.iter().map(|&d| d as f32).collect()),
         // Halves in `int32_data` hold their bit patterns, one per entry.
         (None, _) => halves(stored, t.int32_data.iter().map(|&b| b as u16)),
     };
@@ -135,6 +146,15 @@ mod tests {
         let mut t = proto(DataType::Float16, vec![1]);
         t.int32_data = vec![0x3800]; // 0.5 in f16
         assert_eq!(tensor(&t).unwrap(), Tensor::f32(vec![1], vec![0.5]));
+        // Doubles are rounded to f32, from raw bytes or `double_data`.
+        let mut t = proto(DataType::Double, vec![2]);
+        t.raw_data = Some([0.25f64.to_le_bytes(), 0.1f64.to_le_bytes()].concat());
+        assert_eq!(tensor(&t).unwrap(), Tensor::f32(vec![2], vec![0.25, 0.1]));
+        t.raw_data = None;
+        t.double_data = vec![-3.0];
+        t.dims = vec![];
+        assert_eq!(tensor(&t).unwrap(), Tensor::f32(vec![], vec![-3.0]));
+        assert!(storage_dtype(DataType::Double as i32).unwrap_err().contains("input"));
     }
 
     #[test]

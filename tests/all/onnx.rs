@@ -109,6 +109,28 @@ fn imported_graphs_keep_onnx_names_fold_shapes_and_name_dims() {
     }
 }
 
+/// The weights torch.onnx's folding names `onnx::MatMul_N` (`val_N` from the torch.export
+/// exporter) are named after the node that reads them and its input (the layout of testdata/onnx/torch_names selects them so); one
+/// whose new name another initializer has keeps its own.
+#[test]
+fn weights_torch_named_by_number_are_named_after_their_reader() {
+    let tmp = scratch("onnx-torch-names");
+    let graph = tmp.join("names.txt").display().to_string();
+    let run = meshc(&["import", "testdata/onnx/torch_names/model.onnx", "-o", &graph, "--dim", "batch=4"]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    let text = std::fs::read_to_string(&graph).unwrap();
+    for want in [
+        "param encoder.layer.0.attention.self.query.MatMul.B: f32[8,16]",
+        "param encoder.layer.0.attention.self.query.bias: f32[16]",
+        "param encoder.layer.0.output.dense.MatMul.B: f32[16,8]",
+        "param onnx__MatMul_9: f32[8,8]",
+        "param extra.MatMul.B: f32[8,8]",
+        "param encoder.layer.0.intermediate.dense.MatMul.B: f32[8,8]",
+    ] {
+        assert!(text.contains(want), "no '{want}' in\n{text}");
+    }
+}
+
 /// f16 and bf16 initializers stay half: params of their own type in the weights file (read
 /// through a cast), and half-size weights in the artifact.
 #[test]
