@@ -4,7 +4,8 @@
 //! The interpreter has no f64 dtype (it rounds to f32 after every op), so the differences
 //! are taken in f32 with a step of 5e-3 on values at least 0.025 away from every kink
 //! (relu, abs, maximum/minimum, reduce_max), and compared with |analytic - numeric| <=
-//! 2e-3 + 2e-2·|numeric|. The rounding noise of a loss of a few units is ~1e-6, i.e.
+//! 2e-3 + 2e-2·|numeric|; the loss Σ y·r is summed in f64 from the f32 `y`
+//! (`loss_of`). The rounding noise of a loss of a few units is ~1e-6, i.e.
 //! ~1e-4 in the quotient (a few times that after Richardson extrapolation of the steps h
 //! and h/2, which cancels the h²f'''/6 truncation term a strongly curved loss makes
 //! large): a missing term, a wrong factor or a wrong sign is off by far more than the
@@ -109,9 +110,14 @@ impl Case {
     }
 }
 
+/// The loss Σ y·r, summed in f64 from the interpreter's `y`: the graph's own f32
+/// `reduce_sum` rounds a loss of tens of units by a few 1e-6, which the differences divide
+/// by the step into errors as large as the tolerance (a 2-group dilated conv's gradient,
+/// exact to 1e-7 against numpy in f64, was off by 3e-3 that way).
 fn loss_of(g: &Graph, info: &verify::Info, values: &HashMap<String, Tensor>) -> f64 {
-    let out = interp::run(g, &info.order, &info.types, values.clone()).expect("forward runs");
-    out["loss"].data.to_f64()[0]
+    let forward = Graph { outputs: vec![Output::new("y")], ..g.clone() };
+    let out = interp::run(&forward, &info.order, &info.types, values.clone()).expect("forward runs");
+    out["y"].data.to_f64().iter().zip(values["r"].data.to_f64()).map(|(y, r)| y * r).sum()
 }
 
 /// Checks every gradient element of `case` against central differences.
