@@ -158,6 +158,21 @@ fn fused_spec(g: &Graph, info: &Info, groups: &Groups, r: usize) -> (Fused, Vec<
     (Fused { inputs: input_types, nodes }, inputs)
 }
 
+/// The epilogue of a library matmul (`passes::epilogue`), its steps' operand shapes from
+/// `info`.
+fn epilogue(node: &Node, info: &Info) -> Result<Vec<meshc_runtime::epilogue::Step>> {
+    let Some(attr) = node.attrs.get("epilogue").and_then(meshc_ir::Attr::as_str) else { return Ok(Vec::new()) };
+    let mut operands = node.inputs[2..].iter();
+    let steps = meshc_ir::ops::epilogue_steps(attr).map_err(anyhow::Error::msg)?;
+    (steps.into_iter())
+        .map(|(name, _)| {
+            let shape = || operands.next().map_or_else(Vec::new, |o| info.types[o].shape.clone());
+            meshc_runtime::epilogue::Step::parse(name, shape)
+                .with_context(|| format!("node '{}': epilogue step '{name}'", node.name))
+        })
+        .collect()
+}
+
 /// Numbers the program's buffers one at a time; arena offsets are left to the
 /// buffer-assignment pass (`passes::buffers`).
 #[derive(Default)]
@@ -186,6 +201,9 @@ fn kernel_name(node: &Node) -> String {
 
 fn generate(target: &Target, node: &Node, inputs: &[TensorType], out: &TensorType) -> Result<Generated> {
     let name = kernel_name(node);
+    if node.inputs.len() > 2 && node.op == Op::MatMul {
+        bail!("node '{}': the generated matmul kernel takes no epilogue", node.name);
+    }
     match node.op {
         Op::MatMul => codegen::matmul::matmul(target, &name, &inputs[0], &inputs[1], out),
         Op::ReduceSum | Op::ReduceMean | Op::ReduceMax | Op::Softmax | Op::LayerNorm => {
@@ -341,6 +359,7 @@ impl Builder {
                 n.op == Op::MatMul
                     && n.inputs[0] != name
                     && n.inputs[1] == name
+                    && !n.inputs[2..].iter().any(|x| x == name)
                     && self.library_serves(&[a.clone(), ty.clone()])
                     && MatmulShape::infer(&a.shape, &ty.shape).is_ok_and(|(s, _)| s.m <= panels::SMALL_M)
             })
@@ -451,6 +470,7 @@ impl Builder {
                     out: out.shape.clone(),
                     b_elem: Elem::of(operand_types[1].dtype),
                     panels: panelled.contains(&node.inputs[1]),
+                    epilogue: epilogue(node, info)?,
                 };
                 (Exec::Library(lib), node.inputs.clone(), 0)
             } else {
@@ -625,6 +645,18 @@ pub fn compile_lowered<'p>(
     dumps.emit("fold", || {
         let v: Vec<_> = devices.iter().zip(&folded).map(|((d, dev, _), f)| (*d, &**dev, f)).collect();
         passes::fold::dump(&v)
+    })?;
+    for ((d, dev, dinfo), f) in devices.iter_mut().zip(&folded) {
+        let types = &dinfo.types;
+        let library = |n: &Node| b.library_serves(&[types[&n.inputs[0]].clone(), f.stored(&n.inputs[1], types)]);
+        if let Some(fused) = passes::epilogue::fuse(dev, dinfo, f, library) {
+            *dinfo = verify(&fused).with_context(|| format!("device {d}: the fused program does not verify"))?;
+            *dev = std::borrow::Cow::Owned(fused);
+        }
+    }
+    dumps.emit("epilogue", || {
+        let v: Vec<_> = devices.iter().map(|(d, dev, _)| (*d, &**dev)).collect();
+        passes::epilogue::dump(&v)
     })?;
     let groups: Vec<Groups> =
         devices.iter().zip(&folded).map(|((_, dev, dinfo), f)| passes::fuse::fuse(dev, dinfo, f)).collect();

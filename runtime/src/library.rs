@@ -34,6 +34,7 @@
 use anyhow::{bail, Result};
 use meshc_ir::{DType, TensorType};
 
+use crate::epilogue::Bound;
 use crate::mask::Mask;
 use crate::matmul_shape::MatmulShape;
 use crate::program::Elem;
@@ -82,7 +83,9 @@ const SMALL_M_PARALLEL_MIN_MACS: usize = 1 << 18;
 /// than threads × this): fewer rows than the kernel's blocking waste its tiles.
 const MIN_PART_ROWS: usize = 128;
 
-/// `out = a @ b` (numpy `matmul`, f32, batch dims broadcast) on `threads`.
+/// `out = a @ b` (numpy `matmul`, f32, batch dims broadcast) on `threads`, then `ep`
+/// (`crate::epilogue`) on each block of the result as it is finished.
+#[allow(clippy::too_many_arguments)]
 pub fn matmul(
     a: &[f32],
     b: &[f32],
@@ -91,21 +94,23 @@ pub fn matmul(
     b_shape: &[usize],
     out_shape: &[usize],
     threads: Threads,
+    ep: &Bound,
 ) -> Result<()> {
     check_lengths([a.len(), b.len(), out.len()], a_shape, b_shape, out_shape)?;
     let s = MatmulShape::new(a_shape, b_shape, out_shape)?;
     let macs = s.k.saturating_mul(out_shape.iter().product());
     if small_m::serves(s.m) {
-        small_m::matmul(a, b, out, &s, threads.pick_small_m(macs));
+        small_m::matmul(a, b, out, &s, threads.pick_small_m(macs), ep);
     } else {
-        general(a, b, out, &s, threads.pick(macs));
+        general(a, b, out, &s, threads.pick(macs), ep);
     }
     Ok(())
 }
 
 /// `out = a @ b` (numpy `matmul`, f32) with `b` a weight stored in panels
 /// (`crate::panels`: `panels::packed_len(k, n)` elements per matrix of `b_shape`), on
-/// `threads`: no packing at run time.
+/// `threads`: no packing at run time; then `ep` on each tile as it is finished.
+#[allow(clippy::too_many_arguments)]
 pub fn matmul_panels(
     a: &[f32],
     panels: &[f32],
@@ -114,19 +119,20 @@ pub fn matmul_panels(
     b_shape: &[usize],
     out_shape: &[usize],
     threads: Threads,
+    ep: &Bound,
 ) -> Result<()> {
     let Some(b_len) = crate::panels::packed_elems(b_shape) else { bail!("matmul: operand b {b_shape:?} is too large") };
     check_lengths([a.len(), panels.len(), out.len()], a_shape, &[b_len], out_shape)?;
     let s = MatmulShape::new(a_shape, b_shape, out_shape)?;
     let macs = s.k.saturating_mul(out_shape.iter().product());
     let threads = if s.m <= crate::panels::SMALL_M { threads.pick_small_m(macs) } else { threads.pick(macs) };
-    crate::panels::matmul(a, panels, out, &s, threads);
+    crate::panels::matmul(a, panels, out, &s, threads, ep);
     Ok(())
 }
 
-/// `out = a @ b` for the plan `s` by the gemm crate on `threads` cores; the caller checked
-/// the slices' lengths against the shapes.
-fn general(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, threads: usize) {
+/// `out = a @ b` for the plan `s` by the gemm crate on `threads` cores, then `ep` on each
+/// part's rows; the caller checked the slices' lengths against the shapes.
+fn general(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, threads: usize, ep: &Bound) {
     let (m, k, n) = (s.m, s.k, s.n);
     let batches = s.batch_offsets();
     for &(ao, bo, oo) in &batches {
@@ -150,6 +156,7 @@ fn general(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, threads: usiz
                 let (a, b, c) =
                     ((a as *const f32).add(ao + r0 * k), (b as *const f32).add(bo), (c as *mut f32).add(oo + r0 * n));
                 gemm_rows((r1 - r0, n, k), (c, n), (a, k), (b, n), false, gemm::Parallelism::None);
+                ep.apply(c, n, (oo / n.max(1) + r0, r1 - r0), 0..n);
             }
         }
     });
@@ -207,7 +214,9 @@ thread_local! {
 
 /// `matmul` with `b` stored as f16 or bf16 bits (`Elem`): `HALF_ROWS` rows of b at a time
 /// are widened (exactly) into an f32 block and their product is accumulated into the
-/// result, so a half weight costs a conversion per block, never a whole f32 copy.
+/// result, so a half weight costs a conversion per block, never a whole f32 copy; then `ep`
+/// on each matrix.
+#[allow(clippy::too_many_arguments)]
 pub fn matmul_half(
     a: &[f32],
     (b, elem): (&[u16], Elem),
@@ -216,6 +225,7 @@ pub fn matmul_half(
     b_shape: &[usize],
     out_shape: &[usize],
     threads: Threads,
+    ep: &Bound,
 ) -> Result<()> {
     use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
     check_lengths([a.len(), b.len(), out.len()], a_shape, b_shape, out_shape)?;
@@ -250,6 +260,8 @@ pub fn matmul_half(
                     gemm_rows((m, n, rows), (c.as_mut_ptr(), n), (a, k), (wide.as_ptr(), n), k0 > 0, parallelism);
                 }
             }
+            // SAFETY: `c` is the m×n matrix at row oo / n of the result.
+            unsafe { ep.apply(c.as_mut_ptr(), n, (oo / n, m), 0..n) };
         }
     });
     Ok(())
@@ -273,7 +285,7 @@ fn check_lengths(lens: [usize; 3], a_shape: &[usize], b_shape: &[usize], out_sha
 /// views of the operands, so pruned columns and rows of `b` cost nothing. `threads` are
 /// picked for the work the mask leaves. Threads split the rows of
 /// the result (each runs every pair on its rows): one fork per matrix instead of one per
-/// GEMM call, which matters with many short runs.
+/// GEMM call, which matters with many short runs. Then `ep` on each thread's rows.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_masked(
     a: &[f32],
@@ -284,6 +296,7 @@ pub fn matmul_masked(
     out_shape: &[usize],
     mask: &Mask,
     threads: Threads,
+    ep: &Bound,
 ) -> Result<()> {
     check_lengths([a.len(), b.len(), out.len()], a_shape, b_shape, out_shape)?;
     let s = MatmulShape::new(a_shape, b_shape, out_shape)?;
@@ -303,10 +316,16 @@ pub fn matmul_masked(
             let mut blocks = out[oo..oo + m * n].chunks_mut(rows_per * n).enumerate().peekable();
             while let Some((t, c)) = blocks.next() {
                 let a = &a[ao + t * rows_per * k..ao + (t * rows_per + c.len() / n) * k];
-                if blocks.peek().is_some() {
-                    scope.spawn(move || masked_rows(a, b, c, (k, n), mask));
-                } else {
+                let rows = (oo / n + t * rows_per, c.len() / n);
+                let mut part = move || {
                     masked_rows(a, b, c, (k, n), mask);
+                    // SAFETY: `c` holds these rows of the result, this part's alone.
+                    unsafe { ep.apply(c.as_mut_ptr(), n, rows, 0..n) };
+                };
+                if blocks.peek().is_some() {
+                    scope.spawn(part);
+                } else {
+                    part();
                 }
             }
         });
@@ -364,10 +383,10 @@ mod tests {
         for threads in [1, 2, 3] {
             let what = format!("{a_shape:?} @ {b_shape:?}, {threads} threads");
             let mut out = vec![f32::NAN; want.numel()];
-            matmul(x, y, &mut out, a_shape, b_shape, &want.shape, Threads::Exactly(threads)).unwrap();
+            matmul(x, y, &mut out, a_shape, b_shape, &want.shape, Threads::Exactly(threads), &Bound::none()).unwrap();
             assert_close(&out, want.as_f32().unwrap(), &what);
             let mut out = vec![f32::NAN; want.numel()];
-            general(x, y, &mut out, &s, threads);
+            general(x, y, &mut out, &s, threads, &Bound::none());
             assert_close(&out, want.as_f32().unwrap(), &format!("{what}, general path"));
         }
     }
@@ -381,7 +400,8 @@ mod tests {
             let (x, y) = (a.as_f32().unwrap(), b.as_f32().unwrap());
             let run = |threads| {
                 let mut out = vec![f32::NAN; want.numel()];
-                matmul(x, y, &mut out, a_shape, b_shape, &want.shape, Threads::Exactly(threads)).unwrap();
+                matmul(x, y, &mut out, a_shape, b_shape, &want.shape, Threads::Exactly(threads), &Bound::none())
+                    .unwrap();
                 out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
             };
             let one = run(1);
@@ -417,7 +437,7 @@ mod tests {
                     let mut out = vec![f32::NAN; want.numel()];
                     let x = a.as_f32().unwrap();
                     let t = Threads::Exactly(threads);
-                    matmul_half(x, (&bits, elem), &mut out, a_shape, b_shape, &want.shape, t).unwrap();
+                    matmul_half(x, (&bits, elem), &mut out, a_shape, b_shape, &want.shape, t, &Bound::none()).unwrap();
                     assert_close(&out, want.as_f32().unwrap(), &format!("{a_shape:?} @ {dtype}{b_shape:?}"));
                 }
             }
@@ -473,26 +493,42 @@ mod tests {
             for threads in [1, 2, 3] {
                 let mut out = vec![f32::NAN; want.numel()];
                 let (x, y) = (a.as_f32().unwrap(), b.as_f32().unwrap());
-                matmul_masked(x, y, &mut out, a_shape, b_shape, &out_shape, &mask, Threads::Exactly(threads)).unwrap();
+                let t = Threads::Exactly(threads);
+                matmul_masked(x, y, &mut out, a_shape, b_shape, &out_shape, &mask, t, &Bound::none()).unwrap();
                 assert_close(&out, want.as_f32().unwrap(), &format!("{a_shape:?} @ {b_shape:?}, {threads} threads"));
             }
         }
         let mut out = vec![0.0; 4];
         let wrong = Mask::new(&[true, false], &[true; 4], 1);
-        let e = matmul_masked(&[0.0; 6], &[0.0; 6], &mut out, &[2, 3], &[3, 2], &[2, 2], &wrong, Threads::UpTo(1))
-            .unwrap_err();
+        let e = matmul_masked(
+            &[0.0; 6],
+            &[0.0; 6],
+            &mut out,
+            &[2, 3],
+            &[3, 2],
+            &[2, 2],
+            &wrong,
+            Threads::UpTo(1),
+            &Bound::none(),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("a mask of 4x2 matrices"), "{e}");
     }
 
     #[test]
     fn checks_shapes_and_lengths() {
         let mut out = vec![0.0; 4];
-        assert!(matmul(&[0.0; 6], &[0.0; 6], &mut out, &[2, 3], &[3, 2], &[2, 2], Threads::UpTo(1)).is_ok());
-        let e = matmul(&[0.0; 6], &[0.0; 6], &mut out, &[2, 3], &[2, 3], &[2, 2], Threads::UpTo(1)).unwrap_err();
+        assert!(
+            matmul(&[0.0; 6], &[0.0; 6], &mut out, &[2, 3], &[3, 2], &[2, 2], Threads::UpTo(1), &Bound::none()).is_ok()
+        );
+        let e = matmul(&[0.0; 6], &[0.0; 6], &mut out, &[2, 3], &[2, 3], &[2, 2], Threads::UpTo(1), &Bound::none())
+            .unwrap_err();
         assert!(e.to_string().contains("contraction dims differ"), "{e}");
-        let e = matmul(&[0.0; 5], &[0.0; 6], &mut out, &[2, 3], &[3, 2], &[2, 2], Threads::UpTo(1)).unwrap_err();
+        let e = matmul(&[0.0; 5], &[0.0; 6], &mut out, &[2, 3], &[3, 2], &[2, 2], Threads::UpTo(1), &Bound::none())
+            .unwrap_err();
         assert!(e.to_string().contains("operand a has 5 elements"), "{e}");
-        let e = matmul(&[0.0; 6], &[0.0; 6], &mut out, &[2, 3], &[3, 2], &[4], Threads::UpTo(1)).unwrap_err();
+        let e = matmul(&[0.0; 6], &[0.0; 6], &mut out, &[2, 3], &[3, 2], &[4], Threads::UpTo(1), &Bound::none())
+            .unwrap_err();
         assert!(e.to_string().contains("does not match"), "{e}");
     }
 

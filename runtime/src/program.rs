@@ -171,6 +171,10 @@ pub enum Library {
         /// `b` is a weight stored in the GEMM's panels (`crate::panels`, f32), not row-major.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         panels: bool,
+        /// Elementwise steps applied to the result as the GEMM finishes each block of it
+        /// (`crate::epilogue`); their operands are the step's buffers after `b`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        epilogue: Vec<crate::epilogue::Step>,
     },
 }
 

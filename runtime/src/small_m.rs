@@ -13,6 +13,7 @@
 //! CPU has AVX-512F (detected at run time); elsewhere `serves` says no and the general GEMM
 //! (which has AVX2 kernels) takes the product.
 
+use crate::epilogue::Bound;
 use crate::matmul_shape::MatmulShape;
 
 /// Rows per matrix up to which this path serves a product.
@@ -41,8 +42,8 @@ fn avx512() -> bool {
 
 /// `out = a @ b` for the plan `s` (every batch matrix), on `threads` cores: the parts are
 /// contiguous shares of the (matrix, strip) pairs. The caller checked the slices' lengths
-/// against the shapes and that `serves(s.m)`.
-pub fn matmul(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, threads: usize) {
+/// against the shapes and that `serves(s.m)`. `ep` runs on each strip as it is finished.
+pub fn matmul(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, threads: usize, ep: &Bound) {
     let (m, k, n) = (s.m, s.k, s.n);
     if m == 0 || n == 0 {
         return;
@@ -63,7 +64,11 @@ pub fn matmul(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, threads: u
             // SAFETY: the offsets address whole matrices inside the slices (asserted
             // above); strip `j` lies inside the n columns; AVX-512F is present
             // (`serves`); each item writes only its own strip of its own matrix.
-            unsafe { strip(m, k, (n, j), a.as_ptr().add(ao), b.as_ptr().add(bo), (c as *mut f32).add(oo)) };
+            unsafe {
+                let c = (c as *mut f32).add(oo);
+                strip(m, k, (n, j), a.as_ptr().add(ao), b.as_ptr().add(bo), c);
+                ep.apply(c, n, (oo / n, m), j..n.min(j + NR));
+            }
         }
     });
 }
@@ -176,7 +181,7 @@ mod tests {
             let s = MatmulShape::new(&a_shape, &b_shape, &want.shape).unwrap();
             for threads in [1, 2, 3] {
                 let mut out = vec![f32::NAN; want.numel()];
-                matmul(a.as_f32().unwrap(), b.as_f32().unwrap(), &mut out, &s, threads);
+                matmul(a.as_f32().unwrap(), b.as_f32().unwrap(), &mut out, &s, threads, &Bound::none());
                 assert_close(&out, want.as_f32().unwrap(), &format!("{a_shape:?} @ {b_shape:?}, {threads} threads"));
             }
         }

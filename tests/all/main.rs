@@ -10,6 +10,7 @@ mod compiled;
 mod degraded;
 mod distributed;
 mod dot;
+mod epilogue;
 mod explain;
 mod fuzz;
 mod golden;
