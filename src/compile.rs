@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{bail, Context, Result};
+use meshc_ir::infer::attr_ints;
 use meshc_ir::params::Params;
 use meshc_ir::verify::{verify, Info};
 use meshc_ir::{Graph, Node, Op, Tensor, TensorType};
@@ -29,7 +30,7 @@ use meshc_runtime::mesh::{Layout, Mesh};
 use meshc_runtime::panels;
 use meshc_runtime::program::{
     align_up, Buffer, Collective, Elem, Exec, IoSpec, Kernel, Library, Meta, Program, Protocol, Step, Storage,
-    Transfer, Why, ALIGN,
+    Transfer, Transposed, Why, ALIGN,
 };
 use meshc_runtime::runner::Loaded;
 
@@ -365,6 +366,44 @@ impl Builder {
             })
     }
 
+    /// The transposes that the library GEMMs reading them take through strides instead
+    /// (`meshc_runtime::program::Transposed`), each with its operand: a swap of the last two
+    /// dims of a run-time value, not an output, read only as operand `a` or `b` of library
+    /// matmuls with an f32 `b` kept row-major. The training step's backward pass transposes
+    /// activations and weights before its GEMMs: 26 MB of copies per step for the bench MLP.
+    fn strided_transposes(
+        &self,
+        g: &Graph,
+        info: &Info,
+        folded: &Folded,
+        row_major: impl Fn(&str) -> bool,
+    ) -> HashMap<String, String> {
+        let swaps_last_two = |n: &Node| {
+            let rank = info.types[&n.inputs[0]].shape.len();
+            let perm = attr_ints(n, "perm").unwrap_or_else(|| (0..rank as i64).rev().collect());
+            let want = (0..rank as i64 - 2).chain([rank as i64 - 1, rank as i64 - 2]);
+            rank >= 2 && perm.iter().copied().eq(want)
+        };
+        let library_reader = |r: &Node, name: &str| {
+            let b = folded.stored(&r.inputs[1], &info.types);
+            r.op == Op::MatMul
+                && !r.inputs[2..].iter().any(|x| x == name)
+                && b.dtype == meshc_ir::DType::F32
+                && row_major(&r.inputs[1])
+                && self.library_serves(&[info.types[&r.inputs[0]].clone(), b])
+        };
+        g.nodes
+            .iter()
+            .filter(|n| n.op == Op::Transpose && !folded.consts.contains_key(&n.name) && swaps_last_two(n))
+            .filter(|n| !g.outputs.iter().any(|o| o.name == n.name))
+            .filter(|n| {
+                let mut readers = g.nodes.iter().filter(|r| r.inputs.contains(&n.name)).peekable();
+                readers.peek().is_some() && readers.all(|r| library_reader(r, &n.name))
+            })
+            .map(|n| (n.name.clone(), n.inputs[0].clone()))
+            .collect()
+    }
+
     /// The program of one device: `g` verified as `info`, its constants `folded` and its
     /// fusion `groups`; its steps in program order on one stream and its buffers unplanned
     /// (`passes::streams` and `passes::buffers` follow), with the operand positions each
@@ -416,6 +455,8 @@ impl Builder {
             bufs.of.insert(name.clone(), bufs.list.len() - 1);
         }
         let inputs: Vec<usize> = g.inputs.iter().map(|i| bufs.arena(&i.name, i.ty.size_bytes())).collect();
+        let strided =
+            self.strided_transposes(g, info, folded, |b| !panelled.iter().any(|p| p == b) && !masks.contains_key(b));
 
         let mut kernels: Vec<Kernel> = Vec::new();
         let mut kernel_of: HashMap<(usize, usize), usize> = HashMap::new();
@@ -432,6 +473,10 @@ impl Builder {
                 // Its matmuls read the half weight itself (`passes::fold`).
                 let b = bufs.get(weight);
                 bufs.of.insert(node.name.clone(), b);
+                continue;
+            }
+            if strided.contains_key(&node.name) {
+                // Its matmuls read its operand through strides.
                 continue;
             }
             if node.op == Op::Reshape {
@@ -471,8 +516,13 @@ impl Builder {
                     b_elem: Elem::of(operand_types[1].dtype),
                     panels: panelled.contains(&node.inputs[1]),
                     epilogue: epilogue(node, info)?,
+                    transposed: Transposed {
+                        a: strided.contains_key(&node.inputs[0]),
+                        b: strided.contains_key(&node.inputs[1]),
+                    },
                 };
-                (Exec::Library(lib), node.inputs.clone(), 0)
+                let operands = node.inputs.iter().map(|i| strided.get(i).unwrap_or(i).clone()).collect();
+                (Exec::Library(lib), operands, 0)
             } else {
                 let (generated, operands) = if node.op.is_elementwise() {
                     let (spec, operands) = fused_spec(g, info, groups, r);

@@ -37,7 +37,7 @@ use meshc_ir::{DType, TensorType};
 use crate::epilogue::Bound;
 use crate::mask::Mask;
 use crate::matmul_shape::MatmulShape;
-use crate::program::Elem;
+use crate::program::{Elem, Transposed};
 use crate::small_m;
 
 /// Multiply-adds per matrix below which a second thread costs more than it saves (from
@@ -133,7 +133,47 @@ pub fn matmul_panels(
 /// `out = a @ b` for the plan `s` by the gemm crate on `threads` cores, then `ep` on each
 /// part's rows; the caller checked the slices' lengths against the shapes.
 fn general(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, threads: usize, ep: &Bound) {
+    general_strided(a, b, out, s, Transposed::default(), threads, ep)
+}
+
+/// `out = a @ b` (numpy `matmul`, f32) with `a` and/or `b` stored transposed (their last two
+/// dims swapped), on `threads`, then `ep` on each block of rows: the gemm crate reads any
+/// strides as it packs, so a transpose before a GEMM costs no pass over memory.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_transposed(
+    a: &[f32],
+    b: &[f32],
+    out: &mut [f32],
+    a_shape: &[usize],
+    b_shape: &[usize],
+    out_shape: &[usize],
+    transposed: Transposed,
+    threads: Threads,
+    ep: &Bound,
+) -> Result<()> {
+    check_lengths([a.len(), b.len(), out.len()], a_shape, b_shape, out_shape)?;
+    let s = MatmulShape::unfolded(a_shape, b_shape, out_shape)?;
+    if (transposed.a && a_shape.len() < 2) || (transposed.b && b_shape.len() < 2) {
+        bail!("matmul: only a matrix operand can be stored transposed");
+    }
+    general_strided(a, b, out, &s, transposed, threads.pick(s.k.saturating_mul(out_shape.iter().product())), ep);
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn general_strided(
+    a: &[f32],
+    b: &[f32],
+    out: &mut [f32],
+    s: &MatmulShape,
+    transposed: Transposed,
+    threads: usize,
+    ep: &Bound,
+) {
     let (m, k, n) = (s.m, s.k, s.n);
+    // (offset of row r, row stride, column stride) of each operand as stored.
+    let a_at = |r: usize| if transposed.a { (r, 1, m) } else { (r * k, k, 1) };
+    let (b_rs, b_cs) = if transposed.b { (1, k) } else { (n, 1) };
     let batches = s.batch_offsets();
     for &(ao, bo, oo) in &batches {
         assert!(ao + m * k <= a.len() && bo + k * n <= b.len() && oo + m * n <= out.len());
@@ -153,9 +193,10 @@ fn general(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, threads: usiz
             // SAFETY: rows r0..r1 of whole matrices inside the slices (asserted above), `c`
             // aliases neither operand, and the parts write disjoint rows.
             unsafe {
+                let (a_off, a_rs, a_cs) = a_at(r0);
                 let (a, b, c) =
-                    ((a as *const f32).add(ao + r0 * k), (b as *const f32).add(bo), (c as *mut f32).add(oo + r0 * n));
-                gemm_rows((r1 - r0, n, k), (c, n), (a, k), (b, n), false, gemm::Parallelism::None);
+                    ((a as *const f32).add(ao + a_off), (b as *const f32).add(bo), (c as *mut f32).add(oo + r0 * n));
+                gemm_strided((r1 - r0, n, k), (c, n), (a, a_rs, a_cs), (b, b_rs, b_cs), false, gemm::Parallelism::None);
                 ep.apply(c, n, (oo / n.max(1) + r0, r1 - r0), 0..n);
             }
         }
@@ -169,10 +210,26 @@ fn general(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, threads: usiz
 /// The pointers must address matrices of those shapes and strides, and `c` must alias
 /// neither `a` nor `b`.
 unsafe fn gemm_rows(
-    (m, n, k): (usize, usize, usize),
-    (c, ldc): (*mut f32, usize),
+    mnk: (usize, usize, usize),
+    c: (*mut f32, usize),
     (a, lda): (*const f32, usize),
     (b, ldb): (*const f32, usize),
+    accumulate: bool,
+    parallelism: gemm::Parallelism,
+) {
+    // SAFETY: as the caller promises.
+    unsafe { gemm_strided(mnk, c, (a, lda, 1), (b, ldb, 1), accumulate, parallelism) }
+}
+
+/// `gemm_rows` with `a` and `b` given as (first element, row stride, column stride).
+///
+/// # Safety
+/// As `gemm_rows`.
+unsafe fn gemm_strided(
+    (m, n, k): (usize, usize, usize),
+    (c, ldc): (*mut f32, usize),
+    (a, a_rs, a_cs): (*const f32, usize, usize),
+    (b, b_rs, b_cs): (*const f32, usize, usize),
     accumulate: bool,
     parallelism: gemm::Parallelism,
 ) {
@@ -187,11 +244,11 @@ unsafe fn gemm_rows(
             ldc as isize,
             accumulate,
             a,
-            1,
-            lda as isize,
+            a_cs as isize,
+            a_rs as isize,
             b,
-            1,
-            ldb as isize,
+            b_cs as isize,
+            b_rs as isize,
             1.0,
             1.0,
             false,
@@ -389,6 +446,62 @@ mod tests {
             general(x, y, &mut out, &s, threads, &Bound::none());
             assert_close(&out, want.as_f32().unwrap(), &format!("{what}, general path"));
         }
+    }
+
+    /// Operands stored transposed (their last two dims swapped, as a folded `transpose`
+    /// leaves them) give the product of the operands themselves: a, b or both, batched and
+    /// broadcast, row counts the pool splits and does not, empty dims, 1 to 3 threads.
+    #[test]
+    fn transposed_operands_give_the_product_of_the_operands() {
+        let swap = |x: &[f32], shape: &[usize]| -> Vec<f32> {
+            let (r, c) = (shape[shape.len() - 2], shape[shape.len() - 1]);
+            let mut t = vec![0.0; x.len()];
+            for (src, dst) in x.chunks((r * c).max(1)).zip(t.chunks_mut((r * c).max(1))) {
+                for i in 0..r {
+                    for j in 0..c {
+                        dst[j * r + i] = src[i * c + j];
+                    }
+                }
+            }
+            t
+        };
+        let shapes: [(&[usize], &[usize]); 6] = [
+            (&[5, 7], &[7, 3]),
+            (&[300, 70], &[70, 260]),
+            (&[2, 3, 40], &[40, 9]),
+            (&[3, 1, 6, 5], &[2, 5, 4]),
+            (&[4, 0], &[0, 6]),
+            (&[0, 5], &[5, 2]),
+        ];
+        for (a_shape, b_shape) in shapes {
+            let (a, b, want) = oracle(a_shape, b_shape, 7);
+            let (x, y) = (a.as_f32().unwrap(), b.as_f32().unwrap());
+            for (ta, tb) in [(true, false), (false, true), (true, true)] {
+                let xs = if ta { swap(x, a_shape) } else { x.to_vec() };
+                let ys = if tb { swap(y, b_shape) } else { y.to_vec() };
+                for threads in [1, 2, 3] {
+                    let what = format!("{a_shape:?}{ta} @ {b_shape:?}{tb}, {threads} threads");
+                    let mut out = vec![f32::NAN; want.numel()];
+                    let t = Transposed { a: ta, b: tb };
+                    let (th, ep) = (Threads::Exactly(threads), &Bound::none());
+                    matmul_transposed(&xs, &ys, &mut out, a_shape, b_shape, &want.shape, t, th, ep).unwrap();
+                    assert_close(&out, want.as_f32().unwrap(), &what);
+                }
+            }
+        }
+        let t = Transposed { a: true, b: false };
+        let err = matmul_transposed(
+            &[0.0; 3],
+            &[0.0; 6],
+            &mut [0.0; 2],
+            &[3],
+            &[3, 2],
+            &[2],
+            t,
+            Threads::Exactly(1),
+            &Bound::none(),
+        );
+        assert!(err.unwrap_err().to_string().contains("only a matrix"));
     }
 
     /// The thread count does not change a bit of the result (README: `--threads`): every

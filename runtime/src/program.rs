@@ -175,7 +175,26 @@ pub enum Library {
         /// (`crate::epilogue`); their operands are the step's buffers after `b`.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         epilogue: Vec<crate::epilogue::Step>,
+        /// Whether `a` and `b` are stored transposed: the buffer holds the operand with its
+        /// last two dims swapped (a transpose the compiler left to the GEMM's strides).
+        #[serde(default, skip_serializing_if = "Transposed::is_none")]
+        transposed: Transposed,
     },
+}
+
+/// Which operands of a library matmul are stored transposed (`Library::Matmul`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Transposed {
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub a: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub b: bool,
+}
+
+impl Transposed {
+    pub fn is_none(&self) -> bool {
+        !self.a && !self.b
+    }
 }
 
 /// How a library matmul's right operand is stored: f32, or a half type that the GEMM

@@ -198,7 +198,7 @@ fn check_steps(p: &Program) -> Result<()> {
                     )));
                 }
             }
-            Exec::Library(Library::Matmul { a, b, out, b_elem, panels, epilogue }) => {
+            Exec::Library(Library::Matmul { a, b, out, b_elem, panels, epilogue, transposed }) => {
                 count(3 + crate::epilogue::operands(epilogue).count())?;
                 crate::matmul_shape::MatmulShape::new(a, b, out).map_err(|e| fail(e.to_string()))?;
                 if !epilogue.is_empty() && (a.len() < 2 || b.len() < 2) {
@@ -234,6 +234,10 @@ fn check_steps(p: &Program) -> Result<()> {
                 }
                 if *panels && (!b_elem.is_f32() || weight.mask.is_some()) {
                     bail!(fail("weights in panels are f32 and unpruned".to_string()));
+                }
+                let matrices = (!transposed.a || a.len() >= 2) && (!transposed.b || b.len() >= 2);
+                if !transposed.is_none() && (*panels || !b_elem.is_f32() || weight.mask.is_some() || !matrices) {
+                    bail!(fail("only f32 matrices that are not weights are stored transposed".to_string()));
                 }
             }
             Exec::Collective(_) => count(2)?,
@@ -1543,7 +1547,7 @@ impl Loaded {
                 library::matmul_panels(x, y, o, a, b, out, Threads::UpTo(run.threads), &ep)
                     .with_context(|| format!("node '{}'", st.node))?;
             }
-            Exec::Library(Library::Matmul { a, b, out, b_elem, epilogue, .. }) => {
+            Exec::Library(Library::Matmul { a, b, out, b_elem, epilogue, transposed, .. }) => {
                 let len = |s: &[usize]| s.iter().product::<usize>();
                 let ep = bind_epilogue(epilogue, &args[3..], out);
                 // SAFETY: the buffers hold tensors of exactly these shapes (f32, b as
@@ -1562,7 +1566,8 @@ impl Loaded {
                         let y = unsafe { std::slice::from_raw_parts(args[2] as *const f32, len(b)) };
                         match mask {
                             Some(m) => library::matmul_masked(x, y, o, a, b, out, m, threads, &ep),
-                            None => library::matmul(x, y, o, a, b, out, threads, &ep),
+                            None if transposed.is_none() => library::matmul(x, y, o, a, b, out, threads, &ep),
+                            None => library::matmul_transposed(x, y, o, a, b, out, *transposed, threads, &ep),
                         }
                     }
                     (half, _) => {
@@ -1880,6 +1885,7 @@ mod tests {
             b_elem: Elem::F32,
             panels: false,
             epilogue: Vec::new(),
+            transposed: Default::default(),
         });
         // b1 = all_reduce(b0) on the comm stream while b2 = b0·b0 runs; then b3 = b1·b2.
         let programs = (0..2)
@@ -1922,6 +1928,7 @@ mod tests {
             b_elem: Elem::F32,
             panels: false,
             epilogue: Vec::new(),
+            transposed: Default::default(),
         });
         let refuse = |plan: StreamPlan| {
             let steps = vec![
@@ -1964,6 +1971,7 @@ mod tests {
             b_elem: Elem::F32,
             panels: false,
             epilogue: Vec::new(),
+            transposed: Default::default(),
         });
         let mm = Exec::Library(Library::Matmul {
             a: vec![2, 2],
@@ -1972,6 +1980,7 @@ mod tests {
             b_elem: Elem::F32,
             panels: false,
             epilogue: Vec::new(),
+            transposed: Default::default(),
         });
         // Device 1's comm stream fails before its all_reduce; device 0's main stream waits
         // for its own all_reduce's event, which never comes.
@@ -2016,6 +2025,7 @@ mod tests {
             b_elem: Elem::F32,
             panels: false,
             epilogue: Vec::new(),
+            transposed: Default::default(),
         });
         let mut p = program(0, &[16, 24, 24], vec![step("y", matmul, &[0, 1, 2])], vec![], vec![]);
         load(&m, vec![], vec![], vec![p.clone()]).unwrap();
@@ -2039,6 +2049,7 @@ mod tests {
             b_elem: Elem::F32,
             panels: false,
             epilogue: Vec::new(),
+            transposed: Default::default(),
         });
         let good = Exec::Library(Library::Matmul {
             a: vec![2, 3],
@@ -2047,6 +2058,7 @@ mod tests {
             b_elem: Elem::F32,
             panels: false,
             epilogue: Vec::new(),
+            transposed: Default::default(),
         });
         for (failing, label) in [(3, "device 3 (1,1)"), (0, "device 0 (0,0)")] {
             let programs = (0..4)
@@ -2263,6 +2275,7 @@ mod transfer_tests {
             b_elem: Elem::F32,
             panels: false,
             epilogue: Vec::new(),
+            transposed: Default::default(),
         });
         let good = Exec::Library(Library::Matmul {
             a: vec![2, 2],
@@ -2271,6 +2284,7 @@ mod transfer_tests {
             b_elem: Elem::F32,
             panels: false,
             epilogue: Vec::new(),
+            transposed: Default::default(),
         });
         let mut l = load(vec![
             program(

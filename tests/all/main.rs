@@ -34,3 +34,4 @@ mod refused;
 mod run_stats;
 mod signing;
 mod train;
+mod transposed;
