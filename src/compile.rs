@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{bail, Context, Result};
-use meshc_ir::infer::attr_ints;
+use meshc_ir::infer::{attr_ints, norm_axes};
 use meshc_ir::params::Params;
 use meshc_ir::verify::{verify, Info};
 use meshc_ir::{Graph, Node, Op, Tensor, TensorType};
@@ -380,17 +380,18 @@ impl Builder {
     ) -> HashMap<String, String> {
         let swaps_last_two = |n: &Node| {
             let rank = info.types[&n.inputs[0]].shape.len();
-            let perm = attr_ints(n, "perm").unwrap_or_else(|| (0..rank as i64).rev().collect());
-            let want = (0..rank as i64 - 2).chain([rank as i64 - 1, rank as i64 - 2]);
-            rank >= 2 && perm.iter().copied().eq(want)
+            let perm = match attr_ints(n, "perm") {
+                Some(p) => norm_axes(&p, rank).unwrap_or_default(),
+                None => (0..rank).rev().collect(),
+            };
+            rank >= 2 && perm.iter().copied().eq((0..rank - 2).chain([rank - 1, rank - 2]))
         };
         let library_reader = |r: &Node, name: &str| {
+            if r.op != Op::MatMul || r.inputs[2..].iter().any(|x| x == name) || !row_major(&r.inputs[1]) {
+                return false;
+            }
             let b = folded.stored(&r.inputs[1], &info.types);
-            r.op == Op::MatMul
-                && !r.inputs[2..].iter().any(|x| x == name)
-                && b.dtype == meshc_ir::DType::F32
-                && row_major(&r.inputs[1])
-                && self.library_serves(&[info.types[&r.inputs[0]].clone(), b])
+            b.dtype == meshc_ir::DType::F32 && self.library_serves(&[info.types[&r.inputs[0]].clone(), b])
         };
         g.nodes
             .iter()
