@@ -39,6 +39,9 @@ pub fn fuse(g: &Graph, info: &Info, folded: &Folded, library: impl Fn(&Node) -> 
     // Per fused chain's last node, the fused node; the other members are dropped.
     let mut fused: HashMap<usize, Node> = HashMap::new();
     let mut dropped = vec![false; g.nodes.len()];
+    // The members of the chains so far: a node joins one chain at most (`add(mm1, mm2)`
+    // follows both matmuls, and only the first takes it).
+    let mut taken = vec![false; g.nodes.len()];
     for &i in &info.order {
         let m = &g.nodes[i];
         if m.op != Op::MatMul
@@ -54,7 +57,7 @@ pub fn fuse(g: &Graph, info: &Info, folded: &Folded, library: impl Fn(&Node) -> 
         loop {
             let cur = g.nodes[last].name.as_str();
             let [user] = uses.get(cur).map_or(&[][..], Vec::as_slice) else { break };
-            if output(cur) {
+            if output(cur) || taken[*user] {
                 break;
             }
             let u = &g.nodes[*user];
@@ -87,6 +90,9 @@ pub fn fuse(g: &Graph, info: &Info, folded: &Folded, library: impl Fn(&Node) -> 
         }
         if steps.is_empty() {
             continue;
+        }
+        for t in [i, last].into_iter().chain((0..g.nodes.len()).filter(|&t| dropped[t])) {
+            taken[t] = true;
         }
         let mut node = g.nodes[last].clone();
         node.op = Op::MatMul;

@@ -152,12 +152,13 @@ fn fused_chains_compute_what_the_interpreter_does() {
     }
 }
 
-/// A chain stops where its value has another use, is an output, or meets an op the GEMM
-/// does not apply (sub); a step whose operand would grow the result is not taken.
+/// A chain stops where its value has another use, is an output, meets an op the GEMM does
+/// not apply (sub) or a node another chain took; a step whose operand would grow the result
+/// is not taken.
 #[test]
 fn chains_stop_where_the_value_escapes() {
     let base = "graph stops {\n  input x: f32[4,16]\n  param w: f32[16,40] = init normal{seed = 1, std = 0.3}\n  param b: f32[40] = init normal{seed = 2, std = 1}\n  input wide: f32[3,4,40]\n";
-    let cases: [(&str, Vec<Vec<&str>>); 4] = [
+    let cases: [(&str, Vec<Vec<&str>>); 5] = [
         (
             "  h = matmul(x, w)\n  a = add(h, b)\n  y = relu(a)\n  z = mul(a, a)\n  output y\n  output z\n",
             vec![vec!["add"]],
@@ -165,6 +166,12 @@ fn chains_stop_where_the_value_escapes() {
         ("  h = matmul(x, w)\n  a = add(h, b)\n  y = relu(a)\n  output a\n  output y\n", vec![vec!["add"]]),
         ("  h = matmul(x, w)\n  a = sub(h, b)\n  y = relu(a)\n  output y\n", vec![vec![]]),
         ("  h = matmul(x, w)\n  y = add(h, wide)\n  output y\n", vec![vec![]]),
+        // Both matmuls are followed by `s`: the first takes it (and runs where `y` was, after
+        // the second), the second stays plain.
+        (
+            "  h = matmul(x, w)\n  g = matmul(x, w)\n  s = add(h, g)\n  y = relu(s)\n  output y\n",
+            vec![vec![], vec!["add", "relu"]],
+        ),
     ];
     for (body, want) in cases {
         let src = format!("{base}{body}}}\n");
