@@ -58,6 +58,9 @@ pub struct Options {
     pub emit: Emit,
     /// How matmul weights are stored (`passes::fold::WeightsDtype`).
     pub weights: passes::fold::WeightsDtype,
+    /// Fold elementwise chains into the library matmuls before them (`passes::epilogue`);
+    /// false keeps them separate steps, which `cargo bench --bench models` compares against.
+    pub epilogues: bool,
 }
 
 /// Where the kernels go.
@@ -79,6 +82,7 @@ impl Default for Options {
             streams: Default::default(),
             emit: Emit::Memory,
             weights: Default::default(),
+            epilogues: true,
         }
     }
 }
@@ -697,7 +701,7 @@ pub fn compile_lowered<'p>(
         let v: Vec<_> = devices.iter().zip(&folded).map(|((d, dev, _), f)| (*d, &**dev, f)).collect();
         passes::fold::dump(&v)
     })?;
-    for ((d, dev, dinfo), f) in devices.iter_mut().zip(&folded) {
+    for ((d, dev, dinfo), f) in devices.iter_mut().zip(&folded).filter(|_| opts.epilogues) {
         let types = &dinfo.types;
         let library = |n: &Node| b.library_serves(&[types[&n.inputs[0]].clone(), f.stored(&n.inputs[1], types)]);
         if let Some(fused) = passes::epilogue::fuse(dev, dinfo, f, library) {

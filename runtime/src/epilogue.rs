@@ -74,11 +74,22 @@ pub fn operands(steps: &[Step]) -> impl Iterator<Item = &[usize]> {
 /// An operand as the rows of the result see it.
 struct Operand {
     ptr: *const f32,
-    /// Per dim of the result but the last, (size, the operand's stride along it: 0 where
-    /// broadcast).
-    dims: Vec<(usize, usize)>,
+    /// Where each row of the result finds its elements.
+    rows: Rows,
     /// 1 where the operand spans the result's columns, 0 where it is broadcast along them.
     col: usize,
+}
+
+/// Where the elements of an operand for a row of the result start.
+enum Rows {
+    /// At the start, for every row (a bias, a scale): no division per row.
+    Same,
+    /// At the row times this (an operand of the result's shape).
+    Dense(usize),
+    /// Per dim of the result but the last, up to the last the operand varies along: (size,
+    /// the operand's stride along it, 0 where broadcast); `inner` is the number of rows per
+    /// step along the last of them.
+    Strided { dims: Vec<(usize, usize)>, inner: usize },
 }
 
 /// An epilogue bound to its operands' memory for one call.
@@ -112,8 +123,16 @@ impl<'a> Bound<'a> {
                     s *= shape[d];
                 }
                 let rank = out.len();
-                let dims = (0..rank - 1).map(|d| (out[d], strides[d])).collect();
-                Operand { ptr, dims, col: strides[rank - 1] }
+                let dims = (0..rank - 1).map(|d| (out[d], strides[d])).collect::<Vec<_>>();
+                let rows = match dims.iter().rposition(|&(_, stride)| stride != 0) {
+                    None => Rows::Same,
+                    Some(_) if shape.len() == rank && shape == out => Rows::Dense(out[rank - 1]),
+                    Some(last) => {
+                        let inner = out[last + 1..rank - 1].iter().product::<usize>().max(1);
+                        Rows::Strided { dims: dims[..=last].to_vec(), inner }
+                    }
+                };
+                Operand { ptr, rows, col: strides[rank - 1] }
             })
             .collect();
         Bound { steps, operands, phi: vmath::erf_coefficients(0.5, 2.0) }
@@ -162,6 +181,8 @@ impl<'a> Bound<'a> {
         cols: std::ops::Range<usize>,
     ) {
         let (j0, width) = (cols.start, cols.len());
+        // A copy the loops can keep in registers: stores to the result might alias `self`.
+        let phi = self.phi;
         for i in 0..rows {
             let r = row0 + i;
             // SAFETY: row r, columns `cols` of the result (the caller's promise).
@@ -172,11 +193,18 @@ impl<'a> Bound<'a> {
                     let o = &self.operands[next];
                     next += 1;
                     // The operand's element at (row r, column 0), from r's index per dim.
-                    let (mut rest, mut at) = (r, 0);
-                    for &(size, stride) in o.dims.iter().rev() {
-                        at += rest % size * stride;
-                        rest /= size;
-                    }
+                    let at = match o.rows {
+                        Rows::Same => 0,
+                        Rows::Dense(len) => r * len,
+                        Rows::Strided { ref dims, inner } => {
+                            let (mut rest, mut at) = (r / inner, 0);
+                            for &(size, stride) in dims.iter().rev() {
+                                at += rest % size * stride;
+                                rest /= size;
+                            }
+                            at
+                        }
+                    };
                     // SAFETY: `new`'s caller promised an operand that broadcasts to the
                     // result: these are its elements for this row.
                     unsafe {
@@ -201,7 +229,7 @@ impl<'a> Bound<'a> {
                 match step {
                     // maximum(x, 0) as the interpreter has it: NaN and −0 pass through.
                     Step::Relu => x.iter_mut().for_each(|x| *x = if *x < 0.0 { 0.0 } else { *x }),
-                    Step::Gelu => x.iter_mut().for_each(|x| *x = vmath::gelu_erf::<FMA>(*x, &self.phi)),
+                    Step::Gelu => x.iter_mut().for_each(|x| *x = vmath::gelu_erf::<FMA>(*x, &phi)),
                     Step::GeluTanh => x.iter_mut().for_each(|x| *x = vmath::gelu_tanh::<FMA>(*x)),
                     _ => unreachable!("binary steps are above"),
                 }
@@ -214,4 +242,86 @@ impl<'a> Bound<'a> {
 fn avx512() -> bool {
     static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *HAS.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::matmul_shape::testing::{assert_close, random};
+    use meshc_ir::interp::eval_node;
+    use meshc_ir::{DType, Node, Op, Tensor, TensorType};
+
+    /// The interpreter's value of `steps` after a result `c` of shape `out`.
+    fn oracle(c: &Tensor, steps: &[Step], operands: &[Tensor]) -> Vec<f32> {
+        let mut y = c.clone();
+        let mut next = operands.iter();
+        for s in steps {
+            let (op, attrs, args): (Op, &[(&str, &str)], Vec<&Tensor>) = match s {
+                Step::Add(_) => (Op::Add, &[], vec![&y, next.next().unwrap()]),
+                Step::Mul(_) => (Op::Mul, &[], vec![&y, next.next().unwrap()]),
+                Step::Div(_) => (Op::Div, &[], vec![&y, next.next().unwrap()]),
+                Step::Relu => (Op::Relu, &[], vec![&y]),
+                Step::Gelu => (Op::Gelu, &[], vec![&y]),
+                Step::GeluTanh => (Op::Gelu, &[("approximate", "tanh")], vec![&y]),
+            };
+            let names: Vec<String> = (0..args.len()).map(|i| format!("x{i}")).collect();
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            let mut node = Node::new("s", op, &names);
+            for (k, v) in attrs {
+                node.attrs.insert(k.to_string(), meshc_ir::Attr::Str(v.to_string()));
+            }
+            y = eval_node(&node, &args, &TensorType::new(DType::F32, c.shape.clone())).unwrap();
+        }
+        y.as_f32().unwrap().to_vec()
+    }
+
+    /// Every step kind and operand kind (scalar, bias, a mask broadcast over rows and heads,
+    /// a residual), applied in blocks of every shape (whole, tiles of rows × 32 columns,
+    /// single rows) with and without FMA, gives the interpreter's values; values span GELU's
+    /// tails.
+    #[test]
+    fn blocks_match_the_interpreter() {
+        let out = [2, 3, 5, 40];
+        let c = Tensor::f32(out.to_vec(), random(1, 1200).iter().map(|v| v * 8.0).collect());
+        let shapes: [&[usize]; 4] = [&[], &[40], &[2, 1, 1, 40], &[2, 3, 5, 40]];
+        let operands: Vec<Tensor> = (shapes.iter().enumerate())
+            .map(|(i, s)| {
+                let n = s.iter().product();
+                Tensor::f32(s.to_vec(), random(2 + i as u64, n).iter().map(|v| v + 1.5).collect())
+            })
+            .collect();
+        let chains: Vec<(Vec<Step>, Vec<usize>)> = vec![
+            (vec![Step::Add(vec![40]), Step::Gelu], vec![1]),
+            (vec![Step::Mul(vec![]), Step::Add(vec![2, 1, 1, 40]), Step::Relu], vec![0, 2]),
+            (vec![Step::Div(vec![]), Step::GeluTanh, Step::Add(out.to_vec())], vec![0, 3]),
+            (vec![Step::Add(vec![2, 3, 5, 40]), Step::Mul(vec![40]), Step::Div(vec![2, 1, 1, 40])], vec![3, 1, 2]),
+        ];
+        let (rows, n) = (30, 40);
+        for (steps, which) in &chains {
+            let ops: Vec<Tensor> = which.iter().map(|&i| operands[i].clone()).collect();
+            let want = oracle(&c, steps, &ops);
+            let ptrs: Vec<*const f32> = ops.iter().map(|t| t.as_f32().unwrap().as_ptr()).collect();
+            // SAFETY: each operand holds its step's shape, which broadcasts to `out`.
+            let ep = unsafe { Bound::new(steps, &ptrs, &out) };
+            let blocks: [&[(usize, usize, usize, usize)]; 3] = [
+                &[(0, rows, 0, n)],
+                &[(0, 12, 0, 32), (0, 12, 32, 40), (12, 18, 0, 32), (12, 18, 32, 40)],
+                &[(0, 1, 0, n), (1, 29, 0, 7), (1, 29, 7, 40)],
+            ];
+            for (fma, blocks) in [false, true].into_iter().flat_map(|f| blocks.map(|b| (f, b))) {
+                let mut got = c.as_f32().unwrap().to_vec();
+                for &(r, count, j0, j1) in blocks {
+                    // SAFETY: rows r..r + count, columns j0..j1 of the 30 × 40 result.
+                    unsafe {
+                        let at = got.as_mut_ptr().add(r * n);
+                        match fma {
+                            false => ep.apply_on::<false>(at, n, (r, count), j0..j1),
+                            true => ep.apply(at, n, (r, count), j0..j1),
+                        }
+                    }
+                }
+                assert_close(&got, &want, &format!("{steps:?}, fma {fma}, blocks {blocks:?}"));
+            }
+        }
+    }
 }

@@ -28,7 +28,8 @@
 //!
 //! Products of at most `small_m::MAX_M` rows take `small_m` instead (on AVX-512 CPUs): the
 //! gemm crate's threads split blocks of rows, and a short product is a single block, so it
-//! ran on one core however many it was given. Longer ones are split by rows over
+//! ran on one core however many it was given. Longer ones are split by rows (a batch of
+//! many matrices by matrices) over
 //! `crate::pool`, each part a single-threaded gemm call.
 
 use anyhow::{bail, Result};
@@ -183,10 +184,30 @@ fn general_strided(
     // itself, k·n against the (≥ MIN_PART_ROWS)·k·n multiply-adds of its rows. (The gemm
     // crate's own threading splits blocks of rows too, but not fewer than its block, so a
     // short product ran on one core whatever it was given.)
-    let parts =
-        if threads > 1 { (crate::pool::PARTS_PER_THREAD * threads).min(m / MIN_PART_ROWS).max(threads) } else { 1 };
-    let parts = parts.min(m.max(1));
+    //
+    // A batch of at least as many matrices as parts is split by matrices instead, each
+    // computed whole by one call: split by rows, attention's 32·12 products of 128 rows
+    // were two calls each, each packing its own `b` and paying the call's dispatch.
     let (a, b, c) = (a.as_ptr() as usize, b.as_ptr() as usize, out.as_mut_ptr() as usize);
+    let wanted = crate::pool::PARTS_PER_THREAD * threads;
+    if threads > 1 && batches.len() >= wanted {
+        crate::pool::split(wanted, &|p| {
+            let mine = &batches[batches.len() * p / wanted..batches.len() * (p + 1) / wanted];
+            for &(ao, bo, oo) in mine {
+                // SAFETY: whole matrices inside the slices (asserted above), `c` aliases
+                // neither operand, and the parts write disjoint matrices.
+                unsafe {
+                    let (_, a_rs, a_cs) = a_at(0);
+                    let (a, b, c) = ((a as *const f32).add(ao), (b as *const f32).add(bo), (c as *mut f32).add(oo));
+                    gemm_strided((m, n, k), (c, n), (a, a_rs, a_cs), (b, b_rs, b_cs), false, gemm::Parallelism::None);
+                    ep.apply(c, n, (oo / n.max(1), m), 0..n);
+                }
+            }
+        });
+        return;
+    }
+    let parts = if threads > 1 { wanted.min(m / MIN_PART_ROWS).max(threads) } else { 1 };
+    let parts = parts.min(m.max(1));
     crate::pool::split(parts, &|p| {
         let (r0, r1) = (m * p / parts, m * (p + 1) / parts);
         for &(ao, bo, oo) in &batches {
@@ -465,11 +486,13 @@ mod tests {
             }
             t
         };
-        let shapes: [(&[usize], &[usize]); 6] = [
+        let shapes: [(&[usize], &[usize]); 7] = [
             (&[5, 7], &[7, 3]),
             (&[300, 70], &[70, 260]),
             (&[2, 3, 40], &[40, 9]),
             (&[3, 1, 6, 5], &[2, 5, 4]),
+            // Enough matrices that 2 or 3 threads split the batch, not the rows.
+            (&[24, 9, 7], &[24, 7, 5]),
             (&[4, 0], &[0, 6]),
             (&[0, 5], &[5, 2]),
         ];
@@ -508,7 +531,9 @@ mod tests {
     /// row of a split general GEMM, and every strip of a small-M one, is computed as alone.
     #[test]
     fn threads_do_not_change_the_bits() {
-        for (a_shape, b_shape) in [(&[700usize, 300][..], &[300usize, 70][..]), (&[2, 13, 384], &[384, 100])] {
+        let shapes: [(&[usize], &[usize]); 3] =
+            [(&[700, 300], &[300, 70]), (&[2, 13, 384], &[384, 100]), (&[3, 4, 70, 8], &[3, 4, 8, 90])];
+        for (a_shape, b_shape) in shapes {
             let (a, b, want) = oracle(a_shape, b_shape, 5);
             let (x, y) = (a.as_f32().unwrap(), b.as_f32().unwrap());
             let run = |threads| {
@@ -566,6 +591,7 @@ mod tests {
             (&[150, 300], &[300, 70]),
             (&[700, 20], &[20, 9]),
             (&[3, 300, 8], &[8, 40]),
+            (&[4, 5, 70, 8], &[4, 5, 8, 90]),
             (&[1], &[1]),
             (&[17], &[17, 3]),
             (&[4, 17], &[17]),

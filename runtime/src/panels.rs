@@ -43,6 +43,10 @@ const KC: usize = 192;
 /// while every strip passes over it.
 const MC: usize = 192;
 
+/// The most bytes of a block of the result its epilogue runs on at once
+/// (`crate::epilogue`): a block of a small-M product, its rows × a part's strips.
+const EPILOGUE_BLOCK_BYTES: usize = 256 << 10;
+
 /// Elements of one packed k×n matrix.
 pub fn packed_len(k: usize, n: usize) -> usize {
     n.div_ceil(NR) * k * NR
@@ -213,6 +217,9 @@ unsafe fn block(
     // `a` is copied where the copy serves every strip: a part of a small-M split covers
     // a few, and copying `a` for each cost more than the contention it avoids.
     let pack_a = s0 == 0 && s1 == n.div_ceil(NR);
+    // The epilogue runs on each tile as it is finished, or on the whole block of rows ×
+    // strips where that stays in L2: longer rows, a tenth of the calls.
+    let per_block = (r1 - r0).min(MC) * (s1 - s0) * NR * 4 <= EPILOGUE_BLOCK_BYTES;
     // A partial last strip is computed in here, then its columns copied out.
     let mut spare = [0f32; MR_MAX * NR];
     PACKED_A.with_borrow_mut(|packed| {
@@ -265,12 +272,15 @@ unsafe fn block(
                                 std::ptr::copy_nonoverlapping(spare.add(r * NR), c.add(r * n), cols);
                             }
                         }
-                        if last {
+                        if last && !per_block {
                             // The tile is final and in L1.
                             ep.apply(row, n, (c_row + i, rows), j..j + cols);
                         }
                     }
                 }
+            }
+            if per_block {
+                ep.apply(c.add(i0 * n), n, (c_row + i0, i1 - i0), s0 * NR..n.min(s1 * NR));
             }
         }
     });

@@ -58,17 +58,25 @@ pub fn matmul(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, threads: u
     let c = out.as_mut_ptr() as usize;
     let parts = if threads > 1 { items.min(crate::pool::PARTS_PER_THREAD * threads) } else { 1 };
     crate::pool::split(parts, &|t| {
-        for item in items * t / parts..items * (t + 1) / parts {
-            let (ao, bo, oo) = batches[item / strips];
-            let j = item % strips * NR;
+        let (from, to) = (items * t / parts, items * (t + 1) / parts);
+        let mut item = from;
+        while item < to {
+            // The run of strips of one matrix in this part, then its epilogue on the run's
+            // columns (rows × a part's strips: in L2) rather than strip by strip.
+            let (mat, s0) = (item / strips, item % strips);
+            let end = to.min((mat + 1) * strips);
+            let (ao, bo, oo) = batches[mat];
             // SAFETY: the offsets address whole matrices inside the slices (asserted
-            // above); strip `j` lies inside the n columns; AVX-512F is present
-            // (`serves`); each item writes only its own strip of its own matrix.
+            // above); the strips lie inside the n columns; AVX-512F is present (`serves`);
+            // each part writes only its own strips of its own matrix.
             unsafe {
                 let c = (c as *mut f32).add(oo);
-                strip(m, k, (n, j), a.as_ptr().add(ao), b.as_ptr().add(bo), c);
-                ep.apply(c, n, (oo / n, m), j..n.min(j + NR));
+                for j in (s0..s0 + end - item).map(|s| s * NR) {
+                    strip(m, k, (n, j), a.as_ptr().add(ao), b.as_ptr().add(bo), c);
+                }
+                ep.apply(c, n, (oo / n, m), s0 * NR..n.min((s0 + end - item) * NR));
             }
+            item = end;
         }
     });
 }

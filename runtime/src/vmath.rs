@@ -54,15 +54,17 @@ fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
     }
 }
 
-/// Horner's rule, starting with an addition when the polynomial is monic (as the
-/// generated kernels' `horner`).
+/// Horner's rule, c[5] first.
 #[inline(always)]
 fn horner<const FMA: bool>(x: f32, c: &[f32; 6]) -> f32 {
-    let (mut r, below) = if c[5] == 1.0 { (x + c[4], 4) } else { (c[5], 5) };
-    for &k in c[..below].iter().rev() {
-        r = madd::<FMA>(r, x, k);
-    }
-    r
+    c[..5].iter().rev().fold(c[5], |r, &k| madd::<FMA>(r, x, k))
+}
+
+/// Horner's rule for a monic polynomial (c[5] = 1), starting with an addition, as the
+/// generated kernels' `horner` does for one.
+#[inline(always)]
+fn horner_monic<const FMA: bool>(x: f32, c: &[f32; 6]) -> f32 {
+    c[..4].iter().rev().fold(x + c[4], |r, &k| madd::<FMA>(r, x, k))
 }
 
 /// min(x, hi) keeping NaN.
@@ -90,7 +92,7 @@ fn clamp_min(x: f32, lo: f32) -> f32 {
 pub fn gelu_erf<const FMA: bool>(x: f32, phi: &([f32; 6], [f32; 6])) -> f32 {
     let xc = clamp_min(clamp_max(x, PHI_CAP), -PHI_CAP);
     let z = xc * xc;
-    let e = xc * horner::<FMA>(z, &phi.0) / horner::<FMA>(z, &phi.1);
+    let e = xc * horner::<FMA>(z, &phi.0) / horner_monic::<FMA>(z, &phi.1);
     x * (e + 0.5)
 }
 
