@@ -15,6 +15,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use meshc::codegen::{matmul::matmul, module::jit, KernelTable, Target};
 use meshc_ir::{DType, TensorType};
+use meshc_runtime::epilogue::Bound;
 use meshc_runtime::library;
 
 /// A zeroed, 64-byte aligned buffer, as the runner hands kernels.
@@ -189,8 +190,9 @@ fn library_time(
     let mut out = Buf::new(m * n * 4);
     let (a, b, c) = (a.f32s(m * k), b.f32s(k * n), out.f32s_mut(m * n));
     let mut res = Ok(());
-    let secs =
-        best(reps, || res = library::matmul(a, b, c, &[m, k], &[k, n], &[m, n], library::Threads::Exactly(threads)));
+    let secs = best(reps, || {
+        res = library::matmul(a, b, c, &[m, k], &[k, n], &[m, n], library::Threads::Exactly(threads), &Bound::none())
+    });
     res?;
     Ok((secs, c.to_vec()))
 }
@@ -213,7 +215,7 @@ fn panels_time(
     let (a, c) = (a.f32s(m * k), out.f32s_mut(m * n));
     let mut res = Ok(());
     let t = library::Threads::Exactly(threads);
-    let secs = best(reps, || res = library::matmul_panels(a, &panels, c, &[m, k], &[k, n], &[m, n], t));
+    let secs = best(reps, || res = library::matmul_panels(a, &panels, c, &[m, k], &[k, n], &[m, n], t, &Bound::none()));
     res?;
     Ok((secs, c.to_vec()))
 }

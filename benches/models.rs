@@ -162,8 +162,11 @@ fn encoder_case(dir: &Path, (b, s): (usize, usize), anchors: &Anchors) {
     let g = text::parse(&src).expect("the encoder parses");
     let info = verify::verify(&g).expect("the encoder verifies");
     let values = params::load_all(&g, dir).expect("the checkpoint loads");
-    let compiled = driver::build(&g, &info, None, &values, &Options::default(), &Dumps::default(), None).unwrap();
-    let mut l = compiled.load().unwrap();
+    let build = |epilogues| {
+        let opts = Options { epilogues, ..Options::default() };
+        driver::build(&g, &info, None, &values, &opts, &Dumps::default(), None).unwrap().load().unwrap()
+    };
+    let (mut l, mut unfused) = (build(true), build(false));
     let inputs = encoder_inputs(b, s);
     for (name, t) in &inputs {
         t.write_npy(&dir.join(format!("{name}.npy"))).unwrap();
@@ -176,13 +179,17 @@ fn encoder_case(dir: &Path, (b, s): (usize, usize), anchors: &Anchors) {
     let probe = Instant::now();
     l.run(&inputs).unwrap();
     let runs = runs_for(probe.elapsed().as_secs_f64());
-    // 1 and 2 threads alternate, so that both see the same load from the rest of the machine.
+    // 1 and 2 threads, and the program without epilogues on 2, alternate, so that all see
+    // the same load from the rest of the machine.
     let mut times = [Vec::new(), Vec::new()];
+    let mut plain = Vec::new();
+    unfused.set_threads(2);
     for _ in 0..runs {
         for (threads, t) in [1, 2].into_iter().zip(&mut times) {
             l.set_threads(threads);
             t.push(time_run(&l, &inputs));
         }
+        plain.push(time_run(&unfused, &inputs));
     }
     l.run(&inputs).unwrap().values().next().unwrap().write_npy(&dir.join("y.npy")).unwrap();
     let meshc = times.map(median);
@@ -192,6 +199,8 @@ fn encoder_case(dir: &Path, (b, s): (usize, usize), anchors: &Anchors) {
     println!("  median of {runs} runs");
     row("meshc 1 thread", meshc[0] * 1e3, "");
     row("meshc 2 threads", meshc[1] * 1e3, &format!("({:.2}x the 1-thread run)", meshc[0] / meshc[1]));
+    let plain = median(plain);
+    row("  without epilogues", plain * 1e3, &format!("(with / without = {:.3})", meshc[1] / plain));
     let dir_s = dir.display().to_string();
     let common_args = |engine: &str, threads: usize| -> Vec<String> {
         let mut v: Vec<String> = ["encoder", &dir_s, "--engine", engine].map(String::from).to_vec();
@@ -227,14 +236,17 @@ fn encoder_case(dir: &Path, (b, s): (usize, usize), anchors: &Anchors) {
         }
     }
     l.set_threads(2);
-    gemm_table(&l, &inputs, runs.min(50));
-    let p = &l.programs[0];
-    let split = p.steps.iter().filter(|st| matches!(st.exec, Exec::Kernel(k) if p.kernels[k].parts > 1)).count();
-    let library = p.steps.iter().filter(|st| matches!(st.exec, Exec::Library(_))).count();
-    println!(
-        "  steps per run: {} ({split} generated kernels that split over the cores, {library} library matmuls)",
-        p.steps.len()
-    );
+    for (what, l) in [("", &l), (" (without epilogues)", &unfused)] {
+        println!("  per GEMM{what}:");
+        gemm_table(l, &inputs, runs.min(50));
+        let p = &l.programs[0];
+        let split = p.steps.iter().filter(|st| matches!(st.exec, Exec::Kernel(k) if p.kernels[k].parts > 1)).count();
+        let library = p.steps.iter().filter(|st| matches!(st.exec, Exec::Library(_))).count();
+        println!(
+            "  steps per run: {} ({split} generated kernels that split over the cores, {library} library matmuls)",
+            p.steps.len()
+        );
+    }
 }
 
 /// Microseconds of one fork/join of a step over two cores with no work: the runner's
@@ -275,16 +287,29 @@ fn fork_join_cost() {
 
 /// The mesh bench's MLP on the 2×4 mesh against XLA on the same machine.
 fn mlp_case(anchors: &Anchors) {
-    use common::mlp::{build, input, B, D, H, SPEC_2X4};
+    use common::mlp::{build_with, input, B, D, H, SPEC_2X4};
     let flops = 4.0 * (B * D * H) as f64;
-    let l = build(Some(SPEC_2X4)).load().unwrap();
+    let build = |epilogues| build_with(Some(SPEC_2X4), &Options { epilogues, ..Options::default() }).load().unwrap();
+    let (l, unfused) = (build(true), build(false));
     let x = input();
     let probe = Instant::now();
     l.run(&x).unwrap();
     let runs = runs_for(probe.elapsed().as_secs_f64());
-    let t = median((0..runs).map(|_| time_run(&l, &x)).collect());
+    let (mut t, mut plain) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        t.push(time_run(&l, &x));
+        plain.push(time_run(&unfused, &x));
+    }
+    let (t, plain) = (median(t), median(plain));
     println!("\n## MLP [{B},{D}]·[{D},{H}] → relu → ·[{H},{D}], {:.2} GFLOP per run, median of {runs}", flops / 1e9);
     println!("  {:<22} {:>9.3} ms {:>8.1} GFLOP/s", "meshc 2x4 mesh", t * 1e3, flops / t / 1e9);
+    println!(
+        "  {:<22} {:>9.3} ms {:>8.1} GFLOP/s  (with / without = {:.3})",
+        "  without epilogues",
+        plain * 1e3,
+        flops / plain / 1e9,
+        t / plain
+    );
     let Some(python) = &anchors.xla else {
         println!("  XLA: not measured (jax not found)");
         return;

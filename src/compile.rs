@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{bail, Context, Result};
+use meshc_ir::infer::{attr_ints, norm_axes};
 use meshc_ir::params::Params;
 use meshc_ir::verify::{verify, Info};
 use meshc_ir::{Graph, Node, Op, Tensor, TensorType};
@@ -29,7 +30,7 @@ use meshc_runtime::mesh::{Layout, Mesh};
 use meshc_runtime::panels;
 use meshc_runtime::program::{
     align_up, Buffer, Collective, Elem, Exec, IoSpec, Kernel, Library, Meta, Program, Protocol, Step, Storage,
-    Transfer, Why, ALIGN,
+    Transfer, Transposed, Why, ALIGN,
 };
 use meshc_runtime::runner::Loaded;
 
@@ -57,6 +58,9 @@ pub struct Options {
     pub emit: Emit,
     /// How matmul weights are stored (`passes::fold::WeightsDtype`).
     pub weights: passes::fold::WeightsDtype,
+    /// Fold elementwise chains into the library matmuls before them (`passes::epilogue`);
+    /// false keeps them separate steps, which `cargo bench --bench models` compares against.
+    pub epilogues: bool,
 }
 
 /// Where the kernels go.
@@ -78,6 +82,7 @@ impl Default for Options {
             streams: Default::default(),
             emit: Emit::Memory,
             weights: Default::default(),
+            epilogues: true,
         }
     }
 }
@@ -158,6 +163,21 @@ fn fused_spec(g: &Graph, info: &Info, groups: &Groups, r: usize) -> (Fused, Vec<
     (Fused { inputs: input_types, nodes }, inputs)
 }
 
+/// The epilogue of a library matmul (`passes::epilogue`), its steps' operand shapes from
+/// `info`.
+fn epilogue(node: &Node, info: &Info) -> Result<Vec<meshc_runtime::epilogue::Step>> {
+    let Some(attr) = node.attrs.get("epilogue").and_then(meshc_ir::Attr::as_str) else { return Ok(Vec::new()) };
+    let mut operands = node.inputs[2..].iter();
+    let steps = meshc_ir::ops::epilogue_steps(attr).map_err(anyhow::Error::msg)?;
+    (steps.into_iter())
+        .map(|(name, _)| {
+            let shape = || operands.next().map_or_else(Vec::new, |o| info.types[o].shape.clone());
+            meshc_runtime::epilogue::Step::parse(name, shape)
+                .with_context(|| format!("node '{}': epilogue step '{name}'", node.name))
+        })
+        .collect()
+}
+
 /// Numbers the program's buffers one at a time; arena offsets are left to the
 /// buffer-assignment pass (`passes::buffers`).
 #[derive(Default)]
@@ -186,6 +206,9 @@ fn kernel_name(node: &Node) -> String {
 
 fn generate(target: &Target, node: &Node, inputs: &[TensorType], out: &TensorType) -> Result<Generated> {
     let name = kernel_name(node);
+    if node.inputs.len() > 2 && node.op == Op::MatMul {
+        bail!("node '{}': the generated matmul kernel takes no epilogue", node.name);
+    }
     match node.op {
         Op::MatMul => codegen::matmul::matmul(target, &name, &inputs[0], &inputs[1], out),
         Op::ReduceSum | Op::ReduceMean | Op::ReduceMax | Op::Softmax | Op::LayerNorm => {
@@ -341,9 +364,49 @@ impl Builder {
                 n.op == Op::MatMul
                     && n.inputs[0] != name
                     && n.inputs[1] == name
+                    && !n.inputs[2..].iter().any(|x| x == name)
                     && self.library_serves(&[a.clone(), ty.clone()])
                     && MatmulShape::infer(&a.shape, &ty.shape).is_ok_and(|(s, _)| s.m <= panels::SMALL_M)
             })
+    }
+
+    /// The transposes that the library GEMMs reading them take through strides instead
+    /// (`meshc_runtime::program::Transposed`), each with its operand: a swap of the last two
+    /// dims of a run-time value, not an output, read only as operand `a` or `b` of library
+    /// matmuls with an f32 `b` kept row-major. The training step's backward pass transposes
+    /// activations and weights before its GEMMs: 26 MB of copies per step for the bench MLP.
+    fn strided_transposes(
+        &self,
+        g: &Graph,
+        info: &Info,
+        folded: &Folded,
+        row_major: impl Fn(&str) -> bool,
+    ) -> HashMap<String, String> {
+        let swaps_last_two = |n: &Node| {
+            let rank = info.types[&n.inputs[0]].shape.len();
+            let perm = match attr_ints(n, "perm") {
+                Some(p) => norm_axes(&p, rank).unwrap_or_default(),
+                None => (0..rank).rev().collect(),
+            };
+            rank >= 2 && perm.iter().copied().eq((0..rank - 2).chain([rank - 1, rank - 2]))
+        };
+        let library_reader = |r: &Node, name: &str| {
+            if r.op != Op::MatMul || r.inputs[2..].iter().any(|x| x == name) || !row_major(&r.inputs[1]) {
+                return false;
+            }
+            let b = folded.stored(&r.inputs[1], &info.types);
+            b.dtype == meshc_ir::DType::F32 && self.library_serves(&[info.types[&r.inputs[0]].clone(), b])
+        };
+        g.nodes
+            .iter()
+            .filter(|n| n.op == Op::Transpose && !folded.consts.contains_key(&n.name) && swaps_last_two(n))
+            .filter(|n| !g.outputs.iter().any(|o| o.name == n.name))
+            .filter(|n| {
+                let mut readers = g.nodes.iter().filter(|r| r.inputs.contains(&n.name)).peekable();
+                readers.peek().is_some() && readers.all(|r| library_reader(r, &n.name))
+            })
+            .map(|n| (n.name.clone(), n.inputs[0].clone()))
+            .collect()
     }
 
     /// The program of one device: `g` verified as `info`, its constants `folded` and its
@@ -397,6 +460,8 @@ impl Builder {
             bufs.of.insert(name.clone(), bufs.list.len() - 1);
         }
         let inputs: Vec<usize> = g.inputs.iter().map(|i| bufs.arena(&i.name, i.ty.size_bytes())).collect();
+        let strided =
+            self.strided_transposes(g, info, folded, |b| !panelled.iter().any(|p| p == b) && !masks.contains_key(b));
 
         let mut kernels: Vec<Kernel> = Vec::new();
         let mut kernel_of: HashMap<(usize, usize), usize> = HashMap::new();
@@ -413,6 +478,10 @@ impl Builder {
                 // Its matmuls read the half weight itself (`passes::fold`).
                 let b = bufs.get(weight);
                 bufs.of.insert(node.name.clone(), b);
+                continue;
+            }
+            if strided.contains_key(&node.name) {
+                // Its matmuls read its operand through strides.
                 continue;
             }
             if node.op == Op::Reshape {
@@ -451,8 +520,14 @@ impl Builder {
                     out: out.shape.clone(),
                     b_elem: Elem::of(operand_types[1].dtype),
                     panels: panelled.contains(&node.inputs[1]),
+                    epilogue: epilogue(node, info)?,
+                    transposed: Transposed {
+                        a: strided.contains_key(&node.inputs[0]),
+                        b: strided.contains_key(&node.inputs[1]),
+                    },
                 };
-                (Exec::Library(lib), node.inputs.clone(), 0)
+                let operands = node.inputs.iter().map(|i| strided.get(i).unwrap_or(i).clone()).collect();
+                (Exec::Library(lib), operands, 0)
             } else {
                 let (generated, operands) = if node.op.is_elementwise() {
                     let (spec, operands) = fused_spec(g, info, groups, r);
@@ -625,6 +700,18 @@ pub fn compile_lowered<'p>(
     dumps.emit("fold", || {
         let v: Vec<_> = devices.iter().zip(&folded).map(|((d, dev, _), f)| (*d, &**dev, f)).collect();
         passes::fold::dump(&v)
+    })?;
+    for ((d, dev, dinfo), f) in devices.iter_mut().zip(&folded).filter(|_| opts.epilogues) {
+        let types = &dinfo.types;
+        let library = |n: &Node| b.library_serves(&[types[&n.inputs[0]].clone(), f.stored(&n.inputs[1], types)]);
+        if let Some(fused) = passes::epilogue::fuse(dev, dinfo, f, library) {
+            *dinfo = verify(&fused).with_context(|| format!("device {d}: the fused program does not verify"))?;
+            *dev = std::borrow::Cow::Owned(fused);
+        }
+    }
+    dumps.emit("epilogue", || {
+        let v: Vec<_> = devices.iter().map(|(d, dev, _)| (*d, &**dev)).collect();
+        passes::epilogue::dump(&v)
     })?;
     let groups: Vec<Groups> =
         devices.iter().zip(&folded).map(|((_, dev, dinfo), f)| passes::fuse::fuse(dev, dinfo, f)).collect();

@@ -29,11 +29,16 @@ pub const SPEC_2X4: &str = r#"{"format": "meshc-layout/1",
   "rules": {"batch": "data", "hidden": "model"}}"#;
 
 pub fn build(spec: Option<&str>) -> Compiled {
+    build_with(spec, &Options::default())
+}
+
+/// `build` with these options.
+pub fn build_with(spec: Option<&str>, opts: &Options) -> Compiled {
     let g = text::parse(GRAPH).expect("bench graph parses");
     let info = verify::verify(&g).expect("bench graph verifies");
     let values = params::load_all(&g, std::path::Path::new(".")).expect("init params");
     let spec = spec.map(|s| layout::parse(s, "bench-spec").expect("bench spec parses"));
-    driver::build(&g, &info, spec.as_ref(), &values, &Options::default(), &Dumps::default(), None).expect("compiles")
+    driver::build(&g, &info, spec.as_ref(), &values, opts, &Dumps::default(), None).expect("compiles")
 }
 
 pub fn input() -> HashMap<String, Tensor> {

@@ -222,7 +222,11 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
             let dims = broadcast_dims(ops, shape.len());
             Ok(Inferred { ty: TensorType::new(dtype, shape), dims })
         }
-        MatMul => matmul(ops),
+        MatMul => {
+            let r = matmul(&ops[..2])?;
+            epilogue(node, &ops[2..], &ops[..2], &r.ty)?;
+            Ok(r)
+        }
         Einsum => einsum(attr_str(node, "equation", ""), ops),
         ReduceSum | ReduceMean | ReduceMax => {
             let x = x.expect("arity checked");
@@ -467,6 +471,26 @@ fn matmul(ops: &[Operand]) -> R<Inferred> {
     }
     let any = a.dims.is_some() || b.dims.is_some();
     Ok(Inferred { ty: TensorType::new(DType::F32, shape), dims: any.then_some(dims) })
+}
+
+/// Checks a matmul's epilogue (`extra`: its operands after `ab`) against its result `out`.
+fn epilogue(node: &Node, extra: &[Operand], ab: &[Operand], out: &TensorType) -> R<()> {
+    let steps = match node.attrs.get("epilogue").and_then(Attr::as_str) {
+        Some(s) => crate::ops::epilogue_steps(s)?,
+        None => Vec::new(),
+    };
+    let binary = steps.iter().filter(|s| s.1).count();
+    if binary != extra.len() {
+        return Err(format!("matmul has {} operands after a and b, its epilogue takes {binary}", extra.len()));
+    }
+    if !steps.is_empty() && ab.iter().any(|o| o.ty.rank() < 2) {
+        return Err("an epilogue follows a product of matrices (rank >= 2 each)".into());
+    }
+    for (i, o) in extra.iter().enumerate() {
+        expect_dtype(o, FLOAT, &format!("epilogue operand {i}"))?;
+        crate::ops::check_epilogue_operand(&o.ty.shape, &out.shape)?;
+    }
+    Ok(())
 }
 
 /// Parses `"ab,bc->ac"` into operand letter lists and the output letters.

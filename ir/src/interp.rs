@@ -150,7 +150,26 @@ fn eval(node: &Node, args: &[&Tensor]) -> R<Tensor> {
             Ok(Tensor::new(args[0].shape.clone(), cast(&args[0].data, to)))
         }
         Where => where_(args[0], args[1], args[2]),
-        MatMul => matmul(args[0], args[1]),
+        MatMul => {
+            let mut y = matmul(args[0], args[1])?;
+            let steps = match str_attr(node, "epilogue", Some(""))? {
+                "" => Vec::new(),
+                s => crate::ops::epilogue_steps(s)?,
+            };
+            let mut operands = args[2..].iter();
+            let mut next = || operands.next().ok_or_else(|| "an epilogue step lacks its operand".to_string());
+            for (name, _) in steps {
+                y = match name {
+                    "add" => binary(Add, &y, next()?)?,
+                    "mul" => binary(Mul, &y, next()?)?,
+                    "div" => binary(Div, &y, next()?)?,
+                    "relu" => unary(Relu, false, &y)?,
+                    "gelu" => unary(Gelu, false, &y)?,
+                    _ => unary(Gelu, true, &y)?,
+                };
+            }
+            Ok(y)
+        }
         Einsum => einsum(str_attr(node, "equation", None)?, args),
         ReduceSum | ReduceMean | ReduceMax => {
             let axes = match ints_attr(node, "axes")? {

@@ -175,7 +175,9 @@ impl Op {
             _ if self.is_binary_elementwise() => Arity::Exactly(2),
             _ if self.is_unary_elementwise() => Arity::Exactly(1),
             Where | LayerNorm | ScatterElements => Arity::Exactly(3),
-            MatMul | Gather => Arity::Exactly(2),
+            Gather => Arity::Exactly(2),
+            // The operands of its epilogue's binary steps follow a and b.
+            MatMul => Arity::AtLeast(2),
             Conv => Arity::AtLeast(2),
             Einsum | Concat => Arity::AtLeast(1),
             Recv => Arity::Exactly(0),
@@ -188,6 +190,7 @@ impl Op {
         use Op::*;
         match self {
             Gelu => const { &[opt("approximate", K::Enum(GELU_APPROX))] },
+            MatMul => const { &[opt("epilogue", K::Str)] },
             Cast => const { &[req("to", K::DType)] },
             Mod => const { &[opt("fmod", K::Bool)] },
             Einsum => const { &[req("equation", K::Str)] },
@@ -230,6 +233,40 @@ impl Op {
             Pad => const { &[req("pads", K::Ints), opt("mode", K::Enum(PAD_MODES)), opt("value", K::Float)] },
             _ => &[],
         }
+    }
+}
+
+/// The steps a matmul's `epilogue` attribute may list (docs/ops.md), with whether each takes
+/// an operand: the matmul's operands after `a` and `b`, one per such step, in order.
+pub const EPILOGUE_STEPS: &[(&str, bool)] =
+    &[("add", true), ("mul", true), ("div", true), ("relu", false), ("gelu", false), ("gelu_tanh", false)];
+
+/// The steps of an `epilogue` attribute (comma-separated names of `EPILOGUE_STEPS`), with
+/// whether each takes an operand.
+pub fn epilogue_steps(attr: &str) -> Result<Vec<(&'static str, bool)>, String> {
+    attr.split(',')
+        .map(|name| {
+            let name = name.trim();
+            EPILOGUE_STEPS.iter().find(|(n, _)| *n == name).copied().ok_or_else(|| {
+                let known: Vec<&str> = EPILOGUE_STEPS.iter().map(|s| s.0).collect();
+                format!("unknown epilogue step '{name}' (steps: {})", known.join(", "))
+            })
+        })
+        .collect()
+}
+
+/// Checks that an epilogue operand of shape `operand` broadcasts (numpy's rules) to the
+/// matmul's result `out` without growing it: the kernels apply it to the result in place.
+pub fn check_epilogue_operand(operand: &[usize], out: &[usize]) -> Result<(), String> {
+    let fits =
+        operand.len() <= out.len() && operand.iter().rev().zip(out.iter().rev()).all(|(&o, &r)| o == r || o == 1);
+    match fits {
+        true => Ok(()),
+        false => Err(format!(
+            "epilogue operand {} does not broadcast to the result {}",
+            crate::dtype::ShapeDisplay(operand),
+            crate::dtype::ShapeDisplay(out)
+        )),
     }
 }
 

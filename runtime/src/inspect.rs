@@ -142,8 +142,17 @@ fn program_report(s: &mut String, p: &Program) -> Result<()> {
     for (i, st) in p.steps.iter().enumerate() {
         let exec = match &st.exec {
             Exec::Kernel(k) => format!("kernel k{k}"),
-            Exec::Library(Library::Matmul { a, b, panels, .. }) => {
-                format!("library gemm {a:?}x{b:?}{}", if *panels { " (weight in panels)" } else { "" })
+            Exec::Library(Library::Matmul { a, b, panels, epilogue, transposed, .. }) => {
+                let steps: Vec<&str> = epilogue.iter().map(crate::epilogue::Step::name).collect();
+                let epilogue = if steps.is_empty() { String::new() } else { format!(" + {}", steps.join(",")) };
+                let stored = match (transposed.a, transposed.b) {
+                    (true, true) => " (a, b stored transposed)",
+                    (true, false) => " (a stored transposed)",
+                    (false, true) => " (b stored transposed)",
+                    (false, false) => "",
+                };
+                let panels = if *panels { " (weight in panels)" } else { "" };
+                format!("library gemm {a:?}x{b:?}{epilogue}{panels}{stored}")
             }
             Exec::Collective(c) => {
                 let group = c.groups.iter().find(|g| g.contains(&p.device)).cloned().unwrap_or_default();

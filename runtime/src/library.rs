@@ -28,15 +28,17 @@
 //!
 //! Products of at most `small_m::MAX_M` rows take `small_m` instead (on AVX-512 CPUs): the
 //! gemm crate's threads split blocks of rows, and a short product is a single block, so it
-//! ran on one core however many it was given. Longer ones are split by rows over
+//! ran on one core however many it was given. Longer ones are split by rows (a batch of
+//! many matrices by matrices) over
 //! `crate::pool`, each part a single-threaded gemm call.
 
 use anyhow::{bail, Result};
 use meshc_ir::{DType, TensorType};
 
+use crate::epilogue::Bound;
 use crate::mask::Mask;
 use crate::matmul_shape::MatmulShape;
-use crate::program::Elem;
+use crate::program::{Elem, Transposed};
 use crate::small_m;
 
 /// Multiply-adds per matrix below which a second thread costs more than it saves (from
@@ -82,7 +84,9 @@ const SMALL_M_PARALLEL_MIN_MACS: usize = 1 << 18;
 /// than threads × this): fewer rows than the kernel's blocking waste its tiles.
 const MIN_PART_ROWS: usize = 128;
 
-/// `out = a @ b` (numpy `matmul`, f32, batch dims broadcast) on `threads`.
+/// `out = a @ b` (numpy `matmul`, f32, batch dims broadcast) on `threads`, then `ep`
+/// (`crate::epilogue`) on each block of the result as it is finished.
+#[allow(clippy::too_many_arguments)]
 pub fn matmul(
     a: &[f32],
     b: &[f32],
@@ -91,21 +95,23 @@ pub fn matmul(
     b_shape: &[usize],
     out_shape: &[usize],
     threads: Threads,
+    ep: &Bound,
 ) -> Result<()> {
     check_lengths([a.len(), b.len(), out.len()], a_shape, b_shape, out_shape)?;
     let s = MatmulShape::new(a_shape, b_shape, out_shape)?;
     let macs = s.k.saturating_mul(out_shape.iter().product());
     if small_m::serves(s.m) {
-        small_m::matmul(a, b, out, &s, threads.pick_small_m(macs));
+        small_m::matmul(a, b, out, &s, threads.pick_small_m(macs), ep);
     } else {
-        general(a, b, out, &s, threads.pick(macs));
+        general(a, b, out, &s, threads.pick(macs), ep);
     }
     Ok(())
 }
 
 /// `out = a @ b` (numpy `matmul`, f32) with `b` a weight stored in panels
 /// (`crate::panels`: `panels::packed_len(k, n)` elements per matrix of `b_shape`), on
-/// `threads`: no packing at run time.
+/// `threads`: no packing at run time; then `ep` on each tile as it is finished.
+#[allow(clippy::too_many_arguments)]
 pub fn matmul_panels(
     a: &[f32],
     panels: &[f32],
@@ -114,20 +120,61 @@ pub fn matmul_panels(
     b_shape: &[usize],
     out_shape: &[usize],
     threads: Threads,
+    ep: &Bound,
 ) -> Result<()> {
     let Some(b_len) = crate::panels::packed_elems(b_shape) else { bail!("matmul: operand b {b_shape:?} is too large") };
     check_lengths([a.len(), panels.len(), out.len()], a_shape, &[b_len], out_shape)?;
     let s = MatmulShape::new(a_shape, b_shape, out_shape)?;
     let macs = s.k.saturating_mul(out_shape.iter().product());
     let threads = if s.m <= crate::panels::SMALL_M { threads.pick_small_m(macs) } else { threads.pick(macs) };
-    crate::panels::matmul(a, panels, out, &s, threads);
+    crate::panels::matmul(a, panels, out, &s, threads, ep);
     Ok(())
 }
 
-/// `out = a @ b` for the plan `s` by the gemm crate on `threads` cores; the caller checked
-/// the slices' lengths against the shapes.
-fn general(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, threads: usize) {
+/// `out = a @ b` for the plan `s` by the gemm crate on `threads` cores, then `ep` on each
+/// part's rows; the caller checked the slices' lengths against the shapes.
+fn general(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, threads: usize, ep: &Bound) {
+    general_strided(a, b, out, s, Transposed::default(), threads, ep)
+}
+
+/// `out = a @ b` (numpy `matmul`, f32) with `a` and/or `b` stored transposed (their last two
+/// dims swapped), on `threads`, then `ep` on each block of rows: the gemm crate reads any
+/// strides as it packs, so a transpose before a GEMM costs no pass over memory.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_transposed(
+    a: &[f32],
+    b: &[f32],
+    out: &mut [f32],
+    a_shape: &[usize],
+    b_shape: &[usize],
+    out_shape: &[usize],
+    transposed: Transposed,
+    threads: Threads,
+    ep: &Bound,
+) -> Result<()> {
+    check_lengths([a.len(), b.len(), out.len()], a_shape, b_shape, out_shape)?;
+    let s = MatmulShape::unfolded(a_shape, b_shape, out_shape)?;
+    if (transposed.a && a_shape.len() < 2) || (transposed.b && b_shape.len() < 2) {
+        bail!("matmul: only a matrix operand can be stored transposed");
+    }
+    general_strided(a, b, out, &s, transposed, threads.pick(s.k.saturating_mul(out_shape.iter().product())), ep);
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn general_strided(
+    a: &[f32],
+    b: &[f32],
+    out: &mut [f32],
+    s: &MatmulShape,
+    transposed: Transposed,
+    threads: usize,
+    ep: &Bound,
+) {
     let (m, k, n) = (s.m, s.k, s.n);
+    // (offset of row r, row stride, column stride) of each operand as stored.
+    let a_at = |r: usize| if transposed.a { (r, 1, m) } else { (r * k, k, 1) };
+    let (b_rs, b_cs) = if transposed.b { (1, k) } else { (n, 1) };
     let batches = s.batch_offsets();
     for &(ao, bo, oo) in &batches {
         assert!(ao + m * k <= a.len() && bo + k * n <= b.len() && oo + m * n <= out.len());
@@ -137,19 +184,41 @@ fn general(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, threads: usiz
     // itself, k·n against the (≥ MIN_PART_ROWS)·k·n multiply-adds of its rows. (The gemm
     // crate's own threading splits blocks of rows too, but not fewer than its block, so a
     // short product ran on one core whatever it was given.)
-    let parts =
-        if threads > 1 { (crate::pool::PARTS_PER_THREAD * threads).min(m / MIN_PART_ROWS).max(threads) } else { 1 };
-    let parts = parts.min(m.max(1));
+    //
+    // A batch of at least as many matrices as parts is split by matrices instead, each
+    // computed whole by one call: split by rows, attention's 32·12 products of 128 rows
+    // were two calls each, each packing its own `b` and paying the call's dispatch.
     let (a, b, c) = (a.as_ptr() as usize, b.as_ptr() as usize, out.as_mut_ptr() as usize);
+    let wanted = crate::pool::PARTS_PER_THREAD * threads;
+    if threads > 1 && batches.len() >= wanted {
+        crate::pool::split(wanted, &|p| {
+            let mine = &batches[batches.len() * p / wanted..batches.len() * (p + 1) / wanted];
+            for &(ao, bo, oo) in mine {
+                // SAFETY: whole matrices inside the slices (asserted above), `c` aliases
+                // neither operand, and the parts write disjoint matrices.
+                unsafe {
+                    let (_, a_rs, a_cs) = a_at(0);
+                    let (a, b, c) = ((a as *const f32).add(ao), (b as *const f32).add(bo), (c as *mut f32).add(oo));
+                    gemm_strided((m, n, k), (c, n), (a, a_rs, a_cs), (b, b_rs, b_cs), false, gemm::Parallelism::None);
+                    ep.apply(c, n, (oo / n.max(1), m), 0..n);
+                }
+            }
+        });
+        return;
+    }
+    let parts = if threads > 1 { wanted.min(m / MIN_PART_ROWS).max(threads) } else { 1 };
+    let parts = parts.min(m.max(1));
     crate::pool::split(parts, &|p| {
         let (r0, r1) = (m * p / parts, m * (p + 1) / parts);
         for &(ao, bo, oo) in &batches {
             // SAFETY: rows r0..r1 of whole matrices inside the slices (asserted above), `c`
             // aliases neither operand, and the parts write disjoint rows.
             unsafe {
+                let (a_off, a_rs, a_cs) = a_at(r0);
                 let (a, b, c) =
-                    ((a as *const f32).add(ao + r0 * k), (b as *const f32).add(bo), (c as *mut f32).add(oo + r0 * n));
-                gemm_rows((r1 - r0, n, k), (c, n), (a, k), (b, n), false, gemm::Parallelism::None);
+                    ((a as *const f32).add(ao + a_off), (b as *const f32).add(bo), (c as *mut f32).add(oo + r0 * n));
+                gemm_strided((r1 - r0, n, k), (c, n), (a, a_rs, a_cs), (b, b_rs, b_cs), false, gemm::Parallelism::None);
+                ep.apply(c, n, (oo / n.max(1) + r0, r1 - r0), 0..n);
             }
         }
     });
@@ -162,10 +231,26 @@ fn general(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, threads: usiz
 /// The pointers must address matrices of those shapes and strides, and `c` must alias
 /// neither `a` nor `b`.
 unsafe fn gemm_rows(
-    (m, n, k): (usize, usize, usize),
-    (c, ldc): (*mut f32, usize),
+    mnk: (usize, usize, usize),
+    c: (*mut f32, usize),
     (a, lda): (*const f32, usize),
     (b, ldb): (*const f32, usize),
+    accumulate: bool,
+    parallelism: gemm::Parallelism,
+) {
+    // SAFETY: as the caller promises.
+    unsafe { gemm_strided(mnk, c, (a, lda, 1), (b, ldb, 1), accumulate, parallelism) }
+}
+
+/// `gemm_rows` with `a` and `b` given as (first element, row stride, column stride).
+///
+/// # Safety
+/// As `gemm_rows`.
+unsafe fn gemm_strided(
+    (m, n, k): (usize, usize, usize),
+    (c, ldc): (*mut f32, usize),
+    (a, a_rs, a_cs): (*const f32, usize, usize),
+    (b, b_rs, b_cs): (*const f32, usize, usize),
     accumulate: bool,
     parallelism: gemm::Parallelism,
 ) {
@@ -180,11 +265,11 @@ unsafe fn gemm_rows(
             ldc as isize,
             accumulate,
             a,
-            1,
-            lda as isize,
+            a_cs as isize,
+            a_rs as isize,
             b,
-            1,
-            ldb as isize,
+            b_cs as isize,
+            b_rs as isize,
             1.0,
             1.0,
             false,
@@ -207,7 +292,9 @@ thread_local! {
 
 /// `matmul` with `b` stored as f16 or bf16 bits (`Elem`): `HALF_ROWS` rows of b at a time
 /// are widened (exactly) into an f32 block and their product is accumulated into the
-/// result, so a half weight costs a conversion per block, never a whole f32 copy.
+/// result, so a half weight costs a conversion per block, never a whole f32 copy; then `ep`
+/// on each matrix.
+#[allow(clippy::too_many_arguments)]
 pub fn matmul_half(
     a: &[f32],
     (b, elem): (&[u16], Elem),
@@ -216,6 +303,7 @@ pub fn matmul_half(
     b_shape: &[usize],
     out_shape: &[usize],
     threads: Threads,
+    ep: &Bound,
 ) -> Result<()> {
     use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
     check_lengths([a.len(), b.len(), out.len()], a_shape, b_shape, out_shape)?;
@@ -250,6 +338,8 @@ pub fn matmul_half(
                     gemm_rows((m, n, rows), (c.as_mut_ptr(), n), (a, k), (wide.as_ptr(), n), k0 > 0, parallelism);
                 }
             }
+            // SAFETY: `c` is the m×n matrix at row oo / n of the result.
+            unsafe { ep.apply(c.as_mut_ptr(), n, (oo / n, m), 0..n) };
         }
     });
     Ok(())
@@ -273,7 +363,7 @@ fn check_lengths(lens: [usize; 3], a_shape: &[usize], b_shape: &[usize], out_sha
 /// views of the operands, so pruned columns and rows of `b` cost nothing. `threads` are
 /// picked for the work the mask leaves. Threads split the rows of
 /// the result (each runs every pair on its rows): one fork per matrix instead of one per
-/// GEMM call, which matters with many short runs.
+/// GEMM call, which matters with many short runs. Then `ep` on each thread's rows.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_masked(
     a: &[f32],
@@ -284,6 +374,7 @@ pub fn matmul_masked(
     out_shape: &[usize],
     mask: &Mask,
     threads: Threads,
+    ep: &Bound,
 ) -> Result<()> {
     check_lengths([a.len(), b.len(), out.len()], a_shape, b_shape, out_shape)?;
     let s = MatmulShape::new(a_shape, b_shape, out_shape)?;
@@ -303,10 +394,16 @@ pub fn matmul_masked(
             let mut blocks = out[oo..oo + m * n].chunks_mut(rows_per * n).enumerate().peekable();
             while let Some((t, c)) = blocks.next() {
                 let a = &a[ao + t * rows_per * k..ao + (t * rows_per + c.len() / n) * k];
-                if blocks.peek().is_some() {
-                    scope.spawn(move || masked_rows(a, b, c, (k, n), mask));
-                } else {
+                let rows = (oo / n + t * rows_per, c.len() / n);
+                let mut part = move || {
                     masked_rows(a, b, c, (k, n), mask);
+                    // SAFETY: `c` holds these rows of the result, this part's alone.
+                    unsafe { ep.apply(c.as_mut_ptr(), n, rows, 0..n) };
+                };
+                if blocks.peek().is_some() {
+                    scope.spawn(part);
+                } else {
+                    part();
                 }
             }
         });
@@ -364,24 +461,85 @@ mod tests {
         for threads in [1, 2, 3] {
             let what = format!("{a_shape:?} @ {b_shape:?}, {threads} threads");
             let mut out = vec![f32::NAN; want.numel()];
-            matmul(x, y, &mut out, a_shape, b_shape, &want.shape, Threads::Exactly(threads)).unwrap();
+            matmul(x, y, &mut out, a_shape, b_shape, &want.shape, Threads::Exactly(threads), &Bound::none()).unwrap();
             assert_close(&out, want.as_f32().unwrap(), &what);
             let mut out = vec![f32::NAN; want.numel()];
-            general(x, y, &mut out, &s, threads);
+            general(x, y, &mut out, &s, threads, &Bound::none());
             assert_close(&out, want.as_f32().unwrap(), &format!("{what}, general path"));
         }
+    }
+
+    /// Operands stored transposed (their last two dims swapped, as a folded `transpose`
+    /// leaves them) give the product of the operands themselves: a, b or both, batched and
+    /// broadcast, row counts the pool splits and does not, empty dims, 1 to 3 threads.
+    #[test]
+    fn transposed_operands_give_the_product_of_the_operands() {
+        let swap = |x: &[f32], shape: &[usize]| -> Vec<f32> {
+            let (r, c) = (shape[shape.len() - 2], shape[shape.len() - 1]);
+            let mut t = vec![0.0; x.len()];
+            for (src, dst) in x.chunks((r * c).max(1)).zip(t.chunks_mut((r * c).max(1))) {
+                for i in 0..r {
+                    for j in 0..c {
+                        dst[j * r + i] = src[i * c + j];
+                    }
+                }
+            }
+            t
+        };
+        let shapes: [(&[usize], &[usize]); 7] = [
+            (&[5, 7], &[7, 3]),
+            (&[300, 70], &[70, 260]),
+            (&[2, 3, 40], &[40, 9]),
+            (&[3, 1, 6, 5], &[2, 5, 4]),
+            // Enough matrices that 2 or 3 threads split the batch, not the rows.
+            (&[24, 9, 7], &[24, 7, 5]),
+            (&[4, 0], &[0, 6]),
+            (&[0, 5], &[5, 2]),
+        ];
+        for (a_shape, b_shape) in shapes {
+            let (a, b, want) = oracle(a_shape, b_shape, 7);
+            let (x, y) = (a.as_f32().unwrap(), b.as_f32().unwrap());
+            for (ta, tb) in [(true, false), (false, true), (true, true)] {
+                let xs = if ta { swap(x, a_shape) } else { x.to_vec() };
+                let ys = if tb { swap(y, b_shape) } else { y.to_vec() };
+                for threads in [1, 2, 3] {
+                    let what = format!("{a_shape:?}{ta} @ {b_shape:?}{tb}, {threads} threads");
+                    let mut out = vec![f32::NAN; want.numel()];
+                    let t = Transposed { a: ta, b: tb };
+                    let (th, ep) = (Threads::Exactly(threads), &Bound::none());
+                    matmul_transposed(&xs, &ys, &mut out, a_shape, b_shape, &want.shape, t, th, ep).unwrap();
+                    assert_close(&out, want.as_f32().unwrap(), &what);
+                }
+            }
+        }
+        let t = Transposed { a: true, b: false };
+        let err = matmul_transposed(
+            &[0.0; 3],
+            &[0.0; 6],
+            &mut [0.0; 2],
+            &[3],
+            &[3, 2],
+            &[2],
+            t,
+            Threads::Exactly(1),
+            &Bound::none(),
+        );
+        assert!(err.unwrap_err().to_string().contains("only a matrix"));
     }
 
     /// The thread count does not change a bit of the result (README: `--threads`): every
     /// row of a split general GEMM, and every strip of a small-M one, is computed as alone.
     #[test]
     fn threads_do_not_change_the_bits() {
-        for (a_shape, b_shape) in [(&[700usize, 300][..], &[300usize, 70][..]), (&[2, 13, 384], &[384, 100])] {
+        let shapes: [(&[usize], &[usize]); 3] =
+            [(&[700, 300], &[300, 70]), (&[2, 13, 384], &[384, 100]), (&[3, 4, 70, 8], &[3, 4, 8, 90])];
+        for (a_shape, b_shape) in shapes {
             let (a, b, want) = oracle(a_shape, b_shape, 5);
             let (x, y) = (a.as_f32().unwrap(), b.as_f32().unwrap());
             let run = |threads| {
                 let mut out = vec![f32::NAN; want.numel()];
-                matmul(x, y, &mut out, a_shape, b_shape, &want.shape, Threads::Exactly(threads)).unwrap();
+                matmul(x, y, &mut out, a_shape, b_shape, &want.shape, Threads::Exactly(threads), &Bound::none())
+                    .unwrap();
                 out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
             };
             let one = run(1);
@@ -417,7 +575,7 @@ mod tests {
                     let mut out = vec![f32::NAN; want.numel()];
                     let x = a.as_f32().unwrap();
                     let t = Threads::Exactly(threads);
-                    matmul_half(x, (&bits, elem), &mut out, a_shape, b_shape, &want.shape, t).unwrap();
+                    matmul_half(x, (&bits, elem), &mut out, a_shape, b_shape, &want.shape, t, &Bound::none()).unwrap();
                     assert_close(&out, want.as_f32().unwrap(), &format!("{a_shape:?} @ {dtype}{b_shape:?}"));
                 }
             }
@@ -433,6 +591,7 @@ mod tests {
             (&[150, 300], &[300, 70]),
             (&[700, 20], &[20, 9]),
             (&[3, 300, 8], &[8, 40]),
+            (&[4, 5, 70, 8], &[4, 5, 8, 90]),
             (&[1], &[1]),
             (&[17], &[17, 3]),
             (&[4, 17], &[17]),
@@ -473,26 +632,42 @@ mod tests {
             for threads in [1, 2, 3] {
                 let mut out = vec![f32::NAN; want.numel()];
                 let (x, y) = (a.as_f32().unwrap(), b.as_f32().unwrap());
-                matmul_masked(x, y, &mut out, a_shape, b_shape, &out_shape, &mask, Threads::Exactly(threads)).unwrap();
+                let t = Threads::Exactly(threads);
+                matmul_masked(x, y, &mut out, a_shape, b_shape, &out_shape, &mask, t, &Bound::none()).unwrap();
                 assert_close(&out, want.as_f32().unwrap(), &format!("{a_shape:?} @ {b_shape:?}, {threads} threads"));
             }
         }
         let mut out = vec![0.0; 4];
         let wrong = Mask::new(&[true, false], &[true; 4], 1);
-        let e = matmul_masked(&[0.0; 6], &[0.0; 6], &mut out, &[2, 3], &[3, 2], &[2, 2], &wrong, Threads::UpTo(1))
-            .unwrap_err();
+        let e = matmul_masked(
+            &[0.0; 6],
+            &[0.0; 6],
+            &mut out,
+            &[2, 3],
+            &[3, 2],
+            &[2, 2],
+            &wrong,
+            Threads::UpTo(1),
+            &Bound::none(),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("a mask of 4x2 matrices"), "{e}");
     }
 
     #[test]
     fn checks_shapes_and_lengths() {
         let mut out = vec![0.0; 4];
-        assert!(matmul(&[0.0; 6], &[0.0; 6], &mut out, &[2, 3], &[3, 2], &[2, 2], Threads::UpTo(1)).is_ok());
-        let e = matmul(&[0.0; 6], &[0.0; 6], &mut out, &[2, 3], &[2, 3], &[2, 2], Threads::UpTo(1)).unwrap_err();
+        assert!(
+            matmul(&[0.0; 6], &[0.0; 6], &mut out, &[2, 3], &[3, 2], &[2, 2], Threads::UpTo(1), &Bound::none()).is_ok()
+        );
+        let e = matmul(&[0.0; 6], &[0.0; 6], &mut out, &[2, 3], &[2, 3], &[2, 2], Threads::UpTo(1), &Bound::none())
+            .unwrap_err();
         assert!(e.to_string().contains("contraction dims differ"), "{e}");
-        let e = matmul(&[0.0; 5], &[0.0; 6], &mut out, &[2, 3], &[3, 2], &[2, 2], Threads::UpTo(1)).unwrap_err();
+        let e = matmul(&[0.0; 5], &[0.0; 6], &mut out, &[2, 3], &[3, 2], &[2, 2], Threads::UpTo(1), &Bound::none())
+            .unwrap_err();
         assert!(e.to_string().contains("operand a has 5 elements"), "{e}");
-        let e = matmul(&[0.0; 6], &[0.0; 6], &mut out, &[2, 3], &[3, 2], &[4], Threads::UpTo(1)).unwrap_err();
+        let e = matmul(&[0.0; 6], &[0.0; 6], &mut out, &[2, 3], &[3, 2], &[4], Threads::UpTo(1), &Bound::none())
+            .unwrap_err();
         assert!(e.to_string().contains("does not match"), "{e}");
     }
 

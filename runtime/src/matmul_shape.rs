@@ -28,7 +28,17 @@ pub struct MatmulShape {
 impl MatmulShape {
     /// numpy `matmul` shape rules; `out` must be exactly the result shape.
     pub fn new(a: &[usize], b: &[usize], out: &[usize]) -> Result<MatmulShape> {
-        let (shape, want) = MatmulShape::infer(a, b)?;
+        MatmulShape::checked(a, b, out, true)
+    }
+
+    /// `new`, but every matrix of `a` stays a GEMM of its own: an `a` stored transposed
+    /// has no consecutive rows to fold into a tall one.
+    pub fn unfolded(a: &[usize], b: &[usize], out: &[usize]) -> Result<MatmulShape> {
+        MatmulShape::checked(a, b, out, false)
+    }
+
+    fn checked(a: &[usize], b: &[usize], out: &[usize], fold: bool) -> Result<MatmulShape> {
+        let (shape, want) = MatmulShape::plan(a, b, fold)?;
         if want != out {
             bail!("matmul result shape {out:?} does not match {a:?} @ {b:?} (expected {want:?})");
         }
@@ -37,6 +47,10 @@ impl MatmulShape {
 
     /// The plan for `a @ b`, and the result's shape.
     pub fn infer(a: &[usize], b: &[usize]) -> Result<(MatmulShape, Vec<usize>)> {
+        MatmulShape::plan(a, b, true)
+    }
+
+    fn plan(a: &[usize], b: &[usize], fold: bool) -> Result<(MatmulShape, Vec<usize>)> {
         let (a_batch, m, k) = match a {
             [] => bail!("matmul operand a is a scalar"),
             [k] => (&[][..], 1, *k),
@@ -84,7 +98,7 @@ impl MatmulShape {
             .collect();
         let count: usize = batch.iter().map(|d| d.size).product();
         let a_count: usize = a_batch.iter().product();
-        if batch.iter().all(|d| d.b_stride == 0) && a_count == count {
+        if fold && batch.iter().all(|d| d.b_stride == 0) && a_count == count {
             // a's matrices, like the result's, are consecutive: rows of one tall GEMM.
             return Ok((MatmulShape { m: m * count, k, n, batch: Vec::new() }, out));
         }

@@ -22,6 +22,7 @@
 //! `KC`-deep slices of the contraction so a strip's slice stays in L1 while the row tiles
 //! of the block pass over it.
 
+use crate::epilogue::Bound;
 use crate::matmul_shape::MatmulShape;
 
 /// Columns of a strip: two AVX-512 vectors of f32.
@@ -41,6 +42,10 @@ const KC: usize = 192;
 /// Rows of a block of the row split: its `a` slice (`MC` × `KC` f32, 144 KiB) stays in L2
 /// while every strip passes over it.
 const MC: usize = 192;
+
+/// The most bytes of a block of the result its epilogue runs on at once
+/// (`crate::epilogue`): a block of a small-M product, its rows × a part's strips.
+const EPILOGUE_BLOCK_BYTES: usize = 256 << 10;
 
 /// Elements of one packed k×n matrix.
 pub fn packed_len(k: usize, n: usize) -> usize {
@@ -139,13 +144,14 @@ fn isa() -> &'static Isa {
 }
 
 /// `out = a @ b` for the plan `s` with `b` in panels (`packed_len` elements per matrix) on
-/// `threads` cores. The caller checked the slices' lengths against the shapes.
-pub fn matmul(a: &[f32], panels: &[f32], out: &mut [f32], s: &MatmulShape, threads: usize) {
-    matmul_on(isa(), a, panels, out, s, threads);
+/// `threads` cores, then `ep` on each tile as it is finished. The caller checked the slices'
+/// lengths against the shapes.
+pub fn matmul(a: &[f32], panels: &[f32], out: &mut [f32], s: &MatmulShape, threads: usize, ep: &Bound) {
+    matmul_on(isa(), a, panels, out, s, threads, ep);
 }
 
 /// `matmul` by the kernels of `isa`.
-fn matmul_on(isa: &Isa, a: &[f32], panels: &[f32], out: &mut [f32], s: &MatmulShape, threads: usize) {
+fn matmul_on(isa: &Isa, a: &[f32], panels: &[f32], out: &mut [f32], s: &MatmulShape, threads: usize, ep: &Bound) {
     let (m, k, n) = (s.m, s.k, s.n);
     if m == 0 || n == 0 {
         return;
@@ -163,7 +169,7 @@ fn matmul_on(isa: &Isa, a: &[f32], panels: &[f32], out: &mut [f32], s: &MatmulSh
     // disjoint tiles of `c`.
     let run = |(ao, po, oo): (usize, usize, usize), rows: (usize, usize), strips: (usize, usize)| unsafe {
         let (a, p, c) = ((a as *const f32).add(ao), (p as *const f32).add(po), (c as *mut f32).add(oo));
-        block(isa, (k, n), a, p, c, rows, strips);
+        block(isa, (k, n), a, p, (c, oo / n), rows, strips, ep);
     };
     if m <= SMALL_M {
         let items = batches.len() * strips;
@@ -192,23 +198,28 @@ fn matmul_on(isa: &Isa, a: &[f32], panels: &[f32], out: &mut [f32], s: &MatmulSh
     }
 }
 
-/// Rows `r0..r1` × strips `s0..s1` of `c = a @ b` for one matrix: `a` m×k, `c` m×n row-major,
-/// `b` in panels.
+/// Rows `r0..r1` × strips `s0..s1` of `c = a @ b` for one matrix: `a` m×k, `c` m×n row-major
+/// (row `c_row` of the whole result), `b` in panels; then `ep` on each tile.
 ///
 /// # Safety
 /// The pointers address matrices of those shapes; the ranges lie inside them.
+#[allow(clippy::too_many_arguments)]
 unsafe fn block(
     isa: &Isa,
     (k, n): (usize, usize),
     a: *const f32,
     p: *const f32,
-    c: *mut f32,
+    (c, c_row): (*mut f32, usize),
     (r0, r1): (usize, usize),
     (s0, s1): (usize, usize),
+    ep: &Bound,
 ) {
     // `a` is copied where the copy serves every strip: a part of a small-M split covers
     // a few, and copying `a` for each cost more than the contention it avoids.
     let pack_a = s0 == 0 && s1 == n.div_ceil(NR);
+    // The epilogue runs on each tile as it is finished, or on the whole block of rows ×
+    // strips where that stays in L2: longer rows, a tenth of the calls.
+    let per_block = (r1 - r0).min(MC) * (s1 - s0) * NR * 4 <= EPILOGUE_BLOCK_BYTES;
     // A partial last strip is computed in here, then its columns copied out.
     let mut spare = [0f32; MR_MAX * NR];
     PACKED_A.with_borrow_mut(|packed| {
@@ -238,11 +249,13 @@ unsafe fn block(
                         }
                     }
                 }
+                let last = k0 + depth >= k;
                 for s in s0..s1 {
                     let (j, cols) = (s * NR, NR.min(n - s * NR));
                     let panel = p.add((s * k + k0) * NR);
                     for &(i, rows) in &tiles {
-                        let c = c.add(i * n + j);
+                        let row = c.add(i * n);
+                        let c = row.add(j);
                         let (a, tile) = match pack_a {
                             true => (packed.add((i - i0) * depth).cast_const(), isa.packed[rows - 1]),
                             false => (a.add(i * k + k0), isa.strided[rows - 1]),
@@ -259,8 +272,15 @@ unsafe fn block(
                                 std::ptr::copy_nonoverlapping(spare.add(r * NR), c.add(r * n), cols);
                             }
                         }
+                        if last && !per_block {
+                            // The tile is final and in L1.
+                            ep.apply(row, n, (c_row + i, rows), j..j + cols);
+                        }
                     }
                 }
+            }
+            if per_block {
+                ep.apply(c.add(i0 * n), n, (c_row + i0, i1 - i0), s0 * NR..n.min(s1 * NR));
             }
         }
     });
@@ -424,7 +444,7 @@ mod tests {
             for (isa, threads) in available().into_iter().flat_map(|i| [(i, 1), (i, 2), (i, 3)]) {
                 let what = format!("{a_shape:?} @ {b_shape:?}, {} rows a tile, {threads} threads", isa.mr);
                 let mut out = vec![f32::NAN; want.numel()];
-                matmul_on(isa, a.as_f32().unwrap(), &panels, &mut out, &s, threads);
+                matmul_on(isa, a.as_f32().unwrap(), &panels, &mut out, &s, threads, &Bound::none());
                 assert_close(&out, want.as_f32().unwrap(), &what);
                 let bits: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
                 assert!(first.get_or_insert_with(|| bits.clone()) == &bits, "{what}: bits differ from the first");

@@ -171,7 +171,30 @@ pub enum Library {
         /// `b` is a weight stored in the GEMM's panels (`crate::panels`, f32), not row-major.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         panels: bool,
+        /// Elementwise steps applied to the result as the GEMM finishes each block of it
+        /// (`crate::epilogue`); their operands are the step's buffers after `b`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        epilogue: Vec<crate::epilogue::Step>,
+        /// Whether `a` and `b` are stored transposed: the buffer holds the operand with its
+        /// last two dims swapped (a transpose the compiler left to the GEMM's strides).
+        #[serde(default, skip_serializing_if = "Transposed::is_none")]
+        transposed: Transposed,
     },
+}
+
+/// Which operands of a library matmul are stored transposed (`Library::Matmul`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Transposed {
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub a: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub b: bool,
+}
+
+impl Transposed {
+    pub fn is_none(&self) -> bool {
+        !self.a && !self.b
+    }
 }
 
 /// How a library matmul's right operand is stored: f32, or a half type that the GEMM

@@ -39,6 +39,7 @@ use meshc_ir::{DType, Tensor, TensorType};
 
 use crate::abi::{self, KernelFn, KernelTable};
 use crate::artifact::{Artifact, SectionKind};
+use crate::epilogue::{Bound, Step};
 use crate::error::RunError;
 use crate::exchange::Exchange;
 use crate::fabric::{self, Delivery, Fabric, LinkStats};
@@ -197,9 +198,23 @@ fn check_steps(p: &Program) -> Result<()> {
                     )));
                 }
             }
-            Exec::Library(Library::Matmul { a, b, out, b_elem, panels }) => {
-                count(3)?;
+            Exec::Library(Library::Matmul { a, b, out, b_elem, panels, epilogue, transposed }) => {
+                count(3 + crate::epilogue::operands(epilogue).count())?;
                 crate::matmul_shape::MatmulShape::new(a, b, out).map_err(|e| fail(e.to_string()))?;
+                if !epilogue.is_empty() && (a.len() < 2 || b.len() < 2) {
+                    bail!(fail("an epilogue follows a product of matrices".to_string()));
+                }
+                for (i, shape) in (3..).zip(crate::epilogue::operands(epilogue)) {
+                    meshc_ir::ops::check_epilogue_operand(shape, out).map_err(fail)?;
+                    let need = shape.iter().try_fold(4usize, |n, &d| n.checked_mul(d));
+                    if need.is_none_or(|n| bytes(i) < n) {
+                        bail!(fail(format!("buffer {i} holds {} bytes, too few for F32{shape:?}", bytes(i))));
+                    }
+                    let (Storage::Arena { offset } | Storage::Weights { offset }) = p.buffers[st.buffers[i]].storage;
+                    if !offset.is_multiple_of(4) {
+                        bail!(fail(format!("buffer {i} at offset {offset} is not aligned for F32")));
+                    }
+                }
                 let b_panels = [crate::panels::packed_elems(b).unwrap_or(usize::MAX)];
                 let b_stored = if *panels { &b_panels[..] } else { b };
                 for (i, s, elem) in [(0, &out[..], Elem::F32), (1, a, Elem::F32), (2, b_stored, *b_elem)] {
@@ -220,6 +235,10 @@ fn check_steps(p: &Program) -> Result<()> {
                 if *panels && (!b_elem.is_f32() || weight.mask.is_some()) {
                     bail!(fail("weights in panels are f32 and unpruned".to_string()));
                 }
+                let matrices = (!transposed.a || a.len() >= 2) && (!transposed.b || b.len() >= 2);
+                if !transposed.is_none() && (*panels || !b_elem.is_f32() || weight.mask.is_some() || !matrices) {
+                    bail!(fail("only f32 matrices that are not weights are stored transposed".to_string()));
+                }
             }
             Exec::Collective(_) => count(2)?,
             Exec::Send(_) | Exec::Recv(_) => count(1)?,
@@ -230,6 +249,14 @@ fn check_steps(p: &Program) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A library matmul's epilogue bound to its operands' buffers (the step's after `b`).
+fn bind_epilogue<'s>(steps: &'s [Step], operands: &[*mut u8], out: &[usize]) -> Bound<'s> {
+    let operands: Vec<*const f32> = operands.iter().map(|&p| p as *const f32).collect();
+    // SAFETY: `check_program` checked each operand's buffer against its shape and that
+    // shape against the result; the buffers outlive the step.
+    unsafe { Bound::new(steps, &operands, out) }
 }
 
 /// Checks that buffers sharing arena bytes are never in use at the same time under the
@@ -1505,8 +1532,9 @@ impl Loaded {
                     return Err(RunError::KernelStatus { node: st.node.clone(), status }.into());
                 }
             }
-            Exec::Library(Library::Matmul { a, b, out, panels: true, .. }) => {
+            Exec::Library(Library::Matmul { a, b, out, panels: true, epilogue, .. }) => {
                 let len = |s: &[usize]| s.iter().product::<usize>();
+                let ep = bind_epilogue(epilogue, &args[3..], out);
                 // SAFETY: the buffers hold f32 tensors of these shapes, `b` in panels
                 // (checked by `check_program`), and the result does not alias the operands.
                 let (o, x, y) = unsafe {
@@ -1516,11 +1544,12 @@ impl Loaded {
                         std::slice::from_raw_parts(args[2] as *const f32, crate::panels::packed_elems(b).unwrap_or(0)),
                     )
                 };
-                library::matmul_panels(x, y, o, a, b, out, Threads::UpTo(run.threads))
+                library::matmul_panels(x, y, o, a, b, out, Threads::UpTo(run.threads), &ep)
                     .with_context(|| format!("node '{}'", st.node))?;
             }
-            Exec::Library(Library::Matmul { a, b, out, b_elem, .. }) => {
+            Exec::Library(Library::Matmul { a, b, out, b_elem, epilogue, transposed, .. }) => {
                 let len = |s: &[usize]| s.iter().product::<usize>();
+                let ep = bind_epilogue(epilogue, &args[3..], out);
                 // SAFETY: the buffers hold tensors of exactly these shapes (f32, b as
                 // `b_elem`: checked by `check_program`), and the result does not alias the
                 // operands.
@@ -1536,14 +1565,15 @@ impl Loaded {
                         // SAFETY: as above.
                         let y = unsafe { std::slice::from_raw_parts(args[2] as *const f32, len(b)) };
                         match mask {
-                            Some(m) => library::matmul_masked(x, y, o, a, b, out, m, threads),
-                            None => library::matmul(x, y, o, a, b, out, threads),
+                            Some(m) => library::matmul_masked(x, y, o, a, b, out, m, threads, &ep),
+                            None if transposed.is_none() => library::matmul(x, y, o, a, b, out, threads, &ep),
+                            None => library::matmul_transposed(x, y, o, a, b, out, *transposed, threads, &ep),
                         }
                     }
                     (half, _) => {
                         // SAFETY: as above.
                         let y = unsafe { std::slice::from_raw_parts(args[2] as *const u16, len(b)) };
-                        library::matmul_half(x, (y, *half), o, a, b, out, threads)
+                        library::matmul_half(x, (y, *half), o, a, b, out, threads, &ep)
                     }
                 }
                 .with_context(|| format!("node '{}'", st.node))?;
@@ -1854,6 +1884,8 @@ mod tests {
             out: vec![2, 2],
             b_elem: Elem::F32,
             panels: false,
+            epilogue: Vec::new(),
+            transposed: Default::default(),
         });
         // b1 = all_reduce(b0) on the comm stream while b2 = b0·b0 runs; then b3 = b1·b2.
         let programs = (0..2)
@@ -1895,6 +1927,8 @@ mod tests {
             out: vec![2, 2],
             b_elem: Elem::F32,
             panels: false,
+            epilogue: Vec::new(),
+            transposed: Default::default(),
         });
         let refuse = |plan: StreamPlan| {
             let steps = vec![
@@ -1936,6 +1970,8 @@ mod tests {
             out: vec![2, 2],
             b_elem: Elem::F32,
             panels: false,
+            epilogue: Vec::new(),
+            transposed: Default::default(),
         });
         let mm = Exec::Library(Library::Matmul {
             a: vec![2, 2],
@@ -1943,6 +1979,8 @@ mod tests {
             out: vec![2, 2],
             b_elem: Elem::F32,
             panels: false,
+            epilogue: Vec::new(),
+            transposed: Default::default(),
         });
         // Device 1's comm stream fails before its all_reduce; device 0's main stream waits
         // for its own all_reduce's event, which never comes.
@@ -1986,6 +2024,8 @@ mod tests {
             out: vec![2, 2],
             b_elem: Elem::F32,
             panels: false,
+            epilogue: Vec::new(),
+            transposed: Default::default(),
         });
         let mut p = program(0, &[16, 24, 24], vec![step("y", matmul, &[0, 1, 2])], vec![], vec![]);
         load(&m, vec![], vec![], vec![p.clone()]).unwrap();
@@ -2008,6 +2048,8 @@ mod tests {
             out: vec![2, 3],
             b_elem: Elem::F32,
             panels: false,
+            epilogue: Vec::new(),
+            transposed: Default::default(),
         });
         let good = Exec::Library(Library::Matmul {
             a: vec![2, 3],
@@ -2015,6 +2057,8 @@ mod tests {
             out: vec![2, 2],
             b_elem: Elem::F32,
             panels: false,
+            epilogue: Vec::new(),
+            transposed: Default::default(),
         });
         for (failing, label) in [(3, "device 3 (1,1)"), (0, "device 0 (0,0)")] {
             let programs = (0..4)
@@ -2230,6 +2274,8 @@ mod transfer_tests {
             out: vec![2, 3],
             b_elem: Elem::F32,
             panels: false,
+            epilogue: Vec::new(),
+            transposed: Default::default(),
         });
         let good = Exec::Library(Library::Matmul {
             a: vec![2, 2],
@@ -2237,6 +2283,8 @@ mod transfer_tests {
             out: vec![2, 2],
             b_elem: Elem::F32,
             panels: false,
+            epilogue: Vec::new(),
+            transposed: Default::default(),
         });
         let mut l = load(vec![
             program(

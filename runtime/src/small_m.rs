@@ -13,6 +13,7 @@
 //! CPU has AVX-512F (detected at run time); elsewhere `serves` says no and the general GEMM
 //! (which has AVX2 kernels) takes the product.
 
+use crate::epilogue::Bound;
 use crate::matmul_shape::MatmulShape;
 
 /// Rows per matrix up to which this path serves a product.
@@ -41,8 +42,8 @@ fn avx512() -> bool {
 
 /// `out = a @ b` for the plan `s` (every batch matrix), on `threads` cores: the parts are
 /// contiguous shares of the (matrix, strip) pairs. The caller checked the slices' lengths
-/// against the shapes and that `serves(s.m)`.
-pub fn matmul(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, threads: usize) {
+/// against the shapes and that `serves(s.m)`. `ep` runs on each strip as it is finished.
+pub fn matmul(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, threads: usize, ep: &Bound) {
     let (m, k, n) = (s.m, s.k, s.n);
     if m == 0 || n == 0 {
         return;
@@ -57,13 +58,25 @@ pub fn matmul(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, threads: u
     let c = out.as_mut_ptr() as usize;
     let parts = if threads > 1 { items.min(crate::pool::PARTS_PER_THREAD * threads) } else { 1 };
     crate::pool::split(parts, &|t| {
-        for item in items * t / parts..items * (t + 1) / parts {
-            let (ao, bo, oo) = batches[item / strips];
-            let j = item % strips * NR;
+        let (from, to) = (items * t / parts, items * (t + 1) / parts);
+        let mut item = from;
+        while item < to {
+            // The run of strips of one matrix in this part, then its epilogue on the run's
+            // columns (rows × a part's strips: in L2) rather than strip by strip.
+            let (mat, s0) = (item / strips, item % strips);
+            let end = to.min((mat + 1) * strips);
+            let (ao, bo, oo) = batches[mat];
             // SAFETY: the offsets address whole matrices inside the slices (asserted
-            // above); strip `j` lies inside the n columns; AVX-512F is present
-            // (`serves`); each item writes only its own strip of its own matrix.
-            unsafe { strip(m, k, (n, j), a.as_ptr().add(ao), b.as_ptr().add(bo), (c as *mut f32).add(oo)) };
+            // above); the strips lie inside the n columns; AVX-512F is present (`serves`);
+            // each part writes only its own strips of its own matrix.
+            unsafe {
+                let c = (c as *mut f32).add(oo);
+                for j in (s0..s0 + end - item).map(|s| s * NR) {
+                    strip(m, k, (n, j), a.as_ptr().add(ao), b.as_ptr().add(bo), c);
+                }
+                ep.apply(c, n, (oo / n, m), s0 * NR..n.min((s0 + end - item) * NR));
+            }
+            item = end;
         }
     });
 }
@@ -176,7 +189,7 @@ mod tests {
             let s = MatmulShape::new(&a_shape, &b_shape, &want.shape).unwrap();
             for threads in [1, 2, 3] {
                 let mut out = vec![f32::NAN; want.numel()];
-                matmul(a.as_f32().unwrap(), b.as_f32().unwrap(), &mut out, &s, threads);
+                matmul(a.as_f32().unwrap(), b.as_f32().unwrap(), &mut out, &s, threads, &Bound::none());
                 assert_close(&out, want.as_f32().unwrap(), &format!("{a_shape:?} @ {b_shape:?}, {threads} threads"));
             }
         }

@@ -54,6 +54,8 @@ use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{types, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_frontend::FunctionBuilder;
 
+use meshc_runtime::vmath::{erf_coefficients, ERF_CAP, EXP5, LN2_HI, LN2_LO, MAGIC, PHI_CAP};
+
 use super::Target;
 
 /// expm1(r) = r + r²·P(r) on |r| <= ln2/2 (P(0) = ½); relative error 1.4e-8.
@@ -63,37 +65,6 @@ const EXPM1: [f32; 5] = [0.5, 0.16666548, 0.041666854, 0.008366058, 0.0013898229
 /// needs: b·log a magnifies it.
 const LOG1P: [f32; 9] =
     [0.333333, -0.2500001, 0.20002905, -0.16668601, 0.1420611, -0.12387539, 0.11960279, -0.118062034, 0.0675385];
-/// erf(x)/x = P(x²)/Q(x²) on [0, 4]: minimax for relative error, 2.5e-8 in f64 (these are
-/// the f64 coefficients of `tools/fit_erf.py`; each use rounds them to f32 after any
-/// rescaling). Beyond 4, erf is 1 in f32. Both erf and Φ − ½ = ½erf(x/√2) (GELU) use it, Φ's
-/// coefficients rescaled. Q is monic, so its Horner chain starts with an addition, and lower
-/// degrees are not accurate enough: (4, 5) is at 3.5e-7 and (5, 4) at 6.8e-7 in f64, more
-/// than the f32 evaluation's own error (the script prints the table).
-const ERF_P: [f64; 6] = [
-    30154.39408027222,
-    5172.232909481946,
-    1419.0720811349504,
-    103.77717951729163,
-    7.60462204479449,
-    0.05309381786237195,
-];
-const ERF_Q: [f64; 6] =
-    [26723.636612411494, 13491.63015711747, 3082.5732460007057, 406.39329373622957, 31.682766752688096, 1.0];
-/// Where the clamped argument stops: the first floats past erf's (and Φ's) rounding to 1 at
-/// which the f32 evaluation below gives exactly erf = ±1 (Φ − ½ = ±½), with and without FMA
-/// (searched by `tools/fit_erf.py`, which emulates both evaluations; checked by the test
-/// `rational_caps_saturate_exactly`), so results past the cap are exactly ±1, x and −0.
-const ERF_CAP: f32 = 3.9200027; // 0x407ae153
-const PHI_CAP: f32 = 5.6000004; // 0x40b33334
-/// e^r on |r| <= ln2/2 (Horner, degree 5), relative error 9.2e-8 with these f32 coefficients
-/// (fitted one at a time after rounding the previous ones): the exponential of GELU's tanh
-/// form, whose argument already carries a larger rounding error.
-const EXP5: [f32; 6] = [1.0, 0.9999997, 0.49999148, 0.1666765, 0.041898176, 0.008289499];
-
-const MAGIC: f32 = 12_582_912.0; // 1.5·2^23: adding it rounds to an integer in the low bits
-const LN2_HI: f32 = 0.693_359_4; // 355/512: n·LN2_HI is exact for |n| < 2^15
-const LN2_LO: f32 = -2.121_944_4e-4;
-
 /// Emits f32 math on one lane type (`F32` or `F32X4`) into a function being built.
 pub struct Math<'r, 'f> {
     pub b: &'r mut FunctionBuilder<'f>,
@@ -486,12 +457,7 @@ impl<'r, 'f> Math<'r, 'f> {
     /// (s, d = 1, 1 for erf; ½, 2 for Φ − ½). One formula over the whole range: no
     /// branches, no exponential; the clamp makes the result saturate exactly (see ERF_CAP).
     fn erf_rational(&mut self, x: Value, s: f64, d: f64, cap: f32) -> Value {
-        // x → x/√d divides the k-th coefficients by d^k; multiplying both polynomials by d^5
-        // (exact for d = 2) keeps Q monic.
-        let scaled = |c: &[f64; 6], s: f64| -> Vec<f32> {
-            c.iter().enumerate().map(|(k, &c)| (c * s * d.powi(5 - k as i32)) as f32).collect()
-        };
-        let (p, q) = (scaled(&ERF_P, s / d.sqrt()), scaled(&ERF_Q, 1.0));
+        let (p, q) = erf_coefficients(s, d);
         // The clamp stays a minps/maxps pair: an unsigned integer minimum of |x|'s bits
         // (pminud, the sign put back by logic ops) leaves the FMA pipes freer but was 2%
         // slower in L1 (as C intrinsics on Zen 5) and no faster in the streaming bench.

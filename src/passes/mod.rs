@@ -2,6 +2,7 @@
 //! `--dump-after` names them. Each is a function from IR to IR.
 
 pub mod buffers;
+pub mod epilogue;
 pub mod expand;
 pub mod fold;
 pub mod fuse;

@@ -343,12 +343,12 @@ fn testdata_layouts_through_the_driver_plan_sound_streams() {
 }
 
 #[test]
-fn dumps_after_fold_fuse_buffers_and_streams_are_pinned() {
+fn dumps_after_fold_epilogue_fuse_buffers_and_streams_are_pinned() {
     let dir = crate::common::scratch("buffers-dump");
     let out = dir.join("graph.mshc");
     let mut failures = Vec::new();
     let mut dump = |label: &str, args: &[&str]| {
-        for pass in ["fold", "fuse", "buffers", "streams"] {
+        for pass in ["fold", "epilogue", "fuse", "buffers", "streams"] {
             let mut all = vec!["compile", args[0], "-o", out.to_str().unwrap(), "--dump-after", pass];
             all.extend(&args[1..]);
             let r = crate::common::meshc(&all);
@@ -394,11 +394,11 @@ fn dump_dir_files_follow_the_pipeline_order() {
     let mut files: Vec<String> =
         std::fs::read_dir(&dumps).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     files.sort();
-    let want = ["01-verify", "04-layout", "05-lower", "07-fold", "08-fuse", "09-streams", "10-buffers"];
+    let want = ["01-verify", "04-layout", "05-lower", "07-fold", "08-epilogue", "09-fuse", "10-streams", "11-buffers"];
     assert_eq!(files, want.map(|f| format!("{f}.txt")));
     let passes: Vec<&str> = meshc::dumps::PASSES.to_vec();
     assert_eq!(
         passes,
-        ["verify", "pilot", "place", "layout", "lower", "sendrecv", "fold", "fuse", "streams", "buffers"]
+        ["verify", "pilot", "place", "layout", "lower", "sendrecv", "fold", "epilogue", "fuse", "streams", "buffers"]
     );
 }

@@ -44,26 +44,12 @@ fn graph(rows: usize) -> String {
     )
 }
 
-fn values(g: &meshc_ir::Graph, seed: u64) -> HashMap<String, Tensor> {
-    let mut v = meshc_ir::params::load_all(g, std::path::Path::new(".")).unwrap();
-    for (k, i) in g.inputs.iter().enumerate() {
-        let data = meshc_runtime::matmul_shape::testing::random(seed + k as u64, i.ty.numel());
-        v.insert(i.name.clone(), Tensor::f32(i.ty.shape.clone(), data));
-    }
-    v
-}
-
 #[test]
 fn library_matmul_weights_are_stored_in_panels_and_run_as_the_interpreter() {
     for rows in [13, 100] {
         let g = text::parse(&graph(rows)).unwrap();
         let info = verify::verify(&g).unwrap();
-        let all = values(&g, 5);
-        let params: HashMap<String, Tensor> = all
-            .iter()
-            .filter(|(k, _)| g.params.iter().any(|p| &p.name == *k))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let (all, params) = crate::common::seeded_values(&g, 5);
         let want = interp::run(&g, &info.order, &info.types, all.clone()).unwrap();
         for gemm in [Gemm::Library, Gemm::Auto] {
             let opts = Options { gemm, ..Options::default() };

@@ -327,3 +327,18 @@ pub fn random_graph(b: usize, d: usize, ops: &[(u8, u8, u8)]) -> String {
     let last = &tensors.last().expect("x at least").0;
     format!("graph random {{\n  {}\n  output {last}\n}}\n", lines.join("\n  "))
 }
+
+/// Seeded values of every input and param of `g` (params from their `init`, inputs random
+/// from `seed`), and the params alone.
+pub fn seeded_values(
+    g: &Graph,
+    seed: u64,
+) -> (std::collections::HashMap<String, meshc_ir::Tensor>, std::collections::HashMap<String, meshc_ir::Tensor>) {
+    let mut all = meshc_ir::params::load_all(g, Path::new(".")).unwrap();
+    let params = all.clone();
+    for (k, i) in g.inputs.iter().enumerate() {
+        let data = meshc_runtime::matmul_shape::testing::random(seed + k as u64, i.ty.numel());
+        all.insert(i.name.clone(), meshc_ir::Tensor::f32(i.ty.shape.clone(), data));
+    }
+    (all, params.into_iter().collect())
+}

@@ -1,0 +1,249 @@
+//! Matmul epilogues (src/passes/epilogue.rs, runtime/src/epilogue.rs): which chains the pass
+//! folds into a library matmul, that the fused programs compute what the interpreter does on
+//! the unfused graph over shapes, operand kinds and both GEMM paths (the weight in panels, the
+//! small-M and general GEMMs of the library, a half weight, and the generated kernel, which
+//! takes none), under mesh layouts (never across a collective), and that the dump parses
+//! back, verifies and interprets to the same values.
+
+use std::collections::HashMap;
+
+use meshc::compile::{Gemm, Options};
+use meshc::driver;
+use meshc::dumps::Dumps;
+use meshc_ir::{interp, text, verify, DType, Tensor, TensorType};
+use meshc_runtime::epilogue::Step;
+use meshc_runtime::library::prefer_library;
+use meshc_runtime::program::{Exec, Library};
+
+/// The epilogues of the library matmuls of every device, by step names.
+fn epilogues(c: &meshc::compile::Compiled) -> Vec<Vec<&'static str>> {
+    let steps = c.programs.iter().flat_map(|p| &p.steps);
+    steps
+        .filter_map(|st| match &st.exec {
+            Exec::Library(Library::Matmul { epilogue, .. }) => Some(epilogue.iter().map(Step::name).collect()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Compiles `src` (on the layout `spec`, if any) and runs it on seeded inputs against the
+/// interpreter; returns the compiled program's epilogues.
+fn check(src: &str, spec: Option<&str>, gemm: Gemm, what: &str) -> Vec<Vec<&'static str>> {
+    let g = text::parse(src).unwrap_or_else(|e| panic!("{what}: {e}\n{src}"));
+    let info = verify::verify(&g).unwrap_or_else(|e| panic!("{what}: {e}\n{src}"));
+    let (all, params) = crate::common::seeded_values(&g, 7);
+    let want = interp::run(&g, &info.order, &info.types, all.clone()).unwrap();
+    let spec = spec.map(|s| meshc::layout::parse(s, "spec.json").unwrap());
+    let opts = Options { gemm, ..Options::default() };
+    let c = driver::build(&g, &info, spec.as_ref(), &params, &opts, &Dumps::default(), None)
+        .unwrap_or_else(|e| panic!("{what}: {e:#}"));
+    let eps = epilogues(&c);
+    let inputs: HashMap<String, Tensor> = g.inputs.iter().map(|i| (i.name.clone(), all[&i.name].clone())).collect();
+    let got = c.load().unwrap().run(&inputs).unwrap_or_else(|e| panic!("{what}: {e:#}"));
+    for o in &g.outputs {
+        crate::common::assert_close(&format!("{what}: {}", o.name), &got[&o.name], &want[&o.name]).unwrap();
+    }
+    eps
+}
+
+/// One matmul `x @ w` and a chain of `steps` after it, as a graph: `bias` is a `[n]` param,
+/// `res` an input of the result's shape, `rowmask` an input broadcast over the rows,
+/// `scale` a scalar param. `w` is a param (`"param"`), an input (`"input"`) or a bf16 param
+/// read through a cast (`"bf16"`).
+fn chain(batch: &[usize], (m, k, n): (usize, usize, usize), w: &str, steps: &[&str]) -> String {
+    let dims = |d: &[usize]| d.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+    let out = dims(&[batch, &[m, n]].concat());
+    let mut t = format!("graph chain {{\n  input x: f32[{}]\n", dims(&[batch, &[m, k]].concat()));
+    t += &match w {
+        "input" => format!("  input w: f32[{k},{n}]\n"),
+        "bf16" => {
+            format!("  param wh: bf16[{k},{n}] = init normal{{seed = 2, std = 0.3}}\n  w = cast(wh) {{to = \"f32\"}}\n")
+        }
+        _ => format!("  param w: f32[{k},{n}] = init normal{{seed = 2, std = 0.3}}\n"),
+    };
+    t += &format!("  param bias: f32[{n}] = init normal{{seed = 3, std = 1}}\n  param scale: f32[] = value 0.37\n");
+    t += &format!("  input res: f32[{out}]\n  input rowmask: f32[{}]\n", dims(&[batch, &[1, n]].concat()));
+    t += "  y0 = matmul(x, w)\n";
+    for (i, s) in steps.iter().enumerate() {
+        let (x, y) = (format!("y{i}"), format!("y{}", i + 1));
+        t += &match *s {
+            "bias" => format!("  {y} = add({x}, bias)\n"),
+            "bias_left" => format!("  {y} = add(bias, {x})\n"),
+            "res" => format!("  {y} = add(res, {x})\n"),
+            "rowmask" => format!("  {y} = add({x}, rowmask)\n"),
+            "scale" => format!("  {y} = mul({x}, scale)\n"),
+            "div" => format!("  {y} = div({x}, scale)\n"),
+            "relu" => format!("  {y} = relu({x})\n"),
+            "gelu" => format!("  {y} = gelu({x})\n"),
+            "gelu_tanh" => format!("  {y} = gelu({x}) {{approximate = \"tanh\"}}\n"),
+            other => format!("  {y} = {other}({x}, scale)\n"),
+        };
+    }
+    t + &format!("  output y{}\n}}\n", steps.len())
+}
+
+/// The step names the pass makes of a chain's steps.
+fn names(steps: &[&str]) -> Vec<&'static str> {
+    let name = |s: &str| match s {
+        "bias" | "bias_left" | "res" | "rowmask" => "add",
+        "scale" => "mul",
+        "div" => "div",
+        "relu" => "relu",
+        "gelu" => "gelu",
+        _ => "gelu_tanh",
+    };
+    steps.iter().map(|s| name(s)).collect()
+}
+
+/// Shapes of every GEMM path (few rows: the panels and the small-M GEMM; many: the general
+/// one; partial strips, batches) × weights as params, inputs and half params × chains of
+/// every step kind, on the library, the default choice and the generated kernel.
+#[test]
+fn fused_chains_compute_what_the_interpreter_does() {
+    let chains: [&[&str]; 6] = [
+        &["bias", "gelu"],
+        &["bias_left", "gelu_tanh", "res"],
+        &["scale", "rowmask"],
+        &["div", "relu"],
+        &["bias", "relu", "scale", "res", "gelu"],
+        &["res"],
+    ];
+    type Shape = (&'static [usize], (usize, usize, usize));
+    let shapes: [Shape; 6] = [
+        (&[], (5, 7, 33)),
+        (&[2], (13, 40, 96)),
+        (&[], (64, 33, 65)),
+        (&[], (150, 20, 40)),
+        (&[3], (70, 16, 100)),
+        (&[2], (1, 9, 31)),
+    ];
+    for (case, (batch, mkn)) in shapes.into_iter().enumerate() {
+        for (c, steps) in chains.iter().enumerate() {
+            // Every weight kind meets every shape over the chains.
+            let w = ["param", "input", "bf16"][(case + c) % 3];
+            let src = chain(batch, mkn, w, steps);
+            for gemm in [Gemm::Library, Gemm::Auto, Gemm::Cranelift] {
+                let what = format!("{batch:?} {mkn:?}, w {w}, {steps:?}, {gemm:?}");
+                let eps = check(&src, None, gemm, &what);
+                let x = TensorType::new(DType::F32, [batch, &[mkn.0, mkn.1][..]].concat());
+                let library = match gemm {
+                    Gemm::Cranelift => false,
+                    Gemm::Library => true,
+                    Gemm::Auto => prefer_library(&x, &TensorType::new(DType::F32, vec![mkn.1, mkn.2])),
+                };
+                let fused = library && mkn.2 >= meshc::passes::epilogue::MIN_COLUMNS;
+                let want: Vec<Vec<&str>> = match (library, fused) {
+                    (true, true) => vec![names(steps)],
+                    (true, false) => vec![vec![]],
+                    _ => vec![],
+                };
+                assert_eq!(eps, want, "{what}");
+            }
+        }
+    }
+}
+
+/// A chain stops where its value has another use, is an output, meets an op the GEMM does
+/// not apply (sub) or a node another chain took; a step whose operand would grow the result
+/// is not taken.
+#[test]
+fn chains_stop_where_the_value_escapes() {
+    let base = "graph stops {\n  input x: f32[4,16]\n  param w: f32[16,40] = init normal{seed = 1, std = 0.3}\n  param b: f32[40] = init normal{seed = 2, std = 1}\n  input wide: f32[3,4,40]\n";
+    let cases: [(&str, Vec<Vec<&str>>); 5] = [
+        (
+            "  h = matmul(x, w)\n  a = add(h, b)\n  y = relu(a)\n  z = mul(a, a)\n  output y\n  output z\n",
+            vec![vec!["add"]],
+        ),
+        ("  h = matmul(x, w)\n  a = add(h, b)\n  y = relu(a)\n  output a\n  output y\n", vec![vec!["add"]]),
+        ("  h = matmul(x, w)\n  a = sub(h, b)\n  y = relu(a)\n  output y\n", vec![vec![]]),
+        ("  h = matmul(x, w)\n  y = add(h, wide)\n  output y\n", vec![vec![]]),
+        // Both matmuls are followed by `s`: the first takes it (and runs where `y` was, after
+        // the second), the second stays plain.
+        (
+            "  h = matmul(x, w)\n  g = matmul(x, w)\n  s = add(h, g)\n  y = relu(s)\n  output y\n",
+            vec![vec![], vec!["add", "relu"]],
+        ),
+    ];
+    for (body, want) in cases {
+        let src = format!("{base}{body}}}\n");
+        assert_eq!(check(&src, None, Gemm::Library, body), want, "{body}");
+    }
+}
+
+/// A two-layer MLP split over a 2-device mesh. Megatron-style (the first weight's columns,
+/// the second's rows): the first matmul is local and takes its (split) bias and GELU; the
+/// second's partial sums meet in an all_reduce, so its bias and residual stay after it.
+/// Split by rows of x: both matmuls are local and take their chains.
+#[test]
+fn fusion_under_layouts_stops_at_collectives() {
+    let src = "graph mlp {
+  input x: f32[8,64]
+  param w1: f32[64,96] = init normal{seed = 1, std = 0.2}
+  param b1: f32[96] = init normal{seed = 2, std = 1}
+  param w2: f32[96,64] = init normal{seed = 3, std = 0.2}
+  param b2: f32[64] = init normal{seed = 4, std = 1}
+  h = matmul(x, w1)
+  hb = add(h, b1)
+  a = gelu(hb)
+  o = matmul(a, w2)
+  ob = add(o, b2)
+  y = add(x, ob)
+  output y
+}
+";
+    let spec = |layouts: &str| {
+        format!(r#"{{"format": "meshc-layout/1", "mesh": {{"shape": [2], "axes": ["m"]}}, "layouts": {{{layouts}}}}}"#)
+    };
+    let megatron = spec(r#""w1": [null, "m"], "w2": ["m", null], "y": [null, null]"#);
+    let eps = check(src, Some(&megatron), Gemm::Library, "megatron");
+    assert_eq!(eps, vec![vec!["add", "gelu"], vec![], vec!["add", "gelu"], vec![]], "megatron");
+    let rows = spec(r#""x": ["m", null], "y": ["m", null]"#);
+    let eps = check(src, Some(&rows), Gemm::Library, "rows");
+    let both = vec!["add", "gelu"];
+    assert_eq!(eps, vec![both.clone(), vec!["add", "add"], both, vec!["add", "add"]], "rows");
+}
+
+/// `--dump-after epilogue` shows each fused chain as one matmul with its epilogue; the dump
+/// parses, prints back the same, verifies and interprets to the unfused graph's values.
+#[test]
+fn the_dump_round_trips_and_interprets_alike() {
+    let src = chain(&[2], (13, 40, 96), "param", &["bias", "gelu_tanh", "scale", "res"]);
+    let g = text::parse(&src).unwrap();
+    let info = verify::verify(&g).unwrap();
+    let (all, params) = crate::common::seeded_values(&g, 3);
+    let dir = crate::common::scratch("epilogue-dump");
+    let dumps = Dumps::new(vec!["epilogue".into()], Some(dir.to_path_buf()), Default::default()).unwrap();
+    driver::build(&g, &info, None, &params, &Options::default(), &dumps, None).unwrap();
+    let dump = std::fs::read_to_string(dir.join("08-epilogue.txt")).unwrap();
+    let body = dump.strip_prefix("# device 0\n").expect("one device");
+    assert!(body.contains("y4 = matmul(x, w, bias, scale, res) {epilogue = \"add,gelu_tanh,mul,add\"}"), "{body}");
+    let fused = text::parse(body).unwrap();
+    assert_eq!(text::print(&fused), body, "the text form round-trips");
+    let finfo = verify::verify(&fused).unwrap();
+    let want = interp::run(&g, &info.order, &info.types, all.clone()).unwrap();
+    let got = interp::run(&fused, &finfo.order, &finfo.types, all).unwrap();
+    crate::common::assert_close("fused graph, interpreted", &got["y4"], &want["y4"]).unwrap();
+    // And compile refuses it as input: placement and lowering know matmuls of two operands.
+    let e = driver::build(&fused, &finfo, None, &params, &Options::default(), &Dumps::default(), None).err().unwrap();
+    assert!(format!("{e:#}").contains("node 'y4': compile makes matmul epilogues itself"), "{e:#}");
+}
+
+/// The verifier checks an epilogue: known steps, one operand per binary step, operands that
+/// broadcast to the result without growing it, matrices on both sides.
+#[test]
+fn the_verifier_checks_epilogues() {
+    let head = "graph bad {\n  input x: f32[4,16]\n  input w: f32[16,8]\n  input b: f32[8]\n  input wide: f32[2,4,8]\n  input v: f32[16]\n";
+    for (node, want) in [
+        ("y = matmul(x, w, b) {epilogue = \"add,cube\"}", "unknown epilogue step 'cube'"),
+        ("y = matmul(x, w) {epilogue = \"add\"}", "0 operands after a and b, its epilogue takes 1"),
+        ("y = matmul(x, w, b) {epilogue = \"relu\"}", "1 operands after a and b, its epilogue takes 0"),
+        ("y = matmul(x, w, wide) {epilogue = \"add\"}", "does not broadcast to the result"),
+        ("y = matmul(v, w, b) {epilogue = \"add\"}", "product of matrices"),
+    ] {
+        let src = format!("{head}  {node}\n  output y\n}}\n");
+        let e =
+            text::parse(&src).map_err(|e| e.to_string()).and_then(|g| verify::verify(&g).map_err(|e| e.to_string()));
+        let e = e.err().unwrap_or_else(|| panic!("{node}: verified"));
+        assert!(e.contains(want), "{node}: {e}");
+    }
+}
