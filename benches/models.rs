@@ -180,16 +180,22 @@ fn encoder_case(dir: &Path, (b, s): (usize, usize), anchors: &Anchors) {
     l.run(&inputs).unwrap();
     let runs = runs_for(probe.elapsed().as_secs_f64());
     // 1 and 2 threads, and the program without epilogues on 2, alternate, so that all see
-    // the same load from the rest of the machine.
+    // the same load from the rest of the machine; the two 2-thread runs swap places every
+    // other round, so that neither always follows the 1-thread run.
     let mut times = [Vec::new(), Vec::new()];
     let mut plain = Vec::new();
     unfused.set_threads(2);
-    for _ in 0..runs {
-        for (threads, t) in [1, 2].into_iter().zip(&mut times) {
-            l.set_threads(threads);
-            t.push(time_run(&l, &inputs));
+    for round in 0..runs {
+        l.set_threads(1);
+        times[0].push(time_run(&l, &inputs));
+        l.set_threads(2);
+        if round % 2 == 0 {
+            times[1].push(time_run(&l, &inputs));
+            plain.push(time_run(&unfused, &inputs));
+        } else {
+            plain.push(time_run(&unfused, &inputs));
+            times[1].push(time_run(&l, &inputs));
         }
-        plain.push(time_run(&unfused, &inputs));
     }
     l.run(&inputs).unwrap().values().next().unwrap().write_npy(&dir.join("y.npy")).unwrap();
     let meshc = times.map(median);
