@@ -1748,6 +1748,19 @@ mod tests {
         Exec::Collective(Collective { op, id, groups, dtype: "f32".into(), shape: shape.to_vec() })
     }
 
+    /// A library matmul of row-major f32 operands (no panels, epilogue or transposes).
+    pub(super) fn f32_matmul(a: &[usize], b: &[usize], out: &[usize]) -> Exec {
+        Exec::Library(Library::Matmul {
+            a: a.to_vec(),
+            b: b.to_vec(),
+            out: out.to_vec(),
+            b_elem: Elem::F32,
+            panels: false,
+            epilogue: Vec::new(),
+            transposed: Default::default(),
+        })
+    }
+
     fn step(node: &str, exec: Exec, buffers: &[usize]) -> Step {
         Step { node: node.into(), exec, buffers: buffers.to_vec(), why: None }
     }
@@ -1878,15 +1891,7 @@ mod tests {
     fn streams_run_apart_joined_by_events_and_traced_per_stream() {
         let m = Mesh::numbered(&[2], Topology::Torus);
         let sum = collective(0, CollectiveOp::AllReduce { reduce: Reduce::Sum }, vec![vec![0, 1]], &[2, 2]);
-        let mm = Exec::Library(Library::Matmul {
-            a: vec![2, 2],
-            b: vec![2, 2],
-            out: vec![2, 2],
-            b_elem: Elem::F32,
-            panels: false,
-            epilogue: Vec::new(),
-            transposed: Default::default(),
-        });
+        let mm = f32_matmul(&[2, 2], &[2, 2], &[2, 2]);
         // b1 = all_reduce(b0) on the comm stream while b2 = b0·b0 runs; then b3 = b1·b2.
         let programs = (0..2)
             .map(|d| {
@@ -1921,15 +1926,7 @@ mod tests {
     #[test]
     fn unsound_stream_plans_are_refused() {
         let m = Mesh::numbered(&[1], Topology::Torus);
-        let mm = Exec::Library(Library::Matmul {
-            a: vec![2, 2],
-            b: vec![2, 2],
-            out: vec![2, 2],
-            b_elem: Elem::F32,
-            panels: false,
-            epilogue: Vec::new(),
-            transposed: Default::default(),
-        });
+        let mm = f32_matmul(&[2, 2], &[2, 2], &[2, 2]);
         let refuse = |plan: StreamPlan| {
             let steps = vec![
                 step("a", mm.clone(), &[1, 0, 0]),
@@ -1964,24 +1961,8 @@ mod tests {
     fn a_failing_stream_stops_the_streams_waiting_for_it() {
         let m = Mesh::numbered(&[2], Topology::Torus);
         let sum = collective(0, CollectiveOp::AllReduce { reduce: Reduce::Sum }, vec![vec![0, 1]], &[2, 2]);
-        let bad = Exec::Library(Library::Matmul {
-            a: vec![2, 3],
-            b: vec![2, 3],
-            out: vec![2, 2],
-            b_elem: Elem::F32,
-            panels: false,
-            epilogue: Vec::new(),
-            transposed: Default::default(),
-        });
-        let mm = Exec::Library(Library::Matmul {
-            a: vec![2, 2],
-            b: vec![2, 2],
-            out: vec![2, 2],
-            b_elem: Elem::F32,
-            panels: false,
-            epilogue: Vec::new(),
-            transposed: Default::default(),
-        });
+        let bad = f32_matmul(&[2, 3], &[2, 3], &[2, 2]);
+        let mm = f32_matmul(&[2, 2], &[2, 2], &[2, 2]);
         // Device 1's comm stream fails before its all_reduce; device 0's main stream waits
         // for its own all_reduce's event, which never comes.
         let programs = (0..2)
@@ -2018,15 +1999,7 @@ mod tests {
     #[test]
     fn a_library_operand_off_its_element_alignment_is_refused() {
         let m = Mesh::numbered(&[1], Topology::Torus);
-        let matmul = Exec::Library(Library::Matmul {
-            a: vec![2, 3],
-            b: vec![3, 2],
-            out: vec![2, 2],
-            b_elem: Elem::F32,
-            panels: false,
-            epilogue: Vec::new(),
-            transposed: Default::default(),
-        });
+        let matmul = f32_matmul(&[2, 3], &[3, 2], &[2, 2]);
         let mut p = program(0, &[16, 24, 24], vec![step("y", matmul, &[0, 1, 2])], vec![], vec![]);
         load(&m, vec![], vec![], vec![p.clone()]).unwrap();
         // What the mutation fuzzer found: an operand moved off alignment but still in bounds.
@@ -2042,24 +2015,8 @@ mod tests {
         // One device first runs a matmul whose shapes do not fit: the others wait for it in
         // the all_reduce until its error poisons the fabric. Device 0 runs on the calling
         // thread, device 3 on one of the runner's.
-        let bad = Exec::Library(Library::Matmul {
-            a: vec![2, 3],
-            b: vec![2, 3],
-            out: vec![2, 3],
-            b_elem: Elem::F32,
-            panels: false,
-            epilogue: Vec::new(),
-            transposed: Default::default(),
-        });
-        let good = Exec::Library(Library::Matmul {
-            a: vec![2, 3],
-            b: vec![3, 2],
-            out: vec![2, 2],
-            b_elem: Elem::F32,
-            panels: false,
-            epilogue: Vec::new(),
-            transposed: Default::default(),
-        });
+        let bad = f32_matmul(&[2, 3], &[2, 3], &[2, 3]);
+        let good = f32_matmul(&[2, 3], &[3, 2], &[2, 2]);
         for (failing, label) in [(3, "device 3 (1,1)"), (0, "device 0 (0,0)")] {
             let programs = (0..4)
                 .map(|d| {
@@ -2171,6 +2128,7 @@ mod tests {
 mod transfer_tests {
     use meshc_ir::DType;
 
+    use super::tests::f32_matmul;
     use super::*;
     use crate::mesh::Topology;
     use crate::program::{Protocol, Step, Transfer};
@@ -2268,24 +2226,8 @@ mod transfer_tests {
 
     #[test]
     fn a_failing_sender_stops_its_receiver() {
-        let bad = Exec::Library(Library::Matmul {
-            a: vec![2, 3],
-            b: vec![2, 3],
-            out: vec![2, 3],
-            b_elem: Elem::F32,
-            panels: false,
-            epilogue: Vec::new(),
-            transposed: Default::default(),
-        });
-        let good = Exec::Library(Library::Matmul {
-            a: vec![2, 2],
-            b: vec![2, 2],
-            out: vec![2, 2],
-            b_elem: Elem::F32,
-            panels: false,
-            epilogue: Vec::new(),
-            transposed: Default::default(),
-        });
+        let bad = f32_matmul(&[2, 3], &[2, 3], &[2, 3]);
+        let good = f32_matmul(&[2, 2], &[2, 2], &[2, 2]);
         let mut l = load(vec![
             program(
                 0,
