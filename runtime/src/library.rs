@@ -103,7 +103,7 @@ pub fn matmul(
     if small_m::serves(s.m) {
         small_m::matmul(a, b, out, &s, threads.pick_small_m(macs), ep);
     } else {
-        general(a, b, out, &s, threads.pick(macs), ep);
+        general(a, b, out, &s, Transposed::default(), threads.pick(macs), ep);
     }
     Ok(())
 }
@@ -131,12 +131,6 @@ pub fn matmul_panels(
     Ok(())
 }
 
-/// `out = a @ b` for the plan `s` by the gemm crate on `threads` cores, then `ep` on each
-/// part's rows; the caller checked the slices' lengths against the shapes.
-fn general(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, threads: usize, ep: &Bound) {
-    general_strided(a, b, out, s, Transposed::default(), threads, ep)
-}
-
 /// `out = a @ b` (numpy `matmul`, f32) with `a` and/or `b` stored transposed (their last two
 /// dims swapped), on `threads`, then `ep` on each block of rows: the gemm crate reads any
 /// strides as it packs, so a transpose before a GEMM costs no pass over memory.
@@ -157,20 +151,15 @@ pub fn matmul_transposed(
     if (transposed.a && a_shape.len() < 2) || (transposed.b && b_shape.len() < 2) {
         bail!("matmul: only a matrix operand can be stored transposed");
     }
-    general_strided(a, b, out, &s, transposed, threads.pick(s.k.saturating_mul(out_shape.iter().product())), ep);
+    general(a, b, out, &s, transposed, threads.pick(s.k.saturating_mul(out_shape.iter().product())), ep);
     Ok(())
 }
 
+/// `out = a @ b` for the plan `s` by the gemm crate on `threads` cores, `a` and `b` stored
+/// as `transposed` says, then `ep` on each part's rows; the caller checked the slices'
+/// lengths against the shapes.
 #[allow(clippy::too_many_arguments)]
-fn general_strided(
-    a: &[f32],
-    b: &[f32],
-    out: &mut [f32],
-    s: &MatmulShape,
-    transposed: Transposed,
-    threads: usize,
-    ep: &Bound,
-) {
+fn general(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, transposed: Transposed, threads: usize, ep: &Bound) {
     let (m, k, n) = (s.m, s.k, s.n);
     // (offset of row r, row stride, column stride) of each operand as stored.
     let a_at = |r: usize| if transposed.a { (r, 1, m) } else { (r * k, k, 1) };
@@ -464,7 +453,7 @@ mod tests {
             matmul(x, y, &mut out, a_shape, b_shape, &want.shape, Threads::Exactly(threads), &Bound::none()).unwrap();
             assert_close(&out, want.as_f32().unwrap(), &what);
             let mut out = vec![f32::NAN; want.numel()];
-            general(x, y, &mut out, &s, threads, &Bound::none());
+            general(x, y, &mut out, &s, Transposed::default(), threads, &Bound::none());
             assert_close(&out, want.as_f32().unwrap(), &format!("{what}, general path"));
         }
     }

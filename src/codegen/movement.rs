@@ -182,7 +182,7 @@ fn tiled(mut dims: Vec<Dim>) -> Vec<(i64, i64, Vec<Dim>)> {
     let partner = dims.iter().rposition(|d| d.strides[0] == 1 && d.n >= t);
     let (Some(inner), Some(o)) = (inner, partner) else { return vec![(0, 0, dims)] };
     let (ss, ds) = (inner.strides[0], inner.strides[1]);
-    if ds != 1 || ss == 0 || ss == 1 || inner.n < t || o == dims.len() - 1 {
+    if ds != 1 || ss == 0 || ss == 1 || inner.n < t {
         return vec![(0, 0, dims)];
     }
     let outer = dims.remove(o);
