@@ -167,13 +167,16 @@ fn graph(r: &Recipe) -> String {
                 (format!("{name} = layer_norm({x}, g{k}, b{k}) {{axis = -1, eps = 0.01}}"), xs.clone())
             }
             // Ops whose domain or range needs care, behind a guard node: exp of a bounded
-            // value, a division by at least 1, square root and log of a non-negative value.
+            // value, a division by at least 1, square root and log of at least 1 (exp of a
+            // non-negative value). Near 0 both magnify a rounding difference in their
+            // operand without bound: a sum over 6 values that cancels to 0 interpreted
+            // and to 3e-8 compiled has square roots 0 and 1.7e-4.
             7 => {
                 let (guard, op) = match arg % 4 {
                     0 => (format!("tanh({x})"), "exp"),
                     1 => (format!("abs({x})"), "sqrt"),
                     2 => (format!("abs({x})"), "rsqrt_guarded"),
-                    _ => (format!("abs({x})"), "log1p"),
+                    _ => (format!("abs({x})"), "log"),
                 };
                 lines.push(format!("{name}g = {guard}"));
                 match op {
@@ -182,9 +185,9 @@ fn graph(r: &Recipe) -> String {
                         lines.push(format!("{name}h = maximum({name}o, {name}g)"));
                         (format!("{name} = div({x}, {name}h)"), xs.clone())
                     }
-                    "log1p" => {
+                    "sqrt" | "log" => {
                         lines.push(format!("{name}h = exp({name}g)"));
-                        (format!("{name} = log({name}h)"), xs.clone())
+                        (format!("{name} = {op}({name}h)"), xs.clone())
                     }
                     op => (format!("{name} = {op}({name}g)"), xs.clone()),
                 }
