@@ -50,13 +50,16 @@ pub fn exit(result: Result<()>) -> ExitCode {
 /// An error as one line of stderr.
 fn report(e: &anyhow::Error) {
     // anyhow's alternate form joins the context chain on one line.
-    eprintln!(
-        "error: {}",
+    let line = format!(
+        "error: {}\n",
         meshc_ir::error::shorten_quoted(&format!("{e:#}"))
             .chars()
             .flat_map(|c| if c.is_control() { c.escape_default().collect() } else { vec![c] })
             .collect::<String>()
     );
+    // One write, not eprintln!'s one per piece: mpirun forwards a rank's stderr as it comes
+    // and prints its own abort notice meanwhile, which could land inside the line.
+    let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
 }
 
 /// Splits `NAME=FILE`.
