@@ -106,9 +106,9 @@ enum Cmd {
         program: PathBuf,
         #[command(flatten)]
         io: Io,
+        // Boxed, as the run options make this by far the largest command.
         #[command(flatten)]
-        run: RunArgs,
-        // Boxed: the run options already make this the largest command.
+        run: Box<RunArgs>,
         #[command(flatten)]
         steps: Box<StepArgs>,
         /// Also run the unpruned graph on the same inputs and print the pruned run's error

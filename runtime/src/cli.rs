@@ -50,13 +50,16 @@ pub fn exit(result: Result<()>) -> ExitCode {
 /// An error as one line of stderr.
 fn report(e: &anyhow::Error) {
     // anyhow's alternate form joins the context chain on one line.
-    eprintln!(
-        "error: {}",
+    let line = format!(
+        "error: {}\n",
         meshc_ir::error::shorten_quoted(&format!("{e:#}"))
             .chars()
             .flat_map(|c| if c.is_control() { c.escape_default().collect() } else { vec![c] })
             .collect::<String>()
     );
+    // One write, not eprintln!'s one per piece: mpirun forwards a rank's stderr as it comes
+    // and prints its own abort notice meanwhile, which could land inside the line.
+    let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
 }
 
 /// Splits `NAME=FILE`.
@@ -188,6 +191,11 @@ pub struct RunArgs {
     /// test detection (e.g. 1,2@0).
     #[arg(long, value_name = "DEVICE@STEP")]
     pub fail_device: Option<String>,
+    /// Under `--transport mpi`, make host H stop (SIGSTOP, as a machine that hangs) before
+    /// its RUN-th run (0: the first; `--bench` runs follow it), to test that the other
+    /// hosts detect it and end the job (e.g. 0@2).
+    #[arg(long, value_name = "HOST@RUN")]
+    pub stop_host: Option<String>,
     /// When a device is found silent, degrade it and run the whole graph again without
     /// it (data-parallel layouts).
     #[arg(long)]
@@ -311,15 +319,7 @@ pub fn configure(loaded: &mut Loaded, args: &RunArgs) -> Result<()> {
         let mesh = &loaded.meta.mesh;
         let mut devices = Degradation::from_args(mesh, &args.degrade, &[]).context("--degrade")?;
         for &h in &args.degrade_host {
-            let Some(group) = loaded.meta.hosts.get(h) else {
-                match loaded.meta.hosts.len() {
-                    0 => bail!(
-                        "--degrade-host {h}: the artifact names no hosts (a layout spec with \"hosts\" gives them)"
-                    ),
-                    n => bail!("--degrade-host {h}: the artifact has hosts 0 to {}", n - 1),
-                }
-            };
-            devices.nodes.extend(group);
+            devices.nodes.extend(host(loaded, "--degrade-host", h)?);
         }
         devices.nodes.sort_unstable();
         devices.nodes.dedup();
@@ -337,6 +337,33 @@ pub fn configure(loaded: &mut Loaded, args: &RunArgs) -> Result<()> {
         loaded.fail_device(d.nodes[0], step).context("--fail-device")?;
     }
     Ok(())
+}
+
+/// The devices of host `h` of the artifact, for option `flag`.
+fn host<'a>(loaded: &'a Loaded, flag: &str, h: usize) -> Result<&'a [usize]> {
+    match (loaded.meta.hosts.get(h), loaded.meta.hosts.len()) {
+        (Some(group), _) => Ok(group),
+        (None, 0) => bail!("{flag} {h}: the artifact names no hosts (a layout spec with \"hosts\" gives them)"),
+        (None, n) => bail!("{flag} {h}: the artifact has hosts 0 to {}", n - 1),
+    }
+}
+
+/// `--stop-host H@RUN`: the run before which this process stops, if it runs host H.
+fn stop_before(loaded: &Loaded, args: &RunArgs) -> Result<Option<u64>> {
+    let Some(s) = &args.stop_host else { return Ok(None) };
+    let (h, run) = (s.split_once('@'))
+        .and_then(|(h, r)| Some((h.trim().parse::<usize>().ok()?, r.trim().parse::<u64>().ok()?)))
+        .ok_or_else(|| anyhow!("--stop-host '{s}': expected HOST@RUN such as 0@2"))?;
+    host(loaded, "--stop-host", h)?;
+    let runs = args.bench.unwrap_or(0).saturating_add(1);
+    if run >= runs {
+        bail!("--stop-host {s}: the command makes {runs} run(s) (1 + --bench), none numbered {run}");
+    }
+    if args.transport != TransportKind::Mpi {
+        // One process runs every host: none would be left to notice.
+        bail!("--stop-host: only under --transport mpi (a stopped process running every host would hang)");
+    }
+    Ok((h == loaded.host()).then_some(run))
 }
 
 /// Compares each result with DIR/NAME.npy under the tolerance of `Tensor::closeness` and
@@ -393,6 +420,15 @@ fn run_loaded(loaded: &Loaded, io: &Io, args: &RunArgs) -> Result<()> {
     let mut out = Outputs::new();
     // Under hosts, host 0 gets the outputs and writes what is asked; the others run along.
     let leader = loaded.host() == 0;
+    let stop = stop_before(loaded, args)?;
+    let pause = |run: u64| {
+        if stop == Some(run) {
+            // SAFETY: raise(3) of a signal that stops this process until a SIGCONT (or
+            // mpirun's kill when another host ends the job).
+            unsafe { libc::raise(libc::SIGSTOP) };
+        }
+    };
+    pause(0);
     let results = match &args.trace {
         None => loaded.run(&inputs)?,
         Some(file) => {
@@ -421,7 +457,8 @@ fn run_loaded(loaded: &Loaded, io: &Io, args: &RunArgs) -> Result<()> {
     }
     if let Some(n) = args.bench {
         let mut times = Vec::new();
-        for _ in 0..n {
+        for run in 1..=n {
+            pause(run);
             let t = std::time::Instant::now();
             loaded.run(&inputs)?;
             times.push(t.elapsed().as_secs_f64());

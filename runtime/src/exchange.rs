@@ -110,7 +110,7 @@ impl Exchange {
         match hosts.exchange(sends, recvs, timeout, &|| self.poisoned.load(Ordering::SeqCst)) {
             Ok(()) => Ok(()),
             Err(Stall::Stopped) => bail!("stopped: another device failed"),
-            Err(Stall::Timeout { .. }) => Err(RunError::Timeout(what(timeout)).into()),
+            Err(Stall::Timeout(_)) => Err(RunError::Timeout(what(timeout)).into()),
             Err(Stall::Failed(m)) => bail!("'{key}': {m}"),
         }
     }

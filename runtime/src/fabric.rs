@@ -1424,20 +1424,11 @@ impl Fabric {
         match hosts.exchange(&out, &mut inc, self.timeout, &|| self.poisoned.load(Ordering::SeqCst)) {
             Ok(()) => Ok(()),
             Err(Stall::Stopped) => Err(self.abandoned(&slot.desc)),
-            Err(Stall::Timeout { recv, send }) => {
-                let (what, peer) = match (recv, send) {
-                    (Some(i), _) => ("nothing came from", inc[i].from),
-                    (None, Some(i)) => ("nothing was taken by", out[i].to),
-                    (None, None) => ("no answer from", hosts.me()),
-                };
-                Err(RunError::Timeout(format!(
-                    "collective #{id} across hosts: on {}, {what} {} within {:?}",
-                    hosts.label(hosts.me()),
-                    hosts.label(peer),
-                    self.timeout
-                ))
-                .into())
-            }
+            Err(Stall::Timeout(pending)) => Err(RunError::Timeout(format!(
+                "collective #{id} across hosts: {}",
+                hosts.stalled(pending, &out, &inc, self.timeout)
+            ))
+            .into()),
             Err(Stall::Failed(m)) => bail!("collective #{id} across hosts: {m}"),
         }
     }

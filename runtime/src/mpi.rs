@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use ferrompi::{Communicator, Mpi, Request, ThreadLevel};
 
-use crate::transport::{Incoming, Outgoing, Stall, Transport};
+use crate::transport::{Incoming, Outgoing, Pending, Stall, Transport};
 
 /// MPI as a `Transport`. The `Mpi` handle itself stays with the caller of `init` (on the
 /// thread that finalizes MPI when it drops it, after the run).
@@ -102,15 +102,15 @@ impl Transport for MpiTransport {
                         }
                     }
                 }
-                let pending = |v: &[Option<Request>]| v.iter().position(Option::is_some);
-                let (recv, token) = (pending(&data_in), pending(&ready));
-                if recv.is_none() && token.is_none() && pending(&data_out).is_none() {
-                    return Ok(Ok(()));
-                }
+                let first = |v: &[Option<Request>]| v.iter().position(Option::is_some);
+                // A send waits for its token, then for its data to leave.
+                let waiting = (first(&data_in).map(Pending::Recv))
+                    .or_else(|| first(&ready).or_else(|| first(&data_out)).map(Pending::Send));
+                let Some(waiting) = waiting else { return Ok(Ok(())) };
                 let stalled = if stop() {
                     Some(Stall::Stopped)
                 } else if start.elapsed() >= timeout {
-                    Some(Stall::Timeout { recv, send: token })
+                    Some(Stall::Timeout(waiting))
                 } else {
                     None
                 };

@@ -1001,9 +1001,8 @@ impl Loaded {
         let timeout = self.exchange.timeout();
         match hosts.exchange(&sends, &mut recvs, timeout, &|| false) {
             Ok(()) => Ok(blocks.into_iter().map(|(at, _, _, b)| (at, b)).collect()),
-            Err(Stall::Timeout { recv, .. }) => {
-                let from = recv.map_or(me, |r| recvs[r].from);
-                bail!("gathering the outputs on host 0: {} sent nothing within {timeout:?}", hosts.label(from))
+            Err(Stall::Timeout(pending)) => {
+                bail!("gathering the outputs on host 0: {}", hosts.stalled(pending, &sends, &recvs, timeout))
             }
             Err(Stall::Stopped) => bail!("gathering the outputs on host 0: stopped"),
             Err(Stall::Failed(m)) => bail!("gathering the outputs on host 0: {m}"),
@@ -1699,6 +1698,7 @@ mod tests {
     use crate::mesh::Topology;
     use crate::program::ALIGN;
     use crate::program::{CollectiveOp, Event, Reduce, Step, Stream, StreamKind, StreamPlan, Wait};
+    use crate::transport::{Pending, Threads};
 
     fn io(name: &str, dtype: DType, shape: &[usize], layout: &[Option<usize>]) -> IoSpec {
         IoSpec::with_layout(name, &TensorType::new(dtype, shape.to_vec()), layout.to_vec())
@@ -2121,6 +2121,63 @@ mod tests {
         assert_eq!(e(meta(failed(2), vec![5])).unwrap(), "model axis 5 is not an axis of the [2, 2] mesh");
         // Without the degradation, the empty program is refused.
         assert!(e(meta(Default::default(), vec![])).unwrap().contains("device 2 (1,0)"));
+    }
+
+    /// Host `.0` of two, the other one stopped: an exchange waits out its timeout with its
+    /// first receive pending, else its first send, as over MPI (`Threads` buffers sends, so
+    /// with it a send never waits for its receiver).
+    struct Alone(usize);
+
+    impl Transport for Alone {
+        fn rank(&self) -> usize {
+            self.0
+        }
+
+        fn size(&self) -> usize {
+            2
+        }
+
+        fn exchange(
+            &self,
+            sends: &[Outgoing],
+            recvs: &mut [Incoming],
+            timeout: Duration,
+            _: &dyn Fn() -> bool,
+        ) -> std::result::Result<(), Stall> {
+            let pending = match (recvs.is_empty(), sends.is_empty()) {
+                (false, _) => Pending::Recv(0),
+                (true, false) => Pending::Send(0),
+                (true, true) => return Ok(()),
+            };
+            std::thread::sleep(timeout);
+            Err(Stall::Timeout(pending))
+        }
+    }
+
+    #[test]
+    fn a_gather_that_times_out_names_the_host_it_waited_for() {
+        // One device per host, each returning its block of x as y: host 1 sends its block
+        // to host 0, which waits for it.
+        let m = Mesh { shape: vec![2], axes: vec!["a".into()], topology: Topology::Mesh };
+        let gather = |transport: Arc<dyn Transport>| {
+            let split = |n: &str| io(n, DType::F32, &[4], &[Some(0)]);
+            let programs = (0..2).map(|d| program(d, &[8], vec![], vec![0], vec![0])).collect();
+            let mut l = load(&m, vec![split("x")], vec![split("y")], programs).unwrap();
+            l.meta.hosts = vec![vec![0], vec![1]];
+            l.set_transport(transport).unwrap();
+            l.set_timeout(Duration::from_millis(50));
+            format!("{:#}", l.run(&HashMap::from([("x".to_string(), iota(&[4]))])).unwrap_err())
+        };
+        // Host 0 stopped before it took host 1's block.
+        assert_eq!(
+            gather(Arc::new(Alone(1))),
+            "gathering the outputs on host 0: on host 1 (device 1), nothing was taken by host 0 (device 0) within 50ms"
+        );
+        // Host 1 never sent it (it never ran).
+        assert_eq!(
+            gather(Threads::joined(2).swap_remove(0)),
+            "gathering the outputs on host 0: on host 0 (device 0), nothing came from host 1 (device 1) within 50ms"
+        );
     }
 }
 

@@ -29,7 +29,7 @@ pub struct StepArgs {
         value_name = "N",
         value_parser = clap::value_parser!(u64).range(1..),
         conflicts_with_all = ["inputs", "outputs", "output_dir", "bench", "check_against", "trace", "link_stats",
-            "fail_device", "replan_on_failure", "compare_unpruned", "conditional", "pilot_inputs"]
+            "fail_device", "stop_host", "replan_on_failure", "compare_unpruned", "conditional", "pilot_inputs"]
     )]
     pub steps: Option<u64>,
     /// The batches: DIR/step_000000/NAME.npy... per step, or DIR/NAME.npy with a leading

@@ -41,13 +41,20 @@ pub struct Incoming<'a> {
 /// Why an exchange did not complete.
 #[derive(Debug)]
 pub enum Stall {
-    /// The timeout passed with the receive `recv` (index into the receives), else the send
-    /// `send`, still pending.
-    Timeout { recv: Option<usize>, send: Option<usize> },
+    /// The timeout passed with this message still pending.
+    Timeout(Pending),
     /// `stop` said the run is over.
     Stopped,
     /// The transport itself failed (its message).
     Failed(String),
+}
+
+/// The message a timed-out exchange was still waiting for: a receive nothing came for, else
+/// a send its receiver never took (each an index into the exchange's receives or sends).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pending {
+    Recv(usize),
+    Send(usize),
 }
 
 /// Moves bytes between the processes of one run, one per host (rank h runs host h).
@@ -200,6 +207,17 @@ impl Hosts {
         }
     }
 
+    /// Why an exchange of this host with `sends` and `recvs` timed out, naming the host
+    /// it waited for: "on host 1 (device 1), nothing came from host 0 (device 0) within
+    /// 2s" for a receive, "..., nothing was taken by host 0 (device 0) ..." for a send.
+    pub fn stalled(&self, pending: Pending, sends: &[Outgoing], recvs: &[Incoming], timeout: Duration) -> String {
+        let (what, peer) = match pending {
+            Pending::Recv(i) => ("nothing came from", recvs[i].from),
+            Pending::Send(i) => ("nothing was taken by", sends[i].to),
+        };
+        format!("on {}, {what} {} within {timeout:?}", self.label(self.me()), self.label(peer))
+    }
+
     /// The tag of phase `phase` of transfer `key`.
     pub fn key_tag(&self, key: &str, phase: u32) -> Result<u32> {
         match self.keys.get(key) {
@@ -290,7 +308,7 @@ impl Transport for Threads {
                 }
                 let left = timeout.saturating_sub(start.elapsed());
                 if left.is_zero() {
-                    return Err(Stall::Timeout { recv: Some(i), send: None });
+                    return Err(Stall::Timeout(Pending::Recv(i)));
                 }
                 // Wake now and then to look at `stop`, which no message announces.
                 self.mail.arrived.wait_for(&mut boxes, left.min(Duration::from_millis(20)));

@@ -209,6 +209,27 @@ fn degrade_host_degrades_every_device_of_that_host() {
     assert_eq!((bad.status, bad.stderr.trim()), (Some(1), "error: --degrade-host 4: the artifact has hosts 0 to 3"));
 }
 
+#[test]
+fn stop_host_stops_a_process_only_where_the_other_hosts_end_the_job() {
+    // tests/all/mpi.rs stops host 0 with it; here, what it refuses.
+    let dir = scratch("hosts-stop-host");
+    let graph = Path::new("testdata/transformer/graph.json");
+    let art = dir.join("t.mshc").display().to_string();
+    compile(graph, Path::new("testdata/transformer/hosts/mp-2x4.json"), Path::new(&art));
+    let inputs = crate::common::input_args(graph);
+    for (stop, error) in [
+        ("0-2", "--stop-host '0-2': expected HOST@RUN such as 0@2"),
+        ("2@0", "--stop-host 2: the artifact has hosts 0 to 1"),
+        ("1@2", "--stop-host 1@2: the command makes 2 run(s) (1 + --bench), none numbered 2"),
+        ("1@1", "--stop-host: only under --transport mpi (a stopped process running every host would hang)"),
+    ] {
+        let mut args: Vec<&str> = vec!["run", &art, "--stop-host", stop, "--bench", "1"];
+        args.extend(inputs.iter().map(String::as_str));
+        let bad = meshc(&args);
+        assert_eq!((bad.status, bad.stderr.trim()), (Some(1), format!("error: {error}").as_str()));
+    }
+}
+
 #[cfg(not(feature = "mpi"))]
 #[test]
 fn without_the_mpi_feature_transport_mpi_says_how_to_build_it() {

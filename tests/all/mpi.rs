@@ -3,15 +3,16 @@
 //! devices and hosts of 2 devices — compiled by `meshc compile` and run by `mpirun` on
 //! simulated hosts over loopback TCP (`tools/mpirun-hosts`), writes outputs byte-identical
 //! to the in-process run of the same artifact; so does the degraded 4×4 torus over 4 hosts.
-//! A recv whose send never comes ends the job with exit 1 and a message naming the key,
-//! devices and hosts; a rank killed mid-run ends it with a non-zero exit within the timeout;
+//! A recv whose send never comes (`--stop-host`: rank 0 stops itself between two runs)
+//! ends the job with exit 1 and a message naming the key, devices and hosts; a rank
+//! killed mid-run ends it with a non-zero exit within the timeout;
 //! `tools/mpirun-replan` restarts a job that lost a host without that host.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{input_args, layout_cases, meshc, scratch};
+use crate::common::{input_args, layout_cases, meshc, scratch, Scratch};
 use crate::hosts::{compile, groupings};
 
 /// `tools/mpirun-hosts HOSTS meshc ARGS...`.
@@ -171,68 +172,110 @@ fn stages(dir: &Path) -> PathBuf {
     art
 }
 
-/// Starts the pipeline mlp on two MPI hosts running for long (`--bench`) with
-/// `--timeout 2`, waits until rank `rank` runs, sends it `signal`, and returns mpirun's
-/// exit, its stderr and how long it took to end after the signal.
-fn signal_rank(name: &str, rank: usize, signal: i32) -> (Option<i32>, String, Duration) {
-    let dir = scratch(name);
-    let art = stages(&dir);
-    let mark = format!("{name}-{}", std::process::id());
-    let mut args = vec!["run".to_string(), art.display().to_string()];
-    args.extend(input_args(Path::new("testdata/mlp/graph.json")));
-    args.extend(["--transport", "mpi", "--timeout", "2", "--bench", "100000000"].map(String::from));
-    let mut job = Command::new("tools/mpirun-hosts")
-        .arg("2")
-        .arg(env!("CARGO_BIN_EXE_meshc"))
-        .args(&args)
-        .env("MESHC_TEST_MARK", &mark)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // The rank: the meshc process with this test's mark and that rank in its environment.
-    let wanted = [format!("MESHC_TEST_MARK={mark}"), format!("OMPI_COMM_WORLD_RANK={rank}")];
-    let find = || {
-        std::fs::read_dir("/proc").ok()?.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok()).find(|pid| {
-            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-            let vars: Vec<&[u8]> = env.split(|&b| b == 0).collect();
-            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "meshc")
-                && wanted.iter().all(|w| vars.contains(&w.as_bytes()))
-        })
-    };
-    let start = Instant::now();
-    let pid = loop {
-        if let Some(pid) = find() {
-            break pid;
+/// The pipeline mlp on two MPI hosts with `--timeout 2`: an `mpirun` started with `run`
+/// options `extra` and a mark in its environment, to find its ranks by.
+struct Job {
+    mpirun: Child,
+    mark: String,
+    /// Holds the artifact the ranks run.
+    _dir: Scratch,
+}
+
+impl Job {
+    fn stages(name: &str, extra: &[&str]) -> Job {
+        let dir = scratch(name);
+        let art = stages(&dir);
+        let mark = format!("{name}-{}", std::process::id());
+        let mut args = vec!["run".to_string(), art.display().to_string()];
+        args.extend(input_args(Path::new("testdata/mlp/graph.json")));
+        args.extend(["--transport", "mpi", "--timeout", "2"].map(String::from));
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mpirun = Command::new("tools/mpirun-hosts")
+            .arg("2")
+            .arg(env!("CARGO_BIN_EXE_meshc"))
+            .args(&args)
+            .env("MESHC_TEST_MARK", &mark)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        Job { mpirun, mark, _dir: dir }
+    }
+
+    /// The pid of rank `rank` (the meshc process with this job's mark and that rank in its
+    /// environment), once it runs.
+    fn rank(&mut self, rank: usize) -> i32 {
+        let wanted = [format!("MESHC_TEST_MARK={}", self.mark), format!("OMPI_COMM_WORLD_RANK={rank}")];
+        let find = || {
+            std::fs::read_dir("/proc").ok()?.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok()).find(
+                |pid| {
+                    let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+                    let vars: Vec<&[u8]> = env.split(|&b| b == 0).collect();
+                    std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "meshc")
+                        && wanted.iter().all(|w| vars.contains(&w.as_bytes()))
+                },
+            )
+        };
+        let start = Instant::now();
+        loop {
+            if let Some(pid) = find() {
+                return pid;
+            }
+            assert!(!self.ended(), "the job ended before rank {rank} was found: {}", self.stderr());
+            assert!(start.elapsed() < Duration::from_secs(60), "rank {rank} never started");
+            std::thread::sleep(Duration::from_millis(50));
         }
-        assert!(start.elapsed() < Duration::from_secs(60), "rank {rank} never started");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    // Mid-run: the ranks are past start-up and into the runs.
-    std::thread::sleep(Duration::from_millis(1500));
-    // SAFETY: a plain kill(2) of a process this test started.
-    assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
-    let signalled = Instant::now();
-    let status = loop {
-        if let Some(status) = job.try_wait().unwrap() {
-            break status;
-        }
-        if signalled.elapsed() > Duration::from_secs(30) {
-            let _ = job.kill();
-            panic!("the job did not end 30 s after rank {rank} got signal {signal}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let took = signalled.elapsed();
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(job.stderr.as_mut().unwrap(), &mut stderr).unwrap();
-    (status.code(), stderr, took)
+    }
+
+    /// Whether mpirun has ended.
+    fn ended(&mut self) -> bool {
+        self.mpirun.try_wait().unwrap().is_some()
+    }
+
+    /// Waits for mpirun to end, at most 30 s after `since` (`what` happened then): its exit,
+    /// its stderr and how long after `since` it ended.
+    fn wait(mut self, since: Instant, what: &str) -> (Option<i32>, String, Duration) {
+        let status = loop {
+            if let Some(status) = self.mpirun.try_wait().unwrap() {
+                break status;
+            }
+            if since.elapsed() > Duration::from_secs(30) {
+                let _ = self.mpirun.kill();
+                panic!("the job did not end 30 s after {what}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let took = since.elapsed();
+        (status.code(), self.stderr(), took)
+    }
+
+    /// What mpirun wrote on stderr (once it has ended).
+    fn stderr(&mut self) -> String {
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(self.mpirun.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+        stderr
+    }
 }
 
 #[test]
 fn a_recv_whose_send_never_comes_ends_the_job_with_exit_1_naming_key_devices_and_hosts() {
-    // Rank 0 (stage 0) stops: the activations stage 1 waits for never come.
-    let (code, stderr, took) = signal_rank("mpi-stopped", 0, libc::SIGSTOP);
+    // Rank 0 (stage 0) stops itself before its third run, after it has taken host 1's
+    // outputs of the second: host 1 is then in its third run, waiting for activations
+    // that never come. (A stop sent from here at some moment could land while host 1
+    // sends its outputs to host 0 instead, and the job would end on the gather.)
+    let mut job = Job::stages("mpi-stopped", &["--bench", "5", "--stop-host", "0@2"]);
+    let pid = job.rank(0);
+    let is_stopped = || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'))
+    };
+    let start = Instant::now();
+    while !is_stopped() {
+        assert!(!job.ended(), "the job ended before rank 0 stopped: {}", job.stderr());
+        assert!(start.elapsed() < Duration::from_secs(60), "rank 0 never stopped");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (code, stderr, took) = job.wait(Instant::now(), "rank 0 stopped");
     assert_eq!(code, Some(1), "{stderr}");
     assert!(
         stderr.contains("error: host 1: device 1 (1): node '")
@@ -246,7 +289,13 @@ fn a_recv_whose_send_never_comes_ends_the_job_with_exit_1_naming_key_devices_and
 
 #[test]
 fn a_rank_killed_mid_run_ends_the_job_with_a_failure() {
-    let (code, stderr, took) = signal_rank("mpi-killed", 1, libc::SIGKILL);
+    let mut job = Job::stages("mpi-killed", &["--bench", "100000000"]);
+    let pid = job.rank(1);
+    // Mid-run: the ranks are past start-up and into the runs.
+    std::thread::sleep(Duration::from_millis(1500));
+    // SAFETY: a plain kill(2) of a process this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let (code, stderr, took) = job.wait(Instant::now(), "rank 1 was killed");
     assert!(code.is_some_and(|c| c != 0), "{code:?} {stderr}");
     assert!(took < Duration::from_secs(15), "{took:?}");
 }
