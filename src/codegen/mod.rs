@@ -100,9 +100,11 @@ pub fn kernel_function(target: &Target, name: &str) -> Function {
     Function::with_name_signature(UserFuncName::testcase(name), sig)
 }
 
-/// The least work, in bytes read and written, worth a part of its own: handing a part to
-/// another thread costs the runner 15–30 µs (median, on the 2-core development VM), which
-/// 4 MiB of streaming (~100 µs) repays; at 2 MiB two parts were slower than one.
+/// The least work, in bytes read and written, worth a part of its own. Chosen when handing a
+/// part to another thread cost the runner 15–30 µs (at 2 MiB two parts were slower than
+/// one); the runner's own pool (`meshc_runtime::pool`) now hands one over in ~0.1 µs, but
+/// splitting the 2 × 13 encoder's kernels from 16 KiB or 64 KiB up bought nothing
+/// measurable (`cargo bench --bench models`), so the bound stays.
 const MIN_PART_BYTES: usize = 4 << 20;
 
 /// Into how many parts a kernel may split that reads and writes `bytes` in all, in `units`

@@ -10,6 +10,10 @@
 //! destination are merged, the innermost dim decides the inner loop: contiguous on both
 //! sides → a byte run moved 16 bytes at a time; source stride 0 → a fill with a splatted
 //! element; anything else → element by element.
+//!
+//! A copy's parts (`Generated::parts`) split the outermost loop of each of its pieces (a
+//! transposing copy is cut into tiles and strips, `tiled`), so every part writes its own
+//! elements of the result; a piece that is a single run is copied by part 0.
 
 use anyhow::{anyhow, bail, Result};
 use cranelift_codegen::ir::condcodes::IntCC;
@@ -19,9 +23,9 @@ use meshc_ir::{DType, Node, Op, TensorType};
 
 use super::emit::{build_kernel, mem, KernelBuilder, F32X4, LANES};
 use super::math::Math;
-use super::nest::{advance, collapse, contiguous_strides, for_nest, Dim};
+use super::nest::{advance, collapse, contiguous_strides, for_nest, for_parts, Dim};
 use super::reduce::{for_chunks, load_vec, store_vec, sum_run};
-use super::{Generated, Target, STATUS_INDEX_OUT_OF_RANGE};
+use super::{parts_for, Generated, Target, STATUS_INDEX_OUT_OF_RANGE};
 
 pub fn kernel(target: &Target, name: &str, node: &Node, inputs: &[TensorType], out: &TensorType) -> Result<Generated> {
     let func = match node.op {
@@ -31,13 +35,20 @@ pub fn kernel(target: &Target, name: &str, node: &Node, inputs: &[TensorType], o
         _ => {
             let copies = copies(node, inputs, out)?;
             let esize = out.dtype.size_bytes() as i64;
-            build_kernel(target, name, |kb| {
+            let pieces: Vec<(usize, Vec<Piece>)> = copies.iter().map(|c| (c.src_buf, c.pieces())).collect();
+            // The parts split each piece's outermost loop, so the longest of those loops
+            // bounds how many parts have work.
+            let units = pieces.iter().flat_map(|(_, p)| p).map(outer).max().unwrap_or(1);
+            let func = build_kernel(target, name, |kb| {
                 let dst = kb.buf(0);
-                for c in &copies {
-                    let src = kb.buf(c.src_buf);
-                    emit_copy(kb, esize, src, dst, c);
+                for (src_buf, pieces) in &pieces {
+                    let src = kb.buf(*src_buf);
+                    for piece in pieces {
+                        emit_piece(kb, esize, src, dst, piece);
+                    }
                 }
-            })
+            });
+            return Ok(Generated { func, scratch: 0, parts: parts_for(2 * out.size_bytes(), units) });
         }
     };
     Ok(Generated { func, scratch: 0, parts: 1 })
@@ -153,16 +164,36 @@ fn move_type(bytes: i64) -> Type {
     }
 }
 
-fn emit_copy(kb: &mut KernelBuilder, esize: i64, src: Value, dst: Value, c: &StridedCopy) {
-    if c.dims.iter().any(|d| d.n == 0) {
-        return;
+/// A piece of a copy: source and destination offsets (elements) and its dims.
+type Piece = (i64, i64, Vec<Dim>);
+
+/// Iterations of a piece's outermost loop, the one the parts split (1: its only dim is the
+/// innermost run, which part 0 copies alone).
+fn outer((_, _, dims): &Piece) -> usize {
+    if dims.len() > 1 {
+        dims[0].n
+    } else {
+        1
     }
-    let dims = collapse(&c.dims);
-    for (src_off, dst_off, dims) in tiled(dims) {
-        let src = kb.b.ins().iadd_imm_s(src, (c.src_off + src_off) * esize);
-        let dst = kb.b.ins().iadd_imm_s(dst, (c.dst_off + dst_off) * esize);
-        emit_nest(kb, esize, src, dst, dims);
+}
+
+impl StridedCopy {
+    /// The copy as pieces to emit (`tiled`), offsets included; none if it is empty.
+    fn pieces(&self) -> Vec<Piece> {
+        if self.dims.iter().any(|d| d.n == 0) {
+            return Vec::new();
+        }
+        let pieces = tiled(collapse(&self.dims));
+        pieces.into_iter().map(|(s, d, dims)| (self.src_off + s, self.dst_off + d, dims)).collect()
     }
+}
+
+/// One piece, this call's part of it: the parts split its outermost loop (every piece
+/// covers its own elements of the result, so the parts of all pieces tile the result).
+fn emit_piece(kb: &mut KernelBuilder, esize: i64, src: Value, dst: Value, (src_off, dst_off, dims): &Piece) {
+    let src = kb.b.ins().iadd_imm_s(src, src_off * esize);
+    let dst = kb.b.ins().iadd_imm_s(dst, dst_off * esize);
+    emit_nest(kb, esize, src, dst, dims.clone());
 }
 
 /// Side of the square tiles of a transposing copy: 16 elements of 4 bytes are one 64-byte
@@ -225,7 +256,7 @@ fn emit_nest(kb: &mut KernelBuilder, esize: i64, src: Value, dst: Value, mut dim
     let outer: Vec<Dim> = dims.iter().map(|d| d.scaled(esize)).collect();
     let n = inner.n as i64;
     let (ss, ds) = (inner.strides[0], inner.strides[1]);
-    for_nest(kb, &outer, &[src, dst], &mut |kb, p| match (ss, ds) {
+    let mut body = |kb: &mut KernelBuilder, p: &[Value]| match (ss, ds) {
         (1, 1) => copy_run(kb, p[1], p[0], n * esize),
         (0, 1) => fill_run(kb, p[1], p[0], esize, n),
         _ => {
@@ -237,7 +268,13 @@ fn emit_nest(kb: &mut KernelBuilder, esize: i64, src: Value, dst: Value, mut dim
                 kb.b.ins().store(mem(), v, d, 0);
             });
         }
-    });
+    };
+    if outer.is_empty() {
+        let first = kb.b.ins().icmp_imm_u(IntCC::Equal, kb.part, 0);
+        kb.when(first, |kb| body(kb, &[src, dst]));
+    } else {
+        for_parts(kb, &outer, &[src, dst], &mut body);
+    }
 }
 
 /// Stores `bytes` bytes at `dst` as pieces of `width` bytes (`piece(kb, base, offset)`
@@ -810,6 +847,34 @@ mod tests {
         for (i, &(shape, perm)) in cases.iter().enumerate() {
             let attrs: Vec<(&str, Attr)> = perm.map(|p| ("perm", ints(p))).into_iter().collect();
             each_dtype(i as u64 * 10, shape, |x| check(kernel, &node(Op::Transpose, 1, &attrs), &[x]));
+        }
+    }
+
+    /// Called as any number of parts, a copy writes every element of the result exactly
+    /// once, with the bits of the whole call: tiled transposes with their strips, a
+    /// transpose whose only dim is a run, slices, concat, broadcasts.
+    #[test]
+    fn copies_split_into_parts() {
+        use crate::codegen::emit::testing::check_parts;
+        let target = Target::by_name("native").unwrap();
+        let f32s = |shapes: &[&[usize]]| -> Vec<Tensor> {
+            shapes.iter().enumerate().map(|(k, s)| random(DType::F32, s, -50.0, 50.0, 7 + k as u64)).collect()
+        };
+        let cases: Vec<(Node, Vec<Tensor>)> = vec![
+            (node(Op::Transpose, 1, &[]), f32s(&[&[37, 21]])),
+            (node(Op::Transpose, 1, &[("perm", ints(&[0, 2, 3, 1]))]), f32s(&[&[2, 13, 12, 32]])),
+            (node(Op::Transpose, 1, &[("perm", ints(&[0, 2, 1, 3]))]), f32s(&[&[2, 13, 12, 32]])),
+            (node(Op::Transpose, 1, &[("perm", ints(&[1, 0]))]), f32s(&[&[1, 40]])),
+            (node(Op::Slice, 1, &[("starts", ints(&[1, 3])), ("ends", ints(&[3, 37]))]), f32s(&[&[4, 40]])),
+            (node(Op::Concat, 3, &[("axis", Attr::Int(1))]), f32s(&[&[2, 3, 5], &[2, 1, 5], &[2, 4, 5]])),
+            (node(Op::BroadcastTo, 1, &[("shape", ints(&[4, 3, 5]))]), f32s(&[&[5]])),
+        ];
+        for (n, args) in cases {
+            let out = testing::out_type(&n, &args);
+            let tys: Vec<TensorType> = args.iter().map(Tensor::ty).collect();
+            let g = kernel(&target, "k", &n, &tys, &out).unwrap();
+            let mut ins: Vec<Vec<u8>> = args.iter().map(Tensor::to_le_bytes).collect();
+            check_parts(&target, g.func, out.size_bytes(), &mut ins, &format!("{} {:?}", n.op, n.attrs));
         }
     }
 
