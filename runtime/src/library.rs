@@ -350,9 +350,10 @@ fn check_lengths(lens: [usize; 3], a_shape: &[usize], b_shape: &[usize], out_sha
 /// `matmul` with `b` pruned by `mask` (conditional execution, docs/design.md §4.3): the result is
 /// zeroed, then one GEMM runs per (kept column run, kept row run) of the mask on strided
 /// views of the operands, so pruned columns and rows of `b` cost nothing. `threads` are
-/// picked for the work the mask leaves. Threads split the rows of
-/// the result (each runs every pair on its rows): one fork per matrix instead of one per
-/// GEMM call, which matters with many short runs. Then `ep` on each thread's rows.
+/// picked for the work the mask leaves. Threads split the rows of the result (each runs
+/// every pair on its rows) over the runner's pool (`crate::pool`; it spawned a scoped
+/// thread per part before, tens of µs per call): one fork per matrix instead of one per
+/// GEMM call, which matters with many short runs. Then `ep` on each part's rows.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_masked(
     a: &[f32],
@@ -377,24 +378,20 @@ pub fn matmul_masked(
         return Ok(());
     }
     let rows_per = m.div_ceil(threads.max(1));
+    let parts = m.div_ceil(rows_per);
+    // The result as an address: the parts share it, each writing only its own rows.
+    let c = out.as_mut_ptr() as usize;
     for (ao, bo, oo) in s.batch_offsets() {
+        assert!(ao + m * k <= a.len() && bo + k * n <= b.len() && oo + m * n <= out.len());
         let b = &b[bo..bo + k * n];
-        std::thread::scope(|scope| {
-            let mut blocks = out[oo..oo + m * n].chunks_mut(rows_per * n).enumerate().peekable();
-            while let Some((t, c)) = blocks.next() {
-                let a = &a[ao + t * rows_per * k..ao + (t * rows_per + c.len() / n) * k];
-                let rows = (oo / n + t * rows_per, c.len() / n);
-                let mut part = move || {
-                    masked_rows(a, b, c, (k, n), mask);
-                    // SAFETY: `c` holds these rows of the result, this part's alone.
-                    unsafe { ep.apply(c.as_mut_ptr(), n, rows, 0..n) };
-                };
-                if blocks.peek().is_some() {
-                    scope.spawn(part);
-                } else {
-                    part();
-                }
-            }
+        crate::pool::split(parts, &|t| {
+            let (r0, r1) = (t * rows_per, m.min((t + 1) * rows_per));
+            // SAFETY: rows r0..r1 of this matrix of the result (inside `out`, asserted
+            // above), written by this part alone.
+            let c = unsafe { std::slice::from_raw_parts_mut((c as *mut f32).add(oo + r0 * n), (r1 - r0) * n) };
+            masked_rows(&a[ao + r0 * k..ao + r1 * k], b, c, (k, n), mask);
+            // SAFETY: `c` holds these rows of the result, this part's alone.
+            unsafe { ep.apply(c.as_mut_ptr(), n, (oo / n + r0, r1 - r0), 0..n) };
         });
     }
     Ok(())
