@@ -134,8 +134,8 @@ pub fn refuse_fused(g: &Graph) -> Result<()> {
     Ok(())
 }
 
-/// The `--dump-after epilogue` text: every device's program after the pass, in the text
-/// format (it parses back, fused matmuls and all).
+/// The `--dump-after epilogue` (and `attention`) text: every device's program after the
+/// pass, in the text format (it parses back, fused nodes and all).
 pub fn dump(devices: &[(usize, &Graph)]) -> String {
     let mut s = String::new();
     for &(d, g) in devices {
