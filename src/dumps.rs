@@ -9,7 +9,7 @@ use meshc_runtime::output::Outputs;
 
 /// The passes `--dump-after` can name, in the order they run (their number prefixes the
 /// files of `--dump-dir`). The pilot runs on the global graph, before placement, so its
-/// masks do not depend on the layout; fold, epilogue, fuse, streams and buffers run per
+/// masks do not depend on the layout; fold, attention, epilogue, fuse, streams and buffers run per
 /// device.
 pub const PASSES: &[&str] = &[
     "verify",

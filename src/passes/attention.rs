@@ -139,7 +139,12 @@ impl<'g> Matcher<'g> {
             members.push(self.producer[cur.name.as_str()]);
             cur = self.inner(chain)?;
         }
-        if cur.op != Op::MatMul || cur.inputs.len() != 2 || !cur.attrs.is_empty() {
+        // The steps do not grow the product: the scores the softmax reads have its shape.
+        if cur.op != Op::MatMul
+            || cur.inputs.len() != 2
+            || !cur.attrs.is_empty()
+            || self.info.types[&cur.name].shape != *scores
+        {
             return None;
         }
         let (q, kt) = (&cur.inputs[0], &cur.inputs[1]);
