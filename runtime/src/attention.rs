@@ -110,7 +110,7 @@ impl Shapes {
         let matrix = t * s;
         let entries = (plan.batch_offsets().into_iter())
             .map(|(so, vo, oo)| {
-                let i = if matrix == 0 { 0 } else { so / matrix };
+                let i = so.checked_div(matrix).unwrap_or(0);
                 let (qo, ko) = qk.get(i).map_or((0, 0), |e| (e.0, e.1));
                 Entry { q: qo, k: ko, v: vo, out: oo, mask: mask_at.get(i).copied().unwrap_or(0) }
             })
