@@ -18,7 +18,7 @@ use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::matmul_shape::MatmulShape;
-use crate::vmath::{EXP5, LN2_HI, LN2_LO, MAGIC};
+use crate::vmath::{horner, madd, EXP5, LN2_HI, LN2_LO, MAGIC};
 
 /// Query rows per block: their scores (`ROWS` × S f32) are the scratch block, 16 KiB at
 /// S = 128 and 128 KiB at `MAX_KEYS`, in L2 with the block's kᵀ and v while both products
@@ -413,16 +413,6 @@ fn exp_row<const FMA: bool>(row: &mut [f32]) -> f32 {
     sum
 }
 
-/// a·b + c, fused when `FMA`.
-#[inline(always)]
-fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
-    if FMA {
-        a.mul_add(b, c)
-    } else {
-        a * b + c
-    }
-}
-
 /// e^x for x ≤ 0 (a score minus its row's max) or NaN: 2^n · p(r) with x = n·ln2 + r,
 /// |r| ≤ ln2/2 (`vmath::EXP5`, relative error 9.2e-8); 0 below −87, where e^x leaves the
 /// normal floats (the interpreter's f64 value rounds to at most 1.6e-38 there, and it is
@@ -439,8 +429,7 @@ fn exp<const FMA: bool>(x: f32) -> f32 {
     } else {
         madd::<FMA>(n, LN2_LO, madd::<FMA>(n, LN2_HI, xc))
     };
-    let p = EXP5[..5].iter().rev().fold(EXP5[5], |acc, &c| madd::<FMA>(acc, r, c));
-    let e = p * f32::from_bits(k.to_bits() << 23);
+    let e = horner::<FMA>(r, &EXP5) * f32::from_bits(k.to_bits() << 23);
     if x < -87.0 {
         0.0
     } else {

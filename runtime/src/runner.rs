@@ -185,6 +185,18 @@ fn check_steps(p: &Program) -> Result<()> {
                 false => Err(fail(format!("{} buffers where its {} takes {want}", st.buffers.len(), st.exec.kind()))),
             }
         };
+        // Buffer `i` holds an f32 tensor of `shape` at an offset aligned for it.
+        let f32_buffer = |i: usize, shape: &[usize]| -> Result<()> {
+            let need = shape.iter().try_fold(4usize, |n, &d| n.checked_mul(d));
+            if need.is_none_or(|n| bytes(i) < n) {
+                bail!(fail(format!("buffer {i} holds {} bytes, too few for F32{shape:?}", bytes(i))));
+            }
+            let (Storage::Arena { offset } | Storage::Weights { offset }) = p.buffers[st.buffers[i]].storage;
+            if !offset.is_multiple_of(4) {
+                bail!(fail(format!("buffer {i} at offset {offset} is not aligned for F32")));
+            }
+            Ok(())
+        };
         match &st.exec {
             Exec::Kernel(k) => {
                 let args = &p.kernels[*k].args;
@@ -206,14 +218,7 @@ fn check_steps(p: &Program) -> Result<()> {
                 }
                 for (i, shape) in (3..).zip(crate::epilogue::operands(epilogue)) {
                     meshc_ir::ops::check_epilogue_operand(shape, out).map_err(fail)?;
-                    let need = shape.iter().try_fold(4usize, |n, &d| n.checked_mul(d));
-                    if need.is_none_or(|n| bytes(i) < n) {
-                        bail!(fail(format!("buffer {i} holds {} bytes, too few for F32{shape:?}", bytes(i))));
-                    }
-                    let (Storage::Arena { offset } | Storage::Weights { offset }) = p.buffers[st.buffers[i]].storage;
-                    if !offset.is_multiple_of(4) {
-                        bail!(fail(format!("buffer {i} at offset {offset} is not aligned for F32")));
-                    }
+                    f32_buffer(i, shape)?;
                 }
                 let b_panels = [crate::panels::packed_elems(b).unwrap_or(usize::MAX)];
                 let b_stored = if *panels { &b_panels[..] } else { b };
@@ -246,14 +251,7 @@ fn check_steps(p: &Program) -> Result<()> {
                 let scale: Option<&[usize]> = scale.map(|_| &[1][..]);
                 let shapes = [&out[..], q, k, v].into_iter().chain(scale).chain(mask.as_deref());
                 for (i, shape) in shapes.enumerate() {
-                    let need = shape.iter().try_fold(4usize, |n, &d| n.checked_mul(d));
-                    if need.is_none_or(|n| bytes(i) < n) {
-                        bail!(fail(format!("buffer {i} holds {} bytes, too few for F32{shape:?}", bytes(i))));
-                    }
-                    let (Storage::Arena { offset } | Storage::Weights { offset }) = p.buffers[st.buffers[i]].storage;
-                    if !offset.is_multiple_of(4) {
-                        bail!(fail(format!("buffer {i} at offset {offset} is not aligned for F32")));
-                    }
+                    f32_buffer(i, shape)?;
                 }
             }
             Exec::Collective(_) => count(2)?,

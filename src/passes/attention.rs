@@ -51,14 +51,7 @@ pub fn fuse(g: &Graph, info: &Info, folded: &Folded) -> Option<Graph> {
             fused.insert(i, chain.node);
         }
     }
-    if fused.is_empty() {
-        return None;
-    }
-    let nodes = (g.nodes.iter().enumerate())
-        .filter(|(i, _)| !dropped[*i])
-        .map(|(i, n)| fused.remove(&i).unwrap_or_else(|| n.clone()))
-        .collect();
-    Some(Graph { nodes, ..g.clone() })
+    super::epilogue::replaced(g, fused, &dropped)
 }
 
 struct Matcher<'g> {
