@@ -135,9 +135,9 @@ struct Isa {
 type Tile =
     unsafe fn(k: usize, a: *const f32, lda: usize, b: *const f32, ldb: usize, c: *mut f32, ldc: usize, cols: usize);
 
-/// A row of scores scaled, masked and exponentiated in place (minus its max); returns the
-/// sum of the exponentials.
-type RowFn = fn(row: &mut [f32], scale: Option<(Scale, f32)>, mask: Option<(&[f32], usize)>) -> f32;
+/// A row of scores exponentiated in place (minus its max), its first `keys` scaled and
+/// masked first (the rest is padding); returns the sum of the exponentials.
+type RowFn = fn(row: &mut [f32], keys: usize, scale: Option<(Scale, f32)>, mask: Option<(&[f32], usize)>) -> f32;
 
 macro_rules! tiles {
     ($f:ident) => {
@@ -207,9 +207,13 @@ fn attention_on(
     let items = sh.entries.len() * blocks;
     let parts = if threads > 1 { items.min(crate::pool::PARTS_PER_THREAD * threads) } else { 1 };
     let o = out.as_mut_ptr() as usize;
+    // A row of scores is padded to whole vectors with −∞ (whose exponentials are 0), so
+    // the row pass has no scalar tail: at 13 keys the tail was all of it, and cost more
+    // than both products.
+    let sp = s.next_multiple_of(LANES);
     crate::pool::split(parts, &|p| {
         SCORES.with_borrow_mut(|scores| {
-            scores.resize(ROWS * s, 0.0);
+            scores.resize(ROWS * sp, 0.0);
             let mut sums = [0f32; ROWS];
             for item in items * p / parts..items * (p + 1) / parts {
                 let (e, r0) = (&sh.entries[item / blocks], item % blocks * ROWS);
@@ -224,16 +228,18 @@ fn attention_on(
                         (q.as_ptr().add(e.q + r0 * d), d),
                         (k.as_ptr().add(e.k), s),
                         scores.as_mut_ptr(),
-                        s,
+                        sp,
                     );
                 }
                 for (i, sum) in sums[..rows].iter_mut().enumerate() {
                     let row_mask = mask.map(|m| (&m[e.mask + (r0 + i) * mask_row..], mask_col));
-                    *sum = (isa.row)(&mut scores[i * s..(i + 1) * s], scale, row_mask);
+                    let row = &mut scores[i * sp..(i + 1) * sp];
+                    row[s..].fill(f32::NEG_INFINITY);
+                    *sum = (isa.row)(row, s, scale, row_mask);
                 }
                 // SAFETY: as above.
                 unsafe {
-                    gemm(isa, (rows, s, dv), (scores.as_ptr(), s), (v.as_ptr().add(e.v), dv), c, dv);
+                    gemm(isa, (rows, s, dv), (scores.as_ptr(), sp), (v.as_ptr().add(e.v), dv), c, dv);
                     for (i, &sum) in sums[..rows].iter().enumerate() {
                         let row = std::slice::from_raw_parts_mut(c.add(i * dv), dv);
                         row.iter_mut().for_each(|x| *x /= sum);
@@ -346,13 +352,13 @@ unsafe fn tile_portable<const R: usize>(
 
 /// `row_pass` compiled for AVX-512 with FMA.
 #[cfg(target_arch = "x86_64")]
-fn row_avx512(row: &mut [f32], scale: Option<(Scale, f32)>, mask: Option<(&[f32], usize)>) -> f32 {
+fn row_avx512(row: &mut [f32], keys: usize, scale: Option<(Scale, f32)>, mask: Option<(&[f32], usize)>) -> f32 {
     #[target_feature(enable = "avx512f,fma")]
-    fn run(row: &mut [f32], scale: Option<(Scale, f32)>, mask: Option<(&[f32], usize)>) -> f32 {
-        row_pass::<true>(row, scale, mask)
+    fn run(row: &mut [f32], keys: usize, scale: Option<(Scale, f32)>, mask: Option<(&[f32], usize)>) -> f32 {
+        row_pass::<true>(row, keys, scale, mask)
     }
     // SAFETY: `isa` hands this out only on a CPU with AVX-512F and FMA.
-    unsafe { run(row, scale, mask) }
+    unsafe { run(row, keys, scale, mask) }
 }
 
 /// Lanes of the row pass's running max and sum: one AVX-512 vector.
@@ -361,11 +367,17 @@ const LANES: usize = 16;
 /// The row pass (`RowFn`): the scale and the mask, then the max and the exponentials over
 /// `LANES` independent lanes so that the loops vectorize.
 #[inline(always)]
-fn row_pass<const FMA: bool>(row: &mut [f32], scale: Option<(Scale, f32)>, mask: Option<(&[f32], usize)>) -> f32 {
+fn row_pass<const FMA: bool>(
+    row: &mut [f32],
+    keys: usize,
+    scale: Option<(Scale, f32)>,
+    mask: Option<(&[f32], usize)>,
+) -> f32 {
+    let scores = &mut row[..keys];
     match scale {
-        None => masked(row, |x| x, mask),
-        Some((Scale::Mul, c)) => masked(row, |x| x * c, mask),
-        Some((Scale::Div, c)) => masked(row, |x| x / c, mask),
+        None => masked(scores, |x| x, mask),
+        Some((Scale::Mul, c)) => masked(scores, |x| x * c, mask),
+        Some((Scale::Div, c)) => masked(scores, |x| x / c, mask),
     }
     exp_row::<FMA>(row)
 }
