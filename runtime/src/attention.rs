@@ -409,7 +409,7 @@ fn exp_row<const FMA: bool>(row: &mut [f32]) -> f32 {
             lanes[l] = max(lanes[l], x);
         }
     }
-    let top = row[whole..].iter().copied().fold(lanes.iter().copied().fold(f32::NEG_INFINITY, max), max);
+    let top = row[whole..].iter().copied().fold(across(lanes, max), max);
     let mut sums = [0f32; LANES];
     for chunk in row[..whole].chunks_exact_mut(LANES) {
         for (l, x) in chunk.iter_mut().enumerate() {
@@ -417,12 +417,26 @@ fn exp_row<const FMA: bool>(row: &mut [f32]) -> f32 {
             sums[l] += *x;
         }
     }
-    let mut sum: f32 = sums.iter().sum();
+    let mut sum = across(sums, |a, b| a + b);
     for x in &mut row[whole..] {
         *x = exp::<FMA>(*x - top);
         sum += *x;
     }
     sum
+}
+
+/// `f` over the lanes, halving them pairwise: a chain of 15 dependent scalar steps took
+/// as long as the rest of the pass over a row of 16 scores.
+#[inline(always)]
+fn across(mut lanes: [f32; LANES], f: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut width = LANES / 2;
+    while width > 0 {
+        for i in 0..width {
+            lanes[i] = f(lanes[i], lanes[i + width]);
+        }
+        width /= 2;
+    }
+    lanes[0]
 }
 
 /// e^x for x ≤ 0 (a score minus its row's max) or NaN: 2^n · p(r) with x = n·ln2 + r,
