@@ -152,6 +152,33 @@ fn gemm_table(l: &Loaded, inputs: &HashMap<String, Tensor>, runs: usize) {
     );
 }
 
+/// The steps of layer 0's attention, from the head splits to the merge of the heads: µs
+/// per run of each step of each program, medians over `runs` runs on 2 threads (the fused
+/// program's attention step is `l0_ctx`).
+fn attention_table(programs: &[(&str, &Loaded)], inputs: &HashMap<String, Tensor>, runs: usize) {
+    const STEPS: [&str; 8] = ["l0_q_h", "l0_k_t", "l0_v_h", "l0_scores", "l0_masked", "l0_probs", "l0_ctx", "l0_ctx_t"];
+    println!("  layer 0 attention, µs per run (2 threads, median of {runs}):");
+    for (what, l) in programs {
+        let mut per: Vec<Vec<f64>> = vec![Vec::new(); STEPS.len()];
+        for _ in 0..runs {
+            let mut run = [0.0; STEPS.len()];
+            l.run_timed(inputs, &mut |t| {
+                let node = &l.programs[t.device].steps[t.step].node;
+                if let Some(k) = STEPS.iter().position(|s| s == node) {
+                    run[k] += t.dur.as_secs_f64() * 1e6;
+                }
+            })
+            .unwrap();
+            per.iter_mut().zip(run).for_each(|(p, r)| p.push(r));
+        }
+        let cells: Vec<(&str, f64)> =
+            STEPS.iter().zip(per).map(|(s, t)| (*s, median(t))).filter(|(_, t)| *t > 0.0).collect();
+        let total: f64 = cells.iter().map(|c| c.1).sum();
+        let list: Vec<String> = cells.iter().map(|(s, t)| format!("{} {t:.0}", &s[3..])).collect();
+        println!("    {what:<9} {total:>8.0} µs = {}", list.join(" + "));
+    }
+}
+
 /// The encoder at batch `b` × `s`: meshc on 1 and 2 threads, the anchors, the GEMM table.
 /// Leaves the graph, checkpoint and inputs in `dir`.
 fn encoder_case(dir: &Path, (b, s): (usize, usize), anchors: &Anchors) {
@@ -162,11 +189,11 @@ fn encoder_case(dir: &Path, (b, s): (usize, usize), anchors: &Anchors) {
     let g = text::parse(&src).expect("the encoder parses");
     let info = verify::verify(&g).expect("the encoder verifies");
     let values = params::load_all(&g, dir).expect("the checkpoint loads");
-    let build = |epilogues| {
-        let opts = Options { epilogues, ..Options::default() };
+    let build = |epilogues, attention| {
+        let opts = Options { epilogues, attention, ..Options::default() };
         driver::build(&g, &info, None, &values, &opts, &Dumps::default(), None).unwrap().load().unwrap()
     };
-    let (mut l, mut unfused) = (build(true), build(false));
+    let (mut l, mut unfused, mut apart) = (build(true, true), build(false, true), build(true, false));
     let inputs = encoder_inputs(b, s);
     for (name, t) in &inputs {
         t.write_npy(&dir.join(format!("{name}.npy"))).unwrap();
@@ -179,22 +206,23 @@ fn encoder_case(dir: &Path, (b, s): (usize, usize), anchors: &Anchors) {
     let probe = Instant::now();
     l.run(&inputs).unwrap();
     let runs = runs_for(probe.elapsed().as_secs_f64());
-    // 1 and 2 threads, and the program without epilogues on 2, alternate, so that all see
-    // the same load from the rest of the machine; the two 2-thread runs swap places every
-    // other round, so that neither always follows the 1-thread run.
+    // 1 and 2 threads, and the programs without epilogues and without fused attention on
+    // 2, alternate, so that all see the same load from the rest of the machine; the 2-thread
+    // runs change places every round, so that none always follows the 1-thread run.
     let mut times = [Vec::new(), Vec::new()];
-    let mut plain = Vec::new();
+    let (mut plain, mut separate) = (Vec::new(), Vec::new());
     unfused.set_threads(2);
+    apart.set_threads(2);
     for round in 0..runs {
         l.set_threads(1);
         times[0].push(time_run(&l, &inputs));
         l.set_threads(2);
-        if round % 2 == 0 {
-            times[1].push(time_run(&l, &inputs));
-            plain.push(time_run(&unfused, &inputs));
-        } else {
-            plain.push(time_run(&unfused, &inputs));
-            times[1].push(time_run(&l, &inputs));
+        for k in 0..3 {
+            match (round + k) % 3 {
+                0 => times[1].push(time_run(&l, &inputs)),
+                1 => plain.push(time_run(&unfused, &inputs)),
+                _ => separate.push(time_run(&apart, &inputs)),
+            }
         }
     }
     l.run(&inputs).unwrap().values().next().unwrap().write_npy(&dir.join("y.npy")).unwrap();
@@ -207,6 +235,8 @@ fn encoder_case(dir: &Path, (b, s): (usize, usize), anchors: &Anchors) {
     row("meshc 2 threads", meshc[1] * 1e3, &format!("({:.2}x the 1-thread run)", meshc[0] / meshc[1]));
     let plain = median(plain);
     row("  without epilogues", plain * 1e3, &format!("(with / without = {:.3})", meshc[1] / plain));
+    let separate = median(separate);
+    row("  without attention", separate * 1e3, &format!("(fused / separate = {:.3})", meshc[1] / separate));
     let dir_s = dir.display().to_string();
     let common_args = |engine: &str, threads: usize| -> Vec<String> {
         let mut v: Vec<String> = ["encoder", &dir_s, "--engine", engine].map(String::from).to_vec();
@@ -242,6 +272,7 @@ fn encoder_case(dir: &Path, (b, s): (usize, usize), anchors: &Anchors) {
         }
     }
     l.set_threads(2);
+    attention_table(&[("fused", &l), ("separate", &apart)], &inputs, runs.min(50));
     for (what, l) in [("", &l), (" (without epilogues)", &unfused)] {
         println!("  per GEMM{what}:");
         gemm_table(l, &inputs, runs.min(50));

@@ -61,6 +61,9 @@ pub struct Options {
     /// Fold elementwise chains into the library matmuls before them (`passes::epilogue`);
     /// false keeps them separate steps, which `cargo bench --bench models` compares against.
     pub epilogues: bool,
+    /// Fuse attention chains into one step each (`passes::attention`); false keeps the
+    /// matmuls and the softmax separate, which `cargo bench --bench models` compares against.
+    pub attention: bool,
 }
 
 /// Where the kernels go.
@@ -83,6 +86,7 @@ impl Default for Options {
             emit: Emit::Memory,
             weights: Default::default(),
             epilogues: true,
+            attention: true,
         }
     }
 }
@@ -513,6 +517,24 @@ impl Builder {
             let mut shares = Vec::new();
             let (exec, operands, scratch) = if node.op.is_communication() {
                 (Exec::Collective(self.collective(node, &operand_types[0], device, devices)?), node.inputs.clone(), 0)
+            } else if node.op == Op::Attention {
+                let steps = meshc_ir::ops::attention_steps(meshc_ir::infer::attr_str(node, "scores", ""));
+                let scale = steps.iter().find_map(|s| match *s {
+                    "mul" => Some(meshc_runtime::attention::Scale::Mul),
+                    "div" => Some(meshc_runtime::attention::Scale::Div),
+                    _ => None,
+                });
+                let mask =
+                    steps.contains(&"add").then(|| info.types[node.inputs.last().expect("a mask")].shape.clone());
+                let lib = Library::Attention {
+                    q: operand_types[0].shape.clone(),
+                    k: operand_types[1].shape.clone(),
+                    v: operand_types[2].shape.clone(),
+                    out: out.shape.clone(),
+                    scale,
+                    mask,
+                };
+                (Exec::Library(lib), node.inputs.clone(), 0)
             } else if use_library {
                 let lib = Library::Matmul {
                     a: operand_types[0].shape.clone(),
@@ -700,6 +722,16 @@ pub fn compile_lowered<'p>(
     dumps.emit("fold", || {
         let v: Vec<_> = devices.iter().zip(&folded).map(|((d, dev, _), f)| (*d, &**dev, f)).collect();
         passes::fold::dump(&v)
+    })?;
+    for ((d, dev, dinfo), f) in devices.iter_mut().zip(&folded).filter(|_| opts.attention) {
+        if let Some(fused) = passes::attention::fuse(dev, dinfo, f) {
+            *dinfo = verify(&fused).with_context(|| format!("device {d}: the fused program does not verify"))?;
+            *dev = std::borrow::Cow::Owned(fused);
+        }
+    }
+    dumps.emit("attention", || {
+        let v: Vec<_> = devices.iter().map(|(d, dev, _)| (*d, &**dev)).collect();
+        passes::epilogue::dump(&v)
     })?;
     for ((d, dev, dinfo), f) in devices.iter_mut().zip(&folded).filter(|_| opts.epilogues) {
         let types = &dinfo.types;

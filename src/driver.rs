@@ -41,6 +41,7 @@ pub fn build<'p>(
 ) -> Result<Compiled> {
     let params = params.into();
     passes::epilogue::refuse_fused(g)?;
+    passes::attention::refuse_fused(g)?;
     // Weights `--weights-dtype` rounds to a half type are listed after the graph, with the
     // largest rounding error of each: what the conversion costs is known before any pass.
     let converted = match opts.weights {

@@ -9,10 +9,22 @@ use meshc_runtime::output::Outputs;
 
 /// The passes `--dump-after` can name, in the order they run (their number prefixes the
 /// files of `--dump-dir`). The pilot runs on the global graph, before placement, so its
-/// masks do not depend on the layout; fold, epilogue, fuse, streams and buffers run per
+/// masks do not depend on the layout; fold, attention, epilogue, fuse, streams and buffers run per
 /// device.
-pub const PASSES: &[&str] =
-    &["verify", "pilot", "place", "layout", "lower", "sendrecv", "fold", "epilogue", "fuse", "streams", "buffers"];
+pub const PASSES: &[&str] = &[
+    "verify",
+    "pilot",
+    "place",
+    "layout",
+    "lower",
+    "sendrecv",
+    "fold",
+    "attention",
+    "epilogue",
+    "fuse",
+    "streams",
+    "buffers",
+];
 
 /// The passes with a dot form (`crate::dot`): stages, devices and streams are graphs.
 pub const DOT_PASSES: &[&str] = &["place", "lower", "sendrecv", "streams"];

@@ -17,6 +17,14 @@ pub fn node_flops(n: &Node, info: &Info) -> u64 {
             let a = &info.types[&n.inputs[0]].shape;
             2 * numel(&n.name) * *a.last().unwrap_or(&1) as u64
         }
+        Op::Attention => {
+            // The two products, the scores' steps and the softmax over every score.
+            let (q, kt, out) =
+                (&info.types[&n.inputs[0]].shape, &info.types[&n.inputs[1]].shape, &info.types[&n.name].shape);
+            let (d, s, dv) = (q[q.len() - 1] as u64, kt[kt.len() - 1] as u64, out[out.len() - 1] as u64);
+            let scores = numel(&n.name) / dv.max(1) * s;
+            scores * (2 * d + 2 * dv + 5 + (n.inputs.len() as u64 - 3))
+        }
         Op::Einsum => {
             // Every combination of letters is one multiply-add per operand beyond the first.
             let eq = crate::infer::attr_str(n, "equation", "");

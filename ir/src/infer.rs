@@ -228,6 +228,7 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
             Ok(r)
         }
         Einsum => einsum(attr_str(node, "equation", ""), ops),
+        Attention => attention(node, ops),
         ReduceSum | ReduceMean | ReduceMax => {
             let x = x.expect("arity checked");
             expect_dtype(x, if node.op == ReduceMean { FLOAT } else { NUMERIC }, "the operand")?;
@@ -491,6 +492,32 @@ fn epilogue(node: &Node, extra: &[Operand], ab: &[Operand], out: &TensorType) ->
         crate::ops::check_epilogue_operand(&o.ty.shape, &out.shape)?;
     }
     Ok(())
+}
+
+/// An `attention` node's result: `matmul(softmax(steps(matmul(q, kt)), -1), v)` of matrices
+/// (rank >= 2 each), its steps' operands broadcasting to the scores without growing them and
+/// its scale a single element.
+fn attention(node: &Node, ops: &[Operand]) -> R<Inferred> {
+    let steps = crate::ops::attention_steps(attr_str(node, "scores", ""));
+    if ops.len() != 3 + steps.len() {
+        return Err(format!(
+            "attention has {} operands after q, kt and v, its scores take {}",
+            ops.len() - 3,
+            steps.len()
+        ));
+    }
+    if let Some(k) = ops[..3].iter().position(|o| o.ty.rank() < 2) {
+        return Err(format!("attention operand {} must have rank >= 2", ["q", "kt", "v"][k]));
+    }
+    let scores = matmul(&ops[..2])?;
+    for (o, step) in ops[3..].iter().zip(&steps) {
+        expect_dtype(o, FLOAT, &format!("the {step} operand"))?;
+        crate::ops::check_epilogue_operand(&o.ty.shape, &scores.ty.shape)?;
+        if *step != "add" && o.ty.numel() != 1 {
+            return Err(format!("the {step} operand of attention scales: one element, not {}", o.ty));
+        }
+    }
+    matmul(&[Operand { ty: &scores.ty, dims: scores.dims.as_ref() }, ops[2]])
 }
 
 /// Parses `"ab,bc->ac"` into operand letter lists and the output letters.

@@ -171,6 +171,20 @@ fn eval(node: &Node, args: &[&Tensor]) -> R<Tensor> {
             Ok(y)
         }
         Einsum => einsum(str_attr(node, "equation", None)?, args),
+        Attention => {
+            let mut scores = matmul(args[0], args[1])?;
+            for (step, y) in
+                crate::ops::attention_steps(str_attr(node, "scores", Some(""))?).into_iter().zip(&args[3..])
+            {
+                let op = match step {
+                    "mul" => Mul,
+                    "div" => Div,
+                    _ => Add,
+                };
+                scores = binary(op, &scores, y)?;
+            }
+            matmul(&softmax(&scores, -1)?, args[2])
+        }
         ReduceSum | ReduceMean | ReduceMax => {
             let axes = match ints_attr(node, "axes")? {
                 None => (0..args[0].shape.len()).collect(),

@@ -24,7 +24,7 @@ ops! {
     Neg = "neg", Abs = "abs", Exp = "exp", Log = "log", Sqrt = "sqrt", Rsqrt = "rsqrt",
     Tanh = "tanh", Erf = "erf", Sigmoid = "sigmoid", Relu = "relu", Gelu = "gelu",
     Cast = "cast", Where = "where",
-    MatMul = "matmul", Einsum = "einsum",
+    MatMul = "matmul", Einsum = "einsum", Attention = "attention",
     ReduceSum = "reduce_sum", ReduceMean = "reduce_mean", ReduceMax = "reduce_max",
     Equal = "equal", Less = "less", LessEqual = "less_equal", Greater = "greater", GreaterEqual = "greater_equal",
     And = "and", Or = "or", Xor = "xor", Not = "not",
@@ -178,6 +178,8 @@ impl Op {
             Gather => Arity::Exactly(2),
             // The operands of its epilogue's binary steps follow a and b.
             MatMul => Arity::AtLeast(2),
+            // q, kᵀ, v, then the operands of its `scores` steps.
+            Attention => Arity::AtLeast(3),
             Conv => Arity::AtLeast(2),
             Einsum | Concat => Arity::AtLeast(1),
             Recv => Arity::Exactly(0),
@@ -191,6 +193,7 @@ impl Op {
         match self {
             Gelu => const { &[opt("approximate", K::Enum(GELU_APPROX))] },
             MatMul => const { &[opt("epilogue", K::Str)] },
+            Attention => const { &[opt("scores", K::Enum(ATTENTION_SCORES))] },
             Cast => const { &[req("to", K::DType)] },
             Mod => const { &[opt("fmod", K::Bool)] },
             Einsum => const { &[req("equation", K::Str)] },
@@ -253,6 +256,16 @@ pub fn epilogue_steps(attr: &str) -> Result<Vec<(&'static str, bool)>, String> {
             })
         })
         .collect()
+}
+
+/// The `scores` attribute of `attention` (docs/ops.md): the steps applied to `q @ kᵀ` before
+/// the softmax, each taking the next operand after `v` — a scale (`mul`, `div`) first, then
+/// an additive mask (`add`).
+pub const ATTENTION_SCORES: &[&str] = &["", "mul", "div", "add", "mul,add", "div,add"];
+
+/// The steps of an `attention` node's `scores` attribute (`ATTENTION_SCORES`), in order.
+pub fn attention_steps(attr: &str) -> Vec<&str> {
+    attr.split(',').filter(|s| !s.is_empty()).collect()
 }
 
 /// Checks that an epilogue operand of shape `operand` broadcasts (numpy's rules) to the

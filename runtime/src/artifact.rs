@@ -20,7 +20,7 @@ use crate::signature::{self, Part, Signed};
 /// The first 8 bytes of every artifact.
 pub const MAGIC: [u8; 8] = *b"MESHC\0AR";
 /// The format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 5;
+pub const FORMAT_VERSION: u32 = 6;
 /// Sections start at multiples of this many bytes, so each can be mapped on its own.
 pub const PAGE: usize = 4096;
 /// Section flag: the section's checksum is checked by `Verify::All` or
@@ -745,10 +745,11 @@ mod tests {
         let mut b = sample().to_vec();
         // Versions 1 (kernels without `part`/`parts`), 2 (without `args`), 3 (weights
         // never in panels: a version-4 program reads some as panels), 4 (matmuls without
-        // epilogues: its runner would skip a version-5 one's), and any later one.
-        for (v, name) in [(1u8, "1"), (2, "2"), (3, "3"), (4, "4"), (6, "6")] {
+        // epilogues: its runner would skip a version-5 one's), 5 (without fused attention:
+        // its runner fails on a version-6 program's), and any later one.
+        for (v, name) in [(1u8, "1"), (2, "2"), (3, "3"), (4, "4"), (5, "5"), (7, "7")] {
             b[8] = v;
-            let want = format!("unsupported artifact format version {name} (this build reads version 5)");
+            let want = format!("unsupported artifact format version {name} (this build reads version 6)");
             assert!(err(&b, Verify::All).ends_with(&want));
         }
         let t = TempFile::new();

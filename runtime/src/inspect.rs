@@ -154,6 +154,11 @@ fn program_report(s: &mut String, p: &Program) -> Result<()> {
                 let panels = if *panels { " (weight in panels)" } else { "" };
                 format!("library gemm {a:?}x{b:?}{epilogue}{panels}{stored}")
             }
+            Exec::Library(Library::Attention { q, k, v, scale, mask, .. }) => {
+                let scale = scale.map_or(String::new(), |s| format!(" {} scale", s.name()));
+                let mask = mask.as_ref().map_or(String::new(), |m| format!(" + mask{m:?}"));
+                format!("library attention {q:?}x{k:?}{scale}{mask} softmax x{v:?}")
+            }
             Exec::Collective(c) => {
                 let group = c.groups.iter().find(|g| g.contains(&p.device)).cloned().unwrap_or_default();
                 let group: Vec<String> = group.iter().map(usize::to_string).collect();

@@ -16,6 +16,7 @@
 
 pub mod abi;
 pub mod artifact;
+pub mod attention;
 pub mod cli;
 pub mod degraded;
 pub mod epilogue;

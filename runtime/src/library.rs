@@ -57,7 +57,7 @@ pub enum Threads {
 
 impl Threads {
     /// The threads for a product of `macs` multiply-adds.
-    fn pick(self, macs: usize) -> usize {
+    pub fn pick(self, macs: usize) -> usize {
         match self {
             Threads::Exactly(n) => n.max(1),
             Threads::UpTo(n) if macs >= PARALLEL_MIN_MACS => n.max(1),

@@ -180,6 +180,20 @@ pub enum Library {
         #[serde(default, skip_serializing_if = "Transposed::is_none")]
         transposed: Transposed,
     },
+    /// Fused attention (`crate::attention`): `softmax(scores, -1) @ v`, the scores
+    /// `q @ k` (`k` holding kᵀ) scaled by the number in the buffer after `v` if `scale`
+    /// says how, then plus the mask (of shape `mask`, the next buffer) if there is one.
+    /// Buffers: result, q, k, v, then the scale's and the mask's.
+    Attention {
+        q: Vec<usize>,
+        k: Vec<usize>,
+        v: Vec<usize>,
+        out: Vec<usize>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        scale: Option<crate::attention::Scale>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mask: Option<Vec<usize>>,
+    },
 }
 
 /// Which operands of a library matmul are stored transposed (`Library::Matmul`).

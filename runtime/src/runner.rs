@@ -185,6 +185,18 @@ fn check_steps(p: &Program) -> Result<()> {
                 false => Err(fail(format!("{} buffers where its {} takes {want}", st.buffers.len(), st.exec.kind()))),
             }
         };
+        // Buffer `i` holds an f32 tensor of `shape` at an offset aligned for it.
+        let f32_buffer = |i: usize, shape: &[usize]| -> Result<()> {
+            let need = shape.iter().try_fold(4usize, |n, &d| n.checked_mul(d));
+            if need.is_none_or(|n| bytes(i) < n) {
+                bail!(fail(format!("buffer {i} holds {} bytes, too few for F32{shape:?}", bytes(i))));
+            }
+            let (Storage::Arena { offset } | Storage::Weights { offset }) = p.buffers[st.buffers[i]].storage;
+            if !offset.is_multiple_of(4) {
+                bail!(fail(format!("buffer {i} at offset {offset} is not aligned for F32")));
+            }
+            Ok(())
+        };
         match &st.exec {
             Exec::Kernel(k) => {
                 let args = &p.kernels[*k].args;
@@ -206,14 +218,7 @@ fn check_steps(p: &Program) -> Result<()> {
                 }
                 for (i, shape) in (3..).zip(crate::epilogue::operands(epilogue)) {
                     meshc_ir::ops::check_epilogue_operand(shape, out).map_err(fail)?;
-                    let need = shape.iter().try_fold(4usize, |n, &d| n.checked_mul(d));
-                    if need.is_none_or(|n| bytes(i) < n) {
-                        bail!(fail(format!("buffer {i} holds {} bytes, too few for F32{shape:?}", bytes(i))));
-                    }
-                    let (Storage::Arena { offset } | Storage::Weights { offset }) = p.buffers[st.buffers[i]].storage;
-                    if !offset.is_multiple_of(4) {
-                        bail!(fail(format!("buffer {i} at offset {offset} is not aligned for F32")));
-                    }
+                    f32_buffer(i, shape)?;
                 }
                 let b_panels = [crate::panels::packed_elems(b).unwrap_or(usize::MAX)];
                 let b_stored = if *panels { &b_panels[..] } else { b };
@@ -238,6 +243,15 @@ fn check_steps(p: &Program) -> Result<()> {
                 let matrices = (!transposed.a || a.len() >= 2) && (!transposed.b || b.len() >= 2);
                 if !transposed.is_none() && (*panels || !b_elem.is_f32() || weight.mask.is_some() || !matrices) {
                     bail!(fail("only f32 matrices that are not weights are stored transposed".to_string()));
+                }
+            }
+            Exec::Library(Library::Attention { q, k, v, out, scale, mask }) => {
+                count(4 + usize::from(scale.is_some()) + usize::from(mask.is_some()))?;
+                crate::attention::Shapes::new(q, k, v, out, mask.as_deref()).map_err(|e| fail(e.to_string()))?;
+                let scale: Option<&[usize]> = scale.map(|_| &[1][..]);
+                let shapes = [&out[..], q, k, v].into_iter().chain(scale).chain(mask.as_deref());
+                for (i, shape) in shapes.enumerate() {
+                    f32_buffer(i, shape)?;
                 }
             }
             Exec::Collective(_) => count(2)?,
@@ -1576,6 +1590,29 @@ impl Loaded {
                     }
                 }
                 .with_context(|| format!("node '{}'", st.node))?;
+            }
+            Exec::Library(Library::Attention { q, k, v, out, scale, mask }) => {
+                let len = |s: &[usize]| s.iter().product::<usize>();
+                let sh = crate::attention::Shapes::new(q, k, v, out, mask.as_deref())
+                    .with_context(|| format!("node '{}'", st.node))?;
+                let f32s = |i: usize, n: usize| {
+                    // SAFETY: `check_program` checked that buffer `i` holds an aligned f32
+                    // tensor of `n` elements; the result does not alias the operands.
+                    unsafe { std::slice::from_raw_parts(args[i] as *const f32, n) }
+                };
+                let scale = scale.map(|how| (how, f32s(4, 1)[0]));
+                let mask = mask.as_ref().map(|m| f32s(4 + usize::from(scale.is_some()), len(m)));
+                // SAFETY: as above.
+                let o = unsafe { std::slice::from_raw_parts_mut(args[0] as *mut f32, len(out)) };
+                let threads = Threads::UpTo(run.threads).pick(sh.macs());
+                crate::attention::attention(
+                    &sh,
+                    (f32s(1, len(q)), f32s(2, len(k)), f32s(3, len(v))),
+                    scale,
+                    mask,
+                    o,
+                    threads,
+                );
             }
             Exec::Collective(c) => {
                 // SAFETY: `new` checked the buffers' sizes against the collective and

@@ -46,7 +46,7 @@ pub fn erf_coefficients(s: f64, d: f64) -> ([f32; 6], [f32; 6]) {
 
 /// a·b + c, fused when `FMA`.
 #[inline(always)]
-fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+pub(crate) fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
     if FMA {
         a.mul_add(b, c)
     } else {
@@ -56,7 +56,7 @@ fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
 
 /// Horner's rule, c[5] first.
 #[inline(always)]
-fn horner<const FMA: bool>(x: f32, c: &[f32; 6]) -> f32 {
+pub(crate) fn horner<const FMA: bool>(x: f32, c: &[f32; 6]) -> f32 {
     c[..5].iter().rev().fold(c[5], |r, &k| madd::<FMA>(r, x, k))
 }
 

@@ -110,6 +110,12 @@ pub fn fuse(g: &Graph, info: &Info, folded: &Folded, library: impl Fn(&Node) -> 
         node.attrs = [("epilogue".to_string(), Attr::Str(steps.join(",")))].into_iter().collect();
         fused.insert(last, node);
     }
+    replaced(g, fused, &dropped)
+}
+
+/// `g` with the nodes at the keys of `fused` replaced by its values and the `dropped` ones
+/// left out; `None` when nothing is replaced.
+pub(super) fn replaced(g: &Graph, mut fused: HashMap<usize, Node>, dropped: &[bool]) -> Option<Graph> {
     if fused.is_empty() {
         return None;
     }
@@ -117,9 +123,7 @@ pub fn fuse(g: &Graph, info: &Info, folded: &Folded, library: impl Fn(&Node) -> 
         .filter(|(i, _)| !dropped[*i])
         .map(|(i, n)| fused.remove(&i).unwrap_or_else(|| n.clone()))
         .collect();
-    let mut out = Graph { nodes: Vec::new(), ..g.clone() };
-    out.nodes = nodes;
-    Some(out)
+    Some(Graph { nodes, ..g.clone() })
 }
 
 /// Refuses a graph that already holds a matmul with an epilogue: the pass makes them from
@@ -134,8 +138,8 @@ pub fn refuse_fused(g: &Graph) -> Result<()> {
     Ok(())
 }
 
-/// The `--dump-after epilogue` text: every device's program after the pass, in the text
-/// format (it parses back, fused matmuls and all).
+/// The `--dump-after epilogue` (and `attention`) text: every device's program after the
+/// pass, in the text format (it parses back, fused nodes and all).
 pub fn dump(devices: &[(usize, &Graph)]) -> String {
     let mut s = String::new();
     for &(d, g) in devices {

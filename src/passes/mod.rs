@@ -1,6 +1,7 @@
 //! The passes between the verified graph and code generation, one module each, named as
 //! `--dump-after` names them. Each is a function from IR to IR.
 
+pub mod attention;
 pub mod buffers;
 pub mod epilogue;
 pub mod expand;

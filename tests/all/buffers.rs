@@ -394,11 +394,34 @@ fn dump_dir_files_follow_the_pipeline_order() {
     let mut files: Vec<String> =
         std::fs::read_dir(&dumps).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     files.sort();
-    let want = ["01-verify", "04-layout", "05-lower", "07-fold", "08-epilogue", "09-fuse", "10-streams", "11-buffers"];
+    let want = [
+        "01-verify",
+        "04-layout",
+        "05-lower",
+        "07-fold",
+        "08-attention",
+        "09-epilogue",
+        "10-fuse",
+        "11-streams",
+        "12-buffers",
+    ];
     assert_eq!(files, want.map(|f| format!("{f}.txt")));
     let passes: Vec<&str> = meshc::dumps::PASSES.to_vec();
     assert_eq!(
         passes,
-        ["verify", "pilot", "place", "layout", "lower", "sendrecv", "fold", "epilogue", "fuse", "streams", "buffers"]
+        [
+            "verify",
+            "pilot",
+            "place",
+            "layout",
+            "lower",
+            "sendrecv",
+            "fold",
+            "attention",
+            "epilogue",
+            "fuse",
+            "streams",
+            "buffers"
+        ]
     );
 }

@@ -3,6 +3,7 @@
 
 mod common;
 
+mod attention;
 mod buffers;
 mod checkpoints;
 mod cli;
