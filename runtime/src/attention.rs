@@ -278,12 +278,12 @@ unsafe fn gemm(
     }
 }
 
-/// The AVX-512 tile: two vectors a row, the columns past `cols` masked off.
+/// The AVX-512 tile: the small-M GEMM's (`crate::small_m::tile`), two vectors a row, the
+/// columns past `cols` masked off.
 ///
 /// # Safety
 /// As `Tile`; the CPU has AVX-512F.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile_avx512<const R: usize>(
     k: usize,
@@ -295,28 +295,8 @@ unsafe fn tile_avx512<const R: usize>(
     ldc: usize,
     cols: usize,
 ) {
-    use std::arch::x86_64::*;
-    let m0 = ((1u32 << cols.min(16)) - 1) as u16;
-    let m1 = ((1u32 << cols.saturating_sub(16)) - 1) as u16;
-    let mut acc = [[_mm512_setzero_ps(); 2]; R];
-    // SAFETY: rows i < R of a and c, k rows of b; the masked lanes are not touched (a
-    // masked load or store does not fault on them), so the half past `cols` may lie
-    // outside, its address formed by wrapping arithmetic.
-    unsafe {
-        for q in 0..k {
-            let row = b.add(q * ldb);
-            let (b0, b1) = (_mm512_maskz_loadu_ps(m0, row), _mm512_maskz_loadu_ps(m1, row.wrapping_add(16)));
-            for (i, acc) in acc.iter_mut().enumerate() {
-                let x = _mm512_set1_ps(*a.add(i * lda + q));
-                acc[0] = _mm512_fmadd_ps(x, b0, acc[0]);
-                acc[1] = _mm512_fmadd_ps(x, b1, acc[1]);
-            }
-        }
-        for (i, acc) in acc.iter().enumerate() {
-            _mm512_mask_storeu_ps(c.add(i * ldc), m0, acc[0]);
-            _mm512_mask_storeu_ps(c.add(i * ldc).wrapping_add(16), m1, acc[1]);
-        }
-    }
+    // SAFETY: as the caller promises.
+    unsafe { crate::small_m::tile::<R>(k, (a, lda), (b, ldb), (c, ldc), cols) }
 }
 
 /// The portable tile.

@@ -117,13 +117,13 @@ unsafe fn strip(_: usize, _: usize, _: (usize, usize), _: *const f32, _: *const 
 
 /// `c = a @ b` for an `MR × cols` tile (`cols` ≤ 32): `a` MR×k with row stride `lda`, `b`
 /// k×cols with row stride `ldb`, `c` with row stride `ldc`. The tile stays in registers
-/// across all of k.
+/// across all of k. Fused attention (`crate::attention`) runs its two products on it too.
 ///
 /// # Safety
 /// The pointers address those tiles; the CPU has AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn tile<const MR: usize>(
+pub(crate) unsafe fn tile<const MR: usize>(
     k: usize,
     (a, lda): (*const f32, usize),
     (b, ldb): (*const f32, usize),
@@ -138,12 +138,14 @@ unsafe fn tile<const MR: usize>(
     };
     let (m0, m1) = (mask(0), mask(16));
     let mut acc = [[_mm512_setzero_ps(); 2]; MR];
-    // SAFETY: masked loads touch only the tile's columns; rows p < k and i < MR lie inside.
+    // SAFETY: rows p < k and i < MR lie inside; masked loads and stores touch only the
+    // tile's columns (a masked lane does not fault), so the half past `cols` may lie
+    // outside, its address formed by wrapping arithmetic.
     unsafe {
         for p in 0..k {
             let row = b.add(p * ldb);
             let b0 = _mm512_maskz_loadu_ps(m0, row);
-            let b1 = _mm512_maskz_loadu_ps(m1, row.add(16));
+            let b1 = _mm512_maskz_loadu_ps(m1, row.wrapping_add(16));
             for (i, acc) in acc.iter_mut().enumerate() {
                 let x = _mm512_set1_ps(*a.add(i * lda + p));
                 acc[0] = _mm512_fmadd_ps(x, b0, acc[0]);
@@ -153,7 +155,7 @@ unsafe fn tile<const MR: usize>(
         for (i, acc) in acc.iter().enumerate() {
             let row = c.add(i * ldc);
             _mm512_mask_storeu_ps(row, m0, acc[0]);
-            _mm512_mask_storeu_ps(row.add(16), m1, acc[1]);
+            _mm512_mask_storeu_ps(row.wrapping_add(16), m1, acc[1]);
         }
     }
 }
