@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{bail, Context, Result};
+use meshc_ir::attrs::{self, ReduceKind};
 use meshc_ir::verify::verify;
 use meshc_ir::{Graph, Node, Op, TensorType};
 use meshc_runtime::fabric;
@@ -16,26 +17,28 @@ use meshc_runtime::program::{Collective, CollectiveOp, Reduce, Why};
 /// The collective a lowered node runs on an operand of local type `operand` (its `id` 0:
 /// numbering is the code generator's; so is refusing dtypes the fabric does not carry).
 pub fn collective(node: &Node, operand: &TensorType) -> Result<Collective> {
-    let int = |key: &str| -> Result<usize> {
-        let v = meshc_ir::infer::attr_int(node, key, 0);
+    let axis = |v: i64| -> Result<usize> {
         meshc_ir::infer::norm_axis(v, operand.rank()).map_err(|e| anyhow::anyhow!("node '{}': {e}", node.name))
     };
-    let reduce = || {
-        let r = meshc_ir::infer::attr_str(node, "reduce", "sum");
-        Reduce::parse(r).with_context(|| format!("node '{}': unknown reduction {r}", node.name))
+    let reduce = |r: ReduceKind| {
+        Reduce::parse(r.as_str()).with_context(|| format!("node '{}': unknown reduction {r}", node.name))
     };
     let op = match node.op {
-        Op::AllReduce => CollectiveOp::AllReduce { reduce: reduce()? },
-        Op::AllGather => CollectiveOp::AllGather { axis: int("axis")? },
-        Op::ReduceScatter => CollectiveOp::ReduceScatter { axis: int("axis")?, reduce: reduce()? },
-        Op::AllToAll => CollectiveOp::AllToAll { split_axis: int("split_axis")?, concat_axis: int("concat_axis")? },
+        Op::AllReduce => CollectiveOp::AllReduce { reduce: reduce(attrs::AllReduce::of(node).reduce)? },
+        Op::AllGather => CollectiveOp::AllGather { axis: axis(attrs::AllGather::of(node).axis)? },
+        Op::ReduceScatter => {
+            let a = attrs::ReduceScatter::of(node);
+            CollectiveOp::ReduceScatter { axis: axis(a.axis)?, reduce: reduce(a.reduce)? }
+        }
+        Op::AllToAll => {
+            let a = attrs::AllToAll::of(node);
+            CollectiveOp::AllToAll { split_axis: axis(a.split_axis)?, concat_axis: axis(a.concat_axis)? }
+        }
         op => bail!("node '{}': {op} is not supported by the runner yet", node.name),
     };
     let groups: Vec<Vec<usize>> = node
-        .attrs
-        .get("groups")
-        .and_then(meshc_ir::Attr::as_int_lists)
-        .unwrap_or_default()
+        .groups()
+        .map_err(anyhow::Error::msg)?
         .into_iter()
         .map(|g| g.into_iter().map(|d| d as usize).collect())
         .collect();
@@ -49,7 +52,7 @@ pub fn step_traffic(mesh: &Mesh, types: &HashMap<String, TensorType>, step: &Nod
     match step.op {
         Op::Send => {
             let ty = ty()?;
-            let to = meshc_ir::infer::attr_int(step, "to", 0) as usize;
+            let to = attrs::Send::of(step).to as usize;
             let from = step.device.unwrap_or(0) as usize;
             let bytes = ty.size_bytes() as u64;
             Ok(fabric::route(mesh, from, to).into_iter().map(|(f, t)| (f, t, bytes)).collect())
@@ -63,7 +66,7 @@ pub fn step_traffic(mesh: &Mesh, types: &HashMap<String, TensorType>, step: &Nod
 /// send's or recv's transfer key (alike on both ends).
 pub fn key(n: &Node) -> Option<String> {
     match n.op {
-        Op::Send | Op::Recv => Some(meshc_ir::infer::attr_str(n, "key", "").to_string()),
+        Op::Send | Op::Recv => Some(n.transfer_key()),
         op if op.is_communication() => Some(n.name.clone()),
         _ => None,
     }

@@ -10,7 +10,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{bail, Context, Result};
-use meshc_ir::infer::{attr_ints, norm_axes};
+use meshc_ir::attrs;
+use meshc_ir::infer::norm_axes;
 use meshc_ir::params::Params;
 use meshc_ir::verify::{verify, Info};
 use meshc_ir::{Graph, Node, Op, Tensor, TensorType};
@@ -170,9 +171,9 @@ fn fused_spec(g: &Graph, info: &Info, groups: &Groups, r: usize) -> (Fused, Vec<
 /// The epilogue of a library matmul (`passes::epilogue`), its steps' operand shapes from
 /// `info`.
 fn epilogue(node: &Node, info: &Info) -> Result<Vec<meshc_runtime::epilogue::Step>> {
-    let Some(attr) = node.attrs.get("epilogue").and_then(meshc_ir::Attr::as_str) else { return Ok(Vec::new()) };
+    let Some(attr) = attrs::MatMul::of(node).epilogue else { return Ok(Vec::new()) };
     let mut operands = node.inputs[2..].iter();
-    let steps = meshc_ir::ops::epilogue_steps(attr).map_err(anyhow::Error::msg)?;
+    let steps = meshc_ir::ops::epilogue_steps(&attr).map_err(anyhow::Error::msg)?;
     (steps.into_iter())
         .map(|(name, _)| {
             let shape = || operands.next().map_or_else(Vec::new, |o| info.types[o].shape.clone());
@@ -222,7 +223,18 @@ fn generate(target: &Target, node: &Node, inputs: &[TensorType], out: &TensorTyp
             codegen::movement::kernel(target, &name, node, inputs, out)
         }
         Op::Conv => codegen::conv::depthwise(target, &name, node, inputs, out),
-        op => bail!("node '{}': no kernel for {op}", node.name),
+        // Elementwise ops run as fused loops, a reshape is a view of its operand, attention
+        // and communication are runtime steps, and the expand pass rewrites pad and pools
+        // (and the convs it does not keep) into gathers and matmuls: none has a kernel here.
+        meshc_ir::unary_ops!()
+        | meshc_ir::binary_ops!()
+        | meshc_ir::ternary_ops!()
+        | meshc_ir::communication_ops!()
+        | Op::Reshape
+        | Op::Attention
+        | Op::Pad
+        | Op::MaxPool
+        | Op::AvgPool => bail!("node '{}': no kernel for {}", node.name, node.op),
     }
 }
 
@@ -388,7 +400,7 @@ impl Builder {
     ) -> HashMap<String, String> {
         let swaps_last_two = |n: &Node| {
             let rank = info.types[&n.inputs[0]].shape.len();
-            let perm = match attr_ints(n, "perm") {
+            let perm = match attrs::Transpose::of(n).perm {
                 Some(p) => norm_axes(&p, rank).unwrap_or_default(),
                 None => (0..rank).rev().collect(),
             };
@@ -518,7 +530,7 @@ impl Builder {
             let (exec, operands, scratch) = if node.op.is_communication() {
                 (Exec::Collective(self.collective(node, &operand_types[0], device, devices)?), node.inputs.clone(), 0)
             } else if node.op == Op::Attention {
-                let steps = meshc_ir::ops::attention_steps(meshc_ir::infer::attr_str(node, "scores", ""));
+                let steps = attrs::Attention::of(node).scores.steps();
                 let scale = steps.iter().find_map(|s| match *s {
                     "mul" => Some(meshc_runtime::attention::Scale::Mul),
                     "div" => Some(meshc_runtime::attention::Scale::Div),
@@ -659,13 +671,20 @@ impl Builder {
 
 /// One side of a transfer from a send or recv node (`passes::sendrecv`).
 fn transfer(node: &Node, ty: &TensorType) -> Result<Transfer> {
-    let str_attr = |k: &str| meshc_ir::infer::attr_str(node, k, "").to_string();
-    let peer = meshc_ir::infer::attr_int(node, if node.op == Op::Send { "to" } else { "from" }, -1);
-    let protocol = node.attrs.get("protocol").map_or(Ok(Protocol::Copy), |_| {
-        Protocol::parse(&str_attr("protocol")).with_context(|| format!("node '{}': unknown protocol", node.name))
-    })?;
+    let (key, peer, protocol) = match node.op {
+        Op::Send => {
+            let a = attrs::Send::of(node);
+            (a.key, a.to, a.protocol)
+        }
+        _ => {
+            let a = attrs::Recv::of(node);
+            (a.key, a.from, a.protocol)
+        }
+    };
+    let protocol = Protocol::parse(protocol.as_str())
+        .with_context(|| format!("node '{}': protocol {protocol} has no runtime transfer", node.name))?;
     let peer = usize::try_from(peer).with_context(|| format!("node '{}': device {peer}", node.name))?;
-    Ok(Transfer { key: str_attr("key"), peer, bytes: ty.size_bytes(), protocol })
+    Ok(Transfer { key, peer, bytes: ty.size_bytes(), protocol })
 }
 
 fn meta(g: &Graph, info: &Info, target: &Target, mesh: Mesh, layouts: &HashMap<String, Layout>) -> Meta {

@@ -64,7 +64,7 @@ pub fn dump_lowered(l: &Lowered, deg: &Degradation) -> Result<String> {
     }
     let Some(g) = l.devices.first() else { return Ok(s) };
     for n in &g.nodes {
-        let Some(groups) = n.attrs.get("groups").and_then(|a| a.as_int_lists()) else { continue };
+        let Ok(groups) = n.groups() else { continue };
         let groups: Vec<Vec<usize>> = groups.iter().map(|g| g.iter().map(|&d| d as usize).collect()).collect();
         let touched = |g: &Vec<usize>| touches(&topo, g);
         let reduction = matches!(n.op, Op::AllReduce | Op::ReduceScatter);

@@ -8,9 +8,8 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use meshc_ir::infer::attr_str;
 use meshc_ir::verify::Info;
-use meshc_ir::{Attr, Graph, Node, Op};
+use meshc_ir::{Graph, Node, Op};
 use meshc_runtime::program::{CollectiveOp, Exec, Program, StreamKind};
 use petgraph::dot::{Config, Dot};
 use petgraph::graph::{DiGraph, NodeIndex};
@@ -205,21 +204,21 @@ pub fn lowered(stages: &[(String, &Lowered)]) -> String {
             .flat_map(|(s, (_, l))| l.devices.iter().enumerate().map(move |(dev, g)| (s, dev, g)))
             .flat_map(|(s, dev, g)| g.nodes.iter().map(move |n| (s, dev, n)))
     };
-    let sends: HashMap<&str, NodeIndex> = nodes()
+    let sends: HashMap<String, NodeIndex> = nodes()
         .filter(|(_, _, n)| n.op == Op::Send)
-        .map(|(s, dev, n)| (attr_str(n, "key", ""), at[&(s, dev, n.name.as_str())]))
+        .map(|(s, dev, n)| (n.transfer_key(), at[&(s, dev, n.name.as_str())]))
         .collect();
     for (s, dev, n) in nodes() {
         let v = at[&(s, dev, n.name.as_str())];
         match n.op {
             Op::Send => {}
             Op::Recv => {
-                if let Some(&from) = sends.get(attr_str(n, "key", "")) {
+                if let Some(&from) = sends.get(&n.transfer_key()) {
                     d.edge(from, v, Kind::Transfer, bytes(node_bytes(n)));
                 }
             }
             op if op.is_communication() => {
-                let groups = n.attrs.get("groups").and_then(Attr::as_int_lists).unwrap_or_default();
+                let groups = n.groups().unwrap_or_default();
                 // Drawn once, from the group's first member.
                 let Some(mine) = groups.iter().find(|g| g.first() == Some(&(dev as i64))) else { continue };
                 let members: Vec<NodeIndex> =

@@ -8,9 +8,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 
 use anyhow::{anyhow, bail, Context, Result};
-use meshc_ir::infer::{attr_int, attr_str};
+use meshc_ir::attrs::{self, ReduceKind};
 use meshc_ir::verify::{verify, Info};
-use meshc_ir::{interp, Attr, DType, Data, Op, ParamData, Tensor, TensorType};
+use meshc_ir::{interp, DType, Data, Op, ParamData, Tensor, TensorType};
 
 use crate::passes::lower::Lowered;
 use meshc_runtime::mesh::Mesh;
@@ -78,14 +78,14 @@ fn concat(parts: &[Tensor], axis: usize) -> Tensor {
     Tensor::new(shape, Data::from_f64(parts[0].dtype(), out))
 }
 
-fn reduce(parts: &[Tensor], kind: &str) -> Tensor {
+fn reduce(parts: &[Tensor], kind: ReduceKind) -> Tensor {
     let vs: Vec<Vec<f64>> = parts.iter().map(|p| p.data.to_f64()).collect();
     let out = (0..vs[0].len()).map(|i| {
         let xs = vs.iter().map(|v| v[i]);
         match kind {
-            "max" => xs.fold(f64::NEG_INFINITY, f64::max),
-            "mean" => xs.sum::<f64>() / vs.len() as f64,
-            _ => xs.sum(),
+            ReduceKind::Max => xs.fold(f64::NEG_INFINITY, f64::max),
+            ReduceKind::Mean => xs.sum::<f64>() / vs.len() as f64,
+            ReduceKind::Sum => xs.sum(),
         }
     });
     Tensor::new(parts[0].shape.clone(), Data::from_f64(parts[0].dtype(), out.collect::<Vec<_>>()))
@@ -94,16 +94,18 @@ fn reduce(parts: &[Tensor], kind: &str) -> Tensor {
 /// The results of one collective for every member of a group, from their operands.
 fn collective(op: Op, node: &meshc_ir::Node, xs: &[Tensor]) -> Vec<Tensor> {
     let n = xs.len();
-    let kind = attr_str(node, "reduce", "sum");
-    let axis = |key: &str| attr_int(node, key, 0) as usize;
     match op {
-        Op::AllReduce => vec![reduce(xs, kind); n],
-        Op::AllGather => vec![concat(xs, axis("axis")); n],
-        Op::ReduceScatter => split(&reduce(xs, kind), axis("axis"), n),
+        Op::AllReduce => vec![reduce(xs, attrs::AllReduce::of(node).reduce); n],
+        Op::AllGather => vec![concat(xs, attrs::AllGather::of(node).axis as usize); n],
+        Op::ReduceScatter => {
+            let a = attrs::ReduceScatter::of(node);
+            split(&reduce(xs, a.reduce), a.axis as usize, n)
+        }
         Op::AllToAll => {
-            let blocks: Vec<Vec<Tensor>> = xs.iter().map(|x| split(x, axis("split_axis"), n)).collect();
+            let a = attrs::AllToAll::of(node);
+            let blocks: Vec<Vec<Tensor>> = xs.iter().map(|x| split(x, a.split_axis as usize, n)).collect();
             (0..n)
-                .map(|r| concat(&blocks.iter().map(|b| b[r].clone()).collect::<Vec<_>>(), axis("concat_axis")))
+                .map(|r| concat(&blocks.iter().map(|b| b[r].clone()).collect::<Vec<_>>(), a.concat_axis as usize))
                 .collect()
         }
         _ => unreachable!("not a collective: {op}"),
@@ -111,7 +113,7 @@ fn collective(op: Op, node: &meshc_ir::Node, xs: &[Tensor]) -> Vec<Tensor> {
 }
 
 fn group_of(node: &meshc_ir::Node, d: usize) -> Result<Vec<usize>> {
-    let groups = node.attrs.get("groups").and_then(Attr::as_int_lists).unwrap_or_default();
+    let groups = node.groups().map_err(anyhow::Error::msg)?;
     groups
         .into_iter()
         .map(|g| g.into_iter().map(|x| x as usize).collect::<Vec<_>>())
@@ -180,8 +182,8 @@ pub fn run(
         for (d, g) in l.devices.iter().enumerate() {
             while let Some(&k) = infos[d].order.get(next[d]) {
                 let node = &g.nodes[k];
-                let key = attr_str(node, "key", "").to_string();
                 if node.op == Op::Send {
+                    let key = node.transfer_key();
                     let x = values[d][&node.inputs[0]].clone();
                     values[d].insert(node.name.clone(), x.clone());
                     if mailbox.insert(key.clone(), x).is_some() {
@@ -192,7 +194,7 @@ pub fn run(
                     continue;
                 }
                 if node.op == Op::Recv {
-                    let Some(x) = mailbox.remove(&key) else { break };
+                    let Some(x) = mailbox.remove(&node.transfer_key()) else { break };
                     let want: &TensorType = &infos[d].types[&node.name];
                     if x.ty() != *want {
                         bail!("device {d}: node '{}': received {}, expected {want}", node.name, x.ty());

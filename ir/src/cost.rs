@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::attrs::{self, ScatterReduction};
 use crate::graph::Node;
 use crate::ops::Op;
 use crate::verify::Info;
@@ -27,9 +28,9 @@ pub fn node_flops(n: &Node, info: &Info) -> u64 {
         }
         Op::Einsum => {
             // Every combination of letters is one multiply-add per operand beyond the first.
-            let eq = crate::infer::attr_str(n, "equation", "");
+            let eq = attrs::Einsum::of(n).equation;
             let mut sizes: BTreeMap<char, u64> = BTreeMap::new();
-            if let Ok((terms, _)) = crate::infer::parse_equation(eq, n.inputs.len()) {
+            if let Ok((terms, _)) = crate::infer::parse_equation(&eq, n.inputs.len()) {
                 for (t, i) in terms.iter().zip(&n.inputs) {
                     for (c, &d) in t.iter().zip(&info.types[i].shape) {
                         sizes.insert(*c, d as u64);
@@ -45,17 +46,32 @@ pub fn node_flops(n: &Node, info: &Info) -> u64 {
             2 * numel(&n.name) * taps + if n.inputs.len() == 3 { numel(&n.name) } else { 0 }
         }
         Op::MaxPool | Op::AvgPool => {
-            let kernel = n.attrs.get("kernel").and_then(crate::Attr::as_ints).unwrap_or_default();
+            let kernel = match n.op {
+                Op::MaxPool => attrs::MaxPool::of(n).kernel,
+                _ => attrs::AvgPool::of(n).kernel,
+            };
             numel(&n.name) * kernel.iter().map(|&k| k.max(1) as u64).product::<u64>()
         }
-        Op::ScatterElements => match crate::infer::attr_str(n, "reduction", "none") {
-            "none" => 0,
+        Op::ScatterElements => match attrs::ScatterElements::of(n).reduction {
+            ScatterReduction::None => 0,
             _ => numel(&n.inputs[2]),
         },
         Op::ReduceSum | Op::ReduceMean | Op::ReduceMax => numel(&n.inputs[0]),
         Op::Softmax => 5 * numel(&n.name),
         Op::LayerNorm => 8 * numel(&n.name),
-        op if op.is_elementwise() => numel(&n.name),
-        _ => 0,
+        unary_ops!() | binary_ops!() | ternary_ops!() => numel(&n.name),
+        Op::Reshape
+        | Op::Transpose
+        | Op::BroadcastTo
+        | Op::Concat
+        | Op::Slice
+        | Op::Gather
+        | Op::Pad
+        | Op::Send
+        | Op::Recv
+        | Op::AllReduce
+        | Op::AllGather
+        | Op::ReduceScatter
+        | Op::AllToAll => 0,
     }
 }

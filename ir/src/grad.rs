@@ -37,10 +37,11 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::attr::Attr;
+use crate::attrs::{self, GeluApprox, PadMode};
 use crate::dtype::{DType, TensorType};
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Node, Output, Param, ParamData};
-use crate::infer::{self, attr_int, attr_ints, attr_str, norm_axes, norm_axis, slice_range, Operand};
+use crate::infer::{self, norm_axes, norm_axis, slice_range, Operand};
 use crate::ops::Op;
 use crate::verify::Info;
 use crate::window::{self, Tap, Window};
@@ -482,9 +483,9 @@ impl Builder {
                 self.bin(Mul, gy, &d)?
             }
             Gelu => {
-                let d = match attr_str(n, "approximate", "none") {
-                    "tanh" => self.gelu_tanh_slope(x)?,
-                    _ => self.gelu_slope(x)?,
+                let d = match attrs::Gelu::of(n).approximate {
+                    GeluApprox::Tanh => self.gelu_tanh_slope(x)?,
+                    GeluApprox::None => self.gelu_slope(x)?,
                 };
                 self.bin(Mul, gy, &d)?
             }
@@ -514,7 +515,7 @@ impl Builder {
             MatMul => self.matmul(n, k, gy)?,
             Einsum => self.einsum(n, k, gy)?,
             ReduceSum | ReduceMean | ReduceMax => {
-                let axes = match attr_ints(n, "axes") {
+                let axes = match attrs::Reduce::of(n).axes {
                     Some(a) => norm_axes(&a, x_shape.len()).map_err(|e| fail(&e))?,
                     None => (0..x_shape.len()).collect(),
                 };
@@ -547,7 +548,7 @@ impl Builder {
                 }
             }
             Softmax => {
-                let axis = norm_axis(attr_int(n, "axis", -1), x_shape.len()).map_err(|e| fail(&e))?;
+                let axis = norm_axis(attrs::Softmax::of(n).axis, x_shape.len()).map_err(|e| fail(&e))?;
                 let gyy = self.bin(Mul, gy, y)?;
                 let s = self.reduce_keep(ReduceSum, &gyy, &[axis])?;
                 let c = self.bin(Sub, gy, &s)?;
@@ -557,7 +558,7 @@ impl Builder {
             Reshape => self.reshape(gy, &x_shape)?,
             Transpose => {
                 let rank = x_shape.len();
-                let perm = match attr_ints(n, "perm") {
+                let perm = match attrs::Transpose::of(n).perm {
                     Some(p) => {
                         p.iter().map(|&a| norm_axis(a, rank)).collect::<Result<Vec<_>, _>>().map_err(|e| fail(&e))?
                     }
@@ -571,7 +572,7 @@ impl Builder {
             }
             BroadcastTo => gy.to_string(),
             Concat => {
-                let axis = norm_axis(attr_int(n, "axis", 0), x_shape.len()).map_err(|e| fail(&e))?;
+                let axis = norm_axis(attrs::Concat::of(n).axis, x_shape.len()).map_err(|e| fail(&e))?;
                 let start: usize = n.inputs[..k].iter().map(|o| self.shape(o)[axis]).sum();
                 let end = start + x_shape[axis];
                 let a = [("starts", ints(&[start])), ("ends", ints(&[end])), ("axes", ints(&[axis]))];
@@ -580,13 +581,13 @@ impl Builder {
             Slice => self.slice(n, gy)?,
             // y = pad(x, p) with a constant: x's gradient is gy with the pads taken back
             // (a pad cropped, a crop filled with zeros).
-            Pad if attr_str(n, "mode", "constant") == "constant" => {
-                let pads: Vec<i64> = attr_ints(n, "pads").unwrap_or_default().iter().map(|p| -p).collect();
+            Pad if attrs::Pad::of(n).mode == PadMode::Constant => {
+                let pads: Vec<i64> = attrs::Pad::of(n).pads.iter().map(|p| -p).collect();
                 self.op(Pad, &[gy], &[("pads", Attr::ints(&pads))])?
             }
             Pad => self.pad(n, gy)?,
             Gather if k == 0 => {
-                let axis = norm_axis(attr_int(n, "axis", 0), x_shape.len()).map_err(|e| fail(&e))?;
+                let axis = norm_axis(attrs::Gather::of(n).axis, x_shape.len()).map_err(|e| fail(&e))?;
                 self.gather(gy, &n.inputs[1], &x_shape, axis)?
             }
             Gather => return Err(fail("the indices of gather have no gradient")),
@@ -596,7 +597,13 @@ impl Builder {
             }
             Conv => self.conv(n, k, gy).map_err(|e| fail(&e.msg))?,
             MaxPool | AvgPool => self.pool(n, gy).map_err(|e| fail(&e.msg))?,
-            op => return Err(fail(&format!("{op} has no gradient"))),
+            // Piecewise-constant ops pass no gradient and never get here; the others have
+            // none: integer remainders, scatters, the fused attention (a compile pass makes
+            // it after differentiation) and communication (lowering inserts it).
+            Mod | ScatterElements | Attention | Equal | Less | LessEqual | Greater | GreaterEqual | And | Or | Xor
+            | Not | Floor | Ceil | Round | Send | Recv | AllReduce | AllGather | ReduceScatter | AllToAll => {
+                return Err(fail(&format!("{} has no gradient", n.op)))
+            }
         };
         self.unbroadcast(&d, &x_shape)
     }
@@ -686,8 +693,8 @@ impl Builder {
     /// The gradient of operand k of an einsum is an einsum of the output gradient with
     /// the other operands; letters only operand k has are a broadcast of the result.
     fn einsum(&mut self, n: &Node, k: usize, gy: &str) -> Result<String> {
-        let eq = attr_str(n, "equation", "");
-        let (terms, out) = infer::parse_equation(eq, n.inputs.len())
+        let eq = attrs::Einsum::of(n).equation;
+        let (terms, out) = infer::parse_equation(&eq, n.inputs.len())
             .map_err(|e| Error::at(n.loc, format!("node '{}': {e}", n.name)))?;
         let mut operands = vec![gy.to_string()];
         let mut lhs: Vec<String> = vec![out.iter().collect()];
@@ -716,14 +723,13 @@ impl Builder {
     fn layer_norm(&mut self, n: &Node, k: usize, gy: &str) -> Result<String> {
         let x = n.inputs[0].as_str();
         let shape = self.shape(x);
-        let axis = norm_axis(attr_int(n, "axis", -1), shape.len())
-            .map_err(|e| Error::at(n.loc, format!("node '{}': {e}", n.name)))?;
+        let attrs::LayerNorm { axis, eps } = attrs::LayerNorm::of(n);
+        let axis = norm_axis(axis, shape.len()).map_err(|e| Error::at(n.loc, format!("node '{}': {e}", n.name)))?;
         let norm: Vec<usize> = (axis..shape.len()).collect();
         let lead: Vec<usize> = (0..axis).collect();
         if k == 2 {
             return self.unbroadcast(gy, &shape[axis..]);
         }
-        let eps = n.attrs.get("eps").and_then(Attr::as_float).unwrap_or(1e-5);
         let mu = self.reduce_keep(Op::ReduceMean, x, &norm)?;
         let xc = self.bin(Op::Sub, x, &mu)?;
         let sq = self.bin(Op::Mul, &xc, &xc)?;
@@ -755,10 +761,9 @@ impl Builder {
         let fail = |e: String| Error::at(n.loc, format!("node '{}': {e}", n.name));
         let x_shape = self.shape(&n.inputs[0]);
         let rank = x_shape.len();
-        let starts = attr_ints(n, "starts").unwrap_or_default();
-        let ends = attr_ints(n, "ends").unwrap_or_default();
-        let axes = attr_ints(n, "axes").unwrap_or_else(|| (0..starts.len() as i64).collect());
-        let steps = attr_ints(n, "steps").unwrap_or_else(|| vec![1; starts.len()]);
+        let attrs::Slice { starts, ends, axes, steps } = attrs::Slice::of(n);
+        let axes = axes.unwrap_or_else(|| (0..starts.len() as i64).collect());
+        let steps = steps.unwrap_or_else(|| vec![1; starts.len()]);
         let mut g = gy.to_string();
         for j in 0..starts.len() {
             let axis = norm_axis(axes[j], rank).map_err(fail)?;
@@ -857,7 +862,7 @@ impl Builder {
     /// gradient is a scatter-add of gy along that dim.
     fn pad(&mut self, n: &Node, gy: &str) -> Result<String> {
         let x_shape = self.shape(&n.inputs[0]);
-        let mode = attr_str(n, "mode", "constant");
+        let mode = attrs::Pad::of(n).mode;
         let (pads, _) =
             window::pad_shape(n, &x_shape).map_err(|e| Error::at(n.loc, format!("node '{}': {e}", n.name)))?;
         let rank = x_shape.len();
@@ -989,7 +994,7 @@ impl Builder {
             let share = self.bin(Op::Div, &ind, &count)?;
             self.bin(Op::Mul, &g4, &share)?
         } else {
-            let include_pad = n.attrs.get("count_include_pad").and_then(Attr::as_bool).unwrap_or(false);
+            let include_pad = attrs::AvgPool::of(n).count_include_pad;
             let counts: Vec<f32> = (0..n_out)
                 .map(|o| {
                     let c = taps[o * n_k..][..n_k]

@@ -3,6 +3,7 @@
 //! may use the communication ops, so every stage of the pipeline prints in one format.
 
 use crate::attr::{Attr, Attrs};
+use crate::attrs;
 use crate::dtype::{DType, TensorType};
 use crate::error::Loc;
 use crate::ops::Op;
@@ -133,6 +134,36 @@ impl Node {
     pub fn with_attr(mut self, key: &str, value: Attr) -> Node {
         self.attrs.insert(key.to_string(), value);
         self
+    }
+
+    /// The device groups of a collective (all_reduce, all_gather, reduce_scatter, all_to_all).
+    pub fn groups(&self) -> Result<Vec<Vec<i64>>, String> {
+        Ok(match self.op {
+            Op::AllReduce => attrs::AllReduce::try_of(self)?.groups,
+            Op::AllGather => attrs::AllGather::try_of(self)?.groups,
+            Op::ReduceScatter => attrs::ReduceScatter::try_of(self)?.groups,
+            Op::AllToAll => attrs::AllToAll::try_of(self)?.groups,
+            op => return Err(format!("{op} is not a collective")),
+        })
+    }
+
+    /// The key that pairs a send with its recv.
+    pub fn transfer_key(&self) -> String {
+        match self.op {
+            Op::Send => attrs::Send::of(self).key,
+            Op::Recv => attrs::Recv::of(self).key,
+            op => panic!("node '{}': {op} has no transfer key", self.name),
+        }
+    }
+}
+
+impl attrs::HasAttrs for Node {
+    fn attrs(&self) -> &Attrs {
+        &self.attrs
+    }
+
+    fn describe(&self) -> String {
+        format!("node '{}' ({})", self.name, self.op)
     }
 }
 

@@ -3,6 +3,7 @@
 //! against their op's schema (`verify`); this module owns the semantic rules of docs/ops.md.
 
 use crate::attr::Attr;
+use crate::attrs::{self, ScatterReduction};
 use crate::dtype::{DType, ShapeDisplay, TensorType};
 use crate::graph::{Dims, Node};
 use crate::ops::Op;
@@ -25,18 +26,6 @@ pub struct Inferred {
 
 fn sh(s: &[usize]) -> ShapeDisplay<'_> {
     ShapeDisplay(s)
-}
-
-pub fn attr_int(node: &Node, key: &str, default: i64) -> i64 {
-    node.attrs.get(key).and_then(Attr::as_int).unwrap_or(default)
-}
-
-pub fn attr_ints(node: &Node, key: &str) -> Option<Vec<i64>> {
-    node.attrs.get(key).and_then(Attr::as_ints)
-}
-
-pub fn attr_str<'a>(node: &'a Node, key: &str, default: &'a str) -> &'a str {
-    node.attrs.get(key).and_then(Attr::as_str).unwrap_or(default)
 }
 
 /// Resolves a possibly negative axis against `rank`.
@@ -207,14 +196,11 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
             let x = x.expect("arity checked");
             expect_dtype(x, FLOAT, "the operand")?;
             if node.op == Softmax {
-                norm_axis(attr_int(node, "axis", -1), x.ty.rank())?;
+                norm_axis(attrs::Softmax::try_of(node)?.axis, x.ty.rank())?;
             }
             Ok(keep(x, DType::F32))
         }
-        Cast => {
-            let to = DType::parse(attr_str(node, "to", "")).ok_or("cast needs a dtype in 'to'")?;
-            Ok(keep(x.expect("arity checked"), to))
-        }
+        Cast => Ok(keep(x.expect("arity checked"), attrs::Cast::try_of(node)?.to)),
         Where => {
             expect_dtype(&ops[0], &[DType::Bool], "the condition")?;
             let dtype = same_dtype(&ops[1..])?;
@@ -227,13 +213,14 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
             epilogue(node, &ops[2..], &ops[..2], &r.ty)?;
             Ok(r)
         }
-        Einsum => einsum(attr_str(node, "equation", ""), ops),
+        Einsum => einsum(&attrs::Einsum::try_of(node)?.equation, ops),
         Attention => attention(node, ops),
         ReduceSum | ReduceMean | ReduceMax => {
             let x = x.expect("arity checked");
             expect_dtype(x, if node.op == ReduceMean { FLOAT } else { NUMERIC }, "the operand")?;
             let rank = x.ty.rank();
-            let axes = match attr_ints(node, "axes") {
+            let attrs::Reduce { axes, keepdims } = attrs::Reduce::try_of(node)?;
+            let axes = match axes {
                 Some(a) => norm_axes(&a, rank)?,
                 None => (0..rank).collect(),
             };
@@ -242,7 +229,6 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
                     return Err(format!("reduce_max over axis {a} of size 0 has no identity"));
                 }
             }
-            let keepdims = node.attrs.get("keepdims").and_then(Attr::as_bool).unwrap_or(false);
             let mut shape = Vec::new();
             let mut dims = Vec::new();
             for (i, &d) in x.ty.shape.iter().enumerate() {
@@ -262,7 +248,7 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
                 expect_dtype(o, FLOAT, ["x", "gamma", "beta"][i])?;
             }
             let x = &ops[0];
-            let axis = norm_axis(attr_int(node, "axis", -1), x.ty.rank())?;
+            let axis = norm_axis(attrs::LayerNorm::try_of(node)?.axis, x.ty.rank())?;
             let want = &x.ty.shape[axis..];
             for (i, name) in [(1, "gamma"), (2, "beta")] {
                 if ops[i].ty.shape != want {
@@ -279,7 +265,7 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
         Transpose => {
             let x = x.expect("arity checked");
             let rank = x.ty.rank();
-            let perm = match attr_ints(node, "perm") {
+            let perm = match attrs::Transpose::try_of(node)?.perm {
                 Some(p) => {
                     let p = norm_axes(&p, rank).map_err(|e| format!("bad perm: {e}"))?;
                     if p.len() != rank {
@@ -295,7 +281,7 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
         }
         BroadcastTo => {
             let x = x.expect("arity checked");
-            let target = non_negative(&attr_ints(node, "shape").unwrap_or_default(), "shape")?;
+            let target = non_negative(&attrs::Shape::try_of(node)?.shape, "shape")?;
             let ok = target.len() >= x.ty.rank()
                 && x.ty.shape.iter().zip(&target[target.len() - x.ty.rank()..]).all(|(&a, &b)| a == b || a == 1);
             if !ok {
@@ -307,7 +293,7 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
         Concat => {
             let dtype = same_dtype(ops)?;
             let first = &ops[0].ty.shape;
-            let axis = norm_axis(attr_int(node, "axis", 0), first.len())?;
+            let axis = norm_axis(attrs::Concat::try_of(node)?.axis, first.len())?;
             let mut shape = first.clone();
             for (i, o) in ops.iter().enumerate().skip(1) {
                 let s = &o.ty.shape;
@@ -327,7 +313,7 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
         Gather => {
             let (data, idx) = (&ops[0], &ops[1]);
             expect_dtype(idx, INDEX, "the indices")?;
-            let axis = norm_axis(attr_int(node, "axis", 0), data.ty.rank())?;
+            let axis = norm_axis(attrs::Gather::try_of(node)?.axis, data.ty.rank())?;
             let ds = &data.ty.shape;
             let shape = [&ds[..axis], &idx.ty.shape[..], &ds[axis + 1..]].concat();
             let dims = (data.dims.is_some() || idx.dims.is_some()).then(|| {
@@ -343,7 +329,8 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
         ScatterElements => {
             let (data, idx, upd) = (&ops[0], &ops[1], &ops[2]);
             expect_dtype(idx, INDEX, "the indices")?;
-            let axis = norm_axis(attr_int(node, "axis", 0), data.ty.rank())?;
+            let attrs::ScatterElements { axis, reduction } = attrs::ScatterElements::try_of(node)?;
+            let axis = norm_axis(axis, data.ty.rank())?;
             let (ds, is) = (&data.ty.shape, &idx.ty.shape);
             if upd.ty.dtype != data.ty.dtype || upd.ty.shape != *is {
                 return Err(format!("updates {} must be {} of the indices' shape {}", upd.ty, data.ty.dtype, sh(is)));
@@ -358,8 +345,7 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
             if ds[axis] == 0 && idx.ty.numel() > 0 {
                 return Err(format!("scatter into axis {axis} of size 0"));
             }
-            let reduction = attr_str(node, "reduction", "none");
-            if reduction != "none" && !matches!(data.ty.dtype, DType::F32 | DType::I32 | DType::I64) {
+            if reduction != ScatterReduction::None && !matches!(data.ty.dtype, DType::F32 | DType::I32 | DType::I64) {
                 return Err(format!(
                     "scatter_elements reduction {reduction} needs f32, i32 or i64, got {}",
                     data.ty.dtype
@@ -369,9 +355,9 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
         }
         Send => Ok(keep(x.expect("arity checked"), x.expect("arity checked").ty.dtype)),
         Recv => {
-            let shape = non_negative(&attr_ints(node, "shape").unwrap_or_default(), "shape")?;
-            let dtype = DType::parse(attr_str(node, "dtype", "")).ok_or("recv needs a dtype")?;
-            Ok(Inferred { ty: TensorType::new(dtype, shape), dims: None })
+            let recv = attrs::Recv::try_of(node)?;
+            let shape = non_negative(&recv.shape, "shape")?;
+            Ok(Inferred { ty: TensorType::new(recv.dtype, shape), dims: None })
         }
         AllReduce | AllGather | ReduceScatter | AllToAll => collective(node, x.expect("arity checked")),
         Conv => conv(node, ops),
@@ -476,8 +462,8 @@ fn matmul(ops: &[Operand]) -> R<Inferred> {
 
 /// Checks a matmul's epilogue (`extra`: its operands after `ab`) against its result `out`.
 fn epilogue(node: &Node, extra: &[Operand], ab: &[Operand], out: &TensorType) -> R<()> {
-    let steps = match node.attrs.get("epilogue").and_then(Attr::as_str) {
-        Some(s) => crate::ops::epilogue_steps(s)?,
+    let steps = match attrs::MatMul::try_of(node)?.epilogue {
+        Some(s) => crate::ops::epilogue_steps(&s)?,
         None => Vec::new(),
     };
     let binary = steps.iter().filter(|s| s.1).count();
@@ -498,7 +484,7 @@ fn epilogue(node: &Node, extra: &[Operand], ab: &[Operand], out: &TensorType) ->
 /// (rank >= 2 each), its steps' operands broadcasting to the scores without growing them and
 /// its scale a single element.
 fn attention(node: &Node, ops: &[Operand]) -> R<Inferred> {
-    let steps = crate::ops::attention_steps(attr_str(node, "scores", ""));
+    let steps = attrs::Attention::try_of(node)?.scores.steps();
     if ops.len() != 3 + steps.len() {
         return Err(format!(
             "attention has {} operands after q, kt and v, its scores take {}",
@@ -587,7 +573,7 @@ fn einsum(eq: &str, ops: &[Operand]) -> R<Inferred> {
 }
 
 fn reshape(node: &Node, x: &Operand) -> R<Inferred> {
-    let want = attr_ints(node, "shape").unwrap_or_default();
+    let want = attrs::Shape::try_of(node)?.shape;
     if want.iter().filter(|&&d| d == -1).count() > 1 {
         return Err("reshape shape may contain at most one -1".into());
     }
@@ -632,14 +618,13 @@ fn reshape(node: &Node, x: &Operand) -> R<Inferred> {
 }
 
 fn slice(node: &Node, x: &Operand) -> R<Inferred> {
-    let starts = attr_ints(node, "starts").unwrap_or_default();
-    let ends = attr_ints(node, "ends").unwrap_or_default();
+    let attrs::Slice { starts, ends, axes, steps } = attrs::Slice::try_of(node)?;
     let rank = x.ty.rank();
-    let axes = match attr_ints(node, "axes") {
+    let axes = match axes {
         Some(a) => norm_axes(&a, rank)?,
         None => (0..starts.len()).collect(),
     };
-    let steps = attr_ints(node, "steps").unwrap_or_else(|| vec![1; axes.len()]);
+    let steps = steps.unwrap_or_else(|| vec![1; axes.len()]);
     if starts.len() != axes.len() || ends.len() != axes.len() || steps.len() != axes.len() {
         return Err(format!(
             "slice needs as many starts, ends and steps as axes (starts {}, ends {}, steps {}, axes {})",
@@ -661,7 +646,7 @@ fn slice(node: &Node, x: &Operand) -> R<Inferred> {
 
 /// The group size of a collective, after checking its groups are well formed.
 pub fn group_size(node: &Node) -> R<usize> {
-    let groups = node.attrs.get("groups").and_then(Attr::as_int_lists).unwrap_or_default();
+    let groups = node.groups()?;
     let n = groups.first().map_or(0, Vec::len);
     if n == 0 {
         return Err("groups must be non-empty lists of device indices".into());
@@ -689,19 +674,19 @@ fn collective(node: &Node, x: &Operand) -> R<Inferred> {
     match node.op {
         Op::AllReduce => {}
         Op::AllGather => {
-            let a = norm_axis(attr_int(node, "axis", 0), rank)?;
+            let a = norm_axis(attrs::AllGather::try_of(node)?.axis, rank)?;
             shape[a] = shape[a].checked_mul(n).ok_or("all_gather result is too large")?;
         }
         Op::ReduceScatter => {
-            let a = norm_axis(attr_int(node, "axis", 0), rank)?;
+            let a = norm_axis(attrs::ReduceScatter::try_of(node)?.axis, rank)?;
             if !shape[a].is_multiple_of(n) {
                 return Err(format!("reduce_scatter axis {a} of size {} does not divide by group size {n}", shape[a]));
             }
             shape[a] /= n;
         }
         _ => {
-            let s = norm_axis(attr_int(node, "split_axis", 0), rank)?;
-            let c = norm_axis(attr_int(node, "concat_axis", 0), rank)?;
+            let a2a = attrs::AllToAll::try_of(node)?;
+            let (s, c) = (norm_axis(a2a.split_axis, rank)?, norm_axis(a2a.concat_axis, rank)?);
             if !shape[s].is_multiple_of(n) {
                 return Err(format!(
                     "all_to_all split axis {s} of size {} does not divide by group size {n}",

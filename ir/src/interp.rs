@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use crate::attr::Attr;
+use crate::attrs::{self, GeluApprox, ScatterReduction};
 use crate::dtype::{DType, ShapeDisplay, TensorType};
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Node};
@@ -134,27 +134,18 @@ fn eval(node: &Node, args: &[&Tensor]) -> R<Tensor> {
         Add | Sub | Mul | Div | Maximum | Minimum | Pow => binary(op, args[0], args[1]),
         Equal | Less | LessEqual | Greater | GreaterEqual | And | Or | Xor => compare(op, args[0], args[1]),
         Not => Ok(Tensor::new(args[0].shape.clone(), Data::Bool(elems::<bool>(args[0])?.iter().map(|b| !b).collect()))),
-        Mod => modulo(args[0], args[1], bool_attr(node, "fmod", false)?),
+        Mod => modulo(args[0], args[1], attrs::Mod::try_of(node)?.fmod),
         Neg | Abs | Exp | Log | Sqrt | Rsqrt | Tanh | Erf | Sigmoid | Relu | Gelu | Floor | Ceil | Round => {
-            let tanh_gelu = op == Gelu
-                && match str_attr(node, "approximate", Some("none"))? {
-                    "none" => false,
-                    "tanh" => true,
-                    other => return Err(format!("unknown gelu approximation '{other}' (none or tanh)")),
-                };
+            let tanh_gelu = op == Gelu && attrs::Gelu::try_of(node)?.approximate == GeluApprox::Tanh;
             unary(op, tanh_gelu, args[0])
         }
-        Cast => {
-            let to = str_attr(node, "to", None)?;
-            let to = DType::parse(to).ok_or_else(|| format!("unknown dtype '{to}' in attribute 'to'"))?;
-            Ok(Tensor::new(args[0].shape.clone(), cast(&args[0].data, to)))
-        }
+        Cast => Ok(Tensor::new(args[0].shape.clone(), cast(&args[0].data, attrs::Cast::try_of(node)?.to))),
         Where => where_(args[0], args[1], args[2]),
         MatMul => {
             let mut y = matmul(args[0], args[1])?;
-            let steps = match str_attr(node, "epilogue", Some(""))? {
-                "" => Vec::new(),
-                s => crate::ops::epilogue_steps(s)?,
+            let steps = match attrs::MatMul::try_of(node)?.epilogue {
+                None => Vec::new(),
+                Some(s) => crate::ops::epilogue_steps(&s)?,
             };
             let mut operands = args[2..].iter();
             let mut next = || operands.next().ok_or_else(|| "an epilogue step lacks its operand".to_string());
@@ -170,12 +161,10 @@ fn eval(node: &Node, args: &[&Tensor]) -> R<Tensor> {
             }
             Ok(y)
         }
-        Einsum => einsum(str_attr(node, "equation", None)?, args),
+        Einsum => einsum(&attrs::Einsum::try_of(node)?.equation, args),
         Attention => {
             let mut scores = matmul(args[0], args[1])?;
-            for (step, y) in
-                crate::ops::attention_steps(str_attr(node, "scores", Some(""))?).into_iter().zip(&args[3..])
-            {
+            for (step, y) in attrs::Attention::try_of(node)?.scores.steps().into_iter().zip(&args[3..]) {
                 let op = match step {
                     "mul" => Mul,
                     "div" => Div,
@@ -186,7 +175,8 @@ fn eval(node: &Node, args: &[&Tensor]) -> R<Tensor> {
             matmul(&softmax(&scores, -1)?, args[2])
         }
         ReduceSum | ReduceMean | ReduceMax => {
-            let axes = match ints_attr(node, "axes")? {
+            let attrs::Reduce { axes, keepdims } = attrs::Reduce::try_of(node)?;
+            let axes = match axes {
                 None => (0..args[0].shape.len()).collect(),
                 Some(axes) => {
                     let mut axes = norm_axes(&axes, args[0].shape.len())?;
@@ -194,26 +184,22 @@ fn eval(node: &Node, args: &[&Tensor]) -> R<Tensor> {
                     axes
                 }
             };
-            reduce_op(op, args[0], &axes, bool_attr(node, "keepdims", false)?)
+            reduce_op(op, args[0], &axes, keepdims)
         }
-        Softmax => softmax(args[0], int_attr(node, "axis", Some(-1))?),
+        Softmax => softmax(args[0], attrs::Softmax::try_of(node)?.axis),
         LayerNorm => {
-            layer_norm(args[0], args[1], args[2], int_attr(node, "axis", Some(-1))?, float_attr(node, "eps", 1e-5)?)
+            let attrs::LayerNorm { axis, eps } = attrs::LayerNorm::try_of(node)?;
+            layer_norm(args[0], args[1], args[2], axis, eps)
         }
-        Reshape => reshape(args[0], &required(ints_attr(node, "shape")?, "shape")?),
-        Transpose => transpose(args[0], ints_attr(node, "perm")?),
-        BroadcastTo => broadcast_to(args[0], &required(ints_attr(node, "shape")?, "shape")?),
-        Concat => concat(args, int_attr(node, "axis", None)?),
-        Slice => slice(
-            args[0],
-            &required(ints_attr(node, "starts")?, "starts")?,
-            &required(ints_attr(node, "ends")?, "ends")?,
-            ints_attr(node, "axes")?,
-            ints_attr(node, "steps")?,
-        ),
-        Gather => gather(args[0], args[1], int_attr(node, "axis", Some(0))?),
+        Reshape => reshape(args[0], &attrs::Shape::try_of(node)?.shape),
+        Transpose => transpose(args[0], attrs::Transpose::try_of(node)?.perm),
+        BroadcastTo => broadcast_to(args[0], &attrs::Shape::try_of(node)?.shape),
+        Concat => concat(args, attrs::Concat::try_of(node)?.axis),
+        Slice => slice(args[0], &attrs::Slice::try_of(node)?),
+        Gather => gather(args[0], args[1], attrs::Gather::try_of(node)?.axis),
         ScatterElements => {
-            scatter_elements(args, int_attr(node, "axis", Some(0))?, str_attr(node, "reduction", Some("none"))?)
+            let attrs::ScatterElements { axis, reduction } = attrs::ScatterElements::try_of(node)?;
+            scatter_elements(args, axis, reduction)
         }
         Send | Recv | AllReduce | AllGather | ReduceScatter | AllToAll => {
             Err(format!("communication op {op} cannot run in the single-graph interpreter"))
@@ -221,57 +207,6 @@ fn eval(node: &Node, args: &[&Tensor]) -> R<Tensor> {
         Conv => crate::window::conv(node, args[0], args[1], args.get(2).copied()),
         MaxPool | AvgPool => crate::window::pool(node, args[0], op == MaxPool),
         Pad => crate::window::pad(node, args[0]),
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// Attributes (absent or null: the default from docs/ops.md)
-// ---------------------------------------------------------------------------------------
-
-fn attr<'a>(node: &'a Node, name: &str) -> Option<&'a Attr> {
-    node.attrs.get(name).filter(|a| **a != Attr::Null)
-}
-
-fn wrong_kind(name: &str, want: &str, got: &Attr) -> String {
-    format!("attribute '{name}' must be {want}, got {} {got}", got.kind())
-}
-
-fn required<T>(v: Option<T>, name: &str) -> R<T> {
-    v.ok_or_else(|| format!("missing required attribute '{name}'"))
-}
-
-fn int_attr(node: &Node, name: &str, default: Option<i64>) -> R<i64> {
-    match attr(node, name) {
-        None => required(default, name),
-        Some(a) => a.as_int().ok_or_else(|| wrong_kind(name, "an int", a)),
-    }
-}
-
-fn float_attr(node: &Node, name: &str, default: f64) -> R<f64> {
-    match attr(node, name) {
-        None => Ok(default),
-        Some(a) => a.as_float().ok_or_else(|| wrong_kind(name, "a number", a)),
-    }
-}
-
-fn bool_attr(node: &Node, name: &str, default: bool) -> R<bool> {
-    match attr(node, name) {
-        None => Ok(default),
-        Some(a) => a.as_bool().ok_or_else(|| wrong_kind(name, "a bool", a)),
-    }
-}
-
-fn str_attr<'a>(node: &'a Node, name: &str, default: Option<&'a str>) -> R<&'a str> {
-    match attr(node, name) {
-        None => required(default, name),
-        Some(a) => a.as_str().ok_or_else(|| wrong_kind(name, "a string", a)),
-    }
-}
-
-fn ints_attr(node: &Node, name: &str) -> R<Option<Vec<i64>>> {
-    match attr(node, name) {
-        None => Ok(None),
-        Some(a) => a.as_ints().map(Some).ok_or_else(|| wrong_kind(name, "a list of ints", a)),
     }
 }
 
@@ -1087,8 +1022,8 @@ fn concat(args: &[&Tensor], axis: i64) -> R<Tensor> {
     Ok(Tensor::new(shape, data))
 }
 
-fn slice(x: &Tensor, starts: &[i64], ends: &[i64], axes: Option<Vec<i64>>, steps: Option<Vec<i64>>) -> R<Tensor> {
-    let (shape, strides, offset) = slice_layout(&x.shape, starts, ends, axes, steps)?;
+fn slice(x: &Tensor, attrs: &attrs::Slice) -> R<Tensor> {
+    let (shape, strides, offset) = slice_layout(&x.shape, attrs)?;
     strided_view(x, shape, strides, offset)
 }
 
@@ -1097,28 +1032,18 @@ fn slice(x: &Tensor, starts: &[i64], ends: &[i64], axes: Option<Vec<i64>>, steps
 /// straight from the mapping by them, without the whole weight becoming a tensor first.
 pub fn slice_offsets(node: &Node, shape: &[usize]) -> Result<impl Iterator<Item = usize>> {
     let fail = |msg: String| Error::at(node.loc, format!("node '{}': {msg}", node.name));
-    let starts = required(ints_attr(node, "starts").map_err(fail)?, "starts").map_err(fail)?;
-    let ends = required(ints_attr(node, "ends").map_err(fail)?, "ends").map_err(fail)?;
-    let (axes, steps) = (ints_attr(node, "axes").map_err(fail)?, ints_attr(node, "steps").map_err(fail)?);
-    let (shape, strides, offset) = slice_layout(shape, &starts, &ends, axes, steps).map_err(fail)?;
+    let attrs = attrs::Slice::try_of(node).map_err(fail)?;
+    let (shape, strides, offset) = slice_layout(shape, &attrs).map_err(fail)?;
     Ok(Strided::new(&shape, strides, offset))
 }
 
 /// The shape, strides and first element of the view a slice takes of a contiguous tensor
 /// of shape `shape`.
-fn slice_layout(
-    shape: &[usize],
-    starts: &[i64],
-    ends: &[i64],
-    axes: Option<Vec<i64>>,
-    steps: Option<Vec<i64>>,
-) -> R<(Vec<usize>, Vec<isize>, isize)> {
+fn slice_layout(shape: &[usize], attrs: &attrs::Slice) -> R<(Vec<usize>, Vec<isize>, isize)> {
     let rank = shape.len();
-    let axes = match axes {
-        None => (0..starts.len() as i64).collect(),
-        Some(a) => a,
-    };
-    let steps = steps.unwrap_or_else(|| vec![1; starts.len()]);
+    let (starts, ends) = (&attrs.starts, &attrs.ends);
+    let axes = attrs.axes.clone().unwrap_or_else(|| (0..starts.len() as i64).collect());
+    let steps = attrs.steps.clone().unwrap_or_else(|| vec![1; starts.len()]);
     if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
         return Err(format!(
             "slice starts, ends, axes and steps have different lengths ({}, {}, {}, {})",
@@ -1189,7 +1114,7 @@ fn gather(data: &Tensor, indices: &Tensor, axis: i64) -> R<Tensor> {
 /// ONNX ScatterElements: a copy of `data` where, for each position `p` of `indices` (in
 /// row-major order), the element at `p` with coordinate `axis` replaced by `indices[p]`
 /// becomes `updates[p]` (`none`: a later duplicate wins) or that element combined with it.
-fn scatter_elements(args: &[&Tensor], axis: i64, reduction: &str) -> R<Tensor> {
+fn scatter_elements(args: &[&Tensor], axis: i64, reduction: ScatterReduction) -> R<Tensor> {
     let [data, indices, updates] = args else { return Err("scatter_elements takes data, indices and updates".into()) };
     let rank = data.shape.len();
     let ax = norm_axis(axis, rank)?;
@@ -1242,17 +1167,16 @@ fn scatter_elements(args: &[&Tensor], axis: i64, reduction: &str) -> R<Tensor> {
         apply(data, updates, targets, int_binop::<T>(op).ok_or_else(|| undefined(op, T::DTYPE))?)
     }
     let op = match reduction {
-        "none" => {
+        ScatterReduction::None => {
             return Ok(Tensor::new(
                 data.shape.clone(),
                 with_elem!(data.dtype(), T => apply::<T>(data, updates, &targets, |_, u| u)?),
             ))
         }
-        "add" => Op::Add,
-        "mul" => Op::Mul,
-        "max" => Op::Maximum,
-        "min" => Op::Minimum,
-        other => return Err(format!("unknown scatter_elements reduction '{other}' (none, add, mul, max or min)")),
+        ScatterReduction::Add => Op::Add,
+        ScatterReduction::Mul => Op::Mul,
+        ScatterReduction::Max => Op::Maximum,
+        ScatterReduction::Min => Op::Minimum,
     };
     let out = match data.dtype() {
         DType::F32 => {
@@ -1269,6 +1193,7 @@ fn scatter_elements(args: &[&Tensor], axis: i64, reduction: &str) -> R<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attr::Attr;
     use crate::graph::Output;
 
     // ---- helpers -------------------------------------------------------------------
@@ -1524,7 +1449,8 @@ mod tests {
             &[&x],
             fd(&[4], &[-0.15880800939172324, 0., 0.8411919906082768, 1.954597694087775]),
         );
-        assert!(error(Op::Gelu, &[("approximate", s("fast"))], &[&x]).contains("unknown gelu approximation"));
+        assert!(error(Op::Gelu, &[("approximate", s("fast"))], &[&x])
+            .contains("attribute 'approximate' must be one of none, tanh"));
     }
 
     #[test]
@@ -1569,7 +1495,7 @@ mod tests {
         check(Op::Cast, &to("bool"), &[&x], x.clone());
 
         assert!(error(Op::Cast, &[], &[&x]).contains("missing required attribute 'to'"));
-        assert!(error(Op::Cast, &to("f64"), &[&x]).contains("unknown dtype 'f64'"));
+        assert!(error(Op::Cast, &to("f64"), &[&x]).contains("attribute 'to' must be a dtype"));
 
         // Into the halves: round to nearest, ties to even; out of range is infinite.
         let x = f(&[5], &[1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, -3.0e38, 70000.0, f32::NAN]);

@@ -2,7 +2,13 @@
 //! inference and the reference interpreter — the oracle every compiled path is tested
 //! against.
 
+// First: the family pattern macros the op table defines (`unary_ops!()`) are in scope in
+// the modules declared after it.
+#[macro_use]
+pub mod ops;
+
 pub mod attr;
+pub mod attrs;
 pub mod cost;
 pub mod dtype;
 pub mod error;
@@ -14,7 +20,6 @@ pub mod init;
 pub mod interp;
 pub mod json;
 pub mod load;
-pub mod ops;
 pub mod optim;
 pub mod params;
 pub mod tensor;
@@ -27,5 +32,5 @@ pub use attr::{Attr, Attrs};
 pub use dtype::{DType, TensorType};
 pub use error::{Error, Loc, Result};
 pub use graph::{Dims, Graph, Init, Input, Node, Output, Param, ParamData};
-pub use ops::Op;
+pub use ops::{Family, Op};
 pub use tensor::{Data, Tensor};

@@ -1,41 +1,155 @@
-//! The op set: each op's name, arity and attribute schema, in one table. Shapes live in
-//! `infer`, values in `interp`; this module only says what a well-formed use looks like.
+//! The op set: each op's name, family, arity and attribute set, in one table. Attributes
+//! are typed in `attrs`, shapes live in `infer`, values in `interp`; this module only says
+//! what a well-formed use looks like.
 
 use std::fmt;
 
+use crate::attrs::{self, AttrSpec};
+
+/// The op table. Each family block lists its ops with their arity and attribute set
+/// (`attrs`); the block's name is also a pattern macro (`unary_ops!()`) that matches every op
+/// of the family, so a pass handles a whole elementwise family in one arm and must name
+/// every other op: its `match` has no catch-all, and an op added here without a rule there
+/// does not compile.
 macro_rules! ops {
-    ($($variant:ident = $name:literal),* $(,)?) => {
+    ($( $(#[$fdoc:meta])* $family:ident $pattern:ident { $( $variant:ident = $name:literal, $arity:expr, $attrs:ident; )* } )*) => {
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub enum Op { $($variant),* }
+        pub enum Op { $($($variant),*),* }
+
+        /// What kind of computation an op is: which rules of layout, lowering, cost and
+        /// code generation apply to it.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Family { $( $(#[$fdoc])* $family ),* }
 
         impl Op {
-            pub const ALL: &'static [Op] = &[$(Op::$variant),*];
+            pub const ALL: &'static [Op] = &[$($(Op::$variant),*),*];
 
             pub fn name(self) -> &'static str {
-                match self { $(Op::$variant => $name),* }
+                match self { $($(Op::$variant => $name,)*)* }
+            }
+
+            pub fn family(self) -> Family {
+                match self { $($(Op::$variant => Family::$family,)*)* }
+            }
+
+            /// How many operands the op takes.
+            pub fn arity(self) -> Arity {
+                use Arity::*;
+                match self { $($(Op::$variant => $arity,)*)* }
+            }
+
+            /// The attributes the op accepts (`attrs::$attrs::SCHEMA`).
+            pub fn attrs(self) -> &'static [AttrSpec] {
+                match self { $($(Op::$variant => attrs::$attrs::SCHEMA,)*)* }
+            }
+
+            /// The name of the op's attribute struct in `attrs`.
+            pub fn attrs_struct(self) -> &'static str {
+                match self { $($(Op::$variant => stringify!($attrs),)*)* }
             }
         }
+
+        $(
+            #[doc = concat!("A pattern matching every op of family `", stringify!($family), "`.")]
+            #[macro_export]
+            macro_rules! $pattern {
+                () => { $( $crate::ops::Op::$variant )|* };
+            }
+        )*
     };
 }
 
 ops! {
-    Add = "add", Sub = "sub", Mul = "mul", Div = "div",
-    Maximum = "maximum", Minimum = "minimum", Pow = "pow",
-    Neg = "neg", Abs = "abs", Exp = "exp", Log = "log", Sqrt = "sqrt", Rsqrt = "rsqrt",
-    Tanh = "tanh", Erf = "erf", Sigmoid = "sigmoid", Relu = "relu", Gelu = "gelu",
-    Cast = "cast", Where = "where",
-    MatMul = "matmul", Einsum = "einsum", Attention = "attention",
-    ReduceSum = "reduce_sum", ReduceMean = "reduce_mean", ReduceMax = "reduce_max",
-    Equal = "equal", Less = "less", LessEqual = "less_equal", Greater = "greater", GreaterEqual = "greater_equal",
-    And = "and", Or = "or", Xor = "xor", Not = "not",
-    Mod = "mod", Floor = "floor", Ceil = "ceil", Round = "round",
-    Softmax = "softmax", LayerNorm = "layer_norm",
-    Reshape = "reshape", Transpose = "transpose", BroadcastTo = "broadcast_to",
-    Concat = "concat", Slice = "slice", Gather = "gather", ScatterElements = "scatter_elements",
-    Send = "send", Recv = "recv",
-    AllReduce = "all_reduce", AllGather = "all_gather",
-    ReduceScatter = "reduce_scatter", AllToAll = "all_to_all",
-    Conv = "conv", MaxPool = "max_pool", AvgPool = "avg_pool", Pad = "pad",
+    /// Elementwise with one operand.
+    Unary unary_ops {
+        Neg = "neg", Exactly(1), Plain;
+        Abs = "abs", Exactly(1), Plain;
+        Exp = "exp", Exactly(1), Plain;
+        Log = "log", Exactly(1), Plain;
+        Sqrt = "sqrt", Exactly(1), Plain;
+        Rsqrt = "rsqrt", Exactly(1), Plain;
+        Tanh = "tanh", Exactly(1), Plain;
+        Erf = "erf", Exactly(1), Plain;
+        Sigmoid = "sigmoid", Exactly(1), Plain;
+        Relu = "relu", Exactly(1), Plain;
+        Gelu = "gelu", Exactly(1), Gelu;
+        Cast = "cast", Exactly(1), Cast;
+        Not = "not", Exactly(1), Plain;
+        Floor = "floor", Exactly(1), Plain;
+        Ceil = "ceil", Exactly(1), Plain;
+        Round = "round", Exactly(1), Plain;
+    }
+    /// Elementwise with two operands, broadcast as numpy does.
+    Binary binary_ops {
+        Add = "add", Exactly(2), Plain;
+        Sub = "sub", Exactly(2), Plain;
+        Mul = "mul", Exactly(2), Plain;
+        Div = "div", Exactly(2), Plain;
+        Maximum = "maximum", Exactly(2), Plain;
+        Minimum = "minimum", Exactly(2), Plain;
+        Pow = "pow", Exactly(2), Plain;
+        Equal = "equal", Exactly(2), Plain;
+        Less = "less", Exactly(2), Plain;
+        LessEqual = "less_equal", Exactly(2), Plain;
+        Greater = "greater", Exactly(2), Plain;
+        GreaterEqual = "greater_equal", Exactly(2), Plain;
+        And = "and", Exactly(2), Plain;
+        Or = "or", Exactly(2), Plain;
+        Xor = "xor", Exactly(2), Plain;
+        Mod = "mod", Exactly(2), Mod;
+    }
+    /// Elementwise with three operands: `where`.
+    Ternary ternary_ops {
+        Where = "where", Exactly(3), Plain;
+    }
+    /// Sums of products over shared dims.
+    Contraction contraction_ops {
+        // The operands of its epilogue's binary steps follow a and b.
+        MatMul = "matmul", AtLeast(2), MatMul;
+        Einsum = "einsum", AtLeast(1), Einsum;
+    }
+    /// Several ops fused into one by a compiler pass.
+    Fused fused_ops {
+        // q, kᵀ, v, then the operands of its `scores` steps.
+        Attention = "attention", AtLeast(3), Attention;
+    }
+    /// Reductions over axes to fewer elements.
+    Reduction reduction_ops {
+        ReduceSum = "reduce_sum", Exactly(1), Reduce;
+        ReduceMean = "reduce_mean", Exactly(1), Reduce;
+        ReduceMax = "reduce_max", Exactly(1), Reduce;
+    }
+    /// A reduction over an axis applied back to every element of it.
+    Normalization normalization_ops {
+        Softmax = "softmax", Exactly(1), Softmax;
+        LayerNorm = "layer_norm", Exactly(3), LayerNorm;
+    }
+    /// Elements moved or selected, not computed.
+    Movement movement_ops {
+        Reshape = "reshape", Exactly(1), Shape;
+        Transpose = "transpose", Exactly(1), Transpose;
+        BroadcastTo = "broadcast_to", Exactly(1), Shape;
+        Concat = "concat", AtLeast(1), Concat;
+        Slice = "slice", Exactly(1), Slice;
+        Gather = "gather", Exactly(2), Gather;
+        ScatterElements = "scatter_elements", Exactly(3), ScatterElements;
+        Pad = "pad", Exactly(1), Pad;
+    }
+    /// Sliding windows over spatial dims.
+    Window window_ops {
+        Conv = "conv", AtLeast(2), Conv;
+        MaxPool = "max_pool", Exactly(1), MaxPool;
+        AvgPool = "avg_pool", Exactly(1), AvgPool;
+    }
+    /// Data exchanged between devices (inserted by lowering and send/recv splitting).
+    Communication communication_ops {
+        Send = "send", Exactly(1), Send;
+        Recv = "recv", Exactly(0), Recv;
+        AllReduce = "all_reduce", Exactly(1), AllReduce;
+        AllGather = "all_gather", Exactly(1), AllGather;
+        ReduceScatter = "reduce_scatter", Exactly(1), ReduceScatter;
+        AllToAll = "all_to_all", Exactly(1), AllToAll;
+    }
 }
 
 /// How many operands an op takes.
@@ -64,81 +178,13 @@ impl fmt::Display for Arity {
     }
 }
 
-/// The kind of value an attribute must hold.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AttrKind {
-    Int,
-    Float,
-    Bool,
-    Str,
-    /// A string naming a dtype.
-    DType,
-    /// One of the listed strings.
-    Enum(&'static [&'static str]),
-    Ints,
-    /// A list of lists of ints: device groups of a collective.
-    Groups,
-}
-
-impl fmt::Display for AttrKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            AttrKind::Int => f.write_str("an int"),
-            AttrKind::Float => f.write_str("a number"),
-            AttrKind::Bool => f.write_str("a bool"),
-            AttrKind::Str => f.write_str("a string"),
-            AttrKind::DType => f.write_str("a dtype (f32, i32, i64, bool)"),
-            AttrKind::Enum(vals) => write!(f, "one of {}", vals.join(", ")),
-            AttrKind::Ints => f.write_str("a list of ints"),
-            AttrKind::Groups => f.write_str("a list of device groups (lists of ints)"),
-        }
-    }
-}
-
-/// One attribute an op accepts.
-#[derive(Clone, Copy, Debug)]
-pub struct AttrSpec {
-    pub name: &'static str,
-    pub kind: AttrKind,
-    pub required: bool,
-}
-
-const fn req(name: &'static str, kind: AttrKind) -> AttrSpec {
-    AttrSpec { name, kind, required: true }
-}
-
-const fn opt(name: &'static str, kind: AttrKind) -> AttrSpec {
-    AttrSpec { name, kind, required: false }
-}
-
-pub const REDUCE_KINDS: &[&str] = &["sum", "max", "mean"];
-/// How a send/recv pair moves its data (chosen by the send/recv pass, see meshc's `program::Protocol`).
-pub const PROTOCOLS: &[&str] = &["move", "copy", "remote"];
-/// How `scatter_elements` combines an update with the element it lands on.
-pub const SCATTER_REDUCTIONS: &[&str] = &["none", "add", "mul", "max", "min"];
-pub const GELU_APPROX: &[&str] = &["none", "tanh"];
-/// The modes of `pad` (`window` gives their meaning).
-pub const PAD_MODES: &[&str] = &["constant", "reflect", "edge", "wrap"];
-const POOL_ATTRS: &[AttrSpec] = &[
-    req("kernel", AttrKind::Ints),
-    opt("strides", AttrKind::Ints),
-    opt("pads", AttrKind::Ints),
-    opt("dilations", AttrKind::Ints),
-    opt("ceil_mode", AttrKind::Bool),
-    opt("count_include_pad", AttrKind::Bool),
-];
-
 impl Op {
     pub fn from_name(s: &str) -> Option<Op> {
         Op::ALL.iter().copied().find(|op| op.name() == s)
     }
 
     pub fn is_binary_elementwise(self) -> bool {
-        use Op::*;
-        matches!(self, Add | Sub | Mul | Div | Maximum | Minimum | Pow)
-            || self.is_comparison()
-            || self.is_logic()
-            || self == Mod
+        self.family() == Family::Binary
     }
 
     /// equal, less, less_equal, greater, greater_equal: same-dtype operands, a bool result.
@@ -154,90 +200,21 @@ impl Op {
     }
 
     pub fn is_unary_elementwise(self) -> bool {
-        use Op::*;
-        matches!(self, Neg | Abs | Exp | Log | Sqrt | Rsqrt | Tanh | Erf | Sigmoid | Relu | Gelu | Cast)
-            || matches!(self, Not | Floor | Ceil | Round)
+        self.family() == Family::Unary
     }
 
     /// Elementwise ops (with broadcasting): the ones a fuser may chain into one loop.
     pub fn is_elementwise(self) -> bool {
-        self.is_binary_elementwise() || self.is_unary_elementwise() || self == Op::Where
+        matches!(self.family(), Family::Unary | Family::Binary | Family::Ternary)
     }
 
     pub fn is_communication(self) -> bool {
-        use Op::*;
-        matches!(self, Send | Recv | AllReduce | AllGather | ReduceScatter | AllToAll)
-    }
-
-    pub fn arity(self) -> Arity {
-        use Op::*;
-        match self {
-            _ if self.is_binary_elementwise() => Arity::Exactly(2),
-            _ if self.is_unary_elementwise() => Arity::Exactly(1),
-            Where | LayerNorm | ScatterElements => Arity::Exactly(3),
-            Gather => Arity::Exactly(2),
-            // The operands of its epilogue's binary steps follow a and b.
-            MatMul => Arity::AtLeast(2),
-            // q, kᵀ, v, then the operands of its `scores` steps.
-            Attention => Arity::AtLeast(3),
-            Conv => Arity::AtLeast(2),
-            Einsum | Concat => Arity::AtLeast(1),
-            Recv => Arity::Exactly(0),
-            _ => Arity::Exactly(1),
-        }
-    }
-
-    pub fn attrs(self) -> &'static [AttrSpec] {
-        use AttrKind as K;
-        use Op::*;
-        match self {
-            Gelu => const { &[opt("approximate", K::Enum(GELU_APPROX))] },
-            MatMul => const { &[opt("epilogue", K::Str)] },
-            Attention => const { &[opt("scores", K::Enum(ATTENTION_SCORES))] },
-            Cast => const { &[req("to", K::DType)] },
-            Mod => const { &[opt("fmod", K::Bool)] },
-            Einsum => const { &[req("equation", K::Str)] },
-            ReduceSum | ReduceMean | ReduceMax => const { &[opt("axes", K::Ints), opt("keepdims", K::Bool)] },
-            Softmax => const { &[opt("axis", K::Int)] },
-            LayerNorm => const { &[opt("axis", K::Int), opt("eps", K::Float)] },
-            Reshape => const { &[req("shape", K::Ints)] },
-            Transpose => const { &[opt("perm", K::Ints)] },
-            BroadcastTo => const { &[req("shape", K::Ints)] },
-            Concat => const { &[req("axis", K::Int)] },
-            Slice => {
-                const { &[req("starts", K::Ints), req("ends", K::Ints), opt("axes", K::Ints), opt("steps", K::Ints)] }
-            }
-            Gather => const { &[opt("axis", K::Int)] },
-            ScatterElements => const { &[opt("axis", K::Int), opt("reduction", K::Enum(SCATTER_REDUCTIONS))] },
-            Send => const { &[req("key", K::Str), req("to", K::Int), opt("protocol", K::Enum(PROTOCOLS))] },
-            Recv => {
-                const {
-                    &[
-                        req("key", K::Str),
-                        req("from", K::Int),
-                        req("shape", K::Ints),
-                        req("dtype", K::DType),
-                        opt("protocol", K::Enum(PROTOCOLS)),
-                    ]
-                }
-            }
-            AllReduce => const { &[req("groups", K::Groups), opt("reduce", K::Enum(REDUCE_KINDS))] },
-            AllGather => const { &[req("groups", K::Groups), req("axis", K::Int)] },
-            ReduceScatter => {
-                const { &[req("groups", K::Groups), req("axis", K::Int), opt("reduce", K::Enum(REDUCE_KINDS))] }
-            }
-            AllToAll => const { &[req("groups", K::Groups), req("split_axis", K::Int), req("concat_axis", K::Int)] },
-            Conv => {
-                const { &[opt("strides", K::Ints), opt("pads", K::Ints), opt("dilations", K::Ints), opt("groups", K::Int)] }
-            }
-            // max_pool takes all but the last (count_include_pad).
-            MaxPool => &POOL_ATTRS[..POOL_ATTRS.len() - 1],
-            AvgPool => POOL_ATTRS,
-            Pad => const { &[req("pads", K::Ints), opt("mode", K::Enum(PAD_MODES)), opt("value", K::Float)] },
-            _ => &[],
-        }
+        self.family() == Family::Communication
     }
 }
+
+/// The reductions of `scatter_elements`, for the ONNX importer's check of its `reduction`.
+pub const SCATTER_REDUCTIONS: &[&str] = attrs::ScatterReduction::NAMES;
 
 /// The steps a matmul's `epilogue` attribute may list (docs/ops.md), with whether each takes
 /// an operand: the matmul's operands after `a` and `b`, one per such step, in order.
@@ -256,16 +233,6 @@ pub fn epilogue_steps(attr: &str) -> Result<Vec<(&'static str, bool)>, String> {
             })
         })
         .collect()
-}
-
-/// The `scores` attribute of `attention` (docs/ops.md): the steps applied to `q @ kᵀ` before
-/// the softmax, each taking the next operand after `v` — a scale (`mul`, `div`) first, then
-/// an additive mask (`add`).
-pub const ATTENTION_SCORES: &[&str] = &["", "mul", "div", "add", "mul,add", "div,add"];
-
-/// The steps of an `attention` node's `scores` attribute (`ATTENTION_SCORES`), in order.
-pub fn attention_steps(attr: &str) -> Vec<&str> {
-    attr.split(',').filter(|s| !s.is_empty()).collect()
 }
 
 /// Checks that an epilogue operand of shape `operand` broadcasts (numpy's rules) to the

@@ -5,12 +5,10 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::attr::Attr;
-use crate::dtype::{DType, ShapeDisplay, TensorType, MAX_TENSOR_BYTES};
+use crate::dtype::{ShapeDisplay, TensorType, MAX_TENSOR_BYTES};
 use crate::error::{Error, Loc, Result};
 use crate::graph::{Dims, Graph, Node, ParamData};
 use crate::infer::{self, Operand};
-use crate::ops::AttrKind;
 use crate::params;
 
 /// What the verifier learned about a well-formed graph.
@@ -54,19 +52,6 @@ fn check_dims(dims: &Option<Dims>, ty: &TensorType, loc: Option<Loc>, what: &str
     }
 }
 
-fn attr_matches(kind: AttrKind, v: &Attr) -> bool {
-    match kind {
-        AttrKind::Int => v.as_int().is_some(),
-        AttrKind::Float => v.as_float().is_some(),
-        AttrKind::Bool => v.as_bool().is_some(),
-        AttrKind::Str => v.as_str().is_some(),
-        AttrKind::DType => v.as_str().and_then(DType::parse).is_some(),
-        AttrKind::Enum(vals) => v.as_str().is_some_and(|s| vals.contains(&s)),
-        AttrKind::Ints => v.as_ints().is_some(),
-        AttrKind::Groups => v.as_int_lists().is_some(),
-    }
-}
-
 fn check_attrs(n: &Node) -> Result<()> {
     let specs = n.op.attrs();
     for (k, v) in &n.attrs {
@@ -75,7 +60,7 @@ fn check_attrs(n: &Node) -> Result<()> {
             let known = if known.is_empty() { "none".to_string() } else { known.join(", ") };
             node_err(n, format!("{} has no attribute '{k}' (it takes: {known})", n.op))
         })?;
-        if !attr_matches(spec.kind, v) {
+        if !spec.accepts(v) {
             return Err(node_err(n, format!("attribute '{k}' must be {}, found {v}", spec.kind)));
         }
     }

@@ -7,24 +7,12 @@
 //! Layout is ONNX's: `x` is `[N, C, spatial...]`, a conv weight `[M, C/groups, kernel...]`,
 //! `pads` lists the begin pads of every spatial dim, then the end pads.
 
-use crate::attr::Attr;
+use crate::attrs::{self, PadMode};
 use crate::graph::Node;
+use crate::ops::Op;
 use crate::tensor::{Data, Tensor};
 
 type R<T> = std::result::Result<T, String>;
-
-// Attribute readers of their own (`infer` builds on this module, not the other way).
-fn attr_ints(node: &Node, name: &str) -> Option<Vec<i64>> {
-    node.attrs.get(name).and_then(Attr::as_ints)
-}
-
-fn attr_int(node: &Node, name: &str, default: i64) -> i64 {
-    node.attrs.get(name).and_then(Attr::as_int).unwrap_or(default)
-}
-
-fn attr_str<'a>(node: &'a Node, name: &str, default: &'a str) -> &'a str {
-    node.attrs.get(name).and_then(Attr::as_str).unwrap_or(default)
-}
 
 /// Where one window tap lands along one spatial dim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,8 +37,39 @@ pub struct Window {
     pub ceil_mode: bool,
 }
 
-fn positive(node: &Node, name: &str, n: usize) -> R<Vec<usize>> {
-    let v = attr_ints(node, name).unwrap_or_else(|| vec![1; n]);
+/// The window attributes conv and the pools share (conv's kernel is its weight's shape).
+struct Geometry {
+    kernel: Option<Vec<i64>>,
+    strides: Option<Vec<i64>>,
+    pads: Option<Vec<i64>>,
+    dilations: Option<Vec<i64>>,
+    ceil_mode: bool,
+}
+
+impl Geometry {
+    fn of(node: &Node) -> R<Geometry> {
+        Ok(match node.op {
+            Op::Conv => {
+                let a = attrs::Conv::try_of(node)?;
+                Geometry { kernel: None, strides: a.strides, pads: a.pads, dilations: a.dilations, ceil_mode: false }
+            }
+            Op::MaxPool => {
+                let a = attrs::MaxPool::try_of(node)?;
+                let (kernel, ceil_mode) = (Some(a.kernel), a.ceil_mode);
+                Geometry { kernel, strides: a.strides, pads: a.pads, dilations: a.dilations, ceil_mode }
+            }
+            Op::AvgPool => {
+                let a = attrs::AvgPool::try_of(node)?;
+                let (kernel, ceil_mode) = (Some(a.kernel), a.ceil_mode);
+                Geometry { kernel, strides: a.strides, pads: a.pads, dilations: a.dilations, ceil_mode }
+            }
+            op => return Err(format!("{op} has no window")),
+        })
+    }
+}
+
+fn positive(v: Option<Vec<i64>>, name: &str, n: usize) -> R<Vec<usize>> {
+    let v = v.unwrap_or_else(|| vec![1; n]);
     if v.len() != n {
         return Err(format!("'{name}' has {} entries, expected {n} (one per spatial dim)", v.len()));
     }
@@ -61,27 +80,30 @@ impl Window {
     /// The window of `node` (conv: `kernel` from its weight; pools: their `kernel` attribute)
     /// over `spatial` dims.
     pub fn of(node: &Node, spatial: usize, kernel: Option<&[usize]>) -> R<Window> {
+        let geometry = Geometry::of(node)?;
         let kernel = match kernel {
             Some(k) => k.to_vec(),
-            None => positive(node, "kernel", attr_ints(node, "kernel").map_or(0, |k| k.len()))?,
+            None => {
+                let n = geometry.kernel.as_ref().map_or(0, Vec::len);
+                positive(geometry.kernel, "kernel", n)?
+            }
         };
         if kernel.len() != spatial || spatial == 0 {
             return Err(format!("the kernel has {} dims, the input {spatial} spatial dims", kernel.len()));
         }
-        let pads = attr_ints(node, "pads").unwrap_or_else(|| vec![0; 2 * spatial]);
+        let pads = geometry.pads.unwrap_or_else(|| vec![0; 2 * spatial]);
         if pads.len() != 2 * spatial {
             return Err(format!("'pads' has {} entries, expected {} (begins, then ends)", pads.len(), 2 * spatial));
         }
         let pads = pads.iter().map(|&p| usize::try_from(p).map_err(|_| "'pads' must not be negative".to_string()));
         let pads = pads.collect::<R<Vec<usize>>>()?;
-        let ceil_mode = node.attrs.get("ceil_mode").and_then(Attr::as_bool).unwrap_or(false);
         Ok(Window {
-            strides: positive(node, "strides", spatial)?,
-            dilations: positive(node, "dilations", spatial)?,
+            strides: positive(geometry.strides, "strides", spatial)?,
+            dilations: positive(geometry.dilations, "dilations", spatial)?,
             begin: pads[..spatial].to_vec(),
             end: pads[spatial..].to_vec(),
             kernel,
-            ceil_mode,
+            ceil_mode: geometry.ceil_mode,
         })
     }
 
@@ -170,8 +192,10 @@ pub fn conv_window(node: &Node, x: &[usize], w: &[usize]) -> R<(Window, usize)> 
             w.len()
         ));
     }
-    let groups =
-        usize::try_from(attr_int(node, "groups", 1)).ok().filter(|&g| g > 0).ok_or("'groups' must be positive")?;
+    let groups = usize::try_from(attrs::Conv::try_of(node)?.groups)
+        .ok()
+        .filter(|&g| g > 0)
+        .ok_or("'groups' must be positive")?;
     if !x[1].is_multiple_of(groups) || !w[0].is_multiple_of(groups) || w[1] * groups != x[1] {
         return Err(format!(
             "groups = {groups} needs C = {} and M = {} divisible by it and a weight with C/groups input channels, found {}",
@@ -183,7 +207,7 @@ pub fn conv_window(node: &Node, x: &[usize], w: &[usize]) -> R<(Window, usize)> 
 
 /// The result shape of `pad`: `x` with `pads` (begins, then ends; negative crops) added.
 pub fn pad_shape(node: &Node, x: &[usize]) -> R<(Vec<i64>, Vec<usize>)> {
-    let pads = attr_ints(node, "pads").unwrap_or_default();
+    let attrs::Pad { pads, mode, .. } = attrs::Pad::try_of(node)?;
     if pads.len() != 2 * x.len() {
         return Err(format!("'pads' has {} entries, expected {} (begins, then ends)", pads.len(), 2 * x.len()));
     }
@@ -193,8 +217,7 @@ pub fn pad_shape(node: &Node, x: &[usize]) -> R<(Vec<i64>, Vec<usize>)> {
             usize::try_from(n).map_err(|_| format!("pads crop dim {d} (size {}) below zero", x[d]))
         })
         .collect::<R<Vec<_>>>()?;
-    let mode = attr_str(node, "mode", "constant");
-    if mode != "constant" {
+    if mode != PadMode::Constant {
         if let Some(d) = (0..x.len()).find(|&d| x[d] == 0 && shape[d] > 0) {
             return Err(format!("{mode} padding of dim {d} of size 0 has nothing to copy"));
         }
@@ -204,17 +227,17 @@ pub fn pad_shape(node: &Node, x: &[usize]) -> R<(Vec<i64>, Vec<usize>)> {
 
 /// Where output index `o` of a dim of input size `n` padded by `begin` reads from in
 /// `mode` (`None`: the constant).
-pub fn pad_source(mode: &str, n: usize, begin: i64, o: usize) -> Option<usize> {
+pub fn pad_source(mode: PadMode, n: usize, begin: i64, o: usize) -> Option<usize> {
     let i = o as i64 - begin;
     let n = n as i64;
     if (0..n).contains(&i) {
         return Some(i as usize);
     }
     let j = match mode {
-        "edge" => i.clamp(0, n - 1),
-        "wrap" => i.rem_euclid(n),
-        "reflect" if n == 1 => 0,
-        "reflect" => {
+        PadMode::Edge => i.clamp(0, n - 1),
+        PadMode::Wrap => i.rem_euclid(n),
+        PadMode::Reflect if n == 1 => 0,
+        PadMode::Reflect => {
             let j = i.rem_euclid(2 * (n - 1));
             if j >= n {
                 2 * (n - 1) - j
@@ -222,7 +245,7 @@ pub fn pad_source(mode: &str, n: usize, begin: i64, o: usize) -> Option<usize> {
                 j
             }
         }
-        _ => return None,
+        PadMode::Constant => return None,
     };
     Some(j as usize)
 }
@@ -272,7 +295,7 @@ pub fn conv(node: &Node, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> R<Tensor
 /// `count_include_pad`, pads count as zeros; taps past the padded input never count).
 pub fn pool(node: &Node, x: &Tensor, max: bool) -> R<Tensor> {
     let win = Window::of(node, x.shape.len().saturating_sub(2), None)?;
-    let include_pad = node.attrs.get("count_include_pad").and_then(Attr::as_bool).unwrap_or(false);
+    let include_pad = !max && attrs::AvgPool::try_of(node)?.count_include_pad;
     let xv = f32s(x, "x")?;
     let sp = &x.shape[2..];
     let out_sp = win.out_sizes(sp)?;
@@ -297,8 +320,7 @@ pub fn pool(node: &Node, x: &Tensor, max: bool) -> R<Tensor> {
 /// pad, any dtype; `value` (converted to the dtype) fills the constant mode.
 pub fn pad(node: &Node, x: &Tensor) -> R<Tensor> {
     let (pads, shape) = pad_shape(node, &x.shape)?;
-    let mode = attr_str(node, "mode", "constant");
-    let value = node.attrs.get("value").and_then(Attr::as_float).unwrap_or(0.0);
+    let attrs::Pad { mode, value, .. } = attrs::Pad::try_of(node)?;
     let r = x.shape.len();
     let maps: Vec<Vec<Option<usize>>> =
         (0..r).map(|d| (0..shape[d]).map(|o| pad_source(mode, x.shape[d], pads[d], o)).collect()).collect();
@@ -324,7 +346,7 @@ pub fn pad(node: &Node, x: &Tensor) -> R<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::Op;
+    use crate::attr::Attr;
 
     fn node(op: Op, attrs: &[(&str, Attr)]) -> Node {
         let mut n = Node::new("n", op, &["x"]);

@@ -25,8 +25,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{types, ConstantData, InstBuilder, Type, Value};
 use cranelift_frontend::FunctionBuilder;
+use meshc_ir::attrs::{self, GeluApprox};
 use meshc_ir::infer::{infer, Operand};
-use meshc_ir::{Attr, Attrs, DType, Node, Op, TensorType};
+use meshc_ir::{Attrs, DType, Node, Op, TensorType};
 
 use super::emit::{build_kernel, load_widened, mem, KernelBuilder, LANES};
 use super::math::Math;
@@ -187,10 +188,12 @@ impl Plan {
                 )));
             }
             let kind = match node.op {
-                Op::Gelu => Kind::Gelu { tanh: gelu_is_tanh(&node.attrs).map_err(fail)? },
+                Op::Gelu => Kind::Gelu {
+                    tanh: attrs::Gelu::from_attrs(&node.attrs).map_err(fail)?.approximate == GeluApprox::Tanh,
+                },
                 Op::Cast => Kind::Cast { from: dtypes[args[0]], to: node.ty.dtype },
                 op if op.is_comparison() => Kind::Compare { op, of: dtypes[args[0]] },
-                Op::Mod => Kind::Mod { fmod: node.attrs.get("fmod").and_then(Attr::as_bool).unwrap_or(false) },
+                Op::Mod => Kind::Mod { fmod: attrs::Mod::from_attrs(&node.attrs).map_err(fail)?.fmod },
                 op => Kind::Plain(op),
             };
             dtypes.push(node.ty.dtype);
@@ -332,15 +335,6 @@ impl Plan {
         let (kind, args) = &self.nodes[v - n_in];
         let args: Vec<Value> = args.iter().map(|&a| vals[a].expect("operands come first")).collect();
         emit_node(m, *kind, self.dtypes[v], &args)
-    }
-}
-
-fn gelu_is_tanh(attrs: &Attrs) -> std::result::Result<bool, String> {
-    match attrs.get("approximate") {
-        None => Ok(false),
-        Some(Attr::Str(s)) if s == "none" => Ok(false),
-        Some(Attr::Str(s)) if s == "tanh" => Ok(true),
-        Some(other) => Err(format!("unknown gelu approximation {other} (none or tanh)")),
     }
 }
 
@@ -608,6 +602,7 @@ mod tests {
     use crate::codegen::math::tests::{runnable_targets, Rng};
     use crate::codegen::module::Kernels;
     use meshc_ir::interp::eval_node;
+    use meshc_ir::Attr;
     use meshc_ir::{Data, Tensor};
 
     /// A node of a test group: op, string attributes, operands.
@@ -1211,7 +1206,7 @@ mod tests {
         let mut g = node(Op::Gelu, vec![IN0], x.clone());
         g.attrs.insert("approximate".into(), Attr::Str("fast".into()));
         let e = err(Fused { inputs: vec![x.clone()], nodes: vec![g] });
-        assert!(e.contains("unknown gelu approximation"), "{e}");
+        assert!(e.contains("attribute 'approximate' must be one of none, tanh"), "{e}");
         // An intermediate or input that does not broadcast to the result.
         let e = err(Fused {
             inputs: vec![f32t(&[2, 3])],

@@ -18,7 +18,8 @@
 use anyhow::{anyhow, bail, Result};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{types, InstBuilder, Type, Value};
-use meshc_ir::infer::{attr_int, attr_ints, attr_str, norm_axes, norm_axis, parse_equation, slice_range};
+use meshc_ir::attrs::{self, ScatterReduction as Sr};
+use meshc_ir::infer::{norm_axes, norm_axis, parse_equation, slice_range};
 use meshc_ir::{DType, Node, Op, TensorType};
 
 use super::emit::{build_kernel, mem, KernelBuilder, F32X4, LANES};
@@ -102,7 +103,7 @@ fn strided_copies(node: &Node, inputs: &[TensorType], out: &TensorType) -> Resul
     Ok(match node.op {
         Op::Reshape => single(0, vec![Dim::new(out.numel(), &[1, 1])]),
         Op::Transpose => {
-            let perm = match attr_ints(node, "perm") {
+            let perm = match attrs::Transpose::of(node).perm {
                 Some(p) => norm_axes(&p, rank).map_err(anyhow::Error::msg)?,
                 None => (0..rank).rev().collect(),
             };
@@ -112,13 +113,9 @@ fn strided_copies(node: &Node, inputs: &[TensorType], out: &TensorType) -> Resul
             single(0, perm.iter().enumerate().map(|(d, &p)| Dim::new(out.shape[d], &[xs[p], os[d]])).collect())
         }
         Op::Slice => {
-            let starts = attr_ints(node, "starts").unwrap_or_default();
-            let ends = attr_ints(node, "ends").unwrap_or_default();
-            let axes = match attr_ints(node, "axes") {
-                Some(a) => norm_axes(&a, rank).map_err(anyhow::Error::msg)?,
-                None => (0..starts.len()).collect(),
-            };
-            let steps = attr_ints(node, "steps").unwrap_or_else(|| vec![1; axes.len()]);
+            let slice = attrs::Slice::of(node);
+            let (starts, ends, steps) = (&slice.starts, &slice.ends, slice.steps_or_ones());
+            let axes = norm_axes(&slice.axes_or_leading(), rank).map_err(anyhow::Error::msg)?;
             if starts.len() != axes.len() || ends.len() != axes.len() || steps.len() != axes.len() || out.rank() != rank
             {
                 bail!("slice starts, ends, axes and steps do not match");
@@ -138,7 +135,7 @@ fn strided_copies(node: &Node, inputs: &[TensorType], out: &TensorType) -> Resul
             single(0, (0..out.rank()).map(|d| Dim::new(out.shape[d], &[src_stride(d), os[d]])).collect())
         }
         Op::Concat => {
-            let axis = norm_axis(attr_int(node, "axis", 0), rank).map_err(anyhow::Error::msg)?;
+            let axis = norm_axis(attrs::Concat::of(node).axis, rank).map_err(anyhow::Error::msg)?;
             let mut at = 0;
             let mut copies = Vec::new();
             for (k, t) in inputs.iter().enumerate() {
@@ -394,7 +391,7 @@ fn gather(
     out: &TensorType,
 ) -> Result<cranelift_codegen::ir::Function> {
     let [data, idx] = inputs else { bail!("gather takes data and indices") };
-    let axis = norm_axis(attr_int(node, "axis", 0), data.rank()).map_err(anyhow::Error::msg)?;
+    let axis = norm_axis(attrs::Gather::of(node).axis, data.rank()).map_err(anyhow::Error::msg)?;
     let esize = data.dtype.size_bytes() as i64;
     let n = data.shape[axis] as i64;
     let ix = Indices::new(node.op, idx, n)?;
@@ -455,14 +452,14 @@ fn scatter_elements(
     out: &TensorType,
 ) -> Result<cranelift_codegen::ir::Function> {
     let [data, idx, upd] = inputs else { bail!("scatter_elements takes data, indices and updates") };
-    let axis = norm_axis(attr_int(node, "axis", 0), data.rank()).map_err(anyhow::Error::msg)?;
+    let attrs::ScatterElements { axis, reduction } = attrs::ScatterElements::of(node);
+    let axis = norm_axis(axis, data.rank()).map_err(anyhow::Error::msg)?;
     let fits = idx.rank() == data.rank() && (0..data.rank()).all(|d| d == axis || idx.shape[d] <= data.shape[d]);
     if out != data || upd.dtype != data.dtype || upd.shape != idx.shape || !fits {
         bail!("scatter_elements of {data}, {idx}, {upd} into {out}: the types do not match");
     }
-    let reduction = attr_str(node, "reduction", "none");
     let (ty, float) = match (data.dtype, reduction) {
-        (_, "none") => (move_type(data.dtype.size_bytes() as i64), false),
+        (_, Sr::None) => (move_type(data.dtype.size_bytes() as i64), false),
         (DType::F32, _) => (types::F32, true),
         (DType::I32, _) => (types::I32, false),
         (DType::I64, _) => (types::I64, false),
@@ -492,18 +489,19 @@ fn scatter_elements(
             let at = kb.addr(p[2], i, axis_stride);
             let u = kb.b.ins().load(ty, mem(), p[1], 0);
             let v = match reduction {
-                "none" => u,
+                Sr::None => u,
                 _ => {
                     let old = kb.b.ins().load(ty, mem(), at, 0);
                     match (reduction, float) {
-                        ("add", true) => kb.b.ins().fadd(old, u),
-                        ("add", false) => kb.b.ins().iadd(old, u),
-                        ("mul", true) => kb.b.ins().fmul(old, u),
-                        ("mul", false) => kb.b.ins().imul(old, u),
-                        ("max", true) => Math::new(&mut kb.b, types::F32, target).maximum(old, u),
-                        ("max", false) => kb.b.ins().smax(old, u),
-                        ("min", true) => Math::new(&mut kb.b, types::F32, target).minimum(old, u),
-                        _ => kb.b.ins().smin(old, u),
+                        (Sr::None, _) => unreachable!("no reduction stores the update"),
+                        (Sr::Add, true) => kb.b.ins().fadd(old, u),
+                        (Sr::Add, false) => kb.b.ins().iadd(old, u),
+                        (Sr::Mul, true) => kb.b.ins().fmul(old, u),
+                        (Sr::Mul, false) => kb.b.ins().imul(old, u),
+                        (Sr::Max, true) => Math::new(&mut kb.b, types::F32, target).maximum(old, u),
+                        (Sr::Max, false) => kb.b.ins().smax(old, u),
+                        (Sr::Min, true) => Math::new(&mut kb.b, types::F32, target).minimum(old, u),
+                        (Sr::Min, false) => kb.b.ins().smin(old, u),
                     }
                 }
             };
@@ -526,7 +524,7 @@ fn einsum(
     out: &TensorType,
 ) -> Result<cranelift_codegen::ir::Function> {
     let (terms, out_letters) =
-        parse_equation(attr_str(node, "equation", ""), inputs.len()).map_err(anyhow::Error::msg)?;
+        parse_equation(&attrs::Einsum::of(node).equation, inputs.len()).map_err(anyhow::Error::msg)?;
     // Per letter: its size and its element stride in [result, operand 0, operand 1, ...].
     let mut letters: Vec<(char, Dim)> = Vec::new();
     for (k, (term, t)) in terms.iter().zip(inputs).enumerate() {

@@ -20,8 +20,9 @@
 use anyhow::{anyhow, bail, Result};
 use cranelift_codegen::ir::{types, ConstantData, Function, InstBuilder, Type, Value};
 use cranelift_frontend::Variable;
-use meshc_ir::infer::{attr_int, attr_ints, norm_axes, norm_axis};
-use meshc_ir::{Attr, DType, Node, Op, TensorType};
+use meshc_ir::attrs;
+use meshc_ir::infer::{norm_axes, norm_axis};
+use meshc_ir::{DType, Node, Op, TensorType};
 
 use super::emit::{build_kernel, mem, KernelBuilder, F32X4, LANES};
 use super::math::Math;
@@ -306,7 +307,7 @@ fn in_bytes(dims: &[Dim], esize: i64) -> Vec<Dim> {
 /// splits the outermost kept dim of its loop nest into parts (none left: no split).
 fn reduce(target: &Target, name: &str, node: &Node, x: &TensorType, out: &TensorType) -> Result<(Function, usize)> {
     let rank = x.rank();
-    let axes = match attr_ints(node, "axes") {
+    let axes = match attrs::Reduce::of(node).axes {
         Some(a) => norm_axes(&a, rank).map_err(anyhow::Error::msg)?,
         None => (0..rank).collect(),
     };
@@ -425,7 +426,7 @@ fn reduce_int(kb: &mut KernelBuilder, target: &Target, op: Combine, ty: Type, di
 
 /// softmax over `axis` of `[outer, n, inner]`: rows when `inner` is 1, columns otherwise.
 fn softmax(target: &Target, name: &str, node: &Node, x: &TensorType) -> Result<(Function, usize)> {
-    let axis = norm_axis(attr_int(node, "axis", -1), x.rank()).map_err(anyhow::Error::msg)?;
+    let axis = norm_axis(attrs::Softmax::of(node).axis, x.rank()).map_err(anyhow::Error::msg)?;
     let outer: usize = x.shape[..axis].iter().product();
     let n = x.shape[axis];
     let inner: usize = x.shape[axis + 1..].iter().product();
@@ -483,13 +484,14 @@ fn softmax_walk(kb: &mut KernelBuilder, target: &Target, walk: &Walk, src: Value
 /// normalised in two passes (mean, then the mean square of `x - mean`).
 fn layer_norm(target: &Target, name: &str, node: &Node, inputs: &[TensorType]) -> Result<(Function, usize)> {
     let [x, gamma, beta] = inputs else { bail!("layer_norm takes x, gamma and beta") };
-    let axis = norm_axis(attr_int(node, "axis", -1), x.rank()).map_err(anyhow::Error::msg)?;
+    let attrs::LayerNorm { axis, eps } = attrs::LayerNorm::of(node);
+    let axis = norm_axis(axis, x.rank()).map_err(anyhow::Error::msg)?;
     let outer: usize = x.shape[..axis].iter().product();
     let n: usize = x.shape[axis..].iter().product();
     if gamma.numel() != n || beta.numel() != n || gamma.dtype != DType::F32 || beta.dtype != DType::F32 {
         bail!("layer_norm gamma {gamma} and beta {beta} must be f32 of shape x.shape[{axis}:]");
     }
-    let eps = node.attrs.get("eps").and_then(Attr::as_float).unwrap_or(1e-5) as f32;
+    let eps = eps as f32;
     let empty = x.numel() == 0;
     let row = n as i64 * F32;
     let func = build_kernel(target, name, |kb| {
@@ -538,7 +540,7 @@ mod tests {
     use super::super::emit::testing::check_parts;
     use super::super::movement::testing::{check, ints, node, out_type, random};
     use super::*;
-    use meshc_ir::{Data, Tensor};
+    use meshc_ir::{Attr, Data, Tensor};
 
     fn reduce_node(op: Op, axes: Option<&[i64]>, keepdims: bool) -> Node {
         let mut attrs = vec![("keepdims", Attr::Bool(keepdims))];

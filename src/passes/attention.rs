@@ -18,7 +18,8 @@
 use std::collections::HashMap;
 
 use anyhow::{bail, Result};
-use meshc_ir::infer::{attr_int, norm_axis};
+use meshc_ir::attrs;
+use meshc_ir::infer::norm_axis;
 use meshc_ir::verify::Info;
 use meshc_ir::{Attr, DType, Graph, Node, Op};
 use meshc_runtime::attention::MAX_KEYS;
@@ -95,7 +96,7 @@ impl<'g> Matcher<'g> {
         let (probs, v) = (&out.inputs[0], &out.inputs[1]);
         let softmax = self.inner(probs).filter(|n| n.op == Op::Softmax && probs != v)?;
         let rank = self.info.types[probs].rank();
-        if norm_axis(attr_int(softmax, "axis", -1), rank) != Ok(rank - 1) || !self.f32_of_rank(v, 2) {
+        if norm_axis(attrs::Softmax::of(softmax).axis, rank) != Ok(rank - 1) || !self.f32_of_rank(v, 2) {
             return None;
         }
         let mut members = vec![self.producer[probs.as_str()]];

@@ -89,9 +89,9 @@ pub fn fuse(g: &Graph, info: &Info, folded: &Folded, library: impl Fn(&Node) -> 
                     op.name()
                 }
                 (Op::Relu, _) => "relu",
-                _ => match meshc_ir::infer::attr_str(u, "approximate", "none") {
-                    "tanh" => "gelu_tanh",
-                    _ => "gelu",
+                _ => match meshc_ir::attrs::Gelu::of(u).approximate {
+                    meshc_ir::attrs::GeluApprox::Tanh => "gelu_tanh",
+                    meshc_ir::attrs::GeluApprox::None => "gelu",
                 },
             };
             steps.push(name);
@@ -129,7 +129,7 @@ pub(super) fn replaced(g: &Graph, mut fused: HashMap<usize, Node>, dropped: &[bo
 /// Refuses a graph that already holds a matmul with an epilogue: the pass makes them from
 /// the elementwise ops, and placement, layout and lowering know matmuls of two operands.
 pub fn refuse_fused(g: &Graph) -> Result<()> {
-    if let Some(n) = g.nodes.iter().find(|n| n.op == Op::MatMul && n.attrs.contains_key("epilogue")) {
+    if let Some(n) = g.nodes.iter().find(|n| n.op == Op::MatMul && meshc_ir::attrs::MatMul::of(n).epilogue.is_some()) {
         bail!(
             "node '{}': compile makes matmul epilogues itself (--dump-after epilogue shows them); write the elementwise ops instead",
             n.name

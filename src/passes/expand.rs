@@ -24,7 +24,8 @@
 use std::collections::HashMap;
 
 use anyhow::{anyhow, Result};
-use meshc_ir::infer::{attr_str, Operand};
+use meshc_ir::attrs::{self, PadMode};
+use meshc_ir::infer::Operand;
 use meshc_ir::verify::Info;
 use meshc_ir::window::{conv_window, numel, pad_shape, pad_source, Tap, Window};
 use meshc_ir::{Attr, Attrs, DType, Graph, Node, Op, Param, ParamData, TensorType};
@@ -191,7 +192,7 @@ impl Expander {
 
     /// `x` padded along each dim by `pads` (begins, then ends) in `mode`; the last node
     /// named `last` (or a fresh name when the result feeds further nodes).
-    fn padded(&mut self, like: &Node, x: &str, pads: &[i64], mode: &str, value: f64, last: &str) -> R<String> {
+    fn padded(&mut self, like: &Node, x: &str, pads: &[i64], mode: PadMode, value: f64, last: &str) -> R<String> {
         let shape = self.shape(x);
         let r = shape.len();
         let dims: Vec<usize> = (0..r).filter(|&d| pads[d] != 0 || pads[r + d] != 0).collect();
@@ -207,7 +208,7 @@ impl Expander {
                 }
             };
             let mut src = cur.clone();
-            if mode == "constant" {
+            if mode == PadMode::Constant {
                 let mut one = self.shape(&cur);
                 one[d] = 1;
                 let fill = self.fill(like, name("value"), self.types[&cur].dtype, value)?;
@@ -239,8 +240,8 @@ impl Expander {
 
     fn pad(&mut self, n: &Node) -> R<()> {
         let (pads, _) = pad_shape(n, &self.shape(&n.inputs[0]))?;
-        let value = n.attrs.get("value").and_then(Attr::as_float).unwrap_or(0.0);
-        self.padded(n, &n.inputs[0], &pads, attr_str(n, "mode", "constant"), value, &n.name)?;
+        let attrs::Pad { mode, value, .. } = attrs::Pad::of(n);
+        self.padded(n, &n.inputs[0], &pads, mode, value, &n.name)?;
         Ok(())
     }
 
@@ -373,7 +374,7 @@ impl Expander {
             self.emit(n, base("max"), Op::ReduceMax, &[&cols], &attrs)?
         } else {
             let sum = self.emit(n, base("sum"), Op::ReduceSum, &[&cols], &attrs)?;
-            let include_pad = n.attrs.get("count_include_pad").and_then(Attr::as_bool).unwrap_or(false);
+            let include_pad = attrs::AvgPool::of(n).count_include_pad;
             let n_k = numel(&win.kernel);
             let taps = win.taps(&x[2..], &out);
             let counts: Vec<Attr> = taps

@@ -13,7 +13,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::ops::Range;
 
-use meshc_ir::infer::{attr_int, attr_ints, attr_str, norm_axes, norm_axis, parse_equation, slice_range};
+use meshc_ir::attrs;
+use meshc_ir::infer::{norm_axes, norm_axis, parse_equation, slice_range};
 use meshc_ir::optim::next_name;
 use meshc_ir::verify::Info;
 use meshc_ir::{Graph, Node, Op};
@@ -84,7 +85,7 @@ pub fn corresponding_dims(n: &Node, i: usize, info: &Info) -> Vec<(usize, usize)
             }
         }
         Op::Einsum => {
-            let Ok((terms, result)) = parse_equation(attr_str(n, "equation", ""), n.inputs.len()) else {
+            let Ok((terms, result)) = parse_equation(&attrs::Einsum::of(n).equation, n.inputs.len()) else {
                 return vec![];
             };
             let t = &terms[i];
@@ -95,7 +96,7 @@ pub fn corresponding_dims(n: &Node, i: usize, info: &Info) -> Vec<(usize, usize)
         }
         Op::ReduceSum | Op::ReduceMean | Op::ReduceMax => {
             let axes = reduced_axes(n, ins.len());
-            let keep = n.attrs.get("keepdims").and_then(|a| a.as_bool()).unwrap_or(false);
+            let keep = attrs::Reduce::of(n).keepdims;
             let mut pairs = Vec::new();
             let mut o = 0;
             for d in 0..ins.len() {
@@ -114,18 +115,18 @@ pub fn corresponding_dims(n: &Node, i: usize, info: &Info) -> Vec<(usize, usize)
             (0..ins.len()).map(|d| (d, d + off)).collect()
         }
         Op::Transpose => {
-            let perm = norm_axes(&attr_ints(n, "perm").unwrap_or_default(), ins.len()).unwrap_or_default();
+            let perm = norm_axes(&attrs::Transpose::of(n).perm.unwrap_or_default(), ins.len()).unwrap_or_default();
             perm.iter().enumerate().map(|(j, &p)| (p, j)).collect()
         }
         Op::Reshape => reshape_pairs(ins, out),
         Op::Concat => {
-            let axis = norm_axis(attr_int(n, "axis", 0), ins.len()).unwrap_or(0);
+            let axis = norm_axis(attrs::Concat::of(n).axis, ins.len()).unwrap_or(0);
             (0..ins.len()).filter(|&d| d != axis).map(|d| (d, d)).collect()
         }
         Op::Slice => (0..ins.len()).filter(|&d| !sliced(n, ins, d)).map(|d| (d, d)).collect(),
         Op::Gather => {
             let data = &info.types[&n.inputs[0]].shape;
-            let axis = norm_axis(attr_int(n, "axis", 0), data.len()).unwrap_or(0);
+            let axis = norm_axis(attrs::Gather::of(n).axis, data.len()).unwrap_or(0);
             let ri = info.types[&n.inputs[1]].shape.len();
             if i == 0 {
                 (0..data.len()).filter(|&d| d != axis).map(|d| (d, if d < axis { d } else { d + ri - 1 })).collect()
@@ -139,22 +140,34 @@ pub fn corresponding_dims(n: &Node, i: usize, info: &Info) -> Vec<(usize, usize)
         Op::ScatterElements => {
             let data = &info.types[&n.inputs[0]].shape;
             let idx = &info.types[&n.inputs[1]].shape;
-            let axis = norm_axis(attr_int(n, "axis", 0), data.len()).unwrap_or(0);
+            let axis = norm_axis(attrs::ScatterElements::of(n).axis, data.len()).unwrap_or(0);
             (0..data.len()).filter(|&d| d != axis && idx.get(d) == Some(&data[d])).map(|d| (d, d)).collect()
         }
         Op::Conv => conv_pairs(n, i, info),
         // Batch and channel; the spatial dims change size (a split of them is gathered).
         Op::MaxPool | Op::AvgPool => vec![(0, 0), (1, 1)],
         Op::Pad => {
-            let pads = attr_ints(n, "pads").unwrap_or_default();
+            let pads = attrs::Pad::of(n).pads;
             (0..ins.len())
                 .filter(|&d| pads.get(d) == Some(&0) && pads.get(ins.len() + d) == Some(&0))
                 .map(|d| (d, d))
                 .collect()
         }
-        op if op.is_communication() => vec![],
-        // Elementwise ops (with broadcasting) and broadcast_to.
-        _ => aligned(ins, out),
+        // q [.., m, d], kᵀ [.., d, s], v [.., s, dv] and the scores' operands (broadcasting to
+        // [.., m, s]) give [.., m, dv]: the batch dims pass through, and q's rows are the
+        // result's rows.
+        Op::Attention => {
+            let mut pairs = aligned(&ins[..ins.len().saturating_sub(2)], &out[..out.len() - 2]);
+            if i == 0 {
+                pairs.push((ins.len() - 2, out.len() - 2));
+            }
+            pairs
+        }
+        meshc_ir::communication_ops!() => vec![],
+        // Elementwise ops broadcast as numpy does, and so does broadcast_to.
+        meshc_ir::unary_ops!() | meshc_ir::binary_ops!() | meshc_ir::ternary_ops!() | Op::BroadcastTo => {
+            aligned(ins, out)
+        }
     }
 }
 
@@ -164,7 +177,7 @@ pub fn corresponding_dims(n: &Node, i: usize, info: &Info) -> Vec<(usize, usize)
 /// splits (spatial, input channels, grouped convs) are gathered before the conv.
 fn conv_pairs(n: &Node, i: usize, info: &Info) -> Vec<(usize, usize)> {
     let (c, m) = (info.types[&n.inputs[0]].shape[1], info.types[&n.inputs[1]].shape[0]);
-    let groups = attr_int(n, "groups", 1) as usize;
+    let groups = attrs::Conv::of(n).groups as usize;
     let depthwise = groups > 1 && groups == c && c == m;
     match i {
         0 if depthwise => vec![(0, 0), (1, 1)],
@@ -176,7 +189,7 @@ fn conv_pairs(n: &Node, i: usize, info: &Info) -> Vec<(usize, usize)> {
 
 /// The dims a reduction reduces (all of them when `axes` is absent).
 pub fn reduced_axes(n: &Node, rank: usize) -> Vec<usize> {
-    match attr_ints(n, "axes") {
+    match attrs::Reduce::of(n).axes {
         Some(a) => norm_axes(&a, rank).unwrap_or_default(),
         None => (0..rank).collect(),
     }
@@ -184,11 +197,9 @@ pub fn reduced_axes(n: &Node, rank: usize) -> Vec<usize> {
 
 /// Whether slice `n` changes dim `d` of its operand (anything but the full range, step 1).
 pub fn sliced(n: &Node, ins: &[usize], d: usize) -> bool {
-    let starts = attr_ints(n, "starts").unwrap_or_default();
-    let axes = attr_ints(n, "axes").unwrap_or_else(|| (0..starts.len() as i64).collect());
-    let ends = attr_ints(n, "ends").unwrap_or_default();
-    let steps = attr_ints(n, "steps").unwrap_or_else(|| vec![1; axes.len()]);
-    axes.iter().enumerate().any(|(k, &a)| {
+    let slice = attrs::Slice::of(n);
+    let (starts, ends, steps) = (&slice.starts, &slice.ends, slice.steps_or_ones());
+    slice.axes_or_leading().iter().enumerate().any(|(k, &a)| {
         norm_axis(a, ins.len()).ok() == Some(d)
             && (steps.get(k) != Some(&1)
                 || slice_range(starts[k], ends[k], 1, ins[d]).map_or(true, |(start, len)| (start, len) != (0, ins[d])))

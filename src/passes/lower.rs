@@ -26,7 +26,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use anyhow::{bail, Result};
-use meshc_ir::infer::{attr_int, attr_ints, norm_axis};
+use meshc_ir::attrs::{self, ScatterReduction};
+use meshc_ir::infer::norm_axis;
 use meshc_ir::verify::Info;
 use meshc_ir::{Attr, Attrs, DType, Graph, Input, Node, Op, Output, Param, ParamData, TensorType};
 
@@ -354,20 +355,24 @@ impl Lower<'_> {
     }
 
     fn node(&mut self, n: &Node, out: &Layout) -> Result<()> {
-        if n.op.is_communication() {
-            bail!(
-                "node '{}': {} cannot be combined with a layout spec (lowering inserts collectives itself)",
-                n.name,
-                n.op
-            );
-        }
+        use meshc_ir::{binary_ops, communication_ops, movement_ops, ternary_ops, unary_ops, window_ops};
         let (local, natural, partial, reduce) = match n.op {
             Op::MatMul | Op::Einsum => self.contraction(n, out),
             Op::ReduceSum | Op::ReduceMean | Op::ReduceMax => self.reduction(n, out),
             Op::Softmax => self.softmax(n, out),
             Op::LayerNorm => self.layer_norm(n, out),
             Op::ScatterElements if self.adds_into_zeros(n) => self.scatter_add(n, out),
-            _ => self.slicewise(n, out),
+            // Slice by slice along the dims `corresponding_dims` pairs with the result (the
+            // layout pass gathers the others first): elementwise ops, data movement, windows
+            // over batch and channels, attention over its batch dims and query rows.
+            unary_ops!() | binary_ops!() | ternary_ops!() | movement_ops!() | window_ops!() | Op::Attention => {
+                self.slicewise(n, out)
+            }
+            communication_ops!() => bail!(
+                "node '{}': {} cannot be combined with a layout spec (lowering inserts collectives itself)",
+                n.name,
+                n.op
+            ),
         };
         let mut out = out.clone();
         let mut rule = match n.op {
@@ -542,28 +547,51 @@ impl Lower<'_> {
         let mut attrs = n.attrs.clone();
         match n.op {
             Op::Reshape | Op::BroadcastTo => {
-                attrs.insert("shape".into(), ints(ty.shape.iter().copied()));
+                attrs = attrs::Shape { shape: ty.shape.iter().map(|&d| d as i64).collect() }.to_attrs();
             }
             Op::Slice => {
                 // Split dims are never sliced (they are not covered otherwise): drop them.
                 let rank = out.len();
-                let starts = attr_ints(n, "starts").unwrap_or_default();
-                let axes = attr_ints(n, "axes").unwrap_or_else(|| (0..starts.len() as i64).collect());
+                let slice = attrs::Slice::of(n);
+                let axes = slice.axes_or_leading();
                 let keep: Vec<usize> = (0..axes.len())
                     .filter(|&k| norm_axis(axes[k], rank).map_or(true, |d| natural[d].is_none()))
                     .collect();
-                for key in ["axes", "starts", "ends", "steps"] {
-                    let v = if key == "axes" { Some(axes.clone()) } else { attr_ints(n, key) };
-                    if let Some(v) = v {
-                        attrs.insert(key.into(), Attr::List(keep.iter().map(|&k| Attr::Int(v[k])).collect()));
-                    }
-                }
+                let pick = |v: &[i64]| keep.iter().map(|&k| v[k]).collect::<Vec<i64>>();
+                let local = attrs::Slice {
+                    starts: pick(&slice.starts),
+                    ends: pick(&slice.ends),
+                    axes: Some(pick(&axes)),
+                    steps: slice.steps.as_deref().map(pick),
+                };
+                attrs = local.to_attrs();
             }
             // A depthwise conv split over its channels has that many groups locally.
-            Op::Conv if natural[1].is_some() && attr_int(n, "groups", 1) > 1 => {
-                attrs.insert("groups".into(), Attr::Int(ty.shape[1] as i64));
+            Op::Conv if natural[1].is_some() && attrs::Conv::of(n).groups > 1 => {
+                attrs = attrs::Conv { groups: ty.shape[1] as i64, ..attrs::Conv::of(n) }.to_attrs();
             }
-            _ => {}
+            // Attributes that hold no size of a split dim stay as they are (pads and
+            // windows only touch dims that are not split).
+            meshc_ir::unary_ops!()
+            | meshc_ir::binary_ops!()
+            | meshc_ir::ternary_ops!()
+            | Op::Transpose
+            | Op::Concat
+            | Op::Gather
+            | Op::ScatterElements
+            | Op::Pad
+            | Op::Conv
+            | Op::MaxPool
+            | Op::AvgPool
+            | Op::Attention => {}
+            Op::MatMul
+            | Op::Einsum
+            | Op::ReduceSum
+            | Op::ReduceMean
+            | Op::ReduceMax
+            | Op::Softmax
+            | Op::LayerNorm
+            | meshc_ir::communication_ops!() => unreachable!("{} is not lowered slice-wise", n.op),
         }
         let name = self.local_name(n);
         let refs: Vec<&str> = operands.iter().map(String::as_str).collect();
@@ -579,8 +607,8 @@ impl Lower<'_> {
         // letters not in the result get numbers from ro on.
         let mut letters: Vec<Vec<usize>> = Vec::new();
         if n.op == Op::Einsum {
-            let eq = meshc_ir::infer::attr_str(n, "equation", "");
-            let (terms, result) = meshc_ir::infer::parse_equation(eq, n.inputs.len()).expect("verified");
+            let eq = attrs::Einsum::of(n).equation;
+            let (terms, result) = meshc_ir::infer::parse_equation(&eq, n.inputs.len()).expect("verified");
             let mut extra: Vec<char> = Vec::new();
             for t in &terms {
                 letters.push(
@@ -699,7 +727,7 @@ impl Lower<'_> {
                 .find(|n| n.name == t)
                 .is_some_and(|n| matches!(n.op, Op::BroadcastTo | Op::Reshape) && zeros(g, &n.inputs[0]))
         }
-        meshc_ir::infer::attr_str(n, "reduction", "none") == "add"
+        attrs::ScatterElements::of(n).reduction == ScatterReduction::Add
             && self.global(&n.name).dtype == DType::F32
             && zeros(self.g, &n.inputs[0])
     }
@@ -711,7 +739,7 @@ impl Lower<'_> {
     /// updates added into zeros: a partial sum over that mesh axis, combined after. (Off
     /// the axis, an index's position is its coordinate, so other splits are gathered.)
     fn scatter_add(&mut self, n: &Node, out: &Layout) -> (String, Layout, Vec<usize>, &'static str) {
-        let axis = norm_axis(attr_int(n, "axis", 0), out.len()).expect("verified");
+        let axis = norm_axis(attrs::ScatterElements::of(n).axis, out.len()).expect("verified");
         let shared: Vec<usize> = corresponding_dims(n, 1, self.info).into_iter().map(|p| p.0).collect();
         let held = self.current(&n.inputs[1]);
         let within: Layout = (0..held.len()).map(|d| held[d].filter(|_| d == axis || shared.contains(&d))).collect();
@@ -774,7 +802,7 @@ impl Lower<'_> {
 
     fn softmax(&mut self, n: &Node, out: &Layout) -> (String, Layout, Vec<usize>, &'static str) {
         let rank = out.len();
-        let axis = norm_axis(attr_int(n, "axis", -1), rank).expect("verified");
+        let axis = norm_axis(attrs::Softmax::of(n).axis, rank).expect("verified");
         let req = self.normalised_layout(n, out, &[axis]);
         let x = self.operand(n, 0, &req);
         let ty = self.local_ty(&n.name, &req);
@@ -839,7 +867,8 @@ impl Lower<'_> {
 
     fn layer_norm(&mut self, n: &Node, out: &Layout) -> (String, Layout, Vec<usize>, &'static str) {
         let rank = out.len();
-        let axis = norm_axis(attr_int(n, "axis", -1), rank).expect("verified");
+        let attrs::LayerNorm { axis, eps } = attrs::LayerNorm::of(n);
+        let axis = norm_axis(axis, rank).expect("verified");
         let dims: Vec<usize> = (axis..rank).collect();
         let req = self.normalised_layout(n, out, &dims);
         let x = self.operand(n, 0, &req);
@@ -854,7 +883,6 @@ impl Lower<'_> {
         // (x - mean) * rsqrt(var + eps) * gamma + beta, with the sums over the normalised
         // dims combined across the axes that split them.
         let count: usize = dims.iter().map(|&d| self.global(&n.name).shape[d]).product();
-        let eps = n.attrs.get("eps").and_then(Attr::as_float).unwrap_or(1e-5);
         let base = &n.name;
         let mut stat_shape = ty.shape.clone();
         for &d in &dims {

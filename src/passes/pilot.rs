@@ -51,7 +51,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use anyhow::{anyhow, bail, Context, Result};
-use meshc_ir::infer::attr_str;
+use meshc_ir::attrs;
 use meshc_ir::verify::Info;
 use meshc_ir::{Data, Graph, Node, Op, Tensor};
 
@@ -409,7 +409,7 @@ fn matmul_like(n: &Node, ranks: impl Fn(&str) -> usize) -> Option<(usize, usize)
     match n.op {
         Op::MatMul if n.inputs.len() == 2 && ranks(&n.inputs[1]) >= 2 && ranks(&n.inputs[0]) >= 1 => Some((0, 1)),
         Op::Einsum if n.inputs.len() == 2 => {
-            let eq: String = attr_str(n, "equation", "").chars().filter(|c| !c.is_whitespace()).collect();
+            let eq: String = attrs::Einsum::of(n).equation.chars().filter(|c| !c.is_whitespace()).collect();
             let (lhs, out) = eq.split_once("->")?;
             let (a, b) = lhs.split_once(',')?;
             let (b, o): (Vec<char>, Vec<char>) = (b.chars().collect(), out.chars().collect());

@@ -446,17 +446,12 @@ fn choose_protocols(devices: &mut [Graph]) {
             let p = if later || outputs.contains(&x) { "copy" } else { "move" };
             let n = &mut dev.nodes[i];
             n.attrs.insert("protocol".into(), Attr::Str(p.into()));
-            if let Some(Attr::Str(k)) = n.attrs.get("key") {
-                protocol.insert(k.clone(), p);
-            }
+            protocol.insert(n.transfer_key(), p);
         }
     }
     for dev in devices.iter_mut() {
         for n in dev.nodes.iter_mut().filter(|n| n.op == Op::Recv) {
-            let p = match n.attrs.get("key") {
-                Some(Attr::Str(k)) => protocol.get(k).copied().unwrap_or("copy"),
-                _ => "copy",
-            };
+            let p = protocol.get(&n.transfer_key()).copied().unwrap_or("copy");
             n.attrs.insert("protocol".into(), Attr::Str(p.into()));
         }
     }

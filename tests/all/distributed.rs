@@ -20,7 +20,7 @@ use crate::common::{
 use anyhow::{Context, Result};
 use meshc::passes::layout::propagate;
 use meshc::passes::lower::{lower, Lowered};
-use meshc_ir::{Attr, Tensor};
+use meshc_ir::Tensor;
 
 fn cases() -> Vec<LayoutCase> {
     let cases = layout_cases();
@@ -135,7 +135,7 @@ fn collectives(l: &Lowered) -> Vec<Vec<Collective>> {
                 .iter()
                 .filter(|n| n.op.is_communication())
                 .map(|n| {
-                    let groups = n.attrs.get("groups").and_then(Attr::as_int_lists).unwrap_or_default();
+                    let groups = n.groups().unwrap();
                     (n.op.name().to_string(), n.name.clone(), groups)
                 })
                 .collect()

@@ -14,7 +14,8 @@
 use std::collections::BTreeMap;
 
 use anyhow::{anyhow, bail, Result};
-use meshc_ir::infer::{attr_int, norm_axis};
+use meshc_ir::attrs;
+use meshc_ir::infer::norm_axis;
 use meshc_ir::verify::{verify, Info};
 use meshc_ir::{Attr, Graph, Node, Op};
 
@@ -64,7 +65,8 @@ pub fn unroll(g: &Graph, info: &Info, m: usize, stage_of: &mut BTreeMap<String, 
         let shape = &info.types[x].shape;
         let mixes = batch_dim(info, x).is_some_and(|b| match n.op {
             Op::Slice => crate::passes::layout::sliced(n, shape, b),
-            Op::Concat | Op::Gather => norm_axis(attr_int(n, "axis", 0), shape.len()).ok() == Some(b),
+            Op::Concat => norm_axis(attrs::Concat::of(n).axis, shape.len()).ok() == Some(b),
+            Op::Gather => norm_axis(attrs::Gather::of(n).axis, shape.len()).ok() == Some(b),
             _ => false,
         });
         if mixes {
