@@ -96,6 +96,9 @@ pub struct Report {
     /// the nodes that account for it, most first.
     pub replicated_flops: u64,
     pub replicated: Vec<(String, u64)>,
+    /// The mesh axes the spec's `layouts` split, when more than a quarter of the FLOPs are
+    /// replicated all the same: the spec asks for a split the plan largely does not make.
+    pub unsplit_axes: Vec<String>,
     /// Params whose explicit layout in the spec a reader overrode (`lower::Overridden`).
     pub overridden: Vec<Overridden>,
     /// Graph outputs each device returns a block of, as (name, layout over the mesh or
@@ -113,7 +116,12 @@ fn coords(mesh: &Mesh, d: usize) -> Vec<usize> {
 pub fn explain(g: &Graph, info: &Info, spec: &Spec) -> Result<Report> {
     let (lowered, _) = crate::driver::lower_spec(g, info, spec, &Dumps::default())?;
     let degraded = !spec.degraded.degradation(&spec.mesh).is_empty();
-    report(g, info, &lowered, degraded)
+    let mut r = report(g, info, &lowered, degraded)?;
+    if r.replicated_flops * 4 > r.flops {
+        let axes = spec.layouts.values().flatten().flatten().map(|&a| spec.mesh.entry_name(a));
+        r.unsplit_axes = axes.collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+    }
+    Ok(r)
 }
 
 /// Explains `lowered`, the lowering of `g`; `degraded` when the spec degrades the mesh.
@@ -231,6 +239,7 @@ pub fn report(g: &Graph, info: &Info, lowered: &Lowered, degraded: bool) -> Resu
         flops_all_devices,
         replicated_flops: flops_all_devices.saturating_sub(flops),
         replicated,
+        unsplit_axes: Vec::new(),
         overridden: lowered.overridden.clone(),
         split_outputs: (lowered.outputs.iter())
             .filter(|(_, l)| l.iter().any(Option::is_some))
@@ -414,6 +423,14 @@ impl Report {
         );
         for (n, f) in self.replicated.iter().take(SUGGESTED) {
             let _ = writeln!(s, "  replicated {n}: {f} FLOPs");
+        }
+        if !self.unsplit_axes.is_empty() {
+            let _ = writeln!(
+                s,
+                "warning: {pct:.0}% of the FLOPs are replicated although the spec's layouts split over {}: \
+                 the nodes above compute whole on every device (check shows where each layout came from)",
+                self.unsplit_axes.join(", ")
+            );
         }
         if !self.overridden.is_empty() {
             let _ = writeln!(

@@ -203,11 +203,21 @@ impl Source {
     }
 }
 
-/// A layout the spec fixes for one tensor, and why.
+/// A layout the spec fixes for one tensor, and why. A rule fixes only the dims it names:
+/// the others are `open`, left to propagation (as GSPMD leaves the dims a sharding
+/// annotation does not constrain); a `layouts` entry fixes every dim.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Seed {
     pub layout: Layout,
     pub source: Source,
+    pub open: Vec<bool>,
+}
+
+impl Seed {
+    /// A layout given in the spec's `layouts`: every dim fixed.
+    pub fn spec(layout: Layout) -> Seed {
+        Seed { open: vec![false; layout.len()], layout, source: Source::Spec }
+    }
 }
 
 /// Reads, parses and validates a spec file (everything that does not need the graph).
@@ -314,7 +324,7 @@ impl Spec {
                 .get(name)
                 .ok_or_else(|| err(format!("layout of '{name}': graph '{}' has no tensor '{name}'", g.name)))?;
             check_layout(&self.mesh, &ty.shape, layout).map_err(|m| err(format!("layout of '{name}': {m}")))?;
-            seeds.insert(name.clone(), Seed { layout: layout.clone(), source: Source::Spec });
+            seeds.insert(name.clone(), Seed::spec(layout.clone()));
         }
         // A rule whose dim name no tensor carries is a typo, not a no-op.
         for (rule, _) in &self.rules {
@@ -329,8 +339,10 @@ impl Spec {
             }
             let shape = &info.types[name].shape;
             let mut layout: Layout = vec![None; dims.len()];
+            let mut open = vec![true; dims.len()];
             for (d, dim) in dims.iter().enumerate() {
                 let Some(&(_, axis)) = self.rules.iter().find(|(r, _)| Some(r) == dim.as_ref()) else { continue };
+                open[d] = false;
                 if layout.iter().flatten().any(|&b| self.mesh.overlaps(axis, b)) {
                     continue;
                 }
@@ -341,7 +353,7 @@ impl Spec {
                 layout[d] = Some(axis);
             }
             if layout.iter().any(Option::is_some) {
-                seeds.insert(name.clone(), Seed { layout, source: Source::Rule });
+                seeds.insert(name.clone(), Seed { layout, source: Source::Rule, open });
             }
         }
         Ok(seeds)

@@ -388,14 +388,14 @@ fn check(path: &Path, layout: Option<&Path>, onnx: &OnnxArgs) -> Result<()> {
             let spec = meshc::layout::load(p)?;
             // With a placement, layouts are per stage, over each stage's sub-mesh.
             let Some(placement) = meshc::passes::place::place(&g, &info, &spec)? else {
-                let seeds = spec.seed_layouts(&g, &info)?;
-                return Ok((spec.mesh, seeds, Vec::new()));
+                let layouts = meshc::passes::layout::propagate(&g, &info, &spec.mesh, spec.seed_layouts(&g, &info)?);
+                return Ok((spec.mesh, layout_lines(&g, &info, &layouts, ""), Vec::new()));
             };
             let (pg, pi) = placement.unrolled.as_ref().map_or((&g, &info), |(g, i)| (g, i));
             let mut stages = Vec::new();
             for (s, st) in placement.stages.iter().enumerate() {
                 let (sg, si) = placement.stage_graph(pg, pi, s)?;
-                let seeds = st.seeds(&sg, &si)?;
+                let layouts = meshc::passes::layout::propagate(&sg, &si, &st.mesh.mesh, st.seeds(&sg, &si)?);
                 let devices: Vec<String> = st.mesh.devices.iter().map(usize::to_string).collect();
                 let mut lines = vec![format!(
                     "stage {s}: devices [{}] (slice {}), {} node{}",
@@ -404,15 +404,10 @@ fn check(path: &Path, layout: Option<&Path>, onnx: &OnnxArgs) -> Result<()> {
                     sg.nodes.len(),
                     if sg.nodes.len() == 1 { "" } else { "s" }
                 )];
-                let m = &st.mesh.mesh;
-                lines.extend(
-                    seeds
-                        .iter()
-                        .map(|(n, sd)| format!("  layout {n} {} ({})", m.layout_string(&sd.layout), sd.source.name())),
-                );
+                lines.extend(layout_lines(&sg, &si, &layouts, "  "));
                 stages.extend(lines);
             }
-            Ok((spec.mesh, BTreeMap::new(), stages))
+            Ok((spec.mesh, Vec::new(), stages))
         })
         .transpose()?;
     let param_bytes: usize = g.params.iter().map(|p| p.ty.size_bytes()).sum();
@@ -437,7 +432,7 @@ fn check(path: &Path, layout: Option<&Path>, onnx: &OnnxArgs) -> Result<()> {
     for o in &g.outputs {
         println!("output {}: {}", o.name, info.types[&o.name]);
     }
-    if let Some((m, seeds, stages)) = layouts {
+    if let Some((m, lines, stages)) = layouts {
         let shape: Vec<String> = m.shape.iter().map(usize::to_string).collect();
         let devices = m.devices();
         println!(
@@ -447,14 +442,19 @@ fn check(path: &Path, layout: Option<&Path>, onnx: &OnnxArgs) -> Result<()> {
             m.axes.join(", "),
             if devices == 1 { "" } else { "s" }
         );
-        for (name, seed) in &seeds {
-            println!("layout {name} {} ({})", m.layout_string(&seed.layout), seed.source.name());
-        }
-        for line in stages {
+        for line in lines.iter().chain(&stages) {
             println!("{line}");
         }
     }
     Ok(())
+}
+
+/// `check`'s line per tensor of `g` (inputs, params, then nodes in order): its layout and
+/// where that came from.
+fn layout_lines(g: &Graph, info: &Info, l: &meshc::passes::layout::Layouts, indent: &str) -> Vec<String> {
+    let names = g.inputs.iter().map(|i| &i.name).chain(g.params.iter().map(|p| &p.name));
+    let names = names.chain(info.order.iter().map(|&k| &g.nodes[k].name));
+    names.map(|n| format!("{indent}layout {n} {} ({})", l.mesh.layout_string(&l.of[n]), l.origin(n))).collect()
 }
 
 fn fmt(path: &Path, to: Format, out: Option<&Path>) -> Result<()> {

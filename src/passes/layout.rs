@@ -1,10 +1,11 @@
 //! The `layout` pass: gives every tensor of the graph a layout over the mesh, GSPMD-style.
-//! Layouts fixed by the spec (explicit entries and dim-name rules) are kept; the others are
-//! propagated from neighbours until nothing changes: forward from a node's operands to its
-//! result, then backward from a result to operands that have none. When operands disagree
-//! about a dimension, the largest operand wins — re-laying-out the smaller one is the cheaper
-//! move. A split that would not be legal (axis already used, size not divisible) is dropped.
-//! Whatever is left is replicated.
+//! What the spec fixes is kept: every dim of a tensor with an explicit entry, the dims a
+//! dim-name rule names. The rest is propagated from neighbours until nothing changes:
+//! forward from a node's operands to its result, then backward from a result to operands,
+//! into tensors that have no layout yet and into the dims a rule left open. When operands
+//! disagree about a dimension, the largest operand wins — re-laying-out the smaller one is
+//! the cheaper move. A split that would not be legal (axis already used, size not
+//! divisible) is dropped. Whatever is left is replicated.
 //!
 //! `corresponding_dims` is the one place that knows, per op, which operand dimension becomes
 //! which result dimension; lowering relies on the same table.
@@ -28,6 +29,9 @@ pub struct Layouts {
     pub mesh: Mesh,
     pub of: BTreeMap<String, Layout>,
     pub source: BTreeMap<String, Source>,
+    /// For a tensor that took splits from a neighbour: that neighbour (an operand, or the
+    /// result of a node that reads it).
+    pub from: BTreeMap<String, String>,
     /// The graph outputs computed by a node whose layout the spec leaves free (neither given
     /// nor ruled) and that no later run reads back (a training step's next state is read in
     /// its state's layout; under a placement, a tensor another stage reads is sent in the
@@ -36,6 +40,16 @@ pub struct Layouts {
 }
 
 impl Layouts {
+    /// Where the layout of `t` came from: the spec's `layouts`, a rule, a neighbour (for a
+    /// rule, the dims it left open), or nowhere (replicated).
+    pub fn origin(&self, t: &str) -> String {
+        match (self.source[t], self.from.get(t)) {
+            (Source::Rule, Some(n)) => format!("rule, other dims propagated from {n}"),
+            (Source::Propagated, Some(n)) => format!("propagated from {n}"),
+            (source, _) => source.name().to_string(),
+        }
+    }
+
     /// The splits of the tensors a device holds from run to run — params and a training
     /// step's state (an input S with an output next.S) — as (tensor, entry).
     pub fn held_splits<'g>(&self, g: &'g Graph) -> Vec<(&'g str, usize)> {
@@ -363,26 +377,58 @@ pub fn carried(
     pairs.filter_map(|(from, to)| layout[from].map(|a| (to, a))).collect()
 }
 
-/// Builds a layout for a tensor of `shape` from candidates `(dim, axis)` in priority order,
-/// skipping any that would make it illegal.
-fn build(mesh: &Mesh, shape: &[usize], candidates: impl IntoIterator<Item = (usize, usize)>) -> Layout {
-    let mut layout = vec![None; shape.len()];
-    for (d, a) in candidates {
+/// Adds to `layout` (of a tensor of `shape`) the candidates `(dim, axis)` that fall on an
+/// `open` dim, in priority order, skipping any that would make it illegal; whether any did.
+fn extend(mesh: &Mesh, shape: &[usize], layout: &mut Layout, open: &[bool], candidates: &[(usize, usize)]) -> bool {
+    let mut added = false;
+    for &(d, a) in candidates {
         let free = !layout.iter().flatten().any(|&b| mesh.overlaps(a, b));
-        if layout[d].is_none() && free && shape[d].is_multiple_of(mesh.shards(a)) {
+        if open[d] && layout[d].is_none() && free && shape[d].is_multiple_of(mesh.shards(a)) {
             layout[d] = Some(a);
+            added = true;
         }
     }
-    layout
+    added
+}
+
+/// The state of `propagate`.
+struct Propagation<'a> {
+    mesh: &'a Mesh,
+    info: &'a Info,
+    of: BTreeMap<String, Layout>,
+    source: BTreeMap<String, Source>,
+    from: BTreeMap<String, String>,
+    /// The dims propagation may still split, of the tensors that have a layout: those a
+    /// rule left open. A tensor without a layout has every dim open; one whose splits came
+    /// from a neighbour is settled whole.
+    open: BTreeMap<String, Vec<bool>>,
+}
+
+impl Propagation<'_> {
+    /// Adds to tensor `t` the candidates carried from `neighbour`; whether any was taken.
+    fn take(&mut self, t: &str, neighbour: &str, candidates: &[(usize, usize)]) -> bool {
+        let shape = &self.info.types[t].shape;
+        let mut layout = self.of.get(t).cloned().unwrap_or_else(|| vec![None; shape.len()]);
+        let open = self.open.get(t).cloned().unwrap_or_else(|| vec![true; shape.len()]);
+        if !open.contains(&true) || !extend(self.mesh, shape, &mut layout, &open, candidates) {
+            return false;
+        }
+        self.of.insert(t.to_string(), layout);
+        self.source.entry(t.to_string()).or_insert(Source::Propagated);
+        self.from.insert(t.to_string(), neighbour.to_string());
+        self.open.insert(t.to_string(), vec![false; shape.len()]);
+        true
+    }
 }
 
 /// Runs the pass. `seeds` are the layouts the spec fixes (already legality-checked).
 pub fn propagate(g: &Graph, info: &Info, mesh: &Mesh, seeds: BTreeMap<String, Seed>) -> Layouts {
-    let mut of: BTreeMap<String, Layout> = BTreeMap::new();
-    let mut source: BTreeMap<String, Source> = BTreeMap::new();
+    let (of, source, from, open) = Default::default();
+    let mut st = Propagation { mesh, info, of, source, from, open };
     for (name, seed) in seeds {
-        of.insert(name.clone(), seed.layout);
-        source.insert(name, seed.source);
+        st.of.insert(name.clone(), seed.layout);
+        st.source.insert(name.clone(), seed.source);
+        st.open.insert(name, seed.open);
     }
     let bytes = |t: &str| info.types[t].size_bytes();
     loop {
@@ -390,42 +436,32 @@ pub fn propagate(g: &Graph, info: &Info, mesh: &Mesh, seeds: BTreeMap<String, Se
         // Forward: a result from its operands, the largest operand first.
         for &k in &info.order {
             let n = &g.nodes[k];
-            if of.contains_key(&n.name) || n.op.is_communication() {
+            if n.op.is_communication() {
                 continue;
             }
-            let mut operands: Vec<usize> = (0..n.inputs.len()).filter(|&i| of.contains_key(&n.inputs[i])).collect();
+            let mut operands: Vec<usize> = (0..n.inputs.len()).filter(|&i| st.of.contains_key(&n.inputs[i])).collect();
             operands.sort_by_key(|&i| std::cmp::Reverse(bytes(&n.inputs[i])));
-            let candidates = operands.iter().flat_map(|&i| carried(mesh, n, i, info, &of[&n.inputs[i]], true));
-            let layout = build(mesh, &info.types[&n.name].shape, candidates.collect::<Vec<_>>());
-            if layout.iter().any(Option::is_some) {
-                of.insert(n.name.clone(), layout);
-                source.insert(n.name.clone(), Source::Propagated);
-                changed = true;
-            }
+            let Some(&first) = operands.first() else { continue };
+            let candidates: Vec<(usize, usize)> =
+                operands.iter().flat_map(|&i| carried(mesh, n, i, info, &st.of[&n.inputs[i]], true)).collect();
+            changed |= st.take(&n.name, &n.inputs[first], &candidates);
         }
-        // Backward: operands without a layout from their first consumer that has one.
+        // Backward: operands from their first consumer whose result has a layout.
         for &k in &info.order {
             let n = &g.nodes[k];
-            let Some(out) = of.get(&n.name).cloned() else { continue };
+            let Some(out) = st.of.get(&n.name).cloned() else { continue };
             if n.op.is_communication() {
                 continue;
             }
             for (i, name) in n.inputs.iter().enumerate() {
-                if of.contains_key(name) {
-                    continue;
-                }
-                let layout = build(mesh, &info.types[name].shape, carried(mesh, n, i, info, &out, false));
-                if layout.iter().any(Option::is_some) {
-                    of.insert(name.clone(), layout);
-                    source.insert(name.clone(), Source::Propagated);
-                    changed = true;
-                }
+                changed |= st.take(name, &n.name, &carried(mesh, n, i, info, &out, false));
             }
         }
         if !changed {
             break;
         }
     }
+    let Propagation { mut of, mut source, from, .. } = st;
     for name in g.tensor_names() {
         if !of.contains_key(name) {
             of.insert(name.clone(), vec![None; info.types[name].rank()]);
@@ -439,7 +475,7 @@ pub fn propagate(g: &Graph, info: &Info, mesh: &Mesh, seeds: BTreeMap<String, Se
         .filter(|o| computed(o) && !next_state(o) && matches!(source[*o], Source::Propagated | Source::Default))
         .cloned()
         .collect();
-    Layouts { mesh: mesh.clone(), of, source, free_outputs }
+    Layouts { mesh: mesh.clone(), of, source, from, free_outputs }
 }
 
 /// `--dump-after layout`: the mesh, then every tensor in graph order with its global type,
@@ -469,7 +505,7 @@ pub fn dump(g: &Graph, info: &Info, l: &Layouts) -> String {
             ty.to_string(),
             m.layout_string(layout),
             local.join(", "),
-            l.source[name].name()
+            l.origin(name)
         );
     }
     s

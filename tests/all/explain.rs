@@ -45,14 +45,19 @@ fn json_lists_the_entries_of_the_text() {
 }
 
 /// A param the spec lays out explicitly but its reader slices otherwise: w2 given its columns
-/// split ([-, model]) while y contracts over its rows (split, as a is). Slicing the whole
-/// param every device maps costs nothing, so lowering reads it [model, -]; explain says so.
+/// split ([-, model]) while y, which the spec keeps whole on that dim, contracts over its
+/// rows (split, as a is). Slicing the whole param every device maps costs nothing, so
+/// lowering reads it [model, -]; explain says so.
 #[test]
 fn an_overridden_param_layout_is_reported() {
     let dir = crate::common::scratch("explain-override");
     let spec = dir.join("spec.json");
     let original = std::fs::read_to_string("testdata/mlp/layouts/design-2x4.json").unwrap();
-    std::fs::write(&spec, original.replace(r#""w1": [null, "model"]"#, r#""w?": [null, "model"]"#)).unwrap();
+    std::fs::write(
+        &spec,
+        original.replace(r#""w1": [null, "model"]"#, r#""w?": [null, "model"], "y": ["data", null]"#),
+    )
+    .unwrap();
     let run = meshc(&["explain", "testdata/mlp/graph.json", "--layout", spec.to_str().unwrap()]);
     assert_eq!(run.status, Some(0), "{run:?}");
     assert!(run.stdout.contains("params read in another layout than the spec gives"), "{}", run.stdout);
@@ -187,4 +192,51 @@ fn a_pinned_output_that_keeps_a_partial_sum_whole_gets_freeing_it_suggested() {
     args.extend(["--check-against".into(), "testdata/mlp/expected".into()]);
     let run = meshc(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(run.status, Some(0), "{run:?}");
+}
+
+/// A rule constrains the dims it names and nothing else: with `batch -> data`, w1 split on
+/// its columns and w2 on its rows, the hidden dims of h and a take `model` from w1 (as GSPMD
+/// propagates them), and the MLP runs Megatron-style: one all_reduce, nothing replicated.
+/// Pinning h whole on that dim leaves both matmuls replicated over model, which explain warns of.
+#[test]
+fn rules_leave_unnamed_dims_to_propagation() {
+    let dir = crate::common::scratch("explain-rules");
+    let graph = dir.join("mlp.txt");
+    std::fs::write(
+        &graph,
+        "graph mlp {\n  input x: f32[8,32] dims(batch, _)\n  param w1: f32[32,64] = init normal{seed = 1, std = 0.1}\n  \
+         param w2: f32[64,16] = init normal{seed = 2, std = 0.1}\n  h = matmul(x, w1)\n  a = relu(h)\n  \
+         y = matmul(a, w2)\n  output y\n}\n",
+    )
+    .unwrap();
+    let spec = |layouts: &str| {
+        let path = dir.join("spec.json");
+        let text = format!(
+            r#"{{"format": "meshc-layout/1", "mesh": {{"shape": [2, 2], "axes": ["data", "model"]}},
+               "rules": {{"batch": "data"}}, "layouts": {{{layouts}}}}}"#
+        );
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let megatron = spec(r#""w1": [null, "model"], "w2": ["model", null]"#);
+    let g = graph.display().to_string();
+    let check = meshc(&["check", &g, "--layout", &megatron]);
+    assert_eq!(check.status, Some(0), "{check:?}");
+    for line in [
+        "layout x [data, -] (rule)",
+        "layout w1 [-, model] (spec)",
+        "layout h [data, model] (rule, other dims propagated from w1)",
+        "layout a [data, model] (rule, other dims propagated from h)",
+        "layout y [data, -] (rule)",
+    ] {
+        assert!(check.stdout.contains(&format!("{line}\n")), "{line}: {}", check.stdout);
+    }
+    let run = meshc(&["explain", &g, "--layout", &megatron]);
+    assert!(run.stdout.contains("communication: 1 step(s)"), "{}", run.stdout);
+    assert!(run.stdout.contains("all_reduce     y "), "{}", run.stdout);
+    assert!(run.stdout.contains("replicated 0 FLOPs (0% of the graph)"), "{}", run.stdout);
+    assert!(!run.stdout.contains("warning:"), "{}", run.stdout);
+    let pinned = meshc(&["explain", &g, "--layout", &spec(r#""w1": [null, "model"], "h": ["data", null]"#)]);
+    let warning = "warning: 100% of the FLOPs are replicated although the spec's layouts split over data, model";
+    assert!(pinned.stdout.contains(warning), "{}", pinned.stdout);
 }

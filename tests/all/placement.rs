@@ -516,6 +516,11 @@ fn check_reports_the_stages_and_their_layouts() {
         "testdata/transformer/layouts/stages-4x2.json",
     ]);
     assert_eq!(run.status, Some(0), "{run:?}");
-    let stage2 = "stage 2: devices [4,5] (slice 2,0:2), 4 nodes\n  layout res1 [-, model, -] (spec)\nstage 3:";
-    assert!(run.stdout.contains(stage2), "{}", run.stdout);
+    // Every tensor of the stage, with where its layout came from.
+    let stage2 = run.stdout.split("stage 2: devices [4,5] (slice 2,0:2), 4 nodes\n").nth(1).expect("stage 2");
+    let stage2 = stage2.split("stage 3:").next().unwrap();
+    assert!(stage2.contains("  layout res1 [-, model, -] (spec)\n"), "{}", run.stdout);
+    assert!(stage2.contains("  layout h [-, model, -] (propagated from res1)\n"), "{}", run.stdout);
+    assert!(stage2.contains("  layout wo [-, -] (replicated)\n"), "{}", run.stdout);
+    assert_eq!(stage2.lines().count(), 10, "{stage2}");
 }

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use meshc::layout::{Seed, Source};
+use meshc::layout::Seed;
 use meshc_ir::verify::Info;
 use meshc_ir::Graph;
 use meshc_runtime::mesh::{Layout, Mesh, Topology};
@@ -259,7 +259,7 @@ pub fn random_seeds(g: &Graph, info: &Info, mesh: &Mesh, picks: &[Vec<u8>], dens
     for (k, name) in names.iter().enumerate() {
         if (k * 7 + density).is_multiple_of(density + 1) {
             let layout = layout_from(mesh, &info.types[*name].shape, &picks[k % picks.len()]);
-            seeds.insert(name.to_string(), Seed { layout, source: Source::Spec });
+            seeds.insert(name.to_string(), Seed::spec(layout));
         }
     }
     seeds
