@@ -3,10 +3,11 @@ CARGO ?= cargo
 MESHC := target/release/meshc
 DEMO := testdata/transformer
 
-.PHONY: help build test golden testdata bench demo fmt lint clean artifacts modules fuzz onnx-proto onnx-testdata onnx-conformance onnx-models mpi-deps test-mpi mpi-demo
+.PHONY: help build install uninstall test golden testdata bench demo fmt lint clean artifacts modules fuzz onnx-proto onnx-testdata onnx-conformance onnx-models mpi-deps test-mpi mpi-demo
 
 help:
 	@echo "make demo      build meshc and run the transformer-block example end to end"
+	@echo "make install   put meshc and meshc-run in PREFIX/bin (PREFIX=$(PREFIX), where cargo install puts binaries)"
 	@echo "make test      run every test (unit, property, golden, CLI)"
 	@echo "make golden    rewrite golden/ from the current outputs (review the diff!)"
 	@echo "make testdata  regenerate testdata/ with numpy (pip install numpy)"
@@ -21,7 +22,19 @@ help:
 	@echo "make mpi-demo  the transformer block on 2 simulated hosts x 4 devices over MPI (installs Open MPI if missing)"
 
 build:
+	@echo "building meshc and meshc-run (release; a first build takes a few minutes)"
 	$(CARGO) build --release
+
+# The binaries make build made, copied (no second build, unlike cargo install, which builds
+# in a directory of its own); PREFIX/bin is on PATH wherever rustup installed cargo.
+PREFIX ?= $(HOME)/.cargo
+install: build
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 755 target/release/meshc target/release/meshc-run $(DESTDIR)$(PREFIX)/bin/
+	@echo "installed $(DESTDIR)$(PREFIX)/bin/meshc and meshc-run"
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/bin/meshc $(DESTDIR)$(PREFIX)/bin/meshc-run
 
 test:
 	$(CARGO) test --workspace
@@ -82,7 +95,8 @@ bench:
 	$(CARGO) bench --bench gemm --bench pipeline --bench mesh --bench collectives --bench degraded --bench pilot --bench sendrecv --bench streams --bench checkpoints --bench models --bench train --bench onnx --bench xla_bytes
 
 # The end-to-end example: compile the transformer block into one artifact, show what is in
-# it, run it (checking its outputs against numpy's), then time it against the interpreter;
+# it, run it 200 times (--bench: the time per run, its outputs checked against numpy's), then
+# once on the reference interpreter;
 # then compile it for a 2x4 mesh and run it on 8 device threads, with the traffic per link
 # and a Chrome trace (open out/transformer-mp-2x4.trace.json in ui.perfetto.dev); and, when
 # Graphviz's dot is installed, its 4x2 pipeline placement drawn as out/transformer-pipeline-4x2.place.svg
