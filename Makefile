@@ -11,7 +11,7 @@ help:
 	@echo "make golden    rewrite golden/ from the current outputs (review the diff!)"
 	@echo "make testdata  regenerate testdata/ with numpy (pip install numpy)"
 	@echo "make onnx-testdata  regenerate testdata/onnx/ (a venv under target/ with onnx, onnxruntime)"
-	@echo "make onnx-proto     regenerate src/onnx/proto.rs from src/onnx/onnx.proto (no protoc needed)"
+	@echo "make onnx-proto     regenerate onnx/src/onnx.rs from onnx/src/onnx.proto (no protoc needed)"
 	@echo "make onnx-conformance  every ONNX backend node test through meshc (a venv under target/ with onnx)"
 	@echo "make onnx-models  real torch.onnx exports (ResNet, MobileNet, BERT, GPT-2, ...) through meshc (a venv with torch, ~6 GB)"
 	@echo "make bench     run the benchmarks"
@@ -66,7 +66,7 @@ onnx-models: $(TORCH_VENV)/installed
 	$(TORCH_VENV)/bin/python tools/check_torch_models.py $(MESHC)
 
 # The prost types of onnx.proto are checked in; this rewrites them with a pure-Rust protobuf
-# compiler (protox), in a crate of its own so the compiler's build never builds it.
+# compiler (protox), in a crate of its own so the frontend's build never builds it.
 onnx-proto:
 	CARGO_TARGET_DIR=$(CURDIR)/target/protogen $(CARGO) run --manifest-path tools/onnx-protogen/Cargo.toml
 

@@ -279,8 +279,7 @@ fn layout_patterns_shard_an_imported_model_as_exact_names_do() {
 /// or short data file and a location outside the model's directory are one-line errors.
 #[test]
 fn external_data_initializers_are_read_from_the_file_beside_the_model() {
-    use meshc::onnx::proto::{tensor_proto::DataLocation, ModelProto, StringStringEntryProto};
-    use prost::Message;
+    use meshc_onnx::proto::{tensor_proto::DataLocation, Message, ModelProto, StringStringEntryProto};
     let tmp = scratch("onnx-external");
     let original = Path::new("testdata/onnx/mlp/model.onnx");
     let external = |location: &str| {

@@ -201,26 +201,21 @@ fn coerced_2d(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
 pub(crate) mod tests {
     use super::*;
 
-    pub(in crate::onnx) fn attr_i(name: &str, v: i64) -> AttributeProto {
+    pub(crate) fn attr_i(name: &str, v: i64) -> AttributeProto {
         AttributeProto { name: Some(name.into()), i: Some(v), ..Default::default() }
     }
 
-    pub(in crate::onnx) fn attr_f(name: &str, v: f32) -> AttributeProto {
+    pub(crate) fn attr_f(name: &str, v: f32) -> AttributeProto {
         AttributeProto { name: Some(name.into()), f: Some(v), ..Default::default() }
     }
 
-    pub(in crate::onnx) fn attr_ints(name: &str, v: &[i64]) -> AttributeProto {
+    pub(crate) fn attr_ints(name: &str, v: &[i64]) -> AttributeProto {
         AttributeProto { name: Some(name.into()), ints: v.to_vec(), ..Default::default() }
     }
 
     /// `op_type` at `opset` on constant inputs, as the importer dispatches it: every node
     /// folds, so the result is the reference interpreter's.
-    pub(in crate::onnx) fn eval(
-        op_type: &str,
-        opset: i64,
-        inputs: Vec<Tensor>,
-        attribute: Vec<AttributeProto>,
-    ) -> R<Tensor> {
+    pub(crate) fn eval(op_type: &str, opset: i64, inputs: Vec<Tensor>, attribute: Vec<AttributeProto>) -> R<Tensor> {
         check(op_type, opset)?;
         let node =
             NodeProto { op_type: Some(op_type.into()), output: vec!["y".into()], attribute, ..Default::default() };
@@ -239,7 +234,7 @@ pub(crate) mod tests {
         Ok(v[0].as_const().expect("constant inputs fold").clone())
     }
 
-    pub(in crate::onnx) fn f32s(t: &Tensor) -> Vec<f32> {
+    pub(crate) fn f32s(t: &Tensor) -> Vec<f32> {
         t.data.iter_f64().map(|v| v as f32).collect()
     }
 

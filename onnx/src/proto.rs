@@ -3,3 +3,7 @@
 //! being a module of its own, so that its nested modules' `super::` paths stay inside.
 
 include!("onnx.rs");
+
+/// The encoding and decoding of these types, for whoever builds or rewrites a model (the
+/// tests) without depending on prost itself.
+pub use prost::Message;
