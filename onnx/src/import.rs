@@ -9,17 +9,18 @@ use std::path::Path;
 use meshc_ir::{DType, Graph, Input, Output, Tensor, TensorType};
 
 use super::builder::{Builder, Value};
+use super::dispatch;
 use super::external::External;
-use super::ops::{self, Ctx};
+use super::ops::Ctx;
+use super::ops_legacy;
 use super::proto::tensor_shape_proto::dimension;
 use super::proto::{type_proto, GraphProto, ModelProto, NodeProto, ValueInfoProto};
 use super::tensors;
-use super::{ops_attention, ops_legacy, ops_math, ops_more, ops_scatter};
 
 type R<T> = std::result::Result<T, String>;
 
 /// The opsets of the default domain meshc reads (torch.onnx writes 17 and 18 today; before
-/// 13, `ops_legacy` says which ops it reads).
+/// 13, each op's converter says from which opset it reads it).
 pub const OPSETS: std::ops::RangeInclusive<i64> = ops_legacy::OLDEST..=28;
 
 fn is_default_domain(d: Option<&str>) -> bool {
@@ -217,8 +218,8 @@ fn input(
     Ok(v)
 }
 
-/// One node: checked for its domain and inputs, lowered by `ops_attention`, `ops_math` or
-/// `ops`, its outputs recorded.
+/// One node: checked for its domain and inputs, converted by the converter of its op type
+/// at the model's opset (`dispatch`), its outputs recorded.
 fn node(b: &mut Builder, n: &NodeProto, opset: i64, values: &mut HashMap<String, Value>) -> R<()> {
     let op_type = n.op_type.as_deref().unwrap_or("");
     let out = n.output.iter().find(|o| !o.is_empty()).cloned().unwrap_or_default();
@@ -238,16 +239,8 @@ fn node(b: &mut Builder, n: &NodeProto, opset: i64, values: &mut HashMap<String,
             }),
         })
         .collect::<R<Vec<_>>>()?;
-    ops_legacy::check(op_type, opset).map_err(fail)?;
-    let ctx = Ctx { node: n, args, opset, out };
-    // Op set v2's mappings first, each module saying whether the op is its own.
-    let mapped = (ops_legacy::lower(b, &ctx))
-        .or_else(|| ops_more::lower(b, &ctx))
-        .or_else(|| ops_scatter::lower(b, &ctx))
-        .or_else(|| ops_attention::lower(b, &ctx))
-        .or_else(|| ops_math::lower(b, &ctx))
-        .or_else(|| super::nn::lower(b, &ctx, op_type));
-    let results = mapped.unwrap_or_else(|| ops::lower(b, &ctx)).map_err(fail)?;
+    let convert = dispatch::converter(op_type, opset).map_err(fail)?;
+    let results = convert(b, &Ctx { node: n, args, opset, out }).map_err(fail)?;
     for (name, v) in n.output.iter().zip(results).filter(|(name, _)| !name.is_empty()) {
         values.insert(name.clone(), v);
     }

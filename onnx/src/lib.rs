@@ -8,6 +8,7 @@
 pub mod proto;
 
 mod builder;
+mod dispatch;
 mod external;
 mod import;
 mod nn;
@@ -19,7 +20,7 @@ mod ops_more;
 mod ops_scatter;
 mod tensors;
 
-pub use ops::SUPPORTED;
+pub use dispatch::supported;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};

@@ -11,28 +11,26 @@ use meshc_ir::infer::norm_axis;
 use meshc_ir::{Attr, DType, Data, Op, Tensor};
 
 use super::builder::{Builder, Value};
-use super::ops::{cast, reshape, scalar, Ctx, R};
+use super::ops::{cast, one, reshape, scalar, Converter, Ctx, R};
 
-/// The values of the node's outputs, or `None` when `op_type` is not one of this module's.
-pub fn lower(b: &mut Builder, c: &Ctx, op_type: &str) -> Option<R<Vec<Value>>> {
-    let v = match op_type {
-        "Conv" => conv(b, c),
-        "MaxPool" | "AveragePool" => pool(b, c, op_type == "MaxPool"),
-        "GlobalAveragePool" | "GlobalMaxPool" => global_pool(b, c, op_type == "GlobalMaxPool"),
-        "BatchNormalization" => batch_norm(b, c),
-        "InstanceNormalization" => instance_norm(b, c),
-        "GroupNormalization" => group_norm(b, c),
-        "Pad" => pad(b, c),
-        "Resize" => resize(b, c),
-        "Tile" => tile(b, c),
-        "DepthToSpace" => depth_to_space(b, c),
-        "SpaceToDepth" => space_to_depth(b, c),
-        "GatherElements" => gather_elements(b, c),
-        "OneHot" => one_hot(b, c),
-        _ => return None,
-    };
-    Some(v.map(|v| vec![v]))
-}
+/// This module's converters (docs/onnx.md).
+pub const CONVERTERS: &[Converter] = &[
+    Converter::since(1, "Conv", |b, c| one(conv(b, c))),
+    Converter::since(8, "MaxPool", |b, c| one(pool(b, c, true))),
+    Converter::since(7, "AveragePool", |b, c| one(pool(b, c, false))),
+    Converter::since(1, "GlobalAveragePool", |b, c| one(global_pool(b, c, false))),
+    Converter::since(1, "GlobalMaxPool", |b, c| one(global_pool(b, c, true))),
+    Converter::since(9, "BatchNormalization", |b, c| one(batch_norm(b, c))),
+    Converter::since(6, "InstanceNormalization", |b, c| one(instance_norm(b, c))),
+    Converter::new("GroupNormalization", |b, c| one(group_norm(b, c))),
+    Converter::since(2, "Pad", |b, c| one(pad(b, c))),
+    Converter::since(11, "Resize", |b, c| one(resize(b, c))),
+    Converter::since(6, "Tile", |b, c| one(tile(b, c))),
+    Converter::since(1, "DepthToSpace", |b, c| one(depth_to_space(b, c))),
+    Converter::since(1, "SpaceToDepth", |b, c| one(space_to_depth(b, c))),
+    Converter::since(11, "GatherElements", |b, c| one(gather_elements(b, c))),
+    Converter::since(9, "OneHot", |b, c| one(one_hot(b, c))),
+];
 
 fn ints(v: &[i64]) -> Attr {
     Attr::ints(v)
@@ -598,9 +596,6 @@ fn floats(v: &Value, what: &str) -> R<Vec<f64>> {
 }
 
 fn resize(b: &mut Builder, c: &Ctx) -> R<Value> {
-    if c.opset < 11 {
-        return Err("Resize before opset 11 is not supported".into());
-    }
     let x = c.arg(0)?;
     let ty = b.ty(x);
     if ty.dtype != DType::F32 {

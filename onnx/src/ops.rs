@@ -13,6 +13,42 @@ use super::tensors;
 
 pub(crate) type R<T> = std::result::Result<T, String>;
 
+/// The first opset whose meaning every converter implements for its op: from it on, an op
+/// is read with its newest version's meaning (the versions after it add element types and
+/// new ops, not new meanings); before it, only from the opset its converter names.
+pub const CURRENT: i64 = 13;
+
+/// A converter: the values of one ONNX node's outputs, in order, built through the `Builder`.
+pub type Convert = fn(&mut Builder, &Ctx) -> R<Vec<Value>>;
+
+/// The converter of ONNX op type `op` at the opsets `first..=last` of the default domain.
+/// Each ops module lists its converters in a table (`CONVERTERS`); `dispatch` merges them.
+pub struct Converter {
+    pub op: &'static str,
+    pub first: i64,
+    pub last: i64,
+    pub convert: Convert,
+}
+
+impl Converter {
+    /// `op` with its newest version's meaning, from opset 13 on (older versions are not read).
+    pub const fn new(op: &'static str, convert: Convert) -> Converter {
+        Converter { op, first: CURRENT, last: i64::MAX, convert }
+    }
+
+    /// `op` from opset `first` on: the oldest whose version means what `convert` implements
+    /// (from ONNX's Changelog; the versions between it and 13 differ only in the element
+    /// types they allow, or in attributes the converters read, as `Ctx::ints_input_or_attr`).
+    pub const fn since(first: i64, op: &'static str, convert: Convert) -> Converter {
+        Converter { op, first, last: i64::MAX, convert }
+    }
+
+    /// `op` at opsets `first` to `last` only: the versions before one that changed its meaning.
+    pub const fn between(first: i64, last: i64, op: &'static str, convert: Convert) -> Converter {
+        Converter { op, first, last, convert }
+    }
+}
+
 /// One ONNX node: its attributes, its (optional) inputs and the name of its first output.
 pub struct Ctx<'a> {
     pub node: &'a NodeProto,
@@ -50,6 +86,11 @@ impl Ctx<'_> {
         self.opt(i).ok_or_else(|| format!("input {i} is missing"))
     }
 
+    /// Every input, none of which may be missing (the variadic ops).
+    pub(super) fn all_args(&self) -> R<Vec<&Value>> {
+        (0..self.args.len()).map(|i| self.arg(i)).collect()
+    }
+
     /// Input `i` as integers, which meshc needs at import time (a shape, axes, bounds).
     pub(super) fn const_ints(&self, i: usize) -> R<Vec<i64>> {
         let v = self.arg(i)?;
@@ -78,292 +119,241 @@ impl Ctx<'_> {
     }
 }
 
+/// This module's converters (docs/onnx.md): arithmetic, activations of one meshc op, shapes,
+/// reductions, layer norm and the ops that fold to constants.
+pub const CONVERTERS: &[Converter] = &[
+    Converter::since(6, "Neg", |b, c| unary(b, c, Op::Neg)),
+    Converter::since(6, "Abs", |b, c| unary(b, c, Op::Abs)),
+    Converter::since(6, "Exp", |b, c| unary(b, c, Op::Exp)),
+    Converter::since(6, "Log", |b, c| unary(b, c, Op::Log)),
+    Converter::since(6, "Sqrt", |b, c| unary(b, c, Op::Sqrt)),
+    Converter::since(6, "Tanh", |b, c| unary(b, c, Op::Tanh)),
+    Converter::since(9, "Erf", |b, c| unary(b, c, Op::Erf)),
+    Converter::since(6, "Sigmoid", |b, c| unary(b, c, Op::Sigmoid)),
+    Converter::since(6, "Relu", |b, c| unary(b, c, Op::Relu)),
+    Converter::since(7, "Add", |b, c| nary(b, c, Op::Add)),
+    Converter::since(8, "Sum", |b, c| nary(b, c, Op::Add)),
+    Converter::since(7, "Sub", |b, c| nary(b, c, Op::Sub)),
+    Converter::since(7, "Mul", |b, c| nary(b, c, Op::Mul)),
+    Converter::since(7, "Div", |b, c| nary(b, c, Op::Div)),
+    Converter::since(7, "Pow", |b, c| nary(b, c, Op::Pow)),
+    Converter::since(8, "Max", |b, c| nary(b, c, Op::Maximum)),
+    Converter::since(8, "Min", |b, c| nary(b, c, Op::Minimum)),
+    Converter::since(8, "Mean", mean),
+    Converter::since(6, "Reciprocal", |b, c| {
+        let x = c.arg(0)?;
+        one(b.node(&c.out, Op::Div, &[&scalar(b.ty(x).dtype, 1.0), x], &[]))
+    }),
+    Converter::since(1, "Identity", |_, c| Ok(vec![c.arg(0)?.clone()])),
+    Converter::since(7, "Dropout", dropout),
+    Converter::new("Gelu", |b, c| {
+        let approx = c.string("approximate", "none");
+        one(b.node(&c.out, Op::Gelu, &[c.arg(0)?], &[("approximate", Attr::Str(approx))]))
+    }),
+    // Before 13 (ops_legacy), Softmax and LogSoftmax see their input as a matrix.
+    Converter::new("Softmax", softmax),
+    Converter::new("LogSoftmax", log_softmax),
+    Converter::since(6, "Cast", |b, c| {
+        let to = tensors::dtype(c.int("to", 0) as i32)?;
+        one(cast(b, c.arg(0)?, to, &c.out))
+    }),
+    Converter::since(9, "Where", |b, c| one(b.node(&c.out, Op::Where, &[c.arg(0)?, c.arg(1)?, c.arg(2)?], &[]))),
+    // Before 11 (ops_legacy), the bounds are attributes.
+    Converter::since(11, "Clip", clip),
+    Converter::since(9, "MatMul", |b, c| one(b.node(&c.out, Op::MatMul, &[c.arg(0)?, c.arg(1)?], &[]))),
+    Converter::since(7, "Gemm", |b, c| one(gemm(b, c))),
+    Converter::since(12, "Einsum", |b, c| {
+        let eq: String = c.string("equation", "").chars().filter(|ch| !ch.is_whitespace()).collect();
+        one(b.node(&c.out, Op::Einsum, &c.all_args()?, &[("equation", Attr::Str(eq))]))
+    }),
+    Converter::since(1, "ReduceSum", |b, c| reduce(b, c, "ReduceSum")),
+    Converter::since(1, "ReduceMean", |b, c| reduce(b, c, "ReduceMean")),
+    Converter::since(1, "ReduceMax", |b, c| reduce(b, c, "ReduceMax")),
+    Converter::since(1, "ReduceMin", |b, c| reduce(b, c, "ReduceMin")),
+    Converter::since(1, "ReduceSumSquare", |b, c| reduce(b, c, "ReduceSumSquare")),
+    Converter::new("LayerNormalization", layer_norm),
+    Converter::since(5, "Reshape", reshape_op),
+    Converter::since(1, "Flatten", flatten),
+    Converter::since(1, "Squeeze", squeeze),
+    Converter::since(1, "Unsqueeze", unsqueeze),
+    Converter::since(1, "Transpose", |b, c| {
+        let attrs: Vec<(&str, Attr)> = c.ints("perm").map(|p| ("perm", Attr::ints(&p))).into_iter().collect();
+        one(b.node(&c.out, Op::Transpose, &[c.arg(0)?], &attrs))
+    }),
+    Converter::since(4, "Concat", |b, c| {
+        one(b.node(&c.out, Op::Concat, &c.all_args()?, &[("axis", Attr::Int(c.int("axis", 0)))]))
+    }),
+    // Before 10 (ops_legacy), starts, ends and axes are attributes.
+    Converter::since(10, "Slice", slice),
+    Converter::since(1, "Gather", |b, c| {
+        one(b.node(&c.out, Op::Gather, &[c.arg(0)?, c.arg(1)?], &[("axis", Attr::Int(c.int("axis", 0)))]))
+    }),
+    Converter::since(8, "Expand", expand),
+    Converter::since(2, "Split", split),
+    Converter::since(1, "Shape", |b, c| {
+        let shape = b.ty(c.arg(0)?).shape;
+        let r = shape.len() as i64;
+        let clamp = |i: i64| (if i < 0 { i + r } else { i }).clamp(0, r) as usize;
+        let (start, end) = (clamp(c.int("start", 0)), clamp(c.int("end", r)));
+        let dims: Vec<i64> = shape[start..end.max(start)].iter().map(|&d| d as i64).collect();
+        Ok(vec![Value::computed(Tensor::new(vec![dims.len()], Data::I64(dims)))])
+    }),
+    Converter::since(1, "Size", |b, c| {
+        Ok(vec![Value::computed(Tensor::new(vec![], Data::I64(vec![b.ty(c.arg(0)?).numel() as i64])))])
+    }),
+    Converter::since(9, "ConstantOfShape", constant_of_shape),
+    Converter::since(11, "Range", |_, c| one(range(c))),
+    Converter::since(9, "Constant", |_, c| Ok(vec![Value::named(constant(c)?, &c.out)])),
+];
+
+/// A converter's one output.
+pub(super) fn one(v: R<Value>) -> R<Vec<Value>> {
+    v.map(|v| vec![v])
+}
+
 pub(super) fn scalar(dtype: DType, v: f64) -> Value {
     Value::computed(Tensor::new(vec![], Data::from_f64(dtype, [v])))
 }
 
-fn unary(op_type: &str) -> Option<Op> {
-    Some(match op_type {
-        "Neg" => Op::Neg,
-        "Abs" => Op::Abs,
-        "Exp" => Op::Exp,
-        "Log" => Op::Log,
-        "Sqrt" => Op::Sqrt,
-        "Tanh" => Op::Tanh,
-        "Erf" => Op::Erf,
-        "Sigmoid" => Op::Sigmoid,
-        "Relu" => Op::Relu,
-        _ => return None,
-    })
+fn unary(b: &mut Builder, c: &Ctx, op: Op) -> R<Vec<Value>> {
+    one(b.node(&c.out, op, &[c.arg(0)?], &[]))
 }
 
-fn binary(op_type: &str) -> Option<Op> {
-    Some(match op_type {
-        "Add" | "Sum" => Op::Add,
-        "Sub" => Op::Sub,
-        "Mul" => Op::Mul,
-        "Div" => Op::Div,
-        "Pow" => Op::Pow,
-        "Max" => Op::Maximum,
-        "Min" => Op::Minimum,
-        _ => return None,
-    })
+fn mean(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+    let sum = nary_named(b, c, Op::Add, &c.part("sum"))?.remove(0);
+    let n = scalar(b.ty(&sum).dtype, c.args.len() as f64);
+    one(b.node(&c.out, Op::Div, &[&sum, &n], &[]))
 }
 
-/// The ONNX op types this importer maps (docs/onnx.md): everything else is refused.
-pub const SUPPORTED: &[&str] = &[
-    "Abs",
-    "Add",
-    "Cast",
-    "Clip",
-    "Concat",
-    "Constant",
-    "ConstantOfShape",
-    "Div",
-    "Dropout",
-    "Einsum",
-    "Erf",
-    "Exp",
-    "Expand",
-    "Flatten",
-    "Gather",
-    "Gelu",
-    "Gemm",
-    "Identity",
-    "LayerNormalization",
-    "Log",
-    "LogSoftmax",
-    "MatMul",
-    "Max",
-    "Mean",
-    "Min",
-    "Mul",
-    "Neg",
-    "Pow",
-    "Range",
-    "Reciprocal",
-    "ReduceMax",
-    "ReduceMean",
-    "ReduceMin",
-    "ReduceSum",
-    "ReduceSumSquare",
-    "Relu",
-    "Reshape",
-    "Shape",
-    "Sigmoid",
-    "Size",
-    "Slice",
-    "Softmax",
-    "Split",
-    "Sqrt",
-    "Squeeze",
-    "Sub",
-    "Sum",
-    "Tanh",
-    "Transpose",
-    "Unsqueeze",
-    "Where",
-    // CNN and data movement (nn.rs).
-    "AveragePool",
-    "BatchNormalization",
-    "Conv",
-    "DepthToSpace",
-    "GatherElements",
-    "GlobalAveragePool",
-    "GlobalMaxPool",
-    "GroupNormalization",
-    "InstanceNormalization",
-    "MaxPool",
-    "OneHot",
-    "Pad",
-    "Resize",
-    "SpaceToDepth",
-    "Tile",
-];
+fn dropout(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+    // Training mode drops at random (unless the ratio is 0): not an identity.
+    let training = match c.opt(2) {
+        None => false,
+        Some(v) => v.as_const().ok_or("training_mode must be known at import time")?.data.iter_f64().any(|x| x != 0.0),
+    };
+    let ratio_zero = c.opt(1).and_then(Value::as_const).is_some_and(|r| r.data.iter_f64().all(|x| x == 0.0));
+    if training && !ratio_zero {
+        return Err("training mode (random dropping) is not supported (inference only)".into());
+    }
+    let x = c.arg(0)?;
+    if c.node.output.get(1).is_none_or(|m| m.is_empty()) {
+        return Ok(vec![x.clone()]);
+    }
+    // Nothing is dropped: the mask keeps every element (bool from opset 10, of x's type before).
+    let ty = b.ty(x);
+    let mask = match c.opset {
+        ..10 => Data::from_f64(ty.dtype, vec![1.0; ty.numel()]),
+        _ => Data::Bool(vec![true; ty.numel()]),
+    };
+    Ok(vec![x.clone(), Value::computed(Tensor::new(ty.shape, mask))])
+}
 
-/// The values of the node's outputs, in order.
-pub fn lower(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
-    let op_type = c.node.op_type.as_deref().unwrap_or("");
-    let out = c.out.as_str();
-    let one = |v: Value| Ok(vec![v]);
-    if let Some(op) = unary(op_type) {
-        return one(b.node(out, op, &[c.arg(0)?], &[])?);
+pub(super) fn softmax(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+    one(b.node(&c.out, Op::Softmax, &[c.arg(0)?], &[("axis", Attr::Int(c.int("axis", -1)))]))
+}
+
+pub(super) fn log_softmax(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+    let s = b.node(&c.part("softmax"), Op::Softmax, &[c.arg(0)?], &[("axis", Attr::Int(c.int("axis", -1)))])?;
+    one(b.node(&c.out, Op::Log, &[&s], &[]))
+}
+
+pub(super) fn clip(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+    let mut x = c.arg(0)?.clone();
+    for (i, op, what) in [(1, Op::Maximum, "min"), (2, Op::Minimum, "max")] {
+        if let Some(bound) = c.opt(i) {
+            let last = c.opt(2).is_none() || i == 2;
+            x = b.node(&if last { c.out.clone() } else { c.part(what) }, op, &[&x, bound], &[])?;
+        }
     }
-    if let Some(op) = binary(op_type) {
-        return nary(b, c, op);
+    Ok(vec![x])
+}
+
+fn reshape_op(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+    let x = c.arg(0)?;
+    let shape = b.ty(x).shape;
+    let mut target = c.const_ints(1)?;
+    if c.int("allowzero", 0) == 0 {
+        for (i, d) in target.iter_mut().enumerate().filter(|(_, d)| **d == 0) {
+            *d = *shape.get(i).ok_or("a 0 in the shape has no input dim to copy")? as i64;
+        }
     }
-    match op_type {
-        "Identity" => one(c.arg(0)?.clone()),
-        "Dropout" => {
-            // Training mode drops at random (unless the ratio is 0): not an identity.
-            let training = match c.opt(2) {
-                None => false,
-                Some(v) => {
-                    v.as_const().ok_or("training_mode must be known at import time")?.data.iter_f64().any(|x| x != 0.0)
-                }
-            };
-            let ratio_zero = c.opt(1).and_then(Value::as_const).is_some_and(|r| r.data.iter_f64().all(|x| x == 0.0));
-            if training && !ratio_zero {
-                return Err("training mode (random dropping) is not supported (inference only)".into());
-            }
-            let x = c.arg(0)?;
-            if c.node.output.get(1).is_none_or(|m| m.is_empty()) {
-                return one(x.clone());
-            }
-            // Nothing is dropped: the mask keeps every element (bool from opset 10, of x's type before).
-            let ty = b.ty(x);
-            let mask = match c.opset {
-                ..10 => Data::from_f64(ty.dtype, vec![1.0; ty.numel()]),
-                _ => Data::Bool(vec![true; ty.numel()]),
-            };
-            Ok(vec![x.clone(), Value::computed(Tensor::new(ty.shape, mask))])
-        }
-        "Mean" => {
-            let sum = nary_named(b, c, Op::Add, &c.part("sum"))?.remove(0);
-            let n = scalar(b.ty(&sum).dtype, c.args.len() as f64);
-            one(b.node(out, Op::Div, &[&sum, &n], &[])?)
-        }
-        "Reciprocal" => {
-            let x = c.arg(0)?;
-            one(b.node(out, Op::Div, &[&scalar(b.ty(x).dtype, 1.0), x], &[])?)
-        }
-        "Gelu" => {
-            let approx = c.string("approximate", "none");
-            one(b.node(out, Op::Gelu, &[c.arg(0)?], &[("approximate", Attr::Str(approx))])?)
-        }
-        "Softmax" => one(b.node(out, Op::Softmax, &[c.arg(0)?], &[("axis", Attr::Int(c.int("axis", -1)))])?),
-        "LogSoftmax" => {
-            let s = b.node(&c.part("softmax"), Op::Softmax, &[c.arg(0)?], &[("axis", Attr::Int(c.int("axis", -1)))])?;
-            one(b.node(out, Op::Log, &[&s], &[])?)
-        }
-        "Cast" => {
-            let to = tensors::dtype(c.int("to", 0) as i32)?;
-            cast(b, c.arg(0)?, to, out).map(|v| vec![v])
-        }
-        "Where" => one(b.node(out, Op::Where, &[c.arg(0)?, c.arg(1)?, c.arg(2)?], &[])?),
-        "Clip" => {
-            let mut x = c.arg(0)?.clone();
-            for (i, op, what) in [(1, Op::Maximum, "min"), (2, Op::Minimum, "max")] {
-                if let Some(bound) = c.opt(i) {
-                    let last = c.opt(2).is_none() || i == 2;
-                    x = b.node(&if last { out.to_string() } else { c.part(what) }, op, &[&x, bound], &[])?;
-                }
-            }
-            one(x)
-        }
-        "MatMul" => one(b.node(out, Op::MatMul, &[c.arg(0)?, c.arg(1)?], &[])?),
-        "Gemm" => gemm(b, c).map(|v| vec![v]),
-        "Einsum" => {
-            let eq: String = c.string("equation", "").chars().filter(|ch| !ch.is_whitespace()).collect();
-            let args = (0..c.args.len()).map(|i| c.arg(i)).collect::<R<Vec<_>>>()?;
-            one(b.node(out, Op::Einsum, &args, &[("equation", Attr::Str(eq))])?)
-        }
-        "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceSumSquare" => reduce(b, c, op_type),
-        "LayerNormalization" => layer_norm(b, c),
-        "Reshape" => {
-            let x = c.arg(0)?;
-            let shape = b.ty(x).shape;
-            let mut target = c.const_ints(1)?;
-            if c.int("allowzero", 0) == 0 {
-                for (i, d) in target.iter_mut().enumerate().filter(|(_, d)| **d == 0) {
-                    *d = *shape.get(i).ok_or("a 0 in the shape has no input dim to copy")? as i64;
-                }
-            }
-            one(reshape(b, x, &target, out)?)
-        }
-        "Flatten" => {
-            let x = c.arg(0)?;
-            let shape = b.ty(x).shape;
-            let axis = c.int("axis", 1);
-            let axis = if axis < 0 { axis + shape.len() as i64 } else { axis };
-            if !(0..=shape.len() as i64).contains(&axis) {
-                return Err(format!("axis {} is out of range for rank {}", c.int("axis", 1), shape.len()));
-            }
-            let (lead, rest) = shape.split_at(axis as usize);
-            let target = [lead.iter().product::<usize>() as i64, rest.iter().product::<usize>() as i64];
-            one(reshape(b, x, &target, out)?)
-        }
-        "Squeeze" => {
-            let x = c.arg(0)?;
-            let shape = b.ty(x).shape;
-            let axes = match c.ints_input_or_attr(1, "axes")? {
-                Some(a) => a.iter().map(|&a| norm_axis(a, shape.len())).collect::<R<Vec<_>>>()?,
-                None => (0..shape.len()).filter(|&i| shape[i] == 1).collect(),
-            };
-            if let Some(&a) = axes.iter().find(|&&a| shape[a] != 1) {
-                return Err(format!("axis {a} has size {}, not 1", shape[a]));
-            }
-            let target: Vec<i64> = (0..shape.len()).filter(|i| !axes.contains(i)).map(|i| shape[i] as i64).collect();
-            one(reshape(b, x, &target, out)?)
-        }
-        "Unsqueeze" => {
-            let x = c.arg(0)?;
-            let shape = b.ty(x).shape;
-            let axes = c.ints_input_or_attr(1, "axes")?.ok_or("it needs axes")?;
-            let rank = shape.len() + axes.len();
-            let axes = axes.iter().map(|&a| norm_axis(a, rank)).collect::<R<Vec<_>>>()?;
-            let mut dims = shape.iter();
-            let target: Vec<i64> =
-                (0..rank).map(|i| if axes.contains(&i) { 1 } else { dims.next().map_or(1, |&d| d as i64) }).collect();
-            one(reshape(b, x, &target, out)?)
-        }
-        "Transpose" => {
-            let attrs: Vec<(&str, Attr)> = c.ints("perm").map(|p| ("perm", Attr::ints(&p))).into_iter().collect();
-            one(b.node(out, Op::Transpose, &[c.arg(0)?], &attrs)?)
-        }
-        "Concat" => {
-            let args = (0..c.args.len()).map(|i| c.arg(i)).collect::<R<Vec<_>>>()?;
-            one(b.node(out, Op::Concat, &args, &[("axis", Attr::Int(c.int("axis", 0)))])?)
-        }
-        "Slice" => {
-            let mut attrs = vec![("starts", Attr::ints(&c.const_ints(1)?)), ("ends", Attr::ints(&c.const_ints(2)?))];
-            for (i, name) in [(3, "axes"), (4, "steps")] {
-                if c.opt(i).is_some() {
-                    attrs.push((name, Attr::ints(&c.const_ints(i)?)));
-                }
-            }
-            one(b.node(out, Op::Slice, &[c.arg(0)?], &attrs)?)
-        }
-        "Gather" => one(b.node(out, Op::Gather, &[c.arg(0)?, c.arg(1)?], &[("axis", Attr::Int(c.int("axis", 0)))])?),
-        "Expand" => {
-            let x = c.arg(0)?;
-            let shape = b.ty(x).shape;
-            let want = c.const_ints(1)?;
-            let want: Vec<usize> = want
-                .iter()
-                .map(|&d| usize::try_from(d).map_err(|_| format!("shape {want:?} has a negative size")))
-                .collect::<R<_>>()?;
-            let result = broadcast_shapes(&[&shape, &want])?;
-            if result == shape {
-                return one(x.clone());
-            }
-            let target: Vec<i64> = result.iter().map(|&d| d as i64).collect();
-            one(b.node(out, Op::BroadcastTo, &[x], &[("shape", Attr::ints(&target))])?)
-        }
-        "Split" => split(b, c),
-        "Shape" => {
-            let shape = b.ty(c.arg(0)?).shape;
-            let r = shape.len() as i64;
-            let clamp = |i: i64| (if i < 0 { i + r } else { i }).clamp(0, r) as usize;
-            let (start, end) = (clamp(c.int("start", 0)), clamp(c.int("end", r)));
-            let dims: Vec<i64> = shape[start..end.max(start)].iter().map(|&d| d as i64).collect();
-            one(Value::computed(Tensor::new(vec![dims.len()], Data::I64(dims))))
-        }
-        "Size" => one(Value::computed(Tensor::new(vec![], Data::I64(vec![b.ty(c.arg(0)?).numel() as i64])))),
-        "ConstantOfShape" => {
-            let shape = tensors::shape(&c.const_ints(0)?, 8)?;
-            let fill = match c.attr("value").and_then(|a| a.t.as_ref()) {
-                Some(t) => tensors::tensor(t)?,
-                None => Tensor::f32(vec![1], vec![0.0]),
-            };
-            let v = *fill.data.to_f64().first().ok_or("its value is empty")?;
-            let n = shape.iter().product::<usize>();
-            one(Value::computed(Tensor::new(shape, Data::from_f64(fill.dtype(), vec![v; n]))))
-        }
-        "Range" => range(c).map(|v| vec![v]),
-        "Constant" => one(Value::named(constant(c)?, out)),
-        other => Err(format!("op '{other}' is not supported (docs/onnx.md lists the supported ops)")),
+    one(reshape(b, x, &target, &c.out))
+}
+
+fn flatten(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+    let x = c.arg(0)?;
+    let shape = b.ty(x).shape;
+    let axis = c.int("axis", 1);
+    let axis = if axis < 0 { axis + shape.len() as i64 } else { axis };
+    if !(0..=shape.len() as i64).contains(&axis) {
+        return Err(format!("axis {} is out of range for rank {}", c.int("axis", 1), shape.len()));
     }
+    let (lead, rest) = shape.split_at(axis as usize);
+    let target = [lead.iter().product::<usize>() as i64, rest.iter().product::<usize>() as i64];
+    one(reshape(b, x, &target, &c.out))
+}
+
+fn squeeze(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+    let x = c.arg(0)?;
+    let shape = b.ty(x).shape;
+    let axes = match c.ints_input_or_attr(1, "axes")? {
+        Some(a) => a.iter().map(|&a| norm_axis(a, shape.len())).collect::<R<Vec<_>>>()?,
+        None => (0..shape.len()).filter(|&i| shape[i] == 1).collect(),
+    };
+    if let Some(&a) = axes.iter().find(|&&a| shape[a] != 1) {
+        return Err(format!("axis {a} has size {}, not 1", shape[a]));
+    }
+    let target: Vec<i64> = (0..shape.len()).filter(|i| !axes.contains(i)).map(|i| shape[i] as i64).collect();
+    one(reshape(b, x, &target, &c.out))
+}
+
+fn unsqueeze(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+    let x = c.arg(0)?;
+    let shape = b.ty(x).shape;
+    let axes = c.ints_input_or_attr(1, "axes")?.ok_or("it needs axes")?;
+    let rank = shape.len() + axes.len();
+    let axes = axes.iter().map(|&a| norm_axis(a, rank)).collect::<R<Vec<_>>>()?;
+    let mut dims = shape.iter();
+    let target: Vec<i64> =
+        (0..rank).map(|i| if axes.contains(&i) { 1 } else { dims.next().map_or(1, |&d| d as i64) }).collect();
+    one(reshape(b, x, &target, &c.out))
+}
+
+pub(super) fn slice(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+    let mut attrs = vec![("starts", Attr::ints(&c.const_ints(1)?)), ("ends", Attr::ints(&c.const_ints(2)?))];
+    for (i, name) in [(3, "axes"), (4, "steps")] {
+        if c.opt(i).is_some() {
+            attrs.push((name, Attr::ints(&c.const_ints(i)?)));
+        }
+    }
+    one(b.node(&c.out, Op::Slice, &[c.arg(0)?], &attrs))
+}
+
+fn expand(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+    let x = c.arg(0)?;
+    let shape = b.ty(x).shape;
+    let want = c.const_ints(1)?;
+    let want: Vec<usize> = want
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| format!("shape {want:?} has a negative size")))
+        .collect::<R<_>>()?;
+    let result = broadcast_shapes(&[&shape, &want])?;
+    if result == shape {
+        return Ok(vec![x.clone()]);
+    }
+    let target: Vec<i64> = result.iter().map(|&d| d as i64).collect();
+    one(b.node(&c.out, Op::BroadcastTo, &[x], &[("shape", Attr::ints(&target))]))
+}
+
+fn constant_of_shape(_: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+    let shape = tensors::shape(&c.const_ints(0)?, 8)?;
+    let fill = match c.attr("value").and_then(|a| a.t.as_ref()) {
+        Some(t) => tensors::tensor(t)?,
+        None => Tensor::f32(vec![1], vec![0.0]),
+    };
+    let v = *fill.data.to_f64().first().ok_or("its value is empty")?;
+    let n = shape.iter().product::<usize>();
+    Ok(vec![Value::computed(Tensor::new(shape, Data::from_f64(fill.dtype(), vec![v; n])))])
 }
 
 /// `op` folded over all inputs (the n-ary Max/Min/Sum, and the binary ops). Operands of

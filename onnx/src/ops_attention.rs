@@ -12,7 +12,7 @@
 use meshc_ir::{Attr, DType, Data, Op, Tensor};
 
 use super::builder::{Builder, Value};
-use super::ops::{reshape, Ctx};
+use super::ops::{reshape, Converter, Ctx};
 use super::ops_math::{float_only, Steps};
 
 type R<T> = std::result::Result<T, String>;
@@ -29,10 +29,8 @@ fn perm(p: &[i64]) -> [(&'static str, Attr); 1] {
     [("perm", Attr::ints(p))]
 }
 
-/// The outputs of an Attention node, or `None` when `c` is another op.
-pub fn lower(b: &mut Builder, c: &Ctx) -> Option<R<Vec<Value>>> {
-    (c.node.op_type.as_deref() == Some("Attention")).then(|| attention(b, c))
-}
+/// This module's converter (docs/onnx.md).
+pub const CONVERTERS: &[Converter] = &[Converter::new("Attention", attention)];
 
 /// Y, present_key, present_value and (when asked for) qk_matmul_output.
 fn attention(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {

@@ -1,188 +1,53 @@
-//! Models of opsets 1 to 12 of the default domain: which ops meshc imports at those opsets,
-//! and the older semantics of the ones that changed at 13 or before. An op of an old model
-//! is imported only when the version in effect at the model's opset is one whose meaning
-//! meshc implements (`SINCE` lists, per op, the oldest opset for which that holds); every
-//! other op of an old model is refused with one line naming op, node and opset, never
-//! imported with a newer version's meaning. The mappings of `ops`, `ops_math` and `nn` read
-//! attributes where older versions had them (reduction and Squeeze/Unsqueeze axes, Split's
-//! sizes, Pad's pads); this module rewrites the rest into the opset-13 form: Softmax,
-//! LogSoftmax and Hardmax on the input coerced to 2-D, Clip's `min`/`max` attributes
-//! (before 11) and Slice's `starts`/`ends`/`axes` attributes (before 10).
+//! Models of opsets 1 to 12 of the default domain: the older semantics of the ops that
+//! changed at 13 or before. Every converter names the oldest opset whose version means what
+//! it implements (`Converter::since`, from ONNX's Changelog), so an op of an old model is
+//! imported only when the version in effect at the model's opset is one meshc implements,
+//! and refused with one line naming op, node and opset otherwise, never imported with a
+//! newer version's meaning. The converters of `ops`, `ops_math` and `nn` read attributes
+//! where older versions had them (reduction and Squeeze/Unsqueeze axes, Split's sizes,
+//! Pad's pads); this module's rewrite the rest into the opset-13 form: Softmax, LogSoftmax
+//! and Hardmax on the input coerced to 2-D, Clip's `min`/`max` attributes (before 11) and
+//! Slice's `starts`/`ends`/`axes` attributes (before 10).
 
 use meshc_ir::{Data, Tensor};
 
 use super::builder::{Builder, Value};
-use super::ops::{self, reshape, scalar, Ctx, R};
-use super::proto::{AttributeProto, NodeProto};
+use super::ops::{self, reshape, scalar, Convert, Converter, Ctx, CURRENT, R};
+use super::ops_math;
+use super::proto::AttributeProto;
 
 /// The oldest opset of the default domain meshc reads.
 pub const OLDEST: i64 = 1;
 
-/// The first opset whose semantics every mapping implements for every op.
-const CURRENT: i64 = 13;
-
-/// Per op, the oldest opset from which meshc's mapping (with this module's rewrites) is
-/// right, from ONNX's Changelog. Versions between it and 13 differ only in the element
-/// types they allow, or in attributes the mappings read (`Ctx::ints_input_or_attr`).
-const SINCE: &[(&str, i64)] = &[
-    ("Abs", 6),
-    ("Add", 7),
-    ("And", 7),
-    ("ArgMax", 1),
-    ("ArgMin", 1),
-    ("AveragePool", 7),
-    ("BatchNormalization", 9),
-    ("Cast", 6),
-    ("Ceil", 6),
-    ("Celu", 12),
-    ("Clip", 6),
-    ("Concat", 4),
-    ("Constant", 9),
-    ("ConstantOfShape", 9),
-    ("Conv", 1),
-    ("CumSum", 11),
-    ("DepthToSpace", 1),
-    ("Div", 7),
-    ("Dropout", 7),
-    ("Einsum", 12),
-    ("Elu", 6),
-    ("Equal", 7),
-    ("Erf", 9),
-    ("Exp", 6),
-    ("Expand", 8),
-    ("EyeLike", 9),
-    ("Flatten", 1),
-    ("Floor", 6),
-    ("Gather", 1),
-    ("GatherElements", 11),
-    ("Gemm", 7),
-    ("GlobalAveragePool", 1),
-    ("GlobalMaxPool", 1),
-    ("Greater", 7),
-    ("GreaterOrEqual", 12),
-    ("HardSigmoid", 6),
-    ("Hardmax", 1),
-    ("Identity", 1),
-    ("InstanceNormalization", 6),
-    ("IsInf", 10),
-    ("IsNaN", 9),
-    ("LeakyRelu", 6),
-    ("Less", 7),
-    ("LessOrEqual", 12),
-    ("Log", 6),
-    ("LogSoftmax", 1),
-    ("LpNormalization", 1),
-    ("MatMul", 9),
-    ("Max", 8),
-    ("MaxPool", 8),
-    ("Mean", 8),
-    ("MeanVarianceNormalization", 9),
-    ("Min", 8),
-    ("Mod", 10),
-    ("Mul", 7),
-    ("Neg", 6),
-    ("NegativeLogLikelihoodLoss", 12),
-    ("Not", 1),
-    ("OneHot", 9),
-    ("Or", 7),
-    ("PRelu", 7),
-    ("Pad", 2),
-    ("Pow", 7),
-    ("Range", 11),
-    ("Reciprocal", 6),
-    ("ReduceL1", 1),
-    ("ReduceL2", 1),
-    ("ReduceLogSum", 1),
-    ("ReduceLogSumExp", 1),
-    ("ReduceMax", 1),
-    ("ReduceMean", 1),
-    ("ReduceMin", 1),
-    ("ReduceProd", 1),
-    ("ReduceSum", 1),
-    ("ReduceSumSquare", 1),
-    ("Relu", 6),
-    ("Reshape", 5),
-    ("Resize", 11),
-    ("Round", 11),
-    ("Scatter", 9),
-    ("ScatterElements", 11),
-    ("ScatterND", 11),
-    ("Selu", 6),
-    ("Shape", 1),
-    ("Shrink", 9),
-    ("Sigmoid", 6),
-    ("Sign", 9),
-    ("Size", 1),
-    ("Slice", 1),
-    ("Softmax", 1),
-    ("SoftmaxCrossEntropyLoss", 12),
-    ("Softplus", 1),
-    ("Softsign", 1),
-    ("SpaceToDepth", 1),
-    ("Split", 2),
-    ("Sqrt", 6),
-    ("Squeeze", 1),
-    ("Sub", 7),
-    ("Sum", 8),
-    ("Tanh", 6),
-    ("ThresholdedRelu", 10),
-    ("Tile", 6),
-    ("Transpose", 1),
-    ("Unsqueeze", 1),
-    ("Where", 9),
-    ("Xor", 7),
+/// This module's converters: the versions before 13 (or 11, 10) of ops whose meaning changed.
+pub const CONVERTERS: &[Converter] = &[
+    Converter::between(1, 12, "Softmax", |b, c| coerced_2d(b, c, ops::softmax)),
+    Converter::between(1, 12, "LogSoftmax", |b, c| coerced_2d(b, c, ops::log_softmax)),
+    Converter::between(1, 12, "Hardmax", |b, c| coerced_2d(b, c, ops_math::hardmax)),
+    Converter::between(6, 10, "Clip", |b, c| {
+        let bound = |name: &str| c.attr(name).and_then(|a| a.f).map(|v| scalar(meshc_ir::DType::F32, v.into()));
+        let args = vec![c.opt(0).cloned(), bound("min"), bound("max")];
+        current(b, c, args, ops::clip)
+    }),
+    Converter::between(1, 9, "Slice", |b, c| {
+        let ints = |name: &str| c.ints(name).map(|v| Value::computed(Tensor::new(vec![v.len()], Data::I64(v))));
+        let (Some(starts), Some(ends)) = (ints("starts"), ints("ends")) else {
+            return Err("it needs starts and ends".into());
+        };
+        let args = vec![c.opt(0).cloned(), Some(starts), Some(ends), ints("axes")];
+        current(b, c, args, ops::slice)
+    }),
 ];
 
-/// Whether `op_type` may be imported at `opset`: always from 13 on (the mappings follow
-/// the newest versions), before that only as `SINCE` says.
-pub fn check(op_type: &str, opset: i64) -> R<()> {
-    if opset >= CURRENT {
-        return Ok(());
-    }
-    match SINCE.iter().find(|(op, _)| *op == op_type) {
-        Some(&(_, since)) if opset >= since => Ok(()),
-        Some(&(_, since)) => Err(format!(
-            "{op_type} at opset {opset} is not supported (meshc implements its semantics from opset {since})"
-        )),
-        None => Err(format!(
-            "{op_type} at opset {opset} is not supported (before opset {CURRENT}, meshc reads only the ops whose older versions it implements)"
-        )),
-    }
-}
-
-/// The outputs of an op whose pre-13 form this module rewrites, else `None`.
-pub fn lower(b: &mut Builder, c: &Ctx) -> Option<R<Vec<Value>>> {
-    if c.opset >= CURRENT {
-        return None;
-    }
-    Some(match c.node.op_type.as_deref().unwrap_or("") {
-        "Softmax" | "LogSoftmax" | "Hardmax" => coerced_2d(b, c),
-        "Clip" if c.opset < 11 => {
-            let bound = |name: &str| c.attr(name).and_then(|a| a.f).map(|v| scalar(meshc_ir::DType::F32, v.into()));
-            let args = vec![c.opt(0).cloned(), bound("min"), bound("max")];
-            current(b, c, c.node.clone(), args)
-        }
-        "Slice" if c.opset < 10 => {
-            let ints = |name: &str| c.ints(name).map(|v| Value::computed(Tensor::new(vec![v.len()], Data::I64(v))));
-            let (Some(starts), Some(ends)) = (ints("starts"), ints("ends")) else {
-                return Some(Err("it needs starts and ends".into()));
-            };
-            let args = vec![c.opt(0).cloned(), Some(starts), Some(ends), ints("axes")];
-            current(b, c, c.node.clone(), args)
-        }
-        _ => return None,
-    })
-}
-
-/// The node lowered as its opset-13 version with inputs `args`.
-fn current(b: &mut Builder, c: &Ctx, node: NodeProto, args: Vec<Option<Value>>) -> R<Vec<Value>> {
-    let ctx = Ctx { node: &node, args, opset: CURRENT, out: c.out.clone() };
-    super::ops_math::lower(b, &ctx).unwrap_or_else(|| ops::lower(b, &ctx))
+/// The node converted by its opset-13 converter `convert`, with inputs `args`.
+fn current(b: &mut Builder, c: &Ctx, args: Vec<Option<Value>>, convert: Convert) -> R<Vec<Value>> {
+    convert(b, &Ctx { node: c.node, args, opset: CURRENT, out: c.out.clone() })
 }
 
 /// Before opset 13, Softmax, LogSoftmax and Hardmax see their input as the 2-D matrix
-/// `[d0·…·d(axis−1), d(axis)·…]` (axis defaults to 1) and work along its rows.
-fn coerced_2d(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+/// `[d0·…·d(axis−1), d(axis)·…]` (axis defaults to 1) and work along its rows, as
+/// `convert`, their opset-13 converter, does on that matrix with axis 1.
+fn coerced_2d(b: &mut Builder, c: &Ctx, convert: Convert) -> R<Vec<Value>> {
     let x = c.arg(0)?;
     let shape = b.ty(x).shape;
     let axis = meshc_ir::infer::norm_axis(c.int("axis", 1), shape.len().max(1))?;
@@ -192,51 +57,16 @@ fn coerced_2d(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
     node.attribute.retain(|a| a.name.as_deref() != Some("axis"));
     node.attribute.push(AttributeProto { name: Some("axis".into()), i: Some(1), ..Default::default() });
     let ctx = Ctx { node: &node, args: vec![Some(flat)], opset: CURRENT, out: c.part("rows") };
-    let y = super::ops_math::lower(b, &ctx).unwrap_or_else(|| ops::lower(b, &ctx))?.remove(0);
+    let y = convert(b, &ctx)?.remove(0);
     let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
     Ok(vec![reshape(b, &y, &dims, &c.out)?])
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
-
-    pub(crate) fn attr_i(name: &str, v: i64) -> AttributeProto {
-        AttributeProto { name: Some(name.into()), i: Some(v), ..Default::default() }
-    }
-
-    pub(crate) fn attr_f(name: &str, v: f32) -> AttributeProto {
-        AttributeProto { name: Some(name.into()), f: Some(v), ..Default::default() }
-    }
-
-    pub(crate) fn attr_ints(name: &str, v: &[i64]) -> AttributeProto {
-        AttributeProto { name: Some(name.into()), ints: v.to_vec(), ..Default::default() }
-    }
-
-    /// `op_type` at `opset` on constant inputs, as the importer dispatches it: every node
-    /// folds, so the result is the reference interpreter's.
-    pub(crate) fn eval(op_type: &str, opset: i64, inputs: Vec<Tensor>, attribute: Vec<AttributeProto>) -> R<Tensor> {
-        check(op_type, opset)?;
-        let node =
-            NodeProto { op_type: Some(op_type.into()), output: vec!["y".into()], attribute, ..Default::default() };
-        let ctx = Ctx {
-            node: &node,
-            args: inputs.into_iter().map(|t| Some(Value::computed(t))).collect(),
-            opset,
-            out: "y".into(),
-        };
-        let mut b = Builder::default();
-        let v = lower(&mut b, &ctx)
-            .or_else(|| super::super::ops_more::lower(&mut b, &ctx))
-            .or_else(|| super::super::ops_scatter::lower(&mut b, &ctx))
-            .or_else(|| super::super::ops_math::lower(&mut b, &ctx))
-            .unwrap_or_else(|| ops::lower(&mut b, &ctx))?;
-        Ok(v[0].as_const().expect("constant inputs fold").clone())
-    }
-
-    pub(crate) fn f32s(t: &Tensor) -> Vec<f32> {
-        t.data.iter_f64().map(|v| v as f32).collect()
-    }
+mod tests {
+    use crate::dispatch::converter;
+    use crate::dispatch::tests::{attr_f, attr_i, attr_ints, eval, f32s};
+    use meshc_ir::Tensor;
 
     #[test]
     fn softmax_before_13_normalises_over_the_flattened_trailing_dims() {
@@ -278,13 +108,16 @@ pub(crate) mod tests {
 
     #[test]
     fn ops_whose_old_versions_meshc_does_not_implement_are_refused_naming_the_opset() {
-        assert!(check("And", 7).is_ok() && check("Not", 1).is_ok());
-        let e = check("Add", 6).unwrap_err();
+        assert!(converter("And", 7).is_ok() && converter("Not", 1).is_ok());
+        let e = converter("Add", 6).unwrap_err();
         assert!(e.contains("Add at opset 6") && e.contains("from opset 7"), "{e}");
-        let e = check("BatchNormalization", 7).unwrap_err();
+        let e = converter("BatchNormalization", 7).unwrap_err();
         assert!(e.contains("BatchNormalization at opset 7") && e.contains("from opset 9"), "{e}");
-        let e = check("Upsample", 9).unwrap_err();
+        let e = converter("Upsample", 9).unwrap_err();
         assert!(e.contains("Upsample at opset 9"), "{e}");
-        assert!(check("Upsample", 13).is_ok(), "from 13 on, the mappings decide");
+        let e = converter("Gelu", 12).unwrap_err();
+        assert!(e.contains("Gelu at opset 12") && e.contains("before opset 13"), "{e}");
+        let e = converter("Upsample", 13).unwrap_err();
+        assert!(e.contains("op 'Upsample' is not supported"), "{e}");
     }
 }

@@ -1,4 +1,4 @@
-//! ONNX comparison, logic, rounding and integer ops onto meshc's ops of the same name, and
+//! ONNX comparison, logic and rounding ops onto meshc's ops of the same name, and
 //! the ONNX ops meshc spells as a few of its own (docs/onnx.md): activations from
 //! arithmetic, `where` and comparisons; ReduceL1/L2/LogSum/LogSumExp from sums; ArgMax,
 //! ArgMin and Hardmax from a max, an equality and an index constant; Trilu, EyeLike and
@@ -9,58 +9,65 @@ use meshc_ir::infer::norm_axis;
 use meshc_ir::{Attr, DType, Data, Op, Tensor};
 
 use super::builder::{Builder, Value};
-use super::ops::{cast, reduce_attrs, reshape, scalar, Ctx};
+use super::ops::{cast, one, reduce_attrs, reshape, scalar, Converter, Ctx};
 use super::tensors;
 
 type R<T> = std::result::Result<T, String>;
 
-/// The ONNX op types this module maps.
-pub const SUPPORTED: &[&str] = &[
-    "And",
-    "ArgMax",
-    "ArgMin",
-    "CastLike",
-    "Ceil",
-    "Celu",
-    "CumSum",
-    "Elu",
-    "Equal",
-    "EyeLike",
-    "Floor",
-    "Greater",
-    "GreaterOrEqual",
-    "HardSigmoid",
-    "HardSwish",
-    "Hardmax",
-    "IsInf",
-    "IsNaN",
-    "LeakyRelu",
-    "Less",
-    "LessOrEqual",
-    "LpNormalization",
-    "MeanVarianceNormalization",
-    "Mish",
-    "Mod",
-    "NegativeLogLikelihoodLoss",
-    "Not",
-    "Or",
-    "PRelu",
-    "RMSNormalization",
-    "ReduceL1",
-    "ReduceL2",
-    "ReduceLogSum",
-    "ReduceLogSumExp",
-    "Round",
-    "Selu",
-    "Shrink",
-    "Sign",
-    "SoftmaxCrossEntropyLoss",
-    "Softplus",
-    "Softsign",
-    "Swish",
-    "ThresholdedRelu",
-    "Trilu",
-    "Xor",
+/// This module's converters (docs/onnx.md).
+pub const CONVERTERS: &[Converter] = &[
+    Converter::since(7, "Equal", |b, c| compare(b, c, Op::Equal)),
+    Converter::since(7, "Less", |b, c| compare(b, c, Op::Less)),
+    Converter::since(12, "LessOrEqual", |b, c| compare(b, c, Op::LessEqual)),
+    Converter::since(7, "Greater", |b, c| compare(b, c, Op::Greater)),
+    Converter::since(12, "GreaterOrEqual", |b, c| compare(b, c, Op::GreaterEqual)),
+    Converter::since(7, "And", |b, c| compare(b, c, Op::And)),
+    Converter::since(7, "Or", |b, c| compare(b, c, Op::Or)),
+    Converter::since(7, "Xor", |b, c| compare(b, c, Op::Xor)),
+    Converter::since(1, "Not", |b, c| on_x(b, c, |s, x| s.op0("", Op::Not, &[x]))),
+    Converter::since(6, "Floor", |b, c| on_x(b, c, |s, x| s.op0("", Op::Floor, &[x]))),
+    Converter::since(6, "Ceil", |b, c| on_x(b, c, |s, x| s.op0("", Op::Ceil, &[x]))),
+    Converter::since(11, "Round", |b, c| on_x(b, c, |s, x| s.op0("", Op::Round, &[x]))),
+    Converter::new("CastLike", |b, c| on_x(b, c, cast_like)),
+    Converter::since(9, "Sign", |b, c| on_x(b, c, sign)),
+    Converter::since(9, "IsNaN", |b, c| {
+        on_x(b, c, |s, x| {
+            let same = s.op0("same", Op::Equal, &[x, x])?;
+            s.op0("", Op::Not, &[&same])
+        })
+    }),
+    Converter::since(10, "IsInf", |b, c| on_x(b, c, is_inf)),
+    Converter::since(1, "Softplus", |b, c| activation(b, c, |s, x| softplus(s, x, ""))),
+    Converter::since(6, "LeakyRelu", |b, c| activation(b, c, leaky_relu)),
+    Converter::since(7, "PRelu", |b, c| activation(b, c, leaky_relu)),
+    Converter::since(6, "Elu", |b, c| activation(b, c, elu)),
+    Converter::since(6, "Selu", |b, c| activation(b, c, selu)),
+    Converter::since(12, "Celu", |b, c| activation(b, c, celu)),
+    Converter::since(6, "HardSigmoid", |b, c| activation(b, c, hard_sigmoid)),
+    Converter::new("HardSwish", |b, c| activation(b, c, hard_sigmoid)),
+    Converter::new("Swish", |b, c| activation(b, c, swish)),
+    Converter::new("Mish", |b, c| activation(b, c, mish)),
+    Converter::since(1, "Softsign", |b, c| activation(b, c, softsign)),
+    Converter::since(10, "ThresholdedRelu", |b, c| activation(b, c, thresholded_relu)),
+    Converter::since(9, "Shrink", |b, c| activation(b, c, shrink)),
+    Converter::since(1, "ReduceL1", |b, c| on_x(b, c, |s, x| reduce(s, "ReduceL1", x))),
+    Converter::since(1, "ReduceL2", |b, c| on_x(b, c, |s, x| reduce(s, "ReduceL2", x))),
+    Converter::since(1, "ReduceLogSum", |b, c| on_x(b, c, |s, x| reduce(s, "ReduceLogSum", x))),
+    Converter::since(1, "ReduceLogSumExp", |b, c| on_x(b, c, |s, x| reduce(s, "ReduceLogSumExp", x))),
+    Converter::since(1, "ArgMax", |b, c| on_x(b, c, |s, x| arg_extreme(s, false, x))),
+    Converter::since(1, "ArgMin", |b, c| on_x(b, c, |s, x| arg_extreme(s, true, x))),
+    // Before 13 (ops_legacy), Hardmax sees its input as a matrix.
+    Converter::new("Hardmax", hardmax),
+    Converter::new("Trilu", |b, c| on_x(b, c, trilu)),
+    Converter::since(9, "EyeLike", |b, c| on_x(b, c, eye_like)),
+    Converter::since(11, "CumSum", |b, c| on_x(b, c, cumsum)),
+    Converter::new("RMSNormalization", |b, c| on_x(b, c, |s, x| normalisation(s, "RMSNormalization", x))),
+    Converter::since(1, "LpNormalization", |b, c| on_x(b, c, |s, x| normalisation(s, "LpNormalization", x))),
+    Converter::since(9, "MeanVarianceNormalization", |b, c| {
+        on_x(b, c, |s, x| normalisation(s, "MeanVarianceNormalization", x))
+    }),
+    Converter::since(12, "NegativeLogLikelihoodLoss", |b, c| loss(&mut Steps { b, c }, false)),
+    Converter::since(12, "SoftmaxCrossEntropyLoss", |b, c| loss(&mut Steps { b, c }, true)),
 ];
 
 /// Emits the nodes of one decomposition: every step is named after the ONNX output
@@ -88,6 +95,10 @@ impl Steps<'_, '_, '_> {
     fn float(&self, name: &str, default: f32) -> f64 {
         self.c.float(name, default).into()
     }
+
+    fn op_type(&self) -> &str {
+        self.c.node.op_type.as_deref().unwrap_or("")
+    }
 }
 
 pub(super) fn float_only(b: &Builder, x: &Value, what: &str) -> R<()> {
@@ -97,201 +108,146 @@ pub(super) fn float_only(b: &Builder, x: &Value, what: &str) -> R<()> {
     }
 }
 
-/// The values of the node's outputs, or `None` when the op is not one of this module's.
-pub fn lower(b: &mut Builder, c: &Ctx) -> Option<R<Vec<Value>>> {
-    let op_type = c.node.op_type.as_deref().unwrap_or("");
-    if !SUPPORTED.contains(&op_type) {
-        return None;
-    }
-    let mut s = Steps { b, c };
-    if op_type == "SoftmaxCrossEntropyLoss" || op_type == "NegativeLogLikelihoodLoss" {
-        return Some(loss(&mut s, op_type == "SoftmaxCrossEntropyLoss"));
-    }
-    Some(lower_one(&mut s, op_type).map(|v| vec![v]))
-}
-
-fn lower_one(s: &mut Steps, op_type: &str) -> R<Value> {
-    let c = s.c;
+/// A decomposition of input 0 (every op of this module reads one) into the node's output.
+fn on_x(b: &mut Builder, c: &Ctx, f: impl FnOnce(&mut Steps, &Value) -> R<Value>) -> R<Vec<Value>> {
     let x = c.arg(0)?;
-    let compare = |op_type: &str| match op_type {
-        "Equal" => Some(Op::Equal),
-        "Less" => Some(Op::Less),
-        "LessOrEqual" => Some(Op::LessEqual),
-        "Greater" => Some(Op::Greater),
-        "GreaterOrEqual" => Some(Op::GreaterEqual),
-        "And" => Some(Op::And),
-        "Or" => Some(Op::Or),
-        "Xor" => Some(Op::Xor),
-        _ => None,
-    };
-    if let Some(op) = compare(op_type) {
-        return s.op0("", op, &[x, c.arg(1)?]);
+    one(f(&mut Steps { b, c }, x))
+}
+
+fn compare(b: &mut Builder, c: &Ctx, op: Op) -> R<Vec<Value>> {
+    on_x(b, c, |s, x| s.op0("", op, &[x, s.c.arg(1)?]))
+}
+
+/// An activation of f32 (ONNX's formula, attribute defaults included).
+fn activation(b: &mut Builder, c: &Ctx, f: fn(&mut Steps, &Value) -> R<Value>) -> R<Vec<Value>> {
+    on_x(b, c, |s, x| {
+        float_only(s.b, x, s.c.node.op_type.as_deref().unwrap_or(""))?;
+        f(s, x)
+    })
+}
+
+fn cast_like(s: &mut Steps, x: &Value) -> R<Value> {
+    // A half input is widened on entry: its type is still the half.
+    let like = s.c.arg(1)?;
+    let to = s.b.half_origin(like).unwrap_or(s.b.ty(like).dtype);
+    cast(s.b, x, to, &s.c.out)
+}
+
+/// x itself where it is neither positive nor negative: 0 stays 0, NaN stays NaN.
+fn sign(s: &mut Steps, x: &Value) -> R<Value> {
+    let (zero, one, minus) = (s.k(x, 0.0), s.k(x, 1.0), s.k(x, -1.0));
+    let pos = s.op0("pos", Op::Greater, &[x, &zero])?;
+    let neg = s.op0("neg", Op::Less, &[x, &zero])?;
+    let m = s.op0("minus", Op::Where, &[&neg, &minus, x])?;
+    s.op0("", Op::Where, &[&pos, &one, &m])
+}
+
+fn is_inf(s: &mut Steps, x: &Value) -> R<Value> {
+    float_only(s.b, x, "IsInf")?;
+    let (pos, neg) = (s.c.int("detect_positive", 1) != 0, s.c.int("detect_negative", 1) != 0);
+    let mut hits = Vec::new();
+    for (on, v, what) in [(pos, f64::INFINITY, "pos"), (neg, f64::NEG_INFINITY, "neg")] {
+        if on {
+            let inf = s.k(x, v);
+            hits.push(s.op0(what, Op::Equal, &[x, &inf])?);
+        }
     }
-    match op_type {
-        "Not" => s.op0("", Op::Not, &[x]),
-        "Floor" | "Ceil" | "Round" => {
-            let op = [Op::Floor, Op::Ceil, Op::Round]
-                [["Floor", "Ceil", "Round"].iter().position(|o| *o == op_type).unwrap_or(0)];
-            s.op0("", op, &[x])
-        }
-        "Mod" => {
-            if !s.b.ty(x).dtype.is_int() {
-                return Err(format!("Mod of {} is not supported (integers and f32)", s.b.ty(x).dtype));
-            }
-            s.op("", Op::Mod, &[x, c.arg(1)?], &[("fmod", Attr::Bool(c.int("fmod", 0) != 0))])
-        }
-        "CastLike" => {
-            // A half input is widened on entry: its type is still the half.
-            let like = c.arg(1)?;
-            let to = s.b.half_origin(like).unwrap_or(s.b.ty(like).dtype);
-            cast(s.b, x, to, &c.out)
-        }
-        "Sign" => {
-            // x itself where it is neither positive nor negative: 0 stays 0, NaN stays NaN.
-            let (zero, one, minus) = (s.k(x, 0.0), s.k(x, 1.0), s.k(x, -1.0));
-            let pos = s.op0("pos", Op::Greater, &[x, &zero])?;
-            let neg = s.op0("neg", Op::Less, &[x, &zero])?;
-            let m = s.op0("minus", Op::Where, &[&neg, &minus, x])?;
-            s.op0("", Op::Where, &[&pos, &one, &m])
-        }
-        "IsNaN" => {
-            let same = s.op0("same", Op::Equal, &[x, x])?;
-            s.op0("", Op::Not, &[&same])
-        }
-        "IsInf" => {
-            float_only(s.b, x, "IsInf")?;
-            let (pos, neg) = (c.int("detect_positive", 1) != 0, c.int("detect_negative", 1) != 0);
-            let mut hits = Vec::new();
-            for (on, v, what) in [(pos, f64::INFINITY, "pos"), (neg, f64::NEG_INFINITY, "neg")] {
-                if on {
-                    let inf = s.k(x, v);
-                    hits.push(s.op0(what, Op::Equal, &[x, &inf])?);
-                }
-            }
-            match hits.as_slice() {
-                [] => Ok(Value::computed(Tensor::new(
-                    s.b.ty(x).shape.clone(),
-                    Data::Bool(vec![false; s.b.ty(x).numel()]),
-                ))),
-                [h] => Ok(h.clone()),
-                [p, n, ..] => s.op0("", Op::Or, &[p, n]),
-            }
-        }
-        _ => activation(s, op_type, x)
-            .or_else(|| other(s, op_type, x))
-            .unwrap_or_else(|| Err(format!("op '{op_type}' is not mapped"))),
+    match hits.as_slice() {
+        [] => Ok(Value::computed(Tensor::new(s.b.ty(x).shape.clone(), Data::Bool(vec![false; s.b.ty(x).numel()])))),
+        [h] => Ok(h.clone()),
+        [p, n, ..] => s.op0("", Op::Or, &[p, n]),
     }
 }
 
-/// Activations of f32 (ONNX's formulas, attribute defaults included).
-fn activation(s: &mut Steps, op_type: &str, x: &Value) -> Option<R<Value>> {
-    const ACTIVATIONS: &[&str] = &[
-        "SoftmaxCrossEntropyLoss",
-        "Softplus",
-        "LeakyRelu",
-        "Elu",
-        "Selu",
-        "Celu",
-        "HardSigmoid",
-        "HardSwish",
-        "Swish",
-        "Mish",
-        "Softsign",
-        "ThresholdedRelu",
-        "Shrink",
-        "PRelu",
-    ];
-    if !ACTIVATIONS.contains(&op_type) {
-        return None;
-    }
-    Some(float_only(s.b, x, op_type).and_then(|()| activation_f32(s, op_type, x)))
+/// LeakyRelu, and PRelu with its slope as input 1.
+fn leaky_relu(s: &mut Steps, x: &Value) -> R<Value> {
+    let slope = if s.op_type() == "PRelu" { s.c.arg(1)?.clone() } else { s.k(x, s.float("alpha", 0.01)) };
+    let neg = s.op0("neg", Op::Less, &[x, &s.k(x, 0.0)])?;
+    let scaled = s.op0("scaled", Op::Mul, &[&slope, x])?;
+    s.op0("", Op::Where, &[&neg, &scaled, x])
 }
 
-fn activation_f32(s: &mut Steps, op_type: &str, x: &Value) -> R<Value> {
-    let zero = s.k(x, 0.0);
-    let one = s.k(x, 1.0);
-    match op_type {
-        "Softplus" => softplus(s, x, ""),
-        "LeakyRelu" | "PRelu" => {
-            let slope = if op_type == "PRelu" { s.c.arg(1)?.clone() } else { s.k(x, s.float("alpha", 0.01)) };
-            let neg = s.op0("neg", Op::Less, &[x, &zero])?;
-            let scaled = s.op0("scaled", Op::Mul, &[&slope, x])?;
-            s.op0("", Op::Where, &[&neg, &scaled, x])
-        }
-        "Elu" => {
-            let alpha = s.k(x, s.float("alpha", 1.0));
-            let neg = s.op0("neg", Op::Less, &[x, &zero])?;
-            let e = s.op0("exp", Op::Exp, &[x])?;
-            let em1 = s.op0("expm1", Op::Sub, &[&e, &one])?;
-            let scaled = s.op0("scaled", Op::Mul, &[&alpha, &em1])?;
-            s.op0("", Op::Where, &[&neg, &scaled, x])
-        }
-        "Selu" => {
-            let (alpha, gamma) = (s.float("alpha", 1.673_263_2), s.float("gamma", 1.050_701));
-            let (alpha, gamma) = (s.k(x, alpha), s.k(x, gamma));
-            let le = s.op0("le0", Op::LessEqual, &[x, &zero])?;
-            let e = s.op0("exp", Op::Exp, &[x])?;
-            let ae = s.op0("alpha_exp", Op::Mul, &[&alpha, &e])?;
-            let neg = s.op0("negative", Op::Sub, &[&ae, &alpha])?;
-            let w = s.op0("select", Op::Where, &[&le, &neg, x])?;
-            s.op0("", Op::Mul, &[&gamma, &w])
-        }
-        "Celu" => {
-            let alpha = s.k(x, s.float("alpha", 1.0));
-            let pos = s.op0("pos", Op::Maximum, &[x, &zero])?;
-            let d = s.op0("scaled", Op::Div, &[x, &alpha])?;
-            let e = s.op0("exp", Op::Exp, &[&d])?;
-            let em1 = s.op0("expm1", Op::Sub, &[&e, &one])?;
-            let a = s.op0("alpha_expm1", Op::Mul, &[&alpha, &em1])?;
-            let neg = s.op0("neg", Op::Minimum, &[&a, &zero])?;
-            s.op0("", Op::Add, &[&pos, &neg])
-        }
-        "HardSigmoid" | "HardSwish" => {
-            let (alpha, beta) =
-                if op_type == "HardSwish" { (1.0 / 6.0, 0.5) } else { (s.float("alpha", 0.2), s.float("beta", 0.5)) };
-            let (alpha, beta) = (s.k(x, alpha), s.k(x, beta));
-            let ax = s.op0("ax", Op::Mul, &[&alpha, x])?;
-            let lin = s.op0("linear", Op::Add, &[&ax, &beta])?;
-            let lo = s.op0("upper", Op::Minimum, &[&lin, &one])?;
-            if op_type == "HardSigmoid" {
-                return s.op0("", Op::Maximum, &[&lo, &zero]);
-            }
-            let hs = s.op0("hard_sigmoid", Op::Maximum, &[&lo, &zero])?;
-            s.op0("", Op::Mul, &[x, &hs])
-        }
-        "Swish" => {
-            let alpha = s.k(x, s.float("alpha", 1.0));
-            let ax = s.op0("ax", Op::Mul, &[&alpha, x])?;
-            let sg = s.op0("sigmoid", Op::Sigmoid, &[&ax])?;
-            s.op0("", Op::Mul, &[x, &sg])
-        }
-        "Mish" => {
-            let sp = softplus(s, x, "softplus")?;
-            let t = s.op0("tanh", Op::Tanh, &[&sp])?;
-            s.op0("", Op::Mul, &[x, &t])
-        }
-        "Softsign" => {
-            let a = s.op0("abs", Op::Abs, &[x])?;
-            let d = s.op0("denominator", Op::Add, &[&one, &a])?;
-            s.op0("", Op::Div, &[x, &d])
-        }
-        "ThresholdedRelu" => {
-            let alpha = s.k(x, s.float("alpha", 1.0));
-            let over = s.op0("over", Op::Greater, &[x, &alpha])?;
-            s.op0("", Op::Where, &[&over, x, &zero])
-        }
-        _ => {
-            // Shrink: x + bias below −lambd, x − bias above lambd, 0 between.
-            let (lambd, bias) = (s.float("lambd", 0.5), s.float("bias", 0.0));
-            let (lo, hi, bias) = (s.k(x, -lambd), s.k(x, lambd), s.k(x, bias));
-            let below = s.op0("below", Op::Less, &[x, &lo])?;
-            let above = s.op0("above", Op::Greater, &[x, &hi])?;
-            let up = s.op0("plus_bias", Op::Add, &[x, &bias])?;
-            let down = s.op0("minus_bias", Op::Sub, &[x, &bias])?;
-            let mid = s.op0("upper", Op::Where, &[&above, &down, &zero])?;
-            s.op0("", Op::Where, &[&below, &up, &mid])
-        }
+fn elu(s: &mut Steps, x: &Value) -> R<Value> {
+    let alpha = s.k(x, s.float("alpha", 1.0));
+    let neg = s.op0("neg", Op::Less, &[x, &s.k(x, 0.0)])?;
+    let e = s.op0("exp", Op::Exp, &[x])?;
+    let em1 = s.op0("expm1", Op::Sub, &[&e, &s.k(x, 1.0)])?;
+    let scaled = s.op0("scaled", Op::Mul, &[&alpha, &em1])?;
+    s.op0("", Op::Where, &[&neg, &scaled, x])
+}
+
+fn selu(s: &mut Steps, x: &Value) -> R<Value> {
+    let (alpha, gamma) = (s.float("alpha", 1.673_263_2), s.float("gamma", 1.050_701));
+    let (alpha, gamma) = (s.k(x, alpha), s.k(x, gamma));
+    let le = s.op0("le0", Op::LessEqual, &[x, &s.k(x, 0.0)])?;
+    let e = s.op0("exp", Op::Exp, &[x])?;
+    let ae = s.op0("alpha_exp", Op::Mul, &[&alpha, &e])?;
+    let neg = s.op0("negative", Op::Sub, &[&ae, &alpha])?;
+    let w = s.op0("select", Op::Where, &[&le, &neg, x])?;
+    s.op0("", Op::Mul, &[&gamma, &w])
+}
+
+fn celu(s: &mut Steps, x: &Value) -> R<Value> {
+    let (alpha, zero) = (s.k(x, s.float("alpha", 1.0)), s.k(x, 0.0));
+    let pos = s.op0("pos", Op::Maximum, &[x, &zero])?;
+    let d = s.op0("scaled", Op::Div, &[x, &alpha])?;
+    let e = s.op0("exp", Op::Exp, &[&d])?;
+    let em1 = s.op0("expm1", Op::Sub, &[&e, &s.k(x, 1.0)])?;
+    let a = s.op0("alpha_expm1", Op::Mul, &[&alpha, &em1])?;
+    let neg = s.op0("neg", Op::Minimum, &[&a, &zero])?;
+    s.op0("", Op::Add, &[&pos, &neg])
+}
+
+/// HardSigmoid, and HardSwish: x times the hard sigmoid of alpha 1/6 and beta 0.5.
+fn hard_sigmoid(s: &mut Steps, x: &Value) -> R<Value> {
+    let swish = s.op_type() == "HardSwish";
+    let (alpha, beta) = if swish { (1.0 / 6.0, 0.5) } else { (s.float("alpha", 0.2), s.float("beta", 0.5)) };
+    let (alpha, beta) = (s.k(x, alpha), s.k(x, beta));
+    let ax = s.op0("ax", Op::Mul, &[&alpha, x])?;
+    let lin = s.op0("linear", Op::Add, &[&ax, &beta])?;
+    let lo = s.op0("upper", Op::Minimum, &[&lin, &s.k(x, 1.0)])?;
+    if !swish {
+        return s.op0("", Op::Maximum, &[&lo, &s.k(x, 0.0)]);
     }
+    let hs = s.op0("hard_sigmoid", Op::Maximum, &[&lo, &s.k(x, 0.0)])?;
+    s.op0("", Op::Mul, &[x, &hs])
+}
+
+fn swish(s: &mut Steps, x: &Value) -> R<Value> {
+    let alpha = s.k(x, s.float("alpha", 1.0));
+    let ax = s.op0("ax", Op::Mul, &[&alpha, x])?;
+    let sg = s.op0("sigmoid", Op::Sigmoid, &[&ax])?;
+    s.op0("", Op::Mul, &[x, &sg])
+}
+
+fn mish(s: &mut Steps, x: &Value) -> R<Value> {
+    let sp = softplus(s, x, "softplus")?;
+    let t = s.op0("tanh", Op::Tanh, &[&sp])?;
+    s.op0("", Op::Mul, &[x, &t])
+}
+
+fn softsign(s: &mut Steps, x: &Value) -> R<Value> {
+    let a = s.op0("abs", Op::Abs, &[x])?;
+    let d = s.op0("denominator", Op::Add, &[&s.k(x, 1.0), &a])?;
+    s.op0("", Op::Div, &[x, &d])
+}
+
+fn thresholded_relu(s: &mut Steps, x: &Value) -> R<Value> {
+    let alpha = s.k(x, s.float("alpha", 1.0));
+    let over = s.op0("over", Op::Greater, &[x, &alpha])?;
+    s.op0("", Op::Where, &[&over, x, &s.k(x, 0.0)])
+}
+
+/// x + bias below −lambd, x − bias above lambd, 0 between.
+fn shrink(s: &mut Steps, x: &Value) -> R<Value> {
+    let (lambd, bias) = (s.float("lambd", 0.5), s.float("bias", 0.0));
+    let (lo, hi, bias) = (s.k(x, -lambd), s.k(x, lambd), s.k(x, bias));
+    let below = s.op0("below", Op::Less, &[x, &lo])?;
+    let above = s.op0("above", Op::Greater, &[x, &hi])?;
+    let up = s.op0("plus_bias", Op::Add, &[x, &bias])?;
+    let down = s.op0("minus_bias", Op::Sub, &[x, &bias])?;
+    let mid = s.op0("upper", Op::Where, &[&above, &down, &s.k(x, 0.0)])?;
+    s.op0("", Op::Where, &[&below, &up, &mid])
 }
 
 /// ln(exp(x) + 1), ONNX's formula.
@@ -300,20 +256,6 @@ fn softplus(s: &mut Steps, x: &Value, step: &str) -> R<Value> {
     let one = s.k(x, 1.0);
     let p = s.op0(&format!("{step}exp_plus_1"), Op::Add, &[&e, &one])?;
     s.op0(step, Op::Log, &[&p])
-}
-
-/// Reductions, index ops, masks and normalisations.
-fn other(s: &mut Steps, op_type: &str, x: &Value) -> Option<R<Value>> {
-    Some(match op_type {
-        "ReduceL1" | "ReduceL2" | "ReduceLogSum" | "ReduceLogSumExp" => reduce(s, op_type, x),
-        "ArgMax" | "ArgMin" => arg_extreme(s, op_type == "ArgMin", x),
-        "Hardmax" => hardmax(s, x),
-        "Trilu" => trilu(s, x),
-        "EyeLike" => eye_like(s, x),
-        "CumSum" => cumsum(s, x),
-        "RMSNormalization" | "LpNormalization" | "MeanVarianceNormalization" => normalisation(s, op_type, x),
-        _ => return None,
-    })
 }
 
 /// Sums of |x|, x², x, exp(x) (the last shifted by the max, so it cannot overflow), then
@@ -421,17 +363,19 @@ fn hits_of_max(s: &mut Steps, v: &Value, axis: usize, float: bool) -> R<Value> {
 }
 
 /// 1 at the first max along `axis`, 0 elsewhere.
-fn hardmax(s: &mut Steps, x: &Value) -> R<Value> {
-    let (axis, shape) = axis_of(s, x, -1)?;
-    float_only(s.b, x, "Hardmax")?;
-    let hit = hits_of_max(s, x, axis, true)?;
-    let idx = iota(shape[axis], axis, shape.len(), true);
-    let none = scalar(DType::I64, -1.0);
-    let cand = s.op0("candidates", Op::Where, &[&hit, &idx, &none])?;
-    let attrs = [("axes", Attr::ints(&[axis as i64])), ("keepdims", Attr::Bool(true))];
-    let first = s.op("first", Op::ReduceMax, &[&cand], &attrs)?;
-    let at = s.op0("at_first", Op::Equal, &[&idx, &first])?;
-    cast(s.b, &at, DType::F32, &s.c.out)
+pub(super) fn hardmax(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+    on_x(b, c, |s, x| {
+        let (axis, shape) = axis_of(s, x, -1)?;
+        float_only(s.b, x, "Hardmax")?;
+        let hit = hits_of_max(s, x, axis, true)?;
+        let idx = iota(shape[axis], axis, shape.len(), true);
+        let none = scalar(DType::I64, -1.0);
+        let cand = s.op0("candidates", Op::Where, &[&hit, &idx, &none])?;
+        let attrs = [("axes", Attr::ints(&[axis as i64])), ("keepdims", Attr::Bool(true))];
+        let first = s.op("first", Op::ReduceMax, &[&cand], &attrs)?;
+        let at = s.op0("at_first", Op::Equal, &[&idx, &first])?;
+        cast(s.b, &at, DType::F32, &s.c.out)
+    })
 }
 
 /// A bool constant of `shape` whose element at (i, j) of its two last dims is `f(i, j)`.

@@ -1,35 +1,39 @@
 //! ONNX ops meshc spells as several of its own ops, added to widen what imports
-//! (docs/onnx.md): float Mod (C's fmod and Python's mod), CenterCropPad (a slice and a pad),
-//! GatherND (a gather from the flattened data at flat indices, each index component
-//! normalised and range-checked by a gather from `0..n`), LpPool (a depthwise conv of ones
-//! over |x|^p, then the p-th root), ConvTranspose (the input spread by zero insertion, padded,
-//! and convolved with the flipped, transposed kernel), RotaryEmbedding (ONNX's reference
-//! formula with gathers from the caches) and ReduceProd (products of halves, halving).
+//! (docs/onnx.md): Mod (meshc's mod of integers; of floats, C's fmod and Python's mod from
+//! an exact product), CenterCropPad (a slice and a pad), GatherND (a gather from the
+//! flattened data at flat indices, each index component normalised and range-checked by a
+//! gather from `0..n`), LpPool (a depthwise conv of ones over |x|^p, then the p-th root),
+//! ConvTranspose (the input spread by zero insertion, padded, and convolved with the
+//! flipped, transposed kernel), RotaryEmbedding (ONNX's reference formula with gathers
+//! from the caches) and ReduceProd (products of halves, halving).
 
 use meshc_ir::infer::norm_axis;
 use meshc_ir::{Attr, Data, Op, Tensor};
 
 use super::builder::{Builder, Value};
 use super::nn::{i64_table, ones_or, window_attrs};
-use super::ops::{reduce_attrs, reshape, Ctx, R};
+use super::ops::{one, reduce_attrs, reshape, Converter, Ctx, R};
 use super::ops_math::{float_only, Steps};
 
-/// The values of the node's outputs, or `None` when the op is not one of this module's.
-pub fn lower(b: &mut Builder, c: &Ctx) -> Option<R<Vec<Value>>> {
-    let op_type = c.node.op_type.as_deref().unwrap_or("");
+/// This module's converters (docs/onnx.md).
+pub const CONVERTERS: &[Converter] = &[
+    Converter::since(10, "Mod", modulo),
+    Converter::new("CenterCropPad", |b, c| one(center_crop_pad(&mut Steps { b, c }))),
+    Converter::new("GatherND", |b, c| one(gather_nd(&mut Steps { b, c }))),
+    Converter::new("LpPool", |b, c| one(lp_pool(&mut Steps { b, c }))),
+    Converter::new("ConvTranspose", |b, c| one(conv_transpose(&mut Steps { b, c }))),
+    Converter::new("RotaryEmbedding", |b, c| one(rotary(&mut Steps { b, c }))),
+    Converter::since(1, "ReduceProd", |b, c| one(reduce_prod(&mut Steps { b, c }))),
+];
+
+/// Mod: meshc's mod of integers, `float_mod` of anything else.
+fn modulo(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
     let mut s = Steps { b, c };
-    let v = match op_type {
-        // Integer Mod is meshc's mod (ops_math).
-        "Mod" if c.opt(0).is_some_and(|x| !s.b.ty(x).dtype.is_int()) => float_mod(&mut s),
-        "CenterCropPad" => center_crop_pad(&mut s),
-        "GatherND" => gather_nd(&mut s),
-        "LpPool" => lp_pool(&mut s),
-        "ConvTranspose" => conv_transpose(&mut s),
-        "RotaryEmbedding" => rotary(&mut s),
-        "ReduceProd" => reduce_prod(&mut s),
-        _ => return None,
-    };
-    Some(v.map(|v| vec![v]))
+    let x = c.arg(0)?;
+    if !s.b.ty(x).dtype.is_int() {
+        return one(float_mod(&mut s));
+    }
+    one(s.op("", Op::Mod, &[x, c.arg(1)?], &[("fmod", Attr::Bool(c.int("fmod", 0) != 0))]))
 }
 
 pub(super) fn dims(shape: &[usize]) -> Vec<i64> {
@@ -535,8 +539,8 @@ fn rotary(s: &mut Steps) -> R<Value> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::ops_legacy::tests::{attr_i, attr_ints, eval, f32s};
     use super::*;
+    use crate::dispatch::tests::{attr_i, attr_ints, eval, f32s};
 
     /// Deterministic values in (-1, 1), scaled.
     fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {

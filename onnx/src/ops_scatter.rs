@@ -8,22 +8,18 @@
 use meshc_ir::ops::SCATTER_REDUCTIONS;
 use meshc_ir::{Attr, Op};
 
-use super::builder::{Builder, Value};
-use super::ops::{reshape, Ctx, R};
+use super::builder::Value;
+use super::ops::{one, reshape, Converter, Ctx, R};
 use super::ops_math::Steps;
 use super::ops_more::{dims, flat_offsets};
 
-/// The values of the node's outputs, or `None` when the op is not one of this module's.
-pub fn lower(b: &mut Builder, c: &Ctx) -> Option<R<Vec<Value>>> {
-    let mut s = Steps { b, c };
-    let v = match c.node.op_type.as_deref().unwrap_or("") {
-        // Scatter (opsets 9 and 10) is ScatterElements under its older name.
-        "ScatterElements" | "Scatter" => scatter_elements(&mut s),
-        "ScatterND" => scatter_nd(&mut s),
-        _ => return None,
-    };
-    Some(v.map(|v| vec![v]))
-}
+/// This module's converters (docs/onnx.md).
+pub const CONVERTERS: &[Converter] = &[
+    Converter::since(11, "ScatterElements", |b, c| one(scatter_elements(&mut Steps { b, c }))),
+    // ScatterElements under its older name.
+    Converter::since(9, "Scatter", |b, c| one(scatter_elements(&mut Steps { b, c }))),
+    Converter::since(11, "ScatterND", |b, c| one(scatter_nd(&mut Steps { b, c }))),
+];
 
 /// The `reduction` attribute (none before opset 16; max and min from 18).
 fn reduction(c: &Ctx) -> R<Attr> {
@@ -70,8 +66,8 @@ fn scatter_nd(s: &mut Steps) -> R<Value> {
 mod tests {
     use meshc_ir::{Data, Tensor};
 
-    use super::super::ops_legacy::tests::{attr_i, eval, f32s};
     use super::super::proto::AttributeProto;
+    use crate::dispatch::tests::{attr_i, eval, f32s};
 
     fn attr_s(name: &str, v: &str) -> AttributeProto {
         AttributeProto { name: Some(name.into()), s: Some(v.as_bytes().to_vec()), ..Default::default() }
