@@ -495,15 +495,37 @@ def double_consts():
     save("double_consts", g, {"x": r.standard_normal((4, 16)).astype(np.float32)}, {"batch": 4})
 
 
+def input_default():
+    """An input with an initializer of its name: ONNX's IR makes the initializer the input's
+    default value, which onnxruntime uses when the input is not fed (as here); meshc imports
+    it as that constant, and `--const scale=FILE.npy` gives it another value."""
+    r = np.random.default_rng(4)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    scale = helper.make_tensor_value_info("scale", TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    n = [helper.make_node("Mul", ["x", "scale"], ["y"], name="mul")]
+    default = numpy_helper.from_array(np.array([1, 2, 3, 4], dtype=np.float32), "scale")
+    g = helper.make_graph(n, "input_default", [x, scale], [y], [default])
+    save("input_default", g, {"x": r.standard_normal((2, 4)).astype(np.float32)}, {"batch": 2})
+
+
 def bad():
     """Bad inputs for testdata/bad/ (tests/all/golden.rs pins each one-line error)."""
     d = os.path.join(OUT, "..", "bad")
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])
 
-    def write(name, nodes, inits=(), inputs=None, opset=OPSET):
+    def write(name, nodes, inits=(), inputs=None, opset=OPSET, ort_refuses=False):
         g = helper.make_graph(nodes, name, inputs or [x], [y], list(inits))
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+        if ort_refuses:
+            # meshc validates as onnxruntime does: each of these it refuses too.
+            try:
+                ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+            except Exception:
+                pass
+            else:
+                raise AssertionError(f"onnxruntime runs onnx-{name}")
         with open(os.path.join(d, f"onnx-{name}.onnx"), "wb") as f:
             f.write(m.SerializeToString())
 
@@ -526,6 +548,29 @@ def bad():
     # Add before opset 7 broadcast only with its `broadcast` attribute: not numpy's rules.
     write("opset-6-add", [helper.make_node("Add", ["x", "x"], ["y"], name="add")], opset=6)
     write("opset-29", [helper.make_node("Relu", ["x"], ["y"])], opset=29)
+    # Invalid models meshc once imported with a meaning of its own guessing (a float or
+    # string axis as the default, extra inputs ignored, a second definition renamed).
+    def refused(name, nodes, **kw):
+        write(name, nodes, ort_refuses=True, **kw)
+
+    refused("float-axis", [helper.make_node("Softmax", ["x"], ["y"], name="softmax", axis=1.0)])
+    refused("string-axis", [helper.make_node("Softmax", ["x"], ["y"], name="softmax", axis="1")])
+    untyped = helper.make_node("Softmax", ["x"], ["y"], name="softmax", axis=1)
+    untyped.attribute[0].type = onnx.AttributeProto.UNDEFINED
+    refused("untyped-attribute", [untyped])
+    refused("add-one-input", [helper.make_node("Add", ["x"], ["y"], name="add")])
+    refused("add-three-inputs", [helper.make_node("Add", ["x", "x", "x"], ["y"], name="add")])
+    refused("relu-two-inputs", [helper.make_node("Relu", ["x", "x"], ["y"], name="relu")])
+    refused("relu-two-outputs", [helper.make_node("Relu", ["x"], ["y", "y2"], name="relu")])
+    refused("unknown-attribute", [helper.make_node("Relu", ["x"], ["y"], name="relu", alpha=0.5)])
+    refused("missing-attribute", [helper.make_node("Cast", ["x"], ["y"], name="cast")])
+    refused("defined-twice", [helper.make_node("Relu", ["x"], ["y"], name="relu"),
+                              helper.make_node("Neg", ["x"], ["y"], name="neg")])
+    refused("overwrites-input", [helper.make_node("Relu", ["x"], ["x"], name="relu"),
+                                 helper.make_node("Neg", ["x"], ["y"], name="neg")])
+    refused("deprecated", [helper.make_node("Scatter", ["x", "idx", "x"], ["y"], name="scatter")],
+            inits=[numpy_helper.from_array(np.zeros((2, 4), np.int64), "idx")])
+    refused("too-new", [helper.make_node("Gelu", ["x"], ["y"], name="gelu")])
 
 
 if __name__ == "__main__":
@@ -548,6 +593,7 @@ if __name__ == "__main__":
     half_weights()
     torch_names()
     double_consts()
+    input_default()
     bad()
     total = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote {OUT} ({total} bytes)", file=sys.stderr)

@@ -43,6 +43,10 @@ pub fn converter(op_type: &str, opset: i64) -> R<Convert> {
     if let Some(c) = all.iter().find(|c| (c.first..=c.last).contains(&opset)) {
         return Ok(c.convert);
     }
+    let last = all.iter().map(|c| c.last).max().unwrap_or(i64::MAX);
+    if opset > last {
+        return Err(format!("{op_type} at opset {opset} is not supported (meshc reads it up to opset {last})"));
+    }
     match all.iter().map(|c| c.first).min().unwrap_or(CURRENT) {
         CURRENT => Err(format!(
             "{op_type} at opset {opset} is not supported (before opset {CURRENT}, meshc reads only the ops whose older versions it implements)"

@@ -16,6 +16,7 @@ use super::ops_legacy;
 use super::proto::tensor_shape_proto::dimension;
 use super::proto::{type_proto, GraphProto, ModelProto, NodeProto, ValueInfoProto};
 use super::tensors;
+use super::validate;
 
 type R<T> = std::result::Result<T, String>;
 
@@ -55,6 +56,9 @@ pub fn import(
     let sources = sources(g);
     for t in &g.initializer {
         let name = t.name.clone().unwrap_or_default();
+        if values.contains_key(&name) {
+            return Err(format!("initializer '{name}' is given twice (ONNX names each value once)"));
+        }
         let source = sources.get(&name).cloned().unwrap_or_else(|| name.clone());
         let raw = match tensors::is_external(t) {
             true => external.bytes(t).map(Some),
@@ -65,11 +69,11 @@ pub fn import(
         values.insert(name, Value::stored(v, &source, stored));
     }
     let mut bound = BTreeSet::new();
+    let mut listed = BTreeSet::new();
     for i in &g.input {
         let onnx_name = i.name.clone().unwrap_or_default();
-        // Older exporters list initializers among the inputs too.
-        if values.contains_key(&onnx_name) {
-            continue;
+        if !listed.insert(onnx_name.clone()) {
+            return Err(format!("input '{onnx_name}' is listed twice (ONNX names each value once)"));
         }
         if let Some(t) = consts.get(&onnx_name) {
             let want = i.r#type.as_ref().and_then(|t| match &t.value {
@@ -86,6 +90,12 @@ pub fn import(
             values.insert(onnx_name.clone(), Value::named(t.clone(), &onnx_name));
             continue;
         }
+        // An initializer of the input's name is its default value (ONNX's IR; older
+        // exporters list every initializer among the inputs so): meshc's inputs have no
+        // defaults, so the input is that constant, unless `--const` gives another value.
+        if values.contains_key(&onnx_name) {
+            continue;
+        }
         let v = input(&mut b, i, dims, &mut bound).map_err(|e| format!("input '{onnx_name}': {e}"))?;
         values.insert(onnx_name, v);
     }
@@ -97,7 +107,7 @@ pub fn import(
         return Err(format!("--dim {unused}: the model's inputs have no symbolic dim '{unused}'"));
     }
     for n in &g.node {
-        node(&mut b, n, opset, &mut values)?;
+        node(&mut b, n, g, opset, &mut values)?;
     }
     for o in &g.output {
         let name = o.name.clone().unwrap_or_default();
@@ -218,9 +228,11 @@ fn input(
     Ok(v)
 }
 
-/// One node: checked for its domain and inputs, converted by the converter of its op type
-/// at the model's opset (`dispatch`), its outputs recorded.
-fn node(b: &mut Builder, n: &NodeProto, opset: i64, values: &mut HashMap<String, Value>) -> R<()> {
+/// One node of `g`: checked for its domain, against its op's schema (`validate`) and for
+/// outputs no other node, input or initializer defines (ONNX graphs are in SSA form),
+/// converted by the converter of its op type at the model's opset (`dispatch`), its
+/// outputs recorded.
+fn node(b: &mut Builder, n: &NodeProto, g: &GraphProto, opset: i64, values: &mut HashMap<String, Value>) -> R<()> {
     let op_type = n.op_type.as_deref().unwrap_or("");
     let out = n.output.iter().find(|o| !o.is_empty()).cloned().unwrap_or_default();
     let label = n.name.clone().filter(|s| !s.is_empty()).unwrap_or_else(|| out.clone());
@@ -228,6 +240,17 @@ fn node(b: &mut Builder, n: &NodeProto, opset: i64, values: &mut HashMap<String,
     if !is_default_domain(n.domain.as_deref()) {
         let domain = n.domain.as_deref().unwrap_or("");
         return Err(fail(format!("domain '{domain}' is not supported (only the default ONNX domain)")));
+    }
+    validate::check(n, opset).map_err(fail)?;
+    for (k, o) in n.output.iter().enumerate().filter(|(_, o)| !o.is_empty()) {
+        let by = match () {
+            _ if g.input.iter().any(|i| i.name.as_ref() == Some(o)) => "a graph input",
+            _ if g.initializer.iter().any(|t| t.name.as_ref() == Some(o)) => "an initializer",
+            _ if n.output[..k].contains(o) => "this node's output before it",
+            _ if values.contains_key(o) => "an earlier node",
+            _ => continue,
+        };
+        return Err(fail(format!("output '{o}' is already defined by {by} (ONNX defines each name once)")));
     }
     let args = n
         .input

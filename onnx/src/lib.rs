@@ -19,6 +19,7 @@ mod ops_math;
 mod ops_more;
 mod ops_scatter;
 mod tensors;
+mod validate;
 
 pub use dispatch::supported;
 

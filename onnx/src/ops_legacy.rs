@@ -117,6 +117,8 @@ mod tests {
         assert!(e.contains("Upsample at opset 9"), "{e}");
         let e = converter("Gelu", 12).unwrap_err();
         assert!(e.contains("Gelu at opset 12") && e.contains("before opset 13"), "{e}");
+        let e = converter("Scatter", 11).unwrap_err();
+        assert!(e.contains("Scatter at opset 11") && e.contains("up to opset 10"), "{e}");
         let e = converter("Upsample", 13).unwrap_err();
         assert!(e.contains("op 'Upsample' is not supported"), "{e}");
     }

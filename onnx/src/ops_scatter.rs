@@ -16,8 +16,8 @@ use super::ops_more::{dims, flat_offsets};
 /// This module's converters (docs/onnx.md).
 pub const CONVERTERS: &[Converter] = &[
     Converter::since(11, "ScatterElements", |b, c| one(scatter_elements(&mut Steps { b, c }))),
-    // ScatterElements under its older name.
-    Converter::since(9, "Scatter", |b, c| one(scatter_elements(&mut Steps { b, c }))),
+    // ScatterElements under its older name (deprecated from 11).
+    Converter::between(9, 10, "Scatter", |b, c| one(scatter_elements(&mut Steps { b, c }))),
     Converter::since(11, "ScatterND", |b, c| one(scatter_nd(&mut Steps { b, c }))),
 ];
 

@@ -322,3 +322,25 @@ fn external_data_initializers_are_read_from_the_file_beside_the_model() {
     external("../model.onnx.data");
     refused("external data location '../model.onnx.data' is not a relative path inside the model's directory");
 }
+
+/// An input with an initializer of its name (its default, in ONNX's IR) is that constant
+/// when the model is imported, as onnxruntime uses the default when the input is not fed
+/// (testdata/onnx/input_default runs so with the others); `--const` gives it another value.
+#[test]
+fn an_initializer_is_its_inputs_default_and_const_overrides_it() {
+    let tmp = scratch("onnx-input-default");
+    let model = "testdata/onnx/input_default/model.onnx";
+    let run = meshc(&["check", model, "--dim", "batch=2"]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    assert!(!run.stdout.contains("input  scale"), "the defaulted input is still an input:\n{}", run.stdout);
+    let ones = tmp.join("ones.npy");
+    Tensor::f32(vec![4], vec![1.0; 4]).write_npy(&ones).unwrap();
+    let out = tmp.join("out");
+    let x = "testdata/onnx/input_default/inputs/x.npy";
+    let scale = format!("scale={}", ones.display());
+    let args = ["interp", model, "--dim", "batch=2", "--input", &format!("x={x}"), "--const", &scale];
+    let run = meshc(&[&args[..], &["--output-dir", &out.display().to_string()]].concat());
+    assert_eq!(run.status, Some(0), "{run:?}");
+    let (y, x) = (Tensor::read_npy(&out.join("y.npy")).unwrap(), Tensor::read_npy(Path::new(x)).unwrap());
+    assert_eq!(y.data, x.data, "x times a scale of ones is x");
+}
