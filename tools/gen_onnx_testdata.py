@@ -495,6 +495,31 @@ def double_consts():
     save("double_consts", g, {"x": r.standard_normal((4, 16)).astype(np.float32)}, {"batch": 4})
 
 
+def outputs():
+    """Graph outputs keep their ONNX names when meshc has nothing of its own to compute for
+    them: an output the Identity of another output (`z = Add(x, x); y = Identity(z)`, once
+    a panic), the graph input itself, no-op Identity, Cast and Expand of an input and of an
+    initializer (once named after the initializer, or `x_2`)."""
+    r = np.random.default_rng(30)
+    f = TensorProto.FLOAT
+    x = helper.make_tensor_value_info("x", f, ["batch", 4])
+    names = {"y": ["batch", 4], "z": ["batch", 4], "x": ["batch", 4], "x_id": ["batch", 4],
+             "x_cast": ["batch", 4], "x_expand": ["batch", 4], "w_id": [3, 4], "w_cast": [3, 4],
+             "w_expand": [3, 4]}
+    outs = [helper.make_tensor_value_info(o, f, s) for o, s in names.items()]
+    n = [helper.make_node("Add", ["x", "x"], ["z"], name="add"),
+         helper.make_node("Identity", ["z"], ["y"], name="identity"),
+         helper.make_node("Identity", ["x"], ["x_id"], name="x_identity"),
+         helper.make_node("Cast", ["x"], ["x_cast"], name="x_cast", to=f),
+         helper.make_node("Expand", ["x", "row"], ["x_expand"], name="x_expand"),
+         helper.make_node("Identity", ["w"], ["w_id"], name="w_identity"),
+         helper.make_node("Cast", ["w"], ["w_cast"], name="w_cast", to=f),
+         helper.make_node("Expand", ["w", "row"], ["w_expand"], name="w_expand")]
+    w = numpy_helper.from_array(r.standard_normal((3, 4)).astype(np.float32), "w")
+    g = helper.make_graph(n, "outputs", [x], outs, [w, ints("row", [1, 4])])
+    save("outputs", g, {"x": r.standard_normal((2, 4)).astype(np.float32)}, {"batch": 2})
+
+
 def input_default():
     """An input with an initializer of its name: ONNX's IR makes the initializer the input's
     default value, which onnxruntime uses when the input is not fed (as here); meshc imports
@@ -593,6 +618,7 @@ if __name__ == "__main__":
     half_weights()
     torch_names()
     double_consts()
+    outputs()
     input_default()
     bad()
     total = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(OUT) for f in fs)

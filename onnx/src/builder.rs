@@ -65,6 +65,8 @@ pub struct Builder {
     used: HashSet<String>,
     /// Consts already turned into params, by ONNX source name.
     param_of: HashMap<String, String>,
+    /// The new name of each node `output` renamed, by its old one.
+    renamed: HashMap<String, String>,
 }
 
 /// `name` as a meshc name: ONNX names are any string (`/encoder/layer.0/MatMul_output_0`,
@@ -179,40 +181,49 @@ impl Builder {
         Ok(v)
     }
 
-    /// Names the graph output `want` after its ONNX name: the node computing it is renamed
-    /// (with every use) when the name is free, so `run --output-dir` writes `y.npy` even when
-    /// the model ends in an Identity. Consts become params.
+    /// Names the graph output `want` after its ONNX name, so that `run --output-dir` writes
+    /// the files onnxruntime's outputs are named by: the node computing it is renamed (with
+    /// every use) when the name is free; an input, param or node that already has the name
+    /// is the output itself; anything else (an input or initializer under another name, a
+    /// value that is already another output: no-op Identity, Cast and Expand make such
+    /// aliases) gets a copy of that name. A node renamed stays found under its old name,
+    /// which another output may alias. Consts become params.
     pub fn output(&mut self, v: &Value, want: &str) -> R<String> {
-        let Value::Tensor(have) = v else { return Ok(self.operand(v, want)) };
-        let is_node = self.graph.nodes.iter().any(|n| &n.name == have);
-        let is_output = self.graph.outputs.iter().any(|o| &o.name == have);
-        // An output that is an input, or another output again, gets a copy of its own.
-        if !is_node || is_output {
-            let same = Attr::ints(&self.types[have].shape.iter().map(|&d| d as i64).collect::<Vec<_>>());
-            let copy = self.node(want, Op::Reshape, &[v], &[("shape", same)])?;
-            return Ok(self.operand(&copy, want));
-        }
+        let have = match v {
+            Value::Tensor(n) => n.clone(),
+            Value::Const { .. } => self.operand(v, want),
+        };
+        let have = self.renamed.get(&have).cloned().unwrap_or(have);
         let want = sanitise(want);
-        if *have == want || self.used.contains(&want) {
-            return Ok(have.clone());
+        let is_output = self.graph.outputs.iter().any(|o| o.name == have);
+        let free = !self.used.contains(&want);
+        if !is_output && (have == want || !free) {
+            return Ok(have);
         }
+        if !is_output && self.graph.nodes.iter().any(|n| n.name == have) {
+            self.rename(&have, &want);
+            return Ok(want);
+        }
+        let same = Attr::ints(&self.types[&have].shape.iter().map(|&d| d as i64).collect::<Vec<_>>());
+        let copy = self.node(&want, Op::Reshape, &[&Value::Tensor(have)], &[("shape", same)])?;
+        Ok(self.operand(&copy, &want))
+    }
+
+    /// Node `from` becomes `to` (a free name), with every use; `from` is free again.
+    fn rename(&mut self, from: &str, to: &str) {
         for n in &mut self.graph.nodes {
-            if &n.name == have {
-                n.name = want.clone();
+            if n.name == from {
+                n.name = to.to_string();
             }
-            for i in n.inputs.iter_mut().filter(|i| *i == have) {
-                i.clone_from(&want);
-            }
-        }
-        for o in &mut self.graph.outputs {
-            if &o.name == have {
-                o.name = want.clone();
+            for i in n.inputs.iter_mut().filter(|i| *i == from) {
+                *i = to.to_string();
             }
         }
-        let ty = self.types.remove(have).expect("a node has a type");
-        self.types.insert(want.clone(), ty);
-        self.used.insert(want.clone());
-        Ok(want)
+        let ty = self.types.remove(from).expect("a node has a type");
+        self.types.insert(to.to_string(), ty);
+        self.used.remove(from);
+        self.used.insert(to.to_string());
+        self.renamed.insert(from.to_string(), to.to_string());
     }
 }
 

@@ -344,3 +344,16 @@ fn an_initializer_is_its_inputs_default_and_const_overrides_it() {
     let (y, x) = (Tensor::read_npy(&out.join("y.npy")).unwrap(), Tensor::read_npy(Path::new(x)).unwrap());
     assert_eq!(y.data, x.data, "x times a scale of ones is x");
 }
+
+/// Every output keeps its ONNX name, so `--output-dir` writes the files onnxruntime's
+/// outputs are named by: an Identity of another output (once a panic), the graph input
+/// itself (once `x_2`), no-op Identity, Cast and Expand of the input and of an initializer
+/// (once named after the initializer). testdata/onnx/outputs also runs with the others.
+#[test]
+fn outputs_keep_their_onnx_names() {
+    let run = meshc(&["check", "testdata/onnx/outputs/model.onnx", "--dim", "batch=2"]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    let outputs: Vec<&str> =
+        run.stdout.lines().filter_map(|l| l.strip_prefix("output ")?.trim().split(':').next()).collect();
+    assert_eq!(outputs, ["y", "z", "x", "x_id", "x_cast", "x_expand", "w_id", "w_cast", "w_expand"], "{}", run.stdout);
+}
