@@ -520,6 +520,38 @@ def outputs():
     save("outputs", g, {"x": r.standard_normal((2, 4)).astype(np.float32)}, {"batch": 2})
 
 
+def numerics():
+    """Where the ONNX formulas overflow or ONNX's clamping differs from Python's, against
+    onnxruntime: Softplus and Mish of large |x| (x itself above ~88, not inf); LogSoftmax
+    of [1000, 0, −1000] ([0, −1000, −2000], not −inf) and a SoftmaxCrossEntropyLoss through
+    it (finite); Slice with a negative step from a start before −dim (clamped to 0: the
+    first element, not nothing); Pad in wrap mode with a negative pad (the crop comes
+    first, and the wrap repeats what is left)."""
+    r = np.random.default_rng(9)
+    f = TensorProto.FLOAT
+    x = helper.make_tensor_value_info("x", f, ["batch", 6])
+    labels = helper.make_tensor_value_info("labels", TensorProto.INT64, ["batch"])
+    shapes = {"softplus": ["batch", 6], "mish": ["batch", 6], "log_softmax": ["batch", 6], "loss": [],
+              "log_prob": ["batch", 6], "first": ["batch", 1], "wrap_end": ["batch", 7], "wrap_begin": ["batch", 5]}
+    outs = [helper.make_tensor_value_info(o, f, s) for o, s in shapes.items()]
+    n = [helper.make_node("Softplus", ["x"], ["softplus"], name="softplus"),
+         helper.make_node("Mish", ["x"], ["mish"], name="mish"),
+         helper.make_node("LogSoftmax", ["x"], ["log_softmax"], name="log_softmax", axis=1),
+         helper.make_node("SoftmaxCrossEntropyLoss", ["x", "labels"], ["loss", "log_prob"], name="sce"),
+         helper.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["first"], name="slice"),
+         helper.make_node("Pad", ["x", "pads_end"], ["wrap_end"], name="wrap_end", mode="wrap"),
+         helper.make_node("Pad", ["x", "pads_begin"], ["wrap_begin"], name="wrap_begin", mode="wrap")]
+    inits = [ints("starts", [-10]), ints("ends", [-100]), ints("axes", [1]), ints("steps", [-1]),
+             ints("pads_end", [0, -1, 0, 2]), ints("pads_begin", [0, 2, 0, -3])]
+    g = helper.make_graph(n, "numerics", [x, labels], outs, inits)
+    xv = np.array([[1000.0, 0.0, -1000.0, 100.0, 89.0, -100.0],
+                   [20.0, -20.0, 0.5, -0.5, 88.5, 30.0],
+                   [-88.5, -1e30, 1e30, 17.0, -17.0, 1e-3],
+                   r.standard_normal(6) * 3], dtype=np.float32)
+    labels = np.array([1, 2, 0, 5], dtype=np.int64)
+    save("numerics", g, {"x": xv, "labels": labels}, {"batch": 4}, opset=18)
+
+
 def input_default():
     """An input with an initializer of its name: ONNX's IR makes the initializer the input's
     default value, which onnxruntime uses when the input is not fed (as here); meshc imports
@@ -619,6 +651,7 @@ if __name__ == "__main__":
     torch_names()
     double_consts()
     outputs()
+    numerics()
     input_default()
     bad()
     total = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(OUT) for f in fs)

@@ -284,8 +284,33 @@ fn pad(b: &mut Builder, c: &Ctx) -> R<Value> {
         return Ok(x.clone());
     }
     let mode = c.string("mode", "constant");
+    if mode == "wrap" && pads.iter().any(|&p| p < 0) {
+        return crop_then_wrap(b, c, x, &ty.shape, &pads, value);
+    }
     let attrs = [("pads", ints(&pads)), ("mode", Attr::Str(mode)), ("value", Attr::Float(value))];
     b.node(&c.out, Op::Pad, &[x], &attrs)
+}
+
+/// Wrap padding with negative pads, as onnxruntime does it: the negative pads crop first,
+/// and the positive ones repeat what is left (meshc's pad wraps around the whole input).
+/// Constant, edge and reflect padding read the same elements either way.
+fn crop_then_wrap(b: &mut Builder, c: &Ctx, x: &Value, shape: &[usize], pads: &[i64], value: f64) -> R<Value> {
+    let r = shape.len();
+    let starts: Vec<i64> = (0..r).map(|d| (-pads[d]).max(0)).collect();
+    let ends: Vec<i64> = (0..r).map(|d| shape[d] as i64 - (-pads[r + d]).max(0)).collect();
+    let grow: Vec<i64> = pads.iter().map(|&p| p.max(0)).collect();
+    let last = grow.iter().all(|&p| p == 0);
+    let cropped = b.node(
+        &if last { c.out.clone() } else { c.part("cropped") },
+        Op::Slice,
+        &[x],
+        &[("starts", ints(&starts)), ("ends", ints(&ends))],
+    )?;
+    if last {
+        return Ok(cropped);
+    }
+    let attrs = [("pads", ints(&grow)), ("mode", Attr::Str("wrap".into())), ("value", Attr::Float(value))];
+    b.node(&c.out, Op::Pad, &[&cropped], &attrs)
 }
 
 fn tile(b: &mut Builder, c: &Ctx) -> R<Value> {

@@ -253,8 +253,21 @@ pub(super) fn softmax(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
 }
 
 pub(super) fn log_softmax(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
-    let s = b.node(&c.part("softmax"), Op::Softmax, &[c.arg(0)?], &[("axis", Attr::Int(c.int("axis", -1)))])?;
-    one(b.node(&c.out, Op::Log, &[&s], &[]))
+    one(log_softmax_of(b, c, c.arg(0)?, c.int("axis", -1), &c.out))
+}
+
+/// `x − max − log(Σ exp(x − max))` along `axis`, named `name`: as onnxruntime computes
+/// it, finite where log(softmax(x)) underflows to −inf (`[1000, 0, −1000]` gives
+/// `[0, −1000, −2000]`). The steps are named after node `c`'s output.
+pub(super) fn log_softmax_of(b: &mut Builder, c: &Ctx, x: &Value, axis: i64, name: &str) -> R<Value> {
+    let axis = norm_axis(axis, b.ty(x).shape.len())? as i64;
+    let keep = [("axes", Attr::ints(&[axis])), ("keepdims", Attr::Bool(true))];
+    let max = b.node(&c.part("max"), Op::ReduceMax, &[x], &keep)?;
+    let shifted = b.node(&c.part("shifted"), Op::Sub, &[x, &max], &[])?;
+    let e = b.node(&c.part("exp"), Op::Exp, &[&shifted], &[])?;
+    let sum = b.node(&c.part("sum"), Op::ReduceSum, &[&e], &keep)?;
+    let log_sum = b.node(&c.part("log_sum"), Op::Log, &[&sum], &[])?;
+    b.node(name, Op::Sub, &[&shifted, &log_sum], &[])
 }
 
 pub(super) fn clip(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
@@ -319,14 +332,31 @@ fn unsqueeze(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
     one(reshape(b, x, &target, &c.out))
 }
 
+/// meshc's slice clamps as Python does, ONNX's Slice as Python does too but for one case:
+/// with a negative step, a start before −dim is clamped to the first element (ONNX clamps
+/// starts to [0, dim − 1] then), where Python's slicing takes nothing. Such a start is
+/// written as 0.
 pub(super) fn slice(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
-    let mut attrs = vec![("starts", Attr::ints(&c.const_ints(1)?)), ("ends", Attr::ints(&c.const_ints(2)?))];
-    for (i, name) in [(3, "axes"), (4, "steps")] {
-        if c.opt(i).is_some() {
-            attrs.push((name, Attr::ints(&c.const_ints(i)?)));
+    let x = c.arg(0)?;
+    let shape = b.ty(x).shape;
+    let mut starts = c.const_ints(1)?;
+    let (axes, steps) =
+        (c.opt(3).map(|_| c.const_ints(3)).transpose()?, c.opt(4).map(|_| c.const_ints(4)).transpose()?);
+    for (k, start) in starts.iter_mut().enumerate() {
+        let axis = axes.as_ref().map_or(Some(k as i64), |a| a.get(k).copied());
+        let step = steps.as_ref().map_or(Some(1), |s| s.get(k).copied());
+        // A bad axis or a missing step is meshc's slice's to refuse.
+        let dim = axis.and_then(|a| norm_axis(a, shape.len()).ok()).map(|a| shape[a] as i64);
+        if let (Some(dim), Some(step)) = (dim, step) {
+            if step < 0 && *start < -dim {
+                *start = 0;
+            }
         }
     }
-    one(b.node(&c.out, Op::Slice, &[c.arg(0)?], &attrs))
+    let mut attrs = vec![("starts", Attr::ints(&starts)), ("ends", Attr::ints(&c.const_ints(2)?))];
+    attrs.extend(axes.map(|a| ("axes", Attr::ints(&a))));
+    attrs.extend(steps.map(|s| ("steps", Attr::ints(&s))));
+    one(b.node(&c.out, Op::Slice, &[x], &attrs))
 }
 
 fn expand(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {

@@ -9,7 +9,7 @@ use meshc_ir::infer::norm_axis;
 use meshc_ir::{Attr, DType, Data, Op, Tensor};
 
 use super::builder::{Builder, Value};
-use super::ops::{cast, one, reduce_attrs, reshape, scalar, Converter, Ctx};
+use super::ops::{cast, log_softmax_of, one, reduce_attrs, reshape, scalar, Converter, Ctx};
 use super::tensors;
 
 type R<T> = std::result::Result<T, String>;
@@ -250,12 +250,26 @@ fn shrink(s: &mut Steps, x: &Value) -> R<Value> {
     s.op0("", Op::Where, &[&below, &up, &mid])
 }
 
-/// ln(exp(x) + 1), ONNX's formula.
+/// ln(exp(x) + 1), ONNX's formula, as onnxruntime computes it: max(x, 0) + log1p(exp(−|x|)).
+/// The exp of a non-positive number cannot overflow (the formula as written is inf above
+/// ~88, where softplus is x), and log1p(u) is Goldberg's `u · log(w) / (w − 1)` with
+/// `w = 1 + u`, exact to a few ulps, or u itself where w rounds to 1 (so a large negative
+/// x gives exp(x), not 0).
 fn softplus(s: &mut Steps, x: &Value, step: &str) -> R<Value> {
-    let e = s.op0(&format!("{step}exp"), Op::Exp, &[x])?;
-    let one = s.k(x, 1.0);
-    let p = s.op0(&format!("{step}exp_plus_1"), Op::Add, &[&e, &one])?;
-    s.op0(step, Op::Log, &[&p])
+    let name = |what: &str| if step.is_empty() { what.to_string() } else { format!("{step}.{what}") };
+    let (zero, one) = (s.k(x, 0.0), s.k(x, 1.0));
+    let pos = s.op0(&name("pos"), Op::Maximum, &[x, &zero])?;
+    let a = s.op0(&name("abs"), Op::Abs, &[x])?;
+    let na = s.op0(&name("neg_abs"), Op::Neg, &[&a])?;
+    let u = s.op0(&name("exp"), Op::Exp, &[&na])?;
+    let w = s.op0(&name("one_plus"), Op::Add, &[&one, &u])?;
+    let l = s.op0(&name("log"), Op::Log, &[&w])?;
+    let wm1 = s.op0(&name("rounded"), Op::Sub, &[&w, &one])?;
+    let q = s.op0(&name("ratio"), Op::Div, &[&u, &wm1])?;
+    let lq = s.op0(&name("log1p_of"), Op::Mul, &[&l, &q])?;
+    let tiny = s.op0(&name("tiny"), Op::Equal, &[&w, &one])?;
+    let log1p = s.op0(&name("log1p"), Op::Where, &[&tiny, &u, &lq])?;
+    s.op0(step, Op::Add, &[&pos, &log1p])
 }
 
 /// Sums of |x|, x², x, exp(x) (the last shifted by the max, so it cannot overflow), then
@@ -562,9 +576,8 @@ fn loss(s: &mut Steps, softmax: bool) -> R<Vec<Value>> {
         return Err(format!("reduction '{reduction}' is not none, sum or mean"));
     }
     let logp = if softmax {
-        let sm = s.op("softmax", Op::Softmax, &[x], &[("axis", Attr::Int(1))])?;
         let name = c.node.output.get(1).filter(|n| !n.is_empty()).cloned().unwrap_or_else(|| c.part("log_prob"));
-        s.b.node(&name, Op::Log, &[&sm], &[])?
+        log_softmax_of(s.b, c, x, 1, &name)?
     } else {
         x.clone()
     };
