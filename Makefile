@@ -3,7 +3,7 @@ CARGO ?= cargo
 MESHC := target/release/meshc
 DEMO := testdata/transformer
 
-.PHONY: help build install uninstall test golden testdata bench demo fmt lint clean artifacts modules fuzz onnx-proto onnx-testdata onnx-conformance onnx-models mpi-deps test-mpi mpi-demo
+.PHONY: help build install uninstall test golden testdata bench demo fmt lint clean artifacts modules fuzz onnx-proto onnx-schemas onnx-testdata onnx-conformance onnx-models mpi-deps test-mpi mpi-demo
 
 help:
 	@echo "make demo      build meshc and run the transformer-block example end to end"
@@ -12,7 +12,8 @@ help:
 	@echo "make golden    rewrite golden/ from the current outputs (review the diff!)"
 	@echo "make testdata  regenerate testdata/ with numpy (pip install numpy)"
 	@echo "make onnx-testdata  regenerate testdata/onnx/ (a venv under target/ with onnx, onnxruntime)"
-	@echo "make onnx-proto     regenerate src/onnx/proto.rs from src/onnx/onnx.proto (no protoc needed)"
+	@echo "make onnx-proto     regenerate onnx/src/onnx.rs from onnx/src/onnx.proto (no protoc needed)"
+	@echo "make onnx-schemas   regenerate onnx/src/schemas.rs, ONNX's op schemas, from the onnx package (the venv of onnx-testdata)"
 	@echo "make onnx-conformance  every ONNX backend node test through meshc (a venv under target/ with onnx)"
 	@echo "make onnx-models  real torch.onnx exports (ResNet, MobileNet, BERT, GPT-2, ...) through meshc (a venv with torch, ~6 GB)"
 	@echo "make bench     run the benchmarks"
@@ -56,6 +57,11 @@ $(ONNX_VENV)/bin/python:
 onnx-testdata: $(ONNX_VENV)/bin/python
 	$(ONNX_VENV)/bin/python tools/gen_onnx_testdata.py
 
+# The op schemas every imported node is checked against (onnx/src/validate.rs), from the
+# venv's onnx package: the definitions onnxruntime checks a model against.
+onnx-schemas: $(ONNX_VENV)/bin/python
+	$(ONNX_VENV)/bin/python tools/gen_onnx_schemas.py
+
 # The ONNX backend node tests of the installed onnx package through import, compile, run and
 # interp (tools/onnx_conformance.py): a table per op, the totals; fails on any crash or wrong result.
 onnx-conformance: $(ONNX_VENV)/bin/python
@@ -79,7 +85,7 @@ onnx-models: $(TORCH_VENV)/installed
 	$(TORCH_VENV)/bin/python tools/check_torch_models.py $(MESHC)
 
 # The prost types of onnx.proto are checked in; this rewrites them with a pure-Rust protobuf
-# compiler (protox), in a crate of its own so the compiler's build never builds it.
+# compiler (protox), in a crate of its own so the frontend's build never builds it.
 onnx-proto:
 	CARGO_TARGET_DIR=$(CURDIR)/target/protogen $(CARGO) run --manifest-path tools/onnx-protogen/Cargo.toml
 

@@ -1,7 +1,7 @@
 //! meshc: the compiler — the layout spec, the passes, Cranelift code generation and the
 //! compile pipeline. The graph IR lives in `meshc-ir`; the artifact format and everything
-//! that runs an artifact live in `meshc-runtime`, which knows nothing of this crate. The
-//! `meshc` binary (src/main.rs) is the CLI.
+//! that runs an artifact live in `meshc-runtime`, which knows nothing of this crate; the ONNX
+//! frontend is `meshc-onnx`. The `meshc` binary (src/main.rs) is the CLI.
 
 pub mod attribution;
 pub mod codegen;
@@ -13,6 +13,5 @@ pub mod dumps;
 pub mod explain;
 pub mod layout;
 pub mod mesh_interp;
-pub mod onnx;
 pub mod passes;
 pub mod train;

@@ -211,9 +211,9 @@ struct OnnxArgs {
 }
 
 impl OnnxArgs {
-    fn import(&self, path: &Path) -> Result<meshc::onnx::Imported> {
-        let dims = meshc::onnx::parse_dims(&self.dims)?;
-        Ok(meshc::onnx::import(path, &dims, &meshc::onnx::parse_consts(&self.consts)?)?)
+    fn import(&self, path: &Path) -> Result<meshc_onnx::Imported> {
+        let dims = meshc_onnx::parse_dims(&self.dims)?;
+        Ok(meshc_onnx::import(path, &dims, &meshc_onnx::parse_consts(&self.consts)?)?)
     }
 }
 
@@ -353,7 +353,7 @@ struct GraphIn {
 }
 
 fn load_graph(path: &Path, onnx: &OnnxArgs) -> Result<GraphIn> {
-    if meshc::onnx::is_onnx(path) {
+    if meshc_onnx::is_onnx(path) {
         let imp = onnx.import(path)?;
         return Ok(GraphIn { graph: imp.graph, info: imp.info, imported: Some(imp.params) });
     }
@@ -369,11 +369,11 @@ fn load_graph(path: &Path, onnx: &OnnxArgs) -> Result<GraphIn> {
 
 /// `import MODEL -o GRAPH [--weights W]`.
 fn import(model: &Path, out: &Path, weights: Option<&Path>, onnx: &OnnxArgs) -> Result<()> {
-    if !meshc::onnx::is_onnx(model) {
+    if !meshc_onnx::is_onnx(model) {
         bail!("{}: import reads an ONNX model (.onnx)", model.display());
     }
     let imp = onnx.import(model)?;
-    meshc::onnx::write(&imp, out, weights)
+    meshc_onnx::write(&imp, out, weights)
 }
 
 fn check(path: &Path, layout: Option<&Path>, onnx: &OnnxArgs) -> Result<()> {

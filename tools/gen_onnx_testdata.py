@@ -495,15 +495,94 @@ def double_consts():
     save("double_consts", g, {"x": r.standard_normal((4, 16)).astype(np.float32)}, {"batch": 4})
 
 
+def outputs():
+    """Graph outputs keep their ONNX names when meshc has nothing of its own to compute for
+    them: an output the Identity of another output (`z = Add(x, x); y = Identity(z)`, once
+    a panic), the graph input itself, no-op Identity, Cast and Expand of an input and of an
+    initializer (once named after the initializer, or `x_2`)."""
+    r = np.random.default_rng(30)
+    f = TensorProto.FLOAT
+    x = helper.make_tensor_value_info("x", f, ["batch", 4])
+    names = {"y": ["batch", 4], "z": ["batch", 4], "x": ["batch", 4], "x_id": ["batch", 4],
+             "x_cast": ["batch", 4], "x_expand": ["batch", 4], "w_id": [3, 4], "w_cast": [3, 4],
+             "w_expand": [3, 4]}
+    outs = [helper.make_tensor_value_info(o, f, s) for o, s in names.items()]
+    n = [helper.make_node("Add", ["x", "x"], ["z"], name="add"),
+         helper.make_node("Identity", ["z"], ["y"], name="identity"),
+         helper.make_node("Identity", ["x"], ["x_id"], name="x_identity"),
+         helper.make_node("Cast", ["x"], ["x_cast"], name="x_cast", to=f),
+         helper.make_node("Expand", ["x", "row"], ["x_expand"], name="x_expand"),
+         helper.make_node("Identity", ["w"], ["w_id"], name="w_identity"),
+         helper.make_node("Cast", ["w"], ["w_cast"], name="w_cast", to=f),
+         helper.make_node("Expand", ["w", "row"], ["w_expand"], name="w_expand")]
+    w = numpy_helper.from_array(r.standard_normal((3, 4)).astype(np.float32), "w")
+    g = helper.make_graph(n, "outputs", [x], outs, [w, ints("row", [1, 4])])
+    save("outputs", g, {"x": r.standard_normal((2, 4)).astype(np.float32)}, {"batch": 2})
+
+
+def numerics():
+    """Where the ONNX formulas overflow or ONNX's clamping differs from Python's, against
+    onnxruntime: Softplus and Mish of large |x| (x itself above ~88, not inf); LogSoftmax
+    of [1000, 0, −1000] ([0, −1000, −2000], not −inf) and a SoftmaxCrossEntropyLoss through
+    it (finite); Slice with a negative step from a start before −dim (clamped to 0: the
+    first element, not nothing); Pad in wrap mode with a negative pad (the crop comes
+    first, and the wrap repeats what is left)."""
+    r = np.random.default_rng(9)
+    f = TensorProto.FLOAT
+    x = helper.make_tensor_value_info("x", f, ["batch", 6])
+    labels = helper.make_tensor_value_info("labels", TensorProto.INT64, ["batch"])
+    shapes = {"softplus": ["batch", 6], "mish": ["batch", 6], "log_softmax": ["batch", 6], "loss": [],
+              "log_prob": ["batch", 6], "first": ["batch", 1], "wrap_end": ["batch", 7], "wrap_begin": ["batch", 5]}
+    outs = [helper.make_tensor_value_info(o, f, s) for o, s in shapes.items()]
+    n = [helper.make_node("Softplus", ["x"], ["softplus"], name="softplus"),
+         helper.make_node("Mish", ["x"], ["mish"], name="mish"),
+         helper.make_node("LogSoftmax", ["x"], ["log_softmax"], name="log_softmax", axis=1),
+         helper.make_node("SoftmaxCrossEntropyLoss", ["x", "labels"], ["loss", "log_prob"], name="sce"),
+         helper.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["first"], name="slice"),
+         helper.make_node("Pad", ["x", "pads_end"], ["wrap_end"], name="wrap_end", mode="wrap"),
+         helper.make_node("Pad", ["x", "pads_begin"], ["wrap_begin"], name="wrap_begin", mode="wrap")]
+    inits = [ints("starts", [-10]), ints("ends", [-100]), ints("axes", [1]), ints("steps", [-1]),
+             ints("pads_end", [0, -1, 0, 2]), ints("pads_begin", [0, 2, 0, -3])]
+    g = helper.make_graph(n, "numerics", [x, labels], outs, inits)
+    xv = np.array([[1000.0, 0.0, -1000.0, 100.0, 89.0, -100.0],
+                   [20.0, -20.0, 0.5, -0.5, 88.5, 30.0],
+                   [-88.5, -1e30, 1e30, 17.0, -17.0, 1e-3],
+                   r.standard_normal(6) * 3], dtype=np.float32)
+    labels = np.array([1, 2, 0, 5], dtype=np.int64)
+    save("numerics", g, {"x": xv, "labels": labels}, {"batch": 4}, opset=18)
+
+
+def input_default():
+    """An input with an initializer of its name: ONNX's IR makes the initializer the input's
+    default value, which onnxruntime uses when the input is not fed (as here); meshc imports
+    it as that constant, and `--const scale=FILE.npy` gives it another value."""
+    r = np.random.default_rng(4)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    scale = helper.make_tensor_value_info("scale", TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    n = [helper.make_node("Mul", ["x", "scale"], ["y"], name="mul")]
+    default = numpy_helper.from_array(np.array([1, 2, 3, 4], dtype=np.float32), "scale")
+    g = helper.make_graph(n, "input_default", [x, scale], [y], [default])
+    save("input_default", g, {"x": r.standard_normal((2, 4)).astype(np.float32)}, {"batch": 2})
+
+
 def bad():
     """Bad inputs for testdata/bad/ (tests/all/golden.rs pins each one-line error)."""
     d = os.path.join(OUT, "..", "bad")
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])
 
-    def write(name, nodes, inits=(), inputs=None, opset=OPSET):
+    def write(name, nodes, inits=(), inputs=None, opset=OPSET, ort_refuses=False):
         g = helper.make_graph(nodes, name, inputs or [x], [y], list(inits))
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+        if ort_refuses:
+            # meshc validates as onnxruntime does: each of these it refuses too.
+            try:
+                ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+            except Exception:
+                pass
+            else:
+                raise AssertionError(f"onnxruntime runs onnx-{name}")
         with open(os.path.join(d, f"onnx-{name}.onnx"), "wb") as f:
             f.write(m.SerializeToString())
 
@@ -526,6 +605,29 @@ def bad():
     # Add before opset 7 broadcast only with its `broadcast` attribute: not numpy's rules.
     write("opset-6-add", [helper.make_node("Add", ["x", "x"], ["y"], name="add")], opset=6)
     write("opset-29", [helper.make_node("Relu", ["x"], ["y"])], opset=29)
+    # Invalid models meshc once imported with a meaning of its own guessing (a float or
+    # string axis as the default, extra inputs ignored, a second definition renamed).
+    def refused(name, nodes, **kw):
+        write(name, nodes, ort_refuses=True, **kw)
+
+    refused("float-axis", [helper.make_node("Softmax", ["x"], ["y"], name="softmax", axis=1.0)])
+    refused("string-axis", [helper.make_node("Softmax", ["x"], ["y"], name="softmax", axis="1")])
+    untyped = helper.make_node("Softmax", ["x"], ["y"], name="softmax", axis=1)
+    untyped.attribute[0].type = onnx.AttributeProto.UNDEFINED
+    refused("untyped-attribute", [untyped])
+    refused("add-one-input", [helper.make_node("Add", ["x"], ["y"], name="add")])
+    refused("add-three-inputs", [helper.make_node("Add", ["x", "x", "x"], ["y"], name="add")])
+    refused("relu-two-inputs", [helper.make_node("Relu", ["x", "x"], ["y"], name="relu")])
+    refused("relu-two-outputs", [helper.make_node("Relu", ["x"], ["y", "y2"], name="relu")])
+    refused("unknown-attribute", [helper.make_node("Relu", ["x"], ["y"], name="relu", alpha=0.5)])
+    refused("missing-attribute", [helper.make_node("Cast", ["x"], ["y"], name="cast")])
+    refused("defined-twice", [helper.make_node("Relu", ["x"], ["y"], name="relu"),
+                              helper.make_node("Neg", ["x"], ["y"], name="neg")])
+    refused("overwrites-input", [helper.make_node("Relu", ["x"], ["x"], name="relu"),
+                                 helper.make_node("Neg", ["x"], ["y"], name="neg")])
+    refused("deprecated", [helper.make_node("Scatter", ["x", "idx", "x"], ["y"], name="scatter")],
+            inits=[numpy_helper.from_array(np.zeros((2, 4), np.int64), "idx")])
+    refused("too-new", [helper.make_node("Gelu", ["x"], ["y"], name="gelu")])
 
 
 if __name__ == "__main__":
@@ -548,6 +650,9 @@ if __name__ == "__main__":
     half_weights()
     torch_names()
     double_consts()
+    outputs()
+    numerics()
+    input_default()
     bad()
     total = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote {OUT} ({total} bytes)", file=sys.stderr)

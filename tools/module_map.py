@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The module map of the workspace as Graphviz: one cluster per crate (meshc-ir, meshc-runtime,
+"""The module map of the workspace as Graphviz: one cluster per crate (meshc-ir, meshc-runtime, meshc-onnx,
 meshc), a node per module (a file, or a folder's mod.rs), an edge where a module names another
 of its crate (`crate::x`, `super::x`). Edges between crates are summed up as one edge per pair
 of crates, labelled with how many module-to-module uses it stands for: drawn one by one they
@@ -14,9 +14,9 @@ import re
 import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-CRATES = [("meshc_ir", "ir/src"), ("meshc_runtime", "runtime/src"), ("meshc", "src")]
-PATH = re.compile(r"\b(crate|super|meshc_ir|meshc_runtime)((?:::[a-z_][a-z0-9_]*)+)")
-USE_GROUP = re.compile(r"\b(crate|super|meshc_ir|meshc_runtime)::\{([^}]*)\}")
+CRATES = [("meshc_ir", "ir/src"), ("meshc_runtime", "runtime/src"), ("meshc_onnx", "onnx/src"), ("meshc", "src")]
+PATH = re.compile(r"\b(crate|super|meshc_ir|meshc_runtime|meshc_onnx)((?:::[a-z_][a-z0-9_]*)+)")
+USE_GROUP = re.compile(r"\b(crate|super|meshc_ir|meshc_runtime|meshc_onnx)::\{([^}]*)\}")
 
 
 def modules(src):

@@ -36,7 +36,7 @@ TIMEOUT_S = 60
 
 
 def sanitize(name):
-    """The file name meshc gives an output named `name` (src/onnx/builder.rs `sanitise`:
+    """The file name meshc gives an output named `name` (onnx/src/builder.rs `sanitise`:
     characters outside [A-Za-z0-9_.] become _, leading _ and . are dropped, a leading digit
     gets a t)."""
     s = re.sub(r"[^A-Za-z0-9.]", "_", name).lstrip("_.")

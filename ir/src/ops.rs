@@ -213,9 +213,6 @@ impl Op {
     }
 }
 
-/// The reductions of `scatter_elements`, for the ONNX importer's check of its `reduction`.
-pub const SCATTER_REDUCTIONS: &[&str] = attrs::ScatterReduction::NAMES;
-
 /// The steps a matmul's `epilogue` attribute may list (docs/ops.md), with whether each takes
 /// an operand: the matmul's operands after `a` and `b`, one per such step, in order.
 pub const EPILOGUE_STEPS: &[(&str, bool)] =

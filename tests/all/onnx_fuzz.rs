@@ -9,9 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use meshc::onnx::proto::{attribute_proto, tensor_shape_proto::dimension, type_proto, ModelProto};
+use meshc_onnx::proto::{attribute_proto, tensor_shape_proto::dimension, type_proto, Message, ModelProto};
 use proptest::prelude::*;
-use prost::Message;
 
 use crate::common::{input_args, scratch};
 

@@ -1,0 +1,257 @@
+//! Building the meshc graph of an import: values are either known at import time
+//! (`Value::Const`) or computed at run time (`Value::Tensor`); a meshc node all of whose
+//! operands are known is evaluated with the reference interpreter instead of being emitted,
+//! which is how shape subgraphs fold. Weights are the exception: a node on a weight stays a
+//! node, so the weight stays a param under its ONNX name (layout specs name it; compile's
+//! fold pass folds its transposes and casts anyway). Names are sanitised and unique.
+
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+
+use meshc_ir::infer::{infer, Operand};
+use meshc_ir::interp::eval_node;
+use meshc_ir::{Attr, DType, Data, Graph, Node, Op, Param, ParamData, Tensor, TensorType};
+
+type R<T> = std::result::Result<T, String>;
+
+#[derive(Clone)]
+pub enum Value {
+    Const {
+        t: Rc<Tensor>,
+        /// The ONNX name of an initializer or Constant it is, which names its param.
+        source: Option<String>,
+        /// A float initializer (or Constant) of more than one element: kept as a param.
+        weight: bool,
+        /// The half type an initializer was stored in (`t` holds it widened): its param
+        /// keeps the half bytes.
+        half: Option<DType>,
+    },
+    /// A graph input or node of the meshc graph, by its meshc name.
+    Tensor(String),
+}
+
+impl Value {
+    pub fn computed(t: Tensor) -> Value {
+        Value::Const { t: Rc::new(t), source: None, weight: false, half: None }
+    }
+
+    /// An initializer or Constant named `source`.
+    pub fn named(t: Tensor, source: &str) -> Value {
+        Value::stored(t, source, DType::F32)
+    }
+
+    /// An initializer named `source` stored as `dtype` (a half is widened in `t`).
+    pub fn stored(t: Tensor, source: &str, dtype: DType) -> Value {
+        let weight = t.dtype() == DType::F32 && t.numel() > 1;
+        let half = Some(dtype).filter(|d| d.is_half());
+        Value::Const { t: Rc::new(t), source: Some(source.to_string()), weight, half }
+    }
+
+    pub fn as_const(&self) -> Option<&Tensor> {
+        match self {
+            Value::Const { t, .. } => Some(t),
+            Value::Tensor(_) => None,
+        }
+    }
+}
+
+/// What `Value::Tensor` names resolve to, and what the import has produced so far.
+#[derive(Default)]
+pub struct Builder {
+    pub graph: Graph,
+    /// The values of the graph's params, by param name.
+    pub params: HashMap<String, Tensor>,
+    types: HashMap<String, TensorType>,
+    used: HashSet<String>,
+    /// Consts already turned into params, by ONNX source name.
+    param_of: HashMap<String, String>,
+    /// The new name of each node `output` renamed, by its old one.
+    renamed: HashMap<String, String>,
+}
+
+/// `name` as a meshc name: ONNX names are any string (`/encoder/layer.0/MatMul_output_0`,
+/// `onnx::MatMul_12`), meshc's become file names (`run --output-dir`) and layout spec keys,
+/// so everything but letters, digits, `_` and `.` becomes `_`, and a leading `_` is dropped.
+pub fn sanitise(name: &str) -> String {
+    let s: String = name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' { c } else { '_' }).collect();
+    let s = s.trim_start_matches(['_', '.']);
+    match s.chars().next() {
+        None => "t".to_string(),
+        Some(c) if c.is_ascii_digit() => format!("t{s}"),
+        Some(_) => s.to_string(),
+    }
+}
+
+impl Builder {
+    /// A fresh meshc name for ONNX name `hint`: sanitised, with `_2`, `_3`... if taken.
+    pub fn fresh(&mut self, hint: &str) -> String {
+        let base = sanitise(hint);
+        let name =
+            (1..).map(|k| if k == 1 { base.clone() } else { format!("{base}_{k}") }).find(|n| !self.used.contains(n));
+        let name = name.expect("an unused suffix exists");
+        self.used.insert(name.clone());
+        name
+    }
+
+    pub fn add_input(&mut self, input: meshc_ir::Input) {
+        self.types.insert(input.name.clone(), input.ty.clone());
+        self.graph.inputs.push(input);
+    }
+
+    pub fn ty(&self, v: &Value) -> TensorType {
+        match v {
+            Value::Const { t, .. } => t.ty(),
+            Value::Tensor(n) => self.types[n].clone(),
+        }
+    }
+
+    /// The half dtype of the graph input `v` is the widened form of (see `import::input`).
+    pub fn half_origin(&self, v: &Value) -> Option<DType> {
+        let Value::Tensor(name) = v else { return None };
+        let node = self.graph.nodes.iter().find(|n| &n.name == name).filter(|n| n.op == Op::Cast)?;
+        let input = self.graph.inputs.iter().find(|i| node.inputs.first() == Some(&i.name))?;
+        Some(input.ty.dtype).filter(|d| d.is_half())
+    }
+
+    /// The meshc name of `v`, turning a const into a param (once per ONNX source). A half
+    /// initializer's param keeps its half bytes (weights file and artifact at half the size)
+    /// and is read through a cast to f32, which a matmul reads as the half weight itself.
+    pub fn operand(&mut self, v: &Value, hint: &str) -> String {
+        let (t, source, half) = match v {
+            Value::Tensor(n) => return n.clone(),
+            Value::Const { t, source, half, .. } => (t, source, *half),
+        };
+        if let Some(p) = source.as_ref().and_then(|s| self.param_of.get(s)) {
+            return p.clone();
+        }
+        let name = self.fresh(source.as_deref().unwrap_or(hint));
+        let value = match half {
+            // Exact: `t` was widened from these halves.
+            Some(h) => Tensor::new(t.shape.clone(), Data::from_f64(h, t.data.to_f64())),
+            None => (**t).clone(),
+        };
+        let ty = value.ty();
+        self.types.insert(name.clone(), ty.clone());
+        // The file is set when the graph is written (`save`): in memory, `params` holds it.
+        let data = ParamData::File { path: String::new(), key: Some(name.clone()) };
+        self.graph.params.push(Param { name: name.clone(), ty, dims: None, data, loc: None });
+        self.params.insert(name.clone(), value);
+        let read = match half {
+            Some(_) => {
+                let cast = self.fresh(&format!("{name}.f32"));
+                let mut node = Node::new(&cast, Op::Cast, &[name.as_str()]);
+                node.attrs.insert("to".into(), Attr::Str(DType::F32.name().into()));
+                self.types.insert(cast.clone(), t.ty());
+                self.graph.nodes.push(node);
+                cast
+            }
+            None => name,
+        };
+        if let Some(s) = source {
+            self.param_of.insert(s.clone(), read.clone());
+        }
+        read
+    }
+
+    /// `op(args) {attrs}`, named after `name`: evaluated now when every operand is a
+    /// non-weight const, else emitted.
+    pub fn node(&mut self, name: &str, op: Op, args: &[&Value], attrs: &[(&str, Attr)]) -> R<Value> {
+        let mut node = Node::new(name, op, &[]);
+        for (k, v) in attrs {
+            node.attrs.insert(k.to_string(), v.clone());
+        }
+        let types: Vec<TensorType> = args.iter().map(|a| self.ty(a)).collect();
+        let operands: Vec<Operand> = types.iter().map(|ty| Operand { ty, dims: None }).collect();
+        let out = infer(&node, &operands).map_err(|e| format!("{op}: {e}"))?.ty;
+        let consts: Option<Vec<&Tensor>> = args
+            .iter()
+            .map(|a| match a {
+                Value::Const { t, weight: false, .. } => Some(&**t),
+                _ => None,
+            })
+            .collect();
+        if let Some(consts) = consts {
+            return eval_node(&node, &consts, &out).map(Value::computed).map_err(|e| e.msg);
+        }
+        node.inputs = args.iter().enumerate().map(|(i, a)| self.operand(a, &format!("{name}.{i}"))).collect();
+        node.name = self.fresh(name);
+        self.types.insert(node.name.clone(), out);
+        let v = Value::Tensor(node.name.clone());
+        self.graph.nodes.push(node);
+        Ok(v)
+    }
+
+    /// Names the graph output `want` after its ONNX name, so that `run --output-dir` writes
+    /// the files onnxruntime's outputs are named by: the node computing it is renamed (with
+    /// every use) when the name is free; an input, param or node that already has the name
+    /// is the output itself; anything else (an input or initializer under another name, a
+    /// value that is already another output: no-op Identity, Cast and Expand make such
+    /// aliases) gets a copy of that name. A node renamed stays found under its old name,
+    /// which another output may alias. Consts become params.
+    pub fn output(&mut self, v: &Value, want: &str) -> R<String> {
+        let have = match v {
+            Value::Tensor(n) => n.clone(),
+            Value::Const { .. } => self.operand(v, want),
+        };
+        let have = self.renamed.get(&have).cloned().unwrap_or(have);
+        let want = sanitise(want);
+        let is_output = self.graph.outputs.iter().any(|o| o.name == have);
+        let free = !self.used.contains(&want);
+        if !is_output && (have == want || !free) {
+            return Ok(have);
+        }
+        if !is_output && self.graph.nodes.iter().any(|n| n.name == have) {
+            self.rename(&have, &want);
+            return Ok(want);
+        }
+        let same = Attr::ints(&self.types[&have].shape.iter().map(|&d| d as i64).collect::<Vec<_>>());
+        let copy = self.node(&want, Op::Reshape, &[&Value::Tensor(have)], &[("shape", same)])?;
+        Ok(self.operand(&copy, &want))
+    }
+
+    /// Node `from` becomes `to` (a free name), with every use; `from` is free again.
+    fn rename(&mut self, from: &str, to: &str) {
+        for n in &mut self.graph.nodes {
+            if n.name == from {
+                n.name = to.to_string();
+            }
+            for i in n.inputs.iter_mut().filter(|i| *i == from) {
+                *i = to.to_string();
+            }
+        }
+        let ty = self.types.remove(from).expect("a node has a type");
+        self.types.insert(to.to_string(), ty);
+        self.used.remove(from);
+        self.used.insert(to.to_string());
+        self.renamed.insert(from.to_string(), to.to_string());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_sanitised_and_unique() {
+        assert_eq!(sanitise("/encoder/layer.0/MatMul_output_0"), "encoder_layer.0_MatMul_output_0");
+        assert_eq!(sanitise("onnx::MatMul_12"), "onnx__MatMul_12");
+        assert_eq!(sanitise("0"), "t0");
+        assert_eq!(sanitise(""), "t");
+        let mut b = Builder::default();
+        assert_eq!(b.fresh("a/b"), "a_b");
+        assert_eq!(b.fresh("a:b"), "a_b_2");
+    }
+
+    #[test]
+    fn nodes_on_constants_fold_and_nodes_on_weights_stay() {
+        let mut b = Builder::default();
+        let two = Value::computed(Tensor::new(vec![], meshc_ir::Data::I64(vec![2])));
+        let v = b.node("m", Op::Mul, &[&two, &two], &[]).unwrap();
+        assert_eq!(v.as_const().unwrap().data, meshc_ir::Data::I64(vec![4]));
+        assert!(b.graph.nodes.is_empty());
+        let w = Value::named(Tensor::f32(vec![2], vec![1.0, 2.0]), "w");
+        let v = b.node("n", Op::Neg, &[&w], &[]).unwrap();
+        assert!(matches!(v, Value::Tensor(ref n) if n == "n"));
+        assert_eq!(b.graph.params[0].name, "w");
+    }
+}

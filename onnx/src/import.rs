@@ -1,0 +1,271 @@
+//! An ONNX model to a meshc graph: the opset and domains it may use, its inputs (symbolic
+//! dims bound by `--dim`), its initializers, its nodes in order (each through `ops`), its
+//! outputs. Every refusal names what it refuses: the input and dim, the initializer, or the
+//! node and its op type.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
+
+use meshc_ir::{DType, Graph, Input, Output, Tensor, TensorType};
+
+use super::builder::{Builder, Value};
+use super::dispatch;
+use super::external::External;
+use super::ops::Ctx;
+use super::ops_legacy;
+use super::proto::tensor_shape_proto::dimension;
+use super::proto::{type_proto, GraphProto, ModelProto, NodeProto, ValueInfoProto};
+use super::tensors;
+use super::validate;
+
+type R<T> = std::result::Result<T, String>;
+
+/// The opsets of the default domain meshc reads (torch.onnx writes 17 and 18 today; before
+/// 13, each op's converter says from which opset it reads it).
+pub const OPSETS: std::ops::RangeInclusive<i64> = ops_legacy::OLDEST..=28;
+
+fn is_default_domain(d: Option<&str>) -> bool {
+    matches!(d, None | Some("" | "ai.onnx"))
+}
+
+/// The graph of `model` and its params' values; `dims` binds symbolic dims by name, and
+/// `consts` fixes inputs to values, which then fold like initializers (an input that gives
+/// a shape, pads or scales must be known at import time); external data is read relative
+/// to `dir`, the model's directory.
+pub fn import(
+    model: &ModelProto,
+    dims: &BTreeMap<String, usize>,
+    consts: &BTreeMap<String, Tensor>,
+    dir: &Path,
+) -> R<(Graph, HashMap<String, Tensor>)> {
+    let opset = model
+        .opset_import
+        .iter()
+        .find(|o| is_default_domain(o.domain.as_deref()))
+        .and_then(|o| o.version)
+        .ok_or("the model imports no opset of the default ONNX domain")?;
+    if !OPSETS.contains(&opset) {
+        let (lo, hi) = OPSETS.into_inner();
+        return Err(format!("opset {opset} of the default domain is not supported ({lo} to {hi})"));
+    }
+    let g = model.graph.as_ref().ok_or("the model has no graph")?;
+    let mut b = Builder::default();
+    b.graph.name = builder_name(g);
+    let mut values: HashMap<String, Value> = HashMap::new();
+    let mut external = External::new(dir);
+    let sources = sources(g);
+    for t in &g.initializer {
+        let name = t.name.clone().unwrap_or_default();
+        if values.contains_key(&name) {
+            return Err(format!("initializer '{name}' is given twice (ONNX names each value once)"));
+        }
+        let source = sources.get(&name).cloned().unwrap_or_else(|| name.clone());
+        let raw = match tensors::is_external(t) {
+            true => external.bytes(t).map(Some),
+            false => Ok(t.raw_data.as_deref()),
+        };
+        let v = raw.and_then(|raw| tensors::tensor_from(t, raw)).map_err(|e| format!("initializer '{name}': {e}"))?;
+        let stored = tensors::storage_dtype(t.data_type.unwrap_or(0)).unwrap_or(DType::F32);
+        values.insert(name, Value::stored(v, &source, stored));
+    }
+    let mut bound = BTreeSet::new();
+    let mut listed = BTreeSet::new();
+    for i in &g.input {
+        let onnx_name = i.name.clone().unwrap_or_default();
+        if !listed.insert(onnx_name.clone()) {
+            return Err(format!("input '{onnx_name}' is listed twice (ONNX names each value once)"));
+        }
+        if let Some(t) = consts.get(&onnx_name) {
+            let want = i.r#type.as_ref().and_then(|t| match &t.value {
+                Some(type_proto::Value::TensorType(tt)) => tensors::storage_dtype(tt.elem_type.unwrap_or(0)).ok(),
+                _ => None,
+            });
+            if want.is_some_and(|d| d != t.dtype()) {
+                return Err(format!(
+                    "--const {onnx_name}: the value is {}, the input {}",
+                    t.dtype(),
+                    want.unwrap_or(t.dtype())
+                ));
+            }
+            values.insert(onnx_name.clone(), Value::named(t.clone(), &onnx_name));
+            continue;
+        }
+        // An initializer of the input's name is its default value (ONNX's IR; older
+        // exporters list every initializer among the inputs so): meshc's inputs have no
+        // defaults, so the input is that constant, unless `--const` gives another value.
+        if values.contains_key(&onnx_name) {
+            continue;
+        }
+        let v = input(&mut b, i, dims, &mut bound).map_err(|e| format!("input '{onnx_name}': {e}"))?;
+        values.insert(onnx_name, v);
+    }
+    let inputs: BTreeSet<&str> = g.input.iter().filter_map(|i| i.name.as_deref()).collect();
+    if let Some(unused) = consts.keys().find(|c| !inputs.contains(c.as_str())) {
+        return Err(format!("--const {unused}: the model has no input '{unused}'"));
+    }
+    if let Some(unused) = dims.keys().find(|d| !bound.contains(*d)) {
+        return Err(format!("--dim {unused}: the model's inputs have no symbolic dim '{unused}'"));
+    }
+    for n in &g.node {
+        node(&mut b, n, g, opset, &mut values)?;
+    }
+    for o in &g.output {
+        let name = o.name.clone().unwrap_or_default();
+        let v = values.get(&name).ok_or_else(|| format!("output '{name}' is computed by no node"))?;
+        let meshc_name = b.output(v, &name).map_err(|e| format!("output '{name}': {e}"))?;
+        b.graph.outputs.push(Output::new(meshc_name));
+    }
+    Ok((b.graph, b.params))
+}
+
+/// The initializers named by `folded_name`, by ONNX name. A name two of them would share,
+/// or that another initializer has, is not given: the param names must stay apart.
+fn sources(g: &GraphProto) -> HashMap<String, String> {
+    let mut readers: HashMap<&str, Vec<(&NodeProto, usize)>> = HashMap::new();
+    for n in &g.node {
+        for (k, i) in n.input.iter().enumerate() {
+            readers.entry(i.as_str()).or_default().push((n, k));
+        }
+    }
+    let names: Vec<&str> = g.initializer.iter().filter_map(|t| t.name.as_deref()).collect();
+    let given: Vec<(String, String)> =
+        names.iter().filter_map(|&n| Some((n.to_string(), folded_name(n, &readers)?))).collect();
+    let mut count: HashMap<&str, usize> = names.iter().map(|&n| (n, 1)).collect();
+    for (_, s) in &given {
+        *count.entry(s).or_default() += 1;
+    }
+    given.iter().filter(|(_, s)| count[s.as_str()] == 1).cloned().collect()
+}
+
+/// The name a weight torch.onnx made itself gets. Its constant folding writes a Linear's
+/// transposed weight, or a Conv's weight with the batch norm after it folded in, as a new
+/// initializer named by number (`onnx::MatMul_886` from the TorchScript exporter, `val_84`
+/// from the torch.export one): nothing a layout spec could name. Such a weight read by one
+/// node is named after that node's module scope, the node and the ONNX name of the input it
+/// is: `/encoder/layer.0/attention/self/query/MatMul` reading it as B (or a MatMul whose
+/// `namespace` metadata ends in the module `encoder.layer.0.attention.self.query`) gives
+/// `encoder.layer.0.attention.self.query.MatMul.B`, so `encoder.layer.*.attention.self.*.MatMul.B`
+/// selects the attention projections of every layer, from either exporter.
+fn folded_name(name: &str, readers: &HashMap<&str, Vec<(&NodeProto, usize)>>) -> Option<String> {
+    let numbered = name.strip_prefix("val_").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    if !name.starts_with("onnx::") && !numbered {
+        return None;
+    }
+    let [(node, k)] = readers.get(name)?.as_slice() else { return None };
+    let op = node.op_type.as_deref().unwrap_or("");
+    let scope = match node.name.as_deref().and_then(|n| n.strip_prefix('/')) {
+        // TorchScript: `/scope/of/the/module/Op_1`.
+        Some(path) => path.replace('/', "."),
+        // torch.export: `: Model/encoder: Encoder/.../encoder.layer.0.attention.self.query: Linear/linear: aten.linear.default`,
+        // the last module before the aten op's own entry.
+        None => {
+            let ns = node.metadata_props.iter().find(|p| p.key.as_deref() == Some("namespace"))?.value.as_deref()?;
+            let module = ns.rsplit('/').nth(1)?.split(": ").next()?;
+            format!("{module}.{op}")
+        }
+    };
+    if scope.is_empty() || scope.starts_with('.') {
+        return None;
+    }
+    let slot = match (op, k) {
+        ("MatMul" | "Gemm" | "Add" | "Sub" | "Mul" | "Div", 0) => "A".to_string(),
+        ("MatMul" | "Gemm" | "Add" | "Sub" | "Mul" | "Div", 1) => "B".to_string(),
+        ("Gemm", 2) => "C".to_string(),
+        ("Conv" | "ConvTranspose", 1) => "W".to_string(),
+        ("Conv" | "ConvTranspose", 2) => "B".to_string(),
+        (_, k) => format!("input{k}"),
+    };
+    Some(format!("{scope}.{slot}"))
+}
+
+fn builder_name(g: &GraphProto) -> String {
+    super::builder::sanitise(g.name.as_deref().filter(|n| !n.is_empty()).unwrap_or("model"))
+}
+
+/// A graph input: its type with symbolic dims bound, its dim names kept as meshc dims (a
+/// layout spec's rules name them). A half-float input stays half and is widened at once.
+fn input(
+    b: &mut Builder,
+    i: &ValueInfoProto,
+    dims: &BTreeMap<String, usize>,
+    bound: &mut BTreeSet<String>,
+) -> R<Value> {
+    let Some(type_proto::Value::TensorType(t)) = i.r#type.as_ref().and_then(|t| t.value.as_ref()) else {
+        return Err("only tensor inputs are supported".into());
+    };
+    let dtype = tensors::storage_dtype(t.elem_type.unwrap_or(0))?;
+    let shape_proto = t.shape.as_ref().ok_or("its shape is unknown (the model gives no rank)")?;
+    let (mut shape, mut names) = (Vec::new(), Vec::new());
+    for (k, d) in shape_proto.dim.iter().enumerate() {
+        let (size, name) = match &d.value {
+            Some(dimension::Value::DimValue(v)) if *v >= 0 => (*v as usize, None),
+            Some(dimension::Value::DimParam(p)) => match dims.get(p) {
+                Some(&n) => {
+                    bound.insert(p.clone());
+                    (n, Some(p.clone()))
+                }
+                None => return Err(format!("dim {k} is symbolic ('{p}'): bind it with --dim {p}=N")),
+            },
+            _ => return Err(format!("dim {k} has no size and no name")),
+        };
+        shape.push(size);
+        names.push(name);
+    }
+    let ty = TensorType::new(dtype, shape);
+    tensors::shape(&ty.shape.iter().map(|&d| d as i64).collect::<Vec<_>>(), dtype.size_bytes())?;
+    let name = b.fresh(i.name.as_deref().unwrap_or("input"));
+    let dims = names.iter().any(Option::is_some).then_some(names);
+    b.add_input(Input { name: name.clone(), ty, dims, loc: None });
+    let v = Value::Tensor(name.clone());
+    if dtype.is_half() {
+        return b.node(
+            &format!("{name}.f32"),
+            meshc_ir::Op::Cast,
+            &[&v],
+            &[("to", meshc_ir::Attr::Str(DType::F32.name().into()))],
+        );
+    }
+    Ok(v)
+}
+
+/// One node of `g`: checked for its domain, against its op's schema (`validate`) and for
+/// outputs no other node, input or initializer defines (ONNX graphs are in SSA form),
+/// converted by the converter of its op type at the model's opset (`dispatch`), its
+/// outputs recorded.
+fn node(b: &mut Builder, n: &NodeProto, g: &GraphProto, opset: i64, values: &mut HashMap<String, Value>) -> R<()> {
+    let op_type = n.op_type.as_deref().unwrap_or("");
+    let out = n.output.iter().find(|o| !o.is_empty()).cloned().unwrap_or_default();
+    let label = n.name.clone().filter(|s| !s.is_empty()).unwrap_or_else(|| out.clone());
+    let fail = |e: String| format!("node '{label}' ({op_type}): {e}");
+    if !is_default_domain(n.domain.as_deref()) {
+        let domain = n.domain.as_deref().unwrap_or("");
+        return Err(fail(format!("domain '{domain}' is not supported (only the default ONNX domain)")));
+    }
+    validate::check(n, opset).map_err(fail)?;
+    for (k, o) in n.output.iter().enumerate().filter(|(_, o)| !o.is_empty()) {
+        let by = match () {
+            _ if g.input.iter().any(|i| i.name.as_ref() == Some(o)) => "a graph input",
+            _ if g.initializer.iter().any(|t| t.name.as_ref() == Some(o)) => "an initializer",
+            _ if n.output[..k].contains(o) => "this node's output before it",
+            _ if values.contains_key(o) => "an earlier node",
+            _ => continue,
+        };
+        return Err(fail(format!("output '{o}' is already defined by {by} (ONNX defines each name once)")));
+    }
+    let args = n
+        .input
+        .iter()
+        .map(|i| match i.as_str() {
+            "" => Ok(None),
+            i => values.get(i).cloned().map(Some).ok_or_else(|| {
+                fail(format!("input '{i}' is not computed before it (the nodes are not in order, or form a cycle)"))
+            }),
+        })
+        .collect::<R<Vec<_>>>()?;
+    let convert = dispatch::converter(op_type, opset).map_err(fail)?;
+    let results = convert(b, &Ctx { node: n, args, opset, out }).map_err(fail)?;
+    for (name, v) in n.output.iter().zip(results).filter(|(name, _)| !name.is_empty()) {
+        values.insert(name.clone(), v);
+    }
+    Ok(())
+}

@@ -1,0 +1,628 @@
+//! ONNX comparison, logic and rounding ops onto meshc's ops of the same name, and
+//! the ONNX ops meshc spells as a few of its own (docs/onnx.md): activations from
+//! arithmetic, `where` and comparisons; ReduceL1/L2/LogSum/LogSumExp from sums; ArgMax,
+//! ArgMin and Hardmax from a max, an equality and an index constant; Trilu, EyeLike and
+//! CumSum from constant masks; RMS, Lp and mean-variance normalisation. Each decomposition
+//! computes what ONNX's reference does, with the same formula where precision could differ.
+
+use meshc_ir::infer::norm_axis;
+use meshc_ir::{Attr, DType, Data, Op, Tensor};
+
+use super::builder::{Builder, Value};
+use super::ops::{cast, log_softmax_of, one, reduce_attrs, reshape, scalar, Converter, Ctx};
+use super::tensors;
+
+type R<T> = std::result::Result<T, String>;
+
+/// This module's converters (docs/onnx.md).
+pub const CONVERTERS: &[Converter] = &[
+    Converter::since(7, "Equal", |b, c| compare(b, c, Op::Equal)),
+    Converter::since(7, "Less", |b, c| compare(b, c, Op::Less)),
+    Converter::since(12, "LessOrEqual", |b, c| compare(b, c, Op::LessEqual)),
+    Converter::since(7, "Greater", |b, c| compare(b, c, Op::Greater)),
+    Converter::since(12, "GreaterOrEqual", |b, c| compare(b, c, Op::GreaterEqual)),
+    Converter::since(7, "And", |b, c| compare(b, c, Op::And)),
+    Converter::since(7, "Or", |b, c| compare(b, c, Op::Or)),
+    Converter::since(7, "Xor", |b, c| compare(b, c, Op::Xor)),
+    Converter::since(1, "Not", |b, c| on_x(b, c, |s, x| s.op0("", Op::Not, &[x]))),
+    Converter::since(6, "Floor", |b, c| on_x(b, c, |s, x| s.op0("", Op::Floor, &[x]))),
+    Converter::since(6, "Ceil", |b, c| on_x(b, c, |s, x| s.op0("", Op::Ceil, &[x]))),
+    Converter::since(11, "Round", |b, c| on_x(b, c, |s, x| s.op0("", Op::Round, &[x]))),
+    Converter::new("CastLike", |b, c| on_x(b, c, cast_like)),
+    Converter::since(9, "Sign", |b, c| on_x(b, c, sign)),
+    Converter::since(9, "IsNaN", |b, c| {
+        on_x(b, c, |s, x| {
+            let same = s.op0("same", Op::Equal, &[x, x])?;
+            s.op0("", Op::Not, &[&same])
+        })
+    }),
+    Converter::since(10, "IsInf", |b, c| on_x(b, c, is_inf)),
+    Converter::since(1, "Softplus", |b, c| activation(b, c, |s, x| softplus(s, x, ""))),
+    Converter::since(6, "LeakyRelu", |b, c| activation(b, c, leaky_relu)),
+    Converter::since(7, "PRelu", |b, c| activation(b, c, leaky_relu)),
+    Converter::since(6, "Elu", |b, c| activation(b, c, elu)),
+    Converter::since(6, "Selu", |b, c| activation(b, c, selu)),
+    Converter::since(12, "Celu", |b, c| activation(b, c, celu)),
+    Converter::since(6, "HardSigmoid", |b, c| activation(b, c, hard_sigmoid)),
+    Converter::new("HardSwish", |b, c| activation(b, c, hard_sigmoid)),
+    Converter::new("Swish", |b, c| activation(b, c, swish)),
+    Converter::new("Mish", |b, c| activation(b, c, mish)),
+    Converter::since(1, "Softsign", |b, c| activation(b, c, softsign)),
+    Converter::since(10, "ThresholdedRelu", |b, c| activation(b, c, thresholded_relu)),
+    Converter::since(9, "Shrink", |b, c| activation(b, c, shrink)),
+    Converter::since(1, "ReduceL1", |b, c| on_x(b, c, |s, x| reduce(s, "ReduceL1", x))),
+    Converter::since(1, "ReduceL2", |b, c| on_x(b, c, |s, x| reduce(s, "ReduceL2", x))),
+    Converter::since(1, "ReduceLogSum", |b, c| on_x(b, c, |s, x| reduce(s, "ReduceLogSum", x))),
+    Converter::since(1, "ReduceLogSumExp", |b, c| on_x(b, c, |s, x| reduce(s, "ReduceLogSumExp", x))),
+    Converter::since(1, "ArgMax", |b, c| on_x(b, c, |s, x| arg_extreme(s, false, x))),
+    Converter::since(1, "ArgMin", |b, c| on_x(b, c, |s, x| arg_extreme(s, true, x))),
+    // Before 13 (ops_legacy), Hardmax sees its input as a matrix.
+    Converter::new("Hardmax", hardmax),
+    Converter::new("Trilu", |b, c| on_x(b, c, trilu)),
+    Converter::since(9, "EyeLike", |b, c| on_x(b, c, eye_like)),
+    Converter::since(11, "CumSum", |b, c| on_x(b, c, cumsum)),
+    Converter::new("RMSNormalization", |b, c| on_x(b, c, |s, x| normalisation(s, "RMSNormalization", x))),
+    Converter::since(1, "LpNormalization", |b, c| on_x(b, c, |s, x| normalisation(s, "LpNormalization", x))),
+    Converter::since(9, "MeanVarianceNormalization", |b, c| {
+        on_x(b, c, |s, x| normalisation(s, "MeanVarianceNormalization", x))
+    }),
+    Converter::since(12, "NegativeLogLikelihoodLoss", |b, c| loss(&mut Steps { b, c }, false)),
+    Converter::since(12, "SoftmaxCrossEntropyLoss", |b, c| loss(&mut Steps { b, c }, true)),
+];
+
+/// Emits the nodes of one decomposition: every step is named after the ONNX output
+/// (`out.step`), the last one after the output itself.
+pub(super) struct Steps<'b, 'c, 'n> {
+    pub b: &'b mut Builder,
+    pub c: &'c Ctx<'n>,
+}
+
+impl Steps<'_, '_, '_> {
+    pub fn op(&mut self, step: &str, op: Op, args: &[&Value], attrs: &[(&str, Attr)]) -> R<Value> {
+        let name = if step.is_empty() { self.c.out.clone() } else { self.c.part(step) };
+        self.b.node(&name, op, args, attrs)
+    }
+
+    pub fn op0(&mut self, step: &str, op: Op, args: &[&Value]) -> R<Value> {
+        self.op(step, op, args, &[])
+    }
+
+    /// A scalar of `like`'s dtype.
+    pub fn k(&self, like: &Value, v: f64) -> Value {
+        scalar(self.b.ty(like).dtype, v)
+    }
+
+    fn float(&self, name: &str, default: f32) -> f64 {
+        self.c.float(name, default).into()
+    }
+
+    fn op_type(&self) -> &str {
+        self.c.node.op_type.as_deref().unwrap_or("")
+    }
+}
+
+pub(super) fn float_only(b: &Builder, x: &Value, what: &str) -> R<()> {
+    match b.ty(x).dtype {
+        DType::F32 => Ok(()),
+        other => Err(format!("{what} of {other} is not supported (f32, or a half widened to f32)")),
+    }
+}
+
+/// A decomposition of input 0 (every op of this module reads one) into the node's output.
+fn on_x(b: &mut Builder, c: &Ctx, f: impl FnOnce(&mut Steps, &Value) -> R<Value>) -> R<Vec<Value>> {
+    let x = c.arg(0)?;
+    one(f(&mut Steps { b, c }, x))
+}
+
+fn compare(b: &mut Builder, c: &Ctx, op: Op) -> R<Vec<Value>> {
+    on_x(b, c, |s, x| s.op0("", op, &[x, s.c.arg(1)?]))
+}
+
+/// An activation of f32 (ONNX's formula, attribute defaults included).
+fn activation(b: &mut Builder, c: &Ctx, f: fn(&mut Steps, &Value) -> R<Value>) -> R<Vec<Value>> {
+    on_x(b, c, |s, x| {
+        float_only(s.b, x, s.c.node.op_type.as_deref().unwrap_or(""))?;
+        f(s, x)
+    })
+}
+
+fn cast_like(s: &mut Steps, x: &Value) -> R<Value> {
+    // A half input is widened on entry: its type is still the half.
+    let like = s.c.arg(1)?;
+    let to = s.b.half_origin(like).unwrap_or(s.b.ty(like).dtype);
+    cast(s.b, x, to, &s.c.out)
+}
+
+/// x itself where it is neither positive nor negative: 0 stays 0, NaN stays NaN.
+fn sign(s: &mut Steps, x: &Value) -> R<Value> {
+    let (zero, one, minus) = (s.k(x, 0.0), s.k(x, 1.0), s.k(x, -1.0));
+    let pos = s.op0("pos", Op::Greater, &[x, &zero])?;
+    let neg = s.op0("neg", Op::Less, &[x, &zero])?;
+    let m = s.op0("minus", Op::Where, &[&neg, &minus, x])?;
+    s.op0("", Op::Where, &[&pos, &one, &m])
+}
+
+fn is_inf(s: &mut Steps, x: &Value) -> R<Value> {
+    float_only(s.b, x, "IsInf")?;
+    let (pos, neg) = (s.c.int("detect_positive", 1) != 0, s.c.int("detect_negative", 1) != 0);
+    let mut hits = Vec::new();
+    for (on, v, what) in [(pos, f64::INFINITY, "pos"), (neg, f64::NEG_INFINITY, "neg")] {
+        if on {
+            let inf = s.k(x, v);
+            hits.push(s.op0(what, Op::Equal, &[x, &inf])?);
+        }
+    }
+    match hits.as_slice() {
+        [] => Ok(Value::computed(Tensor::new(s.b.ty(x).shape.clone(), Data::Bool(vec![false; s.b.ty(x).numel()])))),
+        [h] => Ok(h.clone()),
+        [p, n, ..] => s.op0("", Op::Or, &[p, n]),
+    }
+}
+
+/// LeakyRelu, and PRelu with its slope as input 1.
+fn leaky_relu(s: &mut Steps, x: &Value) -> R<Value> {
+    let slope = if s.op_type() == "PRelu" { s.c.arg(1)?.clone() } else { s.k(x, s.float("alpha", 0.01)) };
+    let neg = s.op0("neg", Op::Less, &[x, &s.k(x, 0.0)])?;
+    let scaled = s.op0("scaled", Op::Mul, &[&slope, x])?;
+    s.op0("", Op::Where, &[&neg, &scaled, x])
+}
+
+fn elu(s: &mut Steps, x: &Value) -> R<Value> {
+    let alpha = s.k(x, s.float("alpha", 1.0));
+    let neg = s.op0("neg", Op::Less, &[x, &s.k(x, 0.0)])?;
+    let e = s.op0("exp", Op::Exp, &[x])?;
+    let em1 = s.op0("expm1", Op::Sub, &[&e, &s.k(x, 1.0)])?;
+    let scaled = s.op0("scaled", Op::Mul, &[&alpha, &em1])?;
+    s.op0("", Op::Where, &[&neg, &scaled, x])
+}
+
+fn selu(s: &mut Steps, x: &Value) -> R<Value> {
+    let (alpha, gamma) = (s.float("alpha", 1.673_263_2), s.float("gamma", 1.050_701));
+    let (alpha, gamma) = (s.k(x, alpha), s.k(x, gamma));
+    let le = s.op0("le0", Op::LessEqual, &[x, &s.k(x, 0.0)])?;
+    let e = s.op0("exp", Op::Exp, &[x])?;
+    let ae = s.op0("alpha_exp", Op::Mul, &[&alpha, &e])?;
+    let neg = s.op0("negative", Op::Sub, &[&ae, &alpha])?;
+    let w = s.op0("select", Op::Where, &[&le, &neg, x])?;
+    s.op0("", Op::Mul, &[&gamma, &w])
+}
+
+fn celu(s: &mut Steps, x: &Value) -> R<Value> {
+    let (alpha, zero) = (s.k(x, s.float("alpha", 1.0)), s.k(x, 0.0));
+    let pos = s.op0("pos", Op::Maximum, &[x, &zero])?;
+    let d = s.op0("scaled", Op::Div, &[x, &alpha])?;
+    let e = s.op0("exp", Op::Exp, &[&d])?;
+    let em1 = s.op0("expm1", Op::Sub, &[&e, &s.k(x, 1.0)])?;
+    let a = s.op0("alpha_expm1", Op::Mul, &[&alpha, &em1])?;
+    let neg = s.op0("neg", Op::Minimum, &[&a, &zero])?;
+    s.op0("", Op::Add, &[&pos, &neg])
+}
+
+/// HardSigmoid, and HardSwish: x times the hard sigmoid of alpha 1/6 and beta 0.5.
+fn hard_sigmoid(s: &mut Steps, x: &Value) -> R<Value> {
+    let swish = s.op_type() == "HardSwish";
+    let (alpha, beta) = if swish { (1.0 / 6.0, 0.5) } else { (s.float("alpha", 0.2), s.float("beta", 0.5)) };
+    let (alpha, beta) = (s.k(x, alpha), s.k(x, beta));
+    let ax = s.op0("ax", Op::Mul, &[&alpha, x])?;
+    let lin = s.op0("linear", Op::Add, &[&ax, &beta])?;
+    let lo = s.op0("upper", Op::Minimum, &[&lin, &s.k(x, 1.0)])?;
+    if !swish {
+        return s.op0("", Op::Maximum, &[&lo, &s.k(x, 0.0)]);
+    }
+    let hs = s.op0("hard_sigmoid", Op::Maximum, &[&lo, &s.k(x, 0.0)])?;
+    s.op0("", Op::Mul, &[x, &hs])
+}
+
+fn swish(s: &mut Steps, x: &Value) -> R<Value> {
+    let alpha = s.k(x, s.float("alpha", 1.0));
+    let ax = s.op0("ax", Op::Mul, &[&alpha, x])?;
+    let sg = s.op0("sigmoid", Op::Sigmoid, &[&ax])?;
+    s.op0("", Op::Mul, &[x, &sg])
+}
+
+fn mish(s: &mut Steps, x: &Value) -> R<Value> {
+    let sp = softplus(s, x, "softplus")?;
+    let t = s.op0("tanh", Op::Tanh, &[&sp])?;
+    s.op0("", Op::Mul, &[x, &t])
+}
+
+fn softsign(s: &mut Steps, x: &Value) -> R<Value> {
+    let a = s.op0("abs", Op::Abs, &[x])?;
+    let d = s.op0("denominator", Op::Add, &[&s.k(x, 1.0), &a])?;
+    s.op0("", Op::Div, &[x, &d])
+}
+
+fn thresholded_relu(s: &mut Steps, x: &Value) -> R<Value> {
+    let alpha = s.k(x, s.float("alpha", 1.0));
+    let over = s.op0("over", Op::Greater, &[x, &alpha])?;
+    s.op0("", Op::Where, &[&over, x, &s.k(x, 0.0)])
+}
+
+/// x + bias below −lambd, x − bias above lambd, 0 between.
+fn shrink(s: &mut Steps, x: &Value) -> R<Value> {
+    let (lambd, bias) = (s.float("lambd", 0.5), s.float("bias", 0.0));
+    let (lo, hi, bias) = (s.k(x, -lambd), s.k(x, lambd), s.k(x, bias));
+    let below = s.op0("below", Op::Less, &[x, &lo])?;
+    let above = s.op0("above", Op::Greater, &[x, &hi])?;
+    let up = s.op0("plus_bias", Op::Add, &[x, &bias])?;
+    let down = s.op0("minus_bias", Op::Sub, &[x, &bias])?;
+    let mid = s.op0("upper", Op::Where, &[&above, &down, &s.k(x, 0.0)])?;
+    s.op0("", Op::Where, &[&below, &up, &mid])
+}
+
+/// ln(exp(x) + 1), ONNX's formula, as onnxruntime computes it: max(x, 0) + log1p(exp(−|x|)).
+/// The exp of a non-positive number cannot overflow (the formula as written is inf above
+/// ~88, where softplus is x), and log1p(u) is Goldberg's `u · log(w) / (w − 1)` with
+/// `w = 1 + u`, exact to a few ulps, or u itself where w rounds to 1 (so a large negative
+/// x gives exp(x), not 0).
+fn softplus(s: &mut Steps, x: &Value, step: &str) -> R<Value> {
+    let name = |what: &str| if step.is_empty() { what.to_string() } else { format!("{step}.{what}") };
+    let (zero, one) = (s.k(x, 0.0), s.k(x, 1.0));
+    let pos = s.op0(&name("pos"), Op::Maximum, &[x, &zero])?;
+    let a = s.op0(&name("abs"), Op::Abs, &[x])?;
+    let na = s.op0(&name("neg_abs"), Op::Neg, &[&a])?;
+    let u = s.op0(&name("exp"), Op::Exp, &[&na])?;
+    let w = s.op0(&name("one_plus"), Op::Add, &[&one, &u])?;
+    let l = s.op0(&name("log"), Op::Log, &[&w])?;
+    let wm1 = s.op0(&name("rounded"), Op::Sub, &[&w, &one])?;
+    let q = s.op0(&name("ratio"), Op::Div, &[&u, &wm1])?;
+    let lq = s.op0(&name("log1p_of"), Op::Mul, &[&l, &q])?;
+    let tiny = s.op0(&name("tiny"), Op::Equal, &[&w, &one])?;
+    let log1p = s.op0(&name("log1p"), Op::Where, &[&tiny, &u, &lq])?;
+    s.op0(step, Op::Add, &[&pos, &log1p])
+}
+
+/// Sums of |x|, x², x, exp(x) (the last shifted by the max, so it cannot overflow), then
+/// the root or log. With `noop_with_empty_axes` and no axes, the input as it is.
+fn reduce(s: &mut Steps, op_type: &str, x: &Value) -> R<Value> {
+    let Some(attrs) = reduce_attrs(s.c, op_type)? else { return Ok(x.clone()) };
+    float_only(s.b, x, op_type)?;
+    match op_type {
+        "ReduceL1" => {
+            let a = s.op0("abs", Op::Abs, &[x])?;
+            s.op("", Op::ReduceSum, &[&a], &attrs)
+        }
+        "ReduceL2" => {
+            let sq = s.op0("square", Op::Mul, &[x, x])?;
+            let sum = s.op("sum", Op::ReduceSum, &[&sq], &attrs)?;
+            s.op0("", Op::Sqrt, &[&sum])
+        }
+        "ReduceLogSum" => {
+            let sum = s.op("sum", Op::ReduceSum, &[x], &attrs)?;
+            s.op0("", Op::Log, &[&sum])
+        }
+        _ => {
+            let keep: Vec<(&str, Attr)> = attrs
+                .iter()
+                .map(|(k, v)| if *k == "keepdims" { (*k, Attr::Bool(true)) } else { (*k, v.clone()) })
+                .collect();
+            let m = s.op("max", Op::ReduceMax, &[x], &keep)?;
+            // An infinite max (all −inf, or a +inf) would make x − max NaN: shift by 0 then.
+            let finite = finite_or_zero(s, &m)?;
+            let d = s.op0("shifted", Op::Sub, &[x, &finite])?;
+            let e = s.op0("exp", Op::Exp, &[&d])?;
+            let sum = s.op("sum", Op::ReduceSum, &[&e], &attrs)?;
+            let l = s.op0("log", Op::Log, &[&sum])?;
+            let shape: Vec<i64> = s.b.ty(&l).shape.iter().map(|&d| d as i64).collect();
+            let shift = reshape(s.b, &finite, &shape, &s.c.part("max_shape"))?;
+            s.op0("", Op::Add, &[&l, &shift])
+        }
+    }
+}
+
+/// `m` where it is finite, else 0.
+fn finite_or_zero(s: &mut Steps, m: &Value) -> R<Value> {
+    let a = s.op0("max_abs", Op::Abs, &[m])?;
+    let inf = s.k(m, f64::INFINITY);
+    let fin = s.op0("max_finite", Op::Less, &[&a, &inf])?;
+    let zero = s.k(m, 0.0);
+    s.op0("max_shift", Op::Where, &[&fin, m, &zero])
+}
+
+/// `0, 1, …, n−1` along `axis` of a rank-`rank` tensor (size 1 elsewhere), i64.
+fn iota(n: usize, axis: usize, rank: usize, reverse: bool) -> Value {
+    let mut shape = vec![1; rank];
+    shape[axis] = n;
+    let v = (0..n as i64).map(|i| if reverse { n as i64 - 1 - i } else { i }).collect();
+    Value::computed(Tensor::new(shape, Data::I64(v)))
+}
+
+/// The axis attribute of `s`'s node against `x`'s rank.
+fn axis_of(s: &Steps, x: &Value, default: i64) -> R<(usize, Vec<usize>)> {
+    let shape = s.b.ty(x).shape;
+    Ok((norm_axis(s.c.int("axis", default), shape.len())?, shape))
+}
+
+/// The first (or with `select_last_index` the last) index of the max (min) along `axis`, i64.
+/// A max over values holding NaN is NaN and NaN equals nothing: the NaNs are the hits then,
+/// as numpy's argmax returns the first NaN. A min of integers is taken as the max of
+/// −1 − x, which (unlike −x) cannot overflow.
+fn arg_extreme(s: &mut Steps, min: bool, x: &Value) -> R<Value> {
+    let (axis, shape) = axis_of(s, x, 0)?;
+    let float = s.b.ty(x).dtype == DType::F32;
+    let v = match (min, float) {
+        (false, _) => x.clone(),
+        (true, true) => s.op0("neg", Op::Neg, &[x])?,
+        (true, false) => {
+            let m1 = s.k(x, -1.0);
+            s.op0("flipped", Op::Sub, &[&m1, x])?
+        }
+    };
+    let hit = hits_of_max(s, &v, axis, float)?;
+    let last = s.c.int("select_last_index", 0) != 0;
+    let idx = iota(shape[axis], axis, shape.len(), !last);
+    let none = scalar(DType::I64, -1.0);
+    let cand = s.op0("candidates", Op::Where, &[&hit, &idx, &none])?;
+    let keepdims = s.c.int("keepdims", 1) != 0;
+    let attrs = [("axes", Attr::ints(&[axis as i64])), ("keepdims", Attr::Bool(keepdims))];
+    if last {
+        return s.op("", Op::ReduceMax, &[&cand], &attrs);
+    }
+    let r = s.op("reversed", Op::ReduceMax, &[&cand], &attrs)?;
+    let top = scalar(DType::I64, shape[axis] as f64 - 1.0);
+    s.op0("", Op::Sub, &[&top, &r])
+}
+
+/// Where `v` equals its max along `axis` (or is NaN, for floats), as bools.
+fn hits_of_max(s: &mut Steps, v: &Value, axis: usize, float: bool) -> R<Value> {
+    let attrs = [("axes", Attr::ints(&[axis as i64])), ("keepdims", Attr::Bool(true))];
+    let m = s.op("max", Op::ReduceMax, &[v], &attrs)?;
+    let eq = s.op0("is_max", Op::Equal, &[v, &m])?;
+    if !float {
+        return Ok(eq);
+    }
+    let same = s.op0("not_nan", Op::Equal, &[v, v])?;
+    let nan = s.op0("nan", Op::Not, &[&same])?;
+    s.op0("hit", Op::Or, &[&eq, &nan])
+}
+
+/// 1 at the first max along `axis`, 0 elsewhere.
+pub(super) fn hardmax(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+    on_x(b, c, |s, x| {
+        let (axis, shape) = axis_of(s, x, -1)?;
+        float_only(s.b, x, "Hardmax")?;
+        let hit = hits_of_max(s, x, axis, true)?;
+        let idx = iota(shape[axis], axis, shape.len(), true);
+        let none = scalar(DType::I64, -1.0);
+        let cand = s.op0("candidates", Op::Where, &[&hit, &idx, &none])?;
+        let attrs = [("axes", Attr::ints(&[axis as i64])), ("keepdims", Attr::Bool(true))];
+        let first = s.op("first", Op::ReduceMax, &[&cand], &attrs)?;
+        let at = s.op0("at_first", Op::Equal, &[&idx, &first])?;
+        cast(s.b, &at, DType::F32, &s.c.out)
+    })
+}
+
+/// A bool constant of `shape` whose element at (i, j) of its two last dims is `f(i, j)`.
+fn mask(shape: &[usize], f: impl Fn(i64, i64) -> bool) -> Value {
+    let (n, m) = (shape[shape.len() - 2], shape[shape.len() - 1]);
+    let v = (0..n * m).map(|k| f((k / m) as i64, (k % m) as i64)).collect();
+    let mut mshape = vec![1; shape.len() - 2];
+    mshape.extend([n, m]);
+    Value::computed(Tensor::new(mshape, Data::Bool(v)))
+}
+
+/// The optional scalar input `i` (an integer known at import time), else `default`.
+fn const_scalar(s: &Steps, i: usize, default: i64) -> R<i64> {
+    match s.c.opt(i) {
+        None => Ok(default),
+        Some(_) => match s.c.const_ints(i)?.as_slice() {
+            [k] => Ok(*k),
+            other => Err(format!("input {i} must be one integer, found {} values", other.len())),
+        },
+    }
+}
+
+/// Trilu: the elements on and above (upper) or below (lower) diagonal k, zeros elsewhere.
+fn trilu(s: &mut Steps, x: &Value) -> R<Value> {
+    let shape = s.b.ty(x).shape;
+    if shape.len() < 2 {
+        return Err(format!("the input has rank {}, Trilu needs at least 2", shape.len()));
+    }
+    let k = const_scalar(s, 1, 0)?;
+    let upper = s.c.int("upper", 1) != 0;
+    let keep = mask(&shape, |i, j| if upper { j - i >= k } else { j - i <= k });
+    let zero = s.k(x, 0.0);
+    s.op0("", Op::Where, &[&keep, x, &zero])
+}
+
+/// EyeLike: ones on diagonal k of a 2-D tensor of `x`'s shape, a constant.
+fn eye_like(s: &mut Steps, x: &Value) -> R<Value> {
+    let shape = s.b.ty(x).shape;
+    if shape.len() != 2 {
+        return Err(format!("the input has rank {}, EyeLike needs 2", shape.len()));
+    }
+    let dtype = match s.c.attr("dtype").and_then(|a| a.i) {
+        Some(d) => tensors::dtype(d as i32)?,
+        None => s.b.ty(x).dtype,
+    };
+    let k = s.c.int("k", 0);
+    let m = shape[1];
+    let v = (0..shape[0] * m).map(|p| if (p % m) as i64 - (p / m) as i64 == k { 1.0 } else { 0.0 });
+    Ok(Value::computed(Tensor::new(shape, Data::from_f64(dtype, v))))
+}
+
+/// CumSum along `axis` as a masked sum: x is viewed with a size-1 dim before the axis,
+/// selected by a constant [n, n] mask (j ≤ i, or j < i exclusive, mirrored in reverse) and
+/// summed over the original axis. Exact for integers; n² work per line, which is what the
+/// small cumulative sums of exported models need.
+fn cumsum(s: &mut Steps, x: &Value) -> R<Value> {
+    let shape = s.b.ty(x).shape;
+    if shape.is_empty() {
+        return Err("the input is a scalar, CumSum needs an axis".into());
+    }
+    let axis = norm_axis(
+        const_scalar(s, 1, i64::MIN).and_then(|a| {
+            if a == i64::MIN {
+                Err("it needs an axis".to_string())
+            } else {
+                Ok(a)
+            }
+        })?,
+        shape.len(),
+    )?;
+    let (exclusive, reverse) = (s.c.int("exclusive", 0) != 0, s.c.int("reverse", 0) != 0);
+    let n = shape[axis];
+    let mut view: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    view.insert(axis, 1);
+    let xv = reshape(s.b, x, &view, &s.c.part("view"))?;
+    let mut mshape = vec![n, n];
+    mshape.extend(std::iter::repeat_n(1, shape.len() - axis - 1));
+    let v: Vec<bool> = (0..n * n)
+        .map(|k| {
+            let (i, j) = ((k / n) as i64, (k % n) as i64);
+            match (reverse, exclusive) {
+                (false, false) => j <= i,
+                (false, true) => j < i,
+                (true, false) => j >= i,
+                (true, true) => j > i,
+            }
+        })
+        .collect();
+    let keep = Value::computed(Tensor::new(mshape, Data::Bool(v)));
+    let zero = s.k(x, 0.0);
+    let picked = s.op0("picked", Op::Where, &[&keep, &xv, &zero])?;
+    let attrs = [("axes", Attr::ints(&[axis as i64 + 1])), ("keepdims", Attr::Bool(false))];
+    s.op("", Op::ReduceSum, &[&picked], &attrs)
+}
+
+/// RMSNormalization (x / √(mean(x²) + ε) · scale over the dims from `axis` on),
+/// LpNormalization (x / ‖x‖ₚ along `axis`, p 1 or 2) and MeanVarianceNormalization
+/// ((x − mean) / (√(mean(x²) − mean²) + 1e-9) over `axes`, as ONNX's reference writes it).
+fn normalisation(s: &mut Steps, op_type: &str, x: &Value) -> R<Value> {
+    float_only(s.b, x, op_type)?;
+    let shape = s.b.ty(x).shape;
+    let rank = shape.len();
+    let keep = |axes: Vec<usize>| {
+        [("axes", Attr::ints(&axes.iter().map(|&a| a as i64).collect::<Vec<_>>())), ("keepdims", Attr::Bool(true))]
+    };
+    match op_type {
+        "RMSNormalization" => {
+            let axis = norm_axis(s.c.int("axis", -1), rank)?;
+            let attrs = keep((axis..rank).collect());
+            let sq = s.op0("square", Op::Mul, &[x, x])?;
+            let ms = s.op("mean_square", Op::ReduceMean, &[&sq], &attrs)?;
+            let eps = s.k(x, s.float("epsilon", 1e-5));
+            let ve = s.op0("plus_eps", Op::Add, &[&ms, &eps])?;
+            let r = s.op0("rms_inv", Op::Rsqrt, &[&ve])?;
+            let n = s.op0("normed", Op::Mul, &[x, &r])?;
+            s.op0("", Op::Mul, &[&n, s.c.arg(1)?])
+        }
+        "LpNormalization" => {
+            let axis = norm_axis(s.c.int("axis", -1), rank)?;
+            let attrs = keep(vec![axis]);
+            let norm = match s.c.int("p", 2) {
+                1 => {
+                    let a = s.op0("abs", Op::Abs, &[x])?;
+                    s.op("norm", Op::ReduceSum, &[&a], &attrs)?
+                }
+                2 => {
+                    let sq = s.op0("square", Op::Mul, &[x, x])?;
+                    let sum = s.op("sum_square", Op::ReduceSum, &[&sq], &attrs)?;
+                    s.op0("norm", Op::Sqrt, &[&sum])?
+                }
+                p => return Err(format!("p = {p} is not supported (1 or 2)")),
+            };
+            // A zero norm gives 0, not 0/0 (ONNX's reference).
+            let zero = s.k(x, 0.0);
+            let is_zero = s.op0("norm_zero", Op::Equal, &[&norm, &zero])?;
+            let q = s.op0("quotient", Op::Div, &[x, &norm])?;
+            s.op0("", Op::Where, &[&is_zero, &zero, &q])
+        }
+        _ => {
+            let axes = match s.c.ints("axes") {
+                Some(a) => a.iter().map(|&a| norm_axis(a, rank)).collect::<R<Vec<_>>>()?,
+                None => [0, 2, 3].into_iter().filter(|&a| a < rank).collect(),
+            };
+            let attrs = keep(axes);
+            let mean = s.op("mean", Op::ReduceMean, &[x], &attrs)?;
+            let sq = s.op0("square", Op::Mul, &[x, x])?;
+            let msq = s.op("mean_square", Op::ReduceMean, &[&sq], &attrs)?;
+            let m2 = s.op0("mean_squared", Op::Mul, &[&mean, &mean])?;
+            let var = s.op0("variance", Op::Sub, &[&msq, &m2])?;
+            let std = s.op0("std", Op::Sqrt, &[&var])?;
+            let eps = s.k(x, 1e-9);
+            let d = s.op0("std_eps", Op::Add, &[&std, &eps])?;
+            let centred = s.op0("centred", Op::Sub, &[x, &mean])?;
+            s.op0("", Op::Div, &[&centred, &d])
+        }
+    }
+}
+
+/// NegativeLogLikelihoodLoss of log-probabilities [N, C, d…] at integer targets [N, d…], or
+/// SoftmaxCrossEntropyLoss (the same of `log(softmax(scores, axis 1))`, which is its second
+/// output): the class is picked by `equal(class index, target)` and a sum over C (exact:
+/// the other terms are zeros), weighted by `weight[target]`; a target equal to
+/// `ignore_index` (or outside 0..C) weighs 0. `mean` divides by the sum of the weights.
+fn loss(s: &mut Steps, softmax: bool) -> R<Vec<Value>> {
+    let c = s.c;
+    let x = c.arg(0)?;
+    float_only(s.b, x, "the input")?;
+    let shape = s.b.ty(x).shape;
+    if shape.len() < 2 {
+        return Err(format!("the input has rank {}, at least 2 needed ([N, C, ...])", shape.len()));
+    }
+    let target = c.arg(1)?;
+    let tt = s.b.ty(target);
+    if !tt.dtype.is_int() {
+        return Err(format!("the target is {}, not an integer", tt.dtype));
+    }
+    let mut tshape = shape.clone();
+    tshape.remove(1);
+    if tt.shape != tshape {
+        return Err(format!("the target has shape {:?}, the input {:?} wants {tshape:?}", tt.shape, shape));
+    }
+    let reduction = c.string("reduction", "mean");
+    if !["none", "sum", "mean"].contains(&reduction.as_str()) {
+        return Err(format!("reduction '{reduction}' is not none, sum or mean"));
+    }
+    let logp = if softmax {
+        let name = c.node.output.get(1).filter(|n| !n.is_empty()).cloned().unwrap_or_else(|| c.part("log_prob"));
+        log_softmax_of(s.b, c, x, 1, &name)?
+    } else {
+        x.clone()
+    };
+    let mut view: Vec<i64> = tshape.iter().map(|&d| d as i64).collect();
+    view.insert(1, 1);
+    let t = reshape(s.b, target, &view, &c.part("target_view"))?;
+    let classes = {
+        let mut ishape = vec![1; shape.len()];
+        ishape[1] = shape[1];
+        Value::computed(Tensor::new(ishape, Data::from_f64(tt.dtype, (0..shape[1]).map(|i| i as f64))))
+    };
+    let mut hit = s.op0("hit", Op::Equal, &[&t, &classes])?;
+    if let Some(ignore) = c.attr("ignore_index").and_then(|a| a.i) {
+        let ig = scalar(tt.dtype, ignore as f64);
+        let ignored = s.op0("ignored", Op::Equal, &[&t, &ig])?;
+        let kept = s.op0("kept", Op::Not, &[&ignored])?;
+        hit = s.op0("counted", Op::And, &[&hit, &kept])?;
+    }
+    let zero = s.k(x, 0.0);
+    let weight = match c.opt(2) {
+        Some(w) => {
+            let mut wshape = vec![1i64; shape.len()];
+            wshape[1] = shape[1] as i64;
+            reshape(s.b, w, &wshape, &c.part("weight_view"))?
+        }
+        None => s.k(x, 1.0),
+    };
+    let w = s.op0("weights", Op::Where, &[&hit, &weight, &zero])?;
+    // Selected after the product: a −inf log-probability of another class must not meet a 0.
+    let prod = s.op0("products", Op::Mul, &[&weight, &logp])?;
+    let wl = s.op0("weighted", Op::Where, &[&hit, &prod, &zero])?;
+    let over_c = [("axes", Attr::ints(&[1])), ("keepdims", Attr::Bool(false))];
+    let picked = s.op("picked", Op::ReduceSum, &[&wl], &over_c)?;
+    let out = match reduction.as_str() {
+        "none" => s.op0("", Op::Neg, &[&picked])?,
+        "sum" => {
+            let total = s.op("total", Op::ReduceSum, &[&picked], &[("keepdims", Attr::Bool(false))])?;
+            s.op0("", Op::Neg, &[&total])?
+        }
+        _ => {
+            let total = s.op("total", Op::ReduceSum, &[&picked], &[("keepdims", Attr::Bool(false))])?;
+            let wsum = s.op("weight_sum", Op::ReduceSum, &[&w], &[("keepdims", Attr::Bool(false))])?;
+            let neg = s.op0("neg_total", Op::Neg, &[&total])?;
+            s.op0("", Op::Div, &[&neg, &wsum])?
+        }
+    };
+    Ok(if softmax { vec![out, logp] } else { vec![out] })
+}
