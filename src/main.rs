@@ -744,7 +744,11 @@ fn train_run(path: &Path, steps: &StepArgs, args: &CodegenArgs, run_args: &RunAr
         Some(ckpt) => State::read(ckpt)?,
         None => init.context("the program has no initial state")?,
     };
-    let ckpt = steps.checkpoint.clone().unwrap_or_else(|| meshc::train::checkpoint_path(path));
+    let ckpt = steps.checkpoint.clone().unwrap_or_else(|| {
+        let ckpt = meshc::train::checkpoint_path(path);
+        eprintln!("checkpoint: {} (no --checkpoint given)", ckpt.display());
+        ckpt
+    });
     meshc_runtime::steps::train(&loaded, state, steps, &ckpt).with_context(|| file.clone())?;
     Ok(())
 }

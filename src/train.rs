@@ -117,9 +117,12 @@ pub fn step(
     Ok(Some(Step { graph: tg, info, init }))
 }
 
-/// Where a training run writes its checkpoint unless told: PROGRAM.ckpt.safetensors.
+/// Where a training run writes its checkpoint unless told: NAME.ckpt.safetensors in the
+/// working directory, NAME the program's file name without its extension — never beside
+/// the program, which may be the user's source.
 pub fn checkpoint_path(program: &Path) -> PathBuf {
-    program.with_extension("ckpt.safetensors")
+    let stem = program.file_stem().map_or_else(|| "program".into(), |s| s.to_string_lossy().into_owned());
+    PathBuf::from(format!("{stem}.ckpt.safetensors"))
 }
 
 /// ZeRO-1 (`--zero`) as layouts added to `spec` for the training step `g` (state `step`):

@@ -42,7 +42,8 @@ pub struct StepArgs {
     /// Start from this checkpoint (a previous run's), at the step it was written after.
     #[arg(long, value_name = "CKPT", requires = "steps")]
     pub resume: Option<PathBuf>,
-    /// Where the checkpoint goes (default: the program's name with .ckpt.safetensors).
+    /// Where the checkpoint goes (default: NAME.ckpt.safetensors in the working directory,
+    /// NAME the program's file name without its extension).
     #[arg(long, value_name = "CKPT", requires = "steps")]
     pub checkpoint: Option<PathBuf>,
 }

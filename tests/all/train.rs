@@ -478,3 +478,23 @@ fn a_cnn_and_an_embedding_train_compiled_as_interpreted_on_one_and_two_devices()
         }
     }
 }
+
+/// Without --checkpoint the state goes to NAME.ckpt.safetensors in the working directory, and
+/// meshc says so: never beside the graph, which is the user's source.
+#[test]
+fn the_default_checkpoint_is_announced_and_not_beside_the_source() {
+    let dir = scratch("train-default-checkpoint");
+    let graph = std::fs::canonicalize(GRAPH).unwrap();
+    let data = std::fs::canonicalize("testdata/train/data").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_meshc"))
+        .current_dir(&dir)
+        .args(["run", graph.to_str().unwrap(), "--loss", "loss", "--optimizer", "sgd:0.1", "--steps", "2"])
+        .args(["--data", data.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("checkpoint: classifier.ckpt.safetensors (no --checkpoint given)"), "{stderr}");
+    assert_eq!(State::read(&dir.join("classifier.ckpt.safetensors")).unwrap().step, 2);
+    assert!(!Path::new("testdata/train/classifier.ckpt.safetensors").exists());
+}
