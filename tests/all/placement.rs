@@ -524,3 +524,40 @@ fn check_reports_the_stages_and_their_layouts() {
     assert!(stage2.contains("  layout wo [-, -] (replicated)\n"), "{}", run.stdout);
     assert_eq!(stage2.lines().count(), 10, "{stage2}");
 }
+
+/// The auto placer cuts the nodes an output needs: a node nothing reads used to make stage
+/// 0 on its own, which the placer then refused ("stage 0 computes nothing any other stage
+/// or output needs"). It now joins its operands' stage, and the run gives the graph's result.
+#[test]
+fn auto_placement_ignores_nodes_nothing_reads() {
+    let dir = scratch("auto-dead-node");
+    let graph = dir.join("g.txt");
+    std::fs::write(
+        &graph,
+        "graph g {\n  input x: f32[4,8]\n  param w: f32[8,8] = init normal{seed = 3, std = 0.5}\n  dead = relu(x)\n  \
+         h = matmul(x, w)\n  y = tanh(h)\n  output y\n}\n",
+    )
+    .unwrap();
+    let spec = dir.join("auto.json");
+    std::fs::write(
+        &spec,
+        r#"{"format": "meshc-layout/1", "mesh": {"shape": [2], "axes": ["stage"]}, "placement": {"auto": {"stages": 2}}}"#,
+    )
+    .unwrap();
+    let (g, s) = (graph.to_str().unwrap(), spec.to_str().unwrap());
+    let check = meshc(&["check", g, "--layout", s]);
+    assert_eq!(check.status, Some(0), "{check:?}");
+    assert!(
+        check.stdout.contains("stage 0: devices [0]") && check.stdout.contains("stage 1: devices [1]"),
+        "{check:?}"
+    );
+    let x = dir.join("x.npy");
+    meshc_ir::Tensor::f32(vec![4, 8], (0..32).map(|i| i as f32 / 10.0).collect()).write_npy(&x).unwrap();
+    let input = format!("x={}", x.display());
+    let (one, two) = (dir.join("one"), dir.join("two"));
+    let single = meshc(&["run", g, "--input", &input, "--output-dir", one.to_str().unwrap()]);
+    assert_eq!(single.status, Some(0), "{single:?}");
+    let placed = meshc(&["run", g, "--layout", s, "--input", &input, "--output-dir", two.to_str().unwrap()]);
+    assert_eq!(placed.status, Some(0), "{placed:?}");
+    assert_eq!(std::fs::read(one.join("y.npy")).unwrap(), std::fs::read(two.join("y.npy")).unwrap());
+}

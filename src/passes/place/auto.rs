@@ -38,9 +38,9 @@ struct Runs {
     memory: Vec<Vec<u64>>,
 }
 
-fn runs(g: &Graph, info: &Info) -> Runs {
-    let n = info.order.len();
-    let node = |p: usize| &g.nodes[info.order[p]];
+fn runs(g: &Graph, info: &Info, order: &[usize]) -> Runs {
+    let n = order.len();
+    let node = |p: usize| &g.nodes[order[p]];
     let pos: BTreeMap<&str, usize> = (0..n).map(|p| (node(p).name.as_str(), p)).collect();
     let is_param = |t: &str| g.params.iter().any(|p| p.name == t);
     let bytes = |t: &str| info.types[t].size_bytes() as u64;
@@ -57,7 +57,7 @@ fn runs(g: &Graph, info: &Info) -> Runs {
     for i in 0..n {
         let mut flops = 0;
         for j in i + 1..=n {
-            flops += cost(g, info, info.order[j - 1]).flops;
+            flops += cost(g, info, order[j - 1]).flops;
             r.flops[i][j] = flops;
             // Tensors the run reads but does not compute: graph inputs and earlier results.
             let mut arriving: Vec<&str> = Vec::new();
@@ -149,13 +149,27 @@ fn least_memory(r: &Runs, n: usize, k: usize) -> u64 {
     best[k][n]
 }
 
+/// The nodes some output needs, in topological order.
+fn live(g: &Graph, info: &Info) -> Vec<usize> {
+    let mut needed: std::collections::BTreeSet<&str> = g.outputs.iter().map(|o| o.name.as_str()).collect();
+    for &k in info.order.iter().rev() {
+        if needed.contains(g.nodes[k].name.as_str()) {
+            needed.extend(g.nodes[k].inputs.iter().map(String::as_str));
+        }
+    }
+    info.order.iter().copied().filter(|&k| needed.contains(g.nodes[k].name.as_str())).collect()
+}
+
 pub fn auto(g: &Graph, info: &Info, spec: &Spec, auto: &Auto) -> Result<Placement> {
     let err = |msg: String| anyhow!("{}: placement: auto: {msg}", spec.file);
     let k = usize::try_from(auto.stages)
         .ok()
         .filter(|&k| k >= 1)
         .ok_or_else(|| err("\"stages\" must be a positive number".into()))?;
-    let n = info.order.len();
+    // The cut is of the nodes an output needs: a node nothing reads would make a stage of
+    // its own that sends nothing on (`live`); such nodes join their operands' stage after.
+    let order = live(g, info);
+    let n = order.len();
     if k > n {
         return Err(err(format!("{k} stages for a graph of {n} nodes (each stage needs one)")));
     }
@@ -163,7 +177,7 @@ pub fn auto(g: &Graph, info: &Info, spec: &Spec, auto: &Auto) -> Result<Placemen
     let axis = (0..m.shape.len())
         .find(|&a| m.shape[a].is_multiple_of(k))
         .ok_or_else(|| err(format!("no axis of the mesh {:?} divides into {k} equal sub-meshes", m.shape)))?;
-    let r = runs(g, info);
+    let r = runs(g, info, &order);
     let budget = spec.memory_per_device.unwrap_or(u64::MAX);
     let mut bounds: Vec<u64> =
         (0..n).flat_map(|i| (i + 1..=n).map(move |j| (i, j))).map(|(i, j)| r.flops[i][j]).collect();
@@ -202,7 +216,14 @@ pub fn auto(g: &Graph, info: &Info, spec: &Spec, auto: &Auto) -> Result<Placemen
     let mut stage_of = BTreeMap::new();
     for p in 0..n {
         let s = cuts.iter().filter(|&&c| c <= p).count();
-        stage_of.insert(g.nodes[info.order[p]].name.clone(), s);
+        stage_of.insert(g.nodes[order[p]].name.clone(), s);
+    }
+    for &k in &info.order {
+        let n = &g.nodes[k];
+        if !stage_of.contains_key(&n.name) {
+            let s = n.inputs.iter().filter_map(|i| stage_of.get(i)).max().copied().unwrap_or(0);
+            stage_of.insert(n.name.clone(), s);
+        }
     }
     check_layout_names(g, info, spec)?;
     fill(g, info, &mut stage_of);
