@@ -29,8 +29,8 @@ use meshc::compile::Options;
 use meshc::driver;
 use meshc::dumps::Dumps;
 use meshc_ir::{params, text, verify, Data, Tensor};
-use meshc_runtime::program::{Exec, Library};
-use meshc_runtime::runner::Loaded;
+use meshc_runtime::exec::runner::Loaded;
+use meshc_runtime::format::program::{Exec, Library};
 
 const LAYERS: usize = 6;
 const WIDTH: usize = 384;
@@ -287,13 +287,13 @@ fn encoder_case(dir: &Path, (b, s): (usize, usize), anchors: &Anchors) {
 }
 
 /// Microseconds of one fork/join of a step over two cores with no work: the runner's
-/// (`meshc_runtime::pool::split`, two parts) and a rayon scope entered from outside its pool
+/// (`meshc_runtime::kernels::pool::split`, two parts) and a rayon scope entered from outside its pool
 /// (one part spawned, one run here: how the runner split a step before), back to back
 /// and after a 200 µs pause of this thread (the pool's thread gone idle, as between steps
 /// that do not split).
 fn fork_join_cost() {
     let pool = || {
-        meshc_runtime::pool::split(2, &|p| {
+        meshc_runtime::kernels::pool::split(2, &|p| {
             std::hint::black_box(p);
         })
     };

@@ -9,9 +9,9 @@ use std::collections::{BTreeMap, HashMap};
 use anyhow::{bail, Context, Result};
 use meshc_ir::verify::verify;
 use meshc_ir::{Graph, Node, Op, TensorType};
-use meshc_runtime::fabric;
-use meshc_runtime::mesh::Mesh;
-use meshc_runtime::program::{Collective, CollectiveOp, Reduce, Why};
+use meshc_runtime::comm::fabric;
+use meshc_runtime::format::mesh::Mesh;
+use meshc_runtime::format::program::{Collective, CollectiveOp, Reduce, Why};
 
 /// The collective a lowered node runs on an operand of local type `operand` (its `id` 0:
 /// numbering is the code generator's; so is refusing dtypes the fabric does not carry).

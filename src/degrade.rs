@@ -5,7 +5,7 @@
 //! schedule.
 
 use anyhow::{anyhow, bail, Result};
-use meshc_runtime::degraded::{plan_group, touches, Degradation, Topo};
+use meshc_runtime::comm::degraded::{plan_group, touches, Degradation, Topo};
 
 use crate::passes::lower::Lowered;
 

@@ -13,8 +13,8 @@ use anyhow::{Context, Result};
 use meshc_ir::cost::node_flops;
 use meshc_ir::verify::{verify, Info};
 use meshc_ir::{Graph, Op};
-use meshc_runtime::mesh::Mesh;
-use meshc_runtime::program::{Rule, Why};
+use meshc_runtime::format::mesh::Mesh;
+use meshc_runtime::format::program::{Rule, Why};
 use serde::Serialize;
 
 use crate::attribution;

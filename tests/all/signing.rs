@@ -4,7 +4,7 @@
 //! code runs.
 
 use crate::common::{meshc, scratch};
-use meshc_runtime::artifact::{Artifact, SectionKind, Writer};
+use meshc_runtime::format::artifact::{Artifact, SectionKind, Writer};
 
 const MLP: &str = "testdata/mlp/graph.json";
 const MLP_X: &str = "x=testdata/mlp/inputs/x.npy";

@@ -10,11 +10,11 @@ use std::process::ExitCode;
 use anyhow::{anyhow, bail, Context, Result};
 use meshc_ir::{Tensor, TensorType};
 
-use crate::artifact::{self, Artifact, Verify};
-use crate::degraded::Degradation;
-use crate::error::RunError;
-use crate::output::{check_output_name, Outputs};
-use crate::runner::Loaded;
+use crate::comm::degraded::Degradation;
+use crate::comm::error::RunError;
+use crate::exec::runner::Loaded;
+use crate::format::artifact::{self, Artifact, Verify};
+use crate::tools::output::{check_output_name, Outputs};
 
 /// Parses the command line with clap, printing `--help`/`--version` to stdout (exit 0) and a
 /// usage error as one line on stderr (exit 1).
@@ -248,10 +248,10 @@ pub fn is_artifact(path: &Path) -> bool {
 pub fn open(path: &Path, args: &RunArgs) -> Result<Loaded> {
     let art = Artifact::open_with(path, if args.trust_weights { Verify::SkipBulk } else { Verify::All })?;
     if let Some(key) = &args.require_signature {
-        let key = crate::signature::read_public_key(key)?;
-        crate::signature::require(art.signature()?, &key, &path.display().to_string())?;
+        let key = crate::format::signature::read_public_key(key)?;
+        crate::format::signature::require(art.signature()?, &key, &path.display().to_string())?;
     }
-    crate::loader::load_artifact(art, &path.display().to_string())
+    crate::exec::loader::load_artifact(art, &path.display().to_string())
 }
 
 /// `run` of a loaded program: set up (`configure`), run, and with `--replan-on-failure`
@@ -271,8 +271,8 @@ fn run_mpi(loaded: &mut Loaded, io: &Io, args: &RunArgs) -> Result<()> {
     if args.replan_on_failure {
         bail!("--replan-on-failure: under --transport mpi a lost host ends the job (MPI cannot go on without a process); start it with tools/mpirun-replan, which runs it again with --degrade-host");
     }
-    let (mpi, transport) = crate::mpi::init()?;
-    let transport: std::sync::Arc<dyn crate::transport::Transport> = std::sync::Arc::new(transport);
+    let (mpi, transport) = crate::comm::mpi::init()?;
+    let transport: std::sync::Arc<dyn crate::comm::transport::Transport> = std::sync::Arc::new(transport);
     let result = loaded.set_transport(transport.clone()).and_then(|()| run_here(loaded, io, args));
     let result = result.with_context(|| format!("host {}", transport.rank()));
     if let Err(e) = &result {
@@ -443,7 +443,10 @@ fn run_loaded(loaded: &Loaded, io: &Io, args: &RunArgs) -> Result<()> {
                     None => format!("host{h}"),
                 }),
             };
-            out.write_bytes(&file, crate::trace::chrome_trace(&loaded.meta, &loaded.programs, &times).as_bytes())?;
+            out.write_bytes(
+                &file,
+                crate::tools::trace::chrome_trace(&loaded.meta, &loaded.programs, &times).as_bytes(),
+            )?;
             results
         }
     };
@@ -491,7 +494,7 @@ fn run_loaded(loaded: &Loaded, io: &Io, args: &RunArgs) -> Result<()> {
 /// `inspect ARTIFACT`.
 pub fn inspect(path: &Path) -> Result<()> {
     let art = Artifact::open_with(path, Verify::All)?;
-    print!("{}", crate::inspect::inspect(&art, &path.display().to_string())?);
+    print!("{}", crate::tools::inspect::inspect(&art, &path.display().to_string())?);
     Ok(())
 }
 

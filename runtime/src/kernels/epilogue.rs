@@ -11,7 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::vmath;
+use crate::kernels::vmath;
 
 /// One step of an epilogue; a binary step carries the shape of its operand.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -247,7 +247,7 @@ fn avx512() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::matmul_shape::testing::{assert_close, random};
+    use crate::kernels::matmul_shape::testing::{assert_close, random};
     use meshc_ir::interp::eval_node;
     use meshc_ir::{DType, Node, Op, Tensor, TensorType};
 

@@ -6,8 +6,8 @@
 use meshc_ir::{DType, TensorType};
 use serde::{Deserialize, Serialize};
 
-use crate::degraded::Degradation;
-use crate::mesh::{Layout, Mesh};
+use crate::comm::degraded::Degradation;
+use crate::format::mesh::{Layout, Mesh};
 
 /// Alignment of every buffer, weight and arena slot.
 pub const ALIGN: usize = 64;
@@ -117,7 +117,7 @@ pub struct Buffer {
     pub name: String,
     pub bytes: usize,
     pub storage: Storage,
-    /// A pruning mask record (`crate::mask`) stored right before this weight, read by the
+    /// A pruning mask record (`crate::format::mask`) stored right before this weight, read by the
     /// matmul that takes the weight as its right operand.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mask: Option<MaskInfo>,
@@ -168,19 +168,19 @@ pub enum Library {
         out: Vec<usize>,
         #[serde(default, skip_serializing_if = "Elem::is_f32")]
         b_elem: Elem,
-        /// `b` is a weight stored in the GEMM's panels (`crate::panels`, f32), not row-major.
+        /// `b` is a weight stored in the GEMM's panels (`crate::kernels::panels`, f32), not row-major.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         panels: bool,
         /// Elementwise steps applied to the result as the GEMM finishes each block of it
-        /// (`crate::epilogue`); their operands are the step's buffers after `b`.
+        /// (`crate::kernels::epilogue`); their operands are the step's buffers after `b`.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
-        epilogue: Vec<crate::epilogue::Step>,
+        epilogue: Vec<crate::kernels::epilogue::Step>,
         /// Whether `a` and `b` are stored transposed: the buffer holds the operand with its
         /// last two dims swapped (a transpose the compiler left to the GEMM's strides).
         #[serde(default, skip_serializing_if = "Transposed::is_none")]
         transposed: Transposed,
     },
-    /// Fused attention (`crate::attention`): `softmax(scores, -1) @ v`, the scores
+    /// Fused attention (`crate::kernels::attention`): `softmax(scores, -1) @ v`, the scores
     /// `q @ k` (`k` holding kᵀ) scaled by the number in the buffer after `v` if `scale`
     /// says how, then plus the mask (of shape `mask`, the next buffer) if there is one.
     /// Buffers: result, q, k, v, then the scale's and the mask's.
@@ -190,7 +190,7 @@ pub enum Library {
         v: Vec<usize>,
         out: Vec<usize>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        scale: Option<crate::attention::Scale>,
+        scale: Option<crate::kernels::attention::Scale>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         mask: Option<Vec<usize>>,
     },

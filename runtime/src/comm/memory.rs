@@ -4,7 +4,7 @@
 
 use anyhow::{bail, Result};
 
-use crate::program::ALIGN;
+use crate::format::program::ALIGN;
 
 /// A zeroed, 64-byte aligned heap block (the arena, and weights compiled in memory).
 pub struct AlignedBuf {

@@ -1,7 +1,7 @@
 //! The seam between hosts: how the processes that run one artifact, each the devices of one
 //! host (`Meta::hosts`) as threads, exchange bytes. The in-process fabric and exchange stay
 //! the transport inside a host (and the only one without `hosts`); what crosses hosts goes
-//! through a `Transport`: MPI (`crate::mpi`, cargo feature `mpi`) between processes, or
+//! through a `Transport`: MPI (`crate::comm::mpi`, cargo feature `mpi`) between processes, or
 //! `Threads` between hosts that are threads of one process (tests of everything above the
 //! seam without MPI).
 //!
@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 
-use crate::program::{Exec, Meta, Program};
-use crate::sync::{Condvar, Mutex};
+use crate::comm::sync::{Condvar, Mutex};
+use crate::format::program::{Exec, Meta, Program};
 
 /// A message to send: its bytes to host `to` under `tag`.
 pub struct Outgoing<'a> {

@@ -1,7 +1,7 @@
 //! f32 math shared by the generated kernels and the runner: the coefficients of GELU's two
 //! forms (`src/codegen/math.rs` documents the methods and their measured errors, and emits
 //! them as Cranelift IR) and the same formulas in Rust, for the library GEMM's epilogues
-//! (`crate::epilogue`). Both evaluate one formula step for step (with FMA where the code
+//! (`crate::kernels::epilogue`). Both evaluate one formula step for step (with FMA where the code
 //! has it), so a fused epilogue and the separate kernel it replaces agree to the rounding.
 
 /// erf(x)/x = P(x²)/Q(x²) on [0, 4]: minimax for relative error, 2.5e-8 in f64 (these are

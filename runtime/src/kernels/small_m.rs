@@ -5,7 +5,7 @@
 //! block of up to `MR_MAX` rows of `a` (all of `a` fits the L2 cache, and each 32-column
 //! strip of `b` does too, so the rereads of a strip hit L2), `a` is never copied (its
 //! elements are broadcast from memory), and the cores split the columns: the parts of the
-//! split (`crate::pool`) are contiguous runs of the 32-wide strips of every matrix of the batch.
+//! split (`crate::kernels::pool`) are contiguous runs of the 32-wide strips of every matrix of the batch.
 //!
 //! The micro-kernel holds an `MR × 32` tile of `c` in AVX-512 registers (`MR` ≤ 12: 24
 //! accumulators, two loads of `b` and a broadcast of the 32 registers) across the whole
@@ -13,8 +13,8 @@
 //! CPU has AVX-512F (detected at run time); elsewhere `serves` says no and the general GEMM
 //! (which has AVX2 kernels) takes the product.
 
-use crate::epilogue::Bound;
-use crate::matmul_shape::MatmulShape;
+use crate::kernels::epilogue::Bound;
+use crate::kernels::matmul_shape::MatmulShape;
 
 /// Rows per matrix up to which this path serves a product.
 pub const MAX_M: usize = 64;
@@ -56,8 +56,8 @@ pub fn matmul(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, threads: u
     let items = batches.len() * strips;
     // The result as an address: the threads share it, each writing only its own strips.
     let c = out.as_mut_ptr() as usize;
-    let parts = if threads > 1 { items.min(crate::pool::PARTS_PER_THREAD * threads) } else { 1 };
-    crate::pool::split(parts, &|t| {
+    let parts = if threads > 1 { items.min(crate::kernels::pool::PARTS_PER_THREAD * threads) } else { 1 };
+    crate::kernels::pool::split(parts, &|t| {
         let (from, to) = (items * t / parts, items * (t + 1) / parts);
         let mut item = from;
         while item < to {
@@ -117,7 +117,7 @@ unsafe fn strip(_: usize, _: usize, _: (usize, usize), _: *const f32, _: *const 
 
 /// `c = a @ b` for an `MR × cols` tile (`cols` ≤ 32): `a` MR×k with row stride `lda`, `b`
 /// k×cols with row stride `ldb`, `c` with row stride `ldc`. The tile stays in registers
-/// across all of k. Fused attention (`crate::attention`) runs its two products on it too.
+/// across all of k. Fused attention (`crate::kernels::attention`) runs its two products on it too.
 ///
 /// # Safety
 /// The pointers address those tiles; the CPU has AVX-512F.
@@ -163,7 +163,7 @@ pub(crate) unsafe fn tile<const MR: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::matmul_shape::testing::{assert_close, oracle};
+    use crate::kernels::matmul_shape::testing::{assert_close, oracle};
 
     /// Every row-block split (1 to 64 rows), full and partial strips, k of 1 and more,
     /// batches and broadcasts, on 1 to 3 threads, against the interpreter's matmul.

@@ -8,7 +8,7 @@
 //!   reads the data there, in place, for the rest of the run.
 //!
 //! Between devices of different hosts (`set_hosts`) a transfer is one message over the
-//! transport (`crate::transport`), receiver-pull as well: the data leaves once the recv has
+//! transport (`crate::comm::transport`), receiver-pull as well: the data leaves once the recv has
 //! posted its buffer, where it lands under either protocol. The tag comes from the key.
 //!
 //! Nothing waits for ever: a wait ends with an error naming the key and both devices after
@@ -23,13 +23,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 
-use crate::error::RunError;
-use crate::program::{Protocol, Transfer};
-use crate::sync::{spin_until, Condvar, Mutex, MutexGuard};
-use crate::transport::{Hosts, Incoming, Outgoing, Stall};
+use crate::comm::error::RunError;
+use crate::comm::sync::{spin_until, Condvar, Mutex, MutexGuard};
+use crate::comm::transport::{Hosts, Incoming, Outgoing, Stall};
+use crate::format::program::{Protocol, Transfer};
 
 /// How long a send or recv waits for its peer by default (`meshc run --timeout`).
-pub const DEFAULT_TIMEOUT: Duration = crate::sync::TIMEOUT;
+pub const DEFAULT_TIMEOUT: Duration = crate::comm::sync::TIMEOUT;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Slot {

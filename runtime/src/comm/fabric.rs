@@ -50,14 +50,14 @@
 //! An all_reduce or reduce_scatter whose group holds one, or whose plain schedule would
 //! cross a degraded link, combines the operands of its healthy members only (a mean divides
 //! by their number; a degraded member's block of a reduce_scatter goes to no one), and its
-//! link counters record the fault-tolerant schedule of `crate::degraded::plan_group`
+//! link counters record the fault-tolerant schedule of `crate::comm::degraded::plan_group`
 //! (forwarding and critical groups, any operand size; for reduce_scatter the reduce half
 //! and only the broadcast edges leading to what each member keeps). all_gather and
 //! all_to_all cannot leave a member out: one that involves a degraded device or would send
 //! over a degraded link fails, naming the collective. The counters of the plain schedules
 //! are kept too, for the fault-free comparison of `LinkStats`.
 //!
-//! # Across hosts (`Fabric::set_hosts`, `crate::transport`)
+//! # Across hosts (`Fabric::set_hosts`, `crate::comm::transport`)
 //! When the devices are spread over hosts (one process each), a collective whose group
 //! lies inside this host runs as above and never touches the transport. One whose group
 //! spans hosts runs hierarchically: the members on this host meet in one rendezvous (as for
@@ -95,14 +95,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
 
-use crate::degraded::{self, Topo};
-use crate::error::RunError;
-use crate::memory::AlignedBuf;
-use crate::mesh::{Mesh, Topology};
-use crate::program::{Collective, CollectiveOp, Reduce};
-pub use crate::sync::TIMEOUT;
-use crate::sync::{spin_until, Condvar, Mutex, MutexGuard, RwLock};
-use crate::transport::{Hosts, Incoming, Outgoing, Stall};
+use crate::comm::degraded::{self, Topo};
+use crate::comm::error::RunError;
+use crate::comm::memory::AlignedBuf;
+pub use crate::comm::sync::TIMEOUT;
+use crate::comm::sync::{spin_until, Condvar, Mutex, MutexGuard, RwLock};
+use crate::comm::transport::{Hosts, Incoming, Outgoing, Stall};
+use crate::format::mesh::{Mesh, Topology};
+use crate::format::program::{Collective, CollectiveOp, Reduce};
 
 /// Operands of fewer bytes take the one-rendezvous path: below this size a second
 /// rendezvous costs more than the second core saves. Measured for an all_reduce over 8
@@ -1939,7 +1939,7 @@ mod tests {
 
     #[test]
     fn degraded_all_reduce_combines_the_healthy_operands_over_the_seed_schedule() {
-        use crate::degraded::{plan, Degradation};
+        use crate::comm::degraded::{plan, Degradation};
         let m = Mesh::numbered(&[4, 4], Topology::Torus);
         // The seed's figure 7 (a1, a2, b1, b2 failed) plus the link c3-c4.
         let deg = Degradation { nodes: vec![0, 1, 4, 5], links: vec![(10, 11)], along: vec![] };
@@ -1977,7 +1977,7 @@ mod tests {
     fn degraded_sub_group_reductions_route_around_and_leave_degraded_members_out() {
         let m = Mesh::numbered(&[4, 4], Topology::Mesh);
         // b2 failed, the link c3-c4 failed: c4 is degraded along the rows, c3 along the rows.
-        let deg = crate::degraded::Degradation { nodes: vec![5], links: vec![(10, 11)], along: vec![] };
+        let deg = crate::comm::degraded::Degradation { nodes: vec![5], links: vec![(10, 11)], along: vec![] };
         let topo = Topo::new(&m, &deg, false).unwrap();
         for axis in [0, 1] {
             for (numel, reduce) in [(64, Reduce::Sum), (40_000, Reduce::Mean)] {

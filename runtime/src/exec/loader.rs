@@ -3,9 +3,9 @@
 
 use anyhow::{anyhow, Context, Result};
 
-use crate::artifact::{Artifact, SectionKind};
-use crate::program::{Meta, Program};
-use crate::runner::{Code, Loaded, Weights};
+use crate::exec::runner::{Code, Loaded, Weights};
+use crate::format::artifact::{Artifact, SectionKind};
+use crate::format::program::{Meta, Program};
 
 /// The metadata and the per-device programs of `art`; `file` names it in errors.
 pub fn parse_sections(art: &Artifact, file: &str) -> Result<(Meta, Vec<Program>)> {

@@ -5,7 +5,7 @@
 //! (no copy, no re-slicing), lets the step write `next.S` into a second buffer, and swaps
 //! the two; only `Loaded::download` (a checkpoint) gathers the blocks into whole tensors.
 
-use crate::memory::AlignedBuf;
+use crate::comm::memory::AlignedBuf;
 
 /// One device's block of one state tensor: the step reads `bufs[cur]` and writes the other.
 pub(crate) struct Slot {

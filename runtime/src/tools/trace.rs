@@ -6,8 +6,8 @@
 
 use serde_json::{json, Value};
 
-use crate::program::{Exec, Meta, Program, StreamKind};
-use crate::runner::StepTime;
+use crate::exec::runner::StepTime;
+use crate::format::program::{Exec, Meta, Program, StreamKind};
 
 /// Microseconds, to the nanosecond (the format's unit, without binary fractions' noise).
 fn micros(d: std::time::Duration) -> f64 {

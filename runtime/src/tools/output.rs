@@ -11,7 +11,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Once;
 
-use crate::sync::{Mutex, MutexGuard};
+use crate::comm::sync::{Mutex, MutexGuard};
 
 use anyhow::{anyhow, bail, Context, Result};
 

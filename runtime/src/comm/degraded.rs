@@ -2,7 +2,7 @@
 //! §6.2): the topology model (`Topo`), the planner that turns it
 //! into an explicit schedule (`plan` for the whole mesh, `plan_group` for any group, with
 //! routes through healthy non-members), an executor of that schedule on per-device vectors
-//! that counts bytes per directed link (`execute`). The fabric (`crate::fabric`) runs
+//! that counts bytes per directed link (`execute`). The fabric (`crate::comm::fabric`) runs
 //! collectives over these schedules; the compiler's `degrade` module checks a spec's
 //! degradation against the lowered programs and leaves degraded devices out.
 //!
@@ -62,7 +62,7 @@ use petgraph::visit::{Bfs, VisitMap};
 use petgraph::Direction;
 use serde::{Deserialize, Serialize};
 
-use crate::mesh::{Mesh, Topology};
+use crate::format::mesh::{Mesh, Topology};
 
 /// What failed: devices, links (pairs of neighbouring devices), and devices degraded along
 /// one dimension only (device, dimension). Devices are numbered as in `Mesh::device`.

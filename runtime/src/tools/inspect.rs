@@ -6,9 +6,9 @@ use std::fmt::Write as _;
 
 use anyhow::{Context, Result};
 
-use crate::artifact::{Artifact, SectionKind};
-use crate::loader::parse_sections;
-use crate::program::{CollectiveOp, Exec, Library, Program, Storage, StreamKind};
+use crate::exec::loader::parse_sections;
+use crate::format::artifact::{Artifact, SectionKind};
+use crate::format::program::{CollectiveOp, Exec, Library, Program, Storage, StreamKind};
 
 /// The report of `meshc inspect`: sections, metadata, kernels, buffers and steps.
 pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
@@ -26,9 +26,9 @@ pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
             sec.checksum
         )?;
     }
-    if let crate::signature::Signed::By(key, valid) = art.signature()? {
+    if let crate::format::signature::Signed::By(key, valid) = art.signature()? {
         let state = if valid { "valid" } else { "DOES NOT MATCH the contents" };
-        writeln!(s, "signed by ed25519 key {} ({state})", crate::signature::hex(key.as_bytes()))?;
+        writeln!(s, "signed by ed25519 key {} ({state})", crate::format::signature::hex(key.as_bytes()))?;
     }
     writeln!(
         s,
@@ -49,7 +49,7 @@ pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
         let links: Vec<String> = meta.degraded.links.iter().map(|&(a, b)| format!("{}-{}", c(a), c(b))).collect();
         writeln!(s, "degraded devices [{}] links [{}]", nodes.join(" "), links.join(" "))?;
     }
-    let io = |what: &str, i: &crate::program::IoSpec| {
+    let io = |what: &str, i: &crate::format::program::IoSpec| {
         let layout = if i.layout.iter().any(Option::is_some) {
             format!(" layout {}", i.mesh(m).layout_string(&i.layout))
         } else {
@@ -82,7 +82,7 @@ pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
 fn mask_report(s: &mut String, p: &Program, weights: &[u8]) -> Result<()> {
     for b in &p.buffers {
         let (Some(info), Storage::Weights { offset }) = (&b.mask, &b.storage) else { continue };
-        let m = crate::mask::Mask::decode(weights, *offset, info.rows, info.cols)
+        let m = crate::format::mask::Mask::decode(weights, *offset, info.rows, info.cols)
             .with_context(|| format!("weight '{}'", b.name))?;
         let runs =
             |r: &[(usize, usize)]| r.iter().map(|(s, l)| format!("[{s},{})", s + l)).collect::<Vec<_>>().join(" ");
@@ -143,7 +143,7 @@ fn program_report(s: &mut String, p: &Program) -> Result<()> {
         let exec = match &st.exec {
             Exec::Kernel(k) => format!("kernel k{k}"),
             Exec::Library(Library::Matmul { a, b, panels, epilogue, transposed, .. }) => {
-                let steps: Vec<&str> = epilogue.iter().map(crate::epilogue::Step::name).collect();
+                let steps: Vec<&str> = epilogue.iter().map(crate::kernels::epilogue::Step::name).collect();
                 let epilogue = if steps.is_empty() { String::new() } else { format!(" + {}", steps.join(",")) };
                 let stored = match (transposed.a, transposed.b) {
                     (true, true) => " (a, b stored transposed)",
@@ -184,7 +184,7 @@ fn program_report(s: &mut String, p: &Program) -> Result<()> {
 /// The send/recv pairs of all programs, by key: who sends to whom, how many bytes, which
 /// protocol.
 fn transfer_report(s: &mut String, programs: &[Program]) -> Result<()> {
-    let sends: Vec<(usize, &crate::program::Transfer)> = programs
+    let sends: Vec<(usize, &crate::format::program::Transfer)> = programs
         .iter()
         .flat_map(|p| {
             p.steps.iter().filter_map(move |st| if let Exec::Send(t) = &st.exec { Some((p.device, t)) } else { None })

@@ -28,8 +28,8 @@
 //! memory while the next ones found the slice in L1 (that GEMM time fell by ~10%, `cargo
 //! bench --bench models`).
 
-use crate::epilogue::Bound;
-use crate::matmul_shape::MatmulShape;
+use crate::kernels::epilogue::Bound;
+use crate::kernels::matmul_shape::MatmulShape;
 
 /// Columns of a strip: two AVX-512 vectors of f32.
 pub const NR: usize = 32;
@@ -50,7 +50,7 @@ const KC: usize = 192;
 const MC: usize = 192;
 
 /// The most bytes of a block of the result its epilogue runs on at once
-/// (`crate::epilogue`): a block of a small-M product, its rows × a part's strips.
+/// (`crate::kernels::epilogue`): a block of a small-M product, its rows × a part's strips.
 const EPILOGUE_BLOCK_BYTES: usize = 256 << 10;
 
 /// Elements of one packed k×n matrix.
@@ -179,8 +179,8 @@ fn matmul_on(isa: &Isa, a: &[f32], panels: &[f32], out: &mut [f32], s: &MatmulSh
     };
     if m <= SMALL_M {
         let items = batches.len() * strips;
-        let parts = if threads > 1 { items.min(crate::pool::PARTS_PER_THREAD * threads) } else { 1 };
-        crate::pool::split(parts, &|t| {
+        let parts = if threads > 1 { items.min(crate::kernels::pool::PARTS_PER_THREAD * threads) } else { 1 };
+        crate::kernels::pool::split(parts, &|t| {
             let (from, to) = (items * t / parts, items * (t + 1) / parts);
             let mut item = from;
             while item < to {
@@ -194,8 +194,8 @@ fn matmul_on(isa: &Isa, a: &[f32], panels: &[f32], out: &mut [f32], s: &MatmulSh
     } else {
         let mr = isa.mr;
         let tiles = m.div_ceil(mr);
-        let parts = if threads > 1 { (crate::pool::PARTS_PER_THREAD * threads).min(tiles) } else { 1 };
-        crate::pool::split(parts, &|t| {
+        let parts = if threads > 1 { (crate::kernels::pool::PARTS_PER_THREAD * threads).min(tiles) } else { 1 };
+        crate::kernels::pool::split(parts, &|t| {
             let (r0, r1) = ((tiles * t / parts * mr).min(m), (tiles * (t + 1) / parts * mr).min(m));
             for &mat in &batches {
                 run(mat, (r0, r1), (0, strips));
@@ -431,7 +431,7 @@ unsafe fn tile_portable<const MR: usize, const PACKED: bool>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::matmul_shape::testing::{assert_close, oracle};
+    use crate::kernels::matmul_shape::testing::{assert_close, oracle};
 
     fn packed(b: &[f32], count: usize, k: usize, n: usize) -> Vec<f32> {
         let bytes: Vec<u8> = b.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -479,7 +479,7 @@ mod tests {
     /// the columns of `c` past the strip alone: the same bits whichever kernel runs.
     #[test]
     fn tiles_are_one_fused_chain_per_element() {
-        use crate::matmul_shape::testing::random;
+        use crate::kernels::matmul_shape::testing::random;
         let (k, ldc) = (300, 40);
         let (a, p, c0) = (random(1, MR_MAX * k), random(2, k * NR), random(3, MR_MAX * ldc));
         for isa in available() {

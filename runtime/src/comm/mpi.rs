@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use ferrompi::{Communicator, Mpi, Request, ThreadLevel};
 
-use crate::transport::{Incoming, Outgoing, Pending, Stall, Transport};
+use crate::comm::transport::{Incoming, Outgoing, Pending, Stall, Transport};
 
 /// MPI as a `Transport`. The `Mpi` handle itself stays with the caller of `init` (on the
 /// thread that finalizes MPI when it drops it, after the run).

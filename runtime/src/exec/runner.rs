@@ -9,7 +9,7 @@
 //! its own arena: inputs are scattered (each device's main stream copies its block of every
 //! input), each stream runs its steps in order (`Program::streams`; without a plan one
 //! stream runs them all), waiting for the events of other streams with blocking waits,
-//! collectives meet in the fabric (`crate::fabric`), and the devices that hold the
+//! collectives meet in the fabric (`crate::comm::fabric`), and the devices that hold the
 //! write-back copy of an output block gather it into the result. A stream that waits for
 //! another one whose thread has not started the step yet runs that stream's steps itself
 //! (`Loaded::drive`), so the extra threads cost a hand-off only when they overlap work. A
@@ -17,10 +17,10 @@
 //! next rendezvous; one that goes silent is detected by the fabric's heartbeat watch.
 //! Degraded devices (`Meta::degraded`, or `Loaded::degrade`) run nothing: outputs are taken
 //! from a healthy holder of each block. A training run's state stays on the devices between
-//! runs (`crate::resident`, `Loaded::upload`, `run_resident`): its input buffers point at
+//! runs (`crate::exec::resident`, `Loaded::upload`, `run_resident`): its input buffers point at
 //! each device's block, and its outputs land in the block's second buffer.
 //!
-//! Over hosts (`Loaded::set_transport`, `crate::transport`): this process runs the devices
+//! Over hosts (`Loaded::set_transport`, `crate::comm::transport`): this process runs the devices
 //! of its own host only, the fabric and the exchange carry what crosses hosts over the
 //! transport, and the other hosts send their devices' output blocks to host 0, whose run
 //! returns the outputs (the others' return none).
@@ -37,22 +37,22 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use meshc_ir::{DType, Tensor, TensorType};
 
-use crate::abi::{self, KernelFn, KernelTable};
-use crate::artifact::{Artifact, SectionKind};
-use crate::epilogue::{Bound, Step};
-use crate::error::RunError;
-use crate::exchange::Exchange;
-use crate::fabric::{self, Delivery, Fabric, LinkStats};
-use crate::library::{self, Threads};
-use crate::mask::Mask;
-pub use crate::memory::AlignedBuf;
-use crate::mesh::Mesh;
-use crate::order::{accesses, all_before, happens_before, At, Order};
-use crate::pool;
-use crate::program::{Buffer, Collective, Elem, Exec, IoSpec, Library, Meta, Program, Storage, Transfer};
-use crate::resident::{Resident, Slot};
-use crate::sync::{spin_until, Condvar, Mutex, MutexGuard};
-use crate::transport::{Hosts, Incoming, Outgoing, Stall, Transport};
+use crate::comm::error::RunError;
+use crate::comm::exchange::Exchange;
+use crate::comm::fabric::{self, Delivery, Fabric, LinkStats};
+pub use crate::comm::memory::AlignedBuf;
+use crate::comm::sync::{spin_until, Condvar, Mutex, MutexGuard};
+use crate::comm::transport::{Hosts, Incoming, Outgoing, Stall, Transport};
+use crate::exec::resident::{Resident, Slot};
+use crate::format::abi::{self, KernelFn, KernelTable};
+use crate::format::artifact::{Artifact, SectionKind};
+use crate::format::mask::Mask;
+use crate::format::mesh::Mesh;
+use crate::format::order::{accesses, all_before, happens_before, At, Order};
+use crate::format::program::{Buffer, Collective, Elem, Exec, IoSpec, Library, Meta, Program, Storage, Transfer};
+use crate::kernels::epilogue::{Bound, Step};
+use crate::kernels::library::{self, Threads};
+use crate::kernels::pool;
 
 /// Where the kernels are: an artifact's code section mapped executable, or executable
 /// memory an in-memory compile owns (the `Loaded` keeps it alive).
@@ -211,16 +211,16 @@ fn check_steps(p: &Program) -> Result<()> {
                 }
             }
             Exec::Library(Library::Matmul { a, b, out, b_elem, panels, epilogue, transposed }) => {
-                count(3 + crate::epilogue::operands(epilogue).count())?;
-                crate::matmul_shape::MatmulShape::new(a, b, out).map_err(|e| fail(e.to_string()))?;
+                count(3 + crate::kernels::epilogue::operands(epilogue).count())?;
+                crate::kernels::matmul_shape::MatmulShape::new(a, b, out).map_err(|e| fail(e.to_string()))?;
                 if !epilogue.is_empty() && (a.len() < 2 || b.len() < 2) {
                     bail!(fail("an epilogue follows a product of matrices".to_string()));
                 }
-                for (i, shape) in (3..).zip(crate::epilogue::operands(epilogue)) {
+                for (i, shape) in (3..).zip(crate::kernels::epilogue::operands(epilogue)) {
                     meshc_ir::ops::check_epilogue_operand(shape, out).map_err(fail)?;
                     f32_buffer(i, shape)?;
                 }
-                let b_panels = [crate::panels::packed_elems(b).unwrap_or(usize::MAX)];
+                let b_panels = [crate::kernels::panels::packed_elems(b).unwrap_or(usize::MAX)];
                 let b_stored = if *panels { &b_panels[..] } else { b };
                 for (i, s, elem) in [(0, &out[..], Elem::F32), (1, a, Elem::F32), (2, b_stored, *b_elem)] {
                     let need = s.iter().try_fold(elem.size(), |n, &d| n.checked_mul(d));
@@ -247,7 +247,8 @@ fn check_steps(p: &Program) -> Result<()> {
             }
             Exec::Library(Library::Attention { q, k, v, out, scale, mask }) => {
                 count(4 + usize::from(scale.is_some()) + usize::from(mask.is_some()))?;
-                crate::attention::Shapes::new(q, k, v, out, mask.as_deref()).map_err(|e| fail(e.to_string()))?;
+                crate::kernels::attention::Shapes::new(q, k, v, out, mask.as_deref())
+                    .map_err(|e| fail(e.to_string()))?;
                 let scale: Option<&[usize]> = scale.map(|_| &[1][..]);
                 let shapes = [&out[..], q, k, v].into_iter().chain(scale).chain(mask.as_deref());
                 for (i, shape) in shapes.enumerate() {
@@ -274,7 +275,7 @@ fn bind_epilogue<'s>(steps: &'s [Step], operands: &[*mut u8], out: &[usize]) -> 
 }
 
 /// Checks that buffers sharing arena bytes are never in use at the same time under the
-/// stream plan (`crate::order`), but for an operand handing its bytes to the result of the
+/// stream plan (`crate::format::order`), but for an operand handing its bytes to the result of the
 /// kernel step where it dies, at a position the kernel allows (`Kernel::in_place`). A plan
 /// that breaks this would run, and give wrong results.
 fn check_arena(p: &Program) -> Result<()> {
@@ -331,7 +332,7 @@ fn check_stage(mesh: &Mesh, spec: &IoSpec, what: &str) -> Result<()> {
 /// Checks that the sends and recvs of all programs pair up: each key sent once and received
 /// once, by the devices each end names, with the same size and protocol, and buffers of that
 /// size (a recv's in the arena). Whether they can all complete in program order is left to
-/// the run, whose waits time out (`crate::exchange`).
+/// the run, whose waits time out (`crate::comm::exchange`).
 fn check_transfers(mesh: &Mesh, programs: &[Program]) -> Result<()> {
     let label = |d: usize| mesh.device_label(d);
     let mut sends: BTreeMap<&str, (usize, &Transfer, &str)> = BTreeMap::new();
@@ -798,7 +799,7 @@ pub struct Loaded {
     /// `--fail-device`: this device stops answering at its collective number .1 (from 0).
     fail: Option<(usize, usize)>,
     /// What `degrade` added to the artifact's degradation, and whether strictly.
-    degraded: (crate::degraded::Degradation, bool),
+    degraded: (crate::comm::degraded::Degradation, bool),
     /// The cores the steps of a run with one stream in all may use: its kernels split into
     /// parts and its library calls fork up to this many (`set_threads`). A run with more
     /// streams already keeps the cores busy with its stream threads, one core each.
@@ -810,7 +811,7 @@ pub struct Loaded {
 }
 
 /// Runs `kernel` on `args` (the step's buffers, which are the ones it was generated for) as
-/// `parts` parts at once, on this thread and the pool's (`crate::pool`). Returns the first
+/// `parts` parts at once, on this thread and the pool's (`crate::kernels::pool`). Returns the first
 /// non-zero status of a part, or 0.
 fn call_kernel(kernel: KernelFn, args: &[*mut u8], parts: usize) -> u32 {
     // SAFETY (both calls): the buffers are the kernel's, and parts of one call write disjoint
@@ -859,7 +860,7 @@ impl Loaded {
         }
         // The devices the artifact names degraded run nothing: their programs are empty.
         let topo = (!meta.degraded.is_empty())
-            .then(|| crate::degraded::Topo::new(&meta.mesh, &meta.degraded, false))
+            .then(|| crate::comm::degraded::Topo::new(&meta.mesh, &meta.degraded, false))
             .transpose()?;
         let absent: Vec<bool> = (0..devices).map(|d| topo.as_ref().is_some_and(|t| !t.healthy(d))).collect();
         for (d, program) in programs.iter().enumerate().filter(|&(d, _)| !absent[d]) {
@@ -1071,11 +1072,11 @@ impl Loaded {
 
     /// Re-plans the collectives around degraded devices and links (`meshc run --degrade`),
     /// those the artifact names plus `deg`; with `strict`, partially degraded devices count
-    /// as failed. Degraded devices run nothing; see `crate::fabric` for the collectives.
-    pub fn degrade(&mut self, deg: &crate::degraded::Degradation, strict: bool) -> Result<()> {
+    /// as failed. Degraded devices run nothing; see `crate::comm::fabric` for the collectives.
+    pub fn degrade(&mut self, deg: &crate::comm::degraded::Degradation, strict: bool) -> Result<()> {
         let extra = self.degraded.0.merged(deg);
         let strict = strict || self.degraded.1;
-        let topo = crate::degraded::Topo::new(&self.meta.mesh, &self.meta.degraded.merged(&extra), strict)?;
+        let topo = crate::comm::degraded::Topo::new(&self.meta.mesh, &self.meta.degraded.merged(&extra), strict)?;
         let mesh = &self.meta.mesh;
         let lost = (0..mesh.devices()).find(|&d| !topo.healthy(d));
         let any_left = (0..mesh.devices()).any(|d| topo.healthy(d));
@@ -1100,7 +1101,7 @@ impl Loaded {
     }
 
     /// How long a device waits for a collective's member that shows no sign of life before
-    /// the run ends naming it (`crate::fabric::TIMEOUT` unless set).
+    /// the run ends naming it (`crate::comm::fabric::TIMEOUT` unless set).
     pub fn set_collective_timeout(&mut self, timeout: Duration) {
         self.fabric.set_timeout(timeout);
     }
@@ -1554,7 +1555,10 @@ impl Loaded {
                     (
                         std::slice::from_raw_parts_mut(args[0] as *mut f32, len(out)),
                         std::slice::from_raw_parts(args[1] as *const f32, len(a)),
-                        std::slice::from_raw_parts(args[2] as *const f32, crate::panels::packed_elems(b).unwrap_or(0)),
+                        std::slice::from_raw_parts(
+                            args[2] as *const f32,
+                            crate::kernels::panels::packed_elems(b).unwrap_or(0),
+                        ),
                     )
                 };
                 library::matmul_panels(x, y, o, a, b, out, Threads::UpTo(run.threads), &ep)
@@ -1593,7 +1597,7 @@ impl Loaded {
             }
             Exec::Library(Library::Attention { q, k, v, out, scale, mask }) => {
                 let len = |s: &[usize]| s.iter().product::<usize>();
-                let sh = crate::attention::Shapes::new(q, k, v, out, mask.as_deref())
+                let sh = crate::kernels::attention::Shapes::new(q, k, v, out, mask.as_deref())
                     .with_context(|| format!("node '{}'", st.node))?;
                 let f32s = |i: usize, n: usize| {
                     // SAFETY: `check_program` checked that buffer `i` holds an aligned f32
@@ -1605,7 +1609,7 @@ impl Loaded {
                 // SAFETY: as above.
                 let o = unsafe { std::slice::from_raw_parts_mut(args[0] as *mut f32, len(out)) };
                 let threads = Threads::UpTo(run.threads).pick(sh.macs());
-                crate::attention::attention(
+                crate::kernels::attention::attention(
                     &sh,
                     (f32s(1, len(q)), f32s(2, len(k)), f32s(3, len(v))),
                     scale,
@@ -1668,7 +1672,7 @@ impl Loaded {
     }
 }
 
-/// Resident state (`crate::resident`): onto the devices and back.
+/// Resident state (`crate::exec::resident`): onto the devices and back.
 impl Loaded {
     /// Puts `state` (the inputs named `names`, each with an output `next_of(S)`) on the
     /// devices: each device's block of each tensor is cut once, here.
@@ -1732,10 +1736,10 @@ mod tests {
     use meshc_ir::{DType, Data};
 
     use super::*;
-    use crate::mesh::Topology;
-    use crate::program::ALIGN;
-    use crate::program::{CollectiveOp, Event, Reduce, Step, Stream, StreamKind, StreamPlan, Wait};
-    use crate::transport::{Pending, Threads};
+    use crate::comm::transport::{Pending, Threads};
+    use crate::format::mesh::Topology;
+    use crate::format::program::ALIGN;
+    use crate::format::program::{CollectiveOp, Event, Reduce, Step, Stream, StreamKind, StreamPlan, Wait};
 
     fn io(name: &str, dtype: DType, shape: &[usize], layout: &[Option<usize>]) -> IoSpec {
         IoSpec::with_layout(name, &TensorType::new(dtype, shape.to_vec()), layout.to_vec())
@@ -1861,7 +1865,7 @@ mod tests {
         l.run_timed(&HashMap::from([("x".to_string(), x)]), &mut |t| times.push(t.clone())).unwrap();
         let steps: Vec<(usize, usize)> = times.iter().map(|t| (t.device, t.step)).collect();
         assert_eq!(steps, (0..4).flat_map(|d| [(d, 0), (d, 1)]).collect::<Vec<_>>());
-        let trace = crate::trace::chrome_trace(&l.meta, &l.programs, &times);
+        let trace = crate::tools::trace::chrome_trace(&l.meta, &l.programs, &times);
         let v: serde_json::Value = serde_json::from_str(&trace).unwrap();
         let events = v["traceEvents"].as_array().unwrap();
         assert!(events.iter().any(|e| e["args"]["name"] == "device 3 (1,1)"));
@@ -1952,7 +1956,7 @@ mod tests {
         l.run_timed(&inputs, &mut |t| times.push(t.clone())).unwrap();
         let streams: Vec<(usize, usize, usize)> = times.iter().map(|t| (t.device, t.stream, t.step)).collect();
         assert_eq!(streams, [(0, 1, 0), (0, 0, 1), (0, 0, 2), (1, 1, 0), (1, 0, 1), (1, 0, 2)]);
-        let trace = crate::trace::chrome_trace(&l.meta, &l.programs, &times);
+        let trace = crate::tools::trace::chrome_trace(&l.meta, &l.programs, &times);
         let v: serde_json::Value = serde_json::from_str(&trace).unwrap();
         let events = v["traceEvents"].as_array().unwrap();
         let track = |name: &str| events.iter().find(|e| e["args"]["name"] == name).map(|e| e["tid"].clone());
@@ -2127,7 +2131,7 @@ mod tests {
                 })
                 .collect()
         };
-        let meta = |degraded: crate::degraded::Degradation, model_axes: Vec<usize>| Meta {
+        let meta = |degraded: crate::comm::degraded::Degradation, model_axes: Vec<usize>| Meta {
             graph: "t".into(),
             target: "test".into(),
             features: vec![],
@@ -2139,7 +2143,7 @@ mod tests {
             model_axes,
             hosts: Vec::new(),
         };
-        let failed = |d: usize| crate::degraded::Degradation { nodes: vec![d], ..Default::default() };
+        let failed = |d: usize| crate::comm::degraded::Degradation { nodes: vec![d], ..Default::default() };
         // x is [2, 6] split over axis 0 (row 0 on devices 0 and 1, row 1 on 2 and 3): the
         // mean is over the three healthy devices' rows.
         for gone in [0, 2] {
@@ -2224,8 +2228,8 @@ mod transfer_tests {
 
     use super::tests::f32_matmul;
     use super::*;
-    use crate::mesh::Topology;
-    use crate::program::{Protocol, Step, Transfer};
+    use crate::format::mesh::Topology;
+    use crate::format::program::{Protocol, Step, Transfer};
 
     fn two() -> Mesh {
         Mesh { shape: vec![2], axes: vec!["a".into()], topology: Topology::Mesh }

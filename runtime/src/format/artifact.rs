@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Result};
 use memmap2::{Mmap, MmapOptions};
 
-use crate::signature::{self, Part, Signed};
+use crate::format::signature::{self, Part, Signed};
 
 /// The first 8 bytes of every artifact.
 pub const MAGIC: [u8; 8] = *b"MESHC\0AR";
@@ -40,9 +40,9 @@ pub enum SectionKind {
     Program = 2,
     Code = 3,
     Weights = 4,
-    /// Optional: an Ed25519 signature over every other section (`crate::signature`).
+    /// Optional: an Ed25519 signature over every other section (`crate::format::signature`).
     Signature = 5,
-    /// Optional: a training step's initial state (`crate::steps::State::to_section`).
+    /// Optional: a training step's initial state (`crate::tools::steps::State::to_section`).
     State = 6,
 }
 
@@ -289,13 +289,13 @@ impl<'a> Writer<'a> {
     /// renamed into place when `out` commits): a runner that has the old file mapped keeps
     /// its (unchanged) inode, and a crash never leaves a half-written artifact under the
     /// final name.
-    pub fn stage(&self, out: &mut crate::output::Outputs, path: &Path) -> Result<()> {
+    pub fn stage(&self, out: &mut crate::tools::output::Outputs, path: &Path) -> Result<()> {
         out.write(path, |w| self.write_to(w))
     }
 
     /// Writes the artifact to `path`, all or nothing (`stage`, then commit).
     pub fn write(&self, path: &Path) -> Result<()> {
-        let mut out = crate::output::Outputs::new();
+        let mut out = crate::tools::output::Outputs::new();
         self.stage(&mut out, path)?;
         out.commit()
     }

@@ -4,7 +4,7 @@
 //! lets two buffers share arena bytes only when every touch of one happens before every
 //! touch of the other; the runner checks the same of the plan it is handed.
 
-use crate::program::{Exec, Program, Protocol, Transfer};
+use crate::format::program::{Exec, Program, Protocol, Transfer};
 
 /// The happens-before relation of a device's steps under its stream plan: stream order plus
 /// the events (and the inputs, copied in before any step).
@@ -18,7 +18,7 @@ pub struct Order {
 
 impl Order {
     /// The relation of `p`'s plan (program order for an empty plan). The plan must be one
-    /// the runner accepts (`crate::runner`'s checks): every wait points to an earlier step.
+    /// the runner accepts (`crate::exec::runner`'s checks): every wait points to an earlier step.
     pub fn of(p: &Program) -> Order {
         let n = p.steps.len();
         let plan = &p.streams;

@@ -1,6 +1,6 @@
 //! The library GEMM path (docs/design.md §4.5): a matmul served by a high-performance
 //! GEMM linked into the runner instead of generated code, with the same numpy semantics
-//! as the Cranelift kernel (shared shape planning: `crate::matmul_shape::MatmulShape`), and
+//! as the Cranelift kernel (shared shape planning: `crate::kernels::matmul_shape::MatmulShape`), and
 //! `prefer_library`, the default choice between the two paths.
 //!
 //! The library is the `gemm` crate, built with its AVX-512 kernels (`x86-v4`; chosen at run
@@ -21,7 +21,7 @@
 //! (numpy 2.4 / OpenBLAS 0.3.31 `a @ b` on the same machine: ~120 on 1 thread, ~236 on 2 at
 //! n = 2048.)
 //!
-//! A weight the compiler stored in panels (`crate::panels`: every f32, unpruned constant
+//! A weight the compiler stored in panels (`crate::kernels::panels`: every f32, unpruned constant
 //! that only library matmuls read) takes `matmul_panels`, whose own kernels read the
 //! panels as they are: no run packs a weight. What stays here serves products of two run-time
 //! values, pruned weights (`matmul_masked`) and half-precision ones (`matmul_half`).
@@ -30,16 +30,16 @@
 //! gemm crate's threads split blocks of rows, and a short product is a single block, so it
 //! ran on one core however many it was given. Longer ones are split by rows (a batch of
 //! many matrices by matrices) over
-//! `crate::pool`, each part a single-threaded gemm call.
+//! `crate::kernels::pool`, each part a single-threaded gemm call.
 
 use anyhow::{bail, Result};
 use meshc_ir::{DType, TensorType};
 
-use crate::epilogue::Bound;
-use crate::mask::Mask;
-use crate::matmul_shape::MatmulShape;
-use crate::program::{Elem, Transposed};
-use crate::small_m;
+use crate::format::mask::Mask;
+use crate::format::program::{Elem, Transposed};
+use crate::kernels::epilogue::Bound;
+use crate::kernels::matmul_shape::MatmulShape;
+use crate::kernels::small_m;
 
 /// Multiply-adds per matrix below which a second thread costs more than it saves (from
 /// `cargo bench --bench gemm`: 128×128×128 runs in ~40 µs on 1 or 2 threads alike,
@@ -85,7 +85,7 @@ const SMALL_M_PARALLEL_MIN_MACS: usize = 1 << 18;
 const MIN_PART_ROWS: usize = 128;
 
 /// `out = a @ b` (numpy `matmul`, f32, batch dims broadcast) on `threads`, then `ep`
-/// (`crate::epilogue`) on each block of the result as it is finished.
+/// (`crate::kernels::epilogue`) on each block of the result as it is finished.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul(
     a: &[f32],
@@ -109,7 +109,7 @@ pub fn matmul(
 }
 
 /// `out = a @ b` (numpy `matmul`, f32) with `b` a weight stored in panels
-/// (`crate::panels`: `panels::packed_len(k, n)` elements per matrix of `b_shape`), on
+/// (`crate::kernels::panels`: `panels::packed_len(k, n)` elements per matrix of `b_shape`), on
 /// `threads`: no packing at run time; then `ep` on each tile as it is finished.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_panels(
@@ -122,12 +122,14 @@ pub fn matmul_panels(
     threads: Threads,
     ep: &Bound,
 ) -> Result<()> {
-    let Some(b_len) = crate::panels::packed_elems(b_shape) else { bail!("matmul: operand b {b_shape:?} is too large") };
+    let Some(b_len) = crate::kernels::panels::packed_elems(b_shape) else {
+        bail!("matmul: operand b {b_shape:?} is too large")
+    };
     check_lengths([a.len(), panels.len(), out.len()], a_shape, &[b_len], out_shape)?;
     let s = MatmulShape::new(a_shape, b_shape, out_shape)?;
     let macs = s.k.saturating_mul(out_shape.iter().product());
-    let threads = if s.m <= crate::panels::SMALL_M { threads.pick_small_m(macs) } else { threads.pick(macs) };
-    crate::panels::matmul(a, panels, out, &s, threads, ep);
+    let threads = if s.m <= crate::kernels::panels::SMALL_M { threads.pick_small_m(macs) } else { threads.pick(macs) };
+    crate::kernels::panels::matmul(a, panels, out, &s, threads, ep);
     Ok(())
 }
 
@@ -169,7 +171,7 @@ fn general(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, transposed: T
         assert!(ao + m * k <= a.len() && bo + k * n <= b.len() && oo + m * n <= out.len());
     }
     // The cores split the rows of every matrix, each part running the GEMM on its rows on
-    // the pool (`crate::pool`, whose fork/join costs no system call): a part packs `b` for
+    // the pool (`crate::kernels::pool`, whose fork/join costs no system call): a part packs `b` for
     // itself, k·n against the (≥ MIN_PART_ROWS)·k·n multiply-adds of its rows. (The gemm
     // crate's own threading splits blocks of rows too, but not fewer than its block, so a
     // short product ran on one core whatever it was given.)
@@ -178,9 +180,9 @@ fn general(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, transposed: T
     // computed whole by one call: split by rows, attention's 32·12 products of 128 rows
     // were two calls each, each packing its own `b` and paying the call's dispatch.
     let (a, b, c) = (a.as_ptr() as usize, b.as_ptr() as usize, out.as_mut_ptr() as usize);
-    let wanted = crate::pool::PARTS_PER_THREAD * threads;
+    let wanted = crate::kernels::pool::PARTS_PER_THREAD * threads;
     if threads > 1 && batches.len() >= wanted {
-        crate::pool::split(wanted, &|p| {
+        crate::kernels::pool::split(wanted, &|p| {
             let mine = &batches[batches.len() * p / wanted..batches.len() * (p + 1) / wanted];
             for &(ao, bo, oo) in mine {
                 // SAFETY: whole matrices inside the slices (asserted above), `c` aliases
@@ -197,7 +199,7 @@ fn general(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, transposed: T
     }
     let parts = if threads > 1 { wanted.min(m / MIN_PART_ROWS).max(threads) } else { 1 };
     let parts = parts.min(m.max(1));
-    crate::pool::split(parts, &|p| {
+    crate::kernels::pool::split(parts, &|p| {
         let (r0, r1) = (m * p / parts, m * (p + 1) / parts);
         for &(ao, bo, oo) in &batches {
             // SAFETY: rows r0..r1 of whole matrices inside the slices (asserted above), `c`
@@ -351,7 +353,7 @@ fn check_lengths(lens: [usize; 3], a_shape: &[usize], b_shape: &[usize], out_sha
 /// zeroed, then one GEMM runs per (kept column run, kept row run) of the mask on strided
 /// views of the operands, so pruned columns and rows of `b` cost nothing. `threads` are
 /// picked for the work the mask leaves. Threads split the rows of the result (each runs
-/// every pair on its rows) over the runner's pool (`crate::pool`; it spawned a scoped
+/// every pair on its rows) over the runner's pool (`crate::kernels::pool`; it spawned a scoped
 /// thread per part before, tens of µs per call): one fork per matrix instead of one per
 /// GEMM call, which matters with many short runs. Then `ep` on each part's rows.
 #[allow(clippy::too_many_arguments)]
@@ -384,7 +386,7 @@ pub fn matmul_masked(
     for (ao, bo, oo) in s.batch_offsets() {
         assert!(ao + m * k <= a.len() && bo + k * n <= b.len() && oo + m * n <= out.len());
         let b = &b[bo..bo + k * n];
-        crate::pool::split(parts, &|t| {
+        crate::kernels::pool::split(parts, &|t| {
             let (r0, r1) = (t * rows_per, m.min((t + 1) * rows_per));
             // SAFETY: rows r0..r1 of this matrix of the result (inside `out`, asserted
             // above), written by this part alone.
@@ -436,7 +438,7 @@ pub fn prefer_library(a: &TensorType, b: &TensorType) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::matmul_shape::testing::{assert_close, oracle};
+    use crate::kernels::matmul_shape::testing::{assert_close, oracle};
 
     /// `matmul` (which picks the path) and the general GEMM path itself (which the small-M
     /// path takes most of these shapes from; `small_m` has its own tests), on 1 to 3 threads.
@@ -554,7 +556,7 @@ mod tests {
                 let (a, b, _) = oracle(a_shape, b_shape, 5);
                 let half = Tensor::new(b.shape.clone(), Data::from_f64(dtype, b.data.iter_f64()));
                 let wide = Tensor::new(b.shape.clone(), Data::from_f64(DType::F32, half.data.iter_f64()));
-                let want = crate::matmul_shape::testing::product(&a, &wide);
+                let want = crate::kernels::matmul_shape::testing::product(&a, &wide);
                 let bits: Vec<u16> =
                     half.to_le_bytes().chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
                 for threads in [1, 2] {

@@ -2,7 +2,7 @@
 //! step, state tensors in (the params and the optimizer's moments and step count, as
 //! inputs) and `next.S` out. `train` runs it N times on one loaded program — compiled code
 //! and weights stay mapped, the state stays on the devices from one step to the next
-//! (`crate::resident`) — with a new batch per step from a data directory, prints the
+//! (`crate::exec::resident`) — with a new batch per step from a data directory, prints the
 //! loss of every step, and writes the state as a safetensors checkpoint (temporary file,
 //! fsync, rename: a crash leaves the previous checkpoint or the new one, never a torn one).
 
@@ -14,10 +14,10 @@ use meshc_ir::optim::next_name;
 use meshc_ir::tensor::{safetensors_bytes, safetensors_dtype};
 use meshc_ir::{DType, Tensor, TensorType};
 
-use crate::artifact::SectionKind;
-use crate::output::Outputs;
-use crate::resident::Resident;
-use crate::runner::Loaded;
+use crate::exec::resident::Resident;
+use crate::exec::runner::Loaded;
+use crate::format::artifact::SectionKind;
+use crate::tools::output::Outputs;
 
 /// The flags of a training run.
 #[derive(clap::Args, Clone, Debug, Default)]
@@ -227,7 +227,7 @@ pub fn train(loaded: &Loaded, mut state: State, args: &StepArgs, checkpoint: &Pa
         }
     }
     let batch_inputs: Vec<(String, TensorType)> =
-        crate::cli::expected_inputs(loaded).into_iter().filter(|(n, _)| !names.contains(n)).collect();
+        crate::tools::cli::expected_inputs(loaded).into_iter().filter(|(n, _)| !names.contains(n)).collect();
     let batches = match &args.data {
         Some(dir) => Some(Batches::open(dir, &batch_inputs)?),
         None if batch_inputs.is_empty() => None,

@@ -6,7 +6,7 @@
 //! in place row by row (the max subtracted first, as the interpreter's softmax does: a row
 //! that is all −∞ gives NaN there and here, one of −1e9 a uniform distribution), then
 //! multiplied by `v` straight into the result, and each result row divided by its row's sum.
-//! The blocks are split over the pool's threads (`crate::pool::split`); each block is
+//! The blocks are split over the pool's threads (`crate::kernels::pool::split`); each block is
 //! computed by the same code whatever the split, so the thread count changes no bit.
 //!
 //! Both products run on one tile kernel (`MR` rows × up to 32 columns of `c` in registers
@@ -17,8 +17,8 @@
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::matmul_shape::MatmulShape;
-use crate::vmath::{horner, madd, EXP5, LN2_HI, LN2_LO, MAGIC};
+use crate::kernels::matmul_shape::MatmulShape;
+use crate::kernels::vmath::{horner, madd, EXP5, LN2_HI, LN2_LO, MAGIC};
 
 /// Query rows per block: their scores (`ROWS` × S f32) are the scratch block, 16 KiB at
 /// S = 128 and 128 KiB at `MAX_KEYS`, in L2 with the block's kᵀ and v while both products
@@ -205,13 +205,13 @@ fn attention_on(
     }
     let blocks = t.div_ceil(ROWS);
     let items = sh.entries.len() * blocks;
-    let parts = if threads > 1 { items.min(crate::pool::PARTS_PER_THREAD * threads) } else { 1 };
+    let parts = if threads > 1 { items.min(crate::kernels::pool::PARTS_PER_THREAD * threads) } else { 1 };
     let o = out.as_mut_ptr() as usize;
     // A row of scores is padded to whole vectors with −∞ (whose exponentials are 0), so
     // the row pass has no scalar tail: at 13 keys the tail was all of it, and cost more
     // than both products.
     let sp = s.next_multiple_of(LANES);
-    crate::pool::split(parts, &|p| {
+    crate::kernels::pool::split(parts, &|p| {
         SCORES.with_borrow_mut(|scores| {
             scores.resize(ROWS * sp, 0.0);
             let mut sums = [0f32; ROWS];
@@ -278,7 +278,7 @@ unsafe fn gemm(
     }
 }
 
-/// The AVX-512 tile: the small-M GEMM's (`crate::small_m::tile`), two vectors a row, the
+/// The AVX-512 tile: the small-M GEMM's (`crate::kernels::small_m::tile`), two vectors a row, the
 /// columns past `cols` masked off.
 ///
 /// # Safety
@@ -296,7 +296,7 @@ unsafe fn tile_avx512<const R: usize>(
     cols: usize,
 ) {
     // SAFETY: as the caller promises.
-    unsafe { crate::small_m::tile::<R>(k, (a, lda), (b, ldb), (c, ldc), cols) }
+    unsafe { crate::kernels::small_m::tile::<R>(k, (a, lda), (b, ldb), (c, ldc), cols) }
 }
 
 /// The portable tile.
