@@ -18,8 +18,9 @@ use std::collections::BTreeMap;
 
 use common::{median, time_collective};
 
-use meshc_runtime::comm::degraded::{plan, Degradation, Schedule, Topo};
+use meshc_runtime::comm::degraded::{plan, Schedule, Topo};
 use meshc_runtime::comm::fabric::Fabric;
+use meshc_runtime::format::degradation::Degradation;
 use meshc_runtime::format::mesh::{Mesh, Topology};
 use meshc_runtime::format::program::{Collective, CollectiveOp, Reduce};
 

@@ -169,14 +169,14 @@ fn fused_spec(g: &Graph, info: &Info, groups: &Groups, r: usize) -> (Fused, Vec<
 
 /// The epilogue of a library matmul (`passes::epilogue`), its steps' operand shapes from
 /// `info`.
-fn epilogue(node: &Node, info: &Info) -> Result<Vec<meshc_runtime::kernels::epilogue::Step>> {
+fn epilogue(node: &Node, info: &Info) -> Result<Vec<meshc_runtime::format::epilogue::Step>> {
     let Some(attr) = node.attrs.get("epilogue").and_then(meshc_ir::Attr::as_str) else { return Ok(Vec::new()) };
     let mut operands = node.inputs[2..].iter();
     let steps = meshc_ir::ops::epilogue_steps(attr).map_err(anyhow::Error::msg)?;
     (steps.into_iter())
         .map(|(name, _)| {
             let shape = || operands.next().map_or_else(Vec::new, |o| info.types[o].shape.clone());
-            meshc_runtime::kernels::epilogue::Step::parse(name, shape)
+            meshc_runtime::format::epilogue::Step::parse(name, shape)
                 .with_context(|| format!("node '{}': epilogue step '{name}'", node.name))
         })
         .collect()
@@ -525,8 +525,8 @@ impl Builder {
             } else if node.op == Op::Attention {
                 let steps = meshc_ir::ops::attention_steps(meshc_ir::infer::attr_str(node, "scores", ""));
                 let scale = steps.iter().find_map(|s| match *s {
-                    "mul" => Some(meshc_runtime::kernels::attention::Scale::Mul),
-                    "div" => Some(meshc_runtime::kernels::attention::Scale::Div),
+                    "mul" => Some(meshc_runtime::format::program::Scale::Mul),
+                    "div" => Some(meshc_runtime::format::program::Scale::Div),
                     _ => None,
                 });
                 let mask =

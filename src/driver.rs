@@ -250,7 +250,10 @@ pub fn stage_artifact(
     if let Some(state) = state {
         w.add_section(SectionKind::State, 8, state)?;
     }
-    w.stage(files, out)
+    // Through a temporary file renamed into place when `files` commit: a runner that has
+    // the old file mapped keeps its (unchanged) inode, and a crash never leaves a
+    // half-written artifact under the final name.
+    files.write(out, |f| w.write_to(f))
 }
 
 /// A make rule `OUT: DEP ...` with spaces escaped the way make reads them.

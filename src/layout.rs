@@ -15,7 +15,7 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
 
-use meshc_runtime::comm::degraded::Degradation;
+use meshc_runtime::format::degradation::Degradation;
 use meshc_runtime::format::mesh::{Layout, Mesh, Topology};
 
 pub const FORMAT: &str = "meshc-layout/1";

@@ -3,7 +3,8 @@
 //! format and the kernel ABI (`format`).
 //!
 //! The modules live in rooms, from the bottom up:
-//! - `format`: `abi`, `mesh`, `program`, `order`, `mask`, `artifact`, `signature`;
+//! - `format`: `abi`, `mesh`, `program`, `degradation`, `epilogue`, `order`, `mask`,
+//!   `artifact`, `signature`;
 //! - `kernels`: `library`, `small_m`, `panels`, `matmul_shape`, `epilogue`, `attention`,
 //!   `vmath`, `pool`;
 //! - `comm`: `fabric`, `degraded`, `exchange`, `transport`, `mpi`, `sync`, `error`, `memory`;

@@ -12,7 +12,8 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use crate::common::{golden, input_args, meshc};
-use meshc_runtime::comm::degraded::{execute, plan, plan_group, Degradation, Topo};
+use meshc_runtime::comm::degraded::{execute, plan, plan_group, Topo};
+use meshc_runtime::format::degradation::Degradation;
 use meshc_runtime::format::mesh::{Mesh, Topology};
 
 fn run(layout: &str, extra: &[&str]) -> crate::common::Run {

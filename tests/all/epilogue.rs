@@ -11,8 +11,8 @@ use meshc::compile::{Gemm, Options};
 use meshc::driver;
 use meshc::dumps::Dumps;
 use meshc_ir::{interp, text, verify, DType, Tensor, TensorType};
+use meshc_runtime::format::epilogue::Step;
 use meshc_runtime::format::program::{Exec, Library};
-use meshc_runtime::kernels::epilogue::Step;
 use meshc_runtime::kernels::library::prefer_library;
 
 /// The epilogues of the library matmuls of every device, by step names.

@@ -964,7 +964,7 @@ proptest! {
         prop_assume!(changed);
         let dir = crate::common::scratch(&format!("mutate-{base}-{pick}-{how}"));
         let art = dir.join("m.mshc");
-        w.write(&art).unwrap();
+        std::fs::write(&art, w.to_bytes().unwrap()).unwrap();
         let result = run_artifact(&art, &b.inputs, &dir.join("out"));
         // Refused with one line, or run to the end: a changed program may be another
         // valid program (a step reading another buffer of the right size, a shape permuted

@@ -15,11 +15,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use meshc_ir::Tensor;
-use meshc_runtime::comm::degraded::Degradation;
 use meshc_runtime::comm::transport::Threads;
 use meshc_runtime::exec::loader::load_artifact;
 use meshc_runtime::exec::runner::Loaded;
 use meshc_runtime::format::artifact::{Artifact, Verify};
+use meshc_runtime::format::degradation::Degradation;
 use meshc_runtime::format::mesh::{Mesh, Topology};
 use meshc_runtime::format::program::{
     Buffer, Collective, CollectiveOp, Exec, IoSpec, Meta, Program, Reduce, Step, Storage, ALIGN,

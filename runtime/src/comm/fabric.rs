@@ -1939,7 +1939,8 @@ mod tests {
 
     #[test]
     fn degraded_all_reduce_combines_the_healthy_operands_over_the_seed_schedule() {
-        use crate::comm::degraded::{plan, Degradation};
+        use crate::comm::degraded::plan;
+        use crate::format::degradation::Degradation;
         let m = Mesh::numbered(&[4, 4], Topology::Torus);
         // The seed's figure 7 (a1, a2, b1, b2 failed) plus the link c3-c4.
         let deg = Degradation { nodes: vec![0, 1, 4, 5], links: vec![(10, 11)], along: vec![] };
@@ -1977,7 +1978,7 @@ mod tests {
     fn degraded_sub_group_reductions_route_around_and_leave_degraded_members_out() {
         let m = Mesh::numbered(&[4, 4], Topology::Mesh);
         // b2 failed, the link c3-c4 failed: c4 is degraded along the rows, c3 along the rows.
-        let deg = crate::comm::degraded::Degradation { nodes: vec![5], links: vec![(10, 11)], along: vec![] };
+        let deg = crate::format::degradation::Degradation { nodes: vec![5], links: vec![(10, 11)], along: vec![] };
         let topo = Topo::new(&m, &deg, false).unwrap();
         for axis in [0, 1] {
             for (numel, reduce) in [(64, Reduce::Sum), (40_000, Reduce::Mean)] {

@@ -46,11 +46,12 @@ use crate::comm::transport::{Hosts, Incoming, Outgoing, Stall, Transport};
 use crate::exec::resident::{Resident, Slot};
 use crate::format::abi::{self, KernelFn, KernelTable};
 use crate::format::artifact::{Artifact, SectionKind};
+use crate::format::epilogue::Step;
 use crate::format::mask::Mask;
 use crate::format::mesh::Mesh;
 use crate::format::order::{accesses, all_before, happens_before, At, Order};
 use crate::format::program::{Buffer, Collective, Elem, Exec, IoSpec, Library, Meta, Program, Storage, Transfer};
-use crate::kernels::epilogue::{Bound, Step};
+use crate::kernels::epilogue::Bound;
 use crate::kernels::library::{self, Threads};
 use crate::kernels::pool;
 
@@ -211,12 +212,12 @@ fn check_steps(p: &Program) -> Result<()> {
                 }
             }
             Exec::Library(Library::Matmul { a, b, out, b_elem, panels, epilogue, transposed }) => {
-                count(3 + crate::kernels::epilogue::operands(epilogue).count())?;
+                count(3 + crate::format::epilogue::operands(epilogue).count())?;
                 crate::kernels::matmul_shape::MatmulShape::new(a, b, out).map_err(|e| fail(e.to_string()))?;
                 if !epilogue.is_empty() && (a.len() < 2 || b.len() < 2) {
                     bail!(fail("an epilogue follows a product of matrices".to_string()));
                 }
-                for (i, shape) in (3..).zip(crate::kernels::epilogue::operands(epilogue)) {
+                for (i, shape) in (3..).zip(crate::format::epilogue::operands(epilogue)) {
                     meshc_ir::ops::check_epilogue_operand(shape, out).map_err(fail)?;
                     f32_buffer(i, shape)?;
                 }
@@ -799,7 +800,7 @@ pub struct Loaded {
     /// `--fail-device`: this device stops answering at its collective number .1 (from 0).
     fail: Option<(usize, usize)>,
     /// What `degrade` added to the artifact's degradation, and whether strictly.
-    degraded: (crate::comm::degraded::Degradation, bool),
+    degraded: (crate::format::degradation::Degradation, bool),
     /// The cores the steps of a run with one stream in all may use: its kernels split into
     /// parts and its library calls fork up to this many (`set_threads`). A run with more
     /// streams already keeps the cores busy with its stream threads, one core each.
@@ -1073,7 +1074,7 @@ impl Loaded {
     /// Re-plans the collectives around degraded devices and links (`meshc run --degrade`),
     /// those the artifact names plus `deg`; with `strict`, partially degraded devices count
     /// as failed. Degraded devices run nothing; see `crate::comm::fabric` for the collectives.
-    pub fn degrade(&mut self, deg: &crate::comm::degraded::Degradation, strict: bool) -> Result<()> {
+    pub fn degrade(&mut self, deg: &crate::format::degradation::Degradation, strict: bool) -> Result<()> {
         let extra = self.degraded.0.merged(deg);
         let strict = strict || self.degraded.1;
         let topo = crate::comm::degraded::Topo::new(&self.meta.mesh, &self.meta.degraded.merged(&extra), strict)?;
@@ -2131,7 +2132,7 @@ mod tests {
                 })
                 .collect()
         };
-        let meta = |degraded: crate::comm::degraded::Degradation, model_axes: Vec<usize>| Meta {
+        let meta = |degraded: crate::format::degradation::Degradation, model_axes: Vec<usize>| Meta {
             graph: "t".into(),
             target: "test".into(),
             features: vec![],
@@ -2143,7 +2144,7 @@ mod tests {
             model_axes,
             hosts: Vec::new(),
         };
-        let failed = |d: usize| crate::comm::degraded::Degradation { nodes: vec![d], ..Default::default() };
+        let failed = |d: usize| crate::format::degradation::Degradation { nodes: vec![d], ..Default::default() };
         // x is [2, 6] split over axis 0 (row 0 on devices 0 and 1, row 1 on 2 and 3): the
         // mean is over the three healthy devices' rows.
         for gone in [0, 2] {

@@ -284,21 +284,6 @@ impl<'a> Writer<'a> {
         self.write_to(&mut out)?;
         Ok(out)
     }
-
-    /// Stages the artifact at `path` in `out` (written to a temporary file beside it,
-    /// renamed into place when `out` commits): a runner that has the old file mapped keeps
-    /// its (unchanged) inode, and a crash never leaves a half-written artifact under the
-    /// final name.
-    pub fn stage(&self, out: &mut crate::tools::output::Outputs, path: &Path) -> Result<()> {
-        out.write(path, |w| self.write_to(w))
-    }
-
-    /// Writes the artifact to `path`, all or nothing (`stage`, then commit).
-    pub fn write(&self, path: &Path) -> Result<()> {
-        let mut out = crate::tools::output::Outputs::new();
-        self.stage(&mut out, path)?;
-        out.commit()
-    }
 }
 
 /// An opened, validated artifact: the file mapped read-only, sections handed out as slices
@@ -614,7 +599,7 @@ mod tests {
     fn round_trip() {
         let wts = weights(3000);
         let t = TempFile::new();
-        sample_writer(&wts).write(&t.0).unwrap();
+        std::fs::write(&t.0, sample_writer(&wts).to_bytes().unwrap()).unwrap();
         let a = Artifact::open_with(&t.0, Verify::All).unwrap();
         assert_eq!(a.flags(), 0x5);
         assert_eq!(a.section(SectionKind::Meta).unwrap(), br#"{"name":"t"}"#);
@@ -648,7 +633,7 @@ mod tests {
         w.add_section(SectionKind::Weights, 64, wts.clone()).unwrap();
         assert_eq!(w.to_bytes().unwrap(), sample());
         let t = TempFile::new();
-        sample_writer(&wts).write(&t.0).unwrap();
+        std::fs::write(&t.0, sample_writer(&wts).to_bytes().unwrap()).unwrap();
         assert_eq!(std::fs::read(&t.0).unwrap(), sample());
         assert_eq!(sample().len(), 20480 + 3000);
     }
@@ -852,7 +837,7 @@ mod tests {
     fn large_weights_open_fast_with_skip_bulk() {
         let wts = weights(64 << 20);
         let t = TempFile::new();
-        sample_writer(&wts).write(&t.0).unwrap();
+        std::fs::write(&t.0, sample_writer(&wts).to_bytes().unwrap()).unwrap();
         drop(wts);
         let time = |verify: Verify| {
             median(

@@ -6,7 +6,7 @@
 use meshc_ir::{DType, TensorType};
 use serde::{Deserialize, Serialize};
 
-use crate::comm::degraded::Degradation;
+use crate::format::degradation::Degradation;
 use crate::format::mesh::{Layout, Mesh};
 
 /// Alignment of every buffer, weight and arena slot.
@@ -174,7 +174,7 @@ pub enum Library {
         /// Elementwise steps applied to the result as the GEMM finishes each block of it
         /// (`crate::kernels::epilogue`); their operands are the step's buffers after `b`.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
-        epilogue: Vec<crate::kernels::epilogue::Step>,
+        epilogue: Vec<crate::format::epilogue::Step>,
         /// Whether `a` and `b` are stored transposed: the buffer holds the operand with its
         /// last two dims swapped (a transpose the compiler left to the GEMM's strides).
         #[serde(default, skip_serializing_if = "Transposed::is_none")]
@@ -190,10 +190,27 @@ pub enum Library {
         v: Vec<usize>,
         out: Vec<usize>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        scale: Option<crate::kernels::attention::Scale>,
+        scale: Option<Scale>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         mask: Option<Vec<usize>>,
     },
+}
+
+/// How fused attention scales its scores by the step's scale buffer (one f32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scale {
+    Mul,
+    Div,
+}
+
+impl Scale {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scale::Mul => "mul",
+            Scale::Div => "div",
+        }
+    }
 }
 
 /// Which operands of a library matmul are stored transposed (`Library::Matmul`).

@@ -15,8 +15,8 @@
 //! for AVX-512 with FMA and once portable.
 
 use anyhow::{bail, Result};
-use serde::{Deserialize, Serialize};
 
+use crate::format::program::Scale;
 use crate::kernels::matmul_shape::MatmulShape;
 use crate::kernels::vmath::{horner, madd, EXP5, LN2_HI, LN2_LO, MAGIC};
 
@@ -36,23 +36,6 @@ const MR: usize = 8;
 
 /// Columns of a tile: two AVX-512 vectors of f32.
 const NR: usize = 32;
-
-/// How the scores are scaled by the step's scale buffer (one f32).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Scale {
-    Mul,
-    Div,
-}
-
-impl Scale {
-    pub fn name(self) -> &'static str {
-        match self {
-            Scale::Mul => "mul",
-            Scale::Div => "div",
-        }
-    }
-}
 
 /// An attention's shapes checked against each other: `q` `[.., T, D]`, `k` (kᵀ) `[.., D, S]`,
 /// `v` `[.., S, Dv]` (batch dims broadcasting, numpy's matmul rules, each rank ≥ 2), the

@@ -10,10 +10,10 @@ use std::process::ExitCode;
 use anyhow::{anyhow, bail, Context, Result};
 use meshc_ir::{Tensor, TensorType};
 
-use crate::comm::degraded::Degradation;
 use crate::comm::error::RunError;
 use crate::exec::runner::Loaded;
 use crate::format::artifact::{self, Artifact, Verify};
+use crate::format::degradation::Degradation;
 use crate::tools::output::{check_output_name, Outputs};
 
 /// Parses the command line with clap, printing `--help`/`--version` to stdout (exit 0) and a

@@ -143,7 +143,7 @@ fn program_report(s: &mut String, p: &Program) -> Result<()> {
         let exec = match &st.exec {
             Exec::Kernel(k) => format!("kernel k{k}"),
             Exec::Library(Library::Matmul { a, b, panels, epilogue, transposed, .. }) => {
-                let steps: Vec<&str> = epilogue.iter().map(crate::kernels::epilogue::Step::name).collect();
+                let steps: Vec<&str> = epilogue.iter().map(crate::format::epilogue::Step::name).collect();
                 let epilogue = if steps.is_empty() { String::new() } else { format!(" + {}", steps.join(",")) };
                 let stored = match (transposed.a, transposed.b) {
                     (true, true) => " (a, b stored transposed)",
