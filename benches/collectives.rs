@@ -16,7 +16,8 @@ use std::time::Instant;
 use common::{all_reduce, median, runner_program, time_collective};
 
 use meshc_ir::Tensor;
-use meshc_runtime::comm::fabric::{Fabric, SMALL_BYTES};
+use meshc_runtime::comm::fabric::Fabric;
+use meshc_runtime::comm::traffic::SMALL_BYTES;
 use meshc_runtime::exec::runner::Loaded;
 use meshc_runtime::format::mesh::{Mesh, Topology};
 use meshc_runtime::format::program::Collective;

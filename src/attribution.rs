@@ -1,7 +1,7 @@
 //! What each communication step the passes insert costs on the mesh: a lowered collective
 //! node read as the runtime's `Collective`, and the byte figures of its attribution record
 //! (`program::Why`, filled in by `lower` and `sendrecv`) priced by the fabric's own
-//! schedules (`fabric::traffic`, `fabric::route`), so that what the compiler says a step costs
+//! schedules (`traffic::traffic`, `traffic::route`), so that what the compiler says a step costs
 //! is what the runner's link counters count.
 
 use std::collections::{BTreeMap, HashMap};
@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use anyhow::{bail, Context, Result};
 use meshc_ir::verify::verify;
 use meshc_ir::{Graph, Node, Op, TensorType};
-use meshc_runtime::comm::fabric;
+use meshc_runtime::comm::traffic;
 use meshc_runtime::format::mesh::Mesh;
 use meshc_runtime::format::program::{Collective, CollectiveOp, Reduce, Why};
 
@@ -52,9 +52,9 @@ pub fn step_traffic(mesh: &Mesh, types: &HashMap<String, TensorType>, step: &Nod
             let to = meshc_ir::infer::attr_int(step, "to", 0) as usize;
             let from = step.device.unwrap_or(0) as usize;
             let bytes = ty.size_bytes() as u64;
-            Ok(fabric::route(mesh, from, to).into_iter().map(|(f, t)| (f, t, bytes)).collect())
+            Ok(traffic::route(mesh, from, to).into_iter().map(|(f, t)| (f, t, bytes)).collect())
         }
-        op if op.is_communication() && op != Op::Recv => fabric::traffic(mesh, &collective(step, ty()?)?),
+        op if op.is_communication() && op != Op::Recv => traffic::traffic(mesh, &collective(step, ty()?)?),
         _ => Ok(Vec::new()),
     }
 }

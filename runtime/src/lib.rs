@@ -7,7 +7,8 @@
 //!   `artifact`, `signature`;
 //! - `kernels`: `library`, `small_m`, `panels`, `matmul_shape`, `epilogue`, `attention`,
 //!   `vmath`, `pool`;
-//! - `comm`: `fabric`, `degraded`, `exchange`, `transport`, `mpi`, `sync`, `error`, `memory`;
+//! - `comm`: `traffic`, `fabric`, `reduce`, `degraded`, `exchange`, `transport`, `mpi`,
+//!   `sync`, `error`, `memory`;
 //! - `exec`: `runner`, `loader`, `resident`;
 //! - `tools`: `cli`, `steps`, `inspect`, `trace`, `output`.
 

@@ -42,6 +42,7 @@ use crate::comm::exchange::Exchange;
 use crate::comm::fabric::{self, Delivery, Fabric, LinkStats};
 pub use crate::comm::memory::AlignedBuf;
 use crate::comm::sync::{spin_until, Condvar, Mutex, MutexGuard};
+use crate::comm::traffic;
 use crate::comm::transport::{Hosts, Incoming, Outgoing, Stall, Transport};
 use crate::exec::resident::{Resident, Slot};
 use crate::format::abi::{self, KernelFn, KernelTable};
@@ -375,10 +376,10 @@ fn check_transfers(mesh: &Mesh, programs: &[Program]) -> Result<()> {
     Ok(())
 }
 
-/// Checks a collective step: its description (`fabric::result_shape`), and buffers
+/// Checks a collective step: its description (`traffic::result_shape`), and buffers
 /// [result, operand] of the right sizes, the result in the arena and apart from the operand.
 fn check_collective(mesh: &Mesh, p: &Program, c: &Collective, buffers: &[usize]) -> Result<()> {
-    let result = fabric::result_shape(mesh, p.device, c)?;
+    let result = traffic::result_shape(mesh, p.device, c)?;
     let [r, o] = buffers else { bail!("{} buffers for a collective (result, operand)", buffers.len()) };
     let (r, o) = (&p.buffers[*r], &p.buffers[*o]);
     let bytes = |s: &[usize]| s.iter().product::<usize>() * 4;
@@ -438,7 +439,7 @@ fn check_collectives(mesh: &Mesh, programs: &[Program], absent: &[bool]) -> Resu
         let mut progress = false;
         for d in 0..programs.len() {
             let Some(&(id, _)) = seqs[d].get(at[d]) else { continue };
-            let group = fabric::group_of(first[&id].0, d)?;
+            let group = traffic::group_of(first[&id].0, d)?;
             let present = group.iter().filter(|&&m| !absent[m]);
             if present.clone().all(|&m| seqs[m].get(at[m]).is_some_and(|s| s.0 == id)) {
                 present.for_each(|&m| at[m] += 1);

@@ -470,7 +470,7 @@ pub struct Why {
     pub to: String,
     pub rule: Rule,
     /// The most bytes any one device sends onto its links for the step (forwarded bytes
-    /// included), by the fabric's schedule (`fabric::traffic`); for a transfer, the piece.
+    /// included), by the fabric's schedule (`crate::comm::traffic`); for a transfer, the piece.
     pub bytes_per_device: u64,
     /// The bytes of the step over the busiest link of the mesh.
     pub busiest_link: u64,
