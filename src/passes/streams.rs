@@ -52,8 +52,8 @@
 
 use std::fmt::Write as _;
 
+use meshc_runtime::format::order::{step_note, streams_summary};
 use meshc_runtime::format::program::{Event, Exec, Program, Step, Storage, Stream, StreamKind, StreamPlan, Wait};
-use meshc_runtime::tools::inspect::{step_note, streams_summary};
 use petgraph::adj::UnweightedList;
 use petgraph::algo::tred;
 use petgraph::graph::{DiGraph, NodeIndex};

@@ -2,9 +2,12 @@
 //! stream plan: the happens-before relation of steps (stream order plus events; program
 //! order for an empty plan) and where each buffer is touched. The compiler's buffer pass
 //! lets two buffers share arena bytes only when every touch of one happens before every
-//! touch of the other; the runner checks the same of the plan it is handed.
+//! touch of the other; the runner checks the same of the plan it is handed. Also how a plan
+//! reads as text, the same in the compiler's `--dump-after streams` and in `meshc inspect`.
 
-use crate::format::program::{Exec, Program, Protocol, Transfer};
+use std::fmt::Write as _;
+
+use crate::format::program::{Exec, Program, Protocol, StreamKind, Transfer};
 
 /// The happens-before relation of a device's steps under its stream plan: stream order plus
 /// the events (and the inputs, copied in before any step).
@@ -113,4 +116,46 @@ pub fn happens_before(order: &Order, a: At, b: At) -> bool {
 /// Whether every touch of `x` is over before any touch of `y` starts.
 pub fn all_before(order: &Order, x: &[At], y: &[At]) -> bool {
     x.iter().all(|&a| y.iter().all(|&b| happens_before(order, a, b)))
+}
+
+/// "s1 comm": how dumps and `meshc inspect` name stream `s` of `p`.
+pub fn stream_name(p: &Program, s: usize) -> String {
+    let kind = match p.streams.streams[s].kind {
+        StreamKind::Compute => "compute",
+        StreamKind::Comm => "comm",
+    };
+    format!("s{s} {kind}{}", if s == 0 { " (main)" } else { "" })
+}
+
+/// The one-line summary of `p`'s streams: each with its number of steps, the events, and
+/// what the main stream joins.
+pub fn streams_summary(p: &Program) -> String {
+    let plan = &p.streams;
+    let streams: Vec<String> = (0..plan.streams.len())
+        .map(|k| format!("{}: {} steps", stream_name(p, k), plan.streams[k].steps.len()))
+        .collect();
+    let join: Vec<String> = plan.join.iter().map(|e| format!("e{e}")).collect();
+    format!(
+        "{}; {} events; join {}",
+        streams.join(", "),
+        plan.events.len(),
+        if join.is_empty() { "-".to_string() } else { join.join(" ") }
+    )
+}
+
+/// Step `i`'s stream and events: "s1 wait e0 record e1".
+pub fn step_note(p: &Program, i: usize) -> String {
+    let plan = &p.streams;
+    let stream = plan.streams.iter().position(|s| s.steps.contains(&i)).unwrap_or(0);
+    let mut note = format!("s{stream}");
+    let waits: Vec<String> = plan.waits.iter().filter(|w| w.before == i).map(|w| format!("e{}", w.event)).collect();
+    if !waits.is_empty() {
+        let _ = write!(note, " wait {}", waits.join(" "));
+    }
+    let records: Vec<String> =
+        plan.events.iter().enumerate().filter(|(_, e)| e.after == i).map(|(k, _)| format!("e{k}")).collect();
+    if !records.is_empty() {
+        let _ = write!(note, " record {}", records.join(" "));
+    }
+    note
 }

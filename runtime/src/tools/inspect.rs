@@ -1,6 +1,6 @@
 //! The text of `inspect`: an artifact's sections, metadata, kernels, buffers, steps with
 //! their streams and events and why each communication step is there, masks and send/recv
-//! pairs; and the stream notes the compiler's `--dump-after streams` shares.
+//! pairs.
 
 use std::fmt::Write as _;
 
@@ -8,7 +8,8 @@ use anyhow::{Context, Result};
 
 use crate::exec::loader::parse_sections;
 use crate::format::artifact::{Artifact, SectionKind};
-use crate::format::program::{CollectiveOp, Exec, Library, Program, Storage, StreamKind};
+use crate::format::order::{step_note, streams_summary};
+use crate::format::program::{CollectiveOp, Exec, Library, Program, Storage};
 
 /// The report of `meshc inspect`: sections, metadata, kernels, buffers and steps.
 pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
@@ -207,48 +208,6 @@ fn collective_name(op: &CollectiveOp) -> String {
         CollectiveOp::ReduceScatter { axis, reduce } => format!("reduce_scatter axis {axis} {}", reduce.name()),
         CollectiveOp::AllToAll { split_axis, concat_axis } => format!("all_to_all {split_axis}->{concat_axis}"),
     }
-}
-
-/// "s1 comm": how dumps and `meshc inspect` name stream `s` of `p`.
-pub fn stream_name(p: &Program, s: usize) -> String {
-    let kind = match p.streams.streams[s].kind {
-        StreamKind::Compute => "compute",
-        StreamKind::Comm => "comm",
-    };
-    format!("s{s} {kind}{}", if s == 0 { " (main)" } else { "" })
-}
-
-/// The one-line summary of `p`'s streams: each with its number of steps, the events, and
-/// what the main stream joins.
-pub fn streams_summary(p: &Program) -> String {
-    let plan = &p.streams;
-    let streams: Vec<String> = (0..plan.streams.len())
-        .map(|k| format!("{}: {} steps", stream_name(p, k), plan.streams[k].steps.len()))
-        .collect();
-    let join: Vec<String> = plan.join.iter().map(|e| format!("e{e}")).collect();
-    format!(
-        "{}; {} events; join {}",
-        streams.join(", "),
-        plan.events.len(),
-        if join.is_empty() { "-".to_string() } else { join.join(" ") }
-    )
-}
-
-/// Step `i`'s stream and events: "s1 wait e0 record e1".
-pub fn step_note(p: &Program, i: usize) -> String {
-    let plan = &p.streams;
-    let stream = plan.streams.iter().position(|s| s.steps.contains(&i)).unwrap_or(0);
-    let mut note = format!("s{stream}");
-    let waits: Vec<String> = plan.waits.iter().filter(|w| w.before == i).map(|w| format!("e{}", w.event)).collect();
-    if !waits.is_empty() {
-        let _ = write!(note, " wait {}", waits.join(" "));
-    }
-    let records: Vec<String> =
-        plan.events.iter().enumerate().filter(|(_, e)| e.after == i).map(|(k, _)| format!("e{k}")).collect();
-    if !records.is_empty() {
-        let _ = write!(note, " record {}", records.join(" "));
-    }
-    note
 }
 
 /// The FLOPs the masks of `programs` skip, per weight and in total against `flops`, the
