@@ -30,7 +30,7 @@ use meshc::driver;
 use meshc::dumps::Dumps;
 use meshc_ir::{params, text, verify, Data, Tensor};
 use meshc_runtime::exec::runner::Loaded;
-use meshc_runtime::format::program::{Exec, Library};
+use meshc_runtime::format::program::{Exec, Library, Matmul};
 
 const LAYERS: usize = 6;
 const WIDTH: usize = 384;
@@ -118,7 +118,7 @@ fn gemm_table(l: &Loaded, inputs: &HashMap<String, Tensor>, runs: usize) {
     for _ in 0..runs {
         l.run_timed(inputs, &mut |t| {
             total += t.dur;
-            if let Exec::Library(Library::Matmul { a, b, .. }) = &l.programs[t.device].steps[t.step].exec {
+            if let Exec::Library(Library::Matmul(Matmul { a, b, .. })) = &l.programs[t.device].steps[t.step].exec {
                 let e = by_shape.entry((a.clone(), b.clone())).or_default();
                 e.0 += 1;
                 e.1 += t.dur;

@@ -27,8 +27,8 @@ use meshc_ir::cost::node_flops;
 use meshc_runtime::exec::runner::Loaded;
 use meshc_runtime::format::mesh::{Layout, Mesh};
 use meshc_runtime::format::program::{
-    align_up, Buffer, Collective, Elem, Exec, IoSpec, Kernel, Library, Meta, Program, Protocol, Step, Storage,
-    Transfer, Transposed, Why, ALIGN,
+    align_up, Attention, Buffer, Collective, Elem, Exec, IoSpec, Kernel, Library, Matmul, Meta, Program, Protocol,
+    Step, Storage, Transfer, Transposed, Why, ALIGN,
 };
 use meshc_runtime::kernels::library;
 use meshc_runtime::kernels::matmul_shape::MatmulShape;
@@ -531,17 +531,17 @@ impl Builder {
                 });
                 let mask =
                     steps.contains(&"add").then(|| info.types[node.inputs.last().expect("a mask")].shape.clone());
-                let lib = Library::Attention {
+                let lib = Library::Attention(Attention {
                     q: operand_types[0].shape.clone(),
                     k: operand_types[1].shape.clone(),
                     v: operand_types[2].shape.clone(),
                     out: out.shape.clone(),
                     scale,
                     mask,
-                };
+                });
                 (Exec::Library(lib), node.inputs.clone(), 0)
             } else if use_library {
-                let lib = Library::Matmul {
+                let lib = Library::Matmul(Matmul {
                     a: operand_types[0].shape.clone(),
                     b: operand_types[1].shape.clone(),
                     out: out.shape.clone(),
@@ -552,7 +552,7 @@ impl Builder {
                         a: strided.contains_key(&node.inputs[0]),
                         b: strided.contains_key(&node.inputs[1]),
                     },
-                };
+                });
                 let operands = node.inputs.iter().map(|i| strided.get(i).unwrap_or(i).clone()).collect();
                 (Exec::Library(lib), operands, 0)
             } else {

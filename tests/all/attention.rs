@@ -12,14 +12,14 @@ use meshc::compile::{Compiled, Gemm, Options};
 use meshc::driver;
 use meshc::dumps::Dumps;
 use meshc_ir::{interp, text, verify, Tensor};
-use meshc_runtime::format::program::{Exec, Library};
+use meshc_runtime::format::program::{Attention, Exec, Library};
 use meshc_runtime::kernels::matmul_shape::testing::random;
 use proptest::prelude::*;
 
 /// The fused attention steps of each device.
 fn fused(c: &Compiled) -> Vec<usize> {
     let fused = |p: &meshc_runtime::format::program::Program| {
-        p.steps.iter().filter(|st| matches!(st.exec, Exec::Library(Library::Attention { .. }))).count()
+        p.steps.iter().filter(|st| matches!(st.exec, Exec::Library(Library::Attention(Attention { .. })))).count()
     };
     c.programs.iter().map(fused).collect()
 }

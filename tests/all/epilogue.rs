@@ -12,7 +12,7 @@ use meshc::driver;
 use meshc::dumps::Dumps;
 use meshc_ir::{interp, text, verify, DType, Tensor, TensorType};
 use meshc_runtime::format::epilogue::Step;
-use meshc_runtime::format::program::{Exec, Library};
+use meshc_runtime::format::program::{Exec, Library, Matmul};
 use meshc_runtime::kernels::library::prefer_library;
 
 /// The epilogues of the library matmuls of every device, by step names.
@@ -20,7 +20,7 @@ fn epilogues(c: &meshc::compile::Compiled) -> Vec<Vec<&'static str>> {
     let steps = c.programs.iter().flat_map(|p| &p.steps);
     steps
         .filter_map(|st| match &st.exec {
-            Exec::Library(Library::Matmul { epilogue, .. }) => Some(epilogue.iter().map(Step::name).collect()),
+            Exec::Library(Library::Matmul(Matmul { epilogue, .. })) => Some(epilogue.iter().map(Step::name).collect()),
             _ => None,
         })
         .collect()

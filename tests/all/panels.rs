@@ -8,7 +8,7 @@ use meshc::compile::{Gemm, Options};
 use meshc::driver;
 use meshc::dumps::Dumps;
 use meshc_ir::{interp, text, verify, Tensor};
-use meshc_runtime::format::program::{Exec, Library, Storage};
+use meshc_runtime::format::program::{Exec, Library, Matmul, Storage};
 
 /// `w1` and `w2` serve only matmuls (`w2`, whose last strip is partial, two of them); `w3` is
 /// also added to an input, so it stays row-major; `w4` is an output; `w5` is too narrow
@@ -57,7 +57,7 @@ fn library_matmul_weights_are_stored_in_panels_and_run_as_the_interpreter() {
             let p = &c.programs[0];
             let mut panelled: Vec<&str> = Vec::new();
             for st in &p.steps {
-                let Exec::Library(Library::Matmul { b, panels, .. }) = &st.exec else { continue };
+                let Exec::Library(Library::Matmul(Matmul { b, panels, .. })) = &st.exec else { continue };
                 let weight = &p.buffers[st.buffers[2]];
                 let Storage::Weights { offset } = weight.storage else { continue };
                 let want_panels = rows == 13 && matches!(weight.name.as_str(), "w1" | "w2");

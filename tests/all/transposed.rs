@@ -8,7 +8,7 @@ use meshc::compile::{Gemm, Options};
 use meshc::driver;
 use meshc::dumps::Dumps;
 use meshc_ir::{interp, text, verify, Tensor};
-use meshc_runtime::format::program::{Exec, Library, Transposed};
+use meshc_runtime::format::program::{Exec, Library, Matmul, Transposed};
 
 /// `xt` feeds two matmuls as `a`, `wt` one as `b`, `bt` a batched one whose `b` is shared
 /// (so `a`'s matrices cannot fold into one tall GEMM); `rt` is also added to a tensor and
@@ -72,7 +72,7 @@ fn transposes_before_library_matmuls_become_strides_and_run_as_the_interpreter()
                 .steps
                 .iter()
                 .filter_map(|s| match &s.exec {
-                    Exec::Library(Library::Matmul { transposed, .. }) => Some((s.node.as_str(), *transposed)),
+                    Exec::Library(Library::Matmul(Matmul { transposed, .. })) => Some((s.node.as_str(), *transposed)),
                     _ => None,
                 })
                 .collect();

@@ -372,7 +372,7 @@ mod tests {
     use super::*;
     use crate::comm::transport::{Incoming, Outgoing, Pending, Stall, Threads};
     use crate::format::mesh::{Mesh, Topology};
-    use crate::format::program::{Buffer, Collective, Elem, IoSpec, Library, Storage, ALIGN};
+    use crate::format::program::{Buffer, Collective, Elem, IoSpec, Library, Matmul, Storage, ALIGN};
     use crate::format::program::{CollectiveOp, Event, Reduce, Step, Stream, StreamKind, StreamPlan, Wait};
 
     fn io(name: &str, dtype: DType, shape: &[usize], layout: &[Option<usize>]) -> IoSpec {
@@ -425,7 +425,7 @@ mod tests {
 
     /// A library matmul of row-major f32 operands (no panels, epilogue or transposes).
     pub(super) fn f32_matmul(a: &[usize], b: &[usize], out: &[usize]) -> Exec {
-        Exec::Library(Library::Matmul {
+        Exec::Library(Library::Matmul(Matmul {
             a: a.to_vec(),
             b: b.to_vec(),
             out: out.to_vec(),
@@ -433,7 +433,7 @@ mod tests {
             panels: false,
             epilogue: Vec::new(),
             transposed: Default::default(),
-        })
+        }))
     }
 
     fn step(node: &str, exec: Exec, buffers: &[usize]) -> Step {

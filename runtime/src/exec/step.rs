@@ -11,10 +11,8 @@ use crate::comm::error::RunError;
 use crate::comm::fabric::{self, Delivery};
 use crate::exec::runner::Loaded;
 use crate::format::abi::KernelFn;
-use crate::format::epilogue::Step;
-use crate::format::program::{Elem, Exec, Library};
-use crate::kernels::epilogue::Bound;
-use crate::kernels::library::{self, Threads};
+use crate::format::program::Exec;
+use crate::kernels::library_call;
 use crate::kernels::pool;
 
 /// Runs `kernel` on `args` (the step's buffers, which are the ones it was generated for) as
@@ -30,14 +28,6 @@ fn call_kernel(kernel: KernelFn, args: &[*mut u8], parts: usize) -> u32 {
     let status: Vec<AtomicU32> = (0..parts).map(|_| AtomicU32::new(0)).collect();
     pool::split(parts, &|p| status[p].store(unsafe { kernel(args as *const *mut u8, p, parts) }, Ordering::Relaxed));
     status.iter().map(|s| s.load(Ordering::Relaxed)).find(|&s| s != 0).unwrap_or(0)
-}
-
-/// A library matmul's epilogue bound to its operands' buffers (the step's after `b`).
-fn bind_epilogue<'s>(steps: &'s [Step], operands: &[*mut u8], out: &[usize]) -> Bound<'s> {
-    let operands: Vec<*const f32> = operands.iter().map(|&p| p as *const f32).collect();
-    // SAFETY: `check_program` checked each operand's buffer against its shape and that
-    // shape against the result; the buffers outlive the step.
-    unsafe { Bound::new(steps, &operands, out) }
 }
 
 impl Loaded {
@@ -65,77 +55,11 @@ impl Loaded {
                     return Err(RunError::KernelStatus { node: st.node.clone(), status }.into());
                 }
             }
-            Exec::Library(Library::Matmul { a, b, out, panels: true, epilogue, .. }) => {
-                let len = |s: &[usize]| s.iter().product::<usize>();
-                let ep = bind_epilogue(epilogue, &args[3..], out);
-                // SAFETY: the buffers hold f32 tensors of these shapes, `b` in panels
-                // (checked by `check_program`), and the result does not alias the operands.
-                let (o, x, y) = unsafe {
-                    (
-                        std::slice::from_raw_parts_mut(args[0] as *mut f32, len(out)),
-                        std::slice::from_raw_parts(args[1] as *const f32, len(a)),
-                        std::slice::from_raw_parts(
-                            args[2] as *const f32,
-                            crate::kernels::panels::packed_elems(b).unwrap_or(0),
-                        ),
-                    )
-                };
-                library::matmul_panels(x, y, o, a, b, out, Threads::UpTo(threads), &ep)
-                    .with_context(|| format!("node '{}'", st.node))?;
-            }
-            Exec::Library(Library::Matmul { a, b, out, b_elem, epilogue, transposed, .. }) => {
-                let len = |s: &[usize]| s.iter().product::<usize>();
-                let ep = bind_epilogue(epilogue, &args[3..], out);
-                // SAFETY: the buffers hold tensors of exactly these shapes (f32, b as
-                // `b_elem`: checked by `check_program`), and the result does not alias the
-                // operands.
-                let (o, x) = unsafe {
-                    (
-                        std::slice::from_raw_parts_mut(args[0] as *mut f32, len(out)),
-                        std::slice::from_raw_parts(args[1] as *const f32, len(a)),
-                    )
-                };
-                let threads = Threads::UpTo(threads);
-                match (b_elem, self.masks[device].get(&st.buffers[2])) {
-                    (Elem::F32, mask) => {
-                        // SAFETY: as above.
-                        let y = unsafe { std::slice::from_raw_parts(args[2] as *const f32, len(b)) };
-                        match mask {
-                            Some(m) => library::matmul_masked(x, y, o, a, b, out, m, threads, &ep),
-                            None if transposed.is_none() => library::matmul(x, y, o, a, b, out, threads, &ep),
-                            None => library::matmul_transposed(x, y, o, a, b, out, *transposed, threads, &ep),
-                        }
-                    }
-                    (half, _) => {
-                        // SAFETY: as above.
-                        let y = unsafe { std::slice::from_raw_parts(args[2] as *const u16, len(b)) };
-                        library::matmul_half(x, (y, *half), o, a, b, out, threads, &ep)
-                    }
-                }
-                .with_context(|| format!("node '{}'", st.node))?;
-            }
-            Exec::Library(Library::Attention { q, k, v, out, scale, mask }) => {
-                let len = |s: &[usize]| s.iter().product::<usize>();
-                let sh = crate::kernels::attention::Shapes::new(q, k, v, out, mask.as_deref())
-                    .with_context(|| format!("node '{}'", st.node))?;
-                let f32s = |i: usize, n: usize| {
-                    // SAFETY: `check_program` checked that buffer `i` holds an aligned f32
-                    // tensor of `n` elements; the result does not alias the operands.
-                    unsafe { std::slice::from_raw_parts(args[i] as *const f32, n) }
-                };
-                let scale = scale.map(|how| (how, f32s(4, 1)[0]));
-                let mask = mask.as_ref().map(|m| f32s(4 + usize::from(scale.is_some()), len(m)));
-                // SAFETY: as above.
-                let o = unsafe { std::slice::from_raw_parts_mut(args[0] as *mut f32, len(out)) };
-                let threads = Threads::UpTo(threads).pick(sh.macs());
-                crate::kernels::attention::attention(
-                    &sh,
-                    (f32s(1, len(q)), f32s(2, len(k)), f32s(3, len(v))),
-                    scale,
-                    mask,
-                    o,
-                    threads,
-                );
+            Exec::Library(l) => {
+                let mask = |i: usize| self.masks[device].get(&st.buffers[i]);
+                // SAFETY: `crate::exec::validate` had the call check the step's buffers, the
+                // result apart from the operands; only this step touches them now.
+                unsafe { library_call(l).call(args, &mask, threads) }.with_context(|| format!("node '{}'", st.node))?;
             }
             Exec::Collective(c) => {
                 // SAFETY: `new` checked the buffers' sizes against the collective and

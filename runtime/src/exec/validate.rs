@@ -14,7 +14,8 @@ use crate::comm::traffic;
 use crate::format::mask::Mask;
 use crate::format::mesh::Mesh;
 use crate::format::order::{accesses, all_before, happens_before, At, Order};
-use crate::format::program::{Buffer, Collective, Elem, Exec, IoSpec, Library, Meta, Program, Storage, Transfer};
+use crate::format::program::{Buffer, Collective, Exec, IoSpec, Library, Matmul, Meta, Program, Storage, Transfer};
+use crate::kernels::library_call;
 
 /// Checks program `d` of `meta`'s mesh on its own: its device, its buffers inside their
 /// storage (`weights`: the weights section's length), its indices and steps, its stream
@@ -146,18 +147,6 @@ fn check_steps(p: &Program) -> Result<()> {
                 false => Err(fail(format!("{} buffers where its {} takes {want}", st.buffers.len(), st.exec.kind()))),
             }
         };
-        // Buffer `i` holds an f32 tensor of `shape` at an offset aligned for it.
-        let f32_buffer = |i: usize, shape: &[usize]| -> Result<()> {
-            let need = shape.iter().try_fold(4usize, |n, &d| n.checked_mul(d));
-            if need.is_none_or(|n| bytes(i) < n) {
-                bail!(fail(format!("buffer {i} holds {} bytes, too few for F32{shape:?}", bytes(i))));
-            }
-            let (Storage::Arena { offset } | Storage::Weights { offset }) = p.buffers[st.buffers[i]].storage;
-            if !offset.is_multiple_of(4) {
-                bail!(fail(format!("buffer {i} at offset {offset} is not aligned for F32")));
-            }
-            Ok(())
-        };
         match &st.exec {
             Exec::Kernel(k) => {
                 let args = &p.kernels[*k].args;
@@ -171,50 +160,11 @@ fn check_steps(p: &Program) -> Result<()> {
                     )));
                 }
             }
-            Exec::Library(Library::Matmul { a, b, out, b_elem, panels, epilogue, transposed }) => {
-                count(3 + crate::format::epilogue::operands(epilogue).count())?;
-                crate::kernels::matmul_shape::MatmulShape::new(a, b, out).map_err(|e| fail(e.to_string()))?;
-                if !epilogue.is_empty() && (a.len() < 2 || b.len() < 2) {
-                    bail!(fail("an epilogue follows a product of matrices".to_string()));
-                }
-                for (i, shape) in (3..).zip(crate::format::epilogue::operands(epilogue)) {
-                    meshc_ir::ops::check_epilogue_operand(shape, out).map_err(fail)?;
-                    f32_buffer(i, shape)?;
-                }
-                let b_panels = [crate::kernels::panels::packed_elems(b).unwrap_or(usize::MAX)];
-                let b_stored = if *panels { &b_panels[..] } else { b };
-                for (i, s, elem) in [(0, &out[..], Elem::F32), (1, a, Elem::F32), (2, b_stored, *b_elem)] {
-                    let need = s.iter().try_fold(elem.size(), |n, &d| n.checked_mul(d));
-                    if need.is_none_or(|n| bytes(i) < n) {
-                        bail!(fail(format!("buffer {i} holds {} bytes, too few for {elem:?}{s:?}", bytes(i))));
-                    }
-                    // The library reads its operands as slices of their element type.
-                    let (Storage::Arena { offset } | Storage::Weights { offset }) = p.buffers[st.buffers[i]].storage;
-                    if !offset.is_multiple_of(elem.size()) {
-                        bail!(fail(format!("buffer {i} at offset {offset} is not aligned for {elem:?}")));
-                    }
-                }
-                let weight = &p.buffers[st.buffers[2]];
-                if !b_elem.is_f32() && weight.mask.is_some() {
-                    bail!(fail("a pruned weight is f32, not a half type".to_string()));
-                }
-                if *panels && (!b_elem.is_f32() || weight.mask.is_some()) {
-                    bail!(fail("weights in panels are f32 and unpruned".to_string()));
-                }
-                let matrices = (!transposed.a || a.len() >= 2) && (!transposed.b || b.len() >= 2);
-                if !transposed.is_none() && (*panels || !b_elem.is_f32() || weight.mask.is_some() || !matrices) {
-                    bail!(fail("only f32 matrices that are not weights are stored transposed".to_string()));
-                }
-            }
-            Exec::Library(Library::Attention { q, k, v, out, scale, mask }) => {
-                count(4 + usize::from(scale.is_some()) + usize::from(mask.is_some()))?;
-                crate::kernels::attention::Shapes::new(q, k, v, out, mask.as_deref())
-                    .map_err(|e| fail(e.to_string()))?;
-                let scale: Option<&[usize]> = scale.map(|_| &[1][..]);
-                let shapes = [&out[..], q, k, v].into_iter().chain(scale).chain(mask.as_deref());
-                for (i, shape) in shapes.enumerate() {
-                    f32_buffer(i, shape)?;
-                }
+            Exec::Library(l) => {
+                let call = library_call(l);
+                count(call.buffers())?;
+                let buffers: Vec<&Buffer> = st.buffers.iter().map(|&b| &p.buffers[b]).collect();
+                call.check(&buffers).map_err(fail)?;
             }
             Exec::Collective(_) => count(2)?,
             Exec::Send(_) | Exec::Recv(_) => count(1)?,
@@ -511,7 +461,7 @@ pub(super) fn masks_of(p: &Program, weights: &[u8]) -> Result<HashMap<usize, Mas
             })
             .with_context(|| format!("weight '{}'", b.name))?;
         for st in p.steps.iter().filter(|st| st.buffers.get(2) == Some(&i)) {
-            if let Exec::Library(Library::Matmul { b: shape, .. }) = &st.exec {
+            if let Exec::Library(Library::Matmul(Matmul { b: shape, .. })) = &st.exec {
                 if shape.len() < 2 || shape[shape.len() - 2..] != [info.rows, info.cols] {
                     bail!("node '{}': its weight's mask does not fit its shape {shape:?}", st.node);
                 }

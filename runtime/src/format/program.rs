@@ -160,40 +160,47 @@ pub struct Kernel {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Library {
-    /// numpy matmul of f32 operands (batched, broadcasting) by the runner's GEMM; the right
-    /// operand, a weight, may be stored as f16 or bf16 (`b_elem`).
-    Matmul {
-        a: Vec<usize>,
-        b: Vec<usize>,
-        out: Vec<usize>,
-        #[serde(default, skip_serializing_if = "Elem::is_f32")]
-        b_elem: Elem,
-        /// `b` is a weight stored in the GEMM's panels (`crate::kernels::panels`, f32), not row-major.
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        panels: bool,
-        /// Elementwise steps applied to the result as the GEMM finishes each block of it
-        /// (`crate::kernels::epilogue`); their operands are the step's buffers after `b`.
-        #[serde(default, skip_serializing_if = "Vec::is_empty")]
-        epilogue: Vec<crate::format::epilogue::Step>,
-        /// Whether `a` and `b` are stored transposed: the buffer holds the operand with its
-        /// last two dims swapped (a transpose the compiler left to the GEMM's strides).
-        #[serde(default, skip_serializing_if = "Transposed::is_none")]
-        transposed: Transposed,
-    },
-    /// Fused attention (`crate::kernels::attention`): `softmax(scores, -1) @ v`, the scores
-    /// `q @ k` (`k` holding kᵀ) scaled by the number in the buffer after `v` if `scale`
-    /// says how, then plus the mask (of shape `mask`, the next buffer) if there is one.
-    /// Buffers: result, q, k, v, then the scale's and the mask's.
-    Attention {
-        q: Vec<usize>,
-        k: Vec<usize>,
-        v: Vec<usize>,
-        out: Vec<usize>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        scale: Option<Scale>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        mask: Option<Vec<usize>>,
-    },
+    Matmul(Matmul),
+    Attention(Attention),
+}
+
+/// numpy matmul of f32 operands (batched, broadcasting) by the runner's GEMM; the right
+/// operand, a weight, may be stored as f16 or bf16 (`b_elem`). Buffers: result, a, b, then
+/// the epilogue's operands.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Matmul {
+    pub a: Vec<usize>,
+    pub b: Vec<usize>,
+    pub out: Vec<usize>,
+    #[serde(default, skip_serializing_if = "Elem::is_f32")]
+    pub b_elem: Elem,
+    /// `b` is a weight stored in the GEMM's panels (`crate::kernels::panels`, f32), not row-major.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub panels: bool,
+    /// Elementwise steps applied to the result as the GEMM finishes each block of it
+    /// (`crate::kernels::epilogue`); their operands are the step's buffers after `b`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub epilogue: Vec<crate::format::epilogue::Step>,
+    /// Whether `a` and `b` are stored transposed: the buffer holds the operand with its
+    /// last two dims swapped (a transpose the compiler left to the GEMM's strides).
+    #[serde(default, skip_serializing_if = "Transposed::is_none")]
+    pub transposed: Transposed,
+}
+
+/// Fused attention (`crate::kernels::attention`): `softmax(scores, -1) @ v`, the scores
+/// `q @ k` (`k` holding kᵀ) scaled by the number in the buffer after `v` if `scale` says
+/// how, then plus the mask (of shape `mask`, the next buffer) if there is one. Buffers:
+/// result, q, k, v, then the scale's and the mask's.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Attention {
+    pub q: Vec<usize>,
+    pub k: Vec<usize>,
+    pub v: Vec<usize>,
+    pub out: Vec<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale: Option<Scale>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mask: Option<Vec<usize>>,
 }
 
 /// How fused attention scales its scores by the step's scale buffer (one f32).
@@ -213,7 +220,7 @@ impl Scale {
     }
 }
 
-/// Which operands of a library matmul are stored transposed (`Library::Matmul`).
+/// Which operands of a library matmul are stored transposed (`Matmul::transposed`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Transposed {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

@@ -1,4 +1,4 @@
-//! Fused attention, the runner's `Library::Attention`: `softmax(scores, -1) @ v` with
+//! Fused attention, the runner's `Library::Attention` (`LibraryCall for Attention`): `softmax(scores, -1) @ v` with
 //! `scores = q @ kᵀ`, optionally scaled (multiplied or divided by one number) and then
 //! masked (a tensor added, broadcast to the scores), without the scores ever reaching
 //! memory. Per matrix of the batch and per block of `ROWS` query rows, the block's scores
@@ -16,7 +16,10 @@
 
 use anyhow::{bail, Result};
 
-use crate::format::program::Scale;
+use crate::format::mask::Mask;
+use crate::format::program::{Attention, Buffer, Scale};
+use crate::kernels::call::{f32_buffer, LibraryCall};
+use crate::kernels::library::Threads;
 use crate::kernels::matmul_shape::MatmulShape;
 use crate::kernels::vmath::{horner, madd, EXP5, LN2_HI, LN2_LO, MAGIC};
 
@@ -423,6 +426,48 @@ fn exp<const FMA: bool>(x: f32) -> f32 {
         0.0
     } else {
         e
+    }
+}
+
+/// Fused attention of a program step: buffers result, q, kᵀ, v, then the scale's (one f32)
+/// and the mask's, all f32.
+impl LibraryCall for Attention {
+    fn buffers(&self) -> usize {
+        4 + usize::from(self.scale.is_some()) + usize::from(self.mask.is_some())
+    }
+
+    fn check(&self, buffers: &[&Buffer]) -> Result<(), String> {
+        let Attention { q, k, v, out, scale, mask } = self;
+        Shapes::new(q, k, v, out, mask.as_deref()).map_err(|e| e.to_string())?;
+        let scale: Option<&[usize]> = scale.map(|_| &[1][..]);
+        let shapes = [&out[..], q, k, v].into_iter().chain(scale).chain(mask.as_deref());
+        for (i, shape) in shapes.enumerate() {
+            f32_buffer(buffers, i, shape)?;
+        }
+        Ok(())
+    }
+
+    unsafe fn call<'m>(
+        &self,
+        args: &[*mut u8],
+        _mask: &dyn Fn(usize) -> Option<&'m Mask>,
+        threads: usize,
+    ) -> Result<()> {
+        let Attention { q, k, v, out, scale, mask } = self;
+        let len = |s: &[usize]| s.iter().product::<usize>();
+        let sh = Shapes::new(q, k, v, out, mask.as_deref())?;
+        let f32s = |i: usize, n: usize| {
+            // SAFETY: `check` accepted buffer `i` as an aligned f32 tensor of `n` elements;
+            // the result aliases no operand.
+            unsafe { std::slice::from_raw_parts(args[i] as *const f32, n) }
+        };
+        let scale = scale.map(|how| (how, f32s(4, 1)[0]));
+        let mask = mask.as_ref().map(|m| f32s(4 + usize::from(scale.is_some()), len(m)));
+        // SAFETY: as above.
+        let o = unsafe { std::slice::from_raw_parts_mut(args[0] as *mut f32, len(out)) };
+        let threads = Threads::UpTo(threads).pick(sh.macs());
+        attention(&sh, (f32s(1, len(q)), f32s(2, len(k)), f32s(3, len(v))), scale, mask, o, threads);
+        Ok(())
     }
 }
 

@@ -35,8 +35,10 @@
 use anyhow::{bail, Result};
 use meshc_ir::{DType, TensorType};
 
+use crate::format::epilogue::operands;
 use crate::format::mask::Mask;
-use crate::format::program::{Elem, Transposed};
+use crate::format::program::{Buffer, Elem, Matmul, Storage, Transposed};
+use crate::kernels::call::{f32_buffer, LibraryCall};
 use crate::kernels::epilogue::Bound;
 use crate::kernels::matmul_shape::MatmulShape;
 use crate::kernels::small_m;
@@ -433,6 +435,96 @@ pub fn prefer_library(a: &TensorType, b: &TensorType) -> bool {
     let f32s = a.dtype == DType::F32 && b.dtype == DType::F32;
     let macs = |s: MatmulShape| s.m.checked_mul(s.k).and_then(|x| x.checked_mul(s.n));
     f32s && MatmulShape::infer(&a.shape, &b.shape).is_ok_and(|(s, _)| macs(s).is_none_or(|x| x > KERNEL_MAX_MACS))
+}
+
+/// The library matmul of a program step: buffers result, `a`, `b`, then the epilogue's
+/// operands; `b` row-major as `b_elem` (pruned if it has a mask), f32 in panels, or either
+/// operand stored transposed.
+impl LibraryCall for Matmul {
+    fn buffers(&self) -> usize {
+        3 + operands(&self.epilogue).count()
+    }
+
+    fn check(&self, buffers: &[&Buffer]) -> Result<(), String> {
+        let Matmul { a, b, out, b_elem, panels, epilogue, transposed } = self;
+        MatmulShape::new(a, b, out).map_err(|e| e.to_string())?;
+        if !epilogue.is_empty() && (a.len() < 2 || b.len() < 2) {
+            return Err("an epilogue follows a product of matrices".to_string());
+        }
+        for (i, shape) in (3..).zip(operands(epilogue)) {
+            meshc_ir::ops::check_epilogue_operand(shape, out)?;
+            f32_buffer(buffers, i, shape)?;
+        }
+        let b_panels = [crate::kernels::panels::packed_elems(b).unwrap_or(usize::MAX)];
+        let b_stored = if *panels { &b_panels[..] } else { b };
+        for (i, s, elem) in [(0, &out[..], Elem::F32), (1, a, Elem::F32), (2, b_stored, *b_elem)] {
+            let bytes = buffers[i].bytes;
+            let need = s.iter().try_fold(elem.size(), |n, &d| n.checked_mul(d));
+            if need.is_none_or(|n| bytes < n) {
+                return Err(format!("buffer {i} holds {bytes} bytes, too few for {elem:?}{s:?}"));
+            }
+            // The library reads its operands as slices of their element type.
+            let (Storage::Arena { offset } | Storage::Weights { offset }) = buffers[i].storage;
+            if !offset.is_multiple_of(elem.size()) {
+                return Err(format!("buffer {i} at offset {offset} is not aligned for {elem:?}"));
+            }
+        }
+        let pruned = buffers[2].mask.is_some();
+        if !b_elem.is_f32() && pruned {
+            return Err("a pruned weight is f32, not a half type".to_string());
+        }
+        if *panels && (!b_elem.is_f32() || pruned) {
+            return Err("weights in panels are f32 and unpruned".to_string());
+        }
+        let matrices = (!transposed.a || a.len() >= 2) && (!transposed.b || b.len() >= 2);
+        if !transposed.is_none() && (*panels || !b_elem.is_f32() || pruned || !matrices) {
+            return Err("only f32 matrices that are not weights are stored transposed".to_string());
+        }
+        Ok(())
+    }
+
+    unsafe fn call<'m>(
+        &self,
+        args: &[*mut u8],
+        mask: &dyn Fn(usize) -> Option<&'m Mask>,
+        threads: usize,
+    ) -> Result<()> {
+        let threads = Threads::UpTo(threads);
+        let Matmul { a, b, out, b_elem, panels, epilogue, transposed } = self;
+        let len = |s: &[usize]| s.iter().product::<usize>();
+        let operands: Vec<*const f32> = args[3..].iter().map(|&p| p as *const f32).collect();
+        // SAFETY: `check` accepted each epilogue operand's buffer for its shape and that
+        // shape against the result; the buffers outlive the call.
+        let ep = unsafe { Bound::new(epilogue, &operands, out) };
+        // SAFETY (every slice below): the buffers hold tensors of exactly these shapes (f32;
+        // `b` as `b_elem`, or in panels), as `check` accepted, and the result aliases no
+        // operand.
+        let (o, x) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(args[0] as *mut f32, len(out)),
+                std::slice::from_raw_parts(args[1] as *const f32, len(a)),
+            )
+        };
+        if *panels {
+            let stored = crate::kernels::panels::packed_elems(b).unwrap_or(0);
+            let y = unsafe { std::slice::from_raw_parts(args[2] as *const f32, stored) };
+            return matmul_panels(x, y, o, a, b, out, threads, &ep);
+        }
+        match (b_elem, mask(2)) {
+            (Elem::F32, mask) => {
+                let y = unsafe { std::slice::from_raw_parts(args[2] as *const f32, len(b)) };
+                match mask {
+                    Some(m) => matmul_masked(x, y, o, a, b, out, m, threads, &ep),
+                    None if transposed.is_none() => matmul(x, y, o, a, b, out, threads, &ep),
+                    None => matmul_transposed(x, y, o, a, b, out, *transposed, threads, &ep),
+                }
+            }
+            (half, _) => {
+                let y = unsafe { std::slice::from_raw_parts(args[2] as *const u16, len(b)) };
+                matmul_half(x, (y, *half), o, a, b, out, threads, &ep)
+            }
+        }
+    }
 }
 
 #[cfg(test)]

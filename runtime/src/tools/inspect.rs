@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use crate::exec::loader::parse_sections;
 use crate::format::artifact::{Artifact, SectionKind};
 use crate::format::order::{step_note, streams_summary};
-use crate::format::program::{CollectiveOp, Exec, Library, Program, Storage};
+use crate::format::program::{Attention, CollectiveOp, Exec, Library, Matmul, Program, Storage};
 
 /// The report of `meshc inspect`: sections, metadata, kernels, buffers and steps.
 pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
@@ -143,7 +143,7 @@ fn program_report(s: &mut String, p: &Program) -> Result<()> {
     for (i, st) in p.steps.iter().enumerate() {
         let exec = match &st.exec {
             Exec::Kernel(k) => format!("kernel k{k}"),
-            Exec::Library(Library::Matmul { a, b, panels, epilogue, transposed, .. }) => {
+            Exec::Library(Library::Matmul(Matmul { a, b, panels, epilogue, transposed, .. })) => {
                 let steps: Vec<&str> = epilogue.iter().map(crate::format::epilogue::Step::name).collect();
                 let epilogue = if steps.is_empty() { String::new() } else { format!(" + {}", steps.join(",")) };
                 let stored = match (transposed.a, transposed.b) {
@@ -155,7 +155,7 @@ fn program_report(s: &mut String, p: &Program) -> Result<()> {
                 let panels = if *panels { " (weight in panels)" } else { "" };
                 format!("library gemm {a:?}x{b:?}{epilogue}{panels}{stored}")
             }
-            Exec::Library(Library::Attention { q, k, v, scale, mask, .. }) => {
+            Exec::Library(Library::Attention(Attention { q, k, v, scale, mask, .. })) => {
                 let scale = scale.map_or(String::new(), |s| format!(" {} scale", s.name()));
                 let mask = mask.as_ref().map_or(String::new(), |m| format!(" + mask{m:?}"));
                 format!("library attention {q:?}x{k:?}{scale}{mask} softmax x{v:?}")
