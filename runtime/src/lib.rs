@@ -1,16 +1,18 @@
 //! meshc-runtime: everything needed to run a compiled artifact, and nothing of the
-//! compiler (no passes, no Cranelift). The compiler and this crate meet in the artifact
-//! format and the kernel ABI (`format`).
+//! compiler (no passes, no Cranelift). The compiler and this crate meet in `format`: the
+//! artifact, the programs in it and the kernel ABI (docs/design.md §1).
 //!
-//! The modules live in rooms, from the bottom up:
-//! - `format`: `abi`, `mesh`, `program`, `degradation`, `epilogue`, `order`, `mask`,
-//!   `artifact`, `signature`;
-//! - `kernels`: `library`, `small_m`, `panels`, `matmul_shape`, `epilogue`, `attention`,
-//!   `vmath`, `pool`;
-//! - `comm`: `traffic`, `fabric`, `reduce`, `degraded`, `exchange`, `transport`, `mpi`,
-//!   `sync`, `error`, `memory`;
-//! - `exec`: `runner`, `loader`, `resident`;
-//! - `tools`: `cli`, `steps`, `inspect`, `trace`, `output`.
+//! The modules live in five rooms; each room uses only the rooms listed after it
+//! (pinned by tests/all/modules.rs):
+//! - `format` (uses nothing): `abi`, `mesh`, `program`, `degradation`, `epilogue`, `order`,
+//!   `mask`, `artifact`, `signature`;
+//! - `kernels` (format): `call`, `library`, `small_m`, `panels`, `matmul_shape`, `epilogue`,
+//!   `attention`, `vmath`, `pool`;
+//! - `comm` (format): `traffic`, `fabric`, `reduce`, `degraded`, `exchange`, `transport`,
+//!   `mpi`, `sync`, `error`, `memory`;
+//! - `exec` (format, kernels, comm): `runner`, `validate`, `threads`, `streams`, `step`,
+//!   `io`, `resident`, `loader`;
+//! - `tools` (format, comm, exec): `cli`, `steps`, `inspect`, `trace`, `output`.
 
 pub mod comm;
 pub mod exec;

@@ -7,10 +7,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-type Module = Vec<String>;
+pub(crate) type Module = Vec<String>;
 
 /// Every module of the crate under `src` and its source text (without tests and comments).
-fn modules(src: &Path) -> BTreeMap<Module, String> {
+pub(crate) fn modules(src: &Path) -> BTreeMap<Module, String> {
     let mut out = BTreeMap::new();
     let mut dirs = vec![src.to_path_buf()];
     while let Some(dir) = dirs.pop() {

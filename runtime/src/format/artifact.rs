@@ -314,7 +314,7 @@ impl Artifact {
         let file = File::open(path).map_err(|e| fail(e.to_string()))?;
         // SAFETY: the mapping is read-only. Another process truncating or rewriting the file
         // while it is mapped is outside what the format can guard against (docs/artifact.md,
-        // "Mapping"); `Writer::write` replaces files by rename, which is safe.
+        // "Mapping"); the compiler replaces artifacts by rename (`tools::output`), which is safe.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| fail(format!("cannot map: {e}")))?;
         let (flags, sections) = validate(&map, verify).map_err(|e| fail(format!("{e:#}")))?;
         Ok(Artifact { path: path.to_path_buf(), file, map, flags, sections })
