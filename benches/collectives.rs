@@ -16,10 +16,11 @@ use std::time::Instant;
 use common::{all_reduce, median, runner_program, time_collective};
 
 use meshc_ir::Tensor;
-use meshc_runtime::fabric::{Fabric, SMALL_BYTES};
-use meshc_runtime::mesh::{Mesh, Topology};
-use meshc_runtime::program::Collective;
-use meshc_runtime::runner::Loaded;
+use meshc_runtime::comm::fabric::Fabric;
+use meshc_runtime::comm::traffic::SMALL_BYTES;
+use meshc_runtime::exec::runner::Loaded;
+use meshc_runtime::format::mesh::{Mesh, Topology};
+use meshc_runtime::format::program::Collective;
 
 /// Every device runs the collective `warmup + iters` times back to back; device 0's wall
 /// time of each of the last `iters` calls.

@@ -18,10 +18,11 @@ use std::collections::BTreeMap;
 
 use common::{median, time_collective};
 
-use meshc_runtime::degraded::{plan, Degradation, Schedule, Topo};
-use meshc_runtime::fabric::Fabric;
-use meshc_runtime::mesh::{Mesh, Topology};
-use meshc_runtime::program::{Collective, CollectiveOp, Reduce};
+use meshc_runtime::comm::degraded::{plan, Schedule, Topo};
+use meshc_runtime::comm::fabric::Fabric;
+use meshc_runtime::format::degradation::Degradation;
+use meshc_runtime::format::mesh::{Mesh, Topology};
+use meshc_runtime::format::program::{Collective, CollectiveOp, Reduce};
 
 const LINK_BYTES_PER_S: f64 = 25e9;
 

@@ -2,7 +2,7 @@
 //! Cranelift kernel (single thread) and the library GEMM (1 thread and all cores) — next to
 //! the machine's single-thread 128-bit FMA peak: 2 FMA ports × 4 lanes × 2 flops per cycle
 //! at the clock measured here (a chain of dependent adds), checked against a tight FMA loop.
-//! The library's GEMM on a weight prepacked in panels (`meshc_runtime::panels`, what the
+//! The library's GEMM on a weight prepacked in panels (`meshc_runtime::kernels::panels`, what the
 //! compiler stores constant weights as) runs on all cores beside it. At 2048, numpy's
 //! `a @ b` is timed in the same run (through python3, when it has numpy).
 //! Timings are best-of-N with `std::time::Instant`. Sizes can be picked with
@@ -15,8 +15,8 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use meshc::codegen::{matmul::matmul, module::jit, KernelTable, Target};
 use meshc_ir::{DType, TensorType};
-use meshc_runtime::epilogue::Bound;
-use meshc_runtime::library;
+use meshc_runtime::kernels::epilogue::Bound;
+use meshc_runtime::kernels::library;
 
 /// A zeroed, 64-byte aligned buffer, as the runner hands kernels.
 struct Buf {
@@ -207,7 +207,7 @@ fn panels_time(
     reps: usize,
 ) -> Result<(f64, Vec<f32>)> {
     let bytes: Vec<u8> = b.f32s(k * n).iter().flat_map(|v| v.to_le_bytes()).collect();
-    let panels: Vec<f32> = meshc_runtime::panels::pack_bytes(&bytes, 1, k, n)
+    let panels: Vec<f32> = meshc_runtime::kernels::panels::pack_bytes(&bytes, 1, k, n)
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect();

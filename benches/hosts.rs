@@ -25,9 +25,9 @@ use std::sync::Arc;
 
 use common::mlp::{build, input, B, D, H, SPEC_2X4};
 use common::{all_reduce, median, runner_program, time_collective};
-use meshc_runtime::fabric::Fabric;
-use meshc_runtime::mesh::{Mesh, Topology};
-use meshc_runtime::transport::{Hosts, Incoming, Outgoing, Transport};
+use meshc_runtime::comm::fabric::Fabric;
+use meshc_runtime::comm::transport::{Hosts, Incoming, Outgoing, Transport};
+use meshc_runtime::format::mesh::{Mesh, Topology};
 
 /// (label, bytes per device, warm-up calls, timed calls).
 const SIZES: [(&str, usize, usize, usize); 2] = [("4 B", 4, 200, 2000), ("16 MiB", 16 << 20, 2, 15)];
@@ -159,7 +159,7 @@ fn digest(y: &Option<meshc_ir::Tensor>) -> u64 {
 /// One rank: `mode` "hosts" times meshc's all_reduce with this host's devices as threads,
 /// "flat" times MPI_Allreduce itself; rank 0 prints a `median SECONDS` line per size.
 fn rank(mode: &str) {
-    let (mpi, transport) = meshc_runtime::mpi::init().unwrap();
+    let (mpi, transport) = meshc_runtime::comm::mpi::init().unwrap();
     let transport: Arc<dyn Transport> = Arc::new(transport);
     let (me, hosts) = (transport.rank(), transport.size());
     let per: usize = std::env::var("MESHC_BENCH_PER_HOST").unwrap().parse().unwrap();

@@ -29,8 +29,8 @@ use meshc::compile::Options;
 use meshc::driver;
 use meshc::dumps::Dumps;
 use meshc_ir::{params, text, verify, Data, Tensor};
-use meshc_runtime::program::{Exec, Library};
-use meshc_runtime::runner::Loaded;
+use meshc_runtime::exec::runner::Loaded;
+use meshc_runtime::format::program::{Exec, Library, Matmul};
 
 const LAYERS: usize = 6;
 const WIDTH: usize = 384;
@@ -118,7 +118,7 @@ fn gemm_table(l: &Loaded, inputs: &HashMap<String, Tensor>, runs: usize) {
     for _ in 0..runs {
         l.run_timed(inputs, &mut |t| {
             total += t.dur;
-            if let Exec::Library(Library::Matmul { a, b, .. }) = &l.programs[t.device].steps[t.step].exec {
+            if let Exec::Library(Library::Matmul(Matmul { a, b, .. })) = &l.programs[t.device].steps[t.step].exec {
                 let e = by_shape.entry((a.clone(), b.clone())).or_default();
                 e.0 += 1;
                 e.1 += t.dur;
@@ -287,13 +287,13 @@ fn encoder_case(dir: &Path, (b, s): (usize, usize), anchors: &Anchors) {
 }
 
 /// Microseconds of one fork/join of a step over two cores with no work: the runner's
-/// (`meshc_runtime::pool::split`, two parts) and a rayon scope entered from outside its pool
+/// (`meshc_runtime::kernels::pool::split`, two parts) and a rayon scope entered from outside its pool
 /// (one part spawned, one run here: how the runner split a step before), back to back
 /// and after a 200 µs pause of this thread (the pool's thread gone idle, as between steps
 /// that do not split).
 fn fork_join_cost() {
     let pool = || {
-        meshc_runtime::pool::split(2, &|p| {
+        meshc_runtime::kernels::pool::split(2, &|p| {
             std::hint::black_box(p);
         })
     };

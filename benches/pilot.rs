@@ -28,7 +28,7 @@ use meshc::driver;
 use meshc::dumps::Dumps;
 use meshc::passes::pilot::{Config, Select, Simplify, DEFAULT_BLOCK};
 use meshc_ir::{Data, Tensor};
-use meshc_runtime::runner::Loaded;
+use meshc_runtime::exec::runner::Loaded;
 
 const DIR: &str = "testdata/pilot_mlp";
 

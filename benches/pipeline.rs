@@ -207,9 +207,12 @@ fn load_time() {
         driver::write_artifact(&c, &art, None).unwrap();
         let size = std::fs::metadata(&art).unwrap().len();
         let t_open = median(21, || {
-            let a =
-                meshc_runtime::artifact::Artifact::open_with(&art, meshc_runtime::artifact::Verify::SkipBulk).unwrap();
-            std::hint::black_box(meshc_runtime::loader::load_artifact(a, "bench").unwrap());
+            let a = meshc_runtime::format::artifact::Artifact::open_with(
+                &art,
+                meshc_runtime::format::artifact::Verify::SkipBulk,
+            )
+            .unwrap();
+            std::hint::black_box(meshc_runtime::exec::loader::load_artifact(a, "bench").unwrap());
         });
         let input = format!("i={}", x.display());
         let t_proc = median(21, || {

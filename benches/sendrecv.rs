@@ -1,5 +1,5 @@
 //! `cargo bench --bench sendrecv`: point-to-point transfers and pipelining (issue 5).
-//! - The rendezvous (`meshc_runtime::exchange`) between two device threads: one-way latency of a
+//! - The rendezvous (`meshc_runtime::comm::exchange`) between two device threads: one-way latency of a
 //!   4-byte transfer (ping-pong, half the round trip) and throughput of a 64 MiB transfer,
 //!   for both protocols, against a 64 MiB memcpy on one thread.
 //! - A transformer block (batch 32, seq 32, embed 256, 8 heads, hidden 1024; the structure of
@@ -22,9 +22,9 @@ use meshc::driver;
 use meshc::dumps::Dumps;
 use meshc::layout;
 use meshc_ir::{params, text, verify, Tensor};
-use meshc_runtime::exchange::Exchange;
-use meshc_runtime::program::{Protocol, Transfer};
-use meshc_runtime::runner::{AlignedBuf, Loaded};
+use meshc_runtime::comm::exchange::Exchange;
+use meshc_runtime::exec::runner::{AlignedBuf, Loaded};
+use meshc_runtime::format::program::{Protocol, Transfer};
 
 fn transfer(key: &str, peer: usize, bytes: usize, protocol: Protocol) -> Transfer {
     Transfer { key: key.into(), peer, bytes, protocol }

@@ -36,7 +36,7 @@ use meshc::passes::buffers::naive_bytes;
 use meshc::passes::streams::Config;
 use meshc_ir::verify::Info;
 use meshc_ir::{Graph, Tensor};
-use meshc_runtime::runner::Loaded;
+use meshc_runtime::exec::runner::Loaded;
 
 fn build(
     g: &Graph,
@@ -142,7 +142,7 @@ fn overlap(label: &str, g: &Graph, info: &Info, params: &HashMap<String, Tensor>
         let mut trace = Vec::new();
         l.run_timed(&inputs, &mut |t| trace.push(t.clone())).unwrap();
         let path = out_dir().join(format!("{}-{file}.trace.json", label.replace(' ', "-")));
-        std::fs::write(&path, meshc_runtime::trace::chrome_trace(&l.meta, &l.programs, &trace)).unwrap();
+        std::fs::write(&path, meshc_runtime::tools::trace::chrome_trace(&l.meta, &l.programs, &trace)).unwrap();
         println!(
             "{name:<20} {:9.3} ms  {:5.2}x vs single  cores busy {:3.0}%  ({on_comm} communication steps on comm streams; trace {})",
             medians[k] * 1e3,

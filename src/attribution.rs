@@ -1,7 +1,7 @@
 //! What each communication step the passes insert costs on the mesh: a lowered collective
 //! node read as the runtime's `Collective`, and the byte figures of its attribution record
 //! (`program::Why`, filled in by `lower` and `sendrecv`) priced by the fabric's own
-//! schedules (`fabric::traffic`, `fabric::route`), so that what the compiler says a step costs
+//! schedules (`traffic::traffic`, `traffic::route`), so that what the compiler says a step costs
 //! is what the runner's link counters count.
 
 use std::collections::{BTreeMap, HashMap};
@@ -10,9 +10,9 @@ use anyhow::{bail, Context, Result};
 use meshc_ir::attrs::{self, ReduceKind};
 use meshc_ir::verify::verify;
 use meshc_ir::{Graph, Node, Op, TensorType};
-use meshc_runtime::fabric;
-use meshc_runtime::mesh::Mesh;
-use meshc_runtime::program::{Collective, CollectiveOp, Reduce, Why};
+use meshc_runtime::comm::traffic;
+use meshc_runtime::format::mesh::Mesh;
+use meshc_runtime::format::program::{Collective, CollectiveOp, Reduce, Why};
 
 /// The collective a lowered node runs on an operand of local type `operand` (its `id` 0:
 /// numbering is the code generator's; so is refusing dtypes the fabric does not carry).
@@ -55,9 +55,9 @@ pub fn step_traffic(mesh: &Mesh, types: &HashMap<String, TensorType>, step: &Nod
             let to = attrs::Send::of(step).to as usize;
             let from = step.device.unwrap_or(0) as usize;
             let bytes = ty.size_bytes() as u64;
-            Ok(fabric::route(mesh, from, to).into_iter().map(|(f, t)| (f, t, bytes)).collect())
+            Ok(traffic::route(mesh, from, to).into_iter().map(|(f, t)| (f, t, bytes)).collect())
         }
-        op if op.is_communication() && op != Op::Recv => fabric::traffic(mesh, &collective(step, ty()?)?),
+        op if op.is_communication() && op != Op::Recv => traffic::traffic(mesh, &collective(step, ty()?)?),
         _ => Ok(Vec::new()),
     }
 }

@@ -25,15 +25,15 @@ use crate::passes::fold::{Const, Folded};
 use crate::passes::fuse::Groups;
 use crate::passes::lower::Lowered;
 use meshc_ir::cost::node_flops;
-use meshc_runtime::library;
-use meshc_runtime::matmul_shape::MatmulShape;
-use meshc_runtime::mesh::{Layout, Mesh};
-use meshc_runtime::panels;
-use meshc_runtime::program::{
-    align_up, Buffer, Collective, Elem, Exec, IoSpec, Kernel, Library, Meta, Program, Protocol, Step, Storage,
-    Transfer, Transposed, Why, ALIGN,
+use meshc_runtime::exec::runner::Loaded;
+use meshc_runtime::format::mesh::{Layout, Mesh};
+use meshc_runtime::format::program::{
+    align_up, Attention, Buffer, Collective, Elem, Exec, IoSpec, Kernel, Library, Matmul, Meta, Program, Protocol,
+    Step, Storage, Transfer, Transposed, Why, ALIGN,
 };
-use meshc_runtime::runner::Loaded;
+use meshc_runtime::kernels::library;
+use meshc_runtime::kernels::matmul_shape::MatmulShape;
+use meshc_runtime::kernels::panels;
 
 /// Which implementation serves matmuls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,14 +170,14 @@ fn fused_spec(g: &Graph, info: &Info, groups: &Groups, r: usize) -> (Fused, Vec<
 
 /// The epilogue of a library matmul (`passes::epilogue`), its steps' operand shapes from
 /// `info`.
-fn epilogue(node: &Node, info: &Info) -> Result<Vec<meshc_runtime::epilogue::Step>> {
+fn epilogue(node: &Node, info: &Info) -> Result<Vec<meshc_runtime::format::epilogue::Step>> {
     let Some(attr) = attrs::MatMul::of(node).epilogue else { return Ok(Vec::new()) };
     let mut operands = node.inputs[2..].iter();
     let steps = meshc_ir::ops::epilogue_steps(&attr).map_err(anyhow::Error::msg)?;
     (steps.into_iter())
         .map(|(name, _)| {
             let shape = || operands.next().map_or_else(Vec::new, |o| info.types[o].shape.clone());
-            meshc_runtime::epilogue::Step::parse(name, shape)
+            meshc_runtime::format::epilogue::Step::parse(name, shape)
                 .with_context(|| format!("node '{}': epilogue step '{name}'", node.name))
         })
         .collect()
@@ -246,7 +246,7 @@ fn local_masks<'g>(
     consts: &HashMap<String, Const<'_>>,
     keeps: &HashMap<String, Tensor>,
     block: usize,
-) -> HashMap<&'g str, (meshc_runtime::mask::Mask, meshc_runtime::program::MaskInfo)> {
+) -> HashMap<&'g str, (meshc_runtime::format::mask::Mask, meshc_runtime::format::program::MaskInfo)> {
     let mut out = HashMap::new();
     for n in g.nodes.iter().filter(|n| n.op == Op::MatMul && !consts.contains_key(&n.name)) {
         let w = n.inputs[1].as_str();
@@ -259,14 +259,19 @@ fn local_masks<'g>(
                 row_keep[(i / cols) % k] = true;
             }
         }
-        let mask = meshc_runtime::mask::Mask::new(&col_keep, &row_keep, block);
+        let mask = meshc_runtime::format::mask::Mask::new(&col_keep, &row_keep, block);
         if !mask.prunes() {
             continue;
         }
         let flops = node_flops(n, info);
         let skipped = flops - (flops as f64 * mask.kept_fraction()).round() as u64;
-        let entry =
-            meshc_runtime::program::MaskInfo { bytes: mask.record_len(), rows: k, cols, flops, flops_skipped: skipped };
+        let entry = meshc_runtime::format::program::MaskInfo {
+            bytes: mask.record_len(),
+            rows: k,
+            cols,
+            flops,
+            flops_skipped: skipped,
+        };
         out.insert(w, (mask, entry));
     }
     out
@@ -387,7 +392,7 @@ impl Builder {
     }
 
     /// The transposes that the library GEMMs reading them take through strides instead
-    /// (`meshc_runtime::program::Transposed`), each with its operand: a swap of the last two
+    /// (`meshc_runtime::format::program::Transposed`), each with its operand: a swap of the last two
     /// dims of a run-time value, not an output, read only as operand `a` or `b` of library
     /// matmuls with an f32 `b` kept row-major. The training step's backward pass transposes
     /// activations and weights before its GEMMs: 26 MB of copies per step for the bench MLP.
@@ -440,7 +445,7 @@ impl Builder {
     ) -> Result<(Program, Vec<Vec<usize>>)> {
         let mut bufs = Buffers::default();
         let Folded { consts, keeps, absorbed, .. } = folded;
-        // The weights stored in panels (`meshc_runtime::panels`).
+        // The weights stored in panels (`meshc_runtime::kernels::panels`).
         let mut panelled: Vec<String> = Vec::new();
         let masks = local_masks(g, info, consts, keeps, self.mask_block);
         // Only the constants something reads become weights.
@@ -532,23 +537,23 @@ impl Builder {
             } else if node.op == Op::Attention {
                 let steps = attrs::Attention::of(node).scores.steps();
                 let scale = steps.iter().find_map(|s| match *s {
-                    "mul" => Some(meshc_runtime::attention::Scale::Mul),
-                    "div" => Some(meshc_runtime::attention::Scale::Div),
+                    "mul" => Some(meshc_runtime::format::program::Scale::Mul),
+                    "div" => Some(meshc_runtime::format::program::Scale::Div),
                     _ => None,
                 });
                 let mask =
                     steps.contains(&"add").then(|| info.types[node.inputs.last().expect("a mask")].shape.clone());
-                let lib = Library::Attention {
+                let lib = Library::Attention(Attention {
                     q: operand_types[0].shape.clone(),
                     k: operand_types[1].shape.clone(),
                     v: operand_types[2].shape.clone(),
                     out: out.shape.clone(),
                     scale,
                     mask,
-                };
+                });
                 (Exec::Library(lib), node.inputs.clone(), 0)
             } else if use_library {
-                let lib = Library::Matmul {
+                let lib = Library::Matmul(Matmul {
                     a: operand_types[0].shape.clone(),
                     b: operand_types[1].shape.clone(),
                     out: out.shape.clone(),
@@ -559,7 +564,7 @@ impl Builder {
                         a: strided.contains_key(&node.inputs[0]),
                         b: strided.contains_key(&node.inputs[1]),
                     },
-                };
+                });
                 let operands = node.inputs.iter().map(|i| strided.get(i).unwrap_or(i).clone()).collect();
                 (Exec::Library(lib), operands, 0)
             } else {

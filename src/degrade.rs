@@ -5,7 +5,8 @@
 //! schedule.
 
 use anyhow::{anyhow, bail, Result};
-use meshc_runtime::degraded::{plan_group, touches, Degradation, Topo};
+use meshc_runtime::comm::degraded::{plan_group, touches, Topo};
+use meshc_runtime::format::degradation::Degradation;
 
 use crate::passes::lower::Lowered;
 

@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 
 use meshc_ir::verify::Info;
 use meshc_ir::{Graph, Node, Op};
-use meshc_runtime::program::{CollectiveOp, Exec, Program, StreamKind};
+use meshc_runtime::format::program::{CollectiveOp, Exec, Program, StreamKind};
 use petgraph::dot::{Config, Dot};
 use petgraph::graph::{DiGraph, NodeIndex};
 

@@ -19,10 +19,10 @@ use crate::dumps::Dumps;
 use crate::layout::Spec;
 use crate::passes;
 use crate::passes::lower::Lowered;
-use meshc_runtime::artifact::{SectionKind, Writer};
-use meshc_runtime::degraded::Topo;
-use meshc_runtime::output::Outputs;
-use meshc_runtime::program::{Program, Storage, ALIGN};
+use meshc_runtime::comm::degraded::Topo;
+use meshc_runtime::format::artifact::{SectionKind, Writer};
+use meshc_runtime::format::program::{Program, Storage, ALIGN};
+use meshc_runtime::tools::output::Outputs;
 
 /// The whole pipeline, in the order of `dumps::PASSES`: the verified graph `g` (with its
 /// params' values), and optionally a layout spec, to a compiled artifact. Without a spec
@@ -96,7 +96,8 @@ pub fn build<'p>(
 /// reports).
 pub fn lower_spec(g: &Graph, info: &Info, spec: &Spec, dumps: &Dumps) -> Result<(Lowered, Vec<usize>)> {
     let degraded = spec.degraded.degradation(&spec.mesh);
-    let topo = meshc_runtime::degraded::Topo::new(&spec.mesh, &degraded, false).with_context(|| spec.file.clone())?;
+    let topo =
+        meshc_runtime::comm::degraded::Topo::new(&spec.mesh, &degraded, false).with_context(|| spec.file.clone())?;
     topo.require_healthy().with_context(|| spec.file.clone())?;
     match passes::place::place(g, info, spec)? {
         Some(placement) => {
@@ -249,7 +250,10 @@ pub fn stage_artifact(
     if let Some(state) = state {
         w.add_section(SectionKind::State, 8, state)?;
     }
-    w.stage(files, out)
+    // Through a temporary file renamed into place when `files` commit: a runner that has
+    // the old file mapped keeps its (unchanged) inode, and a crash never leaves a
+    // half-written artifact under the final name.
+    files.write(out, |f| w.write_to(f))
 }
 
 /// A make rule `OUT: DEP ...` with spaces escaped the way make reads them.

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use anyhow::{anyhow, Context, Result};
-use meshc_runtime::output::Outputs;
+use meshc_runtime::tools::output::Outputs;
 
 /// The passes `--dump-after` can name, in the order they run (their number prefixes the
 /// files of `--dump-dir`). The pilot runs on the global graph, before placement, so its

@@ -13,8 +13,8 @@ use anyhow::{Context, Result};
 use meshc_ir::cost::node_flops;
 use meshc_ir::verify::{verify, Info};
 use meshc_ir::{Graph, Op};
-use meshc_runtime::mesh::Mesh;
-use meshc_runtime::program::{Rule, Why};
+use meshc_runtime::format::mesh::Mesh;
+use meshc_runtime::format::program::{Rule, Why};
 use serde::Serialize;
 
 use crate::attribution;
@@ -25,7 +25,7 @@ use crate::passes::lower::{Lowered, Overridden};
 
 /// Latency of one collective or transfer on the simulated fabric: the one-rendezvous
 /// all_reduce over 8 devices that `benches/collectives.rs` times took 12–18 µs at 16 KiB
-/// (the figures `fabric::SMALL_BYTES` was chosen by).
+/// (the figures `traffic::SMALL_BYTES` was chosen by).
 const LATENCY_US: f64 = 15.0;
 
 /// Bytes per µs over one link: the ring all_reduce of 16 MiB per device over 8 devices

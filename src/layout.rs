@@ -15,8 +15,8 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
 
-use meshc_runtime::degraded::Degradation;
-use meshc_runtime::mesh::{Layout, Mesh, Topology};
+use meshc_runtime::format::degradation::Degradation;
+use meshc_runtime::format::mesh::{Layout, Mesh, Topology};
 
 pub const FORMAT: &str = "meshc-layout/1";
 

@@ -11,14 +11,14 @@ use meshc::dumps::{Dumps, Format as DumpFormat};
 use meshc::{compile, driver};
 use meshc_ir::weights::WeightFiles;
 use meshc_ir::{json, load, params, text, verify::Info, Graph, Tensor, TensorType};
-use meshc_runtime::artifact::{Artifact, Verify};
-use meshc_runtime::cli::{self, is_artifact, name_eq_file, read_inputs, Io, RunArgs};
-use meshc_runtime::inspect::flops_skipped;
-use meshc_runtime::loader::load_artifact;
-use meshc_runtime::output::{check_output_name, Outputs};
-use meshc_runtime::runner::Loaded;
-use meshc_runtime::signature;
-use meshc_runtime::steps::{State, StepArgs};
+use meshc_runtime::exec::loader::load_artifact;
+use meshc_runtime::exec::runner::Loaded;
+use meshc_runtime::format::artifact::{Artifact, Verify};
+use meshc_runtime::format::signature;
+use meshc_runtime::tools::cli::{self, is_artifact, name_eq_file, read_inputs, Io, RunArgs};
+use meshc_runtime::tools::inspect::flops_skipped;
+use meshc_runtime::tools::output::{check_output_name, Outputs};
+use meshc_runtime::tools::steps::{State, StepArgs};
 
 #[derive(Parser)]
 #[command(
@@ -279,7 +279,7 @@ enum Format {
 }
 
 fn main() -> ExitCode {
-    meshc_runtime::output::init();
+    meshc_runtime::tools::output::init();
     // `-MF DEPFILE` is the compiler-driver spelling build systems know (gcc, clang); clap
     // has no two-letter short flags, so it is read as `--MF`.
     let args = std::env::args_os().map(|a| if a == "-MF" { "--MF".into() } else { a });
@@ -744,11 +744,10 @@ fn train_run(path: &Path, steps: &StepArgs, args: &CodegenArgs, run_args: &RunAr
         Some(ckpt) => State::read(ckpt)?,
         None => init.context("the program has no initial state")?,
     };
-    let ckpt = steps.checkpoint.clone().unwrap_or_else(|| {
-        let ckpt = meshc::train::checkpoint_path(path);
+    let ckpt = steps.checkpoint.clone().unwrap_or_else(|| meshc::train::checkpoint_path(path));
+    meshc_runtime::tools::steps::train(&loaded, state, steps, &ckpt).with_context(|| file.clone())?;
+    if steps.checkpoint.is_none() {
         eprintln!("checkpoint: {} (no --checkpoint given)", ckpt.display());
-        ckpt
-    });
-    meshc_runtime::steps::train(&loaded, state, steps, &ckpt).with_context(|| file.clone())?;
+    }
     Ok(())
 }

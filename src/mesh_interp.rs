@@ -13,7 +13,7 @@ use meshc_ir::verify::{verify, Info};
 use meshc_ir::{interp, DType, Data, Op, ParamData, Tensor, TensorType};
 
 use crate::passes::lower::Lowered;
-use meshc_runtime::mesh::Mesh;
+use meshc_runtime::format::mesh::Mesh;
 
 /// Row-major strides of `shape`.
 fn strides(shape: &[usize]) -> Vec<usize> {

@@ -1,7 +1,7 @@
 //! The training side of the driver: `meshc grad` (a graph with its gradients appended,
 //! written as a graph file next to wherever the user wants it), and the training step
 //! `compile`/`run` build with `--loss NAME --optimizer SPEC` (`meshc_ir::optim`), whose
-//! state the runner keeps from step to step (`meshc_runtime::steps`).
+//! state the runner keeps from step to step (`meshc_runtime::tools::steps`).
 
 use std::path::{Component, Path, PathBuf};
 
@@ -12,8 +12,8 @@ use meshc_ir::verify::{self, Info};
 use meshc_ir::{load, Graph, Input, Param, ParamData, Tensor};
 
 use crate::layout::Spec;
-use meshc_runtime::output::Outputs;
-use meshc_runtime::steps::State;
+use meshc_runtime::tools::output::Outputs;
+use meshc_runtime::tools::steps::State;
 
 /// `g` with the gradient of `loss` with respect to the params `wrt` selects (names or
 /// globs; none: every f32 param) appended as outputs `grad.P`, verified.

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""The module map of the workspace as Graphviz: one cluster per crate (meshc-ir, meshc-runtime, meshc-onnx,
-meshc), a node per module (a file, or a folder's mod.rs), an edge where a module names another
+"""The module map of the workspace as Graphviz: one cluster per crate (meshc-ir, meshc-runtime,
+meshc-onnx, meshc), a node per module (a file, or a folder's mod.rs; a folder's modules in a
+nested cluster, such as the runtime's rooms), an edge where a module names another
 of its crate (`crate::x`, `super::x`). Edges between crates are summed up as one edge per pair
 of crates, labelled with how many module-to-module uses it stands for: drawn one by one they
 hide the structure.
@@ -30,7 +31,9 @@ def modules(src):
             if not f.endswith(".rs"):
                 continue
             parts = [] if rel == "." else rel.split(os.sep)
-            if f not in ("mod.rs", "lib.rs", "main.rs"):
+            # A binary's main.rs beside the library's lib.rs is a crate root of its own.
+            bin_root = f == "main.rs" and "lib.rs" in files
+            if f not in ("mod.rs", "lib.rs", "main.rs") or bin_root:
                 parts.append(f[:-3])
             out[tuple(parts)] = os.path.join(dirpath, f)
     return out
@@ -77,11 +80,21 @@ def main():
     node = lambda c, m: '"%s::%s"' % (c, "::".join(m))
     print("digraph modules {")
     print('  compound=true; rankdir=LR; node [shape=box, fontname="monospace", fontsize=10]; edge [color="#00000055"];')
+    def cluster(name, mods, folder, indent):
+        """The modules under `folder`, a folder's own in a nested cluster of its own."""
+        inside = sorted(m for m in mods if len(m) == len(folder) + 1 and m[: len(folder)] == folder)
+        for m in inside:
+            if any(len(c) > len(m) and c[: len(m)] == m for c in mods):
+                print('%ssubgraph "cluster_%s::%s" { label="%s/";' % (indent, name, "::".join(m), m[-1]))
+                print('%s  %s [label="%s"];' % (indent, node(name, m), m[-1]))
+                cluster(name, mods, m, indent + "  ")
+                print("%s}" % indent)
+            else:
+                print('%s%s [label="%s"];' % (indent, node(name, m), m[-1]))
+
     for name, mods in crates.items():
         print('  subgraph "cluster_%s" { label="%s";' % (name, name.replace("_", "-")))
-        for m in sorted(mods):
-            if m:
-                print('    %s [label="%s"];' % (node(name, m), "::".join(m)))
+        cluster(name, mods, (), "    ")
         print("  }")
     across = {}
     for (a, b) in sorted(edges):

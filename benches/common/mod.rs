@@ -12,12 +12,12 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use meshc_ir::{DType, Data, Graph, Tensor, TensorType};
-use meshc_runtime::fabric::{Delivery, Fabric};
-use meshc_runtime::mesh::Mesh;
-use meshc_runtime::program::{
+use meshc_runtime::comm::fabric::{Delivery, Fabric};
+use meshc_runtime::exec::runner::AlignedBuf;
+use meshc_runtime::format::mesh::Mesh;
+use meshc_runtime::format::program::{
     Buffer, Collective, CollectiveOp, Exec, IoSpec, Meta, Program, Reduce, Step, Storage, ALIGN,
 };
-use meshc_runtime::runner::AlignedBuf;
 
 pub fn median(mut t: Vec<f64>) -> f64 {
     t.sort_by(f64::total_cmp);

@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use meshc_ir::verify::{self, Info};
 use meshc_ir::{file, Attr, Data, Graph, ParamData, Tensor};
-use meshc_runtime::output::Outputs;
+use meshc_runtime::tools::output::Outputs;
 use prost::Message;
 
 /// The largest model read: protobuf's own limit for one message.

@@ -54,7 +54,7 @@ use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{types, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_frontend::FunctionBuilder;
 
-use meshc_runtime::vmath::{erf_coefficients, ERF_CAP, EXP5, LN2_HI, LN2_LO, MAGIC, PHI_CAP};
+use meshc_runtime::kernels::vmath::{erf_coefficients, ERF_CAP, EXP5, LN2_HI, LN2_LO, MAGIC, PHI_CAP};
 
 use super::Target;
 

@@ -1,7 +1,7 @@
 //! The matmul kernel: numpy `matmul` on f32 (docs/ops.md), as a Cranelift-generated,
 //! packed, register-blocked GEMM. Also owns `MatmulShape`, the reduction of a matmul's
 //! shapes to a loop nest of plain row-major GEMMs, which the library path
-//! (`meshc_runtime::library`) shares so both paths agree on the semantics.
+//! (`meshc_runtime::kernels::library`) shares so both paths agree on the semantics.
 //!
 //! Design (BLIS-style loop nest; all shapes are baked in, block edges are runtime values
 //! computed from constants):
@@ -36,7 +36,7 @@ use meshc_ir::{DType, TensorType};
 
 use super::emit::{build_kernel, load_widened, mem, KernelBuilder, F32X4, LANES};
 use super::{Generated, Target};
-pub use meshc_runtime::matmul_shape::{BatchDim, MatmulShape};
+pub use meshc_runtime::kernels::matmul_shape::{BatchDim, MatmulShape};
 
 /// Rows of the register tile (one accumulator vector per row).
 const MR: usize = 12;
@@ -100,7 +100,7 @@ pub fn matmul(target: &Target, name: &str, a: &TensorType, b: &TensorType, out: 
 
 /// Generates the masked matmul kernel (conditional execution, docs/design.md §4.3): the same
 /// numpy matmul, but `b` (a weight `[.., K, N]`) is preceded by a mask record
-/// (`meshc_runtime::mask`) that the kernel finds from `b`'s address at run time. It zeroes the
+/// (`meshc_runtime::format::mask`) that the kernel finds from `b`'s address at run time. It zeroes the
 /// result, then for each kept row run of the record runs the packed loop nest over the kept
 /// column runs only (`Gemm::emit_runs`), so pruned columns and rows cost nothing but the
 /// zeroing. The code depends only on the
@@ -131,7 +131,7 @@ pub fn masked(target: &Target, name: &str, a: &TensorType, b: &TensorType, out: 
         let len = u32_at(kb, b, -4);
         let record = kb.b.ins().isub(b, len);
         let (col_runs, row_runs) = (u32_at(kb, record, 4), u32_at(kb, record, 8));
-        let runs = kb.b.ins().iadd_imm_s(record, meshc_runtime::mask::HEADER as i64);
+        let runs = kb.b.ins().iadd_imm_s(record, meshc_runtime::format::mask::HEADER as i64);
         let rows_at = kb.addr(runs, col_runs, 8);
         let g = Gemm { s: &shape, blocks, fma, scratch, b_dtype: DType::F32 };
         let n = shape.n;
@@ -590,7 +590,7 @@ pub(crate) mod tests {
     use meshc_ir::infer::{infer, Operand};
     use meshc_ir::interp::eval_node;
     use meshc_ir::{Node, Op, Tensor};
-    pub(crate) use meshc_runtime::matmul_shape::testing::{assert_close, oracle, product, random};
+    pub(crate) use meshc_runtime::kernels::matmul_shape::testing::{assert_close, oracle, product, random};
 
     /// The pilot pass's default block is whole micro-panels, so that a pruned block skips
     /// whole panels of this kernel.
@@ -750,7 +750,7 @@ pub(crate) mod tests {
             let (k, n) = (b_shape[b_shape.len() - 2], b_shape[b_shape.len() - 1]);
             let col_keep: Vec<bool> = (0..n).map(|c| (c / 5) % 3 != 1).collect();
             let row_keep: Vec<bool> = (0..k).map(|r| (r / 7) % 4 != 2).collect();
-            let mask = meshc_runtime::mask::Mask::new(&col_keep, &row_keep, 1);
+            let mask = meshc_runtime::format::mask::Mask::new(&col_keep, &row_keep, 1);
             let pruned: Vec<f32> = (b.as_f32().unwrap().iter().enumerate())
                 .map(|(i, &x)| if col_keep[i % n] && row_keep[(i / n) % k] { x } else { 0.0 })
                 .collect();

@@ -22,7 +22,7 @@ pub mod movement;
 pub mod nest;
 pub mod reduce;
 
-pub use meshc_runtime::abi::{host_features, KernelFn, KernelTable, KNOWN_FEATURES, STATUS_INDEX_OUT_OF_RANGE};
+pub use meshc_runtime::format::abi::{host_features, KernelFn, KernelTable, KNOWN_FEATURES, STATUS_INDEX_OUT_OF_RANGE};
 
 use anyhow::{anyhow, bail, Result};
 use cranelift_codegen::ir::{types, AbiParam, Function, Signature, UserFuncName};
@@ -102,7 +102,7 @@ pub fn kernel_function(target: &Target, name: &str) -> Function {
 
 /// The least work, in bytes read and written, worth a part of its own. Chosen when handing a
 /// part to another thread cost the runner 15–30 µs (at 2 MiB two parts were slower than
-/// one); the runner's own pool (`meshc_runtime::pool`) now hands one over in ~0.1 µs, but
+/// one); the runner's own pool (`meshc_runtime::kernels::pool`) now hands one over in ~0.1 µs, but
 /// splitting the 2 × 13 encoder's kernels from 16 KiB or 64 KiB up bought nothing
 /// measurable (`cargo bench --bench models`), so the bound stays.
 const MIN_PART_BYTES: usize = 4 << 20;

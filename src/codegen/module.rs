@@ -24,8 +24,8 @@ use cranelift_module::{
     DataDescription, DataId, FuncId, Linkage, Module, ModuleDeclarations, ModuleError, ModuleReloc, ModuleRelocTarget,
     ModuleResult,
 };
-use meshc_runtime::abi::{KernelFn, KernelTable};
-use meshc_runtime::program::align_up;
+use meshc_runtime::format::abi::{KernelFn, KernelTable};
+use meshc_runtime::format::program::align_up;
 
 use super::Target;
 

@@ -2,7 +2,7 @@
 //! `matmul(q, kt)` → optionally `mul`/`div` by one number → optionally `add` a mask →
 //! `softmax` over the last axis → `matmul(probs, v)` becomes one `attention` node
 //! (docs/ops.md), which the runner computes block of query rows by block of query rows
-//! without writing the scores to memory (`meshc_runtime::attention`), where the chain was
+//! without writing the scores to memory (`meshc_runtime::kernels::attention`), where the chain was
 //! four steps that each wrote and read back every score (a layer of the bench encoder:
 //! 13 ms of its 89).
 //!
@@ -22,7 +22,7 @@ use meshc_ir::attrs;
 use meshc_ir::infer::norm_axis;
 use meshc_ir::verify::Info;
 use meshc_ir::{Attr, DType, Graph, Node, Op};
-use meshc_runtime::attention::MAX_KEYS;
+use meshc_runtime::kernels::attention::MAX_KEYS;
 
 use super::fold::Folded;
 

@@ -12,7 +12,7 @@
 //! Streams: the steps of a device run on several streams (`passes::streams`), so program
 //! order alone does not say what may run at the same time. Two buffers may share bytes only
 //! if every touch of one happens before every touch of the other under the stream plan
-//! (stream order and events, `meshc_runtime::order`; the inputs are copied in before any
+//! (stream order and events, `meshc_runtime::format::order`; the inputs are copied in before any
 //! step, the outputs read after all); an operand may hand its slot to the result only if
 //! all its other touches happen before that step. On one stream this is exactly the
 //! interval test of program order; `Live` (program order) is what the dump shows.
@@ -34,8 +34,8 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
-use meshc_runtime::order::{accesses, all_before, happens_before, At, Order};
-use meshc_runtime::program::{align_up, Exec, Program, Protocol, Storage, Transfer, ALIGN};
+use meshc_runtime::format::order::{accesses, all_before, happens_before, At, Order};
+use meshc_runtime::format::program::{align_up, Exec, Program, Protocol, Storage, Transfer, ALIGN};
 
 /// The steps a buffer is live at, both inclusive; `last == steps.len()` means the buffer is
 /// a graph output, read after the last step.
@@ -234,7 +234,7 @@ pub fn dump(programs: &[Program]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use meshc_runtime::program::{Buffer, Collective, CollectiveOp, Reduce, Step};
+    use meshc_runtime::format::program::{Buffer, Collective, CollectiveOp, Reduce, Step};
 
     /// A program over arena buffers of these sizes; steps as (result, operands, collective).
     fn program(sizes: &[usize], steps: &[(usize, &[usize], bool)], inputs: &[usize], outputs: &[usize]) -> Program {

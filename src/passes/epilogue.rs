@@ -3,7 +3,7 @@
 //! (both forms) — becomes one matmul node that lists the steps in its `epilogue` attribute
 //! and takes their operands after `a` and `b` (docs/ops.md). The GEMM applies them to each
 //! block of its result right after computing it, while the block is in cache
-//! (`meshc_runtime::epilogue`), where they were separate passes over memory, each its own
+//! (`meshc_runtime::kernels::epilogue`), where they were separate passes over memory, each its own
 //! step with its own fork/join.
 //!
 //! A chain grows one user at a time (after a result of at least `MIN_COLUMNS` columns): the value so far must have exactly one use, by an

@@ -21,7 +21,7 @@ use meshc_ir::verify::Info;
 use meshc_ir::{Graph, Node, Op};
 
 use crate::layout::{Seed, Source};
-use meshc_runtime::mesh::{Layout, Mesh};
+use meshc_runtime::format::mesh::{Layout, Mesh};
 
 /// The layout of every tensor (input, param and node) of a graph.
 #[derive(Clone, Debug)]
@@ -514,7 +514,7 @@ pub fn dump(g: &Graph, info: &Info, l: &Layouts) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use meshc_runtime::mesh::Topology;
+    use meshc_runtime::format::mesh::Topology;
 
     #[test]
     fn reshapes_keep_splits_that_leave_each_block_a_box() {

@@ -33,8 +33,8 @@ use meshc_ir::{Attr, Attrs, DType, Graph, Input, Node, Op, Output, Param, ParamD
 
 use super::layout::{carried, corresponding_dims, reduced_axes, Layouts};
 use crate::layout::Source;
-use meshc_runtime::mesh::{Layout, Mesh};
-use meshc_runtime::program::{Rule, StageMesh, Why};
+use meshc_runtime::format::mesh::{Layout, Mesh};
+use meshc_runtime::format::program::{Rule, StageMesh, Why};
 
 /// One program per device, plus the layouts of the graph's inputs and outputs.
 #[derive(Clone, Debug)]

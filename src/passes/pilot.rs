@@ -1,7 +1,7 @@
 //! The pilot pass (docs/design.md §4.3): run a simplified copy of the graph on pilot
 //! inputs, give every block of output features of every prunable weight a priority, and
 //! turn the priorities into pruning masks, then prune the graph's params by them (`apply`):
-//! the masks travel into the artifact next to their weights (`meshc_runtime::mask`), where the
+//! the masks travel into the artifact next to their weights (`meshc_runtime::format::mask`), where the
 //! matmul kernels read them and skip the pruned work.
 //!
 //! It runs on the single-device (global) graph, before lowering: priorities are a property

@@ -28,8 +28,8 @@ use meshc_ir::{Attr, Graph, Input, Node, Op, Output, TensorType};
 
 use super::lower::Lowered;
 use super::place::Placement;
-use meshc_runtime::mesh::{Layout, Mesh};
-use meshc_runtime::program::{Rule, StageMesh, Why};
+use meshc_runtime::format::mesh::{Layout, Mesh};
+use meshc_runtime::format::program::{Rule, StageMesh, Why};
 
 fn ints(v: impl IntoIterator<Item = usize>) -> Attr {
     Attr::List(v.into_iter().map(|x| Attr::Int(x as i64)).collect())

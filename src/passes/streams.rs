@@ -52,8 +52,8 @@
 
 use std::fmt::Write as _;
 
-use meshc_runtime::inspect::{step_note, streams_summary};
-use meshc_runtime::program::{Event, Exec, Program, Step, Storage, Stream, StreamKind, StreamPlan, Wait};
+use meshc_runtime::format::order::{step_note, streams_summary};
+use meshc_runtime::format::program::{Event, Exec, Program, Step, Storage, Stream, StreamKind, StreamPlan, Wait};
 use petgraph::adj::UnweightedList;
 use petgraph::algo::tred;
 use petgraph::graph::{DiGraph, NodeIndex};
@@ -366,8 +366,8 @@ pub fn dump(programs: &[Program]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use meshc_runtime::order::Order;
-    use meshc_runtime::program::{Buffer, Collective, CollectiveOp, Reduce, Step};
+    use meshc_runtime::format::order::Order;
+    use meshc_runtime::format::program::{Buffer, Collective, CollectiveOp, Reduce, Step};
 
     /// A program over 256 KiB arena buffers (two make a step worth overlapping); steps as
     /// (result, operands, collective).

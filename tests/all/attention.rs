@@ -1,4 +1,4 @@
-//! Fused attention (src/passes/attention.rs, runtime/src/attention.rs): that the compiled
+//! Fused attention (src/passes/attention.rs, runtime/src/kernels/attention.rs): that the compiled
 //! step computes what the interpreter does on the unfused graph over random shapes (batch
 //! dims broadcasting every way, masks of every broadcast shape holding −∞ and −1e9, whole
 //! rows of them included, scales multiplied either side or divided, or none), which chains
@@ -12,14 +12,14 @@ use meshc::compile::{Compiled, Gemm, Options};
 use meshc::driver;
 use meshc::dumps::Dumps;
 use meshc_ir::{interp, text, verify, Tensor};
-use meshc_runtime::matmul_shape::testing::random;
-use meshc_runtime::program::{Exec, Library};
+use meshc_runtime::format::program::{Attention, Exec, Library};
+use meshc_runtime::kernels::matmul_shape::testing::random;
 use proptest::prelude::*;
 
 /// The fused attention steps of each device.
 fn fused(c: &Compiled) -> Vec<usize> {
-    let fused = |p: &meshc_runtime::program::Program| {
-        p.steps.iter().filter(|st| matches!(st.exec, Exec::Library(Library::Attention { .. }))).count()
+    let fused = |p: &meshc_runtime::format::program::Program| {
+        p.steps.iter().filter(|st| matches!(st.exec, Exec::Library(Library::Attention(Attention { .. })))).count()
     };
     c.programs.iter().map(fused).collect()
 }
@@ -236,7 +236,7 @@ fn chains_stay_apart_where_they_must() {
         }
     }
     // More keys than `MAX_KEYS`: the generic path.
-    let keys = meshc_runtime::attention::MAX_KEYS + 1;
+    let keys = meshc_runtime::kernels::attention::MAX_KEYS + 1;
     let src = format!("graph long {{\n  input q: f32[2,4]\n  input kt: f32[4,{keys}]\n  input v: f32[{keys},3]\n  p = softmax(matmul(q, kt))\n  y = matmul(p, v)\n  output y\n}}\n");
     let src = src.replace("softmax(matmul(q, kt))", "softmax(s)").replace("  p =", "  s = matmul(q, kt)\n  p =");
     let g = text::parse(&src).unwrap();

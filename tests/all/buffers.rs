@@ -18,8 +18,8 @@ use meshc::passes::buffers::naive_bytes;
 use meshc::passes::layout::propagate;
 use meshc::passes::lower::lower;
 use meshc::passes::streams::Config;
-use meshc_runtime::mesh::Mesh;
-use meshc_runtime::program::{Exec, Program, Storage, ALIGN};
+use meshc_runtime::format::mesh::Mesh;
+use meshc_runtime::format::program::{Exec, Program, Storage, ALIGN};
 
 use meshc_ir::verify::Info;
 use meshc_ir::{Graph, Tensor};
@@ -93,7 +93,7 @@ fn check_streams(p: &Program) -> Result<(), String> {
     // Every reader of a buffer after its writer; every writer after the earlier readers.
     for b in 0..p.buffers.len() {
         // (step, writes it): a step writes its first buffer, but a send only reads it.
-        let writes = |s: &meshc_runtime::program::Step, k: usize| k == 0 && !matches!(s.exec, Exec::Send(_));
+        let writes = |s: &meshc_runtime::format::program::Step, k: usize| k == 0 && !matches!(s.exec, Exec::Send(_));
         let touch: Vec<(usize, bool)> = (p.steps.iter().enumerate())
             .flat_map(|(i, s)| {
                 s.buffers.iter().enumerate().filter(|&(_, &x)| x == b).map(move |(k, _)| (i, writes(s, k)))
@@ -137,8 +137,8 @@ fn check_plan(p: &Program) -> Result<(), String> {
             t.push(IN);
         }
         // The receiver of a `move` send reads the sender's buffer until the run ends.
-        let moved = |s: &meshc_runtime::program::Step| {
-            matches!(&s.exec, Exec::Send(t) if t.protocol == meshc_runtime::program::Protocol::Move)
+        let moved = |s: &meshc_runtime::format::program::Step| {
+            matches!(&s.exec, Exec::Send(t) if t.protocol == meshc_runtime::format::program::Protocol::Move)
                 && s.buffers.contains(&b)
         };
         if p.outputs.contains(&b) || p.steps.iter().any(moved) {

@@ -1,4 +1,4 @@
-//! The fault-tolerant all-reduce (`meshc_runtime::degraded`, docs/design.md §6.2): the method's figures with their
+//! The fault-tolerant all-reduce (`meshc_runtime::comm::degraded`, docs/design.md §6.2): the method's figures with their
 //! sums and their schedules pinned in golden/degraded/, random degradations of 1–3-D meshes
 //! and tori, over the whole mesh and over random groups (every healthy contribution exactly
 //! once, or an error naming an unreachable device), and the max link bytes against the
@@ -12,8 +12,9 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use crate::common::{golden, input_args, meshc};
-use meshc_runtime::degraded::{execute, plan, plan_group, Degradation, Topo};
-use meshc_runtime::mesh::{Mesh, Topology};
+use meshc_runtime::comm::degraded::{execute, plan, plan_group, Topo};
+use meshc_runtime::format::degradation::Degradation;
+use meshc_runtime::format::mesh::{Mesh, Topology};
 
 fn run(layout: &str, extra: &[&str]) -> crate::common::Run {
     run_graph("mlp", layout, extra)

@@ -1,4 +1,4 @@
-//! Matmul epilogues (src/passes/epilogue.rs, runtime/src/epilogue.rs): which chains the pass
+//! Matmul epilogues (src/passes/epilogue.rs, runtime/src/kernels/epilogue.rs): which chains the pass
 //! folds into a library matmul, that the fused programs compute what the interpreter does on
 //! the unfused graph over shapes, operand kinds and both GEMM paths (the weight in panels, the
 //! small-M and general GEMMs of the library, a half weight, and the generated kernel, which
@@ -11,16 +11,16 @@ use meshc::compile::{Gemm, Options};
 use meshc::driver;
 use meshc::dumps::Dumps;
 use meshc_ir::{interp, text, verify, DType, Tensor, TensorType};
-use meshc_runtime::epilogue::Step;
-use meshc_runtime::library::prefer_library;
-use meshc_runtime::program::{Exec, Library};
+use meshc_runtime::format::epilogue::Step;
+use meshc_runtime::format::program::{Exec, Library, Matmul};
+use meshc_runtime::kernels::library::prefer_library;
 
 /// The epilogues of the library matmuls of every device, by step names.
 fn epilogues(c: &meshc::compile::Compiled) -> Vec<Vec<&'static str>> {
     let steps = c.programs.iter().flat_map(|p| &p.steps);
     steps
         .filter_map(|st| match &st.exec {
-            Exec::Library(Library::Matmul { epilogue, .. }) => Some(epilogue.iter().map(Step::name).collect()),
+            Exec::Library(Library::Matmul(Matmul { epilogue, .. })) => Some(epilogue.iter().map(Step::name).collect()),
             _ => None,
         })
         .collect()

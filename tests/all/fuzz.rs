@@ -150,7 +150,7 @@ fn graph(r: &Recipe) -> String {
             }
             5 if !xs.is_empty() => {
                 // A quarter 32 wide: a whole strip, so the library GEMM's weight goes in
-                // panels (runtime/src/panels.rs; narrower ones stay row-major).
+                // panels (runtime/src/kernels/panels.rs; narrower ones stay row-major).
                 let n = if b % 4 == 3 { 32 } else { *base.last().unwrap_or(&1) };
                 let kdim = *xs.last().unwrap();
                 lines.push(format!("param w{k}: f32[{kdim},{n}] = init normal{{seed = {arg}, std = 0.5}}"));
@@ -613,7 +613,7 @@ fn spread(mode: u8) -> Spread {
 /// A legal layout spec of `g` under `spread` on one of the test meshes, as JSON.
 fn spec(g: &meshc_ir::Graph, info: &meshc_ir::verify::Info, mode: u8, mesh_pick: u8, picks: &[u8]) -> String {
     let spread = spread(mode);
-    let meshes: Vec<meshc_runtime::mesh::Mesh> = crate::common::meshes()
+    let meshes: Vec<meshc_runtime::format::mesh::Mesh> = crate::common::meshes()
         .into_iter()
         .filter(|m| match spread {
             Spread::Stages => m.shape.len() > 1 && m.shape[0] > 1,
@@ -650,7 +650,7 @@ fn spec(g: &meshc_ir::Graph, info: &meshc_ir::verify::Info, mode: u8, mesh_pick:
             let mut to = c.clone();
             if c[axis] + 1 < mesh.shape[axis] {
                 to[axis] += 1;
-            } else if mesh.topology == meshc_runtime::mesh::Topology::Torus && mesh.shape[axis] > 2 {
+            } else if mesh.topology == meshc_runtime::format::mesh::Topology::Torus && mesh.shape[axis] > 2 {
                 to[axis] = 0;
             } else if mesh.shape[axis] > 1 {
                 c[axis] -= 1;
@@ -686,7 +686,7 @@ fn spec(g: &meshc_ir::Graph, info: &meshc_ir::verify::Info, mode: u8, mesh_pick:
     }
     let shape: Vec<String> = mesh.shape.iter().map(usize::to_string).collect();
     let axes: Vec<String> = mesh.axes.iter().map(|a| format!("\"{a}\"")).collect();
-    let topology = if mesh.topology == meshc_runtime::mesh::Topology::Torus { "torus" } else { "mesh" };
+    let topology = if mesh.topology == meshc_runtime::format::mesh::Topology::Torus { "torus" } else { "mesh" };
     extra.insert(0, format!(r#""layouts": {{{}}}"#, layouts.join(", ")));
     format!(
         r#"{{"format": "meshc-layout/1", "mesh": {{"shape": [{}], "axes": [{}], "topology": "{topology}"}}, {}}}"#,
@@ -833,7 +833,7 @@ fn regression_graphs_run_as_the_interpreter_does() {
 
 /// A valid artifact and its input arguments, to mutate.
 struct Base {
-    sections: Vec<(meshc_runtime::artifact::SectionKind, usize, Vec<u8>)>,
+    sections: Vec<(meshc_runtime::format::artifact::SectionKind, usize, Vec<u8>)>,
     inputs: Vec<String>,
 }
 
@@ -856,7 +856,7 @@ fn bases() -> &'static Vec<Base> {
                 let mut args = vec!["compile", graph, "-o", art.to_str().unwrap(), "--gemm", gemm];
                 args.extend(layout.iter().flat_map(|l| ["--layout", *l]));
                 assert_eq!(crate::common::meshc(&args).status, Some(0), "{args:?}");
-                let a = meshc_runtime::artifact::Artifact::open(&art).unwrap();
+                let a = meshc_runtime::format::artifact::Artifact::open(&art).unwrap();
                 let sections = a
                     .sections()
                     .iter()
@@ -943,7 +943,7 @@ proptest! {
     /// container accepts it), is refused with one line or runs to the end: never a crash.
     #[test]
     fn mutated_programs_are_refused_or_correct(base in 0usize..4, meta in any::<bool>(), pick in any::<u16>(), how in any::<u64>()) {
-        use meshc_runtime::artifact::{SectionKind, Writer};
+        use meshc_runtime::format::artifact::{SectionKind, Writer};
         let b = &bases()[base];
         let kind = if meta { SectionKind::Meta } else { SectionKind::Program };
         let mut w = Writer::new();
@@ -965,7 +965,7 @@ proptest! {
         prop_assume!(changed);
         let dir = crate::common::scratch(&format!("mutate-{base}-{pick}-{how}"));
         let art = dir.join("m.mshc");
-        w.write(&art).unwrap();
+        std::fs::write(&art, w.to_bytes().unwrap()).unwrap();
         let result = run_artifact(&art, &b.inputs, &dir.join("out"));
         // Refused with one line, or run to the end: a changed program may be another
         // valid program (a step reading another buffer of the right size, a shape permuted

@@ -1,4 +1,4 @@
-//! Devices spread over hosts (`hosts` in the layout spec, `runtime/src/transport.rs`)
+//! Devices spread over hosts (`hosts` in the layout spec, `runtime/src/comm/transport.rs`)
 //! without MPI: each host is a thread of this test with its own `Loaded` of the same
 //! artifact, joined by the `Threads` transport, so everything above the transport seam
 //! (hierarchical collectives, send/recv between hosts, outputs gathered on host 0) is
@@ -15,15 +15,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use meshc_ir::Tensor;
-use meshc_runtime::artifact::{Artifact, Verify};
-use meshc_runtime::degraded::Degradation;
-use meshc_runtime::loader::load_artifact;
-use meshc_runtime::mesh::{Mesh, Topology};
-use meshc_runtime::program::{
+use meshc_runtime::comm::transport::Threads;
+use meshc_runtime::exec::loader::load_artifact;
+use meshc_runtime::exec::runner::Loaded;
+use meshc_runtime::format::artifact::{Artifact, Verify};
+use meshc_runtime::format::degradation::Degradation;
+use meshc_runtime::format::mesh::{Mesh, Topology};
+use meshc_runtime::format::program::{
     Buffer, Collective, CollectiveOp, Exec, IoSpec, Meta, Program, Reduce, Step, Storage, ALIGN,
 };
-use meshc_runtime::runner::Loaded;
-use meshc_runtime::transport::Threads;
 
 use crate::common::{layout_cases, meshc, scratch};
 

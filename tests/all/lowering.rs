@@ -11,7 +11,7 @@ use meshc::passes::layout::propagate;
 use meshc::passes::lower::lower;
 use meshc_ir::verify::Info;
 use meshc_ir::{Graph, Tensor};
-use meshc_runtime::mesh::Mesh;
+use meshc_runtime::format::mesh::Mesh;
 use proptest::prelude::*;
 
 struct Case {

@@ -10,6 +10,7 @@ mod cli;
 mod compiled;
 mod degraded;
 mod distributed;
+mod docs;
 mod dot;
 mod epilogue;
 mod explain;

@@ -124,7 +124,7 @@ fn build_for(
 fn run(
     c: Compiled,
     inputs: &HashMap<String, Tensor>,
-) -> (BTreeMap<String, Tensor>, BTreeMap<String, meshc_runtime::mask::Mask>) {
+) -> (BTreeMap<String, Tensor>, BTreeMap<String, meshc_runtime::format::mask::Mask>) {
     let loaded = c.load().unwrap();
     let masks = (loaded.programs[0].buffers.iter().enumerate())
         .filter_map(|(i, b)| Some((b.name.clone(), loaded.mask(0, i)?.clone())))
@@ -317,7 +317,7 @@ fn corrupted_mask_records_are_refused_at_load() {
     let c = build(&m, None, Gemm::Cranelift, Some(&config(Select::Keep(0.5))));
     let (offset, info) = (c.programs[0].buffers.iter())
         .find_map(|b| match (&b.storage, &b.mask) {
-            (meshc_runtime::program::Storage::Weights { offset }, Some(info)) => Some((*offset, info.clone())),
+            (meshc_runtime::format::program::Storage::Weights { offset }, Some(info)) => Some((*offset, info.clone())),
             _ => None,
         })
         .expect("a masked weight");
@@ -325,7 +325,7 @@ fn corrupted_mask_records_are_refused_at_load() {
     for (at, byte, want) in [
         (record, b'X', "bad mask record magic"),
         // The first column run's start, beyond the weight's columns.
-        (record + meshc_runtime::mask::HEADER + 1, 0x7f, "out of order or out of bounds"),
+        (record + meshc_runtime::format::mask::HEADER + 1, 0x7f, "out of order or out of bounds"),
         // The record's length word.
         (offset - 4, 3, "no mask record"),
     ] {

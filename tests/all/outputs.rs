@@ -130,7 +130,7 @@ fn sigterm_during_compile_removes_the_temporary() {
     // Old or new, never half-written: the signal may land just after the rename.
     let now = std::fs::read(&art).unwrap();
     assert!(
-        now == b"old artifact" || meshc_runtime::artifact::Artifact::open(&art).is_ok(),
+        now == b"old artifact" || meshc_runtime::format::artifact::Artifact::open(&art).is_ok(),
         "a half-written artifact ({} bytes) after {status:?}",
         now.len()
     );

@@ -1,4 +1,4 @@
-//! Weights stored in the GEMM's panels (runtime/src/panels.rs): which constants compile
+//! Weights stored in the GEMM's panels (runtime/src/kernels/panels.rs): which constants compile
 //! packs (f32 weights only short library matmuls read, as their right operand), the packed
 //! bytes, and runs that reproduce the interpreter.
 
@@ -8,7 +8,7 @@ use meshc::compile::{Gemm, Options};
 use meshc::driver;
 use meshc::dumps::Dumps;
 use meshc_ir::{interp, text, verify, Tensor};
-use meshc_runtime::program::{Exec, Library, Storage};
+use meshc_runtime::format::program::{Exec, Library, Matmul, Storage};
 
 /// `w1` and `w2` serve only matmuls (`w2`, whose last strip is partial, two of them); `w3` is
 /// also added to an input, so it stays row-major; `w4` is an output; `w5` is too narrow
@@ -57,14 +57,14 @@ fn library_matmul_weights_are_stored_in_panels_and_run_as_the_interpreter() {
             let p = &c.programs[0];
             let mut panelled: Vec<&str> = Vec::new();
             for st in &p.steps {
-                let Exec::Library(Library::Matmul { b, panels, .. }) = &st.exec else { continue };
+                let Exec::Library(Library::Matmul(Matmul { b, panels, .. })) = &st.exec else { continue };
                 let weight = &p.buffers[st.buffers[2]];
                 let Storage::Weights { offset } = weight.storage else { continue };
                 let want_panels = rows == 13 && matches!(weight.name.as_str(), "w1" | "w2");
                 assert_eq!(*panels, want_panels, "rows {rows}, {gemm:?}: node '{}' reads '{}'", st.node, weight.name);
                 if *panels {
                     let row_major = params[&weight.name].to_le_bytes();
-                    let packed = meshc_runtime::panels::pack_bytes(&row_major, 1, b[0], b[1]);
+                    let packed = meshc_runtime::kernels::panels::pack_bytes(&row_major, 1, b[0], b[1]);
                     assert_eq!(&c.weights[offset..offset + weight.bytes], &packed[..], "'{}'", weight.name);
                     panelled.push(&weight.name);
                 }

@@ -481,8 +481,8 @@ fn a_broken_artifact_times_out_naming_the_key_and_both_devices() {
     let opts = meshc::compile::Options { emit: meshc::compile::Emit::Artifact, ..Default::default() };
     let mut c = meshc::driver::build(&g, &info, Some(&spec), &params, &opts, &Default::default(), None).unwrap();
     let steps = &mut c.programs[1].steps;
-    let key = |s: &meshc_runtime::program::Step| match &s.exec {
-        meshc_runtime::program::Exec::Recv(t) => t.key.clone(),
+    let key = |s: &meshc_runtime::format::program::Step| match &s.exec {
+        meshc_runtime::format::program::Exec::Recv(t) => t.key.clone(),
         _ => String::new(),
     };
     let h = steps.iter().position(|s| key(s) == "h:0->1").unwrap();

@@ -4,7 +4,7 @@
 //! code runs.
 
 use crate::common::{meshc, scratch};
-use meshc_runtime::artifact::{Artifact, SectionKind, Writer};
+use meshc_runtime::format::artifact::{Artifact, SectionKind, Writer};
 
 const MLP: &str = "testdata/mlp/graph.json";
 const MLP_X: &str = "x=testdata/mlp/inputs/x.npy";
@@ -61,7 +61,7 @@ fn signed_artifacts_run_only_with_their_key() {
         w.add_section(kind, align, art.section(kind).unwrap()).unwrap();
     }
     w.add_section(SectionKind::Weights, 64, weights).unwrap();
-    w.write(std::path::Path::new(&p("tampered.mshc"))).unwrap();
+    std::fs::write(p("tampered.mshc"), w.to_bytes().unwrap()).unwrap();
     refused(run("tampered.mshc", "k.pub"), "the signature does not match its contents");
     let inspect = meshc(&["inspect", &p("tampered.mshc")]);
     assert!(inspect.stdout.contains("(DOES NOT MATCH the contents)"), "{inspect:?}");

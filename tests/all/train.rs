@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use crate::common::{meshc, scratch};
-use meshc_runtime::steps::State;
+use meshc_runtime::tools::steps::State;
 
 const GRAPH: &str = "testdata/train/classifier.json";
 
@@ -43,9 +43,9 @@ fn compile_with(dir: &Path, name: &str, spec: &str, layout: Option<&str>, more: 
 }
 
 /// A training artifact loaded, with the initial state its state section holds.
-fn open(art: &str) -> (meshc_runtime::runner::Loaded, State) {
-    let a = meshc_runtime::artifact::Artifact::open(Path::new(art)).unwrap();
-    let loaded = meshc_runtime::loader::load_artifact(a, art).unwrap();
+fn open(art: &str) -> (meshc_runtime::exec::runner::Loaded, State) {
+    let a = meshc_runtime::format::artifact::Artifact::open(Path::new(art)).unwrap();
+    let loaded = meshc_runtime::exec::loader::load_artifact(a, art).unwrap();
     let init = State::initial(&loaded, art).unwrap().expect("a state section");
     (loaded, init)
 }
@@ -194,7 +194,7 @@ fn training_refusals_are_one_line_errors() {
 /// blocks are cut once (the upload) and gathered once (the download), whatever the steps.
 #[test]
 fn resident_state_steps_like_the_host_round_trip_and_never_reslices() {
-    use meshc_runtime::steps::state_names;
+    use meshc_runtime::tools::steps::state_names;
     use std::collections::HashMap;
     let x = meshc_ir::Tensor::read_npy(Path::new("testdata/train/data/x.npy")).unwrap();
     let labels = meshc_ir::Tensor::read_npy(Path::new("testdata/train/data/labels.npy")).unwrap();
@@ -264,7 +264,7 @@ fn a_training_artifact_needs_nothing_beside_it() {
     }
     // Only the params' bytes are stored: the zero moments are named, not written.
     let params: usize = graph.params.iter().map(|p| p.ty.size_bytes()).sum();
-    let section = loaded.section(meshc_runtime::artifact::SectionKind::State).unwrap().len();
+    let section = loaded.section(meshc_runtime::format::artifact::SectionKind::State).unwrap().len();
     assert!(section < params + 4096, "a state section of {section} bytes for {params} bytes of params");
     let r = meshc(&["run", &art, "--steps", "3", "--data", "testdata/train/data"]);
     assert_eq!(r.status, Some(0), "{r:?}");
@@ -279,7 +279,7 @@ fn a_training_artifact_needs_nothing_beside_it() {
 /// order of the gradient's reduction may differ) and the reference curve.
 #[test]
 fn zero_shards_the_optimizer_state_and_trains_like_the_plain_run() {
-    use meshc_runtime::program::{CollectiveOp, Exec};
+    use meshc_runtime::format::program::{CollectiveOp, Exec};
     let want = meshc_ir::Tensor::read_npy(Path::new("testdata/train/expected/adamw.npy")).unwrap().data.to_f64();
     let spec = "adamw:0.01,0.9,0.999,1e-8,0.01";
     for (layout, data, device) in [("mp-2x4", 2, "1,0"), ("ring-8", 8, "1")] {
@@ -288,7 +288,7 @@ fn zero_shards_the_optimizer_state_and_trains_like_the_plain_run() {
         let plain = compile_with(&dir, "plain.mshc", spec, Some(&l), &[]);
         let zero = compile_with(&dir, "zero.mshc", spec, Some(&l), &["--zero"]);
         let ((p, _), (z, _)) = (open(&plain), open(&zero));
-        let bytes = |l: &meshc_runtime::runner::Loaded, name: &str| {
+        let bytes = |l: &meshc_runtime::exec::runner::Loaded, name: &str| {
             let i = l.meta.inputs.iter().position(|s| s.name == name).unwrap();
             l.programs.iter().map(|q| q.buffers[q.inputs[i]].bytes).max().unwrap()
         };
@@ -298,7 +298,7 @@ fn zero_shards_the_optimizer_state_and_trains_like_the_plain_run() {
             assert_eq!(bytes(&z, m) * data, bytes(&p, m), "{layout}: '{m}' per device");
         }
         assert_eq!(bytes(&z, "w1"), bytes(&p, "w1"), "{layout}");
-        let count = |l: &meshc_runtime::runner::Loaded, f: fn(&CollectiveOp) -> bool| {
+        let count = |l: &meshc_runtime::exec::runner::Loaded, f: fn(&CollectiveOp) -> bool| {
             (l.programs[0].steps.iter()).filter(|s| matches!(&s.exec, Exec::Collective(c) if f(&c.op))).count()
         };
         let scatter = |c: &CollectiveOp| matches!(c, CollectiveOp::ReduceScatter { .. });

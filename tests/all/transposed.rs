@@ -8,7 +8,7 @@ use meshc::compile::{Gemm, Options};
 use meshc::driver;
 use meshc::dumps::Dumps;
 use meshc_ir::{interp, text, verify, Tensor};
-use meshc_runtime::program::{Exec, Library, Transposed};
+use meshc_runtime::format::program::{Exec, Library, Matmul, Transposed};
 
 /// `xt` feeds two matmuls as `a`, `wt` one as `b`, `bt` a batched one whose `b` is shared
 /// (so `a`'s matrices cannot fold into one tall GEMM); `rt` is also added to a tensor and
@@ -52,7 +52,7 @@ fn transposes_before_library_matmuls_become_strides_and_run_as_the_interpreter()
     let info = verify::verify(&g).unwrap();
     let mut all = HashMap::new();
     for (k, i) in g.inputs.iter().enumerate() {
-        let data = meshc_runtime::matmul_shape::testing::random(40 + k as u64, i.ty.numel());
+        let data = meshc_runtime::kernels::matmul_shape::testing::random(40 + k as u64, i.ty.numel());
         all.insert(i.name.clone(), Tensor::f32(i.ty.shape.clone(), data));
     }
     let want = interp::run(&g, &info.order, &info.types, all.clone()).unwrap();
@@ -72,7 +72,7 @@ fn transposes_before_library_matmuls_become_strides_and_run_as_the_interpreter()
                 .steps
                 .iter()
                 .filter_map(|s| match &s.exec {
-                    Exec::Library(Library::Matmul { transposed, .. }) => Some((s.node.as_str(), *transposed)),
+                    Exec::Library(Library::Matmul(Matmul { transposed, .. })) => Some((s.node.as_str(), *transposed)),
                     _ => None,
                 })
                 .collect();

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use meshc_runtime::cli::{self, Io, RunArgs};
+use meshc_runtime::tools::cli::{self, Io, RunArgs};
 
 #[derive(Parser)]
 #[command(name = "meshc-run", version, about = "Run a meshc artifact (no compiler needed)")]
@@ -33,7 +33,7 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    meshc_runtime::output::init();
+    meshc_runtime::tools::output::init();
     let cli: Cli = match cli::parse(std::env::args_os()) {
         Ok(cli) => cli,
         Err(code) => return code,

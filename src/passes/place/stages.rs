@@ -11,8 +11,8 @@ use meshc_ir::verify::{verify, Info};
 use meshc_ir::{Graph, Input, Output};
 
 use crate::layout::{is_pattern, resolve_layouts, resolve_rules, Entry, Seed, Spec};
-use meshc_runtime::mesh::{Mesh, Topology};
-use meshc_runtime::program::StageMesh;
+use meshc_runtime::format::mesh::{Mesh, Topology};
+use meshc_runtime::format::program::StageMesh;
 
 /// The most micro-batches accepted: the graph is unrolled once per micro-batch.
 pub const MAX_MICROBATCHES: u64 = 1024;

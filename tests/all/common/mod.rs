@@ -11,7 +11,7 @@ use std::process::Command;
 use meshc::layout::Seed;
 use meshc_ir::verify::Info;
 use meshc_ir::Graph;
-use meshc_runtime::mesh::{Layout, Mesh, Topology};
+use meshc_runtime::format::mesh::{Layout, Mesh, Topology};
 
 /// What one run of the binary did.
 #[derive(Debug)]
@@ -337,7 +337,7 @@ pub fn seeded_values(
     let mut all = meshc_ir::params::load_all(g, Path::new(".")).unwrap();
     let params = all.clone();
     for (k, i) in g.inputs.iter().enumerate() {
-        let data = meshc_runtime::matmul_shape::testing::random(seed + k as u64, i.ty.numel());
+        let data = meshc_runtime::kernels::matmul_shape::testing::random(seed + k as u64, i.ty.numel());
         all.insert(i.name.clone(), meshc_ir::Tensor::f32(i.ty.shape.clone(), data));
     }
     (all, params.into_iter().collect())

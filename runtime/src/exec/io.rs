@@ -1,0 +1,221 @@
+//! What crosses between the host and the devices' buffers: the inputs checked and cut into
+//! each device's block, the outputs assembled from the blocks of healthy holders (under
+//! hosts, the blocks other hosts hold sent to host 0 first), and resident state put on the
+//! devices and read back.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::Ordering;
+
+use anyhow::{anyhow, bail, Result};
+use meshc_ir::{DType, Tensor, TensorType};
+
+use crate::comm::fabric;
+use crate::comm::memory::AlignedBuf;
+use crate::comm::transport::{Hosts, Incoming, Outgoing, Stall};
+use crate::exec::resident::{Resident, Slot};
+use crate::exec::runner::{DeviceRun, Loaded};
+use crate::format::program::IoSpec;
+
+impl Loaded {
+    /// Checks the inputs against the metadata: each once, with its dtype and shape.
+    pub fn check_inputs(&self, inputs: &HashMap<String, Tensor>) -> Result<()> {
+        self.check_given(inputs, &vec![true; self.meta.inputs.len()])
+    }
+
+    /// `check_inputs` for the inputs `wanted` marks (the others are resident state).
+    pub(super) fn check_given(&self, inputs: &HashMap<String, Tensor>, wanted: &[bool]) -> Result<()> {
+        for spec in self.meta.inputs.iter().zip(wanted).filter(|(_, w)| **w).map(|(s, _)| s) {
+            let want = spec.ty().ok_or_else(|| anyhow!("input '{}' has unknown dtype {}", spec.name, spec.dtype))?;
+            match inputs.get(&spec.name) {
+                None => bail!("missing input '{}' ({want})", spec.name),
+                Some(t) if t.ty() != want => bail!("input '{}' is {}, the graph expects {want}", spec.name, t.ty()),
+                Some(_) => {}
+            }
+        }
+        let known = |k: &String| self.meta.inputs.iter().zip(wanted).any(|(s, w)| *w && &s.name == k);
+        if let Some(extra) = inputs.keys().find(|k| !known(k)) {
+            bail!("the graph has no input '{extra}'");
+        }
+        Ok(())
+    }
+
+    /// Under hosts: the device whose copy of `d`'s block of output `spec` host 0 reads: `d`
+    /// when it is healthy and on host 0, else the first healthy device with the same block
+    /// on host 0, else the first healthy one anywhere (its host sends that copy).
+    fn source(&self, hosts: &Hosts, spec: &IoSpec, d: usize, healthy: impl Fn(usize) -> bool) -> Option<usize> {
+        let mesh = &self.meta.mesh;
+        let region = |x: usize| spec.block(mesh, x).map(|(r, _)| r);
+        let mine = region(d);
+        let same: Vec<usize> = (0..mesh.devices()).filter(|&h| healthy(h) && region(h) == mine).collect();
+        same.iter().copied().find(|&h| hosts.host_of(h) == 0).or(same.first().copied())
+    }
+
+    /// Under hosts, the blocks host 0 reads (`source`) that other hosts hold go to host 0,
+    /// one copy per block; host 0 gets them back by (output, device), the others nothing.
+    pub(super) fn gather_outputs(
+        &self,
+        hosts: &Hosts,
+        runs: &[DeviceRun],
+        healthy: impl Fn(usize) -> bool,
+    ) -> Result<HashMap<(usize, usize), Vec<u8>>> {
+        let mesh = &self.meta.mesh;
+        let me = hosts.me();
+        let mut sends = Vec::new();
+        let mut blocks = Vec::new();
+        for (i, spec) in self.meta.outputs.iter().enumerate() {
+            let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
+            let len = spec.mesh(mesh).local_shape(&spec.shape, &spec.layout).iter().product::<usize>()
+                * ty.dtype.size_bytes();
+            let sources: BTreeSet<usize> = (0..mesh.devices())
+                .filter(|&d| spec.block(mesh, d).is_some_and(|(_, w)| w))
+                .filter_map(|d| self.source(hosts, spec, d, &healthy))
+                .collect();
+            for d in sources {
+                let (host, tag) = (hosts.host_of(d), hosts.output_tag(i, d));
+                if me != 0 && host == me {
+                    // SAFETY: the buffer holds the device's block of the output; its job is done.
+                    let bytes = unsafe { std::slice::from_raw_parts(runs[d].outputs[i].0, len) };
+                    sends.push(Outgoing { to: 0, tag, bytes });
+                } else if me == 0 && host != 0 {
+                    blocks.push(((i, d), host, tag, vec![0u8; len]));
+                }
+            }
+        }
+        let mut recvs: Vec<Incoming> =
+            blocks.iter_mut().map(|(_, from, tag, b)| Incoming { from: *from, tag: *tag, bytes: b }).collect();
+        let timeout = self.exchange.timeout();
+        match hosts.exchange(&sends, &mut recvs, timeout, &|| false) {
+            Ok(()) => Ok(blocks.into_iter().map(|(at, _, _, b)| (at, b)).collect()),
+            Err(Stall::Timeout(pending)) => {
+                bail!("gathering the outputs on host 0: {}", hosts.stalled(pending, &sends, &recvs, timeout))
+            }
+            Err(Stall::Stopped) => bail!("gathering the outputs on host 0: stopped"),
+            Err(Stall::Failed(m)) => bail!("gathering the outputs on host 0: {m}"),
+        }
+    }
+
+    /// Copies `device`'s block of input `i` (value `t`; `bytes`: its bytes, for an input
+    /// split over the mesh) into `dst`, the device's buffer of it.
+    pub(super) fn cut_block(&self, i: usize, device: usize, t: &Tensor, dst: &mut [u8], bytes: Option<&[u8]>) {
+        let spec = &self.meta.inputs[i];
+        // A device outside the input's stage holds none of it.
+        let Some((region, _)) = spec.block(&self.meta.mesh, device) else { return };
+        self.host_copies.fetch_add(1, Ordering::Relaxed);
+        match bytes {
+            None => t.write_le_bytes(dst),
+            Some(bytes) => {
+                let e = t.dtype().size_bytes();
+                let local: Vec<usize> = region.iter().map(|r| r.len()).collect();
+                let at: Vec<usize> = region.iter().map(|r| r.start).collect();
+                fabric::for_each_run(&spec.shape, &at, &local, &vec![0; local.len()], &local, |s, o, n| {
+                    dst[o * e..(o + n) * e].copy_from_slice(&bytes[s * e..(s + n) * e])
+                });
+            }
+        }
+    }
+
+    /// Output `spec` as a whole tensor from the devices' blocks (`block(d)`: device d's),
+    /// each block read from a healthy device that holds it; under hosts, from the copy host 0
+    /// reads (`source`).
+    pub(super) fn assemble<'b>(&self, spec: &IoSpec, block: &dyn Fn(usize) -> &'b [u8]) -> Result<Tensor> {
+        let mesh = &self.meta.mesh;
+        let healthy = |d: usize| self.healthy(d);
+        let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
+        let local = spec.mesh(mesh).local_shape(&spec.shape, &spec.layout);
+        let e = ty.dtype.size_bytes();
+        let holders: Vec<(usize, Vec<std::ops::Range<usize>>)> = (0..mesh.devices())
+            .filter_map(|d| spec.block(mesh, d).filter(|(_, writes)| *writes).map(|(r, _)| (d, r)))
+            .collect();
+        let region = |d: usize| spec.block(mesh, d).map(|(r, _)| r);
+        // The block from a healthy device that holds it, if any (under hosts, the copy
+        // host 0 reads).
+        let holder = |d: usize| match (&self.hosts, healthy(d)) {
+            (Some(hosts), _) => self.source(hosts, spec, d, healthy),
+            (None, true) => Some(d),
+            (None, false) => (0..mesh.devices()).filter(|&h| healthy(h)).find(|&h| region(h) == region(d)),
+        };
+        if local == spec.shape {
+            let first = holders.first().map_or(0, |h| h.0);
+            self.host_copies.fetch_add(1, Ordering::Relaxed);
+            return Ok(Tensor::from_le_bytes(
+                &ty,
+                block(holder(first).ok_or_else(|| anyhow!("every device is degraded"))?),
+            ));
+        }
+        // Blocks that only degraded devices held (their data-parallel shards were
+        // dropped) read as NaN, or zero for other dtypes.
+        let mut bytes = match ty.dtype {
+            DType::F32 => f32::NAN.to_le_bytes().repeat(ty.size_bytes() / 4),
+            _ => vec![0u8; ty.size_bytes()],
+        };
+        for (d, r) in &holders {
+            let Some(h) = holder(*d) else { continue };
+            self.host_copies.fetch_add(1, Ordering::Relaxed);
+            let at: Vec<usize> = r.iter().map(|r| r.start).collect();
+            let src = block(h);
+            fabric::for_each_run(&local, &vec![0; local.len()], &spec.shape, &at, &local, |s, o, n| {
+                bytes[o * e..(o + n) * e].copy_from_slice(&src[s * e..(s + n) * e])
+            });
+        }
+        Ok(Tensor::from_le_bytes(&ty, &bytes))
+    }
+}
+
+/// Resident state (`crate::exec::resident`): onto the devices and back.
+impl Loaded {
+    /// Puts `state` (the inputs named `names`, each with an output `next_of(S)`) on the
+    /// devices: each device's block of each tensor is cut once, here.
+    pub fn upload(
+        &self,
+        state: &BTreeMap<String, Tensor>,
+        names: &[String],
+        next_of: impl Fn(&str) -> String,
+    ) -> Result<Resident> {
+        if self.host() != 0 || !self.meta.hosts.is_empty() {
+            bail!("training runs over several hosts are not supported");
+        }
+        let mesh = &self.meta.mesh;
+        let mut pairs = Vec::new();
+        for n in names {
+            let i = self.meta.inputs.iter().position(|s| &s.name == n).ok_or_else(|| anyhow!("no input '{n}'"))?;
+            let next = next_of(n);
+            let o =
+                self.meta.outputs.iter().position(|s| s.name == next).ok_or_else(|| anyhow!("no output '{next}'"))?;
+            let (si, so) = (&self.meta.inputs[i], &self.meta.outputs[o]);
+            // The step must leave every device the block of next.S that it reads of S.
+            let same = (0..mesh.devices()).all(|d| si.block(mesh, d).map(|b| b.0) == so.block(mesh, d).map(|b| b.0));
+            if si.dtype != so.dtype || si.shape != so.shape || !same {
+                bail!("state '{n}' leaves the step laid out unlike it enters it (a meshc bug)");
+            }
+            pairs.push((i, o));
+        }
+        let tensors = names
+            .iter()
+            .map(|n| state.get(n).map(|t| (t, t.to_le_bytes())).ok_or_else(|| anyhow!("the state has no tensor '{n}'")))
+            .collect::<Result<Vec<_>>>()?;
+        let mut slots = Vec::new();
+        for (d, p) in self.programs.iter().enumerate() {
+            let mut mine = Vec::new();
+            for (&(i, _), (t, bytes)) in pairs.iter().zip(&tensors) {
+                let len = p.buffers[p.inputs[i]].bytes;
+                let mut cur = AlignedBuf::zeroed(len)?;
+                self.cut_block(i, d, t, cur.as_mut_slice(), Some(bytes));
+                mine.push(Slot { bufs: [cur, AlignedBuf::zeroed(len)?], cur: 0 });
+            }
+            slots.push(mine);
+        }
+        Ok(Resident { pairs, slots })
+    }
+
+    /// The state tensors as whole tensors (by input name), gathered from the devices'
+    /// blocks: what a checkpoint writes.
+    pub fn download(&self, resident: &Resident) -> Result<BTreeMap<String, Tensor>> {
+        let mut out = BTreeMap::new();
+        for (k, &(i, o)) in resident.pairs.iter().enumerate() {
+            let spec = &self.meta.outputs[o];
+            let t = self.assemble(spec, &|d| resident.slots[d][k].current())?;
+            out.insert(self.meta.inputs[i].name.clone(), t);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,445 @@
+//! A run: every device's streams on the device threads (`crate::exec::threads`), or the
+//! calling thread for a single stream. The main stream of each device copies its blocks of
+//! the inputs in; each stream runs its steps in order, waiting for the events of other
+//! streams; a stream that waits for another one whose thread has not started yet runs that
+//! stream's steps itself (`drive`); the main stream joins the others and hands back where
+//! the outputs are. A failing or panicking stream poisons the fabric and every device's
+//! events, so that the others stop.
+
+use std::cell::Cell;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use meshc_ir::{Tensor, TensorType};
+
+use crate::comm::error::RunError;
+use crate::comm::fabric;
+use crate::comm::sync::{spin_until, Condvar, Mutex, MutexGuard};
+use crate::exec::resident::Resident;
+use crate::exec::runner::{DeviceRun, Loaded, SendPtr, State, StepTime};
+use crate::exec::threads::{Devices, Job};
+use crate::format::program::{Exec, Storage};
+
+/// What the devices of one run share: the inputs, the bytes of those split over the mesh
+/// (`None` for the replicated ones), which are resident state, when the run started, whether to time the steps, and
+/// every device's shared state (so a failing stream can wake all waiters).
+#[derive(Clone, Copy)]
+struct RunCtx<'a> {
+    inputs: &'a HashMap<String, Tensor>,
+    split: &'a [Option<Vec<u8>>],
+    /// Per input: whether it is resident state, already on the device.
+    resident: &'a [bool],
+    epoch: Instant,
+    timed: bool,
+    devices: &'a [DeviceShared],
+}
+
+/// The events of one device in a run, plus one more: the inputs are in (`inputs_event`).
+/// Streams block on a condition variable (after a short spin), never spin for long.
+struct Board {
+    done: Vec<AtomicBool>,
+    lock: Mutex<()>,
+    cv: Condvar,
+    poisoned: AtomicBool,
+}
+
+impl Board {
+    fn new(events: usize) -> Board {
+        Board {
+            done: (0..events).map(|_| AtomicBool::new(false)).collect(),
+            lock: Mutex::new(()),
+            cv: Condvar::new(),
+            poisoned: AtomicBool::new(false),
+        }
+    }
+
+    fn guard(&self) -> MutexGuard<'_, ()> {
+        self.lock.lock()
+    }
+
+    fn record(&self, e: usize) {
+        self.done[e].store(true, Ordering::Release);
+        // Under the lock: a waiter checks the flag under it before sleeping.
+        let _g = self.guard();
+        self.cv.notify_all();
+    }
+
+    fn poison(&self) {
+        self.poisoned.store(true, Ordering::SeqCst);
+        let _g = self.guard();
+        self.cv.notify_all();
+    }
+
+    /// Waits until event `e` is recorded; false if the run was abandoned meanwhile.
+    fn wait(&self, e: usize) -> bool {
+        let settled = || self.done[e].load(Ordering::Acquire) || self.poisoned.load(Ordering::SeqCst);
+        if !spin_until(settled) {
+            let mut g = self.guard();
+            while !settled() {
+                self.cv.wait(&mut g);
+            }
+        }
+        self.done[e].load(Ordering::Acquire)
+    }
+}
+
+/// What the streams of one device share in a run: where each buffer is (a collective may
+/// leave its result in the fabric, moving the buffer there), the device's events, and per
+/// stream the position of its next step — whichever thread holds it runs that step.
+struct DeviceShared {
+    ptrs: Vec<AtomicPtr<u8>>,
+    board: Board,
+    cursors: Vec<Mutex<usize>>,
+}
+
+/// One thread's state while it runs steps of a device (its own stream's, or another's it
+/// took over): its step times and scratch space.
+struct StepRun<'a> {
+    device: usize,
+    /// The cores its steps may use: the run's `threads` for the only stream of the run, else 1.
+    threads: usize,
+    ctx: RunCtx<'a>,
+    step: &'a Cell<usize>,
+    times: Vec<StepTime>,
+    waits: Vec<fabric::Wait>,
+    args: Vec<*mut u8>,
+}
+
+impl Loaded {
+    /// Runs the programs once.
+    pub fn run(&self, inputs: &HashMap<String, Tensor>) -> Result<BTreeMap<String, Tensor>> {
+        Ok(self.run_inner(inputs, None, false)?.0)
+    }
+
+    /// Runs the programs once with the state in `resident` (`Loaded::upload`) on the
+    /// devices: `inputs` holds only the other inputs, the state's outputs stay on the
+    /// devices as the next run's state, and the other outputs are returned.
+    pub fn run_resident(
+        &self,
+        inputs: &HashMap<String, Tensor>,
+        resident: &mut Resident,
+    ) -> Result<BTreeMap<String, Tensor>> {
+        Ok(self.run_inner(inputs, Some(resident), false)?.0)
+    }
+
+    /// Runs the programs once, then reports every step's time to `timed`, device by device
+    /// in step order (the per-step profile behind traces and the kernel benchmarks).
+    pub fn run_timed(
+        &self,
+        inputs: &HashMap<String, Tensor>,
+        timed: &mut dyn FnMut(&StepTime),
+    ) -> Result<BTreeMap<String, Tensor>> {
+        let (results, times) = self.run_inner(inputs, None, true)?;
+        times.iter().for_each(timed);
+        Ok(results)
+    }
+
+    fn run_inner(
+        &self,
+        inputs: &HashMap<String, Tensor>,
+        mut resident: Option<&mut Resident>,
+        timed: bool,
+    ) -> Result<(BTreeMap<String, Tensor>, Vec<StepTime>)> {
+        let is_state = |i: usize| resident.as_ref().is_some_and(|r| r.holds_input(i));
+        let from_host: Vec<bool> = (0..self.meta.inputs.len()).map(|i| !is_state(i)).collect();
+        self.check_given(inputs, &from_host)?;
+        let taken: Vec<bool> = from_host.iter().map(|h| !h).collect();
+        let returned: Vec<bool> =
+            (0..self.meta.outputs.len()).map(|o| resident.as_ref().is_none_or(|r| !r.holds_output(o))).collect();
+        let mut state = self.state.lock().map_err(|_| anyhow!("a previous run panicked"))?;
+        let State { arenas, devices } = &mut *state;
+        self.fabric.reset();
+        self.exchange.reset();
+        if let Some(h) = &self.hosts {
+            h.reset();
+        }
+        let epoch = Instant::now();
+        let mesh = &self.meta.mesh;
+        let shared: Vec<DeviceShared> = (self.programs.iter().zip(arenas.iter_mut()).zip(&self.lanes))
+            .enumerate()
+            .map(|(d, ((p, arena), lanes))| {
+                let base = arena.as_mut_slice().as_mut_ptr();
+                let mut ptrs: Vec<*mut u8> = (p.buffers.iter())
+                    .map(|b| match b.storage {
+                        // SAFETY (both): `new` checked every buffer lies inside its storage.
+                        Storage::Arena { offset } => unsafe { base.add(offset) },
+                        // Kernels never write their operands, so weights stay read-only.
+                        Storage::Weights { offset } => unsafe { self.weights.bytes().as_ptr().add(offset) as *mut u8 },
+                    })
+                    .collect();
+                // Resident state: the step reads S where it lives and writes next.S into
+                // the slot's other buffer (an arena output only: a weight is never written).
+                for (&(i, o), slot) in resident.iter_mut().flat_map(|r| r.pairs.iter().zip(r.slots[d].iter_mut())) {
+                    let (cur, next) = slot.ptrs();
+                    let (ib, ob) = (p.inputs[i], p.outputs[o]);
+                    ptrs[ib] = cur;
+                    if ob != ib && matches!(p.buffers[ob].storage, Storage::Arena { .. }) {
+                        ptrs[ob] = next;
+                    }
+                }
+                let ptrs = ptrs.into_iter().map(AtomicPtr::new).collect();
+                let cursors = lanes.steps.iter().map(|_| Mutex::new(0)).collect();
+                DeviceShared { ptrs, board: Board::new(lanes.inputs_event + 1), cursors }
+            })
+            .collect();
+        // Once the devices are done: each resident block's new value is where the step
+        // left next.S (`out(d, o)`).
+        let mut settle = |out: &dyn Fn(usize, usize) -> Option<*const u8>| {
+            for r in resident.iter_mut() {
+                for (d, slots) in r.slots.iter_mut().enumerate() {
+                    for (&(_, o), slot) in r.pairs.iter().zip(slots.iter_mut()) {
+                        if let Some(at) = out(d, o) {
+                            slot.settle(at);
+                        }
+                    }
+                }
+            }
+        };
+        let lanes: Vec<(usize, usize)> =
+            (0..mesh.devices()).flat_map(|d| self.lanes[d].active().map(move |k| (d, k))).collect();
+        if lanes.len() == 1 {
+            let ctx = RunCtx { inputs, split: &[], resident: &taken, epoch, timed, devices: &shared };
+            let run = self.device_run(0, 0, ctx, &Cell::new(0), self.threads)?;
+            settle(&|_, o| Some(run.outputs[o].0));
+            let results = (self.meta.outputs.iter().zip(&run.outputs).zip(&returned)).filter(|(_, r)| **r).map(
+                |((spec, &p), _)| {
+                    let ty: TensorType =
+                        spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
+                    // SAFETY: the buffer holds exactly the output's bytes.
+                    let bytes = unsafe { std::slice::from_raw_parts(p.0, ty.size_bytes()) };
+                    self.host_copies.fetch_add(1, Ordering::Relaxed);
+                    Ok((spec.name.clone(), Tensor::from_le_bytes(&ty, bytes)))
+                },
+            );
+            return Ok((results.collect::<Result<_>>()?, run.times));
+        }
+        // The bytes of every input split over the mesh, for the devices to take their
+        // blocks from; replicated inputs are written straight into each device's buffer.
+        let split: Vec<Option<Vec<u8>>> = (self.meta.inputs.iter().zip(&from_host))
+            .map(|(s, &h)| (h && s.layout.iter().any(Option::is_some)).then(|| inputs[&s.name].to_le_bytes()))
+            .collect();
+        let ctx = RunCtx { inputs, split: &split, resident: &taken, epoch, timed, devices: &shared };
+        let devices = match devices {
+            Some(d) => d,
+            None => devices.insert(Devices::start(lanes.len())?),
+        };
+        // A degraded device runs nothing (the fabric leaves it out of every collective).
+        let healthy = |d: usize| self.healthy(d);
+        // Another host's devices run there.
+        let here = |d: usize| self.hosts.as_ref().is_none_or(|h| h.is_local(d));
+        let jobs = (lanes.iter())
+            .map(|&(d, k)| match healthy(d) && here(d) {
+                true => Box::new(move || self.device_thread(d, k, ctx)) as Job<DeviceRun>,
+                false => Box::new(|| Some(DeviceRun { outputs: Vec::new(), times: Vec::new() })) as Job<DeviceRun>,
+            })
+            .collect();
+        let lane_runs = devices.run(jobs);
+        if let Some(reason) = self.fabric.poisoned() {
+            return Err(reason.into());
+        }
+        let lane_runs: Vec<DeviceRun> =
+            lane_runs.into_iter().collect::<Option<_>>().ok_or_else(|| anyhow!("a device failed"))?;
+        // Per device: its main stream's run (the outputs), with every stream's step times.
+        let mut runs: Vec<DeviceRun> = Vec::new();
+        for (&(_, k), run) in lanes.iter().zip(lane_runs) {
+            match runs.last_mut() {
+                Some(last) if k != 0 => last.times.extend(run.times),
+                _ => runs.push(run),
+            }
+        }
+        settle(&|d, o| runs[d].outputs.get(o).map(|p| p.0));
+        // In step order, whichever thread ran them.
+        runs.iter_mut().for_each(|r| r.times.sort_by_key(|t| t.step));
+        let remote = match &self.hosts {
+            Some(hosts) => self.gather_outputs(hosts, &runs, healthy)?,
+            None => HashMap::new(),
+        };
+        let times = || runs.iter().flat_map(|r| r.times.clone()).collect();
+        if self.host() != 0 {
+            return Ok((BTreeMap::new(), times()));
+        }
+        let mut results = BTreeMap::new();
+        for (i, spec) in self.meta.outputs.iter().enumerate().filter(|&(i, _)| returned[i]) {
+            let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
+            let len = spec.mesh(mesh).local_shape(&spec.shape, &spec.layout).iter().product::<usize>()
+                * ty.dtype.size_bytes();
+            let block = |d: usize| match remote.get(&(i, d)) {
+                Some(b) => b.as_slice(),
+                // SAFETY: the buffer holds the device's block of the output; its job is done.
+                None => unsafe { std::slice::from_raw_parts(runs[d].outputs[i].0, len) },
+            };
+            results.insert(spec.name.clone(), self.assemble(spec, &block)?);
+        }
+        Ok((results, times()))
+    }
+
+    /// One stream's thread of a multi-device (or multi-stream) run: its error or panic
+    /// poisons the fabric and every device's events (the reason names the device and node)
+    /// and ends its run with `None`.
+    fn device_thread(&self, device: usize, stream: usize, ctx: RunCtx) -> Option<DeviceRun> {
+        let step = Cell::new(usize::MAX);
+        let run =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.device_run(device, stream, ctx, &step, 1)));
+        let label = self.meta.mesh.device_label(device);
+        let cause = match run {
+            Ok(Ok(run)) => return Some(run),
+            Ok(Err(e)) => RunError::of(&e),
+            Err(panic) => {
+                let msg = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                RunError::Other(match self.programs[device].steps.get(step.get()) {
+                    Some(s) => format!("node '{}': panicked: {msg}", s.node),
+                    None => format!("panicked: {msg}"),
+                })
+            }
+        };
+        self.fabric.poison(RunError::OnDevice { device, label, cause: Box::new(cause) });
+        ctx.devices.iter().for_each(|d| d.board.poison());
+        self.exchange.poison();
+        None
+    }
+
+    /// Runs stream `stream` of `device`'s program and, for the main stream (0), copies in
+    /// the device's inputs first (its block of the split ones), then joins the other streams
+    /// and returns where the outputs are. `step` tracks the running step (for a panic's
+    /// message); `threads`: the cores its steps may use.
+    fn device_run(
+        &self,
+        device: usize,
+        stream: usize,
+        ctx: RunCtx,
+        step: &Cell<usize>,
+        threads: usize,
+    ) -> Result<DeviceRun> {
+        let RunCtx { inputs, split, devices, .. } = ctx;
+        let p = &self.programs[device];
+        let lanes = &self.lanes[device];
+        let DeviceShared { ptrs, board, cursors } = &devices[device];
+        let ptr = |b: usize| ptrs[b].load(Ordering::Relaxed);
+        let abandoned = || {
+            let reason = self.fabric.poisoned().map(|r| r.to_string()).unwrap_or_default();
+            anyhow!("abandoned: {reason}")
+        };
+        if stream != 0 && !board.wait(lanes.inputs_event) {
+            return Err(abandoned());
+        }
+        for (i, (spec, &b)) in self.meta.inputs.iter().zip(&p.inputs).enumerate().filter(|_| stream == 0) {
+            // State already on the device: the buffer points at it (`run_inner`).
+            if ctx.resident[i] {
+                continue;
+            }
+            // SAFETY: the buffer has exactly the bytes of the device's block (check_indices).
+            let dst = unsafe { std::slice::from_raw_parts_mut(ptr(b), p.buffers[b].bytes) };
+            let bytes = split.get(i).and_then(Option::as_deref);
+            self.cut_block(i, device, &inputs[&spec.name], dst, bytes);
+        }
+        if stream == 0 {
+            board.record(lanes.inputs_event);
+        }
+        let mut run = StepRun { device, threads, ctx, step, times: Vec::new(), waits: Vec::new(), args: Vec::new() };
+        let cursor = &cursors[stream];
+        loop {
+            let pos = *cursor.lock();
+            let Some(&i) = lanes.steps[stream].get(pos) else { break };
+            // Wait for the step's events without holding the stream, so that a stream
+            // waiting for this one may take the step over (`drive`).
+            for &e in &lanes.wait[i] {
+                if !board.wait(e) {
+                    return Err(abandoned()).with_context(|| format!("node '{}'", p.steps[i].node));
+                }
+            }
+            let mut at = cursor.lock();
+            if *at == pos {
+                self.run_step(&mut run, stream, i)?;
+                *at += 1;
+            }
+        }
+        if stream != 0 {
+            return Ok(DeviceRun { outputs: Vec::new(), times: run.times });
+        }
+        for &e in &lanes.join {
+            self.await_event(&mut run, e)?;
+        }
+        let times = std::mem::take(&mut run.times);
+        Ok(DeviceRun { outputs: p.outputs.iter().map(|&b| SendPtr(ptr(b))).collect(), times })
+    }
+
+    /// Waits for event `e` of `run`'s device; first runs the steps of its stream up to the
+    /// one that records it, if no thread is running that stream (`drive`).
+    fn await_event(&self, run: &mut StepRun, e: usize) -> Result<()> {
+        let shared = &run.ctx.devices[run.device];
+        if !shared.board.done[e].load(Ordering::Acquire) {
+            let after = self.programs[run.device].streams.events[e].after;
+            self.drive(run, after)?;
+        }
+        if !shared.board.wait(e) {
+            let reason = self.fabric.poisoned().map(|r| r.to_string()).unwrap_or_default();
+            bail!("abandoned: {reason}");
+        }
+        Ok(())
+    }
+
+    /// Runs the steps of step `s`'s stream, in order, up to `s`, if no other thread is
+    /// running that stream: a stream waiting for another one does its work rather than
+    /// wake its thread and sleep (a hand-off between host threads costs ~25 µs with 8
+    /// devices on 2 cores, more than a small collective), while a stream that is already
+    /// under way keeps running on its own thread, overlapping. Every step waits only for
+    /// earlier steps, so the stream taken over never waits for the one that took it.
+    fn drive(&self, run: &mut StepRun, s: usize) -> Result<()> {
+        let lanes = &self.lanes[run.device];
+        let stream = lanes.stream_of[s];
+        let Some(mut at) = run.ctx.devices[run.device].cursors[stream].try_lock() else { return Ok(()) };
+        while let Some(&j) = lanes.steps[stream].get(*at).filter(|&&j| j <= s) {
+            self.run_step(run, stream, j)?;
+            *at += 1;
+        }
+        Ok(())
+    }
+
+    /// Runs step `i` of stream `stream`: waits for its events, executes it, records its
+    /// events.
+    fn run_step(&self, run: &mut StepRun, stream: usize, i: usize) -> Result<()> {
+        let device = run.device;
+        let p = &self.programs[device];
+        let lanes = &self.lanes[device];
+        let RunCtx { epoch, timed, devices, .. } = run.ctx;
+        let DeviceShared { ptrs, board, .. } = &devices[device];
+        let st = &p.steps[i];
+        for &e in &lanes.wait[i] {
+            let start = Instant::now();
+            self.await_event(run, e).with_context(|| format!("node '{}'", st.node))?;
+            if timed {
+                run.waits.push((start, Instant::now()));
+            }
+        }
+        run.step.set(i);
+        self.fabric.beat(device);
+        if let Exec::Collective(c) = &st.exec {
+            let number = p.steps[..i].iter().filter(|s| matches!(s.exec, Exec::Collective(_))).count();
+            if self.fail == Some((device, number)) {
+                // Silent until the others give up on it.
+                while self.fabric.poisoned().is_none() {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                bail!("node '{}': collective #{}: stopped answering (--fail-device)", st.node, c.id);
+            }
+        }
+        let start = Instant::now();
+        let waits = timed.then_some(&mut run.waits);
+        self.exec_step((device, i), ptrs, &mut run.args, run.threads, waits, start)?;
+        for &e in &lanes.record[i] {
+            board.record(e);
+        }
+        if timed {
+            let since = |t: Instant| t.duration_since(epoch);
+            let waits = run.waits.drain(..).map(|(a, b): (Instant, Instant)| (since(a), b.duration_since(a))).collect();
+            run.times.push(StepTime { device, stream, step: i, start: since(start), dur: start.elapsed(), waits });
+        }
+        Ok(())
+    }
+}

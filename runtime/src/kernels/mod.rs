@@ -1,0 +1,27 @@
+//! The library kernels the runner calls instead of generated code (each through `call`'s
+//! `LibraryCall`, implemented next to it), and what they share with
+//! the compiler's code generation: the library GEMM (`library`, `small_m`, `panels` for
+//! prepacked weights), its shape planning (`matmul_shape`), matmul epilogues (`epilogue`),
+//! fused attention (`attention`), f32 math (`vmath`) and the fork/join of a step over the
+//! cores (`pool`).
+
+pub mod attention;
+pub mod call;
+pub mod epilogue;
+pub mod library;
+pub mod matmul_shape;
+pub mod panels;
+pub mod pool;
+pub mod small_m;
+pub mod vmath;
+
+use crate::format::program::Library;
+use crate::kernels::call::LibraryCall;
+
+/// The kernel that runs library call `l`.
+pub fn library_call(l: &Library) -> &dyn LibraryCall {
+    match l {
+        Library::Matmul(m) => m,
+        Library::Attention(a) => a,
+    }
+}

@@ -1,0 +1,146 @@
+//! What the docs state that the code can contradict: the artifact format version that
+//! docs/artifact.md documents is the one the runtime writes; every source path the docs and
+//! the README cite (`src/...`, `runtime/src/...`, `ir/src/...`) exists — files move, and a
+//! doc pointing at a file that is gone sends its reader nowhere; the runtime's module doc
+//! and design.md §1 list every module in its room; the module map has every module.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use meshc_runtime::format::artifact::FORMAT_VERSION;
+
+use crate::modules::modules;
+
+/// The markdown files whose paths are checked.
+fn doc_files() -> Vec<String> {
+    let mut files: Vec<String> = std::fs::read_dir("docs")
+        .unwrap()
+        .map(|e| e.unwrap().path().display().to_string())
+        .filter(|p| p.ends_with(".md"))
+        .collect();
+    files.push("README.md".to_string());
+    files.sort();
+    files
+}
+
+/// Every source path `text` cites: `src/`, `runtime/src/` or `ir/src/` at the start of a
+/// word, up to the first character that cannot be part of a path (a sentence's final dot
+/// left out).
+fn cited_paths(text: &str) -> Vec<String> {
+    let in_path = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '/' | '-');
+    let mut out = Vec::new();
+    for (at, _) in text.match_indices("src/") {
+        let start = ["runtime/", "ir/"].iter().find(|p| text[..at].ends_with(*p)).map_or(at, |p| at - p.len());
+        if text[..start].ends_with(in_path) {
+            continue;
+        }
+        let len = text[start..].find(|c: char| !in_path(c)).unwrap_or(text.len() - start);
+        out.push(text[start..start + len].trim_end_matches('.').to_string());
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+#[test]
+fn artifact_md_documents_the_format_version_the_runtime_writes() {
+    let doc = std::fs::read_to_string("docs/artifact.md").unwrap();
+    let title = doc.lines().next().unwrap();
+    assert!(
+        title.ends_with(&format!("format version {FORMAT_VERSION})")),
+        "docs/artifact.md's title names another version than {FORMAT_VERSION}: {title}"
+    );
+    let row = doc.lines().find(|l| l.contains("| format version:")).expect("the header table's version row");
+    assert!(
+        row.contains(&format!("`{FORMAT_VERSION}`")),
+        "docs/artifact.md's header table names another version than {FORMAT_VERSION}: {row}"
+    );
+}
+
+#[test]
+fn every_source_path_the_docs_cite_exists() {
+    let mut missing = Vec::new();
+    let mut cited = 0;
+    for file in doc_files() {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for path in cited_paths(&text) {
+            cited += 1;
+            if !Path::new(&path).exists() {
+                missing.push(format!("{file}: {path}"));
+            }
+        }
+    }
+    assert!(cited > 20, "only {cited} paths found: is the reading broken?");
+    assert!(missing.is_empty(), "paths cited in the docs that do not exist:\n{}", missing.join("\n"));
+}
+
+/// The reading finds paths in prose, code spans and lists, and only at the start of a word.
+#[test]
+fn cited_paths_are_read_as_written() {
+    let text = "See `runtime/src/format/program.rs`, src/passes/ and ir/src/ops.rs. \
+                Not testdata/src/x.rs nor my_src/y.rs; (src/gone.rs)";
+    assert_eq!(cited_paths(text), ["ir/src/ops.rs", "runtime/src/format/program.rs", "src/gone.rs", "src/passes/"]);
+    assert!(!Path::new("src/gone.rs").exists());
+}
+
+/// The modules of each runtime room, from the files (`runtime/src/ROOM/*.rs` but mod.rs).
+fn runtime_rooms() -> Vec<(String, BTreeSet<String>)> {
+    let mut rooms: Vec<(String, BTreeSet<String>)> = Vec::new();
+    for m in modules(Path::new("runtime/src")).into_keys().filter(|m| m.len() == 2) {
+        match rooms.iter_mut().find(|(r, _)| *r == m[0]) {
+            Some((_, mods)) => {
+                mods.insert(m[1].clone());
+            }
+            None => rooms.push((m[0].clone(), BTreeSet::from([m[1].clone()]))),
+        }
+    }
+    assert!(rooms.len() >= 5, "{rooms:?}");
+    rooms
+}
+
+/// The names in backticks of `text`.
+fn quoted(text: &str) -> BTreeSet<String> {
+    text.split('`').skip(1).step_by(2).map(str::to_string).collect()
+}
+
+#[test]
+fn the_runtime_docs_list_every_module_in_its_room() {
+    let lib = std::fs::read_to_string("runtime/src/lib.rs").unwrap();
+    let doc: String = lib.lines().filter_map(|l| l.strip_prefix("//!")).collect::<Vec<_>>().join("\n");
+    let design = std::fs::read_to_string("docs/design.md").unwrap();
+    for (room, mods) in runtime_rooms() {
+        // lib.rs: "- `room` (the rooms it uses): `a`, `b`, ..." up to the next item.
+        let item = doc.split("\n - ").find(|i| i.starts_with(&format!("`{room}` ")));
+        let item = item.unwrap_or_else(|| panic!("runtime/src/lib.rs lists no room `{room}`"));
+        let listed: BTreeSet<String> = quoted(item).into_iter().filter(|n| *n != room).collect();
+        assert_eq!(listed, mods, "runtime/src/lib.rs's list of room {room} against runtime/src/{room}/");
+        // design.md §1: the room's row of the table names each of its modules.
+        let row = design
+            .lines()
+            .find(|l| l.starts_with(&format!("| `{room}` |")))
+            .unwrap_or_else(|| panic!("docs/design.md §1 has no row for room {room}"));
+        let missing: Vec<&String> = mods.iter().filter(|m| !quoted(row).contains(*m)).collect();
+        assert!(missing.is_empty(), "docs/design.md §1's row of room {room} does not name {missing:?}");
+    }
+}
+
+#[test]
+fn the_module_map_has_every_module() {
+    let dot = std::fs::read_to_string("docs/modules.dot").unwrap();
+    let nodes: BTreeSet<&str> =
+        dot.lines().filter(|l| l.contains("[label=")).filter_map(|l| l.trim().split('"').nth(1)).collect();
+    let mut want = BTreeSet::new();
+    for (krate, src) in
+        [("meshc_ir", "ir/src"), ("meshc_runtime", "runtime/src"), ("meshc_onnx", "onnx/src"), ("meshc", "src")]
+    {
+        want.extend(
+            modules(Path::new(src)).into_keys().filter(|m| !m.is_empty()).map(|m| format!("{krate}::{}", m.join("::"))),
+        );
+    }
+    let missing: Vec<&String> = want.iter().filter(|m| !nodes.contains(m.as_str())).collect();
+    let stale: Vec<&&str> = nodes.iter().filter(|n| !want.contains(**n)).collect();
+    assert!(
+        missing.is_empty() && stale.is_empty(),
+        "docs/modules.dot is out of date (`make modules`): missing {missing:?}, gone {stale:?}"
+    );
+}
