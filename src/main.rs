@@ -7,8 +7,8 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use meshc::dumps::{Dumps, Format as DumpFormat};
-use meshc::{compile, driver};
+use meshc::pipeline::{Dumps, Format as DumpFormat};
+use meshc::{artifact, compile, driver};
 use meshc_ir::weights::WeightFiles;
 use meshc_ir::{json, load, params, text, verify::Info, Graph, Tensor, TensorType};
 use meshc_runtime::artifact::{Artifact, Verify};
@@ -621,9 +621,9 @@ fn compile_cmd(
     }
     // The artifact and its depfile appear together or not at all.
     let mut files = Outputs::new();
-    driver::stage_artifact(&compiled, &mut files, out, signer, init.map(|i| i.to_section()).transpose()?)?;
+    artifact::stage_artifact(&compiled, &mut files, out, signer, init.map(|i| i.to_section()).transpose()?)?;
     if let Some(d) = depfile {
-        let text = driver::depfile(out, &deps);
+        let text = artifact::depfile(out, &deps);
         files.write_bytes(d, text.as_bytes())?;
     }
     files.commit()

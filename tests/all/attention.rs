@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use meshc::compile::{Compiled, Gemm, Options};
 use meshc::driver;
-use meshc::dumps::Dumps;
+use meshc::pipeline::Dumps;
 use meshc_ir::{interp, text, verify, Tensor};
 use meshc_runtime::matmul_shape::testing::random;
 use meshc_runtime::program::{Exec, Library};

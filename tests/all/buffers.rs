@@ -326,7 +326,7 @@ fn testdata_layouts_through_the_driver_plan_sound_streams() {
         let spec = meshc::layout::load(&case.spec).unwrap();
         let build = |streams: Config| {
             let opts = Options { streams, ..Options::default() };
-            meshc::driver::build(&g, &info, Some(&spec), &params, &opts, &meshc::dumps::Dumps::default(), None)
+            meshc::driver::build(&g, &info, Some(&spec), &params, &opts, &meshc::pipeline::Dumps::default(), None)
                 .unwrap_or_else(|e| panic!("{}: {e:#}", case.label))
         };
         let inputs = crate::common::testdata_inputs(&case.graph, &g).unwrap();
@@ -378,7 +378,7 @@ fn dumps_after_fold_epilogue_fuse_buffers_and_streams_are_pinned() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// `--dump-dir` numbers its files in the order the passes run (`dumps::PASSES`), each
+/// `--dump-dir` numbers its files in the order the passes run (`pipeline::DUMPED`), each
 /// pass's file written as it completes; `all` leaves out the passes that do not run
 /// (no pilot inputs, no placement).
 #[test]
@@ -406,7 +406,7 @@ fn dump_dir_files_follow_the_pipeline_order() {
         "12-buffers",
     ];
     assert_eq!(files, want.map(|f| format!("{f}.txt")));
-    let passes: Vec<&str> = meshc::dumps::PASSES.to_vec();
+    let passes: Vec<&str> = meshc::pipeline::DUMPED.to_vec();
     assert_eq!(
         passes,
         [

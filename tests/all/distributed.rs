@@ -118,8 +118,8 @@ fn lower_and_run(c: &LayoutCase) -> Result<(Lowered, BTreeMap<String, Tensor>)> 
     let (g, info) = meshc_ir::load::load(&c.graph)?;
     let params = meshc_ir::params::load_all(&g, c.graph.parent().unwrap())?;
     let spec = meshc::layout::load(&c.spec)?;
-    let lowered = match meshc::passes::place::place(&g, &info, &spec)? {
-        Some(p) => meshc::driver::lower_placed(&g, &info, &spec, &p, &Default::default())?,
+    let lowered = match spec.placement {
+        Some(_) => meshc::driver::lower_spec(&g, &info, &spec)?.0,
         None => lower(&g, &info, &propagate(&g, &info, &spec.mesh, spec.seed_layouts(&g, &info)?))?,
     };
     let results = meshc::mesh_interp::run(&lowered, &params, &testdata_inputs(&c.graph, &g)?)?;

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use meshc::compile::{Gemm, Options};
 use meshc::driver;
-use meshc::dumps::Dumps;
+use meshc::pipeline::Dumps;
 use meshc_ir::{interp, text, verify, DType, Tensor, TensorType};
 use meshc_runtime::epilogue::Step;
 use meshc_runtime::library::prefer_library;

@@ -398,9 +398,7 @@ fn placements() -> impl proptest::strategy::Strategy<Value = (&'static str, Stri
 /// on the reference execution (transfers included); compares with expected/.
 fn reference_run(graph: &str, spec: &str) -> Result<(), String> {
     let (path, (g, info, params, spec)) = (std::path::Path::new(graph), load_case(graph, spec)?);
-    let p = meshc::passes::place::place(&g, &info, &spec).map_err(|e| format!("{e:#}"))?.expect("placed");
-    let lowered =
-        meshc::driver::lower_placed(&g, &info, &spec, &p, &Default::default()).map_err(|e| format!("{e:#}"))?;
+    let (lowered, _) = meshc::driver::lower_spec(&g, &info, &spec).map_err(|e| format!("{e:#}"))?;
     let inputs = crate::common::testdata_inputs(path, &g).map_err(|e| e.to_string())?;
     let got = meshc::mesh_interp::run(&lowered, &params, &inputs).map_err(|e| format!("{e:#}"))?;
     crate::common::matches_expected(path, &got)
@@ -491,7 +489,7 @@ fn a_broken_artifact_times_out_naming_the_key_and_both_devices() {
     steps.insert(h, moved);
     let dir = scratch("placement-broken");
     let art = dir.join("broken.mshc");
-    meshc::driver::write_artifact(&c, &art, None).unwrap();
+    meshc::artifact::write_artifact(&c, &art, None).unwrap();
     let mut args = vec!["run".to_string(), art.display().to_string(), "--timeout".into(), "0.5".into()];
     args.extend(input_args(graph));
     let start = std::time::Instant::now();

@@ -1,0 +1,282 @@
+//! The pipeline: one table of every pass, in the order they run, with the level each works
+//! at (the whole graph, each stage, each device's program, each device's runtime program),
+//! how its IR is dumped and whether the verifier checks what it made. `driver` runs the
+//! global and stage passes and `compile` the device and program ones, each by walking this
+//! table over its IR (`Ir`) with `run`, which also verifies every pass alike and dumps it
+//! as `Dumps` asks: where the IR goes after each pass (`--dump-after`, `--dump-dir`), in
+//! which form (`--dump-format`: text, or Graphviz dot for the passes whose IR is a graph).
+
+use std::path::PathBuf;
+
+use anyhow::{anyhow, bail, Context, Result};
+use meshc_runtime::output::Outputs;
+
+/// The passes on the whole graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GlobalPass {
+    Verify,
+    Pilot,
+    Place,
+    SendRecv,
+}
+
+/// The passes on each stage's graph over its mesh (the whole graph over the whole mesh
+/// when the spec places nothing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StagePass {
+    Layout,
+    Lower,
+}
+
+/// The passes on each device's program, in the graph IR.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DevicePass {
+    Expand,
+    Fold,
+    Attention,
+    Epilogue,
+    Fuse,
+}
+
+/// The passes that make and then work on each device's runtime program (steps, buffers,
+/// streams).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProgramPass {
+    Codegen,
+    Streams,
+    Buffers,
+}
+
+/// The level a pass works at, and which pass it is there: each runner matches the passes
+/// of its levels exhaustively, so a pass added here cannot go unhandled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Level {
+    Global(GlobalPass),
+    Stage(StagePass),
+    Device(DevicePass),
+    Program(ProgramPass),
+}
+
+impl Level {
+    /// Whether `driver` runs it (the global and stage passes) rather than `compile`.
+    pub const fn is_front(self) -> bool {
+        matches!(self, Level::Global(_) | Level::Stage(_))
+    }
+}
+
+/// How a pass's IR is dumped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dump {
+    /// Not at all.
+    None,
+    Text,
+    /// As text, or as a Graphviz graph (`crate::dot`): its IR is a graph of stages,
+    /// devices or streams.
+    TextOrDot,
+}
+
+/// One pass of the pipeline.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Pass {
+    /// As `--dump-after`, `--stop-after` and `--time-passes` name it.
+    pub name: &'static str,
+    pub level: Level,
+    pub dump: Dump,
+    /// The programs it rewrites are verified (and their types inferred again) before the
+    /// next pass reads them.
+    pub verify: bool,
+}
+
+/// Every pass, in the order they run. The pilot runs on the global graph, before
+/// placement, so its masks do not depend on the layout; each pass runs over every unit of
+/// its level (stage, device) before the next pass starts.
+pub const PASSES: &[Pass] = &[
+    Pass { name: "verify", level: Level::Global(GlobalPass::Verify), dump: Dump::Text, verify: false },
+    Pass { name: "pilot", level: Level::Global(GlobalPass::Pilot), dump: Dump::Text, verify: false },
+    Pass { name: "place", level: Level::Global(GlobalPass::Place), dump: Dump::TextOrDot, verify: false },
+    Pass { name: "layout", level: Level::Stage(StagePass::Layout), dump: Dump::Text, verify: false },
+    Pass { name: "lower", level: Level::Stage(StagePass::Lower), dump: Dump::TextOrDot, verify: true },
+    Pass { name: "sendrecv", level: Level::Global(GlobalPass::SendRecv), dump: Dump::TextOrDot, verify: true },
+    Pass { name: "expand", level: Level::Device(DevicePass::Expand), dump: Dump::None, verify: true },
+    Pass { name: "fold", level: Level::Device(DevicePass::Fold), dump: Dump::Text, verify: false },
+    Pass { name: "attention", level: Level::Device(DevicePass::Attention), dump: Dump::Text, verify: true },
+    Pass { name: "epilogue", level: Level::Device(DevicePass::Epilogue), dump: Dump::Text, verify: true },
+    Pass { name: "fuse", level: Level::Device(DevicePass::Fuse), dump: Dump::Text, verify: false },
+    Pass { name: "codegen", level: Level::Program(ProgramPass::Codegen), dump: Dump::None, verify: false },
+    Pass { name: "streams", level: Level::Program(ProgramPass::Streams), dump: Dump::TextOrDot, verify: false },
+    Pass { name: "buffers", level: Level::Program(ProgramPass::Buffers), dump: Dump::Text, verify: false },
+];
+
+/// The names of the passes dumped (with `dot`: those with a dot form), in pipeline order:
+/// `DUMPED` and `DOTTED`.
+const fn dumped<const N: usize>(dot: bool) -> [&'static str; N] {
+    let mut out = [""; N];
+    let (mut i, mut n) = (0, 0);
+    while i < PASSES.len() {
+        if dumps_as(&PASSES[i], dot) {
+            out[n] = PASSES[i].name;
+            n += 1;
+        }
+        i += 1;
+    }
+    assert!(n == N, "the length given is the count of such passes");
+    out
+}
+
+/// How many passes `dumped(dot)` names.
+const fn count_dumped(dot: bool) -> usize {
+    let (mut i, mut n) = (0, 0);
+    while i < PASSES.len() {
+        if dumps_as(&PASSES[i], dot) {
+            n += 1;
+        }
+        i += 1;
+    }
+    n
+}
+
+const fn dumps_as(p: &Pass, dot: bool) -> bool {
+    match p.dump {
+        Dump::None => false,
+        Dump::Text => !dot,
+        Dump::TextOrDot => true,
+    }
+}
+
+/// The passes `--dump-after` can name, in the order they run (their number prefixes the
+/// files of `--dump-dir`).
+pub const DUMPED: [&str; count_dumped(false)] = dumped(false);
+
+/// The passes with a dot form (`crate::dot`): stages, devices and streams are graphs.
+pub const DOTTED: [&str; count_dumped(true)] = dumped(true);
+
+/// The pass named `name`.
+pub fn pass(name: &str) -> Option<&'static Pass> {
+    PASSES.iter().find(|p| p.name == name)
+}
+
+/// The passes `driver` runs (global and stage), in order.
+pub fn front() -> impl Iterator<Item = &'static Pass> + Clone {
+    PASSES.iter().filter(|p| p.level.is_front())
+}
+
+/// The passes `compile` runs (device and program), in order.
+pub fn back() -> impl Iterator<Item = &'static Pass> + Clone {
+    PASSES.iter().filter(|p| !p.level.is_front())
+}
+
+/// The form of the dumps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    #[default]
+    Text,
+    /// Graphviz's dot (`dot -Tsvg`), for `DOTTED` only.
+    Dot,
+}
+
+/// Where `--dump-after` sends the IR after each pass it names.
+#[derive(Default)]
+pub struct Dumps {
+    pub after: Vec<String>,
+    pub dir: Option<PathBuf>,
+    pub format: Format,
+}
+
+impl Dumps {
+    /// Checks the pass names (`all` names every pass, or every one with a dot form).
+    pub fn new(after: Vec<String>, dir: Option<PathBuf>, format: Format) -> Result<Dumps> {
+        for a in &after {
+            if a != "all" && !DUMPED.contains(&a.as_str()) {
+                return Err(anyhow!("--dump-after: unknown pass '{a}' (passes: {}, or all)", DUMPED.join(", ")));
+            }
+            if a != "all" && format == Format::Dot && !DOTTED.contains(&a.as_str()) {
+                return Err(anyhow!(
+                    "--dump-format dot: pass '{a}' has no dot form (passes with one: {})",
+                    DOTTED.join(", ")
+                ));
+            }
+        }
+        Ok(Dumps { after, dir, format })
+    }
+
+    /// Whether `pass` is dumped.
+    pub fn wants(&self, pass: &str) -> bool {
+        let named = self.names(pass) || self.after.iter().any(|a| a == "all");
+        named && DUMPED.contains(&pass) && (self.format == Format::Text || DOTTED.contains(&pass))
+    }
+
+    /// Whether `pass` is named on its own: `all` dumps the passes that run, and a pass
+    /// that cannot run (no spec, no pilot inputs) is an error only when named.
+    pub fn names(&self, pass: &str) -> bool {
+        self.after.iter().any(|a| a == pass)
+    }
+
+    /// Writes the dump `text` of `pass` (in `format`'s form) where the dumps go.
+    pub fn write(&self, pass: &str, text: &str) -> Result<()> {
+        let ext = match self.format {
+            Format::Text => "txt",
+            Format::Dot => "dot",
+        };
+        match &self.dir {
+            Some(dir) => {
+                let n = DUMPED.iter().position(|p| *p == pass).expect("a known pass") + 1;
+                let file = dir.join(format!("{n:02}-{pass}.{ext}"));
+                // Each dump appears whole, as its pass completes: a compile that fails in a
+                // later pass keeps the dumps that show how far it got.
+                let mut out = Outputs::new();
+                std::fs::create_dir_all(dir)
+                    .map_err(anyhow::Error::from)
+                    .and_then(|_| out.write_bytes(&file, text.as_bytes()))
+                    .and_then(|_| out.commit())
+                    .with_context(|| format!("--dump-dir: cannot write {}", file.display()))
+            }
+            None => {
+                print!("{text}");
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The IR some passes of the table work on, as `run` drives them.
+pub trait Ir {
+    /// What this compile lacks for `pass` to run, as "a layout spec (--layout SPEC)"; None
+    /// when it runs. A pass that cannot run is skipped, and is an error only when named.
+    fn lacks(&self, pass: &Pass) -> Option<&'static str>;
+    fn run(&mut self, pass: &Pass) -> Result<()>;
+    /// Verifies what `pass` rewrote (called after the passes marked `verify`).
+    fn verify(&mut self, pass: &Pass) -> Result<()>;
+    /// The text dump of the IR after `pass`.
+    fn text(&self, pass: &Pass) -> Result<String>;
+    /// The Graphviz dump of the IR after `pass` (of `Dump::TextOrDot` passes).
+    fn dot(&self, pass: &Pass) -> String;
+}
+
+/// Runs `passes` over `ir` in order, each verified and dumped as `dumps` asks. A pass named (dumped or stopped after) that cannot run is refused
+/// before any runs, so a refused compile prints no dump.
+pub fn run(ir: &mut impl Ir, passes: impl Iterator<Item = &'static Pass> + Clone, dumps: &Dumps) -> Result<()> {
+    for p in passes.clone() {
+        if let Some(needs) = ir.lacks(p) {
+            if dumps.names(p.name) {
+                bail!("--dump-after {} needs {needs}", p.name);
+            }
+        }
+    }
+    for p in passes {
+        if ir.lacks(p).is_some() {
+            continue;
+        }
+        ir.run(p)?;
+        if p.verify {
+            ir.verify(p)?;
+        }
+        if dumps.wants(p.name) {
+            let text = match dumps.format {
+                Format::Text => ir.text(p)?,
+                Format::Dot => ir.dot(p),
+            };
+            dumps.write(p.name, &text)?;
+        }
+    }
+    Ok(())
+}
