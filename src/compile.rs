@@ -823,7 +823,7 @@ impl pipeline::Ir for Back<'_> {
                     .collect();
                 passes::fuse::dump(&v)
             }
-            Level::Program(ProgramPass::Codegen) => String::new(),
+            Level::Program(ProgramPass::Codegen) => codegen_dump(&self.programs),
             Level::Program(ProgramPass::Streams) => passes::streams::dump(&self.programs),
             Level::Program(ProgramPass::Buffers) => passes::buffers::dump(&self.programs),
             Level::Global(_) | Level::Stage(_) => unreachable!("the driver dumps {}", pass.name),
@@ -836,6 +836,39 @@ impl pipeline::Ir for Back<'_> {
             _ => unreachable!("{} has no dot form", pass.name),
         }
     }
+}
+
+/// The `--dump-after codegen` text: per device, its kernels (with the operands each lets
+/// its result overwrite), its buffers (weights, or arena space the buffers pass places) and
+/// its steps in program order, each with what runs it and the buffers it is given.
+fn codegen_dump(programs: &[Program]) -> String {
+    let mut s = String::new();
+    for p in programs {
+        let (k, b, n) = (p.kernels.len(), p.buffers.len(), p.steps.len());
+        s += &format!("device {}: {k} kernels, {b} buffers, {n} steps\n", p.device);
+        for (i, k) in p.kernels.iter().enumerate() {
+            let shares: Vec<String> = k.in_place.iter().map(usize::to_string).collect();
+            let shares =
+                if shares.is_empty() { String::new() } else { format!("  in place of operand {}", shares.join(", ")) };
+            s += &format!("  k{i:<4} {}{shares}\n", k.name);
+        }
+        for (i, buf) in p.buffers.iter().enumerate() {
+            let at = match buf.storage {
+                Storage::Weights { .. } if buf.mask.is_some() => "weights, masked",
+                Storage::Weights { .. } => "weights",
+                Storage::Arena { .. } => "arena",
+            };
+            s += &format!("  b{i:<4} {:<28} {:>10} bytes  {at}\n", buf.name, buf.bytes);
+        }
+        for st in &p.steps {
+            let bufs: Vec<String> = st.buffers.iter().map(|b| format!("b{b}")).collect();
+            let line =
+                format!("  {:<28} {:<36} ({})", st.node, meshc_runtime::inspect::exec_text(p, st), bufs.join(", "));
+            s += line.trim_end();
+            s.push('\n');
+        }
+    }
+    s
 }
 
 /// What the device and program passes made of the lowered programs: the runtime program of

@@ -64,24 +64,15 @@ impl Level {
     }
 }
 
-/// How a pass's IR is dumped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Dump {
-    /// Not at all.
-    None,
-    Text,
-    /// As text, or as a Graphviz graph (`crate::dot`): its IR is a graph of stages,
-    /// devices or streams.
-    TextOrDot,
-}
-
-/// One pass of the pipeline.
+/// One pass of the pipeline. Every pass is dumped as text (`--dump-after`).
 #[derive(Debug, PartialEq, Eq)]
 pub struct Pass {
     /// As `--dump-after`, `--stop-after` and `--time-passes` name it.
     pub name: &'static str,
     pub level: Level,
-    pub dump: Dump,
+    /// It is also dumped as a Graphviz graph (`crate::dot`, `--dump-format dot`): its IR is
+    /// a graph of stages, devices or streams.
+    pub dot: bool,
     /// The programs it rewrites are verified (and their types inferred again) before the
     /// next pass reads them.
     pub verify: bool,
@@ -91,43 +82,42 @@ pub struct Pass {
 /// placement, so its masks do not depend on the layout; each pass runs over every unit of
 /// its level (stage, device) before the next pass starts.
 pub const PASSES: &[Pass] = &[
-    Pass { name: "verify", level: Level::Global(GlobalPass::Verify), dump: Dump::Text, verify: false },
-    Pass { name: "pilot", level: Level::Global(GlobalPass::Pilot), dump: Dump::Text, verify: false },
-    Pass { name: "place", level: Level::Global(GlobalPass::Place), dump: Dump::TextOrDot, verify: false },
-    Pass { name: "layout", level: Level::Stage(StagePass::Layout), dump: Dump::Text, verify: false },
-    Pass { name: "lower", level: Level::Stage(StagePass::Lower), dump: Dump::TextOrDot, verify: true },
-    Pass { name: "sendrecv", level: Level::Global(GlobalPass::SendRecv), dump: Dump::TextOrDot, verify: true },
-    Pass { name: "expand", level: Level::Device(DevicePass::Expand), dump: Dump::None, verify: true },
-    Pass { name: "fold", level: Level::Device(DevicePass::Fold), dump: Dump::Text, verify: false },
-    Pass { name: "attention", level: Level::Device(DevicePass::Attention), dump: Dump::Text, verify: true },
-    Pass { name: "epilogue", level: Level::Device(DevicePass::Epilogue), dump: Dump::Text, verify: true },
-    Pass { name: "fuse", level: Level::Device(DevicePass::Fuse), dump: Dump::Text, verify: false },
-    Pass { name: "codegen", level: Level::Program(ProgramPass::Codegen), dump: Dump::None, verify: false },
-    Pass { name: "streams", level: Level::Program(ProgramPass::Streams), dump: Dump::TextOrDot, verify: false },
-    Pass { name: "buffers", level: Level::Program(ProgramPass::Buffers), dump: Dump::Text, verify: false },
+    Pass { name: "verify", level: Level::Global(GlobalPass::Verify), dot: false, verify: false },
+    Pass { name: "pilot", level: Level::Global(GlobalPass::Pilot), dot: false, verify: false },
+    Pass { name: "place", level: Level::Global(GlobalPass::Place), dot: true, verify: false },
+    Pass { name: "layout", level: Level::Stage(StagePass::Layout), dot: false, verify: false },
+    Pass { name: "lower", level: Level::Stage(StagePass::Lower), dot: true, verify: true },
+    Pass { name: "sendrecv", level: Level::Global(GlobalPass::SendRecv), dot: true, verify: true },
+    Pass { name: "expand", level: Level::Device(DevicePass::Expand), dot: false, verify: true },
+    Pass { name: "fold", level: Level::Device(DevicePass::Fold), dot: false, verify: false },
+    Pass { name: "attention", level: Level::Device(DevicePass::Attention), dot: false, verify: true },
+    Pass { name: "epilogue", level: Level::Device(DevicePass::Epilogue), dot: false, verify: true },
+    Pass { name: "fuse", level: Level::Device(DevicePass::Fuse), dot: false, verify: false },
+    Pass { name: "codegen", level: Level::Program(ProgramPass::Codegen), dot: false, verify: false },
+    Pass { name: "streams", level: Level::Program(ProgramPass::Streams), dot: true, verify: false },
+    Pass { name: "buffers", level: Level::Program(ProgramPass::Buffers), dot: false, verify: false },
 ];
 
-/// The names of the passes dumped (with `dot`: those with a dot form), in pipeline order:
-/// `DUMPED` and `DOTTED`.
-const fn dumped<const N: usize>(dot: bool) -> [&'static str; N] {
+/// The names of the passes (with `dot`, of those with a dot form), in pipeline order.
+const fn names<const N: usize>(dot: bool) -> [&'static str; N] {
     let mut out = [""; N];
     let (mut i, mut n) = (0, 0);
     while i < PASSES.len() {
-        if dumps_as(&PASSES[i], dot) {
+        if PASSES[i].dot || !dot {
             out[n] = PASSES[i].name;
             n += 1;
         }
         i += 1;
     }
-    assert!(n == N, "the length given is the count of such passes");
+    assert!(n == N, "N is the number of such passes");
     out
 }
 
-/// How many passes `dumped(dot)` names.
-const fn count_dumped(dot: bool) -> usize {
+/// The number of passes with a dot form.
+const fn count_dot() -> usize {
     let (mut i, mut n) = (0, 0);
     while i < PASSES.len() {
-        if dumps_as(&PASSES[i], dot) {
+        if PASSES[i].dot {
             n += 1;
         }
         i += 1;
@@ -135,25 +125,12 @@ const fn count_dumped(dot: bool) -> usize {
     n
 }
 
-const fn dumps_as(p: &Pass, dot: bool) -> bool {
-    match p.dump {
-        Dump::None => false,
-        Dump::Text => !dot,
-        Dump::TextOrDot => true,
-    }
-}
+/// The passes `--dump-after`, `--stop-after` and `--time-passes` name, in the order they
+/// run (their number prefixes the files of `--dump-dir`).
+pub const NAMES: [&str; PASSES.len()] = names(false);
 
-/// The passes `--dump-after` can name, in the order they run (their number prefixes the
-/// files of `--dump-dir`).
-pub const DUMPED: [&str; count_dumped(false)] = dumped(false);
-
-/// The passes with a dot form (`crate::dot`): stages, devices and streams are graphs.
-pub const DOTTED: [&str; count_dumped(true)] = dumped(true);
-
-/// The pass named `name`.
-pub fn pass(name: &str) -> Option<&'static Pass> {
-    PASSES.iter().find(|p| p.name == name)
-}
+/// The passes with a dot form.
+pub const DOT_NAMES: [&str; count_dot()] = names(true);
 
 /// The passes `driver` runs (global and stage), in order.
 pub fn front() -> impl Iterator<Item = &'static Pass> + Clone {
@@ -170,7 +147,7 @@ pub fn back() -> impl Iterator<Item = &'static Pass> + Clone {
 pub enum Format {
     #[default]
     Text,
-    /// Graphviz's dot (`dot -Tsvg`), for `DOTTED` only.
+    /// Graphviz's dot (`dot -Tsvg`), for `DOT_NAMES` only.
     Dot,
 }
 
@@ -186,13 +163,13 @@ impl Dumps {
     /// Checks the pass names (`all` names every pass, or every one with a dot form).
     pub fn new(after: Vec<String>, dir: Option<PathBuf>, format: Format) -> Result<Dumps> {
         for a in &after {
-            if a != "all" && !DUMPED.contains(&a.as_str()) {
-                return Err(anyhow!("--dump-after: unknown pass '{a}' (passes: {}, or all)", DUMPED.join(", ")));
+            if a != "all" && !NAMES.contains(&a.as_str()) {
+                return Err(anyhow!("--dump-after: unknown pass '{a}' (passes: {}, or all)", NAMES.join(", ")));
             }
-            if a != "all" && format == Format::Dot && !DOTTED.contains(&a.as_str()) {
+            if a != "all" && format == Format::Dot && !DOT_NAMES.contains(&a.as_str()) {
                 return Err(anyhow!(
                     "--dump-format dot: pass '{a}' has no dot form (passes with one: {})",
-                    DOTTED.join(", ")
+                    DOT_NAMES.join(", ")
                 ));
             }
         }
@@ -202,7 +179,7 @@ impl Dumps {
     /// Whether `pass` is dumped.
     pub fn wants(&self, pass: &str) -> bool {
         let named = self.names(pass) || self.after.iter().any(|a| a == "all");
-        named && DUMPED.contains(&pass) && (self.format == Format::Text || DOTTED.contains(&pass))
+        named && (self.format == Format::Text || DOT_NAMES.contains(&pass))
     }
 
     /// Whether `pass` is named on its own: `all` dumps the passes that run, and a pass
@@ -211,16 +188,21 @@ impl Dumps {
         self.after.iter().any(|a| a == pass)
     }
 
-    /// Writes the dump `text` of `pass` (in `format`'s form) where the dumps go.
-    pub fn write(&self, pass: &str, text: &str) -> Result<()> {
+    /// The file the dump of `pass` goes to, `DIR/NN-PASS.txt` (`.dot`) with NN its place
+    /// in the pipeline; None when dumps go to stdout.
+    pub fn file(&self, pass: &str) -> Option<PathBuf> {
         let ext = match self.format {
             Format::Text => "txt",
             Format::Dot => "dot",
         };
-        match &self.dir {
-            Some(dir) => {
-                let n = DUMPED.iter().position(|p| *p == pass).expect("a known pass") + 1;
-                let file = dir.join(format!("{n:02}-{pass}.{ext}"));
+        let n = NAMES.iter().position(|p| *p == pass).expect("a known pass") + 1;
+        self.dir.as_ref().map(|dir| dir.join(format!("{n:02}-{pass}.{ext}")))
+    }
+
+    /// Writes the dump `text` of `pass` (in `format`'s form) where the dumps go.
+    pub fn write(&self, pass: &str, text: &str) -> Result<()> {
+        match (&self.dir, self.file(pass)) {
+            (Some(dir), Some(file)) => {
                 // Each dump appears whole, as its pass completes: a compile that fails in a
                 // later pass keeps the dumps that show how far it got.
                 let mut out = Outputs::new();
@@ -230,7 +212,7 @@ impl Dumps {
                     .and_then(|_| out.commit())
                     .with_context(|| format!("--dump-dir: cannot write {}", file.display()))
             }
-            None => {
+            _ => {
                 print!("{text}");
                 Ok(())
             }
@@ -248,7 +230,7 @@ pub trait Ir {
     fn verify(&mut self, pass: &Pass) -> Result<()>;
     /// The text dump of the IR after `pass`.
     fn text(&self, pass: &Pass) -> Result<String>;
-    /// The Graphviz dump of the IR after `pass` (of `Dump::TextOrDot` passes).
+    /// The Graphviz dump of the IR after `pass` (of the passes with a dot form).
     fn dot(&self, pass: &Pass) -> String;
 }
 

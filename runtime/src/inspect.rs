@@ -1,6 +1,7 @@
 //! The text of `inspect`: an artifact's sections, metadata, kernels, buffers, steps with
 //! their streams and events and why each communication step is there, masks and send/recv
-//! pairs; and the stream notes the compiler's `--dump-after streams` shares.
+//! pairs; and the step and stream notes the compiler's `--dump-after codegen` and
+//! `streams` share.
 
 use std::fmt::Write as _;
 
@@ -8,7 +9,7 @@ use anyhow::{Context, Result};
 
 use crate::artifact::{Artifact, SectionKind};
 use crate::loader::parse_sections;
-use crate::program::{CollectiveOp, Exec, Library, Program, Storage, StreamKind};
+use crate::program::{CollectiveOp, Exec, Library, Program, Step, Storage, StreamKind};
 
 /// The report of `meshc inspect`: sections, metadata, kernels, buffers and steps.
 pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
@@ -140,33 +141,7 @@ fn program_report(s: &mut String, p: &Program) -> Result<()> {
     }
     writeln!(s, "steps:")?;
     for (i, st) in p.steps.iter().enumerate() {
-        let exec = match &st.exec {
-            Exec::Kernel(k) => format!("kernel k{k}"),
-            Exec::Library(Library::Matmul { a, b, panels, epilogue, transposed, .. }) => {
-                let steps: Vec<&str> = epilogue.iter().map(crate::epilogue::Step::name).collect();
-                let epilogue = if steps.is_empty() { String::new() } else { format!(" + {}", steps.join(",")) };
-                let stored = match (transposed.a, transposed.b) {
-                    (true, true) => " (a, b stored transposed)",
-                    (true, false) => " (a stored transposed)",
-                    (false, true) => " (b stored transposed)",
-                    (false, false) => "",
-                };
-                let panels = if *panels { " (weight in panels)" } else { "" };
-                format!("library gemm {a:?}x{b:?}{epilogue}{panels}{stored}")
-            }
-            Exec::Library(Library::Attention { q, k, v, scale, mask, .. }) => {
-                let scale = scale.map_or(String::new(), |s| format!(" {} scale", s.name()));
-                let mask = mask.as_ref().map_or(String::new(), |m| format!(" + mask{m:?}"));
-                format!("library attention {q:?}x{k:?}{scale}{mask} softmax x{v:?}")
-            }
-            Exec::Collective(c) => {
-                let group = c.groups.iter().find(|g| g.contains(&p.device)).cloned().unwrap_or_default();
-                let group: Vec<String> = group.iter().map(usize::to_string).collect();
-                format!("#{} {} {}{:?} group [{}]", c.id, collective_name(&c.op), c.dtype, c.shape, group.join(","))
-            }
-            Exec::Send(t) => format!("send -> {} {} {} B", t.peer, t.protocol.name(), t.bytes),
-            Exec::Recv(t) => format!("recv <- {} {} {} B", t.peer, t.protocol.name(), t.bytes),
-        };
+        let exec = exec_text(p, st);
         let bufs: Vec<String> = st.buffers.iter().map(|b| format!("b{b}")).collect();
         let sync = if p.streams.streams.is_empty() { String::new() } else { step_note(p, i) };
         writeln!(s, "  {:<24} {:<36} ({}) {sync}", st.node, exec, bufs.join(", "))?;
@@ -179,6 +154,39 @@ fn program_report(s: &mut String, p: &Program) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// What runs step `st` of `p`: its kernel, library call (with its shapes, epilogue and
+/// how its operands are stored), collective or transfer, as `inspect` and the compiler's
+/// `--dump-after codegen` print it.
+pub fn exec_text(p: &Program, st: &Step) -> String {
+    match &st.exec {
+        Exec::Kernel(k) => format!("kernel k{k}"),
+        Exec::Library(Library::Matmul { a, b, panels, epilogue, transposed, .. }) => {
+            let steps: Vec<&str> = epilogue.iter().map(crate::epilogue::Step::name).collect();
+            let epilogue = if steps.is_empty() { String::new() } else { format!(" + {}", steps.join(",")) };
+            let stored = match (transposed.a, transposed.b) {
+                (true, true) => " (a, b stored transposed)",
+                (true, false) => " (a stored transposed)",
+                (false, true) => " (b stored transposed)",
+                (false, false) => "",
+            };
+            let panels = if *panels { " (weight in panels)" } else { "" };
+            format!("library gemm {a:?}x{b:?}{epilogue}{panels}{stored}")
+        }
+        Exec::Library(Library::Attention { q, k, v, scale, mask, .. }) => {
+            let scale = scale.map_or(String::new(), |s| format!(" {} scale", s.name()));
+            let mask = mask.as_ref().map_or(String::new(), |m| format!(" + mask{m:?}"));
+            format!("library attention {q:?}x{k:?}{scale}{mask} softmax x{v:?}")
+        }
+        Exec::Collective(c) => {
+            let group = c.groups.iter().find(|g| g.contains(&p.device)).cloned().unwrap_or_default();
+            let group: Vec<String> = group.iter().map(usize::to_string).collect();
+            format!("#{} {} {}{:?} group [{}]", c.id, collective_name(&c.op), c.dtype, c.shape, group.join(","))
+        }
+        Exec::Send(t) => format!("send -> {} {} {} B", t.peer, t.protocol.name(), t.bytes),
+        Exec::Recv(t) => format!("recv <- {} {} {} B", t.peer, t.protocol.name(), t.bytes),
+    }
 }
 
 /// The send/recv pairs of all programs, by key: who sends to whom, how many bytes, which

@@ -378,7 +378,7 @@ fn dumps_after_fold_epilogue_fuse_buffers_and_streams_are_pinned() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// `--dump-dir` numbers its files in the order the passes run (`pipeline::DUMPED`), each
+/// `--dump-dir` numbers its files in the order the passes run (`pipeline::NAMES`), each
 /// pass's file written as it completes; `all` leaves out the passes that do not run
 /// (no pilot inputs, no placement).
 #[test]
@@ -398,15 +398,17 @@ fn dump_dir_files_follow_the_pipeline_order() {
         "01-verify",
         "04-layout",
         "05-lower",
-        "07-fold",
-        "08-attention",
-        "09-epilogue",
-        "10-fuse",
-        "11-streams",
-        "12-buffers",
+        "07-expand",
+        "08-fold",
+        "09-attention",
+        "10-epilogue",
+        "11-fuse",
+        "12-codegen",
+        "13-streams",
+        "14-buffers",
     ];
     assert_eq!(files, want.map(|f| format!("{f}.txt")));
-    let passes: Vec<&str> = meshc::pipeline::DUMPED.to_vec();
+    let passes: Vec<&str> = meshc::pipeline::NAMES.to_vec();
     assert_eq!(
         passes,
         [
@@ -416,10 +418,12 @@ fn dump_dir_files_follow_the_pipeline_order() {
             "layout",
             "lower",
             "sendrecv",
+            "expand",
             "fold",
             "attention",
             "epilogue",
             "fuse",
+            "codegen",
             "streams",
             "buffers"
         ]
