@@ -23,7 +23,7 @@ use crate::passes;
 use crate::passes::fold::{Const, Folded};
 use crate::passes::fuse::Groups;
 use crate::passes::lower::Lowered;
-use crate::pipeline::{self, DevicePass, Dumps, Level, Pass, ProgramPass};
+use crate::pipeline::{self, DevicePass, Dumps, Flow, Instrument, Level, Pass, ProgramPass};
 use meshc_ir::cost::node_flops;
 use meshc_runtime::library;
 use meshc_runtime::matmul_shape::MatmulShape;
@@ -898,7 +898,7 @@ impl Built {
 }
 
 /// Runs the device and program passes of `pipeline::PASSES` over `lowered`, whose
-/// params' values are `params`, dumped as `dumps` asks. `infos` holds what the verifier
+/// params' values are `params`, as `inst` asks: None when it stops after a pass. `infos` holds what the verifier
 /// inferred of each device's program where the caller has verified it; the others are
 /// verified first.
 pub fn run<'a>(
@@ -906,8 +906,8 @@ pub fn run<'a>(
     infos: Vec<Option<Info>>,
     params: &'a Params<'a>,
     opts: &'a Options,
-    dumps: &Dumps,
-) -> Result<Built> {
+    inst: &Instrument,
+) -> Result<Option<Built>> {
     let mut devices = Vec::new();
     for ((d, dev), info) in lowered.devices.iter().enumerate().zip(infos) {
         if dev.nodes.is_empty() && dev.outputs.is_empty() {
@@ -930,8 +930,10 @@ pub fn run<'a>(
         programs: Vec::new(),
         in_place: Vec::new(),
     };
-    pipeline::run(&mut back, pipeline::back(), dumps)?;
-    Ok(Built { programs: back.programs, b: back.b })
+    Ok(match pipeline::run(&mut back, pipeline::back(), inst)? {
+        Flow::Done => Some(Built { programs: back.programs, b: back.b }),
+        Flow::Stopped => None,
+    })
 }
 
 /// Compiles the per-device programs of `lowered`, the lowering of `g` (verified as `info`,
@@ -946,7 +948,8 @@ pub fn compile_lowered<'p>(
     dumps: &Dumps,
 ) -> Result<Compiled> {
     let params = params.into();
-    run(lowered, vec![None; lowered.devices.len()], &params, opts, dumps)?.finish(g, info, lowered)
+    let built = run(lowered, vec![None; lowered.devices.len()], &params, opts, &Instrument::dumps(dumps))?;
+    built.expect("only --stop-after stops the pipeline").finish(g, info, lowered)
 }
 
 /// Compiles a graph for one device.

@@ -1,4 +1,5 @@
-//! The front of the pipeline, and the whole compile: `build` walks the global and stage
+//! The front of the pipeline, and the whole compile: `build` (`run` with `--stop-after`
+//! and `--time-passes`) walks the global and stage
 //! passes of `pipeline::PASSES` (verify, pilot, place, layout, lower, sendrecv) over the
 //! verified graph and its layout spec, hands the lowered programs to `compile::run` for
 //! the device and program passes, adds what the spec says of the mesh to the result and
@@ -24,7 +25,7 @@ use crate::passes::layout::Layouts;
 use crate::passes::lower::Lowered;
 use crate::passes::pilot::{Pruned, WeightMask};
 use crate::passes::place::Placement;
-use crate::pipeline::{self, Dumps, GlobalPass, Level, Pass, StagePass};
+use crate::pipeline::{self, Dumps, Flow, GlobalPass, Instrument, Level, Pass, StagePass};
 
 /// The whole pipeline (`pipeline::PASSES`): the verified graph `g` (with its params'
 /// values), and optionally a layout spec, to a compiled artifact. Without a spec the graph
@@ -41,23 +42,40 @@ pub fn build<'p>(
     dumps: &Dumps,
     pilot: Option<&passes::pilot::Config>,
 ) -> Result<Compiled> {
+    let built = run(g, info, spec, params, opts, &Instrument::dumps(dumps), pilot)?;
+    Ok(built.expect("only --stop-after stops the pipeline"))
+}
+
+/// `build`, dumped, timed and stopped as `inst` asks: None when it stops after a pass.
+pub fn run<'p>(
+    g: &Graph,
+    info: &Info,
+    spec: Option<&Spec>,
+    params: impl Into<Params<'p>>,
+    opts: &Options,
+    inst: &Instrument,
+    pilot: Option<&passes::pilot::Config>,
+) -> Result<Option<Compiled>> {
     let params = params.into();
     let mut front = Front::new(g, info, spec, &params, opts, pilot);
-    pipeline::run(&mut front, pipeline::front(), dumps)?;
+    if pipeline::run(&mut front, pipeline::front(), inst)? == Flow::Stopped {
+        return Ok(None);
+    }
     let (lowered, infos, model_axes, pruned) = front.finish();
     let pruned_opts = pruned.as_ref().map(|p| Options { masks: p.masks.clone(), ..opts.clone() });
     let (params, opts) = match (&pruned, &pruned_opts) {
         (Some(p), Some(o)) => (Params::from(&p.params), o),
         _ => (params, opts),
     };
-    let mut compiled = crate::compile::run(&lowered, infos, &params, opts, dumps)?.finish(g, info, &lowered)?;
+    let Some(built) = crate::compile::run(&lowered, infos, &params, opts, inst)? else { return Ok(None) };
+    let mut compiled = built.finish(g, info, &lowered)?;
     if let Some(spec) = spec {
         compiled.meta.degraded = spec.degraded.degradation(&spec.mesh);
         compiled.meta.model_axes = model_axes;
         compiled.meta.hosts = spec.hosts.clone();
         check_memory(&compiled, spec)?;
     }
-    Ok(compiled)
+    Ok(Some(compiled))
 }
 
 /// The passes from `place` to `sendrecv` under `spec` (its degradation checked): the lowered
@@ -67,7 +85,8 @@ pub fn lower_spec(g: &Graph, info: &Info, spec: &Spec) -> Result<(Lowered, Vec<u
     let none = HashMap::new();
     let (params, opts) = (Params::from(&none), Options::default());
     let mut front = Front::new(g, info, Some(spec), &params, &opts, None);
-    pipeline::run(&mut front, pipeline::front().skip_while(|p| p.name != "place"), &Dumps::default())?;
+    let dumps = Dumps::default();
+    pipeline::run(&mut front, pipeline::front().skip_while(|p| p.name != "place"), &Instrument::dumps(&dumps))?;
     let (lowered, _, model_axes, _) = front.finish();
     Ok((lowered, model_axes))
 }

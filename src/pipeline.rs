@@ -2,11 +2,14 @@
 //! at (the whole graph, each stage, each device's program, each device's runtime program),
 //! how its IR is dumped and whether the verifier checks what it made. `driver` runs the
 //! global and stage passes and `compile` the device and program ones, each by walking this
-//! table over its IR (`Ir`) with `run`, which also verifies every pass alike and dumps it
-//! as `Dumps` asks: where the IR goes after each pass (`--dump-after`, `--dump-dir`), in
-//! which form (`--dump-format`: text, or Graphviz dot for the passes whose IR is a graph).
+//! table over its IR (`Ir`) with `run`, which verifies, times (`--time-passes`) and stops
+//! after (`--stop-after`) every pass alike, and dumps it as `Dumps` asks: where the IR goes
+//! after each pass (`--dump-after`, `--dump-dir`), in which form (`--dump-format`: text, or
+//! Graphviz dot for the passes whose IR is a graph).
 
+use std::cell::RefCell;
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use meshc_runtime::output::Outputs;
@@ -234,13 +237,86 @@ pub trait Ir {
     fn dot(&self, pass: &Pass) -> String;
 }
 
-/// Runs `passes` over `ir` in order, each verified and dumped as `dumps` asks. A pass named (dumped or stopped after) that cannot run is refused
-/// before any runs, so a refused compile prints no dump.
-pub fn run(ir: &mut impl Ir, passes: impl Iterator<Item = &'static Pass> + Clone, dumps: &Dumps) -> Result<()> {
+/// What the user watches of a compile: the dumps, the pass to stop after
+/// (`--stop-after`), and the wall time of every pass (`--time-passes`).
+pub struct Instrument<'d> {
+    pub dumps: &'d Dumps,
+    stop_after: Option<&'static Pass>,
+    /// With `--time-passes`, each pass that ran with its wall time, in order.
+    times: Option<RefCell<Vec<(&'static str, Duration)>>>,
+}
+
+impl<'d> Instrument<'d> {
+    /// Checks the name of the pass to stop after (its dump is written as `dumps` says, so
+    /// under `--dump-format dot` it must have a dot form).
+    pub fn new(dumps: &'d Dumps, stop_after: Option<&str>, time: bool) -> Result<Instrument<'d>> {
+        let stop_after = match stop_after {
+            None => None,
+            Some(name) => Some(
+                PASSES
+                    .iter()
+                    .find(|p| p.name == name)
+                    .ok_or_else(|| anyhow!("--stop-after: unknown pass '{name}' (passes: {})", NAMES.join(", ")))?,
+            ),
+        };
+        if let Some(p) = stop_after.filter(|p| dumps.format == Format::Dot && !p.dot) {
+            bail!("--dump-format dot: pass '{}' has no dot form (passes with one: {})", p.name, DOT_NAMES.join(", "));
+        }
+        Ok(Instrument { dumps, stop_after, times: time.then(|| RefCell::new(Vec::new())) })
+    }
+
+    /// Only `dumps`: every pass runs, untimed.
+    pub fn dumps(dumps: &'d Dumps) -> Instrument<'d> {
+        Instrument { dumps, stop_after: None, times: None }
+    }
+
+    /// Whether the IR after `pass` is dumped: `--dump-after` names it, or the pipeline
+    /// stops after it.
+    fn wants(&self, pass: &Pass) -> bool {
+        self.dumps.wants(pass.name) || self.stop_after == Some(pass)
+    }
+
+    /// The `--time-passes` report, laid out as LLVM's `-time-passes`: every pass that ran
+    /// with its wall time and share of the total, the slowest first; None when not timed.
+    pub fn report(&self) -> Option<String> {
+        let mut times = self.times.as_ref()?.borrow().clone();
+        times.sort_by_key(|t| std::cmp::Reverse(t.1));
+        let total: Duration = times.iter().map(|t| t.1).sum();
+        let share = |d: Duration| if total.is_zero() { 0.0 } else { 100.0 * d.as_secs_f64() / total.as_secs_f64() };
+        let (rule, title) = ("===".to_string() + &"-".repeat(73) + "===", "Pass execution timing report");
+        let mut s = format!("{rule}\n{}{title}\n{rule}\n", " ".repeat((rule.len() - title.len()) / 2));
+        s += &format!(
+            "  Total Execution Time: {:.4} seconds ({:.4} wall clock)\n\n",
+            total.as_secs_f64(),
+            total.as_secs_f64()
+        );
+        s += "   ---Wall Time---  --- Name ---\n";
+        for (name, d) in &times {
+            s += &format!("   {:.4} ({:5.1}%)  {name}\n", d.as_secs_f64(), share(*d));
+        }
+        s += &format!("   {:.4} (100.0%)  Total\n", total.as_secs_f64());
+        Some(s)
+    }
+}
+
+/// Whether `run` went through every pass or stopped after the one `--stop-after` names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flow {
+    Done,
+    Stopped,
+}
+
+/// Runs `passes` over `ir` in order, each verified, timed, dumped and perhaps stopped after
+/// as `inst` asks. A pass named (dumped or stopped after) that cannot run is refused before
+/// any runs, so a refused compile prints no dump.
+pub fn run(ir: &mut impl Ir, passes: impl Iterator<Item = &'static Pass> + Clone, inst: &Instrument) -> Result<Flow> {
     for p in passes.clone() {
         if let Some(needs) = ir.lacks(p) {
-            if dumps.names(p.name) {
+            if inst.dumps.names(p.name) {
                 bail!("--dump-after {} needs {needs}", p.name);
+            }
+            if inst.stop_after == Some(p) {
+                bail!("--stop-after {} needs {needs}", p.name);
             }
         }
     }
@@ -248,17 +324,24 @@ pub fn run(ir: &mut impl Ir, passes: impl Iterator<Item = &'static Pass> + Clone
         if ir.lacks(p).is_some() {
             continue;
         }
+        let start = Instant::now();
         ir.run(p)?;
         if p.verify {
             ir.verify(p)?;
         }
-        if dumps.wants(p.name) {
-            let text = match dumps.format {
+        if let Some(times) = &inst.times {
+            times.borrow_mut().push((p.name, start.elapsed()));
+        }
+        if inst.wants(p) {
+            let text = match inst.dumps.format {
                 Format::Text => ir.text(p)?,
                 Format::Dot => ir.dot(p),
             };
-            dumps.write(p.name, &text)?;
+            inst.dumps.write(p.name, &text)?;
+        }
+        if inst.stop_after == Some(p) {
+            return Ok(Flow::Stopped);
         }
     }
-    Ok(())
+    Ok(Flow::Done)
 }

@@ -30,6 +30,7 @@ mod onnx_fuzz;
 mod outputs;
 mod panels;
 mod pilot;
+mod pipeline;
 mod placement;
 mod refused;
 mod run_stats;
