@@ -29,6 +29,7 @@ mod onnx;
 mod onnx_fuzz;
 mod outputs;
 mod panels;
+mod passes;
 mod pilot;
 mod pipeline;
 mod placement;
