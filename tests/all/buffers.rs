@@ -5,9 +5,8 @@
 //! same time — by the happens-before of the streams, computed here independently — share
 //! arena bytes except an elementwise result and the operand that dies at its step, and the
 //! planned programs with a communication stream, with two compute streams and on one stream
-//! compute exactly what the naive layout on one stream computes. Plus the golden
-//! `--dump-after buffers` and `--dump-after streams` of every testdata graph and of one
-//! layout.
+//! compute exactly what the naive layout on one stream computes. Plus the golden dumps of
+//! the device passes on whole models (the small cases are tests/passes/<pass>/).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -342,38 +341,33 @@ fn testdata_layouts_through_the_driver_plan_sound_streams() {
     }
 }
 
+/// The device and program passes on whole models, pinned where the small cases of
+/// tests/passes do not reach: the transformer's attention, epilogues, fusion and arena, the
+/// CNN's expanded convs and pools and its folded weights, and the streams of a real layout
+/// (which overlaps too little to use the communication stream by default: forced).
 #[test]
-fn dumps_after_fold_epilogue_fuse_buffers_and_streams_are_pinned() {
+fn dumps_of_the_device_passes_on_whole_models_are_pinned() {
     let dir = crate::common::scratch("buffers-dump");
     let out = dir.join("graph.mshc");
     let mut failures = Vec::new();
-    let mut dump = |label: &str, args: &[&str]| {
-        for pass in ["fold", "epilogue", "fuse", "buffers", "streams"] {
+    let mp8 = crate::common::layout_cases().into_iter().find(|c| c.label == "transformer-mp-8").expect("the layout");
+    let cases: [(&str, Vec<&str>, &[&str]); 3] = [
+        ("transformer", vec!["testdata/transformer/graph.json"], &["attention", "epilogue", "fuse", "buffers"]),
+        ("cnn", vec!["testdata/cnn/graph.json"], &["expand", "fold"]),
+        (
+            "transformer-mp-8-comm",
+            vec![mp8.graph.to_str().unwrap(), "--layout", mp8.spec.to_str().unwrap(), "--comm-stream=always"],
+            &["streams", "buffers"],
+        ),
+    ];
+    for (label, args, passes) in cases {
+        for pass in passes {
             let mut all = vec!["compile", args[0], "-o", out.to_str().unwrap(), "--dump-after", pass];
             all.extend(&args[1..]);
             let r = crate::common::meshc(&all);
             assert_eq!(r.status, Some(0), "{label}: {}", r.stderr);
-            if let Err(e) = crate::common::golden(&format!("{pass}/{label}.txt"), &r.stdout) {
-                failures.push(e);
-            }
+            failures.extend(crate::common::golden(&format!("{pass}/{label}.txt"), &r.stdout).err());
         }
-    };
-    for graph in crate::common::testdata_graphs() {
-        let name = graph.parent().unwrap().file_name().unwrap().to_string_lossy().to_string();
-        dump(&name, &[graph.to_str().unwrap()]);
-    }
-    // The testdata layouts overlap too little to use the communication stream by default;
-    // the last one forces it.
-    let cases = [
-        ("transformer-mp-2x4", "transformer-mp-2x4", None),
-        ("mlp-mp-2x4", "mlp-mp-2x4", None),
-        ("transformer-mp-8", "transformer-mp-8-comm", Some("--comm-stream=always")),
-    ];
-    for (layout, label, extra) in cases {
-        let case = crate::common::layout_cases().into_iter().find(|c| c.label == layout).expect("the layout");
-        let mut args = vec![case.graph.to_str().unwrap(), "--layout", case.spec.to_str().unwrap()];
-        args.extend(extra);
-        dump(label, &args);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
