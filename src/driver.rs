@@ -367,13 +367,8 @@ impl pipeline::Ir for Front<'_, '_> {
                 let placed = self.placement.is_some();
                 for (s, st) in self.stages.iter_mut().enumerate() {
                     let lowered = st.lowered.as_ref().expect("lowered");
-                    st.infos = verify_lowered(lowered, pass).with_context(|| {
-                        if placed {
-                            format!("stage {s}")
-                        } else {
-                            String::new()
-                        }
-                    })?;
+                    let infos = verify_lowered(lowered, pass);
+                    st.infos = if placed { infos.with_context(|| format!("stage {s}"))? } else { infos? };
                 }
             }
             Level::Global(GlobalPass::SendRecv) => {
