@@ -42,7 +42,7 @@ test:
 
 golden:
 	MESHC_BLESS=1 $(CARGO) test --test all
-	git status --short golden/
+	git status --short golden/ tests/passes/
 
 testdata:
 	python3 tools/gen_testdata.py

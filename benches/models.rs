@@ -27,7 +27,7 @@ use common::encoder::{encoder, layer_params, write_safetensors, Scratch};
 use common::median;
 use meshc::compile::Options;
 use meshc::driver;
-use meshc::dumps::Dumps;
+use meshc::pipeline::Dumps;
 use meshc_ir::{params, text, verify, Data, Tensor};
 use meshc_runtime::exec::runner::Loaded;
 use meshc_runtime::format::program::{Exec, Library, Matmul};

@@ -25,8 +25,8 @@ use std::time::Instant;
 
 use meshc::compile::{Compiled, Gemm, Options};
 use meshc::driver;
-use meshc::dumps::Dumps;
 use meshc::passes::pilot::{Config, Select, Simplify, DEFAULT_BLOCK};
+use meshc::pipeline::Dumps;
 use meshc_ir::{Data, Tensor};
 use meshc_runtime::exec::runner::Loaded;
 

@@ -13,7 +13,6 @@ use std::time::Instant;
 
 use common::testdata_graphs;
 use meshc::compile::{self, Compiled, Emit, Options};
-use meshc::driver;
 use meshc_ir::{load, params, text, verify, Data, Graph, Tensor};
 
 /// Median wall time of `f` in seconds, after one warm-up call.
@@ -204,7 +203,7 @@ fn load_time() {
         let w = Tensor::new(vec![rows, 16], Data::F32(vec![0.0; rows * 16]));
         let c = compile_text(&src, &HashMap::from([("w".to_string(), w)]), Emit::Artifact);
         let art = dir.join(format!("load{mib}.mshc"));
-        driver::write_artifact(&c, &art, None).unwrap();
+        meshc::artifact::write_artifact(&c, &art, None).unwrap();
         let size = std::fs::metadata(&art).unwrap().len();
         let t_open = median(21, || {
             let a = meshc_runtime::format::artifact::Artifact::open_with(

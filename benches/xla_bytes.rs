@@ -59,7 +59,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use meshc::attribution;
-use meshc::dumps::Dumps;
 use meshc_ir::verify::verify;
 use meshc_ir::Op;
 
@@ -92,7 +91,7 @@ fn meshc_bytes(graph: &str, layout: &str) -> BTreeMap<String, u64> {
     let dir = Path::new("testdata").join(graph);
     let (g, info) = meshc_ir::load::load(&dir.join("graph.json")).unwrap();
     let spec = meshc::layout::load(&dir.join("layouts").join(format!("{layout}.json"))).unwrap();
-    let (lowered, _) = meshc::driver::lower_spec(&g, &info, &spec, &Dumps::default()).unwrap();
+    let (lowered, _) = meshc::driver::lower_spec(&g, &info, &spec).unwrap();
     let mut out = BTreeMap::new();
     for (d, dev) in lowered.devices.iter().enumerate() {
         let types = verify(dev).unwrap().types;

@@ -1,12 +1,13 @@
-//! The per-device half of the pipeline: the lowered programs of every device in, a
-//! `Compiled` out. `compile_lowered` runs the per-device passes in order (`passes::fold`,
-//! `passes::fuse`, code generation here, `passes::streams`, `passes::buffers`), each over
-//! every device before the next; code generation turns each step into a kernel (a fused
+//! The back of the pipeline: the lowered programs of every device in, a `Compiled` out.
+//! `run` walks the device and program passes of `pipeline::PASSES` (expand, fold,
+//! attention, epilogue, fuse, code generation here, streams, buffers), each over every
+//! device before the next; code generation turns each step into a kernel (a fused
 //! elementwise loop, a matmul by the generated kernel or the library GEMM, a collective or
 //! a transfer) defined in the module `Options::emit` asks for (`codegen::module`: the
 //! artifact's code section, or executable memory), stores identical kernels and weight
 //! blocks once, and lays the weights out 64-byte aligned.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{bail, Context, Result};
@@ -19,11 +20,11 @@ use meshc_ir::{Graph, Node, Op, Tensor, TensorType};
 use crate::codegen::elementwise::{Arg, Fused, FusedNode};
 use crate::codegen::module::{ArtifactModule, JitCode, Kernels, Place};
 use crate::codegen::{self, Generated, Target};
-use crate::dumps::Dumps;
 use crate::passes;
 use crate::passes::fold::{Const, Folded};
 use crate::passes::fuse::Groups;
 use crate::passes::lower::Lowered;
+use crate::pipeline::{self, DevicePass, Dumps, Flow, Instrument, Level, Pass, ProgramPass};
 use meshc_ir::cost::node_flops;
 use meshc_runtime::exec::runner::Loaded;
 use meshc_runtime::format::mesh::{Layout, Mesh};
@@ -72,7 +73,7 @@ pub struct Options {
 pub enum Emit {
     /// Into executable memory, to run in this process (`Compiled::load`).
     Memory,
-    /// Into a code section, to write as an artifact (`driver::write_artifact`).
+    /// Into a code section, to write as an artifact (`artifact::write_artifact`).
     Artifact,
 }
 
@@ -710,10 +711,262 @@ fn meta(g: &Graph, info: &Info, target: &Target, mesh: Mesh, layouts: &HashMap<S
     }
 }
 
+/// The IR of the device and program passes: every device's program with what the
+/// verifier inferred of it, its constants and fusion groups, then its runtime program.
+struct Back<'a> {
+    lowered: &'a Lowered,
+    params: &'a Params<'a>,
+    opts: &'a Options,
+    b: Builder,
+    /// The devices with work (a degraded one has none, `degraded::leave_out`): each its
+    /// number, program, and types as the verifier infers them (None once a pass rewrote
+    /// the program, until it is verified again).
+    devices: Vec<(usize, Cow<'a, Graph>, Option<Info>)>,
+    folded: Vec<Folded<'a>>,
+    groups: Vec<Groups>,
+    /// One per device of the mesh, in device order.
+    programs: Vec<Program>,
+    /// Per program, per step, the operand positions its kernel lets the result overwrite.
+    in_place: Vec<Vec<Vec<usize>>>,
+}
+
+/// What the verifier inferred of a device's program: it ran after every pass that rewrote
+/// one (`pipeline::Pass::verify`).
+fn verified(info: &Option<Info>) -> &Info {
+    info.as_ref().expect("every pass that rewrites a program is verified after it")
+}
+
+impl Back<'_> {
+    /// Every device's program in the text format (it parses back, fused nodes and all).
+    fn programs_text(&self) -> String {
+        let mut s = String::new();
+        for (d, g, _) in &self.devices {
+            s.push_str(&format!("# device {d}\n"));
+            s.push_str(&meshc_ir::text::print(g));
+        }
+        s
+    }
+}
+
+impl pipeline::Ir for Back<'_> {
+    fn lacks(&self, _: &Pass) -> Option<&'static str> {
+        None
+    }
+
+    fn run(&mut self, pass: &Pass) -> Result<()> {
+        match pass.level {
+            Level::Device(DevicePass::Expand) => {
+                for (d, dev, info) in self.devices.iter_mut().filter(|(_, dev, _)| passes::expand::needed(dev)) {
+                    *dev =
+                        Cow::Owned(passes::expand::expand(dev, verified(info)).with_context(|| format!("device {d}"))?);
+                    *info = None;
+                }
+            }
+            Level::Device(DevicePass::Fold) => {
+                let (params, opts) = (self.params, self.opts);
+                self.folded = (self.devices.iter())
+                    .map(|(d, dev, info)| {
+                        passes::fold::fold(dev, verified(info), params, &opts.masks, opts.weights)
+                            .with_context(|| format!("device {d}"))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+            }
+            Level::Device(DevicePass::Attention) => {
+                for ((_, dev, info), f) in self.devices.iter_mut().zip(&self.folded).filter(|_| self.opts.attention) {
+                    if let Some(fused) = passes::attention::fuse(dev, verified(info), f) {
+                        (*dev, *info) = (Cow::Owned(fused), None);
+                    }
+                }
+            }
+            Level::Device(DevicePass::Epilogue) => {
+                for ((_, dev, info), f) in self.devices.iter_mut().zip(&self.folded).filter(|_| self.opts.epilogues) {
+                    let types = &verified(info).types;
+                    let b = &self.b;
+                    let library =
+                        |n: &Node| b.library_serves(&[types[&n.inputs[0]].clone(), f.stored(&n.inputs[1], types)]);
+                    if let Some(fused) = passes::epilogue::fuse(dev, verified(info), f, library) {
+                        (*dev, *info) = (Cow::Owned(fused), None);
+                    }
+                }
+            }
+            Level::Device(DevicePass::Fuse) => {
+                self.groups = (self.devices.iter().zip(&self.folded))
+                    .map(|((_, dev, info), f)| passes::fuse::fuse(dev, verified(info), f))
+                    .collect();
+            }
+            Level::Program(ProgramPass::Codegen) => {
+                let n = self.lowered.devices.len();
+                self.programs = (0..n).map(|d| Program { device: d, ..Default::default() }).collect();
+                self.in_place = vec![Vec::new(); n];
+                for (((d, dev, info), f), gr) in self.devices.iter().zip(&self.folded).zip(&self.groups) {
+                    let (p, shares) = (self.b)
+                        .program((*d, n), dev, verified(info), f, gr, &self.lowered.why)
+                        .with_context(|| format!("device {d}"))?;
+                    (self.programs[*d], self.in_place[*d]) = (p, shares);
+                }
+            }
+            Level::Program(ProgramPass::Streams) => {
+                for (p, shares) in self.programs.iter_mut().zip(&mut self.in_place) {
+                    passes::streams::schedule(p, shares);
+                    p.streams = passes::streams::assign(p, &self.opts.streams);
+                }
+            }
+            Level::Program(ProgramPass::Buffers) => {
+                for (p, shares) in self.programs.iter_mut().zip(&self.in_place) {
+                    if self.opts.plan_arena {
+                        passes::buffers::plan(p, shares);
+                    } else {
+                        passes::buffers::naive(p);
+                    }
+                }
+            }
+            Level::Global(_) | Level::Stage(_) => unreachable!("the driver runs {}", pass.name),
+        }
+        Ok(())
+    }
+
+    fn verify(&mut self, pass: &Pass) -> Result<()> {
+        for (d, dev, info) in self.devices.iter_mut().filter(|(_, _, info)| info.is_none()) {
+            *info = Some(
+                verify(dev).with_context(|| format!("device {d}: the program {} made does not verify", pass.name))?,
+            );
+        }
+        Ok(())
+    }
+
+    fn text(&self, pass: &Pass) -> Result<String> {
+        Ok(match pass.level {
+            Level::Device(DevicePass::Expand | DevicePass::Attention | DevicePass::Epilogue) => self.programs_text(),
+            Level::Device(DevicePass::Fold) => {
+                let v: Vec<_> = self.devices.iter().zip(&self.folded).map(|((d, dev, _), f)| (*d, &**dev, f)).collect();
+                passes::fold::dump(&v)
+            }
+            Level::Device(DevicePass::Fuse) => {
+                let v: Vec<_> = (self.devices.iter().zip(&self.groups))
+                    .map(|((d, dev, info), gr)| (*d, &**dev, verified(info), gr))
+                    .collect();
+                passes::fuse::dump(&v)
+            }
+            Level::Program(ProgramPass::Codegen) => codegen_dump(&self.programs),
+            Level::Program(ProgramPass::Streams) => passes::streams::dump(&self.programs),
+            Level::Program(ProgramPass::Buffers) => passes::buffers::dump(&self.programs),
+            Level::Global(_) | Level::Stage(_) => unreachable!("the driver dumps {}", pass.name),
+        })
+    }
+
+    fn dot(&self, pass: &Pass) -> String {
+        match pass.level {
+            Level::Program(ProgramPass::Streams) => crate::dot::streams(&self.programs),
+            _ => unreachable!("{} has no dot form", pass.name),
+        }
+    }
+}
+
+/// The `--dump-after codegen` text: per device, its kernels (with the operands each lets
+/// its result overwrite), its buffers (weights, or arena space the buffers pass places) and
+/// its steps in program order, each with what runs it and the buffers it is given.
+fn codegen_dump(programs: &[Program]) -> String {
+    let mut s = String::new();
+    for p in programs {
+        let (k, b, n) = (p.kernels.len(), p.buffers.len(), p.steps.len());
+        s += &format!("device {}: {k} kernels, {b} buffers, {n} steps\n", p.device);
+        for (i, k) in p.kernels.iter().enumerate() {
+            let shares: Vec<String> = k.in_place.iter().map(usize::to_string).collect();
+            let shares =
+                if shares.is_empty() { String::new() } else { format!("  in place of operand {}", shares.join(", ")) };
+            s += &format!("  k{i:<4} {}{shares}\n", k.name);
+        }
+        for (i, buf) in p.buffers.iter().enumerate() {
+            let at = match buf.storage {
+                Storage::Weights { .. } if buf.mask.is_some() => "weights, masked",
+                Storage::Weights { .. } => "weights",
+                Storage::Arena { .. } => "arena",
+            };
+            s += &format!("  b{i:<4} {:<28} {:>10} bytes  {at}\n", buf.name, buf.bytes);
+        }
+        for st in &p.steps {
+            let bufs: Vec<String> = st.buffers.iter().map(|b| format!("b{b}")).collect();
+            let line = format!(
+                "  {:<28} {:<36} ({})",
+                st.node,
+                meshc_runtime::format::order::exec_text(p, st),
+                bufs.join(", ")
+            );
+            s += line.trim_end();
+            s.push('\n');
+        }
+    }
+    s
+}
+
+/// What the device and program passes made of the lowered programs: the runtime program of
+/// every device, and the code and weights they share. `finish` adds the metadata.
+pub struct Built {
+    programs: Vec<Program>,
+    b: Builder,
+}
+
+impl Built {
+    /// The compiled graph `g` (verified as `info`, whose FLOPs the metadata counts), of which
+    /// `lowered` is the lowering these programs were made from.
+    pub fn finish(self, g: &Graph, info: &Info, lowered: &Lowered) -> Result<Compiled> {
+        let Built { mut programs, b } = self;
+        let layouts: HashMap<String, Layout> = lowered.inputs.iter().chain(&lowered.outputs).cloned().collect();
+        let mut meta = meta(g, info, &b.target, lowered.mesh.clone(), &layouts);
+        for io in meta.inputs.iter_mut().chain(&mut meta.outputs) {
+            io.stage = lowered.io_stages.get(&io.name).cloned();
+        }
+        // Placed programs list, after the graph's inputs, placeholders of the outputs a device
+        // does not hold: they are no inputs of the run.
+        for p in &mut programs {
+            p.inputs.truncate(g.inputs.len());
+        }
+        b.finish(meta, programs)
+    }
+}
+
+/// Runs the device and program passes of `pipeline::PASSES` over `lowered`, whose
+/// params' values are `params`, as `inst` asks: None when it stops after a pass. `infos` holds what the verifier
+/// inferred of each device's program where the caller has verified it; the others are
+/// verified first.
+pub fn run<'a>(
+    lowered: &'a Lowered,
+    infos: Vec<Option<Info>>,
+    params: &'a Params<'a>,
+    opts: &'a Options,
+    inst: &Instrument,
+) -> Result<Option<Built>> {
+    let mut devices = Vec::new();
+    for ((d, dev), info) in lowered.devices.iter().enumerate().zip(infos) {
+        if dev.nodes.is_empty() && dev.outputs.is_empty() {
+            continue;
+        }
+        let info = match info {
+            Some(info) => info,
+            None => verify(dev).with_context(|| format!("device {d}: the lowered program does not verify"))?,
+        };
+        devices.push((d, Cow::Borrowed(dev), Some(info)));
+    }
+    let mut back = Back {
+        lowered,
+        params,
+        opts,
+        b: Builder::new(opts)?,
+        devices,
+        folded: Vec::new(),
+        groups: Vec::new(),
+        programs: Vec::new(),
+        in_place: Vec::new(),
+    };
+    Ok(match pipeline::run(&mut back, pipeline::back(), inst)? {
+        Flow::Done => Some(Built { programs: back.programs, b: back.b }),
+        Flow::Stopped => None,
+    })
+}
+
 /// Compiles the per-device programs of `lowered`, the lowering of `g` (verified as `info`,
-/// whose FLOPs the metadata counts), with `params` holding `g`'s params: the per-device
-/// passes in order — fold, fuse, code generation, streams, buffers — each over every
-/// device before the next, dumped as `dumps` asks.
+/// whose FLOPs the metadata counts), with `params` holding `g`'s params: the device and
+/// program passes (`run`), dumped as `dumps` asks.
 pub fn compile_lowered<'p>(
     g: &Graph,
     info: &Info,
@@ -723,91 +976,8 @@ pub fn compile_lowered<'p>(
     dumps: &Dumps,
 ) -> Result<Compiled> {
     let params = params.into();
-    let mut b = Builder::new(opts)?;
-    // A degraded device (`degraded::leave_out`) has nothing to run.
-    let mut devices = Vec::new();
-    for (d, dev) in lowered.devices.iter().enumerate() {
-        if !(dev.nodes.is_empty() && dev.outputs.is_empty()) {
-            let dinfo = verify(dev).with_context(|| format!("device {d}: the lowered program does not verify"))?;
-            if passes::expand::needed(dev) {
-                let e = passes::expand::expand(dev, &dinfo).with_context(|| format!("device {d}"))?;
-                let einfo = verify(&e).with_context(|| format!("device {d}: the expanded program does not verify"))?;
-                devices.push((d, std::borrow::Cow::Owned(e), einfo));
-            } else {
-                devices.push((d, std::borrow::Cow::Borrowed(dev), dinfo));
-            }
-        }
-    }
-    let folded = (devices.iter())
-        .map(|(d, dev, dinfo)| {
-            passes::fold::fold(dev, dinfo, &params, &opts.masks, opts.weights).with_context(|| format!("device {d}"))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    dumps.emit("fold", || {
-        let v: Vec<_> = devices.iter().zip(&folded).map(|((d, dev, _), f)| (*d, &**dev, f)).collect();
-        passes::fold::dump(&v)
-    })?;
-    for ((d, dev, dinfo), f) in devices.iter_mut().zip(&folded).filter(|_| opts.attention) {
-        if let Some(fused) = passes::attention::fuse(dev, dinfo, f) {
-            *dinfo = verify(&fused).with_context(|| format!("device {d}: the fused program does not verify"))?;
-            *dev = std::borrow::Cow::Owned(fused);
-        }
-    }
-    dumps.emit("attention", || {
-        let v: Vec<_> = devices.iter().map(|(d, dev, _)| (*d, &**dev)).collect();
-        passes::epilogue::dump(&v)
-    })?;
-    for ((d, dev, dinfo), f) in devices.iter_mut().zip(&folded).filter(|_| opts.epilogues) {
-        let types = &dinfo.types;
-        let library = |n: &Node| b.library_serves(&[types[&n.inputs[0]].clone(), f.stored(&n.inputs[1], types)]);
-        if let Some(fused) = passes::epilogue::fuse(dev, dinfo, f, library) {
-            *dinfo = verify(&fused).with_context(|| format!("device {d}: the fused program does not verify"))?;
-            *dev = std::borrow::Cow::Owned(fused);
-        }
-    }
-    dumps.emit("epilogue", || {
-        let v: Vec<_> = devices.iter().map(|(d, dev, _)| (*d, &**dev)).collect();
-        passes::epilogue::dump(&v)
-    })?;
-    let groups: Vec<Groups> =
-        devices.iter().zip(&folded).map(|((_, dev, dinfo), f)| passes::fuse::fuse(dev, dinfo, f)).collect();
-    dumps.emit("fuse", || {
-        let v: Vec<_> = devices.iter().zip(&groups).map(|((d, dev, dinfo), gr)| (*d, &**dev, dinfo, gr)).collect();
-        passes::fuse::dump(&v)
-    })?;
-    let mut programs: Vec<Program> =
-        (0..lowered.devices.len()).map(|d| Program { device: d, ..Default::default() }).collect();
-    let mut in_place = vec![Vec::new(); programs.len()];
-    for (((d, dev, dinfo), f), gr) in devices.iter().zip(&folded).zip(&groups) {
-        let (p, shares) = b
-            .program((*d, lowered.devices.len()), dev, dinfo, f, gr, &lowered.why)
-            .with_context(|| format!("device {d}"))?;
-        (programs[*d], in_place[*d]) = (p, shares);
-    }
-    for (p, shares) in programs.iter_mut().zip(&mut in_place) {
-        passes::streams::schedule(p, shares);
-        p.streams = passes::streams::assign(p, &opts.streams);
-    }
-    dumps.emit_graph("streams", || passes::streams::dump(&programs), || crate::dot::streams(&programs))?;
-    for (p, shares) in programs.iter_mut().zip(&in_place) {
-        if opts.plan_arena {
-            passes::buffers::plan(p, shares);
-        } else {
-            passes::buffers::naive(p);
-        }
-    }
-    dumps.emit("buffers", || passes::buffers::dump(&programs))?;
-    let layouts: HashMap<String, Layout> = lowered.inputs.iter().chain(&lowered.outputs).cloned().collect();
-    let mut meta = meta(g, info, &b.target, lowered.mesh.clone(), &layouts);
-    for io in meta.inputs.iter_mut().chain(&mut meta.outputs) {
-        io.stage = lowered.io_stages.get(&io.name).cloned();
-    }
-    // Placed programs list, after the graph's inputs, placeholders of the outputs a device
-    // does not hold: they are no inputs of the run.
-    for p in &mut programs {
-        p.inputs.truncate(g.inputs.len());
-    }
-    b.finish(meta, programs)
+    let built = run(lowered, vec![None; lowered.devices.len()], &params, opts, &Instrument::dumps(dumps))?;
+    built.expect("only --stop-after stops the pipeline").finish(g, info, lowered)
 }
 
 /// Compiles a graph for one device.

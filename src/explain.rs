@@ -18,7 +18,6 @@ use meshc_runtime::format::program::{Rule, Why};
 use serde::Serialize;
 
 use crate::attribution;
-use crate::dumps::Dumps;
 use crate::layout::{resolve_entry, AxisRef, Spec};
 use crate::passes::layout::{corresponding_dims, reshape_layout, reshape_run_layout};
 use crate::passes::lower::{Lowered, Overridden};
@@ -114,7 +113,7 @@ fn coords(mesh: &Mesh, d: usize) -> Vec<usize> {
 
 /// Lowers `g` under `spec` and explains the result.
 pub fn explain(g: &Graph, info: &Info, spec: &Spec) -> Result<Report> {
-    let (lowered, _) = crate::driver::lower_spec(g, info, spec, &Dumps::default())?;
+    let (lowered, _) = crate::driver::lower_spec(g, info, spec)?;
     let degraded = !spec.degraded.degradation(&spec.mesh).is_empty();
     let mut r = report(g, info, &lowered, degraded)?;
     if r.replicated_flops * 4 > r.flops {

@@ -3,15 +3,16 @@
 //! that runs an artifact live in `meshc-runtime`, which knows nothing of this crate; the ONNX
 //! frontend is `meshc-onnx`. The `meshc` binary (src/main.rs) is the CLI.
 
+pub mod artifact;
 pub mod attribution;
 pub mod codegen;
 pub mod compile;
 pub mod degrade;
 pub mod dot;
 pub mod driver;
-pub mod dumps;
 pub mod explain;
 pub mod layout;
 pub mod mesh_interp;
 pub mod passes;
+pub mod pipeline;
 pub mod train;

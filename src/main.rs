@@ -7,8 +7,8 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use meshc::dumps::{Dumps, Format as DumpFormat};
-use meshc::{compile, driver};
+use meshc::pipeline::{Dumps, Format as DumpFormat, Instrument};
+use meshc::{artifact, compile, driver};
 use meshc_ir::weights::WeightFiles;
 use meshc_ir::{json, load, params, text, verify::Info, Graph, Tensor, TensorType};
 use meshc_runtime::exec::loader::load_artifact;
@@ -43,6 +43,13 @@ enum Cmd {
         layout: Option<PathBuf>,
         #[command(flatten)]
         onnx: OnnxArgs,
+        /// Instead of the summary, run the passes up to PASS (with the default code generation
+        /// options and the --layout given) and print the IR after it.
+        #[arg(long, value_name = "PASS")]
+        stop_after: Option<String>,
+        /// Print the wall time of every pass run on stderr.
+        #[arg(long, requires = "stop_after")]
+        time_passes: bool,
     },
     /// Import an ONNX model as a graph file, its weights in a safetensors file beside it.
     Import {
@@ -76,15 +83,15 @@ enum Cmd {
     /// Compile a graph into one mmap-loadable artifact.
     Compile {
         graph: PathBuf,
-        #[arg(short, value_name = "OUT.mshc")]
-        o: PathBuf,
+        #[arg(short, value_name = "OUT.mshc", required_unless_present = "stop_after")]
+        o: Option<PathBuf>,
         #[command(flatten)]
         codegen: CodegenArgs,
         /// Also write a make-style depfile listing every file the artifact is built from.
-        #[arg(long = "MF", value_name = "DEPFILE")]
+        #[arg(long = "MF", value_name = "DEPFILE", conflicts_with = "stop_after")]
         depfile: Option<PathBuf>,
-        /// Print the IR after a pass (verify, pilot, place, layout, lower, sendrecv, fold, attention, epilogue,
-        /// fuse, streams, buffers, or all); may be repeated.
+        /// Print the IR after a pass (verify, pilot, place, layout, lower, sendrecv, expand, fold, attention,
+        /// epilogue, fuse, codegen, streams, buffers, or all); may be repeated.
         #[arg(long, value_name = "PASS", value_delimiter = ',')]
         dump_after: Vec<String>,
         /// Write the dumps to DIR/NN-PASS.txt (.dot) instead of stdout.
@@ -93,9 +100,15 @@ enum Cmd {
         /// The form of the dumps: text, or Graphviz dot (place, lower, sendrecv, streams).
         #[arg(long, value_name = "FORMAT", default_value = "text")]
         dump_format: DumpFormat,
+        /// Stop after this pass and print (or --dump-dir) the IR after it; no artifact is written.
+        #[arg(long, value_name = "PASS")]
+        stop_after: Option<String>,
+        /// Print the wall time of every pass on stderr, the slowest first.
+        #[arg(long)]
+        time_passes: bool,
         /// Sign the artifact with this secret key (from `meshc keygen`): `run
         /// --require-signature` then accepts it.
-        #[arg(long, value_name = "KEY")]
+        #[arg(long, value_name = "KEY", conflicts_with = "stop_after")]
         sign: Option<PathBuf>,
         #[command(flatten)]
         pilot: PilotArgs,
@@ -250,6 +263,18 @@ impl CodegenArgs {
         .find_map(|(given, flag)| given.then_some(flag))
     }
 
+    /// The defaults of every option but the spec `layout` and the ONNX import `onnx`.
+    fn defaults(layout: Option<PathBuf>, onnx: OnnxArgs) -> CodegenArgs {
+        #[derive(Parser)]
+        struct Defaults {
+            #[command(flatten)]
+            args: CodegenArgs,
+        }
+        // Parsed from no flags, so the defaults are clap's, as `compile` has them.
+        let args = Defaults::parse_from(["meshc"]).args;
+        CodegenArgs { layout, onnx, ..args }
+    }
+
     fn options(&self) -> compile::Options {
         let gemm = match self.gemm {
             GemmArg::Auto => compile::Gemm::Auto,
@@ -288,16 +313,30 @@ fn main() -> ExitCode {
         Err(code) => return code,
     };
     let result = match cli.cmd {
-        Cmd::Check { graph, layout, onnx } => check(&graph, layout.as_deref(), &onnx),
+        Cmd::Check { graph, layout, onnx, stop_after: Some(pass), time_passes } => {
+            check_until(&graph, CodegenArgs::defaults(layout, onnx), &pass, time_passes)
+        }
+        Cmd::Check { graph, layout, onnx, .. } => check(&graph, layout.as_deref(), &onnx),
         Cmd::Import { model, o, weights, onnx } => import(&model, &o, weights.as_deref(), &onnx),
         Cmd::Fmt { graph, to, o } => fmt(&graph, to, o.as_deref()),
         Cmd::Interp { graph, io, onnx } => interp(&graph, &io, &onnx),
-        Cmd::Compile { graph, o, codegen, depfile, dump_after, dump_dir, dump_format, sign, pilot } => {
-            Dumps::new(dump_after, dump_dir, dump_format).and_then(|dumps| {
-                let signer = sign.as_deref().map(signature::read_signing_key).transpose()?;
-                compile_cmd(&graph, &o, &codegen, depfile.as_deref(), &dumps, &pilot, signer)
-            })
-        }
+        Cmd::Compile {
+            graph,
+            o,
+            codegen,
+            depfile,
+            dump_after,
+            dump_dir,
+            dump_format,
+            stop_after,
+            time_passes,
+            sign,
+            pilot,
+        } => Dumps::new(dump_after, dump_dir, dump_format).and_then(|dumps| {
+            let inst = Instrument::new(&dumps, stop_after.as_deref(), time_passes)?;
+            let signer = sign.as_deref().map(signature::read_signing_key).transpose()?;
+            compile_cmd(&graph, o.as_deref(), &codegen, depfile.as_deref(), &inst, &pilot, signer)
+        }),
         Cmd::Keygen { o } => keygen(&o),
         Cmd::Grad { graph, loss, wrt, o } => meshc::train::grad_cmd(&graph, &loss, &wrt, &o),
         Cmd::Run { program, steps, codegen, run: run_args, .. } if steps.steps.is_some() => {
@@ -556,13 +595,15 @@ impl PilotArgs {
     }
 }
 
+/// Compiles the graph at `path` as `args` say, watched as `inst` asks: the result (None when
+/// it stops after a pass), the files it is built from, and a training step's initial state.
 fn compile_graph(
     path: &Path,
     args: &CodegenArgs,
     emit: compile::Emit,
-    dumps: &Dumps,
+    inst: &Instrument,
     pilot: Option<&PilotArgs>,
-) -> Result<(compile::Compiled, Vec<PathBuf>, Option<State>)> {
+) -> Result<(Option<compile::Compiled>, Vec<PathBuf>, Option<State>)> {
     let GraphIn { graph: g, info, imported } = load_graph(path, &args.onnx)?;
     let mut files = WeightFiles::new(base_dir(path));
     let in_graph = |e: meshc_ir::Error| e.in_file(path.display().to_string());
@@ -596,34 +637,59 @@ fn compile_graph(
     };
     let pilot = pilot.map(|p| p.config(&g)).transpose()?.flatten();
     let opts = compile::Options { emit, ..args.options() };
-    let compiled = driver::build(&g, &info, spec.as_ref(), params, &opts, dumps, pilot.as_ref())
+    let compiled = driver::run(&g, &info, spec.as_ref(), params, &opts, inst, pilot.as_ref())
         .with_context(|| path.display().to_string())?;
     // Everything the artifact holds has been copied out of the weight files by now.
     files.check_unchanged()?;
+    if let Some(report) = inst.report() {
+        eprint!("{report}");
+    }
     let mut deps = vec![path.to_path_buf()];
     deps.extend(args.layout.clone());
     deps.extend(files.paths().iter().cloned());
     Ok((compiled, deps, init))
 }
 
+/// Compiles the graph at `path` to run in this process.
+fn compile_in_memory(
+    path: &Path,
+    args: &CodegenArgs,
+    pilot: Option<&PilotArgs>,
+) -> Result<(compile::Compiled, Option<State>)> {
+    let dumps = Dumps::default();
+    let (c, _, init) = compile_graph(path, args, compile::Emit::Memory, &Instrument::dumps(&dumps), pilot)?;
+    Ok((c.expect("only --stop-after stops the pipeline"), init))
+}
+
+/// `check --stop-after PASS`: the passes up to PASS compiled as `args` say, the IR after it
+/// printed instead of the summary.
+fn check_until(path: &Path, args: CodegenArgs, pass: &str, time: bool) -> Result<()> {
+    let dumps = Dumps::default();
+    let inst = Instrument::new(&dumps, Some(pass), time)?;
+    compile_graph(path, &args, compile::Emit::Artifact, &inst, None).map(|_| ())
+}
+
+/// `compile GRAPH -o OUT`: the artifact (and its depfile), unless `inst` stops the
+/// pipeline after a pass (clap requires `out` otherwise).
 fn compile_cmd(
     path: &Path,
-    out: &Path,
+    out: Option<&Path>,
     args: &CodegenArgs,
     depfile: Option<&Path>,
-    dumps: &Dumps,
+    inst: &Instrument,
     pilot: &PilotArgs,
     signer: Option<ed25519_dalek::SigningKey>,
 ) -> Result<()> {
-    let (compiled, deps, init) = compile_graph(path, args, compile::Emit::Artifact, dumps, Some(pilot))?;
+    let (compiled, deps, init) = compile_graph(path, args, compile::Emit::Artifact, inst, Some(pilot))?;
+    let (Some(compiled), Some(out)) = (compiled, out) else { return Ok(()) };
     if let Some(report) = flops_skipped(&compiled.programs, compiled.meta.flops) {
         eprintln!("{report}");
     }
     // The artifact and its depfile appear together or not at all.
     let mut files = Outputs::new();
-    driver::stage_artifact(&compiled, &mut files, out, signer, init.map(|i| i.to_section()).transpose()?)?;
+    artifact::stage_artifact(&compiled, &mut files, out, signer, init.map(|i| i.to_section()).transpose()?)?;
     if let Some(d) = depfile {
-        let text = driver::depfile(out, &deps);
+        let text = artifact::depfile(out, &deps);
         files.write_bytes(d, text.as_bytes())?;
     }
     files.commit()
@@ -663,7 +729,7 @@ fn run(path: &Path, io: &Io, run_args: &RunArgs, args: &CodegenArgs, pilot: &Pil
         }
         cli::open(path, run_args)?
     } else {
-        let (c, _, _) = compile_graph(path, args, compile::Emit::Memory, &Dumps::default(), Some(pilot))?;
+        let (c, _) = compile_in_memory(path, args, Some(pilot))?;
         c.load().with_context(|| file.clone())?
     };
     cli::run(&mut loaded, io, run_args)
@@ -702,7 +768,7 @@ fn compare_with_unpruned(path: &Path, reference: &Path, io: &Io, args: &CodegenA
             let art = Artifact::open_with(p, Verify::All)?;
             with(&load_artifact(art, &name)?)
         } else {
-            let (c, _, _) = compile_graph(p, args, compile::Emit::Memory, &Dumps::default(), Some(pilot))?;
+            let (c, _) = compile_in_memory(p, args, Some(pilot))?;
             with(&c.load().with_context(|| name.clone())?)
         }
     };
@@ -735,7 +801,7 @@ fn train_run(path: &Path, steps: &StepArgs, args: &CodegenArgs, run_args: &RunAr
         if args.train.loss.is_none() {
             bail!("{file}: --steps trains a graph compiled with --loss NAME --optimizer SPEC");
         }
-        let (c, _, init) = compile_graph(path, args, compile::Emit::Memory, &Dumps::default(), None)?;
+        let (c, init) = compile_in_memory(path, args, None)?;
         (c.load().with_context(|| file.clone())?, init)
     };
     // --degrade, --timeout and --threads apply to every step.

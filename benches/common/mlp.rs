@@ -6,8 +6,8 @@ use std::collections::HashMap;
 
 use meshc::compile::{Compiled, Options};
 use meshc::driver;
-use meshc::dumps::Dumps;
 use meshc::layout;
+use meshc::pipeline::Dumps;
 use meshc_ir::{params, text, verify, Data, Tensor};
 
 pub const B: usize = 512;

@@ -137,14 +137,3 @@ pub fn refuse_fused(g: &Graph) -> Result<()> {
     }
     Ok(())
 }
-
-/// The `--dump-after epilogue` (and `attention`) text: every device's program after the
-/// pass, in the text format (it parses back, fused nodes and all).
-pub fn dump(devices: &[(usize, &Graph)]) -> String {
-    let mut s = String::new();
-    for &(d, g) in devices {
-        s.push_str(&format!("# device {d}\n"));
-        s.push_str(&meshc_ir::text::print(g));
-    }
-    s
-}

@@ -1005,3 +1005,67 @@ pub fn dump(l: &Lowered) -> String {
     }
     s
 }
+
+/// Reads back the per-device programs the dumps of lower, sendrecv, expand, attention and
+/// epilogue print, over `mesh`: before each device's graph a line `# device N` (the rest of
+/// the line is a comment, but `: degraded, no work` marks a device without a program),
+/// devices in order from 0, one per device of the mesh. The text says nothing of the
+/// layouts of the graph's inputs and outputs nor of why its communication is there: the
+/// result has every input and output unsplit (their ranks from the first program with
+/// outputs, which is verified for them), and no reasons.
+pub fn parse(src: &str, mesh: Mesh) -> Result<Lowered> {
+    let lines: Vec<&str> = src.lines().collect();
+    let heads: Vec<(usize, &str)> = (lines.iter().enumerate())
+        .filter_map(|(i, l)| {
+            Some((i, l.strip_prefix("# device ").filter(|r| r.starts_with(|c: char| c.is_ascii_digit()))?))
+        })
+        .collect();
+    let first = heads.first().map_or(lines.len(), |h| h.0);
+    if let Some(i) = (0..first).find(|&i| !lines[i].trim().is_empty() && !lines[i].starts_with('#')) {
+        bail!("line {}: expected '# device 0' before any program", i + 1);
+    }
+    let mut devices = Vec::new();
+    for (k, &(at, rest)) in heads.iter().enumerate() {
+        let number = rest.split(|c: char| !c.is_ascii_digit()).next().unwrap_or_default();
+        if number.parse() != Ok(devices.len()) {
+            bail!("line {}: expected '# device {}', not '# device {rest}'", at + 1, devices.len());
+        }
+        let end = heads.get(k + 1).map_or(lines.len(), |h| h.0);
+        // Blank lines in place of the text before, so that errors give lines of `src`.
+        let text = "\n".repeat(at + 1) + &lines[at + 1..end].join("\n");
+        let g = if rest.ends_with(": degraded, no work") {
+            if let Some(i) = (at + 1..end).find(|&i| !lines[i].trim().is_empty() && !lines[i].starts_with('#')) {
+                bail!("line {}: device {number} is degraded and has no program", i + 1);
+            }
+            Graph::default()
+        } else {
+            meshc_ir::text::parse(&text).map_err(|e| anyhow::anyhow!("device {number}: {e}"))?
+        };
+        devices.push(g);
+    }
+    if devices.len() != mesh.devices() {
+        bail!("{} programs for the {} devices of the mesh", devices.len(), mesh.devices());
+    }
+    let unsplit = |name: &str, rank: usize| (name.to_string(), vec![None; rank]);
+    let (inputs, outputs) = match devices.iter().enumerate().find(|(_, g)| !g.outputs.is_empty()) {
+        Some((d, g)) => {
+            // What rank an output has, the verifier says.
+            let types = meshc_ir::verify::verify(g).map_err(|e| anyhow::anyhow!("device {d}: {e}"))?.types;
+            (
+                g.inputs.iter().map(|i| unsplit(&i.name, i.ty.rank())).collect(),
+                g.outputs.iter().map(|o| unsplit(&o.name, types[&o.name].rank())).collect(),
+            )
+        }
+        None => (Vec::new(), Vec::new()),
+    };
+    Ok(Lowered {
+        mesh,
+        devices,
+        inputs,
+        outputs,
+        io_stages: BTreeMap::new(),
+        why: BTreeMap::new(),
+        overridden: Vec::new(),
+        pinned: BTreeMap::new(),
+    })
+}

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use meshc::compile::{Compiled, Gemm, Options};
 use meshc::driver;
-use meshc::dumps::Dumps;
+use meshc::pipeline::Dumps;
 use meshc_ir::{interp, text, verify, Tensor};
 use meshc_runtime::format::program::{Attention, Exec, Library};
 use meshc_runtime::kernels::matmul_shape::testing::random;
@@ -288,7 +288,7 @@ fn the_dump_round_trips_and_interprets_alike() {
     let dumps = Dumps::new(vec!["attention".into()], Some(dir.to_path_buf()), Default::default()).unwrap();
     let params: HashMap<String, Tensor> = [("scale".to_string(), values["scale"].clone())].into();
     driver::build(&g, &info, None, &params, &Options::default(), &dumps, None).unwrap();
-    let dump = std::fs::read_to_string(dir.join("08-attention.txt")).unwrap();
+    let dump = std::fs::read_to_string(dumps.file("attention").unwrap()).unwrap();
     let body = dump.strip_prefix("# device 0\n").expect("one device");
     assert!(body.contains("y = attention(q, kt, v, scale, mask) {scores = \"div,add\"}"), "{body}");
     let fused = text::parse(body).unwrap();

@@ -5,9 +5,8 @@
 //! same time — by the happens-before of the streams, computed here independently — share
 //! arena bytes except an elementwise result and the operand that dies at its step, and the
 //! planned programs with a communication stream, with two compute streams and on one stream
-//! compute exactly what the naive layout on one stream computes. Plus the golden
-//! `--dump-after buffers` and `--dump-after streams` of every testdata graph and of one
-//! layout.
+//! compute exactly what the naive layout on one stream computes. Plus the golden dumps of
+//! the device passes on whole models (the small cases are tests/passes/<pass>/).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -326,7 +325,7 @@ fn testdata_layouts_through_the_driver_plan_sound_streams() {
         let spec = meshc::layout::load(&case.spec).unwrap();
         let build = |streams: Config| {
             let opts = Options { streams, ..Options::default() };
-            meshc::driver::build(&g, &info, Some(&spec), &params, &opts, &meshc::dumps::Dumps::default(), None)
+            meshc::driver::build(&g, &info, Some(&spec), &params, &opts, &meshc::pipeline::Dumps::default(), None)
                 .unwrap_or_else(|e| panic!("{}: {e:#}", case.label))
         };
         let inputs = crate::common::testdata_inputs(&case.graph, &g).unwrap();
@@ -342,43 +341,38 @@ fn testdata_layouts_through_the_driver_plan_sound_streams() {
     }
 }
 
+/// The device and program passes on whole models, pinned where the small cases of
+/// tests/passes do not reach: the transformer's attention, epilogues, fusion and arena, the
+/// CNN's expanded convs and pools and its folded weights, and the streams of a real layout
+/// (which overlaps too little to use the communication stream by default: forced).
 #[test]
-fn dumps_after_fold_epilogue_fuse_buffers_and_streams_are_pinned() {
+fn dumps_of_the_device_passes_on_whole_models_are_pinned() {
     let dir = crate::common::scratch("buffers-dump");
     let out = dir.join("graph.mshc");
     let mut failures = Vec::new();
-    let mut dump = |label: &str, args: &[&str]| {
-        for pass in ["fold", "epilogue", "fuse", "buffers", "streams"] {
+    let mp8 = crate::common::layout_cases().into_iter().find(|c| c.label == "transformer-mp-8").expect("the layout");
+    let cases: [(&str, Vec<&str>, &[&str]); 3] = [
+        ("transformer", vec!["testdata/transformer/graph.json"], &["attention", "epilogue", "fuse", "buffers"]),
+        ("cnn", vec!["testdata/cnn/graph.json"], &["expand", "fold"]),
+        (
+            "transformer-mp-8-comm",
+            vec![mp8.graph.to_str().unwrap(), "--layout", mp8.spec.to_str().unwrap(), "--comm-stream=always"],
+            &["streams", "buffers"],
+        ),
+    ];
+    for (label, args, passes) in cases {
+        for pass in passes {
             let mut all = vec!["compile", args[0], "-o", out.to_str().unwrap(), "--dump-after", pass];
             all.extend(&args[1..]);
             let r = crate::common::meshc(&all);
             assert_eq!(r.status, Some(0), "{label}: {}", r.stderr);
-            if let Err(e) = crate::common::golden(&format!("{pass}/{label}.txt"), &r.stdout) {
-                failures.push(e);
-            }
+            failures.extend(crate::common::golden(&format!("{pass}/{label}.txt"), &r.stdout).err());
         }
-    };
-    for graph in crate::common::testdata_graphs() {
-        let name = graph.parent().unwrap().file_name().unwrap().to_string_lossy().to_string();
-        dump(&name, &[graph.to_str().unwrap()]);
-    }
-    // The testdata layouts overlap too little to use the communication stream by default;
-    // the last one forces it.
-    let cases = [
-        ("transformer-mp-2x4", "transformer-mp-2x4", None),
-        ("mlp-mp-2x4", "mlp-mp-2x4", None),
-        ("transformer-mp-8", "transformer-mp-8-comm", Some("--comm-stream=always")),
-    ];
-    for (layout, label, extra) in cases {
-        let case = crate::common::layout_cases().into_iter().find(|c| c.label == layout).expect("the layout");
-        let mut args = vec![case.graph.to_str().unwrap(), "--layout", case.spec.to_str().unwrap()];
-        args.extend(extra);
-        dump(label, &args);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// `--dump-dir` numbers its files in the order the passes run (`dumps::PASSES`), each
+/// `--dump-dir` numbers its files in the order the passes run (`pipeline::NAMES`), each
 /// pass's file written as it completes; `all` leaves out the passes that do not run
 /// (no pilot inputs, no placement).
 #[test]
@@ -398,15 +392,17 @@ fn dump_dir_files_follow_the_pipeline_order() {
         "01-verify",
         "04-layout",
         "05-lower",
-        "07-fold",
-        "08-attention",
-        "09-epilogue",
-        "10-fuse",
-        "11-streams",
-        "12-buffers",
+        "07-expand",
+        "08-fold",
+        "09-attention",
+        "10-epilogue",
+        "11-fuse",
+        "12-codegen",
+        "13-streams",
+        "14-buffers",
     ];
     assert_eq!(files, want.map(|f| format!("{f}.txt")));
-    let passes: Vec<&str> = meshc::dumps::PASSES.to_vec();
+    let passes: Vec<&str> = meshc::pipeline::NAMES.to_vec();
     assert_eq!(
         passes,
         [
@@ -416,10 +412,12 @@ fn dump_dir_files_follow_the_pipeline_order() {
             "layout",
             "lower",
             "sendrecv",
+            "expand",
             "fold",
             "attention",
             "epilogue",
             "fuse",
+            "codegen",
             "streams",
             "buffers"
         ]

@@ -127,8 +127,8 @@ fn lower_and_run(c: &LayoutCase) -> Result<(Lowered, BTreeMap<String, Tensor>)> 
     let (g, info) = meshc_ir::load::load(&c.graph)?;
     let params = meshc_ir::params::load_all(&g, c.graph.parent().unwrap())?;
     let spec = meshc::layout::load(&c.spec)?;
-    let lowered = match meshc::passes::place::place(&g, &info, &spec)? {
-        Some(p) => meshc::driver::lower_placed(&g, &info, &spec, &p, &Default::default())?,
+    let lowered = match spec.placement {
+        Some(_) => meshc::driver::lower_spec(&g, &info, &spec)?.0,
         None => lower(&g, &info, &propagate(&g, &info, &spec.mesh, spec.seed_layouts(&g, &info)?))?,
     };
     let results = meshc::mesh_interp::run(&lowered, &params, &testdata_inputs(&c.graph, &g)?)?;
@@ -213,11 +213,20 @@ fn every_stated_communication_has_its_spec() {
     assert!(stale.is_empty(), "COMMUNICATION names layouts that have no spec: {stale:?}");
 }
 
+/// The testdata specs whose `layout` and `lower` dumps are pinned whole: models and meshes
+/// the small cases of tests/passes/lower do not reach (attention over a 2x4 mesh, heads on
+/// sub-axes, convs split two ways, a training step on a torus, a 3-D mesh). Every spec's
+/// lowering is checked against its stated communication and the reference run above.
+const PINNED_LOWERINGS: &[&str] =
+    &["transformer-mp-2x4", "transformer-heads-8", "cnn-dp-mp-2x2", "dp_train-torus-4x4", "mlp-cube-2x2x2"];
+
 #[test]
 fn dumps_after_layout_and_lower_are_pinned() {
     let dir = scratch("distributed-dumps");
     let mut failures = Vec::new();
-    for c in cases() {
+    let cases: Vec<LayoutCase> = cases().into_iter().filter(|c| PINNED_LOWERINGS.contains(&c.label.as_str())).collect();
+    assert_eq!(cases.len(), PINNED_LOWERINGS.len(), "a pinned spec is missing from testdata");
+    for c in cases {
         let art = dir.join(format!("{}.mshc", c.label));
         let (graph, spec) = (c.graph.display().to_string(), c.spec.display().to_string());
         let run =

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use meshc::compile::{Gemm, Options};
 use meshc::driver;
-use meshc::dumps::Dumps;
+use meshc::pipeline::Dumps;
 use meshc_ir::{interp, text, verify, DType, Tensor, TensorType};
 use meshc_runtime::format::epilogue::Step;
 use meshc_runtime::format::program::{Exec, Library, Matmul};
@@ -214,7 +214,7 @@ fn the_dump_round_trips_and_interprets_alike() {
     let dir = crate::common::scratch("epilogue-dump");
     let dumps = Dumps::new(vec!["epilogue".into()], Some(dir.to_path_buf()), Default::default()).unwrap();
     driver::build(&g, &info, None, &params, &Options::default(), &dumps, None).unwrap();
-    let dump = std::fs::read_to_string(dir.join("09-epilogue.txt")).unwrap();
+    let dump = std::fs::read_to_string(dumps.file("epilogue").unwrap()).unwrap();
     let body = dump.strip_prefix("# device 0\n").expect("one device");
     assert!(body.contains("y4 = matmul(x, w, bias, scale, res) {epilogue = \"add,gelu_tanh,mul,add\"}"), "{body}");
     let fused = text::parse(body).unwrap();

@@ -11,8 +11,8 @@ use std::collections::{BTreeMap, HashMap};
 use crate::common::{meshc, scratch};
 use meshc::compile::{Code, Compiled, Emit, Gemm, Options};
 use meshc::driver;
-use meshc::dumps::Dumps;
 use meshc::passes::pilot::{self, Config, Select, Simplify};
+use meshc::pipeline::Dumps;
 use meshc_ir::verify::Info;
 use meshc_ir::{Graph, Tensor};
 

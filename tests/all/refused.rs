@@ -22,7 +22,7 @@ fn missing_cpu_feature_is_refused() {
     c.meta.features.push("avx10.9".into());
     let dir = scratch("features");
     let art = dir.join("future.mshc");
-    meshc::driver::write_artifact(&c, &art, None).unwrap();
+    meshc::artifact::write_artifact(&c, &art, None).unwrap();
     let r = meshc(&["run", art.to_str().unwrap(), "--input", "x=testdata/mlp/inputs/x.npy"]);
     assert_eq!(r.status, Some(1), "{r:?}");
     let msg = r.stderr.replace(&art.display().to_string(), "future.mshc");
@@ -46,7 +46,7 @@ fn out_of_range_numbers_in_a_program_are_refused() {
         let mut c = compiled_mlp();
         breaker(&mut c);
         let art = dir.join("bad.mshc");
-        meshc::driver::write_artifact(&c, &art, None).unwrap();
+        meshc::artifact::write_artifact(&c, &art, None).unwrap();
         let r = meshc(&["run", art.to_str().unwrap(), "--input", "x=testdata/mlp/inputs/x.npy"]);
         assert_eq!(r.status, Some(1), "{what}: {r:?}");
         assert_eq!(r.stderr.lines().count(), 1, "{what}: {r:?}");

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use meshc::compile::{Gemm, Options};
 use meshc::driver;
-use meshc::dumps::Dumps;
+use meshc::pipeline::Dumps;
 use meshc_ir::{interp, text, verify, Tensor};
 use meshc_runtime::format::program::{Exec, Library, Matmul, Transposed};
 

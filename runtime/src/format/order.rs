@@ -7,7 +7,9 @@
 
 use std::fmt::Write as _;
 
-use crate::format::program::{Exec, Program, Protocol, StreamKind, Transfer};
+use crate::format::program::{
+    Attention, CollectiveOp, Exec, Library, Matmul, Program, Protocol, Step, StreamKind, Transfer,
+};
 
 /// The happens-before relation of a device's steps under its stream plan: stream order plus
 /// the events (and the inputs, copied in before any step).
@@ -158,4 +160,46 @@ pub fn step_note(p: &Program, i: usize) -> String {
         let _ = write!(note, " record {}", records.join(" "));
     }
     note
+}
+
+/// What runs step `st` of `p`: its kernel, library call (with its shapes, epilogue and
+/// how its operands are stored), collective or transfer, as `inspect` and the compiler's
+/// `--dump-after codegen` print it.
+pub fn exec_text(p: &Program, st: &Step) -> String {
+    match &st.exec {
+        Exec::Kernel(k) => format!("kernel k{k}"),
+        Exec::Library(Library::Matmul(Matmul { a, b, panels, epilogue, transposed, .. })) => {
+            let steps: Vec<&str> = epilogue.iter().map(crate::format::epilogue::Step::name).collect();
+            let epilogue = if steps.is_empty() { String::new() } else { format!(" + {}", steps.join(",")) };
+            let stored = match (transposed.a, transposed.b) {
+                (true, true) => " (a, b stored transposed)",
+                (true, false) => " (a stored transposed)",
+                (false, true) => " (b stored transposed)",
+                (false, false) => "",
+            };
+            let panels = if *panels { " (weight in panels)" } else { "" };
+            format!("library gemm {a:?}x{b:?}{epilogue}{panels}{stored}")
+        }
+        Exec::Library(Library::Attention(Attention { q, k, v, scale, mask, .. })) => {
+            let scale = scale.map_or(String::new(), |s| format!(" {} scale", s.name()));
+            let mask = mask.as_ref().map_or(String::new(), |m| format!(" + mask{m:?}"));
+            format!("library attention {q:?}x{k:?}{scale}{mask} softmax x{v:?}")
+        }
+        Exec::Collective(c) => {
+            let group = c.groups.iter().find(|g| g.contains(&p.device)).cloned().unwrap_or_default();
+            let group: Vec<String> = group.iter().map(usize::to_string).collect();
+            format!("#{} {} {}{:?} group [{}]", c.id, collective_name(&c.op), c.dtype, c.shape, group.join(","))
+        }
+        Exec::Send(t) => format!("send -> {} {} {} B", t.peer, t.protocol.name(), t.bytes),
+        Exec::Recv(t) => format!("recv <- {} {} {} B", t.peer, t.protocol.name(), t.bytes),
+    }
+}
+
+pub fn collective_name(op: &CollectiveOp) -> String {
+    match op {
+        CollectiveOp::AllReduce { reduce } => format!("all_reduce {}", reduce.name()),
+        CollectiveOp::AllGather { axis } => format!("all_gather axis {axis}"),
+        CollectiveOp::ReduceScatter { axis, reduce } => format!("reduce_scatter axis {axis} {}", reduce.name()),
+        CollectiveOp::AllToAll { split_axis, concat_axis } => format!("all_to_all {split_axis}->{concat_axis}"),
+    }
 }

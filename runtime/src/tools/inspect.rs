@@ -1,6 +1,7 @@
 //! The text of `inspect`: an artifact's sections, metadata, kernels, buffers, steps with
 //! their streams and events and why each communication step is there, masks and send/recv
-//! pairs.
+//! pairs; and `flops_skipped`. The step and stream notes it shares with the compiler's
+//! dumps are `format::order`'s.
 
 use std::fmt::Write as _;
 
@@ -8,8 +9,8 @@ use anyhow::{Context, Result};
 
 use crate::exec::loader::parse_sections;
 use crate::format::artifact::{Artifact, SectionKind};
-use crate::format::order::{step_note, streams_summary};
-use crate::format::program::{Attention, CollectiveOp, Exec, Library, Matmul, Program, Storage};
+use crate::format::order::{collective_name, exec_text, step_note, streams_summary};
+use crate::format::program::{Exec, Program, Storage};
 
 /// The report of `meshc inspect`: sections, metadata, kernels, buffers and steps.
 pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
@@ -141,33 +142,7 @@ fn program_report(s: &mut String, p: &Program) -> Result<()> {
     }
     writeln!(s, "steps:")?;
     for (i, st) in p.steps.iter().enumerate() {
-        let exec = match &st.exec {
-            Exec::Kernel(k) => format!("kernel k{k}"),
-            Exec::Library(Library::Matmul(Matmul { a, b, panels, epilogue, transposed, .. })) => {
-                let steps: Vec<&str> = epilogue.iter().map(crate::format::epilogue::Step::name).collect();
-                let epilogue = if steps.is_empty() { String::new() } else { format!(" + {}", steps.join(",")) };
-                let stored = match (transposed.a, transposed.b) {
-                    (true, true) => " (a, b stored transposed)",
-                    (true, false) => " (a stored transposed)",
-                    (false, true) => " (b stored transposed)",
-                    (false, false) => "",
-                };
-                let panels = if *panels { " (weight in panels)" } else { "" };
-                format!("library gemm {a:?}x{b:?}{epilogue}{panels}{stored}")
-            }
-            Exec::Library(Library::Attention(Attention { q, k, v, scale, mask, .. })) => {
-                let scale = scale.map_or(String::new(), |s| format!(" {} scale", s.name()));
-                let mask = mask.as_ref().map_or(String::new(), |m| format!(" + mask{m:?}"));
-                format!("library attention {q:?}x{k:?}{scale}{mask} softmax x{v:?}")
-            }
-            Exec::Collective(c) => {
-                let group = c.groups.iter().find(|g| g.contains(&p.device)).cloned().unwrap_or_default();
-                let group: Vec<String> = group.iter().map(usize::to_string).collect();
-                format!("#{} {} {}{:?} group [{}]", c.id, collective_name(&c.op), c.dtype, c.shape, group.join(","))
-            }
-            Exec::Send(t) => format!("send -> {} {} {} B", t.peer, t.protocol.name(), t.bytes),
-            Exec::Recv(t) => format!("recv <- {} {} {} B", t.peer, t.protocol.name(), t.bytes),
-        };
+        let exec = exec_text(p, st);
         let bufs: Vec<String> = st.buffers.iter().map(|b| format!("b{b}")).collect();
         let sync = if p.streams.streams.is_empty() { String::new() } else { step_note(p, i) };
         writeln!(s, "  {:<24} {:<36} ({}) {sync}", st.node, exec, bufs.join(", "))?;
@@ -199,15 +174,6 @@ fn transfer_report(s: &mut String, programs: &[Program]) -> Result<()> {
         writeln!(s, "  {:<32} device {d} -> device {}  {:>10} bytes  {}", t.key, t.peer, t.bytes, t.protocol.name())?;
     }
     Ok(())
-}
-
-fn collective_name(op: &CollectiveOp) -> String {
-    match op {
-        CollectiveOp::AllReduce { reduce } => format!("all_reduce {}", reduce.name()),
-        CollectiveOp::AllGather { axis } => format!("all_gather axis {axis}"),
-        CollectiveOp::ReduceScatter { axis, reduce } => format!("reduce_scatter axis {axis} {}", reduce.name()),
-        CollectiveOp::AllToAll { split_axis, concat_axis } => format!("all_to_all {split_axis}->{concat_axis}"),
-    }
 }
 
 /// The FLOPs the masks of `programs` skip, per weight and in total against `flops`, the

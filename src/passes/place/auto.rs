@@ -214,9 +214,9 @@ pub fn auto(g: &Graph, info: &Info, spec: &Spec, auto: &Auto) -> Result<Placemen
         stages.push(Stage { slice: slice_string(&ranges), mesh: sm, spec: st_spec });
     }
     let mut stage_of = BTreeMap::new();
-    for p in 0..n {
+    for (p, &k) in order.iter().enumerate() {
         let s = cuts.iter().filter(|&&c| c <= p).count();
-        stage_of.insert(g.nodes[order[p]].name.clone(), s);
+        stage_of.insert(g.nodes[k].name.clone(), s);
     }
     for &k in &info.order {
         let n = &g.nodes[k];

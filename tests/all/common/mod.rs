@@ -42,17 +42,28 @@ pub fn testdata_graphs() -> Vec<PathBuf> {
     v
 }
 
+/// Whether expected outputs are rewritten rather than checked (`make golden`: MESHC_BLESS=1).
+pub fn blessing() -> bool {
+    std::env::var_os("MESHC_BLESS").is_some()
+}
+
 /// Compares `actual` with golden/`name`; with MESHC_BLESS=1 rewrites the file instead.
 /// The error shows a line diff.
 pub fn golden(name: &str, actual: &str) -> Result<(), String> {
     let path = Path::new("golden").join(name);
-    if std::env::var_os("MESHC_BLESS").is_some() {
+    if blessing() {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, actual).unwrap();
         return Ok(());
     }
     let expected = std::fs::read_to_string(&path)
         .map_err(|_| format!("{} is missing; run `make golden` and review it", path.display()))?;
+    same_text(&path, 0, &expected, actual)
+}
+
+/// Whether `actual` is the `expected` text pinned in `path` after its first `skip` lines;
+/// the error shows a line diff, numbered as the lines of `path`.
+pub fn same_text(path: &Path, skip: usize, expected: &str, actual: &str) -> Result<(), String> {
     if expected == actual {
         return Ok(());
     }
@@ -63,10 +74,10 @@ pub fn golden(name: &str, actual: &str) -> Result<(), String> {
             (Some(x), Some(y)) if x == y => {}
             (x, y) => {
                 if let Some(x) = x {
-                    diff.push_str(&format!("  -{:>4}: {x}\n", i + 1));
+                    diff.push_str(&format!("  -{:>4}: {x}\n", skip + i + 1));
                 }
                 if let Some(y) = y {
-                    diff.push_str(&format!("  +{:>4}: {y}\n", i + 1));
+                    diff.push_str(&format!("  +{:>4}: {y}\n", skip + i + 1));
                 }
             }
         }

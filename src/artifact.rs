@@ -1,0 +1,61 @@
+//! Writing a `Compiled` as an artifact file (signed, and with a training step's initial
+//! state, when asked), and the make-style depfile (`compile -MF`) listing what it is built
+//! from.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Result};
+use meshc_runtime::format::artifact::{SectionKind, Writer};
+use meshc_runtime::format::program::ALIGN;
+use meshc_runtime::tools::output::Outputs;
+
+use crate::compile::{Code, Compiled};
+
+/// Writes `c` as one artifact file, signed when a key is given. Programs are stored as a
+/// list, one per device.
+pub fn write_artifact(c: &Compiled, out: &Path, signer: Option<ed25519_dalek::SigningKey>) -> Result<()> {
+    let mut files = Outputs::new();
+    stage_artifact(c, &mut files, out, signer, None)?;
+    files.commit()
+}
+
+/// Stages `c` as an artifact at `out` in `files` (written when they commit), with the
+/// state section `state` of a training step (`steps::State::to_section`) if given.
+pub fn stage_artifact(
+    c: &Compiled,
+    files: &mut Outputs,
+    out: &Path,
+    signer: Option<ed25519_dalek::SigningKey>,
+    state: Option<Vec<u8>>,
+) -> Result<()> {
+    let Code::Section(code) = &c.code else {
+        bail!("compiled to run in memory: compile with `Emit::Artifact` to write an artifact");
+    };
+    let meta = serde_json::to_vec_pretty(&c.meta)?;
+    let programs = serde_json::to_vec_pretty(&c.programs)?;
+    let mut w = Writer::new();
+    w.signer = signer;
+    w.add_section(SectionKind::Meta, 8, meta)?;
+    w.add_section(SectionKind::Program, 8, programs)?;
+    w.add_section(SectionKind::Code, 64, &code[..])?;
+    w.add_section(SectionKind::Weights, ALIGN, &c.weights[..])?;
+    if let Some(state) = state {
+        w.add_section(SectionKind::State, 8, state)?;
+    }
+    // Through a temporary file renamed into place when `files` commit: a runner that has
+    // the old file mapped keeps its (unchanged) inode, and a crash never leaves a
+    // half-written artifact under the final name.
+    files.write(out, |f| w.write_to(f))
+}
+
+/// A make rule `OUT: DEP ...` with spaces escaped the way make reads them.
+pub fn depfile(out: &Path, deps: &[PathBuf]) -> String {
+    let esc = |p: &Path| p.display().to_string().replace(' ', "\\ ");
+    let mut s = format!("{}:", esc(out));
+    for d in deps {
+        s.push_str(" \\\n  ");
+        s.push_str(&esc(d));
+    }
+    s.push('\n');
+    s
+}
