@@ -53,6 +53,7 @@ enum Cmd {
     },
     /// Import an ONNX model as a graph file, its weights in a safetensors file beside it.
     Import {
+        /// The ONNX model (.onnx; external data beside it is read too).
         model: PathBuf,
         /// The graph to write: GRAPH.json (meshc-graph/1) or GRAPH.txt (text format).
         #[arg(short, value_name = "GRAPH")]
@@ -65,15 +66,18 @@ enum Cmd {
     },
     /// Convert a graph between the JSON and text formats.
     Fmt {
+        /// The graph file to convert (.json or .txt).
         graph: PathBuf,
+        /// The format to write.
         #[arg(long, value_enum)]
         to: Format,
-        /// Write here instead of stdout.
+        /// Write here instead of stdout (`-o -` is stdout too).
         #[arg(short)]
         o: Option<PathBuf>,
     },
     /// Run a graph on the reference interpreter.
     Interp {
+        /// A graph file, or an ONNX model (imported in memory).
         graph: PathBuf,
         #[command(flatten)]
         io: Io,
@@ -82,7 +86,9 @@ enum Cmd {
     },
     /// Compile a graph into one mmap-loadable artifact.
     Compile {
+        /// A graph file, or an ONNX model (imported in memory).
         graph: PathBuf,
+        /// The artifact to write (all or nothing: through a temporary file renamed into place).
         #[arg(short, value_name = "OUT.mshc", required_unless_present = "stop_after")]
         o: Option<PathBuf>,
         #[command(flatten)]
@@ -140,10 +146,14 @@ enum Cmd {
         pilot: PilotArgs,
     },
     /// Describe an artifact: sections, inputs/outputs, kernels, buffers, steps.
-    Inspect { artifact: PathBuf },
+    Inspect {
+        /// The artifact (.mshc) to describe.
+        artifact: PathBuf,
+    },
     /// Explain a sharding plan: every communication step with its reason and bytes, the
     /// traffic per device and per link, the estimated time, and the FLOPs per device.
     Explain {
+        /// The graph file whose plan to explain.
         graph: PathBuf,
         /// The layout spec (meshc-layout/1) to explain.
         #[arg(long, value_name = "SPEC")]
@@ -154,6 +164,7 @@ enum Cmd {
     },
     /// Append the gradient of a scalar loss with respect to params (outputs `grad.P`).
     Grad {
+        /// The graph file holding the loss.
         graph: PathBuf,
         /// The scalar f32 output to differentiate.
         #[arg(long, value_name = "NAME")]
@@ -168,8 +179,14 @@ enum Cmd {
     },
     /// Make a new Ed25519 key pair for signing artifacts: KEY (secret, mode 0600) and KEY.pub.
     Keygen {
+        /// Where the secret key goes (KEY.pub beside it).
         #[arg(short, value_name = "KEY")]
         o: PathBuf,
+    },
+    /// Print a completion script for a shell: `meshc completions bash > ~/.local/share/bash-completion/completions/meshc`.
+    Completions {
+        /// The shell to complete in.
+        shell: clap_complete::Shell,
     },
 }
 
@@ -317,7 +334,8 @@ fn main() -> ExitCode {
             check_until(&graph, CodegenArgs::defaults(layout, onnx), &pass, time_passes)
         }
         Cmd::Check { graph, layout, onnx, .. } => check(&graph, layout.as_deref(), &onnx),
-        Cmd::Import { model, o, weights, onnx } => import(&model, &o, weights.as_deref(), &onnx),
+        Cmd::Import { model, o, weights, onnx } => to_file(&o, "an import writes a graph and its weights file")
+            .and_then(|()| import(&model, &o, weights.as_deref(), &onnx)),
         Cmd::Fmt { graph, to, o } => fmt(&graph, to, o.as_deref()),
         Cmd::Interp { graph, io, onnx } => interp(&graph, &io, &onnx),
         Cmd::Compile {
@@ -335,10 +353,17 @@ fn main() -> ExitCode {
         } => Dumps::new(dump_after, dump_dir, dump_format).and_then(|dumps| {
             let inst = Instrument::new(&dumps, stop_after.as_deref(), time_passes)?;
             let signer = sign.as_deref().map(signature::read_signing_key).transpose()?;
+            o.as_deref().map_or(Ok(()), |o| to_file(o, "an artifact is mapped from its file"))?;
             compile_cmd(&graph, o.as_deref(), &codegen, depfile.as_deref(), &inst, &pilot, signer)
         }),
-        Cmd::Keygen { o } => keygen(&o),
-        Cmd::Grad { graph, loss, wrt, o } => meshc::train::grad_cmd(&graph, &loss, &wrt, &o),
+        Cmd::Keygen { o } => to_file(&o, "a key pair is two files").and_then(|()| keygen(&o)),
+        Cmd::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "meshc", &mut std::io::stdout());
+            Ok(())
+        }
+        Cmd::Grad { graph, loss, wrt, o } => to_file(&o, "the graph's format is chosen by its extension")
+            .and_then(|()| meshc::train::grad_cmd(&graph, &loss, &wrt, &o)),
         Cmd::Run { program, steps, codegen, run: run_args, .. } if steps.steps.is_some() => {
             train_run(&program, &steps, &codegen, &run_args)
         }
@@ -496,13 +521,21 @@ fn layout_lines(g: &Graph, info: &Info, l: &meshc::passes::layout::Layouts, inde
     names.map(|n| format!("{indent}layout {n} {} ({})", l.mesh.layout_string(&l.of[n]), l.origin(n))).collect()
 }
 
+/// Refuses `-o -` (standard output) where the result must be a file, saying why.
+fn to_file(o: &Path, why: &str) -> Result<()> {
+    match o == Path::new("-") {
+        true => bail!("-o -: standard output cannot take this ({why}); give a file name"),
+        false => Ok(()),
+    }
+}
+
 fn fmt(path: &Path, to: Format, out: Option<&Path>) -> Result<()> {
     let (g, _) = load::load(path)?;
     let s = match to {
         Format::Text => text::print(&g),
         Format::Json => json::print(&g),
     };
-    match out {
+    match out.filter(|o| *o != Path::new("-")) {
         Some(o) => {
             let mut out = Outputs::new();
             out.write_bytes(o, s.as_bytes())?;
@@ -816,4 +849,25 @@ fn train_run(path: &Path, steps: &StepArgs, args: &CodegenArgs, run_args: &RunAr
         eprintln!("checkpoint: {} (no --checkpoint given)", ckpt.display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every argument of every command says what it is for in `--help`.
+    #[test]
+    fn every_argument_has_help() {
+        let cli = Cli::command();
+        let mut missing = Vec::new();
+        for cmd in cli.get_subcommands() {
+            for arg in cmd.get_arguments().filter(|a| !matches!(a.get_id().as_str(), "help" | "version")) {
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("meshc {} {}", cmd.get_name(), arg.get_id()));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "arguments without help: {}", missing.join(", "));
+    }
 }

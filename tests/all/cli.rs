@@ -372,3 +372,43 @@ fn options_and_files_are_held_to_what_they_mean() {
     assert!(status == "141" || status == "0", "status {status}");
     assert_eq!(std::fs::read_to_string(dir.join("err")).unwrap(), "", "nothing on stderr");
 }
+
+/// `meshc completions SHELL` prints a completion script generated from the CLI's own
+/// definition; an unknown shell is one line listing the known ones.
+#[test]
+fn completions_are_generated_for_each_shell() {
+    for (shell, marker) in [("bash", "_meshc()"), ("zsh", "#compdef meshc"), ("fish", "complete -c meshc")] {
+        let run = meshc(&["completions", shell]);
+        assert_eq!(run.status, Some(0), "{run:?}");
+        assert!(run.stdout.contains(marker) && run.stdout.contains("compile"), "{shell}: {}", run.stdout);
+    }
+    let bad = meshc(&["completions", "tcsh"]);
+    assert_eq!(bad.status, Some(1), "{bad:?}");
+    assert!(bad.stderr.contains("possible values: bash"), "{bad:?}");
+}
+
+/// `-o -` is standard output where a stream makes sense (fmt) and a one-line refusal where
+/// the result must be a file; it never writes a file named `-`.
+#[test]
+fn dash_is_stdout_or_refused() {
+    let dir = crate::common::scratch("dash-output");
+    let fmt = std::process::Command::new(env!("CARGO_BIN_EXE_meshc"))
+        .current_dir(&dir)
+        .args(["fmt", std::fs::canonicalize("testdata/mlp/graph.json").unwrap().to_str().unwrap(), "--to", "text"])
+        .args(["-o", "-"])
+        .output()
+        .unwrap();
+    assert_eq!(fmt.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&fmt.stdout).starts_with("graph mlp {"));
+    for args in [
+        &["compile", "testdata/mlp/graph.json", "-o", "-"][..],
+        &["grad", "testdata/mlp/graph.json", "--loss", "y", "-o", "-"],
+        &["keygen", "-o", "-"],
+    ] {
+        let run = meshc(args);
+        assert_eq!(run.status, Some(1), "{args:?}: {run:?}");
+        assert!(run.stderr.starts_with("error: -o -: standard output cannot take this"), "{args:?}: {run:?}");
+        assert_eq!(run.stderr.lines().count(), 1, "{run:?}");
+    }
+    assert!(!dir.join("-").exists() && !std::path::Path::new("-").exists());
+}
