@@ -319,10 +319,10 @@ impl Spec {
             return Err(err(format!("layout of '{p}': the pattern matches no tensor of graph '{}'", g.name)));
         }
         for (name, layout) in &layouts {
-            let ty = info
-                .types
-                .get(name)
-                .ok_or_else(|| err(format!("layout of '{name}': graph '{}' has no tensor '{name}'", g.name)))?;
+            let ty = info.types.get(name).ok_or_else(|| {
+                let hint = meshc_ir::suggest::did_you_mean(name, info.types.keys().map(String::as_str));
+                err(format!("layout of '{name}': graph '{}' has no tensor '{name}'{hint}", g.name))
+            })?;
             check_layout(&self.mesh, &ty.shape, layout).map_err(|m| err(format!("layout of '{name}': {m}")))?;
             seeds.insert(name.clone(), Seed::spec(layout.clone()));
         }

@@ -22,6 +22,7 @@ pub mod json;
 pub mod load;
 pub mod optim;
 pub mod params;
+pub mod suggest;
 pub mod tensor;
 pub mod text;
 pub mod verify;

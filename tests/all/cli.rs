@@ -412,3 +412,18 @@ fn dash_is_stdout_or_refused() {
     }
     assert!(!dir.join("-").exists() && !std::path::Path::new("-").exists());
 }
+
+/// A mistyped input or layout key gets the closest real name ("did you mean"), case first.
+#[test]
+fn mistyped_names_get_a_suggestion() {
+    let run = meshc(&["interp", "testdata/mlp/graph.json", "--input", "X=testdata/mlp/inputs/x.npy"]);
+    assert_eq!(run.status, Some(1), "{run:?}");
+    assert_eq!(run.stderr, "error: --input X: the graph has no input 'X' (did you mean 'x'?) (its inputs: x)\n");
+    let dir = crate::common::scratch("did-you-mean");
+    let spec = dir.join("spec.json");
+    let text = r#"{"format": "meshc-layout/1", "mesh": {"shape": [2], "axes": ["model"]}, "layouts": {"W1": [null, "model"]}}"#;
+    std::fs::write(&spec, text).unwrap();
+    let run = meshc(&["check", "testdata/mlp/graph.json", "--layout", spec.to_str().unwrap()]);
+    assert_eq!(run.status, Some(1), "{run:?}");
+    assert!(run.stderr.ends_with("layout of 'W1': graph 'mlp' has no tensor 'W1' (did you mean 'w1'?)\n"), "{run:?}");
+}

@@ -78,7 +78,8 @@ pub fn read_inputs(expected: &[(String, TensorType)], args: &[String]) -> Result
         let (name, file) = name_eq_file(arg, "--input")?;
         let Some((_, ty)) = expected.iter().find(|(n, _)| n == name) else {
             let names: Vec<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
-            bail!("--input {name}: the graph has no input '{name}' (its inputs: {})", names.join(", "));
+            let hint = meshc_ir::suggest::did_you_mean(name, names.iter().copied());
+            bail!("--input {name}: the graph has no input '{name}'{hint} (its inputs: {})", names.join(", "));
         };
         let t = Tensor::read_npy(Path::new(file)).with_context(|| format!("--input {name}"))?;
         if t.ty() != *ty {
@@ -115,7 +116,8 @@ impl Io {
         for arg in &self.outputs {
             let (name, file) = name_eq_file(arg, "--output")?;
             if !names.contains(&name) {
-                bail!("--output {name}: the graph has no output '{name}' (its outputs: {})", names.join(", "));
+                let hint = meshc_ir::suggest::did_you_mean(name, names.iter().copied());
+                bail!("--output {name}: the graph has no output '{name}'{hint} (its outputs: {})", names.join(", "));
             }
             wanted.push((name.to_string(), PathBuf::from(file)));
         }

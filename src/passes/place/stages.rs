@@ -72,7 +72,10 @@ pub fn check_layout_names(g: &Graph, info: &Info, spec: &Spec) -> Result<()> {
         bail!("{}: layout of '{p}': the pattern matches no tensor of graph '{}'", spec.file, g.name);
     }
     match spec.layouts.keys().find(|t| !is_pattern(t) && !info.types.contains_key(*t)) {
-        Some(t) => bail!("{}: layout of '{t}': graph '{}' has no tensor '{t}'", spec.file, g.name),
+        Some(t) => {
+            let hint = meshc_ir::suggest::did_you_mean(t, info.types.keys().map(String::as_str));
+            bail!("{}: layout of '{t}': graph '{}' has no tensor '{t}'{hint}", spec.file, g.name)
+        }
         None => Ok(()),
     }
 }
