@@ -180,9 +180,16 @@ pub(crate) fn npy_type(bytes: &[u8]) -> Result<TensorType> {
         "|b1" => DType::Bool,
         "<f2" => DType::F16,
         other => {
+            // The usual cause is numpy's float64 or an unsigned/narrow int: say the fix.
+            let hint = match other {
+                "<f8" | ">f8" => "; save it with x.astype(np.float32)",
+                "<u1" | "|u1" | "|i1" | "<i2" | "<u2" | "<u4" => "; save it with x.astype(np.int32)",
+                "<u8" => "; save it with x.astype(np.int64)",
+                _ => "",
+            };
             return Err(Error::new(format!(
-                "unsupported .npy dtype {other} (meshc reads float32, float16, int32, int64 and bool)"
-            )))
+                "unsupported .npy dtype {other} (meshc reads float32, float16, int32, int64 and bool{hint})"
+            )));
         }
     };
     let ty = TensorType::new(dtype, npy.shape().iter().map(|&d| d as usize).collect());
