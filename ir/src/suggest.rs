@@ -1,6 +1,6 @@
 //! "Did you mean" for a name the user mistyped: the closest of the names that exist, a
-//! different case first (`W1` for `w1`), else by edit distance (strsim's Levenshtein) when
-//! it is small next to the name's length.
+//! different case first (`W1` for `w1`), else by edit distance (strsim's, a swap of two
+//! neighbours counting one edit) when it is small next to the name's length.
 
 /// ` (did you mean 'w1'?)`, or nothing when no candidate is close.
 pub fn did_you_mean<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> String {
@@ -9,7 +9,7 @@ pub fn did_you_mean<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str
     for c in candidates {
         let d = match c.to_lowercase() == lower {
             true => 0,
-            false => strsim::levenshtein(&lower, &c.to_lowercase()),
+            false => strsim::osa_distance(&lower, &c.to_lowercase()),
         };
         if best.is_none_or(|(bd, _)| d < bd) {
             best = Some((d, c));
