@@ -43,6 +43,8 @@ enum Cmd {
         layout: Option<PathBuf>,
         #[command(flatten)]
         onnx: OnnxArgs,
+        #[command(flatten)]
+        memory: Memory,
     },
     /// Import an ONNX model as a graph file, its weights in a safetensors file beside it.
     Import {
@@ -55,6 +57,8 @@ enum Cmd {
         weights: Option<PathBuf>,
         #[command(flatten)]
         onnx: OnnxArgs,
+        #[command(flatten)]
+        memory: Memory,
     },
     /// Convert a graph between the JSON and text formats.
     Fmt {
@@ -72,6 +76,8 @@ enum Cmd {
         io: Io,
         #[command(flatten)]
         onnx: OnnxArgs,
+        #[command(flatten)]
+        memory: Memory,
     },
     /// Compile a graph into one mmap-loadable artifact.
     Compile {
@@ -99,6 +105,8 @@ enum Cmd {
         sign: Option<PathBuf>,
         #[command(flatten)]
         pilot: PilotArgs,
+        #[command(flatten)]
+        memory: Memory,
     },
     /// Run an artifact (or compile a graph in memory and run it).
     Run {
@@ -125,6 +133,8 @@ enum Cmd {
         codegen: CodegenArgs,
         #[command(flatten)]
         pilot: PilotArgs,
+        #[command(flatten)]
+        memory: Memory,
     },
     /// Describe an artifact: sections, inputs/outputs, kernels, buffers, steps.
     Inspect { artifact: PathBuf },
@@ -196,6 +206,34 @@ enum WeightsArg {
     F32,
     Bf16,
     F16,
+}
+
+/// The allocation budget (`meshc_ir::budget`) of the commands that read graphs and models.
+#[derive(clap::Args, Clone, Default)]
+struct Memory {
+    /// The most memory any one allocation sized by an input file may take (a tensor the
+    /// interpreter computes, an index table, a window's taps): 8G, 512M, or bytes
+    /// (default: half the memory available at start).
+    #[arg(long = "max-memory", value_name = "SIZE", value_parser = max_memory)]
+    max_memory: Option<u64>,
+}
+
+fn max_memory(s: &str) -> std::result::Result<u64, String> {
+    meshc_ir::budget::parse_size(s).ok_or_else(|| format!("'{s}' is not a size (8G, 512M, or bytes)"))
+}
+
+impl Cmd {
+    /// The `--max-memory` of the commands that take it.
+    fn memory(&self) -> Option<&Memory> {
+        match self {
+            Cmd::Check { memory, .. }
+            | Cmd::Import { memory, .. }
+            | Cmd::Interp { memory, .. }
+            | Cmd::Compile { memory, .. }
+            | Cmd::Run { memory, .. } => Some(memory),
+            Cmd::Fmt { .. } | Cmd::Inspect { .. } | Cmd::Explain { .. } | Cmd::Grad { .. } | Cmd::Keygen { .. } => None,
+        }
+    }
 }
 
 /// What importing an ONNX model needs (every command that takes a graph takes a `.onnx`).
@@ -287,12 +325,15 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(code) => return code,
     };
+    if let Some(bytes) = cli.cmd.memory().and_then(|m| m.max_memory) {
+        meshc_ir::budget::set_limit(bytes);
+    }
     let result = match cli.cmd {
-        Cmd::Check { graph, layout, onnx } => check(&graph, layout.as_deref(), &onnx),
-        Cmd::Import { model, o, weights, onnx } => import(&model, &o, weights.as_deref(), &onnx),
+        Cmd::Check { graph, layout, onnx, .. } => check(&graph, layout.as_deref(), &onnx),
+        Cmd::Import { model, o, weights, onnx, .. } => import(&model, &o, weights.as_deref(), &onnx),
         Cmd::Fmt { graph, to, o } => fmt(&graph, to, o.as_deref()),
-        Cmd::Interp { graph, io, onnx } => interp(&graph, &io, &onnx),
-        Cmd::Compile { graph, o, codegen, depfile, dump_after, dump_dir, dump_format, sign, pilot } => {
+        Cmd::Interp { graph, io, onnx, .. } => interp(&graph, &io, &onnx),
+        Cmd::Compile { graph, o, codegen, depfile, dump_after, dump_dir, dump_format, sign, pilot, .. } => {
             Dumps::new(dump_after, dump_dir, dump_format).and_then(|dumps| {
                 let signer = sign.as_deref().map(signature::read_signing_key).transpose()?;
                 compile_cmd(&graph, &o, &codegen, depfile.as_deref(), &dumps, &pilot, signer)

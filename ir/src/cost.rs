@@ -50,7 +50,7 @@ pub fn node_flops(n: &Node, info: &Info) -> u64 {
                 Op::MaxPool => attrs::MaxPool::of(n).kernel,
                 _ => attrs::AvgPool::of(n).kernel,
             };
-            numel(&n.name) * kernel.iter().map(|&k| k.max(1) as u64).product::<u64>()
+            kernel.iter().fold(numel(&n.name), |f, &k| f.saturating_mul(k.max(1) as u64))
         }
         Op::ScatterElements => match attrs::ScatterElements::of(n).reduction {
             ScatterReduction::None => 0,

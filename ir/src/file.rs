@@ -81,12 +81,6 @@ pub fn read(path: &Path, max: u64, what: &str) -> Result<Vec<u8>> {
     read_exact(&mut f, len, what)
 }
 
-/// Whether `bytes` more can be allocated now: asked of the allocator and given back, so
-/// that a computation whose result the system cannot hold fails before it starts.
-pub fn can_allocate(bytes: usize) -> bool {
-    Vec::<u8>::new().try_reserve_exact(bytes).is_ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,7 +98,5 @@ mod tests {
         let e = read(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src/file.rs")), 10, "graph").unwrap_err();
         assert!(e.msg.starts_with("graph of ") && e.msg.ends_with("larger than the 10 bytes meshc reads"), "{}", e.msg);
         assert_eq!(buffer(u64::MAX, "x").unwrap_err().msg, format!("cannot allocate {} bytes for x", u64::MAX));
-        assert!(!can_allocate(usize::MAX / 2));
-        assert!(can_allocate(1 << 20));
     }
 }

@@ -891,7 +891,7 @@ impl Builder {
         let win = win.map_err(Error::new)?;
         let sp = x[2..].to_vec();
         let out = win.out_sizes(&sp).map_err(Error::new)?;
-        let taps = win.taps(&sp, &out);
+        let taps = win.taps(&sp, &out).map_err(Error::new)?;
         Ok((win, sp, out, taps))
     }
 

@@ -18,6 +18,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::attrs::{self, GeluApprox, ScatterReduction};
+use crate::budget;
 use crate::dtype::{DType, ShapeDisplay, TensorType};
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Node};
@@ -52,6 +53,9 @@ pub fn eval_node(node: &Node, args: &[&Tensor], out: &TensorType) -> Result<Tens
             )));
         }
     }
+    // Asked before the evaluation, which would abort the process when the system cannot
+    // give the memory.
+    budget::check_shape(format_args!("its result {out}"), &out.shape, out.dtype.size_bytes()).map_err(fail)?;
     let result = eval(node, args).map_err(fail)?;
     if result.ty() != *out {
         return Err(fail(format!("computed a result of type {} but the inferred type is {out}", result.ty())));
@@ -84,12 +88,6 @@ pub fn run(
         let node = &graph.nodes[i];
         let fail = |msg: String| Error::at(node.loc, format!("node '{}': {msg}", node.name));
         let out = types.get(&node.name).ok_or_else(|| fail("no inferred result type".into()))?;
-        // Asked before the evaluation, which would abort the process when the system
-        // cannot give the memory.
-        let bytes = out.checked_size_bytes().unwrap_or(usize::MAX);
-        if !crate::file::can_allocate(bytes) {
-            return Err(Error::at(node.loc, format!("cannot allocate {bytes} bytes for node '{}' ({out})", node.name)));
-        }
         let result = {
             let args = node
                 .inputs
@@ -819,6 +817,10 @@ fn einsum(eq: &str, args: &[&Tensor]) -> R<Tensor> {
     let out_shape = out_letters.iter().map(size_of).collect::<R<Vec<_>>>()?;
     let sum_shape = summed.iter().map(size_of).collect::<R<Vec<_>>>()?;
     let (n_out, n_sum) = (result_len(&out_shape)?, result_len(&sum_shape)?);
+    // The offset tables below: per operand, one entry per output element and per point of
+    // the summation.
+    let entries = (n_out as u128 + n_sum as u128) * args.len() as u128;
+    budget::check(format_args!("the offset tables of einsum '{eq}'"), entries, 8)?;
     // Per operand: its elements, the offsets of every output position, and the offsets
     // (relative to those) of every point of the summation.
     let mut operands = Vec::new();

@@ -9,6 +9,7 @@ pub mod ops;
 
 pub mod attr;
 pub mod attrs;
+pub mod budget;
 pub mod cost;
 pub mod dtype;
 pub mod error;

@@ -8,6 +8,8 @@
 //! `pads` lists the begin pads of every spatial dim, then the end pads.
 
 use crate::attrs::{self, PadMode};
+use crate::budget;
+use crate::dtype::ShapeDisplay;
 use crate::graph::Node;
 use crate::ops::Op;
 use crate::tensor::{Data, Tensor};
@@ -109,11 +111,16 @@ impl Window {
 
     /// The result's spatial sizes for input spatial sizes `input` (ONNX's rule: with
     /// ceil_mode a last window that would start past the input and its begin pad is dropped).
+    /// A window whose outputs times its taps exceed `budget::CEILING` is refused: no
+    /// computation over it could be described, let alone run.
     pub fn out_sizes(&self, input: &[usize]) -> R<Vec<usize>> {
-        (0..input.len())
+        let out = (0..input.len())
             .map(|d| {
-                let span = (self.kernel[d] - 1) * self.dilations[d] + 1;
-                let padded = input[d] + self.begin[d] + self.end[d];
+                let span = (self.kernel[d] - 1).checked_mul(self.dilations[d]).and_then(|s| s.checked_add(1));
+                let padded = input[d].checked_add(self.begin[d]).and_then(|p| p.checked_add(self.end[d]));
+                let (Some(span), Some(padded)) = (span, padded) else {
+                    return Err(format!("the window or the padded input along spatial dim {d} is too large"));
+                };
                 if padded < span {
                     return Err(format!(
                         "the window spans {span} along spatial dim {d}, the padded input only {padded}"
@@ -129,7 +136,17 @@ impl Window {
                 }
                 Ok(n)
             })
-            .collect()
+            .collect::<R<Vec<usize>>>()?;
+        let taps = budget::elems(&out).saturating_mul(budget::elems(&self.kernel));
+        if taps > budget::CEILING as u128 {
+            return Err(format!(
+                "the kernel {} at each of the {} outputs makes {taps} taps, more than the {} meshc describes",
+                ShapeDisplay(&self.kernel),
+                ShapeDisplay(&out),
+                budget::CEILING
+            ));
+        }
+        Ok(out)
     }
 
     /// Where tap `k` of output position `o` lands along spatial dim `d` of an input of size `n`.
@@ -146,8 +163,14 @@ impl Window {
 
     /// For every (output position, kernel tap) pair, both flattened row-major over the
     /// spatial dims, where the tap lands in the flattened input of spatial sizes `input`.
-    pub fn taps(&self, input: &[usize], out: &[usize]) -> Vec<Tap> {
+    pub fn taps(&self, input: &[usize], out: &[usize]) -> R<Vec<Tap>> {
         let (n_out, n_k) = (numel(out), numel(&self.kernel));
+        let count = budget::elems(out).saturating_mul(budget::elems(&self.kernel));
+        budget::check(
+            format_args!("the window table of kernel {} over {} outputs", ShapeDisplay(&self.kernel), n_out),
+            count,
+            std::mem::size_of::<Tap>(),
+        )?;
         let mut taps = Vec::with_capacity(n_out * n_k);
         for o in 0..n_out {
             let oi = unflatten(o, out);
@@ -165,7 +188,7 @@ impl Window {
                 taps.push(if let Tap::Real(_) = tap { Tap::Real(flat) } else { tap });
             }
         }
-        taps
+        Ok(taps)
     }
 }
 
@@ -265,7 +288,7 @@ pub fn conv(node: &Node, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> R<Tensor
     let bv = b.map(|b| f32s(b, "the bias")).transpose()?;
     let sp = &x.shape[2..];
     let out_sp = win.out_sizes(sp)?;
-    let taps = win.taps(sp, &out_sp);
+    let taps = win.taps(sp, &out_sp)?;
     let (n, c, m) = (x.shape[0], x.shape[1], w.shape[0]);
     let (cg, mg) = (c / groups, m / groups);
     let (n_in, n_out, n_k) = (numel(sp), numel(&out_sp), numel(&win.kernel));
@@ -299,7 +322,7 @@ pub fn pool(node: &Node, x: &Tensor, max: bool) -> R<Tensor> {
     let xv = f32s(x, "x")?;
     let sp = &x.shape[2..];
     let out_sp = win.out_sizes(sp)?;
-    let taps = win.taps(sp, &out_sp);
+    let taps = win.taps(sp, &out_sp)?;
     let (n_in, n_out, n_k) = (numel(sp), numel(&out_sp), numel(&win.kernel));
     let mut out = Vec::with_capacity(x.shape[0] * x.shape[1] * n_out);
     for plane in xv.chunks(n_in.max(1)).take(x.shape[0] * x.shape[1]) {

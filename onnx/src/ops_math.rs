@@ -9,7 +9,7 @@ use meshc_ir::infer::norm_axis;
 use meshc_ir::{Attr, DType, Data, Op, Tensor};
 
 use super::builder::{Builder, Value};
-use super::ops::{cast, log_softmax_of, one, reduce_attrs, reshape, scalar, Converter, Ctx};
+use super::ops::{cast, i64_table, log_softmax_of, one, reduce_attrs, reshape, scalar, table, Converter, Ctx};
 use super::tensors;
 
 type R<T> = std::result::Result<T, String>;
@@ -153,7 +153,7 @@ fn is_inf(s: &mut Steps, x: &Value) -> R<Value> {
         }
     }
     match hits.as_slice() {
-        [] => Ok(Value::computed(Tensor::new(s.b.ty(x).shape.clone(), Data::Bool(vec![false; s.b.ty(x).numel()])))),
+        [] => table("the result", DType::Bool, s.b.ty(x).shape, |_| 0.0),
         [h] => Ok(h.clone()),
         [p, n, ..] => s.op0("", Op::Or, &[p, n]),
     }
@@ -320,11 +320,10 @@ fn finite_or_zero(s: &mut Steps, m: &Value) -> R<Value> {
 }
 
 /// `0, 1, …, n−1` along `axis` of a rank-`rank` tensor (size 1 elsewhere), i64.
-fn iota(n: usize, axis: usize, rank: usize, reverse: bool) -> Value {
+fn iota(n: usize, axis: usize, rank: usize, reverse: bool) -> R<Value> {
     let mut shape = vec![1; rank];
     shape[axis] = n;
-    let v = (0..n as i64).map(|i| if reverse { n as i64 - 1 - i } else { i }).collect();
-    Value::computed(Tensor::new(shape, Data::I64(v)))
+    i64_table("the index range", shape, |i| if reverse { (n - 1 - i) as i64 } else { i as i64 })
 }
 
 /// The axis attribute of `s`'s node against `x`'s rank.
@@ -350,7 +349,7 @@ fn arg_extreme(s: &mut Steps, min: bool, x: &Value) -> R<Value> {
     };
     let hit = hits_of_max(s, &v, axis, float)?;
     let last = s.c.int("select_last_index", 0) != 0;
-    let idx = iota(shape[axis], axis, shape.len(), !last);
+    let idx = iota(shape[axis], axis, shape.len(), !last)?;
     let none = scalar(DType::I64, -1.0);
     let cand = s.op0("candidates", Op::Where, &[&hit, &idx, &none])?;
     let keepdims = s.c.int("keepdims", 1) != 0;
@@ -382,7 +381,7 @@ pub(super) fn hardmax(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
         let (axis, shape) = axis_of(s, x, -1)?;
         float_only(s.b, x, "Hardmax")?;
         let hit = hits_of_max(s, x, axis, true)?;
-        let idx = iota(shape[axis], axis, shape.len(), true);
+        let idx = iota(shape[axis], axis, shape.len(), true)?;
         let none = scalar(DType::I64, -1.0);
         let cand = s.op0("candidates", Op::Where, &[&hit, &idx, &none])?;
         let attrs = [("axes", Attr::ints(&[axis as i64])), ("keepdims", Attr::Bool(true))];
@@ -393,12 +392,11 @@ pub(super) fn hardmax(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
 }
 
 /// A bool constant of `shape` whose element at (i, j) of its two last dims is `f(i, j)`.
-fn mask(shape: &[usize], f: impl Fn(i64, i64) -> bool) -> Value {
+fn mask(shape: &[usize], f: impl Fn(i64, i64) -> bool) -> R<Value> {
     let (n, m) = (shape[shape.len() - 2], shape[shape.len() - 1]);
-    let v = (0..n * m).map(|k| f((k / m) as i64, (k % m) as i64)).collect();
     let mut mshape = vec![1; shape.len() - 2];
     mshape.extend([n, m]);
-    Value::computed(Tensor::new(mshape, Data::Bool(v)))
+    table("the mask", DType::Bool, mshape, |k| f64::from(u8::from(f((k / m) as i64, (k % m) as i64))))
 }
 
 /// The optional scalar input `i` (an integer known at import time), else `default`.
@@ -420,7 +418,7 @@ fn trilu(s: &mut Steps, x: &Value) -> R<Value> {
     }
     let k = const_scalar(s, 1, 0)?;
     let upper = s.c.int("upper", 1) != 0;
-    let keep = mask(&shape, |i, j| if upper { j - i >= k } else { j - i <= k });
+    let keep = mask(&shape, |i, j| if upper { j - i >= k } else { j - i <= k })?;
     let zero = s.k(x, 0.0);
     s.op0("", Op::Where, &[&keep, x, &zero])
 }
@@ -437,8 +435,7 @@ fn eye_like(s: &mut Steps, x: &Value) -> R<Value> {
     };
     let k = s.c.int("k", 0);
     let m = shape[1];
-    let v = (0..shape[0] * m).map(|p| if (p % m) as i64 - (p / m) as i64 == k { 1.0 } else { 0.0 });
-    Ok(Value::computed(Tensor::new(shape, Data::from_f64(dtype, v))))
+    table("the constant", dtype, shape, |p| if (p % m) as i64 - (p / m) as i64 == k { 1.0 } else { 0.0 })
 }
 
 /// CumSum along `axis` as a masked sum: x is viewed with a size-1 dim before the axis,
@@ -587,7 +584,7 @@ fn loss(s: &mut Steps, softmax: bool) -> R<Vec<Value>> {
     let classes = {
         let mut ishape = vec![1; shape.len()];
         ishape[1] = shape[1];
-        Value::computed(Tensor::new(ishape, Data::from_f64(tt.dtype, (0..shape[1]).map(|i| i as f64))))
+        table("the class numbers", tt.dtype, ishape, |i| i as f64)?
     };
     let mut hit = s.op0("hit", Op::Equal, &[&t, &classes])?;
     if let Some(ignore) = c.attr("ignore_index").and_then(|a| a.i) {

@@ -25,6 +25,7 @@ use std::collections::HashMap;
 
 use anyhow::{anyhow, Result};
 use meshc_ir::attrs::{self, PadMode};
+use meshc_ir::budget;
 use meshc_ir::infer::Operand;
 use meshc_ir::verify::Info;
 use meshc_ir::window::{conv_window, numel, pad_shape, pad_source, Tap, Window};
@@ -120,6 +121,12 @@ pub fn expand(g: &Graph, info: &Info) -> Result<Graph> {
 }
 
 type R<T> = std::result::Result<T, String>;
+
+/// Checks a table of `entries` this pass builds against the memory budget: each is an
+/// index or count, then an `Attr` of the inline value it is stored as.
+fn room(what: std::fmt::Arguments, entries: usize) -> R<()> {
+    budget::check(what, entries as u128, std::mem::size_of::<i64>() + std::mem::size_of::<Attr>()).map(drop)
+}
 
 struct Expander {
     g: Graph,
@@ -221,6 +228,7 @@ impl Expander {
                 )?;
                 src = self.emit(like, name("ext"), Op::Concat, &[&cur, &block], &[("axis", Attr::Int(d as i64))])?;
             }
+            room(format_args!("the index table of dim {d} padded to {out}"), out)?;
             let idx: Vec<i64> =
                 (0..out).map(|o| pad_source(mode, n, pads[d], o).map_or(n as i64, |i| i as i64)).collect();
             let idx = self.table(name("idx"), &[out], &idx);
@@ -261,8 +269,9 @@ impl Expander {
         }
         let base = |what: &str| format!("{}.{what}", n.name);
         let (n_k, n_out, n_in) = (numel(&win.kernel), numel(&out), numel(sp));
-        let taps = win.taps(sp, &out);
+        let taps = win.taps(sp, &out)?;
         // Every tap off the input reads the appended element, at index n_in.
+        room(format_args!("the index table of {n_k} taps at {n_out} outputs"), n_k * n_out)?;
         let mut idx = vec![n_in as i64; n_k * n_out];
         for (t, tap) in taps.iter().enumerate() {
             if let Tap::Real(i) = tap {
@@ -376,7 +385,8 @@ impl Expander {
             let sum = self.emit(n, base("sum"), Op::ReduceSum, &[&cols], &attrs)?;
             let include_pad = attrs::AvgPool::of(n).count_include_pad;
             let n_k = numel(&win.kernel);
-            let taps = win.taps(&x[2..], &out);
+            let taps = win.taps(&x[2..], &out)?;
+            room(format_args!("the table of {} window counts", numel(&out)), numel(&out))?;
             let counts: Vec<Attr> = taps
                 .chunks(n_k)
                 .map(|w| {

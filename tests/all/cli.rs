@@ -108,6 +108,7 @@ fn file_and_argument_errors() {
         ("no-subcommand", &[]),
         ("check-missing-graph", &["check"]),
         ("check-extra-argument", &["check", MLP, MLP]),
+        ("check-bad-max-memory", &["check", MLP, "--max-memory", "8x"]),
     ]);
 }
 
@@ -290,8 +291,8 @@ fn non_regular_files_are_refused_at_once() {
     }
 }
 
-/// The interpreter refuses a result the system cannot hold (a broadcast to 40 GB), as
-/// `run` does, instead of aborting.
+/// The interpreter refuses a result over the memory budget (a broadcast to 40 GB, the
+/// budget 1 GiB), instead of aborting.
 #[test]
 fn interp_refuses_results_it_cannot_allocate() {
     let dir = scratch("huge-result");
@@ -303,12 +304,37 @@ fn interp_refuses_results_it_cannot_allocate() {
     .unwrap();
     let x = dir.join("x.npy");
     meshc_ir::Tensor::f32(vec![4], vec![1.0; 4]).write_npy(&x).unwrap();
-    let run = meshc(&["interp", &graph.display().to_string(), "--input", &format!("x={}", x.display())]);
+    let input = format!("x={}", x.display());
+    let run = meshc(&["interp", &graph.display().to_string(), "--input", &input, "--max-memory", "1G"]);
     assert_eq!(run.status, Some(1), "{run:?}");
     assert!(
-        run.stderr.trim_end().ends_with("cannot allocate 40000000000 bytes for node 'y' (f32[2500000000,4])"),
+        run.stderr.trim_end().ends_with(
+            "node 'y': its result f32[2500000000,4] needs 37.3 GiB, more than the 1 GiB meshc may allocate (--max-memory)"
+        ),
         "{run:?}"
     );
+}
+
+/// The memory budget: by default from the memory available, named in the refusal;
+/// `--max-memory` sets it on every command that reads graphs and models.
+#[test]
+fn max_memory_sets_the_budget() {
+    let tile = "testdata/bad/onnx-tile-huge.onnx";
+    let run = meshc(&["check", tile]);
+    assert_eq!(run.status, Some(1), "{run:?}");
+    assert!(run.stderr.trim_end().ends_with("meshc may allocate (--max-memory)"), "{run:?}");
+    let run = meshc(&["check", tile, "--max-memory", "512M"]);
+    assert!(run.stderr.contains("needs 8 TiB, more than the 512 MiB meshc may allocate"), "{run:?}");
+    let dir = scratch("max-memory");
+    let (art, graph) = (dir.join("mlp.mshc").display().to_string(), dir.join("m.json").display().to_string());
+    ok(&["check", MLP, "--max-memory", "8G"]);
+    ok(&["interp", MLP, "--input", MLP_X, "--max-memory", "1073741824"]);
+    ok(&["compile", MLP, "-o", &art, "--max-memory", "2 GiB"]);
+    ok(&["run", MLP, "--input", MLP_X, "--max-memory", "8G"]);
+    ok(&["import", "testdata/onnx/mlp/model.onnx", "-o", &graph, "--dim", "batch=2", "--max-memory", "8G"]);
+    // Below what the MLP's largest tensor needs, the interpreter refuses it.
+    let run = meshc(&["interp", MLP, "--input", MLP_X, "--max-memory", "1K"]);
+    assert!(run.status == Some(1) && run.stderr.contains("more than the 1 KiB meshc may allocate"), "{run:?}");
 }
 
 /// A name of a megabyte is quoted by its first characters and its length, not whole.
