@@ -11,7 +11,10 @@
 //!   work is one batched matmul on the existing GEMM; a 1×1 stride-1 conv needs no gather.
 //! - `max_pool` / `avg_pool`: the same gather (pads, and the end a ceil_mode window runs
 //!   past, filled with −inf or 0), then `reduce_max`, or `reduce_sum` divided by a
-//!   constant table of per-window counts.
+//!   constant table of per-window counts. Only the taps that land on the input somewhere
+//!   are gathered (`Window::pool_taps`): a kernel wider than its input costs no more.
+//!
+//! Every table built here is checked against the memory budget (`meshc_ir::budget`).
 //!
 //! - `add(mul(conv(x, w, b), scale), shift)` with per-channel constants (an inference
 //!   BatchNormalization) becomes one conv whose weight is `w·scale` and bias `b·scale +
@@ -258,6 +261,7 @@ impl Expander {
     /// input where a ceil_mode window runs, reads `value`. The spatial dims are gathered as
     /// one flat dim, to which one element of `value` is appended when a tap needs it: one
     /// concat and one gather, where padding dim by dim first cost three steps per dim.
+    /// A conv reads every tap of its kernel; a pool only those `Window::pool_taps` gives.
     /// `None` when the gather is the identity (a 1×1, stride-1, unpadded window).
     fn columns(&mut self, n: &Node, win: &Window, value: f64, groups: Option<usize>) -> R<Option<String>> {
         let x = &n.inputs[0];
@@ -268,8 +272,11 @@ impl Expander {
             return Ok(None);
         }
         let base = |what: &str| format!("{}.{what}", n.name);
-        let (n_k, n_out, n_in) = (numel(&win.kernel), numel(&out), numel(sp));
-        let taps = win.taps(sp, &out)?;
+        let (n_k, taps) = match n.op {
+            Op::Conv => (numel(&win.kernel), win.taps(sp, &out)?),
+            _ => win.pool_taps(sp, &out)?,
+        };
+        let (n_out, n_in) = (numel(&out), numel(sp));
         // Every tap off the input reads the appended element, at index n_in.
         room(format_args!("the index table of {n_k} taps at {n_out} outputs"), n_k * n_out)?;
         let mut idx = vec![n_in as i64; n_k * n_out];
@@ -384,16 +391,9 @@ impl Expander {
         } else {
             let sum = self.emit(n, base("sum"), Op::ReduceSum, &[&cols], &attrs)?;
             let include_pad = attrs::AvgPool::of(n).count_include_pad;
-            let n_k = numel(&win.kernel);
-            let taps = win.taps(&x[2..], &out)?;
             room(format_args!("the table of {} window counts", numel(&out)), numel(&out))?;
-            let counts: Vec<Attr> = taps
-                .chunks(n_k)
-                .map(|w| {
-                    let c = w.iter().filter(|t| matches!(t, Tap::Real(_)) || include_pad && **t == Tap::Pad).count();
-                    Attr::Float(c as f64)
-                })
-                .collect();
+            let counts: Vec<Attr> =
+                (0..numel(&out)).map(|o| Attr::Float(win.counted(&x[2..], &out, o, include_pad) as f64)).collect();
             let counts = self.constant(base("counts"), DType::F32, vec![numel(&out)], counts);
             self.emit(n, base("mean"), Op::Div, &[&sum, &counts], &[])?
         };

@@ -422,7 +422,9 @@ fn graph(r: &Recipe) -> String {
                 )
             }
             // max_pool / avg_pool: pads below the kernel (no window of padding alone),
-            // dilation only unpadded, ceil_mode and count_include_pad both ways.
+            // dilation only unpadded, ceil_mode and count_include_pad both ways. A fifth of
+            // the dims have a kernel wider than the dim itself, over pads as wide: only the
+            // taps that land on the input are read (`Window::pool_taps`).
             21 if (3..=4).contains(&xs.len()) && xs.iter().all(|&d| d > 0) => {
                 let max = arg & 1 == 1;
                 let ceil = arg & 2 != 0;
@@ -430,8 +432,13 @@ fn graph(r: &Recipe) -> String {
                     (vec![], vec![], vec![], vec![], vec![], vec![]);
                 for (d, &n) in xs[2..].iter().enumerate() {
                     let bits = (arg as usize >> (2 + d)) ^ (b as usize >> (2 * d));
-                    let ks = 1 + bits % 3.min(n);
-                    let (pb, pe) = ((bits >> 2) % ks, (bits >> 3) % ks);
+                    let wide = (b as usize >> (4 + d)).is_multiple_of(5);
+                    let ks = if wide { n + 1 + bits % 3 } else { 1 + bits % 3.min(n) };
+                    let (pb, pe) = match wide {
+                        // At least ks − n of padding, so that the window fits.
+                        true => ((ks - n) / 2 + (bits >> 2) % 2, (ks - n).div_ceil(2) + (bits >> 3) % 2),
+                        false => ((bits >> 2) % ks, (bits >> 3) % ks),
+                    };
                     let dl = if pb + pe == 0 && ks > 1 && (ks - 1) * 2 < n { 1 + (bits >> 4) % 2 } else { 1 };
                     let st = 1 + (bits >> 5) % 2;
                     let (padded, span) = (n + pb + pe, (ks - 1) * dl + 1);
