@@ -1,7 +1,7 @@
 //! The one allocation budget. Every size meshc derives from a file it reads and then
 //! allocates — a tensor the interpreter or constant folding computes, a param it
 //! initialises, an index table the ONNX importer or the expand pass builds, a window's
-//! taps — is checked here before the memory is asked for,
+//! taps, an einsum's intermediates — is checked here before the memory is asked for,
 //! against one limit: half the memory available when meshc starts (`MemAvailable` in
 //! /proc/meminfo; `FALLBACK` where that cannot be read), or what `--max-memory` says. A
 //! size over it is a one-line error naming what asked and how much, where it would

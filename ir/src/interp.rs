@@ -783,18 +783,30 @@ fn einsum_term(eq: &str, term: &str) -> R<Vec<char>> {
     Ok(letters)
 }
 
-/// `einsum`: every output element is the sum, over the letters absent from the output, of
-/// the product of the operands' elements.
+/// `einsum`: with three operands or more, pairwise contractions in the order of
+/// `einsum::path`; else one loop nest (`einsum_nest`).
 fn einsum(eq: &str, args: &[&Tensor]) -> R<Tensor> {
-    let (lhs, rhs) =
-        eq.split_once("->").ok_or_else(|| format!("einsum equation '{eq}' needs an explicit output ('->')"))?;
-    let terms = lhs.split(',').map(|t| einsum_term(eq, t)).collect::<R<Vec<_>>>()?;
-    let out_letters = einsum_term(eq, rhs)?;
-    if terms.len() != args.len() {
-        return Err(format!("einsum equation '{eq}' has {} operand terms but {} operands", terms.len(), args.len()));
+    if args.len() < 3 {
+        return einsum_nest(eq, args);
     }
+    let (terms, out) = crate::infer::parse_equation(eq, args.len())?;
+    let sizes = einsum_sizes(&terms, args)?;
+    let steps = crate::einsum::path(&terms, &out, &sizes);
+    crate::einsum::check_intermediates(&steps, &sizes)?;
+    let letters = crate::einsum::operand_letters(&terms, &steps);
+    let mut values: Vec<Option<std::borrow::Cow<Tensor>>> =
+        args.iter().map(|&a| Some(std::borrow::Cow::Borrowed(a))).collect();
+    for s in &steps {
+        let (a, b) = (values[s.a].take().expect("used once"), values[s.b].take().expect("used once"));
+        values.push(Some(std::borrow::Cow::Owned(einsum_nest(&crate::einsum::equation(s, &letters), &[&a, &b])?)));
+    }
+    Ok(values.pop().flatten().expect("a last step").into_owned())
+}
+
+/// The size of every letter of the einsum `terms` of operands `args`, refusing a term
+/// whose length is not its operand's rank and a letter of two sizes.
+fn einsum_sizes(terms: &[Vec<char>], args: &[&Tensor]) -> R<BTreeMap<char, usize>> {
     let mut sizes: BTreeMap<char, usize> = BTreeMap::new();
-    let mut summed: Vec<char> = Vec::new();
     for (k, (term, x)) in terms.iter().zip(args).enumerate() {
         if term.len() != x.shape.len() {
             return Err(format!(
@@ -805,11 +817,30 @@ fn einsum(eq: &str, args: &[&Tensor]) -> R<Tensor> {
             ));
         }
         for (&c, &n) in term.iter().zip(&x.shape) {
-            match sizes.insert(c, n) {
-                Some(m) if m != n => return Err(format!("einsum letter '{c}' has sizes {m} and {n}")),
-                None if !out_letters.contains(&c) => summed.push(c),
-                _ => {}
+            if let Some(m) = sizes.insert(c, n).filter(|&m| m != n) {
+                return Err(format!("einsum letter '{c}' has sizes {m} and {n}"));
             }
+        }
+    }
+    Ok(sizes)
+}
+
+/// One einsum as a loop nest: every output element is the sum, over the letters absent
+/// from the output, of the product of the operands' elements.
+fn einsum_nest(eq: &str, args: &[&Tensor]) -> R<Tensor> {
+    let (lhs, rhs) =
+        eq.split_once("->").ok_or_else(|| format!("einsum equation '{eq}' needs an explicit output ('->')"))?;
+    let terms = lhs.split(',').map(|t| einsum_term(eq, t)).collect::<R<Vec<_>>>()?;
+    let out_letters = einsum_term(eq, rhs)?;
+    if terms.len() != args.len() {
+        return Err(format!("einsum equation '{eq}' has {} operand terms but {} operands", terms.len(), args.len()));
+    }
+    let sizes = einsum_sizes(&terms, args)?;
+    // The letters absent from the output, in the order they first appear.
+    let mut summed: Vec<char> = Vec::new();
+    for &c in terms.iter().flatten() {
+        if !out_letters.contains(&c) && !summed.contains(&c) {
+            summed.push(c);
         }
     }
     let size_of =

@@ -12,6 +12,7 @@ pub mod attrs;
 pub mod budget;
 pub mod cost;
 pub mod dtype;
+pub mod einsum;
 pub mod error;
 pub mod file;
 pub mod grad;

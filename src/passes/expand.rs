@@ -13,6 +13,8 @@
 //!   past, filled with −inf or 0), then `reduce_max`, or `reduce_sum` divided by a
 //!   constant table of per-window counts. Only the taps that land on the input somewhere
 //!   are gathered (`Window::pool_taps`): a kernel wider than its input costs no more.
+//! - `einsum` of three operands or more: the two-operand einsums of its contraction order
+//!   (`meshc_ir::einsum::path`), `NAME.step0`, `NAME.step1`, ...
 //!
 //! Every table built here is checked against the memory budget (`meshc_ir::budget`).
 //!
@@ -24,21 +26,27 @@
 //! New nodes are named after the node they expand (`NAME.cols`, `NAME.gemm`, ...); the
 //! last keeps the node's own name, so outputs and later readers are unchanged.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{anyhow, Result};
 use meshc_ir::attrs::{self, PadMode};
-use meshc_ir::budget;
+use meshc_ir::infer::parse_equation;
 use meshc_ir::infer::Operand;
 use meshc_ir::verify::Info;
 use meshc_ir::window::{conv_window, numel, pad_shape, pad_source, Tap, Window};
+use meshc_ir::{budget, einsum};
 use meshc_ir::{Attr, Attrs, DType, Graph, Node, Op, Param, ParamData, TensorType};
 
 use crate::codegen::conv::is_depthwise;
 
 /// Whether `g` has anything to expand.
 pub fn needed(g: &Graph) -> bool {
-    g.nodes.iter().any(|n| matches!(n.op, Op::Conv | Op::MaxPool | Op::AvgPool | Op::Pad))
+    g.nodes.iter().any(|n| matches!(n.op, Op::Conv | Op::MaxPool | Op::AvgPool | Op::Pad) || many_operands(n))
+}
+
+/// An einsum of three operands or more, which becomes pairwise einsums.
+fn many_operands(n: &Node) -> bool {
+    n.op == Op::Einsum && n.inputs.len() >= 3
 }
 
 /// A batch norm to fold into the conv before it: `add(mul(conv, scale), shift)`.
@@ -113,6 +121,7 @@ pub fn expand(g: &Graph, info: &Info) -> Result<Graph> {
             Op::Conv => ex.conv(n),
             Op::MaxPool | Op::AvgPool => ex.pool(n),
             Op::Pad => ex.pad(n),
+            Op::Einsum if many_operands(n) => ex.einsum(n),
             _ => {
                 ex.g.nodes.push(n.clone());
                 continue;
@@ -368,6 +377,26 @@ impl Expander {
         let bshape = std::iter::once(w[0] as i64).chain(out.iter().map(|_| 1));
         let b = self.emit(n, base("bias"), Op::Reshape, &[bias], &[("shape", ints(bshape))])?;
         self.emit(n, n.name.clone(), Op::Add, &[&y, &b], &[])?;
+        Ok(())
+    }
+
+    /// An einsum of three operands or more as the two-operand einsums of `einsum::path`,
+    /// in its order, the last keeping its name: the interpreter contracts in the same order.
+    fn einsum(&mut self, n: &Node) -> R<()> {
+        let (terms, out) = parse_equation(&attrs::Einsum::of(n).equation, n.inputs.len())?;
+        let mut sizes = BTreeMap::new();
+        for (t, i) in terms.iter().zip(&n.inputs) {
+            sizes.extend(t.iter().copied().zip(self.types[i].shape.iter().copied()));
+        }
+        let steps = einsum::path(&terms, &out, &sizes);
+        let letters = einsum::operand_letters(&terms, &steps);
+        let mut names = n.inputs.clone();
+        for (k, s) in steps.iter().enumerate() {
+            let name = if k + 1 == steps.len() { n.name.clone() } else { format!("{}.step{k}", n.name) };
+            let eq = [("equation", Attr::Str(einsum::equation(s, &letters)))];
+            let step = self.emit(n, name, Op::Einsum, &[&names[s.a], &names[s.b]], &eq)?;
+            names.push(step);
+        }
         Ok(())
     }
 

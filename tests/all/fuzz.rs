@@ -286,10 +286,12 @@ fn graph(r: &Recipe) -> String {
                 (format!("{name} = gather({x}, {i}) {{axis = {axis}}}"), s)
             }
             // x's letters, w's `cz`: contracts or keeps x's last letter, may sum out another,
-            // and permutes the output.
+            // and permutes the output. Half the time a third operand `zy` joins: contracted
+            // pairwise in the greedy order (`einsum::path`), its `z` summed or kept.
             16 if !xs.is_empty() => {
                 let letters: Vec<char> = "abcdefgh".chars().take(xs.len()).collect();
                 let (c, n) = (*letters.last().unwrap(), DIMS[b as usize % DIMS.len()]);
+                let third = b as usize / DIMS.len();
                 lines.push(format!(
                     "param w{k}: f32[{},{n}] = init normal{{seed = {arg}, std = 0.5}}",
                     xs[xs.len() - 1]
@@ -301,13 +303,23 @@ fn graph(r: &Recipe) -> String {
                 if arg & 2 != 0 && out.len() > 1 {
                     out.remove(b as usize % out.len());
                 }
-                out.push(('z', n));
+                let x_letters: String = letters.iter().collect();
+                let (mut operands, mut terms) = (format!("{x}, w{k}"), format!("{x_letters},{c}z"));
+                if third % 2 == 1 {
+                    let m = DIMS[third / 2 % DIMS.len()];
+                    lines.push(format!("param v{k}: f32[{n},{m}] = init normal{{seed = {}, std = 0.5}}", arg ^ 0x55));
+                    operands.push_str(&format!(", v{k}"));
+                    terms.push_str(",zy");
+                    out.push(('y', m));
+                }
+                if third.is_multiple_of(2) || (third / 2 / DIMS.len()).is_multiple_of(2) {
+                    out.push(('z', n));
+                }
                 let out: Vec<(char, usize)> =
                     permutation(out.len(), arg as usize >> 2).iter().map(|&i| out[i]).collect();
-                let x_letters: String = letters.iter().collect();
                 let o_letters: String = out.iter().map(|p| p.0).collect();
                 (
-                    format!("{name} = einsum({x}, w{k}) {{equation = \"{x_letters},{c}z->{o_letters}\"}}"),
+                    format!("{name} = einsum({operands}) {{equation = \"{terms}->{o_letters}\"}}"),
                     out.iter().map(|p| p.1).collect(),
                 )
             }
