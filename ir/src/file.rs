@@ -5,7 +5,7 @@
 
 use std::fs::File;
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 
@@ -81,6 +81,29 @@ pub fn read(path: &Path, max: u64, what: &str) -> Result<Vec<u8>> {
     read_exact(&mut f, len, what)
 }
 
+/// `rel`, a path one file names for another (an ONNX model its external data, a checkpoint
+/// index its shards), resolved in `dir`, the naming file's directory: it must be relative,
+/// without `..`, and must not lead out of `dir` through a symbolic link either (as
+/// onnxruntime refuses external data that escapes the model's directory). A path that
+/// does not exist is given back as it is, for the open to say so. The error says what is
+/// wrong with `rel` (`dir_is` naming `dir`), for the caller to name `rel`.
+pub fn inside(dir: &Path, rel: &str, dir_is: &str) -> std::result::Result<PathBuf, String> {
+    use std::path::Component;
+    let path = Path::new(rel);
+    if rel.is_empty() || path.components().any(|c| !matches!(c, Component::Normal(_) | Component::CurDir)) {
+        return Err(format!("is not a relative path inside {dir_is}"));
+    }
+    let joined = dir.join(path);
+    let (Ok(root), Ok(target)) = (dir.canonicalize(), joined.canonicalize()) else { return Ok(joined) };
+    if !target.starts_with(&root) {
+        return Err(format!(
+            "leads out of {dir_is} through a symbolic link (to '{}')",
+            crate::error::shorten(&target.display().to_string())
+        ));
+    }
+    Ok(joined)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -91,6 +114,27 @@ mod tests {
         assert_eq!(e.msg, "cannot read graph: is a device");
         let e = read(Path::new("/"), MAX_TEXT_BYTES, "layout spec").unwrap_err();
         assert_eq!(e.msg, "cannot read layout spec: is a directory");
+    }
+
+    #[test]
+    fn paths_named_by_files_stay_inside_their_directory() {
+        let dir = std::env::temp_dir().join(format!("meshc-inside-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        std::fs::write(dir.join("sub/w.bin"), b"w").unwrap();
+        let _ = std::os::unix::fs::symlink("/", dir.join("rootlink"));
+        let _ = std::os::unix::fs::symlink("sub", dir.join("sublink"));
+        let inside = |rel: &str| inside(&dir, rel, "its directory");
+        assert_eq!(inside("sub/w.bin"), Ok(dir.join("sub/w.bin")));
+        assert_eq!(inside("sublink/w.bin"), Ok(dir.join("sublink/w.bin")));
+        assert_eq!(inside("./missing"), Ok(dir.join("./missing")));
+        for bad in ["../x", "/etc/passwd", "sub/../../x", ""] {
+            assert_eq!(inside(bad).unwrap_err(), "is not a relative path inside its directory", "{bad}");
+        }
+        assert_eq!(
+            inside("rootlink/etc").unwrap_err(),
+            "leads out of its directory through a symbolic link (to '/etc')"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -197,7 +197,8 @@ impl WeightFiles {
 }
 
 /// The shard an index (at `path`, spelled `file`) names for tensor `k`: its name as the
-/// index gives it, and its path (relative to the index).
+/// index gives it, and its path. A shard lies in the index's directory: a name that leads
+/// elsewhere (`../../x`, an absolute path, a symbolic link out) is refused.
 fn shard_of<'m>(
     weight_map: &'m BTreeMap<String, String>,
     path: &Path,
@@ -205,7 +206,10 @@ fn shard_of<'m>(
     k: &str,
 ) -> Result<(&'m str, PathBuf)> {
     let shard = weight_map.get(k).ok_or_else(|| no_tensor(k, weight_map.keys()).in_file(file))?;
-    Ok((shard, path.parent().unwrap_or(Path::new(".")).join(shard)))
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let shard_path = crate::file::inside(dir, shard, "the index's directory")
+        .map_err(|e| Error::new(format!("shard '{}' of tensor '{}' {e}", shorten(shard), shorten(k))).in_file(file))?;
+    Ok((shard, shard_path))
 }
 
 /// The header of a mapped `.npy` (`npy`: by its name or magic) or `.safetensors` file.
@@ -221,9 +225,11 @@ fn parse_header(bytes: &[u8], npy: bool) -> Result<Header> {
     }
     let len = bytes.len() as u64;
     let header = bytes.get(..8).map_or(0, |n| u64::from_le_bytes(n.try_into().expect("8 bytes")));
+    // The header's length is not quoted: a file that is not safetensors at all (a text
+    // file, another format) would have its first 8 bytes printed as a number.
     if len < 8 || header > MAX_SAFETENSORS_HEADER || 8 + header > len {
         return Err(Error::new(format!(
-            "not a valid .safetensors file: a header of {header} bytes in a file of {len}"
+            "not a valid .safetensors file: its first 8 bytes do not give the length of a header that fits in its {len} bytes"
         )));
     }
     let end = safetensors_data_end(&bytes[8..8 + header as usize])?;
@@ -342,6 +348,32 @@ mod tests {
         let e = files.check_unchanged().unwrap_err();
         assert!(e.msg.starts_with("changed while meshc read it"), "{}", e.msg);
         assert_eq!(e.file.as_deref(), Some(path.display().to_string().as_str()));
+    }
+
+    /// An index's shards lie beside it: `..`, absolute paths and symbolic links out are
+    /// refused, and a file that is not safetensors is not quoted as a number.
+    #[test]
+    fn shards_outside_the_index_directory_are_refused() {
+        let s = scratch("shards");
+        std::fs::create_dir_all(s.0.join("ckpt")).unwrap();
+        std::os::unix::fs::symlink("/etc", s.0.join("ckpt/etclink")).unwrap();
+        std::fs::write(s.0.join("secret.safetensors"), "not weights at all").unwrap();
+        for (shard, why) in [
+            ("../secret.safetensors", "is not a relative path inside the index's directory"),
+            ("/etc/hostname", "is not a relative path inside the index's directory"),
+            ("etclink/passwd", "leads out of the index's directory through a symbolic link"),
+        ] {
+            let index = format!(r#"{{"weight_map": {{"w": "{shard}"}}}}"#);
+            std::fs::write(s.0.join("ckpt/m.index.json"), index).unwrap();
+            let e = WeightFiles::new(&s.0).view("ckpt/m.index.json", Some("w")).err().unwrap();
+            assert!(e.msg.starts_with(&format!("shard '{shard}' of tensor 'w' {why}")), "{}", e.msg);
+        }
+        std::fs::write(s.0.join("ckpt/secret.safetensors"), "not weights at all").unwrap();
+        let e = WeightFiles::new(&s.0).view("ckpt/secret.safetensors", Some("w")).err().unwrap();
+        assert_eq!(
+            e.msg,
+            "not a valid .safetensors file: its first 8 bytes do not give the length of a header that fits in its 18 bytes"
+        );
     }
 
     #[test]

@@ -2,10 +2,13 @@
 //! (`model.onnx` + `model.onnx.data`, as `onnx.save_model(..., save_as_external_data=True)`
 //! and exporters of models over 2 GB write it). Each file is mapped once per import and a
 //! tensor's bytes are a bounds-checked range of its mapping; a location must be a relative
-//! path inside the model's directory, as ONNX's own checker requires.
+//! path inside the model's directory, also once symbolic links are followed, as
+//! onnxruntime requires (`meshc_ir::file::inside`).
 
 use std::collections::HashMap;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
+
+use meshc_ir::error::shorten;
 
 use memmap2::Mmap;
 
@@ -30,12 +33,8 @@ impl External {
         let entry =
             |key: &str| t.external_data.iter().find(|e| e.key.as_deref() == Some(key)).and_then(|e| e.value.as_deref());
         let location = entry("location").ok_or("its data is external, but it names no location")?;
-        let rel = Path::new(location);
-        if location.is_empty() || rel.components().any(|c| !matches!(c, Component::Normal(_) | Component::CurDir)) {
-            return Err(format!(
-                "external data location '{location}' is not a relative path inside the model's directory"
-            ));
-        }
+        let path = meshc_ir::file::inside(&self.dir, location, "the model's directory")
+            .map_err(|e| format!("external data location '{}' {e}", shorten(location)))?;
         let number = |key: &str| -> R<Option<usize>> {
             entry(key)
                 .map(|v| v.parse::<usize>().map_err(|_| format!("external data {key} '{v}' is not a byte count")))
@@ -43,7 +42,6 @@ impl External {
         };
         let (offset, length) = (number("offset")?.unwrap_or(0), number("length")?);
         if !self.maps.contains_key(location) {
-            let path = self.dir.join(rel);
             let what = format!("external data file '{}'", path.display());
             let (file, _) = meshc_ir::file::open(&path, &what).map_err(|e| e.msg)?;
             // Safety: the mapping is read-only and lives as long as the import; a file

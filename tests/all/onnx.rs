@@ -322,6 +322,20 @@ fn external_data_initializers_are_read_from_the_file_beside_the_model() {
     refused("cannot read external data file");
     external("../model.onnx.data");
     refused("external data location '../model.onnx.data' is not a relative path inside the model's directory");
+    external("/etc/passwd");
+    refused("external data location '/etc/passwd' is not a relative path inside the model's directory");
+    // A directory link inside the model's directory that leads out of it is refused, as
+    // onnxruntime refuses it; one that stays inside is followed, as onnxruntime follows it.
+    std::os::unix::fs::symlink("/", tmp.join("rootlink")).unwrap();
+    external("rootlink/etc/passwd");
+    refused(
+        "external data location 'rootlink/etc/passwd' leads out of the model's directory through a symbolic link \
+         (to '/etc/passwd')",
+    );
+    std::fs::create_dir(tmp.join("data")).unwrap();
+    std::os::unix::fs::symlink("data", tmp.join("datalink")).unwrap();
+    std::fs::write(tmp.join("data/model.onnx.data"), external("datalink/model.onnx.data")).unwrap();
+    outputs_match(original, &args, &tmp.join("out-link")).unwrap();
 }
 
 /// The models onnxruntime runs in little memory (testdata/onnx/bounded: a CumSum of 100,000
