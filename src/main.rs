@@ -378,7 +378,7 @@ fn base_dir(graph: &Path) -> &Path {
     graph.parent().unwrap_or(Path::new("."))
 }
 
-/// Every param of `g`, and the weight files they were read from (mapped once each).
+/// Every param of `g`, and the weight files they were read from (opened once each).
 fn load_params(g: &Graph, graph: &Path) -> Result<(HashMap<String, Tensor>, WeightFiles)> {
     let mut files = WeightFiles::new(base_dir(graph));
     let params = params::load_all_from(g, &mut files).map_err(|e| e.in_file(graph.display().to_string()))?;
@@ -626,7 +626,7 @@ fn compile_graph(
             spec.as_mut().context("--zero shards the optimizer state over the data-parallel axes of a --layout")?;
         meshc::train::zero(spec, &g, &info, init).with_context(|| path.display().to_string())?;
     }
-    // File-backed weights stay in their files' mappings until code generation copies each
+    // File-backed weights stay in their files until code generation reads each
     // into the weights section.
     let params = match &imported {
         Some(p) => params::Params::from(p),

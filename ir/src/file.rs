@@ -81,6 +81,87 @@ pub fn read(path: &Path, max: u64, what: &str) -> Result<Vec<u8>> {
     read_exact(&mut f, len, what)
 }
 
+/// A regular file read in ranges, each through `pread` into memory of its own, each
+/// checked to get every byte asked for. A file truncated while meshc reads it then gives
+/// "changed while meshc read it", where a mapping of it would fault (SIGBUS, which no
+/// reader catches portably). `unchanged` compares the file at the path now with the file
+/// opened (size, modification time), for what a rewrite in place leaves the same size.
+pub struct Pinned {
+    file: File,
+    path: PathBuf,
+    stamp: Stamp,
+}
+
+/// A file's size and modification time.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+}
+
+impl Stamp {
+    fn of(meta: &std::fs::Metadata) -> Stamp {
+        Stamp { len: meta.len(), modified: meta.modified().ok() }
+    }
+}
+
+/// What a file that changed under a read is told.
+const CHANGED: &str = "changed while meshc read it (its size or modification time differ): run again";
+
+impl Pinned {
+    /// Opens `path` (a regular file: `open`).
+    pub fn open(path: &Path, what: &str) -> Result<Pinned> {
+        let (file, _) = open(path, what)?;
+        let meta = file.metadata().map_err(|e| Error::new(format!("cannot read: {e}")))?;
+        Ok(Pinned { file, path: path.to_path_buf(), stamp: Stamp::of(&meta) })
+    }
+
+    /// The path it was opened by.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The size the file had when opened.
+    pub fn len(&self) -> u64 {
+        self.stamp.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.stamp.len == 0
+    }
+
+    /// `len` bytes from `offset`, appended to `out`; a range past the size the file had when
+    /// opened is the caller's mistake, one the file no longer has is `CHANGED`.
+    pub fn read_into(&self, offset: u64, len: usize, out: &mut Vec<u8>) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        assert!(offset.checked_add(len as u64).is_some_and(|end| end <= self.stamp.len), "a range inside the file");
+        let start = out.len();
+        out.try_reserve_exact(len).map_err(|_| Error::new(format!("cannot allocate {len} bytes to read")))?;
+        out.resize(start + len, 0);
+        match self.file.read_exact_at(&mut out[start..], offset) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(Error::new(CHANGED)),
+            Err(e) => Err(Error::new(format!("cannot read: {e}"))),
+        }
+    }
+
+    /// `len` bytes from `offset` (`read_into`).
+    pub fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let mut v = Vec::new();
+        self.read_into(offset, len, &mut v)?;
+        Ok(v)
+    }
+
+    /// Refuses when the file at the path now differs in size or modification time from the
+    /// one opened (rewritten, replaced, or gone): what was read may mix the two.
+    pub fn unchanged(&self) -> Result<()> {
+        match std::fs::metadata(&self.path).map(|m| Stamp::of(&m)) {
+            Ok(now) if now == self.stamp => Ok(()),
+            _ => Err(Error::new(CHANGED)),
+        }
+    }
+}
+
 /// `rel`, a path one file names for another (an ONNX model its external data, a checkpoint
 /// index its shards), resolved in `dir`, the naming file's directory: it must be relative,
 /// without `..`, and must not lead out of `dir` through a symbolic link either (as
