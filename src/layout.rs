@@ -621,7 +621,7 @@ fn validate(raw: Raw, file: &str) -> Result<Spec, Error> {
                 Error::new(format!(
                     "memory_per_device: {v} is not a size (expected a positive number of bytes, optionally with a \
                      unit {}; e.g. \"512MiB\")",
-                    UNITS.iter().map(|(u, _)| *u).collect::<Vec<_>>().join(", ")
+                    meshc_ir::budget::UNITS.iter().map(|(u, _)| *u).collect::<Vec<_>>().join(", ")
                 ))
             })
         })
@@ -769,32 +769,12 @@ fn validate_degraded(mesh: &Mesh, raw: RawDegraded) -> Result<Degraded, Error> {
     Ok(Degraded { nodes: raw.nodes, links })
 }
 
-/// Units of `memory_per_device`, with their size in bytes.
-const UNITS: [(&str, u64); 9] = [
-    ("B", 1),
-    ("KiB", 1 << 10),
-    ("MiB", 1 << 20),
-    ("GiB", 1 << 30),
-    ("TiB", 1 << 40),
-    ("kB", 1_000),
-    ("MB", 1_000_000),
-    ("GB", 1_000_000_000),
-    ("TB", 1_000_000_000_000),
-];
-
 /// A positive byte count: a JSON integer, or a string of digits with an optional unit
-/// ("512MiB", "2 GiB", "1000000").
+/// ("512MiB", "2 GiB", "8G", "1000000"; `meshc_ir::budget::parse_size`).
 fn memory_size(v: &Value) -> Option<u64> {
     let bytes = match v {
         Value::Number(n) => n.as_u64()?,
-        Value::String(s) => {
-            let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-            let (n, unit) = s.split_at(digits);
-            let n: u64 = n.parse().ok()?;
-            let unit = unit.strip_prefix(' ').unwrap_or(unit);
-            let scale = if unit.is_empty() { 1 } else { UNITS.iter().find(|(u, _)| *u == unit)?.1 };
-            n.checked_mul(scale)?
-        }
+        Value::String(s) => meshc_ir::budget::parse_size(s)?,
         _ => return None,
     };
     (bytes > 0).then_some(bytes)

@@ -50,6 +50,8 @@ enum Cmd {
         /// Print the wall time of every pass run on stderr.
         #[arg(long, requires = "stop_after")]
         time_passes: bool,
+        #[command(flatten)]
+        memory: Memory,
     },
     /// Import an ONNX model as a graph file, its weights in a safetensors file beside it.
     Import {
@@ -63,6 +65,8 @@ enum Cmd {
         weights: Option<PathBuf>,
         #[command(flatten)]
         onnx: OnnxArgs,
+        #[command(flatten)]
+        memory: Memory,
     },
     /// Convert a graph between the JSON and text formats.
     Fmt {
@@ -83,6 +87,8 @@ enum Cmd {
         io: Io,
         #[command(flatten)]
         onnx: OnnxArgs,
+        #[command(flatten)]
+        memory: Memory,
     },
     /// Compile a graph into one mmap-loadable artifact.
     Compile {
@@ -118,6 +124,8 @@ enum Cmd {
         sign: Option<PathBuf>,
         #[command(flatten)]
         pilot: PilotArgs,
+        #[command(flatten)]
+        memory: Memory,
     },
     /// Run an artifact (or compile a graph in memory and run it).
     Run {
@@ -144,6 +152,8 @@ enum Cmd {
         codegen: CodegenArgs,
         #[command(flatten)]
         pilot: PilotArgs,
+        #[command(flatten)]
+        memory: Memory,
     },
     /// Describe an artifact: sections, inputs/outputs, kernels, buffers, steps.
     Inspect {
@@ -226,6 +236,39 @@ enum WeightsArg {
     F32,
     Bf16,
     F16,
+}
+
+/// The allocation budget (`meshc_ir::budget`) of the commands that read graphs and models.
+#[derive(clap::Args, Clone, Default)]
+struct Memory {
+    /// The most memory any one allocation sized by an input file may take (a tensor the
+    /// interpreter computes, an index table, a window's taps): 8G, 512M, or bytes
+    /// (default: half the memory available at start).
+    #[arg(long = "max-memory", value_name = "SIZE", value_parser = max_memory)]
+    max_memory: Option<u64>,
+}
+
+fn max_memory(s: &str) -> std::result::Result<u64, String> {
+    meshc_ir::budget::parse_size(s).ok_or_else(|| format!("'{s}' is not a size (8G, 512M, or bytes)"))
+}
+
+impl Cmd {
+    /// The `--max-memory` of the commands that take it.
+    fn memory(&self) -> Option<&Memory> {
+        match self {
+            Cmd::Check { memory, .. }
+            | Cmd::Import { memory, .. }
+            | Cmd::Interp { memory, .. }
+            | Cmd::Compile { memory, .. }
+            | Cmd::Run { memory, .. } => Some(memory),
+            Cmd::Fmt { .. }
+            | Cmd::Inspect { .. }
+            | Cmd::Explain { .. }
+            | Cmd::Grad { .. }
+            | Cmd::Keygen { .. }
+            | Cmd::Completions { .. } => None,
+        }
+    }
 }
 
 /// What importing an ONNX model needs (every command that takes a graph takes a `.onnx`).
@@ -329,15 +372,18 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(code) => return code,
     };
+    if let Some(bytes) = cli.cmd.memory().and_then(|m| m.max_memory) {
+        meshc_ir::budget::set_limit(bytes);
+    }
     let result = match cli.cmd {
-        Cmd::Check { graph, layout, onnx, stop_after: Some(pass), time_passes } => {
+        Cmd::Check { graph, layout, onnx, stop_after: Some(pass), time_passes, .. } => {
             check_until(&graph, CodegenArgs::defaults(layout, onnx), &pass, time_passes)
         }
         Cmd::Check { graph, layout, onnx, .. } => check(&graph, layout.as_deref(), &onnx),
-        Cmd::Import { model, o, weights, onnx } => to_file(&o, "an import writes a graph and its weights file")
+        Cmd::Import { model, o, weights, onnx, .. } => to_file(&o, "an import writes a graph and its weights file")
             .and_then(|()| import(&model, &o, weights.as_deref(), &onnx)),
         Cmd::Fmt { graph, to, o } => fmt(&graph, to, o.as_deref()),
-        Cmd::Interp { graph, io, onnx } => interp(&graph, &io, &onnx),
+        Cmd::Interp { graph, io, onnx, .. } => interp(&graph, &io, &onnx),
         Cmd::Compile {
             graph,
             o,
@@ -350,6 +396,7 @@ fn main() -> ExitCode {
             time_passes,
             sign,
             pilot,
+            ..
         } => Dumps::new(dump_after, dump_dir, dump_format).and_then(|dumps| {
             let inst = Instrument::new(&dumps, stop_after.as_deref(), time_passes)?;
             let signer = sign.as_deref().map(signature::read_signing_key).transpose()?;
@@ -401,7 +448,7 @@ fn base_dir(graph: &Path) -> &Path {
     graph.parent().unwrap_or(Path::new("."))
 }
 
-/// Every param of `g`, and the weight files they were read from (mapped once each).
+/// Every param of `g`, and the weight files they were read from (opened once each).
 fn load_params(g: &Graph, graph: &Path) -> Result<(HashMap<String, Tensor>, WeightFiles)> {
     let mut files = WeightFiles::new(base_dir(graph));
     let params = params::load_all_from(g, &mut files).map_err(|e| e.in_file(graph.display().to_string()))?;
@@ -659,7 +706,7 @@ fn compile_graph(
             spec.as_mut().context("--zero shards the optimizer state over the data-parallel axes of a --layout")?;
         meshc::train::zero(spec, &g, &info, init).with_context(|| path.display().to_string())?;
     }
-    // File-backed weights stay in their files' mappings until code generation copies each
+    // File-backed weights stay in their files until code generation reads each
     // into the weights section.
     let params = match &imported {
         Some(p) => params::Params::from(p),

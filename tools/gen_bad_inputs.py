@@ -85,6 +85,11 @@ def main():
             {"metadata": {"total_size": 64}, "weight_map": {"w": "w-00001-of-00002.safetensors", "b": "b-00002-of-00002.safetensors"}},
             indent=1, sort_keys=True).encode() + b"\n",
         "w-00001-of-00002.safetensors": safetensors_bytes({"w": w}),
+        # An index naming shards outside its directory: one up two levels (testdata/README.md,
+        # which meshc once read and quoted the first 8 bytes of as a number), one absolute.
+        "outside.index.json": json.dumps(
+            {"weight_map": {"w": "../../README.md", "w_root": "/etc/passwd"}}, indent=1, sort_keys=True).encode()
+        + b"\n",
     }
     for name, data in files.items():
         with open(path(name), "wb") as f:

@@ -566,19 +566,68 @@ def input_default():
     save("input_default", g, {"x": r.standard_normal((2, 4)).astype(np.float32)}, {"batch": 2})
 
 
+def bounded():
+    """Models onnxruntime runs at once in little memory, which meshc once could not: a
+    CumSum over 100,000 elements (once a constant [n, n] mask, 10 GB), a MaxPool and
+    AveragePools whose kernel_shape [2^31] is far wider than their input of 4 (once a table
+    of 2^31 taps per output), and Einsums of 30 and 60 operands (once one loop over every
+    combination of letters, 2^30 points and more). CumSum is now a log-step scan, a pool
+    reads only the taps that land on its input, an einsum contracts pairwise in a greedy
+    order. The long CumSum adds quarters (exact either way); the short one random floats,
+    summed in a tree by meshc and left to right by onnxruntime."""
+    r = np.random.default_rng(31)
+    f = TensorProto.FLOAT
+    n, wide = 100_000, 2**31
+    inputs = [helper.make_tensor_value_info(k, f, s) for k, s in
+              [("c", [n]), ("c2", [3, 50]), ("p", [1, 1, 4]), ("e", [2]), ("m", [2, 2])]]
+    shapes = {"cumsum": [n], "cumsum_rev": [3, 50], "pool_max": [1, 1, 1], "pool_avg": [1, 1, 1],
+              "pool_avg_pad": [1, 1, 1], "einsum30": [], "einsum60": []}
+    outs = [helper.make_tensor_value_info(o, f, s) for o, s in shapes.items()]
+    letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    chain = ",".join(letters[i % 51] + letters[i % 51 + 1] for i in range(60))
+    pool = dict(kernel_shape=[wide], pads=[2, wide - 6])
+    nodes = [const("/axis0", np.array(0, dtype=np.int64)), const("/axis1", np.array(1, dtype=np.int64)),
+             node("CumSum", ["c", "/axis0"], ["cumsum"]),
+             node("CumSum", ["c2", "/axis1"], ["cumsum_rev"], exclusive=1, reverse=1),
+             node("MaxPool", ["p"], ["pool_max"], **pool),
+             node("AveragePool", ["p"], ["pool_avg"], **pool),
+             node("AveragePool", ["p"], ["pool_avg_pad"], count_include_pad=1, **pool),
+             node("Einsum", ["e"] * 30, ["einsum30"], equation=",".join(letters[:30]) + "->"),
+             node("Einsum", ["m"] * 60, ["einsum60"], equation=chain + "->")]
+    g = helper.make_graph(nodes, "bounded", inputs, outs)
+    feeds = {"c": (r.integers(-8, 8, n) / 4).astype(np.float32),
+             "c2": r.standard_normal((3, 50)).astype(np.float32),
+             "p": np.array([[[1.0, 5.0, -2.0, 3.0]]], dtype=np.float32),
+             "e": r.uniform(0.5, 1.5, 2).astype(np.float32),
+             "m": r.uniform(0.2, 0.6, (2, 2)).astype(np.float32)}
+    save("bounded", g, feeds, {})
+
+
 def bad():
     """Bad inputs for testdata/bad/ (tests/all/golden.rs pins each one-line error)."""
     d = os.path.join(OUT, "..", "bad")
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])
 
-    def write(name, nodes, inits=(), inputs=None, opset=OPSET, ort_refuses=False):
-        g = helper.make_graph(nodes, name, inputs or [x], [y], list(inits))
+    def write(name, nodes, inits=(), inputs=None, opset=OPSET, ort_refuses=False, ort_fails=None):
+        g = helper.make_graph(nodes, name, inputs or [x], [y] if ort_fails is None else [], list(inits))
+        if ort_fails is not None:
+            g.output.append(helper.make_tensor_value_info("y", TensorProto.FLOAT, None))
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
         if ort_refuses:
             # meshc validates as onnxruntime does: each of these it refuses too.
             try:
                 ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+            except Exception:
+                pass
+            else:
+                raise AssertionError(f"onnxruntime runs onnx-{name}")
+        if ort_fails is not None:
+            # onnxruntime cannot run these either: it refuses them, or fails to allocate
+            # (`ort_fails` feeds it).
+            try:
+                sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+                sess.run(None, ort_fails)
             except Exception:
                 pass
             else:
@@ -628,6 +677,22 @@ def bad():
     refused("deprecated", [helper.make_node("Scatter", ["x", "idx", "x"], ["y"], name="scatter")],
             inits=[numpy_helper.from_array(np.zeros((2, 4), np.int64), "idx")])
     refused("too-new", [helper.make_node("Gelu", ["x"], ["y"], name="gelu")])
+    # Sizes a tiny file asks for that no memory holds, refused in one line by the memory
+    # budget (golden.rs checks them under --max-memory 1G) where meshc once hung, aborted or
+    # grew for minutes.
+    x4 = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 4])
+    feeds = {"x": np.ones((1, 1, 2, 4), np.float32)}
+    resize = helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], name="resize")
+    write("resize-huge-sizes", [resize], [ints("sizes", [1, 1, 2**40, 4])], inputs=[x4], ort_fails=feeds)
+    for what, scale in [("infinite", np.inf), ("huge", 1e30)]:
+        resize = helper.make_node("Resize", ["x", "", "scales"], ["y"], name="resize")
+        scales = numpy_helper.from_array(np.array([1, 1, scale, 1], np.float32), "scales")
+        write(f"resize-{what}-scale", [resize], [scales], inputs=[x4], ort_fails=feeds)
+    tile = helper.make_node("Tile", ["x", "repeats"], ["y"], name="tile")
+    write("tile-huge", [tile], [ints("repeats", [2**40, 1, 1, 1])], inputs=[x4], ort_fails=feeds)
+    # Its input alone would be 64 GiB: onnxruntime cannot be given one to show it fails.
+    big = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2**17, 2**17])
+    write("eyelike-huge", [helper.make_node("EyeLike", ["x"], ["y"], name="eye")], inputs=[big])
 
 
 if __name__ == "__main__":
@@ -653,6 +718,7 @@ if __name__ == "__main__":
     outputs()
     numerics()
     input_default()
+    bounded()
     bad()
     total = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote {OUT} ({total} bytes)", file=sys.stderr)

@@ -27,17 +27,16 @@ pub fn node_flops(n: &Node, info: &Info) -> u64 {
             scores * (2 * d + 2 * dv + 5 + (n.inputs.len() as u64 - 3))
         }
         Op::Einsum => {
-            // Every combination of letters is one multiply-add per operand beyond the first.
+            // The multiply-adds of its pairwise contractions (`einsum::path`).
             let eq = attrs::Einsum::of(n).equation;
-            let mut sizes: BTreeMap<char, u64> = BTreeMap::new();
-            if let Ok((terms, _)) = crate::infer::parse_equation(&eq, n.inputs.len()) {
-                for (t, i) in terms.iter().zip(&n.inputs) {
-                    for (c, &d) in t.iter().zip(&info.types[i].shape) {
-                        sizes.insert(*c, d as u64);
-                    }
+            let Ok((terms, out)) = crate::infer::parse_equation(&eq, n.inputs.len()) else { return 0 };
+            let mut sizes: BTreeMap<char, usize> = BTreeMap::new();
+            for (t, i) in terms.iter().zip(&n.inputs) {
+                for (c, &d) in t.iter().zip(&info.types[i].shape) {
+                    sizes.insert(*c, d);
                 }
             }
-            2 * sizes.values().product::<u64>() * (n.inputs.len() as u64 - 1).max(1)
+            u64::try_from(crate::einsum::multiply_adds(&terms, &out, &sizes).saturating_mul(2)).unwrap_or(u64::MAX)
         }
         Op::Conv => {
             // Every output element is a dot product over its group's channels and the kernel.
@@ -50,7 +49,7 @@ pub fn node_flops(n: &Node, info: &Info) -> u64 {
                 Op::MaxPool => attrs::MaxPool::of(n).kernel,
                 _ => attrs::AvgPool::of(n).kernel,
             };
-            numel(&n.name) * kernel.iter().map(|&k| k.max(1) as u64).product::<u64>()
+            kernel.iter().fold(numel(&n.name), |f, &k| f.saturating_mul(k.max(1) as u64))
         }
         Op::ScatterElements => match attrs::ScatterElements::of(n).reduction {
             ScatterReduction::None => 0,

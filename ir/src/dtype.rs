@@ -64,10 +64,6 @@ impl fmt::Display for DType {
     }
 }
 
-/// The largest tensor meshc accepts (1 TiB): far beyond any real device, small enough that
-/// size arithmetic never overflows.
-pub const MAX_TENSOR_BYTES: usize = 1 << 40;
-
 /// Dtype plus a static shape; `[]` is a scalar.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TensorType {
@@ -92,10 +88,11 @@ impl TensorType {
         self.numel() * self.dtype.size_bytes()
     }
 
-    /// The byte size, or `None` when it overflows or exceeds `MAX_TENSOR_BYTES`. The
+    /// The byte size, or `None` when it overflows or exceeds `budget::CEILING`. The
     /// verifier checks every tensor with this, so `numel`/`size_bytes` cannot overflow later.
     pub fn checked_size_bytes(&self) -> Option<usize> {
-        self.shape.iter().try_fold(self.dtype.size_bytes(), |n, &d| n.checked_mul(d)).filter(|&n| n <= MAX_TENSOR_BYTES)
+        let bytes = self.shape.iter().try_fold(self.dtype.size_bytes(), |n, &d| n.checked_mul(d));
+        bytes.filter(|&n| n <= crate::budget::CEILING)
     }
 }
 

@@ -5,7 +5,7 @@
 
 use std::fs::File;
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 
@@ -81,10 +81,108 @@ pub fn read(path: &Path, max: u64, what: &str) -> Result<Vec<u8>> {
     read_exact(&mut f, len, what)
 }
 
-/// Whether `bytes` more can be allocated now: asked of the allocator and given back, so
-/// that a computation whose result the system cannot hold fails before it starts.
-pub fn can_allocate(bytes: usize) -> bool {
-    Vec::<u8>::new().try_reserve_exact(bytes).is_ok()
+/// A regular file read in ranges, each through `pread` into memory of its own, each
+/// checked to get every byte asked for. A file truncated while meshc reads it then gives
+/// "changed while meshc read it", where a mapping of it would fault (SIGBUS, which no
+/// reader catches portably). `unchanged` compares the file at the path now with the file
+/// opened (size, modification time), for what a rewrite in place leaves the same size.
+pub struct Pinned {
+    file: File,
+    path: PathBuf,
+    stamp: Stamp,
+}
+
+/// A file's size and modification time.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+}
+
+impl Stamp {
+    fn of(meta: &std::fs::Metadata) -> Stamp {
+        Stamp { len: meta.len(), modified: meta.modified().ok() }
+    }
+}
+
+/// What a file that changed under a read is told.
+const CHANGED: &str = "changed while meshc read it (its size or modification time differ): run again";
+
+impl Pinned {
+    /// Opens `path` (a regular file: `open`).
+    pub fn open(path: &Path, what: &str) -> Result<Pinned> {
+        let (file, _) = open(path, what)?;
+        let meta = file.metadata().map_err(|e| Error::new(format!("cannot read: {e}")))?;
+        Ok(Pinned { file, path: path.to_path_buf(), stamp: Stamp::of(&meta) })
+    }
+
+    /// The path it was opened by.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The size the file had when opened.
+    pub fn len(&self) -> u64 {
+        self.stamp.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.stamp.len == 0
+    }
+
+    /// `len` bytes from `offset`, appended to `out`; a range past the size the file had when
+    /// opened is the caller's mistake, one the file no longer has is `CHANGED`.
+    pub fn read_into(&self, offset: u64, len: usize, out: &mut Vec<u8>) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        assert!(offset.checked_add(len as u64).is_some_and(|end| end <= self.stamp.len), "a range inside the file");
+        let start = out.len();
+        out.try_reserve_exact(len).map_err(|_| Error::new(format!("cannot allocate {len} bytes to read")))?;
+        out.resize(start + len, 0);
+        match self.file.read_exact_at(&mut out[start..], offset) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(Error::new(CHANGED)),
+            Err(e) => Err(Error::new(format!("cannot read: {e}"))),
+        }
+    }
+
+    /// `len` bytes from `offset` (`read_into`).
+    pub fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let mut v = Vec::new();
+        self.read_into(offset, len, &mut v)?;
+        Ok(v)
+    }
+
+    /// Refuses when the file at the path now differs in size or modification time from the
+    /// one opened (rewritten, replaced, or gone): what was read may mix the two.
+    pub fn unchanged(&self) -> Result<()> {
+        match std::fs::metadata(&self.path).map(|m| Stamp::of(&m)) {
+            Ok(now) if now == self.stamp => Ok(()),
+            _ => Err(Error::new(CHANGED)),
+        }
+    }
+}
+
+/// `rel`, a path one file names for another (an ONNX model its external data, a checkpoint
+/// index its shards), resolved in `dir`, the naming file's directory: it must be relative,
+/// without `..`, and must not lead out of `dir` through a symbolic link either (as
+/// onnxruntime refuses external data that escapes the model's directory). A path that
+/// does not exist is given back as it is, for the open to say so. The error says what is
+/// wrong with `rel` (`dir_is` naming `dir`), for the caller to name `rel`.
+pub fn inside(dir: &Path, rel: &str, dir_is: &str) -> std::result::Result<PathBuf, String> {
+    use std::path::Component;
+    let path = Path::new(rel);
+    if rel.is_empty() || path.components().any(|c| !matches!(c, Component::Normal(_) | Component::CurDir)) {
+        return Err(format!("is not a relative path inside {dir_is}"));
+    }
+    let joined = dir.join(path);
+    let (Ok(root), Ok(target)) = (dir.canonicalize(), joined.canonicalize()) else { return Ok(joined) };
+    if !target.starts_with(&root) {
+        return Err(format!(
+            "leads out of {dir_is} through a symbolic link (to '{}')",
+            crate::error::shorten(&target.display().to_string())
+        ));
+    }
+    Ok(joined)
 }
 
 #[cfg(test)]
@@ -100,11 +198,30 @@ mod tests {
     }
 
     #[test]
+    fn paths_named_by_files_stay_inside_their_directory() {
+        let dir = std::env::temp_dir().join(format!("meshc-inside-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        std::fs::write(dir.join("sub/w.bin"), b"w").unwrap();
+        let _ = std::os::unix::fs::symlink("/", dir.join("rootlink"));
+        let _ = std::os::unix::fs::symlink("sub", dir.join("sublink"));
+        let inside = |rel: &str| inside(&dir, rel, "its directory");
+        assert_eq!(inside("sub/w.bin"), Ok(dir.join("sub/w.bin")));
+        assert_eq!(inside("sublink/w.bin"), Ok(dir.join("sublink/w.bin")));
+        assert_eq!(inside("./missing"), Ok(dir.join("./missing")));
+        for bad in ["../x", "/etc/passwd", "sub/../../x", ""] {
+            assert_eq!(inside(bad).unwrap_err(), "is not a relative path inside its directory", "{bad}");
+        }
+        assert_eq!(
+            inside("rootlink/etc").unwrap_err(),
+            "leads out of its directory through a symbolic link (to '/etc')"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn refuses_files_over_the_limit_and_sizes_the_system_cannot_give() {
         let e = read(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src/file.rs")), 10, "graph").unwrap_err();
         assert!(e.msg.starts_with("graph of ") && e.msg.ends_with("larger than the 10 bytes meshc reads"), "{}", e.msg);
         assert_eq!(buffer(u64::MAX, "x").unwrap_err().msg, format!("cannot allocate {} bytes for x", u64::MAX));
-        assert!(!can_allocate(usize::MAX / 2));
-        assert!(can_allocate(1 << 20));
     }
 }

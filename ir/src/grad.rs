@@ -880,8 +880,9 @@ impl Builder {
     }
 
     /// The window of conv or pool node `n` over the spatial dims of its input: the window,
-    /// the input's and the result's spatial sizes, and the tap table (`Window::taps`).
-    fn window(&self, n: &Node) -> Result<(Window, Shape, Shape, Vec<Tap>)> {
+    /// the input's and the result's spatial sizes, the taps per output and their table
+    /// (`Window::taps`, or for a pool `Window::pool_taps`).
+    fn window(&self, n: &Node) -> Result<(Window, Shape, Shape, usize, Vec<Tap>)> {
         let x = self.shape(&n.inputs[0]);
         let win = if n.op == Op::Conv {
             window::conv_window(n, &x, &self.shape(&n.inputs[1])).map(|w| w.0)
@@ -891,8 +892,11 @@ impl Builder {
         let win = win.map_err(Error::new)?;
         let sp = x[2..].to_vec();
         let out = win.out_sizes(&sp).map_err(Error::new)?;
-        let taps = win.taps(&sp, &out);
-        Ok((win, sp, out, taps))
+        let (n_k, taps) = match n.op {
+            Op::Conv => (win.kernel.iter().product(), win.taps(&sp, &out).map_err(Error::new)?),
+            _ => win.pool_taps(&sp, &out).map_err(Error::new)?,
+        };
+        Ok((win, sp, out, n_k, taps))
     }
 
     /// im2col: `x` viewed as `lead ++ [positions]` gathered into `lead ++ [taps, outputs]`
@@ -945,9 +949,8 @@ impl Builder {
         let (x, w) = (n.inputs[0].as_str(), n.inputs[1].as_str());
         let (xs, ws) = (self.shape(x), self.shape(w));
         let (_, groups) = window::conv_window(n, &xs, &ws).map_err(Error::new)?;
-        let (_, sp, out, taps) = self.window(n)?;
-        let (n_in, n_out, n_k): (usize, usize, usize) =
-            (sp.iter().product(), out.iter().product(), ws[2..].iter().product());
+        let (_, sp, out, n_k, taps) = self.window(n)?;
+        let (n_in, n_out): (usize, usize) = (sp.iter().product(), out.iter().product());
         let (cg, mg) = (xs[1] / groups, ws[0] / groups);
         let lead = [xs[0], groups, cg];
         let g4 = self.reshape(gy, &[xs[0], groups, mg, n_out])?;
@@ -971,9 +974,8 @@ impl Builder {
     fn pool(&mut self, n: &Node, gy: &str) -> Result<String> {
         let x = n.inputs[0].as_str();
         let xs = self.shape(x);
-        let (win, sp, out, taps) = self.window(n)?;
-        let (n_in, n_out, n_k): (usize, usize, usize) =
-            (sp.iter().product(), out.iter().product(), win.kernel.iter().product());
+        let (win, sp, out, n_k, taps) = self.window(n)?;
+        let (n_in, n_out): (usize, usize) = (sp.iter().product(), out.iter().product());
         let lead = [xs[0], xs[1]];
         let cols_shape = [xs[0], xs[1], n_k, n_out];
         let g4 = self.reshape(gy, &[xs[0], xs[1], 1, n_out])?;
@@ -995,15 +997,7 @@ impl Builder {
             self.bin(Op::Mul, &g4, &share)?
         } else {
             let include_pad = attrs::AvgPool::of(n).count_include_pad;
-            let counts: Vec<f32> = (0..n_out)
-                .map(|o| {
-                    let c = taps[o * n_k..][..n_k]
-                        .iter()
-                        .filter(|t| matches!(t, Tap::Real(_)) || include_pad && **t == Tap::Pad)
-                        .count();
-                    c.max(1) as f32
-                })
-                .collect();
+            let counts: Vec<f32> = (0..n_out).map(|o| win.counted(&sp, &out, o, include_pad).max(1) as f32).collect();
             let counts = self.f32_table(&counts, &[1, 1, 1, n_out])?;
             let share = self.bin(Op::Div, &g4, &counts)?;
             self.op(Op::BroadcastTo, &[&share], &[("shape", ints(&cols_shape))])?

@@ -24,7 +24,8 @@ pub fn uniform01(seed: u64, k: u64) -> f64 {
 /// Materialises an initialiser for a tensor of type `ty` (values computed in f64, then
 /// converted to the dtype). Fails, rather than aborting, when memory cannot be had.
 pub fn materialize(init: &Init, ty: &TensorType) -> Result<Tensor> {
-    let n = ty.numel() as u64;
+    // Computed in f64 first: 8 bytes an element.
+    let n = crate::budget::check_shape(format_args!("initialising {ty}"), &ty.shape, 8).map_err(Error::new)? as u64;
     let mut values: Vec<f64> = Vec::new();
     values
         .try_reserve_exact(n as usize)

@@ -18,6 +18,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::attrs::{self, GeluApprox, ScatterReduction};
+use crate::budget;
 use crate::dtype::{DType, ShapeDisplay, TensorType};
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Node};
@@ -52,6 +53,9 @@ pub fn eval_node(node: &Node, args: &[&Tensor], out: &TensorType) -> Result<Tens
             )));
         }
     }
+    // Asked before the evaluation, which would abort the process when the system cannot
+    // give the memory.
+    budget::check_shape(format_args!("its result {out}"), &out.shape, out.dtype.size_bytes()).map_err(fail)?;
     let result = eval(node, args).map_err(fail)?;
     if result.ty() != *out {
         return Err(fail(format!("computed a result of type {} but the inferred type is {out}", result.ty())));
@@ -84,12 +88,6 @@ pub fn run(
         let node = &graph.nodes[i];
         let fail = |msg: String| Error::at(node.loc, format!("node '{}': {msg}", node.name));
         let out = types.get(&node.name).ok_or_else(|| fail("no inferred result type".into()))?;
-        // Asked before the evaluation, which would abort the process when the system
-        // cannot give the memory.
-        let bytes = out.checked_size_bytes().unwrap_or(usize::MAX);
-        if !crate::file::can_allocate(bytes) {
-            return Err(Error::at(node.loc, format!("cannot allocate {bytes} bytes for node '{}' ({out})", node.name)));
-        }
         let result = {
             let args = node
                 .inputs
@@ -785,18 +783,30 @@ fn einsum_term(eq: &str, term: &str) -> R<Vec<char>> {
     Ok(letters)
 }
 
-/// `einsum`: every output element is the sum, over the letters absent from the output, of
-/// the product of the operands' elements.
+/// `einsum`: with three operands or more, pairwise contractions in the order of
+/// `einsum::path`; else one loop nest (`einsum_nest`).
 fn einsum(eq: &str, args: &[&Tensor]) -> R<Tensor> {
-    let (lhs, rhs) =
-        eq.split_once("->").ok_or_else(|| format!("einsum equation '{eq}' needs an explicit output ('->')"))?;
-    let terms = lhs.split(',').map(|t| einsum_term(eq, t)).collect::<R<Vec<_>>>()?;
-    let out_letters = einsum_term(eq, rhs)?;
-    if terms.len() != args.len() {
-        return Err(format!("einsum equation '{eq}' has {} operand terms but {} operands", terms.len(), args.len()));
+    if args.len() < 3 {
+        return einsum_nest(eq, args);
     }
+    let (terms, out) = crate::infer::parse_equation(eq, args.len())?;
+    let sizes = einsum_sizes(&terms, args)?;
+    let steps = crate::einsum::path(&terms, &out, &sizes);
+    crate::einsum::check_intermediates(&steps, &sizes)?;
+    let letters = crate::einsum::operand_letters(&terms, &steps);
+    let mut values: Vec<Option<std::borrow::Cow<Tensor>>> =
+        args.iter().map(|&a| Some(std::borrow::Cow::Borrowed(a))).collect();
+    for s in &steps {
+        let (a, b) = (values[s.a].take().expect("used once"), values[s.b].take().expect("used once"));
+        values.push(Some(std::borrow::Cow::Owned(einsum_nest(&crate::einsum::equation(s, &letters), &[&a, &b])?)));
+    }
+    Ok(values.pop().flatten().expect("a last step").into_owned())
+}
+
+/// The size of every letter of the einsum `terms` of operands `args`, refusing a term
+/// whose length is not its operand's rank and a letter of two sizes.
+fn einsum_sizes(terms: &[Vec<char>], args: &[&Tensor]) -> R<BTreeMap<char, usize>> {
     let mut sizes: BTreeMap<char, usize> = BTreeMap::new();
-    let mut summed: Vec<char> = Vec::new();
     for (k, (term, x)) in terms.iter().zip(args).enumerate() {
         if term.len() != x.shape.len() {
             return Err(format!(
@@ -807,11 +817,30 @@ fn einsum(eq: &str, args: &[&Tensor]) -> R<Tensor> {
             ));
         }
         for (&c, &n) in term.iter().zip(&x.shape) {
-            match sizes.insert(c, n) {
-                Some(m) if m != n => return Err(format!("einsum letter '{c}' has sizes {m} and {n}")),
-                None if !out_letters.contains(&c) => summed.push(c),
-                _ => {}
+            if let Some(m) = sizes.insert(c, n).filter(|&m| m != n) {
+                return Err(format!("einsum letter '{c}' has sizes {m} and {n}"));
             }
+        }
+    }
+    Ok(sizes)
+}
+
+/// One einsum as a loop nest: every output element is the sum, over the letters absent
+/// from the output, of the product of the operands' elements.
+fn einsum_nest(eq: &str, args: &[&Tensor]) -> R<Tensor> {
+    let (lhs, rhs) =
+        eq.split_once("->").ok_or_else(|| format!("einsum equation '{eq}' needs an explicit output ('->')"))?;
+    let terms = lhs.split(',').map(|t| einsum_term(eq, t)).collect::<R<Vec<_>>>()?;
+    let out_letters = einsum_term(eq, rhs)?;
+    if terms.len() != args.len() {
+        return Err(format!("einsum equation '{eq}' has {} operand terms but {} operands", terms.len(), args.len()));
+    }
+    let sizes = einsum_sizes(&terms, args)?;
+    // The letters absent from the output, in the order they first appear.
+    let mut summed: Vec<char> = Vec::new();
+    for &c in terms.iter().flatten() {
+        if !out_letters.contains(&c) && !summed.contains(&c) {
+            summed.push(c);
         }
     }
     let size_of =
@@ -819,6 +848,10 @@ fn einsum(eq: &str, args: &[&Tensor]) -> R<Tensor> {
     let out_shape = out_letters.iter().map(size_of).collect::<R<Vec<_>>>()?;
     let sum_shape = summed.iter().map(size_of).collect::<R<Vec<_>>>()?;
     let (n_out, n_sum) = (result_len(&out_shape)?, result_len(&sum_shape)?);
+    // The offset tables below: per operand, one entry per output element and per point of
+    // the summation.
+    let entries = (n_out as u128 + n_sum as u128) * args.len() as u128;
+    budget::check(format_args!("the offset tables of einsum '{eq}'"), entries, 8)?;
     // Per operand: its elements, the offsets of every output position, and the offsets
     // (relative to those) of every point of the summation.
     let mut operands = Vec::new();

@@ -9,8 +9,10 @@ pub mod ops;
 
 pub mod attr;
 pub mod attrs;
+pub mod budget;
 pub mod cost;
 pub mod dtype;
+pub mod einsum;
 pub mod error;
 pub mod file;
 pub mod grad;

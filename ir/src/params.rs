@@ -109,7 +109,7 @@ fn from_graph(p: &Param) -> Option<Result<Tensor>> {
 pub fn load_param(p: &Param, files: &mut WeightFiles) -> Result<Tensor> {
     if let ParamData::File { path, key } = &p.data {
         let v = file_view(p, files, path, key.as_deref())?;
-        return Ok(Tensor::from_le_bytes(&v.ty, v.bytes));
+        return Ok(Tensor::from_le_bytes(&v.ty, &v.bytes()?));
     }
     from_graph(p).expect("every other param the graph gives")
 }
@@ -144,9 +144,9 @@ pub fn check_all(g: &Graph, files: &mut WeightFiles) -> Result<()> {
 
 /// The values of a graph's params as the compiler reads them: tensors already loaded
 /// (inline values, initialisers, pruned weights — anything in `loaded`), else views of
-/// the mapped weight files, turned into a tensor only where one is needed. A weight that
-/// goes into an artifact unchanged is copied from its file's mapping once, straight into
-/// the artifact's weights, instead of living as a tensor through the whole compile.
+/// the open weight files, turned into a tensor only where one is needed. A weight that
+/// goes into an artifact unchanged is read from its file when the artifact's weights are
+/// written, instead of living as a tensor through the whole compile.
 pub struct Params<'a> {
     pub loaded: std::borrow::Cow<'a, HashMap<String, Tensor>>,
     /// Opened (`open_files`) for every file-backed param not in `loaded`.
@@ -175,12 +175,12 @@ impl<'a> Params<'a> {
         Ok(Params { loaded: std::borrow::Cow::Owned(loaded), files: Some(files) })
     }
 
-    /// The little-endian bytes of `p` as its file holds them, when it is read from a file
-    /// and not loaded.
-    pub fn file_bytes(&self, p: &Param) -> Option<&[u8]> {
+    /// Where `p`'s little-endian bytes lie in its file, when it is read from a file and
+    /// not loaded.
+    pub fn file_view(&self, p: &Param) -> Option<View<'_>> {
         match (&p.data, self.files) {
             (ParamData::File { path, key }, Some(files)) if !self.loaded.contains_key(&p.name) => {
-                files.get(path, key.as_deref()).ok().map(|v| v.bytes)
+                files.get(path, key.as_deref()).ok()
             }
             _ => None,
         }
@@ -195,7 +195,7 @@ impl<'a> Params<'a> {
             (ParamData::Value(v), _) => Ok(std::borrow::Cow::Owned(inline_value(p, v)?)),
             (ParamData::File { path, key }, Some(files)) => {
                 let v = files.get(path, key.as_deref())?;
-                Ok(std::borrow::Cow::Owned(Tensor::from_le_bytes(&v.ty, v.bytes)))
+                Ok(std::borrow::Cow::Owned(Tensor::from_le_bytes(&v.ty, &v.bytes()?)))
             }
             _ => Err(Error::new(format!("no value for param '{}'", p.name))),
         }

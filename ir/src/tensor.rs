@@ -135,7 +135,7 @@ pub(crate) fn safetensors_data_end(header: &[u8]) -> Result<u64> {
 
 /// The largest `.npy` header read (numpy writes a few hundred bytes; a header claiming
 /// gigabytes is a hostile or broken file).
-const MAX_NPY_HEADER: usize = 1 << 20;
+pub(crate) const MAX_NPY_HEADER: usize = 1 << 20;
 
 /// Reads until `buf` is full or the file ends; the number of bytes read.
 fn read_up_to(f: &mut std::fs::File, buf: &mut [u8]) -> Result<usize> {

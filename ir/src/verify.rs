@@ -5,7 +5,8 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::dtype::{ShapeDisplay, TensorType, MAX_TENSOR_BYTES};
+use crate::budget::CEILING;
+use crate::dtype::{ShapeDisplay, TensorType};
 use crate::error::{Error, Loc, Result};
 use crate::graph::{Dims, Graph, Node, ParamData};
 use crate::infer::{self, Operand};
@@ -29,10 +30,9 @@ fn node_err(n: &Node, msg: impl std::fmt::Display) -> Error {
 fn check_size(ty: &TensorType, loc: Option<Loc>, what: &str) -> Result<()> {
     match ty.checked_size_bytes() {
         Some(_) => Ok(()),
-        None => Err(Error::at(
-            loc,
-            format!("{what}: {ty} is too large (the limit is {} GiB per tensor)", MAX_TENSOR_BYTES >> 30),
-        )),
+        None => {
+            Err(Error::at(loc, format!("{what}: {ty} is too large (the limit is {} GiB per tensor)", CEILING >> 30)))
+        }
     }
 }
 

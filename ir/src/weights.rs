@@ -1,62 +1,67 @@
-//! Weight files, each opened and memory-mapped once per `WeightFiles`: `.npy` files,
-//! `.safetensors` files and Hugging Face checkpoint indexes (`*.index.json`, whose
-//! `weight_map` names the shard holding each tensor). Headers are parsed when a file is
-//! first named; every param that names it is then a view of the one mapping, so a
-//! checkpoint of a hundred tensors is read once, not a hundred times.
+//! Weight files, each opened once per `WeightFiles`: `.npy` files, `.safetensors` files
+//! and Hugging Face checkpoint indexes (`*.index.json`, whose `weight_map` names the shard
+//! holding each tensor, a file beside the index). Headers are parsed when a file is first
+//! named; every param that names it is then a view of the one open file, whose bytes are
+//! read (`pread`) when they are needed, straight into the buffer that keeps them.
 //!
-//! A mapped file that another process truncates while meshc reads it would fault, as it
-//! does for every mmap-based loader; what can be checked is checked: each file's size and
-//! modification time are recorded when it is mapped, and `check_unchanged` refuses a
-//! compile during which one of them changed.
+//! The files are read, not mapped: a mapped file another process truncates faults
+//! (SIGBUS) at the first read past its new end, which no reader catches portably, where a
+//! read that comes short is an error, "changed while meshc read it" (`file::Pinned`).
+//! `check_unchanged` also compares every file's size and modification time with those it
+//! had when opened, for a rewrite in place that keeps the size.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
 
-use memmap2::Mmap;
 use safetensors::tensor::Metadata;
 
 use crate::dtype::{DType, TensorType};
 use crate::error::{shorten, Error, Result};
-use crate::tensor::{check_npy_size, npy_data_offset, npy_type, safetensors_data_end, MAX_SAFETENSORS_HEADER};
+use crate::file::Pinned;
+use crate::tensor::{
+    check_npy_size, npy_data_offset, npy_type, safetensors_data_end, MAX_NPY_HEADER, MAX_SAFETENSORS_HEADER,
+};
 
 /// What a file's header says, parsed once.
 enum Header {
-    Npy { ty: TensorType, offset: usize },
-    Safetensors { data_start: usize, metadata: Metadata },
+    Npy { ty: TensorType, offset: u64 },
+    Safetensors { data_start: u64, metadata: Metadata },
     Index { weight_map: BTreeMap<String, String> },
 }
 
-/// A file's size and modification time when meshc opened it.
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct Stamp {
-    len: u64,
-    modified: Option<SystemTime>,
-}
-
-impl Stamp {
-    fn of(meta: &std::fs::Metadata) -> Stamp {
-        Stamp { len: meta.len(), modified: meta.modified().ok() }
-    }
-}
-
-struct Mapped {
-    /// `None` for an index, which is read, not mapped (it is small JSON).
-    map: Option<Mmap>,
-    stamp: Stamp,
+struct Opened {
+    file: Pinned,
     header: Header,
 }
 
-/// A tensor as it lies in a mapped file: its type and its little-endian, row-major bytes.
+/// A tensor as it lies in a weight file: its type, and where its little-endian, row-major
+/// bytes are.
 pub struct View<'a> {
     pub ty: TensorType,
-    pub bytes: &'a [u8],
+    file: &'a Pinned,
+    offset: u64,
+}
+
+impl View<'_> {
+    /// Its bytes, read now.
+    pub fn bytes(&self) -> Result<Vec<u8>> {
+        let mut v = Vec::new();
+        self.read_into(0, self.ty.size_bytes(), &mut v)?;
+        Ok(v)
+    }
+
+    /// `len` of its bytes from byte `at`, read now and appended to `out`.
+    pub fn read_into(&self, at: usize, len: usize, out: &mut Vec<u8>) -> Result<()> {
+        assert!(at + len <= self.ty.size_bytes(), "a range inside the tensor");
+        (self.file.read_into(self.offset + at as u64, len, out))
+            .map_err(|e| e.in_file(self.file.path().display().to_string()))
+    }
 }
 
 /// The weight files a graph's params name, relative to the graph's directory `base`.
 pub struct WeightFiles {
     base: PathBuf,
-    files: HashMap<PathBuf, Mapped>,
+    files: HashMap<PathBuf, Opened>,
     /// In the order first opened (the depfile lists them so).
     order: Vec<PathBuf>,
 }
@@ -115,11 +120,8 @@ impl WeightFiles {
             }
             (_, _) => (opened(&path)?, file.to_string()),
         };
-        let bytes = m.map.as_deref().unwrap_or(&[]);
         match (&m.header, key) {
-            (Header::Npy { ty, offset }, None) => {
-                Ok(View { ty: ty.clone(), bytes: &bytes[*offset..*offset + ty.size_bytes()] })
-            }
+            (Header::Npy { ty, offset }, None) => Ok(View { ty: ty.clone(), file: &m.file, offset: *offset }),
             (Header::Npy { .. }, Some(k)) => {
                 Err(Error::new(format!("a .npy file holds one array: key '{}' needs a .safetensors file", shorten(k)))
                     .in_file(spelled))
@@ -135,11 +137,8 @@ impl WeightFiles {
                         ))
                     })
                     .map_err(|e| e.in_file(&spelled))?;
-                let (start, end) = info.data_offsets;
-                Ok(View {
-                    ty: TensorType::new(dtype, info.shape.clone()),
-                    bytes: &bytes[data_start + start..data_start + end],
-                })
+                let ty = TensorType::new(dtype, info.shape.clone());
+                Ok(View { ty, file: &m.file, offset: data_start + info.data_offsets.0 as u64 })
             }
             (Header::Safetensors { .. }, None) => {
                 Err(Error::new("a .safetensors file holds named tensors: the param must give a key").in_file(spelled))
@@ -148,34 +147,28 @@ impl WeightFiles {
         }
     }
 
-    /// Maps `path` and parses its header, unless that was done already.
+    /// Opens `path` and parses its header, unless that was done already.
     fn open(&mut self, path: &Path) -> Result<()> {
         if self.files.contains_key(path) {
             return Ok(());
         }
-        let (mut f, _) = crate::file::open(path, "")?;
-        let meta = f.metadata().map_err(|e| Error::new(format!("cannot read: {e}")))?;
-        let stamp = Stamp::of(&meta);
+        let file = Pinned::open(path, "")?;
         let is_index = path.to_str().is_some_and(|p| p.ends_with(".json"));
-        let mapped = if is_index {
+        let header = if is_index {
             let max = crate::file::MAX_TEXT_BYTES;
-            if stamp.len > max {
+            if file.len() > max {
                 return Err(Error::new(format!(
                     "checkpoint index of {} bytes is larger than the {max} bytes meshc reads",
-                    stamp.len
+                    file.len()
                 )));
             }
-            let text = crate::file::read_exact(&mut f, stamp.len, "checkpoint index")?;
-            Mapped { map: None, stamp, header: Header::Index { weight_map: parse_index(&text)? } }
+            Header::Index { weight_map: parse_index(&file.read(0, file.len() as usize)?)? }
         } else {
-            // SAFETY: the mapping is read-only and private; see the module comment for what
-            // a file truncated meanwhile does, and `check_unchanged` for what is checked.
-            let map = unsafe { Mmap::map(&f) }.map_err(|e| Error::new(format!("cannot map: {e}")))?;
-            let npy = path.extension().is_some_and(|e| e == "npy") || map.starts_with(crate::tensor::NPY_MAGIC);
-            let header = parse_header(&map, npy)?;
-            Mapped { map: Some(map), stamp, header }
+            let magic = file.read(0, (file.len() as usize).min(crate::tensor::NPY_MAGIC.len()))?;
+            let npy = path.extension().is_some_and(|e| e == "npy") || magic == crate::tensor::NPY_MAGIC;
+            parse_header(&file, npy)?
         };
-        self.files.insert(path.to_path_buf(), mapped);
+        self.files.insert(path.to_path_buf(), Opened { file, header });
         self.order.push(path.to_path_buf());
         Ok(())
     }
@@ -184,20 +177,15 @@ impl WeightFiles {
     /// was compiled may then mix the old and the new contents.
     pub fn check_unchanged(&self) -> Result<()> {
         for path in &self.order {
-            let now = std::fs::metadata(path).map(|m| Stamp::of(&m)).ok();
-            if now != Some(self.files[path].stamp) {
-                return Err(Error::new(
-                    "changed while meshc read it (its size or modification time differ): run again",
-                )
-                .in_file(path.display().to_string()));
-            }
+            self.files[path].file.unchanged().map_err(|e| e.in_file(path.display().to_string()))?;
         }
         Ok(())
     }
 }
 
 /// The shard an index (at `path`, spelled `file`) names for tensor `k`: its name as the
-/// index gives it, and its path (relative to the index).
+/// index gives it, and its path. A shard lies in the index's directory: a name that leads
+/// elsewhere (`../../x`, an absolute path, a symbolic link out) is refused.
 fn shard_of<'m>(
     weight_map: &'m BTreeMap<String, String>,
     path: &Path,
@@ -205,37 +193,48 @@ fn shard_of<'m>(
     k: &str,
 ) -> Result<(&'m str, PathBuf)> {
     let shard = weight_map.get(k).ok_or_else(|| no_tensor(k, weight_map.keys()).in_file(file))?;
-    Ok((shard, path.parent().unwrap_or(Path::new(".")).join(shard)))
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let shard_path = crate::file::inside(dir, shard, "the index's directory")
+        .map_err(|e| Error::new(format!("shard '{}' of tensor '{}' {e}", shorten(shard), shorten(k))).in_file(file))?;
+    Ok((shard, shard_path))
 }
 
-/// The header of a mapped `.npy` (`npy`: by its name or magic) or `.safetensors` file.
-fn parse_header(bytes: &[u8], npy: bool) -> Result<Header> {
+/// The header of a `.npy` (`npy`: by its name or magic) or `.safetensors` file, read
+/// alone: what it declares must then cover the file exactly.
+fn parse_header(file: &Pinned, npy: bool) -> Result<Header> {
+    let len = file.len();
     if npy {
-        if !bytes.starts_with(crate::tensor::NPY_MAGIC) {
+        let prefix = file.read(0, len.min(12) as usize)?;
+        if !prefix.starts_with(crate::tensor::NPY_MAGIC) {
             return Err(Error::new("not a valid .npy file: magic not found for NPY file"));
         }
-        let ty = npy_type(bytes)?;
-        let offset = npy_data_offset(bytes);
-        check_npy_size(&ty, (bytes.len() - offset) as u64, ty.size_bytes() as u64)?;
+        // `npy_type` refuses a header that does not fit the bytes given it.
+        let offset = npy_data_offset(&prefix) as u64;
+        let header = file.read(0, offset.min(MAX_NPY_HEADER as u64 + 1).min(len) as usize)?;
+        let ty = npy_type(&header)?;
+        check_npy_size(&ty, len - offset, ty.size_bytes() as u64)?;
         return Ok(Header::Npy { ty, offset });
     }
-    let len = bytes.len() as u64;
-    let header = bytes.get(..8).map_or(0, |n| u64::from_le_bytes(n.try_into().expect("8 bytes")));
+    let n = file.read(0, len.min(8) as usize)?;
+    let header = n.get(..8).map_or(0, |n| u64::from_le_bytes(n.try_into().expect("8 bytes")));
+    // The header's length is not quoted: a file that is not safetensors at all (a text
+    // file, another format) would have its first 8 bytes printed as a number.
     if len < 8 || header > MAX_SAFETENSORS_HEADER || 8 + header > len {
         return Err(Error::new(format!(
-            "not a valid .safetensors file: a header of {header} bytes in a file of {len}"
+            "not a valid .safetensors file: its first 8 bytes do not give the length of a header that fits in its {len} bytes"
         )));
     }
-    let end = safetensors_data_end(&bytes[8..8 + header as usize])?;
+    let text = file.read(8, header as usize)?;
+    let end = safetensors_data_end(&text)?;
     if 8 + header + end != len {
         return Err(Error::new(format!(
             "not a valid .safetensors file: its header covers {} bytes, the file has {len}",
             8 + header + end
         )));
     }
-    let (n, metadata) = safetensors::SafeTensors::read_metadata(bytes)
-        .map_err(|e| Error::new(format!("not a valid .safetensors file: {e}")))?;
-    Ok(Header::Safetensors { data_start: 8 + n, metadata })
+    let metadata: Metadata = serde_json::from_slice(&text)
+        .map_err(|e| Error::new(format!("not a valid .safetensors file: {}", shorten(&e.to_string()))))?;
+    Ok(Header::Safetensors { data_start: 8 + header, metadata })
 }
 
 /// A Hugging Face checkpoint index: `{"metadata": ..., "weight_map": {tensor: shard}}`.
@@ -321,10 +320,11 @@ mod tests {
         for (key, want) in [("x", vec![1.0f32, 2.0]), ("z", vec![4.0, 5.0, 6.0]), ("y", vec![3.0])] {
             let v = files.view("m.index.json", Some(key)).unwrap();
             assert_eq!(v.ty, TensorType::new(DType::F32, vec![want.len()]));
-            let got: Vec<f32> = v.bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            let got: Vec<f32> =
+                v.bytes().unwrap().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
             assert_eq!(got, want, "{key}");
         }
-        assert_eq!(files.view("a.safetensors", Some("y")).unwrap().bytes, 3.0f32.to_le_bytes());
+        assert_eq!(files.view("a.safetensors", Some("y")).unwrap().bytes().unwrap(), 3.0f32.to_le_bytes());
         // The index and each shard, each once.
         let names: Vec<_> = files.paths().iter().map(|p| p.file_name().unwrap().to_str().unwrap()).collect();
         assert_eq!(names, ["m.index.json", "a.safetensors", "b.safetensors"]);
@@ -342,6 +342,47 @@ mod tests {
         let e = files.check_unchanged().unwrap_err();
         assert!(e.msg.starts_with("changed while meshc read it"), "{}", e.msg);
         assert_eq!(e.file.as_deref(), Some(path.display().to_string().as_str()));
+    }
+
+    /// Truncated after its header was read, a file's data reads short: an error, not the
+    /// SIGBUS a mapping would give.
+    #[test]
+    fn a_file_truncated_while_read_is_refused() {
+        let s = scratch("truncated");
+        let path = s.0.join("w.safetensors");
+        std::fs::write(&path, safetensors(&[("w", &[1.0; 1024])])).unwrap();
+        let mut files = WeightFiles::new(&s.0);
+        files.view("w.safetensors", Some("w")).unwrap();
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(100).unwrap();
+        let e = files.get("w.safetensors", Some("w")).unwrap().bytes().unwrap_err();
+        assert!(e.msg.starts_with("changed while meshc read it"), "{}", e.msg);
+        assert_eq!(e.file.as_deref(), Some(path.display().to_string().as_str()));
+    }
+
+    /// An index's shards lie beside it: `..`, absolute paths and symbolic links out are
+    /// refused, and a file that is not safetensors is not quoted as a number.
+    #[test]
+    fn shards_outside_the_index_directory_are_refused() {
+        let s = scratch("shards");
+        std::fs::create_dir_all(s.0.join("ckpt")).unwrap();
+        std::os::unix::fs::symlink("/etc", s.0.join("ckpt/etclink")).unwrap();
+        std::fs::write(s.0.join("secret.safetensors"), "not weights at all").unwrap();
+        for (shard, why) in [
+            ("../secret.safetensors", "is not a relative path inside the index's directory"),
+            ("/etc/hostname", "is not a relative path inside the index's directory"),
+            ("etclink/passwd", "leads out of the index's directory through a symbolic link"),
+        ] {
+            let index = format!(r#"{{"weight_map": {{"w": "{shard}"}}}}"#);
+            std::fs::write(s.0.join("ckpt/m.index.json"), index).unwrap();
+            let e = WeightFiles::new(&s.0).view("ckpt/m.index.json", Some("w")).err().unwrap();
+            assert!(e.msg.starts_with(&format!("shard '{shard}' of tensor 'w' {why}")), "{}", e.msg);
+        }
+        std::fs::write(s.0.join("ckpt/secret.safetensors"), "not weights at all").unwrap();
+        let e = WeightFiles::new(&s.0).view("ckpt/secret.safetensors", Some("w")).err().unwrap();
+        assert_eq!(
+            e.msg,
+            "not a valid .safetensors file: its first 8 bytes do not give the length of a header that fits in its 18 bytes"
+        );
     }
 
     #[test]

@@ -8,6 +8,8 @@
 //! `pads` lists the begin pads of every spatial dim, then the end pads.
 
 use crate::attrs::{self, PadMode};
+use crate::budget;
+use crate::dtype::ShapeDisplay;
 use crate::graph::Node;
 use crate::ops::Op;
 use crate::tensor::{Data, Tensor};
@@ -109,11 +111,16 @@ impl Window {
 
     /// The result's spatial sizes for input spatial sizes `input` (ONNX's rule: with
     /// ceil_mode a last window that would start past the input and its begin pad is dropped).
+    /// A window whose outputs times its taps exceed `budget::CEILING` is refused: no
+    /// computation over it could be described, let alone run.
     pub fn out_sizes(&self, input: &[usize]) -> R<Vec<usize>> {
-        (0..input.len())
+        let out = (0..input.len())
             .map(|d| {
-                let span = (self.kernel[d] - 1) * self.dilations[d] + 1;
-                let padded = input[d] + self.begin[d] + self.end[d];
+                let span = (self.kernel[d] - 1).checked_mul(self.dilations[d]).and_then(|s| s.checked_add(1));
+                let padded = input[d].checked_add(self.begin[d]).and_then(|p| p.checked_add(self.end[d]));
+                let (Some(span), Some(padded)) = (span, padded) else {
+                    return Err(format!("the window or the padded input along spatial dim {d} is too large"));
+                };
                 if padded < span {
                     return Err(format!(
                         "the window spans {span} along spatial dim {d}, the padded input only {padded}"
@@ -129,34 +136,119 @@ impl Window {
                 }
                 Ok(n)
             })
-            .collect()
+            .collect::<R<Vec<usize>>>()?;
+        let taps = budget::elems(&out).saturating_mul(budget::elems(&self.kernel));
+        if taps > budget::CEILING as u128 {
+            return Err(format!(
+                "the kernel {} at each of the {} outputs makes {taps} taps, more than the {} meshc describes",
+                ShapeDisplay(&self.kernel),
+                ShapeDisplay(&out),
+                budget::CEILING
+            ));
+        }
+        Ok(out)
     }
 
     /// Where tap `k` of output position `o` lands along spatial dim `d` of an input of size `n`.
     pub fn tap(&self, d: usize, n: usize, o: usize, k: usize) -> Tap {
-        let i = (o * self.strides[d] + k * self.dilations[d]) as i64 - self.begin[d] as i64;
-        if (0..n as i64).contains(&i) {
+        // In i128: strides and pads as large as i64's make positions past its range.
+        let at = |v: usize| v as i128;
+        let i = at(o) * at(self.strides[d]) + at(k) * at(self.dilations[d]) - at(self.begin[d]);
+        if (0..at(n)).contains(&i) {
             Tap::Real(i as usize)
-        } else if i < (n + self.end[d]) as i64 {
+        } else if i < at(n) + at(self.end[d]) {
             Tap::Pad
         } else {
             Tap::Outside
         }
     }
 
+    /// The taps `k` of output position `o` along spatial dim `d` (input size `n`) that land
+    /// on the input, and those that land on it or its padding: `lo..hi` and `0..pad_hi`.
+    fn reach(&self, d: usize, n: usize, o: usize) -> (usize, usize, usize) {
+        let (s, dil, kernel) = (self.strides[d] as i128, self.dilations[d], self.kernel[d]);
+        // Tap k reads input element o·s + k·dil − begin.
+        let start = o as i128 * s - self.begin[d] as i128;
+        let first_at_least = |bound: i128| ((bound - start).max(0) as u128).div_ceil(dil as u128).min(kernel as u128);
+        let (lo, hi) = (first_at_least(0), first_at_least(n as i128));
+        let pad_hi = first_at_least(n as i128 + self.end[d] as i128);
+        (lo as usize, hi.max(lo) as usize, pad_hi as usize)
+    }
+
+    /// How many taps of output position `o` (flattened over `out`, the result's spatial
+    /// sizes) an average counts: those on the input, and with `include_pad` those on
+    /// padding (never those past it, where only a ceil_mode window reaches).
+    pub fn counted(&self, input: &[usize], out: &[usize], o: usize, include_pad: bool) -> usize {
+        let oi = unflatten(o, out);
+        (0..input.len())
+            .map(|d| {
+                let (lo, hi, pad_hi) = self.reach(d, input[d], oi[d]);
+                if include_pad {
+                    pad_hi
+                } else {
+                    hi - lo
+                }
+            })
+            .product()
+    }
+
     /// For every (output position, kernel tap) pair, both flattened row-major over the
     /// spatial dims, where the tap lands in the flattened input of spatial sizes `input`.
-    pub fn taps(&self, input: &[usize], out: &[usize]) -> Vec<Tap> {
-        let (n_out, n_k) = (numel(out), numel(&self.kernel));
+    pub fn taps(&self, input: &[usize], out: &[usize]) -> R<Vec<Tap>> {
+        let every: Vec<Vec<usize>> = self.kernel.iter().map(|&k| (0..k).collect()).collect();
+        self.taps_among(input, out, &every)
+    }
+
+    /// The taps a pool reads: per output position, only the kernel taps (per spatial dim)
+    /// that land on the input for some output position. The others read padding wherever
+    /// the window is, which a max ignores and an average counts (`counted`) without reading,
+    /// so a kernel far wider than its input costs no more than the input. Gives the number
+    /// of taps per output position, and the table `taps` would give over them.
+    pub fn pool_taps(&self, input: &[usize], out: &[usize]) -> R<(usize, Vec<Tap>)> {
+        let live: Vec<Vec<usize>> = (0..input.len())
+            .map(|d| {
+                let mut ranges: Vec<(usize, usize)> = (0..out[d])
+                    .map(|o| self.reach(d, input[d], o))
+                    .filter(|(lo, hi, _)| lo < hi)
+                    .map(|(lo, hi, _)| (lo, hi))
+                    .collect();
+                ranges.sort_unstable();
+                let mut live: Vec<usize> = Vec::new();
+                for (lo, hi) in ranges {
+                    let from = live.last().map_or(lo, |&l| lo.max(l + 1));
+                    budget::check("the taps of a pooling window", (live.len() + hi.saturating_sub(from)) as u128, 8)?;
+                    live.extend(from..hi);
+                }
+                // A dim no window reaches into still reads (padding) through one tap.
+                if live.is_empty() {
+                    live.push(0);
+                }
+                Ok(live)
+            })
+            .collect::<R<_>>()?;
+        let per_output = live.iter().map(Vec::len).product();
+        Ok((per_output, self.taps_among(input, out, &live)?))
+    }
+
+    /// `taps` over the kernel taps `ks` (per spatial dim) only.
+    fn taps_among(&self, input: &[usize], out: &[usize], ks: &[Vec<usize>]) -> R<Vec<Tap>> {
+        let lens: Vec<usize> = ks.iter().map(Vec::len).collect();
+        let (n_out, n_k) = (numel(out), numel(&lens));
+        let count = budget::elems(out).saturating_mul(budget::elems(&lens));
+        budget::check(
+            format_args!("the window table of kernel {} over {} outputs", ShapeDisplay(&self.kernel), n_out),
+            count,
+            std::mem::size_of::<Tap>(),
+        )?;
         let mut taps = Vec::with_capacity(n_out * n_k);
         for o in 0..n_out {
             let oi = unflatten(o, out);
             for k in 0..n_k {
-                let ki = unflatten(k, &self.kernel);
+                let ki = unflatten(k, &lens);
                 let mut flat = 0;
                 let mut tap = Tap::Real(0);
                 for d in 0..input.len() {
-                    match (self.tap(d, input[d], oi[d], ki[d]), tap) {
+                    match (self.tap(d, input[d], oi[d], ks[d][ki[d]]), tap) {
                         (_, Tap::Outside) | (Tap::Outside, _) => tap = Tap::Outside,
                         (Tap::Pad, _) | (_, Tap::Pad) => tap = Tap::Pad,
                         (Tap::Real(i), Tap::Real(_)) => flat = flat * input[d] + i,
@@ -165,7 +257,7 @@ impl Window {
                 taps.push(if let Tap::Real(_) = tap { Tap::Real(flat) } else { tap });
             }
         }
-        taps
+        Ok(taps)
     }
 }
 
@@ -265,7 +357,7 @@ pub fn conv(node: &Node, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> R<Tensor
     let bv = b.map(|b| f32s(b, "the bias")).transpose()?;
     let sp = &x.shape[2..];
     let out_sp = win.out_sizes(sp)?;
-    let taps = win.taps(sp, &out_sp);
+    let taps = win.taps(sp, &out_sp)?;
     let (n, c, m) = (x.shape[0], x.shape[1], w.shape[0]);
     let (cg, mg) = (c / groups, m / groups);
     let (n_in, n_out, n_k) = (numel(sp), numel(&out_sp), numel(&win.kernel));
@@ -299,8 +391,10 @@ pub fn pool(node: &Node, x: &Tensor, max: bool) -> R<Tensor> {
     let xv = f32s(x, "x")?;
     let sp = &x.shape[2..];
     let out_sp = win.out_sizes(sp)?;
-    let taps = win.taps(sp, &out_sp);
-    let (n_in, n_out, n_k) = (numel(sp), numel(&out_sp), numel(&win.kernel));
+    let (n_k, taps) = win.pool_taps(sp, &out_sp)?;
+    let (n_in, n_out) = (numel(sp), numel(&out_sp));
+    let counts: Vec<usize> =
+        (0..if max { 0 } else { n_out }).map(|o| win.counted(sp, &out_sp, o, include_pad)).collect();
     let mut out = Vec::with_capacity(x.shape[0] * x.shape[1] * n_out);
     for plane in xv.chunks(n_in.max(1)).take(x.shape[0] * x.shape[1]) {
         for o in 0..n_out {
@@ -309,8 +403,7 @@ pub fn pool(node: &Node, x: &Tensor, max: bool) -> R<Tensor> {
             out.push(if max {
                 real.fold(f64::NEG_INFINITY, |a, v| if a >= v || a.is_nan() { a } else { v }) as f32
             } else {
-                let count = window.iter().filter(|t| matches!(t, Tap::Real(_)) || include_pad && **t == Tap::Pad);
-                (real.sum::<f64>() / count.count() as f64) as f32
+                (real.sum::<f64>() / counts[o] as f64) as f32
             });
         }
     }
@@ -389,6 +482,34 @@ mod tests {
             ],
         );
         assert_eq!(Window::of(&n, 1, None).unwrap().out_sizes(&[1]).unwrap(), [1]);
+    }
+
+    /// A kernel far wider than its input reads only the input's taps; an average still
+    /// counts the pads (with count_include_pad) without reading them.
+    #[test]
+    fn wide_kernels_read_only_the_input() {
+        let wide = 1i64 << 31;
+        let attrs = |inc| {
+            vec![("kernel", ints(&[wide])), ("pads", ints(&[2, wide - 6])), ("count_include_pad", Attr::Bool(inc))]
+        };
+        let win = Window::of(&node(Op::AvgPool, &attrs(false)), 1, None).unwrap();
+        let out = win.out_sizes(&[4]).unwrap();
+        assert_eq!(out, [1]);
+        let (per_output, taps) = win.pool_taps(&[4], &out).unwrap();
+        assert_eq!((per_output, taps), (4, vec![Tap::Real(0), Tap::Real(1), Tap::Real(2), Tap::Real(3)]));
+        let x = row(&[1., 5., -2., 3.]);
+        assert_eq!(values(&pool(&node(Op::AvgPool, &attrs(false)), &x, false).unwrap()), [1.75]);
+        assert_eq!(values(&pool(&node(Op::AvgPool, &attrs(true)), &x, false).unwrap()), [(7. / wide as f64) as f32]);
+        assert_eq!(values(&pool(&node(Op::MaxPool, &attrs(false)[..2]), &x, true).unwrap()), [5.]);
+    }
+
+    /// Strides and pads of 2^62 put window positions past i64: classified, not overflowed.
+    #[test]
+    fn positions_past_i64_are_still_classified() {
+        let big = 1i64 << 62;
+        let n = node(Op::MaxPool, &[("kernel", ints(&[1])), ("strides", ints(&[big])), ("pads", ints(&[big, big]))]);
+        let got = values(&pool(&n, &row(&[1., 2., 3., 4.]), true).unwrap());
+        assert_eq!(got, [f32::NEG_INFINITY, 1., f32::NEG_INFINITY]);
     }
 
     #[test]

@@ -61,13 +61,16 @@ pub fn import(
         }
         let source = sources.get(&name).cloned().unwrap_or_else(|| name.clone());
         let raw = match tensors::is_external(t) {
-            true => external.bytes(t).map(Some),
-            false => Ok(t.raw_data.as_deref()),
+            true => external.bytes(t).map(|b| Some(std::borrow::Cow::Owned(b))),
+            false => Ok(t.raw_data.as_deref().map(std::borrow::Cow::Borrowed)),
         };
-        let v = raw.and_then(|raw| tensors::tensor_from(t, raw)).map_err(|e| format!("initializer '{name}': {e}"))?;
+        let v = raw
+            .and_then(|raw| tensors::tensor_from(t, raw.as_deref()))
+            .map_err(|e| format!("initializer '{name}': {e}"))?;
         let stored = tensors::storage_dtype(t.data_type.unwrap_or(0)).unwrap_or(DType::F32);
         values.insert(name, Value::stored(v, &source, stored));
     }
+    external.check_unchanged()?;
     let mut bound = BTreeSet::new();
     let mut listed = BTreeSet::new();
     for i in &g.input {

@@ -7,11 +7,12 @@
 //! ONNX's coordinate transformations), Tile, GatherElements (a gather from the flattened
 //! data) and OneHot (a gather of the rows of an identity pattern).
 
+use meshc_ir::budget;
 use meshc_ir::infer::norm_axis;
 use meshc_ir::{Attr, DType, Data, Op, Tensor};
 
 use super::builder::{Builder, Value};
-use super::ops::{cast, one, reshape, scalar, Converter, Ctx, R};
+use super::ops::{cast, i64_table, one, reshape, scalar, table, Converter, Ctx, R};
 
 /// This module's converters (docs/onnx.md).
 pub const CONVERTERS: &[Converter] = &[
@@ -34,10 +35,6 @@ pub const CONVERTERS: &[Converter] = &[
 
 fn ints(v: &[i64]) -> Attr {
     Attr::ints(v)
-}
-
-pub(super) fn i64_table(shape: Vec<usize>, v: Vec<i64>) -> Value {
-    Value::computed(Tensor::new(shape, Data::I64(v)))
 }
 
 /// Explicit pads (begins, then ends) of a window op, from `pads` or `auto_pad`.
@@ -324,8 +321,8 @@ fn tile(b: &mut Builder, c: &Ctx) -> R<Value> {
     let mut cur = x.clone();
     for (j, &d) in axes.iter().enumerate() {
         let n = shape[d];
-        let out = n * reps[d] as usize;
-        let idx = i64_table(vec![out], (0..out).map(|i| (i % n.max(1)) as i64).collect());
+        let out = (n as u128).saturating_mul(reps[d] as u128).min(usize::MAX as u128) as usize;
+        let idx = i64_table(&format!("the index table of axis {d}"), vec![out], |i| (i % n.max(1)) as i64)?;
         let name = if j + 1 == axes.len() { c.out.clone() } else { c.part(&format!("tile{d}")) };
         cur = b.node(&name, Op::Gather, &[&cur, &idx], &[("axis", Attr::Int(d as i64))])?;
     }
@@ -400,23 +397,20 @@ fn gather_elements(b: &mut Builder, c: &Ctx) -> R<Value> {
     }
     // A gather from 0..n both normalises negative indices and checks the range.
     let n = ds[axis];
-    let iota = i64_table(vec![n], (0..n as i64).collect());
+    let iota = i64_table("the index range", vec![n], |i| i as i64)?;
     let norm = b.node(&c.part("index"), Op::Gather, &[&iota, indices], &[])?;
     let scaled = b.node(&c.part("offset"), Op::Mul, &[&norm, &scalar(DType::I64, strides[axis] as f64)], &[])?;
-    let numel: usize = is.iter().product();
-    let base: Vec<i64> = (0..numel)
-        .map(|i| {
-            let (mut rest, mut flat) = (i, 0);
-            for d in (0..r).rev() {
-                if d != axis {
-                    flat += (rest % is[d]) * strides[d];
-                }
-                rest /= is[d].max(1);
+    let base = i64_table("the table of element offsets", is.clone(), |i| {
+        let (mut rest, mut flat) = (i, 0);
+        for d in (0..r).rev() {
+            if d != axis {
+                flat += (rest % is[d]) * strides[d];
             }
-            flat as i64
-        })
-        .collect();
-    let flat = b.node(&c.part("flat_index"), Op::Add, &[&scaled, &i64_table(is.clone(), base)], &[])?;
+            rest /= is[d].max(1);
+        }
+        flat as i64
+    })?;
+    let flat = b.node(&c.part("flat_index"), Op::Add, &[&scaled, &base], &[])?;
     let all = reshape(b, data, &[ds.iter().product::<usize>() as i64], &c.part("flat"))?;
     b.node(&c.out, Op::Gather, &[&all, &flat], &[])
 }
@@ -428,7 +422,7 @@ fn one_hot(b: &mut Builder, c: &Ctx) -> R<Value> {
     let indices = c.arg(0)?;
     let depth = c.arg(1)?.as_const().ok_or("depth must be known at import time")?;
     let depth = *depth.data.to_f64().first().ok_or("depth is empty")?;
-    if !(1.0..=(1u64 << 24) as f64).contains(&depth) {
+    if !(1.0..=budget::CEILING as f64).contains(&depth) {
         return Err(format!("depth {depth} is out of range"));
     }
     let depth = depth as usize;
@@ -440,10 +434,9 @@ fn one_hot(b: &mut Builder, c: &Ctx) -> R<Value> {
     if !matches!(b.ty(indices).dtype, DType::I32 | DType::I64) {
         idx = cast(b, indices, DType::I64, &c.part("index"))?;
     }
-    let eye = Value::computed(Tensor::new(
-        vec![depth, depth],
-        Data::Bool((0..depth * depth).map(|i| i / depth == i % depth).collect()),
-    ));
+    let eye = table("the identity pattern", DType::Bool, vec![depth, depth], |i| {
+        f64::from(u8::from(i / depth == i % depth))
+    })?;
     let pick = |b: &mut Builder, i: i64, what: &str| {
         let attrs = [("starts", ints(&[i])), ("ends", ints(&[i + 1]))];
         b.node(&c.part(what), Op::Slice, &[values], &attrs)
@@ -562,6 +555,18 @@ impl Resize {
         }
     }
 
+    /// How many neighbours `coeffs` weighs at `scale`: an antialiased downscale by s
+    /// reaches 1/s times as far. Exact however small the scale (`coeffs` would allocate it).
+    fn width(&self, scale: f64) -> u128 {
+        let s = scale.min(1.0);
+        match (self.mode.as_str(), self.antialias) {
+            ("nearest", _) | ("linear", false) => 2,
+            ("linear", true) => 2 * (1.0 / s).ceil() as u128,
+            (_, false) => 4,
+            (_, true) => 2 * (2.0 / s).ceil() as u128,
+        }
+    }
+
     /// Per output index: `n` clamped input indices and their weights, and the value of
     /// an extrapolated index (which then has all-zero weights).
     fn table(&self, scale: f64, n_in: usize, n_out: usize, roi: (f64, f64)) -> (usize, Vec<i64>, Vec<f64>, Vec<f64>) {
@@ -661,14 +666,19 @@ fn resize(b: &mut Builder, c: &Ctx) -> R<Value> {
     let (scales, sizes): (Vec<f64>, Vec<usize>) = match (present(2), present(3)) {
         (Some(s), None) => {
             let s = floats(s, "scales")?;
-            if s.len() != axes.len() || s.iter().any(|&v| v.is_nan() || v <= 0.0) {
-                return Err(format!("scales {s:?} must hold {} positive values", axes.len()));
+            if s.len() != axes.len() || s.iter().any(|&v| !v.is_finite() || v <= 0.0) {
+                return Err(format!("scales {s:?} must hold {} positive finite values", axes.len()));
             }
             let mut scales = vec![1.0; r];
             for (i, &a) in axes.iter().enumerate() {
                 scales[a] = s[i];
             }
-            let sizes = (0..r).map(|d| (scales[d] * shape[d] as f64) as usize).collect();
+            let sizes = (0..r)
+                .map(|d| match scales[d] * shape[d] as f64 {
+                    n if n <= budget::CEILING as f64 => Ok(n as usize),
+                    n => Err(format!("scale {:e} makes axis {d} {:e} elements long", scales[d] as f32, n as f32)),
+                })
+                .collect::<R<_>>()?;
             (scales, sizes)
         }
         (None, Some(s)) => {
@@ -711,25 +721,24 @@ fn resize(b: &mut Builder, c: &Ctx) -> R<Value> {
         let last = j + 1 == resized.len();
         let name = |what: &str| if last { c.out.clone() } else { c.part(&format!("axis{a}.{what}")) };
         let part = |what: &str| c.part(&format!("axis{a}.{what}"));
+        // Per output index and neighbour, an i64 index and an f64 weight (then an f32 one).
+        let entries = (sizes[a] as u128).saturating_mul(rs.width(scales[a]));
+        budget::check(format_args!("the table of axis {a} resized to {}", sizes[a]), entries, 20)?;
         let (n, idx, w, extra) = rs.table(scales[a], shape[a], sizes[a], roi[a]);
         let out = sizes[a];
         let one_hot = extra.iter().all(|&e| e == 0.0)
             && w.chunks(n).all(|row| row.iter().filter(|&&v| v != 0.0).count() == 1 && row.contains(&1.0));
         if one_hot {
-            let picked: Vec<i64> =
-                (0..out).map(|y| idx[y * n + w[y * n..][..n].iter().position(|&v| v == 1.0).unwrap_or(0)]).collect();
-            cur = b.node(
-                &name("gather"),
-                Op::Gather,
-                &[&cur, &i64_table(vec![out], picked)],
-                &[("axis", Attr::Int(a as i64))],
-            )?;
+            let picked = i64_table("the index table", vec![out], |y| {
+                idx[y * n + w[y * n..][..n].iter().position(|&v| v == 1.0).unwrap_or(0)]
+            })?;
+            cur = b.node(&name("gather"), Op::Gather, &[&cur, &picked], &[("axis", Attr::Int(a as i64))])?;
             continue;
         }
         let g = b.node(
             &part("neighbours"),
             Op::Gather,
-            &[&cur, &i64_table(vec![out, n], idx)],
+            &[&cur, &Value::computed(Tensor::new(vec![out, n], Data::I64(idx)))],
             &[("axis", Attr::Int(a as i64))],
         )?;
         let wshape: Vec<usize> = [out, n].into_iter().chain((a + 1..r).map(|_| 1)).collect();

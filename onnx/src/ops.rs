@@ -4,6 +4,8 @@
 //! reduce all of them, Reshape's 0 copies the input dim, Gemm is matmul + add with
 //! transposes, Clip is maximum/minimum, shape inputs must be known at import time.
 
+use meshc_ir::budget;
+use meshc_ir::dtype::ShapeDisplay;
 use meshc_ir::infer::{broadcast_shapes, norm_axis};
 use meshc_ir::{Attr, DType, Data, Op, Tensor};
 
@@ -215,6 +217,19 @@ pub(super) fn scalar(dtype: DType, v: f64) -> Value {
     Value::computed(Tensor::new(vec![], Data::from_f64(dtype, [v])))
 }
 
+/// A constant the import computes, `what`, of `dtype` and `shape`, element i being `f(i)`:
+/// its size is checked against the memory budget (`meshc_ir::budget`) before it is built.
+pub(super) fn table(what: &str, dtype: DType, shape: Vec<usize>, f: impl FnMut(usize) -> f64) -> R<Value> {
+    let n = budget::check_shape(format_args!("{what} {}", ShapeDisplay(&shape)), &shape, dtype.size_bytes())?;
+    Ok(Value::computed(Tensor::new(shape, Data::from_f64(dtype, (0..n).map(f)))))
+}
+
+/// `table` of i64, exact beyond f64's integers.
+pub(super) fn i64_table(what: &str, shape: Vec<usize>, f: impl FnMut(usize) -> i64) -> R<Value> {
+    let n = budget::check_shape(format_args!("{what} {}", ShapeDisplay(&shape)), &shape, 8)?;
+    Ok(Value::computed(Tensor::new(shape, Data::I64((0..n).map(f).collect()))))
+}
+
 fn unary(b: &mut Builder, c: &Ctx, op: Op) -> R<Vec<Value>> {
     one(b.node(&c.out, op, &[c.arg(0)?], &[]))
 }
@@ -241,11 +256,8 @@ fn dropout(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
     }
     // Nothing is dropped: the mask keeps every element (bool from opset 10, of x's type before).
     let ty = b.ty(x);
-    let mask = match c.opset {
-        ..10 => Data::from_f64(ty.dtype, vec![1.0; ty.numel()]),
-        _ => Data::Bool(vec![true; ty.numel()]),
-    };
-    Ok(vec![x.clone(), Value::computed(Tensor::new(ty.shape, mask))])
+    let dtype = if c.opset < 10 { ty.dtype } else { DType::Bool };
+    Ok(vec![x.clone(), table("the Dropout mask", dtype, ty.shape, |_| 1.0)?])
 }
 
 pub(super) fn softmax(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
@@ -382,8 +394,7 @@ fn constant_of_shape(_: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
         None => Tensor::f32(vec![1], vec![0.0]),
     };
     let v = *fill.data.to_f64().first().ok_or("its value is empty")?;
-    let n = shape.iter().product::<usize>();
-    Ok(vec![Value::computed(Tensor::new(shape, Data::from_f64(fill.dtype(), vec![v; n])))])
+    Ok(vec![table("the constant", fill.dtype(), shape, |_| v)?])
 }
 
 /// `op` folded over all inputs (the n-ary Max/Min/Sum, and the binary ops). Operands of
@@ -589,11 +600,10 @@ fn range(c: &Ctx) -> R<Value> {
         return Err("delta is 0".into());
     }
     let n = ((l - s) / d).ceil().max(0.0);
-    if n > (1u64 << 31) as f64 {
-        return Err(format!("{n} elements are more than meshc folds"));
+    if n.is_nan() || n > budget::CEILING as f64 {
+        return Err(format!("start {s}, limit {l} and delta {d} give {n} elements"));
     }
-    let values = (0..n as usize).map(|i| s + i as f64 * d);
-    Ok(Value::computed(Tensor::new(vec![n as usize], Data::from_f64(dtype, values))))
+    table("the range", dtype, vec![n as usize], |i| s + i as f64 * d)
 }
 
 /// A Constant node's value, from whichever of its attributes is given.

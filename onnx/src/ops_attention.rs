@@ -12,7 +12,7 @@
 use meshc_ir::{Attr, DType, Data, Op, Tensor};
 
 use super::builder::{Builder, Value};
-use super::ops::{reshape, Converter, Ctx};
+use super::ops::{reshape, table, Converter, Ctx};
 use super::ops_math::{float_only, Steps};
 
 type R<T> = std::result::Result<T, String>;
@@ -171,13 +171,10 @@ fn bias(s: &mut Steps, sq: usize, skv: usize, past: usize) -> R<Option<Value>> {
             if last < skv {
                 let mut pshape = t.shape.clone();
                 *pshape.last_mut().expect("not a scalar") = skv - last;
-                let n: usize = pshape.iter().product();
-                let pad = match t.dtype {
-                    DType::Bool => Tensor::new(pshape, Data::Bool(vec![false; n])),
-                    _ => Tensor::new(pshape, Data::from_f64(t.dtype, vec![f64::NEG_INFINITY; n])),
-                };
+                let fill = if t.dtype == DType::Bool { 0.0 } else { f64::NEG_INFINITY };
+                let pad = table("the mask's padding", t.dtype, pshape, |_| fill)?;
                 let axis = [("axis", Attr::Int(t.shape.len() as i64 - 1))];
-                m = s.op("mask_padded", Op::Concat, &[&m, &Value::computed(pad)], &axis)?;
+                m = s.op("mask_padded", Op::Concat, &[&m, &pad], &axis)?;
             }
             Some(match t.dtype {
                 DType::Bool => {
@@ -215,8 +212,9 @@ fn bias(s: &mut Steps, sq: usize, skv: usize, past: usize) -> R<Option<Value>> {
         Some(n) => s.op0("offset", Op::Sub, &[n, &s.k(n, sq as f64)])?,
     };
     // Query i sits at position i + offset; key j is at distance diff = i + offset − j.
-    let i_minus_j = (0..sq * skv).map(|p| ((p / skv) as f64) - ((p % skv) as f64));
-    let i_minus_j = Value::computed(Tensor::new(vec![sq, skv], Data::from_f64(s.b.ty(&offset).dtype, i_minus_j)));
+    let i_minus_j = table("the table of distances", s.b.ty(&offset).dtype, vec![sq, skv], |p| {
+        ((p / skv) as f64) - ((p % skv) as f64)
+    })?;
     let diff = s.op0("distance", Op::Add, &[&i_minus_j, &offset])?;
     let mut allowed: Vec<(&str, Value)> = Vec::new();
     // The causal frontier, then the sliding window from `left` keys before the query's
@@ -233,7 +231,7 @@ fn bias(s: &mut Steps, sq: usize, skv: usize, past: usize) -> R<Option<Value>> {
     }
     if let Some(n) = &nonpad {
         // Keys past a batch's length are padding.
-        let keys = Value::computed(Tensor::new(vec![skv], Data::from_f64(s.b.ty(n).dtype, (0..skv).map(|j| j as f64))));
+        let keys = table("the key positions", s.b.ty(n).dtype, vec![skv], |j| j as f64)?;
         allowed.push(("padding", s.op0("padding_allowed", Op::Less, &[&keys, n])?));
     }
     let (zero, ninf) = (

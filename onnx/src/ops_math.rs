@@ -6,10 +6,10 @@
 //! computes what ONNX's reference does, with the same formula where precision could differ.
 
 use meshc_ir::infer::norm_axis;
-use meshc_ir::{Attr, DType, Data, Op, Tensor};
+use meshc_ir::{Attr, DType, Op};
 
 use super::builder::{Builder, Value};
-use super::ops::{cast, log_softmax_of, one, reduce_attrs, reshape, scalar, Converter, Ctx};
+use super::ops::{cast, i64_table, log_softmax_of, one, reduce_attrs, reshape, scalar, table, Converter, Ctx};
 use super::tensors;
 
 type R<T> = std::result::Result<T, String>;
@@ -153,7 +153,7 @@ fn is_inf(s: &mut Steps, x: &Value) -> R<Value> {
         }
     }
     match hits.as_slice() {
-        [] => Ok(Value::computed(Tensor::new(s.b.ty(x).shape.clone(), Data::Bool(vec![false; s.b.ty(x).numel()])))),
+        [] => table("the result", DType::Bool, s.b.ty(x).shape, |_| 0.0),
         [h] => Ok(h.clone()),
         [p, n, ..] => s.op0("", Op::Or, &[p, n]),
     }
@@ -320,11 +320,10 @@ fn finite_or_zero(s: &mut Steps, m: &Value) -> R<Value> {
 }
 
 /// `0, 1, …, n−1` along `axis` of a rank-`rank` tensor (size 1 elsewhere), i64.
-fn iota(n: usize, axis: usize, rank: usize, reverse: bool) -> Value {
+fn iota(n: usize, axis: usize, rank: usize, reverse: bool) -> R<Value> {
     let mut shape = vec![1; rank];
     shape[axis] = n;
-    let v = (0..n as i64).map(|i| if reverse { n as i64 - 1 - i } else { i }).collect();
-    Value::computed(Tensor::new(shape, Data::I64(v)))
+    i64_table("the index range", shape, |i| if reverse { (n - 1 - i) as i64 } else { i as i64 })
 }
 
 /// The axis attribute of `s`'s node against `x`'s rank.
@@ -350,7 +349,7 @@ fn arg_extreme(s: &mut Steps, min: bool, x: &Value) -> R<Value> {
     };
     let hit = hits_of_max(s, &v, axis, float)?;
     let last = s.c.int("select_last_index", 0) != 0;
-    let idx = iota(shape[axis], axis, shape.len(), !last);
+    let idx = iota(shape[axis], axis, shape.len(), !last)?;
     let none = scalar(DType::I64, -1.0);
     let cand = s.op0("candidates", Op::Where, &[&hit, &idx, &none])?;
     let keepdims = s.c.int("keepdims", 1) != 0;
@@ -382,7 +381,7 @@ pub(super) fn hardmax(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
         let (axis, shape) = axis_of(s, x, -1)?;
         float_only(s.b, x, "Hardmax")?;
         let hit = hits_of_max(s, x, axis, true)?;
-        let idx = iota(shape[axis], axis, shape.len(), true);
+        let idx = iota(shape[axis], axis, shape.len(), true)?;
         let none = scalar(DType::I64, -1.0);
         let cand = s.op0("candidates", Op::Where, &[&hit, &idx, &none])?;
         let attrs = [("axes", Attr::ints(&[axis as i64])), ("keepdims", Attr::Bool(true))];
@@ -393,12 +392,11 @@ pub(super) fn hardmax(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
 }
 
 /// A bool constant of `shape` whose element at (i, j) of its two last dims is `f(i, j)`.
-fn mask(shape: &[usize], f: impl Fn(i64, i64) -> bool) -> Value {
+fn mask(shape: &[usize], f: impl Fn(i64, i64) -> bool) -> R<Value> {
     let (n, m) = (shape[shape.len() - 2], shape[shape.len() - 1]);
-    let v = (0..n * m).map(|k| f((k / m) as i64, (k % m) as i64)).collect();
     let mut mshape = vec![1; shape.len() - 2];
     mshape.extend([n, m]);
-    Value::computed(Tensor::new(mshape, Data::Bool(v)))
+    table("the mask", DType::Bool, mshape, |k| f64::from(u8::from(f((k / m) as i64, (k % m) as i64))))
 }
 
 /// The optional scalar input `i` (an integer known at import time), else `default`.
@@ -420,7 +418,7 @@ fn trilu(s: &mut Steps, x: &Value) -> R<Value> {
     }
     let k = const_scalar(s, 1, 0)?;
     let upper = s.c.int("upper", 1) != 0;
-    let keep = mask(&shape, |i, j| if upper { j - i >= k } else { j - i <= k });
+    let keep = mask(&shape, |i, j| if upper { j - i >= k } else { j - i <= k })?;
     let zero = s.k(x, 0.0);
     s.op0("", Op::Where, &[&keep, x, &zero])
 }
@@ -437,14 +435,15 @@ fn eye_like(s: &mut Steps, x: &Value) -> R<Value> {
     };
     let k = s.c.int("k", 0);
     let m = shape[1];
-    let v = (0..shape[0] * m).map(|p| if (p % m) as i64 - (p / m) as i64 == k { 1.0 } else { 0.0 });
-    Ok(Value::computed(Tensor::new(shape, Data::from_f64(dtype, v))))
+    table("the constant", dtype, shape, |p| if (p % m) as i64 - (p / m) as i64 == k { 1.0 } else { 0.0 })
 }
 
-/// CumSum along `axis` as a masked sum: x is viewed with a size-1 dim before the axis,
-/// selected by a constant [n, n] mask (j ≤ i, or j < i exclusive, mirrored in reverse) and
-/// summed over the original axis. Exact for integers; n² work per line, which is what the
-/// small cumulative sums of exported models need.
+/// CumSum along `axis` as a scan in ⌈log₂ n⌉ steps: the running sums double their reach
+/// at each, y + (y shifted by 1, 2, 4, … along the axis), a shift being a slice of all but
+/// the last (first, in reverse) elements after as many zeros; exclusive shifts the result
+/// by one more. n·log n adds, and zeros of about twice x's size as constants (a constant
+/// [n, n] mask of j ≤ i, the obvious form, is n²: 10 GB for 100,000 elements). Exact for
+/// integers; floats are summed in a tree, not left to right.
 fn cumsum(s: &mut Steps, x: &Value) -> R<Value> {
     let shape = s.b.ty(x).shape;
     if shape.is_empty() {
@@ -462,27 +461,37 @@ fn cumsum(s: &mut Steps, x: &Value) -> R<Value> {
     )?;
     let (exclusive, reverse) = (s.c.int("exclusive", 0) != 0, s.c.int("reverse", 0) != 0);
     let n = shape[axis];
-    let mut view: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-    view.insert(axis, 1);
-    let xv = reshape(s.b, x, &view, &s.c.part("view"))?;
-    let mut mshape = vec![n, n];
-    mshape.extend(std::iter::repeat_n(1, shape.len() - axis - 1));
-    let v: Vec<bool> = (0..n * n)
-        .map(|k| {
-            let (i, j) = ((k / n) as i64, (k % n) as i64);
-            match (reverse, exclusive) {
-                (false, false) => j <= i,
-                (false, true) => j < i,
-                (true, false) => j >= i,
-                (true, true) => j > i,
-            }
-        })
-        .collect();
-    let keep = Value::computed(Tensor::new(mshape, Data::Bool(v)));
-    let zero = s.k(x, 0.0);
-    let picked = s.op0("picked", Op::Where, &[&keep, &xv, &zero])?;
-    let attrs = [("axes", Attr::ints(&[axis as i64 + 1])), ("keepdims", Attr::Bool(false))];
-    s.op("", Op::ReduceSum, &[&picked], &attrs)
+    let mut shifts: Vec<usize> =
+        std::iter::successors(Some(1usize), |&k| k.checked_mul(2)).take_while(|&k| k < n).collect();
+    let scans = shifts.len();
+    if exclusive && n > 0 {
+        shifts.push(1);
+    }
+    let dtype = s.b.ty(x).dtype;
+    let mut y = x.clone();
+    for (i, &by) in shifts.iter().enumerate() {
+        // The last node is the CumSum's output.
+        let name = |step: String| if i + 1 == shifts.len() { String::new() } else { step };
+        let (from, to) = if reverse { (by, n) } else { (0, n - by) };
+        let attrs = [
+            ("starts", Attr::ints(&[from as i64])),
+            ("ends", Attr::ints(&[to as i64])),
+            ("axes", Attr::ints(&[axis as i64])),
+        ];
+        let kept = s.op(&format!("kept{by}"), Op::Slice, &[&y], &attrs)?;
+        let mut zshape = shape.clone();
+        zshape[axis] = by;
+        let zeros = table("the zeros", dtype, zshape, |_| 0.0)?;
+        let parts = if reverse { [&kept, &zeros] } else { [&zeros, &kept] };
+        let cat = [("axis", Attr::Int(axis as i64))];
+        y = if i < scans {
+            let shifted = s.op(&format!("shift{by}"), Op::Concat, &parts, &cat)?;
+            s.op(&name(format!("sum{by}")), Op::Add, &[&y, &shifted], &[])?
+        } else {
+            s.op(&name("exclusive".into()), Op::Concat, &parts, &cat)?
+        };
+    }
+    Ok(y)
 }
 
 /// RMSNormalization (x / √(mean(x²) + ε) · scale over the dims from `axis` on),
@@ -587,7 +596,7 @@ fn loss(s: &mut Steps, softmax: bool) -> R<Vec<Value>> {
     let classes = {
         let mut ishape = vec![1; shape.len()];
         ishape[1] = shape[1];
-        Value::computed(Tensor::new(ishape, Data::from_f64(tt.dtype, (0..shape[1]).map(|i| i as f64))))
+        table("the class numbers", tt.dtype, ishape, |i| i as f64)?
     };
     let mut hit = s.op0("hit", Op::Equal, &[&t, &classes])?;
     if let Some(ignore) = c.attr("ignore_index").and_then(|a| a.i) {

@@ -11,8 +11,8 @@ use meshc_ir::infer::norm_axis;
 use meshc_ir::{Attr, Data, Op, Tensor};
 
 use super::builder::{Builder, Value};
-use super::nn::{i64_table, ones_or, window_attrs};
-use super::ops::{one, reduce_attrs, reshape, Converter, Ctx, R};
+use super::nn::{ones_or, window_attrs};
+use super::ops::{i64_table, one, reduce_attrs, reshape, Converter, Ctx, R};
 use super::ops_math::{float_only, Steps};
 
 /// This module's converters (docs/onnx.md).
@@ -153,8 +153,7 @@ fn gather_nd(s: &mut Steps) -> R<Value> {
     if bd > 0 {
         let mut shape = is[..bd].to_vec();
         shape.extend(std::iter::repeat_n(1, lead.len() - bd));
-        let batches: usize = is[..bd].iter().product();
-        let base = i64_table(shape, (0..batches).map(|l| (l * block) as i64).collect());
+        let base = i64_table("the table of batch offsets", shape, |l| (l * block) as i64)?;
         flat = s.op0("flat_index", Op::Add, &[&flat, &base])?;
     }
     let mut view = vec![(ds[..bd].iter().product::<usize>() * block) as i64];
@@ -179,7 +178,7 @@ pub(super) fn flat_offsets(s: &mut Steps, indices: &Value, ds: &[usize]) -> R<Va
         ];
         let comp = s.op(&format!("index{j}"), Op::Slice, &[indices], &attrs)?;
         let comp = reshape(s.b, &comp, &dims(lead), &s.c.part(&format!("index{j}_view")))?;
-        let iota = i64_table(vec![n], (0..n as i64).collect());
+        let iota = i64_table("the index range", vec![n], |i| i as i64)?;
         let norm = s.op(&format!("index{j}_norm"), Op::Gather, &[&iota, &comp], &[])?;
         let stride: usize = ds[j + 1..].iter().product();
         let scaled = s.op0(&format!("offset{j}"), Op::Mul, &[&norm, &scalar_i64(stride)])?;

@@ -4,7 +4,8 @@
 //! Half floats are widened to f32 here and doubles rounded to it: meshc computes in f32
 //! (docs/onnx.md).
 
-use meshc_ir::dtype::{ShapeDisplay, MAX_TENSOR_BYTES};
+use meshc_ir::budget::CEILING;
+use meshc_ir::dtype::ShapeDisplay;
 use meshc_ir::{DType, Data, Tensor, TensorType};
 
 use super::proto::tensor_proto::DataType;
@@ -51,8 +52,8 @@ pub fn shape(dims: &[i64], elem_bytes: usize) -> R<Vec<usize>> {
         .collect::<R<Vec<usize>>>()?;
     let bytes = shape.iter().try_fold(elem_bytes, |n, &d| n.checked_mul(d));
     match bytes {
-        Some(b) if b as u64 <= MAX_TENSOR_BYTES as u64 => Ok(shape),
-        _ => Err(format!("dims {dims:?} are larger than the {MAX_TENSOR_BYTES} bytes meshc accepts")),
+        Some(b) if b <= CEILING => Ok(shape),
+        _ => Err(format!("dims {dims:?} are larger than the {CEILING} bytes meshc accepts")),
     }
 }
 

@@ -11,7 +11,12 @@
 //!   work is one batched matmul on the existing GEMM; a 1×1 stride-1 conv needs no gather.
 //! - `max_pool` / `avg_pool`: the same gather (pads, and the end a ceil_mode window runs
 //!   past, filled with −inf or 0), then `reduce_max`, or `reduce_sum` divided by a
-//!   constant table of per-window counts.
+//!   constant table of per-window counts. Only the taps that land on the input somewhere
+//!   are gathered (`Window::pool_taps`): a kernel wider than its input costs no more.
+//! - `einsum` of three operands or more: the two-operand einsums of its contraction order
+//!   (`meshc_ir::einsum::path`), `NAME.step0`, `NAME.step1`, ...
+//!
+//! Every table built here is checked against the memory budget (`meshc_ir::budget`).
 //!
 //! - `add(mul(conv(x, w, b), scale), shift)` with per-channel constants (an inference
 //!   BatchNormalization) becomes one conv whose weight is `w·scale` and bias `b·scale +
@@ -21,20 +26,27 @@
 //! New nodes are named after the node they expand (`NAME.cols`, `NAME.gemm`, ...); the
 //! last keeps the node's own name, so outputs and later readers are unchanged.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{anyhow, Result};
 use meshc_ir::attrs::{self, PadMode};
+use meshc_ir::infer::parse_equation;
 use meshc_ir::infer::Operand;
 use meshc_ir::verify::Info;
 use meshc_ir::window::{conv_window, numel, pad_shape, pad_source, Tap, Window};
+use meshc_ir::{budget, einsum};
 use meshc_ir::{Attr, Attrs, DType, Graph, Node, Op, Param, ParamData, TensorType};
 
 use crate::codegen::conv::is_depthwise;
 
 /// Whether `g` has anything to expand.
 pub fn needed(g: &Graph) -> bool {
-    g.nodes.iter().any(|n| matches!(n.op, Op::Conv | Op::MaxPool | Op::AvgPool | Op::Pad))
+    g.nodes.iter().any(|n| matches!(n.op, Op::Conv | Op::MaxPool | Op::AvgPool | Op::Pad) || many_operands(n))
+}
+
+/// An einsum of three operands or more, which becomes pairwise einsums.
+fn many_operands(n: &Node) -> bool {
+    n.op == Op::Einsum && n.inputs.len() >= 3
 }
 
 /// A batch norm to fold into the conv before it: `add(mul(conv, scale), shift)`.
@@ -109,6 +121,7 @@ pub fn expand(g: &Graph, info: &Info) -> Result<Graph> {
             Op::Conv => ex.conv(n),
             Op::MaxPool | Op::AvgPool => ex.pool(n),
             Op::Pad => ex.pad(n),
+            Op::Einsum if many_operands(n) => ex.einsum(n),
             _ => {
                 ex.g.nodes.push(n.clone());
                 continue;
@@ -120,6 +133,12 @@ pub fn expand(g: &Graph, info: &Info) -> Result<Graph> {
 }
 
 type R<T> = std::result::Result<T, String>;
+
+/// Checks a table of `entries` this pass builds against the memory budget: each is an
+/// index or count, then an `Attr` of the inline value it is stored as.
+fn room(what: std::fmt::Arguments, entries: usize) -> R<()> {
+    budget::check(what, entries as u128, std::mem::size_of::<i64>() + std::mem::size_of::<Attr>()).map(drop)
+}
 
 struct Expander {
     g: Graph,
@@ -221,6 +240,7 @@ impl Expander {
                 )?;
                 src = self.emit(like, name("ext"), Op::Concat, &[&cur, &block], &[("axis", Attr::Int(d as i64))])?;
             }
+            room(format_args!("the index table of dim {d} padded to {out}"), out)?;
             let idx: Vec<i64> =
                 (0..out).map(|o| pad_source(mode, n, pads[d], o).map_or(n as i64, |i| i as i64)).collect();
             let idx = self.table(name("idx"), &[out], &idx);
@@ -250,6 +270,7 @@ impl Expander {
     /// input where a ceil_mode window runs, reads `value`. The spatial dims are gathered as
     /// one flat dim, to which one element of `value` is appended when a tap needs it: one
     /// concat and one gather, where padding dim by dim first cost three steps per dim.
+    /// A conv reads every tap of its kernel; a pool only those `Window::pool_taps` gives.
     /// `None` when the gather is the identity (a 1×1, stride-1, unpadded window).
     fn columns(&mut self, n: &Node, win: &Window, value: f64, groups: Option<usize>) -> R<Option<String>> {
         let x = &n.inputs[0];
@@ -260,9 +281,13 @@ impl Expander {
             return Ok(None);
         }
         let base = |what: &str| format!("{}.{what}", n.name);
-        let (n_k, n_out, n_in) = (numel(&win.kernel), numel(&out), numel(sp));
-        let taps = win.taps(sp, &out);
+        let (n_k, taps) = match n.op {
+            Op::Conv => (numel(&win.kernel), win.taps(sp, &out)?),
+            _ => win.pool_taps(sp, &out)?,
+        };
+        let (n_out, n_in) = (numel(&out), numel(sp));
         // Every tap off the input reads the appended element, at index n_in.
+        room(format_args!("the index table of {n_k} taps at {n_out} outputs"), n_k * n_out)?;
         let mut idx = vec![n_in as i64; n_k * n_out];
         for (t, tap) in taps.iter().enumerate() {
             if let Tap::Real(i) = tap {
@@ -355,6 +380,26 @@ impl Expander {
         Ok(())
     }
 
+    /// An einsum of three operands or more as the two-operand einsums of `einsum::path`,
+    /// in its order, the last keeping its name: the interpreter contracts in the same order.
+    fn einsum(&mut self, n: &Node) -> R<()> {
+        let (terms, out) = parse_equation(&attrs::Einsum::of(n).equation, n.inputs.len())?;
+        let mut sizes = BTreeMap::new();
+        for (t, i) in terms.iter().zip(&n.inputs) {
+            sizes.extend(t.iter().copied().zip(self.types[i].shape.iter().copied()));
+        }
+        let steps = einsum::path(&terms, &out, &sizes);
+        let letters = einsum::operand_letters(&terms, &steps);
+        let mut names = n.inputs.clone();
+        for (k, s) in steps.iter().enumerate() {
+            let name = if k + 1 == steps.len() { n.name.clone() } else { format!("{}.step{k}", n.name) };
+            let eq = [("equation", Attr::Str(einsum::equation(s, &letters)))];
+            let step = self.emit(n, name, Op::Einsum, &[&names[s.a], &names[s.b]], &eq)?;
+            names.push(step);
+        }
+        Ok(())
+    }
+
     fn pool(&mut self, n: &Node) -> R<()> {
         let x = self.shape(&n.inputs[0]);
         let win = Window::of(n, x.len() - 2, None)?;
@@ -375,15 +420,9 @@ impl Expander {
         } else {
             let sum = self.emit(n, base("sum"), Op::ReduceSum, &[&cols], &attrs)?;
             let include_pad = attrs::AvgPool::of(n).count_include_pad;
-            let n_k = numel(&win.kernel);
-            let taps = win.taps(&x[2..], &out);
-            let counts: Vec<Attr> = taps
-                .chunks(n_k)
-                .map(|w| {
-                    let c = w.iter().filter(|t| matches!(t, Tap::Real(_)) || include_pad && **t == Tap::Pad).count();
-                    Attr::Float(c as f64)
-                })
-                .collect();
+            room(format_args!("the table of {} window counts", numel(&out)), numel(&out))?;
+            let counts: Vec<Attr> =
+                (0..numel(&out)).map(|o| Attr::Float(win.counted(&x[2..], &out, o, include_pad) as f64)).collect();
             let counts = self.constant(base("counts"), DType::F32, vec![numel(&out)], counts);
             self.emit(n, base("mean"), Op::Div, &[&sum, &counts], &[])?
         };

@@ -29,9 +29,9 @@ pub enum Const<'p> {
     Param,
     /// A folded node's value.
     Value(Cow<'p, Tensor>),
-    /// The slice `node` (its operand a param whose bytes are in a mapped file): a device's
-    /// part of a weight is copied from the mapping when it is written (`Folded::bytes`),
-    /// never a tensor of its own, nor is the whole weight.
+    /// The slice `node` (its operand a param whose bytes are in a weight file): a device's
+    /// part of a weight is read from the file when it is written (`Folded::bytes`), never a
+    /// tensor of its own, nor is the whole weight.
     Slice { param: String, node: meshc_ir::Node, ty: meshc_ir::TensorType },
 }
 
@@ -119,7 +119,7 @@ pub fn fold<'p>(
             continue;
         }
         if foldable(n, info) && n.inputs.iter().all(|i| consts.contains_key(i)) {
-            let mapped = |i: &String| matches!(consts[i], Const::Param) && params.file_bytes(param(g, i)).is_some();
+            let mapped = |i: &String| matches!(consts[i], Const::Param) && params.file_view(param(g, i)).is_some();
             if n.op == Op::Slice && mapped(&n.inputs[0]) {
                 let (param, ty) = (n.inputs[0].clone(), info.types[&n.name].clone());
                 consts.insert(n.name.clone(), Const::Slice { param, node: n.clone(), ty });
@@ -163,32 +163,39 @@ fn param<'g>(g: &'g Graph, name: &str) -> &'g meshc_ir::Param {
     g.params.iter().find(|p| p.name == name).expect("a param")
 }
 
-/// The bytes of the slice `node` of the mapped param `name` (a `Const::Slice`).
+/// The bytes of the slice `node` of the file-backed param `name` (a `Const::Slice`), read
+/// from its file run by run.
 fn mapped_slice(g: &Graph, params: &Params, name: &str, node: &meshc_ir::Node) -> Result<Vec<u8>> {
     let p = param(g, name);
-    slice_bytes(params.file_bytes(p).expect("a slice is folded only from a mapped param"), node, &p.ty)
+    let src = params.file_view(p).expect("a slice is folded only from a file-backed param");
+    let mut out = Vec::new();
+    slice_runs(node, &p.ty, |at, len| Ok(src.read_into(at, len, &mut out)?))?;
+    Ok(out)
 }
 
-/// The bytes of the slice `node` of a weight of type `ty` whose little-endian bytes are
-/// `src`, copied run by run (a run: elements adjacent in both).
-fn slice_bytes(src: &[u8], node: &meshc_ir::Node, ty: &meshc_ir::TensorType) -> Result<Vec<u8>> {
+/// Calls `read(first byte, bytes)` for each run of the slice `node` of a weight of type
+/// `ty`, in order (a run: elements adjacent in both).
+fn slice_runs(
+    node: &meshc_ir::Node,
+    ty: &meshc_ir::TensorType,
+    mut read: impl FnMut(usize, usize) -> Result<()>,
+) -> Result<()> {
     let size = ty.dtype.size_bytes();
-    let mut out = Vec::new();
     let mut run: Option<(usize, usize)> = None;
     for at in meshc_ir::interp::slice_offsets(node, &ty.shape)? {
         run = match run {
             Some((first, len)) if first + len == at => Some((first, len + 1)),
             Some((first, len)) => {
-                out.extend_from_slice(&src[first * size..(first + len) * size]);
+                read(first * size, len * size)?;
                 Some((at, 1))
             }
             None => Some((at, 1)),
         };
     }
     if let Some((first, len)) = run {
-        out.extend_from_slice(&src[first * size..(first + len) * size]);
+        read(first * size, len * size)?;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The value of the constant `name` of `consts` as a tensor.
@@ -210,14 +217,14 @@ fn value<'a>(
 
 impl Folded<'_> {
     /// The little-endian bytes the artifact stores for the constant `name` of `g`: a param
-    /// read from a file as it is comes straight from the file's mapping, a slice of one is
-    /// copied from it run by run, anything else goes through one conversion buffer.
+    /// read from a file as it is comes straight from the file, a slice of one is read from
+    /// it run by run, anything else goes through one conversion buffer.
     pub fn bytes(&self, g: &Graph, name: &str) -> Result<Cow<'_, [u8]>> {
         Ok(match &self.consts[name] {
             Const::Param => {
                 let p = param(g, name);
-                match self.params.file_bytes(p) {
-                    Some(b) => Cow::Borrowed(b),
+                match self.params.file_view(p) {
+                    Some(v) => Cow::Owned(v.bytes()?),
                     None => Cow::Owned(self.params.get(p)?.to_le_bytes()),
                 }
             }
@@ -278,7 +285,7 @@ mod tests {
     /// A slice copied from a weight's bytes run by run is the slice the interpreter takes,
     /// whatever its axes and steps (negative, larger than a dim, skipping dims).
     #[test]
-    fn slice_bytes_is_the_interpreters_slice() {
+    fn slice_runs_are_the_interpreters_slice() {
         let attrs = [
             "starts = [0], ends = [2]",
             "axes = [1], starts = [1], ends = [5]",
@@ -301,7 +308,13 @@ mod tests {
         let bytes = w.to_le_bytes();
         for n in &g.nodes {
             let want = eval_node(n, &[&w], &info.types[&n.name]).unwrap().to_le_bytes();
-            assert_eq!(super::slice_bytes(&bytes, n, &g.params[0].ty).unwrap(), want, "{}", n.name);
+            let mut got = Vec::new();
+            super::slice_runs(n, &g.params[0].ty, |at, len| {
+                got.extend_from_slice(&bytes[at..at + len]);
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(got, want, "{}", n.name);
         }
     }
 }

@@ -108,6 +108,7 @@ fn file_and_argument_errors() {
         ("no-subcommand", &[]),
         ("check-missing-graph", &["check"]),
         ("check-extra-argument", &["check", MLP, MLP]),
+        ("check-bad-max-memory", &["check", MLP, "--max-memory", "8x"]),
     ]);
 }
 
@@ -290,8 +291,8 @@ fn non_regular_files_are_refused_at_once() {
     }
 }
 
-/// The interpreter refuses a result the system cannot hold (a broadcast to 40 GB), as
-/// `run` does, instead of aborting.
+/// The interpreter refuses a result over the memory budget (a broadcast to 40 GB, the
+/// budget 1 GiB), instead of aborting.
 #[test]
 fn interp_refuses_results_it_cannot_allocate() {
     let dir = scratch("huge-result");
@@ -303,12 +304,96 @@ fn interp_refuses_results_it_cannot_allocate() {
     .unwrap();
     let x = dir.join("x.npy");
     meshc_ir::Tensor::f32(vec![4], vec![1.0; 4]).write_npy(&x).unwrap();
-    let run = meshc(&["interp", &graph.display().to_string(), "--input", &format!("x={}", x.display())]);
+    let input = format!("x={}", x.display());
+    let run = meshc(&["interp", &graph.display().to_string(), "--input", &input, "--max-memory", "1G"]);
     assert_eq!(run.status, Some(1), "{run:?}");
     assert!(
-        run.stderr.trim_end().ends_with("cannot allocate 40000000000 bytes for node 'y' (f32[2500000000,4])"),
+        run.stderr.trim_end().ends_with(
+            "node 'y': its result f32[2500000000,4] needs 37.3 GiB, more than the 1 GiB meshc may allocate (--max-memory)"
+        ),
         "{run:?}"
     );
+}
+
+/// The memory budget: by default from the memory available, named in the refusal;
+/// `--max-memory` sets it on every command that reads graphs and models.
+#[test]
+fn max_memory_sets_the_budget() {
+    let tile = "testdata/bad/onnx-tile-huge.onnx";
+    let run = meshc(&["check", tile]);
+    assert_eq!(run.status, Some(1), "{run:?}");
+    assert!(run.stderr.trim_end().ends_with("meshc may allocate (--max-memory)"), "{run:?}");
+    let run = meshc(&["check", tile, "--max-memory", "512M"]);
+    assert!(run.stderr.contains("needs 8 TiB, more than the 512 MiB meshc may allocate"), "{run:?}");
+    let dir = scratch("max-memory");
+    let (art, graph) = (dir.join("mlp.mshc").display().to_string(), dir.join("m.json").display().to_string());
+    ok(&["check", MLP, "--max-memory", "8G"]);
+    ok(&["interp", MLP, "--input", MLP_X, "--max-memory", "1073741824"]);
+    ok(&["compile", MLP, "-o", &art, "--max-memory", "2 GiB"]);
+    ok(&["run", MLP, "--input", MLP_X, "--max-memory", "8G"]);
+    ok(&["import", "testdata/onnx/mlp/model.onnx", "-o", &graph, "--dim", "batch=2", "--max-memory", "8G"]);
+    // Below what the MLP's largest tensor needs, the interpreter refuses it.
+    let run = meshc(&["interp", MLP, "--input", MLP_X, "--max-memory", "1K"]);
+    assert!(run.status == Some(1) && run.stderr.contains("more than the 1 KiB meshc may allocate"), "{run:?}");
+}
+
+/// A weight file truncated while compile reads it is one line, "changed while meshc read
+/// it" (or, cut before its header was read, not a valid file), exit 1 — never the SIGBUS
+/// of a mapped file (exit 135 before). Compile opens the weights first and reads them last,
+/// when it writes the artifact; the file is cut as soon as meshc has it open.
+#[test]
+fn a_weight_file_truncated_during_compile_is_an_error() {
+    let dir = scratch("truncated-weights");
+    let (k, n) = (2048, 4096);
+    let w = meshc_ir::Tensor::f32(vec![k, n], (0..k * n).map(|i| (i % 7) as f32).collect());
+    let weights = dir.join("w.safetensors");
+    std::fs::write(&weights, meshc_ir::tensor::safetensors_bytes(&[("w", &w)], None).unwrap()).unwrap();
+    let graph = dir.join("g.txt");
+    let text = format!(
+        "graph g {{\n  input x: f32[2,{k}]\n  param w: f32[{k},{n}] = file(\"w.safetensors\", key = \"w\")\n  \
+         y = matmul(x, w)\n  output y\n}}\n"
+    );
+    std::fs::write(&graph, text).unwrap();
+    let art = dir.join("g.mshc");
+    for attempt in 0.. {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_meshc"))
+            .args(["compile", &graph.display().to_string(), "-o", &art.display().to_string()])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("meshc starts");
+        // Open, or mapped (as meshc once did, closing the file).
+        let (fds, maps) = (format!("/proc/{}/fd", child.id()), format!("/proc/{}/maps", child.id()));
+        let open = || {
+            let mapped = std::fs::read_to_string(&maps).is_ok_and(|m| m.contains(&*weights.to_string_lossy()));
+            mapped
+                || std::fs::read_dir(&fds)
+                    .map(|d| d.flatten().any(|e| std::fs::read_link(e.path()).is_ok_and(|p| p == weights)))
+                    .unwrap_or(false)
+        };
+        while !open() && child.try_wait().unwrap().is_none() {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+        let cut = child.try_wait().unwrap().is_none();
+        if cut {
+            std::fs::OpenOptions::new().write(true).open(&weights).unwrap().set_len(100).unwrap();
+        }
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if !cut {
+            // meshc was done before the file was seen open: try again, a few times.
+            assert!(attempt < 5, "meshc always finished before the file could be cut: {stderr}");
+            continue;
+        }
+        assert_eq!(out.status.code(), Some(1), "{:?}: {stderr}", out.status);
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains("w.safetensors: changed while meshc read it")
+                || stderr.contains("not a valid .safetensors"),
+            "{stderr}"
+        );
+        break;
+    }
 }
 
 /// A name of a megabyte is quoted by its first characters and its length, not whole.

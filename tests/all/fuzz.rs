@@ -286,10 +286,12 @@ fn graph(r: &Recipe) -> String {
                 (format!("{name} = gather({x}, {i}) {{axis = {axis}}}"), s)
             }
             // x's letters, w's `cz`: contracts or keeps x's last letter, may sum out another,
-            // and permutes the output.
+            // and permutes the output. Half the time a third operand `zy` joins: contracted
+            // pairwise in the greedy order (`einsum::path`), its `z` summed or kept.
             16 if !xs.is_empty() => {
                 let letters: Vec<char> = "abcdefgh".chars().take(xs.len()).collect();
                 let (c, n) = (*letters.last().unwrap(), DIMS[b as usize % DIMS.len()]);
+                let third = b as usize / DIMS.len();
                 lines.push(format!(
                     "param w{k}: f32[{},{n}] = init normal{{seed = {arg}, std = 0.5}}",
                     xs[xs.len() - 1]
@@ -301,13 +303,23 @@ fn graph(r: &Recipe) -> String {
                 if arg & 2 != 0 && out.len() > 1 {
                     out.remove(b as usize % out.len());
                 }
-                out.push(('z', n));
+                let x_letters: String = letters.iter().collect();
+                let (mut operands, mut terms) = (format!("{x}, w{k}"), format!("{x_letters},{c}z"));
+                if third % 2 == 1 {
+                    let m = DIMS[third / 2 % DIMS.len()];
+                    lines.push(format!("param v{k}: f32[{n},{m}] = init normal{{seed = {}, std = 0.5}}", arg ^ 0x55));
+                    operands.push_str(&format!(", v{k}"));
+                    terms.push_str(",zy");
+                    out.push(('y', m));
+                }
+                if third.is_multiple_of(2) || (third / 2 / DIMS.len()).is_multiple_of(2) {
+                    out.push(('z', n));
+                }
                 let out: Vec<(char, usize)> =
                     permutation(out.len(), arg as usize >> 2).iter().map(|&i| out[i]).collect();
-                let x_letters: String = letters.iter().collect();
                 let o_letters: String = out.iter().map(|p| p.0).collect();
                 (
-                    format!("{name} = einsum({x}, w{k}) {{equation = \"{x_letters},{c}z->{o_letters}\"}}"),
+                    format!("{name} = einsum({operands}) {{equation = \"{terms}->{o_letters}\"}}"),
                     out.iter().map(|p| p.1).collect(),
                 )
             }
@@ -422,7 +434,9 @@ fn graph(r: &Recipe) -> String {
                 )
             }
             // max_pool / avg_pool: pads below the kernel (no window of padding alone),
-            // dilation only unpadded, ceil_mode and count_include_pad both ways.
+            // dilation only unpadded, ceil_mode and count_include_pad both ways. A fifth of
+            // the dims have a kernel wider than the dim itself, over pads as wide: only the
+            // taps that land on the input are read (`Window::pool_taps`).
             21 if (3..=4).contains(&xs.len()) && xs.iter().all(|&d| d > 0) => {
                 let max = arg & 1 == 1;
                 let ceil = arg & 2 != 0;
@@ -430,8 +444,13 @@ fn graph(r: &Recipe) -> String {
                     (vec![], vec![], vec![], vec![], vec![], vec![]);
                 for (d, &n) in xs[2..].iter().enumerate() {
                     let bits = (arg as usize >> (2 + d)) ^ (b as usize >> (2 * d));
-                    let ks = 1 + bits % 3.min(n);
-                    let (pb, pe) = ((bits >> 2) % ks, (bits >> 3) % ks);
+                    let wide = (b as usize >> (4 + d)).is_multiple_of(5);
+                    let ks = if wide { n + 1 + bits % 3 } else { 1 + bits % 3.min(n) };
+                    let (pb, pe) = match wide {
+                        // At least ks − n of padding, so that the window fits.
+                        true => ((ks - n) / 2 + (bits >> 2) % 2, (ks - n).div_ceil(2) + (bits >> 3) % 2),
+                        false => ((bits >> 2) % ks, (bits >> 3) % ks),
+                    };
                     let dl = if pb + pe == 0 && ks > 1 && (ks - 1) * 2 < n { 1 + (bits >> 4) % 2 } else { 1 };
                     let st = 1 + (bits >> 5) % 2;
                     let (padded, span) = (n + pb + pe, (ks - 1) * dl + 1);

@@ -1,6 +1,7 @@
 //! Golden-file tests through the real `meshc` binary: every bad input in testdata/bad/ must
-//! fail with its pinned one-line error; the text form and `check` summary of every testdata
-//! graph are pinned too. `make golden` (MESHC_BLESS=1) rewrites the files instead.
+//! fail with its pinned one-line error (under `--max-memory 1G`); the text form and `check`
+//! summary of every testdata graph are pinned too. `make golden` (MESHC_BLESS=1) rewrites
+//! the files instead.
 
 use crate::common::{golden, meshc, testdata_graphs};
 use std::path::Path;
@@ -16,7 +17,8 @@ fn bad_inputs_fail_with_pinned_errors() {
     assert!(cases.len() >= 30, "expected at least 30 bad inputs, found {}", cases.len());
     let mut failures = Vec::new();
     for case in &cases {
-        let run = meshc(&["check", &case.display().to_string()]);
+        // Under a fixed memory budget, the refusals of the budget read the same everywhere.
+        let run = meshc(&["check", &case.display().to_string(), "--max-memory", "1G"]);
         if run.status != Some(1) || run.stderr.lines().count() != 1 || !run.stdout.is_empty() {
             failures.push(format!("{}: expected exit 1 and one stderr line, got {run:?}", case.display()));
             continue;

@@ -322,6 +322,37 @@ fn external_data_initializers_are_read_from_the_file_beside_the_model() {
     refused("cannot read external data file");
     external("../model.onnx.data");
     refused("external data location '../model.onnx.data' is not a relative path inside the model's directory");
+    external("/etc/passwd");
+    refused("external data location '/etc/passwd' is not a relative path inside the model's directory");
+    // A directory link inside the model's directory that leads out of it is refused, as
+    // onnxruntime refuses it; one that stays inside is followed, as onnxruntime follows it.
+    std::os::unix::fs::symlink("/", tmp.join("rootlink")).unwrap();
+    external("rootlink/etc/passwd");
+    refused(
+        "external data location 'rootlink/etc/passwd' leads out of the model's directory through a symbolic link \
+         (to '/etc/passwd')",
+    );
+    std::fs::create_dir(tmp.join("data")).unwrap();
+    std::os::unix::fs::symlink("data", tmp.join("datalink")).unwrap();
+    std::fs::write(tmp.join("data/model.onnx.data"), external("datalink/model.onnx.data")).unwrap();
+    outputs_match(original, &args, &tmp.join("out-link")).unwrap();
+}
+
+/// The models onnxruntime runs in little memory (testdata/onnx/bounded: a CumSum of 100,000
+/// elements, pools of kernel 2^31 over 4 elements, einsums of 30 and 60 operands) run
+/// interpreted and compiled under a budget of 64 MiB: no table grows as n², as a kernel or
+/// as 2^letters, and none of them takes long.
+#[test]
+fn bounded_models_run_under_a_small_memory_budget() {
+    let tmp = scratch("onnx-bounded");
+    let model = Path::new("testdata/onnx/bounded/model.onnx");
+    for cmd in ["interp", "run"] {
+        let start = std::time::Instant::now();
+        let mut args = vec![cmd.to_string(), model.display().to_string(), "--max-memory".into(), "64M".into()];
+        args.extend(input_args(model));
+        outputs_match(model, &args, &tmp.join(cmd)).unwrap();
+        assert!(start.elapsed().as_secs() < 60, "{cmd} took {:?}", start.elapsed());
+    }
 }
 
 /// An input with an initializer of its name (its default, in ONNX's IR) is that constant
