@@ -475,11 +475,13 @@ impl Builder {
                 let ys = self.bin(Mul, y, &s)?;
                 self.bin(Mul, gy, &ys)?
             }
-            Erf => {
+            // d erf/dx = 2/√π·e^(−x²), and erfc = 1 − erf.
+            Erf | Erfc => {
                 let x2 = self.bin(Mul, x, x)?;
                 let nx2 = self.un(Neg, &x2)?;
                 let e = self.un(Exp, &nx2)?;
-                let d = self.mul_const(&e, std::f64::consts::FRAC_2_SQRT_PI as f32)?;
+                let k = std::f64::consts::FRAC_2_SQRT_PI * if n.op == Erfc { -1.0 } else { 1.0 };
+                let d = self.mul_const(&e, k as f32)?;
                 self.bin(Mul, gy, &d)?
             }
             Gelu => {

@@ -192,7 +192,7 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
             expect_dtype(x, NUMERIC, "the operand")?;
             Ok(keep(x, x.ty.dtype))
         }
-        Exp | Log | Sqrt | Rsqrt | Tanh | Erf | Sigmoid | Gelu | Softmax => {
+        Exp | Log | Sqrt | Rsqrt | Tanh | Erf | Erfc | Sigmoid | Gelu | Softmax => {
             let x = x.expect("arity checked");
             expect_dtype(x, FLOAT, "the operand")?;
             if node.op == Softmax {

@@ -133,7 +133,7 @@ fn eval(node: &Node, args: &[&Tensor]) -> R<Tensor> {
         Equal | Less | LessEqual | Greater | GreaterEqual | And | Or | Xor => compare(op, args[0], args[1]),
         Not => Ok(Tensor::new(args[0].shape.clone(), Data::Bool(elems::<bool>(args[0])?.iter().map(|b| !b).collect()))),
         Mod => modulo(args[0], args[1], attrs::Mod::try_of(node)?.fmod),
-        Neg | Abs | Exp | Log | Sqrt | Rsqrt | Tanh | Erf | Sigmoid | Relu | Gelu | Floor | Ceil | Round => {
+        Neg | Abs | Exp | Log | Sqrt | Rsqrt | Tanh | Erf | Erfc | Sigmoid | Relu | Gelu | Floor | Ceil | Round => {
             let tanh_gelu = op == Gelu && attrs::Gelu::try_of(node)?.approximate == GeluApprox::Tanh;
             unary(op, tanh_gelu, args[0])
         }
@@ -604,6 +604,8 @@ fn float_unop(op: Op, tanh_gelu: bool) -> Option<fn(f64) -> f64> {
         Op::Rsqrt => |x| 1.0 / x.sqrt(),
         Op::Tanh => f64::tanh,
         Op::Erf => libm::erf,
+        // Not 1 − erf(x), which is 0 in f64 beyond x ≈ 6 and loses all digits well before.
+        Op::Erfc => libm::erfc,
         Op::Sigmoid => |x| 1.0 / (1.0 + (-x).exp()),
         Op::Relu => |x| max_nan(x, 0.0),
         Op::Floor => f64::floor,
@@ -1423,6 +1425,25 @@ mod tests {
         check(Op::Rsqrt, &[], &[&f(&[3], &[4., 0.25, 0.])], f(&[3], &[0.5, 2., f32::INFINITY]));
         check(Op::Tanh, &[], &[&x], fd(&[4], &[-0.7615941559557649, 0., 0.7615941559557649, 0.9640275800758169]));
         check(Op::Erf, &[], &[&x], fd(&[4], &[-0.8427007929497149, 0., 0.8427007929497149, 0.9953222650189527]));
+        // Python's math.erfc at each point (`[math.erfc(x) for x in xs]`): the tail keeps its
+        // relative accuracy where 1 − erf(x) would be 0 (x = 5 and 9 in f32, 9 in f64).
+        let xs = [-3., -1., 0., 0.5, 1., 3., 5., 9.];
+        let want = [
+            1.9999779095030015,
+            1.842700792949715,
+            1.0,
+            0.4795001221869535,
+            0.15729920705028513,
+            2.2090496998585438e-05,
+            1.5374597944280351e-12,
+            4.13703174651381e-37,
+        ];
+        // Relative, not `check`'s absolute 1e-6 for small values, which 0 would pass.
+        let got = eval_node(&node(Op::Erfc, &[]), &[&f(&[8], &xs)], &f(&[8], &xs).ty()).unwrap();
+        for ((&g, &w), x) in got.as_f32().unwrap().iter().zip(&want).zip(xs) {
+            assert!(((g as f64 - w) / w).abs() < 1e-7, "erfc({x}) = {g}, want {w}");
+        }
+        check(Op::Erfc, &[], &[&f(&[3], &[f32::INFINITY, f32::NEG_INFINITY, f32::NAN])], f(&[3], &[0., 2., f32::NAN]));
         check(Op::Sigmoid, &[], &[&x], fd(&[4], &[0.2689414213699951, 0.5, 0.7310585786300049, 0.8807970779778823]));
         check(Op::Sigmoid, &[], &[&f(&[2], &[-1000., 1000.])], f(&[2], &[0., 1.]));
         check(Op::Relu, &[], &[&f(&[1], &[f32::NAN])], f(&[1], &[f32::NAN]));

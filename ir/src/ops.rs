@@ -70,6 +70,7 @@ ops! {
         Rsqrt = "rsqrt", Exactly(1), Plain;
         Tanh = "tanh", Exactly(1), Plain;
         Erf = "erf", Exactly(1), Plain;
+        Erfc = "erfc", Exactly(1), Plain;
         Sigmoid = "sigmoid", Exactly(1), Plain;
         Relu = "relu", Exactly(1), Plain;
         Gelu = "gelu", Exactly(1), Gelu;

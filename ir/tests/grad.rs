@@ -178,8 +178,20 @@ fn broadcastable(rng: &mut Rng, a: &[usize]) -> Vec<usize> {
 }
 
 const BINARY: &[Op] = &[Op::Add, Op::Sub, Op::Mul, Op::Div, Op::Maximum, Op::Minimum, Op::Pow];
-const UNARY: &[Op] =
-    &[Op::Neg, Op::Abs, Op::Exp, Op::Log, Op::Sqrt, Op::Rsqrt, Op::Tanh, Op::Erf, Op::Sigmoid, Op::Relu, Op::Gelu];
+const UNARY: &[Op] = &[
+    Op::Neg,
+    Op::Abs,
+    Op::Exp,
+    Op::Log,
+    Op::Sqrt,
+    Op::Rsqrt,
+    Op::Tanh,
+    Op::Erf,
+    Op::Erfc,
+    Op::Sigmoid,
+    Op::Relu,
+    Op::Gelu,
+];
 
 fn elementwise_case(rng: &mut Rng) -> Case {
     let mut c = Case::new();

@@ -491,6 +491,7 @@ fn float_op(m: &mut Math, op: Op, a: &[Value]) -> Value {
         Op::Rsqrt => m.rsqrt(a[0]),
         Op::Tanh => m.tanh(a[0]),
         Op::Erf => m.erf(a[0]),
+        Op::Erfc => m.erfc(a[0]),
         Op::Sigmoid => m.sigmoid(a[0]),
         // roundss/roundps (SSE4.1, which every target meshc names has).
         Op::Floor => m.b.ins().floor(a[0]),
@@ -834,7 +835,7 @@ mod tests {
 
     #[test]
     fn every_float_op() {
-        let unary: [(Op, &[(&str, &str)]); 17] = [
+        let unary: [(Op, &[(&str, &str)]); 18] = [
             (Op::Floor, &[]),
             (Op::Ceil, &[]),
             (Op::Round, &[]),
@@ -847,6 +848,7 @@ mod tests {
             (Op::Rsqrt, &[]),
             (Op::Tanh, &[]),
             (Op::Erf, &[]),
+            (Op::Erfc, &[]),
             (Op::Sigmoid, &[]),
             (Op::Gelu, &[]),
             (Op::Gelu, &[("approximate", "none")]),
