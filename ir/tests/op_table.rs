@@ -1,7 +1,10 @@
 //! The op table is the one place an op is declared: every op it lists must parse and print
 //! in both graph formats under its name, and be documented in docs/ops.md with each of its
 //! attributes and their defaults. (Layout, lowering, cost, gradients and code generation
-//! match on ops without a catch-all, so an op without a rule there does not compile.)
+//! match on ops without a catch-all, so an op without a rule there does not compile; the
+//! ONNX column — the ONNX ops that produce each IR op, or an explicit none — is the same
+//! kind of match in meshc-onnx, onnx/src/sources.rs, whose test holds it to the converters:
+//! this crate cannot see them.)
 
 use meshc_ir::attrs::AttrKind;
 use meshc_ir::{json, text, Attr, DType, Graph, Input, Node, Op, Output, TensorType};

@@ -18,6 +18,7 @@ mod ops_legacy;
 mod ops_math;
 mod ops_more;
 mod ops_scatter;
+pub mod sources;
 mod tensors;
 mod validate;
 
