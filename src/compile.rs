@@ -224,6 +224,7 @@ fn generate(target: &Target, node: &Node, inputs: &[TensorType], out: &TensorTyp
             codegen::movement::kernel(target, &name, node, inputs, out)
         }
         Op::Conv => codegen::conv::depthwise(target, &name, node, inputs, out),
+        Op::CumSum => codegen::scan::cumsum(target, &name, node, inputs, out),
         // Elementwise ops run as fused loops, a reshape is a view of its operand, attention
         // and communication are runtime steps, and the expand pass rewrites pad and pools
         // (and the convs it does not keep) into gathers and matmuls: none has a kernel here.

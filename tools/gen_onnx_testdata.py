@@ -571,10 +571,10 @@ def bounded():
     CumSum over 100,000 elements (once a constant [n, n] mask, 10 GB), a MaxPool and
     AveragePools whose kernel_shape [2^31] is far wider than their input of 4 (once a table
     of 2^31 taps per output), and Einsums of 30 and 60 operands (once one loop over every
-    combination of letters, 2^30 points and more). CumSum is now a log-step scan, a pool
+    combination of letters, 2^30 points and more). CumSum is now the IR's cumsum, a pool
     reads only the taps that land on its input, an einsum contracts pairwise in a greedy
-    order. The long CumSum adds quarters (exact either way); the short one random floats,
-    summed in a tree by meshc and left to right by onnxruntime."""
+    order. The long CumSum adds quarters (exact in any order); the short one random floats,
+    summed left to right by meshc and onnxruntime alike."""
     r = np.random.default_rng(31)
     f = TensorProto.FLOAT
     n, wide = 100_000, 2**31

@@ -349,6 +349,8 @@ attr_structs! {
         count_include_pad: bool = false,
     }
     Pad { pads: Vec<i64>, mode: PadMode = PadMode::Constant, value: f64 = 0.0 }
+    /// cumsum: running sums along `axis` (ONNX CumSum).
+    CumSum { axis: i64, exclusive: bool = false, reverse: bool = false }
 }
 
 impl Slice {

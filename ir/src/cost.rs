@@ -59,6 +59,8 @@ pub fn node_flops(n: &Node, info: &Info) -> u64 {
         Op::Softmax => 5 * numel(&n.name),
         Op::LayerNorm => 8 * numel(&n.name),
         unary_ops!() | binary_ops!() | ternary_ops!() => numel(&n.name),
+        // One addition per element.
+        Op::CumSum => numel(&n.name),
         Op::Reshape
         | Op::Transpose
         | Op::BroadcastTo

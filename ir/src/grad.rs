@@ -602,6 +602,17 @@ impl Builder {
             // Piecewise-constant ops pass no gradient and never get here; the others have
             // none: integer remainders, scatters, the fused attention (a compile pass makes
             // it after differentiation) and communication (lowering inserts it).
+            // y_j = Σ_{i≤j} x_i (i<j exclusive), so dx_i = Σ_{j≥i} gy_j (j>i): the same
+            // cumsum of gy, run the other way.
+            CumSum => {
+                let a = attrs::CumSum::of(n);
+                let flipped = [
+                    ("axis", Attr::Int(a.axis)),
+                    ("exclusive", Attr::Bool(a.exclusive)),
+                    ("reverse", Attr::Bool(!a.reverse)),
+                ];
+                self.op(CumSum, &[gy], &flipped)?
+            }
             Mod | ScatterElements | Attention | Equal | Less | LessEqual | Greater | GreaterEqual | And | Or | Xor
             | Not | Floor | Ceil | Round | Send | Recv | AllReduce | AllGather | ReduceScatter | AllToAll => {
                 return Err(fail(&format!("{} has no gradient", n.op)))

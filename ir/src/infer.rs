@@ -187,6 +187,12 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
             expect_dtype(x, FLOAT, "the operand")?;
             Ok(keep(x, DType::F32))
         }
+        CumSum => {
+            let x = x.expect("arity checked");
+            expect_dtype(x, NUMERIC, "the operand")?;
+            norm_axis(attrs::CumSum::try_of(node)?.axis, x.ty.rank())?;
+            Ok(keep(x, x.ty.dtype))
+        }
         Neg | Abs | Relu => {
             let x = x.expect("arity checked");
             expect_dtype(x, NUMERIC, "the operand")?;

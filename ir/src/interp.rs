@@ -205,7 +205,39 @@ fn eval(node: &Node, args: &[&Tensor]) -> R<Tensor> {
         Conv => crate::window::conv(node, args[0], args[1], args.get(2).copied()),
         MaxPool | AvgPool => crate::window::pool(node, args[0], op == MaxPool),
         Pad => crate::window::pad(node, args[0]),
+        CumSum => cumsum(args[0], attrs::CumSum::try_of(node)?),
     }
+}
+
+/// cumsum: running sums along the axis, added one by one in the element type as numpy's
+/// cumsum (ONNX's reference) does; the first sum is the first element itself, and
+/// `exclusive` shifts them by one (0 first). `reverse` runs from the end. Integers wrap.
+fn cumsum(x: &Tensor, a: attrs::CumSum) -> R<Tensor> {
+    fn scan<T: Copy + Default>(v: &[T], shape: &[usize], ax: usize, a: &attrs::CumSum, add: fn(T, T) -> T) -> Vec<T> {
+        let (n, inner) = (shape[ax], numel(&shape[ax + 1..]));
+        let mut out = vec![T::default(); v.len()];
+        for o in 0..numel(&shape[..ax]) {
+            for i in 0..inner {
+                let mut acc = T::default();
+                for j in 0..n {
+                    let at = (o * n + if a.reverse { n - 1 - j } else { j }) * inner + i;
+                    let before = acc;
+                    acc = if j == 0 { v[at] } else { add(acc, v[at]) };
+                    out[at] = if a.exclusive { before } else { acc };
+                }
+            }
+        }
+        out
+    }
+    let ax = norm_axis(a.axis, x.shape.len())?;
+    let s = &x.shape;
+    let data = match &x.data {
+        Data::F32(v) => Data::F32(scan(v, s, ax, &a, |p, q| p + q)),
+        Data::I32(v) => Data::I32(scan(v, s, ax, &a, i32::wrapping_add)),
+        Data::I64(v) => Data::I64(scan(v, s, ax, &a, i64::wrapping_add)),
+        _ => return Err(undefined(Op::CumSum, x.dtype())),
+    };
+    Ok(Tensor::new(x.shape.clone(), data))
 }
 
 // ---------------------------------------------------------------------------------------

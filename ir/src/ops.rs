@@ -142,6 +142,11 @@ ops! {
         MaxPool = "max_pool", Exactly(1), MaxPool;
         AvgPool = "avg_pool", Exactly(1), AvgPool;
     }
+    /// Running combinations along one axis: each result element depends on every operand
+    /// element before it (after it, reversed), so a split of that axis is not slice-wise.
+    Scan scan_ops {
+        CumSum = "cumsum", Exactly(1), CumSum;
+    }
     /// Data exchanged between devices (inserted by lowering and send/recv splitting).
     Communication communication_ops {
         Send = "send", Exactly(1), Send;

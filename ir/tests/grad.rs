@@ -502,6 +502,20 @@ fn slice_node(rng: &mut Rng, x: &str, rank: usize) -> Node {
         .with_attr("steps", ints(&steps))
 }
 
+fn cumsum_case(rng: &mut Rng) -> Case {
+    let mut c = Case::new();
+    let shape = rng.any_shape(1, 3);
+    let rank = shape.len() as i64;
+    let axis = rng.below(shape.len()) as i64 - if rng.below(2) == 0 { rank } else { 0 };
+    let x = c.float(rng, "x", shape, 0.0, false);
+    let n = Node::new("y", Op::CumSum, &[&x])
+        .with_attr("axis", Attr::Int(axis))
+        .with_attr("exclusive", Attr::Bool(rng.below(2) == 0))
+        .with_attr("reverse", Attr::Bool(rng.below(2) == 0));
+    c.node(n);
+    c
+}
+
 fn slice_case(rng: &mut Rng) -> Case {
     let mut c = Case::new();
     let rank = 1 + rng.below(2);
@@ -560,6 +574,12 @@ proptest! {
     fn reduction_and_normalisation_gradients_match_finite_differences(seed in 1u64..) {
         let mut rng = Rng(seed);
         check(&reduction_case(&mut rng), &mut rng)?;
+    }
+
+    #[test]
+    fn cumsum_gradients_match_finite_differences(seed in 1u64..) {
+        let mut rng = Rng(seed);
+        check(&cumsum_case(&mut rng), &mut rng)?;
     }
 
     #[test]

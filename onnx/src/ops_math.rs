@@ -1,8 +1,8 @@
 //! ONNX comparison, logic and rounding ops onto meshc's ops of the same name, and
 //! the ONNX ops meshc spells as a few of its own (docs/onnx.md): activations from
 //! arithmetic, `where` and comparisons; ReduceL1/L2/LogSum/LogSumExp from sums; ArgMax,
-//! ArgMin and Hardmax from a max, an equality and an index constant; Trilu, EyeLike and
-//! CumSum from constant masks; RMS, Lp and mean-variance normalisation. Each decomposition
+//! ArgMin and Hardmax from a max, an equality and an index constant; Trilu and EyeLike
+//! from constant masks; CumSum as the IR's cumsum; RMS, Lp and mean-variance normalisation. Each decomposition
 //! computes what ONNX's reference does, with the same formula where precision could differ.
 
 use meshc_ir::infer::norm_axis;
@@ -438,60 +438,21 @@ fn eye_like(s: &mut Steps, x: &Value) -> R<Value> {
     table("the constant", dtype, shape, |p| if (p % m) as i64 - (p / m) as i64 == k { 1.0 } else { 0.0 })
 }
 
-/// CumSum along `axis` as a scan in ⌈log₂ n⌉ steps: the running sums double their reach
-/// at each, y + (y shifted by 1, 2, 4, … along the axis), a shift being a slice of all but
-/// the last (first, in reverse) elements after as many zeros; exclusive shifts the result
-/// by one more. n·log n adds, and zeros of about twice x's size as constants (a constant
-/// [n, n] mask of j ≤ i, the obvious form, is n²: 10 GB for 100,000 elements). Exact for
-/// integers; floats are summed in a tree, not left to right.
+/// CumSum as the IR's `cumsum`, whose kernel sums each line left to right (onnxruntime's
+/// order); the axis must be a constant.
 fn cumsum(s: &mut Steps, x: &Value) -> R<Value> {
-    let shape = s.b.ty(x).shape;
-    if shape.is_empty() {
+    let rank = s.b.ty(x).shape.len();
+    if rank == 0 {
         return Err("the input is a scalar, CumSum needs an axis".into());
     }
-    let axis = norm_axis(
-        const_scalar(s, 1, i64::MIN).and_then(|a| {
-            if a == i64::MIN {
-                Err("it needs an axis".to_string())
-            } else {
-                Ok(a)
-            }
-        })?,
-        shape.len(),
-    )?;
+    let axis = const_scalar(s, 1, i64::MIN)?;
+    if axis == i64::MIN {
+        return Err("it needs an axis".into());
+    }
+    norm_axis(axis, rank)?;
     let (exclusive, reverse) = (s.c.int("exclusive", 0) != 0, s.c.int("reverse", 0) != 0);
-    let n = shape[axis];
-    let mut shifts: Vec<usize> =
-        std::iter::successors(Some(1usize), |&k| k.checked_mul(2)).take_while(|&k| k < n).collect();
-    let scans = shifts.len();
-    if exclusive && n > 0 {
-        shifts.push(1);
-    }
-    let dtype = s.b.ty(x).dtype;
-    let mut y = x.clone();
-    for (i, &by) in shifts.iter().enumerate() {
-        // The last node is the CumSum's output.
-        let name = |step: String| if i + 1 == shifts.len() { String::new() } else { step };
-        let (from, to) = if reverse { (by, n) } else { (0, n - by) };
-        let attrs = [
-            ("starts", Attr::ints(&[from as i64])),
-            ("ends", Attr::ints(&[to as i64])),
-            ("axes", Attr::ints(&[axis as i64])),
-        ];
-        let kept = s.op(&format!("kept{by}"), Op::Slice, &[&y], &attrs)?;
-        let mut zshape = shape.clone();
-        zshape[axis] = by;
-        let zeros = table("the zeros", dtype, zshape, |_| 0.0)?;
-        let parts = if reverse { [&kept, &zeros] } else { [&zeros, &kept] };
-        let cat = [("axis", Attr::Int(axis as i64))];
-        y = if i < scans {
-            let shifted = s.op(&format!("shift{by}"), Op::Concat, &parts, &cat)?;
-            s.op(&name(format!("sum{by}")), Op::Add, &[&y, &shifted], &[])?
-        } else {
-            s.op(&name("exclusive".into()), Op::Concat, &parts, &cat)?
-        };
-    }
-    Ok(y)
+    let attrs = [("axis", Attr::Int(axis)), ("exclusive", Attr::Bool(exclusive)), ("reverse", Attr::Bool(reverse))];
+    s.op("", Op::CumSum, &[x], &attrs)
 }
 
 /// RMSNormalization (x / √(mean(x²) + ε) · scale over the dims from `axis` on),

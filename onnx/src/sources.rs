@@ -73,6 +73,7 @@ pub fn source(op: Op) -> Source {
         Conv => Onnx(&["Conv"]),
         MaxPool => Onnx(&["MaxPool"]),
         AvgPool => Onnx(&["AveragePool"]),
+        CumSum => Onnx(&["CumSum"]),
         Send | Recv | AllReduce | AllGather | ReduceScatter | AllToAll => COLLECTIVE,
     }
 }
@@ -104,9 +105,9 @@ mod tests {
         let code = converter_sources();
         for &op in Op::ALL {
             let variant = format!("Op::{op:?}");
-            let emitted = code.match_indices(&variant).any(|(i, _)| {
-                !code[i + variant.len()..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
-            });
+            let emitted = code
+                .match_indices(&variant)
+                .any(|(i, _)| !code[i + variant.len()..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_'));
             match source(op) {
                 Source::Onnx(types) => {
                     assert!(!types.is_empty(), "{op}: an empty list of ONNX ops (say None and why)");

@@ -21,6 +21,7 @@ pub mod module;
 pub mod movement;
 pub mod nest;
 pub mod reduce;
+pub mod scan;
 
 pub use meshc_runtime::format::abi::{host_features, KernelFn, KernelTable, KNOWN_FEATURES, STATUS_INDEX_OUT_OF_RANGE};
 

@@ -157,6 +157,13 @@ pub fn corresponding_dims(n: &Node, i: usize, info: &Info) -> Vec<(usize, usize)
             let axis = norm_axis(attrs::ScatterElements::of(n).axis, data.len()).unwrap_or(0);
             (0..data.len()).filter(|&d| d != axis && idx.get(d) == Some(&data[d])).map(|d| (d, d)).collect()
         }
+        // Every dim but the axis: a result element needs every operand element before it
+        // along the axis, so a split of the axis is gathered before the op (a shard would
+        // sum only its own part; carrying the earlier shards' totals in is not done).
+        Op::CumSum => {
+            let axis = norm_axis(attrs::CumSum::of(n).axis, ins.len()).unwrap_or(0);
+            (0..ins.len()).filter(|&d| d != axis).map(|d| (d, d)).collect()
+        }
         Op::Conv => conv_pairs(n, i, info),
         // Batch and channel; the spatial dims change size (a split of them is gathered).
         Op::MaxPool | Op::AvgPool => vec![(0, 0), (1, 1)],

@@ -355,7 +355,7 @@ impl Lower<'_> {
     }
 
     fn node(&mut self, n: &Node, out: &Layout) -> Result<()> {
-        use meshc_ir::{binary_ops, communication_ops, movement_ops, ternary_ops, unary_ops, window_ops};
+        use meshc_ir::{binary_ops, communication_ops, movement_ops, scan_ops, ternary_ops, unary_ops, window_ops};
         let (local, natural, partial, reduce) = match n.op {
             Op::MatMul | Op::Einsum => self.contraction(n, out),
             Op::ReduceSum | Op::ReduceMean | Op::ReduceMax => self.reduction(n, out),
@@ -364,10 +364,15 @@ impl Lower<'_> {
             Op::ScatterElements if self.adds_into_zeros(n) => self.scatter_add(n, out),
             // Slice by slice along the dims `corresponding_dims` pairs with the result (the
             // layout pass gathers the others first): elementwise ops, data movement, windows
-            // over batch and channels, attention over its batch dims and query rows.
-            unary_ops!() | binary_ops!() | ternary_ops!() | movement_ops!() | window_ops!() | Op::Attention => {
-                self.slicewise(n, out)
-            }
+            // over batch and channels, scans off their axis, attention over its batch dims and
+            // query rows.
+            unary_ops!()
+            | binary_ops!()
+            | ternary_ops!()
+            | movement_ops!()
+            | window_ops!()
+            | scan_ops!()
+            | Op::Attention => self.slicewise(n, out),
             communication_ops!() => bail!(
                 "node '{}': {} cannot be combined with a layout spec (lowering inserts collectives itself)",
                 n.name,
@@ -583,6 +588,7 @@ impl Lower<'_> {
             | Op::Conv
             | Op::MaxPool
             | Op::AvgPool
+            | Op::CumSum
             | Op::Attention => {}
             Op::MatMul
             | Op::Einsum

@@ -4,7 +4,7 @@
 //! do not divide, graphs of params only; elementwise ops (exp, log, sqrt, div and pow
 //! behind guards that keep them in their domain), reductions, softmax, layer_norm, matmul,
 //! einsum, data movement (reshape, transpose, slice with any steps, concat, broadcast_to),
-//! gather and scatter_elements (every reduction) with i32 and i64 indices, integer arithmetic and mod in i32 and i64, casts,
+//! gather and scatter_elements (every reduction), cumsum (every axis, both flags) with i32 and i64 indices, integer arithmetic and mod in i32 and i64, casts,
 //! comparisons, logic, floor/ceil/round, and where on a bool input or a computed mask — compiled with both GEMM paths and random stream options, on one device,
 //! under random legal layouts on 2 to 8 devices, placed in random stages (micro-batched or
 //! not), and with failed links or failed devices, must give what the reference
@@ -139,7 +139,7 @@ fn graph(r: &Recipe) -> String {
     for (k, &(op, a, b, arg)) in r.ops.iter().enumerate() {
         let (x, xs) = values[a as usize % values.len()].clone();
         let name = format!("n{k}");
-        let (line, shape) = match op % 24 {
+        let (line, shape) = match op % 25 {
             0 => (format!("{name} = {}({x})", unary(arg)), xs.clone()),
             1 | 2 => {
                 let (y, ys) = partner(&values, &xs, b);
@@ -543,6 +543,15 @@ fn graph(r: &Recipe) -> String {
                 let reduction = ["none", "add", "mul", "max", "min"][(arg >> 2) as usize % 5];
                 (
                     format!("{name} = scatter_elements({x}, s{k}, {u}) {{axis = {axis}, reduction = \"{reduction}\"}}"),
+                    xs.clone(),
+                )
+            }
+            // cumsum along any axis (negative ones too), inclusive or not, either way.
+            24 if !xs.is_empty() => {
+                let axis = (arg as usize % xs.len()) as i64 - if arg & 0x80 != 0 { xs.len() as i64 } else { 0 };
+                let (exclusive, reverse) = (b & 1 == 1, b & 2 == 2);
+                (
+                    format!("{name} = cumsum({x}) {{axis = {axis}, exclusive = {exclusive}, reverse = {reverse}}}"),
                     xs.clone(),
                 )
             }

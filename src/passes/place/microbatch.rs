@@ -67,6 +67,7 @@ pub fn unroll(g: &Graph, info: &Info, m: usize, stage_of: &mut BTreeMap<String, 
             Op::Slice => crate::passes::layout::sliced(n, shape, b),
             Op::Concat => norm_axis(attrs::Concat::of(n).axis, shape.len()).ok() == Some(b),
             Op::Gather => norm_axis(attrs::Gather::of(n).axis, shape.len()).ok() == Some(b),
+            Op::CumSum => norm_axis(attrs::CumSum::of(n).axis, shape.len()).ok() == Some(b),
             _ => false,
         });
         if mixes {
