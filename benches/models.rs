@@ -191,7 +191,7 @@ fn encoder_case(dir: &Path, (b, s): (usize, usize), anchors: &Anchors) {
     let values = params::load_all(&g, dir).expect("the checkpoint loads");
     let build = |epilogues, attention| {
         let opts = Options { epilogues, attention, ..Options::default() };
-        driver::build(&g, &info, None, &values, &opts, &Dumps::default(), None).unwrap().load().unwrap()
+        driver::Job::new(&g, &info, &values, &opts).build(&Dumps::default()).unwrap().load().unwrap()
     };
     let (mut l, mut unfused, mut apart) = (build(true, true), build(false, true), build(true, false));
     let inputs = encoder_inputs(b, s);

@@ -109,7 +109,7 @@ fn main() {
             select: Select::Keep(f),
         });
         let opts = Options { gemm, ..Options::default() };
-        load(driver::build(&g, &info, None, &params, &opts, &Dumps::default(), cfg.as_ref()).unwrap())
+        load(driver::Job::new(&g, &info, &params, &opts).pilot(cfg.as_ref()).build(&Dumps::default()).unwrap())
     };
     println!(
         "pilot pass on {DIR}: batch {batch}, {} held-out rows, blocks of {DEFAULT_BLOCK}, simplify bits:7",

@@ -125,7 +125,10 @@ fn build(spec: Option<&str>) -> Compiled {
     let info = verify::verify(&g).expect("bench graph verifies");
     let values = params::load_all(&g, std::path::Path::new(".")).expect("init params");
     let spec = spec.map(|s| layout::parse(s, "bench-spec").expect("bench spec parses"));
-    driver::build(&g, &info, spec.as_ref(), &values, &Options::default(), &Dumps::default(), None).expect("compiles")
+    driver::Job::new(&g, &info, &values, &Options::default())
+        .spec(spec.as_ref())
+        .build(&Dumps::default())
+        .expect("compiles")
 }
 
 fn inputs() -> HashMap<String, Tensor> {

@@ -46,7 +46,7 @@ fn build(
     streams: Config,
 ) -> Compiled {
     let opts = Options { streams, ..Options::default() };
-    driver::build(g, info, spec, params, &opts, &Dumps::default(), None).expect("compiles")
+    driver::Job::new(g, info, params, &opts).spec(spec).build(&Dumps::default()).expect("compiles")
 }
 
 fn arenas() {

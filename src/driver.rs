@@ -1,5 +1,5 @@
-//! The front of the pipeline, and the whole compile: `build` (`run` with `--stop-after`
-//! and `--time-passes`) walks the global and stage
+//! The front of the pipeline, and the whole compile: `Job::build` (`Job::run` with
+//! `--stop-after` and `--time-passes`) walks the global and stage
 //! passes of `pipeline::PASSES` (verify, pilot, place, layout, lower, sendrecv) over the
 //! verified graph and its layout spec, hands the lowered programs to `compile::run` for
 //! the device and program passes, adds what the spec says of the mesh to the result and
@@ -27,55 +27,64 @@ use crate::passes::pilot::{Pruned, WeightMask};
 use crate::passes::place::Placement;
 use crate::pipeline::{self, Dumps, Flow, GlobalPass, Instrument, Level, Pass, StagePass};
 
-/// The whole pipeline (`pipeline::PASSES`): the verified graph `g` (with its params'
-/// values), and optionally a layout spec, to a compiled artifact. Without a spec the graph
-/// runs on one device. With `pilot`, the pilot pass runs on the global graph (so its masks
-/// do not depend on the layout) and prunes its params (`passes::pilot::apply`); the masks
-/// go with the weights (sliced with them under a layout) into the artifact, where the
-/// matmuls skip their pruned blocks.
-pub fn build<'p>(
-    g: &Graph,
-    info: &Info,
-    spec: Option<&Spec>,
-    params: impl Into<Params<'p>>,
-    opts: &Options,
-    dumps: &Dumps,
-    pilot: Option<&passes::pilot::Config>,
-) -> Result<Compiled> {
-    let built = run(g, info, spec, params, opts, &Instrument::dumps(dumps), pilot)?;
-    Ok(built.expect("only --stop-after stops the pipeline"))
+/// One compile: the verified graph `g` with its params' values, the options, and
+/// optionally a layout spec (without one the graph runs on one device) and the pilot's
+/// config. With `pilot`, the pilot pass runs on the global graph (so its masks do not
+/// depend on the layout) and prunes its params (`passes::pilot::apply`); the masks go with
+/// the weights (sliced with them under a layout) into the artifact, where the matmuls skip
+/// their pruned blocks.
+pub struct Job<'a, 'p> {
+    g: &'a Graph,
+    info: &'a Info,
+    params: Params<'p>,
+    opts: &'a Options,
+    spec: Option<&'a Spec>,
+    pilot: Option<&'a passes::pilot::Config>,
 }
 
-/// `build`, dumped, timed and stopped as `inst` asks: None when it stops after a pass.
-pub fn run<'p>(
-    g: &Graph,
-    info: &Info,
-    spec: Option<&Spec>,
-    params: impl Into<Params<'p>>,
-    opts: &Options,
-    inst: &Instrument,
-    pilot: Option<&passes::pilot::Config>,
-) -> Result<Option<Compiled>> {
-    let params = params.into();
-    let mut front = Front::new(g, info, spec, &params, opts, pilot);
-    if pipeline::run(&mut front, pipeline::front(), inst)? == Flow::Stopped {
-        return Ok(None);
+impl<'a, 'p> Job<'a, 'p> {
+    pub fn new(g: &'a Graph, info: &'a Info, params: impl Into<Params<'p>>, opts: &'a Options) -> Self {
+        Job { g, info, params: params.into(), opts, spec: None, pilot: None }
     }
-    let (lowered, infos, model_axes, pruned) = front.finish();
-    let pruned_opts = pruned.as_ref().map(|p| Options { masks: p.masks.clone(), ..opts.clone() });
-    let (params, opts) = match (&pruned, &pruned_opts) {
-        (Some(p), Some(o)) => (Params::from(&p.params), o),
-        _ => (params, opts),
-    };
-    let Some(built) = crate::compile::run(&lowered, infos, &params, opts, inst)? else { return Ok(None) };
-    let mut compiled = built.finish(g, info, &lowered)?;
-    if let Some(spec) = spec {
-        compiled.meta.degraded = spec.degraded.degradation(&spec.mesh);
-        compiled.meta.model_axes = model_axes;
-        compiled.meta.hosts = spec.hosts.clone();
-        check_memory(&compiled, spec)?;
+
+    pub fn spec(self, spec: Option<&'a Spec>) -> Self {
+        Job { spec, ..self }
     }
-    Ok(Some(compiled))
+
+    pub fn pilot(self, pilot: Option<&'a passes::pilot::Config>) -> Self {
+        Job { pilot, ..self }
+    }
+
+    /// The whole pipeline (`pipeline::PASSES`) to a compiled artifact, dumping what `dumps`
+    /// asks.
+    pub fn build(self, dumps: &Dumps) -> Result<Compiled> {
+        let built = self.run(&Instrument::dumps(dumps))?;
+        Ok(built.expect("only --stop-after stops the pipeline"))
+    }
+
+    /// `build`, dumped, timed and stopped as `inst` asks: None when it stops after a pass.
+    pub fn run(self, inst: &Instrument) -> Result<Option<Compiled>> {
+        let Job { g, info, params, opts, spec, pilot } = self;
+        let mut front = Front::new(g, info, spec, &params, opts, pilot);
+        if pipeline::run(&mut front, pipeline::front(), inst)? == Flow::Stopped {
+            return Ok(None);
+        }
+        let (lowered, infos, model_axes, pruned) = front.finish();
+        let pruned_opts = pruned.as_ref().map(|p| Options { masks: p.masks.clone(), ..opts.clone() });
+        let (params, opts) = match (&pruned, &pruned_opts) {
+            (Some(p), Some(o)) => (Params::from(&p.params), o),
+            _ => (params, opts),
+        };
+        let Some(built) = crate::compile::run(&lowered, infos, &params, opts, inst)? else { return Ok(None) };
+        let mut compiled = built.finish(g, info, &lowered)?;
+        if let Some(spec) = spec {
+            compiled.meta.degraded = spec.degraded.degradation(&spec.mesh);
+            compiled.meta.model_axes = model_axes;
+            compiled.meta.hosts = spec.hosts.clone();
+            check_memory(&compiled, spec)?;
+        }
+        Ok(Some(compiled))
+    }
 }
 
 /// The passes from `place` to `sendrecv` under `spec` (its degradation checked): the lowered

@@ -717,7 +717,10 @@ fn compile_graph(
     };
     let pilot = pilot.map(|p| p.config(&g)).transpose()?.flatten();
     let opts = compile::Options { emit, ..args.options() };
-    let compiled = driver::run(&g, &info, spec.as_ref(), params, &opts, inst, pilot.as_ref())
+    let compiled = driver::Job::new(&g, &info, params, &opts)
+        .spec(spec.as_ref())
+        .pilot(pilot.as_ref())
+        .run(inst)
         .with_context(|| path.display().to_string())?;
     // Everything the artifact holds has been copied out of the weight files by now.
     files.check_unchanged()?;

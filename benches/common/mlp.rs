@@ -38,7 +38,7 @@ pub fn build_with(spec: Option<&str>, opts: &Options) -> Compiled {
     let info = verify::verify(&g).expect("bench graph verifies");
     let values = params::load_all(&g, std::path::Path::new(".")).expect("init params");
     let spec = spec.map(|s| layout::parse(s, "bench-spec").expect("bench spec parses"));
-    driver::build(&g, &info, spec.as_ref(), &values, opts, &Dumps::default(), None).expect("compiles")
+    driver::Job::new(&g, &info, &values, opts).spec(spec.as_ref()).build(&Dumps::default()).expect("compiles")
 }
 
 pub fn input() -> HashMap<String, Tensor> {

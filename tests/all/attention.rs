@@ -36,7 +36,9 @@ fn check(
     let info = verify::verify(g).unwrap_or_else(|e| panic!("{what}: {e}"));
     let want = interp::run(g, &info.order, &info.types, values.clone()).unwrap_or_else(|e| panic!("{what}: {e}"));
     let params: HashMap<String, Tensor> = g.params.iter().map(|p| (p.name.clone(), values[&p.name].clone())).collect();
-    let c = driver::build(g, &info, spec, &params, opts, &Dumps::default(), None)
+    let c = driver::Job::new(g, &info, &params, opts)
+        .spec(spec)
+        .build(&Dumps::default())
         .unwrap_or_else(|e| panic!("{what}: {e:#}"));
     let steps = fused(&c);
     let inputs: HashMap<String, Tensor> = g.inputs.iter().map(|i| (i.name.clone(), values[&i.name].clone())).collect();
@@ -260,7 +262,7 @@ fn the_transformer_fuses_on_one_device_and_under_layouts() {
         let spec = spec.map(|s| meshc::layout::load(&layouts.join(format!("{s}.json"))).unwrap());
         for gemm in [Gemm::Library, Gemm::Cranelift] {
             let opts = Options { gemm, ..Options::default() };
-            let c = driver::build(&g, &info, spec.as_ref(), &params, &opts, &Dumps::default(), None).unwrap();
+            let c = driver::Job::new(&g, &info, &params, &opts).spec(spec.as_ref()).build(&Dumps::default()).unwrap();
             assert_eq!(fused(&c), want, "{:?} {gemm:?}", spec.as_ref().map(|s| &s.file));
             let got = c.load().unwrap().run(&inputs).unwrap();
             crate::common::matches_expected(&path, &got.into_iter().collect()).unwrap();
@@ -287,7 +289,7 @@ fn the_dump_round_trips_and_interprets_alike() {
     let dir = crate::common::scratch("attention-dump");
     let dumps = Dumps::new(vec!["attention".into()], Some(dir.to_path_buf()), Default::default()).unwrap();
     let params: HashMap<String, Tensor> = [("scale".to_string(), values["scale"].clone())].into();
-    driver::build(&g, &info, None, &params, &Options::default(), &dumps, None).unwrap();
+    driver::Job::new(&g, &info, &params, &Options::default()).build(&dumps).unwrap();
     let dump = std::fs::read_to_string(dumps.file("attention").unwrap()).unwrap();
     let body = dump.strip_prefix("# device 0\n").expect("one device");
     assert!(body.contains("y = attention(q, kt, v, scale, mask) {scores = \"div,add\"}"), "{body}");
@@ -297,7 +299,7 @@ fn the_dump_round_trips_and_interprets_alike() {
     let want = interp::run(&g, &info.order, &info.types, values.clone()).unwrap();
     let got = interp::run(&fused, &finfo.order, &finfo.types, values).unwrap();
     crate::common::assert_close("fused graph, interpreted", &got["y"], &want["y"]).unwrap();
-    let e = driver::build(&fused, &finfo, None, &params, &Options::default(), &Dumps::default(), None).err().unwrap();
+    let e = driver::Job::new(&fused, &finfo, &params, &Options::default()).build(&Dumps::default()).err().unwrap();
     assert!(format!("{e:#}").contains("node 'y': compile makes attention nodes itself"), "{e:#}");
 }
 

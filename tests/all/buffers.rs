@@ -325,7 +325,9 @@ fn testdata_layouts_through_the_driver_plan_sound_streams() {
         let spec = meshc::layout::load(&case.spec).unwrap();
         let build = |streams: Config| {
             let opts = Options { streams, ..Options::default() };
-            meshc::driver::build(&g, &info, Some(&spec), &params, &opts, &meshc::pipeline::Dumps::default(), None)
+            meshc::driver::Job::new(&g, &info, &params, &opts)
+                .spec(Some(&spec))
+                .build(&meshc::pipeline::Dumps::default())
                 .unwrap_or_else(|e| panic!("{}: {e:#}", case.label))
         };
         let inputs = crate::common::testdata_inputs(&case.graph, &g).unwrap();

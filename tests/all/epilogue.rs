@@ -35,7 +35,9 @@ fn check(src: &str, spec: Option<&str>, gemm: Gemm, what: &str) -> Vec<Vec<&'sta
     let want = interp::run(&g, &info.order, &info.types, all.clone()).unwrap();
     let spec = spec.map(|s| meshc::layout::parse(s, "spec.json").unwrap());
     let opts = Options { gemm, ..Options::default() };
-    let c = driver::build(&g, &info, spec.as_ref(), &params, &opts, &Dumps::default(), None)
+    let c = driver::Job::new(&g, &info, &params, &opts)
+        .spec(spec.as_ref())
+        .build(&Dumps::default())
         .unwrap_or_else(|e| panic!("{what}: {e:#}"));
     let eps = epilogues(&c);
     let inputs: HashMap<String, Tensor> = g.inputs.iter().map(|i| (i.name.clone(), all[&i.name].clone())).collect();
@@ -213,7 +215,7 @@ fn the_dump_round_trips_and_interprets_alike() {
     let (all, params) = crate::common::seeded_values(&g, 3);
     let dir = crate::common::scratch("epilogue-dump");
     let dumps = Dumps::new(vec!["epilogue".into()], Some(dir.to_path_buf()), Default::default()).unwrap();
-    driver::build(&g, &info, None, &params, &Options::default(), &dumps, None).unwrap();
+    driver::Job::new(&g, &info, &params, &Options::default()).build(&dumps).unwrap();
     let dump = std::fs::read_to_string(dumps.file("epilogue").unwrap()).unwrap();
     let body = dump.strip_prefix("# device 0\n").expect("one device");
     assert!(body.contains("y4 = matmul(x, w, bias, scale, res) {epilogue = \"add,gelu_tanh,mul,add\"}"), "{body}");
@@ -224,7 +226,7 @@ fn the_dump_round_trips_and_interprets_alike() {
     let got = interp::run(&fused, &finfo.order, &finfo.types, all).unwrap();
     crate::common::assert_close("fused graph, interpreted", &got["y4"], &want["y4"]).unwrap();
     // And compile refuses it as input: placement and lowering know matmuls of two operands.
-    let e = driver::build(&fused, &finfo, None, &params, &Options::default(), &Dumps::default(), None).err().unwrap();
+    let e = driver::Job::new(&fused, &finfo, &params, &Options::default()).build(&Dumps::default()).err().unwrap();
     assert!(format!("{e:#}").contains("node 'y4': compile makes matmul epilogues itself"), "{e:#}");
 }
 

@@ -783,7 +783,8 @@ fn check(r: &Recipe) -> Result<(), String> {
         Some(t) => fail(format!("{msg}\n--- spec\n{t}")),
         None => fail(msg),
     };
-    let built = meshc::driver::build(&g, &info, spec.as_ref(), &params, &options(r.options), &Default::default(), None);
+    let built =
+        meshc::driver::Job::new(&g, &info, &params, &options(r.options)).spec(spec.as_ref()).build(&Default::default());
     let compiled = match built {
         Ok(c) => c,
         Err(e) if REFUSALS.iter().any(|r| format!("{e:#}").contains(r)) => return Ok(()),

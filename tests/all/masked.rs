@@ -116,7 +116,7 @@ fn build_for(
 ) -> Compiled {
     let spec = layout.map(|f| meshc::layout::load(std::path::Path::new(f)).unwrap());
     let opts = Options { gemm, emit, ..Options::default() };
-    driver::build(g, info, spec.as_ref(), params, &opts, &Dumps::default(), cfg).unwrap()
+    driver::Job::new(g, info, params, &opts).spec(spec.as_ref()).pilot(cfg).build(&Dumps::default()).unwrap()
 }
 
 /// Runs `c` on `inputs`, and returns the outputs with the runner's decoded masks of device 0

@@ -53,7 +53,7 @@ fn library_matmul_weights_are_stored_in_panels_and_run_as_the_interpreter() {
         let want = interp::run(&g, &info.order, &info.types, all.clone()).unwrap();
         for gemm in [Gemm::Library, Gemm::Auto] {
             let opts = Options { gemm, ..Options::default() };
-            let c = driver::build(&g, &info, None, &params, &opts, &Dumps::default(), None).unwrap();
+            let c = driver::Job::new(&g, &info, &params, &opts).build(&Dumps::default()).unwrap();
             let p = &c.programs[0];
             let mut panelled: Vec<&str> = Vec::new();
             for st in &p.steps {

@@ -208,7 +208,11 @@ fn run_case(case: &Case, dir: &Path) -> Result<String, String> {
         let info = verify::verify(&g).map_err(|e| e.to_string())?;
         let pilot = pilot.map(|p| p.config(&g)).transpose()?;
         let values = load(&g)?;
-        meshc::driver::run(&g, &info, spec.as_ref(), &values, &opts, &inst, pilot.as_ref()).map(|_| ())
+        meshc::driver::Job::new(&g, &info, &values, &opts)
+            .spec(spec.as_ref())
+            .pilot(pilot.as_ref())
+            .run(&inst)
+            .map(|_| ())
     };
     match result {
         Ok(()) => {

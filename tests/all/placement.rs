@@ -430,7 +430,9 @@ proptest::proptest! {
 fn compiled_run(graph: &str, spec: &str) -> Result<(), String> {
     let (path, (g, info, params, spec)) = (std::path::Path::new(graph), load_case(graph, spec)?);
     let opts = meshc::compile::Options::default();
-    let c = meshc::driver::build(&g, &info, Some(&spec), &params, &opts, &Default::default(), None)
+    let c = meshc::driver::Job::new(&g, &info, &params, &opts)
+        .spec(Some(&spec))
+        .build(&Default::default())
         .map_err(|e| format!("{e:#}"))?;
     let l = c.load().map_err(|e| format!("{e:#}"))?;
     let inputs = crate::common::testdata_inputs(path, &g).map_err(|e| e.to_string())?;
@@ -486,7 +488,8 @@ fn a_broken_artifact_times_out_naming_the_key_and_both_devices() {
     let params = meshc_ir::params::load_all(&g, graph.parent().unwrap()).unwrap();
     let spec = meshc::layout::load(std::path::Path::new("testdata/transformer/layouts/stages-2.json")).unwrap();
     let opts = meshc::compile::Options { emit: meshc::compile::Emit::Artifact, ..Default::default() };
-    let mut c = meshc::driver::build(&g, &info, Some(&spec), &params, &opts, &Default::default(), None).unwrap();
+    let mut c =
+        meshc::driver::Job::new(&g, &info, &params, &opts).spec(Some(&spec)).build(&Default::default()).unwrap();
     let steps = &mut c.programs[1].steps;
     let key = |s: &meshc_runtime::format::program::Step| match &s.exec {
         meshc_runtime::format::program::Exec::Recv(t) => t.key.clone(),

@@ -58,7 +58,7 @@ fn transposes_before_library_matmuls_become_strides_and_run_as_the_interpreter()
     let want = interp::run(&g, &info.order, &info.types, all.clone()).unwrap();
     for gemm in [Gemm::Library, Gemm::Auto] {
         let opts = Options { gemm, ..Options::default() };
-        let c = driver::build(&g, &info, None, &HashMap::new(), &opts, &Dumps::default(), None).unwrap();
+        let c = driver::Job::new(&g, &info, &HashMap::new(), &opts).build(&Dumps::default()).unwrap();
         let p = &c.programs[0];
         let nodes: Vec<&str> = p.steps.iter().map(|s| s.node.as_str()).collect();
         if matches!(gemm, Gemm::Library) {
