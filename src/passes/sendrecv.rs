@@ -312,15 +312,11 @@ pub fn join(g: &Graph, info: &Info, mesh: &Mesh, p: &Placement, stages: &[Lowere
                     }
                 }
                 // Collectives name their groups by the stage's device numbers.
-                if let Some(Attr::List(groups)) = n.attrs.get_mut("groups") {
-                    for d in groups.iter_mut().flat_map(|g| match g {
-                        Attr::List(v) => v.iter_mut(),
-                        _ => [].iter_mut(),
-                    }) {
-                        if let Attr::Int(x) = d {
-                            *x = p.stages[s].mesh.devices[*x as usize] as i64;
-                        }
-                    }
+                if let Ok(groups) = n.groups() {
+                    let devices = &p.stages[s].mesh.devices;
+                    let renumber = |g: &Vec<i64>| g.iter().map(|&d| devices[d as usize] as i64).collect::<Vec<i64>>();
+                    let groups = groups.iter().map(|g| Attr::ints(&renumber(g))).collect();
+                    n.attrs.insert("groups".into(), Attr::List(groups));
                 }
                 let done = original.contains(n.name.as_str());
                 let key = n.name.clone();

@@ -91,11 +91,11 @@ pub fn unroll(g: &Graph, info: &Info, m: usize, stage_of: &mut BTreeMap<String, 
             }
             if matches!(n.op, Op::Reshape | Op::BroadcastTo) {
                 let d = batch_dim(info, &n.name).expect("checked");
-                if let Some(Attr::List(shape)) = c.attrs.get_mut("shape") {
-                    if let Some(Attr::Int(x)) = shape.get_mut(d).filter(|x| **x != Attr::Int(-1)) {
-                        *x /= m as i64;
-                    }
+                let mut a = attrs::Shape::of(n);
+                if let Some(x) = a.shape.get_mut(d).filter(|x| **x != -1) {
+                    *x /= m as i64;
                 }
+                c.attrs = a.to_attrs();
             }
             stage_of.insert(c.name.clone(), stage_of[&n.name]);
             out.nodes.push(c);
