@@ -218,6 +218,11 @@ impl Builder {
         Ok(self.operand(&copy, &want))
     }
 
+    /// Names the graph's dims from what its ops do with them (`dims`).
+    pub fn name_dims(&mut self) {
+        super::dims::name_dims(&mut self.graph, &self.types);
+    }
+
     /// Node `from` becomes `to` (a free name), with every use; `from` is free again.
     fn rename(&mut self, from: &str, to: &str) {
         for n in &mut self.graph.nodes {

@@ -127,6 +127,7 @@ pub fn import(
         let meshc_name = b.output(v, &name).map_err(|e| format!("output '{name}': {e}"))?;
         b.graph.outputs.push(Output::new(meshc_name));
     }
+    b.name_dims();
     Ok((b.graph, b.params))
 }
 

@@ -8,6 +8,7 @@
 pub mod proto;
 
 mod builder;
+mod dims;
 mod dispatch;
 mod external;
 mod import;

@@ -102,10 +102,11 @@ fn imported_graphs_keep_onnx_names_fold_shapes_and_name_dims() {
     assert_eq!(run.status, Some(0), "{run:?}");
     let text = std::fs::read_to_string(&graph).unwrap();
     for want in [
-        "input hidden_states: f32[2,5,32] dims(batch, seq, _)",
-        "param encoder.layer.0.attention.self.query.weight_t: f32[32,32] = file(\"encoder.safetensors\"",
+        "input hidden_states: f32[2,5,32] dims(batch, seq, hidden)",
+        "param encoder.layer.0.attention.self.query.weight_t: f32[32,32] dims(hidden, heads) = file(\"encoder.safetensors\"",
         // Intermediate tensors are named after their ONNX nodes (`//attention.self.query/MatMul`).
         "attention.self.query_MatMul = matmul(hidden_states, encoder.layer.0.attention.self.query.weight_t)",
+        "q_Reshape: ? dims(batch, seq, heads, head_dim) = reshape(query)",
         "last_hidden_state = layer_norm(",
     ] {
         assert!(text.contains(want), "no '{want}' in\n{text}");
@@ -174,7 +175,7 @@ fn a_causal_mask_folds_into_a_constant_for_where() {
     let run = meshc(&["import", model, "-o", &graph, "--dim", "batch=2", "--dim", "seq=6"]);
     assert_eq!(run.status, Some(0), "{run:?}");
     let text = std::fs::read_to_string(&graph).unwrap();
-    assert!(text.contains("param attn_Where.0: bool[6,6] = file("), "{text}");
+    assert!(text.contains("param attn_Where.0: bool[6,6] dims(seq, seq) = file("), "{text}");
     assert!(text.contains(" = where(attn_Where.0, mask_value, attn_Div)"), "{text}");
     assert!(!text.contains("range(") && !text.contains("less("), "the mask was not folded:\n{text}");
 }
