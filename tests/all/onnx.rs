@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::common::{compare_expected, input_args, meshc, scratch};
+use crate::common::{compare_expected, golden, input_args, meshc, scratch};
 use meshc_ir::Tensor;
 
 fn models() -> Vec<PathBuf> {
@@ -111,6 +111,39 @@ fn imported_graphs_keep_onnx_names_fold_shapes_and_name_dims() {
     ] {
         assert!(text.contains(want), "no '{want}' in\n{text}");
     }
+}
+
+/// `import --list` prints every input and weight with its dims, named by the role the ops
+/// give them (docs/onnx.md): the model width `hidden`, attention's `heads`, the MLP's `ffn`,
+/// the same in every layer; conv out channels `channels`. Pinned in golden/onnx/.
+#[test]
+fn import_list_names_weight_dims_by_their_role() {
+    let mut failures = Vec::new();
+    for name in ["encoder", "gpt2_block", "resnet_block"] {
+        let model = PathBuf::from(format!("testdata/onnx/{name}/model.onnx"));
+        let args =
+            [vec!["import".to_string(), "--list".into(), model.display().to_string()], dim_args(&model)].concat();
+        let run = meshc(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(run.status, Some(0), "{run:?}");
+        failures.extend(golden(&format!("onnx/{name}-list.txt"), &run.stdout).err());
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    let run = meshc(&["import", "--list", "testdata/onnx/encoder/model.onnx", "--dim", "batch=2", "--dim", "seq=5"]);
+    for want in [
+        "input hidden_states: f32[2,5,32] dims(batch, seq, hidden)\n",
+        "param encoder.layer.0.attention.self.key.weight_t: f32[32,32] dims(hidden, heads)\n",
+        "param encoder.layer.0.attention.self.key.bias: f32[32] dims(heads)\n",
+        "param encoder.layer.0.attention.output.dense.weight_t: f32[32,32] dims(heads, hidden)\n",
+        "param encoder.layer.0.intermediate.dense.weight_t: f32[32,64] dims(hidden, ffn)\n",
+        "param encoder.layer.0.output.dense.weight_t: f32[64,32] dims(ffn, hidden)\n",
+        "param encoder.layer.0.output.LayerNorm.weight: f32[32] dims(hidden)\n",
+    ] {
+        assert!(run.stdout.contains(want), "no '{want}' in\n{}", run.stdout);
+    }
+    // Scalars written inline are no weights.
+    assert!(!run.stdout.contains("param scale"), "{}", run.stdout);
+    let both = meshc(&["import", "--list", "testdata/onnx/encoder/model.onnx", "-o", "x.json"]);
+    assert!(both.status == Some(1) && both.stderr.contains("cannot be used with"), "{both:?}");
 }
 
 /// The weights torch.onnx's folding names `onnx::MatMul_N` (`val_N` from the torch.export
