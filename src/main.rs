@@ -58,8 +58,12 @@ enum Cmd {
         /// The ONNX model (.onnx; external data beside it is read too).
         model: PathBuf,
         /// The graph to write: GRAPH.json (meshc-graph/1) or GRAPH.txt (text format).
-        #[arg(short, value_name = "GRAPH")]
-        o: PathBuf,
+        #[arg(short, value_name = "GRAPH", required_unless_present = "list")]
+        o: Option<PathBuf>,
+        /// Write nothing: print the inputs and every weight with its type and dim names, one
+        /// a line (what a layout spec's rules and layouts name).
+        #[arg(long, conflicts_with_all = ["o", "weights"])]
+        list: bool,
         /// Where the weights go (default: GRAPH with the extension .safetensors).
         #[arg(long, value_name = "OUT.safetensors")]
         weights: Option<PathBuf>,
@@ -380,8 +384,12 @@ fn main() -> ExitCode {
             check_until(&graph, CodegenArgs::defaults(layout, onnx), &pass, time_passes)
         }
         Cmd::Check { graph, layout, onnx, .. } => check(&graph, layout.as_deref(), &onnx),
-        Cmd::Import { model, o, weights, onnx, .. } => to_file(&o, "an import writes a graph and its weights file")
-            .and_then(|()| import(&model, &o, weights.as_deref(), &onnx)),
+        // clap requires -o unless --list, and refuses both.
+        Cmd::Import { model, o, weights, onnx, .. } => match o {
+            Some(o) => to_file(&o, "an import writes a graph and its weights file")
+                .and_then(|()| import(&model, Some(&o), weights.as_deref(), &onnx)),
+            None => import(&model, None, None, &onnx),
+        },
         Cmd::Fmt { graph, to, o } => fmt(&graph, to, o.as_deref()),
         Cmd::Interp { graph, io, onnx, .. } => interp(&graph, &io, &onnx),
         Cmd::Compile {
@@ -479,12 +487,19 @@ fn load_graph(path: &Path, onnx: &OnnxArgs) -> Result<GraphIn> {
 }
 
 /// `import MODEL -o GRAPH [--weights W]`.
-fn import(model: &Path, out: &Path, weights: Option<&Path>, onnx: &OnnxArgs) -> Result<()> {
+/// Imports `model` and writes it to `out`, or lists its inputs and weights without it.
+fn import(model: &Path, out: Option<&Path>, weights: Option<&Path>, onnx: &OnnxArgs) -> Result<()> {
     if !meshc_onnx::is_onnx(model) {
         bail!("{}: import reads an ONNX model (.onnx)", model.display());
     }
     let imp = onnx.import(model)?;
-    meshc_onnx::write(&imp, out, weights)
+    match out {
+        Some(out) => meshc_onnx::write(&imp, out, weights),
+        None => {
+            print!("{}", meshc_onnx::list(&imp));
+            Ok(())
+        }
+    }
 }
 
 fn check(path: &Path, layout: Option<&Path>, onnx: &OnnxArgs) -> Result<()> {

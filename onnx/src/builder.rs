@@ -63,6 +63,8 @@ pub struct Builder {
     pub params: HashMap<String, Tensor>,
     types: HashMap<String, TensorType>,
     used: HashSet<String>,
+    /// The graph's output names, which nodes named after ONNX nodes must leave to them.
+    reserved: HashSet<String>,
     /// Consts already turned into params, by ONNX source name.
     param_of: HashMap<String, String>,
     /// The new name of each node `output` renamed, by its old one.
@@ -86,11 +88,17 @@ impl Builder {
     /// A fresh meshc name for ONNX name `hint`: sanitised, with `_2`, `_3`... if taken.
     pub fn fresh(&mut self, hint: &str) -> String {
         let base = sanitise(hint);
-        let name =
-            (1..).map(|k| if k == 1 { base.clone() } else { format!("{base}_{k}") }).find(|n| !self.used.contains(n));
+        let taken = |n: &String| self.used.contains(n) || self.reserved.contains(n);
+        let name = (1..).map(|k| if k == 1 { base.clone() } else { format!("{base}_{k}") }).find(|n| !taken(n));
         let name = name.expect("an unused suffix exists");
         self.used.insert(name.clone());
         name
+    }
+
+    /// Keeps graph output `name` (an ONNX name) free for `output`: a node may be named after
+    /// an ONNX node whose name is another value's output name.
+    pub fn reserve(&mut self, name: &str) {
+        self.reserved.insert(sanitise(name));
     }
 
     pub fn add_input(&mut self, input: meshc_ir::Input) {
@@ -195,6 +203,7 @@ impl Builder {
         };
         let have = self.renamed.get(&have).cloned().unwrap_or(have);
         let want = sanitise(want);
+        self.reserved.remove(&want);
         let is_output = self.graph.outputs.iter().any(|o| o.name == have);
         let free = !self.used.contains(&want);
         if !is_output && (have == want || !free) {
@@ -207,6 +216,11 @@ impl Builder {
         let same = Attr::ints(&self.types[&have].shape.iter().map(|&d| d as i64).collect::<Vec<_>>());
         let copy = self.node(&want, Op::Reshape, &[&Value::Tensor(have)], &[("shape", same)])?;
         Ok(self.operand(&copy, &want))
+    }
+
+    /// Names the graph's dims from what its ops do with them (`dims`).
+    pub fn name_dims(&mut self) {
+        super::dims::name_dims(&mut self.graph, &self.types);
     }
 
     /// Node `from` becomes `to` (a free name), with every use; `from` is free again.
@@ -240,6 +254,18 @@ mod tests {
         let mut b = Builder::default();
         assert_eq!(b.fresh("a/b"), "a_b");
         assert_eq!(b.fresh("a:b"), "a_b_2");
+    }
+
+    #[test]
+    fn nodes_leave_graph_output_names_to_the_outputs() {
+        let mut b = Builder::default();
+        b.reserve("y");
+        let x = Value::named(Tensor::f32(vec![2], vec![1.0, 2.0]), "x");
+        // An ONNX node named 'y' that computes another value than output 'y'.
+        let v = b.node("y", Op::Neg, &[&x], &[]).unwrap();
+        assert!(matches!(v, Value::Tensor(ref n) if n == "y_2"));
+        let w = b.node("z", Op::Neg, &[&v], &[]).unwrap();
+        assert_eq!(b.output(&w, "y").unwrap(), "y");
     }
 
     #[test]

@@ -109,6 +109,15 @@ pub fn import(
     if let Some(unused) = dims.keys().find(|d| !bound.contains(*d)) {
         return Err(format!("--dim {unused}: the model's inputs have no symbolic dim '{unused}'"));
     }
+    let defined: BTreeSet<&str> = g
+        .input
+        .iter()
+        .filter_map(|i| i.name.as_deref())
+        .chain(g.initializer.iter().filter_map(|t| t.name.as_deref()))
+        .collect();
+    for o in g.output.iter().filter_map(|o| o.name.as_deref()).filter(|o| !defined.contains(o)) {
+        b.reserve(o);
+    }
     for n in &g.node {
         node(&mut b, n, g, opset, &mut values)?;
     }
@@ -118,6 +127,7 @@ pub fn import(
         let meshc_name = b.output(v, &name).map_err(|e| format!("output '{name}': {e}"))?;
         b.graph.outputs.push(Output::new(meshc_name));
     }
+    b.name_dims();
     Ok((b.graph, b.params))
 }
 
@@ -266,7 +276,9 @@ fn node(b: &mut Builder, n: &NodeProto, g: &GraphProto, opset: i64, values: &mut
         })
         .collect::<R<Vec<_>>>()?;
     let convert = dispatch::converter(op_type, opset).map_err(fail)?;
-    let results = convert(b, &Ctx { node: n, args, opset, out }).map_err(fail)?;
+    // The meshc nodes are named after the ONNX node (`/encoder/layer.0/attention/self/query/MatMul`),
+    // which says where in the model they are; a node without a name after its first output.
+    let results = convert(b, &Ctx { node: n, args, opset, out: label.clone() }).map_err(fail)?;
     for (name, v) in n.output.iter().zip(results).filter(|(name, _)| !name.is_empty()) {
         values.insert(name.clone(), v);
     }

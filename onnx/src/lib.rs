@@ -8,6 +8,7 @@
 pub mod proto;
 
 mod builder;
+mod dims;
 mod dispatch;
 mod external;
 mod import;
@@ -117,6 +118,23 @@ pub fn write(imp: &Imported, graph_out: &Path, weights_out: Option<&Path>) -> Re
     let text = if meshc_ir::load::is_json(graph_out) { meshc_ir::json::print(&g) } else { meshc_ir::text::print(&g) };
     out.write_bytes(graph_out, text.as_bytes())?;
     out.commit()
+}
+
+/// The graph's inputs and weights (the params `write` puts in the weights file), one a line
+/// with type and dim names (`_` for a dim without one), as the text format spells them: what
+/// a layout spec's `rules` and `layouts` name.
+pub fn list(imp: &Imported) -> String {
+    let dims = |d: &Option<meshc_ir::Dims>, rank: usize| {
+        let names: Vec<&str> = (0..rank).map(|k| d.as_ref().and_then(|d| d[k].as_deref()).unwrap_or("_")).collect();
+        if rank == 0 {
+            String::new()
+        } else {
+            format!(" dims({})", names.join(", "))
+        }
+    };
+    let inputs = imp.graph.inputs.iter().map(|i| format!("input {}: {}{}\n", i.name, i.ty, dims(&i.dims, i.ty.rank())));
+    let weights = imp.graph.params.iter().filter(|p| inline(&imp.params[&p.name]).is_none());
+    inputs.chain(weights.map(|p| format!("param {}: {}{}\n", p.name, p.ty, dims(&p.dims, p.ty.rank())))).collect()
 }
 
 /// How the graph names the weights file: by file name when beside it, else by absolute path.

@@ -51,7 +51,8 @@ impl Converter {
     }
 }
 
-/// One ONNX node: its attributes, its (optional) inputs and the name of its first output.
+/// One ONNX node: its attributes, its (optional) inputs and the name its meshc nodes are
+/// named after (the node's own name, or its first output's when it has none).
 pub struct Ctx<'a> {
     pub node: &'a NodeProto,
     pub args: Vec<Option<Value>>,

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::common::{compare_expected, input_args, meshc, scratch};
+use crate::common::{compare_expected, golden, input_args, meshc, scratch};
 use meshc_ir::Tensor;
 
 fn models() -> Vec<PathBuf> {
@@ -102,12 +102,106 @@ fn imported_graphs_keep_onnx_names_fold_shapes_and_name_dims() {
     assert_eq!(run.status, Some(0), "{run:?}");
     let text = std::fs::read_to_string(&graph).unwrap();
     for want in [
-        "input hidden_states: f32[2,5,32] dims(batch, seq, _)",
-        "param encoder.layer.0.attention.self.query.weight_t: f32[32,32] = file(\"encoder.safetensors\"",
+        "input hidden_states: f32[2,5,32] dims(batch, seq, hidden)",
+        "param encoder.layer.0.attention.self.query.weight_t: f32[32,32] dims(hidden, heads) = file(\"encoder.safetensors\"",
+        // Intermediate tensors are named after their ONNX nodes (`//attention.self.query/MatMul`).
+        "attention.self.query_MatMul = matmul(hidden_states, encoder.layer.0.attention.self.query.weight_t)",
+        "q_Reshape: ? dims(batch, seq, heads, head_dim) = reshape(query)",
         "last_hidden_state = layer_norm(",
     ] {
         assert!(text.contains(want), "no '{want}' in\n{text}");
     }
+}
+
+/// `import --list` prints every input and weight with its dims, named by the role the ops
+/// give them (docs/onnx.md): the model width `hidden`, attention's `heads`, the MLP's `ffn`,
+/// the same in every layer; conv out channels `channels`. Pinned in golden/onnx/.
+#[test]
+fn import_list_names_weight_dims_by_their_role() {
+    let mut failures = Vec::new();
+    for name in ["encoder", "gpt2_block", "resnet_block"] {
+        let model = PathBuf::from(format!("testdata/onnx/{name}/model.onnx"));
+        let args =
+            [vec!["import".to_string(), "--list".into(), model.display().to_string()], dim_args(&model)].concat();
+        let run = meshc(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(run.status, Some(0), "{run:?}");
+        failures.extend(golden(&format!("onnx/{name}-list.txt"), &run.stdout).err());
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    let run = meshc(&["import", "--list", "testdata/onnx/encoder/model.onnx", "--dim", "batch=2", "--dim", "seq=5"]);
+    for want in [
+        "input hidden_states: f32[2,5,32] dims(batch, seq, hidden)\n",
+        "param encoder.layer.0.attention.self.key.weight_t: f32[32,32] dims(hidden, heads)\n",
+        "param encoder.layer.0.attention.self.key.bias: f32[32] dims(heads)\n",
+        "param encoder.layer.0.attention.output.dense.weight_t: f32[32,32] dims(heads, hidden)\n",
+        "param encoder.layer.0.intermediate.dense.weight_t: f32[32,64] dims(hidden, ffn)\n",
+        "param encoder.layer.0.output.dense.weight_t: f32[64,32] dims(ffn, hidden)\n",
+        "param encoder.layer.0.output.LayerNorm.weight: f32[32] dims(hidden)\n",
+    ] {
+        assert!(run.stdout.contains(want), "no '{want}' in\n{}", run.stdout);
+    }
+    // Scalars written inline are no weights.
+    assert!(!run.stdout.contains("param scale"), "{}", run.stdout);
+    let both = meshc(&["import", "--list", "testdata/onnx/encoder/model.onnx", "-o", "x.json"]);
+    assert!(both.status == Some(1) && both.stderr.contains("cannot be used with"), "{both:?}");
+}
+
+/// The issue's promise: one `rules` line shards the imported BERT block Megatron-style —
+/// q/k/v and the FFN's first weight split by columns, the output projections by rows,
+/// attention split by heads — so the only collectives are the two all-reduces after the
+/// row-split projections, almost nothing runs replicated, the artifact is the one of the
+/// spec that lays out every weight by name, and the result is onnxruntime's.
+#[test]
+fn an_imported_encoder_shards_megatron_style_by_one_rules_line() {
+    let tmp = scratch("onnx-megatron");
+    let (model, spec) = ("testdata/onnx/encoder/model.onnx", "testdata/onnx/encoder/layouts/megatron-rules.json");
+    let text = std::fs::read_to_string(spec).unwrap();
+    assert!(text.contains(r#""rules": {"batch": "data", "heads": "model", "ffn": "model"}"#), "{text}");
+    assert!(!text.contains("layouts"), "{text}");
+    let graph = tmp.join("encoder.json").display().to_string();
+    let dims = ["--dim", "batch=2", "--dim", "seq=5"];
+    let run = meshc(&[&["import", model, "-o", &graph][..], &dims].concat());
+    assert_eq!(run.status, Some(0), "{run:?}");
+    let check = meshc(&["check", &graph, "--layout", spec]);
+    for want in [
+        "layout encoder.layer.0.attention.self.query.weight_t [-, model] (rule)",
+        "layout encoder.layer.0.attention.output.dense.weight_t [model, -] (rule)",
+        "layout encoder.layer.0.intermediate.dense.weight_t [-, model] (rule)",
+        "layout encoder.layer.0.output.dense.weight_t [model, -] (rule)",
+        "layout scores [data, model, -, -] (rule)",
+    ] {
+        assert!(check.stdout.contains(want), "no '{want}' in\n{}", check.stdout);
+    }
+    let explain = meshc(&["explain", &graph, "--layout", spec, "--json"]);
+    assert_eq!(explain.status, Some(0), "{explain:?}");
+    let report: serde_json::Value = serde_json::from_str(&explain.stdout).unwrap();
+    let steps: Vec<(&str, &str)> = report["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["step"].as_str().unwrap(), e["tensor"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        steps,
+        [("all_reduce", "attention.output.dense_MatMul"), ("all_reduce", "output.dense_MatMul")],
+        "{}",
+        explain.stdout
+    );
+    let share = report["replicated_flops"].as_f64().unwrap() / report["flops"].as_f64().unwrap();
+    assert!(share < 0.05, "{share} of the FLOPs replicated: {}", explain.stdout);
+    let art = tmp.join("encoder.mshc").display().to_string();
+    let run = meshc(&["compile", &graph, "--layout", spec, "-o", &art]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    // The plan of the spec that lays out each weight by name, byte for byte.
+    let named = tmp.join("named.mshc").display().to_string();
+    let run = meshc(&["compile", &graph, "--layout", "testdata/onnx/encoder/layouts/mp-2x2.json", "-o", &named]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    assert!(std::fs::read(&art).unwrap() == std::fs::read(&named).unwrap(), "the rules gave another artifact");
+    let mut args = vec!["run".to_string(), art];
+    args.extend(input_args(Path::new(model)));
+    args.extend(["--check-against".into(), "testdata/onnx/encoder/expected".into()]);
+    let run = meshc(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(run.status, Some(0), "{run:?}");
 }
 
 /// The weights torch.onnx's folding names `onnx::MatMul_N` (`val_N` from the torch.export
@@ -172,8 +266,8 @@ fn a_causal_mask_folds_into_a_constant_for_where() {
     let run = meshc(&["import", model, "-o", &graph, "--dim", "batch=2", "--dim", "seq=6"]);
     assert_eq!(run.status, Some(0), "{run:?}");
     let text = std::fs::read_to_string(&graph).unwrap();
-    assert!(text.contains("param attn_Where_output_0.0: bool[6,6] = file("), "{text}");
-    assert!(text.contains(" = where(attn_Where_output_0.0, mask_value, attn_Div_output_0)"), "{text}");
+    assert!(text.contains("param attn_Where.0: bool[6,6] dims(seq, seq) = file("), "{text}");
+    assert!(text.contains(" = where(attn_Where.0, mask_value, attn_Div)"), "{text}");
     assert!(!text.contains("range(") && !text.contains("less("), "the mask was not folded:\n{text}");
 }
 
@@ -188,7 +282,7 @@ fn batch_norms_fold_into_their_convs() {
     assert_eq!(run.status, Some(0), "{run:?}");
     let dump = run.stdout;
     for conv in ["conv1", "layer1.0.conv1", "layer1.0.conv2"] {
-        let want = format!("{conv}_Conv_output_0.bn_weight = mul({conv}.weight, ");
+        let want = format!("{conv}_Conv.bn_weight = mul({conv}.weight, ");
         assert!(dump.contains(&want), "no '{want}' in\n{dump}");
     }
     let run = meshc(&["compile", model, "--dim", "batch=2", "-o", &art, "--dump-after", "fuse"]);
@@ -207,7 +301,7 @@ fn depthwise_convs_have_their_own_kernel() {
     let run = meshc(&["inspect", &art]);
     assert_eq!(run.status, Some(0), "{run:?}");
     for b in [1, 2] {
-        let want = format!(" conv_features_{b}_bn_1_bn_BatchNormalization_output_0 ");
+        let want = format!(" conv_features_{b}_bn_1_bn_BatchNormalization ");
         assert!(run.stdout.contains(&want), "no kernel '{want}' in\n{}", run.stdout);
     }
     let gathers: Vec<&str> = run.stdout.lines().filter(|l| l.contains(" gather_")).collect();
