@@ -175,16 +175,26 @@ pub fn lowered(stages: &[(String, &Lowered)]) -> String {
     let mut at: HashMap<(usize, usize, &str), NodeIndex> = HashMap::new();
     for (s, (label, l)) in stages.iter().enumerate() {
         let mut stage = Cluster { label: label.clone(), ..Cluster::default() };
+        let io_layout: HashMap<&str, &[Option<usize>]> =
+            l.inputs.iter().chain(&l.outputs).map(|(n, lay)| (n.as_str(), lay.as_slice())).collect();
+        // A label's type is the block the device holds; a graph input's or output's, its
+        // layout over the mesh too.
+        let layout =
+            |name: &str| io_layout.get(name).map_or(String::new(), |lay| format!(" {}", l.mesh.layout_string(lay)));
         for (dev, g) in l.devices.iter().enumerate() {
             let coords: Vec<String> = l.mesh.coords(dev).iter().map(usize::to_string).collect();
             let mut c = Cluster { label: format!("device {dev} ({})", coords.join(",")), ..Cluster::default() };
+            // Lowering verified every device's graph; a dump of one that does not verify
+            // still draws, without types.
+            let types = meshc_ir::verify::verify(g).map(|i| i.types).unwrap_or_default();
+            let ty = |name: &str| types.get(name).map_or(String::new(), |t| format!("\n{t}{}", layout(name)));
             for i in &g.inputs {
-                let v = d.node(format!("{}\ninput", i.name));
+                let v = d.node(format!("{}\ninput{}", i.name, ty(&i.name)));
                 c.members.push(v);
                 at.insert((s, dev, &i.name), v);
             }
             for n in &g.nodes {
-                let v = d.node(format!("{}\n{}", n.name, n.op.name()));
+                let v = d.node(format!("{}\n{}{}", n.name, n.op.name(), ty(&n.name)));
                 c.members.push(v);
                 at.insert((s, dev, &n.name), v);
                 for t in n.inputs.iter().filter_map(|t| at.get(&(s, dev, t.as_str()))) {

@@ -50,6 +50,9 @@ enum Cmd {
         /// Print the wall time of every pass run on stderr.
         #[arg(long, requires = "stop_after")]
         time_passes: bool,
+        /// Print the summary (and the layouts) as JSON.
+        #[arg(long, conflicts_with = "stop_after")]
+        json: bool,
         #[command(flatten)]
         memory: Memory,
     },
@@ -163,6 +166,9 @@ enum Cmd {
     Inspect {
         /// The artifact (.mshc) to describe.
         artifact: PathBuf,
+        /// Print the artifact as JSON: sections, signature, metadata and programs.
+        #[arg(long)]
+        json: bool,
     },
     /// Explain a sharding plan: every communication step with its reason and bytes, the
     /// traffic per device and per link, the estimated time, and the FLOPs per device.
@@ -383,7 +389,7 @@ fn main() -> ExitCode {
         Cmd::Check { graph, layout, onnx, stop_after: Some(pass), time_passes, .. } => {
             check_until(&graph, CodegenArgs::defaults(layout, onnx), &pass, time_passes)
         }
-        Cmd::Check { graph, layout, onnx, .. } => check(&graph, layout.as_deref(), &onnx),
+        Cmd::Check { graph, layout, onnx, json, .. } => check(&graph, layout.as_deref(), &onnx, json),
         // clap requires -o unless --list, and refuses both.
         Cmd::Import { model, o, weights, onnx, .. } => match o {
             Some(o) => to_file(&o, "an import writes a graph and its weights file")
@@ -434,7 +440,7 @@ fn main() -> ExitCode {
                 }
             })
         }
-        Cmd::Inspect { artifact } => cli::inspect(&artifact),
+        Cmd::Inspect { artifact, json } => cli::inspect(&artifact, json),
         Cmd::Explain { graph, layout, json } => explain(&graph, &layout, json),
     };
     cli::exit(result)
@@ -502,85 +508,184 @@ fn import(model: &Path, out: Option<&Path>, weights: Option<&Path>, onnx: &OnnxA
     }
 }
 
-fn check(path: &Path, layout: Option<&Path>, onnx: &OnnxArgs) -> Result<()> {
+/// What `check` found: the summary it prints, or with `--json` writes as JSON.
+#[derive(serde::Serialize)]
+struct CheckReport {
+    graph: String,
+    inputs: Vec<TensorLine>,
+    outputs: Vec<TensorLine>,
+    params: usize,
+    param_bytes: usize,
+    nodes: usize,
+    ops: BTreeMap<&'static str, usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mesh: Option<MeshLine>,
+    /// Without a placement: every tensor's layout.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    layouts: Vec<LayoutLine>,
+    /// With a placement: per stage, its devices and its tensors' layouts.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    stages: Vec<StageLine>,
+}
+
+#[derive(serde::Serialize)]
+struct TensorLine {
+    name: String,
+    #[serde(skip)]
+    ty: TensorType,
+    dtype: String,
+    shape: Vec<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dims: Option<meshc_ir::graph::Dims>,
+}
+
+#[derive(serde::Serialize)]
+struct MeshLine {
+    topology: &'static str,
+    shape: Vec<usize>,
+    axes: Vec<String>,
+    devices: usize,
+}
+
+#[derive(serde::Serialize)]
+struct LayoutLine {
+    tensor: String,
+    layout: String,
+    origin: String,
+}
+
+#[derive(serde::Serialize)]
+struct StageLine {
+    devices: Vec<usize>,
+    slice: String,
+    nodes: usize,
+    layouts: Vec<LayoutLine>,
+}
+
+fn check(path: &Path, layout: Option<&Path>, onnx: &OnnxArgs, as_json: bool) -> Result<()> {
     let GraphIn { graph: g, info, imported } = load_graph(path, onnx)?;
     if imported.is_none() {
         let mut files = WeightFiles::new(base_dir(path));
         params::check_all(&g, &mut files).map_err(|e| e.in_file(path.display().to_string()))?;
     }
-    // Everything is checked before anything is printed: a bad spec leaves stdout empty.
-    let layouts = layout
-        .map(|p| -> Result<_> {
-            let spec = meshc::layout::load(p)?;
-            // With a placement, layouts are per stage, over each stage's sub-mesh.
-            let Some(placement) = meshc::passes::place::place(&g, &info, &spec)? else {
-                let layouts = meshc::passes::layout::propagate(&g, &info, &spec.mesh, spec.seed_layouts(&g, &info)?);
-                return Ok((spec.mesh, layout_lines(&g, &info, &layouts, ""), Vec::new()));
-            };
-            let (pg, pi) = placement.unrolled.as_ref().map_or((&g, &info), |(g, i)| (g, i));
-            let mut stages = Vec::new();
-            for (s, st) in placement.stages.iter().enumerate() {
-                let (sg, si) = placement.stage_graph(pg, pi, s)?;
-                let layouts = meshc::passes::layout::propagate(&sg, &si, &st.mesh.mesh, st.seeds(&sg, &si)?);
-                let devices: Vec<String> = st.mesh.devices.iter().map(usize::to_string).collect();
-                let mut lines = vec![format!(
-                    "stage {s}: devices [{}] (slice {}), {} node{}",
-                    devices.join(","),
-                    st.slice,
-                    sg.nodes.len(),
-                    if sg.nodes.len() == 1 { "" } else { "s" }
-                )];
-                lines.extend(layout_lines(&sg, &si, &layouts, "  "));
-                stages.extend(lines);
-            }
-            Ok((spec.mesh, Vec::new(), stages))
-        })
-        .transpose()?;
-    let param_bytes: usize = g.params.iter().map(|p| p.ty.size_bytes()).sum();
-    let mut ops: BTreeMap<&str, usize> = BTreeMap::new();
+    let tensor = |name: &str, ty: &TensorType, dims: Option<&meshc_ir::graph::Dims>| TensorLine {
+        name: name.to_string(),
+        ty: ty.clone(),
+        dtype: ty.dtype.to_string(),
+        shape: ty.shape.clone(),
+        dims: dims.cloned(),
+    };
+    let mut report = CheckReport {
+        graph: g.name.clone(),
+        inputs: g.inputs.iter().map(|i| tensor(&i.name, &i.ty, i.dims.as_ref())).collect(),
+        outputs: g.outputs.iter().map(|o| tensor(&o.name, &info.types[&o.name], info.dims.get(&o.name))).collect(),
+        params: g.params.len(),
+        param_bytes: g.params.iter().map(|p| p.ty.size_bytes()).sum(),
+        nodes: g.nodes.len(),
+        ops: BTreeMap::new(),
+        mesh: None,
+        layouts: Vec::new(),
+        stages: Vec::new(),
+    };
     for n in &g.nodes {
-        *ops.entry(n.op.name()).or_default() += 1;
+        *report.ops.entry(n.op.name()).or_default() += 1;
     }
-    let ops: Vec<String> = ops.iter().map(|(op, k)| format!("{op}×{k}")).collect();
-    println!(
-        "graph '{}': {} inputs, {} params ({} bytes), {} nodes, {} outputs",
-        g.name,
-        g.inputs.len(),
-        g.params.len(),
-        param_bytes,
-        g.nodes.len(),
-        g.outputs.len()
-    );
-    println!("ops: {}", ops.join(", "));
-    for i in &g.inputs {
-        println!("input  {}: {}", i.name, i.ty);
-    }
-    for o in &g.outputs {
-        println!("output {}: {}", o.name, info.types[&o.name]);
-    }
-    if let Some((m, lines, stages)) = layouts {
-        let shape: Vec<String> = m.shape.iter().map(usize::to_string).collect();
-        let devices = m.devices();
-        println!(
-            "mesh {} [{}] axes [{}] ({devices} device{})",
-            m.topology.name(),
-            shape.join("x"),
-            m.axes.join(", "),
-            if devices == 1 { "" } else { "s" }
-        );
-        for line in lines.iter().chain(&stages) {
-            println!("{line}");
+    // Everything is checked before anything is printed: a bad spec leaves stdout empty.
+    if let Some(p) = layout {
+        let spec = meshc::layout::load(p)?;
+        // With a placement, layouts are per stage, over each stage's sub-mesh.
+        match meshc::passes::place::place(&g, &info, &spec)? {
+            None => {
+                let layouts = meshc::passes::layout::propagate(&g, &info, &spec.mesh, spec.seed_layouts(&g, &info)?);
+                report.layouts = layout_lines(&g, &info, &layouts);
+            }
+            Some(placement) => {
+                let (pg, pi) = placement.unrolled.as_ref().map_or((&g, &info), |(g, i)| (g, i));
+                for (s, st) in placement.stages.iter().enumerate() {
+                    let (sg, si) = placement.stage_graph(pg, pi, s)?;
+                    let layouts = meshc::passes::layout::propagate(&sg, &si, &st.mesh.mesh, st.seeds(&sg, &si)?);
+                    report.stages.push(StageLine {
+                        devices: st.mesh.devices.clone(),
+                        slice: st.slice.to_string(),
+                        nodes: sg.nodes.len(),
+                        layouts: layout_lines(&sg, &si, &layouts),
+                    });
+                }
+            }
         }
+        let m = &spec.mesh;
+        report.mesh = Some(MeshLine {
+            topology: m.topology.name(),
+            shape: m.shape.clone(),
+            axes: m.axes.clone(),
+            devices: m.devices(),
+        });
+    }
+    match as_json {
+        true => println!("{}", serde_json::to_string_pretty(&report)?),
+        false => print!("{}", check_text(&report)),
     }
     Ok(())
 }
 
-/// `check`'s line per tensor of `g` (inputs, params, then nodes in order): its layout and
-/// where that came from.
-fn layout_lines(g: &Graph, info: &Info, l: &meshc::passes::layout::Layouts, indent: &str) -> Vec<String> {
+/// `check`'s summary as text: one line per fact, one per tensor layout.
+fn check_text(r: &CheckReport) -> String {
+    let plural = |k: usize| if k == 1 { "" } else { "s" };
+    let mut out = format!(
+        "graph '{}': {} inputs, {} params ({} bytes), {} nodes, {} outputs\n",
+        r.graph,
+        r.inputs.len(),
+        r.params,
+        r.param_bytes,
+        r.nodes,
+        r.outputs.len()
+    );
+    let ops: Vec<String> = r.ops.iter().map(|(op, k)| format!("{op}×{k}")).collect();
+    out += &format!("ops: {}\n", ops.join(", "));
+    for i in &r.inputs {
+        out += &format!("input  {}: {}\n", i.name, i.ty);
+    }
+    for o in &r.outputs {
+        out += &format!("output {}: {}\n", o.name, o.ty);
+    }
+    let Some(m) = &r.mesh else { return out };
+    let shape: Vec<String> = m.shape.iter().map(usize::to_string).collect();
+    out += &format!(
+        "mesh {} [{}] axes [{}] ({} device{})\n",
+        m.topology,
+        shape.join("x"),
+        m.axes.join(", "),
+        m.devices,
+        plural(m.devices)
+    );
+    let line = |l: &LayoutLine, indent: &str| format!("{indent}layout {} {} ({})\n", l.tensor, l.layout, l.origin);
+    for l in &r.layouts {
+        out += &line(l, "");
+    }
+    for (s, st) in r.stages.iter().enumerate() {
+        let devices: Vec<String> = st.devices.iter().map(usize::to_string).collect();
+        out += &format!(
+            "stage {s}: devices [{}] (slice {}), {} node{}\n",
+            devices.join(","),
+            st.slice,
+            st.nodes,
+            plural(st.nodes)
+        );
+        for l in &st.layouts {
+            out += &line(l, "  ");
+        }
+    }
+    out
+}
+
+/// `check`'s layout of every tensor of `g` (inputs, params, then nodes in order), and where
+/// that came from.
+fn layout_lines(g: &Graph, info: &Info, l: &meshc::passes::layout::Layouts) -> Vec<LayoutLine> {
     let names = g.inputs.iter().map(|i| &i.name).chain(g.params.iter().map(|p| &p.name));
     let names = names.chain(info.order.iter().map(|&k| &g.nodes[k].name));
-    names.map(|n| format!("{indent}layout {n} {} ({})", l.mesh.layout_string(&l.of[n]), l.origin(n))).collect()
+    names
+        .map(|n| LayoutLine { tensor: n.clone(), layout: l.mesh.layout_string(&l.of[n]), origin: l.origin(n) })
+        .collect()
 }
 
 /// Refuses `-o -` (standard output) where the result must be a file, saying why.
@@ -597,7 +702,8 @@ fn fmt(path: &Path, to: Format, out: Option<&Path>) -> Result<()> {
         Format::Text => text::print(&g),
         Format::Json => json::print(&g),
     };
-    match out.filter(|o| *o != Path::new("-")) {
+    // `-o -` is standard output too, through `Outputs` like any file.
+    match out {
         Some(o) => {
             let mut out = Outputs::new();
             out.write_bytes(o, s.as_bytes())?;

@@ -176,6 +176,14 @@ impl Dumps {
                 ));
             }
         }
+        if format == Format::Dot && after.iter().any(|a| a == "all") {
+            let without: Vec<&str> = NAMES.iter().filter(|n| !DOT_NAMES.contains(n)).copied().collect();
+            eprintln!(
+                "note: --dump-after all --dump-format dot dumps {}; {} have no dot form",
+                DOT_NAMES.join(", "),
+                without.join(", ")
+            );
+        }
         Ok(Dumps { after, dir, format })
     }
 

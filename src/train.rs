@@ -78,7 +78,8 @@ pub struct TrainArgs {
     /// The params to train: names or globs, comma-separated (default: every f32 param).
     #[arg(long, value_name = "P,...", value_delimiter = ',', requires = "loss")]
     pub wrt: Vec<String>,
-    /// sgd:LR | momentum:LR,BETA | adamw:LR,B1,B2,EPS,WD
+    /// sgd:LR | momentum:LR,BETA | adamw:LR[,B1,B2,EPS,WD]; values by position or by name
+    /// (adamw:lr=1e-3,wd=0.01), the rest optax's defaults (b1 0.9, b2 0.999, eps 1e-8, wd 1e-4)
     #[arg(long, value_name = "SPEC", requires = "loss")]
     pub optimizer: Option<String>,
     /// ZeRO-1 under --layout: each device of the data-parallel axes keeps and updates its

@@ -72,8 +72,43 @@ pub fn read_exact(f: &mut File, len: u64, what: &str) -> Result<Vec<u8>> {
     Ok(v)
 }
 
-/// The whole of a regular file of at most `max` bytes; `what` names it in errors.
+/// Whether `path` is `-`, which names standard input (or output) where a file is expected.
+pub fn is_stdio(path: &Path) -> bool {
+    path.as_os_str() == "-"
+}
+
+/// All of standard input, at most `max` bytes, as `what`. A command reads it once: a second
+/// `-` is refused naming the first, and a terminal is refused rather than waited on.
+pub fn read_stdin(max: u64, what: &str) -> Result<Vec<u8>> {
+    use std::io::IsTerminal;
+    static TAKEN: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+    let mut taken = TAKEN.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(first) = taken.as_ref() {
+        return Err(Error::new(format!("-: standard input is already the {first}; give the {what} as a file")));
+    }
+    *taken = Some(what.to_string());
+    let stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        return Err(Error::new(format!("-: standard input is a terminal; pipe the {what} in, or give a file")));
+    }
+    let mut v = Vec::new();
+    stdin
+        .lock()
+        .take(max.saturating_add(1))
+        .read_to_end(&mut v)
+        .map_err(|e| Error::new(format!("-: cannot read: {e}")))?;
+    if v.len() as u64 > max {
+        return Err(Error::new(format!("-: the {what} on standard input is larger than the {max} bytes meshc reads")));
+    }
+    Ok(v)
+}
+
+/// The whole of a regular file of at most `max` bytes (`-`: standard input); `what` names
+/// it in errors.
 pub fn read(path: &Path, max: u64, what: &str) -> Result<Vec<u8>> {
+    if is_stdio(path) {
+        return read_stdin(max, what);
+    }
     let (mut f, len) = open(path, what)?;
     if len > max {
         return Err(Error::new(format!("{what} of {len} bytes is larger than the {max} bytes meshc reads")));

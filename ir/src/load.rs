@@ -1,5 +1,5 @@
 //! Reading a graph file of either format: `.json` is `meshc-graph/1`, anything else the
-//! text format. Parses, verifies, and stamps every error with the file's name.
+//! text format (`-`, standard input, is JSON when it starts with `{`). Parses, verifies, and stamps every error with the file's name.
 
 use std::path::Path;
 
@@ -17,7 +17,11 @@ pub fn parse_file(path: &Path) -> Result<Graph> {
     let file = path.display().to_string();
     let src = file::read(path, file::MAX_TEXT_BYTES, "graph").map_err(|e| e.in_file(&file))?;
     let src = String::from_utf8(src).map_err(|_| Error::new("graph file is not UTF-8 text").in_file(&file))?;
-    let parsed = if is_json(path) { json::parse(&src) } else { text::parse(&src) };
+    let json_text = match file::is_stdio(path) {
+        true => src.trim_start().starts_with('{'),
+        false => is_json(path),
+    };
+    let parsed = if json_text { json::parse(&src) } else { text::parse(&src) };
     parsed.map_err(|e| e.in_file(&file))
 }
 

@@ -5,10 +5,11 @@
 //! every state tensor S (the params and the optimizer state): a runner that feeds
 //! `next.S` back as S runs the training loop.
 //!
-//! The updates (g = grad.P, t the step count after this step):
+//! The updates (g = grad.P, t the step count after this step; values by position or by
+//! name, `adamw:lr=1e-3,wd=0.01`, with optax's defaults):
 //! - `sgd:LR`: P ← P - LR·g
 //! - `momentum:LR,BETA`: m ← BETA·m + g; P ← P - LR·m
-//! - `adamw:LR,B1,B2,EPS,WD`: m ← B1·m + (1-B1)·g; v ← B2·v + (1-B2)·g²;
+//! - `adamw:LR,B1=0.9,B2=0.999,EPS=1e-8,WD=1e-4`: m ← B1·m + (1-B1)·g; v ← B2·v + (1-B2)·g²;
 //!   P ← P - LR·(m/(1-B1^t) / (√(v/(1-B2^t)) + EPS) + WD·P) (decoupled weight decay).
 
 use crate::attr::Attr;
@@ -26,31 +27,62 @@ pub enum Optimizer {
     AdamW { lr: f32, b1: f32, b2: f32, eps: f32, wd: f32 },
 }
 
+/// Each optimizer's values in order, with optax's default where it has one.
+const SIGNATURES: &[(&str, &[(&str, Option<f32>)])] = &[
+    ("sgd", &[("lr", None)]),
+    ("momentum", &[("lr", None), ("beta", None)]),
+    ("adamw", &[("lr", None), ("b1", Some(0.9)), ("b2", Some(0.999)), ("eps", Some(1e-8)), ("wd", Some(1e-4))]),
+];
+
+const FORMS: &str = "sgd:LR, momentum:LR,BETA or adamw:LR[,B1,B2,EPS,WD]; values by position or name=value";
+
 impl Optimizer {
-    /// Parses `sgd:LR`, `momentum:LR,BETA` or `adamw:LR,B1,B2,EPS,WD`.
+    /// Parses `KIND:VALUES`, the values by position, by name (`adamw:lr=1e-3,wd=0.01`) or
+    /// positional then named; a value not given takes optax's default (adamw's b1=0.9,
+    /// b2=0.999, eps=1e-8, wd=1e-4), and one without a default must be given.
     pub fn parse(spec: &str) -> Result<Optimizer> {
-        let bad = |why: &str| {
-            Error::new(format!("--optimizer '{spec}': {why} (sgd:LR, momentum:LR,BETA or adamw:LR,B1,B2,EPS,WD)"))
-        };
+        let bad = |why: &str| Error::new(format!("--optimizer '{spec}': {why} ({FORMS})"));
         let (kind, args) = spec.split_once(':').ok_or_else(|| bad("no ':' after the optimizer's name"))?;
-        let v: Vec<f32> = args
-            .split(',')
-            .map(|a| a.trim().parse::<f32>().ok().filter(|x| x.is_finite()))
-            .collect::<Option<_>>()
-            .ok_or_else(|| bad("every value must be a finite number"))?;
-        let want = match kind {
-            "sgd" => 1,
-            "momentum" => 2,
-            "adamw" => 5,
-            _ => return Err(bad(&format!("unknown optimizer '{kind}'"))),
+        let names = SIGNATURES.iter().map(|(k, _)| *k);
+        let Some((_, sig)) = SIGNATURES.iter().find(|(k, _)| *k == kind) else {
+            return Err(bad(&format!("unknown optimizer '{kind}'{}", crate::suggest::did_you_mean(kind, names))));
         };
-        if v.len() != want {
-            return Err(bad(&format!(
-                "{kind} takes {want} value{}, got {}",
-                if want == 1 { "" } else { "s" },
-                v.len()
-            )));
+        let mut values: Vec<Option<f32>> = vec![None; sig.len()];
+        let mut named = false;
+        for (k, arg) in args.split(',').enumerate() {
+            let (slot, text) = match arg.split_once('=') {
+                Some((name, text)) => {
+                    named = true;
+                    let name = name.trim();
+                    let slot = sig.iter().position(|(n, _)| *n == name).ok_or_else(|| {
+                        let known = sig.iter().map(|(n, _)| *n);
+                        bad(&format!("{kind} has no value '{name}'{}", crate::suggest::did_you_mean(name, known)))
+                    })?;
+                    (slot, text)
+                }
+                None if named => return Err(bad(&format!("the value '{arg}' by position follows one by name"))),
+                None if k >= sig.len() => {
+                    let n = sig.len();
+                    return Err(bad(&format!("{kind} takes at most {n} value{}", if n == 1 { "" } else { "s" })));
+                }
+                None => (k, arg),
+            };
+            let name = sig[slot].0;
+            if values[slot].is_some() {
+                return Err(bad(&format!("{name} is given twice")));
+            }
+            let v: f64 =
+                text.trim().parse().map_err(|_| bad(&format!("{name} = '{}' is not a number", text.trim())))?;
+            if !v.is_finite() || (v as f32).is_infinite() {
+                return Err(bad(&format!("{name} = {} is not a finite f32", text.trim())));
+            }
+            values[slot] = Some(v as f32);
         }
+        let v: Vec<f32> = sig
+            .iter()
+            .zip(&values)
+            .map(|((name, default), v)| v.or(*default).ok_or_else(|| bad(&format!("{kind} needs {name}"))))
+            .collect::<Result<_>>()?;
         Ok(match kind {
             "sgd" => Optimizer::Sgd { lr: v[0] },
             "momentum" => Optimizer::Momentum { lr: v[0], beta: v[1] },
@@ -202,17 +234,30 @@ mod tests {
 
     #[test]
     fn specs_parse_or_say_why_not() {
+        let adamw = |lr, wd| Optimizer::AdamW { lr, b1: 0.9, b2: 0.999, eps: 1e-8, wd };
         assert_eq!(Optimizer::parse("sgd:0.1").unwrap(), Optimizer::Sgd { lr: 0.1 });
+        assert_eq!(Optimizer::parse("adamw:1e-3,0.9,0.999,1e-8,0.01").unwrap(), adamw(1e-3, 0.01));
+        // optax's defaults, by position or by name, in any order.
+        assert_eq!(Optimizer::parse("adamw:1e-3").unwrap(), adamw(1e-3, 1e-4));
+        assert_eq!(Optimizer::parse("adamw:lr=1e-3").unwrap(), adamw(1e-3, 1e-4));
+        assert_eq!(Optimizer::parse("adamw:wd=0.01, lr=1e-3").unwrap(), adamw(1e-3, 0.01));
+        assert_eq!(Optimizer::parse("adamw:1e-3,wd=0.01").unwrap(), adamw(1e-3, 0.01));
+        assert_eq!(Optimizer::parse("momentum:beta=0.5,lr=0.1").unwrap(), Optimizer::Momentum { lr: 0.1, beta: 0.5 });
+        let err = |spec: &str| Optimizer::parse(spec).unwrap_err().msg;
         assert_eq!(
-            Optimizer::parse("adamw:1e-3,0.9,0.999,1e-8,0.01").unwrap(),
-            Optimizer::AdamW { lr: 1e-3, b1: 0.9, b2: 0.999, eps: 1e-8, wd: 0.01 }
+            err("momentum:0.1"),
+            "--optimizer 'momentum:0.1': momentum needs beta (sgd:LR, momentum:LR,BETA or adamw:LR[,B1,B2,EPS,WD]; \
+             values by position or name=value)"
         );
-        assert_eq!(
-            Optimizer::parse("momentum:0.1").unwrap_err().msg,
-            "--optimizer 'momentum:0.1': momentum takes 2 values, got 1 (sgd:LR, momentum:LR,BETA or adamw:LR,B1,B2,EPS,WD)"
-        );
-        assert!(Optimizer::parse("adam:1").unwrap_err().msg.contains("unknown optimizer 'adam'"));
-        assert!(Optimizer::parse("sgd:nan").unwrap_err().msg.contains("finite"));
-        assert!(Optimizer::parse("sgd").unwrap_err().msg.contains("no ':'"));
+        assert!(err("adamw:wd=0.1").contains("adamw needs lr"));
+        assert!(err("adam:1").contains("unknown optimizer 'adam' (did you mean 'adamw'?)"), "{}", err("adam:1"));
+        assert!(err("adamw:lr=1,eps2=3").contains("adamw has no value 'eps2' (did you mean 'eps'?)"));
+        assert!(err("adamw:lr=1,0.9").contains("by position follows one by name"));
+        assert!(err("adamw:1,lr=2").contains("lr is given twice"));
+        assert!(err("sgd:1,2").contains("sgd takes at most 1 value"));
+        assert!(err("sgd:nan").contains("lr = nan is not a finite f32"));
+        assert!(err("sgd:1e40").contains("lr = 1e40 is not a finite f32"));
+        assert!(err("sgd:x").contains("lr = 'x' is not a number"));
+        assert!(err("sgd").contains("no ':'"));
     }
 }

@@ -325,6 +325,10 @@ impl Tensor {
     pub fn read_npy(path: &Path) -> Result<Tensor> {
         let file = path.display().to_string();
         let in_file = |e: Error| e.in_file(&file);
+        if crate::file::is_stdio(path) {
+            let bytes = crate::file::read_stdin(crate::budget::limit(), ".npy")?;
+            return Tensor::from_npy_bytes(&bytes).map_err(in_file);
+        }
         let (mut f, len) = crate::file::open(path, "").map_err(in_file)?;
         let mut prefix = [0u8; 12];
         let got = read_up_to(&mut f, &mut prefix).map_err(in_file)?;

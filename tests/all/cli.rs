@@ -512,3 +512,101 @@ fn mistyped_names_get_a_suggestion() {
     assert_eq!(run.status, Some(1), "{run:?}");
     assert!(run.stderr.ends_with("layout of 'W1': graph 'mlp' has no tensor 'W1' (did you mean 'w1'?)\n"), "{run:?}");
 }
+
+/// `meshc` in `dir` with `stdin` piped in; stdout kept as bytes (it may carry a `.npy`).
+fn meshc_piped(dir: &str, args: &[&str], stdin: &[u8]) -> (Option<i32>, Vec<u8>, String) {
+    use std::io::Write;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_meshc"))
+        .current_dir(dir)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A command that refuses before reading closes its end: a broken pipe here is fine.
+    let _ = child.stdin.take().unwrap().write_all(stdin);
+    let out = child.wait_with_output().unwrap();
+    (out.status.code(), out.stdout, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// `-` is standard input for a graph (either format, told apart by its first character), a
+/// layout spec and an `.npy` input, and standard output for an `--output`; one command
+/// reads standard input once. A graph from standard input finds its weights from the
+/// working directory.
+#[test]
+fn dash_is_stdin_for_graphs_specs_and_inputs() {
+    let graph = std::fs::read("testdata/mlp/graph.json").unwrap();
+    let (status, out, err) = meshc_piped("testdata/mlp", &["check", "-"], &graph);
+    assert_eq!(status, Some(0), "{err}");
+    assert!(String::from_utf8_lossy(&out).starts_with("graph 'mlp': 1 inputs"));
+    let text = meshc(&["fmt", "testdata/mlp/graph.json", "--to", "text"]).stdout;
+    let (status, out, err) = meshc_piped("testdata/mlp", &["check", "-"], text.as_bytes());
+    assert_eq!(
+        (status, String::from_utf8_lossy(&out).lines().next()),
+        (Some(0), Some("graph 'mlp': 1 inputs, 2 params (131072 bytes), 3 nodes, 1 outputs")),
+        "{err}"
+    );
+    let spec = std::fs::read("testdata/mlp/layouts/mp-4.json").unwrap();
+    let (status, out, err) = meshc_piped(".", &["check", "testdata/mlp/graph.json", "--layout", "-"], &spec);
+    assert_eq!(status, Some(0), "{err}");
+    assert!(String::from_utf8_lossy(&out).contains("(4 devices)"));
+    // An input from stdin, the output to stdout: the .npy bytes the file output would hold.
+    let x = std::fs::read("testdata/mlp/inputs/x.npy").unwrap();
+    let (status, y, err) =
+        meshc_piped(".", &["interp", "testdata/mlp/graph.json", "--input", "x=-", "--output", "y=-"], &x);
+    assert_eq!(status, Some(0), "{err}");
+    let got = meshc_ir::Tensor::from_npy_bytes(&y).unwrap();
+    let want = meshc_ir::Tensor::read_npy(std::path::Path::new("testdata/mlp/expected/y.npy")).unwrap();
+    crate::common::assert_close("y", &got, &want).unwrap();
+    let (status, _, err) = meshc_piped("testdata/mlp", &["interp", "-", "--input", "x=-"], &graph);
+    assert_eq!(status, Some(1));
+    assert_eq!(err, "error: --input x: -: standard input is already the graph; give the .npy as a file\n");
+}
+
+/// `check --json` and `inspect --json`: the summaries as data, with what the text says.
+#[test]
+fn check_and_inspect_speak_json() {
+    let run = meshc(&["check", "testdata/mlp/graph.json", "--layout", "testdata/mlp/layouts/mp-4.json", "--json"]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    let j: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(j["graph"], "mlp");
+    assert_eq!(j["inputs"][0]["shape"], serde_json::json!([16, 64]));
+    assert_eq!(j["mesh"]["devices"], 4);
+    let w1 = j["layouts"].as_array().unwrap().iter().find(|l| l["tensor"] == "w1").unwrap();
+    let text = meshc(&["check", "testdata/mlp/graph.json", "--layout", "testdata/mlp/layouts/mp-4.json"]).stdout;
+    let line = format!("layout w1 {} ({})", w1["layout"].as_str().unwrap(), w1["origin"].as_str().unwrap());
+    assert!(text.lines().any(|l| l == line), "{line} not in {text}");
+    let dir = crate::common::scratch("inspect-json");
+    let art = dir.join("m.mshc");
+    let art = art.to_str().unwrap();
+    let run = meshc(&["compile", "testdata/mlp/graph.json", "--layout", "testdata/mlp/layouts/mp-4.json", "-o", art]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    let run = meshc(&["inspect", art, "--json"]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    let j: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(j["meta"]["inputs"][0]["name"], "x");
+    assert_eq!(j["programs"].as_array().unwrap().len(), 4);
+    let kinds: Vec<&str> = j["sections"].as_array().unwrap().iter().map(|s| s["kind"].as_str().unwrap()).collect();
+    assert!(kinds.contains(&"meta") && kinds.contains(&"weights"), "{kinds:?}");
+}
+
+/// `--dump-after all --dump-format dot` says which passes it leaves out.
+#[test]
+fn dot_dumps_name_the_passes_without_a_dot_form() {
+    let run = meshc(&[
+        "compile",
+        "testdata/mlp/graph.json",
+        "-o",
+        "/dev/null",
+        "--dump-after",
+        "all",
+        "--dump-format",
+        "dot",
+    ]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    assert!(
+        run.stderr.contains("note: --dump-after all --dump-format dot dumps place, lower, sendrecv, streams; verify,"),
+        "{run:?}"
+    );
+}

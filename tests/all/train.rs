@@ -110,6 +110,9 @@ fn a_resumed_run_continues_the_same_curve() {
         assert_eq!(r.status, Some(0), "{r:?}");
     }
     assert_eq!(whole.stdout, first.stdout + &rest.stdout);
+    // Steps are numbered like the batches they read: from 0, a resumed run from the
+    // checkpoint's count.
+    assert!(whole.stdout.starts_with("step 0 loss ") && rest.stdout.starts_with("step 12 loss "), "{rest:?}");
     assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap(), "the checkpoints differ");
 }
 

@@ -29,7 +29,13 @@ enum Cmd {
         run: RunArgs,
     },
     /// Describe an artifact: sections, inputs/outputs, kernels, buffers, steps.
-    Inspect { artifact: PathBuf },
+    Inspect {
+        /// The artifact (.mshc) to describe.
+        artifact: PathBuf,
+        /// Print the artifact as JSON: sections, signature, metadata and programs.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -49,6 +55,6 @@ fn main() -> ExitCode {
                 cli::open(&artifact, &run).and_then(|mut loaded| cli::run(&mut loaded, &io, &run))
             }
         }
-        Cmd::Inspect { artifact } => cli::inspect(&artifact),
+        Cmd::Inspect { artifact, json } => cli::inspect(&artifact, json),
     })
 }

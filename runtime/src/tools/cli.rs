@@ -494,9 +494,13 @@ fn run_loaded(loaded: &Loaded, io: &Io, args: &RunArgs) -> Result<()> {
 }
 
 /// `inspect ARTIFACT`.
-pub fn inspect(path: &Path) -> Result<()> {
+pub fn inspect(path: &Path, json: bool) -> Result<()> {
     let art = Artifact::open_with(path, Verify::All)?;
-    print!("{}", crate::tools::inspect::inspect(&art, &path.display().to_string())?);
+    let report = match json {
+        true => crate::tools::inspect::inspect_json,
+        false => crate::tools::inspect::inspect,
+    };
+    print!("{}", report(&art, &path.display().to_string())?);
     Ok(())
 }
 

@@ -1,6 +1,6 @@
 //! The text of `inspect`: an artifact's sections, metadata, kernels, buffers, steps with
 //! their streams and events and why each communication step is there, masks and send/recv
-//! pairs; and `flops_skipped`. The step and stream notes it shares with the compiler's
+//! pairs; `inspect --json`, the same artifact as data; and `flops_skipped`. The step and stream notes it shares with the compiler's
 //! dumps are `format::order`'s.
 
 use std::fmt::Write as _;
@@ -78,6 +78,40 @@ pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
     }
     transfer_report(&mut s, &programs)?;
     Ok(s)
+}
+
+/// `inspect --json`: the sections with their checksums, the signature, and the metadata and
+/// programs exactly as the artifact stores them (the format's own serde form, so a script
+/// sees every field the runner does, named as in docs/artifact.md).
+pub fn inspect_json(art: &Artifact, file: &str) -> Result<String> {
+    let (meta, programs) = parse_sections(art, file)?;
+    let sections: Vec<serde_json::Value> = art
+        .sections()
+        .iter()
+        .map(|sec| {
+            serde_json::json!({
+                "kind": sec.kind.name(),
+                "offset": sec.offset,
+                "size": sec.size,
+                "crc32": format!("{:08x}", sec.checksum),
+            })
+        })
+        .collect();
+    let signature = match art.signature()? {
+        crate::format::signature::Signed::No => serde_json::Value::Null,
+        crate::format::signature::Signed::By(key, valid) => serde_json::json!({
+            "ed25519": crate::format::signature::hex(key.as_bytes()),
+            "valid": valid,
+        }),
+    };
+    let report = serde_json::json!({
+        "artifact": file,
+        "sections": sections,
+        "signature": signature,
+        "meta": meta,
+        "programs": programs,
+    });
+    Ok(serde_json::to_string_pretty(&report)? + "\n")
 }
 
 /// The pruning masks of one device's weights, read back from the weights section.

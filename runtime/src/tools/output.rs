@@ -74,9 +74,11 @@ impl Drop for Temp {
 /// Writes staged together: each `write` goes to a temporary file (flushed to disk);
 /// `commit` renames them all into place. Dropped without `commit` (an error on the way),
 /// the temporaries are removed and no final name has changed.
+/// `-` stages standard output, written after the files are renamed.
 #[derive(Default)]
 pub struct Outputs {
     staged: Vec<(Temp, PathBuf)>,
+    stdout: Option<Vec<u8>>,
 }
 
 impl Outputs {
@@ -86,6 +88,15 @@ impl Outputs {
 
     /// Stages `path`, its contents written by `fill`. Two writes to one path are refused.
     pub fn write(&mut self, path: &Path, fill: impl FnOnce(&mut dyn Write) -> Result<()>) -> Result<()> {
+        if meshc_ir::file::is_stdio(path) {
+            if self.stdout.is_some() {
+                bail!("-: two outputs of one command would be written to standard output");
+            }
+            let mut bytes = Vec::new();
+            fill(&mut bytes)?;
+            self.stdout = Some(bytes);
+            return Ok(());
+        }
         if self.staged.iter().any(|(_, p)| same_file(p, path)) {
             bail!("{}: two outputs of one command would be written to this file", path.display());
         }
@@ -112,6 +123,10 @@ impl Outputs {
             std::fs::rename(&tmp.path, &path).with_context(|| format!("{}: cannot write", path.display()))?;
             pending().remove(&tmp.path);
             std::mem::forget(tmp);
+        }
+        if let Some(bytes) = self.stdout.take() {
+            let mut out = std::io::stdout().lock();
+            out.write_all(&bytes).and_then(|()| out.flush()).context("-: cannot write to standard output")?;
         }
         Ok(())
     }

@@ -265,10 +265,11 @@ pub fn train(loaded: &Loaded, mut state: State, args: &StepArgs, checkpoint: &Pa
             None => HashMap::new(),
         };
         let out = loaded.run_resident(&inputs, &mut resident).with_context(|| format!("step {}", state.step))?;
-        state.step += 1;
         let losses: Vec<String> =
             reported.iter().filter_map(|r| out.get(*r).map(|t| format!("{r} {}", t.data.to_f64()[0] as f32))).collect();
+        // Numbered like the batches (DIR/step_K) and errors: from 0.
         println!("step {} {}", state.step, losses.join(" "));
+        state.step += 1;
         if args.save_every.is_some_and(|k| state.step.is_multiple_of(k)) {
             save(&mut state, &resident)?;
         }
