@@ -173,7 +173,7 @@ enum Cmd {
     /// Explain a sharding plan: every communication step with its reason and bytes, the
     /// traffic per device and per link, the estimated time, and the FLOPs per device.
     Explain {
-        /// The graph file whose plan to explain.
+        /// The graph file (or ONNX model) whose plan to explain.
         graph: PathBuf,
         /// The layout spec (meshc-layout/1) to explain.
         #[arg(long, value_name = "SPEC")]
@@ -181,6 +181,8 @@ enum Cmd {
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        onnx: OnnxArgs,
     },
     /// Append the gradient of a scalar loss with respect to params (outputs `grad.P`).
     Grad {
@@ -441,13 +443,13 @@ fn main() -> ExitCode {
             })
         }
         Cmd::Inspect { artifact, json } => cli::inspect(&artifact, json),
-        Cmd::Explain { graph, layout, json } => explain(&graph, &layout, json),
+        Cmd::Explain { graph, layout, json, onnx } => explain(&graph, &layout, json, &onnx),
     };
     cli::exit(result)
 }
 
-fn explain(path: &Path, layout: &Path, json: bool) -> Result<()> {
-    let (g, info) = load::load(path)?;
+fn explain(path: &Path, layout: &Path, json: bool, onnx: &OnnxArgs) -> Result<()> {
+    let GraphIn { graph: g, info, .. } = load_graph(path, onnx)?;
     let spec = meshc::layout::load(layout)?;
     let report = meshc::explain::explain(&g, &info, &spec).with_context(|| path.display().to_string())?;
     if json {
