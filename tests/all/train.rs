@@ -269,7 +269,9 @@ fn a_training_artifact_needs_nothing_beside_it() {
     let params: usize = graph.params.iter().map(|p| p.ty.size_bytes()).sum();
     let section = loaded.section(meshc_runtime::format::artifact::SectionKind::State).unwrap().len();
     assert!(section < params + 4096, "a state section of {section} bytes for {params} bytes of params");
-    let r = meshc(&["run", &art, "--steps", "3", "--data", "testdata/train/data"]);
+    // The checkpoint goes to the scratch directory, not the default beside the sources.
+    let ckpt = dir.join("alone.ckpt.safetensors").display().to_string();
+    let r = meshc(&["run", &art, "--steps", "3", "--data", "testdata/train/data", "--checkpoint", &ckpt]);
     assert_eq!(r.status, Some(0), "{r:?}");
     let want = meshc_ir::Tensor::read_npy(Path::new("testdata/train/expected/adamw.npy")).unwrap();
     assert_curve("alone", &losses(&r.stdout), &want.data.to_f64()[..3]);
@@ -475,7 +477,8 @@ fn a_cnn_and_an_embedding_train_compiled_as_interpreted_on_one_and_two_devices()
             args.extend(layout);
             let c = meshc(&args);
             assert_eq!(c.status, Some(0), "{c:?}");
-            let r = meshc(&["run", &art, "--steps", "5", "--data", &data.display().to_string()]);
+            let ckpt = dir.join("small.ckpt.safetensors").display().to_string();
+            let r = meshc(&["run", &art, "--steps", "5", "--data", &data.display().to_string(), "--checkpoint", &ckpt]);
             assert_eq!(r.status, Some(0), "{name} {layout:?}: {r:?}");
             assert_curve(&format!("{name} {layout:?}"), &losses(&r.stdout), &want);
         }
