@@ -37,11 +37,15 @@ install: build
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/meshc $(DESTDIR)$(PREFIX)/bin/meshc-run
 
+# The tests run in the release profile: they then reuse what `make build` (and `make demo`)
+# compiled instead of building every crate a second time, and test the binary that ships.
+TEST := $(CARGO) test --release
 test:
-	$(CARGO) test --workspace
+	@echo "building the tests (release profile; the first build after make demo takes a few minutes) and running them"
+	$(TEST) --workspace
 
 golden:
-	MESHC_BLESS=1 $(CARGO) test --test all
+	MESHC_BLESS=1 $(TEST) --test all
 	git status --short golden/ tests/passes/
 
 testdata:
@@ -95,7 +99,7 @@ onnx-proto:
 FUZZ_CASES ?= 150000
 fuzz:
 	MESHC_FUZZ_CASES=$(FUZZ_CASES) MESHC_FUZZ_SAVE=$(CURDIR)/target/fuzz-failure.txt PROPTEST_MAX_SHRINK_ITERS=100000 \
-		$(CARGO) test --test all -- --nocapture fuzz::
+		$(TEST) --test all -- --nocapture fuzz::
 
 bench:
 	$(CARGO) bench --bench gemm --bench pipeline --bench mesh --bench collectives --bench degraded --bench pilot --bench sendrecv --bench streams --bench checkpoints --bench models --bench train --bench onnx --bench xla_bytes
@@ -134,7 +138,7 @@ mpi-deps:
 		apt-get update -qq && apt-get install -y -qq --no-install-recommends openmpi-bin libopenmpi-dev pkg-config; }
 
 test-mpi: mpi-deps
-	$(CARGO) test --features mpi --test all mpi::
+	$(TEST) --features mpi --test all mpi::
 
 # The transformer block Megatron-style on a 2x4 mesh whose model axis spans two hosts (each
 # host holds two model ranks of each data row, so every all_reduce crosses), as two MPI
