@@ -144,3 +144,55 @@ fn the_module_map_has_every_module() {
         "docs/modules.dot is out of date (`make modules`): missing {missing:?}, gone {stale:?}"
     );
 }
+
+/// The `meshc` commands of a markdown file's code blocks, a `\`-continued command joined
+/// into one line, a leading `$ ` dropped; the lines a block prints are not commands.
+fn doc_commands(text: &str) -> Vec<String> {
+    let mut commands = Vec::new();
+    let mut in_block = false;
+    let mut pending: Option<String> = None;
+    for line in text.lines() {
+        if line.starts_with("```") {
+            in_block = !in_block;
+            continue;
+        }
+        if !in_block {
+            continue;
+        }
+        let line = line.trim_start_matches("$ ");
+        let joined = match pending.take() {
+            Some(p) => p + " " + line.trim(),
+            None if line.starts_with("meshc ") => line.to_string(),
+            None => continue,
+        };
+        match joined.strip_suffix('\\') {
+            Some(head) => pending = Some(head.trim_end().to_string()),
+            None => commands.push(joined),
+        }
+    }
+    commands
+}
+
+/// docs/getting-started.md is a newcomer's first contact: every `meshc` command it shows
+/// runs, in order, from a fresh directory holding the repository's testdata, with the
+/// binary under test as `meshc`.
+#[test]
+fn every_getting_started_command_runs() {
+    let doc = std::fs::read_to_string("docs/getting-started.md").unwrap();
+    let commands = doc_commands(&doc);
+    assert!(commands.len() >= 8, "{commands:?}");
+    let dir = crate::common::scratch("getting-started");
+    std::os::unix::fs::symlink(std::fs::canonicalize("testdata").unwrap(), dir.join("testdata")).unwrap();
+    let bin = Path::new(env!("CARGO_BIN_EXE_meshc")).parent().unwrap().display().to_string();
+    let path = format!("{bin}:{}", std::env::var("PATH").unwrap_or_default());
+    for c in &commands {
+        let out = std::process::Command::new("bash")
+            .args(["-o", "pipefail", "-c", c])
+            .current_dir(&dir)
+            .env("PATH", &path)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{c}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
