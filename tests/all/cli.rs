@@ -93,6 +93,22 @@ fn interp_output_errors() {
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "nothing may be written on error");
 }
 
+/// A bool param whose file holds a byte other than 0 or 1 is refused by every command that
+/// reads it, as a bool input is: compiled code would take it as true in one place and false
+/// in another, the interpreter as true everywhere.
+#[test]
+fn bool_params_with_other_bytes_are_refused() {
+    let dir = scratch("bool-param-byte");
+    let art = dir.join("bad.mshc").display().to_string();
+    let graph = "testdata/bad/param-npy-bool-byte.json";
+    let x = "x=testdata/bad/weights/w.npy";
+    all_user_errors(&[
+        ("interp-bool-param-byte", &["interp", graph, "--input", x]),
+        ("compile-bool-param-byte", &["compile", graph, "-o", &art]),
+    ]);
+    assert!(!Path::new(&art).exists(), "a refused compile must not write its artifact");
+}
+
 #[test]
 fn file_and_argument_errors() {
     all_user_errors(&[
