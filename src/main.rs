@@ -2,6 +2,7 @@
 //! error leaves as one line on stderr with exit status 1.
 
 use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -439,7 +440,7 @@ fn explain(path: &Path, layout: &Path, json: bool) -> Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", report.text());
+        cli::print(&report.text());
     }
     Ok(())
 }
@@ -527,8 +528,8 @@ fn check(path: &Path, layout: Option<&Path>, onnx: &OnnxArgs) -> Result<()> {
         *ops.entry(n.op.name()).or_default() += 1;
     }
     let ops: Vec<String> = ops.iter().map(|(op, k)| format!("{op}×{k}")).collect();
-    println!(
-        "graph '{}': {} inputs, {} params ({} bytes), {} nodes, {} outputs",
+    let mut out = format!(
+        "graph '{}': {} inputs, {} params ({} bytes), {} nodes, {} outputs\n",
         g.name,
         g.inputs.len(),
         g.params.len(),
@@ -536,17 +537,18 @@ fn check(path: &Path, layout: Option<&Path>, onnx: &OnnxArgs) -> Result<()> {
         g.nodes.len(),
         g.outputs.len()
     );
-    println!("ops: {}", ops.join(", "));
+    let _ = writeln!(out, "ops: {}", ops.join(", "));
     for i in &g.inputs {
-        println!("input  {}: {}", i.name, i.ty);
+        let _ = writeln!(out, "input  {}: {}", i.name, i.ty);
     }
     for o in &g.outputs {
-        println!("output {}: {}", o.name, info.types[&o.name]);
+        let _ = writeln!(out, "output {}: {}", o.name, info.types[&o.name]);
     }
     if let Some((m, lines, stages)) = layouts {
         let shape: Vec<String> = m.shape.iter().map(usize::to_string).collect();
         let devices = m.devices();
-        println!(
+        let _ = writeln!(
+            out,
             "mesh {} [{}] axes [{}] ({devices} device{})",
             m.topology.name(),
             shape.join("x"),
@@ -554,9 +556,10 @@ fn check(path: &Path, layout: Option<&Path>, onnx: &OnnxArgs) -> Result<()> {
             if devices == 1 { "" } else { "s" }
         );
         for line in lines.iter().chain(&stages) {
-            println!("{line}");
+            let _ = writeln!(out, "{line}");
         }
     }
+    cli::print(&out);
     Ok(())
 }
 
@@ -855,9 +858,8 @@ fn compare_with_unpruned(path: &Path, reference: &Path, io: &Io, args: &CodegenA
     let pruned = results(path, pilot)?;
     let unpruned =
         results(reference, &no_pilot).with_context(|| format!("--compare-unpruned {}", reference.display()))?;
-    print!(
-        "{}",
-        driver::compare(&pruned, &unpruned).with_context(|| format!("--compare-unpruned {}", reference.display()))?
+    cli::print(
+        &driver::compare(&pruned, &unpruned).with_context(|| format!("--compare-unpruned {}", reference.display()))?,
     );
     Ok(())
 }

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{anyhow, bail, Context, Result};
+use meshc_ir::error::{escape_controls, shorten_quoted};
 use meshc_ir::{Tensor, TensorType};
 
 use crate::comm::error::RunError;
@@ -50,16 +51,17 @@ pub fn exit(result: Result<()>) -> ExitCode {
 /// An error as one line of stderr.
 fn report(e: &anyhow::Error) {
     // anyhow's alternate form joins the context chain on one line.
-    let line = format!(
-        "error: {}\n",
-        meshc_ir::error::shorten_quoted(&format!("{e:#}"))
-            .chars()
-            .flat_map(|c| if c.is_control() { c.escape_default().collect() } else { vec![c] })
-            .collect::<String>()
-    );
+    let line = format!("error: {}\n", escape_controls(&shorten_quoted(&format!("{e:#}")), false));
     // One write, not eprintln!'s one per piece: mpirun forwards a rank's stderr as it comes
     // and prints its own abort notice meanwhile, which could land inside the line.
     let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+}
+
+/// Prints `text` to stdout with its control characters escaped but line breaks: what the
+/// commands print quotes names from files, which must not reach a terminal as escape
+/// sequences.
+pub fn print(text: &str) {
+    print!("{}", escape_controls(text, true));
 }
 
 /// Splits `NAME=FILE`.
@@ -145,7 +147,7 @@ impl Io {
         }
         if wanted.is_empty() {
             for (name, t) in results {
-                println!("{name}: {}", summary(t));
+                print(&format!("{name}: {}\n", summary(t)));
             }
         }
         Ok(())
@@ -299,7 +301,8 @@ fn run_here(loaded: &mut Loaded, io: &Io, args: &RunArgs) -> Result<()> {
         Err(e) if args.replan_on_failure && !failed(&e).is_empty() => {
             let dead = failed(&e);
             let names: Vec<String> = dead.iter().map(|&d| loaded.meta.mesh.coords_string(d)).collect();
-            eprintln!("{e:#}: re-planning without {} and running again", names.join(", "));
+            let why = format!("{e:#}: re-planning without {} and running again", names.join(", "));
+            eprintln!("{}", escape_controls(&why, false));
             let deg = Degradation { nodes: dead, ..Default::default() };
             loaded.degrade(&deg, args.degrade_strict).context("--replan-on-failure")?;
             run_loaded(loaded, io, args)
@@ -384,12 +387,12 @@ fn check_against(results: &BTreeMap<String, Tensor>, dir: &Path) -> Result<()> {
             0 => String::new(),
             n => format!("{n} element(s) NaN on one side only, "),
         };
-        println!(
-            "check {name}: {nans}max abs error {:.3e} against {} ({})",
+        print(&format!(
+            "check {name}: {nans}max abs error {:.3e} against {} ({})\n",
             c.max_abs_err,
             file.display(),
             if ok { "ok" } else { "FAILED" }
-        );
+        ));
         if !ok {
             failed.push(name.as_str());
         }
@@ -496,7 +499,7 @@ fn run_loaded(loaded: &Loaded, io: &Io, args: &RunArgs) -> Result<()> {
 /// `inspect ARTIFACT`.
 pub fn inspect(path: &Path) -> Result<()> {
     let art = Artifact::open_with(path, Verify::All)?;
-    print!("{}", crate::tools::inspect::inspect(&art, &path.display().to_string())?);
+    print(&crate::tools::inspect::inspect(&art, &path.display().to_string())?);
     Ok(())
 }
 

@@ -268,7 +268,7 @@ pub fn train(loaded: &Loaded, mut state: State, args: &StepArgs, checkpoint: &Pa
         state.step += 1;
         let losses: Vec<String> =
             reported.iter().filter_map(|r| out.get(*r).map(|t| format!("{r} {}", t.data.to_f64()[0] as f32))).collect();
-        println!("step {} {}", state.step, losses.join(" "));
+        crate::tools::cli::print(&format!("step {} {}\n", state.step, losses.join(" ")));
         if args.save_every.is_some_and(|k| state.step.is_multiple_of(k)) {
             save(&mut state, &resident)?;
         }
