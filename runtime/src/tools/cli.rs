@@ -411,6 +411,30 @@ fn timeout(args: &RunArgs) -> Result<std::time::Duration> {
         .ok_or_else(|| anyhow!("--timeout {}: expected a positive number of seconds", args.timeout))
 }
 
+/// What the hosts of a run must agree on (`Loaded::agree`), each part said of a host that
+/// differs: the artifact, the options that shape the runs (how many, the devices degraded,
+/// the failures injected) and the inputs, every value of them.
+pub fn agreement(loaded: &Loaded, args: &RunArgs, inputs: &HashMap<String, Tensor>) -> Vec<(&'static str, [u8; 32])> {
+    use sha2::{Digest, Sha256};
+    let options = (&args.bench, &args.degrade, &args.degrade_host, &args.degrade_link, &args.degrade_strict);
+    let options = format!("{:?}", (options, &args.fail_device, &args.stop_host));
+    let mut values = Sha256::new();
+    let mut names: Vec<&String> = inputs.keys().collect();
+    names.sort();
+    for name in names {
+        let t = &inputs[name];
+        for part in [name.as_bytes(), t.ty().to_string().as_bytes(), &t.to_le_bytes()] {
+            values.update(part.len().to_le_bytes());
+            values.update(part);
+        }
+    }
+    vec![
+        ("runs another artifact", loaded.digest()),
+        ("was given other options (--bench, --degrade*, --fail-device, --stop-host)", Sha256::digest(options).into()),
+        ("was given other inputs", values.finalize().into()),
+    ]
+}
+
 /// The inputs a loaded program expects, by name.
 pub fn expected_inputs(loaded: &Loaded) -> Vec<(String, TensorType)> {
     loaded.meta.inputs.iter().filter_map(|s| Some((s.name.clone(), s.ty()?))).collect()
@@ -419,6 +443,7 @@ pub fn expected_inputs(loaded: &Loaded) -> Vec<(String, TensorType)> {
 fn run_loaded(loaded: &Loaded, io: &Io, args: &RunArgs) -> Result<()> {
     loaded.set_timeout(timeout(args)?);
     let inputs = read_inputs(&expected_inputs(loaded), &io.inputs)?;
+    loaded.agree(|| agreement(loaded, args, &inputs), timeout(args)?)?;
     let names: Vec<&str> = loaded.meta.outputs.iter().map(|o| o.name.as_str()).collect();
     let wanted = io.wanted(&names)?;
     // Every file the run writes appears together, once everything has succeeded.
