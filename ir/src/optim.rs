@@ -35,9 +35,13 @@ impl Optimizer {
         let (kind, args) = spec.split_once(':').ok_or_else(|| bad("no ':' after the optimizer's name"))?;
         let v: Vec<f32> = args
             .split(',')
-            .map(|a| a.trim().parse::<f32>().ok().filter(|x| x.is_finite()))
-            .collect::<Option<_>>()
-            .ok_or_else(|| bad("every value must be a finite number"))?;
+            .map(|a| match a.trim().parse::<f64>() {
+                // A number beyond f32's range would train with an infinite rate.
+                Ok(x) if x.is_finite() && (x as f32).is_finite() => Ok(x as f32),
+                Ok(x) if x.is_finite() => Err(bad(&format!("{} is beyond f32's range", a.trim()))),
+                _ => Err(bad(&format!("'{}' is not a finite number", a.trim()))),
+            })
+            .collect::<Result<_>>()?;
         let want = match kind {
             "sgd" => 1,
             "momentum" => 2,
@@ -212,7 +216,8 @@ mod tests {
             "--optimizer 'momentum:0.1': momentum takes 2 values, got 1 (sgd:LR, momentum:LR,BETA or adamw:LR,B1,B2,EPS,WD)"
         );
         assert!(Optimizer::parse("adam:1").unwrap_err().msg.contains("unknown optimizer 'adam'"));
-        assert!(Optimizer::parse("sgd:nan").unwrap_err().msg.contains("finite"));
+        assert!(Optimizer::parse("sgd:nan").unwrap_err().msg.contains("'nan' is not a finite number"));
+        assert!(Optimizer::parse("sgd:1e40").unwrap_err().msg.contains("1e40 is beyond f32's range"));
         assert!(Optimizer::parse("sgd").unwrap_err().msg.contains("no ':'"));
     }
 }

@@ -147,6 +147,7 @@ fn training_refusals_are_one_line_errors() {
     for (args, want) in [
         (vec!["--loss", "loss", "--optimizer", "adam:1"], "unknown optimizer 'adam'"),
         (vec!["--loss", "p", "--optimizer", "sgd:0.1"], "--loss 'p' is f32[16,4]; the loss must be a scalar f32[]"),
+        (vec!["--loss", "loss", "--optimizer", "sgd:1e40"], "--optimizer 'sgd:1e40': 1e40 is beyond f32's range"),
     ] {
         let mut a = vec!["compile", GRAPH, "-o", &art];
         a.extend(args);
