@@ -704,6 +704,13 @@ fn compile_graph(
         check_output_name(&o.name).with_context(|| path.display().to_string())?;
     }
     let mut spec = args.layout.as_deref().map(meshc::layout::load).transpose()?;
+    // Refused here rather than when the artifact first runs: its state stays in one process.
+    if let (Some(_), Some(s)) = (&init, spec.as_ref().filter(|s| !s.hosts.is_empty())) {
+        bail!(
+            "{}: hosts: a training step (--loss) runs in one process; training over several hosts is not supported",
+            s.file
+        );
+    }
     if let (true, Some(init)) = (args.train.zero, &init) {
         let spec =
             spec.as_mut().context("--zero shards the optimizer state over the data-parallel axes of a --layout")?;

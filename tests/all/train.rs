@@ -155,6 +155,18 @@ fn training_refusals_are_one_line_errors() {
         assert_eq!(r.status, Some(1), "{r:?}");
         assert!(r.stderr.contains(want) && r.stderr.lines().count() == 1, "{}", r.stderr);
     }
+    // A training step over several hosts is refused when compiled, not at its first run.
+    let hosts = dir.join("hosts.json");
+    let mut spec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string("testdata/train/layouts/ring-8.json").unwrap()).unwrap();
+    spec["hosts"] = serde_json::json!([[0, 1, 2, 3], [4, 5, 6, 7]]);
+    std::fs::write(&hosts, spec.to_string()).unwrap();
+    let hosts = hosts.display().to_string();
+    let r = meshc(&["compile", GRAPH, "--loss", "loss", "--optimizer", "sgd:0.1", "--layout", &hosts, "-o", &art]);
+    assert_eq!(r.status, Some(1), "{r:?}");
+    let want =
+        "hosts.json: hosts: a training step (--loss) runs in one process; training over several hosts is not supported";
+    assert!(r.stderr.contains(want) && r.stderr.lines().count() == 1, "{}", r.stderr);
     // Hostile or missing files around a run: one line each, naming the file.
     let good = compile(&dir, "sgd:0.1", None);
     let junk = dir.join("junk.safetensors");
