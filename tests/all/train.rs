@@ -534,6 +534,12 @@ fn checkpoints_and_batches_that_would_lose_or_corrupt_work_are_refused() {
     late.step = u64::MAX - 1;
     late.save(Path::new(&path("late.safetensors"))).unwrap();
     assert!(Command::new("mkfifo").arg(path("fifo")).status().unwrap().success());
+    let (_, init) = open(&sgd);
+    let tensors: Vec<(&str, &meshc_ir::Tensor)> = init.tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let meta = std::collections::HashMap::from([("meshc.step".to_string(), "-5".to_string())]);
+    std::fs::write(path("minus.safetensors"), meshc_ir::tensor::safetensors_bytes(&tensors, Some(meta)).unwrap())
+        .unwrap();
+    let minus = path("minus.safetensors");
     let (fifo, flipped, late) = (path("fifo"), path("flipped.safetensors"), path("late.safetensors"));
     for (art, resume, want) in [
         (&sgd, fifo.as_str(), "fifo: cannot read checkpoint: is a FIFO"),
@@ -541,6 +547,7 @@ fn checkpoints_and_batches_that_would_lose_or_corrupt_work_are_refused() {
         (&adamw, &flipped, "flipped.safetensors: its contents do not match its checksum 'meshc.crc32'"),
         (&sgd, &moments, "which is no state of this program (a checkpoint of another optimizer?)"),
         (&sgd, &late, "--steps 2 from step 18446744073709551614: the step count would pass 18446744073709551615"),
+        (&sgd, &minus, "minus.safetensors: 'meshc.step' is '-5', not a count of steps"),
     ] {
         let r = meshc(&["run", art, "--steps", "2", data[0], data[1], "--resume", resume]);
         assert_eq!(r.status, Some(1), "{resume}: {r:?}");
