@@ -48,9 +48,22 @@ pub fn stage_artifact(
     files.write(out, |f| w.write_to(f))
 }
 
-/// A make rule `OUT: DEP ...` with spaces escaped the way make reads them.
+/// A make rule `OUT: DEP ...` with the characters make would read otherwise escaped as
+/// make reads them: a space (a separator), `#` (a comment), `:` (the rule's colon) with a
+/// backslash, `$` (a variable) doubled.
 pub fn depfile(out: &Path, deps: &[PathBuf]) -> String {
-    let esc = |p: &Path| p.display().to_string().replace(' ', "\\ ");
+    let esc = |p: &Path| {
+        let mut s = String::new();
+        for c in p.display().to_string().chars() {
+            match c {
+                ' ' | '#' | ':' => s.push('\\'),
+                '$' => s.push('$'),
+                _ => {}
+            }
+            s.push(c);
+        }
+        s
+    };
     let mut s = format!("{}:", esc(out));
     for d in deps {
         s.push_str(" \\\n  ");

@@ -546,8 +546,9 @@ pub fn resolve_rules(mesh: &Mesh, rules: &RuleEntries) -> Result<Vec<(String, us
         .collect()
 }
 
-/// Whether a `layouts` key is a glob pattern (`*`, `?`, `[...]`) rather than a tensor name,
-/// which never holds those characters.
+/// Whether a `layouts` key is a glob pattern (`*`, `?`, `[...]`) rather than a tensor name.
+/// A name may hold those characters too (ONNX's `x[0]`): `expand_patterns` takes a key that
+/// is a tensor's name as that name.
 pub fn is_pattern(key: &str) -> bool {
     key.contains(['*', '?', '['])
 }
@@ -558,15 +559,17 @@ fn pattern(key: &str) -> Result<glob::Pattern, String> {
 
 impl Spec {
     /// The explicit layouts with each glob pattern replaced by the tensors of `g` it
-    /// matches (an exact name wins over a pattern; two patterns that give one tensor
-    /// different layouts are an error naming both), and the patterns that matched nothing.
+    /// matches (an exact name wins over a pattern, and a key that is a tensor's name is no
+    /// pattern; two patterns that give one tensor different layouts are an error naming
+    /// both), and the patterns that matched nothing.
     pub fn expand_patterns(&self, g: &Graph) -> Result<(BTreeMap<String, Layout>, Vec<String>), String> {
-        let mut out: BTreeMap<String, Layout> =
-            self.layouts.iter().filter(|(k, _)| !is_pattern(k)).map(|(k, l)| (k.clone(), l.clone())).collect();
         let names: Vec<&str> = g.tensor_names().map(String::as_str).collect();
+        let literal = |k: &str| !is_pattern(k) || names.contains(&k);
+        let mut out: BTreeMap<String, Layout> =
+            self.layouts.iter().filter(|(k, _)| literal(k)).map(|(k, l)| (k.clone(), l.clone())).collect();
         let mut by: BTreeMap<&str, &str> = BTreeMap::new();
         let mut unmatched = Vec::new();
-        for (key, layout) in self.layouts.iter().filter(|(k, _)| is_pattern(k)) {
+        for (key, layout) in self.layouts.iter().filter(|(k, _)| !literal(k)) {
             let pat = pattern(key)?;
             let matched: Vec<&str> = names.iter().copied().filter(|n| pat.matches(n)).collect();
             if matched.is_empty() {

@@ -2,6 +2,7 @@
 //! error leaves as one line on stderr with exit status 1.
 
 use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -455,7 +456,7 @@ fn explain(path: &Path, layout: &Path, json: bool, onnx: &OnnxArgs) -> Result<()
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", report.text());
+        cli::print(&report.text());
     }
     Ok(())
 }
@@ -625,8 +626,9 @@ fn check(path: &Path, layout: Option<&Path>, onnx: &OnnxArgs, as_json: bool) -> 
     }
     match as_json {
         true => println!("{}", serde_json::to_string_pretty(&report)?),
-        false => print!("{}", check_text(&report)),
+        false => cli::print(&check_text(&report)),
     }
+    cli::print(&out);
     Ok(())
 }
 
@@ -824,6 +826,13 @@ fn compile_graph(
         check_output_name(&o.name).with_context(|| path.display().to_string())?;
     }
     let mut spec = args.layout.as_deref().map(meshc::layout::load).transpose()?;
+    // Refused here rather than when the artifact first runs: its state stays in one process.
+    if let (Some(_), Some(s)) = (&init, spec.as_ref().filter(|s| !s.hosts.is_empty())) {
+        bail!(
+            "{}: hosts: a training step (--loss) runs in one process; training over several hosts is not supported",
+            s.file
+        );
+    }
     if let (true, Some(init)) = (args.train.zero, &init) {
         let spec =
             spec.as_mut().context("--zero shards the optimizer state over the data-parallel axes of a --layout")?;
@@ -981,9 +990,8 @@ fn compare_with_unpruned(path: &Path, reference: &Path, io: &Io, args: &CodegenA
     let pruned = results(path, pilot)?;
     let unpruned =
         results(reference, &no_pilot).with_context(|| format!("--compare-unpruned {}", reference.display()))?;
-    print!(
-        "{}",
-        driver::compare(&pruned, &unpruned).with_context(|| format!("--compare-unpruned {}", reference.display()))?
+    cli::print(
+        &driver::compare(&pruned, &unpruned).with_context(|| format!("--compare-unpruned {}", reference.display()))?,
     );
     Ok(())
 }

@@ -224,7 +224,7 @@ impl Dumps {
                     .with_context(|| format!("--dump-dir: cannot write {}", file.display()))
             }
             _ => {
-                print!("{text}");
+                meshc_runtime::tools::cli::print(text);
                 Ok(())
             }
         }

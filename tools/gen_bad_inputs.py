@@ -43,6 +43,13 @@ def safetensors_bytes(tensors):
     return struct.pack("<Q", len(h)) + h + data
 
 
+def bool_bytes_npy():
+    """np.save of a bool[3,4] with its element 5 set to the byte 2."""
+    raw = bytearray(npy_bytes(np.arange(12).reshape(3, 4) % 3 == 0))
+    raw[len(raw) - 12 + 5] = 2
+    return bytes(raw)
+
+
 def main():
     os.makedirs(ROOT, exist_ok=True)
     w = np.arange(12, dtype=np.float32).reshape(3, 4) / 8
@@ -90,6 +97,9 @@ def main():
         "outside.index.json": json.dumps(
             {"weight_map": {"w": "../../README.md", "w_root": "/etc/passwd"}}, indent=1, sort_keys=True).encode()
         + b"\n",
+        # A bool[3,4] whose data holds the byte 2 (numpy writes only 0 and 1; another
+        # writer, or a bit flip, may not).
+        "c_bool_byte.npy": bool_bytes_npy(),
     }
     for name, data in files.items():
         with open(path(name), "wb") as f:

@@ -93,6 +93,17 @@ pub fn shorten(s: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
+/// `s` with every control character escaped as Rust writes it (`\u{1b}`), line breaks too
+/// unless `keep_newlines`: how text that quotes names from a file reaches a terminal, where
+/// an ESC or a C1 control would start a sequence the terminal obeys.
+pub fn escape_controls(s: &str, keep_newlines: bool) -> std::borrow::Cow<'_, str> {
+    let escaped = |c: char| c.is_control() && !(keep_newlines && c == '\n');
+    if !s.chars().any(escaped) {
+        return s.into();
+    }
+    s.chars().flat_map(|c| if escaped(c) { c.escape_default().collect() } else { vec![c] }).collect::<String>().into()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,5 +117,13 @@ mod tests {
             format!("node 'y': operand '{}... (1048576 characters)' is not defined; 'x' is", "n".repeat(60))
         );
         assert_eq!(shorten_quoted("it's fine"), "it's fine");
+    }
+
+    #[test]
+    fn controls_are_escaped_newlines_only_when_asked() {
+        let s = "a\u{1b}]0;x\u{7}\tb\u{9b}c\n";
+        assert_eq!(escape_controls(s, false), "a\\u{1b}]0;x\\u{7}\\tb\\u{9b}c\\n");
+        assert_eq!(escape_controls(s, true), "a\\u{1b}]0;x\\u{7}\\tb\\u{9b}c\n");
+        assert!(matches!(escape_controls("plain\n", true), std::borrow::Cow::Borrowed(_)));
     }
 }

@@ -73,8 +73,12 @@ impl Optimizer {
             }
             let v: f64 =
                 text.trim().parse().map_err(|_| bad(&format!("{name} = '{}' is not a number", text.trim())))?;
-            if !v.is_finite() || (v as f32).is_infinite() {
-                return Err(bad(&format!("{name} = {} is not a finite f32", text.trim())));
+            // A number beyond f32's range would train with an infinite rate.
+            if !v.is_finite() {
+                return Err(bad(&format!("{name} = {} is not a finite number", text.trim())));
+            }
+            if (v as f32).is_infinite() {
+                return Err(bad(&format!("{name} = {} is beyond f32's range", text.trim())));
             }
             values[slot] = Some(v as f32);
         }
@@ -255,8 +259,8 @@ mod tests {
         assert!(err("adamw:lr=1,0.9").contains("by position follows one by name"));
         assert!(err("adamw:1,lr=2").contains("lr is given twice"));
         assert!(err("sgd:1,2").contains("sgd takes at most 1 value"));
-        assert!(err("sgd:nan").contains("lr = nan is not a finite f32"));
-        assert!(err("sgd:1e40").contains("lr = 1e40 is not a finite f32"));
+        assert!(err("sgd:nan").contains("lr = nan is not a finite number"));
+        assert!(err("sgd:1e40").contains("lr = 1e40 is beyond f32's range"));
         assert!(err("sgd:x").contains("lr = 'x' is not a number"));
         assert!(err("sgd").contains("no ':'"));
     }

@@ -81,6 +81,16 @@ fn file_view<'a>(p: &Param, files: &'a mut WeightFiles, path: &str, key: Option<
     if v.ty != p.ty {
         return Err(fail(format!("{path} holds {}, the graph declares {}", v.ty, p.ty)));
     }
+    // The artifact stores a file's bytes as they are, and compiled code takes a bool byte
+    // as nonzero in its vector loops but as 0/1 in their scalar tails: any other byte would
+    // give results that depend on where an element falls (the `.npy` reader refuses such
+    // inputs alike).
+    if v.ty.dtype == DType::Bool {
+        let bytes = v.bytes().map_err(|e| fail(format!("{path}: {}", e.msg)))?;
+        if let Some((i, b)) = bytes.iter().enumerate().find(|&(_, &b)| b > 1) {
+            return Err(fail(format!("{path}: element {i} of its bool data is the byte {b}, not 0 or 1")));
+        }
+    }
     Ok(v)
 }
 

@@ -431,12 +431,46 @@ pub fn safetensors_bytes(tensors: &[(&str, &Tensor)], metadata: Option<HashMap<S
             ))
         })
         .collect::<Result<Vec<_>>>()?;
-    safetensors::tensor::serialize(views, metadata).map_err(st_err)
+    let mut out = safetensors::tensor::serialize(views, metadata).map_err(st_err)?;
+    sort_metadata(&mut out);
+    Ok(out)
+}
+
+/// Sorts the metadata of a safetensors file `serialize` wrote: it writes them in the order
+/// of a `HashMap`, which differs from run to run, so that the same state gave other bytes
+/// (checkpoints, training artifacts) once there was more than one entry.
+fn sort_metadata(file: &mut [u8]) {
+    let n = u64::from_le_bytes(file[..8].try_into().expect("8 bytes")) as usize;
+    let header = &mut file[8..8 + n];
+    let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(header) else { return };
+    let Some(serde_json::Value::Object(meta)) = v.get_mut("__metadata__") else { return };
+    let mut entries: Vec<(String, serde_json::Value)> = std::mem::take(meta).into_iter().collect();
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    *meta = entries.into_iter().collect();
+    let sorted = serde_json::to_vec(&v).expect("JSON values serialize");
+    // The same entries in another order: as long, padded alike.
+    if sorted.len() <= n {
+        header[..sorted.len()].copy_from_slice(&sorted);
+        header[sorted.len()..].fill(b' ');
+    }
 }
 
 #[cfg(test)]
 mod closeness_tests {
     use super::*;
+
+    #[test]
+    fn the_same_tensors_and_metadata_give_the_same_safetensors_bytes() {
+        let t = Tensor::f32(vec![2], vec![1.0, 2.0]);
+        let bytes = || {
+            let meta = (0..16).map(|i| (format!("key{i}"), format!("{i}"))).collect();
+            safetensors_bytes(&[("t", &t)], Some(meta)).unwrap()
+        };
+        let first = bytes();
+        assert!((0..8).all(|_| bytes() == first));
+        let text = String::from_utf8_lossy(&first);
+        assert!(text.contains(r#"{"key0":"0","key1":"1","key10":"10","key11":"11""#), "{text}");
+    }
 
     #[test]
     fn nan_on_one_side_fails_and_is_counted() {

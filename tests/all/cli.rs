@@ -93,6 +93,65 @@ fn interp_output_errors() {
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "nothing may be written on error");
 }
 
+/// A bool param whose file holds a byte other than 0 or 1 is refused by every command that
+/// reads it, as a bool input is: compiled code would take it as true in one place and false
+/// in another, the interpreter as true everywhere.
+#[test]
+fn bool_params_with_other_bytes_are_refused() {
+    let dir = scratch("bool-param-byte");
+    let art = dir.join("bad.mshc").display().to_string();
+    let graph = "testdata/bad/param-npy-bool-byte.json";
+    let x = "x=testdata/bad/weights/w.npy";
+    all_user_errors(&[
+        ("interp-bool-param-byte", &["interp", graph, "--input", x]),
+        ("compile-bool-param-byte", &["compile", graph, "-o", &art]),
+    ]);
+    assert!(!Path::new(&art).exists(), "a refused compile must not write its artifact");
+}
+
+/// Names holding ESC and other control characters (an OSC that retitles the terminal, a
+/// CSI that clears it, a C1 CSI) reach stdout escaped from every command that prints them,
+/// as they reach stderr in errors: the text a terminal would obey never leaves meshc.
+#[test]
+fn control_characters_in_names_are_printed_escaped() {
+    let dir = scratch("control-names");
+    let graph = dir.join("g.txt");
+    std::fs::write(
+        &graph,
+        "graph \"g\\u001b]0;t\\u0007\" {\n  input \"x\\u001b[2J\": f32[2,3]\n  \"h\\u009b31m\" = relu(\"x\\u001b[2J\")\n  y = neg(\"h\\u009b31m\")\n  output y\n}\n",
+    )
+    .unwrap();
+    let (g, art) = (graph.display().to_string(), dir.join("g.mshc").display().to_string());
+    let layout = dir.join("l.json");
+    std::fs::write(
+        &layout,
+        r#"{"format": "meshc-layout/1", "mesh": {"shape": [2], "axes": ["d"]}, "layouts": {"x*": [0, null]}}"#,
+    )
+    .unwrap();
+    let layout = layout.display().to_string();
+    let want = dir.join("want");
+    let y = format!("y={}", want.join("y.npy").display());
+    let want = want.display().to_string();
+    std::fs::create_dir_all(&want).unwrap();
+    let input = "x\u{1b}[2J=testdata/bad/weights/x.npy";
+    ok(&["interp", &g, "--input", input, "--output", &y]);
+    let cases: [(&[&str], &str); 7] = [
+        (&["check", &g], "input  x\\u{1b}[2J: f32[2,3]"),
+        (&["check", &g, "--layout", &layout], "layout h\\u{9b}31m [d, -] (propagated from x\\u{1b}[2J)"),
+        (&["interp", &g, "--input", input], "y: "),
+        (&["compile", &g, "-o", &art, "--dump-after", "fuse"], "y <- h\\u{9b}31m, y"),
+        (&["inspect", &art], "graph g\\u{1b}]0;t\\u{7} |"),
+        (&["run", &art, "--input", input, "--check-against", &want], "check y: "),
+        (&["explain", &g, "--layout", &layout], "# explain g\\u{1b}]0;t\\u{7}:"),
+    ];
+    for (args, shows) in cases {
+        let run = ok(args);
+        let raw = run.stdout.chars().find(|&c| c.is_control() && c != '\n');
+        assert!(raw.is_none(), "meshc {}: prints {raw:?} raw:\n{}", args.join(" "), run.stdout);
+        assert!(run.stdout.contains(shows), "meshc {}: no {shows:?} in\n{}", args.join(" "), run.stdout);
+    }
+}
+
 #[test]
 fn file_and_argument_errors() {
     all_user_errors(&[

@@ -24,6 +24,7 @@ use meshc_runtime::format::mesh::{Mesh, Topology};
 use meshc_runtime::format::program::{
     Buffer, Collective, CollectiveOp, Exec, IoSpec, Meta, Program, Reduce, Step, Storage, ALIGN,
 };
+use meshc_runtime::tools::cli::{self, RunArgs};
 
 use crate::common::{layout_cases, meshc, scratch};
 
@@ -176,6 +177,69 @@ fn a_recv_across_hosts_whose_send_never_comes_times_out_on_every_host() {
         e.contains("on device 1 on host 1 (device 1) from device 0 on host 0 (device 0): no send came within 300ms"),
         "{e}"
     );
+}
+
+/// `RunArgs` as `run ARGS` gives them.
+fn run_args(args: &[&str]) -> RunArgs {
+    #[derive(clap::Parser)]
+    struct Run {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+    <Run as clap::Parser>::parse_from(std::iter::once("run").chain(args.iter().copied())).run
+}
+
+/// Before the first run the hosts compare digests of their artifact, run options and
+/// inputs (`cli::agreement`), and every host refuses one that differs, naming it: a host
+/// with other weights or inputs would otherwise give silently wrong outputs, and one with
+/// another --bench count or layout a timeout that blames another.
+#[test]
+fn hosts_that_differ_in_artifact_options_or_inputs_are_refused_before_they_run() {
+    let dir = scratch("hosts-agree");
+    let graph = Path::new("testdata/mlp/graph.json");
+    let (dp, stages) = (dir.join("dp.mshc"), dir.join("stages.mshc"));
+    compile(graph, Path::new("testdata/mlp/layouts/dp-2.json"), &dp);
+    compile(graph, Path::new("testdata/mlp/layouts/stages-2.json"), &stages);
+    let same = inputs(graph, &open(&dp));
+    let mut other = same.clone();
+    let x = &same["x"];
+    let mut v = x.as_f32().unwrap().to_vec();
+    *v.last_mut().unwrap() += 1.0;
+    other.insert("x".into(), Tensor::new(x.shape.clone(), meshc_ir::Data::F32(v)));
+    let (dp, stages, plain): (&Path, &Path, &[&str]) = (&dp, &stages, &[]);
+    let cases = [
+        (dp, plain, &same, None),
+        (stages, plain, &same, Some("runs another artifact")),
+        (
+            dp,
+            &["--bench", "2"],
+            &same,
+            Some("was given other options (--bench, --degrade*, --fail-device, --stop-host)"),
+        ),
+        (dp, plain, &other, Some("was given other inputs")),
+    ];
+    for (art, args, inputs, differs) in cases {
+        // Host 0 as given; host 1 as the case has it.
+        let hosts = [(dp, plain, &same), (art, args, inputs)];
+        let transports = Threads::joined(2);
+        let got: Vec<Result<(), String>> = std::thread::scope(|s| {
+            let runs: Vec<_> = (hosts.iter().zip(transports))
+                .map(|(&(art, args, inputs), t)| {
+                    s.spawn(move || {
+                        let mut l = open(art);
+                        l.meta.hosts = vec![vec![0], vec![1]];
+                        l.set_transport(t).map_err(|e| format!("{e:#}"))?;
+                        let args = run_args(args);
+                        l.agree(|| cli::agreement(&l, &args, inputs), Duration::from_secs(5))
+                            .map_err(|e| format!("{e:#}"))
+                    })
+                })
+                .collect();
+            runs.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        let want = differs.map(|d| format!("host 1 (device 1) {d} than host 0 (device 0)"));
+        assert_eq!(got, vec![want.clone().map_or(Ok(()), Err); 2], "{differs:?}");
+    }
 }
 
 #[test]

@@ -76,3 +76,26 @@ fn testdata_specs_check_as_pinned() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
+
+/// A layout key that is a tensor's name is that tensor, even when the name holds glob
+/// characters (ONNX names such as `x[0]`): it does not match `x0` as a pattern would.
+#[test]
+fn a_key_that_names_a_tensor_is_no_pattern() {
+    let dir = crate::common::scratch("layout-literal-key");
+    let graph = dir.join("g.txt");
+    std::fs::write(
+        &graph,
+        "graph g {\n  input \"x[0]\": f32[4,4]\n  input x0: f32[4,4]\n  a = relu(\"x[0]\")\n  b = relu(x0)\n  output a\n  output b\n}\n",
+    )
+    .unwrap();
+    let spec = dir.join("l.json");
+    std::fs::write(
+        &spec,
+        r#"{"format": "meshc-layout/1", "mesh": {"shape": [2], "axes": ["d"]}, "layouts": {"x[0]": [0, null]}}"#,
+    )
+    .unwrap();
+    let run = meshc(&["check", &graph.display().to_string(), "--layout", &spec.display().to_string()]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    assert!(run.stdout.contains("layout x[0] [d, -] (spec)\n"), "{}", run.stdout);
+    assert!(!run.stdout.contains("layout x0 [d, -]"), "{}", run.stdout);
+}

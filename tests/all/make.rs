@@ -42,3 +42,31 @@ fn artifacts_rebuild_only_when_an_input_changes() {
     std::fs::write(src.join("mlp/notes.txt"), "unrelated").unwrap();
     assert_eq!(make(&query).status.code(), Some(0), "an unrelated file must not trigger a rebuild");
 }
+
+/// A depfile names its files as make reads them whatever characters they hold: a space,
+/// `#` (a comment), `:` (a rule's colon) and `$` (a variable) escaped. Make then finds the
+/// artifact up to date, stale when a weight file changes, and every file by its name.
+#[test]
+fn a_depfile_of_paths_with_make_syntax_in_them_reads_back_in_make() {
+    let dir = scratch("make-names");
+    let src = dir.join("a b$c#d:e");
+    let copied = Command::new("cp").args(["-r", "testdata/mlp", src.to_str().unwrap()]).status().unwrap();
+    assert!(copied.success());
+    let art = src.join("mlp.mshc");
+    let run = crate::common::meshc(&[
+        "compile",
+        src.join("graph.json").to_str().unwrap(),
+        "-o",
+        art.to_str().unwrap(),
+        "-MF",
+        dir.join("mlp.d").to_str().unwrap(),
+    ]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    std::fs::write(dir.join("Makefile"), "include mlp.d\n%.mshc:\n\t@echo rebuild\n").unwrap();
+    let query = || make(&["-q", "-C", dir.to_str().unwrap()]);
+    assert_eq!(query().status.code(), Some(0), "{:?}", query());
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let w = src.join("weights/w1.npy");
+    std::fs::write(&w, std::fs::read(&w).unwrap()).unwrap();
+    assert_eq!(query().status.code(), Some(1), "{:?}", query());
+}

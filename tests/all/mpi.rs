@@ -325,3 +325,64 @@ fn link_stats_count_the_bytes_each_host_sent_and_each_host_writes_its_trace() {
         assert!(text.contains("\"ph\""), "{text}");
     }
 }
+
+/// Ranks that do not run the same thing — another artifact, another `--bench` count,
+/// other input values — are refused before the first run, every rank naming the one that
+/// differs, instead of silently wrong outputs or a timeout that blames another rank. Each
+/// rank's command line comes from a script that picks it by the rank's number.
+#[test]
+fn ranks_that_differ_in_artifact_options_or_inputs_end_the_job_naming_the_rank() {
+    let dir = scratch("mpi-agree");
+    let art = stages(&dir);
+    let dp = dir.join("dp.mshc");
+    let spec = dir.join("dp.json");
+    with_hosts(Path::new("testdata/mlp/layouts/dp-2.json"), &serde_json::json!({"axis": "data"}), &spec);
+    compile(Path::new("testdata/mlp/graph.json"), &spec, &dp);
+    let x = dir.join("x.npy");
+    let mut t = meshc_ir::Tensor::read_npy(Path::new("testdata/mlp/inputs/x.npy")).unwrap();
+    if let meshc_ir::Data::F32(v) = &mut t.data {
+        v[0] += 1.0;
+    }
+    t.write_npy(&x).unwrap();
+    let command = |art: &Path, x: &str, extra: &[&str]| -> String {
+        let mut a = vec![env!("CARGO_BIN_EXE_meshc").to_string(), "run".into(), art.display().to_string()];
+        a.extend([
+            "--input".into(),
+            format!("x={x}"),
+            "--transport".into(),
+            "mpi".into(),
+            "--timeout".into(),
+            "20".into(),
+        ]);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a.iter().map(|s| format!("'{s}'")).collect::<Vec<_>>().join(" ")
+    };
+    let same = command(&art, "testdata/mlp/inputs/x.npy", &[]);
+    let x = x.display().to_string();
+    for (rank1, differs) in [
+        (command(&dp, "testdata/mlp/inputs/x.npy", &[]), "runs another artifact"),
+        (
+            command(&art, "testdata/mlp/inputs/x.npy", &["--bench", "2"]),
+            "was given other options (--bench, --degrade*, --fail-device, --stop-host)",
+        ),
+        (command(&art, &x, &[]), "was given other inputs"),
+    ] {
+        let script = dir.join("rank.sh");
+        std::fs::write(
+            &script,
+            format!("#!/bin/sh\nif [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then exec {rank1}; fi\nexec {same}\n"),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let start = Instant::now();
+        let out = Command::new("tools/mpirun-hosts").arg("2").arg(&script).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{differs}: {stderr}");
+        let want = format!("host 1 (device 1) {differs} than host 0 (device 0)");
+        assert!(
+            stderr.contains(&format!("error: host 0: {want}")) || stderr.contains(&format!("error: host 1: {want}")),
+            "{stderr}"
+        );
+        assert!(start.elapsed() < Duration::from_secs(15), "{differs}: {:?}", start.elapsed());
+    }
+}

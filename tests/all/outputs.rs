@@ -1,7 +1,7 @@
 //! Every file meshc writes is all-or-nothing, through the real binary: outputs appear
 //! together only when the whole command succeeds, output names cannot escape
 //! `--output-dir`, two outputs to one file are refused, a full disk (a file-size limit)
-//! and SIGTERM leave the old file and no temporary behind.
+//! and SIGTERM or SIGQUIT leave the old file and no temporary behind.
 
 use std::path::Path;
 use std::process::Command;
@@ -104,8 +104,14 @@ fn a_full_disk_leaves_the_old_artifact_and_no_temporary() {
 }
 
 #[test]
-fn sigterm_during_compile_removes_the_temporary() {
-    let dir = scratch("outputs-sigterm");
+fn sigterm_or_sigquit_during_compile_removes_the_temporary() {
+    for signal in [libc::SIGTERM, libc::SIGQUIT] {
+        killed_during_compile(signal);
+    }
+}
+
+fn killed_during_compile(signal: i32) {
+    let dir = scratch(&format!("outputs-signal-{signal}"));
     let graph = big_graph(&dir);
     let art = dir.join("big.mshc");
     std::fs::write(&art, "old artifact").unwrap();
@@ -120,13 +126,14 @@ fn sigterm_during_compile_removes_the_temporary() {
         if names(&dir).iter().any(|n| n.contains(".tmp")) {
             saw_temporary = true;
             // SAFETY: kill(2) on our own child's pid.
-            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            unsafe { libc::kill(child.id() as i32, signal) };
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
     let status = child.wait().unwrap();
-    assert!(saw_temporary || status.success(), "{status:?}");
+    assert!(saw_temporary || status.success(), "{signal}: {status:?}");
+    assert!(status.success() || status.code() == Some(128 + signal), "{signal}: {status:?}");
     // Old or new, never half-written: the signal may land just after the rename.
     let now = std::fs::read(&art).unwrap();
     assert!(

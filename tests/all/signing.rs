@@ -8,6 +8,8 @@ use meshc_runtime::format::artifact::{Artifact, SectionKind, Writer};
 
 const MLP: &str = "testdata/mlp/graph.json";
 const MLP_X: &str = "x=testdata/mlp/inputs/x.npy";
+const GELU: &str = "testdata/gelu_mlp/graph.json";
+const GELU_X: &str = "x=testdata/gelu_mlp/inputs/x.npy";
 
 #[test]
 fn signed_artifacts_run_only_with_their_key() {
@@ -68,4 +70,44 @@ fn signed_artifacts_run_only_with_their_key() {
 
     let graph = meshc(&["run", MLP, "--input", MLP_X, "--require-signature", &p("k.pub")]);
     refused(graph, "only artifacts are signed");
+}
+
+/// The code that runs is the code the signature vouched for: an in-place write of `int3`
+/// over the whole code section of the file a signed run has open (`dd conv=notrunc`,
+/// `rsync --inplace`) never reaches the code it runs, which was read and checked when the
+/// file was opened and runs from memory of its own.
+#[test]
+fn code_written_over_a_running_artifact_never_runs() {
+    use std::io::{Seek, Write};
+    let dir = scratch("signing-in-place");
+    let p = |name: &str| dir.join(name).display().to_string();
+    assert_eq!(meshc(&["keygen", "-o", &p("k")]).status, Some(0));
+    // gelu_mlp has generated kernels (mlp has none: its matmuls are library calls).
+    let run = meshc(&["compile", GELU, "-o", &p("a.mshc"), "--sign", &p("k")]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    let code = Artifact::open(std::path::Path::new(&p("a.mshc"))).unwrap();
+    let code = code.sections().iter().find(|s| s.kind == SectionKind::Code).unwrap().clone();
+    assert!(code.size > 0);
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_meshc"))
+        .args(["run", &p("a.mshc"), "--input", GELU_X, "--require-signature", &p("k.pub"), "--bench", "100000000"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Well into its runs (a load takes milliseconds), the code section becomes traps.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert!(child.try_wait().unwrap().is_none(), "the run ended before the write");
+    let mut f = std::fs::OpenOptions::new().write(true).open(p("a.mshc")).unwrap();
+    f.seek(std::io::SeekFrom::Start(code.offset)).unwrap();
+    f.write_all(&vec![0xcc; code.size as usize]).unwrap();
+    f.sync_all().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    let ended = child.try_wait().unwrap();
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert!(ended.is_none(), "the run ended after the write: {ended:?} {}", String::from_utf8_lossy(&out.stderr));
+    // The file now fails its checksum: a new run refuses it.
+    let again = meshc(&["run", &p("a.mshc"), "--input", GELU_X, "--require-signature", &p("k.pub")]);
+    assert_eq!(again.status, Some(1), "{again:?}");
 }

@@ -150,6 +150,7 @@ fn training_refusals_are_one_line_errors() {
     for (args, want) in [
         (vec!["--loss", "loss", "--optimizer", "adam:1"], "unknown optimizer 'adam'"),
         (vec!["--loss", "p", "--optimizer", "sgd:0.1"], "--loss 'p' is f32[16,4]; the loss must be a scalar f32[]"),
+        (vec!["--loss", "loss", "--optimizer", "sgd:1e40"], "--optimizer 'sgd:1e40': lr = 1e40 is beyond f32's range"),
     ] {
         let mut a = vec!["compile", GRAPH, "-o", &art];
         a.extend(args);
@@ -157,6 +158,18 @@ fn training_refusals_are_one_line_errors() {
         assert_eq!(r.status, Some(1), "{r:?}");
         assert!(r.stderr.contains(want) && r.stderr.lines().count() == 1, "{}", r.stderr);
     }
+    // A training step over several hosts is refused when compiled, not at its first run.
+    let hosts = dir.join("hosts.json");
+    let mut spec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string("testdata/train/layouts/ring-8.json").unwrap()).unwrap();
+    spec["hosts"] = serde_json::json!([[0, 1, 2, 3], [4, 5, 6, 7]]);
+    std::fs::write(&hosts, spec.to_string()).unwrap();
+    let hosts = hosts.display().to_string();
+    let r = meshc(&["compile", GRAPH, "--loss", "loss", "--optimizer", "sgd:0.1", "--layout", &hosts, "-o", &art]);
+    assert_eq!(r.status, Some(1), "{r:?}");
+    let want =
+        "hosts.json: hosts: a training step (--loss) runs in one process; training over several hosts is not supported";
+    assert!(r.stderr.contains(want) && r.stderr.lines().count() == 1, "{}", r.stderr);
     // Hostile or missing files around a run: one line each, naming the file.
     let good = compile(&dir, "sgd:0.1", None);
     let junk = dir.join("junk.safetensors");
@@ -503,4 +516,77 @@ fn the_default_checkpoint_is_announced_and_not_beside_the_source() {
     assert!(stderr.contains("checkpoint: classifier.ckpt.safetensors (no --checkpoint given)"), "{stderr}");
     assert_eq!(State::read(&dir.join("classifier.ckpt.safetensors")).unwrap().step, 2);
     assert!(!Path::new("testdata/train/classifier.ckpt.safetensors").exists());
+}
+
+/// A training run's own files are hostile too: `--resume` of a FIFO or a device is
+/// refused at once, as is a checkpoint with a flipped bit, one of another optimizer, or
+/// one whose step count would wrap; a bad batch found only at its step (per-step batch
+/// directories) ends the run with the steps before it saved.
+#[test]
+fn checkpoints_and_batches_that_would_lose_or_corrupt_work_are_refused() {
+    let dir = scratch("train-trust");
+    let sgd = compile(&dir, "sgd:0.1", None);
+    let adamw = compile_with(&dir, "adamw.mshc", "adamw:0.01,0.9,0.999,1e-8,0.01", None, &[]);
+    let data = ["--data", "testdata/train/data"];
+    let path = |name: &str| dir.join(name).display().to_string();
+    let moments = path("adamw.safetensors");
+    let r = meshc(&["run", &adamw, "--steps", "2", data[0], data[1], "--checkpoint", &moments]);
+    assert_eq!(r.status, Some(0), "{r:?}");
+    let mut bytes = std::fs::read(&moments).unwrap();
+    let last = bytes.len() - 3;
+    bytes[last] ^= 0x10;
+    std::fs::write(path("flipped.safetensors"), bytes).unwrap();
+    let (_, mut late) = open(&sgd);
+    late.step = u64::MAX - 1;
+    late.save(Path::new(&path("late.safetensors"))).unwrap();
+    assert!(Command::new("mkfifo").arg(path("fifo")).status().unwrap().success());
+    let (_, init) = open(&sgd);
+    let tensors: Vec<(&str, &meshc_ir::Tensor)> = init.tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let meta = std::collections::HashMap::from([("meshc.step".to_string(), "-5".to_string())]);
+    std::fs::write(path("minus.safetensors"), meshc_ir::tensor::safetensors_bytes(&tensors, Some(meta)).unwrap())
+        .unwrap();
+    let minus = path("minus.safetensors");
+    let (fifo, flipped, late) = (path("fifo"), path("flipped.safetensors"), path("late.safetensors"));
+    for (art, resume, want) in [
+        (&sgd, fifo.as_str(), "fifo: cannot read checkpoint: is a FIFO"),
+        (&sgd, "/dev/zero", "/dev/zero: cannot read checkpoint: is a device"),
+        (&adamw, &flipped, "flipped.safetensors: its contents do not match its checksum 'meshc.crc32'"),
+        (&sgd, &moments, "which is no state of this program (a checkpoint of another optimizer?)"),
+        (&sgd, &late, "--steps 2 from step 18446744073709551614: the step count would pass 18446744073709551615"),
+        (&sgd, &minus, "minus.safetensors: 'meshc.step' is '-5', not a count of steps"),
+    ] {
+        let r = meshc(&["run", art, "--steps", "2", data[0], data[1], "--resume", resume]);
+        assert_eq!(r.status, Some(1), "{resume}: {r:?}");
+        assert!(r.stderr.contains(want) && r.stderr.lines().count() == 1, "{resume}: {}", r.stderr);
+    }
+    // Per-step batches, step 2's x of the wrong shape: steps 0 and 1 are kept.
+    let batches = dir.join("batches");
+    for name in ["x", "labels"] {
+        let all = meshc_ir::Tensor::read_npy(&Path::new("testdata/train/data").join(format!("{name}.npy"))).unwrap();
+        let ty = meshc_ir::TensorType::new(all.dtype(), all.shape[1..].to_vec());
+        let bytes = all.to_le_bytes();
+        for k in 0..3 {
+            let step = batches.join(format!("step_{k:06}"));
+            std::fs::create_dir_all(&step).unwrap();
+            let mut ty = ty.clone();
+            if k == 2 && name == "x" {
+                ty.shape[0] -= 1;
+            }
+            let at = k * ty.size_bytes();
+            let t = meshc_ir::Tensor::from_le_bytes(&ty, &bytes[at..at + ty.size_bytes()]);
+            t.write_npy(&step.join(format!("{name}.npy"))).unwrap();
+        }
+    }
+    let (batches, kept) = (batches.display().to_string(), path("kept.safetensors"));
+    let r = meshc(&["run", &sgd, "--steps", "5", "--data", &batches, "--checkpoint", &kept]);
+    assert_eq!(r.status, Some(1), "{r:?}");
+    assert_eq!(r.stdout.lines().count(), 2, "{}", r.stdout);
+    assert!(
+        r.stderr.contains("step_000002/x.npy")
+            && r.stderr.contains(&format!("(the state after step 1 is saved in {kept})"))
+            && r.stderr.lines().count() == 1,
+        "{}",
+        r.stderr
+    );
+    assert_eq!(State::read(Path::new(&kept)).unwrap().step, 2);
 }

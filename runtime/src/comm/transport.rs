@@ -88,7 +88,7 @@ pub struct Hosts {
     /// Per host: its devices, ascending.
     devices: Vec<Vec<usize>>,
     /// Message tags: one per transfer key, then one per collective (id, first device of the
-    /// group), then one per output block (`output_tag`).
+    /// group), then one per output block (`output_tag`); below `AGREE_TAG`.
     keys: HashMap<String, u32>,
     collectives: HashMap<(usize, usize), u32>,
     outputs_base: u32,
@@ -99,6 +99,11 @@ pub struct Hosts {
 /// Tags are a tag base times this, plus the message's phase (a reduction's partial results,
 /// then its result).
 pub const PHASES: u32 = 4;
+
+/// The tag of `Hosts::agree`'s messages: fixed, above every other (which are numbered from
+/// the artifact, and so may differ between hosts that do not run the same one), and within
+/// the tags MPI allows (Open MPI: up to `i32::MAX`).
+const AGREE_TAG: u32 = i32::MAX as u32 - 1;
 
 impl Hosts {
     /// Checks `meta.hosts` against the mesh and the transport (one process per host) and
@@ -143,7 +148,7 @@ impl Hosts {
             }
         }
         let count = keys.len() + collectives.len() + meta.outputs.len() * devices;
-        if count as u64 * PHASES as u64 >= i32::MAX as u64 {
+        if count as u64 * PHASES as u64 >= AGREE_TAG as u64 {
             bail!("{count} transfers, collectives and output blocks are more than MPI tags can number");
         }
         let outputs_base = (keys.len() + collectives.len()) as u32;
@@ -152,6 +157,38 @@ impl Hosts {
         let collectives = collectives.into_iter().enumerate().map(|(i, c)| (c, (base + i) as u32)).collect();
         let sent = meta.hosts.iter().map(|_| AtomicU64::new(0)).collect();
         Ok(Hosts { transport, host_of, devices: meta.hosts.clone(), keys, collectives, outputs_base, sent })
+    }
+
+    /// Checks, before the first run, that every host runs what this one does: each sends
+    /// every other its digest of each of `parts` (described as said of a host: "runs
+    /// another artifact") and compares them with host 0's, so that every host names the same
+    /// one. A host that differed would compute silently wrong outputs, or wait for messages
+    /// that never come until the timeout blamed another.
+    pub fn agree(&self, parts: &[(&str, [u8; 32])], timeout: Duration) -> Result<()> {
+        let me = self.me();
+        let mine: Vec<u8> = parts.iter().flat_map(|p| p.1).collect();
+        let others: Vec<usize> = (0..self.devices.len()).filter(|&h| h != me).collect();
+        let mut theirs = vec![vec![0u8; mine.len()]; others.len()];
+        let tag = AGREE_TAG;
+        let sends: Vec<Outgoing> = others.iter().map(|&to| Outgoing { to, tag, bytes: &mine }).collect();
+        let mut recvs: Vec<Incoming> =
+            others.iter().zip(&mut theirs).map(|(&from, bytes)| Incoming { from, tag, bytes }).collect();
+        match self.transport.exchange(&sends, &mut recvs, timeout, &|| false) {
+            Ok(()) => {}
+            Err(Stall::Timeout(p)) => bail!("before the first run, {}", self.stalled(p, &sends, &recvs, timeout)),
+            Err(Stall::Failed(m)) => bail!("before the first run, comparing the hosts: {m}"),
+            Err(Stall::Stopped) => bail!("before the first run, comparing the hosts: stopped"),
+        }
+        drop(recvs);
+        let record =
+            |h: usize| if h == me { &mine } else { &theirs[others.iter().position(|&o| o == h).expect("a host")] };
+        for h in 1..self.devices.len() {
+            let (a, b) = (record(0).chunks(32), record(h).chunks(32));
+            if let Some(((what, _), _)) = parts.iter().zip(a.zip(b)).find(|(_, (a, b))| a != b) {
+                bail!("{} {what} than {}", self.label(h), self.label(0));
+            }
+        }
+        Ok(())
     }
 
     /// `Transport::exchange`, counting the bytes sent per host.

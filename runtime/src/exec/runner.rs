@@ -262,6 +262,35 @@ impl Loaded {
         self.hosts.as_ref().map_or(0, |h| h.me())
     }
 
+    /// A digest of what this program computes: the artifact's section table (each
+    /// section's kind, size and checksum) where it was loaded from one, else its metadata,
+    /// programs and weights.
+    pub fn digest(&self) -> [u8; 32] {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        match &self.weights {
+            Weights::Artifact(a) => a.sections().iter().for_each(|s| {
+                h.update((s.kind as u32).to_le_bytes());
+                h.update(s.size.to_le_bytes());
+                h.update(s.checksum.to_le_bytes());
+            }),
+            Weights::Owned(w) => {
+                h.update(serde_json::to_vec(&(&self.meta, &self.programs)).unwrap_or_default());
+                h.update(crc32fast::hash(w.as_slice()).to_le_bytes());
+            }
+        }
+        h.finalize().into()
+    }
+
+    /// Under hosts (`set_transport`): checks that every host runs what this one does,
+    /// comparing digests of `parts`, computed only here (`Hosts::agree`); else nothing.
+    pub fn agree(&self, parts: impl FnOnce() -> Vec<(&'static str, [u8; 32])>, timeout: Duration) -> Result<()> {
+        match &self.hosts {
+            Some(hosts) => hosts.agree(&parts(), timeout),
+            None => Ok(()),
+        }
+    }
+
     /// Section `kind` of the artifact the program was loaded from (none for a program
     /// compiled in memory).
     pub fn section(&self, kind: SectionKind) -> Option<&[u8]> {

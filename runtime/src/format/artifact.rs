@@ -287,13 +287,15 @@ impl<'a> Writer<'a> {
 }
 
 /// An opened, validated artifact: the file mapped read-only, sections handed out as slices
-/// of the mapping.
+/// of the mapping, but for the code section, which is read into memory of its own when
+/// opened and checked there: the code a signature or checksum vouched for is the code that
+/// runs, whatever is written to the file afterwards.
 pub struct Artifact {
     path: PathBuf,
-    file: File,
     map: Mmap,
     flags: u32,
     sections: Vec<SectionInfo>,
+    code: Vec<u8>,
 }
 
 impl Artifact {
@@ -317,7 +319,19 @@ impl Artifact {
         // "Mapping"); the compiler replaces artifacts by rename (`tools::output`), which is safe.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| fail(format!("cannot map: {e}")))?;
         let (flags, sections) = validate(&map, verify).map_err(|e| fail(format!("{e:#}")))?;
-        Ok(Artifact { path: path.to_path_buf(), file, map, flags, sections })
+        // Read (pread), not copied from the mapping: a file cut meanwhile is then an error,
+        // not a SIGBUS; and checked again, as the file may have changed since `validate`.
+        let code = match sections.iter().find(|s| s.kind == SectionKind::Code) {
+            None => Vec::new(),
+            Some(info) => {
+                let mut code = vec![0u8; info.size as usize];
+                std::os::unix::fs::FileExt::read_exact_at(&file, &mut code, info.offset)
+                    .map_err(|e| fail(format!("cannot read the code section: {e}")))?;
+                check_crc(info, &code).map_err(|e| fail(format!("{e:#} (file changed while it was opened)")))?;
+                code
+            }
+        };
+        Ok(Artifact { path: path.to_path_buf(), map, flags, sections, code })
     }
 
     /// The artifact-wide flags from the header.
@@ -334,7 +348,15 @@ impl Artifact {
     /// A bulk section's checksum has only been verified if the artifact was opened with
     /// `Verify::All` or `verify_bulk` has succeeded.
     pub fn section(&self, kind: SectionKind) -> Option<&[u8]> {
-        self.info(kind).map(|s| &self.map[s.range()])
+        self.info(kind).map(|s| self.bytes(s))
+    }
+
+    /// The bytes of section `s`: the code as read when opened, else a slice of the mapping.
+    fn bytes(&self, s: &SectionInfo) -> &[u8] {
+        match s.kind {
+            SectionKind::Code => &self.code,
+            _ => &self.map[s.range()],
+        }
     }
 
     fn info(&self, kind: SectionKind) -> Option<&SectionInfo> {
@@ -349,7 +371,7 @@ impl Artifact {
             .sections
             .iter()
             .filter(|s| s.kind != SectionKind::Signature)
-            .map(|s| (s.kind as u32, s.align, &self.map[s.range()]))
+            .map(|s| (s.kind as u32, s.align, self.bytes(s)))
             .collect();
         parts.sort_by_key(|p| p.0);
         signature::verify(bytes, self.flags, &parts).map_err(|e| anyhow!("{}: {e:#}", self.path.display()))
@@ -369,17 +391,19 @@ impl Artifact {
             .map_err(|e| anyhow!("{}: {e:#}", self.path.display()))
     }
 
-    /// Maps only the code section's bytes of the file, read + execute. Its checksum was
-    /// verified by `open`; it is verified again on the executable mapping because the file
-    /// may have been rewritten in place since (this mapping is a second, independent one).
+    /// The code section in anonymous memory of its own, read + execute: the bytes read and
+    /// checked when the artifact was opened (and hashed by `signature`), copied while the
+    /// memory is writable and only then made executable, never both (W^X). Nothing maps
+    /// the file executable, so a write to it cannot change the code that runs.
     pub fn map_code(&self) -> Result<Mmap> {
         let fail = |msg: String| anyhow!("{}: {msg}", self.path.display());
-        let code = self.info(SectionKind::Code).ok_or_else(|| fail("no code section".into()))?;
-        // SAFETY: as in `open_with`; the bytes are checked below before anyone can run them.
-        let map = unsafe { MmapOptions::new().offset(code.offset).len(code.size as usize).map_exec(&self.file) }
-            .map_err(|e| fail(format!("cannot map the code section executable: {e}")))?;
-        check_crc(code, &map).map_err(|e| fail(format!("{e:#} (file changed since it was opened)")))?;
-        Ok(map)
+        self.info(SectionKind::Code).ok_or_else(|| fail("no code section".into()))?;
+        let mut map = MmapOptions::new()
+            .len(self.code.len())
+            .map_anon()
+            .map_err(|e| fail(format!("cannot allocate memory for the code section: {e}")))?;
+        map.copy_from_slice(&self.code);
+        map.make_exec().map_err(|e| fail(format!("cannot make the code section executable: {e}")))
     }
 }
 
@@ -816,15 +840,18 @@ mod tests {
     }
 
     #[test]
-    fn map_code_refuses_code_changed_since_open() {
+    fn code_written_to_the_file_after_open_never_runs() {
         let t = TempFile::with(sample());
         let a = Artifact::open(&t.0).unwrap();
+        let code = a.section(SectionKind::Code).unwrap().to_vec();
         let mut b = sample().to_vec();
-        b[16384] ^= 1;
-        // Rewritten in place (same inode), as a careless tool might.
+        b[16384] = 0xcc;
+        // Rewritten in place (same inode), as a careless tool might; then cut short.
         std::fs::OpenOptions::new().write(true).open(&t.0).unwrap().write_all(&b).unwrap();
-        let e = format!("{:#}", a.map_code().unwrap_err());
-        assert!(e.ends_with("section code: checksum mismatch (corrupted) (file changed since it was opened)"), "{e}");
+        assert_eq!(&a.map_code().unwrap()[..], &code[..]);
+        std::fs::OpenOptions::new().write(true).open(&t.0).unwrap().set_len(100).unwrap();
+        assert_eq!(&a.map_code().unwrap()[..], &code[..]);
+        assert_eq!(a.section(SectionKind::Code).unwrap(), &code[..]);
     }
 
     fn median(mut v: Vec<Duration>) -> Duration {

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{anyhow, bail, Context, Result};
+use meshc_ir::error::{escape_controls, shorten_quoted};
 use meshc_ir::{Tensor, TensorType};
 
 use crate::comm::error::RunError;
@@ -50,16 +51,17 @@ pub fn exit(result: Result<()>) -> ExitCode {
 /// An error as one line of stderr.
 fn report(e: &anyhow::Error) {
     // anyhow's alternate form joins the context chain on one line.
-    let line = format!(
-        "error: {}\n",
-        meshc_ir::error::shorten_quoted(&format!("{e:#}"))
-            .chars()
-            .flat_map(|c| if c.is_control() { c.escape_default().collect() } else { vec![c] })
-            .collect::<String>()
-    );
+    let line = format!("error: {}\n", escape_controls(&shorten_quoted(&format!("{e:#}")), false));
     // One write, not eprintln!'s one per piece: mpirun forwards a rank's stderr as it comes
     // and prints its own abort notice meanwhile, which could land inside the line.
     let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+}
+
+/// Prints `text` to stdout with its control characters escaped but line breaks: what the
+/// commands print quotes names from files, which must not reach a terminal as escape
+/// sequences.
+pub fn print(text: &str) {
+    print!("{}", escape_controls(text, true));
 }
 
 /// Splits `NAME=FILE`.
@@ -145,7 +147,7 @@ impl Io {
         }
         if wanted.is_empty() {
             for (name, t) in results {
-                println!("{name}: {}", summary(t));
+                print(&format!("{name}: {}\n", summary(t)));
             }
         }
         Ok(())
@@ -299,7 +301,8 @@ fn run_here(loaded: &mut Loaded, io: &Io, args: &RunArgs) -> Result<()> {
         Err(e) if args.replan_on_failure && !failed(&e).is_empty() => {
             let dead = failed(&e);
             let names: Vec<String> = dead.iter().map(|&d| loaded.meta.mesh.coords_string(d)).collect();
-            eprintln!("{e:#}: re-planning without {} and running again", names.join(", "));
+            let why = format!("{e:#}: re-planning without {} and running again", names.join(", "));
+            eprintln!("{}", escape_controls(&why, false));
             let deg = Degradation { nodes: dead, ..Default::default() };
             loaded.degrade(&deg, args.degrade_strict).context("--replan-on-failure")?;
             run_loaded(loaded, io, args)
@@ -384,12 +387,12 @@ fn check_against(results: &BTreeMap<String, Tensor>, dir: &Path) -> Result<()> {
             0 => String::new(),
             n => format!("{n} element(s) NaN on one side only, "),
         };
-        println!(
-            "check {name}: {nans}max abs error {:.3e} against {} ({})",
+        print(&format!(
+            "check {name}: {nans}max abs error {:.3e} against {} ({})\n",
             c.max_abs_err,
             file.display(),
             if ok { "ok" } else { "FAILED" }
-        );
+        ));
         if !ok {
             failed.push(name.as_str());
         }
@@ -408,6 +411,30 @@ fn timeout(args: &RunArgs) -> Result<std::time::Duration> {
         .ok_or_else(|| anyhow!("--timeout {}: expected a positive number of seconds", args.timeout))
 }
 
+/// What the hosts of a run must agree on (`Loaded::agree`), each part said of a host that
+/// differs: the artifact, the options that shape the runs (how many, the devices degraded,
+/// the failures injected) and the inputs, every value of them.
+pub fn agreement(loaded: &Loaded, args: &RunArgs, inputs: &HashMap<String, Tensor>) -> Vec<(&'static str, [u8; 32])> {
+    use sha2::{Digest, Sha256};
+    let options = (&args.bench, &args.degrade, &args.degrade_host, &args.degrade_link, &args.degrade_strict);
+    let options = format!("{:?}", (options, &args.fail_device, &args.stop_host));
+    let mut values = Sha256::new();
+    let mut names: Vec<&String> = inputs.keys().collect();
+    names.sort();
+    for name in names {
+        let t = &inputs[name];
+        for part in [name.as_bytes(), t.ty().to_string().as_bytes(), &t.to_le_bytes()] {
+            values.update(part.len().to_le_bytes());
+            values.update(part);
+        }
+    }
+    vec![
+        ("runs another artifact", loaded.digest()),
+        ("was given other options (--bench, --degrade*, --fail-device, --stop-host)", Sha256::digest(options).into()),
+        ("was given other inputs", values.finalize().into()),
+    ]
+}
+
 /// The inputs a loaded program expects, by name.
 pub fn expected_inputs(loaded: &Loaded) -> Vec<(String, TensorType)> {
     loaded.meta.inputs.iter().filter_map(|s| Some((s.name.clone(), s.ty()?))).collect()
@@ -416,6 +443,7 @@ pub fn expected_inputs(loaded: &Loaded) -> Vec<(String, TensorType)> {
 fn run_loaded(loaded: &Loaded, io: &Io, args: &RunArgs) -> Result<()> {
     loaded.set_timeout(timeout(args)?);
     let inputs = read_inputs(&expected_inputs(loaded), &io.inputs)?;
+    loaded.agree(|| agreement(loaded, args, &inputs), timeout(args)?)?;
     let names: Vec<&str> = loaded.meta.outputs.iter().map(|o| o.name.as_str()).collect();
     let wanted = io.wanted(&names)?;
     // Every file the run writes appears together, once everything has succeeded.
@@ -500,7 +528,7 @@ pub fn inspect(path: &Path, json: bool) -> Result<()> {
         true => crate::tools::inspect::inspect_json,
         false => crate::tools::inspect::inspect,
     };
-    print!("{}", report(&art, &path.display().to_string())?);
+    print(&report(&art, &path.display().to_string())?);
     Ok(())
 }
 

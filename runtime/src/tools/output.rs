@@ -1,8 +1,8 @@
 //! Every file meshc writes is all-or-nothing: it is written to a temporary file in the same
 //! directory and renamed over its name only when the whole command has succeeded, so a
 //! failure (an error, a full disk, a kill) never leaves a half-written or a missing file
-//! where an old one was. The temporaries are registered, so that SIGINT, SIGTERM and
-//! SIGHUP remove them before the process ends. Also here: SIGPIPE back to its default, so
+//! where an old one was. The temporaries are registered, so that SIGINT, SIGTERM, SIGHUP
+//! and SIGQUIT remove them before the process ends. Also here: SIGPIPE back to its default, so
 //! that `meshc inspect A | head -1` ends quietly (status 141) instead of panicking on the
 //! closed pipe.
 
@@ -23,7 +23,7 @@ fn pending() -> MutexGuard<'static, BTreeSet<PathBuf>> {
 }
 
 /// Process-wide setup of both binaries: SIGPIPE to its default action, and a thread that
-/// on SIGINT/SIGTERM/SIGHUP removes the registered temporaries and ends the process with
+/// on SIGINT/SIGTERM/SIGHUP/SIGQUIT removes the registered temporaries and ends the process with
 /// the signal's conventional status (128 + signal).
 pub fn init() {
     static ONCE: Once = Once::new();
@@ -35,8 +35,8 @@ pub fn init() {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
             libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
         }
-        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-        let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) else { return };
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
+        let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT]) else { return };
         std::thread::spawn(move || {
             if let Some(sig) = signals.forever().next() {
                 for tmp in pending().iter() {

@@ -56,6 +56,9 @@ pub struct State {
 }
 
 const STEP_KEY: &str = "meshc.step";
+/// In a checkpoint: `State::checksum` in hex, which reading it checks (a flipped bit in a
+/// tensor would otherwise resume silently).
+const CHECKSUM_KEY: &str = "meshc.crc32";
 /// In a state section: the tensors left out because they are all zero, name → type.
 const ZEROS_KEY: &str = "meshc.zeros";
 
@@ -63,15 +66,40 @@ impl State {
     /// The checkpoint's bytes: every tensor under its name, the step in the metadata.
     pub fn to_safetensors(&self) -> Result<Vec<u8>> {
         let tensors: Vec<(&str, &Tensor)> = self.tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-        let meta = HashMap::from([(STEP_KEY.to_string(), self.step.to_string())]);
+        let meta = HashMap::from([
+            (STEP_KEY.to_string(), self.step.to_string()),
+            (CHECKSUM_KEY.to_string(), format!("{:08x}", self.checksum())),
+        ]);
         Ok(safetensors_bytes(&tensors, Some(meta))?)
     }
 
-    /// Reads a checkpoint `to_safetensors` wrote.
+    /// CRC-32 of the step and of every tensor's name, type and bytes, in name order.
+    pub fn checksum(&self) -> u32 {
+        let mut h = crc32fast::Hasher::new();
+        h.update(&self.step.to_le_bytes());
+        for (name, t) in &self.tensors {
+            for part in [name.as_bytes(), t.ty().to_string().as_bytes(), &t.to_le_bytes()] {
+                h.update(&part.len().to_le_bytes());
+                h.update(part);
+            }
+        }
+        h.finalize()
+    }
+
+    /// Reads a checkpoint `to_safetensors` wrote: a regular file (a FIFO would hang the
+    /// read, a device never end), whose checksum must match what it holds.
     pub fn read(path: &Path) -> Result<State> {
         let file = path.display().to_string();
-        let bytes = std::fs::read(path).with_context(|| format!("{file}: cannot read"))?;
-        State::parse(&bytes, &file, |_| None)
+        let bytes = meshc_ir::file::read(path, u64::MAX, "checkpoint").map_err(|e| anyhow!("{file}: {}", e.msg))?;
+        let state = State::parse(&bytes, &file, |_| None)?;
+        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).expect("parsed above");
+        match meta.metadata().as_ref().and_then(|m| m.get(CHECKSUM_KEY)) {
+            None => bail!("{file}: no '{CHECKSUM_KEY}' in its metadata (a checkpoint meshc writes has one)"),
+            Some(c) if *c != format!("{:08x}", state.checksum()) => {
+                bail!("{file}: its contents do not match its checksum '{CHECKSUM_KEY}' (the file is corrupted)")
+            }
+            Some(_) => Ok(state),
+        }
     }
 
     /// The bytes of a training artifact's state section: the checkpoint's, but with every
@@ -106,10 +134,10 @@ impl State {
         let (_, meta) = safetensors::SafeTensors::read_metadata(bytes)
             .with_context(|| format!("{file}: not a safetensors checkpoint"))?;
         let meta = meta.metadata().clone().unwrap_or_default();
-        let step = meta
-            .get(STEP_KEY)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| anyhow!("{file}: not a meshc checkpoint (no '{STEP_KEY}' in its metadata)"))?;
+        let step = match meta.get(STEP_KEY) {
+            None => bail!("{file}: not a meshc checkpoint (no '{STEP_KEY}' in its metadata)"),
+            Some(s) => s.parse().map_err(|_| anyhow!("{file}: '{STEP_KEY}' is '{s}', not a count of steps"))?,
+        };
         let st = safetensors::SafeTensors::deserialize(bytes)
             .with_context(|| format!("{file}: not a safetensors checkpoint"))?;
         let mut tensors = BTreeMap::new();
@@ -227,6 +255,10 @@ pub fn train(loaded: &Loaded, mut state: State, args: &StepArgs, checkpoint: &Pa
             Some(_) => {}
         }
     }
+    // Moments of an optimizer this program does not have would be dropped silently.
+    if let Some(n) = state.tensors.keys().find(|n| !names.contains(n)) {
+        bail!("the initial state holds '{n}', which is no state of this program (a checkpoint of another optimizer?)");
+    }
     let batch_inputs: Vec<(String, TensorType)> =
         crate::tools::cli::expected_inputs(loaded).into_iter().filter(|(n, _)| !names.contains(n)).collect();
     let batches = match &args.data {
@@ -242,6 +274,9 @@ pub fn train(loaded: &Loaded, mut state: State, args: &StepArgs, checkpoint: &Pa
         .map(|o| o.name.as_str())
         .collect();
     let steps = args.steps.unwrap_or(0);
+    if state.step.checked_add(steps).is_none() {
+        bail!("--steps {steps} from step {}: the step count would pass {}", state.step, u64::MAX);
+    }
     // A run that would find no batch for its last steps is refused before its first.
     if let Some(Batches::Stacked(all)) = &batches {
         let short = batch_inputs.iter().map(|(n, _)| (n, all[n].1)).find(|&(_, have)| state.step + steps > have);
@@ -259,16 +294,23 @@ pub fn train(loaded: &Loaded, mut state: State, args: &StepArgs, checkpoint: &Pa
         state.tensors = loaded.download(resident)?;
         state.save(checkpoint)
     };
+    let start = state.step;
     for _ in 0..steps {
-        let inputs = match &batches {
-            Some(b) => b.get(state.step, &batch_inputs)?,
-            None => HashMap::new(),
+        let inputs = match batches.as_ref().map(|b| b.get(state.step, &batch_inputs)).transpose() {
+            Ok(inputs) => inputs.unwrap_or_default(),
+            // A bad batch found only at its step does not lose the steps before it.
+            Err(e) if state.step > start => {
+                save(&mut state, &resident)?;
+                // Steps count from 0: the last one run is state.step - 1.
+                bail!("{e:#} (the state after step {} is saved in {})", state.step - 1, checkpoint.display());
+            }
+            Err(e) => return Err(e),
         };
         let out = loaded.run_resident(&inputs, &mut resident).with_context(|| format!("step {}", state.step))?;
         let losses: Vec<String> =
             reported.iter().filter_map(|r| out.get(*r).map(|t| format!("{r} {}", t.data.to_f64()[0] as f32))).collect();
         // Numbered like the batches (DIR/step_K) and errors: from 0.
-        println!("step {} {}", state.step, losses.join(" "));
+        crate::tools::cli::print(&format!("step {} {}\n", state.step, losses.join(" ")));
         state.step += 1;
         if args.save_every.is_some_and(|k| state.step.is_multiple_of(k)) {
             save(&mut state, &resident)?;
