@@ -37,7 +37,10 @@ install: build
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/meshc $(DESTDIR)$(PREFIX)/bin/meshc-run
 
+# The C ABI's shared library first: cargo test builds a library's rlib only, and the C
+# example (capi/tests/c_example.rs) links against libmeshcrt.so.
 test:
+	$(CARGO) build -p meshc-capi
 	$(CARGO) test --workspace
 
 golden:
