@@ -3,7 +3,7 @@ CARGO ?= cargo
 MESHC := target/release/meshc
 DEMO := testdata/transformer
 
-.PHONY: help build install uninstall test golden testdata bench demo fmt lint clean artifacts modules fuzz onnx-proto onnx-schemas onnx-testdata onnx-conformance onnx-models mpi-deps test-mpi mpi-demo
+.PHONY: help build install uninstall test golden testdata bench demo fmt lint clean artifacts modules fuzz onnx-proto onnx-schemas onnx-testdata onnx-conformance onnx-models mpi-deps test-mpi mpi-demo python test-python
 
 help:
 	@echo "make demo      build meshc and run the transformer-block example end to end"
@@ -16,6 +16,8 @@ help:
 	@echo "make onnx-schemas   regenerate onnx/src/schemas.rs, ONNX's op schemas, from the onnx package (the venv of onnx-testdata)"
 	@echo "make onnx-conformance  every ONNX backend node test through meshc (a venv under target/ with onnx)"
 	@echo "make onnx-models  real torch.onnx exports (ResNet, MobileNet, BERT, GPT-2, ...) through meshc (a venv with torch, ~6 GB)"
+	@echo "make python    build the Python package (python/, PyO3 + maturin) into a venv under target/"
+	@echo "make test-python  the pytest suite of the Python package (every testdata artifact, threads, bad inputs)"
 	@echo "make bench     run the benchmarks"
 	@echo "make fuzz      differential fuzzing of the whole pipeline (FUZZ_CASES=N, ~20 min by default)"
 	@echo "make artifacts compile every testdata graph into out/ (rebuilt only when an input changes)"
@@ -39,9 +41,12 @@ uninstall:
 
 # The tests run in the release profile: they then reuse what `make build` (and `make demo`)
 # compiled instead of building every crate a second time, and test the binary that ships.
+# The C ABI's shared library first: cargo test builds a library's rlib only, and the C
+# example (capi/tests/c_example.rs) links against libmeshcrt.so.
 TEST := $(CARGO) test --release
 test:
 	@echo "building the tests (release profile; the first build after make demo takes a few minutes) and running them"
+	$(CARGO) build --release -p meshc-capi
 	$(TEST) --workspace
 
 golden:
@@ -101,8 +106,20 @@ fuzz:
 	MESHC_FUZZ_CASES=$(FUZZ_CASES) MESHC_FUZZ_SAVE=$(CURDIR)/target/fuzz-failure.txt PROPTEST_MAX_SHRINK_ITERS=100000 \
 		$(TEST) --test all -- --nocapture fuzz::
 
+# The Python package (python/: PyO3 + numpy, built by maturin from PyPI) installed into a venv
+# of its own under target/, with pytest; the tests compile artifacts with the release meshc.
+PY_VENV := target/python-venv
+$(PY_VENV)/bin/python:
+	python3 -m venv $(PY_VENV)
+	$(PY_VENV)/bin/pip install -q maturin pytest numpy
+python: $(PY_VENV)/bin/python
+	VIRTUAL_ENV=$(CURDIR)/$(PY_VENV) $(PY_VENV)/bin/maturin develop -q --release -m python/Cargo.toml
+test-python: python
+	$(CARGO) build --release -p meshc
+	MESHC=$(CURDIR)/$(MESHC) $(PY_VENV)/bin/python -m pytest -q python/tests
+
 bench:
-	$(CARGO) bench --bench gemm --bench pipeline --bench mesh --bench collectives --bench degraded --bench pilot --bench sendrecv --bench streams --bench checkpoints --bench models --bench train --bench onnx --bench xla_bytes
+	$(CARGO) bench --bench gemm --bench pipeline --bench mesh --bench collectives --bench degraded --bench pilot --bench sendrecv --bench streams --bench checkpoints --bench models --bench train --bench onnx --bench xla_bytes --bench embed
 
 # The end-to-end example: compile the transformer block into one artifact, show what is in
 # it, run it 200 times (--bench: the time per run, its outputs checked against numpy's), then

@@ -2,7 +2,7 @@
 //! compiler (no passes, no Cranelift). The compiler and this crate meet in `format`: the
 //! artifact, the programs in it and the kernel ABI (docs/design.md §1).
 //!
-//! The modules live in five rooms; each room uses only the rooms listed after it
+//! The modules live in six rooms; each room uses only the rooms listed after it
 //! (pinned by tests/all/modules.rs):
 //! - `format` (uses nothing): `abi`, `mesh`, `program`, `degradation`, `epilogue`, `order`,
 //!   `mask`, `artifact`, `signature`;
@@ -11,9 +11,11 @@
 //! - `comm` (format): `traffic`, `fabric`, `reduce`, `degraded`, `exchange`, `transport`,
 //!   `mpi`, `sync`, `error`, `memory`;
 //! - `exec` (format, kernels, comm): `runner`, `validate`, `threads`, `streams`, `step`,
-//!   `io`, `resident`, `loader`;
-//! - `tools` (format, comm, exec): `cli`, `steps`, `inspect`, `trace`, `output`.
+//!   `io`, `resident`, `mismatch`, `loader`;
+//! - `api` (format, exec): the embedding API — `model`, `session`, `view`, `error`;
+//! - `tools` (format, comm, exec, api): `cli`, `steps`, `inspect`, `trace`, `output`.
 
+pub mod api;
 pub mod comm;
 pub mod exec;
 pub mod format;

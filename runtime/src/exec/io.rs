@@ -3,15 +3,17 @@
 //! hosts, the blocks other hosts hold sent to host 0 first), and resident state put on the
 //! devices and read back.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 
 use anyhow::{anyhow, bail, Result};
-use meshc_ir::{DType, Tensor, TensorType};
+use meshc_ir::{DType, Data, Tensor, TensorType};
 
 use crate::comm::fabric;
 use crate::comm::memory::AlignedBuf;
 use crate::comm::transport::{Hosts, Incoming, Outgoing, Stall};
+use crate::exec::mismatch::Mismatch;
 use crate::exec::resident::{Resident, Slot};
 use crate::exec::runner::{DeviceRun, Loaded};
 use crate::format::program::IoSpec;
@@ -24,19 +26,26 @@ impl Loaded {
 
     /// `check_inputs` for the inputs `wanted` marks (the others are resident state).
     pub(super) fn check_given(&self, inputs: &HashMap<String, Tensor>, wanted: &[bool]) -> Result<()> {
-        for spec in self.meta.inputs.iter().zip(wanted).filter(|(_, w)| **w).map(|(s, _)| s) {
-            let want = spec.ty().ok_or_else(|| anyhow!("input '{}' has unknown dtype {}", spec.name, spec.dtype))?;
-            match inputs.get(&spec.name) {
-                None => bail!("missing input '{}' ({want})", spec.name),
-                Some(t) if t.ty() != want => bail!("input '{}' is {}, the graph expects {want}", spec.name, t.ty()),
-                Some(_) => {}
-            }
-        }
         let known = |k: &String| self.meta.inputs.iter().zip(wanted).any(|(s, w)| *w && &s.name == k);
         if let Some(extra) = inputs.keys().find(|k| !known(k)) {
-            bail!("the graph has no input '{extra}'");
+            let names = self.meta.inputs.iter().zip(wanted).filter(|(_, w)| **w).map(|(s, _)| s.name.as_str());
+            return Err(Mismatch::unknown(extra, names, false).into());
+        }
+        for (spec, _) in self.meta.inputs.iter().zip(wanted).filter(|(_, w)| **w) {
+            self.check_input(spec, inputs.get(&spec.name).map(Tensor::ty))?;
         }
         Ok(())
+    }
+
+    /// Checks that input `spec` is given (`given`: its type) with its dtype and shape.
+    pub fn check_input(&self, spec: &IoSpec, given: Option<TensorType>) -> Result<()> {
+        let want = spec.ty().ok_or_else(|| anyhow!("input '{}' has unknown dtype {}", spec.name, spec.dtype))?;
+        let name = spec.name.clone();
+        match given {
+            None => Err(Mismatch::MissingInput { name, want }.into()),
+            Some(got) if got != want => Err(Mismatch::WrongInput { name, got, want }.into()),
+            Some(_) => Ok(()),
+        }
     }
 
     /// Under hosts: the device whose copy of `d`'s block of output `spec` host 0 reads: `d`
@@ -94,30 +103,29 @@ impl Loaded {
         }
     }
 
-    /// Copies `device`'s block of input `i` (value `t`; `bytes`: its bytes, for an input
-    /// split over the mesh) into `dst`, the device's buffer of it.
-    pub(super) fn cut_block(&self, i: usize, device: usize, t: &Tensor, dst: &mut [u8], bytes: Option<&[u8]>) {
+    /// Copies `device`'s block of input `i` (`bytes`: the whole tensor's little-endian
+    /// bytes) into `dst`, the device's buffer of it.
+    pub(super) fn cut_block(&self, i: usize, device: usize, bytes: &[u8], dst: &mut [u8]) {
         let spec = &self.meta.inputs[i];
         // A device outside the input's stage holds none of it.
         let Some((region, _)) = spec.block(&self.meta.mesh, device) else { return };
         self.host_copies.fetch_add(1, Ordering::Relaxed);
-        match bytes {
-            None => t.write_le_bytes(dst),
-            Some(bytes) => {
-                let e = t.dtype().size_bytes();
-                let local: Vec<usize> = region.iter().map(|r| r.len()).collect();
-                let at: Vec<usize> = region.iter().map(|r| r.start).collect();
-                fabric::for_each_run(&spec.shape, &at, &local, &vec![0; local.len()], &local, |s, o, n| {
-                    dst[o * e..(o + n) * e].copy_from_slice(&bytes[s * e..(s + n) * e])
-                });
-            }
+        if spec.layout.iter().all(Option::is_none) {
+            return dst.copy_from_slice(bytes);
         }
+        let e = spec.ty().map_or(1, |t| t.dtype.size_bytes());
+        let local: Vec<usize> = region.iter().map(|r| r.len()).collect();
+        let at: Vec<usize> = region.iter().map(|r| r.start).collect();
+        fabric::for_each_run(&spec.shape, &at, &local, &vec![0; local.len()], &local, |s, o, n| {
+            dst[o * e..(o + n) * e].copy_from_slice(&bytes[s * e..(s + n) * e])
+        });
     }
 
-    /// Output `spec` as a whole tensor from the devices' blocks (`block(d)`: device d's),
-    /// each block read from a healthy device that holds it; under hosts, from the copy host 0
-    /// reads (`source`).
-    pub(super) fn assemble<'b>(&self, spec: &IoSpec, block: &dyn Fn(usize) -> &'b [u8]) -> Result<Tensor> {
+    /// Output `spec` as a whole tensor's little-endian bytes from the devices' blocks
+    /// (`block(d)`: device d's), each block read from a healthy device that holds it; under
+    /// hosts, from the copy host 0 reads (`source`). An output no device splits is its
+    /// holder's block itself, borrowed.
+    pub(super) fn assemble<'b>(&self, spec: &IoSpec, block: &dyn Fn(usize) -> &'b [u8]) -> Result<Cow<'b, [u8]>> {
         let mesh = &self.meta.mesh;
         let healthy = |d: usize| self.healthy(d);
         let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
@@ -137,10 +145,7 @@ impl Loaded {
         if local == spec.shape {
             let first = holders.first().map_or(0, |h| h.0);
             self.host_copies.fetch_add(1, Ordering::Relaxed);
-            return Ok(Tensor::from_le_bytes(
-                &ty,
-                block(holder(first).ok_or_else(|| anyhow!("every device is degraded"))?),
-            ));
+            return Ok(Cow::Borrowed(block(holder(first).ok_or_else(|| anyhow!("every device is degraded"))?)));
         }
         // Blocks that only degraded devices held (their data-parallel shards were
         // dropped) read as NaN, or zero for other dtypes.
@@ -157,7 +162,25 @@ impl Loaded {
                 bytes[o * e..(o + n) * e].copy_from_slice(&src[s * e..(s + n) * e])
             });
         }
-        Ok(Tensor::from_le_bytes(&ty, &bytes))
+        Ok(Cow::Owned(bytes))
+    }
+}
+
+/// The little-endian bytes of `t`'s elements, borrowed: on a little-endian host a tensor's
+/// elements in memory are those bytes (bool is one byte, 0 or 1).
+pub fn le_bytes(t: &Tensor) -> &[u8] {
+    const _: () = assert!(cfg!(target_endian = "little"), "the runner reads tensors as little-endian bytes");
+    fn bytes<T>(v: &[T]) -> &[u8] {
+        // SAFETY: any initialised element type viewed as bytes, over its exact extent.
+        unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+    }
+    match &t.data {
+        Data::F32(v) => bytes(v),
+        Data::I32(v) => bytes(v),
+        Data::I64(v) => bytes(v),
+        Data::Bool(v) => bytes(v),
+        Data::F16(v) => bytes(v),
+        Data::BF16(v) => bytes(v),
     }
 }
 
@@ -191,15 +214,15 @@ impl Loaded {
         }
         let tensors = names
             .iter()
-            .map(|n| state.get(n).map(|t| (t, t.to_le_bytes())).ok_or_else(|| anyhow!("the state has no tensor '{n}'")))
+            .map(|n| state.get(n).map(le_bytes).ok_or_else(|| anyhow!("the state has no tensor '{n}'")))
             .collect::<Result<Vec<_>>>()?;
         let mut slots = Vec::new();
         for (d, p) in self.programs.iter().enumerate() {
             let mut mine = Vec::new();
-            for (&(i, _), (t, bytes)) in pairs.iter().zip(&tensors) {
+            for (&(i, _), bytes) in pairs.iter().zip(&tensors) {
                 let len = p.buffers[p.inputs[i]].bytes;
                 let mut cur = AlignedBuf::zeroed(len)?;
-                self.cut_block(i, d, t, cur.as_mut_slice(), Some(bytes));
+                self.cut_block(i, d, bytes, cur.as_mut_slice());
                 mine.push(Slot { bufs: [cur, AlignedBuf::zeroed(len)?], cur: 0 });
             }
             slots.push(mine);
@@ -213,8 +236,9 @@ impl Loaded {
         let mut out = BTreeMap::new();
         for (k, &(i, o)) in resident.pairs.iter().enumerate() {
             let spec = &self.meta.outputs[o];
-            let t = self.assemble(spec, &|d| resident.slots[d][k].current())?;
-            out.insert(self.meta.inputs[i].name.clone(), t);
+            let ty = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
+            let bytes = self.assemble(spec, &|d| resident.slots[d][k].current())?;
+            out.insert(self.meta.inputs[i].name.clone(), Tensor::from_le_bytes(&ty, &bytes));
         }
         Ok(out)
     }

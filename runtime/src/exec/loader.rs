@@ -25,5 +25,6 @@ pub fn parse_sections(art: &Artifact, file: &str) -> Result<(Meta, Vec<Program>)
 pub fn load_artifact(art: Artifact, file: &str) -> Result<Loaded> {
     let (meta, programs) = parse_sections(&art, file)?;
     let code = art.map_code()?;
-    Loaded::new(meta, programs, Code::Mapped(code), Weights::Artifact(art)).with_context(|| file.to_string())
+    Loaded::new(meta, programs, Code::Mapped(code), Weights::Artifact(std::sync::Arc::new(art)))
+        .with_context(|| file.to_string())
 }

@@ -54,10 +54,10 @@ pub enum Code {
 }
 
 /// The weights a loaded program reads: the artifact's weights section where the artifact
-/// is mapped (the `Loaded` keeps the mapping alive), or an aligned copy from an in-memory
-/// compile.
+/// is mapped (the `Loaded` keeps the mapping alive; several `Loaded` of one artifact share
+/// it), or an aligned copy from an in-memory compile.
 pub enum Weights {
-    Artifact(Artifact),
+    Artifact(Arc<Artifact>),
     Owned(AlignedBuf),
 }
 

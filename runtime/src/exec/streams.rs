@@ -17,18 +17,18 @@ use meshc_ir::{Tensor, TensorType};
 use crate::comm::error::RunError;
 use crate::comm::fabric;
 use crate::comm::sync::{spin_until, Condvar, Mutex, MutexGuard};
+use crate::exec::io::le_bytes;
 use crate::exec::resident::Resident;
 use crate::exec::runner::{DeviceRun, Loaded, SendPtr, State, StepTime};
 use crate::exec::threads::{Devices, Job};
 use crate::format::program::{Exec, Storage};
 
-/// What the devices of one run share: the inputs, the bytes of those split over the mesh
-/// (`None` for the replicated ones), which are resident state, when the run started, whether to time the steps, and
+/// What the devices of one run share: the inputs' bytes (by input; those of resident state
+/// unused), which are resident state, when the run started, whether to time the steps, and
 /// every device's shared state (so a failing stream can wake all waiters).
 #[derive(Clone, Copy)]
 struct RunCtx<'a> {
-    inputs: &'a HashMap<String, Tensor>,
-    split: &'a [Option<Vec<u8>>],
+    inputs: &'a [&'a [u8]],
     /// Per input: whether it is resident state, already on the device.
     resident: &'a [bool],
     epoch: Instant,
@@ -110,7 +110,7 @@ struct StepRun<'a> {
 impl Loaded {
     /// Runs the programs once.
     pub fn run(&self, inputs: &HashMap<String, Tensor>) -> Result<BTreeMap<String, Tensor>> {
-        Ok(self.run_inner(inputs, None, false)?.0)
+        self.run_tensors(inputs, None, None)
     }
 
     /// Runs the programs once with the state in `resident` (`Loaded::upload`) on the
@@ -121,7 +121,7 @@ impl Loaded {
         inputs: &HashMap<String, Tensor>,
         resident: &mut Resident,
     ) -> Result<BTreeMap<String, Tensor>> {
-        Ok(self.run_inner(inputs, Some(resident), false)?.0)
+        self.run_tensors(inputs, Some(resident), None)
     }
 
     /// Runs the programs once, then reports every step's time to `timed`, device by device
@@ -131,20 +131,59 @@ impl Loaded {
         inputs: &HashMap<String, Tensor>,
         timed: &mut dyn FnMut(&StepTime),
     ) -> Result<BTreeMap<String, Tensor>> {
-        let (results, times) = self.run_inner(inputs, None, true)?;
-        times.iter().for_each(timed);
-        Ok(results)
+        self.run_tensors(inputs, None, Some(timed))
     }
 
-    fn run_inner(
+    /// `run`, `run_resident` and `run_timed`: the inputs checked, the outputs as tensors.
+    fn run_tensors(
         &self,
         inputs: &HashMap<String, Tensor>,
-        mut resident: Option<&mut Resident>,
-        timed: bool,
-    ) -> Result<(BTreeMap<String, Tensor>, Vec<StepTime>)> {
+        resident: Option<&mut Resident>,
+        timed: Option<&mut dyn FnMut(&StepTime)>,
+    ) -> Result<BTreeMap<String, Tensor>> {
         let is_state = |i: usize| resident.as_ref().is_some_and(|r| r.holds_input(i));
         let from_host: Vec<bool> = (0..self.meta.inputs.len()).map(|i| !is_state(i)).collect();
         self.check_given(inputs, &from_host)?;
+        let bytes: Vec<&[u8]> = (self.meta.inputs.iter().zip(&from_host))
+            .map(|(s, &h)| if h { le_bytes(&inputs[&s.name]) } else { &[] })
+            .collect();
+        let mut results = BTreeMap::new();
+        let mut put = |o: usize, b: &[u8]| -> Result<()> {
+            let spec = &self.meta.outputs[o];
+            let ty = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
+            results.insert(spec.name.clone(), Tensor::from_le_bytes(&ty, b));
+            Ok(())
+        };
+        let times = self.run_bytes(&bytes, resident, timed.is_some(), &mut put)?;
+        if let Some(timed) = timed {
+            times.iter().for_each(timed);
+        }
+        Ok(results)
+    }
+
+    /// Runs the programs once on inputs given as their little-endian bytes, in the
+    /// metadata's order (those of state in `resident` unused: it is on the devices), and
+    /// hands each output the run returns to `out` (its index in the metadata, its bytes)
+    /// where it lies, without copying it first: the one entry behind every other run.
+    /// Each input must be exactly its type's bytes (`check_input` checks the types).
+    pub fn run_bytes(
+        &self,
+        inputs: &[&[u8]],
+        mut resident: Option<&mut Resident>,
+        timed: bool,
+        out: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
+    ) -> Result<Vec<StepTime>> {
+        let is_state = |i: usize| resident.as_ref().is_some_and(|r| r.holds_input(i));
+        let from_host: Vec<bool> = (0..self.meta.inputs.len()).map(|i| !is_state(i)).collect();
+        if inputs.len() != self.meta.inputs.len() {
+            bail!("{} inputs for a graph of {}", inputs.len(), self.meta.inputs.len());
+        }
+        for ((spec, b), _) in self.meta.inputs.iter().zip(inputs).zip(&from_host).filter(|(_, h)| **h) {
+            let ty = spec.ty().ok_or_else(|| anyhow!("input '{}' has unknown dtype {}", spec.name, spec.dtype))?;
+            if b.len() != ty.size_bytes() {
+                bail!("input '{}': {} bytes for {ty}", spec.name, b.len());
+            }
+        }
         let taken: Vec<bool> = from_host.iter().map(|h| !h).collect();
         let returned: Vec<bool> =
             (0..self.meta.outputs.len()).map(|o| resident.as_ref().is_none_or(|r| !r.holds_output(o))).collect();
@@ -200,27 +239,20 @@ impl Loaded {
         let lanes: Vec<(usize, usize)> =
             (0..mesh.devices()).flat_map(|d| self.lanes[d].active().map(move |k| (d, k))).collect();
         if lanes.len() == 1 {
-            let ctx = RunCtx { inputs, split: &[], resident: &taken, epoch, timed, devices: &shared };
+            let ctx = RunCtx { inputs, resident: &taken, epoch, timed, devices: &shared };
             let run = self.device_run(0, 0, ctx, &Cell::new(0), self.threads)?;
             settle(&|_, o| Some(run.outputs[o].0));
-            let results = (self.meta.outputs.iter().zip(&run.outputs).zip(&returned)).filter(|(_, r)| **r).map(
-                |((spec, &p), _)| {
-                    let ty: TensorType =
-                        spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
-                    // SAFETY: the buffer holds exactly the output's bytes.
-                    let bytes = unsafe { std::slice::from_raw_parts(p.0, ty.size_bytes()) };
-                    self.host_copies.fetch_add(1, Ordering::Relaxed);
-                    Ok((spec.name.clone(), Tensor::from_le_bytes(&ty, bytes)))
-                },
-            );
-            return Ok((results.collect::<Result<_>>()?, run.times));
+            for (o, (spec, &p)) in self.meta.outputs.iter().zip(&run.outputs).enumerate().filter(|&(o, _)| returned[o])
+            {
+                let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
+                // SAFETY: the buffer holds exactly the output's bytes.
+                let bytes = unsafe { std::slice::from_raw_parts(p.0, ty.size_bytes()) };
+                self.host_copies.fetch_add(1, Ordering::Relaxed);
+                out(o, bytes)?;
+            }
+            return Ok(run.times);
         }
-        // The bytes of every input split over the mesh, for the devices to take their
-        // blocks from; replicated inputs are written straight into each device's buffer.
-        let split: Vec<Option<Vec<u8>>> = (self.meta.inputs.iter().zip(&from_host))
-            .map(|(s, &h)| (h && s.layout.iter().any(Option::is_some)).then(|| inputs[&s.name].to_le_bytes()))
-            .collect();
-        let ctx = RunCtx { inputs, split: &split, resident: &taken, epoch, timed, devices: &shared };
+        let ctx = RunCtx { inputs, resident: &taken, epoch, timed, devices: &shared };
         let devices = match devices {
             Some(d) => d,
             None => devices.insert(Devices::start(lanes.len())?),
@@ -258,9 +290,8 @@ impl Loaded {
         };
         let times = || runs.iter().flat_map(|r| r.times.clone()).collect();
         if self.host() != 0 {
-            return Ok((BTreeMap::new(), times()));
+            return Ok(times());
         }
-        let mut results = BTreeMap::new();
         for (i, spec) in self.meta.outputs.iter().enumerate().filter(|&(i, _)| returned[i]) {
             let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
             let len = spec.mesh(mesh).local_shape(&spec.shape, &spec.layout).iter().product::<usize>()
@@ -270,9 +301,9 @@ impl Loaded {
                 // SAFETY: the buffer holds the device's block of the output; its job is done.
                 None => unsafe { std::slice::from_raw_parts(runs[d].outputs[i].0, len) },
             };
-            results.insert(spec.name.clone(), self.assemble(spec, &block)?);
+            out(i, &self.assemble(spec, &block)?)?;
         }
-        Ok((results, times()))
+        Ok(times())
     }
 
     /// One stream's thread of a multi-device (or multi-stream) run: its error or panic
@@ -316,7 +347,7 @@ impl Loaded {
         step: &Cell<usize>,
         threads: usize,
     ) -> Result<DeviceRun> {
-        let RunCtx { inputs, split, devices, .. } = ctx;
+        let RunCtx { inputs, devices, .. } = ctx;
         let p = &self.programs[device];
         let lanes = &self.lanes[device];
         let DeviceShared { ptrs, board, cursors } = &devices[device];
@@ -328,15 +359,14 @@ impl Loaded {
         if stream != 0 && !board.wait(lanes.inputs_event) {
             return Err(abandoned());
         }
-        for (i, (spec, &b)) in self.meta.inputs.iter().zip(&p.inputs).enumerate().filter(|_| stream == 0) {
-            // State already on the device: the buffer points at it (`run_inner`).
+        for (i, &b) in p.inputs.iter().enumerate().filter(|_| stream == 0) {
+            // State already on the device: the buffer points at it (`run_bytes`).
             if ctx.resident[i] {
                 continue;
             }
             // SAFETY: the buffer has exactly the bytes of the device's block (check_indices).
             let dst = unsafe { std::slice::from_raw_parts_mut(ptr(b), p.buffers[b].bytes) };
-            let bytes = split.get(i).and_then(Option::as_deref);
-            self.cut_block(i, device, &inputs[&spec.name], dst, bytes);
+            self.cut_block(i, device, inputs[i], dst);
         }
         if stream == 0 {
             board.record(lanes.inputs_event);

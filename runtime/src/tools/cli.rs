@@ -8,10 +8,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{anyhow, bail, Context, Result};
-use meshc_ir::error::{escape_controls, shorten_quoted};
+use meshc_ir::error::escape_controls;
 use meshc_ir::{Tensor, TensorType};
 
+use crate::api::model::{Model, OpenOptions};
 use crate::comm::error::RunError;
+use crate::exec::mismatch::Mismatch;
 use crate::exec::runner::Loaded;
 use crate::format::artifact::{self, Artifact, Verify};
 use crate::format::degradation::Degradation;
@@ -50,8 +52,7 @@ pub fn exit(result: Result<()>) -> ExitCode {
 
 /// An error as one line of stderr.
 fn report(e: &anyhow::Error) {
-    // anyhow's alternate form joins the context chain on one line.
-    let line = format!("error: {}\n", escape_controls(&shorten_quoted(&format!("{e:#}")), false));
+    let line = format!("error: {}\n", crate::api::error::one_line(e));
     // One write, not eprintln!'s one per piece: mpirun forwards a rank's stderr as it comes
     // and prints its own abort notice meanwhile, which could land inside the line.
     let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
@@ -79,9 +80,8 @@ pub fn read_inputs(expected: &[(String, TensorType)], args: &[String]) -> Result
     for arg in args {
         let (name, file) = name_eq_file(arg, "--input")?;
         let Some((_, ty)) = expected.iter().find(|(n, _)| n == name) else {
-            let names: Vec<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
-            let hint = meshc_ir::suggest::did_you_mean(name, names.iter().copied());
-            bail!("--input {name}: the graph has no input '{name}'{hint} (its inputs: {})", names.join(", "));
+            let names = expected.iter().map(|(n, _)| n.as_str());
+            bail!("--input {name}: {}", Mismatch::unknown(name, names, false));
         };
         let t = Tensor::read_npy(Path::new(file)).with_context(|| format!("--input {name}"))?;
         if t.ty() != *ty {
@@ -250,12 +250,9 @@ pub fn is_artifact(path: &Path) -> bool {
 
 /// Opens the artifact at `path` as `run` does (`--trust-weights` skips the bulk checksum).
 pub fn open(path: &Path, args: &RunArgs) -> Result<Loaded> {
-    let art = Artifact::open_with(path, if args.trust_weights { Verify::SkipBulk } else { Verify::All })?;
-    if let Some(key) = &args.require_signature {
-        let key = crate::format::signature::read_public_key(key)?;
-        crate::format::signature::require(art.signature()?, &key, &path.display().to_string())?;
-    }
-    crate::exec::loader::load_artifact(art, &path.display().to_string())
+    let public_key = args.require_signature.as_deref().map(crate::format::signature::read_public_key).transpose()?;
+    let options = OpenOptions { trust_weights: args.trust_weights, public_key };
+    Model::open_inner(path, &options)?.load_inner()
 }
 
 /// `run` of a loaded program: set up (`configure`), run, and with `--replan-on-failure`

@@ -1,0 +1,193 @@
+//! A model ready to run, called many times. Its arenas (one per device) are allocated once
+//! and its device threads started by the first call of a multi-device model, then reused
+//! by every call; the weights stay mapped.
+//!
+//! A `Session` is `Send + Sync`: any number of threads may call it at once, and every call
+//! is correct. Calls on one session are queued (each holds the session's arenas while it
+//! runs, as the runner's lock orders them): a single-device run already spreads its large
+//! kernels and library matmuls over every core, and a mesh run keeps one thread per device
+//! and stream busy, so running two calls over the same cores at once would only make each
+//! slower. Calls that should run side by side (small models on many cores) take a session
+//! each: sessions of one `Model` share its weights and code mapping but not arenas.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use meshc_ir::Tensor;
+
+use crate::api::error::Error;
+use crate::api::model::Model;
+use crate::api::view::{TensorView, TensorViewMut};
+use crate::exec::mismatch::Mismatch;
+use crate::exec::resident::Resident;
+use crate::exec::runner::Loaded;
+
+/// How many inputs a call keeps track of on the stack; a graph with more takes one
+/// allocation per call for them.
+const STACK_INPUTS: usize = 16;
+
+/// A model's runner, shared by the threads that call it.
+pub struct Session {
+    loaded: Loaded,
+    /// A training artifact's state on the devices (`set_state`), read and written by `step`.
+    state: Mutex<Option<Resident>>,
+}
+
+impl Session {
+    /// A session on `model`: its runner, arenas allocated (threads start with the first call).
+    pub fn new(model: &Model) -> Result<Session, Error> {
+        Ok(Session { loaded: model.load()?, state: Mutex::new(None) })
+    }
+
+    /// The runner itself, for what the embedding API does not cover (traces, link
+    /// statistics, degraded meshes): `crate::exec::runner::Loaded`.
+    pub fn loaded(&self) -> &Loaded {
+        &self.loaded
+    }
+
+    /// Runs the model once on `inputs` (every input by name, once), returning every output
+    /// as an owned tensor.
+    pub fn run(&self, inputs: &[(&str, TensorView)]) -> Result<BTreeMap<String, Tensor>, Error> {
+        self.call(inputs, None, &mut Outputs::Owned(BTreeMap::new()))
+    }
+
+    /// Runs the model once on `inputs`, writing the outputs named in `outputs` into the
+    /// caller's buffers (others are not copied out). Nothing proportional to the tensors is
+    /// allocated: inputs are read where they are, outputs copied once, from the device
+    /// buffers into the caller's.
+    pub fn run_into(&self, inputs: &[(&str, TensorView)], outputs: &mut [(&str, TensorViewMut)]) -> Result<(), Error> {
+        self.check_outputs(outputs)?;
+        self.call(inputs, None, &mut Outputs::Into(outputs)).map(drop)
+    }
+
+    /// Puts a training artifact's state on the devices (every tensor of
+    /// `Model::state_names`, by name): the next `step` reads it there. The artifact's
+    /// initial state is `crate::tools::steps::State::initial`; a checkpoint's is
+    /// `State::read`.
+    pub fn set_state(&self, state: &BTreeMap<String, Tensor>) -> Result<(), Error> {
+        let names = self.state_names();
+        if names.is_empty() {
+            return Err(Error::State("the model has no state (compile it with --loss NAME --optimizer SPEC)".into()));
+        }
+        let types = self.loaded.meta.inputs.iter().filter(|s| names.contains(&s.name));
+        for spec in types {
+            let given = state.get(&spec.name).map(Tensor::ty);
+            self.loaded.check_input(spec, given).map_err(|e| Error::State(format!("state: {e:#}")))?;
+        }
+        let resident = self.loaded.upload(state, &names, meshc_ir::optim::next_name);
+        *self.state.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(resident.map_err(|e| Error::from_run(e, Error::State))?);
+        Ok(())
+    }
+
+    /// The state on the devices, gathered into whole tensors (what a checkpoint holds).
+    pub fn state(&self) -> Result<BTreeMap<String, Tensor>, Error> {
+        let guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let resident = guard.as_ref().ok_or_else(no_state)?;
+        self.loaded.download(resident).map_err(|e| Error::from_run(e, Error::State))
+    }
+
+    /// One training step: `inputs` are the batch (every input that is not state), the
+    /// state on the devices is read and replaced by the step's `next.S`, and the other
+    /// outputs (the loss) are returned.
+    pub fn step(&self, inputs: &[(&str, TensorView)]) -> Result<BTreeMap<String, Tensor>, Error> {
+        let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let resident = guard.as_mut().ok_or_else(no_state)?;
+        self.call(inputs, Some(resident), &mut Outputs::Owned(BTreeMap::new()))
+    }
+
+    fn state_names(&self) -> Vec<String> {
+        let meta = &self.loaded.meta;
+        let next = |n: &str| meta.outputs.iter().any(|o| o.name == meshc_ir::optim::next_name(n));
+        meta.inputs.iter().filter(|i| next(&i.name)).map(|i| i.name.clone()).collect()
+    }
+
+    /// Every output buffer named once, for an output of the graph, of its type.
+    fn check_outputs(&self, outputs: &[(&str, TensorViewMut)]) -> Result<(), Error> {
+        let specs = &self.loaded.meta.outputs;
+        for (k, (name, view)) in outputs.iter().enumerate() {
+            let Some(spec) = specs.iter().find(|s| s.name == *name) else {
+                return Err(Mismatch::unknown(name, specs.iter().map(|s| s.name.as_str()), true).into());
+            };
+            if outputs[..k].iter().any(|(n, _)| n == name) {
+                return Err(Mismatch::DuplicateOutput { name: name.to_string() }.into());
+            }
+            if spec.shape != view.shape || spec.ty().map(|t| t.dtype) != Some(view.dtype) {
+                let want = spec.ty().ok_or_else(|| Error::Run(format!("output '{name}' has unknown dtype")))?;
+                return Err(Mismatch::WrongOutput { name: name.to_string(), got: view.ty(), want }.into());
+            }
+        }
+        Ok(())
+    }
+
+    /// A run: the inputs checked and put in the metadata's order (the state's left out),
+    /// the outputs handed to `out`.
+    fn call(
+        &self,
+        inputs: &[(&str, TensorView)],
+        resident: Option<&mut Resident>,
+        out: &mut Outputs,
+    ) -> Result<BTreeMap<String, Tensor>, Error> {
+        let specs = &self.loaded.meta.inputs;
+        let state = |i: usize| resident.as_ref().is_some_and(|r| r.holds_input(i));
+        let fed = |name: &str| specs.iter().enumerate().position(|(i, s)| s.name == name && !state(i));
+        let (mut stack, mut heap) = ([&[][..]; STACK_INPUTS], Vec::new());
+        let bytes: &mut [&[u8]] = match specs.len() {
+            n if n <= STACK_INPUTS => &mut stack[..n],
+            n => {
+                heap.resize(n, &[][..]);
+                &mut heap
+            }
+        };
+        for (k, (name, view)) in inputs.iter().enumerate() {
+            let Some(i) = fed(name) else {
+                let names = specs.iter().enumerate().filter(|&(i, _)| !state(i)).map(|(_, s)| s.name.as_str());
+                return Err(Mismatch::unknown(name, names, false).into());
+            };
+            if inputs[..k].iter().any(|(n, _)| n == name) {
+                return Err(Mismatch::DuplicateInput { name: name.to_string() }.into());
+            }
+            let spec = &specs[i];
+            if spec.shape != view.shape || spec.ty().map(|t| t.dtype) != Some(view.dtype) {
+                self.loaded.check_input(spec, Some(view.ty())).map_err(|e| Error::from_run(e, Error::Run))?;
+            }
+            bytes[i] = view.bytes;
+        }
+        for (_, spec) in specs.iter().enumerate().filter(|&(i, _)| !state(i)) {
+            if !inputs.iter().any(|(n, _)| *n == spec.name) {
+                self.loaded.check_input(spec, None).map_err(|e| Error::from_run(e, Error::Run))?;
+            }
+        }
+        let meta = &self.loaded.meta;
+        let mut put = |o: usize, b: &[u8]| -> anyhow::Result<()> {
+            let spec = &meta.outputs[o];
+            match out {
+                Outputs::Owned(map) => {
+                    let ty = spec.ty().ok_or_else(|| anyhow::anyhow!("output '{}' has unknown dtype", spec.name))?;
+                    map.insert(spec.name.clone(), Tensor::from_le_bytes(&ty, b));
+                }
+                Outputs::Into(views) => {
+                    if let Some((_, v)) = views.iter_mut().find(|(n, _)| *n == spec.name) {
+                        v.bytes.copy_from_slice(b);
+                    }
+                }
+            }
+            Ok(())
+        };
+        self.loaded.run_bytes(bytes, resident, false, &mut put).map_err(|e| Error::from_run(e, Error::Run))?;
+        match out {
+            Outputs::Owned(map) => Ok(std::mem::take(map)),
+            Outputs::Into(_) => Ok(BTreeMap::new()),
+        }
+    }
+}
+
+/// Where a run's outputs go.
+enum Outputs<'a, 'b, 'c> {
+    Owned(BTreeMap<String, Tensor>),
+    Into(&'a mut [(&'b str, TensorViewMut<'c>)]),
+}
+
+fn no_state() -> Error {
+    Error::State("no state on the devices: call set_state first".into())
+}
