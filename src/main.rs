@@ -2,7 +2,6 @@
 //! error leaves as one line on stderr with exit status 1.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -628,7 +627,6 @@ fn check(path: &Path, layout: Option<&Path>, onnx: &OnnxArgs, as_json: bool) -> 
         true => println!("{}", serde_json::to_string_pretty(&report)?),
         false => cli::print(&check_text(&report)),
     }
-    cli::print(&out);
     Ok(())
 }
 

@@ -27,8 +27,11 @@ pub enum Optimizer {
     AdamW { lr: f32, b1: f32, b2: f32, eps: f32, wd: f32 },
 }
 
-/// Each optimizer's values in order, with optax's default where it has one.
-const SIGNATURES: &[(&str, &[(&str, Option<f32>)])] = &[
+/// An optimizer's values in order: name, and optax's default where it has one.
+type Signature = &'static [(&'static str, Option<f32>)];
+
+/// Each optimizer's values.
+const SIGNATURES: &[(&str, Signature)] = &[
     ("sgd", &[("lr", None)]),
     ("momentum", &[("lr", None), ("beta", None)]),
     ("adamw", &[("lr", None), ("b1", Some(0.9)), ("b2", Some(0.999)), ("eps", Some(1e-8)), ("wd", Some(1e-4))]),
