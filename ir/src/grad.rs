@@ -114,8 +114,12 @@ fn is_float(d: DType) -> bool {
 /// Appends the gradient of the scalar f32 `loss` with respect to each of `wrt` (params or
 /// inputs, as `select_wrt` gives them) to a copy of `g`, whose verifier result is `info`.
 pub fn grad(g: &Graph, info: &Info, loss: &str, wrt: &[String]) -> Result<Graph> {
-    let loss_ty =
-        info.types.get(loss).ok_or_else(|| Error::new(format!("--loss '{loss}' is not a tensor of the graph")))?;
+    let loss_ty = info.types.get(loss).ok_or_else(|| {
+        // Scalar f32 tensors first: the loss is one of them.
+        let scalars = info.types.iter().filter(|(_, t)| t.shape.is_empty() && t.dtype == DType::F32);
+        let hint = crate::suggest::did_you_mean(loss, scalars.map(|(n, _)| n.as_str()));
+        Error::new(format!("--loss '{loss}' is not a tensor of the graph{hint}"))
+    })?;
     if *loss_ty != TensorType::new(DType::F32, vec![]) {
         return Err(Error::new(format!("--loss '{loss}' is {loss_ty}; the loss must be a scalar f32[]")));
     }

@@ -11,7 +11,8 @@ pub fn did_you_mean<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str
             true => 0,
             false => strsim::osa_distance(&lower, &c.to_lowercase()),
         };
-        if best.is_none_or(|(bd, _)| d < bd) {
+        // Ties go to the first name in order: candidates may come from a hash map.
+        if best.is_none_or(|(bd, bc)| d < bd || (d == bd && c < bc)) {
             best = Some((d, c));
         }
     }

@@ -69,6 +69,7 @@ fn grad_refusals_are_one_line_errors() {
     let src = "testdata/grad/mlp/graph.json";
     for (args, want) in [
         (vec!["--loss", "nope"], "testdata/grad/mlp/graph.json: --loss 'nope' is not a tensor of the graph"),
+        (vec!["--loss", "Loss"], "--loss 'Loss' is not a tensor of the graph (did you mean 'loss'?)"),
         (vec!["--loss", "loss.sq"], "--loss 'loss.sq' is f32[16,64]; the loss must be a scalar f32[]"),
         (vec!["--loss", "loss", "--wrt", "w1,v*"], "--wrt 'v*' matches no param or input of the graph"),
     ] {
