@@ -196,3 +196,66 @@ fn every_getting_started_command_runs() {
         assert!(out.status.success(), "{c}: {}", String::from_utf8_lossy(&out.stderr));
     }
 }
+
+/// The code blocks of a markdown file: (info string, text).
+fn code_blocks(text: &str) -> Vec<(String, String)> {
+    let mut blocks = Vec::new();
+    let mut open: Option<(String, String)> = None;
+    for line in text.lines() {
+        match (line.strip_prefix("```"), open.take()) {
+            (Some(info), None) => open = Some((info.trim().to_string(), String::new())),
+            (Some(_), Some(block)) => blocks.push(block),
+            (None, Some((info, mut body))) => {
+                body.push_str(line);
+                body.push('\n');
+                open = Some((info, body));
+            }
+            (None, None) => {}
+        }
+    }
+    blocks
+}
+
+/// docs/layout.md's examples hold: the field tour's spec is valid on the mlp graph
+/// (placement and degraded devices included); its mesh, rules and layouts alone print the
+/// layouts the page shows; the sub-axis example parses; the glob example is the spec file it
+/// names; and every error line the page quotes is one meshc prints for a testdata spec.
+#[test]
+fn every_layout_md_example_holds() {
+    let doc = std::fs::read_to_string("docs/layout.md").unwrap();
+    let blocks = code_blocks(&doc);
+    let json: Vec<&str> = blocks.iter().filter(|(info, _)| info == "json").map(|(_, b)| b.as_str()).collect();
+    assert_eq!(json.len(), 3, "the page's JSON examples changed: teach this test the new ones");
+    let dir = crate::common::scratch("layout-md");
+    let tour = dir.join("tour.json");
+    std::fs::write(&tour, json[0]).unwrap();
+    let run = crate::common::meshc(&["check", "testdata/mlp/graph.json", "--layout", tour.to_str().unwrap()]);
+    assert_eq!(run.status, Some(0), "the field tour's spec: {run:?}");
+    let printed =
+        crate::common::meshc(&["check", "testdata/mlp/graph.json", "--layout", "docs/examples/layout-spec.json"]);
+    let (_, shown) = blocks.iter().find(|(_, b)| b.starts_with("mesh torus [2x4]")).unwrap();
+    assert!(printed.stdout.ends_with(shown.as_str()), "check prints\n{}\nthe page shows\n{shown}", printed.stdout);
+    let sub_axis = format!(
+        r#"{{"format": "meshc-layout/1", "mesh": {{"shape": [8], "axes": ["model"]}}, "layouts": {{{}}}}}"#,
+        json[1].trim()
+    );
+    meshc::layout::parse(&sub_axis, "sub-axis example").unwrap();
+    let globs: serde_json::Value = serde_json::from_str(&format!("{{{}}}", json[2].trim())).unwrap();
+    let file = "testdata/onnx/encoder/layouts/mp-2x2-patterns.json";
+    assert!(doc.contains(file));
+    let spec: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+    assert_eq!(globs["layouts"], spec["layouts"], "the glob example is not {file}'s");
+    let goldens: Vec<String> = std::fs::read_dir("golden/bad_layouts")
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .collect();
+    let quoted: Vec<&str> =
+        blocks.iter().flat_map(|(_, b)| b.lines()).filter_map(|l| l.strip_prefix("error: spec.json")).collect();
+    assert!(quoted.len() >= 10, "{quoted:?}");
+    for q in quoted {
+        assert!(
+            goldens.iter().any(|g| g.contains(q)),
+            "docs/layout.md quotes 'error: spec.json{q}', which no testdata spec gives"
+        );
+    }
+}
