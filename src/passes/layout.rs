@@ -129,7 +129,10 @@ pub fn corresponding_dims(n: &Node, i: usize, info: &Info) -> Vec<(usize, usize)
             (0..ins.len()).map(|d| (d, d + off)).collect()
         }
         Op::Transpose => {
-            let perm = norm_axes(&attrs::Transpose::of(n).perm.unwrap_or_default(), ins.len()).unwrap_or_default();
+            let perm = match attrs::Transpose::of(n).perm {
+                Some(p) => norm_axes(&p, ins.len()).unwrap_or_default(),
+                None => (0..ins.len()).rev().collect(),
+            };
             perm.iter().enumerate().map(|(j, &p)| (p, j)).collect()
         }
         Op::Reshape => reshape_pairs(ins, out),
