@@ -5,7 +5,8 @@
 //! into tensors that have no layout yet and into the dims a rule left open. When operands
 //! disagree about a dimension, the largest operand wins — re-laying-out the smaller one is
 //! the cheaper move. A split that would not be legal (axis already used, size not
-//! divisible) is dropped. Whatever is left is replicated.
+//! divisible) is dropped, and so is one over a mesh axis of size 1, which splits nothing.
+//! Whatever is left is replicated.
 //!
 //! `corresponding_dims` is the one place that knows, per op, which operand dimension becomes
 //! which result dimension; lowering relies on the same table.
@@ -129,7 +130,10 @@ pub fn corresponding_dims(n: &Node, i: usize, info: &Info) -> Vec<(usize, usize)
             (0..ins.len()).map(|d| (d, d + off)).collect()
         }
         Op::Transpose => {
-            let perm = norm_axes(&attrs::Transpose::of(n).perm.unwrap_or_default(), ins.len()).unwrap_or_default();
+            let perm = match attrs::Transpose::of(n).perm {
+                Some(p) => norm_axes(&p, ins.len()).unwrap_or_default(),
+                None => (0..ins.len()).rev().collect(),
+            };
             perm.iter().enumerate().map(|(j, &p)| (p, j)).collect()
         }
         Op::Reshape => reshape_pairs(ins, out),
@@ -433,7 +437,11 @@ pub fn propagate(g: &Graph, info: &Info, mesh: &Mesh, seeds: BTreeMap<String, Se
     let (of, source, from, open) = Default::default();
     let mut st = Propagation { mesh, info, of, source, from, open };
     for (name, seed) in seeds {
-        st.of.insert(name.clone(), seed.layout);
+        // A mesh axis of size 1 (a `data` axis of one device, the axis a stage's sub-mesh
+        // takes one slice of) cuts a dim into one block: no split. Recording it would make
+        // lowering "gather" it wherever it cannot be kept, a collective over groups of one.
+        let layout = seed.layout.iter().map(|a| a.filter(|&a| mesh.shards(a) > 1)).collect();
+        st.of.insert(name.clone(), layout);
         st.source.insert(name.clone(), seed.source);
         st.open.insert(name, seed.open);
     }

@@ -71,6 +71,61 @@ fn an_overridden_param_layout_is_reported() {
     assert!(!plain.stdout.contains("params read in another layout"), "{}", plain.stdout);
 }
 
+/// A mesh axis of size 1 splits nothing: the batch ruled (or laid out) onto the `data` axis
+/// of a [1, 4] mesh is one block, so the reshape that merges it with the sequence has no split
+/// to lose. explain lists no communication over `data` (it used to list a 0-byte all_gather,
+/// "reshape cannot keep the split", per such reshape) — the same steps as on a plain [4]
+/// mesh — and the run still computes what one device does.
+#[test]
+fn a_size_one_axis_splits_nothing() {
+    let dir = crate::common::scratch("explain-size-one-axis");
+    let graph = dir.join("graph.txt");
+    std::fs::write(
+        &graph,
+        "graph g {\n  input x: f32[2,3,16] dims(batch, seq, embed)\n  \
+         param w: f32[16,16] dims(embed, hidden) = init normal{seed = 1, std = 0.3}\n  \
+         h = matmul(x, w)\n  r = reshape(h) {shape = [6,16]}\n  y = tanh(r)\n  output y\n}\n",
+    )
+    .unwrap();
+    let graph = graph.display().to_string();
+    let explain = |name: &str, mesh: &str, rules: &str, layouts: &str| {
+        let path = dir.join(name);
+        let text = format!(
+            r#"{{"format": "meshc-layout/1", "mesh": {mesh}, {rules}"layouts": {{"w": [null, "model"]{layouts}}}}}"#
+        );
+        std::fs::write(&path, text).unwrap();
+        let path = path.display().to_string();
+        let run = meshc(&["explain", &graph, "--layout", &path, "--json"]);
+        assert_eq!(run.status, Some(0), "{run:?}");
+        let v: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+        (path, v["entries"].as_array().unwrap().clone())
+    };
+    let data_model = r#"{"shape": [1, 4], "axes": ["data", "model"]}"#;
+    let (_, plain) = explain("plain.json", r#"{"shape": [4], "axes": ["model"]}"#, "", "");
+    assert!(plain.is_empty(), "{plain:?}");
+    let (ruled, by_rule) = explain("rule.json", data_model, r#""rules": {"batch": "data"}, "#, "");
+    assert_eq!(by_rule, plain, "[1, 4] with the batch ruled onto data, against [4]");
+    let (_, given) = explain("given.json", data_model, "", r#", "x": ["data", null, null]"#);
+    assert_eq!(given, plain, "[1, 4] with x laid out over data, against [4]");
+    run_equals_interp(&dir, &graph, &ruled, &[2, 3, 16]);
+}
+
+/// `meshc run` of `graph` (input x of `shape`, output y) under `spec` gives what the
+/// interpreter gives.
+fn run_equals_interp(dir: &std::path::Path, graph: &str, spec: &str, shape: &[usize]) {
+    let x = dir.join("x.npy");
+    let v: Vec<f32> = (0..shape.iter().product::<usize>()).map(|i| (i % 7) as f32 / 3.0 - 1.0).collect();
+    Tensor::new(shape.to_vec(), meshc_ir::Data::F32(v)).write_npy(&x).unwrap();
+    let input = format!("x={}", x.display());
+    let (got, want) = (dir.join("got.npy"), dir.join("want.npy"));
+    let r = meshc(&["run", graph, "--layout", spec, "--input", &input, "--output", &format!("y={}", got.display())]);
+    assert_eq!(r.status, Some(0), "{r:?}");
+    let r = meshc(&["interp", graph, "--input", &input, "--output", &format!("y={}", want.display())]);
+    assert_eq!(r.status, Some(0), "{r:?}");
+    let (got, want) = (Tensor::read_npy(&got).unwrap(), Tensor::read_npy(&want).unwrap());
+    crate::common::assert_close("y", &got, &want).unwrap();
+}
+
 #[test]
 fn a_missing_spec_is_one_line() {
     let run = meshc(&["explain", "testdata/mlp/graph.json", "--layout", "no/such/spec.json"]);
@@ -146,17 +201,7 @@ fn a_reshape_that_loses_a_split_gets_a_sub_axis_layout_suggested() {
     let run = meshc(&["explain", &graph, "--layout", &kept]);
     assert!(run.stdout.contains("communication: 0 step(s)"), "{}", run.stdout);
     assert!(run.stdout.contains("  y [model]\n"), "{}", run.stdout);
-    let x = dir.join("x.npy");
-    let v: Vec<f32> = (0..32).map(|i| (i % 7) as f32 / 3.0 - 1.0).collect();
-    Tensor::new(vec![2, 16], meshc_ir::Data::F32(v)).write_npy(&x).unwrap();
-    let input = format!("x={}", x.display());
-    let (got, want) = (dir.join("got.npy"), dir.join("want.npy"));
-    let r = meshc(&["run", &graph, "--layout", &kept, "--input", &input, "--output", &format!("y={}", got.display())]);
-    assert_eq!(r.status, Some(0), "{r:?}");
-    let r = meshc(&["interp", &graph, "--input", &input, "--output", &format!("y={}", want.display())]);
-    assert_eq!(r.status, Some(0), "{r:?}");
-    let (got, want) = (Tensor::read_npy(&got).unwrap(), Tensor::read_npy(&want).unwrap());
-    crate::common::assert_close("y", &got, &want).unwrap();
+    run_equals_interp(&dir, &graph, &kept, &[2, 16]);
 }
 
 /// The MLP on a 4-way model axis: y, a partial sum over the axis, is an output. mp-4 pins it

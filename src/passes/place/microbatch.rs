@@ -4,9 +4,10 @@
 //!
 //! The batch is the dimension named `batch` (dim names, docs/design.md §3, inferred for every
 //! tensor): every input and node must carry it, with a size M divides, and no node may mix
-//! the batch (reduce, slice, concatenate or gather along it). Copy k of node `n` is
-//! `n.mbK` on the k-th block of the batch; inputs are sliced (`x.mbK`, placed with `x`) and
-//! each output is concatenated back under its own name (placed with it). Params are shared.
+//! the batch (reduce, normalize, scan, slice, concatenate or gather along it, or pair one
+//! operand's batch with another's). Copy k of node `n` is `n.mbK` on the k-th block of the
+//! batch; inputs are sliced (`x.mbK`, placed with `x`) and each output is concatenated back
+//! under its own name (placed with it). Params are shared.
 //! Nodes are listed micro-batch by micro-batch, so each stage runs its part of micro-batch
 //! 0, sends it on, runs its part of micro-batch 1, ... — the GPipe schedule, which the
 //! global order of the `sendrecv` pass keeps.
@@ -17,11 +18,32 @@ use anyhow::{anyhow, bail, Result};
 use meshc_ir::attrs;
 use meshc_ir::infer::norm_axis;
 use meshc_ir::verify::{verify, Info};
-use meshc_ir::{Attr, Graph, Node, Op};
+use meshc_ir::{binary_ops, ternary_ops, unary_ops, Attr, Graph, Node, Op};
+
+use crate::passes::layout::corresponding_dims;
 
 /// The dim named `batch` of tensor `t`, if any.
 fn batch_dim(info: &Info, t: &str) -> Option<usize> {
     info.dims.get(t)?.iter().position(|d| d.as_deref() == Some("batch"))
+}
+
+/// Whether `n` combines elements of its operand `i` along dim `d` although
+/// `corresponding_dims` pairs `d` with a result dim: the normalizations, whose result along
+/// their axes depends on the whole of it. Every other op's pairs already leave out the dims
+/// it combines along (reduced, contracted, scanned, gathered, sliced, concatenated, padded).
+fn combines_along(n: &Node, i: usize, d: usize, info: &Info) -> bool {
+    let rank = info.types[&n.inputs[i]].shape.len();
+    match n.op {
+        Op::Softmax => norm_axis(attrs::Softmax::of(n).axis, rank).ok() == Some(d),
+        // Scale and bias (operands 1, 2) are applied element by element.
+        Op::LayerNorm => i == 0 && norm_axis(attrs::LayerNorm::of(n).axis, rank).is_ok_and(|a| d >= a),
+        unary_ops!() | binary_ops!() | ternary_ops!() => false,
+        Op::MatMul | Op::Einsum | Op::Attention => false,
+        Op::ReduceSum | Op::ReduceMean | Op::ReduceMax => false,
+        Op::Reshape | Op::Transpose | Op::BroadcastTo | Op::Concat | Op::Slice | Op::Gather => false,
+        Op::ScatterElements | Op::Pad | Op::Conv | Op::MaxPool | Op::AvgPool | Op::CumSum => false,
+        Op::Send | Op::Recv | Op::AllReduce | Op::AllGather | Op::ReduceScatter | Op::AllToAll => false,
+    }
 }
 
 fn copy_name(t: &str, k: usize) -> String {
@@ -60,21 +82,15 @@ pub fn unroll(g: &Graph, info: &Info, m: usize, stage_of: &mut BTreeMap<String, 
     }
     for &idx in &info.order {
         let n = &g.nodes[idx];
-        batch(&n.name)?;
-        let x = &n.inputs[0];
-        let shape = &info.types[x].shape;
-        let mixes = batch_dim(info, x).is_some_and(|b| match n.op {
-            Op::Slice => crate::passes::layout::sliced(n, shape, b),
-            Op::Concat => norm_axis(attrs::Concat::of(n).axis, shape.len()).ok() == Some(b),
-            Op::Gather => norm_axis(attrs::Gather::of(n).axis, shape.len()).ok() == Some(b),
-            Op::CumSum => norm_axis(attrs::CumSum::of(n).axis, shape.len()).ok() == Some(b),
-            _ => false,
-        });
-        if mixes {
-            bail!("microbatches: node '{}' ({}) works across the batch", n.name, n.op);
-        }
-        for t in n.inputs.iter().filter(|t| !is_param(t)) {
-            batch(t)?;
+        let out_batch = batch(&n.name)?;
+        for (i, t) in n.inputs.iter().enumerate().filter(|(_, t)| !is_param(t)) {
+            let b = batch(t)?;
+            // Copy k reads block k of every operand's batch and writes block k of the
+            // result's: sound only when the operand's batch is the result's batch, dim for
+            // dim, and the op does not combine elements along it.
+            if !corresponding_dims(n, i, info).contains(&(b, out_batch)) || combines_along(n, i, b, info) {
+                bail!("microbatches: node '{}' ({}) works across the batch", n.name, n.op);
+            }
         }
     }
     for k in 0..m {
