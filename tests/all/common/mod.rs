@@ -305,9 +305,14 @@ pub fn random_graph(b: usize, d: usize, ops: &[(u8, u8, u8)]) -> String {
             }),
             4 => (format!("{name} = softmax({src}) {{axis = {axis}}}"), shape.clone()),
             5 => {
+                // A (nearly) constant row — a softmax summed over its axis is all ones — makes
+                // layer_norm scale rounding by 1/sqrt(eps); an offset of spread 1 keeps every
+                // row's variance away from 0, so any two summation orders agree.
+                lines.push(format!("param o{k}: f32[{c}] = init normal{{seed = {}, std = 1.0}}", k + 200));
                 lines.push(format!("param g{k}: f32[{c}] = init normal{{seed = {k}, mean = 1.0, std = 0.1}}"));
                 lines.push(format!("param b{k}: f32[{c}] = init normal{{seed = {}, std = 0.1}}", k + 100));
-                (format!("{name} = layer_norm({src}, g{k}, b{k}) {{axis = -1}}"), shape.clone())
+                lines.push(format!("{name}.in = add({src}, o{k})"));
+                (format!("{name} = layer_norm({name}.in, g{k}, b{k}) {{axis = -1}}"), shape.clone())
             }
             6 => (format!("{name} = transpose({src}) {{perm = [1, 0]}}"), vec![c, r]),
             7 if r * c % 2 == 0 => {
