@@ -167,13 +167,14 @@ fn node_bytes(n: &Node) -> usize {
 }
 
 /// The `lower` and `sendrecv` dumps: every device's program in its cluster (within the
-/// cluster of its stage when `stages` has several, each labelled); collectives link the
-/// members of each group, sends their receives, in colour with their bytes.
-pub fn lowered(stages: &[(String, &Lowered)]) -> String {
+/// cluster of its stage when `stages` has several, each labelled, with what the verifier
+/// inferred of each device's program); collectives link the members of each group, sends
+/// their receives, in colour with their bytes.
+pub fn lowered(stages: &[(String, &Lowered, &[Option<Info>])]) -> String {
     let mut d = Drawing::default();
     // Devices are numbered within their stage.
     let mut at: HashMap<(usize, usize, &str), NodeIndex> = HashMap::new();
-    for (s, (label, l)) in stages.iter().enumerate() {
+    for (s, (label, l, infos)) in stages.iter().enumerate() {
         let mut stage = Cluster { label: label.clone(), ..Cluster::default() };
         let io_layout: HashMap<&str, &[Option<usize>]> =
             l.inputs.iter().chain(&l.outputs).map(|(n, lay)| (n.as_str(), lay.as_slice())).collect();
@@ -184,17 +185,17 @@ pub fn lowered(stages: &[(String, &Lowered)]) -> String {
         for (dev, g) in l.devices.iter().enumerate() {
             let coords: Vec<String> = l.mesh.coords(dev).iter().map(usize::to_string).collect();
             let mut c = Cluster { label: format!("device {dev} ({})", coords.join(",")), ..Cluster::default() };
-            // Lowering verified every device's graph; a dump of one that does not verify
-            // still draws, without types.
-            let types = meshc_ir::verify::verify(g).map(|i| i.types).unwrap_or_default();
-            let ty = |name: &str| types.get(name).map_or(String::new(), |t| format!("\n{t}{}", layout(name)));
+            let ty = |t: &meshc_ir::TensorType, name: &str| format!("\n{t}{}", layout(name));
+            // A device with no work has no inference, and no nodes to label.
+            let types = infos.get(dev).and_then(Option::as_ref).map(|i| &i.types);
             for i in &g.inputs {
-                let v = d.node(format!("{}\ninput{}", i.name, ty(&i.name)));
+                let v = d.node(format!("{}\ninput{}", i.name, ty(&i.ty, &i.name)));
                 c.members.push(v);
                 at.insert((s, dev, &i.name), v);
             }
             for n in &g.nodes {
-                let v = d.node(format!("{}\n{}{}", n.name, n.op.name(), ty(&n.name)));
+                let t = types.and_then(|t| t.get(&n.name)).map_or(String::new(), |t| ty(t, &n.name));
+                let v = d.node(format!("{}\n{}{t}", n.name, n.op.name()));
                 c.members.push(v);
                 at.insert((s, dev, &n.name), v);
                 for t in n.inputs.iter().filter_map(|t| at.get(&(s, dev, t.as_str()))) {
@@ -211,7 +212,7 @@ pub fn lowered(stages: &[(String, &Lowered)]) -> String {
     }
     let nodes = || {
         (stages.iter().enumerate())
-            .flat_map(|(s, (_, l))| l.devices.iter().enumerate().map(move |(dev, g)| (s, dev, g)))
+            .flat_map(|(s, (_, l, _))| l.devices.iter().enumerate().map(move |(dev, g)| (s, dev, g)))
             .flat_map(|(s, dev, g)| g.nodes.iter().map(move |n| (s, dev, n)))
     };
     let sends: HashMap<String, NodeIndex> = nodes()

@@ -301,8 +301,9 @@ impl<'a, 'p> Front<'a, 'p> {
     }
 
     fn stage_dot(&self) -> String {
-        let stages: Vec<(String, &Lowered)> =
-            self.stages.iter().map(|st| (st.label.clone(), st.lowered.as_ref().expect("lowered"))).collect();
+        let stages: Vec<(String, &Lowered, &[Option<Info>])> = (self.stages.iter())
+            .map(|st| (st.label.clone(), st.lowered.as_ref().expect("lowered"), st.infos.as_slice()))
+            .collect();
         crate::dot::lowered(&stages)
     }
 }
@@ -437,7 +438,8 @@ impl pipeline::Ir for Front<'_, '_> {
             }
             Level::Stage(StagePass::Lower) => self.stage_dot(),
             Level::Global(GlobalPass::SendRecv) => {
-                crate::dot::lowered(&[(String::new(), &self.joined.as_ref().expect("joined").0)])
+                let (joined, infos) = self.joined.as_ref().expect("joined");
+                crate::dot::lowered(&[(String::new(), joined, infos.as_slice())])
             }
             _ => unreachable!("{} has no dot form", pass.name),
         }
