@@ -7,6 +7,7 @@
 #[macro_use]
 pub mod ops;
 
+mod append;
 pub mod attr;
 pub mod attrs;
 pub mod budget;

@@ -12,11 +12,11 @@
 //! - `adamw:LR,B1=0.9,B2=0.999,EPS=1e-8,WD=1e-4`: m ← B1·m + (1-B1)·g; v ← B2·v + (1-B2)·g²;
 //!   P ← P - LR·(m/(1-B1^t) / (√(v/(1-B2^t)) + EPS) + WD·P) (decoupled weight decay).
 
-use crate::attr::Attr;
+use crate::append::Appender;
 use crate::dtype::{DType, TensorType};
 use crate::error::{Error, Result};
 use crate::grad::{grad, grad_name};
-use crate::graph::{Dims, Graph, Init, Node, Output, Param, ParamData};
+use crate::graph::{Dims, Graph, Init, Output, Param, ParamData};
 use crate::ops::Op;
 use crate::verify::{self, Info};
 
@@ -109,10 +109,12 @@ pub fn next_name(s: &str) -> String {
 pub fn train_step(g: &Graph, info: &Info, loss: &str, wrt: &[String], opt: Optimizer) -> Result<(Graph, Vec<String>)> {
     let mut out = grad(g, info, loss, wrt)?;
     out.outputs = vec![Output::new(loss)];
-    let mut b = Updates { g: out, consts: 0 };
+    let mut b = Appender::new(out, "opt", "the training step");
     let mut state: Vec<String> = wrt.to_vec();
     let step = match opt {
-        Optimizer::AdamW { .. } => Some(b.state("opt.step", TensorType::new(DType::F32, vec![]), None, &mut state)?),
+        Optimizer::AdamW { .. } => {
+            Some(state_param(&mut b, "opt.step", TensorType::new(DType::F32, vec![]), None, &mut state)?)
+        }
         _ => None,
     };
     // The step count after this step, and the bias corrections 1 - B^t.
@@ -142,14 +144,14 @@ pub fn train_step(g: &Graph, info: &Info, loss: &str, wrt: &[String], opt: Optim
         let delta = match opt {
             Optimizer::Sgd { .. } => gp.clone(),
             Optimizer::Momentum { beta, .. } => {
-                let m = b.state(&format!("opt.m.{p}"), ty.clone(), dims.clone(), &mut state)?;
+                let m = state_param(&mut b, &format!("opt.m.{p}"), ty.clone(), dims.clone(), &mut state)?;
                 let bm = b.scale(&m, beta)?;
                 b.node(&next_name(&m), Op::Add, &[&bm, &gp])?
             }
             Optimizer::AdamW { b1, b2, eps, wd, .. } => {
                 let (c1, c2) = corrections.clone().expect("adamw has bias corrections");
-                let m = b.state(&format!("opt.m.{p}"), ty.clone(), dims.clone(), &mut state)?;
-                let v = b.state(&format!("opt.v.{p}"), ty.clone(), dims.clone(), &mut state)?;
+                let m = state_param(&mut b, &format!("opt.m.{p}"), ty.clone(), dims.clone(), &mut state)?;
+                let v = state_param(&mut b, &format!("opt.v.{p}"), ty.clone(), dims.clone(), &mut state)?;
                 let bm = b.scale(&m, b1)?;
                 let gm = b.scale(&gp, 1.0 - b1)?;
                 let m1 = b.node(&next_name(&m), Op::Add, &[&bm, &gm])?;
@@ -178,61 +180,18 @@ pub fn train_step(g: &Graph, info: &Info, loss: &str, wrt: &[String], opt: Optim
     Ok((b.g, state))
 }
 
-struct Updates {
-    g: Graph,
-    consts: usize,
-}
-
-impl Updates {
-    fn taken(&self, name: &str) -> bool {
-        self.g.inputs.iter().any(|i| i.name == name)
-            || self.g.params.iter().any(|p| p.name == name)
-            || self.g.nodes.iter().any(|n| n.name == name)
-    }
-
-    fn fresh(&mut self, name: String) -> Result<String> {
-        if self.taken(&name) {
-            return Err(Error::new(format!("the training step needs the name '{name}', which the graph already uses")));
-        }
-        Ok(name)
-    }
-
-    fn node(&mut self, name: &str, op: Op, inputs: &[&str]) -> Result<String> {
-        let name = self.fresh(name.to_string())?;
-        self.g.nodes.push(Node::new(&name, op, inputs));
-        Ok(name)
-    }
-
-    fn tmp(&mut self, op: Op, inputs: &[&str]) -> Result<String> {
-        let name = format!("opt.t{}", self.g.nodes.len());
-        self.node(&name, op, inputs)
-    }
-
-    fn constant(&mut self, v: f32) -> Result<String> {
-        let name = self.fresh(format!("opt_const.{}", self.consts))?;
-        self.consts += 1;
-        self.g.params.push(Param {
-            name: name.clone(),
-            ty: TensorType::new(DType::F32, vec![]),
-            dims: None,
-            data: ParamData::Value(Attr::Float(v as f64)),
-            loc: None,
-        });
-        Ok(name)
-    }
-
-    fn scale(&mut self, x: &str, c: f32) -> Result<String> {
-        let c = self.constant(c)?;
-        self.tmp(Op::Mul, &[x, &c])
-    }
-
-    /// A zero-initialised state param (named like the param it belongs to), recorded in `state`.
-    fn state(&mut self, name: &str, ty: TensorType, dims: Option<Dims>, state: &mut Vec<String>) -> Result<String> {
-        let name = self.fresh(name.to_string())?;
-        self.g.params.push(Param { name: name.clone(), ty, dims, data: ParamData::Init(Init::Zeros), loc: None });
-        state.push(name.clone());
-        Ok(name)
-    }
+/// A zero-initialised state param (named like the param it belongs to), recorded in `state`.
+fn state_param(
+    b: &mut Appender,
+    name: &str,
+    ty: TensorType,
+    dims: Option<Dims>,
+    state: &mut Vec<String>,
+) -> Result<String> {
+    let name = b.fresh(name.to_string())?;
+    b.g.params.push(Param { name: name.clone(), ty, dims, data: ParamData::Init(Init::Zeros), loc: None });
+    state.push(name.clone());
+    Ok(name)
 }
 
 #[cfg(test)]
