@@ -188,8 +188,9 @@ enum Cmd {
     Grad {
         /// The graph file holding the loss.
         graph: PathBuf,
-        /// The scalar f32 output to differentiate.
-        #[arg(long, value_name = "NAME")]
+        /// The scalar f32 output to differentiate, or a built-in loss of an output
+        /// (mse:Y, l1:Y, bce_with_logits:Y, cross_entropy:Y; docs/training.md).
+        #[arg(long, value_name = "NAME|KIND:OUTPUT")]
         loss: String,
         /// The params to differentiate: names or globs (`*`, `?`), comma-separated
         /// (default: every f32 param).

@@ -3,10 +3,12 @@
 //! `compile`/`run` build with `--loss NAME --optimizer SPEC` (`meshc_ir::optim`), whose
 //! state the runner keeps from step to step (`meshc_runtime::tools::steps`).
 
+use std::borrow::Cow;
 use std::path::{Component, Path, PathBuf};
 
 use anyhow::{Context, Result};
 use meshc_ir::grad::{grad, select_wrt};
+use meshc_ir::loss;
 use meshc_ir::optim::{train_step, Optimizer};
 use meshc_ir::verify::{self, Info};
 use meshc_ir::{load, Graph, Input, Param, ParamData, Tensor};
@@ -18,10 +20,23 @@ use meshc_runtime::tools::steps::State;
 /// `g` with the gradient of `loss` with respect to the params `wrt` selects (names or
 /// globs; none: every f32 param) appended as outputs `grad.P`, verified.
 pub fn differentiate(g: &Graph, info: &Info, loss: &str, wrt: &[String]) -> Result<(Graph, Info)> {
-    let chosen = select_wrt(g, wrt)?;
-    let gg = grad(g, info, loss, &chosen)?;
+    let (g, info, loss) = with_loss(g, info, loss)?;
+    let chosen = select_wrt(&g, wrt)?;
+    let gg = grad(&g, &info, &loss, &chosen)?;
     let ginfo = verify::verify(&gg).context("the gradient graph does not verify (a meshc bug)")?;
     Ok((gg, ginfo))
+}
+
+/// `g` with the loss `--loss` names (a tensor of `g`, or a built-in loss of one:
+/// `meshc_ir::loss`) attached and verified, and the loss's name.
+fn with_loss<'a>(g: &'a Graph, info: &'a Info, loss: &str) -> Result<(Cow<'a, Graph>, Cow<'a, Info>, String)> {
+    let spec = loss::Spec::parse(loss)?;
+    if spec == loss::Spec::Named(loss.to_string()) {
+        return Ok((Cow::Borrowed(g), Cow::Borrowed(info), loss.to_string()));
+    }
+    let (lg, name) = loss::attach(g, info, &spec)?;
+    let linfo = verify::verify(&lg).context("the graph with its loss does not verify (a meshc bug)")?;
+    Ok((Cow::Owned(lg), Cow::Owned(linfo), name))
 }
 
 /// `meshc grad GRAPH --loss NAME [--wrt P,...] -o OUT`: OUT.json as JSON, anything else
@@ -71,9 +86,11 @@ fn relative(target: &Path, base: &Path) -> PathBuf {
 /// The flags that turn a compile (or an in-memory run) into a training step.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct TrainArgs {
-    /// Compile one training step of this scalar f32 output (with --optimizer): the
-    /// program takes the params and optimizer state as inputs and returns them updated.
-    #[arg(long, value_name = "NAME", requires = "optimizer")]
+    /// Compile one training step of this scalar f32 output (with --optimizer), or of a
+    /// built-in loss of an output: mse:Y, l1:Y, bce_with_logits:Y (truth in a new input
+    /// `target`), cross_entropy:Y (logits, classes last; i64 `labels`). The program takes
+    /// the params and optimizer state as inputs and returns them updated.
+    #[arg(long, value_name = "NAME|KIND:OUTPUT", requires = "optimizer")]
     pub loss: Option<String>,
     /// The params to train: names or globs, comma-separated (default: every f32 param).
     #[arg(long, value_name = "P,...", value_delimiter = ',', requires = "loss")]
@@ -105,8 +122,9 @@ pub fn step(
 ) -> Result<Option<Step>> {
     let (Some(loss), Some(spec)) = (&args.loss, &args.optimizer) else { return Ok(None) };
     let opt = Optimizer::parse(spec)?;
-    let chosen = select_wrt(g, &args.wrt)?;
-    let (mut tg, state) = train_step(g, info, loss, &chosen, opt)?;
+    let (g, info, loss) = with_loss(g, info, loss)?;
+    let chosen = select_wrt(&g, &args.wrt)?;
+    let (mut tg, state) = train_step(&g, &info, &loss, &chosen, opt)?;
     let mut init = State { tensors: Default::default(), step: 0 };
     for name in &state {
         let at = tg.params.iter().position(|p| &p.name == name).expect("train_step makes every state tensor a param");

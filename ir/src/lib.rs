@@ -23,6 +23,7 @@ pub mod init;
 pub mod interp;
 pub mod json;
 pub mod load;
+pub mod loss;
 pub mod optim;
 pub mod params;
 pub mod suggest;

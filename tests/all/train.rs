@@ -590,3 +590,31 @@ fn checkpoints_and_batches_that_would_lose_or_corrupt_work_are_refused() {
     );
     assert_eq!(State::read(Path::new(&kept)).unwrap().step, 2);
 }
+
+/// An imported ONNX model trains with a built-in loss attached (`--loss mse:OUTPUT`, the
+/// truth read as the new input `target`): the first step's loss is onnxruntime's output
+/// against the target (tools/gen_encoder_train_data.py), the Megatron-sharded run follows
+/// the one-device curve, and the loss falls.
+#[test]
+fn an_imported_encoder_fine_tunes_with_a_built_in_loss_on_one_device_and_megatron() {
+    let data = "testdata/onnx/encoder/train";
+    let loss0 = meshc_ir::Tensor::read_npy(Path::new(&format!("{data}/expected/loss0.npy"))).unwrap().data.to_f64()[0];
+    let mut curves = Vec::new();
+    for layout in [None, Some("testdata/onnx/encoder/layouts/megatron-rules.json")] {
+        let dir = scratch(&format!("train-encoder-{}", layout.is_some()));
+        let ckpt = dir.join("ck.safetensors").display().to_string();
+        let mut args = vec!["run", "testdata/onnx/encoder/model.onnx", "--dim", "batch=2", "--dim", "seq=5"];
+        args.extend(["--loss", "mse:last_hidden_state", "--optimizer", "adamw:lr=1e-2", "--steps", "8"]);
+        args.extend(["--data", data, "--checkpoint", &ckpt]);
+        if let Some(l) = layout {
+            args.extend(["--layout", l]);
+        }
+        let r = meshc(&args);
+        assert_eq!(r.status, Some(0), "{r:?}");
+        curves.push(losses(&r.stdout));
+    }
+    let one = &curves[0];
+    assert!((one[0] - loss0).abs() <= 1e-5 * loss0, "step 0 loss {}, onnxruntime's {loss0}", one[0]);
+    assert_curve("megatron against one device", &curves[1], one);
+    assert!(one[7] < 0.8 * one[0], "the loss did not fall: {one:?}");
+}
