@@ -61,7 +61,7 @@ pub struct Builder {
     pub graph: Graph,
     /// The values of the graph's params, by param name.
     pub params: HashMap<String, Tensor>,
-    types: HashMap<String, TensorType>,
+    pub(crate) types: HashMap<String, TensorType>,
     used: HashSet<String>,
     /// The graph's output names, which nodes named after ONNX nodes must leave to them.
     reserved: HashSet<String>,

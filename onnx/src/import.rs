@@ -16,6 +16,7 @@ use super::ops_legacy;
 use super::proto::tensor_shape_proto::dimension;
 use super::proto::{type_proto, GraphProto, ModelProto, NodeProto, ValueInfoProto};
 use super::tensors;
+use super::unfuse;
 use super::validate;
 
 type R<T> = std::result::Result<T, String>;
@@ -127,6 +128,7 @@ pub fn import(
         let meshc_name = b.output(v, &name).map_err(|e| format!("output '{name}': {e}"))?;
         b.graph.outputs.push(Output::new(meshc_name));
     }
+    unfuse::split_fused_projections(&mut b);
     b.name_dims();
     Ok((b.graph, b.params))
 }

@@ -21,6 +21,7 @@ mod ops_more;
 mod ops_scatter;
 pub mod sources;
 mod tensors;
+mod unfuse;
 mod validate;
 
 pub use dispatch::supported;

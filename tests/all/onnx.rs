@@ -150,58 +150,81 @@ fn import_list_names_weight_dims_by_their_role() {
 /// q/k/v and the FFN's first weight split by columns, the output projections by rows,
 /// attention split by heads — so the only collectives are the two all-reduces after the
 /// row-split projections, almost nothing runs replicated, the artifact is the one of the
-/// spec that lays out every weight by name, and the result is onnxruntime's.
+/// spec that lays out every weight by name, and the result is onnxruntime's. The same
+/// rules do it for the GPT-2 block, whose fused q/k/v projection the importer splits.
 #[test]
-fn an_imported_encoder_shards_megatron_style_by_one_rules_line() {
+fn imported_transformers_shard_megatron_style_by_one_rules_line() {
     let tmp = scratch("onnx-megatron");
-    let (model, spec) = ("testdata/onnx/encoder/model.onnx", "testdata/onnx/encoder/layouts/megatron-rules.json");
+    let spec = "testdata/onnx/encoder/layouts/megatron-rules.json";
     let text = std::fs::read_to_string(spec).unwrap();
     assert!(text.contains(r#""rules": {"batch": "data", "heads": "model", "ffn": "model"}"#), "{text}");
     assert!(!text.contains("layouts"), "{text}");
-    let graph = tmp.join("encoder.json").display().to_string();
-    let dims = ["--dim", "batch=2", "--dim", "seq=5"];
-    let run = meshc(&[&["import", model, "-o", &graph][..], &dims].concat());
-    assert_eq!(run.status, Some(0), "{run:?}");
-    let check = meshc(&["check", &graph, "--layout", spec]);
-    for want in [
-        "layout encoder.layer.0.attention.self.query.weight_t [-, model] (rule)",
-        "layout encoder.layer.0.attention.output.dense.weight_t [model, -] (rule)",
-        "layout encoder.layer.0.intermediate.dense.weight_t [-, model] (rule)",
-        "layout encoder.layer.0.output.dense.weight_t [model, -] (rule)",
-        "layout scores [data, model, -, -] (rule)",
-    ] {
-        assert!(check.stdout.contains(want), "no '{want}' in\n{}", check.stdout);
+    let models = [
+        (
+            "encoder",
+            ["batch=2", "seq=5"],
+            vec![
+                "layout encoder.layer.0.attention.self.query.weight_t [-, model] (rule)",
+                "layout encoder.layer.0.attention.output.dense.weight_t [model, -] (rule)",
+                "layout encoder.layer.0.intermediate.dense.weight_t [-, model] (rule)",
+                "layout encoder.layer.0.output.dense.weight_t [model, -] (rule)",
+                "layout scores [data, model, -, -] (rule)",
+            ],
+            [("all_reduce", "attention.output.dense_MatMul"), ("all_reduce", "output.dense_MatMul")],
+        ),
+        (
+            "gpt2_block",
+            ["batch=2", "seq=6"],
+            vec![
+                "layout h.0.attn.c_attn.weight.0 [-, model] (rule)",
+                "layout h.0.attn.c_attn.weight.2 [-, model] (rule)",
+                "layout h.0.attn.c_attn.bias.1 [model] (rule)",
+                "layout h.0.attn.c_proj.weight [model, -] (rule)",
+                "layout h.0.mlp.c_fc.weight [-, model] (rule)",
+            ],
+            [("all_reduce", "attn.c_proj_MatMul"), ("all_reduce", "mlp.c_proj_MatMul")],
+        ),
+    ];
+    for (name, [b, s], layouts, collectives) in models {
+        let model = format!("testdata/onnx/{name}/model.onnx");
+        let graph = tmp.join(format!("{name}.json")).display().to_string();
+        let dims = ["--dim", b, "--dim", s];
+        let run = meshc(&[&["import", &model, "-o", &graph][..], &dims].concat());
+        assert_eq!(run.status, Some(0), "{run:?}");
+        let check = meshc(&["check", &graph, "--layout", spec]);
+        for want in layouts {
+            assert!(check.stdout.contains(want), "{name}: no '{want}' in\n{}", check.stdout);
+        }
+        let explain = meshc(&["explain", &graph, "--layout", spec, "--json"]);
+        assert_eq!(explain.status, Some(0), "{explain:?}");
+        let report: serde_json::Value = serde_json::from_str(&explain.stdout).unwrap();
+        let steps: Vec<(&str, &str)> = report["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["step"].as_str().unwrap(), e["tensor"].as_str().unwrap()))
+            .collect();
+        assert_eq!(steps, collectives, "{name}: {}", explain.stdout);
+        let share = report["replicated_flops"].as_f64().unwrap() / report["flops"].as_f64().unwrap();
+        assert!(share < 0.05, "{name}: {share} of the FLOPs replicated: {}", explain.stdout);
+        let art = tmp.join(format!("{name}.mshc")).display().to_string();
+        let run = meshc(&["compile", &graph, "--layout", spec, "-o", &art]);
+        assert_eq!(run.status, Some(0), "{run:?}");
+        // The plan of the spec that lays out each weight by name, byte for byte.
+        let named = tmp.join(format!("{name}-named.mshc")).display().to_string();
+        let by_name = format!("testdata/onnx/{name}/layouts/mp-2x2.json");
+        let run = meshc(&["compile", &graph, "--layout", &by_name, "-o", &named]);
+        assert_eq!(run.status, Some(0), "{run:?}");
+        assert!(
+            std::fs::read(&art).unwrap() == std::fs::read(&named).unwrap(),
+            "{name}: the rules gave another artifact"
+        );
+        let mut args = vec!["run".to_string(), art];
+        args.extend(input_args(Path::new(&model)));
+        args.extend(["--check-against".into(), format!("testdata/onnx/{name}/expected")]);
+        let run = meshc(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(run.status, Some(0), "{run:?}");
     }
-    let explain = meshc(&["explain", &graph, "--layout", spec, "--json"]);
-    assert_eq!(explain.status, Some(0), "{explain:?}");
-    let report: serde_json::Value = serde_json::from_str(&explain.stdout).unwrap();
-    let steps: Vec<(&str, &str)> = report["entries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| (e["step"].as_str().unwrap(), e["tensor"].as_str().unwrap()))
-        .collect();
-    assert_eq!(
-        steps,
-        [("all_reduce", "attention.output.dense_MatMul"), ("all_reduce", "output.dense_MatMul")],
-        "{}",
-        explain.stdout
-    );
-    let share = report["replicated_flops"].as_f64().unwrap() / report["flops"].as_f64().unwrap();
-    assert!(share < 0.05, "{share} of the FLOPs replicated: {}", explain.stdout);
-    let art = tmp.join("encoder.mshc").display().to_string();
-    let run = meshc(&["compile", &graph, "--layout", spec, "-o", &art]);
-    assert_eq!(run.status, Some(0), "{run:?}");
-    // The plan of the spec that lays out each weight by name, byte for byte.
-    let named = tmp.join("named.mshc").display().to_string();
-    let run = meshc(&["compile", &graph, "--layout", "testdata/onnx/encoder/layouts/mp-2x2.json", "-o", &named]);
-    assert_eq!(run.status, Some(0), "{run:?}");
-    assert!(std::fs::read(&art).unwrap() == std::fs::read(&named).unwrap(), "the rules gave another artifact");
-    let mut args = vec!["run".to_string(), art];
-    args.extend(input_args(Path::new(model)));
-    args.extend(["--check-against".into(), "testdata/onnx/encoder/expected".into()]);
-    let run = meshc(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    assert_eq!(run.status, Some(0), "{run:?}");
 }
 
 /// The weights torch.onnx's folding names `onnx::MatMul_N` (`val_N` from the torch.export
