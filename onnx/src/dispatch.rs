@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::LazyLock;
 
 use super::ops::{Convert, Converter, CURRENT, R};
-use super::{nn, ops, ops_attention, ops_legacy, ops_math, ops_more, ops_scatter};
+use super::{nn, ops, ops_attention, ops_legacy, ops_math, ops_more, ops_scatter, validate};
 
 /// Every module's table.
 const TABLES: [&[Converter]; 7] = [
@@ -20,11 +20,18 @@ const TABLES: [&[Converter]; 7] = [
     nn::CONVERTERS,
 ];
 
-/// The converters of each op type, by op type.
-static CONVERTERS: LazyLock<HashMap<&'static str, Vec<&'static Converter>>> = LazyLock::new(|| {
-    let mut map: HashMap<&str, Vec<&Converter>> = HashMap::new();
+/// The converters of each op type, by op type. A converter written for opset 13 on serves
+/// the older opsets at which the same version of its op is already in effect (ConvTranspose
+/// came in at 11 and changed next at 22, so opsets 11 and 12 mean what 13 means): a model
+/// of opset 12 is refused only for the ops whose version there differs.
+static CONVERTERS: LazyLock<HashMap<&'static str, Vec<Converter>>> = LazyLock::new(|| {
+    let mut map: HashMap<&str, Vec<Converter>> = HashMap::new();
     for c in TABLES.iter().flat_map(|t| t.iter()) {
-        map.entry(c.op).or_default().push(c);
+        let first = match c.first {
+            CURRENT => validate::since(c.op, CURRENT).unwrap_or(CURRENT),
+            first => first,
+        };
+        map.entry(c.op).or_default().push(Converter { first, ..*c });
     }
     map
 });
@@ -33,12 +40,7 @@ static CONVERTERS: LazyLock<HashMap<&'static str, Vec<&'static Converter>>> = La
 /// an opset older than the oldest whose version of the op meshc implements.
 pub fn converter(op_type: &str, opset: i64) -> R<Convert> {
     let Some(all) = CONVERTERS.get(op_type) else {
-        return Err(match opset < CURRENT {
-            true => format!(
-                "{op_type} at opset {opset} is not supported (before opset {CURRENT}, meshc reads only the ops whose older versions it implements)"
-            ),
-            false => format!("op '{op_type}' is not supported (docs/onnx.md lists the supported ops)"),
-        });
+        return Err(format!("op '{op_type}' is not supported (docs/onnx.md lists the supported ops)"));
     };
     if let Some(c) = all.iter().find(|c| (c.first..=c.last).contains(&opset)) {
         return Ok(c.convert);
@@ -47,14 +49,11 @@ pub fn converter(op_type: &str, opset: i64) -> R<Convert> {
     if opset > last {
         return Err(format!("{op_type} at opset {opset} is not supported (meshc reads it up to opset {last})"));
     }
-    match all.iter().map(|c| c.first).min().unwrap_or(CURRENT) {
-        CURRENT => Err(format!(
-            "{op_type} at opset {opset} is not supported (before opset {CURRENT}, meshc reads only the ops whose older versions it implements)"
-        )),
-        first => Err(format!(
-            "{op_type} at opset {opset} is not supported (meshc implements its semantics from opset {first})"
-        )),
-    }
+    let first = all.iter().map(|c| c.first).min().unwrap_or(CURRENT);
+    Err(format!(
+        "{op_type} at opset {opset} is not supported: meshc implements its meaning from opset {first} (the model \
+         converted to opset {first} or later, e.g. by onnx.version_converter, imports)"
+    ))
 }
 
 /// The ONNX op types meshc imports (at some opset), sorted.

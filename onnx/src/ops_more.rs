@@ -19,7 +19,8 @@ use super::ops_math::{float_only, Steps};
 pub const CONVERTERS: &[Converter] = &[
     Converter::since(10, "Mod", modulo),
     Converter::new("CenterCropPad", |b, c| one(center_crop_pad(&mut Steps { b, c }))),
-    Converter::new("GatherND", |b, c| one(gather_nd(&mut Steps { b, c }))),
+    // GatherND-11 is GatherND-12 with batch_dims 0 (the default), and 13 adds bfloat16 only.
+    Converter::since(11, "GatherND", |b, c| one(gather_nd(&mut Steps { b, c }))),
     Converter::new("LpPool", |b, c| one(lp_pool(&mut Steps { b, c }))),
     Converter::new("ConvTranspose", |b, c| one(conv_transpose(&mut Steps { b, c }))),
     Converter::new("RotaryEmbedding", |b, c| one(rotary(&mut Steps { b, c }))),

@@ -27,8 +27,7 @@ include!("schemas.rs");
 /// ONNX does not define passes: the converter lookup refuses it, naming it.
 pub fn check(n: &NodeProto, opset: i64) -> R<()> {
     let op = n.op_type.as_deref().unwrap_or("");
-    let from = SCHEMAS.partition_point(|s| s.0 < op);
-    let versions = &SCHEMAS[from..from + SCHEMAS[from..].partition_point(|s| s.0 == op)];
+    let versions = versions(op);
     let Some(first) = versions.first() else { return Ok(()) };
     let Some(S(_, since, deprecated, inputs, outputs, attrs)) = versions.iter().rev().find(|s| s.1 <= opset) else {
         return Err(format!("{op} does not exist at opset {opset} (ONNX defines it from opset {})", first.1));
@@ -58,6 +57,19 @@ pub fn check(n: &NodeProto, opset: i64) -> R<()> {
         return Err(format!("attribute '{name}' is required"));
     }
     Ok(())
+}
+
+/// Every version of `op`'s schema, oldest first.
+fn versions(op: &str) -> &'static [S] {
+    let from = SCHEMAS.partition_point(|s| s.0 < op);
+    &SCHEMAS[from..from + SCHEMAS[from..].partition_point(|s| s.0 == op)]
+}
+
+/// The opset the version of `op` in effect at `opset` came in at; for an op that does not
+/// exist yet at `opset`, the one its first version came in at.
+pub fn since(op: &str, opset: i64) -> Option<i64> {
+    let v = versions(op);
+    v.iter().rev().find(|s| s.1 <= opset).or(v.first()).map(|s| s.1)
 }
 
 /// The node's inputs or outputs `names` against the schema's `(fewest, most, formals)`.
