@@ -85,6 +85,11 @@ impl<'a> TensorView<'a> {
         Ok(TensorView { dtype, shape, bytes })
     }
 
+    /// The tensor, copied.
+    pub fn to_tensor(&self) -> Tensor {
+        Tensor::from_le_bytes(&self.ty(), self.bytes)
+    }
+
     /// A host tensor, borrowed.
     pub fn of(t: &'a Tensor) -> TensorView<'a> {
         TensorView { dtype: t.dtype(), shape: &t.shape, bytes: crate::exec::io::le_bytes(t) }
