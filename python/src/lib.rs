@@ -6,10 +6,12 @@
 //! The GIL is released while the run goes on, so other Python threads keep running, and
 //! several threads may call one model (their calls are queued on its runner).
 
+use std::collections::BTreeMap;
 use std::ffi::c_int;
 
-use meshc_ir::DType;
+use meshc_ir::{DType, Tensor};
 use meshc_runtime::api::{Error, Session, TensorInfo, TensorView, TensorViewMut};
+use meshc_runtime::tools::steps::State;
 use numpy::npyffi::{npy_intp, NpyTypes, PyArray_Descr, PY_ARRAY_API};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::create_exception;
@@ -70,15 +72,20 @@ struct Port {
     name: Py<PyString>,
     descr: Py<PyArrayDescr>,
     dims: Vec<npy_intp>,
+    /// An output that is a training artifact's next state (`next.S` of a state input S),
+    /// which a step keeps on the devices.
+    next_state: bool,
 }
 
 impl Port {
-    fn new(py: Python<'_>, info: &TensorInfo) -> PyResult<Port> {
+    fn new(py: Python<'_>, info: &TensorInfo, state: &[String]) -> PyResult<Port> {
         let dims = info.shape.iter().map(|&d| d as npy_intp).collect();
+        let next_state = state.iter().any(|s| meshc_ir::optim::next_name(s) == info.name);
         Ok(Port {
             name: PyString::intern(py, &info.name).unbind(),
             descr: descr_of(py, info.dtype)?,
             dims,
+            next_state,
             info: info.clone(),
         })
     }
@@ -92,6 +99,10 @@ struct Model {
     outputs: Vec<Port>,
     /// Every dtype meshc has with its numpy dtype, to name what an input holds.
     dtypes: Vec<(DType, Py<PyArrayDescr>)>,
+    /// A training artifact's state inputs (`meshc_runtime::api::Model::state_names`).
+    state: Vec<String>,
+    /// The artifact's path, as errors name it.
+    file: String,
 }
 
 fn describe(py: Python<'_>, ports: &[Port]) -> PyResult<Vec<Py<PyAny>>> {
@@ -153,13 +164,19 @@ impl Model {
         Ok(views)
     }
 
-    /// The run: `inputs` by name, outputs as new numpy arrays.
-    fn call<'py>(&self, py: Python<'py>, inputs: Option<&Bound<'py, PyDict>>) -> PyResult<Bound<'py, PyDict>> {
+    /// A run (or with `step`, a training step: its outputs but the next state), `inputs`
+    /// by name, outputs as new numpy arrays.
+    fn call<'py>(
+        &self,
+        py: Python<'py>,
+        inputs: Option<&Bound<'py, PyDict>>,
+        step: bool,
+    ) -> PyResult<Bound<'py, PyDict>> {
         let args = self.args(py, inputs)?;
         let views = self.views(&args)?;
         let out = PyDict::new(py);
         let mut dst = Vec::with_capacity(self.outputs.len());
-        for o in &self.outputs {
+        for o in self.outputs.iter().filter(|o| !(step && o.next_state)) {
             let array = empty(py, &o.descr, &o.dims)?;
             // SAFETY: a fresh C-contiguous array, referenced by `out` until the run has returned.
             let bytes = unsafe { array_bytes(&array) };
@@ -170,7 +187,25 @@ impl Model {
             out.set_item(o.name.bind(py), array)?;
         }
         let session = &self.session;
-        py.detach(move || session.run_into(&views, &mut dst)).map_err(py_err)?;
+        py.detach(move || match step {
+            false => session.run_into(&views, &mut dst),
+            true => session.step_into(&views, &mut dst),
+        })
+        .map_err(py_err)?;
+        Ok(out)
+    }
+
+    /// Host tensors as new numpy arrays, by name.
+    fn arrays<'py>(&self, py: Python<'py>, tensors: &BTreeMap<String, Tensor>) -> PyResult<Bound<'py, PyDict>> {
+        let out = PyDict::new(py);
+        for (name, t) in tensors {
+            let descr = &self.dtypes.iter().find(|(d, _)| *d == t.dtype()).expect("every dtype has its numpy dtype").1;
+            let dims: Vec<npy_intp> = t.shape.iter().map(|&d| d as npy_intp).collect();
+            let array = empty(py, descr, &dims)?;
+            // SAFETY: a fresh C-contiguous array of the tensor's bytes, nowhere else yet.
+            unsafe { array_bytes(&array) }.copy_from_slice(meshc_runtime::exec::io::le_bytes(t));
+            out.set_item(name, array)?;
+        }
         Ok(out)
     }
 
@@ -245,13 +280,52 @@ impl Model {
 
     /// `model.run({"x": array})`: every output by name.
     fn run<'py>(&self, py: Python<'py>, inputs: &Bound<'py, PyDict>) -> PyResult<Bound<'py, PyDict>> {
-        self.call(py, Some(inputs))
+        self.call(py, Some(inputs), false)
     }
 
     /// `model(x=array)`: as `run`.
     #[pyo3(signature = (**inputs))]
     fn __call__<'py>(&self, py: Python<'py>, inputs: Option<&Bound<'py, PyDict>>) -> PyResult<Bound<'py, PyDict>> {
-        self.call(py, inputs)
+        self.call(py, inputs, false)
+    }
+
+    /// A training artifact's state: the inputs a step reads from the devices and replaces
+    /// there (parameters, optimizer moments). Empty for an inference artifact.
+    #[getter]
+    fn state_names(&self) -> Vec<String> {
+        self.state.clone()
+    }
+
+    /// The state compiled into a training artifact (its initial parameters and optimizer
+    /// state), as numpy arrays by name.
+    fn initial_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let init = State::initial(self.session.loaded(), &self.file)
+            .map_err(|e| MeshcError::new_err(meshc_runtime::api::error::one_line(&e)))?
+            .ok_or_else(|| MeshcError::new_err(format!("{}: the artifact holds no state", self.file)))?;
+        self.arrays(py, &init.tensors)
+    }
+
+    /// `model.set_state(model.initial_state())`: puts every state tensor (by name, numpy
+    /// arrays, copied) on the devices; the next `step` starts from it.
+    fn set_state(&self, py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<()> {
+        let args = self.args(py, Some(state))?;
+        let tensors: BTreeMap<String, Tensor> =
+            self.views(&args)?.iter().map(|(n, v)| (n.to_string(), v.to_tensor())).collect();
+        py.detach(|| self.session.set_state(&tensors)).map_err(py_err)
+    }
+
+    /// The state on the devices, as numpy arrays by name (what a checkpoint holds).
+    fn state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let state = py.detach(|| self.session.state()).map_err(py_err)?;
+        self.arrays(py, &state)
+    }
+
+    /// `model.step(x=batch, ...)`: one training step on the batch (every input that is not
+    /// state); the state on the devices is read and replaced, the other outputs (the loss)
+    /// returned.
+    #[pyo3(signature = (**inputs))]
+    fn step<'py>(&self, py: Python<'py>, inputs: Option<&Bound<'py, PyDict>>) -> PyResult<Bound<'py, PyDict>> {
+        self.call(py, inputs, true)
     }
 
     fn __repr__(&self) -> String {
@@ -270,9 +344,11 @@ fn load(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Model> {
             Ok((model, session))
         })
         .map_err(py_err)?;
-    let ports = |t: &[TensorInfo]| t.iter().map(|t| Port::new(py, t)).collect::<PyResult<Vec<_>>>();
+    let state = model.state_names();
+    let ports = |t: &[TensorInfo]| t.iter().map(|t| Port::new(py, t, &state)).collect::<PyResult<Vec<_>>>();
     let dtypes = DType::ALL.into_iter().map(|d| Ok((d, descr_of(py, d)?))).collect::<PyResult<_>>()?;
-    Ok(Model { session, inputs: ports(model.inputs())?, outputs: ports(model.outputs())?, dtypes })
+    let file = path.display().to_string();
+    Ok(Model { session, inputs: ports(model.inputs())?, outputs: ports(model.outputs())?, dtypes, state, file })
 }
 
 #[pymodule]
