@@ -9,6 +9,8 @@
 use std::collections::BTreeMap;
 use std::ffi::c_int;
 
+use meshc::command::{compile_cmd, CodegenArgs, PilotArgs};
+use meshc::pipeline::{Dumps, Instrument};
 use meshc_ir::{DType, Tensor};
 use meshc_runtime::api::{Error, Session, TensorInfo, TensorView, TensorViewMut};
 use meshc_runtime::tools::steps::State;
@@ -351,10 +353,38 @@ fn load(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Model> {
     Ok(Model { session, inputs: ports(model.inputs())?, outputs: ports(model.outputs())?, dtypes, state, file })
 }
 
+/// The flags `meshc.compile` takes: those of `meshc compile` that shape the artifact.
+#[derive(clap::Parser)]
+#[command(name = "meshc.compile", no_binary_name = true)]
+struct CompileFlags {
+    #[command(flatten)]
+    codegen: CodegenArgs,
+    #[command(flatten)]
+    pilot: PilotArgs,
+}
+
+/// `meshc.compile(graph, output, flags)`: compiles the graph file or ONNX model `graph` into
+/// the artifact `output` in this process, as `meshc compile GRAPH -o OUTPUT FLAGS...` does
+/// (the same steps, the same artifact, the same one-line errors).
+#[pyfunction]
+fn compile(py: Python<'_>, graph: std::path::PathBuf, output: std::path::PathBuf, flags: Vec<String>) -> PyResult<()> {
+    let flags = <CompileFlags as clap::Parser>::try_parse_from(&flags).map_err(|e| {
+        let text = e.to_string();
+        MeshcError::new_err(text.lines().next().unwrap_or_default().trim_start_matches("error: ").to_string())
+    })?;
+    py.detach(|| {
+        let dumps = Dumps::default();
+        let inst = Instrument::dumps(&dumps);
+        compile_cmd(&graph, Some(&output), &flags.codegen, None, &inst, &flags.pilot, None)
+    })
+    .map_err(|e| MeshcError::new_err(meshc_runtime::api::error::one_line(&e)))
+}
+
 #[pymodule]
 fn _meshc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Model>()?;
     m.add_function(wrap_pyfunction!(load, m)?)?;
+    m.add_function(wrap_pyfunction!(compile, m)?)?;
     m.add("MeshcError", m.py().get_type::<MeshcError>())?;
     m.add("MismatchError", m.py().get_type::<MismatchError>())?;
     Ok(())

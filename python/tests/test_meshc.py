@@ -167,3 +167,19 @@ def test_f16_and_bf16_cross_as_numpy_float16_and_bfloat16_bits(tmp_path):
     with pytest.raises(meshc.MismatchError, match=r"^input 'x' is f32\[2,4\], the graph expects f16\[2,4\]$"):
         model(x=x.astype(np.float32), b=b)
 
+
+def test_compile_in_process_writes_the_clis_artifact_and_errors(tmp_path):
+    """meshc.compile runs the compiler in this process: the bytes `meshc compile` writes
+    (the binary $MESHC, which make test-python builds), and its one-line errors."""
+    import subprocess
+    graph, layout = TESTDATA / "mlp" / "graph.json", TESTDATA / "mlp" / "layouts" / "mp-2x4.json"
+    meshc.compile(graph, tmp_path / "py.mshc", layout=layout)
+    subprocess.run([os.environ["MESHC"], "compile", graph, "--layout", layout, "-o", tmp_path / "cli.mshc"], check=True)
+    assert (tmp_path / "py.mshc").read_bytes() == (tmp_path / "cli.mshc").read_bytes()
+    with pytest.raises(meshc.MeshcError, match=r"nope\.json"):
+        meshc.compile(tmp_path / "nope.json", tmp_path / "x.mshc")
+    with pytest.raises(meshc.MeshcError, match="unexpected argument '--no-such-flag'"):
+        meshc.compile(graph, tmp_path / "x.mshc", extra=["--no-such-flag"])
+    with pytest.raises(meshc.MeshcError, match="--dim binds the symbolic dims of an ONNX model; this is a graph"):
+        meshc.compile(graph, tmp_path / "x.mshc", dims={"batch": 2})
+    assert not (tmp_path / "x.mshc").exists()
