@@ -478,6 +478,10 @@ pub unsafe extern "C" fn meshc_session_run(
     unsafe { call("meshc_session_run", session, (inputs, n_inputs), (outputs, n_outputs), Session::run_into) }
 }
 
+/// A call on a session over the caller's inputs and output buffers (`Session::run_into`,
+/// `Session::step_into`).
+type SessionCall = fn(&Session, &[(&str, TensorView)], &mut [(&str, TensorViewMut)]) -> Result<(), Error>;
+
 /// The caller's inputs and output buffers handed to `f` on the session, as
 /// meshc_session_run and meshc_session_step do.
 ///
@@ -488,7 +492,7 @@ unsafe fn call(
     session: *const meshc_session,
     (inputs, n_inputs): (*const meshc_tensor, usize),
     (outputs, n_outputs): (*const meshc_tensor, usize),
-    f: fn(&Session, &[(&str, TensorView)], &mut [(&str, TensorViewMut)]) -> Result<(), Error>,
+    f: SessionCall,
 ) -> meshc_status {
     guard(what, || {
         let session = session_of(session)?;

@@ -70,7 +70,7 @@ fn a_training_artifact_steps_from_c_as_the_reference_does() {
     let (x, labels, want) = (x.as_f32().unwrap(), labels.as_f32().unwrap(), want.as_f32().unwrap());
     let (xn, ln, lossn) = (c"x", c"labels", c"loss");
     let mut loss = [0f32];
-    let mut out = [tensor(lossn, &[], &mut loss)];
+    let out = [tensor(lossn, &[], &mut loss)];
     // SAFETY: every tensor points to live memory of its shape's bytes.
     unsafe {
         assert_eq!(meshc_session_step(session, std::ptr::null(), 0, out.as_ptr(), 1), meshc_status::MESHC_STATE);
@@ -98,7 +98,7 @@ fn a_training_artifact_steps_from_c_as_the_reference_does() {
             }
         }
         assert!(!state.is_empty());
-        let mut views: Vec<meshc_tensor> = state.iter_mut().map(|(n, s, d)| tensor(n, s, d)).collect();
+        let views: Vec<meshc_tensor> = state.iter_mut().map(|(n, s, d)| tensor(n, s, d)).collect();
         ok(meshc_session_get_state(session, views.as_ptr(), views.len()));
         let before: Vec<Vec<f32>> = state.iter().map(|s| s.2.clone()).collect();
         assert!(before.iter().flatten().all(|v| v.is_finite()));
