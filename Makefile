@@ -107,7 +107,8 @@ fuzz:
 		$(TEST) --test all -- --nocapture fuzz::
 
 # The Python package (python/: PyO3 + numpy, built by maturin from PyPI) installed into a venv
-# of its own under target/, with pytest; the tests compile artifacts with the release meshc.
+# of its own under target/, with pytest; the tests compile artifacts with meshc.compile (the
+# compiler linked into the package) and check it against the release meshc binary.
 PY_VENV := target/python-venv
 $(PY_VENV)/bin/python:
 	python3 -m venv $(PY_VENV)

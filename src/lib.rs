@@ -6,6 +6,7 @@
 pub mod artifact;
 pub mod attribution;
 pub mod codegen;
+pub mod command;
 pub mod compile;
 pub mod degrade;
 pub mod dot;

@@ -158,7 +158,8 @@ def encoder(name="encoder", hid=32, heads=4, ffn=64, layers=1, batch=2, seq=5, o
         inp = last
     g = helper.make_graph(n, "encoder", [x, m], [y], inits)
     mask = np.ones((batch, seq), dtype=np.int64)
-    mask[1, 3:] = 0
+    if batch > 1:
+        mask[1, 3:] = 0  # the second sequence is padding after 3 tokens
     save(name, g, {"hidden_states": rng.standard_normal((batch, seq, hid)).astype(np.float32), "attention_mask": mask},
          {"batch": batch, "seq": seq}, out=out)
 
@@ -700,6 +701,11 @@ if __name__ == "__main__":
         # The bench's 6-layer, 384-wide encoder (all-MiniLM-L6-v2's shapes), too big to
         # commit (11 M weights): `cargo bench --bench onnx` writes it under target/.
         encoder("encoder_6x384", hid=384, heads=12, ffn=1536, layers=6, batch=2, seq=32, out=sys.argv[2])
+        sys.exit(0)
+    if len(sys.argv) == 3 and sys.argv[1] == "--minilm-l3":
+        # paraphrase-MiniLM-L3-v2's encoder shapes (3 layers, 384 wide, 12 heads, seeded
+        # weights) at B=1, T=16: python/bench.py calls it from Python beside onnxruntime.
+        encoder("minilm_l3", hid=384, heads=12, ffn=1536, layers=3, batch=1, seq=16, out=sys.argv[2])
         sys.exit(0)
     mlp()
     encoder()

@@ -58,6 +58,10 @@ typedef enum meshc_status {
    A panic inside the library, caught at the boundary (a meshc bug).
    */
   MESHC_PANIC = 8,
+  /*
+   A handle that is not open: freed already, or never one the library handed out.
+   */
+  MESHC_CLOSED = 9,
 } meshc_status;
 
 /*
@@ -87,14 +91,19 @@ typedef struct meshc_model meshc_model;
 typedef struct meshc_session meshc_session;
 
 /*
- An input or output of a model, as meshc_model_input/meshc_model_output describe it. The
- name and shape are the model's: valid until the model is freed.
+ An input or output of a model, as meshc_model_tensor describes it. The name and shape
+ are the model's: valid until the model is freed.
  */
 typedef struct meshc_tensor_info {
   const char *name;
   enum meshc_dtype dtype;
   size_t rank;
   const size_t *shape;
+  /*
+   1 for an input that is a training artifact's state (meshc_session_set_state puts it
+   on the devices, meshc_session_step reads and replaces it), else 0.
+   */
+  int32_t is_state;
 } meshc_tensor_info;
 
 /*
@@ -130,10 +139,8 @@ const char *meshc_last_error(void);
 enum meshc_status meshc_model_open(const char *path, struct meshc_model **out);
 
 /*
- Frees a model (NULL is ignored). Sessions made from it stay valid.
-
- # Safety
- `model` is NULL or from meshc_model_open, not freed before.
+ Frees a model (NULL, and a handle freed already, are ignored). Sessions made from it stay
+ valid; a call on it in flight in another thread finishes first.
  */
 void meshc_model_free(struct meshc_model *model);
 
@@ -141,7 +148,7 @@ void meshc_model_free(struct meshc_model *model);
  Writes the number of inputs and of outputs of `model` to `*inputs` and `*outputs`.
 
  # Safety
- `model` is a live model; `inputs` and `outputs` point to writable size_t.
+ `inputs` and `outputs` point to writable size_t.
  */
 enum meshc_status meshc_model_counts(const struct meshc_model *model,
                                      size_t *inputs,
@@ -152,7 +159,7 @@ enum meshc_status meshc_model_counts(const struct meshc_model *model,
  `*info`; its name and shape stay valid until the model is freed.
 
  # Safety
- `model` is a live model; `info` points to a writable meshc_tensor_info.
+ `info` points to a writable meshc_tensor_info.
  */
 enum meshc_status meshc_model_tensor(const struct meshc_model *model,
                                      int32_t output,
@@ -164,16 +171,13 @@ enum meshc_status meshc_model_tensor(const struct meshc_model *model,
  by the first run and reused. Free it with meshc_session_free.
 
  # Safety
- `model` is a live model; `out` points to writable memory for a pointer.
+ `out` points to writable memory for a pointer.
  */
 enum meshc_status meshc_session_new(const struct meshc_model *model, struct meshc_session **out);
 
 /*
- Frees a session (NULL is ignored). A run already in flight on it in another thread
- finishes first (it holds the session); starting one after the free is the caller's error.
-
- # Safety
- `session` is NULL or from meshc_session_new, not freed before.
+ Frees a session (NULL, and a handle freed already, are ignored). A call on it in flight
+ in another thread finishes first; a call after the free returns MESHC_CLOSED.
  */
 void meshc_session_free(struct meshc_session *session);
 
@@ -184,14 +188,57 @@ void meshc_session_free(struct meshc_session *session);
  them. Several threads may call this on one session at once: the calls are queued.
 
  # Safety
- `session` is a live session; `inputs` and `outputs` point to that many meshc_tensor
- whose names are NUL-terminated and whose `data` holds the bytes their shape says.
+ `inputs` and `outputs` point to that many meshc_tensor whose names are NUL-terminated
+ and whose `data` holds the bytes their shape says.
  */
 enum meshc_status meshc_session_run(const struct meshc_session *session,
                                     const struct meshc_tensor *inputs,
                                     size_t n_inputs,
                                     const struct meshc_tensor *outputs,
                                     size_t n_outputs);
+
+/*
+ Puts a training artifact's initial state (the one compiled into it) on the devices of
+ `session`: the next meshc_session_step starts from it.
+ */
+enum meshc_status meshc_session_reset_state(const struct meshc_session *session);
+
+/*
+ Puts the state `state[0..n_state]` (every state input of the model, by name; see
+ meshc_tensor_info.is_state) on the devices of `session`, copied: the caller keeps its
+ buffers.
+
+ # Safety
+ `state` points to that many meshc_tensor as meshc_session_run's inputs.
+ */
+enum meshc_status meshc_session_set_state(const struct meshc_session *session,
+                                          const struct meshc_tensor *state,
+                                          size_t n_state);
+
+/*
+ Copies the state on the devices of `session` into the caller's buffers
+ `state[0..n_state]`, each named for a state input and of its dtype and shape.
+
+ # Safety
+ `state` points to that many meshc_tensor as meshc_session_run's outputs.
+ */
+enum meshc_status meshc_session_get_state(const struct meshc_session *session,
+                                          const struct meshc_tensor *state,
+                                          size_t n_state);
+
+/*
+ One training step: `inputs` are the batch (every input that is not state), the state on
+ the devices is read and replaced, and each of `outputs` (the loss, any output of the
+ graph) is written into its `data`, as meshc_session_run writes them.
+
+ # Safety
+ As meshc_session_run.
+ */
+enum meshc_status meshc_session_step(const struct meshc_session *session,
+                                     const struct meshc_tensor *inputs,
+                                     size_t n_inputs,
+                                     const struct meshc_tensor *outputs,
+                                     size_t n_outputs);
 
 #ifdef __cplusplus
 }  // extern "C"

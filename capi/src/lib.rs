@@ -1,14 +1,22 @@
 //! The C ABI of the meshc runtime (capi/include/meshc.h, generated from this file by
 //! cbindgen): opaque handles over `meshc_runtime::api`'s `Model` and `Session`, a status per
 //! call with its message kept per thread, every panic caught at the boundary.
+//!
+//! A handle is not a pointer to memory but a number the library hands out once and never
+//! again: every call looks it up in the table of live handles and takes a reference to what
+//! it names. So a handle freed while a call on it runs in another thread is freed when that
+//! call returns, and a freed handle (or a pointer that never was one) is refused with
+//! MESHC_CLOSED instead of being read.
 #![allow(non_camel_case_types)]
 
 use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use meshc_ir::DType;
+use meshc_ir::Tensor;
 use meshc_runtime::api::{Error, Model, Session, TensorView, TensorViewMut};
 
 /// What a call did: MESHC_OK, or the kind of its failure (meshc_last_error() has the message).
@@ -33,6 +41,8 @@ pub enum meshc_status {
     MESHC_STATE = 7,
     /// A panic inside the library, caught at the boundary (a meshc bug).
     MESHC_PANIC = 8,
+    /// A handle that is not open: freed already, or never one the library handed out.
+    MESHC_CLOSED = 9,
 }
 
 /// The element type of a tensor.
@@ -60,27 +70,95 @@ pub struct meshc_tensor {
     pub data: *mut c_void,
 }
 
-/// An input or output of a model, as meshc_model_input/meshc_model_output describe it. The
-/// name and shape are the model's: valid until the model is freed.
+/// An input or output of a model, as meshc_model_tensor describes it. The name and shape
+/// are the model's: valid until the model is freed.
 #[repr(C)]
 pub struct meshc_tensor_info {
     pub name: *const c_char,
     pub dtype: meshc_dtype,
     pub rank: usize,
     pub shape: *const usize,
+    /// 1 for an input that is a training artifact's state (meshc_session_set_state puts it
+    /// on the devices, meshc_session_step reads and replaces it), else 0.
+    pub is_state: i32,
 }
 
 /// An opened artifact (meshc_model_open).
 pub struct meshc_model {
-    model: Model,
-    /// NUL-terminated names of the inputs, then the outputs.
-    names: Vec<CString>,
+    _opaque: [u8; 0],
 }
 
 /// A model ready to run (meshc_session_new). Thread-safe: calls from several threads at once
 /// are queued and each is correct.
 pub struct meshc_session {
-    session: Arc<Session>,
+    _opaque: [u8; 0],
+}
+
+/// What a model handle names.
+struct ModelEntry {
+    model: Model,
+    /// NUL-terminated names of the inputs, then the outputs.
+    names: Vec<CString>,
+}
+
+/// What a handle names.
+#[derive(Clone)]
+enum Entry {
+    Model(Arc<ModelEntry>),
+    Session(Arc<Session>),
+}
+
+/// The live handles, and the number the next one gets (never 0, never reused).
+struct Handles {
+    live: HashMap<usize, Entry>,
+    next: usize,
+}
+
+static HANDLES: Mutex<Option<Handles>> = Mutex::new(None);
+
+fn handles() -> std::sync::MutexGuard<'static, Option<Handles>> {
+    HANDLES.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A new handle for `e`.
+fn open_handle(e: Entry) -> usize {
+    let mut guard = handles();
+    let h = guard.get_or_insert_with(|| Handles { live: HashMap::new(), next: 1 });
+    let id = h.next;
+    h.next += 1;
+    h.live.insert(id, e);
+    id
+}
+
+/// What handle `p` names, or MESHC_NULL / MESHC_CLOSED naming `what`.
+fn lookup(p: usize, what: &str) -> Result<Entry, Fail> {
+    if p == 0 {
+        return Err(Fail(meshc_status::MESHC_NULL, format!("{what} is NULL")));
+    }
+    let closed = || Fail(meshc_status::MESHC_CLOSED, format!("{what} is not open (freed already, or not a {what})"));
+    handles().as_ref().and_then(|h| h.live.get(&p).cloned()).ok_or_else(closed)
+}
+
+fn model_of(p: *const meshc_model) -> Result<Arc<ModelEntry>, Fail> {
+    match lookup(p as usize, "model")? {
+        Entry::Model(m) => Ok(m),
+        Entry::Session(_) => Err(Fail(meshc_status::MESHC_CLOSED, "model is a session handle".into())),
+    }
+}
+
+fn session_of(p: *const meshc_session) -> Result<Arc<Session>, Fail> {
+    match lookup(p as usize, "session")? {
+        Entry::Session(s) => Ok(s),
+        Entry::Model(_) => Err(Fail(meshc_status::MESHC_CLOSED, "session is a model handle".into())),
+    }
+}
+
+/// Takes handle `p` out of the table; what it names is dropped when the last call using it
+/// returns. An unknown handle is ignored.
+fn close_handle(p: usize) {
+    let entry = handles().as_mut().and_then(|h| h.live.remove(&p));
+    // Dropped outside the lock: freeing a model unmaps it, which may take a while.
+    drop(entry);
 }
 
 thread_local! {
@@ -206,28 +284,25 @@ pub unsafe extern "C" fn meshc_model_open(path: *const c_char, out: *mut *mut me
                 CString::new(t.name.as_str()).map_err(|_| invalid(format!("tensor name '{}' holds a NUL", t.name)))
             })
             .collect::<Result<_, _>>()?;
+        let id = open_handle(Entry::Model(Arc::new(ModelEntry { model, names })));
         // SAFETY: checked non-NULL above.
-        unsafe { *out = Box::into_raw(Box::new(meshc_model { model, names })) };
+        unsafe { *out = id as *mut meshc_model };
         Ok(())
     })
 }
 
-/// Frees a model (NULL is ignored). Sessions made from it stay valid.
-///
-/// # Safety
-/// `model` is NULL or from meshc_model_open, not freed before.
+/// Frees a model (NULL, and a handle freed already, are ignored). Sessions made from it stay
+/// valid; a call on it in flight in another thread finishes first.
 #[no_mangle]
-pub unsafe extern "C" fn meshc_model_free(model: *mut meshc_model) {
-    if !model.is_null() {
-        // SAFETY: the caller's contract; a panic in a drop is caught rather than unwinding into C.
-        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(model) })));
-    }
+pub extern "C" fn meshc_model_free(model: *mut meshc_model) {
+    // A panic in a drop is caught rather than unwinding into C.
+    let _ = catch_unwind(|| close_handle(model as usize));
 }
 
 /// Writes the number of inputs and of outputs of `model` to `*inputs` and `*outputs`.
 ///
 /// # Safety
-/// `model` is a live model; `inputs` and `outputs` point to writable size_t.
+/// `inputs` and `outputs` point to writable size_t.
 #[no_mangle]
 pub unsafe extern "C" fn meshc_model_counts(
     model: *const meshc_model,
@@ -235,9 +310,8 @@ pub unsafe extern "C" fn meshc_model_counts(
     outputs: *mut usize,
 ) -> meshc_status {
     guard("meshc_model_counts", || {
+        let m = model_of(model)?;
         // SAFETY: the caller's contract.
-        let m = unsafe { non_null(model, "model") }?;
-        // SAFETY: as above.
         unsafe { non_null(inputs.cast_const(), "inputs").and(non_null(outputs.cast_const(), "outputs")) }?;
         // SAFETY: checked non-NULL above.
         unsafe { (*inputs, *outputs) = (m.model.inputs().len(), m.model.outputs().len()) };
@@ -249,7 +323,7 @@ pub unsafe extern "C" fn meshc_model_counts(
 /// `*info`; its name and shape stay valid until the model is freed.
 ///
 /// # Safety
-/// `model` is a live model; `info` points to a writable meshc_tensor_info.
+/// `info` points to a writable meshc_tensor_info.
 #[no_mangle]
 pub unsafe extern "C" fn meshc_model_tensor(
     model: *const meshc_model,
@@ -258,9 +332,8 @@ pub unsafe extern "C" fn meshc_model_tensor(
     info: *mut meshc_tensor_info,
 ) -> meshc_status {
     guard("meshc_model_tensor", || {
+        let m = model_of(model)?;
         // SAFETY: the caller's contract.
-        let m = unsafe { non_null(model, "model") }?;
-        // SAFETY: as above.
         unsafe { non_null(info.cast_const(), "info") }?;
         let (list, base) = match output {
             0 => (m.model.inputs(), 0),
@@ -272,8 +345,10 @@ pub unsafe extern "C" fn meshc_model_tensor(
             dtype: dtype_to(t.dtype),
             rank: t.shape.len(),
             shape: t.shape.as_ptr(),
+            is_state: (output == 0 && m.model.state_names().contains(&t.name)).into(),
         };
-        // SAFETY: checked non-NULL above.
+        // SAFETY: checked non-NULL above; the pointers stay valid while the handle is open
+        // (the table holds the model).
         unsafe { info.write(i) };
         Ok(())
     })
@@ -283,32 +358,26 @@ pub unsafe extern "C" fn meshc_model_tensor(
 /// by the first run and reused. Free it with meshc_session_free.
 ///
 /// # Safety
-/// `model` is a live model; `out` points to writable memory for a pointer.
+/// `out` points to writable memory for a pointer.
 #[no_mangle]
 pub unsafe extern "C" fn meshc_session_new(model: *const meshc_model, out: *mut *mut meshc_session) -> meshc_status {
     guard("meshc_session_new", || {
+        let m = model_of(model)?;
         // SAFETY: the caller's contract.
-        let m = unsafe { non_null(model, "model") }?;
-        // SAFETY: as above.
         unsafe { non_null(out.cast_const(), "out") }?;
-        let session = Arc::new(Session::new(&m.model)?);
+        let id = open_handle(Entry::Session(Arc::new(Session::new(&m.model)?)));
         // SAFETY: checked non-NULL above.
-        unsafe { *out = Box::into_raw(Box::new(meshc_session { session })) };
+        unsafe { *out = id as *mut meshc_session };
         Ok(())
     })
 }
 
-/// Frees a session (NULL is ignored). A run already in flight on it in another thread
-/// finishes first (it holds the session); starting one after the free is the caller's error.
-///
-/// # Safety
-/// `session` is NULL or from meshc_session_new, not freed before.
+/// Frees a session (NULL, and a handle freed already, are ignored). A call on it in flight
+/// in another thread finishes first; a call after the free returns MESHC_CLOSED.
 #[no_mangle]
-pub unsafe extern "C" fn meshc_session_free(session: *mut meshc_session) {
-    if !session.is_null() {
-        // SAFETY: the caller's contract; a panic in a drop is caught rather than unwinding into C.
-        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(session) })));
-    }
+pub extern "C" fn meshc_session_free(session: *mut meshc_session) {
+    // A panic in a drop is caught rather than unwinding into C.
+    let _ = catch_unwind(|| close_handle(session as usize));
 }
 
 /// `n` tensors at `p` (NULL allowed when `n` is 0).
@@ -346,14 +415,57 @@ unsafe fn parts<'a>(t: &'a meshc_tensor, what: &str) -> Result<(&'a str, DType, 
     Ok((name, dtype, shape, bytes))
 }
 
+/// The caller's tensors at `p` as views of their memory, read only.
+///
+/// # Safety
+/// `p` points to `n` meshc_tensor whose `data` holds the bytes their shape says.
+unsafe fn views<'a>(p: *const meshc_tensor, n: usize) -> Result<Vec<(&'a str, TensorView<'a>)>, Fail> {
+    // SAFETY: the caller's contract.
+    let ts = unsafe { tensors(p, n, "inputs") }?;
+    let mut views = Vec::with_capacity(ts.len());
+    for t in ts {
+        // SAFETY: as above.
+        let (name, dtype, shape, bytes) = unsafe { parts(t, "input") }?;
+        let data: &[u8] = match bytes {
+            0 => &[],
+            // SAFETY: `data` holds `bytes` bytes (the caller's contract), only read.
+            _ => unsafe { std::slice::from_raw_parts(t.data.cast::<u8>().cast_const(), bytes) },
+        };
+        views.push((name, TensorView::from_bytes(dtype, shape, data)?));
+    }
+    Ok(views)
+}
+
+/// The caller's tensors at `p` as buffers a call writes into.
+///
+/// # Safety
+/// `p` points to `n` meshc_tensor whose `data` holds the writable bytes their shape says,
+/// overlapping no other argument.
+unsafe fn buffers<'a>(p: *const meshc_tensor, n: usize) -> Result<Vec<(&'a str, TensorViewMut<'a>)>, Fail> {
+    // SAFETY: the caller's contract.
+    let ts = unsafe { tensors(p, n, "outputs") }?;
+    let mut dst = Vec::with_capacity(ts.len());
+    for t in ts {
+        // SAFETY: as above.
+        let (name, dtype, shape, bytes) = unsafe { parts(t, "output") }?;
+        let data: &mut [u8] = match bytes {
+            0 => &mut [],
+            // SAFETY: `data` holds `bytes` writable bytes no other argument overlaps.
+            _ => unsafe { std::slice::from_raw_parts_mut(t.data.cast::<u8>(), bytes) },
+        };
+        dst.push((name, TensorViewMut::from_bytes(dtype, shape, data)?));
+    }
+    Ok(dst)
+}
+
 /// Runs the model once: `inputs[0..n_inputs]` (every input of the graph, once) are read
 /// where they are, and each of `outputs[0..n_outputs]` (any of the graph's outputs) is
 /// written into its `data`. Nothing is allocated for the tensors; the caller owns all of
 /// them. Several threads may call this on one session at once: the calls are queued.
 ///
 /// # Safety
-/// `session` is a live session; `inputs` and `outputs` point to that many meshc_tensor
-/// whose names are NUL-terminated and whose `data` holds the bytes their shape says.
+/// `inputs` and `outputs` point to that many meshc_tensor whose names are NUL-terminated
+/// and whose `data` holds the bytes their shape says.
 #[no_mangle]
 pub unsafe extern "C" fn meshc_session_run(
     session: *const meshc_session,
@@ -362,34 +474,105 @@ pub unsafe extern "C" fn meshc_session_run(
     outputs: *const meshc_tensor,
     n_outputs: usize,
 ) -> meshc_status {
-    guard("meshc_session_run", || {
+    // SAFETY: the caller's contract.
+    unsafe { call("meshc_session_run", session, (inputs, n_inputs), (outputs, n_outputs), Session::run_into) }
+}
+
+/// A call on a session over the caller's inputs and output buffers (`Session::run_into`,
+/// `Session::step_into`).
+type SessionCall = fn(&Session, &[(&str, TensorView)], &mut [(&str, TensorViewMut)]) -> Result<(), Error>;
+
+/// The caller's inputs and output buffers handed to `f` on the session, as
+/// meshc_session_run and meshc_session_step do.
+///
+/// # Safety
+/// As meshc_session_run.
+unsafe fn call(
+    what: &str,
+    session: *const meshc_session,
+    (inputs, n_inputs): (*const meshc_tensor, usize),
+    (outputs, n_outputs): (*const meshc_tensor, usize),
+    f: SessionCall,
+) -> meshc_status {
+    guard(what, || {
+        let session = session_of(session)?;
         // SAFETY: the caller's contract.
-        let session = unsafe { non_null(session, "session") }?.session.clone();
-        // SAFETY: as above.
-        let (ins, outs) = unsafe { (tensors(inputs, n_inputs, "inputs")?, tensors(outputs, n_outputs, "outputs")?) };
-        let mut views = Vec::with_capacity(ins.len());
-        for t in ins {
-            // SAFETY: as above.
-            let (name, dtype, shape, bytes) = unsafe { parts(t, "input") }?;
-            let data: &[u8] = match bytes {
-                0 => &[],
-                // SAFETY: `data` holds `bytes` bytes (the caller's contract), only read.
-                _ => unsafe { std::slice::from_raw_parts(t.data.cast::<u8>().cast_const(), bytes) },
-            };
-            views.push((name, TensorView::from_bytes(dtype, shape, data)?));
-        }
-        let mut dst = Vec::with_capacity(outs.len());
-        for t in outs {
-            // SAFETY: as above.
-            let (name, dtype, shape, bytes) = unsafe { parts(t, "output") }?;
-            let data: &mut [u8] = match bytes {
-                0 => &mut [],
-                // SAFETY: `data` holds `bytes` writable bytes no other argument overlaps.
-                _ => unsafe { std::slice::from_raw_parts_mut(t.data.cast::<u8>(), bytes) },
-            };
-            dst.push((name, TensorViewMut::from_bytes(dtype, shape, data)?));
-        }
-        session.run_into(&views, &mut dst)?;
+        let (views, mut dst) = unsafe { (views(inputs, n_inputs)?, buffers(outputs, n_outputs)?) };
+        f(&session, &views, &mut dst)?;
         Ok(())
     })
+}
+
+/// Puts a training artifact's initial state (the one compiled into it) on the devices of
+/// `session`: the next meshc_session_step starts from it.
+#[no_mangle]
+pub extern "C" fn meshc_session_reset_state(session: *const meshc_session) -> meshc_status {
+    guard("meshc_session_reset_state", || {
+        let session = session_of(session)?;
+        let init = meshc_runtime::tools::steps::State::initial(session.loaded(), "the artifact")
+            .map_err(|e| Fail(meshc_status::MESHC_STATE, meshc_runtime::api::error::one_line(&e)))?;
+        let init = init.ok_or_else(|| Fail(meshc_status::MESHC_STATE, "the artifact holds no state".into()))?;
+        session.set_state(&init.tensors)?;
+        Ok(())
+    })
+}
+
+/// Puts the state `state[0..n_state]` (every state input of the model, by name; see
+/// meshc_tensor_info.is_state) on the devices of `session`, copied: the caller keeps its
+/// buffers.
+///
+/// # Safety
+/// `state` points to that many meshc_tensor as meshc_session_run's inputs.
+#[no_mangle]
+pub unsafe extern "C" fn meshc_session_set_state(
+    session: *const meshc_session,
+    state: *const meshc_tensor,
+    n_state: usize,
+) -> meshc_status {
+    guard("meshc_session_set_state", || {
+        let session = session_of(session)?;
+        // SAFETY: the caller's contract.
+        let views = unsafe { views(state, n_state) }?;
+        let tensors: BTreeMap<String, Tensor> = views.iter().map(|(n, v)| (n.to_string(), v.to_tensor())).collect();
+        session.set_state(&tensors)?;
+        Ok(())
+    })
+}
+
+/// Copies the state on the devices of `session` into the caller's buffers
+/// `state[0..n_state]`, each named for a state input and of its dtype and shape.
+///
+/// # Safety
+/// `state` points to that many meshc_tensor as meshc_session_run's outputs.
+#[no_mangle]
+pub unsafe extern "C" fn meshc_session_get_state(
+    session: *const meshc_session,
+    state: *const meshc_tensor,
+    n_state: usize,
+) -> meshc_status {
+    guard("meshc_session_get_state", || {
+        let session = session_of(session)?;
+        // SAFETY: the caller's contract.
+        let mut dst = unsafe { buffers(state, n_state) }?;
+        session.state_into(&mut dst)?;
+        Ok(())
+    })
+}
+
+/// One training step: `inputs` are the batch (every input that is not state), the state on
+/// the devices is read and replaced, and each of `outputs` (the loss, any output of the
+/// graph) is written into its `data`, as meshc_session_run writes them.
+///
+/// # Safety
+/// As meshc_session_run.
+#[no_mangle]
+pub unsafe extern "C" fn meshc_session_step(
+    session: *const meshc_session,
+    inputs: *const meshc_tensor,
+    n_inputs: usize,
+    outputs: *const meshc_tensor,
+    n_outputs: usize,
+) -> meshc_status {
+    // SAFETY: the caller's contract.
+    unsafe { call("meshc_session_step", session, (inputs, n_inputs), (outputs, n_outputs), Session::step_into) }
 }

@@ -84,6 +84,7 @@ fn the_c_example_runs_the_mlp_as_numpy_does_and_valgrind_finds_nothing() {
     }
     assert!(out.contains("misnamed input: the graph has no input 'no_such_input' (its inputs: x)"), "{out}");
     assert!(out.contains("NULL session: session is NULL") && out.ends_with("ok\n"), "{out}");
+    assert!(out.contains("freed session: session is not open (freed already, or not a session)"), "{out}");
     if std::env::var_os("MESHC_NO_VALGRIND").is_some() {
         eprintln!("MESHC_NO_VALGRIND: the C example was not run under valgrind");
         return;

@@ -5,7 +5,8 @@
  *   ./meshc-example model.mshc x=x.bin
  *
  * A second session on the same model, calls from two threads at once, and the refusals of a
- * NULL handle and of a misnamed input are checked too (exit 1 on anything unexpected). */
+ * NULL handle, of a misnamed input and of a freed handle are checked too (exit 1 on
+ * anything unexpected). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,6 +127,10 @@ int main(int argc, char **argv) {
     }
 
     meshc_session_free(session);
+    meshc_session_free(second);
+    /* A freed handle is refused, not read; freeing it again does nothing. */
+    if (meshc_session_run(second, in, n_in, out, n_out) != MESHC_CLOSED) return 1;
+    printf("freed session: %s\n", meshc_last_error());
     meshc_session_free(second);
     /* Last: the names and shapes in the tensors above are the model's. */
     meshc_model_free(model);

@@ -11,31 +11,23 @@ place; other layouts are copied first; a wrong dtype or shape raises MismatchErr
 line meshc prints.
 """
 
-import os
-import shutil
-import subprocess
-
 from ._meshc import MeshcError, MismatchError, Model, load
+from ._meshc import compile as _compile
 
 __all__ = ["Model", "MeshcError", "MismatchError", "compile", "load"]
 
 
 def compile(graph, output, layout=None, dims=None, extra=()):
-    """Compiles a graph file or ONNX model into the artifact `output` with the meshc
-    compiler (the `meshc` on PATH, or $MESHC): `layout` a layout spec file, `dims` the
-    ONNX model's symbolic dims as {"batch": 8}. Returns `output`; a failure raises
-    MeshcError with meshc's message. (The compiler runs as its own process: this package
-    holds the runtime only.)"""
-    meshc = os.environ.get("MESHC") or shutil.which("meshc")
-    if meshc is None:
-        raise MeshcError("the meshc compiler is not on PATH (set MESHC to its path)")
-    args = [meshc, "compile", str(graph), "-o", str(output)]
+    """Compiles a graph file or ONNX model into the artifact `output`, in this process, as
+    `meshc compile GRAPH -o OUTPUT` does: `layout` a layout spec file, `dims` the ONNX
+    model's symbolic dims as {"batch": 8}, `extra` more of compile's flags (["--loss",
+    "loss", "--optimizer", "sgd:0.1"]). Returns `output`; a failure raises MeshcError with
+    meshc's message. The GIL is released while it compiles."""
+    flags = []
     if layout is not None:
-        args += ["--layout", str(layout)]
+        flags += ["--layout", str(layout)]
     for name, value in (dims or {}).items():
-        args += ["--dim", f"{name}={value}"]
-    args += list(extra)
-    run = subprocess.run(args, capture_output=True, text=True)
-    if run.returncode != 0:
-        raise MeshcError(run.stderr.strip().removeprefix("error: "))
+        flags += ["--dim", f"{name}={value}"]
+    flags += [str(f) for f in extra]
+    _compile(str(graph), str(output), flags)
     return output

@@ -6,13 +6,20 @@
 //! The GIL is released while the run goes on, so other Python threads keep running, and
 //! several threads may call one model (their calls are queued on its runner).
 
-use meshc_ir::DType;
+use std::collections::BTreeMap;
+use std::ffi::c_int;
+
+use meshc::command::{compile_cmd, CodegenArgs, PilotArgs};
+use meshc::pipeline::{Dumps, Instrument};
+use meshc_ir::{DType, Tensor};
 use meshc_runtime::api::{Error, Session, TensorInfo, TensorView, TensorViewMut};
-use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use meshc_runtime::tools::steps::State;
+use numpy::npyffi::{npy_intp, NpyTypes, PyArray_Descr, PY_ARRAY_API};
+use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::{PyDict, PyString, PyTuple};
 
 create_exception!(_meshc, MeshcError, PyException, "A meshc error: its message is the one line meshc prints.");
 create_exception!(
@@ -41,29 +48,70 @@ fn numpy_name(d: DType) -> &'static str {
     }
 }
 
-/// The meshc dtype of a numpy dtype, by name (`bfloat16` is ml_dtypes').
-fn dtype_of(name: &str) -> Option<DType> {
-    DType::ALL.into_iter().find(|&d| numpy_name(d) == name)
+/// The numpy dtype that carries a meshc dtype: bf16 as ml_dtypes' `bfloat16` where that
+/// package is installed, else as `uint16` holding the bits.
+fn descr_of(py: Python<'_>, d: DType) -> PyResult<Py<PyArrayDescr>> {
+    let descr = match d {
+        DType::F32 => numpy::dtype::<f32>(py),
+        DType::I32 => numpy::dtype::<i32>(py),
+        DType::I64 => numpy::dtype::<i64>(py),
+        DType::Bool => numpy::dtype::<bool>(py),
+        DType::F16 => numpy::dtype::<half::f16>(py),
+        DType::BF16 => match py.import("ml_dtypes") {
+            Ok(m) => PyArrayDescr::new(py, m.getattr("bfloat16")?)?,
+            Err(_) => numpy::dtype::<u16>(py),
+        },
+    };
+    Ok(descr.unbind())
+}
+
+/// An input or output as calls see it, prepared at load so that a call does no lookup by
+/// text: its name as an interned Python string (a keyword written in code is that very
+/// object, so finding an input is a pointer comparison), the numpy dtype that carries it,
+/// and its shape as numpy takes it.
+struct Port {
+    info: TensorInfo,
+    name: Py<PyString>,
+    descr: Py<PyArrayDescr>,
+    dims: Vec<npy_intp>,
+    /// An output that is a training artifact's next state (`next.S` of a state input S),
+    /// which a step keeps on the devices.
+    next_state: bool,
+}
+
+impl Port {
+    fn new(py: Python<'_>, info: &TensorInfo, state: &[String]) -> PyResult<Port> {
+        let dims = info.shape.iter().map(|&d| d as npy_intp).collect();
+        let next_state = state.iter().any(|s| meshc_ir::optim::next_name(s) == info.name);
+        Ok(Port {
+            name: PyString::intern(py, &info.name).unbind(),
+            descr: descr_of(py, info.dtype)?,
+            dims,
+            next_state,
+            info: info.clone(),
+        })
+    }
 }
 
 /// A loaded artifact, ready to call.
 #[pyclass(frozen, module = "meshc")]
 struct Model {
     session: Session,
-    inputs: Vec<TensorInfo>,
-    outputs: Vec<TensorInfo>,
+    inputs: Vec<Port>,
+    outputs: Vec<Port>,
+    /// Every dtype meshc has with its numpy dtype, to name what an input holds.
+    dtypes: Vec<(DType, Py<PyArrayDescr>)>,
+    /// A training artifact's state inputs (`meshc_runtime::api::Model::state_names`).
+    state: Vec<String>,
+    /// The artifact's path, as errors name it.
+    file: String,
 }
 
-/// A buffer crossing into the run with the GIL released: numpy memory kept alive by the
-/// arrays the caller's frame holds.
-struct Raw(*mut u8, usize);
-
-// SAFETY: the arrays stay referenced by the calling frame for the whole run.
-unsafe impl Send for Raw {}
-
-fn describe(py: Python<'_>, t: &[TensorInfo]) -> PyResult<Vec<Py<PyAny>>> {
-    t.iter()
-        .map(|t| {
+fn describe(py: Python<'_>, ports: &[Port]) -> PyResult<Vec<Py<PyAny>>> {
+    ports
+        .iter()
+        .map(|p| {
+            let t = &p.info;
             let shape = PyTuple::new(py, &t.shape)?;
             Ok((t.name.as_str(), numpy_name(t.dtype), shape, t.layout_text.as_str())
                 .into_pyobject(py)?
@@ -73,75 +121,149 @@ fn describe(py: Python<'_>, t: &[TensorInfo]) -> PyResult<Vec<Py<PyAny>>> {
         .collect()
 }
 
+/// An input of a call: which of the model's it names (or the name it was given, for the
+/// runner to refuse), and the array that holds it, C-contiguous.
+struct Arg<'py> {
+    port: Result<usize, String>,
+    array: Bound<'py, PyUntypedArray>,
+}
+
 impl Model {
-    /// The run: `inputs` by name, outputs as new numpy arrays.
-    fn call<'py>(&self, py: Python<'py>, inputs: &Bound<'py, PyDict>) -> PyResult<Bound<'py, PyDict>> {
-        let np = py.import("numpy")?;
-        // The arrays as the run reads them: contiguous copies where needed, kept alive here.
-        let mut held: Vec<(String, Bound<'py, PyUntypedArray>)> = Vec::new();
-        for (k, v) in inputs.iter() {
-            let name: String = k.extract()?;
-            let arr = match v.downcast::<PyUntypedArray>() {
-                Ok(a) if a.is_c_contiguous() => a.clone(),
-                _ => np.call_method1("ascontiguousarray", (v,))?.downcast_into::<PyUntypedArray>()?,
+    /// The arrays of `inputs` by the model's inputs they name, C-contiguous.
+    fn args<'py>(&self, py: Python<'py>, inputs: Option<&Bound<'py, PyDict>>) -> PyResult<Vec<Arg<'py>>> {
+        let mut args = Vec::with_capacity(self.inputs.len());
+        for (k, v) in inputs.into_iter().flat_map(|d| d.iter()) {
+            let port = match self.inputs.iter().position(|p| p.name.as_ptr() == k.as_ptr()) {
+                Some(i) => Ok(i),
+                None => {
+                    let name = k.downcast::<PyString>()?.to_cow()?;
+                    self.inputs.iter().position(|p| p.info.name == name).ok_or_else(|| name.into_owned())
+                }
             };
-            held.push((name, arr));
+            let array = match v.downcast::<PyUntypedArray>() {
+                Ok(a) if a.is_c_contiguous() => a.clone(),
+                _ => py.import("numpy")?.call_method1("ascontiguousarray", (v,))?.downcast_into::<PyUntypedArray>()?,
+            };
+            args.push(Arg { port, array });
         }
-        let mut shapes: Vec<Vec<usize>> = Vec::new();
-        let mut raw_in = Vec::new();
-        for (name, a) in &held {
-            let dname = a.dtype().str()?.to_string();
-            let dtype = dtype_of(&dname).ok_or_else(|| {
-                MismatchError::new_err(format!("input '{name}' is a numpy {dname} array, which meshc does not take"))
-            })?;
-            shapes.push(a.shape().to_vec());
-            // SAFETY: a C-contiguous array's data pointer covers its nbytes.
-            let ptr = unsafe { (*a.as_array_ptr()).data.cast::<u8>() };
-            raw_in.push((name.as_str(), dtype, Raw(ptr, a.len() * a.dtype().itemsize())));
+        Ok(args)
+    }
+
+    /// `args` as the run reads them, where they are.
+    fn views<'a>(&'a self, args: &'a [Arg<'_>]) -> PyResult<Vec<(&'a str, TensorView<'a>)>> {
+        let mut views = Vec::with_capacity(args.len());
+        for arg in args {
+            let name = match &arg.port {
+                Ok(i) => self.inputs[*i].info.name.as_str(),
+                Err(name) => name.as_str(),
+            };
+            let dtype = self.dtype(arg, name)?;
+            // SAFETY: a C-contiguous array's data covers its nbytes; `args` keeps it alive
+            // while the views are.
+            let bytes = unsafe { array_bytes(&arg.array) };
+            views.push((name, TensorView::from_bytes(dtype, arg.array.shape(), bytes).map_err(py_err)?));
         }
+        Ok(views)
+    }
+
+    /// A run (or with `step`, a training step: its outputs but the next state), `inputs`
+    /// by name, outputs as new numpy arrays.
+    fn call<'py>(
+        &self,
+        py: Python<'py>,
+        inputs: Option<&Bound<'py, PyDict>>,
+        step: bool,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let args = self.args(py, inputs)?;
+        let views = self.views(&args)?;
         let out = PyDict::new(py);
-        let mut raw_out = Vec::new();
-        for o in &self.outputs {
-            let arr = np.call_method1("empty", (PyTuple::new(py, &o.shape)?, output_dtype(py, o.dtype)?))?;
-            let a = arr.downcast::<PyUntypedArray>()?;
-            // SAFETY: a fresh C-contiguous array of the output's bytes.
-            let ptr = unsafe { (*a.as_array_ptr()).data.cast::<u8>() };
-            raw_out.push(Raw(ptr, a.len() * a.dtype().itemsize()));
-            out.set_item(&o.name, &arr)?;
+        let mut dst = Vec::with_capacity(self.outputs.len());
+        for o in self.outputs.iter().filter(|o| !(step && o.next_state)) {
+            let array = empty(py, &o.descr, &o.dims)?;
+            // SAFETY: a fresh C-contiguous array, referenced by `out` until the run has returned.
+            let bytes = unsafe { array_bytes(&array) };
+            dst.push((
+                o.info.name.as_str(),
+                TensorViewMut::from_bytes(o.info.dtype, &o.info.shape, bytes).map_err(py_err)?,
+            ));
+            out.set_item(o.name.bind(py), array)?;
         }
         let session = &self.session;
-        let outputs = &self.outputs;
-        py.detach(move || {
-            let views = (raw_in.iter().zip(&shapes))
-                .map(|((n, d, Raw(p, len)), s)| {
-                    let bytes: &[u8] = if *len == 0 { &[] } else { unsafe { std::slice::from_raw_parts(*p, *len) } };
-                    TensorView::from_bytes(*d, s, bytes).map(|v| (*n, v))
-                })
-                .collect::<Result<Vec<_>, Error>>()?;
-            let mut dst = (outputs.iter().zip(&raw_out))
-                .map(|(o, Raw(p, len))| {
-                    let bytes: &mut [u8] =
-                        if *len == 0 { &mut [] } else { unsafe { std::slice::from_raw_parts_mut(*p, *len) } };
-                    TensorViewMut::from_bytes(o.dtype, &o.shape, bytes).map(|v| (o.name.as_str(), v))
-                })
-                .collect::<Result<Vec<_>, Error>>()?;
-            session.run_into(&views, &mut dst)
+        py.detach(move || match step {
+            false => session.run_into(&views, &mut dst),
+            true => session.step_into(&views, &mut dst),
         })
         .map_err(py_err)?;
         Ok(out)
     }
+
+    /// Host tensors as new numpy arrays, by name.
+    fn arrays<'py>(&self, py: Python<'py>, tensors: &BTreeMap<String, Tensor>) -> PyResult<Bound<'py, PyDict>> {
+        let out = PyDict::new(py);
+        for (name, t) in tensors {
+            let descr = &self.dtypes.iter().find(|(d, _)| *d == t.dtype()).expect("every dtype has its numpy dtype").1;
+            let dims: Vec<npy_intp> = t.shape.iter().map(|&d| d as npy_intp).collect();
+            let array = empty(py, descr, &dims)?;
+            // SAFETY: a fresh C-contiguous array of the tensor's bytes, nowhere else yet.
+            unsafe { array_bytes(&array) }.copy_from_slice(meshc_runtime::exec::io::le_bytes(t));
+            out.set_item(name, array)?;
+        }
+        Ok(out)
+    }
+
+    /// The meshc dtype of an input's array: the model's for that input when the array has
+    /// it (a pointer comparison for numpy's own dtypes), else whichever it has.
+    fn dtype(&self, arg: &Arg<'_>, name: &str) -> PyResult<DType> {
+        let have = arg.array.dtype();
+        let py = arg.array.py();
+        if let Ok(i) = arg.port {
+            if have.is_equiv_to(self.inputs[i].descr.bind(py)) {
+                return Ok(self.inputs[i].info.dtype);
+            }
+        }
+        match self.dtypes.iter().find(|(_, d)| have.is_equiv_to(d.bind(py))) {
+            Some((d, _)) => Ok(*d),
+            None => Err(MismatchError::new_err(format!(
+                "input '{name}' is a numpy {} array, which meshc does not take",
+                have.str()?
+            ))),
+        }
+    }
 }
 
-/// The numpy dtype of an output: bf16 as ml_dtypes' bfloat16 where installed, else its bits
-/// as uint16.
-fn output_dtype(py: Python<'_>, d: DType) -> PyResult<Bound<'_, PyAny>> {
-    if d == DType::BF16 {
-        return match py.import("ml_dtypes") {
-            Ok(m) => m.getattr("bfloat16"),
-            Err(_) => Ok(pyo3::types::PyString::new(py, "uint16").into_any()),
-        };
+/// A new C-contiguous numpy array of dtype `descr` and shape `dims`, its memory not yet
+/// written.
+fn empty<'py>(py: Python<'py>, descr: &Py<PyArrayDescr>, dims: &[npy_intp]) -> PyResult<Bound<'py, PyUntypedArray>> {
+    // SAFETY: numpy's array constructor with a dtype reference of our own (it steals one),
+    // a shape of `dims.len()` dims, no strides and no data (numpy allocates C-order).
+    unsafe {
+        let descr = descr.clone_ref(py).into_ptr().cast::<PyArray_Descr>();
+        let ptr = PY_ARRAY_API.PyArray_NewFromDescr(
+            py,
+            PY_ARRAY_API.get_type_object(py, NpyTypes::PyArray_Type),
+            descr,
+            dims.len() as c_int,
+            dims.as_ptr().cast_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+            std::ptr::null_mut(),
+        );
+        Ok(Bound::from_owned_ptr_or_err(py, ptr)?.downcast_into_unchecked())
     }
-    Ok(pyo3::types::PyString::new(py, numpy_name(d)).into_any())
+}
+
+/// The bytes of a C-contiguous array.
+///
+/// # Safety
+/// `a` is C-contiguous; the slice is used only while `a` is alive and nothing else writes it.
+unsafe fn array_bytes<'a>(a: &Bound<'_, PyUntypedArray>) -> &'a mut [u8] {
+    let len = a.len() * a.dtype().itemsize();
+    if len == 0 {
+        return &mut [];
+    }
+    // SAFETY: the caller's contract; the data pointer covers the array's `len` bytes.
+    unsafe { std::slice::from_raw_parts_mut((*a.as_array_ptr()).data.cast::<u8>(), len) }
 }
 
 #[pymethods]
@@ -160,17 +282,56 @@ impl Model {
 
     /// `model.run({"x": array})`: every output by name.
     fn run<'py>(&self, py: Python<'py>, inputs: &Bound<'py, PyDict>) -> PyResult<Bound<'py, PyDict>> {
-        self.call(py, inputs)
+        self.call(py, Some(inputs), false)
     }
 
     /// `model(x=array)`: as `run`.
     #[pyo3(signature = (**inputs))]
     fn __call__<'py>(&self, py: Python<'py>, inputs: Option<&Bound<'py, PyDict>>) -> PyResult<Bound<'py, PyDict>> {
-        self.call(py, &inputs.cloned().unwrap_or_else(|| PyDict::new(py)))
+        self.call(py, inputs, false)
+    }
+
+    /// A training artifact's state: the inputs a step reads from the devices and replaces
+    /// there (parameters, optimizer moments). Empty for an inference artifact.
+    #[getter]
+    fn state_names(&self) -> Vec<String> {
+        self.state.clone()
+    }
+
+    /// The state compiled into a training artifact (its initial parameters and optimizer
+    /// state), as numpy arrays by name.
+    fn initial_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let init = State::initial(self.session.loaded(), &self.file)
+            .map_err(|e| MeshcError::new_err(meshc_runtime::api::error::one_line(&e)))?
+            .ok_or_else(|| MeshcError::new_err(format!("{}: the artifact holds no state", self.file)))?;
+        self.arrays(py, &init.tensors)
+    }
+
+    /// `model.set_state(model.initial_state())`: puts every state tensor (by name, numpy
+    /// arrays, copied) on the devices; the next `step` starts from it.
+    fn set_state(&self, py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<()> {
+        let args = self.args(py, Some(state))?;
+        let tensors: BTreeMap<String, Tensor> =
+            self.views(&args)?.iter().map(|(n, v)| (n.to_string(), v.to_tensor())).collect();
+        py.detach(|| self.session.set_state(&tensors)).map_err(py_err)
+    }
+
+    /// The state on the devices, as numpy arrays by name (what a checkpoint holds).
+    fn state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let state = py.detach(|| self.session.state()).map_err(py_err)?;
+        self.arrays(py, &state)
+    }
+
+    /// `model.step(x=batch, ...)`: one training step on the batch (every input that is not
+    /// state); the state on the devices is read and replaced, the other outputs (the loss)
+    /// returned.
+    #[pyo3(signature = (**inputs))]
+    fn step<'py>(&self, py: Python<'py>, inputs: Option<&Bound<'py, PyDict>>) -> PyResult<Bound<'py, PyDict>> {
+        self.call(py, inputs, true)
     }
 
     fn __repr__(&self) -> String {
-        let names = |t: &[TensorInfo]| t.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ");
+        let names = |t: &[Port]| t.iter().map(|t| t.info.name.as_str()).collect::<Vec<_>>().join(", ");
         format!("meshc.Model(inputs: {}; outputs: {})", names(&self.inputs), names(&self.outputs))
     }
 }
@@ -178,18 +339,52 @@ impl Model {
 /// `meshc.load(path)`: opens the artifact (every checksum verified) and makes it ready to call.
 #[pyfunction]
 fn load(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Model> {
+    let (model, session) = py
+        .detach(|| {
+            let model = meshc_runtime::api::Model::open(&path)?;
+            let session = Session::new(&model)?;
+            Ok((model, session))
+        })
+        .map_err(py_err)?;
+    let state = model.state_names();
+    let ports = |t: &[TensorInfo]| t.iter().map(|t| Port::new(py, t, &state)).collect::<PyResult<Vec<_>>>();
+    let dtypes = DType::ALL.into_iter().map(|d| Ok((d, descr_of(py, d)?))).collect::<PyResult<_>>()?;
+    let file = path.display().to_string();
+    Ok(Model { session, inputs: ports(model.inputs())?, outputs: ports(model.outputs())?, dtypes, state, file })
+}
+
+/// The flags `meshc.compile` takes: those of `meshc compile` that shape the artifact.
+#[derive(clap::Parser)]
+#[command(name = "meshc.compile", no_binary_name = true)]
+struct CompileFlags {
+    #[command(flatten)]
+    codegen: CodegenArgs,
+    #[command(flatten)]
+    pilot: PilotArgs,
+}
+
+/// `meshc.compile(graph, output, flags)`: compiles the graph file or ONNX model `graph` into
+/// the artifact `output` in this process, as `meshc compile GRAPH -o OUTPUT FLAGS...` does
+/// (the same steps, the same artifact, the same one-line errors).
+#[pyfunction]
+fn compile(py: Python<'_>, graph: std::path::PathBuf, output: std::path::PathBuf, flags: Vec<String>) -> PyResult<()> {
+    let flags = <CompileFlags as clap::Parser>::try_parse_from(&flags).map_err(|e| {
+        let text = e.to_string();
+        MeshcError::new_err(text.lines().next().unwrap_or_default().trim_start_matches("error: ").to_string())
+    })?;
     py.detach(|| {
-        let model = meshc_runtime::api::Model::open(&path)?;
-        let session = Session::new(&model)?;
-        Ok(Model { session, inputs: model.inputs().to_vec(), outputs: model.outputs().to_vec() })
+        let dumps = Dumps::default();
+        let inst = Instrument::dumps(&dumps);
+        compile_cmd(&graph, Some(&output), &flags.codegen, None, &inst, &flags.pilot, None)
     })
-    .map_err(py_err)
+    .map_err(|e| MeshcError::new_err(meshc_runtime::api::error::one_line(&e)))
 }
 
 #[pymodule]
 fn _meshc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Model>()?;
     m.add_function(wrap_pyfunction!(load, m)?)?;
+    m.add_function(wrap_pyfunction!(compile, m)?)?;
     m.add("MeshcError", m.py().get_type::<MeshcError>())?;
     m.add("MismatchError", m.py().get_type::<MismatchError>())?;
     Ok(())

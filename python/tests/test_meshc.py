@@ -100,3 +100,86 @@ def test_bad_inputs_raise_the_runners_messages(artifacts):
     with pytest.raises(meshc.MeshcError, match="No such file"):
         meshc.load(ROOT / "nope.mshc")
     assert_expected("mlp", model(x=x))
+
+
+def test_a_training_artifact_steps_as_the_reference_does(tmp_path):
+    art = meshc.compile(TESTDATA / "train" / "classifier.json", tmp_path / "train.mshc",
+                        extra=["--loss", "loss", "--optimizer", "sgd:0.1"])
+    model = meshc.load(art)
+    assert model.state_names and set(model.state_names) <= {i[0] for i in model.inputs}
+    x, labels = (np.load(TESTDATA / "train" / "data" / f"{n}.npy") for n in ("x", "labels"))
+    want = np.load(TESTDATA / "train" / "expected" / "sgd.npy")
+    with pytest.raises(meshc.MeshcError, match="no state on the devices: call set_state first"):
+        model.step(x=x[0], labels=labels[0])
+    init = model.initial_state()
+    assert sorted(init) == sorted(model.state_names)
+    model.set_state(init)
+    for step in range(5):
+        out = model.step(x=x[step], labels=labels[step])
+        assert sorted(out) == ["loss"]
+        np.testing.assert_allclose(out["loss"], want[step], rtol=1e-4)
+    # The state read back has moved; written back, stepping on gives what it gave before.
+    now = model.state()
+    assert any(not np.array_equal(now[k], init[k]) for k in init)
+    after = model.step(x=x[5], labels=labels[5])["loss"]
+    model.set_state(now)
+    np.testing.assert_array_equal(model.step(x=x[5], labels=labels[5])["loss"], after)
+    with pytest.raises(meshc.MeshcError, match=r"^state: "):
+        model.set_state({k: v[..., :1] if v.ndim else v for k, v in now.items()})
+
+
+def test_an_inference_artifact_has_no_state(artifacts):
+    model = meshc.load(artifacts["mlp"])
+    assert model.state_names == []
+    with pytest.raises(meshc.MeshcError, match="the artifact holds no state"):
+        model.initial_state()
+
+
+HALF = """{"format": "meshc-graph/1", "name": "half",
+  "inputs": [{"name": "x", "dtype": "f16", "shape": [2, 4]}, {"name": "b", "dtype": "bf16", "shape": [2, 4]}],
+  "params": [],
+  "nodes": [{"name": "xf", "op": "cast", "inputs": ["x"], "attrs": {"to": "f32"}},
+            {"name": "bf", "op": "cast", "inputs": ["b"], "attrs": {"to": "f32"}},
+            {"name": "s", "op": "add", "inputs": ["xf", "bf"]}],
+  "outputs": ["s", "x", "b"]}"""
+
+
+def test_f16_and_bf16_cross_as_numpy_float16_and_bfloat16_bits(tmp_path):
+    """f16 is numpy's float16; bf16 is ml_dtypes' bfloat16 where that package is installed,
+    else uint16 arrays holding the bits (what the package gives and takes)."""
+    (tmp_path / "half.json").write_text(HALF)
+    model = meshc.load(meshc.compile(tmp_path / "half.json", tmp_path / "half.mshc"))
+    assert [i[:2] for i in model.inputs] == [("x", "float16"), ("b", "bfloat16")]
+    x = np.array([[0.5, -1.25, 3.0, 65504.0], [1e-3, 0.0, -2.0, 7.5]], np.float16)
+    f = np.array([[1.0, 2.5, -3.0, 0.25], [100.0, -0.5, 1e-2, 3.0]], np.float32)
+    try:
+        import ml_dtypes
+        b = f.astype(ml_dtypes.bfloat16)
+        b_f32 = b.astype(np.float32)
+    except ImportError:
+        b = (f.view(np.uint32) >> 16).astype(np.uint16)  # f truncated to bf16
+        b_f32 = (b.astype(np.uint32) << 16).view(np.float32)
+    out = model(x=x, b=b)
+    assert out["x"].dtype == x.dtype and out["b"].dtype == b.dtype
+    np.testing.assert_array_equal(out["x"], x)
+    np.testing.assert_array_equal(out["b"], b)
+    np.testing.assert_array_equal(out["s"], x.astype(np.float32) + b_f32)
+    with pytest.raises(meshc.MismatchError, match=r"^input 'x' is f32\[2,4\], the graph expects f16\[2,4\]$"):
+        model(x=x.astype(np.float32), b=b)
+
+
+def test_compile_in_process_writes_the_clis_artifact_and_errors(tmp_path):
+    """meshc.compile runs the compiler in this process: the bytes `meshc compile` writes
+    (the binary $MESHC, which make test-python builds), and its one-line errors."""
+    import subprocess
+    graph, layout = TESTDATA / "mlp" / "graph.json", TESTDATA / "mlp" / "layouts" / "mp-2x4.json"
+    meshc.compile(graph, tmp_path / "py.mshc", layout=layout)
+    subprocess.run([os.environ["MESHC"], "compile", graph, "--layout", layout, "-o", tmp_path / "cli.mshc"], check=True)
+    assert (tmp_path / "py.mshc").read_bytes() == (tmp_path / "cli.mshc").read_bytes()
+    with pytest.raises(meshc.MeshcError, match=r"nope\.json"):
+        meshc.compile(tmp_path / "nope.json", tmp_path / "x.mshc")
+    with pytest.raises(meshc.MeshcError, match="unexpected argument '--no-such-flag'"):
+        meshc.compile(graph, tmp_path / "x.mshc", extra=["--no-such-flag"])
+    with pytest.raises(meshc.MeshcError, match="--dim binds the symbolic dims of an ONNX model; this is a graph"):
+        meshc.compile(graph, tmp_path / "x.mshc", dims={"batch": 2})
+    assert not (tmp_path / "x.mshc").exists()

@@ -216,7 +216,8 @@ const COMPILER_ANYWHERE: &[&str] = &[
 
 /// The compiler's driver modules (paths under src/), which also load and run artifacts and
 /// write files: they may import `exec` and `tools` as well.
-const COMPILER_DRIVERS: &[&str] = &["main.rs", "driver.rs", "compile.rs", "train.rs", "pipeline.rs", "artifact.rs"];
+const COMPILER_DRIVERS: &[&str] =
+    &["main.rs", "command.rs", "driver.rs", "compile.rs", "train.rs", "pipeline.rs", "artifact.rs"];
 
 fn allowed(rules: &[&str], room: &str, module: &str) -> bool {
     rules.iter().any(|r| r.split_once("::").is_some_and(|(rr, rm)| rr == room && (rm == "*" || rm == module)))

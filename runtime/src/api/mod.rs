@@ -9,8 +9,9 @@
 //!   once and reused by every call; `run` takes borrowed views and returns owned tensors,
 //!   `run_into` writes into the caller's buffers; a training artifact's state stays on the
 //!   devices between `step`s;
-//! - `TensorView`/`TensorViewMut` (`view`): a caller's memory seen as a tensor of any dtype
-//!   meshc has (f16 and bf16 included), without a copy;
+//! - `TensorView`/`TensorViewMut` (`view`, one generic `View` over `&[u8]` or `&mut [u8]`):
+//!   a caller's memory seen as a tensor of any dtype meshc has (f16 and bf16 included),
+//!   without a copy;
 //! - `Error` (`error`): what went wrong, as one line; a tensor that does not fit the graph
 //!   is a `Mismatch` with the same text the runner gives everywhere.
 
@@ -22,4 +23,4 @@ pub mod view;
 pub use error::Error;
 pub use model::{Model, OpenOptions, TensorInfo};
 pub use session::Session;
-pub use view::{Element, TensorView, TensorViewMut};
+pub use view::{Element, TensorView, TensorViewMut, View};

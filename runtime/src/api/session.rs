@@ -87,6 +87,25 @@ impl Session {
         self.loaded.download(resident).map_err(|e| Error::from_run(e, Error::State))
     }
 
+    /// `state`, each tensor named in `outputs` copied into the caller's buffer, which must
+    /// have its dtype and shape.
+    pub fn state_into(&self, outputs: &mut [(&str, TensorViewMut)]) -> Result<(), Error> {
+        let state = self.state()?;
+        for (name, view) in outputs.iter_mut() {
+            let Some(t) = state.get(*name) else {
+                return Err(Error::State(format!(
+                    "no state tensor '{name}' (the state: {})",
+                    self.state_names().join(", ")
+                )));
+            };
+            if t.ty() != view.ty() {
+                return Err(Error::State(format!("state tensor '{name}' is {}, the buffer {}", t.ty(), view.ty())));
+            }
+            view.bytes.copy_from_slice(crate::exec::io::le_bytes(t));
+        }
+        Ok(())
+    }
+
     /// One training step: `inputs` are the batch (every input that is not state), the
     /// state on the devices is read and replaced by the step's `next.S`, and the other
     /// outputs (the loss) are returned.
@@ -94,6 +113,15 @@ impl Session {
         let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let resident = guard.as_mut().ok_or_else(no_state)?;
         self.call(inputs, Some(resident), &mut Outputs::Owned(BTreeMap::new()))
+    }
+
+    /// `step`, the outputs named in `outputs` written into the caller's buffers as
+    /// `run_into` writes them.
+    pub fn step_into(&self, inputs: &[(&str, TensorView)], outputs: &mut [(&str, TensorViewMut)]) -> Result<(), Error> {
+        self.check_outputs(outputs)?;
+        let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let resident = guard.as_mut().ok_or_else(no_state)?;
+        self.call(inputs, Some(resident), &mut Outputs::Into(outputs)).map(drop)
     }
 
     fn state_names(&self) -> Vec<String> {

@@ -40,12 +40,33 @@ fn fits(dtype: DType, shape: &[usize], len: usize) -> Result<(), Error> {
     Ok(())
 }
 
-/// A borrowed input tensor.
+/// A caller's memory as a tensor: `B` is `&[u8]` for an input (`TensorView`), `&mut [u8]`
+/// for a buffer a run writes into (`TensorViewMut`).
 #[derive(Clone, Copy, Debug)]
-pub struct TensorView<'a> {
+pub struct View<'a, B> {
     pub(crate) dtype: DType,
     pub(crate) shape: &'a [usize],
-    pub(crate) bytes: &'a [u8],
+    pub(crate) bytes: B,
+}
+
+/// A borrowed input tensor.
+pub type TensorView<'a> = View<'a, &'a [u8]>;
+
+/// A borrowed output buffer a run writes into.
+pub type TensorViewMut<'a> = View<'a, &'a mut [u8]>;
+
+impl<B> View<'_, B> {
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        self.shape
+    }
+
+    pub(crate) fn ty(&self) -> TensorType {
+        TensorType::new(self.dtype, self.shape.to_vec())
+    }
 }
 
 impl<'a> TensorView<'a> {
@@ -64,30 +85,15 @@ impl<'a> TensorView<'a> {
         Ok(TensorView { dtype, shape, bytes })
     }
 
+    /// The tensor, copied.
+    pub fn to_tensor(&self) -> Tensor {
+        Tensor::from_le_bytes(&self.ty(), self.bytes)
+    }
+
     /// A host tensor, borrowed.
     pub fn of(t: &'a Tensor) -> TensorView<'a> {
         TensorView { dtype: t.dtype(), shape: &t.shape, bytes: crate::exec::io::le_bytes(t) }
     }
-
-    pub fn dtype(&self) -> DType {
-        self.dtype
-    }
-
-    pub fn shape(&self) -> &[usize] {
-        self.shape
-    }
-
-    pub(crate) fn ty(&self) -> TensorType {
-        TensorType::new(self.dtype, self.shape.to_vec())
-    }
-}
-
-/// A borrowed output buffer a run writes into.
-#[derive(Debug)]
-pub struct TensorViewMut<'a> {
-    pub(crate) dtype: DType,
-    pub(crate) shape: &'a [usize],
-    pub(crate) bytes: &'a mut [u8],
 }
 
 impl<'a> TensorViewMut<'a> {
@@ -104,17 +110,5 @@ impl<'a> TensorViewMut<'a> {
     pub fn from_bytes(dtype: DType, shape: &'a [usize], bytes: &'a mut [u8]) -> Result<TensorViewMut<'a>, Error> {
         fits(dtype, shape, bytes.len())?;
         Ok(TensorViewMut { dtype, shape, bytes })
-    }
-
-    pub fn dtype(&self) -> DType {
-        self.dtype
-    }
-
-    pub fn shape(&self) -> &[usize] {
-        self.shape
-    }
-
-    pub(crate) fn ty(&self) -> TensorType {
-        TensorType::new(self.dtype, self.shape.to_vec())
     }
 }

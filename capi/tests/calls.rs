@@ -1,0 +1,180 @@
+//! The C ABI called as C calls it (through its extern functions, from Rust): a training
+//! artifact stepped with its state on the devices, read back and written again, against
+//! the reference losses; and handles misused — NULL, freed, freed twice, freed while calls
+//! on them run in other threads — refused with a status, never a crash.
+
+use std::ffi::{c_void, CStr, CString};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use meshc_ir::Tensor;
+use meshcrt::*;
+
+/// The directory cargo put this build's binaries in (target/release or target/debug).
+fn build_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+}
+
+/// `graph` compiled by the meshc binary with `extra` arguments, into `name.mshc`.
+fn compile(graph: &str, name: &str, extra: &[&str]) -> CString {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let dir = build_dir().join("capi-calls");
+    std::fs::create_dir_all(&dir).unwrap();
+    let art = dir.join(format!("{name}.mshc"));
+    let meshc = build_dir().join("meshc");
+    assert!(meshc.is_file(), "{} is missing: build meshc first (make test does)", meshc.display());
+    let out = Command::new(&meshc).current_dir(root).args(["compile", graph, "-o"]).arg(&art).args(extra).output();
+    let out = out.unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    CString::new(art.to_str().unwrap()).unwrap()
+}
+
+fn last_error() -> String {
+    // SAFETY: the library's NUL-terminated message.
+    unsafe { CStr::from_ptr(meshc_last_error()) }.to_string_lossy().into_owned()
+}
+
+fn ok(s: meshc_status) {
+    assert_eq!(s, meshc_status::MESHC_OK, "{}", last_error());
+}
+
+/// A tensor crossing the ABI, over `data` (f32).
+fn tensor(name: &CStr, shape: &[usize], data: &mut [f32]) -> meshc_tensor {
+    meshc_tensor {
+        name: name.as_ptr(),
+        dtype: meshc_dtype::MESHC_F32,
+        rank: shape.len(),
+        shape: shape.as_ptr(),
+        data: data.as_mut_ptr().cast::<c_void>(),
+    }
+}
+
+fn open(art: &CStr) -> (*mut meshc_model, *mut meshc_session) {
+    let (mut model, mut session) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: a NUL-terminated path and writable out-pointers.
+    unsafe {
+        ok(meshc_model_open(art.as_ptr(), &mut model));
+        ok(meshc_session_new(model, &mut session));
+    }
+    (model, session)
+}
+
+#[test]
+fn a_training_artifact_steps_from_c_as_the_reference_does() {
+    let art = compile("testdata/train/classifier.json", "train", &["--loss", "loss", "--optimizer", "sgd:0.1"]);
+    let (model, session) = open(&art);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let read = |f: &str| Tensor::read_npy(&root.join("testdata/train").join(f)).unwrap();
+    let (x, labels, want) = (read("data/x.npy"), read("data/labels.npy"), read("expected/sgd.npy"));
+    let (x, labels, want) = (x.as_f32().unwrap(), labels.as_f32().unwrap(), want.as_f32().unwrap());
+    let (xn, ln, lossn) = (c"x", c"labels", c"loss");
+    let mut loss = [0f32];
+    let out = [tensor(lossn, &[], &mut loss)];
+    // SAFETY: every tensor points to live memory of its shape's bytes.
+    unsafe {
+        assert_eq!(meshc_session_step(session, std::ptr::null(), 0, out.as_ptr(), 1), meshc_status::MESHC_STATE);
+        assert!(last_error().contains("set_state"), "{}", last_error());
+        ok(meshc_session_reset_state(session));
+        for (step, want) in want.iter().enumerate().take(5) {
+            let mut xb = x[step * 128..(step + 1) * 128].to_vec();
+            let mut lb = labels[step * 64..(step + 1) * 64].to_vec();
+            let ins = [tensor(xn, &[16, 8], &mut xb), tensor(ln, &[16, 4], &mut lb)];
+            ok(meshc_session_step(session, ins.as_ptr(), 2, out.as_ptr(), 1));
+            let got = *out[0].data.cast::<f32>();
+            assert!((got - want).abs() <= 1e-4 * want.abs(), "step {}: loss {got}, reference {want}", step + 1);
+        }
+        // Every state input read back into buffers of its type, written again, read again.
+        let (mut n_in, mut n_out) = (0, 0);
+        ok(meshc_model_counts(model, &mut n_in, &mut n_out));
+        let mut state = Vec::new();
+        for k in 0..n_in {
+            let mut info = std::mem::zeroed::<meshc_tensor_info>();
+            ok(meshc_model_tensor(model, 0, k, &mut info));
+            if info.is_state == 1 {
+                let shape = std::slice::from_raw_parts(info.shape, info.rank).to_vec();
+                let n = shape.iter().product();
+                state.push((CStr::from_ptr(info.name).to_owned(), shape, vec![f32::NAN; n]));
+            }
+        }
+        assert!(!state.is_empty());
+        let views: Vec<meshc_tensor> = state.iter_mut().map(|(n, s, d)| tensor(n, s, d)).collect();
+        ok(meshc_session_get_state(session, views.as_ptr(), views.len()));
+        let before: Vec<Vec<f32>> = state.iter().map(|s| s.2.clone()).collect();
+        assert!(before.iter().flatten().all(|v| v.is_finite()));
+        ok(meshc_session_set_state(session, views.as_ptr(), views.len()));
+        for (_, _, d) in state.iter_mut() {
+            d.fill(0.0);
+        }
+        let mut views: Vec<meshc_tensor> = state.iter_mut().map(|(n, s, d)| tensor(n, s, d)).collect();
+        ok(meshc_session_get_state(session, views.as_ptr(), views.len()));
+        assert_eq!(state.iter().map(|s| s.2.clone()).collect::<Vec<_>>(), before);
+        // A buffer of the wrong shape is refused, naming the tensor.
+        views[0].rank = 0;
+        assert_eq!(meshc_session_get_state(session, views.as_ptr(), 1), meshc_status::MESHC_STATE);
+        assert!(last_error().starts_with("state tensor '"), "{}", last_error());
+        meshc_session_free(session);
+        meshc_model_free(model);
+    }
+}
+
+#[test]
+fn misused_handles_are_refused_and_never_crash() {
+    let art = compile("testdata/mlp/graph.json", "mlp", &[]);
+    let (model, session) = open(&art);
+    let (xn, yn) = (c"x", c"y");
+    let (mut x, mut y) = (vec![0.5f32; 16 * 64], vec![0f32; 16 * 64]);
+    let (ins, outs) = ([tensor(xn, &[16, 64], &mut x)], [tensor(yn, &[16, 64], &mut y)]);
+    let run = |s: *const meshc_session| {
+        // SAFETY: the tensors point to live memory of their shapes' bytes.
+        unsafe { meshc_session_run(s, ins.as_ptr(), 1, outs.as_ptr(), 1) }
+    };
+    ok(run(session));
+    assert_eq!(run(std::ptr::null()), meshc_status::MESHC_NULL);
+    // A pointer that never was a handle, and a model where a session belongs.
+    assert_eq!(run(0xdead_beef as *const meshc_session), meshc_status::MESHC_CLOSED);
+    assert_eq!(run(model.cast::<meshc_session>()), meshc_status::MESHC_CLOSED);
+    assert_eq!(last_error(), "session is a model handle");
+    // Calls from another thread while the model and then the session are freed: each
+    // returns OK or CLOSED, and once freed, CLOSED.
+    let handle = session as usize;
+    let (x, y) = (x.as_ptr() as usize, y.as_mut_ptr() as usize);
+    let worker = std::thread::spawn(move || {
+        let shape_x = [16usize, 64];
+        let shape_y = [16usize, 64];
+        let t = |n: &CStr, s: &[usize], d: usize| meshc_tensor {
+            name: n.as_ptr(),
+            dtype: meshc_dtype::MESHC_F32,
+            rank: 2,
+            shape: s.as_ptr(),
+            data: d as *mut c_void,
+        };
+        let (ins, outs) = ([t(c"x", &shape_x, x)], [t(c"y", &shape_y, y)]);
+        let mut statuses = Vec::new();
+        loop {
+            // SAFETY: the buffers outlive the thread (joined below).
+            let s = unsafe { meshc_session_run(handle as *const meshc_session, ins.as_ptr(), 1, outs.as_ptr(), 1) };
+            statuses.push(s);
+            if s != meshc_status::MESHC_OK || statuses.len() > 1_000_000 {
+                return statuses;
+            }
+        }
+    });
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    meshc_model_free(model);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    meshc_session_free(session);
+    let statuses = worker.join().unwrap();
+    let (last, rest) = statuses.split_last().unwrap();
+    assert_eq!(*last, meshc_status::MESHC_CLOSED, "{} calls", statuses.len());
+    assert!(rest.len() > 1 && rest.iter().all(|s| *s == meshc_status::MESHC_OK));
+    assert_eq!(run(session), meshc_status::MESHC_CLOSED);
+    assert_eq!(last_error(), "session is not open (freed already, or not a session)");
+    // Freed twice, and NULL: ignored.
+    meshc_session_free(session);
+    meshc_model_free(model);
+    meshc_model_free(std::ptr::null_mut());
+    let mut s2 = std::ptr::null_mut();
+    // SAFETY: a writable out-pointer.
+    assert_eq!(unsafe { meshc_session_new(model, &mut s2) }, meshc_status::MESHC_CLOSED);
+}

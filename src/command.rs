@@ -1,0 +1,333 @@
+//! The `compile` command as a library: its options (the flags `meshc compile`, `check`,
+//! `run GRAPH` and `explain` share, as clap structs) and the steps from a graph file or ONNX
+//! model to an artifact. The command line (src/main.rs) and the Python package's
+//! `meshc.compile` both call these, so the same flags give the same artifact and errors.
+
+use std::collections::BTreeMap;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, ValueEnum};
+use meshc_ir::weights::WeightFiles;
+use meshc_ir::{load, params, verify::Info, Graph, Tensor};
+use meshc_runtime::tools::cli::name_eq_file;
+use meshc_runtime::tools::inspect::flops_skipped;
+use meshc_runtime::tools::output::{check_output_name, Outputs};
+use meshc_runtime::tools::steps::State;
+
+use crate::pipeline::{Dumps, Instrument};
+use crate::{artifact, compile, driver};
+
+#[derive(clap::Args)]
+pub struct CodegenArgs {
+    /// A layout spec (meshc-layout/1): the mesh and how tensors are split over it.
+    #[arg(long, value_name = "SPEC")]
+    pub layout: Option<PathBuf>,
+    /// native (this CPU's features), x86-64-v2 or x86-64-v3.
+    #[arg(long, default_value = "native")]
+    pub target: String,
+    /// Which implementation serves matmuls (auto: the faster for each shape).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub gemm: GemmArg,
+    /// Run each device's steps on one stream (no communication stream, no events).
+    #[arg(long, conflicts_with = "compute_streams")]
+    pub single_stream: bool,
+    /// Compute streams per device, for independent branches (beside the communication stream).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub compute_streams: u16,
+    /// Which collectives run on the communication stream: those with compute to overlap, or all.
+    #[arg(long, value_enum, default_value = "auto", conflicts_with = "single_stream")]
+    pub comm_stream: CommArg,
+    /// How matmul weights are stored: keep (f16/bf16 stay half), f32, or f32 weights rounded
+    /// to bf16/f16 (half the bytes; the rounding error of each shows in --dump-after verify and fold).
+    #[arg(long, value_enum, default_value = "keep")]
+    pub weights_dtype: WeightsArg,
+    #[command(flatten)]
+    pub onnx: OnnxArgs,
+    #[command(flatten)]
+    pub train: crate::train::TrainArgs,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WeightsArg {
+    Keep,
+    F32,
+    Bf16,
+    F16,
+}
+
+/// What importing an ONNX model needs (every command that takes a graph takes a `.onnx`).
+#[derive(clap::Args, Clone, Default)]
+pub struct OnnxArgs {
+    /// Bind the ONNX model's symbolic dim NAME to the size N (repeatable).
+    #[arg(long = "dim", value_name = "NAME=N")]
+    pub dims: Vec<String>,
+    /// Fix the ONNX model's input NAME to the value in FILE.npy: it folds at import like an
+    /// initializer (an input giving a shape, pads or scales must be known then; repeatable).
+    #[arg(long = "const", value_name = "NAME=FILE.npy")]
+    pub consts: Vec<String>,
+}
+
+impl OnnxArgs {
+    pub fn import(&self, path: &Path) -> Result<meshc_onnx::Imported> {
+        let dims = meshc_onnx::parse_dims(&self.dims)?;
+        Ok(meshc_onnx::import(path, &dims, &meshc_onnx::parse_consts(&self.consts)?)?)
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CommArg {
+    Auto,
+    Always,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum GemmArg {
+    Auto,
+    Cranelift,
+    Library,
+}
+
+impl CodegenArgs {
+    /// The first option given that differs from its default (`run ARTIFACT` refuses them
+    /// rather than ignore them).
+    pub fn given(&self) -> Option<&'static str> {
+        [
+            (self.layout.is_some(), "--layout"),
+            (self.target != "native", "--target"),
+            (!matches!(self.gemm, GemmArg::Auto), "--gemm"),
+            (self.single_stream, "--single-stream"),
+            (self.compute_streams != 1, "--compute-streams"),
+            (self.comm_stream != CommArg::Auto, "--comm-stream"),
+            (self.weights_dtype != WeightsArg::Keep, "--weights-dtype"),
+            (!self.onnx.dims.is_empty(), "--dim"),
+            (self.train.loss.is_some(), "--loss"),
+            (!self.onnx.consts.is_empty(), "--const"),
+        ]
+        .into_iter()
+        .find_map(|(given, flag)| given.then_some(flag))
+    }
+
+    /// The defaults of every option but the spec `layout` and the ONNX import `onnx`.
+    pub fn defaults(layout: Option<PathBuf>, onnx: OnnxArgs) -> CodegenArgs {
+        #[derive(Parser)]
+        struct Defaults {
+            #[command(flatten)]
+            args: CodegenArgs,
+        }
+        // Parsed from no flags, so the defaults are clap's, as `compile` has them.
+        let args = Defaults::parse_from(["meshc"]).args;
+        CodegenArgs { layout, onnx, ..args }
+    }
+
+    pub fn options(&self) -> compile::Options {
+        let gemm = match self.gemm {
+            GemmArg::Auto => compile::Gemm::Auto,
+            GemmArg::Cranelift => compile::Gemm::Cranelift,
+            GemmArg::Library => compile::Gemm::Library,
+        };
+        let streams = crate::passes::streams::Config {
+            single: self.single_stream,
+            compute_streams: self.compute_streams.into(),
+            comm_always: self.comm_stream == CommArg::Always,
+        };
+        use crate::passes::fold::WeightsDtype;
+        let weights = match self.weights_dtype {
+            WeightsArg::Keep => WeightsDtype::Keep,
+            WeightsArg::F32 => WeightsDtype::F32,
+            WeightsArg::Bf16 => WeightsDtype::BF16,
+            WeightsArg::F16 => WeightsDtype::F16,
+        };
+        compile::Options { target: self.target.clone(), gemm, streams, weights, ..Default::default() }
+    }
+}
+
+pub fn base_dir(graph: &Path) -> &Path {
+    graph.parent().unwrap_or(Path::new("."))
+}
+
+/// A graph as the commands take it: a graph file, whose params are read from their
+/// sources, or an ONNX model imported in memory, with its params' values.
+pub struct GraphIn {
+    pub graph: Graph,
+    pub info: Info,
+    pub imported: Option<HashMap<String, Tensor>>,
+}
+
+pub fn load_graph(path: &Path, onnx: &OnnxArgs) -> Result<GraphIn> {
+    if meshc_onnx::is_onnx(path) {
+        let imp = onnx.import(path)?;
+        return Ok(GraphIn { graph: imp.graph, info: imp.info, imported: Some(imp.params) });
+    }
+    if !onnx.dims.is_empty() {
+        bail!("{}: --dim binds the symbolic dims of an ONNX model; this is a graph", path.display());
+    }
+    if !onnx.consts.is_empty() {
+        bail!("{}: --const fixes inputs of an ONNX model; this is a graph", path.display());
+    }
+    let (graph, info) = load::load(path)?;
+    Ok(GraphIn { graph, info, imported: None })
+}
+
+/// The pilot pass's flags (docs/design.md §4.3): masks computed on pilot inputs prune the graph, and
+/// the artifact's matmuls skip the pruned blocks (`--dump-after pilot` shows them).
+#[derive(clap::Args, Clone)]
+pub struct PilotArgs {
+    /// Run the pilot pass on this input value, NAME=FILE.npy (every graph input once per
+    /// pilot run; repeat the whole set for several runs); its masks prune the graph.
+    #[arg(long = "pilot-input", id = "pilot_inputs", value_name = "NAME=FILE.npy")]
+    pub inputs: Vec<String>,
+    /// Keep this fraction (0 < F <= 1) of each prunable weight's blocks, highest priority first.
+    #[arg(long = "pilot-keep", value_name = "F", conflicts_with = "threshold")]
+    pub keep: Option<f64>,
+    /// Instead keep the blocks whose priority exceeds T times the weight's largest.
+    #[arg(long = "pilot-threshold", value_name = "T")]
+    pub threshold: Option<f64>,
+    /// The simplified graph: bits:N (mantissa bits kept), exponent (sign and power of two),
+    /// or downsample:AXIS:F (pilot inputs averaged over F along AXIS).
+    #[arg(long = "pilot-simplify", value_name = "HOW", default_value = "bits:7")]
+    pub simplify: String,
+    /// Output columns per block (default: 4 micro-panels of the matmul kernel).
+    #[arg(long = "pilot-block", value_name = "N", default_value_t = crate::passes::pilot::DEFAULT_BLOCK)]
+    pub block: usize,
+}
+
+impl PilotArgs {
+    /// The pass's configuration, or None without `--pilot-input`.
+    pub fn config(&self, g: &Graph) -> Result<Option<crate::passes::pilot::Config>> {
+        use crate::passes::pilot::{Config, Select, Simplify};
+        if self.inputs.is_empty() {
+            if self.keep.is_some() || self.threshold.is_some() {
+                bail!("--pilot-keep/--pilot-threshold need pilot inputs (--pilot-input NAME=FILE.npy)");
+            }
+            return Ok(None);
+        }
+        let mut values: BTreeMap<&str, Vec<Tensor>> = BTreeMap::new();
+        for arg in &self.inputs {
+            let (name, file) = name_eq_file(arg, "--pilot-input")?;
+            let Some(input) = g.inputs.iter().find(|i| i.name == name) else {
+                bail!("--pilot-input {name}: the graph has no input '{name}'");
+            };
+            let t = Tensor::read_npy(Path::new(file)).with_context(|| format!("--pilot-input {name}"))?;
+            if t.ty() != input.ty {
+                bail!("--pilot-input {name}: {file} holds {}, the graph expects {}", t.ty(), input.ty);
+            }
+            values.entry(input.name.as_str()).or_default().push(t);
+        }
+        let runs = values.values().map(Vec::len).max().unwrap_or(0);
+        if let Some(i) = g.inputs.iter().find(|i| values.get(i.name.as_str()).map_or(0, Vec::len) != runs) {
+            bail!("--pilot-input {}: every graph input needs one value per pilot run ({runs} runs)", i.name);
+        }
+        let select = match (self.keep, self.threshold) {
+            (Some(f), _) if !(f > 0.0 && f <= 1.0) => bail!("--pilot-keep {f}: expected 0 < F <= 1"),
+            (_, Some(t)) if !(0.0..=1.0).contains(&t) => bail!("--pilot-threshold {t}: expected 0 <= T <= 1"),
+            (_, Some(t)) => Select::Threshold(t),
+            (f, None) => Select::Keep(f.unwrap_or(1.0)),
+        };
+        let runs = (0..runs).map(|r| values.iter().map(|(n, v)| (n.to_string(), v[r].clone())).collect()).collect();
+        Ok(Some(Config { runs, simplify: Simplify::parse(&self.simplify)?, block: self.block, select }))
+    }
+}
+
+/// Compiles the graph at `path` as `args` say, watched as `inst` asks: the result (None when
+/// it stops after a pass), the files it is built from, and a training step's initial state.
+pub fn compile_graph(
+    path: &Path,
+    args: &CodegenArgs,
+    emit: compile::Emit,
+    inst: &Instrument,
+    pilot: Option<&PilotArgs>,
+) -> Result<(Option<compile::Compiled>, Vec<PathBuf>, Option<State>)> {
+    let GraphIn { graph: g, info, imported } = load_graph(path, &args.onnx)?;
+    let mut files = WeightFiles::new(base_dir(path));
+    let in_graph = |e: meshc_ir::Error| e.in_file(path.display().to_string());
+    let step = crate::train::step(&g, &info, &args.train, |p| match imported.as_ref().and_then(|m| m.get(&p.name)) {
+        Some(t) => Ok(t.clone()),
+        None => Ok(params::load_param(p, &mut files).map_err(in_graph)?),
+    })
+    .with_context(|| path.display().to_string())?;
+    let (g, info, init) = match step {
+        Some(s) => (s.graph, s.info, Some(s.init)),
+        None => (g, info, None),
+    };
+    // An artifact's outputs become file names (`run --output-dir`): refused here already.
+    for o in &g.outputs {
+        check_output_name(&o.name).with_context(|| path.display().to_string())?;
+    }
+    let mut spec = args.layout.as_deref().map(crate::layout::load).transpose()?;
+    // Refused here rather than when the artifact first runs: its state stays in one process.
+    if let (Some(_), Some(s)) = (&init, spec.as_ref().filter(|s| !s.hosts.is_empty())) {
+        bail!(
+            "{}: hosts: a training step (--loss) runs in one process; training over several hosts is not supported",
+            s.file
+        );
+    }
+    if let (true, Some(init)) = (args.train.zero, &init) {
+        let spec =
+            spec.as_mut().context("--zero shards the optimizer state over the data-parallel axes of a --layout")?;
+        crate::train::zero(spec, &g, &info, init).with_context(|| path.display().to_string())?;
+    }
+    // File-backed weights stay in their files until code generation reads each
+    // into the weights section.
+    let params = match &imported {
+        Some(p) => params::Params::from(p),
+        None => {
+            params::open_files(&g, &mut files).map_err(in_graph)?;
+            params::Params::lazy(&g, &files).map_err(in_graph)?
+        }
+    };
+    let pilot = pilot.map(|p| p.config(&g)).transpose()?.flatten();
+    let opts = compile::Options { emit, ..args.options() };
+    let compiled = driver::Job::new(&g, &info, params, &opts)
+        .spec(spec.as_ref())
+        .pilot(pilot.as_ref())
+        .run(inst)
+        .with_context(|| path.display().to_string())?;
+    // Everything the artifact holds has been copied out of the weight files by now.
+    files.check_unchanged()?;
+    if let Some(report) = inst.report() {
+        eprint!("{report}");
+    }
+    let mut deps = vec![path.to_path_buf()];
+    deps.extend(args.layout.clone());
+    deps.extend(files.paths().iter().cloned());
+    Ok((compiled, deps, init))
+}
+
+/// Compiles the graph at `path` to run in this process.
+pub fn compile_in_memory(
+    path: &Path,
+    args: &CodegenArgs,
+    pilot: Option<&PilotArgs>,
+) -> Result<(compile::Compiled, Option<State>)> {
+    let dumps = Dumps::default();
+    let (c, _, init) = compile_graph(path, args, compile::Emit::Memory, &Instrument::dumps(&dumps), pilot)?;
+    Ok((c.expect("only --stop-after stops the pipeline"), init))
+}
+
+/// `compile GRAPH -o OUT`: the artifact (and its depfile), unless `inst` stops the
+/// pipeline after a pass (clap requires `out` otherwise).
+pub fn compile_cmd(
+    path: &Path,
+    out: Option<&Path>,
+    args: &CodegenArgs,
+    depfile: Option<&Path>,
+    inst: &Instrument,
+    pilot: &PilotArgs,
+    signer: Option<ed25519_dalek::SigningKey>,
+) -> Result<()> {
+    let (compiled, deps, init) = compile_graph(path, args, compile::Emit::Artifact, inst, Some(pilot))?;
+    let (Some(compiled), Some(out)) = (compiled, out) else { return Ok(()) };
+    if let Some(report) = flops_skipped(&compiled.programs, compiled.meta.flops) {
+        eprintln!("{report}");
+    }
+    // The artifact and its depfile appear together or not at all.
+    let mut files = Outputs::new();
+    artifact::stage_artifact(&compiled, &mut files, out, signer, init.map(|i| i.to_section()).transpose()?)?;
+    if let Some(d) = depfile {
+        let text = artifact::depfile(out, &deps);
+        files.write_bytes(d, text.as_bytes())?;
+    }
+    files.commit()
+}
