@@ -183,3 +183,19 @@ def test_compile_in_process_writes_the_clis_artifact_and_errors(tmp_path):
     with pytest.raises(meshc.MeshcError, match="--dim binds the symbolic dims of an ONNX model; this is a graph"):
         meshc.compile(graph, tmp_path / "x.mshc", dims={"batch": 2})
     assert not (tmp_path / "x.mshc").exists()
+
+
+def test_the_getting_started_python_runs_as_written(tmp_path, monkeypatch):
+    """docs/getting-started.md's Python block, run from a directory holding the artifact its
+    step 4 compiles (and the repository's testdata), gives onnxruntime's output."""
+    doc = (ROOT / "docs" / "getting-started.md").read_text()
+    block = doc.split("```python\n", 1)[1].split("```", 1)[0]
+    encoder = TESTDATA / "onnx" / "encoder"
+    meshc.compile(encoder / "model.onnx", tmp_path / "enc.mshc", layout=encoder / "layouts" / "megatron-rules.json",
+                  dims={"batch": 2, "seq": 5})
+    (tmp_path / "testdata").symlink_to(TESTDATA)
+    monkeypatch.chdir(tmp_path)
+    scope = {}
+    exec(compile(block, "getting-started.md", "exec"), scope)
+    want = np.load(encoder / "expected" / "last_hidden_state.npy")
+    np.testing.assert_allclose(scope["y"], want, rtol=1e-4, atol=1e-5)
