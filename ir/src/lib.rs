@@ -25,6 +25,7 @@ pub mod load;
 pub mod optim;
 pub mod params;
 pub mod suggest;
+pub mod sym;
 pub mod tensor;
 pub mod text;
 pub mod verify;
