@@ -574,12 +574,13 @@ fn reshape(cx: &mut Cx, xs: &[Expr], xe: &[usize], want: &[usize]) -> R<Vec<Expr
         let (mut c, mut left) = factors(&dims);
         let mut const_part = 1i64;
         let mut rest_at = None;
+        let divide = !go.iter().any(|&o| target[o] == -1);
         for &o in &go {
             if target[o] == -1 {
                 rest_at = Some(o);
                 continue;
             }
-            match pick(cx, &mut left, &mut c, want[o] as i64)? {
+            match pick(cx, &mut left, &mut c, want[o] as i64, divide)? {
                 Some(e) => out[o] = e,
                 None => const_part *= want[o] as i64,
             }
@@ -590,6 +591,9 @@ fn reshape(cx: &mut Cx, xs: &[Expr], xe: &[usize], want: &[usize]) -> R<Vec<Expr
                 cx.divisible(&rest, const_part);
                 out[o] = rest.floor_div(const_part);
             }
+            // Every factor and all of the constant went to some target size: the sizes
+            // multiply back to the operand's by construction (divisions checked exact).
+            None if left.is_empty() && const_part == 1 && c == 1 => {}
             None if left.is_empty() && const_part == 1 => {
                 let got = Expr::product(go.iter().map(|&o| &out[o]));
                 cx.eq(&got, &whole)?;
@@ -608,40 +612,52 @@ fn reshape(cx: &mut Cx, xs: &[Expr], xe: &[usize], want: &[usize]) -> R<Vec<Expr
 }
 
 /// The size-`size` part of a split product, taken out of its factors `left` and constant
-/// `c`: the symbolic factors whose example product times a part of `c` is `size`, preferring
-/// factors to constants and then the smallest constant part; two different best answers are
-/// ambiguous. `None`: no part of `c` fits (the `-1` then divides what is left).
-fn pick(cx: &Cx, left: &mut Vec<Expr>, c: &mut i64, size: i64) -> R<Option<Expr>> {
+/// `c`: a product of symbolic factors whose example is `size`, or that times a part of `c`,
+/// or that divided by a constant (which `c` then gains, and a check makes exact), or a part
+/// of `c` alone, in that order of preference, the smallest constant first; two different
+/// best answers are ambiguous. `None`: nothing fits (the `-1` then divides what is left).
+/// With a `-1` in the run, the symbols are that part's and no other size divides them
+/// (`[s] → [-1, 8]` is `[s/8, 8]`, not `[2, s/2]`): `divide` is false.
+fn pick(cx: &mut Cx, left: &mut Vec<Expr>, c: &mut i64, size: i64, divide: bool) -> R<Option<Expr>> {
     let ex: Vec<i64> = left.iter().map(|e| cx.example(e)).collect::<R<_>>()?;
     let n = left.len().min(12);
-    let mut found: Option<((bool, i64), Expr, usize)> = None;
+    // (preference, constant), the expression, the factors it takes, the divisor.
+    let mut found: Option<((u8, i64), Expr, usize, i64)> = None;
     for mask in 0usize..(1 << n) {
         let bits = (0..n).filter(|b| mask >> b & 1 == 1);
         let Some(p) = bits.clone().try_fold(1i64, |p, b| p.checked_mul(ex[b])) else { continue };
-        if p == 0 || size % p != 0 || *c % (size / p) != 0 {
+        let prod = Expr::product(bits.map(|b| &left[b]));
+        let (key, e, div) = if p != 0 && size % p == 0 && *c % (size / p) == 0 {
+            ((if mask == 0 { 2 } else { 0 }, size / p), prod.scale(size / p), 1)
+        } else if divide && mask != 0 && size != 0 && p % size == 0 {
+            ((1, p / size), prod.floor_div(p / size), p / size)
+        } else {
             continue;
-        }
-        let key = (mask == 0, size / p);
-        let e = Expr::product(bits.map(|b| &left[b])).scale(size / p);
+        };
         match &found {
-            Some((k, fe, _)) if *k == key && *fe != e => {
+            Some((k, fe, _, _)) if *k == key && *fe != e => {
                 return Err(format!(
                     "target size {size} is both {fe} and {e} at the graph's sizes; give the symbols sizes in the graph that differ from each other and from the static dims"
                 ))
             }
-            Some((k, _, _)) if *k <= key => {}
-            _ => found = Some((key, e, mask)),
+            Some((k, _, _, _)) if *k <= key => {}
+            _ => found = Some((key, e, mask, div)),
         }
     }
-    Ok(found.map(|((_, cof), e, mask)| {
-        *c /= cof;
-        let mut k = 0;
-        left.retain(|_| {
-            k += 1;
-            mask >> (k - 1) & 1 == 0
-        });
-        e
-    }))
+    let Some(((_, k), e, mask, div)) = found else { return Ok(None) };
+    if div > 1 {
+        let taken = Expr::product((0..n).filter(|b| mask >> b & 1 == 1).map(|b| &left[b]));
+        cx.divisible(&taken, div);
+        *c *= div;
+    } else {
+        *c /= k;
+    }
+    let mut i = 0;
+    left.retain(|_| {
+        i += 1;
+        mask >> (i - 1) & 1 == 0
+    });
+    Ok(Some(e))
 }
 
 /// `slice` along a symbolic dim `n`: a literal start or end at or past the example's end is
