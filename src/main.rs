@@ -286,8 +286,10 @@ impl Cmd {
 /// What importing an ONNX model needs (every command that takes a graph takes a `.onnx`).
 #[derive(clap::Args, Clone, Default)]
 struct OnnxArgs {
-    /// Bind the ONNX model's symbolic dim NAME to the size N (repeatable).
-    #[arg(long = "dim", value_name = "NAME=N")]
+    /// Bind the dim NAME (repeatable): NAME=N gives an ONNX model's symbolic dim, or a
+    /// graph's input dims named NAME, the size N; NAME=LO..HI[:multiple_of=K] keeps a graph's
+    /// dim symbolic within bounds (`check`, `interp`; docs/dynamic-shapes.md).
+    #[arg(long = "dim", value_name = "NAME=N|NAME=LO..HI")]
     dims: Vec<String>,
     /// Fix the ONNX model's input NAME to the value in FILE.npy: it folds at import like an
     /// initializer (an input giving a shape, pads or scales must be known then; repeatable).
@@ -297,8 +299,30 @@ struct OnnxArgs {
 
 impl OnnxArgs {
     fn import(&self, path: &Path) -> Result<meshc_onnx::Imported> {
-        let dims = meshc_onnx::parse_dims(&self.dims)?;
+        let (dims, _) = self.examples()?;
         Ok(meshc_onnx::import(path, &dims, &meshc_onnx::parse_consts(&self.consts)?)?)
+    }
+
+    /// The size each `--dim` imports at, and the ranged ones as symbols (None: all values).
+    /// A range imports at an example size: the smallest allowed value from 3 up that no
+    /// other symbol takes, odd where the divisor allows, so that it is unlikely to meet a
+    /// static dim (mostly even) and a reshape can tell them apart.
+    fn examples(&self) -> Result<(BTreeMap<String, usize>, Option<meshc_ir::sym::Symbols>)> {
+        if !self.dims.iter().any(|d| d.contains("..")) {
+            return Ok((meshc_onnx::parse_dims(&self.dims)?, None));
+        }
+        let symbols = meshc_ir::sym::parse_symbols(&self.dims).map_err(anyhow::Error::msg)?;
+        let mut dims = BTreeMap::new();
+        for s in symbols.values() {
+            let taken = |v: i64| dims.values().any(|&u| u == v as usize);
+            let ok = |v: &i64| s.refuse(*v).is_none() && !taken(*v);
+            let from = s.lo.max(3);
+            let odd = (from..=s.hi.min(from + 4096)).filter(|v| v % 2 == 1).find(&ok);
+            let v = odd.or_else(|| (from..=s.hi.min(from + 4096)).find(&ok)).or_else(|| (s.lo..=s.hi).find(&ok));
+            let v = v.with_context(|| format!("--dim {s}: no example size left for it"))?;
+            dims.insert(s.name.clone(), v as usize);
+        }
+        Ok((dims, Some(symbols)))
     }
 }
 
@@ -472,26 +496,73 @@ fn load_params(g: &Graph, graph: &Path) -> Result<(HashMap<String, Tensor>, Weig
 }
 
 /// A graph as the commands take it: a graph file, whose params are read from their
-/// sources, or an ONNX model imported in memory, with its params' values.
+/// sources, or an ONNX model imported in memory, with its params' values; with ranged
+/// `--dim`s, the graph as written and its symbolic shapes (`check` and `interp` only).
 struct GraphIn {
     graph: Graph,
     info: Info,
     imported: Option<HashMap<String, Tensor>>,
+    sym: Option<meshc_ir::sym::SymInfo>,
 }
 
+/// The graph at `path` for a command that needs every size (`--dim NAME=N` writes a graph at
+/// that size; a range is refused, saying how to give a value).
 fn load_graph(path: &Path, onnx: &OnnxArgs) -> Result<GraphIn> {
+    let gi = load_graph_sym(path, onnx)?;
+    if let Some(si) = &gi.sym {
+        let s = si.symbols.values().find(|s| !s.is_fixed()).expect("a ranged symbol");
+        bail!(
+            "--dim {s}: the compiled path needs a value for now (give --dim {}=N); `check` and `interp` take a range (docs/dynamic-shapes.md)",
+            s.name
+        );
+    }
+    Ok(gi)
+}
+
+/// The graph at `path`, with `--dim` ranges kept as symbols.
+fn load_graph_sym(path: &Path, onnx: &OnnxArgs) -> Result<GraphIn> {
     if meshc_onnx::is_onnx(path) {
         let imp = onnx.import(path)?;
-        return Ok(GraphIn { graph: imp.graph, info: imp.info, imported: Some(imp.params) });
-    }
-    if !onnx.dims.is_empty() {
-        bail!("{}: --dim binds the symbolic dims of an ONNX model; this is a graph", path.display());
+        let sym = match onnx.examples()?.1 {
+            Some(symbols) => Some(
+                meshc_ir::sym::infer_graph(&imp.graph, &imp.info, &symbols)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?,
+            ),
+            None => None,
+        };
+        return Ok(GraphIn { graph: imp.graph, info: imp.info, imported: Some(imp.params), sym });
     }
     if !onnx.consts.is_empty() {
         bail!("{}: --const fixes inputs of an ONNX model; this is a graph", path.display());
     }
     let (graph, info) = load::load(path)?;
-    Ok(GraphIn { graph, info, imported: None })
+    if onnx.dims.is_empty() {
+        return Ok(GraphIn { graph, info, imported: None, sym: None });
+    }
+    let in_file = |e: String| anyhow::anyhow!("{}: {e}", path.display());
+    let symbols = meshc_ir::sym::parse_symbols(&onnx.dims).map_err(anyhow::Error::msg)?;
+    let si = meshc_ir::sym::infer_graph(&graph, &info, &symbols).map_err(in_file)?;
+    if symbols.values().any(|s| !s.is_fixed()) {
+        return Ok(GraphIn { graph, info, imported: None, sym: Some(si) });
+    }
+    // Every symbol has a value: the graph written at it, checked like one read from a file.
+    let at: meshc_ir::sym::Binding = symbols.values().map(|s| (s.name.clone(), s.lo)).collect();
+    let graph = specialised(&graph, &si, &at).map_err(in_file)?;
+    let info = meshc_ir::verify::verify(&graph).map_err(|e| e.in_file(path.display().to_string()))?;
+    Ok(GraphIn { graph, info, imported: None, sym: None })
+}
+
+/// `g` at the binding `at`, after the checks its symbols' bounds and the graph need.
+fn specialised(g: &Graph, si: &meshc_ir::sym::SymInfo, at: &meshc_ir::sym::Binding) -> Result<Graph, String> {
+    for s in si.symbols.values() {
+        if let Some(why) = s.refuse(at[&s.name]) {
+            return Err(format!("{}: {} is {why}", s.name, at[&s.name]));
+        }
+    }
+    if let Some(c) = si.checks.iter().find(|c| c.kind.holds(at) == Some(false)) {
+        return Err(format!("the sizes fail the check {c}"));
+    }
+    meshc_ir::sym::specialise(g, si, at)
 }
 
 /// `import MODEL -o GRAPH [--weights W]`.
@@ -501,6 +572,16 @@ fn import(model: &Path, out: Option<&Path>, weights: Option<&Path>, onnx: &OnnxA
         bail!("{}: import reads an ONNX model (.onnx)", model.display());
     }
     let imp = onnx.import(model)?;
+    if let Some(symbols) = onnx.examples()?.1 {
+        // Checked now: a graph whose shapes cannot be read over the symbols is refused here.
+        let si = meshc_ir::sym::infer_graph(&imp.graph, &imp.info, &symbols)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", model.display()))?;
+        let at: Vec<String> = symbols.keys().map(|n| format!("{n}={}", si.example[n])).collect();
+        eprintln!(
+            "note: written at {}; its named dims stay symbolic with the same --dim ranges (docs/dynamic-shapes.md)",
+            at.join(", ")
+        );
+    }
     match out {
         Some(out) => meshc_onnx::write(&imp, out, weights),
         None => {
@@ -528,6 +609,37 @@ struct CheckReport {
     /// With a placement: per stage, its devices and its tensors' layouts.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     stages: Vec<StageLine>,
+    /// With ranged `--dim`s: the symbols, with the graph's own size of each.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    symbols: Vec<SymbolLine>,
+    /// Every input's and node's shape over the symbols, in graph order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    symbolic_shapes: Vec<SymShapeLine>,
+    /// What a call's sizes must meet beyond the bounds (empty: the bounds prove every shape).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    runtime_checks: Option<Vec<CheckLine>>,
+}
+
+#[derive(serde::Serialize)]
+struct SymbolLine {
+    name: String,
+    lo: i64,
+    hi: i64,
+    multiple_of: i64,
+    example: i64,
+}
+
+#[derive(serde::Serialize)]
+struct SymShapeLine {
+    tensor: String,
+    dtype: String,
+    shape: Vec<String>,
+}
+
+#[derive(serde::Serialize)]
+struct CheckLine {
+    check: String,
+    node: String,
 }
 
 #[derive(serde::Serialize)]
@@ -539,6 +651,9 @@ struct TensorLine {
     shape: Vec<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     dims: Option<meshc_ir::graph::Dims>,
+    /// With ranged `--dim`s: the shape over the symbols.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    symbolic: Option<Vec<String>>,
 }
 
 #[derive(serde::Serialize)]
@@ -565,7 +680,13 @@ struct StageLine {
 }
 
 fn check(path: &Path, layout: Option<&Path>, onnx: &OnnxArgs, as_json: bool) -> Result<()> {
-    let GraphIn { graph: g, info, imported } = load_graph(path, onnx)?;
+    let GraphIn { graph: g, info, imported, sym } = load_graph_sym(path, onnx)?;
+    if let (Some(_), Some(l)) = (&sym, layout) {
+        bail!(
+            "{}: layouts over ranged --dims are a later stage; give each --dim a value (docs/dynamic-shapes.md)",
+            l.display()
+        );
+    }
     if imported.is_none() {
         let mut files = WeightFiles::new(base_dir(path));
         params::check_all(&g, &mut files).map_err(|e| e.in_file(path.display().to_string()))?;
@@ -576,6 +697,7 @@ fn check(path: &Path, layout: Option<&Path>, onnx: &OnnxArgs, as_json: bool) -> 
         dtype: ty.dtype.to_string(),
         shape: ty.shape.clone(),
         dims: dims.cloned(),
+        symbolic: None,
     };
     let mut report = CheckReport {
         graph: g.name.clone(),
@@ -588,7 +710,13 @@ fn check(path: &Path, layout: Option<&Path>, onnx: &OnnxArgs, as_json: bool) -> 
         mesh: None,
         layouts: Vec::new(),
         stages: Vec::new(),
+        symbols: Vec::new(),
+        symbolic_shapes: Vec::new(),
+        runtime_checks: None,
     };
+    if let Some(si) = &sym {
+        symbolic_report(&mut report, &g, &info, si);
+    }
     for n in &g.nodes {
         *report.ops.entry(n.op.name()).or_default() += 1;
     }
@@ -630,6 +758,31 @@ fn check(path: &Path, layout: Option<&Path>, onnx: &OnnxArgs, as_json: bool) -> 
     Ok(())
 }
 
+/// `check`'s symbols, the shapes over them and the run-time checks.
+fn symbolic_report(report: &mut CheckReport, g: &Graph, info: &Info, si: &meshc_ir::sym::SymInfo) {
+    report.symbols = si
+        .symbols
+        .values()
+        .map(|s| SymbolLine {
+            name: s.name.clone(),
+            lo: s.lo,
+            hi: s.hi,
+            multiple_of: s.multiple_of,
+            example: si.example[&s.name],
+        })
+        .collect();
+    let shape = |t: &str| si.shapes[t].iter().map(|e| e.to_string()).collect::<Vec<String>>();
+    for t in report.inputs.iter_mut().chain(report.outputs.iter_mut()) {
+        t.symbolic = Some(shape(&t.name));
+    }
+    let names = g.inputs.iter().map(|i| &i.name).chain(info.order.iter().map(|&k| &g.nodes[k].name));
+    report.symbolic_shapes = names
+        .map(|n| SymShapeLine { tensor: n.clone(), dtype: info.types[n].dtype.to_string(), shape: shape(n) })
+        .collect();
+    report.runtime_checks =
+        Some(si.checks.iter().map(|c| CheckLine { check: c.kind.to_string(), node: c.node.clone() }).collect());
+}
+
 /// `check`'s summary as text: one line per fact, one per tensor layout.
 fn check_text(r: &CheckReport) -> String {
     let plural = |k: usize| if k == 1 { "" } else { "s" };
@@ -644,11 +797,31 @@ fn check_text(r: &CheckReport) -> String {
     );
     let ops: Vec<String> = r.ops.iter().map(|(op, k)| format!("{op}×{k}")).collect();
     out += &format!("ops: {}\n", ops.join(", "));
+    let ty = |t: &TensorLine| match &t.symbolic {
+        Some(s) => format!("{}[{}]", t.dtype, s.join(", ")),
+        None => t.ty.to_string(),
+    };
     for i in &r.inputs {
-        out += &format!("input  {}: {}\n", i.name, i.ty);
+        out += &format!("input  {}: {}\n", i.name, ty(i));
     }
     for o in &r.outputs {
-        out += &format!("output {}: {}\n", o.name, o.ty);
+        out += &format!("output {}: {}\n", o.name, ty(o));
+    }
+    for s in &r.symbols {
+        let every = if s.multiple_of > 1 { format!(", multiples of {}", s.multiple_of) } else { String::new() };
+        out += &format!("symbol {}: {}..{}{every} (the graph's size: {})\n", s.name, s.lo, s.hi, s.example);
+    }
+    for t in &r.symbolic_shapes {
+        out += &format!("shape  {} {}[{}]\n", t.tensor, t.dtype, t.shape.join(", "));
+    }
+    match r.runtime_checks.as_deref() {
+        Some([]) => out += "run-time checks: none (the bounds prove every shape)\n",
+        Some(checks) => {
+            for c in checks {
+                out += &format!("run-time check: {} (node '{}')\n", c.check, c.node);
+            }
+        }
+        None => {}
     }
     let Some(m) = &r.mesh else { return out };
     let shape: Vec<String> = m.shape.iter().map(usize::to_string).collect();
@@ -723,7 +896,11 @@ fn graph_inputs(g: &Graph) -> Vec<(String, TensorType)> {
 }
 
 fn interp(path: &Path, io: &Io, onnx: &OnnxArgs) -> Result<()> {
-    let GraphIn { graph: g, info, imported } = load_graph(path, onnx)?;
+    let GraphIn { graph: g, info, imported, sym } = load_graph_sym(path, onnx)?;
+    let (g, info) = match &sym {
+        Some(si) => bind_inputs(&g, si, &io.inputs)?,
+        None => (g, info),
+    };
     let mut values = read_inputs(&graph_inputs(&g), &io.inputs)?;
     values.extend(match imported {
         Some(p) => p,
@@ -736,6 +913,27 @@ fn interp(path: &Path, io: &Io, onnx: &OnnxArgs) -> Result<()> {
     let mut out = Outputs::new();
     io.write(&mut out, wanted, &results)?;
     out.commit()
+}
+
+/// The graph at the sizes of the `--input` values: the symbols bound from their shapes and
+/// checked (one line naming the input, the symbol and the bound), the graph written at them.
+fn bind_inputs(g: &Graph, si: &meshc_ir::sym::SymInfo, inputs: &[String]) -> Result<(Graph, Info)> {
+    let mut shapes: HashMap<String, Vec<usize>> = HashMap::new();
+    for arg in inputs {
+        let (name, file) = name_eq_file(arg, "--input")?;
+        if g.inputs.iter().any(|i| i.name == name) {
+            let t = Tensor::read_npy(Path::new(file)).with_context(|| format!("--input {name}"))?;
+            shapes.insert(name.to_string(), t.shape);
+        }
+    }
+    if let Some(i) = g.inputs.iter().find(|i| !shapes.contains_key(&i.name)) {
+        let shape = meshc_ir::sym::infer::show(&si.shapes[&i.name]);
+        bail!("missing --input {}=FILE.npy (the graph's input '{}' is {}{shape})", i.name, i.name, i.ty.dtype);
+    }
+    let at = meshc_ir::sym::bind(g, si, |n| shapes.get(n).map(Vec::as_slice)).map_err(anyhow::Error::msg)?;
+    let g = meshc_ir::sym::specialise(g, si, &at).map_err(anyhow::Error::msg)?;
+    let info = meshc_ir::verify::verify(&g)?;
+    Ok((g, info))
 }
 
 /// The pilot pass's flags (docs/design.md §4.3): masks computed on pilot inputs prune the graph, and
@@ -807,7 +1005,7 @@ fn compile_graph(
     inst: &Instrument,
     pilot: Option<&PilotArgs>,
 ) -> Result<(Option<compile::Compiled>, Vec<PathBuf>, Option<State>)> {
-    let GraphIn { graph: g, info, imported } = load_graph(path, &args.onnx)?;
+    let GraphIn { graph: g, info, imported, .. } = load_graph(path, &args.onnx)?;
     let mut files = WeightFiles::new(base_dir(path));
     let in_graph = |e: meshc_ir::Error| e.in_file(path.display().to_string());
     let step = meshc::train::step(&g, &info, &args.train, |p| match imported.as_ref().and_then(|m| m.get(&p.name)) {
