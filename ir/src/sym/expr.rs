@@ -153,26 +153,6 @@ impl Expr {
         q.add(&rest)
     }
 
-    /// The symbols the expression mentions.
-    pub fn symbols(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        self.visit_syms(&mut |s| {
-            if !out.iter().any(|o| o == s) {
-                out.push(s.to_string());
-            }
-        });
-        out
-    }
-
-    fn visit_syms(&self, f: &mut impl FnMut(&str)) {
-        for a in self.terms.keys().flatten() {
-            match a {
-                Atom::Sym(s) => f(s),
-                Atom::Div(e, _) => e.visit_syms(f),
-            }
-        }
-    }
-
     /// The value at `b`; `None` when a symbol is unbound or the value overflows.
     pub fn eval(&self, b: &Binding) -> Option<i64> {
         let mut sum: i64 = 0;

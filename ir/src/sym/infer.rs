@@ -600,9 +600,8 @@ fn reshape(cx: &mut Cx, xs: &[Expr], xe: &[usize], want: &[usize]) -> R<Vec<Expr
             }
             None => {
                 return Err(format!(
-                    "the target {:?} splits {whole} into sizes no symbol matches; write -1 for the part that varies",
-                    target
-                ))
+                "the target {target:?} splits {whole} into sizes no symbol matches; write -1 for the part that varies"
+            ))
             }
         }
     }
