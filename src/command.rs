@@ -60,8 +60,10 @@ pub enum WeightsArg {
 /// What importing an ONNX model needs (every command that takes a graph takes a `.onnx`).
 #[derive(clap::Args, Clone, Default)]
 pub struct OnnxArgs {
-    /// Bind the ONNX model's symbolic dim NAME to the size N (repeatable).
-    #[arg(long = "dim", value_name = "NAME=N")]
+    /// Bind the dim NAME (repeatable): NAME=N gives an ONNX model's symbolic dim, or a
+    /// graph's input dims named NAME, the size N; NAME=LO..HI[:multiple_of=K] keeps a graph's
+    /// dim symbolic within bounds (`check`, `interp`; docs/dynamic-shapes.md).
+    #[arg(long = "dim", value_name = "NAME=N|NAME=LO..HI")]
     pub dims: Vec<String>,
     /// Fix the ONNX model's input NAME to the value in FILE.npy: it folds at import like an
     /// initializer (an input giving a shape, pads or scales must be known then; repeatable).
@@ -71,8 +73,30 @@ pub struct OnnxArgs {
 
 impl OnnxArgs {
     pub fn import(&self, path: &Path) -> Result<meshc_onnx::Imported> {
-        let dims = meshc_onnx::parse_dims(&self.dims)?;
+        let (dims, _) = self.examples()?;
         Ok(meshc_onnx::import(path, &dims, &meshc_onnx::parse_consts(&self.consts)?)?)
+    }
+
+    /// The size each `--dim` imports at, and the ranged ones as symbols (None: all values).
+    /// A range imports at an example size: the smallest allowed value from 3 up that no
+    /// other symbol takes, odd where the divisor allows, so that it is unlikely to meet a
+    /// static dim (mostly even) and a reshape can tell them apart.
+    pub fn examples(&self) -> Result<(BTreeMap<String, usize>, Option<meshc_ir::sym::Symbols>)> {
+        if !self.dims.iter().any(|d| d.contains("..")) {
+            return Ok((meshc_onnx::parse_dims(&self.dims)?, None));
+        }
+        let symbols = meshc_ir::sym::parse_symbols(&self.dims).map_err(anyhow::Error::msg)?;
+        let mut dims = BTreeMap::new();
+        for s in symbols.values() {
+            let taken = |v: i64| dims.values().any(|&u| u == v as usize);
+            let ok = |v: &i64| s.refuse(*v).is_none() && !taken(*v);
+            let from = s.lo.max(3);
+            let odd = (from..=s.hi.min(from + 4096)).filter(|v| v % 2 == 1).find(&ok);
+            let v = odd.or_else(|| (from..=s.hi.min(from + 4096)).find(&ok)).or_else(|| (s.lo..=s.hi).find(&ok));
+            let v = v.with_context(|| format!("--dim {s}: no example size left for it"))?;
+            dims.insert(s.name.clone(), v as usize);
+        }
+        Ok((dims, Some(symbols)))
     }
 }
 
@@ -148,26 +172,73 @@ pub fn base_dir(graph: &Path) -> &Path {
 }
 
 /// A graph as the commands take it: a graph file, whose params are read from their
-/// sources, or an ONNX model imported in memory, with its params' values.
+/// sources, or an ONNX model imported in memory, with its params' values; with ranged
+/// `--dim`s, the graph as written and its symbolic shapes (`check` and `interp` only).
 pub struct GraphIn {
     pub graph: Graph,
     pub info: Info,
     pub imported: Option<HashMap<String, Tensor>>,
+    pub sym: Option<meshc_ir::sym::SymInfo>,
 }
 
+/// The graph at `path` for a command that needs every size (`--dim NAME=N` writes a graph at
+/// that size; a range is refused, saying how to give a value).
 pub fn load_graph(path: &Path, onnx: &OnnxArgs) -> Result<GraphIn> {
+    let gi = load_graph_sym(path, onnx)?;
+    if let Some(si) = &gi.sym {
+        let s = si.symbols.values().find(|s| !s.is_fixed()).expect("a ranged symbol");
+        bail!(
+            "--dim {s}: the compiled path needs a value for now (give --dim {}=N); `check` and `interp` take a range (docs/dynamic-shapes.md)",
+            s.name
+        );
+    }
+    Ok(gi)
+}
+
+/// The graph at `path`, with `--dim` ranges kept as symbols.
+pub fn load_graph_sym(path: &Path, onnx: &OnnxArgs) -> Result<GraphIn> {
     if meshc_onnx::is_onnx(path) {
         let imp = onnx.import(path)?;
-        return Ok(GraphIn { graph: imp.graph, info: imp.info, imported: Some(imp.params) });
-    }
-    if !onnx.dims.is_empty() {
-        bail!("{}: --dim binds the symbolic dims of an ONNX model; this is a graph", path.display());
+        let sym = match onnx.examples()?.1 {
+            Some(symbols) => Some(
+                meshc_ir::sym::infer_graph(&imp.graph, &imp.info, &symbols)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?,
+            ),
+            None => None,
+        };
+        return Ok(GraphIn { graph: imp.graph, info: imp.info, imported: Some(imp.params), sym });
     }
     if !onnx.consts.is_empty() {
         bail!("{}: --const fixes inputs of an ONNX model; this is a graph", path.display());
     }
     let (graph, info) = load::load(path)?;
-    Ok(GraphIn { graph, info, imported: None })
+    if onnx.dims.is_empty() {
+        return Ok(GraphIn { graph, info, imported: None, sym: None });
+    }
+    let in_file = |e: String| anyhow::anyhow!("{}: {e}", path.display());
+    let symbols = meshc_ir::sym::parse_symbols(&onnx.dims).map_err(anyhow::Error::msg)?;
+    let si = meshc_ir::sym::infer_graph(&graph, &info, &symbols).map_err(in_file)?;
+    if symbols.values().any(|s| !s.is_fixed()) {
+        return Ok(GraphIn { graph, info, imported: None, sym: Some(si) });
+    }
+    // Every symbol has a value: the graph written at it, checked like one read from a file.
+    let at: meshc_ir::sym::Binding = symbols.values().map(|s| (s.name.clone(), s.lo)).collect();
+    let graph = specialised(&graph, &si, &at).map_err(in_file)?;
+    let info = meshc_ir::verify::verify(&graph).map_err(|e| e.in_file(path.display().to_string()))?;
+    Ok(GraphIn { graph, info, imported: None, sym: None })
+}
+
+/// `g` at the binding `at`, after the checks its symbols' bounds and the graph need.
+fn specialised(g: &Graph, si: &meshc_ir::sym::SymInfo, at: &meshc_ir::sym::Binding) -> Result<Graph, String> {
+    for s in si.symbols.values() {
+        if let Some(why) = s.refuse(at[&s.name]) {
+            return Err(format!("{}: {} is {why}", s.name, at[&s.name]));
+        }
+    }
+    if let Some(c) = si.checks.iter().find(|c| c.kind.holds(at) == Some(false)) {
+        return Err(format!("the sizes fail the check {c}"));
+    }
+    meshc_ir::sym::specialise(g, si, at)
 }
 
 /// The pilot pass's flags (docs/design.md §4.3): masks computed on pilot inputs prune the graph, and
@@ -239,7 +310,7 @@ pub fn compile_graph(
     inst: &Instrument,
     pilot: Option<&PilotArgs>,
 ) -> Result<(Option<compile::Compiled>, Vec<PathBuf>, Option<State>)> {
-    let GraphIn { graph: g, info, imported } = load_graph(path, &args.onnx)?;
+    let GraphIn { graph: g, info, imported, .. } = load_graph(path, &args.onnx)?;
     let mut files = WeightFiles::new(base_dir(path));
     let in_graph = |e: meshc_ir::Error| e.in_file(path.display().to_string());
     let step = crate::train::step(&g, &info, &args.train, |p| match imported.as_ref().and_then(|m| m.get(&p.name)) {

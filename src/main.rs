@@ -8,7 +8,8 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use meshc::command::{
-    base_dir, compile_cmd, compile_graph, compile_in_memory, load_graph, CodegenArgs, GraphIn, OnnxArgs, PilotArgs,
+    base_dir, compile_cmd, compile_graph, compile_in_memory, load_graph, load_graph_sym, CodegenArgs, GraphIn,
+    OnnxArgs, PilotArgs,
 };
 use meshc::pipeline::{Dumps, Format as DumpFormat, Instrument};
 use meshc::{compile, driver};
@@ -353,6 +354,16 @@ fn import(model: &Path, out: Option<&Path>, weights: Option<&Path>, onnx: &OnnxA
         bail!("{}: import reads an ONNX model (.onnx)", model.display());
     }
     let imp = onnx.import(model)?;
+    if let Some(symbols) = onnx.examples()?.1 {
+        // Checked now: a graph whose shapes cannot be read over the symbols is refused here.
+        let si = meshc_ir::sym::infer_graph(&imp.graph, &imp.info, &symbols)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", model.display()))?;
+        let at: Vec<String> = symbols.keys().map(|n| format!("{n}={}", si.example[n])).collect();
+        eprintln!(
+            "note: written at {}; its named dims stay symbolic with the same --dim ranges (docs/dynamic-shapes.md)",
+            at.join(", ")
+        );
+    }
     match out {
         Some(out) => meshc_onnx::write(&imp, out, weights),
         None => {
@@ -380,6 +391,37 @@ struct CheckReport {
     /// With a placement: per stage, its devices and its tensors' layouts.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     stages: Vec<StageLine>,
+    /// With ranged `--dim`s: the symbols, with the graph's own size of each.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    symbols: Vec<SymbolLine>,
+    /// Every input's and node's shape over the symbols, in graph order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    symbolic_shapes: Vec<SymShapeLine>,
+    /// What a call's sizes must meet beyond the bounds (empty: the bounds prove every shape).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    runtime_checks: Option<Vec<CheckLine>>,
+}
+
+#[derive(serde::Serialize)]
+struct SymbolLine {
+    name: String,
+    lo: i64,
+    hi: i64,
+    multiple_of: i64,
+    example: i64,
+}
+
+#[derive(serde::Serialize)]
+struct SymShapeLine {
+    tensor: String,
+    dtype: String,
+    shape: Vec<String>,
+}
+
+#[derive(serde::Serialize)]
+struct CheckLine {
+    check: String,
+    node: String,
 }
 
 #[derive(serde::Serialize)]
@@ -391,6 +433,9 @@ struct TensorLine {
     shape: Vec<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     dims: Option<meshc_ir::graph::Dims>,
+    /// With ranged `--dim`s: the shape over the symbols.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    symbolic: Option<Vec<String>>,
 }
 
 #[derive(serde::Serialize)]
@@ -417,7 +462,13 @@ struct StageLine {
 }
 
 fn check(path: &Path, layout: Option<&Path>, onnx: &OnnxArgs, as_json: bool) -> Result<()> {
-    let GraphIn { graph: g, info, imported } = load_graph(path, onnx)?;
+    let GraphIn { graph: g, info, imported, sym } = load_graph_sym(path, onnx)?;
+    if let (Some(_), Some(l)) = (&sym, layout) {
+        bail!(
+            "{}: layouts over ranged --dims are a later stage; give each --dim a value (docs/dynamic-shapes.md)",
+            l.display()
+        );
+    }
     if imported.is_none() {
         let mut files = WeightFiles::new(base_dir(path));
         params::check_all(&g, &mut files).map_err(|e| e.in_file(path.display().to_string()))?;
@@ -428,6 +479,7 @@ fn check(path: &Path, layout: Option<&Path>, onnx: &OnnxArgs, as_json: bool) -> 
         dtype: ty.dtype.to_string(),
         shape: ty.shape.clone(),
         dims: dims.cloned(),
+        symbolic: None,
     };
     let mut report = CheckReport {
         graph: g.name.clone(),
@@ -440,7 +492,13 @@ fn check(path: &Path, layout: Option<&Path>, onnx: &OnnxArgs, as_json: bool) -> 
         mesh: None,
         layouts: Vec::new(),
         stages: Vec::new(),
+        symbols: Vec::new(),
+        symbolic_shapes: Vec::new(),
+        runtime_checks: None,
     };
+    if let Some(si) = &sym {
+        symbolic_report(&mut report, &g, &info, si);
+    }
     for n in &g.nodes {
         *report.ops.entry(n.op.name()).or_default() += 1;
     }
@@ -482,6 +540,31 @@ fn check(path: &Path, layout: Option<&Path>, onnx: &OnnxArgs, as_json: bool) -> 
     Ok(())
 }
 
+/// `check`'s symbols, the shapes over them and the run-time checks.
+fn symbolic_report(report: &mut CheckReport, g: &Graph, info: &Info, si: &meshc_ir::sym::SymInfo) {
+    report.symbols = si
+        .symbols
+        .values()
+        .map(|s| SymbolLine {
+            name: s.name.clone(),
+            lo: s.lo,
+            hi: s.hi,
+            multiple_of: s.multiple_of,
+            example: si.example[&s.name],
+        })
+        .collect();
+    let shape = |t: &str| si.shapes[t].iter().map(|e| e.to_string()).collect::<Vec<String>>();
+    for t in report.inputs.iter_mut().chain(report.outputs.iter_mut()) {
+        t.symbolic = Some(shape(&t.name));
+    }
+    let names = g.inputs.iter().map(|i| &i.name).chain(info.order.iter().map(|&k| &g.nodes[k].name));
+    report.symbolic_shapes = names
+        .map(|n| SymShapeLine { tensor: n.clone(), dtype: info.types[n].dtype.to_string(), shape: shape(n) })
+        .collect();
+    report.runtime_checks =
+        Some(si.checks.iter().map(|c| CheckLine { check: c.kind.to_string(), node: c.node.clone() }).collect());
+}
+
 /// `check`'s summary as text: one line per fact, one per tensor layout.
 fn check_text(r: &CheckReport) -> String {
     let plural = |k: usize| if k == 1 { "" } else { "s" };
@@ -496,11 +579,31 @@ fn check_text(r: &CheckReport) -> String {
     );
     let ops: Vec<String> = r.ops.iter().map(|(op, k)| format!("{op}×{k}")).collect();
     out += &format!("ops: {}\n", ops.join(", "));
+    let ty = |t: &TensorLine| match &t.symbolic {
+        Some(s) => format!("{}[{}]", t.dtype, s.join(", ")),
+        None => t.ty.to_string(),
+    };
     for i in &r.inputs {
-        out += &format!("input  {}: {}\n", i.name, i.ty);
+        out += &format!("input  {}: {}\n", i.name, ty(i));
     }
     for o in &r.outputs {
-        out += &format!("output {}: {}\n", o.name, o.ty);
+        out += &format!("output {}: {}\n", o.name, ty(o));
+    }
+    for s in &r.symbols {
+        let every = if s.multiple_of > 1 { format!(", multiples of {}", s.multiple_of) } else { String::new() };
+        out += &format!("symbol {}: {}..{}{every} (the graph's size: {})\n", s.name, s.lo, s.hi, s.example);
+    }
+    for t in &r.symbolic_shapes {
+        out += &format!("shape  {} {}[{}]\n", t.tensor, t.dtype, t.shape.join(", "));
+    }
+    match r.runtime_checks.as_deref() {
+        Some([]) => out += "run-time checks: none (the bounds prove every shape)\n",
+        Some(checks) => {
+            for c in checks {
+                out += &format!("run-time check: {} (node '{}')\n", c.check, c.node);
+            }
+        }
+        None => {}
     }
     let Some(m) = &r.mesh else { return out };
     let shape: Vec<String> = m.shape.iter().map(usize::to_string).collect();
@@ -575,7 +678,11 @@ fn graph_inputs(g: &Graph) -> Vec<(String, TensorType)> {
 }
 
 fn interp(path: &Path, io: &Io, onnx: &OnnxArgs) -> Result<()> {
-    let GraphIn { graph: g, info, imported } = load_graph(path, onnx)?;
+    let GraphIn { graph: g, info, imported, sym } = load_graph_sym(path, onnx)?;
+    let (g, info) = match &sym {
+        Some(si) => bind_inputs(&g, si, &io.inputs)?,
+        None => (g, info),
+    };
     let mut values = read_inputs(&graph_inputs(&g), &io.inputs)?;
     values.extend(match imported {
         Some(p) => p,
@@ -588,6 +695,27 @@ fn interp(path: &Path, io: &Io, onnx: &OnnxArgs) -> Result<()> {
     let mut out = Outputs::new();
     io.write(&mut out, wanted, &results)?;
     out.commit()
+}
+
+/// The graph at the sizes of the `--input` values: the symbols bound from their shapes and
+/// checked (one line naming the input, the symbol and the bound), the graph written at them.
+fn bind_inputs(g: &Graph, si: &meshc_ir::sym::SymInfo, inputs: &[String]) -> Result<(Graph, Info)> {
+    let mut shapes: HashMap<String, Vec<usize>> = HashMap::new();
+    for arg in inputs {
+        let (name, file) = meshc_runtime::tools::cli::name_eq_file(arg, "--input")?;
+        if g.inputs.iter().any(|i| i.name == name) {
+            let t = Tensor::read_npy(Path::new(file)).with_context(|| format!("--input {name}"))?;
+            shapes.insert(name.to_string(), t.shape);
+        }
+    }
+    if let Some(i) = g.inputs.iter().find(|i| !shapes.contains_key(&i.name)) {
+        let shape = meshc_ir::sym::infer::show(&si.shapes[&i.name]);
+        bail!("missing --input {}=FILE.npy (the graph's input '{}' is {}{shape})", i.name, i.name, i.ty.dtype);
+    }
+    let at = meshc_ir::sym::bind(g, si, |n| shapes.get(n).map(Vec::as_slice)).map_err(anyhow::Error::msg)?;
+    let g = meshc_ir::sym::specialise(g, si, &at).map_err(anyhow::Error::msg)?;
+    let info = meshc_ir::verify::verify(&g)?;
+    Ok((g, info))
 }
 
 /// `check --stop-after PASS`: the passes up to PASS compiled as `args` say, the IR after it

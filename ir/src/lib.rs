@@ -27,6 +27,7 @@ pub mod loss;
 pub mod optim;
 pub mod params;
 pub mod suggest;
+pub mod sym;
 pub mod tensor;
 pub mod text;
 pub mod verify;

@@ -38,5 +38,6 @@ mod placement;
 mod refused;
 mod run_stats;
 mod signing;
+mod symbolic;
 mod train;
 mod transposed;

@@ -1,0 +1,274 @@
+//! Symbolic dims (docs/dynamic-shapes.md): shapes inferred over symbols agree with the
+//! verifier on the graph written at any size within the bounds, the interpreter run on one
+//! symbolic graph at several sizes agrees with the graph written at each size, and a call
+//! whose sizes break a bound, a divisor or an equality is refused with one line.
+
+use std::path::{Path, PathBuf};
+
+use meshc_ir::sym::{self, Binding, Symbol, Symbols};
+use meshc_ir::{load, text, verify, Tensor};
+use proptest::prelude::*;
+
+use crate::common::{meshc, random_graph, scratch};
+
+/// A tiny deterministic generator: the bindings a test tries are the same on every run.
+fn lcg(state: &mut u64) -> u64 {
+    *state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    *state >> 33
+}
+
+/// Every graph file under testdata (recursively) that loads and names input dims.
+fn named_dim_graphs() -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).expect("testdata is readable") {
+            let p = e.expect("readable").path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "json" || x == "txt") {
+                out.push(p);
+            }
+        }
+    }
+    let mut all = Vec::new();
+    walk(Path::new("testdata"), &mut all);
+    all.sort();
+    all.into_iter()
+        .filter(|p| {
+            load::load(p).is_ok_and(|(g, _)| g.inputs.iter().any(|i| i.dims.iter().flatten().any(Option::is_some)))
+        })
+        .collect()
+}
+
+/// Every input dim name of `g` as a symbol over `1..=hi`.
+fn symbols_of(g: &meshc_ir::Graph, hi: i64) -> Symbols {
+    let names = g.inputs.iter().flat_map(|i| i.dims.iter().flatten().flatten());
+    names.map(|n| (n.clone(), Symbol { name: n.clone(), lo: 1, hi, multiple_of: 1 })).collect()
+}
+
+/// The verifier's shapes of the graph written at `at` are the symbolic shapes evaluated
+/// there, for every tensor.
+fn agrees_at(g: &meshc_ir::Graph, si: &sym::SymInfo, at: &Binding) -> Result<(), String> {
+    let sg = sym::specialise(g, si, at)?;
+    let info = verify::verify(&sg).map_err(|e| format!("at {at:?}: the written graph does not verify: {e}"))?;
+    for (name, shape) in &si.shapes {
+        let want: Vec<usize> = shape.iter().map(|e| e.eval(at).expect("bound") as usize).collect();
+        if info.types[name].shape != want {
+            return Err(format!("at {at:?}: '{name}' is {:?}, symbolically {want:?}", info.types[name].shape));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn testdata_graphs_agree_with_the_verifier_at_random_sizes() {
+    let graphs = named_dim_graphs();
+    assert!(graphs.len() >= 8, "found {graphs:?}");
+    let (mut compared, mut moved, mut inferred) = (0, 0, 0);
+    for path in &graphs {
+        let (g, info) = load::load(path).unwrap();
+        let symbols = symbols_of(&g, 48);
+        let si = match sym::infer_graph(&g, &info, &symbols) {
+            Ok(si) => si,
+            // A graph whose reshapes cannot be read at other sizes says so, naming the node;
+            // one whose inputs give a dim name two sizes names both inputs.
+            Err(e) => {
+                assert!(e.starts_with("node '") || e.contains("but input '"), "{}: {e}", path.display());
+                continue;
+            }
+        };
+        inferred += 1;
+        assert_eq!(sym::specialise(&g, &si, &si.example).unwrap(), g, "{}", path.display());
+        let mut state = compared as u64 + 1;
+        for _ in 0..40 {
+            // Half the symbols keep their example size: a symbol a param pins still lets the
+            // others move.
+            let mut pick = |name: &str| match lcg(&mut state) % 2 {
+                0 => si.example[name],
+                _ => 1 + (lcg(&mut state) % 48) as i64,
+            };
+            let at: Binding = symbols.keys().map(|n| (n.clone(), pick(n))).collect();
+            if si.checks.iter().any(|c| c.kind.holds(&at) == Some(false)) {
+                continue;
+            }
+            agrees_at(&g, &si, &at).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            compared += 1;
+            moved += usize::from(at != si.example);
+        }
+    }
+    assert!(inferred >= 8, "only {inferred} of {} graphs inferred", graphs.len());
+    // Most graphs pin some symbol (a param sized to it); the rest must move freely.
+    assert!(moved >= 50, "only {moved} of {compared} bindings left the graphs' own sizes");
+}
+
+/// The random graphs of the property tests without their slices (which halve a dim: a
+/// literal size there means the half at the written size only).
+fn graph_at(b: usize, d: usize, ops: &[(u8, u8, u8)]) -> meshc_ir::Graph {
+    let ops: Vec<(u8, u8, u8)> = ops.iter().map(|&(o, p, a)| (if o % 11 == 9 { 0 } else { o }, p, a)).collect();
+    let src = random_graph(b, d, &ops).replacen(&format!("f32[{b},{d}]"), &format!("f32[{b},{d}] dims(batch, _)"), 1);
+    text::parse(&src).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// The graph written at another batch by the symbolic shapes is the graph the generator
+    /// writes at that batch: the same attributes and the same types everywhere.
+    #[test]
+    fn random_graphs_written_at_a_batch_are_the_generated_ones(
+        d in 0usize..2,
+        ops in prop::collection::vec((0u8..11, any::<u8>(), any::<u8>()), 1..10),
+        b2 in prop::sample::select(vec![2usize, 10, 14, 22]),
+    ) {
+        let d = [4, 8][d];
+        let g = graph_at(6, d, &ops);
+        let info = verify::verify(&g).unwrap();
+        let symbols: Symbols = [("batch".to_string(), Symbol { name: "batch".into(), lo: 1, hi: 64, multiple_of: 1 })].into();
+        let si = sym::infer_graph(&g, &info, &symbols).map_err(|e| TestCaseError::fail(format!("{e}\n{}", text::print(&g))))?;
+        let want = graph_at(b2, d, &ops);
+        // The generator picks operands among same-shape values, and a batch can make two
+        // shapes meet (at 2, [2*4/2, 2] is [4, 2]): then it wrote another graph.
+        let wiring = |g: &meshc_ir::Graph| g.nodes.iter().map(|n| (n.op, n.inputs.clone())).collect::<Vec<_>>();
+        if wiring(&want) != wiring(&g) {
+            return Err(TestCaseError::reject("the generator wires another graph at this batch"));
+        }
+        let shape = [b2, d];
+        let at = match sym::bind(&g, &si, |_| Some(&shape[..])) {
+            Ok(at) => at,
+            // A param sized to the batch (a transposed matmul's weight) pins it: check says so.
+            Err(e) if e.contains("fail the check batch == 6") => return Err(TestCaseError::reject("batch is pinned")),
+            Err(e) => return Err(TestCaseError::fail(format!("{e}\n{}", text::print(&g)))),
+        };
+        let written = sym::specialise(&g, &si, &at).unwrap();
+        prop_assert_eq!(&written, &want, "{}", text::print(&g));
+        agrees_at(&g, &si, &at).map_err(TestCaseError::fail)?;
+    }
+}
+
+fn write(dir: &Path, name: &str, t: &Tensor) -> String {
+    let p = dir.join(name);
+    t.write_npy(&p).unwrap();
+    format!("x={}", p.display())
+}
+
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..n).map(|_| (lcg(&mut s) % 2001) as f32 / 1000.0 - 1.0).collect()
+}
+
+#[test]
+fn interp_at_three_batches_is_the_graph_written_at_each() {
+    let dir = scratch("sym-interp");
+    let graph = "testdata/mlp/graph.json";
+    let full = Tensor::f32(vec![16, 64], values(16 * 64, 7));
+    let arg = write(&dir, "x16.npy", &full);
+    let r = meshc(&["interp", graph, "--input", &arg, "--output", &format!("y={}", dir.join("y16.npy").display())]);
+    assert_eq!(r.status, Some(0), "{}", r.stderr);
+    let y16 = Tensor::read_npy(&dir.join("y16.npy")).unwrap();
+    for b in [1usize, 5, 23] {
+        let x = Tensor::f32(vec![b, 64], full.as_f32().unwrap().iter().copied().cycle().take(b * 64).collect());
+        let arg = write(&dir, &format!("x{b}.npy"), &x);
+        let mut outs = Vec::new();
+        for dim in ["batch=1..64".to_string(), format!("batch={b}")] {
+            let out = dir.join(format!("y{b}-{}.npy", outs.len()));
+            let r =
+                meshc(&["interp", "--dim", &dim, graph, "--input", &arg, "--output", &format!("y={}", out.display())]);
+            assert_eq!(r.status, Some(0), "--dim {dim}: {}", r.stderr);
+            outs.push(Tensor::read_npy(&out).unwrap());
+        }
+        assert_eq!(outs[0], outs[1], "batch {b}: the symbolic graph and the graph written at {b} differ");
+        assert_eq!(outs[0].shape, vec![b, 64]);
+        // Rows are independent in an MLP: each row is the written graph's row for that input.
+        let (got, all) = (outs[0].as_f32().unwrap(), y16.as_f32().unwrap());
+        for (i, v) in got.iter().enumerate() {
+            let w = all[i % (16 * 64)];
+            assert!((v - w).abs() <= 1e-5 * w.abs().max(1.0), "batch {b}, element {i}: {v} vs {w}");
+        }
+    }
+}
+
+#[test]
+fn sizes_that_break_the_bounds_are_refused_with_one_line() {
+    let dir = scratch("sym-refused");
+    let graph = "testdata/mlp/graph.json";
+    let refused = |dim: &str, shape: Vec<usize>, want: &str| {
+        let n = shape.iter().product();
+        let arg = write(&dir, "x.npy", &Tensor::f32(shape, vec![0.5; n]));
+        let r = meshc(&["interp", "--dim", dim, graph, "--input", &arg]);
+        assert_eq!(r.status, Some(1), "{}", r.stdout);
+        assert_eq!(r.stderr.trim(), format!("error: {want}"));
+    };
+    refused("batch=1..64", vec![70, 64], "input x: dim 0 (batch) is 70, outside 1..64");
+    refused("batch=8..64:multiple_of=8", vec![12, 64], "input x: dim 0 (batch) is 12, not a multiple of 8");
+    refused("batch=1..64", vec![3, 65], "input x: dim 1 is 65, the graph's is 64");
+    // Two inputs sharing a symbol must agree on it.
+    let tg = "testdata/transformer/graph.json";
+    let ids = dir.join("ids.npy");
+    Tensor { shape: vec![3, 8], data: meshc_ir::Data::I32(vec![1; 24]) }.write_npy(&ids).unwrap();
+    let mask = dir.join("mask.npy");
+    Tensor::f32(vec![2, 1, 1, 8], vec![0.0; 16]).write_npy(&mask).unwrap();
+    let ids_arg = format!("ids={}", ids.display());
+    let mask_arg = format!("mask={}", mask.display());
+    let r = meshc(&["interp", "--dim", "batch=1..8", tg, "--input", &ids_arg, "--input", &mask_arg]);
+    assert_eq!(r.stderr.trim(), "error: input mask: dim 0 (batch) is 2, but input ids has batch = 3");
+    // The compiled path needs values for now, and says how to give them.
+    let r = meshc(&["compile", "--dim", "batch=1..64", graph, "-o", &dir.join("a.mshc").display().to_string()]);
+    assert_eq!(r.status, Some(1));
+    assert!(r.stderr.contains("the compiled path needs a value for now (give --dim batch=N)"), "{}", r.stderr);
+    let r = meshc(&["check", "--dim", "rows=1..4", graph]);
+    assert!(
+        r.stderr.contains("--dim rows: no input has a dim named 'rows' (named input dims: batch, embed)"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn check_prints_symbolic_shapes_and_run_time_checks() {
+    let r = meshc(&["check", "--dim", "batch=1..64", "testdata/mlp/graph.json"]);
+    assert_eq!(r.status, Some(0), "{}", r.stderr);
+    for line in ["input  x: f32[batch, 64]", "symbol batch: 1..64 (the graph's size: 16)", "shape  h f32[batch, 256]"] {
+        assert!(r.stdout.contains(line), "{line}\n{}", r.stdout);
+    }
+    assert!(r.stdout.contains("run-time checks: none (the bounds prove every shape)"), "{}", r.stdout);
+    // The transformer's position table is sized to seq: seq is pinned, and check says so.
+    let r =
+        meshc(&["check", "--json", "--dim", "batch=1..64", "--dim", "seq=1..512", "testdata/transformer/graph.json"]);
+    assert_eq!(r.status, Some(0), "{}", r.stderr);
+    let j: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(j["runtime_checks"][0]["check"], "seq == 8", "{}", r.stdout);
+    assert_eq!(j["inputs"][1]["symbolic"], serde_json::json!(["batch", "1", "1", "seq"]));
+    assert_eq!(j["symbols"][1]["example"], 8);
+}
+
+#[test]
+fn an_onnx_encoder_is_symbolic_in_batch_and_seq() {
+    let model = "testdata/onnx/encoder/model.onnx";
+    let dims = ["--dim", "batch=1..32", "--dim", "seq=1..256"];
+    let r = meshc(&[&["check", model][..], &dims].concat());
+    assert_eq!(r.status, Some(0), "{}", r.stderr);
+    assert!(r.stdout.contains("output last_hidden_state: f32[batch, seq, 32]"), "{}", r.stdout);
+    assert!(r.stdout.contains("run-time checks: none"), "{}", r.stdout);
+    let dir = scratch("sym-onnx");
+    for (b, s) in [(1usize, 2usize), (2, 9), (4, 17)] {
+        let h = dir.join(format!("h{b}-{s}.npy"));
+        Tensor::f32(vec![b, s, 32], values(b * s * 32, (b * 100 + s) as u64)).write_npy(&h).unwrap();
+        let m = dir.join(format!("m{b}-{s}.npy"));
+        let mask: Vec<i64> = (0..b * s).map(|k| i64::from(k % s < s - k / s % 2)).collect();
+        Tensor { shape: vec![b, s], data: meshc_ir::Data::I64(mask) }.write_npy(&m).unwrap();
+        let io = [format!("hidden_states={}", h.display()), format!("attention_mask={}", m.display())];
+        let mut outs = Vec::new();
+        let fixed = ["--dim".to_string(), format!("batch={b}"), "--dim".to_string(), format!("seq={s}")];
+        let ranged = dims.map(String::from);
+        for d in [ranged, fixed] {
+            let out = dir.join(format!("y{b}-{s}-{}.npy", outs.len()));
+            let o = format!("last_hidden_state={}", out.display());
+            let mut args: Vec<&str> = vec!["interp", model, "--input", &io[0], "--input", &io[1], "--output", &o];
+            args.extend(d.iter().map(String::as_str));
+            let r = meshc(&args);
+            assert_eq!(r.status, Some(0), "{args:?}: {}", r.stderr);
+            outs.push(Tensor::read_npy(&out).unwrap());
+        }
+        assert_eq!(outs[0].shape, vec![b, s, 32]);
+        assert_eq!(outs[0], outs[1], "at batch {b}, seq {s}: the symbolic import and the import at those sizes differ");
+    }
+}
