@@ -3,7 +3,7 @@ CARGO ?= cargo
 MESHC := target/release/meshc
 DEMO := testdata/transformer
 
-.PHONY: help build install uninstall test golden testdata bench demo fmt lint clean artifacts modules fuzz onnx-proto onnx-schemas onnx-testdata onnx-conformance onnx-models mpi-deps test-mpi mpi-demo python test-python
+.PHONY: help build install uninstall test golden testdata bench demo fmt lint clean artifacts modules fuzz onnx-fuzz onnx-proto onnx-schemas onnx-testdata onnx-conformance onnx-models mpi-deps test-mpi mpi-demo python test-python
 
 help:
 	@echo "make demo      build meshc and run the transformer-block example end to end"
@@ -19,7 +19,8 @@ help:
 	@echo "make python    build the Python package (python/, PyO3 + maturin) into a venv under target/"
 	@echo "make test-python  the pytest suite of the Python package (every testdata artifact, threads, bad inputs)"
 	@echo "make bench     run the benchmarks"
-	@echo "make fuzz      differential fuzzing of the whole pipeline (FUZZ_CASES=N, ~20 min by default)"
+	@echo "make fuzz      differential fuzzing of the whole pipeline (FUZZ_CASES=N, ~20 min by default), then onnx-fuzz"
+	@echo "make onnx-fuzz random ONNX models through meshc against onnxruntime (ONNX_FUZZ_CASES=N, a few minutes)"
 	@echo "make artifacts compile every testdata graph into out/ (rebuilt only when an input changes)"
 	@echo "make test-mpi  the tests of meshc run --transport mpi on simulated hosts (installs Open MPI if missing)"
 	@echo "make mpi-demo  the transformer block on 2 simulated hosts x 4 devices over MPI (installs Open MPI if missing)"
@@ -102,9 +103,17 @@ onnx-proto:
 # does: FUZZ_CASES random graphs x layouts x options (about 20 minutes at the default on
 # two cores). A failure's minimised graph is written to target/fuzz-failure.txt.
 FUZZ_CASES ?= 150000
-fuzz:
+fuzz: onnx-fuzz
 	MESHC_FUZZ_CASES=$(FUZZ_CASES) MESHC_FUZZ_SAVE=$(CURDIR)/target/fuzz-failure.txt PROPTEST_MAX_SHRINK_ITERS=100000 \
 		$(TEST) --test all -- --nocapture fuzz::
+
+# Random valid ONNX models (tools/onnx_fuzz.py: seeded, of the ops meshc imports) through
+# meshc run and meshc interp against onnxruntime, in the venv of onnx-testdata; a crash or a
+# wrong result fails, its model kept under target/onnx-fuzz-failures/. About 0.5 s a case.
+ONNX_FUZZ_CASES ?= 300
+onnx-fuzz: $(ONNX_VENV)/bin/python
+	$(CARGO) build --release -p meshc
+	$(ONNX_VENV)/bin/python -W ignore tools/onnx_fuzz.py $(MESHC) --cases $(ONNX_FUZZ_CASES)
 
 # The Python package (python/: PyO3 + numpy, built by maturin from PyPI) installed into a venv
 # of its own under target/, with pytest; the tests compile artifacts with the release meshc.
