@@ -281,8 +281,44 @@ def g_noop(m):
     return m.node("Expand", [a[0], m.init(np.array(shape, np.int64))], shape, a[2], a[3])
 
 
+def g_where(m):
+    a = m.pick(floats)
+    b = m.pick(lambda v: floats(v) and v[1] == broadcast_partner(m, a[1]))
+    b = b or a
+    op = ["Greater", "Less", "Equal", "GreaterOrEqual"][m.rng.integers(4)]
+    shape = np.broadcast_shapes(a[1], b[1])
+    cond = m.node(op, [a[0], b[0]], shape, np.bool_, True)
+    return m.node("Where", [cond, b[0], a[0]], shape, tame=a[3] and b[3])
+
+
+def g_pad(m):
+    a = m.pick(lambda v: floats(v) and len(v[1]) >= 1)
+    if a is None:
+        return None
+    mode = ["constant", "reflect", "edge"][m.rng.integers(3)]
+    limit = [d - 1 if mode == "reflect" else 2 for d in a[1]] * 2
+    pads = [int(m.rng.integers(0, min(x, 2) + 1)) for x in limit]
+    r = len(a[1])
+    shape = tuple(d + pads[i] + pads[i + r] for i, d in enumerate(a[1]))
+    ins = [a[0], m.init(np.array(pads, np.int64))] + ([m.init(np.float32(1.5))] if mode == "constant" else [])
+    return m.node("Pad", ins, shape, tame=a[3], mode=mode)
+
+
+def g_int_arith(m):
+    """Integer arithmetic on a cast value, with operands past f32's exact integers."""
+    a = m.pick(lambda v: v[2] in (np.int64, np.int32))
+    if a is None:
+        return None
+    big = 1 << 40 if a[2] == np.int64 else 1 << 26
+    op = ["Add", "Sub", "Mul", "Div"][m.rng.integers(4)]
+    c = m.rng.integers(1, 7, a[1]) * m.rng.choice([1, -1], a[1])
+    if op in ("Add", "Sub"):
+        c = c + big
+    return m.node(op, [a[0], m.init(c.astype(a[2]))], a[1], a[2], False)
+
+
 GENERATORS = [g_unary, g_binary, g_binary, g_matmul, g_reduce, g_reshape, g_transpose, g_slice, g_concat, g_gather,
-              g_softmax, g_layernorm, g_conv, g_cast, g_noop]
+              g_softmax, g_layernorm, g_conv, g_cast, g_noop, g_where, g_pad, g_int_arith]
 
 
 def draw(seed):
@@ -300,16 +336,16 @@ def draw(seed):
         inputs[name] = (rng.uniform(-3, 3, shape) * scale).astype(np.float32)
         m.values.append((name, shape, np.float32, True))
     gens = [g for g in GENERATORS if m.opset >= 17 or g is not g_layernorm]
-    made = 0
+    made, want = 0, rng.integers(2, 14)
     for _ in range(200):
-        if made >= rng.integers(2, 14):
+        if made >= want:
             break
         if gens[rng.integers(len(gens))](m) is not None:
             made += 1
     # Outputs: the last value, and maybe others (intermediates later nodes read, inputs).
     outs = [m.values[-1]] + [m.values[i] for i in rng.integers(0, len(m.values), rng.integers(0, 3))]
     outs = list({v[0]: v for v in outs}.values())
-    elem = {np.float32: TensorProto.FLOAT, np.int64: TensorProto.INT64, np.int32: TensorProto.INT32}
+    elem = {np.float32: TensorProto.FLOAT, np.int64: TensorProto.INT64, np.int32: TensorProto.INT32, np.bool_: TensorProto.BOOL}
     graph = helper.make_graph(
         m.nodes,
         f"fuzz{seed}",
