@@ -163,9 +163,12 @@ pub(crate) fn npy_type(bytes: &[u8]) -> Result<TensorType> {
             "not a valid .npy file: it ends inside its header".to_string()
         }));
     }
-    // npyz quotes the whole header in some errors.
-    let npy = npyz::NpyHeader::from_reader(bytes)
-        .map_err(|e| Error::new(format!("not a valid .npy file: {}", crate::error::shorten(&e.to_string()))))?;
+    // npyz quotes the whole header in some errors, and a syntax error in it over several
+    // lines (the parser's position, the line, a caret): one line of it, shortened.
+    let npy = npyz::NpyHeader::from_reader(bytes).map_err(|e| {
+        let one_line = e.to_string().split_whitespace().collect::<Vec<_>>().join(" ");
+        Error::new(format!("not a valid .npy file: {}", crate::error::shorten(&one_line)))
+    })?;
     if npy.order() == npyz::Order::Fortran {
         return Err(Error::new("Fortran-ordered .npy arrays are not supported; save with C order"));
     }
