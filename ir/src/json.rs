@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 
 use crate::attr::{Attr, Attrs};
 use crate::dtype::{DType, TensorType};
-use crate::error::{Error, Loc, Result};
+use crate::error::{shorten, Error, Loc, Result};
 use crate::graph::{Dims, Graph, Init, Input, Node, Output, Param, ParamData};
 use crate::ops::Op;
 
@@ -51,20 +51,26 @@ fn object<'a>(v: &'a Value, what: &str) -> Result<&'a Map<String, Value>> {
 }
 
 fn string<'a>(v: &'a Value, what: &str) -> Result<&'a str> {
-    v.as_str().ok_or_else(|| Error::new(format!("{what} must be a string, found {v}")))
+    v.as_str().ok_or_else(|| Error::new(format!("{what} must be a string, found {}", shown(v))))
 }
 
 fn list<'a>(obj: &'a Map<String, Value>, key: &str, what: &str) -> Result<&'a [Value]> {
     match obj.get(key) {
         None => Ok(&[]),
         Some(Value::Array(a)) => Ok(a),
-        Some(v) => Err(Error::new(format!("\"{key}\" of {what} must be a list, found {v}"))),
+        Some(v) => Err(Error::new(format!("\"{key}\" of {what} must be a list, found {}", shown(v)))),
     }
+}
+
+/// A value from the file as an error quotes it: shortened, as names are (a 1 MB string
+/// must not become a 1 MB error line).
+fn shown(v: &Value) -> String {
+    shorten(&v.to_string()).into_owned()
 }
 
 fn check_keys(obj: &Map<String, Value>, what: &str, allowed: &[&str]) -> Result<()> {
     match obj.keys().find(|k| !allowed.contains(&k.as_str())) {
-        Some(k) => Err(Error::new(format!("{what}: unknown key \"{k}\" (allowed: {})", allowed.join(", ")))),
+        Some(k) => Err(Error::new(format!("{what}: unknown key \"{}\" (allowed: {})", shorten(k), allowed.join(", ")))),
         None => Ok(()),
     }
 }
@@ -73,7 +79,7 @@ fn check_keys(obj: &Map<String, Value>, what: &str, allowed: &[&str]) -> Result<
 fn entry_name(obj: &Map<String, Value>, section: &str, i: usize) -> Result<String> {
     match obj.get("name") {
         Some(Value::String(s)) => Ok(s.clone()),
-        Some(v) => Err(Error::new(format!("{section} #{i}: \"name\" must be a string, found {v}"))),
+        Some(v) => Err(Error::new(format!("{section} #{i}: \"name\" must be a string, found {}", shown(v)))),
         None => Err(Error::new(format!("{section} #{i} has no \"name\""))),
     }
 }
@@ -86,13 +92,13 @@ fn dtype(v: Option<&Value>, what: &str) -> Result<DType> {
 }
 
 fn shape(v: &Value, what: &str) -> Result<Vec<usize>> {
-    let bad = || Error::new(format!("{what}: \"shape\" must be a list of non-negative integers, found {v}"));
+    let bad = || Error::new(format!("{what}: \"shape\" must be a list of non-negative integers, found {}", shown(v)));
     v.as_array().ok_or_else(bad)?.iter().map(|d| d.as_u64().map(|d| d as usize).ok_or_else(bad)).collect()
 }
 
 fn dims(v: Option<&Value>, what: &str) -> Result<Option<Dims>> {
     let Some(v) = v else { return Ok(None) };
-    let bad = || Error::new(format!("{what}: \"dims\" must be a list of names or nulls, found {v}"));
+    let bad = || Error::new(format!("{what}: \"dims\" must be a list of names or nulls, found {}", shown(v)));
     v.as_array()
         .ok_or_else(bad)?
         .iter()
@@ -155,7 +161,8 @@ fn parse_init(v: &Value, what: &str) -> Result<Init> {
         }
         _ => {
             return Err(bad(format!(
-                "expected \"zeros\", \"ones\", {{\"normal\": {{...}}}} or {{\"uniform\": {{...}}}}, found {v}"
+                "expected \"zeros\", \"ones\", {{\"normal\": {{...}}}} or {{\"uniform\": {{...}}}}, found {}",
+                shown(v)
             )))
         }
     };
@@ -199,7 +206,7 @@ fn attr(v: &Value, what: &str) -> Result<Attr> {
         }
     }
     if has_object(v) {
-        return Err(Error::new(format!("{what} must be a number, string, bool, null or list, found {v}")));
+        return Err(Error::new(format!("{what} must be a number, string, bool, null or list, found {}", shown(v))));
     }
     Ok(Attr::from_json(v))
 }
