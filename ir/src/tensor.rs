@@ -350,7 +350,8 @@ impl Tensor {
         let mut all = crate::file::buffer(header_len, ".npy header").map_err(in_file)?;
         all.extend_from_slice(&prefix[..got]);
         let read_err = |e: std::io::Error| in_file(Error::new(format!("cannot read: {e}")));
-        (&mut f).take(header_len - got as u64).read_to_end(&mut all).map_err(read_err)?;
+        // A header that declares less than the prefix already read (length 0) has nothing more.
+        (&mut f).take(header_len.saturating_sub(got as u64)).read_to_end(&mut all).map_err(read_err)?;
         let ty = npy_type(&all).map_err(in_file)?;
         let want = ty.checked_size_bytes().expect("checked by npy_type") as u64;
         check_npy_size(&ty, len.saturating_sub(offset as u64), want).map_err(in_file)?;
