@@ -21,7 +21,7 @@ pub fn parse(src: &str) -> Result<Graph> {
     check_keys(top, "the graph", &["format", "name", "inputs", "params", "nodes", "outputs"])?;
     match top.get("format") {
         Some(Value::String(f)) if f == FORMAT => {}
-        Some(other) => return Err(Error::new(format!("unsupported format {other}, expected \"{FORMAT}\""))),
+        Some(other) => return Err(Error::new(format!("unsupported format {}, expected \"{FORMAT}\"", shown(other)))),
         None => return Err(Error::new(format!("missing \"format\": \"{FORMAT}\""))),
     }
     let name = match top.get("name") {
@@ -87,8 +87,9 @@ fn entry_name(obj: &Map<String, Value>, section: &str, i: usize) -> Result<Strin
 fn dtype(v: Option<&Value>, what: &str) -> Result<DType> {
     let v = v.ok_or_else(|| Error::new(format!("{what} has no \"dtype\"")))?;
     let s = string(v, &format!("\"dtype\" of {what}"))?;
-    DType::parse(s)
-        .ok_or_else(|| Error::new(format!("{what}: unknown dtype \"{s}\" (expected f32, i32, i64, bool, f16 or bf16)")))
+    DType::parse(s).ok_or_else(|| {
+        Error::new(format!("{what}: unknown dtype \"{}\" (expected f32, i32, i64, bool, f16 or bf16)", shorten(s)))
+    })
 }
 
 fn shape(v: &Value, what: &str) -> Result<Vec<usize>> {
@@ -168,7 +169,7 @@ fn parse_init(v: &Value, what: &str) -> Result<Init> {
     };
     let num = |key: &str, default: Option<f64>| -> Result<f64> {
         match args.and_then(|a| a.get(key)) {
-            Some(x) => x.as_f64().ok_or_else(|| bad(format!("\"{key}\" must be a number, found {x}"))),
+            Some(x) => x.as_f64().ok_or_else(|| bad(format!("\"{key}\" must be a number, found {}", shown(x)))),
             None => default.ok_or_else(|| bad(format!("{kind} needs \"{key}\""))),
         }
     };
@@ -192,7 +193,9 @@ fn parse_init(v: &Value, what: &str) -> Result<Init> {
             keys(&["seed", "low", "high"])?;
             Ok(Init::Uniform { seed: seed()?, low: num("low", None)?, high: num("high", None)? })
         }
-        other => Err(bad(format!("unknown initialiser \"{other}\" (expected normal, uniform, zeros or ones)"))),
+        other => {
+            Err(bad(format!("unknown initialiser \"{}\" (expected normal, uniform, zeros or ones)", shorten(other))))
+        }
     }
 }
 
