@@ -3,7 +3,7 @@ CARGO ?= cargo
 MESHC := target/release/meshc
 DEMO := testdata/transformer
 
-.PHONY: help build install uninstall test golden testdata bench demo fmt lint clean artifacts modules fuzz onnx-proto onnx-schemas onnx-testdata onnx-conformance onnx-models mpi-deps test-mpi mpi-demo python test-python
+.PHONY: help build install uninstall test golden testdata bench demo fmt lint clean artifacts modules fuzz fuzz-files onnx-fuzz onnx-proto onnx-schemas onnx-testdata onnx-conformance onnx-models mpi-deps test-mpi mpi-demo python test-python
 
 help:
 	@echo "make demo      build meshc and run the transformer-block example end to end"
@@ -19,7 +19,9 @@ help:
 	@echo "make python    build the Python package (python/, PyO3 + maturin) into a venv under target/"
 	@echo "make test-python  the pytest suite of the Python package (every testdata artifact, threads, bad inputs)"
 	@echo "make bench     run the benchmarks"
-	@echo "make fuzz      differential fuzzing of the whole pipeline (FUZZ_CASES=N, ~20 min by default)"
+	@echo "make fuzz      differential fuzzing of the whole pipeline (FUZZ_CASES=N, ~20 min by default), then onnx-fuzz"
+	@echo "make onnx-fuzz random ONNX models through meshc against onnxruntime (ONNX_FUZZ_CASES=N, a few minutes)"
+	@echo "make fuzz-files  coverage-guided fuzzing (cargo fuzz) of every file reader, FUZZ_SECONDS=N per target"
 	@echo "make artifacts compile every testdata graph into out/ (rebuilt only when an input changes)"
 	@echo "make test-mpi  the tests of meshc run --transport mpi on simulated hosts (installs Open MPI if missing)"
 	@echo "make mpi-demo  the transformer block on 2 simulated hosts x 4 devices over MPI (installs Open MPI if missing)"
@@ -102,9 +104,37 @@ onnx-proto:
 # does: FUZZ_CASES random graphs x layouts x options (about 20 minutes at the default on
 # two cores). A failure's minimised graph is written to target/fuzz-failure.txt.
 FUZZ_CASES ?= 150000
-fuzz:
+fuzz: onnx-fuzz
 	MESHC_FUZZ_CASES=$(FUZZ_CASES) MESHC_FUZZ_SAVE=$(CURDIR)/target/fuzz-failure.txt PROPTEST_MAX_SHRINK_ITERS=100000 \
 		$(TEST) --test all -- --nocapture fuzz::
+
+# Random valid ONNX models (tools/onnx_fuzz.py: seeded, of the ops meshc imports) through
+# meshc run and meshc interp against onnxruntime, in the venv of onnx-testdata; a crash or a
+# wrong result fails, its model kept under target/onnx-fuzz-failures/. About 0.5 s a case.
+ONNX_FUZZ_CASES ?= 300
+onnx-fuzz: $(ONNX_VENV)/bin/python
+	$(CARGO) build --release -p meshc
+	$(ONNX_VENV)/bin/python -W ignore tools/onnx_fuzz.py $(MESHC) --cases $(ONNX_FUZZ_CASES)
+
+# Coverage-guided fuzzing of the readers of every file a user hands meshc (fuzz/: cargo fuzz
+# and libFuzzer; a project of its own, outside the workspace): FUZZ_SECONDS per target, each
+# input bounded to 10 s and 2 GB. cargo fuzz passes nightly flags (-Zsanitizer=address), which
+# RUSTC_BOOTSTRAP=1 lets the stable toolchain take. The corpora are seeded from testdata/
+# (tools/fuzz_seeds.sh). A crash is kept in fuzz/artifacts/TARGET/; minimised (cargo fuzz tmin)
+# it belongs in testdata/fuzz-regressions/TARGET/, which make test replays (tests/all/fuzz_files.rs).
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := onnx_import safetensors checkpoint_index npy text_graph json_graph artifact
+CARGO_FUZZ := cd fuzz && RUSTC_BOOTSTRAP=1 $(CARGO) fuzz
+fuzz-files: $(MESHC)
+	@$(CARGO) fuzz --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-fuzz
+	tools/fuzz_seeds.sh
+	$(CARGO_FUZZ) build
+	@failed=""; for t in $(FUZZ_TARGETS); do \
+		echo "--- fuzz target $$t, $(FUZZ_SECONDS) s"; \
+		( $(CARGO_FUZZ) run $$t -- -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 ) \
+			|| failed="$$failed $$t"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "fuzz targets that failed:$$failed (inputs in fuzz/artifacts/)"; exit 1; fi
 
 # The Python package (python/: PyO3 + numpy, built by maturin from PyPI) installed into a venv
 # of its own under target/, with pytest; the tests compile artifacts with meshc.compile (the

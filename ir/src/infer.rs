@@ -514,23 +514,25 @@ fn attention(node: &Node, ops: &[Operand]) -> R<Inferred> {
 
 /// Parses `"ab,bc->ac"` into operand letter lists and the output letters.
 pub fn parse_equation(eq: &str, n_ops: usize) -> R<(Vec<Vec<char>>, Vec<char>)> {
+    // Quoted shortened: an equation holding quotes defeats the shortening of quoted names.
+    let q = crate::error::shorten(eq);
     let (lhs, out) =
-        eq.split_once("->").ok_or_else(|| format!("einsum equation '{eq}' needs an explicit '->' output"))?;
+        eq.split_once("->").ok_or_else(|| format!("einsum equation '{q}' needs an explicit '->' output"))?;
     let terms: Vec<Vec<char>> = lhs.split(',').map(|t| t.trim().chars().collect()).collect();
     let out: Vec<char> = out.trim().chars().collect();
     if terms.len() != n_ops {
         return Err(format!(
-            "einsum equation '{eq}' has {} operand terms but the node has {n_ops} operands",
+            "einsum equation '{q}' has {} operand terms but the node has {n_ops} operands",
             terms.len()
         ));
     }
     for t in terms.iter().chain(std::iter::once(&out)) {
         if let Some(c) = t.iter().find(|c| !c.is_ascii_alphabetic()) {
-            return Err(format!("einsum equation '{eq}': unsupported character '{c}' (letters only)"));
+            return Err(format!("einsum equation '{q}': unsupported character '{c}' (letters only)"));
         }
         for (i, c) in t.iter().enumerate() {
             if t[..i].contains(c) {
-                return Err(format!("einsum equation '{eq}': letter '{c}' repeats within one term"));
+                return Err(format!("einsum equation '{q}': letter '{c}' repeats within one term"));
             }
         }
     }

@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 
 use crate::attr::{Attr, Attrs};
 use crate::dtype::{DType, TensorType};
-use crate::error::{Error, Loc, Result};
+use crate::error::{shorten, Error, Loc, Result};
 use crate::graph::{Dims, Graph, Init, Input, Node, Output, Param, ParamData};
 use crate::ops::Op;
 
@@ -21,7 +21,7 @@ pub fn parse(src: &str) -> Result<Graph> {
     check_keys(top, "the graph", &["format", "name", "inputs", "params", "nodes", "outputs"])?;
     match top.get("format") {
         Some(Value::String(f)) if f == FORMAT => {}
-        Some(other) => return Err(Error::new(format!("unsupported format {other}, expected \"{FORMAT}\""))),
+        Some(other) => return Err(Error::new(format!("unsupported format {}, expected \"{FORMAT}\"", shown(other)))),
         None => return Err(Error::new(format!("missing \"format\": \"{FORMAT}\""))),
     }
     let name = match top.get("name") {
@@ -51,20 +51,26 @@ fn object<'a>(v: &'a Value, what: &str) -> Result<&'a Map<String, Value>> {
 }
 
 fn string<'a>(v: &'a Value, what: &str) -> Result<&'a str> {
-    v.as_str().ok_or_else(|| Error::new(format!("{what} must be a string, found {v}")))
+    v.as_str().ok_or_else(|| Error::new(format!("{what} must be a string, found {}", shown(v))))
 }
 
 fn list<'a>(obj: &'a Map<String, Value>, key: &str, what: &str) -> Result<&'a [Value]> {
     match obj.get(key) {
         None => Ok(&[]),
         Some(Value::Array(a)) => Ok(a),
-        Some(v) => Err(Error::new(format!("\"{key}\" of {what} must be a list, found {v}"))),
+        Some(v) => Err(Error::new(format!("\"{key}\" of {what} must be a list, found {}", shown(v)))),
     }
+}
+
+/// A value from the file as an error quotes it: shortened, as names are (a 1 MB string
+/// must not become a 1 MB error line).
+fn shown(v: &Value) -> String {
+    shorten(&v.to_string()).into_owned()
 }
 
 fn check_keys(obj: &Map<String, Value>, what: &str, allowed: &[&str]) -> Result<()> {
     match obj.keys().find(|k| !allowed.contains(&k.as_str())) {
-        Some(k) => Err(Error::new(format!("{what}: unknown key \"{k}\" (allowed: {})", allowed.join(", ")))),
+        Some(k) => Err(Error::new(format!("{what}: unknown key \"{}\" (allowed: {})", shorten(k), allowed.join(", ")))),
         None => Ok(()),
     }
 }
@@ -73,7 +79,7 @@ fn check_keys(obj: &Map<String, Value>, what: &str, allowed: &[&str]) -> Result<
 fn entry_name(obj: &Map<String, Value>, section: &str, i: usize) -> Result<String> {
     match obj.get("name") {
         Some(Value::String(s)) => Ok(s.clone()),
-        Some(v) => Err(Error::new(format!("{section} #{i}: \"name\" must be a string, found {v}"))),
+        Some(v) => Err(Error::new(format!("{section} #{i}: \"name\" must be a string, found {}", shown(v)))),
         None => Err(Error::new(format!("{section} #{i} has no \"name\""))),
     }
 }
@@ -81,18 +87,19 @@ fn entry_name(obj: &Map<String, Value>, section: &str, i: usize) -> Result<Strin
 fn dtype(v: Option<&Value>, what: &str) -> Result<DType> {
     let v = v.ok_or_else(|| Error::new(format!("{what} has no \"dtype\"")))?;
     let s = string(v, &format!("\"dtype\" of {what}"))?;
-    DType::parse(s)
-        .ok_or_else(|| Error::new(format!("{what}: unknown dtype \"{s}\" (expected f32, i32, i64, bool, f16 or bf16)")))
+    DType::parse(s).ok_or_else(|| {
+        Error::new(format!("{what}: unknown dtype \"{}\" (expected f32, i32, i64, bool, f16 or bf16)", shorten(s)))
+    })
 }
 
 fn shape(v: &Value, what: &str) -> Result<Vec<usize>> {
-    let bad = || Error::new(format!("{what}: \"shape\" must be a list of non-negative integers, found {v}"));
+    let bad = || Error::new(format!("{what}: \"shape\" must be a list of non-negative integers, found {}", shown(v)));
     v.as_array().ok_or_else(bad)?.iter().map(|d| d.as_u64().map(|d| d as usize).ok_or_else(bad)).collect()
 }
 
 fn dims(v: Option<&Value>, what: &str) -> Result<Option<Dims>> {
     let Some(v) = v else { return Ok(None) };
-    let bad = || Error::new(format!("{what}: \"dims\" must be a list of names or nulls, found {v}"));
+    let bad = || Error::new(format!("{what}: \"dims\" must be a list of names or nulls, found {}", shown(v)));
     v.as_array()
         .ok_or_else(bad)?
         .iter()
@@ -155,13 +162,14 @@ fn parse_init(v: &Value, what: &str) -> Result<Init> {
         }
         _ => {
             return Err(bad(format!(
-                "expected \"zeros\", \"ones\", {{\"normal\": {{...}}}} or {{\"uniform\": {{...}}}}, found {v}"
+                "expected \"zeros\", \"ones\", {{\"normal\": {{...}}}} or {{\"uniform\": {{...}}}}, found {}",
+                shown(v)
             )))
         }
     };
     let num = |key: &str, default: Option<f64>| -> Result<f64> {
         match args.and_then(|a| a.get(key)) {
-            Some(x) => x.as_f64().ok_or_else(|| bad(format!("\"{key}\" must be a number, found {x}"))),
+            Some(x) => x.as_f64().ok_or_else(|| bad(format!("\"{key}\" must be a number, found {}", shown(x)))),
             None => default.ok_or_else(|| bad(format!("{kind} needs \"{key}\""))),
         }
     };
@@ -185,7 +193,9 @@ fn parse_init(v: &Value, what: &str) -> Result<Init> {
             keys(&["seed", "low", "high"])?;
             Ok(Init::Uniform { seed: seed()?, low: num("low", None)?, high: num("high", None)? })
         }
-        other => Err(bad(format!("unknown initialiser \"{other}\" (expected normal, uniform, zeros or ones)"))),
+        other => {
+            Err(bad(format!("unknown initialiser \"{}\" (expected normal, uniform, zeros or ones)", shorten(other))))
+        }
     }
 }
 
@@ -199,7 +209,7 @@ fn attr(v: &Value, what: &str) -> Result<Attr> {
         }
     }
     if has_object(v) {
-        return Err(Error::new(format!("{what} must be a number, string, bool, null or list, found {v}")));
+        return Err(Error::new(format!("{what} must be a number, string, bool, null or list, found {}", shown(v))));
     }
     Ok(Attr::from_json(v))
 }

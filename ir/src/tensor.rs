@@ -163,9 +163,12 @@ pub(crate) fn npy_type(bytes: &[u8]) -> Result<TensorType> {
             "not a valid .npy file: it ends inside its header".to_string()
         }));
     }
-    // npyz quotes the whole header in some errors.
-    let npy = npyz::NpyHeader::from_reader(bytes)
-        .map_err(|e| Error::new(format!("not a valid .npy file: {}", crate::error::shorten(&e.to_string()))))?;
+    // npyz quotes the whole header in some errors, and a syntax error in it over several
+    // lines (the parser's position, the line, a caret): one line of it, shortened.
+    let npy = npyz::NpyHeader::from_reader(bytes).map_err(|e| {
+        let one_line = e.to_string().split_whitespace().collect::<Vec<_>>().join(" ");
+        Error::new(format!("not a valid .npy file: {}", crate::error::shorten(&one_line)))
+    })?;
     if npy.order() == npyz::Order::Fortran {
         return Err(Error::new("Fortran-ordered .npy arrays are not supported; save with C order"));
     }
@@ -347,7 +350,8 @@ impl Tensor {
         let mut all = crate::file::buffer(header_len, ".npy header").map_err(in_file)?;
         all.extend_from_slice(&prefix[..got]);
         let read_err = |e: std::io::Error| in_file(Error::new(format!("cannot read: {e}")));
-        (&mut f).take(header_len - got as u64).read_to_end(&mut all).map_err(read_err)?;
+        // A header that declares less than the prefix already read (length 0) has nothing more.
+        (&mut f).take(header_len.saturating_sub(got as u64)).read_to_end(&mut all).map_err(read_err)?;
         let ty = npy_type(&all).map_err(in_file)?;
         let want = ty.checked_size_bytes().expect("checked by npy_type") as u64;
         check_npy_size(&ty, len.saturating_sub(offset as u64), want).map_err(in_file)?;

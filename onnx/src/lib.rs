@@ -82,11 +82,23 @@ pub fn import(
     consts: &BTreeMap<String, Tensor>,
 ) -> meshc_ir::Result<Imported> {
     let file = path.display().to_string();
-    let in_file = |e: meshc_ir::Error| e.in_file(&file);
-    let bytes = file::read(path, MAX_MODEL_BYTES, "ONNX model").map_err(in_file)?;
-    let model = proto::ModelProto::decode(&bytes[..])
-        .map_err(|e| in_file(meshc_ir::Error::new(format!("not a valid ONNX model: {e}"))))?;
+    let bytes = file::read(path, MAX_MODEL_BYTES, "ONNX model").map_err(|e| e.in_file(&file))?;
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    import_bytes(&bytes, &file, dir, dims, consts)
+}
+
+/// `import` of a model's bytes already read, which errors call `file`; external data is read
+/// relative to `dir`. The fuzz targets (fuzz/) feed it bytes without a file per case.
+pub fn import_bytes(
+    bytes: &[u8],
+    file: &str,
+    dir: &Path,
+    dims: &BTreeMap<String, usize>,
+    consts: &BTreeMap<String, Tensor>,
+) -> meshc_ir::Result<Imported> {
+    let in_file = |e: meshc_ir::Error| e.in_file(file);
+    let model = proto::ModelProto::decode(bytes)
+        .map_err(|e| in_file(meshc_ir::Error::new(format!("not a valid ONNX model: {e}"))))?;
     let (graph, params) = import::import(&model, dims, consts, dir).map_err(|e| in_file(meshc_ir::Error::new(e)))?;
     let info = verify::verify(&graph).map_err(in_file)?;
     Ok(Imported { graph, info, params })

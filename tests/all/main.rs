@@ -16,6 +16,7 @@ mod embed;
 mod epilogue;
 mod explain;
 mod fuzz;
+mod fuzz_files;
 mod golden;
 mod grad;
 mod hosts;
