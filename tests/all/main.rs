@@ -40,3 +40,4 @@ mod run_stats;
 mod signing;
 mod train;
 mod transposed;
+mod trust;

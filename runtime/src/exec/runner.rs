@@ -53,9 +53,9 @@ pub enum Code {
     InProcess(Box<dyn KernelTable>),
 }
 
-/// The weights a loaded program reads: the artifact's weights section where the artifact
-/// is mapped (the `Loaded` keeps the mapping alive; several `Loaded` of one artifact share
-/// it), or an aligned copy from an in-memory compile.
+/// The weights a loaded program reads: the artifact's weights section, in the memory the
+/// artifact was read into (the `Loaded` keeps it alive; several `Loaded` of one artifact
+/// share it), or an aligned copy from an in-memory compile.
 pub enum Weights {
     Artifact(Arc<Artifact>),
     Owned(AlignedBuf),

@@ -10,8 +10,8 @@
 //! pieces, so that the runner may call it once per part on several threads at once; `(0, 1)`
 //! always means the whole work. A kernel returns 0, or a non-zero status the runner turns
 //! into an error. Kernels embed no absolute address and call only functions of their own
-//! code section, PC-relative, so the section runs wherever it is mapped: straight from the
-//! artifact file, with no relocation step.
+//! code section, PC-relative, so the section runs wherever it is copied, with no
+//! relocation step.
 
 /// The signature of every generated kernel.
 pub type KernelFn = unsafe extern "C" fn(bufs: *const *mut u8, part: usize, parts: usize) -> u32;
