@@ -19,6 +19,9 @@ pub type KernelFn = unsafe extern "C" fn(bufs: *const *mut u8, part: usize, part
 /// Status a kernel returns when a gather index is out of range.
 pub const STATUS_INDEX_OUT_OF_RANGE: u32 = 1;
 
+/// Status a kernel returns when an integer divisor is zero (the division would trap).
+pub const STATUS_DIVISION_BY_ZERO: u32 = 2;
+
 /// CPU features a target may require; recorded in the artifact and checked by the runner.
 pub const KNOWN_FEATURES: &[&str] =
     &["sse3", "ssse3", "sse4.1", "sse4.2", "popcnt", "avx", "avx2", "fma", "bmi1", "bmi2", "lzcnt"];
