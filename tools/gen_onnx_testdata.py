@@ -701,6 +701,26 @@ def bad():
     # Its input alone would be 64 GiB: onnxruntime cannot be given one to show it fails.
     big = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2**17, 2**17])
     write("eyelike-huge", [helper.make_node("EyeLike", ["x"], ["y"], name="eye")], inputs=[big])
+    # Graphs nested 200 deep through If's then_branch: past prost's recursion limit, whose
+    # error once named every level (a 2 KB line). Written as raw protobuf: the Python
+    # protobuf library refuses to build messages this deep.
+    def varint(n):
+        out = b""
+        while True:
+            low, n = n & 0x7F, n >> 7
+            if not n:
+                return out + bytes([low])
+            out += bytes([low | 0x80])
+
+    def field(number, payload):
+        return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+    g = b""
+    for _ in range(200):
+        attr = field(1, b"then_branch") + field(6, g) + varint(20 << 3) + varint(onnx.AttributeProto.GRAPH)
+        g = field(1, field(4, b"If") + field(5, attr))
+    with open(os.path.join(d, "onnx-deeply-nested.onnx"), "wb") as f:
+        f.write(varint(1 << 3) + varint(8) + field(7, g))
 
 
 if __name__ == "__main__":
