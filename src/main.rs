@@ -468,7 +468,17 @@ fn base_dir(graph: &Path) -> &Path {
 fn load_params(g: &Graph, graph: &Path) -> Result<(HashMap<String, Tensor>, WeightFiles)> {
     let mut files = WeightFiles::new(base_dir(graph));
     let params = params::load_all_from(g, &mut files).map_err(|e| e.in_file(graph.display().to_string()))?;
+    warn_nan_params(g, &params::Params::from(&params), graph)?;
     Ok((params, files))
+}
+
+/// A warning line on stderr for each float param holding NaN (`params::nan_warnings`):
+/// `check`, `interp`, `compile` and `run` of a graph say the same.
+fn warn_nan_params(g: &Graph, params: &params::Params, graph: &Path) -> Result<()> {
+    for w in params::nan_warnings(g, params).map_err(|e| e.in_file(graph.display().to_string()))? {
+        eprintln!("warning: {}: {}", graph.display(), meshc_ir::error::shorten(&w));
+    }
+    Ok(())
 }
 
 /// A graph as the commands take it: a graph file, whose params are read from their
@@ -566,10 +576,16 @@ struct StageLine {
 
 fn check(path: &Path, layout: Option<&Path>, onnx: &OnnxArgs, as_json: bool) -> Result<()> {
     let GraphIn { graph: g, info, imported } = load_graph(path, onnx)?;
-    if imported.is_none() {
-        let mut files = WeightFiles::new(base_dir(path));
-        params::check_all(&g, &mut files).map_err(|e| e.in_file(path.display().to_string()))?;
-    }
+    let in_graph = |e: meshc_ir::Error| e.in_file(path.display().to_string());
+    let mut files = WeightFiles::new(base_dir(path));
+    let params = match &imported {
+        Some(p) => params::Params::from(p),
+        None => {
+            params::check_all(&g, &mut files).map_err(in_graph)?;
+            params::Params::lazy(&g, &files).map_err(in_graph)?
+        }
+    };
+    warn_nan_params(&g, &params, path)?;
     let tensor = |name: &str, ty: &TensorType, dims: Option<&meshc_ir::graph::Dims>| TensorLine {
         name: name.to_string(),
         ty: ty.clone(),
@@ -726,7 +742,10 @@ fn interp(path: &Path, io: &Io, onnx: &OnnxArgs) -> Result<()> {
     let GraphIn { graph: g, info, imported } = load_graph(path, onnx)?;
     let mut values = read_inputs(&graph_inputs(&g), &io.inputs)?;
     values.extend(match imported {
-        Some(p) => p,
+        Some(p) => {
+            warn_nan_params(&g, &params::Params::from(&p), path)?;
+            p
+        }
         None => load_params(&g, path)?.0,
     });
     let names: Vec<&str> = g.outputs.iter().map(|o| o.name.as_str()).collect();
@@ -845,6 +864,7 @@ fn compile_graph(
             params::Params::lazy(&g, &files).map_err(in_graph)?
         }
     };
+    warn_nan_params(&g, &params, path)?;
     let pilot = pilot.map(|p| p.config(&g)).transpose()?.flatten();
     let opts = compile::Options { emit, ..args.options() };
     let compiled = driver::Job::new(&g, &info, params, &opts)

@@ -167,3 +167,43 @@ fn integer_division_is_exact_and_a_zero_divisor_is_an_error_naming_the_node() {
         assert!(r.stderr.contains("node 'q': integer division by zero"), "{cmd}: {r:?}");
     }
 }
+
+/// A NaN in a weights file is valid (onnxruntime runs such a model), so it is not refused,
+/// but `check`, `interp`, `compile` and `run` each warn in one line naming the param and
+/// counting; a trained param (`--loss`) holding NaN or infinity is refused.
+#[test]
+fn nan_params_are_reported_and_trained_ones_must_be_finite() {
+    let tmp = scratch("trust-nan");
+    let w = tmp.join("w.npy");
+    let mut v = vec![0.5f32; 12];
+    v[3] = f32::NAN;
+    v[7] = f32::NEG_INFINITY;
+    Tensor::f32(vec![3, 4], v).write_npy(&w).unwrap();
+    let g = tmp.join("g.txt");
+    std::fs::write(
+        &g,
+        "graph g {\n  input x: f32[2, 3]\n  param w: f32[3, 4] = file(\"w.npy\")\n  y = matmul(x, w)\n  l = reduce_sum(y)\n  output y, l\n}\n",
+    )
+    .unwrap();
+    let x = tmp.join("x.npy");
+    Tensor::f32(vec![2, 3], vec![1.0; 6]).write_npy(&x).unwrap();
+    let (g, xa) = (g.display().to_string(), format!("x={}", x.display()));
+    let art = tmp.join("g.mshc").display().to_string();
+    let want = format!("warning: {g}: param 'w' holds 1 NaN and 1 infinite values of 12\n");
+    for args in [
+        vec!["check", &g],
+        vec!["interp", &g, "--input", &xa],
+        vec!["compile", &g, "-o", &art],
+        vec!["run", &g, "--input", &xa],
+    ] {
+        let r = meshc(&args);
+        assert_eq!(r.status, Some(0), "{args:?}: {r:?}");
+        assert!(r.stderr.starts_with(&want), "{args:?}: {r:?}");
+    }
+    let r = meshc(&["compile", &g, "--loss", "l", "--optimizer", "sgd:0.1", "-o", &art]);
+    assert_eq!(r.status, Some(1), "{r:?}");
+    assert!(
+        r.stderr.ends_with("param 'w' is trained (--wrt) but holds 1 NaN and 1 infinite values of 12: every update would spread them\n"),
+        "{r:?}"
+    );
+}
