@@ -207,3 +207,18 @@ fn nan_params_are_reported_and_trained_ones_must_be_finite() {
         "{r:?}"
     );
 }
+
+/// The artifact runtime/tests/meshc_run.rs runs is what meshc compiles today from its
+/// graph: a change of the format or of code generation shows here first, with the command
+/// that brings the file up to date.
+#[test]
+fn the_artifact_meshc_run_is_tested_on_is_current() {
+    let tmp = scratch("trust-meshc-run");
+    let art = tmp.join("small.mshc");
+    let r = meshc(&["compile", "testdata/meshc_run/graph.txt", "--target", "x86-64-v2", "-o", art.to_str().unwrap()]);
+    assert_eq!(r.status, Some(0), "{r:?}");
+    assert!(
+        std::fs::read(&art).unwrap() == std::fs::read("testdata/meshc_run/small.mshc").unwrap(),
+        "testdata/meshc_run/small.mshc is stale: meshc compile testdata/meshc_run/graph.txt --target x86-64-v2 -o testdata/meshc_run/small.mshc"
+    );
+}
