@@ -472,6 +472,27 @@ fn load_params(g: &Graph, graph: &Path) -> Result<(HashMap<String, Tensor>, Weig
     Ok((params, files))
 }
 
+/// The params of `g` as `check` and `compile` read them: an imported model's values, or
+/// the graph's weight files opened and checked against the declarations (their data left
+/// in the files); a warning for each that holds NaN.
+fn graph_params<'a>(
+    g: &Graph,
+    imported: Option<&'a HashMap<String, Tensor>>,
+    files: &'a mut WeightFiles,
+    graph: &Path,
+) -> Result<params::Params<'a>> {
+    let in_graph = |e: meshc_ir::Error| e.in_file(graph.display().to_string());
+    let params = match imported {
+        Some(p) => params::Params::from(p),
+        None => {
+            params::open_files(g, files).map_err(in_graph)?;
+            params::Params::lazy(g, &*files).map_err(in_graph)?
+        }
+    };
+    warn_nan_params(g, &params, graph)?;
+    Ok(params)
+}
+
 /// A warning line on stderr for each float param holding NaN (`params::nan_warnings`):
 /// `check`, `interp`, `compile` and `run` of a graph say the same.
 fn warn_nan_params(g: &Graph, params: &params::Params, graph: &Path) -> Result<()> {
@@ -576,16 +597,8 @@ struct StageLine {
 
 fn check(path: &Path, layout: Option<&Path>, onnx: &OnnxArgs, as_json: bool) -> Result<()> {
     let GraphIn { graph: g, info, imported } = load_graph(path, onnx)?;
-    let in_graph = |e: meshc_ir::Error| e.in_file(path.display().to_string());
     let mut files = WeightFiles::new(base_dir(path));
-    let params = match &imported {
-        Some(p) => params::Params::from(p),
-        None => {
-            params::check_all(&g, &mut files).map_err(in_graph)?;
-            params::Params::lazy(&g, &files).map_err(in_graph)?
-        }
-    };
-    warn_nan_params(&g, &params, path)?;
+    graph_params(&g, imported.as_ref(), &mut files, path)?;
     let tensor = |name: &str, ty: &TensorType, dims: Option<&meshc_ir::graph::Dims>| TensorLine {
         name: name.to_string(),
         ty: ty.clone(),
@@ -857,14 +870,7 @@ fn compile_graph(
     }
     // File-backed weights stay in their files until code generation reads each
     // into the weights section.
-    let params = match &imported {
-        Some(p) => params::Params::from(p),
-        None => {
-            params::open_files(&g, &mut files).map_err(in_graph)?;
-            params::Params::lazy(&g, &files).map_err(in_graph)?
-        }
-    };
-    warn_nan_params(&g, &params, path)?;
+    let params = graph_params(&g, imported.as_ref(), &mut files, path)?;
     let pilot = pilot.map(|p| p.config(&g)).transpose()?.flatten();
     let opts = compile::Options { emit, ..args.options() };
     let compiled = driver::Job::new(&g, &info, params, &opts)

@@ -175,13 +175,6 @@ pub fn open_files(g: &Graph, files: &mut WeightFiles) -> Result<()> {
     Ok(())
 }
 
-/// Checks every param of `g` as `load_all` would, without copying file-backed data: their
-/// headers are read and their types compared, so a checkpoint of gigabytes checks at once.
-pub fn check_all(g: &Graph, files: &mut WeightFiles) -> Result<()> {
-    open_files(g, files)?;
-    Params::lazy(g, files).map(drop)
-}
-
 /// The values of a graph's params as the compiler reads them: tensors already loaded
 /// (inline values, initialisers, pruned weights — anything in `loaded`), else views of
 /// the open weight files, turned into a tensor only where one is needed. A weight that
