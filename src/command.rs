@@ -171,6 +171,36 @@ pub fn base_dir(graph: &Path) -> &Path {
     graph.parent().unwrap_or(Path::new("."))
 }
 
+/// The params of `g` as `check` and `compile` read them: an imported model's values, or
+/// the graph's weight files opened and checked against the declarations (their data left
+/// in the files); a warning for each that holds NaN.
+pub fn graph_params<'a>(
+    g: &Graph,
+    imported: Option<&'a HashMap<String, Tensor>>,
+    files: &'a mut WeightFiles,
+    graph: &Path,
+) -> Result<params::Params<'a>> {
+    let in_graph = |e: meshc_ir::Error| e.in_file(graph.display().to_string());
+    let params = match imported {
+        Some(p) => params::Params::from(p),
+        None => {
+            params::open_files(g, files).map_err(in_graph)?;
+            params::Params::lazy(g, &*files).map_err(in_graph)?
+        }
+    };
+    warn_nan_params(g, &params, graph)?;
+    Ok(params)
+}
+
+/// A warning line on stderr for each float param holding NaN (`params::nan_warnings`):
+/// `check`, `interp`, `compile` and `run` of a graph say the same.
+pub fn warn_nan_params(g: &Graph, params: &params::Params, graph: &Path) -> Result<()> {
+    for w in params::nan_warnings(g, params).map_err(|e| e.in_file(graph.display().to_string()))? {
+        eprintln!("warning: {}: {}", graph.display(), meshc_ir::error::shorten(&w));
+    }
+    Ok(())
+}
+
 /// A graph as the commands take it: a graph file, whose params are read from their
 /// sources, or an ONNX model imported in memory, with its params' values; with ranged
 /// `--dim`s, the graph as written and its symbolic shapes (`check` and `interp` only).
@@ -341,13 +371,7 @@ pub fn compile_graph(
     }
     // File-backed weights stay in their files until code generation reads each
     // into the weights section.
-    let params = match &imported {
-        Some(p) => params::Params::from(p),
-        None => {
-            params::open_files(&g, &mut files).map_err(in_graph)?;
-            params::Params::lazy(&g, &files).map_err(in_graph)?
-        }
-    };
+    let params = graph_params(&g, imported.as_ref(), &mut files, path)?;
     let pilot = pilot.map(|p| p.config(&g)).transpose()?.flatten();
     let opts = compile::Options { emit, ..args.options() };
     let compiled = driver::Job::new(&g, &info, params, &opts)

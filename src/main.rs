@@ -8,8 +8,8 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use meshc::command::{
-    base_dir, compile_cmd, compile_graph, compile_in_memory, load_graph, load_graph_sym, CodegenArgs, GraphIn,
-    OnnxArgs, PilotArgs,
+    base_dir, compile_cmd, compile_graph, compile_in_memory, graph_params, load_graph, load_graph_sym, warn_nan_params,
+    CodegenArgs, GraphIn, OnnxArgs, PilotArgs,
 };
 use meshc::pipeline::{Dumps, Format as DumpFormat, Instrument};
 use meshc::{compile, driver};
@@ -344,6 +344,7 @@ fn explain(path: &Path, layout: &Path, json: bool, onnx: &OnnxArgs) -> Result<()
 fn load_params(g: &Graph, graph: &Path) -> Result<(HashMap<String, Tensor>, WeightFiles)> {
     let mut files = WeightFiles::new(base_dir(graph));
     let params = params::load_all_from(g, &mut files).map_err(|e| e.in_file(graph.display().to_string()))?;
+    warn_nan_params(g, &params::Params::from(&params), graph)?;
     Ok((params, files))
 }
 
@@ -469,10 +470,8 @@ fn check(path: &Path, layout: Option<&Path>, onnx: &OnnxArgs, as_json: bool) -> 
             l.display()
         );
     }
-    if imported.is_none() {
-        let mut files = WeightFiles::new(base_dir(path));
-        params::check_all(&g, &mut files).map_err(|e| e.in_file(path.display().to_string()))?;
-    }
+    let mut files = WeightFiles::new(base_dir(path));
+    graph_params(&g, imported.as_ref(), &mut files, path)?;
     let tensor = |name: &str, ty: &TensorType, dims: Option<&meshc_ir::graph::Dims>| TensorLine {
         name: name.to_string(),
         ty: ty.clone(),
@@ -685,7 +684,10 @@ fn interp(path: &Path, io: &Io, onnx: &OnnxArgs) -> Result<()> {
     };
     let mut values = read_inputs(&graph_inputs(&g), &io.inputs)?;
     values.extend(match imported {
-        Some(p) => p,
+        Some(p) => {
+            warn_nan_params(&g, &params::Params::from(&p), path)?;
+            p
+        }
         None => load_params(&g, path)?.0,
     });
     let names: Vec<&str> = g.outputs.iter().map(|o| o.name.as_str()).collect();

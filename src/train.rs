@@ -6,7 +6,7 @@
 use std::borrow::Cow;
 use std::path::{Component, Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use meshc_ir::grad::{grad, select_wrt};
 use meshc_ir::loss;
 use meshc_ir::optim::{train_step, Optimizer};
@@ -129,7 +129,18 @@ pub fn step(
     for name in &state {
         let at = tg.params.iter().position(|p| &p.name == name).expect("train_step makes every state tensor a param");
         let p = tg.params.remove(at);
-        init.tensors.insert(name.clone(), value(&p)?);
+        let t = value(&p)?;
+        // Finite where it is required: a trained param's NaN or infinity would reach every
+        // gradient and update, and the whole state within a step.
+        if chosen.contains(name) {
+            if let Some(what) = meshc_ir::params::non_finite(&t) {
+                bail!(
+                    "param '{}' is trained (--wrt) but holds {what}: every update would spread them",
+                    meshc_ir::error::shorten(name)
+                );
+            }
+        }
+        init.tensors.insert(name.clone(), t);
         tg.inputs.push(Input { name: p.name, ty: p.ty, dims: p.dims, loc: p.loc });
     }
     let info = verify::verify(&tg).context("the training step does not verify (a meshc bug)")?;

@@ -527,23 +527,31 @@ def numerics():
     of [1000, 0, −1000] ([0, −1000, −2000], not −inf) and a SoftmaxCrossEntropyLoss through
     it (finite); Slice with a negative step from a start before −dim (clamped to 0: the
     first element, not nothing); Pad in wrap mode with a negative pad (the crop comes
-    first, and the wrap repeats what is left)."""
+    first, and the wrap repeats what is left); a Cast to FLOAT16 (and back), rounded to
+    nearest even and infinite beyond 65504 (1e30 is inf, not 1e30); integer Div, exact and
+    truncating (2^40 + 1 over 3 is not computed in f32)."""
     r = np.random.default_rng(9)
     f = TensorProto.FLOAT
     x = helper.make_tensor_value_info("x", f, ["batch", 6])
     labels = helper.make_tensor_value_info("labels", TensorProto.INT64, ["batch"])
     shapes = {"softplus": ["batch", 6], "mish": ["batch", 6], "log_softmax": ["batch", 6], "loss": [],
-              "log_prob": ["batch", 6], "first": ["batch", 1], "wrap_end": ["batch", 7], "wrap_begin": ["batch", 5]}
+              "log_prob": ["batch", 6], "first": ["batch", 1], "wrap_end": ["batch", 7], "wrap_begin": ["batch", 5],
+              "half": ["batch", 6]}
     outs = [helper.make_tensor_value_info(o, f, s) for o, s in shapes.items()]
+    outs.append(helper.make_tensor_value_info("quotient", TensorProto.INT64, [4]))
     n = [helper.make_node("Softplus", ["x"], ["softplus"], name="softplus"),
          helper.make_node("Mish", ["x"], ["mish"], name="mish"),
          helper.make_node("LogSoftmax", ["x"], ["log_softmax"], name="log_softmax", axis=1),
          helper.make_node("SoftmaxCrossEntropyLoss", ["x", "labels"], ["loss", "log_prob"], name="sce"),
          helper.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["first"], name="slice"),
          helper.make_node("Pad", ["x", "pads_end"], ["wrap_end"], name="wrap_end", mode="wrap"),
-         helper.make_node("Pad", ["x", "pads_begin"], ["wrap_begin"], name="wrap_begin", mode="wrap")]
+         helper.make_node("Pad", ["x", "pads_begin"], ["wrap_begin"], name="wrap_begin", mode="wrap"),
+         helper.make_node("Cast", ["x"], ["x_f16"], name="to_f16", to=TensorProto.FLOAT16),
+         helper.make_node("Cast", ["x_f16"], ["half"], name="from_f16", to=TensorProto.FLOAT),
+         helper.make_node("Div", ["dividend", "divisor"], ["quotient"], name="int_div")]
     inits = [ints("starts", [-10]), ints("ends", [-100]), ints("axes", [1]), ints("steps", [-1]),
-             ints("pads_end", [0, -1, 0, 2]), ints("pads_begin", [0, 2, 0, -3])]
+             ints("pads_end", [0, -1, 0, 2]), ints("pads_begin", [0, 2, 0, -3]),
+             ints("dividend", [2**40 + 1, -7, 7, 9]), ints("divisor", [3, 2, -2, -4])]
     g = helper.make_graph(n, "numerics", [x, labels], outs, inits)
     xv = np.array([[1000.0, 0.0, -1000.0, 100.0, 89.0, -100.0],
                    [20.0, -20.0, 0.5, -0.5, 88.5, 30.0],
@@ -694,6 +702,26 @@ def bad():
     # Its input alone would be 64 GiB: onnxruntime cannot be given one to show it fails.
     big = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2**17, 2**17])
     write("eyelike-huge", [helper.make_node("EyeLike", ["x"], ["y"], name="eye")], inputs=[big])
+    # Graphs nested 200 deep through If's then_branch: past prost's recursion limit, whose
+    # error once named every level (a 2 KB line). Written as raw protobuf: the Python
+    # protobuf library refuses to build messages this deep.
+    def varint(n):
+        out = b""
+        while True:
+            low, n = n & 0x7F, n >> 7
+            if not n:
+                return out + bytes([low])
+            out += bytes([low | 0x80])
+
+    def field(number, payload):
+        return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+    g = b""
+    for _ in range(200):
+        attr = field(1, b"then_branch") + field(6, g) + varint(20 << 3) + varint(onnx.AttributeProto.GRAPH)
+        g = field(1, field(4, b"If") + field(5, attr))
+    with open(os.path.join(d, "onnx-deeply-nested.onnx"), "wb") as f:
+        f.write(varint(1 << 3) + varint(8) + field(7, g))
 
 
 if __name__ == "__main__":

@@ -152,7 +152,7 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
     let x = ops.first();
     match node.op {
         Add | Sub | Mul | Maximum | Minimum | Div | Pow => {
-            let allowed = if matches!(node.op, Div | Pow) { FLOAT } else { NUMERIC };
+            let allowed = if node.op == Pow { FLOAT } else { NUMERIC };
             for (i, o) in ops.iter().enumerate() {
                 expect_dtype(o, allowed, &format!("operand {i}"))?;
             }

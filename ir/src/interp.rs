@@ -284,6 +284,7 @@ trait Int: Elem + Ord {
     fn wneg(self) -> Self;
     fn wabs(self) -> Self;
     fn wrem(self, o: Self) -> Self;
+    fn wdiv(self, o: Self) -> Self;
 }
 
 macro_rules! int {
@@ -308,6 +309,9 @@ macro_rules! int {
             }
             fn wrem(self, o: Self) -> Self {
                 self.wrapping_rem(o)
+            }
+            fn wdiv(self, o: Self) -> Self {
+                self.wrapping_div(o)
             }
         }
     };
@@ -530,6 +534,9 @@ fn int_binop<T: Int>(op: Op) -> Option<fn(T, T) -> T> {
         Op::Mul => T::wmul,
         Op::Maximum => Ord::max,
         Op::Minimum => Ord::min,
+        // Truncating, as C and ONNX divide; MIN / −1 wraps to MIN (numpy's answer). A zero
+        // divisor is refused by `binary` before this runs.
+        Op::Div => T::wdiv,
         _ => return None,
     };
     Some(f)
@@ -541,6 +548,11 @@ fn binary(op: Op, a: &Tensor, b: &Tensor) -> R<Tensor> {
     }
     fn int<T: Int>(op: Op, a: &Tensor, b: &Tensor, shape: &[usize]) -> R<Data> {
         let f = int_binop::<T>(op).ok_or_else(|| undefined(op, T::DTYPE))?;
+        // Every divisor is used unless the result is empty; ONNX (onnxruntime) refuses a
+        // zero one, where a machine division would trap.
+        if op == Op::Div && shape.iter().all(|&d| d > 0) && elems::<T>(b)?.contains(&T::ZERO) {
+            return Err("integer division by zero".into());
+        }
         Ok(T::wrap(map2(a, b, shape, f)?))
     }
     let shape = broadcast_shapes(&[&a.shape, &b.shape])?;
@@ -694,19 +706,21 @@ fn cast(x: &Data, to: DType) -> Data {
         (Data::BF16(v), _) => return cast(&Data::F32(conv(v, bf16::to_f32)), to),
         _ => {}
     }
-    // Into a half: one rounding, to nearest even (ints through f64, exact below 2^53).
-    fn half<T>(x: &Data, from_f32: fn(f32) -> T, from_f64: fn(f64) -> T) -> Vec<T> {
+    // Into a half: from f32, one rounding to nearest even. An integer goes through f32 first,
+    // as onnxruntime casts it (and compiled code does): exact for f16 (every integer whose
+    // f16 is finite is exact in f32), rounded twice for a bf16 of an integer beyond 2^24.
+    fn half<T>(x: &Data, from_f32: fn(f32) -> T) -> Vec<T> {
         match x {
             Data::F32(v) => conv(v, from_f32),
-            Data::I32(v) => conv(v, |a| from_f64(a as f64)),
-            Data::I64(v) => conv(v, |a| from_f64(a as f64)),
+            Data::I32(v) => conv(v, |a| from_f32(a as f32)),
+            Data::I64(v) => conv(v, |a| from_f32(a as f32)),
             Data::Bool(v) => conv(v, |a| from_f32(a as u8 as f32)),
             Data::F16(_) | Data::BF16(_) => unreachable!("widened above"),
         }
     }
     match to {
-        DType::F16 => Data::F16(half(x, f16::from_f32, f16::from_f64)),
-        DType::BF16 => Data::BF16(half(x, bf16::from_f32, bf16::from_f64)),
+        DType::F16 => Data::F16(half(x, f16::from_f32)),
+        DType::BF16 => Data::BF16(half(x, bf16::from_f32)),
         DType::F32 => Data::F32(match x {
             Data::F32(v) => v.clone(),
             Data::I32(v) => conv(v, |a| a as f32),
@@ -1433,10 +1447,25 @@ mod tests {
         check(Op::Minimum, &[], &[&b, &c], i64t(&[2, 3], &[-1, 0, 0, -1, 5, 10]));
     }
 
+    /// Exact, truncating toward zero (C, ONNX), MIN / −1 wrapping; never through a float
+    /// (2^40 + 1 is not an f32); a zero divisor is an error, not a trap.
+    #[test]
+    fn integer_division_truncates_exactly() {
+        let a = i64t(&[5], &[1_099_511_627_777, -7, 7, i64::MIN, 5]);
+        let b = i64t(&[5], &[3, 2, -2, -1, 5]);
+        check(Op::Div, &[], &[&a, &b], i64t(&[5], &[366_503_875_925, -3, -3, i64::MIN, 1]));
+        check(Op::Div, &[], &[&i32t(&[2], &[i32::MIN, -9]), &i32t(&[], &[-1])], i32t(&[2], &[i32::MIN, 9]));
+        assert_eq!(
+            error(Op::Div, &[], &[&i32t(&[2], &[5, 1]), &i32t(&[2], &[1, 0])]),
+            "node 'n': integer division by zero"
+        );
+        check(Op::Div, &[], &[&i32t(&[0], &[]), &i32t(&[], &[0])], i32t(&[0], &[]));
+    }
+
     #[test]
     fn binary_op_errors() {
         let a = i32t(&[1], &[1]);
-        assert_eq!(error(Op::Div, &[], &[&a, &a]), "node 'n': div is not defined for i32");
+        assert_eq!(error(Op::Pow, &[], &[&a, &a]), "node 'n': pow is not defined for i32");
         let b = bt(&[1], &[true]);
         assert_eq!(error(Op::Add, &[], &[&b, &b]), "node 'n': add is not defined for bool");
         assert!(error(Op::Add, &[], &[&a, &f(&[1], &[1.])]).contains("different dtypes"));

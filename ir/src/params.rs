@@ -129,6 +129,36 @@ pub fn load_all_from(g: &Graph, files: &mut WeightFiles) -> Result<HashMap<Strin
     g.params.iter().map(|p| Ok((p.name.clone(), load_param(p, files)?))).collect()
 }
 
+/// "N NaN and M infinite values of T" when a float tensor holds values that are not finite.
+pub fn non_finite(t: &Tensor) -> Option<String> {
+    if !matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16) {
+        return None;
+    }
+    let (mut nan, mut inf) = (0usize, 0usize);
+    for x in t.data.iter_f64() {
+        nan += x.is_nan() as usize;
+        inf += x.is_infinite() as usize;
+    }
+    (nan + inf > 0).then(|| format!("{nan} NaN and {inf} infinite values of {}", t.data.len()))
+}
+
+/// One line per float param holding a NaN, naming it and counting its NaNs and infinities,
+/// for the commands to print as warnings. A NaN weight is valid ONNX (onnxruntime runs it),
+/// so it is not refused; but it is almost always a corrupt or diverged checkpoint, whose
+/// outputs would turn NaN far from the cause. Infinities alone are not reported: masks
+/// hold −∞ on purpose. (A param being trained must be finite: `train` refuses it.)
+pub fn nan_warnings(g: &Graph, params: &Params) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for p in g.params.iter().filter(|p| matches!(p.ty.dtype, DType::F32 | DType::F16 | DType::BF16)) {
+        let t = params.get(p)?;
+        if t.data.iter_f64().any(f64::is_nan) {
+            let what = non_finite(&t).expect("a NaN is not finite");
+            out.push(format!("param '{}' holds {what}", crate::error::shorten(&p.name)));
+        }
+    }
+    Ok(out)
+}
+
 /// Loads every param of `g`; `base` is the directory of the graph file.
 pub fn load_all(g: &Graph, base: &Path) -> Result<HashMap<String, Tensor>> {
     load_all_from(g, &mut WeightFiles::new(base))
@@ -143,13 +173,6 @@ pub fn open_files(g: &Graph, files: &mut WeightFiles) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// Checks every param of `g` as `load_all` would, without copying file-backed data: their
-/// headers are read and their types compared, so a checkpoint of gigabytes checks at once.
-pub fn check_all(g: &Graph, files: &mut WeightFiles) -> Result<()> {
-    open_files(g, files)?;
-    Params::lazy(g, files).map(drop)
 }
 
 /// The values of a graph's params as the compiler reads them: tensors already loaded

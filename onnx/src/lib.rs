@@ -98,10 +98,27 @@ pub fn import_bytes(
 ) -> meshc_ir::Result<Imported> {
     let in_file = |e: meshc_ir::Error| e.in_file(file);
     let model = proto::ModelProto::decode(bytes)
-        .map_err(|e| in_file(meshc_ir::Error::new(format!("not a valid ONNX model: {e}"))))?;
+        .map_err(|e| in_file(meshc_ir::Error::new(format!("not a valid ONNX model: {}", decode_error(&e)))))?;
     let (graph, params) = import::import(&model, dims, consts, dir).map_err(|e| in_file(meshc_ir::Error::new(e)))?;
     let info = verify::verify(&graph).map_err(in_file)?;
     Ok(Imported { graph, info, params })
+}
+
+/// prost's error, its field path (innermost first, one `Message.field` per level of
+/// nesting) cut to where it starts and how deep it goes: messages nested past prost's
+/// recursion limit (100) would otherwise make a line of kilobytes.
+fn decode_error(e: &prost::DecodeError) -> String {
+    let text = e.to_string();
+    let text = text.strip_prefix("failed to decode Protobuf message: ").unwrap_or(&text);
+    let mut parts: Vec<&str> = text.split(": ").collect();
+    let what = parts.pop().unwrap_or_default();
+    parts.reverse();
+    const SHOWN: usize = 4;
+    match parts.len() {
+        0 => what.to_string(),
+        n if n <= SHOWN => format!("{what} (in {})", parts.join(" / ")),
+        n => format!("{what} (in {} / ..., {n} messages deep)", parts[..SHOWN].join(" / ")),
+    }
 }
 
 /// Writes `imp` as the graph file `graph_out` (JSON for `.json`, else text) whose params

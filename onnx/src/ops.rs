@@ -157,8 +157,15 @@ pub const CONVERTERS: &[Converter] = &[
     Converter::new("Softmax", softmax),
     Converter::new("LogSoftmax", log_softmax),
     Converter::since(6, "Cast", |b, c| {
-        let to = tensors::dtype(c.int("to", 0) as i32)?;
-        one(cast(b, c.arg(0)?, to, &c.out))
+        let code = c.int("to", 0) as i32;
+        let to = tensors::dtype(code)?;
+        // meshc computes in f32, but a cast to a half rounds (and overflows) as the half
+        // would: to the half and back.
+        let x = match tensors::storage_dtype(code) {
+            Ok(half) if half.is_half() && b.ty(c.arg(0)?).dtype != half => cast(b, c.arg(0)?, half, &c.part("half"))?,
+            _ => c.arg(0)?.clone(),
+        };
+        one(cast(b, &x, to, &c.out))
     }),
     Converter::since(9, "Where", |b, c| one(b.node(&c.out, Op::Where, &[c.arg(0)?, c.arg(1)?, c.arg(2)?], &[]))),
     // Before 11 (ops_legacy), the bounds are attributes.
@@ -400,7 +407,7 @@ fn constant_of_shape(_: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
 
 /// `op` folded over all inputs (the n-ary Max/Min/Sum, and the binary ops). Operands of
 /// different dtypes are ONNX's Pow with an integer exponent: it is cast to the base's type.
-/// Integer Div goes through f32, exact below 2^24 (meshc's div is f32 only).
+/// Integer Div is meshc's exact integer div (a zero divisor fails the run, as in onnxruntime).
 fn nary(b: &mut Builder, c: &Ctx, op: Op) -> R<Vec<Value>> {
     nary_named(b, c, op, &c.out)
 }
@@ -416,13 +423,7 @@ fn nary_named(b: &mut Builder, c: &Ctx, op: Op, last: &str) -> R<Vec<Value>> {
         if b.ty(&rhs).dtype != dtype && op == Op::Pow {
             rhs = cast(b, &rhs, dtype, &c.part("exponent"))?;
         }
-        acc = if op == Op::Div && dtype.is_int() {
-            let (x, y) = (cast(b, &acc, DType::F32, &c.part("a"))?, cast(b, &rhs, DType::F32, &c.part("b"))?);
-            let q = b.node(&c.part("quotient"), Op::Div, &[&x, &y], &[])?;
-            cast(b, &q, dtype, &name)?
-        } else {
-            b.node(&name, op, &[&acc, &rhs], &[])?
-        };
+        acc = b.node(&name, op, &[&acc, &rhs], &[])?;
     }
     Ok(vec![acc])
 }

@@ -46,7 +46,7 @@ pub(super) fn dims(shape: &[usize]) -> Vec<i64> {
 /// quotient corrected once: rounding `x / y` up to an integer (a quotient just below one)
 /// leaves a remainder of the wrong sign, which one `±|y|` mends. That is C's fmod exactly
 /// while |x / y| < 2^24 (every integer quotient is then an f32) and |y| < 2^115 (the
-/// halves do not overflow), as integer Div through f32 is exact below 2^24; beyond, the
+/// halves do not overflow); beyond, the
 /// remainder can be off by multiples of y. An infinite divisor leaves a finite x as it is;
 /// a zero divisor or an infinite x give NaN. With `fmod` 0, a nonzero remainder of the sign
 /// opposite to y's is moved by y (Python's and numpy's mod).

@@ -29,10 +29,10 @@ use meshc_ir::attrs::{self, GeluApprox};
 use meshc_ir::infer::{infer, Operand};
 use meshc_ir::{Attrs, DType, Node, Op, TensorType};
 
-use super::emit::{build_kernel, load_widened, mem, KernelBuilder, LANES};
+use super::emit::{build_kernel, load_widened, mem, narrow, store_half, widen, KernelBuilder, LANES};
 use super::math::Math;
 use super::nest::{advance, for_parts, Dim};
-use super::{parts_for, Generated, Target};
+use super::{parts_for, Generated, Target, STATUS_DIVISION_BY_ZERO};
 
 /// Vectors per iteration of the innermost loop.
 const UNROLL: i64 = 4;
@@ -122,6 +122,8 @@ enum Kind {
     Mod {
         fmod: bool,
     },
+    /// Integer `div`: scalar only, as there is no vector division.
+    IntDiv,
 }
 
 /// A checked group, laid out as a loop nest. Values are numbered inputs first, then nodes.
@@ -180,10 +182,11 @@ impl Plan {
             if !broadcasts_to(&node.ty.shape, shape) {
                 return Err(fail(format!("shape {} does not broadcast to the result {}", node.ty, last.ty)));
             }
-            if node.ty.dtype.is_half() {
-                // Halves are storage: kernels widen them as they load them and compute in f32.
+            if node.ty.dtype.is_half() && node.op != Op::Cast {
+                // Halves are storage: kernels widen them as they load them and compute in f32;
+                // a cast rounds to one (`emit::narrow`), other ops would each need to.
                 return Err(fail(format!(
-                    "a {} result is not compiled yet (f16/bf16 are read by kernels, not written)",
+                    "a {} result is not compiled yet (f16/bf16 are computed in f32; only a cast writes one)",
                     node.ty.dtype
                 )));
             }
@@ -194,6 +197,7 @@ impl Plan {
                 Op::Cast => Kind::Cast { from: dtypes[args[0]], to: node.ty.dtype },
                 op if op.is_comparison() => Kind::Compare { op, of: dtypes[args[0]] },
                 Op::Mod => Kind::Mod { fmod: attrs::Mod::from_attrs(&node.attrs).map_err(fail)?.fmod },
+                Op::Div if node.ty.dtype.is_int() => Kind::IntDiv,
                 op => Kind::Plain(op),
             };
             dtypes.push(node.ty.dtype);
@@ -224,8 +228,8 @@ impl Plan {
             invariant.push(inv);
         }
         let inner = *dims.last().expect("at least one dim");
-        let has_mod = nodes.iter().any(|(k, _)| matches!(k, Kind::Mod { .. }));
-        let vector = inner >= LANES && !dtypes.contains(&DType::I64) && !has_mod;
+        let scalar_only = nodes.iter().any(|(k, _)| matches!(k, Kind::Mod { .. } | Kind::IntDiv));
+        let vector = inner >= LANES && !dtypes.contains(&DType::I64) && !scalar_only;
         Ok(Plan { dtypes, nodes, dims, strides, out_strides, invariant, vector, tail })
     }
 
@@ -418,7 +422,10 @@ fn load(b: &mut FunctionBuilder, dt: DType, vector: bool, addr: Value) -> Value 
 }
 
 fn store(b: &mut FunctionBuilder, dt: DType, vector: bool, v: Value, addr: Value) {
-    if dt == DType::Bool && vector {
+    if dt.is_half() {
+        let bits = narrow(b, dt, vector, v);
+        store_half(b, vector, bits, addr);
+    } else if dt == DType::Bool && vector {
         // One bit per lane, then bit i moved to bit 0 of byte i (the shifted copies of the
         // 4-bit mask do not overlap, so the multiply is a plain sum of shifts).
         let bits = b.ins().vhigh_bits(types::I32, v);
@@ -461,6 +468,7 @@ fn emit_node(m: &mut Math, kind: Kind, dt: DType, args: &[Value]) -> Value {
         Kind::Plain(Op::Where) => m.select(args[0], args[1], args[2]),
         Kind::Compare { op, of } => compare(m, op, of, args),
         Kind::Mod { fmod } => modulo(m, fmod, args[0], args[1]),
+        Kind::IntDiv => int_div(m, args[0], args[1]),
         // Bools are lane masks (all-ones/zero) on vectors and 0/1 on scalars: and, or, xor
         // keep either form; not flips every bit of a mask, bit 0 of a scalar.
         Kind::Plain(Op::And) => m.b.ins().band(args[0], args[1]),
@@ -539,6 +547,31 @@ fn compare(m: &mut Math, op: Op, of: DType, a: &[Value]) -> Value {
     }
 }
 
+/// Integer `div` on scalars, as the interpreter defines it: truncating, MIN / −1 wrapping to
+/// MIN (sdiv would trap: the divisor −1 is replaced by 1 and the quotient negated), and a
+/// zero divisor ending the kernel with `STATUS_DIVISION_BY_ZERO`, which the runner reports
+/// naming the node, instead of the trap.
+fn int_div(m: &mut Math, x: Value, y: Value) -> Value {
+    let b = &mut *m.b;
+    let t = b.func.dfg.value_type(x);
+    let zero = b.ins().iconst(t, 0);
+    let is_zero = b.ins().icmp(IntCC::Equal, y, zero);
+    let fail = b.create_block();
+    let cont = b.create_block();
+    b.ins().brif(is_zero, fail, &[], cont, &[]);
+    b.switch_to_block(fail);
+    let status = b.ins().iconst(types::I32, STATUS_DIVISION_BY_ZERO as i64);
+    b.ins().return_(&[status]);
+    b.switch_to_block(cont);
+    let minus_one = b.ins().iconst(t, -1);
+    let is_minus_one = b.ins().icmp(IntCC::Equal, y, minus_one);
+    let one = b.ins().iconst(t, 1);
+    let safe = b.ins().select(is_minus_one, one, y);
+    let q = b.ins().sdiv(x, safe);
+    let negated = b.ins().ineg(x);
+    b.ins().select(is_minus_one, negated, q)
+}
+
 /// Integer `mod` on scalars, as the interpreter defines it: a zero divisor is replaced by 1
 /// (srem would trap) and its result by 0; without `fmod`, a nonzero remainder whose sign
 /// differs from the divisor's gets the divisor added.
@@ -562,13 +595,22 @@ fn modulo(m: &mut Math, fmod: bool, x: Value, y: Value) -> Value {
 }
 
 /// `cast`: float → int truncates and saturates (NaN → 0), nonzero (and NaN) → true,
-/// bool → 0/1, i64 → i32 wraps, i64 → f32 rounds once.
+/// bool → 0/1, i64 → i32 wraps, i64 → f32 rounds once; into a half, the value as f32
+/// rounded to the half (`emit::narrow`, IEEE's rounding) and held widened, as halves are.
 fn cast(m: &mut Math, from: DType, to: DType, x: Value) -> Value {
     use DType::*;
     let vector = m.ty().is_vector();
     let to_ty = lane_type(to, vector);
-    // A half was widened to f32 as it was loaded (and is never a result: `Plan::new`).
+    // A half was widened to f32 as it was loaded.
     let from = if from.is_half() { F32 } else { from };
+    if to.is_half() {
+        // An integer reaches f32 exactly below 2^24, and from 65520 on the f16 is infinite
+        // whatever f32 it became; a bf16 of an integer beyond 2^24 is rounded twice (the
+        // interpreter does the same).
+        let f = cast(m, from, F32, x);
+        let bits = narrow(m.b, to, vector, f);
+        return widen(m.b, to, vector, bits);
+    }
     match (from, to) {
         (F32, I32 | I64) => m.b.ins().fcvt_to_sint_sat(to_ty, x),
         (I32 | I64, F32) => m.b.ins().fcvt_from_sint(to_ty, x),
@@ -592,7 +634,7 @@ fn cast(m: &mut Math, from: DType, to: DType, x: Value) -> Value {
         (I32, I64) => m.b.ins().sextend(types::I64, x),
         (I64, I32) => m.b.ins().ireduce(types::I32, x),
         (Bool, Bool) | (F32, F32) | (I32, I32) | (I64, I64) => x,
-        (_, F16 | BF16) | (F16 | BF16, _) => unreachable!("refused by Plan::new, widened on load"),
+        (_, F16 | BF16) | (F16 | BF16, _) => unreachable!("narrowed above, widened on load"),
     }
 }
 
@@ -738,10 +780,62 @@ mod tests {
     }
 
     #[test]
-    fn a_half_result_is_refused() {
-        let f = group(&[f32t(&[4])], &[(Op::Cast, &[("to", "bf16")], &[Arg::Input(0)])]);
+    fn a_half_result_other_than_a_casts_is_refused() {
+        // Arithmetic takes no halves; a where of two halves gives one.
+        let (c, h) = (TensorType::new(DType::Bool, vec![4]), TensorType::new(DType::F16, vec![4]));
+        let f = group(&[c, h.clone(), h], &[(Op::Where, &[], &[Arg::Input(0), Arg::Input(1), Arg::Input(2)])]);
         let e = format!("{:#}", fused(&native(), "t", &f).err().expect("refused"));
-        assert!(e.contains("a bf16 result is not compiled yet"), "{e}");
+        assert!(e.contains("a f16 result is not compiled yet"), "{e}");
+    }
+
+    /// f32 values on and around every rounding boundary of a half: each half, the midpoints
+    /// between neighbours (ties) and one f32 ulp either side of them, the largest finite
+    /// half and the overflow threshold (65504, 65520 for f16), subnormals, ±0, ±inf, NaN.
+    fn half_edges(dt: DType) -> Vec<f32> {
+        let mut v: Vec<f32> = SPECIAL.to_vec();
+        v.extend([65504.0, 65520.0, 65519.996, 65536.0, 1e5, -65520.0, 6e-8, 2.98e-8, 5.96e-8, f32::MAX]);
+        let bytes: Vec<u8> = (0..=u16::MAX).flat_map(u16::to_le_bytes).collect();
+        let all = Tensor::from_le_bytes(&TensorType::new(dt, vec![1 << 16]), &bytes).data.to_f64();
+        for h in 0..=u16::MAX as usize {
+            let (a, b) = (all[h] as f32, all[(h + 1) & 0xffff] as f32);
+            if !a.is_finite() || !b.is_finite() || (a.to_bits() ^ b.to_bits()) >> 31 != 0 {
+                v.push(a);
+                continue;
+            }
+            let mid = (a as f64 + b as f64) / 2.0;
+            let m = mid as f32;
+            assert_eq!(m as f64, mid, "a midpoint of halves is an f32");
+            v.extend([a, m, f32::from_bits(m.to_bits() - 1), f32::from_bits(m.to_bits() + 1)]);
+        }
+        v
+    }
+
+    /// A cast of f32 to f16 or bf16 (and back) gives the interpreter's bits, which are the
+    /// `half` crate's IEEE rounding (NaN compared as NaN: payloads may differ).
+    #[test]
+    fn casts_to_halves_round_as_ieee() {
+        for dt in [DType::F16, DType::BF16] {
+            let v = half_edges(dt);
+            // One more than a multiple of the vector width, so the scalar tail runs too.
+            let n = (v.len() - 1) / 4 * 4 + 1;
+            let x = Tensor::f32(vec![n], v[..n].to_vec());
+            let to = [("to", dt.name())];
+            let into = group(&[f32t(&[n])], &[(Op::Cast, &to, &[Arg::Input(0)])]);
+            let back = group(
+                &[f32t(&[n])],
+                &[(Op::Cast, &to, &[Arg::Input(0)]), (Op::Cast, &[("to", "f32")], &[Arg::Node(0)])],
+            );
+            for t in runnable_targets() {
+                for f in [&into, &back] {
+                    let want = reference(f, std::slice::from_ref(&x)).data.to_f64();
+                    let got = run_fused(&t, f, std::slice::from_ref(&x)).data.to_f64();
+                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                        let same = g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan());
+                        assert!(same, "{dt} on {}: {:e} gave {g:e}, want {w:e}", t.name, v[i]);
+                    }
+                }
+            }
+        }
     }
 
     /// Runs `f` on every runnable target and compares with the interpreter.
@@ -937,6 +1031,20 @@ mod tests {
                 let f = group(&[a.clone(), b.clone()], &[(Op::Mod, &[("fmod", fmod)], &[IN0, IN1])]);
                 check(&f, &[x.clone(), y.clone()], &format!("mod fmod={fmod} {dt}"));
             }
+            // Integer div: exact and truncating (the interpreter's), MIN / −1 wrapping, and a
+            // zero divisor anywhere ends the kernel with its status instead of trapping.
+            let x = Tensor::new(vec![10, 1], Data::from_f64(dt, vals.iter().map(|&v| v as f64)));
+            let nonzero = Tensor::new(vec![7], Data::from_f64(dt, [3.0, -3.0, 2.0, -1.0, 1.0, 5.0, -7.0]));
+            let f = group(&[a.clone(), b.clone()], &[(Op::Div, &[], &[IN0, IN1])]);
+            check(&f, &[x.clone(), nonzero], &format!("div {dt}"));
+            let big = Tensor::new(vec![2], Data::from_f64(dt, [1_099_511_627_777.0, -7.0]));
+            let three = Tensor::new(vec![1], Data::from_f64(dt, [3.0]));
+            check(&group(&[ty(dt, &[2]), ty(dt, &[1])], &[(Op::Div, &[], &[IN0, IN1])]), &[big, three], "div big");
+            let g = fused(&native(), "t", &f).expect("generates");
+            let mut out = vec![0u8; 70 * dt.size_bytes()];
+            let (mut xb, mut yb) = (x.to_le_bytes(), y.to_le_bytes());
+            let status = run(&native(), g.func, &mut [&mut out, &mut xb, &mut yb]);
+            assert_eq!(status, STATUS_DIVISION_BY_ZERO, "div {dt} by a zero");
         }
     }
 

@@ -147,31 +147,46 @@ impl KernelBuilder<'_> {
     }
 }
 
-/// Test support: compiles a kernel and runs it on host buffers.
-/// One f16 or bf16 lane group loaded and widened to f32, exactly. bf16 is the top half of
-/// an f32. f16: its exponent and mantissa moved into f32 position and scaled by 2^112
-/// (which rebiases the exponent, and makes subnormals normal), infinities and NaNs given
-/// the f32 exponent of all ones, the sign put back.
+/// One f16 or bf16 lane group loaded and widened to f32, exactly (`widen`).
 pub fn load_widened(b: &mut FunctionBuilder, dt: DType, vector: bool, addr: Value) -> Value {
+    let bits = if vector { b.ins().uload16x4(mem(), addr, 0) } else { b.ins().uload16(types::I32, mem(), addr, 0) };
+    widen(b, dt, vector, bits)
+}
+
+/// A 32-bit integer constant as a scalar or in every lane.
+fn int(b: &mut FunctionBuilder, vector: bool, v: i64) -> Value {
+    let c = b.ins().iconst(types::I32, v);
+    if vector {
+        b.ins().splat(types::I32X4, c)
+    } else {
+        c
+    }
+}
+
+/// `select` for a scalar condition, `bitselect` for a lane mask.
+fn pick(b: &mut FunctionBuilder, vector: bool, cond: Value, yes: Value, no: Value) -> Value {
+    if vector {
+        b.ins().bitselect(cond, yes, no)
+    } else {
+        b.ins().select(cond, yes, no)
+    }
+}
+
+/// Half bits (in the low 16 bits of i32 lanes) widened to f32, exactly. bf16 is the top
+/// half of an f32. f16: its exponent and mantissa moved into f32 position and scaled by
+/// 2^112 (which rebiases the exponent, and makes subnormals normal), infinities and NaNs
+/// given the f32 exponent of all ones, the sign put back.
+pub fn widen(b: &mut FunctionBuilder, dt: DType, vector: bool, bits: Value) -> Value {
     let (ity, fty) = if vector { (types::I32X4, types::F32X4) } else { (types::I32, types::F32) };
     let flags = cranelift_codegen::ir::MemFlagsData::new();
-    let bits = if vector { b.ins().uload16x4(mem(), addr, 0) } else { b.ins().uload16(types::I32, mem(), addr, 0) };
-    let int = |b: &mut FunctionBuilder, v: i64| {
-        let c = b.ins().iconst(types::I32, v);
-        if vector {
-            b.ins().splat(ity, c)
-        } else {
-            c
-        }
-    };
     if dt == DType::BF16 {
         let f = b.ins().ishl_imm_u(bits, 16);
         return b.ins().bitcast(fty, flags, f);
     }
-    let sign_mask = int(b, 0x8000);
+    let sign_mask = int(b, vector, 0x8000);
     let sign = b.ins().band(bits, sign_mask);
     let sign = b.ins().ishl_imm_u(sign, 16);
-    let em_mask = int(b, 0x7fff);
+    let em_mask = int(b, vector, 0x7fff);
     let em = b.ins().band(bits, em_mask);
     let shifted = b.ins().ishl_imm_u(em, 13);
     let scaled = b.ins().bitcast(fty, flags, shifted);
@@ -179,17 +194,92 @@ pub fn load_widened(b: &mut FunctionBuilder, dt: DType, vector: bool, addr: Valu
     let scale = if vector { b.ins().splat(fty, scale) } else { scale };
     let normal = b.ins().fmul(scaled, scale);
     let normal = b.ins().bitcast(ity, flags, normal);
-    let all_ones = int(b, 0x7f80_0000);
+    let all_ones = int(b, vector, 0x7f80_0000);
     let special = b.ins().bor(shifted, all_ones);
-    let limit = int(b, 0x7c00);
-    let is_special = b.ins().icmp(IntCC::UnsignedGreaterThanOrEqual, em, limit);
-    let r = if vector {
-        b.ins().bitselect(is_special, special, normal)
-    } else {
-        b.ins().select(is_special, special, normal)
-    };
+    // `em` is below 2^15, so a signed compare is the unsigned one (and SSE has only signed).
+    let limit = int(b, vector, 0x7c00);
+    let is_special = b.ins().icmp(IntCC::SignedGreaterThanOrEqual, em, limit);
+    let r = pick(b, vector, is_special, special, normal);
     let r = b.ins().bor(r, sign);
     b.ins().bitcast(fty, flags, r)
+}
+
+/// f32 lanes rounded to f16 or bf16 as IEEE 754 does (to nearest, ties to even; beyond the
+/// largest finite half to infinity; NaN stays NaN, made quiet): the half's bits in the low
+/// 16 bits of i32 lanes, as the `half` crate (and so the interpreter) and numpy's `astype`
+/// give them.
+pub fn narrow(b: &mut FunctionBuilder, dt: DType, vector: bool, x: Value) -> Value {
+    let ity = if vector { types::I32X4 } else { types::I32 };
+    let fty = if vector { types::F32X4 } else { types::F32 };
+    let flags = cranelift_codegen::ir::MemFlagsData::new();
+    let bits = b.ins().bitcast(ity, flags, x);
+    let sign_mask = int(b, vector, 0x8000_0000u32 as i32 as i64);
+    let sign = b.ins().band(bits, sign_mask);
+    let abs = b.ins().bxor(bits, sign);
+    let sign = b.ins().ushr_imm_u(sign, 16);
+    // |x| as bits is below 2^31: signed compares order it as the magnitudes.
+    let inf = int(b, vector, 0x7f80_0000);
+    let is_nan = b.ins().icmp(IntCC::SignedGreaterThan, abs, inf);
+    let r = if dt == DType::BF16 {
+        // Add just under half a bf16 ulp, plus one more when the kept part is odd, and cut:
+        // ties go to even, and a carry out of the largest finite value gives infinity.
+        let odd = b.ins().ushr_imm_u(abs, 16);
+        let one = int(b, vector, 1);
+        let odd = b.ins().band(odd, one);
+        let bias = int(b, vector, 0x7fff);
+        let rounded = b.ins().iadd(abs, bias);
+        let rounded = b.ins().iadd(rounded, odd);
+        let rounded = b.ins().ushr_imm_u(rounded, 16);
+        let quiet = b.ins().ushr_imm_u(abs, 16);
+        let q = int(b, vector, 0x40);
+        let quiet = b.ins().bor(quiet, q);
+        pick(b, vector, is_nan, quiet, rounded)
+    } else {
+        // From 2^16 on (as f32) every value rounds to infinity; below 2^-14 the half is
+        // subnormal: adding 0.5 puts its bits at the bottom of the f32's mantissa, the
+        // hardware's addition doing the rounding. Normal halves: rebias the exponent, add
+        // just under half an ulp plus the kept part's lowest bit, and cut (a carry into
+        // the exponent is the right rounding up, to infinity above 65520).
+        let big = int(b, vector, 0x4780_0000);
+        let is_big = b.ins().icmp(IntCC::SignedGreaterThanOrEqual, abs, big);
+        let inf16 = int(b, vector, 0x7c00);
+        let nan16 = int(b, vector, 0x7e00);
+        let huge = pick(b, vector, is_nan, nan16, inf16);
+        let small_limit = int(b, vector, 0x3880_0000);
+        let is_small = b.ins().icmp(IntCC::SignedLessThan, abs, small_limit);
+        let magic = int(b, vector, 0x3f00_0000);
+        let absf = b.ins().bitcast(fty, flags, abs);
+        let magicf = b.ins().bitcast(fty, flags, magic);
+        let sum = b.ins().fadd(absf, magicf);
+        let sum = b.ins().bitcast(ity, flags, sum);
+        let small = b.ins().isub(sum, magic);
+        let odd = b.ins().ushr_imm_u(abs, 13);
+        let one = int(b, vector, 1);
+        let odd = b.ins().band(odd, one);
+        let rebias = int(b, vector, ((15 - 127) << 23) + 0xfff);
+        let normal = b.ins().iadd(abs, rebias);
+        let normal = b.ins().iadd(normal, odd);
+        let normal = b.ins().ushr_imm_u(normal, 13);
+        let finite = pick(b, vector, is_small, small, normal);
+        pick(b, vector, is_big, huge, finite)
+    };
+    b.ins().bor(r, sign)
+}
+
+/// Half bits (low 16 bits of i32 lanes) stored as 2-byte elements, one per lane.
+pub fn store_half(b: &mut FunctionBuilder, vector: bool, bits: Value, addr: Value) {
+    if !vector {
+        b.ins().istore16(mem(), bits, addr, 0);
+        return;
+    }
+    // Sign-extend each lane's low half so the saturating narrow keeps it as it is.
+    let hi = b.ins().ishl_imm_u(bits, 16);
+    let ext = b.ins().sshr_imm_u(hi, 16);
+    let packed = b.ins().snarrow(ext, ext);
+    let flags = cranelift_codegen::ir::MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little);
+    let wide = b.ins().bitcast(types::I64X2, flags, packed);
+    let low = b.ins().extractlane(wide, 0);
+    b.ins().store(mem(), low, addr, 0);
 }
 
 #[cfg(test)]

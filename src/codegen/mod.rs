@@ -23,7 +23,9 @@ pub mod nest;
 pub mod reduce;
 pub mod scan;
 
-pub use meshc_runtime::format::abi::{host_features, KernelFn, KernelTable, KNOWN_FEATURES, STATUS_INDEX_OUT_OF_RANGE};
+pub use meshc_runtime::format::abi::{
+    host_features, KernelFn, KernelTable, KNOWN_FEATURES, STATUS_DIVISION_BY_ZERO, STATUS_INDEX_OUT_OF_RANGE,
+};
 
 use anyhow::{anyhow, bail, Result};
 use cranelift_codegen::ir::{types, AbiParam, Function, Signature, UserFuncName};

@@ -76,7 +76,7 @@ fn a_layout_that_splits_params_cannot_lose_a_device() {
 
 #[test]
 fn degraded_runs_fail_with_one_line_naming_the_device() {
-    let model = "would take its shard of the model (params are split over mesh axis 'model') with it: only data-parallel layouts can lose a device";
+    let model = "cannot be left out: it holds a shard of a param or of optimizer state (split over mesh axis 'model': model parallel, or --zero) that the others cannot do without; only layouts that replicate both can lose a device";
     let cases = [
         ("mp-4", vec!["--degrade", "3"], format!("error: --degrade: device (3) {model}")),
         (

@@ -42,3 +42,4 @@ mod signing;
 mod symbolic;
 mod train;
 mod transposed;
+mod trust;

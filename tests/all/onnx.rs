@@ -380,6 +380,31 @@ fn an_import_that_fails_writes_nothing() {
     assert_eq!(std::fs::read_dir(&*tmp).unwrap().count(), 0, "files left behind");
 }
 
+/// Two imports writing one graph name at once: each replaces the graph and its weights file
+/// together (their renames hold a lock on the directory), so the pair left is always one
+/// model's, never one's graph with the other's weights; and no temporary is left behind.
+#[test]
+fn concurrent_imports_to_one_name_leave_one_models_graph_and_weights() {
+    let tmp = scratch("onnx-concurrent");
+    let graph = tmp.join("same.json").display().to_string();
+    let import = |model: &str| {
+        let mut args: Vec<String> =
+            vec!["import".into(), format!("testdata/onnx/{model}/model.onnx"), "-o".into(), graph.clone()];
+        args.extend(dim_args(Path::new(&format!("testdata/onnx/{model}/model.onnx"))));
+        std::process::Command::new(env!("CARGO_BIN_EXE_meshc")).args(&args).spawn().expect("meshc starts")
+    };
+    for round in 0..25 {
+        let (mut a, mut b) = (import("mlp"), import("resnet_block"));
+        assert!(a.wait().unwrap().success() && b.wait().unwrap().success(), "round {round}");
+        let check = meshc(&["check", &graph]);
+        assert_eq!(check.status, Some(0), "round {round}: graph and weights of different models: {check:?}");
+    }
+    let mut left: Vec<String> =
+        std::fs::read_dir(&*tmp).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    left.sort();
+    assert_eq!(left, ["same.json", "same.safetensors"]);
+}
+
 /// A Megatron-style spec written with glob patterns shards the imported encoder exactly as
 /// the spec that names every weight: the same artifact, byte for byte.
 #[test]

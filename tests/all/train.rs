@@ -290,6 +290,32 @@ fn a_training_artifact_needs_nothing_beside_it() {
     assert_curve("alone", &losses(&r.stdout), &want.data.to_f64()[..3]);
 }
 
+/// `--degrade` of a ZeRO-1 artifact: the device cannot drop out, and the one line says
+/// why — a shard of optimizer state split over the data axis (it once blamed "params",
+/// which --zero leaves replicated), or, with no state (sgd), the gather that needs its
+/// block (it once failed inside the run, at the collective).
+#[test]
+fn degrading_a_zero_artifact_names_what_the_device_holds() {
+    let dir = scratch("train-zero-degrade");
+    let l = "testdata/train/layouts/ring-8.json";
+    for (spec, want) in [
+        (
+            "momentum:0.1,0.9",
+            "error: --degrade: device (1) cannot be left out: it holds a shard of a param or of optimizer state (split over mesh axis 'data': model parallel, or --zero) that the others cannot do without; only layouts that replicate both can lose a device\n",
+        ),
+        ("sgd:0.1", "error: --degrade: device (1) cannot be left out: node '"),
+    ] {
+        let art = compile_with(&dir, "zero.mshc", spec, Some(l), &["--zero"]);
+        let r = meshc(&["run", &art, "--degrade", "1", "--steps", "1", "--data", "testdata/train/data"]);
+        assert_eq!(r.status, Some(1), "{r:?}");
+        assert_eq!(r.stderr.lines().count(), 1, "{r:?}");
+        assert!(r.stderr.starts_with(want), "{spec}: {r:?}");
+        if spec.starts_with("sgd") {
+            assert!(r.stderr.contains("needs its block; only reductions can leave a device's operand out"), "{r:?}");
+        }
+    }
+}
+
 /// ZeRO-1 (`--zero`) on the 2x4 mesh (data x model) and data parallel over a ring of 8:
 /// the optimizer state of each param is split over the data axis on top of its own layout
 /// (per device, a half or an eighth of the bytes), the gradients reach it by reduce-scatter

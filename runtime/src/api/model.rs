@@ -1,6 +1,6 @@
-//! An artifact opened for embedding: mapped, verified (checksums, and the signature when a
+//! An artifact opened for embedding: read into memory, verified (checksums, and the signature when a
 //! key is given), its programs checked, and its metadata in the caller's terms. Opening
-//! starts no thread; sessions (`crate::api::session`) share the one mapping.
+//! starts no thread; sessions (`crate::api::session`) share the one copy.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};

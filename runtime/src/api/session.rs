@@ -1,6 +1,6 @@
 //! A model ready to run, called many times. Its arenas (one per device) are allocated once
 //! and its device threads started by the first call of a multi-device model, then reused
-//! by every call; the weights stay mapped.
+//! by every call; the weights stay where the artifact was read.
 //!
 //! A `Session` is `Send + Sync`: any number of threads may call it at once, and every call
 //! is correct. Calls on one session are queued (each holds the session's arenas while it

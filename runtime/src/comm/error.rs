@@ -15,7 +15,7 @@ pub enum RunError {
     #[error("{0}")]
     Timeout(String),
     /// A kernel returned a non-zero status.
-    #[error("node '{node}': {}", match status { 1 => "gather index out of range".to_string(), s => format!("kernel failed with status {s}") })]
+    #[error("node '{node}': {}", match status { 1 => "gather index out of range".to_string(), 2 => "integer division by zero".to_string(), s => format!("kernel failed with status {s}") })]
     KernelStatus { node: String, status: u32 },
     /// A step of `device` (named `label`) failed with `cause`.
     #[error("{label}: {cause}")]

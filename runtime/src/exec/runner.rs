@@ -44,7 +44,7 @@ use crate::exec::validate::{check_collectives, check_kernels, check_program, che
 use crate::format::abi::{self, KernelFn, KernelTable};
 use crate::format::artifact::{Artifact, SectionKind};
 use crate::format::mask::Mask;
-use crate::format::program::{Exec, Meta, Program};
+use crate::format::program::{CollectiveOp, Exec, Meta, Program};
 
 /// Where the kernels are: an artifact's code section mapped executable, or executable
 /// memory an in-memory compile owns (the `Loaded` keeps it alive).
@@ -53,9 +53,9 @@ pub enum Code {
     InProcess(Box<dyn KernelTable>),
 }
 
-/// The weights a loaded program reads: the artifact's weights section where the artifact
-/// is mapped (the `Loaded` keeps the mapping alive; several `Loaded` of one artifact share
-/// it), or an aligned copy from an in-memory compile.
+/// The weights a loaded program reads: the artifact's weights section, in the memory the
+/// artifact was read into (the `Loaded` keeps it alive; several `Loaded` of one artifact
+/// share it), or an aligned copy from an in-memory compile.
 pub enum Weights {
     Artifact(Arc<Artifact>),
     Owned(AlignedBuf),
@@ -334,11 +334,33 @@ impl Loaded {
             );
         }
         if let (Some(d), Some(&a), true) = (lost, self.meta.model_axes.first(), any_left) {
+            // Under --zero the optimizer state is split though every param is replicated:
+            // the line names both, not "params" alone.
             bail!(
-                "device {} would take its shard of the model (params are split over mesh axis '{}') with it: only data-parallel layouts can lose a device",
+                "device {} cannot be left out: it holds a shard of a param or of optimizer state (split over mesh axis '{}': model parallel, or --zero) that the others cannot do without; only layouts that replicate both can lose a device",
                 mesh.coords_string(d),
                 mesh.axes[a]
             );
+        }
+        // Reductions leave a lost member's operand out; a gather or an exchange of blocks
+        // cannot do without its block.
+        if let (Some(d), true) = (lost, any_left) {
+            let blocks = self.programs.iter().flat_map(|p| &p.steps).find_map(|st| {
+                let Exec::Collective(c) = &st.exec else { return None };
+                let op = match c.op {
+                    CollectiveOp::AllGather { .. } => "all_gather",
+                    CollectiveOp::AllToAll { .. } => "all_to_all",
+                    _ => return None,
+                };
+                c.groups.iter().any(|g| g.contains(&d)).then(|| (st.node.clone(), op))
+            });
+            if let Some((node, op)) = blocks {
+                bail!(
+                    "device {} cannot be left out: node '{}' ({op}) needs its block; only reductions can leave a device's operand out",
+                    mesh.coords_string(d),
+                    meshc_ir::error::shorten(&node)
+                );
+            }
         }
         self.fabric.degrade(topo)?;
         self.degraded = (extra, strict);
@@ -402,7 +424,7 @@ mod tests {
     use crate::comm::transport::{Incoming, Outgoing, Pending, Stall, Threads};
     use crate::format::mesh::{Mesh, Topology};
     use crate::format::program::{Buffer, Collective, Elem, IoSpec, Library, Matmul, Storage, ALIGN};
-    use crate::format::program::{CollectiveOp, Event, Reduce, Step, Stream, StreamKind, StreamPlan, Wait};
+    use crate::format::program::{Event, Reduce, Step, Stream, StreamKind, StreamPlan, Wait};
 
     fn io(name: &str, dtype: DType, shape: &[usize], layout: &[Option<usize>]) -> IoSpec {
         IoSpec::with_layout(name, &TensorType::new(dtype, shape.to_vec()), layout.to_vec())

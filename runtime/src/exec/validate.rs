@@ -136,7 +136,7 @@ pub(super) fn check_kernels(programs: &[Program], code_len: usize) -> Result<()>
 
 /// Checks every step's buffers against what it does: the count each kind of step takes,
 /// sizes at least what a kernel's code or a library call's shapes reach, and results in the
-/// arena (nothing writes into the weights, which are mapped read-only from the file).
+/// arena (nothing writes into the weights, which are read-only memory).
 fn check_steps(p: &Program) -> Result<()> {
     for st in &p.steps {
         let fail = |msg: String| anyhow!("step '{}': {msg}", st.node);

@@ -10,14 +10,17 @@
 //! pieces, so that the runner may call it once per part on several threads at once; `(0, 1)`
 //! always means the whole work. A kernel returns 0, or a non-zero status the runner turns
 //! into an error. Kernels embed no absolute address and call only functions of their own
-//! code section, PC-relative, so the section runs wherever it is mapped: straight from the
-//! artifact file, with no relocation step.
+//! code section, PC-relative, so the section runs wherever it is copied, with no
+//! relocation step.
 
 /// The signature of every generated kernel.
 pub type KernelFn = unsafe extern "C" fn(bufs: *const *mut u8, part: usize, parts: usize) -> u32;
 
 /// Status a kernel returns when a gather index is out of range.
 pub const STATUS_INDEX_OUT_OF_RANGE: u32 = 1;
+
+/// Status a kernel returns when an integer divisor is zero (the division would trap).
+pub const STATUS_DIVISION_BY_ZERO: u32 = 2;
 
 /// CPU features a target may require; recorded in the artifact and checked by the runner.
 pub const KNOWN_FEATURES: &[&str] =

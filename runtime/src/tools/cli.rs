@@ -160,7 +160,7 @@ pub struct RunArgs {
     /// Run N more times and print min/median/max latency and GFLOP/s.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub bench: Option<u64>,
-    /// Skip the weights checksum when opening an artifact (load time independent of size).
+    /// Skip the weights checksum when opening an artifact (saves a pass over the weights; they are still read).
     #[arg(long)]
     pub trust_weights: bool,
     /// Compare every output with DIR/NAME.npy (e.g. the interpreter's or numpy's) and fail

@@ -54,13 +54,71 @@ struct Temp {
 }
 
 impl Temp {
+    /// `.NAME.tmpPID-N` beside `path`. Temporaries of NAME that a process killed outright
+    /// (SIGKILL, a crash: no handler ran) left behind are removed first: their PID names no
+    /// running process.
     fn beside(path: &Path) -> Result<Temp> {
         let name = path.file_name().ok_or_else(|| anyhow!("{}: not a file name", path.display()))?;
+        let prefix = format!(".{}.tmp", name.to_string_lossy());
+        remove_stale(path, &prefix);
         static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let tmp = path.with_file_name(format!(".{}.tmp{}-{n}", name.to_string_lossy(), std::process::id()));
+        let tmp = path.with_file_name(format!("{prefix}{}-{n}", std::process::id()));
         pending().insert(tmp.clone());
         Ok(Temp { path: tmp })
+    }
+}
+
+/// Removes the files `PREFIX<pid>-<n>` beside `path` whose pid is no running process. A
+/// live process's (another meshc writing the same name now) are left alone; a reused pid
+/// only delays the removal to a later run.
+fn remove_stale(path: &Path, prefix: &str) {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let file = e.file_name();
+        let Some(pid) = file.to_str().and_then(|f| f.strip_prefix(prefix)).and_then(|rest| rest.split_once('-')) else {
+            continue;
+        };
+        let (Ok(pid), true) = (pid.0.parse::<i32>(), pid.1.bytes().all(|b| b.is_ascii_digit())) else { continue };
+        // SAFETY: signal 0 only asks whether the process exists.
+        let gone = pid > 0
+            && unsafe { libc::kill(pid, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// Exclusive `flock`s on directories, released when dropped: two processes committing into
+/// one directory rename their files one after the other, never interleaved.
+struct DirLocks {
+    _held: Vec<std::fs::File>,
+}
+
+impl DirLocks {
+    fn take<'a>(paths: impl Iterator<Item = &'a Path>) -> Result<DirLocks> {
+        use std::os::fd::AsRawFd;
+        let mut dirs: Vec<PathBuf> = paths
+            .map(|p| p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new(".")))
+            .map(|d| d.canonicalize().unwrap_or_else(|_| d.to_path_buf()))
+            .collect();
+        // One order for every process, so two never wait on each other.
+        dirs.sort();
+        dirs.dedup();
+        let mut held = Vec::new();
+        for d in dirs {
+            let f = std::fs::File::open(&d)
+                .with_context(|| format!("{}: cannot open the directory to lock it", d.display()))?;
+            // SAFETY: flock on a descriptor we own; it is released when the file closes.
+            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+                let e = std::io::Error::last_os_error();
+                bail!("{}: cannot lock the directory: {e}", d.display());
+            }
+            held.push(f);
+        }
+        Ok(DirLocks { _held: held })
     }
 }
 
@@ -117,8 +175,11 @@ impl Outputs {
         self.write(path, |w| Ok(w.write_all(bytes)?))
     }
 
-    /// Renames every staged file into place, in the order they were staged.
+    /// Renames every staged file into place, in the order they were staged, holding a lock
+    /// on their directories: files written together (a graph and its weights) are replaced
+    /// together, never paired with another process's writing the same names.
     pub fn commit(mut self) -> Result<()> {
+        let _locks = DirLocks::take(self.staged.iter().map(|(_, p)| p.as_path()))?;
         for (tmp, path) in self.staged.drain(..) {
             std::fs::rename(&tmp.path, &path).with_context(|| format!("{}: cannot write", path.display()))?;
             pending().remove(&tmp.path);
@@ -204,6 +265,26 @@ mod tests {
         assert_eq!(files(&d), ["a", "b"]);
         assert_eq!(std::fs::read_to_string(d.join("a")).unwrap(), "new a");
         assert!(pending().is_empty());
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn stale_temporaries_of_dead_processes_are_removed() {
+        let d = dir("stale");
+        // No process has pid i32::MAX (pid_max is at most 2^22); this one is alive.
+        let dead = d.join(format!(".a.tmp{}-0", i32::MAX));
+        let live = d.join(format!(".a.tmp{}-99", std::process::id()));
+        let other = d.join(format!(".b.tmp{}-0", i32::MAX));
+        for f in [&dead, &live, &other] {
+            std::fs::write(f, "x").unwrap();
+        }
+        let mut out = Outputs::new();
+        out.write_bytes(&d.join("a"), b"new a").unwrap();
+        out.commit().unwrap();
+        assert_eq!(
+            files(&d),
+            [".a.tmp".to_string() + &format!("{}-99", std::process::id()), format!(".b.tmp{}-0", i32::MAX), "a".into()]
+        );
         std::fs::remove_dir_all(d).unwrap();
     }
 
