@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::fmt;
 
 use super::expr::{Binding, Expr};
-use super::Symbols;
+use super::symbol::{Symbols, MAX_BOUND};
 use crate::attrs;
 use crate::graph::{Graph, Node};
 use crate::infer::{group_size, norm_axes, norm_axis, parse_equation};
@@ -94,7 +94,7 @@ pub struct SymInfo {
 impl SymInfo {
     /// The symbols' divisors and bounds as `Expr` wants them.
     fn bounds(&self) -> impl Fn(&str) -> (i64, i64) + '_ {
-        |s| self.symbols.get(s).map_or((0, super::MAX_BOUND), |y| (y.lo, y.hi))
+        |s| self.symbols.get(s).map_or((0, MAX_BOUND), |y| (y.lo, y.hi))
     }
 }
 
