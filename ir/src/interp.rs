@@ -1013,7 +1013,12 @@ fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, axis: i64, eps: f64) ->
     let stat = || Strided::broadcast(&stat_shape, &x.shape);
     let mean: Vec<f64> = reduce(&xs, &x.shape, &axes, 0.0, |a, v| a + v).into_iter().map(|s| s / n).collect();
     let centered: Vec<f64> = stat()?.zip(&xs).map(|(j, &v)| v - mean[j]).collect();
-    let var: Vec<f64> = reduce(&centered, &x.shape, &axes, 0.0, |a, d| a + d * d).into_iter().map(|s| s / n).collect();
+    // Each square is rounded to f32, as compiled code and ONNX's float32 computation take
+    // it: a deviation past √f32::MAX (about 1.8e19) makes the variance infinite and the row
+    // normalise to 0, as they give, rather than to the values only f64 could represent.
+    let square = |d: f64| f64::from((d as f32) * (d as f32));
+    let var: Vec<f64> =
+        reduce(&centered, &x.shape, &axes, 0.0, |a, d| a + square(d)).into_iter().map(|s| s / n).collect();
     let affine = Strided::broadcast(norm_shape, &x.shape)?;
     let out =
         stat()?.zip(affine).zip(&centered).map(|((j, i), &d)| d / (var[j] + eps).sqrt() * g[i] as f64 + b[i] as f64);
@@ -1818,6 +1823,14 @@ mod tests {
             let sums = eval_any(&node(Op::ReduceSum, &[("axes", ints(&[axis]))]), &[&y]);
             assert!(sums.as_f32().unwrap().iter().all(|&s| (s - 1.0).abs() < 1e-6), "{sums:?}");
         }
+    }
+
+    #[test]
+    fn layer_norm_of_a_row_whose_squares_overflow_f32_is_zero() {
+        // The random-ONNX differential's case 133: onnxruntime and compiled code give 0.
+        let x = f(&[4], &[2.1959466e22, 8.319122e-38, 3.4698193e30, 5.503111e-17]);
+        let want = f(&[4], &[0.; 4]);
+        check(Op::LayerNorm, &[], &[&x, &f(&[4], &[1.; 4]), &f(&[4], &[0.; 4])], want);
     }
 
     #[test]
