@@ -60,8 +60,10 @@ impl fmt::Display for Token<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.tok {
             Tok::Eof => f.write_str("end of input"),
-            Tok::Str(_) => write!(f, "string {}", self.text),
-            _ => write!(f, "'{}'", self.text),
+            // Shortened: a token may be a whole line of a hostile file, and an error is one
+            // line a person reads (a `'` inside a token defeats shortening by quotes).
+            Tok::Str(_) => write!(f, "string {}", crate::error::shorten(self.text)),
+            _ => write!(f, "'{}'", crate::error::shorten(self.text)),
         }
     }
 }
