@@ -313,6 +313,9 @@ impl<'a> Parser<'a> {
     }
 
     fn unexpected(&self, expected: impl fmt::Display) -> Error {
+        // Names in `expected` come from the file: a control character in one (a newline in
+        // a quoted node name) must not break the one-line error.
+        let expected = crate::error::escape_controls(&expected.to_string(), false).into_owned();
         err!(Some(self.tok.loc), "expected {expected}, found {}", self.tok)
     }
 
