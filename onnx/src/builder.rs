@@ -132,18 +132,12 @@ impl Builder {
         if let Some(p) = source.as_ref().and_then(|s| self.param_of.get(s)) {
             return p.clone();
         }
-        let name = self.fresh(source.as_deref().unwrap_or(hint));
         let value = match half {
             // Exact: `t` was widened from these halves.
             Some(h) => Tensor::new(t.shape.clone(), Data::from_f64(h, t.data.to_f64())),
             None => (**t).clone(),
         };
-        let ty = value.ty();
-        self.types.insert(name.clone(), ty.clone());
-        // The file is set when the graph is written (`save`): in memory, `params` holds it.
-        let data = ParamData::File { path: String::new(), key: Some(name.clone()) };
-        self.graph.params.push(Param { name: name.clone(), ty, dims: None, data, loc: None });
-        self.params.insert(name.clone(), value);
+        let name = self.param(source.as_deref().unwrap_or(hint), value);
         let read = match half {
             Some(_) => {
                 let cast = self.fresh(&format!("{name}.f32"));
@@ -159,6 +153,18 @@ impl Builder {
             self.param_of.insert(s.clone(), read.clone());
         }
         read
+    }
+
+    /// A new param holding `value`, named after `hint`.
+    pub fn param(&mut self, hint: &str, value: Tensor) -> String {
+        let name = self.fresh(hint);
+        let ty = value.ty();
+        self.types.insert(name.clone(), ty.clone());
+        // The file is set when the graph is written (`save`): in memory, `params` holds it.
+        let data = ParamData::File { path: String::new(), key: Some(name.clone()) };
+        self.graph.params.push(Param { name: name.clone(), ty, dims: None, data, loc: None });
+        self.params.insert(name.clone(), value);
+        name
     }
 
     /// `op(args) {attrs}`, named after `name`: evaluated now when every operand is a

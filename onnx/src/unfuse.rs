@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 use meshc_ir::infer::{infer, Operand};
 use meshc_ir::interp::eval_node;
-use meshc_ir::{attrs, Attr, Graph, Node, Op, Param, ParamData, Tensor};
+use meshc_ir::{attrs, Attr, Graph, Node, Op, Param, Tensor};
 
 use crate::builder::Builder;
 
@@ -120,11 +120,11 @@ fn split(b: &mut Builder, f: &Fused) -> Result<(), String> {
     let first_new = b.graph.params.len();
     let mut replacement: HashMap<String, Vec<Node>> = HashMap::new();
     for (k, s, w, bias) in parts {
-        let wname = param(b, &format!("{}.{k}", f.weight), w);
+        let wname = b.param(&format!("{}.{k}", f.weight), w);
         let mut nodes = Vec::new();
         match (&f.add, bias) {
             (Some((_, bname, bias_first)), Some(bv)) => {
-                let bname = param(b, &format!("{bname}.{k}"), bv);
+                let bname = b.param(&format!("{bname}.{k}"), bv);
                 let mm = b.fresh(&format!("{s}.matmul"));
                 b.types.insert(mm.clone(), b.types[&s].clone());
                 nodes.push(Node::new(&mm, Op::MatMul, &[x.as_str(), wname.as_str()]));
@@ -157,17 +157,6 @@ fn split(b: &mut Builder, f: &Fused) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// A new param holding `value`, named after `hint`.
-fn param(b: &mut Builder, hint: &str, value: Tensor) -> String {
-    let name = b.fresh(hint);
-    let ty = value.ty();
-    b.types.insert(name.clone(), ty.clone());
-    let data = ParamData::File { path: String::new(), key: Some(name.clone()) };
-    b.graph.params.push(Param { name: name.clone(), ty, dims: None, data, loc: None });
-    b.params.insert(name.clone(), value);
-    name
 }
 
 #[cfg(test)]
