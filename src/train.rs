@@ -30,11 +30,11 @@ pub fn differentiate(g: &Graph, info: &Info, loss: &str, wrt: &[String]) -> Resu
 /// `g` with the loss `--loss` names (a tensor of `g`, or a built-in loss of one:
 /// `meshc_ir::loss`) attached and verified, and the loss's name.
 fn with_loss<'a>(g: &'a Graph, info: &'a Info, loss: &str) -> Result<(Cow<'a, Graph>, Cow<'a, Info>, String)> {
-    let spec = loss::Spec::parse(loss)?;
-    if spec == loss::Spec::Named(loss.to_string()) {
-        return Ok((Cow::Borrowed(g), Cow::Borrowed(info), loss.to_string()));
-    }
-    let (lg, name) = loss::attach(g, info, &spec)?;
+    let (kind, of) = match loss::Spec::parse(loss)? {
+        loss::Spec::Named(name) => return Ok((Cow::Borrowed(g), Cow::Borrowed(info), name)),
+        loss::Spec::Builtin { kind, of } => (kind, of),
+    };
+    let (lg, name) = loss::attach(g, info, kind, &of)?;
     let linfo = verify::verify(&lg).context("the graph with its loss does not verify (a meshc bug)")?;
     Ok((Cow::Owned(lg), Cow::Owned(linfo), name))
 }

@@ -64,14 +64,9 @@ impl Spec {
     }
 }
 
-/// `g` (verified as `info`) with the loss `spec` asks for, and the loss's name: `g` itself
-/// for a named loss; for a built-in one, `g` with the loss ops, the truth input and the
-/// output `loss` appended.
-pub fn attach(g: &Graph, info: &Info, spec: &Spec) -> Result<(Graph, String)> {
-    let (kind, of) = match spec {
-        Spec::Named(name) => return Ok((g.clone(), name.clone())),
-        Spec::Builtin { kind, of } => (*kind, of.as_str()),
-    };
+/// `g` (verified as `info`) with the built-in loss `kind` of its tensor `of` attached: the
+/// loss ops, the truth input and the output `loss` appended; and the loss's name.
+pub fn attach(g: &Graph, info: &Info, kind: Kind, of: &str) -> Result<(Graph, String)> {
     let Some(ty) = info.types.get(of) else {
         return Err(Error::new(format!(
             "--loss: the graph has no tensor '{of}'{}",

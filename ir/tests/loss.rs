@@ -3,12 +3,19 @@
 
 use std::path::Path;
 
-use meshc_ir::loss::{attach, Spec};
+use meshc_ir::loss::{self, Spec};
+use meshc_ir::Result;
 use meshc_ir::{interp, params, verify, DType, Data, Graph, Input, Node, Op, Output, Tensor, TensorType};
 use proptest::prelude::*;
 
 const ROWS: usize = 3;
 const CLASSES: usize = 4;
+
+/// The built-in loss `spec` names attached to `g`.
+fn attach(g: &Graph, info: &verify::Info, spec: &Spec) -> Result<(Graph, String)> {
+    let Spec::Builtin { kind, of } = spec else { panic!("{spec:?} is no built-in loss") };
+    loss::attach(g, info, *kind, of)
+}
 
 /// y = x · 1 (a node, so the loss is taken of a computed tensor, not an input).
 fn graph() -> Graph {
