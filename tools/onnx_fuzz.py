@@ -69,6 +69,13 @@ class Model:
         w = np.arange(1, len(vs) + 1, dtype=np.float64)
         return vs[self.rng.choice(len(vs), p=w / w.sum())]
 
+    def pick_axis(self):
+        """A value of rank 1 or more and one of its axes, or (None, None)."""
+        a = self.pick(lambda v: len(v[1]) >= 1)
+        if a is None:
+            return None, None
+        return a, int(self.rng.integers(len(a[1])))
+
 
 def floats(v):
     return v[2] == np.float32
@@ -168,10 +175,9 @@ def slice_len(d, start, end, step):
 
 
 def g_slice(m):
-    a = m.pick(lambda v: len(v[1]) >= 1)
+    a, axis = m.pick_axis()
     if a is None:
         return None
-    axis = int(m.rng.integers(len(a[1])))
     d = a[1][axis]
     step = int(m.rng.choice([1, 1, 2, -1, -2]))
     start, end = (int(x) for x in m.rng.integers(-d - 2, d + 3, 2))
@@ -184,10 +190,9 @@ def g_slice(m):
 
 
 def g_concat(m):
-    a = m.pick(lambda v: len(v[1]) >= 1)
+    a, axis = m.pick_axis()
     if a is None:
         return None
-    axis = int(m.rng.integers(len(a[1])))
     fits = lambda v: v[2] == a[2] and len(v[1]) == len(a[1]) and all(  # noqa: E731
         x == y for i, (x, y) in enumerate(zip(v[1], a[1])) if i != axis
     )
@@ -199,10 +204,9 @@ def g_concat(m):
 
 
 def g_gather(m):
-    a = m.pick(lambda v: len(v[1]) >= 1)
+    a, axis = m.pick_axis()
     if a is None:
         return None
-    axis = int(m.rng.integers(len(a[1])))
     d = a[1][axis]
     ishape = tuple(int(x) for x in m.rng.integers(1, 4, m.rng.integers(0, 3)))
     idx = m.rng.integers(-d, d, ishape).astype(np.int64)
