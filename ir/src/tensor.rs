@@ -137,6 +137,26 @@ pub(crate) fn safetensors_data_end(header: &[u8]) -> Result<u64> {
 /// gigabytes is a hostile or broken file).
 pub(crate) const MAX_NPY_HEADER: usize = 1 << 20;
 
+/// The deepest bracket nesting read in a `.npy` header (numpy's own is 2: a dict holding
+/// the shape's tuple; a structured dtype's list of tuples is 3 or 4, and meshc refuses it).
+const MAX_NPY_NESTING: usize = 8;
+
+/// The deepest nesting of brackets in `text`.
+fn nesting(text: &[u8]) -> usize {
+    let (mut depth, mut max) = (0usize, 0);
+    for c in text {
+        match c {
+            b'(' | b'[' | b'{' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b')' | b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
+}
+
 /// Reads until `buf` is full or the file ends; the number of bytes read.
 fn read_up_to(f: &mut std::fs::File, buf: &mut [u8]) -> Result<usize> {
     let mut got = 0;
@@ -162,6 +182,15 @@ pub(crate) fn npy_type(bytes: &[u8]) -> Result<TensorType> {
         } else {
             "not a valid .npy file: it ends inside its header".to_string()
         }));
+    }
+    // npyz's parser of the header's Python literal backtracks exponentially in its
+    // nesting: numpy writes a dict holding a tuple, so anything deeper is refused here.
+    let start = if bytes.get(6) == Some(&1) { 10 } else { 12 };
+    let depth = nesting(&bytes[start.min(offset)..offset]);
+    if depth > MAX_NPY_NESTING {
+        return Err(Error::new(format!(
+            "not a valid .npy file: its header nests brackets {depth} deep ; numpy writes 2"
+        )));
     }
     // npyz quotes the whole header in some errors, and a syntax error in it over several
     // lines (the parser's position, the line, a caret): one line of it, shortened.
