@@ -25,8 +25,8 @@ pub const TARGETS: [(&str, Check); 7] = [
     ("artifact", artifact),
 ];
 
-/// The longest error line accepted: names quoted whole are cut at 80 characters, so a line
-/// longer than this repeats or nests something without bound.
+/// The longest error line accepted, in characters: quoted names are cut at 80 characters and
+/// whole messages at 900, so a longer line escaped the cut.
 const MAX_ERROR: usize = 1024;
 
 /// Panics unless `msg` is one line where meshc prints it. Quoted parts (in single quotes,
@@ -36,11 +36,11 @@ const MAX_ERROR: usize = 1024;
 fn one_line(what: &str, msg: &str) {
     let ours: String = msg.split('\'').step_by(2).flat_map(|p| p.split('"').step_by(2)).collect();
     assert!(!ours.contains(['\n', '\r']), "{what}: an error of more than one line: {msg:?}");
-    let printed = escape_controls(&shorten_quoted(msg), false).into_owned();
+    let printed = shorten_quoted(&escape_controls(msg, false));
+    let chars = printed.chars().count();
     assert!(
-        printed.len() <= MAX_ERROR,
-        "{what}: an error of {} bytes: {:?}",
-        printed.len(),
+        chars <= MAX_ERROR,
+        "{what}: an error of {chars} characters: {:?}",
         printed.chars().take(200).collect::<String>()
     );
 }

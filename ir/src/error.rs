@@ -65,21 +65,27 @@ macro_rules! err {
 /// 1 MB error line.
 pub const QUOTE_MAX: usize = 80;
 
-/// `msg` with every single-quoted part longer than `QUOTE_MAX` shortened: how messages
-/// leave the process, whatever layer quoted a user's name in them.
+/// The longest message printed whole: longer than any meshc writes, so reached only when
+/// a name holding quotes of its own escaped `shorten_quoted`'s pairing.
+pub const MESSAGE_MAX: usize = 900;
+
+/// `msg` with every single-quoted part longer than `QUOTE_MAX` shortened, and the whole cut
+/// at `MESSAGE_MAX` characters: how messages leave the process, whatever layer quoted a
+/// user's name in them.
 pub fn shorten_quoted(msg: &str) -> String {
     let parts: Vec<&str> = msg.split('\'').collect();
-    if parts.len() < 3 {
-        return msg.to_string();
-    }
     // Odd parts sit between quotes (an unmatched last quote leaves its tail alone).
     let last = if parts.len().is_multiple_of(2) { parts.len() - 1 } else { parts.len() };
-    parts
+    let short = parts
         .iter()
         .enumerate()
         .map(|(i, p)| if i % 2 == 1 && i < last { shorten(p) } else { (*p).into() })
         .collect::<Vec<_>>()
-        .join("'")
+        .join("'");
+    match short.char_indices().nth(MESSAGE_MAX) {
+        None => short,
+        Some((at, _)) => format!("{}... ({} characters)", &short[..at], short.chars().count()),
+    }
 }
 
 /// `s` as a message quotes it: whole when short, else its first characters and its length.
@@ -117,6 +123,9 @@ mod tests {
             format!("node 'y': operand '{}... (1048576 characters)' is not defined; 'x' is", "n".repeat(60))
         );
         assert_eq!(shorten_quoted("it's fine"), "it's fine");
+        // A name holding a quote pairs the wrong quotes: the whole line is still bounded.
+        let odd = shorten_quoted(&format!("node 'a'{name}' is bad"));
+        assert!(odd.ends_with("nnn... (1048592 characters)") && odd.len() < MESSAGE_MAX + 30, "{}", odd.len());
     }
 
     #[test]

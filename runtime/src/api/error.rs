@@ -33,8 +33,9 @@ impl Error {
     }
 }
 
-/// An error's whole context chain on one line, long quoted strings shortened and control
-/// characters escaped: how every meshc error is shown.
+/// An error's whole context chain on one line, control characters escaped and long quoted
+/// strings shortened (escaped first, so that what is shortened is what is printed): how
+/// every meshc error is shown.
 pub fn one_line(e: &anyhow::Error) -> String {
-    meshc_ir::error::escape_controls(&meshc_ir::error::shorten_quoted(&format!("{e:#}")), false).into_owned()
+    meshc_ir::error::shorten_quoted(&meshc_ir::error::escape_controls(&format!("{e:#}"), false))
 }
