@@ -251,10 +251,18 @@ fn node(b: &mut Builder, n: &NodeProto, g: &GraphProto, opset: i64, values: &mut
     let op_type = n.op_type.as_deref().unwrap_or("");
     let out = n.output.iter().find(|o| !o.is_empty()).cloned().unwrap_or_default();
     let label = n.name.clone().filter(|s| !s.is_empty()).unwrap_or_else(|| out.clone());
-    let fail = |e: String| format!("node '{label}' ({op_type}): {e}");
+    // An op type ONNX does not define is the file's own text, so it is only shown quoted
+    // (where errors escape and shorten what a file names).
+    let known = validate::defines(op_type);
+    let fail = |e: String| match known {
+        true => format!("node '{label}' ({op_type}): {e}"),
+        false => format!("node '{label}': {e}"),
+    };
     if !is_default_domain(n.domain.as_deref()) {
         let domain = n.domain.as_deref().unwrap_or("");
-        return Err(fail(format!("domain '{domain}' is not supported (only the default ONNX domain)")));
+        return Err(fail(format!(
+            "domain '{domain}' of op '{op_type}' is not supported (only the default ONNX domain)"
+        )));
     }
     validate::check(n, opset).map_err(fail)?;
     for (k, o) in n.output.iter().enumerate().filter(|(_, o)| !o.is_empty()) {

@@ -59,6 +59,11 @@ pub fn check(n: &NodeProto, opset: i64) -> R<()> {
     Ok(())
 }
 
+/// Whether ONNX's default domain defines `op` at some opset.
+pub fn defines(op: &str) -> bool {
+    !versions(op).is_empty()
+}
+
 /// Every version of `op`'s schema, oldest first.
 fn versions(op: &str) -> &'static [S] {
     let from = SCHEMAS.partition_point(|s| s.0 < op);
