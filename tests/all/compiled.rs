@@ -150,7 +150,12 @@ fn run_refuses_bad_inputs_with_pinned_errors() {
     let art = dir.join("mlp.mshc");
     assert_eq!(meshc(&["compile", "testdata/mlp/graph.json", "-o", art.to_str().unwrap()]).status, Some(0));
     let a = art.to_str().unwrap();
-    let cases: [(&str, Vec<&str>); 4] = [
+    let no_inputs = dir.join("params-only.mshc");
+    assert_eq!(
+        meshc(&["compile", "testdata/regress/params-only.txt", "-o", no_inputs.to_str().unwrap()]).status,
+        Some(0)
+    );
+    let cases: [(&str, Vec<&str>); 5] = [
         ("run-missing-input", vec!["run", a]),
         (
             "run-extra-input",
@@ -158,6 +163,7 @@ fn run_refuses_bad_inputs_with_pinned_errors() {
         ),
         ("run-wrong-shape", vec!["run", a, "--input", "x=testdata/gelu_mlp/inputs/x.npy"]),
         ("run-unreadable-npy", vec!["run", a, "--input", "x=testdata/bad/weights/w_truncated.npy"]),
+        ("run-input-to-no-inputs", vec!["run", no_inputs.to_str().unwrap(), "--input", "x=testdata/mlp/inputs/x.npy"]),
     ];
     let mut failures = Vec::new();
     for (name, args) in cases {

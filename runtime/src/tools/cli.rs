@@ -118,8 +118,7 @@ impl Io {
         for arg in &self.outputs {
             let (name, file) = name_eq_file(arg, "--output")?;
             if !names.contains(&name) {
-                let hint = meshc_ir::suggest::did_you_mean(name, names.iter().copied());
-                bail!("--output {name}: the graph has no output '{name}'{hint} (its outputs: {})", names.join(", "));
+                bail!("--output {name}: {}", Mismatch::unknown(name, names.iter().copied(), true));
             }
             wanted.push((name.to_string(), PathBuf::from(file)));
         }
