@@ -117,12 +117,18 @@ onnx-fuzz: $(ONNX_VENV)/bin/python
 	$(ONNX_VENV)/bin/python -W ignore tools/onnx_fuzz.py $(MESHC) --cases $(ONNX_FUZZ_CASES)
 
 # Coverage-guided fuzzing of the readers of every file a user hands meshc (fuzz/: cargo fuzz
-# and libFuzzer; a project of its own, outside the workspace): FUZZ_SECONDS per target, each
-# input bounded to 10 s and 2 GB. cargo fuzz passes nightly flags (-Zsanitizer=address), which
+# and libFuzzer; a project of its own, outside the workspace): up to FUZZ_RUNS inputs and
+# FUZZ_SECONDS per target, each input bounded to 10 s and 2 GB. libFuzzer's seed is fixed
+# (FUZZ_SEED) so that CI explores what was explored before the commit landed, a prefix of it
+# on a slower machine: a red CI is then a finding anyone can reproduce, never a new input met
+# by chance. To look for new findings, run it with FUZZ_SEED=0 (a random seed) and more
+# FUZZ_SECONDS. cargo fuzz passes nightly flags (-Zsanitizer=address), which
 # RUSTC_BOOTSTRAP=1 lets the stable toolchain take. The corpora are seeded from testdata/
 # (tools/fuzz_seeds.sh). A crash is kept in fuzz/artifacts/TARGET/; minimised (cargo fuzz tmin)
 # it belongs in testdata/fuzz-regressions/TARGET/, which make test replays (tests/all/fuzz_files.rs).
 FUZZ_SECONDS ?= 60
+FUZZ_RUNS ?= 100000
+FUZZ_SEED ?= 1
 FUZZ_TARGETS := onnx_import safetensors checkpoint_index npy text_graph json_graph artifact
 CARGO_FUZZ := cd fuzz && RUSTC_BOOTSTRAP=1 $(CARGO) fuzz
 fuzz-files: $(MESHC)
@@ -130,9 +136,9 @@ fuzz-files: $(MESHC)
 	tools/fuzz_seeds.sh
 	$(CARGO_FUZZ) build
 	@failed=""; for t in $(FUZZ_TARGETS); do \
-		echo "--- fuzz target $$t, $(FUZZ_SECONDS) s"; \
-		( $(CARGO_FUZZ) run $$t -- -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 ) \
-			|| failed="$$failed $$t"; \
+		echo "--- fuzz target $$t: $(FUZZ_RUNS) inputs or $(FUZZ_SECONDS) s, seed $(FUZZ_SEED)"; \
+		( $(CARGO_FUZZ) run $$t -- -seed=$(FUZZ_SEED) -runs=$(FUZZ_RUNS) -max_total_time=$(FUZZ_SECONDS) \
+			-timeout=10 -rss_limit_mb=2048 -print_final_stats=1 ) || failed="$$failed $$t"; \
 	done; \
 	if [ -n "$$failed" ]; then echo "fuzz targets that failed:$$failed (inputs in fuzz/artifacts/)"; exit 1; fi
 

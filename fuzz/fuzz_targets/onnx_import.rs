@@ -1,3 +1,3 @@
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| meshc_fuzz::onnx_import(data));
+libfuzzer_sys::fuzz_target!(init: meshc_fuzz::init(), |data: &[u8]| meshc_fuzz::onnx_import(data));
