@@ -612,6 +612,42 @@ def bounded():
     save("bounded", g, feeds, {})
 
 
+def control_if():
+    """If nodes whose condition folds at import: one on a fact of the shapes (x's width is 4)
+    whose untaken branch holds Sin, which meshc does not import, and one on a constant whose
+    taken branch holds an If of its own. The branches read the outer graph's input and
+    initializer by name and hold initializers of their own."""
+    r = np.random.default_rng(12)
+    f = TensorProto.FLOAT
+
+    def weight(name, shape):
+        return numpy_helper.from_array(r.standard_normal(shape).astype(np.float32), name)
+
+    x = helper.make_tensor_value_info("x", f, ["batch", 4])
+    outs = [helper.make_tensor_value_info(o, f, ["batch", 4]) for o in ("y", "z")]
+
+    def branch(name, nodes, out, inits=()):
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(out, f, None)], list(inits))
+
+    then_y = branch("relu_scaled", [node("Relu", ["x"], ["/relu"]), node("Mul", ["/relu", "w_then"], ["y_then"])],
+                    "y_then", [weight("w_then", [4])])
+    else_y = branch("sin", [node("Sin", ["x"], ["y_else"])], "y_else")
+    inner_then = branch("matmul", [node("MatMul", ["/shifted", "w"], ["z_inner"])], "z_inner")
+    inner_else = branch("neg", [node("Neg", ["/shifted"], ["z_neg"])], "z_neg")
+    then_z = branch("never", [node("Sin", ["x"], ["z_then"])], "z_then")
+    else_z = branch("shifted", [node("Add", ["x", "b"], ["/shifted"]), const("/inner_cond", np.array(True)),
+                                helper.make_node("If", ["/inner_cond"], ["z_else"], name="/inner_if",
+                                                 then_branch=inner_then, else_branch=inner_else)], "z_else")
+    nodes = [node("Shape", ["x"], ["/shape"]), const("/one", np.array(1, dtype=np.int64)),
+             node("Gather", ["/shape", "/one"], ["/width"], axis=0), const("/four", np.array(4, dtype=np.int64)),
+             node("Equal", ["/width", "/four"], ["/is_four"]),
+             helper.make_node("If", ["/is_four"], ["y"], name="/if_width", then_branch=then_y, else_branch=else_y),
+             const("/false", np.array(False)),
+             helper.make_node("If", ["/false"], ["z"], name="/if_const", then_branch=then_z, else_branch=else_z)]
+    g = helper.make_graph(nodes, "control_if", [x], outs, [weight("w", [4, 4]), weight("b", [4])])
+    save("control_if", g, {"x": r.standard_normal((3, 4)).astype(np.float32)}, {"batch": 3})
+
+
 def bad():
     """Bad inputs for testdata/bad/ (tests/all/golden.rs pins each one-line error)."""
     d = os.path.join(OUT, "..", "bad")
@@ -657,6 +693,16 @@ def bad():
     write("initializer-size", [helper.make_node("MatMul", ["x", "w"], ["y"])], [short])
     write("int8", [helper.make_node("Add", ["x", "q"], ["y"])], [numpy_helper.from_array(np.zeros(4, np.int8), "q")])
     write("cycle", [helper.make_node("Relu", ["h"], ["y"], name="a"), helper.make_node("Relu", ["y"], ["h"], name="b")])
+    # An If on a condition known only at run time (whether x sums above 0).
+    sums = [helper.make_node("ReduceSum", ["x"], ["s"], name="sum", keepdims=0),
+            helper.make_node("Greater", ["s", "zero"], ["c"], name="positive")]
+    def arm(op):
+        return helper.make_graph([helper.make_node(op, ["x"], ["o"])], op.lower(), [],
+                                 [helper.make_tensor_value_info("o", TensorProto.FLOAT, None)])
+
+    write("if-run-time", sums + [helper.make_node("If", ["c"], ["y"], name="if", then_branch=arm("Relu"),
+                                                  else_branch=arm("Neg"))],
+          [numpy_helper.from_array(np.array(0, np.float32), "zero")])
     # Found by tests/all/onnx_fuzz.rs: an op given fewer inputs than it takes panicked in
     # shape inference.
     write("concat-no-inputs", [helper.make_node("Concat", [], ["y"], name="cat", axis=0)])
@@ -753,6 +799,7 @@ if __name__ == "__main__":
     numerics()
     input_default()
     bounded()
+    control_if()
     bad()
     total = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote {OUT} ({total} bytes)", file=sys.stderr)

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::LazyLock;
 
 use super::ops::{Convert, Converter, CURRENT, R};
-use super::{nn, ops, ops_attention, ops_legacy, ops_math, ops_more, ops_scatter, validate};
+use super::{control, nn, ops, ops_attention, ops_legacy, ops_math, ops_more, ops_scatter, validate};
 
 /// Every module's table.
 const TABLES: [&[Converter]; 7] = [
@@ -56,9 +56,10 @@ pub fn converter(op_type: &str, opset: i64) -> R<Convert> {
     ))
 }
 
-/// The ONNX op types meshc imports (at some opset), sorted.
+/// The ONNX op types meshc imports (at some opset), sorted: the converters' and the control
+/// flow the model walk imports itself.
 pub fn supported() -> Vec<&'static str> {
-    let mut ops: Vec<&str> = CONVERTERS.keys().copied().collect();
+    let mut ops: Vec<&str> = CONVERTERS.keys().copied().chain(control::OPS).collect();
     ops.sort_unstable();
     ops
 }

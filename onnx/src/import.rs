@@ -9,6 +9,7 @@ use std::path::Path;
 use meshc_ir::{DType, Graph, Input, Output, Tensor, TensorType};
 
 use super::builder::{Builder, Value};
+use super::control;
 use super::dispatch;
 use super::external::External;
 use super::ops::Ctx;
@@ -243,6 +244,43 @@ fn input(
     Ok(v)
 }
 
+/// The outputs of the subgraph `g` (an `If`'s taken branch), its nodes imported in the scope
+/// of the graph around it (`values`, which it reads by name); what it defines stays in it.
+fn branch(b: &mut Builder, g: &GraphProto, opset: i64, values: &HashMap<String, Value>) -> R<Vec<Value>> {
+    let name = g.name.as_deref().unwrap_or("");
+    let within = |e: String| format!("branch '{name}': {e}");
+    if let Some(i) = g.input.first() {
+        return Err(within(format!(
+            "it has an input ('{}'); an If's branches take none",
+            i.name.as_deref().unwrap_or("")
+        )));
+    }
+    let mut scope = values.clone();
+    for t in &g.initializer {
+        let name = t.name.clone().unwrap_or_default();
+        if tensors::is_external(t) {
+            return Err(within(format!(
+                "initializer '{name}' keeps its data in an external file, which meshc reads only for the main graph"
+            )));
+        }
+        let v =
+            tensors::tensor_from(t, t.raw_data.as_deref()).map_err(|e| within(format!("initializer '{name}': {e}")))?;
+        if scope.insert(name.clone(), Value::named(v, &name)).is_some() {
+            return Err(within(format!("initializer '{name}' is already defined (ONNX defines each name once)")));
+        }
+    }
+    for n in &g.node {
+        node(b, n, g, opset, &mut scope).map_err(within)?;
+    }
+    g.output
+        .iter()
+        .map(|o| {
+            let name = o.name.as_deref().unwrap_or("");
+            scope.get(name).cloned().ok_or_else(|| within(format!("output '{name}' is computed by no node")))
+        })
+        .collect()
+}
+
 /// One node of `g`: checked for its domain, against its op's schema (`validate`) and for
 /// outputs no other node, input or initializer defines (ONNX graphs are in SSA form),
 /// converted by the converter of its op type at the model's opset (`dispatch`), its
@@ -285,6 +323,17 @@ fn node(b: &mut Builder, n: &NodeProto, g: &GraphProto, opset: i64, values: &mut
             }),
         })
         .collect::<R<Vec<_>>>()?;
+    if op_type == "If" {
+        let taken = control::taken(n, args.first().and_then(Option::as_ref)).map_err(fail)?;
+        let results = branch(b, taken, opset, values).map_err(fail)?;
+        if results.len() != n.output.len() {
+            return Err(fail(format!("its branch has {} outputs, the node {}", results.len(), n.output.len())));
+        }
+        for (name, v) in n.output.iter().zip(results).filter(|(name, _)| !name.is_empty()) {
+            values.insert(name.clone(), v);
+        }
+        return Ok(());
+    }
     let convert = dispatch::converter(op_type, opset).map_err(fail)?;
     // The meshc nodes are named after the ONNX node (`/encoder/layer.0/attention/self/query/MatMul`),
     // which says where in the model they are; a node without a name after its first output.

@@ -8,6 +8,7 @@
 pub mod proto;
 
 mod builder;
+mod control;
 mod dims;
 mod dispatch;
 mod external;
