@@ -7,13 +7,13 @@ fuzzer of the ONNX frontend (`make fuzz`, ONNX_FUZZ_CASES).
 Case k draws its model from the seed S + k (the same case again: --seed S+k --cases 1): a
 few float inputs, then a chain of nodes of the ops meshc imports (elementwise, MatMul and
 Gemm, reductions, Reshape, Transpose, Slice, Concat, Gather, Softmax and LogSoftmax,
-LayerNormalization, Conv and pools at small sizes, Cast, Identity and Expand no-ops), each
-reading values made before it; one to three outputs, among them values later nodes also
-read and graph inputs. onnxruntime's outputs are the reference; `meshc run` (import,
-compile, run) and `meshc interp` must give them within a tolerance. A model meshc refuses
-in one line (exit 1) counts as refused; a crash, a hang or a wrong result is a failure,
-whose model and inputs are kept (under target/onnx-fuzz-failures/ unless --keep says)
-and which makes the run exit 1.
+LayerNormalization, Conv and pools at small sizes, Cast, Identity and Expand no-ops, If
+on a fact of the shapes), each reading values made before it; one to three outputs, among
+them values later nodes also read and graph inputs. onnxruntime's outputs are the
+reference; `meshc run` (import, compile, run) and `meshc interp` must give them within a
+tolerance. A model meshc refuses in one line (exit 1) counts as refused; a crash, a hang
+or a wrong result is a failure, whose model and inputs are kept (under
+target/onnx-fuzz-failures/ unless --keep says) and which makes the run exit 1.
 """
 
 import argparse
@@ -321,8 +321,35 @@ def g_int_arith(m):
     return m.node(op, [a[0], m.init(c.astype(a[2]))], a[1], a[2], False)
 
 
+def g_if(m):
+    """An If on a fact of a value's static shape (its size along an axis, equal or not to a
+    probe), whose branches apply different unary ops to that value: meshc imports the
+    taken branch alone."""
+    from onnx import TensorProto, helper
+
+    a = m.pick(lambda v: floats(v) and len(v[1]) >= 1)
+    if a is None:
+        return None
+    axis = int(m.rng.integers(len(a[1])))
+    probe = a[1][axis] + int(m.rng.integers(0, 2))
+    shape, size, cond = m.name("s"), m.name("g"), m.name("c")
+    m.nodes += [
+        helper.make_node("Shape", [a[0]], [shape]),
+        helper.make_node("Gather", [shape, m.init(np.int64(axis))], [size], axis=0),
+        helper.make_node("Equal", [size, m.init(np.int64(probe))], [cond]),
+    ]
+
+    def branch():
+        out = m.name("b")
+        op = ["Relu", "Neg", "Abs", "Floor"][m.rng.integers(4)]
+        body = [helper.make_node(op, [a[0]], [out])]
+        return helper.make_graph(body, m.name("branch"), [], [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)])
+
+    return m.node("If", [cond], a[1], tame=a[3], then_branch=branch(), else_branch=branch())
+
+
 GENERATORS = [g_unary, g_binary, g_binary, g_matmul, g_reduce, g_reshape, g_transpose, g_slice, g_concat, g_gather,
-              g_softmax, g_layernorm, g_conv, g_cast, g_noop, g_where, g_pad, g_int_arith]
+              g_softmax, g_layernorm, g_conv, g_cast, g_noop, g_where, g_pad, g_int_arith, g_if]
 
 
 def draw(seed):
