@@ -648,6 +648,39 @@ def control_if():
     save("control_if", g, {"x": r.standard_normal((3, 4)).astype(np.float32)}, {"batch": 3})
 
 
+def control_loop():
+    """Loops meshc unrolls at import: one of a constant trip count whose body carries a state
+    through a MatMul on the outer graph's weight and scans it out, adding its iteration number;
+    one with no trip count that runs while its carried counter stays below 5."""
+    r = np.random.default_rng(13)
+    f, i64 = TensorProto.FLOAT, TensorProto.INT64
+    x = helper.make_tensor_value_info("x", f, ["batch", 4])
+    outs = [helper.make_tensor_value_info("h", f, ["batch", 4]), helper.make_tensor_value_info("hs", f, [3, "batch", 4]),
+            helper.make_tensor_value_info("y", f, ["batch", 4]), helper.make_tensor_value_info("count", i64, [])]
+    info = helper.make_tensor_value_info
+    body = helper.make_graph(
+        [node("MatMul", ["h_in", "w"], ["/mm"]), node("Cast", ["i"], ["/i_f"], to=f),
+         const("/tenth", np.array(0.1, np.float32)), node("Mul", ["/i_f", "/tenth"], ["/step"]),
+         node("Add", ["/mm", "/step"], ["/pre"]), node("Tanh", ["/pre"], ["h_out"]),
+         node("Identity", ["cond_in"], ["cond_out"]), node("Identity", ["h_out"], ["h_scan"])],
+        "step", [info("i", i64, []), info("cond_in", TensorProto.BOOL, []), info("h_in", f, None)],
+        [info("cond_out", TensorProto.BOOL, []), info("h_out", f, None), info("h_scan", f, None)])
+    counting = helper.make_graph(
+        [const("/one", np.array(1, np.int64)), node("Add", ["c_in", "/one"], ["c_out"]),
+         const("/five", np.array(5, np.int64)), node("Less", ["c_out", "/five"], ["go"]),
+         const("/half", np.array(0.5, np.float32)), node("Mul", ["y_in", "/half"], ["/halved"]),
+         node("Add", ["/halved", "x"], ["y_out"])],
+        "count", [info("j", i64, []), info("go_in", TensorProto.BOOL, []), info("c_in", i64, []), info("y_in", f, None)],
+        [info("go", TensorProto.BOOL, []), info("c_out", i64, []), info("y_out", f, None)])
+    nodes = [const("/trips", np.array(3, np.int64)),
+             helper.make_node("Loop", ["/trips", "", "x"], ["h", "hs"], name="/loop", body=body),
+             const("/true", np.array(True)), const("/zero", np.array(0, np.int64)),
+             helper.make_node("Loop", ["", "/true", "/zero", "x"], ["count", "y"], name="/while", body=counting)]
+    w = numpy_helper.from_array((r.standard_normal((4, 4)) * 0.5).astype(np.float32), "w")
+    g = helper.make_graph(nodes, "control_loop", [x], outs, [w])
+    save("control_loop", g, {"x": r.standard_normal((2, 4)).astype(np.float32)}, {"batch": 2})
+
+
 def bad():
     """Bad inputs for testdata/bad/ (tests/all/golden.rs pins each one-line error)."""
     d = os.path.join(OUT, "..", "bad")
@@ -700,6 +733,22 @@ def bad():
         return helper.make_graph([helper.make_node(op, ["x"], ["o"])], op.lower(), [],
                                  [helper.make_tensor_value_info("o", TensorProto.FLOAT, None)])
 
+    # Loops meshc cannot unroll: a condition known only at run time, too many iterations.
+    def body(cond_nodes, cond):
+        return helper.make_graph(
+            cond_nodes + [helper.make_node("Relu", ["h"], ["h2"])], "body",
+            [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+             helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+             helper.make_tensor_value_info("h", TensorProto.FLOAT, None)],
+            [helper.make_tensor_value_info(cond, TensorProto.BOOL, []),
+             helper.make_tensor_value_info("h2", TensorProto.FLOAT, None)])
+
+    run_time = body([helper.make_node("ReduceSum", ["h"], ["hs"], keepdims=0),
+                     helper.make_node("Greater", ["hs", "zero"], ["more"])], "more")
+    write("loop-run-time", [helper.make_node("Loop", ["", "", "x"], ["y"], name="loop", body=run_time)],
+          [numpy_helper.from_array(np.array(0, np.float32), "zero")])
+    write("loop-too-long", [helper.make_node("Loop", ["trips", "", "x"], ["y"], name="loop", body=body([], "c"))],
+          [numpy_helper.from_array(np.array(5000, np.int64), "trips")])
     write("if-run-time", sums + [helper.make_node("If", ["c"], ["y"], name="if", then_branch=arm("Relu"),
                                                   else_branch=arm("Neg"))],
           [numpy_helper.from_array(np.array(0, np.float32), "zero")])
@@ -800,6 +849,7 @@ if __name__ == "__main__":
     input_default()
     bounded()
     control_if()
+    control_loop()
     bad()
     total = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote {OUT} ({total} bytes)", file=sys.stderr)

@@ -244,29 +244,36 @@ fn input(
     Ok(v)
 }
 
-/// The outputs of the subgraph `g` (an `If`'s taken branch), its nodes imported in the scope
-/// of the graph around it (`values`, which it reads by name); what it defines stays in it.
-fn branch(b: &mut Builder, g: &GraphProto, opset: i64, values: &HashMap<String, Value>) -> R<Vec<Value>> {
+/// The outputs of the subgraph `g` (an `If`'s taken branch, one iteration of a `Loop`'s
+/// body), its nodes imported in the scope of the graph around it (`values`, which it reads
+/// by name) with its inputs bound to `inputs`; what it defines stays in it.
+fn subgraph(
+    b: &mut Builder,
+    g: &GraphProto,
+    opset: i64,
+    values: &HashMap<String, Value>,
+    inputs: Vec<Value>,
+) -> R<Vec<Value>> {
     let name = g.name.as_deref().unwrap_or("");
-    let within = |e: String| format!("branch '{name}': {e}");
-    if let Some(i) = g.input.first() {
-        return Err(within(format!(
-            "it has an input ('{}'); an If's branches take none",
-            i.name.as_deref().unwrap_or("")
-        )));
+    let within = |e: String| format!("subgraph '{name}': {e}");
+    if g.input.len() != inputs.len() {
+        return Err(within(format!("it has {} inputs, where {} are given", g.input.len(), inputs.len())));
     }
     let mut scope = values.clone();
-    for t in &g.initializer {
+    let bound = g.input.iter().map(|i| i.name.clone().unwrap_or_default()).zip(inputs);
+    let initializers = g.initializer.iter().map(|t| {
         let name = t.name.clone().unwrap_or_default();
         if tensors::is_external(t) {
-            return Err(within(format!(
+            return Err(format!(
                 "initializer '{name}' keeps its data in an external file, which meshc reads only for the main graph"
-            )));
+            ));
         }
-        let v =
-            tensors::tensor_from(t, t.raw_data.as_deref()).map_err(|e| within(format!("initializer '{name}': {e}")))?;
-        if scope.insert(name.clone(), Value::named(v, &name)).is_some() {
-            return Err(within(format!("initializer '{name}' is already defined (ONNX defines each name once)")));
+        let v = tensors::tensor_from(t, t.raw_data.as_deref()).map_err(|e| format!("initializer '{name}': {e}"))?;
+        Ok((name.clone(), Value::named(v, &name)))
+    });
+    for (name, v) in bound.map(Ok).chain(initializers).collect::<R<Vec<_>>>().map_err(within)? {
+        if scope.insert(name.clone(), v).is_some() {
+            return Err(within(format!("'{name}' is already defined around it (ONNX defines each name once)")));
         }
     }
     for n in &g.node {
@@ -279,6 +286,76 @@ fn branch(b: &mut Builder, g: &GraphProto, opset: i64, values: &HashMap<String, 
             scope.get(name).cloned().ok_or_else(|| within(format!("output '{name}' is computed by no node")))
         })
         .collect()
+}
+
+/// A `Loop` unrolled: its body imported once per iteration, the carried values of one
+/// iteration the inputs of the next, the scan outputs of every iteration stacked. The trip
+/// count and each iteration's condition must be known at import time (`control::Trips`).
+fn unroll(
+    b: &mut Builder,
+    n: &NodeProto,
+    args: &[Option<Value>],
+    opset: i64,
+    values: &HashMap<String, Value>,
+) -> R<Vec<Value>> {
+    let body = control::body(n)?;
+    let mut trips = control::Trips::new(args)?;
+    let mut carried: Vec<Value> = args
+        .iter()
+        .skip(2)
+        .map(|a| a.clone().ok_or_else(|| "a loop-carried value is not given".to_string()))
+        .collect::<R<_>>()?;
+    let scans = body.output.len().checked_sub(1 + carried.len()).ok_or_else(|| {
+        format!(
+            "its body has {} outputs, fewer than the condition and {} carried values",
+            body.output.len(),
+            carried.len()
+        )
+    })?;
+    let mut stacked: Vec<Vec<Value>> = vec![Vec::new(); scans];
+    while let Some(first) = trips.next()? {
+        let mut outs = subgraph(b, body, opset, values, first.into_iter().chain(carried).collect())
+            .map_err(|e| format!("iteration {}: {e}", trips.current()))?;
+        let scanned = outs.split_off(outs.len().saturating_sub(scans));
+        trips.set_condition(&outs[0])?;
+        carried = outs.split_off(1);
+        for (all, v) in stacked.iter_mut().zip(scanned) {
+            all.push(v);
+        }
+    }
+    let mut results = carried;
+    for (k, all) in stacked.iter().enumerate() {
+        if all.is_empty() {
+            return Err(format!("scan output {k} of no iteration would be empty, which meshc does not support"));
+        }
+        let rows = all
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let shape: Vec<i64> = [1].into_iter().chain(b.ty(v).shape.iter().map(|&d| d as i64)).collect();
+                super::ops::reshape(b, v, &shape, &format!("{}.scan{k}.{i}", n.name.as_deref().unwrap_or("loop")))
+            })
+            .collect::<R<Vec<_>>>()?;
+        let name = format!("{}.scan{k}", n.name.as_deref().unwrap_or("loop"));
+        results.push(b.node(
+            &name,
+            meshc_ir::Op::Concat,
+            &rows.iter().collect::<Vec<_>>(),
+            &[("axis", meshc_ir::Attr::Int(0))],
+        )?);
+    }
+    Ok(results)
+}
+
+/// The values `results` of node `n` recorded under its output names: as many as it has.
+fn record(n: &NodeProto, results: Vec<Value>, values: &mut HashMap<String, Value>) -> R<()> {
+    if results.len() != n.output.len() {
+        return Err(format!("its subgraph gives {} outputs, the node has {}", results.len(), n.output.len()));
+    }
+    for (name, v) in n.output.iter().zip(results).filter(|(name, _)| !name.is_empty()) {
+        values.insert(name.clone(), v);
+    }
+    Ok(())
 }
 
 /// One node of `g`: checked for its domain, against its op's schema (`validate`) and for
@@ -325,14 +402,12 @@ fn node(b: &mut Builder, n: &NodeProto, g: &GraphProto, opset: i64, values: &mut
         .collect::<R<Vec<_>>>()?;
     if op_type == "If" {
         let taken = control::taken(n, args.first().and_then(Option::as_ref)).map_err(fail)?;
-        let results = branch(b, taken, opset, values).map_err(fail)?;
-        if results.len() != n.output.len() {
-            return Err(fail(format!("its branch has {} outputs, the node {}", results.len(), n.output.len())));
-        }
-        for (name, v) in n.output.iter().zip(results).filter(|(name, _)| !name.is_empty()) {
-            values.insert(name.clone(), v);
-        }
-        return Ok(());
+        let results = subgraph(b, taken, opset, values, Vec::new()).map_err(fail)?;
+        return record(n, results, values).map_err(fail);
+    }
+    if op_type == "Loop" {
+        let results = unroll(b, n, &args, opset, values).map_err(fail)?;
+        return record(n, results, values).map_err(fail);
     }
     let convert = dispatch::converter(op_type, opset).map_err(fail)?;
     // The meshc nodes are named after the ONNX node (`/encoder/layer.0/attention/self/query/MatMul`),
