@@ -697,6 +697,7 @@ fn transfer(node: &Node, ty: &TensorType) -> Result<Transfer> {
 fn meta(g: &Graph, info: &Info, target: &Target, mesh: Mesh, layouts: &HashMap<String, Layout>) -> Meta {
     let spec = |name: &str, ty: &TensorType| {
         IoSpec::with_layout(name, ty, layouts.get(name).cloned().unwrap_or_else(|| vec![None; ty.rank()]))
+            .with_dims(info.dims.get(name))
     };
     Meta {
         graph: g.name.clone(),

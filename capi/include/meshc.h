@@ -167,6 +167,23 @@ enum meshc_status meshc_model_tensor(const struct meshc_model *model,
                                      struct meshc_tensor_info *info);
 
 /*
+ Writes to `*name` the name the graph gives dimension `dim` of input `index` (`output` 0)
+ or output `index` (`output` 1) of `model` — `batch` for `x: f32[8,32] dims(batch, _)`,
+ an ONNX input's dim_param — or NULL when that dimension is unnamed. The string is the
+ model's, NUL-terminated UTF-8: valid until the model is freed, not to be freed or
+ written by the caller. `dim` is below the tensor's rank (meshc_tensor_info.rank), else
+ MESHC_INVALID.
+
+ # Safety
+ `name` points to writable memory for a pointer.
+ */
+enum meshc_status meshc_model_dim_name(const struct meshc_model *model,
+                                       int32_t output,
+                                       size_t index,
+                                       size_t dim,
+                                       const char **name);
+
+/*
  A session on `model` into `*out`: its arenas allocated once, its device threads started
  by the first run and reused. Free it with meshc_session_free.
 

@@ -99,6 +99,20 @@ struct ModelEntry {
     model: Model,
     /// NUL-terminated names of the inputs, then the outputs.
     names: Vec<CString>,
+    /// The names of their dimensions, in the same order (`None`: unnamed).
+    dims: Vec<Vec<Option<CString>>>,
+}
+
+impl ModelEntry {
+    /// Input `index` (`output` 0) or output `index` (`output` 1), and its place in `names`.
+    fn port(&self, output: i32, index: usize) -> Result<(&meshc_runtime::api::TensorInfo, usize), Fail> {
+        let (list, base) = match output {
+            0 => (self.model.inputs(), 0),
+            _ => (self.model.outputs(), self.model.inputs().len()),
+        };
+        let t = list.get(index).ok_or_else(|| invalid(format!("index {index}: the model has {}", list.len())))?;
+        Ok((t, base + index))
+    }
 }
 
 /// What a handle names.
@@ -279,12 +293,13 @@ pub unsafe extern "C" fn meshc_model_open(path: *const c_char, out: *mut *mut me
         // SAFETY: as above.
         unsafe { non_null(out.cast_const(), "out") }?;
         let model = Model::open(path)?;
-        let names = (model.inputs().iter().chain(model.outputs()))
-            .map(|t| {
-                CString::new(t.name.as_str()).map_err(|_| invalid(format!("tensor name '{}' holds a NUL", t.name)))
-            })
+        let c = |what: &str, s: &str| CString::new(s).map_err(|_| invalid(format!("{what} '{s}' holds a NUL")));
+        let ports = || model.inputs().iter().chain(model.outputs());
+        let names = ports().map(|t| c("tensor name", &t.name)).collect::<Result<_, _>>()?;
+        let dims = ports()
+            .map(|t| t.dims.iter().map(|d| d.as_deref().map(|d| c("dim name", d)).transpose()).collect())
             .collect::<Result<_, _>>()?;
-        let id = open_handle(Entry::Model(Arc::new(ModelEntry { model, names })));
+        let id = open_handle(Entry::Model(Arc::new(ModelEntry { model, names, dims })));
         // SAFETY: checked non-NULL above.
         unsafe { *out = id as *mut meshc_model };
         Ok(())
@@ -335,13 +350,9 @@ pub unsafe extern "C" fn meshc_model_tensor(
         let m = model_of(model)?;
         // SAFETY: the caller's contract.
         unsafe { non_null(info.cast_const(), "info") }?;
-        let (list, base) = match output {
-            0 => (m.model.inputs(), 0),
-            _ => (m.model.outputs(), m.model.inputs().len()),
-        };
-        let t = list.get(index).ok_or_else(|| invalid(format!("index {index}: the model has {}", list.len())))?;
+        let (t, at) = m.port(output, index)?;
         let i = meshc_tensor_info {
-            name: m.names[base + index].as_ptr(),
+            name: m.names[at].as_ptr(),
             dtype: dtype_to(t.dtype),
             rank: t.shape.len(),
             shape: t.shape.as_ptr(),
@@ -350,6 +361,38 @@ pub unsafe extern "C" fn meshc_model_tensor(
         // SAFETY: checked non-NULL above; the pointers stay valid while the handle is open
         // (the table holds the model).
         unsafe { info.write(i) };
+        Ok(())
+    })
+}
+
+/// Writes to `*name` the name the graph gives dimension `dim` of input `index` (`output` 0)
+/// or output `index` (`output` 1) of `model` — `batch` for `x: f32[8,32] dims(batch, _)`,
+/// an ONNX input's dim_param — or NULL when that dimension is unnamed. The string is the
+/// model's, NUL-terminated UTF-8: valid until the model is freed, not to be freed or
+/// written by the caller. `dim` is below the tensor's rank (meshc_tensor_info.rank), else
+/// MESHC_INVALID.
+///
+/// # Safety
+/// `name` points to writable memory for a pointer.
+#[no_mangle]
+pub unsafe extern "C" fn meshc_model_dim_name(
+    model: *const meshc_model,
+    output: i32,
+    index: usize,
+    dim: usize,
+    name: *mut *const c_char,
+) -> meshc_status {
+    guard("meshc_model_dim_name", || {
+        let m = model_of(model)?;
+        // SAFETY: the caller's contract.
+        unsafe { non_null(name.cast_const(), "name") }?;
+        let (t, at) = m.port(output, index)?;
+        let d = m.dims[at]
+            .get(dim)
+            .ok_or_else(|| invalid(format!("dim {dim}: '{}' has rank {}", t.name, t.shape.len())))?;
+        // SAFETY: checked non-NULL above; the string stays valid while the handle is open
+        // (the table holds the model).
+        unsafe { name.write(d.as_ref().map_or(std::ptr::null(), |d| d.as_ptr())) };
         Ok(())
     })
 }

@@ -82,6 +82,9 @@ fn the_c_example_runs_the_mlp_as_numpy_does_and_valgrind_finds_nothing() {
     for (g, w) in got.iter().zip(y) {
         assert!((g - w).abs() <= 1e-4 * w.abs() + 1e-5, "y starts {got:?}, numpy's {:?}", &y[..2]);
     }
+    // The mlp's `x` is `dims(batch, embed)`, and its output keeps both names.
+    assert!(out.contains("input x: dtype 0, rank 2, 4096 bytes, dims (batch, embed)\n"), "{out}");
+    assert!(out.contains("output y: dtype 0, rank 2, 4096 bytes, dims (batch, embed)\n"), "{out}");
     assert!(out.contains("misnamed input: the graph has no input 'no_such_input' (its inputs: x)"), "{out}");
     assert!(out.contains("NULL session: session is NULL") && out.ends_with("ok\n"), "{out}");
     assert!(out.contains("freed session: session is not open (freed already, or not a session)"), "{out}");

@@ -178,3 +178,31 @@ fn misused_handles_are_refused_and_never_crash() {
     // SAFETY: a writable out-pointer.
     assert_eq!(unsafe { meshc_session_new(model, &mut s2) }, meshc_status::MESHC_CLOSED);
 }
+
+#[test]
+fn dim_names_read_back_as_the_graph_gives_them_null_where_unnamed() {
+    let art = compile("testdata/transformer/graph.json", "transformer", &[]);
+    let (model, session) = open(&art);
+    let name = |output: i32, index: usize, dim: usize| {
+        let mut p = c"not written".as_ptr();
+        // SAFETY: a writable out-pointer; a non-NULL result is the model's NUL-terminated string.
+        let s = unsafe { meshc_model_dim_name(model, output, index, dim, &mut p) };
+        (s == meshc_status::MESHC_OK).then(|| (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_str().unwrap()))
+    };
+    // Input 1 is `mask: f32[2,1,1,8] dims(batch, _, _, seq)`.
+    let mask: Vec<_> = (0..4).map(|d| name(0, 1, d)).collect();
+    assert_eq!(mask, [Some(Some("batch")), Some(None), Some(None), Some(Some("seq"))]);
+    assert_eq!(name(0, 0, 1), Some(Some("seq")));
+    // The output's names are the ones inference carries through the graph.
+    assert_eq!(name(1, 0, 0), Some(Some("batch")));
+    assert_eq!(name(0, 1, 4), None);
+    assert_eq!(last_error(), "dim 4: 'mask' has rank 4");
+    assert_eq!(name(0, 2, 0), None);
+    assert_eq!(last_error(), "index 2: the model has 2");
+    // SAFETY: NULL where the out-pointer belongs is refused, not written.
+    assert_eq!(unsafe { meshc_model_dim_name(model, 0, 0, 0, std::ptr::null_mut()) }, meshc_status::MESHC_NULL);
+    meshc_session_free(session);
+    meshc_model_free(model);
+    assert_eq!(name(0, 0, 0), None);
+    assert_eq!(last_error(), "model is not open (freed already, or not a model)");
+}

@@ -1,5 +1,6 @@
-/* The C example of docs/embedding.md: open an artifact, list its inputs and outputs, run it
- * on inputs read from raw little-endian files, and print each output's first values.
+/* The C example of docs/embedding.md: open an artifact, list its inputs and outputs with the
+ * names of their dims, run it on inputs read from raw little-endian files, and print each
+ * output's first values.
  *
  *   cc examples/c/main.c -I capi/include -L target/release -lmeshcrt -o meshc-example
  *   ./meshc-example model.mshc x=x.bin
@@ -38,6 +39,18 @@ static size_t nbytes(const meshc_tensor_info *t) {
     return n;
 }
 
+/* Prints the names the graph gives the dims of input or output k, `_` for an unnamed one:
+ * `, dims (batch, _)` and the end of the line. The strings are the model's: nothing to free. */
+static void print_dims(const meshc_model *model, int is_out, size_t k, size_t rank) {
+    printf(", dims (");
+    for (size_t d = 0; d < rank; d++) {
+        const char *name;
+        CHECK(meshc_model_dim_name(model, is_out, k, d, &name));
+        printf("%s%s", d ? ", " : "", name ? name : "_");
+    }
+    printf(")\n");
+}
+
 /* Everything a run needs, shared by the threads. */
 struct call {
     meshc_session *session;
@@ -68,8 +81,9 @@ int main(int argc, char **argv) {
         size_t k = is_out ? i - n_in : i;
         meshc_tensor_info info;
         CHECK(meshc_model_tensor(model, is_out, k, &info));
-        printf("%s %s: dtype %d, rank %zu, %zu bytes\n", is_out ? "output" : "input", info.name, info.dtype,
+        printf("%s %s: dtype %d, rank %zu, %zu bytes", is_out ? "output" : "input", info.name, info.dtype,
                info.rank, nbytes(&info));
+        print_dims(model, is_out, k, info.rank);
         meshc_tensor *t = is_out ? &out[k] : &in[k];
         *t = (meshc_tensor){info.name, info.dtype, info.rank, info.shape, calloc(1, nbytes(&info) + 1)};
         if (is_out) continue;

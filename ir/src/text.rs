@@ -704,13 +704,25 @@ fn write_names<'s>(f: &mut fmt::Formatter<'_>, names: impl IntoIterator<Item = &
 }
 
 fn write_dims(f: &mut fmt::Formatter<'_>, dims: &Option<Dims>) -> fmt::Result {
-    let Some(dims) = dims else { return Ok(()) };
-    f.write_str(" dims(")?;
-    join(f, dims, |f, d| match d {
-        Some(n) => write!(f, "{}", Name(n)),
-        None => f.write_str("_"),
-    })?;
-    f.write_str(")")
+    match dims {
+        Some(dims) => write!(f, " {}", DimsDisplay(dims)),
+        None => Ok(()),
+    }
+}
+
+/// Dim names as the text format writes them, `dims(batch, _)` (`_` unnamed, a name that
+/// would not read back as itself quoted), so that other tools print them the same way.
+pub struct DimsDisplay<'a>(pub &'a [Option<String>]);
+
+impl fmt::Display for DimsDisplay<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("dims(")?;
+        join(f, self.0, |f, d| match d {
+            Some(n) => write!(f, "{}", Name(n)),
+            None => f.write_str("_"),
+        })?;
+        f.write_str(")")
+    }
 }
 
 fn write_data(f: &mut fmt::Formatter<'_>, data: &ParamData) -> fmt::Result {

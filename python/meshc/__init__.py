@@ -2,7 +2,8 @@
 
     import meshc, numpy as np
     model = meshc.load("mlp.mshc")
-    print(model.inputs)                 # [('x', 'float32', (8, 16), '[-, -]')]
+    print(model.inputs)                 # [TensorInfo(name='x', dtype='float32', shape=(8, 16),
+                                        #             layout='[-, -]', dims=('batch', None))]
     y = model(x=np.ones((8, 16), np.float32))["y"]
 
 Calls run with the GIL released; several threads may call one model (their calls are
@@ -11,10 +12,10 @@ place; other layouts are copied first; a wrong dtype or shape raises MismatchErr
 line meshc prints.
 """
 
-from ._meshc import MeshcError, MismatchError, Model, load
+from ._meshc import MeshcError, MismatchError, Model, TensorInfo, load
 from ._meshc import compile as _compile
 
-__all__ = ["Model", "MeshcError", "MismatchError", "compile", "load"]
+__all__ = ["Model", "MeshcError", "MismatchError", "TensorInfo", "compile", "load"]
 
 
 def compile(graph, output, layout=None, dims=None, extra=()):

@@ -19,6 +19,7 @@ use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMet
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyString, PyTuple};
 
 create_exception!(_meshc, MeshcError, PyException, "A meshc error: its message is the one line meshc prints.");
@@ -107,16 +108,29 @@ struct Model {
     file: String,
 }
 
+/// `meshc.TensorInfo`, what `Model.inputs` and `Model.outputs` list: a named tuple, so that
+/// `info.dims` reads as well as `name, dtype, shape, layout, dims = info`.
+fn tensor_info_type(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    static TYPE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let ty = TYPE.get_or_try_init(py, || {
+        let fields = ["name", "dtype", "shape", "layout", "dims"];
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("module", "meshc")?;
+        let namedtuple = py.import("collections")?.getattr("namedtuple")?;
+        Ok::<_, PyErr>(namedtuple.call(("TensorInfo", fields), Some(&kwargs))?.unbind())
+    })?;
+    Ok(ty.bind(py))
+}
+
 fn describe(py: Python<'_>, ports: &[Port]) -> PyResult<Vec<Py<PyAny>>> {
+    let ty = tensor_info_type(py)?;
     ports
         .iter()
         .map(|p| {
             let t = &p.info;
             let shape = PyTuple::new(py, &t.shape)?;
-            Ok((t.name.as_str(), numpy_name(t.dtype), shape, t.layout_text.as_str())
-                .into_pyobject(py)?
-                .into_any()
-                .unbind())
+            let dims = PyTuple::new(py, t.dims.iter().map(Option::as_deref))?;
+            Ok(ty.call1((t.name.as_str(), numpy_name(t.dtype), shape, t.layout_text.as_str(), dims))?.unbind())
         })
         .collect()
 }
@@ -268,7 +282,8 @@ unsafe fn array_bytes<'a>(a: &Bound<'_, PyUntypedArray>) -> &'a mut [u8] {
 
 #[pymethods]
 impl Model {
-    /// The inputs: (name, dtype, shape, layout over the mesh) each.
+    /// The inputs, a `TensorInfo(name, dtype, shape, layout, dims)` each: `layout` over the
+    /// mesh (`[data, -]`), `dims` the names the graph gives the dimensions (None: unnamed).
     #[getter]
     fn inputs(&self, py: Python<'_>) -> PyResult<Vec<Py<PyAny>>> {
         describe(py, &self.inputs)
@@ -387,5 +402,6 @@ fn _meshc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(compile, m)?)?;
     m.add("MeshcError", m.py().get_type::<MeshcError>())?;
     m.add("MismatchError", m.py().get_type::<MismatchError>())?;
+    m.add("TensorInfo", tensor_info_type(m.py())?)?;
     Ok(())
 }

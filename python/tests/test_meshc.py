@@ -50,8 +50,32 @@ def test_every_testdata_artifact_matches_numpy(artifacts, name):
 def test_metadata(artifacts):
     model = meshc.load(artifacts["mlp"])
     x = np.load(TESTDATA / "mlp" / "inputs" / "x.npy")
-    assert model.inputs == [("x", "float32", x.shape, "[-, -]")]
-    assert [o[0] for o in model.outputs] == ["y"]
+    assert model.inputs == [("x", "float32", x.shape, "[-, -]", ("batch", "embed"))]
+    (y,) = model.outputs
+    assert isinstance(y, meshc.TensorInfo)
+    # The output's names are the ones inference carries from x through the matmuls.
+    assert (y.name, y.shape, y.dims) == ("y", (16, 64), ("batch", "embed"))
+
+
+def test_dims_are_none_where_the_graph_names_none(artifacts, tmp_path):
+    model = meshc.load(artifacts["transformer"])
+    dims = [(i.name, i.dims) for i in model.inputs]
+    assert dims == [("ids", ("batch", "seq")), ("mask", ("batch", None, None, "seq"))]
+    # A graph without names: every dim None, one per dimension.
+    graph = tmp_path / "plain.json"
+    graph.write_text("""{"format": "meshc-graph/1", "name": "plain",
+  "inputs": [{"name": "x", "dtype": "f32", "shape": [2, 3]}],
+  "nodes": [{"name": "y", "op": "relu", "inputs": ["x"]}], "outputs": ["y"]}""")
+    plain = meshc.load(meshc.compile(graph, tmp_path / "plain.mshc"))
+    assert [i.dims for i in plain.inputs + plain.outputs] == [(None, None), (None, None)]
+
+
+def test_an_onnx_models_dim_params_are_its_dim_names(tmp_path):
+    onnx = TESTDATA / "onnx" / "encoder" / "model.onnx"
+    model = meshc.load(meshc.compile(onnx, tmp_path / "encoder.mshc", dims={"batch": 2, "seq": 5}))
+    dims = {i.name: i.dims for i in model.inputs + model.outputs}
+    assert dims["hidden_states"][:2] == ("batch", "seq"), dims
+    assert dims["last_hidden_state"][:2] == ("batch", "seq"), dims
 
 
 def test_non_contiguous_inputs_are_copied_and_give_the_same_answer(artifacts):

@@ -233,3 +233,36 @@ fn a_training_artifact_steps_with_its_state_on_the_devices() {
         assert_eq!(session.state().unwrap(), now);
     }
 }
+
+/// The names a graph gives its dims reach `TensorInfo::dims` through the artifact: an
+/// input's as written, an output's as inference carries them (or as the node declares
+/// them), one entry per dimension with `None` where nothing names it.
+#[test]
+fn dim_names_reach_the_models_metadata() {
+    let dir = scratch("embed-dims");
+    let graph = dir.join("g.txt");
+    let text = "graph g {
+  input x: f32[8,32] dims(batch, _)
+  param w: f32[32,4] dims(_, classes) = init zeros
+  y = matmul(x, w)
+  u: f32[8,32] dims(_, _) = relu(x)
+  r = relu(w)
+  output y, u, r
+}
+";
+    std::fs::write(&graph, text).unwrap();
+    let model = Model::open(compile(&graph, &dir, "g", &[])).unwrap();
+    let dims = |infos: &[meshc_runtime::api::TensorInfo]| -> Vec<(String, Vec<Option<String>>)> {
+        infos.iter().map(|t| (t.name.clone(), t.dims.clone())).collect()
+    };
+    let s = |n: &str| Some(n.to_string());
+    assert_eq!(dims(model.inputs()), [("x".to_string(), vec![s("batch"), None])]);
+    assert_eq!(
+        dims(model.outputs()),
+        [
+            ("y".to_string(), vec![s("batch"), s("classes")]),
+            ("u".to_string(), vec![None, None]),
+            ("r".to_string(), vec![None, s("classes")]),
+        ]
+    );
+}

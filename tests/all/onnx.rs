@@ -152,6 +152,28 @@ fn import_list_names_weight_dims_by_their_role() {
 /// row-split projections, almost nothing runs replicated, the artifact is the one of the
 /// spec that lays out every weight by name, and the result is onnxruntime's. The same
 /// rules do it for the GPT-2 block, whose fused q/k/v projection the importer splits.
+/// An ONNX model's `dim_param`s (`batch`, `seq`) name its inputs' dims in the artifact, and
+/// its output's through inference; `inspect` prints them beside each shape, `--json` keeps
+/// them in `meta`.
+#[test]
+fn an_onnx_models_dim_params_name_the_artifacts_dims() {
+    let tmp = scratch("onnx-dim-names");
+    let art = tmp.join("encoder.mshc").display().to_string();
+    let model = "testdata/onnx/encoder/model.onnx";
+    let run = meshc(&["compile", model, "--dim", "batch=2", "--dim", "seq=5", "-o", &art]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    let inspect = meshc(&["inspect", &art]);
+    for want in [
+        "input  hidden_states: f32[2, 5, 32] dims(batch, seq, hidden)\n",
+        "input  attention_mask: i64[2, 5] dims(batch, seq)\n",
+        "output last_hidden_state: f32[2, 5, 32] dims(batch, seq, hidden)\n",
+    ] {
+        assert!(inspect.stdout.contains(want), "no '{want}' in\n{}", inspect.stdout);
+    }
+    let json: serde_json::Value = serde_json::from_str(&meshc(&["inspect", &art, "--json"]).stdout).unwrap();
+    assert_eq!(json["meta"]["inputs"][1]["dims"], serde_json::json!(["batch", "seq"]));
+}
+
 #[test]
 fn imported_transformers_shard_megatron_style_by_one_rules_line() {
     let tmp = scratch("onnx-megatron");

@@ -23,6 +23,11 @@ pub struct TensorInfo {
     pub dtype: DType,
     /// The whole tensor's shape (the caller always hands and gets whole tensors).
     pub shape: Vec<usize>,
+    /// The name the graph gives each dimension, one per entry of `shape`: `Some("batch")`
+    /// for a dim the graph names (`dims(batch, _)` in the text format, `"dims"` in JSON,
+    /// an ONNX input's `dim_param` or the name the importer gives a dim), `None` for an
+    /// unnamed one. Names describe the shape; they change nothing about a run.
+    pub dims: Vec<Option<String>>,
     /// How the devices hold it: per dimension, the mesh axis it is split over (an index
     /// into the mesh's axes, or a sub-axis as `Mesh::part` numbers them), or `None`.
     pub layout: Layout,
@@ -156,6 +161,7 @@ fn info(mesh: &Mesh, s: &IoSpec) -> anyhow::Result<TensorInfo> {
         name: s.name.clone(),
         dtype: ty.dtype,
         shape: s.shape.clone(),
+        dims: s.dim_names(),
         layout: s.layout.clone(),
         layout_text: s.mesh(mesh).layout_string(&s.layout),
     })

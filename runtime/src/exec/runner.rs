@@ -735,6 +735,19 @@ mod tests {
     }
 
     #[test]
+    fn dim_names_not_one_per_dimension_are_refused() {
+        let m = Mesh::numbered(&[1], Topology::Torus);
+        let x = io("x", DType::F32, &[2, 3], &[None, None]);
+        let named =
+            |dims: &[Option<&str>]| x.clone().with_dims(Some(&dims.iter().map(|d| d.map(String::from)).collect()));
+        let p = program(0, &[24], vec![], vec![0], vec![0]);
+        let y = io("y", DType::F32, &[2, 3], &[None, None]);
+        load(&m, vec![named(&[Some("batch"), None])], vec![y.clone()], vec![p.clone()]).unwrap();
+        let e = format!("{:#}", load(&m, vec![named(&[Some("batch")])], vec![y], vec![p]).err().expect("refused"));
+        assert!(e.contains("input 'x' has 1 dim names for a rank-2 tensor"), "{e}");
+    }
+
+    #[test]
     fn a_failing_device_stops_the_others() {
         let m = Mesh::numbered(&[2, 2], Topology::Torus);
         let sum = collective(0, CollectiveOp::AllReduce { reduce: Reduce::Sum }, m.groups(&[0, 1]), &[6]);

@@ -41,7 +41,8 @@ pub(super) fn check_program(meta: &Meta, d: usize, program: &Program, weights: u
 }
 
 /// Checks an input's or output's layout against the mesh: one entry per dimension, axes
-/// that exist, used once, splitting their dimension evenly.
+/// that exist, used once, splitting their dimension evenly; and that its dim names, if
+/// any, are one per dimension too.
 fn check_layout(mesh: &Mesh, spec: &IoSpec, what: &str) -> Result<()> {
     if spec.layout.len() != spec.shape.len() {
         bail!(
@@ -50,6 +51,9 @@ fn check_layout(mesh: &Mesh, spec: &IoSpec, what: &str) -> Result<()> {
             spec.layout.len(),
             spec.shape.len()
         );
+    }
+    if !spec.dims.is_empty() && spec.dims.len() != spec.shape.len() {
+        bail!("{what} '{}' has {} dim names for a rank-{} tensor", spec.name, spec.dims.len(), spec.shape.len());
     }
     if !mesh.fits(&spec.shape, &spec.layout) {
         bail!(

@@ -3,7 +3,7 @@
 //! the code section), library calls, and the steps that tie them together (docs/design.md §4.4's op
 //! DAG, buffer data and library data). Serialised as JSON inside the artifact.
 
-use meshc_ir::{DType, TensorType};
+use meshc_ir::{DType, Dims, TensorType};
 use serde::{Deserialize, Serialize};
 
 use crate::format::degradation::Degradation;
@@ -49,6 +49,12 @@ pub struct IoSpec {
     pub dtype: String,
     /// The whole tensor's shape; each device's buffer holds its block under `layout`.
     pub shape: Vec<usize>,
+    /// The names the graph gives its dimensions (`dims(batch, _)`, an ONNX input's
+    /// `dim_param`s), one per dimension, `None` for an unnamed one; empty when it names none.
+    /// Only callers read it (the runner never does), so it is optional, and left out when
+    /// empty: an artifact of a graph without dim names is the same bytes as before.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dims: Dims,
     /// The mesh axis each dimension is split over (`mesh::Mesh::region`).
     pub layout: Layout,
     /// With placement: the stage (sub-mesh) that holds the tensor; `layout` is over its mesh
@@ -75,8 +81,24 @@ impl IoSpec {
             name: name.to_string(),
             dtype: ty.dtype.name().to_string(),
             shape: ty.shape.clone(),
+            dims: Vec::new(),
             layout,
             stage: None,
+        }
+    }
+
+    /// With the graph's dim names `dims` of the tensor (none when every one is unnamed).
+    pub fn with_dims(self, dims: Option<&Dims>) -> IoSpec {
+        let dims = dims.filter(|d| d.iter().any(Option::is_some)).cloned().unwrap_or_default();
+        IoSpec { dims, ..self }
+    }
+
+    /// The name of each dimension, `None` where the graph names none.
+    pub fn dim_names(&self) -> Dims {
+        if self.dims.is_empty() {
+            vec![None; self.shape.len()]
+        } else {
+            self.dims.clone()
         }
     }
 

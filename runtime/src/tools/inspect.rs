@@ -6,6 +6,7 @@
 use std::fmt::Write as _;
 
 use anyhow::{Context, Result};
+use meshc_ir::text::DimsDisplay;
 
 use crate::exec::loader::parse_sections;
 use crate::format::artifact::{Artifact, SectionKind};
@@ -61,7 +62,8 @@ pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
             let d: Vec<String> = s.devices.iter().map(usize::to_string).collect();
             format!(" on devices [{}]", d.join(","))
         });
-        format!("{what} {}: {}{:?}{layout}{stage}", i.name, i.dtype, i.shape)
+        let dims = if i.dims.is_empty() { String::new() } else { format!(" {}", DimsDisplay(&i.dims)) };
+        format!("{what} {}: {}{:?}{dims}{layout}{stage}", i.name, i.dtype, i.shape)
     };
     for i in &meta.inputs {
         writeln!(s, "{}", io("input ", i))?;
