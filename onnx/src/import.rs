@@ -110,7 +110,7 @@ pub fn import(
         if values.contains_key(&onnx_name) {
             if shapes.contains_key(&onnx_name) {
                 return Err(format!(
-                    "--input-shape {onnx_name}: that input has an initializer of its name, its value (--const gives another)"
+                    "--input-shape {onnx_name}: the input is the initializer of its name, a constant (--const gives it another value)"
                 ));
             }
             continue;
