@@ -31,9 +31,9 @@ fn is_default_domain(d: Option<&str>) -> bool {
 
 /// The graph of `model` and its params' values; `dims` binds symbolic dims by name,
 /// `shapes` fixes every dim of an input by position (`--input-shape`, for dims ONNX leaves
-/// without a size or a name, or whose names clash), and `consts` fixes inputs to values, which then fold like initializers (an input that gives
-/// a shape, pads or scales must be known at import time); external data is read relative
-/// to `dir`, the model's directory.
+/// without a size or a name, or whose names clash), and `consts` fixes inputs to values,
+/// which then fold like initializers (an input that gives a shape, pads or scales must be
+/// known at import time); external data is read relative to `dir`, the model's directory.
 pub fn import(
     model: &ModelProto,
     dims: &BTreeMap<String, usize>,
