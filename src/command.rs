@@ -65,6 +65,12 @@ pub struct OnnxArgs {
     /// dim symbolic within bounds (`check`, `interp`; docs/dynamic-shapes.md).
     #[arg(long = "dim", value_name = "NAME=N|NAME=LO..HI")]
     pub dims: Vec<String>,
+    /// Fix every dim of input NAME, in order, dims separated by `x` (repeatable): for an
+    /// ONNX input whose dims have no size and no name (-1, as Paddle2ONNX writes), or share a
+    /// name; it must agree with the model's sizes and the `--dim`s of its named dims. On a
+    /// graph file, it binds the input's named dims like `--dim` (docs/onnx.md).
+    #[arg(long = "input-shape", value_name = "NAME=1x3x48x192")]
+    pub input_shapes: Vec<String>,
     /// Fix the ONNX model's input NAME to the value in FILE.npy: it folds at import like an
     /// initializer (an input giving a shape, pads or scales must be known then; repeatable).
     #[arg(long = "const", value_name = "NAME=FILE.npy")]
@@ -74,7 +80,8 @@ pub struct OnnxArgs {
 impl OnnxArgs {
     pub fn import(&self, path: &Path) -> Result<meshc_onnx::Imported> {
         let (dims, _) = self.examples()?;
-        Ok(meshc_onnx::import(path, &dims, &meshc_onnx::parse_consts(&self.consts)?)?)
+        let shapes = meshc_onnx::parse_input_shapes(&self.input_shapes)?;
+        Ok(meshc_onnx::import(path, &dims, &shapes, &meshc_onnx::parse_consts(&self.consts)?)?)
     }
 
     /// The size each `--dim` imports at, and the ranged ones as symbols (None: all values).
@@ -126,6 +133,7 @@ impl CodegenArgs {
             (self.comm_stream != CommArg::Auto, "--comm-stream"),
             (self.weights_dtype != WeightsArg::Keep, "--weights-dtype"),
             (!self.onnx.dims.is_empty(), "--dim"),
+            (!self.onnx.input_shapes.is_empty(), "--input-shape"),
             (self.train.loss.is_some(), "--loss"),
             (!self.onnx.consts.is_empty(), "--const"),
         ]
@@ -225,6 +233,55 @@ pub fn load_graph(path: &Path, onnx: &OnnxArgs) -> Result<GraphIn> {
     Ok(gi)
 }
 
+/// `dims` with what `shapes` (`--input-shape`s of a graph file) say: a graph's dims are
+/// concrete, and a dim name stands for one size across the graph, so an input's shape binds
+/// each of its named dims as `--dim NAME=N` would (agreeing with the `--dim`s and the other
+/// input shapes), and must keep each unnamed dim at the graph's size.
+fn input_shape_dims(g: &Graph, dims: &[String], shapes: &BTreeMap<String, Vec<usize>>) -> Result<Vec<String>, String> {
+    let mut out = dims.to_vec();
+    let mut by: BTreeMap<&str, (usize, String)> = BTreeMap::new();
+    for (name, shape) in shapes {
+        let given = shape.iter().map(usize::to_string).collect::<Vec<_>>().join("x");
+        let flag = format!("--input-shape {name}={given}");
+        let Some(i) = g.inputs.iter().find(|i| i.name == *name) else {
+            let hint = meshc_ir::suggest::did_you_mean(name, g.inputs.iter().map(|i| i.name.as_str()));
+            return Err(format!("--input-shape {name}: the graph has no input '{name}'{hint}"));
+        };
+        if shape.len() != i.ty.shape.len() {
+            return Err(format!("{flag}: the input is {}, of rank {}, not {}", i.ty, i.ty.shape.len(), shape.len()));
+        }
+        for (k, &n) in shape.iter().enumerate() {
+            let Some(dim) = i.dims.as_ref().and_then(|d| d[k].as_deref()) else {
+                if n != i.ty.shape[k] {
+                    return Err(format!(
+                        "{flag}: axis {k} has no dim name in the graph, so its size {} is fixed, not {n}",
+                        i.ty.shape[k]
+                    ));
+                }
+                continue;
+            };
+            if let Some(d) = dims.iter().find(|d| d.split_once('=').is_some_and(|(d, _)| d == dim)) {
+                let v = d.split_once('=').map_or("", |(_, v)| v);
+                if v != n.to_string() {
+                    return Err(format!("{flag}: axis {k} is dim '{dim}', which --dim {d} makes {v}, not {n}"));
+                }
+                continue;
+            }
+            match by.get(dim) {
+                Some((m, other)) if *m != n => {
+                    return Err(format!("{flag}: axis {k} is dim '{dim}', which {other} makes {m}, not {n}"));
+                }
+                Some(_) => {}
+                None => {
+                    by.insert(dim, (n, flag.clone()));
+                    out.push(format!("{dim}={n}"));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// The graph at `path`, with `--dim` ranges kept as symbols.
 pub fn load_graph_sym(path: &Path, onnx: &OnnxArgs) -> Result<GraphIn> {
     if meshc_onnx::is_onnx(path) {
@@ -242,11 +299,13 @@ pub fn load_graph_sym(path: &Path, onnx: &OnnxArgs) -> Result<GraphIn> {
         bail!("{}: --const fixes inputs of an ONNX model; this is a graph", path.display());
     }
     let (graph, info) = load::load(path)?;
-    if onnx.dims.is_empty() {
+    let in_file = |e: String| anyhow::anyhow!("{}: {e}", path.display());
+    let dims =
+        input_shape_dims(&graph, &onnx.dims, &meshc_onnx::parse_input_shapes(&onnx.input_shapes)?).map_err(in_file)?;
+    if dims.is_empty() {
         return Ok(GraphIn { graph, info, imported: None, sym: None });
     }
-    let in_file = |e: String| anyhow::anyhow!("{}: {e}", path.display());
-    let symbols = meshc_ir::sym::parse_symbols(&onnx.dims).map_err(anyhow::Error::msg)?;
+    let symbols = meshc_ir::sym::parse_symbols(&dims).map_err(anyhow::Error::msg)?;
     let si = meshc_ir::sym::infer_graph(&graph, &info, &symbols).map_err(in_file)?;
     if symbols.values().any(|s| !s.is_fixed()) {
         return Ok(GraphIn { graph, info, imported: None, sym: Some(si) });

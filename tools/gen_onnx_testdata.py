@@ -3,7 +3,8 @@
 exporters (torch.onnx at opset 17) write them, with inputs and onnxruntime's outputs.
 
 Each model goes to testdata/onnx/NAME/: model.onnx, inputs/INPUT.npy, expected/OUTPUT.npy,
-and dims.txt (the `--dim NAME=N` arguments its symbolic dims need). tests/all/onnx.rs checks
+dims.txt (the `--dim NAME=N` arguments its symbolic dims need) and, for a model whose input
+dims `--dim` cannot bind, input_shapes.txt (its `--input-shape NAME=D0xD1x...` arguments). tests/all/onnx.rs checks
 them through `meshc import`, `interp`, and `run` (1 device and under a layout).
 
 Needs onnx, onnxruntime and numpy; `make onnx-testdata` makes a venv under target/ with them.
@@ -41,7 +42,7 @@ def node(op, inputs, outputs, **attrs):
     return helper.make_node(op, inputs, outputs, name="/" + outputs[0].replace("_output_0", ""), **attrs)
 
 
-def save(name, graph, inputs, dims, opset=OPSET, out=OUT):
+def save(name, graph, inputs, dims, opset=OPSET, out=OUT, input_shapes=None):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="gen_onnx_testdata")
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)
@@ -57,6 +58,9 @@ def save(name, graph, inputs, dims, opset=OPSET, out=OUT):
         np.save(os.path.join(d, "expected", o.name + ".npy"), v)
     with open(os.path.join(d, "dims.txt"), "w") as f:
         f.write("".join(f"{k}={v}\n" for k, v in dims.items()))
+    if input_shapes:
+        with open(os.path.join(d, "input_shapes.txt"), "w") as f:
+            f.write("".join(f"{k}={'x'.join(map(str, inputs[k].shape))}\n" for k in input_shapes))
 
 
 def mlp():
@@ -681,6 +685,39 @@ def control_loop():
     save("control_loop", g, {"x": r.standard_normal((2, 4)).astype(np.float32)}, {"batch": 2})
 
 
+def unsized_dims():
+    """An input whose batch dim is -1 and whose height and width have neither a size nor a
+    name, as Paddle2ONNX writes an OCR model's image: only `--input-shape x=1x3x6x10` can
+    give them sizes."""
+    r = np.random.default_rng(5)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 3, None, None])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 4, None, None])
+    w = numpy_helper.from_array((r.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32), "conv.weight")
+    bias = numpy_helper.from_array((r.standard_normal(4) * 0.1).astype(np.float32), "conv.bias")
+    n = [node("Conv", ["x", "conv.weight", "conv.bias"], ["/conv/Conv_output_0"], pads=[1, 1, 1, 1]),
+         node("Relu", ["/conv/Conv_output_0"], ["y"])]
+    g = helper.make_graph(n, "unsized_dims", [x], [y], [w, bias])
+    save("unsized_dims", g, {"x": r.standard_normal((1, 3, 6, 10)).astype(np.float32)}, {}, input_shapes=["x"])
+
+
+def shared_dim_name():
+    """Unrelated dims that share one name, as silero VAD's export names every dynamic dim
+    `?`: `input` is [?, ?] and `state` [2, ?, 8], the first ? a batch of 1, the second 64
+    samples. No one `--dim ?=N` fits both; an `--input-shape` for each input does."""
+    r = np.random.default_rng(6)
+    inp = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["?", "?"])
+    state = helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, "?", 8])
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, "?", 8])
+    w = numpy_helper.from_array((r.standard_normal((64, 8)) * 0.2).astype(np.float32), "proj.weight")
+    n = [node("MatMul", ["input", "proj.weight"], ["/proj/MatMul_output_0"]),
+         node("Add", ["state", "/proj/MatMul_output_0"], ["/Add_output_0"]),
+         node("Tanh", ["/Add_output_0"], ["out"])]
+    g = helper.make_graph(n, "shared_dim_name", [inp, state], [out], [w])
+    feeds = {"input": r.standard_normal((1, 64)).astype(np.float32),
+             "state": r.standard_normal((2, 1, 8)).astype(np.float32)}
+    save("shared_dim_name", g, feeds, {}, input_shapes=["input", "state"])
+
+
 def bad():
     """Bad inputs for testdata/bad/ (tests/all/golden.rs pins each one-line error)."""
     d = os.path.join(OUT, "..", "bad")
@@ -721,6 +758,11 @@ def bad():
     write("unknown-domain", [helper.make_node("FusedMatMul", ["x", "x"], ["y"], name="fused", domain="com.microsoft")])
     dyn = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
     write("unbound-dim", [helper.make_node("Relu", ["x"], ["y"])], inputs=[dyn])
+    # Dims `--dim` cannot bind (Paddle2ONNX's -1, a dim with neither size nor name): the
+    # error says which `--input-shape` would.
+    for what, shape in [("negative-dim", [-1, 4]), ("unnamed-dim", [2, None])]:
+        unsized = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)
+        write(what, [helper.make_node("Relu", ["x"], ["y"])], inputs=[unsized])
     short = numpy_helper.from_array(np.zeros((4, 4), np.float32), "w")
     short.raw_data = short.raw_data[:48]  # 12 of the 16 floats its dims say
     write("initializer-size", [helper.make_node("MatMul", ["x", "w"], ["y"])], [short])
@@ -850,6 +892,8 @@ if __name__ == "__main__":
     bounded()
     control_if()
     control_loop()
+    unsized_dims()
+    shared_dim_name()
     bad()
     total = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote {OUT} ({total} bytes)", file=sys.stderr)

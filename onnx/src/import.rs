@@ -14,7 +14,7 @@ use super::dispatch;
 use super::external::External;
 use super::ops::Ctx;
 use super::ops_legacy;
-use super::proto::tensor_shape_proto::dimension;
+use super::proto::tensor_shape_proto::{self, dimension};
 use super::proto::{type_proto, GraphProto, ModelProto, NodeProto, ValueInfoProto};
 use super::tensors;
 use super::unfuse;
@@ -30,13 +30,15 @@ fn is_default_domain(d: Option<&str>) -> bool {
     matches!(d, None | Some("" | "ai.onnx"))
 }
 
-/// The graph of `model` and its params' values; `dims` binds symbolic dims by name, and
-/// `consts` fixes inputs to values, which then fold like initializers (an input that gives
-/// a shape, pads or scales must be known at import time); external data is read relative
-/// to `dir`, the model's directory.
+/// The graph of `model` and its params' values; `dims` binds symbolic dims by name,
+/// `shapes` fixes every dim of an input by position (`--input-shape`, for dims ONNX leaves
+/// without a size or a name, or whose names clash), and `consts` fixes inputs to values,
+/// which then fold like initializers (an input that gives a shape, pads or scales must be
+/// known at import time); external data is read relative to `dir`, the model's directory.
 pub fn import(
     model: &ModelProto,
     dims: &BTreeMap<String, usize>,
+    shapes: &BTreeMap<String, Vec<usize>>,
     consts: &BTreeMap<String, Tensor>,
     dir: &Path,
 ) -> R<(Graph, HashMap<String, Tensor>)> {
@@ -73,6 +75,11 @@ pub fn import(
         values.insert(name, Value::stored(v, &source, stored));
     }
     external.check_unchanged()?;
+    let inputs: BTreeSet<&str> = g.input.iter().filter_map(|i| i.name.as_deref()).collect();
+    if let Some(unknown) = shapes.keys().find(|s| !inputs.contains(s.as_str())) {
+        let hint = meshc_ir::suggest::did_you_mean(unknown, inputs.iter().copied());
+        return Err(format!("--input-shape {unknown}: the model has no input '{unknown}'{hint}"));
+    }
     let mut bound = BTreeSet::new();
     let mut listed = BTreeSet::new();
     for i in &g.input {
@@ -81,6 +88,9 @@ pub fn import(
             return Err(format!("input '{onnx_name}' is listed twice (ONNX names each value once)"));
         }
         if let Some(t) = consts.get(&onnx_name) {
+            if shapes.contains_key(&onnx_name) {
+                return Err(format!("--input-shape {onnx_name}: --const already fixes that input"));
+            }
             let want = i.r#type.as_ref().and_then(|t| match &t.value {
                 Some(type_proto::Value::TensorType(tt)) => tensors::storage_dtype(tt.elem_type.unwrap_or(0)).ok(),
                 _ => None,
@@ -99,15 +109,20 @@ pub fn import(
         // exporters list every initializer among the inputs so): meshc's inputs have no
         // defaults, so the input is that constant, unless `--const` gives another value.
         if values.contains_key(&onnx_name) {
+            if shapes.contains_key(&onnx_name) {
+                return Err(format!(
+                    "--input-shape {onnx_name}: the input is the initializer of its name, a constant (--const gives it another value)"
+                ));
+            }
             continue;
         }
-        let v = input(&mut b, i, dims, &mut bound).map_err(|e| format!("input '{onnx_name}': {e}"))?;
+        let v = input(&mut b, i, dims, shapes.get(&onnx_name).map(Vec::as_slice), &mut bound)?;
         values.insert(onnx_name, v);
     }
-    let inputs: BTreeSet<&str> = g.input.iter().filter_map(|i| i.name.as_deref()).collect();
     if let Some(unused) = consts.keys().find(|c| !inputs.contains(c.as_str())) {
         return Err(format!("--const {unused}: the model has no input '{unused}'"));
     }
+    unname_clashing_dims(&mut b.graph);
     if let Some(unused) = dims.keys().find(|d| !bound.contains(*d)) {
         return Err(format!("--dim {unused}: the model's inputs have no symbolic dim '{unused}'"));
     }
@@ -198,48 +213,106 @@ fn builder_name(g: &GraphProto) -> String {
     super::builder::sanitise(g.name.as_deref().filter(|n| !n.is_empty()).unwrap_or("model"))
 }
 
-/// A graph input: its type with symbolic dims bound, its dim names kept as meshc dims (a
-/// layout spec's rules name them). A half-float input stays half and is widened at once.
+/// A graph input: its type with symbolic dims bound (by `--dim`, or by position from its
+/// `--input-shape`, which must agree with the model's sizes and the `--dim`s of its dim
+/// names), its dim names kept as meshc dims (a layout spec's rules name them). A
+/// half-float input stays half and is widened at once.
 fn input(
     b: &mut Builder,
     i: &ValueInfoProto,
     dims: &BTreeMap<String, usize>,
+    fixed: Option<&[usize]>,
     bound: &mut BTreeSet<String>,
 ) -> R<Value> {
+    let onnx_name = i.name.as_deref().unwrap_or_default();
     let Some(type_proto::Value::TensorType(t)) = i.r#type.as_ref().and_then(|t| t.value.as_ref()) else {
-        return Err("only tensor inputs are supported".into());
+        return Err(format!("input '{onnx_name}': only tensor inputs are supported"));
     };
-    let dtype = tensors::storage_dtype(t.elem_type.unwrap_or(0))?;
-    let shape_proto = t.shape.as_ref().ok_or("its shape is unknown (the model gives no rank)")?;
+    let dtype = tensors::storage_dtype(t.elem_type.unwrap_or(0)).map_err(|e| format!("input '{onnx_name}': {e}"))?;
+    let shape_proto = t
+        .shape
+        .as_ref()
+        .ok_or_else(|| format!("input '{onnx_name}': its shape is unknown (the model gives no rank)"))?;
+    let model: Vec<ModelDim> = shape_proto.dim.iter().map(ModelDim::of).collect();
+    // What the model and the `--dim`s say of each dim: `1x3x?x?`.
+    let known = model
+        .iter()
+        .map(|d| match d {
+            ModelDim::Size(n) => n.to_string(),
+            ModelDim::Named(p) => dims.get(p).map_or("?".to_string(), usize::to_string),
+            ModelDim::Unknown(_) => "?".to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("x");
+    if let Some(fixed) = fixed {
+        let given = fixed.iter().map(usize::to_string).collect::<Vec<_>>().join("x");
+        let flag = format!("--input-shape {onnx_name}={given}");
+        if fixed.len() != model.len() {
+            return Err(format!("{flag}: the input has rank {} ({known}), not {}", model.len(), fixed.len()));
+        }
+        for (k, (d, &n)) in model.iter().zip(fixed).enumerate() {
+            match d {
+                ModelDim::Size(m) if *m != n => {
+                    return Err(format!("{flag}: axis {k} is {m} in the model, not {n}"));
+                }
+                ModelDim::Named(p) => match dims.get(p) {
+                    Some(&m) if m != n => {
+                        return Err(format!("{flag}: axis {k} is dim '{p}', which --dim {p}={m} makes {m}, not {n}"));
+                    }
+                    Some(_) => {
+                        bound.insert(p.clone());
+                    }
+                    None => {}
+                },
+                _ => {}
+            }
+        }
+    }
     let (mut shape, mut names) = (Vec::new(), Vec::new());
-    for (k, d) in shape_proto.dim.iter().enumerate() {
-        let (size, name) = match &d.value {
-            Some(dimension::Value::DimValue(v)) if *v >= 0 => (*v as usize, None),
-            Some(dimension::Value::DimParam(p)) => match dims.get(p) {
+    for (k, d) in model.iter().enumerate() {
+        let name = match d {
+            ModelDim::Named(p) => Some(p.clone()),
+            _ => None,
+        };
+        let size = match (d, fixed) {
+            (_, Some(fixed)) => fixed[k],
+            (ModelDim::Size(n), None) => *n,
+            (ModelDim::Named(p), None) => match dims.get(p) {
                 Some(&n) => {
                     bound.insert(p.clone());
-                    (n, Some(p.clone()))
+                    n
                 }
-                None => return Err(format!("dim {k} is symbolic ('{p}'): bind it with --dim {p}=N")),
+                None => {
+                    return Err(format!(
+                        "input '{onnx_name}': dim {k} is symbolic ('{p}'): bind it with --dim {p}=N, or give the whole shape with --input-shape {onnx_name}={known}, each ? a size"
+                    ))
+                }
             },
-            _ => return Err(format!("dim {k} has no size and no name")),
+            (ModelDim::Unknown(why), None) => {
+                return Err(format!(
+                    "input '{onnx_name}': axis {k} has no size and no name ({why}): give the whole shape with --input-shape {onnx_name}={known}, each ? a size"
+                ))
+            }
         };
         shape.push(size);
         names.push(name);
     }
     let ty = TensorType::new(dtype, shape);
-    tensors::shape(&ty.shape.iter().map(|&d| d as i64).collect::<Vec<_>>(), dtype.size_bytes())?;
+    tensors::shape(&ty.shape.iter().map(|&d| d as i64).collect::<Vec<_>>(), dtype.size_bytes())
+        .map_err(|e| format!("input '{onnx_name}': {e}"))?;
     let name = b.fresh(i.name.as_deref().unwrap_or("input"));
     let dims = names.iter().any(Option::is_some).then_some(names);
     b.add_input(Input { name: name.clone(), ty, dims, loc: None });
     let v = Value::Tensor(name.clone());
     if dtype.is_half() {
-        return b.node(
-            &format!("{name}.f32"),
-            meshc_ir::Op::Cast,
-            &[&v],
-            &[("to", meshc_ir::Attr::Str(DType::F32.name().into()))],
-        );
+        return b
+            .node(
+                &format!("{name}.f32"),
+                meshc_ir::Op::Cast,
+                &[&v],
+                &[("to", meshc_ir::Attr::Str(DType::F32.name().into()))],
+            )
+            .map_err(|e| format!("input '{onnx_name}': {e}"));
     }
     Ok(v)
 }
@@ -356,6 +429,51 @@ fn record(n: &NodeProto, results: Vec<Value>, values: &mut HashMap<String, Value
         values.insert(name.clone(), v);
     }
     Ok(())
+}
+
+/// A dim of an input as the model declares it.
+enum ModelDim {
+    Size(usize),
+    Named(String),
+    /// Neither: why, for the error (Paddle2ONNX writes -1, some exporters nothing).
+    Unknown(&'static str),
+}
+
+impl ModelDim {
+    fn of(d: &tensor_shape_proto::Dimension) -> ModelDim {
+        match &d.value {
+            Some(dimension::Value::DimValue(v)) if *v >= 0 => ModelDim::Size(*v as usize),
+            Some(dimension::Value::DimValue(_)) => ModelDim::Unknown("its dim_value is negative"),
+            Some(dimension::Value::DimParam(p)) if !p.is_empty() => ModelDim::Named(p.clone()),
+            _ => ModelDim::Unknown("the model gives neither dim_value nor dim_param"),
+        }
+    }
+}
+
+/// A dim name that `--input-shape`s gave two sizes (an exporter naming unrelated dims `?`,
+/// say) names nothing: it is dropped from every input, since a meshc dim name stands for one
+/// size (a layout spec's rules and `--dim` on the written graph bind it as one).
+fn unname_clashing_dims(g: &mut Graph) {
+    let mut sizes: BTreeMap<String, BTreeSet<usize>> = BTreeMap::new();
+    for i in &g.inputs {
+        for (name, &n) in i.dims.iter().flatten().zip(&i.ty.shape) {
+            if let Some(name) = name {
+                sizes.entry(name.clone()).or_default().insert(n);
+            }
+        }
+    }
+    for i in &mut g.inputs {
+        if let Some(dims) = &mut i.dims {
+            for d in dims.iter_mut() {
+                if d.as_ref().is_some_and(|name| sizes[name].len() > 1) {
+                    *d = None;
+                }
+            }
+            if dims.iter().all(Option::is_none) {
+                i.dims = None;
+            }
+        }
+    }
 }
 
 /// One node of `g`: checked for its domain, against its op's schema (`validate`) and for

@@ -63,6 +63,32 @@ pub fn parse_dims(args: &[String]) -> Result<BTreeMap<String, usize>> {
     Ok(dims)
 }
 
+/// `--input-shape NAME=D0xD1x...` arguments as a map, each input once (an empty shape is a
+/// scalar). The name is what precedes the last `=`: an ONNX name may hold one, a shape not.
+pub fn parse_input_shapes(args: &[String]) -> Result<BTreeMap<String, Vec<usize>>> {
+    let mut shapes = BTreeMap::new();
+    for a in args {
+        let Some((name, dims)) = a.rsplit_once('=') else {
+            bail!("--input-shape {a}: expected NAME=D0xD1x... (1x3x48x192)")
+        };
+        let shape = match dims {
+            "" => Vec::new(),
+            _ => dims
+                .split('x')
+                .map(|d| {
+                    d.parse::<usize>().map_err(|_| {
+                        anyhow::anyhow!("--input-shape {a}: '{d}' is not a size (dims are separated by x: 1x3x48x192)")
+                    })
+                })
+                .collect::<Result<_>>()?,
+        };
+        if shapes.insert(name.to_string(), shape).is_some() {
+            bail!("--input-shape {name}: given twice");
+        }
+    }
+    Ok(shapes)
+}
+
 /// `--const NAME=FILE.npy` arguments as a map, each name once.
 pub fn parse_consts(args: &[String]) -> Result<BTreeMap<String, Tensor>> {
     let mut consts = BTreeMap::new();
@@ -80,12 +106,13 @@ pub fn parse_consts(args: &[String]) -> Result<BTreeMap<String, Tensor>> {
 pub fn import(
     path: &Path,
     dims: &BTreeMap<String, usize>,
+    shapes: &BTreeMap<String, Vec<usize>>,
     consts: &BTreeMap<String, Tensor>,
 ) -> meshc_ir::Result<Imported> {
     let file = path.display().to_string();
     let bytes = file::read(path, MAX_MODEL_BYTES, "ONNX model").map_err(|e| e.in_file(&file))?;
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    import_bytes(&bytes, &file, dir, dims, consts)
+    import_bytes(&bytes, &file, dir, dims, shapes, consts)
 }
 
 /// `import` of a model's bytes already read, which errors call `file`; external data is read
@@ -95,12 +122,14 @@ pub fn import_bytes(
     file: &str,
     dir: &Path,
     dims: &BTreeMap<String, usize>,
+    shapes: &BTreeMap<String, Vec<usize>>,
     consts: &BTreeMap<String, Tensor>,
 ) -> meshc_ir::Result<Imported> {
     let in_file = |e: meshc_ir::Error| e.in_file(file);
     let model = proto::ModelProto::decode(bytes)
         .map_err(|e| in_file(meshc_ir::Error::new(format!("not a valid ONNX model: {}", decode_error(&e)))))?;
-    let (graph, params) = import::import(&model, dims, consts, dir).map_err(|e| in_file(meshc_ir::Error::new(e)))?;
+    let (graph, params) =
+        import::import(&model, dims, shapes, consts, dir).map_err(|e| in_file(meshc_ir::Error::new(e)))?;
     let info = verify::verify(&graph).map_err(in_file)?;
     Ok(Imported { graph, info, params })
 }

@@ -27,7 +27,7 @@ fn user_error(case: &str, args: &[&str]) -> Result<(), String> {
 }
 
 /// Runs every case and reports all failures at once.
-fn all_user_errors(cases: &[(&str, &[&str])]) {
+pub(crate) fn all_user_errors(cases: &[(&str, &[&str])]) {
     let failures: Vec<String> = cases.iter().filter_map(|(case, args)| user_error(case, args).err()).collect();
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }

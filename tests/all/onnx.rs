@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::common::{compare_expected, golden, input_args, meshc, scratch};
+use crate::common::{compare_expected, dim_args, golden, input_args, meshc, scratch};
 use meshc_ir::Tensor;
 
 fn models() -> Vec<PathBuf> {
@@ -17,12 +17,6 @@ fn models() -> Vec<PathBuf> {
     v.sort();
     assert!(v.len() >= 3, "expected the models of tools/gen_onnx_testdata.py, found {v:?}");
     v
-}
-
-/// `--dim NAME=N` for every line of the model's dims.txt.
-fn dim_args(model: &Path) -> Vec<String> {
-    let text = std::fs::read_to_string(model.with_file_name("dims.txt")).unwrap();
-    text.lines().flat_map(|l| ["--dim".to_string(), l.to_string()]).collect()
 }
 
 /// Runs meshc with `args`, then checks its output dir against the model's expected outputs.
@@ -391,6 +385,78 @@ fn dims_must_be_bound_and_must_name_a_dim() {
     let run = meshc(&["check", "testdata/mlp/graph.json", "--dim", "seq=4"]);
     assert_eq!(run.status, Some(1), "{run:?}");
     assert!(run.stderr.contains("--dim seq: no input has a dim named 'seq'"), "{run:?}");
+}
+
+/// `--input-shape` binds the dims ONNX leaves without a size or a name (unsized_dims'
+/// -1 and unnamed dims; the runs against onnxruntime are the model loops above, through
+/// input_shapes.txt), and gives one name's dims different sizes (shared_dim_name's `?`),
+/// which then names nothing. It keeps the dim names of an input whose names are its own.
+#[test]
+fn input_shapes_fix_dims_dim_cannot_bind() {
+    let shared = "testdata/onnx/shared_dim_name/model.onnx";
+    let run = meshc(&["import", "--list", shared, "--input-shape", "input=1x64", "--input-shape", "state=2x1x8"]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    assert!(
+        run.stdout.contains("input input: f32[1,64] dims(_, _)\ninput state: f32[2,1,8] dims(_, _, _)\n"),
+        "{run:?}"
+    );
+    let run = meshc(&["import", "--list", "testdata/onnx/mlp/model.onnx", "--input-shape", "x=3x16"]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    assert!(run.stdout.contains("input x: f32[3,16] dims(batch, _)\n"), "{run:?}");
+    // A --dim of the same size as the input shape's agrees with it.
+    let run = meshc(&["check", "testdata/onnx/mlp/model.onnx", "--input-shape", "x=3x16", "--dim", "batch=3"]);
+    assert_eq!(run.status, Some(0), "{run:?}");
+    // On a graph file it binds the input's named dims as --dim does: the same graph.
+    let by_dim = meshc(&["check", "testdata/mlp/graph.json", "--dim", "batch=8"]);
+    let by_shape = meshc(&["check", "testdata/mlp/graph.json", "--input-shape", "x=8x64"]);
+    assert_eq!(by_dim.status, Some(0), "{by_dim:?}");
+    assert!(by_dim.stdout.contains("input  x: f32[8,64]"), "{by_dim:?}");
+    assert_eq!((by_shape.status, &by_shape.stdout), (Some(0), &by_dim.stdout), "{by_shape:?}");
+}
+
+/// Every misuse of `--input-shape` is one line, exit 1 (pinned in golden/cli/).
+#[test]
+fn input_shape_errors() {
+    let paddle = "testdata/onnx/unsized_dims/model.onnx";
+    let shared = "testdata/onnx/shared_dim_name/model.onnx";
+    let mlp = "testdata/onnx/mlp/model.onnx";
+    let is = "--input-shape";
+    let tmp = scratch("onnx-input-shape-artifact");
+    let art = tmp.join("mlp.mshc").display().to_string();
+    let compiled = meshc(&["compile", mlp, "--dim", "batch=4", "-o", &art]);
+    assert_eq!(compiled.status, Some(0), "{compiled:?}");
+    crate::cli::all_user_errors(&[
+        ("input-shape-missing", &["check", paddle]),
+        ("input-shape-rank", &["interp", paddle, is, "x=1x3x6"]),
+        ("input-shape-fixed-dim", &["compile", paddle, is, "x=1x4x6x10", "-o", "/nonexistent/x.mshc"]),
+        ("input-shape-twice", &["run", paddle, is, "x=1x3x6x10", is, "x=1x3x6x10"]),
+        ("input-shape-unknown-input", &["import", shared, is, "stat=2x1x8", "--list"]),
+        ("input-shape-not-a-size", &["check", paddle, is, "x=1,3,6,10"]),
+        ("input-shape-no-equals", &["check", paddle, is, "1x3x6x10"]),
+        ("input-shape-disagrees-with-dim", &["check", mlp, is, "x=3x16", "--dim", "batch=4"]),
+        // One `?` for unrelated dims: an input without its own --input-shape still needs it bound,
+        // and no --dim ?=N agrees with both.
+        ("input-shape-shared-name-unbound", &["check", shared, is, "input=1x64"]),
+        ("input-shape-shared-name-dim", &["check", shared, is, "input=1x64", "--dim", "?=1"]),
+        ("input-shape-const", &["check", mlp, is, "x=4x16", "--const", "x=testdata/onnx/mlp/inputs/x.npy"]),
+        (
+            "input-shape-initializer",
+            &["check", "testdata/onnx/input_default/model.onnx", "--dim", "batch=2", is, "scale=4"],
+        ),
+        ("input-shape-graph-unknown-input", &["check", "testdata/mlp/graph.json", is, "X=8x64"]),
+        ("input-shape-graph-rank", &["check", "testdata/mlp/graph.json", is, "x=8"]),
+        // cnn's si is f32[4,3] dims(batch, _): its second dim is no symbol to bind.
+        ("input-shape-graph-unnamed", &["check", "testdata/cnn/graph.json", is, "si=4x5"]),
+        ("input-shape-graph-dim", &["check", "testdata/mlp/graph.json", is, "x=8x64", "--dim", "batch=4"]),
+    ]);
+    // An artifact is compiled already: its path is this run's scratch dir, so not pinned.
+    let run = meshc(&["run", &art, is, "x=4x16"]);
+    assert_eq!(run.status, Some(1), "{run:?}");
+    assert!(
+        run.stderr
+            .ends_with("mlp.mshc: --input-shape applies when a graph is compiled; this artifact is already compiled\n"),
+        "{run:?}"
+    );
 }
 
 #[test]

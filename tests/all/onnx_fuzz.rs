@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use meshc_onnx::proto::{attribute_proto, tensor_shape_proto::dimension, type_proto, Message, ModelProto};
 use proptest::prelude::*;
 
-use crate::common::{input_args, scratch};
+use crate::common::{dim_args, input_args, scratch};
 
 fn models() -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir("testdata/onnx")
@@ -126,9 +126,8 @@ fn mutate(m: &mut ModelProto, what: u8, pick: usize, how: usize) -> bool {
 /// `meshc run` of `model` with the inputs of `original`, killed past a deadline: Ok when it
 /// ran or refused in one line with exit 1, else what went wrong.
 fn run(model: &Path, original: &Path, out: &Path) -> Result<(), String> {
-    let dims = std::fs::read_to_string(original.with_file_name("dims.txt")).unwrap();
     let mut args = vec!["run".to_string(), model.display().to_string(), "--timeout".into(), "5".into()];
-    args.extend(dims.lines().flat_map(|l| ["--dim".to_string(), l.to_string()]));
+    args.extend(dim_args(original));
     args.extend(input_args(original));
     args.extend(["--output-dir".into(), out.display().to_string()]);
     let mut child = Command::new(env!("CARGO_BIN_EXE_meshc"))

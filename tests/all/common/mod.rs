@@ -134,6 +134,15 @@ impl Drop for Scratch {
     }
 }
 
+/// `--dim NAME=N` for every line of an ONNX model's dims.txt, and `--input-shape NAME=AxB` for
+/// every line of its input_shapes.txt (the models whose dims `--dim` cannot bind).
+pub fn dim_args(model: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(model.with_file_name("dims.txt")).unwrap();
+    let shapes = std::fs::read_to_string(model.with_file_name("input_shapes.txt")).unwrap_or_default();
+    let dims = text.lines().map(|l| ("--dim", l));
+    dims.chain(shapes.lines().map(|l| ("--input-shape", l))).flat_map(|(f, l)| [f.to_string(), l.to_string()]).collect()
+}
+
 /// `--input NAME=FILE` arguments for every `.npy` in `<graph dir>/inputs`.
 pub fn input_args(graph: &Path) -> Vec<String> {
     let mut args = Vec::new();
