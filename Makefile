@@ -119,9 +119,9 @@ onnx-fuzz: $(ONNX_VENV)/bin/python
 # Coverage-guided fuzzing of the readers of every file a user hands meshc (fuzz/: cargo fuzz
 # and libFuzzer; a project of its own, outside the workspace): up to FUZZ_RUNS inputs and
 # FUZZ_SECONDS per target, each input bounded to 10 s and 2 GB. libFuzzer's seed is fixed
-# (FUZZ_SEED) so that CI explores what was explored before the commit landed, a prefix of it
-# on a slower machine: a red CI is then a finding anyone can reproduce, never a new input met
-# by chance. To look for new findings, run it with FUZZ_SEED=0 (a random seed) and more
+# (FUZZ_SEED) so that a commit's run explores the same inputs on every machine (a prefix of
+# them on a slower one): run on a commit before it lands, it is what CI runs, and a red CI
+# is a finding anyone can reproduce, never a new input met by chance. To look for new findings, run it with FUZZ_SEED=0 (a random seed) and more
 # FUZZ_SECONDS. cargo fuzz passes nightly flags (-Zsanitizer=address), which
 # RUSTC_BOOTSTRAP=1 lets the stable toolchain take. The corpora are seeded from testdata/
 # (tools/fuzz_seeds.sh). A crash is kept in fuzz/artifacts/TARGET/; minimised (cargo fuzz tmin)

@@ -32,10 +32,15 @@ const MAX_ERROR: usize = 1024;
 /// Panics unless `msg` is one line where meshc prints it. Quoted parts (in single quotes,
 /// or double quotes for JSON keys) are names from the file, which may hold anything: the
 /// command line escapes their control characters (`escape_controls`), and they must be
-/// short. Outside quotes the text is meshc's own and must have no line break at all.
+/// short. Outside quotes the text is meshc's own and must have no line break at all. A
+/// name holding a single quote of its own pairs the quotes wrongly: with an odd number of
+/// them, where a line break lies cannot be told, and only the length is checked (the
+/// printed line is one line all the same, every control character escaped).
 fn one_line(what: &str, msg: &str) {
-    let ours: String = msg.split('\'').step_by(2).flat_map(|p| p.split('"').step_by(2)).collect();
-    assert!(!ours.contains(['\n', '\r']), "{what}: an error of more than one line: {msg:?}");
+    if msg.matches('\'').count().is_multiple_of(2) {
+        let ours: String = msg.split('\'').step_by(2).flat_map(|p| p.split('"').step_by(2)).collect();
+        assert!(!ours.contains(['\n', '\r']), "{what}: an error of more than one line: {msg:?}");
+    }
     let printed = shorten_quoted(&escape_controls(msg, false));
     let chars = printed.chars().count();
     assert!(
