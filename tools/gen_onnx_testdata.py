@@ -654,19 +654,23 @@ def control_if():
 
 def control_loop():
     """Loops meshc unrolls at import: one of a constant trip count whose body carries a state
-    through a MatMul on the outer graph's weight and scans it out, adding its iteration number;
-    one with no trip count that runs while its carried counter stays below 5."""
+    through a MatMul on the outer graph's weight and scans it out, adding its iteration number
+    and ending after 2 of its 3 trips when the condition its body gives turns false (the Loop
+    has no condition input: ONNX's text calls the body's condition ignored then, onnxruntime
+    and ONNX's reference evaluator end the loop on it); one with no trip count that runs while
+    its carried counter stays below 5."""
     r = np.random.default_rng(13)
     f, i64 = TensorProto.FLOAT, TensorProto.INT64
     x = helper.make_tensor_value_info("x", f, ["batch", 4])
-    outs = [helper.make_tensor_value_info("h", f, ["batch", 4]), helper.make_tensor_value_info("hs", f, [3, "batch", 4]),
+    outs = [helper.make_tensor_value_info("h", f, ["batch", 4]), helper.make_tensor_value_info("hs", f, [2, "batch", 4]),
             helper.make_tensor_value_info("y", f, ["batch", 4]), helper.make_tensor_value_info("count", i64, [])]
     info = helper.make_tensor_value_info
     body = helper.make_graph(
         [node("MatMul", ["h_in", "w"], ["/mm"]), node("Cast", ["i"], ["/i_f"], to=f),
          const("/tenth", np.array(0.1, np.float32)), node("Mul", ["/i_f", "/tenth"], ["/step"]),
          node("Add", ["/mm", "/step"], ["/pre"]), node("Tanh", ["/pre"], ["h_out"]),
-         node("Identity", ["cond_in"], ["cond_out"]), node("Identity", ["h_out"], ["h_scan"])],
+         const("/one", np.array(1, np.int64)), node("Less", ["i", "/one"], ["cond_out"]),
+         node("Identity", ["h_out"], ["h_scan"])],
         "step", [info("i", i64, []), info("cond_in", TensorProto.BOOL, []), info("h_in", f, None)],
         [info("cond_out", TensorProto.BOOL, []), info("h_out", f, None), info("h_scan", f, None)])
     counting = helper.make_graph(
@@ -787,8 +791,8 @@ def bad():
 
     run_time = body([helper.make_node("ReduceSum", ["h"], ["hs"], keepdims=0),
                      helper.make_node("Greater", ["hs", "zero"], ["more"])], "more")
-    write("loop-run-time", [helper.make_node("Loop", ["", "", "x"], ["y"], name="loop", body=run_time)],
-          [numpy_helper.from_array(np.array(0, np.float32), "zero")])
+    write("loop-run-time", [helper.make_node("Loop", ["", "go", "x"], ["y"], name="loop", body=run_time)],
+          [numpy_helper.from_array(np.array(0, np.float32), "zero"), numpy_helper.from_array(np.array(True), "go")])
     write("loop-too-long", [helper.make_node("Loop", ["trips", "", "x"], ["y"], name="loop", body=body([], "c"))],
           [numpy_helper.from_array(np.array(5000, np.int64), "trips")])
     write("if-run-time", sums + [helper.make_node("If", ["c"], ["y"], name="if", then_branch=arm("Relu"),

@@ -69,7 +69,9 @@ fn known(v: &Value, what: &str) -> R<i64> {
 }
 
 /// The iterations of a `Loop`: up to its trip count (input 0, when given) while its
-/// condition (input 1, then what each iteration's body gives) holds.
+/// condition (input 1, then what each iteration's body gives) holds. The body's condition
+/// ends the loop even when input 1 is not given: ONNX's text calls it ignored then, but
+/// onnxruntime and ONNX's reference evaluator end the loop on it, and so does meshc.
 pub struct Trips {
     max: Option<i64>,
     cond: bool,
