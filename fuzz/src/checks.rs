@@ -29,15 +29,16 @@ pub const TARGETS: [(&str, Check); 7] = [
 /// whole messages at 900, so a longer line escaped the cut.
 const MAX_ERROR: usize = 1024;
 
-/// Panics unless `msg` is one line where meshc prints it. Quoted parts (in single quotes,
-/// or double quotes for JSON keys) are names from the file, which may hold anything: the
-/// command line escapes their control characters (`escape_controls`), and they must be
-/// short. Outside quotes the text is meshc's own and must have no line break at all. A
-/// name holding a single quote of its own pairs the quotes wrongly: with an odd number of
-/// them, where a line break lies cannot be told, and only the length is checked (the
-/// printed line is one line all the same, every control character escaped).
-fn one_line(what: &str, msg: &str) {
-    if msg.matches('\'').count().is_multiple_of(2) {
+/// Panics unless `msg`, an error about the file `input`, is one line where meshc prints
+/// it. Quoted parts (in single quotes, or double quotes for JSON keys) are names from the
+/// file, which may hold anything: the command line escapes their control characters
+/// (`escape_controls`), and they must be short. Outside quotes the text is meshc's own and
+/// must have no line break at all. A file holding a single quote can name things with
+/// quotes of their own, which pair the message's quotes wrongly: where a line break lies
+/// cannot be told then, and only the length is checked (the printed line is one line all
+/// the same, every control character escaped).
+fn one_line(what: &str, msg: &str, input: &[u8]) {
+    if !input.contains(&b'\'') {
         let ours: String = msg.split('\'').step_by(2).flat_map(|p| p.split('"').step_by(2)).collect();
         assert!(!ours.contains(['\n', '\r']), "{what}: an error of more than one line: {msg:?}");
     }
@@ -80,7 +81,7 @@ pub fn onnx_import(data: &[u8]) {
     if let Err(e) =
         meshc_onnx::import_bytes(data, "fuzz.onnx", &dir, &BTreeMap::new(), &BTreeMap::new(), &BTreeMap::new())
     {
-        one_line("onnx_import", &e.to_string());
+        one_line("onnx_import", &e.to_string(), data);
     }
 }
 
@@ -97,13 +98,13 @@ fn keys(json: &[u8], field: Option<&str>) -> Vec<String> {
 /// Every tensor of `file` (in the target's scratch directory) that `keys` name, through
 /// the reader compile uses (`WeightFiles`): a view whose bytes read back in full, or an
 /// error of one line.
-fn read_weights(target: &str, file: &str, keys: &[String]) {
+fn read_weights(target: &str, file: &str, keys: &[String], input: &[u8]) {
     let mut files = meshc_ir::weights::WeightFiles::new(&scratch(target));
     for k in keys {
         let read = files.view(file, Some(k)).and_then(|v| Ok((v.ty.size_bytes(), v.bytes()?)));
         match read {
             Ok((size, bytes)) => assert_eq!(bytes.len(), size, "{target}: tensor '{k}' read short"),
-            Err(e) => one_line(target, &e.to_string()),
+            Err(e) => one_line(target, &e.to_string(), input),
         }
     }
 }
@@ -113,7 +114,7 @@ pub fn safetensors(data: &[u8]) {
     write("safetensors", "w.safetensors", data);
     let header = data.get(..8).map_or(0, |n| u64::from_le_bytes(n.try_into().expect("8 bytes")));
     let json = usize::try_from(header).ok().and_then(|h| data.get(8..8usize.checked_add(h)?)).unwrap_or_default();
-    read_weights("safetensors", "w.safetensors", &keys(json, None));
+    read_weights("safetensors", "w.safetensors", &keys(json, None), data);
 }
 
 /// A checkpoint index's bytes (`m.index.json`, beside a valid shard `a.safetensors` holding
@@ -124,7 +125,7 @@ pub fn checkpoint_index(data: &[u8]) {
         \x00\x00\x80\x3f\x07\x00\x00\x00";
     write("checkpoint_index", "a.safetensors", SHARD);
     write("checkpoint_index", "m.index.json", data);
-    read_weights("checkpoint_index", "m.index.json", &keys(data, Some("weight_map")));
+    read_weights("checkpoint_index", "m.index.json", &keys(data, Some("weight_map")), data);
 }
 
 /// A `.npy` file's bytes through each of meshc's readers: `--input`'s and `--const`'s
@@ -139,7 +140,7 @@ pub fn npy(data: &[u8]) {
     let mut files = meshc_ir::weights::WeightFiles::new(&scratch("npy"));
     let param = files.view("x.npy", None).and_then(|v| Ok((v.ty.clone(), v.bytes()?)));
     for e in [from_file.as_ref().err(), from_bytes.as_ref().err(), param.as_ref().err()].into_iter().flatten() {
-        one_line("npy", &e.to_string());
+        one_line("npy", &e.to_string(), data);
     }
     match (&from_file, &from_bytes) {
         (Ok(a), Ok(b)) => assert_eq!(a.to_le_bytes(), b.to_le_bytes(), "npy: the file and bytes readers differ"),
@@ -156,7 +157,7 @@ pub fn npy(data: &[u8]) {
 fn graph(what: &str, data: &[u8], parse: fn(&str) -> meshc_ir::Result<meshc_ir::Graph>) {
     let Ok(src) = std::str::from_utf8(data) else { return };
     if let Err(e) = parse(src).and_then(|g| verify::verify(&g)) {
-        one_line(what, &e.to_string());
+        one_line(what, &e.to_string(), data);
     }
 }
 
@@ -180,7 +181,7 @@ pub fn artifact(data: &[u8]) {
     for bytes in [data, &resealed[..]] {
         match meshc_runtime::api::model::Model::from_bytes(bytes) {
             Ok(m) => drop(m.load()),
-            Err(e) => one_line("artifact", &e.to_string()),
+            Err(e) => one_line("artifact", &e.to_string(), bytes),
         }
     }
 }
