@@ -45,7 +45,12 @@ uninstall:
 # compiled instead of building every crate a second time, and test the binary that ships.
 # The C ABI's shared library first: cargo test builds a library's rlib only, and the C
 # example (capi/tests/c_example.rs) links against libmeshcrt.so.
-TEST := $(CARGO) test --release
+# Every fuzzer make runs (the property tests and the differential fuzzer under cargo test,
+# libFuzzer in fuzz-files) starts from FUZZ_SEED: what CI runs on a commit is then what ran
+# before it landed, and a red CI is a finding anyone can reproduce, never a case met by
+# chance. FUZZ_SEED=0 draws random seeds, to look for new findings.
+FUZZ_SEED ?= 1
+TEST := $(if $(filter 0,$(FUZZ_SEED)),,PROPTEST_RNG_SEED=$(FUZZ_SEED)) $(CARGO) test --release
 test:
 	@echo "building the tests (release profile; the first build after make demo takes a few minutes) and running them"
 	$(CARGO) build --release -p meshc-capi
@@ -118,17 +123,15 @@ onnx-fuzz: $(ONNX_VENV)/bin/python
 
 # Coverage-guided fuzzing of the readers of every file a user hands meshc (fuzz/: cargo fuzz
 # and libFuzzer; a project of its own, outside the workspace): up to FUZZ_RUNS inputs and
-# FUZZ_SECONDS per target, each input bounded to 10 s and 2 GB. libFuzzer's seed is fixed
-# (FUZZ_SEED) so that a commit's run explores the same inputs on every machine (a prefix of
-# them on a slower one): run on a commit before it lands, it is what CI runs, and a red CI
-# is a finding anyone can reproduce, never a new input met by chance. To look for new findings, run it with FUZZ_SEED=0 (a random seed) and more
+# FUZZ_SECONDS per target, each input bounded to 10 s and 2 GB. With libFuzzer's seed fixed
+# (FUZZ_SEED, above) a commit's run explores the same inputs on every machine (a prefix of
+# them on a slower one); to look for new findings, run it with FUZZ_SEED=0 and more
 # FUZZ_SECONDS. cargo fuzz passes nightly flags (-Zsanitizer=address), which
 # RUSTC_BOOTSTRAP=1 lets the stable toolchain take. The corpora are seeded from testdata/
 # (tools/fuzz_seeds.sh). A crash is kept in fuzz/artifacts/TARGET/; minimised (cargo fuzz tmin)
 # it belongs in testdata/fuzz-regressions/TARGET/, which make test replays (tests/all/fuzz_files.rs).
 FUZZ_SECONDS ?= 60
 FUZZ_RUNS ?= 100000
-FUZZ_SEED ?= 1
 FUZZ_TARGETS := onnx_import safetensors checkpoint_index npy text_graph json_graph artifact
 CARGO_FUZZ := cd fuzz && RUSTC_BOOTSTRAP=1 $(CARGO) fuzz
 fuzz-files: $(MESHC)

@@ -186,22 +186,23 @@ fn graph(r: &Recipe) -> String {
                 let (guard, op) = match arg % 5 {
                     0 => (format!("tanh({x})"), "exp"),
                     1 => (format!("abs({x})"), "sqrt"),
-                    2 => (format!("abs({x})"), "div_guarded"),
+                    2 => (format!("abs({x})"), "div"),
                     3 => (format!("abs({x})"), "rsqrt"),
                     _ => (format!("abs({x})"), "log"),
                 };
                 lines.push(format!("{name}g = {guard}"));
-                match op {
-                    "div_guarded" => {
-                        lines.push(format!("{name}o = add({name}g, {name}g)"));
-                        lines.push(format!("{name}h = maximum({name}o, {name}g)"));
-                        (format!("{name} = div({x}, {name}h)"), xs.clone())
-                    }
-                    "sqrt" | "rsqrt" | "log" => {
-                        lines.push(format!("{name}h = exp({name}g)"));
-                        (format!("{name} = {op}({name}h)"), xs.clone())
-                    }
-                    op => (format!("{name} = {op}({name}g)"), xs.clone()),
+                // (exp of a non-negative value is at least 1: a divisor that grows with |x|,
+                // like 2|x| would, is 0 where x is, and x/2|x| is then 0.5 on one side and
+                // NaN on the other when x cancels to 6e-8 interpreted and to 0 compiled.)
+                if op == "exp" {
+                    (format!("{name} = exp({name}g)"), xs.clone())
+                } else {
+                    lines.push(format!("{name}h = exp({name}g)"));
+                    let call = match op {
+                        "div" => format!("div({x}, {name}h)"),
+                        op => format!("{op}({name}h)"),
+                    };
+                    (format!("{name} = {call}"), xs.clone())
                 }
             }
             // Other dtypes: a round trip through i32 (truncation toward zero), and where with
