@@ -124,9 +124,13 @@ fn mutate(m: &mut ModelProto, what: u8, pick: usize, how: usize) -> bool {
 }
 
 /// `meshc run` of `model` with the inputs of `original`, killed past a deadline: Ok when it
-/// ran or refused in one line with exit 1, else what went wrong.
+/// ran or refused in one line with exit 1, else what went wrong. Under a 256 MiB budget, as
+/// the file fuzzers run: a flipped bit that pads a dim by 2^27 makes a valid model whose
+/// 3.7 GB output the default budget (half the free memory) allows, and writing it takes
+/// longer than the deadline on a loaded machine.
 fn run(model: &Path, original: &Path, out: &Path) -> Result<(), String> {
-    let mut args = vec!["run".to_string(), model.display().to_string(), "--timeout".into(), "5".into()];
+    let mut args: Vec<String> =
+        ["run", &model.display().to_string(), "--timeout", "5", "--max-memory", "256M"].map(String::from).into();
     args.extend(dim_args(original));
     args.extend(input_args(original));
     args.extend(["--output-dir".into(), out.display().to_string()]);
