@@ -260,10 +260,10 @@ fn input_shape_dims(g: &Graph, dims: &[String], shapes: &BTreeMap<String, Vec<us
                 }
                 continue;
             };
-            if let Some(d) = dims.iter().find(|d| d.split_once('=').is_some_and(|(d, _)| d == dim)) {
-                let v = d.split_once('=').map_or("", |(_, v)| v);
-                if v != n.to_string() {
-                    return Err(format!("{flag}: axis {k} is dim '{dim}', which --dim {d} makes {v}, not {n}"));
+            if let Some((_, v)) = dims.iter().filter_map(|d| d.split_once('=')).find(|(d, _)| *d == dim) {
+                // (A range `1..64` keeps the dim symbolic, which a fixed shape contradicts.)
+                if v.trim().parse::<usize>() != Ok(n) {
+                    return Err(format!("{flag}: axis {k} is dim '{dim}', which --dim {dim}={v} makes {v}, not {n}"));
                 }
                 continue;
             }

@@ -795,6 +795,24 @@ def bad():
           [numpy_helper.from_array(np.array(0, np.float32), "zero"), numpy_helper.from_array(np.array(True), "go")])
     write("loop-too-long", [helper.make_node("Loop", ["trips", "", "x"], ["y"], name="loop", body=body([], "c"))],
           [numpy_helper.from_array(np.array(5000, np.int64), "trips")])
+    # Loops nested four deep, 1000 trips each: a trillion body imports, unless the bound on
+    # the body nodes unrolled over the whole model stops it.
+    def level(depth, nodes):
+        i, c, h = f"i{depth}", f"c{depth}", f"h{depth}"
+        return helper.make_graph(
+            nodes(h) + [helper.make_node("Identity", [c], [f"{c}o"])], f"level{depth}",
+            [helper.make_tensor_value_info(i, TensorProto.INT64, []),
+             helper.make_tensor_value_info(c, TensorProto.BOOL, []),
+             helper.make_tensor_value_info(h, TensorProto.FLOAT, None)],
+            [helper.make_tensor_value_info(f"{c}o", TensorProto.BOOL, []),
+             helper.make_tensor_value_info(f"{h}o", TensorProto.FLOAT, None)])
+
+    nested = level(0, lambda h: [helper.make_node("Relu", [h], [f"{h}o"])])
+    for depth in range(1, 4):
+        nested = level(depth, lambda h, inner=nested: [
+            helper.make_node("Loop", ["trips", "", h], [f"{h}o"], name=f"loop{depth}", body=inner)])
+    write("loop-nested", [helper.make_node("Loop", ["trips", "", "x"], ["y"], name="loop", body=nested)],
+          [numpy_helper.from_array(np.array(1000, np.int64), "trips")])
     write("if-run-time", sums + [helper.make_node("If", ["c"], ["y"], name="if", then_branch=arm("Relu"),
                                                   else_branch=arm("Neg"))],
           [numpy_helper.from_array(np.array(0, np.float32), "zero")])

@@ -8,10 +8,10 @@ Case k draws its model from the seed S + k (the same case again: --seed S+k --ca
 few float inputs, then a chain of nodes of the ops meshc imports (elementwise, MatMul and
 Gemm, reductions, Reshape, Transpose, Slice, Concat, Gather, Softmax and LogSoftmax,
 LayerNormalization, Conv and pools at small sizes, Cast, Identity and Expand no-ops, If
-on a fact of the shapes), each reading values made before it; one to three outputs, among
-them values later nodes also read and graph inputs. onnxruntime's outputs are the
-reference; `meshc run` (import, compile, run) and `meshc interp` must give them within a
-tolerance. A model meshc refuses in one line (exit 1) counts as refused; a crash, a hang
+on a fact of the shapes, Loop with a constant trip count), each reading values made
+before it; one to three outputs, among them values later nodes also read and graph
+inputs. onnxruntime's outputs are the reference; `meshc run` (import, compile, run) and
+`meshc interp` must give them within a tolerance. A model meshc refuses in one line (exit 1) counts as refused; a crash, a hang
 or a wrong result is a failure, whose model and inputs are kept (under
 target/onnx-fuzz-failures/ unless --keep says) and which makes the run exit 1.
 """
@@ -348,8 +348,34 @@ def g_if(m):
     return m.node("If", [cond], a[1], tame=a[3], then_branch=branch(), else_branch=branch())
 
 
+def g_loop(m):
+    """A Loop of 1 to 4 trips carrying a value through Tanh and an Add of a value of the graph
+    around it (a body reads the enclosing graph by name); its body's condition ends it after
+    the iteration numbered by a constant, or never: meshc unrolls it."""
+    from onnx import TensorProto, helper
+
+    a = m.pick(floats)
+    b = m.pick(lambda v: floats(v) and v[1] == a[1])
+    i, c, h, t, u, co = (m.name(p) for p in ("i", "c", "h", "t", "u", "co"))
+    if m.rng.random() < 0.5:
+        ends = helper.make_node("Less", [i, m.init(np.int64(m.rng.integers(0, 4)))], [co])
+    else:
+        ends = helper.make_node("Identity", [c], [co])
+    body = helper.make_graph(
+        [helper.make_node("Tanh", [h], [t]), helper.make_node("Add", [t, a[0]], [u]), ends],
+        m.name("body"),
+        [helper.make_tensor_value_info(i, TensorProto.INT64, []),
+         helper.make_tensor_value_info(c, TensorProto.BOOL, []),
+         helper.make_tensor_value_info(h, TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info(co, TensorProto.BOOL, []),
+         helper.make_tensor_value_info(u, TensorProto.FLOAT, None)],
+    )
+    trips = m.init(np.int64(m.rng.integers(1, 5)))
+    return m.node("Loop", [trips, "", b[0]], a[1], tame=a[3], body=body)
+
+
 GENERATORS = [g_unary, g_binary, g_binary, g_matmul, g_reduce, g_reshape, g_transpose, g_slice, g_concat, g_gather,
-              g_softmax, g_layernorm, g_conv, g_cast, g_noop, g_where, g_pad, g_int_arith, g_if]
+              g_softmax, g_layernorm, g_conv, g_cast, g_noop, g_where, g_pad, g_int_arith, g_if, g_loop]
 
 
 def draw(seed):

@@ -69,6 +69,13 @@ pub struct Builder {
     param_of: HashMap<String, String>,
     /// The new name of each node `output` renamed, by its old one.
     renamed: HashMap<String, String>,
+    /// The suffix `fresh` last gave each base name, where its search starts next: every
+    /// smaller one is taken (a name freed again, `forget`, drops its base's entry). From 2 up
+    /// every time, a loop body unrolled n times cost n² lookups.
+    suffix: HashMap<String, usize>,
+    /// The nodes of loop bodies imported so far, every unrolled iteration counted
+    /// (`control::MAX_UNROLLED` bounds them over the whole model, nested loops included).
+    pub unrolled: usize,
 }
 
 /// `name` as a meshc name: ONNX names are any string (`/encoder/layer.0/MatMul_output_0`,
@@ -89,9 +96,13 @@ impl Builder {
     pub fn fresh(&mut self, hint: &str) -> String {
         let base = sanitise(hint);
         let taken = |n: &String| self.used.contains(n) || self.reserved.contains(n);
-        let name = (1..).map(|k| if k == 1 { base.clone() } else { format!("{base}_{k}") }).find(|n| !taken(n));
-        let name = name.expect("an unused suffix exists");
+        let from = self.suffix.get(&base).copied().unwrap_or(1);
+        let (k, name) = (from..)
+            .map(|k| (k, if k == 1 { base.clone() } else { format!("{base}_{k}") }))
+            .find(|(_, n)| !taken(n))
+            .expect("an unused suffix exists");
         self.used.insert(name.clone());
+        self.suffix.insert(base, k);
         name
     }
 
@@ -210,6 +221,7 @@ impl Builder {
         let have = self.renamed.get(&have).cloned().unwrap_or(have);
         let want = sanitise(want);
         self.reserved.remove(&want);
+        self.forget(&want);
         let is_output = self.graph.outputs.iter().any(|o| o.name == have);
         let free = !self.used.contains(&want);
         if !is_output && (have == want || !free) {
@@ -222,6 +234,17 @@ impl Builder {
         let same = Attr::ints(&self.types[&have].shape.iter().map(|&d| d as i64).collect::<Vec<_>>());
         let copy = self.node(&want, Op::Reshape, &[&Value::Tensor(have)], &[("shape", same)])?;
         Ok(self.operand(&copy, &want))
+    }
+
+    /// `name` is free again: `fresh` searches the bases it may have come from (`base` or
+    /// `base_k`) from their start.
+    fn forget(&mut self, name: &str) {
+        self.suffix.remove(name);
+        if let Some((base, k)) = name.rsplit_once('_') {
+            if k.parse::<usize>().is_ok() {
+                self.suffix.remove(base);
+            }
+        }
     }
 
     /// Names the graph's dims from what its ops do with them (`dims`).
@@ -242,6 +265,7 @@ impl Builder {
         let ty = self.types.remove(from).expect("a node has a type");
         self.types.insert(to.to_string(), ty);
         self.used.remove(from);
+        self.forget(from);
         self.used.insert(to.to_string());
         self.renamed.insert(from.to_string(), to.to_string());
     }
@@ -260,6 +284,40 @@ mod tests {
         let mut b = Builder::default();
         assert_eq!(b.fresh("a/b"), "a_b");
         assert_eq!(b.fresh("a:b"), "a_b_2");
+    }
+
+    #[test]
+    fn fresh_names_are_the_first_free_suffix_whatever_was_freed_between() {
+        // What a search from suffix 1 finds, against the cached search, over random mixes of
+        // names taken, reserved and freed again (as `output` and `rename` free them), with
+        // bases that are other bases' suffixed names.
+        let hints = ["a", "a_2", "a_2_2", "a_3", "b"];
+        let mut b = Builder::default();
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        for _ in 0..20_000 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let hint = hints[(seed % 5) as usize];
+            let taken: Vec<String> = b.used.iter().chain(&b.reserved).cloned().collect();
+            let pick = taken.get((seed >> 16) as usize % taken.len().max(1)).cloned();
+            match ((seed >> 8) % 4, pick) {
+                (0, _) => b.reserve(hint),
+                (1, Some(n)) => {
+                    b.reserved.remove(&n);
+                    b.forget(&n);
+                }
+                (2, Some(n)) => {
+                    b.used.remove(&n);
+                    b.forget(&n);
+                }
+                _ => {
+                    let free = |n: &String| !b.used.contains(n) && !b.reserved.contains(n);
+                    let want = (1..).map(|k| if k == 1 { hint.to_string() } else { format!("{hint}_{k}") }).find(free);
+                    assert_eq!(Some(b.fresh(hint)), want);
+                }
+            }
+        }
     }
 
     #[test]

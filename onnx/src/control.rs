@@ -23,6 +23,12 @@ pub const OPS: [&str; 2] = ["If", "Loop"];
 /// The most iterations a `Loop` is unrolled to: each is a copy of its body in the graph.
 pub const MAX_TRIPS: i64 = 1024;
 
+/// The most body nodes unrolling imports in one model, over every iteration of every loop:
+/// loops nested three deep at `MAX_TRIPS` each would otherwise import a billion bodies.
+/// An LSTM exported as a loop over 500 steps of a 40-node body is 20,000; a graph many
+/// times this size would take minutes to compile, and is better refused at once.
+pub const MAX_UNROLLED: usize = 1 << 16;
+
 /// The branch (`then_branch` or `else_branch`) an `If` node with condition `cond` takes.
 pub fn taken<'a>(n: &'a NodeProto, cond: Option<&Value>) -> R<&'a GraphProto> {
     let cond = cond.ok_or("its condition (input 0) is not given")?;

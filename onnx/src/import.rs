@@ -225,14 +225,12 @@ fn input(
     bound: &mut BTreeSet<String>,
 ) -> R<Value> {
     let onnx_name = i.name.as_deref().unwrap_or_default();
+    let at = |e: String| format!("input '{onnx_name}': {e}");
     let Some(type_proto::Value::TensorType(t)) = i.r#type.as_ref().and_then(|t| t.value.as_ref()) else {
-        return Err(format!("input '{onnx_name}': only tensor inputs are supported"));
+        return Err(at("only tensor inputs are supported".into()));
     };
-    let dtype = tensors::storage_dtype(t.elem_type.unwrap_or(0)).map_err(|e| format!("input '{onnx_name}': {e}"))?;
-    let shape_proto = t
-        .shape
-        .as_ref()
-        .ok_or_else(|| format!("input '{onnx_name}': its shape is unknown (the model gives no rank)"))?;
+    let dtype = tensors::storage_dtype(t.elem_type.unwrap_or(0)).map_err(at)?;
+    let shape_proto = t.shape.as_ref().ok_or_else(|| at("its shape is unknown (the model gives no rank)".into()))?;
     let model: Vec<ModelDim> = shape_proto.dim.iter().map(ModelDim::of).collect();
     // What the model and the `--dim`s say of each dim: `1x3x?x?`.
     let known = model
@@ -283,23 +281,22 @@ fn input(
                     n
                 }
                 None => {
-                    return Err(format!(
-                        "input '{onnx_name}': dim {k} is symbolic ('{p}'): bind it with --dim {p}=N, or give the whole shape with --input-shape {onnx_name}={known}, each ? a size"
-                    ))
+                    return Err(at(format!(
+                        "dim {k} is symbolic ('{p}'): bind it with --dim {p}=N, or give the whole shape with --input-shape {onnx_name}={known}, each ? a size"
+                    )))
                 }
             },
             (ModelDim::Unknown(why), None) => {
-                return Err(format!(
-                    "input '{onnx_name}': axis {k} has no size and no name ({why}): give the whole shape with --input-shape {onnx_name}={known}, each ? a size"
-                ))
+                return Err(at(format!(
+                    "axis {k} has no size and no name ({why}): give the whole shape with --input-shape {onnx_name}={known}, each ? a size"
+                )))
             }
         };
         shape.push(size);
         names.push(name);
     }
     let ty = TensorType::new(dtype, shape);
-    tensors::shape(&ty.shape.iter().map(|&d| d as i64).collect::<Vec<_>>(), dtype.size_bytes())
-        .map_err(|e| format!("input '{onnx_name}': {e}"))?;
+    tensors::shape(&ty.shape.iter().map(|&d| d as i64).collect::<Vec<_>>(), dtype.size_bytes()).map_err(at)?;
     let name = b.fresh(i.name.as_deref().unwrap_or("input"));
     let dims = names.iter().any(Option::is_some).then_some(names);
     b.add_input(Input { name: name.clone(), ty, dims, loc: None });
@@ -312,19 +309,23 @@ fn input(
                 &[&v],
                 &[("to", meshc_ir::Attr::Str(DType::F32.name().into()))],
             )
-            .map_err(|e| format!("input '{onnx_name}': {e}"));
+            .map_err(at);
     }
     Ok(v)
 }
 
 /// The outputs of the subgraph `g` (an `If`'s taken branch, one iteration of a `Loop`'s
 /// body), its nodes imported in the scope of the graph around it (`values`, which it reads
-/// by name) with its inputs bound to `inputs`; what it defines stays in it.
+/// by name) with its inputs bound to `inputs`; what it defines stays in it. Its names go
+/// into `values` while it is imported and out again after, rather than into a copy of the
+/// scope: an unrolled loop imports its body once per iteration, and copying a model's
+/// every name each time made nested loops cost their trip counts times the model's size.
+/// (ONNX defines each name once, so a name of the subgraph never hides one around it.)
 fn subgraph(
     b: &mut Builder,
     g: &GraphProto,
     opset: i64,
-    values: &HashMap<String, Value>,
+    values: &mut HashMap<String, Value>,
     inputs: Vec<Value>,
 ) -> R<Vec<Value>> {
     let name = g.name.as_deref().unwrap_or("");
@@ -332,7 +333,6 @@ fn subgraph(
     if g.input.len() != inputs.len() {
         return Err(within(format!("it has {} inputs, where {} are given", g.input.len(), inputs.len())));
     }
-    let mut scope = values.clone();
     let bound = g.input.iter().map(|i| i.name.clone().unwrap_or_default()).zip(inputs);
     let initializers = g.initializer.iter().map(|t| {
         let name = t.name.clone().unwrap_or_default();
@@ -344,21 +344,30 @@ fn subgraph(
         let v = tensors::tensor_from(t, t.raw_data.as_deref()).map_err(|e| format!("initializer '{name}': {e}"))?;
         Ok((name.clone(), Value::named(v, &name)))
     });
+    let mut defined = Vec::new();
     for (name, v) in bound.map(Ok).chain(initializers).collect::<R<Vec<_>>>().map_err(within)? {
-        if scope.insert(name.clone(), v).is_some() {
+        if values.contains_key(&name) {
             return Err(within(format!("'{name}' is already defined around it (ONNX defines each name once)")));
         }
+        values.insert(name.clone(), v);
+        defined.push(name);
     }
     for n in &g.node {
-        node(b, n, g, opset, &mut scope).map_err(within)?;
+        node(b, n, g, opset, values).map_err(within)?;
+        defined.extend(n.output.iter().filter(|o| !o.is_empty()).cloned());
     }
-    g.output
+    let outputs = g
+        .output
         .iter()
         .map(|o| {
             let name = o.name.as_deref().unwrap_or("");
-            scope.get(name).cloned().ok_or_else(|| within(format!("output '{name}' is computed by no node")))
+            values.get(name).cloned().ok_or_else(|| within(format!("output '{name}' is computed by no node")))
         })
-        .collect()
+        .collect();
+    for name in &defined {
+        values.remove(name);
+    }
+    outputs
 }
 
 /// A `Loop` unrolled: its body imported once per iteration, the carried values of one
@@ -369,7 +378,7 @@ fn unroll(
     n: &NodeProto,
     args: &[Option<Value>],
     opset: i64,
-    values: &HashMap<String, Value>,
+    values: &mut HashMap<String, Value>,
 ) -> R<Vec<Value>> {
     let body = control::body(n)?;
     let mut trips = control::Trips::new(args)?;
@@ -387,6 +396,13 @@ fn unroll(
     })?;
     let mut stacked: Vec<Vec<Value>> = vec![Vec::new(); scans];
     while let Some(first) = trips.next()? {
+        b.unrolled += body.node.len();
+        if b.unrolled > control::MAX_UNROLLED {
+            return Err(format!(
+                "unrolling it imports more than {} loop-body nodes in the model, the most meshc unrolls",
+                control::MAX_UNROLLED
+            ));
+        }
         let mut outs = subgraph(b, body, opset, values, first.into_iter().chain(carried).collect())
             .map_err(|e| format!("iteration {}: {e}", trips.current()))?;
         let scanned = outs.split_off(outs.len().saturating_sub(scans));
@@ -397,6 +413,7 @@ fn unroll(
         }
     }
     let mut results = carried;
+    let loop_name = n.name.as_deref().unwrap_or("loop");
     for (k, all) in stacked.iter().enumerate() {
         if all.is_empty() {
             return Err(format!("scan output {k} of no iteration would be empty, which meshc does not support"));
@@ -406,12 +423,11 @@ fn unroll(
             .enumerate()
             .map(|(i, v)| {
                 let shape: Vec<i64> = [1].into_iter().chain(b.ty(v).shape.iter().map(|&d| d as i64)).collect();
-                super::ops::reshape(b, v, &shape, &format!("{}.scan{k}.{i}", n.name.as_deref().unwrap_or("loop")))
+                super::ops::reshape(b, v, &shape, &format!("{loop_name}.scan{k}.{i}"))
             })
             .collect::<R<Vec<_>>>()?;
-        let name = format!("{}.scan{k}", n.name.as_deref().unwrap_or("loop"));
         results.push(b.node(
-            &name,
+            &format!("{loop_name}.scan{k}"),
             meshc_ir::Op::Concat,
             &rows.iter().collect::<Vec<_>>(),
             &[("axis", meshc_ir::Attr::Int(0))],
