@@ -18,6 +18,8 @@ use meshc_ir::{DType, TensorType};
 use meshc_runtime::kernels::epilogue::Bound;
 use meshc_runtime::kernels::library;
 
+mod common;
+
 /// A zeroed, 64-byte aligned buffer, as the runner hands kernels.
 struct Buf {
     ptr: *mut u8,
@@ -244,6 +246,7 @@ fn main() -> Result<()> {
             .collect::<Result<_>>()?,
         Err(_) => vec![256, 512, 1024, 2048],
     };
+    common::isa_from_env();
     let target = Target::by_name("native")?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     // Peak: 2 FMA ports × 4 lanes × 2 flops per cycle.

@@ -403,6 +403,7 @@ struct Anchors {
 }
 
 fn main() {
+    common::isa_from_env();
     let anchors = Anchors { xla: python_with("jax"), ort: python_with("onnx, onnxruntime") };
     if anchors.xla.is_none() {
         println!("XLA: not measured (no Python with jax; python3 -m venv target/jax-venv && target/jax-venv/bin/pip install jax)");

@@ -19,6 +19,22 @@ use meshc_runtime::format::program::{
     Buffer, Collective, CollectiveOp, Exec, IoSpec, Meta, Program, Reduce, Step, Storage, ALIGN,
 };
 
+/// The kernels' ISA: `MESHC_ISA` when set (as `meshc run` reads it, so that the meshc
+/// processes a bench starts agree), else the best the CPU has; printed, so every figure
+/// says which path it measured.
+pub fn isa_from_env() {
+    use meshc_runtime::api::{force_isa, Isa};
+    let isa = match std::env::var("MESHC_ISA") {
+        Ok(name) => {
+            let isa = Isa::parse(&name).unwrap_or_else(|e| panic!("MESHC_ISA: {e}"));
+            force_isa(isa).unwrap_or_else(|e| panic!("MESHC_ISA={name}: {e}"));
+            format!("{} (MESHC_ISA)", isa.name())
+        }
+        Err(_) => format!("{} (the best this CPU has; MESHC_ISA=avx2|portable forces another)", Isa::detected().name()),
+    };
+    println!("runtime kernels: {isa}");
+}
+
 pub fn median(mut t: Vec<f64>) -> f64 {
     t.sort_by(f64::total_cmp);
     t[t.len() / 2]

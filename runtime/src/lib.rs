@@ -5,7 +5,7 @@
 //! The modules live in six rooms; each room uses only the rooms listed after it
 //! (pinned by tests/all/modules.rs):
 //! - `format` (uses nothing): `abi`, `mesh`, `program`, `degradation`, `epilogue`, `order`,
-//!   `mask`, `artifact`, `signature`;
+//!   `mask`, `artifact`, `signature`, `isa`;
 //! - `kernels` (format): `call`, `library`, `small_m`, `panels`, `matmul_shape`, `epilogue`,
 //!   `attention`, `vmath`, `pool`;
 //! - `comm` (format): `traffic`, `fabric`, `reduce`, `degraded`, `exchange`, `transport`,

@@ -21,6 +21,7 @@ mod golden;
 mod grad;
 mod hosts;
 mod interp;
+mod isa;
 mod layouts;
 mod lowering;
 mod make;

@@ -48,8 +48,8 @@ pub(crate) unsafe fn reduce_range(
 /// ranks, from another host).
 pub(crate) fn combine(acc: &mut [f32], srcs: &[&[f32]], at: usize, reduce: Reduce, fresh: bool) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the CPU has AVX-512F.
+    if crate::format::isa::current() == crate::format::isa::Isa::Avx512 {
+        // SAFETY: the CPU has AVX-512F (`format::isa` forces no ISA above the CPU's).
         return unsafe { combine_avx512(acc, srcs, at, reduce, fresh) };
     }
     combine_any(acc, srcs, at, reduce, fresh)

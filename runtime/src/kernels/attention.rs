@@ -135,16 +135,14 @@ macro_rules! tiles {
 const AVX512: Isa = Isa { tiles: tiles!(tile_avx512), row: row_avx512 };
 const PORTABLE: Isa = Isa { tiles: tiles!(tile_portable), row: row_pass::<false> };
 
-/// The best kernels this CPU runs (detected once).
+/// The kernels of the ISA in use (`format::isa`): AVX-512, or the portable ones (there is
+/// no AVX2 path yet: an AVX2 CPU runs the portable code).
 fn isa() -> &'static Isa {
-    static ISA: std::sync::OnceLock<&'static Isa> = std::sync::OnceLock::new();
-    ISA.get_or_init(|| {
+    match crate::format::isa::current() {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
-            return &AVX512;
-        }
-        &PORTABLE
-    })
+        crate::format::isa::Isa::Avx512 => &AVX512,
+        _ => &PORTABLE,
+    }
 }
 
 /// `out = softmax(scale(q @ k) + mask, -1) @ v` for `sh` on up to `threads` threads, `scale`

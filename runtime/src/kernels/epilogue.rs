@@ -180,10 +180,10 @@ impl<'a> Bound<'a> {
     }
 }
 
+/// Whether the ISA in use (`format::isa`) is AVX-512 (there is no AVX2 path yet).
 #[cfg(target_arch = "x86_64")]
 fn avx512() -> bool {
-    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HAS.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma"))
+    crate::format::isa::current() == crate::format::isa::Isa::Avx512
 }
 
 #[cfg(test)]

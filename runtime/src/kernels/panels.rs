@@ -28,6 +28,7 @@
 //! memory while the next ones found the slice in L1 (that GEMM time fell by ~10%, `cargo
 //! bench --bench models`).
 
+use crate::format::isa::{self, Isa as Level};
 use crate::kernels::epilogue::Bound;
 use crate::kernels::matmul_shape::MatmulShape;
 
@@ -127,26 +128,26 @@ const AVX512: Isa = isa!(tile_avx512: 1 2 3 4 5 6 7 8 9 10 11 12);
 const AVX2: Isa = isa!(tile_avx2: 1 2 3 4 5 6);
 const PORTABLE: Isa = isa!(tile_portable: 1 2 3 4);
 
-/// The kernels this CPU runs, best first.
-fn available() -> Vec<&'static Isa> {
-    let mut v: Vec<&'static Isa> = Vec::new();
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            v.push(&AVX512);
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            v.push(&AVX2);
-        }
+/// The kernels of `level`.
+fn kernels(level: Level) -> &'static Isa {
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx512 => &AVX512,
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 => &AVX2,
+        _ => &PORTABLE,
     }
-    v.push(&PORTABLE);
-    v
 }
 
-/// The best kernels this CPU runs (detected once).
+/// The kernels this CPU runs, best first.
+#[cfg(test)]
+fn available() -> Vec<&'static Isa> {
+    Level::ALL.into_iter().rev().filter(|&l| l <= Level::detected()).map(kernels).collect()
+}
+
+/// The kernels of the ISA in use (`format::isa`).
 fn isa() -> &'static Isa {
-    static ISA: std::sync::OnceLock<&'static Isa> = std::sync::OnceLock::new();
-    ISA.get_or_init(|| available()[0])
+    kernels(isa::current())
 }
 
 /// `out = a @ b` for the plan `s` with `b` in panels (`packed_len` elements per matrix) on

@@ -31,13 +31,10 @@ pub fn serves(m: usize) -> bool {
     m <= MAX_M && avx512()
 }
 
+/// Whether the ISA in use (`format::isa`) is AVX-512: there is no other small-M path yet
+/// (elsewhere the panel kernels serve small M too).
 fn avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    crate::format::isa::current() == crate::format::isa::Isa::Avx512
 }
 
 /// `out = a @ b` for the plan `s` (every batch matrix), on `threads` cores: the parts are

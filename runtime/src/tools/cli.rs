@@ -213,6 +213,12 @@ pub struct RunArgs {
     /// every core; results are the same for any N). Mesh runs use one core per stream.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: Option<u32>,
+    /// The vector ISA of the runtime's own kernels (library GEMMs, fused attention, GEMM
+    /// epilogues, collective reductions): avx512, avx2 or portable; default the best this
+    /// CPU has, or MESHC_ISA when set. One the CPU lacks is refused. Code compiled into the
+    /// artifact follows its --target instead.
+    #[arg(long, value_name = "ISA", env = "MESHC_ISA")]
+    pub isa: Option<String>,
     /// Refuse the artifact unless it is signed by this public key (a file from `meshc
     /// keygen`) and the signature matches every section; checked before any code is mapped.
     #[arg(long, value_name = "PUBKEY")]
@@ -311,6 +317,10 @@ fn run_here(loaded: &mut Loaded, io: &Io, args: &RunArgs) -> Result<()> {
 /// `--degrade-link` and `--degrade-strict` re-plan the collectives; `--fail-device` and
 /// `--timeout` inject and detect failures; `--threads` caps the cores of a one-device run.
 pub fn configure(loaded: &mut Loaded, args: &RunArgs) -> Result<()> {
+    if let Some(isa) = &args.isa {
+        let level = crate::api::Isa::parse(isa).map_err(|e| anyhow!("--isa: {e}"))?;
+        crate::api::force_isa(level).map_err(|e| anyhow!("--isa {isa}: {e}"))?;
+    }
     loaded.set_collective_timeout(timeout(args)?);
     if let Some(n) = args.threads {
         loaded.set_threads(n as usize);
