@@ -11,6 +11,7 @@
 //! over each row of the block, the row's operand elements either contiguous or one value.
 
 use crate::format::epilogue::{operands, Step};
+use crate::format::isa::Isa;
 use crate::kernels::vmath;
 
 /// An operand as the rows of the result see it.
@@ -96,18 +97,29 @@ impl<'a> Bound<'a> {
         if self.steps.is_empty() || cols.is_empty() {
             return;
         }
-        #[cfg(target_arch = "x86_64")]
-        if avx512() {
-            // SAFETY: as the caller promises; the CPU has AVX-512F and FMA.
-            return unsafe { self.apply_avx512(c, ldc, (row0, rows), cols) };
+        match crate::format::isa::current() {
+            // SAFETY: as the caller promises; the CPU has AVX-512F and FMA (`format::isa`
+            // forces no ISA above the CPU's).
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => unsafe { self.apply_avx512(c, ldc, (row0, rows), cols) },
+            // SAFETY: as above, with AVX2 and FMA.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { self.apply_avx2(c, ldc, (row0, rows), cols) },
+            // SAFETY: as the caller promises.
+            _ => unsafe { self.apply_on::<false>(c, ldc, (row0, rows), cols) },
         }
-        // SAFETY: as the caller promises.
-        unsafe { self.apply_on::<false>(c, ldc, (row0, rows), cols) }
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx2,fma")]
     unsafe fn apply_avx512(&self, c: *mut f32, ldc: usize, rows: (usize, usize), cols: std::ops::Range<usize>) {
+        // SAFETY: as `apply`'s caller promises.
+        unsafe { self.apply_on::<true>(c, ldc, rows, cols) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn apply_avx2(&self, c: *mut f32, ldc: usize, rows: (usize, usize), cols: std::ops::Range<usize>) {
         // SAFETY: as `apply`'s caller promises.
         unsafe { self.apply_on::<true>(c, ldc, rows, cols) }
     }
@@ -180,12 +192,6 @@ impl<'a> Bound<'a> {
     }
 }
 
-/// Whether the ISA in use (`format::isa`) is AVX-512 (there is no AVX2 path yet).
-#[cfg(target_arch = "x86_64")]
-fn avx512() -> bool {
-    crate::format::isa::current() == crate::format::isa::Isa::Avx512
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,8 +225,8 @@ mod tests {
 
     /// Every step kind and operand kind (scalar, bias, a mask broadcast over rows and heads,
     /// a residual), applied in blocks of every shape (whole, tiles of rows × 32 columns,
-    /// single rows) with and without FMA, gives the interpreter's values; values span GELU's
-    /// tails.
+    /// single rows) on every path the CPU has, gives the interpreter's values; values span
+    /// GELU's tails.
     #[test]
     fn blocks_match_the_interpreter() {
         let out = [2, 3, 5, 40];
@@ -250,19 +256,25 @@ mod tests {
                 &[(0, 12, 0, 32), (0, 12, 32, 40), (12, 18, 0, 32), (12, 18, 32, 40)],
                 &[(0, 1, 0, n), (1, 29, 0, 7), (1, 29, 7, 40)],
             ];
-            for (fma, blocks) in [false, true].into_iter().flat_map(|f| blocks.map(|b| (f, b))) {
+            // The portable path, the AVX2 one where the CPU has it, and the best one.
+            let paths =
+                ["portable", "avx2", "best"].into_iter().filter(|&p| p != "avx2" || Isa::detected() >= Isa::Avx2);
+            for (path, blocks) in paths.flat_map(|p| blocks.map(|b| (p, b))) {
                 let mut got = c.as_f32().unwrap().to_vec();
                 for &(r, count, j0, j1) in blocks {
-                    // SAFETY: rows r..r + count, columns j0..j1 of the 30 × 40 result.
+                    // SAFETY: rows r..r + count, columns j0..j1 of the 30 × 40 result; the
+                    // CPU has AVX2 and FMA where that path is taken.
                     unsafe {
                         let at = got.as_mut_ptr().add(r * n);
-                        match fma {
-                            false => ep.apply_on::<false>(at, n, (r, count), j0..j1),
-                            true => ep.apply(at, n, (r, count), j0..j1),
+                        match path {
+                            "portable" => ep.apply_on::<false>(at, n, (r, count), j0..j1),
+                            #[cfg(target_arch = "x86_64")]
+                            "avx2" => ep.apply_avx2(at, n, (r, count), j0..j1),
+                            _ => ep.apply(at, n, (r, count), j0..j1),
                         }
                     }
                 }
-                assert_close(&got, &want, &format!("{steps:?}, fma {fma}, blocks {blocks:?}"));
+                assert_close(&got, &want, &format!("{steps:?}, path {path}, blocks {blocks:?}"));
             }
         }
     }

@@ -26,7 +26,7 @@
 //! panels as they are: no run packs a weight. What stays here serves products of two run-time
 //! values, pruned weights (`matmul_masked`) and half-precision ones (`matmul_half`).
 //!
-//! Products of at most `small_m::MAX_M` rows take `small_m` instead (on AVX-512 CPUs): the
+//! Products of at most `small_m::MAX_M` rows take `small_m` instead (with AVX2 or AVX-512): the
 //! gemm crate's threads split blocks of rows, and a short product is a single block, so it
 //! ran on one core however many it was given. Longer ones are split by rows (a batch of
 //! many matrices by matrices) over
