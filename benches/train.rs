@@ -3,10 +3,13 @@
 //! adamw:...`, `run --steps`), on one device and on a 2x4 mesh (batch over the axis of 2,
 //! the hidden layer over the axis of 4), beside the same step in JAX (`jax.jit` of
 //! value_and_grad and an AdamW update written out, no optax) on the same shapes and mesh
-//! (8 host devices), measured in the same run. A step's time is (time of 1+N steps - time
-//! of 1 step) / N, so process start, loading and compilation drop out.
+//! (8 host devices), measured in the same run and the same way: after `WARMUP` steps, each
+//! of N steps timed alone from its call until its result is there (meshc: a `Session::step`
+//! of the embedding API, in this process; JAX: the jitted step and `block_until_ready`),
+//! and the median of the N (with the fastest and slowest) reported. Process start, loading
+//! and compilation stay out.
 //!
-//!     cargo bench --bench train                   (B,D,H = 512,1024,4096, N = 3)
+//!     cargo bench --bench train                   (B,D,H = 512,1024,4096, N = 10)
 //!     MESHC_TRAIN_SHAPE=64,256,1024 MESHC_TRAIN_STEPS=10 cargo bench --bench train
 //!     MESHC_TRAIN_PYTHON=path/to/python  (default target/jax-venv/bin/python, the models
 //!                                         bench's venv; without jax the JAX column says so)
@@ -15,9 +18,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use meshc_ir::Tensor;
+use meshc_runtime::api::{Model, Session, TensorView};
+use meshc_runtime::tools::steps::State;
 
 const ADAMW: &str = "adamw:0.001,0.9,0.999,1e-8,0.01";
+
+/// Steps run before the timed ones, on each side: the first calls start threads and fault
+/// the arenas in (meshc), compile and place buffers (JAX).
+const WARMUP: usize = 2;
 
 fn env_usizes(key: &str, default: &[usize]) -> Vec<usize> {
     std::env::var(key)
@@ -79,18 +87,20 @@ def step(ps, mo, vo, s, x, t):
     upd = lambda p, m, v: p - 1e-3 * ((m / (1 - 0.9 ** s)) / (jnp.sqrt(v / (1 - 0.999 ** s)) + 1e-8) + 0.01 * p)
     return jax.tree.map(upd, ps, mo, vo), mo, vo, s, l
 mo = jax.tree.map(jnp.zeros_like, ps); vo = jax.tree.map(jnp.zeros_like, ps); s = jnp.float32(0)
-ps, mo, vo, s, l = step(ps, mo, vo, s, x, t); l.block_until_ready()
-t0 = time.perf_counter()
+for _ in range(warmup):
+    ps, mo, vo, s, l = step(ps, mo, vo, s, x, t); l.block_until_ready()
 for _ in range(n):
+    t0 = time.perf_counter()
     ps, mo, vo, s, l = step(ps, mo, vo, s, x, t)
-l.block_until_ready()
-print((time.perf_counter() - t0) / n)
+    jax.block_until_ready((ps, l))
+    print(time.perf_counter() - t0)
 "#;
 
-/// JAX's seconds per step, or why there is none.
-fn jax_step(python: &Path, b: usize, d: usize, h: usize, n: usize, mesh: bool) -> Result<f64, String> {
+/// JAX's seconds of each timed step, or why there are none.
+fn jax_steps(python: &Path, b: usize, d: usize, h: usize, n: usize, mesh: bool) -> Result<Vec<f64>, String> {
+    let script = format!("warmup = {WARMUP}\n{JAX}");
     let out = Command::new(python)
-        .args(["-c", JAX, &b.to_string(), &d.to_string(), &h.to_string(), &n.to_string()])
+        .args(["-c", &script, &b.to_string(), &d.to_string(), &h.to_string(), &n.to_string()])
         .arg(if mesh { "mesh" } else { "single" })
         .env("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
         .output()
@@ -99,26 +109,51 @@ fn jax_step(python: &Path, b: usize, d: usize, h: usize, n: usize, mesh: bool) -
         let err = String::from_utf8_lossy(&out.stderr);
         return Err(err.lines().last().unwrap_or("failed").to_string());
     }
-    String::from_utf8_lossy(&out.stdout).trim().parse().map_err(|e| format!("{e}"))
+    String::from_utf8_lossy(&out.stdout).lines().map(|l| l.trim().parse().map_err(|e| format!("{e}"))).collect()
 }
 
-fn meshc(args: &[&str]) -> f64 {
-    let t0 = Instant::now();
+/// meshc's seconds of each timed step of the training artifact at `path`, from its
+/// initial state, every step on the batch `x`, `t` of `shape`.
+fn meshc_steps(path: &Path, (x, t): (&[f32], &[f32]), shape: &[usize], n: usize) -> Vec<f64> {
+    let model = Model::open(path).expect("the artifact opens");
+    let loaded = model.load().expect("it loads");
+    let init = State::initial(&loaded, &path.display().to_string()).expect("its state section reads");
+    let session = Session::new(&model).expect("a session");
+    session.set_state(&init.expect("a training artifact").tensors).expect("the state fits");
+    let batch = [("x", TensorView::new(x, shape).unwrap()), ("t", TensorView::new(t, shape).unwrap())];
+    for _ in 0..WARMUP {
+        session.step(&batch).expect("a step");
+    }
+    (0..n)
+        .map(|_| {
+            let t0 = Instant::now();
+            session.step(&batch).expect("a step");
+            t0.elapsed().as_secs_f64()
+        })
+        .collect()
+}
+
+fn meshc(args: &[&str]) {
     let out = Command::new(env!("CARGO_BIN_EXE_meshc")).args(args).output().expect("meshc runs");
     assert!(out.status.success(), "meshc {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
-    t0.elapsed().as_secs_f64()
+}
+
+/// Median, fastest and slowest, in ms.
+fn spread(mut secs: Vec<f64>) -> (f64, f64, f64) {
+    secs.sort_by(f64::total_cmp);
+    (secs[secs.len() / 2] * 1e3, secs[0] * 1e3, secs[secs.len() - 1] * 1e3)
 }
 
 fn main() {
     let shape = env_usizes("MESHC_TRAIN_SHAPE", &[512, 1024, 4096]);
     let (b, d, h) = (shape[0], shape[1], shape[2]);
-    let n = env_usizes("MESHC_TRAIN_STEPS", &[3])[0];
+    let n = env_usizes("MESHC_TRAIN_STEPS", &[10])[0].max(1);
     let dir = std::env::temp_dir().join(format!("meshc-bench-train-{}", std::process::id()));
-    std::fs::create_dir_all(dir.join("data")).unwrap();
+    std::fs::create_dir_all(&dir).unwrap();
     let p = |f: &str| dir.join(f).display().to_string();
     std::fs::write(dir.join("g.json"), graph(b, d, h)).unwrap();
     std::fs::write(dir.join("mp-2x4.json"), LAYOUT).unwrap();
-    // One batch per step (the same values: the time does not depend on them).
+    // One batch for every step: the time does not depend on the values.
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     let mut batch = |len: usize| -> Vec<f32> {
         (0..len)
@@ -130,16 +165,15 @@ fn main() {
             })
             .collect()
     };
-    let one = batch(b * d);
-    for name in ["x", "t"] {
-        let v: Vec<f32> = (0..=n).flat_map(|_| one.iter().copied()).collect();
-        Tensor::f32(vec![n + 1, b, d], v).write_npy(&dir.join("data").join(format!("{name}.npy"))).unwrap();
-    }
+    let (x, t) = (batch(b * d), batch(b * d));
     let python =
         std::env::var_os("MESHC_TRAIN_PYTHON").map(PathBuf::from).unwrap_or("target/jax-venv/bin/python".into());
     let flops = 3.0 * 2.0 * 2.0 * (b * d * h) as f64;
-    println!("train step: MLP [{b},{d}] -> {h} -> {d}, MSE loss, forward + backward + {ADAMW}, {n} timed steps");
-    println!("{:<12} {:>14} {:>10} {:>14} {:>12}", "config", "meshc ms/step", "GFLOP/s", "JAX ms/step", "meshc/JAX");
+    println!(
+        "train step: MLP [{b},{d}] -> {h} -> {d}, MSE loss, forward + backward + {ADAMW}; {WARMUP} warm-up \
+         steps, then {n} timed one by one: median (fastest-slowest) ms"
+    );
+    println!("{:<12} {:>24} {:>10} {:>24} {:>10}", "config", "meshc ms/step", "GFLOP/s", "JAX ms/step", "meshc/JAX");
     for (label, layout) in [("1 device", None), ("2x4 mesh", Some(p("mp-2x4.json")))] {
         let mut args = vec!["compile".to_string(), p("g.json"), "--loss".into(), "loss".into()];
         args.extend(["--optimizer".into(), ADAMW.into(), "-o".into(), p("t.mshc")]);
@@ -147,17 +181,16 @@ fn main() {
             args.extend(["--layout".into(), l.clone()]);
         }
         meshc(&args.iter().map(String::as_str).collect::<Vec<_>>());
-        let run = |steps: usize| {
-            let s = steps.to_string();
-            meshc(&["run", &p("t.mshc"), "--steps", &s, "--data", &p("data"), "--checkpoint", &p("ck.safetensors")])
-        };
-        let per_step = (run(1 + n) - run(1)) / n as f64;
-        let jax = jax_step(&python, b, d, h, n, layout.is_some());
-        let (jax_ms, ratio) = match &jax {
-            Ok(j) => (format!("{:.1}", j * 1e3), format!("{:.2}x", per_step / j)),
+        let (med, lo, hi) = spread(meshc_steps(&dir.join("t.mshc"), (&x, &t), &[b, d], n));
+        let (jax_ms, ratio) = match jax_steps(&python, b, d, h, n, layout.is_some()) {
+            Ok(j) => {
+                let (jm, jl, jh) = spread(j);
+                (format!("{jm:.1} ({jl:.1}-{jh:.1})"), format!("{:.2}x", med / jm))
+            }
             Err(e) => (format!("n/a ({e})"), "-".into()),
         };
-        println!("{label:<12} {:>14.1} {:>10.1} {jax_ms:>14} {ratio:>12}", per_step * 1e3, flops / per_step / 1e9);
+        let meshc_ms = format!("{med:.1} ({lo:.1}-{hi:.1})");
+        println!("{label:<12} {meshc_ms:>24} {:>10.1} {jax_ms:>24} {ratio:>10}", flops / (med / 1e3) / 1e9);
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
