@@ -689,6 +689,32 @@ def control_loop():
     save("control_loop", g, {"x": r.standard_normal((2, 4)).astype(np.float32)}, {"batch": 2})
 
 
+def control_scan():
+    """A Scan meshc unrolls at import: a state carried through a MatMul on the outer graph's
+    weight over two scan inputs, one sliced along axis 1 forward and one along axis 0
+    backward; one scan output stacked along axis 0, the other along axis 2 in reverse."""
+    r = np.random.default_rng(17)
+    f = TensorProto.FLOAT
+    info = helper.make_tensor_value_info
+    body = helper.make_graph(
+        [node("Add", ["x_t", "y_t"], ["/s"]), node("MatMul", ["h_in", "w"], ["/mm"]),
+         node("Add", ["/mm", "/s"], ["/pre"]), node("Tanh", ["/pre"], ["h_out"]),
+         node("Identity", ["h_out"], ["h_scan"]), node("Identity", ["/s"], ["s_scan"])],
+        "step", [info("h_in", f, None), info("x_t", f, None), info("y_t", f, None)],
+        [info("h_out", f, None), info("h_scan", f, None), info("s_scan", f, None)])
+    scan = helper.make_node("Scan", ["h0", "xs", "ys"], ["h", "hs", "ss"], name="/scan", body=body,
+                            num_scan_inputs=2, scan_input_axes=[1, 0], scan_input_directions=[0, 1],
+                            scan_output_axes=[0, 2], scan_output_directions=[0, 1])
+    w = numpy_helper.from_array((r.standard_normal((4, 4)) * 0.5).astype(np.float32), "w")
+    g = helper.make_graph(
+        [scan], "control_scan",
+        [info("h0", f, ["batch", 4]), info("xs", f, ["batch", 3, 4]), info("ys", f, [3, 4])],
+        [info("h", f, ["batch", 4]), info("hs", f, [3, "batch", 4]), info("ss", f, ["batch", 4, 3])], [w])
+    inputs = {"h0": r.standard_normal((2, 4)).astype(np.float32), "xs": r.standard_normal((2, 3, 4)).astype(np.float32),
+              "ys": r.standard_normal((3, 4)).astype(np.float32)}
+    save("control_scan", g, inputs, {"batch": 2})
+
+
 def unsized_dims():
     """An input whose batch dim is -1 and whose height and width have neither a size nor a
     name, as Paddle2ONNX writes an OCR model's image: only `--input-shape x=1x3x6x10` can
@@ -811,6 +837,14 @@ def bad():
     for depth in range(1, 4):
         nested = level(depth, lambda h, inner=nested: [
             helper.make_node("Loop", ["trips", "", h], [f"{h}o"], name=f"loop{depth}", body=inner)])
+    # Two scan inputs, one of 2 slices and one of 4: onnxruntime fails on it at run time.
+    add = helper.make_graph(
+        [helper.make_node("Add", ["a_t", "b_t"], ["s_t"])], "add",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4]) for n in ("a_t", "b_t")],
+        [helper.make_tensor_value_info("s_t", TensorProto.FLOAT, [4])])
+    write("scan-ragged", [helper.make_node("Scan", ["x", "four"], ["y"], name="scan", body=add, num_scan_inputs=2)],
+          [numpy_helper.from_array(np.ones((4, 4), np.float32), "four")],
+          ort_fails={"x": np.ones((2, 4), np.float32)})
     write("loop-nested", [helper.make_node("Loop", ["trips", "", "x"], ["y"], name="loop", body=nested)],
           [numpy_helper.from_array(np.array(1000, np.int64), "trips")])
     write("if-run-time", sums + [helper.make_node("If", ["c"], ["y"], name="if", then_branch=arm("Relu"),
@@ -914,6 +948,7 @@ if __name__ == "__main__":
     bounded()
     control_if()
     control_loop()
+    control_scan()
     unsized_dims()
     shared_dim_name()
     bad()

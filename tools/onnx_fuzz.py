@@ -8,7 +8,7 @@ Case k draws its model from the seed S + k (the same case again: --seed S+k --ca
 few float inputs, then a chain of nodes of the ops meshc imports (elementwise, MatMul and
 Gemm, reductions, Reshape, Transpose, Slice, Concat, Gather, Softmax and LogSoftmax,
 LayerNormalization, Conv and pools at small sizes, Cast, Identity and Expand no-ops, If
-on a fact of the shapes, Loop with a constant trip count), each reading values made
+on a fact of the shapes, Loop with a constant trip count, Scan), each reading values made
 before it; one to three outputs, among them values later nodes also read and graph
 inputs. onnxruntime's outputs are the reference; `meshc run` (import, compile, run) and
 `meshc interp` must give them within a tolerance. A model meshc refuses in one line (exit 1) counts as refused; a crash, a hang
@@ -374,8 +374,32 @@ def g_loop(m):
     return m.node("Loop", [trips, "", b[0]], a[1], tame=a[3], body=body)
 
 
+def g_scan(m):
+    """A Scan over one axis of a value (forward or backward), its body a Tanh of each slice,
+    the slices stacked back along an axis (forward or in reverse): meshc unrolls it."""
+    from onnx import TensorProto, helper
+
+    a = m.pick(lambda v: floats(v) and len(v[1]) >= 1)
+    if a is None:
+        return None
+    rank = len(a[1])
+    axis_in, axis_out = int(m.rng.integers(rank)), int(m.rng.integers(rank))
+    dir_in, dir_out = int(m.rng.integers(2)), int(m.rng.integers(2))
+    x_t, y_t = m.name("sx"), m.name("sy")
+    rest = a[1][:axis_in] + a[1][axis_in + 1:]
+    # (onnxruntime wants the body's output shapes.)
+    body = helper.make_graph(
+        [helper.make_node("Tanh", [x_t], [y_t])], m.name("body"),
+        [helper.make_tensor_value_info(x_t, TensorProto.FLOAT, rest)],
+        [helper.make_tensor_value_info(y_t, TensorProto.FLOAT, rest)],
+    )
+    shape = rest[:axis_out] + (a[1][axis_in],) + rest[axis_out:]
+    return m.node("Scan", [a[0]], shape, body=body, num_scan_inputs=1, scan_input_axes=[axis_in],
+                  scan_input_directions=[dir_in], scan_output_axes=[axis_out], scan_output_directions=[dir_out])
+
+
 GENERATORS = [g_unary, g_binary, g_binary, g_matmul, g_reduce, g_reshape, g_transpose, g_slice, g_concat, g_gather,
-              g_softmax, g_layernorm, g_conv, g_cast, g_noop, g_where, g_pad, g_int_arith, g_if, g_loop]
+              g_softmax, g_layernorm, g_conv, g_cast, g_noop, g_where, g_pad, g_int_arith, g_if, g_loop, g_scan]
 
 
 def draw(seed):

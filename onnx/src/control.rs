@@ -18,7 +18,7 @@ type R<T> = std::result::Result<T, String>;
 
 /// The op types the model walk imports itself, by their subgraphs, never through a
 /// converter of `dispatch`.
-pub const OPS: [&str; 2] = ["If", "Loop"];
+pub const OPS: [&str; 3] = ["If", "Loop", "Scan"];
 
 /// The most iterations a `Loop` is unrolled to: each is a copy of its body in the graph.
 pub const MAX_TRIPS: i64 = 1024;

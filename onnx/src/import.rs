@@ -396,13 +396,7 @@ fn unroll(
     })?;
     let mut stacked: Vec<Vec<Value>> = vec![Vec::new(); scans];
     while let Some(first) = trips.next()? {
-        b.unrolled += body.node.len();
-        if b.unrolled > control::MAX_UNROLLED {
-            return Err(format!(
-                "unrolling it imports more than {} loop-body nodes in the model, the most meshc unrolls",
-                control::MAX_UNROLLED
-            ));
-        }
+        count_unrolled(b, body)?;
         let mut outs = subgraph(b, body, opset, values, first.into_iter().chain(carried).collect())
             .map_err(|e| format!("iteration {}: {e}", trips.current()))?;
         let scanned = outs.split_off(outs.len().saturating_sub(scans));
@@ -415,23 +409,131 @@ fn unroll(
     let mut results = carried;
     let loop_name = n.name.as_deref().unwrap_or("loop");
     for (k, all) in stacked.iter().enumerate() {
-        if all.is_empty() {
-            return Err(format!("scan output {k} of no iteration would be empty, which meshc does not support"));
+        results.push(stack(b, all, 0, &format!("{loop_name}.scan{k}"))?);
+    }
+    Ok(results)
+}
+
+/// Counts one more imported copy of `body` against `control::MAX_UNROLLED`.
+fn count_unrolled(b: &mut Builder, body: &GraphProto) -> R<()> {
+    b.unrolled += body.node.len();
+    if b.unrolled > control::MAX_UNROLLED {
+        return Err(format!(
+            "unrolling it imports more than {} loop-body nodes in the model, the most meshc unrolls",
+            control::MAX_UNROLLED
+        ));
+    }
+    Ok(())
+}
+
+/// The values of every iteration of a scan output, stacked along a new `axis`.
+fn stack(b: &mut Builder, all: &[Value], axis: usize, name: &str) -> R<Value> {
+    if all.is_empty() {
+        return Err(format!("{name}: a scan output of no iteration would be empty, which meshc does not support"));
+    }
+    let rows = all
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let mut shape: Vec<i64> = b.ty(v).shape.iter().map(|&d| d as i64).collect();
+            if axis > shape.len() {
+                return Err(format!("{name}: axis {axis} is past the rank {} of its values", shape.len()));
+            }
+            shape.insert(axis, 1);
+            super::ops::reshape(b, v, &shape, &format!("{name}.{i}"))
+        })
+        .collect::<R<Vec<_>>>()?;
+    b.node(name, meshc_ir::Op::Concat, &rows.iter().collect::<Vec<_>>(), &[("axis", meshc_ir::Attr::Int(axis as i64))])
+}
+
+/// A `Scan` unrolled: its body imported once per slice of the scan inputs along their scan
+/// axes (each read forward or backward), the states of one iteration the inputs of the
+/// next, the scan outputs of every iteration stacked along their axes (in reverse order
+/// where their direction says so). Scan-8's batched form is older than meshc reads.
+fn scan(
+    b: &mut Builder,
+    n: &NodeProto,
+    args: &[Option<Value>],
+    opset: i64,
+    values: &mut HashMap<String, Value>,
+) -> R<Vec<Value>> {
+    if opset < 9 {
+        return Err(format!("Scan at opset {opset} (its batched form, before 9) is not supported"));
+    }
+    let body = control::body(n)?;
+    let attr = |name: &str| n.attribute.iter().find(|a| a.name.as_deref() == Some(name));
+    let m = attr("num_scan_inputs").and_then(|a| a.i).ok_or("num_scan_inputs is not given")?;
+    let m = usize::try_from(m)
+        .ok()
+        .filter(|&m| m >= 1 && m <= args.len())
+        .ok_or_else(|| format!("num_scan_inputs is {m}; the node has {} inputs", args.len()))?;
+    let args: Vec<Value> =
+        args.iter().map(|a| a.clone().ok_or_else(|| "an input is not given".to_string())).collect::<R<_>>()?;
+    let (mut states, inputs) = (args[..args.len() - m].to_vec(), &args[args.len() - m..]);
+    let scans =
+        body.output.len().checked_sub(states.len()).ok_or_else(|| {
+            format!("its body has {} outputs, fewer than its {} states", body.output.len(), states.len())
+        })?;
+    // An axis or direction per scan input (output), 0 where not given.
+    let per = |name: &str, count: usize| -> R<Vec<i64>> {
+        match attr(name) {
+            None => Ok(vec![0; count]),
+            Some(a) if a.ints.len() == count => Ok(a.ints.clone()),
+            Some(a) => Err(format!("{name} has {} entries, for {count} scan values", a.ints.len())),
         }
-        let rows = all
+    };
+    let (in_axes, in_dirs) = (per("scan_input_axes", m)?, per("scan_input_directions", m)?);
+    let (out_axes, out_dirs) = (per("scan_output_axes", scans)?, per("scan_output_directions", scans)?);
+    let mut axes = Vec::with_capacity(m);
+    let mut trips = None;
+    for (j, (v, &axis)) in inputs.iter().zip(&in_axes).enumerate() {
+        let shape = b.ty(v).shape;
+        let axis = meshc_ir::infer::norm_axis(axis, shape.len()).map_err(|e| format!("scan input {j}: {e}"))?;
+        if trips.is_some_and(|t| t != shape[axis]) {
+            return Err(format!(
+                "scan input {j} has {} slices along its axis, the first {}",
+                shape[axis],
+                trips.unwrap_or(0)
+            ));
+        }
+        trips = Some(shape[axis]);
+        axes.push(axis);
+    }
+    let trips = trips.unwrap_or(0);
+    if trips as i64 > control::MAX_TRIPS {
+        return Err(format!("it runs {trips} iterations, more than the {} meshc unrolls", control::MAX_TRIPS));
+    }
+    let name = n.name.clone().filter(|s| !s.is_empty()).unwrap_or_else(|| "scan".into());
+    let mut stacked: Vec<Vec<Value>> = vec![Vec::new(); scans];
+    for t in 0..trips {
+        count_unrolled(b, body)?;
+        let slices = inputs
             .iter()
+            .zip(axes.iter().zip(&in_dirs))
             .enumerate()
-            .map(|(i, v)| {
-                let shape: Vec<i64> = [1].into_iter().chain(b.ty(v).shape.iter().map(|&d| d as i64)).collect();
-                super::ops::reshape(b, v, &shape, &format!("{loop_name}.scan{k}.{i}"))
+            .map(|(j, (v, (&axis, &dir)))| {
+                let at = if dir == 1 { trips - 1 - t } else { t };
+                let index = Value::computed(meshc_ir::Tensor::new(vec![], meshc_ir::Data::I64(vec![at as i64])));
+                let attrs = [("axis", meshc_ir::Attr::Int(axis as i64))];
+                b.node(&format!("{name}.in{j}.{t}"), meshc_ir::Op::Gather, &[v, &index], &attrs)
             })
             .collect::<R<Vec<_>>>()?;
-        results.push(b.node(
-            &format!("{loop_name}.scan{k}"),
-            meshc_ir::Op::Concat,
-            &rows.iter().collect::<Vec<_>>(),
-            &[("axis", meshc_ir::Attr::Int(0))],
-        )?);
+        let mut outs = subgraph(b, body, opset, values, states.into_iter().chain(slices).collect())
+            .map_err(|e| format!("iteration {t}: {e}"))?;
+        let scanned = outs.split_off(outs.len() - scans);
+        states = outs;
+        for (all, v) in stacked.iter_mut().zip(scanned) {
+            all.push(v);
+        }
+    }
+    let mut results = states;
+    for (k, ((mut all, &axis), &dir)) in stacked.into_iter().zip(&out_axes).zip(&out_dirs).enumerate() {
+        if dir == 1 {
+            all.reverse();
+        }
+        let rank = all.first().map_or(0, |v| b.ty(v).shape.len()) + 1;
+        let axis = meshc_ir::infer::norm_axis(axis, rank).map_err(|e| format!("scan output {k}: {e}"))?;
+        results.push(stack(b, &all, axis, &format!("{name}.scan{k}"))?);
     }
     Ok(results)
 }
@@ -541,6 +643,10 @@ fn node(b: &mut Builder, n: &NodeProto, g: &GraphProto, opset: i64, values: &mut
     }
     if op_type == "Loop" {
         let results = unroll(b, n, &args, opset, values).map_err(fail)?;
+        return record(n, results, values).map_err(fail);
+    }
+    if op_type == "Scan" {
+        let results = scan(b, n, &args, opset, values).map_err(fail)?;
         return record(n, results, values).map_err(fail);
     }
     let convert = dispatch::converter(op_type, opset).map_err(fail)?;
