@@ -8,7 +8,7 @@
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -16,10 +16,11 @@ use meshc_ir::{Tensor, TensorType};
 
 use crate::comm::error::RunError;
 use crate::comm::fabric;
-use crate::comm::sync::{spin_until, Condvar, Mutex, MutexGuard};
+use crate::comm::sync::Mutex;
 use crate::exec::io::le_bytes;
 use crate::exec::resident::Resident;
 use crate::exec::runner::{DeviceRun, Loaded, SendPtr, State, StepTime};
+use crate::exec::shared::{Board, DeviceShared};
 use crate::exec::threads::{Devices, Job};
 use crate::format::program::{Exec, Storage};
 
@@ -34,64 +35,6 @@ struct RunCtx<'a> {
     epoch: Instant,
     timed: bool,
     devices: &'a [DeviceShared],
-}
-
-/// The events of one device in a run, plus one more: the inputs are in (`inputs_event`).
-/// Streams block on a condition variable (after a short spin), never spin for long.
-struct Board {
-    done: Vec<AtomicBool>,
-    lock: Mutex<()>,
-    cv: Condvar,
-    poisoned: AtomicBool,
-}
-
-impl Board {
-    fn new(events: usize) -> Board {
-        Board {
-            done: (0..events).map(|_| AtomicBool::new(false)).collect(),
-            lock: Mutex::new(()),
-            cv: Condvar::new(),
-            poisoned: AtomicBool::new(false),
-        }
-    }
-
-    fn guard(&self) -> MutexGuard<'_, ()> {
-        self.lock.lock()
-    }
-
-    fn record(&self, e: usize) {
-        self.done[e].store(true, Ordering::Release);
-        // Under the lock: a waiter checks the flag under it before sleeping.
-        let _g = self.guard();
-        self.cv.notify_all();
-    }
-
-    fn poison(&self) {
-        self.poisoned.store(true, Ordering::SeqCst);
-        let _g = self.guard();
-        self.cv.notify_all();
-    }
-
-    /// Waits until event `e` is recorded; false if the run was abandoned meanwhile.
-    fn wait(&self, e: usize) -> bool {
-        let settled = || self.done[e].load(Ordering::Acquire) || self.poisoned.load(Ordering::SeqCst);
-        if !spin_until(settled) {
-            let mut g = self.guard();
-            while !settled() {
-                self.cv.wait(&mut g);
-            }
-        }
-        self.done[e].load(Ordering::Acquire)
-    }
-}
-
-/// What the streams of one device share in a run: where each buffer is (a collective may
-/// leave its result in the fabric, moving the buffer there), the device's events, and per
-/// stream the position of its next step — whichever thread holds it runs that step.
-struct DeviceShared {
-    ptrs: Vec<AtomicPtr<u8>>,
-    board: Board,
-    cursors: Vec<Mutex<usize>>,
 }
 
 /// One thread's state while it runs steps of a device (its own stream's, or another's it
