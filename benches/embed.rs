@@ -1,36 +1,17 @@
 //! Per-call overhead of the embedding API (docs/embedding.md): a tiny graph (relu of 16
 //! floats) compiled by the real `meshc` and called through `Session::run_into` (target: at
-//! most 5 µs a call) and `Session::run`, with the heap allocations each call makes counted.
+//! most 5 µs a call, and no heap allocation once warm: runtime/tests/no_alloc.rs asserts it)
+//! and `Session::run`, with the heap allocations each call makes counted on every thread.
 //!
 //!     cargo bench --bench embed
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use meshc_runtime::api::{Model, Session, TensorView, TensorViewMut};
 
-/// The system allocator, counting allocations.
-struct Counting;
-
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: forwards to the system allocator unchanged.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
+#[path = "../runtime/tests/common/counting.rs"]
+mod counting;
+use counting::allocations;
 
 const GRAPH: &str = r#"{
   "format": "meshc-graph/1",
@@ -45,7 +26,7 @@ const GRAPH: &str = r#"{
 /// allocations per call.
 fn time(rounds: usize, calls: usize, mut f: impl FnMut()) -> (f64, f64) {
     (0..calls).for_each(|_| f());
-    let before = ALLOCS.load(Ordering::Relaxed);
+    let before = allocations();
     let mut means: Vec<f64> = (0..rounds)
         .map(|_| {
             let t = Instant::now();
@@ -53,7 +34,7 @@ fn time(rounds: usize, calls: usize, mut f: impl FnMut()) -> (f64, f64) {
             t.elapsed().as_secs_f64() * 1e6 / calls as f64
         })
         .collect();
-    let allocs = (ALLOCS.load(Ordering::Relaxed) - before) as f64 / (rounds * calls) as f64;
+    let allocs = (allocations() - before) as f64 / (rounds * calls) as f64;
     means.sort_by(f64::total_cmp);
     (means[rounds / 2], allocs)
 }
@@ -90,7 +71,7 @@ fn main() {
         })
         .unwrap_or_default();
     println!("embed: relu of 16 f32, one session, {cpu}");
-    println!("  run_into  {into:.2} µs/call (target <= 5 µs), {into_allocs:.1} heap allocations/call");
+    println!("  run_into  {into:.2} µs/call (target <= 5 µs), {into_allocs:.1} heap allocations/call (target 0)");
     println!("  run       {owned:.2} µs/call, {owned_allocs:.1} heap allocations/call");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -10,8 +10,8 @@
 //!   `attention`, `vmath`, `pool`;
 //! - `comm` (format): `traffic`, `fabric`, `reduce`, `degraded`, `exchange`, `transport`,
 //!   `mpi`, `sync`, `error`, `memory`;
-//! - `exec` (format, kernels, comm): `runner`, `validate`, `threads`, `streams`, `step`,
-//!   `io`, `resident`, `mismatch`, `loader`;
+//! - `exec` (format, kernels, comm): `runner`, `validate`, `threads`, `streams`, `shared`,
+//!   `step`, `io`, `resident`, `mismatch`, `loader`;
 //! - `api` (format, exec): the embedding API — `model`, `session`, `view`, `error`;
 //! - `tools` (format, comm, exec, api): `cli`, `steps`, `inspect`, `trace`, `output`.
 

@@ -52,9 +52,11 @@ impl Session {
     }
 
     /// Runs the model once on `inputs`, writing the outputs named in `outputs` into the
-    /// caller's buffers (others are not copied out). Nothing proportional to the tensors is
-    /// allocated: inputs are read where they are, outputs copied once, from the device
-    /// buffers into the caller's.
+    /// caller's buffers (others are not copied out). Inputs are read where they are, outputs
+    /// copied once, from the device buffers into the caller's. On one device, a call after
+    /// the first allocates nothing on the heap (runtime/tests/no_alloc.rs counts): the
+    /// runner's bookkeeping of a call is kept in the session, under the lock that queues
+    /// calls.
     pub fn run_into(&self, inputs: &[(&str, TensorView)], outputs: &mut [(&str, TensorViewMut)]) -> Result<(), Error> {
         self.check_outputs(outputs)?;
         self.call(inputs, None, &mut Outputs::Into(outputs)).map(drop)
@@ -140,7 +142,7 @@ impl Session {
             if outputs[..k].iter().any(|(n, _)| n == name) {
                 return Err(Mismatch::DuplicateOutput { name: name.to_string() }.into());
             }
-            if spec.shape != view.shape || spec.ty().map(|t| t.dtype) != Some(view.dtype) {
+            if spec.shape != view.shape || spec.elem() != Some(view.dtype) {
                 let want = spec.ty().ok_or_else(|| Error::Run(format!("output '{name}' has unknown dtype")))?;
                 return Err(Mismatch::WrongOutput { name: name.to_string(), got: view.ty(), want }.into());
             }
@@ -176,7 +178,7 @@ impl Session {
                 return Err(Mismatch::DuplicateInput { name: name.to_string() }.into());
             }
             let spec = &specs[i];
-            if spec.shape != view.shape || spec.ty().map(|t| t.dtype) != Some(view.dtype) {
+            if spec.shape != view.shape || spec.elem() != Some(view.dtype) {
                 self.loaded.check_input(spec, Some(view.ty())).map_err(|e| Error::from_run(e, Error::Run))?;
             }
             bytes[i] = view.bytes;

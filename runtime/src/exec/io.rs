@@ -108,11 +108,15 @@ impl Loaded {
     pub(super) fn cut_block(&self, i: usize, device: usize, bytes: &[u8], dst: &mut [u8]) {
         let spec = &self.meta.inputs[i];
         // A device outside the input's stage holds none of it.
-        let Some((region, _)) = spec.block(&self.meta.mesh, device) else { return };
+        if spec.local(&self.meta.mesh, device).is_none() {
+            return;
+        }
         self.host_copies.fetch_add(1, Ordering::Relaxed);
+        // Whole on every device: no region to work out (which would allocate on every call).
         if spec.layout.iter().all(Option::is_none) {
             return dst.copy_from_slice(bytes);
         }
+        let Some((region, _)) = spec.block(&self.meta.mesh, device) else { return };
         let e = spec.ty().map_or(1, |t| t.dtype.size_bytes());
         let local: Vec<usize> = region.iter().map(|r| r.len()).collect();
         let at: Vec<usize> = region.iter().map(|r| r.start).collect();

@@ -1,15 +1,16 @@
 //! Running a compiled graph: `Loaded`, a program ready to run (`runner`), its checks of
 //! what it is handed (`validate`), the device threads (`threads`), a run of every device's
-//! streams on them (`streams`), one step (`step`), the inputs and outputs crossing between
-//! the host and the devices (`io`) and what a tensor that does not fit them is (`mismatch`),
-//! state kept on the devices between runs (`resident`),
-//! and opening an artifact into a `Loaded` (`loader`).
+//! streams on them (`streams`) and what they share (`shared`), one step (`step`), the
+//! inputs and outputs crossing between the host and the devices (`io`) and what a tensor
+//! that does not fit them is (`mismatch`), state kept on the devices between runs
+//! (`resident`), and opening an artifact into a `Loaded` (`loader`).
 
 pub mod io;
 pub mod loader;
 pub mod mismatch;
 pub mod resident;
 pub mod runner;
+pub mod shared;
 pub mod step;
 pub mod streams;
 pub mod threads;

@@ -39,6 +39,7 @@ use crate::comm::exchange::Exchange;
 use crate::comm::fabric::{Fabric, LinkStats};
 pub use crate::comm::memory::AlignedBuf;
 use crate::comm::transport::{Hosts, Transport};
+use crate::exec::shared::Scratch;
 use crate::exec::threads::Devices;
 use crate::exec::validate::{check_collectives, check_kernels, check_program, check_transfers, lanes, masks_of, Lanes};
 use crate::format::abi::{self, KernelFn, KernelTable};
@@ -96,12 +97,15 @@ pub(super) struct DeviceRun {
     pub(super) times: Vec<StepTime>,
 }
 
-/// What runs take one at a time: the arenas and the device threads.
+/// What runs take one at a time: the arenas, the device threads and the bookkeeping of a
+/// run, all kept from one run to the next.
 pub(super) struct State {
     /// One per device, allocated once: repeated runs (`--bench`) reuse their pages.
     pub(super) arenas: Vec<AlignedBuf>,
     /// Started by the first multi-device run.
     pub(super) devices: Option<Devices<DeviceRun>>,
+    /// Built with the `Loaded`, so that a run on one device allocates nothing.
+    pub(super) scratch: Scratch,
 }
 
 /// A program ready to run: the runner's whole view of a compiled graph.
@@ -212,10 +216,10 @@ impl Loaded {
         if let Some(topo) = topo {
             fabric.degrade(topo)?;
         }
-        let state = std::sync::Mutex::new(State { arenas, devices: None });
+        let lanes: Vec<Lanes> = programs.iter().map(lanes).collect::<Result<_>>()?;
+        let state = std::sync::Mutex::new(State { arenas, devices: None, scratch: Scratch::new(&programs, &lanes) });
         let exchange = Exchange::default();
         let (fail, degraded) = (None, Default::default());
-        let lanes = programs.iter().map(lanes).collect::<Result<_>>()?;
         // Not rayon::current_num_threads(): that starts the pool's threads, which a run
         // that never splits a kernel does not need (and load time would pay for). Asked
         // once: the answer comes from cgroup files (~20 µs).

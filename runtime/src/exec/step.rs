@@ -2,7 +2,7 @@
 //! parts over the cores), the library GEMM or fused attention, a collective in the fabric,
 //! or a send/recv through the exchange.
 
-use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -25,9 +25,19 @@ fn call_kernel(kernel: KernelFn, args: &[*mut u8], parts: usize) -> u32 {
         return unsafe { kernel(args.as_ptr(), 0, 1) };
     }
     let args = args.as_ptr() as usize;
-    let status: Vec<AtomicU32> = (0..parts).map(|_| AtomicU32::new(0)).collect();
-    pool::split(parts, &|p| status[p].store(unsafe { kernel(args as *const *mut u8, p, parts) }, Ordering::Relaxed));
-    status.iter().map(|s| s.load(Ordering::Relaxed)).find(|&s| s != 0).unwrap_or(0)
+    // The lowest failing part and its status, `part << 32 | status`: one word rather than a
+    // status per part, so that a split step allocates nothing.
+    let first = AtomicU64::new(u64::MAX);
+    pool::split(parts, &|p| {
+        let status = unsafe { kernel(args as *const *mut u8, p, parts) };
+        if status != 0 {
+            first.fetch_min((p as u64) << 32 | u64::from(status), Ordering::Relaxed);
+        }
+    });
+    match first.into_inner() {
+        u64::MAX => 0,
+        f => f as u32,
+    }
 }
 
 impl Loaded {

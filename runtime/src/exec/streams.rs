@@ -8,7 +8,7 @@
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -16,10 +16,10 @@ use meshc_ir::{Tensor, TensorType};
 
 use crate::comm::error::RunError;
 use crate::comm::fabric;
-use crate::comm::sync::{spin_until, Condvar, Mutex, MutexGuard};
 use crate::exec::io::le_bytes;
 use crate::exec::resident::Resident;
 use crate::exec::runner::{DeviceRun, Loaded, SendPtr, State, StepTime};
+use crate::exec::shared::{DeviceShared, Scratch};
 use crate::exec::threads::{Devices, Job};
 use crate::format::program::{Exec, Storage};
 
@@ -36,64 +36,6 @@ struct RunCtx<'a> {
     devices: &'a [DeviceShared],
 }
 
-/// The events of one device in a run, plus one more: the inputs are in (`inputs_event`).
-/// Streams block on a condition variable (after a short spin), never spin for long.
-struct Board {
-    done: Vec<AtomicBool>,
-    lock: Mutex<()>,
-    cv: Condvar,
-    poisoned: AtomicBool,
-}
-
-impl Board {
-    fn new(events: usize) -> Board {
-        Board {
-            done: (0..events).map(|_| AtomicBool::new(false)).collect(),
-            lock: Mutex::new(()),
-            cv: Condvar::new(),
-            poisoned: AtomicBool::new(false),
-        }
-    }
-
-    fn guard(&self) -> MutexGuard<'_, ()> {
-        self.lock.lock()
-    }
-
-    fn record(&self, e: usize) {
-        self.done[e].store(true, Ordering::Release);
-        // Under the lock: a waiter checks the flag under it before sleeping.
-        let _g = self.guard();
-        self.cv.notify_all();
-    }
-
-    fn poison(&self) {
-        self.poisoned.store(true, Ordering::SeqCst);
-        let _g = self.guard();
-        self.cv.notify_all();
-    }
-
-    /// Waits until event `e` is recorded; false if the run was abandoned meanwhile.
-    fn wait(&self, e: usize) -> bool {
-        let settled = || self.done[e].load(Ordering::Acquire) || self.poisoned.load(Ordering::SeqCst);
-        if !spin_until(settled) {
-            let mut g = self.guard();
-            while !settled() {
-                self.cv.wait(&mut g);
-            }
-        }
-        self.done[e].load(Ordering::Acquire)
-    }
-}
-
-/// What the streams of one device share in a run: where each buffer is (a collective may
-/// leave its result in the fabric, moving the buffer there), the device's events, and per
-/// stream the position of its next step — whichever thread holds it runs that step.
-struct DeviceShared {
-    ptrs: Vec<AtomicPtr<u8>>,
-    board: Board,
-    cursors: Vec<Mutex<usize>>,
-}
-
 /// One thread's state while it runs steps of a device (its own stream's, or another's it
 /// took over): its step times and scratch space.
 struct StepRun<'a> {
@@ -104,7 +46,7 @@ struct StepRun<'a> {
     step: &'a Cell<usize>,
     times: Vec<StepTime>,
     waits: Vec<fabric::Wait>,
-    args: Vec<*mut u8>,
+    args: &'a mut Vec<*mut u8>,
 }
 
 impl Loaded {
@@ -174,21 +116,22 @@ impl Loaded {
         out: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
     ) -> Result<Vec<StepTime>> {
         let is_state = |i: usize| resident.as_ref().is_some_and(|r| r.holds_input(i));
-        let from_host: Vec<bool> = (0..self.meta.inputs.len()).map(|i| !is_state(i)).collect();
         if inputs.len() != self.meta.inputs.len() {
             bail!("{} inputs for a graph of {}", inputs.len(), self.meta.inputs.len());
         }
-        for ((spec, b), _) in self.meta.inputs.iter().zip(inputs).zip(&from_host).filter(|(_, h)| **h) {
-            let ty = spec.ty().ok_or_else(|| anyhow!("input '{}' has unknown dtype {}", spec.name, spec.dtype))?;
-            if b.len() != ty.size_bytes() {
-                bail!("input '{}': {} bytes for {ty}", spec.name, b.len());
+        for (_, (spec, b)) in self.meta.inputs.iter().zip(inputs).enumerate().filter(|&(i, _)| !is_state(i)) {
+            let dtype = spec.elem().ok_or_else(|| anyhow!("input '{}' has unknown dtype {}", spec.name, spec.dtype))?;
+            if b.len() != dtype.size_bytes() * spec.shape.iter().product::<usize>() {
+                bail!("input '{}': {} bytes for {}", spec.name, b.len(), TensorType::new(dtype, spec.shape.clone()));
             }
         }
-        let taken: Vec<bool> = from_host.iter().map(|h| !h).collect();
-        let returned: Vec<bool> =
-            (0..self.meta.outputs.len()).map(|o| resident.as_ref().is_none_or(|r| !r.holds_output(o))).collect();
         let mut state = self.state.lock().map_err(|_| anyhow!("a previous run panicked"))?;
-        let State { arenas, devices } = &mut *state;
+        let State { arenas, devices, scratch } = &mut *state;
+        let Scratch { resident: taken, returned, devices: shared, args } = scratch;
+        taken.clear();
+        taken.extend((0..self.meta.inputs.len()).map(is_state));
+        returned.clear();
+        returned.extend((0..self.meta.outputs.len()).map(|o| resident.as_ref().is_none_or(|r| !r.holds_output(o))));
         self.fabric.reset();
         self.exchange.reset();
         if let Some(h) = &self.hosts {
@@ -196,33 +139,31 @@ impl Loaded {
         }
         let epoch = Instant::now();
         let mesh = &self.meta.mesh;
-        let shared: Vec<DeviceShared> = (self.programs.iter().zip(arenas.iter_mut()).zip(&self.lanes))
-            .enumerate()
-            .map(|(d, ((p, arena), lanes))| {
-                let base = arena.as_mut_slice().as_mut_ptr();
-                let mut ptrs: Vec<*mut u8> = (p.buffers.iter())
-                    .map(|b| match b.storage {
-                        // SAFETY (both): `new` checked every buffer lies inside its storage.
-                        Storage::Arena { offset } => unsafe { base.add(offset) },
-                        // Kernels never write their operands, so weights stay read-only.
-                        Storage::Weights { offset } => unsafe { self.weights.bytes().as_ptr().add(offset) as *mut u8 },
-                    })
-                    .collect();
-                // Resident state: the step reads S where it lives and writes next.S into
-                // the slot's other buffer (an arena output only: a weight is never written).
-                for (&(i, o), slot) in resident.iter_mut().flat_map(|r| r.pairs.iter().zip(r.slots[d].iter_mut())) {
-                    let (cur, next) = slot.ptrs();
-                    let (ib, ob) = (p.inputs[i], p.outputs[o]);
-                    ptrs[ib] = cur;
-                    if ob != ib && matches!(p.buffers[ob].storage, Storage::Arena { .. }) {
-                        ptrs[ob] = next;
-                    }
+        for (d, ((p, arena), shared)) in self.programs.iter().zip(arenas.iter_mut()).zip(shared.iter_mut()).enumerate()
+        {
+            shared.reset();
+            let ptrs = &mut shared.ptrs;
+            let base = arena.as_mut_slice().as_mut_ptr();
+            for (ptr, b) in ptrs.iter_mut().zip(&p.buffers) {
+                *ptr.get_mut() = match b.storage {
+                    // SAFETY (both): `new` checked every buffer lies inside its storage.
+                    Storage::Arena { offset } => unsafe { base.add(offset) },
+                    // Kernels never write their operands, so weights stay read-only.
+                    Storage::Weights { offset } => unsafe { self.weights.bytes().as_ptr().add(offset) as *mut u8 },
+                };
+            }
+            // Resident state: the step reads S where it lives and writes next.S into
+            // the slot's other buffer (an arena output only: a weight is never written).
+            for (&(i, o), slot) in resident.iter_mut().flat_map(|r| r.pairs.iter().zip(r.slots[d].iter_mut())) {
+                let (cur, next) = slot.ptrs();
+                let (ib, ob) = (p.inputs[i], p.outputs[o]);
+                *ptrs[ib].get_mut() = cur;
+                if ob != ib && matches!(p.buffers[ob].storage, Storage::Arena { .. }) {
+                    *ptrs[ob].get_mut() = next;
                 }
-                let ptrs = ptrs.into_iter().map(AtomicPtr::new).collect();
-                let cursors = lanes.steps.iter().map(|_| Mutex::new(0)).collect();
-                DeviceShared { ptrs, board: Board::new(lanes.inputs_event + 1), cursors }
-            })
-            .collect();
+            }
+        }
+        let (taken, returned, shared): (&[bool], &[bool], &[DeviceShared]) = (taken, returned, shared);
         // Once the devices are done: each resident block's new value is where the step
         // left next.S (`out(d, o)`).
         let mut settle = |out: &dyn Fn(usize, usize) -> Option<*const u8>| {
@@ -236,23 +177,23 @@ impl Loaded {
                 }
             }
         };
-        let lanes: Vec<(usize, usize)> =
-            (0..mesh.devices()).flat_map(|d| self.lanes[d].active().map(move |k| (d, k))).collect();
-        if lanes.len() == 1 {
-            let ctx = RunCtx { inputs, resident: &taken, epoch, timed, devices: &shared };
-            let run = self.device_run(0, 0, ctx, &Cell::new(0), self.threads)?;
-            settle(&|_, o| Some(run.outputs[o].0));
-            for (o, (spec, &p)) in self.meta.outputs.iter().zip(&run.outputs).enumerate().filter(|&(o, _)| returned[o])
-            {
-                let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
+        let ctx = RunCtx { inputs, resident: taken, epoch, timed, devices: shared };
+        if (0..mesh.devices()).map(|d| self.lanes[d].active().count()).sum::<usize>() == 1 {
+            let times = self.device_run(0, 0, ctx, &Cell::new(0), self.threads, &mut args.0)?;
+            let outputs = &self.programs[0].outputs;
+            let at = |o: usize| shared[0].ptrs[outputs[o]].load(Ordering::Relaxed) as *const u8;
+            settle(&|_, o| Some(at(o)));
+            for (o, spec) in self.meta.outputs.iter().enumerate().filter(|&(o, _)| returned[o]) {
+                let size = spec.size_bytes().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
                 // SAFETY: the buffer holds exactly the output's bytes.
-                let bytes = unsafe { std::slice::from_raw_parts(p.0, ty.size_bytes()) };
+                let bytes = unsafe { std::slice::from_raw_parts(at(o), size) };
                 self.host_copies.fetch_add(1, Ordering::Relaxed);
                 out(o, bytes)?;
             }
-            return Ok(run.times);
+            return Ok(times);
         }
-        let ctx = RunCtx { inputs, resident: &taken, epoch, timed, devices: &shared };
+        let lanes: Vec<(usize, usize)> =
+            (0..mesh.devices()).flat_map(|d| self.lanes[d].active().map(move |k| (d, k))).collect();
         let devices = match devices {
             Some(d) => d,
             None => devices.insert(Devices::start(lanes.len())?),
@@ -311,11 +252,24 @@ impl Loaded {
     /// and ends its run with `None`.
     fn device_thread(&self, device: usize, stream: usize, ctx: RunCtx) -> Option<DeviceRun> {
         let step = Cell::new(usize::MAX);
-        let run =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.device_run(device, stream, ctx, &step, 1)));
+        let mut args = Vec::new();
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.device_run(device, stream, ctx, &step, 1, &mut args)
+        }));
         let label = self.meta.mesh.device_label(device);
         let cause = match run {
-            Ok(Ok(run)) => return Some(run),
+            Ok(Ok(times)) => {
+                let ptrs = &ctx.devices[device].ptrs;
+                let outputs = match stream {
+                    0 => self.programs[device]
+                        .outputs
+                        .iter()
+                        .map(|&b| SendPtr(ptrs[b].load(Ordering::Relaxed)))
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                return Some(DeviceRun { outputs, times });
+            }
             Ok(Err(e)) => RunError::of(&e),
             Err(panic) => {
                 let msg = panic
@@ -337,8 +291,9 @@ impl Loaded {
 
     /// Runs stream `stream` of `device`'s program and, for the main stream (0), copies in
     /// the device's inputs first (its block of the split ones), then joins the other streams
-    /// and returns where the outputs are. `step` tracks the running step (for a panic's
-    /// message); `threads`: the cores its steps may use.
+    /// (the outputs are then where the device's pointers say); returns the step times.
+    /// `step` tracks the running step (for a panic's message); `threads`: the cores its
+    /// steps may use; `args`: this thread's scratch for kernel arguments.
     fn device_run(
         &self,
         device: usize,
@@ -346,7 +301,8 @@ impl Loaded {
         ctx: RunCtx,
         step: &Cell<usize>,
         threads: usize,
-    ) -> Result<DeviceRun> {
+        args: &mut Vec<*mut u8>,
+    ) -> Result<Vec<StepTime>> {
         let RunCtx { inputs, devices, .. } = ctx;
         let p = &self.programs[device];
         let lanes = &self.lanes[device];
@@ -371,7 +327,7 @@ impl Loaded {
         if stream == 0 {
             board.record(lanes.inputs_event);
         }
-        let mut run = StepRun { device, threads, ctx, step, times: Vec::new(), waits: Vec::new(), args: Vec::new() };
+        let mut run = StepRun { device, threads, ctx, step, times: Vec::new(), waits: Vec::new(), args };
         let cursor = &cursors[stream];
         loop {
             let pos = *cursor.lock();
@@ -390,13 +346,12 @@ impl Loaded {
             }
         }
         if stream != 0 {
-            return Ok(DeviceRun { outputs: Vec::new(), times: run.times });
+            return Ok(run.times);
         }
         for &e in &lanes.join {
             self.await_event(&mut run, e)?;
         }
-        let times = std::mem::take(&mut run.times);
-        Ok(DeviceRun { outputs: p.outputs.iter().map(|&b| SendPtr(ptr(b))).collect(), times })
+        Ok(run.times)
     }
 
     /// Waits for event `e` of `run`'s device; first runs the steps of its stream up to the
@@ -461,7 +416,7 @@ impl Loaded {
         }
         let start = Instant::now();
         let waits = timed.then_some(&mut run.waits);
-        self.exec_step((device, i), ptrs, &mut run.args, run.threads, waits, start)?;
+        self.exec_step((device, i), ptrs, run.args, run.threads, waits, start)?;
         for &e in &lanes.record[i] {
             board.record(e);
         }

@@ -105,11 +105,17 @@ impl IoSpec {
     /// The block of the tensor `device` holds (index ranges per dimension), and whether it
     /// is the copy of that block that writes it back; `None` when the device holds none.
     pub fn block(&self, mesh: &Mesh, device: usize) -> Option<(Vec<std::ops::Range<usize>>, bool)> {
-        let (mesh, local) = match &self.stage {
-            None => (mesh, device),
-            Some(s) => (&s.mesh, s.devices.iter().position(|&d| d == device)?),
-        };
+        let (mesh, local) = self.local(mesh, device)?;
         Some((mesh.region(&self.shape, &self.layout, local), mesh.writes_back(&self.layout, local)))
+    }
+
+    /// The mesh `layout` is over and `device`'s place in it; `None` when the device is
+    /// outside the tensor's stage (it holds none of it).
+    pub fn local<'a>(&'a self, mesh: &'a Mesh, device: usize) -> Option<(&'a Mesh, usize)> {
+        match &self.stage {
+            None => Some((mesh, device)),
+            Some(s) => Some((&s.mesh, s.devices.iter().position(|&d| d == device)?)),
+        }
     }
 
     /// The mesh `layout` is over: the stage's, or the whole one.
@@ -118,7 +124,18 @@ impl IoSpec {
     }
 
     pub fn ty(&self) -> Option<TensorType> {
-        Some(TensorType::new(DType::parse(&self.dtype)?, self.shape.clone()))
+        Some(TensorType::new(self.elem()?, self.shape.clone()))
+    }
+
+    /// The dtype, if it is one meshc has: `ty`'s, without building the type (a run asks
+    /// on every call, and must not allocate).
+    pub fn elem(&self) -> Option<DType> {
+        DType::parse(&self.dtype)
+    }
+
+    /// The whole tensor's bytes, if its dtype is one meshc has.
+    pub fn size_bytes(&self) -> Option<usize> {
+        Some(self.elem()?.size_bytes() * self.shape.iter().product::<usize>())
     }
 }
 
