@@ -795,7 +795,7 @@ pub(crate) mod tests {
                 BatchDim { size: 3, a_stride: 0, b_stride: 20, out_stride: 15 }
             ]
         );
-        assert_eq!(s.batch_offsets()[4], (12, 20, 60));
+        assert_eq!(s.batch_offset(4), (12, 20, 60));
         assert!(MatmulShape::new(&[2, 3], &[4, 5], &[2, 5])
             .unwrap_err()
             .to_string()

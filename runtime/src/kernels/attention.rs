@@ -92,9 +92,10 @@ impl Shapes {
         for (&n, &st) in batch.iter().zip(&strides) {
             mask_at = mask_at.iter().flat_map(|&o| (0..n).map(move |i| o + i * st)).collect();
         }
-        let qk = scores_plan.batch_offsets();
+        let qk: Vec<(usize, usize, usize)> = scores_plan.batch_offsets().collect();
         let matrix = t * s;
-        let entries = (plan.batch_offsets().into_iter())
+        let entries = plan
+            .batch_offsets()
             .map(|(so, vo, oo)| {
                 let i = so.checked_div(matrix).unwrap_or(0);
                 let (qo, ko) = qk.get(i).map_or((0, 0), |e| (e.0, e.1));

@@ -168,8 +168,8 @@ fn general(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, transposed: T
     // (offset of row r, row stride, column stride) of each operand as stored.
     let a_at = |r: usize| if transposed.a { (r, 1, m) } else { (r * k, k, 1) };
     let (b_rs, b_cs) = if transposed.b { (1, k) } else { (n, 1) };
-    let batches = s.batch_offsets();
-    for &(ao, bo, oo) in &batches {
+    let count = s.batch_count();
+    for (ao, bo, oo) in s.batch_offsets() {
         assert!(ao + m * k <= a.len() && bo + k * n <= b.len() && oo + m * n <= out.len());
     }
     // The cores split the rows of every matrix, each part running the GEMM on its rows on
@@ -183,10 +183,9 @@ fn general(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, transposed: T
     // were two calls each, each packing its own `b` and paying the call's dispatch.
     let (a, b, c) = (a.as_ptr() as usize, b.as_ptr() as usize, out.as_mut_ptr() as usize);
     let wanted = crate::kernels::pool::PARTS_PER_THREAD * threads;
-    if threads > 1 && batches.len() >= wanted {
+    if threads > 1 && count >= wanted {
         crate::kernels::pool::split(wanted, &|p| {
-            let mine = &batches[batches.len() * p / wanted..batches.len() * (p + 1) / wanted];
-            for &(ao, bo, oo) in mine {
+            for (ao, bo, oo) in (count * p / wanted..count * (p + 1) / wanted).map(|i| s.batch_offset(i)) {
                 // SAFETY: whole matrices inside the slices (asserted above), `c` aliases
                 // neither operand, and the parts write disjoint matrices.
                 unsafe {
@@ -203,7 +202,7 @@ fn general(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, transposed: T
     let parts = parts.min(m.max(1));
     crate::kernels::pool::split(parts, &|p| {
         let (r0, r1) = (m * p / parts, m * (p + 1) / parts);
-        for &(ao, bo, oo) in &batches {
+        for (ao, bo, oo) in s.batch_offsets() {
             // SAFETY: rows r0..r1 of whole matrices inside the slices (asserted above), `c`
             // aliases neither operand, and the parts write disjoint rows.
             unsafe {

@@ -110,18 +110,27 @@ impl MatmulShape {
         self.m * self.n * self.batch.iter().map(|d| d.size).product::<usize>()
     }
 
-    /// Element offsets `(a, b, out)` of the matrices of each batch entry, in result order.
-    pub fn batch_offsets(&self) -> Vec<(usize, usize, usize)> {
-        let mut offs = vec![(0, 0, 0)];
-        for d in &self.batch {
-            offs = offs
-                .iter()
-                .flat_map(|&(a, b, o)| {
-                    (0..d.size).map(move |i| (a + i * d.a_stride, b + i * d.b_stride, o + i * d.out_stride))
-                })
-                .collect();
+    /// How many matrices the batch holds.
+    pub fn batch_count(&self) -> usize {
+        self.batch.iter().map(|d| d.size).product()
+    }
+
+    /// Element offsets `(a, b, out)` of the matrices of batch entry `i` (`i` <
+    /// `batch_count`), in result order: the last batch dim fastest. Computed, not listed:
+    /// the GEMMs ask for them on every call, which must not allocate.
+    pub fn batch_offset(&self, mut i: usize) -> (usize, usize, usize) {
+        let (mut a, mut b, mut o) = (0, 0, 0);
+        for d in self.batch.iter().rev() {
+            let j = i % d.size;
+            i /= d.size;
+            (a, b, o) = (a + j * d.a_stride, b + j * d.b_stride, o + j * d.out_stride);
         }
-        offs
+        (a, b, o)
+    }
+
+    /// Every batch entry's offsets (`batch_offset`), in result order.
+    pub fn batch_offsets(&self) -> impl ExactSizeIterator<Item = (usize, usize, usize)> + '_ {
+        (0..self.batch_count()).map(|i| self.batch_offset(i))
     }
 }
 

@@ -164,9 +164,12 @@ fn matmul_on(isa: &Isa, a: &[f32], panels: &[f32], out: &mut [f32], s: &MatmulSh
         return;
     }
     let matrix = packed_len(k, n);
-    let batches: Vec<(usize, usize, usize)> =
-        s.batch_offsets().into_iter().map(|(ao, bo, oo)| (ao, bo / (k * n).max(1) * matrix, oo)).collect();
-    for &(ao, po, oo) in &batches {
+    let count = s.batch_count();
+    let batch = |i: usize| {
+        let (ao, bo, oo) = s.batch_offset(i);
+        (ao, bo / (k * n).max(1) * matrix, oo)
+    };
+    for (ao, po, oo) in (0..count).map(batch) {
         assert!(ao + m * k <= a.len() && po + matrix <= panels.len() && oo + m * n <= out.len());
     }
     let strips = n.div_ceil(NR);
@@ -179,7 +182,7 @@ fn matmul_on(isa: &Isa, a: &[f32], panels: &[f32], out: &mut [f32], s: &MatmulSh
         block(isa, (k, n), a, p, (c, oo / n), rows, strips, ep);
     };
     if m <= SMALL_M {
-        let items = batches.len() * strips;
+        let items = count * strips;
         let parts = if threads > 1 { items.min(crate::kernels::pool::PARTS_PER_THREAD * threads) } else { 1 };
         crate::kernels::pool::split(parts, &|t| {
             let (from, to) = (items * t / parts, items * (t + 1) / parts);
@@ -188,7 +191,7 @@ fn matmul_on(isa: &Isa, a: &[f32], panels: &[f32], out: &mut [f32], s: &MatmulSh
                 // The run of strips of one matrix in this part.
                 let (mat, j) = (item / strips, item % strips);
                 let end = to.min((mat + 1) * strips);
-                run(batches[mat], (0, m), (j, j + end - item));
+                run(batch(mat), (0, m), (j, j + end - item));
                 item = end;
             }
         });
@@ -198,8 +201,8 @@ fn matmul_on(isa: &Isa, a: &[f32], panels: &[f32], out: &mut [f32], s: &MatmulSh
         let parts = if threads > 1 { (crate::kernels::pool::PARTS_PER_THREAD * threads).min(tiles) } else { 1 };
         crate::kernels::pool::split(parts, &|t| {
             let (r0, r1) = ((tiles * t / parts * mr).min(m), (tiles * (t + 1) / parts * mr).min(m));
-            for &mat in &batches {
-                run(mat, (r0, r1), (0, strips));
+            for mat in 0..count {
+                run(batch(mat), (r0, r1), (0, strips));
             }
         });
     }
@@ -235,22 +238,29 @@ unsafe fn block(
         for i0 in (r0..r1).step_by(MC) {
             let i1 = r1.min(i0 + MC);
             // Row tiles of at most `mr` rows, as even as the count allows: (first row, rows).
+            // (On the stack: a call allocates nothing.)
             let count = (i1 - i0).div_ceil(isa.mr);
-            let tiles: Vec<(usize, usize)> = (0..count)
-                .scan(i0, |i, t| {
-                    let rows = (i1 - *i).div_ceil(count - t);
-                    *i += rows;
-                    Some((*i - rows, rows))
-                })
-                .collect();
+            let mut all = [(0, 0); MC];
+            let tiles = &mut all[..count];
+            let mut i = i0;
+            for (t, tile) in tiles.iter_mut().enumerate() {
+                let rows = (i1 - i).div_ceil(count - t);
+                *tile = (i, rows);
+                i += rows;
+            }
+            let tiles = &*tiles;
             // Slice by slice, each over the strips, where `a` is copied (a slice of it
             // serves every strip); strip by strip otherwise, so that the weight is read as
             // one stream in memory order and the tile kernel can fetch the next slice ahead.
             let slices = (0..k.max(1)).step_by(KC);
-            let order: Vec<(usize, usize)> = match pack_a {
-                true => slices.flat_map(|k0| (s0..s1).map(move |s| (k0, s))).collect(),
-                false => (s0..s1).flat_map(|s| slices.clone().map(move |k0| (k0, s))).collect(),
+            let (outer, inner) = match pack_a {
+                true => (slices.len(), s1 - s0),
+                false => (s1 - s0, slices.len()),
             };
+            let order = (0..outer * inner).map(|x| (x / inner, x % inner)).map(|(o, i)| match pack_a {
+                true => (o * KC, s0 + i),
+                false => (i * KC, s0 + o),
+            });
             for (k0, s) in order {
                 let depth = KC.min(k - k0);
                 // The tiles' rows of this slice of `a`, each tile column by column (one
@@ -267,7 +277,7 @@ unsafe fn block(
                 let last = k0 + depth >= k;
                 let (j, cols) = (s * NR, NR.min(n - s * NR));
                 let panel = p.add((s * k + k0) * NR);
-                for &(i, rows) in &tiles {
+                for &(i, rows) in tiles {
                     let row = c.add(i * n);
                     let c = row.add(j);
                     let (a, tile) = match pack_a {

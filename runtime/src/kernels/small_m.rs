@@ -76,12 +76,11 @@ fn matmul_on(level: Isa, a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape,
     if m == 0 || n == 0 {
         return;
     }
-    let batches = s.batch_offsets();
-    for &(ao, bo, oo) in &batches {
+    for (ao, bo, oo) in s.batch_offsets() {
         assert!(ao + m * k <= a.len() && bo + k * n <= b.len() && oo + m * n <= out.len());
     }
     let strips = n.div_ceil(NR);
-    let items = batches.len() * strips;
+    let items = s.batch_count() * strips;
     // The result as an address: the threads share it, each writing only its own strips.
     let c = out.as_mut_ptr() as usize;
     let parts = if threads > 1 { items.min(crate::kernels::pool::PARTS_PER_THREAD * threads) } else { 1 };
@@ -93,7 +92,7 @@ fn matmul_on(level: Isa, a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape,
             // columns (rows × a part's strips: in L2) rather than strip by strip.
             let (mat, s0) = (item / strips, item % strips);
             let end = to.min((mat + 1) * strips);
-            let (ao, bo, oo) = batches[mat];
+            let (ao, bo, oo) = s.batch_offset(mat);
             // SAFETY: the offsets address whole matrices inside the slices (asserted
             // above); the strips lie inside the n columns; the CPU has the kernels' ISA
             // (`serves`, `kernels`); each part writes only its own strips of its own matrix.
