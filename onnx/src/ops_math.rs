@@ -255,7 +255,7 @@ fn shrink(s: &mut Steps, x: &Value) -> R<Value> {
 /// ~88, where softplus is x), and log1p(u) is Goldberg's `u · log(w) / (w − 1)` with
 /// `w = 1 + u`, exact to a few ulps, or u itself where w rounds to 1 (so a large negative
 /// x gives exp(x), not 0).
-fn softplus(s: &mut Steps, x: &Value, step: &str) -> R<Value> {
+pub(super) fn softplus(s: &mut Steps, x: &Value, step: &str) -> R<Value> {
     let name = |what: &str| if step.is_empty() { what.to_string() } else { format!("{step}.{what}") };
     let (zero, one) = (s.k(x, 0.0), s.k(x, 1.0));
     let pos = s.op0(&name("pos"), Op::Maximum, &[x, &zero])?;
