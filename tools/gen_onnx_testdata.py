@@ -754,7 +754,8 @@ def sequence_first(graph):
 def recurrent_lstm():
     """LSTMs as the voice-activity and OCR models use them, with every input and attribute
     the unrolling implements: a bidirectional one with biases, run-time sequence lengths
-    (rows shorter than the sequence), initial states, peepholes and a clip that bites; a
+    (rows shorter than the sequence), initial states, peepholes and a clip that bites (below
+    the cell states, which it must leave alone); a
     batch-first one (layout 1) with input_forget, other activations with alpha/beta, and
     its Y_h output omitted."""
     r = np.random.default_rng(41)
@@ -769,7 +770,7 @@ def recurrent_lstm():
              w("lstm.P", (2, 3 * hid), 0.4), w("lstm2.W", (1, 4 * hid, inp)), w("lstm2.R", (1, 4 * hid, hid))]
     nodes = [
         helper.make_node("LSTM", ["x", "lstm.W", "lstm.R", "lstm.B", "lens", "h0", "c0", "lstm.P"], ["y", "y_h", "y_c"],
-                         name="/lstm", direction="bidirectional", hidden_size=hid, clip=1.5),
+                         name="/lstm", direction="bidirectional", hidden_size=hid, clip=0.7),
         helper.make_node("LSTM", ["x_bf", "lstm2.W", "lstm2.R"], ["y2", "", "y2_c"], name="/lstm2", hidden_size=hid,
                          layout=1, input_forget=1, activations=["HardSigmoid", "Tanh", "ScaledTanh"],
                          activation_alpha=[0.3, 0.9], activation_beta=[0.4, 1.2]),

@@ -13,8 +13,11 @@
 use meshc_ir::{Attr, DType, Op};
 
 use super::builder::{Builder, Value};
+use super::control::MAX_TRIPS;
 use super::ops::{reshape, scalar, table, Converter, Ctx};
-use super::ops_math::{float_only, softplus, Steps};
+use super::ops_math::{
+    elu_of, float_only, hard_sigmoid_of, leaky_relu_of, softplus, softsign, thresholded_relu_of, Steps,
+};
 
 type R<T> = std::result::Result<T, String>;
 
@@ -172,6 +175,11 @@ fn recurrent(b: &mut Builder, c: &Ctx, cell: Cell) -> R<Vec<Value>> {
     if seq == 0 || batch == 0 || hidden == 0 {
         return Err("an empty sequence, batch or hidden size is not supported".into());
     }
+    // Each step is a few dozen nodes: a sequence as long as the most iterations a Loop
+    // unrolls is the most a node may unroll too.
+    if seq as i64 > MAX_TRIPS {
+        return Err(format!("its sequence of {seq} steps is longer than {MAX_TRIPS}, the most meshc unrolls"));
+    }
     let acts = activations(c, cell, d.dirs)?;
     let clip = c.attr("clip").and_then(|a| a.f).map(f64::from);
     let lens = sequence_lens(b, c, &d)?;
@@ -199,8 +207,16 @@ fn recurrent(b: &mut Builder, c: &Ctx, cell: Cell) -> R<Vec<Value>> {
         if parts.is_empty() {
             return Err(format!("output {name} of {op_type} does not exist"));
         }
+        let (batch, hidden) = (batch as i64, hidden as i64);
+        let mut stacked = Vec::new();
+        for (dir, part) in parts.iter().enumerate() {
+            stacked.push(match k {
+                0 => part.clone(),
+                _ => reshape(s.b, part, &[1, batch, hidden], &c.part(&format!("d{dir}.{name}")))?,
+            });
+        }
         let axis = if k == 0 { 1 } else { 0 };
-        let all = concat(s, parts, axis, name)?;
+        let all = concat(s, &stacked, axis, name)?;
         let perm: &[i64] = if k == 0 { &[2, 0, 1, 3] } else { &[1, 0, 2] };
         results.push(if layout == 1 { transpose(s, &all, perm, &format!("{name}_batch_first"))? } else { all });
     }
@@ -297,23 +313,22 @@ impl Layer<'_> {
         let wt = self.weight_t(s, 1, (0, gh), "w")?;
         let mut xw = s.op(&self.name("xw"), Op::MatMul, &[x2, &wt], &[])?;
         let lbr = self.cell == Cell::Gru && s.c.int("linear_before_reset", 0) != 0;
-        if let Some(wb) = self.bias(s, 0, gh, "wb")? {
-            let rb_end = if lbr { gh + 2 * h } else { 2 * gh };
-            let rb = self.bias(s, gh, rb_end, "rb")?.expect("B is given");
-            let rb = match lbr {
-                true => {
-                    let zero = table("a zero bias", DType::F32, vec![h], |_| 0.0)?;
-                    concat(s, &[rb, zero], 0, &self.name("rb_padded"))?
-                }
-                false => rb,
-            };
-            let bias = s.op0(&self.name("bias"), Op::Add, &[&wb, &rb])?;
+        // Under linear_before_reset, the h gate's input bias is Wb's alone.
+        let summed = if lbr { 2 * h } else { gh };
+        if let Some(wb) = self.bias(s, 0, summed, "wb")? {
+            let rb = self.bias(s, gh, gh + summed, "rb")?.expect("B is given");
+            let mut bias = s.op0(&self.name("bias"), Op::Add, &[&wb, &rb])?;
+            if lbr {
+                let wb_h = self.bias(s, summed, gh, "wb_h")?.expect("B is given");
+                bias = concat(s, &[bias, wb_h], 0, &self.name("bias_all"))?;
+            }
             xw = s.op0(&self.name("xw_bias"), Op::Add, &[&xw, &bias])?;
         }
         let shape = [self.d.seq as i64, self.d.batch as i64, gh as i64];
         reshape(s.b, &xw, &shape, &s.c.part(&self.name("xw_steps")))
     }
 
+    /// Activation `k` of gate input `x`, clipped first when `clip` is given.
     fn act(&self, s: &mut Steps, k: usize, x: &Value, step: &str) -> R<Value> {
         let x = match self.clip {
             Some(clip) => {
@@ -326,7 +341,7 @@ impl Layer<'_> {
     }
 
     /// Runs the direction: Y's steps stacked to `[seq, 1, batch, hidden]` (when asked for),
-    /// the last hidden state and (LSTM) cell state as `[1, batch, hidden]`.
+    /// the last hidden state and (LSTM) cell state as `[batch, hidden]`.
     fn run(&self, s: &mut Steps, x2: &Value) -> R<[Option<Value>; 3]> {
         let (h, gh) = (self.d.hidden, self.cell.gates() * self.d.hidden);
         let xw = self.projection(s, x2)?;
@@ -435,7 +450,8 @@ impl Layer<'_> {
                     let c_new = s.op0(&n("c"), Op::Add, &[&fc, &ic])?;
                     let go = with_peep(s, &g[1], 1, &c_new, "o")?;
                     let o = self.act(s, 0, &go, &n("o"))?;
-                    let hc = self.act(s, 2, &c_new, &n("h_of_c"))?;
+                    // The cell state is no gate's input: `clip` leaves it as it is.
+                    let hc = activate(s, &self.acts[2], &c_new, &n("h_of_c"))?;
                     (s.op0(&n("h"), Op::Mul, &[&o, &hc])?, Some(c_new))
                 }
             };
@@ -466,60 +482,98 @@ impl Layer<'_> {
             true => Some(concat(s, &ys.into_iter().flatten().collect::<Vec<_>>(), 0, &self.name("y"))?),
             false => None,
         };
-        let state = [1, self.d.batch as i64, h as i64];
-        let last_h = reshape(s.b, &hs, &state, &s.c.part(&self.name("y_h")))?;
-        let last_c = match cs {
-            Some(cs) => Some(reshape(s.b, &cs, &state, &s.c.part(&self.name("y_c")))?),
-            None => None,
-        };
-        Ok([y, Some(last_h), last_c])
+        Ok([y, Some(hs), cs])
     }
 }
 
-/// Activation `a` of `x` (ONNX's formulas, as ops_math writes the operators of the same name).
+/// Activation `a` of `x`, named `step` (ONNX's formulas, as ops_math writes the operators
+/// of the same name).
 fn activate(s: &mut Steps, a: &Act, x: &Value, step: &str) -> R<Value> {
     let k = |v: f64| scalar(DType::F32, v);
-    let sub = |what: &str| format!("{step}_{what}");
+    let part = |what: &str| format!("{step}.{what}");
     match a.name.as_str() {
         "sigmoid" => s.op0(step, Op::Sigmoid, &[x]),
         "tanh" => s.op0(step, Op::Tanh, &[x]),
         "relu" => s.op0(step, Op::Relu, &[x]),
         "affine" => {
-            let ax = s.op0(&sub("ax"), Op::Mul, &[&k(a.alpha), x])?;
+            let ax = s.op0(&part("ax"), Op::Mul, &[&k(a.alpha), x])?;
             s.op0(step, Op::Add, &[&ax, &k(a.beta)])
         }
-        "leakyrelu" => {
-            let neg = s.op0(&sub("neg"), Op::Less, &[x, &k(0.0)])?;
-            let scaled = s.op0(&sub("scaled"), Op::Mul, &[&k(a.alpha), x])?;
-            s.op0(step, Op::Where, &[&neg, &scaled, x])
-        }
-        "thresholdedrelu" => {
-            let over = s.op0(&sub("over"), Op::Greater, &[x, &k(a.alpha)])?;
-            s.op0(step, Op::Where, &[&over, x, &k(0.0)])
-        }
+        "leakyrelu" => leaky_relu_of(s, x, &k(a.alpha), step),
+        "thresholdedrelu" => thresholded_relu_of(s, x, &k(a.alpha), step),
         "scaledtanh" => {
-            let bx = s.op0(&sub("bx"), Op::Mul, &[&k(a.beta), x])?;
-            let t = s.op0(&sub("tanh"), Op::Tanh, &[&bx])?;
+            let bx = s.op0(&part("bx"), Op::Mul, &[&k(a.beta), x])?;
+            let t = s.op0(&part("tanh"), Op::Tanh, &[&bx])?;
             s.op0(step, Op::Mul, &[&k(a.alpha), &t])
         }
-        "hardsigmoid" => {
-            let ax = s.op0(&sub("ax"), Op::Mul, &[&k(a.alpha), x])?;
-            let lin = s.op0(&sub("linear"), Op::Add, &[&ax, &k(a.beta)])?;
-            let lo = s.op0(&sub("upper"), Op::Minimum, &[&lin, &k(1.0)])?;
-            s.op0(step, Op::Maximum, &[&lo, &k(0.0)])
-        }
-        "elu" => {
-            let neg = s.op0(&sub("neg"), Op::Less, &[x, &k(0.0)])?;
-            let e = s.op0(&sub("exp"), Op::Exp, &[x])?;
-            let em1 = s.op0(&sub("expm1"), Op::Sub, &[&e, &k(1.0)])?;
-            let scaled = s.op0(&sub("scaled"), Op::Mul, &[&k(a.alpha), &em1])?;
-            s.op0(step, Op::Where, &[&neg, &scaled, x])
-        }
-        "softsign" => {
-            let abs = s.op0(&sub("abs"), Op::Abs, &[x])?;
-            let den = s.op0(&sub("denominator"), Op::Add, &[&k(1.0), &abs])?;
-            s.op0(step, Op::Div, &[x, &den])
-        }
+        "hardsigmoid" => hard_sigmoid_of(s, x, a.alpha, a.beta, step, step),
+        "elu" => elu_of(s, x, &k(a.alpha), step),
+        "softsign" => softsign(s, x, step),
         _ => softplus(s, x, step),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use meshc_ir::{Data, Tensor};
+
+    use super::*;
+    use crate::dispatch::tests::{attr_i, eval, f32s};
+    use crate::proto::AttributeProto;
+
+    fn attr_s(name: &str, v: &str) -> AttributeProto {
+        AttributeProto { name: Some(name.into()), s: Some(v.into()), ..Default::default() }
+    }
+
+    fn attr_strings(name: &str, v: &[&str]) -> AttributeProto {
+        let strings = v.iter().map(|s| s.as_bytes().to_vec()).collect();
+        AttributeProto { name: Some(name.into()), strings, ..Default::default() }
+    }
+
+    /// An RNN of hidden size 1 whose activation is the identity (Affine 1, 0): h_t = x_t + h_(t−1)/2,
+    /// over x = [1, 2, 3] in both rows of a batch of 2, the second row 2 steps long.
+    fn identity_rnn(direction: &str, lens: Vec<i32>, extra: Vec<AttributeProto>) -> Result<Vec<f32>, String> {
+        let dirs = if direction == "bidirectional" { 2 } else { 1 };
+        let x = Tensor::f32(vec![3, 2, 1], vec![1.0, 1.0, 2.0, 2.0, 3.0, 3.0]);
+        let w = Tensor::f32(vec![dirs, 1, 1], vec![1.0; dirs]);
+        let r = Tensor::f32(vec![dirs, 1, 1], vec![0.5; dirs]);
+        let b = Tensor::f32(vec![dirs, 2], vec![0.0; 2 * dirs]);
+        let lens = Tensor::new(vec![2], Data::I32(lens));
+        // The first of two attributes of one name is the one read: `extra`'s.
+        let mut attrs = extra;
+        attrs.extend([attr_s("direction", direction), attr_strings("activations", &vec!["Affine"; dirs])]);
+        eval("RNN", 14, vec![x, w, r, b, lens], attrs).map(|t| f32s(&t))
+    }
+
+    #[test]
+    fn a_reverse_direction_starts_at_each_rows_own_last_step() {
+        // Forward: 1, 2.5, 4.25 (the short row stops after 2.5 and gives 0 past its end).
+        // Reverse: from the last step, 3, 3.5, 2.75; the short row from its step 2: 2, 2.
+        let y = identity_rnn("bidirectional", vec![3, 2], vec![]).unwrap();
+        let want = [1.0, 1.0, 2.75, 2.0, 2.5, 2.5, 3.5, 2.0, 4.25, 0.0, 3.0, 0.0];
+        assert_eq!(y, want);
+        // Alpha and beta go, in order, to the activations that take them: h = 2·(x + h/2) + 1.
+        let scaled = vec![
+            AttributeProto { name: Some("activation_alpha".into()), floats: vec![2.0], ..Default::default() },
+            AttributeProto { name: Some("activation_beta".into()), floats: vec![1.0], ..Default::default() },
+        ];
+        let y = identity_rnn("forward", vec![3, 3], scaled).unwrap();
+        assert_eq!(y, [3.0, 3.0, 8.0, 8.0, 15.0, 15.0]);
+    }
+
+    #[test]
+    fn what_cannot_be_unrolled_is_refused_naming_the_attribute_or_input() {
+        let refused = |direction: &str, lens: Vec<i32>, extra: Vec<AttributeProto>, want: &str| {
+            let err = identity_rnn(direction, lens, extra).unwrap_err();
+            assert!(err.contains(want), "{err}");
+        };
+        refused("sideways", vec![3, 3], vec![], "attribute direction 'sideways'");
+        refused("forward", vec![4, 3], vec![], "sequence_lens holds 4, outside 0..=3");
+        refused("forward", vec![3, 3], vec![attr_i("layout", 2)], "attribute layout 2");
+        refused("forward", vec![3, 3], vec![attr_i("hidden_size", 2)], "hidden_size 2 differs from R's last dim 1");
+        let swish = attr_strings("activations", &["Swish"]);
+        refused("forward", vec![3, 3], vec![swish], "'swish' is not one of ONNX's recurrent activations");
+        let three = attr_strings("activations", &["Tanh", "Tanh", "Tanh"]);
+        refused("bidirectional", vec![3, 3], vec![three], "3 names, expected 1 per direction (2 in all)");
     }
 }
