@@ -12,6 +12,7 @@ Needs onnx, onnxruntime and numpy; `make onnx-testdata` makes a venv under targe
 Deterministic: the same packages write the same files.
 """
 
+import functools
 import os
 import sys
 
@@ -751,20 +752,22 @@ def sequence_first(graph):
     return helper.make_graph(nodes, graph.name, graph.input, graph.output, graph.initializer)
 
 
+def normal(r, name, shape, scale=0.6):
+    """An initializer `name` of normal values from `r`, times `scale`."""
+    return numpy_helper.from_array((r.standard_normal(shape) * scale).astype(np.float32), name)
+
+
 def recurrent_lstm():
     """LSTMs as the voice-activity and OCR models use them, with every input and attribute
     the unrolling implements: a bidirectional one with biases, run-time sequence lengths
     (rows shorter than the sequence), initial states, peepholes and a clip that bites (below
-    the cell states, which it must leave alone); a
-    batch-first one (layout 1) with input_forget, other activations with alpha/beta, and
-    its Y_h output omitted."""
+    the cell states, which it must leave alone); a batch-first one (layout 1) with
+    input_forget, other activations with alpha/beta, and its Y_h output omitted."""
     r = np.random.default_rng(41)
     f = TensorProto.FLOAT
     seq, batch, inp, hid = 5, 4, 3, 6
     info = helper.make_tensor_value_info
-
-    def w(name, shape, scale=0.6):
-        return numpy_helper.from_array((r.standard_normal(shape) * scale).astype(np.float32), name)
+    w = functools.partial(normal, r)
 
     inits = [w("lstm.W", (2, 4 * hid, inp)), w("lstm.R", (2, 4 * hid, hid)), w("lstm.B", (2, 8 * hid), 0.3),
              w("lstm.P", (2, 3 * hid), 0.4), w("lstm2.W", (1, 4 * hid, inp)), w("lstm2.R", (1, 4 * hid, hid))]
@@ -796,9 +799,7 @@ def recurrent_gru_rnn():
     f = TensorProto.FLOAT
     seq, batch, inp, hid = 4, 2, 3, 5
     info = helper.make_tensor_value_info
-
-    def w(name, shape, scale=0.6):
-        return numpy_helper.from_array((r.standard_normal(shape) * scale).astype(np.float32), name)
+    w = functools.partial(normal, r)
 
     inits = [w("gru.W", (1, 3 * hid, inp)), w("gru.R", (1, 3 * hid, hid)), w("gru.B", (1, 6 * hid), 0.3),
              w("gru2.W", (1, 3 * hid, inp)), w("gru2.R", (1, 3 * hid, hid)),
