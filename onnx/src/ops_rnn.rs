@@ -517,7 +517,6 @@ fn activate(s: &mut Steps, a: &Act, x: &Value, step: &str) -> R<Value> {
 mod tests {
     use meshc_ir::{Data, Tensor};
 
-    use super::*;
     use crate::dispatch::tests::{attr_i, eval, f32s};
     use crate::proto::AttributeProto;
 
