@@ -12,6 +12,7 @@ Needs onnx, onnxruntime and numpy; `make onnx-testdata` makes a venv under targe
 Deterministic: the same packages write the same files.
 """
 
+import functools
 import os
 import sys
 
@@ -42,7 +43,9 @@ def node(op, inputs, outputs, **attrs):
     return helper.make_node(op, inputs, outputs, name="/" + outputs[0].replace("_output_0", ""), **attrs)
 
 
-def save(name, graph, inputs, dims, opset=OPSET, out=OUT, input_shapes=None):
+def save(name, graph, inputs, dims, opset=OPSET, out=OUT, input_shapes=None, oracle=None):
+    """`oracle`, when given, is the graph onnxruntime runs for the expected outputs: one that
+    computes what `graph` does with nodes onnxruntime implements."""
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="gen_onnx_testdata")
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)
@@ -50,7 +53,11 @@ def save(name, graph, inputs, dims, opset=OPSET, out=OUT, input_shapes=None):
     os.makedirs(os.path.join(d, "inputs"), exist_ok=True)
     os.makedirs(os.path.join(d, "expected"), exist_ok=True)
     onnx.save(model, os.path.join(d, "model.onnx"))
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    run = model
+    if oracle is not None:
+        run = helper.make_model(oracle, opset_imports=[helper.make_opsetid("", opset)])
+        run.ir_version = 8
+    sess = ort.InferenceSession(run.SerializeToString(), providers=["CPUExecutionProvider"])
     outs = sess.run(None, inputs)
     for k, v in inputs.items():
         np.save(os.path.join(d, "inputs", k + ".npy"), v)
@@ -748,6 +755,100 @@ def shared_dim_name():
     save("shared_dim_name", g, feeds, {}, input_shapes=["input", "state"])
 
 
+def sequence_first(graph):
+    """`graph` with each recurrent node of layout 1 (batch first, which onnxruntime's CPU
+    kernels refuse) as transposes around the same node of layout 0: the graph onnxruntime
+    runs for the expected outputs of a batch-first layer."""
+    nodes = []
+    for n in graph.node:
+        if not any(a.name == "layout" and a.i == 1 for a in n.attribute):
+            nodes.append(n)
+            continue
+        ins, outs = list(n.input), list(n.output)
+        for k in (0, 5, 6):
+            if k < len(ins) and ins[k]:
+                nodes.append(helper.make_node("Transpose", [ins[k]], [ins[k] + ".seq_first"], perm=[1, 0, 2]))
+                ins[k] += ".seq_first"
+        for k, perm in ((0, [2, 0, 1, 3]), (1, [1, 0, 2]), (2, [1, 0, 2])):
+            if k < len(outs) and outs[k]:
+                nodes.append(helper.make_node("Transpose", [outs[k] + ".seq_first"], [outs[k]], perm=perm))
+                outs[k] += ".seq_first"
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute if a.name != "layout"}
+        nodes.append(helper.make_node(n.op_type, ins, outs, name=n.name, **attrs))
+    return helper.make_graph(nodes, graph.name, graph.input, graph.output, graph.initializer)
+
+
+def normal(r, name, shape, scale=0.6):
+    """An initializer `name` of normal values from `r`, times `scale`."""
+    return numpy_helper.from_array((r.standard_normal(shape) * scale).astype(np.float32), name)
+
+
+def recurrent_lstm():
+    """LSTMs as the voice-activity and OCR models use them, with every input and attribute
+    the unrolling implements: a bidirectional one with biases, run-time sequence lengths
+    (rows shorter than the sequence), initial states, peepholes and a clip that bites (below
+    the cell states, which it must leave alone); a batch-first one (layout 1) with
+    input_forget, other activations with alpha/beta, and its Y_h output omitted."""
+    r = np.random.default_rng(41)
+    f = TensorProto.FLOAT
+    seq, batch, inp, hid = 5, 4, 3, 6
+    info = helper.make_tensor_value_info
+    w = functools.partial(normal, r)
+
+    inits = [w("lstm.W", (2, 4 * hid, inp)), w("lstm.R", (2, 4 * hid, hid)), w("lstm.B", (2, 8 * hid), 0.3),
+             w("lstm.P", (2, 3 * hid), 0.4), w("lstm2.W", (1, 4 * hid, inp)), w("lstm2.R", (1, 4 * hid, hid))]
+    nodes = [
+        helper.make_node("LSTM", ["x", "lstm.W", "lstm.R", "lstm.B", "lens", "h0", "c0", "lstm.P"], ["y", "y_h", "y_c"],
+                         name="/lstm", direction="bidirectional", hidden_size=hid, clip=0.7),
+        helper.make_node("LSTM", ["x_bf", "lstm2.W", "lstm2.R"], ["y2", "", "y2_c"], name="/lstm2", hidden_size=hid,
+                         layout=1, input_forget=1, activations=["HardSigmoid", "Tanh", "ScaledTanh"],
+                         activation_alpha=[0.3, 0.9], activation_beta=[0.4, 1.2]),
+    ]
+    ins = [info("x", f, [seq, "batch", inp]), info("lens", TensorProto.INT32, ["batch"]),
+           info("h0", f, [2, "batch", hid]), info("c0", f, [2, "batch", hid]), info("x_bf", f, ["batch", seq, inp])]
+    outs = [info("y", f, [seq, 2, "batch", hid]), info("y_h", f, [2, "batch", hid]), info("y_c", f, [2, "batch", hid]),
+            info("y2", f, ["batch", seq, 1, hid]), info("y2_c", f, ["batch", 1, hid])]
+    g = helper.make_graph(nodes, "recurrent_lstm", ins, outs, inits)
+    feeds = {"x": r.standard_normal((seq, batch, inp)).astype(np.float32),
+             "lens": np.array([5, 2, 4, 1], np.int32),
+             "h0": (r.standard_normal((2, batch, hid)) * 0.5).astype(np.float32),
+             "c0": (r.standard_normal((2, batch, hid)) * 0.5).astype(np.float32),
+             "x_bf": r.standard_normal((batch, seq, inp)).astype(np.float32)}
+    save("recurrent_lstm", g, feeds, {"batch": batch}, oracle=sequence_first(g))
+
+
+def recurrent_gru_rnn():
+    """GRUs and an RNN: a reverse GRU with linear_before_reset, biases, sequence lengths and
+    an initial state; a batch-first GRU without biases; a bidirectional RNN with a Relu
+    direction, a clip and only its Y_h output."""
+    r = np.random.default_rng(42)
+    f = TensorProto.FLOAT
+    seq, batch, inp, hid = 4, 2, 3, 5
+    info = helper.make_tensor_value_info
+    w = functools.partial(normal, r)
+
+    inits = [w("gru.W", (1, 3 * hid, inp)), w("gru.R", (1, 3 * hid, hid)), w("gru.B", (1, 6 * hid), 0.3),
+             w("gru2.W", (1, 3 * hid, inp)), w("gru2.R", (1, 3 * hid, hid)),
+             w("rnn.W", (2, hid, inp)), w("rnn.R", (2, hid, hid)), w("rnn.B", (2, 2 * hid), 0.3)]
+    nodes = [
+        helper.make_node("GRU", ["x", "gru.W", "gru.R", "gru.B", "lens", "h0"], ["y", "y_h"], name="/gru",
+                         direction="reverse", hidden_size=hid, linear_before_reset=1),
+        helper.make_node("GRU", ["x_bf", "gru2.W", "gru2.R"], ["y2", "y2_h"], name="/gru2", hidden_size=hid, layout=1),
+        helper.make_node("RNN", ["x", "rnn.W", "rnn.R", "rnn.B"], ["", "y3_h"], name="/rnn", hidden_size=hid,
+                         direction="bidirectional", activations=["Relu", "Tanh"], clip=1.0),
+    ]
+    ins = [info("x", f, [seq, "batch", inp]), info("lens", TensorProto.INT32, ["batch"]),
+           info("h0", f, [1, "batch", hid]), info("x_bf", f, ["batch", seq, inp])]
+    outs = [info("y", f, [seq, 1, "batch", hid]), info("y_h", f, [1, "batch", hid]),
+            info("y2", f, ["batch", seq, 1, hid]), info("y2_h", f, ["batch", 1, hid]), info("y3_h", f, [2, "batch", hid])]
+    g = helper.make_graph(nodes, "recurrent_gru_rnn", ins, outs, inits)
+    feeds = {"x": r.standard_normal((seq, batch, inp)).astype(np.float32),
+             "lens": np.array([3, 4], np.int32),
+             "h0": (r.standard_normal((1, batch, hid)) * 0.5).astype(np.float32),
+             "x_bf": r.standard_normal((batch, seq, inp)).astype(np.float32)}
+    save("recurrent_gru_rnn", g, feeds, {"batch": batch}, oracle=sequence_first(g))
+
+
 def bad():
     """Bad inputs for testdata/bad/ (tests/all/golden.rs pins each one-line error)."""
     d = os.path.join(OUT, "..", "bad")
@@ -951,6 +1052,8 @@ if __name__ == "__main__":
     control_scan()
     unsized_dims()
     shared_dim_name()
+    recurrent_lstm()
+    recurrent_gru_rnn()
     bad()
     total = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote {OUT} ({total} bytes)", file=sys.stderr)

@@ -8,8 +8,8 @@ Case k draws its model from the seed S + k (the same case again: --seed S+k --ca
 few float inputs, then a chain of nodes of the ops meshc imports (elementwise, MatMul and
 Gemm, reductions, Reshape, Transpose, Slice, Concat, Gather, Softmax and LogSoftmax,
 LayerNormalization, Conv and pools at small sizes, Cast, Identity and Expand no-ops, If
-on a fact of the shapes, Loop with a constant trip count, Scan), each reading values made
-before it; one to three outputs, among them values later nodes also read and graph
+on a fact of the shapes, Loop with a constant trip count, Scan, LSTM/GRU/RNN), each reading
+values made before it; one to three outputs, among them values later nodes also read and graph
 inputs. onnxruntime's outputs are the reference; `meshc run` (import, compile, run) and
 `meshc interp` must give them within a tolerance. A model meshc refuses in one line (exit 1) counts as refused; a crash, a hang
 or a wrong result is a failure, whose model and inputs are kept (under
@@ -398,8 +398,34 @@ def g_scan(m):
                   scan_input_directions=[dir_in], scan_output_axes=[axis_out], scan_output_directions=[dir_out])
 
 
+def g_recurrent(m):
+    """An LSTM, GRU or RNN over a rank-3 value read as [seq, batch, input]: any direction,
+    with or without biases, initial state, linear_before_reset and clip; Y the value made."""
+    a = m.pick(lambda v: floats(v) and len(v[1]) == 3)
+    if a is None:
+        return None
+    seq, batch, width = a[1]
+    op = ["LSTM", "GRU", "RNN"][m.rng.integers(3)]
+    gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[op]
+    direction = ["forward", "reverse", "bidirectional"][m.rng.integers(3)]
+    dirs, hidden = 1 + (direction == "bidirectional"), int(m.rng.integers(1, 5))
+    ins = [a[0], m.weight((dirs, gates * hidden, width)), m.weight((dirs, gates * hidden, hidden))]
+    ins.append(m.weight((dirs, 2 * gates * hidden)) if m.rng.random() < 0.7 else "")
+    ins.append("")
+    ins.append(m.weight((dirs, batch, hidden)) if m.rng.random() < 0.5 else "")
+    attrs = {"direction": direction, "hidden_size": hidden}
+    if op == "GRU" and m.rng.random() < 0.5:
+        attrs["linear_before_reset"] = 1
+    if m.rng.random() < 0.3:
+        attrs["clip"] = float(m.rng.choice([0.5, 2.0]))
+    while ins[-1] == "":
+        ins.pop()
+    return m.node(op, ins, (seq, dirs, batch, hidden), tame=False, **attrs)
+
+
 GENERATORS = [g_unary, g_binary, g_binary, g_matmul, g_reduce, g_reshape, g_transpose, g_slice, g_concat, g_gather,
-              g_softmax, g_layernorm, g_conv, g_cast, g_noop, g_where, g_pad, g_int_arith, g_if, g_loop, g_scan]
+              g_softmax, g_layernorm, g_conv, g_cast, g_noop, g_where, g_pad, g_int_arith, g_if, g_loop, g_scan,
+              g_recurrent]
 
 
 def draw(seed):

@@ -47,7 +47,7 @@ pub const CONVERTERS: &[Converter] = &[
     Converter::new("HardSwish", |b, c| activation(b, c, hard_sigmoid)),
     Converter::new("Swish", |b, c| activation(b, c, swish)),
     Converter::new("Mish", |b, c| activation(b, c, mish)),
-    Converter::since(1, "Softsign", |b, c| activation(b, c, softsign)),
+    Converter::since(1, "Softsign", |b, c| activation(b, c, |s, x| softsign(s, x, ""))),
     Converter::since(10, "ThresholdedRelu", |b, c| activation(b, c, thresholded_relu)),
     Converter::since(9, "Shrink", |b, c| activation(b, c, shrink)),
     Converter::since(1, "ReduceL1", |b, c| on_x(b, c, |s, x| reduce(s, "ReduceL1", x))),
@@ -159,21 +159,39 @@ fn is_inf(s: &mut Steps, x: &Value) -> R<Value> {
     }
 }
 
+/// The name of part `what` of a decomposition whose parts are named after `at` (the node's
+/// output when empty): the activations of recurrent layers (ops_rnn) are these formulas too.
+fn part_of(at: &str, what: &str) -> String {
+    if at.is_empty() {
+        what.to_string()
+    } else {
+        format!("{at}.{what}")
+    }
+}
+
 /// LeakyRelu, and PRelu with its slope as input 1.
 fn leaky_relu(s: &mut Steps, x: &Value) -> R<Value> {
     let slope = if s.op_type() == "PRelu" { s.c.arg(1)?.clone() } else { s.k(x, s.float("alpha", 0.01)) };
-    let neg = s.op0("neg", Op::Less, &[x, &s.k(x, 0.0)])?;
-    let scaled = s.op0("scaled", Op::Mul, &[&slope, x])?;
-    s.op0("", Op::Where, &[&neg, &scaled, x])
+    leaky_relu_of(s, x, &slope, "")
+}
+
+pub(super) fn leaky_relu_of(s: &mut Steps, x: &Value, slope: &Value, step: &str) -> R<Value> {
+    let neg = s.op0(&part_of(step, "neg"), Op::Less, &[x, &s.k(x, 0.0)])?;
+    let scaled = s.op0(&part_of(step, "scaled"), Op::Mul, &[slope, x])?;
+    s.op0(step, Op::Where, &[&neg, &scaled, x])
 }
 
 fn elu(s: &mut Steps, x: &Value) -> R<Value> {
     let alpha = s.k(x, s.float("alpha", 1.0));
-    let neg = s.op0("neg", Op::Less, &[x, &s.k(x, 0.0)])?;
-    let e = s.op0("exp", Op::Exp, &[x])?;
-    let em1 = s.op0("expm1", Op::Sub, &[&e, &s.k(x, 1.0)])?;
-    let scaled = s.op0("scaled", Op::Mul, &[&alpha, &em1])?;
-    s.op0("", Op::Where, &[&neg, &scaled, x])
+    elu_of(s, x, &alpha, "")
+}
+
+pub(super) fn elu_of(s: &mut Steps, x: &Value, alpha: &Value, step: &str) -> R<Value> {
+    let neg = s.op0(&part_of(step, "neg"), Op::Less, &[x, &s.k(x, 0.0)])?;
+    let e = s.op0(&part_of(step, "exp"), Op::Exp, &[x])?;
+    let em1 = s.op0(&part_of(step, "expm1"), Op::Sub, &[&e, &s.k(x, 1.0)])?;
+    let scaled = s.op0(&part_of(step, "scaled"), Op::Mul, &[alpha, &em1])?;
+    s.op0(step, Op::Where, &[&neg, &scaled, x])
 }
 
 fn selu(s: &mut Steps, x: &Value) -> R<Value> {
@@ -202,15 +220,20 @@ fn celu(s: &mut Steps, x: &Value) -> R<Value> {
 fn hard_sigmoid(s: &mut Steps, x: &Value) -> R<Value> {
     let swish = s.op_type() == "HardSwish";
     let (alpha, beta) = if swish { (1.0 / 6.0, 0.5) } else { (s.float("alpha", 0.2), s.float("beta", 0.5)) };
-    let (alpha, beta) = (s.k(x, alpha), s.k(x, beta));
-    let ax = s.op0("ax", Op::Mul, &[&alpha, x])?;
-    let lin = s.op0("linear", Op::Add, &[&ax, &beta])?;
-    let lo = s.op0("upper", Op::Minimum, &[&lin, &s.k(x, 1.0)])?;
     if !swish {
-        return s.op0("", Op::Maximum, &[&lo, &s.k(x, 0.0)]);
+        return hard_sigmoid_of(s, x, alpha, beta, "", "");
     }
-    let hs = s.op0("hard_sigmoid", Op::Maximum, &[&lo, &s.k(x, 0.0)])?;
+    let hs = hard_sigmoid_of(s, x, alpha, beta, "", "hard_sigmoid")?;
     s.op0("", Op::Mul, &[x, &hs])
+}
+
+/// max(min(alpha·x + beta, 1), 0) named `step`, its parts after `at`.
+pub(super) fn hard_sigmoid_of(s: &mut Steps, x: &Value, alpha: f64, beta: f64, at: &str, step: &str) -> R<Value> {
+    let (alpha, beta) = (s.k(x, alpha), s.k(x, beta));
+    let ax = s.op0(&part_of(at, "ax"), Op::Mul, &[&alpha, x])?;
+    let lin = s.op0(&part_of(at, "linear"), Op::Add, &[&ax, &beta])?;
+    let lo = s.op0(&part_of(at, "upper"), Op::Minimum, &[&lin, &s.k(x, 1.0)])?;
+    s.op0(step, Op::Maximum, &[&lo, &s.k(x, 0.0)])
 }
 
 fn swish(s: &mut Steps, x: &Value) -> R<Value> {
@@ -226,16 +249,20 @@ fn mish(s: &mut Steps, x: &Value) -> R<Value> {
     s.op0("", Op::Mul, &[x, &t])
 }
 
-fn softsign(s: &mut Steps, x: &Value) -> R<Value> {
-    let a = s.op0("abs", Op::Abs, &[x])?;
-    let d = s.op0("denominator", Op::Add, &[&s.k(x, 1.0), &a])?;
-    s.op0("", Op::Div, &[x, &d])
+pub(super) fn softsign(s: &mut Steps, x: &Value, step: &str) -> R<Value> {
+    let a = s.op0(&part_of(step, "abs"), Op::Abs, &[x])?;
+    let d = s.op0(&part_of(step, "denominator"), Op::Add, &[&s.k(x, 1.0), &a])?;
+    s.op0(step, Op::Div, &[x, &d])
 }
 
 fn thresholded_relu(s: &mut Steps, x: &Value) -> R<Value> {
     let alpha = s.k(x, s.float("alpha", 1.0));
-    let over = s.op0("over", Op::Greater, &[x, &alpha])?;
-    s.op0("", Op::Where, &[&over, x, &s.k(x, 0.0)])
+    thresholded_relu_of(s, x, &alpha, "")
+}
+
+pub(super) fn thresholded_relu_of(s: &mut Steps, x: &Value, alpha: &Value, step: &str) -> R<Value> {
+    let over = s.op0(&part_of(step, "over"), Op::Greater, &[x, alpha])?;
+    s.op0(step, Op::Where, &[&over, x, &s.k(x, 0.0)])
 }
 
 /// x + bias below −lambd, x − bias above lambd, 0 between.
@@ -255,8 +282,8 @@ fn shrink(s: &mut Steps, x: &Value) -> R<Value> {
 /// ~88, where softplus is x), and log1p(u) is Goldberg's `u · log(w) / (w − 1)` with
 /// `w = 1 + u`, exact to a few ulps, or u itself where w rounds to 1 (so a large negative
 /// x gives exp(x), not 0).
-fn softplus(s: &mut Steps, x: &Value, step: &str) -> R<Value> {
-    let name = |what: &str| if step.is_empty() { what.to_string() } else { format!("{step}.{what}") };
+pub(super) fn softplus(s: &mut Steps, x: &Value, step: &str) -> R<Value> {
+    let name = |what: &str| part_of(step, what);
     let (zero, one) = (s.k(x, 0.0), s.k(x, 1.0));
     let pos = s.op0(&name("pos"), Op::Maximum, &[x, &zero])?;
     let a = s.op0(&name("abs"), Op::Abs, &[x])?;
