@@ -722,6 +722,22 @@ def control_scan():
     save("control_scan", g, inputs, {"batch": 2})
 
 
+def same_node_names():
+    """Two Constant nodes of one name holding different weights, as silero's OpenVINO export
+    names every Constant `F0::anon`: ONNX requires unique value names, not unique node names
+    (meshc once read the second as the first's param)."""
+    r = np.random.default_rng(19)
+    f = TensorProto.FLOAT
+    anon = [helper.make_node("Constant", [], [out], name="F0::anon",
+                             value=numpy_helper.from_array(r.standard_normal(4).astype(np.float32)))
+            for out in ("shift", "scale")]
+    g = helper.make_graph(
+        anon + [node("Add", ["x", "shift"], ["/add_output_0"]), node("Mul", ["/add_output_0", "scale"], ["y"])],
+        "same_node_names", [helper.make_tensor_value_info("x", f, ["batch", 4])],
+        [helper.make_tensor_value_info("y", f, ["batch", 4])])
+    save("same_node_names", g, {"x": r.standard_normal((4, 4)).astype(np.float32)}, {"batch": 4})
+
+
 def unsized_dims():
     """An input whose batch dim is -1 and whose height and width have neither a size nor a
     name, as Paddle2ONNX writes an OCR model's image: only `--input-shape x=1x3x6x10` can
@@ -1050,6 +1066,7 @@ if __name__ == "__main__":
     control_if()
     control_loop()
     control_scan()
+    same_node_names()
     unsized_dims()
     shared_dim_name()
     recurrent_lstm()

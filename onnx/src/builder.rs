@@ -55,6 +55,10 @@ impl Value {
     }
 }
 
+/// A const turned into a param: its value, the half type it is stored in, and the name it
+/// is read by.
+type ParamOf = (Rc<Tensor>, Option<DType>, String);
+
 /// What `Value::Tensor` names resolve to, and what the import has produced so far.
 #[derive(Default)]
 pub struct Builder {
@@ -65,8 +69,13 @@ pub struct Builder {
     used: HashSet<String>,
     /// The graph's output names, which nodes named after ONNX nodes must leave to them.
     reserved: HashSet<String>,
-    /// Consts already turned into params, by ONNX source name.
-    param_of: HashMap<String, String>,
+    /// Consts already turned into params, by ONNX source name: each value under that name
+    /// and the name it is read by. A name can stand for several values — ONNX requires unique
+    /// value names but not unique node names, and a Constant is named after its node (the
+    /// Constants of silero's OpenVINO export are all `F0::anon`) — so a const is the param
+    /// of an earlier one only when it holds the same value (a Constant of a loop body,
+    /// imported once per iteration, is one param).
+    param_of: HashMap<String, Vec<ParamOf>>,
     /// The new name of each node `output` renamed, by its old one.
     renamed: HashMap<String, String>,
     /// The suffix `fresh` last gave each base name, where its search starts next: every
@@ -140,7 +149,8 @@ impl Builder {
             Value::Tensor(n) => return n.clone(),
             Value::Const { t, source, half, .. } => (t, source, *half),
         };
-        if let Some(p) = source.as_ref().and_then(|s| self.param_of.get(s)) {
+        let same = |(u, h, _): &&ParamOf| *h == half && (Rc::ptr_eq(u, t) || **u == **t);
+        if let Some((_, _, p)) = source.as_ref().and_then(|s| self.param_of.get(s)?.iter().find(same)) {
             return p.clone();
         }
         let value = match half {
@@ -161,7 +171,7 @@ impl Builder {
             None => name,
         };
         if let Some(s) = source {
-            self.param_of.insert(s.clone(), read.clone());
+            self.param_of.entry(s.clone()).or_default().push((t.clone(), half, read.clone()));
         }
         read
     }
