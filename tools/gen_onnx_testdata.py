@@ -962,6 +962,19 @@ def bad():
     write("scan-ragged", [helper.make_node("Scan", ["x", "four"], ["y"], name="scan", body=add, num_scan_inputs=2)],
           [numpy_helper.from_array(np.ones((4, 4), np.float32), "four")],
           ort_fails={"x": np.ones((2, 4), np.float32)})
+    # A Scan whose body is empty (its output is its input) inside a Loop: no loop-body node
+    # to count, but each Scan is 2,049 nodes (a gather and a reshape a slice, a concat), and
+    # 1024 trips of it two million; the bound on all the nodes of a model stops it.
+    vi = helper.make_tensor_value_info
+    passing = helper.make_graph([], "pass", [vi("s_in", TensorProto.FLOAT, [4])], [vi("s_in", TensorProto.FLOAT, [4])])
+    scanning = helper.make_graph(
+        [helper.make_node("Scan", ["rows"], ["scanned"], name="scan", body=passing, num_scan_inputs=1),
+         helper.make_node("Identity", ["c"], ["co"]), helper.make_node("Identity", ["h"], ["ho"])],
+        "scanning", [vi("i", TensorProto.INT64, []), vi("c", TensorProto.BOOL, []), vi("h", TensorProto.FLOAT, None)],
+        [vi("co", TensorProto.BOOL, []), vi("ho", TensorProto.FLOAT, None)])
+    write("scan-in-loop", [helper.make_node("Loop", ["trips", "", "x"], ["y"], name="loop", body=scanning)],
+          [numpy_helper.from_array(np.array(1024, np.int64), "trips"),
+           numpy_helper.from_array(np.ones((1024, 4), np.float32), "rows")])
     write("loop-nested", [helper.make_node("Loop", ["trips", "", "x"], ["y"], name="loop", body=nested)],
           [numpy_helper.from_array(np.array(1000, np.int64), "trips")])
     write("if-run-time", sums + [helper.make_node("If", ["c"], ["y"], name="if", then_branch=arm("Relu"),

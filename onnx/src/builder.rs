@@ -55,9 +55,25 @@ impl Value {
     }
 }
 
+/// The most nodes one model imports into. What the importer unrolls — loops, scans,
+/// recurrent layers, and those nested in each other — multiplies a small file into many
+/// nodes; each limit of its own (trips, steps, body nodes) bounds one form, and this bounds
+/// them all together. A bidirectional LSTM of 1024 steps is about 51,000 nodes; BERT-large
+/// a few thousand.
+pub const MAX_NODES: usize = 1 << 17;
+
 /// A const turned into a param: its value, the half type it is stored in, and the name it
 /// is read by.
 type ParamOf = (Rc<Tensor>, Option<DType>, String);
+
+/// A hash of `t`'s dtype, shape and bytes: consts are the same when their bits are (`==`
+/// on floats makes 0.0 equal -0.0 and a NaN unequal to itself).
+fn bits_hash(t: &Tensor) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (t.dtype().name(), &t.shape, t.to_le_bytes()).hash(&mut h);
+    h.finish()
+}
 
 /// What `Value::Tensor` names resolve to, and what the import has produced so far.
 #[derive(Default)]
@@ -69,13 +85,13 @@ pub struct Builder {
     used: HashSet<String>,
     /// The graph's output names, which nodes named after ONNX nodes must leave to them.
     reserved: HashSet<String>,
-    /// Consts already turned into params, by ONNX source name: each value under that name
-    /// and the name it is read by. A name can stand for several values — ONNX requires unique
+    /// Consts already turned into params, by ONNX source name and a hash of their bits
+    /// (`bits_hash`): each value under that key and the name it is read by. A name can stand for several values — ONNX requires unique
     /// value names but not unique node names, and a Constant is named after its node (the
     /// Constants of silero's OpenVINO export are all `F0::anon`) — so a const is the param
     /// of an earlier one only when it holds the same value (a Constant of a loop body,
     /// imported once per iteration, is one param).
-    param_of: HashMap<String, Vec<ParamOf>>,
+    param_of: HashMap<(String, u64), Vec<ParamOf>>,
     /// The new name of each node `output` renamed, by its old one.
     renamed: HashMap<String, String>,
     /// The suffix `fresh` last gave each base name, where its search starts next: every
@@ -149,8 +165,10 @@ impl Builder {
             Value::Tensor(n) => return n.clone(),
             Value::Const { t, source, half, .. } => (t, source, *half),
         };
-        let same = |(u, h, _): &&ParamOf| *h == half && (Rc::ptr_eq(u, t) || **u == **t);
-        if let Some((_, _, p)) = source.as_ref().and_then(|s| self.param_of.get(s)?.iter().find(same)) {
+        // The same bits under the same name (the hash only finds the candidates).
+        let key = source.as_ref().map(|s| (s.clone(), bits_hash(t)));
+        let same = |(u, h, _): &&ParamOf| *h == half && (Rc::ptr_eq(u, t) || u.to_le_bytes() == t.to_le_bytes());
+        if let Some((_, _, p)) = key.as_ref().and_then(|k| self.param_of.get(k)?.iter().find(same)) {
             return p.clone();
         }
         let value = match half {
@@ -170,8 +188,8 @@ impl Builder {
             }
             None => name,
         };
-        if let Some(s) = source {
-            self.param_of.entry(s.clone()).or_default().push((t.clone(), half, read.clone()));
+        if let Some(k) = key {
+            self.param_of.entry(k).or_default().push((t.clone(), half, read.clone()));
         }
         read
     }
@@ -191,6 +209,11 @@ impl Builder {
     /// `op(args) {attrs}`, named after `name`: evaluated now when every operand is a
     /// non-weight const, else emitted.
     pub fn node(&mut self, name: &str, op: Op, args: &[&Value], attrs: &[(&str, Attr)]) -> R<Value> {
+        if self.graph.nodes.len() >= MAX_NODES {
+            return Err(format!(
+                "the import makes more than {MAX_NODES} nodes of the model, the most meshc builds from one model"
+            ));
+        }
         let mut node = Node::new(name, op, &[]);
         for (k, v) in attrs {
             node.attrs.insert(k.to_string(), v.clone());

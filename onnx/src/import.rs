@@ -484,6 +484,9 @@ fn scan(
     };
     let (in_axes, in_dirs) = (per("scan_input_axes", m)?, per("scan_input_directions", m)?);
     let (out_axes, out_dirs) = (per("scan_output_axes", scans)?, per("scan_output_directions", scans)?);
+    if let Some(d) = in_dirs.iter().chain(&out_dirs).find(|&&d| d != 0 && d != 1) {
+        return Err(format!("a scan direction is {d}, where ONNX has 0 (forward) and 1 (reverse)"));
+    }
     let mut axes = Vec::with_capacity(m);
     let mut trips = None;
     for (j, (v, &axis)) in inputs.iter().zip(&in_axes).enumerate() {

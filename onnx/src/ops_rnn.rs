@@ -89,6 +89,9 @@ fn activations(c: &Ctx, cell: Cell, dirs: usize) -> R<Vec<Vec<Act>>> {
         }
         _ => cell.activations().iter().map(|s| s.to_string()).collect(),
     };
+    // (RNN's own default is ['Tanh', 'Tanh'] whatever the direction: onnxruntime takes the
+    // first of a list of two directions' worth on a single direction, and so does meshc.)
+    let names = if per == 1 && dirs == 1 && names.len() == 2 { names[..1].to_vec() } else { names };
     if names.len() != per && names.len() != per * dirs {
         return Err(format!(
             "attribute activations: {} names, expected {per} per direction ({} in all)",
@@ -182,6 +185,9 @@ fn recurrent(b: &mut Builder, c: &Ctx, cell: Cell) -> R<Vec<Value>> {
     }
     let acts = activations(c, cell, d.dirs)?;
     let clip = c.attr("clip").and_then(|a| a.f).map(f64::from);
+    if let Some(v) = clip.filter(|v| v.is_nan() || *v <= 0.0) {
+        return Err(format!("attribute clip is {v}; it must be positive"));
+    }
     let lens = sequence_lens(b, c, &d)?;
     let s = &mut Steps { b, c };
     let x = if layout == 1 { transpose(s, x, &[1, 0, 2], "x_seq_first")? } else { x.clone() };
@@ -574,5 +580,20 @@ mod tests {
         refused("forward", vec![3, 3], vec![swish], "'swish' is not one of ONNX's recurrent activations");
         let three = attr_strings("activations", &["Tanh", "Tanh", "Tanh"]);
         refused("bidirectional", vec![3, 3], vec![three], "3 names, expected 1 per direction (2 in all)");
+        // onnxruntime refuses a clip that is not positive: it would clamp every gate to 0.
+        for clip in [0.0, -1.0, f32::NAN] {
+            let attr = AttributeProto { name: Some("clip".into()), f: Some(clip), ..Default::default() };
+            refused("forward", vec![3, 3], vec![attr], "must be positive");
+        }
+    }
+
+    #[test]
+    fn a_single_direction_rnn_takes_the_first_of_two_activations() {
+        // RNN's schema default is ['Tanh', 'Tanh']; onnxruntime reads the first on one direction.
+        let two = attr_strings("activations", &["Affine", "Relu"]);
+        assert_eq!(
+            identity_rnn("forward", vec![3, 3], vec![two]).unwrap(),
+            identity_rnn("forward", vec![3, 3], vec![]).unwrap()
+        );
     }
 }

@@ -72,6 +72,8 @@ pub fn matmul(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, threads: u
 
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 fn matmul_on(level: Isa, a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, threads: usize, ep: &Bound) {
+    // The kernels' ISA must be one this CPU runs (a caller that skipped `serves`).
+    assert!(Isa::Avx2 <= level && level <= Isa::detected(), "small-M GEMM on {level:?}");
     let (m, k, n) = (s.m, s.k, s.n);
     if m == 0 || n == 0 {
         return;
