@@ -59,8 +59,9 @@ impl Value {
 /// recurrent layers, and those nested in each other — multiplies a small file into many
 /// nodes; each limit of its own (trips, steps, body nodes) bounds one form, and this bounds
 /// them all together. A bidirectional LSTM of 1024 steps is about 51,000 nodes; BERT-large
-/// a few thousand.
-pub const MAX_NODES: usize = 1 << 17;
+/// a few thousand. (Reaching it costs about 0.5 s; the file fuzzer, under AddressSanitizer
+/// and 10 s an input, found twice this too slow.)
+pub const MAX_NODES: usize = 1 << 16;
 
 /// A const turned into a param: its value, the half type it is stored in, and the name it
 /// is read by.
