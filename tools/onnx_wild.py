@@ -202,9 +202,10 @@ def main():
     ap.add_argument("--dir", default="target/onnx-wild")
     ap.add_argument("--only", default="")
     args = ap.parse_args()
-    meshc = os.path.abspath(args.meshc)
-    models = fetch(args.dir)
-    work = os.path.join(args.dir, "runs")
+    # (Absolute: meshc runs in each model's own directory.)
+    meshc, directory = os.path.abspath(args.meshc), os.path.abspath(args.dir)
+    models = fetch(directory)
+    work = os.path.join(directory, "runs")
     failed, changed = 0, 0
     print(f"{'model':<58} {'outcome':<9} {'meshc s':>8} {'ort s':>7}  detail (meshc s: compile and run)")
     for entry in MODELS:
