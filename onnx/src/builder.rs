@@ -87,11 +87,12 @@ pub struct Builder {
     /// The graph's output names, which nodes named after ONNX nodes must leave to them.
     reserved: HashSet<String>,
     /// Consts already turned into params, by ONNX source name and a hash of their bits
-    /// (`bits_hash`): each value under that key and the name it is read by. A name can stand for several values — ONNX requires unique
-    /// value names but not unique node names, and a Constant is named after its node (the
-    /// Constants of silero's OpenVINO export are all `F0::anon`) — so a const is the param
-    /// of an earlier one only when it holds the same value (a Constant of a loop body,
-    /// imported once per iteration, is one param).
+    /// (`bits_hash`): each value under that key and the name it is read by. A name can
+    /// stand for several values — ONNX requires unique value names but not unique node
+    /// names, and a Constant is named after its node (the Constants of silero's OpenVINO
+    /// export are all `F0::anon`) — so a const is the param of an earlier one only when it
+    /// holds the same value (a Constant of a loop body, imported once per iteration, is
+    /// one param).
     param_of: HashMap<(String, u64), Vec<ParamOf>>,
     /// The new name of each node `output` renamed, by its old one.
     renamed: HashMap<String, String>,
