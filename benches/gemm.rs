@@ -17,6 +17,7 @@ use meshc::codegen::{matmul::matmul, module::jit, KernelTable, Target};
 use meshc_ir::{DType, TensorType};
 use meshc_runtime::kernels::epilogue::Bound;
 use meshc_runtime::kernels::library;
+use meshc_runtime::kernels::matmul_shape::MatmulShape;
 
 mod common;
 
@@ -191,10 +192,8 @@ fn library_time(
 ) -> Result<(f64, Vec<f32>)> {
     let mut out = Buf::new(m * n * 4);
     let (a, b, c) = (a.f32s(m * k), b.f32s(k * n), out.f32s_mut(m * n));
-    let mut res = Ok(());
-    let secs = best(reps, || {
-        res = library::matmul(a, b, c, &[m, k], &[k, n], &[m, n], library::Threads::Exactly(threads), &Bound::none())
-    });
+    let (mut res, s) = (Ok(()), MatmulShape::new(&[m, k], &[k, n], &[m, n])?);
+    let secs = best(reps, || res = library::matmul(a, b, c, &s, library::Threads::Exactly(threads), &Bound::none()));
     res?;
     Ok((secs, c.to_vec()))
 }
@@ -215,9 +214,9 @@ fn panels_time(
         .collect();
     let mut out = Buf::new(m * n * 4);
     let (a, c) = (a.f32s(m * k), out.f32s_mut(m * n));
-    let mut res = Ok(());
+    let (mut res, s) = (Ok(()), MatmulShape::new(&[m, k], &[k, n], &[m, n])?);
     let t = library::Threads::Exactly(threads);
-    let secs = best(reps, || res = library::matmul_panels(a, &panels, c, &[m, k], &[k, n], &[m, n], t, &Bound::none()));
+    let secs = best(reps, || res = library::matmul_panels(a, &panels, c, &s, t, &Bound::none()));
     res?;
     Ok((secs, c.to_vec()))
 }

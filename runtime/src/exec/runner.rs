@@ -41,7 +41,9 @@ pub use crate::comm::memory::AlignedBuf;
 use crate::comm::transport::{Hosts, Transport};
 use crate::exec::shared::Scratch;
 use crate::exec::threads::Devices;
-use crate::exec::validate::{check_collectives, check_kernels, check_program, check_transfers, lanes, masks_of, Lanes};
+use crate::exec::validate::{
+    check_collectives, check_kernels, check_program, check_transfers, lanes, masks_of, Lanes, Plans,
+};
 use crate::format::abi::{self, KernelFn, KernelTable};
 use crate::format::artifact::{Artifact, SectionKind};
 use crate::format::mask::Mask;
@@ -128,6 +130,8 @@ pub struct Loaded {
     pub(super) share: Vec<Vec<bool>>,
     /// Per device, its streams.
     pub(super) lanes: Vec<Lanes>,
+    /// Per device and step, its library call as planned when the programs were checked.
+    pub(super) plans: Vec<Plans>,
     /// `--fail-device`: this device stops answering at its collective number .1 (from 0).
     pub(super) fail: Option<(usize, usize)>,
     /// What `degrade` added to the artifact's degradation, and whether strictly.
@@ -180,13 +184,14 @@ impl Loaded {
             .then(|| crate::comm::degraded::Topo::new(&meta.mesh, &meta.degraded, false))
             .transpose()?;
         let absent: Vec<bool> = (0..devices).map(|d| topo.as_ref().is_some_and(|t| !t.healthy(d))).collect();
-        for (d, program) in programs.iter().enumerate().filter(|&(d, _)| !absent[d]) {
+        let mut plans = Vec::with_capacity(devices);
+        for (d, program) in programs.iter().enumerate() {
             let check = || check_program(&meta, d, program, bytes.len());
-            if devices == 1 {
-                check()?;
-            } else {
-                check().with_context(|| meta.mesh.device_label(d))?;
-            }
+            plans.push(match (absent[d], devices) {
+                (true, _) => Vec::new(),
+                (false, 1) => check()?,
+                (false, _) => check().with_context(|| meta.mesh.device_label(d))?,
+            });
         }
         check_kernels(&programs, code_len)?;
         if let Code::InProcess(t) = &code {
@@ -238,6 +243,7 @@ impl Loaded {
             masks,
             exchange,
             lanes,
+            plans,
             threads,
             hosts: None,
             host_copies: AtomicU64::new(0),
@@ -427,6 +433,7 @@ mod tests {
     use super::*;
     use crate::comm::transport::{Incoming, Outgoing, Pending, Stall, Threads};
     use crate::format::mesh::{Mesh, Topology};
+    use crate::kernels::call::Planned;
     use crate::format::program::{Buffer, Collective, Elem, IoSpec, Library, Matmul, Storage, ALIGN};
     use crate::format::program::{Event, Reduce, Step, Stream, StreamKind, StreamPlan, Wait};
 
@@ -452,8 +459,6 @@ mod tests {
             buffers,
             kernels: vec![],
             steps,
-            inputs,
-            outputs,
             streams: Default::default(),
         }
     }
@@ -465,8 +470,6 @@ mod tests {
             features: vec![],
             mesh: m.clone(),
             flops: 0,
-            inputs,
-            outputs,
             degraded: Default::default(),
             model_axes: Vec::new(),
             hosts: Vec::new(),
@@ -476,6 +479,22 @@ mod tests {
 
     fn collective(id: usize, op: CollectiveOp, groups: Vec<Vec<usize>>, shape: &[usize]) -> Exec {
         Exec::Collective(Collective { op, id, groups, dtype: "f32".into(), shape: shape.to_vec() })
+    }
+
+    /// A library call that fails when it runs.
+    struct Fails;
+
+    impl Planned for Fails {
+        unsafe fn call<'m>(&self, _: &[*mut u8], _: &dyn Fn(usize) -> Option<&'m Mask>, _: usize) -> Result<()> {
+            bail!("matmul: planted to fail")
+        }
+    }
+
+    /// Makes the library call at `step` of `device` fail when it runs: a step the load
+    /// checks would refuse cannot be loaded, so the failure is planted after loading.
+    pub(super) fn fails(l: &mut Loaded, device: usize, step: usize) {
+        assert!(l.plans[device][step].is_some(), "step {step} of device {device} is a library call");
+        l.plans[device][step] = Some(Box::new(Fails));
     }
 
     /// A library matmul of row-major f32 operands (no panels, epilogue or transposes).
@@ -691,7 +710,6 @@ mod tests {
     fn a_failing_stream_stops_the_streams_waiting_for_it() {
         let m = Mesh::numbered(&[2], Topology::Torus);
         let sum = collective(0, CollectiveOp::AllReduce { reduce: Reduce::Sum }, vec![vec![0, 1]], &[2, 2]);
-        let bad = f32_matmul(&[2, 3], &[2, 3], &[2, 2]);
         let mm = f32_matmul(&[2, 2], &[2, 2], &[2, 2]);
         // Device 1's comm stream fails before its all_reduce; device 0's main stream waits
         // for its own all_reduce's event, which never comes.
@@ -717,8 +735,7 @@ mod tests {
             .collect();
         let x = || vec![io("x", DType::F32, &[2, 2], &[None, None])];
         let mut l = load(&m, x(), vec![io("y", DType::F32, &[2, 2], &[None, None])], programs).unwrap();
-        // Shapes that do not fit pass no load check: the step is broken after loading.
-        l.programs[1].steps[0].exec = bad;
+        fails(&mut l, 1, 0);
         let inputs = HashMap::from([("x".to_string(), iota(&[2, 2]))]);
         for _ in 0..2 {
             let e = l.run(&inputs).unwrap_err().to_string();
@@ -755,10 +772,9 @@ mod tests {
     fn a_failing_device_stops_the_others() {
         let m = Mesh::numbered(&[2, 2], Topology::Torus);
         let sum = collective(0, CollectiveOp::AllReduce { reduce: Reduce::Sum }, m.groups(&[0, 1]), &[6]);
-        // One device first runs a matmul whose shapes do not fit: the others wait for it in
+        // One device first runs a matmul that fails: the others wait for it in
         // the all_reduce until its error poisons the fabric. Device 0 runs on the calling
         // thread, device 3 on one of the runner's.
-        let bad = f32_matmul(&[2, 3], &[2, 3], &[2, 3]);
         let good = f32_matmul(&[2, 3], &[3, 2], &[2, 2]);
         for (failing, label) in [(3, "device 3 (1,1)"), (0, "device 0 (0,0)")] {
             let programs = (0..4)
@@ -772,8 +788,7 @@ mod tests {
                 .collect();
             let x = || vec![io("x", DType::F32, &[6], &[None])];
             let mut l = load(&m, x(), vec![io("s", DType::F32, &[6], &[None])], programs).unwrap();
-            // Shapes that do not fit pass no load check: the step is broken after loading.
-            l.programs[failing].steps[0].exec = bad.clone();
+            fails(&mut l, failing, 0);
             let x = HashMap::from([("x".to_string(), iota(&[6]))]);
             for _ in 0..2 {
                 let e = l.run(&x).unwrap_err().to_string();
@@ -930,7 +945,7 @@ mod transfer_tests {
 
     use std::time::Instant;
 
-    use super::tests::f32_matmul;
+    use super::tests::{f32_matmul, fails};
     use super::*;
     use crate::format::mesh::{Mesh, Topology};
     use crate::format::program::{Buffer, IoSpec, Protocol, Step, Storage, Transfer};
@@ -1028,7 +1043,6 @@ mod transfer_tests {
 
     #[test]
     fn a_failing_sender_stops_its_receiver() {
-        let bad = f32_matmul(&[2, 3], &[2, 3], &[2, 3]);
         let good = f32_matmul(&[2, 2], &[2, 2], &[2, 2]);
         let mut l = load(vec![
             program(
@@ -1041,8 +1055,7 @@ mod transfer_tests {
             program(1, vec![recv("a", 0, Protocol::Copy)]),
         ])
         .unwrap();
-        // Shapes that do not fit pass no load check: the step is broken after loading.
-        l.programs[0].steps[0].exec = bad;
+        fails(&mut l, 0, 0);
         let start = Instant::now();
         let e = l.run(&x()).unwrap_err().to_string();
         assert!(e.starts_with("device 0 (0): node 'h': matmul"), "{e}");

@@ -5,14 +5,13 @@
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 
 use crate::comm::error::RunError;
 use crate::comm::fabric::{self, Delivery};
 use crate::exec::runner::Loaded;
 use crate::format::abi::KernelFn;
 use crate::format::program::Exec;
-use crate::kernels::library_call;
 use crate::kernels::pool;
 
 /// Runs `kernel` on `args` (the step's buffers, which are the ones it was generated for) as
@@ -65,11 +64,14 @@ impl Loaded {
                     return Err(RunError::KernelStatus { node: st.node.clone(), status }.into());
                 }
             }
-            Exec::Library(l) => {
+            Exec::Library(_) => {
                 let mask = |i: usize| self.masks[device].get(&st.buffers[i]);
-                // SAFETY: `crate::exec::validate` had the call check the step's buffers, the
-                // result apart from the operands; only this step touches them now.
-                unsafe { library_call(l).call(args, &mask, threads) }.with_context(|| format!("node '{}'", st.node))?;
+                let Some(plan) = self.plans[device].get(i).and_then(Option::as_ref) else {
+                    bail!("node '{}': a library call that was not planned", st.node)
+                };
+                // SAFETY: `crate::exec::validate` had the call plan for the step's buffers,
+                // the result apart from the operands; only this step touches them now.
+                unsafe { plan.call(args, &mask, threads) }.with_context(|| format!("node '{}'", st.node))?;
             }
             Exec::Collective(c) => {
                 // SAFETY: `new` checked the buffers' sizes against the collective and

@@ -15,12 +15,14 @@ use crate::format::mask::Mask;
 use crate::format::mesh::Mesh;
 use crate::format::order::{accesses, all_before, happens_before, At, Order};
 use crate::format::program::{Buffer, Collective, Exec, IoSpec, Library, Matmul, Meta, Program, Storage, Transfer};
+use crate::kernels::call::Planned;
 use crate::kernels::library_call;
 
 /// Checks program `d` of `meta`'s mesh on its own: its device, its buffers inside their
 /// storage (`weights`: the weights section's length), its indices and steps, its stream
-/// plan, and that buffers sharing arena bytes are never in use together.
-pub(super) fn check_program(meta: &Meta, d: usize, program: &Program, weights: usize) -> Result<()> {
+/// plan, and that buffers sharing arena bytes are never in use together. Returns each
+/// step's library call as planned (`None` for the other steps).
+pub(super) fn check_program(meta: &Meta, d: usize, program: &Program, weights: usize) -> Result<Plans> {
     if program.device != d {
         bail!("program {d} is for device {}", program.device);
     }
@@ -35,10 +37,14 @@ pub(super) fn check_program(meta: &Meta, d: usize, program: &Program, weights: u
         bail!("buffer '{}' lies outside its storage", b.name);
     }
     check_indices(meta, program)?;
-    check_steps(program)?;
+    let plans = check_steps(program)?;
     lanes(program)?;
-    check_arena(program)
+    check_arena(program)?;
+    Ok(plans)
 }
+
+/// Per step of a program, its library call as `LibraryCall::plan` made it.
+pub(super) type Plans = Vec<Option<Box<dyn Planned>>>;
 
 /// Checks an input's or output's layout against the mesh: one entry per dimension, axes
 /// that exist, used once, splitting their dimension evenly; and that its dim names, if
@@ -140,9 +146,12 @@ pub(super) fn check_kernels(programs: &[Program], code_len: usize) -> Result<()>
 
 /// Checks every step's buffers against what it does: the count each kind of step takes,
 /// sizes at least what a kernel's code or a library call's shapes reach, and results in the
-/// arena (nothing writes into the weights, which are read-only memory).
-fn check_steps(p: &Program) -> Result<()> {
+/// arena (nothing writes into the weights, which are read-only memory); plans the library
+/// calls.
+fn check_steps(p: &Program) -> Result<Plans> {
+    let mut plans = Vec::with_capacity(p.steps.len());
     for st in &p.steps {
+        let mut plan = None;
         let fail = |msg: String| anyhow!("step '{}': {msg}", st.node);
         let bytes = |i: usize| p.buffers[st.buffers[i]].bytes;
         let count = |want: usize| -> Result<()> {
@@ -168,7 +177,7 @@ fn check_steps(p: &Program) -> Result<()> {
                 let call = library_call(l);
                 count(call.buffers())?;
                 let buffers: Vec<&Buffer> = st.buffers.iter().map(|&b| &p.buffers[b]).collect();
-                call.check(&buffers).map_err(fail)?;
+                plan = Some(call.plan(&buffers).map_err(fail)?);
             }
             Exec::Collective(_) => count(2)?,
             Exec::Send(_) | Exec::Recv(_) => count(1)?,
@@ -177,8 +186,9 @@ fn check_steps(p: &Program) -> Result<()> {
         if writes && matches!(p.buffers[st.buffers[0]].storage, Storage::Weights { .. }) {
             bail!(fail(format!("its result buffer '{}' lies in the weights", p.buffers[st.buffers[0]].name)));
         }
+        plans.push(plan);
     }
-    Ok(())
+    Ok(plans)
 }
 
 /// Checks that buffers sharing arena bytes are never in use at the same time under the

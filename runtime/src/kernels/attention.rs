@@ -18,7 +18,7 @@ use anyhow::{bail, Result};
 
 use crate::format::mask::Mask;
 use crate::format::program::{Attention, Buffer, Scale};
-use crate::kernels::call::{f32_buffer, LibraryCall};
+use crate::kernels::call::{f32_buffer, LibraryCall, Planned};
 use crate::kernels::library::Threads;
 use crate::kernels::matmul_shape::MatmulShape;
 use crate::kernels::vmath::{horner, madd, EXP5, LN2_HI, LN2_LO, MAGIC};
@@ -472,28 +472,35 @@ impl LibraryCall for Attention {
         4 + usize::from(self.scale.is_some()) + usize::from(self.mask.is_some())
     }
 
-    fn check(&self, buffers: &[&Buffer]) -> Result<(), String> {
+    fn plan(&self, buffers: &[&Buffer]) -> Result<Box<dyn Planned>, String> {
         let Attention { q, k, v, out, scale, mask } = self;
-        Shapes::new(q, k, v, out, mask.as_deref()).map_err(|e| e.to_string())?;
+        let shapes = Shapes::new(q, k, v, out, mask.as_deref()).map_err(|e| e.to_string())?;
         let scale: Option<&[usize]> = scale.map(|_| &[1][..]);
-        let shapes = [&out[..], q, k, v].into_iter().chain(scale).chain(mask.as_deref());
-        for (i, shape) in shapes.enumerate() {
+        let operands = [&out[..], q, k, v].into_iter().chain(scale).chain(mask.as_deref());
+        for (i, shape) in operands.enumerate() {
             f32_buffer(buffers, i, shape)?;
         }
-        Ok(())
+        Ok(Box::new(AttentionPlan { call: self.clone(), shapes }))
     }
+}
 
+/// A fused attention as its load planned it.
+struct AttentionPlan {
+    call: Attention,
+    shapes: Shapes,
+}
+
+impl Planned for AttentionPlan {
     unsafe fn call<'m>(
         &self,
         args: &[*mut u8],
         _mask: &dyn Fn(usize) -> Option<&'m Mask>,
         threads: usize,
     ) -> Result<()> {
-        let Attention { q, k, v, out, scale, mask } = self;
+        let (Attention { q, k, v, out, scale, mask }, sh) = (&self.call, &self.shapes);
         let len = |s: &[usize]| s.iter().product::<usize>();
-        let sh = Shapes::new(q, k, v, out, mask.as_deref())?;
         let f32s = |i: usize, n: usize| {
-            // SAFETY: `check` accepted buffer `i` as an aligned f32 tensor of `n` elements;
+            // SAFETY: `plan` accepted buffer `i` as an aligned f32 tensor of `n` elements;
             // the result aliases no operand.
             unsafe { std::slice::from_raw_parts(args[i] as *const f32, n) }
         };
@@ -502,7 +509,7 @@ impl LibraryCall for Attention {
         // SAFETY: as above.
         let o = unsafe { std::slice::from_raw_parts_mut(args[0] as *mut f32, len(out)) };
         let threads = Threads::UpTo(threads).pick(sh.macs());
-        attention(&sh, (f32s(1, len(q)), f32s(2, len(k)), f32s(3, len(v))), scale, mask, o, threads);
+        attention(sh, (f32s(1, len(q)), f32s(2, len(k)), f32s(3, len(v))), scale, mask, o, threads);
         Ok(())
     }
 }

@@ -18,14 +18,19 @@ pub trait LibraryCall {
     /// Checks the call's shapes against each other and the step's `buffers` (as many as
     /// `buffers()` says, in order) against them: each large enough and aligned for its
     /// element type, stored as the call can read it. The message names the buffer by its
-    /// position.
-    fn check(&self, buffers: &[&Buffer]) -> Result<(), String>;
+    /// position. What it returns runs the call: everything that depends only on the shapes
+    /// (loop nests, operand strides) is worked out here, once, when a program is loaded,
+    /// so that a call allocates nothing.
+    fn plan(&self, buffers: &[&Buffer]) -> Result<Box<dyn Planned>, String>;
+}
 
+/// A library call planned for its step's buffers (`LibraryCall::plan`).
+pub trait Planned: Send + Sync {
     /// Runs the call on the step's buffers at `args` on up to `threads` cores; `mask(i)` is
     /// the decoded pruning mask of buffer `i`, if it is a masked weight.
     ///
     /// # Safety
-    /// `args` point at the buffers `check` accepted, the result aliases no operand, and
+    /// `args` point at the buffers `plan` accepted, the result aliases no operand, and
     /// nothing else touches them while the call runs.
     unsafe fn call<'m>(&self, args: &[*mut u8], mask: &dyn Fn(usize) -> Option<&'m Mask>, threads: usize)
         -> Result<()>;

@@ -16,7 +16,6 @@ use crate::kernels::vmath;
 
 /// An operand as the rows of the result see it.
 struct Operand {
-    ptr: *const f32,
     /// Where each row of the result finds its elements.
     rows: Rows,
     /// 1 where the operand spans the result's columns, 0 where it is broadcast along them.
@@ -35,28 +34,23 @@ enum Rows {
     Strided { dims: Vec<(usize, usize)>, inner: usize },
 }
 
-/// An epilogue bound to its operands' memory for one call.
-pub struct Bound<'a> {
-    steps: &'a [Step],
+/// An epilogue prepared for its result's shape: where each operand's elements lie for each
+/// row of the result. Built once when a program is loaded, so a call allocates nothing.
+pub struct Epilogue {
+    steps: Vec<Step>,
     operands: Vec<Operand>,
     phi: ([f32; 6], [f32; 6]),
 }
 
-// SAFETY: the operands are only read, by the GEMM's parts, while the call that bound them
-// runs.
-unsafe impl Sync for Bound<'_> {}
+/// No epilogue.
+static NONE: Epilogue = Epilogue { steps: Vec::new(), operands: Vec::new(), phi: ([0.0; 6], [0.0; 6]) };
 
-impl<'a> Bound<'a> {
-    /// `steps` after a matmul whose result has shape `out` (rank ≥ 2), reading the binary
-    /// steps' operands at `ptrs`, in order.
-    ///
-    /// # Safety
-    /// Each pointer addresses an f32 tensor of its step's shape, which
-    /// `meshc_ir::ops::check_epilogue_operand` accepted against `out`, and stays valid while the result is computed.
-    pub unsafe fn new(steps: &'a [Step], ptrs: &[*const f32], out: &[usize]) -> Bound<'a> {
+impl Epilogue {
+    /// `steps` after a matmul whose result has shape `out` (rank ≥ 2), each binary step's
+    /// operand one that `meshc_ir::ops::check_epilogue_operand` accepted against `out`.
+    pub fn new(steps: &[Step], out: &[usize]) -> Epilogue {
         let operands = operands(steps)
-            .zip(ptrs)
-            .map(|(shape, &ptr)| {
+            .map(|shape| {
                 // Strides of the operand left-padded to the result's rank, 0 where broadcast.
                 let pad = out.len() - shape.len();
                 let mut strides = vec![0; out.len()];
@@ -75,15 +69,37 @@ impl<'a> Bound<'a> {
                         Rows::Strided { dims: dims[..=last].to_vec(), inner }
                     }
                 };
-                Operand { ptr, rows, col: strides[rank - 1] }
+                Operand { rows, col: strides[rank - 1] }
             })
             .collect();
-        Bound { steps, operands, phi: vmath::erf_coefficients(0.5, 2.0) }
+        Epilogue { steps: steps.to_vec(), operands, phi: vmath::erf_coefficients(0.5, 2.0) }
     }
 
+    /// The epilogue reading its binary steps' operands at `ptrs`, in order.
+    ///
+    /// # Safety
+    /// Each pointer addresses an f32 tensor of its step's shape and stays valid while the
+    /// result is computed.
+    pub unsafe fn bind<'a>(&'a self, ptrs: &'a [*mut u8]) -> Bound<'a> {
+        assert!(ptrs.len() >= self.operands.len(), "an epilogue's operands are bound");
+        Bound { epilogue: self, ptrs }
+    }
+}
+
+/// An epilogue bound to its operands' memory for one call.
+pub struct Bound<'a> {
+    epilogue: &'a Epilogue,
+    ptrs: &'a [*mut u8],
+}
+
+// SAFETY: the operands are only read, by the GEMM's parts, while the call that bound them
+// runs.
+unsafe impl Sync for Bound<'_> {}
+
+impl Bound<'_> {
     /// No epilogue.
     pub fn none() -> Bound<'static> {
-        Bound { steps: &[], operands: Vec::new(), phi: ([0.0; 6], [0.0; 6]) }
+        Bound { epilogue: &NONE, ptrs: &[] }
     }
 
     /// Applies the epilogue to `rows` rows × columns `cols` of the result from row `row0`
@@ -94,7 +110,7 @@ impl<'a> Bound<'a> {
     /// Those rows and columns lie inside the result; nobody else touches them during the
     /// call.
     pub unsafe fn apply(&self, c: *mut f32, ldc: usize, (row0, rows): (usize, usize), cols: std::ops::Range<usize>) {
-        if self.steps.is_empty() || cols.is_empty() {
+        if self.epilogue.steps.is_empty() || cols.is_empty() {
             return;
         }
         match crate::format::isa::current() {
@@ -136,15 +152,15 @@ impl<'a> Bound<'a> {
     ) {
         let (j0, width) = (cols.start, cols.len());
         // A copy the loops can keep in registers: stores to the result might alias `self`.
-        let phi = self.phi;
+        let phi = self.epilogue.phi;
         for i in 0..rows {
             let r = row0 + i;
             // SAFETY: row r, columns `cols` of the result (the caller's promise).
             let x = unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc + j0), width) };
             let mut next = 0;
-            for step in self.steps {
+            for step in &self.epilogue.steps {
                 if step.operand().is_some() {
-                    let o = &self.operands[next];
+                    let (o, ptr) = (&self.epilogue.operands[next], self.ptrs[next] as *const f32);
                     next += 1;
                     // The operand's element at (row r, column 0), from r's index per dim.
                     let at = match o.rows {
@@ -163,14 +179,14 @@ impl<'a> Bound<'a> {
                     // result: these are its elements for this row.
                     unsafe {
                         if o.col == 1 {
-                            let y = std::slice::from_raw_parts(o.ptr.add(at + j0), width);
+                            let y = std::slice::from_raw_parts(ptr.add(at + j0), width);
                             match step {
                                 Step::Add(_) => x.iter_mut().zip(y).for_each(|(x, y)| *x += y),
                                 Step::Mul(_) => x.iter_mut().zip(y).for_each(|(x, y)| *x *= y),
                                 _ => x.iter_mut().zip(y).for_each(|(x, y)| *x /= y),
                             }
                         } else {
-                            let y = *o.ptr.add(at);
+                            let y = *ptr.add(at);
                             match step {
                                 Step::Add(_) => x.iter_mut().for_each(|x| *x += y),
                                 Step::Mul(_) => x.iter_mut().for_each(|x| *x *= y),
@@ -248,9 +264,10 @@ mod tests {
         for (steps, which) in &chains {
             let ops: Vec<Tensor> = which.iter().map(|&i| operands[i].clone()).collect();
             let want = oracle(&c, steps, &ops);
-            let ptrs: Vec<*const f32> = ops.iter().map(|t| t.as_f32().unwrap().as_ptr()).collect();
+            let ptrs: Vec<*mut u8> = ops.iter().map(|t| t.as_f32().unwrap().as_ptr() as *mut u8).collect();
+            let epilogue = Epilogue::new(steps, &out);
             // SAFETY: each operand holds its step's shape, which broadcasts to `out`.
-            let ep = unsafe { Bound::new(steps, &ptrs, &out) };
+            let ep = unsafe { epilogue.bind(&ptrs) };
             let blocks: [&[(usize, usize, usize, usize)]; 3] = [
                 &[(0, rows, 0, n)],
                 &[(0, 12, 0, 32), (0, 12, 32, 40), (12, 18, 0, 32), (12, 18, 32, 40)],

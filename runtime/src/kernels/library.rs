@@ -38,8 +38,8 @@ use meshc_ir::{DType, TensorType};
 use crate::format::epilogue::operands;
 use crate::format::mask::Mask;
 use crate::format::program::{Buffer, Elem, Matmul, Storage, Transposed};
-use crate::kernels::call::{f32_buffer, LibraryCall};
-use crate::kernels::epilogue::Bound;
+use crate::kernels::call::{f32_buffer, LibraryCall, Planned};
+use crate::kernels::epilogue::{Bound, Epilogue};
 use crate::kernels::matmul_shape::MatmulShape;
 use crate::kernels::small_m;
 
@@ -89,73 +89,48 @@ const MIN_PART_ROWS: usize = 128;
 /// `out = a @ b` (numpy `matmul`, f32, batch dims broadcast) on `threads`, then `ep`
 /// (`crate::kernels::epilogue`) on each block of the result as it is finished.
 #[allow(clippy::too_many_arguments)]
-pub fn matmul(
-    a: &[f32],
-    b: &[f32],
-    out: &mut [f32],
-    a_shape: &[usize],
-    b_shape: &[usize],
-    out_shape: &[usize],
-    threads: Threads,
-    ep: &Bound,
-) -> Result<()> {
-    check_lengths([a.len(), b.len(), out.len()], a_shape, b_shape, out_shape)?;
-    let s = MatmulShape::new(a_shape, b_shape, out_shape)?;
-    let macs = s.k.saturating_mul(out_shape.iter().product());
+pub fn matmul(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, threads: Threads, ep: &Bound) -> Result<()> {
+    check_lengths([a.len(), b.len(), out.len()], s.spans())?;
     if small_m::serves(s.m) {
-        small_m::matmul(a, b, out, &s, threads.pick_small_m(macs), ep);
+        small_m::matmul(a, b, out, s, threads.pick_small_m(macs(s)), ep);
     } else {
-        general(a, b, out, &s, Transposed::default(), threads.pick(macs), ep);
+        general(a, b, out, s, Transposed::default(), threads.pick(macs(s)), ep);
     }
     Ok(())
 }
 
+/// The multiply-adds of a product.
+fn macs(s: &MatmulShape) -> usize {
+    s.k.saturating_mul(s.m).saturating_mul(s.n).saturating_mul(s.batch_count())
+}
+
 /// `out = a @ b` (numpy `matmul`, f32) with `b` a weight stored in panels
-/// (`crate::kernels::panels`: `panels::packed_len(k, n)` elements per matrix of `b_shape`), on
+/// (`crate::kernels::panels`: `panels::packed_len(k, n)` elements per matrix of `b`), on
 /// `threads`: no packing at run time; then `ep` on each tile as it is finished.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_panels(
-    a: &[f32],
-    panels: &[f32],
-    out: &mut [f32],
-    a_shape: &[usize],
-    b_shape: &[usize],
-    out_shape: &[usize],
-    threads: Threads,
-    ep: &Bound,
-) -> Result<()> {
-    let Some(b_len) = crate::kernels::panels::packed_elems(b_shape) else {
-        bail!("matmul: operand b {b_shape:?} is too large")
-    };
-    check_lengths([a.len(), panels.len(), out.len()], a_shape, &[b_len], out_shape)?;
-    let s = MatmulShape::new(a_shape, b_shape, out_shape)?;
-    let macs = s.k.saturating_mul(out_shape.iter().product());
+pub fn matmul_panels(a: &[f32], panels: &[f32], out: &mut [f32], s: &MatmulShape, threads: Threads, ep: &Bound) -> Result<()> {
+    let [a_len, _, out_len] = s.spans();
+    check_lengths([a.len(), panels.len(), out.len()], [a_len, crate::kernels::panels::span(s), out_len])?;
+    let macs = macs(s);
     let threads = if s.m <= crate::kernels::panels::SMALL_M { threads.pick_small_m(macs) } else { threads.pick(macs) };
-    crate::kernels::panels::matmul(a, panels, out, &s, threads, ep);
+    crate::kernels::panels::matmul(a, panels, out, s, threads, ep);
     Ok(())
 }
 
 /// `out = a @ b` (numpy `matmul`, f32) with `a` and/or `b` stored transposed (their last two
 /// dims swapped), on `threads`, then `ep` on each block of rows: the gemm crate reads any
-/// strides as it packs, so a transpose before a GEMM costs no pass over memory.
-#[allow(clippy::too_many_arguments)]
+/// strides as it packs, so a transpose before a GEMM costs no pass over memory. `s` is
+/// `MatmulShape::unfolded`: a matrix stored transposed has no consecutive rows to fold.
 pub fn matmul_transposed(
     a: &[f32],
     b: &[f32],
     out: &mut [f32],
-    a_shape: &[usize],
-    b_shape: &[usize],
-    out_shape: &[usize],
+    s: &MatmulShape,
     transposed: Transposed,
     threads: Threads,
     ep: &Bound,
 ) -> Result<()> {
-    check_lengths([a.len(), b.len(), out.len()], a_shape, b_shape, out_shape)?;
-    let s = MatmulShape::unfolded(a_shape, b_shape, out_shape)?;
-    if (transposed.a && a_shape.len() < 2) || (transposed.b && b_shape.len() < 2) {
-        bail!("matmul: only a matrix operand can be stored transposed");
-    }
-    general(a, b, out, &s, transposed, threads.pick(s.k.saturating_mul(out_shape.iter().product())), ep);
+    check_lengths([a.len(), b.len(), out.len()], s.spans())?;
+    general(a, b, out, s, transposed, threads.pick(macs(s)), ep);
     Ok(())
 }
 
@@ -286,24 +261,20 @@ thread_local! {
 /// are widened (exactly) into an f32 block and their product is accumulated into the
 /// result, so a half weight costs a conversion per block, never a whole f32 copy; then `ep`
 /// on each matrix.
-#[allow(clippy::too_many_arguments)]
 pub fn matmul_half(
     a: &[f32],
     (b, elem): (&[u16], Elem),
     out: &mut [f32],
-    a_shape: &[usize],
-    b_shape: &[usize],
-    out_shape: &[usize],
+    s: &MatmulShape,
     threads: Threads,
     ep: &Bound,
 ) -> Result<()> {
     use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
-    check_lengths([a.len(), b.len(), out.len()], a_shape, b_shape, out_shape)?;
-    let s = MatmulShape::new(a_shape, b_shape, out_shape)?;
+    check_lengths([a.len(), b.len(), out.len()], s.spans())?;
     if s.m == 0 || s.n == 0 {
         return Ok(());
     }
-    let threads = threads.pick(s.k.saturating_mul(out_shape.iter().product()));
+    let threads = threads.pick(macs(s));
     let parallelism = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
     let (m, k, n) = (s.m, s.k, s.n);
     WIDENED.with_borrow_mut(|block| {
@@ -337,14 +308,11 @@ pub fn matmul_half(
     Ok(())
 }
 
-/// Checks each operand's length against its shape. Lengths first: once they match, every
-/// product of dims after it fits in a usize.
-fn check_lengths(lens: [usize; 3], a_shape: &[usize], b_shape: &[usize], out_shape: &[usize]) -> Result<()> {
-    for ((what, len), shape) in
-        ["operand a", "operand b", "result"].into_iter().zip(lens).zip([a_shape, b_shape, out_shape])
-    {
-        if shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) != Some(len) {
-            bail!("matmul: {what} has {len} elements but shape {shape:?}");
+/// Checks that each slice holds the elements the product reaches (`MatmulShape::spans`).
+fn check_lengths(lens: [usize; 3], spans: [usize; 3]) -> Result<()> {
+    for ((what, len), span) in ["operand a", "operand b", "result"].into_iter().zip(lens).zip(spans) {
+        if len < span {
+            bail!("matmul: {what} has {len} elements, fewer than the {span} the product reaches");
         }
     }
     Ok(())
@@ -357,23 +325,19 @@ fn check_lengths(lens: [usize; 3], a_shape: &[usize], b_shape: &[usize], out_sha
 /// every pair on its rows) over the runner's pool (`crate::kernels::pool`; it spawned a scoped
 /// thread per part before, tens of µs per call): one fork per matrix instead of one per
 /// GEMM call, which matters with many short runs. Then `ep` on each part's rows.
-#[allow(clippy::too_many_arguments)]
 pub fn matmul_masked(
     a: &[f32],
     b: &[f32],
     out: &mut [f32],
-    a_shape: &[usize],
-    b_shape: &[usize],
-    out_shape: &[usize],
+    s: &MatmulShape,
     mask: &Mask,
     threads: Threads,
     ep: &Bound,
 ) -> Result<()> {
-    check_lengths([a.len(), b.len(), out.len()], a_shape, b_shape, out_shape)?;
-    let s = MatmulShape::new(a_shape, b_shape, out_shape)?;
+    check_lengths([a.len(), b.len(), out.len()], s.spans())?;
     let (m, k, n) = (s.m, s.k, s.n);
-    if b_shape.len() < 2 || (mask.rows, mask.cols) != (k, n) {
-        bail!("matmul: a mask of {}x{} matrices on operand b {b_shape:?}", mask.rows, mask.cols);
+    if (mask.rows, mask.cols) != (k, n) {
+        bail!("matmul: a mask of {}x{} matrices on an operand b of {k}x{n} matrices", mask.rows, mask.cols);
     }
     let threads = threads.pick(((m * k * n) as f64 * mask.kept_fraction()) as usize);
     out.fill(0.0);
@@ -444,9 +408,13 @@ impl LibraryCall for Matmul {
         3 + operands(&self.epilogue).count()
     }
 
-    fn check(&self, buffers: &[&Buffer]) -> Result<(), String> {
+    fn plan(&self, buffers: &[&Buffer]) -> Result<Box<dyn Planned>, String> {
         let Matmul { a, b, out, b_elem, panels, epilogue, transposed } = self;
-        MatmulShape::new(a, b, out).map_err(|e| e.to_string())?;
+        let shape = match transposed.is_none() {
+            true => MatmulShape::new(a, b, out),
+            false => MatmulShape::unfolded(a, b, out),
+        }
+        .map_err(|e| e.to_string())?;
         if !epilogue.is_empty() && (a.len() < 2 || b.len() < 2) {
             return Err("an epilogue follows a product of matrices".to_string());
         }
@@ -456,11 +424,13 @@ impl LibraryCall for Matmul {
         }
         let b_panels = [crate::kernels::panels::packed_elems(b).unwrap_or(usize::MAX)];
         let b_stored = if *panels { &b_panels[..] } else { b };
+        let mut lens = [0; 3];
         for (i, s, elem) in [(0, &out[..], Elem::F32), (1, a, Elem::F32), (2, b_stored, *b_elem)] {
             let bytes = buffers[i].bytes;
             let need = s.iter().try_fold(elem.size(), |n, &d| n.checked_mul(d));
-            if need.is_none_or(|n| bytes < n) {
-                return Err(format!("buffer {i} holds {bytes} bytes, too few for {elem:?}{s:?}"));
+            match need {
+                Some(n) if bytes >= n => lens[i] = n / elem.size(),
+                _ => return Err(format!("buffer {i} holds {bytes} bytes, too few for {elem:?}{s:?}")),
             }
             // The library reads its operands as slices of their element type.
             let (Storage::Arena { offset } | Storage::Weights { offset }) = buffers[i].storage;
@@ -475,13 +445,49 @@ impl LibraryCall for Matmul {
         if *panels && (!b_elem.is_f32() || pruned) {
             return Err("weights in panels are f32 and unpruned".to_string());
         }
+        if pruned && b.len() < 2 {
+            return Err("a pruned operand b is a matrix".to_string());
+        }
         let matrices = (!transposed.a || a.len() >= 2) && (!transposed.b || b.len() >= 2);
         if !transposed.is_none() && (*panels || !b_elem.is_f32() || pruned || !matrices) {
             return Err("only f32 matrices that are not weights are stored transposed".to_string());
         }
-        Ok(())
+        let path = match (*panels, pruned, *b_elem) {
+            (true, ..) => Path::Panels,
+            (_, true, _) => Path::Masked,
+            (_, _, Elem::F32) if transposed.is_none() => Path::Plain,
+            (_, _, Elem::F32) => Path::Transposed(*transposed),
+            (_, _, half) => Path::Half(half),
+        };
+        let [out, a, b] = lens;
+        Ok(Box::new(MatmulPlan { shape, path, epilogue: Epilogue::new(epilogue, &self.out), lens: (a, b, out) }))
     }
+}
 
+/// Which GEMM serves a planned matmul.
+enum Path {
+    /// `matmul_panels`.
+    Panels,
+    /// `matmul_masked`, with the mask of operand b.
+    Masked,
+    /// `matmul`.
+    Plain,
+    /// `matmul_transposed`.
+    Transposed(Transposed),
+    /// `matmul_half`, b stored as this half type.
+    Half(Elem),
+}
+
+/// A library matmul as its load planned it: the loop nest, the GEMM, the prepared
+/// epilogue, and the elements of a, b (as stored) and the result.
+struct MatmulPlan {
+    shape: MatmulShape,
+    path: Path,
+    epilogue: Epilogue,
+    lens: (usize, usize, usize),
+}
+
+impl Planned for MatmulPlan {
     unsafe fn call<'m>(
         &self,
         args: &[*mut u8],
@@ -489,38 +495,32 @@ impl LibraryCall for Matmul {
         threads: usize,
     ) -> Result<()> {
         let threads = Threads::UpTo(threads);
-        let Matmul { a, b, out, b_elem, panels, epilogue, transposed } = self;
-        let len = |s: &[usize]| s.iter().product::<usize>();
-        let operands: Vec<*const f32> = args[3..].iter().map(|&p| p as *const f32).collect();
-        // SAFETY: `check` accepted each epilogue operand's buffer for its shape and that
+        let (s, (a_len, b_len, out_len)) = (&self.shape, self.lens);
+        // SAFETY: `plan` accepted each epilogue operand's buffer for its shape and that
         // shape against the result; the buffers outlive the call.
-        let ep = unsafe { Bound::new(epilogue, &operands, out) };
-        // SAFETY (every slice below): the buffers hold tensors of exactly these shapes (f32;
-        // `b` as `b_elem`, or in panels), as `check` accepted, and the result aliases no
-        // operand.
+        let ep = unsafe { self.epilogue.bind(&args[3..]) };
+        // SAFETY (every slice below): the buffers hold at least these elements (f32; `b` as
+        // its stored type), as `plan` accepted, and the result aliases no operand.
         let (o, x) = unsafe {
             (
-                std::slice::from_raw_parts_mut(args[0] as *mut f32, len(out)),
-                std::slice::from_raw_parts(args[1] as *const f32, len(a)),
+                std::slice::from_raw_parts_mut(args[0] as *mut f32, out_len),
+                std::slice::from_raw_parts(args[1] as *const f32, a_len),
             )
         };
-        if *panels {
-            let stored = crate::kernels::panels::packed_elems(b).unwrap_or(0);
-            let y = unsafe { std::slice::from_raw_parts(args[2] as *const f32, stored) };
-            return matmul_panels(x, y, o, a, b, out, threads, &ep);
-        }
-        match (b_elem, mask(2)) {
-            (Elem::F32, mask) => {
-                let y = unsafe { std::slice::from_raw_parts(args[2] as *const f32, len(b)) };
-                match mask {
-                    Some(m) => matmul_masked(x, y, o, a, b, out, m, threads, &ep),
-                    None if transposed.is_none() => matmul(x, y, o, a, b, out, threads, &ep),
-                    None => matmul_transposed(x, y, o, a, b, out, *transposed, threads, &ep),
-                }
-            }
-            (half, _) => {
-                let y = unsafe { std::slice::from_raw_parts(args[2] as *const u16, len(b)) };
-                matmul_half(x, (y, *half), o, a, b, out, threads, &ep)
+        // SAFETY: as above, for a `b` stored as f32.
+        let f32s = || unsafe { std::slice::from_raw_parts(args[2] as *const f32, b_len) };
+        match self.path {
+            Path::Panels => matmul_panels(x, f32s(), o, s, threads, &ep),
+            Path::Masked => match mask(2) {
+                Some(m) => matmul_masked(x, f32s(), o, s, m, threads, &ep),
+                None => bail!("matmul: the mask of pruned operand b is missing"),
+            },
+            Path::Plain => matmul(x, f32s(), o, s, threads, &ep),
+            Path::Transposed(t) => matmul_transposed(x, f32s(), o, s, t, threads, &ep),
+            Path::Half(half) => {
+                // SAFETY: as above, for a `b` stored as 16-bit halves.
+                let y = unsafe { std::slice::from_raw_parts(args[2] as *const u16, b_len) };
+                matmul_half(x, (y, half), o, s, threads, &ep)
             }
         }
     }
@@ -540,7 +540,7 @@ mod tests {
         for threads in [1, 2, 3] {
             let what = format!("{a_shape:?} @ {b_shape:?}, {threads} threads");
             let mut out = vec![f32::NAN; want.numel()];
-            matmul(x, y, &mut out, a_shape, b_shape, &want.shape, Threads::Exactly(threads), &Bound::none()).unwrap();
+            matmul(x, y, &mut out, &s, Threads::Exactly(threads), &Bound::none()).unwrap();
             assert_close(&out, want.as_f32().unwrap(), &what);
             let mut out = vec![f32::NAN; want.numel()];
             general(x, y, &mut out, &s, Transposed::default(), threads, &Bound::none());
@@ -586,24 +586,12 @@ mod tests {
                     let mut out = vec![f32::NAN; want.numel()];
                     let t = Transposed { a: ta, b: tb };
                     let (th, ep) = (Threads::Exactly(threads), &Bound::none());
-                    matmul_transposed(&xs, &ys, &mut out, a_shape, b_shape, &want.shape, t, th, ep).unwrap();
+                    let s = MatmulShape::unfolded(a_shape, b_shape, &want.shape).unwrap();
+                    matmul_transposed(&xs, &ys, &mut out, &s, t, th, ep).unwrap();
                     assert_close(&out, want.as_f32().unwrap(), &what);
                 }
             }
         }
-        let t = Transposed { a: true, b: false };
-        let err = matmul_transposed(
-            &[0.0; 3],
-            &[0.0; 6],
-            &mut [0.0; 2],
-            &[3],
-            &[3, 2],
-            &[2],
-            t,
-            Threads::Exactly(1),
-            &Bound::none(),
-        );
-        assert!(err.unwrap_err().to_string().contains("only a matrix"));
     }
 
     /// The thread count does not change a bit of the result (README: `--threads`): every
@@ -617,8 +605,8 @@ mod tests {
             let (x, y) = (a.as_f32().unwrap(), b.as_f32().unwrap());
             let run = |threads| {
                 let mut out = vec![f32::NAN; want.numel()];
-                matmul(x, y, &mut out, a_shape, b_shape, &want.shape, Threads::Exactly(threads), &Bound::none())
-                    .unwrap();
+                let s = MatmulShape::new(a_shape, b_shape, &want.shape).unwrap();
+                matmul(x, y, &mut out, &s, Threads::Exactly(threads), &Bound::none()).unwrap();
                 out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
             };
             let one = run(1);
@@ -654,7 +642,8 @@ mod tests {
                     let mut out = vec![f32::NAN; want.numel()];
                     let x = a.as_f32().unwrap();
                     let t = Threads::Exactly(threads);
-                    matmul_half(x, (&bits, elem), &mut out, a_shape, b_shape, &want.shape, t, &Bound::none()).unwrap();
+                    let s = MatmulShape::new(a_shape, b_shape, &want.shape).unwrap();
+                    matmul_half(x, (&bits, elem), &mut out, &s, t, &Bound::none()).unwrap();
                     assert_close(&out, want.as_f32().unwrap(), &format!("{a_shape:?} @ {dtype}{b_shape:?}"));
                 }
             }
@@ -712,42 +701,36 @@ mod tests {
                 let mut out = vec![f32::NAN; want.numel()];
                 let (x, y) = (a.as_f32().unwrap(), b.as_f32().unwrap());
                 let t = Threads::Exactly(threads);
-                matmul_masked(x, y, &mut out, a_shape, b_shape, &out_shape, &mask, t, &Bound::none()).unwrap();
+                let s = MatmulShape::new(a_shape, b_shape, &out_shape).unwrap();
+                matmul_masked(x, y, &mut out, &s, &mask, t, &Bound::none()).unwrap();
                 assert_close(&out, want.as_f32().unwrap(), &format!("{a_shape:?} @ {b_shape:?}, {threads} threads"));
             }
         }
         let mut out = vec![0.0; 4];
         let wrong = Mask::new(&[true, false], &[true; 4], 1);
-        let e = matmul_masked(
-            &[0.0; 6],
-            &[0.0; 6],
-            &mut out,
-            &[2, 3],
-            &[3, 2],
-            &[2, 2],
-            &wrong,
-            Threads::UpTo(1),
-            &Bound::none(),
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("a mask of 4x2 matrices"), "{e}");
+        let s = MatmulShape::new(&[2, 3], &[3, 2], &[2, 2]).unwrap();
+        let e = matmul_masked(&[0.0; 6], &[0.0; 6], &mut out, &s, &wrong, Threads::UpTo(1), &Bound::none()).unwrap_err();
+        assert!(e.to_string().contains("a mask of 4x2 matrices on an operand b of 3x2 matrices"), "{e}");
     }
 
     #[test]
-    fn checks_shapes_and_lengths() {
+    fn checks_lengths() {
         let mut out = vec![0.0; 4];
-        assert!(
-            matmul(&[0.0; 6], &[0.0; 6], &mut out, &[2, 3], &[3, 2], &[2, 2], Threads::UpTo(1), &Bound::none()).is_ok()
-        );
-        let e = matmul(&[0.0; 6], &[0.0; 6], &mut out, &[2, 3], &[2, 3], &[2, 2], Threads::UpTo(1), &Bound::none())
-            .unwrap_err();
-        assert!(e.to_string().contains("contraction dims differ"), "{e}");
-        let e = matmul(&[0.0; 5], &[0.0; 6], &mut out, &[2, 3], &[3, 2], &[2, 2], Threads::UpTo(1), &Bound::none())
-            .unwrap_err();
-        assert!(e.to_string().contains("operand a has 5 elements"), "{e}");
-        let e = matmul(&[0.0; 6], &[0.0; 6], &mut out, &[2, 3], &[3, 2], &[4], Threads::UpTo(1), &Bound::none())
-            .unwrap_err();
-        assert!(e.to_string().contains("does not match"), "{e}");
+        let s = MatmulShape::new(&[2, 3], &[3, 2], &[2, 2]).unwrap();
+        assert!(matmul(&[0.0; 6], &[0.0; 6], &mut out, &s, Threads::UpTo(1), &Bound::none()).is_ok());
+        let e = matmul(&[0.0; 5], &[0.0; 6], &mut out, &s, Threads::UpTo(1), &Bound::none()).unwrap_err();
+        assert!(e.to_string().contains("operand a has 5 elements, fewer than the 6 the product reaches"), "{e}");
+        let e = matmul(&[0.0; 6], &[0.0; 6], &mut out[..3], &s, Threads::UpTo(1), &Bound::none()).unwrap_err();
+        assert!(e.to_string().contains("result has 3 elements"), "{e}");
+        // A batch: the spans run from the first matrix to the end of the last one.
+        let s = MatmulShape::new(&[3, 2, 4], &[3, 4, 5], &[3, 2, 5]).unwrap();
+        assert_eq!(s.spans(), [24, 60, 30]);
+        let s = MatmulShape::new(&[3, 2, 4], &[4, 5], &[3, 2, 5]).unwrap();
+        assert_eq!(s.spans(), [24, 20, 30], "a shared b folds into one tall product");
+        let s = MatmulShape::new(&[2, 4], &[3, 4, 5], &[3, 2, 5]).unwrap();
+        assert_eq!(s.spans(), [8, 60, 30], "a broadcast a is read for every matrix");
+        let s = MatmulShape::new(&[0, 2, 4], &[4, 5], &[0, 2, 5]).unwrap();
+        assert_eq!(s.spans()[0], 0);
     }
 
     #[test]

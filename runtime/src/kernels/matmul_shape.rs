@@ -128,6 +128,15 @@ impl MatmulShape {
         (a, b, o)
     }
 
+    /// Elements of `a`, `b` and the result the product reads or writes, from the first
+    /// matrix's start to the last one's end: what each slice must hold at least.
+    pub fn spans(&self) -> [usize; 3] {
+        let last = |stride: fn(&BatchDim) -> usize| self.batch.iter().map(|d| d.size.saturating_sub(1) * stride(d)).sum::<usize>();
+        let empty = self.batch_count() == 0;
+        let span = |stride: fn(&BatchDim) -> usize, matrix: usize| if empty { 0 } else { last(stride) + matrix };
+        [span(|d| d.a_stride, self.m * self.k), span(|d| d.b_stride, self.k * self.n), span(|d| d.out_stride, self.m * self.n)]
+    }
+
     /// Every batch entry's offsets (`batch_offset`), in result order.
     pub fn batch_offsets(&self) -> impl ExactSizeIterator<Item = (usize, usize, usize)> + '_ {
         (0..self.batch_count()).map(|i| self.batch_offset(i))

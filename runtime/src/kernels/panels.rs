@@ -78,6 +78,16 @@ pub fn packed_elems(b_shape: &[usize]) -> Option<usize> {
     batch.iter().try_fold(matrix, |x, &d| x.checked_mul(d))
 }
 
+/// Elements of the panels the product `s` reads: its `b` span (`MatmulShape::spans`) in
+/// packed matrices.
+pub fn span(s: &MatmulShape) -> usize {
+    let matrix = s.k * s.n;
+    if matrix == 0 {
+        return 0;
+    }
+    s.spans()[1] / matrix * packed_len(s.k, s.n)
+}
+
 /// The panels of `count` row-major k×n matrices of 4-byte elements given as little-endian
 /// bytes (what the compiler writes into the artifact): element for element, zeros in the
 /// padding, so equal weights give equal bytes.
