@@ -11,7 +11,7 @@
 //! - `comm` (format): `traffic`, `fabric`, `reduce`, `degraded`, `exchange`, `transport`,
 //!   `mpi`, `sync`, `error`, `memory`;
 //! - `exec` (format, kernels, comm): `runner`, `validate`, `threads`, `streams`, `shared`,
-//!   `step`, `io`, `resident`, `mismatch`, `loader`;
+//!   `step`, `io`, `blocks`, `resident`, `mismatch`, `loader`;
 //! - `api` (format, exec): the embedding API — `model`, `session`, `view`, `error`;
 //! - `tools` (format, comm, exec, api): `cli`, `steps`, `inspect`, `trace`, `output`.
 

@@ -33,6 +33,8 @@ pub const DEFAULT_TIMEOUT: Duration = crate::comm::sync::TIMEOUT;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Slot {
+    /// Nothing yet this run.
+    Empty,
     /// The receiver is ready; for `copy`, at this address.
     Ready(usize),
     /// `move`: the sender's data is at this address.
@@ -63,6 +65,16 @@ impl Default for Exchange {
             poisoned: AtomicBool::new(false),
             timeout: Mutex::new(DEFAULT_TIMEOUT),
             hosts: None,
+        }
+    }
+}
+
+/// Sets the slot of `key`, adding it only the first time a run uses the key.
+fn set(slots: &mut HashMap<String, Slot>, key: &str, to: Slot) {
+    match slots.get_mut(key) {
+        Some(s) => *s = to,
+        None => {
+            slots.insert(key.to_string(), to);
         }
     }
 }
@@ -115,9 +127,10 @@ impl Exchange {
         }
     }
 
-    /// Forgets the last run's slots.
+    /// Forgets the last run's slots. Their keys stay, so that the next run's transfers
+    /// find them without allocating.
     pub fn reset(&self) {
-        self.lock().clear();
+        self.lock().values_mut().for_each(|s| *s = Slot::Empty);
         self.poisoned.store(false, Ordering::SeqCst);
     }
 
@@ -195,7 +208,7 @@ impl Exchange {
         match t.protocol {
             Protocol::Move => {
                 let mut slots = slots;
-                slots.insert(t.key.clone(), Slot::Handed(src as usize));
+                set(&mut slots, &t.key, Slot::Handed(src as usize));
                 self.notify();
                 Ok(())
             }
@@ -206,7 +219,7 @@ impl Exchange {
                     |s| match s.get(&t.key) {
                         Some(Slot::Ready(at)) => {
                             dst = *at;
-                            s.insert(t.key.clone(), Slot::Copying);
+                            set(s, &t.key, Slot::Copying);
                             true
                         }
                         _ => false,
@@ -225,7 +238,7 @@ impl Exchange {
                 // checked to agree at load) and waits, not touching it, until Done.
                 unsafe { std::ptr::copy_nonoverlapping(src, dst as *mut u8, t.bytes) };
                 slots = self.lock();
-                slots.insert(t.key.clone(), Slot::Done);
+                set(&mut slots, &t.key, Slot::Done);
                 self.notify();
                 Ok(())
             }
@@ -261,7 +274,9 @@ impl Exchange {
         };
         match t.protocol {
             Protocol::Move => {
-                slots.entry(t.key.clone()).or_insert(Slot::Ready(0));
+                if matches!(slots.get(&t.key), None | Some(Slot::Empty)) {
+                    set(&mut slots, &t.key, Slot::Ready(0));
+                }
                 self.notify();
                 let mut at = 0;
                 let mut slots = self.wait(
@@ -275,14 +290,14 @@ impl Exchange {
                     },
                     missing,
                 )?;
-                slots.remove(&t.key);
+                set(&mut slots, &t.key, Slot::Empty);
                 Ok(at as *const u8)
             }
             Protocol::Copy => {
-                slots.insert(t.key.clone(), Slot::Ready(dst as usize));
+                set(&mut slots, &t.key, Slot::Ready(dst as usize));
                 self.notify();
                 let mut slots = self.wait(slots, |s| s.get(&t.key) == Some(&Slot::Done), missing)?;
-                slots.remove(&t.key);
+                set(&mut slots, &t.key, Slot::Empty);
                 Ok(dst)
             }
             Protocol::Remote => bail!("recv '{}': the remote protocol needs a transport between processes", t.key),

@@ -104,6 +104,9 @@ const CHAIN_PIECE: usize = 1 << 18;
 /// A time span a member spent blocked in a rendezvous.
 pub type Wait = (Instant, Instant);
 
+/// Tensors of up to this rank are copied in runs without allocating.
+const STACK_RANK: usize = 8;
+
 /// Calls `f(src_offset, dst_offset, len)` (in elements) for every contiguous run of
 /// copying the box `extent` at `src_start` of a row-major tensor of shape `src` to
 /// `dst_start` of one of shape `dst`. Trailing dimensions copied whole merge into one run.
@@ -122,14 +125,26 @@ pub fn for_each_run(
     if rank == 0 {
         return f(0, 0, 1);
     }
-    let strides = |shape: &[usize]| {
-        let mut s = vec![1; rank];
+    // Strides of both tensors and the odometer, on the stack up to `STACK_RANK` dims: runs
+    // copy blocks on every call, which must not allocate.
+    let mut stack = [0usize; 3 * STACK_RANK];
+    let mut heap = Vec::new();
+    let space = match rank <= STACK_RANK {
+        true => &mut stack[..3 * rank],
+        false => {
+            heap.resize(3 * rank, 0);
+            &mut heap[..]
+        }
+    };
+    let (ss, rest) = space.split_at_mut(rank);
+    let (ds, idx) = rest.split_at_mut(rank);
+    for (s, shape) in [(&mut *ss, src), (&mut *ds, dst)] {
+        s[rank - 1] = 1;
         for i in (0..rank - 1).rev() {
             s[i] = s[i + 1] * shape[i + 1];
         }
-        s
-    };
-    let (ss, ds) = (strides(src), strides(dst));
+    }
+    let (ss, ds): (&[usize], &[usize]) = (ss, ds);
     let mut k = rank - 1;
     let mut run = extent[k];
     while k > 0 && extent[k] == src[k] && extent[k] == dst[k] {
@@ -137,9 +152,8 @@ pub fn for_each_run(
         run *= extent[k];
     }
     let base = |start: &[usize], st: &[usize]| start.iter().zip(st).map(|(a, b)| a * b).sum::<usize>();
-    let (mut so, mut d_o) = (base(src_start, &ss), base(dst_start, &ds));
+    let (mut so, mut d_o) = (base(src_start, ss), base(dst_start, ds));
     // An odometer over the dimensions before k.
-    let mut idx = vec![0; k];
     loop {
         f(so, d_o, run);
         let mut i = k;
@@ -160,6 +174,12 @@ pub fn for_each_run(
         }
     }
 }
+
+/// One entry per member of a collective, on the stack for groups of up to 32.
+type Members<T> = smallvec::SmallVec<[T; 32]>;
+
+/// One entry per dim of a tensor, on the stack up to `STACK_RANK` dims.
+type Dims = smallvec::SmallVec<[usize; STACK_RANK]>;
 
 /// A member's buffers, published for the others between the rendezvous of one execution.
 #[derive(Clone, Copy)]
@@ -214,12 +234,12 @@ impl Plan {
     /// Every member's operand and result must be valid for this plan's sizes, and no one
     /// else may access the elements this part writes while it runs.
     unsafe fn part(&self, r: usize, members: &[Member], shared: Option<*mut f32>) {
-        let ops: Vec<*const f32> = members.iter().map(|m| m.operand).collect();
-        let contributing: Vec<*const f32> = self.contributors.iter().map(|&r| ops[r]).collect();
+        let ops: Members<*const f32> = members.iter().map(|m| m.operand).collect();
+        let contributing: Members<*const f32> = self.contributors.iter().map(|&r| ops[r]).collect();
         let stream = self.result_numel * 4 >= STREAM_BYTES;
         // A result every member gets goes to the shared buffer and to each member that does
         // not read it there.
-        let everyone = || -> Vec<*mut f32> {
+        let everyone = || -> Members<*mut f32> {
             shared
                 .into_iter()
                 .chain(members.iter().filter(|m| shared.is_none() || !m.share).map(|m| m.result))
@@ -234,10 +254,11 @@ impl Plan {
                 unsafe { reduce_range(&contributing, lo, &everyone(), lo, PART.min(self.numel - lo), reduce, stream) };
             }
             CollectiveOp::AllGather { axis } => {
-                let mut start = vec![0; shape.len()];
+                let mut start = Dims::from_elem(0, shape.len());
                 start[axis] = r * shape[axis];
+                let zero = Dims::from_elem(0, shape.len());
                 for d in everyone() {
-                    for_each_run(shape, &vec![0; shape.len()], &self.result_shape, &start, shape, |s, o, len| unsafe {
+                    for_each_run(shape, &zero, &self.result_shape, &start, shape, |s, o, len| unsafe {
                         std::ptr::copy_nonoverlapping(ops[r].add(s), d.add(o), len)
                     });
                 }
@@ -248,24 +269,24 @@ impl Plan {
                     return;
                 }
                 let mine = [members[r].result];
-                let mut start = vec![0; shape.len()];
+                let mut start = Dims::from_elem(0, shape.len());
                 start[axis] = r * self.result_shape[axis];
                 for_each_run(
                     shape,
                     &start,
                     &self.result_shape,
-                    &vec![0; shape.len()],
+                    &Dims::from_elem(0, shape.len()),
                     &self.result_shape,
                     |s, o, len| unsafe { reduce_range(&contributing, s, &mine, o, len, reduce, stream) },
                 );
             }
             CollectiveOp::AllToAll { split_axis, concat_axis } => {
-                let mut block = shape.clone();
+                let mut block = Dims::from_slice(shape);
                 block[split_axis] /= n;
                 for (s, &op) in ops.iter().enumerate() {
-                    let mut from = vec![0; shape.len()];
+                    let mut from = Dims::from_elem(0, shape.len());
                     from[split_axis] = r * block[split_axis];
-                    let mut to = vec![0; shape.len()];
+                    let mut to = Dims::from_elem(0, shape.len());
                     to[concat_axis] = s * block[concat_axis];
                     for_each_run(shape, &from, &self.result_shape, &to, &block, |a, b, len| unsafe {
                         std::ptr::copy_nonoverlapping(op.add(a), members[r].result.add(b), len)
@@ -806,7 +827,7 @@ impl Fabric {
         drop(s);
         spin_until(|| counter.load(Ordering::Acquire) != seen || poisoned());
         let mut s = slot.state.lock();
-        let missing = |s: &SlotState| -> Vec<(usize, u64)> {
+        let missing = |s: &SlotState| -> Members<(usize, u64)> {
             let ranks = slot.waited.iter().filter(|&&r| !s.here[r]);
             ranks.map(|&r| (slot.group[r], self.heartbeats[slot.group[r]].load(Ordering::SeqCst))).collect()
         };

@@ -24,7 +24,9 @@ pub(crate) unsafe fn reduce_range(
     stream: bool,
 ) {
     let mut acc = [0f32; BLOCK];
-    let srcs: Vec<&[f32]> = ops.iter().map(|&p| unsafe { std::slice::from_raw_parts(p.add(src), len) }).collect();
+    // On the stack for up to 32 operands: a collective's call must not allocate.
+    let srcs: smallvec::SmallVec<[&[f32]; 32]> =
+        ops.iter().map(|&p| unsafe { std::slice::from_raw_parts(p.add(src), len) }).collect();
     let mut b = 0;
     while b < len {
         let e = (b + BLOCK).min(len);

@@ -3,7 +3,6 @@
 //! hosts, the blocks other hosts hold sent to host 0 first), and resident state put on the
 //! devices and read back.
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 
@@ -15,7 +14,7 @@ use crate::comm::memory::AlignedBuf;
 use crate::comm::transport::{Hosts, Incoming, Outgoing, Stall};
 use crate::exec::mismatch::Mismatch;
 use crate::exec::resident::{Resident, Slot};
-use crate::exec::runner::{DeviceRun, Loaded};
+use crate::exec::runner::Loaded;
 use crate::format::program::IoSpec;
 
 impl Loaded {
@@ -48,15 +47,13 @@ impl Loaded {
         }
     }
 
-    /// Under hosts: the device whose copy of `d`'s block of output `spec` host 0 reads: `d`
+    /// Under hosts: the device whose copy of `d`'s block of output `o` host 0 reads: `d`
     /// when it is healthy and on host 0, else the first healthy device with the same block
     /// on host 0, else the first healthy one anywhere (its host sends that copy).
-    fn source(&self, hosts: &Hosts, spec: &IoSpec, d: usize, healthy: impl Fn(usize) -> bool) -> Option<usize> {
-        let mesh = &self.meta.mesh;
-        let region = |x: usize| spec.block(mesh, x).map(|(r, _)| r);
-        let mine = region(d);
-        let same: Vec<usize> = (0..mesh.devices()).filter(|&h| healthy(h) && region(h) == mine).collect();
-        same.iter().copied().find(|&h| hosts.host_of(h) == 0).or(same.first().copied())
+    fn source(&self, hosts: &Hosts, o: usize, d: usize, healthy: impl Fn(usize) -> bool) -> Option<usize> {
+        let region = &self.outputs[o].region;
+        let same = || (0..region.len()).filter(|&h| healthy(h) && region[h] == region[d]);
+        same().find(|&h| hosts.host_of(h) == 0).or_else(|| same().next())
     }
 
     /// Under hosts, the blocks host 0 reads (`source`) that other hosts hold go to host 0,
@@ -64,26 +61,24 @@ impl Loaded {
     pub(super) fn gather_outputs(
         &self,
         hosts: &Hosts,
-        runs: &[DeviceRun],
+        left: &dyn Fn(usize, usize) -> Option<*const u8>,
         healthy: impl Fn(usize) -> bool,
     ) -> Result<HashMap<(usize, usize), Vec<u8>>> {
-        let mesh = &self.meta.mesh;
         let me = hosts.me();
         let mut sends = Vec::new();
         let mut blocks = Vec::new();
-        for (i, spec) in self.meta.outputs.iter().enumerate() {
-            let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
-            let len = spec.mesh(mesh).local_shape(&spec.shape, &spec.layout).iter().product::<usize>()
-                * ty.dtype.size_bytes();
-            let sources: BTreeSet<usize> = (0..mesh.devices())
-                .filter(|&d| spec.block(mesh, d).is_some_and(|(_, w)| w))
-                .filter_map(|d| self.source(hosts, spec, d, &healthy))
-                .collect();
+        for (i, output) in self.outputs.iter().enumerate() {
+            let len = output.block_bytes;
+            let sources: BTreeSet<usize> =
+                output.writers.iter().filter_map(|&d| self.source(hosts, i, d, &healthy)).collect();
             for d in sources {
                 let (host, tag) = (hosts.host_of(d), hosts.output_tag(i, d));
                 if me != 0 && host == me {
+                    let Some(at) = left(d, i) else {
+                        bail!("output '{}': device {d} did not run", self.meta.outputs[i].name)
+                    };
                     // SAFETY: the buffer holds the device's block of the output; its job is done.
-                    let bytes = unsafe { std::slice::from_raw_parts(runs[d].outputs[i].0, len) };
+                    let bytes = unsafe { std::slice::from_raw_parts(at, len) };
                     sends.push(Outgoing { to: 0, tag, bytes });
                 } else if me == 0 && host != 0 {
                     blocks.push(((i, d), host, tag, vec![0u8; len]));
@@ -106,67 +101,61 @@ impl Loaded {
     /// Copies `device`'s block of input `i` (`bytes`: the whole tensor's little-endian
     /// bytes) into `dst`, the device's buffer of it.
     pub(super) fn cut_block(&self, i: usize, device: usize, bytes: &[u8], dst: &mut [u8]) {
-        let spec = &self.meta.inputs[i];
+        let blocks = &self.inputs[i];
         // A device outside the input's stage holds none of it.
-        if spec.local(&self.meta.mesh, device).is_none() {
-            return;
-        }
+        let Some(block) = &blocks.of[device] else { return };
         self.host_copies.fetch_add(1, Ordering::Relaxed);
-        // Whole on every device: no region to work out (which would allocate on every call).
-        if spec.layout.iter().all(Option::is_none) {
+        if blocks.whole {
             return dst.copy_from_slice(bytes);
         }
-        let Some((region, _)) = spec.block(&self.meta.mesh, device) else { return };
-        let e = spec.ty().map_or(1, |t| t.dtype.size_bytes());
-        let local: Vec<usize> = region.iter().map(|r| r.len()).collect();
-        let at: Vec<usize> = region.iter().map(|r| r.start).collect();
-        fabric::for_each_run(&spec.shape, &at, &local, &vec![0; local.len()], &local, |s, o, n| {
+        let (spec, e) = (&self.meta.inputs[i], blocks.elem);
+        fabric::for_each_run(&spec.shape, &block.at, &block.shape, &blocks.origin, &block.shape, |s, o, n| {
             dst[o * e..(o + n) * e].copy_from_slice(&bytes[s * e..(s + n) * e])
         });
     }
 
-    /// Output `spec` as a whole tensor's little-endian bytes from the devices' blocks
+    /// Output `o` as a whole tensor's little-endian bytes from the devices' blocks
     /// (`block(d)`: device d's), each block read from a healthy device that holds it; under
     /// hosts, from the copy host 0 reads (`source`). An output no device splits is its
-    /// holder's block itself, borrowed.
-    pub(super) fn assemble<'b>(&self, spec: &IoSpec, block: &dyn Fn(usize) -> &'b [u8]) -> Result<Cow<'b, [u8]>> {
-        let mesh = &self.meta.mesh;
+    /// holder's block itself; the others are put together in `buf`.
+    pub(super) fn assemble<'b>(
+        &self,
+        o: usize,
+        block: &dyn Fn(usize) -> &'b [u8],
+        buf: &'b mut Vec<u8>,
+    ) -> Result<&'b [u8]> {
+        let (spec, blocks) = (&self.meta.outputs[o], &self.outputs[o]);
         let healthy = |d: usize| self.healthy(d);
-        let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
-        let local = spec.mesh(mesh).local_shape(&spec.shape, &spec.layout);
-        let e = ty.dtype.size_bytes();
-        let holders: Vec<(usize, Vec<std::ops::Range<usize>>)> = (0..mesh.devices())
-            .filter_map(|d| spec.block(mesh, d).filter(|(_, writes)| *writes).map(|(r, _)| (d, r)))
-            .collect();
-        let region = |d: usize| spec.block(mesh, d).map(|(r, _)| r);
         // The block from a healthy device that holds it, if any (under hosts, the copy
         // host 0 reads).
-        let holder = |d: usize| match (&self.hosts, healthy(d)) {
-            (Some(hosts), _) => self.source(hosts, spec, d, healthy),
-            (None, true) => Some(d),
-            (None, false) => (0..mesh.devices()).filter(|&h| healthy(h)).find(|&h| region(h) == region(d)),
+        let holder = |d: usize| match &self.hosts {
+            Some(hosts) => self.source(hosts, o, d, healthy),
+            None => blocks.holder(d, healthy),
         };
-        if local == spec.shape {
-            let first = holders.first().map_or(0, |h| h.0);
+        if blocks.whole {
+            let first = blocks.writers.first().copied().unwrap_or(0);
             self.host_copies.fetch_add(1, Ordering::Relaxed);
-            return Ok(Cow::Borrowed(block(holder(first).ok_or_else(|| anyhow!("every device is degraded"))?)));
+            return Ok(block(holder(first).ok_or_else(|| anyhow!("every device is degraded"))?));
         }
+        let dtype = spec.elem().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
         // Blocks that only degraded devices held (their data-parallel shards were
         // dropped) read as NaN, or zero for other dtypes.
-        let mut bytes = match ty.dtype {
-            DType::F32 => f32::NAN.to_le_bytes().repeat(ty.size_bytes() / 4),
-            _ => vec![0u8; ty.size_bytes()],
-        };
-        for (d, r) in &holders {
-            let Some(h) = holder(*d) else { continue };
+        buf.clear();
+        buf.resize(dtype.size_bytes() * spec.shape.iter().product::<usize>(), 0);
+        if dtype == DType::F32 {
+            buf.chunks_exact_mut(4).for_each(|c| c.copy_from_slice(&f32::NAN.to_le_bytes()));
+        }
+        let e = blocks.elem;
+        for &d in &blocks.writers {
+            let Some(h) = holder(d) else { continue };
+            let Some(b) = &blocks.of[d] else { continue };
             self.host_copies.fetch_add(1, Ordering::Relaxed);
-            let at: Vec<usize> = r.iter().map(|r| r.start).collect();
             let src = block(h);
-            fabric::for_each_run(&local, &vec![0; local.len()], &spec.shape, &at, &local, |s, o, n| {
-                bytes[o * e..(o + n) * e].copy_from_slice(&src[s * e..(s + n) * e])
+            fabric::for_each_run(&b.shape, &blocks.origin, &spec.shape, &b.at, &b.shape, |s, o, n| {
+                buf[o * e..(o + n) * e].copy_from_slice(&src[s * e..(s + n) * e])
             });
         }
-        Ok(Cow::Owned(bytes))
+        Ok(buf)
     }
 }
 
@@ -241,8 +230,9 @@ impl Loaded {
         for (k, &(i, o)) in resident.pairs.iter().enumerate() {
             let spec = &self.meta.outputs[o];
             let ty = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
-            let bytes = self.assemble(spec, &|d| resident.slots[d][k].current())?;
-            out.insert(self.meta.inputs[i].name.clone(), Tensor::from_le_bytes(&ty, &bytes));
+            let mut buf = Vec::new();
+            let bytes = self.assemble(o, &|d| resident.slots[d][k].current(), &mut buf)?;
+            out.insert(self.meta.inputs[i].name.clone(), Tensor::from_le_bytes(&ty, bytes));
         }
         Ok(out)
     }

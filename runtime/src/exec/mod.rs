@@ -1,10 +1,12 @@
 //! Running a compiled graph: `Loaded`, a program ready to run (`runner`), its checks of
 //! what it is handed (`validate`), the device threads (`threads`), a run of every device's
 //! streams on them (`streams`) and what they share (`shared`), one step (`step`), the
-//! inputs and outputs crossing between the host and the devices (`io`) and what a tensor
+//! inputs and outputs crossing between the host and the devices (`io`) in blocks worked
+//! out at load (`blocks`) and what a tensor
 //! that does not fit them is (`mismatch`), state kept on the devices between runs
 //! (`resident`), and opening an artifact into a `Loaded` (`loader`).
 
+pub mod blocks;
 pub mod io;
 pub mod loader;
 pub mod mismatch;

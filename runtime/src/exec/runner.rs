@@ -39,6 +39,7 @@ use crate::comm::exchange::Exchange;
 use crate::comm::fabric::{Fabric, LinkStats};
 pub use crate::comm::memory::AlignedBuf;
 use crate::comm::transport::{Hosts, Transport};
+use crate::exec::blocks::Blocks;
 use crate::exec::shared::Scratch;
 use crate::exec::threads::Devices;
 use crate::exec::validate::{
@@ -73,39 +74,13 @@ impl Weights {
     }
 }
 
-/// One step's wall time in a run, for profiles and traces. Times count from the start of
-/// the run; `waits` are the spans a collective spent blocked for other devices.
-#[derive(Clone, Debug)]
-pub struct StepTime {
-    pub device: usize,
-    /// The stream that ran it (`Program::streams`; 0 without a plan).
-    pub stream: usize,
-    pub step: usize,
-    pub start: Duration,
-    pub dur: Duration,
-    pub waits: Vec<(Duration, Duration)>,
-}
-
-/// A pointer that crosses threads: a device's output buffers, read after its job has finished.
-#[derive(Clone, Copy)]
-pub(super) struct SendPtr(pub(super) *const u8);
-
-// SAFETY: only read once the job that wrote through it has finished (`Devices::run`).
-unsafe impl Send for SendPtr {}
-
-/// What one device's run leaves: where its outputs are, and its step times.
-pub(super) struct DeviceRun {
-    pub(super) outputs: Vec<SendPtr>,
-    pub(super) times: Vec<StepTime>,
-}
-
 /// What runs take one at a time: the arenas, the device threads and the bookkeeping of a
 /// run, all kept from one run to the next.
 pub(super) struct State {
     /// One per device, allocated once: repeated runs (`--bench`) reuse their pages.
     pub(super) arenas: Vec<AlignedBuf>,
     /// Started by the first multi-device run.
-    pub(super) devices: Option<Devices<DeviceRun>>,
+    pub(super) devices: Option<Devices>,
     /// Built with the `Loaded`, so that a run on one device allocates nothing.
     pub(super) scratch: Scratch,
 }
@@ -132,6 +107,9 @@ pub struct Loaded {
     pub(super) lanes: Vec<Lanes>,
     /// Per device and step, its library call as planned when the programs were checked.
     pub(super) plans: Vec<Plans>,
+    /// The devices' blocks of each input and each output.
+    pub(super) inputs: Vec<Blocks>,
+    pub(super) outputs: Vec<Blocks>,
     /// `--fail-device`: this device stops answering at its collective number .1 (from 0).
     pub(super) fail: Option<(usize, usize)>,
     /// What `degrade` added to the artifact's degradation, and whether strictly.
@@ -222,6 +200,7 @@ impl Loaded {
             fabric.degrade(topo)?;
         }
         let lanes: Vec<Lanes> = programs.iter().map(lanes).collect::<Result<_>>()?;
+        let (inputs, outputs) = Blocks::of_io(&meta);
         let state = std::sync::Mutex::new(State { arenas, devices: None, scratch: Scratch::new(&programs, &lanes) });
         let exchange = Exchange::default();
         let (fail, degraded) = (None, Default::default());
@@ -244,6 +223,8 @@ impl Loaded {
             exchange,
             lanes,
             plans,
+            inputs,
+            outputs,
             threads,
             hosts: None,
             host_copies: AtomicU64::new(0),
@@ -433,9 +414,9 @@ mod tests {
     use super::*;
     use crate::comm::transport::{Incoming, Outgoing, Pending, Stall, Threads};
     use crate::format::mesh::{Mesh, Topology};
-    use crate::kernels::call::Planned;
     use crate::format::program::{Buffer, Collective, Elem, IoSpec, Library, Matmul, Storage, ALIGN};
     use crate::format::program::{Event, Reduce, Step, Stream, StreamKind, StreamPlan, Wait};
+    use crate::kernels::call::Planned;
 
     fn io(name: &str, dtype: DType, shape: &[usize], layout: &[Option<usize>]) -> IoSpec {
         IoSpec::with_layout(name, &TensorType::new(dtype, shape.to_vec()), layout.to_vec())
@@ -459,6 +440,8 @@ mod tests {
             buffers,
             kernels: vec![],
             steps,
+            inputs,
+            outputs,
             streams: Default::default(),
         }
     }
@@ -470,6 +453,8 @@ mod tests {
             features: vec![],
             mesh: m.clone(),
             flops: 0,
+            inputs,
+            outputs,
             degraded: Default::default(),
             model_axes: Vec::new(),
             hosts: Vec::new(),

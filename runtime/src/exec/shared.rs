@@ -4,6 +4,7 @@
 //! runs (`crate::exec::runner::State`), so that a run allocates none of it.
 
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::time::Duration;
 
 use crate::comm::sync::{spin_until, Condvar, Mutex, MutexGuard};
 use crate::exec::validate::Lanes;
@@ -100,6 +101,33 @@ pub(super) struct Scratch {
     pub(super) devices: Vec<DeviceShared>,
     /// The kernel arguments of a run's only stream, on the calling thread.
     pub(super) args: Args,
+    /// Per output: where a run puts together an output the devices hold in blocks.
+    pub(super) assembled: Vec<Vec<u8>>,
+    /// Of a run on the device threads, per lane (a stream of a device).
+    pub(super) lanes: Vec<Lane>,
+}
+
+/// One step's wall time in a run, for profiles and traces. Times count from the start of
+/// the run; `waits` are the spans a collective spent blocked for other devices.
+#[derive(Clone, Debug)]
+pub struct StepTime {
+    pub device: usize,
+    /// The stream that ran it (`Program::streams`; 0 without a plan).
+    pub stream: usize,
+    pub step: usize,
+    pub start: Duration,
+    pub dur: Duration,
+    pub waits: Vec<(Duration, Duration)>,
+}
+
+/// A lane of a run on the device threads: one stream of one device.
+pub(super) struct Lane {
+    pub(super) device: usize,
+    pub(super) stream: usize,
+    /// Its thread's kernel arguments.
+    pub(super) args: Mutex<Args>,
+    /// What its run left: its step times, or `None` if it failed.
+    pub(super) times: Mutex<Option<Vec<StepTime>>>,
 }
 
 impl Scratch {
@@ -109,6 +137,16 @@ impl Scratch {
             returned: Vec::new(),
             devices: programs.iter().zip(lanes).map(|(p, l)| DeviceShared::new(p, l)).collect(),
             args: Args(Vec::new()),
+            assembled: Vec::new(),
+            lanes: (lanes.iter().enumerate())
+                .flat_map(|(device, l)| l.active().map(move |stream| (device, stream)))
+                .map(|(device, stream)| Lane {
+                    device,
+                    stream,
+                    args: Mutex::new(Args(Vec::new())),
+                    times: Mutex::new(None),
+                })
+                .collect(),
         }
     }
 }

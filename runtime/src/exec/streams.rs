@@ -18,9 +18,9 @@ use crate::comm::error::RunError;
 use crate::comm::fabric;
 use crate::exec::io::le_bytes;
 use crate::exec::resident::Resident;
-use crate::exec::runner::{DeviceRun, Loaded, SendPtr, State, StepTime};
-use crate::exec::shared::{DeviceShared, Scratch};
-use crate::exec::threads::{Devices, Job};
+use crate::exec::runner::{Loaded, State};
+use crate::exec::shared::{DeviceShared, Lane, Scratch, StepTime};
+use crate::exec::threads::Devices;
 use crate::format::program::{Exec, Storage};
 
 /// What the devices of one run share: the inputs' bytes (by input; those of resident state
@@ -127,7 +127,7 @@ impl Loaded {
         }
         let mut state = self.state.lock().map_err(|_| anyhow!("a previous run panicked"))?;
         let State { arenas, devices, scratch } = &mut *state;
-        let Scratch { resident: taken, returned, devices: shared, args } = scratch;
+        let Scratch { resident: taken, returned, devices: shared, args, assembled, lanes: scratch_lanes } = scratch;
         taken.clear();
         taken.extend((0..self.meta.inputs.len()).map(is_state));
         returned.clear();
@@ -192,84 +192,78 @@ impl Loaded {
             }
             return Ok(times);
         }
-        let lanes: Vec<(usize, usize)> =
-            (0..mesh.devices()).flat_map(|d| self.lanes[d].active().map(move |k| (d, k))).collect();
         let devices = match devices {
             Some(d) => d,
-            None => devices.insert(Devices::start(lanes.len())?),
+            None => devices.insert(Devices::start(scratch_lanes.len())?),
         };
-        // A degraded device runs nothing (the fabric leaves it out of every collective).
+        // A degraded device runs nothing (the fabric leaves it out of every collective);
+        // another host's devices run there.
         let healthy = |d: usize| self.healthy(d);
-        // Another host's devices run there.
-        let here = |d: usize| self.hosts.as_ref().is_none_or(|h| h.is_local(d));
-        let jobs = (lanes.iter())
-            .map(|&(d, k)| match healthy(d) && here(d) {
-                true => Box::new(move || self.device_thread(d, k, ctx)) as Job<DeviceRun>,
-                false => Box::new(|| Some(DeviceRun { outputs: Vec::new(), times: Vec::new() })) as Job<DeviceRun>,
-            })
-            .collect();
-        let lane_runs = devices.run(jobs);
+        let ran = |d: usize| healthy(d) && self.hosts.as_ref().is_none_or(|h| h.is_local(d));
+        let lanes: &[Lane] = scratch_lanes;
+        // A lane whose job never reports (its thread failed outside it) reads as failed.
+        lanes.iter().for_each(|l| *l.times.lock() = None);
+        devices.run(&|l: usize| {
+            let lane = &lanes[l];
+            let times = match ran(lane.device) {
+                true => self.device_thread(lane, ctx),
+                false => Some(Vec::new()),
+            };
+            *lane.times.lock() = times;
+        });
         if let Some(reason) = self.fabric.poisoned() {
             return Err(reason.into());
         }
-        let lane_runs: Vec<DeviceRun> =
-            lane_runs.into_iter().collect::<Option<_>>().ok_or_else(|| anyhow!("a device failed"))?;
-        // Per device: its main stream's run (the outputs), with every stream's step times.
-        let mut runs: Vec<DeviceRun> = Vec::new();
-        for (&(_, k), run) in lanes.iter().zip(lane_runs) {
-            match runs.last_mut() {
-                Some(last) if k != 0 => last.times.extend(run.times),
-                _ => runs.push(run),
-            }
+        if lanes.iter().any(|l| l.times.lock().is_none()) {
+            bail!("a device failed");
         }
-        settle(&|d, o| runs[d].outputs.get(o).map(|p| p.0));
-        // In step order, whichever thread ran them.
-        runs.iter_mut().for_each(|r| r.times.sort_by_key(|t| t.step));
+        // Where device d left output o: it ran (its main stream is done), or `None`.
+        let left = |d: usize, o: usize| {
+            ran(d).then(|| shared[d].ptrs[self.programs[d].outputs[o]].load(Ordering::Relaxed) as *const u8)
+        };
+        settle(&left);
         let remote = match &self.hosts {
-            Some(hosts) => self.gather_outputs(hosts, &runs, healthy)?,
+            Some(hosts) => self.gather_outputs(hosts, &left, healthy)?,
             None => HashMap::new(),
         };
-        let times = || runs.iter().flat_map(|r| r.times.clone()).collect();
+        // Device by device in step order, whichever thread ran them.
+        let times = || -> Vec<StepTime> {
+            if !timed {
+                return Vec::new();
+            }
+            let mut all: Vec<StepTime> = lanes.iter().flat_map(|l| l.times.lock().take().unwrap_or_default()).collect();
+            all.sort_by_key(|t| (t.device, t.step));
+            all
+        };
         if self.host() != 0 {
             return Ok(times());
         }
-        for (i, spec) in self.meta.outputs.iter().enumerate().filter(|&(i, _)| returned[i]) {
-            let ty: TensorType = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
-            let len = spec.mesh(mesh).local_shape(&spec.shape, &spec.layout).iter().product::<usize>()
-                * ty.dtype.size_bytes();
-            let block = |d: usize| match remote.get(&(i, d)) {
-                Some(b) => b.as_slice(),
+        assembled.resize_with(self.meta.outputs.len(), Vec::new);
+        for (i, buf) in assembled.iter_mut().enumerate().filter(|&(i, _)| returned[i]) {
+            let len = self.outputs[i].block_bytes;
+            let block = |d: usize| match (remote.get(&(i, d)), left(d, i)) {
+                (Some(b), _) => b.as_slice(),
                 // SAFETY: the buffer holds the device's block of the output; its job is done.
-                None => unsafe { std::slice::from_raw_parts(runs[d].outputs[i].0, len) },
+                (None, Some(at)) => unsafe { std::slice::from_raw_parts(at, len) },
+                (None, None) => &[],
             };
-            out(i, &self.assemble(spec, &block)?)?;
+            out(i, self.assemble(i, &block, buf)?)?;
         }
         Ok(times())
     }
 
-    /// One stream's thread of a multi-device (or multi-stream) run: its error or panic
-    /// poisons the fabric and every device's events (the reason names the device and node)
-    /// and ends its run with `None`.
-    fn device_thread(&self, device: usize, stream: usize, ctx: RunCtx) -> Option<DeviceRun> {
+    /// One lane's thread of a multi-device (or multi-stream) run: its step times, or its
+    /// error or panic poisons the fabric and every device's events (the reason names the
+    /// device and node) and ends its run with `None`.
+    fn device_thread(&self, lane: &Lane, ctx: RunCtx) -> Option<Vec<StepTime>> {
+        let (device, stream) = (lane.device, lane.stream);
         let step = Cell::new(usize::MAX);
-        let mut args = Vec::new();
+        let mut args = lane.args.lock();
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.device_run(device, stream, ctx, &step, 1, &mut args)
+            self.device_run(device, stream, ctx, &step, 1, &mut args.0)
         }));
-        let label = self.meta.mesh.device_label(device);
         let cause = match run {
-            Ok(Ok(times)) => {
-                let ptrs = &ctx.devices[device].ptrs;
-                let outputs = match stream {
-                    0 => self.programs[device]
-                        .outputs
-                        .iter()
-                        .map(|&b| SendPtr(ptrs[b].load(Ordering::Relaxed)))
-                        .collect(),
-                    _ => Vec::new(),
-                };
-                return Some(DeviceRun { outputs, times });
-            }
+            Ok(Ok(times)) => return Some(times),
             Ok(Err(e)) => RunError::of(&e),
             Err(panic) => {
                 let msg = panic
@@ -283,6 +277,7 @@ impl Loaded {
                 })
             }
         };
+        let label = self.meta.mesh.device_label(device);
         self.fabric.poison(RunError::OnDevice { device, label, cause: Box::new(cause) });
         ctx.devices.iter().for_each(|d| d.board.poison());
         self.exchange.poison();

@@ -107,7 +107,14 @@ fn macs(s: &MatmulShape) -> usize {
 /// `out = a @ b` (numpy `matmul`, f32) with `b` a weight stored in panels
 /// (`crate::kernels::panels`: `panels::packed_len(k, n)` elements per matrix of `b`), on
 /// `threads`: no packing at run time; then `ep` on each tile as it is finished.
-pub fn matmul_panels(a: &[f32], panels: &[f32], out: &mut [f32], s: &MatmulShape, threads: Threads, ep: &Bound) -> Result<()> {
+pub fn matmul_panels(
+    a: &[f32],
+    panels: &[f32],
+    out: &mut [f32],
+    s: &MatmulShape,
+    threads: Threads,
+    ep: &Bound,
+) -> Result<()> {
     let [a_len, _, out_len] = s.spans();
     check_lengths([a.len(), panels.len(), out.len()], [a_len, crate::kernels::panels::span(s), out_len])?;
     let macs = macs(s);
@@ -709,7 +716,8 @@ mod tests {
         let mut out = vec![0.0; 4];
         let wrong = Mask::new(&[true, false], &[true; 4], 1);
         let s = MatmulShape::new(&[2, 3], &[3, 2], &[2, 2]).unwrap();
-        let e = matmul_masked(&[0.0; 6], &[0.0; 6], &mut out, &s, &wrong, Threads::UpTo(1), &Bound::none()).unwrap_err();
+        let e =
+            matmul_masked(&[0.0; 6], &[0.0; 6], &mut out, &s, &wrong, Threads::UpTo(1), &Bound::none()).unwrap_err();
         assert!(e.to_string().contains("a mask of 4x2 matrices on an operand b of 3x2 matrices"), "{e}");
     }
 

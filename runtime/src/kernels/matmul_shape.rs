@@ -131,10 +131,16 @@ impl MatmulShape {
     /// Elements of `a`, `b` and the result the product reads or writes, from the first
     /// matrix's start to the last one's end: what each slice must hold at least.
     pub fn spans(&self) -> [usize; 3] {
-        let last = |stride: fn(&BatchDim) -> usize| self.batch.iter().map(|d| d.size.saturating_sub(1) * stride(d)).sum::<usize>();
+        let last = |stride: fn(&BatchDim) -> usize| {
+            self.batch.iter().map(|d| d.size.saturating_sub(1) * stride(d)).sum::<usize>()
+        };
         let empty = self.batch_count() == 0;
         let span = |stride: fn(&BatchDim) -> usize, matrix: usize| if empty { 0 } else { last(stride) + matrix };
-        [span(|d| d.a_stride, self.m * self.k), span(|d| d.b_stride, self.k * self.n), span(|d| d.out_stride, self.m * self.n)]
+        [
+            span(|d| d.a_stride, self.m * self.k),
+            span(|d| d.b_stride, self.k * self.n),
+            span(|d| d.out_stride, self.m * self.n),
+        ]
     }
 
     /// Every batch entry's offsets (`batch_offset`), in result order.

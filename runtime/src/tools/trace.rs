@@ -6,7 +6,7 @@
 
 use serde_json::{json, Value};
 
-use crate::exec::runner::StepTime;
+use crate::exec::shared::StepTime;
 use crate::format::program::{Exec, Meta, Program, StreamKind};
 
 /// Microseconds, to the nanosecond (the format's unit, without binary fractions' noise).
