@@ -1494,6 +1494,38 @@ mod tests {
         assert_eq!(runs, vec![(1, 0, 2), (5, 2, 2), (9, 4, 2)]);
     }
 
+    /// Up to `STACK_RANK` dims and past it (where the strides go to the heap), a box copied
+    /// run by run lands where copying it element by element puts it.
+    #[test]
+    fn runs_copy_boxes_of_any_rank() {
+        for rank in [1, 3, STACK_RANK, STACK_RANK + 1, STACK_RANK + 3] {
+            let src: Vec<usize> = (0..rank).map(|d| 2 + d % 2).collect();
+            let extent: Vec<usize> = src.iter().map(|&n| n - 1).collect();
+            let at: Vec<usize> = (0..rank).map(|d| d % 2).collect();
+            let dst = extent.clone();
+            let numel = |s: &[usize]| s.iter().product::<usize>();
+            let values: Vec<usize> = (0..numel(&src)).collect();
+            let mut got = vec![usize::MAX; numel(&dst)];
+            for_each_run(&src, &at, &dst, &vec![0; rank], &extent, |s, d, n| {
+                got[d..d + n].copy_from_slice(&values[s..s + n])
+            });
+            let mut want = Vec::new();
+            for i in 0..numel(&dst) {
+                // Element i of the box: its index per dim, shifted by `at`, in `src`.
+                let (mut rest, mut offset) = (i, 0);
+                let mut stride = 1;
+                for d in (0..rank).rev() {
+                    let idx = rest % dst[d] + at[d];
+                    rest /= dst[d];
+                    offset += idx * stride;
+                    stride *= src[d];
+                }
+                want.push(values[offset]);
+            }
+            assert_eq!(got, want, "rank {rank}");
+        }
+    }
+
     #[test]
     fn degraded_all_reduce_combines_the_healthy_operands_over_the_seed_schedule() {
         use crate::comm::degraded::plan;
