@@ -722,6 +722,59 @@ def control_scan():
     save("control_scan", g, inputs, {"batch": 2})
 
 
+def control_runtime():
+    """Control flow decided at run time: two Ifs on whether x sums above 0 and below it (one
+    takes its then branch, the other its else branch, in the same run), a Loop of 6 trips
+    whose body's condition (the shrinking state's largest magnitude above 0.2) ends it after
+    4 of them, and a Loop whose condition input (x sums below 0) is false at run time, so that
+    it runs no iteration."""
+    r = np.random.default_rng(23)
+    f, i64, b = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
+    info = helper.make_tensor_value_info
+    x = info("x", f, ["batch", 4])
+    outs = [info("y", f, ["batch", 4]), info("z", f, ["batch", 4]), info("h", f, ["batch", 4]),
+            info("steps", i64, []), info("k", f, ["batch", 4])]
+
+    def branch(name, nodes, out, inits=()):
+        return helper.make_graph(nodes, name, [], [info(out, f, None)], list(inits))
+
+    def weight(name, shape, scale=1.0):
+        return numpy_helper.from_array((r.standard_normal(shape) * scale).astype(np.float32), name)
+
+    relu = branch("relu_scaled", [node("Relu", ["x"], ["/r"]), node("Mul", ["/r", "w_then"], ["o_then"])],
+                  "o_then", [weight("w_then", [4])])
+    tanh = branch("tanh_shifted", [node("Tanh", ["x"], ["/t"]), node("Add", ["/t", "b"], ["o_else"])], "o_else")
+    relu2 = branch("relu", [node("Relu", ["x"], ["o2_then"])], "o2_then")
+    neg2 = branch("neg", [node("Neg", ["x"], ["o2_else"])], "o2_else")
+    body = helper.make_graph(
+        [node("MatMul", ["h_in", "w"], ["/mm"]), node("Tanh", ["/mm"], ["h_out"]),
+         const("/one", np.array(1, np.int64)), node("Add", ["c_in", "/one"], ["c_out"]),
+         node("Abs", ["h_out"], ["/size"]), node("ReduceMax", ["/size"], ["/top"], keepdims=0),
+         const("/limit", np.array(0.2, np.float32)), node("Greater", ["/top", "/limit"], ["go"])],
+        "step", [info("i", i64, []), info("go_in", b, []), info("h_in", f, None), info("c_in", i64, [])],
+        [info("go", b, []), info("h_out", f, None), info("c_out", i64, [])])
+    halve = helper.make_graph(
+        [const("/half", np.array(0.5, np.float32)), node("Mul", ["k_in", "/half"], ["k_out"]),
+         node("Identity", ["go_in2"], ["go2"])],
+        "halve", [info("j", i64, []), info("go_in2", b, []), info("k_in", f, None)],
+        [info("go2", b, []), info("k_out", f, None)])
+    nodes = [node("ReduceSum", ["x"], ["/sum"], keepdims=0), const("/zero", np.array(0, np.float32)),
+             node("Greater", ["/sum", "/zero"], ["/positive"]), node("Less", ["/sum", "/zero"], ["/negative"]),
+             helper.make_node("If", ["/positive"], ["y"], name="/if_positive", then_branch=relu, else_branch=tanh),
+             helper.make_node("If", ["/negative"], ["z"], name="/if_negative", then_branch=relu2, else_branch=neg2),
+             const("/trips", np.array(6, np.int64)), const("/true", np.array(True)),
+             const("/count0", np.array(0, np.int64)),
+             helper.make_node("Loop", ["/trips", "/true", "x", "/count0"], ["h", "steps"], name="/until", body=body),
+             const("/three", np.array(3, np.int64)),
+             helper.make_node("Loop", ["/three", "/negative", "x"], ["k"], name="/never", body=halve)]
+    g = helper.make_graph(nodes, "control_runtime", [x], outs, [weight("w", [4, 4], 0.4), weight("b", [4])])
+    feeds = {"x": (r.standard_normal((3, 4)) + 0.5).astype(np.float32)}
+    save("control_runtime", g, feeds, {"batch": 3})
+    steps = int(np.load(os.path.join(OUT, "control_runtime", "expected", "steps.npy")))
+    assert 1 < steps < 6, f"the loop should end at run time, before its trip count: {steps} steps"
+    assert feeds["x"].sum() > 0, "one If takes each branch"
+
+
 def same_node_names():
     """Two Constant nodes of one name holding different weights, as silero's OpenVINO export
     names every Constant `F0::anon`: ONNX requires unique value names, not unique node names
@@ -977,9 +1030,28 @@ def bad():
            numpy_helper.from_array(np.ones((1024, 4), np.float32), "rows")])
     write("loop-nested", [helper.make_node("Loop", ["trips", "", "x"], ["y"], name="loop", body=nested)],
           [numpy_helper.from_array(np.array(1000, np.int64), "trips")])
-    write("if-run-time", sums + [helper.make_node("If", ["c"], ["y"], name="if", then_branch=arm("Relu"),
-                                                  else_branch=arm("Neg"))],
+    # An If decided at run time whose branches give values of different shapes: no `where`
+    # selects between them (onnxruntime runs it; the output's shape depends on the data).
+    reduced = helper.make_graph([helper.make_node("ReduceSum", ["x"], ["o"], keepdims=0)], "sum", [],
+                                [helper.make_tensor_value_info("o", TensorProto.FLOAT, None)])
+    write("if-branches-differ", sums + [helper.make_node("If", ["c"], ["y"], name="if", then_branch=arm("Relu"),
+                                                         else_branch=reduced)],
           [numpy_helper.from_array(np.array(0, np.float32), "zero")])
+    # A Loop whose condition is decided at run time and that scans out a value each
+    # iteration: the scan output's length would depend on the data.
+    scanning_body = helper.make_graph(
+        [helper.make_node("ReduceSum", ["h"], ["hs"], keepdims=0), helper.make_node("Greater", ["hs", "zero"], ["more"]),
+         helper.make_node("Relu", ["h"], ["h2"]), helper.make_node("Identity", ["h2"], ["h_scan"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("more", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h2", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("h_scan", TensorProto.FLOAT, None)])
+    write("loop-run-time-scan", [helper.make_node("Loop", ["trips", "go", "x"], ["y", "ys"], name="loop",
+                                                  body=scanning_body)],
+          [numpy_helper.from_array(np.array(0, np.float32), "zero"), numpy_helper.from_array(np.array(4, np.int64), "trips"),
+           numpy_helper.from_array(np.array(True), "go")])
     # Found by tests/all/onnx_fuzz.rs: an op given fewer inputs than it takes panicked in
     # shape inference.
     write("concat-no-inputs", [helper.make_node("Concat", [], ["y"], name="cat", axis=0)])
@@ -1079,6 +1151,7 @@ if __name__ == "__main__":
     control_if()
     control_loop()
     control_scan()
+    control_runtime()
     same_node_names()
     unsized_dims()
     shared_dim_name()

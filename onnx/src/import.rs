@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 
-use meshc_ir::{DType, Graph, Input, Output, Tensor, TensorType};
+use meshc_ir::{DType, Data, Graph, Input, Output, Tensor, TensorType};
 
 use super::builder::{Builder, Value};
 use super::control;
@@ -370,9 +370,51 @@ fn subgraph(
     outputs
 }
 
+/// An `If` whose condition is computed at run time: both branches imported, each output
+/// the `where` of the condition on the two branches' values, which must have the same type.
+fn select(
+    b: &mut Builder,
+    n: &NodeProto,
+    cond: &Value,
+    branches: [&GraphProto; 2],
+    opset: i64,
+    values: &mut HashMap<String, Value>,
+) -> R<Vec<Value>> {
+    let name = n.name.as_deref().unwrap_or("if");
+    let cond = scalar_cond(b, cond, &format!("{name}.cond"))?;
+    let then = subgraph(b, branches[0], opset, values, Vec::new())?;
+    let otherwise = subgraph(b, branches[1], opset, values, Vec::new())?;
+    if then.len() != otherwise.len() {
+        return Err(format!("its branches give {} and {} outputs", then.len(), otherwise.len()));
+    }
+    (then.iter().zip(&otherwise).enumerate())
+        .map(|(k, (t, e))| {
+            let (tt, te) = (b.ty(t), b.ty(e));
+            if tt != te {
+                return Err(format!(
+                    "its condition is computed at run time and its branches give output {k} as {tt} and {te}; \
+                     meshc selects between branches at run time only when they give the same types"
+                ));
+            }
+            b.node(&format!("{name}.select{k}"), meshc_ir::Op::Where, &[&cond, t, e], &[])
+        })
+        .collect()
+}
+
+/// A condition computed at run time as a scalar bool: one value, a bool, reshaped to rank
+/// 0 so that a `where` on it broadcasts to a value of any shape.
+fn scalar_cond(b: &mut Builder, cond: &Value, name: &str) -> R<Value> {
+    let ty = b.ty(cond);
+    if ty.dtype != meshc_ir::DType::Bool || ty.numel() != 1 {
+        return Err(format!("its condition is {ty}, where it takes one bool"));
+    }
+    super::ops::reshape(b, cond, &[], name)
+}
+
 /// A `Loop` unrolled: its body imported once per iteration, the carried values of one
 /// iteration the inputs of the next, the scan outputs of every iteration stacked. The trip
-/// count and each iteration's condition must be known at import time (`control::Trips`).
+/// count must be known at import time; a condition computed at run time keeps each
+/// iteration's carried values only while it has held (`control::Trips`).
 fn unroll(
     b: &mut Builder,
     n: &NodeProto,
@@ -381,7 +423,13 @@ fn unroll(
     values: &mut HashMap<String, Value>,
 ) -> R<Vec<Value>> {
     let body = control::body(n)?;
+    let loop_name = n.name.as_deref().unwrap_or("loop");
     let mut trips = control::Trips::new(args)?;
+    // Whether the iterations so far have run, where the condition is computed at run time.
+    let mut running = match (trips.cond(), args.get(1).and_then(Option::as_ref)) {
+        (control::Cond::AtRunTime, Some(c)) => Some(scalar_cond(b, c, &format!("{loop_name}.cond"))?),
+        _ => None,
+    };
     let mut carried: Vec<Value> = args
         .iter()
         .skip(2)
@@ -395,19 +443,51 @@ fn unroll(
         )
     })?;
     let mut stacked: Vec<Vec<Value>> = vec![Vec::new(); scans];
-    while let Some(first) = trips.next()? {
+    while let Some(number) = trips.next()? {
+        let i = trips.current();
+        let at = |e: String| format!("iteration {i}: {e}");
+        if running.is_some() && scans > 0 {
+            return Err(at("its condition is computed at run time, so the length of its scan outputs would be \
+                           decided at run time, which meshc does not support"
+                .to_string()));
+        }
         count_unrolled(b, body)?;
-        let mut outs = subgraph(b, body, opset, values, first.into_iter().chain(carried).collect())
-            .map_err(|e| format!("iteration {}: {e}", trips.current()))?;
+        let cond_in = running.clone().unwrap_or_else(|| Value::computed(Tensor::new(vec![], Data::Bool(vec![true]))));
+        let mut outs =
+            subgraph(b, body, opset, values, [number, cond_in].into_iter().chain(carried.iter().cloned()).collect())
+                .map_err(at)?;
         let scanned = outs.split_off(outs.len().saturating_sub(scans));
-        trips.set_condition(&outs[0])?;
-        carried = outs.split_off(1);
+        let next = outs.split_off(1);
+        carried = match &running {
+            None => next,
+            // This iteration ran only if the condition held through the last one.
+            Some(r) => (next.iter().zip(&carried).enumerate())
+                .map(|(k, (new, old))| {
+                    let (tn, to) = (b.ty(new), b.ty(old));
+                    if tn != to {
+                        return Err(at(format!(
+                            "its condition is computed at run time and carried value {k} changes from {to} to {tn}; \
+                             meshc keeps an iteration's values at run time only when they keep their types"
+                        )));
+                    }
+                    b.node(&format!("{loop_name}.keep{i}.{k}"), meshc_ir::Op::Where, &[r, new, old], &[])
+                })
+                .collect::<R<_>>()?,
+        };
+        let c = control::Cond::of(&outs[0], "body's condition").map_err(at)?;
+        trips.set_condition(c);
+        if c == control::Cond::AtRunTime {
+            let c = scalar_cond(b, &outs[0], &format!("{loop_name}.cond{i}")).map_err(at)?;
+            running = Some(match &running {
+                None => c,
+                Some(r) => b.node(&format!("{loop_name}.running{i}"), meshc_ir::Op::And, &[r, &c], &[]).map_err(at)?,
+            });
+        }
         for (all, v) in stacked.iter_mut().zip(scanned) {
             all.push(v);
         }
     }
     let mut results = carried;
-    let loop_name = n.name.as_deref().unwrap_or("loop");
     for (k, all) in stacked.iter().enumerate() {
         results.push(stack(b, all, 0, &format!("{loop_name}.scan{k}"))?);
     }
@@ -640,8 +720,15 @@ fn node(b: &mut Builder, n: &NodeProto, g: &GraphProto, opset: i64, values: &mut
         })
         .collect::<R<Vec<_>>>()?;
     if op_type == "If" {
-        let taken = control::taken(n, args.first().and_then(Option::as_ref)).map_err(fail)?;
-        let results = subgraph(b, taken, opset, values, Vec::new()).map_err(fail)?;
+        let cond = args.first().and_then(Option::as_ref);
+        let results = match (control::branches(n, cond).map_err(fail)?, cond) {
+            (control::Branches::Both { then, otherwise }, Some(cond)) => {
+                select(b, n, cond, [then, otherwise], opset, values)
+            }
+            (control::Branches::Taken(g), _) => subgraph(b, g, opset, values, Vec::new()),
+            (control::Branches::Both { .. }, None) => Err("its condition (input 0) is not given".into()),
+        }
+        .map_err(fail)?;
         return record(n, results, values).map_err(fail);
     }
     if op_type == "Loop" {
