@@ -9,7 +9,7 @@ use crate::dtype::{DType, TensorType};
 use crate::error::{shorten, Error, Loc, Result};
 use crate::graph::{Dims, Graph, Init, Input, Node, Output, Param, ParamData};
 use crate::ops::Op;
-use crate::sym::symbol::{Symbol, Symbols};
+use crate::sym::symbol::{Symbol, Symbols, MAX_BOUND};
 
 pub const FORMAT: &str = "meshc-graph/1";
 
@@ -62,9 +62,13 @@ fn parse_symbols(v: &Value, src: &str) -> Result<Symbols> {
         check_keys(b, &what, &["lo", "hi", "multiple_of"])?;
         let int = |key: &str, default: Option<i64>| -> Result<i64> {
             match b.get(key) {
-                Some(x) => x
-                    .as_i64()
-                    .ok_or_else(|| Error::new(format!("{what}: \"{key}\" must be an integer, found {}", shown(x)))),
+                Some(x) => match (x.as_i64(), x.as_u64()) {
+                    (Some(v), _) => Ok(v),
+                    (None, Some(v)) => Err(Error::new(format!(
+                        "{what}: {key} {v} is above the largest size a symbol may take ({MAX_BOUND})"
+                    ))),
+                    _ => Err(Error::new(format!("{what}: \"{key}\" must be an integer, found {}", shown(x)))),
+                },
                 None => default.ok_or_else(|| Error::new(format!("{what} has no \"{key}\""))),
             }
         };

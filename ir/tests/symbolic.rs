@@ -179,6 +179,10 @@ fn malformed_json_symbols_are_one_line_errors() {
         (r#"{"seq": {"lo": 1}}"#, "symbol 'seq' has no \"hi\""),
         (r#"{"seq": {"lo": 1, "hi": 2.5}}"#, "symbol 'seq': \"hi\" must be an integer, found 2.5"),
         (
+            r#"{"seq": {"lo": 1, "hi": 18446744073709551615}}"#,
+            "symbol 'seq': hi 18446744073709551615 is above the largest size a symbol may take (1099511627776)",
+        ),
+        (
             r#"{"seq": {"lo": 1, "hi": 8, "step": 2}}"#,
             "symbol 'seq': unknown key \"step\" (allowed: lo, hi, multiple_of)",
         ),
