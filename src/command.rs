@@ -79,10 +79,20 @@ pub struct OnnxArgs {
 }
 
 impl OnnxArgs {
-    pub fn import(&self, path: &Path) -> Result<meshc_onnx::Imported> {
-        let (dims, _) = self.examples()?;
+    /// The model at `path` imported at the `--dim` sizes; with ranges, at their examples
+    /// and read over them, checked against an import at other sizes
+    /// (`meshc_onnx::symbolic`).
+    pub fn import(&self, path: &Path) -> Result<(meshc_onnx::Imported, Option<meshc_ir::sym::SymInfo>)> {
+        let (dims, symbols) = self.examples()?;
         let shapes = meshc_onnx::parse_input_shapes(&self.input_shapes)?;
-        Ok(meshc_onnx::import(path, &dims, &shapes, &meshc_onnx::parse_consts(&self.consts)?)?)
+        let consts = meshc_onnx::parse_consts(&self.consts)?;
+        match symbols {
+            Some(symbols) => {
+                let (imp, si) = meshc_onnx::symbolic::import(path, &dims, &symbols, &shapes, &consts)?;
+                Ok((imp, Some(si)))
+            }
+            None => Ok((meshc_onnx::import(path, &dims, &shapes, &consts)?, None)),
+        }
     }
 
     /// The size each `--dim` imports at, and the ranged ones as symbols (None: all values).
@@ -297,14 +307,7 @@ fn input_shape_dims(g: &Graph, dims: &[String], shapes: &BTreeMap<String, Vec<us
 /// symbols (a `--dim` replaces the graph's bounds of its name).
 pub fn load_graph_sym(path: &Path, onnx: &OnnxArgs) -> Result<GraphIn> {
     if meshc_onnx::is_onnx(path) {
-        let imp = onnx.import(path)?;
-        let sym = match onnx.examples()?.1 {
-            Some(symbols) => Some(
-                meshc_ir::sym::infer_graph(&imp.graph, &imp.info, &symbols)
-                    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?,
-            ),
-            None => None,
-        };
+        let (imp, sym) = onnx.import(path)?;
         return Ok(GraphIn { graph: imp.graph, info: imp.info, imported: Some(imp.params), sym });
     }
     if !onnx.consts.is_empty() {

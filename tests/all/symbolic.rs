@@ -400,3 +400,59 @@ fn import_with_ranges_writes_them_into_the_graph() {
     assert!(text.contains("\n  dim seq = 1..256\n") && !text.contains("dim batch"), "{text}");
     assert_eq!(interp(&graph, &[], "got-2.npy"), want);
 }
+
+/// testdata/onnx/mlp with its output divided by the batch size, read from the input's
+/// Shape: a value computed from a size, which the importer folds at the example size.
+fn mlp_over_batch(dir: &Path) -> String {
+    use meshc_onnx::proto::{AttributeProto, Message, ModelProto, NodeProto, TensorProto};
+    let mut m = ModelProto::decode(&std::fs::read("testdata/onnx/mlp/model.onnx").unwrap()[..]).unwrap();
+    let g = m.graph.as_mut().unwrap();
+    let last = g.node.iter_mut().find(|n| n.output == ["y"]).unwrap();
+    last.output = vec!["y_raw".into()];
+    g.initializer.push(TensorProto {
+        name: Some("zero".into()),
+        data_type: Some(7),
+        int64_data: vec![0],
+        ..Default::default()
+    });
+    let node = |op: &str, input: &[&str], out: &str| NodeProto {
+        op_type: Some(op.into()),
+        input: input.iter().map(|s| s.to_string()).collect(),
+        output: vec![out.into()],
+        ..Default::default()
+    };
+    let mut cast = node("Cast", &["b"], "bf");
+    cast.attribute.push(AttributeProto { name: Some("to".into()), r#type: Some(2), i: Some(1), ..Default::default() });
+    g.node.extend([
+        node("Shape", &["x"], "s"),
+        node("Gather", &["s", "zero"], "b"),
+        cast,
+        node("Div", &["y_raw", "bf"], "y"),
+    ]);
+    let p = dir.join("mlp_over_batch.onnx");
+    std::fs::write(&p, m.encode_to_vec()).unwrap();
+    p.display().to_string()
+}
+
+#[test]
+fn a_value_computed_from_a_symbol_s_size_refuses_the_symbol() {
+    let dir = scratch("sym-value");
+    let model = mlp_over_batch(&dir);
+    let x = write(&dir, "x5.npy", &Tensor::f32(vec![5, 16], values(5 * 16, 5)));
+    let r = meshc(&["interp", &model, "--dim", "batch=5", "--input", &x]);
+    assert_eq!(r.status, Some(0), "{}", r.stderr);
+    // Folded at the example (3), the divisor would be 3 at every batch: refused instead,
+    // naming the param that differs and the symbol.
+    let out = dir.join("g.txt").display().to_string();
+    let dims = ["--dim", "batch=1..8"];
+    for args in [vec!["check", &model], vec!["interp", &model, "--input", &x], vec!["import", &model, "-o", &out]] {
+        let r = meshc(&[&args[..], &dims].concat());
+        assert_eq!(r.status, Some(1), "{args:?}: {}", r.stdout);
+        assert!(
+            r.stderr.contains("imported at batch=4, param 'y.1' holds f32[] (first 4) where the import at the example holds f32[] (first 3): the model computes it from batch in a way meshc does not read symbolically; give batch a value (--dim batch=N;"),
+            "{args:?}: {}",
+            r.stderr
+        );
+    }
+    assert!(!dir.join("g.txt").exists());
+}
