@@ -62,7 +62,8 @@ pub enum WeightsArg {
 pub struct OnnxArgs {
     /// Bind the dim NAME (repeatable): NAME=N gives an ONNX model's symbolic dim, or a
     /// graph's input dims named NAME, the size N; NAME=LO..HI[:multiple_of=K] keeps a graph's
-    /// dim symbolic within bounds (`check`, `interp`; docs/dynamic-shapes.md).
+    /// dim symbolic within bounds (`check`, `interp`; docs/dynamic-shapes.md). Either replaces
+    /// the bounds a graph declares for NAME (`dim NAME = LO..HI`).
     #[arg(long = "dim", value_name = "NAME=N|NAME=LO..HI")]
     pub dims: Vec<String>,
     /// Fix every dim of input NAME, in order, dims separated by `x` (repeatable): for an
@@ -78,10 +79,20 @@ pub struct OnnxArgs {
 }
 
 impl OnnxArgs {
-    pub fn import(&self, path: &Path) -> Result<meshc_onnx::Imported> {
-        let (dims, _) = self.examples()?;
+    /// The model at `path` imported at the `--dim` sizes; with ranges, at their examples
+    /// and read over them, checked against an import at other sizes
+    /// (`meshc_onnx::symbolic`).
+    pub fn import(&self, path: &Path) -> Result<(meshc_onnx::Imported, Option<meshc_ir::sym::SymInfo>)> {
+        let (dims, symbols) = self.examples()?;
         let shapes = meshc_onnx::parse_input_shapes(&self.input_shapes)?;
-        Ok(meshc_onnx::import(path, &dims, &shapes, &meshc_onnx::parse_consts(&self.consts)?)?)
+        let consts = meshc_onnx::parse_consts(&self.consts)?;
+        match symbols {
+            Some(symbols) => {
+                let (imp, si) = meshc_onnx::symbolic::import(path, &dims, &symbols, &shapes, &consts)?;
+                Ok((imp, Some(si)))
+            }
+            None => Ok((meshc_onnx::import(path, &dims, &shapes, &consts)?, None)),
+        }
     }
 
     /// The size each `--dim` imports at, and the ranged ones as symbols (None: all values).
@@ -211,7 +222,8 @@ pub fn warn_nan_params(g: &Graph, params: &params::Params, graph: &Path) -> Resu
 
 /// A graph as the commands take it: a graph file, whose params are read from their
 /// sources, or an ONNX model imported in memory, with its params' values; with ranged
-/// `--dim`s, the graph as written and its symbolic shapes (`check` and `interp` only).
+/// `--dim`s or ranges the graph declares, the graph as written and its symbolic shapes
+/// (`check` and `interp` only).
 pub struct GraphIn {
     pub graph: Graph,
     pub info: Info,
@@ -225,9 +237,18 @@ pub fn load_graph(path: &Path, onnx: &OnnxArgs) -> Result<GraphIn> {
     let gi = load_graph_sym(path, onnx)?;
     if let Some(si) = &gi.sym {
         let s = si.symbols.values().find(|s| !s.is_fixed()).expect("a ranged symbol");
+        let given = onnx.dims.iter().any(|d| d.split_once('=').is_some_and(|(n, _)| n.trim() == s.name));
+        let from = match given {
+            true => format!("--dim {s}"),
+            false => {
+                format!("{}: dim {} = {} (declared in the graph)", path.display(), s.name, meshc_ir::sym::Bounds(s))
+            }
+        };
         bail!(
-            "--dim {s}: the compiled path needs a value for now (give --dim {}=N); `check` and `interp` take a range (docs/dynamic-shapes.md)",
-            s.name
+            "{from}: the compiled path needs a value for now (give --dim {}=N; the graph is written at {}={}); `check` and `interp` take a range (docs/dynamic-shapes.md)",
+            s.name,
+            s.name,
+            si.example[&s.name]
         );
     }
     Ok(gi)
@@ -282,17 +303,11 @@ fn input_shape_dims(g: &Graph, dims: &[String], shapes: &BTreeMap<String, Vec<us
     Ok(out)
 }
 
-/// The graph at `path`, with `--dim` ranges kept as symbols.
+/// The graph at `path`, with `--dim` ranges and the ranges the graph declares kept as
+/// symbols (a `--dim` replaces the graph's bounds of its name).
 pub fn load_graph_sym(path: &Path, onnx: &OnnxArgs) -> Result<GraphIn> {
     if meshc_onnx::is_onnx(path) {
-        let imp = onnx.import(path)?;
-        let sym = match onnx.examples()?.1 {
-            Some(symbols) => Some(
-                meshc_ir::sym::infer_graph(&imp.graph, &imp.info, &symbols)
-                    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?,
-            ),
-            None => None,
-        };
+        let (imp, sym) = onnx.import(path)?;
         return Ok(GraphIn { graph: imp.graph, info: imp.info, imported: Some(imp.params), sym });
     }
     if !onnx.consts.is_empty() {
@@ -302,10 +317,12 @@ pub fn load_graph_sym(path: &Path, onnx: &OnnxArgs) -> Result<GraphIn> {
     let in_file = |e: String| anyhow::anyhow!("{}: {e}", path.display());
     let dims =
         input_shape_dims(&graph, &onnx.dims, &meshc_onnx::parse_input_shapes(&onnx.input_shapes)?).map_err(in_file)?;
-    if dims.is_empty() {
+    if dims.is_empty() && graph.symbols.is_empty() {
         return Ok(GraphIn { graph, info, imported: None, sym: None });
     }
-    let symbols = meshc_ir::sym::parse_symbols(&dims).map_err(anyhow::Error::msg)?;
+    // The bounds the graph declares, each replaced by a `--dim` of the same name.
+    let mut symbols = graph.symbols.clone();
+    symbols.extend(meshc_ir::sym::parse_symbols(&dims).map_err(anyhow::Error::msg)?);
     let si = meshc_ir::sym::infer_graph(&graph, &info, &symbols).map_err(in_file)?;
     if symbols.values().any(|s| !s.is_fixed()) {
         return Ok(GraphIn { graph, info, imported: None, sym: Some(si) });

@@ -354,15 +354,18 @@ fn import(model: &Path, out: Option<&Path>, weights: Option<&Path>, onnx: &OnnxA
     if !meshc_onnx::is_onnx(model) {
         bail!("{}: import reads an ONNX model (.onnx)", model.display());
     }
-    let imp = onnx.import(model)?;
-    if let Some(symbols) = onnx.examples()?.1 {
-        // Checked now: a graph whose shapes cannot be read over the symbols is refused here.
-        let si = meshc_ir::sym::infer_graph(&imp.graph, &imp.info, &symbols)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", model.display()))?;
-        let at: Vec<String> = symbols.keys().map(|n| format!("{n}={}", si.example[n])).collect();
+    // A graph whose shapes cannot be read over the symbols is refused here.
+    let (mut imp, sym) = onnx.import(model)?;
+    if let Some(si) = sym {
+        let at: Vec<String> = si.symbols.keys().map(|n| format!("{n}={}", si.example[n])).collect();
+        // The ranges go into the graph, so reading it back is symbolic without them; a
+        // `--dim NAME=N` is a size the graph is simply written at.
+        imp.graph.symbols = si.symbols.into_iter().filter(|(_, s)| !s.is_fixed()).collect();
+        let declared: Vec<String> = imp.graph.symbols.values().map(ToString::to_string).collect();
         eprintln!(
-            "note: written at {}; its named dims stay symbolic with the same --dim ranges (docs/dynamic-shapes.md)",
-            at.join(", ")
+            "note: written at {}; the graph declares {}, so its named dims stay symbolic (docs/dynamic-shapes.md)",
+            at.join(", "),
+            declared.join(", ")
         );
     }
     match out {
@@ -466,7 +469,7 @@ fn check(path: &Path, layout: Option<&Path>, onnx: &OnnxArgs, as_json: bool) -> 
     let GraphIn { graph: g, info, imported, sym } = load_graph_sym(path, onnx)?;
     if let (Some(_), Some(l)) = (&sym, layout) {
         bail!(
-            "{}: layouts over ranged --dims are a later stage; give each --dim a value (docs/dynamic-shapes.md)",
+            "{}: layouts over ranged dims are a later stage; give each --dim a value (docs/dynamic-shapes.md)",
             l.display()
         );
     }

@@ -7,6 +7,7 @@ use crate::attrs;
 use crate::dtype::{DType, TensorType};
 use crate::error::Loc;
 use crate::ops::Op;
+use crate::sym::symbol::Symbols;
 
 /// Optional names of tensor dimensions (`["batch", null]`); `None` entries are unnamed.
 pub type Dims = Vec<Option<String>>;
@@ -18,6 +19,10 @@ pub struct Graph {
     pub params: Vec<Param>,
     pub nodes: Vec<Node>,
     pub outputs: Vec<Output>,
+    /// The bounds the graph declares for its symbolic dims (`dim seq = 1..512`), which the
+    /// command line's `--dim`s override; empty in every graph a pass builds, whose sizes are
+    /// all values (docs/dynamic-shapes.md).
+    pub symbols: Symbols,
 }
 
 #[derive(Clone, Debug)]
@@ -113,6 +118,20 @@ impl Graph {
     pub fn tensor_names(&self) -> impl Iterator<Item = &String> {
         let inputs = self.inputs.iter().map(|i| &i.name);
         inputs.chain(self.params.iter().map(|p| &p.name)).chain(self.nodes.iter().map(|n| &n.name))
+    }
+
+    /// The dim names the inputs carry, sorted, once each, for messages about a symbol that
+    /// names none of them (`batch, embed`, or `none`).
+    pub fn input_dim_names(&self) -> String {
+        let mut named: Vec<&str> =
+            self.inputs.iter().flat_map(|i| i.dims.iter().flatten().flatten()).map(String::as_str).collect();
+        named.sort_unstable();
+        named.dedup();
+        if named.is_empty() {
+            "none".to_string()
+        } else {
+            named.join(", ")
+        }
     }
 }
 

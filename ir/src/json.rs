@@ -9,6 +9,7 @@ use crate::dtype::{DType, TensorType};
 use crate::error::{shorten, Error, Loc, Result};
 use crate::graph::{Dims, Graph, Init, Input, Node, Output, Param, ParamData};
 use crate::ops::Op;
+use crate::sym::symbol::{Symbol, Symbols, MAX_BOUND};
 
 pub const FORMAT: &str = "meshc-graph/1";
 
@@ -18,7 +19,7 @@ pub fn parse(src: &str) -> Result<Graph> {
         Error::at(loc, format!("invalid JSON: {}", strip_position(&e.to_string())))
     })?;
     let top = object(&v, "the graph")?;
-    check_keys(top, "the graph", &["format", "name", "inputs", "params", "nodes", "outputs"])?;
+    check_keys(top, "the graph", &["format", "name", "symbols", "inputs", "params", "nodes", "outputs"])?;
     match top.get("format") {
         Some(Value::String(f)) if f == FORMAT => {}
         Some(other) => return Err(Error::new(format!("unsupported format {}, expected \"{FORMAT}\"", shown(other)))),
@@ -38,7 +39,80 @@ pub fn parse(src: &str) -> Result<Graph> {
         .iter()
         .map(|v| Ok(Output::new(string(v, "an entry of \"outputs\"")?)))
         .collect::<Result<_>>()?;
-    Ok(Graph { name, inputs, params, nodes, outputs })
+    let symbols = match top.get("symbols") {
+        Some(v) => parse_symbols(v, src)?,
+        None => Symbols::new(),
+    };
+    Ok(Graph { name, inputs, params, nodes, outputs, symbols })
+}
+
+/// `"symbols": {"seq": {"lo": 1, "hi": 512, "multiple_of": 8}, ...}` (`multiple_of`
+/// optional): the bounds of the graph's symbolic dims, as `dim seq = 1..512:multiple_of=8`
+/// in the text format.
+fn parse_symbols(v: &Value, src: &str) -> Result<Symbols> {
+    let obj = object(v, "\"symbols\"")?;
+    let mut seen = std::collections::HashSet::new();
+    if let Some(twice) = symbol_keys(src).into_iter().find(|k| !seen.insert(k.clone())) {
+        return Err(Error::new(format!("symbol '{}' is declared twice in \"symbols\"", shorten(&twice))));
+    }
+    let mut out = Symbols::new();
+    for (name, b) in obj {
+        let what = format!("symbol '{}'", shorten(name));
+        let b = object(b, &what)?;
+        check_keys(b, &what, &["lo", "hi", "multiple_of"])?;
+        let int = |key: &str, default: Option<i64>| -> Result<i64> {
+            match b.get(key) {
+                Some(x) => match (x.as_i64(), x.as_u64()) {
+                    (Some(v), _) => Ok(v),
+                    (None, Some(v)) => Err(Error::new(format!(
+                        "{what}: {key} {v} is above the largest size a symbol may take ({MAX_BOUND})"
+                    ))),
+                    _ => Err(Error::new(format!("{what}: \"{key}\" must be an integer, found {}", shown(x)))),
+                },
+                None => default.ok_or_else(|| Error::new(format!("{what} has no \"{key}\""))),
+            }
+        };
+        let sym = Symbol::new(name, int("lo", None)?, int("hi", None)?, int("multiple_of", Some(1))?)
+            .map_err(|e| Error::new(format!("{what}: {e}")))?;
+        out.insert(name.clone(), sym);
+    }
+    Ok(out)
+}
+
+/// The keys of the top-level `"symbols"` object in the order written, repeats kept: a
+/// JSON object keeps only the last of a repeated key, and a symbol declared twice must be
+/// refused rather than one of its bounds silently chosen.
+fn symbol_keys(src: &str) -> Vec<String> {
+    use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+    #[derive(Default)]
+    struct Keys(Vec<String>);
+    impl<'de> serde::Deserialize<'de> for Keys {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Keys, D::Error> {
+            struct V;
+            impl<'de> Visitor<'de> for V {
+                type Value = Keys;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("an object")
+                }
+                fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Keys, A::Error> {
+                    let mut keys = Vec::new();
+                    while let Some((k, IgnoredAny)) = m.next_entry::<String, IgnoredAny>()? {
+                        keys.push(k);
+                    }
+                    Ok(Keys(keys))
+                }
+            }
+            d.deserialize_map(V)
+        }
+    }
+    #[derive(serde::Deserialize)]
+    struct Top {
+        #[serde(default)]
+        symbols: Keys,
+    }
+    // The file parsed as a `Value` already, so this parse fails only where that one
+    // reported the problem (a repeated top-level key, which `Value` keeps the last of).
+    serde_json::from_str::<Top>(src).map(|t| t.symbols.0).unwrap_or_default()
 }
 
 /// serde_json appends " at line L column C"; we report the position as line:col instead.
@@ -255,6 +329,16 @@ fn parse_node(i: usize, v: &Value) -> Result<Node> {
     })
 }
 
+fn symbol_json(s: &Symbol) -> Value {
+    let mut m = Map::new();
+    m.insert("lo".into(), s.lo.into());
+    m.insert("hi".into(), s.hi.into());
+    if s.multiple_of > 1 {
+        m.insert("multiple_of".into(), s.multiple_of.into());
+    }
+    Value::Object(m)
+}
+
 fn dims_json(d: &Dims) -> Value {
     Value::Array(d.iter().map(|n| n.as_ref().map_or(Value::Null, |s| Value::String(s.clone()))).collect())
 }
@@ -350,6 +434,10 @@ pub fn print(g: &Graph) -> String {
     let mut out = String::from("{\n");
     out.push_str(&format!("  \"format\": \"{FORMAT}\",\n"));
     out.push_str(&format!("  \"name\": {},\n", Value::from(g.name.as_str())));
+    if !g.symbols.is_empty() {
+        let symbols: Map<String, Value> = g.symbols.values().map(|s| (s.name.clone(), symbol_json(s))).collect();
+        out.push_str(&format!("  \"symbols\": {},\n", Value::Object(symbols)));
+    }
     section(&mut out, "inputs", g.inputs.iter().map(|i| typed_entry(&i.name, &i.ty, &i.dims)).collect(), false);
     section(&mut out, "params", g.params.iter().map(param_json).collect(), false);
     section(&mut out, "nodes", g.nodes.iter().map(node_json).collect(), false);

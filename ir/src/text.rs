@@ -5,6 +5,7 @@
 //! verifier's business, which is why every parsed item keeps its `loc`. The grammar is
 //! specified in docs/format.md.
 
+use std::collections::HashMap;
 use std::fmt;
 
 use crate::attr::{Attr, Attrs};
@@ -13,6 +14,7 @@ use crate::err;
 use crate::error::{Error, Loc, Result};
 use crate::graph::{Dims, Graph, Init, Input, Node, Output, Param, ParamData};
 use crate::ops::Op;
+use crate::sym::symbol::{Bounds, Symbol, Symbols};
 
 /// Words that open a clause where a name could also stand. Newlines carry no meaning, so a
 /// name spelled like one of these must be quoted rather than guessed at.
@@ -45,6 +47,8 @@ enum Tok<'a> {
     Int(&'a str),
     Float(f64),
     Punct(char),
+    /// `..`, between a symbol's bounds.
+    DotDot,
     Eof,
 }
 
@@ -147,6 +151,11 @@ impl<'a> Lexer<'a> {
                 self.bump();
                 Tok::Punct(c)
             }
+            Some('.') if self.src[self.pos..].starts_with("..") => {
+                self.bump();
+                self.bump();
+                Tok::DotDot
+            }
             Some(c) => return Err(err!(Some(loc), "unexpected character {c:?}")),
         };
         Ok(Token { tok, text: &self.src[start..self.pos], loc })
@@ -159,7 +168,8 @@ impl<'a> Lexer<'a> {
         // reported as one bad number rather than as a number followed by a puzzling token.
         while let Some(c) = self.peek() {
             let exponent_sign = matches!(c, '+' | '-') && self.src[..self.pos].ends_with(['e', 'E']);
-            if !(is_ident_char(c) || exponent_sign) {
+            // `1..512` is two numbers and the `..` between a symbol's bounds.
+            if !(is_ident_char(c) || exponent_sign) || self.src[self.pos..].starts_with("..") {
                 break;
             }
             self.bump();
@@ -278,13 +288,15 @@ type Declared = (Option<DType>, Option<Vec<usize>>, Option<Dims>);
 struct Parser<'a> {
     lex: Lexer<'a>,
     tok: Token<'a>,
+    /// Where each symbol was declared, for the message about a second declaration.
+    symbol_at: HashMap<String, Loc>,
 }
 
 impl<'a> Parser<'a> {
     fn new(src: &'a str) -> Result<Self> {
         let mut lex = Lexer::new(src);
         let tok = lex.next()?;
-        Ok(Parser { lex, tok })
+        Ok(Parser { lex, tok, symbol_at: HashMap::new() })
     }
 
     fn bump(&mut self) -> Result<()> {
@@ -411,8 +423,17 @@ impl<'a> Parser<'a> {
                 })?;
                 g.outputs.extend(outputs);
             }
+            Tok::Ident("dim") => {
+                let (name, loc) = self.name(format_args!("a node name"))?;
+                // `dim seq = ...` declares a symbol; `dim = op(...)` or `dim: ...` is a node
+                // named `dim`, which is why the word needs no quotes as a name.
+                match self.tok.tok {
+                    Tok::Ident(_) | Tok::Str(_) => self.symbol(&mut g.symbols)?,
+                    _ => g.nodes.push(self.node_named(name, loc)?),
+                }
+            }
             Tok::Ident(_) | Tok::Str(_) => g.nodes.push(self.node()?),
-            _ => return Err(self.unexpected("'input', 'param', 'output', a node or '}'")),
+            _ => return Err(self.unexpected("'input', 'param', 'output', 'dim', a node or '}'")),
         }
         Ok(())
     }
@@ -581,8 +602,48 @@ impl<'a> Parser<'a> {
         })
     }
 
+    /// `NAME = N | LO..HI [: multiple_of = K]`, after `dim`: the bounds of a symbol.
+    fn symbol(&mut self, symbols: &mut Symbols) -> Result<()> {
+        let (name, loc) = self.name(format_args!("a symbol name after 'dim'"))?;
+        self.expect('=', format_args!("after 'dim {}'", Name(&name)))?;
+        let what = "a size (a non-negative integer)";
+        let lo = self.uint::<i64>(what)?;
+        let hi = if self.tok.tok == Tok::DotDot {
+            self.bump()?;
+            self.uint::<i64>(what)?
+        } else {
+            lo
+        };
+        let mut multiple_of = 1;
+        if self.eat(':')? {
+            if self.tok.tok != Tok::Ident("multiple_of") {
+                return Err(self.unexpected(format_args!("'multiple_of' after ':' in 'dim {}'", Name(&name))));
+            }
+            self.bump()?;
+            self.expect('=', format_args!("after 'multiple_of'"))?;
+            multiple_of = self.uint::<i64>("a divisor (a positive integer)")?;
+        }
+        let sym = Symbol::new(&name, lo, hi, multiple_of).map_err(|e| err!(Some(loc), "dim {}: {e}", Name(&name)))?;
+        if let Some(first) = self.symbol_at.insert(name.clone(), loc) {
+            return Err(err!(
+                Some(loc),
+                "dim {} is declared twice (first at {}:{})",
+                Name(&name),
+                first.line,
+                first.col
+            ));
+        }
+        symbols.insert(name, sym);
+        Ok(())
+    }
+
     fn node(&mut self) -> Result<Node> {
         let (name, loc) = self.name(format_args!("a node name"))?;
+        self.node_named(name, loc)
+    }
+
+    /// A node after its name.
+    fn node_named(&mut self, name: String, loc: Loc) -> Result<Node> {
         let (dtype, shape, dims) = if self.eat(':')? { self.declared_type(&name)? } else { (None, None, None) };
         self.expect('=', format_args!("after the name of node '{name}'"))?;
         let Tok::Ident(op_name) = self.tok.tok else {
@@ -775,6 +836,9 @@ impl fmt::Display for Printer<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let g = self.0;
         writeln!(f, "graph {} {{", Name(&g.name))?;
+        for s in g.symbols.values() {
+            writeln!(f, "  dim {} = {}", Name(&s.name), Bounds(s))?;
+        }
         for i in &g.inputs {
             write!(f, "  input {}: {}", Name(&i.name), i.ty)?;
             write_dims(f, &i.dims)?;
@@ -902,10 +966,17 @@ mod tests {
                 weird,
             ],
             outputs: ["y", "a", "weird \"name\"\n"].into_iter().map(Output::new).collect(),
+            symbols: [("batch", 1, 512, 8), ("dims", 4, 4, 1), ("embed", 0, 1024, 1)]
+                .into_iter()
+                .map(|(n, lo, hi, k)| (n.to_string(), Symbol::new(n, lo, hi, k).unwrap()))
+                .collect(),
         }
     }
 
     const EVERYTHING: &str = r#"graph mlp {
+  dim batch = 1..512:multiple_of=8
+  dim "dims" = 4
+  dim embed = 0..1024
   input x: f32[512,1024] dims(batch, embed)
   input t: i32[]
   input "input": bool[3] dims(_)
@@ -1053,7 +1124,7 @@ graph mlp {
             "graph g {\n  h = relu(x)\n",
             3,
             1,
-            "expected 'input', 'param', 'output', a node or '}', found end of input",
+            "expected 'input', 'param', 'output', 'dim', a node or '}', found end of input",
         );
         fails("graph g { h = relu(", 1, 20, "expected an operand name, found end of input");
     }
@@ -1065,7 +1136,7 @@ graph mlp {
             "graph g {\n  h = relu(x) [1]\n}",
             2,
             15,
-            "expected 'input', 'param', 'output', a node or '}', found '['",
+            "expected 'input', 'param', 'output', 'dim', a node or '}', found '['",
         );
         fails("graph g { input x: f32[2] ; }", 1, 27, "unexpected character ';'");
     }
@@ -1191,6 +1262,47 @@ graph mlp {
     }
 
     #[test]
+    fn text_symbols_and_a_node_named_dim() {
+        let g = parse(
+            "graph g { dim seq = 1..512 dim b=8..64 : multiple_of = 8 dim n = 3 dim = relu(x) dim: f32 = neg(dim) }",
+        )
+        .unwrap();
+        let bounds: Vec<(&str, i64, i64, i64)> =
+            g.symbols.values().map(|s| (s.name.as_str(), s.lo, s.hi, s.multiple_of)).collect();
+        assert_eq!(bounds, [("b", 8, 64, 8), ("n", 3, 3, 1), ("seq", 1, 512, 1)]);
+        assert_eq!(
+            g.nodes.iter().map(|n| (n.name.as_str(), n.op)).collect::<Vec<_>>(),
+            [("dim", Op::Relu), ("dim", Op::Neg)]
+        );
+        let text = print(&g);
+        assert!(
+            text.starts_with("graph g {\n  dim b = 8..64:multiple_of=8\n  dim n = 3\n  dim seq = 1..512\n"),
+            "{text}"
+        );
+        assert_eq!(parse(&text), Ok(g));
+    }
+
+    #[test]
+    fn text_error_symbols() {
+        fails("graph g {\n  dim seq = 9..2\n}", 2, 7, "dim seq: the range 9..2 is empty");
+        fails("graph g { dim seq = 1..8:multiple_of=0 }", 1, 15, "dim seq: multiple_of must be at least 1, not 0");
+        fails("graph g { dim seq = 9..15:multiple_of=8 }", 1, 15, "dim seq: no multiple of 8 lies in 9..15");
+        fails("graph g { dim s = 1..2 dim s = 3 }", 1, 28, "dim s is declared twice (first at 1:15)");
+        fails("graph g { dim \"x y\" = 1..2 }", 1, 15, "dim \"x y\": the name must be letters, digits, '_' or '.'");
+        fails(
+            "graph g { dim s = 1..99999999999999 }",
+            1,
+            15,
+            "dim s: hi 99999999999999 is above the largest size a symbol may take (1099511627776)",
+        );
+        fails("graph g { dim s = 1.. }", 1, 23, "expected a size (a non-negative integer), found '}'");
+        fails("graph g { dim s = -1..2 }", 1, 19, "expected a size (a non-negative integer), found '-1'");
+        fails("graph g { dim s 1..2 }", 1, 17, "expected '=' after 'dim s', found '1'");
+        fails("graph g { dim s = 1..2:k=3 }", 1, 24, "expected 'multiple_of' after ':' in 'dim s', found 'k'");
+        fails("graph g { dim s = 1...2 }", 1, 22, "unexpected character '.'");
+    }
+
+    #[test]
     fn text_error_deep_nesting_is_rejected_not_a_crash() {
         let deep = format!("graph g {{ h = relu(x) {{k = {}{}}} }}", "[".repeat(200), "]".repeat(200));
         fails(&deep, 1, 156, "lists nested more than 128 deep");
@@ -1202,7 +1314,21 @@ graph mlp {
         prop_oneof![
             "[A-Za-z_][A-Za-z0-9_.]{0,6}",
             prop::sample::select(vec![
-                "input", "param", "output", "dims", "_", "graph", "inf", "NaN", "null", "f32", "file", "key", ""
+                "input",
+                "param",
+                "output",
+                "dims",
+                "_",
+                "graph",
+                "inf",
+                "NaN",
+                "null",
+                "f32",
+                "file",
+                "key",
+                "",
+                "dim",
+                "multiple_of"
             ])
             .prop_map(String::from),
             prop::collection::vec(any::<char>(), 0..6).prop_map(|c| c.into_iter().collect()),
@@ -1296,8 +1422,30 @@ graph mlp {
             prop::collection::vec(param, 0..3),
             prop::collection::vec(any_node(), 0..5),
             prop::collection::vec(any_name().prop_map(Output::new), 0..3),
+            prop::collection::vec(any_symbol(), 0..3),
         )
-            .prop_map(|(name, inputs, params, nodes, outputs)| Graph { name, inputs, params, nodes, outputs })
+            .prop_map(|(name, inputs, params, nodes, outputs, symbols)| Graph {
+                name,
+                inputs,
+                params,
+                nodes,
+                outputs,
+                symbols: symbols.into_iter().map(|s| (s.name.clone(), s)).collect(),
+            })
+    }
+
+    /// A symbol with any bounds the format accepts, under a name `--dim` can spell or a
+    /// word of the syntax.
+    fn any_symbol() -> impl Strategy<Value = Symbol> {
+        let name = prop_oneof![
+            "[A-Za-z0-9_.]{1,6}",
+            prop::sample::select(vec!["dim", "input", "dims", "_", "multiple_of", "graph"]).prop_map(String::from),
+        ];
+        let size = prop_oneof![0..100i64, 0..=crate::sym::MAX_BOUND];
+        (name, size.clone(), size, prop_oneof![Just(1i64), 1..10i64, 1..=crate::sym::MAX_BOUND])
+            .prop_filter_map("bounds that allow a value", |(name, a, b, k)| {
+                Symbol::new(&name, a.min(b), a.max(b), k).ok()
+            })
     }
 
     proptest! {

@@ -52,6 +52,38 @@ fn check_dims(dims: &Option<Dims>, ty: &TensorType, loc: Option<Loc>, what: &str
     }
 }
 
+/// Each symbol a graph declares names input dims, which give its example value, and the
+/// graph as written is one of the sizes its bounds allow.
+fn check_symbols(g: &Graph) -> Result<()> {
+    for s in g.symbols.values() {
+        let mut carried = false;
+        for i in &g.inputs {
+            for (k, d) in i.dims.iter().flatten().enumerate() {
+                if d.as_deref() != Some(s.name.as_str()) {
+                    continue;
+                }
+                carried = true;
+                let size = i.ty.shape[k];
+                if let Some(why) = s.refuse(i64::try_from(size).unwrap_or(i64::MAX)) {
+                    let msg = format!(
+                        "symbol '{}': input '{}' is written with {} = {size} (dim {k}), {why}",
+                        s.name, i.name, s.name
+                    );
+                    return Err(Error::at(i.loc, msg));
+                }
+            }
+        }
+        if !carried {
+            let named = g.input_dim_names();
+            return Err(Error::new(format!(
+                "symbol '{}': no input has a dim named '{}' (named input dims: {named})",
+                s.name, s.name
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn check_attrs(n: &Node) -> Result<()> {
     let specs = n.op.attrs();
     for (k, v) in &n.attrs {
@@ -146,6 +178,7 @@ pub fn verify(g: &Graph) -> Result<Info> {
             dims.insert(i.name.clone(), d.clone());
         }
     }
+    check_symbols(g)?;
     for p in &g.params {
         declare(&p.name, p.loc, "param")?;
         check_size(&p.ty, p.loc, &format!("param '{}'", p.name))?;

@@ -1,9 +1,10 @@
 //! Fuzzing the front end: random byte edits, insertions and truncations of every testdata
-//! graph, in both formats, must give a graph or an error — never a panic — through parsing
+//! graph (and of each with bounds declared for its named dims), in both formats, must give a graph or an error — never a panic — through parsing
 //! and verification alike.
 
 use std::path::PathBuf;
 
+use meshc_ir::sym::Symbol;
 use meshc_ir::{json, load, text, verify};
 use proptest::prelude::*;
 
@@ -14,9 +15,20 @@ fn sources() -> Vec<(bool, String)> {
     dirs.sort();
     for d in dirs {
         let g = d.join("graph.json");
-        if let Ok((graph, _)) = load::load(&g) {
+        if let Ok((mut graph, _)) = load::load(&g) {
             out.push((true, json::print(&graph)));
             out.push((false, text::print(&graph)));
+            // Declared bounds too (`dim batch = 1..1024:multiple_of=2`), for the graphs that
+            // name input dims.
+            let names =
+                graph.inputs.iter().flat_map(|i| i.dims.iter().flatten().flatten()).cloned().collect::<Vec<_>>();
+            for n in names {
+                graph.symbols.insert(n.clone(), Symbol::new(&n, 1, 1024, 2).unwrap());
+            }
+            if !graph.symbols.is_empty() {
+                out.push((true, json::print(&graph)));
+                out.push((false, text::print(&graph)));
+            }
         }
     }
     assert!(out.len() >= 10);

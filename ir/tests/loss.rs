@@ -26,6 +26,7 @@ fn graph() -> Graph {
         params: vec![],
         nodes: vec![Node::new("y", Op::Neg, &["x"])],
         outputs: vec![Output::new("y")],
+        ..Graph::default()
     }
 }
 

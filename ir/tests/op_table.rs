@@ -37,6 +37,7 @@ fn every_op_round_trips_through_both_formats() {
             params: vec![],
             nodes: vec![node],
             outputs: vec![Output::new("y")],
+            ..Graph::default()
         };
         assert_eq!(text::parse(&text::print(&g)).unwrap_or_else(|e| panic!("{op}: {e}")), g, "{op} in text");
         assert_eq!(json::parse(&json::print(&g)).unwrap_or_else(|e| panic!("{op}: {e}")), g, "{op} in JSON");

@@ -24,6 +24,7 @@ fn graph() -> Graph {
         }],
         nodes: vec![Node::new("wx", Op::Mul, &["w", "x"]), Node::new("loss", Op::ReduceSum, &["wx"])],
         outputs: vec![Output::new("loss")],
+        ..Graph::default()
     }
 }
 

@@ -2,7 +2,7 @@
 //! run-time checks it lists, and the errors that name the node.
 
 use meshc_ir::sym::{self, infer::show, parse_symbols};
-use meshc_ir::{text, verify};
+use meshc_ir::{json, text, verify};
 
 /// The symbolic shape of `out` and the checks, for `src` with `dims`.
 fn infer(src: &str, dims: &[&str], out: &str) -> Result<(String, Vec<String>), String> {
@@ -115,4 +115,104 @@ fn binding_names_the_input_the_symbol_and_the_bound() {
     let types = verify::verify(&written).unwrap().types;
     assert_eq!(types["merged"].shape, [2 * 9 * 3, 2]);
     assert_eq!(sym::specialise(&g, &si, &si.example).unwrap(), g);
+}
+
+const DECLARED: &str = "graph g {
+  dim batch = 1..64
+  dim seq = 8..512:multiple_of=8
+  input x: f32[2,16,6] dims(batch, seq, _)
+  y = relu(x)
+  output y
+}";
+
+/// The bounds as (name, lo, hi, multiple_of), in name order.
+fn bounds(g: &meshc_ir::Graph) -> Vec<(String, i64, i64, i64)> {
+    g.symbols.values().map(|s| (s.name.clone(), s.lo, s.hi, s.multiple_of)).collect()
+}
+
+#[test]
+fn declared_symbols_read_the_same_in_both_formats_and_round_trip() {
+    let g = text::parse(DECLARED).unwrap();
+    let want = vec![("batch".to_string(), 1, 64, 1), ("seq".to_string(), 8, 512, 8)];
+    assert_eq!(bounds(&g), want);
+    verify::verify(&g).unwrap();
+    let j = json::print(&g);
+    assert!(j.contains(r#""symbols": {"batch":{"lo":1,"hi":64},"seq":{"lo":8,"hi":512,"multiple_of":8}},"#), "{j}");
+    let back = json::parse(&j).unwrap();
+    assert_eq!(back, g);
+    assert_eq!(text::parse(&text::print(&back)).unwrap(), g);
+    // Written by hand, in any key order, `multiple_of` left out.
+    let hand = r#"{"format": "meshc-graph/1", "symbols": {"seq": {"hi": 9, "lo": 2}},
+        "inputs": [{"name": "x", "dtype": "f32", "shape": [3], "dims": ["seq"]}], "outputs": ["x"]}"#;
+    assert_eq!(bounds(&json::parse(hand).unwrap()), vec![("seq".to_string(), 2, 9, 1)]);
+    // A graph without symbols prints as it always did: no `dim` line, no "symbols" key.
+    let plain = meshc_ir::Graph { symbols: Default::default(), ..g };
+    assert!(!text::print(&plain).contains("dim ") && !json::print(&plain).contains("symbols"));
+}
+
+#[test]
+fn declared_symbols_are_symbolic_and_specialise_to_a_graph_without_them() {
+    let g = text::parse(DECLARED).unwrap();
+    let info = verify::verify(&g).unwrap();
+    let si = sym::infer_graph(&g, &info, &g.symbols).unwrap();
+    assert_eq!(show(&si.shapes["y"]), "[batch, seq, 6]");
+    for at in [si.example.clone(), [("batch".to_string(), 3), ("seq".to_string(), 24)].into()] {
+        let sg = sym::specialise(&g, &si, &at).unwrap();
+        assert!(sg.symbols.is_empty(), "{}", text::print(&sg));
+        verify::verify(&sg).unwrap();
+    }
+}
+
+#[test]
+fn malformed_json_symbols_are_one_line_errors() {
+    let with = |symbols: &str| {
+        let src = format!(
+            r#"{{"format": "meshc-graph/1", "symbols": {symbols}, "inputs": [{{"name": "x", "dtype": "f32", "shape": [16], "dims": ["seq"]}}]}}"#
+        );
+        json::parse(&src).map(|g| bounds(&g)).map_err(|e| e.to_string())
+    };
+    assert_eq!(with(r#"{"seq": {"lo": 1, "hi": 32}}"#), Ok(vec![("seq".to_string(), 1, 32, 1)]));
+    for (symbols, want) in [
+        (r#"{"seq": {"lo": 9, "hi": 2}}"#, "symbol 'seq': the range 9..2 is empty"),
+        (r#"{"seq": {"lo": 1, "hi": 8, "multiple_of": 0}}"#, "symbol 'seq': multiple_of must be at least 1, not 0"),
+        (r#"{"seq": {"lo": -1, "hi": 8}}"#, "symbol 'seq': lo must be at least 0, not -1"),
+        (r#"{"seq": {"lo": 1}}"#, "symbol 'seq' has no \"hi\""),
+        (r#"{"seq": {"lo": 1, "hi": 2.5}}"#, "symbol 'seq': \"hi\" must be an integer, found 2.5"),
+        (
+            r#"{"seq": {"lo": 1, "hi": 18446744073709551615}}"#,
+            "symbol 'seq': hi 18446744073709551615 is above the largest size a symbol may take (1099511627776)",
+        ),
+        (
+            r#"{"seq": {"lo": 1, "hi": 8, "step": 2}}"#,
+            "symbol 'seq': unknown key \"step\" (allowed: lo, hi, multiple_of)",
+        ),
+        (r#"{"seq": {"lo": 1, "hi": 8}, "seq": {"lo": 2, "hi": 4}}"#, "symbol 'seq' is declared twice in \"symbols\""),
+        (r#"{"x y": {"lo": 1, "hi": 8}}"#, "symbol 'x y': the name must be letters, digits, '_' or '.'"),
+        (r#"["seq"]"#, "\"symbols\" must be a JSON object"),
+        (r#"{"seq": "1..8"}"#, "symbol 'seq' must be a JSON object"),
+    ] {
+        assert_eq!(with(symbols), Err(want.to_string()), "{symbols}");
+    }
+}
+
+#[test]
+fn the_verifier_refuses_symbols_the_inputs_contradict() {
+    let refused = |src: &str| verify::verify(&text::parse(src).unwrap()).map(|_| ()).map_err(|e| e.to_string());
+    assert_eq!(
+        refused("graph g {\n  dim rows = 1..4\n  input x: f32[2] dims(batch)\n  output x\n}"),
+        Err("symbol 'rows': no input has a dim named 'rows' (named input dims: batch)".to_string())
+    );
+    assert_eq!(
+        refused("graph g {\n  dim batch = 1..4\n  input x: f32[2,8] dims(_, batch)\n  output x\n}"),
+        Err("3:9: symbol 'batch': input 'x' is written with batch = 8 (dim 1), outside 1..4".to_string())
+    );
+    assert_eq!(
+        refused("graph g {\n  dim batch = 4..64:multiple_of=4\n  input x: f32[6] dims(batch)\n  output x\n}"),
+        Err("3:9: symbol 'batch': input 'x' is written with batch = 6 (dim 0), not a multiple of 4".to_string())
+    );
+    // A param naming the dim does not give it a value: only inputs do.
+    assert!(refused(
+        "graph g {\n  dim e = 1..8\n  input x: f32[2]\n  param w: f32[2] dims(e) = init zeros\n  output x\n}"
+    )
+    .is_err_and(|e| e.contains("no input has a dim named 'e' (named input dims: none)")));
 }

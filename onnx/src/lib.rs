@@ -22,6 +22,7 @@ mod ops_more;
 mod ops_rnn;
 mod ops_scatter;
 pub mod sources;
+pub mod symbolic;
 mod tensors;
 mod unfuse;
 mod validate;

@@ -214,7 +214,12 @@ fn sizes_that_break_the_bounds_are_refused_with_one_line() {
     // The compiled path needs values for now, and says how to give them.
     let r = meshc(&["compile", "--dim", "batch=1..64", graph, "-o", &dir.join("a.mshc").display().to_string()]);
     assert_eq!(r.status, Some(1));
-    assert!(r.stderr.contains("the compiled path needs a value for now (give --dim batch=N)"), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("the compiled path needs a value for now (give --dim batch=N; the graph is written at batch=16)"),
+        "{}",
+        r.stderr
+    );
     let r = meshc(&["check", "--dim", "rows=1..4", graph]);
     assert!(
         r.stderr.contains("--dim rows: no input has a dim named 'rows' (named input dims: batch, embed)"),
@@ -272,4 +277,182 @@ fn an_onnx_encoder_is_symbolic_in_batch_and_seq() {
         assert_eq!(outs[0].shape, vec![b, s, 32]);
         assert_eq!(outs[0], outs[1], "at batch {b}, seq {s}: the symbolic import and the import at those sizes differ");
     }
+}
+
+/// testdata/mlp written as text in `dir` (its weight file named by absolute path) with the
+/// declaration `dim` before its input, and as JSON beside it.
+fn declared_mlp(dir: &Path, dim: &str) -> [String; 2] {
+    let r = meshc(&["fmt", "testdata/mlp/graph.json", "--to", "text"]);
+    assert_eq!(r.status, Some(0), "{}", r.stderr);
+    let weights = std::fs::canonicalize("testdata/mlp/weights").unwrap();
+    let text = r
+        .stdout
+        .replace("graph mlp {\n", &format!("graph mlp {{\n  {dim}\n"))
+        .replace("file(\"weights/", &format!("file(\"{}/", weights.display()));
+    let txt = dir.join("declared.txt");
+    std::fs::write(&txt, text).unwrap();
+    let json = dir.join("declared.json");
+    let r = meshc(&["fmt", &txt.display().to_string(), "--to", "json", "-o", &json.display().to_string()]);
+    assert_eq!(r.status, Some(0), "{}", r.stderr);
+    [txt.display().to_string(), json.display().to_string()]
+}
+
+#[test]
+fn bounds_a_graph_declares_make_it_symbolic_without_dim() {
+    let dir = scratch("sym-declared");
+    let x5 = write(&dir, "x5.npy", &Tensor::f32(vec![5, 64], values(5 * 64, 3)));
+    let out = |name: &str| dir.join(name).display().to_string();
+    let r = meshc(&[
+        "interp",
+        "testdata/mlp/graph.json",
+        "--dim",
+        "batch=5",
+        "--input",
+        &x5,
+        "--output",
+        &format!("y={}", out("want.npy")),
+    ]);
+    assert_eq!(r.status, Some(0), "{}", r.stderr);
+    let want = Tensor::read_npy(&dir.join("want.npy")).unwrap();
+    for graph in declared_mlp(&dir, "dim batch = 1..64") {
+        let r = meshc(&["check", &graph]);
+        assert_eq!(r.status, Some(0), "{}", r.stderr);
+        assert!(r.stdout.contains("symbol batch: 1..64 (the graph's size: 16)"), "{graph}: {}", r.stdout);
+        assert!(r.stdout.contains("input  x: f32[batch, 64]"), "{graph}: {}", r.stdout);
+        let r = meshc(&["interp", &graph, "--input", &x5, "--output", &format!("y={}", out("got.npy"))]);
+        assert_eq!(r.status, Some(0), "{graph}: {}", r.stderr);
+        assert_eq!(Tensor::read_npy(&dir.join("got.npy")).unwrap(), want, "{graph}");
+        // A `--dim` replaces the declared bounds: a narrower range refuses batch 5...
+        let r = meshc(&["interp", &graph, "--dim", "batch=1..4", "--input", &x5]);
+        assert_eq!(r.stderr.trim(), "error: input x: dim 0 (batch) is 5, outside 1..4", "{graph}");
+        // ...and a value writes the graph at it, as for a graph that declares nothing.
+        let r = meshc(&["check", &graph, "--dim", "batch=5"]);
+        assert!(r.stdout.contains("input  x: f32[5,64]") && !r.stdout.contains("symbol"), "{graph}: {}", r.stdout);
+        // The compiled path needs a value and says so; given one, the artifact is the
+        // undeclared graph's at that size, byte for byte.
+        let r = meshc(&["compile", &graph, "-o", &out("a.mshc")]);
+        assert_eq!(r.status, Some(1), "{graph}");
+        assert!(
+            r.stderr.contains("dim batch = 1..64 (declared in the graph): the compiled path needs a value for now (give --dim batch=N; the graph is written at batch=16)"),
+            "{}",
+            r.stderr
+        );
+        for (args, name) in [
+            (vec![&graph[..], "--dim", "batch=7"], "a7.mshc"),
+            (vec!["testdata/mlp/graph.json", "--dim", "batch=7"], "b7.mshc"),
+        ] {
+            let r = meshc(&[&["compile"][..], &args, &["-o", &out(name)]].concat());
+            assert_eq!(r.status, Some(0), "{args:?}: {}", r.stderr);
+        }
+        assert_eq!(std::fs::read(out("a7.mshc")).unwrap(), std::fs::read(out("b7.mshc")).unwrap(), "{graph}");
+    }
+    // `fmt` keeps the declaration in both formats.
+    let [txt, json] = declared_mlp(&dir, "dim batch = 8..64:multiple_of=8");
+    assert!(std::fs::read_to_string(&json)
+        .unwrap()
+        .contains(r#""symbols": {"batch":{"lo":8,"hi":64,"multiple_of":8}},"#));
+    let r = meshc(&["fmt", &json, "--to", "text"]);
+    assert_eq!(r.stdout, std::fs::read_to_string(&txt).unwrap());
+    let r = meshc(&["interp", &txt, "--input", &x5]);
+    assert_eq!(r.stderr.trim(), "error: input x: dim 0 (batch) is 5, outside 8..64");
+}
+
+#[test]
+fn import_with_ranges_writes_them_into_the_graph() {
+    let model = "testdata/onnx/encoder/model.onnx";
+    let dir = scratch("sym-import");
+    let (b, s) = (2usize, 9usize);
+    let h = dir.join("h.npy");
+    Tensor::f32(vec![b, s, 32], values(b * s * 32, 11)).write_npy(&h).unwrap();
+    let m = dir.join("m.npy");
+    let mask: Vec<i64> = (0..b * s).map(|k| i64::from(k % s < s - k / s)).collect();
+    Tensor { shape: vec![b, s], data: meshc_ir::Data::I64(mask) }.write_npy(&m).unwrap();
+    let io = [format!("hidden_states={}", h.display()), format!("attention_mask={}", m.display())];
+    let interp = |graph: &str, dims: &[&str], name: &str| {
+        let out = dir.join(name);
+        let o = format!("last_hidden_state={}", out.display());
+        let r = meshc(&[&["interp", graph, "--input", &io[0], "--input", &io[1], "--output", &o][..], dims].concat());
+        assert_eq!(r.status, Some(0), "{graph} {dims:?}: {}", r.stderr);
+        Tensor::read_npy(&out).unwrap()
+    };
+    let want = interp(model, &["--dim", "batch=2", "--dim", "seq=9"], "want.npy");
+    for ext in ["txt", "json"] {
+        let graph = dir.join(format!("enc.{ext}")).display().to_string();
+        let r = meshc(&["import", model, "--dim", "batch=1..32", "--dim", "seq=1..256", "-o", &graph]);
+        assert_eq!(r.status, Some(0), "{}", r.stderr);
+        assert!(r.stderr.contains("the graph declares batch=1..32, seq=1..256"), "{}", r.stderr);
+        let r = meshc(&["check", &graph]);
+        assert_eq!(r.status, Some(0), "{}", r.stderr);
+        for line in [
+            "symbol batch: 1..32 (the graph's size: 3)",
+            "symbol seq: 1..256 (the graph's size: 5)",
+            "output last_hidden_state: f32[batch, seq, 32]",
+        ] {
+            assert!(r.stdout.contains(line), "{ext}: {line}\n{}", r.stdout);
+        }
+        assert_eq!(interp(&graph, &[], &format!("got-{ext}.npy")), want, "{ext}");
+    }
+    // A value is a size the graph is written at, not a declaration.
+    let graph = dir.join("enc2.txt").display().to_string();
+    let r = meshc(&["import", model, "--dim", "batch=2", "--dim", "seq=1..256", "-o", &graph]);
+    assert_eq!(r.status, Some(0), "{}", r.stderr);
+    let text = std::fs::read_to_string(&graph).unwrap();
+    assert!(text.contains("\n  dim seq = 1..256\n") && !text.contains("dim batch"), "{text}");
+    assert_eq!(interp(&graph, &[], "got-2.npy"), want);
+}
+
+/// testdata/onnx/mlp with its output divided by the batch size, read from the input's
+/// Shape: a value computed from a size, which the importer folds at the example size.
+fn mlp_over_batch(dir: &Path) -> String {
+    use meshc_onnx::proto::{AttributeProto, Message, ModelProto, NodeProto, TensorProto};
+    let mut m = ModelProto::decode(&std::fs::read("testdata/onnx/mlp/model.onnx").unwrap()[..]).unwrap();
+    let g = m.graph.as_mut().unwrap();
+    let last = g.node.iter_mut().find(|n| n.output == ["y"]).unwrap();
+    last.output = vec!["y_raw".into()];
+    g.initializer.push(TensorProto {
+        name: Some("zero".into()),
+        data_type: Some(7),
+        int64_data: vec![0],
+        ..Default::default()
+    });
+    let node = |op: &str, input: &[&str], out: &str| NodeProto {
+        op_type: Some(op.into()),
+        input: input.iter().map(|s| s.to_string()).collect(),
+        output: vec![out.into()],
+        ..Default::default()
+    };
+    let mut cast = node("Cast", &["b"], "bf");
+    cast.attribute.push(AttributeProto { name: Some("to".into()), r#type: Some(2), i: Some(1), ..Default::default() });
+    g.node.extend([
+        node("Shape", &["x"], "s"),
+        node("Gather", &["s", "zero"], "b"),
+        cast,
+        node("Div", &["y_raw", "bf"], "y"),
+    ]);
+    let p = dir.join("mlp_over_batch.onnx");
+    std::fs::write(&p, m.encode_to_vec()).unwrap();
+    p.display().to_string()
+}
+
+#[test]
+fn a_value_computed_from_a_symbol_s_size_refuses_the_symbol() {
+    let dir = scratch("sym-value");
+    let model = mlp_over_batch(&dir);
+    let x = write(&dir, "x5.npy", &Tensor::f32(vec![5, 16], values(5 * 16, 5)));
+    let r = meshc(&["interp", &model, "--dim", "batch=5", "--input", &x]);
+    assert_eq!(r.status, Some(0), "{}", r.stderr);
+    // Folded at the example (3), the divisor would be 3 at every batch: refused instead,
+    // naming the param that differs and the symbol.
+    let out = dir.join("g.txt").display().to_string();
+    let dims = ["--dim", "batch=1..8"];
+    for args in [vec!["check", &model], vec!["interp", &model, "--input", &x], vec!["import", &model, "-o", &out]] {
+        let r = meshc(&[&args[..], &dims].concat());
+        assert_eq!(r.status, Some(1), "{args:?}: {}", r.stdout);
+        assert!(
+            r.stderr.contains("imported at batch=4, param 'y.1' holds f32[] (first 4) where the import at the example holds f32[] (first 3): the model computes it from batch in a way meshc does not read symbolically; give batch a value (--dim batch=N;"),
+            "{args:?}: {}",
+            r.stderr
+        );
+    }
+    assert!(!dir.join("g.txt").exists());
 }

@@ -55,10 +55,12 @@ pub fn bind<'a>(g: &Graph, si: &SymInfo, shape_of: impl Fn(&str) -> Option<&'a [
 }
 
 /// `g` written at the binding `b` (which `bind` accepted): the inputs' shapes, the declared
-/// node shapes and the size attributes evaluated. At the graph's own sizes it is `g` itself.
+/// node shapes and the size attributes evaluated, no symbols declared. At the graph's own
+/// sizes it is `g` itself, without its symbols.
 pub fn specialise(g: &Graph, si: &SymInfo, b: &Binding) -> Result<Graph, String> {
+    // Every size of the written graph is a value: the bounds it declared are spent.
     if *b == si.example {
-        return Ok(g.clone());
+        return Ok(Graph { symbols: Default::default(), ..g.clone() });
     }
     let eval = |name: &str| -> Result<Vec<usize>, String> {
         si.shapes[name]
@@ -68,7 +70,7 @@ pub fn specialise(g: &Graph, si: &SymInfo, b: &Binding) -> Result<Graph, String>
             })
             .collect()
     };
-    let mut out = g.clone();
+    let mut out = Graph { symbols: Default::default(), ..g.clone() };
     for i in &mut out.inputs {
         i.ty.shape = eval(&i.name)?;
     }

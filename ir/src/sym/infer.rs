@@ -248,11 +248,7 @@ pub fn infer_graph(g: &Graph, info: &Info, symbols: &Symbols) -> R<SymInfo> {
         si.shapes.insert(i.name.clone(), shape);
     }
     if let Some(s) = symbols.keys().find(|s| !si.example.contains_key(*s)) {
-        let mut named: Vec<&str> =
-            g.inputs.iter().flat_map(|i| i.dims.iter().flatten().flatten()).map(String::as_str).collect();
-        named.sort_unstable();
-        named.dedup();
-        let named = if named.is_empty() { "none".to_string() } else { named.join(", ") };
+        let named = g.input_dim_names();
         return Err(format!("--dim {s}: no input has a dim named '{s}' (named input dims: {named})"));
     }
     for p in &g.params {

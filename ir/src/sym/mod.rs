@@ -14,4 +14,4 @@ pub mod symbol;
 pub use bind::{bind, specialise};
 pub use expr::{Binding, Expr};
 pub use infer::{infer_graph, Check, SymInfo};
-pub use symbol::{parse_symbol, parse_symbols, Symbol, Symbols, MAX_BOUND};
+pub use symbol::{parse_symbol, parse_symbols, Bounds, Symbol, Symbols, MAX_BOUND};

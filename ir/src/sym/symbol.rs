@@ -1,4 +1,5 @@
-//! A symbol and its bounds, and the `--dim` syntax that gives them.
+//! A symbol and its bounds, and the `--dim` syntax that gives them (a graph declares them
+//! in the same spelling: `dim seq = 1..512`).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -13,6 +14,27 @@ pub struct Symbol {
 }
 
 impl Symbol {
+    /// The symbol `name` over `lo..=hi`, multiples of `multiple_of`; why not, if the
+    /// bounds allow no value (an empty range, a divisor of 0 or no multiple inside).
+    pub fn new(name: &str, lo: i64, hi: i64, multiple_of: i64) -> Result<Symbol, String> {
+        check_name(name)?;
+        for (what, v, min) in [("lo", lo, 0), ("hi", hi, 0), ("multiple_of", multiple_of, 1)] {
+            if v < min {
+                return Err(format!("{what} must be at least {min}, not {v}"));
+            }
+            if v > MAX_BOUND {
+                return Err(format!("{what} {v} is above the largest size a symbol may take ({MAX_BOUND})"));
+            }
+        }
+        if lo > hi {
+            return Err(format!("the range {lo}..{hi} is empty"));
+        }
+        if hi / multiple_of * multiple_of < lo {
+            return Err(format!("no multiple of {multiple_of} lies in {lo}..{hi}"));
+        }
+        Ok(Symbol { name: name.to_string(), lo, hi, multiple_of })
+    }
+
     /// Why `v` is not an allowed value, if it is not.
     pub fn refuse(&self, v: i64) -> Option<String> {
         if v < self.lo || v > self.hi {
@@ -27,16 +49,27 @@ impl Symbol {
     }
 }
 
-impl fmt::Display for Symbol {
+/// A symbol's bounds as `--dim` and the text format spell them: `N`, `LO..HI` or
+/// `LO..HI:multiple_of=K`.
+pub struct Bounds<'a>(pub &'a Symbol);
+
+impl fmt::Display for Bounds<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.is_fixed() {
-            true => write!(f, "{}={}", self.name, self.lo)?,
-            false => write!(f, "{}={}..{}", self.name, self.lo, self.hi)?,
+        let s = self.0;
+        match s.is_fixed() {
+            true => write!(f, "{}", s.lo)?,
+            false => write!(f, "{}..{}", s.lo, s.hi)?,
         }
-        if self.multiple_of > 1 {
-            write!(f, ":multiple_of={}", self.multiple_of)?;
+        if s.multiple_of > 1 {
+            write!(f, ":multiple_of={}", s.multiple_of)?;
         }
         Ok(())
+    }
+}
+
+impl fmt::Display for Symbol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={}", self.name, Bounds(self))
     }
 }
 
@@ -46,14 +79,21 @@ pub type Symbols = BTreeMap<String, Symbol>;
 /// The largest bound a symbol may have: every size meshc describes fits far below it.
 pub const MAX_BOUND: i64 = 1 << 40;
 
+/// A symbol's name is one `--dim` can spell, so that the command line can override every
+/// bound a graph declares.
+pub fn check_name(name: &str) -> Result<(), String> {
+    match !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.') {
+        true => Ok(()),
+        false => Err("the name must be letters, digits, '_' or '.'".to_string()),
+    }
+}
+
 /// Parses `NAME=N`, `NAME=LO..HI` or either with `:multiple_of=K` (the `--dim` syntax).
 pub fn parse_symbol(spec: &str) -> Result<Symbol, String> {
     let bad = |why: &str| format!("--dim {spec}: {why} (expected NAME=N, NAME=LO..HI or NAME=LO..HI:multiple_of=K)");
     let (name, rest) = spec.split_once('=').ok_or_else(|| bad("no '='"))?;
     let name = name.trim();
-    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.') {
-        return Err(bad("the name must be letters, digits, '_' or '.'"));
-    }
+    check_name(name).map_err(|e| bad(&e))?;
     let (range, multiple_of) = match rest.split_once(':') {
         Some((r, m)) => {
             let k = m.trim().strip_prefix("multiple_of=").ok_or_else(|| bad("after ':' comes multiple_of=K"))?;
@@ -82,13 +122,7 @@ pub fn parse_symbol(spec: &str) -> Result<Symbol, String> {
             (v, v)
         }
     };
-    if lo > hi {
-        return Err(bad(&format!("the range {lo}..{hi} is empty")));
-    }
-    if hi / multiple_of * multiple_of < lo {
-        return Err(bad(&format!("no multiple of {multiple_of} lies in {lo}..{hi}")));
-    }
-    Ok(Symbol { name: name.to_string(), lo, hi, multiple_of })
+    Symbol::new(name, lo, hi, multiple_of).map_err(|e| bad(&e))
 }
 
 /// Parses every `--dim`; a name given twice is an error.
