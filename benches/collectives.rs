@@ -7,6 +7,7 @@
 //! same 4-byte all_reduce as a whole run (waking the runner's parked device threads,
 //! rendezvous, results) through the runner, and a sweep of sizes across the switch between the small- and large-operand
 //! algorithms. Figures are medians of device 0's per-call wall times, measured in this one run.
+//! `MESHC_ISA=avx2|portable` forces the reductions' code path (`format::isa`).
 
 mod common;
 
@@ -32,6 +33,7 @@ fn per_call(mesh: &Mesh, c: &Collective, share: bool, warmup: usize, iters: usiz
 }
 
 fn main() {
+    common::isa_from_env();
     let torus8 = Mesh { shape: vec![8], axes: vec!["x".into()], topology: Topology::Torus };
     let mesh24 = Mesh { shape: vec![2, 4], axes: vec!["data".into(), "model".into()], topology: Topology::Mesh };
     let meshes = [("1-D torus of 8", &torus8), ("2x4 mesh, both axes", &mesh24)];

@@ -162,6 +162,11 @@ impl Loaded {
             .then(|| crate::comm::degraded::Topo::new(&meta.mesh, &meta.degraded, false))
             .transpose()?;
         let absent: Vec<bool> = (0..devices).map(|d| topo.as_ref().is_some_and(|t| !t.healthy(d))).collect();
+        // (Nothing would check the inputs' and outputs' layouts, which only programs that
+        // run are checked against.)
+        if absent.iter().all(|&a| a) {
+            bail!("the artifact names every device of the mesh degraded: none is left to run");
+        }
         let mut plans = Vec::with_capacity(devices);
         for (d, program) in programs.iter().enumerate() {
             let check = || check_program(&meta, d, program, bytes.len());
@@ -864,6 +869,11 @@ mod tests {
         assert_eq!(e(meta(failed(2), vec![5])).unwrap(), "model axis 5 is not an axis of the [2, 2] mesh");
         // Without the degradation, the empty program is refused.
         assert!(e(meta(Default::default(), vec![])).unwrap().contains("device 2 (1,0)"));
+        // With every device degraded, nothing would check the layouts and nothing can run.
+        let all = crate::format::degradation::Degradation { nodes: vec![0, 1, 2, 3], ..Default::default() };
+        let empty = (0..4).map(|d| Program { device: d, ..Default::default() }).collect();
+        let e = Loaded::in_memory(meta(all, vec![]), empty, Box::new(()), &[]).err().map(|e| e.to_string());
+        assert_eq!(e.as_deref(), Some("the artifact names every device of the mesh degraded: none is left to run"));
     }
 
     /// Host `.0` of two, the other one stopped: an exchange waits out its timeout with its

@@ -24,7 +24,7 @@ pub(super) type Job<'a> = dyn Fn(usize) + Sync + 'a;
 /// A job borrows the run: the `Loaded`, the device's arena and the inputs, for a lifetime
 /// the threads outlive. `run` is what makes that sound: it returns only once every thread
 /// has finished its part (see the SAFETY comment there), and between runs the threads hold
-/// nothing but a pointer they never follow again.
+/// no pointer to a job.
 pub(super) struct Devices {
     board: Arc<Board>,
     pub(super) threads: Vec<JoinHandle<()>>,
@@ -111,8 +111,8 @@ impl Devices {
         // with it: each thread that takes the run decrements `busy` after its part, and the
         // loop below waits for `busy` to reach 0. Nothing between the post and that wait
         // can unwind (the caller's own part runs inside `catch_unwind`; the locks do not
-        // panic). The pointer stays in `State` until the next run replaces it, never
-        // followed again: a thread follows only the job of a run number it has not seen.
+        // panic). The pointer is cleared before this function returns; a thread follows only
+        // the job of a run number it has not seen.
         let erased = unsafe { std::mem::transmute::<&Job<'_>, &Job<'static>>(job) };
         {
             let mut s = self.board.state.lock();

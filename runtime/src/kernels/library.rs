@@ -90,7 +90,7 @@ const MIN_PART_ROWS: usize = 128;
 /// (`crate::kernels::epilogue`) on each block of the result as it is finished.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, threads: Threads, ep: &Bound) -> Result<()> {
-    check_lengths([a.len(), b.len(), out.len()], s.spans())?;
+    check_lengths([a.len(), b.len(), out.len()], s.spans()?)?;
     if small_m::serves(s.m) {
         small_m::matmul(a, b, out, s, threads.pick_small_m(macs(s)), ep);
     } else {
@@ -115,8 +115,8 @@ pub fn matmul_panels(
     threads: Threads,
     ep: &Bound,
 ) -> Result<()> {
-    let [a_len, _, out_len] = s.spans();
-    check_lengths([a.len(), panels.len(), out.len()], [a_len, crate::kernels::panels::span(s), out_len])?;
+    let [a_len, b_len, out_len] = s.spans()?;
+    check_lengths([a.len(), panels.len(), out.len()], [a_len, crate::kernels::panels::span(s, b_len)?, out_len])?;
     let macs = macs(s);
     let threads = if s.m <= crate::kernels::panels::SMALL_M { threads.pick_small_m(macs) } else { threads.pick(macs) };
     crate::kernels::panels::matmul(a, panels, out, s, threads, ep);
@@ -136,7 +136,7 @@ pub fn matmul_transposed(
     threads: Threads,
     ep: &Bound,
 ) -> Result<()> {
-    check_lengths([a.len(), b.len(), out.len()], s.spans())?;
+    check_lengths([a.len(), b.len(), out.len()], s.spans()?)?;
     general(a, b, out, s, transposed, threads.pick(macs(s)), ep);
     Ok(())
 }
@@ -277,7 +277,7 @@ pub fn matmul_half(
     ep: &Bound,
 ) -> Result<()> {
     use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
-    check_lengths([a.len(), b.len(), out.len()], s.spans())?;
+    check_lengths([a.len(), b.len(), out.len()], s.spans()?)?;
     if s.m == 0 || s.n == 0 {
         return Ok(());
     }
@@ -341,7 +341,7 @@ pub fn matmul_masked(
     threads: Threads,
     ep: &Bound,
 ) -> Result<()> {
-    check_lengths([a.len(), b.len(), out.len()], s.spans())?;
+    check_lengths([a.len(), b.len(), out.len()], s.spans()?)?;
     let (m, k, n) = (s.m, s.k, s.n);
     if (mask.rows, mask.cols) != (k, n) {
         bail!("matmul: a mask of {}x{} matrices on an operand b of {k}x{n} matrices", mask.rows, mask.cols);
@@ -452,8 +452,8 @@ impl LibraryCall for Matmul {
         if *panels && (!b_elem.is_f32() || pruned) {
             return Err("weights in panels are f32 and unpruned".to_string());
         }
-        if pruned && b.len() < 2 {
-            return Err("a pruned operand b is a matrix".to_string());
+        if pruned && (b.len() < 2 || !matches!(buffers[2].storage, Storage::Weights { .. })) {
+            return Err("a pruned operand b is a weight matrix".to_string());
         }
         let matrices = (!transposed.a || a.len() >= 2) && (!transposed.b || b.len() >= 2);
         if !transposed.is_none() && (*panels || !b_elem.is_f32() || pruned || !matrices) {
@@ -732,13 +732,29 @@ mod tests {
         assert!(e.to_string().contains("result has 3 elements"), "{e}");
         // A batch: the spans run from the first matrix to the end of the last one.
         let s = MatmulShape::new(&[3, 2, 4], &[3, 4, 5], &[3, 2, 5]).unwrap();
-        assert_eq!(s.spans(), [24, 60, 30]);
+        assert_eq!(s.spans().unwrap(), [24, 60, 30]);
         let s = MatmulShape::new(&[3, 2, 4], &[4, 5], &[3, 2, 5]).unwrap();
-        assert_eq!(s.spans(), [24, 20, 30], "a shared b folds into one tall product");
+        assert_eq!(s.spans().unwrap(), [24, 20, 30], "a shared b folds into one tall product");
         let s = MatmulShape::new(&[2, 4], &[3, 4, 5], &[3, 2, 5]).unwrap();
-        assert_eq!(s.spans(), [8, 60, 30], "a broadcast a is read for every matrix");
+        assert_eq!(s.spans().unwrap(), [8, 60, 30], "a broadcast a is read for every matrix");
         let s = MatmulShape::new(&[0, 2, 4], &[4, 5], &[0, 2, 5]).unwrap();
-        assert_eq!(s.spans()[0], 0);
+        assert_eq!(s.spans().unwrap()[0], 0);
+        // Plans `new` cannot make are refused: strides that overflow, a result whose
+        // matrices overlap (the parts would write them at once).
+        use crate::kernels::matmul_shape::BatchDim;
+        let one = |a_stride, out_stride| MatmulShape {
+            m: 1,
+            k: 1,
+            n: 1,
+            batch: vec![BatchDim { size: 2, a_stride, b_stride: 0, out_stride }],
+        };
+        assert!(one(1, 1).spans().is_ok());
+        let e = one(usize::MAX, 1).spans().unwrap_err().to_string();
+        assert!(e.contains("overflow"), "{e}");
+        let e = one(1, 0).spans().unwrap_err().to_string();
+        assert!(e.contains("one after the other"), "{e}");
+        let e = matmul(&[], &[0.0], &mut [0.0; 2], &one(usize::MAX, 1), Threads::UpTo(1), &Bound::none()).unwrap_err();
+        assert!(e.to_string().contains("overflow"), "{e}");
     }
 
     #[test]

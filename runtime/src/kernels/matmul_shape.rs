@@ -129,18 +129,34 @@ impl MatmulShape {
     }
 
     /// Elements of `a`, `b` and the result the product reads or writes, from the first
-    /// matrix's start to the last one's end: what each slice must hold at least.
-    pub fn spans(&self) -> [usize; 3] {
-        let last = |stride: fn(&BatchDim) -> usize| {
-            self.batch.iter().map(|d| d.size.saturating_sub(1) * stride(d)).sum::<usize>()
+    /// matrix's start to the last one's end: what each slice must hold at least. Refuses a
+    /// plan `new` could not have made — whose sizes overflow, or whose result matrices are
+    /// not laid out one after the other (the GEMMs' parts write them in parallel): the
+    /// fields are public, and the GEMMs' unsafe code relies on both.
+    pub fn spans(&self) -> Result<[usize; 3]> {
+        let (m, k, n) = (self.m, self.k, self.n);
+        let mut dense = m.checked_mul(n);
+        for d in self.batch.iter().rev() {
+            if Some(d.out_stride) != dense {
+                bail!("matmul plan: the result's matrices are not laid out one after the other");
+            }
+            dense = dense.and_then(|x| x.checked_mul(d.size));
+        }
+        let span = |stride: fn(&BatchDim) -> usize, matrix: Option<usize>| -> Option<usize> {
+            if self.batch.iter().any(|d| d.size == 0) {
+                return Some(0);
+            }
+            let last = self.batch.iter().try_fold(0usize, |x, d| x.checked_add((d.size - 1).checked_mul(stride(d))?));
+            last?.checked_add(matrix?)
         };
-        let empty = self.batch_count() == 0;
-        let span = |stride: fn(&BatchDim) -> usize, matrix: usize| if empty { 0 } else { last(stride) + matrix };
-        [
-            span(|d| d.a_stride, self.m * self.k),
-            span(|d| d.b_stride, self.k * self.n),
-            span(|d| d.out_stride, self.m * self.n),
-        ]
+        match [
+            span(|d| d.a_stride, m.checked_mul(k)),
+            span(|d| d.b_stride, k.checked_mul(n)),
+            span(|d| d.out_stride, dense.map(|_| m * n)),
+        ] {
+            [Some(a), Some(b), Some(out)] => Ok([a, b, out]),
+            _ => bail!("matmul plan: its sizes overflow"),
+        }
     }
 
     /// Every batch entry's offsets (`batch_offset`), in result order.

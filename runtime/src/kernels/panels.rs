@@ -78,14 +78,17 @@ pub fn packed_elems(b_shape: &[usize]) -> Option<usize> {
     batch.iter().try_fold(matrix, |x, &d| x.checked_mul(d))
 }
 
-/// Elements of the panels the product `s` reads: its `b` span (`MatmulShape::spans`) in
-/// packed matrices.
-pub fn span(s: &MatmulShape) -> usize {
+/// Elements of the panels the product `s` reads: its `b` span `b_span` (`MatmulShape::spans`)
+/// in packed matrices.
+pub fn span(s: &MatmulShape, b_span: usize) -> anyhow::Result<usize> {
     let matrix = s.k * s.n;
     if matrix == 0 {
-        return 0;
+        return Ok(0);
     }
-    s.spans()[1] / matrix * packed_len(s.k, s.n)
+    let packed = s.n.div_ceil(NR).checked_mul(s.k).and_then(|x| x.checked_mul(NR));
+    packed
+        .and_then(|p| (b_span / matrix).checked_mul(p))
+        .ok_or_else(|| anyhow::anyhow!("matmul plan: its sizes overflow"))
 }
 
 /// The panels of `count` row-major k×n matrices of 4-byte elements given as little-endian
