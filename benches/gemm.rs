@@ -3,7 +3,9 @@
 //! the machine's single-thread 128-bit FMA peak: 2 FMA ports × 4 lanes × 2 flops per cycle
 //! at the clock measured here (a chain of dependent adds), checked against a tight FMA loop.
 //! The library's GEMM on a weight prepacked in panels (`meshc_runtime::kernels::panels`, what the
-//! compiler stores constant weights as) runs on all cores beside it. At 2048, numpy's
+//! compiler stores constant weights as) runs on all cores beside it, also as a share of the
+//! FMA peak of the ISA its kernels run (a tight loop of 128-, 256- or 512-bit FMAs per core;
+//! `MESHC_ISA=avx2` forces the AVX2 kernels on an AVX-512 machine). At 2048, numpy's
 //! `a @ b` is timed in the same run (through python3, when it has numpy).
 //! Timings are best-of-N with `std::time::Instant`. Sizes can be picked with
 //! `GEMM_SIZES=256,1024`.
@@ -104,41 +106,60 @@ fn clock_ghz() -> Option<f64> {
     None
 }
 
-/// Single-thread 128-bit FMA throughput (GFLOP/s) of a tight loop of 12 independent
-/// chains (enough to cover the FMA latency on both ports): a check that the computed peak
-/// is reachable.
-fn fma_loop() -> Option<f64> {
+/// Single-thread FMA throughput (GFLOP/s) of a tight loop of 12 independent chains (enough
+/// to cover the FMA latency on both ports) of `bits`-wide vectors (128, 256 or 512): the
+/// peak each ISA's kernels are measured against; `None` where the CPU lacks the width.
+fn fma_loop(bits: usize) -> Option<f64> {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::*;
 
-        #[target_feature(enable = "fma")]
-        unsafe fn chains(iters: usize, x: __m128, y: __m128) -> f32 {
-            let mut acc = [_mm_setzero_ps(); 12];
-            for _ in 0..iters {
-                for a in acc.iter_mut() {
-                    *a = _mm_fmadd_ps(*a, x, y);
+        /// 12 chains of `$fma` on `$v`, summed (so the loop is not dead code).
+        macro_rules! chains {
+            ($name:ident, $feature:literal, $v:ty, $zero:ident, $set1:ident, $fma:ident, $add:ident, $first:expr) => {
+                #[target_feature(enable = $feature)]
+                unsafe fn $name(iters: usize, x: f32, y: f32) -> f32 {
+                    let (x, y) = ($set1(x), $set1(y));
+                    let mut acc: [$v; 12] = [$zero(); 12];
+                    for _ in 0..iters {
+                        for a in acc.iter_mut() {
+                            *a = $fma(*a, x, y);
+                        }
+                    }
+                    let mut sum = $zero();
+                    for a in acc {
+                        sum = $add(sum, a);
+                    }
+                    $first(sum)
                 }
-            }
-            let mut sum = _mm_setzero_ps();
-            for a in acc {
-                sum = _mm_add_ps(sum, a);
-            }
-            _mm_cvtss_f32(sum)
+            };
         }
-
-        if !std::arch::is_x86_feature_detected!("fma") {
-            return None;
-        }
-        let iters = 20_000_000;
-        // SAFETY: FMA support was just checked.
-        let secs = best(5, || unsafe {
-            black_box(chains(iters, _mm_set1_ps(black_box(0.999)), _mm_set1_ps(black_box(0.001))));
+        chains!(c128, "fma", __m128, _mm_setzero_ps, _mm_set1_ps, _mm_fmadd_ps, _mm_add_ps, _mm_cvtss_f32);
+        chains!(c256, "avx,fma", __m256, _mm256_setzero_ps, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, |v| {
+            _mm_cvtss_f32(_mm256_castps256_ps128(v))
         });
-        Some((iters * 12 * 8) as f64 / secs / 1e9)
+        chains!(c512, "avx512f", __m512, _mm512_setzero_ps, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, |v| {
+            _mm512_reduce_add_ps(v)
+        });
+
+        let (f, lanes): (unsafe fn(usize, f32, f32) -> f32, usize) = match bits {
+            128 if std::arch::is_x86_feature_detected!("fma") => (c128, 4),
+            256 if std::arch::is_x86_feature_detected!("fma") => (c256, 8),
+            512 if std::arch::is_x86_feature_detected!("avx512f") => (c512, 16),
+            _ => return None,
+        };
+        let iters = 20_000_000;
+        // SAFETY: the CPU has the features `f` was compiled for (checked above).
+        let secs = best(5, || unsafe {
+            black_box(f(iters, black_box(0.999), black_box(0.001)));
+        });
+        Some((iters * 12 * lanes * 2) as f64 / secs / 1e9)
     }
     #[cfg(not(target_arch = "x86_64"))]
-    None
+    {
+        let _ = bits;
+        None
+    }
 }
 
 fn f32_type(shape: &[usize]) -> TensorType {
@@ -250,7 +271,7 @@ fn main() -> Result<()> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     // Peak: 2 FMA ports × 4 lanes × 2 flops per cycle.
     let peak = clock_ghz().map(|ghz| ghz * 16.0);
-    match (peak, fma_loop()) {
+    match (peak, fma_loop(128)) {
         (Some(p), Some(l)) => {
             println!(
                 "128-bit FMA peak, 1 thread: 16 flops/cycle × {:.2} GHz = {p:.1} GFLOP/s (tight FMA loop: {l:.1})",
@@ -259,23 +280,40 @@ fn main() -> Result<()> {
         }
         _ => println!("128-bit FMA peak: not measured (no x86-64 FMA)"),
     }
+    // The peak of the ISA the runtime's own kernels run (`prepacked`: the panel GEMM), so
+    // that each ISA's kernels are read as a share of what that ISA can do. (The library
+    // column is the gemm crate, which picks its own kernels whatever MESHC_ISA says.)
+    let isa = meshc_runtime::format::isa::current();
+    let bits = match isa {
+        meshc_runtime::format::isa::Isa::Avx512 => 512,
+        meshc_runtime::format::isa::Isa::Avx2 => 256,
+        _ => 128,
+    };
+    let widths: Vec<String> = [128, 256, 512]
+        .into_iter()
+        .map(|w| fma_loop(w).map_or(format!("{w}-bit -"), |g| format!("{w}-bit {g:.1}")))
+        .collect();
+    println!("FMA tight loop, 1 thread, GFLOP/s: {}", widths.join(", "));
+    let isa_peak = fma_loop(bits).map(|g| g * threads as f64);
     let gflops = |(m, k, n): (usize, usize, usize), secs: f64| 2.0 * (m * k * n) as f64 / secs / 1e9;
     println!("GFLOP/s, n×n×n:");
     println!(
-        "{:>6} {:>12} {:>8} {:>12} {:>12} {:>12}",
+        "{:>6} {:>12} {:>8} {:>12} {:>12} {:>12} {:>14}",
         "n",
         "cranelift",
         "% peak",
         "library 1T",
         format!("library {threads}T"),
-        format!("prepacked {threads}T")
+        format!("prepacked {threads}T"),
+        format!("% {} peak", isa.name())
     );
     let mut library_at = Vec::new();
     for n in sizes {
         let reps = if n >= 2048 { 3 } else { 10 };
         let [cl, l1, ln, pn] = all_paths(&target, (n, n, n), threads, reps)?.map(|t| gflops((n, n, n), t));
         let pct = peak.map_or("-".to_string(), |p| format!("{:.0}%", 100.0 * cl / p));
-        println!("{n:>6} {cl:>12.1} {pct:>8} {l1:>12.1} {ln:>12.1} {pn:>12.1}");
+        let share = isa_peak.map_or("-".to_string(), |p| format!("{:.0}%", 100.0 * pn / p));
+        println!("{n:>6} {cl:>12.1} {pct:>8} {l1:>12.1} {ln:>12.1} {pn:>12.1} {share:>14}");
         library_at.push((n, ln, pn));
     }
     // The yardstick of issue 3: numpy's `a @ b` in the same run, with the environment's
