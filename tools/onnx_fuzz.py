@@ -421,7 +421,8 @@ def g_scan(m):
 
 def g_recurrent(m):
     """An LSTM, GRU or RNN over a rank-3 value read as [seq, batch, input]: any direction,
-    with or without biases, initial state, linear_before_reset and clip; Y the value made."""
+    with or without biases, sequence lengths (0 included), initial state, linear_before_reset
+    and clip; Y the value made."""
     a = m.pick(lambda v: floats(v) and len(v[1]) == 3)
     if a is None:
         return None
@@ -432,7 +433,8 @@ def g_recurrent(m):
     dirs, hidden = 1 + (direction == "bidirectional"), int(m.rng.integers(1, 5))
     ins = [a[0], m.weight((dirs, gates * hidden, width)), m.weight((dirs, gates * hidden, hidden))]
     ins.append(m.weight((dirs, 2 * gates * hidden)) if m.rng.random() < 0.7 else "")
-    ins.append("")
+    lens = m.rng.integers(0, seq + 1, batch).astype(np.int32)
+    ins.append(m.init(lens) if m.rng.random() < 0.4 else "")
     ins.append(m.weight((dirs, batch, hidden)) if m.rng.random() < 0.5 else "")
     attrs = {"direction": direction, "hidden_size": hidden}
     if op == "GRU" and m.rng.random() < 0.5:

@@ -91,9 +91,20 @@ pub(crate) mod tests {
     /// `op_type` at `opset` on constant inputs, as the importer dispatches it: every node
     /// folds, so the result is the reference interpreter's.
     pub(crate) fn eval(op_type: &str, opset: i64, inputs: Vec<Tensor>, attribute: Vec<AttributeProto>) -> R<Tensor> {
+        eval_outputs(op_type, opset, inputs, attribute, 1).map(|mut v| v.remove(0))
+    }
+
+    /// `eval` of a node with `outputs` outputs, all of them.
+    pub(crate) fn eval_outputs(
+        op_type: &str,
+        opset: i64,
+        inputs: Vec<Tensor>,
+        attribute: Vec<AttributeProto>,
+        outputs: usize,
+    ) -> R<Vec<Tensor>> {
         let convert = converter(op_type, opset)?;
-        let node =
-            NodeProto { op_type: Some(op_type.into()), output: vec!["y".into()], attribute, ..Default::default() };
+        let output = (0..outputs).map(|k| format!("y{k}")).collect();
+        let node = NodeProto { op_type: Some(op_type.into()), output, attribute, ..Default::default() };
         let ctx = Ctx {
             node: &node,
             args: inputs.into_iter().map(|t| Some(Value::computed(t))).collect(),
@@ -101,7 +112,7 @@ pub(crate) mod tests {
             out: "y".into(),
         };
         let v = convert(&mut Builder::default(), &ctx)?;
-        Ok(v[0].as_const().expect("constant inputs fold").clone())
+        Ok(v.iter().take(outputs).map(|v| v.as_const().expect("constant inputs fold").clone()).collect())
     }
 
     pub(crate) fn f32s(t: &Tensor) -> Vec<f32> {

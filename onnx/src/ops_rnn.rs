@@ -8,7 +8,8 @@
 //! their alpha/beta (consumed in order by the activations that take them), `clip` on every
 //! gate's input, `input_forget` (f = 1 − i), peepholes, `linear_before_reset`, `layout` 1
 //! (batch first), and `sequence_lens`: a batch row past its length keeps its state and
-//! gives zeros in Y, so a reverse direction starts at the row's own last step.
+//! gives zeros in Y, so a reverse direction starts at the row's own last step; a row of
+//! length 0 gives zero final states (not its initial ones).
 
 use meshc_ir::{Attr, DType, Op};
 
@@ -488,6 +489,19 @@ impl Layer<'_> {
             true => Some(concat(s, &ys.into_iter().flatten().collect::<Vec<_>>(), 0, &self.name("y"))?),
             false => None,
         };
+        // A row of length 0 ends with zero states, as onnxruntime gives them, not with the
+        // initial state it kept.
+        let (hs, cs) = match self.lens {
+            Some(lens) => {
+                let dtype = s.b.ty(lens).dtype;
+                let ran = s.op0(&self.name("ran"), Op::Less, &[&scalar(dtype, 0.0), lens])?;
+                let zero = scalar(DType::F32, 0.0);
+                let h = s.op0(&self.name("h_final"), Op::Where, &[&ran, &hs, &zero])?;
+                let c = cs.map(|c| s.op0(&self.name("c_final"), Op::Where, &[&ran, &c, &zero])).transpose()?;
+                (h, c)
+            }
+            None => (hs, cs),
+        };
         Ok([y, Some(hs), cs])
     }
 }
@@ -584,6 +598,33 @@ mod tests {
         for clip in [0.0, -1.0, f32::NAN] {
             let attr = AttributeProto { name: Some("clip".into()), f: Some(clip), ..Default::default() };
             refused("forward", vec![3, 3], vec![attr], "must be positive");
+        }
+    }
+
+    /// A row of length 0 runs no step: zeros in Y, and zero final states where its initial
+    /// state would have been kept (onnxruntime's result), for every cell kind.
+    #[test]
+    fn a_row_of_length_zero_ends_with_zero_states() {
+        use crate::dispatch::tests::eval_outputs;
+        for (op, gates, outputs) in [("RNN", 1, 2), ("GRU", 3, 2), ("LSTM", 4, 3)] {
+            let x = Tensor::f32(vec![2, 2, 1], vec![1.0, 1.0, 2.0, 2.0]);
+            let w = Tensor::f32(vec![1, gates, 1], vec![0.5; gates]);
+            let r = Tensor::f32(vec![1, gates, 1], vec![0.5; gates]);
+            let b = Tensor::f32(vec![1, 2 * gates], vec![0.0; 2 * gates]);
+            let lens = Tensor::new(vec![2], Data::I32(vec![0, 2]));
+            let h0 = Tensor::f32(vec![1, 2, 1], vec![0.75, 0.75]);
+            let mut inputs = vec![x, w, r, b, lens, h0.clone()];
+            if op == "LSTM" {
+                inputs.push(h0);
+            }
+            let out = eval_outputs(op, 14, inputs, vec![attr_i("hidden_size", 1)], outputs).unwrap();
+            let y = f32s(&out[0]);
+            assert_eq!((y[0], y[2]), (0.0, 0.0), "{op}: Y of the empty row");
+            for state in &out[1..] {
+                let v = f32s(state);
+                assert_eq!(v[0], 0.0, "{op}: a final state of the empty row");
+                assert!(v[1] != 0.0 && v[1] != 0.75, "{op}: the other row ran: {v:?}");
+            }
         }
     }
 
