@@ -287,8 +287,9 @@ unsafe fn tile_avx512<const R: usize>(
     unsafe { crate::kernels::small_m::tile::<R>(k, (a, lda), (b, ldb), (c, ldc), cols) }
 }
 
-/// The portable tile compiled for AVX2 with FMA: `R` rows × 32 columns of accumulators are
-/// 4·R vectors, which the compiler keeps in the 16 registers up to 3 rows and spills past.
+/// The AVX2 tile: the small-M GEMM's AVX2 tiles (`crate::kernels::small_m::tiles_avx2`), up to
+/// 6 rows × 16 columns in registers each. (The portable tile compiled for AVX2 kept `R` × 32
+/// accumulators, which spill from AVX2's 16 registers past 3 rows: 2-4x the AVX-512 time.)
 ///
 /// # Safety
 /// As `Tile`, on a CPU with AVX2 and FMA.
@@ -306,7 +307,7 @@ unsafe fn tile_avx2<const R: usize>(
     cols: usize,
 ) {
     // SAFETY: as the caller promises.
-    unsafe { tile_portable::<R>(k, a, lda, b, ldb, c, ldc, cols) }
+    unsafe { crate::kernels::small_m::tiles_avx2(R, k, (a, lda), (b, ldb), (c, ldc), cols) }
 }
 
 /// The portable tile.

@@ -186,6 +186,36 @@ pub(crate) unsafe fn tile<const MR: usize>(
     }
 }
 
+/// `c = a @ b` for a `rows × cols` tile (`cols` ≤ 32) with the AVX2 kernels: `tile`'s
+/// contract, as tiles of up to 6 rows × 16 columns. Fused attention's AVX2 path runs its two
+/// products on it.
+///
+/// # Safety
+/// As `tile`, on a CPU with AVX2 and FMA; `rows` ≥ 1.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn tiles_avx2(
+    rows: usize,
+    k: usize,
+    (a, lda): (*const f32, usize),
+    (b, ldb): (*const f32, usize),
+    (c, ldc): (*mut f32, usize),
+    cols: usize,
+) {
+    let kern = &AVX2;
+    let mr = kern.tiles.len();
+    for j in (0..cols).step_by(kern.width) {
+        let width = kern.width.min(cols - j);
+        let mut i = 0;
+        while i < rows {
+            let r = mr.min(rows - i);
+            // SAFETY: rows i..i + r and columns j..j + width of the caller's tile.
+            unsafe { kern.tiles[r - 1](k, (a.add(i * lda), lda), (b.add(j), ldb), (c.add(i * ldc + j), ldc), width) };
+            i += r;
+        }
+    }
+}
+
 /// `c = a @ b` for an `MR × cols` tile (`cols` ≤ 16) in AVX2 registers, as `tile`.
 ///
 /// # Safety
