@@ -216,13 +216,37 @@ pub(crate) unsafe fn tiles_avx2(
     }
 }
 
-/// `c = a @ b` for an `MR × cols` tile (`cols` ≤ 16) in AVX2 registers, as `tile`.
+/// `c = a @ b` for an `MR × cols` tile (`cols` ≤ 16) in AVX2 registers, as `tile`. A whole
+/// tile loads and stores without masks: AVX2's masked moves cost more than plain ones (on
+/// AMD's cores, several times more), and nearly every tile is whole.
 ///
 /// # Safety
 /// The pointers address those tiles; the CPU has AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn tile_avx2<const MR: usize>(
+    k: usize,
+    a: (*const f32, usize),
+    b: (*const f32, usize),
+    c: (*mut f32, usize),
+    cols: usize,
+) {
+    // SAFETY: as the caller promises.
+    unsafe {
+        match cols == 16 {
+            true => tile_avx2_on::<MR, true>(k, a, b, c, cols),
+            false => tile_avx2_on::<MR, false>(k, a, b, c, cols),
+        }
+    }
+}
+
+/// `tile_avx2`, its loads and stores masked to `cols` unless `WHOLE` (`cols` is 16).
+///
+/// # Safety
+/// As `tile_avx2`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_avx2_on<const MR: usize, const WHOLE: bool>(
     k: usize,
     (a, lda): (*const f32, usize),
     (b, ldb): (*const f32, usize),
@@ -242,29 +266,12 @@ unsafe fn tile_avx2<const MR: usize>(
     // tile's columns (a masked lane does not fault), so the half past `cols` may lie
     // outside, its address formed by wrapping arithmetic.
     unsafe {
-        // A whole tile loads and stores without masks: AVX2's masked moves cost more than
-        // plain ones (on AMD's cores, several times more), and nearly every tile is whole.
-        if cols == 16 {
-            for p in 0..k {
-                let row = b.add(p * ldb);
-                let (b0, b1) = (_mm256_loadu_ps(row), _mm256_loadu_ps(row.add(8)));
-                for (i, acc) in acc.iter_mut().enumerate() {
-                    let x = _mm256_broadcast_ss(&*a.add(i * lda + p));
-                    acc[0] = _mm256_fmadd_ps(x, b0, acc[0]);
-                    acc[1] = _mm256_fmadd_ps(x, b1, acc[1]);
-                }
-            }
-            for (i, acc) in acc.iter().enumerate() {
-                let row = c.add(i * ldc);
-                _mm256_storeu_ps(row, acc[0]);
-                _mm256_storeu_ps(row.add(8), acc[1]);
-            }
-            return;
-        }
         for p in 0..k {
-            let row = b.add(p * ldb);
-            let b0 = _mm256_maskload_ps(row, m0);
-            let b1 = _mm256_maskload_ps(row.wrapping_add(8), m1);
+            let (row, next) = (b.add(p * ldb), b.add(p * ldb).wrapping_add(8));
+            let (b0, b1) = match WHOLE {
+                true => (_mm256_loadu_ps(row), _mm256_loadu_ps(next)),
+                false => (_mm256_maskload_ps(row, m0), _mm256_maskload_ps(next, m1)),
+            };
             for (i, acc) in acc.iter_mut().enumerate() {
                 let x = _mm256_broadcast_ss(&*a.add(i * lda + p));
                 acc[0] = _mm256_fmadd_ps(x, b0, acc[0]);
@@ -272,9 +279,17 @@ unsafe fn tile_avx2<const MR: usize>(
             }
         }
         for (i, acc) in acc.iter().enumerate() {
-            let row = c.add(i * ldc);
-            _mm256_maskstore_ps(row, m0, acc[0]);
-            _mm256_maskstore_ps(row.wrapping_add(8), m1, acc[1]);
+            let (row, next) = (c.add(i * ldc), c.add(i * ldc).wrapping_add(8));
+            match WHOLE {
+                true => {
+                    _mm256_storeu_ps(row, acc[0]);
+                    _mm256_storeu_ps(next, acc[1]);
+                }
+                false => {
+                    _mm256_maskstore_ps(row, m0, acc[0]);
+                    _mm256_maskstore_ps(next, m1, acc[1]);
+                }
+            }
         }
     }
 }
