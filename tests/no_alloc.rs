@@ -11,6 +11,9 @@
 use meshc_ir::DType;
 use meshc_runtime::api::{Model, Session, TensorView, TensorViewMut};
 
+#[path = "all/common/mod.rs"]
+mod common;
+
 #[path = "../runtime/tests/common/counting.rs"]
 mod counting;
 use counting::allocations;
@@ -50,20 +53,12 @@ struct Buf {
 }
 
 fn main() {
-    let root = env!("CARGO_MANIFEST_DIR");
-    let dir = std::env::temp_dir().join(format!("meshc-no-alloc-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // Removed when dropped, on a failed assertion too.
+    let dir = common::scratch("no-alloc");
     for (k, (name, args)) in CASES.iter().enumerate() {
         let art = dir.join(format!("{k}.mshc"));
-        let c = std::process::Command::new(env!("CARGO_BIN_EXE_meshc"))
-            .current_dir(root)
-            .arg("compile")
-            .args(*args)
-            .arg("-o")
-            .arg(&art)
-            .output()
-            .unwrap();
-        assert!(c.status.success(), "{name}: {}", String::from_utf8_lossy(&c.stderr));
+        let c = common::meshc(&[&["compile"], *args, &["-o", art.to_str().unwrap()]].concat());
+        assert_eq!(c.status, Some(0), "{name}: {}", c.stderr);
         let model = Model::open(&art).unwrap();
         let session = Session::new(&model).unwrap();
         let inputs: Vec<Buf> = (model.inputs().iter())
@@ -113,5 +108,4 @@ fn main() {
         }
         println!("{name}: 0 heap allocations a call of run_into ({} devices)", model.mesh().devices());
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
