@@ -74,12 +74,21 @@ impl Blocks {
         (all(&meta.inputs), all(&meta.outputs))
     }
 
+    /// The `healthy` devices holding the same region as `d`, in device order.
+    pub(super) fn replicas<'a>(
+        &'a self,
+        d: usize,
+        healthy: impl Fn(usize) -> bool + 'a,
+    ) -> impl Iterator<Item = usize> + 'a {
+        (0..self.region.len()).filter(move |&h| healthy(h) && self.region[h] == self.region[d])
+    }
+
     /// The device whose copy of `d`'s block a run reads when not every device is `healthy`:
     /// `d` itself if it is, else the first healthy device holding the same region.
     pub(super) fn holder(&self, d: usize, healthy: impl Fn(usize) -> bool) -> Option<usize> {
         match healthy(d) {
             true => Some(d),
-            false => (0..self.region.len()).find(|&h| healthy(h) && self.region[h] == self.region[d]),
+            false => self.replicas(d, healthy).next(),
         }
     }
 }

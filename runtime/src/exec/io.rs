@@ -51,9 +51,8 @@ impl Loaded {
     /// when it is healthy and on host 0, else the first healthy device with the same block
     /// on host 0, else the first healthy one anywhere (its host sends that copy).
     fn source(&self, hosts: &Hosts, o: usize, d: usize, healthy: impl Fn(usize) -> bool) -> Option<usize> {
-        let region = &self.outputs[o].region;
-        let same = || (0..region.len()).filter(|&h| healthy(h) && region[h] == region[d]);
-        same().find(|&h| hosts.host_of(h) == 0).or_else(|| same().next())
+        let blocks = &self.outputs[o];
+        blocks.replicas(d, &healthy).find(|&h| hosts.host_of(h) == 0).or_else(|| blocks.replicas(d, &healthy).next())
     }
 
     /// Under hosts, the blocks host 0 reads (`source`) that other hosts hold go to host 0,
