@@ -262,16 +262,18 @@ fn safetensors_dtype(d: safetensors::Dtype) -> Option<DType> {
 }
 
 /// "no tensor 'k'": with every name when there are few, else the closest few and the count.
+/// Each name is quoted and shortened, as every name from a file is in an error: a file's
+/// names may hold anything, line breaks included (the command line escapes what is quoted).
 fn no_tensor<'a>(key: &str, names: impl Iterator<Item = &'a String>) -> Error {
     let mut names: Vec<&str> = names.map(String::as_str).collect();
     names.sort();
+    let quoted = |names: &[&str]| names.iter().map(|n| format!("'{}'", shorten(n))).collect::<Vec<_>>().join(", ");
     if names.len() <= LIST_ALL_NAMES {
-        return Error::new(format!("no tensor '{}' (it has: {})", shorten(key), names.join(", ")));
+        return Error::new(format!("no tensor '{}' (it has: {})", shorten(key), quoted(&names)));
     }
     let count = names.len();
     names.sort_by_key(|n| (strsim::levenshtein(n, key), *n));
-    let closest: Vec<String> = names.iter().take(3).map(|n| shorten(n).into_owned()).collect();
-    Error::new(format!("no tensor '{}' (closest: {}; {count} in all)", shorten(key), closest.join(", ")))
+    Error::new(format!("no tensor '{}' (closest: {}; {count} in all)", shorten(key), quoted(&names[..3])))
 }
 
 #[cfg(test)]
@@ -391,7 +393,7 @@ mod tests {
         let e = no_tensor("layer.1.weigth", names.iter());
         assert_eq!(
             e.msg,
-            "no tensor 'layer.1.weigth' (closest: layer.1.weight, layer.0.weight, layer.10.weight; 20 in all)"
+            "no tensor 'layer.1.weigth' (closest: 'layer.1.weight', 'layer.0.weight', 'layer.10.weight'; 20 in all)"
         );
     }
 }
