@@ -73,6 +73,8 @@ fn testdata_graphs_agree_with_the_verifier_at_random_sizes() {
             // one whose inputs give a dim name two sizes names both inputs.
             Err(e) => {
                 assert!(e.starts_with("node '") || e.contains("but input '"), "{}: {e}", path.display());
+                // (Inference disagreeing with the verifier is never the graph's fault.)
+                assert!(!e.contains("a meshc bug"), "{}: {e}", path.display());
                 continue;
             }
         };

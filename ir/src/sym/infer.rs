@@ -460,9 +460,13 @@ fn window(cx: &mut Cx, ops: &[Vec<Expr>], info: &Info) -> R<Vec<Expr>> {
         (crate::window::Window::of(node, xs.len() - 2, None)?, xs[1].clone())
     };
     let mut out = vec![xs[0].clone(), channels];
+    // Each static spatial dim by its own window (kernel, stride, pads and dilation of that
+    // dim): `out_sizes` takes every spatial dim at once.
+    let examples = xs[2..].iter().map(|e| cx.example(e).map(|v| v as usize)).collect::<R<Vec<usize>>>()?;
+    let static_out = win.out_sizes(&examples)?;
     for (d, e) in xs[2..].iter().enumerate() {
         if e.is_const() {
-            out.push(Expr::constant(win.out_sizes(&[e.as_const().expect("const") as usize])?[0] as i64));
+            out.push(Expr::constant(static_out[d] as i64));
             continue;
         }
         if win.ceil_mode {
