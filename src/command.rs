@@ -254,6 +254,29 @@ pub fn load_graph(path: &Path, onnx: &OnnxArgs) -> Result<GraphIn> {
     Ok(gi)
 }
 
+/// The graph at `path` for `compile` and `run`: with symbolic dims (ranged `--dim`s, or
+/// ranges the graph declares), written at their upper bounds and returned with them, for
+/// one artifact that runs at every size within them (`crate::sizes`).
+fn load_graph_bounded(path: &Path, args: &CodegenArgs) -> Result<(GraphIn, meshc_ir::sym::Symbols)> {
+    let gi = load_graph_sym(path, &args.onnx)?;
+    let Some(si) = &gi.sym else { return Ok((gi, Default::default())) };
+    if let Some(layout) = &args.layout {
+        bail!(
+            "{}: symbolic dims compile for one device for now, not for the mesh of {}; give each a size (--dim NAME=N)",
+            path.display(),
+            layout.display()
+        );
+    }
+    let hi: meshc_ir::sym::Binding =
+        si.symbols.values().map(|s| (s.name.clone(), s.hi / s.multiple_of * s.multiple_of)).collect();
+    let in_file = |e: String| anyhow::anyhow!("{}: at the upper bounds: {e}", path.display());
+    let graph = specialised(&gi.graph, si, &hi).map_err(in_file)?;
+    let info = meshc_ir::verify::verify(&graph).map_err(|e| e.in_file(path.display().to_string()))?;
+    // A symbol given one size is no symbol: the graph is written at it.
+    let symbols = si.symbols.iter().filter(|(_, s)| !s.is_fixed()).map(|(n, s)| (n.clone(), s.clone())).collect();
+    Ok((GraphIn { graph, info, imported: gi.imported, sym: None }, symbols))
+}
+
 /// `dims` with what `shapes` (`--input-shape`s of a graph file) say: a graph's dims are
 /// concrete, and a dim name stands for one size across the graph, so an input's shape binds
 /// each of its named dims as `--dim NAME=N` would (agreeing with the `--dim`s and the other
@@ -416,7 +439,7 @@ pub fn compile_graph(
     inst: &Instrument,
     pilot: Option<&PilotArgs>,
 ) -> Result<(Option<compile::Compiled>, Vec<PathBuf>, Option<State>)> {
-    let GraphIn { graph: g, info, imported, .. } = load_graph(path, &args.onnx)?;
+    let (GraphIn { graph: g, info, imported, .. }, symbols) = load_graph_bounded(path, args)?;
     let mut files = WeightFiles::new(base_dir(path));
     let in_graph = |e: meshc_ir::Error| e.in_file(path.display().to_string());
     let step = crate::train::step(&g, &info, &args.train, |p| match imported.as_ref().and_then(|m| m.get(&p.name)) {
@@ -449,7 +472,13 @@ pub fn compile_graph(
     // into the weights section.
     let params = graph_params(&g, imported.as_ref(), &mut files, path)?;
     let pilot = pilot.map(|p| p.config(&g)).transpose()?.flatten();
-    let opts = compile::Options { emit, ..args.options() };
+    if !symbols.is_empty() && (pilot.is_some() || init.is_some()) {
+        bail!(
+            "{}: symbolic dims do not take --pilot-input or --loss yet; give each a size (--dim NAME=N)",
+            path.display()
+        );
+    }
+    let opts = compile::Options { emit, symbols, ..args.options() };
     let compiled = driver::Job::new(&g, &info, params, &opts)
         .spec(spec.as_ref())
         .pilot(pilot.as_ref())

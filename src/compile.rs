@@ -25,16 +25,22 @@ use crate::passes::fold::{Const, Folded};
 use crate::passes::fuse::Groups;
 use crate::passes::lower::Lowered;
 use crate::pipeline::{self, DevicePass, Dumps, Flow, Instrument, Level, Pass, ProgramPass};
+use crate::sizes::StepScaling;
 use meshc_ir::cost::node_flops;
+use meshc_ir::sym::SymInfo;
 use meshc_runtime::exec::runner::Loaded;
 use meshc_runtime::format::mesh::{Layout, Mesh};
 use meshc_runtime::format::program::{
     align_up, Attention, Buffer, Collective, Elem, Exec, IoSpec, Kernel, Library, Matmul, Meta, Program, Protocol,
-    Step, Storage, Transfer, Transposed, Why, ALIGN,
+    Step, Storage, Transfer, Transpose, Transposed, Why, ALIGN,
 };
+use meshc_runtime::format::symbolic::{Scaling, Symbolic};
 use meshc_runtime::kernels::library;
 use meshc_runtime::kernels::matmul_shape::MatmulShape;
 use meshc_runtime::kernels::panels;
+
+/// The name of a symbolic program's size table buffer (`Storage::Sizes`).
+const SIZES: &str = "(sizes)";
 
 /// Which implementation serves matmuls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,6 +72,9 @@ pub struct Options {
     /// Fuse attention chains into one step each (`passes::attention`); false keeps the
     /// matmuls and the softmax separate, which `cargo bench --bench models` compares against.
     pub attention: bool,
+    /// Symbolic dims (`crate::sizes`): the graph is written at their upper bounds, and the
+    /// artifact runs at every size within them. Empty: a static compile.
+    pub symbols: meshc_ir::sym::Symbols,
 }
 
 /// Where the kernels go.
@@ -89,6 +98,7 @@ impl Default for Options {
             weights: Default::default(),
             epilogues: true,
             attention: true,
+            symbols: Default::default(),
         }
     }
 }
@@ -293,6 +303,10 @@ struct Builder {
     weight_at: HashMap<u64, Vec<usize>>,
     /// Collective ids by node name: the members of a group name a collective alike.
     collectives: BTreeMap<String, usize>,
+    symbols: meshc_ir::sym::Symbols,
+    /// With symbols: the size table so far and the graph's symbolic inputs, outputs and
+    /// checks (from the one device's program).
+    symbolic: Option<Symbolic>,
 }
 
 /// A fingerprint of a weight block for finding equal ones: its mask record, its length and
@@ -333,6 +347,8 @@ impl Builder {
             weights: Vec::new(),
             weight_at: HashMap::new(),
             collectives: BTreeMap::new(),
+            symbols: opts.symbols.clone(),
+            symbolic: None,
         })
     }
 
@@ -447,6 +463,11 @@ impl Builder {
     ) -> Result<(Program, Vec<Vec<usize>>)> {
         let mut bufs = Buffers::default();
         let Folded { consts, keeps, absorbed, .. } = folded;
+        let si = self.symbolic_program(devices, g, info)?;
+        if si.is_some() {
+            bufs.list.push(Buffer { name: SIZES.to_string(), bytes: 0, storage: Storage::Sizes, mask: None });
+            bufs.of.insert(SIZES.to_string(), bufs.list.len() - 1);
+        }
         // The weights stored in panels (`meshc_runtime::kernels::panels`).
         let mut panelled: Vec<String> = Vec::new();
         let masks = local_masks(g, info, consts, keeps, self.mask_block);
@@ -528,14 +549,40 @@ impl Builder {
                 } else {
                     (Exec::Recv(t), bufs.arena(&node.name, out.size_bytes()))
                 };
-                steps.push(Step { node: node.name.clone(), exec, buffers: vec![b], why });
+                steps.push(Step { node: node.name.clone(), exec, buffers: vec![b], why, scaling: None });
                 in_place.push(Vec::new());
                 continue;
             }
-            let use_library = node.op == Op::MatMul && self.library_serves(&operand_types);
+            // Over symbolic dims, the library GEMM and attention are planned for each call's
+            // shapes; a generated kernel takes a run-time row count at most.
+            let scaling = match &si {
+                Some(si) => {
+                    let operands: Vec<String> = match node.op.is_elementwise() {
+                        true => fused_spec(g, info, groups, r).1,
+                        false => node.inputs.clone(),
+                    };
+                    let library = matches!(node.op, Op::MatMul | Op::Attention);
+                    crate::sizes::step_scaling(si, node, &operands, library)?
+                }
+                None => None,
+            };
+            if scaling.is_some() && node.op == Op::MatMul && masks.contains_key(node.inputs[1].as_str()) {
+                bail!("node '{}': a pruned matmul over symbolic dims is not compiled yet", node.name);
+            }
+            let use_library = node.op == Op::MatMul && (scaling.is_some() || self.library_serves(&operand_types));
             let mut shares = Vec::new();
             let (exec, operands, scratch) = if node.op.is_communication() {
                 (Exec::Collective(self.collective(node, &operand_types[0], device, devices)?), node.inputs.clone(), 0)
+            } else if let (Some(StepScaling::Shapes(_)), Op::Transpose) = (&scaling, node.op) {
+                // It moves a symbolic dim: the runner's transpose, which takes its shape
+                // per call.
+                let x = &operand_types[0];
+                let perm = match attrs::Transpose::of(node).perm {
+                    Some(p) => norm_axes(&p, x.rank()).map_err(anyhow::Error::msg)?,
+                    None => (0..x.rank()).rev().collect(),
+                };
+                let t = Transpose { shape: x.shape.clone(), perm, elem: x.dtype.size_bytes() };
+                (Exec::Library(Library::Transpose(t)), node.inputs.clone(), 0)
             } else if node.op == Op::Attention {
                 let steps = attrs::Attention::of(node).scores.steps();
                 let scale = steps.iter().find_map(|s| match *s {
@@ -570,21 +617,49 @@ impl Builder {
                 let operands = node.inputs.iter().map(|i| strided.get(i).unwrap_or(i).clone()).collect();
                 (Exec::Library(lib), operands, 0)
             } else {
-                let (generated, operands) = if node.op.is_elementwise() {
-                    let (spec, operands) = fused_spec(g, info, groups, r);
-                    // A fused loop reads each element before writing the same index, so an
-                    // operand laid out exactly like the result (not broadcast) may be it.
-                    shares = (spec.inputs.iter().enumerate())
-                        .filter(|(_, t)| t.shape == out.shape && t.dtype.size_bytes() == out.dtype.size_bytes())
-                        .map(|(k, _)| k + 1)
-                        .collect();
-                    (codegen::elementwise::fused(&self.target, &kernel_name(node), &spec)?, operands)
-                } else if node.op == Op::MatMul && masks.contains_key(node.inputs[1].as_str()) {
-                    let (a, b) = (&operand_types[0], &operand_types[1]);
-                    (codegen::matmul::masked(&self.target, &kernel_name(node), a, b, out)?, node.inputs.clone())
-                } else {
-                    (generate(&self.target, node, &operand_types, out)?, node.inputs.clone())
+                // A scaled kernel reads its rows from the size table, after its operands.
+                let arity = match node.op.is_elementwise() {
+                    true => fused_spec(g, info, groups, r).1.len(),
+                    false => node.inputs.len(),
                 };
+                let scaled = match &scaling {
+                    Some(StepScaling::Rows { rows, hi }) => {
+                        Some(codegen::rows::RowsArg { buf: 1 + arity, slot: self.size_slot(rows), hi: *hi })
+                    }
+                    _ => None,
+                };
+                let mut generate_step = || -> Result<(Generated, Vec<String>)> {
+                    Ok(if node.op.is_elementwise() {
+                        let (spec, operands) = fused_spec(g, info, groups, r);
+                        // A fused loop reads each element before writing the same index, so an
+                        // operand laid out exactly like the result (not broadcast) may be it.
+                        shares = (spec.inputs.iter().enumerate())
+                            .filter(|(_, t)| t.shape == out.shape && t.dtype.size_bytes() == out.dtype.size_bytes())
+                            .map(|(k, _)| k + 1)
+                            .collect();
+                        (codegen::elementwise::fused(&self.target, &kernel_name(node), &spec)?, operands)
+                    } else if node.op == Op::MatMul && masks.contains_key(node.inputs[1].as_str()) {
+                        let (a, b) = (&operand_types[0], &operand_types[1]);
+                        (codegen::matmul::masked(&self.target, &kernel_name(node), a, b, out)?, node.inputs.clone())
+                    } else {
+                        (generate(&self.target, node, &operand_types, out)?, node.inputs.clone())
+                    })
+                };
+                let (generated, mut operands) = match scaled {
+                    Some(arg) => {
+                        codegen::rows::scaled(arg, generate_step).with_context(|| format!("node '{}'", node.name))?
+                    }
+                    None => generate_step()?,
+                };
+                if scaled.is_some() {
+                    if generated.scratch > 0 {
+                        bail!(
+                            "node '{}': a kernel with scratch space over symbolic rows is not compiled yet",
+                            node.name
+                        );
+                    }
+                    operands.push(SIZES.to_string());
+                }
                 let (parts, scratch) = (generated.parts, generated.scratch);
                 // Identical kernels share one copy of the code.
                 let Place { offset, len } =
@@ -631,10 +706,18 @@ impl Builder {
                     kernel.in_place.sort();
                 }
             }
-            steps.push(Step { node: node.name.clone(), exec, buffers, why });
+            let scaling = match scaling {
+                Some(StepScaling::Rows { rows, hi }) => Some(Scaling::Rows { size: self.size_slot(&rows), hi }),
+                Some(StepScaling::Shapes(shapes)) => Some(Scaling::Shapes(shapes)),
+                None => None,
+            };
+            steps.push(Step { node: node.name.clone(), exec, buffers, why, scaling });
             in_place.push(shares);
         }
         let outputs = g.outputs.iter().map(|o| bufs.get(&o.name)).collect();
+        if let (Some(b), Some(sym)) = (bufs.of.get(SIZES), &self.symbolic) {
+            bufs.list[*b].bytes = 8 * sym.sizes.len();
+        }
         let p = Program {
             device,
             arena_bytes: 0,
@@ -671,7 +754,44 @@ impl Builder {
         Ok(c)
     }
 
-    fn finish(self, meta: Meta, programs: Vec<Program>) -> Result<Compiled> {
+    /// With symbols: the program's symbolic shapes (inferred at the upper bounds, at which
+    /// the graph is written), and its inputs, outputs and checks kept for the metadata.
+    fn symbolic_program(&mut self, devices: usize, g: &Graph, info: &Info) -> Result<Option<SymInfo>> {
+        if self.symbols.is_empty() {
+            return Ok(None);
+        }
+        if devices != 1 {
+            bail!(
+                "symbolic dims compile for one device for now: give each a size (--dim NAME=N) to compile for a mesh of {devices}"
+            );
+        }
+        let si = meshc_ir::sym::infer_graph(g, info, &self.symbols)
+            .map_err(|e| anyhow::anyhow!("symbolic shapes of the program at the upper bounds: {e}"))?;
+        let shape = |name: &str| si.shapes[name].clone();
+        self.symbolic = Some(Symbolic {
+            symbols: self.symbols.values().cloned().collect(),
+            inputs: g.inputs.iter().map(|i| shape(&i.name)).collect(),
+            outputs: g.outputs.iter().map(|o| shape(&o.name)).collect(),
+            checks: si.checks.clone(),
+            sizes: Vec::new(),
+        });
+        Ok(Some(si))
+    }
+
+    /// The size table's entry for `rows` (added the first time).
+    fn size_slot(&mut self, rows: &meshc_ir::sym::Expr) -> usize {
+        let sizes = &mut self.symbolic.as_mut().expect("a symbolic compile").sizes;
+        match sizes.iter().position(|e| e == rows) {
+            Some(i) => i,
+            None => {
+                sizes.push(rows.clone());
+                sizes.len() - 1
+            }
+        }
+    }
+
+    fn finish(self, mut meta: Meta, programs: Vec<Program>) -> Result<Compiled> {
+        meta.symbolic = self.symbolic;
         Ok(Compiled { meta, programs, code: self.code.finish()?, weights: self.weights })
     }
 }
@@ -710,6 +830,7 @@ fn meta(g: &Graph, info: &Info, target: &Target, mesh: Mesh, layouts: &HashMap<S
         degraded: Default::default(),
         model_axes: Vec::new(),
         hosts: Vec::new(),
+        symbolic: None,
     }
 }
 
@@ -883,6 +1004,7 @@ fn codegen_dump(programs: &[Program]) -> String {
                 Storage::Weights { .. } if buf.mask.is_some() => "weights, masked",
                 Storage::Weights { .. } => "weights",
                 Storage::Arena { .. } => "arena",
+                Storage::Sizes => "size table",
             };
             s += &format!("  b{i:<4} {:<28} {:>10} bytes  {at}\n", buf.name, buf.bytes);
         }

@@ -456,7 +456,7 @@ fn check_memory(c: &Compiled, spec: &Spec) -> Result<()> {
             .iter()
             .filter_map(|b| match b.storage {
                 Storage::Weights { offset } => Some((offset, b.bytes)),
-                Storage::Arena { .. } => None,
+                Storage::Arena { .. } | Storage::Sizes => None,
             })
             .collect();
         weights.sort();

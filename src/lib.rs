@@ -16,4 +16,5 @@ pub mod layout;
 pub mod mesh_interp;
 pub mod passes;
 pub mod pipeline;
+pub mod sizes;
 pub mod train;

@@ -685,7 +685,7 @@ fn interp(path: &Path, io: &Io, onnx: &OnnxArgs) -> Result<()> {
         Some(si) => bind_inputs(&g, si, &io.inputs)?,
         None => (g, info),
     };
-    let mut values = read_inputs(&graph_inputs(&g), &io.inputs)?;
+    let mut values = read_inputs(&graph_inputs(&g), &io.inputs, false)?;
     values.extend(match imported {
         Some(p) => {
             warn_nan_params(&g, &params::Params::from(&p), path)?;
@@ -798,7 +798,7 @@ fn compare_with_unpruned(path: &Path, reference: &Path, io: &Io, args: &CodegenA
     let results = |p: &Path, pilot: &PilotArgs| -> Result<BTreeMap<String, Tensor>> {
         let name = p.display().to_string();
         let with = |loaded: &Loaded| -> Result<BTreeMap<String, Tensor>> {
-            loaded.run(&read_inputs(&cli::expected_inputs(loaded), &io.inputs)?)
+            loaded.run(&read_inputs(&cli::expected_inputs(loaded), &io.inputs, loaded.meta.symbolic.is_some())?)
         };
         if is_artifact(p) {
             let art = Artifact::open_with(p, Verify::All)?;

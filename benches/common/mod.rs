@@ -232,6 +232,7 @@ pub fn runner_program(mesh: &Mesh, numel: usize) -> (Meta, Vec<Program>) {
         degraded: Default::default(),
         model_axes: Vec::new(),
         hosts: Vec::new(),
+        symbolic: None,
     };
     let c = all_reduce(vec![(0..mesh.devices()).collect()], numel);
     let programs = (0..mesh.devices())
@@ -243,7 +244,13 @@ pub fn runner_program(mesh: &Mesh, numel: usize) -> (Meta, Vec<Program>) {
                 Buffer { name: "y".into(), bytes, storage: Storage::Arena { offset: at }, mask: None },
             ],
             kernels: vec![],
-            steps: vec![Step { node: "y".into(), exec: Exec::Collective(c.clone()), buffers: vec![1, 0], why: None }],
+            steps: vec![Step {
+                node: "y".into(),
+                exec: Exec::Collective(c.clone()),
+                buffers: vec![1, 0],
+                why: None,
+                scaling: None,
+            }],
             inputs: vec![0],
             outputs: vec![1],
             streams: Default::default(),

@@ -5,13 +5,13 @@
 //! The modules live in six rooms; each room uses only the rooms listed after it
 //! (pinned by tests/all/modules.rs):
 //! - `format` (uses nothing): `abi`, `mesh`, `program`, `degradation`, `epilogue`, `order`,
-//!   `mask`, `artifact`, `signature`, `isa`;
+//!   `mask`, `artifact`, `signature`, `isa`, `symbolic`;
 //! - `kernels` (format): `call`, `library`, `small_m`, `panels`, `matmul_shape`, `epilogue`,
-//!   `attention`, `vmath`, `pool`;
+//!   `attention`, `transpose`, `vmath`, `pool`;
 //! - `comm` (format): `traffic`, `fabric`, `reduce`, `degraded`, `exchange`, `transport`,
 //!   `mpi`, `sync`, `error`, `memory`;
 //! - `exec` (format, kernels, comm): `runner`, `validate`, `threads`, `streams`, `shared`,
-//!   `step`, `io`, `blocks`, `resident`, `mismatch`, `loader`;
+//!   `step`, `io`, `blocks`, `resident`, `mismatch`, `loader`, `sizes`;
 //! - `api` (format, exec): the embedding API — `model`, `session`, `view`, `error`;
 //! - `tools` (format, comm, exec, api): `cli`, `steps`, `inspect`, `trace`, `output`.
 

@@ -131,7 +131,8 @@ impl Dw {
         let b = self.bias.then(|| kb.buf(3));
         let (r, cl) = (self.rows, self.cols);
         let taps = r.taps * cl.taps;
-        let (lo, hi) = kb.part_range(planes as i64);
+        let planes = kb.iconst(planes as i64);
+        let (lo, hi) = kb.part_range(planes);
         kb.for_range(lo, hi, 1, |kb, plane| {
             // plane = image·M + m; input channel m / mult of the same image.
             let img = kb.b.ins().udiv_imm_u(plane, self.m as i64);

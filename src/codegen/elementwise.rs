@@ -213,7 +213,11 @@ impl Plan {
         all.push(broadcast_strides(shape, shape));
         let (mut dims, mut all) = collapse(shape, &all);
         let mut tail = 0;
-        if let [n] = dims[..] {
+        if let (Some(hi), [n]) = (super::rows::scaling(), &dims[..]) {
+            // Over symbolic rows the outer loop walks them (`rows::outer`), not chunks.
+            let per_row = n / hi.max(1);
+            (dims, all) = (vec![hi, per_row], all.iter().map(|s| vec![s[0] * per_row, s[0]]).collect());
+        } else if let [n] = dims[..] {
             if n >= 2 * CHUNK {
                 (dims, tail) = (vec![n / CHUNK, CHUNK], n % CHUNK);
                 all = all.iter().map(|s| vec![s[0] * CHUNK, s[0]]).collect();

@@ -114,8 +114,7 @@ impl KernelBuilder<'_> {
 
     /// This call's share of `n` units, `[n·part/parts, n·(part+1)/parts)`: the parts tile
     /// `0..n` exactly, in order, and differ in size by at most one unit.
-    pub fn part_range(&mut self, n: i64) -> (Value, Value) {
-        let n = self.iconst(n);
+    pub fn part_range(&mut self, n: Value) -> (Value, Value) {
         let bound = |k: &mut Self, p: Value| {
             let units = k.b.ins().imul(n, p);
             k.b.ins().udiv(units, k.parts)

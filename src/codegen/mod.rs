@@ -4,7 +4,8 @@
 //! Kernel ABI: every kernel is `extern "C" fn(bufs: *const *mut u8, part: usize, parts: usize)
 //! -> u32`. `bufs[i]` is the address of the kernel's i-th buffer (by convention the result
 //! first, then the operands, then any scratch space the kernel asked for). Shapes are baked
-//! into the code. A kernel that can split its work (`Generated::parts` > 1) does the `part`-th
+//! into the code, but for the row count of a graph compiled with symbolic dims, which a kernel
+//! reads from the size table passed as its last buffer (`rows`). A kernel that can split its work (`Generated::parts` > 1) does the `part`-th
 //! of `parts` disjoint pieces, so that the runner may call it once per part on several
 //! threads at once; the others ignore both arguments, and `(0, 1)` always means the whole
 //! work. A kernel returns 0, or a non-zero status the runner turns into an error (e.g. a
@@ -21,6 +22,7 @@ pub mod module;
 pub mod movement;
 pub mod nest;
 pub mod reduce;
+pub mod rows;
 pub mod scan;
 
 pub use meshc_runtime::format::abi::{

@@ -362,8 +362,9 @@ impl Indices {
 
     /// Fails the kernel unless each of the `count` indices at `ip` lies in [-n, n): exactly
     /// when i + n, as unsigned, is below 2n.
-    fn check_all(&self, kb: &mut KernelBuilder, ip: Value, count: i64) {
-        kb.for_const(0, count, 1, |kb, j| {
+    fn check_all(&self, kb: &mut KernelBuilder, ip: Value, count: Value) {
+        let zero = kb.iconst(0);
+        kb.for_range(zero, count, 1, |kb, j| {
             let at = kb.addr(ip, j, self.size);
             let i = self.load(kb, at);
             let shifted = kb.b.ins().iadd_imm_s(i, self.n);
@@ -404,7 +405,14 @@ fn gather(
     }
     Ok(build_kernel(target, name, |kb| {
         let (dst, src, ip) = (kb.buf(0), kb.buf(1), kb.buf(2));
-        ix.check_all(kb, ip, count);
+        // Over symbolic rows (the indices' leading dims) only the call's indices are read:
+        // the rest of their buffer holds no index.
+        let scaled = match outer {
+            1 => super::rows::outer(kb, count as usize),
+            _ => None,
+        };
+        let counted = scaled.unwrap_or_else(|| kb.iconst(count));
+        ix.check_all(kb, ip, counted);
         if run == 0 {
             return;
         }
@@ -431,7 +439,8 @@ fn gather(
         }
         let rows = [Dim::new(outer, &[n * run, count * run])];
         for_nest(kb, &rows, &[src, dst], &mut |kb, p| {
-            kb.for_const(0, count, 1, |kb, j| {
+            let zero = kb.iconst(0);
+            kb.for_range(zero, counted, 1, |kb, j| {
                 let i = source(kb, j);
                 let s = kb.addr(p[0], i, run);
                 let d = kb.addr(p[1], j, run);
@@ -481,7 +490,8 @@ fn scatter_elements(
     let (count, axis_stride) = (idx.numel() as i64, dstrides[axis] * esize);
     Ok(build_kernel(target, name, |kb| {
         let (dst, src, ip, up) = (kb.buf(0), kb.buf(1), kb.buf(2), kb.buf(3));
-        ix.check_all(kb, ip, count);
+        let counted = kb.iconst(count);
+        ix.check_all(kb, ip, counted);
         copy_run(kb, dst, src, data.numel() as i64 * esize);
         for_nest(kb, &dims, &[ip, up, dst], &mut |kb, p| {
             let i = ix.load(kb, p[0]);

@@ -80,7 +80,8 @@ pub(crate) fn for_nest(
 }
 
 /// `for_nest`, with the outermost of `dims` cut into the kernel's parts: this call visits
-/// only its part of those iterations (`KernelBuilder::part_range`). With no dims the body
+/// only its part of those iterations (`KernelBuilder::part_range`); in a kernel that scales
+/// with symbolic dims, the call's rows' share of them (`rows::outer`). With no dims the body
 /// runs once, so such a kernel must not be split.
 pub(crate) fn for_parts(
     kb: &mut KernelBuilder,
@@ -89,7 +90,11 @@ pub(crate) fn for_parts(
     body: &mut dyn FnMut(&mut KernelBuilder, &[Value]),
 ) {
     let Some((d, rest)) = dims.split_first() else { return body(kb, ptrs) };
-    let (start, end) = kb.part_range(d.n as i64);
+    let n = match super::rows::outer(kb, d.n) {
+        Some(n) => n,
+        None => kb.iconst(d.n as i64),
+    };
+    let (start, end) = kb.part_range(n);
     kb.for_range(start, end, 1, |kb, i| {
         let moved: Vec<Value> = ptrs.iter().zip(&d.strides).map(|(&p, &s)| advance(kb, p, i, s)).collect();
         for_nest(kb, rest, &moved, body)

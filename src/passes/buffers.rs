@@ -213,6 +213,7 @@ pub fn dump(programs: &[Program]) -> String {
         for (b, buf) in p.buffers.iter().enumerate() {
             let (at, range) = match (buf.storage.clone(), live[b]) {
                 (Storage::Weights { .. }, _) => ("weights".to_string(), String::new()),
+                (Storage::Sizes, _) => ("sizes".to_string(), String::new()),
                 (Storage::Arena { offset }, l) => {
                     let l = l.expect("arena buffers have a live range");
                     let first = if p.inputs.contains(&b) { "in".to_string() } else { l.first.to_string() };
@@ -262,6 +263,7 @@ mod tests {
                 },
                 buffers: [&[r][..], ops].concat(),
                 why: None,
+                scaling: None,
             })
             .collect();
         Program {
@@ -281,7 +283,7 @@ mod tests {
             .iter()
             .map(|b| match b.storage {
                 Storage::Arena { offset } => offset,
-                Storage::Weights { .. } => unreachable!("no weights here"),
+                Storage::Weights { .. } | Storage::Sizes => unreachable!("no weights or sizes here"),
             })
             .collect()
     }

@@ -163,7 +163,7 @@ pub fn schedule(p: &mut Program, in_place: &mut Vec<Vec<usize>>) {
     let reads_collective: Vec<bool> = deps.iter().map(|d| d.iter().any(|&j| is_communication(p, j))).collect();
     let bytes = |b: usize| match p.buffers[b].storage {
         Storage::Arena { .. } => p.buffers[b].bytes,
-        Storage::Weights { .. } => 0,
+        Storage::Weights { .. } | Storage::Sizes => 0,
     };
     let mut reads_left = vec![0usize; p.buffers.len()];
     for s in &p.steps {
@@ -396,6 +396,7 @@ mod tests {
                     exec: if c { collective(i) } else { Exec::Kernel(0) },
                     buffers: [&[r][..], ops].concat(),
                     why: None,
+                    scaling: None,
                 })
                 .collect(),
             inputs: vec![0],

@@ -155,7 +155,7 @@ fn check_plan(p: &Program) -> Result<(), String> {
     let arena: Vec<(usize, usize, usize)> = (p.buffers.iter().enumerate())
         .filter_map(|(b, buf)| match buf.storage {
             Storage::Arena { offset } => Some((b, offset, buf.bytes)),
-            Storage::Weights { .. } => None,
+            Storage::Weights { .. } | Storage::Sizes => None,
         })
         .collect();
     for &(b, offset, bytes) in &arena {

@@ -332,6 +332,7 @@ fn one_collective(op: CollectiveOp, rows: usize, y_shape: &[usize], y_split: boo
         degraded: Default::default(),
         model_axes: Vec::new(),
         hosts: Vec::new(),
+        symbolic: None,
     };
     let c = Collective { op, id: 0, groups: vec![vec![0, 1, 2, 3]], dtype: "f32".into(), shape: vec![rows, 4] };
     let programs = (0..4)
@@ -343,7 +344,13 @@ fn one_collective(op: CollectiveOp, rows: usize, y_shape: &[usize], y_split: boo
                 Buffer { name: "y".into(), bytes: yb, storage: Storage::Arena { offset: at }, mask: None },
             ],
             kernels: vec![],
-            steps: vec![Step { node: "y".into(), exec: Exec::Collective(c.clone()), buffers: vec![1, 0], why: None }],
+            steps: vec![Step {
+                node: "y".into(),
+                exec: Exec::Collective(c.clone()),
+                buffers: vec![1, 0],
+                why: None,
+                scaling: None,
+            }],
             inputs: vec![0],
             outputs: vec![1],
             streams: Default::default(),

@@ -12,6 +12,7 @@ mod degraded;
 mod distributed;
 mod docs;
 mod dot;
+mod dynamic;
 mod embed;
 mod epilogue;
 mod explain;

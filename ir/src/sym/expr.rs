@@ -7,8 +7,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
 /// A factor a monomial cannot be broken into further.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Atom {
     Sym(String),
     /// `floor(e / k)`, `k > 1`, with `e` not a multiple of `k` term by term.
@@ -20,6 +23,35 @@ pub enum Atom {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Expr {
     terms: BTreeMap<Vec<Atom>, i64>,
+}
+
+/// As its terms, `[[atoms, coefficient], ...]`: JSON maps take only string keys, and
+/// reading the terms back through `add_term` makes any list canonical again.
+impl Serialize for Expr {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.terms.iter())
+    }
+}
+
+impl<'de> Deserialize<'de> for Expr {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Expr, D::Error> {
+        let mut e = Expr::default();
+        for (mono, c) in Vec::<(Vec<Atom>, i64)>::deserialize(d)? {
+            if let Some(bad) = mono.iter().find_map(|a| match a {
+                Atom::Div(_, k) if *k < 2 => Some(*k),
+                _ => None,
+            }) {
+                return Err(serde::de::Error::custom(format!("a division by {bad} in a dim expression")));
+            }
+            let mut mono = mono;
+            mono.sort();
+            if e.terms.contains_key(&mono) {
+                return Err(serde::de::Error::custom("a dim expression repeats a term"));
+            }
+            e.add_term(mono, c);
+        }
+        Ok(e)
+    }
 }
 
 /// Symbol values, by name.
@@ -155,13 +187,19 @@ impl Expr {
 
     /// The value at `b`; `None` when a symbol is unbound or the value overflows.
     pub fn eval(&self, b: &Binding) -> Option<i64> {
+        self.eval_with(&|s| b.get(s).copied())
+    }
+
+    /// The value with each symbol's from `value` (which a run looks up without building a
+    /// `Binding`); `None` when a symbol has none or the value overflows.
+    pub fn eval_with(&self, value: &dyn Fn(&str) -> Option<i64>) -> Option<i64> {
         let mut sum: i64 = 0;
         for (m, &c) in &self.terms {
             let mut p = c;
             for a in m {
                 let v = match a {
-                    Atom::Sym(s) => *b.get(s)?,
-                    Atom::Div(e, k) => e.eval(b)?.div_euclid(*k),
+                    Atom::Sym(s) => value(s)?,
+                    Atom::Div(e, k) => e.eval_with(value)?.checked_div_euclid(*k)?,
                 };
                 p = p.checked_mul(v)?;
             }

@@ -19,13 +19,14 @@ use crate::verify::Info;
 type R<T> = std::result::Result<T, String>;
 
 /// A fact about the symbols a call must meet, and the node that needs it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Check {
     pub kind: CheckKind,
     pub node: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum CheckKind {
     Eq(Expr, Expr),
     /// The expression is a multiple of the constant.
@@ -61,10 +62,15 @@ impl fmt::Display for Check {
 impl CheckKind {
     /// Whether the check holds at `b` (`None`: a symbol is unbound).
     pub fn holds(&self, b: &Binding) -> Option<bool> {
+        self.holds_with(&|s| b.get(s).copied())
+    }
+
+    /// `holds` with each symbol's value from `value`.
+    pub fn holds_with(&self, value: &dyn Fn(&str) -> Option<i64>) -> Option<bool> {
         Some(match self {
-            CheckKind::Eq(x, y) => x.eval(b)? == y.eval(b)?,
-            CheckKind::Divisible(e, k) => e.eval(b)? % k == 0,
-            CheckKind::AtLeast(e, k) => e.eval(b)? >= *k,
+            CheckKind::Eq(x, y) => x.eval_with(value)? == y.eval_with(value)?,
+            CheckKind::Divisible(e, k) => e.eval_with(value)?.checked_rem(*k)? == 0,
+            CheckKind::AtLeast(e, k) => e.eval_with(value)? >= *k,
         })
     }
 }

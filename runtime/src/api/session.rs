@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use meshc_ir::Tensor;
+use meshc_ir::{DType, Tensor, TensorType};
 
 use crate::api::error::Error;
 use crate::api::model::Model;
@@ -21,6 +21,7 @@ use crate::api::view::{TensorView, TensorViewMut};
 use crate::exec::mismatch::Mismatch;
 use crate::exec::resident::Resident;
 use crate::exec::runner::Loaded;
+use crate::format::program::IoSpec;
 
 /// How many inputs a call keeps track of on the stack; a graph with more takes one
 /// allocation per call for them.
@@ -142,12 +143,22 @@ impl Session {
             if outputs[..k].iter().any(|(n, _)| n == name) {
                 return Err(Mismatch::DuplicateOutput { name: name.to_string() }.into());
             }
-            if spec.shape != view.shape || spec.elem() != Some(view.dtype) {
+            if !self.fits(spec, view.dtype, view.shape) {
                 let want = spec.ty().ok_or_else(|| Error::Run(format!("output '{name}' has unknown dtype")))?;
                 return Err(Mismatch::WrongOutput { name: name.to_string(), got: view.ty(), want }.into());
             }
         }
         Ok(())
+    }
+
+    /// Whether a tensor of `dtype` and `shape` may stand for `spec`: its type, or with
+    /// symbolic dims its dtype and rank (the call's sizes are checked when they bind).
+    fn fits(&self, spec: &IoSpec, dtype: DType, shape: &[usize]) -> bool {
+        let shaped = match self.loaded.meta.symbolic {
+            Some(_) => spec.shape.len() == shape.len(),
+            None => spec.shape == shape,
+        };
+        shaped && spec.elem() == Some(dtype)
     }
 
     /// A run: the inputs checked and put in the metadata's order (the state's left out),
@@ -169,6 +180,17 @@ impl Session {
                 &mut heap
             }
         };
+        let (mut stack, mut heap) = ([&[][..]; STACK_INPUTS], Vec::new());
+        let shapes: &mut [&[usize]] = match specs.len() {
+            n if n <= STACK_INPUTS => &mut stack[..n],
+            n => {
+                heap.resize(n, &[][..]);
+                &mut heap
+            }
+        };
+        for (shape, spec) in shapes.iter_mut().zip(specs) {
+            *shape = &spec.shape;
+        }
         for (k, (name, view)) in inputs.iter().enumerate() {
             let Some(i) = fed(name) else {
                 let names = specs.iter().enumerate().filter(|&(i, _)| !state(i)).map(|(_, s)| s.name.as_str());
@@ -178,10 +200,11 @@ impl Session {
                 return Err(Mismatch::DuplicateInput { name: name.to_string() }.into());
             }
             let spec = &specs[i];
-            if spec.shape != view.shape || spec.elem() != Some(view.dtype) {
+            if !self.fits(spec, view.dtype, view.shape) {
                 self.loaded.check_input(spec, Some(view.ty())).map_err(|e| Error::from_run(e, Error::Run))?;
             }
             bytes[i] = view.bytes;
+            shapes[i] = view.shape;
         }
         for (_, spec) in specs.iter().enumerate().filter(|&(i, _)| !state(i)) {
             if !inputs.iter().any(|(n, _)| *n == spec.name) {
@@ -189,22 +212,27 @@ impl Session {
             }
         }
         let meta = &self.loaded.meta;
-        let mut put = |o: usize, b: &[u8]| -> anyhow::Result<()> {
+        let mut put = |o: usize, shape: &[usize], b: &[u8]| -> anyhow::Result<()> {
             let spec = &meta.outputs[o];
+            let dtype = spec.elem().ok_or_else(|| anyhow::anyhow!("output '{}' has unknown dtype", spec.name))?;
             match out {
                 Outputs::Owned(map) => {
-                    let ty = spec.ty().ok_or_else(|| anyhow::anyhow!("output '{}' has unknown dtype", spec.name))?;
-                    map.insert(spec.name.clone(), Tensor::from_le_bytes(&ty, b));
+                    map.insert(spec.name.clone(), Tensor::from_le_bytes(&TensorType::new(dtype, shape.to_vec()), b));
                 }
                 Outputs::Into(views) => {
                     if let Some((_, v)) = views.iter_mut().find(|(n, _)| *n == spec.name) {
+                        // With symbolic dims, the call's sizes decide the output's.
+                        if v.shape != shape {
+                            let (got, want) = (v.ty(), TensorType::new(dtype, shape.to_vec()));
+                            return Err(Mismatch::WrongOutput { name: spec.name.clone(), got, want }.into());
+                        }
                         v.bytes.copy_from_slice(b);
                     }
                 }
             }
             Ok(())
         };
-        self.loaded.run_bytes(bytes, resident, false, &mut put).map_err(|e| Error::from_run(e, Error::Run))?;
+        self.loaded.run_bytes(bytes, shapes, resident, false, &mut put).map_err(|e| Error::from_run(e, Error::Run))?;
         match out {
             Outputs::Owned(map) => Ok(std::mem::take(map)),
             Outputs::Into(_) => Ok(BTreeMap::new()),

@@ -40,9 +40,14 @@ impl Loaded {
     pub fn check_input(&self, spec: &IoSpec, given: Option<TensorType>) -> Result<()> {
         let want = spec.ty().ok_or_else(|| anyhow!("input '{}' has unknown dtype {}", spec.name, spec.dtype))?;
         let name = spec.name.clone();
+        // With symbolic dims, the sizes are checked when the call binds them.
+        let fits = |got: &TensorType| match self.meta.symbolic {
+            Some(_) => got.dtype == want.dtype && got.rank() == want.rank(),
+            None => *got == want,
+        };
         match given {
             None => Err(Mismatch::MissingInput { name, want }.into()),
-            Some(got) if got != want => Err(Mismatch::WrongInput { name, got, want }.into()),
+            Some(got) if !fits(&got) => Err(Mismatch::WrongInput { name, got, want }.into()),
             Some(_) => Ok(()),
         }
     }
@@ -105,7 +110,8 @@ impl Loaded {
         let Some(block) = &blocks.of[device] else { return };
         self.host_copies.fetch_add(1, Ordering::Relaxed);
         if blocks.whole {
-            return dst.copy_from_slice(bytes);
+            // At smaller sizes than the upper bounds, a prefix (`sizes::check`).
+            return dst[..bytes.len()].copy_from_slice(bytes);
         }
         let (spec, e) = (&self.meta.inputs[i], blocks.elem);
         fabric::for_each_run(&spec.shape, &block.at, &block.shape, &blocks.origin, &block.shape, |s, o, n| {

@@ -4,7 +4,8 @@
 //! inputs and outputs crossing between the host and the devices (`io`) in blocks worked
 //! out at load (`blocks`) and what a tensor
 //! that does not fit them is (`mismatch`), state kept on the devices between runs
-//! (`resident`), and opening an artifact into a `Loaded` (`loader`).
+//! (`resident`), the sizes of a call to a graph compiled with symbolic dims (`sizes`),
+//! and opening an artifact into a `Loaded` (`loader`).
 
 pub mod blocks;
 pub mod io;
@@ -13,6 +14,7 @@ pub mod mismatch;
 pub mod resident;
 pub mod runner;
 pub mod shared;
+pub mod sizes;
 pub mod step;
 pub mod streams;
 pub mod threads;

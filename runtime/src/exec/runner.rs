@@ -107,6 +107,10 @@ pub struct Loaded {
     pub(super) lanes: Vec<Lanes>,
     /// Per device and step, its library call as planned when the programs were checked.
     pub(super) plans: Vec<Plans>,
+    /// With symbolic dims: the library calls planned again for a call's shapes, and the
+    /// symbols' values at the upper bounds (at which the programs are planned).
+    pub(super) replans: super::sizes::Replans,
+    pub(super) upper: Vec<i64>,
     /// The devices' blocks of each input and each output.
     pub(super) inputs: Vec<Blocks>,
     pub(super) outputs: Vec<Blocks>,
@@ -177,6 +181,8 @@ impl Loaded {
             });
         }
         check_kernels(&programs, code_len)?;
+        super::sizes::check(&meta, &programs)?;
+        let upper = meta.symbolic.as_ref().map_or(Vec::new(), |s| s.upper());
         if let Code::InProcess(t) = &code {
             if let Some(k) = programs.iter().flat_map(|p| &p.kernels).find(|k| t.get(k.offset).is_none()) {
                 bail!("kernel {} at offset {} is not a function of the compiled code", k.name, k.offset);
@@ -206,7 +212,8 @@ impl Loaded {
         }
         let lanes: Vec<Lanes> = programs.iter().map(lanes).collect::<Result<_>>()?;
         let (inputs, outputs) = Blocks::of_io(&meta);
-        let state = std::sync::Mutex::new(State { arenas, devices: None, scratch: Scratch::new(&programs, &lanes) });
+        let state =
+            std::sync::Mutex::new(State { arenas, devices: None, scratch: Scratch::new(&meta, &programs, &lanes) });
         let exchange = Exchange::default();
         let (fail, degraded) = (None, Default::default());
         // Not rayon::current_num_threads(): that starts the pool's threads, which a run
@@ -228,6 +235,8 @@ impl Loaded {
             exchange,
             lanes,
             plans,
+            replans: Default::default(),
+            upper,
             inputs,
             outputs,
             threads,
@@ -463,6 +472,7 @@ mod tests {
             degraded: Default::default(),
             model_axes: Vec::new(),
             hosts: Vec::new(),
+            symbolic: None,
         };
         Loaded::in_memory(meta, programs, Box::new(()), &[])
     }
@@ -501,7 +511,7 @@ mod tests {
     }
 
     fn step(node: &str, exec: Exec, buffers: &[usize]) -> Step {
-        Step { node: node.into(), exec, buffers: buffers.to_vec(), why: None }
+        Step { node: node.into(), exec, buffers: buffers.to_vec(), why: None, scaling: None }
     }
 
     fn iota(shape: &[usize]) -> Tensor {
@@ -849,6 +859,7 @@ mod tests {
             degraded,
             model_axes,
             hosts: Vec::new(),
+            symbolic: None,
         };
         let failed = |d: usize| crate::format::degradation::Degradation { nodes: vec![d], ..Default::default() };
         // x is [2, 6] split over axis 0 (row 0 on devices 0 and 1, row 1 on 2 and 3): the
@@ -973,12 +984,12 @@ mod transfer_tests {
 
     fn send(key: &str, to: usize, protocol: Protocol, b: usize) -> Step {
         let t = Transfer { key: key.into(), peer: to, bytes: 16, protocol };
-        Step { node: format!("send {key}"), exec: Exec::Send(t), buffers: vec![b], why: None }
+        Step { node: format!("send {key}"), exec: Exec::Send(t), buffers: vec![b], why: None, scaling: None }
     }
 
     fn recv(key: &str, from: usize, protocol: Protocol) -> Step {
         let t = Transfer { key: key.into(), peer: from, bytes: 16, protocol };
-        Step { node: format!("recv {key}"), exec: Exec::Recv(t), buffers: vec![1], why: None }
+        Step { node: format!("recv {key}"), exec: Exec::Recv(t), buffers: vec![1], why: None, scaling: None }
     }
 
     fn load(programs: Vec<Program>) -> Result<Loaded> {
@@ -994,6 +1005,7 @@ mod transfer_tests {
             degraded: Default::default(),
             model_axes: Vec::new(),
             hosts: Vec::new(),
+            symbolic: None,
         };
         Loaded::in_memory(meta, programs, Box::new(()), &[])
     }
@@ -1043,7 +1055,7 @@ mod transfer_tests {
             program(
                 0,
                 vec![
-                    Step { node: "h".into(), exec: good, buffers: vec![2, 0, 0], why: None },
+                    Step { node: "h".into(), exec: good, buffers: vec![2, 0, 0], why: None, scaling: None },
                     send("a", 1, Protocol::Copy, 2),
                 ],
             ),

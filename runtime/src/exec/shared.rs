@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::comm::sync::{spin_until, Condvar, Mutex, MutexGuard};
 use crate::exec::validate::Lanes;
-use crate::format::program::Program;
+use crate::format::program::{Meta, Program};
 
 /// The events of one device in a run, plus one more: the inputs are in (`inputs_event`).
 /// Streams block on a condition variable (after a short spin), never spin for long.
@@ -105,6 +105,8 @@ pub(super) struct Scratch {
     pub(super) assembled: Vec<Vec<u8>>,
     /// Of a run on the device threads, per lane (a stream of a device).
     pub(super) lanes: Vec<Lane>,
+    /// The call's sizes.
+    pub(super) sizes: super::sizes::Sizes,
 }
 
 /// One step's wall time in a run, for profiles and traces. Times count from the start of
@@ -131,8 +133,9 @@ pub(super) struct Lane {
 }
 
 impl Scratch {
-    pub(super) fn new(programs: &[Program], lanes: &[Lanes]) -> Scratch {
+    pub(super) fn new(meta: &Meta, programs: &[Program], lanes: &[Lanes]) -> Scratch {
         Scratch {
+            sizes: super::sizes::Sizes::new(meta),
             resident: Vec::new(),
             returned: Vec::new(),
             devices: programs.iter().zip(lanes).map(|(p, l)| DeviceShared::new(p, l)).collect(),

@@ -12,6 +12,7 @@ use crate::comm::fabric::{self, Delivery};
 use crate::exec::runner::Loaded;
 use crate::format::abi::KernelFn;
 use crate::format::program::Exec;
+use crate::format::symbolic::Scaling;
 use crate::kernels::pool;
 
 /// Runs `kernel` on `args` (the step's buffers, which are the ones it was generated for) as
@@ -49,7 +50,7 @@ impl Loaded {
         (device, i): (usize, usize),
         ptrs: &[AtomicPtr<u8>],
         args: &mut Vec<*mut u8>,
-        threads: usize,
+        (threads, values): (usize, &[i64]),
         waits: Option<&mut Vec<fabric::Wait>>,
         start: Instant,
     ) -> Result<()> {
@@ -69,8 +70,18 @@ impl Loaded {
                 let Some(plan) = self.plans[device].get(i).and_then(Option::as_ref) else {
                     bail!("node '{}': a library call that was not planned", st.node)
                 };
+                // At other sizes than the upper bounds, the call planned for its shapes
+                // (`sizes::check` kept them within the bounds').
+                let replanned = match (&self.meta.symbolic, &st.scaling) {
+                    (Some(sym), Some(Scaling::Shapes(_))) if values != self.upper.as_slice() => {
+                        Some(self.replans.get(sym, (device, i), p, values)?)
+                    }
+                    _ => None,
+                };
+                let plan: &dyn crate::kernels::call::Planned = replanned.as_deref().unwrap_or(&**plan);
                 // SAFETY: `crate::exec::validate` had the call plan for the step's buffers,
-                // the result apart from the operands; only this step touches them now.
+                // the result apart from the operands (`Replans` the same for its rows);
+                // only this step touches them now.
                 unsafe { plan.call(args, &mask, threads) }.with_context(|| format!("node '{}'", st.node))?;
             }
             Exec::Collective(c) => {

@@ -34,7 +34,13 @@ struct RunCtx<'a> {
     epoch: Instant,
     timed: bool,
     devices: &'a [DeviceShared],
+    /// The symbols' values this call binds (empty without symbolic dims).
+    values: &'a [i64],
 }
+
+/// Where a run hands each output: its index in the metadata, its shape at the call's sizes
+/// and its bytes.
+pub type OutputSink<'a> = dyn FnMut(usize, &[usize], &[u8]) -> Result<()> + 'a;
 
 /// One thread's state while it runs steps of a device (its own stream's, or another's it
 /// took over): its step times and scratch space.
@@ -89,14 +95,17 @@ impl Loaded {
         let bytes: Vec<&[u8]> = (self.meta.inputs.iter().zip(&from_host))
             .map(|(s, &h)| if h { le_bytes(&inputs[&s.name]) } else { &[] })
             .collect();
+        let shapes: Vec<&[usize]> = (self.meta.inputs.iter().zip(&from_host))
+            .map(|(s, &h)| if h { inputs[&s.name].shape.as_slice() } else { s.shape.as_slice() })
+            .collect();
         let mut results = BTreeMap::new();
-        let mut put = |o: usize, b: &[u8]| -> Result<()> {
+        let mut put = |o: usize, shape: &[usize], b: &[u8]| -> Result<()> {
             let spec = &self.meta.outputs[o];
-            let ty = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
-            results.insert(spec.name.clone(), Tensor::from_le_bytes(&ty, b));
+            let dtype = spec.elem().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
+            results.insert(spec.name.clone(), Tensor::from_le_bytes(&TensorType::new(dtype, shape.to_vec()), b));
             Ok(())
         };
-        let times = self.run_bytes(&bytes, resident, timed.is_some(), &mut put)?;
+        let times = self.run_bytes(&bytes, &shapes, resident, timed.is_some(), &mut put)?;
         if let Some(timed) = timed {
             times.iter().for_each(timed);
         }
@@ -111,23 +120,28 @@ impl Loaded {
     pub fn run_bytes(
         &self,
         inputs: &[&[u8]],
+        shapes: &[&[usize]],
         mut resident: Option<&mut Resident>,
         timed: bool,
-        out: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
+        out: &mut OutputSink,
     ) -> Result<Vec<StepTime>> {
         let is_state = |i: usize| resident.as_ref().is_some_and(|r| r.holds_input(i));
-        if inputs.len() != self.meta.inputs.len() {
-            bail!("{} inputs for a graph of {}", inputs.len(), self.meta.inputs.len());
-        }
-        for (_, (spec, b)) in self.meta.inputs.iter().zip(inputs).enumerate().filter(|&(i, _)| !is_state(i)) {
-            let dtype = spec.elem().ok_or_else(|| anyhow!("input '{}' has unknown dtype {}", spec.name, spec.dtype))?;
-            if b.len() != dtype.size_bytes() * spec.shape.iter().product::<usize>() {
-                bail!("input '{}': {} bytes for {}", spec.name, b.len(), TensorType::new(dtype, spec.shape.clone()));
-            }
+        if inputs.len() != self.meta.inputs.len() || shapes.len() != inputs.len() {
+            bail!("{} inputs ({} shapes) for a graph of {}", inputs.len(), shapes.len(), self.meta.inputs.len());
         }
         let mut state = self.state.lock().map_err(|_| anyhow!("a previous run panicked"))?;
         let State { arenas, devices, scratch } = &mut *state;
-        let Scratch { resident: taken, returned, devices: shared, args, assembled, lanes: scratch_lanes } = scratch;
+        let Scratch { resident: taken, returned, devices: shared, args, assembled, lanes: scratch_lanes, sizes } =
+            scratch;
+        // Resident state is on the devices at the shape it was uploaded with.
+        sizes.bind(&self.meta, |i| if is_state(i) { self.meta.inputs[i].shape.as_slice() } else { shapes[i] })?;
+        for (i, (spec, b)) in self.meta.inputs.iter().zip(inputs).enumerate().filter(|&(i, _)| !is_state(i)) {
+            let dtype = spec.elem().ok_or_else(|| anyhow!("input '{}' has unknown dtype {}", spec.name, spec.dtype))?;
+            // `bind` kept every shape within the one the buffers were laid out for.
+            if b.len() != dtype.size_bytes() * shapes[i].iter().product::<usize>() {
+                bail!("input '{}': {} bytes for {}", spec.name, b.len(), TensorType::new(dtype, shapes[i].to_vec()));
+            }
+        }
         taken.clear();
         taken.extend((0..self.meta.inputs.len()).map(is_state));
         returned.clear();
@@ -150,6 +164,8 @@ impl Loaded {
                     Storage::Arena { offset } => unsafe { base.add(offset) },
                     // Kernels never write their operands, so weights stay read-only.
                     Storage::Weights { offset } => unsafe { self.weights.bytes().as_ptr().add(offset) as *mut u8 },
+                    // Kernels only read it: the run's table, filled by `bind` above.
+                    Storage::Sizes => sizes.table.as_mut_ptr() as *mut u8,
                 };
             }
             // Resident state: the step reads S where it lives and writes next.S into
@@ -177,18 +193,22 @@ impl Loaded {
                 }
             }
         };
-        let ctx = RunCtx { inputs, resident: taken, epoch, timed, devices: shared };
+        let sizes: &super::sizes::Sizes = sizes;
+        let ctx = RunCtx { inputs, resident: taken, epoch, timed, devices: shared, values: &sizes.values };
         if (0..mesh.devices()).map(|d| self.lanes[d].active().count()).sum::<usize>() == 1 {
             let times = self.device_run(0, 0, ctx, &Cell::new(0), self.threads, &mut args.0)?;
             let outputs = &self.programs[0].outputs;
             let at = |o: usize| shared[0].ptrs[outputs[o]].load(Ordering::Relaxed) as *const u8;
             settle(&|_, o| Some(at(o)));
             for (o, spec) in self.meta.outputs.iter().enumerate().filter(|&(o, _)| returned[o]) {
-                let size = spec.size_bytes().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
-                // SAFETY: the buffer holds exactly the output's bytes.
-                let bytes = unsafe { std::slice::from_raw_parts(at(o), size) };
+                let shape = &sizes.outputs[o];
+                let dtype = spec.elem().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
+                // SAFETY: the buffer holds the output's bytes at the upper bounds, of which
+                // these sizes' are a prefix (`sizes::check`).
+                let bytes =
+                    unsafe { std::slice::from_raw_parts(at(o), dtype.size_bytes() * shape.iter().product::<usize>()) };
                 self.host_copies.fetch_add(1, Ordering::Relaxed);
-                out(o, bytes)?;
+                out(o, shape, bytes)?;
             }
             return Ok(times);
         }
@@ -247,7 +267,12 @@ impl Loaded {
                 (None, Some(at)) => unsafe { std::slice::from_raw_parts(at, len) },
                 (None, None) => &[],
             };
-            out(i, self.assemble(i, &block, buf)?)?;
+            let shape = &sizes.outputs[i];
+            let whole = self.assemble(i, &block, buf)?;
+            // The call's sizes use a prefix of the output laid out at the upper bounds.
+            let len = whole.len() / self.meta.outputs[i].shape.iter().product::<usize>().max(1)
+                * shape.iter().product::<usize>();
+            out(i, shape, &whole[..len.min(whole.len())])?;
         }
         Ok(times())
     }
@@ -411,7 +436,7 @@ impl Loaded {
         }
         let start = Instant::now();
         let waits = timed.then_some(&mut run.waits);
-        self.exec_step((device, i), ptrs, run.args, run.threads, waits, start)?;
+        self.exec_step((device, i), ptrs, run.args, (run.threads, run.ctx.values), waits, start)?;
         for &e in &lanes.record[i] {
             board.record(e);
         }

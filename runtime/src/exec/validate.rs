@@ -32,6 +32,7 @@ pub(super) fn check_program(meta: &Meta, d: usize, program: &Program, weights: u
     let fits = |b: &Buffer| match b.storage {
         Storage::Arena { offset } => offset.checked_add(b.bytes).is_some_and(|end| end <= program.arena_bytes),
         Storage::Weights { offset } => offset.checked_add(b.bytes).is_some_and(|end| end <= weights),
+        Storage::Sizes => meta.symbolic.as_ref().is_some_and(|s| b.bytes == 8 * s.sizes.len()),
     };
     if let Some(b) = program.buffers.iter().find(|b| !fits(b)) {
         bail!("buffer '{}' lies outside its storage", b.name);
@@ -183,8 +184,11 @@ fn check_steps(p: &Program) -> Result<Plans> {
             Exec::Send(_) | Exec::Recv(_) => count(1)?,
         }
         let writes = !matches!(st.exec, Exec::Send(_));
-        if writes && matches!(p.buffers[st.buffers[0]].storage, Storage::Weights { .. }) {
-            bail!(fail(format!("its result buffer '{}' lies in the weights", p.buffers[st.buffers[0]].name)));
+        if writes && matches!(p.buffers[st.buffers[0]].storage, Storage::Weights { .. } | Storage::Sizes) {
+            bail!(fail(format!(
+                "its result buffer '{}' lies in the weights or the size table",
+                p.buffers[st.buffers[0]].name
+            )));
         }
         plans.push(plan);
     }

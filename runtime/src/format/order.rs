@@ -8,7 +8,7 @@
 use std::fmt::Write as _;
 
 use crate::format::program::{
-    Attention, CollectiveOp, Exec, Library, Matmul, Program, Protocol, Step, StreamKind, Transfer,
+    Attention, CollectiveOp, Exec, Library, Matmul, Program, Protocol, Step, StreamKind, Transfer, Transpose,
 };
 
 /// The happens-before relation of a device's steps under its stream plan: stream order plus
@@ -184,6 +184,9 @@ pub fn exec_text(p: &Program, st: &Step) -> String {
             let scale = scale.map_or(String::new(), |s| format!(" {} scale", s.name()));
             let mask = mask.as_ref().map_or(String::new(), |m| format!(" + mask{m:?}"));
             format!("library attention {q:?}x{k:?}{scale}{mask} softmax x{v:?}")
+        }
+        Exec::Library(Library::Transpose(Transpose { shape, perm, .. })) => {
+            format!("library transpose {shape:?} perm {perm:?}")
         }
         Exec::Collective(c) => {
             let group = c.groups.iter().find(|g| g.contains(&p.device)).cloned().unwrap_or_default();

@@ -41,6 +41,10 @@ pub struct Meta {
     /// mpi`, rank h runs the devices of host h. Empty: one host runs every device.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<Vec<usize>>,
+    /// Compiled with symbolic dims: the inputs' and outputs' shapes above are at the upper
+    /// bounds, and each call's are these expressions at the symbols its inputs bind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub symbolic: Option<crate::format::symbolic::Symbolic>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -147,6 +151,19 @@ pub enum Storage {
     Arena { offset: usize },
     /// In the artifact's weights section, at this byte offset (mapped, never copied).
     Weights { offset: usize },
+    /// The call's size table (`Symbolic::sizes`, one i64 each), which the runner fills
+    /// before the first step.
+    Sizes,
+}
+
+impl Storage {
+    /// The byte offset in the arena or the weights; `None` for the size table.
+    pub fn offset(&self) -> Option<usize> {
+        match *self {
+            Storage::Arena { offset } | Storage::Weights { offset } => Some(offset),
+            Storage::Sizes => None,
+        }
+    }
 }
 
 /// A logical buffer: its number is its index in `Program::buffers`.
@@ -201,6 +218,52 @@ pub struct Kernel {
 pub enum Library {
     Matmul(Matmul),
     Attention(Attention),
+    Transpose(Transpose),
+}
+
+impl Library {
+    /// The call at other shapes of its buffers (`shapes[i]`: buffer i's, in buffer order):
+    /// a matmul's result, operands and epilogue operands; attention's result, q, k, v,
+    /// then (past the scale's) the mask; a transpose's result and operand.
+    pub fn at_shapes(&self, shapes: &[Vec<usize>]) -> Library {
+        use crate::format::epilogue::Step;
+        let at = |i: usize| shapes.get(i).cloned().unwrap_or_default();
+        match self {
+            Library::Matmul(m) => {
+                let mut next = 3;
+                let mut epilogue = m.epilogue.clone();
+                for s in &mut epilogue {
+                    if let Step::Add(shape) | Step::Mul(shape) | Step::Div(shape) = s {
+                        *shape = at(next);
+                        next += 1;
+                    }
+                }
+                Library::Matmul(Matmul { out: at(0), a: at(1), b: at(2), epilogue, ..m.clone() })
+            }
+            Library::Attention(a) => {
+                let mask = 4 + usize::from(a.scale.is_some());
+                Library::Attention(Attention {
+                    out: at(0),
+                    q: at(1),
+                    k: at(2),
+                    v: at(3),
+                    mask: a.mask.as_ref().map(|_| at(mask)),
+                    scale: a.scale,
+                })
+            }
+            Library::Transpose(t) => Library::Transpose(Transpose { shape: at(1), ..t.clone() }),
+        }
+    }
+}
+
+/// numpy transpose of a tensor of `shape` (the operand's) with elements of `elem` bytes,
+/// by the runner (`crate::kernels::transpose`): for a program compiled with symbolic dims,
+/// whose calls decide the shape. Buffers: result, operand.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Transpose {
+    pub shape: Vec<usize>,
+    pub perm: Vec<usize>,
+    pub elem: usize,
 }
 
 /// numpy matmul of f32 operands (batched, broadcasting) by the runner's GEMM; the right
@@ -448,6 +511,9 @@ pub struct Step {
     /// Why the compiler inserted this communication step (collectives, sends and recvs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub why: Option<Why>,
+    /// With symbolic dims: how the step's work scales with the call's sizes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scaling: Option<crate::format::symbolic::Scaling>,
 }
 
 /// The rule that made the compiler move a tensor (docs/design.md §4.2).

@@ -8,7 +8,7 @@
 use anyhow::Result;
 
 use crate::format::mask::Mask;
-use crate::format::program::{Buffer, Storage};
+use crate::format::program::Buffer;
 
 /// A library call of a program step.
 pub trait LibraryCall {
@@ -42,7 +42,7 @@ pub(crate) fn f32_buffer(buffers: &[&Buffer], i: usize, shape: &[usize]) -> Resu
     if need.is_none_or(|n| buffers[i].bytes < n) {
         return Err(format!("buffer {i} holds {} bytes, too few for F32{shape:?}", buffers[i].bytes));
     }
-    let (Storage::Arena { offset } | Storage::Weights { offset }) = buffers[i].storage;
+    let Some(offset) = buffers[i].storage.offset() else { return Err(format!("buffer {i} is the size table")) };
     if !offset.is_multiple_of(4) {
         return Err(format!("buffer {i} at offset {offset} is not aligned for F32"));
     }

@@ -440,7 +440,9 @@ impl LibraryCall for Matmul {
                 _ => return Err(format!("buffer {i} holds {bytes} bytes, too few for {elem:?}{s:?}")),
             }
             // The library reads its operands as slices of their element type.
-            let (Storage::Arena { offset } | Storage::Weights { offset }) = buffers[i].storage;
+            let Some(offset) = buffers[i].storage.offset() else {
+                return Err(format!("buffer {i} is the size table"));
+            };
             if !offset.is_multiple_of(elem.size()) {
                 return Err(format!("buffer {i} at offset {offset} is not aligned for {elem:?}"));
             }

@@ -2,7 +2,7 @@
 //! `LibraryCall`, implemented next to it), and what they share with
 //! the compiler's code generation: the library GEMM (`library`, `small_m`, `panels` for
 //! prepacked weights), its shape planning (`matmul_shape`), matmul epilogues (`epilogue`),
-//! fused attention (`attention`), f32 math (`vmath`) and the fork/join of a step over the
+//! fused attention (`attention`), a transpose of run-time shape (`transpose`), f32 math (`vmath`) and the fork/join of a step over the
 //! cores (`pool`).
 
 pub mod attention;
@@ -13,6 +13,7 @@ pub mod matmul_shape;
 pub mod panels;
 pub mod pool;
 pub mod small_m;
+pub mod transpose;
 pub mod vmath;
 
 use crate::format::program::Library;
@@ -23,5 +24,6 @@ pub fn library_call(l: &Library) -> &dyn LibraryCall {
     match l {
         Library::Matmul(m) => m,
         Library::Attention(a) => a,
+        Library::Transpose(t) => t,
     }
 }

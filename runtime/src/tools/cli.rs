@@ -74,8 +74,9 @@ pub fn name_eq_file<'a>(arg: &'a str, flag: &str) -> Result<(&'a str, &'a str)> 
 }
 
 /// Reads the `--input` values and checks them against the expected inputs: every input
-/// given once, nothing else, each with the declared dtype and shape.
-pub fn read_inputs(expected: &[(String, TensorType)], args: &[String]) -> Result<HashMap<String, Tensor>> {
+/// given once, nothing else, each with the declared dtype and shape (with `sized`, the
+/// declared rank: an artifact with symbolic dims checks the sizes when a run binds them).
+pub fn read_inputs(expected: &[(String, TensorType)], args: &[String], sized: bool) -> Result<HashMap<String, Tensor>> {
     let mut values = HashMap::new();
     for arg in args {
         let (name, file) = name_eq_file(arg, "--input")?;
@@ -84,7 +85,11 @@ pub fn read_inputs(expected: &[(String, TensorType)], args: &[String]) -> Result
             bail!("--input {name}: {}", Mismatch::unknown(name, names, false));
         };
         let t = Tensor::read_npy(Path::new(file)).with_context(|| format!("--input {name}"))?;
-        if t.ty() != *ty {
+        let fits = match sized {
+            true => t.dtype() == ty.dtype && t.shape.len() == ty.rank(),
+            false => t.ty() == *ty,
+        };
+        if !fits {
             bail!("--input {name}: {file} holds {}, the graph expects {ty}", t.ty());
         }
         if values.insert(name.to_string(), t).is_some() {
@@ -448,7 +453,7 @@ pub fn expected_inputs(loaded: &Loaded) -> Vec<(String, TensorType)> {
 
 fn run_loaded(loaded: &Loaded, io: &Io, args: &RunArgs) -> Result<()> {
     loaded.set_timeout(timeout(args)?);
-    let inputs = read_inputs(&expected_inputs(loaded), &io.inputs)?;
+    let inputs = read_inputs(&expected_inputs(loaded), &io.inputs, loaded.meta.symbolic.is_some())?;
     loaded.agree(|| agreement(loaded, args, &inputs), timeout(args)?)?;
     let names: Vec<&str> = loaded.meta.outputs.iter().map(|o| o.name.as_str()).collect();
     let wanted = io.wanted(&names)?;

@@ -170,6 +170,7 @@ fn program_report(s: &mut String, p: &Program) -> Result<()> {
         let at = match b.storage {
             Storage::Arena { offset } => format!("arena+{offset}"),
             Storage::Weights { offset } => format!("weights+{offset}"),
+            Storage::Sizes => "sizes".to_string(),
         };
         writeln!(s, "  b{i:<3} {:<24} {:>10} bytes  {at}", b.name, b.bytes)?;
     }

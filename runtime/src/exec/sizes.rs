@@ -1,0 +1,187 @@
+//! A run of an artifact compiled with symbolic dims: what `Loaded::new` checks of its
+//! sizes (`check`), the sizes each call binds (`Sizes`, kept in the session's scratch so
+//! that a call allocates nothing), and the library calls planned again for a call's shapes
+//! (`Replans`, one plan per step and set of sizes, kept).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use anyhow::{bail, Result};
+use parking_lot::Mutex;
+
+use crate::format::program::{Buffer, Exec, Meta, Program, Storage};
+use crate::format::symbolic::{Scaling, Symbolic};
+use crate::kernels::call::Planned;
+use crate::kernels::library_call;
+
+/// One call's sizes: each symbol's value, the size table (which kernels read through the
+/// `Storage::Sizes` buffer) and each output's shape.
+pub(super) struct Sizes {
+    pub(super) values: Vec<i64>,
+    pub(super) table: Vec<i64>,
+    pub(super) outputs: Vec<Vec<usize>>,
+}
+
+impl Sizes {
+    pub(super) fn new(meta: &Meta) -> Sizes {
+        let (symbols, table) = meta.symbolic.as_ref().map_or((0, 0), |s| (s.symbols.len(), s.sizes.len()));
+        Sizes {
+            values: vec![0; symbols],
+            table: vec![0; table],
+            outputs: meta.outputs.iter().map(|o| o.shape.clone()).collect(),
+        }
+    }
+
+    /// Binds the symbols from the inputs' shapes (`shape(i)`), fills the table and the
+    /// outputs' shapes; static artifacts take exactly their inputs' shapes.
+    pub(super) fn bind<'a>(&mut self, meta: &Meta, shape: impl Fn(usize) -> &'a [usize]) -> Result<()> {
+        let Some(sym) = &meta.symbolic else {
+            if let Some(i) = (0..meta.inputs.len()).find(|&i| shape(i) != meta.inputs[i].shape.as_slice()) {
+                bail!(
+                    "input '{}': shape {:?}, the graph's is {:?}",
+                    meta.inputs[i].name,
+                    shape(i),
+                    meta.inputs[i].shape
+                );
+            }
+            return Ok(());
+        };
+        let name = |i: usize| meta.inputs[i].name.as_str();
+        sym.bind(&name, &shape, &mut self.values, &mut self.table).map_err(anyhow::Error::msg)?;
+        for (o, s) in self.outputs.iter_mut().enumerate() {
+            sym.output_shape(o, &self.values, s);
+        }
+        Ok(())
+    }
+}
+
+/// The most symbols an artifact may have: a call's values key its library plans without
+/// allocating.
+pub const MAX_SYMBOLS: usize = 8;
+
+/// Library calls planned for a call's shapes, by (device, step, the symbols' values):
+/// planning allocates, so each is planned once and kept.
+#[derive(Default)]
+pub(super) struct Replans(Mutex<HashMap<StepAt, Arc<dyn Planned>>>);
+
+/// A step of a device's program at the symbols' values: (device, step, values).
+type StepAt = (usize, usize, [i64; MAX_SYMBOLS]);
+
+impl Replans {
+    /// Step `i` of `p` (on `device`) planned for the shapes its buffers have at `values`.
+    pub(super) fn get(
+        &self,
+        sym: &Symbolic,
+        (device, i): (usize, usize),
+        p: &Program,
+        values: &[i64],
+    ) -> Result<Arc<dyn Planned>> {
+        let mut key = [0i64; MAX_SYMBOLS];
+        key[..values.len()].copy_from_slice(values);
+        if let Some(plan) = self.0.lock().get(&(device, i, key)) {
+            return Ok(plan.clone());
+        }
+        let st = &p.steps[i];
+        let (Exec::Library(lib), Some(Scaling::Shapes(shapes))) = (&st.exec, &st.scaling) else {
+            bail!("node '{}': not a library call over symbolic shapes", st.node)
+        };
+        let buffers: Vec<&Buffer> = st.buffers.iter().map(|&b| &p.buffers[b]).collect();
+        let at = lib.at_shapes(&sym.shapes_at(shapes, values));
+        let plan: Arc<dyn Planned> = Arc::from(library_call(&at).plan(&buffers).map_err(anyhow::Error::msg)?);
+        self.0.lock().insert((device, i, key), plan.clone());
+        Ok(plan)
+    }
+}
+
+/// What a symbolic artifact must be, beyond what any artifact must: one device (the mesh
+/// and collectives take static sizes for now), symbols with valid bounds, dims for every
+/// input and output that are the metadata's shapes at the upper bounds and never above
+/// them within the bounds, a size table that one `Storage::Sizes` buffer per program
+/// holds, and steps whose rows name an entry of it that never exceeds their `hi`.
+pub(super) fn check(meta: &Meta, programs: &[Program]) -> Result<()> {
+    let Some(sym) = &meta.symbolic else {
+        if let Some(st) = programs.iter().flat_map(|p| &p.steps).find(|s| s.scaling.is_some()) {
+            bail!("step '{}' scales with sizes the artifact does not have", st.node);
+        }
+        return Ok(());
+    };
+    if sym.symbols.len() > MAX_SYMBOLS {
+        bail!("{} symbols: at most {MAX_SYMBOLS}", sym.symbols.len());
+    }
+    if meta.mesh.devices() != 1 {
+        bail!("symbolic dims on a mesh of {} devices: only one device takes them for now", meta.mesh.devices());
+    }
+    for (i, s) in sym.symbols.iter().enumerate() {
+        let again = meshc_ir::sym::Symbol::new(&s.name, s.lo, s.hi, s.multiple_of)
+            .map_err(|e| anyhow::anyhow!("symbol '{}': {e}", s.name))?;
+        if again != *s || sym.symbols[..i].iter().any(|t| t.name == s.name) {
+            bail!("symbol '{}' is given twice or malformed", s.name);
+        }
+    }
+    let bounds = |n: &str| sym.symbol(n).map_or((i64::MAX, i64::MIN), |s| (sym.symbols[s].lo, sym.symbols[s].hi));
+    let hi = sym.upper();
+    let at_hi = |n: &str| sym.symbol(n).map(|s| hi[s]);
+    let io = [("input", &meta.inputs, &sym.inputs), ("output", &meta.outputs, &sym.outputs)];
+    for (what, specs, dims) in io {
+        if specs.len() != dims.len() {
+            bail!("{} {what} shapes for {} {what}s", dims.len(), specs.len());
+        }
+        for (spec, dims) in specs.iter().zip(dims) {
+            if dims.len() != spec.shape.len() {
+                bail!("{what} '{}': {} symbolic dims for rank {}", spec.name, dims.len(), spec.shape.len());
+            }
+            for (e, &n) in dims.iter().zip(&spec.shape) {
+                let (lo, top) = e.range(&bounds);
+                if e.eval_with(&at_hi) != Some(n as i64) || lo < 0 || top > n as i128 {
+                    bail!("{what} '{}': dim {e} is not its size {n} at the upper bounds", spec.name);
+                }
+                if what == "input" && !e.is_const() && e.as_sym().is_none() {
+                    bail!("input '{}': dim {e} is neither a size nor a symbol", spec.name);
+                }
+            }
+        }
+    }
+    for p in programs {
+        let tables = p.buffers.iter().filter(|b| b.storage == Storage::Sizes).count();
+        if tables > 1 {
+            bail!("program {} has {tables} size tables", p.device);
+        }
+        for st in &p.steps {
+            match (&st.scaling, &st.exec) {
+                (None, _) => {}
+                (Some(Scaling::Rows { size, hi }), Exec::Kernel(_)) if tables == 1 => {
+                    let Some(e) = sym.sizes.get(*size) else {
+                        bail!("node '{}': size {size} of a table of {}", st.node, sym.sizes.len())
+                    };
+                    let (lo, top) = e.range(&bounds);
+                    if e.eval_with(&at_hi) != Some(*hi as i64) || lo < 0 || top > *hi as i128 || *hi == 0 {
+                        bail!("node '{}': its rows {e} are not {hi} at the upper bounds, or exceed it", st.node);
+                    }
+                }
+                (Some(Scaling::Shapes(shapes)), Exec::Library(lib)) => {
+                    // At the bounds, the call as the step states it; never above it.
+                    let upper = sym.shapes_at(shapes, &hi);
+                    if shapes.len() != st.buffers.len() || lib.at_shapes(&upper) != *lib {
+                        bail!("node '{}': its symbolic shapes are not its shapes at the upper bounds", st.node);
+                    }
+                    for (s, u) in shapes.iter().zip(&upper) {
+                        for (e, &n) in s.iter().zip(u) {
+                            let (lo, top) = e.range(&bounds);
+                            if lo < 0 || top > n as i128 {
+                                bail!("node '{}': its dim {e} may exceed its size {n} at the upper bounds", st.node);
+                            }
+                        }
+                    }
+                }
+                _ => bail!("node '{}': a {} cannot scale so", st.node, st.exec.kind()),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// How `Symbolic` reads in messages: `batch=1..64, seq=1..512`.
+pub fn describe(sym: &Symbolic) -> String {
+    let s: Vec<String> = sym.symbols.iter().map(|s| s.to_string()).collect();
+    s.join(", ")
+}

@@ -1,0 +1,73 @@
+//! Kernels of a graph compiled with symbolic dims (docs/dynamic-shapes.md): a step whose
+//! tensors' symbolic dims are all leading dims is generated at the upper bounds, for `hi`
+//! rows, and runs the call's row count, which it reads from the size table (the kernel's
+//! last buffer). The step's generator runs inside `scaled`; the one loop that walks the
+//! rows, the outermost loop `nest::for_parts` cuts into parts, reads the count there
+//! (`outer`). A generator that never reaches that loop, or reaches it with a count that is
+//! not whole rows, makes `scaled` fail: nothing else in a kernel may depend on the rows.
+
+use std::cell::RefCell;
+
+use anyhow::{bail, Result};
+use cranelift_codegen::ir::{types, InstBuilder, Value};
+
+use super::emit::{mem, KernelBuilder};
+
+/// Where a scaled kernel finds its row count.
+#[derive(Clone, Copy, Debug)]
+pub struct RowsArg {
+    /// The kernel buffer that is the size table.
+    pub buf: usize,
+    /// The table entry holding the rows.
+    pub slot: usize,
+    /// The rows the kernel is generated for.
+    pub hi: usize,
+}
+
+struct Scaled {
+    arg: RowsArg,
+    uses: usize,
+    bad: Option<String>,
+}
+
+thread_local! {
+    static SCALED: RefCell<Option<Scaled>> = const { RefCell::new(None) };
+}
+
+/// Runs the generator `f` of a kernel that scales with the rows `arg` describes; fails if
+/// the kernel it generates does not read them exactly where its rows are walked.
+pub fn scaled<T>(arg: RowsArg, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    SCALED.with(|s| *s.borrow_mut() = Some(Scaled { arg, uses: 0, bad: None }));
+    let out = f();
+    let Some(s) = SCALED.with(|s| s.borrow_mut().take()) else { bail!("the row count was taken twice") };
+    let out = out?;
+    if let Some(why) = s.bad {
+        bail!("{why}")
+    }
+    if s.uses == 0 {
+        bail!("its kernel does not walk its rows in one outer loop, so it cannot take a run-time row count yet")
+    }
+    Ok(out)
+}
+
+/// The rows of the kernel being generated, if it scales.
+pub(crate) fn scaling() -> Option<usize> {
+    SCALED.with(|s| s.borrow().as_ref().map(|s| s.arg.hi))
+}
+
+/// The trip count of the outermost loop of a kernel, `n` at the upper bounds: the call's
+/// rows times `n / hi` when the kernel scales (`None`: it does not, `n` is the count).
+pub(crate) fn outer(kb: &mut KernelBuilder, n: usize) -> Option<Value> {
+    let arg = SCALED.with(|s| {
+        let mut s = s.borrow_mut();
+        let s = s.as_mut()?;
+        s.uses += 1;
+        if !n.is_multiple_of(s.arg.hi) {
+            s.bad = Some(format!("its outer loop of {n} is not whole rows of {}", s.arg.hi));
+        }
+        Some(s.arg)
+    })?;
+    let table = kb.buf(arg.buf);
+    let rows = kb.b.ins().load(types::I64, mem(), table, (arg.slot * 8) as i32);
+    Some(kb.b.ins().imul_imm_s(rows, (n / arg.hi) as i64))
+}

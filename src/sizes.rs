@@ -1,0 +1,114 @@
+//! Which steps of a graph compiled with symbolic dims scale with a call's sizes, and how
+//! (docs/dynamic-shapes.md). Every buffer is laid out at the upper bounds and every tensor
+//! of a call is stored from the start of its buffer at its own shape. Library calls (the
+//! GEMM, attention, and the runner's transpose) are planned for each call's shapes, so
+//! they take symbolic dims anywhere. A generated kernel bakes its shapes in but for one
+//! count: a tensor whose symbolic dims are all leading dims (`[batch, seq, 384]`,
+//! `[batch*seq, 384]`) is a prefix of whole rows, and a kernel whose result and every
+//! operand that depends on the symbols have the same rows (the product of their leading
+//! dims up to the last symbolic one), and whose op treats rows independently, does the
+//! first `r` of the `hi` rows it is generated for. A transpose that moves a symbolic dim
+//! is the runner's; every other step over symbolic sizes is refused, naming the node.
+
+use anyhow::{bail, Result};
+use meshc_ir::infer::{norm_axes, norm_axis};
+use meshc_ir::sym::{Expr, SymInfo};
+use meshc_ir::{attrs, Node, Op};
+
+/// How a step scales.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StepScaling {
+    /// A generated kernel: its rows and their number at the upper bounds.
+    Rows { rows: Expr, hi: usize },
+    /// A library call: each tensor's shape (result, then operands).
+    Shapes(Vec<Vec<Expr>>),
+}
+
+/// The rows of a tensor of symbolic `shape`: how many leading dims they span and their
+/// product; `None` for a static tensor.
+fn rows_of(shape: &[Expr]) -> Option<(usize, Expr)> {
+    let last = shape.iter().rposition(|d| !d.is_const())?;
+    Some((last + 1, Expr::product(&shape[..=last])))
+}
+
+/// How the step that computes `node` from `operands` (tensor names; an elementwise step's
+/// are its fused group's) scales with the symbols, as a library call if `library`;
+/// `None` when none of its tensors depends on them. A transpose that moves a symbolic dim
+/// becomes a library call.
+pub fn step_scaling(si: &SymInfo, node: &Node, operands: &[String], library: bool) -> Result<Option<StepScaling>> {
+    let shape = |t: &str| si.shapes.get(t).map(Vec::as_slice).unwrap_or(&[]);
+    let tensors = std::iter::once(&node.name).chain(operands);
+    if tensors.clone().all(|t| shape(t).iter().all(Expr::is_const)) {
+        return Ok(None);
+    }
+    let shapes = || StepScaling::Shapes(tensors.clone().map(|t| shape(t).to_vec()).collect());
+    if library {
+        return Ok(Some(shapes()));
+    }
+    match rows(si, node, operands) {
+        Err(_) if node.op == Op::Transpose => Ok(Some(shapes())),
+        r => r.map(Some),
+    }
+}
+
+/// A generated kernel's rows (`StepScaling::Rows`), or why it cannot scale.
+fn rows(si: &SymInfo, node: &Node, operands: &[String]) -> Result<StepScaling> {
+    let shape = |t: &str| si.shapes.get(t).map(Vec::as_slice).unwrap_or(&[]);
+    let result = rows_of(shape(&node.name));
+    let ops: Vec<Option<(usize, Expr)>> = operands.iter().map(|o| rows_of(shape(o))).collect();
+    let Some((lead, rows)) = result else {
+        if let Some(k) = ops.iter().position(Option::is_some) {
+            bail!(
+                "node '{}': its operand '{}' has symbolic dims ({}) but its result does not; compiled code takes symbolic dims only where a step keeps them (docs/dynamic-shapes.md)",
+                node.name,
+                operands[k],
+                meshc_ir::sym::infer::show(shape(&operands[k]))
+            );
+        }
+        bail!("node '{}': its result is static", node.name);
+    };
+    for (o, r) in operands.iter().zip(&ops) {
+        if let Some((_, r)) = r.as_ref().filter(|(_, r)| *r != rows) {
+            bail!(
+                "node '{}': its operand '{o}' has rows {r} where its result {} has {rows}; compiled code takes symbolic dims only as leading dims every tensor of a step shares (docs/dynamic-shapes.md)",
+                node.name,
+                meshc_ir::sym::infer::show(shape(&node.name))
+            );
+        }
+    }
+    let x = ops.first().cloned().flatten().map_or(0, |(l, _)| l);
+    let rank = shape(operands.first().map_or("", String::as_str)).len();
+    let keeps_rows = |axes: &[usize]| axes.iter().all(|&a| a >= x);
+    let ok = match node.op {
+        _ if node.op.is_elementwise() => true,
+        Op::BroadcastTo => true,
+        Op::ReduceSum | Op::ReduceMean | Op::ReduceMax => match attrs::Reduce::of(node).axes {
+            Some(a) => norm_axes(&a, rank).is_ok_and(|a| keeps_rows(&a)),
+            None => false,
+        },
+        Op::Softmax => norm_axis(attrs::Softmax::of(node).axis, rank).is_ok_and(|a| a >= x),
+        Op::LayerNorm => norm_axis(attrs::LayerNorm::of(node).axis, rank).is_ok_and(|a| a >= x),
+        Op::Transpose => match attrs::Transpose::of(node).perm {
+            Some(p) => norm_axes(&p, rank).is_ok_and(|p| p.iter().take(lead).enumerate().all(|(i, &a)| i == a)),
+            None => false,
+        },
+        Op::Gather => norm_axis(attrs::Gather::of(node).axis, rank).is_ok_and(|a| a >= x),
+        Op::Concat => norm_axis(attrs::Concat::of(node).axis, rank).is_ok_and(|a| a >= x),
+        Op::Slice => {
+            let s = attrs::Slice::of(node);
+            let axes = s.axes.unwrap_or_else(|| (0..s.starts.len() as i64).collect());
+            norm_axes(&axes, rank).is_ok_and(|a| keeps_rows(&a))
+        }
+        _ => false,
+    };
+    if !ok {
+        bail!(
+            "node '{}': {} over its symbolic rows {rows} is not compiled yet (the interpreter runs it: `meshc interp`; docs/dynamic-shapes.md)",
+            node.name,
+            node.op.name()
+        );
+    }
+    let hi = rows.eval(&si.example).and_then(|v| usize::try_from(v).ok()).filter(|&v| v > 0);
+    let Some(hi) = hi else { bail!("node '{}': its rows {rows} are empty at the upper bounds", node.name) };
+    Ok(StepScaling::Rows { rows, hi })
+}

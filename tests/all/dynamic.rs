@@ -1,0 +1,176 @@
+//! Artifacts compiled once with symbolic dims (docs/dynamic-shapes.md): each runs at several
+//! sizes within its bounds and matches the interpreter on the graph written at each; sizes
+//! outside the bounds, and graphs the compiled path cannot scale yet, are refused in one
+//! line; the embedding API returns outputs of each call's shape.
+
+use std::path::Path;
+
+use meshc_ir::{Data, Tensor};
+use meshc_runtime::api::{Model, Session, TensorView, TensorViewMut};
+
+use crate::common::{assert_close, meshc, scratch};
+
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        })
+        .collect()
+}
+
+/// The inputs of each test graph at batch `b` and sequence length `s` (the encoder's; the
+/// transformer's is 8), as `--input` arguments (written in `dir`).
+fn inputs(dir: &Path, graph: &str, (b, s): (usize, usize)) -> Vec<String> {
+    let t: Vec<(&str, Tensor)> = match graph {
+        "mlp" => vec![("x", Tensor::f32(vec![b, 64], values(b * 64, b as u64)))],
+        "transformer" => {
+            let ids = (0..b * 8).map(|i| ((i * 7 + b) % 50) as i32).collect();
+            let mut mask = vec![0.0f32; b * 8];
+            mask.iter_mut().enumerate().filter(|(i, _)| i % 8 >= 6).for_each(|(_, m)| *m = -1e9);
+            vec![
+                ("ids", Tensor { shape: vec![b, 8], data: Data::I32(ids) }),
+                ("mask", Tensor::f32(vec![b, 1, 1, 8], mask)),
+            ]
+        }
+        _ => {
+            // The last two positions of longer sequences are padding.
+            let mask = (0..b * s).map(|i| i64::from(i % s < s.saturating_sub(2).max(1))).collect();
+            vec![
+                ("hidden_states", Tensor::f32(vec![b, s, 32], values(b * s * 32, (b * 100 + s) as u64))),
+                ("attention_mask", Tensor { shape: vec![b, s], data: Data::I64(mask) }),
+            ]
+        }
+    };
+    t.iter()
+        .map(|(name, t)| {
+            let f = dir.join(format!("{graph}-{name}-{b}x{s}.npy"));
+            t.write_npy(&f).unwrap();
+            format!("{name}={}", f.display())
+        })
+        .collect()
+}
+
+fn with_inputs<'a>(args: &[&'a str], inputs: &'a [String]) -> Vec<&'a str> {
+    let mut out = args.to_vec();
+    for i in inputs {
+        out.extend(["--input", i.as_str()]);
+    }
+    out
+}
+
+/// A graph, its file, its `--dim` ranges (batch, then seq if it has one) and the sizes it
+/// runs at.
+type Case = (&'static str, &'static str, &'static [&'static str], &'static [(usize, usize)]);
+
+/// One artifact per graph, compiled once for a range of sizes, runs at the smallest, a
+/// middle and the largest, each output equal to the interpreter's at that size: batch in
+/// the MLP and the transformer (whose position table fixes seq), batch and seq in the
+/// ONNX encoder (attention over a run-time sequence length).
+#[test]
+fn one_artifact_runs_every_size_in_its_bounds() {
+    let dir = scratch("dynamic-sizes");
+    let cases: [Case; 4] = [
+        ("mlp", "testdata/mlp/graph.json", &["batch=1..64"], &[(1, 0), (7, 0), (64, 0)]),
+        ("transformer", "testdata/transformer/graph.json", &["batch=1..8"], &[(1, 8), (3, 8), (8, 8)]),
+        ("encoder", "testdata/onnx/encoder/model.onnx", &["batch=1..8", "seq=5"], &[(1, 5), (4, 5), (8, 5)]),
+        ("encoder", "testdata/onnx/encoder/model.onnx", &["batch=1..8", "seq=1..32"], &[(1, 1), (2, 13), (8, 32)]),
+    ];
+    for (name, graph, ranges, sizes) in cases {
+        let art = dir.join(format!("{name}.mshc")).display().to_string();
+        let dims: Vec<&str> = ranges.iter().flat_map(|r| ["--dim", r]).collect();
+        let r = meshc(&[&["compile", graph][..], &dims, &["-o", &art]].concat());
+        assert_eq!(r.status, Some(0), "{name}: {}", r.stderr);
+        for &(b, s) in sizes {
+            let ins = inputs(&dir, name, (b, s));
+            let (got, want) = (dir.join(format!("{name}-run-{b}x{s}")), dir.join(format!("{name}-interp-{b}x{s}")));
+            let out = |d: &Path| d.display().to_string();
+            let r = meshc(&with_inputs(&["run", &art, "--output-dir", &out(&got)], &ins));
+            assert_eq!(r.status, Some(0), "{name} at batch {b}: {}", r.stderr);
+            let at = [format!("batch={b}"), format!("seq={s}")];
+            let at: Vec<&str> = at[..ranges.len()].iter().flat_map(|a| ["--dim", a.as_str()]).collect();
+            let r = meshc(&with_inputs(&[&["interp", graph][..], &at, &["--output-dir", &out(&want)]].concat(), &ins));
+            assert_eq!(r.status, Some(0), "{name} interp at batch {b}: {}", r.stderr);
+            let mut compared = 0;
+            for f in std::fs::read_dir(&want).unwrap() {
+                let f = f.unwrap().path();
+                let w = Tensor::read_npy(&f).unwrap();
+                let g = Tensor::read_npy(&got.join(f.file_name().unwrap())).unwrap();
+                assert_eq!(g.shape[0], b, "{name}: {}", f.display());
+                assert_close(&format!("{name} at batch {b}"), &g, &w).unwrap();
+                compared += 1;
+            }
+            assert!(compared > 0, "{name}: no outputs");
+        }
+    }
+}
+
+/// Sizes the bounds do not allow, and graphs the compiled path cannot scale yet: one line
+/// each, naming the input and symbol, or the node.
+#[test]
+fn sizes_and_graphs_it_cannot_run_are_refused_in_one_line() {
+    let dir = scratch("dynamic-refused");
+    let art = dir.join("mlp.mshc").display().to_string();
+    let graph = "testdata/mlp/graph.json";
+    let r = meshc(&["compile", graph, "--dim", "batch=8..64:multiple_of=8", "-o", &art]);
+    assert_eq!(r.status, Some(0), "{}", r.stderr);
+    for (b, why) in [(65, "dim 0 (batch) is 65, outside 8..64"), (12, "dim 0 (batch) is 12, not a multiple of 8")] {
+        let x = dir.join(format!("x{b}.npy"));
+        Tensor::f32(vec![b, 64], values(b * 64, 1)).write_npy(&x).unwrap();
+        let r = meshc(&["run", &art, "--input", &format!("x={}", x.display())]);
+        assert_eq!(r.status, Some(1));
+        assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+        assert!(r.stderr.contains(&format!("input x: {why}")), "{}", r.stderr);
+    }
+    let x = dir.join("x3d.npy");
+    Tensor::f32(vec![8, 64, 1], values(512, 1)).write_npy(&x).unwrap();
+    let r = meshc(&["run", &art, "--input", &format!("x={}", x.display())]);
+    assert!(r.stderr.contains("holds f32[8,64,1], the graph expects f32[64,64]"), "{}", r.stderr);
+    // A generated kernel that cannot take a run-time row count (convolution's im2col) is
+    // refused, naming its node; a mesh takes no symbolic dims.
+    let out = dir.join("no.mshc").display().to_string();
+    let r = meshc(&["compile", "testdata/cnn/graph.json", "--dim", "batch=1..8", "-o", &out]);
+    assert_eq!(r.status, Some(1));
+    assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+    assert!(r.stderr.contains("node 'c1.cols'") && r.stderr.contains("run-time row count"), "{}", r.stderr);
+    let r =
+        meshc(&["compile", graph, "--dim", "batch=1..64", "--layout", "testdata/mlp/layouts/dp-2.json", "-o", &out]);
+    assert_eq!(r.status, Some(1));
+    assert!(r.stderr.contains("symbolic dims compile for one device for now"), "{}", r.stderr);
+    assert!(!Path::new(&out).exists());
+}
+
+/// Through the embedding API: `run` returns each call's shape, `run_into` writes into
+/// buffers of that shape and refuses others; a repeated shape runs as before.
+#[test]
+fn the_embedding_api_takes_each_call_s_sizes() {
+    let dir = scratch("dynamic-embed");
+    let art = dir.join("mlp.mshc");
+    let r = meshc(&["compile", "testdata/mlp/graph.json", "--dim", "batch=1..64", "-o", &art.display().to_string()]);
+    assert_eq!(r.status, Some(0), "{}", r.stderr);
+    let model = Model::open(&art).unwrap();
+    let session = Session::new(&model).unwrap();
+    let mut first: Vec<Vec<f32>> = Vec::new();
+    for (call, b) in [3usize, 64, 1, 3].into_iter().enumerate() {
+        let x = values(b * 64, b as u64);
+        let shape = [b, 64];
+        let out = session.run(&[("x", TensorView::new(&x, &shape).unwrap())]).unwrap();
+        assert_eq!(out["y"].shape, vec![b, 64]);
+        let mut y = vec![0.0f32; b * 64];
+        let mut outs = [("y", TensorViewMut::new(&mut y, &shape).unwrap())];
+        session.run_into(&[("x", TensorView::new(&x, &shape).unwrap())], &mut outs).unwrap();
+        assert_eq!(out["y"].data, Data::F32(y.clone()), "batch {b}");
+        // The same shape again, after others, gives the same rows.
+        first.push(y[..64].to_vec());
+        if call == 3 {
+            assert_eq!(first[0], first[3]);
+        }
+        let mut wrong = vec![0.0f32; (b + 1) * 64];
+        let wshape = [b + 1, 64];
+        let mut outs = [("y", TensorViewMut::new(&mut wrong, &wshape).unwrap())];
+        let e = session.run_into(&[("x", TensorView::new(&x, &shape).unwrap())], &mut outs).unwrap_err();
+        assert!(e.to_string().contains("output 'y'"), "{e}");
+    }
+}
+
