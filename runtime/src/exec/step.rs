@@ -50,7 +50,7 @@ impl Loaded {
         (device, i): (usize, usize),
         ptrs: &[AtomicPtr<u8>],
         args: &mut Vec<*mut u8>,
-        (threads, values): (usize, &[i64]),
+        (threads, sizes): (usize, &super::sizes::Sizes),
         waits: Option<&mut Vec<fabric::Wait>>,
         start: Instant,
     ) -> Result<()> {
@@ -60,7 +60,16 @@ impl Loaded {
         args.extend(st.buffers.iter().map(|&b| ptrs[b].load(Ordering::Relaxed)));
         match &st.exec {
             Exec::Kernel(k) => {
-                let status = call_kernel(self.kernel(device, *k), args, p.kernels[*k].parts.min(threads));
+                // A kernel split for its rows at the bounds splits a call's fewer rows into
+                // fewer parts, as one compiled for them would.
+                let parts = match st.scaling {
+                    Some(Scaling::Rows { size, hi }) => {
+                        let rows = sizes.table[size] as usize;
+                        (p.kernels[*k].parts * rows).div_ceil(hi).max(1)
+                    }
+                    _ => p.kernels[*k].parts,
+                };
+                let status = call_kernel(self.kernel(device, *k), args, parts.min(threads));
                 if status != 0 {
                     return Err(RunError::KernelStatus { node: st.node.clone(), status }.into());
                 }
@@ -73,8 +82,8 @@ impl Loaded {
                 // At other sizes than the upper bounds, the call planned for its shapes
                 // (`sizes::check` kept them within the bounds').
                 let replanned = match (&self.meta.symbolic, &st.scaling) {
-                    (Some(sym), Some(Scaling::Shapes(_))) if values != self.upper.as_slice() => {
-                        Some(self.replans.get(sym, (device, i), p, values)?)
+                    (Some(sym), Some(Scaling::Shapes(_))) if sizes.values != self.upper => {
+                        Some(self.replans.get(sym, (device, i), p, &sizes.values)?)
                     }
                     _ => None,
                 };

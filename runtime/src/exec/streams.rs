@@ -34,8 +34,8 @@ struct RunCtx<'a> {
     epoch: Instant,
     timed: bool,
     devices: &'a [DeviceShared],
-    /// The symbols' values this call binds (empty without symbolic dims).
-    values: &'a [i64],
+    /// The sizes this call binds (none without symbolic dims).
+    sizes: &'a super::sizes::Sizes,
 }
 
 /// Where a run hands each output: its index in the metadata, its shape at the call's sizes
@@ -194,7 +194,7 @@ impl Loaded {
             }
         };
         let sizes: &super::sizes::Sizes = sizes;
-        let ctx = RunCtx { inputs, resident: taken, epoch, timed, devices: shared, values: &sizes.values };
+        let ctx = RunCtx { inputs, resident: taken, epoch, timed, devices: shared, sizes };
         if (0..mesh.devices()).map(|d| self.lanes[d].active().count()).sum::<usize>() == 1 {
             let times = self.device_run(0, 0, ctx, &Cell::new(0), self.threads, &mut args.0)?;
             let outputs = &self.programs[0].outputs;
@@ -436,7 +436,7 @@ impl Loaded {
         }
         let start = Instant::now();
         let waits = timed.then_some(&mut run.waits);
-        self.exec_step((device, i), ptrs, run.args, (run.threads, run.ctx.values), waits, start)?;
+        self.exec_step((device, i), ptrs, run.args, (run.threads, run.ctx.sizes), waits, start)?;
         for &e in &lanes.record[i] {
             board.record(e);
         }
