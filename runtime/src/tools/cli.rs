@@ -509,15 +509,20 @@ fn run_loaded(loaded: &Loaded, io: &Io, args: &RunArgs) -> Result<()> {
         }
         times.sort_by(f64::total_cmp);
         let med = times[times.len() / 2];
+        // (An artifact over symbolic dims counts its FLOPs at the bounds, not these sizes.)
+        let rate = match loaded.meta.symbolic {
+            None => {
+                format!(", {:.2} GFLOP/s (median, {} FLOPs)", loaded.meta.flops as f64 / med / 1e9, loaded.meta.flops)
+            }
+            Some(_) => String::new(),
+        };
         if leader {
             eprintln!(
-                "bench: {} runs, latency min {:.3} ms, median {:.3} ms, max {:.3} ms, {:.2} GFLOP/s (median, {} FLOPs)",
+                "bench: {} runs, latency min {:.3} ms, median {:.3} ms, max {:.3} ms{rate}",
                 times.len(),
                 times[0] * 1e3,
                 med * 1e3,
                 times[times.len() - 1] * 1e3,
-                loaded.meta.flops as f64 / med / 1e9,
-                loaded.meta.flops
             );
         }
     }

@@ -12,6 +12,7 @@ use crate::exec::loader::parse_sections;
 use crate::format::artifact::{Artifact, SectionKind};
 use crate::format::order::{collective_name, exec_text, step_note, streams_summary};
 use crate::format::program::{Exec, Program, Storage};
+use crate::format::symbolic::{Scaling, Symbolic};
 
 /// The report of `meshc inspect`: sections, metadata, kernels, buffers and steps.
 pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
@@ -52,7 +53,19 @@ pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
         let links: Vec<String> = meta.degraded.links.iter().map(|&(a, b)| format!("{}-{}", c(a), c(b))).collect();
         writeln!(s, "degraded devices [{}] links [{}]", nodes.join(" "), links.join(" "))?;
     }
-    let io = |what: &str, i: &crate::format::program::IoSpec| {
+    let sym = meta.symbolic.as_ref();
+    if let Some(sym) = sym {
+        writeln!(s, "symbols {} (buffers planned at the upper bounds)", crate::exec::sizes::describe(sym))?;
+        for c in &sym.checks {
+            writeln!(s, "run-time check: {c}")?;
+        }
+    }
+    // With symbols, a tensor's shape over them and, after it, at the upper bounds.
+    let shape = |dims: Option<&Vec<meshc_ir::sym::Expr>>, at: &[usize]| match dims {
+        Some(d) => format!("{} (at most {at:?})", meshc_ir::sym::infer::show(d)),
+        None => format!("{at:?}"),
+    };
+    let io = |what: &str, i: &crate::format::program::IoSpec, dims: Option<&Vec<meshc_ir::sym::Expr>>| {
         let layout = if i.layout.iter().any(Option::is_some) {
             format!(" layout {}", i.mesh(m).layout_string(&i.layout))
         } else {
@@ -62,17 +75,17 @@ pub fn inspect(art: &Artifact, file: &str) -> Result<String> {
             let d: Vec<String> = s.devices.iter().map(usize::to_string).collect();
             format!(" on devices [{}]", d.join(","))
         });
-        let dims = if i.dims.is_empty() { String::new() } else { format!(" {}", DimsDisplay(&i.dims)) };
-        format!("{what} {}: {}{:?}{dims}{layout}{stage}", i.name, i.dtype, i.shape)
+        let names = if i.dims.is_empty() { String::new() } else { format!(" {}", DimsDisplay(&i.dims)) };
+        format!("{what} {}: {}{}{names}{layout}{stage}", i.name, i.dtype, shape(dims, &i.shape))
     };
-    for i in &meta.inputs {
-        writeln!(s, "{}", io("input ", i))?;
+    for (k, i) in meta.inputs.iter().enumerate() {
+        writeln!(s, "{}", io("input ", i, sym.and_then(|y| y.inputs.get(k))))?;
     }
-    for o in &meta.outputs {
-        writeln!(s, "{}", io("output", o))?;
+    for (k, o) in meta.outputs.iter().enumerate() {
+        writeln!(s, "{}", io("output", o, sym.and_then(|y| y.outputs.get(k))))?;
     }
     for p in &programs {
-        program_report(&mut s, p)?;
+        program_report(&mut s, p, sym)?;
         mask_report(&mut s, p, art.section(SectionKind::Weights).unwrap_or(&[]))?;
     }
     if let Some(total) = flops_skipped(&programs, meta.flops) {
@@ -150,7 +163,7 @@ fn mask_report(s: &mut String, p: &Program, weights: &[u8]) -> Result<()> {
     Ok(())
 }
 
-fn program_report(s: &mut String, p: &Program) -> Result<()> {
+fn program_report(s: &mut String, p: &Program, sym: Option<&Symbolic>) -> Result<()> {
     writeln!(
         s,
         "device {}: arena {} bytes, {} buffers, {} kernels, {} steps",
@@ -183,6 +196,18 @@ fn program_report(s: &mut String, p: &Program) -> Result<()> {
         let bufs: Vec<String> = st.buffers.iter().map(|b| format!("b{b}")).collect();
         let sync = if p.streams.streams.is_empty() { String::new() } else { step_note(p, i) };
         writeln!(s, "  {:<24} {:<36} ({}) {sync}", st.node, exec, bufs.join(", "))?;
+        // Which steps depend on the symbols, and how.
+        match (&st.scaling, sym) {
+            (Some(Scaling::Rows { size, .. }), Some(sym)) => {
+                let rows = sym.sizes.get(*size).map_or("?".to_string(), ToString::to_string);
+                writeln!(s, "    scales: rows {rows}")?;
+            }
+            (Some(Scaling::Shapes(shapes)), _) => {
+                let shapes: Vec<String> = shapes.iter().map(|d| meshc_ir::sym::infer::show(d)).collect();
+                writeln!(s, "    scales: planned per call for {}", shapes.join(", "))?;
+            }
+            _ => {}
+        }
         if let Some(w) = &st.why {
             let what = match &st.exec {
                 Exec::Collective(c) => collective_name(&c.op),
