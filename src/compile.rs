@@ -387,9 +387,11 @@ impl Builder {
     /// GEMM serves with at most `panels::SMALL_M` rows a matrix. (Longer products pack their
     /// weight once per call over many rows, and the gemm crate's kernels, which pack `a` too,
     /// ran them 5% faster than the panels' kernels: `cargo bench --bench gemm`; at few rows
-    /// the panels are level with the small-M GEMM or faster, 2.8× at one row.) The caller
-    /// leaves pruned weights row-major: their GEMM runs on strided views.
-    fn in_panels(&self, g: &Graph, info: &Info, folded: &Folded, name: &str) -> bool {
+    /// the panels are level with the small-M GEMM or faster, 2.8× at one row.) Over symbolic
+    /// rows (`si`) a call may have few whatever the bounds: panels then, which the runner
+    /// copies out row-major for a call with many (`meshc_runtime::kernels::library`). The
+    /// caller leaves pruned weights row-major: their GEMM runs on strided views.
+    fn in_panels(&self, g: &Graph, info: &Info, folded: &Folded, name: &str, si: Option<&SymInfo>) -> bool {
         let ty = folded.stored(name, &info.types);
         let mut readers =
             g.nodes.iter().filter(|n| !folded.consts.contains_key(&n.name) && n.inputs.iter().any(|i| i == name));
@@ -405,7 +407,8 @@ impl Builder {
                     && n.inputs[1] == name
                     && !n.inputs[2..].iter().any(|x| x == name)
                     && self.library_serves(&[a.clone(), ty.clone()])
-                    && MatmulShape::infer(&a.shape, &ty.shape).is_ok_and(|(s, _)| s.m <= panels::SMALL_M)
+                    && (MatmulShape::infer(&a.shape, &ty.shape).is_ok_and(|(s, _)| s.m <= panels::SMALL_M)
+                        || si.is_some_and(|si| si.shapes[&n.inputs[0]].iter().any(|d| !d.is_const())))
             })
     }
 
@@ -482,7 +485,7 @@ impl Builder {
             .sort_by_key(|c| (g.params.iter().position(|p| &p.name == *c), g.nodes.iter().position(|n| &n.name == *c)));
         for name in names {
             let mut bytes = folded.bytes(g, name)?;
-            if !masks.contains_key(name.as_str()) && self.in_panels(g, info, folded, name) {
+            if !masks.contains_key(name.as_str()) && self.in_panels(g, info, folded, name, si.as_ref()) {
                 // Only library matmuls read it, as their weight: stored as their GEMM reads
                 // it, so no run packs it.
                 let shape = &info.types[name].shape;

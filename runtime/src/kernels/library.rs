@@ -462,6 +462,11 @@ impl LibraryCall for Matmul {
             return Err("only f32 matrices that are not weights are stored transposed".to_string());
         }
         let path = match (*panels, pruned, *b_elem) {
+            // A weight in panels for a program over symbolic rows, at many rows.
+            (true, ..) if shape.m >= UNPACK_M && b.len() >= 2 => {
+                let (k, n) = (b[b.len() - 2], b[b.len() - 1]);
+                Path::Unpacked { count: b[..b.len() - 2].iter().product(), k, n, rows: Default::default() }
+            }
             (true, ..) => Path::Panels,
             (_, true, _) => Path::Masked,
             (_, _, Elem::F32) if transposed.is_none() => Path::Plain,
@@ -473,10 +478,20 @@ impl LibraryCall for Matmul {
     }
 }
 
+/// Rows from which a product with a weight in panels copies the weight out row-major and
+/// runs `matmul`. Only a program over symbolic dims has such products (a static one keeps
+/// its weights row-major above `panels::SMALL_M` rows): at 1024 rows the panels' kernels
+/// took ~10% longer than the row-major GEMM, and the copy, one pass over the weight, costs
+/// about 60 / rows of the product's time, so it pays from some 600 rows.
+const UNPACK_M: usize = 512;
+
 /// Which GEMM serves a planned matmul.
 enum Path {
     /// `matmul_panels`.
     Panels,
+    /// `matmul`, on the weight copied out of its `count` panels of `k`×`n` into `rows`
+    /// (kept for the next call; a call holds it while it runs).
+    Unpacked { count: usize, k: usize, n: usize, rows: parking_lot::Mutex<Vec<f32>> },
     /// `matmul_masked`, with the mask of operand b.
     Masked,
     /// `matmul`.
@@ -518,18 +533,24 @@ impl Planned for MatmulPlan {
         };
         // SAFETY: as above, for a `b` stored as f32.
         let f32s = || unsafe { std::slice::from_raw_parts(args[2] as *const f32, b_len) };
-        match self.path {
+        match &self.path {
             Path::Panels => matmul_panels(x, f32s(), o, s, threads, &ep),
+            Path::Unpacked { count, k, n, rows } => {
+                let mut rows = rows.lock();
+                rows.resize(count * k * n, 0.0);
+                crate::kernels::panels::unpack(f32s(), *count, *k, *n, &mut rows);
+                matmul(x, &rows, o, s, threads, &ep)
+            }
             Path::Masked => match mask(2) {
                 Some(m) => matmul_masked(x, f32s(), o, s, m, threads, &ep),
                 None => bail!("matmul: the mask of pruned operand b is missing"),
             },
             Path::Plain => matmul(x, f32s(), o, s, threads, &ep),
-            Path::Transposed(t) => matmul_transposed(x, f32s(), o, s, t, threads, &ep),
+            Path::Transposed(t) => matmul_transposed(x, f32s(), o, s, *t, threads, &ep),
             Path::Half(half) => {
                 // SAFETY: as above, for a `b` stored as 16-bit halves.
                 let y = unsafe { std::slice::from_raw_parts(args[2] as *const u16, b_len) };
-                matmul_half(x, (y, half), o, s, threads, &ep)
+                matmul_half(x, (y, *half), o, s, threads, &ep)
             }
         }
     }
@@ -681,6 +702,50 @@ mod tests {
             (&[0, 3], &[3, 4]),
         ] {
             check(a, b);
+        }
+    }
+
+    /// A weight in panels gives the product at few rows (the panels' kernels) and at many
+    /// (copied out row-major first, `UNPACK_M`), batched or not, and again on a second call.
+    #[test]
+    fn weights_in_panels_give_the_product_at_few_and_many_rows() {
+        use crate::format::program::Storage;
+        for (a_shape, b_shape) in
+            [(&[3usize, 40][..], &[40usize, 70][..]), (&[600, 40], &[40, 70]), (&[2, 600, 8], &[2, 8, 33])]
+        {
+            let (a, b, want) = oracle(a_shape, b_shape, 5);
+            let (k, n) = (b_shape[b_shape.len() - 2], b_shape[b_shape.len() - 1]);
+            let count = b_shape[..b_shape.len() - 2].iter().product();
+            let bytes: Vec<u8> = b.as_f32().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect();
+            let packed: Vec<f32> = crate::kernels::panels::pack_bytes(&bytes, count, k, n)
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            let call = Matmul {
+                a: a_shape.to_vec(),
+                b: b_shape.to_vec(),
+                out: want.shape.clone(),
+                b_elem: Elem::F32,
+                panels: true,
+                epilogue: Vec::new(),
+                transposed: Transposed::default(),
+            };
+            let buf = |bytes: usize, storage| Buffer { name: String::new(), bytes, storage, mask: None };
+            let arena = || Storage::Arena { offset: 0 };
+            let bufs = [
+                buf(want.numel() * 4, arena()),
+                buf(a.numel() * 4, arena()),
+                buf(packed.len() * 4, Storage::Weights { offset: 0 }),
+            ];
+            let plan = call.plan(&[&bufs[0], &bufs[1], &bufs[2]]).unwrap();
+            for _ in 0..2 {
+                let mut out = vec![f32::NAN; want.numel()];
+                let args =
+                    [out.as_mut_ptr() as *mut u8, a.as_f32().unwrap().as_ptr() as *mut u8, packed.as_ptr() as *mut u8];
+                // SAFETY: the buffers the plan was made for; the result apart from the operands.
+                unsafe { plan.call(&args, &|_| None, 2) }.unwrap();
+                assert_close(&out, want.as_f32().unwrap(), &format!("{a_shape:?} @ {b_shape:?} in panels"));
+            }
         }
     }
 

@@ -111,6 +111,21 @@ pub fn pack_bytes(b: &[u8], count: usize, k: usize, n: usize) -> Vec<u8> {
     out
 }
 
+/// `pack_bytes` undone, on f32: `count` matrices of `k`×`n` from panels into `out`,
+/// row-major.
+pub fn unpack(panels: &[f32], count: usize, k: usize, n: usize, out: &mut [f32]) {
+    for m in 0..count {
+        let (src, dst) = (&panels[m * packed_len(k, n)..], &mut out[m * k * n..]);
+        for s in 0..n.div_ceil(NR) {
+            let cols = NR.min(n - s * NR);
+            for p in 0..k {
+                let from = (s * k + p) * NR;
+                dst[p * n + s * NR..p * n + s * NR + cols].copy_from_slice(&src[from..from + cols]);
+            }
+        }
+    }
+}
+
 /// A tile kernel: `c = a @ panel` (or `c += a @ panel` with `accumulate`) for `MR` rows of
 /// `a`, `k` rows of the panel and all `NR` columns of `c` (row stride `ldc`). `a` is packed
 /// column by column (element (i, q) at `q · MR + i`; `lda` unused) or, where `PACKED` is
@@ -542,5 +557,8 @@ mod tests {
         assert_eq!(p[at], b[99 + 2 * 33 + 32]);
         assert!(p[at + 1..at + NR].iter().all(|&v| v == 0.0));
         assert_eq!(p[NR + 5], b[33 + 5], "matrix 0, strip 0, row 1, column 5");
+        let mut back = vec![f32::NAN; b.len()];
+        unpack(&p, 2, 3, 33, &mut back);
+        assert_eq!(back, b, "unpack undoes the packing");
     }
 }
