@@ -174,3 +174,150 @@ fn the_embedding_api_takes_each_call_s_sizes() {
     }
 }
 
+/// Writes `x` of the random graph at batch `b` (width `d`) and returns its `--input`.
+fn random_input(dir: &Path, (b, d): (usize, usize), seed: u64) -> String {
+    let f = dir.join(format!("x-{b}-{seed}.npy"));
+    Tensor::f32(vec![b, d], values(b * d, seed)).write_npy(&f).unwrap();
+    format!("x={}", f.display())
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 24, ..Default::default() })]
+
+    /// Random graphs over a symbolic batch, compiled once for `1..=12`: at two other
+    /// batches each output is the interpreter's at that batch; or the compile is refused
+    /// in one line naming a node, never with a crash or a meshc bug.
+    #[test]
+    fn random_graphs_compiled_once_run_as_the_interpreter_at_other_batches(
+        d in 0usize..2,
+        ops in proptest::collection::vec((0u8..11, proptest::prelude::any::<u8>(), proptest::prelude::any::<u8>()), 1..10),
+        at in proptest::collection::vec(1usize..=12, 2),
+    ) {
+        let d = [4, 8][d];
+        let dir = scratch("dynamic-random");
+        let g = crate::symbolic::graph_at(12, d, &ops);
+        let file = dir.join("g.txt");
+        std::fs::write(&file, meshc_ir::text::print(&g)).unwrap();
+        let file = file.display().to_string();
+        let art = dir.join("g.mshc").display().to_string();
+        let r = meshc(&["compile", &file, "--dim", "batch=1..12", "-o", &art]);
+        if r.status != Some(0) {
+            let one_line = r.stderr.trim().lines().count() == 1 && r.stderr.contains("node '");
+            proptest::prop_assert!(one_line && !r.stderr.contains("meshc bug"), "{}\n{}", r.stderr, meshc_ir::text::print(&g));
+            return Err(proptest::test_runner::TestCaseError::reject("not compiled over symbolic dims yet"));
+        }
+        for (k, &b) in at.iter().enumerate() {
+            let x = random_input(&dir, (b, d), k as u64);
+            let (got, want) = (dir.join(format!("run-{k}")), dir.join(format!("interp-{k}")));
+            let r = meshc(&["run", &art, "--input", &x, "--output-dir", &got.display().to_string()]);
+            if r.stderr.contains("fail the check") {
+                // A param sized to the batch pins it: the run says so, as `check` does.
+                continue;
+            }
+            proptest::prop_assert_eq!(r.status, Some(0), "batch {}: {}\n{}", b, r.stderr, meshc_ir::text::print(&g));
+            let at = format!("batch={b}");
+            let r = meshc(&["interp", &file, "--dim", &at, "--input", &x, "--output-dir", &want.display().to_string()]);
+            proptest::prop_assert_eq!(r.status, Some(0), "{}", r.stderr);
+            for f in std::fs::read_dir(&want).unwrap() {
+                let f = f.unwrap().path();
+                let w = Tensor::read_npy(&f).unwrap();
+                let o = Tensor::read_npy(&got.join(f.file_name().unwrap())).unwrap();
+                assert_close(&format!("batch {b}"), &o, &w)
+                    .map_err(|e| proptest::test_runner::TestCaseError::fail(format!("{e}\n{}", meshc_ir::text::print(&g))))?;
+            }
+        }
+    }
+}
+
+/// `t` with axis `axis` made `n` long, its entries repeated in order (ids and masks stay
+/// valid).
+fn resized(t: &Tensor, axis: usize, n: usize) -> Tensor {
+    use meshc_ir::{Attr, Node, Op, TensorType};
+    let idx = Tensor { shape: vec![n], data: Data::I64((0..n).map(|i| (i % t.shape[axis]) as i64).collect()) };
+    let node = Node::new("g", Op::Gather, &["t", "i"]).with_attr("axis", Attr::Int(axis as i64));
+    let mut shape = t.shape.clone();
+    shape[axis] = n;
+    meshc_ir::interp::eval_node(&node, &[t, &idx], &TensorType::new(t.dtype(), shape)).unwrap()
+}
+
+/// Every ONNX test model whose sizes `--dim` gives (its dims.txt), compiled once with each
+/// of those dims over `1..=2N` (N its size there): at N, 1 and 2N the artifact's outputs
+/// are the interpreter's; or the compile is refused in one line naming a node, or a run
+/// is refused because a param pins the size (the run-time check, in one line).
+#[test]
+fn every_onnx_test_model_compiles_once_over_its_dims_or_says_why() {
+    let dir = scratch("dynamic-onnx");
+    let mut models: Vec<_> = std::fs::read_dir("testdata/onnx").unwrap().map(|e| e.unwrap().path()).collect();
+    models.sort();
+    let (mut ran, mut report) = (0, Vec::new());
+    for m in models.iter().filter(|m| m.join("dims.txt").is_file() && !m.join("input_shapes.txt").is_file()) {
+        let name = m.file_name().unwrap().to_string_lossy().to_string();
+        let dims: Vec<(String, usize)> = std::fs::read_to_string(m.join("dims.txt"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let (n, v) = l.split_once('=').unwrap();
+                (n.to_string(), v.parse().unwrap())
+            })
+            .collect();
+        let model = m.join("model.onnx").display().to_string();
+        let art = dir.join(format!("{name}.mshc")).display().to_string();
+        let ranges: Vec<String> =
+            dims.iter().flat_map(|(n, v)| ["--dim".into(), format!("{n}=1..{}", 2 * v)]).collect();
+        let ranges: Vec<&str> = ranges.iter().map(String::as_str).collect();
+        let r = meshc(&[&["compile", &model][..], &ranges, &["-o", &art]].concat());
+        if r.status != Some(0) {
+            assert_eq!(r.stderr.trim().lines().count(), 1, "{name}: {}", r.stderr);
+            assert!(!r.stderr.contains("meshc bug") && !r.stderr.contains("panicked"), "{name}: {}", r.stderr);
+            report.push(format!("{name}: refused: {}", r.stderr.trim()));
+            continue;
+        }
+        // Which input axes carry which dim, from the artifact's metadata.
+        let meta = Model::open(Path::new(&art)).unwrap();
+        let mut sizes_ran = Vec::new();
+        for scale in [(1, 1), (0, 1), (2, 1)] {
+            let at = |v: usize| if scale.0 == 0 { 1 } else { v * scale.0 / scale.1 };
+            let mut ins = Vec::new();
+            for info in meta.inputs() {
+                let mut t = Tensor::read_npy(&m.join("inputs").join(format!("{}.npy", info.name))).unwrap();
+                for (axis, d) in info.dims.iter().enumerate() {
+                    if let Some((_, v)) = d.as_ref().and_then(|d| dims.iter().find(|(n, _)| n == d)) {
+                        t = resized(&t, axis, at(*v));
+                    }
+                }
+                let f = dir.join(format!("{name}-{}-{}.npy", info.name, at(10)));
+                t.write_npy(&f).unwrap();
+                ins.push(format!("{}={}", info.name, f.display()));
+            }
+            let (got, want) =
+                (dir.join(format!("{name}-run-{}", at(10))), dir.join(format!("{name}-interp-{}", at(10))));
+            let r = meshc(&with_inputs(&["run", &art, "--output-dir", &got.display().to_string()], &ins));
+            if r.stderr.contains("fail the check") {
+                assert_eq!(r.stderr.trim().lines().count(), 1, "{name}: {}", r.stderr);
+                continue;
+            }
+            assert_eq!(r.status, Some(0), "{name} at {}: {}", at(10), r.stderr);
+            let bound: Vec<String> =
+                dims.iter().flat_map(|(n, v)| ["--dim".into(), format!("{n}={}", at(*v))]).collect();
+            let bound: Vec<&str> = bound.iter().map(String::as_str).collect();
+            let r = meshc(&with_inputs(
+                &[&["interp", &model][..], &bound, &["--output-dir", &want.display().to_string()]].concat(),
+                &ins,
+            ));
+            assert_eq!(r.status, Some(0), "{name} interp: {}", r.stderr);
+            for f in std::fs::read_dir(&want).unwrap() {
+                let f = f.unwrap().path();
+                let w = Tensor::read_npy(&f).unwrap();
+                let g = Tensor::read_npy(&got.join(f.file_name().unwrap())).unwrap();
+                assert_close(&format!("{name} at {:?}", bound), &g, &w).unwrap();
+            }
+            sizes_ran.push(at(10));
+        }
+        if sizes_ran.len() == 3 {
+            ran += 1;
+        }
+        report.push(format!("{name}: ran at {} of 3 sizes", sizes_ran.len()));
+    }
+    eprintln!("{}", report.join("\n"));
+    assert!(ran >= 4, "only {ran} models ran at three sizes:\n{}", report.join("\n"));
+}

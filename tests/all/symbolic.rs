@@ -104,7 +104,7 @@ fn testdata_graphs_agree_with_the_verifier_at_random_sizes() {
 
 /// The random graphs of the property tests without their slices (which halve a dim: a
 /// literal size there means the half at the written size only).
-fn graph_at(b: usize, d: usize, ops: &[(u8, u8, u8)]) -> meshc_ir::Graph {
+pub(crate) fn graph_at(b: usize, d: usize, ops: &[(u8, u8, u8)]) -> meshc_ir::Graph {
     let ops: Vec<(u8, u8, u8)> = ops.iter().map(|&(o, p, a)| (if o % 11 == 9 { 0 } else { o }, p, a)).collect();
     let src = random_graph(b, d, &ops).replacen(&format!("f32[{b},{d}]"), &format!("f32[{b},{d}] dims(batch, _)"), 1);
     text::parse(&src).unwrap()
