@@ -213,9 +213,10 @@ impl Plan {
         all.push(broadcast_strides(shape, shape));
         let (mut dims, mut all) = collapse(shape, &all);
         let mut tail = 0;
-        if let (Some(hi), [n]) = (super::rows::scaling(), &dims[..]) {
+        if let (Some(hi), &[n]) = (super::rows::scaling().filter(|&hi| dims.len() == 1 && dims[0] % hi == 0), &dims[..])
+        {
             // Over symbolic rows the outer loop walks them (`rows::outer`), not chunks.
-            let per_row = n / hi.max(1);
+            let per_row = n / hi;
             (dims, all) = (vec![hi, per_row], all.iter().map(|s| vec![s[0] * per_row, s[0]]).collect());
         } else if let [n] = dims[..] {
             if n >= 2 * CHUNK {

@@ -37,9 +37,19 @@ thread_local! {
 /// Runs the generator `f` of a kernel that scales with the rows `arg` describes; fails if
 /// the kernel it generates does not read them exactly where its rows are walked.
 pub fn scaled<T>(arg: RowsArg, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    /// Clears the setting however `f` ends (a panic included), so that no later kernel
+    /// of this thread scales by mistake.
+    struct Clear;
+    impl Drop for Clear {
+        fn drop(&mut self) {
+            SCALED.with(|s| s.borrow_mut().take());
+        }
+    }
     SCALED.with(|s| *s.borrow_mut() = Some(Scaled { arg, uses: 0, bad: None }));
+    let clear = Clear;
     let out = f();
     let Some(s) = SCALED.with(|s| s.borrow_mut().take()) else { bail!("the row count was taken twice") };
+    drop(clear);
     let out = out?;
     if let Some(why) = s.bad {
         bail!("{why}")
