@@ -966,6 +966,7 @@ def bad():
     short = numpy_helper.from_array(np.zeros((4, 4), np.float32), "w")
     short.raw_data = short.raw_data[:48]  # 12 of the 16 floats its dims say
     write("initializer-size", [helper.make_node("MatMul", ["x", "w"], ["y"])], [short])
+    # int8 is storage: arithmetic on it is refused (a quantized model dequantizes first).
     write("int8", [helper.make_node("Add", ["x", "q"], ["y"])], [numpy_helper.from_array(np.zeros(4, np.int8), "q")])
     write("cycle", [helper.make_node("Relu", ["h"], ["y"], name="a"), helper.make_node("Relu", ["y"], ["h"], name="b")])
     # An If on a condition known only at run time (whether x sums above 0).
