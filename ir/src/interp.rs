@@ -795,8 +795,10 @@ fn where_(cond: &Tensor, a: &Tensor, b: &Tensor) -> R<Tensor> {
 
 /// numpy `matmul`: a 1-D `a` is a row, a 1-D `b` a column, and the added dim is removed;
 /// batch dims broadcast.
-fn matmul(a: &Tensor, b: &Tensor) -> R<Tensor> {
-    let (av, bv) = (elems::<f32>(a)?, elems::<f32>(b)?);
+/// The product's shape and the (a matrix, b matrix) index pairs it is made of, with m, k, n.
+type Product = (Vec<usize>, Vec<(usize, usize)>, usize, usize, usize);
+
+fn matmul_shape(a: &Tensor, b: &Tensor) -> R<Product> {
     let (a_batch, m, k) = match a.shape.as_slice() {
         [] => return Err("matmul operand a is a scalar".into()),
         [k] => (&[][..], 1, *k),
@@ -819,9 +821,19 @@ fn matmul(a: &Tensor, b: &Tensor) -> R<Tensor> {
     if b.shape.len() > 1 {
         shape.push(n);
     }
+    result_len(&shape)?;
+    Ok((shape, a_mats.zip(b_mats).collect(), m, k, n))
+}
+
+fn matmul(a: &Tensor, b: &Tensor) -> R<Tensor> {
+    if a.dtype() == DType::I32 {
+        return matmul_i32(a, b);
+    }
+    let (av, bv) = (elems::<f32>(a)?, elems::<f32>(b)?);
+    let (shape, mats, m, k, n) = matmul_shape(a, b)?;
     let mut out = Vec::with_capacity(result_len(&shape)?);
     let mut row = vec![0f64; n];
-    for (ai, bi) in a_mats.zip(b_mats) {
+    for (ai, bi) in mats {
         let (am, bm) = (&av[ai * m * k..][..m * k], &bv[bi * k * n..][..k * n]);
         for i in 0..m {
             row.fill(0.0);
@@ -834,6 +846,29 @@ fn matmul(a: &Tensor, b: &Tensor) -> R<Tensor> {
         }
     }
     Ok(Tensor::f32(shape, out))
+}
+
+/// The integer product: exact, accumulated in i32 with wrapping (ONNX's MatMulInteger
+/// overflows only in its i32 accumulation; a u8·i8 product of K terms fits while
+/// K·255·255 < 2^31).
+fn matmul_i32(a: &Tensor, b: &Tensor) -> R<Tensor> {
+    let (av, bv) = (elems::<i32>(a)?, elems::<i32>(b)?);
+    let (shape, mats, m, k, n) = matmul_shape(a, b)?;
+    let mut out = Vec::with_capacity(result_len(&shape)?);
+    let mut row = vec![0i32; n];
+    for (ai, bi) in mats {
+        let (am, bm) = (&av[ai * m * k..][..m * k], &bv[bi * k * n..][..k * n]);
+        for i in 0..m {
+            row.fill(0);
+            for (p, &x) in am[i * k..][..k].iter().enumerate() {
+                for (r, &y) in row.iter_mut().zip(&bm[p * n..][..n]) {
+                    *r = r.wrapping_add(x.wrapping_mul(y));
+                }
+            }
+            out.extend_from_slice(&row);
+        }
+    }
+    Ok(Tensor::new(shape, Data::I32(out)))
 }
 
 /// The letters of one einsum term: ASCII letters, none repeated (surrounding spaces are
@@ -1701,6 +1736,18 @@ mod tests {
         let batch = f(&[2, 2, 3], &[1., 2., 3., 4., 5., 6., 0., 0., 1., 1., 0., 0.]);
         check(Op::MatMul, &[], &[&batch, &v], f(&[2, 2], &[-2., -2., -1., 1.]));
         check(Op::MatMul, &[], &[&f(&[2], &[1., 1.]), &batch], f(&[2, 3], &[5., 7., 9., 1., 0., 1.]));
+    }
+
+    /// i32 products are exact and wrap in i32 (the f32 path would round past 2^24).
+    #[test]
+    fn matmul_of_i32_is_exact_and_wraps() {
+        let a = i32t(&[2, 2], &[16_777_217, 1, -255, 255]);
+        let b = i32t(&[2, 1], &[1, 1]);
+        check(Op::MatMul, &[], &[&a, &b], i32t(&[2, 1], &[16_777_218, 0]));
+        let big = i32t(&[1, 2], &[i32::MAX, 1]);
+        check(Op::MatMul, &[], &[&big, &b], i32t(&[1, 1], &[i32::MIN]));
+        check(Op::MatMul, &[], &[&i32t(&[2], &[3, -4]), &a], i32t(&[2], &[50_332_671, -1017]));
+        assert!(error(Op::MatMul, &[], &[&a, &f(&[2, 1], &[1., 1.])]).contains("i32"));
     }
 
     #[test]
