@@ -1186,6 +1186,10 @@ def bad():
     a_u8 = helper.make_tensor_value_info("a", TensorProto.UINT8, [2, 4])
     write("matmulinteger-zero-point-length", [mmi], [u8(np.zeros((4, 3)), "b"), u8([1, 2, 3], "a_zp")],
           inputs=[a_u8])
+    qmm = helper.make_node("QLinearMatMul", ["a", "s", "a_zp", "b", "s", "b_zp", "y_s", "a_zp"], ["y"], name="qmm")
+    write("qlinearmatmul-negative-scale", [qmm], [u8(np.zeros((4, 3)), "b"), u8(0, "a_zp"), u8(0, "b_zp"),
+          numpy_helper.from_array(np.float32(0.5), "s"), numpy_helper.from_array(np.float32(-1), "y_s")],
+          inputs=[a_u8])
 
 
 if __name__ == "__main__":

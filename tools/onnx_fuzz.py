@@ -9,7 +9,7 @@ few float inputs, then a chain of nodes of the ops meshc imports (elementwise, M
 Gemm, reductions, Reshape, Transpose, Slice, Concat, Gather, Softmax and LogSoftmax,
 LayerNormalization, Conv and pools at small sizes, Cast, Identity and Expand no-ops, If
 on a fact of the shapes, Loop with a constant trip count, Scan, LSTM/GRU/RNN, quantization:
-QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger), each reading
+QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger, QLinearMatMul), each reading
 values made before it; one to three outputs, among them values later nodes also read and graph
 inputs. onnxruntime's outputs are the reference; `meshc run` (import, compile, run) and
 `meshc interp` must give them within a tolerance. A model meshc refuses in one line (exit 1) counts as refused; a crash, a hang
@@ -449,16 +449,16 @@ def g_recurrent(m):
 
 def g_quantize(m):
     """Quantization of a graph input: QuantizeLinear (per tensor or, from opset 13, per axis;
-    to uint8 or int8) and DequantizeLinear back, or DynamicQuantizeLinear and then either
-    DequantizeLinear or a MatMulInteger with an int8 weight. Only of inputs: a value computed
-    before may differ from onnxruntime's by a rounding, which quantizing can turn into a
-    whole step."""
+    to uint8 or int8) and DequantizeLinear back, or DynamicQuantizeLinear and then
+    DequantizeLinear, a MatMulInteger with an int8 weight or a QLinearMatMul. Only of inputs:
+    a value computed before may differ from onnxruntime's by a rounding, which quantizing can
+    turn into a whole step."""
     from onnx import helper
 
     a = m.pick(lambda v: floats(v) and v[0].startswith("x"))
     if a is None:
         return None
-    kind = m.rng.integers(3)
+    kind = m.rng.integers(4)
     if kind == 0:
         qt = [np.uint8, np.int8][m.rng.integers(2)]
         info = np.iinfo(qt)
@@ -479,7 +479,11 @@ def g_quantize(m):
     w = m.init(m.rng.integers(-127, 128, (k, n)).astype(np.int8))
     wzp = m.init(np.int8(m.rng.integers(-3, 4)))
     out = a[1][:-1] + (n,) if len(a[1]) > 1 else (n,)
-    return m.node("MatMulInteger", [q, w, zp, wzp], out, np.int32, True)
+    if kind == 2:
+        return m.node("MatMulInteger", [q, w, zp, wzp], out, np.int32, True)
+    ws, ys = m.init(np.float32(m.rng.uniform(0.001, 0.01))), m.init(np.float32(m.rng.uniform(0.01, 1)))
+    yzp = m.init(np.uint8(m.rng.integers(0, 256)))
+    return m.node("QLinearMatMul", [q, scale, zp, w, ws, wzp, ys, yzp], out, np.uint8, True)
 
 
 GENERATORS = [g_unary, g_binary, g_binary, g_matmul, g_reduce, g_reshape, g_transpose, g_slice, g_concat, g_gather,

@@ -2,9 +2,9 @@
 //! where ONNX's reference rounds: DequantizeLinear is `(x − zero point) · scale` in f32,
 //! QuantizeLinear `round_half_even(x / scale) + zero point` clamped to the zero point's type
 //! and cast into it, DynamicQuantizeLinear the same with the scale and zero point it derives
-//! from x's range (ONNX's reference formula), and MatMulInteger a product of the operands
+//! from x's range (ONNX's reference formula), MatMulInteger a product of the operands
 //! less their zero points that no step rounds: in f32 while every partial sum is provably an
-//! integer below 2^24, else in i32. Scales and zero points are per tensor (one value), per
+//! integer below 2^24, else in i32; QLinearMatMul that product requantized. Scales and zero points are per tensor (one value), per
 //! axis (a 1-D tensor along `axis`) or blocked (`block_size` slices of `axis` each). A scale
 //! known at import must be finite and positive; shapes that do not fit are refused naming
 //! the tensor.
@@ -23,6 +23,7 @@ pub const CONVERTERS: &[Converter] = &[
     Converter::since(10, "QuantizeLinear", |b, c| one(quantize(&mut Steps { b, c }))),
     Converter::since(11, "DynamicQuantizeLinear", |b, c| dynamic_quantize(&mut Steps { b, c })),
     Converter::since(10, "MatMulInteger", |b, c| one(matmul_integer(&mut Steps { b, c }))),
+    Converter::since(10, "QLinearMatMul", |b, c| one(qlinear_matmul(&mut Steps { b, c }))),
 ];
 
 /// The ONNX name of input `i`, quoted, for errors.
@@ -258,35 +259,125 @@ fn centred_bound(centred: &Value, dtype: DType, zp: Option<&Value>) -> f64 {
     }
 }
 
-/// MatMulInteger: (a − a_zero_point) @ (b − b_zero_point) in i32, a's zero point per tensor
-/// or per row, b's per tensor or per column.
+/// MatMulInteger: (a − a_zero_point) @ (b − b_zero_point) in i32.
 fn matmul_integer(s: &mut Steps) -> R<Value> {
-    let (a, b) = (s.c.arg(0)?.clone(), s.c.arg(1)?.clone());
-    let (at, bt) = (s.b.ty(&a), s.b.ty(&b));
-    for (t, i) in [(&at, 0), (&bt, 1)] {
-        if !t.dtype.is_byte() {
+    let out = s.c.out.clone();
+    integer_product(s, [0, 2, 1, 3], ["A", "a_zero_point", "B", "b_zero_point"], &out)
+}
+
+/// QLinearMatMul: the integer product scaled by a_scale · b_scale / y_scale (in f32, as
+/// onnxruntime computes it) and quantized with y's zero point, as ONNX's reference writes it:
+/// `saturate(round_half_even(C · scale + y_zero_point))`.
+fn qlinear_matmul(s: &mut Steps) -> R<Value> {
+    let name = s.c.part("product");
+    let product = integer_product(s, [0, 2, 3, 5], ["a", "a_zero_point", "b", "b_zero_point"], &name)?;
+    let to = match s.c.opt(7) {
+        Some(z) => s.b.ty(z).dtype,
+        None => s.b.ty(s.c.arg(0)?).dtype,
+    };
+    if !to.is_byte() {
+        return Err(format!("y_zero_point {} is {to}: QLinearMatMul writes int8 or uint8", input_name(s.c, 7)));
+    }
+    let (rows, cols) = product_sides(&s.b.ty(s.c.arg(0)?), &s.b.ty(s.c.arg(3)?));
+    let mut scales = Vec::new();
+    for (i, role, per) in
+        [(1, "a_scale", Side::Rows(rows)), (4, "b_scale", Side::Cols(cols)), (6, "y_scale", Side::One)]
+    {
+        let v = s.c.arg(i)?.clone();
+        if s.b.ty(&v).dtype != DType::F32 {
+            return Err(format!("{role} {} is {}, not a float", input_name(s.c, i), s.b.ty(&v).dtype));
+        }
+        // ONNX's reference scales in the half's precision, meshc in f32: results would differ.
+        let half = matches!(v, Value::Const { half: Some(_), .. }) || s.b.half_origin(&v).is_some();
+        if half {
+            return Err(format!("{role} {} is a half float: QLinearMatMul takes f32 scales", input_name(s.c, i)));
+        }
+        if let Some(t) = v.as_const() {
+            check_scale(t, &format!("{role} {}", input_name(s.c, i)))?;
+        }
+        scales.push(side_view(s, &v, i, role, per)?);
+    }
+    let ab = s.op0("scale_ab", Op::Mul, &[&scales[0], &scales[1]])?;
+    let scale = s.op0("scale", Op::Div, &[&ab, &scales[2]])?;
+    let wide = cast(s.b, &product, DType::F32, &s.c.part("product_f32"))?;
+    let mut q = s.op0("scaled", Op::Mul, &[&wide, &scale])?;
+    if let Some(z) = s.c.opt(7).cloned() {
+        if s.b.ty(&z).numel() != 1 {
+            return Err(format!("y_zero_point {} is {}: it must be a scalar", input_name(s.c, 7), s.b.ty(&z)));
+        }
+        let z = cast(s.b, &z, DType::F32, &s.c.part("y_zero_point_f32"))?;
+        let z = reshape(s.b, &z, &[], &s.c.part("y_zero_point_view"))?;
+        q = s.op0("shifted", Op::Add, &[&q, &z])?;
+    }
+    let q = s.op0("rounded", Op::Round, &[&q])?;
+    let (lo, hi) = to.int_range().expect("an integer type");
+    let q = s.op0("floor", Op::Maximum, &[&q, &scalar(DType::F32, lo)])?;
+    let q = s.op0("clamped", Op::Minimum, &[&q, &scalar(DType::F32, hi)])?;
+    cast(s.b, &q, to, &s.c.out)
+}
+
+/// How a product's zero point or scale may vary: over a's rows, over b's columns, or not.
+#[derive(Clone, Copy)]
+enum Side {
+    Rows(usize),
+    Cols(usize),
+    One,
+}
+
+/// The rows of a (1 for a vector) and the columns of b (1 for a vector).
+fn product_sides(a: &meshc_ir::TensorType, b: &meshc_ir::TensorType) -> (usize, usize) {
+    let rows = if a.rank() > 1 { a.shape[a.rank() - 2] } else { 1 };
+    let cols = if b.rank() > 1 { b.shape[b.rank() - 1] } else { 1 };
+    (rows, cols)
+}
+
+/// Input `i` (a zero point or scale named `role`) viewed to broadcast over the product: a
+/// scalar, `[rows, 1]` per row of a, `[cols]` per column of b.
+fn side_view(s: &mut Steps, v: &Value, i: usize, role: &str, side: Side) -> R<Value> {
+    let t = s.b.ty(v);
+    let shape: Vec<i64> = match (t.numel(), t.rank(), side) {
+        (1, 0 | 1, _) => vec![],
+        (n, 1, Side::Rows(m)) if n == m => vec![n as i64, 1],
+        (n, 1, Side::Cols(m)) if n == m => vec![n as i64],
+        _ => {
+            let what = match side {
+                Side::Rows(m) => format!("a scalar or 1-D, one per row of the left operand ({m})"),
+                Side::Cols(m) => format!("a scalar or 1-D, one per column of the right operand ({m})"),
+                Side::One => "a scalar".to_string(),
+            };
             return Err(format!(
-                "{} {} is {}: MatMulInteger takes int8 or uint8",
-                ["A", "B"][i],
+                "{role} {} is {}: it must be {what}",
                 input_name(s.c, i),
-                t.dtype
+                meshc_ir::dtype::ShapeDisplay(&t.shape)
             ));
         }
+    };
+    reshape(s.b, v, &shape, &s.c.part(&format!("{role}_view")))
+}
+
+/// `(a − a_zero_point) @ (b − b_zero_point)` of the 8-bit inputs `at` = [a, a_zp, b, b_zp]
+/// (named `names`), zero points per tensor, per row of a or per column of b; i32, named `out`.
+fn integer_product(s: &mut Steps, at: [usize; 4], names: [&str; 4], out: &str) -> R<Value> {
+    let (a, b) = (s.c.arg(at[0])?.clone(), s.c.arg(at[2])?.clone());
+    let (a_ty, b_ty) = (s.b.ty(&a), s.b.ty(&b));
+    let op = s.c.node.op_type.clone().unwrap_or_default();
+    for (t, i) in [(&a_ty, 0), (&b_ty, 2)] {
+        if !t.dtype.is_byte() {
+            return Err(format!("{} {} is {}: {op} takes int8 or uint8", names[i], input_name(s.c, at[i]), t.dtype));
+        }
         if t.rank() == 0 {
-            return Err(format!("{} {} is a scalar: MatMulInteger takes matrices", ["A", "B"][i], input_name(s.c, i)));
+            return Err(format!("{} {} is a scalar: {op} takes matrices", names[i], input_name(s.c, at[i])));
         }
     }
-    // Rows of a (1 for a vector) and columns of b (1 for a vector): the per-row and per-column
-    // zero points' lengths.
-    let rows = if at.rank() > 1 { at.shape[at.rank() - 2] } else { 1 };
-    let cols = if bt.rank() > 1 { bt.shape[bt.rank() - 1] } else { 1 };
-    let k = at.shape[at.rank() - 1];
+    let (rows, cols) = product_sides(&a_ty, &b_ty);
+    let k = a_ty.shape[a_ty.rank() - 1];
     let mut bounds = [0.0; 2];
     let mut centred = Vec::new();
-    for (i, (v, t, per)) in [(&a, &at, rows), (&b, &bt, cols)].into_iter().enumerate() {
-        let role = ["a_zero_point", "b_zero_point"][i];
-        let zp = s.c.opt(2 + i).cloned();
-        let wide = cast(s.b, v, DType::I32, &s.c.part(&format!("{}_wide", ["a", "b"][i])))?;
+    for (j, (v, t, side)) in [(&a, &a_ty, Side::Rows(rows)), (&b, &b_ty, Side::Cols(cols))].into_iter().enumerate() {
+        let (zi, role) = (at[2 * j + 1], names[2 * j + 1]);
+        let zp = s.c.opt(zi).cloned();
+        let side_name = ["a", "b"][j];
+        let wide = cast(s.b, v, DType::I32, &s.c.part(&format!("{side_name}_wide")))?;
         let c = match &zp {
             None => wide,
             Some(z) => {
@@ -294,30 +385,17 @@ fn matmul_integer(s: &mut Steps) -> R<Value> {
                 if zt.dtype != t.dtype {
                     return Err(format!(
                         "{role} {} is {}, its operand {}: they must have the same type",
-                        input_name(s.c, 2 + i),
+                        input_name(s.c, zi),
                         zt.dtype,
                         t.dtype
                     ));
                 }
-                let shape: Vec<i64> = match (zt.numel(), zt.rank()) {
-                    (1, 0 | 1) => vec![],
-                    (n, 1) if n == per && i == 0 => vec![n as i64, 1],
-                    (n, 1) if n == per => vec![n as i64],
-                    _ => {
-                        let what = if i == 0 { "one per row of A" } else { "one per column of B" };
-                        return Err(format!(
-                            "{role} {} is {}: it must be a scalar or 1-D, {what} ({per})",
-                            input_name(s.c, 2 + i),
-                            meshc_ir::dtype::ShapeDisplay(&zt.shape)
-                        ));
-                    }
-                };
                 let zw = cast(s.b, z, DType::I32, &s.c.part(&format!("{role}_wide")))?;
-                let zw = reshape(s.b, &zw, &shape, &s.c.part(&format!("{role}_view")))?;
-                s.op0(&format!("{}_centred", ["a", "b"][i]), Op::Sub, &[&wide, &zw])?
+                let zw = side_view(s, &zw, zi, role, side)?;
+                s.op0(&format!("{side_name}_centred"), Op::Sub, &[&wide, &zw])?
             }
         };
-        bounds[i] = centred_bound(&c, t.dtype, zp.as_ref());
+        bounds[j] = centred_bound(&c, t.dtype, zp.as_ref());
         centred.push(c);
     }
     // Every partial sum of the product is an integer of magnitude at most k·|a|·|b|: below
@@ -326,8 +404,8 @@ fn matmul_integer(s: &mut Steps) -> R<Value> {
     if (k as f64) * bounds[0] * bounds[1] < (1u64 << 24) as f64 {
         let af = cast(s.b, &centred[0], DType::F32, &s.c.part("a_f32"))?;
         let bf = cast(s.b, &centred[1], DType::F32, &s.c.part("b_f32"))?;
-        let p = s.op0("product", Op::MatMul, &[&af, &bf])?;
-        return cast(s.b, &p, DType::I32, &s.c.out);
+        let p = s.b.node(&format!("{out}_f32"), Op::MatMul, &[&af, &bf], &[])?;
+        return cast(s.b, &p, DType::I32, out);
     }
-    s.op0("", Op::MatMul, &[&centred[0], &centred[1]])
+    s.b.node(out, Op::MatMul, &[&centred[0], &centred[1]], &[])
 }
