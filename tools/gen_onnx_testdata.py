@@ -1187,6 +1187,11 @@ def bad():
     write("matmulinteger-zero-point-length", [mmi], [u8(np.zeros((4, 3)), "b"), u8([1, 2, 3], "a_zp")],
           inputs=[a_u8])
     qmm = helper.make_node("QLinearMatMul", ["a", "s", "a_zp", "b", "s", "b_zp", "y_s", "a_zp"], ["y"], name="qmm")
+    # A ConvInteger whose sums (64·9 = 576 products of up to 248·255) can pass 2^24: no
+    # integer conv to run it exactly.
+    x4u8 = helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 64, 5, 5])
+    write("convinteger-wide", [helper.make_node("ConvInteger", ["x", "w", "x_zp"], ["y"], name="convi")],
+          [u8(np.full((2, 64, 3, 3), 255), "w"), u8(7, "x_zp")], inputs=[x4u8])
     write("qlinearmatmul-negative-scale", [qmm], [u8(np.zeros((4, 3)), "b"), u8(0, "a_zp"), u8(0, "b_zp"),
           numpy_helper.from_array(np.float32(0.5), "s"), numpy_helper.from_array(np.float32(-1), "y_s")],
           inputs=[a_u8])

@@ -4,7 +4,8 @@
 //! and cast into it, DynamicQuantizeLinear the same with the scale and zero point it derives
 //! from x's range (ONNX's reference formula), MatMulInteger a product of the operands
 //! less their zero points that no step rounds: in f32 while every partial sum is provably an
-//! integer below 2^24, else in i32; QLinearMatMul that product requantized. Scales and zero points are per tensor (one value), per
+//! integer below 2^24, else in i32; QLinearMatMul that product requantized; ConvInteger and
+//! QLinearConv the same of a conv (f32 when exact, else refused: the IR's conv is f32). Scales and zero points are per tensor (one value), per
 //! axis (a 1-D tensor along `axis`) or blocked (`block_size` slices of `axis` each). A scale
 //! known at import must be finite and positive; shapes that do not fit are refused naming
 //! the tensor.
@@ -24,6 +25,8 @@ pub const CONVERTERS: &[Converter] = &[
     Converter::since(11, "DynamicQuantizeLinear", |b, c| dynamic_quantize(&mut Steps { b, c })),
     Converter::since(10, "MatMulInteger", |b, c| one(matmul_integer(&mut Steps { b, c }))),
     Converter::since(10, "QLinearMatMul", |b, c| one(qlinear_matmul(&mut Steps { b, c }))),
+    Converter::since(10, "ConvInteger", |b, c| one(conv_integer(&mut Steps { b, c }))),
+    Converter::since(10, "QLinearConv", |b, c| one(qlinear_conv(&mut Steps { b, c }))),
 ];
 
 /// The ONNX name of input `i`, quoted, for errors.
@@ -271,42 +274,79 @@ fn matmul_integer(s: &mut Steps) -> R<Value> {
 fn qlinear_matmul(s: &mut Steps) -> R<Value> {
     let name = s.c.part("product");
     let product = integer_product(s, [0, 2, 3, 5], ["a", "a_zero_point", "b", "b_zero_point"], &name)?;
+    let (rows, cols) = product_sides(&s.b.ty(s.c.arg(0)?), &s.b.ty(s.c.arg(3)?));
+    let a_scale = float_scale(s, 1, "a_scale")?;
+    let a_scale = side_view(s, &a_scale, 1, "a_scale", Side::Rows(rows))?;
+    let b_scale = float_scale(s, 4, "b_scale")?;
+    let b_scale = side_view(s, &b_scale, 4, "b_scale", Side::Cols(cols))?;
+    requantize(s, &product, &a_scale, &b_scale)
+}
+
+/// QLinearConv: ConvInteger's exact product plus the i32 bias, requantized as QLinearMatMul
+/// (w_scale per tensor or per output channel).
+fn qlinear_conv(s: &mut Steps) -> R<Value> {
+    let name = s.c.part("product");
+    let mut product = integer_conv(s, [0, 2, 3, 5], ["x", "x_zero_point", "w", "w_zero_point"], &name)?;
+    let channels = s.b.ty(s.c.arg(3)?).shape[0];
+    if let Some(bias) = s.c.opt(8).cloned() {
+        let bt = s.b.ty(&bias);
+        if bt.dtype != DType::I32 || bt.shape != [channels] {
+            return Err(format!(
+                "B {} is {bt}: it must be i32[{channels}], one per output channel",
+                input_name(s.c, 8)
+            ));
+        }
+        let rank = s.b.ty(&product).rank();
+        let bias = reshape(s.b, &bias, &channel_shape(channels, rank, 1), &s.c.part("bias_view"))?;
+        product = s.op0("biased", Op::Add, &[&product, &bias])?;
+    }
+    let x_scale = float_scale(s, 1, "x_scale")?;
+    let x_scale = side_view(s, &x_scale, 1, "x_scale", Side::One)?;
+    let w_scale = float_scale(s, 4, "w_scale")?;
+    let rank = s.b.ty(&product).rank();
+    let w_scale = channel_view(s, &w_scale, 4, "w_scale", channels, rank, 1)?;
+    requantize(s, &product, &x_scale, &w_scale)
+}
+
+/// Scale input `i` (named `role`) of a QLinear op: f32, finite and positive when known.
+fn float_scale(s: &mut Steps, i: usize, role: &str) -> R<Value> {
+    let v = s.c.arg(i)?.clone();
+    if s.b.ty(&v).dtype != DType::F32 {
+        return Err(format!("{role} {} is {}, not a float", input_name(s.c, i), s.b.ty(&v).dtype));
+    }
+    // ONNX's reference scales in the half's precision, meshc in f32: results would differ.
+    let half = matches!(v, Value::Const { half: Some(_), .. }) || s.b.half_origin(&v).is_some();
+    if half {
+        let op = s.c.node.op_type.as_deref().unwrap_or("");
+        return Err(format!("{role} {} is a half float: {op} takes f32 scales", input_name(s.c, i)));
+    }
+    if let Some(t) = v.as_const() {
+        check_scale(t, &format!("{role} {}", input_name(s.c, i)))?;
+    }
+    Ok(v)
+}
+
+/// The i32 `product` of two quantized operands, scaled by `in_a · in_b / y_scale` (input 6)
+/// in f32, plus y's zero point (input 7; a scalar, whose type the result takes, else the
+/// first operand's), rounded half to even, clamped to the type and cast into it.
+fn requantize(s: &mut Steps, product: &Value, in_a: &Value, in_b: &Value) -> R<Value> {
     let to = match s.c.opt(7) {
         Some(z) => s.b.ty(z).dtype,
         None => s.b.ty(s.c.arg(0)?).dtype,
     };
     if !to.is_byte() {
-        return Err(format!("y_zero_point {} is {to}: QLinearMatMul writes int8 or uint8", input_name(s.c, 7)));
+        let op = s.c.node.op_type.as_deref().unwrap_or("");
+        return Err(format!("y_zero_point {} is {to}: {op} writes int8 or uint8", input_name(s.c, 7)));
     }
-    let (rows, cols) = product_sides(&s.b.ty(s.c.arg(0)?), &s.b.ty(s.c.arg(3)?));
-    let mut scales = Vec::new();
-    for (i, role, per) in
-        [(1, "a_scale", Side::Rows(rows)), (4, "b_scale", Side::Cols(cols)), (6, "y_scale", Side::One)]
-    {
-        let v = s.c.arg(i)?.clone();
-        if s.b.ty(&v).dtype != DType::F32 {
-            return Err(format!("{role} {} is {}, not a float", input_name(s.c, i), s.b.ty(&v).dtype));
-        }
-        // ONNX's reference scales in the half's precision, meshc in f32: results would differ.
-        let half = matches!(v, Value::Const { half: Some(_), .. }) || s.b.half_origin(&v).is_some();
-        if half {
-            return Err(format!("{role} {} is a half float: QLinearMatMul takes f32 scales", input_name(s.c, i)));
-        }
-        if let Some(t) = v.as_const() {
-            check_scale(t, &format!("{role} {}", input_name(s.c, i)))?;
-        }
-        scales.push(side_view(s, &v, i, role, per)?);
-    }
-    let ab = s.op0("scale_ab", Op::Mul, &[&scales[0], &scales[1]])?;
-    let scale = s.op0("scale", Op::Div, &[&ab, &scales[2]])?;
-    let wide = cast(s.b, &product, DType::F32, &s.c.part("product_f32"))?;
+    let y_scale = float_scale(s, 6, "y_scale")?;
+    let y_scale = side_view(s, &y_scale, 6, "y_scale", Side::One)?;
+    let ab = s.op0("scale_in", Op::Mul, &[in_a, in_b])?;
+    let scale = s.op0("scale", Op::Div, &[&ab, &y_scale])?;
+    let wide = cast(s.b, product, DType::F32, &s.c.part("product_f32"))?;
     let mut q = s.op0("scaled", Op::Mul, &[&wide, &scale])?;
     if let Some(z) = s.c.opt(7).cloned() {
-        if s.b.ty(&z).numel() != 1 {
-            return Err(format!("y_zero_point {} is {}: it must be a scalar", input_name(s.c, 7), s.b.ty(&z)));
-        }
+        let z = side_view(s, &z, 7, "y_zero_point", Side::One)?;
         let z = cast(s.b, &z, DType::F32, &s.c.part("y_zero_point_f32"))?;
-        let z = reshape(s.b, &z, &[], &s.c.part("y_zero_point_view"))?;
         q = s.op0("shifted", Op::Add, &[&q, &z])?;
     }
     let q = s.op0("rounded", Op::Round, &[&q])?;
@@ -314,6 +354,92 @@ fn qlinear_matmul(s: &mut Steps) -> R<Value> {
     let q = s.op0("floor", Op::Maximum, &[&q, &scalar(DType::F32, lo)])?;
     let q = s.op0("clamped", Op::Minimum, &[&q, &scalar(DType::F32, hi)])?;
     cast(s.b, &q, to, &s.c.out)
+}
+
+/// ConvInteger: the conv of `x − x_zero_point` (per tensor) and `w − w_zero_point` (per tensor
+/// or per output channel), zero-padded after centring as ONNX's reference pads, in i32.
+fn conv_integer(s: &mut Steps) -> R<Value> {
+    let out = s.c.out.clone();
+    integer_conv(s, [0, 2, 1, 3], ["x", "x_zero_point", "w", "w_zero_point"], &out)
+}
+
+/// `[1, …, n, …, 1]` of `rank` dims with `n` at `at`: a per-channel value's broadcast shape.
+fn channel_shape(n: usize, rank: usize, at: usize) -> Vec<i64> {
+    (0..rank).map(|d| if d == at { n as i64 } else { 1 }).collect()
+}
+
+/// Input `i` (named `role`): a scalar, or one value per channel viewed along dim `at` of `rank`.
+fn channel_view(s: &mut Steps, v: &Value, i: usize, role: &str, n: usize, rank: usize, at: usize) -> R<Value> {
+    let t = s.b.ty(v);
+    let shape = match (t.numel(), t.rank()) {
+        (1, 0 | 1) => vec![],
+        (m, 1) if m == n => channel_shape(n, rank, at),
+        _ => {
+            return Err(format!(
+                "{role} {} is {}: it must be a scalar or 1-D, one per output channel ({n})",
+                input_name(s.c, i),
+                meshc_ir::dtype::ShapeDisplay(&t.shape)
+            ))
+        }
+    };
+    reshape(s.b, v, &shape, &s.c.part(&format!("{role}_view")))
+}
+
+/// The conv of the 8-bit inputs `at` = [x, x_zp, w, w_zp] (named `names`) less their zero
+/// points, i32, named `out`: an f32 conv of exact integers while every partial sum stays below
+/// 2^24 (K = input channels per group · kernel size terms), else refused: the IR's conv is f32.
+fn integer_conv(s: &mut Steps, at: [usize; 4], names: [&str; 4], out: &str) -> R<Value> {
+    let op = s.c.node.op_type.clone().unwrap_or_default();
+    let mut centred = Vec::new();
+    let mut bounds = [0.0; 2];
+    let w_ty = s.b.ty(s.c.arg(at[2])?);
+    for j in 0..2 {
+        let (vi, zi) = (at[2 * j], at[2 * j + 1]);
+        let v = s.c.arg(vi)?.clone();
+        let t = s.b.ty(&v);
+        if !t.dtype.is_byte() || t.rank() < 3 {
+            return Err(format!(
+                "{} {} is {t}: {op} takes int8 or uint8 of rank 3 or more",
+                names[2 * j],
+                input_name(s.c, vi)
+            ));
+        }
+        let wide = cast(s.b, &v, DType::I32, &s.c.part(&format!("{}_wide", names[2 * j])))?;
+        let zp = s.c.opt(zi).cloned();
+        let c = match &zp {
+            None => wide,
+            Some(z) => {
+                if s.b.ty(z).dtype != t.dtype {
+                    return Err(format!(
+                        "{} {} is {}, its operand {}: they must have the same type",
+                        names[2 * j + 1],
+                        input_name(s.c, zi),
+                        s.b.ty(z).dtype,
+                        t.dtype
+                    ));
+                }
+                let zw = cast(s.b, z, DType::I32, &s.c.part(&format!("{}_wide", names[2 * j + 1])))?;
+                let zw = if j == 0 {
+                    side_view(s, &zw, zi, names[1], Side::One)?
+                } else {
+                    channel_view(s, &zw, zi, names[3], w_ty.shape[0], w_ty.rank(), 0)?
+                };
+                s.op0(&format!("{}_centred", names[2 * j]), Op::Sub, &[&wide, &zw])?
+            }
+        };
+        bounds[j] = centred_bound(&c, t.dtype, zp.as_ref());
+        centred.push(c);
+    }
+    let k: usize = w_ty.shape[1..].iter().product();
+    if (k as f64) * bounds[0] * bounds[1] >= (1u64 << 24) as f64 {
+        return Err(format!(
+            "its sums of {k} products can pass 2^24, beyond which f32 is not exact, and meshc has no integer conv yet"
+        ));
+    }
+    let xf = cast(s.b, &centred[0], DType::F32, &s.c.part("x_f32"))?;
+    let wf = cast(s.b, &centred[1], DType::F32, &s.c.part("w_f32"))?;
+    let y = super::nn::conv_of(s.b, s.c, &xf, &wf, None, &format!("{out}_f32"))?;
+    cast(s.b, &y, DType::I32, out)
 }
 
 /// How a product's zero point or scale may vary: over a's rows, over b's columns, or not.
