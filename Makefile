@@ -3,7 +3,7 @@ CARGO ?= cargo
 MESHC := target/release/meshc
 DEMO := testdata/transformer
 
-.PHONY: help build install uninstall test golden testdata bench demo fmt lint clean artifacts modules fuzz fuzz-files onnx-fuzz onnx-proto onnx-schemas onnx-testdata onnx-conformance onnx-wild onnx-models mpi-deps test-mpi mpi-demo python test-python
+.PHONY: help build install uninstall test golden testdata bench demo fmt lint clean artifacts modules fuzz fuzz-files onnx-fuzz onnx-proto onnx-schemas onnx-testdata onnx-conformance onnx-wild onnx-quantized onnx-models mpi-deps test-mpi mpi-demo python test-python
 
 help:
 	@echo "make demo      build meshc and run the transformer-block example end to end"
@@ -16,6 +16,7 @@ help:
 	@echo "make onnx-schemas   regenerate onnx/src/schemas.rs, ONNX's op schemas, from the onnx package (the venv of onnx-testdata)"
 	@echo "make onnx-conformance  every ONNX backend node test through meshc (a venv under target/ with onnx)"
 	@echo "make onnx-wild  the ONNX models six PyPI wheels ship (OCR, voice activity, file types, layout) against onnxruntime"
+	@echo "make onnx-quantized  a MiniLM-L3 quantized by onnxruntime's quantize_dynamic through meshc interp, against onnxruntime"
 	@echo "make onnx-models  real torch.onnx exports (ResNet, MobileNet, BERT, GPT-2, ...) through meshc (a venv with torch, ~6 GB)"
 	@echo "make python    build the Python package (python/, PyO3 + maturin) into a venv under target/"
 	@echo "make test-python  the pytest suite of the Python package (every testdata artifact, threads, bad inputs)"
@@ -90,6 +91,13 @@ onnx-conformance: $(ONNX_VENV)/bin/python
 onnx-wild: $(ONNX_VENV)/bin/python
 	$(CARGO) build --release -p meshc
 	$(ONNX_VENV)/bin/python -W ignore tools/onnx_wild.py $(MESHC)
+
+# A MiniLM-L3-shaped encoder quantized by onnxruntime's quantize_dynamic (int8 weights,
+# DynamicQuantizeLinear + MatMulInteger) through meshc interp, against onnxruntime on the
+# same file (tools/check_quantized.py).
+onnx-quantized: $(ONNX_VENV)/bin/python
+	$(CARGO) build --release -p meshc
+	$(ONNX_VENV)/bin/python -W ignore tools/check_quantized.py $(MESHC)
 
 # Real models exported by torch.onnx (tools/export_torch_models.py: torchvision's ResNets and
 # MobileNets, transformers' BERT family and GPT-2, at opsets 13 to 18, random weights) through

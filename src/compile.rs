@@ -226,6 +226,11 @@ fn generate(target: &Target, node: &Node, inputs: &[TensorType], out: &TensorTyp
         bail!("node '{}': the generated matmul kernel takes no epilogue", node.name);
     }
     match node.op {
+        Op::MatMul if out.dtype != meshc_ir::DType::F32 => bail!(
+            "node '{}': an {} matmul is not compiled yet (no integer GEMM kernel; `meshc interp` runs it)",
+            node.name,
+            out.dtype
+        ),
         Op::MatMul => codegen::matmul::matmul(target, &name, &inputs[0], &inputs[1], out),
         Op::ReduceSum | Op::ReduceMean | Op::ReduceMax | Op::Softmax | Op::LayerNorm => {
             codegen::reduce::kernel(target, &name, node, inputs, out)

@@ -82,7 +82,7 @@ def main():
         "w_trailing.safetensors": safetensors_bytes({"w": w}) + b"trailing bytes",
         # A version-2 header claiming 4 GiB (a reader that trusts it allocates that much).
         "w_huge_header.npy": b"\x93NUMPY\x02\x00" + struct.pack("<I", 0xFFFFFFF0) + b"{'descr': '<f4'",
-        # int8 data: a dtype meshc cannot take into an f32 param (quantized weights).
+        # int8 data (quantized weights) declared an f32 param: the dtypes differ.
         "w_i8.safetensors": safetensors_bytes({"w": np.arange(12, dtype=np.int8).reshape(3, 4)}),
         # A header whose offsets run past the end of the data that follows it.
         "w_offsets.safetensors": safetensors_bytes({"w": w})[:-8],

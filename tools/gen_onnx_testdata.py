@@ -918,6 +918,45 @@ def recurrent_gru_rnn():
     save("recurrent_gru_rnn", g, feeds, {"batch": batch}, oracle=sequence_first(g))
 
 
+def quantized():
+    """An MLP quantized as onnxruntime's quantize_dynamic writes one: x quantized at run time
+    (DynamicQuantizeLinear), an int8 weight multiplied in integers (MatMulInteger) and the
+    product scaled back; then a QuantizeLinear/DequantizeLinear pair on the activation (as
+    quantize_static writes them) and a per-channel int8 weight dequantized for a MatMul. Its
+    own generator, so the models before it keep their bytes."""
+    r = np.random.default_rng(88)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])
+    a_q = helper.make_tensor_value_info("act_quantized", TensorProto.UINT8, ["batch", 32])
+    w1 = numpy_helper.from_array(r.integers(-127, 128, (16, 32)).astype(np.int8), "fc1.weight_quantized")
+    w2 = numpy_helper.from_array(r.integers(-127, 128, (32, 8)).astype(np.int8), "fc2.weight_quantized")
+    scalar = lambda name, v, t: numpy_helper.from_array(np.array(v, dtype=t), name)
+    inits = [
+        w1, scalar("fc1.weight_scale", 0.2 / 127, np.float32), scalar("fc1.weight_zero_point", 0, np.int8),
+        numpy_helper.from_array((r.standard_normal(32) * 0.1).astype(np.float32), "fc1.bias"),
+        scalar("act_scale", 0.01, np.float32), scalar("act_zero_point", 3, np.uint8),
+        w2, numpy_helper.from_array((r.uniform(0.5, 2.0, 8) * 0.2 / 127).astype(np.float32), "fc2.weight_scale"),
+        numpy_helper.from_array(r.integers(-4, 5, 8).astype(np.int8), "fc2.weight_zero_point"),
+    ]
+    nodes = [
+        node("DynamicQuantizeLinear", ["x"], ["x_quantized", "x_scale", "x_zero_point"]),
+        node("MatMulInteger", ["x_quantized", "fc1.weight_quantized", "x_zero_point", "fc1.weight_zero_point"],
+             ["/fc1/MatMulInteger_output_0"]),
+        node("Cast", ["/fc1/MatMulInteger_output_0"], ["/fc1/Cast_output_0"], to=TensorProto.FLOAT),
+        node("Mul", ["x_scale", "fc1.weight_scale"], ["/fc1/scale_output_0"]),
+        node("Mul", ["/fc1/Cast_output_0", "/fc1/scale_output_0"], ["/fc1/Mul_output_0"]),
+        node("Add", ["/fc1/Mul_output_0", "fc1.bias"], ["/fc1/Add_output_0"]),
+        node("Relu", ["/fc1/Add_output_0"], ["/act/Relu_output_0"]),
+        node("QuantizeLinear", ["/act/Relu_output_0", "act_scale", "act_zero_point"], ["act_quantized"]),
+        node("DequantizeLinear", ["act_quantized", "act_scale", "act_zero_point"], ["/act/DequantizeLinear_output_0"]),
+        node("DequantizeLinear", ["fc2.weight_quantized", "fc2.weight_scale", "fc2.weight_zero_point"],
+             ["/fc2/weight_output_0"], axis=1),
+        helper.make_node("MatMul", ["/act/DequantizeLinear_output_0", "/fc2/weight_output_0"], ["y"], name="/fc2/MatMul"),
+    ]
+    g = helper.make_graph(nodes, "quantized", [x], [y, a_q], inits)
+    save("quantized", g, {"x": r.standard_normal((4, 16)).astype(np.float32)}, {"batch": 4}, opset=13)
+
+
 def bad():
     """Bad inputs for testdata/bad/ (tests/all/golden.rs pins each one-line error)."""
     d = os.path.join(OUT, "..", "bad")
@@ -966,6 +1005,7 @@ def bad():
     short = numpy_helper.from_array(np.zeros((4, 4), np.float32), "w")
     short.raw_data = short.raw_data[:48]  # 12 of the 16 floats its dims say
     write("initializer-size", [helper.make_node("MatMul", ["x", "w"], ["y"])], [short])
+    # int8 is storage: arithmetic on it is refused (a quantized model dequantizes first).
     write("int8", [helper.make_node("Add", ["x", "q"], ["y"])], [numpy_helper.from_array(np.zeros(4, np.int8), "q")])
     write("cycle", [helper.make_node("Relu", ["h"], ["y"], name="a"), helper.make_node("Relu", ["y"], ["h"], name="b")])
     # An If on a condition known only at run time (whether x sums above 0).
@@ -1117,6 +1157,44 @@ def bad():
         g = field(1, field(4, b"If") + field(5, attr))
     with open(os.path.join(d, "onnx-deeply-nested.onnx"), "wb") as f:
         f.write(varint(1 << 3) + varint(8) + field(7, g))
+    # Quantization parameters no quantizer writes: a scale that is zero, negative or not
+    # finite, per-axis scales or zero points of the wrong length, and a uint8 zero point
+    # whose int32_data holds 300. Each error names the tensor.
+    def dequantize(name, scale, zp=None, axis=None, opset=13, x_type=TensorProto.UINT8, dims=(2, 4)):
+        xq = helper.make_tensor_value_info("x", x_type, list(dims))
+        ins = ["x", "scale"] + (["zp"] if zp is not None else [])
+        attrs = {} if axis is None else {"axis": axis}
+        inits = [numpy_helper.from_array(np.asarray(scale, np.float32), "scale")] + ([zp] if zp is not None else [])
+        write(name, [helper.make_node("DequantizeLinear", ins, ["y"], name="dq", **attrs)], inits, inputs=[xq],
+              opset=opset)
+
+    u8 = lambda v, name="zp": numpy_helper.from_array(np.asarray(v, np.uint8), name)  # noqa: E731
+    dequantize("dequantize-zero-scale", np.float32(0))
+    dequantize("dequantize-negative-scale", [0.5, -0.25, 1, 1], u8([0, 0, 0, 0]), axis=1)
+    dequantize("dequantize-nan-scale", np.float32(np.nan))
+    dequantize("dequantize-infinite-scale", [1, np.inf], u8([0, 0]), axis=0)
+    dequantize("dequantize-axis-length", [0.5, 0.5, 0.5], u8([0, 0, 0]), axis=1)
+    dequantize("dequantize-zero-point-length", [0.5, 0.5, 0.5, 0.5], u8([0, 0]), axis=1)
+    dequantize("dequantize-zero-point-type", np.float32(0.5), numpy_helper.from_array(np.int8(0), "zp"))
+    dequantize("dequantize-opset-10-per-axis", [0.5, 0.5, 0.5, 0.5], u8([0, 0, 0, 0]), opset=10)
+    wide = helper.make_tensor("zp", TensorProto.UINT8, [], [0])
+    wide.int32_data[:] = [300]  # one value per entry, as the format stores 8-bit ints
+    dequantize("dequantize-zero-point-range", np.float32(0.5), wide)
+    quantize = helper.make_node("QuantizeLinear", ["x", "scale", "zp"], ["y"], name="q")
+    write("quantize-zero-scale", [quantize], [numpy_helper.from_array(np.float32(0), "scale"), u8(3)])
+    mmi = helper.make_node("MatMulInteger", ["a", "b", "a_zp"], ["y"], name="mmi")
+    a_u8 = helper.make_tensor_value_info("a", TensorProto.UINT8, [2, 4])
+    write("matmulinteger-zero-point-length", [mmi], [u8(np.zeros((4, 3)), "b"), u8([1, 2, 3], "a_zp")],
+          inputs=[a_u8])
+    qmm = helper.make_node("QLinearMatMul", ["a", "s", "a_zp", "b", "s", "b_zp", "y_s", "a_zp"], ["y"], name="qmm")
+    # A ConvInteger whose sums (64·9 = 576 products of up to 248·255) can pass 2^24: no
+    # integer conv to run it exactly.
+    x4u8 = helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 64, 5, 5])
+    write("convinteger-wide", [helper.make_node("ConvInteger", ["x", "w", "x_zp"], ["y"], name="convi")],
+          [u8(np.full((2, 64, 3, 3), 255), "w"), u8(7, "x_zp")], inputs=[x4u8])
+    write("qlinearmatmul-negative-scale", [qmm], [u8(np.zeros((4, 3)), "b"), u8(0, "a_zp"), u8(0, "b_zp"),
+          numpy_helper.from_array(np.float32(0.5), "s"), numpy_helper.from_array(np.float32(-1), "y_s")],
+          inputs=[a_u8])
 
 
 if __name__ == "__main__":
@@ -1157,6 +1235,7 @@ if __name__ == "__main__":
     shared_dim_name()
     recurrent_lstm()
     recurrent_gru_rnn()
+    quantized()
     bad()
     total = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote {OUT} ({total} bytes)", file=sys.stderr)

@@ -77,6 +77,11 @@ typedef enum meshc_dtype {
   MESHC_BOOL = 3,
   MESHC_F16 = 4,
   MESHC_BF16 = 5,
+  /*
+   8-bit integers (quantized tensors).
+   */
+  MESHC_I8 = 6,
+  MESHC_U8 = 7,
 } meshc_dtype;
 
 /*

@@ -56,6 +56,9 @@ pub enum meshc_dtype {
     MESHC_BOOL = 3,
     MESHC_F16 = 4,
     MESHC_BF16 = 5,
+    /// 8-bit integers (quantized tensors).
+    MESHC_I8 = 6,
+    MESHC_U8 = 7,
 }
 
 /// A tensor crossing a call, in the caller's memory: row-major (C order), little-endian,
@@ -249,6 +252,8 @@ fn dtype_of(d: meshc_dtype) -> DType {
         meshc_dtype::MESHC_BOOL => DType::Bool,
         meshc_dtype::MESHC_F16 => DType::F16,
         meshc_dtype::MESHC_BF16 => DType::BF16,
+        meshc_dtype::MESHC_I8 => DType::I8,
+        meshc_dtype::MESHC_U8 => DType::U8,
     }
 }
 
@@ -260,6 +265,8 @@ fn dtype_to(d: DType) -> meshc_dtype {
         DType::Bool => meshc_dtype::MESHC_BOOL,
         DType::F16 => meshc_dtype::MESHC_F16,
         DType::BF16 => meshc_dtype::MESHC_BF16,
+        DType::I8 => meshc_dtype::MESHC_I8,
+        DType::U8 => meshc_dtype::MESHC_U8,
     }
 }
 
@@ -268,7 +275,7 @@ fn checked_dtype(t: &meshc_tensor) -> Result<DType, Fail> {
     // SAFETY: reading the field as its underlying int, whatever the caller stored.
     let raw = unsafe { std::ptr::addr_of!(t.dtype).cast::<u32>().read() };
     match raw {
-        0..=5 => Ok(dtype_of(t.dtype)),
+        0..=7 => Ok(dtype_of(t.dtype)),
         n => Err(invalid(format!("dtype {n} is none of meshc_dtype's"))),
     }
 }

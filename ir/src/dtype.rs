@@ -14,10 +14,16 @@ pub enum DType {
     /// compiled kernels compute in f32 whatever the weights are stored in.
     F16,
     BF16,
+    /// 8-bit integers: storage for quantized tensors (ONNX's QuantizeLinear and friends).
+    /// Data movement, `where` and `cast` take them; arithmetic takes i32 or f32 (`cast`
+    /// first, which is exact), as an integer GEMM accumulates in i32.
+    I8,
+    U8,
 }
 
 impl DType {
-    pub const ALL: [DType; 6] = [DType::F32, DType::I32, DType::I64, DType::Bool, DType::F16, DType::BF16];
+    pub const ALL: [DType; 8] =
+        [DType::F32, DType::I32, DType::I64, DType::Bool, DType::F16, DType::BF16, DType::I8, DType::U8];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -27,6 +33,8 @@ impl DType {
             DType::Bool => "bool",
             DType::F16 => "f16",
             DType::BF16 => "bf16",
+            DType::I8 => "i8",
+            DType::U8 => "u8",
         }
     }
 
@@ -38,11 +46,12 @@ impl DType {
         match self {
             DType::F32 | DType::I32 => 4,
             DType::I64 => 8,
-            DType::Bool => 1,
+            DType::Bool | DType::I8 | DType::U8 => 1,
             DType::F16 | DType::BF16 => 2,
         }
     }
 
+    /// The integers arithmetic and indexing take (the 8-bit ones are storage, `is_byte`).
     pub fn is_int(self) -> bool {
         matches!(self, DType::I32 | DType::I64)
     }
@@ -50,6 +59,22 @@ impl DType {
     /// Types arithmetic is defined on (everything but bool and the storage floats).
     pub fn is_numeric(self) -> bool {
         matches!(self, DType::F32 | DType::I32 | DType::I64)
+    }
+
+    /// i8 and u8: integers stored in a byte, computed on as i32 or f32.
+    pub fn is_byte(self) -> bool {
+        matches!(self, DType::I8 | DType::U8)
+    }
+
+    /// The range of an integer dtype's values, as f64 (exact for every one but i64's ends).
+    pub fn int_range(self) -> Option<(f64, f64)> {
+        match self {
+            DType::I8 => Some((i8::MIN as f64, i8::MAX as f64)),
+            DType::U8 => Some((0.0, u8::MAX as f64)),
+            DType::I32 => Some((i32::MIN as f64, i32::MAX as f64)),
+            DType::I64 => Some((i64::MIN as f64, i64::MAX as f64)),
+            DType::F32 | DType::Bool | DType::F16 | DType::BF16 => None,
+        }
     }
 
     /// f16 and bf16: floats stored in 2 bytes, computed on as f32.

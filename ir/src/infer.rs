@@ -216,6 +216,9 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
         }
         MatMul => {
             let r = matmul(&ops[..2])?;
+            if r.ty.dtype != DType::F32 && ops.len() > 2 {
+                return Err(format!("an epilogue follows an f32 product, not {}", r.ty.dtype));
+            }
             epilogue(node, &ops[2..], &ops[..2], &r.ty)?;
             Ok(r)
         }
@@ -426,10 +429,12 @@ fn non_negative(v: &[i64], what: &str) -> R<Vec<usize>> {
     v.iter().map(|&d| usize::try_from(d).map_err(|_| format!("{what} has a negative entry {d}"))).collect()
 }
 
+/// f32 × f32, or i32 × i32 (an integer product, exact, wrapping like every i32 op: ONNX's
+/// MatMulInteger accumulates in i32).
 fn matmul(ops: &[Operand]) -> R<Inferred> {
     let (a, b) = (&ops[0], &ops[1]);
-    expect_dtype(a, FLOAT, "lhs")?;
-    expect_dtype(b, FLOAT, "rhs")?;
+    expect_dtype(a, &[DType::F32, DType::I32], "lhs")?;
+    expect_dtype(b, &[a.ty.dtype], "rhs")?;
     let (sa, sb) = (&a.ty.shape, &b.ty.shape);
     if sa.is_empty() || sb.is_empty() {
         return Err("matmul operands must have rank >= 1".into());
@@ -463,7 +468,7 @@ fn matmul(ops: &[Operand]) -> R<Inferred> {
         dims.push(name(b, sb.len() - 1));
     }
     let any = a.dims.is_some() || b.dims.is_some();
-    Ok(Inferred { ty: TensorType::new(DType::F32, shape), dims: any.then_some(dims) })
+    Ok(Inferred { ty: TensorType::new(a.ty.dtype, shape), dims: any.then_some(dims) })
 }
 
 /// Checks a matmul's epilogue (`extra`: its operands after `ab`) against its result `out`.
@@ -500,6 +505,9 @@ fn attention(node: &Node, ops: &[Operand]) -> R<Inferred> {
     }
     if let Some(k) = ops[..3].iter().position(|o| o.ty.rank() < 2) {
         return Err(format!("attention operand {} must have rank >= 2", ["q", "kt", "v"][k]));
+    }
+    for (o, what) in ops[..3].iter().zip(["q", "kt", "v"]) {
+        expect_dtype(o, FLOAT, what)?;
     }
     let scores = matmul(&ops[..2])?;
     for (o, step) in ops[3..].iter().zip(&steps) {

@@ -273,6 +273,8 @@ elem!(i64, I64);
 elem!(bool, Bool);
 elem!(half::f16, F16);
 elem!(half::bf16, BF16);
+elem!(i8, I8);
+elem!(u8, U8);
 
 /// Integer element types: wrapping arithmetic, like numpy.
 trait Int: Elem + Ord {
@@ -345,6 +347,14 @@ macro_rules! with_elem {
             }
             DType::BF16 => {
                 type $T = half::bf16;
+                $body
+            }
+            DType::I8 => {
+                type $T = i8;
+                $body
+            }
+            DType::U8 => {
+                type $T = u8;
                 $body
             }
         }
@@ -696,15 +706,26 @@ fn conv<A: Copy, B>(v: &[A], f: impl Fn(A) -> B) -> Vec<B> {
 /// `cast`: each pair converted directly (no detour through f64, which would round twice
 /// for large i64 → f32). float → int truncates toward zero (saturating, NaN → 0: Rust `as`;
 /// numpy leaves those cases undefined); int → narrower int wraps; nonzero (incl. NaN) →
-/// true; bool → 0/1.
-fn cast(x: &Data, to: DType) -> Data {
+/// true; bool → 0/1. Into i8/u8 goes through i32: a float is truncated to i32 and then
+/// wrapped to 8 bits like any int (ONNX leaves a float out of the target's range undefined;
+/// this is what numpy and onnxruntime give on x86 for floats within i32's range, −1.0 → u8
+/// 255, 300.0 → 44). QuantizeLinear, which saturates, is not a cast.
+pub(crate) fn cast(x: &Data, to: DType) -> Data {
     use half::{bf16, f16};
     match (x, to) {
         (Data::F16(_), DType::F16) | (Data::BF16(_), DType::BF16) => return x.clone(),
-        // Widening to f32 is exact; every other cast of a half goes on from there.
+        (Data::I8(_), DType::I8) | (Data::U8(_), DType::U8) => return x.clone(),
+        // Widening to f32 (halves) and to i32 (bytes) is exact; every other cast of them
+        // goes on from there.
         (Data::F16(v), _) => return cast(&Data::F32(conv(v, f16::to_f32)), to),
         (Data::BF16(v), _) => return cast(&Data::F32(conv(v, bf16::to_f32)), to),
+        (Data::I8(v), _) => return cast(&Data::I32(conv(v, i32::from)), to),
+        (Data::U8(v), _) => return cast(&Data::I32(conv(v, i32::from)), to),
         _ => {}
+    }
+    if to.is_byte() {
+        let Data::I32(v) = cast(x, DType::I32) else { unreachable!("a cast to i32 gives i32") };
+        return if to == DType::I8 { Data::I8(conv(&v, |a| a as i8)) } else { Data::U8(conv(&v, |a| a as u8)) };
     }
     // Into a half: from f32, one rounding to nearest even. An integer goes through f32 first,
     // as onnxruntime casts it (and compiled code does): exact for f16 (every integer whose
@@ -715,7 +736,7 @@ fn cast(x: &Data, to: DType) -> Data {
             Data::I32(v) => conv(v, |a| from_f32(a as f32)),
             Data::I64(v) => conv(v, |a| from_f32(a as f32)),
             Data::Bool(v) => conv(v, |a| from_f32(a as u8 as f32)),
-            Data::F16(_) | Data::BF16(_) => unreachable!("widened above"),
+            Data::F16(_) | Data::BF16(_) | Data::I8(_) | Data::U8(_) => unreachable!("widened above"),
         }
     }
     match to {
@@ -726,29 +747,30 @@ fn cast(x: &Data, to: DType) -> Data {
             Data::I32(v) => conv(v, |a| a as f32),
             Data::I64(v) => conv(v, |a| a as f32),
             Data::Bool(v) => conv(v, |a| a as u8 as f32),
-            Data::F16(_) | Data::BF16(_) => unreachable!("widened above"),
+            Data::F16(_) | Data::BF16(_) | Data::I8(_) | Data::U8(_) => unreachable!("widened above"),
         }),
         DType::I32 => Data::I32(match x {
             Data::F32(v) => conv(v, |a| a as i32),
             Data::I32(v) => v.clone(),
             Data::I64(v) => conv(v, |a| a as i32),
             Data::Bool(v) => conv(v, |a| a as i32),
-            Data::F16(_) | Data::BF16(_) => unreachable!("widened above"),
+            Data::F16(_) | Data::BF16(_) | Data::I8(_) | Data::U8(_) => unreachable!("widened above"),
         }),
         DType::I64 => Data::I64(match x {
             Data::F32(v) => conv(v, |a| a as i64),
             Data::I32(v) => conv(v, |a| a as i64),
             Data::I64(v) => v.clone(),
             Data::Bool(v) => conv(v, |a| a as i64),
-            Data::F16(_) | Data::BF16(_) => unreachable!("widened above"),
+            Data::F16(_) | Data::BF16(_) | Data::I8(_) | Data::U8(_) => unreachable!("widened above"),
         }),
         DType::Bool => Data::Bool(match x {
             Data::F32(v) => conv(v, |a| a != 0.0),
             Data::I32(v) => conv(v, |a| a != 0),
             Data::I64(v) => conv(v, |a| a != 0),
             Data::Bool(v) => v.clone(),
-            Data::F16(_) | Data::BF16(_) => unreachable!("widened above"),
+            Data::F16(_) | Data::BF16(_) | Data::I8(_) | Data::U8(_) => unreachable!("widened above"),
         }),
+        DType::I8 | DType::U8 => unreachable!("returned above"),
     }
 }
 
@@ -773,8 +795,10 @@ fn where_(cond: &Tensor, a: &Tensor, b: &Tensor) -> R<Tensor> {
 
 /// numpy `matmul`: a 1-D `a` is a row, a 1-D `b` a column, and the added dim is removed;
 /// batch dims broadcast.
-fn matmul(a: &Tensor, b: &Tensor) -> R<Tensor> {
-    let (av, bv) = (elems::<f32>(a)?, elems::<f32>(b)?);
+/// The product's shape and the (a matrix, b matrix) index pairs it is made of, with m, k, n.
+type Product = (Vec<usize>, Vec<(usize, usize)>, usize, usize, usize);
+
+fn matmul_shape(a: &Tensor, b: &Tensor) -> R<Product> {
     let (a_batch, m, k) = match a.shape.as_slice() {
         [] => return Err("matmul operand a is a scalar".into()),
         [k] => (&[][..], 1, *k),
@@ -797,9 +821,19 @@ fn matmul(a: &Tensor, b: &Tensor) -> R<Tensor> {
     if b.shape.len() > 1 {
         shape.push(n);
     }
+    result_len(&shape)?;
+    Ok((shape, a_mats.zip(b_mats).collect(), m, k, n))
+}
+
+fn matmul(a: &Tensor, b: &Tensor) -> R<Tensor> {
+    if a.dtype() == DType::I32 {
+        return matmul_i32(a, b);
+    }
+    let (av, bv) = (elems::<f32>(a)?, elems::<f32>(b)?);
+    let (shape, mats, m, k, n) = matmul_shape(a, b)?;
     let mut out = Vec::with_capacity(result_len(&shape)?);
     let mut row = vec![0f64; n];
-    for (ai, bi) in a_mats.zip(b_mats) {
+    for (ai, bi) in mats {
         let (am, bm) = (&av[ai * m * k..][..m * k], &bv[bi * k * n..][..k * n]);
         for i in 0..m {
             row.fill(0.0);
@@ -812,6 +846,29 @@ fn matmul(a: &Tensor, b: &Tensor) -> R<Tensor> {
         }
     }
     Ok(Tensor::f32(shape, out))
+}
+
+/// The integer product: exact, accumulated in i32 with wrapping (ONNX's MatMulInteger
+/// overflows only in its i32 accumulation; a u8·i8 product of K terms fits while
+/// K·255·255 < 2^31).
+fn matmul_i32(a: &Tensor, b: &Tensor) -> R<Tensor> {
+    let (av, bv) = (elems::<i32>(a)?, elems::<i32>(b)?);
+    let (shape, mats, m, k, n) = matmul_shape(a, b)?;
+    let mut out = Vec::with_capacity(result_len(&shape)?);
+    let mut row = vec![0i32; n];
+    for (ai, bi) in mats {
+        let (am, bm) = (&av[ai * m * k..][..m * k], &bv[bi * k * n..][..k * n]);
+        for i in 0..m {
+            row.fill(0);
+            for (p, &x) in am[i * k..][..k].iter().enumerate() {
+                for (r, &y) in row.iter_mut().zip(&bm[p * n..][..n]) {
+                    *r = r.wrapping_add(x.wrapping_mul(y));
+                }
+            }
+            out.extend_from_slice(&row);
+        }
+    }
+    Ok(Tensor::new(shape, Data::I32(out)))
 }
 
 /// The letters of one einsum term: ASCII letters, none repeated (surrounding spaces are
@@ -1630,6 +1687,23 @@ mod tests {
         assert_eq!(back(&bf, DType::Bool), bt(&[5], &[true, true, true, true, true]));
         let bits = |d: Data| Tensor::new(vec![5], d).to_le_bytes();
         assert_eq!(bits(cast(&cast(&bf, DType::F32), DType::BF16)), bits(bf));
+
+        // Into i8/u8: truncated toward zero to i32, then wrapped to 8 bits (numpy's and
+        // onnxruntime's x86 answers); out of them, exactly.
+        let x = f(&[7], &[-1.0, 300.0, 2.9, -2.9, 127.5, -128.7, f32::NAN]);
+        let u = Tensor::new(vec![7], cast(&x.data, DType::U8));
+        assert_eq!(u, Tensor::new(vec![7], Data::U8(vec![255, 44, 2, 254, 127, 128, 0])));
+        let i = Tensor::new(vec![7], cast(&x.data, DType::I8));
+        assert_eq!(i, Tensor::new(vec![7], Data::I8(vec![-1, 44, 2, -2, 127, -128, 0])));
+        let wide = i64t(&[3], &[200, -200, (1 << 40) + 3]);
+        assert_eq!(cast(&wide.data, DType::I8), Data::I8(vec![-56, 56, 3]));
+        assert_eq!(cast(&u.data, DType::F32), Data::F32(vec![255., 44., 2., 254., 127., 128., 0.]));
+        assert_eq!(cast(&i.data, DType::I64), Data::I64(vec![-1, 44, 2, -2, 127, -128, 0]));
+        assert_eq!(cast(&i.data, DType::U8), Data::U8(vec![255, 44, 2, 254, 127, 128, 0]));
+        assert_eq!(
+            cast(&u.data, DType::BF16),
+            cast(&Data::F32(vec![255., 44., 2., 254., 127., 128., 0.]), DType::BF16)
+        );
     }
 
     #[test]
@@ -1662,6 +1736,18 @@ mod tests {
         let batch = f(&[2, 2, 3], &[1., 2., 3., 4., 5., 6., 0., 0., 1., 1., 0., 0.]);
         check(Op::MatMul, &[], &[&batch, &v], f(&[2, 2], &[-2., -2., -1., 1.]));
         check(Op::MatMul, &[], &[&f(&[2], &[1., 1.]), &batch], f(&[2, 3], &[5., 7., 9., 1., 0., 1.]));
+    }
+
+    /// i32 products are exact and wrap in i32 (the f32 path would round past 2^24).
+    #[test]
+    fn matmul_of_i32_is_exact_and_wraps() {
+        let a = i32t(&[2, 2], &[16_777_217, 1, -255, 255]);
+        let b = i32t(&[2, 1], &[1, 1]);
+        check(Op::MatMul, &[], &[&a, &b], i32t(&[2, 1], &[16_777_218, 0]));
+        let big = i32t(&[1, 2], &[i32::MAX, 1]);
+        check(Op::MatMul, &[], &[&big, &b], i32t(&[1, 1], &[i32::MIN]));
+        check(Op::MatMul, &[], &[&i32t(&[2], &[3, -4]), &a], i32t(&[2], &[50_332_671, -1017]));
+        assert!(error(Op::MatMul, &[], &[&a, &f(&[2, 1], &[1., 1.])]).contains("i32"));
     }
 
     #[test]

@@ -162,7 +162,10 @@ fn dtype(v: Option<&Value>, what: &str) -> Result<DType> {
     let v = v.ok_or_else(|| Error::new(format!("{what} has no \"dtype\"")))?;
     let s = string(v, &format!("\"dtype\" of {what}"))?;
     DType::parse(s).ok_or_else(|| {
-        Error::new(format!("{what}: unknown dtype \"{}\" (expected f32, i32, i64, bool, f16 or bf16)", shorten(s)))
+        Error::new(format!(
+            "{what}: unknown dtype \"{}\" (expected f32, i32, i64, bool, f16, bf16, i8 or u8)",
+            shorten(s)
+        ))
     })
 }
 

@@ -56,6 +56,16 @@ pub fn inline_value(p: &Param, v: &Attr) -> Result<Tensor> {
                 .collect::<Result<_>>()?,
         ),
         DType::I64 => Data::I64(flat.iter().map(|a| a.as_int().ok_or_else(|| bad(a))).collect::<Result<_>>()?),
+        DType::I8 => Data::I8(
+            flat.iter()
+                .map(|a| a.as_int().and_then(|i| i8::try_from(i).ok()).ok_or_else(|| bad(a)))
+                .collect::<Result<_>>()?,
+        ),
+        DType::U8 => Data::U8(
+            flat.iter()
+                .map(|a| a.as_int().and_then(|i| u8::try_from(i).ok()).ok_or_else(|| bad(a)))
+                .collect::<Result<_>>()?,
+        ),
         DType::Bool => Data::Bool(flat.iter().map(|a| a.as_bool().ok_or_else(|| bad(a))).collect::<Result<_>>()?),
         // Rounded to the half type; a number beyond its range is refused like one beyond f32's.
         DType::F16 | DType::BF16 => {

@@ -16,6 +16,8 @@ pub enum Data {
     Bool(Vec<bool>),
     F16(Vec<half::f16>),
     BF16(Vec<half::bf16>),
+    I8(Vec<i8>),
+    U8(Vec<u8>),
 }
 
 /// A dense, row-major tensor.
@@ -34,6 +36,8 @@ impl Data {
             Data::Bool(_) => DType::Bool,
             Data::F16(_) => DType::F16,
             Data::BF16(_) => DType::BF16,
+            Data::I8(_) => DType::I8,
+            Data::U8(_) => DType::U8,
         }
     }
 
@@ -45,6 +49,8 @@ impl Data {
             Data::Bool(v) => v.len(),
             Data::F16(v) => v.len(),
             Data::BF16(v) => v.len(),
+            Data::I8(v) => v.len(),
+            Data::U8(v) => v.len(),
         }
     }
 
@@ -67,6 +73,8 @@ impl Data {
             Data::Bool(v) => Box::new(v.iter().map(|&x| x as u8 as f64)),
             Data::F16(v) => Box::new(v.iter().map(|&x| x.to_f64())),
             Data::BF16(v) => Box::new(v.iter().map(|&x| x.to_f64())),
+            Data::I8(v) => Box::new(v.iter().map(|&x| x as f64)),
+            Data::U8(v) => Box::new(v.iter().map(|&x| x as f64)),
         }
     }
 
@@ -82,6 +90,9 @@ impl Data {
             // Rounded once, to nearest even, straight from f64.
             DType::F16 => Data::F16(v.map(half::f16::from_f64).collect()),
             DType::BF16 => Data::BF16(v.map(half::bf16::from_f64).collect()),
+            // Through i32, as `cast` does: truncated, then wrapped to 8 bits.
+            DType::I8 => Data::I8(v.map(|x| x as i32 as i8).collect()),
+            DType::U8 => Data::U8(v.map(|x| x as i32 as u8).collect()),
         }
     }
 }
@@ -211,16 +222,18 @@ pub(crate) fn npy_type(bytes: &[u8]) -> Result<TensorType> {
         "<i8" => DType::I64,
         "|b1" => DType::Bool,
         "<f2" => DType::F16,
+        "|i1" => DType::I8,
+        "|u1" => DType::U8,
         other => {
             // The usual cause is numpy's float64 or an unsigned/narrow int: say the fix.
             let hint = match other {
                 "<f8" | ">f8" => "; save it with x.astype(np.float32)",
-                "<u1" | "|u1" | "|i1" | "<i2" | "<u2" | "<u4" => "; save it with x.astype(np.int32)",
+                "<i2" | "<u2" | "<u4" => "; save it with x.astype(np.int32)",
                 "<u8" => "; save it with x.astype(np.int64)",
                 _ => "",
             };
             return Err(Error::new(format!(
-                "unsupported .npy dtype {other} (meshc reads float32, float16, int32, int64 and bool{hint})"
+                "unsupported .npy dtype {other} (meshc reads float32, float16, int32, int64, int8, uint8 and bool{hint})"
             )));
         }
     };
@@ -317,6 +330,8 @@ impl Tensor {
             Data::Bool(v) => put(dst, v, |b: bool| [b as u8]),
             Data::F16(v) => put(dst, v, half::f16::to_le_bytes),
             Data::BF16(v) => put(dst, v, half::bf16::to_le_bytes),
+            Data::I8(v) => put(dst, v, i8::to_le_bytes),
+            Data::U8(v) => put(dst, v, u8::to_le_bytes),
         }
     }
 
@@ -340,6 +355,8 @@ impl Tensor {
             DType::BF16 => Data::BF16(
                 bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes(c.try_into().expect("2 bytes"))).collect(),
             ),
+            DType::I8 => Data::I8(bytes.iter().map(|&b| b as i8).collect()),
+            DType::U8 => Data::U8(bytes.to_vec()),
         };
         Tensor::new(ty.shape.clone(), data)
     }
@@ -351,7 +368,7 @@ impl Tensor {
         }
     }
 
-    /// Reads a `.npy` file: little-endian f4/i4/i8/b1, C order. Anything else is refused
+    /// Reads a `.npy` file: little-endian f4/f2/i4/i8/i1/u1/b1, C order. Anything else is refused
     /// with the reason, naming the file. The header is read and checked first, so that the
     /// file's size must match what it declares before the data is read.
     pub fn read_npy(path: &Path) -> Result<Tensor> {
@@ -403,6 +420,8 @@ impl Tensor {
             DType::Bool => Data::Bool(npy.into_vec::<bool>().map_err(corrupt)?),
             DType::F16 => Data::F16(npy.into_vec::<half::f16>().map_err(corrupt)?),
             DType::BF16 => unreachable!("npy_type never gives bf16"),
+            DType::I8 => Data::I8(npy.into_vec::<i8>().map_err(corrupt)?),
+            DType::U8 => Data::U8(npy.into_vec::<u8>().map_err(corrupt)?),
         };
         let TensorType { shape, .. } = ty;
         Ok(Tensor::new(shape, data))
@@ -432,6 +451,8 @@ impl Tensor {
             Data::F16(v) => write(&mut out, &shape, v),
             // numpy has no bfloat16: stored widened to f32 (exactly).
             Data::BF16(v) => write(&mut out, &shape, &v.iter().map(|x| x.to_f32()).collect::<Vec<_>>()),
+            Data::I8(v) => write(&mut out, &shape, v),
+            Data::U8(v) => write(&mut out, &shape, v),
         }
         out
     }
@@ -446,6 +467,8 @@ pub fn safetensors_dtype(d: DType) -> safetensors::Dtype {
         DType::Bool => safetensors::Dtype::BOOL,
         DType::F16 => safetensors::Dtype::F16,
         DType::BF16 => safetensors::Dtype::BF16,
+        DType::I8 => safetensors::Dtype::I8,
+        DType::U8 => safetensors::Dtype::U8,
     }
 }
 

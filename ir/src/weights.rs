@@ -131,7 +131,7 @@ impl WeightFiles {
                 let dtype = safetensors_dtype(info.dtype)
                     .ok_or_else(|| {
                         Error::new(format!(
-                            "tensor '{}' has dtype {:?}, which meshc does not read (F32, F16, BF16, I32, I64, BOOL)",
+                            "tensor '{}' has dtype {:?}, which meshc does not read (F32, F16, BF16, I32, I64, I8, U8, BOOL)",
                             shorten(k),
                             info.dtype
                         ))
@@ -257,6 +257,8 @@ fn safetensors_dtype(d: safetensors::Dtype) -> Option<DType> {
         S::BOOL => DType::Bool,
         S::F16 => DType::F16,
         S::BF16 => DType::BF16,
+        S::I8 => DType::I8,
+        S::U8 => DType::U8,
         _ => return None,
     })
 }

@@ -7,10 +7,12 @@ use std::collections::HashMap;
 use std::sync::LazyLock;
 
 use super::ops::{Convert, Converter, CURRENT, R};
-use super::{control, nn, ops, ops_attention, ops_legacy, ops_math, ops_more, ops_rnn, ops_scatter, validate};
+use super::{
+    control, nn, ops, ops_attention, ops_legacy, ops_math, ops_more, ops_quant, ops_rnn, ops_scatter, validate,
+};
 
 /// Every module's table.
-const TABLES: [&[Converter]; 8] = [
+const TABLES: [&[Converter]; 9] = [
     ops::CONVERTERS,
     ops_math::CONVERTERS,
     ops_more::CONVERTERS,
@@ -19,6 +21,7 @@ const TABLES: [&[Converter]; 8] = [
     ops_legacy::CONVERTERS,
     nn::CONVERTERS,
     ops_rnn::CONVERTERS,
+    ops_quant::CONVERTERS,
 ];
 
 /// The converters of each op type, by op type. A converter written for opset 13 on serves

@@ -19,6 +19,7 @@ mod ops_attention;
 mod ops_legacy;
 mod ops_math;
 mod ops_more;
+mod ops_quant;
 mod ops_rnn;
 mod ops_scatter;
 pub mod sources;

@@ -84,7 +84,12 @@ pub(super) fn window_attrs(c: &Ctx, input: &[usize], kernel: &[usize]) -> R<Vec<
 }
 
 fn conv(b: &mut Builder, c: &Ctx) -> R<Value> {
-    let (x, w) = (c.arg(0)?, c.arg(1)?);
+    conv_of(b, c, c.arg(0)?, c.arg(1)?, c.opt(2), &c.out)
+}
+
+/// Conv's attributes (auto_pad, dilations, group, kernel_shape, pads, strides) applied to
+/// `x`, `w` and `bias`, named `name`: Conv's, and ConvInteger's of its centred operands.
+pub(super) fn conv_of(b: &mut Builder, c: &Ctx, x: &Value, w: &Value, bias: Option<&Value>, name: &str) -> R<Value> {
     let (xs, ws) = (b.ty(x).shape, b.ty(w).shape);
     if xs.len() < 3 || ws.len() != xs.len() {
         return Err(format!(
@@ -101,8 +106,8 @@ fn conv(b: &mut Builder, c: &Ctx) -> R<Value> {
     let mut attrs = window_attrs(c, &xs[2..], &ws[2..])?;
     attrs.push(("groups", Attr::Int(c.int("group", 1))));
     let mut args = vec![x, w];
-    args.extend(c.opt(2));
-    b.node(&c.out, Op::Conv, &args, &attrs)
+    args.extend(bias);
+    b.node(name, Op::Conv, &args, &attrs)
 }
 
 fn pool(b: &mut Builder, c: &Ctx, max: bool) -> R<Value> {

@@ -22,7 +22,11 @@ pub fn dtype(code: i32) -> R<DType> {
         Ok(DataType::Int32) => Ok(DType::I32),
         Ok(DataType::Int64) => Ok(DType::I64),
         Ok(DataType::Bool) => Ok(DType::Bool),
-        Ok(other) => Err(format!("element type {} is not supported (f32, f16, bf16, i32, i64, bool)", name(other))),
+        Ok(DataType::Int8) => Ok(DType::I8),
+        Ok(DataType::Uint8) => Ok(DType::U8),
+        Ok(other) => {
+            Err(format!("element type {} is not supported (f32, f16, bf16, i32, i64, int8, uint8, bool)", name(other)))
+        }
         Err(_) => Err(format!("element type code {code} is not an ONNX type")),
     }
 }
@@ -77,8 +81,9 @@ pub fn tensor_from(t: &TensorProto, raw: Option<&[u8]>) -> R<Tensor> {
     let width = match stored {
         DataType::Float | DataType::Int32 => 4,
         DataType::Int64 | DataType::Double => 8,
-        DataType::Bool => 1,
-        _ => 2,
+        DataType::Bool | DataType::Int8 | DataType::Uint8 => 1,
+        DataType::Float16 | DataType::Bfloat16 => 2,
+        other => return Err(format!("element type {} is not supported", name(other))),
     };
     let shape = shape(&t.dims, width)?;
     let n: usize = shape.iter().product();
@@ -105,6 +110,8 @@ pub fn tensor_from(t: &TensorProto, raw: Option<&[u8]>) -> R<Tensor> {
             Data::I64(r.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect())
         }
         (Some(r), DataType::Bool) => Data::Bool(r.iter().map(|&b| b != 0).collect()),
+        (Some(r), DataType::Int8) => Data::I8(r.iter().map(|&b| b as i8).collect()),
+        (Some(r), DataType::Uint8) => Data::U8(r.to_vec()),
         (Some(r), DataType::Double) => {
             Data::F32(r.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap()) as f32).collect())
         }
@@ -113,11 +120,23 @@ pub fn tensor_from(t: &TensorProto, raw: Option<&[u8]>) -> R<Tensor> {
         (None, DataType::Int64) => Data::I64(t.int64_data.clone()),
         (None, DataType::Int32) => Data::I32(t.int32_data.clone()),
         (None, DataType::Bool) => Data::Bool(t.int32_data.iter().map(|&b| b != 0).collect()),
+        // One value per `int32_data` entry; one out of the type's range is a broken file.
+        (None, DataType::Int8) => Data::I8(small_ints(&t.int32_data)?),
+        (None, DataType::Uint8) => Data::U8(small_ints(&t.int32_data)?),
         (None, DataType::Double) => Data::F32(t.double_data.iter().map(|&d| d as f32).collect()),
         // Halves in `int32_data` hold their bit patterns, one per entry.
         (None, _) => halves(stored, t.int32_data.iter().map(|&b| b as u16)),
     };
     Ok(Tensor::new(shape, data))
+}
+
+/// 8-bit integers stored one per `int32_data` entry, each in range.
+fn small_ints<T: TryFrom<i32>>(v: &[i32]) -> R<Vec<T>> {
+    v.iter()
+        .map(|&x| {
+            T::try_from(x).map_err(|_| format!("value {x} is out of the range of its {}", std::any::type_name::<T>()))
+        })
+        .collect()
 }
 
 /// Half-float bit patterns widened to f32 (exact), through the ir's half types.
@@ -156,6 +175,13 @@ mod tests {
         t.dims = vec![];
         assert_eq!(tensor(&t).unwrap(), Tensor::f32(vec![], vec![-3.0]));
         assert!(storage_dtype(DataType::Double as i32).unwrap_err().contains("input"));
+        // 8-bit ints stay 8-bit, from raw bytes or one per `int32_data` entry.
+        let mut t = proto(DataType::Int8, vec![3]);
+        t.raw_data = Some(vec![0x80, 0x7f, 0xff]);
+        assert_eq!(tensor(&t).unwrap(), Tensor::new(vec![3], Data::I8(vec![-128, 127, -1])));
+        let mut t = proto(DataType::Uint8, vec![2]);
+        t.int32_data = vec![0, 255];
+        assert_eq!(tensor(&t).unwrap(), Tensor::new(vec![2], Data::U8(vec![0, 255])));
     }
 
     #[test]
@@ -169,8 +195,14 @@ mod tests {
         assert!(tensor(&proto(DataType::Float, vec![-1])).unwrap_err().contains("negative"));
         assert!(tensor(&proto(DataType::Float, vec![1 << 40, 1 << 20])).unwrap_err().contains("larger than"));
         assert_eq!(
-            dtype(DataType::Int8 as i32).unwrap_err(),
-            "element type int8 is not supported (f32, f16, bf16, i32, i64, bool)"
+            dtype(DataType::Int16 as i32).unwrap_err(),
+            "element type int16 is not supported (f32, f16, bf16, i32, i64, int8, uint8, bool)"
         );
+        let mut t = proto(DataType::Uint8, vec![2]);
+        t.int32_data = vec![3, 256];
+        assert_eq!(tensor(&t).unwrap_err(), "value 256 is out of the range of its u8");
+        let mut t = proto(DataType::Int8, vec![1]);
+        t.int32_data = vec![-129];
+        assert_eq!(tensor(&t).unwrap_err(), "value -129 is out of the range of its i8");
     }
 }

@@ -46,6 +46,8 @@ fn numpy_name(d: DType) -> &'static str {
         DType::Bool => "bool",
         DType::F16 => "float16",
         DType::BF16 => "bfloat16",
+        DType::I8 => "int8",
+        DType::U8 => "uint8",
     }
 }
 
@@ -58,6 +60,8 @@ fn descr_of(py: Python<'_>, d: DType) -> PyResult<Py<PyArrayDescr>> {
         DType::I64 => numpy::dtype::<i64>(py),
         DType::Bool => numpy::dtype::<bool>(py),
         DType::F16 => numpy::dtype::<half::f16>(py),
+        DType::I8 => numpy::dtype::<i8>(py),
+        DType::U8 => numpy::dtype::<u8>(py),
         DType::BF16 => match py.import("ml_dtypes") {
             Ok(m) => PyArrayDescr::new(py, m.getattr("bfloat16")?)?,
             Err(_) => numpy::dtype::<u16>(py),

@@ -234,7 +234,10 @@ impl Plan {
         }
         let inner = *dims.last().expect("at least one dim");
         let scalar_only = nodes.iter().any(|(k, _)| matches!(k, Kind::Mod { .. } | Kind::IntDiv));
-        let vector = inner >= LANES && !dtypes.contains(&DType::I64) && !scalar_only;
+        // i8/u8 are loaded one at a time, widened to i32 (a vector load of 4 bytes and its
+        // wrapping narrow on store are not written yet).
+        let bytes = dtypes.iter().any(|d| d.is_byte());
+        let vector = inner >= LANES && !dtypes.contains(&DType::I64) && !scalar_only && !bytes;
         Ok(Plan { dtypes, nodes, dims, strides, out_strides, invariant, vector, tail })
     }
 
@@ -395,9 +398,12 @@ fn collapse(shape: &[usize], strides: &[Vec<usize>]) -> (Vec<usize>, Vec<Vec<usi
 }
 
 /// The Cranelift type of one lane group of `dt`: scalar, or the vector-loop form. Halves
-/// are held as the f32 values they are widened to on loading.
+/// are held as the f32 values they are widened to on loading, i8/u8 as i32s (in their
+/// type's range).
 fn lane_type(dt: DType, vector: bool) -> Type {
     match (dt, vector) {
+        (DType::I8 | DType::U8, false) => types::I32,
+        (DType::I8 | DType::U8, true) => unreachable!("bytes take the scalar path (Plan::new)"),
         (DType::F32 | DType::F16 | DType::BF16, false) => types::F32,
         (DType::F32 | DType::F16 | DType::BF16, true) => types::F32X4,
         (DType::I32, false) => types::I32,
@@ -410,6 +416,11 @@ fn lane_type(dt: DType, vector: bool) -> Type {
 fn load(b: &mut FunctionBuilder, dt: DType, vector: bool, addr: Value) -> Value {
     if dt.is_half() {
         return load_widened(b, dt, vector, addr);
+    }
+    match dt {
+        DType::I8 => return b.ins().sload8(types::I32, mem(), addr, 0),
+        DType::U8 => return b.ins().uload8(types::I32, mem(), addr, 0),
+        _ => {}
     }
     if dt != DType::Bool || !vector {
         return b.ins().load(lane_type(dt, vector), mem(), addr, 0);
@@ -430,6 +441,8 @@ fn store(b: &mut FunctionBuilder, dt: DType, vector: bool, v: Value, addr: Value
     if dt.is_half() {
         let bits = narrow(b, dt, vector, v);
         store_half(b, vector, bits, addr);
+    } else if dt.is_byte() {
+        b.ins().istore8(mem(), v, addr, 0);
     } else if dt == DType::Bool && vector {
         // One bit per lane, then bit i moved to bit 0 of byte i (the shifted copies of the
         // 4-bit mask do not overlap, so the multiply is a plain sum of shifts).
@@ -601,13 +614,29 @@ fn modulo(m: &mut Math, fmod: bool, x: Value, y: Value) -> Value {
 
 /// `cast`: float → int truncates and saturates (NaN → 0), nonzero (and NaN) → true,
 /// bool → 0/1, i64 → i32 wraps, i64 → f32 rounds once; into a half, the value as f32
-/// rounded to the half (`emit::narrow`, IEEE's rounding) and held widened, as halves are.
+/// rounded to the half (`emit::narrow`, IEEE's rounding) and held widened, as halves are;
+/// into i8/u8, the value as i32 wrapped to 8 bits, held widened (the interpreter's `cast`).
 fn cast(m: &mut Math, from: DType, to: DType, x: Value) -> Value {
     use DType::*;
     let vector = m.ty().is_vector();
+    // A half was widened to f32 as it was loaded, a byte to i32.
+    let from = if from.is_half() {
+        F32
+    } else if from.is_byte() {
+        I32
+    } else {
+        from
+    };
+    if to.is_byte() {
+        let w = cast(m, from, I32, x);
+        return if to == I8 {
+            let low = m.b.ins().ireduce(types::I8, w);
+            m.b.ins().sextend(types::I32, low)
+        } else {
+            m.b.ins().band_imm_s(w, 0xff)
+        };
+    }
     let to_ty = lane_type(to, vector);
-    // A half was widened to f32 as it was loaded.
-    let from = if from.is_half() { F32 } else { from };
     if to.is_half() {
         // An integer reaches f32 exactly below 2^24, and from 65520 on the f16 is infinite
         // whatever f32 it became; a bf16 of an integer beyond 2^24 is rounded twice (the
@@ -640,6 +669,7 @@ fn cast(m: &mut Math, from: DType, to: DType, x: Value) -> Value {
         (I64, I32) => m.b.ins().ireduce(types::I32, x),
         (Bool, Bool) | (F32, F32) | (I32, I32) | (I64, I64) => x,
         (_, F16 | BF16) | (F16 | BF16, _) => unreachable!("narrowed above, widened on load"),
+        (_, I8 | U8) | (I8 | U8, _) => unreachable!("wrapped above, widened on load"),
     }
 }
 
@@ -754,6 +784,8 @@ mod tests {
             Data::Bool(v) => v[flat].to_string(),
             Data::F16(v) => format!("{:e}", v[flat]),
             Data::BF16(v) => format!("{:e}", v[flat]),
+            Data::I8(v) => v[flat].to_string(),
+            Data::U8(v) => v[flat].to_string(),
         }
     }
 
@@ -896,9 +928,10 @@ mod tests {
             DType::I32 => Data::I32((0..n).map(|_| int(rng) as i32).collect()),
             DType::I64 => Data::I64((0..n).map(|_| int(rng)).collect()),
             DType::Bool => Data::Bool((0..n).map(|_| rng.next().is_multiple_of(2)).collect()),
-            // Any bit pattern: every value, subnormals, infinities and NaNs included.
-            DType::F16 | DType::BF16 => {
-                let bytes: Vec<u8> = (0..n).flat_map(|_| (rng.next() as u16).to_le_bytes()).collect();
+            // Any bit pattern: every value, subnormals, infinities and NaNs included (for
+            // bytes, every value).
+            DType::F16 | DType::BF16 | DType::I8 | DType::U8 => {
+                let bytes: Vec<u8> = (0..n * ty.dtype.size_bytes()).map(|_| rng.next() as u8).collect();
                 return Tensor::from_le_bytes(ty, &bytes);
             }
         };

@@ -179,6 +179,8 @@ pub fn le_bytes(t: &Tensor) -> &[u8] {
         Data::Bool(v) => bytes(v),
         Data::F16(v) => bytes(v),
         Data::BF16(v) => bytes(v),
+        Data::I8(v) => bytes(v),
+        Data::U8(v) => bytes(v),
     }
 }
 
