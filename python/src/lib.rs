@@ -194,6 +194,13 @@ impl Model {
     ) -> PyResult<Bound<'py, PyDict>> {
         let args = self.args(py, inputs)?;
         let views = self.views(&args)?;
+        let session = &self.session;
+        if !step && session.loaded().meta.symbolic.is_some() {
+            // Over symbolic dims each call decides its outputs' shapes: the session makes
+            // them, and they are copied into arrays of those shapes.
+            let tensors = py.detach(move || session.run(&views)).map_err(py_err)?;
+            return self.arrays(py, &tensors);
+        }
         let out = PyDict::new(py);
         let mut dst = Vec::with_capacity(self.outputs.len());
         for o in self.outputs.iter().filter(|o| !(step && o.next_state)) {
@@ -206,7 +213,6 @@ impl Model {
             ));
             out.set_item(o.name.bind(py), array)?;
         }
-        let session = &self.session;
         py.detach(move || match step {
             false => session.run_into(&views, &mut dst),
             true => session.step_into(&views, &mut dst),

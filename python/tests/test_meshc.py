@@ -204,9 +204,26 @@ def test_compile_in_process_writes_the_clis_artifact_and_errors(tmp_path):
         meshc.compile(tmp_path / "nope.json", tmp_path / "x.mshc")
     with pytest.raises(meshc.MeshcError, match="unexpected argument '--no-such-flag'"):
         meshc.compile(graph, tmp_path / "x.mshc", extra=["--no-such-flag"])
-    with pytest.raises(meshc.MeshcError, match=r"--dim batch=1\.\.64: the compiled path needs a value for now"):
-        meshc.compile(graph, tmp_path / "x.mshc", dims={"batch": "1..64"})
+    with pytest.raises(meshc.MeshcError, match=r"symbolic dims compile for one device for now"):
+        meshc.compile(graph, tmp_path / "x.mshc", layout=layout, dims={"batch": "1..64"})
     assert not (tmp_path / "x.mshc").exists()
+
+
+def test_one_artifact_over_a_range_of_batch_sizes_runs_at_each(tmp_path):
+    """meshc.compile with a range builds one artifact for every batch size within it: each
+    call's outputs have that call's batch, and each row is the row of a static artifact's
+    output for the same input row; a batch outside the range is one MeshcError."""
+    graph = TESTDATA / "mlp" / "graph.json"
+    model = meshc.load(meshc.compile(graph, tmp_path / "dyn.mshc", dims={"batch": "1..64"}))
+    rng = np.random.default_rng(3)
+    for b in [1, 5, 64]:
+        x = rng.standard_normal((b, 64), dtype=np.float32)
+        y = model.run({"x": x})["y"]
+        assert y.shape == (b, 64)
+        static = meshc.load(meshc.compile(graph, tmp_path / f"s{b}.mshc", dims={"batch": b}))
+        np.testing.assert_allclose(y, static.run({"x": x})["y"], rtol=1e-5, atol=1e-6)
+    with pytest.raises(meshc.MeshcError, match=r"input x: dim 0 \(batch\) is 65, outside 1\.\.64"):
+        model.run({"x": np.zeros((65, 64), np.float32)})
 
 
 def test_the_getting_started_python_runs_as_written(tmp_path, monkeypatch):
