@@ -561,16 +561,15 @@ impl Builder {
                 in_place.push(Vec::new());
                 continue;
             }
+            // An elementwise step runs its fused group: the group's kernel spec and operands.
+            let fused = node.op.is_elementwise().then(|| fused_spec(g, info, groups, r));
+            let step_operands = fused.as_ref().map_or(&node.inputs, |(_, operands)| operands);
             // Over symbolic dims, the library GEMM and attention are planned for each call's
             // shapes; a generated kernel takes a run-time row count at most.
             let scaling = match &si {
                 Some(si) => {
-                    let operands: Vec<String> = match node.op.is_elementwise() {
-                        true => fused_spec(g, info, groups, r).1,
-                        false => node.inputs.clone(),
-                    };
                     let library = matches!(node.op, Op::MatMul | Op::Attention);
-                    crate::sizes::step_scaling(si, node, &operands, library)?
+                    crate::sizes::step_scaling(si, node, step_operands, library)?
                 }
                 None => None,
             };
@@ -626,19 +625,15 @@ impl Builder {
                 (Exec::Library(lib), operands, 0)
             } else {
                 // A scaled kernel reads its rows from the size table, after its operands.
-                let arity = match node.op.is_elementwise() {
-                    true => fused_spec(g, info, groups, r).1.len(),
-                    false => node.inputs.len(),
-                };
                 let scaled = match &scaling {
                     Some(StepScaling::Rows { rows, hi }) => {
-                        Some(codegen::rows::RowsArg { buf: 1 + arity, slot: self.size_slot(rows), hi: *hi })
+                        let buf = 1 + step_operands.len();
+                        Some(codegen::rows::RowsArg { buf, slot: self.size_slot(rows), hi: *hi })
                     }
                     _ => None,
                 };
-                let mut generate_step = || -> Result<(Generated, Vec<String>)> {
-                    Ok(if node.op.is_elementwise() {
-                        let (spec, operands) = fused_spec(g, info, groups, r);
+                let generate_step = || -> Result<(Generated, Vec<String>)> {
+                    Ok(if let Some((spec, operands)) = fused {
                         // A fused loop reads each element before writing the same index, so an
                         // operand laid out exactly like the result (not broadcast) may be it.
                         shares = (spec.inputs.iter().enumerate())

@@ -24,6 +24,11 @@ pub enum StepScaling {
     Shapes(Vec<Vec<Expr>>),
 }
 
+/// Tensor `t`'s symbolic shape (empty for a name inference never saw).
+fn symbolic_shape<'a>(si: &'a SymInfo, t: &str) -> &'a [Expr] {
+    si.shapes.get(t).map_or(&[], Vec::as_slice)
+}
+
 /// The rows of a tensor of symbolic `shape`: how many leading dims they span and their
 /// product; `None` for a static tensor.
 fn rows_of(shape: &[Expr]) -> Option<(usize, Expr)> {
@@ -36,7 +41,7 @@ fn rows_of(shape: &[Expr]) -> Option<(usize, Expr)> {
 /// `None` when none of its tensors depends on them. A transpose that moves a symbolic dim
 /// becomes a library call.
 pub fn step_scaling(si: &SymInfo, node: &Node, operands: &[String], library: bool) -> Result<Option<StepScaling>> {
-    let shape = |t: &str| si.shapes.get(t).map(Vec::as_slice).unwrap_or(&[]);
+    let shape = |t: &str| symbolic_shape(si, t);
     let tensors = std::iter::once(&node.name).chain(operands);
     if tensors.clone().all(|t| shape(t).iter().all(Expr::is_const)) {
         return Ok(None);
@@ -53,7 +58,7 @@ pub fn step_scaling(si: &SymInfo, node: &Node, operands: &[String], library: boo
 
 /// A generated kernel's rows (`StepScaling::Rows`), or why it cannot scale.
 fn rows(si: &SymInfo, node: &Node, operands: &[String]) -> Result<StepScaling> {
-    let shape = |t: &str| si.shapes.get(t).map(Vec::as_slice).unwrap_or(&[]);
+    let shape = |t: &str| symbolic_shape(si, t);
     let result = rows_of(shape(&node.name));
     let ops: Vec<Option<(usize, Expr)>> = operands.iter().map(|o| rows_of(shape(o))).collect();
     let Some((lead, rows)) = result else {

@@ -173,21 +173,9 @@ impl Session {
         let state = |i: usize| resident.as_ref().is_some_and(|r| r.holds_input(i));
         let fed = |name: &str| specs.iter().enumerate().position(|(i, s)| s.name == name && !state(i));
         let (mut stack, mut heap) = ([&[][..]; STACK_INPUTS], Vec::new());
-        let bytes: &mut [&[u8]] = match specs.len() {
-            n if n <= STACK_INPUTS => &mut stack[..n],
-            n => {
-                heap.resize(n, &[][..]);
-                &mut heap
-            }
-        };
+        let bytes: &mut [&[u8]] = slots(&mut stack, &mut heap, specs.len());
         let (mut stack, mut heap) = ([&[][..]; STACK_INPUTS], Vec::new());
-        let shapes: &mut [&[usize]] = match specs.len() {
-            n if n <= STACK_INPUTS => &mut stack[..n],
-            n => {
-                heap.resize(n, &[][..]);
-                &mut heap
-            }
-        };
+        let shapes: &mut [&[usize]] = slots(&mut stack, &mut heap, specs.len());
         for (shape, spec) in shapes.iter_mut().zip(specs) {
             *shape = &spec.shape;
         }
@@ -237,6 +225,17 @@ impl Session {
             Outputs::Owned(map) => Ok(std::mem::take(map)),
             Outputs::Into(_) => Ok(BTreeMap::new()),
         }
+    }
+}
+
+/// `n` slots of `T`'s default: on the stack up to `STACK_INPUTS` of them, else in `heap`
+/// (only a call with more inputs than that allocates).
+fn slots<'s, T: Copy + Default>(stack: &'s mut [T; STACK_INPUTS], heap: &'s mut Vec<T>, n: usize) -> &'s mut [T] {
+    if n <= STACK_INPUTS {
+        &mut stack[..n]
+    } else {
+        heap.resize(n, T::default());
+        heap
     }
 }
 

@@ -53,6 +53,13 @@ impl Sizes {
         }
         Ok(())
     }
+
+    /// Output `o`'s bytes at the call's sizes.
+    pub(super) fn output_bytes(&self, meta: &Meta, o: usize) -> Result<usize> {
+        let spec = &meta.outputs[o];
+        let dtype = spec.elem().ok_or_else(|| anyhow::anyhow!("output '{}' has unknown dtype", spec.name))?;
+        Ok(dtype.size_bytes() * self.outputs[o].iter().product::<usize>())
+    }
 }
 
 /// The most symbols an artifact may have: a call's values key its library plans without

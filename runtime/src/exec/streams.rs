@@ -200,15 +200,12 @@ impl Loaded {
             let outputs = &self.programs[0].outputs;
             let at = |o: usize| shared[0].ptrs[outputs[o]].load(Ordering::Relaxed) as *const u8;
             settle(&|_, o| Some(at(o)));
-            for (o, spec) in self.meta.outputs.iter().enumerate().filter(|&(o, _)| returned[o]) {
-                let shape = &sizes.outputs[o];
-                let dtype = spec.elem().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
+            for o in (0..self.meta.outputs.len()).filter(|&o| returned[o]) {
                 // SAFETY: the buffer holds the output's bytes at the upper bounds, of which
                 // these sizes' are a prefix (`sizes::check`).
-                let bytes =
-                    unsafe { std::slice::from_raw_parts(at(o), dtype.size_bytes() * shape.iter().product::<usize>()) };
+                let bytes = unsafe { std::slice::from_raw_parts(at(o), sizes.output_bytes(&self.meta, o)?) };
                 self.host_copies.fetch_add(1, Ordering::Relaxed);
-                out(o, shape, bytes)?;
+                out(o, &sizes.outputs[o], bytes)?;
             }
             return Ok(times);
         }
@@ -267,12 +264,13 @@ impl Loaded {
                 (None, Some(at)) => unsafe { std::slice::from_raw_parts(at, len) },
                 (None, None) => &[],
             };
-            let shape = &sizes.outputs[i];
-            let whole = self.assemble(i, &block, buf)?;
             // The call's sizes use a prefix of the output laid out at the upper bounds.
-            let len = whole.len() / self.meta.outputs[i].shape.iter().product::<usize>().max(1)
-                * shape.iter().product::<usize>();
-            out(i, shape, &whole[..len.min(whole.len())])?;
+            let len = sizes.output_bytes(&self.meta, i)?;
+            let whole = self.assemble(i, &block, buf)?;
+            let bytes = whole
+                .get(..len)
+                .ok_or_else(|| anyhow!("output '{}' is short of its sizes", self.meta.outputs[i].name))?;
+            out(i, &sizes.outputs[i], bytes)?;
         }
         Ok(times())
     }

@@ -48,13 +48,12 @@ impl Symbolic {
     /// the symbol and the bound. Allocates only for that line.
     pub fn bind<'a, 'n>(
         &self,
-        name: &dyn Fn(usize) -> &'n str,
+        names: &dyn Fn(usize) -> &'n str,
         shape: &dyn Fn(usize) -> &'a [usize],
         values: &mut [i64],
         table: &mut [i64],
     ) -> Result<(), String> {
         values.iter_mut().for_each(|v| *v = -1);
-        let names = name;
         for (i, dims) in self.inputs.iter().enumerate() {
             let (name, actual) = (names(i), shape(i));
             if actual.len() != dims.len() {
@@ -114,20 +113,23 @@ impl Symbolic {
         (0..self.inputs.len()).find(|&i| binds(i)).map_or("?", name)
     }
 
+    /// Dim `e` at the symbols' `values`. Loading checked that every dim an artifact states
+    /// lies within 0 and its size at the bounds, so the fallback 0 is never taken.
+    fn dim(&self, e: &Expr, values: &[i64]) -> usize {
+        let value = |n: &str| self.symbol(n).map(|s| values[s]);
+        e.eval_with(&value).and_then(|v| usize::try_from(v).ok()).unwrap_or(0)
+    }
+
     /// Output `o`'s dims at the symbols' `values` into `shape` (as long as its rank).
     pub fn output_shape(&self, o: usize, values: &[i64], shape: &mut [usize]) {
-        let value = |n: &str| self.symbol(n).map(|s| values[s]);
         for (d, e) in shape.iter_mut().zip(&self.outputs[o]) {
-            // `new` checked every output dim lies within 0..=its size at the bounds.
-            *d = e.eval_with(&value).map_or(0, |v| v as usize);
+            *d = self.dim(e, values);
         }
     }
 
     /// Each buffer's shape of a `Scaling::Shapes` step at the symbols' `values`.
     pub fn shapes_at(&self, shapes: &[Vec<Expr>], values: &[i64]) -> Vec<Vec<usize>> {
-        let value = |n: &str| self.symbol(n).map(|s| values[s]);
-        let dim = |e: &Expr| e.eval_with(&value).and_then(|v| usize::try_from(v).ok()).unwrap_or(0);
-        shapes.iter().map(|s| s.iter().map(dim).collect()).collect()
+        shapes.iter().map(|s| s.iter().map(|e| self.dim(e, values)).collect()).collect()
     }
 
     /// Every symbol at its upper bound (rounded down to its divisor).
