@@ -2,7 +2,7 @@
 # The seed corpora of the cargo fuzz targets (fuzz/corpus/TARGET/, not committed; libFuzzer
 # adds what it finds there): the small files of testdata/ each target reads, the inputs
 # found before (testdata/fuzz-regressions/TARGET/), and for `artifact` a few testdata graphs
-# compiled by MESHC (default target/release/meshc). Run again, it adds what is new.
+# (one over a symbolic batch) compiled by MESHC (default target/release/meshc). Run again, it adds what is new.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MESHC=${MESHC:-target/release/meshc}
@@ -39,6 +39,8 @@ for g in testdata/mlp/graph.json testdata/regress/params-only.txt testdata/regre
     "$MESHC" compile "$g" -o "$corpus/artifact/$(echo "$g" | tr / _).mshc"
 done
 "$MESHC" compile testdata/mlp/graph.json --layout testdata/mlp/layouts/dp-2.json -o "$corpus/artifact/mlp-dp-2.mshc"
+# Over a symbolic batch: the symbols, the size table and how each step scales.
+"$MESHC" compile testdata/mlp/graph.json --dim batch=1..64 -o "$corpus/artifact/mlp-batch.mshc"
 for d in testdata/fuzz-regressions/*/; do
     [ -d "$d" ] && seed "$(basename "$d")" $(files "$d")
 done

@@ -47,6 +47,10 @@ fn found_inputs_and_seeds_are_read_or_refused_in_one_line() {
     let art = dir.join("mlp.mshc").display().to_string();
     let run = crate::common::meshc(&["compile", "testdata/mlp/graph.json", "-o", &art]);
     assert_eq!(run.status, Some(0), "{run:?}");
+    // An artifact over a symbolic batch: its sizes, size table and scaled steps.
+    let art = dir.join("mlp-batch.mshc").display().to_string();
+    let run = crate::common::meshc(&["compile", "testdata/mlp/graph.json", "--dim", "batch=1..64", "-o", &art]);
+    assert_eq!(run.status, Some(0), "{run:?}");
     let mut failed = Vec::new();
     for (target, check) in checks::TARGETS {
         let found = files(&Path::new("testdata/fuzz-regressions").join(target), "");
