@@ -882,9 +882,11 @@ impl pipeline::Ir for Back<'_> {
     fn run(&mut self, pass: &Pass) -> Result<()> {
         match pass.level {
             Level::Device(DevicePass::Expand) => {
+                let symbolic = !self.opts.symbols.is_empty();
                 for (d, dev, info) in self.devices.iter_mut().filter(|(_, dev, _)| passes::expand::needed(dev)) {
-                    *dev =
-                        Cow::Owned(passes::expand::expand(dev, verified(info)).with_context(|| format!("device {d}"))?);
+                    *dev = Cow::Owned(
+                        passes::expand::expand(dev, verified(info), symbolic).with_context(|| format!("device {d}"))?,
+                    );
                     *info = None;
                 }
             }

@@ -104,6 +104,8 @@ fn rows(si: &SymInfo, node: &Node, operands: &[String]) -> Result<StepScaling> {
             let axes = s.axes.unwrap_or_else(|| (0..s.starts.len() as i64).collect());
             norm_axes(&axes, rank).is_ok_and(|a| keeps_rows(&a))
         }
+        // Depthwise (the only conv left after expansion): each image's planes on their own.
+        Op::Conv => lead == 1,
         _ => false,
     };
     if !ok {

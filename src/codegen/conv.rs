@@ -131,7 +131,8 @@ impl Dw {
         let b = self.bias.then(|| kb.buf(3));
         let (r, cl) = (self.rows, self.cols);
         let taps = r.taps * cl.taps;
-        let planes = kb.iconst(planes as i64);
+        // Over a symbolic batch the call's images are the first planes.
+        let planes = super::rows::outer(kb, planes).unwrap_or_else(|| kb.iconst(planes as i64));
         let (lo, hi) = kb.part_range(planes);
         kb.for_range(lo, hi, 1, |kb, plane| {
             // plane = image·M + m; input channel m / mult of the same image.

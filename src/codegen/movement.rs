@@ -249,7 +249,14 @@ fn tiled(mut dims: Vec<Dim>) -> Vec<(i64, i64, Vec<Dim>)> {
 /// The loops of one piece of a copy, `src` and `dst` at its first element: the outer dims
 /// as a nest, the innermost as a run, a fill or an element loop.
 fn emit_nest(kb: &mut KernelBuilder, esize: i64, src: Value, dst: Value, mut dims: Vec<Dim>) {
-    let inner = dims.pop().unwrap_or_else(|| Dim::new(1, &[1, 1]));
+    let mut inner = dims.pop().unwrap_or_else(|| Dim::new(1, &[1, 1]));
+    // A copy collapsed to one dim has no outer loop to take a run-time row count: over
+    // symbolic rows it is cut into its rows, each a run.
+    if let Some(hi) = super::rows::scaling().filter(|&hi| dims.is_empty() && hi > 1 && inner.n.is_multiple_of(hi)) {
+        let per = inner.n / hi;
+        dims.push(Dim::new(hi, &inner.strides.iter().map(|&s| s * per as i64).collect::<Vec<_>>()));
+        inner.n = per;
+    }
     let outer: Vec<Dim> = dims.iter().map(|d| d.scaled(esize)).collect();
     let n = inner.n as i64;
     let (ss, ds) = (inner.strides[0], inner.strides[1]);
@@ -405,8 +412,8 @@ fn gather(
     }
     Ok(build_kernel(target, name, |kb| {
         let (dst, src, ip) = (kb.buf(0), kb.buf(1), kb.buf(2));
-        // Over symbolic rows (the indices' leading dims) only the call's indices are read:
-        // the rest of their buffer holds no index.
+        // Over symbolic rows that are the indices' leading dims, only the call's indices are
+        // read: the rest of their buffer holds no index.
         let scaled = match outer {
             1 => super::rows::outer(kb, count as usize),
             _ => None,
@@ -416,29 +423,49 @@ fn gather(
         if run == 0 {
             return;
         }
+        // Over symbolic rows that are the data's leading dims (im2col's gathers over a
+        // symbolic batch), only the call's rows of the data are gathered: blocks of
+        // `per` rows, one block per row of the step.
+        let per = super::rows::scaling().filter(|_| outer > 1).map_or(outer, |hi| (outer / hi).max(1));
+        let data_rows = match outer {
+            1 => None,
+            _ => super::rows::outer(kb, outer),
+        };
         let source = |kb: &mut KernelBuilder, j: Value| {
             let at = kb.addr(ip, j, ix.size);
             let i = ix.load(kb, at);
             ix.wrap(kb, i)
         };
-        if inner == 1 && (2..=GATHER_ROWS_INSIDE).contains(&outer) {
+        if inner == 1 && (2..=GATHER_ROWS_INSIDE).contains(&per) {
             // Single elements from a few rows (im2col's gathers): each index serves every
             // row, so it is loaded and wrapped once, and the rows' copies are unrolled with
             // constant offsets.
-            kb.for_const(0, count, 1, |kb, j| {
-                let i = source(kb, j);
-                let s = kb.addr(src, i, esize);
-                let d = kb.addr(dst, j, esize);
-                let ty = move_type(esize);
-                for o in 0..outer as i64 {
-                    let v = kb.b.ins().load(ty, mem(), s, (o * n * esize) as i32);
-                    kb.b.ins().store(mem(), v, d, (o * count * esize) as i32);
+            let block = |kb: &mut KernelBuilder, src: Value, dst: Value| {
+                kb.for_const(0, count, 1, |kb, j| {
+                    let i = source(kb, j);
+                    let s = kb.addr(src, i, esize);
+                    let d = kb.addr(dst, j, esize);
+                    let ty = move_type(esize);
+                    for o in 0..per as i64 {
+                        let v = kb.b.ins().load(ty, mem(), s, (o * n * esize) as i32);
+                        kb.b.ins().store(mem(), v, d, (o * count * esize) as i32);
+                    }
+                });
+            };
+            match data_rows {
+                Some(rows) => {
+                    let zero = kb.iconst(0);
+                    kb.for_range(zero, rows, per as i64, |kb, o| {
+                        let s = kb.addr(src, o, n * esize);
+                        let d = kb.addr(dst, o, count * esize);
+                        block(kb, s, d);
+                    });
                 }
-            });
+                None => block(kb, src, dst),
+            }
             return;
         }
-        let rows = [Dim::new(outer, &[n * run, count * run])];
-        for_nest(kb, &rows, &[src, dst], &mut |kb, p| {
+        let mut row = |kb: &mut KernelBuilder, p: &[Value]| {
             let zero = kb.iconst(0);
             kb.for_range(zero, counted, 1, |kb, j| {
                 let i = source(kb, j);
@@ -446,7 +473,18 @@ fn gather(
                 let d = kb.addr(p[1], j, run);
                 copy_run(kb, d, s, run);
             });
-        });
+        };
+        match data_rows {
+            Some(rows) => {
+                let zero = kb.iconst(0);
+                kb.for_range(zero, rows, 1, |kb, o| {
+                    let s = kb.addr(src, o, n * run);
+                    let d = kb.addr(dst, o, count * run);
+                    row(kb, &[s, d]);
+                });
+            }
+            None => for_nest(kb, &[Dim::new(outer, &[n * run, count * run])], &[src, dst], &mut row),
+        }
     }))
 }
 

@@ -105,8 +105,8 @@ fn bn_folds<'g>(g: &'g Graph, info: &Info) -> HashMap<&'g str, BnFold<'g>> {
 
 /// `g` (verified as `info`) with every conv, pool and pad node expanded, and batch norms
 /// folded into the convs before them.
-pub fn expand(g: &Graph, info: &Info) -> Result<Graph> {
-    let mut ex = Expander { g: g.clone(), types: info.types.clone() };
+pub fn expand(g: &Graph, info: &Info, symbolic: bool) -> Result<Graph> {
+    let mut ex = Expander { g: g.clone(), types: info.types.clone(), symbolic };
     ex.g.nodes.clear();
     let folds = bn_folds(g, info);
     // The conv and the mul of a fold are emitted, as one conv, in the add's place.
@@ -143,6 +143,8 @@ fn room(what: std::fmt::Arguments, entries: usize) -> R<()> {
 struct Expander {
     g: Graph,
     types: HashMap<String, TensorType>,
+    /// The graph is compiled over symbolic dims (written at their upper bounds).
+    symbolic: bool,
 }
 
 fn ints(v: impl IntoIterator<Item = i64>) -> Attr {
@@ -209,6 +211,29 @@ impl Expander {
         Ok(log)
     }
 
+    /// A block of `value`s shaped as `x` with dim `axis` cut to 1, named by `name`. Over
+    /// symbolic dims its leading dims must scale as `x`'s do, which a broadcast constant's
+    /// cannot: it is then `x`'s first slice along `axis`, every element replaced by `value`.
+    fn fill_block(
+        &mut self,
+        like: &Node,
+        name: &dyn Fn(&str) -> String,
+        x: &str,
+        axis: usize,
+        value: f64,
+    ) -> R<String> {
+        let fill = self.fill(like, name("value"), self.types[x].dtype, value)?;
+        if self.symbolic {
+            let slice = [("starts", ints([0])), ("ends", ints([1])), ("axes", ints([axis as i64]))];
+            let first = self.emit(like, name("first"), Op::Slice, &[x], &slice)?;
+            let every = self.fill(like, name("every"), DType::Bool, 1.0)?;
+            return self.emit(like, name("fill"), Op::Where, &[&every, &fill, &first], &[]);
+        }
+        let mut one = self.shape(x);
+        one[axis] = 1;
+        self.emit(like, name("fill"), Op::BroadcastTo, &[&fill], &[("shape", ints(one.iter().map(|&s| s as i64)))])
+    }
+
     /// `x` padded along each dim by `pads` (begins, then ends) in `mode`; the last node
     /// named `last` (or a fresh name when the result feeds further nodes).
     fn padded(&mut self, like: &Node, x: &str, pads: &[i64], mode: PadMode, value: f64, last: &str) -> R<String> {
@@ -228,16 +253,7 @@ impl Expander {
             };
             let mut src = cur.clone();
             if mode == PadMode::Constant {
-                let mut one = self.shape(&cur);
-                one[d] = 1;
-                let fill = self.fill(like, name("value"), self.types[&cur].dtype, value)?;
-                let block = self.emit(
-                    like,
-                    name("fill"),
-                    Op::BroadcastTo,
-                    &[&fill],
-                    &[("shape", ints(one.iter().map(|&s| s as i64)))],
-                )?;
+                let block = self.fill_block(like, &|w| name(w), &cur, d, value)?;
                 src = self.emit(like, name("ext"), Op::Concat, &[&cur, &block], &[("axis", Attr::Int(d as i64))])?;
             }
             room(format_args!("the index table of dim {d} padded to {out}"), out)?;
@@ -302,16 +318,7 @@ impl Expander {
         let mut src =
             self.emit(n, base("flat"), Op::Reshape, &[x], &[("shape", ints(view.iter().map(|&s| s as i64)))])?;
         if idx.contains(&(n_in as i64)) {
-            let mut one = view.clone();
-            one[axis] = 1;
-            let fill = self.fill(n, base("value"), self.types[x].dtype, value)?;
-            let block = self.emit(
-                n,
-                base("fill"),
-                Op::BroadcastTo,
-                &[&fill],
-                &[("shape", ints(one.iter().map(|&s| s as i64)))],
-            )?;
+            let block = self.fill_block(n, &base, &src, axis, value)?;
             src = self.emit(n, base("ext"), Op::Concat, &[&src, &block], &[("axis", Attr::Int(axis as i64))])?;
         }
         let idx = self.table(base("taps"), &[n_k, n_out], &idx);
