@@ -43,7 +43,9 @@ fn rows_of(shape: &[Expr]) -> Option<(usize, Expr)> {
 pub fn step_scaling(si: &SymInfo, node: &Node, operands: &[String], library: bool) -> Result<Option<StepScaling>> {
     let shape = |t: &str| symbolic_shape(si, t);
     let tensors = std::iter::once(&node.name).chain(operands);
-    if tensors.clone().all(|t| shape(t).iter().all(Expr::is_const)) {
+    // A result empty along a static dim is empty at every size: its kernel does nothing.
+    let empty = shape(&node.name).iter().any(|d| d.as_const() == Some(0));
+    if empty || tensors.clone().all(|t| shape(t).iter().all(Expr::is_const)) {
         return Ok(None);
     }
     let shapes = || StepScaling::Shapes(tensors.clone().map(|t| shape(t).to_vec()).collect());

@@ -102,6 +102,39 @@ fn equalities_no_size_can_meet_are_errors() {
     assert_eq!(e, "node 'y' (add): needs t == 7, which no size within the bounds meets");
 }
 
+/// Found by the differential fuzzer: a slice empty at the graph's sizes has length 0
+/// there, not its (negative) span, so it is refused, not read as `2 - batch`.
+#[test]
+fn a_slice_empty_at_the_graph_s_sizes_is_refused() {
+    let src = "graph g {
+  input x: f32[4] dims(batch)
+  y = slice(x) {starts = [4], ends = [2], axes = [0], steps = [1]}
+  output y
+}";
+    let e = infer(src, &["batch=1..4"], "y").unwrap_err();
+    assert_eq!(
+        e,
+        "node 'y' (slice): it is empty along dim 0 (batch) at the graph's sizes, and an empty slice of a symbolic dim is not read symbolically: give batch a value"
+    );
+}
+
+/// Found by the differential fuzzer: a dim of 1 at the graph's sizes (`batch - 1` at
+/// batch 2) stretched against `batch` is refused, not read as `batch - 1`.
+#[test]
+fn a_symbolic_dim_stretched_from_1_is_refused() {
+    let src = "graph g {
+  input x: f32[2] dims(batch)
+  p = pad(x) {pads = [-1, 0]}
+  y = add(p, x)
+  output y
+}";
+    let e = infer(src, &["batch=1..2"], "y").unwrap_err();
+    assert!(
+        e.starts_with("node 'y' (add): needs batch - 1 == batch, which the graph's own sizes do not meet (1 and 2"),
+        "{e}"
+    );
+}
+
 #[test]
 fn binding_names_the_input_the_symbol_and_the_bound() {
     let g = text::parse(ENC).unwrap();

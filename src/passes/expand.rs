@@ -213,7 +213,8 @@ impl Expander {
 
     /// A block of `value`s shaped as `x` with dim `axis` cut to 1, named by `name`. Over
     /// symbolic dims its leading dims must scale as `x`'s do, which a broadcast constant's
-    /// cannot: it is then `x`'s first slice along `axis`, every element replaced by `value`.
+    /// cannot: it is then `x`'s first slice along `axis`, every element replaced by `value`
+    /// (unless `x` is empty: it has no first slice).
     fn fill_block(
         &mut self,
         like: &Node,
@@ -223,7 +224,7 @@ impl Expander {
         value: f64,
     ) -> R<String> {
         let fill = self.fill(like, name("value"), self.types[x].dtype, value)?;
-        if self.symbolic {
+        if self.symbolic && self.types[x].numel() > 0 {
             let slice = [("starts", ints([0])), ("ends", ints([1])), ("axes", ints([axis as i64]))];
             let first = self.emit(like, name("first"), Op::Slice, &[x], &slice)?;
             let every = self.fill(like, name("every"), DType::Bool, 1.0)?;

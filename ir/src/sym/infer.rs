@@ -133,6 +133,14 @@ impl Cx<'_> {
         if ra.1 < rb.0 || rb.1 < ra.0 {
             return Err(format!("needs {a} == {b}, which no size within the bounds meets"));
         }
+        // The graph is valid at its own sizes: a need they do not meet is a reading that
+        // cannot say what the graph does there (a dim of 1 stretched by broadcasting).
+        let (ea, eb) = (self.example(a)?, self.example(b)?);
+        if ea != eb {
+            return Err(format!(
+                "needs {a} == {b}, which the graph's own sizes do not meet ({ea} and {eb}: a dim of 1 broadcast against another size is read symbolically only when it is 1 at every size)"
+            ));
+        }
         // The side with symbols first: `seq == 8`.
         let (a, b) = if (a.is_const(), a) < (b.is_const(), b) { (a, b) } else { (b, a) };
         self.push(CheckKind::Eq(a.clone(), b.clone()));
@@ -689,6 +697,13 @@ fn slice(cx: &mut Cx, xs: &[Expr]) -> R<Vec<Expr>> {
         starts[k] = s_attr;
         ends[k] = e_attr;
         let span = if step > 0 { end.sub(&start) } else { start.sub(&end) };
+        // Empty at the graph's sizes, its length there is 0, not the span: the length is
+        // `max(0, span)`, which no expression says.
+        if cx.example(&span)? < 0 {
+            return Err(format!(
+                "it is empty along dim {ax} ({n}) at the graph's sizes, and an empty slice of a symbolic dim is not read symbolically: give {n} a value"
+            ));
+        }
         cx.at_least(&span, 0)?;
         let s = step.unsigned_abs() as i64;
         out[ax] = span.add(&Expr::constant(s - 1)).floor_div(s);
