@@ -7,7 +7,8 @@
 //! gather and scatter_elements (every reduction), cumsum (every axis, both flags) with i32 and i64 indices, integer arithmetic and mod in i32 and i64, casts,
 //! comparisons, logic, floor/ceil/round, and where on a bool input or a computed mask — compiled with both GEMM paths and random stream options, on one device,
 //! under random legal layouts on 2 to 8 devices, placed in random stages (micro-batched or
-//! not), and with failed links or failed devices, must give what the reference
+//! not), with failed links or failed devices, and on one device compiled once over a
+//! symbolic batch and run at a smaller one, must give what the reference
 //! interpreter gives, and nothing may panic. The only accepted failures are the documented
 //! refusals of `REFUSALS`.
 //!
@@ -51,6 +52,10 @@ struct Recipe {
     options: u8,
     /// How the graph is spread (`Spread`), the mesh, and the picks of layouts and stages.
     layout: Option<(u8, u8, Vec<u8>)>,
+    /// On one device, over a symbolic batch: the inputs whose first dim is the base's first
+    /// carry it as `batch`, the graph is compiled once for `batch=1..N` (N that size) and
+    /// run at a smaller batch this number picks, against the interpreter at that batch.
+    batch: Option<u8>,
 }
 
 fn recipe() -> impl Strategy<Value = Recipe> {
@@ -62,14 +67,16 @@ fn recipe() -> impl Strategy<Value = Recipe> {
         any::<u8>(),
         any::<u8>(),
         prop::option::weighted(0.5, (any::<u8>(), any::<u8>(), prop::collection::vec(any::<u8>(), 4))),
+        prop::option::weighted(0.3, any::<u8>()),
     )
-        .prop_map(|(base, inputs, params, ops, outputs, options, layout)| Recipe {
+        .prop_map(|(base, inputs, params, ops, outputs, options, layout, batch)| Recipe {
             base,
             inputs,
             params,
             ops,
             outputs,
             options,
+            batch: batch.filter(|_| layout.is_none()),
             layout,
         })
 }
@@ -107,10 +114,24 @@ fn shape_text(s: &[usize]) -> String {
 
 /// The graph of `r` in the text format.
 fn graph(r: &Recipe) -> String {
-    let base: Vec<usize> = r.base.iter().map(|&b| DIMS[b as usize % DIMS.len()]).collect();
+    let mut base: Vec<usize> = r.base.iter().map(|&b| DIMS[b as usize % DIMS.len()]).collect();
+    let mut inputs = r.inputs.clone();
+    if let Some(pick) = r.batch {
+        // Something to scale: a batch of at least 2, and a first input that carries it
+        // (no leading dim dropped, none set to 1).
+        match base.first_mut() {
+            Some(n) if *n >= 2 => {}
+            Some(n) => *n = 2 + pick as usize % 7,
+            None => base.push(2 + pick as usize % 7),
+        }
+        match inputs.first_mut() {
+            Some(m) => *m &= 0x1e,
+            None => inputs.push(0),
+        }
+    }
     let mut lines = Vec::new();
     let mut values: Vec<(String, Vec<usize>)> = Vec::new();
-    for (k, &m) in r.inputs.iter().enumerate() {
+    for (k, &m) in inputs.iter().enumerate() {
         let s = derived(&base, m, (m >> 5) as usize % (base.len() + 1));
         lines.push(format!("input x{k}: f32{}", shape_text(&s)));
         values.push((format!("x{k}"), s));
@@ -214,7 +235,7 @@ fn graph(r: &Recipe) -> String {
                 lines.push(format!("{name}i = cast({x}) {{to = \"i32\"}}"));
                 (format!("{name} = cast({name}i) {{to = \"f32\"}}"), xs)
             }
-            9 if !r.inputs.is_empty() => {
+            9 if !inputs.is_empty() => {
                 let (y, ys) = partner(&values, &xs, b);
                 let c = format!("c{k}");
                 let s = broadcast(&xs, &ys);
@@ -568,6 +589,15 @@ fn graph(r: &Recipe) -> String {
     if !outputs.contains(&last) {
         outputs.push(last);
     }
+    if let (Some(_), Some(&n)) = (r.batch, base.first()) {
+        for l in lines.iter_mut().filter(|l| l.starts_with("input ")) {
+            let dims = l.split_once('[').map_or("", |(_, d)| d.trim_end_matches(']'));
+            if dims.split(',').next() == Some(n.to_string().as_str()) {
+                let rest = ", _".repeat(dims.matches(',').count());
+                l.push_str(&format!(" dims(batch{rest})"));
+            }
+        }
+    }
     format!("graph fuzz {{\n  {}\n  output {}\n}}\n", lines.join("\n  "), outputs.join(", "))
 }
 
@@ -770,6 +800,9 @@ fn check(r: &Recipe) -> Result<(), String> {
     let fail = |what: String| format!("{what}\n--- graph\n{text}");
     let g = meshc_ir::text::parse(&text).map_err(|e| fail(format!("the generator wrote an invalid graph: {e}")))?;
     let info = meshc_ir::verify::verify(&g).map_err(|e| fail(format!("the generator wrote an invalid graph: {e}")))?;
+    if let Some(pick) = r.batch {
+        return check_batch(r, &g, &info, pick);
+    }
     let params = meshc_ir::params::load_all(&g, std::path::Path::new(".")).map_err(|e| fail(format!("params: {e}")))?;
     let x = inputs(&g);
     let mut values = x.clone();
@@ -792,22 +825,86 @@ fn check(r: &Recipe) -> Result<(), String> {
         Err(e) => return Err(with_spec(format!("compile: {e:#}"))),
     };
     let got = compiled.load().and_then(|l| l.run(&x)).map_err(|e| with_spec(format!("run: {e:#}")))?;
-    for (name, w) in &want {
-        let g = got.get(name).ok_or_else(|| with_spec(format!("no output '{name}'")))?;
+    same_outputs(&got, &want, r.options).map_err(with_spec)
+}
+
+/// Every output of the interpreter's (`want`) is in `got`, of its type and close to it.
+fn same_outputs(
+    got: &std::collections::BTreeMap<String, Tensor>,
+    want: &std::collections::BTreeMap<String, Tensor>,
+    options: u8,
+) -> Result<(), String> {
+    for (name, w) in want {
+        let g = got.get(name).ok_or_else(|| format!("no output '{name}'"))?;
         if g.ty() != w.ty() {
-            return Err(with_spec(format!("output '{name}' is {}, the interpreter's {}", g.ty(), w.ty())));
+            return Err(format!("output '{name}' is {}, the interpreter's {}", g.ty(), w.ty()));
         }
-        let c = g.closeness(w);
-        if let Some(i) = c.first_bad {
-            return Err(with_spec(format!(
-                "output '{name}' element {i}: got {}, interpreter {} (options {:#x})",
+        if let Some(i) = g.closeness(w).first_bad {
+            return Err(format!(
+                "output '{name}' element {i}: got {}, interpreter {} (options {options:#x})",
                 g.data.to_f64()[i],
                 w.data.to_f64()[i],
-                r.options
-            )));
+            ));
         }
     }
     Ok(())
+}
+
+/// What compiling over symbolic dims refuses by design (docs/dynamic-shapes.md): steps
+/// that cannot scale yet, named.
+const SYMBOLIC_REFUSALS: &[&str] = &[
+    "is not compiled yet",
+    "cannot take a run-time row count yet",
+    "compiled code takes symbolic dims only",
+    "is not whole rows of",
+];
+
+/// `check` over a symbolic batch (`Recipe::batch`): `g`, written at the batch `n` of its
+/// inputs' first dims, compiled once for `batch=1..n` and run at a smaller batch, against
+/// the interpreter on the graph written at that batch. A graph the symbolic shapes cannot
+/// read, or whose params pin the batch, has nothing to compare.
+fn check_batch(r: &Recipe, g: &meshc_ir::Graph, info: &meshc_ir::verify::Info, pick: u8) -> Result<(), String> {
+    use meshc_ir::sym::{self, Symbol};
+    let text = graph(r);
+    let fail = |what: String| format!("{what} (over batch=1..N)\n--- graph\n{text}");
+    let carries = |i: &meshc_ir::graph::Input| i.dims.as_ref().is_some_and(|d| d[0].as_deref() == Some("batch"));
+    let Some(n) = g.inputs.iter().find(|i| carries(i)).map(|i| i.ty.shape[0]).filter(|&n| n >= 2) else {
+        return Ok(());
+    };
+    let symbols: sym::Symbols =
+        [("batch".to_string(), Symbol { name: "batch".into(), lo: 1, hi: n as i64, multiple_of: 1 })].into();
+    let si = match sym::infer_graph(g, info, &symbols) {
+        Ok(si) => si,
+        Err(e) if e.contains("meshc bug") => return Err(fail(e)),
+        Err(_) => return Ok(()),
+    };
+    let at: sym::Binding = [("batch".to_string(), 1 + (pick as usize % (n - 1)) as i64)].into();
+    if si.checks.iter().any(|c| c.kind.holds(&at) == Some(false)) {
+        return Ok(());
+    }
+    let small = sym::specialise(g, &si, &at).map_err(fail)?;
+    let small_info = meshc_ir::verify::verify(&small).map_err(|e| fail(format!("written at {at:?}: {e}")))?;
+    let params = meshc_ir::params::load_all(g, std::path::Path::new(".")).map_err(|e| fail(format!("params: {e}")))?;
+    let x = inputs(&small);
+    let mut values = x.clone();
+    values.extend(params.clone());
+    // Constant indices in range at the bounds can be out of range at a smaller batch: then
+    // the compiled run must refuse the call too.
+    let want = meshc_ir::interp::run(&small, &small_info.order, &small_info.types, values);
+    let opts = Options { symbols, ..options(r.options) };
+    let compiled = match meshc::driver::Job::new(g, info, &params, &opts).build(&Default::default()) {
+        Ok(c) => c,
+        Err(e) if SYMBOLIC_REFUSALS.iter().chain(REFUSALS).any(|r| format!("{e:#}").contains(r)) => return Ok(()),
+        Err(e) => return Err(fail(format!("compile: {e:#}"))),
+    };
+    let got = compiled.load().and_then(|l| l.run(&x));
+    let (got, want) = match (got, want) {
+        (Ok(got), Ok(want)) => (got, want),
+        (Err(_), Err(_)) => return Ok(()),
+        (Err(e), Ok(_)) => return Err(fail(format!("run at {at:?}: {e:#}"))),
+        (Ok(_), Err(e)) => return Err(fail(format!("ran at {at:?}, where the interpreter says: {e}"))),
+    };
+    same_outputs(&got, &want, r.options).map_err(|e| fail(format!("at {at:?}: {e}")))
 }
 
 fn cases() -> u32 {
