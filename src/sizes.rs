@@ -43,16 +43,18 @@ fn rows_of(shape: &[Expr]) -> Option<(usize, Expr)> {
 pub fn step_scaling(si: &SymInfo, node: &Node, operands: &[String], library: bool) -> Result<Option<StepScaling>> {
     let shape = |t: &str| symbolic_shape(si, t);
     let tensors = std::iter::once(&node.name).chain(operands);
-    // A result empty along a static dim is empty at every size: its kernel does nothing.
-    let empty = shape(&node.name).iter().any(|d| d.as_const() == Some(0));
-    if empty || tensors.clone().all(|t| shape(t).iter().all(Expr::is_const)) {
+    if tensors.clone().all(|t| shape(t).iter().all(Expr::is_const)) {
         return Ok(None);
     }
     let shapes = || StepScaling::Shapes(tensors.clone().map(|t| shape(t).to_vec()).collect());
     if library {
         return Ok(Some(shapes()));
     }
+    // A result empty along a static dim is empty at every size: its kernel does nothing,
+    // and needs no row count once the step is one that scales by rows.
+    let empty = shape(&node.name).iter().any(|d| d.as_const() == Some(0));
     match rows(si, node, operands) {
+        Ok(_) if empty => Ok(None),
         Err(_) if node.op == Op::Transpose => Ok(Some(shapes())),
         r => r.map(Some),
     }

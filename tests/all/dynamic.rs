@@ -364,3 +364,44 @@ fn padding_an_empty_tensor_over_a_symbolic_batch_compiles() {
         assert_eq!(g.shape, vec![3, 2, 1, 2]);
     }
 }
+
+/// Found by the differential fuzzer: steps whose results are empty still change how the
+/// batch maps to their shapes (a pad of the batch dim, a gather along it), so they are
+/// refused as any such step is, not skipped because they do nothing: skipped, they gave
+/// an output the bounds' shape at every batch, and ran past an index the interpreter
+/// refuses.
+#[test]
+fn empty_steps_over_a_symbolic_batch_are_refused_as_any_step() {
+    let dir = scratch("dynamic-empty-steps");
+    for (name, src, node) in [
+        (
+            "pad",
+            "graph g {
+  input x: f32[6,1,1] dims(batch, _, _)
+  e = slice(x) {starts = [0], ends = [2], axes = [1], steps = [-1]}
+  y = pad(e) {pads = [-1, 0, 1, 1, 0, 1], mode = \"constant\", value = 0.0}
+  output y
+}",
+            "node 'y.pad0.ext'",
+        ),
+        (
+            "gather",
+            "graph g {
+  input x: f32[4,6,1] dims(batch, _, _)
+  e = slice(x) {starts = [-5], ends = [-6], axes = [1], steps = [1]}
+  param i: i32[2] = value [0, -3]
+  y = gather(e, i) {axis = 0}
+  output y
+}",
+            "node 'y'",
+        ),
+    ] {
+        let graph = dir.join(format!("{name}.txt"));
+        std::fs::write(&graph, src).unwrap();
+        let art = dir.join(format!("{name}.mshc")).display().to_string();
+        let r = meshc(&["compile", &graph.display().to_string(), "--dim", "batch=1..6", "-o", &art]);
+        assert_eq!(r.status, Some(1), "{name}");
+        assert_eq!(r.stderr.trim().lines().count(), 1, "{name}: {}", r.stderr);
+        assert!(r.stderr.contains(node) && r.stderr.contains("compiled code takes symbolic dims only"), "{}", r.stderr);
+    }
+}
