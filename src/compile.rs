@@ -32,7 +32,7 @@ use meshc_runtime::exec::runner::Loaded;
 use meshc_runtime::format::mesh::{Layout, Mesh};
 use meshc_runtime::format::program::{
     align_up, Attention, Buffer, Collective, Elem, Exec, IoSpec, Kernel, Library, Matmul, Meta, Program, Protocol,
-    Step, Storage, Transfer, Transpose, Transposed, Why, ALIGN,
+    Reduce, Reduction, Step, Storage, Transfer, Transpose, Transposed, Why, ALIGN,
 };
 use meshc_runtime::format::symbolic::{Scaling, Symbolic};
 use meshc_runtime::kernels::library;
@@ -590,6 +590,26 @@ impl Builder {
                 };
                 let t = Transpose { shape: x.shape.clone(), perm, elem: x.dtype.size_bytes() };
                 (Exec::Library(Library::Transpose(t)), node.inputs.clone(), 0)
+            } else if let (Some(StepScaling::Shapes(_)), Op::ReduceSum | Op::ReduceMean | Op::ReduceMax) =
+                (&scaling, node.op)
+            {
+                // It reduces along a symbolic dim: the runner's reduction, which takes its
+                // shape per call.
+                let x = &operand_types[0];
+                if x.dtype != meshc_ir::DType::F32 {
+                    bail!("node '{}': {} of {} along a symbolic dim is not compiled yet", node.name, node.op, x.dtype);
+                }
+                let axes = match attrs::Reduce::of(node).axes {
+                    Some(a) => norm_axes(&a, x.rank()).map_err(anyhow::Error::msg)?,
+                    None => (0..x.rank()).collect(),
+                };
+                let op = match node.op {
+                    Op::ReduceSum => Reduce::Sum,
+                    Op::ReduceMean => Reduce::Mean,
+                    _ => Reduce::Max,
+                };
+                let r = Reduction { shape: x.shape.clone(), axes, op };
+                (Exec::Library(Library::Reduce(r)), node.inputs.clone(), 0)
             } else if node.op == Op::Attention {
                 let steps = attrs::Attention::of(node).scores.steps();
                 let scale = steps.iter().find_map(|s| match *s {

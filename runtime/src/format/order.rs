@@ -8,7 +8,7 @@
 use std::fmt::Write as _;
 
 use crate::format::program::{
-    Attention, CollectiveOp, Exec, Library, Matmul, Program, Protocol, Step, StreamKind, Transfer, Transpose,
+    Attention, CollectiveOp, Exec, Library, Matmul, Program, Protocol, Reduction, Step, StreamKind, Transfer, Transpose,
 };
 
 /// The happens-before relation of a device's steps under its stream plan: stream order plus
@@ -187,6 +187,9 @@ pub fn exec_text(p: &Program, st: &Step) -> String {
         }
         Exec::Library(Library::Transpose(Transpose { shape, perm, .. })) => {
             format!("library transpose {shape:?} perm {perm:?}")
+        }
+        Exec::Library(Library::Reduce(Reduction { shape, axes, op })) => {
+            format!("library reduce_{} {shape:?} axes {axes:?}", op.name())
         }
         Exec::Collective(c) => {
             let group = c.groups.iter().find(|g| g.contains(&p.device)).cloned().unwrap_or_default();

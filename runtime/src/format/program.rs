@@ -219,12 +219,13 @@ pub enum Library {
     Matmul(Matmul),
     Attention(Attention),
     Transpose(Transpose),
+    Reduce(Reduction),
 }
 
 impl Library {
     /// The call at other shapes of its buffers (`shapes[i]`: buffer i's, in buffer order):
     /// a matmul's result, operands and epilogue operands; attention's result, q, k, v,
-    /// then (past the scale's) the mask; a transpose's result and operand.
+    /// then (past the scale's) the mask; a transpose's or a reduction's result and operand.
     pub fn at_shapes(&self, shapes: &[Vec<usize>]) -> Library {
         use crate::format::epilogue::Step;
         let at = |i: usize| shapes.get(i).cloned().unwrap_or_default();
@@ -252,8 +253,21 @@ impl Library {
                 })
             }
             Library::Transpose(t) => Library::Transpose(Transpose { shape: at(1), ..t.clone() }),
+            Library::Reduce(r) => Library::Reduce(Reduction { shape: at(1), ..r.clone() }),
         }
     }
+}
+
+/// A reduction of an f32 tensor of `shape` (the operand's) over `axes`, kept as dims of 1
+/// or not (the result's bytes are the same), by the runner (`crate::kernels::reduce`): for
+/// a program compiled with symbolic dims that reduces along one (a loss over the batch,
+/// dynamic quantization's range of a whole tensor), whose calls decide how many elements
+/// each result reduces. Buffers: result, operand.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Reduction {
+    pub shape: Vec<usize>,
+    pub axes: Vec<usize>,
+    pub op: Reduce,
 }
 
 /// numpy transpose of a tensor of `shape` (the operand's) with elements of `elem` bytes,

@@ -2,7 +2,8 @@
 //! `LibraryCall`, implemented next to it), and what they share with
 //! the compiler's code generation: the library GEMM (`library`, `small_m`, `panels` for
 //! prepacked weights), its shape planning (`matmul_shape`), matmul epilogues (`epilogue`),
-//! fused attention (`attention`), a transpose of run-time shape (`transpose`), f32 math (`vmath`) and the fork/join of a step over the
+//! fused attention (`attention`), a transpose and a reduction of run-time shape
+//! (`transpose`, `reduce`), f32 math (`vmath`) and the fork/join of a step over the
 //! cores (`pool`).
 
 pub mod attention;
@@ -12,6 +13,7 @@ pub mod library;
 pub mod matmul_shape;
 pub mod panels;
 pub mod pool;
+pub mod reduce;
 pub mod small_m;
 pub mod transpose;
 pub mod vmath;
@@ -25,5 +27,6 @@ pub fn library_call(l: &Library) -> &dyn LibraryCall {
         Library::Matmul(m) => m,
         Library::Attention(a) => a,
         Library::Transpose(t) => t,
+        Library::Reduce(r) => r,
     }
 }
