@@ -331,6 +331,15 @@ fn reduce(target: &Target, name: &str, node: &Node, x: &TensorType, out: &Tensor
         // A single element (or a scalar) is a row of one.
         dims.push(Dim::new(1, &[1, 0]));
     }
+    // Collapsed to one kept dim (a reduction over no axis), a kernel over symbolic rows
+    // has no outer loop to take their count: the dim is cut into its rows.
+    if let (Some(hi), [d]) = (super::rows::scaling(), dims.as_slice()) {
+        if d.strides[1] != 0 && hi > 1 && d.n.is_multiple_of(hi) {
+            let per = d.n / hi;
+            let outer: Vec<i64> = d.strides.iter().map(|&s| s * per as i64).collect();
+            dims = vec![Dim::new(hi, &outer), Dim::new(per, &d.strides)];
+        }
+    }
     let mean = (node.op == Op::ReduceMean).then_some(count as f32);
     let empty = out.numel() == 0;
     let ity = match x.dtype {

@@ -240,6 +240,80 @@ fn resized(t: &Tensor, axis: usize, n: usize) -> Tensor {
     meshc_ir::interp::eval_node(&node, &[t, &idx], &TensorType::new(t.dtype(), shape)).unwrap()
 }
 
+/// `model` (a graph or an ONNX file named `name`, its inputs in `inputs`) compiled once with
+/// each of `dims` over `1..=2N` (N its size there) and run at N, 1 and 2N against the
+/// interpreter at each: the sizes it ran at, or the one-line refusal of the compile. A
+/// run refused because a param pins the size (the run-time check, in one line) is not
+/// counted.
+fn once_over_dims(
+    dir: &Path,
+    name: &str,
+    model: &str,
+    inputs: &Path,
+    dims: &[(String, usize)],
+) -> Result<usize, String> {
+    let art = dir.join(format!("{name}.mshc")).display().to_string();
+    let ranges: Vec<String> = dims.iter().flat_map(|(n, v)| ["--dim".into(), format!("{n}=1..{}", 2 * v)]).collect();
+    let ranges: Vec<&str> = ranges.iter().map(String::as_str).collect();
+    let r = meshc(&[&["compile", model][..], &ranges, &["-o", &art]].concat());
+    if r.status != Some(0) {
+        assert_eq!(r.stderr.trim().lines().count(), 1, "{name}: {}", r.stderr);
+        assert!(!r.stderr.contains("meshc bug") && !r.stderr.contains("panicked"), "{name}: {}", r.stderr);
+        return Err(r.stderr.trim().to_string());
+    }
+    // Which input axes carry which dim, from the artifact's metadata.
+    let meta = Model::open(Path::new(&art)).unwrap();
+    let mut ran = 0;
+    for scale in [(1, 1), (0, 1), (2, 1)] {
+        let at = |v: usize| if scale.0 == 0 { 1 } else { v * scale.0 / scale.1 };
+        let mut ins = Vec::new();
+        for info in meta.inputs() {
+            let mut t = Tensor::read_npy(&inputs.join(format!("{}.npy", info.name))).unwrap();
+            for (axis, d) in info.dims.iter().enumerate() {
+                if let Some((_, v)) = d.as_ref().and_then(|d| dims.iter().find(|(n, _)| n == d)) {
+                    t = resized(&t, axis, at(*v));
+                }
+            }
+            let f = dir.join(format!("{name}-{}-{}.npy", info.name, at(10)));
+            t.write_npy(&f).unwrap();
+            ins.push(format!("{}={}", info.name, f.display()));
+        }
+        let (got, want) = (dir.join(format!("{name}-run-{}", at(10))), dir.join(format!("{name}-interp-{}", at(10))));
+        let r = meshc(&with_inputs(&["run", &art, "--output-dir", &got.display().to_string()], &ins));
+        if r.stderr.contains("fail the check") {
+            assert_eq!(r.stderr.trim().lines().count(), 1, "{name}: {}", r.stderr);
+            continue;
+        }
+        assert_eq!(r.status, Some(0), "{name} at {}: {}", at(10), r.stderr);
+        let bound: Vec<String> = dims.iter().flat_map(|(n, v)| ["--dim".into(), format!("{n}={}", at(*v))]).collect();
+        let bound: Vec<&str> = bound.iter().map(String::as_str).collect();
+        let r = meshc(&with_inputs(
+            &[&["interp", model][..], &bound, &["--output-dir", &want.display().to_string()]].concat(),
+            &ins,
+        ));
+        assert_eq!(r.status, Some(0), "{name} interp: {}", r.stderr);
+        for f in std::fs::read_dir(&want).unwrap() {
+            let f = f.unwrap().path();
+            let w = Tensor::read_npy(&f).unwrap();
+            let g = Tensor::read_npy(&got.join(f.file_name().unwrap())).unwrap();
+            assert_close(&format!("{name} at {:?}", bound), &g, &w).unwrap();
+        }
+        ran += 1;
+    }
+    Ok(ran)
+}
+
+/// The report line of `once_over_dims`'s outcome; counts a model that ran at three sizes.
+fn report_line(name: &str, outcome: Result<usize, String>, ran: &mut usize) -> String {
+    match outcome {
+        Ok(n) => {
+            *ran += usize::from(n == 3);
+            format!("{name}: ran at {n} of 3 sizes")
+        }
+        Err(e) => format!("{name}: refused: {e}"),
+    }
+}
+
 /// Every ONNX test model whose sizes `--dim` gives (its dims.txt), compiled once with each
 /// of those dims over `1..=2N` (N its size there): at N, 1 and 2N the artifact's outputs
 /// are the interpreter's; or the compile is refused in one line naming a node, or a run
@@ -261,65 +335,38 @@ fn every_onnx_test_model_compiles_once_over_its_dims_or_says_why() {
             })
             .collect();
         let model = m.join("model.onnx").display().to_string();
-        let art = dir.join(format!("{name}.mshc")).display().to_string();
-        let ranges: Vec<String> =
-            dims.iter().flat_map(|(n, v)| ["--dim".into(), format!("{n}=1..{}", 2 * v)]).collect();
-        let ranges: Vec<&str> = ranges.iter().map(String::as_str).collect();
-        let r = meshc(&[&["compile", &model][..], &ranges, &["-o", &art]].concat());
-        if r.status != Some(0) {
-            assert_eq!(r.stderr.trim().lines().count(), 1, "{name}: {}", r.stderr);
-            assert!(!r.stderr.contains("meshc bug") && !r.stderr.contains("panicked"), "{name}: {}", r.stderr);
-            report.push(format!("{name}: refused: {}", r.stderr.trim()));
-            continue;
-        }
-        // Which input axes carry which dim, from the artifact's metadata.
-        let meta = Model::open(Path::new(&art)).unwrap();
-        let mut sizes_ran = Vec::new();
-        for scale in [(1, 1), (0, 1), (2, 1)] {
-            let at = |v: usize| if scale.0 == 0 { 1 } else { v * scale.0 / scale.1 };
-            let mut ins = Vec::new();
-            for info in meta.inputs() {
-                let mut t = Tensor::read_npy(&m.join("inputs").join(format!("{}.npy", info.name))).unwrap();
-                for (axis, d) in info.dims.iter().enumerate() {
-                    if let Some((_, v)) = d.as_ref().and_then(|d| dims.iter().find(|(n, _)| n == d)) {
-                        t = resized(&t, axis, at(*v));
-                    }
-                }
-                let f = dir.join(format!("{name}-{}-{}.npy", info.name, at(10)));
-                t.write_npy(&f).unwrap();
-                ins.push(format!("{}={}", info.name, f.display()));
-            }
-            let (got, want) =
-                (dir.join(format!("{name}-run-{}", at(10))), dir.join(format!("{name}-interp-{}", at(10))));
-            let r = meshc(&with_inputs(&["run", &art, "--output-dir", &got.display().to_string()], &ins));
-            if r.stderr.contains("fail the check") {
-                assert_eq!(r.stderr.trim().lines().count(), 1, "{name}: {}", r.stderr);
-                continue;
-            }
-            assert_eq!(r.status, Some(0), "{name} at {}: {}", at(10), r.stderr);
-            let bound: Vec<String> =
-                dims.iter().flat_map(|(n, v)| ["--dim".into(), format!("{n}={}", at(*v))]).collect();
-            let bound: Vec<&str> = bound.iter().map(String::as_str).collect();
-            let r = meshc(&with_inputs(
-                &[&["interp", &model][..], &bound, &["--output-dir", &want.display().to_string()]].concat(),
-                &ins,
-            ));
-            assert_eq!(r.status, Some(0), "{name} interp: {}", r.stderr);
-            for f in std::fs::read_dir(&want).unwrap() {
-                let f = f.unwrap().path();
-                let w = Tensor::read_npy(&f).unwrap();
-                let g = Tensor::read_npy(&got.join(f.file_name().unwrap())).unwrap();
-                assert_close(&format!("{name} at {:?}", bound), &g, &w).unwrap();
-            }
-            sizes_ran.push(at(10));
-        }
-        if sizes_ran.len() == 3 {
-            ran += 1;
-        }
-        report.push(format!("{name}: ran at {} of 3 sizes", sizes_ran.len()));
+        let outcome = once_over_dims(&dir, &name, &model, &m.join("inputs"), &dims);
+        report.push(report_line(&name, outcome, &mut ran));
     }
     eprintln!("{}", report.join("\n"));
-    assert!(ran >= 13, "only {ran} models ran at three sizes:\n{}", report.join("\n"));
+    assert!(ran >= 14, "only {ran} models ran at three sizes:\n{}", report.join("\n"));
+}
+
+/// Every testdata graph, compiled once with its `batch` over `1..=2N`, as the ONNX models
+/// are (`once_over_dims`).
+#[test]
+fn every_testdata_graph_compiles_once_over_its_batch_or_says_why() {
+    let dir = scratch("dynamic-graphs");
+    let mut graphs: Vec<_> =
+        std::fs::read_dir("testdata").unwrap().map(|e| e.unwrap().path().join("graph.json")).collect();
+    graphs.retain(|g| g.is_file());
+    graphs.sort();
+    let (mut ran, mut report) = (0, Vec::new());
+    for g in &graphs {
+        let d = g.parent().unwrap();
+        let name = d.file_name().unwrap().to_string_lossy().to_string();
+        let (graph, _) = meshc_ir::load::load(g).unwrap();
+        let batch = graph.inputs.iter().find_map(|i| {
+            let k = i.dims.as_ref()?.iter().position(|n| n.as_deref() == Some("batch"))?;
+            Some(i.ty.shape[k])
+        });
+        let Some(n) = batch else { continue };
+        let outcome = once_over_dims(&dir, &name, &g.display().to_string(), &d.join("inputs"), &[("batch".into(), n)]);
+        report.push(report_line(&name, outcome, &mut ran));
+    }
+    eprintln!("{}", report.join("\n"));
+    assert!(report.len() >= 7, "{report:?}");
+    assert!(ran >= 4, "only {ran} graphs ran at three sizes:\n{}", report.join("\n"));
 }
 
 /// Found by the differential fuzzer: constant padding of a tensor with no elements has
