@@ -267,6 +267,20 @@ fn load_graph_bounded(path: &Path, args: &CodegenArgs) -> Result<(GraphIn, meshc
             layout.display()
         );
     }
+    // A symbol a check holds to one size (a param sized to it) cannot range: say which
+    // node pins it and how to give it that size, before the bounds fail the check.
+    for c in &si.checks {
+        let meshc_ir::sym::infer::CheckKind::Eq(a, b) = &c.kind else { continue };
+        let (Some(name), Some(v)) = (a.as_sym(), b.as_const()) else { continue };
+        if si.symbols.get(name).is_some_and(|s| !s.is_fixed()) {
+            bail!(
+                "{}: {name} is pinned to {v} by node '{}' (it needs {name} == {v}: a constant sized to it), so it cannot range over {}; give it that size (--dim {name}={v}) or leave it out of the ranges (docs/dynamic-shapes.md)",
+                path.display(),
+                c.node,
+                meshc_ir::sym::Bounds(&si.symbols[name])
+            );
+        }
+    }
     let hi: meshc_ir::sym::Binding =
         si.symbols.values().map(|s| (s.name.clone(), s.hi / s.multiple_of * s.multiple_of)).collect();
     let in_file = |e: String| anyhow::anyhow!("{}: at the upper bounds: {e}", path.display());

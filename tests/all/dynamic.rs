@@ -134,6 +134,23 @@ fn sizes_and_graphs_it_cannot_run_are_refused_in_one_line() {
     assert_eq!(r.status, Some(1));
     assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
     assert!(r.stderr.contains("node 'sc'") && r.stderr.contains("is not compiled yet"), "{}", r.stderr);
+    // A symbol a constant pins (the causal mask built at the example's seq) says which node
+    // pins it and what to give instead.
+    let r = meshc(&[
+        "compile",
+        "testdata/onnx/gpt2_block/model.onnx",
+        "--dim",
+        "batch=1..8",
+        "--dim",
+        "seq=1..64",
+        "-o",
+        &out,
+    ]);
+    assert_eq!(r.status, Some(1));
+    assert_eq!(
+        r.stderr.trim(),
+        "error: testdata/onnx/gpt2_block/model.onnx: seq is pinned to 5 by node 'attn_Where' (it needs seq == 5: a constant sized to it), so it cannot range over 1..64; give it that size (--dim seq=5) or leave it out of the ranges (docs/dynamic-shapes.md)"
+    );
     let r =
         meshc(&["compile", graph, "--dim", "batch=1..64", "--layout", "testdata/mlp/layouts/dp-2.json", "-o", &out]);
     assert_eq!(r.status, Some(1));
