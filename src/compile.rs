@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{bail, Context, Result};
 use meshc_ir::attrs;
-use meshc_ir::infer::norm_axes;
+use meshc_ir::infer::{norm_axes, norm_axis};
 use meshc_ir::params::Params;
 use meshc_ir::verify::{verify, Info};
 use meshc_ir::{Graph, Node, Op, Tensor, TensorType};
@@ -31,8 +31,8 @@ use meshc_ir::sym::SymInfo;
 use meshc_runtime::exec::runner::Loaded;
 use meshc_runtime::format::mesh::{Layout, Mesh};
 use meshc_runtime::format::program::{
-    align_up, Attention, Buffer, Collective, Elem, Exec, IoSpec, Kernel, Library, Matmul, Meta, Program, Protocol,
-    Reduce, Reduction, Step, Storage, Transfer, Transpose, Transposed, Why, ALIGN,
+    align_up, Attention, Buffer, Collective, Concat, Elem, Exec, IoSpec, Kernel, Library, Matmul, Meta, Program,
+    Protocol, Reduce, Reduction, Step, Storage, Transfer, Transpose, Transposed, Why, ALIGN,
 };
 use meshc_runtime::format::symbolic::{Scaling, Symbolic};
 use meshc_runtime::kernels::library;
@@ -610,6 +610,13 @@ impl Builder {
                 };
                 let r = Reduction { shape: x.shape.clone(), axes, op };
                 (Exec::Library(Library::Reduce(r)), node.inputs.clone(), 0)
+            } else if let (Some(StepScaling::Shapes(_)), Op::Concat) = (&scaling, node.op) {
+                // It concatenates along or before a symbolic dim: the runner's concat, which
+                // places each operand's part per call.
+                let axis = norm_axis(attrs::Concat::of(node).axis, out.rank()).map_err(anyhow::Error::msg)?;
+                let inputs = operand_types.iter().map(|t| t.shape.clone()).collect();
+                let c = Concat { inputs, axis, elem: out.dtype.size_bytes() };
+                (Exec::Library(Library::Concat(c)), node.inputs.clone(), 0)
             } else if node.op == Op::Attention {
                 let steps = attrs::Attention::of(node).scores.steps();
                 let scale = steps.iter().find_map(|s| match *s {

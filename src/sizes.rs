@@ -8,8 +8,8 @@
 //! operand that depends on the symbols have the same rows (the product of their leading
 //! dims up to the last symbolic one), and whose op treats rows independently, does the
 //! first `r` of the `hi` rows it is generated for. A transpose that moves a symbolic dim,
-//! and a reduction along one, are the runner's; every other step over symbolic sizes is
-//! refused, naming the node.
+//! a reduction along one and a concat along or before one are the runner's; every other
+//! step over symbolic sizes is refused, naming the node.
 
 use anyhow::{bail, Result};
 use meshc_ir::infer::{norm_axes, norm_axis};
@@ -56,9 +56,9 @@ pub fn step_scaling(si: &SymInfo, node: &Node, operands: &[String], library: boo
     let empty = shape(&node.name).iter().any(|d| d.as_const() == Some(0));
     match rows(si, node, operands) {
         Ok(_) if empty => Ok(None),
-        // A transpose that moves a symbolic dim, and a reduction along one, are the
-        // runner's: library calls of each call's shape.
-        Err(_) if matches!(node.op, Op::Transpose | Op::ReduceSum | Op::ReduceMean | Op::ReduceMax) => {
+        // A transpose that moves a symbolic dim, a reduction along one and a concat along
+        // or before one are the runner's: library calls of each call's shape.
+        Err(_) if matches!(node.op, Op::Transpose | Op::ReduceSum | Op::ReduceMean | Op::ReduceMax | Op::Concat) => {
             Ok(Some(shapes()))
         }
         r => r.map(Some),

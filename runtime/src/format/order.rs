@@ -8,7 +8,8 @@
 use std::fmt::Write as _;
 
 use crate::format::program::{
-    Attention, CollectiveOp, Exec, Library, Matmul, Program, Protocol, Reduction, Step, StreamKind, Transfer, Transpose,
+    Attention, CollectiveOp, Concat, Exec, Library, Matmul, Program, Protocol, Reduction, Step, StreamKind, Transfer,
+    Transpose,
 };
 
 /// The happens-before relation of a device's steps under its stream plan: stream order plus
@@ -190,6 +191,9 @@ pub fn exec_text(p: &Program, st: &Step) -> String {
         }
         Exec::Library(Library::Reduce(Reduction { shape, axes, op })) => {
             format!("library reduce_{} {shape:?} axes {axes:?}", op.name())
+        }
+        Exec::Library(Library::Concat(Concat { inputs, axis, .. })) => {
+            format!("library concat {inputs:?} axis {axis}")
         }
         Exec::Collective(c) => {
             let group = c.groups.iter().find(|g| g.contains(&p.device)).cloned().unwrap_or_default();

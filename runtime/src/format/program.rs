@@ -220,12 +220,14 @@ pub enum Library {
     Attention(Attention),
     Transpose(Transpose),
     Reduce(Reduction),
+    Concat(Concat),
 }
 
 impl Library {
     /// The call at other shapes of its buffers (`shapes[i]`: buffer i's, in buffer order):
     /// a matmul's result, operands and epilogue operands; attention's result, q, k, v,
-    /// then (past the scale's) the mask; a transpose's or a reduction's result and operand.
+    /// then (past the scale's) the mask; a transpose's or a reduction's result and operand;
+    /// a concat's result and operands.
     pub fn at_shapes(&self, shapes: &[Vec<usize>]) -> Library {
         use crate::format::epilogue::Step;
         let at = |i: usize| shapes.get(i).cloned().unwrap_or_default();
@@ -254,6 +256,9 @@ impl Library {
             }
             Library::Transpose(t) => Library::Transpose(Transpose { shape: at(1), ..t.clone() }),
             Library::Reduce(r) => Library::Reduce(Reduction { shape: at(1), ..r.clone() }),
+            Library::Concat(c) => {
+                Library::Concat(Concat { inputs: (1..=c.inputs.len()).map(at).collect(), ..c.clone() })
+            }
         }
     }
 }
@@ -263,6 +268,18 @@ impl Library {
 /// a program compiled with symbolic dims that reduces along one (a loss over the batch,
 /// dynamic quantization's range of a whole tensor), whose calls decide how many elements
 /// each result reduces. Buffers: result, operand.
+/// numpy concatenate of operands of `inputs` shapes along `axis`, elements of `elem`
+/// bytes, by the runner (`crate::kernels::concat`): for a program compiled with symbolic
+/// dims that concatenates along one, or before one (a cache of keys and the new ones along
+/// the sequence), whose calls decide where each operand's part begins. Buffers: result,
+/// then the operands.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Concat {
+    pub inputs: Vec<Vec<usize>>,
+    pub axis: usize,
+    pub elem: usize,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Reduction {
     pub shape: Vec<usize>,

@@ -2,12 +2,13 @@
 //! `LibraryCall`, implemented next to it), and what they share with
 //! the compiler's code generation: the library GEMM (`library`, `small_m`, `panels` for
 //! prepacked weights), its shape planning (`matmul_shape`), matmul epilogues (`epilogue`),
-//! fused attention (`attention`), a transpose and a reduction of run-time shape
-//! (`transpose`, `reduce`), f32 math (`vmath`) and the fork/join of a step over the
+//! fused attention (`attention`), a transpose, a reduction and a concat of run-time shape
+//! (`transpose`, `reduce`, `concat`), f32 math (`vmath`) and the fork/join of a step over the
 //! cores (`pool`).
 
 pub mod attention;
 pub mod call;
+pub mod concat;
 pub mod epilogue;
 pub mod library;
 pub mod matmul_shape;
@@ -28,5 +29,6 @@ pub fn library_call(l: &Library) -> &dyn LibraryCall {
         Library::Attention(a) => a,
         Library::Transpose(t) => t,
         Library::Reduce(r) => r,
+        Library::Concat(c) => c,
     }
 }
