@@ -39,7 +39,7 @@ impl LibraryCall for Concat {
             if buffers[i + 1].bytes < need {
                 return Err(format!("buffer {} holds {} bytes, too few for {s:?}", i + 1, buffers[i + 1].bytes));
             }
-            runs.push(if rows == 0 { 0 } else { need / rows });
+            runs.push(need.checked_div(rows).unwrap_or(0));
         }
         let row: usize = runs.iter().sum();
         let total = row.checked_mul(rows).ok_or("the shape overflows")?;
