@@ -102,7 +102,7 @@ mod tests {
                 .map(|(k, s)| (0..s.iter().product::<usize>()).map(|i| (k * 1000 + i) as u32).collect())
                 .collect();
             let c = Concat { inputs: shapes.clone(), axis, elem: 4 };
-            let mut out_shape = vec![2usize, 3, 4];
+            let mut out_shape = [2usize, 3, 4];
             out_shape[axis] = 5;
             let n: usize = out_shape.iter().product();
             let bufs: Vec<Buffer> = std::iter::once(n * 4).chain(data.iter().map(|d| d.len() * 4)).map(buf).collect();
