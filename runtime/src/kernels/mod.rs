@@ -2,12 +2,13 @@
 //! `LibraryCall`, implemented next to it), and what they share with
 //! the compiler's code generation: the library GEMM (`library`, `small_m`, `panels` for
 //! prepacked weights), its shape planning (`matmul_shape`), matmul epilogues (`epilogue`),
-//! fused attention (`attention`), a transpose of run-time shape (`transpose`), f32 math (`vmath`) and the fork/join of a step over the
+//! the integer GEMM of 8-bit products (`igemm`),//! fused attention (`attention`), a transpose of run-time shape (`transpose`), f32 math (`vmath`) and the fork/join of a step over the
 //! cores (`pool`).
 
 pub mod attention;
 pub mod call;
 pub mod epilogue;
+pub mod igemm;
 pub mod library;
 pub mod matmul_shape;
 pub mod panels;
@@ -23,6 +24,7 @@ use crate::kernels::call::LibraryCall;
 pub fn library_call(l: &Library) -> &dyn LibraryCall {
     match l {
         Library::Matmul(m) => m,
+        Library::IntMatmul(m) => m,
         Library::Attention(a) => a,
         Library::Transpose(t) => t,
     }
