@@ -798,6 +798,28 @@ mod tests {
     }
 
     #[test]
+    fn an_encoders_shapes_span_several_blocks_of_strips() {
+        // MiniLM's projections: 1536 columns are more strips than one L2 block holds.
+        for (i, (k, n)) in [(384, 1536), (1536, 384), (384, 1152)].into_iter().enumerate() {
+            let m = 70;
+            let a: Vec<i32> = ints(i as u64, m * k, 255).into_iter().map(|x| x - 77).collect();
+            let b: Vec<i32> = ints(i as u64 + 9, k * n, 255).into_iter().map(|x| x - 128).collect();
+            check(&Tensor::new(vec![m, k], Data::I32(a)), &Tensor::new(vec![k, n], Data::I32(b)));
+        }
+    }
+
+    /// Deterministic pseudo-random integers in 0..=hi.
+    fn ints(seed: u64, len: usize, hi: u64) -> Vec<i32> {
+        let mut s = seed;
+        (0..len)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((s >> 33) % (hi + 1)) as i32
+            })
+            .collect()
+    }
+
+    #[test]
     fn batches_of_weights_and_rows_wider_than_a_byte() {
         // A batch of b matrices (attention-like), and a row of a spanning more than 255
         // values (the scalar row).
