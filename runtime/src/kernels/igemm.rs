@@ -419,7 +419,9 @@ unsafe fn block(
     }
     for &r in &rows.wide {
         let row = &a[r * k..][..k];
-        for j in s0 * NR..(s1 * NR).min(n) {
+        let sum = row.iter().fold(0i32, |s, &x| s.wrapping_add(x));
+        let first = s0 * NR;
+        for (j, &cb) in cb.iter().enumerate().take((s1 * NR).min(n)).skip(first) {
             // b = w + cb column by column: Σ a·b = Σ a·w + cb·Σ a.
             let (strip, col) = (j / NR, j % NR);
             let mut dot = 0i32;
@@ -427,8 +429,8 @@ unsafe fn block(
                 let w = panels[(strip * (kp / KG) + p / KG) * GROUP + col * KG + p % KG] as i8 as i32;
                 dot = dot.wrapping_add(x.wrapping_mul(w));
             }
-            let sum = row.iter().fold(0i32, |s, &x| s.wrapping_add(x));
-            unsafe { *c.add(r * n + j) = dot.wrapping_add(cb[j].wrapping_mul(sum)) };
+            // SAFETY: row r, column j of this part's rows of the result (the caller's promise).
+            unsafe { *c.add(r * n + j) = dot.wrapping_add(cb.wrapping_mul(sum)) };
         }
     }
 }
