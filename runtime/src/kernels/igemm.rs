@@ -50,7 +50,7 @@ const KG: usize = 4;
 const GROUP: usize = NR * KG;
 
 /// Rows per matrix up to which a product is split by strips rather than rows.
-const SMALL_M: usize = 16;
+const SMALL_M: usize = 64;
 
 /// Bytes of a block of strips every tile of rows passes over while it stays in L2.
 const STRIP_BLOCK_BYTES: usize = 384 << 10;
@@ -243,6 +243,8 @@ thread_local! {
     /// Each thread's copy of its rows of `a` (kept between calls: fresh each call, it would be
     /// page-faulted in each time).
     static ROWS: RefCell<Rows> = RefCell::new(Rows::default());
+    /// The calling thread's copy of every row of a small-M product, which all its parts read.
+    static SHARED: RefCell<Vec<Rows>> = const { RefCell::new(Vec::new()) };
 }
 
 /// The multiply-adds of a product.
@@ -312,32 +314,39 @@ pub fn matmul_on(
         (ao, bo.checked_div(k * n).unwrap_or(0), oo)
     };
     let c = out.as_mut_ptr() as usize;
-    // Rows r0..r1 × strips s0..s1 of matrix `mat`.
-    let run = |mat: usize, (r0, r1): (usize, usize), strips: (usize, usize)| {
+    // Rows r0..r1 × strips s0..s1 of matrix `mat`, those rows of `a` as `rows` holds them.
+    let run = |mat: usize, (r0, r1): (usize, usize), strips: (usize, usize), rows: &Rows| {
         let (ao, bi, oo) = batch(mat);
         let a = &a[ao + r0 * k..ao + r1 * k];
         // SAFETY: rows r0..r1 of result matrix `mat` lie inside `out` (its span checked
-        // above), and the parts of a split write disjoint tiles of them.
-        let c = unsafe { (c as *mut i32).add(oo + r0 * n) };
-        ROWS.with_borrow_mut(|rows| {
-            rows.fill(a, r1 - r0, k);
-            // SAFETY: as above; `block` writes only the columns of `strips` of these rows.
-            unsafe { block(path, packed, bi, rows, a, (c, r1 - r0), strips) };
-        });
+        // above), and the parts of a split write disjoint tiles of them; `block` writes only
+        // the columns of `strips` of these rows.
+        unsafe { block(path, packed, bi, rows, a, ((c as *mut i32).add(oo + r0 * n), r1 - r0), strips) };
     };
     let sn = strips(n);
     if m <= SMALL_M {
-        let items = count * sn;
-        let parts = if threads > 1 { items.min(crate::kernels::pool::PARTS_PER_THREAD * threads) } else { 1 };
-        crate::kernels::pool::split(parts, &|t| {
-            let (from, to) = (items * t / parts, items * (t + 1) / parts);
-            let mut item = from;
-            while item < to {
-                let (mat, j) = (item / sn, item % sn);
-                let end = to.min((mat + 1) * sn);
-                run(mat, (0, m), (j, j + end - item));
-                item = end;
+        // Every part runs all rows on its strips: the rows are taken to 8 bits once, here.
+        SHARED.with_borrow_mut(|shared| {
+            if shared.len() < count {
+                shared.resize_with(count, Rows::default);
             }
+            for (mat, rows) in shared.iter_mut().enumerate().take(count) {
+                let ao = s.batch_offset(mat).0;
+                rows.fill(&a[ao..ao + m * k], m, k);
+            }
+            let shared = &*shared;
+            let items = count * sn;
+            let parts = if threads > 1 { items.min(crate::kernels::pool::PARTS_PER_THREAD * threads) } else { 1 };
+            crate::kernels::pool::split(parts, &|t| {
+                let (from, to) = (items * t / parts, items * (t + 1) / parts);
+                let mut item = from;
+                while item < to {
+                    let (mat, j) = (item / sn, item % sn);
+                    let end = to.min((mat + 1) * sn);
+                    run(mat, (0, m), (j, j + end - item), &shared[mat]);
+                    item = end;
+                }
+            });
         });
     } else {
         let mr = path.mr();
@@ -345,8 +354,12 @@ pub fn matmul_on(
         let parts = if threads > 1 { (crate::kernels::pool::PARTS_PER_THREAD * threads).min(tiles) } else { 1 };
         crate::kernels::pool::split(parts, &|t| {
             let (r0, r1) = ((tiles * t / parts * mr).min(m), (tiles * (t + 1) / parts * mr).min(m));
-            if r0 < r1 {
-                (0..count).for_each(|mat| run(mat, (r0, r1), (0, sn)));
+            for mat in (0..count).filter(|_| r0 < r1) {
+                let ao = s.batch_offset(mat).0;
+                ROWS.with_borrow_mut(|rows| {
+                    rows.fill(&a[ao + r0 * k..ao + r1 * k], r1 - r0, k);
+                    run(mat, (r0, r1), (0, sn), rows);
+                });
             }
         });
     }
