@@ -112,10 +112,11 @@ fn encoder(meshc: &Path, dir: &Path) {
     }
 }
 
-/// Seconds of the fastest of `reps` calls (after one to warm up).
+/// Seconds of the fastest of `reps` calls after one to warm up (of that one with no `reps`).
 fn best(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    let t = Instant::now();
     f()?;
-    let mut best = f64::INFINITY;
+    let mut best = if reps == 0 { t.elapsed().as_secs_f64() } else { f64::INFINITY };
     for _ in 0..reps {
         let t = Instant::now();
         f()?;
@@ -146,20 +147,27 @@ fn gemm() -> Result<()> {
     let af: Vec<f32> = a.iter().map(|&x| x as f32 / 256.0).collect();
     let bf: Vec<f32> = b.iter().map(|&x| x as f32 / 128.0).collect();
     let mut c = vec![0f32; m * n];
-    let f32_secs = best(3, || library::matmul(&af, &bf, &mut c, &s, Threads::Exactly(THREADS), &Bound::none()))?;
-    println!("GEMM {m}x{k}x{n}, {THREADS} threads, GOP/s (2 per multiply-add):");
-    println!("  f32 library GEMM          {:>7.1}", gops(f32_secs));
-    let mut first: Option<Vec<i32>> = None;
-    for path in IntPath::available() {
-        let mut out = vec![0i32; m * n];
-        let mut scratch = Vec::new();
-        let reps = if path == IntPath::Scalar { 1 } else { 3 };
-        let secs = best(reps, || igemm::matmul_on(path, &a, B::Packed(&packed), &mut out, &s, THREADS, &mut scratch))?;
-        match &first {
-            Some(f) if *f != out => bail!("the {path:?} integer GEMM's result differs from the first path's"),
-            Some(_) => {}
-            None => first = Some(out),
+    let paths = IntPath::available();
+    let mut outs: Vec<Vec<i32>> = paths.iter().map(|_| vec![0i32; m * n]).collect();
+    let mut scratch = Vec::new();
+    // Rounds of every GEMM in turn, the best of each kept: on a machine shared with other
+    // jobs, a busy spell then slows all of them rather than one.
+    let (mut f32_secs, mut int_secs) = (f64::INFINITY, vec![f64::INFINITY; paths.len()]);
+    for _ in 0..3 {
+        let t = best(1, || library::matmul(&af, &bf, &mut c, &s, Threads::Exactly(THREADS), &Bound::none()))?;
+        f32_secs = f32_secs.min(t);
+        for ((&path, out), secs) in paths.iter().zip(&mut outs).zip(&mut int_secs) {
+            let reps = if path == IntPath::Scalar { 0 } else { 1 };
+            let t = best(reps, || igemm::matmul_on(path, &a, B::Packed(&packed), out, &s, THREADS, &mut scratch))?;
+            *secs = secs.min(t);
         }
+    }
+    if let Some(i) = outs.iter().position(|o| *o != outs[0]) {
+        bail!("the {:?} integer GEMM's result differs from the {:?} one's", paths[i], paths[0]);
+    }
+    println!("GEMM {m}x{k}x{n}, {THREADS} threads, GOP/s (2 per multiply-add), best of 3 rounds of each in turn:");
+    println!("  f32 library GEMM          {:>7.1}", gops(f32_secs));
+    for (path, secs) in paths.iter().zip(int_secs) {
         let g = gops(secs);
         println!("  int8 GEMM, {:<14} {g:>7.1}   {:.2}x the f32 GEMM", format!("{path:?}"), f32_secs / secs);
     }
