@@ -16,7 +16,7 @@ help:
 	@echo "make onnx-schemas   regenerate onnx/src/schemas.rs, ONNX's op schemas, from the onnx package (the venv of onnx-testdata)"
 	@echo "make onnx-conformance  every ONNX backend node test through meshc (a venv under target/ with onnx)"
 	@echo "make onnx-wild  the ONNX models six PyPI wheels ship (OCR, voice activity, file types, layout) against onnxruntime"
-	@echo "make onnx-quantized  a MiniLM-L3 quantized by onnxruntime's quantize_dynamic through meshc interp, against onnxruntime"
+	@echo "make onnx-quantized  a MiniLM-L3 quantized by onnxruntime's quantize_dynamic through meshc interp and run, against onnxruntime"
 	@echo "make onnx-models  real torch.onnx exports (ResNet, MobileNet, BERT, GPT-2, ...) through meshc (a venv with torch, ~6 GB)"
 	@echo "make python    build the Python package (python/, PyO3 + maturin) into a venv under target/"
 	@echo "make test-python  the pytest suite of the Python package (every testdata artifact, threads, bad inputs)"
@@ -174,7 +174,7 @@ test-python: python
 	MESHC=$(CURDIR)/$(MESHC) $(PY_VENV)/bin/python -m pytest -q python/tests
 
 bench:
-	$(CARGO) bench --bench gemm --bench pipeline --bench mesh --bench collectives --bench degraded --bench pilot --bench sendrecv --bench streams --bench checkpoints --bench models --bench train --bench onnx --bench dynamic --bench xla_bytes --bench embed
+	$(CARGO) bench --bench gemm --bench pipeline --bench mesh --bench collectives --bench degraded --bench pilot --bench sendrecv --bench streams --bench checkpoints --bench models --bench train --bench onnx --bench dynamic --bench int8 --bench xla_bytes --bench embed
 
 # The end-to-end example: compile the transformer block into one artifact, show what is in
 # it, run it 200 times (--bench: the time per run, its outputs checked against numpy's), then

@@ -31,10 +31,11 @@ use meshc_ir::sym::SymInfo;
 use meshc_runtime::exec::runner::Loaded;
 use meshc_runtime::format::mesh::{Layout, Mesh};
 use meshc_runtime::format::program::{
-    align_up, Attention, Buffer, Collective, Concat, Elem, Exec, IoSpec, Kernel, Library, Matmul, Meta, Program,
-    Protocol, Reduce, Reduction, Step, Storage, Transfer, Transpose, Transposed, Why, ALIGN,
+    align_up, Attention, Buffer, Collective, Concat, Elem, Exec, IntMatmul, IoSpec, Kernel, Library, Matmul, Meta,
+    Program, Protocol, Reduce, Reduction, Step, Storage, Transfer, Transpose, Transposed, Why, ALIGN,
 };
 use meshc_runtime::format::symbolic::{Scaling, Symbolic};
+use meshc_runtime::kernels::igemm;
 use meshc_runtime::kernels::library;
 use meshc_runtime::kernels::matmul_shape::MatmulShape;
 use meshc_runtime::kernels::panels;
@@ -226,11 +227,10 @@ fn generate(target: &Target, node: &Node, inputs: &[TensorType], out: &TensorTyp
         bail!("node '{}': the generated matmul kernel takes no epilogue", node.name);
     }
     match node.op {
-        Op::MatMul if out.dtype != meshc_ir::DType::F32 => bail!(
-            "node '{}': an {} matmul is not compiled yet (no integer GEMM kernel; `meshc interp` runs it)",
-            node.name,
-            out.dtype
-        ),
+        // An i32 matmul is the integer library GEMM's (`Builder::program`).
+        Op::MatMul if out.dtype != meshc_ir::DType::F32 => {
+            bail!("node '{}': an {} matmul has no compiled kernel (`meshc interp` runs it)", node.name, out.dtype)
+        }
         Op::MatMul => codegen::matmul::matmul(target, &name, &inputs[0], &inputs[1], out),
         Op::ReduceSum | Op::ReduceMean | Op::ReduceMax | Op::Softmax | Op::LayerNorm => {
             codegen::reduce::kernel(target, &name, node, inputs, out)
@@ -377,6 +377,10 @@ impl Builder {
     /// Whether the library GEMM serves a matmul of operands of these types (as stored).
     /// Both GEMMs read a half weight (widening it by blocks): the choice is by shape.
     fn library_serves(&self, operands: &[TensorType]) -> bool {
+        if operands[0].dtype != meshc_ir::DType::F32 {
+            // An i32 product is the integer GEMM's whatever `gemm` says.
+            return false;
+        }
         match self.gemm {
             Gemm::Library => true,
             Gemm::Cranelift => false,
@@ -415,6 +419,20 @@ impl Builder {
                     && (MatmulShape::infer(&a.shape, &ty.shape).is_ok_and(|(s, _)| s.m <= panels::SMALL_M)
                         || si.is_some_and(|si| si.shapes[&n.inputs[0]].iter().any(|d| !d.is_const())))
             })
+    }
+
+    /// Whether the constant `name` is an i32 weight that only integer matmuls read, as their
+    /// right operand: stored packed for the integer GEMM (`igemm::pack`) when its columns
+    /// fit 8 bits, as those of MatMulInteger's centred weights do.
+    fn int_weight(g: &Graph, info: &Info, folded: &Folded, name: &str) -> bool {
+        let ty = folded.stored(name, &info.types);
+        let mut readers =
+            g.nodes.iter().filter(|n| !folded.consts.contains_key(&n.name) && n.inputs.iter().any(|i| i == name));
+        ty.dtype == meshc_ir::DType::I32
+            && ty.shape.len() >= 2
+            && !g.outputs.iter().any(|o| o.name == name)
+            && !folded.absorbed.values().any(|w| w == name)
+            && readers.all(|n| n.op == Op::MatMul && n.inputs.len() == 2 && n.inputs[0] != name && n.inputs[1] == name)
     }
 
     /// The transposes that the library GEMMs reading them take through strides instead
@@ -501,6 +519,16 @@ impl Builder {
                 let count = shape[..shape.len() - 2].iter().product();
                 bytes = std::borrow::Cow::Owned(panels::pack_bytes(&bytes, count, k, n));
                 panelled.push(name.clone());
+            } else if !masks.contains_key(name.as_str()) && Self::int_weight(g, info, folded, name) {
+                let shape = &info.types[name].shape;
+                let (k, n) = (shape[shape.len() - 2], shape[shape.len() - 1]);
+                let count = shape[..shape.len() - 2].iter().product();
+                let values: Vec<i32> =
+                    bytes.chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().expect("4"))).collect();
+                if let Some(packed) = igemm::pack(&values, count, k, n) {
+                    bytes = std::borrow::Cow::Owned(packed);
+                    panelled.push(name.clone());
+                }
             }
             let len = bytes.len();
             let (record, mask) = match masks.get(name.as_str()) {
@@ -576,7 +604,12 @@ impl Builder {
             if scaling.is_some() && node.op == Op::MatMul && masks.contains_key(node.inputs[1].as_str()) {
                 bail!("node '{}': a pruned matmul over symbolic dims is not compiled yet", node.name);
             }
-            let use_library = node.op == Op::MatMul && (scaling.is_some() || self.library_serves(&operand_types));
+            let integer = node.op == Op::MatMul && out.dtype == meshc_ir::DType::I32;
+            if integer && (node.inputs.len() > 2 || masks.contains_key(node.inputs[1].as_str())) {
+                bail!("node '{}': an i32 matmul with an epilogue or a pruned weight is not compiled", node.name);
+            }
+            let use_library =
+                node.op == Op::MatMul && !integer && (scaling.is_some() || self.library_serves(&operand_types));
             let mut shares = Vec::new();
             let (exec, operands, scratch) = if node.op.is_communication() {
                 (Exec::Collective(self.collective(node, &operand_types[0], device, devices)?), node.inputs.clone(), 0)
@@ -633,6 +666,14 @@ impl Builder {
                     out: out.shape.clone(),
                     scale,
                     mask,
+                });
+                (Exec::Library(lib), node.inputs.clone(), 0)
+            } else if integer {
+                let lib = Library::IntMatmul(IntMatmul {
+                    a: operand_types[0].shape.clone(),
+                    b: operand_types[1].shape.clone(),
+                    out: out.shape.clone(),
+                    panels: panelled.contains(&node.inputs[1]),
                 });
                 (Exec::Library(lib), node.inputs.clone(), 0)
             } else if use_library {

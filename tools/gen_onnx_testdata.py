@@ -957,6 +957,41 @@ def quantized():
     save("quantized", g, {"x": r.standard_normal((4, 16)).astype(np.float32)}, {"batch": 4}, opset=13)
 
 
+def integer_products():
+    """MatMulInteger and QLinearMatMul whose products the integer GEMM runs: a u8 × i8
+    product with a per-column weight zero point over K = 1100 (K·255·255 > 2^24: no f32 GEMM
+    would be provably exact), an i8 × i8 one, and a u8 × u8 QLinearMatMul requantized to u8; activations at the ends of
+    their range (255 × −128) as often as not. Its own generator, so the models before it keep
+    their bytes."""
+    r = np.random.default_rng(35)
+    k = 1100
+    a = helper.make_tensor_value_info("a", TensorProto.UINT8, ["batch", k])
+    s = helper.make_tensor_value_info("s", TensorProto.INT8, ["batch", 64])
+    outs = [helper.make_tensor_value_info("y_u8s8", TensorProto.INT32, ["batch", 40]),
+            helper.make_tensor_value_info("y_s8s8", TensorProto.INT32, ["batch", 21]),
+            helper.make_tensor_value_info("y_qlinear", TensorProto.UINT8, ["batch", 24])]
+    ends = lambda lo, hi, shape, t: np.where(r.random(shape) < 0.5, r.choice([lo, hi], shape),  # noqa: E731
+                                             r.integers(lo, hi + 1, shape)).astype(t)
+    arr = numpy_helper.from_array
+    inits = [
+        arr(ends(-128, 127, (k, 40), np.int8), "w"), arr(np.uint8(131), "a_zp"),
+        arr(r.integers(-128, 128, 40).astype(np.int8), "w_zp"),
+        arr(ends(-128, 127, (64, 21), np.int8), "v"), arr(np.int8(-5), "s_zp"),
+        arr(ends(0, 255, (k, 24), np.uint8), "u"), arr(np.float32(0.02), "a_scale"),
+        arr(np.float32(0.003), "u_scale"), arr(np.uint8(128), "u_zp"), arr(np.float32(900.0), "y_scale"),
+        arr(np.uint8(100), "y_zp"),
+    ]
+    nodes = [
+        helper.make_node("MatMulInteger", ["a", "w", "a_zp", "w_zp"], ["y_u8s8"], name="u8s8"),
+        helper.make_node("MatMulInteger", ["s", "v", "s_zp"], ["y_s8s8"], name="s8s8"),
+        helper.make_node("QLinearMatMul", ["a", "a_scale", "a_zp", "u", "u_scale", "u_zp", "y_scale", "y_zp"],
+                         ["y_qlinear"], name="qlinear"),
+    ]
+    g = helper.make_graph(nodes, "integer_products", [a, s], outs, inits)
+    feeds = {"a": ends(0, 255, (4, k), np.uint8), "s": ends(-128, 127, (4, 64), np.int8)}
+    save("integer_products", g, feeds, {"batch": 4}, opset=13)
+
+
 def bad():
     """Bad inputs for testdata/bad/ (tests/all/golden.rs pins each one-line error)."""
     d = os.path.join(OUT, "..", "bad")
@@ -1236,6 +1271,7 @@ if __name__ == "__main__":
     recurrent_lstm()
     recurrent_gru_rnn()
     quantized()
+    integer_products()
     bad()
     total = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote {OUT} ({total} bytes)", file=sys.stderr)

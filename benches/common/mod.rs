@@ -6,6 +6,7 @@
 
 pub mod encoder;
 pub mod mlp;
+pub mod ort;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -2,10 +2,11 @@
 //! where ONNX's reference rounds: DequantizeLinear is `(x − zero point) · scale` in f32,
 //! QuantizeLinear `round_half_even(x / scale) + zero point` clamped to the zero point's type
 //! and cast into it, DynamicQuantizeLinear the same with the scale and zero point it derives
-//! from x's range (ONNX's reference formula), MatMulInteger a product of the operands
-//! less their zero points that no step rounds: in f32 while every partial sum is provably an
-//! integer below 2^24, else in i32; QLinearMatMul that product requantized; ConvInteger and
-//! QLinearConv the same of a conv (f32 when exact, else refused: the IR's conv is f32). Scales and zero points are per tensor (one value), per
+//! from x's range (ONNX's reference formula), MatMulInteger the i32 product of the operands
+//! less their zero points (compiled code runs it as the integer GEMM), QLinearMatMul that
+//! product requantized, ConvInteger and QLinearConv the same of a conv (in f32 when every
+//! partial sum is provably an integer below 2^24, else refused: the IR's conv is f32).
+//! Scales and zero points are per tensor (one value), per
 //! axis (a 1-D tensor along `axis`) or blocked (`block_size` slices of `axis` each). A scale
 //! known at import must be finite and positive; shapes that do not fit are refused naming
 //! the tensor.
@@ -248,7 +249,7 @@ fn dynamic_quantize(s: &mut Steps) -> R<Vec<Value>> {
     Ok(vec![y, scale, zp])
 }
 
-/// The largest |v − zero point| an operand of MatMulInteger can hold: from its values when
+/// The largest |v − zero point| an operand of ConvInteger can hold: from its values when
 /// they are known at import, else from its type and its zero point when that is known.
 fn centred_bound(centred: &Value, dtype: DType, zp: Option<&Value>) -> f64 {
     if let Some(t) = centred.as_const() {
@@ -496,8 +497,6 @@ fn integer_product(s: &mut Steps, at: [usize; 4], names: [&str; 4], out: &str) -
         }
     }
     let (rows, cols) = product_sides(&a_ty, &b_ty);
-    let k = a_ty.shape[a_ty.rank() - 1];
-    let mut bounds = [0.0; 2];
     let mut centred = Vec::new();
     for (j, (v, t, side)) in [(&a, &a_ty, Side::Rows(rows)), (&b, &b_ty, Side::Cols(cols))].into_iter().enumerate() {
         let (zi, role) = (at[2 * j + 1], names[2 * j + 1]);
@@ -521,17 +520,9 @@ fn integer_product(s: &mut Steps, at: [usize; 4], names: [&str; 4], out: &str) -
                 s.op0(&format!("{side_name}_centred"), Op::Sub, &[&wide, &zw])?
             }
         };
-        bounds[j] = centred_bound(&c, t.dtype, zp.as_ref());
         centred.push(c);
     }
-    // Every partial sum of the product is an integer of magnitude at most k·|a|·|b|: below
-    // 2^24 each is exact in f32, whatever order a GEMM adds in, and the compiled f32 GEMMs run
-    // it. Beyond, the product is the i32 matmul (wrapping like ONNX's accumulator).
-    if (k as f64) * bounds[0] * bounds[1] < (1u64 << 24) as f64 {
-        let af = cast(s.b, &centred[0], DType::F32, &s.c.part("a_f32"))?;
-        let bf = cast(s.b, &centred[1], DType::F32, &s.c.part("b_f32"))?;
-        let p = s.b.node(&format!("{out}_f32"), Op::MatMul, &[&af, &bf], &[])?;
-        return cast(s.b, &p, DType::I32, out);
-    }
+    // The i32 matmul, wrapping like ONNX's accumulator: `compile` runs it as the integer
+    // GEMM, whose kernels take each row of a and column of b back to 8 bits.
     s.b.node(out, Op::MatMul, &[&centred[0], &centred[1]], &[])
 }

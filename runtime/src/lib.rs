@@ -6,7 +6,7 @@
 //! (pinned by tests/all/modules.rs):
 //! - `format` (uses nothing): `abi`, `mesh`, `program`, `degradation`, `epilogue`, `order`,
 //!   `mask`, `artifact`, `signature`, `isa`, `symbolic`;
-//! - `kernels` (format): `call`, `library`, `small_m`, `panels`, `matmul_shape`, `epilogue`,
+//! - `kernels` (format): `call`, `library`, `small_m`, `panels`, `igemm`, `matmul_shape`, `epilogue`,
 //!   `attention`, `transpose`, `reduce`, `concat`, `vmath`, `pool`;
 //! - `comm` (format): `traffic`, `fabric`, `reduce`, `degraded`, `exchange`, `transport`,
 //!   `mpi`, `sync`, `error`, `memory`;

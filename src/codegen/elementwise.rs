@@ -235,8 +235,12 @@ impl Plan {
         let inner = *dims.last().expect("at least one dim");
         let scalar_only = nodes.iter().any(|(k, _)| matches!(k, Kind::Mod { .. } | Kind::IntDiv));
         // i8/u8 are loaded one at a time, widened to i32 (a vector load of 4 bytes and its
-        // wrapping narrow on store are not written yet).
-        let bytes = dtypes.iter().any(|d| d.is_byte());
+        // wrapping narrow on store are not written yet); held in i32 lanes, a byte computed
+        // inside the group (QuantizeLinear's cast before MatMulInteger's widening) or read once
+        // (a zero point) takes the vector loop.
+        let n_in = f.inputs.len();
+        let bytes =
+            dtypes.last().is_some_and(|d| d.is_byte()) || (0..n_in).any(|v| dtypes[v].is_byte() && !invariant[v]);
         let vector = inner >= LANES && !dtypes.contains(&DType::I64) && !scalar_only && !bytes;
         Ok(Plan { dtypes, nodes, dims, strides, out_strides, invariant, vector, tail })
     }
@@ -403,7 +407,7 @@ fn collapse(shape: &[usize], strides: &[Vec<usize>]) -> (Vec<usize>, Vec<Vec<usi
 fn lane_type(dt: DType, vector: bool) -> Type {
     match (dt, vector) {
         (DType::I8 | DType::U8, false) => types::I32,
-        (DType::I8 | DType::U8, true) => unreachable!("bytes take the scalar path (Plan::new)"),
+        (DType::I8 | DType::U8, true) => types::I32X4,
         (DType::F32 | DType::F16 | DType::BF16, false) => types::F32,
         (DType::F32 | DType::F16 | DType::BF16, true) => types::F32X4,
         (DType::I32, false) => types::I32,
@@ -629,7 +633,15 @@ fn cast(m: &mut Math, from: DType, to: DType, x: Value) -> Value {
     };
     if to.is_byte() {
         let w = cast(m, from, I32, x);
-        return if to == I8 {
+        return if vector {
+            // The low byte, sign- or zero-extended, in every lane.
+            let high = m.b.ins().ishl_imm_s(w, 24);
+            if to == I8 {
+                m.b.ins().sshr_imm_s(high, 24)
+            } else {
+                m.b.ins().ushr_imm_s(high, 24)
+            }
+        } else if to == I8 {
             let low = m.b.ins().ireduce(types::I8, w);
             m.b.ins().sextend(types::I32, low)
         } else {
@@ -1256,6 +1268,30 @@ mod tests {
         }
         check_random(&f, 950, "every op");
         check_random(&f32_only, 951, "every f32 op");
+    }
+
+    #[test]
+    fn bytes_computed_inside_a_group_take_the_vector_loop() {
+        // QuantizeLinear's cast into a byte then MatMulInteger's widening, less a zero point
+        // read once: vectorised, as the scalar tail is, every float (specials included)
+        // truncated, saturated and wrapped to 8 bits.
+        for (k, (to, dt)) in [("u8", DType::U8), ("i8", DType::I8)].into_iter().enumerate() {
+            let wide = [("to", "i32")];
+            let f = group(
+                &[f32t(&[1023]), ty(dt, &[])],
+                &[
+                    (Op::Cast, &[("to", to)], &[IN0]),
+                    (Op::Cast, &wide, &[Arg::Node(0)]),
+                    (Op::Cast, &wide, &[IN1]),
+                    (Op::Sub, &[], &[Arg::Node(1), Arg::Node(2)]),
+                ],
+            );
+            assert!(Plan::new(&f).unwrap().vector, "{to}");
+            check_random(&f, 960 + k as u64, &format!("f32 -> {to} -> i32 - zero point"));
+            // Bytes loaded element by element still take the scalar loop.
+            let f = group(&[ty(dt, &[1023])], &[(Op::Cast, &wide, &[IN0])]);
+            assert!(!Plan::new(&f).unwrap().vector, "{to}");
+        }
     }
 
     #[test]

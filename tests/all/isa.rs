@@ -1,6 +1,7 @@
 //! `--isa`: on every vector ISA of the runtime's kernels this CPU has, models whose steps
-//! take the library GEMMs (panels, small-M), their epilogues, fused attention and the
-//! all-reduces' folds give the expected outputs; an ISA the CPU lacks is refused in one line.
+//! take the library GEMMs (panels, small-M), the integer GEMM, their epilogues, fused
+//! attention and the all-reduces' folds give the expected outputs; an ISA the CPU lacks is
+//! refused in one line.
 
 use std::path::Path;
 
@@ -8,9 +9,15 @@ use meshc_runtime::api::Isa;
 
 use crate::common::{dim_args, input_args, meshc, scratch};
 
-/// The ONNX test models (expected outputs from onnxruntime) and the layouts they run under.
-const CASES: [(&str, Option<&str>); 4] =
-    [("encoder", None), ("encoder", Some("mp-2x2.json")), ("gpt2_block", None), ("resnet_block", None)];
+/// The ONNX test models (expected outputs from onnxruntime) and the layouts they run under;
+/// `quantized` takes the integer GEMM (its VNNI, AVX2 and portable paths).
+const CASES: [(&str, Option<&str>); 5] = [
+    ("encoder", None),
+    ("encoder", Some("mp-2x2.json")),
+    ("gpt2_block", None),
+    ("resnet_block", None),
+    ("quantized", None),
+];
 
 #[test]
 fn every_isa_the_cpu_has_computes_the_expected_outputs() {

@@ -201,14 +201,15 @@ const ROOMS: &[(&str, &[&str])] = &[
 
 /// What any compiler module may import from the runtime: the format, the pure models of
 /// `comm` (the link/traffic model, the fault-tolerant planner), and what code generation
-/// and the passes share with the kernels (shape planning, the panel layout, GELU/exp
-/// constants, when the library GEMM is faster, attention's key limit).
+/// and the passes share with the kernels (shape planning, the f32 and 8-bit panel layouts,
+/// GELU/exp constants, when the library GEMM is faster, attention's key limit).
 const COMPILER_ANYWHERE: &[&str] = &[
     "format::*",
     "comm::traffic",
     "comm::degraded",
     "kernels::matmul_shape",
     "kernels::panels",
+    "kernels::igemm",
     "kernels::vmath",
     "kernels::library",
     "kernels::attention",

@@ -94,6 +94,38 @@ fn models_interp_compile_and_run_from_the_onnx_file_on_one_device_and_under_layo
 }
 
 #[test]
+fn integer_products_compiled_are_the_interpreters_bit_for_bit() {
+    // MatMulInteger (u8 × i8 with per-column zero points, i8 × i8) and QLinearMatMul: the
+    // integer GEMM on every ISA the CPU has (VNNI, AVX2, portable) gives the interpreter's
+    // i32 and u8 outputs exactly.
+    let model = Path::new("testdata/onnx/integer_products/model.onnx");
+    let tmp = scratch("onnx-integer-products");
+    let run = |cmd: &[&str], out: &Path| {
+        let mut args: Vec<String> = cmd.iter().map(|s| s.to_string()).collect();
+        args.extend(dim_args(model));
+        args.extend(input_args(model));
+        args.extend(["--output-dir".to_string(), out.display().to_string()]);
+        let r = meshc(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(r.status, Some(0), "{r:?}");
+    };
+    let path = model.display().to_string();
+    run(&["interp", &path], &tmp.join("interp"));
+    let isas = meshc_runtime::api::Isa::ALL.into_iter().filter(|&i| i <= meshc_runtime::api::Isa::detected());
+    for isa in isas {
+        let out = tmp.join(isa.name());
+        run(&["run", &path, "--isa", isa.name()], &out);
+        for name in ["y_u8s8", "y_s8s8", "y_qlinear"] {
+            let file = format!("{name}.npy");
+            let (got, want) = (
+                Tensor::read_npy(&out.join(&file)).unwrap(),
+                Tensor::read_npy(&tmp.join("interp").join(&file)).unwrap(),
+            );
+            assert!(got == want, "{name} on {}: {got:?} against {want:?}", isa.name());
+        }
+    }
+}
+
+#[test]
 fn imported_graphs_keep_onnx_names_fold_shapes_and_name_dims() {
     let run = meshc(&["check", "testdata/onnx/encoder/model.onnx", "--dim", "batch=2", "--dim", "seq=5"]);
     assert_eq!(run.status, Some(0), "{run:?}");

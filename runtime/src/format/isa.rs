@@ -1,5 +1,6 @@
-//! The vector ISA of the runtime's own kernels — the library GEMMs (panels and small-M),
-//! fused attention, the GEMM epilogues, the collectives' reductions: the best one the host
+//! The vector ISA of the runtime's own kernels — the library GEMMs (panels and small-M), the
+//! integer GEMM (at `Avx512` its VNNI path where the CPU has VNNI, else its AVX2 one), fused
+//! attention, the GEMM epilogues, the collectives' reductions: the best one the host
 //! has, unless forced lower (`--isa` of `meshc run` and `meshc-run`, the environment
 //! variable `MESHC_ISA`, `meshc_runtime::api::force_isa`), so that every path runs, is
 //! tested and is measured on one machine — an AVX2-only CPU's paths on an AVX-512 one.

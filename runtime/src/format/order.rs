@@ -8,8 +8,8 @@
 use std::fmt::Write as _;
 
 use crate::format::program::{
-    Attention, CollectiveOp, Concat, Exec, Library, Matmul, Program, Protocol, Reduction, Step, StreamKind, Transfer,
-    Transpose,
+    Attention, CollectiveOp, Concat, Exec, IntMatmul, Library, Matmul, Program, Protocol, Reduction, Step, StreamKind,
+    Transfer, Transpose,
 };
 
 /// The happens-before relation of a device's steps under its stream plan: stream order plus
@@ -180,6 +180,10 @@ pub fn exec_text(p: &Program, st: &Step) -> String {
             };
             let panels = if *panels { " (weight in panels)" } else { "" };
             format!("library gemm {a:?}x{b:?}{epilogue}{panels}{stored}")
+        }
+        Exec::Library(Library::IntMatmul(IntMatmul { a, b, panels, .. })) => {
+            let panels = if *panels { " (weight packed)" } else { "" };
+            format!("library integer gemm {a:?}x{b:?}{panels}")
         }
         Exec::Library(Library::Attention(Attention { q, k, v, scale, mask, .. })) => {
             let scale = scale.map_or(String::new(), |s| format!(" {} scale", s.name()));

@@ -217,6 +217,7 @@ pub struct Kernel {
 #[serde(rename_all = "snake_case")]
 pub enum Library {
     Matmul(Matmul),
+    IntMatmul(IntMatmul),
     Attention(Attention),
     Transpose(Transpose),
     Reduce(Reduction),
@@ -243,6 +244,7 @@ impl Library {
                 }
                 Library::Matmul(Matmul { out: at(0), a: at(1), b: at(2), epilogue, ..m.clone() })
             }
+            Library::IntMatmul(m) => Library::IntMatmul(IntMatmul { out: at(0), a: at(1), b: at(2), ..m.clone() }),
             Library::Attention(a) => {
                 let mask = 4 + usize::from(a.scale.is_some());
                 Library::Attention(Attention {
@@ -318,6 +320,20 @@ pub struct Matmul {
     /// last two dims swapped (a transpose the compiler left to the GEMM's strides).
     #[serde(default, skip_serializing_if = "Transposed::is_none")]
     pub transposed: Transposed,
+}
+
+/// numpy matmul of i32 operands (batched, broadcasting), every sum wrapping as ONNX's i32
+/// accumulator, by the runner's integer GEMM (`crate::kernels::igemm`): the product of
+/// 8-bit operands less their zero points. Buffers: result, a, b.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct IntMatmul {
+    pub a: Vec<usize>,
+    pub b: Vec<usize>,
+    pub out: Vec<usize>,
+    /// `b` is a weight stored packed as 8-bit panels with its column corrections
+    /// (`crate::kernels::igemm::pack`), not row-major i32.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub panels: bool,
 }
 
 /// Fused attention (`crate::kernels::attention`): `softmax(scores, -1) @ v`, the scores

@@ -218,8 +218,9 @@ pub struct RunArgs {
     /// every core; results are the same for any N). Mesh runs use one core per stream.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: Option<u32>,
-    /// The vector ISA of the runtime's own kernels (library GEMMs, fused attention, GEMM
-    /// epilogues, collective reductions): avx512, avx2 or portable; default the best this
+    /// The vector ISA of the runtime's own kernels (library GEMMs, the integer GEMM, whose
+    /// avx512 path is VNNI's, fused attention, GEMM epilogues, collective reductions):
+    /// avx512, avx2 or portable; default the best this
     /// CPU has, or MESHC_ISA when set. One the CPU lacks is refused. Code compiled into the
     /// artifact follows its --target instead.
     #[arg(long, value_name = "ISA", env = "MESHC_ISA")]
