@@ -3,6 +3,7 @@
 //! SIGILL), and programs whose numbers point outside what they describe (never a panic).
 
 use crate::common::{golden, meshc, scratch};
+use meshc_runtime::format::program::Exec;
 use std::path::Path;
 
 fn compiled_mlp() -> meshc::compile::Compiled {
@@ -33,8 +34,14 @@ fn missing_cpu_feature_is_refused() {
 fn out_of_range_numbers_in_a_program_are_refused() {
     let dir = scratch("bad-program");
     type Breaker = fn(&mut meshc::compile::Compiled);
-    let breakers: [(&str, Breaker); 4] = [
+    let breakers: [(&str, Breaker); 5] = [
         ("buffer number", |c| c.programs[0].steps[0].buffers[0] = 999),
+        // A library call's result that is also its operand (copies that overlap).
+        ("result operand", |c| {
+            let st =
+                c.programs[0].steps.iter_mut().find(|s| matches!(s.exec, Exec::Library(_))).expect("a library step");
+            st.buffers[0] = st.buffers[1];
+        }),
         ("output list", |c| c.programs[0].outputs.clear()),
         ("kernel offset", |c| c.programs[0].kernels[0].offset = usize::MAX),
         ("buffer size", |c| {

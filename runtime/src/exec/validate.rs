@@ -177,6 +177,11 @@ fn check_steps(p: &Program) -> Result<Plans> {
             Exec::Library(l) => {
                 let call = library_call(l);
                 count(call.buffers())?;
+                // A library call writes its result apart from its operands (the arena
+                // check compares only distinct buffers).
+                if st.buffers[1..].contains(&st.buffers[0]) {
+                    bail!(fail(format!("its result buffer '{}' is also an operand", p.buffers[st.buffers[0]].name)));
+                }
                 let buffers: Vec<&Buffer> = st.buffers.iter().map(|&b| &p.buffers[b]).collect();
                 plan = Some(call.plan(&buffers).map_err(fail)?);
             }

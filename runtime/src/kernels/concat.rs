@@ -32,7 +32,7 @@ impl LibraryCall for Concat {
             }
         }
         let bytes = |s: &[usize]| s.iter().try_fold(*elem, |n, &d| n.checked_mul(d)).ok_or("the shape overflows");
-        let rows: usize = first[..*axis].iter().product();
+        let rows = first[..*axis].iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or("the shape overflows")?;
         let mut runs = Vec::new();
         for (i, s) in inputs.iter().enumerate() {
             let need = bytes(s)?;

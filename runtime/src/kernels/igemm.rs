@@ -234,7 +234,8 @@ impl Rows {
                 *u = (v - lo) as u8;
             }
             self.ra.push(lo);
-            self.su.push(u.iter().map(|&x| x as i32).sum());
+            // Mod 2^32, as every sum of the kernel (a row of 8.4M 255s passes i32::MAX).
+            self.su.push(u.iter().fold(0i32, |s, &x| s.wrapping_add(i32::from(x))));
         }
     }
 }
@@ -298,12 +299,16 @@ pub fn matmul_on(
     let packed = match b {
         B::Packed(p) => p,
         B::Rows(rows) => {
-            scratch.resize(b_count * matrix, 0);
-            if !pack_into(rows, b_count, k, n, scratch) {
+            // Packed matrices start with i32s: the bytes begin 4-byte aligned, which a
+            // Vec<u8> does not promise.
+            scratch.resize(b_count * matrix + 3, 0);
+            let at = scratch.as_ptr().align_offset(4);
+            let bytes = &mut scratch[at..at + b_count * matrix];
+            if !pack_into(rows, b_count, k, n, bytes) {
                 reference(a, rows, out, s);
                 return Ok(());
             }
-            scratch
+            bytes
         }
     };
     let packed = Packed { bytes: packed, k, n };
@@ -667,7 +672,8 @@ impl LibraryCall for IntMatmul {
             true => packed_span(b).ok_or_else(|| format!("operand b of shape {b:?} is not packed matrices"))?,
             false => b_len.checked_mul(4).ok_or("operand b's size overflows")?,
         };
-        for (i, need) in [(0, out_len * 4), (1, a_len * 4), (2, b_bytes)] {
+        let four = |n: usize, what: &str| n.checked_mul(4).ok_or_else(|| format!("{what}'s size overflows"));
+        for (i, need) in [(0, four(out_len, "the result")?), (1, four(a_len, "operand a")?), (2, b_bytes)] {
             let bytes = buffers[i].bytes;
             if bytes < need {
                 return Err(format!(

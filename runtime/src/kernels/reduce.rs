@@ -27,12 +27,15 @@ impl LibraryCall for Reduction {
         if axes.iter().any(|&a| a >= rank || std::mem::replace(&mut seen[a], true)) {
             return Err(format!("axes {axes:?} are not distinct dims of {shape:?}"));
         }
+        // (The shape's element count is checked against the operand's buffer below; it
+        // overflows nothing here, where the strides are at most that count.)
+        shape.iter().try_fold(4usize, |n, &d| n.checked_mul(d)).ok_or("the shape overflows")?;
         let dims = |reduced: bool| -> Vec<(usize, usize)> {
-            let mut stride = 1;
+            let mut stride = 1usize;
             let mut out = vec![(0, 0); rank];
             for d in (0..rank).rev() {
                 out[d] = (shape[d], stride);
-                stride *= shape[d];
+                stride = stride.saturating_mul(shape[d]);
             }
             out.into_iter().enumerate().filter(|(d, _)| seen[*d] == reduced).map(|(_, s)| s).collect()
         };
