@@ -79,9 +79,6 @@ impl Drop for AlignedBuf {
 mod tests {
     use super::*;
 
-    /// An empty arena's f32 view (an empty matmul operand of the library GEMM) needs a
-    /// non-null, aligned address: a null one was undefined behaviour, caught by the debug
-    /// checks of `slice::from_raw_parts`.
     /// A mapped block is zeroed, aligned and writable to its last byte, as a heap one is.
     #[test]
     fn large_blocks_are_mapped_zeroed_and_aligned() {
@@ -95,6 +92,9 @@ mod tests {
         }
     }
 
+    /// An empty arena's f32 view (an empty matmul operand of the library GEMM) needs a
+    /// non-null, aligned address: a null one was undefined behaviour, caught by the debug
+    /// checks of `slice::from_raw_parts`.
     #[test]
     fn an_empty_buffer_has_an_aligned_address() {
         let mut b = AlignedBuf::zeroed(0).unwrap();

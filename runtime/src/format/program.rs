@@ -270,6 +270,13 @@ impl Library {
 /// a program compiled with symbolic dims that reduces along one (a loss over the batch,
 /// dynamic quantization's range of a whole tensor), whose calls decide how many elements
 /// each result reduces. Buffers: result, operand.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Reduction {
+    pub shape: Vec<usize>,
+    pub axes: Vec<usize>,
+    pub op: Reduce,
+}
+
 /// numpy concatenate of operands of `inputs` shapes along `axis`, elements of `elem`
 /// bytes, by the runner (`crate::kernels::concat`): for a program compiled with symbolic
 /// dims that concatenates along one, or before one (a cache of keys and the new ones along
@@ -280,13 +287,6 @@ pub struct Concat {
     pub inputs: Vec<Vec<usize>>,
     pub axis: usize,
     pub elem: usize,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Reduction {
-    pub shape: Vec<usize>,
-    pub axes: Vec<usize>,
-    pub op: Reduce,
 }
 
 /// numpy transpose of a tensor of `shape` (the operand's) with elements of `elem` bytes,
