@@ -632,10 +632,7 @@ impl Builder {
                 if x.dtype != meshc_ir::DType::F32 {
                     bail!("node '{}': {} of {} along a symbolic dim is not compiled yet", node.name, node.op, x.dtype);
                 }
-                let axes = match attrs::Reduce::of(node).axes {
-                    Some(a) => norm_axes(&a, x.rank()).map_err(anyhow::Error::msg)?,
-                    None => (0..x.rank()).collect(),
-                };
+                let axes = crate::passes::layout::reduced_axes(node, x.rank());
                 let op = match node.op {
                     Op::ReduceSum => Reduce::Sum,
                     Op::ReduceMean => Reduce::Mean,
