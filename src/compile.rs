@@ -235,9 +235,15 @@ fn generate(target: &Target, node: &Node, inputs: &[TensorType], out: &TensorTyp
         Op::ReduceSum | Op::ReduceMean | Op::ReduceMax | Op::Softmax | Op::LayerNorm => {
             codegen::reduce::kernel(target, &name, node, inputs, out)
         }
-        Op::Transpose | Op::Slice | Op::Concat | Op::BroadcastTo | Op::Gather | Op::ScatterElements | Op::Einsum => {
-            codegen::movement::kernel(target, &name, node, inputs, out)
-        }
+        Op::Transpose
+        | Op::Slice
+        | Op::Concat
+        | Op::BroadcastTo
+        | Op::Gather
+        | Op::ScatterElements
+        | Op::DynamicSlice
+        | Op::DynamicUpdateSlice
+        | Op::Einsum => codegen::movement::kernel(target, &name, node, inputs, out),
         Op::Conv => codegen::conv::depthwise(target, &name, node, inputs, out),
         Op::CumSum => codegen::scan::cumsum(target, &name, node, inputs, out),
         // Elementwise ops run as fused loops, a reshape is a view of its operand, attention
@@ -710,6 +716,10 @@ impl Builder {
                         let (a, b) = (&operand_types[0], &operand_types[1]);
                         (codegen::matmul::masked(&self.target, &kernel_name(node), a, b, out)?, node.inputs.clone())
                     } else {
+                        if node.op == Op::DynamicUpdateSlice {
+                            // It copies its operand only where the result is elsewhere.
+                            shares = vec![1];
+                        }
                         (generate(&self.target, node, &operand_types, out)?, node.inputs.clone())
                     })
                 };

@@ -107,6 +107,10 @@ fn rows(si: &SymInfo, node: &Node, operands: &[String]) -> Result<StepScaling> {
             None => false,
         },
         Op::Gather => norm_axis(attrs::Gather::of(node).axis, rank).is_ok_and(|a| a >= x),
+        Op::DynamicSlice => norm_axes(&attrs::DynamicSlice::of(node).axes, rank).is_ok_and(|a| keeps_rows(&a)),
+        Op::DynamicUpdateSlice => {
+            norm_axes(&attrs::DynamicUpdateSlice::of(node).axes, rank).is_ok_and(|a| keeps_rows(&a))
+        }
         Op::Concat => norm_axis(attrs::Concat::of(node).axis, rank).is_ok_and(|a| a >= x),
         Op::Slice => {
             let s = attrs::Slice::of(node);

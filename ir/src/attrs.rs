@@ -326,6 +326,12 @@ attr_structs! {
     Slice { starts: Vec<i64>, ends: Vec<i64>, axes: Option<Vec<i64>>, steps: Option<Vec<i64>> }
     Gather { axis: i64 = 0 }
     ScatterElements { axis: i64 = 0, reduction: ScatterReduction = ScatterReduction::None }
+    /// dynamic_slice: `sizes[i]` elements along `axes[i]`, from a start the op reads at run
+    /// time and clamps into the operand (`infer::dynamic_starts`).
+    DynamicSlice { axes: Vec<i64>, sizes: Vec<i64> }
+    /// dynamic_update_slice: the operand with the update written along `axes` at run-time
+    /// starts, clamped as dynamic_slice's are.
+    DynamicUpdateSlice { axes: Vec<i64> }
     Send { key: String, to: i64, protocol: Protocol = Protocol::Copy }
     Recv { key: String, from: i64, shape: Vec<i64>, dtype: DType, protocol: Protocol = Protocol::Copy }
     AllReduce { groups: Vec<Vec<i64>>, reduce: ReduceKind = ReduceKind::Sum }

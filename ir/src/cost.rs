@@ -66,6 +66,8 @@ pub fn node_flops(n: &Node, info: &Info) -> u64 {
         | Op::BroadcastTo
         | Op::Concat
         | Op::Slice
+        | Op::DynamicSlice
+        | Op::DynamicUpdateSlice
         | Op::Gather
         | Op::Pad
         | Op::Send

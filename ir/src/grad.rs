@@ -597,6 +597,36 @@ impl Builder {
                 self.gather(gy, &n.inputs[1], &x_shape, axis)?
             }
             Gather => return Err(fail("the indices of gather have no gradient")),
+            // The window read goes back where it was read from, into zeros; the starts are
+            // clamped the same way by both ops, so it lands where it came from.
+            DynamicSlice if k == 0 => {
+                let axes = Attr::ints(&attrs::DynamicSlice::of(n).axes);
+                let zeros = self.zeros(&x_shape)?;
+                self.op(DynamicUpdateSlice, &[&zeros, gy, &n.inputs[1]], &[("axes", axes)])?
+            }
+            // The elements the update overwrote pass no gradient to x; the update's is the
+            // window of gy it was written to.
+            DynamicUpdateSlice if k < 2 => {
+                let axes = attrs::DynamicUpdateSlice::of(n).axes;
+                let starts = &n.inputs[2];
+                let update = self.shape(&n.inputs[1]);
+                match k {
+                    0 => {
+                        let zeros = self.zeros(&update)?;
+                        self.op(DynamicUpdateSlice, &[gy, &zeros, starts], &[("axes", Attr::ints(&axes))])?
+                    }
+                    _ => {
+                        let rank = update.len();
+                        let sizes = axes
+                            .iter()
+                            .map(|&a| norm_axis(a, rank).map(|a| update[a]))
+                            .collect::<Result<Vec<_>, _>>()
+                            .map_err(|e| fail(&e))?;
+                        self.op(DynamicSlice, &[gy, starts], &[("axes", Attr::ints(&axes)), ("sizes", ints(&sizes))])?
+                    }
+                }
+            }
+            DynamicSlice | DynamicUpdateSlice => return Err(fail("the starts of a dynamic slice have no gradient")),
             Conv if k == 2 => {
                 let axes: Vec<usize> = (0..self.shape(gy).len()).filter(|&d| d != 1).collect();
                 self.op(ReduceSum, &[gy], &[("axes", ints(&axes)), ("keepdims", Attr::Bool(false))])?

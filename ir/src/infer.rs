@@ -362,6 +362,39 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
             }
             Ok(keep(&ops[0], data.ty.dtype))
         }
+        DynamicSlice => {
+            let (x, starts) = (&ops[0], &ops[1]);
+            let attrs::DynamicSlice { axes, sizes } = attrs::DynamicSlice::try_of(node)?;
+            let axes = dynamic_axes(&axes, x, starts)?;
+            if sizes.len() != axes.len() {
+                return Err(format!("dynamic_slice has {} sizes for {} axes", sizes.len(), axes.len()));
+            }
+            let mut shape = x.ty.shape.clone();
+            for (&a, &size) in axes.iter().zip(&sizes) {
+                if size < 0 || size as u64 > shape[a] as u64 {
+                    return Err(format!("size {size} along axis {a} does not fit the operand {}", sh(&shape)));
+                }
+                shape[a] = size as usize;
+            }
+            Ok(Inferred { ty: TensorType::new(x.ty.dtype, shape), dims: x.dims.cloned() })
+        }
+        DynamicUpdateSlice => {
+            let (x, update, starts) = (&ops[0], &ops[1], &ops[2]);
+            let axes = dynamic_axes(&attrs::DynamicUpdateSlice::try_of(node)?.axes, x, starts)?;
+            let (xs, us) = (&x.ty.shape, &update.ty.shape);
+            let fits = update.ty.dtype == x.ty.dtype
+                && us.len() == xs.len()
+                && (0..xs.len()).all(|d| if axes.contains(&d) { us[d] <= xs[d] } else { us[d] == xs[d] });
+            if !fits {
+                return Err(format!(
+                    "the update {} must be {} of the operand's shape {} off axes {axes:?}, no larger along them",
+                    update.ty,
+                    x.ty.dtype,
+                    sh(xs)
+                ));
+            }
+            Ok(keep(x, x.ty.dtype))
+        }
         Send => Ok(keep(x.expect("arity checked"), x.expect("arity checked").ty.dtype)),
         Recv => {
             let recv = attrs::Recv::try_of(node)?;
@@ -631,6 +664,24 @@ fn reshape(node: &Node, x: &Operand) -> R<Inferred> {
         out
     });
     Ok(Inferred { ty: TensorType::new(x.ty.dtype, shape), dims })
+}
+
+/// The axes of a dynamic_slice or dynamic_update_slice, checked against its operand `x` and
+/// its `starts`: one i32 or i64 start per axis.
+fn dynamic_axes(axes: &[i64], x: &Operand, starts: &Operand) -> R<Vec<usize>> {
+    expect_dtype(starts, INDEX, "the starts")?;
+    let axes = norm_axes(axes, x.ty.rank())?;
+    if starts.ty.shape != [axes.len()] {
+        return Err(format!("the starts are {}, where the axes {axes:?} need [{}]", starts.ty, axes.len()));
+    }
+    Ok(axes)
+}
+
+/// Where a window of `len` elements along an axis of `n` starts when asked to start at
+/// `start`: clamped into `0..=n - len`, so that the window always lies inside (XLA's rule;
+/// a negative start is 0).
+pub fn dynamic_start(start: i64, len: usize, n: usize) -> usize {
+    start.clamp(0, n.saturating_sub(len) as i64) as usize
 }
 
 fn slice(node: &Node, x: &Operand) -> R<Inferred> {

@@ -22,7 +22,7 @@ use crate::budget;
 use crate::dtype::{DType, ShapeDisplay, TensorType};
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Node};
-use crate::infer::{norm_axes, norm_axis, slice_range};
+use crate::infer::{dynamic_start, norm_axes, norm_axis, slice_range};
 use crate::ops::Op;
 use crate::tensor::{Data, Tensor};
 
@@ -198,6 +198,27 @@ fn eval(node: &Node, args: &[&Tensor]) -> R<Tensor> {
         ScatterElements => {
             let attrs::ScatterElements { axis, reduction } = attrs::ScatterElements::try_of(node)?;
             scatter_elements(args, axis, reduction)
+        }
+        DynamicSlice => {
+            let attrs::DynamicSlice { axes, sizes } = attrs::DynamicSlice::try_of(node)?;
+            let sizes: Vec<usize> = sizes
+                .iter()
+                .map(|&s| usize::try_from(s).map_err(|_| format!("negative size {s}")))
+                .collect::<R<_>>()?;
+            let (shape, strides, offset) = dynamic_window(args[0], args[1], &axes, &sizes)?;
+            strided_view(args[0], shape, strides, offset)
+        }
+        DynamicUpdateSlice => {
+            let [x, update, starts] = args else {
+                return Err("dynamic_update_slice takes x, update and starts".into());
+            };
+            let axes = attrs::DynamicUpdateSlice::try_of(node)?.axes;
+            let sizes: Vec<usize> = norm_axes(&axes, x.shape.len())?.iter().map(|&a| update.shape[a]).collect();
+            let (shape, strides, offset) = dynamic_window(x, starts, &axes, &sizes)?;
+            if update.shape != shape || update.dtype() != x.dtype() {
+                return Err(format!("the update {} does not fit {} at {}", update.ty(), x.ty(), ShapeDisplay(&shape)));
+            }
+            write_view(x, update, Strided::new(&shape, strides, offset))
         }
         Send | Recv | AllReduce | AllGather | ReduceScatter | AllToAll => {
             Err(format!("communication op {op} cannot run in the single-graph interpreter"))
@@ -505,6 +526,18 @@ fn strided_view(x: &Tensor, shape: Vec<usize>, strides: Vec<isize>, offset: isiz
     let at = Strided::new(&shape, strides, offset);
     let data = with_elem!(x.dtype(), T => T::wrap(take(elems::<T>(x)?, at)));
     Ok(Tensor::new(shape, data))
+}
+
+/// A copy of `x` with the elements of `update` written, in order, at the offsets `at`.
+fn write_view(x: &Tensor, update: &Tensor, at: Strided) -> R<Tensor> {
+    let data = with_elem!(x.dtype(), T => {
+        let (mut v, u) = (elems::<T>(x)?.to_vec(), elems::<T>(update)?);
+        for (i, &e) in at.zip(u) {
+            v[i] = e;
+        }
+        T::wrap(v)
+    });
+    Ok(Tensor::new(x.shape.clone(), data))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1168,6 +1201,31 @@ fn concat(args: &[&Tensor], axis: i64) -> R<Tensor> {
 fn slice(x: &Tensor, attrs: &attrs::Slice) -> R<Tensor> {
     let (shape, strides, offset) = slice_layout(&x.shape, attrs)?;
     strided_view(x, shape, strides, offset)
+}
+
+/// The window of `x` a dynamic_slice reads or a dynamic_update_slice writes: `sizes[i]`
+/// elements along `axes[i]` from the run-time start `starts[i]`, clamped to fit. Returned
+/// as the view's shape, strides and first element.
+fn dynamic_window(x: &Tensor, starts: &Tensor, axes: &[i64], sizes: &[usize]) -> R<(Vec<usize>, Vec<isize>, isize)> {
+    let axes = norm_axes(axes, x.shape.len())?;
+    let starts: Vec<i64> = match &starts.data {
+        Data::I32(v) => v.iter().map(|&i| i as i64).collect(),
+        Data::I64(v) => v.clone(),
+        other => return Err(format!("the starts must be i32 or i64, got {}", other.dtype())),
+    };
+    if starts.len() != axes.len() || sizes.len() != axes.len() {
+        return Err(format!("{} starts and {} sizes for the axes {axes:?}", starts.len(), sizes.len()));
+    }
+    let (mut shape, strides) = (x.shape.clone(), contiguous_strides(&x.shape));
+    let mut offset = 0isize;
+    for ((&a, &start), &size) in axes.iter().zip(&starts).zip(sizes) {
+        if size > x.shape[a] {
+            return Err(format!("a window of {size} along axis {a} of {}", x.ty()));
+        }
+        offset += dynamic_start(start, size, x.shape[a]) as isize * strides[a];
+        shape[a] = size;
+    }
+    Ok((shape, strides, offset))
 }
 
 /// The element offsets into a contiguous tensor of shape `shape` that the slice `node`
@@ -2099,6 +2157,29 @@ mod tests {
             &[&d3, &i64t(&[2], &[2, 0])],
             f(&[2, 2, 2], &[4., 5., 0., 1., 10., 11., 6., 7.]),
         );
+    }
+
+    #[test]
+    fn dynamic_slices_clamp_their_starts() {
+        // x = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+        let x = f(&[3, 4], &(0..12).map(|v| v as f32).collect::<Vec<_>>());
+        let ds = |axes: &[i64], sizes: &[i64]| [("axes", ints(axes)), ("sizes", ints(sizes))];
+        check(Op::DynamicSlice, &ds(&[1], &[2]), &[&x, &i64t(&[1], &[1])], f(&[3, 2], &[1., 2., 5., 6., 9., 10.]));
+        // Past the end it is moved back to fit, before the start to 0 (i32 starts too).
+        check(Op::DynamicSlice, &ds(&[1], &[2]), &[&x, &i64t(&[1], &[7])], f(&[3, 2], &[2., 3., 6., 7., 10., 11.]));
+        check(Op::DynamicSlice, &ds(&[0, 1], &[1, 3]), &[&x, &i32t(&[2], &[-5, 1])], f(&[1, 3], &[1., 2., 3.]));
+        check(Op::DynamicSlice, &ds(&[-2], &[0]), &[&x, &i64t(&[1], &[2])], f(&[0, 4], &[]));
+        let up = |axes: &[i64]| [("axes", ints(axes))];
+        let u = f(&[3, 1], &[-1., -2., -3.]);
+        let want = f(&[3, 4], &[0., 1., -1., 3., 4., 5., -2., 7., 8., 9., -3., 11.]);
+        check(Op::DynamicUpdateSlice, &up(&[1]), &[&x, &u, &i64t(&[1], &[2])], want);
+        let want = f(&[3, 4], &[0., 1., 2., -1., 4., 5., 6., -2., 8., 9., 10., -3.]);
+        check(Op::DynamicUpdateSlice, &up(&[1]), &[&x, &u, &i64t(&[1], &[9])], want);
+        let (b, ub) = (i64t(&[2, 2], &[1, 2, 3, 4]), i64t(&[1, 1], &[9]));
+        check(Op::DynamicUpdateSlice, &up(&[0, 1]), &[&b, &ub, &i32t(&[2], &[1, 0])], i64t(&[2, 2], &[1, 2, 9, 4]));
+        assert!(error(Op::DynamicSlice, &ds(&[1], &[5]), &[&x, &i64t(&[1], &[0])]).contains("window of 5"));
+        assert!(error(Op::DynamicSlice, &ds(&[1], &[2]), &[&x, &f(&[1], &[0.])]).contains("i32 or i64"));
+        assert!(error(Op::DynamicUpdateSlice, &up(&[0]), &[&x, &u, &i64t(&[1], &[0])]).contains("does not fit"));
     }
 
     #[test]

@@ -134,6 +134,10 @@ ops! {
         Slice = "slice", Exactly(1), Slice;
         Gather = "gather", Exactly(2), Gather;
         ScatterElements = "scatter_elements", Exactly(3), ScatterElements;
+        // x, then its starts along `axes`: i32 or i64 `[len(axes)]`, read at run time.
+        DynamicSlice = "dynamic_slice", Exactly(2), DynamicSlice;
+        // x, the update, then its starts along `axes` as for dynamic_slice.
+        DynamicUpdateSlice = "dynamic_update_slice", Exactly(3), DynamicUpdateSlice;
         Pad = "pad", Exactly(1), Pad;
     }
     /// Sliding windows over spatial dims.

@@ -451,7 +451,7 @@ fn movement_case(rng: &mut Rng) -> Case {
     let shape = rng.shape(rank);
     let numel: usize = shape.iter().product();
     let x = c.float(rng, "x", shape.clone(), 0.0, false);
-    let node = match rng.below(6) {
+    let node = match rng.below(8) {
         0 => Node::new("y", Op::Reshape, &[&x]).with_attr("shape", ints(&[numel as i64, 1])),
         1 => {
             let mut perm: Vec<i64> = (0..rank as i64).collect();
@@ -473,6 +473,27 @@ fn movement_case(rng: &mut Rng) -> Case {
             Node::new("y", Op::Concat, &[&x, &x2, &x]).with_attr("axis", Attr::Int(axis as i64))
         }
         4 => slice_node(rng, &x, rank),
+        // A window at starts before, inside and past the operand (clamped), of x or
+        // written into x: the gradients of both operands of the update.
+        5 | 6 => {
+            let axes: Vec<usize> = (0..rank).filter(|_| rng.below(2) == 0).collect();
+            let mut window = shape.clone();
+            for &a in &axes {
+                window[a] = rng.below(shape[a] + 1);
+            }
+            let starts: Vec<i64> = axes.iter().map(|&a| rng.below(2 * shape[a] + 3) as i64 - 1).collect();
+            c.input("starts", Tensor::new(vec![axes.len()], meshc_ir::Data::I64(starts)), false);
+            let list: Vec<i64> = axes.iter().map(|&a| a as i64).collect();
+            if rng.below(2) == 0 {
+                let sizes: Vec<i64> = axes.iter().map(|&a| window[a] as i64).collect();
+                Node::new("y", Op::DynamicSlice, &[&x, "starts"])
+                    .with_attr("axes", ints(&list))
+                    .with_attr("sizes", ints(&sizes))
+            } else {
+                let u = c.float(rng, "u", window, 0.025, false);
+                Node::new("y", Op::DynamicUpdateSlice, &[&x, &u, "starts"]).with_attr("axes", ints(&list))
+            }
+        }
         _ => {
             let axis = rng.below(rank);
             let n = shape[axis] as i64;

@@ -70,6 +70,9 @@ pub fn source(op: Op) -> Source {
         Gather => Onnx(&["Gather"]),
         ScatterElements => Onnx(&["ScatterElements"]),
         Pad => Onnx(&["Pad"]),
+        DynamicSlice | DynamicUpdateSlice => Source::None(
+            "a window at run-time starts of a fixed size; ONNX's Slice with run-time starts has a run-time size",
+        ),
         Conv => Onnx(&["Conv"]),
         MaxPool => Onnx(&["MaxPool"]),
         AvgPool => Onnx(&["AveragePool"]),

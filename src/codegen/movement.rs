@@ -32,6 +32,7 @@ pub fn kernel(target: &Target, name: &str, node: &Node, inputs: &[TensorType], o
     let func = match node.op {
         Op::Gather => gather(target, name, node, inputs, out)?,
         Op::ScatterElements => scatter_elements(target, name, node, inputs, out)?,
+        Op::DynamicSlice | Op::DynamicUpdateSlice => return dynamic(target, name, node, inputs, out),
         Op::Einsum => einsum(target, name, node, inputs, out)?,
         _ => {
             let copies = copies(node, inputs, out)?;
@@ -247,7 +248,7 @@ fn tiled(mut dims: Vec<Dim>) -> Vec<(i64, i64, Vec<Dim>)> {
 }
 
 /// The loops of one piece of a copy, `src` and `dst` at its first element: the outer dims
-/// as a nest, the innermost as a run, a fill or an element loop.
+/// as a nest cut into the kernel's parts, the innermost as `inner_copy`.
 fn emit_nest(kb: &mut KernelBuilder, esize: i64, src: Value, dst: Value, mut dims: Vec<Dim>) {
     let mut inner = dims.pop().unwrap_or_else(|| Dim::new(1, &[1, 1]));
     // A copy collapsed to one dim has no outer loop to take a run-time row count: over
@@ -258,9 +259,21 @@ fn emit_nest(kb: &mut KernelBuilder, esize: i64, src: Value, dst: Value, mut dim
         inner.n = per;
     }
     let outer: Vec<Dim> = dims.iter().map(|d| d.scaled(esize)).collect();
+    let mut body = inner_copy(esize, inner);
+    if outer.is_empty() {
+        let first = kb.b.ins().icmp_imm_u(IntCC::Equal, kb.part, 0);
+        kb.when(first, |kb| body(kb, &[src, dst]));
+    } else {
+        for_parts(kb, &outer, &[src, dst], &mut body);
+    }
+}
+
+/// The innermost loop of a copy (`[source, destination]` pointers, strides in elements): a
+/// byte run, a fill with one element, or element by element.
+fn inner_copy(esize: i64, inner: Dim) -> impl FnMut(&mut KernelBuilder, &[Value]) {
     let n = inner.n as i64;
     let (ss, ds) = (inner.strides[0], inner.strides[1]);
-    let mut body = |kb: &mut KernelBuilder, p: &[Value]| match (ss, ds) {
+    move |kb: &mut KernelBuilder, p: &[Value]| match (ss, ds) {
         (1, 1) => copy_run(kb, p[1], p[0], n * esize),
         (0, 1) => fill_run(kb, p[1], p[0], esize, n),
         _ => {
@@ -272,13 +285,87 @@ fn emit_nest(kb: &mut KernelBuilder, esize: i64, src: Value, dst: Value, mut dim
                 kb.b.ins().store(mem(), v, d, 0);
             });
         }
-    };
-    if outer.is_empty() {
-        let first = kb.b.ins().icmp_imm_u(IntCC::Equal, kb.part, 0);
-        kb.when(first, |kb| body(kb, &[src, dst]));
-    } else {
-        for_parts(kb, &outer, &[src, dst], &mut body);
     }
+}
+
+/// dynamic_slice and dynamic_update_slice: a window of the operand at run-time starts,
+/// each clamped into the operand as the interpreter does (`infer::dynamic_start`). The
+/// dims before the first windowed axis are rows, cut into the kernel's parts (and the
+/// call's rows over symbolic dims); the window's offset inside a row is the same for every
+/// row. An update copies each of its rows of the operand to the result, unless the result
+/// is the operand's own memory (the buffer plan may give it the operand's slot: it is in
+/// place at operand 1), then writes the update's rows over it: a part touches only its
+/// own rows, so no part overwrites another's window.
+fn dynamic(target: &Target, name: &str, node: &Node, inputs: &[TensorType], out: &TensorType) -> Result<Generated> {
+    let update = node.op == Op::DynamicUpdateSlice;
+    let (x, starts) = (&inputs[0], inputs.last().expect("arity checked"));
+    let axes = match node.op {
+        Op::DynamicSlice => attrs::DynamicSlice::of(node).axes,
+        _ => attrs::DynamicUpdateSlice::of(node).axes,
+    };
+    let axes = norm_axes(&axes, x.rank()).map_err(anyhow::Error::msg)?;
+    // The window: the result of a slice, the update of an update.
+    let window = if update { &inputs[1] } else { out };
+    let fits = window.rank() == x.rank()
+        && window.dtype == x.dtype
+        && (!update || out == x)
+        && (0..x.rank()).all(|d| {
+            if axes.contains(&d) {
+                window.shape[d] <= x.shape[d]
+            } else {
+                window.shape[d] == x.shape[d]
+            }
+        });
+    if !fits || starts.shape != [axes.len()] {
+        bail!("{} of {x} with starts {starts} into {out}: the types do not fit", node.op);
+    }
+    let ix = Indices::new(node.op, starts, 0)?;
+    let esize = x.dtype.size_bytes() as i64;
+    let lead = axes.iter().copied().min().unwrap_or(x.rank());
+    let rows: usize = x.shape[..lead].iter().product();
+    let (x_row, w_row) =
+        (x.shape[lead..].iter().product::<usize>() as i64, window.shape[lead..].iter().product::<usize>() as i64);
+    let (xs, ws) = (contiguous_strides(&x.shape), contiguous_strides(&window.shape));
+    // The window's dims inside one row, with [source, destination] strides.
+    let strides = |d: usize| if update { [ws[d], xs[d]] } else { [xs[d], ws[d]] };
+    let mut dims = collapse(&(lead..x.rank()).map(|d| Dim::new(window.shape[d], &strides(d))).collect::<Vec<_>>());
+    let empty = window.numel() == 0;
+    let inner = dims.pop().unwrap_or_else(|| Dim::new(1, &[1, 1]));
+    let nest: Vec<Dim> = dims.iter().map(|d| d.scaled(esize)).collect();
+    let func = build_kernel(target, name, |kb| {
+        let dst = kb.buf(0);
+        let src = kb.buf(1);
+        let (win, sp) = if update { (kb.buf(2), kb.buf(3)) } else { (dst, kb.buf(2)) };
+        let mut offset = kb.iconst(0);
+        for (k, &a) in axes.iter().enumerate() {
+            let at = kb.b.ins().iadd_imm_s(sp, k as i64 * ix.size);
+            let s = ix.load(kb, at);
+            let (lo, hi) = (kb.iconst(0), kb.iconst((x.shape[a] - window.shape[a]) as i64));
+            let s = kb.b.ins().smax(s, lo);
+            let s = kb.b.ins().smin(s, hi);
+            let bytes = kb.b.ins().imul_imm_s(s, xs[a] * esize);
+            offset = kb.b.ins().iadd(offset, bytes);
+        }
+        let elsewhere = kb.b.ins().icmp(IntCC::NotEqual, dst, src);
+        let rows_dim = [Dim::new(rows, &[x_row * esize, w_row * esize])];
+        let mut row = |kb: &mut KernelBuilder, p: &[Value]| {
+            // p: the row of x, and of the window (the result of a slice, the update).
+            let (xr, wr) = (p[0], p[1]);
+            let pair = if update {
+                let moved = kb.b.ins().isub(xr, src);
+                let dr = kb.b.ins().iadd(dst, moved);
+                kb.when(elsewhere, |kb| copy_run(kb, dr, xr, x_row * esize));
+                [wr, kb.b.ins().iadd(dr, offset)]
+            } else {
+                [kb.b.ins().iadd(xr, offset), wr]
+            };
+            if !empty {
+                for_nest(kb, &nest, &pair, &mut inner_copy(esize, inner.clone()));
+            }
+        };
+        for_parts(kb, &rows_dim, &[src, win], &mut row);
+    });
+    Ok(Generated { func, scratch: 0, parts: parts_for(2 * window.size_bytes(), rows) })
 }
 
 /// Stores `bytes` bytes at `dst` as pieces of `width` bytes (`piece(kb, base, offset)`
@@ -866,6 +953,7 @@ mod tests {
     use super::super::STATUS_INDEX_OUT_OF_RANGE;
     use super::testing::{check, ints, node, random, run_kernel};
     use super::*;
+    use meshc_ir::interp::eval_node;
     use meshc_ir::{Attr, Data, Tensor};
 
     fn each_dtype(seed: u64, shape: &[usize], mut f: impl FnMut(Tensor)) {
@@ -914,6 +1002,18 @@ mod tests {
             (node(Op::Slice, 1, &[("starts", ints(&[1, 3])), ("ends", ints(&[3, 37]))]), f32s(&[&[4, 40]])),
             (node(Op::Concat, 3, &[("axis", Attr::Int(1))]), f32s(&[&[2, 3, 5], &[2, 1, 5], &[2, 4, 5]])),
             (node(Op::BroadcastTo, 1, &[("shape", ints(&[4, 3, 5]))]), f32s(&[&[5]])),
+            (
+                node(Op::DynamicSlice, 2, &[("axes", ints(&[2])), ("sizes", ints(&[3]))]),
+                vec![random(DType::F32, &[5, 3, 7], -9.0, 9.0, 3), index(DType::I64, &[1], &[2])],
+            ),
+            (
+                node(Op::DynamicUpdateSlice, 3, &[("axes", ints(&[1]))]),
+                vec![
+                    random(DType::F32, &[6, 9, 2], -9.0, 9.0, 4),
+                    random(DType::F32, &[6, 4, 2], -9.0, 9.0, 5),
+                    index(DType::I32, &[1], &[3]),
+                ],
+            ),
         ];
         for (n, args) in cases {
             let out = testing::out_type(&n, &args);
@@ -985,6 +1085,59 @@ mod tests {
             _ => Data::I64(v.to_vec()),
         };
         Tensor::new(shape.to_vec(), data)
+    }
+
+    #[test]
+    fn dynamic_slices() {
+        // (operand, axes, window, starts): clamped past either end, several axes, an empty
+        // window, a window of the whole axis, the innermost axis and the outermost.
+        type Case<'a> = (&'a [usize], &'a [i64], &'a [usize], &'a [i64]);
+        let cases: &[Case] = &[
+            (&[4, 6, 5], &[1], &[4, 3, 5], &[2]),
+            (&[4, 6, 5], &[1], &[4, 3, 5], &[5]),
+            (&[4, 6, 5], &[-2], &[4, 3, 5], &[-3]),
+            (&[4, 6, 5], &[0, 2], &[2, 6, 1], &[3, 4]),
+            (&[4, 6, 5], &[2], &[4, 6, 0], &[1]),
+            (&[4, 6, 5], &[1], &[4, 6, 5], &[1]),
+            (&[7], &[0], &[3], &[i64::MAX]),
+        ];
+        for (i, &(shape, axes, window, starts)) in cases.iter().enumerate() {
+            let picked = norm_axes(axes, shape.len()).unwrap();
+            let sizes: Vec<i64> = picked.iter().map(|&a| window[a] as i64).collect();
+            for id in [DType::I32, DType::I64] {
+                let s = index(id, &[starts.len()], starts);
+                each_dtype(i as u64, shape, |x| {
+                    let n = node(Op::DynamicSlice, 2, &[("axes", ints(axes)), ("sizes", ints(&sizes))]);
+                    check(kernel, &n, &[x.clone(), s.clone()]);
+                    let u = random(x.dtype(), window, -5.0, 5.0, 99 + i as u64);
+                    check(kernel, &node(Op::DynamicUpdateSlice, 3, &[("axes", ints(axes))]), &[x, u, s.clone()]);
+                });
+            }
+        }
+    }
+
+    /// With its result in its operand's memory (the buffer plan's in-place slot), an update
+    /// writes only the window, whichever of several parts runs it.
+    #[test]
+    fn dynamic_update_in_place() {
+        let target = Target::by_name("native").unwrap();
+        let (x, u) = (random(DType::F32, &[4, 9, 3], -9.0, 9.0, 1), random(DType::F32, &[4, 2, 3], -9.0, 9.0, 2));
+        let s = index(DType::I64, &[1], &[6]);
+        let n = node(Op::DynamicUpdateSlice, 3, &[("axes", ints(&[1]))]);
+        let want = eval_node(&n, &[&x, &u, &s], &x.ty()).unwrap();
+        let tys: Vec<TensorType> = [&x, &u, &s].iter().map(|t| t.ty()).collect();
+        let g = kernel(&target, "k", &n, &tys, &x.ty()).unwrap();
+        let code = crate::codegen::module::jit(&target, g.func).unwrap();
+        let call = crate::codegen::KernelTable::get(&code, 0).unwrap();
+        for parts in [1, 3] {
+            let (mut xb, mut ub, mut sb) = (x.to_le_bytes(), u.to_le_bytes(), s.to_le_bytes());
+            let ptrs = [xb.as_mut_ptr(), xb.as_mut_ptr(), ub.as_mut_ptr(), sb.as_mut_ptr()];
+            for part in 0..parts {
+                // SAFETY: compiled for this host, with the buffers its types give.
+                assert_eq!(unsafe { call(ptrs.as_ptr(), part, parts) }, 0);
+            }
+            assert_eq!(Tensor::from_le_bytes(&x.ty(), &xb), want, "{parts} parts");
+        }
     }
 
     #[test]

@@ -142,6 +142,17 @@ pub fn corresponding_dims(n: &Node, i: usize, info: &Info) -> Vec<(usize, usize)
             (0..ins.len()).filter(|&d| d != axis).map(|d| (d, d)).collect()
         }
         Op::Slice => (0..ins.len()).filter(|&d| !sliced(n, ins, d)).map(|d| (d, d)).collect(),
+        // The dims off the axes, of the operand and of the update alike; the starts (and a
+        // split of an axis, whose window could fall on any device) are whole on each device.
+        Op::DynamicSlice | Op::DynamicUpdateSlice if i + 1 < n.inputs.len() => {
+            let axes = match n.op {
+                Op::DynamicSlice => attrs::DynamicSlice::of(n).axes,
+                _ => attrs::DynamicUpdateSlice::of(n).axes,
+            };
+            let axes = norm_axes(&axes, ins.len()).unwrap_or_default();
+            (0..ins.len()).filter(|d| !axes.contains(d)).map(|d| (d, d)).collect()
+        }
+        Op::DynamicSlice | Op::DynamicUpdateSlice => vec![],
         Op::Gather => {
             let data = &info.types[&n.inputs[0]].shape;
             let axis = norm_axis(attrs::Gather::of(n).axis, data.len()).unwrap_or(0);

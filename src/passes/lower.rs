@@ -584,6 +584,8 @@ impl Lower<'_> {
             | Op::Concat
             | Op::Gather
             | Op::ScatterElements
+            | Op::DynamicSlice
+            | Op::DynamicUpdateSlice
             | Op::Pad
             | Op::Conv
             | Op::MaxPool

@@ -4,7 +4,8 @@
 //! do not divide, graphs of params only; elementwise ops (exp, log, sqrt, div and pow
 //! behind guards that keep them in their domain), reductions, softmax, layer_norm, matmul,
 //! einsum, data movement (reshape, transpose, slice with any steps, concat, broadcast_to),
-//! gather and scatter_elements (every reduction), cumsum (every axis, both flags) with i32 and i64 indices, integer arithmetic and mod in i32 and i64, casts,
+//! gather and scatter_elements (every reduction), dynamic_slice and dynamic_update_slice
+//! (clamped starts), cumsum (every axis, both flags) with i32 and i64 indices, integer arithmetic and mod in i32 and i64, casts,
 //! comparisons, logic, floor/ceil/round, and where on a bool input or a computed mask — compiled with both GEMM paths and random stream options, on one device,
 //! under random legal layouts on 2 to 8 devices, placed in random stages (micro-batched or
 //! not), with failed links or failed devices, and on one device compiled once over a
@@ -160,7 +161,7 @@ fn graph(r: &Recipe) -> String {
     for (k, &(op, a, b, arg)) in r.ops.iter().enumerate() {
         let (x, xs) = values[a as usize % values.len()].clone();
         let name = format!("n{k}");
-        let (line, shape) = match op % 25 {
+        let (line, shape) = match op % 26 {
             0 => (format!("{name} = {}({x})", unary(arg)), xs.clone()),
             1 | 2 => {
                 let (y, ys) = partner(&values, &xs, b);
@@ -576,6 +577,48 @@ fn graph(r: &Recipe) -> String {
                     format!("{name} = cumsum({x}) {{axis = {axis}, exclusive = {exclusive}, reverse = {reverse}}}"),
                     xs.clone(),
                 )
+            }
+            // dynamic_slice of x, or dynamic_update_slice of x by a value that fits it (x
+            // itself, a slice, a broadcast partner), along random axes at inline i32/i64
+            // starts from before the start to past the end (clamped into x).
+            25 if !xs.is_empty() => {
+                let rank = xs.len();
+                let mut axes: Vec<usize> = (0..rank).filter(|d| (arg >> d) & 1 == 1).collect();
+                if axes.is_empty() {
+                    axes.push(b as usize % rank);
+                }
+                let dtype = if arg & 0x80 != 0 { "i64" } else { "i32" };
+                let starts: Vec<String> = (axes.iter().enumerate())
+                    .map(|(j, &a)| ((b as usize * 3 + j * 5) % (2 * xs[a] + 3)) as i64 - 1)
+                    .map(|v| v.to_string())
+                    .collect();
+                lines.push(format!("param t{k}: {dtype}[{}] = value [{}]", axes.len(), starts.join(", ")));
+                let list = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(", ");
+                let fits = |s: &[usize]| {
+                    s.len() == rank && (0..rank).all(|d| if axes.contains(&d) { s[d] <= xs[d] } else { s[d] == xs[d] })
+                };
+                let updates: Vec<&(String, Vec<usize>)> = values.iter().filter(|(_, s)| fits(s)).collect();
+                match updates.len() {
+                    n if b & 1 == 1 && n > 0 => {
+                        let (u, _) = updates[(b as usize >> 1) % n].clone();
+                        let line =
+                            format!("{name} = dynamic_update_slice({x}, {u}, t{k}) {{axes = [{}]}}", list(&axes));
+                        (line, xs.clone())
+                    }
+                    _ => {
+                        let mut s = xs.clone();
+                        for (j, &a) in axes.iter().enumerate() {
+                            s[a] = (b as usize >> 1).wrapping_add(j) % (xs[a] + 1);
+                        }
+                        let sizes: Vec<usize> = axes.iter().map(|&a| s[a]).collect();
+                        let line = format!(
+                            "{name} = dynamic_slice({x}, t{k}) {{axes = [{}], sizes = [{}]}}",
+                            list(&axes),
+                            list(&sizes)
+                        );
+                        (line, s)
+                    }
+                }
             }
             _ => (format!("{name} = relu({x})"), xs.clone()),
         };

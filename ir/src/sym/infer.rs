@@ -410,6 +410,25 @@ fn node_shape(cx: &mut Cx, ops: &[Vec<Expr>], info: &Info, want: &[usize]) -> R<
             }
             Ok(x())
         }
+        DynamicSlice => {
+            let attrs::DynamicSlice { axes, sizes } = attrs::DynamicSlice::try_of(node)?;
+            let mut out = x();
+            for (a, &size) in norm_axes(&axes, out.len())?.into_iter().zip(&sizes) {
+                cx.at_least(&out[a].sub(&Expr::constant(size)), 0)?;
+                out[a] = Expr::constant(size);
+            }
+            Ok(out)
+        }
+        DynamicUpdateSlice => {
+            let axes = norm_axes(&attrs::DynamicUpdateSlice::try_of(node)?.axes, ops[0].len())?;
+            for (d, (u, s)) in ops[1].iter().zip(&ops[0]).enumerate() {
+                match axes.contains(&d) {
+                    true => cx.at_least(&s.sub(u), 0)?,
+                    false => cx.eq(u, s)?,
+                }
+            }
+            Ok(x())
+        }
         Recv => Ok(consts(want)),
         AllGather | ReduceScatter | AllToAll => {
             let n = group_size(node)? as i64;
