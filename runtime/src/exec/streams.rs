@@ -170,12 +170,16 @@ impl Loaded {
             }
             // Resident state: the step reads S where it lives and writes next.S into
             // the slot's other buffer (an arena output only: a weight is never written).
+            // Where the buffer plan gave next.S the bytes of S (no step reads S after
+            // next.S is written, or the step writing it reads S in place: a cache updated
+            // at one position), next.S is written over S itself and nothing is swapped.
             for (&(i, o), slot) in resident.iter_mut().flat_map(|r| r.pairs.iter().zip(r.slots[d].iter_mut())) {
                 let (cur, next) = slot.ptrs();
                 let (ib, ob) = (p.inputs[i], p.outputs[o]);
                 *ptrs[ib].get_mut() = cur;
                 if ob != ib && matches!(p.buffers[ob].storage, Storage::Arena { .. }) {
-                    *ptrs[ob].get_mut() = next;
+                    let over = p.buffers[ob].storage == p.buffers[ib].storage;
+                    *ptrs[ob].get_mut() = if over { cur } else { next };
                 }
             }
         }
