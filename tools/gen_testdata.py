@@ -365,6 +365,21 @@ def eval_op_v2(op, a, at, F):
             out[q] = {"none": lambda o: u, "add": lambda o: o + u, "mul": lambda o: o * u,
                       "max": lambda o: max(o, u), "min": lambda o: min(o, u)}[red](out[q])
         return out
+    if op in ("dynamic_slice", "dynamic_update_slice"):
+        upd = a[1] if op == "dynamic_update_slice" else None
+        starts = a[-1]
+        assert starts.dtype in (np.int32, np.int64) and starts.shape == (len(at["axes"]),)
+        sizes = at["sizes"] if upd is None else [upd.shape[_axis(ax, x.ndim)] for ax in at["axes"]]
+        idx = [slice(None)] * x.ndim
+        for ax, s, n in zip(at["axes"], starts, sizes):
+            ax = _axis(ax, x.ndim)
+            s = min(max(int(s), 0), x.shape[ax] - n)  # clamped into x, as XLA does
+            idx[ax] = slice(s, s + n)
+        if upd is None:
+            return x[tuple(idx)].copy()
+        out = x.copy()
+        out[tuple(idx)] = upd
+        return out
     if op == "conv":
         w = a[1]
         groups = at.get("groups", 1)
@@ -426,6 +441,7 @@ class G:
         self.inputs, self.params, self.nodes, self.outputs = [], [], [], []
         self.input_data, self.param_data = {}, {}
         self.files = {}  # weights file name -> list of (key, array) or array
+        self.extra_files = {}  # other files under the graph directory -> array
 
     def input(self, name, arr, dims=None):
         arr = c_order(arr)
@@ -594,7 +610,7 @@ def emit(g, second_path):
 
     d = os.path.join(TESTDATA, g.name)
     # Only what this script writes: layouts/ and anything else hand-made stays.
-    for sub in ["weights", "inputs", "expected"]:
+    for sub in ["weights", "inputs", "expected", "generate"]:
         if os.path.isdir(os.path.join(d, sub)):
             shutil.rmtree(os.path.join(d, sub))
     write_file(os.path.join(d, "graph.json"), graph_json(graph).encode())
@@ -612,6 +628,8 @@ def emit(g, second_path):
         write_npy(os.path.join(d, "inputs", name + ".npy"), arr)
     for name in graph["outputs"]:
         write_npy(os.path.join(d, "expected", name + ".npy"), expected[name])
+    for path, arr in sorted(g.extra_files.items()):
+        write_npy(os.path.join(d, path), arr)
     return graph, expected
 
 
@@ -797,7 +815,7 @@ def build_reductions():
     rng = np.random.default_rng(1004)
     g = G("reductions")
     g.input("a", (rng.standard_normal((4, 6, 8)) + 0.5).astype(np.float32), dims=["batch", "seq", "embed"])
-    g.input("b", normal(rng, (2, 3, 4, 5), 2.0), dims=["batch", "heads", "seq", None])
+    g.input("b", normal(rng, (2, 3, 4, 5), 2.0), dims=["groups", "heads", "rows", None])
     g.input("c", rng.integers(-50, 50, size=(3, 4)).astype(np.int32))
     g.param_npy("g", (1 + normal(rng, (4, 5), 0.2)).astype(np.float32))
     g.param_npy("beta", normal(rng, (4, 5), 0.2))
@@ -1228,6 +1246,9 @@ Each graph directory `NAME/` holds:
 - `weights/` — params stored as `.npy` and, for some, `.safetensors` (with `key`);
 - `inputs/<input>.npy` — one file per graph input;
 - `expected/<output>.npy` — one file per graph output;
+- `generate/` (decoder) — `prompt.npy` and `greedy.npy`, the ids numpy generates greedily from
+  the prompt with this decode step, feeding one position a step from empty caches (what
+  `meshc generate` must print; docs/generation.md);
 - `layouts/<layout>.json` (mlp, transformer and cnn) — layout specs (`meshc-layout/1`,
   docs/layout.md), written by hand, not by the script: data parallel (`dp-2`, `dp-2x4`),
   Megatron-style model parallel (`mp-2x4`, `mp-4`, `mp-8`), a 2×2×2 mesh mixing both
@@ -1264,7 +1285,112 @@ initializers), `shapes` (shape subgraphs and ONNX's semantic traps). tests/all/o
 checks them through import, interp, and run on 1 device and under `layouts/`.
 """
 
+# --------------------------------------------------------------------------------------
+# 7. decoder — one decode step of a tiny GPT-style language model with a KV cache.
+# --------------------------------------------------------------------------------------
+
+DEC = {"B": 2, "H": 4, "C": 16, "DH": 8, "V": 40, "FF": 64, "POS": 5}
+
+
+def build_decoder():
+    B, H, C, DH, V, FF, POS = (DEC[k] for k in ("B", "H", "C", "DH", "V", "FF", "POS"))
+    D = H * DH
+    rng = np.random.default_rng(1007)
+    g = G("decoder")
+    g.input("ids", rng.integers(0, V, size=(B, 1)).astype(np.int64), dims=["batch", None])
+    g.input("pos", np.array([POS], np.int64))
+    heads = ["batch", "heads", "ctx", "head_dim"]
+    for n in ("k", "v"):
+        cache = np.zeros((B, H, C, DH), np.float32)
+        cache[:, :, :POS] = normal(rng, (B, H, POS, DH))
+        g.input(n + "_cache", cache, dims=heads)
+    w = 1 / math.sqrt(D)
+    g.param_npy("wte", normal(rng, (V, D)), dims=["vocab", "embed"])
+    g.param_npy("wpe", normal(rng, (C, D), 0.5), dims=["ctx", "embed"])
+    for n in ("ln1", "ln2", "lnf"):
+        g.param_npy(n + "_g", (1 + normal(rng, (D,), 0.1)).astype(np.float32), dims=["embed"])
+        g.param_npy(n + "_b", normal(rng, (D,), 0.1), dims=["embed"])
+    for n in ("q", "k", "v"):
+        g.param_npy("w" + n, normal(rng, (D, D), w), dims=["embed", "qkv"])
+    g.param_npy("wo", normal(rng, (D, D), w), dims=["qkv", "embed"])
+    g.param_npy("w_ff1", normal(rng, (D, FF), w), dims=["embed", "hidden"])
+    g.param_npy("w_ff2", normal(rng, (FF, D), 1 / math.sqrt(FF)), dims=["hidden", "embed"])
+    g.param_npy("head", normal(rng, (D, V), w), dims=["embed", "vocab"])
+    g.param_value("scale", 1 / math.sqrt(DH), "f32", [])
+    g.param_value("slots", list(range(C)), "i64", [C], dims=["ctx"])
+    g.param_value("neg", -1e9, "f32", [])
+    g.param_value("zero", 0.0, "f32", [])
+
+    g.node("tok", "gather", ["wte", "ids"], {"axis": 0}, shape=[B, 1, D])
+    g.node("at", "dynamic_slice", ["wpe", "pos"], {"axes": [0], "sizes": [1]}, shape=[1, D])
+    g.node("x", "add", ["tok", "at"])
+    g.node("h", "layer_norm", ["x", "ln1_g", "ln1_b"])
+    for n in ("q", "k", "v"):
+        g.node(n, "matmul", ["h", "w" + n])
+        g.node(n + "_r", "reshape", [n], {"shape": [B, 1, H, DH]})
+        g.node(n + "_h", "transpose", [n + "_r"], {"perm": [0, 2, 1, 3]}, shape=[B, H, 1, DH])
+    for n in ("k", "v"):
+        g.node("next.%s_cache" % n, "dynamic_update_slice", [n + "_cache", n + "_h", "pos"], {"axes": [2]},
+               shape=[B, H, C, DH], dims=heads, output=True)
+    g.node("k_t", "transpose", ["next.k_cache"], {"perm": [0, 1, 3, 2]})
+    g.node("scores", "matmul", ["q_h", "k_t"], shape=[B, H, 1, C])
+    g.node("scaled", "mul", ["scores", "scale"])
+    g.node("future", "greater", ["slots", "pos"], dtype="bool")
+    g.node("mask", "where", ["future", "neg", "zero"], shape=[C])
+    g.node("masked", "add", ["scaled", "mask"])
+    g.node("probs", "softmax", ["masked"], {"axis": -1})
+    g.node("ctx", "matmul", ["probs", "next.v_cache"], shape=[B, H, 1, DH])
+    g.node("ctx_t", "transpose", ["ctx"], {"perm": [0, 2, 1, 3]})
+    g.node("ctx_r", "reshape", ["ctx_t"], {"shape": [B, 1, D]})
+    g.node("o", "matmul", ["ctx_r", "wo"])
+    g.node("x2", "add", ["x", "o"])
+    g.node("h2", "layer_norm", ["x2", "ln2_g", "ln2_b"])
+    g.node("f1", "matmul", ["h2", "w_ff1"])
+    g.node("f1_a", "gelu", ["f1"])
+    g.node("f2", "matmul", ["f1_a", "w_ff2"])
+    g.node("x3", "add", ["x2", "f2"])
+    g.node("hf", "layer_norm", ["x3", "lnf_g", "lnf_b"])
+    g.node("logits", "matmul", ["hf", "head"], shape=[B, 1, V], dtype="f32", output=True)
+
+    def step(d, ids, pos, kc, vc):
+        """One step in float64: the logits [B, V] and the caches with position pos written."""
+        x = d["wte"][ids] + d["wpe"][pos]  # [B, D]
+        h = np_layer_norm(x, d["ln1_g"], d["ln1_b"], 1, 1e-5)
+        q, k, v = [(h @ d["w" + n]).reshape(B, H, DH) for n in "qkv"]
+        kc, vc = kc.copy(), vc.copy()
+        kc[:, :, pos], vc[:, :, pos] = k, v
+        sc = np.einsum("bhd,bhcd->bhc", q, kc[:, :, :pos + 1]) * float(np.float32(1 / math.sqrt(DH)))
+        ctx = np.einsum("bhc,bhcd->bhd", np_softmax(sc, -1), vc[:, :, :pos + 1]).reshape(B, D)
+        x2 = x + ctx @ d["wo"]
+        h2 = np_layer_norm(x2, d["ln2_g"], d["ln2_b"], 1, 1e-5)
+        x3 = x2 + np_gelu(h2 @ d["w_ff1"]) @ d["w_ff2"]
+        return np_layer_norm(x3, d["lnf_g"], d["lnf_b"], 1, 1e-5) @ d["head"], kc, vc
+
+    def alt(d):
+        d = f64(d)
+        logits, kc, vc = step(d, d["ids"][:, 0], POS, d["k_cache"], d["v_cache"])
+        return {"logits": logits[:, None], "next.k_cache": kc, "next.v_cache": vc}
+
+    # Greedy generation from a prompt, fed one token a step from empty caches: what `meshc
+    # generate` must print (tests/all/generate.rs). Each step's top logit leads the next
+    # by a margin that f32 arithmetic cannot overturn.
+    d = f64({**g.param_data})
+    prompt = np.array([[3, 17, 29], [11, 0, 39]], np.int64)
+    kc, vc = np.zeros((B, H, C, DH)), np.zeros((B, H, C, DH))
+    out = []
+    for pos in range(C):
+        fed = prompt[:, pos] if pos < prompt.shape[1] else out[-1]
+        logits, kc, vc = step(d, fed, pos, kc, vc)
+        if pos + 1 >= prompt.shape[1]:
+            top = np.sort(logits, axis=-1)
+            assert np.all(top[:, -1] - top[:, -2] > 1e-3), (pos, top[:, -2:])
+            out.append(np.argmax(logits, axis=-1))
+    g.extra_files = {"generate/prompt.npy": prompt, "generate/greedy.npy": np.stack(out, 1)}
+    return g, alt
+
+
 DESCRIPTIONS = {
+    "decoder": "one decode step of a GPT-style attention block with a KV cache: the new token's keys and values written into the caches at a run-time position (`dynamic_update_slice`, outputs `next.k_cache`/`next.v_cache`, so the caches are state a session keeps on the devices), a causal mask from that position, and the written row read back (`dynamic_slice`); named dims batch/heads/ctx",
     "mlp": "DESIGN §3's 2-layer ReLU MLP (small); w1 from .npy, w2 from a seeded `init` normal; named dims batch/embed/hidden",
     "gelu_mlp": "3-layer MLP with bias adds (broadcast), gelu `none` and `tanh`; `init` uniform and inline `value` params",
     "transformer": "BERT-style encoder block: embedding gather (table in .safetensors), positional add, layer_norm, 4-head self-attention with padding mask (-1e9), softmax, FFN with gelu, residuals; `init` ones/zeros/normal, scalar `value` param",
@@ -1282,7 +1408,8 @@ def main():
     _check_init_generator()
     os.makedirs(TESTDATA, exist_ok=True)
     rows = []
-    for build in (build_mlp, build_gelu_mlp, build_transformer, build_reductions, build_all_ops, build_cnn):
+    for build in (build_mlp, build_gelu_mlp, build_transformer, build_reductions, build_all_ops, build_cnn,
+                  build_decoder):
         g, alt = build()
         graph, expected = emit(g, alt)
         outs = [{"name": o, "dtype": dtype_name(v) if v.dtype.kind != "f" else "f32", "shape": list(v.shape)}

@@ -62,6 +62,9 @@ const COMMUNICATION: &[(&str, &[Stated])] = &[
         ("all_gather", "a.all_gather", &["data"]),
         ("all_gather", "su2.all_gather", &["data"]),
     ]),
+    // Megatron-style decoding: the heads' caches stay split and are updated where they
+    // are; one all_reduce after attention's output projection, one after the MLP.
+    ("decoder-heads-2", &[("all_reduce", "o", &["model"]), ("all_reduce", "f2", &["model"])]),
     ("mlp-cube-2x2x2", &[("all_reduce", "h", &["row"]), ("all_reduce", "y", &["col"])]),
     ("mlp-dp-2", &[]),
     ("mlp-dp-2x4", &[]),

@@ -234,6 +234,47 @@ fn a_training_artifact_steps_with_its_state_on_the_devices() {
     }
 }
 
+/// A decoder step (testdata/decoder: the new token's keys and values written into the
+/// caches at `pos`) stepped through twelve positions with the caches kept on the devices
+/// as state, on one device and with the heads split over two: each step's outputs, and
+/// the caches at the end, are what the interpreter gives stepping the same graph with the
+/// caches passed in and out.
+#[test]
+fn a_decoder_keeps_its_kv_cache_on_the_devices_between_steps() {
+    let dir = scratch("embed-decoder");
+    let g = Path::new("testdata/decoder/graph.json");
+    let (graph, info) = meshc_ir::load::load(g).unwrap();
+    let params = meshc_ir::params::load_all(&graph, g.parent().unwrap()).unwrap();
+    let ids_at =
+        |pos: usize| Tensor::new(vec![2, 1], meshc_ir::Data::I64(vec![(pos * 7 % 40) as i64, (pos * 11 % 40) as i64]));
+    let zeros = Tensor::f32(vec![2, 4, 16, 8], vec![0.0; 2 * 4 * 16 * 8]);
+    for (label, extra) in [("one", vec![]), ("heads-2", vec!["--layout", "testdata/decoder/layouts/heads-2.json"])] {
+        let art = compile(g, &dir, label, &extra);
+        let model = Model::open(&art).unwrap();
+        assert_eq!(model.state_names(), ["k_cache", "v_cache"]);
+        let session = Session::new(&model).unwrap();
+        let mut caches: BTreeMap<String, Tensor> =
+            ["k_cache", "v_cache"].iter().map(|n| (n.to_string(), zeros.clone())).collect();
+        session.set_state(&caches).unwrap();
+        for pos in 0..12 {
+            let (ids, p) = (ids_at(pos), Tensor::new(vec![1], meshc_ir::Data::I64(vec![pos as i64])));
+            let got = session.step(&[("ids", TensorView::of(&ids)), ("pos", TensorView::of(&p))]).unwrap();
+            let mut values = params.clone();
+            values.extend(caches.clone());
+            values.insert("ids".into(), ids);
+            values.insert("pos".into(), p);
+            let want = meshc_ir::interp::run(&graph, &info.order, &info.types, values).unwrap();
+            crate::common::assert_close(&format!("{label} pos {pos}"), &got["logits"], &want["logits"]).unwrap();
+            for n in ["k_cache", "v_cache"] {
+                caches.insert(n.to_string(), want[&format!("next.{n}")].clone());
+            }
+        }
+        for (name, t) in session.state().unwrap() {
+            crate::common::assert_close(&format!("{label} {name}"), &t, &caches[&name]).unwrap();
+        }
+    }
+}
+
 /// The names a graph gives its dims reach `TensorInfo::dims` through the artifact: an
 /// input's as written, an output's as inference carries them (or as the node declares
 /// them), one entry per dimension with `None` where nothing names it.
