@@ -28,6 +28,20 @@ pub fn stage_artifact(
     signer: Option<ed25519_dalek::SigningKey>,
     state: Option<Vec<u8>>,
 ) -> Result<()> {
+    let w = writer(c, signer, state)?;
+    // Through a temporary file renamed into place when `files` commit: a runner that has
+    // the old file mapped keeps its (unchanged) inode, and a crash never leaves a
+    // half-written artifact under the final name.
+    files.write(out, |f| w.write_to(f))
+}
+
+/// `c` as the bytes of an artifact file, for a model opened from memory
+/// (`meshc_runtime::api::Model::from_bytes`) without writing one.
+pub fn artifact_bytes(c: &Compiled) -> Result<Vec<u8>> {
+    writer(c, None, None)?.to_bytes()
+}
+
+fn writer(c: &Compiled, signer: Option<ed25519_dalek::SigningKey>, state: Option<Vec<u8>>) -> Result<Writer<'_>> {
     let Code::Section(code) = &c.code else {
         bail!("compiled to run in memory: compile with `Emit::Artifact` to write an artifact");
     };
@@ -42,10 +56,7 @@ pub fn stage_artifact(
     if let Some(state) = state {
         w.add_section(SectionKind::State, 8, state)?;
     }
-    // Through a temporary file renamed into place when `files` commit: a runner that has
-    // the old file mapped keeps its (unchanged) inode, and a crash never leaves a
-    // half-written artifact under the final name.
-    files.write(out, |f| w.write_to(f))
+    Ok(w)
 }
 
 /// A make rule `OUT: DEP ...` with the characters make would read otherwise escaped as

@@ -20,6 +20,7 @@ use meshc_runtime::exec::runner::Loaded;
 use meshc_runtime::format::artifact::{Artifact, Verify};
 use meshc_runtime::format::signature;
 use meshc_runtime::tools::cli::{self, is_artifact, read_inputs, Io, RunArgs};
+use meshc_runtime::tools::generate::{GenerateArgs, Source};
 use meshc_runtime::tools::output::Outputs;
 use meshc_runtime::tools::steps::{State, StepArgs};
 
@@ -165,6 +166,18 @@ enum Cmd {
         #[command(flatten)]
         memory: Memory,
     },
+    /// Generate tokens with a decode-step model: the prompt fed one position a step, then
+    /// each sampled token, the KV caches kept on the devices (docs/generation.md).
+    Generate {
+        /// A decode-step artifact (.mshc) or graph (compiled in memory).
+        model: PathBuf,
+        #[command(flatten)]
+        args: GenerateArgs,
+        #[command(flatten)]
+        codegen: CodegenArgs,
+        #[command(flatten)]
+        memory: Memory,
+    },
     /// Describe an artifact: sections, inputs/outputs, kernels, buffers, steps.
     Inspect {
         /// The artifact (.mshc) to describe.
@@ -238,7 +251,8 @@ impl Cmd {
             | Cmd::Import { memory, .. }
             | Cmd::Interp { memory, .. }
             | Cmd::Compile { memory, .. }
-            | Cmd::Run { memory, .. } => Some(memory),
+            | Cmd::Run { memory, .. }
+            | Cmd::Generate { memory, .. } => Some(memory),
             Cmd::Fmt { .. }
             | Cmd::Inspect { .. }
             | Cmd::Explain { .. }
@@ -322,6 +336,7 @@ fn main() -> ExitCode {
                 }
             })
         }
+        Cmd::Generate { model, args, codegen, .. } => generate(&model, &args, &codegen),
         Cmd::Inspect { artifact, json } => cli::inspect(&artifact, json),
         Cmd::Explain { graph, layout, json, onnx } => explain(&graph, &layout, json, &onnx),
     };
@@ -769,6 +784,21 @@ fn run(path: &Path, io: &Io, run_args: &RunArgs, args: &CodegenArgs, pilot: &Pil
         c.load().with_context(|| file.clone())?
     };
     cli::run(&mut loaded, io, run_args)
+}
+
+/// `generate MODEL --prompt IDS.npy ...` on an artifact, or on a graph compiled in memory.
+fn generate(path: &Path, args: &GenerateArgs, codegen: &CodegenArgs) -> Result<()> {
+    let file = path.display().to_string();
+    if is_artifact(path) {
+        if let Some(flag) = codegen.given() {
+            bail!("{file}: {flag} applies when a graph is compiled; this artifact is already compiled");
+        }
+        return meshc_runtime::tools::generate::generate(Source::File(path), args);
+    }
+    let dumps = Dumps::default();
+    let (c, _, _) = compile_graph(path, codegen, compile::Emit::Artifact, &Instrument::dumps(&dumps), None)?;
+    let bytes = meshc::artifact::artifact_bytes(&c.expect("only --stop-after stops the pipeline"))?;
+    meshc_runtime::tools::generate::generate(Source::Bytes { bytes: &bytes, name: &file }, args)
 }
 
 /// The unpruned program `--compare-unpruned` names (empty: `path` compiled without the

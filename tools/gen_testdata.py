@@ -1249,7 +1249,7 @@ Each graph directory `NAME/` holds:
 - `generate/` (decoder) — `prompt.npy` and `greedy.npy`, the ids numpy generates greedily from
   the prompt with this decode step, feeding one position a step from empty caches (what
   `meshc generate` must print; docs/generation.md);
-- `layouts/<layout>.json` (mlp, transformer and cnn) — layout specs (`meshc-layout/1`,
+- `layouts/<layout>.json` (mlp, transformer, cnn and decoder) — layout specs (`meshc-layout/1`,
   docs/layout.md), written by hand, not by the script: data parallel (`dp-2`, `dp-2x4`),
   Megatron-style model parallel (`mp-2x4`, `mp-4`, `mp-8`), a 2×2×2 mesh mixing both
   (`cube-2x2x2`) and a torus (`torus-2x4`); placements on stages (`stages-*`: explicit,

@@ -12,7 +12,7 @@ use std::ffi::c_int;
 use meshc::command::{compile_cmd, CodegenArgs, PilotArgs};
 use meshc::pipeline::{Dumps, Instrument};
 use meshc_ir::{DType, Tensor};
-use meshc_runtime::api::{Error, Session, TensorInfo, TensorView, TensorViewMut};
+use meshc_runtime::api::{Error, GenerateOptions, Sampling, Session, TensorInfo, TensorView, TensorViewMut};
 use meshc_runtime::tools::steps::State;
 use numpy::npyffi::{npy_intp, NpyTypes, PyArray_Descr, PY_ARRAY_API};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
@@ -353,6 +353,33 @@ impl Model {
     #[pyo3(signature = (**inputs))]
     fn step<'py>(&self, py: Python<'py>, inputs: Option<&Bound<'py, PyDict>>) -> PyResult<Bound<'py, PyDict>> {
         self.call(py, inputs, true)
+    }
+
+    /// `model.generate(prompt, max_new_tokens, context, sample="greedy", seed=0, stop=())`:
+    /// the new ids a decode-step artifact gives after each row of `prompt` (integer token
+    /// ids, [batch, prompt_len]), as int64 [batch, steps] with -1 after a sequence's stop
+    /// id. `sample` is greedy, temperature:T, top-k:K or top-p:P (docs/generation.md).
+    #[pyo3(signature = (prompt, max_new_tokens, context, sample = "greedy", seed = 0, stop = Vec::new()))]
+    #[allow(clippy::too_many_arguments)]
+    fn generate<'py>(
+        &self,
+        py: Python<'py>,
+        prompt: &Bound<'py, PyAny>,
+        max_new_tokens: usize,
+        context: usize,
+        sample: &str,
+        seed: u64,
+        stop: Vec<i64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let rows: Vec<Vec<i64>> = match prompt.hasattr("tolist")? {
+            true => prompt.call_method0("tolist")?.extract()?,
+            false => prompt.extract()?,
+        };
+        let sampling = sample.parse::<Sampling>().map_err(MeshcError::new_err)?;
+        let options = GenerateOptions { max_new_tokens, context, sampling, seed, stop };
+        let generated = py.detach(|| self.session.generate(&rows, &options)).map_err(py_err)?;
+        let ids = self.arrays(py, &BTreeMap::from([("ids".to_string(), generated.to_tensor())]))?;
+        Ok(ids.get_item("ids")?.expect("just put there"))
     }
 
     fn __repr__(&self) -> String {

@@ -152,6 +152,28 @@ def test_a_training_artifact_steps_as_the_reference_does(tmp_path):
         model.set_state({k: v[..., :1] if v.ndim else v for k, v in now.items()})
 
 
+def test_a_decoder_generates_numpys_greedy_ids(tmp_path):
+    """testdata/decoder is one decode step with its KV cache as state (docs/generation.md)."""
+    model = meshc.load(meshc.compile(TESTDATA / "decoder" / "graph.json", tmp_path / "decoder.mshc"))
+    prompt = np.load(TESTDATA / "decoder" / "generate" / "prompt.npy")
+    greedy = np.load(TESTDATA / "decoder" / "generate" / "greedy.npy")
+    ids = model.generate(prompt, 14, 16)
+    assert ids.dtype == np.int64
+    np.testing.assert_array_equal(ids, greedy)
+    np.testing.assert_array_equal(model.generate(prompt.tolist(), 4, 16, sample="top-k:1"), greedy[:, :4])
+    a = model.generate(prompt, 6, 16, sample="temperature:1.5", seed=5)
+    np.testing.assert_array_equal(a, model.generate(prompt, 6, 16, sample="temperature:1.5", seed=5))
+    stop = int(greedy[0, 3])
+    assert stop not in greedy[1, :6] and stop not in greedy[0, :3]
+    got = model.generate(prompt, 6, 16, stop=[stop])
+    np.testing.assert_array_equal(got[0], list(greedy[0, :4]) + [-1, -1])
+    np.testing.assert_array_equal(got[1], greedy[1, :6])
+    with pytest.raises(meshc.MeshcError, match="beyond the context of 16"):
+        model.generate(prompt, 15, 16)
+    with pytest.raises(meshc.MeshcError, match="top-k:0: K must be a whole number above 0"):
+        model.generate(prompt, 2, 16, sample="top-k:0")
+
+
 def test_an_inference_artifact_has_no_state(artifacts):
     model = meshc.load(artifacts["mlp"])
     assert model.state_names == []

@@ -12,8 +12,8 @@
 //!   `mpi`, `sync`, `error`, `memory`;
 //! - `exec` (format, kernels, comm): `runner`, `validate`, `threads`, `streams`, `shared`,
 //!   `step`, `io`, `blocks`, `resident`, `mismatch`, `loader`, `sizes`;
-//! - `api` (format, exec): the embedding API — `model`, `session`, `view`, `error`;
-//! - `tools` (format, comm, exec, api): `cli`, `steps`, `inspect`, `trace`, `output`.
+//! - `api` (format, exec): the embedding API — `model`, `session`, `view`, `error`, `generate`;
+//! - `tools` (format, comm, exec, api): `cli`, `steps`, `generate`, `inspect`, `trace`, `output`.
 
 pub mod api;
 pub mod comm;

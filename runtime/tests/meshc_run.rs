@@ -106,3 +106,22 @@ fn bad_artifacts_and_inputs_are_refused_in_one_line() {
     assert!(Path::new(&art).is_file());
     std::fs::remove_dir_all(d).unwrap();
 }
+
+/// `generate` reaches the decode-step contract: an artifact that is not one (the small
+/// matmul takes `x`, not `ids`) and a file that is no artifact are refused in one line.
+/// tests/all/generate.rs generates with a decoder through `meshc generate`, which shares
+/// this code.
+#[test]
+fn generate_refuses_what_is_not_a_decode_step() {
+    let prompt = file("x.npy");
+    let args = |a: &str| {
+        ["generate", a, "--prompt", prompt.as_str(), "--context", "4", "--max-new-tokens", "1"].map(String::from)
+    };
+    let small = file("small.mshc");
+    refused(
+        &args(&small).each_ref().map(String::as_str),
+        "not a decode-step artifact (docs/generation.md): it has no input 'ids'",
+    );
+    let graph = file("graph.txt");
+    refused(&args(&graph).each_ref().map(String::as_str), "not a meshc artifact");
+}

@@ -18,6 +18,7 @@ mod epilogue;
 mod explain;
 mod fuzz;
 mod fuzz_files;
+mod generate;
 mod golden;
 mod grad;
 mod hosts;

@@ -12,18 +12,22 @@
 //! - `TensorView`/`TensorViewMut` (`view`, one generic `View` over `&[u8]` or `&mut [u8]`):
 //!   a caller's memory seen as a tensor of any dtype meshc has (f16 and bf16 included),
 //!   without a copy;
+//! - `Session::generate` (`generate`): tokens sampled from a decode-step artifact, the
+//!   prompt and each new token fed one position a step, the KV caches kept on the devices;
 //! - `Error` (`error`): what went wrong, as one line; a tensor that does not fit the graph
 //!   is a `Mismatch` with the same text the runner gives everywhere;
 //! - `force_isa`: the vector ISA of the runtime's own kernels for the whole process (the
 //!   best the CPU has unless forced lower, to run or measure another path), as `--isa`.
 
 pub mod error;
+pub mod generate;
 pub mod model;
 pub mod session;
 pub mod view;
 
 pub use crate::format::isa::{force as force_isa, Isa};
 pub use error::Error;
+pub use generate::{GenerateOptions, Generated, Sampling};
 pub use model::{Model, OpenOptions, TensorInfo};
 pub use session::Session;
 pub use view::{Element, TensorView, TensorViewMut, View};

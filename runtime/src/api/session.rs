@@ -127,7 +127,7 @@ impl Session {
         self.call(inputs, Some(resident), &mut Outputs::Into(outputs)).map(drop)
     }
 
-    fn state_names(&self) -> Vec<String> {
+    pub(crate) fn state_names(&self) -> Vec<String> {
         let meta = &self.loaded.meta;
         let next = |n: &str| meta.outputs.iter().any(|o| o.name == meshc_ir::optim::next_name(n));
         meta.inputs.iter().filter(|i| next(&i.name)).map(|i| i.name.clone()).collect()

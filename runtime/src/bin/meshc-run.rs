@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use meshc_runtime::tools::cli::{self, Io, RunArgs};
+use meshc_runtime::tools::generate::{generate, GenerateArgs, Source};
 
 #[derive(Parser)]
 #[command(name = "meshc-run", version, about = "Run a meshc artifact (no compiler needed)")]
@@ -28,6 +29,13 @@ enum Cmd {
         #[command(flatten)]
         run: RunArgs,
     },
+    /// Generate tokens with a decode-step artifact (docs/generation.md).
+    Generate {
+        /// A decode-step artifact (.mshc).
+        artifact: PathBuf,
+        #[command(flatten)]
+        args: GenerateArgs,
+    },
     /// Describe an artifact: sections, inputs/outputs, kernels, buffers, steps.
     Inspect {
         /// The artifact (.mshc) to describe.
@@ -44,17 +52,17 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(code) => return code,
     };
+    let not_artifact = |artifact: &PathBuf| {
+        Err(anyhow::anyhow!("{}: not a meshc artifact (meshc-run runs compiled artifacts only)", artifact.display()))
+    };
     cli::exit(match cli.cmd {
-        Cmd::Run { artifact, io, run } => {
-            if !cli::is_artifact(&artifact) {
-                Err(anyhow::anyhow!(
-                    "{}: not a meshc artifact (meshc-run runs compiled artifacts only)",
-                    artifact.display()
-                ))
-            } else {
-                cli::open(&artifact, &run).and_then(|mut loaded| cli::run(&mut loaded, &io, &run))
-            }
+        Cmd::Run { artifact, .. } | Cmd::Generate { artifact, .. } if !cli::is_artifact(&artifact) => {
+            not_artifact(&artifact)
         }
+        Cmd::Run { artifact, io, run } => {
+            cli::open(&artifact, &run).and_then(|mut loaded| cli::run(&mut loaded, &io, &run))
+        }
+        Cmd::Generate { artifact, args } => generate(Source::File(&artifact), &args),
         Cmd::Inspect { artifact, json } => cli::inspect(&artifact, json),
     })
 }

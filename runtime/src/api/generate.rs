@@ -1,0 +1,312 @@
+//! Autoregressive generation over a decode-step artifact (docs/generation.md): the prompt
+//! fed one position a step, then each step's sampled token fed back, with the KV caches
+//! kept on the devices between steps as the artifact's state (`Session::set_state`).
+//!
+//! A decode-step artifact takes `ids` (i32 or i64 `[batch, 1]`: each sequence's token at
+//! this step) and `pos` (i32 or i64 `[1]`: its position), gives `logits` (f32 `[batch, 1,
+//! vocab]` or `[batch, vocab]`), and every other input S is state with an output `next.S`
+//! (the caches, written at `pos`), starting from zeros. The context it holds is the size
+//! of the dim its state names `ctx`.
+
+use std::collections::BTreeMap;
+
+use meshc_ir::{DType, Data, Tensor, TensorType};
+
+use crate::api::error::Error;
+use crate::api::session::Session;
+use crate::api::view::{TensorView, TensorViewMut};
+use crate::format::program::IoSpec;
+
+/// How the next token is picked from a step's logits.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Sampling {
+    /// The highest logit (the first of equal ones).
+    Greedy,
+    /// From softmax(logits / T).
+    Temperature(f32),
+    /// From the K highest logits, softmax over them.
+    TopK(usize),
+    /// From the smallest set of the highest logits whose probabilities reach P (nucleus).
+    TopP(f32),
+}
+
+impl std::str::FromStr for Sampling {
+    type Err = String;
+
+    /// `greedy`, `temperature:T`, `top-k:K` or `top-p:P`.
+    fn from_str(s: &str) -> Result<Sampling, String> {
+        let bad = || format!("'{s}' is not a sampling (greedy, temperature:T, top-k:K, top-p:P)");
+        let (kind, value) = s.split_once(':').unwrap_or((s, ""));
+        let float = |v: &str| v.parse::<f32>().ok().filter(|x| x.is_finite());
+        match kind {
+            "greedy" if value.is_empty() => Ok(Sampling::Greedy),
+            "temperature" => match float(value) {
+                Some(t) if t > 0.0 => Ok(Sampling::Temperature(t)),
+                _ => Err(format!("temperature:{value}: the temperature must be a number above 0")),
+            },
+            "top-k" => match value.parse::<usize>() {
+                Ok(k) if k > 0 => Ok(Sampling::TopK(k)),
+                _ => Err(format!("top-k:{value}: K must be a whole number above 0")),
+            },
+            "top-p" => match float(value) {
+                Some(p) if p > 0.0 && p <= 1.0 => Ok(Sampling::TopP(p)),
+                _ => Err(format!("top-p:{value}: P must be a number in (0, 1]")),
+            },
+            _ => Err(bad()),
+        }
+    }
+}
+
+/// What a generation does besides the prompt.
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    pub max_new_tokens: usize,
+    /// The positions a sequence may take, prompt included: at most the artifact's.
+    pub context: usize,
+    pub sampling: Sampling,
+    pub seed: u64,
+    /// A sequence that emits one of these stops (the stop token is its last).
+    pub stop: Vec<i64>,
+}
+
+/// The new tokens of each sequence, `[batch, steps]`: a sequence that stopped early has
+/// -1 after its stop token. `steps` is `max_new_tokens` unless every sequence stopped first.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Generated {
+    pub tokens: Vec<Vec<i64>>,
+    pub steps: usize,
+}
+
+impl Generated {
+    /// The tokens as an i64 `[batch, steps]` tensor, -1 after a stop.
+    pub fn to_tensor(&self) -> Tensor {
+        let data = self.tokens.iter().flat_map(|t| t.iter().copied().chain(std::iter::repeat(-1)).take(self.steps));
+        Tensor::new(vec![self.tokens.len(), self.steps], Data::I64(data.collect()))
+    }
+}
+
+/// What makes a model a decode step: the dtypes of its `ids` and `pos`, its batch and
+/// vocabulary, its context, its state, and the shape of its logits.
+struct Contract {
+    ids: DType,
+    pos: DType,
+    batch: usize,
+    vocab: usize,
+    context: usize,
+    state: Vec<(String, Tensor)>,
+    logits: Vec<usize>,
+}
+
+fn contract(session: &Session) -> Result<Contract, Error> {
+    let bad = |why: String| Error::State(format!("not a decode-step artifact (docs/generation.md): {why}"));
+    let meta = &session.loaded().meta;
+    fn typed(s: &IoSpec) -> Option<(&IoSpec, TensorType)> {
+        s.ty().map(|t| (s, t))
+    }
+    let input = |name: &str| meta.inputs.iter().find(|i| i.name == name).and_then(typed);
+    let index = |d: DType| matches!(d, DType::I32 | DType::I64);
+    let (_, ids) = input("ids").ok_or_else(|| bad("it has no input 'ids'".into()))?;
+    if !index(ids.dtype) || ids.rank() != 2 || ids.shape[1] != 1 {
+        return Err(bad(format!("'ids' is {ids}, where a step takes i32 or i64 [batch, 1]")));
+    }
+    let (_, pos) = input("pos").ok_or_else(|| bad("it has no input 'pos'".into()))?;
+    if !index(pos.dtype) || pos.shape != [1] {
+        return Err(bad(format!("'pos' is {pos}, where a step takes i32 or i64 [1]")));
+    }
+    let batch = ids.shape[0];
+    let logits = meta.outputs.iter().find(|o| o.name == "logits").and_then(typed);
+    let (_, logits) = logits.ok_or_else(|| bad("it has no output 'logits'".into()))?;
+    let vocab = match logits.shape.as_slice() {
+        [b, 1, v] | [b, v] if *b == batch && logits.dtype == DType::F32 => *v,
+        _ => return Err(bad(format!("'logits' is {logits}, where a step gives f32 [{batch}, 1, vocab]"))),
+    };
+    let names = session.state_names();
+    let mut context: Option<usize> = None;
+    let mut state = Vec::new();
+    for name in &names {
+        let (spec, ty) = input(name).ok_or_else(|| bad(format!("state '{name}' has an unknown dtype")))?;
+        if let Some(d) = spec.dim_names().iter().position(|n| n.as_deref() == Some("ctx")) {
+            context = Some(context.map_or(ty.shape[d], |c| c.min(ty.shape[d])));
+        }
+        state.push((name.clone(), Tensor::zeros(&ty)));
+    }
+    let others = meta.inputs.iter().map(|i| &i.name).filter(|n| !["ids", "pos"].contains(&n.as_str()));
+    if let Some(other) = others.clone().find(|n| !names.contains(n)) {
+        return Err(bad(format!(
+            "its input '{other}' is neither ids, pos nor state (an input S with an output next.S)"
+        )));
+    }
+    let context = context.ok_or_else(|| bad("no state tensor names a dim 'ctx' (the cache's positions)".into()))?;
+    Ok(Contract { ids: ids.dtype, pos: pos.dtype, batch, vocab, context, state, logits: logits.shape })
+}
+
+/// Whether `session`'s model is a decode step `Session::generate` can run: the one line
+/// saying what it lacks if not.
+pub fn check_decode_step(session: &Session) -> Result<(), Error> {
+    contract(session).map(drop)
+}
+
+/// An i32 or i64 tensor of `shape` holding `values`.
+fn index_tensor(dtype: DType, shape: Vec<usize>, values: &[i64]) -> Tensor {
+    match dtype {
+        DType::I32 => Tensor::new(shape, Data::I32(values.iter().map(|&v| v as i32).collect())),
+        _ => Tensor::new(shape, Data::I64(values.to_vec())),
+    }
+}
+
+impl Session {
+    /// Generates up to `options.max_new_tokens` tokens after each row of `prompt` (`[batch,
+    /// prompt_len]` token ids, `prompt_len >= 1`) on a decode-step artifact, from empty
+    /// caches. Refused in one line: a model that is not a decode step, a prompt of another
+    /// batch or with ids outside the vocabulary, and a context beyond the artifact's or too
+    /// short for the prompt and the new tokens.
+    pub fn generate(&self, prompt: &[Vec<i64>], options: &GenerateOptions) -> Result<Generated, Error> {
+        let c = contract(self)?;
+        let len = prompt.first().map_or(0, Vec::len);
+        if prompt.len() != c.batch || len == 0 || prompt.iter().any(|p| p.len() != len) {
+            return Err(Error::State(format!(
+                "the prompt is {} sequences of {len} ids, where the artifact takes a batch of {} (at least one id each)",
+                prompt.len(),
+                c.batch
+            )));
+        }
+        if let Some(bad) = prompt.iter().flatten().find(|&&t| t < 0 || t as u64 >= c.vocab as u64) {
+            return Err(Error::State(format!("prompt id {bad} is outside the vocabulary 0..{}", c.vocab)));
+        }
+        if options.context > c.context {
+            return Err(Error::State(format!(
+                "--context {} is beyond the artifact's {} positions (its caches' ctx dim)",
+                options.context, c.context
+            )));
+        }
+        // The last new token is sampled, never fed: the positions fed are the prompt's and
+        // every new token's but the last.
+        let fed = len + options.max_new_tokens.saturating_sub(1);
+        if fed > options.context {
+            return Err(Error::State(format!(
+                "a prompt of {len} and {} new tokens take {fed} positions, beyond the context of {}",
+                options.max_new_tokens, options.context
+            )));
+        }
+        let state: BTreeMap<String, Tensor> = c.state.into_iter().collect();
+        self.set_state(&state)?;
+        let mut out: Vec<Vec<i64>> = vec![Vec::new(); c.batch];
+        let mut done = vec![false; c.batch];
+        let mut logits = vec![0f32; c.batch * c.vocab];
+        let shape = c.logits.clone();
+        let mut steps = 0;
+        let mut draw = 0u64;
+        for pos in 0..fed.max(len) {
+            if steps == options.max_new_tokens || done.iter().all(|&d| d) {
+                break;
+            }
+            let token: Vec<i64> = match pos < len {
+                true => prompt.iter().map(|p| p[pos]).collect(),
+                false => out.iter().map(|t| t.last().copied().filter(|&t| t >= 0).unwrap_or(0)).collect(),
+            };
+            let ids = index_tensor(c.ids, vec![c.batch, 1], &token);
+            let at = index_tensor(c.pos, vec![1], &[pos as i64]);
+            let view = TensorViewMut::new(&mut logits, &shape)?;
+            self.step_into(&[("ids", TensorView::of(&ids)), ("pos", TensorView::of(&at))], &mut [("logits", view)])?;
+            if pos + 1 < len {
+                continue;
+            }
+            for (b, row) in logits.chunks(c.vocab).enumerate() {
+                if done[b] {
+                    continue;
+                }
+                let t = sample(row, options.sampling, options.seed, draw) as i64;
+                draw += 1;
+                out[b].push(t);
+                done[b] = options.stop.contains(&t);
+            }
+            steps += 1;
+        }
+        Ok(Generated { tokens: out, steps })
+    }
+}
+
+/// The token `sampling` picks from `logits`; the `draw`th random draw of `seed` decides
+/// among several. Ties and NaN go to the lowest index.
+pub fn sample(logits: &[f32], sampling: Sampling, seed: u64, draw: u64) -> usize {
+    let argmax = || (0..logits.len()).fold(0, |best, i| if logits[i] > logits[best] { i } else { best });
+    let (temperature, keep) = match sampling {
+        Sampling::Greedy => return argmax(),
+        Sampling::Temperature(t) => (t, Keep::All),
+        Sampling::TopK(k) => (1.0, Keep::Top(k)),
+        Sampling::TopP(p) => (1.0, Keep::Mass(p)),
+    };
+    // Candidates by logit, highest first (the lower index first among equal ones).
+    let mut order: Vec<usize> = (0..logits.len()).filter(|&i| !logits[i].is_nan()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    let Some(&top) = order.first() else { return 0 };
+    let weights: Vec<f64> = order.iter().map(|&i| (((logits[i] - logits[top]) / temperature) as f64).exp()).collect();
+    let total: f64 = weights.iter().sum();
+    let n = match keep {
+        Keep::All => order.len(),
+        Keep::Top(k) => k.min(order.len()),
+        Keep::Mass(p) => {
+            let mut mass = 0.0;
+            weights
+                .iter()
+                .position(|w| {
+                    mass += w / total;
+                    mass >= p as f64
+                })
+                .map_or(order.len(), |i| i + 1)
+        }
+    };
+    let kept: f64 = weights[..n].iter().sum();
+    let mut u = meshc_ir::init::uniform01(seed, draw) * kept;
+    for (k, w) in weights[..n].iter().enumerate() {
+        if u < *w {
+            return order[k];
+        }
+        u -= w;
+    }
+    order[n - 1]
+}
+
+enum Keep {
+    All,
+    Top(usize),
+    Mass(f32),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samplings_parse_and_refuse_in_one_line() {
+        assert_eq!("greedy".parse(), Ok(Sampling::Greedy));
+        assert_eq!("temperature:0.7".parse(), Ok(Sampling::Temperature(0.7)));
+        assert_eq!("top-k:40".parse(), Ok(Sampling::TopK(40)));
+        assert_eq!("top-p:0.9".parse(), Ok(Sampling::TopP(0.9)));
+        for bad in ["temperature:0", "temperature:x", "top-k:0", "top-p:1.5", "nucleus", "greedy:1"] {
+            let e = bad.parse::<Sampling>().unwrap_err();
+            assert!(!e.contains('\n') && e.contains(bad.split(':').next().unwrap()), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn sampling_picks_within_what_it_keeps() {
+        let logits = [0.5f32, 3.0, -1.0, 2.9, f32::NAN, 1.0];
+        assert_eq!(sample(&logits, Sampling::Greedy, 0, 0), 1);
+        for draw in 0..200 {
+            assert!([1, 3].contains(&sample(&logits, Sampling::TopK(2), 7, draw)));
+            // 3.0 and 2.9 hold 0.76 of the mass: top-p 0.7 keeps both, 0.4 the first.
+            assert!([1, 3].contains(&sample(&logits, Sampling::TopP(0.7), 7, draw)));
+            assert_eq!(sample(&logits, Sampling::TopP(0.4), 7, draw), 1);
+            assert_ne!(sample(&logits, Sampling::Temperature(1.0), 7, draw), 4, "NaN is never drawn");
+        }
+        // The same seed and draw give the same token; a low temperature is near greedy, a
+        // high one spreads over every finite logit.
+        let a: Vec<usize> = (0..50).map(|d| sample(&logits, Sampling::Temperature(1.0), 3, d)).collect();
+        assert_eq!(a, (0..50).map(|d| sample(&logits, Sampling::Temperature(1.0), 3, d)).collect::<Vec<_>>());
+        assert!((0..50).all(|d| sample(&logits, Sampling::Temperature(0.01), 3, d) == 1));
+        let spread: std::collections::BTreeSet<usize> =
+            (0..400).map(|d| sample(&logits, Sampling::Temperature(100.0), 3, d)).collect();
+        assert_eq!(spread.into_iter().collect::<Vec<_>>(), [0, 1, 2, 3, 5]);
+    }
+}

@@ -1,0 +1,97 @@
+//! The generate command shared by `meshc generate` and `meshc-run generate`: a decode-step
+//! artifact (`crate::api::generate`) run on the prompts of an `.npy`, the new ids printed
+//! one line per sequence or written as an `.npy`, the rate on stderr.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use meshc_ir::{Data, Tensor};
+
+use crate::api::generate::{check_decode_step, GenerateOptions, Sampling};
+use crate::api::model::Model;
+use crate::api::session::Session;
+use crate::tools::output::Outputs;
+
+/// The flags of a generation.
+#[derive(clap::Args, Clone, Debug)]
+pub struct GenerateArgs {
+    /// The prompts: int64 (or int32) token ids, [batch, prompt_len].
+    #[arg(long, value_name = "IDS.npy")]
+    pub prompt: PathBuf,
+    /// How many tokens to generate after each prompt.
+    #[arg(long, value_name = "N")]
+    pub max_new_tokens: usize,
+    /// The positions a sequence may take, its prompt included (at most the model's).
+    #[arg(long, value_name = "C")]
+    pub context: usize,
+    /// How each token is picked: greedy, temperature:T, top-k:K or top-p:P.
+    #[arg(long, value_name = "HOW", default_value = "greedy", value_parser = |s: &str| s.parse::<Sampling>())]
+    pub sample: Sampling,
+    /// The seed of the sampling's random draws (the same seed, the same tokens).
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
+    /// Token ids that end a sequence, which keeps the stop id as its last.
+    #[arg(long, value_name = "ID", num_args = 1..)]
+    pub stop: Vec<i64>,
+    /// Write the new ids as int64 [batch, N] .npy (-1 after a sequence's stop) instead of
+    /// printing them, one line per sequence.
+    #[arg(long, value_name = "OUT.npy")]
+    pub output: Option<PathBuf>,
+}
+
+/// Where the artifact comes from: its file, or the bytes a compiler made in memory.
+pub enum Source<'a> {
+    File(&'a Path),
+    Bytes { bytes: &'a [u8], name: &'a str },
+}
+
+/// Runs the generation `args` describe on the artifact `source`.
+pub fn generate(source: Source<'_>, args: &GenerateArgs) -> Result<()> {
+    let (model, file) = match source {
+        Source::File(path) => (Model::open(path)?, path.display().to_string()),
+        Source::Bytes { bytes, name } => {
+            (Model::from_bytes(bytes).with_context(|| name.to_string())?, name.to_string())
+        }
+    };
+    let session = Session::new(&model).with_context(|| file.clone())?;
+    check_decode_step(&session).with_context(|| file.clone())?;
+    let prompt = &args.prompt;
+    let ids = Tensor::read_npy(prompt).with_context(|| format!("--prompt {}", prompt.display()))?;
+    let rows: Vec<Vec<i64>> = match (&ids.data, ids.shape.as_slice()) {
+        (Data::I64(_) | Data::I32(_), &[_, len]) => {
+            ids.data.to_f64().chunks(len.max(1)).map(|r| r.iter().map(|&v| v as i64).collect()).collect()
+        }
+        _ => {
+            bail!("--prompt {}: {} where token ids are int64 or int32 [batch, prompt_len]", prompt.display(), ids.ty())
+        }
+    };
+    let options = GenerateOptions {
+        max_new_tokens: args.max_new_tokens,
+        context: args.context,
+        sampling: args.sample,
+        seed: args.seed,
+        stop: args.stop.clone(),
+    };
+    let start = std::time::Instant::now();
+    let generated = session.generate(&rows, &options).with_context(|| file.clone())?;
+    let secs = start.elapsed().as_secs_f64();
+    let count: usize = generated.tokens.iter().map(Vec::len).sum();
+    eprintln!(
+        "{count} new tokens in {:.1} ms ({:.1} tokens/s; the prompt's steps included)",
+        secs * 1e3,
+        count as f64 / secs
+    );
+    match &args.output {
+        Some(o) => {
+            let mut out = Outputs::new();
+            out.write_bytes(o, &generated.to_tensor().to_npy_bytes())?;
+            out.commit()
+        }
+        None => {
+            let lines: Vec<String> =
+                (generated.tokens.iter()).map(|t| t.iter().map(i64::to_string).collect::<Vec<_>>().join(" ")).collect();
+            super::cli::print(&(lines.join("\n") + "\n"));
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! `meshc generate` on testdata/decoder, a tiny GPT-style decode step: greedy ids as the
+//! numpy reference generated them (tools/gen_testdata.py: the prompt fed one position a
+//! step from empty caches, each top logit ahead of the next by a margin f32 cannot
+//! overturn), on one device and with the heads split over two; seeded sampling repeated
+//! exactly; stop ids; and every refusal as one line.
+
+use std::path::Path;
+
+use meshc_ir::{Data, Tensor};
+
+use crate::common::{meshc, scratch};
+
+const GRAPH: &str = "testdata/decoder/graph.json";
+const PROMPT: &str = "testdata/decoder/generate/prompt.npy";
+
+fn generate(extra: &[&str]) -> crate::common::Run {
+    let mut args = vec!["generate", GRAPH, "--prompt", PROMPT, "--context", "16"];
+    args.extend(extra);
+    meshc(&args)
+}
+
+fn greedy() -> Vec<Vec<i64>> {
+    let t = Tensor::read_npy(Path::new("testdata/decoder/generate/greedy.npy")).unwrap();
+    let Data::I64(v) = &t.data else { panic!("greedy.npy holds int64") };
+    v.chunks(t.shape[1]).map(<[i64]>::to_vec).collect()
+}
+
+fn printed(stdout: &str) -> Vec<Vec<i64>> {
+    stdout.lines().map(|l| l.split(' ').map(|t| t.parse().unwrap()).collect()).collect()
+}
+
+#[test]
+fn greedy_ids_are_numpys_on_one_device_and_with_the_heads_split() {
+    let want = greedy();
+    assert_eq!(want[0].len(), 14, "the reference runs to the context");
+    for extra in [vec![], vec!["--layout", "testdata/decoder/layouts/heads-2.json"]] {
+        let mut args = vec!["--max-new-tokens", "14"];
+        args.extend(&extra);
+        let r = generate(&args);
+        assert_eq!(r.status, Some(0), "{r:?}");
+        assert_eq!(printed(&r.stdout), want, "{extra:?}");
+        assert!(r.stderr.contains("28 new tokens") && r.stderr.contains("tokens/s"), "{}", r.stderr);
+    }
+    // Fewer new tokens are the first of them; an artifact gives the same as the graph.
+    let dir = scratch("generate-greedy");
+    let art = dir.join("decoder.mshc");
+    assert_eq!(meshc(&["compile", GRAPH, "-o", art.to_str().unwrap()]).status, Some(0));
+    let out = dir.join("ids.npy");
+    let r = meshc(&[
+        "generate",
+        art.to_str().unwrap(),
+        "--prompt",
+        PROMPT,
+        "--context",
+        "12",
+        "--max-new-tokens",
+        "5",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(r.status, Some(0), "{r:?}");
+    assert!(r.stdout.is_empty(), "{}", r.stdout);
+    let got = Tensor::read_npy(&out).unwrap();
+    assert_eq!(got.shape, [2, 5]);
+    let first: Vec<i64> = want.iter().flat_map(|w| w[..5].to_vec()).collect();
+    assert_eq!(got.data, Data::I64(first));
+}
+
+#[test]
+fn sampling_repeats_with_its_seed_and_stops_at_a_stop_id() {
+    let run = |extra: &[&str]| {
+        let mut args = vec!["--max-new-tokens", "10"];
+        args.extend(extra);
+        let r = generate(&args);
+        assert_eq!(r.status, Some(0), "{r:?}");
+        printed(&r.stdout)
+    };
+    for how in ["temperature:1.5", "top-k:8", "top-p:0.9"] {
+        let a = run(&["--sample", how, "--seed", "7"]);
+        assert_eq!(a, run(&["--sample", how, "--seed", "7"]), "{how}");
+        assert!(a.iter().flatten().all(|&t| (0..40).contains(&t)), "{how}: {a:?}");
+    }
+    let seeds: std::collections::BTreeSet<Vec<Vec<i64>>> =
+        (0..6).map(|s| run(&["--sample", "temperature:2", "--seed", &s.to_string()])).collect();
+    assert!(seeds.len() > 1, "every seed gave the same tokens");
+    assert_eq!(run(&["--sample", "top-k:1", "--seed", "3"]), run(&[]).iter().map(|r| r.to_vec()).collect::<Vec<_>>());
+    // A greedy token of sequence 0 that sequence 1 never emits in its first ten stops
+    // sequence 0 there; sequence 1 runs on, and the .npy marks sequence 0's missing tokens
+    // with -1.
+    let want = greedy();
+    let i = (1..10).find(|&i| !want[1][..10].contains(&want[0][i]) && !want[0][..i].contains(&want[0][i])).unwrap();
+    let stop = want[0][i];
+    let got = run(&["--stop", &stop.to_string()]);
+    assert_eq!(got, [want[0][..=i].to_vec(), want[1][..10].to_vec()]);
+    let dir = scratch("generate-stop");
+    let out = dir.join("ids.npy");
+    let r = generate(&["--max-new-tokens", "10", "--stop", &stop.to_string(), "--output", out.to_str().unwrap()]);
+    assert_eq!(r.status, Some(0), "{r:?}");
+    let t = Tensor::read_npy(&out).unwrap();
+    let Data::I64(v) = &t.data else { panic!("int64") };
+    assert_eq!(t.shape, [2, 10]);
+    assert_eq!(&v[..10], [&want[0][..=i], &vec![-1; 9 - i][..]].concat().as_slice());
+}
+
+#[test]
+fn refusals_are_one_line() {
+    let dir = scratch("generate-refusals");
+    let f32s = dir.join("f32.npy");
+    Tensor::f32(vec![2, 3], vec![1.0; 6]).write_npy(&f32s).unwrap();
+    let wide = dir.join("wide.npy");
+    Tensor::new(vec![3, 2], Data::I64(vec![1; 6])).write_npy(&wide).unwrap();
+    let big = dir.join("big.npy");
+    Tensor::new(vec![2, 1], Data::I64(vec![1, 40])).write_npy(&big).unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["generate", GRAPH, "--prompt", PROMPT, "--context", "17", "--max-new-tokens", "2"],
+            "beyond the artifact's 16 positions",
+        ),
+        (
+            vec!["generate", GRAPH, "--prompt", PROMPT, "--context", "16", "--max-new-tokens", "15"],
+            "take 17 positions, beyond the context of 16",
+        ),
+        (
+            vec!["generate", GRAPH, "--prompt", f32s.to_str().unwrap(), "--context", "16", "--max-new-tokens", "2"],
+            "token ids are int64 or int32",
+        ),
+        (
+            vec!["generate", GRAPH, "--prompt", wide.to_str().unwrap(), "--context", "16", "--max-new-tokens", "2"],
+            "the artifact takes a batch of 2",
+        ),
+        (
+            vec!["generate", GRAPH, "--prompt", big.to_str().unwrap(), "--context", "16", "--max-new-tokens", "2"],
+            "prompt id 40 is outside the vocabulary 0..40",
+        ),
+        (
+            vec![
+                "generate",
+                GRAPH,
+                "--prompt",
+                PROMPT,
+                "--context",
+                "16",
+                "--max-new-tokens",
+                "2",
+                "--sample",
+                "top-p:2",
+            ],
+            "P must be a number in (0, 1]",
+        ),
+        (
+            vec!["generate", "testdata/mlp/graph.json", "--prompt", PROMPT, "--context", "16", "--max-new-tokens", "2"],
+            "not a decode-step artifact (docs/generation.md): it has no input 'ids'",
+        ),
+    ];
+    for (args, want) in cases {
+        let r = meshc(&args);
+        assert_eq!(r.status, Some(1), "{args:?}: {r:?}");
+        assert!(r.stderr.contains(want) && r.stderr.trim().lines().count() == 1, "{args:?}: {}", r.stderr);
+    }
+}
