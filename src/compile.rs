@@ -404,13 +404,20 @@ impl Builder {
     /// ran them 5% faster than the panels' kernels: `cargo bench --bench gemm`; at few rows
     /// the panels are level with the small-M GEMM or faster, 2.8× at one row.) Over symbolic
     /// rows (`si`) a call may have few whatever the bounds: panels then, which the runner
-    /// copies out row-major for a call with many (`meshc_runtime::kernels::library`). The
-    /// caller leaves pruned weights row-major: their GEMM runs on strided views.
+    /// copies out row-major for a call with many (`meshc_runtime::kernels::library`). A
+    /// bf16 or f16 weight (`--weights-dtype`) is stored in panels where every product reading
+    /// it has static rows, at most `panels::SMALL_M`: the small-M GEMM widens its strips as
+    /// it streams them (read row-major, a strip crosses a page per row: a 768×50257 bf16
+    /// weight took 7.7 ms at one row against 4.8 ms for its f32 panels). The caller leaves
+    /// pruned weights row-major: their GEMM runs on strided views.
     fn in_panels(&self, g: &Graph, info: &Info, folded: &Folded, name: &str, si: Option<&SymInfo>) -> bool {
+        use meshc_ir::DType;
         let ty = folded.stored(name, &info.types);
         let mut readers =
             g.nodes.iter().filter(|n| !folded.consts.contains_key(&n.name) && n.inputs.iter().any(|i| i == name));
-        ty.dtype == meshc_ir::DType::F32
+        let half = matches!(ty.dtype, DType::BF16 | DType::F16);
+        let symbolic = |n: &Node| si.is_some_and(|si| si.shapes[&n.inputs[0]].iter().any(|d| !d.is_const()));
+        (ty.dtype == DType::F32 || half)
             && ty.shape.len() >= 2
             && panels::worth_packing(ty.shape[ty.shape.len() - 1])
             && !g.outputs.iter().any(|o| o.name == name)
@@ -422,8 +429,16 @@ impl Builder {
                     && n.inputs[1] == name
                     && !n.inputs[2..].iter().any(|x| x == name)
                     && self.library_serves(&[a.clone(), ty.clone()])
-                    && (MatmulShape::infer(&a.shape, &ty.shape).is_ok_and(|(s, _)| s.m <= panels::SMALL_M)
-                        || si.is_some_and(|si| si.shapes[&n.inputs[0]].iter().any(|d| !d.is_const())))
+                    && match half {
+                        true => {
+                            !symbolic(n)
+                                && MatmulShape::infer(&a.shape, &ty.shape).is_ok_and(|(s, _)| s.m <= panels::SMALL_M)
+                        }
+                        false => {
+                            MatmulShape::infer(&a.shape, &ty.shape).is_ok_and(|(s, _)| s.m <= panels::SMALL_M)
+                                || symbolic(n)
+                        }
+                    }
             })
     }
 
@@ -523,7 +538,8 @@ impl Builder {
                     _ => unreachable!("`in_panels` takes matrices"),
                 };
                 let count = shape[..shape.len() - 2].iter().product();
-                bytes = std::borrow::Cow::Owned(panels::pack_bytes(&bytes, count, k, n));
+                let size = folded.stored(name, &info.types).dtype.size_bytes();
+                bytes = std::borrow::Cow::Owned(panels::pack_elems(&bytes, size, count, k, n));
                 panelled.push(name.clone());
             } else if !masks.contains_key(name.as_str()) && Self::int_weight(g, info, folded, name) {
                 let shape = &info.types[name].shape;

@@ -284,7 +284,7 @@ unsafe fn tile_avx512<const R: usize>(
     cols: usize,
 ) {
     // SAFETY: as the caller promises.
-    unsafe { crate::kernels::small_m::tile::<R>(k, (a, lda), (b, ldb), (c, ldc), cols) }
+    unsafe { crate::kernels::small_m::tile::<R, f32>(k, (a, lda), (b, ldb), (c, ldc), cols) }
 }
 
 /// The AVX2 tile: the small-M GEMM's AVX2 tiles (`crate::kernels::small_m::tiles_avx2`), up to

@@ -264,10 +264,11 @@ thread_local! {
     static WIDENED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// `matmul` with `b` stored as f16 or bf16 bits (`Elem`): `HALF_ROWS` rows of b at a time
-/// are widened (exactly) into an f32 block and their product is accumulated into the
-/// result, so a half weight costs a conversion per block, never a whole f32 copy; then `ep`
-/// on each matrix.
+/// `matmul` with `b` stored as f16 or bf16 bits (`Elem`). A product of few rows is the
+/// small-M GEMM's, which widens `b` in registers (`small_m::serves_half`); otherwise
+/// `HALF_ROWS` rows of b at a time are widened (exactly) into an f32 block and their
+/// product is accumulated into the result, so a half weight costs a conversion per block,
+/// never a whole f32 copy; then `ep` on each matrix.
 pub fn matmul_half(
     a: &[f32],
     (b, elem): (&[u16], Elem),
@@ -279,6 +280,10 @@ pub fn matmul_half(
     use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
     check_lengths([a.len(), b.len(), out.len()], s.spans()?)?;
     if s.m == 0 || s.n == 0 {
+        return Ok(());
+    }
+    if small_m::serves_half(s.m, elem) {
+        small_m::matmul_half(a, (b, elem, small_m::Stored::RowMajor), out, s, threads.pick_small_m(macs(s)), ep);
         return Ok(());
     }
     let threads = threads.pick(macs(s));
@@ -451,8 +456,8 @@ impl LibraryCall for Matmul {
         if !b_elem.is_f32() && pruned {
             return Err("a pruned weight is f32, not a half type".to_string());
         }
-        if *panels && (!b_elem.is_f32() || pruned) {
-            return Err("weights in panels are f32 and unpruned".to_string());
+        if *panels && pruned {
+            return Err("weights in panels are unpruned".to_string());
         }
         if pruned && (b.len() < 2 || !matches!(buffers[2].storage, Storage::Weights { .. })) {
             return Err("a pruned operand b is a weight matrix".to_string());
@@ -462,6 +467,18 @@ impl LibraryCall for Matmul {
             return Err("only f32 matrices that are not weights are stored transposed".to_string());
         }
         let path = match (*panels, pruned, *b_elem) {
+            // A half weight in panels, for a product of few rows (the small-M GEMM's).
+            (true, _, half @ (Elem::Bf16 | Elem::F16)) if b.len() >= 2 => {
+                let (k, n) = (b[b.len() - 2], b[b.len() - 1]);
+                Path::HalfPanels {
+                    elem: half,
+                    count: b[..b.len() - 2].iter().product(),
+                    k,
+                    n,
+                    rows: Default::default(),
+                }
+            }
+            (true, _, Elem::Bf16 | Elem::F16) => return Err("half weights in panels are matrices".to_string()),
             // A weight in panels for a program over symbolic rows, at many rows.
             (true, ..) if shape.m >= UNPACK_M && b.len() >= 2 => {
                 let (k, n) = (b[b.len() - 2], b[b.len() - 1]);
@@ -500,6 +517,10 @@ enum Path {
     Transposed(Transposed),
     /// `matmul_half`, b stored as this half type.
     Half(Elem),
+    /// The small-M GEMM on b stored as this half type in panels of `count` `k`×`n`
+    /// matrices; where it does not serve the call (an ISA below AVX2, f16 below AVX-512),
+    /// `matmul_half` on b copied out row-major into `rows`.
+    HalfPanels { elem: Elem, count: usize, k: usize, n: usize, rows: parking_lot::Mutex<Vec<u16>> },
 }
 
 /// A library matmul as its load planned it: the loop nest, the GEMM, the prepared
@@ -551,6 +572,21 @@ impl Planned for MatmulPlan {
                 // SAFETY: as above, for a `b` stored as 16-bit halves.
                 let y = unsafe { std::slice::from_raw_parts(args[2] as *const u16, b_len) };
                 matmul_half(x, (y, *half), o, s, threads, &ep)
+            }
+            Path::HalfPanels { elem, count, k, n, rows } => {
+                // SAFETY: as above, for a `b` stored as 16-bit halves in panels.
+                let y = unsafe { std::slice::from_raw_parts(args[2] as *const u16, b_len) };
+                let [a_len, b_len, out_len] = s.spans()?;
+                check_lengths([x.len(), y.len(), o.len()], [a_len, crate::kernels::panels::span(s, b_len)?, out_len])?;
+                if small_m::serves_half(s.m, *elem) {
+                    let t = threads.pick_small_m(macs(s));
+                    small_m::matmul_half(x, (y, *elem, small_m::Stored::Panels), o, s, t, &ep);
+                    return Ok(());
+                }
+                let mut rows = rows.lock();
+                rows.resize(count * k * n, 0);
+                crate::kernels::panels::unpack(y, *count, *k, *n, &mut rows);
+                matmul_half(x, (&rows, *elem), o, s, threads, &ep)
             }
         }
     }

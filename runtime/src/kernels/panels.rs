@@ -95,25 +95,30 @@ pub fn span(s: &MatmulShape, b_span: usize) -> anyhow::Result<usize> {
 /// bytes (what the compiler writes into the artifact): element for element, zeros in the
 /// padding, so equal weights give equal bytes.
 pub fn pack_bytes(b: &[u8], count: usize, k: usize, n: usize) -> Vec<u8> {
-    assert_eq!(b.len(), count * k * n * 4, "a packed weight is whole f32 matrices");
-    let mut out = vec![0u8; count * packed_len(k, n) * 4];
+    pack_elems(b, 4, count, k, n)
+}
+
+/// `pack_bytes` for elements of `size` bytes (2: a bf16 or f16 weight, which the small-M
+/// GEMM widens as it reads its strips: `crate::kernels::small_m`).
+pub fn pack_elems(b: &[u8], size: usize, count: usize, k: usize, n: usize) -> Vec<u8> {
+    assert_eq!(b.len(), count * k * n * size, "a packed weight is whole matrices");
+    let mut out = vec![0u8; count * packed_len(k, n) * size];
     for m in 0..count {
-        let (src, dst) = (&b[m * k * n * 4..], &mut out[m * packed_len(k, n) * 4..]);
+        let (src, dst) = (&b[m * k * n * size..], &mut out[m * packed_len(k, n) * size..]);
         for s in 0..n.div_ceil(NR) {
             let cols = NR.min(n - s * NR);
             for p in 0..k {
-                let from = (p * n + s * NR) * 4;
-                let to = ((s * k + p) * NR) * 4;
-                dst[to..to + cols * 4].copy_from_slice(&src[from..from + cols * 4]);
+                let from = (p * n + s * NR) * size;
+                let to = ((s * k + p) * NR) * size;
+                dst[to..to + cols * size].copy_from_slice(&src[from..from + cols * size]);
             }
         }
     }
     out
 }
 
-/// `pack_bytes` undone, on f32: `count` matrices of `k`×`n` from panels into `out`,
-/// row-major.
-pub fn unpack(panels: &[f32], count: usize, k: usize, n: usize, out: &mut [f32]) {
+/// `pack_bytes` undone: `count` matrices of `k`×`n` from panels into `out`, row-major.
+pub fn unpack<T: Copy>(panels: &[T], count: usize, k: usize, n: usize, out: &mut [T]) {
     for m in 0..count {
         let (src, dst) = (&panels[m * packed_len(k, n)..], &mut out[m * k * n..]);
         for s in 0..n.div_ceil(NR) {
