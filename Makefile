@@ -174,7 +174,7 @@ test-python: python
 	MESHC=$(CURDIR)/$(MESHC) $(PY_VENV)/bin/python -m pytest -q python/tests
 
 bench:
-	$(CARGO) bench --bench gemm --bench pipeline --bench mesh --bench collectives --bench degraded --bench pilot --bench sendrecv --bench streams --bench checkpoints --bench models --bench train --bench onnx --bench dynamic --bench int8 --bench xla_bytes --bench embed
+	$(CARGO) bench --bench gemm --bench pipeline --bench mesh --bench collectives --bench degraded --bench pilot --bench sendrecv --bench streams --bench checkpoints --bench models --bench train --bench onnx --bench dynamic --bench int8 --bench generate --bench xla_bytes --bench embed
 
 # The end-to-end example: compile the transformer block into one artifact, show what is in
 # it, run it 200 times (--bench: the time per run, its outputs checked against numpy's), then
