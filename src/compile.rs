@@ -396,7 +396,7 @@ impl Builder {
         }
     }
 
-    /// Whether the constant `name` is stored in panels: an f32 matrix (or batch of them)
+    /// Whether the constant `name` is stored in panels: an f32 (or bf16) matrix (or batch of them)
     /// whose columns pad to whole strips cheaply (`panels::worth_packing`), that is no output,
     /// and that every node reading it reads as the right operand of a matmul the library
     /// GEMM serves with at most `panels::SMALL_M` rows a matrix. (Longer products pack their
@@ -405,17 +405,19 @@ impl Builder {
     /// the panels are level with the small-M GEMM or faster, 2.8× at one row.) Over symbolic
     /// rows (`si`) a call may have few whatever the bounds: panels then, which the runner
     /// copies out row-major for a call with many (`meshc_runtime::kernels::library`). A
-    /// bf16 or f16 weight (`--weights-dtype`) is stored in panels where every product reading
-    /// it has static rows, at most `panels::SMALL_M`: the small-M GEMM widens its strips as
-    /// it streams them (read row-major, a strip crosses a page per row: a 768×50257 bf16
-    /// weight took 7.7 ms at one row against 4.8 ms for its f32 panels). The caller leaves
-    /// pruned weights row-major: their GEMM runs on strided views.
+    /// bf16 weight (`--weights-dtype`) is stored in panels where every product reading it
+    /// has static rows, at most `panels::SMALL_M`: the small-M GEMM widens its strips as it
+    /// streams them (read row-major, a strip crosses a page per row: at one row a 768×50257
+    /// bf16 weight took 7.7 ms row-major and 3.1 ms in panels, its f32 panels 5.1 ms). An
+    /// f16 one stays row-major: its small-M kernels need AVX-512, and on AVX2 the runner
+    /// would copy the panels out on every call. The caller leaves pruned weights row-major:
+    /// their GEMM runs on strided views.
     fn in_panels(&self, g: &Graph, info: &Info, folded: &Folded, name: &str, si: Option<&SymInfo>) -> bool {
         use meshc_ir::DType;
         let ty = folded.stored(name, &info.types);
         let mut readers =
             g.nodes.iter().filter(|n| !folded.consts.contains_key(&n.name) && n.inputs.iter().any(|i| i == name));
-        let half = matches!(ty.dtype, DType::BF16 | DType::F16);
+        let half = ty.dtype == DType::BF16;
         let symbolic = |n: &Node| si.is_some_and(|si| si.shapes[&n.inputs[0]].iter().any(|d| !d.is_const()));
         (ty.dtype == DType::F32 || half)
             && ty.shape.len() >= 2

@@ -213,6 +213,9 @@ fn eval(node: &Node, args: &[&Tensor]) -> R<Tensor> {
                 return Err("dynamic_update_slice takes x, update and starts".into());
             };
             let axes = attrs::DynamicUpdateSlice::try_of(node)?.axes;
+            if update.shape.len() != x.shape.len() {
+                return Err(format!("the update {} does not have the rank of {}", update.ty(), x.ty()));
+            }
             let sizes: Vec<usize> = norm_axes(&axes, x.shape.len())?.iter().map(|&a| update.shape[a]).collect();
             let (shape, strides, offset) = dynamic_window(x, starts, &axes, &sizes)?;
             if update.shape != shape || update.dtype() != x.dtype() {

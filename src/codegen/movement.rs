@@ -365,7 +365,9 @@ fn dynamic(target: &Target, name: &str, node: &Node, inputs: &[TensorType], out:
         };
         for_parts(kb, &rows_dim, &[src, win], &mut row);
     });
-    Ok(Generated { func, scratch: 0, parts: parts_for(2 * window.size_bytes(), rows) })
+    // An update that is not in place copies all of x: its parts are sized by that copy.
+    let moved = if update { out.size_bytes() } else { window.size_bytes() };
+    Ok(Generated { func, scratch: 0, parts: parts_for(2 * moved, rows) })
 }
 
 /// Stores `bytes` bytes at `dst` as pieces of `width` bytes (`piece(kb, base, offset)`

@@ -175,7 +175,7 @@ impl Session {
         }
         if options.context > c.context {
             return Err(Error::State(format!(
-                "--context {} is beyond the artifact's {} positions (its caches' ctx dim)",
+                "a context of {} is beyond the artifact's {} positions (its caches' ctx dim)",
                 options.context, c.context
             )));
         }
@@ -195,14 +195,14 @@ impl Session {
         let mut logits = vec![0f32; c.batch * c.vocab];
         let shape = c.logits.clone();
         let mut steps = 0;
-        let mut draw = 0u64;
-        for pos in 0..fed.max(len) {
+        for pos in 0..fed {
             if steps == options.max_new_tokens || done.iter().all(|&d| d) {
                 break;
             }
             let token: Vec<i64> = match pos < len {
                 true => prompt.iter().map(|p| p[pos]).collect(),
-                false => out.iter().map(|t| t.last().copied().filter(|&t| t >= 0).unwrap_or(0)).collect(),
+                // A stopped sequence is fed its last token; its logits are not read.
+                false => out.iter().map(|t| t.last().copied().unwrap_or(0)).collect(),
             };
             let ids = index_tensor(c.ids, vec![c.batch, 1], &token);
             let at = index_tensor(c.pos, vec![1], &[pos as i64]);
@@ -215,8 +215,10 @@ impl Session {
                 if done[b] {
                     continue;
                 }
+                // Each (step, sequence) its own draw: a sequence that stops changes no
+                // other's tokens.
+                let draw = (steps * c.batch + b) as u64;
                 let t = sample(row, options.sampling, options.seed, draw) as i64;
-                draw += 1;
                 out[b].push(t);
                 done[b] = options.stop.contains(&t);
             }
@@ -227,20 +229,27 @@ impl Session {
 }
 
 /// The token `sampling` picks from `logits`; the `draw`th random draw of `seed` decides
-/// among several. Ties and NaN go to the lowest index.
+/// among several. NaN is never picked (unless every logit is NaN: then 0); among equal
+/// logits the lowest index comes first, so greedy takes it.
 pub fn sample(logits: &[f32], sampling: Sampling, seed: u64, draw: u64) -> usize {
-    let argmax = || (0..logits.len()).fold(0, |best, i| if logits[i] > logits[best] { i } else { best });
-    let (temperature, keep) = match sampling {
-        Sampling::Greedy => return argmax(),
-        Sampling::Temperature(t) => (t, Keep::All),
-        Sampling::TopK(k) => (1.0, Keep::Top(k)),
-        Sampling::TopP(p) => (1.0, Keep::Mass(p)),
-    };
     // Candidates by logit, highest first (the lower index first among equal ones).
     let mut order: Vec<usize> = (0..logits.len()).filter(|&i| !logits[i].is_nan()).collect();
     order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
     let Some(&top) = order.first() else { return 0 };
-    let weights: Vec<f64> = order.iter().map(|&i| (((logits[i] - logits[top]) / temperature) as f64).exp()).collect();
+    let (temperature, keep) = match sampling {
+        Sampling::Greedy => return top,
+        Sampling::Temperature(t) => (t, Keep::All),
+        Sampling::TopK(k) => (1.0, Keep::Top(k)),
+        Sampling::TopP(p) => (1.0, Keep::Mass(p)),
+    };
+    // Relative to the top logit; an infinite top (or all -inf) shares the mass among the
+    // logits equal to it, where the differences would be NaN.
+    let max = logits[top];
+    let weight = |l: f32| match max.is_finite() {
+        true => (((l - max) / temperature) as f64).exp(),
+        false => f64::from(u8::from(l == max)),
+    };
+    let weights: Vec<f64> = order.iter().map(|&i| weight(logits[i])).collect();
     let total: f64 = weights.iter().sum();
     let n = match keep {
         Keep::All => order.len(),
@@ -305,6 +314,17 @@ mod tests {
         let a: Vec<usize> = (0..50).map(|d| sample(&logits, Sampling::Temperature(1.0), 3, d)).collect();
         assert_eq!(a, (0..50).map(|d| sample(&logits, Sampling::Temperature(1.0), 3, d)).collect::<Vec<_>>());
         assert!((0..50).all(|d| sample(&logits, Sampling::Temperature(0.01), 3, d) == 1));
+        // NaN first is not greedy's pick; an infinite top logit takes every draw, and all
+        // -inf logits share them.
+        let odd = [f32::NAN, 1.0, f32::INFINITY, 2.0];
+        for how in [Sampling::Greedy, Sampling::TopK(1), Sampling::TopP(0.5), Sampling::Temperature(2.0)] {
+            assert!((0..50).all(|d| sample(&odd, how, 1, d) == 2), "{how:?}");
+        }
+        let low = [f32::NEG_INFINITY; 3];
+        let picks: std::collections::BTreeSet<usize> =
+            (0..200).map(|d| sample(&low, Sampling::TopK(3), 1, d)).collect();
+        assert_eq!(picks.into_iter().collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(sample(&[f32::NAN; 2], Sampling::Greedy, 0, 0), 0);
         let spread: std::collections::BTreeSet<usize> =
             (0..400).map(|d| sample(&logits, Sampling::Temperature(100.0), 3, d)).collect();
         assert_eq!(spread.into_iter().collect::<Vec<_>>(), [0, 1, 2, 3, 5]);

@@ -113,18 +113,29 @@ impl Session {
     /// state on the devices is read and replaced by the step's `next.S`, and the other
     /// outputs (the loss) are returned.
     pub fn step(&self, inputs: &[(&str, TensorView)]) -> Result<BTreeMap<String, Tensor>, Error> {
-        let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let resident = guard.as_mut().ok_or_else(no_state)?;
-        self.call(inputs, Some(resident), &mut Outputs::Owned(BTreeMap::new()))
+        self.step_on(inputs, &mut Outputs::Owned(BTreeMap::new()))
     }
 
     /// `step`, the outputs named in `outputs` written into the caller's buffers as
     /// `run_into` writes them.
     pub fn step_into(&self, inputs: &[(&str, TensorView)], outputs: &mut [(&str, TensorViewMut)]) -> Result<(), Error> {
         self.check_outputs(outputs)?;
+        self.step_on(inputs, &mut Outputs::Into(outputs)).map(drop)
+    }
+
+    /// A step on the state on the devices. Where the buffer plan writes some next.S over
+    /// S itself (`Loaded::writes_state_in_place`: a decoder's caches), a run that fails
+    /// may have written part of it: that state is dropped, so the next step asks for
+    /// `set_state` instead of running on it.
+    fn step_on(&self, inputs: &[(&str, TensorView)], out: &mut Outputs) -> Result<BTreeMap<String, Tensor>, Error> {
         let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let resident = guard.as_mut().ok_or_else(no_state)?;
-        self.call(inputs, Some(resident), &mut Outputs::Into(outputs)).map(drop)
+        let in_place = self.loaded.writes_state_in_place(resident);
+        let result = self.call(inputs, Some(resident), out);
+        if in_place && matches!(result, Err(Error::Run(_))) {
+            *guard = None;
+        }
+        result
     }
 
     pub(crate) fn state_names(&self) -> Vec<String> {

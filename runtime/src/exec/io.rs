@@ -230,6 +230,18 @@ impl Loaded {
         Ok(Resident { pairs, slots })
     }
 
+    /// Whether a run writes some of `resident`'s next.S over S itself: where the buffer
+    /// plan gave them the same bytes on a device, the runner points both at S's slot
+    /// (`crate::exec::streams`), so a run that fails part-way leaves that S half written.
+    pub fn writes_state_in_place(&self, resident: &Resident) -> bool {
+        self.programs.iter().any(|p| {
+            resident.pairs.iter().any(|&(i, o)| {
+                let (ib, ob) = (p.inputs[i], p.outputs[o]);
+                ib != ob && p.buffers[ib].storage == p.buffers[ob].storage
+            })
+        })
+    }
+
     /// The state tensors as whole tensors (by input name), gathered from the devices'
     /// blocks: what a checkpoint writes.
     pub fn download(&self, resident: &Resident) -> Result<BTreeMap<String, Tensor>> {

@@ -1,9 +1,12 @@
 //! State kept on the devices between runs: a training step's state tensors (every input S
-//! with an output `next.S`: params and optimizer state) live in per-device buffers that
-//! the runs read and write in place. `Loaded::upload` cuts each device's block out of the
-//! host tensors once; every run then points the device's input buffer of S at the block
-//! (no copy, no re-slicing), lets the step write `next.S` into a second buffer, and swaps
-//! the two; only `Loaded::download` (a checkpoint) gathers the blocks into whole tensors.
+//! with an output `next.S`: params and optimizer state, a decoder's caches) live in
+//! per-device buffers that the runs read and write in place. `Loaded::upload` cuts each
+//! device's block out of the host tensors once; every run then points the device's input
+//! buffer of S at the block (no copy, no re-slicing), lets the step write `next.S` into a
+//! second buffer, and swaps the two, except where the buffer plan gave next.S the bytes
+//! of S: then the step writes next.S over S and nothing is swapped
+//! (`Loaded::writes_state_in_place`). Only `Loaded::download` (a checkpoint) gathers the
+//! blocks into whole tensors.
 
 use crate::comm::memory::AlignedBuf;
 
