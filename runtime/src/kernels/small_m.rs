@@ -132,6 +132,26 @@ unsafe fn gather_bits<const N: usize>(p: *const u16, take: impl Fn(usize) -> boo
     v
 }
 
+/// 16 16-bit elements at `p`, those of `mask` only (the others 0): one load for a whole
+/// mask, `gather_bits` for the partial last strip.
+///
+/// # Safety
+/// The masked elements lie inside `p`'s allocation; the CPU has AVX.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx")]
+unsafe fn bits16(p: *const u16, mask: u16) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::_mm256_loadu_si256;
+    // SAFETY: a whole mask reads 16 elements, the caller's promise; else only the masked
+    // ones are read.
+    unsafe {
+        match mask {
+            u16::MAX => _mm256_loadu_si256(p.cast()),
+            _ => _mm256_loadu_si256(gather_bits::<16>(p, |i| mask >> i & 1 == 1).as_ptr().cast()),
+        }
+    }
+}
+
 impl Weight for Bf16 {
     #[cfg(target_arch = "x86_64")]
     const AVX512: Kernels<Bf16> = kernels!(tile, Bf16, 32: 1 2 3 4 5 6 7 8 9 10 11 12);
@@ -143,15 +163,8 @@ impl Weight for Bf16 {
     #[target_feature(enable = "avx512f")]
     unsafe fn load16(p: *const Bf16, mask: u16) -> std::arch::x86_64::__m512 {
         use std::arch::x86_64::*;
-        // SAFETY: a whole mask reads 16 elements, the caller's promise; else only the
-        // masked ones are read.
-        unsafe {
-            let bits = match mask {
-                u16::MAX => _mm256_loadu_si256(p.cast()),
-                _ => _mm256_loadu_si256(gather_bits::<16>(p.cast(), |i| mask >> i & 1 == 1).as_ptr().cast()),
-            };
-            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(bits)))
-        }
+        // SAFETY: the caller's promise, which `bits16` takes.
+        unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(bits16(p.cast(), mask)))) }
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -186,14 +199,8 @@ impl Weight for F16 {
     #[target_feature(enable = "avx512f")]
     unsafe fn load16(p: *const F16, mask: u16) -> std::arch::x86_64::__m512 {
         use std::arch::x86_64::*;
-        // SAFETY: as `Bf16::load16`.
-        unsafe {
-            let bits = match mask {
-                u16::MAX => _mm256_loadu_si256(p.cast()),
-                _ => _mm256_loadu_si256(gather_bits::<16>(p.cast(), |i| mask >> i & 1 == 1).as_ptr().cast()),
-            };
-            _mm512_cvtph_ps(bits)
-        }
+        // SAFETY: the caller's promise, which `bits16` takes.
+        unsafe { _mm512_cvtph_ps(bits16(p.cast(), mask)) }
     }
 
     #[cfg(target_arch = "x86_64")]
