@@ -76,6 +76,14 @@ pub struct OnnxArgs {
     /// initializer (an input giving a shape, pads or scales must be known then; repeatable).
     #[arg(long = "const", value_name = "NAME=FILE.npy")]
     pub consts: Vec<String>,
+    /// Import a decoder exported with its KV cache as inputs and outputs
+    /// (`past_key_values.N.key`, `present.N.key`) as a decode step whose cache holds C
+    /// positions (docs/generation.md); `generate` sets it from --context.
+    #[arg(long = "decode-context", value_name = "C")]
+    pub decode_context: Option<usize>,
+    /// The batch of that decode step (default 1); `generate` sets it from the prompt.
+    #[arg(long = "decode-batch", value_name = "B", requires = "decode_context")]
+    pub decode_batch: Option<usize>,
 }
 
 impl OnnxArgs {
@@ -86,6 +94,16 @@ impl OnnxArgs {
         let (dims, symbols) = self.examples()?;
         let shapes = meshc_onnx::parse_input_shapes(&self.input_shapes)?;
         let consts = meshc_onnx::parse_consts(&self.consts)?;
+        if let Some(context) = self.decode_context {
+            let cache = meshc_onnx::decoder::Cache { context, batch: self.decode_batch.unwrap_or(1) };
+            if symbols.is_some() || !shapes.is_empty() {
+                bail!(
+                    "{}: a decoder's sizes come from the prompt and --context; give no --input-shape or ranged --dim",
+                    path.display()
+                );
+            }
+            return Ok((meshc_onnx::import_decoder(path, cache, &dims, &consts)?, None));
+        }
         match symbols {
             Some(symbols) => {
                 let (imp, si) = meshc_onnx::symbolic::import(path, &dims, &symbols, &shapes, &consts)?;
@@ -349,6 +367,9 @@ pub fn load_graph_sym(path: &Path, onnx: &OnnxArgs) -> Result<GraphIn> {
     }
     if !onnx.consts.is_empty() {
         bail!("{}: --const fixes inputs of an ONNX model; this is a graph", path.display());
+    }
+    if onnx.decode_context.is_some() {
+        bail!("{}: --decode-context imports an ONNX decoder as a decode step; this is a graph", path.display());
     }
     let (graph, info) = load::load(path)?;
     let in_file = |e: String| anyhow::anyhow!("{}: {e}", path.display());

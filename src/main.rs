@@ -336,7 +336,7 @@ fn main() -> ExitCode {
                 }
             })
         }
-        Cmd::Generate { model, args, codegen, .. } => generate(&model, &args, &codegen),
+        Cmd::Generate { model, args, codegen, .. } => generate(&model, &args, codegen),
         Cmd::Inspect { artifact, json } => cli::inspect(&artifact, json),
         Cmd::Explain { graph, layout, json, onnx } => explain(&graph, &layout, json, &onnx),
     };
@@ -787,7 +787,7 @@ fn run(path: &Path, io: &Io, run_args: &RunArgs, args: &CodegenArgs, pilot: &Pil
 }
 
 /// `generate MODEL --prompt IDS.npy ...` on an artifact, or on a graph compiled in memory.
-fn generate(path: &Path, args: &GenerateArgs, codegen: &CodegenArgs) -> Result<()> {
+fn generate(path: &Path, args: &GenerateArgs, mut codegen: CodegenArgs) -> Result<()> {
     let file = path.display().to_string();
     if is_artifact(path) {
         if let Some(flag) = codegen.given() {
@@ -795,8 +795,15 @@ fn generate(path: &Path, args: &GenerateArgs, codegen: &CodegenArgs) -> Result<(
         }
         return meshc_runtime::tools::generate::generate(Source::File(path), args);
     }
+    if meshc_onnx::is_onnx(path) {
+        if codegen.onnx.decode_context.is_some() {
+            bail!("{file}: generate sizes the decoder's cache from --context and the prompt; give no --decode-context");
+        }
+        codegen.onnx.decode_context = Some(args.context);
+        codegen.onnx.decode_batch = Some(meshc_runtime::tools::generate::read_prompt(&args.prompt)?.len());
+    }
     let dumps = Dumps::default();
-    let (c, _, _) = compile_graph(path, codegen, compile::Emit::Artifact, &Instrument::dumps(&dumps), None)?;
+    let (c, _, _) = compile_graph(path, &codegen, compile::Emit::Artifact, &Instrument::dumps(&dumps), None)?;
     let bytes = meshc::artifact::artifact_bytes(&c.expect("only --stop-after stops the pipeline"))?;
     meshc_runtime::tools::generate::generate(Source::Bytes { bytes: &bytes, name: &file }, args)
 }

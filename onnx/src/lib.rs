@@ -9,6 +9,7 @@ pub mod proto;
 
 mod builder;
 mod control;
+pub mod decoder;
 mod dims;
 mod dispatch;
 mod external;
@@ -129,12 +130,41 @@ pub fn import_bytes(
     consts: &BTreeMap<String, Tensor>,
 ) -> meshc_ir::Result<Imported> {
     let in_file = |e: meshc_ir::Error| e.in_file(file);
-    let model = proto::ModelProto::decode(bytes)
-        .map_err(|e| in_file(meshc_ir::Error::new(format!("not a valid ONNX model: {}", decode_error(&e)))))?;
+    let model = decode(bytes).map_err(in_file)?;
     let (graph, params) =
         import::import(&model, dims, shapes, consts, dir).map_err(|e| in_file(meshc_ir::Error::new(e)))?;
     let info = verify::verify(&graph).map_err(in_file)?;
     Ok(Imported { graph, info, params })
+}
+
+/// A decoder exported with its KV cache as inputs and outputs (`past_key_values.N.key`,
+/// `present.N.key`), imported as a decode step whose cache of `cache.context` positions is
+/// state written in place (`decoder`); `dims` and `consts` as for `import`. Every error is
+/// one line naming the file.
+pub fn import_decoder(
+    path: &Path,
+    cache: decoder::Cache,
+    dims: &BTreeMap<String, usize>,
+    consts: &BTreeMap<String, Tensor>,
+) -> meshc_ir::Result<Imported> {
+    let file = path.display().to_string();
+    let in_file = |e: meshc_ir::Error| e.in_file(&file);
+    let bytes = file::read(path, MAX_MODEL_BYTES, "ONNX model").map_err(in_file)?;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let model = decode(&bytes).map_err(in_file)?;
+    let step = || -> Result<Imported, String> {
+        let (past, shapes) = decoder::shapes(&model, cache)?;
+        let (mut graph, mut params) = import::import(&model, dims, &shapes, consts, dir)?;
+        decoder::rewrite(&mut graph, &mut params, &past, cache)?;
+        let info = verify::verify(&graph).map_err(|e| e.msg)?;
+        Ok(Imported { graph, info, params })
+    };
+    step().map_err(|e| in_file(meshc_ir::Error::new(e)))
+}
+
+fn decode(bytes: &[u8]) -> meshc_ir::Result<proto::ModelProto> {
+    proto::ModelProto::decode(bytes)
+        .map_err(|e| meshc_ir::Error::new(format!("not a valid ONNX model: {}", decode_error(&e))))
 }
 
 /// prost's error, its field path (innermost first, one `Message.field` per level of

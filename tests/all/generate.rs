@@ -2,7 +2,9 @@
 //! numpy reference generated them (tools/gen_testdata.py: the prompt fed one position a
 //! step from empty caches, each top logit ahead of the next by a margin f32 cannot
 //! overturn), on one device and with the heads split over two; seeded sampling repeated
-//! exactly; stop ids; and every refusal as one line.
+//! exactly; stop ids; and every refusal as one line. Then transformers' GPT-2 and Llama
+//! exported to ONNX with past/present KV (tools/export_decoders.py), imported as decode
+//! steps: greedy ids as torch's `generate()` picked them.
 
 use std::path::Path;
 
@@ -20,8 +22,12 @@ fn generate(extra: &[&str]) -> crate::common::Run {
 }
 
 fn greedy() -> Vec<Vec<i64>> {
-    let t = Tensor::read_npy(Path::new("testdata/decoder/generate/greedy.npy")).unwrap();
-    let Data::I64(v) = &t.data else { panic!("greedy.npy holds int64") };
+    rows("testdata/decoder/generate/greedy.npy")
+}
+
+fn rows(path: &str) -> Vec<Vec<i64>> {
+    let t = Tensor::read_npy(Path::new(path)).unwrap();
+    let Data::I64(v) = &t.data else { panic!("{path} holds int64") };
     v.chunks(t.shape[1]).map(<[i64]>::to_vec).collect()
 }
 
@@ -150,6 +156,97 @@ fn refusals_are_one_line() {
         (
             vec!["generate", "testdata/mlp/graph.json", "--prompt", PROMPT, "--context", "16", "--max-new-tokens", "2"],
             "not a decode-step artifact (docs/generation.md): it has no input 'ids'",
+        ),
+    ];
+    for (args, want) in cases {
+        let r = meshc(&args);
+        assert_eq!(r.status, Some(1), "{args:?}: {r:?}");
+        assert!(r.stderr.contains(want) && r.stderr.trim().lines().count() == 1, "{args:?}: {}", r.stderr);
+    }
+}
+
+/// The tiny decoders tools/export_decoders.py exported, with 32 greedy ids from torch.
+const DECODERS: [&str; 1] = ["testdata/onnx_decoders/gpt2"];
+
+#[test]
+fn onnx_decoders_generate_torchs_greedy_ids() {
+    let dir = scratch("generate-onnx");
+    for d in DECODERS {
+        let model = format!("{d}/model.onnx");
+        let prompt = format!("{d}/prompt.npy");
+        let want = rows(&format!("{d}/greedy.npy"));
+        assert_eq!(want[0].len(), 32);
+        // 5 prompt ids and 31 fed back take 36 of the 40 positions.
+        let base = ["generate", &model, "--prompt", &prompt, "--context", "40", "--max-new-tokens", "32"];
+        let layout = format!("{d}/layouts/heads-2.json");
+        for extra in [vec![], vec!["--layout", layout.as_str()]] {
+            let r = meshc(&[&base[..], &extra].concat());
+            assert_eq!(r.status, Some(0), "{d} {extra:?}: {r:?}");
+            assert_eq!(printed(&r.stdout), want, "{d} {extra:?}");
+        }
+        // Compiled once, at the prompt's batch and a context of 37: the artifact generates
+        // the same ids, and refuses a context beyond its own.
+        let art = dir.join("step.mshc");
+        let r =
+            meshc(&["compile", &model, "--decode-context", "37", "--decode-batch", "2", "-o", art.to_str().unwrap()]);
+        assert_eq!(r.status, Some(0), "{d}: {r:?}");
+        let art = art.to_str().unwrap();
+        let run = |context: &str| {
+            meshc(&["generate", art, "--prompt", &prompt, "--context", context, "--max-new-tokens", "32"])
+        };
+        let r = run("37");
+        assert_eq!(r.status, Some(0), "{d}: {r:?}");
+        assert_eq!(printed(&r.stdout), want, "{d}: the artifact");
+        let r = run("38");
+        assert_eq!(r.status, Some(1), "{d}: {r:?}");
+        assert!(r.stderr.contains("beyond the artifact's 37 positions"), "{}", r.stderr);
+    }
+}
+
+#[test]
+fn onnx_decoder_refusals_are_one_line() {
+    let gpt2 = "testdata/onnx_decoders/gpt2/model.onnx";
+    let prompt = "testdata/onnx_decoders/gpt2/prompt.npy";
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["generate", gpt2, "--prompt", prompt, "--context", "65", "--max-new-tokens", "2"],
+            "a context of 65 is beyond the model's 64 positions (its position table 'model.transformer.wpe.weight')",
+        ),
+        (
+            vec!["generate", gpt2, "--prompt", prompt, "--context", "1", "--max-new-tokens", "1"],
+            "a context of 1 positions is too short for a decoder's cache",
+        ),
+        (
+            vec![
+                "generate",
+                "testdata/onnx/encoder/model.onnx",
+                "--prompt",
+                prompt,
+                "--context",
+                "8",
+                "--max-new-tokens",
+                "2",
+            ],
+            "not a decoder export with a KV cache: no input is named past_key_values.N.key or .value",
+        ),
+        (
+            vec![
+                "generate",
+                gpt2,
+                "--prompt",
+                prompt,
+                "--context",
+                "8",
+                "--max-new-tokens",
+                "2",
+                "--decode-context",
+                "8",
+            ],
+            "generate sizes the decoder's cache from --context and the prompt",
+        ),
+        (
+            vec!["compile", GRAPH, "--decode-context", "8", "-o", "/dev/null"],
+            "--decode-context imports an ONNX decoder as a decode step; this is a graph",
         ),
     ];
     for (args, want) in cases {

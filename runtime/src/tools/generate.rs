@@ -45,6 +45,19 @@ pub enum Source<'a> {
     Bytes { bytes: &'a [u8], name: &'a str },
 }
 
+/// The rows of token ids in the `.npy` at `prompt`: int64 or int32 `[batch, prompt_len]`.
+pub fn read_prompt(prompt: &Path) -> Result<Vec<Vec<i64>>> {
+    let ids = Tensor::read_npy(prompt).with_context(|| format!("--prompt {}", prompt.display()))?;
+    match (&ids.data, ids.shape.as_slice()) {
+        (Data::I64(_) | Data::I32(_), &[_, len]) => {
+            Ok(ids.data.to_f64().chunks(len.max(1)).map(|r| r.iter().map(|&v| v as i64).collect()).collect())
+        }
+        _ => {
+            bail!("--prompt {}: {} where token ids are int64 or int32 [batch, prompt_len]", prompt.display(), ids.ty())
+        }
+    }
+}
+
 /// Runs the generation `args` describe on the artifact `source`.
 pub fn generate(source: Source<'_>, args: &GenerateArgs) -> Result<()> {
     let (model, file) = match source {
@@ -55,16 +68,7 @@ pub fn generate(source: Source<'_>, args: &GenerateArgs) -> Result<()> {
     };
     let session = Session::new(&model).with_context(|| file.clone())?;
     check_decode_step(&session).with_context(|| file.clone())?;
-    let prompt = &args.prompt;
-    let ids = Tensor::read_npy(prompt).with_context(|| format!("--prompt {}", prompt.display()))?;
-    let rows: Vec<Vec<i64>> = match (&ids.data, ids.shape.as_slice()) {
-        (Data::I64(_) | Data::I32(_), &[_, len]) => {
-            ids.data.to_f64().chunks(len.max(1)).map(|r| r.iter().map(|&v| v as i64).collect()).collect()
-        }
-        _ => {
-            bail!("--prompt {}: {} where token ids are int64 or int32 [batch, prompt_len]", prompt.display(), ids.ty())
-        }
-    };
+    let rows = read_prompt(&args.prompt)?;
     let options = GenerateOptions {
         max_new_tokens: args.max_new_tokens,
         context: args.context,

@@ -1,0 +1,243 @@
+//! A decoder exported for generation, one step with its KV cache as `past_key_values.N.key`
+//! / `.value` inputs and `present.N.key` / `.value` outputs (optimum's naming, which
+//! transformers' exports through torch.onnx follow), imported as a decode step
+//! (docs/generation.md).
+//!
+//! The export concatenates the past with the step's keys and returns the result, so a
+//! caller must copy a growing cache through every step. The import binds the past to
+//! `context - 1` positions and the sequence to 1, so that each concat yields exactly
+//! `context` positions. It then makes the past a cache of `context` positions, written at a
+//! run-time `pos` by `dynamic_update_slice` in place of the concat: every shape downstream
+//! is unchanged, and the cache stays on the devices as state. The attention mask becomes
+//! `positions <= pos` and the position ids `pos`, both computed in the step, so the
+//! positions past `pos`, which hold nothing yet, are masked as padding.
+
+use std::collections::{BTreeMap, HashMap};
+
+use meshc_ir::{Attr, DType, Data, Graph, Input, Node, Op, Output, Param, ParamData, Tensor, TensorType};
+
+use super::proto::{tensor_shape_proto::dimension, type_proto, ModelProto};
+
+type R<T> = std::result::Result<T, String>;
+/// Every dim of some inputs, by name (as `--input-shape` gives them).
+type Shapes = BTreeMap<String, Vec<usize>>;
+
+/// What the cache holds: `context` positions of `batch` sequences.
+#[derive(Clone, Copy, Debug)]
+pub struct Cache {
+    pub context: usize,
+    pub batch: usize,
+}
+
+/// The decode step's names, as docs/generation.md's contract gives them.
+const IDS: &str = "ids";
+const POS: &str = "pos";
+/// The one dim a decode step's state must name: the positions it holds.
+const CTX: &str = "ctx";
+const POSITIONS: &str = "decode.positions";
+
+/// The past inputs of `model`, in order, and the `--input-shape`s that bind the step: ids
+/// and position ids `[batch, 1]`, the mask `[batch, context]`, each past `[batch, heads,
+/// context - 1, head_dim]`. Refused in one line when the model has no such past, or one
+/// whose heads or head size are not fixed.
+pub fn shapes(model: &ModelProto, cache: Cache) -> R<(Vec<String>, Shapes)> {
+    if cache.context < 2 {
+        return Err(format!(
+            "a context of {} positions is too short for a decoder's cache (at least 2)",
+            cache.context
+        ));
+    }
+    let graph = model.graph.as_ref().ok_or("the model has no graph")?;
+    let mut past = Vec::new();
+    let mut shapes = BTreeMap::new();
+    for i in &graph.input {
+        let name = i.name.clone().unwrap_or_default();
+        let shape = match name.as_str() {
+            "input_ids" | "position_ids" => vec![cache.batch, 1],
+            "attention_mask" => vec![cache.batch, cache.context],
+            _ if is_past(&name) => {
+                let fixed = fixed_dims(i.r#type.as_ref());
+                let (Some(heads), Some(head_dim)) = (fixed.get(1).copied().flatten(), fixed.get(3).copied().flatten())
+                else {
+                    return Err(format!(
+                        "input '{name}': a past of [batch, heads, past, head_dim] with its heads and head_dim fixed is expected"
+                    ));
+                };
+                past.push(name.clone());
+                vec![cache.batch, heads, cache.context - 1, head_dim]
+            }
+            _ => continue,
+        };
+        shapes.insert(name, shape);
+    }
+    if past.is_empty() {
+        return Err(
+            "not a decoder export with a KV cache: no input is named past_key_values.N.key or .value (docs/generation.md)"
+                .into(),
+        );
+    }
+    for needed in ["input_ids", "position_ids"] {
+        if !shapes.contains_key(needed) {
+            return Err(format!(
+                "the decoder export has no input '{needed}': {}",
+                match needed {
+                    "input_ids" => "it takes no token ids",
+                    _ => "its positions would come from the past's length, which a cache of fixed size does not have; export it with position_ids",
+                }
+            ));
+        }
+    }
+    Ok((past, shapes))
+}
+
+fn is_past(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("past_key_values.") else { return false };
+    let Some((layer, kv)) = rest.split_once('.') else { return false };
+    layer.parse::<usize>().is_ok() && matches!(kv, "key" | "value")
+}
+
+/// Each dim of an ONNX input type: its value when it has one.
+fn fixed_dims(t: Option<&super::proto::TypeProto>) -> Vec<Option<usize>> {
+    let Some(type_proto::Value::TensorType(tt)) = t.and_then(|t| t.value.as_ref()) else { return Vec::new() };
+    let Some(shape) = &tt.shape else { return Vec::new() };
+    shape
+        .dim
+        .iter()
+        .map(|d| match d.value {
+            Some(dimension::Value::DimValue(v)) if v > 0 => Some(v as usize),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Rewrites the imported step `g` (imported at `shapes`' sizes) into a decode step: see the
+/// module's comment. `params` receives the positions' values.
+pub fn rewrite(g: &mut Graph, params: &mut HashMap<String, Tensor>, past: &[String], cache: Cache) -> R<()> {
+    for taken in [IDS, POS, POSITIONS] {
+        if g.inputs.iter().any(|i| i.name == taken) || g.nodes.iter().any(|n| n.name == taken) {
+            return Err(format!("the decoder export already has a value named '{taken}'"));
+        }
+    }
+    rename(g, "input_ids", IDS);
+    g.inputs.push(Input { name: POS.into(), ty: TensorType::new(DType::I64, vec![1]), dims: None, loc: None });
+    for name in past {
+        cache_in_place(g, name, cache.context)?;
+    }
+    let mut front = Vec::new();
+    if let Some(mask) = take_input(g, "attention_mask") {
+        let positions = (0..cache.context as i64).collect();
+        params.insert(POSITIONS.into(), Tensor::new(vec![cache.context], Data::I64(positions)));
+        let data = ParamData::File { path: String::new(), key: Some(POSITIONS.into()) };
+        let ty = TensorType::new(DType::I64, vec![cache.context]);
+        g.params.push(Param { name: POSITIONS.into(), ty, dims: Some(vec![Some(CTX.into())]), data, loc: None });
+        let seen = format!("{}.seen", mask.name);
+        front.push(Node::new(&seen, Op::LessEqual, &[POSITIONS, POS]));
+        let mut mask = mask;
+        if let Some(d) = mask.dims.as_mut().and_then(|d| d.get_mut(1)) {
+            *d = Some(CTX.into());
+        }
+        front.extend(broadcast_as(&seen, &mask));
+    }
+    if let Some(ids) = take_input(g, "position_ids") {
+        check_position_tables(g, &ids.name, cache.context)?;
+        front.extend(broadcast_as(POS, &ids));
+    }
+    g.nodes.splice(0..0, front);
+    Ok(())
+}
+
+/// A table of learned positions (GPT-2's `wpe`) bounds the context: a gather of it at a
+/// position past its rows would read nothing the model was trained with.
+fn check_position_tables(g: &Graph, positions: &str, context: usize) -> R<()> {
+    for n in g.nodes.iter().filter(|n| n.op == Op::Gather && n.inputs.get(1).is_some_and(|i| i == positions)) {
+        let axis = n.attrs.get("axis").and_then(Attr::as_int).unwrap_or(0);
+        let Some(table) = g.params.iter().find(|p| p.name == n.inputs[0]) else { continue };
+        let rows = usize::try_from(axis).ok().and_then(|a| table.ty.shape.get(a)).copied();
+        if let Some(rows) = rows.filter(|&r| context > r) {
+            return Err(format!(
+                "a context of {context} is beyond the model's {rows} positions (its position table '{}')",
+                table.name
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The nodes that make `input`'s value, of its type, from `from`, a vector along its last
+/// axis: a cast, then a broadcast over the rows.
+fn broadcast_as(from: &str, input: &Input) -> Vec<Node> {
+    let cast = format!("{}.cast", input.name);
+    let mut c = Node::new(&cast, Op::Cast, &[from]);
+    c.attrs.insert("to".into(), Attr::Str(input.ty.dtype.to_string()));
+    let mut b = Node::new(&input.name, Op::BroadcastTo, &[&cast]);
+    b.attrs.insert("shape".into(), Attr::ints(&input.ty.shape.iter().map(|&d| d as i64).collect::<Vec<_>>()));
+    b.dims = input.dims.clone();
+    vec![c, b]
+}
+
+/// The past input `name` becomes a cache of `context` positions along axis 2, and the one
+/// concat that appends the step's keys to it a `dynamic_update_slice` at `pos`, whose result
+/// is the output `next.NAME`, replacing the present output.
+fn cache_in_place(g: &mut Graph, name: &str, context: usize) -> R<()> {
+    let readers: Vec<usize> = (0..g.nodes.len()).filter(|&k| g.nodes[k].inputs.iter().any(|i| i == name)).collect();
+    let k = match readers.as_slice() {
+        [k] => *k,
+        [] => return Err(format!("input '{name}' is read by no node: no cache to keep")),
+        _ => {
+            return Err(format!(
+                "input '{name}' is read by '{}' besides '{}': only a past appended to by one concat becomes a cache",
+                g.nodes[readers[1]].name, g.nodes[readers[0]].name
+            ))
+        }
+    };
+    let node = &g.nodes[k];
+    let axis = node.attrs.get("axis").and_then(Attr::as_int);
+    if node.op != Op::Concat || node.inputs.len() != 2 || node.inputs[0] != name || !matches!(axis, Some(2 | -2)) {
+        return Err(format!(
+            "input '{name}' is read by '{}' ({}), where a concat of it and the step's keys along axis 2 is expected",
+            node.name, node.op
+        ));
+    }
+    let present = node.name.clone();
+    if !g.outputs.iter().any(|o| o.name == present) {
+        return Err(format!("the concat '{present}' of input '{name}' is not an output: no present to keep"));
+    }
+    let next = format!("next.{name}");
+    let node = &mut g.nodes[k];
+    node.op = Op::DynamicUpdateSlice;
+    node.inputs.push(POS.into());
+    node.attrs.clear();
+    node.attrs.insert("axes".into(), Attr::ints(&[2]));
+    let input = g.inputs.iter_mut().find(|i| i.name == name).expect("a past is an input");
+    input.ty.shape[2] = context;
+    let dims = input.dims.get_or_insert_with(|| vec![None; 4]);
+    dims[2] = Some(CTX.into());
+    g.nodes[k].dims = Some(dims.clone());
+    rename(g, &present, &next);
+    Ok(())
+}
+
+/// Removes the input `name` and returns it; its uses stay, for nodes of its name to feed.
+fn take_input(g: &mut Graph, name: &str) -> Option<Input> {
+    let k = g.inputs.iter().position(|i| i.name == name)?;
+    Some(g.inputs.remove(k))
+}
+
+/// Value `from` (an input, a node or an output) becomes `to`, with every use.
+fn rename(g: &mut Graph, from: &str, to: &str) {
+    let to = to.to_string();
+    for i in g.inputs.iter_mut().filter(|i| i.name == from) {
+        i.name = to.clone();
+    }
+    for n in &mut g.nodes {
+        if n.name == from {
+            n.name = to.clone();
+        }
+        for i in n.inputs.iter_mut().filter(|i| *i == from) {
+            *i = to.clone();
+        }
+    }
+    for o in g.outputs.iter_mut().filter(|o| o.name == from) {
+        *o = Output::new(to.clone());
+    }
+}
