@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
 use meshc_ir::weights::WeightFiles;
 use meshc_ir::{load, params, verify::Info, Graph, Tensor};
+use meshc_onnx::decoder::Entry;
 use meshc_runtime::tools::cli::name_eq_file;
 use meshc_runtime::tools::inspect::flops_skipped;
 use meshc_runtime::tools::output::{check_output_name, Outputs};
@@ -84,6 +85,10 @@ pub struct OnnxArgs {
     /// The batch of that decode step (default 1); `generate` sets it from the prompt.
     #[arg(long = "decode-batch", value_name = "B", requires = "decode_context")]
     pub decode_batch: Option<usize>,
+    /// With --decode-context: import instead the prefill of a P-id prompt, run in one call
+    /// (`generate --prefill`).
+    #[arg(long = "decode-prefill", value_name = "P", requires = "decode_context")]
+    pub decode_prefill: Option<usize>,
 }
 
 impl OnnxArgs {
@@ -96,13 +101,14 @@ impl OnnxArgs {
         let consts = meshc_onnx::parse_consts(&self.consts)?;
         if let Some(context) = self.decode_context {
             let cache = meshc_onnx::decoder::Cache { context, batch: self.decode_batch.unwrap_or(1) };
+            let entry = self.decode_prefill.map_or(Entry::Decode, |prompt| Entry::Prefill { prompt });
             if symbols.is_some() || !shapes.is_empty() {
                 bail!(
                     "{}: a decoder's sizes come from the prompt and --context; give no --input-shape or ranged --dim",
                     path.display()
                 );
             }
-            return Ok((meshc_onnx::import_decoder(path, cache, &dims, &consts)?, None));
+            return Ok((meshc_onnx::import_decoder(path, cache, entry, &dims, &consts)?, None));
         }
         match symbols {
             Some(symbols) => {

@@ -793,19 +793,33 @@ fn generate(path: &Path, args: &GenerateArgs, mut codegen: CodegenArgs) -> Resul
         if let Some(flag) = codegen.given() {
             bail!("{file}: {flag} applies when a graph is compiled; this artifact is already compiled");
         }
-        return meshc_runtime::tools::generate::generate(Source::File(path), args);
+        return meshc_runtime::tools::generate::generate(Source::File(path), None, args);
     }
-    if meshc_onnx::is_onnx(path) {
-        if codegen.onnx.decode_context.is_some() {
-            bail!("{file}: generate sizes the decoder's cache from --context and the prompt; give no --decode-context");
-        }
-        codegen.onnx.decode_context = Some(args.context);
-        codegen.onnx.decode_batch = Some(meshc_runtime::tools::generate::read_prompt(&args.prompt)?.len());
+    let compiled = |codegen: &CodegenArgs| -> Result<Vec<u8>> {
+        let dumps = Dumps::default();
+        let (c, _, _) = compile_graph(path, codegen, compile::Emit::Artifact, &Instrument::dumps(&dumps), None)?;
+        meshc::artifact::artifact_bytes(&c.expect("only --stop-after stops the pipeline"))
+    };
+    if !meshc_onnx::is_onnx(path) {
+        let bytes = compiled(&codegen)?;
+        return meshc_runtime::tools::generate::generate(Source::Bytes { bytes: &bytes, name: &file }, None, args);
     }
-    let dumps = Dumps::default();
-    let (c, _, _) = compile_graph(path, &codegen, compile::Emit::Artifact, &Instrument::dumps(&dumps), None)?;
-    let bytes = meshc::artifact::artifact_bytes(&c.expect("only --stop-after stops the pipeline"))?;
-    meshc_runtime::tools::generate::generate(Source::Bytes { bytes: &bytes, name: &file }, args)
+    if codegen.onnx.decode_context.is_some() || args.prefill.is_some() {
+        bail!("{file}: generate makes an ONNX decoder's decode step and prefill from --context and the prompt; give no --decode-context or --prefill");
+    }
+    // The decode step and the prefill of this prompt's length, both from the one file.
+    let prompt = meshc_runtime::tools::generate::read_prompt(&args.prompt)?;
+    codegen.onnx.decode_context = Some(args.context);
+    codegen.onnx.decode_batch = Some(prompt.len());
+    let step = compiled(&codegen)?;
+    codegen.onnx.decode_prefill = Some(prompt.first().map_or(0, Vec::len));
+    let prefill = compiled(&codegen)?;
+    let name = format!("{file} (its prefill)");
+    meshc_runtime::tools::generate::generate(
+        Source::Bytes { bytes: &step, name: &file },
+        Some(Source::Bytes { bytes: &prefill, name: &name }),
+        args,
+    )
 }
 
 /// The unpruned program `--compare-unpruned` names (empty: `path` compiled without the

@@ -11,6 +11,12 @@
 //! is unchanged, and the cache stays on the devices as state. The attention mask becomes
 //! `positions <= pos` and the position ids `pos`, both computed in the step, so the
 //! positions past `pos`, which hold nothing yet, are masked as padding.
+//!
+//! The same file also gives the prefill of a prompt of P ids, run in one call. Its past is
+//! bound to one position, all zeros and masked as padding (meshc has no empty tensors), so
+//! that the model's own causal mask puts the prompt after it. Each present without that
+//! position is an output named after its past: the first P positions of the cache, which
+//! the generate loop copies into the decode step's state.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -29,6 +35,15 @@ pub struct Cache {
     pub batch: usize,
 }
 
+/// Which step of generation the import makes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Entry {
+    /// One token per sequence at a run-time `pos`, the cache as state.
+    Decode,
+    /// The first `prompt` tokens of each sequence in one call, from an empty cache.
+    Prefill { prompt: usize },
+}
+
 /// The decode step's names, as docs/generation.md's contract gives them.
 const IDS: &str = "ids";
 const POS: &str = "pos";
@@ -36,25 +51,34 @@ const POS: &str = "pos";
 const CTX: &str = "ctx";
 const POSITIONS: &str = "decode.positions";
 
-/// The past inputs of `model`, in order, and the `--input-shape`s that bind the step: ids
-/// and position ids `[batch, 1]`, the mask `[batch, context]`, each past `[batch, heads,
-/// context - 1, head_dim]`. Refused in one line when the model has no such past, or one
-/// whose heads or head size are not fixed.
-pub fn shapes(model: &ModelProto, cache: Cache) -> R<(Vec<String>, Shapes)> {
+/// The past inputs of `model`, in order, and the `--input-shape`s that bind the step. A
+/// decode step: ids and position ids `[batch, 1]`, the mask `[batch, context]`, each past
+/// `[batch, heads, context - 1, head_dim]`. A prefill of P ids: ids and position ids
+/// `[batch, P]`, the mask `[batch, P + 1]`, each past `[batch, heads, 1, head_dim]`. Refused
+/// in one line when the model has no such past, or one whose heads or head size are not
+/// fixed.
+pub fn shapes(model: &ModelProto, cache: Cache, entry: Entry) -> R<(Vec<String>, Shapes)> {
     if cache.context < 2 {
         return Err(format!(
             "a context of {} positions is too short for a decoder's cache (at least 2)",
             cache.context
         ));
     }
+    let (seq, past_len) = match entry {
+        Entry::Decode => (1, cache.context - 1),
+        Entry::Prefill { prompt } if (1..=cache.context).contains(&prompt) => (prompt, 1),
+        Entry::Prefill { prompt } => {
+            return Err(format!("a prompt of {prompt} ids does not fit a context of {}", cache.context))
+        }
+    };
     let graph = model.graph.as_ref().ok_or("the model has no graph")?;
     let mut past = Vec::new();
     let mut shapes = BTreeMap::new();
     for i in &graph.input {
         let name = i.name.clone().unwrap_or_default();
         let shape = match name.as_str() {
-            "input_ids" | "position_ids" => vec![cache.batch, 1],
-            "attention_mask" => vec![cache.batch, cache.context],
+            "input_ids" | "position_ids" => vec![cache.batch, seq],
+            "attention_mask" => vec![cache.batch, past_len + seq],
             _ if is_past(&name) => {
                 let fixed = fixed_dims(i.r#type.as_ref());
                 let (Some(heads), Some(head_dim)) = (fixed.get(1).copied().flatten(), fixed.get(3).copied().flatten())
@@ -64,7 +88,7 @@ pub fn shapes(model: &ModelProto, cache: Cache) -> R<(Vec<String>, Shapes)> {
                     ));
                 };
                 past.push(name.clone());
-                vec![cache.batch, heads, cache.context - 1, head_dim]
+                vec![cache.batch, heads, past_len, head_dim]
             }
             _ => continue,
         };
@@ -110,29 +134,38 @@ fn fixed_dims(t: Option<&super::proto::TypeProto>) -> Vec<Option<usize>> {
         .collect()
 }
 
-/// Rewrites the imported step `g` (imported at `shapes`' sizes) into a decode step: see the
-/// module's comment. `params` receives the positions' values.
-pub fn rewrite(g: &mut Graph, params: &mut HashMap<String, Tensor>, past: &[String], cache: Cache) -> R<()> {
+/// Rewrites the step `g`, imported at `shapes`' sizes for `entry`, into a decode step or a
+/// prefill: see the module's comment. `params` receives the constants' values.
+pub fn rewrite(
+    g: &mut Graph,
+    params: &mut HashMap<String, Tensor>,
+    past: &[String],
+    cache: Cache,
+    entry: Entry,
+) -> R<()> {
     for taken in [IDS, POS, POSITIONS] {
         if g.inputs.iter().any(|i| i.name == taken) || g.nodes.iter().any(|n| n.name == taken) {
             return Err(format!("the decoder export already has a value named '{taken}'"));
         }
     }
     rename(g, "input_ids", IDS);
+    match entry {
+        Entry::Decode => decode(g, params, past, cache),
+        Entry::Prefill { prompt } => prefill(g, params, past, cache.batch, prompt),
+    }
+}
+
+fn decode(g: &mut Graph, params: &mut HashMap<String, Tensor>, past: &[String], cache: Cache) -> R<()> {
     g.inputs.push(Input { name: POS.into(), ty: TensorType::new(DType::I64, vec![1]), dims: None, loc: None });
     for name in past {
         cache_in_place(g, name, cache.context)?;
     }
     let mut front = Vec::new();
-    if let Some(mask) = take_input(g, "attention_mask") {
-        let positions = (0..cache.context as i64).collect();
-        params.insert(POSITIONS.into(), Tensor::new(vec![cache.context], Data::I64(positions)));
-        let data = ParamData::File { path: String::new(), key: Some(POSITIONS.into()) };
-        let ty = TensorType::new(DType::I64, vec![cache.context]);
-        g.params.push(Param { name: POSITIONS.into(), ty, dims: Some(vec![Some(CTX.into())]), data, loc: None });
+    if let Some(mut mask) = take_input(g, "attention_mask") {
+        let positions = Tensor::new(vec![cache.context], Data::I64((0..cache.context as i64).collect()));
+        constant(g, params, POSITIONS, positions, Some(vec![Some(CTX.into())]));
         let seen = format!("{}.seen", mask.name);
         front.push(Node::new(&seen, Op::LessEqual, &[POSITIONS, POS]));
-        let mut mask = mask;
         if let Some(d) = mask.dims.as_mut().and_then(|d| d.get_mut(1)) {
             *d = Some(CTX.into());
         }
@@ -144,6 +177,60 @@ pub fn rewrite(g: &mut Graph, params: &mut HashMap<String, Tensor>, past: &[Stri
     }
     g.nodes.splice(0..0, front);
     Ok(())
+}
+
+/// The prefill of `prompt` ids: the past one zero position masked as padding, the positions
+/// 0 to `prompt - 1`, and each present but its first position an output named after its
+/// past.
+fn prefill(g: &mut Graph, params: &mut HashMap<String, Tensor>, past: &[String], batch: usize, prompt: usize) -> R<()> {
+    if let Some(mask) = take_input(g, "attention_mask") {
+        let row = std::iter::once(0).chain(std::iter::repeat_n(1, prompt));
+        let value: Vec<i64> = row.cycle().take(batch * (prompt + 1)).collect();
+        constant(g, params, &mask.name, index_tensor(mask.ty, value), mask.dims);
+    }
+    if let Some(ids) = take_input(g, "position_ids") {
+        check_position_tables(g, &ids.name, prompt)?;
+        let value: Vec<i64> = (0..prompt as i64).cycle().take(batch * prompt).collect();
+        constant(g, params, &ids.name, index_tensor(ids.ty, value), ids.dims);
+    }
+    for name in past {
+        let present = appending_concat(g, name)?;
+        let empty = format!("{name}.empty");
+        rename(g, name, &empty);
+        let input = take_input(g, &empty).expect("a past is an input");
+        constant(g, params, &empty, Tensor::zeros(&input.ty), input.dims);
+        let mut slice = Node::new(name, Op::Slice, &[&present]);
+        slice.attrs.insert("axes".into(), Attr::ints(&[2]));
+        slice.attrs.insert("starts".into(), Attr::ints(&[1]));
+        slice.attrs.insert("ends".into(), Attr::ints(&[prompt as i64 + 1]));
+        g.nodes.push(slice);
+        for o in g.outputs.iter_mut().filter(|o| o.name == present) {
+            *o = Output::new(name);
+        }
+    }
+    Ok(())
+}
+
+/// `values` as a tensor of `ty`, an integer type the export gave a mask or positions.
+fn index_tensor(ty: TensorType, values: Vec<i64>) -> Tensor {
+    let data = match ty.dtype {
+        DType::I32 => Data::I32(values.into_iter().map(|v| v as i32).collect()),
+        _ => Data::I64(values),
+    };
+    Tensor::new(ty.shape, data)
+}
+
+/// A param `name` holding `value`, whose bytes `params` keeps until the graph is written.
+fn constant(
+    g: &mut Graph,
+    params: &mut HashMap<String, Tensor>,
+    name: &str,
+    value: Tensor,
+    dims: Option<meshc_ir::Dims>,
+) {
+    let data = ParamData::File { path: String::new(), key: Some(name.into()) };
+    g.params.push(Param { name: name.into(), ty: value.ty(), dims, data, loc: None });
+    params.insert(name.into(), value);
 }
 
 /// A table of learned positions (GPT-2's `wpe`) bounds the context: a gather of it at a
@@ -179,6 +266,27 @@ fn broadcast_as(from: &str, input: &Input) -> Vec<Node> {
 /// concat that appends the step's keys to it a `dynamic_update_slice` at `pos`, whose result
 /// is the output `next.NAME`, replacing the present output.
 fn cache_in_place(g: &mut Graph, name: &str, context: usize) -> R<()> {
+    let present = appending_concat(g, name)?;
+    let k = g.nodes.iter().position(|n| n.name == present).expect("the concat is a node");
+    let next = format!("next.{name}");
+    let node = &mut g.nodes[k];
+    node.op = Op::DynamicUpdateSlice;
+    node.inputs.push(POS.into());
+    node.attrs.clear();
+    node.attrs.insert("axes".into(), Attr::ints(&[2]));
+    let input = g.inputs.iter_mut().find(|i| i.name == name).expect("a past is an input");
+    input.ty.shape[2] = context;
+    let dims = input.dims.get_or_insert_with(|| vec![None; 4]);
+    dims[2] = Some(CTX.into());
+    g.nodes[k].dims = Some(dims.clone());
+    rename(g, &present, &next);
+    Ok(())
+}
+
+/// The one node reading the past input `name`: a concat of it and the step's keys along
+/// axis 2 whose result is an output (the present). Its name, or one line saying what the
+/// export does instead.
+fn appending_concat(g: &Graph, name: &str) -> R<String> {
     let readers: Vec<usize> = (0..g.nodes.len()).filter(|&k| g.nodes[k].inputs.iter().any(|i| i == name)).collect();
     let k = match readers.as_slice() {
         [k] => *k,
@@ -202,19 +310,7 @@ fn cache_in_place(g: &mut Graph, name: &str, context: usize) -> R<()> {
     if !g.outputs.iter().any(|o| o.name == present) {
         return Err(format!("the concat '{present}' of input '{name}' is not an output: no present to keep"));
     }
-    let next = format!("next.{name}");
-    let node = &mut g.nodes[k];
-    node.op = Op::DynamicUpdateSlice;
-    node.inputs.push(POS.into());
-    node.attrs.clear();
-    node.attrs.insert("axes".into(), Attr::ints(&[2]));
-    let input = g.inputs.iter_mut().find(|i| i.name == name).expect("a past is an input");
-    input.ty.shape[2] = context;
-    let dims = input.dims.get_or_insert_with(|| vec![None; 4]);
-    dims[2] = Some(CTX.into());
-    g.nodes[k].dims = Some(dims.clone());
-    rename(g, &present, &next);
-    Ok(())
+    Ok(present)
 }
 
 /// Removes the input `name` and returns it; its uses stay, for nodes of its name to feed.

@@ -139,11 +139,12 @@ pub fn import_bytes(
 
 /// A decoder exported with its KV cache as inputs and outputs (`past_key_values.N.key`,
 /// `present.N.key`), imported as a decode step whose cache of `cache.context` positions is
-/// state written in place (`decoder`); `dims` and `consts` as for `import`. Every error is
-/// one line naming the file.
+/// state written in place, or as the prefill of a prompt (`decoder`); `dims` and `consts`
+/// as for `import`. Every error is one line naming the file.
 pub fn import_decoder(
     path: &Path,
     cache: decoder::Cache,
+    entry: decoder::Entry,
     dims: &BTreeMap<String, usize>,
     consts: &BTreeMap<String, Tensor>,
 ) -> meshc_ir::Result<Imported> {
@@ -153,9 +154,9 @@ pub fn import_decoder(
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let model = decode(&bytes).map_err(in_file)?;
     let step = || -> Result<Imported, String> {
-        let (past, shapes) = decoder::shapes(&model, cache)?;
+        let (past, shapes) = decoder::shapes(&model, cache, entry)?;
         let (mut graph, mut params) = import::import(&model, dims, &shapes, consts, dir)?;
-        decoder::rewrite(&mut graph, &mut params, &past, cache)?;
+        decoder::rewrite(&mut graph, &mut params, &past, cache, entry)?;
         let info = verify::verify(&graph).map_err(|e| e.msg)?;
         Ok(Imported { graph, info, params })
     };

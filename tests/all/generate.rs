@@ -184,22 +184,39 @@ fn onnx_decoders_generate_torchs_greedy_ids() {
             assert_eq!(r.status, Some(0), "{d} {extra:?}: {r:?}");
             assert_eq!(printed(&r.stdout), want, "{d} {extra:?}");
         }
-        // Compiled once, at the prompt's batch and a context of 37: the artifact generates
-        // the same ids, and refuses a context beyond its own.
-        let art = dir.join("step.mshc");
-        let r =
-            meshc(&["compile", &model, "--decode-context", "37", "--decode-batch", "2", "-o", art.to_str().unwrap()]);
-        assert_eq!(r.status, Some(0), "{d}: {r:?}");
-        let art = art.to_str().unwrap();
-        let run = |context: &str| {
-            meshc(&["generate", art, "--prompt", &prompt, "--context", context, "--max-new-tokens", "32"])
+        assert!(meshc(&base).stderr.contains("the prompt's prefill included"), "{d}: the prompt in one call");
+        // Compiled once, at the prompt's batch and a context of 37, with the prefill of a
+        // 5-id prompt beside it: the artifacts generate the same ids with the prefill and
+        // with the prompt fed one position a step, and refuse a context beyond their own.
+        let compile = |extra: &[&str], out: &str| {
+            let out = dir.join(out).to_str().unwrap().to_string();
+            let args =
+                [&["compile", &model, "--decode-context", "37", "--decode-batch", "2", "-o", &out], extra].concat();
+            let r = meshc(&args);
+            assert_eq!(r.status, Some(0), "{d}: {r:?}");
+            out
         };
-        let r = run("37");
-        assert_eq!(r.status, Some(0), "{d}: {r:?}");
-        assert_eq!(printed(&r.stdout), want, "{d}: the artifact");
-        let r = run("38");
+        let (step, prefill) = (compile(&[], "step.mshc"), compile(&["--decode-prefill", "5"], "prefill.mshc"));
+        for by in [vec![], vec!["--prefill", prefill.as_str()]] {
+            let run = |context: &str| {
+                let args = ["generate", &step, "--prompt", &prompt, "--context", context, "--max-new-tokens", "32"];
+                meshc(&[&args[..], &by].concat())
+            };
+            let r = run("37");
+            assert_eq!(r.status, Some(0), "{d} {by:?}: {r:?}");
+            assert_eq!(printed(&r.stdout), want, "{d}: the artifact {by:?}");
+            let r = run("38");
+            assert_eq!(r.status, Some(1), "{d}: {r:?}");
+            assert!(r.stderr.contains("beyond the artifact's 37 positions"), "{}", r.stderr);
+        }
+        // A prefill of another prompt length is refused in one line.
+        let short = dir.join("short.npy");
+        Tensor::new(vec![2, 3], Data::I64(vec![1; 6])).write_npy(&short).unwrap();
+        let args = ["generate", &step, "--prompt", short.to_str().unwrap(), "--context", "8", "--max-new-tokens", "2"];
+        let r = meshc(&[&args[..], &["--prefill", &prefill]].concat());
         assert_eq!(r.status, Some(1), "{d}: {r:?}");
-        assert!(r.stderr.contains("beyond the artifact's 37 positions"), "{}", r.stderr);
+        assert!(r.stderr.contains("the prefill takes ids i64[2,5], where the prompt is [2, 3]"), "{}", r.stderr);
+        assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
     }
 }
 
@@ -242,7 +259,7 @@ fn onnx_decoder_refusals_are_one_line() {
                 "--decode-context",
                 "8",
             ],
-            "generate sizes the decoder's cache from --context and the prompt",
+            "generate makes an ONNX decoder's decode step and prefill from --context and the prompt",
         ),
         (
             vec!["compile", GRAPH, "--decode-context", "8", "-o", "/dev/null"],

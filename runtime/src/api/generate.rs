@@ -94,6 +94,8 @@ struct Contract {
     vocab: usize,
     context: usize,
     state: Vec<(String, Tensor)>,
+    /// The axis of each state tensor that names `ctx`.
+    ctx_axes: BTreeMap<String, usize>,
     logits: Vec<usize>,
 }
 
@@ -123,10 +125,12 @@ fn contract(session: &Session) -> Result<Contract, Error> {
     let names = session.state_names();
     let mut context: Option<usize> = None;
     let mut state = Vec::new();
+    let mut ctx_axes = BTreeMap::new();
     for name in &names {
         let (spec, ty) = input(name).ok_or_else(|| bad(format!("state '{name}' has an unknown dtype")))?;
         if let Some(d) = spec.dim_names().iter().position(|n| n.as_deref() == Some("ctx")) {
             context = Some(context.map_or(ty.shape[d], |c| c.min(ty.shape[d])));
+            ctx_axes.insert(name.clone(), d);
         }
         state.push((name.clone(), Tensor::zeros(&ty)));
     }
@@ -137,7 +141,7 @@ fn contract(session: &Session) -> Result<Contract, Error> {
         )));
     }
     let context = context.ok_or_else(|| bad("no state tensor names a dim 'ctx' (the cache's positions)".into()))?;
-    Ok(Contract { ids: ids.dtype, pos: pos.dtype, batch, vocab, context, state, logits: logits.shape })
+    Ok(Contract { ids: ids.dtype, pos: pos.dtype, batch, vocab, context, state, ctx_axes, logits: logits.shape })
 }
 
 /// Whether `session`'s model is a decode step `Session::generate` can run: the one line
@@ -154,13 +158,65 @@ fn index_tensor(dtype: DType, shape: Vec<usize>, values: &[i64]) -> Tensor {
     }
 }
 
+/// A prefill's outputs as the decode step's state: each state tensor of `c`, zeros but for
+/// the prefill's first `len` positions along its `ctx` axis. Refused in one line when the
+/// prefill lacks a state's block or gives it of another shape or dtype.
+fn prefilled(c: &Contract, out: &BTreeMap<String, Tensor>, len: usize) -> Result<BTreeMap<String, Tensor>, Error> {
+    let bad = |why: String| Error::State(format!("not a prefill of this decode step (docs/generation.md): {why}"));
+    let mut state = BTreeMap::new();
+    for (name, zeros) in &c.state {
+        let block = out.get(name).ok_or_else(|| bad(format!("it has no output '{name}'")))?;
+        let Some(axis) = c.ctx_axes.get(name).copied() else {
+            state.insert(name.clone(), zeros.clone());
+            continue;
+        };
+        let mut want = zeros.shape.clone();
+        want[axis] = len;
+        if block.shape != want || block.dtype() != zeros.dtype() {
+            return Err(bad(format!("'{name}' is {}, where {} {want:?} was expected", block.ty(), zeros.dtype())));
+        }
+        // Row-major: each of the outer blocks holds `len` positions of `inner` elements,
+        // which go to the front of the state's `ctx` positions.
+        let inner = zeros.shape[axis + 1..].iter().product::<usize>() * zeros.dtype().size_bytes();
+        let (from, to) = (len * inner, zeros.shape[axis] * inner);
+        let mut full = zeros.to_le_bytes();
+        for (src, dst) in block.to_le_bytes().chunks(from).zip(full.chunks_mut(to)) {
+            dst[..from].copy_from_slice(src);
+        }
+        state.insert(name.clone(), Tensor::from_le_bytes(&zeros.ty(), &full));
+    }
+    Ok(state)
+}
+
 impl Session {
     /// Generates up to `options.max_new_tokens` tokens after each row of `prompt` (`[batch,
     /// prompt_len]` token ids, `prompt_len >= 1`) on a decode-step artifact, from empty
-    /// caches. Refused in one line: a model that is not a decode step, a prompt of another
-    /// batch or with ids outside the vocabulary, and a context beyond the artifact's or too
-    /// short for the prompt and the new tokens.
+    /// caches, the prompt fed one position a step. Refused in one line: a model that is not
+    /// a decode step, a prompt of another batch or with ids outside the vocabulary, and a
+    /// context beyond the artifact's or too short for the prompt and the new tokens.
     pub fn generate(&self, prompt: &[Vec<i64>], options: &GenerateOptions) -> Result<Generated, Error> {
+        self.generate_from(None, prompt, options)
+    }
+
+    /// `generate`, with the whole prompt run in one call of `prefill`: an artifact taking
+    /// `ids` `[batch, prompt_len]` and giving `logits` (`[batch, prompt_len, vocab]`) and,
+    /// for each state tensor S of this decode step, S's first `prompt_len` positions along
+    /// its `ctx` dim, under S's name. Refused in one line when `prefill` is not that.
+    pub fn generate_with_prefill(
+        &self,
+        prefill: &Session,
+        prompt: &[Vec<i64>],
+        options: &GenerateOptions,
+    ) -> Result<Generated, Error> {
+        self.generate_from(Some(prefill), prompt, options)
+    }
+
+    fn generate_from(
+        &self,
+        prefill: Option<&Session>,
+        prompt: &[Vec<i64>],
+        options: &GenerateOptions,
+    ) -> Result<Generated, Error> {
         let c = contract(self)?;
         let len = prompt.first().map_or(0, Vec::len);
         if prompt.len() != c.batch || len == 0 || prompt.iter().any(|p| p.len() != len) {
@@ -188,43 +244,88 @@ impl Session {
                 options.max_new_tokens, options.context
             )));
         }
-        let state: BTreeMap<String, Tensor> = c.state.into_iter().collect();
-        self.set_state(&state)?;
-        let mut out: Vec<Vec<i64>> = vec![Vec::new(); c.batch];
-        let mut done = vec![false; c.batch];
+        let mut g = Picks { out: vec![Vec::new(); c.batch], done: vec![false; c.batch], steps: 0, options };
         let mut logits = vec![0f32; c.batch * c.vocab];
+        // The first position fed to the decode step: 0, or past the prompt a prefill ran.
+        let start = match prefill {
+            None => {
+                self.set_state(&c.state.iter().cloned().collect())?;
+                0
+            }
+            Some(p) => {
+                let takes = p.loaded().meta.inputs.iter().find(|i| i.name == "ids").and_then(IoSpec::ty);
+                if takes.as_ref().map(|t| t.shape.as_slice()) != Some(&[c.batch, len]) {
+                    return Err(Error::State(format!(
+                        "the prefill takes ids {}, where the prompt is [{}, {len}] (docs/generation.md)",
+                        takes.map_or("of no known type".into(), |t| t.to_string()),
+                        c.batch
+                    )));
+                }
+                let ids: Vec<i64> = prompt.concat();
+                let out = p.run(&[("ids", TensorView::of(&index_tensor(c.ids, vec![c.batch, len], &ids)))])?;
+                let all = out.get("logits").and_then(|l| l.as_f32()).filter(|l| l.len() % (c.batch * c.vocab) == 0);
+                let all = all.ok_or_else(|| {
+                    Error::State(
+                        "not a prefill (docs/generation.md): it gives no f32 logits [batch, len, vocab]".into(),
+                    )
+                })?;
+                // Each sequence's last position's logits pick its first new token.
+                let rows = all.len() / (c.batch * c.vocab);
+                for (b, row) in logits.chunks_mut(c.vocab).enumerate() {
+                    let at = (b * rows + rows - 1) * c.vocab;
+                    row.copy_from_slice(&all[at..at + c.vocab]);
+                }
+                self.set_state(&prefilled(&c, &out, len)?)?;
+                g.pick(&logits, c.vocab);
+                len
+            }
+        };
         let shape = c.logits.clone();
-        let mut steps = 0;
-        for pos in 0..fed {
-            if steps == options.max_new_tokens || done.iter().all(|&d| d) {
+        for pos in start..fed {
+            if g.steps == options.max_new_tokens || g.done.iter().all(|&d| d) {
                 break;
             }
             let token: Vec<i64> = match pos < len {
                 true => prompt.iter().map(|p| p[pos]).collect(),
                 // A stopped sequence is fed its last token; its logits are not read.
-                false => out.iter().map(|t| t.last().copied().unwrap_or(0)).collect(),
+                false => g.out.iter().map(|t| t.last().copied().unwrap_or(0)).collect(),
             };
             let ids = index_tensor(c.ids, vec![c.batch, 1], &token);
             let at = index_tensor(c.pos, vec![1], &[pos as i64]);
             let view = TensorViewMut::new(&mut logits, &shape)?;
             self.step_into(&[("ids", TensorView::of(&ids)), ("pos", TensorView::of(&at))], &mut [("logits", view)])?;
-            if pos + 1 < len {
+            if pos + 1 >= len {
+                g.pick(&logits, c.vocab);
+            }
+        }
+        Ok(Generated { tokens: g.out, steps: g.steps })
+    }
+}
+
+/// The tokens picked so far, and which sequences have stopped.
+struct Picks<'a> {
+    out: Vec<Vec<i64>>,
+    done: Vec<bool>,
+    steps: usize,
+    options: &'a GenerateOptions,
+}
+
+impl Picks<'_> {
+    /// One step's picks from `logits`, `[batch, vocab]`, for every sequence not stopped.
+    fn pick(&mut self, logits: &[f32], vocab: usize) {
+        let batch = self.out.len();
+        for (b, row) in logits.chunks(vocab).enumerate() {
+            if self.done[b] {
                 continue;
             }
-            for (b, row) in logits.chunks(c.vocab).enumerate() {
-                if done[b] {
-                    continue;
-                }
-                // Each (step, sequence) its own draw: a sequence that stops changes no
-                // other's tokens.
-                let draw = (steps * c.batch + b) as u64;
-                let t = sample(row, options.sampling, options.seed, draw) as i64;
-                out[b].push(t);
-                done[b] = options.stop.contains(&t);
-            }
-            steps += 1;
+            // Each (step, sequence) its own draw: a sequence that stops changes no other's
+            // tokens.
+            let draw = (self.steps * batch + b) as u64;
+            let t = sample(row, self.options.sampling, self.options.seed, draw) as i64;
+            self.out[b].push(t);
+            self.done[b] = self.options.stop.contains(&t);
         }
-        Ok(Generated { tokens: out, steps })
+        self.steps += 1;
     }
 }
 

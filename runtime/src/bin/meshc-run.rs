@@ -62,7 +62,7 @@ fn main() -> ExitCode {
         Cmd::Run { artifact, io, run } => {
             cli::open(&artifact, &run).and_then(|mut loaded| cli::run(&mut loaded, &io, &run))
         }
-        Cmd::Generate { artifact, args } => generate(Source::File(&artifact), &args),
+        Cmd::Generate { artifact, args } => generate(Source::File(&artifact), None, &args),
         Cmd::Inspect { artifact, json } => cli::inspect(&artifact, json),
     })
 }

@@ -37,6 +37,10 @@ pub struct GenerateArgs {
     /// printing them, one line per sequence.
     #[arg(long, value_name = "OUT.npy")]
     pub output: Option<PathBuf>,
+    /// Run the prompt in one call of this prefill artifact, which gives the caches' first
+    /// positions (an ONNX decoder's is compiled with it: docs/generation.md).
+    #[arg(long, value_name = "PREFILL.mshc")]
+    pub prefill: Option<PathBuf>,
 }
 
 /// Where the artifact comes from: its file, or the bytes a compiler made in memory.
@@ -58,16 +62,28 @@ pub fn read_prompt(prompt: &Path) -> Result<Vec<Vec<i64>>> {
     }
 }
 
-/// Runs the generation `args` describe on the artifact `source`.
-pub fn generate(source: Source<'_>, args: &GenerateArgs) -> Result<()> {
-    let (model, file) = match source {
-        Source::File(path) => (Model::open(path)?, path.display().to_string()),
-        Source::Bytes { bytes, name } => {
-            (Model::from_bytes(bytes).with_context(|| name.to_string())?, name.to_string())
+impl Source<'_> {
+    fn open(&self) -> Result<(Model, String)> {
+        match self {
+            Source::File(path) => Ok((Model::open(path)?, path.display().to_string())),
+            Source::Bytes { bytes, name } => {
+                Ok((Model::from_bytes(bytes).with_context(|| name.to_string())?, name.to_string()))
+            }
         }
-    };
+    }
+}
+
+/// Runs the generation `args` describe on the decode-step artifact `source`, with the
+/// prompt run by `prefill` when given (else by `--prefill`'s artifact, if any).
+pub fn generate(source: Source<'_>, prefill: Option<Source<'_>>, args: &GenerateArgs) -> Result<()> {
+    let (model, file) = source.open()?;
     let session = Session::new(&model).with_context(|| file.clone())?;
     check_decode_step(&session).with_context(|| file.clone())?;
+    let prefill = prefill.or(args.prefill.as_deref().map(Source::File)).map(|p| p.open()).transpose()?;
+    let prefill = match &prefill {
+        Some((model, name)) => Some((Session::new(model).with_context(|| name.clone())?, name)),
+        None => None,
+    };
     let rows = read_prompt(&args.prompt)?;
     let options = GenerateOptions {
         max_new_tokens: args.max_new_tokens,
@@ -77,13 +93,19 @@ pub fn generate(source: Source<'_>, args: &GenerateArgs) -> Result<()> {
         stop: args.stop.clone(),
     };
     let start = std::time::Instant::now();
-    let generated = session.generate(&rows, &options).with_context(|| file.clone())?;
+    let generated = match &prefill {
+        Some((p, name)) => {
+            session.generate_with_prefill(p, &rows, &options).with_context(|| format!("{file} with {name}"))?
+        }
+        None => session.generate(&rows, &options).with_context(|| file.clone())?,
+    };
     let secs = start.elapsed().as_secs_f64();
     let count: usize = generated.tokens.iter().map(Vec::len).sum();
     eprintln!(
-        "{count} new tokens in {:.1} ms ({:.1} tokens/s; the prompt's steps included)",
+        "{count} new tokens in {:.1} ms ({:.1} tokens/s; the prompt's {} included)",
         secs * 1e3,
-        count as f64 / secs
+        count as f64 / secs,
+        if prefill.is_some() { "prefill" } else { "steps" }
     );
     match &args.output {
         Some(o) => {
