@@ -625,7 +625,7 @@ def bounded():
 
 def control_if():
     """If nodes whose condition folds at import: one on a fact of the shapes (x's width is 4)
-    whose untaken branch holds Sin, which meshc does not import, and one on a constant whose
+    whose untaken branch holds Tan, which meshc does not import, and one on a constant whose
     taken branch holds an If of its own. The branches read the outer graph's input and
     initializer by name and hold initializers of their own."""
     r = np.random.default_rng(12)
@@ -642,10 +642,10 @@ def control_if():
 
     then_y = branch("relu_scaled", [node("Relu", ["x"], ["/relu"]), node("Mul", ["/relu", "w_then"], ["y_then"])],
                     "y_then", [weight("w_then", [4])])
-    else_y = branch("sin", [node("Sin", ["x"], ["y_else"])], "y_else")
+    else_y = branch("tan", [node("Tan", ["x"], ["y_else"])], "y_else")
     inner_then = branch("matmul", [node("MatMul", ["/shifted", "w"], ["z_inner"])], "z_inner")
     inner_else = branch("neg", [node("Neg", ["/shifted"], ["z_neg"])], "z_neg")
-    then_z = branch("never", [node("Sin", ["x"], ["z_then"])], "z_then")
+    then_z = branch("never", [node("Tan", ["x"], ["z_then"])], "z_then")
     else_z = branch("shifted", [node("Add", ["x", "b"], ["/shifted"]), const("/inner_cond", np.array(True)),
                                 helper.make_node("If", ["/inner_cond"], ["z_else"], name="/inner_if",
                                                  then_branch=inner_then, else_branch=inner_else)], "z_else")

@@ -473,6 +473,15 @@ impl Builder {
                 let s = self.bin(Sub, &one, &y2)?;
                 self.bin(Mul, gy, &s)?
             }
+            Sin => {
+                let c = self.un(Cos, x)?;
+                self.bin(Mul, gy, &c)?
+            }
+            Cos => {
+                let s = self.un(Sin, x)?;
+                let ns = self.un(Neg, &s)?;
+                self.bin(Mul, gy, &ns)?
+            }
             Sigmoid => {
                 let one = self.constant(1.0)?;
                 let s = self.bin(Sub, &one, y)?;

@@ -198,7 +198,7 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
             expect_dtype(x, NUMERIC, "the operand")?;
             Ok(keep(x, x.ty.dtype))
         }
-        Exp | Log | Sqrt | Rsqrt | Tanh | Erf | Erfc | Sigmoid | Gelu | Softmax => {
+        Exp | Log | Sqrt | Rsqrt | Tanh | Erf | Erfc | Sin | Cos | Sigmoid | Gelu | Softmax => {
             let x = x.expect("arity checked");
             expect_dtype(x, FLOAT, "the operand")?;
             if node.op == Softmax {

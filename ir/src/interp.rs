@@ -133,7 +133,8 @@ fn eval(node: &Node, args: &[&Tensor]) -> R<Tensor> {
         Equal | Less | LessEqual | Greater | GreaterEqual | And | Or | Xor => compare(op, args[0], args[1]),
         Not => Ok(Tensor::new(args[0].shape.clone(), Data::Bool(elems::<bool>(args[0])?.iter().map(|b| !b).collect()))),
         Mod => modulo(args[0], args[1], attrs::Mod::try_of(node)?.fmod),
-        Neg | Abs | Exp | Log | Sqrt | Rsqrt | Tanh | Erf | Erfc | Sigmoid | Relu | Gelu | Floor | Ceil | Round => {
+        Neg | Abs | Exp | Log | Sqrt | Rsqrt | Tanh | Erf | Erfc | Sin | Cos | Sigmoid | Relu | Gelu | Floor | Ceil
+        | Round => {
             let tanh_gelu = op == Gelu && attrs::Gelu::try_of(node)?.approximate == GeluApprox::Tanh;
             unary(op, tanh_gelu, args[0])
         }
@@ -696,6 +697,8 @@ fn float_unop(op: Op, tanh_gelu: bool) -> Option<fn(f64) -> f64> {
         Op::Erf => libm::erf,
         // Not 1 − erf(x), which is 0 in f64 beyond x ≈ 6 and loses all digits well before.
         Op::Erfc => libm::erfc,
+        Op::Sin => f64::sin,
+        Op::Cos => f64::cos,
         Op::Sigmoid => |x| 1.0 / (1.0 + (-x).exp()),
         Op::Relu => |x| max_nan(x, 0.0),
         Op::Floor => f64::floor,
@@ -1628,6 +1631,17 @@ mod tests {
             assert!(((g as f64 - w) / w).abs() < 1e-7, "erfc({x}) = {g}, want {w}");
         }
         check(Op::Erfc, &[], &[&f(&[3], &[f32::INFINITY, f32::NEG_INFINITY, f32::NAN])], f(&[3], &[0., 2., f32::NAN]));
+        // Python's math.sin and math.cos; 1000 and 3000 radians as rotary embeddings reach them.
+        let xs = f(&[6], &[-1., 0., 1., 2., 1000., 3000.]);
+        let sin =
+            [-0.8414709848078965, 0., 0.8414709848078965, 0.9092974268256817, 0.8268795405320025, 0.21918997428281808];
+        let cos =
+            [0.5403023058681398, 1., 0.5403023058681398, -0.4161468365471424, 0.5623790762907029, -0.9756821998857504];
+        check(Op::Sin, &[], &[&xs], fd(&[6], &sin));
+        check(Op::Cos, &[], &[&xs], fd(&[6], &cos));
+        let specials = f(&[3], &[f32::INFINITY, f32::NEG_INFINITY, f32::NAN]);
+        check(Op::Sin, &[], &[&specials], f(&[3], &[f32::NAN; 3]));
+        check(Op::Cos, &[], &[&specials], f(&[3], &[f32::NAN; 3]));
         check(Op::Sigmoid, &[], &[&x], fd(&[4], &[0.2689414213699951, 0.5, 0.7310585786300049, 0.8807970779778823]));
         check(Op::Sigmoid, &[], &[&f(&[2], &[-1000., 1000.])], f(&[2], &[0., 1.]));
         check(Op::Relu, &[], &[&f(&[1], &[f32::NAN])], f(&[1], &[f32::NAN]));

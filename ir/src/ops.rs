@@ -71,6 +71,8 @@ ops! {
         Tanh = "tanh", Exactly(1), Plain;
         Erf = "erf", Exactly(1), Plain;
         Erfc = "erfc", Exactly(1), Plain;
+        Sin = "sin", Exactly(1), Plain;
+        Cos = "cos", Exactly(1), Plain;
         Sigmoid = "sigmoid", Exactly(1), Plain;
         Relu = "relu", Exactly(1), Plain;
         Gelu = "gelu", Exactly(1), Gelu;

@@ -188,6 +188,8 @@ const UNARY: &[Op] = &[
     Op::Tanh,
     Op::Erf,
     Op::Erfc,
+    Op::Sin,
+    Op::Cos,
     Op::Sigmoid,
     Op::Relu,
     Op::Gelu,

@@ -174,4 +174,16 @@ pub(crate) mod tests {
         assert!(undocumented.is_empty(), "mapped but not in docs/onnx.md's Supported ops: {undocumented:?}");
         assert!(unmapped.is_empty(), "in docs/onnx.md's Supported ops but mapped by no converter: {unmapped:?}");
     }
+
+    /// Sin and Cos from opset 7, their first, on angles as Llama's rotary embeddings make
+    /// them (position × inverse frequency, thousands of radians).
+    #[test]
+    fn sin_and_cos_import_from_opset_7() {
+        let x = Tensor::f32(vec![4], vec![0.0, -1.5, 4095.0, 8191.0 * 0.75]);
+        for (op, f) in [("Sin", f64::sin as fn(f64) -> f64), ("Cos", f64::cos)] {
+            let want: Vec<f32> = f32s(&x).iter().map(|&v| f(v as f64) as f32).collect();
+            assert_eq!(f32s(&eval(op, 7, vec![x.clone()], vec![]).unwrap()), want, "{op}");
+            assert!(converter(op, 6).is_err(), "{op} at opset 6");
+        }
+    }
 }

@@ -132,6 +132,8 @@ pub const CONVERTERS: &[Converter] = &[
     Converter::since(6, "Sqrt", |b, c| unary(b, c, Op::Sqrt)),
     Converter::since(6, "Tanh", |b, c| unary(b, c, Op::Tanh)),
     Converter::since(9, "Erf", |b, c| unary(b, c, Op::Erf)),
+    Converter::since(7, "Sin", |b, c| unary(b, c, Op::Sin)),
+    Converter::since(7, "Cos", |b, c| unary(b, c, Op::Cos)),
     Converter::since(6, "Sigmoid", |b, c| unary(b, c, Op::Sigmoid)),
     Converter::since(6, "Relu", |b, c| unary(b, c, Op::Relu)),
     Converter::since(7, "Add", |b, c| nary(b, c, Op::Add)),

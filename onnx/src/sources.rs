@@ -29,6 +29,8 @@ pub fn source(op: Op) -> Source {
         Tanh => Onnx(&["Tanh"]),
         Erf => Onnx(&["Erf"]),
         Erfc => Source::None("ONNX has no Erfc"),
+        Sin => Onnx(&["Sin"]),
+        Cos => Onnx(&["Cos"]),
         Sigmoid => Onnx(&["Sigmoid"]),
         Relu => Onnx(&["Relu"]),
         Gelu => Onnx(&["Gelu"]),

@@ -1,5 +1,5 @@
-//! Inline f32 math for kernels: exp, log, tanh, erf, erfc, sigmoid, both GELU forms, pow, sqrt and
-//! rsqrt, emitted as straight-line Cranelift IR on `F32X4` (the vector loop) or `F32` (the
+//! Inline f32 math for kernels: exp, log, tanh, erf, erfc, sin, cos, sigmoid, both GELU forms,
+//! pow, sqrt and rsqrt, emitted as straight-line Cranelift IR on `F32X4` (the vector loop) or `F32` (the
 //! scalar tail) — the same code for both, no calls per element.
 //!
 //! Methods (coefficients are minimax fits made for these forms and ranges):
@@ -19,6 +19,13 @@
 //!   high and a low part (FMA, or Dekker's product without) so the exponential sees the
 //!   error-free argument; 2 − that for x < 0. Not 1 − erf, which cancels: erfc keeps its
 //!   relative accuracy down to the subnormal results (x ≈ 9.2 to 10.06).
+//! - `sin`, `cos`: of |x| (sin takes x's sign back), k = round(|x|·2/π) by the magic number,
+//!   r = |x| − k·π/2 with π/2 in four parts (Cody–Waite; the first three of 7 bits, so the
+//!   products are exact for k < 2^17 without FMA too), then ±sin r or ±cos r by k mod 4,
+//!   each a degree-7 or -8 polynomial on [−π/4, π/4]. Accurate to |x| ≈ 2e5 (rotary
+//!   embeddings reach thousands of radians); beyond 2^22·π/2, where one ulp of x is more
+//!   than 0.5, the reduction fails and r is clamped: finite results in [−1, 1], not sin x.
+//!   ±inf and NaN give NaN.
 //! - `sigmoid`: 1/(1 + exp(−x)).
 //! - `gelu` (exact): x·Φ(x) with Φ = ½ + ½erf(x/√2) from the same rational (x clamped to
 //!   ±5.6, where Φ is 0 or 1 in f32). Accurate relative to the result for x >= −1; below,
@@ -45,7 +52,9 @@
 //! FMA and non-FMA targets, vector and scalar forms alike (test `max_error_sweeps`, which
 //! asserts these bounds with a little slack): exp, log, rsqrt 1.2e-7; sigmoid 1.6e-7;
 //! tanh 2.0e-7; erf 3.0e-7 (the rational's f32 evaluation: a few roundings of values near
-//! 1); erfc 4.7e-7 over [−5, 10.5] (test `erfc_error_sweep`); pow 1.2e-7 for |b·ln a| up to 80 with moderate a and b, 3.4e-7 with |b| up to 120;
+//! 1); erfc 4.7e-7 over [−5, 10.5] (test `erfc_error_sweep`); sin and cos 1.2e-7 over
+//! [−10, 10], [−1e4, 1e4] and [−2.06e5, 2.06e5], below |result| = 1/16 as absolute error
+//! (test `sin_cos_error_sweeps`: near a zero the reduction's error is absolute); pow 1.2e-7 for |b·ln a| up to 80 with moderate a and b, 3.4e-7 with |b| up to 120;
 //! gelu 3.7e-7 for x >= −1 and at most 8.7e-7 absolute below (see
 //! above); gelu's tanh form 2.8e-7 for x >= −1, then growing as 1.3e-7·|y| with
 //! y = 2√(2/π)(x + 0.044715x³) (the rounding of that argument): 9e-7 at x = −3, 1.3e-5 at
@@ -88,6 +97,15 @@ const ERFC_T: f32 = 0.45;
 const ERFC_C: f32 = 0.5834028;
 /// Beyond this erfc underflows to 0 in f32 (it is 1.4e-45 at 10.06).
 const ERFC_MAX: f32 = 11.0;
+
+/// π/2 as four f32 parts, the first three of 7 significant bits: k·part is exact for
+/// k < 2^17, so x − k·π/2 loses nothing to the products for |x| below 2^17·π/2 ≈ 2.06e5,
+/// FMA or not. The sum is π/2 to 6e-17.
+const PIO2: [f32; 4] = [1.578125, -0.0073242188, -4.4703484e-6, 1.5893255e-8];
+/// sin r = r + r³·P(r²) and cos r = 1 − r²/2 + r⁴·P(r²) on |r| <= π/4 (Cephes' sinf and
+/// cosf fits): relative error 8e-9 and 2e-10 with these f32 coefficients.
+const SIN: [f32; 3] = [-0.16666655, 0.008332161, -0.00019515296];
+const COS: [f32; 3] = [0.041666646, -0.0013887316, 2.4433157e-5];
 
 /// Emits f32 math on one lane type (`F32` or `F32X4`) into a function being built.
 pub struct Math<'r, 'f> {
@@ -524,6 +542,67 @@ impl<'r, 'f> Math<'r, 'f> {
         self.select(is_neg, neg, pos)
     }
 
+    pub fn sin(&mut self, x: Value) -> Value {
+        let a = self.b.ins().fabs(x);
+        let y = self.sin_quarters(a, 0);
+        // sin is odd: x's sign (that of −0 too) goes onto sin|x|.
+        let sign_bit = self.c(-0.0);
+        let s = self.b.ins().band(x, sign_bit);
+        self.b.ins().bxor(y, s)
+    }
+
+    /// sin(|x| + π/2), cos being even.
+    pub fn cos(&mut self, x: Value) -> Value {
+        let a = self.b.ins().fabs(x);
+        self.sin_quarters(a, 1)
+    }
+
+    /// sin(a + quarters·π/2) for a >= 0: k = round(a·2/π) by the magic number, whose low
+    /// bits are k, r = a − k·π/2 by Cody–Waite (`PIO2`), then ±sin r or ±cos r by the
+    /// quadrant k + quarters. r is exact but for its last rounding for a < 2.06e5; past
+    /// 2^22·π/2 the magic number no longer rounds a·2/π to an integer, and r is clamped so
+    /// that the result stays in [−1, 1] (there is no accuracy to keep: the ulp of such an a
+    /// is over 0.5). ±inf give inf − inf = NaN in the first reduction step.
+    fn sin_quarters(&mut self, a: Value, quarters: i32) -> Value {
+        let magic = self.c(MAGIC);
+        let two_over_pi = self.c(std::f32::consts::FRAC_2_PI);
+        let k = self.madd(a, two_over_pi, magic);
+        let kf = self.b.ins().fsub(k, magic);
+        let nkf = self.b.ins().fneg(kf);
+        let mut r = a;
+        for part in PIO2 {
+            let part = self.c(part);
+            r = self.madd(nkf, part, r);
+        }
+        // ±1, not ±π/4: without FMA a·2/π rounds before the magic number does, and k can be
+        // one off near the middle of two quadrants (r just past π/4, where the polynomials
+        // still hold).
+        let r = self.clamp_max(r, 1.0);
+        let r = self.clamp_min(r, -1.0);
+        let z = self.b.ins().fmul(r, r);
+        let ps = self.poly(z, &SIN);
+        let rz = self.b.ins().fmul(r, z);
+        let sin_r = self.madd(rz, ps, r);
+        let pc = self.poly(z, &COS);
+        let z2 = self.b.ins().fmul(z, z);
+        let (minus_half, one) = (self.c(-0.5), self.c(1.0));
+        let c = self.madd(z, minus_half, one);
+        let cos_r = self.madd(z2, pc, c);
+        // sin(r + n·π/2) is sin r, cos r, −sin r, −cos r for n mod 4 = 0, 1, 2, 3.
+        let kb = self.bits(k);
+        let base = self.ci(MAGIC.to_bits() as i32 - quarters);
+        let n = self.b.ins().isub(kb, base);
+        let (one_i, zero_i) = (self.ci(1), self.ci(0));
+        let low = self.b.ins().band(n, one_i);
+        let odd = self.b.ins().icmp(IntCC::NotEqual, low, zero_i);
+        let y = self.select(odd, cos_r, sin_r);
+        let two_i = self.ci(2);
+        let half_turn = self.b.ins().band(n, two_i);
+        let sign = self.b.ins().ishl_imm_s(half_turn, 30);
+        let sign = self.float(sign);
+        self.b.ins().bxor(y, sign)
+    }
+
     /// x·Φ(x) with Φ = ½ + ½erf(x/√2) from the rational erf: 17 vector operations (9 of
     /// them multiply-adds) instead of an erfc with its exponential and division. The price is
     /// in the negative tail, where Φ is a difference of nearly equal numbers: the error there
@@ -717,9 +796,9 @@ pub(crate) mod tests {
         eval_node(&node, &refs, &ty).expect("oracle").as_f32().expect("f32").to_vec()
     }
 
-    /// Max relative error over normal results (subnormal results only need to be tiny),
-    /// with the worst argument for the message.
-    fn max_rel_err(got: &[f32], want: &[f32]) -> (f64, usize) {
+    /// Max error relative to max(|result|, `floor`) over normal results (subnormal results
+    /// only need to be tiny), with the worst argument for the message.
+    fn max_rel_err(got: &[f32], want: &[f32], floor: f64) -> (f64, usize) {
         let mut worst = (0.0, 0);
         for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
             let e = if g == w || (g.is_nan() && w.is_nan()) {
@@ -728,7 +807,7 @@ pub(crate) mod tests {
                 assert!(g.abs() <= f32::MIN_POSITIVE, "element {i}: got {g}, want subnormal {w}");
                 0.0
             } else {
-                ((g as f64 - w as f64) / w as f64).abs()
+                ((g as f64 - w as f64) / (w as f64).abs().max(floor)).abs()
             };
             if e > worst.0 || e.is_nan() {
                 worst = (e, i);
@@ -878,7 +957,7 @@ pub(crate) mod tests {
                 bound: 5.0e-7,
             },
         ];
-        run_sweeps(&sweeps, 7);
+        run_sweeps(&sweeps, 7, 0.0);
     }
 
     /// erfc where 1 − erf(x) would cancel (x > 0.5) and on into the subnormal results
@@ -893,10 +972,67 @@ pub(crate) mod tests {
             reference: |x| oracle(Op::Erfc, &[], x),
             bound: 5.0e-7,
         };
-        run_sweeps(&[sweep], 11);
+        run_sweeps(&[sweep], 11, 0.0);
     }
 
-    fn run_sweeps(sweeps: &[Sweep], seed: u64) {
+    /// sin and cos for small arguments, for the thousands of radians of rotary position
+    /// embeddings (position × inverse frequency), and up to where the reduction's products
+    /// stay exact (2^17·π/2 ≈ 2.06e5). Relative error where |result| >= 1/16, absolute
+    /// below: near a zero of sin or cos the result is ±r, r = x − k·π/2, whose error grows
+    /// with k whatever r is — π/2's parts sum to it within 6e-17, and without FMA k·PIO2[3]
+    /// rounds (1.2e-10 at k = 2^17) — so it only shows as relative error close to a zero
+    /// (to 1e4 it stays at 1 ulp; cos(−143434.13) = −1.1e-5 is off by 4.8e-7 of itself).
+    #[test]
+    fn sin_cos_error_sweeps() {
+        let sweeps = [
+            Sweep {
+                name: "sin",
+                point: |r| vec![r.uniform(-10.0, 10.0)],
+                emit: |m, x| m.sin(x[0]),
+                reference: |x| oracle(Op::Sin, &[], x),
+                bound: 2.5e-7,
+            },
+            Sweep {
+                name: "cos",
+                point: |r| vec![r.uniform(-10.0, 10.0)],
+                emit: |m, x| m.cos(x[0]),
+                reference: |x| oracle(Op::Cos, &[], x),
+                bound: 2.5e-7,
+            },
+            Sweep {
+                name: "sin 1e4",
+                point: |r| vec![r.uniform(-1e4, 1e4)],
+                emit: |m, x| m.sin(x[0]),
+                reference: |x| oracle(Op::Sin, &[], x),
+                bound: 2.5e-7,
+            },
+            Sweep {
+                name: "cos 1e4",
+                point: |r| vec![r.uniform(-1e4, 1e4)],
+                emit: |m, x| m.cos(x[0]),
+                reference: |x| oracle(Op::Cos, &[], x),
+                bound: 2.5e-7,
+            },
+            Sweep {
+                name: "sin 2e5",
+                point: |r| vec![r.uniform(-2.06e5, 2.06e5)],
+                emit: |m, x| m.sin(x[0]),
+                reference: |x| oracle(Op::Sin, &[], x),
+                bound: 2.5e-7,
+            },
+            Sweep {
+                name: "cos 2e5",
+                point: |r| vec![r.uniform(-2.06e5, 2.06e5)],
+                emit: |m, x| m.cos(x[0]),
+                reference: |x| oracle(Op::Cos, &[], x),
+                bound: 2.5e-7,
+            },
+        ];
+        run_sweeps(&sweeps, 13, 1.0 / 16.0);
+    }
+
+    /// `floor`: the error is relative to max(|result|, floor), absolute below it.
+    fn run_sweeps(sweeps: &[Sweep], seed: u64, floor: f64) {
         const N: usize = 100_000;
         let mut rng = Rng(seed);
         for t in runnable_targets() {
@@ -907,7 +1043,7 @@ pub(crate) mod tests {
                 let want = (s.reference)(&args);
                 for vector in [true, false] {
                     let got = apply(&t, vector, &args, &s.emit);
-                    let (e, i) = max_rel_err(&got, &want);
+                    let (e, i) = max_rel_err(&got, &want, floor);
                     let form = if vector { "f32x4" } else { "f32" };
                     eprintln!("{:12} {:9} {form:5}: max rel err {e:.2e} at {:?}", s.name, t.name, points[i]);
                     assert!(
@@ -1041,6 +1177,33 @@ pub(crate) mod tests {
                         at(i)
                     );
                     assert!(g[i].abs() <= xi.abs() && gt[i].abs() <= xi.abs(), "{}", at(i));
+                }
+            }
+        }
+    }
+
+    /// sin keeps the sign of ±0 and returns subnormals as they are; ±inf and NaN give NaN;
+    /// past the reduction's range (the ulp of x over 0.5 from 2^22·π/2 on) the results are
+    /// still finite and in [−1, 1].
+    #[test]
+    fn sin_cos_special_values() {
+        let inf = f32::INFINITY;
+        let x = [0.0, -0.0, 1e-40, -1e-40, inf, -inf, f32::NAN, 1e7, -3e9, 1e30, f32::MAX, -f32::MAX];
+        let same = |a: f32, b: f32| a.to_bits() == b.to_bits();
+        for t in runnable_targets() {
+            for vector in [true, false] {
+                let s = apply(&t, vector, &[&x], &|m, v| m.sin(v[0]));
+                let c = apply(&t, vector, &[&x], &|m, v| m.cos(v[0]));
+                let at =
+                    |i: usize| format!("{} vector={vector} x = {:e}: sin {:e}, cos {:e}", t.name, x[i], s[i], c[i]);
+                for i in 0..4 {
+                    assert!(same(s[i], x[i]) && c[i] == 1.0, "{}", at(i));
+                }
+                for i in 4..7 {
+                    assert!(s[i].is_nan() && c[i].is_nan(), "{}", at(i));
+                }
+                for i in 7..x.len() {
+                    assert!(s[i].abs() <= 1.0 && c[i].abs() <= 1.0, "{}", at(i));
                 }
             }
         }
