@@ -45,6 +45,14 @@ HEADS_2 = {
         "model.transformer.h.*.mlp.c_proj.weight": ["model", None],
         "past_key_values.*": [None, "model", None, None],
     },
+    "llama": {
+        "model.model.layers.*.self_attn.[qkv]_proj.MatMul.B": [None, "model"],
+        "model.model.layers.*.self_attn.o_proj.MatMul.B": ["model", None],
+        "model.model.layers.*.mlp.gate_proj.MatMul.B": [None, "model"],
+        "model.model.layers.*.mlp.up_proj.MatMul.B": [None, "model"],
+        "model.model.layers.*.mlp.down_proj.MatMul.B": ["model", None],
+        "past_key_values.*": [None, "model", None, None],
+    },
 }
 
 CONFIGS = {

@@ -166,7 +166,7 @@ fn refusals_are_one_line() {
 }
 
 /// The tiny decoders tools/export_decoders.py exported, with 32 greedy ids from torch.
-const DECODERS: [&str; 1] = ["testdata/onnx_decoders/gpt2"];
+const DECODERS: [&str; 2] = ["testdata/onnx_decoders/gpt2", "testdata/onnx_decoders/llama"];
 
 #[test]
 fn onnx_decoders_generate_torchs_greedy_ids() {
@@ -270,5 +270,30 @@ fn onnx_decoder_refusals_are_one_line() {
         let r = meshc(&args);
         assert_eq!(r.status, Some(1), "{args:?}: {r:?}");
         assert!(r.stderr.contains(want) && r.stderr.trim().lines().count() == 1, "{args:?}: {}", r.stderr);
+    }
+}
+
+/// Llama's heads split over two devices as Megatron splits them, its grouped key/value heads
+/// with them: one all_reduce after attention's output projection and one after the MLP, per
+/// layer, and nothing else.
+#[test]
+fn llamas_heads_split_costs_two_all_reduces_a_layer() {
+    let d = "testdata/onnx_decoders/llama";
+    let r = meshc(&[
+        "explain",
+        &format!("{d}/model.onnx"),
+        "--decode-context",
+        "40",
+        "--decode-batch",
+        "2",
+        "--layout",
+        &format!("{d}/layouts/heads-2.json"),
+    ]);
+    assert_eq!(r.status, Some(0), "{r:?}");
+    assert!(r.stdout.contains("communication: 4 step(s)"), "{}", r.stdout);
+    let steps: Vec<&str> = r.stdout.lines().filter(|l| l.contains("all_reduce")).collect();
+    assert_eq!(steps.len(), 4, "{}", r.stdout);
+    for proj in ["self_attn_o_proj", "mlp_down_proj"] {
+        assert_eq!(steps.iter().filter(|l| l.contains(proj)).count(), 2, "{}", r.stdout);
     }
 }
