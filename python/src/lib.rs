@@ -355,11 +355,12 @@ impl Model {
         self.call(py, inputs, true)
     }
 
-    /// `model.generate(prompt, max_new_tokens, context, sample="greedy", seed=0, stop=())`:
-    /// the new ids a decode-step artifact gives after each row of `prompt` (integer token
-    /// ids, [batch, prompt_len]), as int64 [batch, steps] with -1 after a sequence's stop
-    /// id. `sample` is greedy, temperature:T, top-k:K or top-p:P (docs/generation.md).
-    #[pyo3(signature = (prompt, max_new_tokens, context, sample = "greedy", seed = 0, stop = Vec::new()))]
+    /// `model.generate(prompt, max_new_tokens, context, sample="greedy", seed=0, stop=(),
+    /// prefill=None)`: the new ids a decode-step artifact gives after each row of `prompt`
+    /// (integer token ids, [batch, prompt_len]), as int64 [batch, steps] with -1 after a
+    /// sequence's stop id. `sample` is greedy, temperature:T, top-k:K or top-p:P; `prefill`,
+    /// a loaded prefill artifact that runs the prompt in one call (docs/generation.md).
+    #[pyo3(signature = (prompt, max_new_tokens, context, sample = "greedy", seed = 0, stop = Vec::new(), prefill = None))]
     #[allow(clippy::too_many_arguments)]
     fn generate<'py>(
         &self,
@@ -370,6 +371,7 @@ impl Model {
         sample: &str,
         seed: u64,
         stop: Vec<i64>,
+        prefill: Option<PyRef<'py, Model>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let rows: Vec<Vec<i64>> = match prompt.hasattr("tolist")? {
             true => prompt.call_method0("tolist")?.extract()?,
@@ -377,7 +379,13 @@ impl Model {
         };
         let sampling = sample.parse::<Sampling>().map_err(MeshcError::new_err)?;
         let options = GenerateOptions { max_new_tokens, context, sampling, seed, stop };
-        let generated = py.detach(|| self.session.generate(&rows, &options)).map_err(py_err)?;
+        let prefill = prefill.as_deref().map(|p| &p.session);
+        let generated = py
+            .detach(|| match prefill {
+                Some(p) => self.session.generate_with_prefill(p, &rows, &options),
+                None => self.session.generate(&rows, &options),
+            })
+            .map_err(py_err)?;
         let ids = self.arrays(py, &BTreeMap::from([("ids".to_string(), generated.to_tensor())]))?;
         Ok(ids.get_item("ids")?.expect("just put there"))
     }

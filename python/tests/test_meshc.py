@@ -174,6 +174,20 @@ def test_a_decoder_generates_numpys_greedy_ids(tmp_path):
         model.generate(prompt, 2, 16, sample="top-k:0")
 
 
+def test_an_onnx_llama_generates_torchs_greedy_ids_with_its_prefill(tmp_path):
+    """testdata/onnx_decoders/llama: transformers' Llama exported with past/present KV, its
+    decode step and the prefill of a 5-id prompt compiled from the one file."""
+    d = TESTDATA / "onnx_decoders" / "llama"
+    sizes = ["--decode-context", "40", "--decode-batch", "2"]
+    step = meshc.load(meshc.compile(d / "model.onnx", tmp_path / "step.mshc", extra=sizes))
+    prefill = meshc.load(meshc.compile(d / "model.onnx", tmp_path / "prefill.mshc", extra=sizes + ["--decode-prefill", "5"]))
+    prompt, greedy = np.load(d / "prompt.npy"), np.load(d / "greedy.npy")
+    np.testing.assert_array_equal(step.generate(prompt, 32, 40, prefill=prefill), greedy)
+    np.testing.assert_array_equal(step.generate(prompt, 32, 40), greedy)
+    with pytest.raises(meshc.MeshcError, match=r"the prefill takes ids i64\[2,5\], where the prompt is \[2, 3\]"):
+        step.generate(prompt[:, :3], 2, 40, prefill=prefill)
+
+
 def test_an_inference_artifact_has_no_state(artifacts):
     model = meshc.load(artifacts["mlp"])
     assert model.state_names == []
