@@ -195,15 +195,23 @@ fn prefill(g: &mut Graph, params: &mut HashMap<String, Tensor>, past: &[String],
     }
     for name in past {
         let present = appending_concat(g, name)?;
+        // Swapped as the decode step keeps it (`cache_in_place`).
+        let swapped = !swapped_readers(g, &present).is_empty();
         let empty = format!("{name}.empty");
         rename(g, name, &empty);
         let input = take_input(g, &empty).expect("a past is an input");
         constant(g, params, &empty, Tensor::zeros(&input.ty), input.dims);
-        let mut slice = Node::new(name, Op::Slice, &[&present]);
+        let block = if swapped { format!("{name}.block") } else { name.clone() };
+        let mut slice = Node::new(&block, Op::Slice, &[&present]);
         slice.attrs.insert("axes".into(), Attr::ints(&[2]));
         slice.attrs.insert("starts".into(), Attr::ints(&[1]));
         slice.attrs.insert("ends".into(), Attr::ints(&[prompt as i64 + 1]));
         g.nodes.push(slice);
+        if swapped {
+            let mut t = Node::new(name, Op::Transpose, &[&block]);
+            t.attrs.insert("perm".into(), Attr::ints(&[0, 1, 3, 2]));
+            g.nodes.push(t);
+        }
         for o in g.outputs.iter_mut().filter(|o| o.name == present) {
             *o = Output::new(name);
         }
@@ -264,23 +272,65 @@ fn broadcast_as(from: &str, input: &Input) -> Vec<Node> {
 
 /// The past input `name` becomes a cache of `context` positions along axis 2, and the one
 /// concat that appends the step's keys to it a `dynamic_update_slice` at `pos`, whose result
-/// is the output `next.NAME`, replacing the present output.
+/// is the output `next.NAME`, replacing the present output. A cache read only through a
+/// swap of its last two dims (GPT-2's `key.transpose(-1, -2)`) is kept swapped,
+/// `[batch, heads, head_dim, ctx]`: a step then writes one column of it and transposes
+/// only its own keys, where reading it row-major would transpose the whole cache every step
+/// (0.85 ms a layer at 1024 positions of GPT-2 small, a third of a token's time).
 fn cache_in_place(g: &mut Graph, name: &str, context: usize) -> R<()> {
     let present = appending_concat(g, name)?;
+    let swaps = swapped_readers(g, &present);
     let k = g.nodes.iter().position(|n| n.name == present).expect("the concat is a node");
     let next = format!("next.{name}");
+    let input = g.inputs.iter_mut().find(|i| i.name == name).expect("a past is an input");
+    let dims = input.dims.get_or_insert_with(|| vec![None; 4]);
+    dims[2] = Some(CTX.into());
+    input.ty.shape[2] = context;
+    let axis = match swaps.is_empty() {
+        true => 2,
+        false => {
+            input.ty.shape.swap(2, 3);
+            dims.swap(2, 3);
+            3
+        }
+    };
+    let dims = dims.clone();
     let node = &mut g.nodes[k];
     node.op = Op::DynamicUpdateSlice;
     node.inputs.push(POS.into());
     node.attrs.clear();
-    node.attrs.insert("axes".into(), Attr::ints(&[2]));
-    let input = g.inputs.iter_mut().find(|i| i.name == name).expect("a past is an input");
-    input.ty.shape[2] = context;
-    let dims = input.dims.get_or_insert_with(|| vec![None; 4]);
-    dims[2] = Some(CTX.into());
-    g.nodes[k].dims = Some(dims.clone());
+    node.attrs.insert("axes".into(), Attr::ints(&[axis]));
+    node.dims = Some(dims);
+    if axis == 3 {
+        let update = format!("{next}.update");
+        let mut t = Node::new(&update, Op::Transpose, &[&node.inputs[1]]);
+        t.attrs.insert("perm".into(), Attr::ints(&[0, 1, 3, 2]));
+        node.inputs[1] = update;
+        g.nodes.insert(k, t);
+        g.nodes.retain(|n| !swaps.contains(&n.name));
+        for reader in &swaps {
+            rename(g, reader, &present);
+        }
+    }
     rename(g, &present, &next);
     Ok(())
+}
+
+/// The nodes reading `present`, when every one is a transpose swapping its last two dims
+/// (the graph's output aside); else none.
+fn swapped_readers(g: &Graph, present: &str) -> Vec<String> {
+    let readers: Vec<&Node> = g.nodes.iter().filter(|n| n.inputs.iter().any(|i| i == present)).collect();
+    let swaps = |n: &&Node| {
+        n.op == Op::Transpose
+            && n.attrs
+                .get("perm")
+                .and_then(Attr::as_ints)
+                .is_some_and(|p| matches!(p[..], [0, 1, 3, 2] | [0, 1, -1, -2]))
+    };
+    match !readers.is_empty() && readers.iter().all(swaps) {
+        true => readers.iter().map(|n| n.name.clone()).collect(),
+        false => Vec::new(),
+    }
 }
 
 /// The one node reading the past input `name`: a concat of it and the step's keys along

@@ -207,27 +207,29 @@ fn attention_on(
                 let (e, r0) = (&sh.entries[item / blocks], item % blocks * ROWS);
                 let rows = ROWS.min(t - r0);
                 let c = (o as *mut f32).wrapping_add(e.out + r0 * dv);
+                let used = mask.map_or(s, |m| live_keys(m, e.mask + r0 * mask_row, (rows, s), (mask_row, mask_col)));
+                let su = used.next_multiple_of(LANES);
                 // SAFETY: the offsets address whole matrices inside the slices (asserted
                 // above); the parts write disjoint row blocks of `out`.
                 unsafe {
                     gemm(
                         isa,
-                        (rows, d, s),
+                        (rows, d, used),
                         (q.as_ptr().add(e.q + r0 * d), d),
                         (k.as_ptr().add(e.k), s),
                         scores.as_mut_ptr(),
-                        sp,
+                        su,
                     );
                 }
                 for (i, sum) in sums[..rows].iter_mut().enumerate() {
                     let row_mask = mask.map(|m| (&m[e.mask + (r0 + i) * mask_row..], mask_col));
-                    let row = &mut scores[i * sp..(i + 1) * sp];
-                    row[s..].fill(f32::NEG_INFINITY);
-                    *sum = (isa.row)(row, s, scale, row_mask);
+                    let row = &mut scores[i * su..(i + 1) * su];
+                    row[used..].fill(f32::NEG_INFINITY);
+                    *sum = (isa.row)(row, used, scale, row_mask);
                 }
                 // SAFETY: as above.
                 unsafe {
-                    gemm(isa, (rows, s, dv), (scores.as_ptr(), sp), (v.as_ptr().add(e.v), dv), c, dv);
+                    gemm(isa, (rows, used, dv), (scores.as_ptr(), su), (v.as_ptr().add(e.v), dv), c, dv);
                     for (i, &sum) in sums[..rows].iter().enumerate() {
                         let row = std::slice::from_raw_parts_mut(c.add(i * dv), dv);
                         row.iter_mut().for_each(|x| *x /= sum);
@@ -236,6 +238,30 @@ fn attention_on(
             }
         })
     });
+}
+
+/// A mask element at or below this hides its key: the score it is added to stays below
+/// −9e29 for any score under 1e29, so its exponential, taken after the row's max is
+/// subtracted, is exactly 0 whenever the row has a key not hidden. (Masks write −∞ or
+/// f32::MIN, as transformers' do; −1e9 or −1e4 are not taken as hidden.)
+const HIDDEN: f32 = -1e30;
+
+/// How many leading keys a block of `rows` query rows (its mask from `at`, `strides` along
+/// a row of scores and along its columns) reads: up to its last key some row does not hide,
+/// when every row has one. Past it the exponentials are all exactly 0 and the products
+/// add nothing, so the block skips those keys' kᵀ and v: a decode step whose cache holds
+/// 1024 positions, of which the mask leaves the first `pos + 1`, reads only those. A row
+/// that hides every key keeps all of them (its softmax is NaN, as the interpreter's).
+fn live_keys(mask: &[f32], at: usize, (rows, s): (usize, usize), (row, col): (usize, usize)) -> usize {
+    let mut used = 0;
+    for r in 0..rows {
+        let m = &mask[at + r * row..];
+        match (0..s).rev().find(|&j| m[j * col] > HIDDEN) {
+            Some(j) => used = used.max(j + 1),
+            None => return s,
+        }
+    }
+    used
 }
 
 thread_local! {
@@ -576,5 +602,48 @@ mod tests {
                 assert!((a - b).abs() < 1e-5, "{a} vs {b}");
             }
         }
+    }
+
+    /// Keys a mask hides (−∞ or f32::MIN) past every row's last visible one are skipped,
+    /// and the result is bit for bit that of the attention without them; a row hiding
+    /// every key keeps them all (NaN, as the interpreter gives), and −1e9 hides nothing.
+    #[test]
+    fn hidden_trailing_keys_are_skipped_exactly() {
+        let (t, d, s, dv, live) = (3, 8, 40, 6, 17);
+        let wave = |n: usize, f: f32| -> Vec<f32> { (0..n).map(|i| ((i as f32) * f).sin()).collect() };
+        let (q, k, v) = (wave(t * d, 0.37), wave(d * s, 0.11), wave(s * dv, 0.23));
+        // The first `live` keys seen (row 1 sees only 9 of them), the rest hidden.
+        let mut mask = vec![0f32; t * s];
+        for (r, row) in mask.chunks_mut(s).enumerate() {
+            for (j, m) in row.iter_mut().enumerate() {
+                let seen = if r == 1 { 9 } else { live };
+                *m = match (j >= seen, j % 2) {
+                    (false, _) => 0.0,
+                    (true, 0) => f32::NEG_INFINITY,
+                    (true, _) => f32::MIN,
+                };
+            }
+        }
+        let run = |s: usize, k: &[f32], v: &[f32], mask: &[f32]| {
+            let sh = Shapes::new(&[t, d], &[d, s], &[s, dv], &[t, dv], Some(&[t, s])).unwrap();
+            let mut out = vec![0f32; t * dv];
+            attention_on(isa(), &sh, (&q, k, v), Some((Scale::Mul, 0.5)), Some(mask), &mut out, 1);
+            out
+        };
+        let cut_k: Vec<f32> = k.chunks(s).flat_map(|r| r[..live].to_vec()).collect();
+        let cut_mask: Vec<f32> = mask.chunks(s).flat_map(|r| r[..live].to_vec()).collect();
+        let want = run(live, &cut_k, &v[..live * dv], &cut_mask);
+        let got = run(s, &k, &v, &mask);
+        assert_eq!(
+            got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+        assert_eq!(live_keys(&mask, 0, (t, s), (s, 1)), live);
+        // Row 1 hiding everything: nothing is skipped; −1e9 hides nothing.
+        let mut all = mask.clone();
+        all[s..2 * s].fill(f32::NEG_INFINITY);
+        assert_eq!(live_keys(&all, 0, (t, s), (s, 1)), s);
+        assert!(run(s, &k, &v, &all)[dv..2 * dv].iter().all(|x| x.is_nan()));
+        assert_eq!(live_keys(&vec![-1e9; t * s], 0, (t, s), (s, 1)), s);
     }
 }
