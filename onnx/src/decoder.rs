@@ -156,9 +156,11 @@ pub fn rewrite(
 }
 
 fn decode(g: &mut Graph, params: &mut HashMap<String, Tensor>, past: &[String], cache: Cache) -> R<()> {
+    let swapped = swapped_caches(g, past)?;
+    group_queries(g, past)?;
     g.inputs.push(Input { name: POS.into(), ty: TensorType::new(DType::I64, vec![1]), dims: None, loc: None });
-    for name in past {
-        cache_in_place(g, name, cache.context)?;
+    for (name, &swapped) in past.iter().zip(&swapped) {
+        cache_in_place(g, name, cache.context, swapped)?;
     }
     let mut front = Vec::new();
     if let Some(mut mask) = take_input(g, "attention_mask") {
@@ -193,10 +195,9 @@ fn prefill(g: &mut Graph, params: &mut HashMap<String, Tensor>, past: &[String],
         let value: Vec<i64> = (0..prompt as i64).cycle().take(batch * prompt).collect();
         constant(g, params, &ids.name, index_tensor(ids.ty, value), ids.dims);
     }
-    for name in past {
+    let swapped = swapped_caches(g, past)?;
+    for (name, swapped) in past.iter().zip(swapped) {
         let present = appending_concat(g, name)?;
-        // Swapped as the decode step keeps it (`cache_in_place`).
-        let swapped = !swapped_readers(g, &present).is_empty();
         let empty = format!("{name}.empty");
         rename(g, name, &empty);
         let input = take_input(g, &empty).expect("a past is an input");
@@ -272,40 +273,42 @@ fn broadcast_as(from: &str, input: &Input) -> Vec<Node> {
 
 /// The past input `name` becomes a cache of `context` positions along axis 2, and the one
 /// concat that appends the step's keys to it a `dynamic_update_slice` at `pos`, whose result
-/// is the output `next.NAME`, replacing the present output. A cache read only through a
-/// swap of its last two dims (GPT-2's `key.transpose(-1, -2)`) is kept swapped,
-/// `[batch, heads, head_dim, ctx]`: a step then writes one column of it and transposes
-/// only its own keys, where reading it row-major would transpose the whole cache every step
-/// (0.85 ms a layer at 1024 positions of GPT-2 small, a third of a token's time).
-fn cache_in_place(g: &mut Graph, name: &str, context: usize) -> R<()> {
+/// is the output `next.NAME`, replacing the present output. A `swapped` cache (see
+/// `swapped_caches`) is kept `[batch, heads, head_dim, ctx]`: a step transposes only its own
+/// keys and writes one column, the swaps that read the cache read it as stored, and any other
+/// reader reads it swapped back.
+fn cache_in_place(g: &mut Graph, name: &str, context: usize, swapped: bool) -> R<()> {
     let present = appending_concat(g, name)?;
-    let swaps = swapped_readers(g, &present);
     let k = g.nodes.iter().position(|n| n.name == present).expect("the concat is a node");
     let next = format!("next.{name}");
     let input = g.inputs.iter_mut().find(|i| i.name == name).expect("a past is an input");
     let dims = input.dims.get_or_insert_with(|| vec![None; 4]);
     dims[2] = Some(CTX.into());
     input.ty.shape[2] = context;
-    let axis = match swaps.is_empty() {
-        true => 2,
-        false => {
-            input.ty.shape.swap(2, 3);
-            dims.swap(2, 3);
-            3
-        }
-    };
+    if swapped {
+        input.ty.shape.swap(2, 3);
+        dims.swap(2, 3);
+    }
     let dims = dims.clone();
     let node = &mut g.nodes[k];
     node.op = Op::DynamicUpdateSlice;
     node.inputs.push(POS.into());
     node.attrs.clear();
-    node.attrs.insert("axes".into(), Attr::ints(&[axis]));
+    node.attrs.insert("axes".into(), Attr::ints(&[if swapped { 3 } else { 2 }]));
     node.dims = Some(dims);
-    if axis == 3 {
+    if swapped {
         let update = format!("{next}.update");
-        let mut t = Node::new(&update, Op::Transpose, &[&node.inputs[1]]);
-        t.attrs.insert("perm".into(), Attr::ints(&[0, 1, 3, 2]));
+        let t = swap(&update, &node.inputs[1]);
         node.inputs[1] = update;
+        let readers: Vec<String> = g.nodes.iter().filter(|n| reads(n, &present)).map(|n| n.name.clone()).collect();
+        let swaps: Vec<String> = readers.iter().filter(|r| is_swap(node_named(g, r))).cloned().collect();
+        let unswapped = format!("{present}.unswapped");
+        for n in g.nodes.iter_mut().filter(|n| readers.contains(&n.name) && !swaps.contains(&n.name)) {
+            n.inputs.iter_mut().filter(|i| **i == present).for_each(|i| *i = unswapped.clone());
+        }
+        if readers.len() > swaps.len() {
+            g.nodes.insert(k + 1, swap(&unswapped, &present));
+        }
         g.nodes.insert(k, t);
         g.nodes.retain(|n| !swaps.contains(&n.name));
         for reader in &swaps {
@@ -316,21 +319,148 @@ fn cache_in_place(g: &mut Graph, name: &str, context: usize) -> R<()> {
     Ok(())
 }
 
-/// The nodes reading `present`, when every one is a transpose swapping its last two dims
-/// (the graph's output aside); else none.
-fn swapped_readers(g: &Graph, present: &str) -> Vec<String> {
-    let readers: Vec<&Node> = g.nodes.iter().filter(|n| n.inputs.iter().any(|i| i == present)).collect();
-    let swaps = |n: &&Node| {
-        n.op == Op::Transpose
-            && n.attrs
-                .get("perm")
-                .and_then(Attr::as_ints)
-                .is_some_and(|p| matches!(p[..], [0, 1, 3, 2] | [0, 1, -1, -2]))
-    };
-    match !readers.is_empty() && readers.iter().all(swaps) {
-        true => readers.iter().map(|n| n.name.clone()).collect(),
-        false => Vec::new(),
+/// `name = transpose(x)`, swapping the last two of four dims.
+fn swap(name: &str, x: &str) -> Node {
+    let mut t = Node::new(name, Op::Transpose, &[x]);
+    t.attrs.insert("perm".into(), Attr::ints(&[0, 1, 3, 2]));
+    t
+}
+
+fn is_swap(n: &Node) -> bool {
+    n.op == Op::Transpose
+        && n.attrs.get("perm").and_then(Attr::as_ints).is_some_and(|p| matches!(p[..], [0, 1, 3, 2] | [0, 1, -1, -2]))
+}
+
+fn reads(n: &Node, value: &str) -> bool {
+    n.inputs.iter().any(|i| i == value)
+}
+
+fn node_named<'g>(g: &'g Graph, name: &str) -> &'g Node {
+    g.nodes.iter().find(|n| n.name == name).expect("a node of that name")
+}
+
+/// The index of the one node reading `value`, if exactly one does.
+fn only_reader(g: &Graph, value: &str) -> Option<usize> {
+    let mut readers = (0..g.nodes.len()).filter(|&k| reads(&g.nodes[k], value));
+    let first = readers.next()?;
+    readers.next().is_none().then_some(first)
+}
+
+/// Which of the caches of `past` to keep swapped, `[batch, heads, head_dim, ctx]`: those the
+/// attention reads only through a swap of their last two dims (GPT-2's and Llama's
+/// `key.transpose(-1, -2)`), directly or after a grouped-query repeat (`repeat_of`).
+/// Reading such a cache row-major transposed all of it every step (0.85 ms a layer at
+/// 1024 positions of GPT-2 small, a third of a token's time). Decided on the graph as
+/// imported, so that the decode step and the prefill keep the same layout.
+fn swapped_caches(g: &Graph, past: &[String]) -> R<Vec<bool>> {
+    let info = meshc_ir::verify::verify(g).map_err(|e| e.msg)?;
+    past.iter()
+        .map(|name| {
+            let present = appending_concat(g, name)?;
+            let read = match repeat_of(g, &info.types, &present) {
+                Some([.., c]) => g.nodes[c].name.clone(),
+                None => present,
+            };
+            let readers: Vec<&Node> = g.nodes.iter().filter(|n| reads(n, &read)).collect();
+            Ok(!readers.is_empty() && readers.iter().all(|n| is_swap(n)))
+        })
+        .collect()
+}
+
+/// A cache repeated for grouped-query attention (transformers' `repeat_kv`): reshaped to
+/// `[b, kv, 1, s, d]`, broadcast to `[b, kv, rep, s, d]` and reshaped to `[b, kv·rep, s,
+/// d]`, each the only reader of the one before. The three nodes' indices.
+fn repeat_of(g: &Graph, types: &HashMap<String, TensorType>, present: &str) -> Option<[usize; 3]> {
+    let a = only_reader(g, present)?;
+    let b = only_reader(g, &g.nodes[a].name)?;
+    let c = only_reader(g, &g.nodes[b].name)?;
+    let ops = [g.nodes[a].op, g.nodes[b].op, g.nodes[c].op] == [Op::Reshape, Op::BroadcastTo, Op::Reshape];
+    let shape = |k: usize| types.get(&g.nodes[k].name).map(|t| t.shape.as_slice()).unwrap_or_default();
+    let (p, sa, sb, sc) = (types.get(present)?.shape.as_slice(), shape(a), shape(b), shape(c));
+    let fits = ops
+        && p.len() == 4
+        && sa == [p[0], p[1], 1, p[2], p[3]]
+        && sb.len() == 5
+        && sb[..2] == sa[..2]
+        && sb[3..] == sa[3..]
+        && sc == [p[0], p[1] * sb[2], p[2], p[3]];
+    fits.then_some([a, b, c])
+}
+
+/// Grouped-query attention without the repeat: where a layer's keys and values are
+/// repeated from `kv` heads to `kv·rep` (`repeat_of`) only to be read by one attention of
+/// one query row per head (a decode step), the query's heads `[b, kv·rep, 1, d]` become
+/// `rep` rows of each of the `kv` heads, `[b, kv, rep, d]`, which read the caches as they
+/// are; the result is reshaped back. The scores of a query row are the same numbers either
+/// way. The repeat copied both caches every step, and the keys' transpose a third time.
+/// All or nothing: where any layer does not fit, or the graph would not verify, the graph
+/// stays as it is.
+fn group_queries(g: &mut Graph, past: &[String]) -> R<()> {
+    let info = meshc_ir::verify::verify(g).map_err(|e| e.msg)?;
+    let mut grouped = g.clone();
+    for (key, value) in past.iter().filter_map(|k| Some((k, format!("{}.value", k.strip_suffix(".key")?)))) {
+        if !past.contains(&value) {
+            continue;
+        }
+        let (pk, pv) = (appending_concat(g, key)?, appending_concat(g, &value)?);
+        if !group_layer(&mut grouped, &info.types, &pk, &pv) {
+            return Ok(());
+        }
     }
+    if meshc_ir::verify::verify(&grouped).is_ok() {
+        *g = grouped;
+    }
+    Ok(())
+}
+
+/// `group_queries` for one layer, whose presents are `pk` and `pv`, on `g` (typed by
+/// `types` before any layer was grouped); false where it does not fit.
+fn group_layer(g: &mut Graph, types: &HashMap<String, TensorType>, pk: &str, pv: &str) -> bool {
+    let (Some(rk), Some(rv)) = (repeat_of(g, types, pk), repeat_of(g, types, pv)) else { return false };
+    let name = |k: usize| g.nodes[k].name.clone();
+    let repeated_v = name(rv[2]);
+    let Some(kt) = only_reader(g, &name(rk[2])).filter(|&k| is_swap(&g.nodes[k])) else { return false };
+    let is_product_with = |k: &usize, b: &str| g.nodes[*k].op == Op::MatMul && g.nodes[*k].inputs[1] == b;
+    let Some(m1) = only_reader(g, &name(kt)).filter(|k| is_product_with(k, &name(kt))) else { return false };
+    let Some(m2) = only_reader(g, &repeated_v).filter(|k| is_product_with(k, &repeated_v)) else { return false };
+    let q = g.nodes[m1].inputs[0].clone();
+    let (kv, rep) = (types[pk].shape[1], types[&name(rk[1])].shape[2]);
+    let Some(&[b, heads, 1, d]) = types.get(&q).map(|t| t.shape.as_slice()) else { return false };
+    if heads != kv * rep {
+        return false;
+    }
+    // The chain from the scores to the product with v, each the only reader of the one
+    // before: its shapes change from [b, heads, 1, s] to [b, kv, rep, s].
+    let mut chain = vec![m1];
+    while chain[chain.len() - 1] != m2 {
+        match only_reader(g, &name(chain[chain.len() - 1])) {
+            Some(next) if !chain.contains(&next) => chain.push(next),
+            _ => return false,
+        }
+    }
+    let (m1_name, m2_name) = (name(m1), name(m2));
+    let grouped_q = format!("{m1_name}.grouped_q");
+    let mut reshape_q = Node::new(&grouped_q, Op::Reshape, &[&q]);
+    reshape_q.attrs.insert("shape".into(), Attr::ints(&[b as i64, kv as i64, rep as i64, d as i64]));
+    let grouped_out = format!("{m2_name}.grouped");
+    let mut reshape_out = Node::new(&m2_name, Op::Reshape, &[&grouped_out]);
+    reshape_out.attrs.insert("shape".into(), Attr::ints(&[b as i64, heads as i64, 1, d as i64]));
+    reshape_out.dims = g.nodes[m2].dims.clone();
+    let drop: Vec<String> = rk.iter().chain(&rv).map(|&k| name(k)).collect();
+    for &k in &chain {
+        g.nodes[k].shape = None;
+        g.nodes[k].dims = None;
+    }
+    g.nodes[m1].inputs[0] = grouped_q;
+    g.nodes[kt].inputs[0] = pk.to_string();
+    g.nodes[m2].inputs[1] = pv.to_string();
+    g.nodes[m2].name = grouped_out.clone();
+    g.nodes.retain(|n| !drop.contains(&n.name));
+    let at = g.nodes.iter().position(|n| n.name == m1_name).expect("m1 stays");
+    g.nodes.insert(at, reshape_q);
+    let at = g.nodes.iter().position(|n| n.name == grouped_out).expect("m2 stays");
+    g.nodes.insert(at + 1, reshape_out);
+    true
 }
 
 /// The one node reading the past input `name`: a concat of it and the step's keys along
