@@ -267,6 +267,9 @@ fn onnx_bench(python: &Path, dir: &Path) {
                 .filter(|i| state.contains(&i.name))
                 .map(|i| i.shape.iter().product::<usize>() * i.dtype.size_bytes())
                 .sum();
+            // Attention reads the positions up to `pos` (the mask hides the rest): the
+            // timed tokens are fed at positions PROMPT to PROMPT + NEW - 1.
+            let cache = cache * (PROMPT + NEW / 2 + 1) / ONNX_CONTEXT;
             let session = Session::new(&model).unwrap();
             let t = per_token(&session, &a.prompt[..PROMPT], ONNX_CONTEXT);
             println!(
