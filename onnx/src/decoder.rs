@@ -156,8 +156,9 @@ pub fn rewrite(
 }
 
 fn decode(g: &mut Graph, params: &mut HashMap<String, Tensor>, past: &[String], cache: Cache) -> R<()> {
-    let swapped = swapped_caches(g, past)?;
-    group_queries(g, past)?;
+    let types = meshc_ir::verify::verify(g).map_err(|e| e.msg)?.types;
+    let swapped = swapped_caches(g, &types, past)?;
+    group_queries(g, &types, past)?;
     g.inputs.push(Input { name: POS.into(), ty: TensorType::new(DType::I64, vec![1]), dims: None, loc: None });
     for (name, &swapped) in past.iter().zip(&swapped) {
         cache_in_place(g, name, cache.context, swapped)?;
@@ -195,7 +196,8 @@ fn prefill(g: &mut Graph, params: &mut HashMap<String, Tensor>, past: &[String],
         let value: Vec<i64> = (0..prompt as i64).cycle().take(batch * prompt).collect();
         constant(g, params, &ids.name, index_tensor(ids.ty, value), ids.dims);
     }
-    let swapped = swapped_caches(g, past)?;
+    let types = meshc_ir::verify::verify(g).map_err(|e| e.msg)?.types;
+    let swapped = swapped_caches(g, &types, past)?;
     for (name, swapped) in past.iter().zip(swapped) {
         let present = appending_concat(g, name)?;
         let empty = format!("{name}.empty");
@@ -209,9 +211,7 @@ fn prefill(g: &mut Graph, params: &mut HashMap<String, Tensor>, past: &[String],
         slice.attrs.insert("ends".into(), Attr::ints(&[prompt as i64 + 1]));
         g.nodes.push(slice);
         if swapped {
-            let mut t = Node::new(name, Op::Transpose, &[&block]);
-            t.attrs.insert("perm".into(), Attr::ints(&[0, 1, 3, 2]));
-            g.nodes.push(t);
+            g.nodes.push(swap(name, &block));
         }
         for o in g.outputs.iter_mut().filter(|o| o.name == present) {
             *o = Output::new(name);
@@ -352,12 +352,11 @@ fn only_reader(g: &Graph, value: &str) -> Option<usize> {
 /// Reading such a cache row-major transposed all of it every step (0.85 ms a layer at
 /// 1024 positions of GPT-2 small, a third of a token's time). Decided on the graph as
 /// imported, so that the decode step and the prefill keep the same layout.
-fn swapped_caches(g: &Graph, past: &[String]) -> R<Vec<bool>> {
-    let info = meshc_ir::verify::verify(g).map_err(|e| e.msg)?;
+fn swapped_caches(g: &Graph, types: &HashMap<String, TensorType>, past: &[String]) -> R<Vec<bool>> {
     past.iter()
         .map(|name| {
             let present = appending_concat(g, name)?;
-            let read = match repeat_of(g, &info.types, &present) {
+            let read = match repeat_of(g, types, &present) {
                 Some([.., c]) => g.nodes[c].name.clone(),
                 None => present,
             };
@@ -395,15 +394,14 @@ fn repeat_of(g: &Graph, types: &HashMap<String, TensorType>, present: &str) -> O
 /// way. The repeat copied both caches every step, and the keys' transpose a third time.
 /// All or nothing: where any layer does not fit, or the graph would not verify, the graph
 /// stays as it is.
-fn group_queries(g: &mut Graph, past: &[String]) -> R<()> {
-    let info = meshc_ir::verify::verify(g).map_err(|e| e.msg)?;
+fn group_queries(g: &mut Graph, types: &HashMap<String, TensorType>, past: &[String]) -> R<()> {
     let mut grouped = g.clone();
     for (key, value) in past.iter().filter_map(|k| Some((k, format!("{}.value", k.strip_suffix(".key")?)))) {
         if !past.contains(&value) {
             continue;
         }
         let (pk, pv) = (appending_concat(g, key)?, appending_concat(g, &value)?);
-        if !group_layer(&mut grouped, &info.types, &pk, &pv) {
+        if !group_layer(&mut grouped, types, &pk, &pv) {
             return Ok(());
         }
     }
@@ -467,7 +465,7 @@ fn group_layer(g: &mut Graph, types: &HashMap<String, TensorType>, pk: &str, pv:
 /// axis 2 whose result is an output (the present). Its name, or one line saying what the
 /// export does instead.
 fn appending_concat(g: &Graph, name: &str) -> R<String> {
-    let readers: Vec<usize> = (0..g.nodes.len()).filter(|&k| g.nodes[k].inputs.iter().any(|i| i == name)).collect();
+    let readers: Vec<usize> = (0..g.nodes.len()).filter(|&k| reads(&g.nodes[k], name)).collect();
     let k = match readers.as_slice() {
         [k] => *k,
         [] => return Err(format!("input '{name}' is read by no node: no cache to keep")),
