@@ -171,6 +171,7 @@ impl CodegenArgs {
             (!self.onnx.input_shapes.is_empty(), "--input-shape"),
             (self.train.loss.is_some(), "--loss"),
             (!self.onnx.consts.is_empty(), "--const"),
+            (self.onnx.decode_context.is_some(), "--decode-context"),
         ]
         .into_iter()
         .find_map(|(given, flag)| given.then_some(flag))
