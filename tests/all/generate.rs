@@ -31,6 +31,15 @@ fn rows(path: &str) -> Vec<Vec<i64>> {
     v.chunks(t.shape[1]).map(<[i64]>::to_vec).collect()
 }
 
+/// Each command exits 1 with one line of stderr holding its message.
+fn refused_in_one_line(cases: &[(Vec<&str>, &str)]) {
+    for (args, want) in cases {
+        let r = meshc(args);
+        assert_eq!(r.status, Some(1), "{args:?}: {r:?}");
+        assert!(r.stderr.contains(want) && r.stderr.trim().lines().count() == 1, "{args:?}: {}", r.stderr);
+    }
+}
+
 fn printed(stdout: &str) -> Vec<Vec<i64>> {
     stdout.lines().map(|l| l.split(' ').map(|t| t.parse().unwrap()).collect()).collect()
 }
@@ -158,11 +167,7 @@ fn refusals_are_one_line() {
             "not a decode-step artifact (docs/generation.md): it has no input 'ids'",
         ),
     ];
-    for (args, want) in cases {
-        let r = meshc(&args);
-        assert_eq!(r.status, Some(1), "{args:?}: {r:?}");
-        assert!(r.stderr.contains(want) && r.stderr.trim().lines().count() == 1, "{args:?}: {}", r.stderr);
-    }
+    refused_in_one_line(&cases);
 }
 
 /// The tiny decoders tools/export_decoders.py exported, with 32 greedy ids from torch.
@@ -224,6 +229,10 @@ fn onnx_decoders_generate_torchs_greedy_ids() {
 fn onnx_decoder_refusals_are_one_line() {
     let gpt2 = "testdata/onnx_decoders/gpt2/model.onnx";
     let prompt = "testdata/onnx_decoders/gpt2/prompt.npy";
+    let dir = scratch("generate-onnx-refusals");
+    let art = dir.join("decoder.mshc");
+    assert_eq!(meshc(&["compile", GRAPH, "-o", art.to_str().unwrap()]).status, Some(0));
+    let art = art.to_str().unwrap();
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (
             vec!["generate", gpt2, "--prompt", prompt, "--context", "65", "--max-new-tokens", "2"],
@@ -265,12 +274,23 @@ fn onnx_decoder_refusals_are_one_line() {
             vec!["compile", GRAPH, "--decode-context", "8", "-o", "/dev/null"],
             "--decode-context imports an ONNX decoder as a decode step; this is a graph",
         ),
+        (
+            vec![
+                "generate",
+                art,
+                "--prompt",
+                PROMPT,
+                "--context",
+                "8",
+                "--max-new-tokens",
+                "2",
+                "--decode-context",
+                "8",
+            ],
+            "--decode-context applies when a graph is compiled; this artifact is already compiled",
+        ),
     ];
-    for (args, want) in cases {
-        let r = meshc(&args);
-        assert_eq!(r.status, Some(1), "{args:?}: {r:?}");
-        assert!(r.stderr.contains(want) && r.stderr.trim().lines().count() == 1, "{args:?}: {}", r.stderr);
-    }
+    refused_in_one_line(&cases);
 }
 
 /// Llama's heads split over two devices as Megatron splits them, its grouped key/value heads
