@@ -165,6 +165,7 @@ fn decode(g: &mut Graph, params: &mut HashMap<String, Tensor>, past: &[String], 
     }
     let mut front = Vec::new();
     if let Some(mut mask) = take_input(g, "attention_mask") {
+        budgeted(POSITIONS, &[cache.context], DType::I64)?;
         let positions = Tensor::new(vec![cache.context], Data::I64((0..cache.context as i64).collect()));
         constant(g, params, POSITIONS, positions, Some(vec![Some(CTX.into())]));
         let seen = format!("{}.seen", mask.name);
@@ -187,12 +188,14 @@ fn decode(g: &mut Graph, params: &mut HashMap<String, Tensor>, past: &[String], 
 /// past.
 fn prefill(g: &mut Graph, params: &mut HashMap<String, Tensor>, past: &[String], batch: usize, prompt: usize) -> R<()> {
     if let Some(mask) = take_input(g, "attention_mask") {
+        budgeted(&mask.name, &mask.ty.shape, DType::I64)?;
         let row = std::iter::once(0).chain(std::iter::repeat_n(1, prompt));
         let value: Vec<i64> = row.cycle().take(batch * (prompt + 1)).collect();
         constant(g, params, &mask.name, index_tensor(mask.ty, value), mask.dims);
     }
     if let Some(ids) = take_input(g, "position_ids") {
         check_position_tables(g, &ids.name, prompt)?;
+        budgeted(&ids.name, &ids.ty.shape, DType::I64)?;
         let value: Vec<i64> = (0..prompt as i64).cycle().take(batch * prompt).collect();
         constant(g, params, &ids.name, index_tensor(ids.ty, value), ids.dims);
     }
@@ -203,6 +206,7 @@ fn prefill(g: &mut Graph, params: &mut HashMap<String, Tensor>, past: &[String],
         let empty = format!("{name}.empty");
         rename(g, name, &empty);
         let input = take_input(g, &empty).expect("a past is an input");
+        budgeted(&empty, &input.ty.shape, input.ty.dtype)?;
         constant(g, params, &empty, Tensor::zeros(&input.ty), input.dims);
         let block = if swapped { format!("{name}.block") } else { name.clone() };
         let mut slice = Node::new(&block, Op::Slice, &[&present]);
@@ -227,6 +231,12 @@ fn index_tensor(ty: TensorType, values: Vec<i64>) -> Tensor {
         _ => Data::I64(values),
     };
     Tensor::new(ty.shape, data)
+}
+
+/// Checks the constant `name` of `shape` (built as `dtype`) against the allocation budget
+/// before it is built: its size comes from the command line's context and prompt.
+fn budgeted(name: &str, shape: &[usize], dtype: DType) -> R<()> {
+    meshc_ir::budget::check_shape(format_args!("the constant '{name}'"), shape, dtype.size_bytes()).map(drop)
 }
 
 /// A param `name` holding `value`, whose bytes `params` keeps until the graph is written.
