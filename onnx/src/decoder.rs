@@ -201,6 +201,7 @@ fn prefill(g: &mut Graph, params: &mut HashMap<String, Tensor>, past: &[String],
     }
     let types = meshc_ir::verify::verify(g).map_err(|e| e.msg)?.types;
     let swapped = swapped_caches(g, &types, past)?;
+    last_logits(g, &types, prompt);
     for (name, swapped) in past.iter().zip(swapped) {
         let present = appending_concat(g, name)?;
         let empty = format!("{name}.empty");
@@ -222,6 +223,26 @@ fn prefill(g: &mut Graph, params: &mut HashMap<String, Tensor>, past: &[String],
         }
     }
     Ok(())
+}
+
+/// Cuts the prefill's `logits` to each sequence's last position, where they come from a
+/// matmul of the hidden states `[batch, prompt, hidden]`: the loop reads only that row, and
+/// the vocabulary projection of every other position is a third of a small model's prefill
+/// (transformers' `generate` keeps one row for the same reason). Any other form of logits
+/// keeps every row; the loop reads the last either way.
+fn last_logits(g: &mut Graph, types: &HashMap<String, TensorType>, prompt: usize) {
+    let Some(at) = g.nodes.iter().position(|n| n.name == "logits" && n.op == Op::MatMul) else { return };
+    let hidden = g.nodes[at].inputs[0].clone();
+    if !matches!(types.get(&hidden).map(|t| t.shape.as_slice()), Some([_, p, _]) if *p == prompt) {
+        return;
+    }
+    let last = format!("{hidden}.last");
+    let mut slice = Node::new(&last, Op::Slice, &[&hidden]);
+    slice.attrs.insert("axes".into(), Attr::ints(&[1]));
+    slice.attrs.insert("starts".into(), Attr::ints(&[prompt as i64 - 1]));
+    slice.attrs.insert("ends".into(), Attr::ints(&[prompt as i64]));
+    g.nodes[at].inputs[0] = last;
+    g.nodes.insert(at, slice);
 }
 
 /// `values` as a tensor of `ty`, an integer type the export gave a mask or positions.

@@ -202,6 +202,9 @@ fn onnx_decoders_generate_torchs_greedy_ids() {
             out
         };
         let (step, prefill) = (compile(&[], "step.mshc"), compile(&["--decode-prefill", "5"], "prefill.mshc"));
+        // The prefill projects only each prompt's last position onto the vocabulary.
+        let shown = meshc(&["inspect", &prefill]);
+        assert!(shown.stdout.contains("output logits: f32[2, 1, "), "{shown:?}");
         for by in [vec![], vec!["--prefill", prefill.as_str()]] {
             let run = |context: &str| {
                 let args = ["generate", &step, "--prompt", &prompt, "--context", context, "--max-new-tokens", "32"];
