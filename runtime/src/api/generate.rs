@@ -93,7 +93,7 @@ struct Contract {
     batch: usize,
     vocab: usize,
     context: usize,
-    state: Vec<(String, Tensor)>,
+    state: Vec<(String, TensorType)>,
     /// The axis of each state tensor that names `ctx`.
     ctx_axes: BTreeMap<String, usize>,
     logits: Vec<usize>,
@@ -132,7 +132,7 @@ fn contract(session: &Session) -> Result<Contract, Error> {
             context = Some(context.map_or(ty.shape[d], |c| c.min(ty.shape[d])));
             ctx_axes.insert(name.clone(), d);
         }
-        state.push((name.clone(), Tensor::zeros(&ty)));
+        state.push((name.clone(), ty));
     }
     let others = meta.inputs.iter().map(|i| &i.name).filter(|n| !["ids", "pos"].contains(&n.as_str()));
     if let Some(other) = others.clone().find(|n| !names.contains(n)) {
@@ -158,34 +158,31 @@ fn index_tensor(dtype: DType, shape: Vec<usize>, values: &[i64]) -> Tensor {
     }
 }
 
-/// A prefill's outputs as the decode step's state: each state tensor of `c`, zeros but for
-/// the prefill's first `len` positions along its `ctx` axis. Refused in one line when the
+/// A prefill's outputs as the decode step's state: for each state tensor of `c`, the
+/// prefill's first `len` positions along its `ctx` axis (that axis, and the bytes), or
+/// `None` for a state without one, which starts as zeros. Refused in one line when the
 /// prefill lacks a state's block or gives it of another shape or dtype.
-fn prefilled(c: &Contract, out: &BTreeMap<String, Tensor>, len: usize) -> Result<BTreeMap<String, Tensor>, Error> {
+fn prefilled<'a>(
+    c: &Contract,
+    out: &'a BTreeMap<String, Tensor>,
+    len: usize,
+) -> Result<Vec<Option<(usize, &'a [u8])>>, Error> {
     let bad = |why: String| Error::State(format!("not a prefill of this decode step (docs/generation.md): {why}"));
-    let mut state = BTreeMap::new();
-    for (name, zeros) in &c.state {
+    let mut blocks = Vec::new();
+    for (name, ty) in &c.state {
         let block = out.get(name).ok_or_else(|| bad(format!("it has no output '{name}'")))?;
         let Some(axis) = c.ctx_axes.get(name).copied() else {
-            state.insert(name.clone(), zeros.clone());
+            blocks.push(None);
             continue;
         };
-        let mut want = zeros.shape.clone();
+        let mut want = ty.shape.clone();
         want[axis] = len;
-        if block.shape != want || block.dtype() != zeros.dtype() {
-            return Err(bad(format!("'{name}' is {}, where {} {want:?} was expected", block.ty(), zeros.dtype())));
+        if block.shape != want || block.dtype() != ty.dtype {
+            return Err(bad(format!("'{name}' is {}, where {} {want:?} was expected", block.ty(), ty.dtype)));
         }
-        // Row-major: each of the outer blocks holds `len` positions of `inner` elements,
-        // which go to the front of the state's `ctx` positions.
-        let inner = zeros.shape[axis + 1..].iter().product::<usize>() * zeros.dtype().size_bytes();
-        let (from, to) = (len * inner, zeros.shape[axis] * inner);
-        let mut full = zeros.to_le_bytes();
-        for (src, dst) in block.to_le_bytes().chunks(from).zip(full.chunks_mut(to)) {
-            dst[..from].copy_from_slice(src);
-        }
-        state.insert(name.clone(), Tensor::from_le_bytes(&zeros.ty(), &full));
+        blocks.push(Some((axis, crate::exec::io::le_bytes(block))));
     }
-    Ok(state)
+    Ok(blocks)
 }
 
 impl Session {
@@ -249,7 +246,7 @@ impl Session {
         // The first position fed to the decode step: 0, or past the prompt a prefill ran.
         let start = match prefill {
             None => {
-                self.set_state(&c.state.iter().cloned().collect())?;
+                self.set_state_with(|_, _, _, _| {})?;
                 0
             }
             Some(p) => {
@@ -275,7 +272,12 @@ impl Session {
                     let at = (b * rows + rows - 1) * c.vocab;
                     row.copy_from_slice(&all[at..at + c.vocab]);
                 }
-                self.set_state(&prefilled(&c, &out, len)?)?;
+                let blocks = prefilled(&c, &out, len)?;
+                self.set_state_with(|k, i, d, dst| {
+                    if let Some((axis, bytes)) = blocks[k] {
+                        self.loaded().cut_prefix(i, d, (axis, len), bytes, dst);
+                    }
+                })?;
                 g.pick(&logits, c.vocab);
                 len
             }

@@ -83,6 +83,19 @@ impl Session {
         Ok(())
     }
 
+    /// Replaces the state on the devices with zeros but for what `fill(k, i, d, dst)`
+    /// writes into device `d`'s block of the `k`th state tensor (in `state_names` order;
+    /// input `i`): a decoder's caches start so, without building whole tensors of zeros
+    /// on the host (`Loaded::upload_with`).
+    pub(crate) fn set_state_with(&self, fill: impl Fn(usize, usize, usize, &mut [u8])) -> Result<(), Error> {
+        let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        // The old state goes first, so that its memory serves the new one.
+        *guard = None;
+        let resident = self.loaded.upload_with(&self.state_names(), meshc_ir::optim::next_name, fill);
+        *guard = Some(resident.map_err(|e| Error::from_run(e, Error::State))?);
+        Ok(())
+    }
+
     /// The state on the devices, gathered into whole tensors (what a checkpoint holds).
     pub fn state(&self) -> Result<BTreeMap<String, Tensor>, Error> {
         let guard = self.state.lock().unwrap_or_else(|p| p.into_inner());

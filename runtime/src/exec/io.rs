@@ -119,6 +119,23 @@ impl Loaded {
         });
     }
 
+    /// `cut_block` of a prefix of input `i`: `bytes` hold its first `len` positions along
+    /// `axis` (a tensor of its shape but for `len` there), which go to the front of that
+    /// axis in device `d`'s block (`dst`); the rest of `dst` is left as it is.
+    pub fn cut_prefix(&self, i: usize, d: usize, (axis, len): (usize, usize), bytes: &[u8], dst: &mut [u8]) {
+        let blocks = &self.inputs[i];
+        let Some(block) = &blocks.of[d] else { return };
+        self.host_copies.fetch_add(1, Ordering::Relaxed);
+        let mut whole = self.meta.inputs[i].shape.clone();
+        whole[axis] = len;
+        let mut extent = block.shape.clone();
+        extent[axis] = len.saturating_sub(block.at[axis]).min(block.shape[axis]);
+        let e = blocks.elem;
+        fabric::for_each_run(&whole, &block.at, &block.shape, &blocks.origin, &extent, |s, o, n| {
+            dst[o * e..(o + n) * e].copy_from_slice(&bytes[s * e..(s + n) * e])
+        });
+    }
+
     /// Output `o` as a whole tensor's little-endian bytes from the devices' blocks
     /// (`block(d)`: device d's), each block read from a healthy device that holds it; under
     /// hosts, from the copy host 0 reads (`source`). An output no device splits is its
@@ -194,6 +211,23 @@ impl Loaded {
         names: &[String],
         next_of: impl Fn(&str) -> String,
     ) -> Result<Resident> {
+        let tensors = names
+            .iter()
+            .map(|n| state.get(n).map(le_bytes).ok_or_else(|| anyhow!("the state has no tensor '{n}'")))
+            .collect::<Result<Vec<_>>>()?;
+        self.upload_with(names, next_of, |k, i, d, dst| self.cut_block(i, d, tensors[k], dst))
+    }
+
+    /// `upload`, where `fill(k, i, d, dst)` writes device `d`'s block of the `k`th state
+    /// tensor (input `i`) into `dst`, which holds zeros: a caller that has only part of a
+    /// tensor (a prefill's first positions of a cache) writes that, and the zeros are
+    /// fresh pages, never touched for the rest.
+    pub fn upload_with(
+        &self,
+        names: &[String],
+        next_of: impl Fn(&str) -> String,
+        fill: impl Fn(usize, usize, usize, &mut [u8]),
+    ) -> Result<Resident> {
         if self.host() != 0 || !self.meta.hosts.is_empty() {
             bail!("training runs over several hosts are not supported");
         }
@@ -212,17 +246,13 @@ impl Loaded {
             }
             pairs.push((i, o));
         }
-        let tensors = names
-            .iter()
-            .map(|n| state.get(n).map(le_bytes).ok_or_else(|| anyhow!("the state has no tensor '{n}'")))
-            .collect::<Result<Vec<_>>>()?;
         let mut slots = Vec::new();
         for (d, p) in self.programs.iter().enumerate() {
             let mut mine = Vec::new();
-            for (&(i, _), bytes) in pairs.iter().zip(&tensors) {
+            for (k, &(i, _)) in pairs.iter().enumerate() {
                 let len = p.buffers[p.inputs[i]].bytes;
                 let mut cur = AlignedBuf::zeroed(len)?;
-                self.cut_block(i, d, bytes, cur.as_mut_slice());
+                fill(k, i, d, cur.as_mut_slice());
                 mine.push(Slot { bufs: [cur, AlignedBuf::zeroed(len)?], cur: 0 });
             }
             slots.push(mine);
