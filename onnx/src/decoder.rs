@@ -47,6 +47,9 @@ pub enum Entry {
 /// The decode step's names, as docs/generation.md's contract gives them.
 const IDS: &str = "ids";
 const POS: &str = "pos";
+/// The prefill's position whose logits it gives: a prompt shorter than the prefill's is
+/// padded after its end, which the causal mask keeps from every position before.
+const LAST: &str = "last";
 /// The one dim a decode step's state must name: the positions it holds.
 const CTX: &str = "ctx";
 const POSITIONS: &str = "decode.positions";
@@ -143,7 +146,7 @@ pub fn rewrite(
     cache: Cache,
     entry: Entry,
 ) -> R<()> {
-    for taken in [IDS, POS, POSITIONS] {
+    for taken in [IDS, POS, LAST, POSITIONS] {
         if g.inputs.iter().any(|i| i.name == taken) || g.nodes.iter().any(|n| n.name == taken) {
             return Err(format!("the decoder export already has a value named '{taken}'"));
         }
@@ -225,23 +228,24 @@ fn prefill(g: &mut Graph, params: &mut HashMap<String, Tensor>, past: &[String],
     Ok(())
 }
 
-/// Cuts the prefill's `logits` to each sequence's last position, where they come from a
-/// matmul of the hidden states `[batch, prompt, hidden]`: the loop reads only that row, and
-/// the vocabulary projection of every other position is a third of a small model's prefill
-/// (transformers' `generate` keeps one row for the same reason). Any other form of logits
-/// keeps every row; the loop reads the last either way.
+/// Cuts the prefill's `logits` to each sequence's position `last` (a run-time input),
+/// where they come from a matmul of the hidden states `[batch, prompt, hidden]`: the loop
+/// reads only that row, and the vocabulary projection of every other position is a third
+/// of a small model's prefill (transformers' `generate` keeps one row for the same reason).
+/// Any other form of logits keeps every row, and the prefill then takes only prompts of
+/// its own length.
 fn last_logits(g: &mut Graph, types: &HashMap<String, TensorType>, prompt: usize) {
     let Some(at) = g.nodes.iter().position(|n| n.name == "logits" && n.op == Op::MatMul) else { return };
     let hidden = g.nodes[at].inputs[0].clone();
     if !matches!(types.get(&hidden).map(|t| t.shape.as_slice()), Some([_, p, _]) if *p == prompt) {
         return;
     }
-    let last = format!("{hidden}.last");
-    let mut slice = Node::new(&last, Op::Slice, &[&hidden]);
+    g.inputs.push(Input { name: LAST.into(), ty: TensorType::new(DType::I64, vec![1]), dims: None, loc: None });
+    let row = format!("{hidden}.last");
+    let mut slice = Node::new(&row, Op::DynamicSlice, &[&hidden, LAST]);
     slice.attrs.insert("axes".into(), Attr::ints(&[1]));
-    slice.attrs.insert("starts".into(), Attr::ints(&[prompt as i64 - 1]));
-    slice.attrs.insert("ends".into(), Attr::ints(&[prompt as i64]));
-    g.nodes[at].inputs[0] = last;
+    slice.attrs.insert("sizes".into(), Attr::ints(&[1]));
+    g.nodes[at].inputs[0] = row;
     g.nodes.insert(at, slice);
 }
 

@@ -217,13 +217,28 @@ fn onnx_decoders_generate_torchs_greedy_ids() {
             assert_eq!(r.status, Some(1), "{d}: {r:?}");
             assert!(r.stderr.contains("beyond the artifact's 37 positions"), "{}", r.stderr);
         }
-        // A prefill of another prompt length is refused in one line.
+        // A shorter prompt runs through the same prefill, padded after its end: the ids
+        // are those of the prompt fed one position a step. A longer one is refused in one
+        // line.
+        let p = rows(&prompt);
         let short = dir.join("short.npy");
-        Tensor::new(vec![2, 3], Data::I64(vec![1; 6])).write_npy(&short).unwrap();
-        let args = ["generate", &step, "--prompt", short.to_str().unwrap(), "--context", "8", "--max-new-tokens", "2"];
-        let r = meshc(&[&args[..], &["--prefill", &prefill]].concat());
+        let ids: Vec<i64> = p.iter().flat_map(|r| r[..3].to_vec()).collect();
+        Tensor::new(vec![p.len(), 3], Data::I64(ids)).write_npy(&short).unwrap();
+        let long = dir.join("long.npy");
+        Tensor::new(vec![2, 6], Data::I64(vec![1; 12])).write_npy(&long).unwrap();
+        let gen = |prompt: &std::path::Path, by: &[&str]| {
+            let args =
+                ["generate", &step, "--prompt", prompt.to_str().unwrap(), "--context", "20", "--max-new-tokens", "12"];
+            meshc(&[&args[..], by].concat())
+        };
+        let (fed, padded) = (gen(&short, &[]), gen(&short, &["--prefill", &prefill]));
+        assert_eq!(fed.status, Some(0), "{d}: {fed:?}");
+        assert_eq!(padded.status, Some(0), "{d}: {padded:?}");
+        assert_eq!(printed(&padded.stdout), printed(&fed.stdout), "{d}: a 3-id prompt through the 5-id prefill");
+        let r = gen(&long, &["--prefill", &prefill]);
         assert_eq!(r.status, Some(1), "{d}: {r:?}");
-        assert!(r.stderr.contains("the prefill takes ids i64[2,5], where the prompt is [2, 3]"), "{}", r.stderr);
+        let want = "the prefill takes ids i64[2,5]: prompts of at most 5 ids, where the prompt is [2, 6]";
+        assert!(r.stderr.contains(want), "{}", r.stderr);
         assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
     }
 }

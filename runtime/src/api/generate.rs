@@ -196,9 +196,11 @@ impl Session {
     }
 
     /// `generate`, with the whole prompt run in one call of `prefill`: an artifact taking
-    /// `ids` `[batch, prompt_len]` and giving `logits` (`[batch, prompt_len, vocab]`) and,
-    /// for each state tensor S of this decode step, S's first `prompt_len` positions along
-    /// its `ctx` dim, under S's name. Refused in one line when `prefill` is not that.
+    /// `ids` `[batch, P]` and giving `logits` (`[batch, P, vocab]`) and, for each state
+    /// tensor S of this decode step, S's first P positions along its `ctx` dim, under S's
+    /// name; or with an input `last` (`[1]`, the position whose logits it gives as
+    /// `[batch, 1, vocab]`), which takes prompts of up to P ids. Refused in one line when
+    /// `prefill` is not that.
     pub fn generate_with_prefill(
         &self,
         prefill: &Session,
@@ -250,34 +252,7 @@ impl Session {
                 0
             }
             Some(p) => {
-                let takes = p.loaded().meta.inputs.iter().find(|i| i.name == "ids").and_then(IoSpec::ty);
-                if takes.as_ref().map(|t| t.shape.as_slice()) != Some(&[c.batch, len]) {
-                    return Err(Error::State(format!(
-                        "the prefill takes ids {}, where the prompt is [{}, {len}] (docs/generation.md)",
-                        takes.map_or("of no known type".into(), |t| t.to_string()),
-                        c.batch
-                    )));
-                }
-                let ids: Vec<i64> = prompt.concat();
-                let out = p.run(&[("ids", TensorView::of(&index_tensor(c.ids, vec![c.batch, len], &ids)))])?;
-                let all = out.get("logits").and_then(|l| l.as_f32()).filter(|l| l.len() % (c.batch * c.vocab) == 0);
-                let all = all.ok_or_else(|| {
-                    Error::State(
-                        "not a prefill (docs/generation.md): it gives no f32 logits [batch, len, vocab]".into(),
-                    )
-                })?;
-                // Each sequence's last position's logits pick its first new token.
-                let rows = all.len() / (c.batch * c.vocab);
-                for (b, row) in logits.chunks_mut(c.vocab).enumerate() {
-                    let at = (b * rows + rows - 1) * c.vocab;
-                    row.copy_from_slice(&all[at..at + c.vocab]);
-                }
-                let blocks = prefilled(&c, &out, len)?;
-                self.set_state_with(|k, i, d, dst| {
-                    if let Some((axis, bytes)) = blocks[k] {
-                        self.loaded().cut_prefix(i, d, (axis, len), bytes, dst);
-                    }
-                })?;
+                self.prefill(&c, p, prompt, &mut logits)?;
                 g.pick(&logits, c.vocab);
                 len
             }
@@ -328,6 +303,56 @@ impl Picks<'_> {
             self.done[b] = self.options.stop.contains(&t);
         }
         self.steps += 1;
+    }
+}
+
+impl Session {
+    /// Runs `prompt` (`c.batch` rows of equal length) through the prefill `p`, puts the
+    /// caches it gives on the devices as this decode step's state and its logits of each
+    /// prompt's last position in `logits`. A prefill with an input `last` takes prompts up
+    /// to its length, padded after their end (what a causal model never reads back).
+    fn prefill(&self, c: &Contract, p: &Session, prompt: &[Vec<i64>], logits: &mut [f32]) -> Result<(), Error> {
+        let len = prompt[0].len();
+        let input = |name: &str| p.loaded().meta.inputs.iter().find(|i| i.name == name).and_then(IoSpec::ty);
+        let (takes, last) = (input("ids"), input("last"));
+        let width = match takes.as_ref().map(|t| t.shape.as_slice()) {
+            Some(&[b, w]) if b == c.batch && (w == len || last.is_some() && w > len) => w,
+            _ => {
+                let most = match (&takes, &last) {
+                    (Some(t), Some(_)) if t.rank() == 2 => format!(": prompts of at most {} ids", t.shape[1]),
+                    _ => String::new(),
+                };
+                return Err(Error::State(format!(
+                    "the prefill takes ids {}{most}, where the prompt is [{}, {len}] (docs/generation.md)",
+                    takes.map_or("of no known type".into(), |t| t.to_string()),
+                    c.batch
+                )));
+            }
+        };
+        let ids: Vec<i64> =
+            prompt.iter().flat_map(|row| row.iter().copied().chain(std::iter::repeat_n(0, width - len))).collect();
+        let ids = index_tensor(c.ids, vec![c.batch, width], &ids);
+        let at = last.map(|t| index_tensor(t.dtype, vec![1], &[len as i64 - 1]));
+        let mut inputs = vec![("ids", TensorView::of(&ids))];
+        inputs.extend(at.as_ref().map(|t| ("last", TensorView::of(t))));
+        let out = p.run(&inputs)?;
+        let all = out.get("logits").and_then(|l| l.as_f32()).filter(|l| l.len() % (c.batch * c.vocab) == 0);
+        let all = all.ok_or_else(|| {
+            Error::State("not a prefill (docs/generation.md): it gives no f32 logits [batch, len, vocab]".into())
+        })?;
+        // Each sequence's last position's logits pick its first new token: the one row a
+        // prefill with `last` gives, else the last of all.
+        let rows = all.len() / (c.batch * c.vocab);
+        for (b, row) in logits.chunks_mut(c.vocab).enumerate() {
+            let at = (b * rows + rows - 1) * c.vocab;
+            row.copy_from_slice(&all[at..at + c.vocab]);
+        }
+        let blocks = prefilled(c, &out, width)?;
+        self.set_state_with(|k, i, d, dst| {
+            if let Some((axis, bytes)) = blocks[k] {
+                self.loaded().cut_prefix(i, d, (axis, width, len), bytes, dst);
+            }
+        })
     }
 }
 

@@ -119,15 +119,23 @@ impl Loaded {
         });
     }
 
-    /// `cut_block` of a prefix of input `i`: `bytes` hold its first `len` positions along
-    /// `axis` (a tensor of its shape but for `len` there), which go to the front of that
-    /// axis in device `d`'s block (`dst`); the rest of `dst` is left as it is.
-    pub fn cut_prefix(&self, i: usize, d: usize, (axis, len): (usize, usize), bytes: &[u8], dst: &mut [u8]) {
+    /// `cut_block` of a prefix of input `i`: `bytes` hold its first `have` positions along
+    /// `axis` (a tensor of its shape but for `have` there), of which the first `len` go to
+    /// the front of that axis in device `d`'s block (`dst`); the rest of `dst` is left as
+    /// it is.
+    pub fn cut_prefix(
+        &self,
+        i: usize,
+        d: usize,
+        (axis, have, len): (usize, usize, usize),
+        bytes: &[u8],
+        dst: &mut [u8],
+    ) {
         let blocks = &self.inputs[i];
         let Some(block) = &blocks.of[d] else { return };
         self.host_copies.fetch_add(1, Ordering::Relaxed);
         let mut whole = self.meta.inputs[i].shape.clone();
-        whole[axis] = len;
+        whole[axis] = have;
         let mut extent = block.shape.clone();
         extent[axis] = len.saturating_sub(block.at[axis]).min(block.shape[axis]);
         let e = blocks.elem;
