@@ -85,6 +85,29 @@ typedef enum meshc_dtype {
 } meshc_dtype;
 
 /*
+ How meshc_session_generate picks each new token.
+ */
+typedef enum meshc_sampling {
+  /*
+   The highest logit (the first of equal ones); `value` is not read.
+   */
+  MESHC_GREEDY = 0,
+  /*
+   From softmax(logits / T), T = `value` > 0.
+   */
+  MESHC_TEMPERATURE = 1,
+  /*
+   From the K = `value` highest logits (a whole number ≥ 1).
+   */
+  MESHC_TOP_K = 2,
+  /*
+   From the smallest set of the highest logits whose probabilities reach P = `value`,
+   in (0, 1].
+   */
+  MESHC_TOP_P = 3,
+} meshc_sampling;
+
+/*
  An opened artifact (meshc_model_open).
  */
 typedef struct meshc_model meshc_model;
@@ -123,6 +146,34 @@ typedef struct meshc_tensor {
   const size_t *shape;
   void *data;
 } meshc_tensor;
+
+/*
+ What meshc_session_generate does besides the prompt (docs/generation.md).
+ */
+typedef struct meshc_generate_options {
+  /*
+   At most this many new tokens per sequence.
+   */
+  size_t max_new_tokens;
+  /*
+   The positions a sequence may take, prompt included: at most the artifact's.
+   */
+  size_t context;
+  enum meshc_sampling sampling;
+  /*
+   The sampling's T, K or P.
+   */
+  double value;
+  /*
+   The seed of the random draws: the same seed gives the same tokens.
+   */
+  uint64_t seed;
+  /*
+   `stop[0..n_stop]`: a sequence that emits one of these ids stops (NULL when 0).
+   */
+  const int64_t *stop;
+  size_t n_stop;
+} meshc_generate_options;
 
 #ifdef __cplusplus
 extern "C" {
@@ -247,6 +298,29 @@ enum meshc_status meshc_session_set_state(const struct meshc_session *session,
 enum meshc_status meshc_session_get_state(const struct meshc_session *session,
                                           const struct meshc_tensor *state,
                                           size_t n_state);
+
+/*
+ Generates tokens after `prompt` (`batch` rows of `prompt_len` ids, row-major) on the
+ decode-step artifact of `session`: its caches start empty, the prompt runs through
+ `prefill` (a prefill artifact's session) in one call, or one position a step when
+ `prefill` is NULL, then each new token is sampled and fed back. `out` receives
+ `batch × max_new_tokens` ids, row-major, -1 after a sequence's stop token and after the
+ last step; `*steps` (if not NULL) the number of steps run, less than max_new_tokens when
+ every sequence stopped first.
+
+ # Safety
+ `prompt` points to `batch × prompt_len` int64, `out` to `batch × max_new_tokens`
+ writable int64, `options` to one meshc_generate_options whose `stop` points to `n_stop`
+ int64.
+ */
+enum meshc_status meshc_session_generate(const struct meshc_session *session,
+                                         const struct meshc_session *prefill,
+                                         const int64_t *prompt,
+                                         size_t batch,
+                                         size_t prompt_len,
+                                         const struct meshc_generate_options *options,
+                                         int64_t *out,
+                                         size_t *steps);
 
 /*
  One training step: `inputs` are the batch (every input that is not state), the state on

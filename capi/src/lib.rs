@@ -609,6 +609,119 @@ pub unsafe extern "C" fn meshc_session_get_state(
     })
 }
 
+/// How meshc_session_generate picks each new token.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum meshc_sampling {
+    /// The highest logit (the first of equal ones); `value` is not read.
+    MESHC_GREEDY = 0,
+    /// From softmax(logits / T), T = `value` > 0.
+    MESHC_TEMPERATURE = 1,
+    /// From the K = `value` highest logits (a whole number ≥ 1).
+    MESHC_TOP_K = 2,
+    /// From the smallest set of the highest logits whose probabilities reach P = `value`,
+    /// in (0, 1].
+    MESHC_TOP_P = 3,
+}
+
+/// What meshc_session_generate does besides the prompt (docs/generation.md).
+#[repr(C)]
+pub struct meshc_generate_options {
+    /// At most this many new tokens per sequence.
+    pub max_new_tokens: usize,
+    /// The positions a sequence may take, prompt included: at most the artifact's.
+    pub context: usize,
+    pub sampling: meshc_sampling,
+    /// The sampling's T, K or P.
+    pub value: f64,
+    /// The seed of the random draws: the same seed gives the same tokens.
+    pub seed: u64,
+    /// `stop[0..n_stop]`: a sequence that emits one of these ids stops (NULL when 0).
+    pub stop: *const i64,
+    pub n_stop: usize,
+}
+
+/// Generates tokens after `prompt` (`batch` rows of `prompt_len` ids, row-major) on the
+/// decode-step artifact of `session`: its caches start empty, the prompt runs through
+/// `prefill` (a prefill artifact's session) in one call, or one position a step when
+/// `prefill` is NULL, then each new token is sampled and fed back. `out` receives
+/// `batch × max_new_tokens` ids, row-major, -1 after a sequence's stop token and after the
+/// last step; `*steps` (if not NULL) the number of steps run, less than max_new_tokens when
+/// every sequence stopped first.
+///
+/// # Safety
+/// `prompt` points to `batch × prompt_len` int64, `out` to `batch × max_new_tokens`
+/// writable int64, `options` to one meshc_generate_options whose `stop` points to `n_stop`
+/// int64.
+#[no_mangle]
+pub unsafe extern "C" fn meshc_session_generate(
+    session: *const meshc_session,
+    prefill: *const meshc_session,
+    prompt: *const i64,
+    batch: usize,
+    prompt_len: usize,
+    options: *const meshc_generate_options,
+    out: *mut i64,
+    steps: *mut usize,
+) -> meshc_status {
+    guard("meshc_session_generate", || {
+        let session = session_of(session)?;
+        let prefill = if prefill.is_null() { None } else { Some(session_of(prefill)?) };
+        if prompt.is_null() || options.is_null() || out.is_null() {
+            return Err(Fail(meshc_status::MESHC_NULL, "prompt, options and out must not be NULL".into()));
+        }
+        // SAFETY: the caller's contract.
+        let o = unsafe { &*options };
+        let invalid = |why: String| Fail(meshc_status::MESHC_INVALID, why);
+        let sampling = match o.sampling {
+            meshc_sampling::MESHC_GREEDY => "greedy".to_string(),
+            meshc_sampling::MESHC_TEMPERATURE => format!("temperature:{}", o.value),
+            meshc_sampling::MESHC_TOP_K if o.value.fract() == 0.0 => format!("top-k:{}", o.value),
+            meshc_sampling::MESHC_TOP_K => {
+                return Err(invalid(format!("top-k: K = {} is not a whole number", o.value)))
+            }
+            meshc_sampling::MESHC_TOP_P => format!("top-p:{}", o.value),
+        };
+        let sampling = sampling.parse::<meshc_runtime::api::Sampling>().map_err(invalid)?;
+        let stop = match o.n_stop {
+            0 => Vec::new(),
+            _ if o.stop.is_null() => {
+                return Err(Fail(meshc_status::MESHC_NULL, "stop is NULL, n_stop is not 0".into()))
+            }
+            // SAFETY: the caller's contract.
+            n => unsafe { std::slice::from_raw_parts(o.stop, n) }.to_vec(),
+        };
+        let cells = batch.checked_mul(prompt_len).ok_or_else(|| invalid("batch × prompt_len overflows".into()))?;
+        let room =
+            batch.checked_mul(o.max_new_tokens).ok_or_else(|| invalid("batch × max_new_tokens overflows".into()))?;
+        // SAFETY: the caller's contract.
+        let ids = unsafe { std::slice::from_raw_parts(prompt, cells) };
+        let rows: Vec<Vec<i64>> = (0..batch).map(|b| ids[b * prompt_len..(b + 1) * prompt_len].to_vec()).collect();
+        let options = meshc_runtime::api::GenerateOptions {
+            max_new_tokens: o.max_new_tokens,
+            context: o.context,
+            sampling,
+            seed: o.seed,
+            stop,
+        };
+        let got = match &prefill {
+            Some(p) => session.generate_with_prefill(p, &rows, &options)?,
+            None => session.generate(&rows, &options)?,
+        };
+        // SAFETY: the caller's contract.
+        let out = unsafe { std::slice::from_raw_parts_mut(out, room) };
+        out.fill(-1);
+        for (row, tokens) in out.chunks_mut(o.max_new_tokens.max(1)).zip(&got.tokens) {
+            row[..tokens.len()].copy_from_slice(tokens);
+        }
+        if !steps.is_null() {
+            // SAFETY: the caller's contract.
+            unsafe { *steps = got.steps };
+        }
+        Ok(())
+    })
+}
+
 /// One training step: `inputs` are the batch (every input that is not state), the state on
 /// the devices is read and replaced, and each of `outputs` (the loss, any output of the
 /// graph) is written into its `data`, as meshc_session_run writes them.

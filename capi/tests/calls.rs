@@ -206,3 +206,67 @@ fn dim_names_read_back_as_the_graph_gives_them_null_where_unnamed() {
     assert_eq!(name(0, 0, 0), None);
     assert_eq!(last_error(), "model is not open (freed already, or not a model)");
 }
+
+#[test]
+fn an_onnx_decoder_generates_torchs_greedy_ids_from_c() {
+    let d = "testdata/onnx_decoders/gpt2";
+    let model = format!("{d}/model.onnx");
+    let args = ["--decode-context", "40", "--decode-batch", "2"];
+    let step = compile(&model, "gpt2-step", &args);
+    let prefill = compile(&model, "gpt2-prefill", &[&args[..], &["--decode-prefill", "5"]].concat());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let read = |f: &str| match Tensor::read_npy(&root.join(d).join(f)).unwrap().data {
+        meshc_ir::Data::I64(v) => v,
+        _ => panic!("{f} holds int64"),
+    };
+    let (prompt, want) = (read("prompt.npy"), read("greedy.npy"));
+    let ((m, s), (pm, ps)) = (open(&step), open(&prefill));
+    let mut options = meshc_generate_options {
+        max_new_tokens: 32,
+        context: 40,
+        sampling: meshc_sampling::MESHC_GREEDY,
+        value: 0.0,
+        seed: 0,
+        stop: std::ptr::null(),
+        n_stop: 0,
+    };
+    let mut out = vec![0i64; 2 * 32];
+    let mut steps = 0usize;
+    // SAFETY: the prompt holds 2 × 5 ids, out 2 × 32, and options is one struct.
+    unsafe {
+        for by in [std::ptr::null(), ps.cast_const()] {
+            out.fill(0);
+            ok(meshc_session_generate(s, by, prompt.as_ptr(), 2, 5, &options, out.as_mut_ptr(), &mut steps));
+            assert_eq!((&out, steps), (&want, 32), "with the prefill: {}", !by.is_null());
+        }
+        // A stop id ends its sequence: -1 after it.
+        let stop = [want[3]];
+        (options.stop, options.n_stop) = (stop.as_ptr(), 1);
+        ok(meshc_session_generate(s, ps, prompt.as_ptr(), 2, 5, &options, out.as_mut_ptr(), &mut steps));
+        for (got, want) in out.chunks(32).zip(want.chunks(32)) {
+            let end = want.iter().position(|&t| t == stop[0]).map_or(32, |i| i + 1);
+            assert_eq!(&got[..end], &want[..end]);
+            assert!(got[end..].iter().all(|&t| t == -1), "{got:?}");
+        }
+        // Refusals: a NULL prompt, a K that is not whole, a prompt of another batch.
+        let refused = |status: meshc_status, want: &str| {
+            assert_ne!(status, meshc_status::MESHC_OK);
+            assert!(last_error().contains(want), "{}", last_error());
+        };
+        let o = &options;
+        let none = std::ptr::null();
+        refused(
+            meshc_session_generate(s, none, std::ptr::null(), 2, 5, o, out.as_mut_ptr(), &mut steps),
+            "must not be NULL",
+        );
+        let top = meshc_generate_options { sampling: meshc_sampling::MESHC_TOP_K, value: 1.5, ..options };
+        refused(meshc_session_generate(s, none, prompt.as_ptr(), 2, 5, &top, out.as_mut_ptr(), &mut steps), "1.5");
+        refused(meshc_session_generate(s, none, prompt.as_ptr(), 1, 5, o, out.as_mut_ptr(), &mut steps), "batch of 2");
+        for h in [s, ps] {
+            meshc_session_free(h);
+        }
+        for h in [m, pm] {
+            meshc_model_free(h);
+        }
+    }
+}
