@@ -2,6 +2,10 @@
 //! fed one position a step, then each step's sampled token fed back, with the KV caches
 //! kept on the devices between steps as the artifact's state (`Session::set_state`).
 //!
+//! Over hosts (`Session::set_transport`) every host runs the same loop on its own devices'
+//! blocks of the caches: only host 0 gets the logits, so it samples, and the ids it picks
+//! (and a prefill's caches) are broadcast to the others before they run on.
+//!
 //! A decode-step artifact takes `ids` (i32 or i64 `[batch, 1]`: each sequence's token at
 //! this step) and `pos` (i32 or i64 `[1]`: its position), gives `logits` (f32 `[batch, 1,
 //! vocab]` or `[batch, vocab]`), and every other input S is state with an output `next.S`
@@ -263,20 +267,28 @@ impl Session {
                 }
                 let ids: Vec<i64> = prompt.concat();
                 let out = p.run(&[("ids", TensorView::of(&index_tensor(c.ids, vec![c.batch, len], &ids)))])?;
-                let all = out.get("logits").and_then(|l| l.as_f32()).filter(|l| l.len() % (c.batch * c.vocab) == 0);
-                let all = all.ok_or_else(|| {
-                    Error::State(
-                        "not a prefill (docs/generation.md): it gives no f32 logits [batch, len, vocab]".into(),
-                    )
-                })?;
-                // Each sequence's last position's logits pick its first new token.
-                let rows = all.len() / (c.batch * c.vocab);
-                for (b, row) in logits.chunks_mut(c.vocab).enumerate() {
-                    let at = (b * rows + rows - 1) * c.vocab;
-                    row.copy_from_slice(&all[at..at + c.vocab]);
-                }
-                self.set_state(&prefilled(&c, &out, len)?)?;
-                g.pick(&logits, c.vocab);
+                // Under hosts only host 0 has the prefill's outputs: it makes the state,
+                // and gives it to the others, whose zeros stand in until then.
+                let state = match p.loaded().host() {
+                    0 => {
+                        let all = out.get("logits").and_then(|l| l.as_f32());
+                        let all = all.filter(|l| l.len() % (c.batch * c.vocab) == 0).ok_or_else(|| {
+                            Error::State(
+                                "not a prefill (docs/generation.md): it gives no f32 logits [batch, len, vocab]".into(),
+                            )
+                        })?;
+                        // Each sequence's last position's logits pick its first new token.
+                        let rows = all.len() / (c.batch * c.vocab);
+                        for (b, row) in logits.chunks_mut(c.vocab).enumerate() {
+                            let at = (b * rows + rows - 1) * c.vocab;
+                            row.copy_from_slice(&all[at..at + c.vocab]);
+                        }
+                        prefilled(&c, &out, len)?
+                    }
+                    _ => c.state.iter().cloned().collect(),
+                };
+                self.set_state(&self.host_0s(state)?)?;
+                self.pick(&mut g, &logits, c.vocab)?;
                 len
             }
         };
@@ -295,10 +307,45 @@ impl Session {
             let view = TensorViewMut::new(&mut logits, &shape)?;
             self.step_into(&[("ids", TensorView::of(&ids)), ("pos", TensorView::of(&at))], &mut [("logits", view)])?;
             if pos + 1 >= len {
-                g.pick(&logits, c.vocab);
+                self.pick(&mut g, &logits, c.vocab)?;
             }
         }
         Ok(Generated { tokens: g.out, steps: g.steps })
+    }
+
+    /// One step's picks from `logits` (`[batch, vocab]`). Under hosts only host 0 has the
+    /// logits: it picks, and every host records its picks, so that each feeds the same
+    /// ids next and stops after the same step (the same stop ids, which every host is
+    /// given alike, end the same sequences), and none waits for a step the others skip.
+    fn pick(&self, g: &mut Picks, logits: &[f32], vocab: usize) -> Result<(), Error> {
+        let picks = match self.loaded().host() {
+            0 => g.choose(logits, vocab),
+            _ => vec![-1; g.out.len()],
+        };
+        let picks = match self.loaded().spans_hosts() {
+            false => picks,
+            true => {
+                let mut bytes: Vec<u8> = picks.iter().flat_map(|t| t.to_le_bytes()).collect();
+                self.loaded().broadcast(&mut bytes).map_err(|e| Error::from_run(e, Error::Run))?;
+                bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes"))).collect()
+            }
+        };
+        g.record(&picks);
+        Ok(())
+    }
+
+    /// Host 0's `state` on every host (under hosts; else `state` itself): each tensor's
+    /// bytes in name order, which every host's map shares.
+    fn host_0s(&self, mut state: BTreeMap<String, Tensor>) -> Result<BTreeMap<String, Tensor>, Error> {
+        if !self.loaded().spans_hosts() {
+            return Ok(state);
+        }
+        for t in state.values_mut() {
+            let mut bytes = t.to_le_bytes();
+            self.loaded().broadcast(&mut bytes).map_err(|e| Error::from_run(e, Error::Run))?;
+            *t = Tensor::from_le_bytes(&t.ty(), &bytes);
+        }
+        Ok(state)
     }
 }
 
@@ -311,19 +358,27 @@ struct Picks<'a> {
 }
 
 impl Picks<'_> {
-    /// One step's picks from `logits`, `[batch, vocab]`, for every sequence not stopped.
-    fn pick(&mut self, logits: &[f32], vocab: usize) {
+    /// One step's picks from `logits`, `[batch, vocab]`: the token of every sequence not
+    /// stopped, -1 for the others.
+    fn choose(&self, logits: &[f32], vocab: usize) -> Vec<i64> {
         let batch = self.out.len();
-        for (b, row) in logits.chunks(vocab).enumerate() {
-            if self.done[b] {
-                continue;
-            }
+        let pick = |(b, row): (usize, &[f32])| match self.done[b] {
+            true => -1,
             // Each (step, sequence) its own draw: a sequence that stops changes no other's
             // tokens.
-            let draw = (self.steps * batch + b) as u64;
-            let t = sample(row, self.options.sampling, self.options.seed, draw) as i64;
-            self.out[b].push(t);
-            self.done[b] = self.options.stop.contains(&t);
+            false => sample(row, self.options.sampling, self.options.seed, (self.steps * batch + b) as u64) as i64,
+        };
+        logits.chunks(vocab).enumerate().map(pick).collect()
+    }
+
+    /// A step's `picks` (`choose`) taken: each sequence not stopped gets its token, and
+    /// stops if it is a stop id.
+    fn record(&mut self, picks: &[i64]) {
+        for (b, &t) in picks.iter().enumerate() {
+            if !self.done[b] {
+                self.out[b].push(t);
+                self.done[b] = self.options.stop.contains(&t);
+            }
         }
         self.steps += 1;
     }
