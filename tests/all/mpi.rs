@@ -404,9 +404,14 @@ fn onnx_decoders_generate_torchs_greedy_ids_over_two_mpi_hosts() {
         let name = Path::new(d).file_name().unwrap().to_string_lossy().to_string();
         let (model, prompt) = (format!("{d}/model.onnx"), format!("{d}/prompt.npy"));
         let want = rows(&format!("{d}/greedy.npy"));
-        let spec = dir.join(format!("{name}-hosts.json"));
-        with_hosts(Path::new(&format!("{d}/layouts/heads-2.json")), &serde_json::json!({"axis": "model"}), &spec);
-        let spec = spec.display().to_string();
+        let spec = format!("{d}/layouts/heads-2-hosts.json");
+        let heads_2: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(format!("{d}/layouts/heads-2.json")).unwrap()).unwrap();
+        let mut hosts: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&spec).unwrap()).unwrap();
+        assert_eq!(hosts["hosts"].take(), serde_json::json!({"axis": "model"}), "{spec}");
+        assert_eq!(hosts.as_object().unwrap().len(), 4, "{spec}");
+        hosts.as_object_mut().unwrap().remove("hosts");
+        assert_eq!(hosts, heads_2, "{spec} is heads-2.json over two hosts");
         let generate = |what: &str, extra: &[&str]| {
             let mut args = vec!["generate".to_string(), what.to_string(), "--prompt".into(), prompt.clone()];
             args.extend(["--context", "37", "--max-new-tokens", "32", "--transport", "mpi"].map(String::from));
