@@ -9,7 +9,7 @@
 //! `tools/mpirun-replan` restarts a job that lost a host without that host. And `meshc
 //! generate --transport mpi`: the ONNX decoders with their heads split over 2 hosts × 1
 //! device generate torch's greedy ids, with and without a prefill, and stop alike on every
-//! rank.
+//! rank; ranks given other stop ids are refused before the first step.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -444,4 +444,49 @@ fn onnx_decoders_generate_torchs_greedy_ids_over_two_mpi_hosts() {
         let got = printed(&generate(&step, &["--prefill", &prefill, "--stop", &stop]));
         assert_eq!(got, [want[0][..=i].to_vec(), want[1].clone()], "{name}: --stop {stop}");
     }
+}
+
+/// Ranks of one generation given other stop ids would stop after different steps, one
+/// then waiting for picks that never come: they are refused before the first step, every
+/// rank naming the one that differs.
+#[test]
+fn generate_ranks_given_other_stop_ids_end_the_job_naming_the_rank() {
+    let dir = scratch("mpi-generate-agree");
+    let spec = dir.join("heads-hosts.json");
+    with_hosts(Path::new("testdata/decoder/layouts/heads-2.json"), &serde_json::json!({"axis": "model"}), &spec);
+    let art = dir.join("decoder.mshc");
+    compile(Path::new("testdata/decoder/graph.json"), &spec, &art);
+    let command = |extra: &[&str]| -> String {
+        let mut a = vec![env!("CARGO_BIN_EXE_meshc").to_string(), "generate".into(), art.display().to_string()];
+        a.extend(
+            ["--prompt", "testdata/decoder/generate/prompt.npy", "--context", "16", "--max-new-tokens", "4"]
+                .map(String::from),
+        );
+        a.extend(["--transport", "mpi"].map(String::from));
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a.iter().map(|s| format!("'{s}'")).collect::<Vec<_>>().join(" ")
+    };
+    let script = dir.join("rank.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nif [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then exec {}; fi\nexec {}\n",
+            command(&["--stop", "3"]),
+            command(&[])
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let start = Instant::now();
+    let out = Command::new("tools/mpirun-hosts").arg("2").arg(&script).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let want = "host 1 (device 1) was given other options (--max-new-tokens, --context, --sample, --seed, --stop) \
+                than host 0 (device 0)";
+    assert!(
+        stderr.contains(&format!("error: host 0: {want}")) || stderr.contains(&format!("error: host 1: {want}")),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(start.elapsed() < Duration::from_secs(15), "{:?}", start.elapsed());
 }
