@@ -8,7 +8,8 @@ transformers config with seeded random weights (nothing is downloaded):
 - llama: LlamaForCausalLM, rotary positions, grouped-query attention (4 query heads over 2
   key/value heads), RMSNorm and a SwiGLU MLP.
 
-For each, OUT/NAME/ gets model.onnx, layouts/heads-2.json, prompt.npy (int64 [2, 5]) and greedy.npy: the 32 ids
+For each, OUT/NAME/ gets model.onnx, layouts/heads-2.json (and heads-2-hosts.json, its
+devices over two MPI hosts), prompt.npy (int64 [2, 5]) and greedy.npy: the 32 ids
 transformers' `generate()` picks greedily on torch with its own KV cache. The script checks
 that onnxruntime, stepping the exported file with past/present, picks the same ids, and that
 at every step the top logit leads the next by more than 1e-3 (so f32 rounding in another
@@ -175,6 +176,10 @@ def main():
             spec = {"format": "meshc-layout/1", "mesh": {"shape": [2], "axes": ["model"]}, "layouts": HEADS_2[name]}
             with open(os.path.join(d, "layouts", "heads-2.json"), "w") as f:
                 json.dump(spec, f, indent=1)
+            # The same split with each of the two devices its own MPI host (issue 37's
+            # 2x1; tests/all/mpi.rs).
+            with open(os.path.join(d, "layouts", "heads-2-hosts.json"), "w") as f:
+                json.dump({**spec, "hosts": {"axis": "model"}}, f, indent=1)
         np.save(os.path.join(d, "prompt.npy"), prompt)
         np.save(os.path.join(d, "greedy.npy"), ids.astype(np.int64))
         print(f"{d}: {os.path.getsize(path) / 1e3:.0f} kB, margin {margin:.3g}", file=sys.stderr)

@@ -25,7 +25,7 @@ fn greedy() -> Vec<Vec<i64>> {
     rows("testdata/decoder/generate/greedy.npy")
 }
 
-fn rows(path: &str) -> Vec<Vec<i64>> {
+pub(crate) fn rows(path: &str) -> Vec<Vec<i64>> {
     let t = Tensor::read_npy(Path::new(path)).unwrap();
     let Data::I64(v) = &t.data else { panic!("{path} holds int64") };
     v.chunks(t.shape[1]).map(<[i64]>::to_vec).collect()
@@ -40,7 +40,7 @@ fn refused_in_one_line(cases: &[(Vec<&str>, &str)]) {
     }
 }
 
-fn printed(stdout: &str) -> Vec<Vec<i64>> {
+pub(crate) fn printed(stdout: &str) -> Vec<Vec<i64>> {
     stdout.lines().map(|l| l.split(' ').map(|t| t.parse().unwrap()).collect()).collect()
 }
 
@@ -171,7 +171,7 @@ fn refusals_are_one_line() {
 }
 
 /// The tiny decoders tools/export_decoders.py exported, with 32 greedy ids from torch.
-const DECODERS: [&str; 2] = ["testdata/onnx_decoders/gpt2", "testdata/onnx_decoders/llama"];
+pub(crate) const DECODERS: [&str; 2] = ["testdata/onnx_decoders/gpt2", "testdata/onnx_decoders/llama"];
 
 #[test]
 fn onnx_decoders_generate_torchs_greedy_ids() {

@@ -7,7 +7,9 @@
 //! Every testdata graph × layout, its devices over 2 hosts and over hosts of 2 devices,
 //! gives outputs bit-identical to the in-process run of the same artifact; so does the
 //! degraded 4×4 torus over 4 hosts. A recv whose send never comes ends every host's run
-//! with a timeout naming the key, devices and hosts.
+//! with a timeout naming the key, devices and hosts. A decoder whose heads are split over
+//! 2 hosts generates its greedy ids with the caches resident on each host, and its state
+//! gathered on host 0 is the in-process run's.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -300,14 +302,19 @@ fn without_the_mpi_feature_transport_mpi_says_how_to_build_it() {
     let dir = scratch("hosts-no-mpi");
     let art = dir.join("t.mshc");
     compile(Path::new("testdata/transformer/graph.json"), Path::new("testdata/transformer/hosts/mp-2x4.json"), &art);
-    let run = meshc(&["run", &art.display().to_string(), "--transport", "mpi"]);
-    assert_eq!(run.status, Some(1));
-    assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
-    assert!(
-        run.stderr.contains("built without MPI; build it with `cargo build --release --features mpi`"),
-        "{}",
-        run.stderr
-    );
+    let art = art.display().to_string();
+    let prompt = "testdata/decoder/generate/prompt.npy";
+    let generate = ["generate", &art, "--prompt", prompt, "--context", "8", "--max-new-tokens", "2"];
+    for args in [&["run", &art][..], &generate] {
+        let run = meshc(&[args, &["--transport", "mpi"]].concat());
+        assert_eq!(run.status, Some(1), "{args:?}");
+        assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
+        assert!(
+            run.stderr.contains("built without MPI; build it with `cargo build --release --features mpi`"),
+            "{}",
+            run.stderr
+        );
+    }
 }
 
 /// Collective `op` over 4 devices on a 1-D torus, the input x [4·rows, 4] split over the
@@ -406,4 +413,52 @@ fn collectives_across_hosts(rows: usize) {
             identical(&got[0], &want).unwrap_or_else(|e| panic!("{op:?} over {hosts:?}: {e}"));
         }
     }
+}
+
+/// The decode step of testdata/decoder, its heads (and caches) split over two hosts of one
+/// device: `Session::generate` on each host (host 0 sampling, its ids broadcast) gives the
+/// numpy reference's greedy ids on every host, and `Session::state` afterwards gathers on
+/// host 0 the caches an in-process run of the same artifact leaves, bit for bit; host 1
+/// gets none.
+#[test]
+fn a_decoder_over_two_hosts_generates_and_gathers_its_state_on_host_0() {
+    use meshc_runtime::api::{GenerateOptions, Model, Sampling, Session};
+    let dir = scratch("hosts-generate");
+    let spec = dir.join("heads-hosts.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string("testdata/decoder/layouts/heads-2.json").unwrap()).unwrap();
+    v["hosts"] = serde_json::json!({"axis": "model"});
+    std::fs::write(&spec, v.to_string()).unwrap();
+    let art = dir.join("decoder.mshc");
+    compile(Path::new("testdata/decoder/graph.json"), &spec, &art);
+    let prompt = crate::generate::rows("testdata/decoder/generate/prompt.npy");
+    let want = crate::generate::rows("testdata/decoder/generate/greedy.npy");
+    let options =
+        GenerateOptions { max_new_tokens: 14, context: 16, sampling: Sampling::Greedy, seed: 0, stop: Vec::new() };
+    let model = Model::open(&art).unwrap();
+    let here = Session::new(&model).unwrap();
+    assert_eq!(here.generate(&prompt, &options).unwrap().tokens, want);
+    let state = here.state().unwrap();
+    let got: Vec<_> = std::thread::scope(|s| {
+        let runs: Vec<_> = Threads::joined(2)
+            .into_iter()
+            .map(|t| {
+                let (model, prompt, options) = (&model, &prompt, &options);
+                s.spawn(move || {
+                    let mut session = Session::new(model).unwrap();
+                    session.set_transport(t).unwrap();
+                    let ids = session.generate(prompt, options).unwrap().tokens;
+                    (ids, session.state().unwrap())
+                })
+            })
+            .collect();
+        runs.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    assert_eq!(got[0].0, want);
+    assert_eq!(got[1].0, want, "host 1 records host 0's picks");
+    assert_eq!(got[0].1.keys().collect::<Vec<_>>(), ["k_cache", "v_cache"]);
+    for (name, t) in &state {
+        assert_eq!(got[0].1[name].to_le_bytes(), t.to_le_bytes(), "{name}");
+    }
+    assert!(got[1].1.is_empty());
 }

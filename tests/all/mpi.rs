@@ -6,13 +6,17 @@
 //! A recv whose send never comes (`--stop-host`: rank 0 stops itself between two runs)
 //! ends the job with exit 1 and a message naming the key, devices and hosts; a rank
 //! killed mid-run ends it with a non-zero exit within the timeout;
-//! `tools/mpirun-replan` restarts a job that lost a host without that host.
+//! `tools/mpirun-replan` restarts a job that lost a host without that host. And `meshc
+//! generate --transport mpi`: the ONNX decoders with their heads split over 2 hosts × 1
+//! device generate torch's greedy ids, with and without a prefill, and stop alike on every
+//! rank; ranks given other stop ids are refused before the first step.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::{input_args, layout_cases, meshc, scratch, Scratch};
+use crate::generate::{printed, rows, DECODERS};
 use crate::hosts::{compile, groupings};
 
 /// `tools/mpirun-hosts HOSTS meshc ARGS...`.
@@ -385,4 +389,104 @@ fn ranks_that_differ_in_artifact_options_or_inputs_end_the_job_naming_the_rank()
         );
         assert!(start.elapsed() < Duration::from_secs(15), "{differs}: {:?}", start.elapsed());
     }
+}
+
+/// Issue 37's 2×1 (hosts × devices): each decoder's heads split over a model axis whose two
+/// devices are two MPI hosts, the caches resident on each host's device between steps and
+/// only host 0 sampling. The ids are torch's greedy ones, which the one-device run gives
+/// too (tests/all/generate.rs), so every split agrees exactly: from the ONNX file (its
+/// prefill compiled beside it), from artifacts with and without `--prefill`, and with a
+/// stop id that ends one sequence early, after which every rank stops at the same step.
+#[test]
+fn onnx_decoders_generate_torchs_greedy_ids_over_two_mpi_hosts() {
+    let dir = scratch("mpi-generate");
+    for d in DECODERS {
+        let name = Path::new(d).file_name().unwrap().to_string_lossy().to_string();
+        let (model, prompt) = (format!("{d}/model.onnx"), format!("{d}/prompt.npy"));
+        let want = rows(&format!("{d}/greedy.npy"));
+        let spec = format!("{d}/layouts/heads-2-hosts.json");
+        let heads_2: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(format!("{d}/layouts/heads-2.json")).unwrap()).unwrap();
+        let mut hosts: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&spec).unwrap()).unwrap();
+        assert_eq!(hosts["hosts"].take(), serde_json::json!({"axis": "model"}), "{spec}");
+        assert_eq!(hosts.as_object().unwrap().len(), 4, "{spec}");
+        hosts.as_object_mut().unwrap().remove("hosts");
+        assert_eq!(hosts, heads_2, "{spec} is heads-2.json over two hosts");
+        let generate = |what: &str, extra: &[&str]| {
+            let mut args = vec!["generate".to_string(), what.to_string(), "--prompt".into(), prompt.clone()];
+            args.extend(["--context", "37", "--max-new-tokens", "32", "--transport", "mpi"].map(String::from));
+            args.extend(extra.iter().map(|s| s.to_string()));
+            let out = mpirun(2, &args);
+            let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+            assert!(out.status.success(), "{name} {extra:?}: {stderr}");
+            // Host 0 alone reports.
+            assert_eq!(stderr.matches("new tokens in").count(), 1, "{name} {extra:?}: {stderr}");
+            String::from_utf8_lossy(&out.stdout).to_string()
+        };
+        assert_eq!(printed(&generate(&model, &["--layout", &spec])), want, "{name}: the ONNX file");
+        let compile = |extra: &[&str], out: &str| {
+            let out = dir.join(format!("{name}-{out}")).display().to_string();
+            let args = ["compile", &model, "--decode-context", "37", "--decode-batch", "2", "--layout", &spec, "-o"];
+            let r = meshc(&[&args[..], &[out.as_str()], extra].concat());
+            assert_eq!(r.status, Some(0), "{name}: {r:?}");
+            out
+        };
+        let (step, prefill) = (compile(&[], "step.mshc"), compile(&["--decode-prefill", "5"], "prefill.mshc"));
+        assert_eq!(printed(&generate(&step, &["--prefill", &prefill])), want, "{name}: with the prefill");
+        let ids = dir.join(format!("{name}-ids.npy"));
+        let stdout = generate(&step, &["--output", ids.to_str().unwrap()]);
+        assert!(stdout.is_empty(), "{name}: {stdout}");
+        assert_eq!(rows(ids.to_str().unwrap()), want, "{name}: the prompt fed a step at a time");
+        // Sequence 0's first greedy id that sequence 1 never emits stops sequence 0 there;
+        // sequence 1 runs on to the end.
+        let i = (1..32).find(|&i| !want[1].contains(&want[0][i]) && !want[0][..i].contains(&want[0][i])).unwrap();
+        let stop = want[0][i].to_string();
+        let got = printed(&generate(&step, &["--prefill", &prefill, "--stop", &stop]));
+        assert_eq!(got, [want[0][..=i].to_vec(), want[1].clone()], "{name}: --stop {stop}");
+    }
+}
+
+/// Ranks of one generation given other stop ids would stop after different steps, one
+/// then waiting for picks that never come: they are refused before the first step, every
+/// rank naming the one that differs.
+#[test]
+fn generate_ranks_given_other_stop_ids_end_the_job_naming_the_rank() {
+    let dir = scratch("mpi-generate-agree");
+    let spec = dir.join("heads-hosts.json");
+    with_hosts(Path::new("testdata/decoder/layouts/heads-2.json"), &serde_json::json!({"axis": "model"}), &spec);
+    let art = dir.join("decoder.mshc");
+    compile(Path::new("testdata/decoder/graph.json"), &spec, &art);
+    let command = |extra: &[&str]| -> String {
+        let mut a = vec![env!("CARGO_BIN_EXE_meshc").to_string(), "generate".into(), art.display().to_string()];
+        a.extend(
+            ["--prompt", "testdata/decoder/generate/prompt.npy", "--context", "16", "--max-new-tokens", "4"]
+                .map(String::from),
+        );
+        a.extend(["--transport", "mpi"].map(String::from));
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a.iter().map(|s| format!("'{s}'")).collect::<Vec<_>>().join(" ")
+    };
+    let script = dir.join("rank.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nif [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then exec {}; fi\nexec {}\n",
+            command(&["--stop", "3"]),
+            command(&[])
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let start = Instant::now();
+    let out = Command::new("tools/mpirun-hosts").arg("2").arg(&script).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let want = "host 1 (device 1) was given other options (--max-new-tokens, --context, --sample, --seed, --stop) \
+                than host 0 (device 0)";
+    assert!(
+        stderr.contains(&format!("error: host 0: {want}")) || stderr.contains(&format!("error: host 1: {want}")),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(start.elapsed() < Duration::from_secs(15), "{:?}", start.elapsed());
 }

@@ -2,6 +2,10 @@
 //! fed one position a step, then each step's sampled token fed back, with the KV caches
 //! kept on the devices between steps as the artifact's state (`Session::set_state`).
 //!
+//! Over hosts (`Session::set_transport`) every host runs the same loop on its own devices'
+//! blocks of the caches: only host 0 gets the logits, so it samples, and the ids it picks
+//! (and a prefill's caches) are broadcast to the others before they run on.
+//!
 //! A decode-step artifact takes `ids` (i32 or i64 `[batch, 1]`: each sequence's token at
 //! this step) and `pos` (i32 or i64 `[1]`: its position), gives `logits` (f32 `[batch, 1,
 //! vocab]` or `[batch, vocab]`), and every other input S is state with an output `next.S`
@@ -253,7 +257,7 @@ impl Session {
             }
             Some(p) => {
                 self.prefill(&c, p, prompt, &mut logits)?;
-                g.pick(&logits, c.vocab);
+                self.pick(&mut g, &logits, c.vocab)?;
                 len
             }
         };
@@ -272,7 +276,7 @@ impl Session {
             let view = TensorViewMut::new(&mut logits, &shape)?;
             self.step_into(&[("ids", TensorView::of(&ids)), ("pos", TensorView::of(&at))], &mut [("logits", view)])?;
             if pos + 1 >= len {
-                g.pick(&logits, c.vocab);
+                self.pick(&mut g, &logits, c.vocab)?;
             }
         }
         Ok(Generated { tokens: g.out, steps: g.steps })
@@ -288,25 +292,54 @@ struct Picks<'a> {
 }
 
 impl Picks<'_> {
-    /// One step's picks from `logits`, `[batch, vocab]`, for every sequence not stopped.
-    fn pick(&mut self, logits: &[f32], vocab: usize) {
+    /// One step's picks from `logits`, `[batch, vocab]`: the token of every sequence not
+    /// stopped, -1 for the others.
+    fn choose(&self, logits: &[f32], vocab: usize) -> Vec<i64> {
         let batch = self.out.len();
-        for (b, row) in logits.chunks(vocab).enumerate() {
-            if self.done[b] {
-                continue;
-            }
+        let pick = |(b, row): (usize, &[f32])| match self.done[b] {
+            true => -1,
             // Each (step, sequence) its own draw: a sequence that stops changes no other's
             // tokens.
-            let draw = (self.steps * batch + b) as u64;
-            let t = sample(row, self.options.sampling, self.options.seed, draw) as i64;
-            self.out[b].push(t);
-            self.done[b] = self.options.stop.contains(&t);
+            false => sample(row, self.options.sampling, self.options.seed, (self.steps * batch + b) as u64) as i64,
+        };
+        logits.chunks(vocab).enumerate().map(pick).collect()
+    }
+
+    /// A step's `picks` (`choose`) taken: each sequence not stopped gets its token, and
+    /// stops if it is a stop id.
+    fn record(&mut self, picks: &[i64]) {
+        for (b, &t) in picks.iter().enumerate() {
+            if !self.done[b] {
+                self.out[b].push(t);
+                self.done[b] = self.options.stop.contains(&t);
+            }
         }
         self.steps += 1;
     }
 }
 
 impl Session {
+    /// One step's picks from `logits` (`[batch, vocab]`). Under hosts only host 0 has the
+    /// logits: it picks, and every host records its picks, so that each feeds the same
+    /// ids next and stops after the same step (the same stop ids, which every host is
+    /// given alike, end the same sequences), and none waits for a step the others skip.
+    fn pick(&self, g: &mut Picks, logits: &[f32], vocab: usize) -> Result<(), Error> {
+        let picks = match self.loaded().host() {
+            0 => g.choose(logits, vocab),
+            _ => vec![-1; g.out.len()],
+        };
+        let picks = match self.loaded().spans_hosts() {
+            false => picks,
+            true => {
+                let mut bytes: Vec<u8> = picks.iter().flat_map(|t| t.to_le_bytes()).collect();
+                self.loaded().broadcast(&mut bytes).map_err(|e| Error::from_run(e, Error::Run))?;
+                bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes"))).collect()
+            }
+        };
+        g.record(&picks);
+        Ok(())
+    }
+
     /// Runs `prompt` (`c.batch` rows of equal length) through the prefill `p`, puts the
     /// caches it gives on the devices as this decode step's state and its logits of each
     /// prompt's last position in `logits`. A prefill with an input `last` takes prompts up
@@ -336,23 +369,57 @@ impl Session {
         let mut inputs = vec![("ids", TensorView::of(&ids))];
         inputs.extend(at.as_ref().map(|t| ("last", TensorView::of(t))));
         let out = p.run(&inputs)?;
-        let all = out.get("logits").and_then(|l| l.as_f32()).filter(|l| l.len() % (c.batch * c.vocab) == 0);
-        let all = all.ok_or_else(|| {
-            Error::State("not a prefill (docs/generation.md): it gives no f32 logits [batch, len, vocab]".into())
-        })?;
-        // Each sequence's last position's logits pick its first new token: the one row a
-        // prefill with `last` gives, else the last of all.
-        let rows = all.len() / (c.batch * c.vocab);
-        for (b, row) in logits.chunks_mut(c.vocab).enumerate() {
-            let at = (b * rows + rows - 1) * c.vocab;
-            row.copy_from_slice(&all[at..at + c.vocab]);
+        // Under hosts only host 0 has the prefill's outputs: it picks from the logits, and
+        // gives the caches' first positions to the others.
+        if p.loaded().host() == 0 {
+            let all = out.get("logits").and_then(|l| l.as_f32()).filter(|l| l.len() % (c.batch * c.vocab) == 0);
+            let all = all.ok_or_else(|| {
+                Error::State("not a prefill (docs/generation.md): it gives no f32 logits [batch, len, vocab]".into())
+            })?;
+            // Each sequence's last position's logits pick its first new token: the one row a
+            // prefill with `last` gives, else the last of all.
+            let rows = all.len() / (c.batch * c.vocab);
+            for (b, row) in logits.chunks_mut(c.vocab).enumerate() {
+                let at = (b * rows + rows - 1) * c.vocab;
+                row.copy_from_slice(&all[at..at + c.vocab]);
+            }
         }
+        let out = self.host_0s(c, out, width)?;
         let blocks = prefilled(c, &out, width)?;
         self.set_state_with(|k, i, d, dst| {
             if let Some((axis, bytes)) = blocks[k] {
                 self.loaded().cut_prefix(i, d, (axis, width, len), bytes, dst);
             }
         })
+    }
+}
+
+impl Session {
+    /// Host 0's prefill outputs `out` that are state (`c.state`, `width` positions along
+    /// their `ctx` axis) on every host, under hosts; else `out` itself. In state order,
+    /// which every host shares.
+    fn host_0s(
+        &self,
+        c: &Contract,
+        mut out: BTreeMap<String, Tensor>,
+        width: usize,
+    ) -> Result<BTreeMap<String, Tensor>, Error> {
+        if !self.loaded().spans_hosts() {
+            return Ok(out);
+        }
+        for (name, ty) in &c.state {
+            let mut ty = ty.clone();
+            if let Some(&axis) = c.ctx_axes.get(name) {
+                ty.shape[axis] = width;
+            }
+            let mut bytes = match out.get(name) {
+                Some(t) if self.loaded().host() == 0 => t.to_le_bytes(),
+                _ => vec![0; ty.numel() * ty.dtype.size_bytes()],
+            };
+            self.loaded().broadcast(&mut bytes).map_err(|e| Error::from_run(e, Error::Run))?;
+            out.insert(name.clone(), Tensor::from_le_bytes(&ty, &bytes));
+        }
+        Ok(out)
     }
 }
 

@@ -40,6 +40,17 @@ impl Session {
         Ok(Session { loaded: model.load()?, state: Mutex::new(None) })
     }
 
+    /// Runs only this host's devices of a model compiled with hosts, joining the other
+    /// hosts' processes over `transport` (`Loaded::set_transport`): every host then makes
+    /// the same calls in the same order, and only host 0's return outputs. Before the
+    /// first call.
+    pub fn set_transport(
+        &mut self,
+        transport: std::sync::Arc<dyn crate::comm::transport::Transport>,
+    ) -> Result<(), Error> {
+        self.loaded.set_transport(transport).map_err(|e| Error::from_run(e, Error::State))
+    }
+
     /// The runner itself, for what the embedding API does not cover (traces, link
     /// statistics, degraded meshes): `crate::exec::runner::Loaded`.
     pub fn loaded(&self) -> &Loaded {
@@ -97,6 +108,8 @@ impl Session {
     }
 
     /// The state on the devices, gathered into whole tensors (what a checkpoint holds).
+    /// Under hosts (`set_transport`) every host calls it at the same point; host 0 gets
+    /// the tensors, the others an empty map (`Loaded::download`).
     pub fn state(&self) -> Result<BTreeMap<String, Tensor>, Error> {
         let guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let resident = guard.as_ref().ok_or_else(no_state)?;
@@ -104,9 +117,13 @@ impl Session {
     }
 
     /// `state`, each tensor named in `outputs` copied into the caller's buffer, which must
-    /// have its dtype and shape.
+    /// have its dtype and shape. Under hosts only host 0's buffers are written (every host
+    /// calls it, as `state`).
     pub fn state_into(&self, outputs: &mut [(&str, TensorViewMut)]) -> Result<(), Error> {
         let state = self.state()?;
+        if self.loaded.host() != 0 {
+            return Ok(());
+        }
         for (name, view) in outputs.iter_mut() {
             let Some(t) = state.get(*name) else {
                 return Err(Error::State(format!(

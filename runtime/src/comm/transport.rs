@@ -105,6 +105,9 @@ pub const PHASES: u32 = 4;
 /// the tags MPI allows (Open MPI: up to `i32::MAX`).
 const AGREE_TAG: u32 = i32::MAX as u32 - 1;
 
+/// The tag of `Hosts::broadcast`'s messages: fixed like `AGREE_TAG`, just below it.
+const BROADCAST_TAG: u32 = AGREE_TAG - 1;
+
 impl Hosts {
     /// Checks `meta.hosts` against the mesh and the transport (one process per host) and
     /// numbers the programs' transfer keys and collectives.
@@ -148,7 +151,7 @@ impl Hosts {
             }
         }
         let count = keys.len() + collectives.len() + meta.outputs.len() * devices;
-        if count as u64 * PHASES as u64 >= AGREE_TAG as u64 {
+        if count as u64 * PHASES as u64 >= BROADCAST_TAG as u64 {
             bail!("{count} transfers, collectives and output blocks are more than MPI tags can number");
         }
         let outputs_base = (keys.len() + collectives.len()) as u32;
@@ -189,6 +192,32 @@ impl Hosts {
             }
         }
         Ok(())
+    }
+
+    /// Host 0's `bytes` on every host: host 0 sends them to each other host, which receives
+    /// them into its `bytes` (as long as host 0's). What host 0 alone decides from outputs
+    /// only it gets (a generation's next tokens) must reach the others before they run
+    /// again, or they would run on something else, or wait for a run that never comes.
+    pub fn broadcast(&self, bytes: &mut [u8], timeout: Duration) -> Result<()> {
+        let tag = BROADCAST_TAG;
+        let failed = |stall: Stall, stalled: &dyn Fn(Pending) -> String| match stall {
+            Stall::Timeout(p) => bail!("broadcast from host 0: {}", stalled(p)),
+            Stall::Stopped => bail!("broadcast from host 0: stopped"),
+            Stall::Failed(m) => bail!("broadcast from host 0: {m}"),
+        };
+        if self.me() == 0 {
+            let sends: Vec<Outgoing> = (1..self.devices.len()).map(|to| Outgoing { to, tag, bytes: &*bytes }).collect();
+            match self.exchange(&sends, &mut [], timeout, &|| false) {
+                Ok(()) => Ok(()),
+                Err(e) => failed(e, &|p| self.stalled(p, &sends, &[], timeout)),
+            }
+        } else {
+            let mut recvs = [Incoming { from: 0, tag, bytes }];
+            match self.exchange(&[], &mut recvs, timeout, &|| false) {
+                Ok(()) => Ok(()),
+                Err(e) => failed(e, &|p| self.stalled(p, &[], &recvs, timeout)),
+            }
+        }
     }
 
     /// `Transport::exchange`, counting the bytes sent per host.

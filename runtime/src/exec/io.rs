@@ -60,18 +60,20 @@ impl Loaded {
         blocks.replicas(d, &healthy).find(|&h| hosts.host_of(h) == 0).or_else(|| blocks.replicas(d, &healthy).next())
     }
 
-    /// Under hosts, the blocks host 0 reads (`source`) that other hosts hold go to host 0,
-    /// one copy per block; host 0 gets them back by (output, device), the others nothing.
+    /// Under hosts, the blocks host 0 reads (`source`) of the outputs `wanted` marks that
+    /// other hosts hold go to host 0, one copy per block; host 0 gets them back by (output,
+    /// device), the others nothing. `left(d, o)`: where device d's block of output o is.
     pub(super) fn gather_outputs(
         &self,
         hosts: &Hosts,
+        wanted: &dyn Fn(usize) -> bool,
         left: &dyn Fn(usize, usize) -> Option<*const u8>,
         healthy: impl Fn(usize) -> bool,
     ) -> Result<HashMap<(usize, usize), Vec<u8>>> {
         let me = hosts.me();
         let mut sends = Vec::new();
         let mut blocks = Vec::new();
-        for (i, output) in self.outputs.iter().enumerate() {
+        for (i, output) in self.outputs.iter().enumerate().filter(|&(i, _)| wanted(i)) {
             let len = output.block_bytes;
             let sources: BTreeSet<usize> =
                 output.writers.iter().filter_map(|&d| self.source(hosts, i, d, &healthy)).collect();
@@ -212,7 +214,9 @@ pub fn le_bytes(t: &Tensor) -> &[u8] {
 /// Resident state (`crate::exec::resident`): onto the devices and back.
 impl Loaded {
     /// Puts `state` (the inputs named `names`, each with an output `next_of(S)`) on the
-    /// devices: each device's block of each tensor is cut once, here.
+    /// devices: each device's block of each tensor is cut once, here. Under hosts
+    /// (`set_transport`) every host is given the whole tensors and keeps only its own
+    /// devices' blocks: the others' run there (an empty slot stands for each here).
     pub fn upload(
         &self,
         state: &BTreeMap<String, Tensor>,
@@ -236,9 +240,6 @@ impl Loaded {
         next_of: impl Fn(&str) -> String,
         fill: impl Fn(usize, usize, usize, &mut [u8]),
     ) -> Result<Resident> {
-        if self.host() != 0 || !self.meta.hosts.is_empty() {
-            bail!("training runs over several hosts are not supported");
-        }
         let mesh = &self.meta.mesh;
         let mut pairs = Vec::new();
         for n in names {
@@ -255,12 +256,16 @@ impl Loaded {
             pairs.push((i, o));
         }
         let mut slots = Vec::new();
+        let here = |d: usize| self.hosts.as_ref().is_none_or(|h| h.is_local(d));
         for (d, p) in self.programs.iter().enumerate() {
             let mut mine = Vec::new();
             for (k, &(i, _)) in pairs.iter().enumerate() {
-                let len = p.buffers[p.inputs[i]].bytes;
+                // Another host's device never runs here: its slot is read by nobody.
+                let len = if here(d) { p.buffers[p.inputs[i]].bytes } else { 0 };
                 let mut cur = AlignedBuf::zeroed(len)?;
-                fill(k, i, d, cur.as_mut_slice());
+                if here(d) {
+                    fill(k, i, d, cur.as_mut_slice());
+                }
                 mine.push(Slot { bufs: [cur, AlignedBuf::zeroed(len)?], cur: 0 });
             }
             slots.push(mine);
@@ -281,14 +286,36 @@ impl Loaded {
     }
 
     /// The state tensors as whole tensors (by input name), gathered from the devices'
-    /// blocks: what a checkpoint writes.
+    /// blocks: what a checkpoint writes. Under hosts (`set_transport`) every host must call
+    /// it at the same point, as it calls a run: the blocks host 0 reads from other hosts
+    /// cross in one exchange, as a run's outputs do. Host 0 returns the whole tensors; the
+    /// others return an empty map.
     pub fn download(&self, resident: &Resident) -> Result<BTreeMap<String, Tensor>> {
+        // The pair (its index in `resident`) whose next.S is output o.
+        let pair = |o: usize| resident.pairs.iter().position(|&(_, n)| n == o);
+        let remote = match &self.hosts {
+            Some(hosts) => {
+                let left = |d: usize, o: usize| {
+                    let k = pair(o)?;
+                    hosts.is_local(d).then(|| resident.slots[d][k].current().as_ptr())
+                };
+                self.gather_outputs(hosts, &|o| pair(o).is_some(), &left, |d| self.healthy(d))?
+            }
+            None => HashMap::new(),
+        };
         let mut out = BTreeMap::new();
+        if self.host() != 0 {
+            return Ok(out);
+        }
         for (k, &(i, o)) in resident.pairs.iter().enumerate() {
             let spec = &self.meta.outputs[o];
             let ty = spec.ty().ok_or_else(|| anyhow!("output '{}' has unknown dtype", spec.name))?;
             let mut buf = Vec::new();
-            let bytes = self.assemble(o, &|d| resident.slots[d][k].current(), &mut buf)?;
+            let block = |d: usize| match remote.get(&(o, d)) {
+                Some(b) => b.as_slice(),
+                None => resident.slots[d][k].current(),
+            };
+            let bytes = self.assemble(o, &block, &mut buf)?;
             out.insert(self.meta.inputs[i].name.clone(), Tensor::from_le_bytes(&ty, bytes));
         }
         Ok(out)

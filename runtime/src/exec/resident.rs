@@ -6,7 +6,9 @@
 //! second buffer, and swaps the two, except where the buffer plan gave next.S the bytes
 //! of S: then the step writes next.S over S and nothing is swapped
 //! (`Loaded::writes_state_in_place`). Only `Loaded::download` (a checkpoint) gathers the
-//! blocks into whole tensors.
+//! blocks into whole tensors. Over hosts each process holds the blocks of its own devices
+//! only (another host's device has empty slots here, which nothing reads), and `download`
+//! gathers the others' on host 0.
 
 use crate::comm::memory::AlignedBuf;
 
@@ -51,7 +53,8 @@ impl Slot {
     }
 }
 
-/// The state of a training run resident on the devices of a `Loaded` (`Loaded::upload`).
+/// The state of a training run or a decoder resident on the devices of a `Loaded`
+/// (`Loaded::upload`).
 pub struct Resident {
     /// Per state tensor: the index of its input S and of its output `next.S` in the metadata.
     pub(crate) pairs: Vec<(usize, usize)>,

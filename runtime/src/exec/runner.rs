@@ -26,7 +26,9 @@
 //! Over hosts (`Loaded::set_transport`, `crate::comm::transport`): this process runs the devices
 //! of its own host only, the fabric and the exchange carry what crosses hosts over the
 //! transport, and the other hosts send their devices' output blocks to host 0, whose run
-//! returns the outputs (the others' return none).
+//! returns the outputs (the others' return none). Resident state stays where it is used:
+//! each host keeps its own devices' blocks, and only `Loaded::download` gathers them on
+//! host 0.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -292,6 +294,21 @@ impl Loaded {
     pub fn agree(&self, parts: impl FnOnce() -> Vec<(&'static str, [u8; 32])>, timeout: Duration) -> Result<()> {
         match &self.hosts {
             Some(hosts) => hosts.agree(&parts(), timeout),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether this process runs one host of several (`set_transport`).
+    pub fn spans_hosts(&self) -> bool {
+        self.hosts.is_some()
+    }
+
+    /// Under hosts (`set_transport`): host 0's `bytes` given to every host
+    /// (`Hosts::broadcast`; each host's `bytes` as long), within the run's timeout; else
+    /// nothing.
+    pub fn broadcast(&self, bytes: &mut [u8]) -> Result<()> {
+        match &self.hosts {
+            Some(hosts) => hosts.broadcast(bytes, self.exchange.timeout()),
             None => Ok(()),
         }
     }

@@ -243,8 +243,9 @@ impl Loaded {
             ran(d).then(|| shared[d].ptrs[self.programs[d].outputs[o]].load(Ordering::Relaxed) as *const u8)
         };
         settle(&left);
+        // Resident state stays on its hosts (`Loaded::download` gathers it when asked).
         let remote = match &self.hosts {
-            Some(hosts) => self.gather_outputs(hosts, &left, healthy)?,
+            Some(hosts) => self.gather_outputs(hosts, &|o| returned[o], &left, healthy)?,
             None => HashMap::new(),
         };
         // Device by device in step order, whichever thread ran them.

@@ -51,7 +51,7 @@ pub fn exit(result: Result<()>) -> ExitCode {
 }
 
 /// An error as one line of stderr.
-fn report(e: &anyhow::Error) {
+pub(crate) fn report(e: &anyhow::Error) {
     let line = format!("error: {}\n", crate::api::error::one_line(e));
     // One write, not eprintln!'s one per piece: mpirun forwards a rank's stderr as it comes
     // and prints its own abort notice meanwhile, which could land inside the line.
@@ -298,8 +298,12 @@ fn run_mpi(loaded: &mut Loaded, io: &Io, args: &RunArgs) -> Result<()> {
 
 #[cfg(not(feature = "mpi"))]
 fn run_mpi(_: &mut Loaded, _: &Io, _: &RunArgs) -> Result<()> {
-    bail!("--transport mpi: this meshc was built without MPI; build it with `cargo build --release --features mpi` (needs Open MPI: apt-get install openmpi-bin libopenmpi-dev pkg-config)")
+    bail!(NO_MPI)
 }
+
+/// Why `--transport mpi` is refused by a meshc built without the `mpi` feature.
+#[cfg(not(feature = "mpi"))]
+pub(crate) const NO_MPI: &str = "--transport mpi: this meshc was built without MPI; build it with `cargo build --release --features mpi` (needs Open MPI: apt-get install openmpi-bin libopenmpi-dev pkg-config)";
 
 /// `run` in this process (as one rank, under `--transport mpi`).
 fn run_here(loaded: &mut Loaded, io: &Io, args: &RunArgs) -> Result<()> {

@@ -3,6 +3,7 @@
 //! one line per sequence or written as an `.npy`, the rate on stderr.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use meshc_ir::{Data, Tensor};
@@ -10,6 +11,8 @@ use meshc_ir::{Data, Tensor};
 use crate::api::generate::{check_decode_step, GenerateOptions, Sampling};
 use crate::api::model::Model;
 use crate::api::session::Session;
+use crate::comm::transport::Transport;
+use crate::tools::cli::TransportKind;
 use crate::tools::output::Outputs;
 
 /// The flags of a generation.
@@ -41,6 +44,12 @@ pub struct GenerateArgs {
     /// positions (an ONNX decoder's is compiled with it: docs/generation.md).
     #[arg(long, value_name = "PREFILL.mshc")]
     pub prefill: Option<PathBuf>,
+    /// How the hosts of an artifact compiled with "hosts" are joined: `in-process` (this
+    /// process runs every device; the default) or `mpi` (under `mpirun -n HOSTS`, each rank
+    /// runs its host's devices; rank 0 samples, prints the ids and writes --output; needs a
+    /// meshc built with `--features mpi`).
+    #[arg(long, value_enum, default_value_t = TransportKind::InProcess)]
+    pub transport: TransportKind,
 }
 
 /// Where the artifact comes from: its file, or the bytes a compiler made in memory.
@@ -76,11 +85,46 @@ impl Source<'_> {
 /// Runs the generation `args` describe on the decode-step artifact `source`, with the
 /// prompt run by `prefill` when given (else by `--prefill`'s artifact, if any).
 pub fn generate(source: Source<'_>, prefill: Option<Source<'_>>, args: &GenerateArgs) -> Result<()> {
+    match args.transport {
+        TransportKind::InProcess => generate_here(source, prefill, args, None),
+        TransportKind::Mpi => generate_mpi(source, prefill, args),
+    }
+}
+
+/// `generate --transport mpi`: this process is one rank, running its host's devices. An
+/// error on any rank is reported there and aborts the whole job (exit 1 from mpirun).
+#[cfg(feature = "mpi")]
+fn generate_mpi(source: Source<'_>, prefill: Option<Source<'_>>, args: &GenerateArgs) -> Result<()> {
+    let (mpi, transport) = crate::comm::mpi::init()?;
+    let transport: Arc<dyn Transport> = Arc::new(transport);
+    let result = generate_here(source, prefill, args, Some(transport.clone()));
+    let result = result.with_context(|| format!("host {}", transport.rank()));
+    if let Err(e) = &result {
+        super::cli::report(e);
+        transport.abort();
+    }
+    // MPI_Finalize, once every device thread is parked.
+    drop(mpi);
+    result
+}
+
+#[cfg(not(feature = "mpi"))]
+fn generate_mpi(_: Source<'_>, _: Option<Source<'_>>, _: &GenerateArgs) -> Result<()> {
+    bail!(super::cli::NO_MPI)
+}
+
+/// The generation in this process: every device, or under `transport` this host's.
+fn generate_here(
+    source: Source<'_>,
+    prefill: Option<Source<'_>>,
+    args: &GenerateArgs,
+    transport: Option<Arc<dyn Transport>>,
+) -> Result<()> {
     let (model, file) = source.open()?;
-    let session = Session::new(&model).with_context(|| file.clone())?;
+    let mut session = Session::new(&model).with_context(|| file.clone())?;
     check_decode_step(&session).with_context(|| file.clone())?;
     let prefill = prefill.or(args.prefill.as_deref().map(Source::File)).map(|p| p.open()).transpose()?;
-    let prefill = match &prefill {
+    let mut prefill = match &prefill {
         Some((model, name)) => Some((Session::new(model).with_context(|| name.clone())?, name)),
         None => None,
     };
@@ -92,6 +136,15 @@ pub fn generate(source: Source<'_>, prefill: Option<Source<'_>>, args: &Generate
         seed: args.seed,
         stop: args.stop.clone(),
     };
+    if let Some(t) = &transport {
+        session.set_transport(t.clone()).with_context(|| file.clone())?;
+        if let Some((p, name)) = &mut prefill {
+            p.set_transport(t.clone()).with_context(|| name.to_string())?;
+        }
+        let parts = agreement(&session, prefill.as_ref().map(|p| &p.0), &rows, args);
+        // Ranks may have compiled the model in memory first, some slower than others.
+        session.loaded().agree(|| parts, std::time::Duration::from_secs(60))?;
+    }
     let start = std::time::Instant::now();
     let generated = match &prefill {
         Some((p, name)) => {
@@ -99,6 +152,11 @@ pub fn generate(source: Source<'_>, prefill: Option<Source<'_>>, args: &Generate
         }
         None => session.generate(&rows, &options).with_context(|| file.clone())?,
     };
+    // Under hosts, host 0 has the ids (every host has the same: they were broadcast) and
+    // reports them; the others ran along.
+    if session.loaded().host() != 0 {
+        return Ok(());
+    }
     let secs = start.elapsed().as_secs_f64();
     let count: usize = generated.tokens.iter().map(Vec::len).sum();
     eprintln!(
@@ -120,4 +178,28 @@ pub fn generate(source: Source<'_>, prefill: Option<Source<'_>>, args: &Generate
             Ok(())
         }
     }
+}
+
+/// What the hosts of a generation must agree on before its first step (each part said of
+/// a host that differs, as `crate::tools::cli::agreement`'s): the artifacts, the options
+/// that decide the ids and the number of steps, and the prompt. A host given other stop
+/// ids would stop after another step than host 0 and leave it waiting.
+fn agreement(
+    session: &Session,
+    prefill: Option<&Session>,
+    prompt: &[Vec<i64>],
+    args: &GenerateArgs,
+) -> Vec<(&'static str, [u8; 32])> {
+    use sha2::{Digest, Sha256};
+    let prefill = prefill.map(|p| p.loaded().digest()).unwrap_or_default();
+    let options = (args.max_new_tokens, args.context, format!("{:?}", args.sample), args.seed, &args.stop);
+    vec![
+        ("runs another artifact", session.loaded().digest()),
+        ("runs another prefill", prefill),
+        (
+            "was given other options (--max-new-tokens, --context, --sample, --seed, --stop)",
+            Sha256::digest(format!("{options:?}")).into(),
+        ),
+        ("was given another prompt", Sha256::digest(format!("{prompt:?}")).into()),
+    ]
 }
