@@ -162,15 +162,14 @@ fn index_tensor(dtype: DType, shape: Vec<usize>, values: &[i64]) -> Tensor {
     }
 }
 
+/// A state tensor's first positions from a prefill: its `ctx` axis and the bytes.
+type Prefix<'a> = Option<(usize, &'a [u8])>;
+
 /// A prefill's outputs as the decode step's state: for each state tensor of `c`, the
 /// prefill's first `len` positions along its `ctx` axis (that axis, and the bytes), or
 /// `None` for a state without one, which starts as zeros. Refused in one line when the
 /// prefill lacks a state's block or gives it of another shape or dtype.
-fn prefilled<'a>(
-    c: &Contract,
-    out: &'a BTreeMap<String, Tensor>,
-    len: usize,
-) -> Result<Vec<Option<(usize, &'a [u8])>>, Error> {
+fn prefilled<'a>(c: &Contract, out: &'a BTreeMap<String, Tensor>, len: usize) -> Result<Vec<Prefix<'a>>, Error> {
     let bad = |why: String| Error::State(format!("not a prefill of this decode step (docs/generation.md): {why}"));
     let mut blocks = Vec::new();
     for (name, ty) in &c.state {
