@@ -46,7 +46,7 @@ impl Session {
     /// first call.
     pub fn set_transport(
         &mut self,
-        transport: std::sync::Arc<dyn crate::comm::transport::Transport>,
+        transport: std::sync::Arc<dyn crate::exec::runner::Transport>,
     ) -> Result<(), Error> {
         self.loaded.set_transport(transport).map_err(|e| Error::from_run(e, Error::State))
     }

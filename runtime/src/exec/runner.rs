@@ -40,7 +40,9 @@ use anyhow::{bail, Context, Result};
 use crate::comm::exchange::Exchange;
 use crate::comm::fabric::{Fabric, LinkStats};
 pub use crate::comm::memory::AlignedBuf;
-use crate::comm::transport::{Hosts, Transport};
+use crate::comm::transport::Hosts;
+/// What joins the processes of the hosts (`set_transport`), for the layers above this one.
+pub use crate::comm::transport::Transport;
 use crate::exec::blocks::Blocks;
 use crate::exec::shared::Scratch;
 use crate::exec::threads::Devices;
