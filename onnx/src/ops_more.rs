@@ -5,14 +5,15 @@
 //! gather from `0..n`), LpPool (a depthwise conv of ones over |x|^p, then the p-th root),
 //! ConvTranspose (the input spread by zero insertion, padded, and convolved with the
 //! flipped, transposed kernel), RotaryEmbedding (ONNX's reference formula with gathers
-//! from the caches) and ReduceProd (products of halves, halving).
+//! from the caches), ReduceProd (products of halves, halving), Compress and
+//! ReverseSequence (gathers at constant tables) and AffineGrid (a constant grid times θᵀ).
 
 use meshc_ir::infer::norm_axis;
-use meshc_ir::{Attr, Data, Op, Tensor};
+use meshc_ir::{Attr, DType, Data, Op, Tensor};
 
 use super::builder::{Builder, Value};
 use super::nn::{ones_or, window_attrs};
-use super::ops::{i64_table, one, reduce_attrs, reshape, Converter, Ctx, R};
+use super::ops::{i64_table, one, reduce_attrs, reshape, table, Converter, Ctx, R};
 use super::ops_math::{float_only, Steps};
 
 /// This module's converters (docs/onnx.md).
@@ -25,7 +26,111 @@ pub const CONVERTERS: &[Converter] = &[
     Converter::new("ConvTranspose", |b, c| one(conv_transpose(&mut Steps { b, c }))),
     Converter::new("RotaryEmbedding", |b, c| one(rotary(&mut Steps { b, c }))),
     Converter::since(1, "ReduceProd", |b, c| one(reduce_prod(&mut Steps { b, c }))),
+    Converter::since(9, "Compress", |b, c| one(compress(&mut Steps { b, c }))),
+    Converter::since(10, "ReverseSequence", |b, c| one(reverse_sequence(&mut Steps { b, c }))),
+    Converter::new("AffineGrid", |b, c| one(affine_grid(&mut Steps { b, c }))),
 ];
+
+/// Compress: a gather of the positions the condition keeps along the axis (of the flattened
+/// input when there is none). The condition decides the result's shape, so it must be
+/// known at import time.
+fn compress(s: &mut Steps) -> R<Value> {
+    let x = s.c.arg(0)?;
+    let cond = s.c.arg(1)?.as_const().ok_or("input 1 must be known at import time (it decides the result's shape)")?;
+    let keep: Vec<i64> = cond.data.iter_f64().enumerate().filter(|(_, v)| *v != 0.0).map(|(i, _)| i as i64).collect();
+    let shape = s.b.ty(x).shape;
+    let (data, axis) = match s.c.attr("axis") {
+        Some(_) => (x.clone(), norm_axis(s.c.int("axis", 0), shape.len())?),
+        None => (reshape(s.b, x, &[shape.iter().product::<usize>() as i64], &s.c.part("flat"))?, 0),
+    };
+    let n = s.b.ty(&data).shape[axis];
+    match keep.last() {
+        None => Err("the condition keeps no element (an empty result is not supported)".into()),
+        Some(&last) if last >= n as i64 => Err(format!("the condition keeps position {last} of an axis of {n}")),
+        Some(_) => {
+            let idx = i64_table("the kept positions", vec![keep.len()], |i| keep[i])?;
+            s.op("", Op::Gather, &[&data, &idx], &[("axis", Attr::Int(axis as i64))])
+        }
+    }
+}
+
+/// ReverseSequence: a gather from the flattened input at a constant table of the source of
+/// every element (the first `sequence_lens[b]` steps of batch b reversed along the time
+/// axis, the rest in place). The lengths must be known at import time.
+fn reverse_sequence(s: &mut Steps) -> R<Value> {
+    let x = s.c.arg(0)?;
+    let shape = s.b.ty(x).shape;
+    if shape.len() < 2 {
+        return Err(format!("the input has rank {}, ReverseSequence needs 2 or more", shape.len()));
+    }
+    let (t_ax, b_ax) = (norm_axis(s.c.int("time_axis", 0), shape.len())?, norm_axis(s.c.int("batch_axis", 1), 2)?);
+    if t_ax > 1 || t_ax == b_ax {
+        return Err(format!("time_axis {t_ax} and batch_axis {b_ax} must be 0 and 1 in some order"));
+    }
+    let lens = s.c.const_ints(1)?;
+    if lens.len() != shape[b_ax] || lens.iter().any(|&l| !(0..=shape[t_ax] as i64).contains(&l)) {
+        return Err(format!("sequence_lens {lens:?} do not fit {} batches of {} steps", shape[b_ax], shape[t_ax]));
+    }
+    let mut strides = vec![1usize; shape.len()];
+    for i in (0..shape.len() - 1).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1];
+    }
+    let table = i64_table("the table of sources", shape.clone(), |p| {
+        let (t, b) = (p / strides[t_ax] % shape[t_ax], p / strides[b_ax] % shape[b_ax]);
+        let len = lens[b] as usize;
+        if t < len {
+            (p - t * strides[t_ax] + (len - 1 - t) * strides[t_ax]) as i64
+        } else {
+            p as i64
+        }
+    })?;
+    let flat = reshape(s.b, x, &[shape.iter().product::<usize>() as i64], &s.c.part("flat"))?;
+    s.op("", Op::Gather, &[&flat, &table], &[("axis", Attr::Int(0))])
+}
+
+/// AffineGrid: ONNX's reference formula, the constant grid of normalised coordinates
+/// `[x, y, (z,) 1]` of every output position (x along the last dim) times each θᵀ, as one
+/// matmul `[P, k+1] × [N, k+1, k]`, viewed as `[N, ..., k]`. The size must be known at
+/// import time.
+fn affine_grid(s: &mut Steps) -> R<Value> {
+    let theta = s.c.arg(0)?;
+    float_only(s.b, theta, "AffineGrid")?;
+    let ts = s.b.ty(theta).shape;
+    let size = s.c.const_ints(1)?;
+    let k = ts.get(1).copied().unwrap_or(0);
+    if ts.len() != 3 || !(k == 2 || k == 3) || ts[2] != k + 1 || size.len() != k + 2 || size[0] != ts[0] as i64 {
+        return Err(format!("theta of shape {ts:?} and size {size:?} are not a 2-D or 3-D AffineGrid"));
+    }
+    let spatial: Vec<usize> = size[2..]
+        .iter()
+        .map(|&d| {
+            usize::try_from(d).ok().filter(|&d| d > 0).ok_or(format!("size {size:?} has an empty or negative dim"))
+        })
+        .collect::<R<_>>()?;
+    let align = s.c.int("align_corners", 0) != 0;
+    let coord = |i: usize, n: usize| match (align, n) {
+        (true, 1) => -1.0,
+        (true, _) => -1.0 + 2.0 * i as f64 / (n - 1) as f64,
+        (false, _) => -1.0 + (2 * i + 1) as f64 / n as f64,
+    };
+    let points: usize = spatial.iter().product();
+    let grid = table("the grid of coordinates", DType::F32, vec![points, k + 1], |e| {
+        let (p, j) = (e / (k + 1), e % (k + 1));
+        if j == k {
+            return 1.0;
+        }
+        // Coordinate j is that of spatial dim k − 1 − j (x first).
+        let d = k - 1 - j;
+        let inner: usize = spatial[d + 1..].iter().product();
+        coord(p / inner % spatial[d], spatial[d])
+    })?;
+    let tt = s.op("theta_t", Op::Transpose, &[theta], &[("perm", Attr::ints(&[0, 2, 1]))])?;
+    let g = s.op0("grid", Op::MatMul, &[&grid, &tt])?;
+    let mut out = vec![ts[0] as i64];
+    out.extend(dims(&spatial));
+    out.push(k as i64);
+    reshape(s.b, &g, &out, &s.c.out)
+}
 
 /// Mod: meshc's mod of integers, `float_mod` of anything else.
 fn modulo(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
