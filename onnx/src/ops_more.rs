@@ -6,14 +6,15 @@
 //! ConvTranspose (the input spread by zero insertion, padded, and convolved with the
 //! flipped, transposed kernel), RotaryEmbedding (ONNX's reference formula with gathers
 //! from the caches), ReduceProd (products of halves, halving), Compress and
-//! ReverseSequence (gathers at constant tables) and AffineGrid (a constant grid times θᵀ).
+//! ReverseSequence (gathers at constant tables), AffineGrid (a constant grid times θᵀ)
+//! and BitShift (products and floored quotients by powers of 2).
 
 use meshc_ir::infer::norm_axis;
 use meshc_ir::{Attr, DType, Data, Op, Tensor};
 
 use super::builder::{Builder, Value};
 use super::nn::{ones_or, window_attrs};
-use super::ops::{i64_table, one, reduce_attrs, reshape, table, Converter, Ctx, R};
+use super::ops::{cast, i64_table, one, reduce_attrs, reshape, scalar, table, Converter, Ctx, R};
 use super::ops_math::{float_only, Steps};
 
 /// This module's converters (docs/onnx.md).
@@ -29,7 +30,61 @@ pub const CONVERTERS: &[Converter] = &[
     Converter::since(9, "Compress", |b, c| one(compress(&mut Steps { b, c }))),
     Converter::since(10, "ReverseSequence", |b, c| one(reverse_sequence(&mut Steps { b, c }))),
     Converter::new("AffineGrid", |b, c| one(affine_grid(&mut Steps { b, c }))),
+    Converter::since(11, "BitShift", |b, c| one(bit_shift(&mut Steps { b, c }))),
 ];
+
+/// BitShift as arithmetic on i32 (i64 for int64; int8 and uint8 widened, which keeps every
+/// shift's result in its low 8 bits, and cast back, which wraps): a left shift is a
+/// product by 2^y (wrapping), a right shift the floor of the quotient by 2^y (arithmetic:
+/// a negative x stays negative), 2^y gathered from a constant table. A shift by a negative
+/// amount or by the type's width or more gives what the sign fill alone gives (ONNX's
+/// opset 28 text): −1 for a right shift of a negative x, else 0, as does a right shift by
+/// the wide type's width − 1, whose power is no positive value of it.
+fn bit_shift(s: &mut Steps) -> R<Value> {
+    let (x, y) = (s.c.arg(0)?, s.c.arg(1)?);
+    let dtype = s.b.ty(x).dtype;
+    let (bits, wide, wide_bits) = match dtype {
+        DType::I8 | DType::U8 => (8, DType::I32, 32),
+        DType::I32 => (32, DType::I32, 32),
+        DType::I64 => (64, DType::I64, 64),
+        other => return Err(format!("BitShift of {other} is not supported (int8, uint8, int32, int64)")),
+    };
+    let left = match s.c.string("direction", "").as_str() {
+        "LEFT" => true,
+        "RIGHT" => false,
+        other => return Err(format!("direction '{other}' is neither LEFT nor RIGHT")),
+    };
+    let xw = cast(s.b, x, wide, &s.c.part("x_wide"))?;
+    let yw = cast(s.b, y, wide, &s.c.part("y_wide"))?;
+    let k = |v: f64| scalar(wide, v);
+    let lo = s.op0("amount_low", Op::Maximum, &[&yw, &k(0.0)])?;
+    let idx = s.op0("amount", Op::Minimum, &[&lo, &k(f64::from(wide_bits - 1))])?;
+    let powers = match wide {
+        DType::I64 => Tensor::new(vec![64], Data::I64((0..64).map(|i| 1i64.wrapping_shl(i)).collect())),
+        _ => Tensor::new(vec![32], Data::I32((0..32).map(|i| 1i32.wrapping_shl(i)).collect())),
+    };
+    let p = s.op("power", Op::Gather, &[&Value::computed(powers), &idx], &[("axis", Attr::Int(0))])?;
+    let nonneg = s.op0("amount_nonneg", Op::GreaterEqual, &[&yw, &k(0.0)])?;
+    let top = if left { bits } else { bits.min(wide_bits - 1) };
+    let below = s.op0("amount_below", Op::Less, &[&yw, &k(f64::from(top))])?;
+    let ok = s.op0("amount_ok", Op::And, &[&nonneg, &below])?;
+    let last = if dtype == wide { String::new() } else { "wide_result".to_string() };
+    let r = if left {
+        let v = s.op0("product", Op::Mul, &[&xw, &p])?;
+        s.op0(&last, Op::Where, &[&ok, &v, &k(0.0)])?
+    } else {
+        let q = s.op0("quotient", Op::Div, &[&xw, &p])?;
+        let qp = s.op0("quotient_times", Op::Mul, &[&q, &p])?;
+        let rem = s.op0("remainder", Op::Sub, &[&xw, &qp])?;
+        let low = s.op0("remainder_neg", Op::Less, &[&rem, &k(0.0)])?;
+        let q1 = s.op0("quotient_less", Op::Sub, &[&q, &k(1.0)])?;
+        let floor = s.op0("floor", Op::Where, &[&low, &q1, &q])?;
+        let neg = s.op0("x_neg", Op::Less, &[&xw, &k(0.0)])?;
+        let fill = s.op0("sign_fill", Op::Where, &[&neg, &k(-1.0), &k(0.0)])?;
+        s.op0(&last, Op::Where, &[&ok, &floor, &fill])?
+    };
+    cast(s.b, &r, dtype, &s.c.out)
+}
 
 /// Compress: a gather of the positions the condition keeps along the axis (of the flattened
 /// input when there is none). The condition decides the result's shape, so it must be
