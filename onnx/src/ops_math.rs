@@ -99,7 +99,7 @@ impl Steps<'_, '_, '_> {
         self.c.float(name, default).into()
     }
 
-    fn op_type(&self) -> &str {
+    pub fn op_type(&self) -> &str {
         self.c.node.op_type.as_deref().unwrap_or("")
     }
 }

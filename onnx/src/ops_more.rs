@@ -7,7 +7,8 @@
 //! flipped, transposed kernel), RotaryEmbedding (ONNX's reference formula with gathers
 //! from the caches), ReduceProd (products of halves, halving), Compress and
 //! ReverseSequence (gathers at constant tables), AffineGrid (a constant grid times θᵀ)
-//! and BitShift (products and floored quotients by powers of 2).
+//! BitShift (products and floored quotients by powers of 2) and the Bitwise ops (meshc's
+//! and, or, xor, not of integers).
 
 use meshc_ir::infer::norm_axis;
 use meshc_ir::{Attr, DType, Data, Op, Tensor};
@@ -31,7 +32,29 @@ pub const CONVERTERS: &[Converter] = &[
     Converter::since(10, "ReverseSequence", |b, c| one(reverse_sequence(&mut Steps { b, c }))),
     Converter::new("AffineGrid", |b, c| one(affine_grid(&mut Steps { b, c }))),
     Converter::since(11, "BitShift", |b, c| one(bit_shift(&mut Steps { b, c }))),
+    Converter::since(18, "BitwiseAnd", |b, c| one(bitwise(&mut Steps { b, c }, Op::And))),
+    Converter::since(18, "BitwiseOr", |b, c| one(bitwise(&mut Steps { b, c }, Op::Or))),
+    Converter::since(18, "BitwiseXor", |b, c| one(bitwise(&mut Steps { b, c }, Op::Xor))),
+    Converter::since(18, "BitwiseNot", |b, c| one(bitwise(&mut Steps { b, c }, Op::Not))),
 ];
+
+/// The Bitwise ops: meshc's and, or, xor, not, bitwise on i32 and i64; int8 and uint8 are
+/// widened to i32 and the result cast back (its low 8 bits are the 8-bit op's).
+fn bitwise(s: &mut Steps, op: Op) -> R<Value> {
+    let dtype = s.b.ty(s.c.arg(0)?).dtype;
+    let wide = match dtype {
+        DType::I8 | DType::U8 => DType::I32,
+        DType::I32 | DType::I64 => dtype,
+        other => return Err(format!("{} of {other} is not supported (int8, uint8, int32, int64)", s.op_type())),
+    };
+    let mut args = Vec::new();
+    for (i, v) in s.c.all_args()?.into_iter().enumerate() {
+        args.push(cast(s.b, v, wide, &s.c.part(&format!("wide{i}")))?);
+    }
+    let last = if wide == dtype { "" } else { "wide_result" };
+    let r = s.op0(last, op, &args.iter().collect::<Vec<_>>())?;
+    cast(s.b, &r, dtype, &s.c.out)
+}
 
 /// BitShift as arithmetic on i32 (i64 for int64; int8 and uint8 widened, which keeps every
 /// shift's result in its low 8 bits, and cast back, which wraps): a left shift is a
