@@ -724,6 +724,7 @@ fn rotary(s: &mut Steps) -> R<Value> {
 mod tests {
     use super::*;
     use crate::dispatch::tests::{attr_i, attr_ints, eval, f32s};
+    use crate::proto::AttributeProto;
 
     /// Deterministic values in (-1, 1), scaled.
     fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
@@ -877,5 +878,37 @@ mod tests {
         let attrs = vec![attr_i("interleaved", 1), attr_i("rotary_embedding_dim", 2)];
         let y = eval("RotaryEmbedding", 23, vec![x, caches[0].clone(), caches[1].clone()], attrs).unwrap();
         assert_eq!(f32s(&y), vec![c - 2.0 * s, s + 2.0 * c, 3.0, 4.0]);
+    }
+
+    #[test]
+    fn bit_shift_is_arithmetic_and_sign_fills_out_of_range_amounts() {
+        let dir = |d: &str| AttributeProto {
+            name: Some("direction".into()),
+            s: Some(d.as_bytes().to_vec()),
+            ..Default::default()
+        };
+        let i32s = |v: &[i32]| Tensor::new(vec![v.len()], Data::I32(v.to_vec()));
+        let x = i32s(&[-7, -7, 7, -7, 1, -1, i32::MIN]);
+        let y = i32s(&[1, 31, 31, 32, -1, 40, 31]);
+        let right = eval("BitShift", 28, vec![x.clone(), y.clone()], vec![dir("RIGHT")]).unwrap();
+        assert_eq!(right.data, Data::I32(vec![-4, -1, 0, -1, 0, -1, -1]));
+        let left = eval("BitShift", 28, vec![x, y], vec![dir("LEFT")]).unwrap();
+        assert_eq!(left.data, Data::I32(vec![-14, i32::MIN, i32::MIN, 0, 0, 0, 0]));
+        // uint8 widened to i32 and wrapped back: 200 << 1 is 144, 200 >> 7 is 1.
+        let u8s = |v: &[u8]| Tensor::new(vec![v.len()], Data::U8(v.to_vec()));
+        let l = eval("BitShift", 28, vec![u8s(&[200, 200]), u8s(&[1, 8])], vec![dir("LEFT")]).unwrap();
+        assert_eq!(l.data, Data::U8(vec![144, 0]));
+        let r = eval("BitShift", 28, vec![u8s(&[200, 200]), u8s(&[7, 9])], vec![dir("RIGHT")]).unwrap();
+        assert_eq!(r.data, Data::U8(vec![1, 0]));
+    }
+
+    #[test]
+    fn reverse_sequence_reverses_each_batch_to_its_length() {
+        // [batch 2, time 3]: batch 0 reversed over 3 steps, batch 1 over 2.
+        let x = Tensor::f32(vec![2, 3], vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+        let lens = Tensor::new(vec![2], Data::I64(vec![3, 2]));
+        let attrs = vec![attr_i("batch_axis", 0), attr_i("time_axis", 1)];
+        let y = eval("ReverseSequence", 10, vec![x, lens], attrs).unwrap();
+        assert_eq!(f32s(&y), vec![2.0, 1.0, 0.0, 4.0, 3.0, 5.0]);
     }
 }
