@@ -125,7 +125,8 @@ fn expect_dtype(o: &Operand, allowed: &[DType], what: &str) -> R<()> {
 const NUMERIC: &[DType] = &[DType::F32, DType::I32, DType::I64];
 const FLOAT: &[DType] = &[DType::F32];
 const INDEX: &[DType] = &[DType::I32, DType::I64];
-const BOOL: &[DType] = &[DType::Bool];
+/// and, or, xor, not: logic on bools, bitwise on integers.
+const LOGIC: &[DType] = &[DType::Bool, DType::I32, DType::I64];
 const EQUATABLE: &[DType] = &[DType::F32, DType::I32, DType::I64, DType::Bool];
 
 fn same_dtype(ops: &[Operand]) -> R<DType> {
@@ -164,7 +165,7 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
         Equal | Less | LessEqual | Greater | GreaterEqual | And | Or | Xor | Mod => {
             let allowed = match node.op {
                 Equal => EQUATABLE,
-                And | Or | Xor => BOOL,
+                And | Or | Xor => LOGIC,
                 Mod => INDEX,
                 _ => NUMERIC,
             };
@@ -174,13 +175,13 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
             let dtype = same_dtype(ops)?;
             let shape = broadcast_shapes(&[&ops[0].ty.shape, &ops[1].ty.shape])?;
             let dims = broadcast_dims(ops, shape.len());
-            let dtype = if node.op == Mod { dtype } else { DType::Bool };
+            let dtype = if matches!(node.op, Mod | And | Or | Xor) { dtype } else { DType::Bool };
             Ok(Inferred { ty: TensorType::new(dtype, shape), dims })
         }
         Not => {
             let x = x.expect("arity checked");
-            expect_dtype(x, BOOL, "the operand")?;
-            Ok(keep(x, DType::Bool))
+            expect_dtype(x, LOGIC, "the operand")?;
+            Ok(keep(x, x.ty.dtype))
         }
         Floor | Ceil | Round => {
             let x = x.expect("arity checked");

@@ -130,8 +130,17 @@ fn eval(node: &Node, args: &[&Tensor]) -> R<Tensor> {
     let op = node.op;
     match op {
         Add | Sub | Mul | Div | Maximum | Minimum | Pow => binary(op, args[0], args[1]),
-        Equal | Less | LessEqual | Greater | GreaterEqual | And | Or | Xor => compare(op, args[0], args[1]),
-        Not => Ok(Tensor::new(args[0].shape.clone(), Data::Bool(elems::<bool>(args[0])?.iter().map(|b| !b).collect()))),
+        Equal | Less | LessEqual | Greater | GreaterEqual => compare(op, args[0], args[1]),
+        And | Or | Xor => logic(op, args[0], args[1]),
+        Not => {
+            let x = args[0];
+            let data = match x.dtype() {
+                DType::I32 => Data::I32(elems::<i32>(x)?.iter().map(|v| !v).collect()),
+                DType::I64 => Data::I64(elems::<i64>(x)?.iter().map(|v| !v).collect()),
+                _ => Data::Bool(elems::<bool>(x)?.iter().map(|b| !b).collect()),
+            };
+            Ok(Tensor::new(x.shape.clone(), data))
+        }
         Mod => modulo(args[0], args[1], attrs::Mod::try_of(node)?.fmod),
         Neg | Abs | Exp | Log | Sqrt | Rsqrt | Tanh | Erf | Erfc | Sin | Cos | Sigmoid | Relu | Gelu | Floor | Ceil
         | Round => {
@@ -615,8 +624,36 @@ fn binary(op: Op, a: &Tensor, b: &Tensor) -> R<Tensor> {
     Ok(Tensor::new(shape, data))
 }
 
-/// Comparisons (any dtype, NaN compares unequal and unordered, as in IEEE and numpy) and
-/// and/or/xor (on bools, where `!=` is xor): a bool result.
+/// and, or, xor: logic on bools, bitwise on integers (their dtype's result).
+fn logic(op: Op, a: &Tensor, b: &Tensor) -> R<Tensor> {
+    if a.dtype() != b.dtype() {
+        return Err(format!("{op} operands have different dtypes {} and {}", a.dtype(), b.dtype()));
+    }
+    fn bits<T: Elem + std::ops::BitAnd<Output = T> + std::ops::BitOr<Output = T> + std::ops::BitXor<Output = T>>(
+        op: Op,
+        a: &Tensor,
+        b: &Tensor,
+        shape: &[usize],
+    ) -> R<Vec<T>> {
+        let f: fn(T, T) -> T = match op {
+            Op::And => |x, y| x & y,
+            Op::Or => |x, y| x | y,
+            _ => |x, y| x ^ y,
+        };
+        map2(a, b, shape, f)
+    }
+    let shape = broadcast_shapes(&[&a.shape, &b.shape])?;
+    let data = match a.dtype() {
+        DType::Bool => Data::Bool(bits::<bool>(op, a, b, &shape)?),
+        DType::I32 => Data::I32(bits::<i32>(op, a, b, &shape)?),
+        DType::I64 => Data::I64(bits::<i64>(op, a, b, &shape)?),
+        other => return Err(undefined(op, other)),
+    };
+    Ok(Tensor::new(shape, data))
+}
+
+/// Comparisons (any dtype, NaN compares unequal and unordered, as in IEEE and numpy): a
+/// bool result.
 fn compare(op: Op, a: &Tensor, b: &Tensor) -> R<Tensor> {
     if a.dtype() != b.dtype() {
         return Err(format!("{op} operands have different dtypes {} and {}", a.dtype(), b.dtype()));
@@ -632,17 +669,7 @@ fn compare(op: Op, a: &Tensor, b: &Tensor) -> R<Tensor> {
         }
     }
     let shape = broadcast_shapes(&[&a.shape, &b.shape])?;
-    let data = match op {
-        Op::And | Op::Or | Op::Xor => {
-            let f: fn(bool, bool) -> bool = match op {
-                Op::And => |x, y| x && y,
-                Op::Or => |x, y| x || y,
-                _ => |x, y| x != y,
-            };
-            map2(a, b, &shape, f)?
-        }
-        _ => with_elem!(a.dtype(), T => map2(a, b, &shape, |x: T, y: T| test(op, x, y))?),
-    };
+    let data = with_elem!(a.dtype(), T => map2(a, b, &shape, |x: T, y: T| test(op, x, y))?);
     Ok(Tensor::new(shape, Data::Bool(data)))
 }
 
@@ -1665,6 +1692,13 @@ mod tests {
         check(Op::Or, &[], &[&p, &q], bt(&[4], &[false, true, true, true]));
         check(Op::Xor, &[], &[&p, &q], bt(&[4], &[false, true, true, false]));
         check(Op::Not, &[], &[&p], bt(&[4], &[true, true, false, false]));
+        // On integers they are bitwise, of the operands' dtype.
+        let (m, n) = (i32t(&[3], &[12, -1, 5]), i32t(&[3], &[10, 7, -8]));
+        check(Op::And, &[], &[&m, &n], i32t(&[3], &[8, 7, 0]));
+        check(Op::Or, &[], &[&m, &n], i32t(&[3], &[14, -1, -3]));
+        check(Op::Xor, &[], &[&m, &n], i32t(&[3], &[6, -8, -3]));
+        check(Op::Not, &[], &[&m], i32t(&[3], &[-13, 0, -6]));
+        check(Op::Not, &[], &[&i64t(&[1], &[i64::MAX])], i64t(&[1], &[i64::MIN]));
         assert!(error(Op::Less, &[], &[&a, &i32t(&[1], &[1])]).contains("different dtypes"));
     }
 

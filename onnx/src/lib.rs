@@ -23,6 +23,7 @@ mod ops_more;
 mod ops_quant;
 mod ops_rnn;
 mod ops_scatter;
+mod ops_trig;
 pub mod sources;
 pub mod symbolic;
 mod tensors;

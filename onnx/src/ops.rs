@@ -500,13 +500,62 @@ fn gemm(b: &mut Builder, c: &Ctx) -> R<Value> {
 fn reduce(b: &mut Builder, c: &Ctx, op_type: &str) -> R<Vec<Value>> {
     let x = c.arg(0)?;
     let Some(attrs) = reduce_attrs(c, op_type)? else { return Ok(vec![x.clone()]) };
+    let dtype = b.ty(x).dtype;
+    let extreme = matches!(op_type, "ReduceMax" | "ReduceMin");
+    if extreme {
+        // ONNX's max (min) of no elements is the lowest (highest) value of the type, where
+        // meshc's reduce_max refuses an empty axis: a constant of the result's shape.
+        if let Some(shape) = empty_reduction(&b.ty(x).shape, &attrs)? {
+            let max = op_type == "ReduceMax";
+            let what = "the reduction of no elements";
+            return one(match dtype {
+                DType::F32 => table(what, dtype, shape, |_| if max { f64::NEG_INFINITY } else { f64::INFINITY }),
+                DType::Bool => table(what, dtype, shape, |_| if max { 0.0 } else { 1.0 }),
+                DType::I32 => table(what, dtype, shape, |_| if max { i32::MIN } else { i32::MAX }.into()),
+                DType::I64 => i64_table(what, shape, |_| if max { i64::MIN } else { i64::MAX }),
+                other => Err(format!("{op_type} of {other} over no elements is not supported")),
+            });
+        }
+        // Of bools, the max is any and the min all: the same on 0/1 as i32.
+        if dtype == DType::Bool {
+            let ints = cast(b, x, DType::I32, &c.part("int"))?;
+            let r = reduce_node(b, c, &ints, op_type, &attrs, &c.part("int_result"))?;
+            return one(cast(b, &r, DType::Bool, &c.out));
+        }
+    }
+    one(reduce_node(b, c, x, op_type, &attrs, &c.out))
+}
+
+/// The result's shape of a reduction with `attrs` (`reduce_attrs`') of `shape`, when an
+/// axis it reduces is empty; `None` when none is.
+pub(super) fn empty_reduction(shape: &[usize], attrs: &[(&str, Attr)]) -> R<Option<Vec<usize>>> {
+    let keep = attrs.iter().any(|(n, a)| *n == "keepdims" && matches!(a, Attr::Bool(true)));
+    let axes: Vec<usize> = match attrs.iter().find(|(n, _)| *n == "axes") {
+        Some((_, Attr::List(l))) => l
+            .iter()
+            .map(|a| match a {
+                Attr::Int(i) => norm_axis(*i, shape.len()),
+                other => Err(format!("axis {other:?} is not an integer")),
+            })
+            .collect::<R<_>>()?,
+        _ => (0..shape.len()).collect(),
+    };
+    if !axes.iter().any(|&a| shape[a] == 0) {
+        return Ok(None);
+    }
+    let kept = |(i, &d): (usize, &usize)| if axes.contains(&i) { keep.then_some(1) } else { Some(d) };
+    Ok(Some(shape.iter().enumerate().filter_map(kept).collect()))
+}
+
+/// Reduction `op_type` of `x` with `attrs`, named `name`.
+fn reduce_node(b: &mut Builder, c: &Ctx, x: &Value, op_type: &str, attrs: &[(&str, Attr)], name: &str) -> R<Value> {
     let v = match op_type {
-        "ReduceSum" => b.node(&c.out, Op::ReduceSum, &[x], &attrs)?,
-        "ReduceMean" => b.node(&c.out, Op::ReduceMean, &[x], &attrs)?,
-        "ReduceMax" => b.node(&c.out, Op::ReduceMax, &[x], &attrs)?,
+        "ReduceSum" => b.node(name, Op::ReduceSum, &[x], attrs)?,
+        "ReduceMean" => b.node(name, Op::ReduceMean, &[x], attrs)?,
+        "ReduceMax" => b.node(name, Op::ReduceMax, &[x], attrs)?,
         "ReduceSumSquare" => {
             let sq = b.node(&c.part("square"), Op::Mul, &[x, x], &[])?;
-            b.node(&c.out, Op::ReduceSum, &[&sq], &attrs)?
+            b.node(name, Op::ReduceSum, &[&sq], attrs)?
         }
         _ => {
             // The min is the max of an order-reversing map: −x for floats, −1 − x for
@@ -517,11 +566,11 @@ fn reduce(b: &mut Builder, c: &Ctx, op_type: &str) -> R<Vec<Value>> {
                 _ => b.node(name, Op::Sub, &[&scalar(dtype, -1.0), v], &[]),
             };
             let neg = flip(b, x, &c.part("neg"))?;
-            let max = b.node(&c.part("max"), Op::ReduceMax, &[&neg], &attrs)?;
-            flip(b, &max, &c.out)?
+            let max = b.node(&c.part("max"), Op::ReduceMax, &[&neg], attrs)?;
+            flip(b, &max, name)?
         }
     };
-    Ok(vec![v])
+    Ok(v)
 }
 
 /// The attributes of a meshc reduction for ONNX reduction `c` (`None`: reduce nothing,

@@ -9,7 +9,9 @@ use meshc_ir::infer::norm_axis;
 use meshc_ir::{Attr, DType, Op};
 
 use super::builder::{Builder, Value};
-use super::ops::{cast, i64_table, log_softmax_of, one, reduce_attrs, reshape, scalar, table, Converter, Ctx};
+use super::ops::{
+    cast, empty_reduction, i64_table, log_softmax_of, one, reduce_attrs, reshape, scalar, table, Converter, Ctx,
+};
 use super::tensors;
 
 type R<T> = std::result::Result<T, String>;
@@ -46,6 +48,7 @@ pub const CONVERTERS: &[Converter] = &[
     Converter::since(6, "HardSigmoid", |b, c| activation(b, c, hard_sigmoid)),
     Converter::new("HardSwish", |b, c| activation(b, c, hard_sigmoid)),
     Converter::new("Swish", |b, c| activation(b, c, swish)),
+    Converter::new("SwiGLU", |b, c| activation(b, c, swiglu)),
     Converter::new("Mish", |b, c| activation(b, c, mish)),
     Converter::since(1, "Softsign", |b, c| activation(b, c, |s, x| softsign(s, x, ""))),
     Converter::since(10, "ThresholdedRelu", |b, c| activation(b, c, thresholded_relu)),
@@ -96,7 +99,7 @@ impl Steps<'_, '_, '_> {
         self.c.float(name, default).into()
     }
 
-    fn op_type(&self) -> &str {
+    pub fn op_type(&self) -> &str {
         self.c.node.op_type.as_deref().unwrap_or("")
     }
 }
@@ -243,6 +246,20 @@ fn swish(s: &mut Steps, x: &Value) -> R<Value> {
     s.op0("", Op::Mul, &[x, &sg])
 }
 
+/// Swish of the gate x times the value, both of one shape (ONNX's SwiGLU does not broadcast).
+fn swiglu(s: &mut Steps, x: &Value) -> R<Value> {
+    let v = s.c.arg(1)?;
+    let (xs, vs) = (s.b.ty(x).shape, s.b.ty(v).shape);
+    if xs != vs {
+        return Err(format!("A of shape {xs:?} and B of shape {vs:?} differ (SwiGLU does not broadcast)"));
+    }
+    let alpha = s.k(x, s.float("alpha", 1.0));
+    let ax = s.op0("ax", Op::Mul, &[&alpha, x])?;
+    let sg = s.op0("sigmoid", Op::Sigmoid, &[&ax])?;
+    let sw = s.op0("swish", Op::Mul, &[x, &sg])?;
+    s.op0("", Op::Mul, &[&sw, v])
+}
+
 fn mish(s: &mut Steps, x: &Value) -> R<Value> {
     let sp = softplus(s, x, "softplus")?;
     let t = s.op0("tanh", Op::Tanh, &[&sp])?;
@@ -319,6 +336,10 @@ fn reduce(s: &mut Steps, op_type: &str, x: &Value) -> R<Value> {
             s.op0("", Op::Log, &[&sum])
         }
         _ => {
+            // The log of an empty sum, as ReduceLogSum gives it (the max has no identity).
+            if let Some(shape) = empty_reduction(&s.b.ty(x).shape, &attrs)? {
+                return table("the reduction of no elements", DType::F32, shape, |_| f64::NEG_INFINITY);
+            }
             let keep: Vec<(&str, Attr)> = attrs
                 .iter()
                 .map(|(k, v)| if *k == "keepdims" { (*k, Attr::Bool(true)) } else { (*k, v.clone()) })

@@ -5,14 +5,17 @@
 //! gather from `0..n`), LpPool (a depthwise conv of ones over |x|^p, then the p-th root),
 //! ConvTranspose (the input spread by zero insertion, padded, and convolved with the
 //! flipped, transposed kernel), RotaryEmbedding (ONNX's reference formula with gathers
-//! from the caches) and ReduceProd (products of halves, halving).
+//! from the caches), ReduceProd (products of halves, halving), Compress and
+//! ReverseSequence (gathers at constant tables), AffineGrid (a constant grid times θᵀ)
+//! BitShift (products and floored quotients by powers of 2) and the Bitwise ops (meshc's
+//! and, or, xor, not of integers).
 
 use meshc_ir::infer::norm_axis;
-use meshc_ir::{Attr, Data, Op, Tensor};
+use meshc_ir::{Attr, DType, Data, Op, Tensor};
 
 use super::builder::{Builder, Value};
 use super::nn::{ones_or, window_attrs};
-use super::ops::{i64_table, one, reduce_attrs, reshape, Converter, Ctx, R};
+use super::ops::{cast, i64_table, one, reduce_attrs, reshape, scalar, table, Converter, Ctx, R};
 use super::ops_math::{float_only, Steps};
 
 /// This module's converters (docs/onnx.md).
@@ -25,7 +28,187 @@ pub const CONVERTERS: &[Converter] = &[
     Converter::new("ConvTranspose", |b, c| one(conv_transpose(&mut Steps { b, c }))),
     Converter::new("RotaryEmbedding", |b, c| one(rotary(&mut Steps { b, c }))),
     Converter::since(1, "ReduceProd", |b, c| one(reduce_prod(&mut Steps { b, c }))),
+    Converter::since(9, "Compress", |b, c| one(compress(&mut Steps { b, c }))),
+    Converter::since(10, "ReverseSequence", |b, c| one(reverse_sequence(&mut Steps { b, c }))),
+    Converter::new("AffineGrid", |b, c| one(affine_grid(&mut Steps { b, c }))),
+    Converter::since(11, "BitShift", |b, c| one(bit_shift(&mut Steps { b, c }))),
+    Converter::since(18, "BitwiseAnd", |b, c| one(bitwise(&mut Steps { b, c }, Op::And))),
+    Converter::since(18, "BitwiseOr", |b, c| one(bitwise(&mut Steps { b, c }, Op::Or))),
+    Converter::since(18, "BitwiseXor", |b, c| one(bitwise(&mut Steps { b, c }, Op::Xor))),
+    Converter::since(18, "BitwiseNot", |b, c| one(bitwise(&mut Steps { b, c }, Op::Not))),
 ];
+
+/// The Bitwise ops: meshc's and, or, xor, not, bitwise on i32 and i64; int8 and uint8 are
+/// widened to i32 and the result cast back (its low 8 bits are the 8-bit op's).
+fn bitwise(s: &mut Steps, op: Op) -> R<Value> {
+    let dtype = s.b.ty(s.c.arg(0)?).dtype;
+    let wide = match dtype {
+        DType::I8 | DType::U8 => DType::I32,
+        DType::I32 | DType::I64 => dtype,
+        other => return Err(format!("{} of {other} is not supported (int8, uint8, int32, int64)", s.op_type())),
+    };
+    let mut args = Vec::new();
+    for (i, v) in s.c.all_args()?.into_iter().enumerate() {
+        args.push(cast(s.b, v, wide, &s.c.part(&format!("wide{i}")))?);
+    }
+    let last = if wide == dtype { "" } else { "wide_result" };
+    let r = s.op0(last, op, &args.iter().collect::<Vec<_>>())?;
+    cast(s.b, &r, dtype, &s.c.out)
+}
+
+/// BitShift as arithmetic on i32 (i64 for int64; int8 and uint8 widened, which keeps every
+/// shift's result in its low 8 bits, and cast back, which wraps): a left shift is a
+/// product by 2^y (wrapping), a right shift the floor of the quotient by 2^y (arithmetic:
+/// a negative x stays negative), 2^y gathered from a constant table. A shift by a negative
+/// amount or by the type's width or more gives what the sign fill alone gives (ONNX's
+/// opset 28 text): −1 for a right shift of a negative x, else 0, as does a right shift by
+/// the wide type's width − 1, whose power is no positive value of it.
+fn bit_shift(s: &mut Steps) -> R<Value> {
+    let (x, y) = (s.c.arg(0)?, s.c.arg(1)?);
+    let dtype = s.b.ty(x).dtype;
+    let (bits, wide, wide_bits) = match dtype {
+        DType::I8 | DType::U8 => (8, DType::I32, 32),
+        DType::I32 => (32, DType::I32, 32),
+        DType::I64 => (64, DType::I64, 64),
+        other => return Err(format!("BitShift of {other} is not supported (int8, uint8, int32, int64)")),
+    };
+    let left = match s.c.string("direction", "").as_str() {
+        "LEFT" => true,
+        "RIGHT" => false,
+        other => return Err(format!("direction '{other}' is neither LEFT nor RIGHT")),
+    };
+    let xw = cast(s.b, x, wide, &s.c.part("x_wide"))?;
+    let yw = cast(s.b, y, wide, &s.c.part("y_wide"))?;
+    let k = |v: f64| scalar(wide, v);
+    let lo = s.op0("amount_low", Op::Maximum, &[&yw, &k(0.0)])?;
+    let idx = s.op0("amount", Op::Minimum, &[&lo, &k(f64::from(wide_bits - 1))])?;
+    let powers = match wide {
+        DType::I64 => Tensor::new(vec![64], Data::I64((0..64).map(|i| 1i64.wrapping_shl(i)).collect())),
+        _ => Tensor::new(vec![32], Data::I32((0..32).map(|i| 1i32.wrapping_shl(i)).collect())),
+    };
+    let p = s.op("power", Op::Gather, &[&Value::computed(powers), &idx], &[("axis", Attr::Int(0))])?;
+    let nonneg = s.op0("amount_nonneg", Op::GreaterEqual, &[&yw, &k(0.0)])?;
+    let top = if left { bits } else { bits.min(wide_bits - 1) };
+    let below = s.op0("amount_below", Op::Less, &[&yw, &k(f64::from(top))])?;
+    let ok = s.op0("amount_ok", Op::And, &[&nonneg, &below])?;
+    let last = if dtype == wide { String::new() } else { "wide_result".to_string() };
+    let r = if left {
+        let v = s.op0("product", Op::Mul, &[&xw, &p])?;
+        s.op0(&last, Op::Where, &[&ok, &v, &k(0.0)])?
+    } else {
+        let q = s.op0("quotient", Op::Div, &[&xw, &p])?;
+        let qp = s.op0("quotient_times", Op::Mul, &[&q, &p])?;
+        let rem = s.op0("remainder", Op::Sub, &[&xw, &qp])?;
+        let low = s.op0("remainder_neg", Op::Less, &[&rem, &k(0.0)])?;
+        let q1 = s.op0("quotient_less", Op::Sub, &[&q, &k(1.0)])?;
+        let floor = s.op0("floor", Op::Where, &[&low, &q1, &q])?;
+        let neg = s.op0("x_neg", Op::Less, &[&xw, &k(0.0)])?;
+        let fill = s.op0("sign_fill", Op::Where, &[&neg, &k(-1.0), &k(0.0)])?;
+        s.op0(&last, Op::Where, &[&ok, &floor, &fill])?
+    };
+    cast(s.b, &r, dtype, &s.c.out)
+}
+
+/// Compress: a gather of the positions the condition keeps along the axis (of the flattened
+/// input when there is none). The condition decides the result's shape, so it must be
+/// known at import time.
+fn compress(s: &mut Steps) -> R<Value> {
+    let x = s.c.arg(0)?;
+    let cond = s.c.arg(1)?.as_const().ok_or("input 1 must be known at import time (it decides the result's shape)")?;
+    let keep: Vec<i64> = cond.data.iter_f64().enumerate().filter(|(_, v)| *v != 0.0).map(|(i, _)| i as i64).collect();
+    let shape = s.b.ty(x).shape;
+    let (data, axis) = match s.c.attr("axis") {
+        Some(_) => (x.clone(), norm_axis(s.c.int("axis", 0), shape.len())?),
+        None => (reshape(s.b, x, &[shape.iter().product::<usize>() as i64], &s.c.part("flat"))?, 0),
+    };
+    let n = s.b.ty(&data).shape[axis];
+    match keep.last() {
+        None => Err("the condition keeps no element (an empty result is not supported)".into()),
+        Some(&last) if last >= n as i64 => Err(format!("the condition keeps position {last} of an axis of {n}")),
+        Some(_) => {
+            let idx = i64_table("the kept positions", vec![keep.len()], |i| keep[i])?;
+            s.op("", Op::Gather, &[&data, &idx], &[("axis", Attr::Int(axis as i64))])
+        }
+    }
+}
+
+/// ReverseSequence: a gather from the flattened input at a constant table of the source of
+/// every element (the first `sequence_lens[b]` steps of batch b reversed along the time
+/// axis, the rest in place). The lengths must be known at import time.
+fn reverse_sequence(s: &mut Steps) -> R<Value> {
+    let x = s.c.arg(0)?;
+    let shape = s.b.ty(x).shape;
+    if shape.len() < 2 {
+        return Err(format!("the input has rank {}, ReverseSequence needs 2 or more", shape.len()));
+    }
+    let (t_ax, b_ax) = (norm_axis(s.c.int("time_axis", 0), shape.len())?, norm_axis(s.c.int("batch_axis", 1), 2)?);
+    if t_ax > 1 || t_ax == b_ax {
+        return Err(format!("time_axis {t_ax} and batch_axis {b_ax} must be 0 and 1 in some order"));
+    }
+    let lens = s.c.const_ints(1)?;
+    if lens.len() != shape[b_ax] || lens.iter().any(|&l| !(0..=shape[t_ax] as i64).contains(&l)) {
+        return Err(format!("sequence_lens {lens:?} do not fit {} batches of {} steps", shape[b_ax], shape[t_ax]));
+    }
+    let mut strides = vec![1usize; shape.len()];
+    for i in (0..shape.len() - 1).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1];
+    }
+    let table = i64_table("the table of sources", shape.clone(), |p| {
+        let (t, b) = (p / strides[t_ax] % shape[t_ax], p / strides[b_ax] % shape[b_ax]);
+        let len = lens[b] as usize;
+        if t < len {
+            (p - t * strides[t_ax] + (len - 1 - t) * strides[t_ax]) as i64
+        } else {
+            p as i64
+        }
+    })?;
+    let flat = reshape(s.b, x, &[shape.iter().product::<usize>() as i64], &s.c.part("flat"))?;
+    s.op("", Op::Gather, &[&flat, &table], &[("axis", Attr::Int(0))])
+}
+
+/// AffineGrid: ONNX's reference formula, the constant grid of normalised coordinates
+/// `[x, y, (z,) 1]` of every output position (x along the last dim) times each θᵀ, as one
+/// matmul `[P, k+1] × [N, k+1, k]`, viewed as `[N, ..., k]`. The size must be known at
+/// import time.
+fn affine_grid(s: &mut Steps) -> R<Value> {
+    let theta = s.c.arg(0)?;
+    float_only(s.b, theta, "AffineGrid")?;
+    let ts = s.b.ty(theta).shape;
+    let size = s.c.const_ints(1)?;
+    let k = ts.get(1).copied().unwrap_or(0);
+    if ts.len() != 3 || !(k == 2 || k == 3) || ts[2] != k + 1 || size.len() != k + 2 || size[0] != ts[0] as i64 {
+        return Err(format!("theta of shape {ts:?} and size {size:?} are not a 2-D or 3-D AffineGrid"));
+    }
+    let spatial: Vec<usize> = size[2..]
+        .iter()
+        .map(|&d| {
+            usize::try_from(d).ok().filter(|&d| d > 0).ok_or(format!("size {size:?} has an empty or negative dim"))
+        })
+        .collect::<R<_>>()?;
+    let align = s.c.int("align_corners", 0) != 0;
+    let coord = |i: usize, n: usize| match (align, n) {
+        (true, 1) => -1.0,
+        (true, _) => -1.0 + 2.0 * i as f64 / (n - 1) as f64,
+        (false, _) => -1.0 + (2 * i + 1) as f64 / n as f64,
+    };
+    let points: usize = spatial.iter().product();
+    let grid = table("the grid of coordinates", DType::F32, vec![points, k + 1], |e| {
+        let (p, j) = (e / (k + 1), e % (k + 1));
+        if j == k {
+            return 1.0;
+        }
+        // Coordinate j is that of spatial dim k − 1 − j (x first).
+        let d = k - 1 - j;
+        let inner: usize = spatial[d + 1..].iter().product();
+        coord(p / inner % spatial[d], spatial[d])
+    })?;
+    let tt = s.op("theta_t", Op::Transpose, &[theta], &[("perm", Attr::ints(&[0, 2, 1]))])?;
+    let g = s.op0("grid", Op::MatMul, &[&grid, &tt])?;
+    let mut out = vec![ts[0] as i64];
+    out.extend(dims(&spatial));
+    out.push(k as i64);
+    reshape(s.b, &g, &out, &s.c.out)
+}
 
 /// Mod: meshc's mod of integers, `float_mod` of anything else.
 fn modulo(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
@@ -541,6 +724,7 @@ fn rotary(s: &mut Steps) -> R<Value> {
 mod tests {
     use super::*;
     use crate::dispatch::tests::{attr_i, attr_ints, eval, f32s};
+    use crate::proto::AttributeProto;
 
     /// Deterministic values in (-1, 1), scaled.
     fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
@@ -694,5 +878,37 @@ mod tests {
         let attrs = vec![attr_i("interleaved", 1), attr_i("rotary_embedding_dim", 2)];
         let y = eval("RotaryEmbedding", 23, vec![x, caches[0].clone(), caches[1].clone()], attrs).unwrap();
         assert_eq!(f32s(&y), vec![c - 2.0 * s, s + 2.0 * c, 3.0, 4.0]);
+    }
+
+    #[test]
+    fn bit_shift_is_arithmetic_and_sign_fills_out_of_range_amounts() {
+        let dir = |d: &str| AttributeProto {
+            name: Some("direction".into()),
+            s: Some(d.as_bytes().to_vec()),
+            ..Default::default()
+        };
+        let i32s = |v: &[i32]| Tensor::new(vec![v.len()], Data::I32(v.to_vec()));
+        let x = i32s(&[-7, -7, 7, -7, 1, -1, i32::MIN]);
+        let y = i32s(&[1, 31, 31, 32, -1, 40, 31]);
+        let right = eval("BitShift", 28, vec![x.clone(), y.clone()], vec![dir("RIGHT")]).unwrap();
+        assert_eq!(right.data, Data::I32(vec![-4, -1, 0, -1, 0, -1, -1]));
+        let left = eval("BitShift", 28, vec![x, y], vec![dir("LEFT")]).unwrap();
+        assert_eq!(left.data, Data::I32(vec![-14, i32::MIN, i32::MIN, 0, 0, 0, 0]));
+        // uint8 widened to i32 and wrapped back: 200 << 1 is 144, 200 >> 7 is 1.
+        let u8s = |v: &[u8]| Tensor::new(vec![v.len()], Data::U8(v.to_vec()));
+        let l = eval("BitShift", 28, vec![u8s(&[200, 200]), u8s(&[1, 8])], vec![dir("LEFT")]).unwrap();
+        assert_eq!(l.data, Data::U8(vec![144, 0]));
+        let r = eval("BitShift", 28, vec![u8s(&[200, 200]), u8s(&[7, 9])], vec![dir("RIGHT")]).unwrap();
+        assert_eq!(r.data, Data::U8(vec![1, 0]));
+    }
+
+    #[test]
+    fn reverse_sequence_reverses_each_batch_to_its_length() {
+        // [batch 2, time 3]: batch 0 reversed over 3 steps, batch 1 over 2.
+        let x = Tensor::f32(vec![2, 3], vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+        let lens = Tensor::new(vec![2], Data::I64(vec![3, 2]));
+        let attrs = vec![attr_i("batch_axis", 0), attr_i("time_axis", 1)];
+        let y = eval("ReverseSequence", 10, vec![x, lens], attrs).unwrap();
+        assert_eq!(f32s(&y), vec![2.0, 1.0, 0.0, 4.0, 3.0, 5.0]);
     }
 }

@@ -492,11 +492,12 @@ fn emit_node(m: &mut Math, kind: Kind, dt: DType, args: &[Value]) -> Value {
         Kind::Mod { fmod } => modulo(m, fmod, args[0], args[1]),
         Kind::IntDiv => int_div(m, args[0], args[1]),
         // Bools are lane masks (all-ones/zero) on vectors and 0/1 on scalars: and, or, xor
-        // keep either form; not flips every bit of a mask, bit 0 of a scalar.
+        // keep either form; not flips every bit of a mask, bit 0 of a scalar. On integers
+        // they are bitwise.
         Kind::Plain(Op::And) => m.b.ins().band(args[0], args[1]),
         Kind::Plain(Op::Or) => m.b.ins().bor(args[0], args[1]),
         Kind::Plain(Op::Xor) => m.b.ins().bxor(args[0], args[1]),
-        Kind::Plain(Op::Not) if m.ty().is_vector() => m.b.ins().bnot(args[0]),
+        Kind::Plain(Op::Not) if m.ty().is_vector() || dt != DType::Bool => m.b.ins().bnot(args[0]),
         Kind::Plain(Op::Not) => m.b.ins().bxor_imm_u(args[0], 1),
         Kind::Plain(op) if dt == DType::F32 => float_op(m, op, args),
         Kind::Plain(op) => int_op(m, op, args),
@@ -1074,13 +1075,15 @@ mod tests {
     #[test]
     fn every_int_op() {
         for (k, dt) in [DType::I32, DType::I64].into_iter().enumerate() {
-            for op in [Op::Neg, Op::Abs, Op::Relu] {
+            for op in [Op::Neg, Op::Abs, Op::Relu, Op::Not] {
                 for shape in UNARY_SHAPES {
                     let f = group(&[ty(dt, shape)], &[(op, &[], &[IN0])]);
                     check_random(&f, 200 + k as u64, &format!("{op} {dt} {shape:?}"));
                 }
             }
-            let ops = [Op::Add, Op::Sub, Op::Mul, Op::Maximum, Op::Minimum, Op::Mod].into_iter().chain(COMPARISONS);
+            let ops = [Op::Add, Op::Sub, Op::Mul, Op::Maximum, Op::Minimum, Op::Mod, Op::And, Op::Or, Op::Xor]
+                .into_iter()
+                .chain(COMPARISONS);
             for op in ops {
                 for (a, b) in BINARY_SHAPES {
                     let f = group(&[ty(dt, a), ty(dt, b)], &[(op, &[], &[IN0, IN1])]);

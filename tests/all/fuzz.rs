@@ -394,7 +394,7 @@ fn graph(r: &Recipe) -> String {
                 (format!("{name} = cast({last}) {{to = \"f32\"}}"), s)
             }
             // Comparisons and logic (bools inside fused loops), rounding, and integer mod
-            // (zero divisors, both sign rules), all on leaves: a computed value may differ
+            // (zero divisors, both sign rules) and bitwise logic, all on leaves: a computed value may differ
             // by an ulp between the compiled and interpreted graphs, which would flip a
             // comparison or a rounding at a tie.
             19 => {
@@ -406,7 +406,20 @@ fn graph(r: &Recipe) -> String {
                     lines.push(format!("{name}j = cast({y}) {{to = \"{dtype}\"}}"));
                     let fmod = (arg >> 1) & 1 == 1;
                     lines.push(format!("{name}m = mod({name}i, {name}j) {{fmod = {fmod}}}"));
-                    (format!("{name} = cast({name}m) {{to = \"f32\"}}"), s)
+                    // and, or, xor and not are bitwise on integers.
+                    let last = match (arg >> 2) % 5 {
+                        0 => format!("{name}m"),
+                        4 => {
+                            lines.push(format!("{name}b = not({name}m)"));
+                            format!("{name}b")
+                        }
+                        k => {
+                            let op = ["and", "or", "xor"][k as usize - 1];
+                            lines.push(format!("{name}b = {op}({name}m, {name}j)"));
+                            format!("{name}b")
+                        }
+                    };
+                    (format!("{name} = cast({last}) {{to = \"f32\"}}"), s)
                 } else {
                     const CMP: &[&str] = &["equal", "less", "less_equal", "greater", "greater_equal"];
                     let cmp = CMP[arg as usize % CMP.len()];
