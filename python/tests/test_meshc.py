@@ -176,7 +176,7 @@ def test_a_decoder_generates_numpys_greedy_ids(tmp_path):
 
 def test_an_onnx_llama_generates_torchs_greedy_ids_with_its_prefill(tmp_path):
     """testdata/onnx_decoders/llama: transformers' Llama exported with past/present KV, its
-    decode step and the prefill of a 5-id prompt compiled from the one file."""
+    decode step and the prefill of prompts of up to 5 ids compiled from the one file."""
     d = TESTDATA / "onnx_decoders" / "llama"
     sizes = ["--decode-context", "40", "--decode-batch", "2"]
     step = meshc.load(meshc.compile(d / "model.onnx", tmp_path / "step.mshc", extra=sizes))
@@ -184,8 +184,13 @@ def test_an_onnx_llama_generates_torchs_greedy_ids_with_its_prefill(tmp_path):
     prompt, greedy = np.load(d / "prompt.npy"), np.load(d / "greedy.npy")
     np.testing.assert_array_equal(step.generate(prompt, 32, 40, prefill=prefill), greedy)
     np.testing.assert_array_equal(step.generate(prompt, 32, 40), greedy)
-    with pytest.raises(meshc.MeshcError, match=r"the prefill takes ids i64\[2,5\], where the prompt is \[2, 3\]"):
-        step.generate(prompt[:, :3], 2, 40, prefill=prefill)
+    # A shorter prompt runs through the same prefill, padded after its end; a longer one is
+    # refused.
+    short = np.ascontiguousarray(prompt[:, :3])
+    np.testing.assert_array_equal(step.generate(short, 12, 40, prefill=prefill), step.generate(short, 12, 40))
+    longer = np.ones((2, 6), np.int64)
+    with pytest.raises(meshc.MeshcError, match=r"the prefill takes ids i64\[2,5\]: prompts of at most 5 ids, where the prompt is \[2, 6\]"):
+        step.generate(longer, 2, 40, prefill=prefill)
 
 
 def test_an_inference_artifact_has_no_state(artifacts):
