@@ -12,6 +12,7 @@
 //! (the caches, written at `pos`), starting from zeros. The context it holds is the size
 //! of the dim its state names `ctx`.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use meshc_ir::{DType, Data, Tensor, TensorType};
@@ -162,8 +163,9 @@ fn index_tensor(dtype: DType, shape: Vec<usize>, values: &[i64]) -> Tensor {
     }
 }
 
-/// A state tensor's first positions from a prefill: its `ctx` axis and the bytes.
-type Prefix<'a> = Option<(usize, &'a [u8])>;
+/// A state tensor's first positions from a prefill: its `ctx` axis and the bytes (the
+/// prefill's own, or under hosts the copy host 0 sent).
+type Prefix<'a> = Option<(usize, Cow<'a, [u8]>)>;
 
 /// A prefill's outputs as the decode step's state: for each state tensor of `c`, the
 /// prefill's first `len` positions along its `ctx` axis (that axis, and the bytes), or
@@ -183,7 +185,7 @@ fn prefilled<'a>(c: &Contract, out: &'a BTreeMap<String, Tensor>, len: usize) ->
         if block.shape != want || block.dtype() != ty.dtype {
             return Err(bad(format!("'{name}' is {}, where {} {want:?} was expected", block.ty(), ty.dtype)));
         }
-        blocks.push(Some((axis, crate::exec::io::le_bytes(block))));
+        blocks.push(Some((axis, Cow::Borrowed(crate::exec::io::le_bytes(block)))));
     }
     Ok(blocks)
 }
@@ -368,57 +370,56 @@ impl Session {
         let mut inputs = vec![("ids", TensorView::of(&ids))];
         inputs.extend(at.as_ref().map(|t| ("last", TensorView::of(t))));
         let out = p.run(&inputs)?;
-        // Under hosts only host 0 has the prefill's outputs: it picks from the logits, and
-        // gives the caches' first positions to the others.
-        if p.loaded().host() == 0 {
-            let all = out.get("logits").and_then(|l| l.as_f32()).filter(|l| l.len() % (c.batch * c.vocab) == 0);
-            let all = all.ok_or_else(|| {
-                Error::State("not a prefill (docs/generation.md): it gives no f32 logits [batch, len, vocab]".into())
-            })?;
-            // Each sequence's last position's logits pick its first new token: the one row a
-            // prefill with `last` gives, else the last of all.
-            let rows = all.len() / (c.batch * c.vocab);
-            for (b, row) in logits.chunks_mut(c.vocab).enumerate() {
-                let at = (b * rows + rows - 1) * c.vocab;
-                row.copy_from_slice(&all[at..at + c.vocab]);
+        // Under hosts only host 0 has the prefill's outputs: it picks from the logits,
+        // checks the caches' first positions and gives them to the others.
+        let blocks = match p.loaded().host() {
+            0 => {
+                let all = out.get("logits").and_then(|l| l.as_f32()).filter(|l| l.len() % (c.batch * c.vocab) == 0);
+                let all = all.ok_or_else(|| {
+                    Error::State(
+                        "not a prefill (docs/generation.md): it gives no f32 logits [batch, len, vocab]".into(),
+                    )
+                })?;
+                // Each sequence's last position's logits pick its first new token: the one
+                // row a prefill with `last` gives, else the last of all.
+                let rows = all.len() / (c.batch * c.vocab);
+                for (b, row) in logits.chunks_mut(c.vocab).enumerate() {
+                    let at = (b * rows + rows - 1) * c.vocab;
+                    row.copy_from_slice(&all[at..at + c.vocab]);
+                }
+                prefilled(c, &out, width)?
             }
-        }
-        let out = self.host_0s(c, out, width)?;
-        let blocks = prefilled(c, &out, width)?;
+            _ => vec![None; c.state.len()],
+        };
+        let blocks = self.host_0s(c, blocks, width)?;
         self.set_state_with(|k, i, d, dst| {
-            if let Some((axis, bytes)) = blocks[k] {
-                self.loaded().cut_prefix(i, d, (axis, width, len), bytes, dst);
+            if let Some((axis, bytes)) = &blocks[k] {
+                self.loaded().cut_prefix(i, d, (*axis, width, len), bytes, dst);
             }
         })
     }
-}
 
-impl Session {
-    /// Host 0's prefill outputs `out` that are state (`c.state`, `width` positions along
-    /// their `ctx` axis) on every host, under hosts; else `out` itself. In state order,
-    /// which every host shares.
-    fn host_0s(
-        &self,
-        c: &Contract,
-        mut out: BTreeMap<String, Tensor>,
-        width: usize,
-    ) -> Result<BTreeMap<String, Tensor>, Error> {
+    /// Host 0's `blocks` (`prefilled`, checked there) on every host, under hosts; else
+    /// `blocks` themselves. Each state tensor with a `ctx` axis crosses in state order,
+    /// which every host shares, as `width` positions along it.
+    fn host_0s<'a>(&self, c: &Contract, blocks: Vec<Prefix<'a>>, width: usize) -> Result<Vec<Prefix<'a>>, Error> {
         if !self.loaded().spans_hosts() {
-            return Ok(out);
+            return Ok(blocks);
         }
-        for (name, ty) in &c.state {
-            let mut ty = ty.clone();
-            if let Some(&axis) = c.ctx_axes.get(name) {
-                ty.shape[axis] = width;
-            }
-            let mut bytes = match out.get(name) {
-                Some(t) if self.loaded().host() == 0 => t.to_le_bytes(),
-                _ => vec![0; ty.numel() * ty.dtype.size_bytes()],
+        let mut given = Vec::new();
+        for ((name, ty), block) in c.state.iter().zip(blocks) {
+            let Some(&axis) = c.ctx_axes.get(name) else {
+                given.push(None);
+                continue;
+            };
+            let mut bytes = match block {
+                Some((_, b)) => b.into_owned(),
+                None => vec![0; ty.numel() / ty.shape[axis] * width * ty.dtype.size_bytes()],
             };
             self.loaded().broadcast(&mut bytes).map_err(|e| Error::from_run(e, Error::Run))?;
-            out.insert(name.clone(), Tensor::from_le_bytes(&ty, &bytes));
+            given.push(Some((axis, Cow::Owned(bytes))));
         }
-        Ok(out)
+        Ok(given)
     }
 }
 
