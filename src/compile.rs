@@ -615,7 +615,16 @@ impl Builder {
             }
             // An elementwise step runs its fused group: the group's kernel spec and operands.
             let fused = node.op.is_elementwise().then(|| fused_spec(g, info, groups, r));
-            let step_operands = fused.as_ref().map_or(&node.inputs, |(_, operands)| operands);
+            // A reduction's group is its prologue (`passes::fuse`), in order, then itself:
+            // the kernel reads the chain's operand.
+            let prologue =
+                Some(groups.members(info, r)).filter(|m| !node.op.is_elementwise() && m.len() > 1).map(|m| {
+                    let ops: Vec<Op> = m[..m.len() - 1].iter().map(|&k| g.nodes[k].op).collect();
+                    (ops, vec![g.nodes[m[0]].inputs[0].clone()])
+                });
+            let step_operands = (fused.as_ref().map(|(_, operands)| operands))
+                .or(prologue.as_ref().map(|(_, operands)| operands))
+                .unwrap_or(&node.inputs);
             // Over symbolic dims, the library GEMM and attention are planned for each call's
             // shapes; a generated kernel takes a run-time row count at most.
             let scaling = match &si {
@@ -738,7 +747,21 @@ impl Builder {
                             // It copies its operand only where the result is elsewhere.
                             shares = vec![1];
                         }
-                        (generate(&self.target, node, &operand_types, out)?, node.inputs.clone())
+                        match &prologue {
+                            Some((ops, operands)) => {
+                                let name = kernel_name(node);
+                                let k = codegen::reduce::with_prologue(
+                                    &self.target,
+                                    &name,
+                                    node,
+                                    &operand_types,
+                                    out,
+                                    ops,
+                                )?;
+                                (k, operands.clone())
+                            }
+                            None => (generate(&self.target, node, &operand_types, out)?, node.inputs.clone()),
+                        }
                     })
                 };
                 let (generated, mut operands) = match scaled {
@@ -1012,7 +1035,7 @@ impl pipeline::Ir for Back<'_> {
             }
             Level::Device(DevicePass::Fuse) => {
                 self.groups = (self.devices.iter().zip(&self.folded))
-                    .map(|((_, dev, info), f)| passes::fuse::fuse(dev, verified(info), f))
+                    .map(|((_, dev, info), f)| passes::fuse::fuse(dev, verified(info), f, self.opts.symbols.is_empty()))
                     .collect();
             }
             Level::Program(ProgramPass::Codegen) => {

@@ -504,7 +504,7 @@ fn emit_node(m: &mut Math, kind: Kind, dt: DType, args: &[Value]) -> Value {
     }
 }
 
-fn float_op(m: &mut Math, op: Op, a: &[Value]) -> Value {
+pub(super) fn float_op(m: &mut Math, op: Op, a: &[Value]) -> Value {
     match op {
         Op::Add => m.b.ins().fadd(a[0], a[1]),
         Op::Sub => m.b.ins().fsub(a[0], a[1]),

@@ -38,6 +38,19 @@ const BLOCK: usize = 32;
 const F32: i64 = 4;
 
 pub fn kernel(target: &Target, name: &str, node: &Node, inputs: &[TensorType], out: &TensorType) -> Result<Generated> {
+    with_prologue(target, name, node, inputs, out, &[])
+}
+
+/// The kernel of the reduction `node`, which (a reduce_* of f32) applies the one-operand
+/// ops of `prologue` (`passes::fuse::PROLOGUE_OPS`), in order, to each element it loads.
+pub fn with_prologue(
+    target: &Target,
+    name: &str,
+    node: &Node,
+    inputs: &[TensorType],
+    out: &TensorType,
+    prologue: &[Op],
+) -> Result<Generated> {
     let x = inputs.first().ok_or_else(|| anyhow!("{} needs an operand", node.op))?;
     if !matches!(node.op, Op::ReduceSum | Op::ReduceMax) && x.dtype != DType::F32 {
         bail!("{} of {} is not supported", node.op, x.dtype);
@@ -46,7 +59,8 @@ pub fn kernel(target: &Target, name: &str, node: &Node, inputs: &[TensorType], o
         bail!("{} result {out} does not match its operand {x}", node.op);
     }
     let (func, parts) = match node.op {
-        Op::ReduceSum | Op::ReduceMean | Op::ReduceMax => reduce(target, name, node, x, out)?,
+        Op::ReduceSum | Op::ReduceMean | Op::ReduceMax => reduce(target, name, node, x, out, prologue)?,
+        _ if !prologue.is_empty() => bail!("{} takes no prologue", node.op),
         Op::Softmax => softmax(target, name, node, x)?,
         Op::LayerNorm => layer_norm(target, name, node, inputs)?,
         other => bail!("{other} is not a reduction"),
@@ -305,7 +319,14 @@ fn in_bytes(dims: &[Dim], esize: i64) -> Vec<Dim> {
 /// `reduce_*`: the input's dims with `[input, result]` element strides (result stride 0 on
 /// reduced dims), collapsed; the innermost dim then says row or column walk. The kernel
 /// splits the outermost kept dim of its loop nest into parts (none left: no split).
-fn reduce(target: &Target, name: &str, node: &Node, x: &TensorType, out: &TensorType) -> Result<(Function, usize)> {
+fn reduce(
+    target: &Target,
+    name: &str,
+    node: &Node,
+    x: &TensorType,
+    out: &TensorType,
+    prologue: &[Op],
+) -> Result<(Function, usize)> {
     let rank = x.rank();
     let axes = match attrs::Reduce::of(node).axes {
         Some(a) => norm_axes(&a, rank).map_err(anyhow::Error::msg)?,
@@ -348,9 +369,12 @@ fn reduce(target: &Target, name: &str, node: &Node, x: &TensorType, out: &Tensor
         DType::I64 => Some(types::I64),
         other => bail!("{} of {other} is not supported", node.op),
     };
+    if ity.is_some() && !prologue.is_empty() {
+        bail!("{} of {} takes no prologue", node.op, x.dtype);
+    }
     let func = build_kernel(target, name, |kb| match ity {
         _ if empty => {}
-        None => reduce_f32(kb, target, op, mean, &dims),
+        None => reduce_f32(kb, target, op, mean, &dims, prologue),
         Some(ty) => reduce_int(kb, target, op, ty, &dims),
     });
     // The f32 walk handles the innermost dim itself; the integer loops nest every dim.
@@ -365,7 +389,15 @@ fn split(dims: &[Dim]) -> (Vec<Dim>, Vec<Dim>) {
 }
 
 /// `dims` collapsed and non-empty: the last one is contiguous in the input.
-fn reduce_f32(kb: &mut KernelBuilder, target: &Target, op: Combine, mean: Option<f32>, dims: &[Dim]) {
+fn reduce_f32(kb: &mut KernelBuilder, target: &Target, op: Combine, mean: Option<f32>, dims: &[Dim], prologue: &[Op]) {
+    // Lanes past a partial vector's end are masked to the identity after this (`fold`).
+    let load = |kb: &mut KernelBuilder, ptr: Value, width: usize| {
+        let mut v = load_vec(kb, ptr, width);
+        for &op in prologue {
+            v = super::elementwise::float_op(&mut Math::new(&mut kb.b, F32X4, target), op, &[v]);
+        }
+        v
+    };
     let (last, outer) = dims.split_last().expect("at least one dim");
     let (kept, red) = split(outer);
     let (dst, src) = (kb.buf(0), kb.buf(1));
@@ -375,7 +407,7 @@ fn reduce_f32(kb: &mut KernelBuilder, target: &Target, op: Combine, mean: Option
         for_parts(kb, &in_bytes(&kept, F32), &[src, dst], &mut |kb, p| {
             let slots = fold(kb, target, &walk, op, &mut |kb, at| {
                 let a = kb.b.ins().iadd(p[0], at.off);
-                load_vec(kb, a, at.width)
+                load(kb, a, at.width)
             });
             let mut r = across_lanes(kb, target, op, &slots);
             if let Some(count) = mean {
@@ -392,7 +424,7 @@ fn reduce_f32(kb: &mut KernelBuilder, target: &Target, op: Combine, mean: Option
                 let walk = Walk { loops: loops.clone(), run: len };
                 let slots = fold(kb, target, &walk, op, &mut |kb, at| {
                     let a = kb.b.ins().iadd(s, at.off);
-                    load_vec(kb, a, at.width)
+                    load(kb, a, at.width)
                 });
                 for (slot, mut v) in slots.into_iter().enumerate() {
                     if let Some(count) = mean {
@@ -547,8 +579,9 @@ fn layer_norm(target: &Target, name: &str, node: &Node, inputs: &[TensorType]) -
 #[cfg(test)]
 mod tests {
     use super::super::emit::testing::check_parts;
-    use super::super::movement::testing::{check, ints, node, out_type, random};
+    use super::super::movement::testing::{check, ints, node, out_type, random, run_kernel, Gen};
     use super::*;
+    use meshc_ir::interp::eval_node;
     use meshc_ir::{Attr, Data, Tensor};
 
     fn reduce_node(op: Op, axes: Option<&[i64]>, keepdims: bool) -> Node {
@@ -604,6 +637,40 @@ mod tests {
                     // accumulation error behind the absolute tolerance.
                     let x = random(DType::F32, &shape, -0.5, 1.0, len as u64);
                     check(kernel, &reduce_node(op, Some(&[axis]), false), &[x]);
+                }
+            }
+        }
+    }
+
+    /// A prologue applies to every element, and the lanes past a partial vector's end
+    /// still take the reduction's identity (abs would make a max's −inf fill +inf).
+    #[test]
+    fn prologues_apply_to_each_element_loaded() {
+        fn abs(t: &Target, name: &str, n: &Node, i: &[TensorType], o: &TensorType) -> Result<Generated> {
+            with_prologue(t, name, n, i, o, &[Op::Abs])
+        }
+        fn neg_exp(t: &Target, name: &str, n: &Node, i: &[TensorType], o: &TensorType) -> Result<Generated> {
+            with_prologue(t, name, n, i, o, &[Op::Neg, Op::Exp])
+        }
+        for (gen, ops) in [(abs as Gen, &[Op::Abs][..]), (neg_exp, &[Op::Neg, Op::Exp])] {
+            for len in [1, 3, 5, 16, 1000] {
+                for (shape, axis) in [(vec![3, len], 1), (vec![len, 6], 0), (vec![2, len, 5], 1)] {
+                    let mut x = random(DType::F32, &shape, -3.0, 2.0, len as u64);
+                    for &op in ops {
+                        x = eval_node(&node(op, 1, &[]), &[&x], &x.ty()).unwrap();
+                    }
+                    for op in [Op::ReduceSum, Op::ReduceMean, Op::ReduceMax] {
+                        let n = reduce_node(op, Some(&[axis]), true);
+                        let want = eval_node(&n, &[&x], &out_type(&n, std::slice::from_ref(&x))).unwrap();
+                        let raw = random(DType::F32, &shape, -3.0, 2.0, len as u64);
+                        for (status, got) in run_kernel(gen, &n, &[raw]) {
+                            assert_eq!(status, 0);
+                            let (g, w) = (got.data.to_f64(), want.data.to_f64());
+                            for (a, b) in g.iter().zip(&w) {
+                                assert!((a - b).abs() <= 1e-5 + 1e-4 * b.abs(), "{ops:?} {op} {shape:?}: {a} vs {b}");
+                            }
+                        }
+                    }
                 }
             }
         }

@@ -2,12 +2,18 @@
 //! group of their consumer, and each group becomes one step (one loop over the elements,
 //! `codegen::elementwise::fused`). Folded constants are weights their consumers read, not
 //! code to fuse.
+//!
+//! A chain of one-operand f32 ops (`PROLOGUE_OPS`) that only an f32 reduction reads joins
+//! the reduction too, as its prologue: applied to each element as it is loaded
+//! (`codegen::reduce`), so `reduce_max(abs(x))` — an int8 quantization's row range — reads
+//! `x` once and writes nothing but the result. Over symbolic dims a reduction may run as
+//! the runner's library call, which has no prologue: there the chain stays a step.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use meshc_ir::verify::Info;
-use meshc_ir::Graph;
+use meshc_ir::{DType, Graph, Op};
 
 use super::fold::Folded;
 
@@ -26,8 +32,26 @@ impl Groups {
     }
 }
 
-/// The fusion groups of `g` (verified as `info`), whose constants are `folded`.
-pub fn fuse(g: &Graph, info: &Info, folded: &Folded) -> Groups {
+/// The one-operand ops a reduction applies to its elements as it loads them.
+pub const PROLOGUE_OPS: &[Op] = &[
+    Op::Abs,
+    Op::Neg,
+    Op::Exp,
+    Op::Log,
+    Op::Sqrt,
+    Op::Rsqrt,
+    Op::Tanh,
+    Op::Erf,
+    Op::Sigmoid,
+    Op::Relu,
+    Op::Floor,
+    Op::Ceil,
+    Op::Round,
+];
+
+/// The fusion groups of `g` (verified as `info`), whose constants are `folded`; with
+/// `prologues`, reductions take the one-operand chains only they read.
+pub fn fuse(g: &Graph, info: &Info, folded: &Folded, prologues: bool) -> Groups {
     let index: HashMap<&str, usize> = g.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
     let mut users: Vec<Vec<usize>> = vec![Vec::new(); g.nodes.len()];
     for (i, n) in g.nodes.iter().enumerate() {
@@ -50,6 +74,22 @@ pub fn fuse(g: &Graph, info: &Info, folded: &Folded) -> Groups {
         let fusable = !is_output[i] && users[i].len() == 1 && g.nodes[users[i][0]].op.is_elementwise();
         if fusable {
             root[i] = root[users[i][0]];
+        }
+    }
+    for &i in info.order.iter().filter(|_| prologues) {
+        let n = &g.nodes[i];
+        let f32_of = |t: &str| info.types[t].dtype == DType::F32;
+        if !matches!(n.op, Op::ReduceSum | Op::ReduceMean | Op::ReduceMax) || !f32_of(&n.inputs[0]) {
+            continue;
+        }
+        let Some(&p) = index.get(n.inputs[0].as_str()) else { continue };
+        let group: Vec<usize> = (0..g.nodes.len()).filter(|&k| root[k] == p).collect();
+        let chain = group.iter().all(|&k| {
+            let m = &g.nodes[k];
+            PROLOGUE_OPS.contains(&m.op) && m.attrs.is_empty() && f32_of(&m.name) && f32_of(&m.inputs[0])
+        });
+        if chain && !is_output[p] && users[p].len() == 1 && !folded.has(&g.nodes[p].name) {
+            group.iter().for_each(|&k| root[k] = i);
         }
     }
     let roots = info.order.iter().copied().filter(|&i| root[i] == i).collect();
