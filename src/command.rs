@@ -40,8 +40,10 @@ pub struct CodegenArgs {
     /// Which collectives run on the communication stream: those with compute to overlap, or all.
     #[arg(long, value_enum, default_value = "auto", conflicts_with = "single_stream")]
     pub comm_stream: CommArg,
-    /// How matmul weights are stored: keep (f16/bf16 stay half), f32, or f32 weights rounded
-    /// to bf16/f16 (half the bytes; the rounding error of each shows in --dump-after verify and fold).
+    /// How matmul weights are stored: keep (f16/bf16 stay half), f32, f32 weights rounded
+    /// to bf16/f16 (half the bytes), or quantized to int8 per column with the activations
+    /// quantized per row as it runs (a quarter); the rounding error of each weight shows in
+    /// --dump-after verify.
     #[arg(long, value_enum, default_value = "keep")]
     pub weights_dtype: WeightsArg,
     #[command(flatten)]
@@ -56,6 +58,7 @@ pub enum WeightsArg {
     F32,
     Bf16,
     F16,
+    Int8,
 }
 
 /// What importing an ONNX model needs (every command that takes a graph takes a `.onnx`).
@@ -206,6 +209,7 @@ impl CodegenArgs {
             WeightsArg::F32 => WeightsDtype::F32,
             WeightsArg::Bf16 => WeightsDtype::BF16,
             WeightsArg::F16 => WeightsDtype::F16,
+            WeightsArg::Int8 => WeightsDtype::Int8,
         };
         compile::Options { target: self.target.clone(), gemm, streams, weights, ..Default::default() }
     }

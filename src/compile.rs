@@ -1006,6 +1006,14 @@ impl pipeline::Ir for Back<'_> {
                     *info = None;
                 }
             }
+            Level::Device(DevicePass::Quantize) => {
+                let (masks, weights) = (&self.opts.masks, self.opts.weights);
+                for (_, dev, info) in self.devices.iter_mut() {
+                    if let Some((q, _)) = passes::quantize::quantize(dev, verified(info), masks, weights) {
+                        (*dev, *info) = (Cow::Owned(q), None);
+                    }
+                }
+            }
             Level::Device(DevicePass::Fold) => {
                 let (params, opts) = (self.params, self.opts);
                 self.folded = (self.devices.iter())
@@ -1080,7 +1088,9 @@ impl pipeline::Ir for Back<'_> {
 
     fn text(&self, pass: &Pass) -> Result<String> {
         Ok(match pass.level {
-            Level::Device(DevicePass::Expand | DevicePass::Attention | DevicePass::Epilogue) => self.programs_text(),
+            Level::Device(DevicePass::Expand | DevicePass::Quantize | DevicePass::Attention | DevicePass::Epilogue) => {
+                self.programs_text()
+            }
             Level::Device(DevicePass::Fold) => {
                 let v: Vec<_> = self.devices.iter().zip(&self.folded).map(|((d, dev, _), f)| (*d, &**dev, f)).collect();
                 passes::fold::dump(&v)

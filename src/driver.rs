@@ -399,13 +399,18 @@ impl pipeline::Ir for Front<'_, '_> {
                 // before any pass.
                 let mut text = meshc_ir::text::print(g);
                 let opts = self.opts;
-                if let passes::fold::WeightsDtype::F16 | passes::fold::WeightsDtype::BF16 = opts.weights {
-                    let converted = passes::fold::fold(g, info, self.params, &HashMap::new(), opts.weights)?.converted;
-                    let dtype = if opts.weights == passes::fold::WeightsDtype::F16 { "f16" } else { "bf16" };
-                    for (name, err) in &converted {
-                        text +=
-                            &format!("# {name}: f32 -> {dtype} (--weights-dtype), max abs rounding error {err:.3e}\n");
+                use passes::fold::WeightsDtype;
+                let converted = match opts.weights {
+                    WeightsDtype::F16 | WeightsDtype::BF16 => {
+                        let dtype = if opts.weights == WeightsDtype::F16 { "f16" } else { "bf16" };
+                        let f = passes::fold::fold(g, info, self.params, &HashMap::new(), opts.weights)?;
+                        f.converted.into_iter().map(|(name, err)| (name, dtype, err)).collect()
                     }
+                    WeightsDtype::Int8 => passes::quantize::errors(g, info, self.params)?,
+                    WeightsDtype::Keep | WeightsDtype::F32 => Vec::new(),
+                };
+                for (name, dtype, err) in &converted {
+                    text += &format!("# {name}: f32 -> {dtype} (--weights-dtype), max abs rounding error {err:.3e}\n");
                 }
                 text
             }

@@ -35,6 +35,7 @@ pub enum StagePass {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DevicePass {
     Expand,
+    Quantize,
     Fold,
     Attention,
     Epilogue,
@@ -92,6 +93,7 @@ pub const PASSES: &[Pass] = &[
     Pass { name: "lower", level: Level::Stage(StagePass::Lower), dot: true, verify: true },
     Pass { name: "sendrecv", level: Level::Global(GlobalPass::SendRecv), dot: true, verify: true },
     Pass { name: "expand", level: Level::Device(DevicePass::Expand), dot: false, verify: true },
+    Pass { name: "quantize", level: Level::Device(DevicePass::Quantize), dot: false, verify: true },
     Pass { name: "fold", level: Level::Device(DevicePass::Fold), dot: false, verify: false },
     Pass { name: "attention", level: Level::Device(DevicePass::Attention), dot: false, verify: true },
     Pass { name: "epilogue", level: Level::Device(DevicePass::Epilogue), dot: false, verify: true },

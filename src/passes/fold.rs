@@ -62,15 +62,34 @@ pub enum WeightsDtype {
     /// f32 weights that only matmuls read, rounded (to nearest even) into f16 or bf16.
     F16,
     BF16,
+    /// f32 matmul weights quantized to int8 per column, the activations per row as the
+    /// program runs (`passes::quantize`).
+    Int8,
 }
 
 /// Ops evaluated at compile time when all their operands are constants: data movement,
-/// and elementwise mul/add that produce no more elements than their largest operand (a
-/// batch norm folded into a conv's weight and bias; a broadcast would only grow the weights).
+/// `reduce_max`, and the elementwise ops that produce no more elements than their largest
+/// operand (a broadcast would only grow the weights): a batch norm folded into a conv's
+/// weight and bias (mul, add), a weight quantized to int8 (`passes::quantize`: abs,
+/// maximum, div, round).
 fn foldable(n: &meshc_ir::Node, info: &Info) -> bool {
     let largest = n.inputs.iter().map(|i| info.types[i].numel()).max().unwrap_or(0);
-    matches!(n.op, Op::Slice | Op::Reshape | Op::Transpose | Op::Cast)
-        || matches!(n.op, Op::Mul | Op::Add) && info.types[&n.name].numel() <= largest
+    matches!(n.op, Op::Slice | Op::Reshape | Op::Transpose | Op::Cast | Op::ReduceMax)
+        || matches!(n.op, Op::Mul | Op::Add | Op::Div | Op::Maximum | Op::Abs | Op::Round)
+            && info.types[&n.name].numel() <= largest
+}
+
+/// The names `fold` makes constants of in `g` (verified as `info`): its params, and every
+/// foldable node of constants.
+pub fn constants<'g>(g: &'g Graph, info: &Info) -> std::collections::HashSet<&'g str> {
+    let mut consts: std::collections::HashSet<&str> = g.params.iter().map(|p| p.name.as_str()).collect();
+    for &k in &info.order {
+        let n = &g.nodes[k];
+        if foldable(n, info) && n.inputs.iter().all(|i| consts.contains(i.as_str())) {
+            consts.insert(&n.name);
+        }
+    }
+    consts
 }
 
 /// Folds `g` (verified as `info`), whose params' values are in `params` (inline values
@@ -231,6 +250,11 @@ impl Folded<'_> {
             Const::Value(t) => Cow::Owned(t.to_le_bytes()),
             Const::Slice { param: p, node, .. } => Cow::Owned(mapped_slice(g, self.params, p, node)?),
         })
+    }
+
+    /// The value of the constant `name` of `g`.
+    pub fn value(&self, g: &Graph, name: &str) -> Result<Cow<'_, Tensor>> {
+        value(g, self.params, &self.consts, name)
     }
 
     /// Whether `name` is a constant of the program.

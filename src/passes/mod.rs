@@ -11,5 +11,6 @@ pub mod layout;
 pub mod lower;
 pub mod pilot;
 pub mod place;
+pub mod quantize;
 pub mod sendrecv;
 pub mod streams;

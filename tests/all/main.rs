@@ -39,6 +39,7 @@ mod passes;
 mod pilot;
 mod pipeline;
 mod placement;
+mod quantized_weights;
 mod refused;
 mod run_stats;
 mod signing;

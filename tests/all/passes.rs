@@ -111,6 +111,7 @@ fn options(case: &Case) -> Result<(Options, Option<Pilot>), String> {
             ("weights-dtype", "f32") => o.weights = WeightsDtype::F32,
             ("weights-dtype", "bf16") => o.weights = WeightsDtype::BF16,
             ("weights-dtype", "f16") => o.weights = WeightsDtype::F16,
+            ("weights-dtype", "int8") => o.weights = WeightsDtype::Int8,
             ("single-stream", "") => o.streams.single = true,
             ("compute-streams", n) => o.streams.compute_streams = n.parse().map_err(|_| bad())?,
             ("comm-stream", "always") => o.streams.comm_always = true,

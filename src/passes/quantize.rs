@@ -1,0 +1,315 @@
+//! Weights in fewer bytes than f32 where the kernels cannot widen them as they pack them
+//! (`--weights-dtype`; fold stores bf16/f16 matmul weights, which the GEMMs widen), per
+//! device, after expansion and before folding.
+//!
+//! With `int8`, every f32 `matmul(x, w)` whose weight `w` is a constant becomes a product
+//! of 8-bit integers, as onnxruntime's dynamic quantization does but finer grained:
+//!
+//! - `w` is quantized symmetrically per output column: `ws = max|w[:, n]| / 127` (`[.., 1, N]`)
+//!   and `wq = round(w / ws)` in −127..=127. Both are constants, so fold computes them and
+//!   the integer GEMM stores `wq` packed as bytes (`meshc_runtime::kernels::igemm`): a
+//!   quarter of the f32 bytes.
+//! - `x` is quantized per row at run time: `xs = max|x[m, :]| / 127` (`[.., M, 1]`) and
+//!   `xq = round(x · 127 / max|x[m, :]|)`, also in −127..=127, so each row spans at most 255
+//!   values and the GEMM's u8×i8 inner loop is exact.
+//! - `y = f32(xq · wq) · xs · ws`: the i32 product is exact, and only the two roundings
+//!   to 8 bits are lost (at most half a step, 1/254 of the row's or column's largest
+//!   magnitude, per element).
+//!
+//! Running per device after lowering, a weight split by rows is quantized per device
+//! with the device's partial `x`, and the f32 partial results are summed as before: no
+//! collective changes. A weight (and an activation) read by several matmuls is quantized
+//! once (`NAME.int8`, `NAME.scale`); a weight that something else also reads stays in f32
+//! for it. A zero row or column is quantized against a floor of `FLOOR` instead of 0, so
+//! it gives zeros, not NaN. Weights under a pruning mask keep their masked f32 kernel.
+//!
+//! Embedding tables, the constant f32 matrices `gather` reads rows of (axis 0), are stored
+//! in the same type and widened as their rows are gathered: with `int8` each row is
+//! quantized against its own largest magnitude and stored as i8 (`gather` of the rows and
+//! of their scales, then `cast · scale`); with `bf16`/`f16` the table is cast to the half
+//! type and the gathered rows back to f32. A half table already cast to f32 (a bf16
+//! checkpoint) is gathered before the cast, whatever `--weights-dtype` says, except `f32`.
+
+use std::collections::{HashMap, HashSet};
+
+use anyhow::Result;
+use meshc_ir::params::Params;
+use meshc_ir::verify::Info;
+use meshc_ir::{Attr, DType, Graph, Node, Op, Param, ParamData, TensorType};
+
+use super::fold::{self, WeightsDtype};
+use super::pilot::ParamMask;
+
+/// The largest magnitude of a quantized value: symmetric, so −128 is never used.
+const QMAX: f64 = 127.0;
+
+/// The least row or column maximum a scale is computed from: below it (an all-zero row)
+/// every value quantizes to 0 instead of 0/0.
+const FLOOR: f64 = 1e-30;
+
+/// A weight quantized, and the constants it became.
+pub struct Weight {
+    pub name: String,
+    /// Values in −127..=127, its shape: i32 for a matmul (packed as bytes), i8 for a table.
+    pub int8: String,
+    /// f32, one per column (`[.., 1, N]`) of a matmul weight, per row (`[V, 1]`) of a table.
+    pub scale: String,
+    side: Side,
+}
+
+/// What the pass does to one node.
+enum Rewrite<'g> {
+    /// An f32 matmul of a constant weight, made an integer product.
+    Matmul,
+    /// A gather of rows of a constant f32 table, stored as int8 rows with their scales.
+    Int8Table,
+    /// A gather of rows of a table stored in this half type (`.0` the table, a half
+    /// constant, when it is there already).
+    HalfTable(DType, Option<&'g str>),
+}
+
+/// The graph `g` (verified as `info`) with its weights stored as `weights` asks, and the
+/// matmul weights quantized to int8, in program order; None when nothing changes. `masks`
+/// are the pruned params.
+pub fn quantize(
+    g: &Graph,
+    info: &Info,
+    masks: &HashMap<String, ParamMask>,
+    weights: WeightsDtype,
+) -> Option<(Graph, Vec<Weight>)> {
+    let constants = fold::constants(g, info);
+    let masked = |w: &str| ancestors(g, w).iter().any(|p| masks.contains_key(*p));
+    let producer: HashMap<&str, &Node> = g.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    let int8 = weights == WeightsDtype::Int8;
+    let matmul = |n: &Node| {
+        let f32_matrix = |t: &str| info.types[t].dtype == DType::F32 && info.types[t].rank() >= 2;
+        n.op == Op::MatMul
+            && n.inputs.len() == 2
+            && f32_matrix(&n.inputs[0])
+            && f32_matrix(&n.inputs[1])
+            && !constants.contains(n.inputs[0].as_str())
+            && constants.contains(n.inputs[1].as_str())
+            && info.types[&n.inputs[1]].shape.iter().rev().nth(1).is_some_and(|&k| k > 0)
+            && !masked(&n.inputs[1])
+    };
+    let rewrite = |n: &'_ Node| -> Option<Rewrite<'_>> {
+        if n.op == Op::MatMul {
+            return (int8 && matmul(n)).then_some(Rewrite::Matmul);
+        }
+        let table = n.inputs.first()?;
+        let ty = &info.types[table];
+        if n.op != Op::Gather || ty.rank() != 2 || !constants.contains(table.as_str()) || masked(table) {
+            return None;
+        }
+        let axis = meshc_ir::attrs::Gather::of(n).axis;
+        if axis != 0 && axis != -2 {
+            return None;
+        }
+        // A half table behind a cast to f32.
+        let half = producer.get(table.as_str()).filter(|c| c.op == Op::Cast).map(|c| c.inputs[0].as_str());
+        let half = half.filter(|h| info.types[*h].dtype.is_half() && weights != WeightsDtype::F32);
+        match (weights, half) {
+            (_, Some(h)) if !int8 => Some(Rewrite::HalfTable(info.types[h].dtype, Some(h))),
+            _ if ty.dtype != DType::F32 => None,
+            (WeightsDtype::Int8, _) => Some(Rewrite::Int8Table),
+            (WeightsDtype::BF16, _) => Some(Rewrite::HalfTable(DType::BF16, None)),
+            (WeightsDtype::F16, _) => Some(Rewrite::HalfTable(DType::F16, None)),
+            (WeightsDtype::Keep | WeightsDtype::F32, _) => None,
+        }
+    };
+    if !g.nodes.iter().any(|n| rewrite(n).is_some()) {
+        return None;
+    }
+    let mut q = Quantizer { out: g.clone(), names: HashSet::new(), done: HashMap::new(), scalars: None };
+    q.out.nodes.clear();
+    q.names.extend(g.params.iter().map(|p| p.name.clone()));
+    q.names.extend(g.inputs.iter().map(|i| i.name.clone()));
+    q.names.extend(g.nodes.iter().map(|n| n.name.clone()));
+    let to = |dtype: DType| [("to", Attr::Str(dtype.name().into()))];
+    for n in &g.nodes {
+        match rewrite(n) {
+            Some(Rewrite::Matmul) => {
+                let (xq, xs) = q.quantized(n, &n.inputs[0], Side::Activation);
+                let (wq, ws) = q.quantized(n, &n.inputs[1], Side::Columns);
+                let acc = q.emit(n, &format!("{}.i32", n.name), Op::MatMul, &[&xq, &wq], &[]);
+                let wide = q.emit(n, &format!("{}.f32", n.name), Op::Cast, &[&acc], &to(DType::F32));
+                let rows = q.emit(n, &format!("{}.rows", n.name), Op::Mul, &[&wide, &xs], &[]);
+                q.push(n, n.name.clone(), Op::Mul, &[&rows, &ws], &[]);
+            }
+            Some(Rewrite::Int8Table) => {
+                let (table, ids) = (&n.inputs[0], &n.inputs[1]);
+                let (tq, ts) = q.quantized(n, table, Side::Rows);
+                let rows = q.emit(n, &format!("{}.int8", n.name), Op::Gather, &[&tq, ids], &[]);
+                let scales = q.emit(n, &format!("{}.scale", n.name), Op::Gather, &[&ts, ids], &[]);
+                let wide = q.emit(n, &format!("{}.f32", n.name), Op::Cast, &[&rows], &to(DType::F32));
+                q.push(n, n.name.clone(), Op::Mul, &[&wide, &scales], &[]);
+            }
+            Some(Rewrite::HalfTable(dtype, half)) => {
+                let table = match half {
+                    Some(h) => h.to_string(),
+                    None => {
+                        q.emit(n, &format!("{}.{}", n.inputs[0], dtype.name()), Op::Cast, &[&n.inputs[0]], &to(dtype))
+                    }
+                };
+                let rows = q.emit(n, &format!("{}.{}", n.name, dtype.name()), Op::Gather, &[&table, &n.inputs[1]], &[]);
+                q.push(n, n.name.clone(), Op::Cast, &[&rows], &to(DType::F32));
+            }
+            None => q.out.nodes.push(n.clone()),
+        }
+    }
+    let mut quantized: Vec<Weight> = Vec::new();
+    for n in &g.nodes {
+        let (w, side) = match rewrite(n) {
+            Some(Rewrite::Matmul) => (&n.inputs[1], Side::Columns),
+            Some(Rewrite::Int8Table) => (&n.inputs[0], Side::Rows),
+            _ => continue,
+        };
+        if !quantized.iter().any(|x| &x.name == w) {
+            let (int8, scale) = q.done[&(w.clone(), side)].clone();
+            quantized.push(Weight { name: w.clone(), int8, scale, side });
+        }
+    }
+    Some((q.out, quantized))
+}
+
+/// The names of the params `name` is computed from (itself, if it is one).
+fn ancestors<'g>(g: &'g Graph, name: &'g str) -> Vec<&'g str> {
+    let producer: HashMap<&str, &Node> = g.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    let (mut stack, mut seen, mut params) = (vec![name], HashSet::new(), Vec::new());
+    while let Some(t) = stack.pop() {
+        if !seen.insert(t) {
+            continue;
+        }
+        match producer.get(t) {
+            Some(n) => stack.extend(n.inputs.iter().map(String::as_str)),
+            None => params.push(t),
+        }
+    }
+    params
+}
+
+/// The scalar params every quantization divides by.
+struct Scalars {
+    qmax: String,
+    floor: String,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Side {
+    /// Quantized per row (its last axis reduced) as the program runs, to i32.
+    Activation,
+    /// A matmul weight: quantized per column (the axis before the last reduced), folded,
+    /// to i32 (the integer GEMM packs it as bytes).
+    Columns,
+    /// An embedding table: quantized per row, folded, to i8.
+    Rows,
+}
+
+impl Side {
+    fn axis(self) -> i64 {
+        if self == Side::Columns {
+            -2
+        } else {
+            -1
+        }
+    }
+}
+
+struct Quantizer {
+    out: Graph,
+    names: HashSet<String>,
+    /// The quantized value and scale of each operand already quantized, by operand.
+    done: HashMap<(String, Side), (String, String)>,
+    /// Made with the first quantization.
+    scalars: Option<Scalars>,
+}
+
+impl Quantizer {
+    /// `base` itself if no tensor has that name yet, else `base.N` for the first free N.
+    fn fresh(&mut self, base: &str) -> String {
+        let name = (0..).map(|i| if i == 0 { base.to_string() } else { format!("{base}.{i}") });
+        let name = name.into_iter().find(|n| !self.names.contains(n)).expect("a free name");
+        self.names.insert(name.clone());
+        name
+    }
+
+    fn scalar(&mut self, base: &str, v: f64) -> String {
+        let name = self.fresh(base);
+        let ty = TensorType::new(DType::F32, vec![]);
+        let data = ParamData::Value(Attr::Float(v));
+        self.out.params.push(Param { name: name.clone(), ty, dims: None, data, loc: None });
+        name
+    }
+
+    /// Appends `op` of `inputs`, named `name` exactly, on the device of `like`.
+    fn push(&mut self, like: &Node, name: String, op: Op, inputs: &[&str], attrs: &[(&str, Attr)]) {
+        let mut n = Node::new(name, op, inputs);
+        n.attrs = attrs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+        (n.device, n.loc) = (like.device, like.loc);
+        self.out.nodes.push(n);
+    }
+
+    /// Appends `op` of `inputs` under a fresh name made from `base`, which it returns.
+    fn emit(&mut self, like: &Node, base: &str, op: Op, inputs: &[&str], attrs: &[(&str, Attr)]) -> String {
+        let name = self.fresh(base);
+        self.push(like, name.clone(), op, inputs, attrs);
+        name
+    }
+
+    /// `x` quantized to values in −127..=127 along `side`'s axis (its largest magnitude
+    /// maps to ±127), and the f32 scale that maps them back, reduced along it (kept as 1).
+    fn quantized(&mut self, like: &Node, x: &str, side: Side) -> (String, String) {
+        if let Some(done) = self.done.get(&(x.to_string(), side)) {
+            return done.clone();
+        }
+        let k = match self.scalars.take() {
+            Some(k) => k,
+            None => Scalars { qmax: self.scalar("quantize.qmax", QMAX), floor: self.scalar("quantize.floor", FLOOR) },
+        };
+        let reduce = [("axes", Attr::List(vec![Attr::Int(side.axis())])), ("keepdims", Attr::Bool(true))];
+        let abs = self.emit(like, &format!("{x}.abs"), Op::Abs, &[x], &[]);
+        let max = self.emit(like, &format!("{x}.absmax"), Op::ReduceMax, &[&abs], &reduce);
+        let max = self.emit(like, &format!("{x}.range"), Op::Maximum, &[&max, &k.floor], &[]);
+        let scale = self.emit(like, &format!("{x}.scale"), Op::Div, &[&max, &k.qmax], &[]);
+        // The activation is multiplied by the reciprocal, one division per row rather
+        // than per element; the weight, folded, is divided exactly.
+        let scaled = match side {
+            Side::Activation => {
+                let inv = self.emit(like, &format!("{x}.inv"), Op::Div, &[&k.qmax, &max], &[]);
+                self.emit(like, &format!("{x}.scaled"), Op::Mul, &[x, &inv], &[])
+            }
+            Side::Columns | Side::Rows => self.emit(like, &format!("{x}.scaled"), Op::Div, &[x, &scale], &[]),
+        };
+        let rounded = self.emit(like, &format!("{x}.rounded"), Op::Round, &[&scaled], &[]);
+        let to = if side == Side::Rows { "i8" } else { "i32" };
+        let q = self.emit(like, &format!("{x}.int8"), Op::Cast, &[&rounded], &[("to", Attr::Str(to.into()))]);
+        self.done.insert((x.to_string(), side), (q.clone(), scale.clone()));
+        self.scalars = Some(k);
+        (q, scale)
+    }
+}
+
+/// Each weight `--weights-dtype int8` quantizes in `g` (verified as `info`, its params'
+/// values in `params`), with the largest absolute difference between it and its int8
+/// values times their scale, in program order: what the conversion costs, before any pass.
+pub fn errors(g: &Graph, info: &Info, params: &Params) -> Result<Vec<(String, &'static str, f64)>> {
+    let Some((q, weights)) = quantize(g, info, &HashMap::new(), WeightsDtype::Int8) else { return Ok(Vec::new()) };
+    let qinfo = meshc_ir::verify::verify(&q)?;
+    let folded = fold::fold(&q, &qinfo, params, &HashMap::new(), WeightsDtype::Int8)?;
+    let mut out = Vec::new();
+    for w in weights {
+        let (original, wq, ws) = (folded.value(&q, &w.name)?, folded.value(&q, &w.int8)?, folded.value(&q, &w.scale)?);
+        let (k, n) = match original.shape[..] {
+            [.., k, n] => (k, n),
+            _ => unreachable!("only matrices are quantized"),
+        };
+        // `ws` holds one scale per column of each matrix, or per row of a table.
+        let scales = ws.data.to_f64();
+        let scale = |i: usize| if w.side == Side::Rows { scales[i / n] } else { scales[i / (k * n) * n + i % n] };
+        let err = (original.data.iter_f64().zip(wq.data.iter_f64()).enumerate())
+            .map(|(i, (a, b))| (a - b * scale(i)).abs())
+            .fold(0.0, f64::max);
+        out.push((w.name, if w.side == Side::Rows { "int8 per row" } else { "int8 per column" }, err));
+    }
+    Ok(out)
+}
