@@ -43,8 +43,8 @@ pub struct CodegenArgs {
     /// How matmul weights are stored: keep (f16/bf16 stay half), f32, f32 weights rounded
     /// to bf16/f16 (half the bytes), or quantized to int8 per column with the activations
     /// quantized per row as it runs (a quarter); the rounding error of each weight shows in
-    /// --dump-after verify.
-    #[arg(long, value_enum, default_value = "keep")]
+    /// --dump-after verify. Inference only: a training artifact keeps its params in f32.
+    #[arg(long, value_enum, default_value = "keep", conflicts_with = "loss")]
     pub weights_dtype: WeightsArg,
     #[command(flatten)]
     pub onnx: OnnxArgs,
