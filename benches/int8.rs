@@ -7,6 +7,11 @@
 //!   onnxruntime session on 2 threads on the same quantized file and input files; and how far
 //!   meshc's outputs are from onnxruntime's on that file, against how far onnxruntime's int8
 //!   outputs are from its f32 ones (the error quantization makes);
+//! - `--weights-dtype` on an f32 model, all-MiniLM-L6-v2's shapes whole (BERT embeddings
+//!   with a 30522-word table, 6 layers 384 wide; seeded weights: `tools/gen_onnx_testdata.py
+//!   --minilm-l6`): each artifact's size against f32's, and at 32×128 the int8 and bf16
+//!   artifacts' latency against f32's (`meshc run --bench`, all cores) with the cosine of
+//!   their mean-pooled sentence embeddings to f32's (the least over the batch);
 //! - the integer GEMM (`meshc_runtime::kernels::igemm`, a prepacked 8-bit weight) at
 //!   2048×2048×2048 on every path this CPU has, against the f32 library GEMM
 //!   (`kernels::library::matmul`) on the same shape, 2 threads, in GOP/s (2 per multiply-add).
@@ -21,6 +26,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use common::ort::{compile, inputs, latency, model, ort_medians, python};
+use meshc_ir::{Data, Tensor};
 use meshc_runtime::kernels::epilogue::Bound;
 use meshc_runtime::kernels::igemm::{self, Path as IntPath, B};
 use meshc_runtime::kernels::library::{self, Threads};
@@ -112,6 +118,74 @@ fn encoder(meshc: &Path, dir: &Path) {
     }
 }
 
+/// The least cosine, over the sequences of a batch, between the mean-pooled (over the
+/// unmasked positions) hidden states `a` and `b` of `[batch, seq, d]`.
+fn pooled_cosine(a: &Tensor, b: &Tensor, mask: &[i64]) -> f64 {
+    let [batch, seq, d] = a.shape[..] else { panic!("[batch, seq, d]") };
+    let (a, b) = (a.data.to_f64(), b.data.to_f64());
+    let pool = |x: &[f64], i: usize| -> Vec<f64> {
+        let mut v = vec![0.0; d];
+        for t in (0..seq).filter(|t| mask[i * seq + t] != 0) {
+            v.iter_mut().zip(&x[(i * seq + t) * d..][..d]).for_each(|(s, x)| *s += x);
+        }
+        v
+    };
+    (0..batch)
+        .map(|i| {
+            let (p, q) = (pool(&a, i), pool(&b, i));
+            let dot: f64 = p.iter().zip(&q).map(|(x, y)| x * y).sum();
+            dot / (p.iter().map(|x| x * x).sum::<f64>() * q.iter().map(|x| x * x).sum::<f64>()).sqrt()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// `--weights-dtype` on all-MiniLM-L6-v2's shapes: sizes, and speed and cosine at 32×128.
+fn weights(meshc: &Path, dir: &Path) {
+    let Some(model) = model("minilm_l6", "--minilm-l6") else {
+        println!("--weights-dtype: not measured (no Python that can run tools/gen_onnx_testdata.py)");
+        return;
+    };
+    let (b, s) = (32, 128);
+    let ins = dir.join("l6-inputs");
+    std::fs::create_dir_all(&ins).unwrap();
+    let mut state = 7u64;
+    let ids: Vec<i64> = (0..b * s)
+        .map(|_| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (state >> 33) as i64 % 30522
+        })
+        .collect();
+    let mask: Vec<i64> = (0..b * s).map(|i| i64::from(i % s < s - 2 - i / s % 16)).collect();
+    let mut args = Vec::new();
+    for (name, data) in [("input_ids", ids), ("attention_mask", mask.clone())] {
+        let f = ins.join(format!("{name}.npy"));
+        Tensor::new(vec![b, s], Data::I64(data)).write_npy(&f).unwrap();
+        args.extend(["--input".to_string(), format!("{name}={}", f.display())]);
+    }
+    let dims: Vec<String> = ["--dim", &format!("batch={b}"), "--dim", &format!("seq={s}")].map(String::from).into();
+    println!("--weights-dtype on all-MiniLM-L6-v2's shapes (seeded weights), {b}x{s}, all cores:");
+    println!(
+        "{:>7} {:>12} {:>8} {:>11} {:>10} {:>22}",
+        "weights", "artifact MB", "of f32", "latency ms", "f32/this", "pooled cosine to f32"
+    );
+    let mut f32_run: Option<(u64, f64, Tensor)> = None;
+    for w in ["f32", "bf16", "int8"] {
+        let art = dir.join(format!("l6-{w}.mshc"));
+        let (_, bytes) = compile(meshc, &model, &[&dims[..], &["--weights-dtype".into(), w.into()]].concat(), &art);
+        let out = dir.join(format!("l6-{w}"));
+        let ms = latency(meshc, &art, &args, 5, &out);
+        let hidden = Tensor::read_npy(&out.join("last_hidden_state.npy")).unwrap();
+        let (f_bytes, f_ms, f_hidden) = f32_run.get_or_insert_with(|| (bytes, ms, hidden.clone()));
+        println!(
+            "{w:>7} {:>12.1} {:>7.2}x {ms:>11.1} {:>9.2}x {:>22.5}",
+            bytes as f64 / 1e6,
+            bytes as f64 / *f_bytes as f64,
+            *f_ms / ms,
+            pooled_cosine(&hidden, f_hidden, &mask)
+        );
+    }
+}
+
 /// Seconds of the fastest of `reps` calls after one to warm up (of that one with no `reps`).
 fn best(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     let t = Instant::now();
@@ -184,6 +258,7 @@ fn main() -> Result<()> {
     let dir = std::env::temp_dir().join(format!("meshc-bench-int8-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     encoder(&meshc, &dir);
+    weights(&meshc, &dir);
     let _ = std::fs::remove_dir_all(&dir);
     gemm()
 }

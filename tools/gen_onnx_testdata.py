@@ -89,18 +89,24 @@ def mlp():
     save("mlp", g, {"x": rng.standard_normal((4, 16)).astype(np.float32)}, {"batch": 4})
 
 
-def encoder(name="encoder", hid=32, heads=4, ffn=64, layers=1, batch=2, seq=5, out=OUT):
+def encoder(name="encoder", hid=32, heads=4, ffn=64, layers=1, batch=2, seq=5, out=OUT, vocab=None):
     """BERT encoder blocks (by default one: hidden 32, 4 heads) with an attention mask,
     written the way torch.onnx writes them: head reshapes whose target shapes come from
     Shape/Gather/Unsqueeze/Concat on the input, the extended mask (1 - mask) * min, erf
-    GELU. Layer i > 0 prefixes its node names with /layer.i."""
+    GELU. Layer i > 0 prefixes its node names with /layer.i. With `vocab`, the input is
+    `input_ids` and BERT's embeddings come first (word and position tables of that many
+    and 512 rows, the token type's first row, a layer norm)."""
     hd = hid // heads
-    x = helper.make_tensor_value_info("hidden_states", TensorProto.FLOAT, ["batch", "seq", hid])
+    source = "input_ids" if vocab else "hidden_states"
+    if vocab:
+        x = helper.make_tensor_value_info(source, TensorProto.INT64, ["batch", "seq"])
+    else:
+        x = helper.make_tensor_value_info(source, TensorProto.FLOAT, ["batch", "seq", hid])
     m = helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])
     y = helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "seq", hid])
     n, inits = [], []
     # Shape pieces, as exporters compute them.
-    n += [node("Shape", ["hidden_states"], ["/Shape_output_0"]),
+    n += [node("Shape", [source], ["/Shape_output_0"]),
           const("/Constant_output_0", np.int64(0)), const("/Constant_1_output_0", np.int64(1)),
           node("Gather", ["/Shape_output_0", "/Constant_output_0"], ["/Gather_output_0"], axis=0),
           node("Gather", ["/Shape_output_0", "/Constant_1_output_0"], ["/Gather_1_output_0"], axis=0),
@@ -119,7 +125,21 @@ def encoder(name="encoder", hid=32, heads=4, ffn=64, layers=1, batch=2, seq=5, o
           node("Sub", ["/one", "/Cast_output_0"], ["/Sub_output_0"]),
           const("/min", np.float32(np.finfo(np.float32).min)),
           node("Mul", ["/Sub_output_0", "/min"], ["/Mul_output_0"])]
-    inp = "hidden_states"
+    inp = source
+    if vocab:
+        e = "embeddings."
+        inits += [init(e + "word_embeddings.weight", [vocab, hid], 0.05),
+                  init(e + "position_embeddings.weight", [512, hid], 0.05),
+                  init(e + "token_type_row", [hid], 0.05),
+                  init(e + "LayerNorm.weight", [hid]), init(e + "LayerNorm.bias", [hid])]
+        n += [node("Gather", [e + "word_embeddings.weight", source], ["/embeddings/word_output_0"], axis=0),
+              node("Slice", [e + "position_embeddings.weight", "/axes0", "/Unsqueeze_1_output_0", "/axes0"],
+                   ["/embeddings/position_output_0"]),
+              node("Add", ["/embeddings/word_output_0", "/embeddings/position_output_0"], ["/embeddings/sum_output_0"]),
+              node("Add", ["/embeddings/sum_output_0", e + "token_type_row"], ["/embeddings/typed_output_0"]),
+              node("LayerNormalization", ["/embeddings/typed_output_0", e + "LayerNorm.weight", e + "LayerNorm.bias"],
+                   ["/embeddings/output_0"], axis=-1, epsilon=1e-12)]
+        inp = "/embeddings/output_0"
     for i in range(layers):
         t = f"/layer.{i}" if i else ""
         p = f"encoder.layer.{i}."
@@ -171,8 +191,11 @@ def encoder(name="encoder", hid=32, heads=4, ffn=64, layers=1, batch=2, seq=5, o
     mask = np.ones((batch, seq), dtype=np.int64)
     if batch > 1:
         mask[1, 3:] = 0  # the second sequence is padding after 3 tokens
-    save(name, g, {"hidden_states": rng.standard_normal((batch, seq, hid)).astype(np.float32), "attention_mask": mask},
-         {"batch": batch, "seq": seq}, out=out)
+    if vocab:
+        first = rng.integers(0, vocab, (batch, seq), dtype=np.int64)
+    else:
+        first = rng.standard_normal((batch, seq, hid)).astype(np.float32)
+    save(name, g, {source: first, "attention_mask": mask}, {"batch": batch, "seq": seq}, out=out)
 
 
 def shapes():
@@ -1237,6 +1260,12 @@ if __name__ == "__main__":
         # The bench's 6-layer, 384-wide encoder (all-MiniLM-L6-v2's shapes), too big to
         # commit (11 M weights): `cargo bench --bench onnx` writes it under target/.
         encoder("encoder_6x384", hid=384, heads=12, ffn=1536, layers=6, batch=2, seq=32, out=sys.argv[2])
+        sys.exit(0)
+    if len(sys.argv) == 3 and sys.argv[1] == "--minilm-l6":
+        # all-MiniLM-L6-v2's shapes whole: BERT's embeddings (30522 words) and 6 layers,
+        # seeded weights: `cargo bench --bench int8` compares its artifact in each
+        # --weights-dtype.
+        encoder("minilm_l6", hid=384, heads=12, ffn=1536, layers=6, batch=2, seq=32, out=sys.argv[2], vocab=30522)
         sys.exit(0)
     if len(sys.argv) == 3 and sys.argv[1] == "--minilm-l3":
         # paraphrase-MiniLM-L3-v2's encoder shapes (3 layers, 384 wide, 12 heads, seeded
