@@ -1,5 +1,5 @@
 //! Autoregressive decoding (docs/generation.md) at batch 1, greedy, through
-//! `Session::generate`, with f32 and with bf16 weights. At batch 1 a step reads every weight
+//! `Session::generate`, with f32, bf16 and int8 weights. At batch 1 a step reads every weight
 //! once, and the KV caches, so one anchor is the machine's memory bandwidth: memcpy of a
 //! buffer as large as the weights, measured in the same run.
 //!
@@ -32,8 +32,8 @@ const PROMPT: usize = 8;
 const NEW: usize = 32;
 /// The positions the ONNX decoders are compiled for: GPT-2's whole position table.
 const ONNX_CONTEXT: usize = 1024;
-/// Label, `--weights-dtype`, and bytes per weight.
-const WEIGHTS: [(&str, &str, usize); 2] = [("f32", "keep", 4), ("bf16", "bf16", 2)];
+/// Label, `--weights-dtype`, and bytes per weight (int8's scales, one per column, left out).
+const WEIGHTS: [(&str, &str, usize); 3] = [("f32", "keep", 4), ("bf16", "bf16", 2), ("int8", "int8", 1)];
 
 /// The decode step as a meshc text graph, every weight a seeded `init`.
 fn decoder(layers: usize, ctx: usize) -> String {
