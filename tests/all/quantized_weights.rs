@@ -111,3 +111,20 @@ fn embedding_tables_take_the_weights_dtype() {
         assert!(line.is_some_and(|l| l.contains(&format!(" {bytes} bytes"))), "{w}: {}", table.stdout);
     }
 }
+
+/// One artifact for every batch and length quantizes each call's rows as the artifact
+/// compiled for that shape does: the same outputs, bit for bit.
+#[test]
+fn int8_weights_over_symbolic_dims_match_the_static_artifact() {
+    let dir = scratch("int8-dynamic");
+    let model = "testdata/onnx/encoder/model.onnx";
+    let inputs = input_args(Path::new(model));
+    let ranged = ["--dim", "batch=1..4", "--dim", "seq=1..8"];
+    let fixed = ["--dim", "batch=2", "--dim", "seq=5"];
+    let outs: Vec<Tensor> =
+        [ranged, fixed].iter().map(|dims| run(&dir, model, &inputs, "int8", dims, "last_hidden_state")).collect();
+    assert_eq!(outs[0], outs[1]);
+    let e =
+        rel_l2(&outs[1], &Tensor::read_npy(Path::new("testdata/onnx/encoder/expected/last_hidden_state.npy")).unwrap());
+    assert!(e > 0.0 && e < 3e-2, "relative L2 difference {e} of int8 weights");
+}
