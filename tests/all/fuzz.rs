@@ -8,8 +8,9 @@
 //! (clamped starts), cumsum (every axis, both flags) with i32 and i64 indices, integer arithmetic and mod in i32 and i64, casts,
 //! comparisons, logic, floor/ceil/round, and where on a bool input or a computed mask — compiled with both GEMM paths and random stream options, on one device,
 //! under random legal layouts on 2 to 8 devices, placed in random stages (micro-batched or
-//! not), with failed links or failed devices, and on one device compiled once over a
-//! symbolic batch and run at a smaller one, must give what the reference
+//! not), with failed links or failed devices, on one device compiled once over a
+//! symbolic batch and run at a smaller one, and on one device with int8 weights (against
+//! the interpreter on the quantize pass's graph, within a step of int8), must give what the reference
 //! interpreter gives, and nothing may panic. The only accepted failures are the documented
 //! refusals of `REFUSALS`.
 //!
@@ -859,6 +860,11 @@ fn check(r: &Recipe) -> Result<(), String> {
     if let Some(pick) = r.batch {
         return check_batch(r, &g, &info, pick).map(|_| ());
     }
+    if r.layout.is_none() && r.options & INT8 != 0 {
+        if let Some(checked) = check_int8(r, &g, &info) {
+            return checked.map_err(fail);
+        }
+    }
     let params = meshc_ir::params::load_all(&g, std::path::Path::new(".")).map_err(|e| fail(format!("params: {e}")))?;
     let x = inputs(&g);
     let mut values = x.clone();
@@ -882,6 +888,49 @@ fn check(r: &Recipe) -> Result<(), String> {
     };
     let got = compiled.load().and_then(|l| l.run(&x)).map_err(|e| with_spec(format!("run: {e:#}")))?;
     same_outputs(&got, &want, r.options).map_err(with_spec)
+}
+
+/// The options bit that compiles a one-device case with `--weights-dtype int8`.
+const INT8: u8 = 0x80;
+
+/// `check` with `--weights-dtype int8` (`Recipe::options` has `INT8`), on one device: the
+/// compiled program against the interpreter on the graph the quantize pass makes of it;
+/// None when that pass changes nothing. A value computed a little differently before it
+/// is quantized (a compiled exp against the interpreter's) may round to the next int8
+/// step, which moves the products by up to that step: f32 outputs are held to 2% of their
+/// largest magnitude, and other outputs (a comparison of a product) are not compared.
+fn check_int8(r: &Recipe, g: &meshc_ir::Graph, info: &meshc_ir::verify::Info) -> Option<Result<(), String>> {
+    use meshc::passes::fold::WeightsDtype;
+    let (q, _) = meshc::passes::quantize::quantize(g, info, &HashMap::new(), WeightsDtype::Int8)?;
+    Some((|| {
+        let qinfo = meshc_ir::verify::verify(&q).map_err(|e| format!("the quantized graph: {e}"))?;
+        let here = std::path::Path::new(".");
+        let params = meshc_ir::params::load_all(g, here).map_err(|e| format!("params: {e}"))?;
+        let x = inputs(g);
+        let mut values = x.clone();
+        values.extend(meshc_ir::params::load_all(&q, here).map_err(|e| format!("params: {e}"))?);
+        let want = meshc_ir::interp::run(&q, &qinfo.order, &qinfo.types, values).map_err(|e| format!("interp: {e}"))?;
+        let opts = Options { weights: WeightsDtype::Int8, ..options(r.options) };
+        let compiled = match meshc::driver::Job::new(g, info, &params, &opts).build(&Default::default()) {
+            Ok(c) => c,
+            Err(e) if REFUSALS.iter().any(|r| format!("{e:#}").contains(r)) => return Ok(()),
+            Err(e) => return Err(format!("compile (int8): {e:#}")),
+        };
+        let got = compiled.load().and_then(|l| l.run(&x)).map_err(|e| format!("run (int8): {e:#}"))?;
+        for (name, w) in want.iter().filter(|(_, w)| w.dtype() == meshc_ir::DType::F32) {
+            let g = got.get(name).ok_or_else(|| format!("no output '{name}'"))?;
+            let (gv, wv) = (g.data.to_f64(), w.data.to_f64());
+            let largest = wv.iter().filter(|v| v.is_finite()).fold(0.0f64, |m, v| m.max(v.abs()));
+            for (i, (a, b)) in gv.iter().zip(&wv).enumerate() {
+                let close =
+                    (a - b).abs() <= 1e-5 + 1e-4 * b.abs() + 2e-2 * largest || a == b || a.is_nan() && b.is_nan();
+                if !close {
+                    return Err(format!("output '{name}' element {i} (int8): got {a}, interpreter {b}"));
+                }
+            }
+        }
+        Ok(())
+    })())
 }
 
 /// Every output of the interpreter's (`want`) is in `got`, of its type and close to it.
@@ -983,6 +1032,28 @@ fn symbolic_batch_cases_mostly_compare() {
         compared += usize::from(check_batch(&r, &g, &info, r.options).unwrap());
     }
     assert!(compared >= 80, "only {compared} of 200 symbolic-batch cases compared outputs");
+}
+
+/// The int8 cases quantize something often enough to mean something: of 300 recipes drawn
+/// as the fuzzer draws them, run on one device with int8 weights, each passes, and at
+/// least 10 have a matmul of a constant weight to quantize (12 when written).
+#[test]
+fn int8_cases_mostly_quantize() {
+    use proptest::strategy::ValueTree;
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let mut quantized = 0;
+    for _ in 0..300 {
+        let mut r = recipe().new_tree(&mut runner).unwrap().current();
+        (r.layout, r.batch, r.options) = (None, None, r.options | INT8);
+        let text = graph(&r);
+        let g = meshc_ir::text::parse(&text).unwrap();
+        let info = meshc_ir::verify::verify(&g).unwrap();
+        if let Some(checked) = check_int8(&r, &g, &info) {
+            checked.unwrap_or_else(|e| panic!("{e}\n--- graph\n{text}"));
+            quantized += 1;
+        }
+    }
+    assert!(quantized >= 10, "only {quantized} of 300 int8 cases had a weight to quantize");
 }
 
 fn cases() -> u32 {
