@@ -14,7 +14,9 @@
 //! the exact product modulo 2^32, i.e. what the accumulator gives. The inner loop is then a
 //! plain u8×i8 dot product: AVX-512 VNNI's `vpdpbusd` (four products a lane, no
 //! saturation), AVX2's `vpmaddwd` on both sides widened to i16 (a pair sum of at most
-//! 2·255·128, exact; `vpmaddubsw` would saturate at 2^15), or portable code. The path follows
+//! 2·255·128, exact; `vpmaddubsw` would saturate at 2^15), or portable code. AVX2 widens a
+//! part's rows and each block of strips once when at least `WIDEN_MIN_ROWS` rows read them
+//! (2048³: 0.60× → 0.84× the f32 GEMM), and in the tile otherwise (a decode step's one row). The path follows
 //! `format::isa`: `avx512` is VNNI where the CPU has it (else AVX2's), `avx2` and `portable`
 //! their own, so `--isa` / `MESHC_ISA` force each. A row of `a` that spans more than 255
 //! values (never, from the importer) is computed exactly by a scalar loop; a run-time `b`
@@ -246,6 +248,8 @@ thread_local! {
     static ROWS: RefCell<Rows> = RefCell::new(Rows::default());
     /// The calling thread's copy of every row of a small-M product, which all its parts read.
     static SHARED: RefCell<Vec<Rows>> = const { RefCell::new(Vec::new()) };
+    /// The AVX2 path's rows of `u` and block of strips widened to i16 (`block`).
+    static WIDE: RefCell<(Vec<i16>, Vec<i16>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// The multiply-adds of a product.
@@ -407,8 +411,19 @@ unsafe fn block(
     let (cb, term, panels) = b.matrix(bi);
     let strip_bytes = kp * NR;
     let per_block = (STRIP_BLOCK_BYTES / strip_bytes.max(1)).max(2);
+    // AVX2 widens bytes to i16 for `vpmaddwd`: done once for the rows and once per block of
+    // strips, not in the inner loop for every tile (a shuffle per vector there, on the
+    // port the multiply-adds need), when enough rows share each block.
+    let widened = path == Path::Avx2 && m >= WIDEN_MIN_ROWS;
+    let mut wide = WIDE.with(|w| std::mem::take(&mut *w.borrow_mut()));
+    if widened {
+        widen(&mut wide.0, &rows.u[..m * kp], false);
+    }
     for sb in (s0..s1).step_by(per_block) {
         let se = s1.min(sb + per_block);
+        if widened {
+            widen(&mut wide.1, &panels[sb * strip_bytes..se * strip_bytes], true);
+        }
         for r in (0..m).step_by(mr) {
             let rr = mr.min(m - r);
             let mut s = sb;
@@ -429,12 +444,14 @@ unsafe fn block(
                     su: &rows.su[r..r + rr],
                     cb: &cb[j..],
                     term: &term[j..],
+                    wide: widened.then(|| (wide.0[r * kp..].as_ptr(), wide.1[(s - sb) * strip_bytes..].as_ptr())),
                 };
                 unsafe { tile(path, rr, ns, &t) };
                 s += ns;
             }
         }
     }
+    WIDE.with(|w| *w.borrow_mut() = wide);
     for &r in &rows.wide {
         let row = &a[r * k..][..k];
         let sum = row.iter().fold(0i32, |s, &x| s.wrapping_add(x));
@@ -453,6 +470,16 @@ unsafe fn block(
     }
 }
 
+/// Rows of a part from which the AVX2 path widens its operands once (`block`) rather than
+/// in every tile: below it, each strip is read by too few rows to pay for its i16 copy.
+const WIDEN_MIN_ROWS: usize = 16;
+
+/// `bytes` as i16 in `dst`, each value the same: u8 (rows of `u`) or, `signed`, i8 (strips).
+fn widen(dst: &mut Vec<i16>, bytes: &[u8], signed: bool) {
+    dst.clear();
+    dst.extend(bytes.iter().map(|&x| if signed { i16::from(x as i8) } else { i16::from(x) }));
+}
+
 /// One tile: rows of `u` × `ns` strips (the columns `cols` of them that exist).
 struct Tile<'t> {
     a: *const u8,
@@ -467,6 +494,8 @@ struct Tile<'t> {
     su: &'t [i32],
     cb: &'t [i32],
     term: &'t [i32],
+    /// On the AVX2 path, `a` and `w` widened to i16 (same layout, an element a byte was).
+    wide: Option<(*const i16, *const i16)>,
 }
 
 impl Tile<'_> {
@@ -516,13 +545,18 @@ unsafe fn tile(path: Path, mr: usize, ns: usize, t: &Tile) {
                             cols: (t.cols - h * 8).min(8),
                             cb: &t.cb[h * 8..],
                             term: &t.term[h * 8..],
+                            wide: t.wide.map(|(a, w)| (a, w.add(h * 32))),
                             ..*t
                         };
-                        match mr {
-                            1 => tile_avx2::<1>(&half),
-                            2 => tile_avx2::<2>(&half),
-                            3 => tile_avx2::<3>(&half),
-                            _ => tile_avx2::<4>(&half),
+                        match (mr, half.wide.is_some()) {
+                            (1, false) => tile_avx2::<1, false>(&half),
+                            (2, false) => tile_avx2::<2, false>(&half),
+                            (3, false) => tile_avx2::<3, false>(&half),
+                            (_, false) => tile_avx2::<4, false>(&half),
+                            (1, true) => tile_avx2::<1, true>(&half),
+                            (2, true) => tile_avx2::<2, true>(&half),
+                            (3, true) => tile_avx2::<3, true>(&half),
+                            (_, true) => tile_avx2::<4, true>(&half),
                         }
                     }
                 }
@@ -557,23 +591,37 @@ unsafe fn tile_scalar(mr: usize, t: &Tile) {
 /// The AVX2 tile: `MR` rows × 8 columns (half a strip: 32 bytes of each group, two sets of
 /// 4 columns × 4 bytes), both sides widened to i16 and multiplied by `vpmaddwd`, whose lane
 /// 2c + h holds column c's products h·2, h·2 + 1 of the group; `vphaddd` adds the pairs.
+/// `WIDE`: both sides come widened already (`Tile::wide`), so the loop only loads them.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn tile_avx2<const MR: usize>(t: &Tile) {
+unsafe fn tile_avx2<const MR: usize, const WIDE: bool>(t: &Tile) {
     use std::arch::x86_64::*;
     let mut acc = [[_mm256_setzero_si256(); 2]; MR];
+    let (a16, w16) = t.wide.unwrap_or((std::ptr::null(), std::ptr::null()));
     for g in 0..t.groups {
-        // SAFETY (of the loads): group g of the half strip and of each row lie inside them.
+        // SAFETY (of the loads): group g of the half strip and of each row lie inside them,
+        // in bytes or, widened, in i16.
         let (w0, w1) = unsafe {
-            let p = t.w.add(g * GROUP);
-            (
-                _mm256_cvtepi8_epi16(_mm_loadu_si128(p as *const __m128i)),
-                _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(16) as *const __m128i)),
-            )
+            if WIDE {
+                let p = w16.add(g * GROUP);
+                (_mm256_loadu_si256(p as *const __m256i), _mm256_loadu_si256(p.add(16) as *const __m256i))
+            } else {
+                let p = t.w.add(g * GROUP);
+                (
+                    _mm256_cvtepi8_epi16(_mm_loadu_si128(p as *const __m128i)),
+                    _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(16) as *const __m128i)),
+                )
+            }
         };
         for (r, acc) in acc.iter_mut().enumerate() {
-            let u = unsafe { (t.a.add(r * t.lda + g * KG) as *const i32).read_unaligned() };
-            let u = _mm256_cvtepu8_epi16(_mm_set1_epi32(u));
+            let u = unsafe {
+                if WIDE {
+                    // Four i16 of the row, repeated: a broadcast load.
+                    _mm256_set1_epi64x((a16.add(r * t.lda + g * KG) as *const i64).read_unaligned())
+                } else {
+                    _mm256_cvtepu8_epi16(_mm_set1_epi32((t.a.add(r * t.lda + g * KG) as *const i32).read_unaligned()))
+                }
+            };
             acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(u, w0));
             acc[1] = _mm256_add_epi32(acc[1], _mm256_madd_epi16(u, w1));
         }
