@@ -660,7 +660,10 @@ impl Builder {
                 (&scaling, node.op)
             {
                 // It reduces along a symbolic dim: the runner's reduction, which takes its
-                // shape per call.
+                // shape per call (and has no prologue: `passes::fuse` gives none there).
+                if prologue.is_some() {
+                    bail!("node '{}': a reduction with a prologue along a symbolic dim is not compiled", node.name);
+                }
                 let x = &operand_types[0];
                 if x.dtype != meshc_ir::DType::F32 {
                     bail!("node '{}': {} of {} along a symbolic dim is not compiled yet", node.name, node.op, x.dtype);
@@ -1018,7 +1021,7 @@ impl pipeline::Ir for Back<'_> {
                 let (params, opts) = (self.params, self.opts);
                 self.folded = (self.devices.iter())
                     .map(|(d, dev, info)| {
-                        passes::fold::fold(dev, verified(info), params, &opts.masks, opts.weights)
+                        passes::fold::fold(dev, verified(info), params, &opts.masks, opts.weights, &Default::default())
                             .with_context(|| format!("device {d}"))
                     })
                     .collect::<Result<Vec<_>>>()?;

@@ -403,7 +403,14 @@ impl pipeline::Ir for Front<'_, '_> {
                 let converted = match opts.weights {
                     WeightsDtype::F16 | WeightsDtype::BF16 => {
                         let dtype = if opts.weights == WeightsDtype::F16 { "f16" } else { "bf16" };
-                        let f = passes::fold::fold(g, info, self.params, &HashMap::new(), opts.weights)?;
+                        let f = passes::fold::fold(
+                            g,
+                            info,
+                            self.params,
+                            &HashMap::new(),
+                            opts.weights,
+                            &Default::default(),
+                        )?;
                         f.converted.into_iter().map(|(name, err)| (name, dtype, err)).collect()
                     }
                     WeightsDtype::Int8 => passes::quantize::errors(g, info, self.params)?,

@@ -14,7 +14,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use meshc_ir::params::Params;
 use meshc_ir::verify::Info;
 use meshc_ir::{DType, Graph, Op, Tensor};
@@ -33,6 +33,10 @@ pub enum Const<'p> {
     /// part of a weight is read from the file when it is written (`Folded::bytes`), never a
     /// tensor of its own, nor is the whole weight.
     Slice { param: String, node: meshc_ir::Node, ty: meshc_ir::TensorType },
+    /// A folded node's value that only other folded nodes read (an int8 weight's absolute,
+    /// scaled and rounded copies), dropped once the last of them is evaluated: a compile
+    /// holds a few copies of one weight at a time, not of every weight.
+    Spent { ty: meshc_ir::TensorType },
 }
 
 /// The constants of one device's program.
@@ -93,13 +97,15 @@ pub fn constants<'g>(g: &'g Graph, info: &Info) -> std::collections::HashSet<&'g
 }
 
 /// Folds `g` (verified as `info`), whose params' values are in `params` (inline values
-/// are read from the graph), with the pruning `masks` by param name.
+/// are read from the graph), with the pruning `masks` by param name; the values named in
+/// `retain` are kept even when only folded nodes read them.
 pub fn fold<'p>(
     g: &Graph,
     info: &Info,
     params: &'p Params<'p>,
     masks: &HashMap<String, ParamMask>,
     weights: WeightsDtype,
+    retain: &std::collections::HashSet<&str>,
 ) -> Result<Folded<'p>> {
     let mut consts: HashMap<String, Const<'p>> = g.params.iter().map(|p| (p.name.clone(), Const::Param)).collect();
     let mut keeps: HashMap<String, Tensor> = HashMap::new();
@@ -125,7 +131,17 @@ pub fn fold<'p>(
             && uses().filter(|(_, _, i)| *i == name).all(|(n, j, _)| n.op == Op::MatMul && j == 1)
     };
     let mut absorbed = HashMap::new();
-    for &k in &info.order {
+    // Per value, the position in `info.order` of its last reader, and its readers.
+    let mut last: HashMap<&str, usize> = HashMap::new();
+    let mut readers: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (at, &k) in info.order.iter().enumerate() {
+        for i in &g.nodes[k].inputs {
+            last.insert(i, at);
+            readers.entry(i).or_default().push(k);
+        }
+    }
+    let output = |name: &str| g.outputs.iter().any(|o| o.name == name);
+    for (at, &k) in info.order.iter().enumerate() {
         let n = &g.nodes[k];
         let half_operand = |i: &String| info.types[i].dtype.is_half() && consts.contains_key(i);
         if weights != WeightsDtype::F32
@@ -135,9 +151,7 @@ pub fn fold<'p>(
             && only_matmul_b(&n.name, &keeps)
         {
             absorbed.insert(n.name.clone(), n.inputs[0].clone());
-            continue;
-        }
-        if foldable(n, info) && n.inputs.iter().all(|i| consts.contains_key(i)) {
+        } else if foldable(n, info) && n.inputs.iter().all(|i| consts.contains_key(i)) {
             let mapped = |i: &String| matches!(consts[i], Const::Param) && params.file_view(param(g, i)).is_some();
             if n.op == Op::Slice && mapped(&n.inputs[0]) {
                 let (param, ty) = (n.inputs[0].clone(), info.types[&n.name].clone());
@@ -151,6 +165,13 @@ pub fn fold<'p>(
             if n.op != Op::Cast && n.inputs.iter().all(|i| keeps.contains_key(i)) {
                 let args: Vec<&Tensor> = n.inputs.iter().map(|i| &keeps[i]).collect();
                 keeps.insert(n.name.clone(), meshc_ir::interp::eval_node(n, &args, &info.types[&n.name])?);
+            }
+        }
+        // The operands this node read last: spent if every reader was folded.
+        for i in n.inputs.iter().filter(|i| last[i.as_str()] == at && !output(i) && !retain.contains(i.as_str())) {
+            let folded = |r: &usize| consts.contains_key(&g.nodes[*r].name);
+            if matches!(consts.get(i), Some(Const::Value(_))) && readers[i.as_str()].iter().all(folded) {
+                consts.insert(i.clone(), Const::Spent { ty: info.types[i].clone() });
             }
         }
     }
@@ -230,6 +251,7 @@ fn value<'a>(
         Const::Slice { param: p, node, ty } => {
             Cow::Owned(Tensor::from_le_bytes(ty, &mapped_slice(g, params, p, node)?))
         }
+        Const::Spent { .. } => bail!("the folded value '{name}' was dropped once its readers were folded"),
     };
     Ok(t)
 }
@@ -249,6 +271,7 @@ impl Folded<'_> {
             }
             Const::Value(t) => Cow::Owned(t.to_le_bytes()),
             Const::Slice { param: p, node, .. } => Cow::Owned(mapped_slice(g, self.params, p, node)?),
+            Const::Spent { .. } => bail!("the folded value '{name}' is read by nothing the program runs"),
         })
     }
 
@@ -284,7 +307,7 @@ pub fn dump(devices: &[(usize, &Graph, &Folded)]) -> String {
         for n in folded {
             let ty = match &f.consts[&n.name] {
                 Const::Value(t) => t.ty(),
-                Const::Slice { ty, .. } => ty.clone(),
+                Const::Slice { ty, .. } | Const::Spent { ty } => ty.clone(),
                 Const::Param => unreachable!("a node is not a param"),
             };
             let _ = writeln!(s, "  {} = {}({})  -> {ty}", n.name, n.op.name(), n.inputs.join(", "));

@@ -12,9 +12,14 @@
 //! - `x` is quantized per row at run time: `xs = max|x[m, :]| / 127` (`[.., M, 1]`) and
 //!   `xq = round(x · 127 / max|x[m, :]|)`, also in −127..=127, so each row spans at most 255
 //!   values and the GEMM's u8×i8 inner loop is exact.
-//! - `y = f32(xq · wq) · xs · ws`: the i32 product is exact, and only the two roundings
-//!   to 8 bits are lost (at most half a step, 1/254 of the row's or column's largest
-//!   magnitude, per element).
+//! - `y = f32(xq · wq) · xs · ws`: the i32 product is exact; what is lost is the two
+//!   roundings to 8 bits (at most half a step, 1/254 of the row's or column's largest
+//!   magnitude, per element), and the sum's rounding to f32 beyond 2^24.
+//!
+//! Only a weight on the right of a product is quantized: the GEMM of an expanded conv has
+//! its weight on the left (`passes::expand`), so convs stay f32. An infinite value makes
+//! its row's (or column's) scale infinite and the row's results NaN, where f32 gives
+//! ±inf or NaN only where the inf reaches.
 //!
 //! Running per device after lowering, a weight split by rows is quantized per device
 //! with the device's partial `x`, and the f32 partial results are summed as before: no
@@ -28,7 +33,8 @@
 //! quantized against its own largest magnitude and stored as i8 (`gather` of the rows and
 //! of their scales, then `cast · scale`); with `bf16`/`f16` the table is cast to the half
 //! type and the gathered rows back to f32. A half table already cast to f32 (a bf16
-//! checkpoint) is gathered before the cast, whatever `--weights-dtype` says, except `f32`.
+//! checkpoint) is gathered before the cast with `keep`, `bf16` and `f16` (with `int8` it is
+//! quantized, with `f32` widened), and the cast, read by nothing else, is dropped.
 
 use std::collections::{HashMap, HashSet};
 
@@ -78,8 +84,8 @@ pub fn quantize(
     weights: WeightsDtype,
 ) -> Option<(Graph, Vec<Weight>)> {
     let constants = fold::constants(g, info);
-    let masked = |w: &str| ancestors(g, w).iter().any(|p| masks.contains_key(*p));
     let producer: HashMap<&str, &Node> = g.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    let masked = |w: &str| !masks.is_empty() && ancestors(&producer, w).iter().any(|p| masks.contains_key(*p));
     let int8 = weights == WeightsDtype::Int8;
     let matmul = |n: &Node| {
         let f32_matrix = |t: &str| info.types[t].dtype == DType::F32 && info.types[t].rank() >= 2;
@@ -120,7 +126,13 @@ pub fn quantize(
     if !g.nodes.iter().any(|n| rewrite(n).is_some()) {
         return None;
     }
-    let mut q = Quantizer { out: g.clone(), names: HashSet::new(), done: HashMap::new(), scalars: None };
+    let mut q = Quantizer {
+        out: g.clone(),
+        names: HashSet::new(),
+        done: HashMap::new(),
+        scalars: None,
+        halves: HashMap::new(),
+    };
     q.out.nodes.clear();
     q.names.extend(g.params.iter().map(|p| p.name.clone()));
     q.names.extend(g.inputs.iter().map(|i| i.name.clone()));
@@ -145,10 +157,14 @@ pub fn quantize(
                 q.push(n, n.name.clone(), Op::Mul, &[&wide, &scales], &[]);
             }
             Some(Rewrite::HalfTable(dtype, half)) => {
-                let table = match half {
-                    Some(h) => h.to_string(),
-                    None => {
-                        q.emit(n, &format!("{}.{}", n.inputs[0], dtype.name()), Op::Cast, &[&n.inputs[0]], &to(dtype))
+                let table = match (half, q.halves.get(&(n.inputs[0].clone(), dtype))) {
+                    (Some(h), _) => h.to_string(),
+                    (None, Some(done)) => done.clone(),
+                    (None, None) => {
+                        let base = format!("{}.{}", n.inputs[0], dtype.name());
+                        let cast = q.emit(n, &base, Op::Cast, &[&n.inputs[0]], &to(dtype));
+                        q.halves.insert((n.inputs[0].clone(), dtype), cast.clone());
+                        cast
                     }
                 };
                 let rows = q.emit(n, &format!("{}.{}", n.name, dtype.name()), Op::Gather, &[&table, &n.inputs[1]], &[]);
@@ -157,6 +173,18 @@ pub fn quantize(
             None => q.out.nodes.push(n.clone()),
         }
     }
+    // A half table's cast to f32 that only its gathers read is read by nothing now: fold
+    // would still widen the whole table to compute it.
+    let read: HashSet<&str> = q.out.nodes.iter().flat_map(|n| n.inputs.iter().map(String::as_str)).collect();
+    let outputs: HashSet<&str> = g.outputs.iter().map(|o| o.name.as_str()).collect();
+    let orphaned: HashSet<String> = (g.nodes.iter())
+        .filter_map(|n| match rewrite(n) {
+            Some(Rewrite::HalfTable(_, Some(_))) => Some(n.inputs[0].clone()),
+            _ => None,
+        })
+        .filter(|cast| !read.contains(cast.as_str()) && !outputs.contains(cast.as_str()))
+        .collect();
+    q.out.nodes.retain(|n| !orphaned.contains(&n.name));
     let mut quantized: Vec<Weight> = Vec::new();
     for n in &g.nodes {
         let (w, side) = match rewrite(n) {
@@ -164,7 +192,7 @@ pub fn quantize(
             Some(Rewrite::Int8Table) => (&n.inputs[0], Side::Rows),
             _ => continue,
         };
-        if !quantized.iter().any(|x| &x.name == w) {
+        if !quantized.iter().any(|x| &x.name == w && x.side == side) {
             let (int8, scale) = q.done[&(w.clone(), side)].clone();
             quantized.push(Weight { name: w.clone(), int8, scale, side });
         }
@@ -172,9 +200,9 @@ pub fn quantize(
     Some((q.out, quantized))
 }
 
-/// The names of the params `name` is computed from (itself, if it is one).
-fn ancestors<'g>(g: &'g Graph, name: &'g str) -> Vec<&'g str> {
-    let producer: HashMap<&str, &Node> = g.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+/// The names of the params `name` is computed from (itself, if it is one), `producer`
+/// giving each node by name.
+fn ancestors<'g>(producer: &HashMap<&str, &'g Node>, name: &'g str) -> Vec<&'g str> {
     let (mut stack, mut seen, mut params) = (vec![name], HashSet::new(), Vec::new());
     while let Some(t) = stack.pop() {
         if !seen.insert(t) {
@@ -222,6 +250,8 @@ struct Quantizer {
     done: HashMap<(String, Side), (String, String)>,
     /// Made with the first quantization.
     scalars: Option<Scalars>,
+    /// The half copy of each f32 table already cast, by table and type.
+    halves: HashMap<(String, DType), String>,
 }
 
 impl Quantizer {
@@ -295,7 +325,8 @@ impl Quantizer {
 pub fn errors(g: &Graph, info: &Info, params: &Params) -> Result<Vec<(String, &'static str, f64)>> {
     let Some((q, weights)) = quantize(g, info, &HashMap::new(), WeightsDtype::Int8) else { return Ok(Vec::new()) };
     let qinfo = meshc_ir::verify::verify(&q)?;
-    let folded = fold::fold(&q, &qinfo, params, &HashMap::new(), WeightsDtype::Int8)?;
+    let originals: HashSet<&str> = weights.iter().map(|w| w.name.as_str()).collect();
+    let folded = fold::fold(&q, &qinfo, params, &HashMap::new(), WeightsDtype::Int8, &originals)?;
     let mut out = Vec::new();
     for w in weights {
         let (original, wq, ws) = (folded.value(&q, &w.name)?, folded.value(&q, &w.int8)?, folded.value(&q, &w.scale)?);

@@ -860,11 +860,6 @@ fn check(r: &Recipe) -> Result<(), String> {
     if let Some(pick) = r.batch {
         return check_batch(r, &g, &info, pick).map(|_| ());
     }
-    if r.layout.is_none() && r.options & INT8 != 0 {
-        if let Some(checked) = check_int8(r, &g, &info) {
-            return checked.map_err(fail);
-        }
-    }
     let params = meshc_ir::params::load_all(&g, std::path::Path::new(".")).map_err(|e| fail(format!("params: {e}")))?;
     let x = inputs(&g);
     let mut values = x.clone();
@@ -887,13 +882,17 @@ fn check(r: &Recipe) -> Result<(), String> {
         Err(e) => return Err(with_spec(format!("compile: {e:#}"))),
     };
     let got = compiled.load().and_then(|l| l.run(&x)).map_err(|e| with_spec(format!("run: {e:#}")))?;
-    same_outputs(&got, &want, r.options).map_err(with_spec)
+    same_outputs(&got, &want, r.options).map_err(with_spec)?;
+    if r.layout.is_none() && r.options & INT8 != 0 {
+        check_int8(r, &g, &info).unwrap_or(Ok(())).map_err(fail)?;
+    }
+    Ok(())
 }
 
 /// The options bit that compiles a one-device case with `--weights-dtype int8`.
 const INT8: u8 = 0x80;
 
-/// `check` with `--weights-dtype int8` (`Recipe::options` has `INT8`), on one device: the
+/// `check` again with `--weights-dtype int8` (`Recipe::options` has `INT8`), on one device: the
 /// compiled program against the interpreter on the graph the quantize pass makes of it;
 /// None when that pass changes nothing. A value computed a little differently before it
 /// is quantized (a compiled exp against the interpreter's) may round to the next int8

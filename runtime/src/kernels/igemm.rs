@@ -410,11 +410,13 @@ unsafe fn block(
     let (kp, mr) = (k_pad(k), path.mr());
     let (cb, term, panels) = b.matrix(bi);
     let strip_bytes = kp * NR;
-    let per_block = (STRIP_BLOCK_BYTES / strip_bytes.max(1)).max(2);
     // AVX2 widens bytes to i16 for `vpmaddwd`: done once for the rows and once per block of
     // strips, not in the inner loop for every tile (a shuffle per vector there, on the
-    // port the multiply-adds need), when enough rows share each block.
+    // port the multiply-adds need), when enough rows share each block. A widened block
+    // takes twice the bytes, so it holds half the strips.
     let widened = path == Path::Avx2 && m >= WIDEN_MIN_ROWS;
+    let block_bytes = if widened { STRIP_BLOCK_BYTES / 2 } else { STRIP_BLOCK_BYTES };
+    let per_block = (block_bytes / strip_bytes.max(1)).max(2);
     let mut wide = WIDE.with(|w| std::mem::take(&mut *w.borrow_mut()));
     if widened {
         widen(&mut wide.0, &rows.u[..m * kp], false);
@@ -509,7 +511,7 @@ impl Tile<'_> {
 ///
 /// # Safety
 /// The tile's pointers address `mr` rows of `u` of `groups · 4` bytes, `ns` strips, and the
-/// `cols` columns of `mr` rows of the result.
+/// `cols` columns of `mr` rows of the result; `wide`'s, as many i16 as those are bytes.
 unsafe fn tile(path: Path, mr: usize, ns: usize, t: &Tile) {
     #[cfg(target_arch = "x86_64")]
     macro_rules! vnni_rows {
