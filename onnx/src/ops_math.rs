@@ -10,7 +10,8 @@ use meshc_ir::{Attr, DType, Op};
 
 use super::builder::{Builder, Value};
 use super::ops::{
-    cast, empty_reduction, i64_table, log_softmax_of, one, reduce_attrs, reshape, scalar, table, Converter, Ctx,
+    cast, empty_reduction, i64_table, log_softmax_of, one, reduce_attrs, reshape, scalar, table, widen_bytes,
+    Converter, Ctx,
 };
 use super::tensors;
 
@@ -117,8 +118,11 @@ fn on_x(b: &mut Builder, c: &Ctx, f: impl FnOnce(&mut Steps, &Value) -> R<Value>
     one(f(&mut Steps { b, c }, x))
 }
 
+/// A comparison or logic op; int8 and uint8 are compared on their values widened to i32
+/// (And, Or and Xor take bools only).
 fn compare(b: &mut Builder, c: &Ctx, op: Op) -> R<Vec<Value>> {
-    on_x(b, c, |s, x| s.op0("", op, &[x, s.c.arg(1)?]))
+    let (args, _) = widen_bytes(b, c, &[c.arg(0)?, c.arg(1)?])?;
+    one(b.node(&c.out, op, &[&args[0], &args[1]], &[]))
 }
 
 /// An activation of f32 (ONNX's formula, attribute defaults included).

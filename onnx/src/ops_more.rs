@@ -15,7 +15,7 @@ use meshc_ir::{Attr, DType, Data, Op, Tensor};
 
 use super::builder::{Builder, Value};
 use super::nn::{ones_or, window_attrs};
-use super::ops::{cast, i64_table, one, reduce_attrs, reshape, scalar, table, Converter, Ctx, R};
+use super::ops::{cast, i64_table, narrow, one, reduce_attrs, reshape, scalar, table, widen_bytes, Converter, Ctx, R};
 use super::ops_math::{float_only, Steps};
 
 /// This module's converters (docs/onnx.md).
@@ -41,19 +41,13 @@ pub const CONVERTERS: &[Converter] = &[
 /// The Bitwise ops: meshc's and, or, xor, not, bitwise on i32 and i64; int8 and uint8 are
 /// widened to i32 and the result cast back (its low 8 bits are the 8-bit op's).
 fn bitwise(s: &mut Steps, op: Op) -> R<Value> {
-    let dtype = s.b.ty(s.c.arg(0)?).dtype;
-    let wide = match dtype {
-        DType::I8 | DType::U8 => DType::I32,
-        DType::I32 | DType::I64 => dtype,
+    match s.b.ty(s.c.arg(0)?).dtype {
+        DType::I8 | DType::U8 | DType::I32 | DType::I64 => {}
         other => return Err(format!("{} of {other} is not supported (int8, uint8, int32, int64)", s.op_type())),
-    };
-    let mut args = Vec::new();
-    for (i, v) in s.c.all_args()?.into_iter().enumerate() {
-        args.push(cast(s.b, v, wide, &s.c.part(&format!("wide{i}")))?);
     }
-    let last = if wide == dtype { "" } else { "wide_result" };
-    let r = s.op0(last, op, &args.iter().collect::<Vec<_>>())?;
-    cast(s.b, &r, dtype, &s.c.out)
+    let (args, byte) = widen_bytes(s.b, s.c, &s.c.all_args()?)?;
+    let r = s.op0(if byte.is_some() { "wide_result" } else { "" }, op, &args.iter().collect::<Vec<_>>())?;
+    narrow(s.b, &r, byte, &s.c.out)
 }
 
 /// BitShift as arithmetic on i32 (i64 for int64; int8 and uint8 widened, which keeps every
@@ -210,14 +204,17 @@ fn affine_grid(s: &mut Steps) -> R<Value> {
     reshape(s.b, &g, &out, &s.c.out)
 }
 
-/// Mod: meshc's mod of integers, `float_mod` of anything else.
+/// Mod: meshc's mod of integers (int8 and uint8 widened to i32, the remainder cast back),
+/// `float_mod` of anything else.
 fn modulo(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+    let (args, byte) = widen_bytes(b, c, &[c.arg(0)?, c.arg(1)?])?;
     let mut s = Steps { b, c };
-    let x = c.arg(0)?;
-    if !s.b.ty(x).dtype.is_int() {
+    if !s.b.ty(&args[0]).dtype.is_int() {
         return one(float_mod(&mut s));
     }
-    one(s.op("", Op::Mod, &[x, c.arg(1)?], &[("fmod", Attr::Bool(c.int("fmod", 0) != 0))]))
+    let fmod = [("fmod", Attr::Bool(c.int("fmod", 0) != 0))];
+    let r = s.op(if byte.is_some() { "wide_result" } else { "" }, Op::Mod, &[&args[0], &args[1]], &fmod)?;
+    one(narrow(s.b, &r, byte, &c.out))
 }
 
 pub(super) fn dims(shape: &[usize]) -> Vec<i64> {
@@ -910,5 +907,39 @@ mod tests {
         let attrs = vec![attr_i("batch_axis", 0), attr_i("time_axis", 1)];
         let y = eval("ReverseSequence", 10, vec![x, lens], attrs).unwrap();
         assert_eq!(f32s(&y), vec![2.0, 1.0, 0.0, 4.0, 3.0, 5.0]);
+    }
+    /// int8 and uint8 arithmetic, comparisons, Clip, Mod and MaxPool on values widened to
+    /// i32 (f32 for the pool): results wrap back into 8 bits as ONNX's do.
+    #[test]
+    fn byte_arithmetic_wraps_in_eight_bits() {
+        let i8s = |v: &[i8]| Tensor::new(vec![v.len()], Data::I8(v.to_vec()));
+        let u8s = |v: &[u8]| Tensor::new(vec![v.len()], Data::U8(v.to_vec()));
+        let (a, b) = (i8s(&[127, -128, -7, 100]), i8s(&[1, -1, 2, 3]));
+        assert_eq!(
+            eval("Add", 14, vec![a.clone(), b.clone()], vec![]).unwrap().data,
+            Data::I8(vec![-128, 127, -5, 103])
+        );
+        assert_eq!(
+            eval("Mul", 14, vec![a.clone(), b.clone()], vec![]).unwrap().data,
+            Data::I8(vec![127, -128, -14, 44])
+        );
+        assert_eq!(
+            eval("Div", 14, vec![a.clone(), b.clone()], vec![]).unwrap().data,
+            Data::I8(vec![127, -128, -3, 33])
+        );
+        assert_eq!(eval("Mod", 13, vec![a.clone(), b.clone()], vec![]).unwrap().data, Data::I8(vec![0, 0, 1, 1]));
+        assert_eq!(
+            eval("Less", 13, vec![a.clone(), b.clone()], vec![]).unwrap().data,
+            Data::Bool(vec![false, true, true, false])
+        );
+        let (lo, hi) = (Tensor::new(vec![], Data::I8(vec![-5])), Tensor::new(vec![], Data::I8(vec![50])));
+        assert_eq!(eval("Clip", 13, vec![a, lo, hi], vec![]).unwrap().data, Data::I8(vec![50, -5, -5, 50]));
+        let sub = eval("Sub", 14, vec![u8s(&[0, 200]), u8s(&[1, 100])], vec![]).unwrap();
+        assert_eq!(sub.data, Data::U8(vec![255, 100]));
+        let max = eval("Max", 13, vec![u8s(&[0, 200]), u8s(&[255, 100])], vec![]).unwrap();
+        assert_eq!(max.data, Data::U8(vec![255, 200]));
+        let x = Tensor::new(vec![1, 1, 4], Data::U8(vec![1, 255, 0, 254]));
+        let pool = eval("MaxPool", 12, vec![x], vec![attr_ints("kernel_shape", &[2]), attr_ints("strides", &[2])]);
+        assert_eq!(pool.unwrap().data, Data::U8(vec![255, 254]));
     }
 }
