@@ -22,6 +22,7 @@ mod ops_math;
 mod ops_more;
 mod ops_quant;
 mod ops_rnn;
+mod ops_sample;
 mod ops_scatter;
 mod ops_trig;
 pub mod sources;
