@@ -7,7 +7,7 @@ fuzzer of the ONNX frontend (`make fuzz`, ONNX_FUZZ_CASES).
 Case k draws its model from the seed S + k (the same case again: --seed S+k --cases 1): a
 few float inputs, then a chain of nodes of the ops meshc imports (elementwise, MatMul and
 Gemm, reductions, Reshape, Transpose, Slice, Concat, Gather, Softmax and LogSoftmax,
-LayerNormalization, Conv and pools at small sizes, GridSample, Cast, Identity and Expand no-ops, If
+LayerNormalization, Conv and pools at small sizes, GridSample, TopK, Cast, Identity and Expand no-ops, If
 on a fact of the shapes, Loop with a constant trip count, Scan, LSTM/GRU/RNN, quantization:
 QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger, QLinearMatMul, ConvInteger,
 QLinearConv), each reading
@@ -330,6 +330,25 @@ def g_grid_sample(m):
                   align_corners=int(m.rng.integers(2)))
 
 
+def g_top_k(m):
+    """TopK along an axis, both outputs; only of tame values (NaN's place differs between
+    onnxruntime and ONNX's reference, which meshc follows)."""
+    from onnx import helper
+
+    a = m.pick(lambda v: floats(v) and v[3] and len(v[1]) >= 1)
+    if a is None:
+        return None
+    axis = int(m.rng.integers(len(a[1])))
+    k = int(m.rng.integers(1, a[1][axis] + 1))
+    shape = tuple(k if i == axis else d for i, d in enumerate(a[1]))
+    values, indices = m.name(), m.name()
+    m.nodes.append(helper.make_node("TopK", [a[0], m.init(np.array([k], np.int64))], [values, indices], axis=axis,
+                                    largest=int(m.rng.integers(2))))
+    m.values.append((values, shape, np.float32, True))
+    m.values.append((indices, shape, np.int64, True))
+    return values
+
+
 def g_int_arith(m):
     """Integer arithmetic on a cast value, with operands past f32's exact integers."""
     a = m.pick(lambda v: v[2] in (np.int64, np.int32))
@@ -521,7 +540,7 @@ QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "Mat
              "ConvInteger", "QLinearConv"}
 
 GENERATORS = [g_unary, g_binary, g_binary, g_matmul, g_reduce, g_reshape, g_transpose, g_slice, g_concat, g_gather,
-              g_softmax, g_layernorm, g_conv, g_cast, g_noop, g_where, g_pad, g_grid_sample, g_int_arith, g_if, g_loop,
+              g_softmax, g_layernorm, g_conv, g_cast, g_noop, g_where, g_pad, g_grid_sample, g_top_k, g_int_arith, g_if, g_loop,
               g_scan, g_recurrent, g_quantize]
 
 

@@ -720,7 +720,7 @@ fn rotary(s: &mut Steps) -> R<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dispatch::tests::{attr_i, attr_ints, eval, f32s};
+    use crate::dispatch::tests::{attr_i, attr_ints, eval, eval_outputs, f32s};
     use crate::proto::AttributeProto;
 
     /// Deterministic values in (-1, 1), scaled.
@@ -941,5 +941,25 @@ mod tests {
         let x = Tensor::new(vec![1, 1, 4], Data::U8(vec![1, 255, 0, 254]));
         let pool = eval("MaxPool", 12, vec![x], vec![attr_ints("kernel_shape", &[2]), attr_ints("strides", &[2])]);
         assert_eq!(pool.unwrap().data, Data::U8(vec![255, 254]));
+    }
+    /// TopK's order: ties by the lower index, NaN above every number (first when largest,
+    /// last when smallest), along any axis; integers too.
+    #[test]
+    fn top_k_ranks_ties_by_index_and_nan_highest() {
+        let nan = f32::NAN;
+        let x = Tensor::f32(vec![2, 4], vec![1.0, 3.0, nan, 3.0, -1.0, -1.0, 2.0, -5.0]);
+        let k = |v: i64| Tensor::new(vec![1], Data::I64(vec![v]));
+        let top = eval_outputs("TopK", 11, vec![x.clone(), k(3)], vec![], 2).unwrap();
+        let v = f32s(&top[0]);
+        assert!(v[0].is_nan() && v[1..3] == [3.0, 3.0][..] && v[3..] == [2.0, -1.0, -1.0][..], "{v:?}");
+        assert_eq!(top[1].data, Data::I64(vec![2, 1, 3, 2, 0, 1]));
+        let low = eval_outputs("TopK", 11, vec![x, k(4)], vec![attr_i("largest", 0)], 2).unwrap();
+        let v = f32s(&low[0]);
+        assert!(v[..3] == [1.0, 3.0, 3.0][..] && v[3].is_nan() && v[4..] == [-5.0, -1.0, -1.0, 2.0][..], "{v:?}");
+        assert_eq!(low[1].data, Data::I64(vec![0, 1, 3, 2, 3, 0, 1, 2]));
+        let ints = Tensor::new(vec![3, 2], Data::I64(vec![i64::MIN, 7, 5, 7, i64::MAX, 0]));
+        let top = eval_outputs("TopK", 11, vec![ints, k(2)], vec![attr_i("axis", 0)], 2).unwrap();
+        assert_eq!(top[0].data, Data::I64(vec![i64::MAX, 7, 5, 7]));
+        assert_eq!((top[0].shape.clone(), top[1].data.clone()), (vec![2, 2], Data::I64(vec![2, 0, 1, 1])));
     }
 }
