@@ -31,6 +31,7 @@ pub const CONVERTERS: &[Converter] = &[
     Converter::since(1, "SpaceToDepth", |b, c| one(space_to_depth(b, c))),
     Converter::since(11, "GatherElements", |b, c| one(gather_elements(b, c))),
     Converter::since(9, "OneHot", |b, c| one(one_hot(b, c))),
+    Converter::new("CausalConvWithState", causal_conv),
 ];
 
 fn ints(v: &[i64]) -> Attr {
@@ -108,6 +109,51 @@ pub(super) fn conv_of(b: &mut Builder, c: &Ctx, x: &Value, w: &Value, bias: Opti
     let mut args = vec![x, w];
     args.extend(bias);
     b.node(name, Op::Conv, &args, &attrs)
+}
+
+/// CausalConvWithState: the past state (zeros without one) put before the input along the
+/// length, a depthwise conv of that without padding (then SiLU, x·sigmoid(x), when asked),
+/// and the last k − 1 positions of it as the present state, as ONNX's reference does.
+fn causal_conv(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+    let (x, w) = (c.arg(0)?, c.arg(1)?);
+    let (xs, ws) = (b.ty(x).shape, b.ty(w).shape);
+    let k = ws.get(2).copied().unwrap_or(0);
+    if xs.len() != 3 || ws.len() != 3 || ws[0] != xs[1] || ws[1] != 1 || k == 0 {
+        return Err(format!("input of shape {xs:?} and weight of shape {ws:?} are not [N, C, L] and [C, 1, k]"));
+    }
+    let silu = match c.string("activation", "none").as_str() {
+        "none" => false,
+        "silu" | "swish" => true,
+        other => return Err(format!("activation '{other}' is not none, silu or swish")),
+    };
+    let (n, ch, len) = (xs[0], xs[1], xs[2]);
+    let padded = match c.opt(3) {
+        Some(past) if b.ty(past).shape != [n, ch, k - 1] => {
+            return Err(format!("past_state of shape {:?} is not [{n}, {ch}, {}]", b.ty(past).shape, k - 1))
+        }
+        Some(past) => b.node(&c.part("padded"), Op::Concat, &[past, x], &[("axis", Attr::Int(2))])?,
+        None if k > 1 => b.node(&c.part("padded"), Op::Pad, &[x], &[("pads", ints(&[0, 0, k as i64 - 1, 0, 0, 0]))])?,
+        None => x.clone(),
+    };
+    let state = match c.node.output.get(1).filter(|o| !o.is_empty()) {
+        Some(o) => o.clone(),
+        None => c.part("present_state"),
+    };
+    let present = if k == 1 {
+        table("the empty state", b.ty(x).dtype, vec![n, ch, 0], |_| 0.0)?
+    } else {
+        let bounds = [("starts", ints(&[len as i64])), ("ends", ints(&[(len + k - 1) as i64])), ("axes", ints(&[2]))];
+        b.node(&state, Op::Slice, &[&padded], &bounds)?
+    };
+    let mut args = vec![&padded, w];
+    args.extend(c.opt(2));
+    let attrs = [("groups", Attr::Int(ch as i64)), ("pads", ints(&[0, 0]))];
+    let y = b.node(&if silu { c.part("conv") } else { c.out.clone() }, Op::Conv, &args, &attrs)?;
+    if !silu {
+        return Ok(vec![y, present]);
+    }
+    let sg = b.node(&c.part("sigmoid"), Op::Sigmoid, &[&y], &[])?;
+    Ok(vec![b.node(&c.out, Op::Mul, &[&y, &sg], &[])?, present])
 }
 
 fn pool(b: &mut Builder, c: &Ctx, max: bool) -> R<Value> {

@@ -962,4 +962,21 @@ mod tests {
         assert_eq!(top[0].data, Data::I64(vec![i64::MAX, 7, 5, 7]));
         assert_eq!((top[0].shape.clone(), top[1].data.clone()), (vec![2, 2], Data::I64(vec![2, 0, 1, 1])));
     }
+    /// CausalConvWithState: zeros (or the past) before the input, a depthwise conv, the last
+    /// k − 1 positions as the state; SiLU after when asked.
+    #[test]
+    fn causal_conv_with_state_convolves_after_the_past() {
+        let x = Tensor::f32(vec![1, 1, 3], vec![1.0, 2.0, 3.0]);
+        let w = Tensor::f32(vec![1, 1, 2], vec![10.0, 1.0]);
+        let y = eval_outputs("CausalConvWithState", 27, vec![x.clone(), w.clone()], vec![], 2).unwrap();
+        assert_eq!((f32s(&y[0]), f32s(&y[1])), (vec![1.0, 12.0, 23.0], vec![3.0]));
+        let past = Tensor::f32(vec![1, 1, 1], vec![5.0]);
+        let bias = Tensor::f32(vec![1], vec![0.5]);
+        let silu = AttributeProto { name: Some("activation".into()), s: Some(b"silu".to_vec()), ..Default::default() };
+        let y = eval_outputs("CausalConvWithState", 27, vec![x, w, bias, past], vec![silu], 2).unwrap();
+        let want: Vec<f32> = [51.5f32, 12.5, 23.5].iter().map(|v| v / (1.0 + (-v).exp())).collect();
+        for (got, want) in f32s(&y[0]).iter().zip(want) {
+            assert!((got - want).abs() <= 1e-6 * want.abs(), "{got} against {want}");
+        }
+    }
 }
