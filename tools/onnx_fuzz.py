@@ -7,7 +7,7 @@ fuzzer of the ONNX frontend (`make fuzz`, ONNX_FUZZ_CASES).
 Case k draws its model from the seed S + k (the same case again: --seed S+k --cases 1): a
 few float inputs, then a chain of nodes of the ops meshc imports (elementwise, MatMul and
 Gemm, reductions, Reshape, Transpose, Slice, Concat, Gather, Softmax and LogSoftmax,
-LayerNormalization, Conv and pools at small sizes, GridSample, TopK, Cast, Identity and Expand no-ops, If
+LayerNormalization, Conv and pools at small sizes, GridSample, TopK, DFT, Cast, Identity and Expand no-ops, If
 on a fact of the shapes, Loop with a constant trip count, Scan, LSTM/GRU/RNN, quantization:
 QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger, QLinearMatMul, ConvInteger,
 QLinearConv), each reading
@@ -349,6 +349,19 @@ def g_top_k(m):
     return values
 
 
+def g_dft(m):
+    """A forward DFT (opset 17+) of a real signal: a value with a dim of 1 appended."""
+    a = m.pick(lambda v: floats(v) and v[3] and len(v[1]) >= 1)
+    if a is None or m.opset < 17:
+        return None
+    real = m.node("Unsqueeze", [a[0], m.init(np.array([-1], np.int64))], (*a[1], 1), tame=True)
+    axis = int(m.rng.integers(len(a[1])))
+    onesided = int(m.rng.integers(2))
+    n = a[1][axis] // 2 + 1 if onesided else a[1][axis]
+    shape = tuple(n if i == axis else d for i, d in enumerate(a[1])) + (2,)
+    return m.node("DFT", [real], shape, tame=False, axis=axis, onesided=onesided)
+
+
 def g_int_arith(m):
     """Integer arithmetic on a cast value, with operands past f32's exact integers."""
     a = m.pick(lambda v: v[2] in (np.int64, np.int32))
@@ -540,7 +553,7 @@ QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "Mat
              "ConvInteger", "QLinearConv"}
 
 GENERATORS = [g_unary, g_binary, g_binary, g_matmul, g_reduce, g_reshape, g_transpose, g_slice, g_concat, g_gather,
-              g_softmax, g_layernorm, g_conv, g_cast, g_noop, g_where, g_pad, g_grid_sample, g_top_k, g_int_arith, g_if, g_loop,
+              g_softmax, g_layernorm, g_conv, g_cast, g_noop, g_where, g_pad, g_grid_sample, g_top_k, g_dft, g_int_arith, g_if, g_loop,
               g_scan, g_recurrent, g_quantize]
 
 

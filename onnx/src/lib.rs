@@ -24,6 +24,7 @@ mod ops_quant;
 mod ops_rnn;
 mod ops_sample;
 mod ops_scatter;
+mod ops_signal;
 mod ops_trig;
 pub mod sources;
 pub mod symbolic;
