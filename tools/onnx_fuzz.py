@@ -7,7 +7,7 @@ fuzzer of the ONNX frontend (`make fuzz`, ONNX_FUZZ_CASES).
 Case k draws its model from the seed S + k (the same case again: --seed S+k --cases 1): a
 few float inputs, then a chain of nodes of the ops meshc imports (elementwise, MatMul and
 Gemm, reductions, Reshape, Transpose, Slice, Concat, Gather, Softmax and LogSoftmax,
-LayerNormalization, Conv and pools at small sizes, GridSample, TopK, DFT, Cast, Identity and Expand no-ops, If
+LayerNormalization, Conv and pools at small sizes, GridSample, TopK, DFT, LRN, Cast, Identity and Expand no-ops, If
 on a fact of the shapes, Loop with a constant trip count, Scan, LSTM/GRU/RNN, quantization:
 QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger, QLinearMatMul, ConvInteger,
 QLinearConv), each reading
@@ -362,6 +362,15 @@ def g_dft(m):
     return m.node("DFT", [real], shape, tame=False, axis=axis, onesided=onesided)
 
 
+def g_lrn(m):
+    """LRN of a 4-D value with an odd size (onnxruntime's CPU kernel takes no other)."""
+    a = m.pick(lambda v: floats(v) and len(v[1]) == 4)
+    if a is None:
+        return None
+    return m.node("LRN", [a[0]], a[1], tame=a[3], size=int(m.rng.choice([1, 3, 5])), alpha=float(m.rng.uniform(1e-4, 1.0)),
+                  beta=float(m.rng.uniform(0.5, 1.0)), bias=float(m.rng.uniform(1.0, 2.0)))
+
+
 def g_int_arith(m):
     """Integer arithmetic on a cast value, with operands past f32's exact integers."""
     a = m.pick(lambda v: v[2] in (np.int64, np.int32))
@@ -553,7 +562,7 @@ QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "Mat
              "ConvInteger", "QLinearConv"}
 
 GENERATORS = [g_unary, g_binary, g_binary, g_matmul, g_reduce, g_reshape, g_transpose, g_slice, g_concat, g_gather,
-              g_softmax, g_layernorm, g_conv, g_cast, g_noop, g_where, g_pad, g_grid_sample, g_top_k, g_dft, g_int_arith, g_if, g_loop,
+              g_softmax, g_layernorm, g_conv, g_cast, g_noop, g_where, g_pad, g_grid_sample, g_top_k, g_dft, g_lrn, g_int_arith, g_if, g_loop,
               g_scan, g_recurrent, g_quantize]
 
 

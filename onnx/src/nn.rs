@@ -32,6 +32,8 @@ pub const CONVERTERS: &[Converter] = &[
     Converter::since(11, "GatherElements", |b, c| one(gather_elements(b, c))),
     Converter::since(9, "OneHot", |b, c| one(one_hot(b, c))),
     Converter::new("CausalConvWithState", causal_conv),
+    Converter::since(1, "LRN", |b, c| one(lrn(b, c))),
+    Converter::since(18, "Col2Im", |b, c| one(col2im(b, c))),
 ];
 
 fn ints(v: &[i64]) -> Attr {
@@ -154,6 +156,90 @@ fn causal_conv(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
     }
     let sg = b.node(&c.part("sigmoid"), Op::Sigmoid, &[&y], &[])?;
     Ok(vec![b.node(&c.out, Op::Mul, &[&y, &sg], &[])?, present])
+}
+
+/// LRN: x / (bias + α/size · Σ x²)^β, the sum over the `size` channels around each one
+/// (⌊(size − 1)/2⌋ before, the rest after): an average pool of x² over the channels, the
+/// pads counting as zeros, so α times it is α/size times the sum.
+fn lrn(b: &mut Builder, c: &Ctx) -> R<Value> {
+    let x = c.arg(0)?;
+    let xs = b.ty(x).shape;
+    let size = c.int("size", 0);
+    if xs.len() < 3 || size < 1 {
+        return Err(format!("X of shape {xs:?} with size {size} is not [N, C, spatial...] and a window"));
+    }
+    let (before, after) = ((size - 1) / 2, size - 1 - (size - 1) / 2);
+    let rest: usize = xs[2..].iter().product();
+    let sq = b.node(&c.part("square"), Op::Mul, &[x, x], &[])?;
+    let planes = reshape(b, &sq, &[xs[0] as i64, 1, xs[1] as i64, rest as i64], &c.part("channels"))?;
+    let attrs =
+        [("kernel", ints(&[size, 1])), ("pads", ints(&[before, 0, after, 0])), ("count_include_pad", Attr::Bool(true))];
+    let mean = b.node(&c.part("mean_square"), Op::AvgPool, &[&planes], &attrs)?;
+    let mean = reshape(b, &mean, &xs.iter().map(|&d| d as i64).collect::<Vec<_>>(), &c.part("mean_square_back"))?;
+    let scaled =
+        b.node(&c.part("scaled"), Op::Mul, &[&mean, &scalar(DType::F32, c.float("alpha", 1e-4).into())], &[])?;
+    let base = b.node(&c.part("base"), Op::Add, &[&scaled, &scalar(DType::F32, c.float("bias", 1.0).into())], &[])?;
+    let div = b.node(&c.part("divisor"), Op::Pow, &[&base, &scalar(DType::F32, c.float("beta", 0.75).into())], &[])?;
+    b.node(&c.out, Op::Div, &[x, &div], &[])
+}
+
+/// Col2Im: each image element is the sum of the column entries that land on it, at most
+/// one per block offset (an offset and an element fix the block), so a constant
+/// `[positions, block]` table of their flat sources (or of a zero appended, where an
+/// offset lands on no block there) is gathered and summed. image_shape and block_shape
+/// must be known at import time.
+fn col2im(b: &mut Builder, c: &Ctx) -> R<Value> {
+    let x = c.arg(0)?;
+    let xs = b.ty(x).shape;
+    let (image, block) = (c.const_ints(1)?, c.const_ints(2)?);
+    let k = image.len();
+    let defaults = |name: &str, v: i64, n: usize| c.ints(name).filter(|a| !a.is_empty()).unwrap_or(vec![v; n]);
+    let (dil, pads, strides) = (defaults("dilations", 1, k), defaults("pads", 0, 2 * k), defaults("strides", 1, k));
+    let bad = block.len() != k
+        || dil.len() != k
+        || pads.len() != 2 * k
+        || strides.len() != k
+        || image.iter().chain(&block).chain(&dil).chain(&strides).any(|&v| v < 1)
+        || pads.iter().any(|&p| p < 0);
+    let blocks: Vec<i64> = (0..k.min(block.len()))
+        .map(|d| (image[d] + pads[d] + pads[k + d] - dil[d] * (block[d] - 1) - 1).div_euclid(strides[d].max(1)) + 1)
+        .collect();
+    let (bsize, lsize): (i64, i64) = (block.iter().product(), blocks.iter().product());
+    if bad || xs.len() != 3 || blocks.iter().any(|&n| n < 1) || xs[2] as i64 != lsize || xs[1] as i64 % bsize != 0 {
+        return Err(format!(
+            "input of shape {xs:?} is not [N, C·{bsize}, {lsize}] for image {image:?}, block {block:?}, dilations {dil:?}, pads {pads:?}, strides {strides:?}"
+        ));
+    }
+    let ch = xs[1] as i64 / bsize;
+    let positions: i64 = image.iter().product();
+    let unravel = |mut i: i64, dims: &[i64]| {
+        let mut idx = vec![0; dims.len()];
+        for d in (0..dims.len()).rev() {
+            idx[d] = i % dims[d];
+            i /= dims[d];
+        }
+        idx
+    };
+    let table = i64_table("the Col2Im sources", vec![positions as usize, bsize as usize], |e| {
+        let (p, bo) = (unravel(e as i64 / bsize, &image), unravel(e as i64 % bsize, &block));
+        let mut l = 0;
+        for d in 0..k {
+            let at = p[d] + pads[d] - bo[d] * dil[d];
+            if at < 0 || at % strides[d] != 0 || at / strides[d] >= blocks[d] {
+                return bsize * lsize;
+            }
+            l = l * blocks[d] + at / strides[d];
+        }
+        (e as i64 % bsize) * lsize + l
+    })?;
+    let cols = reshape(b, x, &[xs[0] as i64, ch, bsize * lsize], &c.part("columns"))?;
+    let padded = b.node(&c.part("with_zero"), Op::Pad, &[&cols], &[("pads", ints(&[0, 0, 0, 0, 0, 1]))])?;
+    let taken = b.node(&c.part("sources"), Op::Gather, &[&padded, &table], &[("axis", Attr::Int(2))])?;
+    let sum = [("axes", ints(&[-1])), ("keepdims", Attr::Bool(false))];
+    let summed = b.node(&c.part("summed"), Op::ReduceSum, &[&taken], &sum)?;
+    let mut out = vec![xs[0] as i64, ch];
+    out.extend(&image);
+    reshape(b, &summed, &out, &c.out)
 }
 
 fn pool(b: &mut Builder, c: &Ctx, max: bool) -> R<Value> {

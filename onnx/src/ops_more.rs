@@ -36,6 +36,7 @@ pub const CONVERTERS: &[Converter] = &[
     Converter::since(18, "BitwiseOr", |b, c| one(bitwise(&mut Steps { b, c }, Op::Or))),
     Converter::since(18, "BitwiseXor", |b, c| one(bitwise(&mut Steps { b, c }, Op::Xor))),
     Converter::since(18, "BitwiseNot", |b, c| one(bitwise(&mut Steps { b, c }, Op::Not))),
+    Converter::new("BitCast", |b, c| one(bit_cast(b, c))),
 ];
 
 /// The Bitwise ops: meshc's and, or, xor, not, bitwise on i32 and i64; int8 and uint8 are
@@ -48,6 +49,20 @@ fn bitwise(s: &mut Steps, op: Op) -> R<Value> {
     let (args, byte) = widen_bytes(s.b, s.c, &s.c.all_args()?)?;
     let r = s.op0(if byte.is_some() { "wide_result" } else { "" }, op, &args.iter().collect::<Vec<_>>())?;
     narrow(s.b, &r, byte, &s.c.out)
+}
+
+/// BitCast between the byte types: int8 ↔ uint8 is meshc's cast, which wraps and so keeps
+/// every bit, and a bool's byte is 0 or 1, its uint8 or int8 value. Other pairs (f32 ↔ i32
+/// and the like) need a reinterpretation of bits meshc has no op for.
+fn bit_cast(b: &mut Builder, c: &Ctx) -> R<Value> {
+    let x = c.arg(0)?;
+    let from = b.half_origin(x).unwrap_or(b.ty(x).dtype);
+    let to = super::tensors::dtype(c.int("to", 0) as i32)?;
+    match (from, to) {
+        (a, b_) if a == b_ => Ok(x.clone()),
+        (DType::I8 | DType::U8 | DType::Bool, DType::I8 | DType::U8) => cast(b, x, to, &c.out),
+        _ => Err(format!("BitCast from {from} to {to} is not supported (between int8, uint8 and from bool)")),
+    }
 }
 
 /// BitShift as arithmetic on i32 (i64 for int64; int8 and uint8 widened, which keeps every
@@ -720,7 +735,7 @@ fn rotary(s: &mut Steps) -> R<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dispatch::tests::{attr_i, attr_ints, eval, eval_outputs, f32s};
+    use crate::dispatch::tests::{attr_f, attr_i, attr_ints, eval, eval_outputs, f32s};
     use crate::proto::AttributeProto;
 
     /// Deterministic values in (-1, 1), scaled.
@@ -978,5 +993,23 @@ mod tests {
         for (got, want) in f32s(&y[0]).iter().zip(want) {
             assert!((got - want).abs() <= 1e-6 * want.abs(), "{got} against {want}");
         }
+    }
+    /// LRN over three channels of one pixel; Col2Im of a row; BitCast of bytes.
+    #[test]
+    fn lrn_col2im_and_bit_cast_follow_onnx_reference() {
+        let x = Tensor::f32(vec![1, 3, 1, 1], vec![1.0, 2.0, 3.0]);
+        let attrs = vec![attr_i("size", 3), attr_f("alpha", 3.0), attr_f("beta", 1.0), attr_f("bias", 1.0)];
+        let y = f32s(&eval("LRN", 13, vec![x], attrs).unwrap());
+        assert_eq!(y, vec![1.0 / 6.0, 2.0 / 15.0, 3.0 / 14.0]);
+        // Blocks of 1×2 over a 1×3 image: pixel w sums the entries (b, l) with b + l = w.
+        let cols = Tensor::f32(vec![1, 2, 2], vec![1.0, 2.0, 10.0, 20.0]);
+        let shape = |v: &[i64]| Tensor::new(vec![v.len()], Data::I64(v.to_vec()));
+        let y = eval("Col2Im", 18, vec![cols, shape(&[1, 3]), shape(&[1, 2])], vec![]).unwrap();
+        assert_eq!((y.shape.clone(), f32s(&y)), (vec![1, 1, 1, 3], vec![1.0, 12.0, 20.0]));
+        let bytes = Tensor::new(vec![3], Data::I8(vec![-1, -128, 5]));
+        let u = eval("BitCast", 26, vec![bytes], vec![attr_i("to", 2)]).unwrap();
+        assert_eq!(u.data, Data::U8(vec![255, 128, 5]));
+        let e = eval("BitCast", 26, vec![Tensor::f32(vec![1], vec![1.0])], vec![attr_i("to", 6)]).unwrap_err();
+        assert!(e.contains("BitCast from f32 to i32 is not supported"), "{e}");
     }
 }
