@@ -21,7 +21,7 @@ pub const CONVERTERS: &[Converter] = &[
     Converter::since(7, "AveragePool", |b, c| one(pool(b, c, false))),
     Converter::since(1, "GlobalAveragePool", |b, c| one(global_pool(b, c, false))),
     Converter::since(1, "GlobalMaxPool", |b, c| one(global_pool(b, c, true))),
-    Converter::since(9, "BatchNormalization", |b, c| one(batch_norm(b, c))),
+    Converter::since(9, "BatchNormalization", batch_norm),
     Converter::since(6, "InstanceNormalization", |b, c| one(instance_norm(b, c))),
     Converter::new("GroupNormalization", |b, c| one(group_norm(b, c))),
     Converter::since(2, "Pad", |b, c| one(pad(b, c))),
@@ -298,12 +298,61 @@ fn affine(b: &mut Builder, c: &Ctx, x: &Value, scale: &Value, shift: &Value) -> 
     b.node(&c.out, Op::Add, &[&y, &t], &[])
 }
 
+/// BatchNormalization: inference, or with `training_mode` the batch's statistics.
+fn batch_norm(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+    if c.int("training_mode", 0) != 0 {
+        return batch_norm_training(b, c);
+    }
+    if c.node.output.iter().skip(1).any(|o| !o.is_empty()) {
+        return Err(
+            "the running mean and variance outputs without training_mode (before opset 14) are not supported".into()
+        );
+    }
+    one(batch_norm_inference(b, c))
+}
+
+/// Training BatchNormalization (opset 14+), as ONNX's reference: normalised by the batch's
+/// mean and biased variance over every axis but the channels, and the running statistics
+/// moved toward them, `running · momentum + batch · (1 − momentum)`.
+fn batch_norm_training(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+    let x = c.arg(0)?;
+    let shape = b.ty(x).shape;
+    if shape.len() < 2 {
+        return Err(format!("X has rank {}, expected [N, C, ...]", shape.len()));
+    }
+    let axes: Vec<i64> = (0..shape.len() as i64).filter(|&d| d != 1).collect();
+    let keep = [("axes", ints(&axes)), ("keepdims", Attr::Bool(true))];
+    let mean = b.node(&c.part("batch_mean"), Op::ReduceMean, &[x], &keep)?;
+    let d = b.node(&c.part("centred"), Op::Sub, &[x, &mean], &[])?;
+    let sq = b.node(&c.part("square"), Op::Mul, &[&d, &d], &[])?;
+    let var = b.node(&c.part("batch_var"), Op::ReduceMean, &[&sq], &keep)?;
+    let eps = scalar(DType::F32, c.float("epsilon", 1e-5).into());
+    let ve = b.node(&c.part("var_eps"), Op::Add, &[&var, &eps], &[])?;
+    let r = b.node(&c.part("rstd"), Op::Rsqrt, &[&ve], &[])?;
+    let normed = b.node(&c.part("normalised"), Op::Mul, &[&d, &r], &[])?;
+    let mut outs = vec![affine(b, c, &normed, c.arg(1)?, c.arg(2)?)?];
+    if c.node.output.iter().skip(1).all(|o| o.is_empty()) {
+        return Ok(outs);
+    }
+    let momentum = f64::from(c.float("momentum", 0.9));
+    for (i, batch, what) in [(1, &mean, "running_mean"), (2, &var, "running_var")] {
+        let name = match c.node.output.get(i).filter(|o| !o.is_empty()) {
+            Some(o) => o.clone(),
+            None => c.part(what),
+        };
+        let running =
+            b.node(&c.part(&format!("{what}_kept")), Op::Mul, &[c.arg(i + 2)?, &scalar(DType::F32, momentum)], &[])?;
+        let flat = reshape(b, batch, &[shape[1] as i64], &c.part(&format!("{what}_batch")))?;
+        let moved =
+            b.node(&c.part(&format!("{what}_moved")), Op::Mul, &[&flat, &scalar(DType::F32, 1.0 - momentum)], &[])?;
+        outs.push(b.node(&name, Op::Add, &[&running, &moved], &[])?);
+    }
+    Ok(outs)
+}
+
 /// Inference BatchNormalization: `x * s + t` with `s = scale / sqrt(var + eps)` and
 /// `t = bias - mean * s` per channel, computed at import when all four are constants.
-fn batch_norm(b: &mut Builder, c: &Ctx) -> R<Value> {
-    if c.int("training_mode", 0) != 0 || c.node.output.iter().skip(1).any(|o| !o.is_empty()) {
-        return Err("training mode (batch statistics, running mean outputs) is not supported (inference only)".into());
-    }
+fn batch_norm_inference(b: &mut Builder, c: &Ctx) -> R<Value> {
     let x = c.arg(0)?;
     let shape = b.ty(x).shape;
     if shape.len() < 2 {

@@ -1012,4 +1012,20 @@ mod tests {
         let e = eval("BitCast", 26, vec![Tensor::f32(vec![1], vec![1.0])], vec![attr_i("to", 6)]).unwrap_err();
         assert!(e.contains("BitCast from f32 to i32 is not supported"), "{e}");
     }
+    /// Training BatchNormalization: the batch's mean 2.5 and biased variance 1.25, and
+    /// the running statistics moved a tenth of the way toward them.
+    #[test]
+    fn batch_norm_training_uses_the_batch_statistics() {
+        let x = Tensor::f32(vec![2, 1, 2], vec![1.0, 2.0, 3.0, 4.0]);
+        let one = |v: f32| Tensor::f32(vec![1], vec![v]);
+        let args = vec![x, one(2.0), one(0.5), one(1.0), one(3.0)];
+        let y = eval_outputs("BatchNormalization", 15, args, vec![attr_i("training_mode", 1)], 3).unwrap();
+        let r = 1.0 / (1.25f32 + 1e-5).sqrt();
+        let want: Vec<f32> = [1.0f32, 2.0, 3.0, 4.0].iter().map(|v| (v - 2.5) * r * 2.0 + 0.5).collect();
+        for (got, want) in f32s(&y[0]).iter().zip(&want) {
+            assert!((got - want).abs() < 1e-6, "{got} against {want}");
+        }
+        let (mean, var) = (f32s(&y[1])[0], f32s(&y[2])[0]);
+        assert!((mean - 1.15).abs() < 1e-6 && (var - 2.825).abs() < 1e-6, "{mean} {var}");
+    }
 }
