@@ -67,6 +67,7 @@ pub const CONVERTERS: &[Converter] = &[
     Converter::new("Trilu", |b, c| on_x(b, c, trilu)),
     Converter::since(9, "EyeLike", |b, c| on_x(b, c, eye_like)),
     Converter::since(11, "CumSum", |b, c| on_x(b, c, cumsum)),
+    Converter::new("CumProd", |b, c| on_x(b, c, cumprod)),
     Converter::new("RMSNormalization", |b, c| on_x(b, c, |s, x| normalisation(s, "RMSNormalization", x))),
     Converter::since(1, "LpNormalization", |b, c| on_x(b, c, |s, x| normalisation(s, "LpNormalization", x))),
     Converter::since(9, "MeanVarianceNormalization", |b, c| {
@@ -585,18 +586,76 @@ fn eye_like(s: &mut Steps, x: &Value) -> R<Value> {
 /// CumSum as the IR's `cumsum`, whose kernel sums each line left to right (onnxruntime's
 /// order); the axis must be a constant.
 fn cumsum(s: &mut Steps, x: &Value) -> R<Value> {
+    let axis = scan_axis(s, x)?;
+    let (exclusive, reverse) = (s.c.int("exclusive", 0) != 0, s.c.int("reverse", 0) != 0);
+    let attrs = [("axis", Attr::Int(axis)), ("exclusive", Attr::Bool(exclusive)), ("reverse", Attr::Bool(reverse))];
+    s.op("", Op::CumSum, &[x], &attrs)
+}
+
+/// The axis input (1) of a scan (CumSum, CumProd) of `x`, which must fold.
+fn scan_axis(s: &mut Steps, x: &Value) -> R<i64> {
     let rank = s.b.ty(x).shape.len();
     if rank == 0 {
-        return Err("the input is a scalar, CumSum needs an axis".into());
+        return Err(format!("the input is a scalar, {} needs an axis", s.op_type()));
     }
     let axis = const_scalar(s, 1, i64::MIN)?;
     if axis == i64::MIN {
         return Err("it needs an axis".into());
     }
     norm_axis(axis, rank)?;
+    Ok(axis)
+}
+
+/// CumProd by doubling (Hillis–Steele): once each element holds the product of the 2^i
+/// elements ending at it, one product with itself shifted by 2^i along the axis (ones
+/// shifted in) doubles that, so ⌈log2 n⌉ products give every prefix product. `exclusive`
+/// shifts x by one first, `reverse` works on the axis reversed. Exact and wrapping for
+/// integers; floats round in another order than a running product.
+fn cumprod(s: &mut Steps, x: &Value) -> R<Value> {
+    let axis = norm_axis(scan_axis(s, x)?, s.b.ty(x).shape.len())?;
     let (exclusive, reverse) = (s.c.int("exclusive", 0) != 0, s.c.int("reverse", 0) != 0);
-    let attrs = [("axis", Attr::Int(axis)), ("exclusive", Attr::Bool(exclusive)), ("reverse", Attr::Bool(reverse))];
-    s.op("", Op::CumSum, &[x], &attrs)
+    let shape = s.b.ty(x).shape;
+    let n = shape[axis] as i64;
+    if n == 0 {
+        return Ok(x.clone());
+    }
+    let flip = |s: &mut Steps, v: &Value, what: &str| {
+        let attrs = [
+            ("starts", Attr::ints(&[-1])),
+            ("ends", Attr::ints(&[-n - 1])),
+            ("axes", Attr::ints(&[axis as i64])),
+            ("steps", Attr::ints(&[-1])),
+        ];
+        s.op(what, Op::Slice, &[v], &attrs)
+    };
+    // v moved `by` along the axis, ones shifted in at its start.
+    let shifted = |s: &mut Steps, v: &Value, by: i64, what: &str| {
+        let mut ones_shape = shape.clone();
+        ones_shape[axis] = by.min(n) as usize;
+        let ones = table("the ones shifted in", s.b.ty(v).dtype, ones_shape, |_| 1.0)?;
+        if by >= n {
+            return Ok(ones);
+        }
+        let bounds =
+            [("starts", Attr::ints(&[0])), ("ends", Attr::ints(&[n - by])), ("axes", Attr::ints(&[axis as i64]))];
+        let kept = s.op(&format!("{what}_kept"), Op::Slice, &[v], &bounds)?;
+        s.op(what, Op::Concat, &[&ones, &kept], &[("axis", Attr::Int(axis as i64))])
+    };
+    let mut v = if reverse { flip(s, x, "reversed")? } else { x.clone() };
+    if exclusive {
+        v = shifted(s, &v, 1, "exclusive")?;
+    }
+    let mut by = 1;
+    while by < n {
+        let moved = shifted(s, &v, by, &format!("shift{by}"))?;
+        let name = if by * 2 >= n && !reverse { String::new() } else { format!("product{by}") };
+        v = s.op0(&name, Op::Mul, &[&v, &moved])?;
+        by *= 2;
+    }
+    if reverse {
+        return flip(s, &v, "");
+    }
+    Ok(v)
 }
 
 /// RMSNormalization (x / √(mean(x²) + ε) · scale over the dims from `axis` on),

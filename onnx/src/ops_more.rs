@@ -1028,4 +1028,22 @@ mod tests {
         let (mean, var) = (f32s(&y[1])[0], f32s(&y[2])[0]);
         assert!((mean - 1.15).abs() < 1e-6 && (var - 2.825).abs() < 1e-6, "{mean} {var}");
     }
+    /// CumProd of 1..5 every way, and of int32 along axis 0.
+    #[test]
+    fn cum_prod_gives_every_prefix_product() {
+        let x = Tensor::new(vec![5], Data::I64((1..=5).collect()));
+        let axis = Tensor::new(vec![], Data::I64(vec![0]));
+        let run = |ex: i64, rev: i64| {
+            eval("CumProd", 26, vec![x.clone(), axis.clone()], vec![attr_i("exclusive", ex), attr_i("reverse", rev)])
+                .unwrap()
+                .data
+        };
+        assert_eq!(run(0, 0), Data::I64(vec![1, 2, 6, 24, 120]));
+        assert_eq!(run(1, 0), Data::I64(vec![1, 1, 2, 6, 24]));
+        assert_eq!(run(0, 1), Data::I64(vec![120, 120, 60, 20, 5]));
+        assert_eq!(run(1, 1), Data::I64(vec![120, 60, 20, 5, 1]));
+        let m = Tensor::new(vec![3, 2], Data::I32(vec![1, 2, 3, 4, 5, 6]));
+        let y = eval("CumProd", 26, vec![m, axis], vec![]).unwrap();
+        assert_eq!(y.data, Data::I32(vec![1, 2, 3, 8, 15, 48]));
+    }
 }
