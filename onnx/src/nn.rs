@@ -34,6 +34,7 @@ pub const CONVERTERS: &[Converter] = &[
     Converter::new("CausalConvWithState", causal_conv),
     Converter::since(1, "LRN", |b, c| one(lrn(b, c))),
     Converter::since(18, "Col2Im", |b, c| one(col2im(b, c))),
+    Converter::since(11, "MaxUnpool", |b, c| one(max_unpool(b, c))),
 ];
 
 fn ints(v: &[i64]) -> Attr {
@@ -240,6 +241,44 @@ fn col2im(b: &mut Builder, c: &Ctx) -> R<Value> {
     let mut out = vec![xs[0] as i64, ch];
     out.extend(&image);
     reshape(b, &summed, &out, &c.out)
+}
+
+/// MaxUnpool, as ONNX's reference: each x written at its index into zeros of the shape
+/// the pool came from (`(in − 1)·stride − pads + kernel`), flattened whole as MaxPool's
+/// Indices count (a `scatter_elements`: an index out of range is a run-time error naming
+/// the node, a repeated one keeps the last), then zeros appended up to `output_shape`
+/// when given (it must fold).
+fn max_unpool(b: &mut Builder, c: &Ctx) -> R<Value> {
+    let (x, idx) = (c.arg(0)?, c.arg(1)?);
+    let xs = b.ty(x).shape;
+    let kernel = c.ints("kernel_shape").ok_or("it needs kernel_shape")?;
+    let k = kernel.len();
+    let strides = c.ints("strides").filter(|v| !v.is_empty()).unwrap_or(vec![1; k]);
+    let pads = c.ints("pads").filter(|v| !v.is_empty()).unwrap_or(vec![0; 2 * k]);
+    if xs.len() != k + 2 || b.ty(idx).shape != xs || strides.len() != k || pads.len() != 2 * k {
+        return Err(format!("X of shape {xs:?}, its indices and kernel_shape {kernel:?} do not fit"));
+    }
+    let mut shape = xs[..2].iter().map(|&d| d as i64).collect::<Vec<_>>();
+    shape.extend((0..k).map(|d| (xs[d + 2] as i64 - 1) * strides[d] - pads[d] - pads[k + d] + kernel[d]));
+    if shape.iter().any(|&d| d < 1) {
+        return Err(format!("the unpooled shape {shape:?} is empty"));
+    }
+    let total: i64 = shape.iter().product();
+    let zeros = table("the unpooled zeros", b.ty(x).dtype, vec![total as usize], |_| 0.0)?;
+    let n = xs.iter().product::<usize>() as i64;
+    let flat_x = reshape(b, x, &[n], &c.part("values"))?;
+    let flat_i = reshape(b, idx, &[n], &c.part("indices"))?;
+    let attrs = [("axis", Attr::Int(0)), ("reduction", Attr::Str("none".into()))];
+    let spread = b.node(&c.part("spread"), Op::ScatterElements, &[&zeros, &flat_i, &flat_x], &attrs)?;
+    let Some(_) = c.opt(2) else { return reshape(b, &spread, &shape, &c.out) };
+    let want = c.const_ints(2)?;
+    if want.len() != shape.len() || want.iter().zip(&shape).any(|(w, s)| w < s) {
+        return Err(format!("output_shape {want:?} is not at least the unpooled shape {shape:?}"));
+    }
+    let y = reshape(b, &spread, &shape, &c.part("unpooled"))?;
+    let mut grow = vec![0i64; shape.len()];
+    grow.extend(want.iter().zip(&shape).map(|(w, s)| w - s));
+    b.node(&c.out, Op::Pad, &[&y], &[("pads", ints(&grow))])
 }
 
 fn pool(b: &mut Builder, c: &Ctx, max: bool) -> R<Value> {

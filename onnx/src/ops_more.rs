@@ -1046,4 +1046,16 @@ mod tests {
         let y = eval("CumProd", 26, vec![m, axis], vec![]).unwrap();
         assert_eq!(y.data, Data::I32(vec![1, 2, 3, 8, 15, 48]));
     }
+    /// MaxUnpool puts each value at its flat index in zeros, grown to output_shape.
+    #[test]
+    fn max_unpool_writes_each_value_at_its_index() {
+        let x = Tensor::f32(vec![1, 1, 1, 2], vec![5.0, 6.0]);
+        let idx = Tensor::new(vec![1, 1, 1, 2], Data::I64(vec![1, 2]));
+        let attrs = || vec![attr_ints("kernel_shape", &[1, 2]), attr_ints("strides", &[1, 2])];
+        let y = eval("MaxUnpool", 11, vec![x.clone(), idx.clone()], attrs()).unwrap();
+        assert_eq!((y.shape.clone(), f32s(&y)), (vec![1, 1, 1, 4], vec![0.0, 5.0, 6.0, 0.0]));
+        let out = Tensor::new(vec![4], Data::I64(vec![1, 1, 2, 4]));
+        let y = eval("MaxUnpool", 11, vec![x, idx, out], attrs()).unwrap();
+        assert_eq!(f32s(&y), vec![0.0, 5.0, 6.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
+    }
 }

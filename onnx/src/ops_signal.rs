@@ -23,7 +23,7 @@ pub const CONVERTERS: &[Converter] = &[Converter::since(17, "DFT", |b, c| one(df
 /// cos and sin of 2π·r/l, exact at the quarter turns (so a real signal's DC and Nyquist
 /// bins have no imaginary rounding residue, as numpy's FFT has none).
 fn turn(r: usize, l: usize) -> (f64, f64) {
-    match (4 * r % l == 0).then_some(4 * r / l) {
+    match (4 * r).is_multiple_of(l).then_some(4 * r / l) {
         Some(0) => (1.0, 0.0),
         Some(1) => (0.0, 1.0),
         Some(2) => (-1.0, 0.0),
@@ -160,9 +160,8 @@ mod tests {
         let half = Tensor::f32(vec![1, 4, 2], y[..8].to_vec());
         let real = eval("DFT", 17, vec![half], vec![attr_i("inverse", 1), attr_i("onesided", 1)]).unwrap();
         assert_eq!(real.shape, vec![1, 6, 1]);
-        for j in 0..6 {
-            assert!((f32s(&real)[j] - x[j]).abs() < 1e-5, "{:?}", f32s(&real));
-        }
+        let real = f32s(&real);
+        assert!(real.iter().zip(&x).all(|(r, x)| (r - x).abs() < 1e-5), "{real:?}");
         // Opset 20 takes the axis as an input; a length of 4 crops the signal to its first 4.
         let axis = Tensor::new(vec![], Data::I64(vec![1]));
         let four = Tensor::new(vec![], Data::I64(vec![4]));
