@@ -7,7 +7,7 @@ fuzzer of the ONNX frontend (`make fuzz`, ONNX_FUZZ_CASES).
 Case k draws its model from the seed S + k (the same case again: --seed S+k --cases 1): a
 few float inputs, then a chain of nodes of the ops meshc imports (elementwise, MatMul and
 Gemm, reductions, Reshape, Transpose, Slice, Concat, Gather, Softmax and LogSoftmax,
-LayerNormalization, Conv and pools at small sizes, Cast, Identity and Expand no-ops, If
+LayerNormalization, Conv and pools at small sizes, GridSample, TopK, DFT, LRN, Cast, Identity and Expand no-ops, If
 on a fact of the shapes, Loop with a constant trip count, Scan, LSTM/GRU/RNN, quantization:
 QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger, QLinearMatMul, ConvInteger,
 QLinearConv), each reading
@@ -314,6 +314,63 @@ def g_pad(m):
     return m.node("Pad", ins, shape, tame=a[3], mode=mode)
 
 
+def g_grid_sample(m):
+    """GridSample (opset 16: 2-D, bilinear/bicubic) at a grid that reaches past the input.
+    Not bicubic with border padding: there onnxruntime clamps each tap, where ONNX's
+    reference (and meshc) clamp the coordinate first."""
+    a = m.pick(lambda v: floats(v) and len(v[1]) == 4)
+    if a is None or m.opset < 16:
+        return None
+    mode = ["bilinear", "nearest", "bicubic"][m.rng.integers(3)]
+    pads = ["zeros", "reflection"] if mode == "bicubic" else ["zeros", "border", "reflection"]
+    padding = pads[m.rng.integers(len(pads))]
+    out = tuple(int(x) for x in m.rng.integers(1, 4, 2))
+    grid = m.init(m.rng.uniform(-1.5, 1.5, (a[1][0], *out, 2)).astype(np.float32))
+    return m.node("GridSample", [a[0], grid], (a[1][0], a[1][1], *out), tame=a[3], mode=mode, padding_mode=padding,
+                  align_corners=int(m.rng.integers(2)))
+
+
+def g_top_k(m):
+    """TopK along an axis, both outputs; only of tame values (NaN's place differs between
+    onnxruntime and ONNX's reference, which meshc follows)."""
+    from onnx import helper
+
+    a = m.pick(lambda v: floats(v) and v[3] and len(v[1]) >= 1)
+    if a is None:
+        return None
+    axis = int(m.rng.integers(len(a[1])))
+    k = int(m.rng.integers(1, a[1][axis] + 1))
+    shape = tuple(k if i == axis else d for i, d in enumerate(a[1]))
+    values, indices = m.name(), m.name()
+    m.nodes.append(helper.make_node("TopK", [a[0], m.init(np.array([k], np.int64))], [values, indices], axis=axis,
+                                    largest=int(m.rng.integers(2))))
+    m.values.append((values, shape, np.float32, True))
+    m.values.append((indices, shape, np.int64, True))
+    return values
+
+
+def g_dft(m):
+    """A forward DFT (opset 17+) of a real signal: a value with a dim of 1 appended."""
+    a = m.pick(lambda v: floats(v) and v[3] and len(v[1]) >= 1)
+    if a is None or m.opset < 17:
+        return None
+    real = m.node("Unsqueeze", [a[0], m.init(np.array([-1], np.int64))], (*a[1], 1), tame=True)
+    axis = int(m.rng.integers(len(a[1])))
+    onesided = int(m.rng.integers(2))
+    n = a[1][axis] // 2 + 1 if onesided else a[1][axis]
+    shape = tuple(n if i == axis else d for i, d in enumerate(a[1])) + (2,)
+    return m.node("DFT", [real], shape, tame=False, axis=axis, onesided=onesided)
+
+
+def g_lrn(m):
+    """LRN of a 4-D value with an odd size (onnxruntime's CPU kernel takes no other)."""
+    a = m.pick(lambda v: floats(v) and len(v[1]) == 4)
+    if a is None:
+        return None
+    return m.node("LRN", [a[0]], a[1], tame=a[3], size=int(m.rng.choice([1, 3, 5])), alpha=float(m.rng.uniform(1e-4, 1.0)),
+                  beta=float(m.rng.uniform(0.5, 1.0)), bias=float(m.rng.uniform(1.0, 2.0)))
+
+
 def g_int_arith(m):
     """Integer arithmetic on a cast value, with operands past f32's exact integers."""
     a = m.pick(lambda v: v[2] in (np.int64, np.int32))
@@ -505,8 +562,8 @@ QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "Mat
              "ConvInteger", "QLinearConv"}
 
 GENERATORS = [g_unary, g_binary, g_binary, g_matmul, g_reduce, g_reshape, g_transpose, g_slice, g_concat, g_gather,
-              g_softmax, g_layernorm, g_conv, g_cast, g_noop, g_where, g_pad, g_int_arith, g_if, g_loop, g_scan,
-              g_recurrent, g_quantize]
+              g_softmax, g_layernorm, g_conv, g_cast, g_noop, g_where, g_pad, g_grid_sample, g_top_k, g_dft, g_lrn, g_int_arith, g_if, g_loop,
+              g_scan, g_recurrent, g_quantize]
 
 
 def draw(seed):

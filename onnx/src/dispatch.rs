@@ -8,17 +8,19 @@ use std::sync::LazyLock;
 
 use super::ops::{Convert, Converter, CURRENT, R};
 use super::{
-    control, nn, ops, ops_attention, ops_legacy, ops_math, ops_more, ops_quant, ops_rnn, ops_scatter, ops_trig,
-    validate,
+    control, nn, ops, ops_attention, ops_legacy, ops_math, ops_more, ops_quant, ops_rnn, ops_sample, ops_scatter,
+    ops_signal, ops_trig, validate,
 };
 
 /// Every module's table.
-const TABLES: [&[Converter]; 10] = [
+const TABLES: [&[Converter]; 12] = [
     ops::CONVERTERS,
     ops_math::CONVERTERS,
     ops_trig::CONVERTERS,
     ops_more::CONVERTERS,
     ops_scatter::CONVERTERS,
+    ops_sample::CONVERTERS,
+    ops_signal::CONVERTERS,
     ops_attention::CONVERTERS,
     ops_legacy::CONVERTERS,
     nn::CONVERTERS,

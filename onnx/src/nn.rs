@@ -21,7 +21,7 @@ pub const CONVERTERS: &[Converter] = &[
     Converter::since(7, "AveragePool", |b, c| one(pool(b, c, false))),
     Converter::since(1, "GlobalAveragePool", |b, c| one(global_pool(b, c, false))),
     Converter::since(1, "GlobalMaxPool", |b, c| one(global_pool(b, c, true))),
-    Converter::since(9, "BatchNormalization", |b, c| one(batch_norm(b, c))),
+    Converter::since(9, "BatchNormalization", batch_norm),
     Converter::since(6, "InstanceNormalization", |b, c| one(instance_norm(b, c))),
     Converter::new("GroupNormalization", |b, c| one(group_norm(b, c))),
     Converter::since(2, "Pad", |b, c| one(pad(b, c))),
@@ -31,6 +31,10 @@ pub const CONVERTERS: &[Converter] = &[
     Converter::since(1, "SpaceToDepth", |b, c| one(space_to_depth(b, c))),
     Converter::since(11, "GatherElements", |b, c| one(gather_elements(b, c))),
     Converter::since(9, "OneHot", |b, c| one(one_hot(b, c))),
+    Converter::new("CausalConvWithState", causal_conv),
+    Converter::since(1, "LRN", |b, c| one(lrn(b, c))),
+    Converter::since(18, "Col2Im", |b, c| one(col2im(b, c))),
+    Converter::since(11, "MaxUnpool", |b, c| one(max_unpool(b, c))),
 ];
 
 fn ints(v: &[i64]) -> Attr {
@@ -110,6 +114,173 @@ pub(super) fn conv_of(b: &mut Builder, c: &Ctx, x: &Value, w: &Value, bias: Opti
     b.node(name, Op::Conv, &args, &attrs)
 }
 
+/// CausalConvWithState: the past state (zeros without one) put before the input along the
+/// length, a depthwise conv of that without padding (then SiLU, x·sigmoid(x), when asked),
+/// and the last k − 1 positions of it as the present state, as ONNX's reference does.
+fn causal_conv(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+    let (x, w) = (c.arg(0)?, c.arg(1)?);
+    let (xs, ws) = (b.ty(x).shape, b.ty(w).shape);
+    let k = ws.get(2).copied().unwrap_or(0);
+    if xs.len() != 3 || ws.len() != 3 || ws[0] != xs[1] || ws[1] != 1 || k == 0 {
+        return Err(format!("input of shape {xs:?} and weight of shape {ws:?} are not [N, C, L] and [C, 1, k]"));
+    }
+    let silu = match c.string("activation", "none").as_str() {
+        "none" => false,
+        "silu" | "swish" => true,
+        other => return Err(format!("activation '{other}' is not none, silu or swish")),
+    };
+    let (n, ch, len) = (xs[0], xs[1], xs[2]);
+    let padded = match c.opt(3) {
+        Some(past) if b.ty(past).shape != [n, ch, k - 1] => {
+            return Err(format!("past_state of shape {:?} is not [{n}, {ch}, {}]", b.ty(past).shape, k - 1))
+        }
+        Some(past) => b.node(&c.part("padded"), Op::Concat, &[past, x], &[("axis", Attr::Int(2))])?,
+        None if k > 1 => b.node(&c.part("padded"), Op::Pad, &[x], &[("pads", ints(&[0, 0, k as i64 - 1, 0, 0, 0]))])?,
+        None => x.clone(),
+    };
+    let state = match c.node.output.get(1).filter(|o| !o.is_empty()) {
+        Some(o) => o.clone(),
+        None => c.part("present_state"),
+    };
+    let present = if k == 1 {
+        table("the empty state", b.ty(x).dtype, vec![n, ch, 0], |_| 0.0)?
+    } else {
+        let bounds = [("starts", ints(&[len as i64])), ("ends", ints(&[(len + k - 1) as i64])), ("axes", ints(&[2]))];
+        b.node(&state, Op::Slice, &[&padded], &bounds)?
+    };
+    let mut args = vec![&padded, w];
+    args.extend(c.opt(2));
+    let attrs = [("groups", Attr::Int(ch as i64)), ("pads", ints(&[0, 0]))];
+    let y = b.node(&if silu { c.part("conv") } else { c.out.clone() }, Op::Conv, &args, &attrs)?;
+    if !silu {
+        return Ok(vec![y, present]);
+    }
+    let sg = b.node(&c.part("sigmoid"), Op::Sigmoid, &[&y], &[])?;
+    Ok(vec![b.node(&c.out, Op::Mul, &[&y, &sg], &[])?, present])
+}
+
+/// LRN: x / (bias + α/size · Σ x²)^β, the sum over the `size` channels around each one
+/// (⌊(size − 1)/2⌋ before, the rest after): an average pool of x² over the channels, the
+/// pads counting as zeros, so α times it is α/size times the sum.
+fn lrn(b: &mut Builder, c: &Ctx) -> R<Value> {
+    let x = c.arg(0)?;
+    let xs = b.ty(x).shape;
+    let size = c.int("size", 0);
+    if xs.len() < 3 || size < 1 {
+        return Err(format!("X of shape {xs:?} with size {size} is not [N, C, spatial...] and a window"));
+    }
+    let (before, after) = ((size - 1) / 2, size - 1 - (size - 1) / 2);
+    let rest: usize = xs[2..].iter().product();
+    let sq = b.node(&c.part("square"), Op::Mul, &[x, x], &[])?;
+    let planes = reshape(b, &sq, &[xs[0] as i64, 1, xs[1] as i64, rest as i64], &c.part("channels"))?;
+    let attrs =
+        [("kernel", ints(&[size, 1])), ("pads", ints(&[before, 0, after, 0])), ("count_include_pad", Attr::Bool(true))];
+    let mean = b.node(&c.part("mean_square"), Op::AvgPool, &[&planes], &attrs)?;
+    let mean = reshape(b, &mean, &xs.iter().map(|&d| d as i64).collect::<Vec<_>>(), &c.part("mean_square_back"))?;
+    let scaled =
+        b.node(&c.part("scaled"), Op::Mul, &[&mean, &scalar(DType::F32, c.float("alpha", 1e-4).into())], &[])?;
+    let base = b.node(&c.part("base"), Op::Add, &[&scaled, &scalar(DType::F32, c.float("bias", 1.0).into())], &[])?;
+    let div = b.node(&c.part("divisor"), Op::Pow, &[&base, &scalar(DType::F32, c.float("beta", 0.75).into())], &[])?;
+    b.node(&c.out, Op::Div, &[x, &div], &[])
+}
+
+/// Col2Im: each image element is the sum of the column entries that land on it, at most
+/// one per block offset (an offset and an element fix the block), so a constant
+/// `[positions, block]` table of their flat sources (or of a zero appended, where an
+/// offset lands on no block there) is gathered and summed. image_shape and block_shape
+/// must be known at import time.
+fn col2im(b: &mut Builder, c: &Ctx) -> R<Value> {
+    let x = c.arg(0)?;
+    let xs = b.ty(x).shape;
+    let (image, block) = (c.const_ints(1)?, c.const_ints(2)?);
+    let k = image.len();
+    let defaults = |name: &str, v: i64, n: usize| c.ints(name).filter(|a| !a.is_empty()).unwrap_or(vec![v; n]);
+    let (dil, pads, strides) = (defaults("dilations", 1, k), defaults("pads", 0, 2 * k), defaults("strides", 1, k));
+    let bad = block.len() != k
+        || dil.len() != k
+        || pads.len() != 2 * k
+        || strides.len() != k
+        || image.iter().chain(&block).chain(&dil).chain(&strides).any(|&v| v < 1)
+        || pads.iter().any(|&p| p < 0);
+    let blocks: Vec<i64> = (0..k.min(block.len()))
+        .map(|d| (image[d] + pads[d] + pads[k + d] - dil[d] * (block[d] - 1) - 1).div_euclid(strides[d].max(1)) + 1)
+        .collect();
+    let (bsize, lsize): (i64, i64) = (block.iter().product(), blocks.iter().product());
+    if bad || xs.len() != 3 || blocks.iter().any(|&n| n < 1) || xs[2] as i64 != lsize || xs[1] as i64 % bsize != 0 {
+        return Err(format!(
+            "input of shape {xs:?} is not [N, C·{bsize}, {lsize}] for image {image:?}, block {block:?}, dilations {dil:?}, pads {pads:?}, strides {strides:?}"
+        ));
+    }
+    let ch = xs[1] as i64 / bsize;
+    let positions: i64 = image.iter().product();
+    let unravel = |mut i: i64, dims: &[i64]| {
+        let mut idx = vec![0; dims.len()];
+        for d in (0..dims.len()).rev() {
+            idx[d] = i % dims[d];
+            i /= dims[d];
+        }
+        idx
+    };
+    let table = i64_table("the Col2Im sources", vec![positions as usize, bsize as usize], |e| {
+        let (p, bo) = (unravel(e as i64 / bsize, &image), unravel(e as i64 % bsize, &block));
+        let mut l = 0;
+        for d in 0..k {
+            let at = p[d] + pads[d] - bo[d] * dil[d];
+            if at < 0 || at % strides[d] != 0 || at / strides[d] >= blocks[d] {
+                return bsize * lsize;
+            }
+            l = l * blocks[d] + at / strides[d];
+        }
+        (e as i64 % bsize) * lsize + l
+    })?;
+    let cols = reshape(b, x, &[xs[0] as i64, ch, bsize * lsize], &c.part("columns"))?;
+    let padded = b.node(&c.part("with_zero"), Op::Pad, &[&cols], &[("pads", ints(&[0, 0, 0, 0, 0, 1]))])?;
+    let taken = b.node(&c.part("sources"), Op::Gather, &[&padded, &table], &[("axis", Attr::Int(2))])?;
+    let sum = [("axes", ints(&[-1])), ("keepdims", Attr::Bool(false))];
+    let summed = b.node(&c.part("summed"), Op::ReduceSum, &[&taken], &sum)?;
+    let mut out = vec![xs[0] as i64, ch];
+    out.extend(&image);
+    reshape(b, &summed, &out, &c.out)
+}
+
+/// MaxUnpool, as ONNX's reference: each x written at its index into zeros of the shape
+/// the pool came from (`(in − 1)·stride − pads + kernel`), flattened whole as MaxPool's
+/// Indices count (a `scatter_elements`: an index out of range is a run-time error naming
+/// the node, a repeated one keeps the last), then zeros appended up to `output_shape`
+/// when given (it must fold).
+fn max_unpool(b: &mut Builder, c: &Ctx) -> R<Value> {
+    let (x, idx) = (c.arg(0)?, c.arg(1)?);
+    let xs = b.ty(x).shape;
+    let kernel = c.ints("kernel_shape").ok_or("it needs kernel_shape")?;
+    let k = kernel.len();
+    let strides = c.ints("strides").filter(|v| !v.is_empty()).unwrap_or(vec![1; k]);
+    let pads = c.ints("pads").filter(|v| !v.is_empty()).unwrap_or(vec![0; 2 * k]);
+    if xs.len() != k + 2 || b.ty(idx).shape != xs || strides.len() != k || pads.len() != 2 * k {
+        return Err(format!("X of shape {xs:?}, its indices and kernel_shape {kernel:?} do not fit"));
+    }
+    let mut shape = xs[..2].iter().map(|&d| d as i64).collect::<Vec<_>>();
+    shape.extend((0..k).map(|d| (xs[d + 2] as i64 - 1) * strides[d] - pads[d] - pads[k + d] + kernel[d]));
+    if shape.iter().any(|&d| d < 1) {
+        return Err(format!("the unpooled shape {shape:?} is empty"));
+    }
+    let total: i64 = shape.iter().product();
+    let zeros = table("the unpooled zeros", b.ty(x).dtype, vec![total as usize], |_| 0.0)?;
+    let n = xs.iter().product::<usize>() as i64;
+    let flat_x = reshape(b, x, &[n], &c.part("values"))?;
+    let flat_i = reshape(b, idx, &[n], &c.part("indices"))?;
+    let attrs = [("axis", Attr::Int(0)), ("reduction", Attr::Str("none".into()))];
+    let spread = b.node(&c.part("spread"), Op::ScatterElements, &[&zeros, &flat_i, &flat_x], &attrs)?;
+    let Some(_) = c.opt(2) else { return reshape(b, &spread, &shape, &c.out) };
+    let want = c.const_ints(2)?;
+    if want.len() != shape.len() || want.iter().zip(&shape).any(|(w, s)| w < s) {
+        return Err(format!("output_shape {want:?} is not at least the unpooled shape {shape:?}"));
+    }
+    let y = reshape(b, &spread, &shape, &c.part("unpooled"))?;
+    let mut grow = vec![0i64; shape.len()];
+    grow.extend(want.iter().zip(&shape).map(|(w, s)| w - s));
+    b.node(&c.out, Op::Pad, &[&y], &[("pads", ints(&grow))])
+}
+
 fn pool(b: &mut Builder, c: &Ctx, max: bool) -> R<Value> {
     if c.node.output.get(1).is_some_and(|o| !o.is_empty()) {
         return Err("its Indices output is not supported".into());
@@ -126,6 +297,13 @@ fn pool(b: &mut Builder, c: &Ctx, max: bool) -> R<Value> {
     attrs.push(("ceil_mode", Attr::Bool(c.int("ceil_mode", 0) != 0)));
     if !max {
         attrs.push(("count_include_pad", Attr::Bool(c.int("count_include_pad", 0) != 0)));
+    }
+    // The max of int8 or uint8 values is one of them: f32 holds each exactly.
+    let byte = b.ty(x).dtype;
+    if max && byte.is_byte() {
+        let wide = cast(b, x, DType::F32, &c.part("wide"))?;
+        let m = b.node(&c.part("wide_result"), Op::MaxPool, &[&wide], &attrs)?;
+        return cast(b, &m, byte, &c.out);
     }
     b.node(&c.out, if max { Op::MaxPool } else { Op::AvgPool }, &[x], &attrs)
 }
@@ -159,12 +337,61 @@ fn affine(b: &mut Builder, c: &Ctx, x: &Value, scale: &Value, shift: &Value) -> 
     b.node(&c.out, Op::Add, &[&y, &t], &[])
 }
 
+/// BatchNormalization: inference, or with `training_mode` the batch's statistics.
+fn batch_norm(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+    if c.int("training_mode", 0) != 0 {
+        return batch_norm_training(b, c);
+    }
+    if c.node.output.iter().skip(1).any(|o| !o.is_empty()) {
+        return Err(
+            "the running mean and variance outputs without training_mode (before opset 14) are not supported".into()
+        );
+    }
+    one(batch_norm_inference(b, c))
+}
+
+/// Training BatchNormalization (opset 14+), as ONNX's reference: normalised by the batch's
+/// mean and biased variance over every axis but the channels, and the running statistics
+/// moved toward them, `running · momentum + batch · (1 − momentum)`.
+fn batch_norm_training(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+    let x = c.arg(0)?;
+    let shape = b.ty(x).shape;
+    if shape.len() < 2 {
+        return Err(format!("X has rank {}, expected [N, C, ...]", shape.len()));
+    }
+    let axes: Vec<i64> = (0..shape.len() as i64).filter(|&d| d != 1).collect();
+    let keep = [("axes", ints(&axes)), ("keepdims", Attr::Bool(true))];
+    let mean = b.node(&c.part("batch_mean"), Op::ReduceMean, &[x], &keep)?;
+    let d = b.node(&c.part("centred"), Op::Sub, &[x, &mean], &[])?;
+    let sq = b.node(&c.part("square"), Op::Mul, &[&d, &d], &[])?;
+    let var = b.node(&c.part("batch_var"), Op::ReduceMean, &[&sq], &keep)?;
+    let eps = scalar(DType::F32, c.float("epsilon", 1e-5).into());
+    let ve = b.node(&c.part("var_eps"), Op::Add, &[&var, &eps], &[])?;
+    let r = b.node(&c.part("rstd"), Op::Rsqrt, &[&ve], &[])?;
+    let normed = b.node(&c.part("normalised"), Op::Mul, &[&d, &r], &[])?;
+    let mut outs = vec![affine(b, c, &normed, c.arg(1)?, c.arg(2)?)?];
+    if c.node.output.iter().skip(1).all(|o| o.is_empty()) {
+        return Ok(outs);
+    }
+    let momentum = f64::from(c.float("momentum", 0.9));
+    for (i, batch, what) in [(1, &mean, "running_mean"), (2, &var, "running_var")] {
+        let name = match c.node.output.get(i).filter(|o| !o.is_empty()) {
+            Some(o) => o.clone(),
+            None => c.part(what),
+        };
+        let running =
+            b.node(&c.part(&format!("{what}_kept")), Op::Mul, &[c.arg(i + 2)?, &scalar(DType::F32, momentum)], &[])?;
+        let flat = reshape(b, batch, &[shape[1] as i64], &c.part(&format!("{what}_batch")))?;
+        let moved =
+            b.node(&c.part(&format!("{what}_moved")), Op::Mul, &[&flat, &scalar(DType::F32, 1.0 - momentum)], &[])?;
+        outs.push(b.node(&name, Op::Add, &[&running, &moved], &[])?);
+    }
+    Ok(outs)
+}
+
 /// Inference BatchNormalization: `x * s + t` with `s = scale / sqrt(var + eps)` and
 /// `t = bias - mean * s` per channel, computed at import when all four are constants.
-fn batch_norm(b: &mut Builder, c: &Ctx) -> R<Value> {
-    if c.int("training_mode", 0) != 0 || c.node.output.iter().skip(1).any(|o| !o.is_empty()) {
-        return Err("training mode (batch statistics, running mean outputs) is not supported (inference only)".into());
-    }
+fn batch_norm_inference(b: &mut Builder, c: &Ctx) -> R<Value> {
     let x = c.arg(0)?;
     let shape = b.ty(x).shape;
     if shape.len() < 2 {

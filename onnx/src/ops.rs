@@ -293,14 +293,18 @@ pub(super) fn log_softmax_of(b: &mut Builder, c: &Ctx, x: &Value, axis: i64, nam
 }
 
 pub(super) fn clip(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
-    let mut x = c.arg(0)?.clone();
+    let given: Vec<&Value> = (0..3).filter_map(|i| c.opt(i)).collect();
+    let (wide, byte) = widen_bytes(b, c, &given)?;
+    let mut bounds = wide[1..].iter();
+    let mut x = wide[0].clone();
     for (i, op, what) in [(1, Op::Maximum, "min"), (2, Op::Minimum, "max")] {
-        if let Some(bound) = c.opt(i) {
-            let last = c.opt(2).is_none() || i == 2;
+        if c.opt(i).is_some() {
+            let bound = bounds.next().ok_or("a bound is missing")?;
+            let last = (c.opt(2).is_none() || i == 2) && byte.is_none();
             x = b.node(&if last { c.out.clone() } else { c.part(what) }, op, &[&x, bound], &[])?;
         }
     }
-    Ok(vec![x])
+    Ok(vec![narrow(b, &x, byte, &c.out)?])
 }
 
 fn reshape_op(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
@@ -416,18 +420,46 @@ fn nary(b: &mut Builder, c: &Ctx, op: Op) -> R<Vec<Value>> {
 
 /// `nary` with its result named `last` (an op built on it keeps the ONNX name).
 fn nary_named(b: &mut Builder, c: &Ctx, op: Op, last: &str) -> R<Vec<Value>> {
-    let mut acc = c.arg(0)?.clone();
-    let n = c.args.len();
-    for i in 1..n {
-        let name = if i + 1 == n { last.to_string() } else { c.part(&format!("acc{i}")) };
-        let mut rhs = c.arg(i)?.clone();
+    let (args, byte) = widen_bytes(b, c, &c.all_args()?)?;
+    let n = args.len();
+    let mut acc = args[0].clone();
+    for (i, rhs) in args.iter().enumerate().skip(1) {
+        let name = if i + 1 == n && byte.is_none() { last.to_string() } else { c.part(&format!("acc{i}")) };
+        let mut rhs = rhs.clone();
         let dtype = b.ty(&acc).dtype;
         if b.ty(&rhs).dtype != dtype && op == Op::Pow {
             rhs = cast(b, &rhs, dtype, &c.part("exponent"))?;
         }
         acc = b.node(&name, op, &[&acc, &rhs], &[])?;
     }
-    Ok(vec![acc])
+    Ok(vec![narrow(b, &acc, byte, last)?])
+}
+
+/// ONNX's arithmetic, comparisons and Clip take int8 and uint8, which meshc stores but does
+/// not compute on: i32 holds their sums, differences, products and quotients exactly, and
+/// a cast back to the byte type wraps as ONNX's 8-bit arithmetic does (`127 + 1` is
+/// −128), so the op runs on its operands widened to i32. Returns them and, when input 0
+/// is a byte type, that type (for the result to be cast back to).
+pub(super) fn widen_bytes(b: &mut Builder, c: &Ctx, args: &[&Value]) -> R<(Vec<Value>, Option<DType>)> {
+    let byte = args.first().map(|x| b.ty(x).dtype).filter(|d| d.is_byte());
+    let wide = args
+        .iter()
+        .enumerate()
+        .map(|(i, x)| match b.ty(x).dtype.is_byte() {
+            true => cast(b, x, DType::I32, &c.part(&format!("wide{i}"))),
+            false => Ok((*x).clone()),
+        })
+        .collect::<R<_>>()?;
+    Ok((wide, byte))
+}
+
+/// The result `r` of an op on `widen_bytes`' operands, cast back to their `byte` type
+/// under `name` (or `r` itself when there was none to widen).
+pub(super) fn narrow(b: &mut Builder, r: &Value, byte: Option<DType>, name: &str) -> R<Value> {
+    match byte {
+        Some(dtype) => cast(b, r, dtype, name),
+        None => Ok(r.clone()),
+    }
 }
 
 /// `Pow`, by a constant 2 or 3 as products: GPT-2's tanh GELU cubes every activation with

@@ -29,8 +29,9 @@ fn perm(p: &[i64]) -> [(&'static str, Attr); 1] {
     [("perm", Attr::ints(p))]
 }
 
-/// This module's converter (docs/onnx.md).
-pub const CONVERTERS: &[Converter] = &[Converter::new("Attention", attention)];
+/// This module's converters (docs/onnx.md).
+pub const CONVERTERS: &[Converter] =
+    &[Converter::new("Attention", attention), Converter::new("LinearAttention", linear_attention)];
 
 /// Y, present_key, present_value and (when asked for) qk_matmul_output.
 fn attention(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
@@ -259,4 +260,162 @@ fn guard_masked_rows(s: &mut Steps, bias: &Value, probs: &Value) -> R<Value> {
     }
     let zero = s.k(probs, 0.0);
     s.op0("probs_guarded", Op::Where, &[&masked, &zero, probs])
+}
+
+/// LinearAttention (opset 27) as ONNX's reference steps it, unrolled over the sequence (its
+/// length is known at import; each step is a few small ops on the `[B, H_kv, d_k, d_v]`
+/// state): the state decayed by exp(decay) (`gated`), the value corrected by
+/// β·(v − kᵀS) (`delta`), k ⊗ v added, and each query head reading its KV head's state
+/// (grouped: query head h reads KV head h / (H_q / H_kv)), times the scale (1/√d_k unless
+/// given). Output `[B, T, H_q·d_v]` and the last state; `chunk_size` only tunes kernels.
+fn linear_attention(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+    let mut s = Steps { b, c };
+    let (q, k, v) = (c.arg(0)?, c.arg(1)?, c.arg(2)?);
+    let mut shapes = Vec::new();
+    for (x, what) in [(q, "query"), (k, "key"), (v, "value")] {
+        float_only(s.b, x, what)?;
+        shapes.push(s.b.ty(x).shape);
+    }
+    let (hq, hkv) = (c.int("q_num_heads", 0), c.int("kv_num_heads", 0));
+    if hq <= 0 || hkv <= 0 || hq % hkv != 0 {
+        return Err(format!("q_num_heads {hq} is not a positive multiple of kv_num_heads {hkv}"));
+    }
+    let (hq, hkv) = (hq as usize, hkv as usize);
+    let (gating, delta) = match c.string("update_rule", "gated_delta").as_str() {
+        "linear" => (false, false),
+        "gated" => (true, false),
+        "delta" => (false, true),
+        "gated_delta" => (true, true),
+        other => return Err(format!("update_rule '{other}' is not linear, gated, delta or gated_delta")),
+    };
+    let (decay, beta) = (c.opt(4), c.opt(5));
+    if gating != decay.is_some() || delta != beta.is_some() {
+        return Err("decay must be given exactly for the gated rules and beta exactly for the delta ones".into());
+    }
+    let (bt, t) = (shapes[0].first().copied().unwrap_or(0), shapes[0].get(1).copied().unwrap_or(0));
+    let fits = |sh: &Vec<usize>, h: usize| sh.len() == 3 && sh[0] == bt && sh[1] == t && sh[2].is_multiple_of(h);
+    if !fits(&shapes[0], hq) || !fits(&shapes[1], hkv) || !fits(&shapes[2], hkv) || t == 0 {
+        return Err(format!(
+            "query, key and value of shapes {shapes:?} are not [B, T, H·d] over a sequence for the heads"
+        ));
+    }
+    let (dk, dv) = (shapes[0][2] / hq, shapes[2][2] / hkv);
+    if shapes[1][2] / hkv != dk {
+        return Err(format!("key's head size {} is not query's {dk}", shapes[1][2] / hkv));
+    }
+    let group = hq / hkv;
+    let (q4, k4, v4) = (heads(&mut s, q, hq, "query")?, heads(&mut s, k, hkv, "key")?, heads(&mut s, v, hkv, "value")?);
+    // Per KV head and step, [B, H_kv, T, 1] or [B, H_kv, T, d_k] (decay) and
+    // [B, H_kv or 1, T, 1] (beta).
+    let per_step = |s: &mut Steps, x: &Value, last: usize, what: &str| {
+        let split = reshape(s.b, x, &dims(&[bt, t, last, 1]), &s.c.part(&format!("{what}_split")))?;
+        s.op(&format!("{what}_heads"), Op::Transpose, &[&split], &perm(&[0, 2, 1, 3]))
+    };
+    let growth = match decay {
+        Some(g) => {
+            let last = s.b.ty(g).shape.get(2).copied().unwrap_or(0);
+            let g4 = match s.b.ty(g).shape.len() == 3 {
+                true if last == hkv => per_step(&mut s, g, hkv, "decay")?,
+                true if last == hkv * dk => heads(&mut s, g, hkv, "decay")?,
+                _ => {
+                    return Err(format!("decay of shape {:?} is not [B, T, H_kv] or [B, T, H_kv·d_k]", s.b.ty(g).shape))
+                }
+            };
+            Some(s.op0("decay_factor", Op::Exp, &[&g4])?)
+        }
+        None => None,
+    };
+    let beta4 = match beta {
+        Some(x) => {
+            let sh = s.b.ty(x).shape;
+            if sh.len() != 3 || sh[0] != bt || sh[1] != t || !(sh[2] == hkv || sh[2] == 1) {
+                return Err(format!("beta of shape {sh:?} is not [B, T, H_kv] or [B, T, 1]"));
+            }
+            Some(per_step(&mut s, x, sh[2], "beta")?)
+        }
+        None => None,
+    };
+    let state_shape = [bt, hkv, dk, dv];
+    let mut state = match c.opt(3) {
+        Some(p) if s.b.ty(p).shape != state_shape => {
+            return Err(format!("past_state of shape {:?} is not {state_shape:?}", s.b.ty(p).shape))
+        }
+        Some(p) => p.clone(),
+        None => table("the initial state", DType::F32, state_shape.to_vec(), |_| 0.0)?,
+    };
+    let scale = match c.float("scale", 0.0) {
+        0.0 => 1.0 / (dk as f64).sqrt(),
+        given => given.into(),
+    };
+    let at = |x: &Value, s: &mut Steps, i: usize, what: &str| {
+        let bounds =
+            [("starts", Attr::ints(&[i as i64])), ("ends", Attr::ints(&[i as i64 + 1])), ("axes", Attr::ints(&[2]))];
+        s.op(&format!("t{i}_{what}"), Op::Slice, &[x], &bounds)
+    };
+    let mut outs = Vec::new();
+    for i in 0..t {
+        let name = |what: &str| format!("t{i}_{what}");
+        let (qt, kt) = (at(&q4, &mut s, i, "query")?, at(&k4, &mut s, i, "key")?);
+        let mut vt = at(&v4, &mut s, i, "value")?;
+        if let Some(e) = &growth {
+            // [B, H_kv, 1, d_k or 1] as a column over the state's d_k rows.
+            let et = at(e, &mut s, i, "decay")?;
+            let col = s.op(&name("decay_column"), Op::Transpose, &[&et], &perm(&[0, 1, 3, 2]))?;
+            state = s.op0(&name("decayed"), Op::Mul, &[&state, &col])?;
+        }
+        if let Some(bv) = &beta4 {
+            let read = s.op0(&name("retrieved"), Op::MatMul, &[&kt, &state])?;
+            let diff = s.op0(&name("value_error"), Op::Sub, &[&vt, &read])?;
+            let bt_ = at(bv, &mut s, i, "beta")?;
+            vt = s.op0(&name("corrected"), Op::Mul, &[&bt_, &diff])?;
+        }
+        let kcol = s.op(&name("key_column"), Op::Transpose, &[&kt], &perm(&[0, 1, 3, 2]))?;
+        let outer = s.op0(&name("outer"), Op::Mul, &[&kcol, &vt])?;
+        let last = i + 1 == t;
+        let state_name = match (last, c.node.output.get(1).filter(|o| !o.is_empty())) {
+            (true, Some(o)) => o.clone(),
+            _ => c.part(&name("state")),
+        };
+        state = s.b.node(&state_name, Op::Add, &[&state, &outer], &[])?;
+        let qg = reshape(s.b, &qt, &dims(&[bt, hkv, group, dk]), &c.part(&name("query_groups")))?;
+        let read = s.op0(&name("read"), Op::MatMul, &[&qg, &state])?;
+        let scaled = s.op0(&name("scaled"), Op::Mul, &[&read, &s.k(&read, scale)])?;
+        outs.push(reshape(s.b, &scaled, &dims(&[bt, hq, 1, dv]), &c.part(&name("output")))?);
+    }
+    let all = s.op("outputs", Op::Concat, &outs.iter().collect::<Vec<_>>(), &[("axis", Attr::Int(2))])?;
+    let seq = s.op("outputs_by_step", Op::Transpose, &[&all], &perm(&[0, 2, 1, 3]))?;
+    Ok(vec![reshape(s.b, &seq, &dims(&[bt, t, hq * dv]), &c.out)?, state])
+}
+
+#[cfg(test)]
+mod tests {
+    use meshc_ir::Tensor;
+
+    use crate::dispatch::tests::{attr_f, attr_i, eval_outputs, f32s};
+    use crate::proto::AttributeProto;
+
+    /// One head of one dim over two steps, by hand: q = [1, 2], k = [3, 4], v = [5, 6].
+    #[test]
+    fn linear_attention_follows_the_recurrence() {
+        let seq = |a: f32, b: f32| Tensor::f32(vec![1, 2, 1], vec![a, b]);
+        let (q, k, v) = (seq(1.0, 2.0), seq(3.0, 4.0), seq(5.0, 6.0));
+        let rule = |r: &str| AttributeProto {
+            name: Some("update_rule".into()),
+            s: Some(r.as_bytes().to_vec()),
+            ..Default::default()
+        };
+        let attrs = |r: &str| vec![attr_i("q_num_heads", 1), attr_i("kv_num_heads", 1), attr_f("scale", 1.0), rule(r)];
+        // S = 15, then 15 + 24 = 39; each output q·S.
+        let y = eval_outputs("LinearAttention", 27, vec![q.clone(), k.clone(), v.clone()], attrs("linear"), 2).unwrap();
+        assert_eq!((f32s(&y[0]), f32s(&y[1])), (vec![15.0, 78.0], vec![39.0]));
+        // Decayed by e^0 then e^ln2; the second value corrected to ½·(6 − 4·30) = −57:
+        // S = 30 + 4·(−57) = −198.
+        let (none, decay, beta) = (Tensor::f32(vec![1, 1, 1, 1], vec![0.0]), seq(0.0, 2f32.ln()), seq(1.0, 0.5));
+        let y = eval_outputs("LinearAttention", 27, vec![q, k, v, none, decay, beta], attrs("gated_delta"), 2).unwrap();
+        let (out, state) = (f32s(&y[0]), f32s(&y[1]));
+        assert!(
+            out[0] == 15.0 && (out[1] + 396.0).abs() < 1e-3 && (state[0] + 198.0).abs() < 1e-3,
+            "{out:?} {state:?}"
+        );
+    }
 }

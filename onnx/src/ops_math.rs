@@ -5,12 +5,14 @@
 //! from constant masks; CumSum as the IR's cumsum; RMS, Lp and mean-variance normalisation. Each decomposition
 //! computes what ONNX's reference does, with the same formula where precision could differ.
 
+use meshc_ir::budget;
 use meshc_ir::infer::norm_axis;
 use meshc_ir::{Attr, DType, Op};
 
 use super::builder::{Builder, Value};
 use super::ops::{
-    cast, empty_reduction, i64_table, log_softmax_of, one, reduce_attrs, reshape, scalar, table, Converter, Ctx,
+    cast, empty_reduction, i64_table, log_softmax_of, narrow, one, reduce_attrs, reshape, scalar, table, widen_bytes,
+    Converter, Ctx,
 };
 use super::tensors;
 
@@ -59,11 +61,13 @@ pub const CONVERTERS: &[Converter] = &[
     Converter::since(1, "ReduceLogSumExp", |b, c| on_x(b, c, |s, x| reduce(s, "ReduceLogSumExp", x))),
     Converter::since(1, "ArgMax", |b, c| on_x(b, c, |s, x| arg_extreme(s, false, x))),
     Converter::since(1, "ArgMin", |b, c| on_x(b, c, |s, x| arg_extreme(s, true, x))),
+    Converter::since(10, "TopK", |b, c| top_k(&mut Steps { b, c })),
     // Before 13 (ops_legacy), Hardmax sees its input as a matrix.
     Converter::new("Hardmax", hardmax),
     Converter::new("Trilu", |b, c| on_x(b, c, trilu)),
     Converter::since(9, "EyeLike", |b, c| on_x(b, c, eye_like)),
     Converter::since(11, "CumSum", |b, c| on_x(b, c, cumsum)),
+    Converter::new("CumProd", |b, c| on_x(b, c, cumprod)),
     Converter::new("RMSNormalization", |b, c| on_x(b, c, |s, x| normalisation(s, "RMSNormalization", x))),
     Converter::since(1, "LpNormalization", |b, c| on_x(b, c, |s, x| normalisation(s, "LpNormalization", x))),
     Converter::since(9, "MeanVarianceNormalization", |b, c| {
@@ -117,8 +121,11 @@ fn on_x(b: &mut Builder, c: &Ctx, f: impl FnOnce(&mut Steps, &Value) -> R<Value>
     one(f(&mut Steps { b, c }, x))
 }
 
+/// A comparison or logic op; int8 and uint8 are compared on their values widened to i32
+/// (And, Or and Xor take bools only).
 fn compare(b: &mut Builder, c: &Ctx, op: Op) -> R<Vec<Value>> {
-    on_x(b, c, |s, x| s.op0("", op, &[x, s.c.arg(1)?]))
+    let (args, _) = widen_bytes(b, c, &[c.arg(0)?, c.arg(1)?])?;
+    one(b.node(&c.out, op, &[&args[0], &args[1]], &[]))
 }
 
 /// An activation of f32 (ONNX's formula, attribute defaults included).
@@ -410,6 +417,96 @@ fn arg_extreme(s: &mut Steps, min: bool, x: &Value) -> R<Value> {
     s.op0("", Op::Sub, &[&top, &r])
 }
 
+/// TopK by ranks, which need no sort: along the axis (moved last), element j's rank is the
+/// number of elements that precede it — greater (smaller with `largest` 0), or equal at a
+/// lower index, NaN counting as greater than any number (numpy's order, which ONNX's
+/// reference sorts by) — so the ranks are a permutation, and the r-th output is the one
+/// element of rank r: its index the sum of j where the rank is r, its value the max of x
+/// there (every other position filled with the type's lowest value). The comparison of
+/// every pair costs n² per row, checked against the memory budget; `sorted` 0 leaves the
+/// order open, and these are sorted. K must be known at import time.
+fn top_k(s: &mut Steps) -> R<Vec<Value>> {
+    let x = s.c.arg(0)?;
+    let (axis, shape) = axis_of(s, x, -1)?;
+    let (wide, byte) = widen_bytes(s.b, s.c, &[x])?;
+    let x = &wide[0];
+    let dtype = s.b.ty(x).dtype;
+    let float = dtype == DType::F32;
+    if !float && !dtype.is_int() {
+        return Err(format!("TopK of {dtype} is not supported (f32, i32, i64, int8, uint8)"));
+    }
+    let n = shape[axis];
+    let k = match s.c.const_ints(1)?.as_slice() {
+        [k] if (0..=n as i64).contains(k) => *k as usize,
+        other => return Err(format!("K {other:?} is not one count in 0..={n}")),
+    };
+    let rank = shape.len();
+    let mut pairs = shape.clone();
+    pairs[axis] = n;
+    pairs.push(n);
+    budget::check_shape("TopK's comparison of every pair", &pairs, 8)?;
+    // The axis last: `[rest..., n]`.
+    let mut perm: Vec<i64> = (0..rank as i64).filter(|&d| d != axis as i64).collect();
+    perm.push(axis as i64);
+    let last = s.op("axis_last", Op::Transpose, &[x], &[("perm", Attr::ints(&perm))])?;
+    let lead: Vec<i64> = perm[..rank - 1].iter().map(|&d| shape[d as usize] as i64).collect();
+    let view = |s: &mut Steps, v: &Value, tail: [i64; 2], what: &str| {
+        let mut to = lead.clone();
+        to.extend(tail);
+        reshape(s.b, v, &to, &s.c.part(what))
+    };
+    let n_ = n as i64;
+    let a = view(s, &last, [n_, 1], "element")?;
+    let b = view(s, &last, [1, n_], "other")?;
+    let largest = s.c.int("largest", 1) != 0;
+    let ahead = s.op0("ahead", if largest { Op::Greater } else { Op::Less }, &[&b, &a])?;
+    let equal = s.op0("equal", Op::Equal, &[&b, &a])?;
+    let (ahead, equal) = if float {
+        let nan = |s: &mut Steps, v: &Value, what: &str| {
+            let same = s.op0(&format!("{what}_same"), Op::Equal, &[v, v])?;
+            s.op0(&format!("{what}_nan"), Op::Not, &[&same])
+        };
+        let (a_nan, b_nan) = (nan(s, &a, "element")?, nan(s, &b, "other")?);
+        let (hi, lo) = if largest { (&b_nan, &a_nan) } else { (&a_nan, &b_nan) };
+        let not_lo = s.op0("not_nan_behind", Op::Not, &[lo])?;
+        let nan_ahead = s.op0("nan_ahead", Op::And, &[hi, &not_lo])?;
+        let both = s.op0("both_nan", Op::And, &[&a_nan, &b_nan])?;
+        (s.op0("ahead_or_nan", Op::Or, &[&ahead, &nan_ahead])?, s.op0("equal_or_nan", Op::Or, &[&equal, &both])?)
+    } else {
+        (ahead, equal)
+    };
+    let before = table("the lower indices", DType::Bool, vec![n, n], |e| f64::from(u8::from(e % n < e / n)))?;
+    let tie = s.op0("tie_before", Op::And, &[&equal, &before])?;
+    let precedes = s.op0("precedes", Op::Or, &[&ahead, &tie])?;
+    let count = cast(s.b, &precedes, DType::I64, &s.c.part("precedes_count"))?;
+    let sum = [("axes", Attr::ints(&[-1])), ("keepdims", Attr::Bool(false))];
+    let ranks = s.op("rank", Op::ReduceSum, &[&count], &sum)?;
+    let ranks = view(s, &ranks, [1, n_], "rank_row")?;
+    let r = i64_table("the ranks kept", vec![k, 1], |i| i as i64)?;
+    let at = s.op0("at_rank", Op::Equal, &[&ranks, &r])?;
+    let j = i64_table("the index range", vec![n], |i| i as i64)?;
+    let picked = s.op0("picked_index", Op::Where, &[&at, &j, &scalar(DType::I64, 0.0)])?;
+    let idx = s.op("indices_last", Op::ReduceSum, &[&picked], &sum)?;
+    let lowest = dtype.int_range().map_or(f64::NEG_INFINITY, |(lo, _)| lo);
+    let picked = s.op0("picked_value", Op::Where, &[&at, &b, &scalar(dtype, lowest)])?;
+    let vals = s.op("values_last", Op::ReduceMax, &[&picked], &sum)?;
+    // Back from `[rest..., k]`: the axis to its place.
+    let mut back = vec![0i64; rank];
+    for (i, &d) in perm.iter().enumerate() {
+        back[d as usize] = i as i64;
+    }
+    let back = [("perm", Attr::ints(&back))];
+    let name = |i: usize, what: &str| match s.c.node.output.get(i).filter(|o| !o.is_empty()) {
+        Some(o) => o.clone(),
+        None => s.c.part(what),
+    };
+    let (values, indices) = (name(0, "values"), name(1, "indices"));
+    let wide_values = if byte.is_some() { s.c.part("wide_values") } else { values.clone() };
+    let vals = s.b.node(&wide_values, Op::Transpose, &[&vals], &back)?;
+    let vals = narrow(s.b, &vals, byte, &values)?;
+    Ok(vec![vals, s.b.node(&indices, Op::Transpose, &[&idx], &back)?])
+}
+
 /// Where `v` equals its max along `axis` (or is NaN, for floats), as bools.
 fn hits_of_max(s: &mut Steps, v: &Value, axis: usize, float: bool) -> R<Value> {
     let attrs = [("axes", Attr::ints(&[axis as i64])), ("keepdims", Attr::Bool(true))];
@@ -489,18 +586,76 @@ fn eye_like(s: &mut Steps, x: &Value) -> R<Value> {
 /// CumSum as the IR's `cumsum`, whose kernel sums each line left to right (onnxruntime's
 /// order); the axis must be a constant.
 fn cumsum(s: &mut Steps, x: &Value) -> R<Value> {
+    let axis = scan_axis(s, x)?;
+    let (exclusive, reverse) = (s.c.int("exclusive", 0) != 0, s.c.int("reverse", 0) != 0);
+    let attrs = [("axis", Attr::Int(axis)), ("exclusive", Attr::Bool(exclusive)), ("reverse", Attr::Bool(reverse))];
+    s.op("", Op::CumSum, &[x], &attrs)
+}
+
+/// The axis input (1) of a scan (CumSum, CumProd) of `x`, which must fold.
+fn scan_axis(s: &mut Steps, x: &Value) -> R<i64> {
     let rank = s.b.ty(x).shape.len();
     if rank == 0 {
-        return Err("the input is a scalar, CumSum needs an axis".into());
+        return Err(format!("the input is a scalar, {} needs an axis", s.op_type()));
     }
     let axis = const_scalar(s, 1, i64::MIN)?;
     if axis == i64::MIN {
         return Err("it needs an axis".into());
     }
     norm_axis(axis, rank)?;
+    Ok(axis)
+}
+
+/// CumProd by doubling (Hillis–Steele): once each element holds the product of the 2^i
+/// elements ending at it, one product with itself shifted by 2^i along the axis (ones
+/// shifted in) doubles that, so ⌈log2 n⌉ products give every prefix product. `exclusive`
+/// shifts x by one first, `reverse` works on the axis reversed. Exact and wrapping for
+/// integers; floats round in another order than a running product.
+fn cumprod(s: &mut Steps, x: &Value) -> R<Value> {
+    let axis = norm_axis(scan_axis(s, x)?, s.b.ty(x).shape.len())?;
     let (exclusive, reverse) = (s.c.int("exclusive", 0) != 0, s.c.int("reverse", 0) != 0);
-    let attrs = [("axis", Attr::Int(axis)), ("exclusive", Attr::Bool(exclusive)), ("reverse", Attr::Bool(reverse))];
-    s.op("", Op::CumSum, &[x], &attrs)
+    let shape = s.b.ty(x).shape;
+    let n = shape[axis] as i64;
+    if n == 0 {
+        return Ok(x.clone());
+    }
+    let flip = |s: &mut Steps, v: &Value, what: &str| {
+        let attrs = [
+            ("starts", Attr::ints(&[-1])),
+            ("ends", Attr::ints(&[-n - 1])),
+            ("axes", Attr::ints(&[axis as i64])),
+            ("steps", Attr::ints(&[-1])),
+        ];
+        s.op(what, Op::Slice, &[v], &attrs)
+    };
+    // v moved `by` along the axis, ones shifted in at its start.
+    let shifted = |s: &mut Steps, v: &Value, by: i64, what: &str| {
+        let mut ones_shape = shape.clone();
+        ones_shape[axis] = by.min(n) as usize;
+        let ones = table("the ones shifted in", s.b.ty(v).dtype, ones_shape, |_| 1.0)?;
+        if by >= n {
+            return Ok(ones);
+        }
+        let bounds =
+            [("starts", Attr::ints(&[0])), ("ends", Attr::ints(&[n - by])), ("axes", Attr::ints(&[axis as i64]))];
+        let kept = s.op(&format!("{what}_kept"), Op::Slice, &[v], &bounds)?;
+        s.op(what, Op::Concat, &[&ones, &kept], &[("axis", Attr::Int(axis as i64))])
+    };
+    let mut v = if reverse { flip(s, x, "reversed")? } else { x.clone() };
+    if exclusive {
+        v = shifted(s, &v, 1, "exclusive")?;
+    }
+    let mut by = 1;
+    while by < n {
+        let moved = shifted(s, &v, by, &format!("shift{by}"))?;
+        let name = if by * 2 >= n && !reverse { String::new() } else { format!("product{by}") };
+        v = s.op0(&name, Op::Mul, &[&v, &moved])?;
+        by *= 2;
+    }
+    if reverse {
+        return flip(s, &v, "");
+    }
+    Ok(v)
 }
 
 /// RMSNormalization (x / √(mean(x²) + ε) · scale over the dims from `axis` on),

@@ -15,7 +15,7 @@ use meshc_ir::{Attr, DType, Data, Op, Tensor};
 
 use super::builder::{Builder, Value};
 use super::nn::{ones_or, window_attrs};
-use super::ops::{cast, i64_table, one, reduce_attrs, reshape, scalar, table, Converter, Ctx, R};
+use super::ops::{cast, i64_table, narrow, one, reduce_attrs, reshape, scalar, table, widen_bytes, Converter, Ctx, R};
 use super::ops_math::{float_only, Steps};
 
 /// This module's converters (docs/onnx.md).
@@ -36,24 +36,33 @@ pub const CONVERTERS: &[Converter] = &[
     Converter::since(18, "BitwiseOr", |b, c| one(bitwise(&mut Steps { b, c }, Op::Or))),
     Converter::since(18, "BitwiseXor", |b, c| one(bitwise(&mut Steps { b, c }, Op::Xor))),
     Converter::since(18, "BitwiseNot", |b, c| one(bitwise(&mut Steps { b, c }, Op::Not))),
+    Converter::new("BitCast", |b, c| one(bit_cast(b, c))),
 ];
 
 /// The Bitwise ops: meshc's and, or, xor, not, bitwise on i32 and i64; int8 and uint8 are
 /// widened to i32 and the result cast back (its low 8 bits are the 8-bit op's).
 fn bitwise(s: &mut Steps, op: Op) -> R<Value> {
-    let dtype = s.b.ty(s.c.arg(0)?).dtype;
-    let wide = match dtype {
-        DType::I8 | DType::U8 => DType::I32,
-        DType::I32 | DType::I64 => dtype,
+    match s.b.ty(s.c.arg(0)?).dtype {
+        DType::I8 | DType::U8 | DType::I32 | DType::I64 => {}
         other => return Err(format!("{} of {other} is not supported (int8, uint8, int32, int64)", s.op_type())),
-    };
-    let mut args = Vec::new();
-    for (i, v) in s.c.all_args()?.into_iter().enumerate() {
-        args.push(cast(s.b, v, wide, &s.c.part(&format!("wide{i}")))?);
     }
-    let last = if wide == dtype { "" } else { "wide_result" };
-    let r = s.op0(last, op, &args.iter().collect::<Vec<_>>())?;
-    cast(s.b, &r, dtype, &s.c.out)
+    let (args, byte) = widen_bytes(s.b, s.c, &s.c.all_args()?)?;
+    let r = s.op0(if byte.is_some() { "wide_result" } else { "" }, op, &args.iter().collect::<Vec<_>>())?;
+    narrow(s.b, &r, byte, &s.c.out)
+}
+
+/// BitCast between the byte types: int8 ↔ uint8 is meshc's cast, which wraps and so keeps
+/// every bit, and a bool's byte is 0 or 1, its uint8 or int8 value. Other pairs (f32 ↔ i32
+/// and the like) need a reinterpretation of bits meshc has no op for.
+fn bit_cast(b: &mut Builder, c: &Ctx) -> R<Value> {
+    let x = c.arg(0)?;
+    let from = b.half_origin(x).unwrap_or(b.ty(x).dtype);
+    let to = super::tensors::dtype(c.int("to", 0) as i32)?;
+    match (from, to) {
+        (a, b_) if a == b_ => Ok(x.clone()),
+        (DType::I8 | DType::U8 | DType::Bool, DType::I8 | DType::U8) => cast(b, x, to, &c.out),
+        _ => Err(format!("BitCast from {from} to {to} is not supported (between int8, uint8 and from bool)")),
+    }
 }
 
 /// BitShift as arithmetic on i32 (i64 for int64; int8 and uint8 widened, which keeps every
@@ -210,14 +219,17 @@ fn affine_grid(s: &mut Steps) -> R<Value> {
     reshape(s.b, &g, &out, &s.c.out)
 }
 
-/// Mod: meshc's mod of integers, `float_mod` of anything else.
+/// Mod: meshc's mod of integers (int8 and uint8 widened to i32, the remainder cast back),
+/// `float_mod` of anything else.
 fn modulo(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+    let (args, byte) = widen_bytes(b, c, &[c.arg(0)?, c.arg(1)?])?;
     let mut s = Steps { b, c };
-    let x = c.arg(0)?;
-    if !s.b.ty(x).dtype.is_int() {
+    if !s.b.ty(&args[0]).dtype.is_int() {
         return one(float_mod(&mut s));
     }
-    one(s.op("", Op::Mod, &[x, c.arg(1)?], &[("fmod", Attr::Bool(c.int("fmod", 0) != 0))]))
+    let fmod = [("fmod", Attr::Bool(c.int("fmod", 0) != 0))];
+    let r = s.op(if byte.is_some() { "wide_result" } else { "" }, Op::Mod, &[&args[0], &args[1]], &fmod)?;
+    one(narrow(s.b, &r, byte, &c.out))
 }
 
 pub(super) fn dims(shape: &[usize]) -> Vec<i64> {
@@ -723,7 +735,7 @@ fn rotary(s: &mut Steps) -> R<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dispatch::tests::{attr_i, attr_ints, eval, f32s};
+    use crate::dispatch::tests::{attr_f, attr_i, attr_ints, eval, eval_outputs, f32s};
     use crate::proto::AttributeProto;
 
     /// Deterministic values in (-1, 1), scaled.
@@ -910,5 +922,140 @@ mod tests {
         let attrs = vec![attr_i("batch_axis", 0), attr_i("time_axis", 1)];
         let y = eval("ReverseSequence", 10, vec![x, lens], attrs).unwrap();
         assert_eq!(f32s(&y), vec![2.0, 1.0, 0.0, 4.0, 3.0, 5.0]);
+    }
+    /// int8 and uint8 arithmetic, comparisons, Clip, Mod and MaxPool on values widened to
+    /// i32 (f32 for the pool): results wrap back into 8 bits as ONNX's do.
+    #[test]
+    fn byte_arithmetic_wraps_in_eight_bits() {
+        let i8s = |v: &[i8]| Tensor::new(vec![v.len()], Data::I8(v.to_vec()));
+        let u8s = |v: &[u8]| Tensor::new(vec![v.len()], Data::U8(v.to_vec()));
+        let (a, b) = (i8s(&[127, -128, -7, 100]), i8s(&[1, -1, 2, 3]));
+        assert_eq!(
+            eval("Add", 14, vec![a.clone(), b.clone()], vec![]).unwrap().data,
+            Data::I8(vec![-128, 127, -5, 103])
+        );
+        assert_eq!(
+            eval("Mul", 14, vec![a.clone(), b.clone()], vec![]).unwrap().data,
+            Data::I8(vec![127, -128, -14, 44])
+        );
+        assert_eq!(
+            eval("Div", 14, vec![a.clone(), b.clone()], vec![]).unwrap().data,
+            Data::I8(vec![127, -128, -3, 33])
+        );
+        assert_eq!(eval("Mod", 13, vec![a.clone(), b.clone()], vec![]).unwrap().data, Data::I8(vec![0, 0, 1, 1]));
+        assert_eq!(
+            eval("Less", 13, vec![a.clone(), b.clone()], vec![]).unwrap().data,
+            Data::Bool(vec![false, true, true, false])
+        );
+        let (lo, hi) = (Tensor::new(vec![], Data::I8(vec![-5])), Tensor::new(vec![], Data::I8(vec![50])));
+        assert_eq!(eval("Clip", 13, vec![a, lo, hi], vec![]).unwrap().data, Data::I8(vec![50, -5, -5, 50]));
+        let sub = eval("Sub", 14, vec![u8s(&[0, 200]), u8s(&[1, 100])], vec![]).unwrap();
+        assert_eq!(sub.data, Data::U8(vec![255, 100]));
+        let max = eval("Max", 13, vec![u8s(&[0, 200]), u8s(&[255, 100])], vec![]).unwrap();
+        assert_eq!(max.data, Data::U8(vec![255, 200]));
+        let x = Tensor::new(vec![1, 1, 4], Data::U8(vec![1, 255, 0, 254]));
+        let pool = eval("MaxPool", 12, vec![x], vec![attr_ints("kernel_shape", &[2]), attr_ints("strides", &[2])]);
+        assert_eq!(pool.unwrap().data, Data::U8(vec![255, 254]));
+    }
+    /// TopK's order: ties by the lower index, NaN above every number (first when largest,
+    /// last when smallest), along any axis; integers too.
+    #[test]
+    fn top_k_ranks_ties_by_index_and_nan_highest() {
+        let nan = f32::NAN;
+        let x = Tensor::f32(vec![2, 4], vec![1.0, 3.0, nan, 3.0, -1.0, -1.0, 2.0, -5.0]);
+        let k = |v: i64| Tensor::new(vec![1], Data::I64(vec![v]));
+        let top = eval_outputs("TopK", 11, vec![x.clone(), k(3)], vec![], 2).unwrap();
+        let v = f32s(&top[0]);
+        assert!(v[0].is_nan() && v[1..3] == [3.0, 3.0][..] && v[3..] == [2.0, -1.0, -1.0][..], "{v:?}");
+        assert_eq!(top[1].data, Data::I64(vec![2, 1, 3, 2, 0, 1]));
+        let low = eval_outputs("TopK", 11, vec![x, k(4)], vec![attr_i("largest", 0)], 2).unwrap();
+        let v = f32s(&low[0]);
+        assert!(v[..3] == [1.0, 3.0, 3.0][..] && v[3].is_nan() && v[4..] == [-5.0, -1.0, -1.0, 2.0][..], "{v:?}");
+        assert_eq!(low[1].data, Data::I64(vec![0, 1, 3, 2, 3, 0, 1, 2]));
+        let ints = Tensor::new(vec![3, 2], Data::I64(vec![i64::MIN, 7, 5, 7, i64::MAX, 0]));
+        let top = eval_outputs("TopK", 11, vec![ints, k(2)], vec![attr_i("axis", 0)], 2).unwrap();
+        assert_eq!(top[0].data, Data::I64(vec![i64::MAX, 7, 5, 7]));
+        assert_eq!((top[0].shape.clone(), top[1].data.clone()), (vec![2, 2], Data::I64(vec![2, 0, 1, 1])));
+    }
+    /// CausalConvWithState: zeros (or the past) before the input, a depthwise conv, the last
+    /// k − 1 positions as the state; SiLU after when asked.
+    #[test]
+    fn causal_conv_with_state_convolves_after_the_past() {
+        let x = Tensor::f32(vec![1, 1, 3], vec![1.0, 2.0, 3.0]);
+        let w = Tensor::f32(vec![1, 1, 2], vec![10.0, 1.0]);
+        let y = eval_outputs("CausalConvWithState", 27, vec![x.clone(), w.clone()], vec![], 2).unwrap();
+        assert_eq!((f32s(&y[0]), f32s(&y[1])), (vec![1.0, 12.0, 23.0], vec![3.0]));
+        let past = Tensor::f32(vec![1, 1, 1], vec![5.0]);
+        let bias = Tensor::f32(vec![1], vec![0.5]);
+        let silu = AttributeProto { name: Some("activation".into()), s: Some(b"silu".to_vec()), ..Default::default() };
+        let y = eval_outputs("CausalConvWithState", 27, vec![x, w, bias, past], vec![silu], 2).unwrap();
+        let want: Vec<f32> = [51.5f32, 12.5, 23.5].iter().map(|v| v / (1.0 + (-v).exp())).collect();
+        for (got, want) in f32s(&y[0]).iter().zip(want) {
+            assert!((got - want).abs() <= 1e-6 * want.abs(), "{got} against {want}");
+        }
+    }
+    /// LRN over three channels of one pixel; Col2Im of a row; BitCast of bytes.
+    #[test]
+    fn lrn_col2im_and_bit_cast_follow_onnx_reference() {
+        let x = Tensor::f32(vec![1, 3, 1, 1], vec![1.0, 2.0, 3.0]);
+        let attrs = vec![attr_i("size", 3), attr_f("alpha", 3.0), attr_f("beta", 1.0), attr_f("bias", 1.0)];
+        let y = f32s(&eval("LRN", 13, vec![x], attrs).unwrap());
+        assert_eq!(y, vec![1.0 / 6.0, 2.0 / 15.0, 3.0 / 14.0]);
+        // Blocks of 1×2 over a 1×3 image: pixel w sums the entries (b, l) with b + l = w.
+        let cols = Tensor::f32(vec![1, 2, 2], vec![1.0, 2.0, 10.0, 20.0]);
+        let shape = |v: &[i64]| Tensor::new(vec![v.len()], Data::I64(v.to_vec()));
+        let y = eval("Col2Im", 18, vec![cols, shape(&[1, 3]), shape(&[1, 2])], vec![]).unwrap();
+        assert_eq!((y.shape.clone(), f32s(&y)), (vec![1, 1, 1, 3], vec![1.0, 12.0, 20.0]));
+        let bytes = Tensor::new(vec![3], Data::I8(vec![-1, -128, 5]));
+        let u = eval("BitCast", 26, vec![bytes], vec![attr_i("to", 2)]).unwrap();
+        assert_eq!(u.data, Data::U8(vec![255, 128, 5]));
+        let e = eval("BitCast", 26, vec![Tensor::f32(vec![1], vec![1.0])], vec![attr_i("to", 6)]).unwrap_err();
+        assert!(e.contains("BitCast from f32 to i32 is not supported"), "{e}");
+    }
+    /// Training BatchNormalization: the batch's mean 2.5 and biased variance 1.25, and
+    /// the running statistics moved a tenth of the way toward them.
+    #[test]
+    fn batch_norm_training_uses_the_batch_statistics() {
+        let x = Tensor::f32(vec![2, 1, 2], vec![1.0, 2.0, 3.0, 4.0]);
+        let one = |v: f32| Tensor::f32(vec![1], vec![v]);
+        let args = vec![x, one(2.0), one(0.5), one(1.0), one(3.0)];
+        let y = eval_outputs("BatchNormalization", 15, args, vec![attr_i("training_mode", 1)], 3).unwrap();
+        let r = 1.0 / (1.25f32 + 1e-5).sqrt();
+        let want: Vec<f32> = [1.0f32, 2.0, 3.0, 4.0].iter().map(|v| (v - 2.5) * r * 2.0 + 0.5).collect();
+        for (got, want) in f32s(&y[0]).iter().zip(&want) {
+            assert!((got - want).abs() < 1e-6, "{got} against {want}");
+        }
+        let (mean, var) = (f32s(&y[1])[0], f32s(&y[2])[0]);
+        assert!((mean - 1.15).abs() < 1e-6 && (var - 2.825).abs() < 1e-6, "{mean} {var}");
+    }
+    /// CumProd of 1..5 every way, and of int32 along axis 0.
+    #[test]
+    fn cum_prod_gives_every_prefix_product() {
+        let x = Tensor::new(vec![5], Data::I64((1..=5).collect()));
+        let axis = Tensor::new(vec![], Data::I64(vec![0]));
+        let run = |ex: i64, rev: i64| {
+            eval("CumProd", 26, vec![x.clone(), axis.clone()], vec![attr_i("exclusive", ex), attr_i("reverse", rev)])
+                .unwrap()
+                .data
+        };
+        assert_eq!(run(0, 0), Data::I64(vec![1, 2, 6, 24, 120]));
+        assert_eq!(run(1, 0), Data::I64(vec![1, 1, 2, 6, 24]));
+        assert_eq!(run(0, 1), Data::I64(vec![120, 120, 60, 20, 5]));
+        assert_eq!(run(1, 1), Data::I64(vec![120, 60, 20, 5, 1]));
+        let m = Tensor::new(vec![3, 2], Data::I32(vec![1, 2, 3, 4, 5, 6]));
+        let y = eval("CumProd", 26, vec![m, axis], vec![]).unwrap();
+        assert_eq!(y.data, Data::I32(vec![1, 2, 3, 8, 15, 48]));
+    }
+    /// MaxUnpool puts each value at its flat index in zeros, grown to output_shape.
+    #[test]
+    fn max_unpool_writes_each_value_at_its_index() {
+        let x = Tensor::f32(vec![1, 1, 1, 2], vec![5.0, 6.0]);
+        let idx = Tensor::new(vec![1, 1, 1, 2], Data::I64(vec![1, 2]));
+        let attrs = || vec![attr_ints("kernel_shape", &[1, 2]), attr_ints("strides", &[1, 2])];
+        let y = eval("MaxUnpool", 11, vec![x.clone(), idx.clone()], attrs()).unwrap();
+        assert_eq!((y.shape.clone(), f32s(&y)), (vec![1, 1, 1, 4], vec![0.0, 5.0, 6.0, 0.0]));
+        let out = Tensor::new(vec![4], Data::I64(vec![1, 1, 2, 4]));
+        let y = eval("MaxUnpool", 11, vec![x, idx, out], attrs()).unwrap();
+        assert_eq!(f32s(&y), vec![0.0, 5.0, 6.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
     }
 }

@@ -6,10 +6,11 @@
 //! wins (ONNX leaves that order undefined for ScatterND; its reference does the same).
 
 use meshc_ir::attrs::ScatterReduction;
-use meshc_ir::{Attr, Op};
+use meshc_ir::infer::norm_axis;
+use meshc_ir::{Attr, DType, Op};
 
 use super::builder::Value;
-use super::ops::{one, reshape, Converter, Ctx, R};
+use super::ops::{cast, i64_table, one, reshape, scalar, Converter, Ctx, R};
 use super::ops_math::Steps;
 use super::ops_more::{dims, flat_offsets};
 
@@ -19,6 +20,7 @@ pub const CONVERTERS: &[Converter] = &[
     // ScatterElements under its older name (deprecated from 11).
     Converter::between(9, 10, "Scatter", |b, c| one(scatter_elements(&mut Steps { b, c }))),
     Converter::since(11, "ScatterND", |b, c| one(scatter_nd(&mut Steps { b, c }))),
+    Converter::new("TensorScatter", |b, c| one(tensor_scatter(&mut Steps { b, c }))),
 ];
 
 /// The `reduction` attribute (none before opset 16; max and min from 18).
@@ -62,6 +64,49 @@ fn scatter_nd(s: &mut Steps) -> R<Value> {
     reshape(s.b, &out, &dims(&ds), &s.c.out)
 }
 
+/// TensorScatter (a KV cache's write): the update's step s of batch b lands at
+/// `write_indices[b] + s` along the axis (modulo the axis's length for `circular`), as a
+/// `scatter_elements` whose indices are those positions broadcast over the update; a
+/// linear write past the end is a run-time error naming the node. Missing write indices
+/// are zeros.
+fn tensor_scatter(s: &mut Steps) -> R<Value> {
+    let (cache, update) = (s.c.arg(0)?, s.c.arg(1)?);
+    let (cs, us) = (s.b.ty(cache).shape, s.b.ty(update).shape);
+    let rank = cs.len();
+    let axis = norm_axis(s.c.int("axis", -2), rank)?;
+    let circular = match s.c.string("mode", "linear").as_str() {
+        "linear" => false,
+        "circular" => true,
+        other => return Err(format!("mode '{other}' is not linear or circular")),
+    };
+    let fits = us.len() == rank && (0..rank).all(|d| if d == axis { us[d] <= cs[d] } else { us[d] == cs[d] });
+    if axis == 0 || !fits {
+        return Err(format!(
+            "update of shape {us:?} does not fit cache of shape {cs:?} along axis {axis} (not the batch)"
+        ));
+    }
+    let mut column = vec![1i64; rank];
+    column[0] = cs[0] as i64;
+    let starts = match s.c.opt(2) {
+        Some(w) => {
+            let w = cast(s.b, w, DType::I64, &s.c.part("write_indices"))?;
+            reshape(s.b, &w, &column, &s.c.part("starts"))?
+        }
+        None => i64_table("the write indices", vec![1; rank], |_| 0)?,
+    };
+    let mut steps_shape = vec![1usize; rank];
+    steps_shape[axis] = us[axis];
+    let steps = i64_table("the update steps", steps_shape, |i| i as i64)?;
+    let at = s.op0("positions", Op::Add, &[&starts, &steps])?;
+    let at = match circular {
+        true => s.op("wrapped", Op::Mod, &[&at, &scalar(DType::I64, cs[axis] as f64)], &[])?,
+        false => at,
+    };
+    let index = s.op("indices", Op::BroadcastTo, &[&at], &[("shape", Attr::ints(&dims(&us)))])?;
+    let attrs = [("axis", Attr::Int(axis as i64)), ("reduction", Attr::Str("none".into()))];
+    s.op("", Op::ScatterElements, &[cache, &index, update], &attrs)
+}
+
 #[cfg(test)]
 mod tests {
     use meshc_ir::{Data, Tensor};
@@ -103,5 +148,22 @@ mod tests {
         assert_eq!(f32s(&y), vec![1.0, 2.5, 3.0, 4.0, 5.0]);
         let e = eval("ScatterElements", 18, args, vec![attr_s("reduction", "sum")]).unwrap_err();
         assert!(e.contains("reduction 'sum' is not one of none, add, mul, max, min"), "{e}");
+    }
+    /// Batch 0 writes at 1, batch 1 at 3: linearly that runs past the 4 steps and fails,
+    /// circularly its second step wraps to 0.
+    #[test]
+    fn tensor_scatter_writes_each_batch_at_its_index() {
+        let cache = Tensor::f32(vec![2, 4, 1], vec![0.0; 8]);
+        let update = Tensor::f32(vec![2, 2, 1], vec![1.0, 2.0, 3.0, 4.0]);
+        let at = Tensor::new(vec![2], Data::I64(vec![1, 3]));
+        let y = eval(
+            "TensorScatter",
+            24,
+            vec![cache.clone(), update.clone(), at.clone()],
+            vec![attr_s("mode", "circular")],
+        );
+        assert_eq!(f32s(&y.unwrap()), vec![0.0, 1.0, 2.0, 0.0, 4.0, 0.0, 0.0, 3.0]);
+        let e = eval("TensorScatter", 24, vec![cache, update, at], vec![]).unwrap_err();
+        assert!(e.contains("out of range"), "{e}");
     }
 }
