@@ -437,15 +437,19 @@ impl Session {
 /// logits the lowest index comes first, so greedy takes it.
 pub fn sample(logits: &[f32], sampling: Sampling, seed: u64, draw: u64) -> usize {
     // Candidates by logit, highest first (the lower index first among equal ones).
-    let mut order: Vec<usize> = (0..logits.len()).filter(|&i| !logits[i].is_nan()).collect();
-    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
-    let Some(&top) = order.first() else { return 0 };
+    let by_logit = |&a: &usize, &b: &usize| logits[b].total_cmp(&logits[a]).then(a.cmp(&b));
+    let candidates = (0..logits.len()).filter(|&i| !logits[i].is_nan());
     let (temperature, keep) = match sampling {
-        Sampling::Greedy => return top,
+        // The first of that order, without sorting: sorting a 50257-token vocabulary took
+        // 2 ms, a tenth of a GPT-2 small step.
+        Sampling::Greedy => return candidates.min_by(by_logit).unwrap_or(0),
         Sampling::Temperature(t) => (t, Keep::All),
         Sampling::TopK(k) => (1.0, Keep::Top(k)),
         Sampling::TopP(p) => (1.0, Keep::Mass(p)),
     };
+    let mut order: Vec<usize> = candidates.collect();
+    order.sort_by(by_logit);
+    let Some(&top) = order.first() else { return 0 };
     // Relative to the top logit; an infinite top (or all -inf) shares the mass among the
     // logits equal to it, where the differences would be NaN.
     let max = logits[top];
@@ -499,6 +503,25 @@ mod tests {
         for bad in ["temperature:0", "temperature:x", "top-k:0", "top-p:1.5", "nucleus", "greedy:1"] {
             let e = bad.parse::<Sampling>().unwrap_err();
             assert!(!e.contains('\n') && e.contains(bad.split(':').next().unwrap()), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn greedy_picks_the_first_of_the_logits_sorted() {
+        let values = [0.5f32, -0.0, 0.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 2.0, -3.0];
+        let mut x = 7u64;
+        for len in [1, 2, 5, 64, 1000] {
+            for _ in 0..50 {
+                let logits: Vec<f32> = (0..len)
+                    .map(|_| {
+                        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                        values[(x >> 60) as usize % values.len()]
+                    })
+                    .collect();
+                let mut order: Vec<usize> = (0..len).filter(|&i| !logits[i].is_nan()).collect();
+                order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+                assert_eq!(sample(&logits, Sampling::Greedy, 0, 0), order.first().copied().unwrap_or(0), "{logits:?}");
+            }
         }
     }
 
