@@ -243,6 +243,71 @@ fn onnx_decoders_generate_torchs_greedy_ids() {
     }
 }
 
+/// A session reuses its caches from one generation to the next, zeroing only what the
+/// last one wrote: a second, shorter generation on it gives the ids and leaves the caches,
+/// bit for bit, of the same generation on a fresh session, with its prefill and without,
+/// after a longer one, after `set_state` and after a step by hand far along the context.
+#[test]
+fn a_second_generation_on_a_session_sees_nothing_of_the_first() {
+    use meshc_runtime::api::{GenerateOptions, Model, Sampling, Session, TensorView};
+    let dir = scratch("generate-again");
+    for d in DECODERS {
+        let name = Path::new(d).file_name().unwrap().to_str().unwrap();
+        let compile = |extra: &[&str], out: &str| {
+            let out = dir.join(format!("{name}-{out}"));
+            let model = format!("{d}/model.onnx");
+            let args = [
+                &["compile", &model, "--decode-context", "37", "--decode-batch", "2", "-o", out.to_str().unwrap()],
+                extra,
+            ]
+            .concat();
+            let r = meshc(&args);
+            assert_eq!(r.status, Some(0), "{d}: {r:?}");
+            Model::open(&out).unwrap()
+        };
+        let (step, prefill) = (compile(&[], "step.mshc"), compile(&["--decode-prefill", "5"], "prefill.mshc"));
+        let prefill = Session::new(&prefill).unwrap();
+        let long = rows(&format!("{d}/prompt.npy"));
+        let short: Vec<Vec<i64>> = long.iter().map(|r| r[1..4].to_vec()).collect();
+        let options = |new| GenerateOptions {
+            max_new_tokens: new,
+            context: 37,
+            sampling: Sampling::Greedy,
+            seed: 0,
+            stop: vec![],
+        };
+        let run = |s: &Session, by: Option<&Session>, prompt: &[Vec<i64>], new| match by {
+            Some(p) => s.generate_with_prefill(p, prompt, &options(new)).unwrap().tokens,
+            None => s.generate(prompt, &options(new)).unwrap().tokens,
+        };
+        let bytes = |s: &Session| -> Vec<(String, Vec<u8>)> {
+            s.state().unwrap().into_iter().map(|(n, t)| (n, t.to_le_bytes())).collect()
+        };
+        for by in [Some(&prefill), None] {
+            let fresh = Session::new(&step).unwrap();
+            let want = (run(&fresh, by, &short, 12), bytes(&fresh));
+            let again = Session::new(&step).unwrap();
+            // 5 prompt ids and 31 fed back write 36 of the 37 positions.
+            run(&again, Some(&prefill), &long, 32);
+            assert_eq!((run(&again, by, &short, 12), bytes(&again)), want, "{d} {}", by.is_some());
+            run(&again, None, &long, 32);
+            assert_eq!((run(&again, by, &short, 12), bytes(&again)), want, "{d} {}", by.is_some());
+            let ones = fresh.state().unwrap().into_iter().map(|(n, t)| {
+                let ones = meshc_ir::Tensor::new(t.shape.clone(), meshc_ir::Data::F32(vec![1.0; t.numel()]));
+                (n, ones)
+            });
+            again.set_state(&ones.collect()).unwrap();
+            assert_eq!((run(&again, by, &short, 12), bytes(&again)), want, "{d} {}: after set_state", by.is_some());
+            let (ids, pos) = (
+                meshc_ir::Tensor::new(vec![2, 1], meshc_ir::Data::I64(vec![7, 9])),
+                meshc_ir::Tensor::new(vec![1], meshc_ir::Data::I64(vec![33])),
+            );
+            again.step(&[("ids", TensorView::of(&ids)), ("pos", TensorView::of(&pos))]).unwrap();
+            assert_eq!((run(&again, by, &short, 12), bytes(&again)), want, "{d} {}: after a step", by.is_some());
+        }
+    }
+}
+
 #[test]
 fn onnx_decoder_refusals_are_one_line() {
     let gpt2 = "testdata/onnx_decoders/gpt2/model.onnx";

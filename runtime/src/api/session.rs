@@ -30,8 +30,18 @@ const STACK_INPUTS: usize = 16;
 /// A model's runner, shared by the threads that call it.
 pub struct Session {
     loaded: Loaded,
-    /// A training artifact's state on the devices (`set_state`), read and written by `step`.
-    state: Mutex<Option<Resident>>,
+    /// The state on the devices (`set_state`), read and written by `step`.
+    state: Mutex<Option<Held>>,
+}
+
+/// State on the devices, and what a generation knows of it.
+struct Held {
+    resident: Resident,
+    /// Set by a generation (`set_state_with`): along each state tensor's `ctx` dim, the
+    /// positions from this one on still hold the zeros it started with, since its steps
+    /// write only the positions they are fed. `None` after `set_state` or a step by hand,
+    /// which may have written anything.
+    zero_from: Option<usize>,
 }
 
 impl Session {
@@ -48,6 +58,8 @@ impl Session {
         &mut self,
         transport: std::sync::Arc<dyn crate::exec::runner::Transport>,
     ) -> Result<(), Error> {
+        // State kept from before holds blocks for the devices that were local then.
+        *self.state.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
         self.loaded.set_transport(transport).map_err(|e| Error::from_run(e, Error::State))
     }
 
@@ -89,21 +101,46 @@ impl Session {
             self.loaded.check_input(spec, given).map_err(|e| Error::State(format!("state: {e:#}")))?;
         }
         let resident = self.loaded.upload(state, &names, meshc_ir::optim::next_name);
-        *self.state.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some(resident.map_err(|e| Error::from_run(e, Error::State))?);
+        let resident = resident.map_err(|e| Error::from_run(e, Error::State))?;
+        *self.state.lock().unwrap_or_else(|p| p.into_inner()) = Some(Held { resident, zero_from: None });
         Ok(())
     }
 
     /// Replaces the state on the devices with zeros but for what `fill(k, i, d, dst)`
     /// writes into device `d`'s block of the `k`th state tensor (in `state_names` order;
     /// input `i`): a decoder's caches start so, without building whole tensors of zeros
-    /// on the host (`Loaded::upload_with`).
-    pub(crate) fn set_state_with(&self, fill: impl Fn(usize, usize, usize, &mut [u8])) -> Result<(), Error> {
+    /// on the host (`Loaded::upload_with`). `fill` writes the first `written` positions
+    /// along each `ctx` dim whole, and nothing else; the steps to come (`generation_step`)
+    /// write only positions below `reach`.
+    pub(crate) fn set_state_with(
+        &self,
+        (written, reach): (usize, usize),
+        fill: impl Fn(usize, usize, usize, &mut [u8]),
+    ) -> Result<(), Error> {
         let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        // A generation's state is rewritten where it is. Fresh blocks would be zero pages
+        // mapped in as they are first touched, and a cache whose keys are kept transposed
+        // is touched on every page by the prefill: 13-16 ms for GPT-2 small's 1024
+        // positions. Here only the positions the last generation wrote past `written` are
+        // zeroed, in pages mapped already.
+        if let Some(Held { resident, zero_from: Some(from) }) = guard.as_mut() {
+            let axes: Vec<Option<usize>> = self.state_specs().map(ctx_axis).collect();
+            let stale = (written, *from);
+            self.loaded.rewrite(resident, |k, i, d, dst| {
+                match axes[k] {
+                    Some(axis) => self.loaded.zero_positions(i, d, axis, stale, dst),
+                    None => dst.fill(0),
+                }
+                fill(k, i, d, dst);
+            });
+            *from = written.max(reach);
+            return Ok(());
+        }
         // The old state goes first, so that its memory serves the new one.
         *guard = None;
         let resident = self.loaded.upload_with(&self.state_names(), meshc_ir::optim::next_name, fill);
-        *guard = Some(resident.map_err(|e| Error::from_run(e, Error::State))?);
+        let resident = resident.map_err(|e| Error::from_run(e, Error::State))?;
+        *guard = Some(Held { resident, zero_from: Some(written.max(reach)) });
         Ok(())
     }
 
@@ -112,8 +149,8 @@ impl Session {
     /// the tensors, the others an empty map (`Loaded::download`).
     pub fn state(&self) -> Result<BTreeMap<String, Tensor>, Error> {
         let guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let resident = guard.as_ref().ok_or_else(no_state)?;
-        self.loaded.download(resident).map_err(|e| Error::from_run(e, Error::State))
+        let held = guard.as_ref().ok_or_else(no_state)?;
+        self.loaded.download(&held.resident).map_err(|e| Error::from_run(e, Error::State))
     }
 
     /// `state`, each tensor named in `outputs` copied into the caller's buffer, which must
@@ -143,23 +180,43 @@ impl Session {
     /// state on the devices is read and replaced by the step's `next.S`, and the other
     /// outputs (the loss) are returned.
     pub fn step(&self, inputs: &[(&str, TensorView)]) -> Result<BTreeMap<String, Tensor>, Error> {
-        self.step_on(inputs, &mut Outputs::Owned(BTreeMap::new()))
+        self.step_on(inputs, &mut Outputs::Owned(BTreeMap::new()), true)
     }
 
     /// `step`, the outputs named in `outputs` written into the caller's buffers as
     /// `run_into` writes them.
     pub fn step_into(&self, inputs: &[(&str, TensorView)], outputs: &mut [(&str, TensorViewMut)]) -> Result<(), Error> {
         self.check_outputs(outputs)?;
-        self.step_on(inputs, &mut Outputs::Into(outputs)).map(drop)
+        self.step_on(inputs, &mut Outputs::Into(outputs), true).map(drop)
+    }
+
+    /// `step_into` of a generation, which writes only below the `reach` it gave
+    /// `set_state_with`.
+    pub(crate) fn generation_step(
+        &self,
+        inputs: &[(&str, TensorView)],
+        outputs: &mut [(&str, TensorViewMut)],
+    ) -> Result<(), Error> {
+        self.check_outputs(outputs)?;
+        self.step_on(inputs, &mut Outputs::Into(outputs), false).map(drop)
     }
 
     /// A step on the state on the devices. Where the buffer plan writes some next.S over
     /// S itself (`Loaded::writes_state_in_place`: a decoder's caches), a run that fails
     /// may have written part of it: that state is dropped, so the next step asks for
     /// `set_state` instead of running on it.
-    fn step_on(&self, inputs: &[(&str, TensorView)], out: &mut Outputs) -> Result<BTreeMap<String, Tensor>, Error> {
+    fn step_on(
+        &self,
+        inputs: &[(&str, TensorView)],
+        out: &mut Outputs,
+        by_hand: bool,
+    ) -> Result<BTreeMap<String, Tensor>, Error> {
         let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let resident = guard.as_mut().ok_or_else(no_state)?;
+        let held = guard.as_mut().ok_or_else(no_state)?;
+        if by_hand {
+            held.zero_from = None;
+        }
+        let resident = &mut held.resident;
         let in_place = self.loaded.writes_state_in_place(resident);
         let result = self.call(inputs, Some(resident), out);
         if in_place && matches!(result, Err(Error::Run(_))) {
@@ -169,9 +226,14 @@ impl Session {
     }
 
     pub(crate) fn state_names(&self) -> Vec<String> {
+        self.state_specs().map(|i| i.name.clone()).collect()
+    }
+
+    /// The state inputs, in `state_names` order.
+    fn state_specs(&self) -> impl Iterator<Item = &IoSpec> {
         let meta = &self.loaded.meta;
         let next = |n: &str| meta.outputs.iter().any(|o| o.name == meshc_ir::optim::next_name(n));
-        meta.inputs.iter().filter(|i| next(&i.name)).map(|i| i.name.clone()).collect()
+        meta.inputs.iter().filter(move |i| next(&i.name))
     }
 
     /// Every output buffer named once, for an output of the graph, of its type.
@@ -284,6 +346,11 @@ fn slots<'s, T: Copy + Default>(stack: &'s mut [T; STACK_INPUTS], heap: &'s mut 
 enum Outputs<'a, 'b, 'c> {
     Owned(BTreeMap<String, Tensor>),
     Into(&'a mut [(&'b str, TensorViewMut<'c>)]),
+}
+
+/// The axis of a state tensor that its dim names call `ctx`: a cache's positions.
+pub(crate) fn ctx_axis(spec: &IoSpec) -> Option<usize> {
+    spec.dim_names().iter().position(|n| n.as_deref() == Some("ctx"))
 }
 
 fn no_state() -> Error {

@@ -146,6 +146,27 @@ impl Loaded {
         });
     }
 
+    /// Zeroes positions `from..to` along `axis` of input `i` where they fall in device `d`'s
+    /// block (`dst`), and leaves the rest of it as it is.
+    pub fn zero_positions(&self, i: usize, d: usize, axis: usize, (from, to): (usize, usize), dst: &mut [u8]) {
+        let blocks = &self.inputs[i];
+        let Some(block) = &blocks.of[d] else { return };
+        let (at, size) = (block.at[axis], block.shape[axis]);
+        let local = |p: usize| p.clamp(at, at + size) - at;
+        let (lo, hi) = (local(from), local(to));
+        if lo >= hi {
+            return;
+        }
+        let mut start = blocks.origin.clone();
+        start[axis] = lo;
+        let mut extent = block.shape.clone();
+        extent[axis] = hi - lo;
+        let e = blocks.elem;
+        fabric::for_each_run(&block.shape, &start, &block.shape, &start, &extent, |_, o, n| {
+            dst[o * e..(o + n) * e].fill(0)
+        });
+    }
+
     /// Output `o` as a whole tensor's little-endian bytes from the devices' blocks
     /// (`block(d)`: device d's), each block read from a healthy device that holds it; under
     /// hosts, from the copy host 0 reads (`source`). An output no device splits is its
@@ -271,6 +292,19 @@ impl Loaded {
             slots.push(mine);
         }
         Ok(Resident { pairs, slots })
+    }
+
+    /// `fill(k, i, d, dst)` on each of this host's devices' current block of each state
+    /// tensor of `resident` (as `upload_with` calls it), which holds what the last run
+    /// left there rather than zeros: a caller that knows what that is rewrites the state
+    /// in buffers whose pages are resident already.
+    pub fn rewrite(&self, resident: &mut Resident, fill: impl Fn(usize, usize, usize, &mut [u8])) {
+        let here = |d: usize| self.hosts.as_ref().is_none_or(|h| h.is_local(d));
+        for (d, slots) in resident.slots.iter_mut().enumerate().filter(|&(d, _)| here(d)) {
+            for (k, slot) in slots.iter_mut().enumerate() {
+                fill(k, resident.pairs[k].0, d, slot.current_mut());
+            }
+        }
     }
 
     /// Whether a run writes some of `resident`'s next.S over S itself: where the buffer

@@ -51,6 +51,10 @@ impl Slot {
     pub(crate) fn current(&self) -> &[u8] {
         self.bufs[self.cur].as_slice()
     }
+
+    pub(crate) fn current_mut(&mut self) -> &mut [u8] {
+        self.bufs[self.cur].as_mut_slice()
+    }
 }
 
 /// The state of a training run or a decoder resident on the devices of a `Loaded`
