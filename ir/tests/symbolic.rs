@@ -249,3 +249,17 @@ fn the_verifier_refuses_symbols_the_inputs_contradict() {
     )
     .is_err_and(|e| e.contains("no input has a dim named 'e' (named input dims: none)")));
 }
+
+/// Reflect, edge and wrap padding copy the dim's elements: a symbolic dim they pad must
+/// not be empty (found by the fuzzer: at batch 1 the slice below is empty).
+#[test]
+fn copying_pads_need_a_non_empty_dim() {
+    let src = "graph g {
+  input x: f32[4,3] dims(batch, _)
+  s = slice(x) {starts = [1], ends = [100], axes = [0]}
+  y = pad(s) {pads = [1, 0, 1, 0], mode = \"reflect\"}
+  z = pad(s) {pads = [1, 0, 1, 0]}
+  output y, z
+}";
+    assert_eq!(infer(src, &["batch=1..4"], "y").unwrap().1, ["batch >= 2 (node 'y')"]);
+}

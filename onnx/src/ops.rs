@@ -444,7 +444,10 @@ pub(super) fn widen_bytes(b: &mut Builder, c: &Ctx, args: &[&Value]) -> R<(Vec<V
     // Widened, an int8 operand beside an f32 one would be refused as i32: say what was given.
     let types: Vec<DType> = args.iter().map(|x| b.ty(x).dtype).collect();
     if let Some(k) = types.iter().position(|d| *d != types[0]).filter(|_| types.iter().any(|d| d.is_byte())) {
-        return Err(format!("operands of different types ({} and {}): ONNX takes one type for them", types[0], types[k]));
+        return Err(format!(
+            "operands of different types ({} and {}): ONNX takes one type for them",
+            types[0], types[k]
+        ));
     }
     let byte = args.first().map(|x| b.ty(x).dtype).filter(|d| d.is_byte());
     let wide = args

@@ -104,7 +104,9 @@ pub fn quantize(
         }
         let table = n.inputs.first()?;
         let ty = &info.types[table];
-        if n.op != Op::Gather || ty.rank() != 2 || !constants.contains(table.as_str()) || masked(table) {
+        // A row of no elements has no largest magnitude to scale by.
+        let rows = ty.rank() == 2 && ty.shape[1] > 0;
+        if n.op != Op::Gather || !rows || !constants.contains(table.as_str()) || masked(table) {
             return None;
         }
         let axis = meshc_ir::attrs::Gather::of(n).axis;

@@ -454,7 +454,7 @@ fn node_shape(cx: &mut Cx, ops: &[Vec<Expr>], info: &Info, want: &[usize]) -> R<
             Ok(out)
         }
         Pad => {
-            let pads = attrs::Pad::try_of(node)?.pads;
+            let attrs::Pad { pads, mode, .. } = attrs::Pad::try_of(node)?;
             let xs = x();
             let r = xs.len();
             if pads.len() != 2 * r {
@@ -465,6 +465,11 @@ fn node_shape(cx: &mut Cx, ops: &[Vec<Expr>], info: &Info, want: &[usize]) -> R<
                 let o = e.add(&Expr::constant(pads[d] + pads[r + d]));
                 if !o.is_const() {
                     cx.at_least(&o, 0)?;
+                }
+                // Reflect, edge and wrap copy the dim's elements into the padding: an empty
+                // dim has none (`window::pad_shape`).
+                if mode != attrs::PadMode::Constant && pads[d] + pads[r + d] > 0 && !e.is_const() {
+                    cx.at_least(e, 1)?;
                 }
                 out.push(o);
             }
