@@ -125,7 +125,8 @@ pub fn quantize(
             (WeightsDtype::Keep | WeightsDtype::F32, _) => None,
         }
     };
-    if !g.nodes.iter().any(|n| rewrite(n).is_some()) {
+    let rewrites: Vec<Option<Rewrite>> = g.nodes.iter().map(rewrite).collect();
+    if rewrites.iter().all(Option::is_none) {
         return None;
     }
     let mut q = Quantizer {
@@ -134,28 +135,29 @@ pub fn quantize(
         done: HashMap::new(),
         scalars: None,
         halves: HashMap::new(),
+        weights: Vec::new(),
     };
     q.out.nodes.clear();
     q.names.extend(g.params.iter().map(|p| p.name.clone()));
     q.names.extend(g.inputs.iter().map(|i| i.name.clone()));
     q.names.extend(g.nodes.iter().map(|n| n.name.clone()));
     let to = |dtype: DType| [("to", Attr::Str(dtype.name().into()))];
-    for n in &g.nodes {
-        match rewrite(n) {
+    for (n, r) in g.nodes.iter().zip(&rewrites) {
+        match *r {
             Some(Rewrite::Matmul) => {
                 let (xq, xs) = q.quantized(n, &n.inputs[0], Side::Activation);
                 let (wq, ws) = q.quantized(n, &n.inputs[1], Side::Columns);
-                let acc = q.emit(n, &format!("{}.i32", n.name), Op::MatMul, &[&xq, &wq], &[]);
-                let wide = q.emit(n, &format!("{}.f32", n.name), Op::Cast, &[&acc], &to(DType::F32));
-                let rows = q.emit(n, &format!("{}.rows", n.name), Op::Mul, &[&wide, &xs], &[]);
+                let acc = q.emit(n, (&n.name, "i32"), Op::MatMul, &[&xq, &wq], &[]);
+                let wide = q.emit(n, (&n.name, "f32"), Op::Cast, &[&acc], &to(DType::F32));
+                let rows = q.emit(n, (&n.name, "rows"), Op::Mul, &[&wide, &xs], &[]);
                 q.push(n, n.name.clone(), Op::Mul, &[&rows, &ws], &[]);
             }
             Some(Rewrite::Int8Table) => {
                 let (table, ids) = (&n.inputs[0], &n.inputs[1]);
                 let (tq, ts) = q.quantized(n, table, Side::Rows);
-                let rows = q.emit(n, &format!("{}.int8", n.name), Op::Gather, &[&tq, ids], &[]);
-                let scales = q.emit(n, &format!("{}.scale", n.name), Op::Gather, &[&ts, ids], &[]);
-                let wide = q.emit(n, &format!("{}.f32", n.name), Op::Cast, &[&rows], &to(DType::F32));
+                let rows = q.emit(n, (&n.name, "int8"), Op::Gather, &[&tq, ids], &[]);
+                let scales = q.emit(n, (&n.name, "scale"), Op::Gather, &[&ts, ids], &[]);
+                let wide = q.emit(n, (&n.name, "f32"), Op::Cast, &[&rows], &to(DType::F32));
                 q.push(n, n.name.clone(), Op::Mul, &[&wide, &scales], &[]);
             }
             Some(Rewrite::HalfTable(dtype, half)) => {
@@ -163,13 +165,12 @@ pub fn quantize(
                     (Some(h), _) => h.to_string(),
                     (None, Some(done)) => done.clone(),
                     (None, None) => {
-                        let base = format!("{}.{}", n.inputs[0], dtype.name());
-                        let cast = q.emit(n, &base, Op::Cast, &[&n.inputs[0]], &to(dtype));
+                        let cast = q.emit(n, (&n.inputs[0], dtype.name()), Op::Cast, &[&n.inputs[0]], &to(dtype));
                         q.halves.insert((n.inputs[0].clone(), dtype), cast.clone());
                         cast
                     }
                 };
-                let rows = q.emit(n, &format!("{}.{}", n.name, dtype.name()), Op::Gather, &[&table, &n.inputs[1]], &[]);
+                let rows = q.emit(n, (&n.name, dtype.name()), Op::Gather, &[&table, &n.inputs[1]], &[]);
                 q.push(n, n.name.clone(), Op::Cast, &[&rows], &to(DType::F32));
             }
             None => q.out.nodes.push(n.clone()),
@@ -179,27 +180,15 @@ pub fn quantize(
     // would still widen the whole table to compute it.
     let read: HashSet<&str> = q.out.nodes.iter().flat_map(|n| n.inputs.iter().map(String::as_str)).collect();
     let outputs: HashSet<&str> = g.outputs.iter().map(|o| o.name.as_str()).collect();
-    let orphaned: HashSet<String> = (g.nodes.iter())
-        .filter_map(|n| match rewrite(n) {
+    let orphaned: HashSet<String> = (g.nodes.iter().zip(&rewrites))
+        .filter_map(|(n, r)| match r {
             Some(Rewrite::HalfTable(_, Some(_))) => Some(n.inputs[0].clone()),
             _ => None,
         })
         .filter(|cast| !read.contains(cast.as_str()) && !outputs.contains(cast.as_str()))
         .collect();
     q.out.nodes.retain(|n| !orphaned.contains(&n.name));
-    let mut quantized: Vec<Weight> = Vec::new();
-    for n in &g.nodes {
-        let (w, side) = match rewrite(n) {
-            Some(Rewrite::Matmul) => (&n.inputs[1], Side::Columns),
-            Some(Rewrite::Int8Table) => (&n.inputs[0], Side::Rows),
-            _ => continue,
-        };
-        if !quantized.iter().any(|x| &x.name == w && x.side == side) {
-            let (int8, scale) = q.done[&(w.clone(), side)].clone();
-            quantized.push(Weight { name: w.clone(), int8, scale, side });
-        }
-    }
-    Some((q.out, quantized))
+    Some((q.out, q.weights))
 }
 
 /// The names of the params `name` is computed from (itself, if it is one), `producer`
@@ -254,18 +243,19 @@ struct Quantizer {
     scalars: Option<Scalars>,
     /// The half copy of each f32 table already cast, by table and type.
     halves: HashMap<(String, DType), String>,
+    /// The weights quantized, in the order they first were.
+    weights: Vec<Weight>,
 }
 
 impl Quantizer {
-    /// `base` itself if no tensor has that name yet, else `base.N` for the first free N.
-    fn fresh(&mut self, base: &str) -> String {
-        let name = (0..).map(|i| if i == 0 { base.to_string() } else { format!("{base}.{i}") });
-        let name = name.into_iter().find(|n| !self.names.contains(n)).expect("a free name");
+    /// A name no tensor has yet, after `base` (`passes::fresh`).
+    fn fresh(&mut self, (base, what): (&str, &str)) -> String {
+        let name = super::fresh(&self.names, base, what);
         self.names.insert(name.clone());
         name
     }
 
-    fn scalar(&mut self, base: &str, v: f64) -> String {
+    fn scalar(&mut self, base: (&str, &str), v: f64) -> String {
         let name = self.fresh(base);
         let ty = TensorType::new(DType::F32, vec![]);
         let data = ParamData::Value(Attr::Float(v));
@@ -282,7 +272,7 @@ impl Quantizer {
     }
 
     /// Appends `op` of `inputs` under a fresh name made from `base`, which it returns.
-    fn emit(&mut self, like: &Node, base: &str, op: Op, inputs: &[&str], attrs: &[(&str, Attr)]) -> String {
+    fn emit(&mut self, like: &Node, base: (&str, &str), op: Op, inputs: &[&str], attrs: &[(&str, Attr)]) -> String {
         let name = self.fresh(base);
         self.push(like, name.clone(), op, inputs, attrs);
         name
@@ -296,26 +286,32 @@ impl Quantizer {
         }
         let k = match self.scalars.take() {
             Some(k) => k,
-            None => Scalars { qmax: self.scalar("quantize.qmax", QMAX), floor: self.scalar("quantize.floor", FLOOR) },
+            None => Scalars {
+                qmax: self.scalar(("quantize", "qmax"), QMAX),
+                floor: self.scalar(("quantize", "floor"), FLOOR),
+            },
         };
         let reduce = [("axes", Attr::List(vec![Attr::Int(side.axis())])), ("keepdims", Attr::Bool(true))];
-        let abs = self.emit(like, &format!("{x}.abs"), Op::Abs, &[x], &[]);
-        let max = self.emit(like, &format!("{x}.absmax"), Op::ReduceMax, &[&abs], &reduce);
-        let max = self.emit(like, &format!("{x}.range"), Op::Maximum, &[&max, &k.floor], &[]);
-        let scale = self.emit(like, &format!("{x}.scale"), Op::Div, &[&max, &k.qmax], &[]);
+        let abs = self.emit(like, (x, "abs"), Op::Abs, &[x], &[]);
+        let max = self.emit(like, (x, "absmax"), Op::ReduceMax, &[&abs], &reduce);
+        let max = self.emit(like, (x, "range"), Op::Maximum, &[&max, &k.floor], &[]);
+        let scale = self.emit(like, (x, "scale"), Op::Div, &[&max, &k.qmax], &[]);
         // The activation is multiplied by the reciprocal, one division per row rather
         // than per element; the weight, folded, is divided exactly.
         let scaled = match side {
             Side::Activation => {
-                let inv = self.emit(like, &format!("{x}.inv"), Op::Div, &[&k.qmax, &max], &[]);
-                self.emit(like, &format!("{x}.scaled"), Op::Mul, &[x, &inv], &[])
+                let inv = self.emit(like, (x, "inv"), Op::Div, &[&k.qmax, &max], &[]);
+                self.emit(like, (x, "scaled"), Op::Mul, &[x, &inv], &[])
             }
-            Side::Columns | Side::Rows => self.emit(like, &format!("{x}.scaled"), Op::Div, &[x, &scale], &[]),
+            Side::Columns | Side::Rows => self.emit(like, (x, "scaled"), Op::Div, &[x, &scale], &[]),
         };
-        let rounded = self.emit(like, &format!("{x}.rounded"), Op::Round, &[&scaled], &[]);
+        let rounded = self.emit(like, (x, "rounded"), Op::Round, &[&scaled], &[]);
         let to = if side == Side::Rows { "i8" } else { "i32" };
-        let q = self.emit(like, &format!("{x}.int8"), Op::Cast, &[&rounded], &[("to", Attr::Str(to.into()))]);
+        let q = self.emit(like, (x, "int8"), Op::Cast, &[&rounded], &[("to", Attr::Str(to.into()))]);
         self.done.insert((x.to_string(), side), (q.clone(), scale.clone()));
+        if side != Side::Activation {
+            self.weights.push(Weight { name: x.to_string(), int8: q.clone(), scale: scale.clone(), side });
+        }
         self.scalars = Some(k);
         (q, scale)
     }

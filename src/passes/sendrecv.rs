@@ -26,6 +26,7 @@ use anyhow::Result;
 use meshc_ir::verify::Info;
 use meshc_ir::{Attr, Graph, Input, Node, Op, Output, TensorType};
 
+use super::fresh;
 use super::lower::Lowered;
 use super::place::Placement;
 use meshc_runtime::format::mesh::{Layout, Mesh};
@@ -33,17 +34,6 @@ use meshc_runtime::format::program::{Rule, StageMesh, Why};
 
 fn ints(v: impl IntoIterator<Item = usize>) -> Attr {
     Attr::List(v.into_iter().map(|x| Attr::Int(x as i64)).collect())
-}
-
-/// A name not in `used`.
-fn fresh(used: &HashSet<String>, base: &str, what: &str) -> String {
-    let mut name = format!("{base}.{what}");
-    let mut k = 1;
-    while used.contains(&name) {
-        k += 1;
-        name = format!("{base}.{what}{k}");
-    }
-    name
 }
 
 struct Join<'a> {

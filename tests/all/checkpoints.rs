@@ -185,11 +185,7 @@ fn half_precision_weights_and_inputs_run_as_their_f32_values() {
         let art = path(&format!("{weights}.mshc"));
         let run = meshc(&["compile", &g, "-o", &art, "--weights-dtype", weights]);
         assert_eq!(run.status, Some(0), "{}", run.stderr);
-        let inspect = meshc(&["inspect", &art]).stdout;
-        let line = inspect.lines().find(|l| l.trim_start().starts_with("weights")).expect("a weights line").to_string();
-        let words: Vec<&str> = line.split_whitespace().collect();
-        let at = words.iter().position(|w| *w == "size").expect("a size");
-        words[at + 1].parse::<usize>().expect("a byte count")
+        crate::common::weights_bytes(&art)
     };
     let (kept, wide) = (weights_bytes("keep"), weights_bytes("f32"));
     assert!(kept < wide * 3 / 5, "kept halves: {kept} bytes of weights, f32: {wide}");

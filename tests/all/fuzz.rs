@@ -1013,17 +1013,21 @@ fn check_batch(r: &Recipe, g: &meshc_ir::Graph, info: &meshc_ir::verify::Info, p
     Ok(true)
 }
 
+/// `n` recipes drawn as the fuzzer draws them, the same on every run.
+fn drawn(n: usize) -> impl Iterator<Item = Recipe> {
+    use proptest::strategy::ValueTree;
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    (0..n).map(move |_| recipe().new_tree(&mut runner).unwrap().current())
+}
+
 /// The symbolic-batch cases compare outputs often enough to mean something: of 200 recipes
 /// drawn as the fuzzer draws them, on one device over a symbolic batch, each passes and at
 /// least 80 run compiled against the interpreter (111 when written; the others are refused
 /// by design, pinned by a param, or not read symbolically).
 #[test]
 fn symbolic_batch_cases_mostly_compare() {
-    use proptest::strategy::ValueTree;
-    let mut runner = proptest::test_runner::TestRunner::deterministic();
     let mut compared = 0;
-    for _ in 0..200 {
-        let mut r = recipe().new_tree(&mut runner).unwrap().current();
+    for mut r in drawn(200) {
         (r.layout, r.batch) = (None, Some(r.options));
         let text = graph(&r);
         let g = meshc_ir::text::parse(&text).unwrap();
@@ -1038,11 +1042,8 @@ fn symbolic_batch_cases_mostly_compare() {
 /// least 10 have a matmul of a constant weight to quantize (12 when written).
 #[test]
 fn int8_cases_mostly_quantize() {
-    use proptest::strategy::ValueTree;
-    let mut runner = proptest::test_runner::TestRunner::deterministic();
     let mut quantized = 0;
-    for _ in 0..300 {
-        let mut r = recipe().new_tree(&mut runner).unwrap().current();
+    for mut r in drawn(300) {
         (r.layout, r.batch, r.options) = (None, None, r.options | INT8);
         let text = graph(&r);
         let g = meshc_ir::text::parse(&text).unwrap();

@@ -325,16 +325,10 @@ fn half_initializers_stay_half_in_the_weights_file_and_the_artifact() {
     let art = tmp.join("half.mshc").display().to_string();
     let run = meshc(&["compile", model, "--dim", "batch=4", "-o", &art]);
     assert_eq!(run.status, Some(0), "{run:?}");
-    let inspect = meshc(&["inspect", &art]);
     // The two half weights (16·32 + 32·8 halves) and the bias, which a fold widened: less
     // than the 3,200 bytes of f32 weights.
-    let weights: usize = (inspect.stdout.lines())
-        .find_map(|l| {
-            let words: Vec<&str> = l.strip_prefix("  weights")?.split_whitespace().collect();
-            words.iter().position(|&w| w == "size").and_then(|i| words.get(i + 1)?.parse().ok())
-        })
-        .unwrap_or_else(|| panic!("no weights section in {}", inspect.stdout));
-    assert_eq!(weights, 2 * (16 * 32 + 32 * 8) + 4 * 32, "{}", inspect.stdout);
+    let weights = crate::common::weights_bytes(&art);
+    assert_eq!(weights, 2 * (16 * 32 + 32 * 8) + 4 * 32, "{}", meshc(&["inspect", &art]).stdout);
 }
 
 /// The GPT-2 block's causal mask (Range and Less on the sequence length) folds at import

@@ -7,21 +7,13 @@ use std::path::Path;
 
 use meshc_ir::{params, text, verify, Data, Tensor};
 
-use crate::common::{input_args, meshc, scratch};
+use crate::common::{input_args, meshc, scratch, weights_bytes};
 
 /// Relative L2 distance of `got` from `want`.
 fn rel_l2(got: &Tensor, want: &Tensor) -> f64 {
     let (g, w) = (got.data.to_f64(), want.data.to_f64());
     let diff: f64 = g.iter().zip(&w).map(|(a, b)| (a - b) * (a - b)).sum();
     (diff / w.iter().map(|b| b * b).sum::<f64>()).sqrt()
-}
-
-/// The size of the artifact's weights section (`meshc inspect`).
-fn weight_bytes(artifact: &str) -> usize {
-    let r = meshc(&["inspect", artifact]);
-    let line = r.stdout.lines().find(|l| l.trim_start().starts_with("weights")).expect("a weights section");
-    let words: Vec<&str> = line.split_whitespace().collect();
-    words[words.iter().position(|w| *w == "size").expect("a size") + 1].parse().unwrap()
 }
 
 /// `meshc run GRAPH --weights-dtype W` with `extra` args, the output `name` read back.
@@ -75,7 +67,7 @@ fn int8_weights_run_within_their_rounding_on_one_device_and_a_mesh() {
         let a = dir.join(format!("{w}.mshc")).display().to_string();
         let r = meshc(&["compile", graph, "--weights-dtype", w, "-o", &a]);
         assert_eq!(r.status, Some(0), "{}", r.stderr);
-        weight_bytes(&a)
+        weights_bytes(&a)
     };
     let (q, f) = (art("int8"), art("f32"));
     assert!(q * 100 < f * 30, "int8 weights {q} bytes, f32 {f}");

@@ -367,3 +367,14 @@ pub fn seeded_values(
     }
     (all, params.into_iter().collect())
 }
+
+/// The bytes of the weights section of the artifact at `path`, as `meshc inspect` lists it.
+pub fn weights_bytes(path: &str) -> usize {
+    let inspect = meshc(&["inspect", path]);
+    (inspect.stdout.lines())
+        .find_map(|l| {
+            let words: Vec<&str> = l.strip_prefix("  weights")?.split_whitespace().collect();
+            words.iter().position(|&w| w == "size").and_then(|i| words.get(i + 1)?.parse().ok())
+        })
+        .unwrap_or_else(|| panic!("no weights section in {}", inspect.stdout))
+}
