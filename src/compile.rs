@@ -1026,6 +1026,13 @@ impl pipeline::Ir for Back<'_> {
                     })
                     .collect::<Result<Vec<_>>>()?;
             }
+            Level::Device(DevicePass::Gelu) => {
+                for ((_, dev, info), f) in self.devices.iter_mut().zip(&self.folded) {
+                    if let Some(g) = passes::gelu::recognise(dev, verified(info), f) {
+                        (*dev, *info) = (Cow::Owned(g), None);
+                    }
+                }
+            }
             Level::Device(DevicePass::Attention) => {
                 for ((_, dev, info), f) in self.devices.iter_mut().zip(&self.folded).filter(|_| self.opts.attention) {
                     if let Some(fused) = passes::attention::fuse(dev, verified(info), f) {
@@ -1091,9 +1098,13 @@ impl pipeline::Ir for Back<'_> {
 
     fn text(&self, pass: &Pass) -> Result<String> {
         Ok(match pass.level {
-            Level::Device(DevicePass::Expand | DevicePass::Quantize | DevicePass::Attention | DevicePass::Epilogue) => {
-                self.programs_text()
-            }
+            Level::Device(
+                DevicePass::Expand
+                | DevicePass::Quantize
+                | DevicePass::Gelu
+                | DevicePass::Attention
+                | DevicePass::Epilogue,
+            ) => self.programs_text(),
             Level::Device(DevicePass::Fold) => {
                 let v: Vec<_> = self.devices.iter().zip(&self.folded).map(|((d, dev, _), f)| (*d, &**dev, f)).collect();
                 passes::fold::dump(&v)

@@ -7,6 +7,7 @@ pub mod epilogue;
 pub mod expand;
 pub mod fold;
 pub mod fuse;
+pub mod gelu;
 pub mod layout;
 pub mod lower;
 pub mod pilot;

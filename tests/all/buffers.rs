@@ -397,12 +397,13 @@ fn dump_dir_files_follow_the_pipeline_order() {
         "07-expand",
         "08-quantize",
         "09-fold",
-        "10-attention",
-        "11-epilogue",
-        "12-fuse",
-        "13-codegen",
-        "14-streams",
-        "15-buffers",
+        "10-gelu",
+        "11-attention",
+        "12-epilogue",
+        "13-fuse",
+        "14-codegen",
+        "15-streams",
+        "16-buffers",
     ];
     assert_eq!(files, want.map(|f| format!("{f}.txt")));
     let passes: Vec<&str> = meshc::pipeline::NAMES.to_vec();
@@ -418,6 +419,7 @@ fn dump_dir_files_follow_the_pipeline_order() {
             "expand",
             "quantize",
             "fold",
+            "gelu",
             "attention",
             "epilogue",
             "fuse",

@@ -50,7 +50,8 @@ fn check(src: &str, spec: Option<&str>, gemm: Gemm, what: &str) -> Vec<Vec<&'sta
 
 /// One matmul `x @ w` and a chain of `steps` after it, as a graph: `bias` is a `[n]` param,
 /// `res` an input of the result's shape, `rowmask` an input broadcast over the rows,
-/// `scale` a scalar param. `w` is a param (`"param"`), an input (`"input"`) or a bf16 param
+/// `scale` a scalar param; `gelu_erf_ops` and `gelu_tanh_ops` are GELU as exporters write
+/// it, in arithmetic (the gelu pass makes one `gelu` of each). `w` is a param (`"param"`), an input (`"input"`) or a bf16 param
 /// read through a cast (`"bf16"`).
 fn chain(batch: &[usize], (m, k, n): (usize, usize, usize), w: &str, steps: &[&str]) -> String {
     let dims = |d: &[usize]| d.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
@@ -64,6 +65,8 @@ fn chain(batch: &[usize], (m, k, n): (usize, usize, usize), w: &str, steps: &[&s
         _ => format!("  param w: f32[{k},{n}] = init normal{{seed = 2, std = 0.3}}\n"),
     };
     t += &format!("  param bias: f32[{n}] = init normal{{seed = 3, std = 1}}\n  param scale: f32[] = value 0.37\n");
+    t += "  param half: f32[] = value 0.5\n  param one: f32[] = value 1.0\n  param sqrt2: f32[] = value 1.4142135\n";
+    t += "  param three: f32[] = value 3.0\n  param c1: f32[] = value 0.044715\n  param c2: f32[] = value 0.7978846\n";
     t += &format!("  input res: f32[{out}]\n  input rowmask: f32[{}]\n", dims(&[batch, &[1, n]].concat()));
     t += "  y0 = matmul(x, w)\n";
     for (i, s) in steps.iter().enumerate() {
@@ -78,6 +81,12 @@ fn chain(batch: &[usize], (m, k, n): (usize, usize, usize), w: &str, steps: &[&s
             "relu" => format!("  {y} = relu({x})\n"),
             "gelu" => format!("  {y} = gelu({x})\n"),
             "gelu_tanh" => format!("  {y} = gelu({x}) {{approximate = \"tanh\"}}\n"),
+            "gelu_erf_ops" => format!(
+                "  {y}d = div({x}, sqrt2)\n  {y}e = erf({y}d)\n  {y}a = add({y}e, one)\n  {y}m = mul({x}, {y}a)\n  {y} = mul({y}m, half)\n"
+            ),
+            "gelu_tanh_ops" => format!(
+                "  {y}h = mul({x}, half)\n  {y}p = pow({x}, three)\n  {y}c = mul({y}p, c1)\n  {y}s = add({x}, {y}c)\n  {y}k = mul({y}s, c2)\n  {y}t = tanh({y}k)\n  {y}a = add({y}t, one)\n  {y} = mul({y}h, {y}a)\n"
+            ),
             other => format!("  {y} = {other}({x}, scale)\n"),
         };
     }
@@ -91,7 +100,7 @@ fn names(steps: &[&str]) -> Vec<&'static str> {
         "scale" => "mul",
         "div" => "div",
         "relu" => "relu",
-        "gelu" => "gelu",
+        "gelu" | "gelu_erf_ops" => "gelu",
         _ => "gelu_tanh",
     };
     steps.iter().map(|s| name(s)).collect()
@@ -102,8 +111,10 @@ fn names(steps: &[&str]) -> Vec<&'static str> {
 /// every step kind, on the library, the default choice and the generated kernel.
 #[test]
 fn fused_chains_compute_what_the_interpreter_does() {
-    let chains: [&[&str]; 6] = [
+    let chains: [&[&str]; 8] = [
         &["bias", "gelu"],
+        &["bias", "gelu_erf_ops"],
+        &["gelu_tanh_ops", "res"],
         &["bias_left", "gelu_tanh", "res"],
         &["scale", "rowmask"],
         &["div", "relu"],

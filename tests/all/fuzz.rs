@@ -42,6 +42,30 @@ fn unary(pick: u8) -> &'static str {
     ops[pick as usize % ops.len()].name()
 }
 
+/// GELU of `x` as torch exports it, named `name`: the last line, and the lines before it
+/// (constants and steps); the tanh form when `tanh`.
+fn exported_gelu(name: &str, x: &str, tanh: bool) -> (String, Vec<String>) {
+    let consts =
+        [("half", 0.5), ("one", 1.0), ("sqrt2", std::f64::consts::SQRT_2), ("c1", 0.044715), ("c2", 0.7978846)];
+    let mut lines: Vec<String> = consts.iter().map(|(c, v)| format!("param {name}{c}: f32[] = value {v}")).collect();
+    let steps: &[&str] = if tanh {
+        &[
+            "h = mul(X, Nhalf)",
+            "s = mul(X, X)",
+            "p = mul(Ns, X)",
+            "c = mul(Np, Nc1)",
+            "u = add(X, Nc)",
+            "k = mul(Nu, Nc2)",
+            "t = tanh(Nk)",
+            "a = add(Nt, None)",
+        ]
+    } else {
+        &["d = div(X, Nsqrt2)", "e = erf(Nd)", "a = add(Ne, None)", "h = mul(X, Nhalf)"]
+    };
+    lines.extend(steps.iter().map(|l| format!("{name}{}", l.replace('X', x).replace('N', name))));
+    (format!("{name} = mul({name}h, {name}a)"), lines)
+}
+
 /// What a case is made of; the graph is built from it deterministically, so proptest
 /// shrinks the numbers and the graph shrinks with them.
 #[derive(Clone, Debug)]
@@ -163,6 +187,12 @@ fn graph(r: &Recipe) -> String {
         let (x, xs) = values[a as usize % values.len()].clone();
         let name = format!("n{k}");
         let (line, shape) = match op % 26 {
+            // GELU also as exporters write it, in arithmetic (the gelu pass makes it one op).
+            0 if unary(arg) == "gelu" && b & 1 == 1 => {
+                let (last, body) = exported_gelu(&name, &x, b & 2 != 0);
+                lines.extend(body);
+                (last, xs.clone())
+            }
             0 => (format!("{name} = {}({x})", unary(arg)), xs.clone()),
             1 | 2 => {
                 let (y, ys) = partner(&values, &xs, b);
