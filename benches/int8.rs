@@ -232,7 +232,9 @@ fn gemm() -> Result<()> {
         f32_secs = f32_secs.min(t);
         for ((&path, out), secs) in paths.iter().zip(&mut outs).zip(&mut int_secs) {
             let reps = if path == IntPath::Scalar { 0 } else { 1 };
-            let t = best(reps, || igemm::matmul_on(path, &a, B::Packed(&packed), out, &s, THREADS, &mut scratch))?;
+            let t = best(reps, || {
+                igemm::matmul_on(path, &a, B::Packed(&packed), out, &s, THREADS, &mut scratch, &Bound::none())
+            })?;
             *secs = secs.min(t);
         }
     }

@@ -455,7 +455,12 @@ impl Builder {
             && ty.shape.len() >= 2
             && !g.outputs.iter().any(|o| o.name == name)
             && !folded.absorbed.values().any(|w| w == name)
-            && readers.all(|n| n.op == Op::MatMul && n.inputs.len() == 2 && n.inputs[0] != name && n.inputs[1] == name)
+            && readers.all(|n| {
+                n.op == Op::MatMul
+                    && n.inputs[0] != name
+                    && n.inputs[1] == name
+                    && !n.inputs[2..].iter().any(|x| x == name)
+            })
     }
 
     /// The transposes that the library GEMMs reading them take through strides instead
@@ -637,9 +642,9 @@ impl Builder {
             if scaling.is_some() && node.op == Op::MatMul && masks.contains_key(node.inputs[1].as_str()) {
                 bail!("node '{}': a pruned matmul over symbolic dims is not compiled yet", node.name);
             }
-            let integer = node.op == Op::MatMul && out.dtype == meshc_ir::DType::I32;
-            if integer && (node.inputs.len() > 2 || masks.contains_key(node.inputs[1].as_str())) {
-                bail!("node '{}': an i32 matmul with an epilogue or a pruned weight is not compiled", node.name);
+            let integer = node.op == Op::MatMul && operand_types[0].dtype == meshc_ir::DType::I32;
+            if integer && masks.contains_key(node.inputs[1].as_str()) {
+                bail!("node '{}': an i32 matmul with a pruned weight is not compiled", node.name);
             }
             let use_library =
                 node.op == Op::MatMul && !integer && (scaling.is_some() || self.library_serves(&operand_types));
@@ -707,6 +712,7 @@ impl Builder {
                     b: operand_types[1].shape.clone(),
                     out: out.shape.clone(),
                     panels: panelled.contains(&node.inputs[1]),
+                    epilogue: epilogue(node, info)?,
                 });
                 (Exec::Library(lib), node.inputs.clone(), 0)
             } else if use_library {

@@ -217,11 +217,8 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
         }
         MatMul => {
             let r = matmul(&ops[..2])?;
-            if r.ty.dtype != DType::F32 && ops.len() > 2 {
-                return Err(format!("an epilogue follows an f32 product, not {}", r.ty.dtype));
-            }
-            epilogue(node, &ops[2..], &ops[..2], &r.ty)?;
-            Ok(r)
+            let dtype = epilogue(node, &ops[2..], &ops[..2], &r.ty)?;
+            Ok(Inferred { ty: TensorType::new(dtype, r.ty.shape), dims: r.dims })
         }
         Einsum => einsum(&attrs::Einsum::try_of(node)?.equation, ops),
         Attention => attention(node, ops),
@@ -505,12 +502,22 @@ fn matmul(ops: &[Operand]) -> R<Inferred> {
     Ok(Inferred { ty: TensorType::new(a.ty.dtype, shape), dims: any.then_some(dims) })
 }
 
-/// Checks a matmul's epilogue (`extra`: its operands after `ab`) against its result `out`.
-fn epilogue(node: &Node, extra: &[Operand], ab: &[Operand], out: &TensorType) -> R<()> {
+/// Checks a matmul's epilogue (`extra`: its operands after `ab`) against its product
+/// `out`; the result's dtype. An i32 product's epilogue starts with `to_f32` (the steps
+/// after it are f32 arithmetic), and only an i32 product's does.
+fn epilogue(node: &Node, extra: &[Operand], ab: &[Operand], out: &TensorType) -> R<DType> {
     let steps = match attrs::MatMul::try_of(node)?.epilogue {
         Some(s) => crate::ops::epilogue_steps(&s)?,
         None => Vec::new(),
     };
+    let converts = steps.first().is_some_and(|s| s.0 == "to_f32");
+    if steps.iter().skip(1).any(|s| s.0 == "to_f32") || (converts != (out.dtype == DType::I32) && !steps.is_empty()) {
+        return Err(format!(
+            "an epilogue of an {} product {}",
+            out.dtype,
+            if out.dtype == DType::I32 { "starts with to_f32, and has it once" } else { "has no to_f32" }
+        ));
+    }
     let binary = steps.iter().filter(|s| s.1).count();
     if binary != extra.len() {
         return Err(format!("matmul has {} operands after a and b, its epilogue takes {binary}", extra.len()));
@@ -522,7 +529,7 @@ fn epilogue(node: &Node, extra: &[Operand], ab: &[Operand], out: &TensorType) ->
         expect_dtype(o, FLOAT, &format!("epilogue operand {i}"))?;
         crate::ops::check_epilogue_operand(&o.ty.shape, &out.shape)?;
     }
-    Ok(())
+    Ok(if converts { DType::F32 } else { out.dtype })
 }
 
 /// An `attention` node's result: `matmul(softmax(steps(matmul(q, kt)), -1), v)` of matrices

@@ -159,6 +159,7 @@ fn eval(node: &Node, args: &[&Tensor]) -> R<Tensor> {
             let mut next = || operands.next().ok_or_else(|| "an epilogue step lacks its operand".to_string());
             for (name, _) in steps {
                 y = match name {
+                    "to_f32" => Tensor::new(y.shape.clone(), cast(&y.data, DType::F32)),
                     "add" => binary(Add, &y, next()?)?,
                     "mul" => binary(Mul, &y, next()?)?,
                     "div" => binary(Div, &y, next()?)?,

@@ -227,8 +227,15 @@ impl Op {
 
 /// The steps a matmul's `epilogue` attribute may list (docs/ops.md), with whether each takes
 /// an operand: the matmul's operands after `a` and `b`, one per such step, in order.
-pub const EPILOGUE_STEPS: &[(&str, bool)] =
-    &[("add", true), ("mul", true), ("div", true), ("relu", false), ("gelu", false), ("gelu_tanh", false)];
+pub const EPILOGUE_STEPS: &[(&str, bool)] = &[
+    ("to_f32", false),
+    ("add", true),
+    ("mul", true),
+    ("div", true),
+    ("relu", false),
+    ("gelu", false),
+    ("gelu_tanh", false),
+];
 
 /// The steps of an `epilogue` attribute (comma-separated names of `EPILOGUE_STEPS`), with
 /// whether each takes an operand.

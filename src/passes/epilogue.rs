@@ -14,6 +14,11 @@
 //! the reduction (a bias must be added once, to the sum). The fused node takes the name of
 //! the chain's last node, so its users read it unchanged. The generated matmul kernel
 //! (tiny products) takes no epilogue: its chains stay separate steps.
+//!
+//! An i32 product (the integer GEMM's) takes a chain that starts with its cast to f32 —
+//! `to_f32`, then the scales, bias and activation of a dequantization —, applied to each
+//! block of its sums as the GEMM finishes it; its result is then f32 and the i32 sums are
+//! never written out whole.
 
 use std::collections::HashMap;
 
@@ -42,7 +47,7 @@ pub fn fuse(g: &Graph, info: &Info, folded: &Folded, library: impl Fn(&Node) -> 
         }
     }
     let output = |name: &str| g.outputs.iter().any(|o| o.name == name);
-    let f32_matrix = |name: &str| info.types[name].dtype == DType::F32 && info.types[name].rank() >= 2;
+    let matrix = |name: &str, dtype: DType| info.types[name].dtype == dtype && info.types[name].rank() >= 2;
     // Per fused chain's last node, the fused node; the other members are dropped.
     let mut fused: HashMap<usize, Node> = HashMap::new();
     let mut dropped = vec![false; g.nodes.len()];
@@ -51,12 +56,12 @@ pub fn fuse(g: &Graph, info: &Info, folded: &Folded, library: impl Fn(&Node) -> 
     let mut taken = vec![false; g.nodes.len()];
     for &i in &info.order {
         let m = &g.nodes[i];
-        if m.op != Op::MatMul
-            || m.inputs.len() != 2
-            || folded.has(&m.name)
-            || !m.inputs.iter().all(|x| f32_matrix(x))
-            || !library(m)
-        {
+        if m.op != Op::MatMul || m.inputs.len() != 2 || folded.has(&m.name) {
+            continue;
+        }
+        // The integer GEMM serves every i32 product.
+        let integer = m.inputs.iter().all(|x| matrix(x, DType::I32));
+        if !integer && (!m.inputs.iter().all(|x| matrix(x, DType::F32)) || !library(m)) {
             continue;
         }
         let out = &info.types[&m.name].shape;
@@ -72,7 +77,13 @@ pub fn fuse(g: &Graph, info: &Info, folded: &Folded, library: impl Fn(&Node) -> 
             }
             let u = &g.nodes[*user];
             let other = |k: usize| &u.inputs[k];
+            // An i32 product's chain starts with its conversion to f32.
+            let converts = u.op == Op::Cast && meshc_ir::attrs::Cast::of(u).to == DType::F32;
+            if integer && steps.is_empty() != converts {
+                break;
+            }
             let step = match u.op {
+                Op::Cast if converts => None,
                 Op::Add | Op::Mul if u.inputs[0] == cur && u.inputs[1] != cur => Some((other(1), u.op)),
                 Op::Add | Op::Mul if u.inputs[1] == cur && u.inputs[0] != cur => Some((other(0), u.op)),
                 Op::Div if u.inputs[0] == cur && u.inputs[1] != cur => Some((other(1), u.op)),
@@ -88,6 +99,7 @@ pub fn fuse(g: &Graph, info: &Info, folded: &Folded, library: impl Fn(&Node) -> 
                     operands.push(o.clone());
                     op.name()
                 }
+                (Op::Cast, _) => "to_f32",
                 (Op::Relu, _) => "relu",
                 _ => match meshc_ir::attrs::Gelu::of(u).approximate {
                     meshc_ir::attrs::GeluApprox::Tanh => "gelu_tanh",

@@ -12,7 +12,7 @@ use meshc::driver;
 use meshc::pipeline::Dumps;
 use meshc_ir::{interp, text, verify, DType, Tensor, TensorType};
 use meshc_runtime::format::epilogue::Step;
-use meshc_runtime::format::program::{Exec, Library, Matmul};
+use meshc_runtime::format::program::{Exec, IntMatmul, Library, Matmul};
 use meshc_runtime::kernels::library::prefer_library;
 
 /// The epilogues of the library matmuls of every device, by step names.
@@ -20,7 +20,9 @@ fn epilogues(c: &meshc::compile::Compiled) -> Vec<Vec<&'static str>> {
     let steps = c.programs.iter().flat_map(|p| &p.steps);
     steps
         .filter_map(|st| match &st.exec {
-            Exec::Library(Library::Matmul(Matmul { epilogue, .. })) => Some(epilogue.iter().map(Step::name).collect()),
+            Exec::Library(
+                Library::Matmul(Matmul { epilogue, .. }) | Library::IntMatmul(IntMatmul { epilogue, .. }),
+            ) => Some(epilogue.iter().map(Step::name).collect()),
             _ => None,
         })
         .collect()
@@ -156,6 +158,46 @@ fn fused_chains_compute_what_the_interpreter_does() {
     }
 }
 
+/// An i32 product's dequantization (to f32, the activation's scale per row, the weight's
+/// per column, a bias, GELU) joins the integer GEMM, on both of its splits (by strips up to
+/// 64 rows, by rows above) and over batches, and computes what the interpreter does.
+#[test]
+fn integer_products_take_their_dequantization() {
+    type Shape = (&'static [usize], (usize, usize, usize));
+    let shapes: [Shape; 4] = [(&[], (5, 7, 33)), (&[2], (13, 40, 96)), (&[], (150, 20, 40)), (&[3], (70, 16, 100))];
+    for (batch, (m, k, n)) in shapes {
+        let dims = |d: &[usize]| d.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+        let (x, xs) = (dims(&[batch, &[m, k]].concat()), dims(&[batch, &[m, 1]].concat()));
+        let src = format!(
+            "graph q {{
+  input x: f32[{x}]
+  input xs: f32[{xs}]
+  param wf: f32[{k},{n}] = init normal{{seed = 2, std = 1}}
+  param ws: f32[{n}] = init normal{{seed = 3, std = 0.01}}
+  param b: f32[{n}] = init normal{{seed = 4, std = 1}}
+  param s: f32[] = value 60.0
+  xm = mul(x, s)
+  xr = round(xm)
+  xi = cast(xr) {{to = \"i32\"}}
+  wm = mul(wf, s)
+  wr = round(wm)
+  wi = cast(wr) {{to = \"i32\"}}
+  h = matmul(xi, wi)
+  f = cast(h) {{to = \"f32\"}}
+  y1 = mul(f, xs)
+  y2 = mul(y1, ws)
+  y3 = add(y2, b)
+  y = gelu(y3)
+  output y
+}}
+"
+        );
+        let what = format!("{batch:?} {:?}", (m, k, n));
+        let eps = check(&src, None, Gemm::Auto, &what);
+        assert_eq!(eps, [["to_f32", "mul", "mul", "add", "gelu"]], "{what}");
+    }
+}
+
 /// A chain stops where its value has another use, is an output, meets an op the GEMM does
 /// not apply (sub) or a node another chain took; a step whose operand would grow the result
 /// is not taken.
@@ -245,13 +287,16 @@ fn the_dump_round_trips_and_interprets_alike() {
 /// broadcast to the result without growing it, matrices on both sides.
 #[test]
 fn the_verifier_checks_epilogues() {
-    let head = "graph bad {\n  input x: f32[4,16]\n  input w: f32[16,8]\n  input b: f32[8]\n  input wide: f32[2,4,8]\n  input v: f32[16]\n";
+    let head = "graph bad {\n  input x: f32[4,16]\n  input w: f32[16,8]\n  input b: f32[8]\n  input wide: f32[2,4,8]\n  input v: f32[16]\n  input xi: i32[4,16]\n  input wi: i32[16,8]\n";
     for (node, want) in [
         ("y = matmul(x, w, b) {epilogue = \"add,cube\"}", "unknown epilogue step 'cube'"),
         ("y = matmul(x, w) {epilogue = \"add\"}", "0 operands after a and b, its epilogue takes 1"),
         ("y = matmul(x, w, b) {epilogue = \"relu\"}", "1 operands after a and b, its epilogue takes 0"),
         ("y = matmul(x, w, wide) {epilogue = \"add\"}", "does not broadcast to the result"),
         ("y = matmul(v, w, b) {epilogue = \"add\"}", "product of matrices"),
+        ("y = matmul(x, w) {epilogue = \"to_f32\"}", "an epilogue of an f32 product has no to_f32"),
+        ("y = matmul(xi, wi, b) {epilogue = \"add\"}", "an epilogue of an i32 product starts with to_f32"),
+        ("y = matmul(xi, wi) {epilogue = \"to_f32,relu,to_f32\"}", "starts with to_f32, and has it once"),
     ] {
         let src = format!("{head}  {node}\n  output y\n}}\n");
         let e =

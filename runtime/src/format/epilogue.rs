@@ -9,6 +9,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Step {
+    /// The i32 product as f32 (round to nearest): the first step of an integer matmul's
+    /// epilogue, and only of one.
+    ToF32,
     /// x + y.
     Add(Vec<usize>),
     /// x · y.
@@ -27,6 +30,7 @@ impl Step {
     /// The step's name in a matmul's `epilogue` attribute (docs/ops.md).
     pub fn name(&self) -> &'static str {
         match self {
+            Step::ToF32 => "to_f32",
             Step::Add(_) => "add",
             Step::Mul(_) => "mul",
             Step::Div(_) => "div",
@@ -40,6 +44,7 @@ impl Step {
     /// an unknown name).
     pub fn parse(name: &str, operand: impl FnOnce() -> Vec<usize>) -> Option<Step> {
         Some(match name {
+            "to_f32" => Step::ToF32,
             "add" => Step::Add(operand()),
             "mul" => Step::Mul(operand()),
             "div" => Step::Div(operand()),
@@ -56,6 +61,20 @@ impl Step {
             _ => None,
         }
     }
+}
+
+/// Checks where `to_f32` stands: first in the epilogue of an `integer` product and nowhere
+/// else (the steps after it, and every step of an f32 product's, are f32 arithmetic).
+pub fn check_conversion(steps: &[Step], integer: bool) -> Result<(), String> {
+    let first = steps.first() == Some(&Step::ToF32);
+    if steps.iter().skip(1).any(|s| *s == Step::ToF32) || (!steps.is_empty() && first != integer) {
+        return Err(format!(
+            "the epilogue of an {} product {}",
+            if integer { "i32" } else { "f32" },
+            if integer { "starts with to_f32, and has it once" } else { "has no to_f32" }
+        ));
+    }
+    Ok(())
 }
 
 /// The shapes of the steps' operands, in step order.

@@ -163,6 +163,16 @@ pub fn step_note(p: &Program, i: usize) -> String {
     note
 }
 
+/// ` + add,gelu` for an epilogue of those steps, nothing for none.
+fn epilogue_text(steps: &[crate::format::epilogue::Step]) -> String {
+    let names: Vec<&str> = steps.iter().map(crate::format::epilogue::Step::name).collect();
+    if names.is_empty() {
+        String::new()
+    } else {
+        format!(" + {}", names.join(","))
+    }
+}
+
 /// What runs step `st` of `p`: its kernel, library call (with its shapes, epilogue and
 /// how its operands are stored), collective or transfer, as `inspect` and the compiler's
 /// `--dump-after codegen` print it.
@@ -170,8 +180,7 @@ pub fn exec_text(p: &Program, st: &Step) -> String {
     match &st.exec {
         Exec::Kernel(k) => format!("kernel k{k}"),
         Exec::Library(Library::Matmul(Matmul { a, b, panels, epilogue, transposed, .. })) => {
-            let steps: Vec<&str> = epilogue.iter().map(crate::format::epilogue::Step::name).collect();
-            let epilogue = if steps.is_empty() { String::new() } else { format!(" + {}", steps.join(",")) };
+            let epilogue = epilogue_text(epilogue);
             let stored = match (transposed.a, transposed.b) {
                 (true, true) => " (a, b stored transposed)",
                 (true, false) => " (a stored transposed)",
@@ -181,9 +190,9 @@ pub fn exec_text(p: &Program, st: &Step) -> String {
             let panels = if *panels { " (weight in panels)" } else { "" };
             format!("library gemm {a:?}x{b:?}{epilogue}{panels}{stored}")
         }
-        Exec::Library(Library::IntMatmul(IntMatmul { a, b, panels, .. })) => {
+        Exec::Library(Library::IntMatmul(IntMatmul { a, b, panels, epilogue, .. })) => {
             let panels = if *panels { " (weight packed)" } else { "" };
-            format!("library integer gemm {a:?}x{b:?}{panels}")
+            format!("library integer gemm {a:?}x{b:?}{}{panels}", epilogue_text(epilogue))
         }
         Exec::Library(Library::Attention(Attention { q, k, v, scale, mask, .. })) => {
             let scale = scale.map_or(String::new(), |s| format!(" {} scale", s.name()));

@@ -232,19 +232,27 @@ impl Library {
     pub fn at_shapes(&self, shapes: &[Vec<usize>]) -> Library {
         use crate::format::epilogue::Step;
         let at = |i: usize| shapes.get(i).cloned().unwrap_or_default();
+        // An epilogue's operands follow the result, a and b.
+        let epilogue = |steps: &[Step]| {
+            let mut next = 3;
+            let mut steps = steps.to_vec();
+            for s in &mut steps {
+                if let Step::Add(shape) | Step::Mul(shape) | Step::Div(shape) = s {
+                    *shape = at(next);
+                    next += 1;
+                }
+            }
+            steps
+        };
         match self {
             Library::Matmul(m) => {
-                let mut next = 3;
-                let mut epilogue = m.epilogue.clone();
-                for s in &mut epilogue {
-                    if let Step::Add(shape) | Step::Mul(shape) | Step::Div(shape) = s {
-                        *shape = at(next);
-                        next += 1;
-                    }
-                }
+                let epilogue = epilogue(&m.epilogue);
                 Library::Matmul(Matmul { out: at(0), a: at(1), b: at(2), epilogue, ..m.clone() })
             }
-            Library::IntMatmul(m) => Library::IntMatmul(IntMatmul { out: at(0), a: at(1), b: at(2), ..m.clone() }),
+            Library::IntMatmul(m) => {
+                let epilogue = epilogue(&m.epilogue);
+                Library::IntMatmul(IntMatmul { out: at(0), a: at(1), b: at(2), epilogue, ..m.clone() })
+            }
             Library::Attention(a) => {
                 let mask = 4 + usize::from(a.scale.is_some());
                 Library::Attention(Attention {
@@ -324,7 +332,8 @@ pub struct Matmul {
 
 /// numpy matmul of i32 operands (batched, broadcasting), every sum wrapping as ONNX's i32
 /// accumulator, by the runner's integer GEMM (`crate::kernels::igemm`): the product of
-/// 8-bit operands less their zero points. Buffers: result, a, b.
+/// 8-bit operands less their zero points. Buffers: result, a, b, then the epilogue's
+/// operands.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct IntMatmul {
     pub a: Vec<usize>,
@@ -334,6 +343,10 @@ pub struct IntMatmul {
     /// (`crate::kernels::igemm::pack`), not row-major i32.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub panels: bool,
+    /// Steps applied to each block of the result as it is finished, as `Matmul`'s: empty
+    /// (the result i32), or `to_f32` and then f32 steps (the result f32).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub epilogue: Vec<crate::format::epilogue::Step>,
 }
 
 /// Fused attention (`crate::kernels::attention`): `softmax(scores, -1) @ v`, the scores

@@ -197,6 +197,8 @@ impl Bound<'_> {
                     continue;
                 }
                 match step {
+                    // The tile holds the integer GEMM's i32 sums.
+                    Step::ToF32 => x.iter_mut().for_each(|x| *x = x.to_bits() as i32 as f32),
                     // maximum(x, 0) as the interpreter has it: NaN and −0 pass through.
                     Step::Relu => x.iter_mut().for_each(|x| *x = if *x < 0.0 { 0.0 } else { *x }),
                     Step::Gelu => x.iter_mut().for_each(|x| *x = vmath::gelu_erf::<FMA>(*x, &phi)),
@@ -208,15 +210,15 @@ impl Bound<'_> {
     }
 }
 
+/// The interpreter's epilogue, the oracle of the GEMMs' tests.
 #[cfg(test)]
-mod tests {
+pub(crate) mod testing {
     use super::*;
-    use crate::kernels::matmul_shape::testing::{assert_close, random};
     use meshc_ir::interp::eval_node;
     use meshc_ir::{DType, Node, Op, Tensor, TensorType};
 
     /// The interpreter's value of `steps` after a result `c` of shape `out`.
-    fn oracle(c: &Tensor, steps: &[Step], operands: &[Tensor]) -> Vec<f32> {
+    pub(crate) fn oracle(c: &Tensor, steps: &[Step], operands: &[Tensor]) -> Vec<f32> {
         let mut y = c.clone();
         let mut next = operands.iter();
         for s in steps {
@@ -224,6 +226,7 @@ mod tests {
                 Step::Add(_) => (Op::Add, &[], vec![&y, next.next().unwrap()]),
                 Step::Mul(_) => (Op::Mul, &[], vec![&y, next.next().unwrap()]),
                 Step::Div(_) => (Op::Div, &[], vec![&y, next.next().unwrap()]),
+                Step::ToF32 => (Op::Cast, &[("to", "f32")], vec![&y]),
                 Step::Relu => (Op::Relu, &[], vec![&y]),
                 Step::Gelu => (Op::Gelu, &[], vec![&y]),
                 Step::GeluTanh => (Op::Gelu, &[("approximate", "tanh")], vec![&y]),
@@ -238,6 +241,14 @@ mod tests {
         }
         y.as_f32().unwrap().to_vec()
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::oracle;
+    use super::*;
+    use crate::kernels::matmul_shape::testing::{assert_close, random};
+    use meshc_ir::Tensor;
 
     /// Every step kind and operand kind (scalar, bias, a mask broadcast over rows and heads,
     /// a residual), applied in blocks of every shape (whole, tiles of rows × 32 columns,

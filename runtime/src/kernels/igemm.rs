@@ -37,9 +37,12 @@ use std::cell::RefCell;
 
 use anyhow::{bail, Result};
 
+use crate::format::epilogue::operands;
 use crate::format::isa::{self, Isa};
 use crate::format::program::{Buffer, IntMatmul};
 use crate::kernels::call::{LibraryCall, Planned};
+use crate::kernels::epilogue::{Bound, Epilogue};
+use crate::kernels::library::check_epilogue;
 use crate::kernels::matmul_shape::MatmulShape;
 
 /// Columns of a strip: one AVX-512 vector of i32.
@@ -258,12 +261,22 @@ fn macs(s: &MatmulShape) -> usize {
 }
 
 /// `out = a @ b` (numpy `matmul` of i32, wrapping) for the plan `s` on up to `threads`
-/// cores, on the path of the ISA in use. A row-major `b` is packed into `scratch`.
-pub fn matmul(a: &[i32], b: B, out: &mut [i32], s: &MatmulShape, threads: usize, scratch: &mut Vec<u8>) -> Result<()> {
-    matmul_on(Path::current(), a, b, out, s, threads, scratch)
+/// cores, on the path of the ISA in use, then the epilogue `ep` (`out` then holds f32 if it
+/// converts the sums). A row-major `b` is packed into `scratch`.
+pub fn matmul(
+    a: &[i32],
+    b: B,
+    out: &mut [i32],
+    s: &MatmulShape,
+    threads: usize,
+    scratch: &mut Vec<u8>,
+    ep: &Bound,
+) -> Result<()> {
+    matmul_on(Path::current(), a, b, out, s, threads, scratch, ep)
 }
 
 /// `matmul` on `path`.
+#[allow(clippy::too_many_arguments)]
 pub fn matmul_on(
     path: Path,
     a: &[i32],
@@ -272,6 +285,7 @@ pub fn matmul_on(
     s: &MatmulShape,
     threads: usize,
     scratch: &mut Vec<u8>,
+    ep: &Bound,
 ) -> Result<()> {
     let [a_len, b_len, out_len] = s.spans()?;
     let (m, k, n) = (s.m, s.k, s.n);
@@ -295,9 +309,18 @@ pub fn matmul_on(
     if m == 0 || n == 0 {
         return Ok(());
     }
+    // Every matrix of the result, whole, through the epilogue: after the paths that do
+    // not go by blocks.
+    let whole = |out: &mut [i32]| {
+        for (mat, (_, _, oo)) in s.batch_offsets().enumerate() {
+            // SAFETY: matrix `mat` of the result, whose span was checked above.
+            unsafe { ep.apply(out[oo..].as_mut_ptr() as *mut f32, n, (mat * m, m), 0..n) };
+        }
+    };
     if k == 0 {
         // An empty sum (and no matrix of `b` to address).
         s.batch_offsets().for_each(|(_, _, oo)| out[oo..oo + m * n].fill(0));
+        whole(out);
         return Ok(());
     }
     let packed = match b {
@@ -310,6 +333,7 @@ pub fn matmul_on(
             let bytes = &mut scratch[at..at + b_count * matrix];
             if !pack_into(rows, b_count, k, n, bytes) {
                 reference(a, rows, out, s);
+                whole(out);
                 return Ok(());
             }
             bytes
@@ -330,7 +354,9 @@ pub fn matmul_on(
         // SAFETY: rows r0..r1 of result matrix `mat` lie inside `out` (its span checked
         // above), and the parts of a split write disjoint tiles of them; `block` writes only
         // the columns of `strips` of these rows.
-        unsafe { block(path, packed, bi, rows, a, ((c as *mut i32).add(oo + r0 * n), r1 - r0), strips) };
+        unsafe {
+            block(path, packed, bi, rows, a, ((c as *mut i32).add(oo + r0 * n), r1 - r0, mat * m + r0), strips, ep)
+        };
     };
     let sn = strips(n);
     if m <= SMALL_M {
@@ -392,19 +418,23 @@ fn reference(a: &[i32], b: &[i32], out: &mut [i32], s: &MatmulShape) {
     }
 }
 
-/// Rows `rows` (their `a`, `rows.1` of them, at `c` of the result, row stride n) × strips
-/// `s0..s1` of matrix `bi` of `b`.
+/// Rows `rows` (their `a`, `rows.1` of them, at `c` of the result, row stride n, the first
+/// row `row0` of the result counted over all its matrices) × strips `s0..s1` of matrix `bi`
+/// of `b`, the epilogue `ep` applied to each block of strips once it is computed.
 ///
 /// # Safety
-/// `c` addresses those rows of the result, whose columns of the strips no other thread writes.
+/// `c` addresses those rows of the result, whose columns of the strips no other thread
+/// writes; `ep` is bound to operands that broadcast to the result.
+#[allow(clippy::too_many_arguments)]
 unsafe fn block(
     path: Path,
     b: Packed,
     bi: usize,
     rows: &Rows,
     a: &[i32],
-    (c, m): (*mut i32, usize),
+    (c, m, row0): (*mut i32, usize, usize),
     (s0, s1): (usize, usize),
+    ep: &Bound,
 ) {
     let (k, n) = (b.k, b.n);
     let (kp, mr) = (k_pad(k), path.mr());
@@ -452,13 +482,27 @@ unsafe fn block(
                 s += ns;
             }
         }
+        let cols = sb * NR..(se * NR).min(n);
+        // SAFETY: as the caller promises.
+        unsafe { wide_rows(b, bi, rows, a, c, cols.clone()) };
+        // SAFETY: the block's rows and columns, which this call wrote and nobody else does.
+        unsafe { ep.apply(c as *mut f32, n, (row0, m), cols) };
     }
     WIDE.with(|w| *w.borrow_mut() = wide);
+}
+
+/// Columns `cols` of the rows of `rows.wide` (spanning more than 255 values), by the
+/// definition.
+///
+/// # Safety
+/// As `block`'s.
+unsafe fn wide_rows(b: Packed, bi: usize, rows: &Rows, a: &[i32], c: *mut i32, cols: std::ops::Range<usize>) {
+    let (k, n, kp) = (b.k, b.n, k_pad(b.k));
+    let (cb, _, panels) = b.matrix(bi);
     for &r in &rows.wide {
         let row = &a[r * k..][..k];
         let sum = row.iter().fold(0i32, |s, &x| s.wrapping_add(x));
-        let first = s0 * NR;
-        for (j, &cb) in cb.iter().enumerate().take((s1 * NR).min(n)).skip(first) {
+        for (j, &cb) in cb.iter().enumerate().take(cols.end).skip(cols.start) {
             // b = w + cb column by column: Σ a·b = Σ a·w + cb·Σ a.
             let (strip, col) = (j / NR, j % NR);
             let mut dot = 0i32;
@@ -711,12 +755,13 @@ unsafe fn tile_vnni<const MR: usize, const NS: usize>(t: &Tile) {
 /// by `pack` when `panels`).
 impl LibraryCall for IntMatmul {
     fn buffers(&self) -> usize {
-        3
+        3 + operands(&self.epilogue).count()
     }
 
     fn plan(&self, buffers: &[&Buffer]) -> Result<Box<dyn Planned>, String> {
-        let IntMatmul { a, b, out, panels } = self;
+        let IntMatmul { a, b, out, panels, epilogue } = self;
         let shape = MatmulShape::new(a, b, out).map_err(|e| e.to_string())?;
+        check_epilogue(epilogue, true, (a, b, out), buffers)?;
         let [a_len, b_len, out_len] = shape.spans().map_err(|e| e.to_string())?;
         let b_bytes = match panels {
             true => packed_span(b).ok_or_else(|| format!("operand b of shape {b:?} is not packed matrices"))?,
@@ -741,7 +786,8 @@ impl LibraryCall for IntMatmul {
             return Err("an integer matmul's operand b is not pruned".to_string());
         }
         let lens = (a_len, if *panels { b_bytes } else { b_len }, out_len);
-        Ok(Box::new(IntPlan { shape, panels: *panels, lens, scratch: Default::default() }))
+        let epilogue = Epilogue::new(epilogue, out);
+        Ok(Box::new(IntPlan { shape, panels: *panels, lens, epilogue, scratch: Default::default() }))
     }
 }
 
@@ -751,6 +797,7 @@ struct IntPlan {
     panels: bool,
     /// Elements of a, b (bytes when packed) and the result.
     lens: (usize, usize, usize),
+    epilogue: Epilogue,
     /// A run-time `b` packed (kept for the next call; a call holds it while it runs).
     scratch: parking_lot::Mutex<Vec<u8>>,
 }
@@ -775,13 +822,17 @@ impl Planned for IntPlan {
             true => B::Packed(unsafe { std::slice::from_raw_parts(args[2] as *const u8, b_len) }),
             false => B::Rows(unsafe { std::slice::from_raw_parts(args[2] as *const i32, b_len) }),
         };
-        matmul(a, b, out, &self.shape, threads, &mut self.scratch.lock())
+        // SAFETY: `plan` accepted each epilogue operand's buffer for its shape and that
+        // shape against the result; the buffers outlive the call.
+        let ep = unsafe { self.epilogue.bind(&args[3..]) };
+        matmul(a, b, out, &self.shape, threads, &mut self.scratch.lock(), &ep)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::epilogue::Step;
     use crate::kernels::matmul_shape::testing::product;
     use meshc_ir::{Data, Tensor};
     use proptest::prelude::*;
@@ -792,22 +843,72 @@ mod tests {
     }
 
     /// Runs `a @ b` on every path this CPU has, on 1 and 3 threads, `b` packed and row-major,
-    /// and compares each result bit for bit with the interpreter's.
+    /// and compares each result bit for bit with the interpreter's; then with a dequantizing
+    /// epilogue (`Dequant`) against the interpreter's steps.
     fn check(a: &Tensor, b: &Tensor) {
-        let want = product(a, b);
-        let (Data::I32(av), Data::I32(bv), Data::I32(want)) = (&a.data, &b.data, &want.data) else { unreachable!() };
+        let product = product(a, b);
+        let (Data::I32(av), Data::I32(bv), Data::I32(want)) = (&a.data, &b.data, &product.data) else { unreachable!() };
         let (s, out_shape) = MatmulShape::infer(&a.shape, &b.shape).unwrap();
         let (k, n) = (s.k, s.n);
         let count = bv.len() / (k * n).max(1);
         let packed = pack(bv, count, k, n).expect("8-bit columns");
+        let dq = Dequant::new(&product);
         for path in Path::available() {
             for threads in [1, 3] {
                 for b in [B::Packed(&packed), B::Rows(bv)] {
+                    let what = format!("{path:?} on {threads} threads, {:?} @ {:?}", a.shape, b_shape(&b, &s));
                     let mut out = vec![0x5a5a5a5a; out_shape.iter().product()];
-                    matmul_on(path, av, b, &mut out, &s, threads, &mut Vec::new()).unwrap();
-                    assert!(out == *want, "{path:?} on {threads} threads, {:?} @ {:?}", a.shape, b_shape(&b, &s));
+                    matmul_on(path, av, b, &mut out, &s, threads, &mut Vec::new(), &Bound::none()).unwrap();
+                    assert!(out == *want, "{what}");
+                    dq.check(
+                        |ep, out| matmul_on(path, av, b, out, &s, threads, &mut Vec::new(), ep).unwrap(),
+                        &mut out,
+                        &what,
+                    );
                 }
             }
+        }
+    }
+
+    /// An epilogue as the quantize pass makes one — the sums to f32, times a scale per row
+    /// and one per column, plus a bias, then GELU — and its value by the interpreter.
+    struct Dequant {
+        steps: Vec<Step>,
+        operands: Vec<Tensor>,
+        want: Vec<f32>,
+    }
+
+    impl Dequant {
+        fn new(product: &Tensor) -> Dequant {
+            let shape = &product.shape;
+            let (rank, n) = (shape.len(), shape[shape.len() - 1]);
+            let mut rows = shape.clone();
+            rows[rank - 1] = 1;
+            let values = |shape: &[usize], seed: usize, scale: f32| {
+                let len = shape.iter().product::<usize>();
+                Tensor::f32(
+                    shape.to_vec(),
+                    (0..len).map(|i| ((i * 7 + seed) % 13) as f32 * scale - 0.3 * scale).collect(),
+                )
+            };
+            let operands = vec![values(&rows, 1, 1e-3), values(&[n], 2, 1e-4), values(&[n], 3, 0.1)];
+            let steps = vec![Step::ToF32, Step::Mul(rows), Step::Mul(vec![n]), Step::Add(vec![n]), Step::Gelu];
+            let want = crate::kernels::epilogue::testing::oracle(product, &steps, &operands);
+            Dequant { steps, operands, want }
+        }
+
+        /// Runs `call` with the epilogue bound, and compares `out` (its result) with the
+        /// interpreter's.
+        fn check(&self, call: impl FnOnce(&Bound, &mut [i32]), out: &mut [i32], what: &str) {
+            let shape = &self.operands[0].shape;
+            let mut out_shape = shape.clone();
+            *out_shape.last_mut().unwrap() = self.operands[1].shape[0];
+            let epilogue = Epilogue::new(&self.steps, &out_shape);
+            let ptrs: Vec<*mut u8> = self.operands.iter().map(|t| t.as_f32().unwrap().as_ptr() as *mut u8).collect();
+            // SAFETY: each operand holds its step's shape, which broadcasts to the result.
+            call(&unsafe { epilogue.bind(&ptrs) }, out);
+            let got: Vec<f32> = out.iter().map(|x| f32::from_bits(*x as u32)).collect();
+            crate::kernels::matmul_shape::testing::assert_close(&got, &self.want, &format!("{what} + dequant"));
         }
     }
 
@@ -901,6 +1002,32 @@ mod tests {
         check(&Tensor::new(vec![2, 20, 9], Data::I32(a)), &Tensor::new(vec![2, 9, 21], Data::I32(b)));
     }
 
+    /// An artifact's epilogue is checked when it is loaded: `to_f32` first on an integer
+    /// product, nowhere on an f32 one.
+    #[test]
+    fn conversions_out_of_place_are_refused_at_load() {
+        use crate::format::program::{Matmul, Storage};
+        let buf = Buffer { name: String::new(), bytes: 4096, storage: Storage::Arena { offset: 0 }, mask: None };
+        let bufs = [&buf, &buf, &buf, &buf];
+        let (a, b, out) = (vec![4, 8], vec![8, 16], vec![4, 16]);
+        let int = |epilogue| IntMatmul { a: a.clone(), b: b.clone(), out: out.clone(), panels: false, epilogue };
+        assert!(int(vec![Step::ToF32, Step::Add(vec![16])]).plan(&bufs).is_ok());
+        for bad in [vec![Step::Add(vec![16])], vec![Step::Relu, Step::ToF32], vec![Step::ToF32, Step::ToF32]] {
+            let e = int(bad.clone()).plan(&bufs).err().unwrap_or_else(|| panic!("{bad:?} planned"));
+            assert!(e.contains("starts with to_f32"), "{bad:?}: {e}");
+        }
+        let f32 = Matmul {
+            a,
+            b,
+            out,
+            b_elem: crate::format::program::Elem::F32,
+            panels: false,
+            epilogue: vec![Step::ToF32],
+            transposed: Default::default(),
+        };
+        assert!(f32.plan(&bufs).err().unwrap().contains("has no to_f32"));
+    }
+
     #[test]
     fn a_run_time_b_wider_than_a_byte_takes_the_reference() {
         let a = Tensor::new(vec![3, 4], Data::I32((0..12).collect()));
@@ -909,10 +1036,15 @@ mod tests {
         let (s, _) = MatmulShape::infer(&[3, 4], &[4, 5]).unwrap();
         assert!(pack(&bv, 1, 4, 5).is_none());
         let Data::I32(av) = &a.data else { unreachable!() };
+        let dq = Dequant::new(&want);
         for path in Path::available() {
             let mut out = vec![0; 15];
-            matmul_on(path, av, B::Rows(&bv), &mut out, &s, 2, &mut Vec::new()).unwrap();
-            assert_eq!(Data::I32(out), want.data, "{path:?}");
+            matmul_on(path, av, B::Rows(&bv), &mut out, &s, 2, &mut Vec::new(), &Bound::none()).unwrap();
+            assert_eq!(Data::I32(out.clone()), want.data, "{path:?}");
+            let run = |ep: &Bound, out: &mut [i32]| {
+                matmul_on(path, av, B::Rows(&bv), out, &s, 2, &mut Vec::new(), ep).unwrap()
+            };
+            dq.check(run, &mut out, "reference");
         }
     }
 }

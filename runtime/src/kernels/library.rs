@@ -35,7 +35,7 @@
 use anyhow::{bail, Result};
 use meshc_ir::{DType, TensorType};
 
-use crate::format::epilogue::operands;
+use crate::format::epilogue::{operands, Step};
 use crate::format::mask::Mask;
 use crate::format::program::{Buffer, Elem, Matmul, Storage, Transposed};
 use crate::kernels::call::{f32_buffer, LibraryCall, Planned};
@@ -427,13 +427,7 @@ impl LibraryCall for Matmul {
             false => MatmulShape::unfolded(a, b, out),
         }
         .map_err(|e| e.to_string())?;
-        if !epilogue.is_empty() && (a.len() < 2 || b.len() < 2) {
-            return Err("an epilogue follows a product of matrices".to_string());
-        }
-        for (i, shape) in (3..).zip(operands(epilogue)) {
-            meshc_ir::ops::check_epilogue_operand(shape, out)?;
-            f32_buffer(buffers, i, shape)?;
-        }
+        check_epilogue(epilogue, false, (a, b, out), buffers)?;
         let b_panels = [crate::kernels::panels::packed_elems(b).unwrap_or(usize::MAX)];
         let b_stored = if *panels { &b_panels[..] } else { b };
         let mut lens = [0; 3];
@@ -501,6 +495,25 @@ impl LibraryCall for Matmul {
 /// took ~10% longer than the row-major GEMM, and the copy, one pass over the weight, costs
 /// about 60 / rows of the product's time, so it pays from some 600 rows.
 const UNPACK_M: usize = 512;
+
+/// Checks the epilogue of a matmul of `integer` operands `a` × `b` → `out` (its steps'
+/// order, and each operand's buffer after the first three).
+pub(crate) fn check_epilogue(
+    steps: &[Step],
+    integer: bool,
+    (a, b, out): (&[usize], &[usize], &[usize]),
+    buffers: &[&Buffer],
+) -> Result<(), String> {
+    crate::format::epilogue::check_conversion(steps, integer)?;
+    if !steps.is_empty() && (a.len() < 2 || b.len() < 2) {
+        return Err("an epilogue follows a product of matrices".to_string());
+    }
+    for (i, shape) in (3..).zip(operands(steps)) {
+        meshc_ir::ops::check_epilogue_operand(shape, out)?;
+        f32_buffer(buffers, i, shape)?;
+    }
+    Ok(())
+}
 
 /// Which GEMM serves a planned matmul.
 enum Path {
