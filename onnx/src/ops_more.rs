@@ -999,6 +999,22 @@ mod tests {
             assert!(err.contains("of uint64 is not supported"), "{op}: {err}");
         }
     }
+
+    /// QuantizeLinear into int16 and uint16 saturates at their ranges; DequantizeLinear
+    /// takes them back (their values and differences are exact in f32).
+    #[test]
+    fn sixteen_bit_quantization_saturates() {
+        let x = Tensor::f32(vec![4], vec![0.0, 1000.4, -70000.0, 70000.0]);
+        let (scale, zp) = (Tensor::f32(vec![], vec![2.0]), Tensor::new(vec![], Data::I16(vec![0])));
+        let q = eval("QuantizeLinear", 21, vec![x, scale, zp], vec![]).unwrap();
+        assert_eq!(q.data, Data::I16(vec![0, 500, -32768, 32767]));
+        let x = Tensor::f32(vec![2], vec![-300.0, 131000.0]);
+        let zp = Tensor::new(vec![], Data::U16(vec![100]));
+        let q = eval("QuantizeLinear", 21, vec![x, Tensor::f32(vec![], vec![2.0]), zp.clone()], vec![]).unwrap();
+        assert_eq!(q.data, Data::U16(vec![0, 65535]));
+        let d = eval("DequantizeLinear", 21, vec![q, Tensor::f32(vec![], vec![0.5]), zp], vec![]).unwrap();
+        assert_eq!(f32s(&d), vec![-50.0, 32717.5]);
+    }
     /// TopK's order: ties by the lower index, NaN above every number (first when largest,
     /// last when smallest), along any axis; integers too.
     #[test]
