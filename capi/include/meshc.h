@@ -82,6 +82,13 @@ typedef enum meshc_dtype {
    */
   MESHC_I8 = 6,
   MESHC_U8 = 7,
+  /*
+   The other integers ONNX names (storage: computed on widened).
+   */
+  MESHC_I16 = 8,
+  MESHC_U16 = 9,
+  MESHC_U32 = 10,
+  MESHC_U64 = 11,
 } meshc_dtype;
 
 /*

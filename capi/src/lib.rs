@@ -59,6 +59,11 @@ pub enum meshc_dtype {
     /// 8-bit integers (quantized tensors).
     MESHC_I8 = 6,
     MESHC_U8 = 7,
+    /// The other integers ONNX names (storage: computed on widened).
+    MESHC_I16 = 8,
+    MESHC_U16 = 9,
+    MESHC_U32 = 10,
+    MESHC_U64 = 11,
 }
 
 /// A tensor crossing a call, in the caller's memory: row-major (C order), little-endian,
@@ -254,6 +259,10 @@ fn dtype_of(d: meshc_dtype) -> DType {
         meshc_dtype::MESHC_BF16 => DType::BF16,
         meshc_dtype::MESHC_I8 => DType::I8,
         meshc_dtype::MESHC_U8 => DType::U8,
+        meshc_dtype::MESHC_I16 => DType::I16,
+        meshc_dtype::MESHC_U16 => DType::U16,
+        meshc_dtype::MESHC_U32 => DType::U32,
+        meshc_dtype::MESHC_U64 => DType::U64,
     }
 }
 
@@ -267,6 +276,10 @@ fn dtype_to(d: DType) -> meshc_dtype {
         DType::BF16 => meshc_dtype::MESHC_BF16,
         DType::I8 => meshc_dtype::MESHC_I8,
         DType::U8 => meshc_dtype::MESHC_U8,
+        DType::I16 => meshc_dtype::MESHC_I16,
+        DType::U16 => meshc_dtype::MESHC_U16,
+        DType::U32 => meshc_dtype::MESHC_U32,
+        DType::U64 => meshc_dtype::MESHC_U64,
     }
 }
 
@@ -275,7 +288,7 @@ fn checked_dtype(t: &meshc_tensor) -> Result<DType, Fail> {
     // SAFETY: reading the field as its underlying int, whatever the caller stored.
     let raw = unsafe { std::ptr::addr_of!(t.dtype).cast::<u32>().read() };
     match raw {
-        0..=7 => Ok(dtype_of(t.dtype)),
+        0..=11 => Ok(dtype_of(t.dtype)),
         n => Err(invalid(format!("dtype {n} is none of meshc_dtype's"))),
     }
 }

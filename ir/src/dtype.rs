@@ -19,11 +19,29 @@ pub enum DType {
     /// first, which is exact), as an integer GEMM accumulates in i32.
     I8,
     U8,
+    /// The other integers ONNX names, storage like the 8-bit ones: computed on as i32
+    /// (16-bit) or i64 (u32, and u64 where two's complement gives its bits: `wide`).
+    I16,
+    U16,
+    U32,
+    U64,
 }
 
 impl DType {
-    pub const ALL: [DType; 8] =
-        [DType::F32, DType::I32, DType::I64, DType::Bool, DType::F16, DType::BF16, DType::I8, DType::U8];
+    pub const ALL: [DType; 12] = [
+        DType::F32,
+        DType::I32,
+        DType::I64,
+        DType::Bool,
+        DType::F16,
+        DType::BF16,
+        DType::I8,
+        DType::U8,
+        DType::I16,
+        DType::U16,
+        DType::U32,
+        DType::U64,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -35,6 +53,10 @@ impl DType {
             DType::BF16 => "bf16",
             DType::I8 => "i8",
             DType::U8 => "u8",
+            DType::I16 => "i16",
+            DType::U16 => "u16",
+            DType::U32 => "u32",
+            DType::U64 => "u64",
         }
     }
 
@@ -44,14 +66,14 @@ impl DType {
 
     pub fn size_bytes(self) -> usize {
         match self {
-            DType::F32 | DType::I32 => 4,
-            DType::I64 => 8,
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::I64 | DType::U64 => 8,
             DType::Bool | DType::I8 | DType::U8 => 1,
-            DType::F16 | DType::BF16 => 2,
+            DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
         }
     }
 
-    /// The integers arithmetic and indexing take (the 8-bit ones are storage, `is_byte`).
+    /// The integers arithmetic and indexing take (the others are storage, `is_stored_int`).
     pub fn is_int(self) -> bool {
         matches!(self, DType::I32 | DType::I64)
     }
@@ -66,11 +88,33 @@ impl DType {
         matches!(self, DType::I8 | DType::U8)
     }
 
-    /// The range of an integer dtype's values, as f64 (exact for every one but i64's ends).
+    /// The storage integers: every integer type but i32 and i64.
+    pub fn is_stored_int(self) -> bool {
+        self.wide() != self
+    }
+
+    /// The integer type a storage integer is computed in: i32 holds every 8- and 16-bit
+    /// value, i64 every u32; a u64 in i64 keeps its bits, so the ops that wrap (add, sub,
+    /// mul, and, or, xor, a left shift) give the u64's bits, and the rest need the top bit
+    /// handled (the importer's `widen_ints`). Every other type is its own.
+    pub fn wide(self) -> DType {
+        match self {
+            DType::I8 | DType::U8 | DType::I16 | DType::U16 => DType::I32,
+            DType::U32 | DType::U64 => DType::I64,
+            other => other,
+        }
+    }
+
+    /// The range of an integer dtype's values, as f64 (exact for every one but the ends of
+    /// i64's and u64's).
     pub fn int_range(self) -> Option<(f64, f64)> {
         match self {
             DType::I8 => Some((i8::MIN as f64, i8::MAX as f64)),
             DType::U8 => Some((0.0, u8::MAX as f64)),
+            DType::I16 => Some((i16::MIN as f64, i16::MAX as f64)),
+            DType::U16 => Some((0.0, u16::MAX as f64)),
+            DType::U32 => Some((0.0, u32::MAX as f64)),
+            DType::U64 => Some((0.0, u64::MAX as f64)),
             DType::I32 => Some((i32::MIN as f64, i32::MAX as f64)),
             DType::I64 => Some((i64::MIN as f64, i64::MAX as f64)),
             DType::F32 | DType::Bool | DType::F16 | DType::BF16 => None,

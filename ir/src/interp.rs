@@ -310,6 +310,10 @@ elem!(half::f16, F16);
 elem!(half::bf16, BF16);
 elem!(i8, I8);
 elem!(u8, U8);
+elem!(i16, I16);
+elem!(u16, U16);
+elem!(u32, U32);
+elem!(u64, U64);
 
 /// Integer element types: wrapping arithmetic, like numpy.
 trait Int: Elem + Ord {
@@ -359,39 +363,15 @@ int!(i64);
 /// Runs `$body` with `$T` bound to the element type of `$dtype`.
 macro_rules! with_elem {
     ($dtype:expr, $T:ident => $body:expr) => {
+        with_elem!(@each $dtype, $T, $body; F32 f32, I32 i32, I64 i64, Bool bool, F16 half::f16,
+            BF16 half::bf16, I8 i8, U8 u8, I16 i16, U16 u16, U32 u32, U64 u64)
+    };
+    (@each $dtype:expr, $T:ident, $body:expr; $($variant:ident $t:ty),*) => {
         match $dtype {
-            DType::F32 => {
-                type $T = f32;
+            $(DType::$variant => {
+                type $T = $t;
                 $body
-            }
-            DType::I32 => {
-                type $T = i32;
-                $body
-            }
-            DType::I64 => {
-                type $T = i64;
-                $body
-            }
-            DType::Bool => {
-                type $T = bool;
-                $body
-            }
-            DType::F16 => {
-                type $T = half::f16;
-                $body
-            }
-            DType::BF16 => {
-                type $T = half::bf16;
-                $body
-            }
-            DType::I8 => {
-                type $T = i8;
-                $body
-            }
-            DType::U8 => {
-                type $T = u8;
-                $body
-            }
+            })*
         }
     };
 }
@@ -773,26 +753,45 @@ fn conv<A: Copy, B>(v: &[A], f: impl Fn(A) -> B) -> Vec<B> {
 /// `cast`: each pair converted directly (no detour through f64, which would round twice
 /// for large i64 → f32). float → int truncates toward zero (saturating, NaN → 0: Rust `as`;
 /// numpy leaves those cases undefined); int → narrower int wraps; nonzero (incl. NaN) →
-/// true; bool → 0/1. Into i8/u8 goes through i32: a float is truncated to i32 and then
-/// wrapped to 8 bits like any int (ONNX leaves a float out of the target's range undefined;
-/// this is what numpy and onnxruntime give on x86 for floats within i32's range, −1.0 → u8
-/// 255, 300.0 → 44). QuantizeLinear, which saturates, is not a cast.
+/// true; bool → 0/1. Into a storage int goes through its wide type (`DType::wide`): a float
+/// is truncated to i32 (i64 for u32) and then wrapped like any int (ONNX leaves a float out
+/// of the target's range undefined; this is what numpy and onnxruntime give on x86 for
+/// floats within i32's range, −1.0 → u8 255, 300.0 → 44), but a float into u64 is truncated
+/// and saturated as u64 (2^63 and beyond are in its range). QuantizeLinear, which
+/// saturates, is not a cast.
 pub(crate) fn cast(x: &Data, to: DType) -> Data {
     use half::{bf16, f16};
+    if x.dtype() == to && (to.is_half() || to.is_stored_int()) {
+        return x.clone();
+    }
     match (x, to) {
-        (Data::F16(_), DType::F16) | (Data::BF16(_), DType::BF16) => return x.clone(),
-        (Data::I8(_), DType::I8) | (Data::U8(_), DType::U8) => return x.clone(),
-        // Widening to f32 (halves) and to i32 (bytes) is exact; every other cast of them
-        // goes on from there.
+        // Widening to f32 (halves), to i32 or i64 (storage ints) is exact; every other cast
+        // of them goes on from there. A u64 is unsigned only into a float; into an int or
+        // bool its two's-complement i64 wraps and tests alike.
         (Data::F16(v), _) => return cast(&Data::F32(conv(v, f16::to_f32)), to),
         (Data::BF16(v), _) => return cast(&Data::F32(conv(v, bf16::to_f32)), to),
         (Data::I8(v), _) => return cast(&Data::I32(conv(v, i32::from)), to),
         (Data::U8(v), _) => return cast(&Data::I32(conv(v, i32::from)), to),
+        (Data::I16(v), _) => return cast(&Data::I32(conv(v, i32::from)), to),
+        (Data::U16(v), _) => return cast(&Data::I32(conv(v, i32::from)), to),
+        (Data::U32(v), _) => return cast(&Data::I64(conv(v, i64::from)), to),
+        (Data::U64(v), DType::F32 | DType::F16 | DType::BF16) => return cast(&Data::F32(conv(v, |a| a as f32)), to),
+        (Data::U64(v), _) => return cast(&Data::I64(conv(v, |a| a as i64)), to),
+        (Data::F32(v), DType::U64) => return Data::U64(conv(v, |a| a as u64)),
         _ => {}
     }
-    if to.is_byte() {
-        let Data::I32(v) = cast(x, DType::I32) else { unreachable!("a cast to i32 gives i32") };
-        return if to == DType::I8 { Data::I8(conv(&v, |a| a as i8)) } else { Data::U8(conv(&v, |a| a as u8)) };
+    if to.is_stored_int() {
+        return match cast(x, to.wide()) {
+            Data::I32(v) => match to {
+                DType::I8 => Data::I8(conv(&v, |a| a as i8)),
+                DType::U8 => Data::U8(conv(&v, |a| a as u8)),
+                DType::I16 => Data::I16(conv(&v, |a| a as i16)),
+                _ => Data::U16(conv(&v, |a| a as u16)),
+            },
+            Data::I64(v) if to == DType::U32 => Data::U32(conv(&v, |a| a as u32)),
+            Data::I64(v) => Data::U64(conv(&v, |a| a as u64)),
+            _ => unreachable!("a storage int's wide type is i32 or i64"),
+        };
     }
     // Into a half: from f32, one rounding to nearest even. An integer goes through f32 first,
     // as onnxruntime casts it (and compiled code does): exact for f16 (every integer whose
@@ -803,7 +802,7 @@ pub(crate) fn cast(x: &Data, to: DType) -> Data {
             Data::I32(v) => conv(v, |a| from_f32(a as f32)),
             Data::I64(v) => conv(v, |a| from_f32(a as f32)),
             Data::Bool(v) => conv(v, |a| from_f32(a as u8 as f32)),
-            Data::F16(_) | Data::BF16(_) | Data::I8(_) | Data::U8(_) => unreachable!("widened above"),
+            _ => unreachable!("widened above"),
         }
     }
     match to {
@@ -814,30 +813,30 @@ pub(crate) fn cast(x: &Data, to: DType) -> Data {
             Data::I32(v) => conv(v, |a| a as f32),
             Data::I64(v) => conv(v, |a| a as f32),
             Data::Bool(v) => conv(v, |a| a as u8 as f32),
-            Data::F16(_) | Data::BF16(_) | Data::I8(_) | Data::U8(_) => unreachable!("widened above"),
+            _ => unreachable!("widened above"),
         }),
         DType::I32 => Data::I32(match x {
             Data::F32(v) => conv(v, |a| a as i32),
             Data::I32(v) => v.clone(),
             Data::I64(v) => conv(v, |a| a as i32),
             Data::Bool(v) => conv(v, |a| a as i32),
-            Data::F16(_) | Data::BF16(_) | Data::I8(_) | Data::U8(_) => unreachable!("widened above"),
+            _ => unreachable!("widened above"),
         }),
         DType::I64 => Data::I64(match x {
             Data::F32(v) => conv(v, |a| a as i64),
             Data::I32(v) => conv(v, |a| a as i64),
             Data::I64(v) => v.clone(),
             Data::Bool(v) => conv(v, |a| a as i64),
-            Data::F16(_) | Data::BF16(_) | Data::I8(_) | Data::U8(_) => unreachable!("widened above"),
+            _ => unreachable!("widened above"),
         }),
         DType::Bool => Data::Bool(match x {
             Data::F32(v) => conv(v, |a| a != 0.0),
             Data::I32(v) => conv(v, |a| a != 0),
             Data::I64(v) => conv(v, |a| a != 0),
             Data::Bool(v) => v.clone(),
-            Data::F16(_) | Data::BF16(_) | Data::I8(_) | Data::U8(_) => unreachable!("widened above"),
+            _ => unreachable!("widened above"),
         }),
-        DType::I8 | DType::U8 => unreachable!("returned above"),
+        _ => unreachable!("returned above"),
     }
 }
 
@@ -1814,6 +1813,24 @@ mod tests {
             cast(&u.data, DType::BF16),
             cast(&Data::F32(vec![255., 44., 2., 254., 127., 128., 0.]), DType::BF16)
         );
+
+        // Into the 16-bit ints and u32 through their wide type, wrapping; a float into u64
+        // truncated and saturated as u64, an int wrapped; out of u64 unsigned into a float
+        // and its bits into an int.
+        let x = f(&[5], &[-1.0, 70000.9, 1e19, -2.5, f32::NAN]);
+        assert_eq!(cast(&x.data, DType::I16), Data::I16(vec![-1, 4464, -1, -2, 0]));
+        assert_eq!(cast(&x.data, DType::U16), Data::U16(vec![65535, 4464, 65535, 65534, 0]));
+        assert_eq!(cast(&x.data, DType::U32), Data::U32(vec![u32::MAX, 70000, u32::MAX, u32::MAX - 1, 0]));
+        let big = 1e19f32 as u64;
+        assert_eq!(cast(&x.data, DType::U64), Data::U64(vec![0, 70000, big, 0, 0]));
+        assert_eq!(cast(&i64t(&[2], &[-1, 5]).data, DType::U64), Data::U64(vec![u64::MAX, 5]));
+        let u = Data::U64(vec![u64::MAX, 1 << 63, 3]);
+        assert_eq!(cast(&u, DType::F32), Data::F32(vec![1.8446744e19, 9.223372e18, 3.0]));
+        assert_eq!(cast(&u, DType::I64), Data::I64(vec![-1, i64::MIN, 3]));
+        assert_eq!(cast(&u, DType::U16), Data::U16(vec![65535, 0, 3]));
+        assert_eq!(cast(&u, DType::Bool), Data::Bool(vec![true, true, true]));
+        assert_eq!(cast(&Data::U32(vec![u32::MAX]), DType::I32), Data::I32(vec![-1]));
+        assert_eq!(cast(&Data::I16(vec![-1]), DType::U32), Data::U32(vec![u32::MAX]));
     }
 
     #[test]

@@ -163,7 +163,7 @@ fn dtype(v: Option<&Value>, what: &str) -> Result<DType> {
     let s = string(v, &format!("\"dtype\" of {what}"))?;
     DType::parse(s).ok_or_else(|| {
         Error::new(format!(
-            "{what}: unknown dtype \"{}\" (expected f32, i32, i64, bool, f16, bf16, i8 or u8)",
+            "{what}: unknown dtype \"{}\" (expected f32, i32, i64, bool, f16, bf16, i8, u8, i16, u16, u32 or u64)",
             shorten(s)
         ))
     })

@@ -50,22 +50,14 @@ pub fn inline_value(p: &Param, v: &Attr) -> Result<Tensor> {
                 .map(|a| a.as_float().map(|x| x as f32).filter(|x| x.is_finite()).ok_or_else(|| bad(a)))
                 .collect::<Result<_>>()?,
         ),
-        DType::I32 => Data::I32(
-            flat.iter()
-                .map(|a| a.as_int().and_then(|i| i32::try_from(i).ok()).ok_or_else(|| bad(a)))
-                .collect::<Result<_>>()?,
-        ),
-        DType::I64 => Data::I64(flat.iter().map(|a| a.as_int().ok_or_else(|| bad(a))).collect::<Result<_>>()?),
-        DType::I8 => Data::I8(
-            flat.iter()
-                .map(|a| a.as_int().and_then(|i| i8::try_from(i).ok()).ok_or_else(|| bad(a)))
-                .collect::<Result<_>>()?,
-        ),
-        DType::U8 => Data::U8(
-            flat.iter()
-                .map(|a| a.as_int().and_then(|i| u8::try_from(i).ok()).ok_or_else(|| bad(a)))
-                .collect::<Result<_>>()?,
-        ),
+        DType::I32 => Data::I32(ints(&flat, bad)?),
+        DType::I64 => Data::I64(ints(&flat, bad)?),
+        DType::I8 => Data::I8(ints(&flat, bad)?),
+        DType::U8 => Data::U8(ints(&flat, bad)?),
+        DType::I16 => Data::I16(ints(&flat, bad)?),
+        DType::U16 => Data::U16(ints(&flat, bad)?),
+        DType::U32 => Data::U32(ints(&flat, bad)?),
+        DType::U64 => Data::U64(ints(&flat, bad)?),
         DType::Bool => Data::Bool(flat.iter().map(|a| a.as_bool().ok_or_else(|| bad(a))).collect::<Result<_>>()?),
         // Rounded to the half type; a number beyond its range is refused like one beyond f32's.
         DType::F16 | DType::BF16 => {
@@ -78,6 +70,11 @@ pub fn inline_value(p: &Param, v: &Attr) -> Result<Tensor> {
         }
     };
     Ok(Tensor::new(p.ty.shape.clone(), data))
+}
+
+/// Integer entries, each in the range of `T` (an inline value is an i64 literal).
+fn ints<T: TryFrom<i64>>(flat: &[&Attr], bad: impl Fn(&Attr) -> Error) -> Result<Vec<T>> {
+    flat.iter().map(|a| a.as_int().and_then(|i| T::try_from(i).ok()).ok_or_else(|| bad(a))).collect()
 }
 
 /// The view of a file-backed param, checked against its declaration. Errors point at the

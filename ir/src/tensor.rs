@@ -18,6 +18,10 @@ pub enum Data {
     BF16(Vec<half::bf16>),
     I8(Vec<i8>),
     U8(Vec<u8>),
+    I16(Vec<i16>),
+    U16(Vec<u16>),
+    U32(Vec<u32>),
+    U64(Vec<u64>),
 }
 
 /// A dense, row-major tensor.
@@ -38,6 +42,10 @@ impl Data {
             Data::BF16(_) => DType::BF16,
             Data::I8(_) => DType::I8,
             Data::U8(_) => DType::U8,
+            Data::I16(_) => DType::I16,
+            Data::U16(_) => DType::U16,
+            Data::U32(_) => DType::U32,
+            Data::U64(_) => DType::U64,
         }
     }
 
@@ -51,6 +59,10 @@ impl Data {
             Data::BF16(v) => v.len(),
             Data::I8(v) => v.len(),
             Data::U8(v) => v.len(),
+            Data::I16(v) => v.len(),
+            Data::U16(v) => v.len(),
+            Data::U32(v) => v.len(),
+            Data::U64(v) => v.len(),
         }
     }
 
@@ -75,6 +87,10 @@ impl Data {
             Data::BF16(v) => Box::new(v.iter().map(|&x| x.to_f64())),
             Data::I8(v) => Box::new(v.iter().map(|&x| x as f64)),
             Data::U8(v) => Box::new(v.iter().map(|&x| x as f64)),
+            Data::I16(v) => Box::new(v.iter().map(|&x| x as f64)),
+            Data::U16(v) => Box::new(v.iter().map(|&x| x as f64)),
+            Data::U32(v) => Box::new(v.iter().map(|&x| x as f64)),
+            Data::U64(v) => Box::new(v.iter().map(|&x| x as f64)),
         }
     }
 
@@ -90,9 +106,13 @@ impl Data {
             // Rounded once, to nearest even, straight from f64.
             DType::F16 => Data::F16(v.map(half::f16::from_f64).collect()),
             DType::BF16 => Data::BF16(v.map(half::bf16::from_f64).collect()),
-            // Through i32, as `cast` does: truncated, then wrapped to 8 bits.
+            // Through the wide type, as `cast` does: truncated, then wrapped.
             DType::I8 => Data::I8(v.map(|x| x as i32 as i8).collect()),
             DType::U8 => Data::U8(v.map(|x| x as i32 as u8).collect()),
+            DType::I16 => Data::I16(v.map(|x| x as i32 as i16).collect()),
+            DType::U16 => Data::U16(v.map(|x| x as i32 as u16).collect()),
+            DType::U32 => Data::U32(v.map(|x| x as i64 as u32).collect()),
+            DType::U64 => Data::U64(v.map(|x| x as u64).collect()),
         }
     }
 }
@@ -224,16 +244,18 @@ pub(crate) fn npy_type(bytes: &[u8]) -> Result<TensorType> {
         "<f2" => DType::F16,
         "|i1" => DType::I8,
         "|u1" => DType::U8,
+        "<i2" => DType::I16,
+        "<u2" => DType::U16,
+        "<u4" => DType::U32,
+        "<u8" => DType::U64,
         other => {
-            // The usual cause is numpy's float64 or an unsigned/narrow int: say the fix.
+            // The usual cause is numpy's float64: say the fix.
             let hint = match other {
                 "<f8" | ">f8" => "; save it with x.astype(np.float32)",
-                "<i2" | "<u2" | "<u4" => "; save it with x.astype(np.int32)",
-                "<u8" => "; save it with x.astype(np.int64)",
                 _ => "",
             };
             return Err(Error::new(format!(
-                "unsupported .npy dtype {other} (meshc reads float32, float16, int32, int64, int8, uint8 and bool{hint})"
+                "unsupported .npy dtype {other} (meshc reads float32, float16, int8, int16, int32, int64, uint8, uint16, uint32, uint64 and bool{hint})"
             )));
         }
     };
@@ -332,31 +354,33 @@ impl Tensor {
             Data::BF16(v) => put(dst, v, half::bf16::to_le_bytes),
             Data::I8(v) => put(dst, v, i8::to_le_bytes),
             Data::U8(v) => put(dst, v, u8::to_le_bytes),
+            Data::I16(v) => put(dst, v, i16::to_le_bytes),
+            Data::U16(v) => put(dst, v, u16::to_le_bytes),
+            Data::U32(v) => put(dst, v, u32::to_le_bytes),
+            Data::U64(v) => put(dst, v, u64::to_le_bytes),
         }
     }
 
     /// The inverse of `to_le_bytes`; `bytes` must hold exactly `ty.size_bytes()` bytes.
     pub fn from_le_bytes(ty: &TensorType, bytes: &[u8]) -> Tensor {
         debug_assert_eq!(bytes.len(), ty.size_bytes());
+        // Each element from its own `N` little-endian bytes.
+        fn each<T, const N: usize>(bytes: &[u8], from: fn([u8; N]) -> T) -> Vec<T> {
+            bytes.chunks_exact(N).map(|c| from(c.try_into().expect("N bytes"))).collect()
+        }
         let data = match ty.dtype {
-            DType::F32 => {
-                Data::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect())
-            }
-            DType::I32 => {
-                Data::I32(bytes.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes"))).collect())
-            }
-            DType::I64 => {
-                Data::I64(bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
-            }
+            DType::F32 => Data::F32(each(bytes, f32::from_le_bytes)),
+            DType::I32 => Data::I32(each(bytes, i32::from_le_bytes)),
+            DType::I64 => Data::I64(each(bytes, i64::from_le_bytes)),
             DType::Bool => Data::Bool(bytes.iter().map(|&b| b != 0).collect()),
-            DType::F16 => Data::F16(
-                bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes(c.try_into().expect("2 bytes"))).collect(),
-            ),
-            DType::BF16 => Data::BF16(
-                bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes(c.try_into().expect("2 bytes"))).collect(),
-            ),
-            DType::I8 => Data::I8(bytes.iter().map(|&b| b as i8).collect()),
+            DType::F16 => Data::F16(each(bytes, half::f16::from_le_bytes)),
+            DType::BF16 => Data::BF16(each(bytes, half::bf16::from_le_bytes)),
+            DType::I8 => Data::I8(each(bytes, i8::from_le_bytes)),
             DType::U8 => Data::U8(bytes.to_vec()),
+            DType::I16 => Data::I16(each(bytes, i16::from_le_bytes)),
+            DType::U16 => Data::U16(each(bytes, u16::from_le_bytes)),
+            DType::U32 => Data::U32(each(bytes, u32::from_le_bytes)),
+            DType::U64 => Data::U64(each(bytes, u64::from_le_bytes)),
         };
         Tensor::new(ty.shape.clone(), data)
     }
@@ -368,7 +392,7 @@ impl Tensor {
         }
     }
 
-    /// Reads a `.npy` file: little-endian f4/f2/i4/i8/i1/u1/b1, C order. Anything else is refused
+    /// Reads a `.npy` file: little-endian f4/f2/i1/i2/i4/i8/u1/u2/u4/u8/b1, C order. Anything else is refused
     /// with the reason, naming the file. The header is read and checked first, so that the
     /// file's size must match what it declares before the data is read.
     pub fn read_npy(path: &Path) -> Result<Tensor> {
@@ -422,6 +446,10 @@ impl Tensor {
             DType::BF16 => unreachable!("npy_type never gives bf16"),
             DType::I8 => Data::I8(npy.into_vec::<i8>().map_err(corrupt)?),
             DType::U8 => Data::U8(npy.into_vec::<u8>().map_err(corrupt)?),
+            DType::I16 => Data::I16(npy.into_vec::<i16>().map_err(corrupt)?),
+            DType::U16 => Data::U16(npy.into_vec::<u16>().map_err(corrupt)?),
+            DType::U32 => Data::U32(npy.into_vec::<u32>().map_err(corrupt)?),
+            DType::U64 => Data::U64(npy.into_vec::<u64>().map_err(corrupt)?),
         };
         let TensorType { shape, .. } = ty;
         Ok(Tensor::new(shape, data))
@@ -453,6 +481,10 @@ impl Tensor {
             Data::BF16(v) => write(&mut out, &shape, &v.iter().map(|x| x.to_f32()).collect::<Vec<_>>()),
             Data::I8(v) => write(&mut out, &shape, v),
             Data::U8(v) => write(&mut out, &shape, v),
+            Data::I16(v) => write(&mut out, &shape, v),
+            Data::U16(v) => write(&mut out, &shape, v),
+            Data::U32(v) => write(&mut out, &shape, v),
+            Data::U64(v) => write(&mut out, &shape, v),
         }
         out
     }
@@ -469,6 +501,10 @@ pub fn safetensors_dtype(d: DType) -> safetensors::Dtype {
         DType::BF16 => safetensors::Dtype::BF16,
         DType::I8 => safetensors::Dtype::I8,
         DType::U8 => safetensors::Dtype::U8,
+        DType::I16 => safetensors::Dtype::I16,
+        DType::U16 => safetensors::Dtype::U16,
+        DType::U32 => safetensors::Dtype::U32,
+        DType::U64 => safetensors::Dtype::U64,
     }
 }
 

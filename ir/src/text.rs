@@ -1091,7 +1091,7 @@ graph mlp {
             "graph g {\n  input x: f64[2]\n}",
             2,
             12,
-            "unknown dtype 'f64' (expected one of f32, i32, i64, bool, f16, bf16, i8, u8)",
+            "unknown dtype 'f64' (expected one of f32, i32, i64, bool, f16, bf16, i8, u8, i16, u16, u32, u64)",
         );
     }
 

@@ -131,7 +131,7 @@ impl WeightFiles {
                 let dtype = safetensors_dtype(info.dtype)
                     .ok_or_else(|| {
                         Error::new(format!(
-                            "tensor '{}' has dtype {:?}, which meshc does not read (F32, F16, BF16, I32, I64, I8, U8, BOOL)",
+                            "tensor '{}' has dtype {:?}, which meshc does not read (F32, F16, BF16, I8, I16, I32, I64, U8, U16, U32, U64, BOOL)",
                             shorten(k),
                             info.dtype
                         ))
@@ -259,6 +259,10 @@ fn safetensors_dtype(d: safetensors::Dtype) -> Option<DType> {
         S::BF16 => DType::BF16,
         S::I8 => DType::I8,
         S::U8 => DType::U8,
+        S::I16 => DType::I16,
+        S::U16 => DType::U16,
+        S::U32 => DType::U32,
+        S::U64 => DType::U64,
         _ => return None,
     })
 }

@@ -91,6 +91,10 @@ pub(crate) mod tests {
         AttributeProto { name: Some(name.into()), f: Some(v), ..Default::default() }
     }
 
+    pub(crate) fn attr_str(name: &str, v: &str) -> AttributeProto {
+        AttributeProto { name: Some(name.into()), s: Some(v.as_bytes().to_vec()), ..Default::default() }
+    }
+
     pub(crate) fn attr_ints(name: &str, v: &[i64]) -> AttributeProto {
         AttributeProto { name: Some(name.into()), ints: v.to_vec(), ..Default::default() }
     }

@@ -298,9 +298,9 @@ fn pool(b: &mut Builder, c: &Ctx, max: bool) -> R<Value> {
     if !max {
         attrs.push(("count_include_pad", Attr::Bool(c.int("count_include_pad", 0) != 0)));
     }
-    // The max of int8 or uint8 values is one of them: f32 holds each exactly.
+    // The max of int8, uint8, int16 or uint16 values is one of them: f32 holds each exactly.
     let byte = b.ty(x).dtype;
-    if max && byte.is_byte() {
+    if max && byte.is_stored_int() && byte.wide() == DType::I32 {
         let wide = cast(b, x, DType::F32, &c.part("wide"))?;
         let m = b.node(&c.part("wide_result"), Op::MaxPool, &[&wide], &attrs)?;
         return cast(b, &m, byte, &c.out);

@@ -294,7 +294,7 @@ pub(super) fn log_softmax_of(b: &mut Builder, c: &Ctx, x: &Value, axis: i64, nam
 
 pub(super) fn clip(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
     let given: Vec<&Value> = (0..3).filter_map(|i| c.opt(i)).collect();
-    let (wide, byte) = widen_bytes(b, c, &given)?;
+    let (wide, byte) = widen_ints(b, c, &given, true)?;
     let mut bounds = wide[1..].iter();
     let mut x = wide[0].clone();
     for (i, op, what) in [(1, Op::Maximum, "min"), (2, Op::Minimum, "max")] {
@@ -420,7 +420,14 @@ fn nary(b: &mut Builder, c: &Ctx, op: Op) -> R<Vec<Value>> {
 
 /// `nary` with its result named `last` (an op built on it keeps the ONNX name).
 fn nary_named(b: &mut Builder, c: &Ctx, op: Op, last: &str) -> R<Vec<Value>> {
-    let (args, byte) = widen_bytes(b, c, &c.all_args()?)?;
+    if op == Op::Div {
+        no_u64(b, c.arg(0)?, "Div")?;
+    }
+    // Pow's exponent may be of any type: it is cast to the base's (f32) below.
+    let (args, byte) = match op {
+        Op::Pow => (c.all_args()?.into_iter().cloned().collect(), None),
+        _ => widen_ints(b, c, &c.all_args()?, matches!(op, Op::Maximum | Op::Minimum))?,
+    };
     let n = args.len();
     let mut acc = args[0].clone();
     for (i, rhs) in args.iter().enumerate().skip(1) {
@@ -435,38 +442,76 @@ fn nary_named(b: &mut Builder, c: &Ctx, op: Op, last: &str) -> R<Vec<Value>> {
     Ok(vec![narrow(b, &acc, byte, last)?])
 }
 
-/// ONNX's arithmetic, comparisons and Clip take int8 and uint8, which meshc stores but does
-/// not compute on: i32 holds their sums, differences, products and quotients exactly, and
-/// a cast back to the byte type wraps as ONNX's 8-bit arithmetic does (`127 + 1` is
-/// −128), so the op runs on its operands widened to i32. Returns them and, when input 0
-/// is a byte type, that type (for the result to be cast back to).
-pub(super) fn widen_bytes(b: &mut Builder, c: &Ctx, args: &[&Value]) -> R<(Vec<Value>, Option<DType>)> {
+/// ONNX's arithmetic, comparisons and Clip take the integers meshc stores but does not
+/// compute on (`DType::is_stored_int`): their wide type holds the 8- and 16-bit ones' and
+/// u32's sums, differences, products and quotients exactly, and a cast back wraps as
+/// ONNX's arithmetic does (`127 + 1` is −128 in int8), so the op runs on its operands
+/// widened. A u64 in i64 keeps its bits, which is exact for the ops that wrap; for an
+/// `ordered` op (a comparison, max, min) its top bit is flipped as well, which orders the
+/// i64s as the u64s (0 becomes i64's least, 2^64 − 1 its greatest). Returns the operands
+/// and, when input 0 is a storage int, what `narrow` needs to cast the result back.
+pub(super) fn widen_ints(b: &mut Builder, c: &Ctx, args: &[&Value], ordered: bool) -> R<(Vec<Value>, Option<Stored>)> {
     // Widened, an int8 operand beside an f32 one would be refused as i32: say what was given.
     let types: Vec<DType> = args.iter().map(|x| b.ty(x).dtype).collect();
-    if let Some(k) = types.iter().position(|d| *d != types[0]).filter(|_| types.iter().any(|d| d.is_byte())) {
+    if let Some(k) = types.iter().position(|d| *d != types[0]).filter(|_| types.iter().any(|d| d.is_stored_int())) {
         return Err(format!(
             "operands of different types ({} and {}): ONNX takes one type for them",
             types[0], types[k]
         ));
     }
-    let byte = args.first().map(|x| b.ty(x).dtype).filter(|d| d.is_byte());
+    let stored = types
+        .first()
+        .filter(|d| d.is_stored_int())
+        .map(|&dtype| Stored { dtype, biased: ordered && dtype == DType::U64 });
     let wide = args
         .iter()
         .enumerate()
-        .map(|(i, x)| match b.ty(x).dtype.is_byte() {
-            true => cast(b, x, DType::I32, &c.part(&format!("wide{i}"))),
-            false => Ok((*x).clone()),
+        .map(|(i, x)| {
+            let dtype = b.ty(x).dtype;
+            if !dtype.is_stored_int() {
+                return Ok((*x).clone());
+            }
+            let w = cast(b, x, dtype.wide(), &c.part(&format!("wide{i}")))?;
+            match stored.is_some_and(|s| s.biased) {
+                true => flip_top_bit(b, &w, &c.part(&format!("ordered{i}"))),
+                false => Ok(w),
+            }
         })
         .collect::<R<_>>()?;
-    Ok((wide, byte))
+    Ok((wide, stored))
 }
 
-/// The result `r` of an op on `widen_bytes`' operands, cast back to their `byte` type
+/// A storage int `widen_ints` widened: its type, and whether its top bit was flipped.
+#[derive(Clone, Copy)]
+pub(super) struct Stored {
+    pub dtype: DType,
+    biased: bool,
+}
+
+/// `x` (i64) with its top bit flipped: a wrapping add of i64's least value.
+fn flip_top_bit(b: &mut Builder, x: &Value, name: &str) -> R<Value> {
+    b.node(name, Op::Add, &[x, &scalar(DType::I64, i64::MIN as f64)], &[])
+}
+
+/// The result `r` of an op on `widen_ints`' operands, cast back to their `stored` type
 /// under `name` (or `r` itself when there was none to widen).
-pub(super) fn narrow(b: &mut Builder, r: &Value, byte: Option<DType>, name: &str) -> R<Value> {
-    match byte {
-        Some(dtype) => cast(b, r, dtype, name),
+pub(super) fn narrow(b: &mut Builder, r: &Value, stored: Option<Stored>, name: &str) -> R<Value> {
+    match stored {
+        Some(Stored { dtype, biased: true }) => {
+            let bits = flip_top_bit(b, r, &format!("{name}_bits"))?;
+            cast(b, &bits, dtype, name)
+        }
+        Some(Stored { dtype, .. }) => cast(b, r, dtype, name),
         None => Ok(r.clone()),
+    }
+}
+
+/// Refuses a u64 operand for an op whose i64 form differs from the u64 one for values from
+/// 2^63 on (a quotient, a remainder, a right shift).
+pub(super) fn no_u64(b: &Builder, x: &Value, what: &str) -> R<()> {
+    match b.ty(x).dtype {
+        DType::U64 => Err(format!("{what} of uint64 is not supported (meshc computes it on int64)")),
+        _ => Ok(()),
     }
 }
 

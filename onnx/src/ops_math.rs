@@ -11,7 +11,7 @@ use meshc_ir::{Attr, DType, Op};
 
 use super::builder::{Builder, Value};
 use super::ops::{
-    cast, empty_reduction, i64_table, log_softmax_of, narrow, one, reduce_attrs, reshape, scalar, table, widen_bytes,
+    cast, empty_reduction, i64_table, log_softmax_of, narrow, one, reduce_attrs, reshape, scalar, table, widen_ints,
     Converter, Ctx,
 };
 use super::tensors;
@@ -121,10 +121,10 @@ fn on_x(b: &mut Builder, c: &Ctx, f: impl FnOnce(&mut Steps, &Value) -> R<Value>
     one(f(&mut Steps { b, c }, x))
 }
 
-/// A comparison or logic op; int8 and uint8 are compared on their values widened to i32
-/// (And, Or and Xor take bools only).
+/// A comparison or logic op; the storage ints are compared on their values widened
+/// (`widen_ints`; And, Or and Xor take bools only).
 fn compare(b: &mut Builder, c: &Ctx, op: Op) -> R<Vec<Value>> {
-    let (args, _) = widen_bytes(b, c, &[c.arg(0)?, c.arg(1)?])?;
+    let (args, _) = widen_ints(b, c, &[c.arg(0)?, c.arg(1)?], true)?;
     one(b.node(&c.out, op, &[&args[0], &args[1]], &[]))
 }
 
@@ -428,12 +428,12 @@ fn arg_extreme(s: &mut Steps, min: bool, x: &Value) -> R<Value> {
 fn top_k(s: &mut Steps) -> R<Vec<Value>> {
     let x = s.c.arg(0)?;
     let (axis, shape) = axis_of(s, x, -1)?;
-    let (wide, byte) = widen_bytes(s.b, s.c, &[x])?;
+    let (wide, byte) = widen_ints(s.b, s.c, &[x], true)?;
     let x = &wide[0];
     let dtype = s.b.ty(x).dtype;
     let float = dtype == DType::F32;
     if !float && !dtype.is_int() {
-        return Err(format!("TopK of {dtype} is not supported (f32, i32, i64, int8, uint8)"));
+        return Err(format!("TopK of {dtype} is not supported (f32 and the integers)"));
     }
     let n = shape[axis];
     let k = match s.c.const_ints(1)?.as_slice() {

@@ -15,7 +15,9 @@ use meshc_ir::{Attr, DType, Data, Op, Tensor};
 
 use super::builder::{Builder, Value};
 use super::nn::{ones_or, window_attrs};
-use super::ops::{cast, i64_table, narrow, one, reduce_attrs, reshape, scalar, table, widen_bytes, Converter, Ctx, R};
+use super::ops::{
+    cast, i64_table, narrow, no_u64, one, reduce_attrs, reshape, scalar, table, widen_ints, Converter, Ctx, R,
+};
 use super::ops_math::{float_only, Steps};
 
 /// This module's converters (docs/onnx.md).
@@ -39,34 +41,37 @@ pub const CONVERTERS: &[Converter] = &[
     Converter::new("BitCast", |b, c| one(bit_cast(b, c))),
 ];
 
-/// The Bitwise ops: meshc's and, or, xor, not, bitwise on i32 and i64; int8 and uint8 are
-/// widened to i32 and the result cast back (its low 8 bits are the 8-bit op's).
+/// The Bitwise ops: meshc's and, or, xor, not, bitwise on i32 and i64; the storage ints are
+/// widened and the result cast back (its low bits are the narrow op's, a u64's all of them).
 fn bitwise(s: &mut Steps, op: Op) -> R<Value> {
-    match s.b.ty(s.c.arg(0)?).dtype {
-        DType::I8 | DType::U8 | DType::I32 | DType::I64 => {}
-        other => return Err(format!("{} of {other} is not supported (int8, uint8, int32, int64)", s.op_type())),
+    let dtype = s.b.ty(s.c.arg(0)?).dtype;
+    if !dtype.is_int() && !dtype.is_stored_int() {
+        return Err(format!("{} of {dtype} is not supported (the integers)", s.op_type()));
     }
-    let (args, byte) = widen_bytes(s.b, s.c, &s.c.all_args()?)?;
+    let (args, byte) = widen_ints(s.b, s.c, &s.c.all_args()?, false)?;
     let r = s.op0(if byte.is_some() { "wide_result" } else { "" }, op, &args.iter().collect::<Vec<_>>())?;
     narrow(s.b, &r, byte, &s.c.out)
 }
 
-/// BitCast between the byte types: int8 ↔ uint8 is meshc's cast, which wraps and so keeps
-/// every bit, and a bool's byte is 0 or 1, its uint8 or int8 value. Other pairs (f32 ↔ i32
-/// and the like) need a reinterpretation of bits meshc has no op for.
+/// BitCast between integers of one width: int8 ↔ uint8, int16 ↔ uint16 and the like are
+/// meshc's cast, which wraps and so keeps every bit, and a bool's byte is 0 or 1, its uint8
+/// or int8 value. Other pairs (f32 ↔ i32 and the like) need a reinterpretation of bits
+/// meshc has no op for.
 fn bit_cast(b: &mut Builder, c: &Ctx) -> R<Value> {
     let x = c.arg(0)?;
     let from = b.half_origin(x).unwrap_or(b.ty(x).dtype);
     let to = super::tensors::dtype(c.int("to", 0) as i32)?;
+    let int = |d: DType| d.is_int() || d.is_stored_int();
     match (from, to) {
         (a, b_) if a == b_ => Ok(x.clone()),
-        (DType::I8 | DType::U8 | DType::Bool, DType::I8 | DType::U8) => cast(b, x, to, &c.out),
-        _ => Err(format!("BitCast from {from} to {to} is not supported (between int8, uint8 and from bool)")),
+        (DType::Bool, DType::I8 | DType::U8) => cast(b, x, to, &c.out),
+        (a, b_) if int(a) && int(b_) && a.size_bytes() == b_.size_bytes() => cast(b, x, to, &c.out),
+        _ => Err(format!("BitCast from {from} to {to} is not supported (between integers of one width and from bool)")),
     }
 }
 
-/// BitShift as arithmetic on i32 (i64 for int64; int8 and uint8 widened, which keeps every
-/// shift's result in its low 8 bits, and cast back, which wraps): a left shift is a
+/// BitShift as arithmetic on i32 (i64 for int64; the storage ints widened, which keeps every
+/// shift's result in its low bits, and cast back, which wraps): a left shift is a
 /// product by 2^y (wrapping), a right shift the floor of the quotient by 2^y (arithmetic:
 /// a negative x stays negative), 2^y gathered from a constant table. A shift by a negative
 /// amount or by the type's width or more gives what the sign fill alone gives (ONNX's
@@ -77,15 +82,21 @@ fn bit_shift(s: &mut Steps) -> R<Value> {
     let dtype = s.b.ty(x).dtype;
     let (bits, wide, wide_bits) = match dtype {
         DType::I8 | DType::U8 => (8, DType::I32, 32),
+        DType::I16 | DType::U16 => (16, DType::I32, 32),
         DType::I32 => (32, DType::I32, 32),
-        DType::I64 => (64, DType::I64, 64),
-        other => return Err(format!("BitShift of {other} is not supported (int8, uint8, int32, int64)")),
+        DType::U32 => (32, DType::I64, 64),
+        DType::I64 | DType::U64 => (64, DType::I64, 64),
+        other => return Err(format!("BitShift of {other} is not supported (the integers)")),
     };
     let left = match s.c.string("direction", "").as_str() {
         "LEFT" => true,
         "RIGHT" => false,
         other => return Err(format!("direction '{other}' is neither LEFT nor RIGHT")),
     };
+    // A u64's left shift wraps in i64 as in u64; its right shift is no floored quotient.
+    if !left {
+        no_u64(s.b, x, "a right BitShift")?;
+    }
     let xw = cast(s.b, x, wide, &s.c.part("x_wide"))?;
     let yw = cast(s.b, y, wide, &s.c.part("y_wide"))?;
     let k = |v: f64| scalar(wide, v);
@@ -219,10 +230,11 @@ fn affine_grid(s: &mut Steps) -> R<Value> {
     reshape(s.b, &g, &out, &s.c.out)
 }
 
-/// Mod: meshc's mod of integers (int8 and uint8 widened to i32, the remainder cast back),
+/// Mod: meshc's mod of integers (the storage ints widened, the remainder cast back),
 /// `float_mod` of anything else.
 fn modulo(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
-    let (args, byte) = widen_bytes(b, c, &[c.arg(0)?, c.arg(1)?])?;
+    no_u64(b, c.arg(0)?, "Mod")?;
+    let (args, byte) = widen_ints(b, c, &[c.arg(0)?, c.arg(1)?], false)?;
     let mut s = Steps { b, c };
     if !s.b.ty(&args[0]).dtype.is_int() {
         return one(float_mod(&mut s));
@@ -735,7 +747,7 @@ fn rotary(s: &mut Steps) -> R<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dispatch::tests::{attr_f, attr_i, attr_ints, eval, eval_outputs, f32s};
+    use crate::dispatch::tests::{attr_f, attr_i, attr_ints, attr_str, eval, eval_outputs, f32s};
     use crate::proto::AttributeProto;
 
     /// Deterministic values in (-1, 1), scaled.
@@ -894,11 +906,7 @@ mod tests {
 
     #[test]
     fn bit_shift_is_arithmetic_and_sign_fills_out_of_range_amounts() {
-        let dir = |d: &str| AttributeProto {
-            name: Some("direction".into()),
-            s: Some(d.as_bytes().to_vec()),
-            ..Default::default()
-        };
+        let dir = |d: &str| attr_str("direction", d);
         let i32s = |v: &[i32]| Tensor::new(vec![v.len()], Data::I32(v.to_vec()));
         let x = i32s(&[-7, -7, 7, -7, 1, -1, i32::MIN]);
         let y = i32s(&[1, 31, 31, 32, -1, 40, 31]);
@@ -956,6 +964,56 @@ mod tests {
         let x = Tensor::new(vec![1, 1, 4], Data::U8(vec![1, 255, 0, 254]));
         let pool = eval("MaxPool", 12, vec![x], vec![attr_ints("kernel_shape", &[2]), attr_ints("strides", &[2])]);
         assert_eq!(pool.unwrap().data, Data::U8(vec![255, 254]));
+    }
+
+    /// The 16-bit ints and u32 wrap as ONNX's do; a u64 keeps every bit through add, sub,
+    /// mul and a left shift, and compares, maxes and clips unsigned from 2^63 on too; its
+    /// quotient, remainder and right shift are refused.
+    #[test]
+    fn wide_storage_ints_wrap_and_u64_orders_unsigned() {
+        let i16s = |v: &[i16]| Tensor::new(vec![v.len()], Data::I16(v.to_vec()));
+        let u32s = |v: &[u32]| Tensor::new(vec![v.len()], Data::U32(v.to_vec()));
+        let u64s = |v: &[u64]| Tensor::new(vec![v.len()], Data::U64(v.to_vec()));
+        let add = eval("Add", 14, vec![i16s(&[32767, -5]), i16s(&[1, 2])], vec![]).unwrap();
+        assert_eq!(add.data, Data::I16(vec![-32768, -3]));
+        let mul = eval("Mul", 14, vec![u32s(&[u32::MAX, 7]), u32s(&[u32::MAX, 3])], vec![]).unwrap();
+        assert_eq!(mul.data, Data::U32(vec![1, 21]));
+        let div = eval("Div", 14, vec![u32s(&[u32::MAX, 7]), u32s(&[2, 3])], vec![]).unwrap();
+        assert_eq!(div.data, Data::U32(vec![u32::MAX / 2, 2]));
+        let (a, b) = (u64s(&[u64::MAX, 1 << 63, 5, 0]), u64s(&[1, 5, 1 << 63, u64::MAX]));
+        let sum = eval("Add", 14, vec![a.clone(), b.clone()], vec![]).unwrap();
+        assert_eq!(sum.data, Data::U64(vec![0, (1 << 63) + 5, (1 << 63) + 5, u64::MAX]));
+        let diff = eval("Sub", 14, vec![a.clone(), b.clone()], vec![]).unwrap();
+        assert_eq!(diff.data, Data::U64(vec![u64::MAX - 1, (1 << 63) - 5, 5u64.wrapping_sub(1 << 63), 1]));
+        let less = eval("Less", 13, vec![a.clone(), b.clone()], vec![]).unwrap();
+        assert_eq!(less.data, Data::Bool(vec![false, false, true, true]));
+        let max = eval("Max", 13, vec![a.clone(), b.clone()], vec![]).unwrap();
+        assert_eq!(max.data, Data::U64(vec![u64::MAX, 1 << 63, 1 << 63, u64::MAX]));
+        let (lo, hi) = (u64s(&[3]), u64s(&[1 << 63]));
+        let clip = eval("Clip", 13, vec![a.clone(), lo, hi], vec![]).unwrap();
+        assert_eq!(clip.data, Data::U64(vec![1 << 63, 1 << 63, 5, 3]));
+        let shl = eval("BitShift", 11, vec![a.clone(), u64s(&[1, 1, 63, 64])], vec![attr_str("direction", "LEFT")]);
+        assert_eq!(shl.unwrap().data, Data::U64(vec![u64::MAX - 1, 0, 1 << 63, 0]));
+        for (op, attrs) in [("Div", vec![]), ("Mod", vec![]), ("BitShift", vec![attr_str("direction", "RIGHT")])] {
+            let err = eval(op, 13, vec![a.clone(), b.clone()], attrs).unwrap_err();
+            assert!(err.contains("of uint64 is not supported"), "{op}: {err}");
+        }
+    }
+
+    /// QuantizeLinear into int16 and uint16 saturates at their ranges; DequantizeLinear
+    /// takes them back (their values and differences are exact in f32).
+    #[test]
+    fn sixteen_bit_quantization_saturates() {
+        let x = Tensor::f32(vec![4], vec![0.0, 1000.4, -70000.0, 70000.0]);
+        let (scale, zp) = (Tensor::f32(vec![], vec![2.0]), Tensor::new(vec![], Data::I16(vec![0])));
+        let q = eval("QuantizeLinear", 21, vec![x, scale, zp], vec![]).unwrap();
+        assert_eq!(q.data, Data::I16(vec![0, 500, -32768, 32767]));
+        let x = Tensor::f32(vec![2], vec![-300.0, 131000.0]);
+        let zp = Tensor::new(vec![], Data::U16(vec![100]));
+        let q = eval("QuantizeLinear", 21, vec![x, Tensor::f32(vec![], vec![2.0]), zp.clone()], vec![]).unwrap();
+        assert_eq!(q.data, Data::U16(vec![0, 65535]));
+        let d = eval("DequantizeLinear", 21, vec![q, Tensor::f32(vec![], vec![0.5]), zp], vec![]).unwrap();
+        assert_eq!(f32s(&d), vec![-50.0, 32717.5]);
     }
     /// TopK's order: ties by the lower index, NaN above every number (first when largest,
     /// last when smallest), along any axis; integers too.

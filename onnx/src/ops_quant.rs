@@ -144,8 +144,12 @@ fn check_scale(t: &Tensor, what: &str) -> R<()> {
 fn dequantize(s: &mut Steps) -> R<Value> {
     let x = s.c.arg(0)?;
     let xt = s.b.ty(x);
-    if !matches!(xt.dtype, DType::I8 | DType::U8 | DType::I32) {
-        return Err(format!("x {} is {}: DequantizeLinear takes int8, uint8 or int32", input_name(s.c, 0), xt.dtype));
+    if !matches!(xt.dtype, DType::I8 | DType::U8 | DType::I16 | DType::U16 | DType::I32) {
+        return Err(format!(
+            "x {} is {}: DequantizeLinear takes int8, uint8, int16, uint16 or int32",
+            input_name(s.c, 0),
+            xt.dtype
+        ));
     }
     if let Some(z) = s.c.opt(2) {
         if s.b.ty(z).dtype != xt.dtype {
@@ -163,7 +167,7 @@ fn dequantize(s: &mut Steps) -> R<Value> {
         return Err(format!("output_dtype {out} is not a float type"));
     }
     let (scale, zp) = scale_and_zero_point(s, x, DType::F32)?;
-    // 8-bit values and their differences are exact in f32; the product rounds once, as
+    // 8- and 16-bit values and their differences are exact in f32; the product rounds once, as
     // ONNX's reference and onnxruntime round it.
     let wide = cast(s.b, x, DType::F32, &s.c.part("wide"))?;
     let centred = match zp {
@@ -184,8 +188,8 @@ fn quantized_type(s: &Steps) -> R<DType> {
     if out != 0 && tensors::dtype(out as i32)? != dtype {
         return Err(format!("output_dtype {out} is not the type of y_zero_point {} ({dtype})", input_name(s.c, 2)));
     }
-    if !dtype.is_byte() {
-        return Err(format!("quantizing to {dtype} is not supported (int8, uint8)"));
+    if !matches!(dtype, DType::I8 | DType::U8 | DType::I16 | DType::U16) {
+        return Err(format!("quantizing to {dtype} is not supported (int8, uint8, int16, uint16)"));
     }
     Ok(dtype)
 }

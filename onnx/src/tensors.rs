@@ -24,9 +24,14 @@ pub fn dtype(code: i32) -> R<DType> {
         Ok(DataType::Bool) => Ok(DType::Bool),
         Ok(DataType::Int8) => Ok(DType::I8),
         Ok(DataType::Uint8) => Ok(DType::U8),
-        Ok(other) => {
-            Err(format!("element type {} is not supported (f32, f16, bf16, i32, i64, int8, uint8, bool)", name(other)))
-        }
+        Ok(DataType::Int16) => Ok(DType::I16),
+        Ok(DataType::Uint16) => Ok(DType::U16),
+        Ok(DataType::Uint32) => Ok(DType::U32),
+        Ok(DataType::Uint64) => Ok(DType::U64),
+        Ok(other) => Err(format!(
+            "element type {} is not supported (f32, f16, bf16, i32, i64, int8, int16, uint8, uint16, uint32, uint64, bool)",
+            name(other)
+        )),
         Err(_) => Err(format!("element type code {code} is not an ONNX type")),
     }
 }
@@ -77,13 +82,11 @@ pub fn tensor(t: &TensorProto) -> R<Tensor> {
 /// The values of `t` whose raw bytes, if any, are `raw` (its own or its external data's).
 pub fn tensor_from(t: &TensorProto, raw: Option<&[u8]>) -> R<Tensor> {
     let stored = DataType::try_from(t.data_type.unwrap_or(0)).map_err(|_| "unknown element type".to_string())?;
-    dtype(stored as i32)?;
+    let dtype = dtype(stored as i32)?;
     let width = match stored {
-        DataType::Float | DataType::Int32 => 4,
-        DataType::Int64 | DataType::Double => 8,
-        DataType::Bool | DataType::Int8 | DataType::Uint8 => 1,
+        DataType::Double => 8,
         DataType::Float16 | DataType::Bfloat16 => 2,
-        other => return Err(format!("element type {} is not supported", name(other))),
+        _ => dtype.size_bytes(),
     };
     let shape = shape(&t.dims, width)?;
     let n: usize = shape.iter().product();
@@ -92,6 +95,7 @@ pub fn tensor_from(t: &TensorProto, raw: Option<&[u8]>) -> R<Tensor> {
         (None, DataType::Float) => t.float_data.len(),
         (None, DataType::Int64) => t.int64_data.len(),
         (None, DataType::Double) => t.double_data.len(),
+        (None, DataType::Uint32 | DataType::Uint64) => t.uint64_data.len(),
         (None, _) => t.int32_data.len(),
     };
     if held != n || raw.is_some_and(|r| r.len() != n * width) {
@@ -110,8 +114,7 @@ pub fn tensor_from(t: &TensorProto, raw: Option<&[u8]>) -> R<Tensor> {
             Data::I64(r.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect())
         }
         (Some(r), DataType::Bool) => Data::Bool(r.iter().map(|&b| b != 0).collect()),
-        (Some(r), DataType::Int8) => Data::I8(r.iter().map(|&b| b as i8).collect()),
-        (Some(r), DataType::Uint8) => Data::U8(r.to_vec()),
+        (Some(r), _) if dtype.is_stored_int() => Tensor::from_le_bytes(&TensorType::new(dtype, vec![n]), r).data,
         (Some(r), DataType::Double) => {
             Data::F32(r.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap()) as f32).collect())
         }
@@ -123,6 +126,10 @@ pub fn tensor_from(t: &TensorProto, raw: Option<&[u8]>) -> R<Tensor> {
         // One value per `int32_data` entry; one out of the type's range is a broken file.
         (None, DataType::Int8) => Data::I8(small_ints(&t.int32_data)?),
         (None, DataType::Uint8) => Data::U8(small_ints(&t.int32_data)?),
+        (None, DataType::Int16) => Data::I16(small_ints(&t.int32_data)?),
+        (None, DataType::Uint16) => Data::U16(small_ints(&t.int32_data)?),
+        (None, DataType::Uint32) => Data::U32(small_ints(&t.uint64_data)?),
+        (None, DataType::Uint64) => Data::U64(t.uint64_data.clone()),
         (None, DataType::Double) => Data::F32(t.double_data.iter().map(|&d| d as f32).collect()),
         // Halves in `int32_data` hold their bit patterns, one per entry.
         (None, _) => halves(stored, t.int32_data.iter().map(|&b| b as u16)),
@@ -130,8 +137,9 @@ pub fn tensor_from(t: &TensorProto, raw: Option<&[u8]>) -> R<Tensor> {
     Ok(Tensor::new(shape, data))
 }
 
-/// 8-bit integers stored one per `int32_data` entry, each in range.
-fn small_ints<T: TryFrom<i32>>(v: &[i32]) -> R<Vec<T>> {
+/// Integers narrower than their list's (`int32_data`, `uint64_data`) one per entry, each
+/// in range.
+fn small_ints<T: TryFrom<W>, W: Copy + std::fmt::Display>(v: &[W]) -> R<Vec<T>> {
     v.iter()
         .map(|&x| {
             T::try_from(x).map_err(|_| format!("value {x} is out of the range of its {}", std::any::type_name::<T>()))
@@ -182,6 +190,19 @@ mod tests {
         let mut t = proto(DataType::Uint8, vec![2]);
         t.int32_data = vec![0, 255];
         assert_eq!(tensor(&t).unwrap(), Tensor::new(vec![2], Data::U8(vec![0, 255])));
+        // 16-bit ints one per `int32_data` entry, u32 and u64 one per `uint64_data` entry.
+        let mut t = proto(DataType::Int16, vec![2]);
+        t.int32_data = vec![-32768, 32767];
+        assert_eq!(tensor(&t).unwrap(), Tensor::new(vec![2], Data::I16(vec![-32768, 32767])));
+        let mut t = proto(DataType::Uint64, vec![2]);
+        t.uint64_data = vec![u64::MAX, 7];
+        assert_eq!(tensor(&t).unwrap(), Tensor::new(vec![2], Data::U64(vec![u64::MAX, 7])));
+        t.raw_data = Some([u64::MAX.to_le_bytes(), 7u64.to_le_bytes()].concat());
+        t.uint64_data = vec![];
+        assert_eq!(tensor(&t).unwrap(), Tensor::new(vec![2], Data::U64(vec![u64::MAX, 7])));
+        let mut t = proto(DataType::Uint32, vec![1]);
+        t.uint64_data = vec![1 << 32];
+        assert_eq!(tensor(&t).unwrap_err(), "value 4294967296 is out of the range of its u32");
     }
 
     #[test]
@@ -195,8 +216,8 @@ mod tests {
         assert!(tensor(&proto(DataType::Float, vec![-1])).unwrap_err().contains("negative"));
         assert!(tensor(&proto(DataType::Float, vec![1 << 40, 1 << 20])).unwrap_err().contains("larger than"));
         assert_eq!(
-            dtype(DataType::Int16 as i32).unwrap_err(),
-            "element type int16 is not supported (f32, f16, bf16, i32, i64, int8, uint8, bool)"
+            dtype(DataType::Complex64 as i32).unwrap_err(),
+            "element type complex64 is not supported (f32, f16, bf16, i32, i64, int8, int16, uint8, uint16, uint32, uint64, bool)"
         );
         let mut t = proto(DataType::Uint8, vec![2]);
         t.int32_data = vec![3, 256];

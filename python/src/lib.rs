@@ -48,6 +48,10 @@ fn numpy_name(d: DType) -> &'static str {
         DType::BF16 => "bfloat16",
         DType::I8 => "int8",
         DType::U8 => "uint8",
+        DType::I16 => "int16",
+        DType::U16 => "uint16",
+        DType::U32 => "uint32",
+        DType::U64 => "uint64",
     }
 }
 
@@ -62,6 +66,10 @@ fn descr_of(py: Python<'_>, d: DType) -> PyResult<Py<PyArrayDescr>> {
         DType::F16 => numpy::dtype::<half::f16>(py),
         DType::I8 => numpy::dtype::<i8>(py),
         DType::U8 => numpy::dtype::<u8>(py),
+        DType::I16 => numpy::dtype::<i16>(py),
+        DType::U16 => numpy::dtype::<u16>(py),
+        DType::U32 => numpy::dtype::<u32>(py),
+        DType::U64 => numpy::dtype::<u64>(py),
         DType::BF16 => match py.import("ml_dtypes") {
             Ok(m) => PyArrayDescr::new(py, m.getattr("bfloat16")?)?,
             Err(_) => numpy::dtype::<u16>(py),

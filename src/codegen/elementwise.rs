@@ -241,7 +241,10 @@ impl Plan {
         let n_in = f.inputs.len();
         let bytes =
             dtypes.last().is_some_and(|d| d.is_byte()) || (0..n_in).any(|v| dtypes[v].is_byte() && !invariant[v]);
-        let vector = inner >= LANES && !dtypes.contains(&DType::I64) && !scalar_only && !bytes;
+        // The 16-bit ints, like the bytes, are loaded one at a time; u32 and u64 are held in
+        // i64 lanes, which take the scalar loop as i64 does.
+        let scalar_dtype = dtypes.iter().any(|d| d.wide() == DType::I64 || matches!(d, DType::I16 | DType::U16));
+        let vector = inner >= LANES && !scalar_dtype && !scalar_only && !bytes;
         Ok(Plan { dtypes, nodes, dims, strides, out_strides, invariant, vector, tail })
     }
 
@@ -402,10 +405,13 @@ fn collapse(shape: &[usize], strides: &[Vec<usize>]) -> (Vec<usize>, Vec<Vec<usi
 }
 
 /// The Cranelift type of one lane group of `dt`: scalar, or the vector-loop form. Halves
-/// are held as the f32 values they are widened to on loading, i8/u8 as i32s (in their
-/// type's range).
+/// are held as the f32 values they are widened to on loading, the other integers in their
+/// wide type (`DType::wide`: i32 or i64, in their type's range; a u64 as its bits).
 fn lane_type(dt: DType, vector: bool) -> Type {
     match (dt, vector) {
+        (DType::I16 | DType::U16, false) => types::I32,
+        (DType::I16 | DType::U16, true) => unreachable!("16-bit ints take the scalar loop (Plan::new)"),
+        (DType::U32 | DType::U64, _) => types::I64,
         (DType::I8 | DType::U8, false) => types::I32,
         (DType::I8 | DType::U8, true) => types::I32X4,
         (DType::F32 | DType::F16 | DType::BF16, false) => types::F32,
@@ -424,6 +430,9 @@ fn load(b: &mut FunctionBuilder, dt: DType, vector: bool, addr: Value) -> Value 
     match dt {
         DType::I8 => return b.ins().sload8(types::I32, mem(), addr, 0),
         DType::U8 => return b.ins().uload8(types::I32, mem(), addr, 0),
+        DType::I16 => return b.ins().sload16(types::I32, mem(), addr, 0),
+        DType::U16 => return b.ins().uload16(types::I32, mem(), addr, 0),
+        DType::U32 => return b.ins().uload32(mem(), addr, 0),
         _ => {}
     }
     if dt != DType::Bool || !vector {
@@ -447,6 +456,10 @@ fn store(b: &mut FunctionBuilder, dt: DType, vector: bool, v: Value, addr: Value
         store_half(b, vector, bits, addr);
     } else if dt.is_byte() {
         b.ins().istore8(mem(), v, addr, 0);
+    } else if matches!(dt, DType::I16 | DType::U16) {
+        b.ins().istore16(mem(), v, addr, 0);
+    } else if dt == DType::U32 {
+        b.ins().istore32(mem(), v, addr, 0);
     } else if dt == DType::Bool && vector {
         // One bit per lane, then bit i moved to bit 0 of byte i (the shifted copies of the
         // 4-bit mask do not overlap, so the multiply is a plain sum of shifts).
@@ -622,18 +635,32 @@ fn modulo(m: &mut Math, fmod: bool, x: Value, y: Value) -> Value {
 /// `cast`: float → int truncates and saturates (NaN → 0), nonzero (and NaN) → true,
 /// bool → 0/1, i64 → i32 wraps, i64 → f32 rounds once; into a half, the value as f32
 /// rounded to the half (`emit::narrow`, IEEE's rounding) and held widened, as halves are;
-/// into i8/u8, the value as i32 wrapped to 8 bits, held widened (the interpreter's `cast`).
+/// into a storage int, the value in its wide type wrapped to its bits, held widened; a u64
+/// is unsigned into and out of a float (the interpreter's `cast`).
 fn cast(m: &mut Math, from: DType, to: DType, x: Value) -> Value {
     use DType::*;
     let vector = m.ty().is_vector();
-    // A half was widened to f32 as it was loaded, a byte to i32.
-    let from = if from.is_half() {
-        F32
-    } else if from.is_byte() {
-        I32
-    } else {
-        from
-    };
+    if from == U64 && (to == F32 || to.is_half()) {
+        let f = m.b.ins().fcvt_from_uint(types::F32, x);
+        return cast(m, F32, to, f);
+    }
+    // A half was widened to f32 as it was loaded, a storage int to i32 or i64.
+    let from = if from.is_half() { F32 } else { from.wide() };
+    if (from, to) == (F32, U64) {
+        return m.b.ins().fcvt_to_uint_sat(types::I64, x);
+    }
+    if to.is_stored_int() && !to.is_byte() {
+        let w = cast(m, from, to.wide(), x);
+        return match to {
+            I16 => {
+                let low = m.b.ins().ireduce(types::I16, w);
+                m.b.ins().sextend(types::I32, low)
+            }
+            U16 => m.b.ins().band_imm_s(w, 0xffff),
+            U32 => m.b.ins().band_imm_s(w, 0xffff_ffff),
+            _ => w,
+        };
+    }
     if to.is_byte() {
         let w = cast(m, from, I32, x);
         return if vector {
@@ -684,7 +711,7 @@ fn cast(m: &mut Math, from: DType, to: DType, x: Value) -> Value {
         (I64, I32) => m.b.ins().ireduce(types::I32, x),
         (Bool, Bool) | (F32, F32) | (I32, I32) | (I64, I64) => x,
         (_, F16 | BF16) | (F16 | BF16, _) => unreachable!("narrowed above, widened on load"),
-        (_, I8 | U8) | (I8 | U8, _) => unreachable!("wrapped above, widened on load"),
+        _ => unreachable!("storage ints wrapped above, widened on load"),
     }
 }
 
@@ -801,6 +828,10 @@ mod tests {
             Data::BF16(v) => format!("{:e}", v[flat]),
             Data::I8(v) => v[flat].to_string(),
             Data::U8(v) => v[flat].to_string(),
+            Data::I16(v) => v[flat].to_string(),
+            Data::U16(v) => v[flat].to_string(),
+            Data::U32(v) => v[flat].to_string(),
+            Data::U64(v) => v[flat].to_string(),
         }
     }
 
@@ -944,8 +975,8 @@ mod tests {
             DType::I64 => Data::I64((0..n).map(|_| int(rng)).collect()),
             DType::Bool => Data::Bool((0..n).map(|_| rng.next().is_multiple_of(2)).collect()),
             // Any bit pattern: every value, subnormals, infinities and NaNs included (for
-            // bytes, every value).
-            DType::F16 | DType::BF16 | DType::I8 | DType::U8 => {
+            // the storage ints, every value, a u64's from 2^63 on too).
+            _ => {
                 let bytes: Vec<u8> = (0..n * ty.dtype.size_bytes()).map(|_| rng.next() as u8).collect();
                 return Tensor::from_le_bytes(ty, &bytes);
             }
@@ -1129,11 +1160,20 @@ mod tests {
         }
         // Saturation and rounding edges.
         let x = Tensor::f32(vec![8], vec![3e9, -3e9, 1e19, -1e19, 2.9, -2.9, f32::NAN, f32::INFINITY]);
-        for to in ["i32", "i64"] {
+        for to in ["i32", "i64", "u16", "u32", "u64"] {
             check(
                 &group(&[f32t(&[8])], &[(Op::Cast, &[("to", to)], &[IN0])]),
                 std::slice::from_ref(&x),
                 &format!("f32 -> {to} edges"),
+            );
+        }
+        // A u64 from 2^63 on is unsigned into f32 (its rounding too), its bits into an int.
+        let x = Tensor::new(vec![5], Data::U64(vec![u64::MAX, 1 << 63, (1 << 63) + (1 << 39) + 1, 16_777_217, 0]));
+        for to in ["f32", "i64", "i32", "u32", "bool"] {
+            check(
+                &group(&[ty(DType::U64, &[5])], &[(Op::Cast, &[("to", to)], &[IN0])]),
+                std::slice::from_ref(&x),
+                &format!("u64 -> {to} edges"),
             );
         }
         let x = Tensor::new(vec![4], Data::I64(vec![16_777_217, (1 << 40) + 1, i64::MAX, i64::MIN + 1]));

@@ -193,7 +193,7 @@ impl Expander {
     /// hold, are computed as log(0), −log(0) and log(−1).
     fn fill(&mut self, like: &Node, base: String, dtype: DType, value: f64) -> R<String> {
         if value.is_finite() || dtype != DType::F32 {
-            let v = if dtype.is_int() || dtype.is_byte() {
+            let v = if dtype.is_int() || dtype.is_stored_int() {
                 Attr::Int(value as i64)
             } else if dtype == DType::Bool {
                 Attr::Bool(value != 0.0)

@@ -258,13 +258,15 @@ fn graph(r: &Recipe) -> String {
                     (format!("{name} = {call}"), xs.clone())
                 }
             }
-            // Other dtypes: a round trip through i32 (truncation toward zero), and where with
-            // a bool condition from a graph input.
+            // Other dtypes: a round trip through an integer (truncation toward zero, then a
+            // storage int's wrap, or u64's saturation of a negative value, and its unsigned
+            // way back), and where with a bool condition from a graph input.
             // (Of an input or param: after arithmetic, a one-ulp difference between the
             // compiled and interpreted value can truncate to different integers.)
             8 => {
                 let (x, xs) = values[a as usize % leaves].clone();
-                lines.push(format!("{name}i = cast({x}) {{to = \"i32\"}}"));
+                let int = ["i32", "i8", "u8", "i16", "u16", "u32", "u64"][arg as usize % 7];
+                lines.push(format!("{name}i = cast({x}) {{to = \"{int}\"}}"));
                 (format!("{name} = cast({name}i) {{to = \"f32\"}}"), xs)
             }
             9 if !inputs.is_empty() => {

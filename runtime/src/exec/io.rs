@@ -229,6 +229,10 @@ pub fn le_bytes(t: &Tensor) -> &[u8] {
         Data::BF16(v) => bytes(v),
         Data::I8(v) => bytes(v),
         Data::U8(v) => bytes(v),
+        Data::I16(v) => bytes(v),
+        Data::U16(v) => bytes(v),
+        Data::U32(v) => bytes(v),
+        Data::U64(v) => bytes(v),
     }
 }
 
