@@ -44,6 +44,9 @@ fn rows_of(shape: &[Expr]) -> Option<(usize, Expr)> {
 /// `None` when none of its tensors depends on them. A transpose that moves a symbolic dim
 /// becomes a library call.
 pub fn step_scaling(si: &SymInfo, node: &Node, operands: &[String], library: bool) -> Result<Option<StepScaling>> {
+    // iota reads only its operand's size: it scales as its result does, and not at all
+    // when that is static.
+    let operands = if node.op == Op::Iota { &[] } else { operands };
     let shape = |t: &str| symbolic_shape(si, t);
     let tensors = std::iter::once(&node.name).chain(operands);
     if tensors.clone().all(|t| shape(t).iter().all(Expr::is_const)) {
@@ -71,8 +74,6 @@ pub fn step_scaling(si: &SymInfo, node: &Node, operands: &[String], library: boo
 fn rows(si: &SymInfo, node: &Node, operands: &[String]) -> Result<StepScaling> {
     let shape = |t: &str| symbolic_shape(si, t);
     let result = rows_of(shape(&node.name));
-    // iota reads only its operand's size: its rows are its result's alone.
-    let operands = if node.op == Op::Iota { &[] } else { operands };
     let ops: Vec<Option<(usize, Expr)>> = operands.iter().map(|o| rows_of(shape(o))).collect();
     let Some((lead, rows)) = result else {
         if let Some(k) = ops.iter().position(Option::is_some) {
