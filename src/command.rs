@@ -118,7 +118,7 @@ impl OnnxArgs {
                 let (imp, si) = meshc_onnx::symbolic::import(path, &dims, &symbols, &shapes, &consts)?;
                 Ok((imp, Some(si)))
             }
-            None => Ok((meshc_onnx::import(path, &dims, &shapes, &consts)?, None)),
+            None => Ok((meshc_onnx::import(path, &dims, &shapes, &consts, false)?, None)),
         }
     }
 

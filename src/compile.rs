@@ -243,6 +243,7 @@ fn generate(target: &Target, node: &Node, inputs: &[TensorType], out: &TensorTyp
         | Op::ScatterElements
         | Op::DynamicSlice
         | Op::DynamicUpdateSlice
+        | Op::Iota
         | Op::Einsum => codegen::movement::kernel(target, &name, node, inputs, out),
         Op::Conv => codegen::conv::depthwise(target, &name, node, inputs, out),
         Op::CumSum => codegen::scan::cumsum(target, &name, node, inputs, out),
@@ -733,9 +734,14 @@ impl Builder {
             } else {
                 // A scaled kernel reads its rows from the size table, after its operands.
                 let scaled = match &scaling {
-                    Some(StepScaling::Rows { rows, hi }) => {
+                    Some(StepScaling::Rows { rows, hi, periods }) => {
                         let buf = 1 + step_operands.len();
-                        Some(codegen::rows::RowsArg { buf, slot: self.size_slot(rows), hi: *hi })
+                        let slot = self.size_slot(rows);
+                        // Buffer 0 is the result, which repeats nothing.
+                        let periods = std::iter::once(None)
+                            .chain(periods.iter().map(|p| p.as_ref().map(|p| self.size_slot(p))))
+                            .collect();
+                        Some(codegen::rows::RowsArg { buf, slot, hi: *hi, periods })
                     }
                     _ => None,
                 };
@@ -773,7 +779,7 @@ impl Builder {
                         }
                     })
                 };
-                let (generated, mut operands) = match scaled {
+                let (generated, mut operands) = match scaled.clone() {
                     Some(arg) => {
                         codegen::rows::scaled(arg, generate_step).with_context(|| format!("node '{}'", node.name))?
                     }
@@ -835,7 +841,7 @@ impl Builder {
                 }
             }
             let scaling = match scaling {
-                Some(StepScaling::Rows { rows, hi }) => Some(Scaling::Rows { size: self.size_slot(&rows), hi }),
+                Some(StepScaling::Rows { rows, hi, .. }) => Some(Scaling::Rows { size: self.size_slot(&rows), hi }),
                 Some(StepScaling::Shapes(shapes)) => Some(Scaling::Shapes(shapes)),
                 None => None,
             };

@@ -19,8 +19,10 @@ use meshc_ir::{attrs, Node, Op};
 /// How a step scales.
 #[derive(Clone, Debug, PartialEq)]
 pub enum StepScaling {
-    /// A generated kernel: its rows and their number at the upper bounds.
-    Rows { rows: Expr, hi: usize },
+    /// A generated kernel: its rows and their number at the upper bounds; per operand, the
+    /// rows after which an elementwise operand broadcast over the result's first leading
+    /// dims repeats (`[seq, 384]` in `[batch, seq, 384]`: every `seq` rows), if it is one.
+    Rows { rows: Expr, hi: usize, periods: Vec<Option<Expr>> },
     /// A library call: each tensor's shape (result, then operands).
     Shapes(Vec<Vec<Expr>>),
 }
@@ -42,6 +44,9 @@ fn rows_of(shape: &[Expr]) -> Option<(usize, Expr)> {
 /// `None` when none of its tensors depends on them. A transpose that moves a symbolic dim
 /// becomes a library call.
 pub fn step_scaling(si: &SymInfo, node: &Node, operands: &[String], library: bool) -> Result<Option<StepScaling>> {
+    // iota reads only its operand's size: it scales as its result does, and not at all
+    // when that is static.
+    let operands = if node.op == Op::Iota { &[] } else { operands };
     let shape = |t: &str| symbolic_shape(si, t);
     let tensors = std::iter::once(&node.name).chain(operands);
     if tensors.clone().all(|t| shape(t).iter().all(Expr::is_const)) {
@@ -81,7 +86,15 @@ fn rows(si: &SymInfo, node: &Node, operands: &[String]) -> Result<StepScaling> {
         }
         bail!("node '{}': its result is static", node.name);
     };
-    for (o, r) in operands.iter().zip(&ops) {
+    let mut periods = vec![None; operands.len()];
+    for (k, (o, r)) in operands.iter().zip(&ops).enumerate() {
+        if let Some(p) = r.as_ref().filter(|(_, r)| *r != rows).and_then(|_| period(shape(o), shape(&node.name), lead))
+        {
+            if node.op.is_elementwise() {
+                periods[k] = Some(p);
+                continue;
+            }
+        }
         if let Some((_, r)) = r.as_ref().filter(|(_, r)| *r != rows) {
             bail!(
                 "node '{}': its operand '{o}' has rows {r} where its result {} has {rows}; compiled code takes symbolic dims only as leading dims every tensor of a step shares (docs/dynamic-shapes.md)",
@@ -107,6 +120,7 @@ fn rows(si: &SymInfo, node: &Node, operands: &[String]) -> Result<StepScaling> {
             None => false,
         },
         Op::Gather => norm_axis(attrs::Gather::of(node).axis, rank).is_ok_and(|a| a >= x),
+        Op::Iota => true,
         Op::DynamicSlice => norm_axes(&attrs::DynamicSlice::of(node).axes, rank).is_ok_and(|a| keeps_rows(&a)),
         Op::DynamicUpdateSlice => {
             norm_axes(&attrs::DynamicUpdateSlice::of(node).axes, rank).is_ok_and(|a| keeps_rows(&a))
@@ -130,5 +144,17 @@ fn rows(si: &SymInfo, node: &Node, operands: &[String]) -> Result<StepScaling> {
     }
     let hi = rows.eval(&si.example).and_then(|v| usize::try_from(v).ok()).filter(|&v| v > 0);
     let Some(hi) = hi else { bail!("node '{}': its rows {rows} are empty at the upper bounds", node.name) };
-    Ok(StepScaling::Rows { rows, hi })
+    Ok(StepScaling::Rows { rows, hi, periods })
+}
+
+/// The rows of an operand of symbolic `shape` broadcast over the first leading dims of a
+/// result of `out` shape whose rows span `lead` dims: its dims, leading 1s aside, are the
+/// result's last ones, those it has symbolic being the last of the result's leading dims.
+/// Row `r` of the result then reads the operand's row `r mod` these rows.
+fn period(shape: &[Expr], out: &[Expr], lead: usize) -> Option<Expr> {
+    let first = shape.iter().position(|d| d.as_const() != Some(1))?;
+    let own = &shape[first..];
+    let off = out.len().checked_sub(own.len())?;
+    let (k, rows) = rows_of(own)?;
+    (off + k == lead && own.iter().zip(&out[off..]).all(|(a, b)| a == b)).then_some(rows)
 }

@@ -1255,6 +1255,45 @@ def bad():
           inputs=[a_u8])
 
 
+def positions():
+    """Lengths read from shapes, as BERT exports take their positions: the position table
+    sliced to Shape(input_ids)[1] (BertEmbeddings' absolute positions), a position_ids
+    buffer sliced so and gathered (transformers' exports), Range(0, seq) gathered, and a
+    Reshape to Concat(Shape[0], Shape[1], [2, 4]). Imported with seq ranged, each length is
+    the sequence's at every size, not the number it is at the example. Its own generator, so
+    that the other models' bytes stay as they were."""
+    r = np.random.default_rng(33)
+    table = lambda name, shape: numpy_helper.from_array((r.standard_normal(shape) * 0.5).astype(np.float32), name)
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])
+    outs = [helper.make_tensor_value_info("emb", TensorProto.FLOAT, ["batch", "seq", 8]),
+            helper.make_tensor_value_info("pairs", TensorProto.FLOAT, ["batch", "seq", 2])]
+    inits = [table("word", (40, 8)), table("position", (24, 8)), table("position2", (24, 8)), table("ranged", (24, 8)),
+             ints("position_ids", np.arange(24).reshape(1, 24))]
+    n = [node("Shape", ["input_ids"], ["/Shape_output_0"]),
+         const("/zero", np.int64(0)), const("/one", np.int64(1)), const("/axes0", np.array([0], dtype=np.int64)),
+         node("Gather", ["/Shape_output_0", "/zero"], ["/batch_output_0"], axis=0),
+         node("Gather", ["/Shape_output_0", "/one"], ["/seq_output_0"], axis=0),
+         node("Unsqueeze", ["/batch_output_0", "/axes0"], ["/batch1_output_0"]),
+         node("Unsqueeze", ["/seq_output_0", "/axes0"], ["/seq1_output_0"]),
+         node("Gather", ["word", "input_ids"], ["/words_output_0"], axis=0),
+         node("Slice", ["position", "/axes0", "/seq1_output_0", "/axes0"], ["/absolute_output_0"]),
+         const("/axes1", np.array([1], dtype=np.int64)),
+         node("Slice", ["position_ids", "/axes0", "/seq1_output_0", "/axes1"], ["/ids_output_0"]),
+         node("Gather", ["position2", "/ids_output_0"], ["/buffered_output_0"], axis=0),
+         node("Range", ["/zero", "/seq_output_0", "/one"], ["/range_output_0"]),
+         node("Gather", ["ranged", "/range_output_0"], ["/by_range_output_0"], axis=0),
+         node("Add", ["/words_output_0", "/absolute_output_0"], ["/sum1_output_0"]),
+         node("Add", ["/sum1_output_0", "/buffered_output_0"], ["/sum2_output_0"]),
+         node("Add", ["/sum2_output_0", "/by_range_output_0"], ["emb"]),
+         const("/split", np.array([2, 4], dtype=np.int64)),
+         node("Concat", ["/batch1_output_0", "/seq1_output_0", "/split"], ["/target_output_0"], axis=0),
+         node("Reshape", ["emb", "/target_output_0"], ["/split4_output_0"]),
+         const("/minus1", np.array([-1], dtype=np.int64)),
+         node("ReduceSum", ["/split4_output_0", "/minus1"], ["pairs"], keepdims=0)]
+    g = helper.make_graph(n, "positions", [ids], outs, inits)
+    save("positions", g, {"input_ids": r.integers(0, 40, (3, 7), dtype=np.int64)}, {"batch": 3, "seq": 7})
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--bench":
         # The bench's 6-layer, 384-wide encoder (all-MiniLM-L6-v2's shapes), too big to
@@ -1301,6 +1340,7 @@ if __name__ == "__main__":
     recurrent_gru_rnn()
     quantized()
     integer_products()
+    positions()
     bad()
     total = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote {OUT} ({total} bytes)", file=sys.stderr)

@@ -79,7 +79,7 @@ fn write(target: &str, name: &str, data: &[u8]) -> PathBuf {
 pub fn onnx_import(data: &[u8]) {
     let dir = scratch("onnx_import");
     if let Err(e) =
-        meshc_onnx::import_bytes(data, "fuzz.onnx", &dir, &BTreeMap::new(), &BTreeMap::new(), &BTreeMap::new())
+        meshc_onnx::import_bytes(data, "fuzz.onnx", &dir, &BTreeMap::new(), &BTreeMap::new(), &BTreeMap::new(), false)
     {
         one_line("onnx_import", &e.to_string(), data);
     }

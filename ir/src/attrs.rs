@@ -325,6 +325,7 @@ attr_structs! {
     Concat { axis: i64 }
     Slice { starts: Vec<i64>, ends: Vec<i64>, axes: Option<Vec<i64>>, steps: Option<Vec<i64>> }
     Gather { axis: i64 = 0 }
+    Iota { axis: i64 }
     ScatterElements { axis: i64 = 0, reduction: ScatterReduction = ScatterReduction::None }
     /// dynamic_slice: `sizes[i]` elements along `axes[i]`, from a start the op reads at run
     /// time and clamps into the operand (`infer::dynamic_starts`).

@@ -60,7 +60,7 @@ pub fn node_flops(n: &Node, info: &Info) -> u64 {
         Op::LayerNorm => 8 * numel(&n.name),
         unary_ops!() | binary_ops!() | ternary_ops!() => numel(&n.name),
         // One addition per element.
-        Op::CumSum => numel(&n.name),
+        Op::CumSum | Op::Iota => numel(&n.name),
         Op::Reshape
         | Op::Transpose
         | Op::BroadcastTo

@@ -194,10 +194,11 @@ pub fn grad(g: &Graph, info: &Info, loss: &str, wrt: &[String]) -> Result<Graph>
 }
 
 /// Ops whose result is constant wherever it is continuous: comparisons and logic (whose
-/// bool result only selects), floor, ceil and round. Their operands get no gradient.
+/// bool result only selects), floor, ceil and round, and iota (which reads only a size).
+/// Their operands get no gradient.
 fn piecewise_constant(op: Op) -> bool {
     use Op::*;
-    matches!(op, Equal | Less | LessEqual | Greater | GreaterEqual | And | Or | Xor | Not | Floor | Ceil | Round)
+    matches!(op, Equal | Less | LessEqual | Greater | GreaterEqual | And | Or | Xor | Not | Floor | Ceil | Round | Iota)
 }
 
 /// Why `n`, which consumes a differentiated value, cannot pass a gradient back, if so.
@@ -657,7 +658,7 @@ impl Builder {
                 self.op(CumSum, &[gy], &flipped)?
             }
             Mod | ScatterElements | Attention | Equal | Less | LessEqual | Greater | GreaterEqual | And | Or | Xor
-            | Not | Floor | Ceil | Round | Send | Recv | AllReduce | AllGather | ReduceScatter | AllToAll => {
+            | Not | Floor | Ceil | Round | Iota | Send | Recv | AllReduce | AllGather | ReduceScatter | AllToAll => {
                 return Err(fail(&format!("{} has no gradient", n.op)))
             }
         };

@@ -333,6 +333,12 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
             }
             Ok(Inferred { ty: TensorType::new(data.ty.dtype, shape), dims })
         }
+        Iota => {
+            let x = x.expect("arity checked");
+            let axis = norm_axis(attrs::Iota::try_of(node)?.axis, x.ty.rank())?;
+            let dims = x.dims.map(|d| vec![d[axis].clone()]);
+            Ok(Inferred { ty: TensorType::new(DType::I64, vec![x.ty.shape[axis]]), dims })
+        }
         ScatterElements => {
             let (data, idx, upd) = (&ops[0], &ops[1], &ops[2]);
             expect_dtype(idx, INDEX, "the indices")?;

@@ -206,6 +206,10 @@ fn eval(node: &Node, args: &[&Tensor]) -> R<Tensor> {
         Concat => concat(args, attrs::Concat::try_of(node)?.axis),
         Slice => slice(args[0], &attrs::Slice::try_of(node)?),
         Gather => gather(args[0], args[1], attrs::Gather::try_of(node)?.axis),
+        Iota => {
+            let n = args[0].shape[norm_axis(attrs::Iota::try_of(node)?.axis, args[0].shape.len())?];
+            Ok(Tensor::new(vec![n], Data::I64((0..n as i64).collect())))
+        }
         ScatterElements => {
             let attrs::ScatterElements { axis, reduction } = attrs::ScatterElements::try_of(node)?;
             scatter_elements(args, axis, reduction)
@@ -2226,6 +2230,15 @@ mod tests {
             &[&d3, &i64t(&[2], &[2, 0])],
             f(&[2, 2, 2], &[4., 5., 0., 1., 10., 11., 6., 7.]),
         );
+    }
+
+    #[test]
+    fn iota_counts_the_positions_of_its_axis_whatever_the_values() {
+        let x = ramp(&[2, 3, 0]);
+        check(Op::Iota, &[("axis", Attr::Int(1))], &[&x], i64t(&[3], &[0, 1, 2]));
+        check(Op::Iota, &[("axis", Attr::Int(-3))], &[&x], i64t(&[2], &[0, 1]));
+        check(Op::Iota, &[("axis", Attr::Int(2))], &[&x], i64t(&[0], &[]));
+        assert!(error(Op::Iota, &[("axis", Attr::Int(3))], &[&x]).contains("axis"));
     }
 
     #[test]

@@ -141,6 +141,10 @@ ops! {
         // x, the update, then its starts along `axes` as for dynamic_slice.
         DynamicUpdateSlice = "dynamic_update_slice", Exactly(3), DynamicUpdateSlice;
         Pad = "pad", Exactly(1), Pad;
+        // The positions 0, 1, ... along `axis` of x, as i64: x gives only its size, so a
+        // length that varies with the symbols (an ONNX `Range(0, Shape(x)[1])`) has a
+        // tensor that carries it.
+        Iota = "iota", Exactly(1), Iota;
     }
     /// Sliding windows over spatial dims.
     Window window_ops {

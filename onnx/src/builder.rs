@@ -14,10 +14,18 @@ use meshc_ir::{Attr, DType, Data, Graph, Node, Op, Param, ParamData, Tensor, Ten
 
 type R<T> = std::result::Result<T, String>;
 
+/// The meshc tensor and the axis whose size an element of a const is (`Value::Const::sizes`).
+pub type SizeOf = (String, usize);
+
 #[derive(Clone)]
 pub enum Value {
     Const {
         t: Rc<Tensor>,
+        /// In an import with ranged dims (`Builder::sizes`), for each element of a const
+        /// computed from shapes, the tensor dim it is the size of, if it is one: a
+        /// converter that takes a length from it can then build that length from the
+        /// tensor (`iota`) instead of the number, which holds at the example sizes only.
+        sizes: Option<Rc<[Option<SizeOf>]>>,
         /// The ONNX name of an initializer or Constant it is, which names its param.
         source: Option<String>,
         /// A float initializer (or Constant) of more than one element: kept as a param.
@@ -32,7 +40,21 @@ pub enum Value {
 
 impl Value {
     pub fn computed(t: Tensor) -> Value {
-        Value::Const { t: Rc::new(t), source: None, weight: false, half: None }
+        Value::Const { t: Rc::new(t), sizes: None, source: None, weight: false, half: None }
+    }
+
+    /// A const computed from shapes whose elements are the sizes `sizes` name.
+    pub fn sized(t: Tensor, sizes: Vec<Option<SizeOf>>) -> Value {
+        let sizes = sizes.iter().any(Option::is_some).then(|| sizes.into());
+        Value::Const { t: Rc::new(t), sizes, source: None, weight: false, half: None }
+    }
+
+    /// Which tensor dim each element is the size of (`None`: not known to be any).
+    pub fn sizes(&self) -> Option<&[Option<SizeOf>]> {
+        match self {
+            Value::Const { sizes, .. } => sizes.as_deref(),
+            Value::Tensor(_) => None,
+        }
     }
 
     /// An initializer or Constant named `source`.
@@ -44,7 +66,7 @@ impl Value {
     pub fn stored(t: Tensor, source: &str, dtype: DType) -> Value {
         let weight = t.dtype() == DType::F32 && t.numel() > 1;
         let half = Some(dtype).filter(|d| d.is_half());
-        Value::Const { t: Rc::new(t), source: Some(source.to_string()), weight, half }
+        Value::Const { t: Rc::new(t), sizes: None, source: Some(source.to_string()), weight, half }
     }
 
     pub fn as_const(&self) -> Option<&Tensor> {
@@ -100,6 +122,9 @@ pub struct Builder {
     /// smaller one is taken (a name freed again, `forget`, drops its base's entry). From 2 up
     /// every time, a loop body unrolled n times cost n² lookups.
     suffix: HashMap<String, usize>,
+    /// An import with ranged dims: a `Shape` of a computed tensor records which dims its
+    /// elements are (`Value::Const::sizes`), and folding keeps track of them.
+    pub sizes: bool,
     /// The nodes of loop bodies imported so far, every unrolled iteration counted
     /// (`control::MAX_UNROLLED` bounds them over the whole model, nested loops included).
     pub unrolled: usize,
@@ -231,7 +256,11 @@ impl Builder {
             })
             .collect();
         if let Some(consts) = consts {
-            return eval_node(&node, &consts, &out).map(Value::computed).map_err(|e| e.msg);
+            let t = eval_node(&node, &consts, &out).map_err(|e| e.msg)?;
+            return Ok(match fold_sizes(&node, args, &consts, &out) {
+                Some(sizes) => Value::sized(t, sizes),
+                None => Value::computed(t),
+            });
         }
         node.inputs = args.iter().enumerate().map(|(i, a)| self.operand(a, &format!("{name}.{i}"))).collect();
         node.name = self.fresh(name);
@@ -306,6 +335,41 @@ impl Builder {
     }
 }
 
+/// Which size each element of `node` folded over `consts` is, when an operand's elements
+/// are sizes (`Value::Const::sizes`) and the op only moves them: the op evaluated again on
+/// the numbers of the elements in place of their values. Arithmetic on a size makes a
+/// number that is no tensor's size: `None`.
+fn fold_sizes(node: &Node, args: &[&Value], consts: &[&Tensor], out: &TensorType) -> Option<Vec<Option<SizeOf>>> {
+    args.iter().find_map(|a| a.sizes())?;
+    let moved = match node.op {
+        Op::Cast if matches!(out.dtype, DType::I32 | DType::I64) => return args[0].sizes().map(<[_]>::to_vec),
+        Op::Reshape | Op::Transpose | Op::BroadcastTo | Op::Concat | Op::Slice => args.len(),
+        // The data moves, the indices select.
+        Op::Gather => 1,
+        _ => return None,
+    };
+    let mut all: Vec<Option<SizeOf>> = Vec::new();
+    let mut numbered: Vec<Tensor> = Vec::new();
+    for (k, (a, t)) in args.iter().zip(consts).enumerate() {
+        if k >= moved {
+            numbered.push((*t).clone());
+            continue;
+        }
+        let first = all.len() as i64;
+        match a.sizes() {
+            Some(s) => all.extend(s.iter().cloned()),
+            None => all.extend(std::iter::repeat_n(None, t.numel())),
+        }
+        numbered.push(Tensor::new(t.shape.clone(), Data::I64((first..all.len() as i64).collect())));
+    }
+    let refs: Vec<&Tensor> = numbered.iter().collect();
+    let at = eval_node(node, &refs, &TensorType::new(DType::I64, out.shape.clone())).ok()?;
+    match &at.data {
+        Data::I64(v) => Some(v.iter().map(|&i| all[i as usize].clone()).collect()),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -365,6 +429,33 @@ mod tests {
         assert!(matches!(v, Value::Tensor(ref n) if n == "y_2"));
         let w = b.node("z", Op::Neg, &[&v], &[]).unwrap();
         assert_eq!(b.output(&w, "y").unwrap(), "y");
+    }
+
+    #[test]
+    fn folding_keeps_which_sizes_a_shape_s_elements_are_until_arithmetic() {
+        let mut b = Builder { sizes: true, ..Builder::default() };
+        let shape = Value::sized(
+            Tensor::new(vec![3], meshc_ir::Data::I64(vec![3, 5, 8])),
+            vec![Some(("x".into(), 0)), Some(("x".into(), 1)), None],
+        );
+        let i64s = |v: &[i64]| Value::computed(Tensor::new(vec![v.len()], meshc_ir::Data::I64(v.to_vec())));
+        // Gather [2, 1], then a reshape and a concat after a plain number: each element keeps
+        // the size it is.
+        let picked = b.node("g", Op::Gather, &[&shape, &i64s(&[2, 1])], &[]).unwrap();
+        assert_eq!(picked.sizes().unwrap(), &[None, Some(("x".into(), 1))]);
+        let r = b.node("r", Op::Reshape, &[&picked], &[("shape", Attr::ints(&[2, 1]))]).unwrap();
+        let flat = b.node("f", Op::Reshape, &[&r], &[("shape", Attr::ints(&[2]))]).unwrap();
+        let cat = b.node("c", Op::Concat, &[&i64s(&[7]), &flat], &[("axis", Attr::Int(0))]).unwrap();
+        assert_eq!(cat.as_const().unwrap().data, meshc_ir::Data::I64(vec![7, 8, 5]));
+        assert_eq!(cat.sizes().unwrap(), &[None, None, Some(("x".into(), 1))]);
+        let cast = b.node("i32", Op::Cast, &[&cat], &[("to", Attr::Str("i32".into()))]).unwrap();
+        assert_eq!(cast.sizes(), cat.sizes());
+        // A size plus one is no size, nor is one cast to f32.
+        let plus = b.node("p", Op::Add, &[&cat, &i64s(&[1])], &[]).unwrap();
+        assert!(plus.sizes().is_none());
+        let f = b.node("f32", Op::Cast, &[&cat], &[("to", Attr::Str("f32".into()))]).unwrap();
+        assert!(f.sizes().is_none());
+        assert!(b.graph.nodes.is_empty());
     }
 
     #[test]

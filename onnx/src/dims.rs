@@ -225,6 +225,12 @@ fn join_all(c: &mut Classes, g: &Graph) -> Roles {
                     }
                 }
             }
+            // Its one dim is the length of x's axis.
+            Op::Iota => {
+                if let Some(axis) = attrs::Iota::try_of(n).ok().and_then(|a| norm_axis(a.axis, rx).ok()) {
+                    c.join(x, axis, out, 0);
+                }
+            }
             Op::Gather => {
                 let Some(axis) = attrs::Gather::try_of(n).ok().and_then(|a| norm_axis(a.axis, rx).ok()) else {
                     continue;

@@ -35,12 +35,15 @@ fn is_default_domain(d: Option<&str>) -> bool {
 /// without a size or a name, or whose names clash), and `consts` fixes inputs to values,
 /// which then fold like initializers (an input that gives a shape, pads or scales must be
 /// known at import time); external data is read relative to `dir`, the model's directory.
+/// `sizes`: some dims range (`symbolic.rs`), so lengths read from shapes are built from the
+/// tensors they are read from (`Builder::sizes`).
 pub fn import(
     model: &ModelProto,
     dims: &BTreeMap<String, usize>,
     shapes: &BTreeMap<String, Vec<usize>>,
     consts: &BTreeMap<String, Tensor>,
     dir: &Path,
+    sizes: bool,
 ) -> R<(Graph, HashMap<String, Tensor>)> {
     let opset = model
         .opset_import
@@ -54,6 +57,7 @@ pub fn import(
     }
     let g = model.graph.as_ref().ok_or("the model has no graph")?;
     let mut b = Builder::default();
+    b.sizes = sizes;
     b.graph.name = builder_name(g);
     let mut values: HashMap<String, Value> = HashMap::new();
     let mut external = External::new(dir);

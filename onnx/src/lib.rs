@@ -109,17 +109,19 @@ pub fn parse_consts(args: &[String]) -> Result<BTreeMap<String, Tensor>> {
     Ok(consts)
 }
 
-/// Reads, decodes and imports `path`; every error is one line naming the file.
+/// Reads, decodes and imports `path`; every error is one line naming the file. `sizes`:
+/// some dims range (`import::import`).
 pub fn import(
     path: &Path,
     dims: &BTreeMap<String, usize>,
     shapes: &BTreeMap<String, Vec<usize>>,
     consts: &BTreeMap<String, Tensor>,
+    sizes: bool,
 ) -> meshc_ir::Result<Imported> {
     let file = path.display().to_string();
     let bytes = file::read(path, MAX_MODEL_BYTES, "ONNX model").map_err(|e| e.in_file(&file))?;
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    import_bytes(&bytes, &file, dir, dims, shapes, consts)
+    import_bytes(&bytes, &file, dir, dims, shapes, consts, sizes)
 }
 
 /// `import` of a model's bytes already read, which errors call `file`; external data is read
@@ -131,11 +133,12 @@ pub fn import_bytes(
     dims: &BTreeMap<String, usize>,
     shapes: &BTreeMap<String, Vec<usize>>,
     consts: &BTreeMap<String, Tensor>,
+    sizes: bool,
 ) -> meshc_ir::Result<Imported> {
     let in_file = |e: meshc_ir::Error| e.in_file(file);
     let model = decode(bytes).map_err(in_file)?;
     let (graph, params) =
-        import::import(&model, dims, shapes, consts, dir).map_err(|e| in_file(meshc_ir::Error::new(e)))?;
+        import::import(&model, dims, shapes, consts, dir, sizes).map_err(|e| in_file(meshc_ir::Error::new(e)))?;
     let info = verify::verify(&graph).map_err(in_file)?;
     Ok(Imported { graph, info, params })
 }
@@ -158,7 +161,7 @@ pub fn import_decoder(
     let model = decode(&bytes).map_err(in_file)?;
     let step = || -> Result<Imported, String> {
         let (past, shapes) = decoder::shapes(&model, cache, entry)?;
-        let (mut graph, mut params) = import::import(&model, dims, &shapes, consts, dir)?;
+        let (mut graph, mut params) = import::import(&model, dims, &shapes, consts, dir, false)?;
         decoder::rewrite(&mut graph, &mut params, &past, cache, entry)?;
         let info = verify::verify(&graph).map_err(|e| e.msg)?;
         Ok(Imported { graph, info, params })

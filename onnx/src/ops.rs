@@ -9,7 +9,7 @@ use meshc_ir::dtype::ShapeDisplay;
 use meshc_ir::infer::{broadcast_shapes, norm_axis};
 use meshc_ir::{Attr, DType, Data, Op, Tensor};
 
-use super::builder::{Builder, Value};
+use super::builder::{Builder, SizeOf, Value};
 use super::proto::{AttributeProto, NodeProto};
 use super::tensors;
 
@@ -208,13 +208,19 @@ pub const CONVERTERS: &[Converter] = &[
         let clamp = |i: i64| (if i < 0 { i + r } else { i }).clamp(0, r) as usize;
         let (start, end) = (clamp(c.int("start", 0)), clamp(c.int("end", r)));
         let dims: Vec<i64> = shape[start..end.max(start)].iter().map(|&d| d as i64).collect();
-        Ok(vec![Value::computed(Tensor::new(vec![dims.len()], Data::I64(dims)))])
+        let t = Tensor::new(vec![dims.len()], Data::I64(dims));
+        Ok(vec![match c.arg(0)? {
+            Value::Tensor(x) if b.sizes => {
+                Value::sized(t, (start..end.max(start)).map(|d| Some((x.clone(), d))).collect())
+            }
+            _ => Value::computed(t),
+        }])
     }),
     Converter::since(1, "Size", |b, c| {
         Ok(vec![Value::computed(Tensor::new(vec![], Data::I64(vec![b.ty(c.arg(0)?).numel() as i64])))])
     }),
     Converter::since(9, "ConstantOfShape", constant_of_shape),
-    Converter::since(11, "Range", |_, c| one(range(c))),
+    Converter::since(11, "Range", |b, c| one(range(b, c))),
     Converter::since(9, "Constant", |_, c| Ok(vec![Value::named(constant(c)?, &c.out)])),
 ];
 
@@ -379,10 +385,54 @@ pub(super) fn slice(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
             }
         }
     }
-    let mut attrs = vec![("starts", Attr::ints(&starts)), ("ends", Attr::ints(&c.const_ints(2)?))];
+    let ends = c.const_ints(2)?;
+    let mut attrs = vec![("starts", Attr::ints(&starts)), ("ends", Attr::ints(&ends))];
+    let all_axes = axes.clone().unwrap_or_else(|| (0..starts.len() as i64).collect());
+    let all_steps = steps.clone().unwrap_or_else(|| vec![1; starts.len()]);
     attrs.extend(axes.map(|a| ("axes", Attr::ints(&a))));
     attrs.extend(steps.map(|s| ("steps", Attr::ints(&s))));
-    one(b.node(&c.out, Op::Slice, &[x], &attrs))
+    // An end that is a tensor's size, cutting a dim longer than it (a position table cut to
+    // the sequence), is that many positions of the tensor's dim gathered: a cut at the
+    // number would hold at the example sizes only.
+    let cut = |k: usize| -> Option<(SizeOf, usize)> {
+        let size = c.arg(2).ok()?.sizes()?.get(k)?.clone()?;
+        let axis = norm_axis(*all_axes.get(k)?, shape.len()).ok()?;
+        let plain = c.arg(1).ok()?.sizes().and_then(|s| s.get(k)?.clone()).is_none();
+        (plain && starts[k] >= 0 && *all_steps.get(k)? > 0 && ends[k] < shape[axis] as i64).then_some((size, axis))
+    };
+    let cuts: Vec<(usize, SizeOf, usize)> =
+        (0..starts.len().min(ends.len())).filter_map(|k| cut(k).map(|(s, a)| (k, s, a))).collect();
+    if cuts.is_empty() {
+        return one(b.node(&c.out, Op::Slice, &[x], &attrs));
+    }
+    let mut x = x.clone();
+    for (k, (t, d), axis) in &cuts {
+        let idx = positions(b, &c.out, t, *d, starts[*k], all_steps[*k])?;
+        x = b.node(&c.out, Op::Gather, &[&x, &idx], &[("axis", Attr::Int(*axis as i64))])?;
+    }
+    let rest: Vec<usize> = (0..starts.len()).filter(|k| !cuts.iter().any(|c| c.0 == *k)).collect();
+    if rest.is_empty() {
+        return Ok(vec![x]);
+    }
+    let pick = |v: &[i64]| rest.iter().map(|&k| v.get(k).copied().unwrap_or(0)).collect::<Vec<i64>>();
+    let attrs = [
+        ("starts", Attr::ints(&pick(&starts))),
+        ("ends", Attr::ints(&pick(&ends))),
+        ("axes", Attr::ints(&pick(&all_axes))),
+        ("steps", Attr::ints(&pick(&all_steps))),
+    ];
+    one(b.node(&c.out, Op::Slice, &[&x], &attrs))
+}
+
+/// The positions `start, start + step, ...` before the size of dim `d` of tensor `t`, as
+/// i64: an iota of that dim, sliced when it does not start at 0 one by one.
+fn positions(b: &mut Builder, name: &str, t: &str, d: usize, start: i64, step: i64) -> R<Value> {
+    let iota = b.node(name, Op::Iota, &[&Value::Tensor(t.to_string())], &[("axis", Attr::Int(d as i64))])?;
+    if (start, step) == (0, 1) {
+        return Ok(iota);
+    }
+    let attrs = [("starts", Attr::ints(&[start])), ("ends", Attr::ints(&[i64::MAX])), ("steps", Attr::ints(&[step]))];
+    b.node(name, Op::Slice, &[&iota], &attrs)
 }
 
 fn expand(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
@@ -744,8 +794,10 @@ fn split(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
     Ok(outs)
 }
 
-/// Range of scalar constants: `max(ceil((limit - start) / delta), 0)` elements.
-fn range(c: &Ctx) -> R<Value> {
+/// Range of scalar constants: `max(ceil((limit - start) / delta), 0)` elements. A limit
+/// that is a tensor's size, with a whole start from 0 and a whole step from 1, is positions
+/// of the tensor's dim (`positions`), cast to the range's type.
+fn range(b: &mut Builder, c: &Ctx) -> R<Value> {
     let scalar = |i: usize| -> R<Tensor> {
         let t = c.arg(i)?.as_const().ok_or_else(|| format!("input {i} must be known at import time"))?;
         if t.numel() != 1 {
@@ -758,6 +810,17 @@ fn range(c: &Ctx) -> R<Value> {
     let [s, l, d] = [&start, &limit, &delta].map(|t| t.data.to_f64()[0]);
     if d == 0.0 {
         return Err("delta is 0".into());
+    }
+    let plain = |i: usize| c.arg(i).ok().and_then(Value::sizes).is_none();
+    let whole = |v: f64| v.fract() == 0.0 && (0.0..=i64::MAX as f64).contains(&v);
+    if let Some(Some((t, dim))) = c.arg(1)?.sizes().map(|s| s[0].clone()) {
+        if plain(0) && plain(2) && whole(s) && whole(d) && d >= 1.0 {
+            let at = positions(b, &c.out, &t, dim, s as i64, d as i64)?;
+            return match dtype {
+                DType::I64 => Ok(at),
+                _ => b.node(&c.out, Op::Cast, &[&at], &[("to", Attr::Str(dtype.name().into()))]),
+            };
+        }
     }
     let n = ((l - s) / d).ceil().max(0.0);
     if n.is_nan() || n > budget::CEILING as f64 {

@@ -70,6 +70,8 @@ pub fn source(op: Op) -> Source {
         Concat => Onnx(&["Concat"]),
         Slice => Onnx(&["Slice"]),
         Gather => Onnx(&["Gather"]),
+        // In an import with ranged dims, for a length read from a shape (`symbolic.rs`).
+        Iota => Onnx(&["Range", "Slice"]),
         ScatterElements => Onnx(&["ScatterElements"]),
         Pad => Onnx(&["Pad"]),
         DynamicSlice => Source::None(

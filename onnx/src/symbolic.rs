@@ -1,7 +1,9 @@
 //! A model imported with ranged dims, checked against itself. The importer folds shape
-//! arithmetic at the example sizes; symbolic inference then reads the sizes it left in
-//! reshape, broadcast_to and slice attributes back as expressions, and pins a symbol that
-//! meets a constant sized to it. What it cannot see is a *value* computed from a size — the
+//! arithmetic at the example sizes, but keeps which tensor dim each folded element is the
+//! size of: a Slice that cuts a dim to such a size and a Range up to one are built from
+//! that dim (`iota`), so they follow it at every size. Symbolic inference then reads the
+//! sizes left in reshape, broadcast_to and slice attributes back as expressions, and pins a
+//! symbol that meets a constant sized to it. What it cannot see is a *value* computed from a size — the
 //! length of a sequence as a divisor (`ReduceSum(x) / Cast(Shape(x)[1])`), a position table
 //! cut to it — folded into a constant that is right at the example and wrong at every other
 //! size, with no shape to give it away. So the model is imported a second time at other
@@ -29,7 +31,7 @@ pub fn import(
     shapes: &BTreeMap<String, Vec<usize>>,
     consts: &BTreeMap<String, Tensor>,
 ) -> anyhow::Result<(Imported, SymInfo)> {
-    let imp = crate::import(path, dims, shapes, consts)?;
+    let imp = crate::import(path, dims, shapes, consts, true)?;
     let in_file = |e: String| anyhow::anyhow!("{}: {e}", path.display());
     let si = sym::infer_graph(&imp.graph, &imp.info, symbols).map_err(in_file)?;
     // One symbol at a time, so that a refusal names the symbol the model computes with.
@@ -38,7 +40,7 @@ pub fn import(
         at.insert(name.clone(), v);
         let mut other_dims = dims.clone();
         other_dims.insert(name.clone(), v as usize);
-        let other = crate::import(path, &other_dims, shapes, consts)
+        let other = crate::import(path, &other_dims, shapes, consts, true)
             .map_err(|e| in_file(format!("imported at {name}={v} to check its symbolic reading: {}", e.msg)))?;
         let read = sym::specialise(&imp.graph, &si, &at).map_err(in_file)?;
         let what = graph_difference(&text::print(&read), &text::print(&other.graph))

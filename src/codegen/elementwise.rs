@@ -208,8 +208,15 @@ impl Plan {
         if let Some((i, t)) = f.inputs.iter().enumerate().find(|(_, t)| !broadcasts_to(&t.shape, shape)) {
             bail!("input {i} ({t}) does not broadcast to the result {}", last.ty);
         }
-        // Element strides of every input and of the result along the result's dims.
-        let mut all: Vec<Vec<usize>> = f.inputs.iter().map(|t| broadcast_strides(&t.shape, shape)).collect();
+        // Element strides of every input and of the result along the result's dims. An
+        // input that repeats every so many of the result's rows (`rows::periods`) steps as
+        // the result does; its pointer wraps.
+        let mut all: Vec<Vec<usize>> = (f.inputs.iter().enumerate())
+            .map(|(i, t)| match super::rows::is_periodic(i + 1) {
+                true => broadcast_strides(shape, shape),
+                false => broadcast_strides(&t.shape, shape),
+            })
+            .collect();
         all.push(broadcast_strides(shape, shape));
         let (mut dims, mut all) = collapse(shape, &all);
         let mut tail = 0;

@@ -34,6 +34,7 @@ pub fn kernel(target: &Target, name: &str, node: &Node, inputs: &[TensorType], o
         Op::ScatterElements => scatter_elements(target, name, node, inputs, out)?,
         Op::DynamicSlice | Op::DynamicUpdateSlice => return dynamic(target, name, node, inputs, out),
         Op::Einsum => einsum(target, name, node, inputs, out)?,
+        Op::Iota => iota(target, name, node, inputs, out)?,
         _ => {
             let copies = copies(node, inputs, out)?;
             let esize = out.dtype.size_bytes() as i64;
@@ -574,6 +575,32 @@ fn gather(
             }
             None => for_nest(kb, &[Dim::new(outer, &[n * run, count * run])], &[src, dst], &mut row),
         }
+    }))
+}
+
+/// iota: the positions `0..n` of the operand's axis, whose elements it never reads. Over
+/// symbolic rows (the axis a symbol sizes) it writes the call's count of them.
+fn iota(
+    target: &Target,
+    name: &str,
+    node: &Node,
+    inputs: &[TensorType],
+    out: &TensorType,
+) -> Result<cranelift_codegen::ir::Function> {
+    let x = inputs.first().ok_or_else(|| anyhow!("iota needs an operand"))?;
+    let n = x.shape[norm_axis(attrs::Iota::of(node).axis, x.rank()).map_err(anyhow::Error::msg)?];
+    if out.shape != [n] || out.dtype != DType::I64 {
+        bail!("iota result {out} does not match its operand {x}");
+    }
+    Ok(build_kernel(target, name, |kb| {
+        let dst = kb.buf(0);
+        let count = super::rows::outer(kb, n).unwrap_or_else(|| kb.iconst(n as i64));
+        let zero = kb.iconst(0);
+        kb.for_range(zero, count, 1, |kb, i| {
+            let at = kb.addr(dst, i, 8);
+            let v = if kb.ptr == types::I64 { i } else { kb.b.ins().sextend(types::I64, i) };
+            kb.b.ins().store(mem(), v, at, 0);
+        });
     }))
 }
 
@@ -1188,6 +1215,14 @@ mod tests {
                     assert_eq!(status, STATUS_INDEX_OUT_OF_RANGE, "{idx:?}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn iota() {
+        for (shape, axis) in [(&[5, 3][..], 0), (&[5, 3], -1), (&[2, 0, 7], 2), (&[33], 0), (&[1, 2, 3], 1)] {
+            let x = random(DType::F32, shape, 0.0, 1.0, 3);
+            check(kernel, &node(Op::Iota, 1, &[("axis", Attr::Int(axis))]), &[x]);
         }
     }
 

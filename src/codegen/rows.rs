@@ -14,7 +14,7 @@ use cranelift_codegen::ir::{types, InstBuilder, Value};
 use super::emit::{mem, KernelBuilder};
 
 /// Where a scaled kernel finds its row count.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct RowsArg {
     /// The kernel buffer that is the size table.
     pub buf: usize,
@@ -22,6 +22,9 @@ pub struct RowsArg {
     pub slot: usize,
     /// The rows the kernel is generated for.
     pub hi: usize,
+    /// Per kernel buffer, the table entry of the rows after which it repeats, for an
+    /// operand broadcast over the result's first leading dims (`sizes::StepScaling::Rows`).
+    pub periods: Vec<Option<usize>>,
 }
 
 struct Scaled {
@@ -75,9 +78,36 @@ pub(crate) fn outer(kb: &mut KernelBuilder, n: usize) -> Option<Value> {
         if !n.is_multiple_of(s.arg.hi) {
             s.bad = Some(format!("its outer loop of {n} is not whole rows of {}", s.arg.hi));
         }
-        Some(s.arg)
+        Some((s.arg.buf, s.arg.slot, s.arg.hi))
     })?;
-    let table = kb.buf(arg.buf);
-    let rows = kb.b.ins().load(types::I64, mem(), table, (arg.slot * 8) as i32);
-    Some(kb.b.ins().imul_imm_s(rows, (n / arg.hi) as i64))
+    let (buf, slot, hi) = arg;
+    let table = kb.buf(buf);
+    let rows = kb.b.ins().load(types::I64, mem(), table, (slot * 8) as i32);
+    Some(kb.b.ins().imul_imm_s(rows, (n / hi) as i64))
+}
+
+/// Per kernel buffer (`pointers` of them), the outer loop's iterations after which it
+/// repeats, for an operand broadcast over the result's first leading dims: its rows this
+/// call times the iterations of a row (the outer loop being `n` iterations at the bounds).
+/// Such an operand is laid out as if it had the result's shape, so its pointer steps as
+/// the result's does, but wraps to its start every period.
+pub(crate) fn periods(kb: &mut KernelBuilder, pointers: usize, n: usize) -> Vec<Option<Value>> {
+    let Some((buf, periods, hi)) =
+        SCALED.with(|s| s.borrow().as_ref().map(|s| (s.arg.buf, s.arg.periods.clone(), s.arg.hi)))
+    else {
+        return vec![None; pointers];
+    };
+    (0..pointers)
+        .map(|b| {
+            let slot = periods.get(b).copied().flatten()?;
+            let table = kb.buf(buf);
+            let rows = kb.b.ins().load(types::I64, mem(), table, (slot * 8) as i32);
+            Some(kb.b.ins().imul_imm_s(rows, (n / hi) as i64))
+        })
+        .collect()
+}
+
+/// Whether kernel buffer `b` repeats after some rows (`periods`).
+pub(crate) fn is_periodic(b: usize) -> bool {
+    SCALED.with(|s| s.borrow().as_ref().is_some_and(|s| s.arg.periods.get(b).copied().flatten().is_some()))
 }

@@ -153,6 +153,9 @@ pub fn corresponding_dims(n: &Node, i: usize, info: &Info) -> Vec<(usize, usize)
             (0..ins.len()).filter(|d| !axes.contains(d)).map(|d| (d, d)).collect()
         }
         Op::DynamicSlice | Op::DynamicUpdateSlice => vec![],
+        // Positions are global: a device's part of a split axis would count from 0, so the
+        // result is whole on each device.
+        Op::Iota => vec![],
         Op::Gather => {
             let data = &info.types[&n.inputs[0]].shape;
             let axis = norm_axis(attrs::Gather::of(n).axis, data.len()).unwrap_or(0);

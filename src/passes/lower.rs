@@ -586,6 +586,7 @@ impl Lower<'_> {
             | Op::ScatterElements
             | Op::DynamicSlice
             | Op::DynamicUpdateSlice
+            | Op::Iota
             | Op::Pad
             | Op::Conv
             | Op::MaxPool

@@ -398,6 +398,7 @@ fn node_shape(cx: &mut Cx, ops: &[Vec<Expr>], info: &Info, want: &[usize]) -> R<
             let ds = &ops[0];
             Ok([&ds[..axis], &ops[1][..], &ds[axis + 1..]].concat())
         }
+        Iota => Ok(vec![ops[0][norm_axis(attrs::Iota::try_of(node)?.axis, ops[0].len())?].clone()]),
         ScatterElements => {
             let axis = norm_axis(attrs::ScatterElements::try_of(node)?.axis, ops[0].len())?;
             for (u, i) in ops[2].iter().zip(&ops[1]) {
