@@ -650,7 +650,8 @@ fn check_and_inspect_speak_json() {
     assert!(kinds.contains(&"meta") && kinds.contains(&"weights"), "{kinds:?}");
 }
 
-/// `--dump-after all --dump-format dot` says which passes it leaves out.
+/// `--dump-after all --dump-format dot` says which passes it leaves out; the artifact goes
+/// into /dev/null, which stays the device (renamed over, it was replaced when run as root).
 #[test]
 fn dot_dumps_name_the_passes_without_a_dot_form() {
     let run = meshc(&[
@@ -668,4 +669,6 @@ fn dot_dumps_name_the_passes_without_a_dot_form() {
         run.stderr.contains("note: --dump-after all --dump-format dot dumps place, lower, sendrecv, streams; verify,"),
         "{run:?}"
     );
+    let null = std::fs::metadata("/dev/null").unwrap().file_type();
+    assert!(std::os::unix::fs::FileTypeExt::is_char_device(&null), "/dev/null is no longer a device");
 }

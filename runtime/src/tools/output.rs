@@ -132,11 +132,13 @@ impl Drop for Temp {
 /// Writes staged together: each `write` goes to a temporary file (flushed to disk);
 /// `commit` renames them all into place. Dropped without `commit` (an error on the way),
 /// the temporaries are removed and no final name has changed.
-/// `-` stages standard output, written after the files are renamed.
+/// `-` stages standard output, and a path that is no regular file (`/dev/null`, a pipe)
+/// its bytes: both are written after the files are renamed.
 #[derive(Default)]
 pub struct Outputs {
     staged: Vec<(Temp, PathBuf)>,
     stdout: Option<Vec<u8>>,
+    devices: Vec<(PathBuf, Vec<u8>)>,
 }
 
 impl Outputs {
@@ -155,8 +157,16 @@ impl Outputs {
             self.stdout = Some(bytes);
             return Ok(());
         }
-        if self.staged.iter().any(|(_, p)| same_file(p, path)) {
+        if self.staged.iter().any(|(_, p)| same_file(p, path)) || self.devices.iter().any(|(p, _)| p == path) {
             bail!("{}: two outputs of one command would be written to this file", path.display());
+        }
+        // A device or a pipe is written into: renamed over, the device node itself would be
+        // replaced wherever the user may (`-o /dev/null` as root replaced /dev/null).
+        if std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+            let mut bytes = Vec::new();
+            fill(&mut bytes)?;
+            self.devices.push((path.to_path_buf(), bytes));
+            return Ok(());
         }
         let tmp = Temp::beside(path)?;
         let written = std::fs::File::create(&tmp.path).map_err(anyhow::Error::from).and_then(|f| {
@@ -184,6 +194,10 @@ impl Outputs {
             std::fs::rename(&tmp.path, &path).with_context(|| format!("{}: cannot write", path.display()))?;
             pending().remove(&tmp.path);
             std::mem::forget(tmp);
+        }
+        for (path, bytes) in self.devices.drain(..) {
+            let written = std::fs::OpenOptions::new().write(true).open(&path).and_then(|mut f| f.write_all(&bytes));
+            written.with_context(|| format!("{}: cannot write", path.display()))?;
         }
         if let Some(bytes) = self.stdout.take() {
             let mut out = std::io::stdout().lock();
