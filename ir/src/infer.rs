@@ -516,14 +516,8 @@ fn epilogue(node: &Node, extra: &[Operand], ab: &[Operand], out: &TensorType) ->
         Some(s) => crate::ops::epilogue_steps(&s)?,
         None => Vec::new(),
     };
-    let converts = steps.first().is_some_and(|s| s.0 == "to_f32");
-    if steps.iter().skip(1).any(|s| s.0 == "to_f32") || (converts != (out.dtype == DType::I32) && !steps.is_empty()) {
-        return Err(format!(
-            "an epilogue of an {} product {}",
-            out.dtype,
-            if out.dtype == DType::I32 { "starts with to_f32, and has it once" } else { "has no to_f32" }
-        ));
-    }
+    crate::ops::check_epilogue_conversion(steps.iter().map(|s| s.0), out.dtype == DType::I32)?;
+    let converts = !steps.is_empty() && out.dtype == DType::I32;
     let binary = steps.iter().filter(|s| s.1).count();
     if binary != extra.len() {
         return Err(format!("matmul has {} operands after a and b, its epilogue takes {binary}", extra.len()));

@@ -255,6 +255,21 @@ pub fn epilogue_steps(attr: &str) -> Result<Vec<(&'static str, bool)>, String> {
         .collect()
 }
 
+/// Checks where `to_f32` stands among an epilogue's `steps` (names): first in the epilogue
+/// of an `integer` product and nowhere else, as the steps after it, and every step of an
+/// f32 product's, are f32 arithmetic.
+pub fn check_epilogue_conversion<'s>(steps: impl IntoIterator<Item = &'s str>, integer: bool) -> Result<(), String> {
+    let steps: Vec<&str> = steps.into_iter().collect();
+    let first = steps.first() == Some(&"to_f32");
+    if steps.iter().skip(1).any(|s| *s == "to_f32") || (!steps.is_empty() && first != integer) {
+        return Err(match integer {
+            true => "an epilogue of an i32 product starts with to_f32, and has it once".to_string(),
+            false => "an epilogue of an f32 product has no to_f32".to_string(),
+        });
+    }
+    Ok(())
+}
+
 /// Checks that an epilogue operand of shape `operand` broadcasts (numpy's rules) to the
 /// matmul's result `out` without growing it: the kernels apply it to the result in place.
 pub fn check_epilogue_operand(operand: &[usize], out: &[usize]) -> Result<(), String> {

@@ -78,7 +78,7 @@ pub fn fuse(g: &Graph, info: &Info, folded: &Folded, library: impl Fn(&Node) -> 
             let u = &g.nodes[*user];
             let other = |k: usize| &u.inputs[k];
             // An i32 product's chain starts with its conversion to f32.
-            let converts = u.op == Op::Cast && meshc_ir::attrs::Cast::of(u).to == DType::F32;
+            let converts = integer && u.op == Op::Cast && meshc_ir::attrs::Cast::of(u).to == DType::F32;
             if integer && steps.is_empty() != converts {
                 break;
             }

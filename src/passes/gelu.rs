@@ -215,6 +215,11 @@ impl<'g> Matcher<'g> {
         self.operands(a, Op::Add).into_iter().find(|&(y, c)| y == f.name && self.is(c, 1.0))?;
         self.inner(&self.g.nodes[a].name)?;
         let (last, more) = self.product(&self.g.nodes[a].name, x)?;
+        // A constant of higher rank than x broadcasts the chain's result beyond x's shape,
+        // which gelu(x) keeps.
+        if self.info.types[&self.g.nodes[last].name].shape != self.info.types[x].shape {
+            return None;
+        }
         members.extend([i, a, last]);
         members.extend(more);
 
@@ -237,11 +242,18 @@ impl<'g> Matcher<'g> {
                 let rn = &self.g.nodes[r];
                 let name = super::fresh(used, &rn.inputs[0], "gelu");
                 used.insert(name.clone());
-                let (y, declared) = (rn.inputs[0].clone(), (out.dtype, out.shape.clone(), out.dims.clone()));
+                let y = rn.inputs[0].clone();
                 let inner =
                     Node { name: name.clone(), inputs: vec![y], dtype: None, shape: None, dims: None, ..gelu.clone() };
-                let (dtype, shape, dims) = declared;
-                let after = Node { name: out.name.clone(), inputs: vec![name], dtype, shape, dims, ..rn.clone() };
+                // The reshape's declared dims name what inference cannot (a split product).
+                let after = Node {
+                    name: out.name.clone(),
+                    inputs: vec![name],
+                    dtype: rn.dtype.or(out.dtype),
+                    shape: rn.shape.clone().or_else(|| out.shape.clone()),
+                    dims: rn.dims.clone().or_else(|| out.dims.clone()),
+                    ..rn.clone()
+                };
                 members.push(r);
                 vec![inner, after]
             }

@@ -63,20 +63,6 @@ impl Step {
     }
 }
 
-/// Checks where `to_f32` stands: first in the epilogue of an `integer` product and nowhere
-/// else (the steps after it, and every step of an f32 product's, are f32 arithmetic).
-pub fn check_conversion(steps: &[Step], integer: bool) -> Result<(), String> {
-    let first = steps.first() == Some(&Step::ToF32);
-    if steps.iter().skip(1).any(|s| *s == Step::ToF32) || (!steps.is_empty() && first != integer) {
-        return Err(format!(
-            "the epilogue of an {} product {}",
-            if integer { "i32" } else { "f32" },
-            if integer { "starts with to_f32, and has it once" } else { "has no to_f32" }
-        ));
-    }
-    Ok(())
-}
-
 /// The shapes of the steps' operands, in step order.
 pub fn operands(steps: &[Step]) -> impl Iterator<Item = &[usize]> {
     steps.iter().filter_map(Step::operand)

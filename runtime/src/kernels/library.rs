@@ -504,7 +504,7 @@ pub(crate) fn check_epilogue(
     (a, b, out): (&[usize], &[usize], &[usize]),
     buffers: &[&Buffer],
 ) -> Result<(), String> {
-    crate::format::epilogue::check_conversion(steps, integer)?;
+    meshc_ir::ops::check_epilogue_conversion(steps.iter().map(Step::name), integer)?;
     if !steps.is_empty() && (a.len() < 2 || b.len() < 2) {
         return Err("an epilogue follows a product of matrices".to_string());
     }
