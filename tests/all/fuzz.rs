@@ -266,6 +266,14 @@ fn graph(r: &Recipe) -> String {
             8 => {
                 let (x, xs) = values[a as usize % leaves].clone();
                 let int = ["i32", "i8", "u8", "i16", "u16", "u32", "u64"][arg as usize % 7];
+                // A negative value cast to u32 wraps to near 2^32, beyond where compiled sin
+                // and cos are accurate (docs/ops.md): u32 takes |x| (every_cast tests the wrap).
+                let x = if int == "u32" {
+                    lines.push(format!("{name}a = abs({x})"));
+                    format!("{name}a")
+                } else {
+                    x
+                };
                 lines.push(format!("{name}i = cast({x}) {{to = \"{int}\"}}"));
                 (format!("{name} = cast({name}i) {{to = \"f32\"}}"), xs)
             }
