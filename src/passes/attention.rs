@@ -35,15 +35,7 @@ struct Chain {
 /// The graph `g` (verified as `info`, its constants `folded`) with every fusable attention
 /// chain replaced by one `attention` node; `None` when there is none.
 pub fn fuse(g: &Graph, info: &Info, folded: &Folded) -> Option<Graph> {
-    let mut producer: HashMap<&str, usize> = HashMap::new();
-    let mut uses: HashMap<&str, usize> = HashMap::new();
-    for (i, n) in g.nodes.iter().enumerate() {
-        producer.insert(n.name.as_str(), i);
-        for x in &n.inputs {
-            *uses.entry(x.as_str()).or_default() += 1;
-        }
-    }
-    let m = Matcher { g, info, folded, producer, uses };
+    let m = Matcher { g, info, folded, reads: super::Reads::new(g) };
     let mut fused: HashMap<usize, Node> = HashMap::new();
     let mut dropped = vec![false; g.nodes.len()];
     for &i in &info.order {
@@ -59,17 +51,14 @@ struct Matcher<'g> {
     g: &'g Graph,
     info: &'g Info,
     folded: &'g Folded<'g>,
-    producer: HashMap<&'g str, usize>,
-    uses: HashMap<&'g str, usize>,
+    reads: super::Reads<'g>,
 }
 
 impl<'g> Matcher<'g> {
     /// The node computing `name` if it is an intermediate of a chain: computed (not a
     /// constant), read once, no output.
     fn inner(&self, name: &str) -> Option<&'g Node> {
-        let n = &self.g.nodes[*self.producer.get(name)?];
-        let once = self.uses.get(name) == Some(&1) && !self.g.outputs.iter().any(|o| o.name == name);
-        (once && !self.folded.has(name)).then_some(n)
+        self.reads.inner(name, self.folded).map(|i| &self.g.nodes[i])
     }
 
     /// Whether `name` is stored as an f32 tensor of rank at least `rank`.
@@ -99,7 +88,7 @@ impl<'g> Matcher<'g> {
         if norm_axis(attrs::Softmax::of(softmax).axis, rank) != Ok(rank - 1) || !self.f32_of_rank(v, 2) {
             return None;
         }
-        let mut members = vec![self.producer[probs.as_str()]];
+        let mut members = vec![self.reads.producer[probs.as_str()]];
         let mut cur = self.inner(&softmax.inputs[0])?;
         let scores = &self.info.types[&softmax.inputs[0]].shape;
         let keys = scores[scores.len() - 1];
@@ -116,7 +105,7 @@ impl<'g> Matcher<'g> {
                 return None;
             }
             steps.push(("add", mask));
-            members.push(self.producer[cur.name.as_str()]);
+            members.push(self.reads.producer[cur.name.as_str()]);
             cur = self.inner(chain)?;
         }
         if matches!(cur.op, Op::Mul | Op::Div) {
@@ -130,7 +119,7 @@ impl<'g> Matcher<'g> {
                 return None;
             }
             steps.push((cur.op.name(), scale));
-            members.push(self.producer[cur.name.as_str()]);
+            members.push(self.reads.producer[cur.name.as_str()]);
             cur = self.inner(chain)?;
         }
         // The steps do not grow the product: the scores the softmax reads have its shape.
@@ -145,7 +134,7 @@ impl<'g> Matcher<'g> {
         if !self.f32_of_rank(q, 2) || !self.f32_of_rank(kt, 2) {
             return None;
         }
-        members.push(self.producer[cur.name.as_str()]);
+        members.push(self.reads.producer[cur.name.as_str()]);
         steps.reverse();
         let mut node = out.clone();
         node.op = Op::Attention;

@@ -39,14 +39,7 @@ pub const MIN_COLUMNS: usize = 32;
 /// after a matmul for which `library` holds folded into that matmul; `None` when there is
 /// none.
 pub fn fuse(g: &Graph, info: &Info, folded: &Folded, library: impl Fn(&Node) -> bool) -> Option<Graph> {
-    // Uses of each value: every operand position reading it, and the outputs.
-    let mut uses: HashMap<&str, Vec<usize>> = HashMap::new();
-    for (i, n) in g.nodes.iter().enumerate() {
-        for x in &n.inputs {
-            uses.entry(x.as_str()).or_default().push(i);
-        }
-    }
-    let output = |name: &str| g.outputs.iter().any(|o| o.name == name);
+    let reads = super::Reads::new(g);
     let matrix = |name: &str, dtype: DType| info.types[name].dtype == dtype && info.types[name].rank() >= 2;
     // Per fused chain's last node, the fused node; the other members are dropped.
     let mut fused: HashMap<usize, Node> = HashMap::new();
@@ -71,11 +64,11 @@ pub fn fuse(g: &Graph, info: &Info, folded: &Folded, library: impl Fn(&Node) -> 
         let (mut last, mut steps, mut operands) = (i, Vec::new(), Vec::new());
         loop {
             let cur = g.nodes[last].name.as_str();
-            let [user] = uses.get(cur).map_or(&[][..], Vec::as_slice) else { break };
-            if output(cur) || taken[*user] {
+            let Some(user) = reads.reader(cur) else { break };
+            if reads.is_output(cur) || taken[user] {
                 break;
             }
-            let u = &g.nodes[*user];
+            let u = &g.nodes[user];
             let other = |k: usize| &u.inputs[k];
             // An i32 product's chain starts with its conversion to f32.
             let converts = integer && u.op == Op::Cast && meshc_ir::attrs::Cast::of(u).to == DType::F32;
@@ -108,7 +101,7 @@ pub fn fuse(g: &Graph, info: &Info, folded: &Folded, library: impl Fn(&Node) -> 
             };
             steps.push(name);
             dropped[last] = true;
-            last = *user;
+            last = user;
         }
         if steps.is_empty() {
             continue;

@@ -36,20 +36,11 @@ struct Chain {
 /// The graph `g` (verified as `info`, its constants `folded`) with every GELU chain
 /// replaced by one `gelu` node; `None` when there is none.
 pub fn recognise(g: &Graph, info: &Info, folded: &Folded) -> Option<Graph> {
-    let mut producer = HashMap::new();
-    let mut uses: HashMap<&str, usize> = HashMap::new();
-    for (i, n) in g.nodes.iter().enumerate() {
-        producer.insert(n.name.as_str(), i);
-        for x in &n.inputs {
-            *uses.entry(x.as_str()).or_default() += 1;
-        }
-    }
-    let outputs = g.outputs.iter().map(|o| o.name.as_str()).collect();
     let mut used: HashSet<String> = (g.inputs.iter().map(|i| i.name.clone()))
         .chain(g.params.iter().map(|p| p.name.clone()))
         .chain(g.nodes.iter().map(|n| n.name.clone()))
         .collect();
-    let m = Matcher { g, info, folded, producer, uses, outputs };
+    let m = Matcher { g, info, folded, reads: super::Reads::new(g) };
     let mut taken = vec![false; g.nodes.len()];
     let mut chains = Vec::new();
     for &i in &info.order {
@@ -83,18 +74,13 @@ struct Matcher<'g> {
     g: &'g Graph,
     info: &'g Info,
     folded: &'g Folded<'g>,
-    producer: HashMap<&'g str, usize>,
-    uses: HashMap<&'g str, usize>,
-    outputs: HashSet<&'g str>,
+    reads: super::Reads<'g>,
 }
 
 impl<'g> Matcher<'g> {
-    /// The node computing `name` when it is a member a chain may drop: not folded, no
-    /// output, read once.
+    /// The node computing `name` when it is a member a chain may drop.
     fn inner(&self, name: &str) -> Option<usize> {
-        let i = *self.producer.get(name)?;
-        let single = self.uses.get(name) == Some(&1) && !self.outputs.contains(name);
-        (single && !self.folded.has(name)).then_some(i)
+        self.reads.inner(name, self.folded)
     }
 
     /// Whether `name` is a one-element f32 constant within `TOLERANCE` of `want`.
@@ -118,13 +104,6 @@ impl<'g> Matcher<'g> {
             Op::Add | Op::Mul => vec![(a, b), (b, a)],
             _ => vec![(a, b)],
         }
-    }
-
-    /// The single user of `name` (which `inner` accepted).
-    fn user(&self, name: &str) -> Option<usize> {
-        let mut users = (self.g.nodes.iter().enumerate()).filter(|(_, n)| n.inputs.iter().any(|x| x == name));
-        let (i, _) = users.next()?;
-        users.next().is_none().then_some(i)
     }
 
     /// `x` and the members when `name` is `x / √2` or `x · (1/√2)`.
@@ -169,7 +148,7 @@ impl<'g> Matcher<'g> {
     /// The last node and the members when `one_plus` (`1 + f`, read once) is multiplied by
     /// `x` and one half, in either order and grouping.
     fn product(&self, one_plus: &str, x: &str) -> Option<(usize, Vec<usize>)> {
-        let m1 = self.user(one_plus)?;
+        let m1 = self.reads.reader(one_plus)?;
         for (_, y) in self.operands(m1, Op::Mul).into_iter().filter(|&(a, _)| a == one_plus) {
             let half = |i: usize, other: &str| {
                 self.operands(i, Op::Mul).into_iter().any(|(a, c)| a == other && self.is(c, 0.5))
@@ -177,7 +156,7 @@ impl<'g> Matcher<'g> {
             let then = |by: &dyn Fn(&str) -> bool| -> Option<(usize, Vec<usize>)> {
                 let m = self.g.nodes[m1].name.as_str();
                 self.inner(m)?;
-                let o = self.user(m)?;
+                let o = self.reads.reader(m)?;
                 self.operands(o, Op::Mul).into_iter().any(|(a, b)| a == m && by(b)).then(|| (o, vec![m1]))
             };
             // (1 + f)·x, then ·0.5.
@@ -211,7 +190,7 @@ impl<'g> Matcher<'g> {
             return None;
         }
         self.inner(&f.name)?;
-        let a = self.user(&f.name)?;
+        let a = self.reads.reader(&f.name)?;
         self.operands(a, Op::Add).into_iter().find(|&(y, c)| y == f.name && self.is(c, 1.0))?;
         self.inner(&self.g.nodes[a].name)?;
         let (last, more) = self.product(&self.g.nodes[a].name, x)?;
@@ -233,9 +212,9 @@ impl<'g> Matcher<'g> {
         // produced the reshape's operand.
         let reads = |k: &usize| self.g.nodes[*k].inputs.iter().filter(|y| *y == x).count();
         let in_chain = members.iter().map(reads).sum::<usize>();
-        let reshape = (self.producer.get(x).copied())
-            .filter(|&r| self.g.nodes[r].op == Op::Reshape && self.uses.get(x) == Some(&in_chain))
-            .filter(|_| !self.outputs.contains(x) && !self.folded.has(x));
+        let reshape = (self.reads.producer.get(x).copied())
+            .filter(|&r| self.g.nodes[r].op == Op::Reshape && self.reads.count(x) == in_chain)
+            .filter(|_| !self.reads.is_output(x) && !self.folded.has(x));
         let nodes = match reshape {
             None => vec![gelu],
             Some(r) => {

@@ -16,6 +16,55 @@ pub mod quantize;
 pub mod sendrecv;
 pub mod streams;
 
+/// Who computes and who reads each value of a program: what the passes that fold a chain
+/// of nodes into one (attention, gelu, epilogue) ask of a value the chain would drop.
+pub(crate) struct Reads<'g> {
+    /// The node computing each value.
+    pub producer: std::collections::HashMap<&'g str, usize>,
+    /// The nodes reading each value, a node once per operand position it reads it in.
+    pub readers: std::collections::HashMap<&'g str, Vec<usize>>,
+    outputs: std::collections::HashSet<&'g str>,
+}
+
+impl<'g> Reads<'g> {
+    pub fn new(g: &'g meshc_ir::Graph) -> Reads<'g> {
+        let mut reads =
+            Reads { producer: Default::default(), readers: Default::default(), outputs: Default::default() };
+        for (i, n) in g.nodes.iter().enumerate() {
+            reads.producer.insert(n.name.as_str(), i);
+            for x in &n.inputs {
+                reads.readers.entry(x.as_str()).or_default().push(i);
+            }
+        }
+        reads.outputs = g.outputs.iter().map(|o| o.name.as_str()).collect();
+        reads
+    }
+
+    /// How many times `name` is read.
+    pub fn count(&self, name: &str) -> usize {
+        self.readers.get(name).map_or(0, Vec::len)
+    }
+
+    /// The node reading `name` when it is read once.
+    pub fn reader(&self, name: &str) -> Option<usize> {
+        match self.readers.get(name).map(Vec::as_slice) {
+            Some(&[i]) => Some(i),
+            _ => None,
+        }
+    }
+
+    pub fn is_output(&self, name: &str) -> bool {
+        self.outputs.contains(name)
+    }
+
+    /// The node computing `name` when a chain may drop it: computed as the program runs
+    /// (not folded), read once, no output.
+    pub fn inner(&self, name: &str, folded: &fold::Folded) -> Option<usize> {
+        let i = *self.producer.get(name)?;
+        (self.count(name) == 1 && !self.is_output(name) && !folded.has(name)).then_some(i)
+    }
+}
+
 /// `base.what`, or `base.whatK` for the first K from 2 that is not in `used`: the name of a
 /// node a pass adds after `base`.
 pub(crate) fn fresh(used: &std::collections::HashSet<String>, base: &str, what: &str) -> String {
