@@ -36,10 +36,7 @@ struct Chain {
 /// The graph `g` (verified as `info`, its constants `folded`) with every GELU chain
 /// replaced by one `gelu` node; `None` when there is none.
 pub fn recognise(g: &Graph, info: &Info, folded: &Folded) -> Option<Graph> {
-    let mut used: HashSet<String> = (g.inputs.iter().map(|i| i.name.clone()))
-        .chain(g.params.iter().map(|p| p.name.clone()))
-        .chain(g.nodes.iter().map(|n| n.name.clone()))
-        .collect();
+    let mut used = super::names(g);
     let m = Matcher { g, info, folded, reads: super::Reads::new(g) };
     let mut taken = vec![false; g.nodes.len()];
     let mut chains = Vec::new();

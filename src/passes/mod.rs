@@ -65,6 +65,13 @@ impl<'g> Reads<'g> {
     }
 }
 
+/// Every name `g` defines (inputs, params, nodes): what a pass adding nodes keeps clear of
+/// (`fresh`).
+pub(crate) fn names(g: &meshc_ir::Graph) -> std::collections::HashSet<String> {
+    let inputs = g.inputs.iter().map(|i| i.name.clone());
+    inputs.chain(g.params.iter().map(|p| p.name.clone())).chain(g.nodes.iter().map(|n| n.name.clone())).collect()
+}
+
 /// `base.what`, or `base.whatK` for the first K from 2 that is not in `used`: the name of a
 /// node a pass adds after `base`.
 pub(crate) fn fresh(used: &std::collections::HashSet<String>, base: &str, what: &str) -> String {

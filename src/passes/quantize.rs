@@ -131,16 +131,13 @@ pub fn quantize(
     }
     let mut q = Quantizer {
         out: g.clone(),
-        names: HashSet::new(),
+        names: super::names(g),
         done: HashMap::new(),
         scalars: None,
         halves: HashMap::new(),
         weights: Vec::new(),
     };
     q.out.nodes.clear();
-    q.names.extend(g.params.iter().map(|p| p.name.clone()));
-    q.names.extend(g.inputs.iter().map(|i| i.name.clone()));
-    q.names.extend(g.nodes.iter().map(|n| n.name.clone()));
     let to = |dtype: DType| [("to", Attr::Str(dtype.name().into()))];
     for (n, r) in g.nodes.iter().zip(&rewrites) {
         match *r {
