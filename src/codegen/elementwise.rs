@@ -241,13 +241,12 @@ impl Plan {
         }
         let inner = *dims.last().expect("at least one dim");
         let scalar_only = nodes.iter().any(|(k, _)| matches!(k, Kind::Mod { .. } | Kind::IntDiv));
-        // i8/u8 are loaded one at a time, widened to i32 (a vector load of 4 bytes and its
-        // wrapping narrow on store are not written yet); held in i32 lanes, a byte computed
-        // inside the group (QuantizeLinear's cast before MatMulInteger's widening) or read once
-        // (a zero point) takes the vector loop.
+        // i8/u8 are loaded one at a time, widened to i32 (a vector load of 4 bytes is not
+        // written yet); held in i32 lanes, a byte computed inside the group (QuantizeLinear's
+        // cast, stored four lanes to a word), or read once (a zero point), takes the vector
+        // loop.
         let n_in = f.inputs.len();
-        let bytes =
-            dtypes.last().is_some_and(|d| d.is_byte()) || (0..n_in).any(|v| dtypes[v].is_byte() && !invariant[v]);
+        let bytes = (0..n_in).any(|v| dtypes[v].is_byte() && !invariant[v]);
         // The 16-bit ints, like the bytes, are loaded one at a time; u32 and u64 are held in
         // i64 lanes, which take the scalar loop as i64 does.
         let scalar_dtype = dtypes.iter().any(|d| d.wide() == DType::I64 || matches!(d, DType::I16 | DType::U16));
@@ -461,6 +460,16 @@ fn store(b: &mut FunctionBuilder, dt: DType, vector: bool, v: Value, addr: Value
     if dt.is_half() {
         let bits = narrow(b, dt, vector, v);
         store_half(b, vector, bits, addr);
+    } else if dt.is_byte() && vector {
+        // Each lane holds its byte's value, sign- or zero-extended (`cast`): the saturating
+        // narrows keep it, to i16 and then to the byte, and the four bytes go out as a word.
+        let halves = b.ins().snarrow(v, v);
+        let bytes = if dt == DType::I8 { b.ins().snarrow(halves, halves) } else { b.ins().unarrow(halves, halves) };
+        let flags =
+            cranelift_codegen::ir::MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little);
+        let words = b.ins().bitcast(types::I32X4, flags, bytes);
+        let word = b.ins().extractlane(words, 0);
+        b.ins().store(mem(), word, addr, 0);
     } else if dt.is_byte() {
         b.ins().istore8(mem(), v, addr, 0);
     } else if matches!(dt, DType::I16 | DType::U16) {
@@ -1353,6 +1362,14 @@ mod tests {
             );
             assert!(Plan::new(&f).unwrap().vector, "{to}");
             check_random(&f, 960 + k as u64, &format!("f32 -> {to} -> i32 - zero point"));
+            // A group whose result is the byte (DynamicQuantizeLinear's, which an integer
+            // matmul reads as it is: `passes::zero_point`) stores four lanes at a time.
+            let f = group(
+                &[f32t(&[1023]), f32t(&[])],
+                &[(Op::Mul, &[], &[IN0, IN1]), (Op::Cast, &[("to", to)], &[Arg::Node(0)])],
+            );
+            assert!(Plan::new(&f).unwrap().vector, "{to}");
+            check_random(&f, 970 + k as u64, &format!("f32 * scale -> {to}"));
             // Bytes loaded element by element still take the scalar loop.
             let f = group(&[ty(dt, &[1023])], &[(Op::Cast, &wide, &[IN0])]);
             assert!(!Plan::new(&f).unwrap().vector, "{to}");
