@@ -28,7 +28,7 @@ use anyhow::{bail, Result};
 use common::ort::{compile, inputs, latency, model, ort_medians, python};
 use meshc_ir::{Data, Tensor};
 use meshc_runtime::kernels::epilogue::Bound;
-use meshc_runtime::kernels::igemm::{self, Path as IntPath, B};
+use meshc_runtime::kernels::igemm::{self, Path as IntPath, A, B};
 use meshc_runtime::kernels::library::{self, Threads};
 use meshc_runtime::kernels::matmul_shape::MatmulShape;
 
@@ -214,8 +214,10 @@ fn gemm() -> Result<()> {
     let (m, k, n) = (2048, 2048, 2048);
     let s = MatmulShape::new(&[m, k], &[k, n], &[m, n])?;
     let gops = |secs: f64| 2.0 * (m * k * n) as f64 / secs / 1e9;
-    // A u8 activation less its zero point, an i8 weight less its own, as the importer writes them.
-    let a: Vec<i32> = ints(1, m * k, (0, 255)).iter().map(|x| x - 131).collect();
+    // A u8 activation less its zero point (read as bytes, as the zero_point pass makes the
+    // compiled product do), an i8 weight less its own, as the importer writes them.
+    let x: Vec<u8> = ints(1, m * k, (0, 255)).iter().map(|&x| x as u8).collect();
+    let a: Vec<i32> = x.iter().map(|&x| i32::from(x) - 131).collect();
     let b: Vec<i32> = ints(2, k * n, (-128, 127)).iter().map(|x| x + 3).collect();
     let Some(packed) = igemm::pack(&b, 1, k, n) else { bail!("8-bit columns") };
     let af: Vec<f32> = a.iter().map(|&x| x as f32 / 256.0).collect();
@@ -233,7 +235,8 @@ fn gemm() -> Result<()> {
         for ((&path, out), secs) in paths.iter().zip(&mut outs).zip(&mut int_secs) {
             let reps = if path == IntPath::Scalar { 0 } else { 1 };
             let t = best(reps, || {
-                igemm::matmul_on(path, &a, B::Packed(&packed), out, &s, THREADS, &mut scratch, &Bound::none())
+                let a = A::Bytes { data: &x, signed: false, zp: 131 };
+                igemm::matmul_on(path, a, B::Packed(&packed), out, &s, THREADS, &mut scratch, &Bound::none())
             })?;
             *secs = secs.min(t);
         }

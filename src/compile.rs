@@ -1,6 +1,6 @@
 //! The back of the pipeline: the lowered programs of every device in, a `Compiled` out.
 //! `run` walks the device and program passes of `pipeline::PASSES` (expand, fold,
-//! attention, epilogue, fuse, code generation here, streams, buffers), each over every
+//! gelu, attention, epilogue, zero_point, fuse, code generation here, streams, buffers), each over every
 //! device before the next; code generation turns each step into a kernel (a fused
 //! elementwise loop, a matmul by the generated kernel or the library GEMM, a collective or
 //! a transfer) defined in the module `Options::emit` asks for (`codegen::module`: the
@@ -31,8 +31,8 @@ use meshc_ir::sym::SymInfo;
 use meshc_runtime::exec::runner::Loaded;
 use meshc_runtime::format::mesh::{Layout, Mesh};
 use meshc_runtime::format::program::{
-    align_up, Attention, Buffer, Collective, Concat, Elem, Exec, IntMatmul, IoSpec, Kernel, Library, Matmul, Meta,
-    Program, Protocol, Reduce, Reduction, Step, Storage, Transfer, Transpose, Transposed, Why, ALIGN,
+    align_up, Attention, Buffer, Byte, Collective, Concat, Elem, Exec, IntMatmul, IoSpec, Kernel, Library, Matmul,
+    Meta, Program, Protocol, Reduce, Reduction, Step, Storage, Transfer, Transpose, Transposed, Why, ALIGN,
 };
 use meshc_runtime::format::symbolic::{Scaling, Symbolic};
 use meshc_runtime::kernels::igemm;
@@ -183,8 +183,9 @@ fn fused_spec(g: &Graph, info: &Info, groups: &Groups, r: usize) -> (Fused, Vec<
 /// The epilogue of a library matmul (`passes::epilogue`), its steps' operand shapes from
 /// `info`.
 fn epilogue(node: &Node, info: &Info) -> Result<Vec<meshc_runtime::format::epilogue::Step>> {
-    let Some(attr) = attrs::MatMul::of(node).epilogue else { return Ok(Vec::new()) };
-    let mut operands = node.inputs[2..].iter();
+    let attrs::MatMul { epilogue, a_zero_point } = attrs::MatMul::of(node);
+    let Some(attr) = epilogue else { return Ok(Vec::new()) };
+    let mut operands = meshc_ir::ops::matmul_operands(&node.inputs[2..], a_zero_point).1.iter();
     let steps = meshc_ir::ops::epilogue_steps(&attr).map_err(anyhow::Error::msg)?;
     (steps.into_iter())
         .map(|(name, _)| {
@@ -643,7 +644,14 @@ impl Builder {
             if scaling.is_some() && node.op == Op::MatMul && masks.contains_key(node.inputs[1].as_str()) {
                 bail!("node '{}': a pruned matmul over symbolic dims is not compiled yet", node.name);
             }
-            let integer = node.op == Op::MatMul && operand_types[0].dtype == meshc_ir::DType::I32;
+            // An 8-bit `a` is an integer product's too (less its zero point: `passes::zero_point`).
+            let a_bytes = match operand_types[0].dtype {
+                meshc_ir::DType::U8 => Some(Byte::U8),
+                meshc_ir::DType::I8 => Some(Byte::I8),
+                _ => None,
+            };
+            let integer =
+                node.op == Op::MatMul && (operand_types[0].dtype == meshc_ir::DType::I32 || a_bytes.is_some());
             if integer && masks.contains_key(node.inputs[1].as_str()) {
                 bail!("node '{}': an i32 matmul with a pruned weight is not compiled", node.name);
             }
@@ -713,6 +721,7 @@ impl Builder {
                     b: operand_types[1].shape.clone(),
                     out: out.shape.clone(),
                     panels: panelled.contains(&node.inputs[1]),
+                    a_bytes,
                     epilogue: epilogue(node, info)?,
                 });
                 (Exec::Library(lib), node.inputs.clone(), 0)
@@ -1063,6 +1072,13 @@ impl pipeline::Ir for Back<'_> {
                     }
                 }
             }
+            Level::Device(DevicePass::ZeroPoint) => {
+                for ((_, dev, info), f) in self.devices.iter_mut().zip(&self.folded) {
+                    if let Some(g) = passes::zero_point::fuse(dev, verified(info), f) {
+                        (*dev, *info) = (Cow::Owned(g), None);
+                    }
+                }
+            }
             Level::Device(DevicePass::Fuse) => {
                 self.groups = (self.devices.iter().zip(&self.folded))
                     .map(|((_, dev, info), f)| passes::fuse::fuse(dev, verified(info), f, self.opts.symbols.is_empty()))
@@ -1115,7 +1131,8 @@ impl pipeline::Ir for Back<'_> {
                 | DevicePass::Quantize
                 | DevicePass::Gelu
                 | DevicePass::Attention
-                | DevicePass::Epilogue,
+                | DevicePass::Epilogue
+                | DevicePass::ZeroPoint,
             ) => self.programs_text(),
             Level::Device(DevicePass::Fold) => {
                 let v: Vec<_> = self.devices.iter().zip(&self.folded).map(|((d, dev, _), f)| (*d, &**dev, f)).collect();

@@ -40,6 +40,7 @@ pub enum DevicePass {
     Gelu,
     Attention,
     Epilogue,
+    ZeroPoint,
     Fuse,
 }
 
@@ -99,6 +100,7 @@ pub const PASSES: &[Pass] = &[
     Pass { name: "gelu", level: Level::Device(DevicePass::Gelu), dot: false, verify: true },
     Pass { name: "attention", level: Level::Device(DevicePass::Attention), dot: false, verify: true },
     Pass { name: "epilogue", level: Level::Device(DevicePass::Epilogue), dot: false, verify: true },
+    Pass { name: "zero_point", level: Level::Device(DevicePass::ZeroPoint), dot: false, verify: true },
     Pass { name: "fuse", level: Level::Device(DevicePass::Fuse), dot: false, verify: false },
     Pass { name: "codegen", level: Level::Program(ProgramPass::Codegen), dot: false, verify: false },
     Pass { name: "streams", level: Level::Program(ProgramPass::Streams), dot: true, verify: false },

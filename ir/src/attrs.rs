@@ -310,8 +310,10 @@ attr_structs! {
     Cast { to: DType }
     /// mod: integer remainder with the divisor's sign (numpy), or the dividend's (`fmod`).
     Mod { fmod: bool = false }
-    /// matmul: the elementwise steps fused after the product (`ops::epilogue_steps`).
-    MatMul { epilogue: Option<String> }
+    /// matmul: the elementwise steps fused after the product (`ops::epilogue_steps`); with
+    /// `a_zero_point`, `a` is 8-bit and the operand after `b` its zero point
+    /// (`ops::matmul_operands`).
+    MatMul { epilogue: Option<String>, a_zero_point: bool = false }
     Einsum { equation: String }
     Attention { scores: AttentionScores = AttentionScores::None }
     /// reduce_sum, reduce_mean, reduce_max: every axis when `axes` is absent.

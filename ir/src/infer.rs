@@ -216,8 +216,13 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
             Ok(Inferred { ty: TensorType::new(dtype, shape), dims })
         }
         MatMul => {
-            let r = matmul(&ops[..2])?;
-            let dtype = epilogue(node, &ops[2..], &ops[..2], &r.ty)?;
+            let a = attrs::MatMul::try_of(node)?;
+            let (zp, extra) = crate::ops::matmul_operands(&ops[2..], a.a_zero_point);
+            let r = match a.a_zero_point {
+                true => centred_matmul(&ops[..2], zp)?,
+                false => matmul(&ops[..2])?,
+            };
+            let dtype = epilogue(a.epilogue, extra, &ops[..2], &r.ty)?;
             Ok(Inferred { ty: TensorType::new(dtype, r.ty.shape), dims: r.dims })
         }
         Einsum => einsum(&attrs::Einsum::try_of(node)?.equation, ops),
@@ -508,11 +513,24 @@ fn matmul(ops: &[Operand]) -> R<Inferred> {
     Ok(Inferred { ty: TensorType::new(a.ty.dtype, shape), dims: any.then_some(dims) })
 }
 
-/// Checks a matmul's epilogue (`extra`: its operands after `ab`) against its product
-/// `out`; the result's dtype. An i32 product's epilogue starts with `to_f32` (the steps
-/// after it are f32 arithmetic), and only an i32 product's does.
-fn epilogue(node: &Node, extra: &[Operand], ab: &[Operand], out: &TensorType) -> R<DType> {
-    let steps = match attrs::MatMul::try_of(node)?.epilogue {
+/// The product of an 8-bit `a` less its zero point `zp` (an i32 of one element) by an i32
+/// `b`: i32, as `matmul` of `cast(a, i32) − zp` and `b`.
+fn centred_matmul(ab: &[Operand], zp: Option<&Operand>) -> R<Inferred> {
+    let zp = zp.ok_or("matmul with a_zero_point takes the zero point after a and b")?;
+    expect_dtype(&ab[0], &[DType::U8, DType::I8], "lhs (with a_zero_point)")?;
+    expect_dtype(zp, &[DType::I32], "the zero point")?;
+    if zp.ty.numel() != 1 {
+        return Err(format!("the zero point of a matmul's a is one element, not {}", sh(&zp.ty.shape)));
+    }
+    let widened = TensorType::new(DType::I32, ab[0].ty.shape.clone());
+    matmul(&[Operand { ty: &widened, ..ab[0] }, ab[1]])
+}
+
+/// Checks a matmul's epilogue (`extra`: its operands after `ab` and the zero point) against
+/// its product `out`; the result's dtype. An i32 product's epilogue starts with `to_f32`
+/// (the steps after it are f32 arithmetic), and only an i32 product's does.
+fn epilogue(attr: Option<String>, extra: &[Operand], ab: &[Operand], out: &TensorType) -> R<DType> {
+    let steps = match attr {
         Some(s) => crate::ops::epilogue_steps(&s)?,
         None => Vec::new(),
     };

@@ -150,12 +150,24 @@ fn eval(node: &Node, args: &[&Tensor]) -> R<Tensor> {
         Cast => Ok(Tensor::new(args[0].shape.clone(), cast(&args[0].data, attrs::Cast::try_of(node)?.to))),
         Where => where_(args[0], args[1], args[2]),
         MatMul => {
-            let mut y = matmul(args[0], args[1])?;
-            let steps = match attrs::MatMul::try_of(node)?.epilogue {
+            let a = attrs::MatMul::try_of(node)?;
+            let (zp, extra) = crate::ops::matmul_operands(&args[2..], a.a_zero_point);
+            let mut y = match zp {
+                Some(zp) => {
+                    // The zero point is one element of any shape: a scalar, so `a` keeps its own.
+                    let (a, zp) = (
+                        Tensor::new(args[0].shape.clone(), cast(&args[0].data, DType::I32)),
+                        Tensor::new(vec![], zp.data.clone()),
+                    );
+                    matmul(&binary(Sub, &a, &zp)?, args[1])?
+                }
+                None => matmul(args[0], args[1])?,
+            };
+            let steps = match a.epilogue {
                 None => Vec::new(),
                 Some(s) => crate::ops::epilogue_steps(&s)?,
             };
-            let mut operands = args[2..].iter();
+            let mut operands = extra.iter();
             let mut next = || operands.next().ok_or_else(|| "an epilogue step lacks its operand".to_string());
             for (name, _) in steps {
                 y = match name {
@@ -1879,6 +1891,21 @@ mod tests {
         check(Op::MatMul, &[], &[&big, &b], i32t(&[1, 1], &[i32::MIN]));
         check(Op::MatMul, &[], &[&i32t(&[2], &[3, -4]), &a], i32t(&[2], &[50_332_671, -1017]));
         assert!(error(Op::MatMul, &[], &[&a, &f(&[2, 1], &[1., 1.])]).contains("i32"));
+    }
+
+    /// With `a_zero_point`, an 8-bit `a` is widened and less the zero point (one element, of
+    /// any rank) before the product; the epilogue's operands follow the zero point.
+    #[test]
+    fn matmul_of_bytes_less_a_zero_point() {
+        let zp = [("a_zero_point", Attr::Bool(true))];
+        let b = i32t(&[2, 1], &[1, -2]);
+        let u8s = Tensor::new(vec![2, 2], Data::U8(vec![255, 0, 3, 130]));
+        check(Op::MatMul, &zp, &[&u8s, &b, &i32t(&[1, 1], &[128])], i32t(&[2, 1], &[127 + 256, -125 - 4]));
+        let i8s = Tensor::new(vec![2, 2], Data::I8(vec![-128, 127, 0, -1]));
+        check(Op::MatMul, &zp, &[&i8s, &b, &i32t(&[], &[-3])], i32t(&[2, 1], &[-125 - 260, 3 - 4]));
+        let dequant = [("a_zero_point", Attr::Bool(true)), ("epilogue", s("to_f32,mul"))];
+        let half = f(&[], &[0.5]);
+        check(Op::MatMul, &dequant, &[&i8s, &b, &i32t(&[], &[-3]), &half], f(&[2, 1], &[-192.5, -0.5]));
     }
 
     #[test]

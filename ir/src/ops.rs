@@ -270,6 +270,17 @@ pub fn check_epilogue_conversion<'s>(steps: impl IntoIterator<Item = &'s str>, i
     Ok(())
 }
 
+/// A matmul's operands after `a` and `b` (`rest`), split: the zero point of an 8-bit `a`
+/// when `a_zero_point` says there is one (`a` is u8 or i8, and the product is of
+/// `cast(a, i32) − zero point`, an i32 of one element, by an i32 `b`), then the operands of
+/// its epilogue's steps.
+pub fn matmul_operands<T>(rest: &[T], a_zero_point: bool) -> (Option<&T>, &[T]) {
+    match rest.split_first() {
+        Some((zp, steps)) if a_zero_point => (Some(zp), steps),
+        _ => (None, rest),
+    }
+}
+
 /// Checks that an epilogue operand of shape `operand` broadcasts (numpy's rules) to the
 /// matmul's result `out` without growing it: the kernels apply it to the result in place.
 pub fn check_epilogue_operand(operand: &[usize], out: &[usize]) -> Result<(), String> {

@@ -131,12 +131,19 @@ pub(super) fn replaced(g: &Graph, mut fused: HashMap<usize, Node>, dropped: &[bo
     Some(Graph { nodes, ..g.clone() })
 }
 
-/// Refuses a graph that already holds a matmul with an epilogue: the pass makes them from
-/// the elementwise ops, and placement, layout and lowering know matmuls of two operands.
+/// Refuses a graph that already holds a matmul with an epilogue or a zero point: the
+/// passes make them from the elementwise ops, and placement, layout and lowering know
+/// matmuls of two operands.
 pub fn refuse_fused(g: &Graph) -> Result<()> {
-    if let Some(n) = g.nodes.iter().find(|n| n.op == Op::MatMul && meshc_ir::attrs::MatMul::of(n).epilogue.is_some()) {
+    for n in g.nodes.iter().filter(|n| n.op == Op::MatMul) {
+        let a = meshc_ir::attrs::MatMul::of(n);
+        let (what, pass) = match (a.epilogue.is_some(), a.a_zero_point) {
+            (true, _) => ("epilogues", "epilogue"),
+            (_, true) => ("zero points", "zero_point"),
+            _ => continue,
+        };
         bail!(
-            "node '{}': compile makes matmul epilogues itself (--dump-after epilogue shows them); write the elementwise ops instead",
+            "node '{}': compile makes matmul {what} itself (--dump-after {pass} shows them); write the elementwise ops instead",
             n.name
         );
     }

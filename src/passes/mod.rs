@@ -15,6 +15,7 @@ pub mod place;
 pub mod quantize;
 pub mod sendrecv;
 pub mod streams;
+pub mod zero_point;
 
 /// Who computes and who reads each value of a program: what the passes that fold a chain
 /// of nodes into one (attention, gelu, epilogue) ask of a value the chain would drop.

@@ -400,10 +400,11 @@ fn dump_dir_files_follow_the_pipeline_order() {
         "10-gelu",
         "11-attention",
         "12-epilogue",
-        "13-fuse",
-        "14-codegen",
-        "15-streams",
-        "16-buffers",
+        "13-zero_point",
+        "14-fuse",
+        "15-codegen",
+        "16-streams",
+        "17-buffers",
     ];
     assert_eq!(files, want.map(|f| format!("{f}.txt")));
     let passes: Vec<&str> = meshc::pipeline::NAMES.to_vec();
@@ -422,6 +423,7 @@ fn dump_dir_files_follow_the_pipeline_order() {
             "gelu",
             "attention",
             "epilogue",
+            "zero_point",
             "fuse",
             "codegen",
             "streams",

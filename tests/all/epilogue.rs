@@ -198,6 +198,62 @@ fn integer_products_take_their_dequantization() {
     }
 }
 
+/// An integer product of an 8-bit activation less its zero point (onnxruntime's dynamic
+/// quantization: u8 and a run-time zero point; i8 and a constant one) reads the bytes
+/// (`passes::zero_point`), on both splits of the GEMM, over batches and on two devices
+/// splitting the weight's columns, and computes what the interpreter does.
+#[test]
+fn centred_bytes_are_read_as_they_are() {
+    type Case = (&'static str, &'static [usize], (usize, usize, usize), Option<&'static str>);
+    let spec = r#"{"format": "meshc-layout/1", "mesh": {"shape": [2], "axes": ["m"]}, "layouts": {"w": [null, "m"], "y": [null, "m"]}}"#;
+    let cases: [Case; 5] = [
+        ("u8", &[], (5, 7, 33), None),
+        ("i8", &[2], (13, 40, 96), None),
+        ("u8", &[], (150, 20, 40), None),
+        ("i8", &[3], (70, 16, 100), None),
+        ("u8", &[], (9, 24, 64), Some(spec)),
+    ];
+    for (t, batch, (m, k, n), spec) in cases {
+        let dims = |d: &[usize]| d.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+        let x = dims(&[batch, &[m, k]].concat());
+        let src = format!(
+            "graph q {{
+  input x: {t}[{x}]
+  input zu: {t}[]
+  param w: f32[{k},{n}] = init normal{{seed = 2, std = 40}}
+  param s: f32[] = value 0.01
+  z = cast(zu) {{to = \"i32\"}}
+  c = cast(x) {{to = \"i32\"}}
+  a = sub(c, z)
+  w8 = cast(w) {{to = \"i8\"}}
+  wi = cast(w8) {{to = \"i32\"}}
+  h = matmul(a, wi)
+  f = cast(h) {{to = \"f32\"}}
+  y = mul(f, s)
+  output y
+}}
+"
+        );
+        let what = format!("{t} {batch:?} {:?} {}", (m, k, n), if spec.is_some() { "on 2 devices" } else { "" });
+        let g = text::parse(&src).unwrap();
+        let info = verify::verify(&g).unwrap();
+        let (_, params) = crate::common::seeded_values(&g, 7);
+        let spec_parsed = spec.map(|s| meshc::layout::parse(s, "spec.json").unwrap());
+        let c = driver::Job::new(&g, &info, &params, &Options::default())
+            .spec(spec_parsed.as_ref())
+            .build(&Dumps::default())
+            .unwrap_or_else(|e| panic!("{what}: {e:#}"));
+        let bytes = c
+            .programs
+            .iter()
+            .flat_map(|p| &p.steps)
+            .filter(|st| matches!(&st.exec, Exec::Library(Library::IntMatmul(IntMatmul { a_bytes: Some(_), .. }))));
+        assert_eq!(bytes.count(), c.programs.len(), "{what}: every device's product reads bytes");
+        let eps = check(&src, spec, Gemm::Auto, &what);
+        assert!(eps.iter().all(|e| e == &["to_f32", "mul"]), "{what}: {eps:?}");
+    }
+}
+
 /// A chain stops where its value has another use, is an output, meets an op the GEMM does
 /// not apply (sub) or a node another chain took; a step whose operand would grow the result
 /// is not taken.
@@ -287,7 +343,7 @@ fn the_dump_round_trips_and_interprets_alike() {
 /// broadcast to the result without growing it, matrices on both sides.
 #[test]
 fn the_verifier_checks_epilogues() {
-    let head = "graph bad {\n  input x: f32[4,16]\n  input w: f32[16,8]\n  input b: f32[8]\n  input wide: f32[2,4,8]\n  input v: f32[16]\n  input xi: i32[4,16]\n  input wi: i32[16,8]\n";
+    let head = "graph bad {\n  input x: f32[4,16]\n  input w: f32[16,8]\n  input b: f32[8]\n  input wide: f32[2,4,8]\n  input v: f32[16]\n  input xi: i32[4,16]\n  input wi: i32[16,8]\n  input xu: u8[4,16]\n  input z: i32[]\n  input zs: i32[2]\n";
     for (node, want) in [
         ("y = matmul(x, w, b) {epilogue = \"add,cube\"}", "unknown epilogue step 'cube'"),
         ("y = matmul(x, w) {epilogue = \"add\"}", "0 operands after a and b, its epilogue takes 1"),
@@ -297,6 +353,13 @@ fn the_verifier_checks_epilogues() {
         ("y = matmul(x, w) {epilogue = \"to_f32\"}", "an epilogue of an f32 product has no to_f32"),
         ("y = matmul(xi, wi, b) {epilogue = \"add\"}", "an epilogue of an i32 product starts with to_f32"),
         ("y = matmul(xi, wi) {epilogue = \"to_f32,relu,to_f32\"}", "starts with to_f32, and has it once"),
+        // An 8-bit a less its zero point: one i32 element after b, then the epilogue's.
+        ("y = matmul(xu, wi) {a_zero_point = true}", "takes the zero point after a and b"),
+        ("y = matmul(xi, wi, z) {a_zero_point = true}", "lhs (with a_zero_point)"),
+        ("y = matmul(xu, wi, zs) {a_zero_point = true}", "the zero point of a matmul's a is one element"),
+        ("y = matmul(xu, wi, b) {a_zero_point = true}", "the zero point"),
+        ("y = matmul(xu, w, z) {a_zero_point = true}", "rhs"),
+        ("y = matmul(xu, wi, z, b) {a_zero_point = true, epilogue = \"add\"}", "starts with to_f32"),
     ] {
         let src = format!("{head}  {node}\n  output y\n}}\n");
         let e =

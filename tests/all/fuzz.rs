@@ -3,7 +3,7 @@
 //! uses, outputs that other nodes also read, broadcasting, ranks 0 to 4, sizes that do and
 //! do not divide, graphs of params only; elementwise ops (exp, log, sqrt, div and pow
 //! behind guards that keep them in their domain), reductions, softmax, layer_norm, matmul,
-//! einsum, data movement (reshape, transpose, slice with any steps, concat, broadcast_to),
+//! integer matmuls of 8-bit values less a zero point, einsum, data movement (reshape, transpose, slice with any steps, concat, broadcast_to),
 //! gather and scatter_elements (every reduction), dynamic_slice and dynamic_update_slice
 //! (clamped starts), cumsum (every axis, both flags), iota (every axis), with i32 and i64 indices, integer arithmetic and mod in i32 and i64, casts,
 //! comparisons, logic, floor/ceil/round, and where on a bool input or a computed mask — compiled with both GEMM paths and random stream options, on one device,
@@ -211,6 +211,33 @@ fn graph(r: &Recipe) -> String {
             }
             4 if !xs.is_empty() => {
                 (format!("{name} = softmax({x}) {{axis = {}}}", arg as usize % xs.len()), xs.clone())
+            }
+            // An integer product as onnxruntime's dynamic quantization writes it: an 8-bit
+            // activation less its zero point, by an 8-bit weight, both widened to i32, then
+            // the sums to f32 and a scale (the zero_point and epilogue passes fuse it). Of a
+            // leaf only, as for the other casts of `8`, scaled exactly.
+            8 if !values[a as usize % leaves].1.is_empty() && b % 4 == 3 => {
+                let (x, xs) = values[a as usize % leaves].clone();
+                let (n, kdim) = (*base.last().unwrap_or(&1), *xs.last().unwrap());
+                let (t, zp) = if arg & 1 == 0 { ("u8", i32::from(arg)) } else { ("i8", i32::from(arg) - 128) };
+                lines.push(format!("param z{k}: i32[] = value {zp}"));
+                lines.push(format!(
+                    "param v{k}: f32[{kdim},{n}] = init uniform{{seed = {arg}, low = -127.0, high = 127.0}}"
+                ));
+                lines.push(format!("param s{k}: f32[] = value 0.001"));
+                // Times 256, exact in both: the bytes then span their whole range.
+                lines.push(format!("param e{k}: f32[] = value 256.0"));
+                lines.push(format!("{name}e = mul({x}, e{k})"));
+                lines.push(format!("{name}u = cast({name}e) {{to = \"{t}\"}}"));
+                lines.push(format!("{name}c = cast({name}u) {{to = \"i32\"}}"));
+                lines.push(format!("{name}a = sub({name}c, z{k})"));
+                lines.push(format!("{name}v = cast(v{k}) {{to = \"i8\"}}"));
+                lines.push(format!("{name}w = cast({name}v) {{to = \"i32\"}}"));
+                lines.push(format!("{name}p = matmul({name}a, {name}w)"));
+                lines.push(format!("{name}f = cast({name}p) {{to = \"f32\"}}"));
+                let mut s = xs.clone();
+                *s.last_mut().unwrap() = n;
+                (format!("{name} = mul({name}f, s{k})"), s)
             }
             5 if !xs.is_empty() => {
                 // A quarter 32 wide: a whole strip, so the library GEMM's weight goes in

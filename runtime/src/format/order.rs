@@ -190,9 +190,10 @@ pub fn exec_text(p: &Program, st: &Step) -> String {
             let panels = if *panels { " (weight in panels)" } else { "" };
             format!("library gemm {a:?}x{b:?}{epilogue}{panels}{stored}")
         }
-        Exec::Library(Library::IntMatmul(IntMatmul { a, b, panels, epilogue, .. })) => {
+        Exec::Library(Library::IntMatmul(IntMatmul { a, b, panels, a_bytes, epilogue, .. })) => {
             let panels = if *panels { " (weight packed)" } else { "" };
-            format!("library integer gemm {a:?}x{b:?}{}{panels}", epilogue_text(epilogue))
+            let a_bytes = a_bytes.map_or(String::new(), |t| format!(" ({t:?} a less its zero point)").to_lowercase());
+            format!("library integer gemm {a:?}x{b:?}{}{a_bytes}{panels}", epilogue_text(epilogue))
         }
         Exec::Library(Library::Attention(Attention { q, k, v, scale, mask, .. })) => {
             let scale = scale.map_or(String::new(), |s| format!(" {} scale", s.name()));

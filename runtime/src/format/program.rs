@@ -232,9 +232,9 @@ impl Library {
     pub fn at_shapes(&self, shapes: &[Vec<usize>]) -> Library {
         use crate::format::epilogue::Step;
         let at = |i: usize| shapes.get(i).cloned().unwrap_or_default();
-        // An epilogue's operands follow the result, a and b.
-        let epilogue = |steps: &[Step]| {
-            let mut next = 3;
+        // An epilogue's operands follow the result, a and b (and an 8-bit a's zero point).
+        let epilogue = |steps: &[Step], first: usize| {
+            let mut next = first;
             let mut steps = steps.to_vec();
             for s in &mut steps {
                 if let Step::Add(shape) | Step::Mul(shape) | Step::Div(shape) = s {
@@ -246,11 +246,11 @@ impl Library {
         };
         match self {
             Library::Matmul(m) => {
-                let epilogue = epilogue(&m.epilogue);
+                let epilogue = epilogue(&m.epilogue, 3);
                 Library::Matmul(Matmul { out: at(0), a: at(1), b: at(2), epilogue, ..m.clone() })
             }
             Library::IntMatmul(m) => {
-                let epilogue = epilogue(&m.epilogue);
+                let epilogue = epilogue(&m.epilogue, 3 + usize::from(m.a_bytes.is_some()));
                 Library::IntMatmul(IntMatmul { out: at(0), a: at(1), b: at(2), epilogue, ..m.clone() })
             }
             Library::Attention(a) => {
@@ -332,8 +332,8 @@ pub struct Matmul {
 
 /// numpy matmul of i32 operands (batched, broadcasting), every sum wrapping as ONNX's i32
 /// accumulator, by the runner's integer GEMM (`crate::kernels::igemm`): the product of
-/// 8-bit operands less their zero points. Buffers: result, a, b, then the epilogue's
-/// operands.
+/// 8-bit operands less their zero points. Buffers: result, a, b, the zero point of an
+/// 8-bit `a`, then the epilogue's operands.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct IntMatmul {
     pub a: Vec<usize>,
@@ -343,10 +343,22 @@ pub struct IntMatmul {
     /// (`crate::kernels::igemm::pack`), not row-major i32.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub panels: bool,
+    /// `a` is stored in 8 bits, and the product is of `a − zero point` (an i32, the buffer
+    /// after `b`): the kernel reads the bytes as they are instead of an i32 copy of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub a_bytes: Option<Byte>,
     /// Steps applied to each block of the result as it is finished, as `Matmul`'s: empty
     /// (the result i32), or `to_f32` and then f32 steps (the result f32).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub epilogue: Vec<crate::format::epilogue::Step>,
+}
+
+/// An 8-bit integer type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Byte {
+    U8,
+    I8,
 }
 
 /// Fused attention (`crate::kernels::attention`): `softmax(scores, -1) @ v`, the scores

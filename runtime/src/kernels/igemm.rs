@@ -39,7 +39,7 @@ use anyhow::{bail, Result};
 
 use crate::format::epilogue::operands;
 use crate::format::isa::{self, Isa};
-use crate::format::program::{Buffer, IntMatmul};
+use crate::format::program::{Buffer, Byte, IntMatmul};
 use crate::kernels::call::{LibraryCall, Planned};
 use crate::kernels::epilogue::{Bound, Epilogue};
 use crate::kernels::library::check_epilogue;
@@ -203,6 +203,43 @@ pub enum B<'b> {
     Rows(&'b [i32]),
 }
 
+/// The operand `a` of a call.
+#[derive(Clone, Copy)]
+pub enum A<'a> {
+    /// i32: each row is split by its own least value (`Rows::fill`).
+    Words(&'a [i32]),
+    /// 8-bit values (i8 when `signed`, else u8) less the zero point `zp`: every row spans
+    /// at most 255 values without a look at them.
+    Bytes { data: &'a [u8], signed: bool, zp: i32 },
+}
+
+impl<'a> A<'a> {
+    fn len(&self) -> usize {
+        match self {
+            A::Words(a) => a.len(),
+            A::Bytes { data, .. } => data.len(),
+        }
+    }
+
+    /// Elements `range` of it.
+    fn part(self, range: std::ops::Range<usize>) -> A<'a> {
+        match self {
+            A::Words(a) => A::Words(&a[range]),
+            A::Bytes { data, signed, zp } => A::Bytes { data: &data[range], signed, zp },
+        }
+    }
+
+    /// Its values as i32 (for the paths by the definition).
+    fn words(self) -> std::borrow::Cow<'a, [i32]> {
+        match self {
+            A::Words(a) => a.into(),
+            A::Bytes { data, signed, zp } => {
+                data.iter().map(|&x| if signed { i32::from(x as i8) } else { i32::from(x) }.wrapping_sub(zp)).collect()
+            }
+        }
+    }
+}
+
 /// A row-split part's rows of `a`, as the tiles read them.
 #[derive(Default)]
 struct Rows {
@@ -217,13 +254,29 @@ struct Rows {
 
 impl Rows {
     /// Takes the `rows` rows of `a`, `k` elements each.
-    fn fill(&mut self, a: &[i32], rows: usize, k: usize) {
+    fn fill(&mut self, a: A, rows: usize, k: usize) {
         let kp = k_pad(k);
         self.u.clear();
         self.u.resize(rows * kp, 0);
         self.ra.clear();
         self.su.clear();
         self.wide.clear();
+        let a = match a {
+            A::Words(a) => a,
+            A::Bytes { data, signed, zp } => {
+                // An i8 x is the byte x + 128 less 128: a = u + (−128 − zp), u = x ^ 0x80.
+                let (flip, base) = if signed { (0x80, -128i32) } else { (0, 0) };
+                for r in 0..rows {
+                    let u = &mut self.u[r * kp..][..k];
+                    for (u, &x) in u.iter_mut().zip(&data[r * k..][..k]) {
+                        *u = x ^ flip;
+                    }
+                    self.ra.push(base.wrapping_sub(zp));
+                    self.su.push(u.iter().fold(0i32, |s, &x| s.wrapping_add(i32::from(x))));
+                }
+                return;
+            }
+        };
         for r in 0..rows {
             let row = &a[r * k..][..k];
             let (lo, hi) = row.iter().fold((i32::MAX, i32::MIN), |(l, h), &v| (l.min(v), h.max(v)));
@@ -264,7 +317,7 @@ fn macs(s: &MatmulShape) -> usize {
 /// cores, on the path of the ISA in use, then the epilogue `ep` (`out` then holds f32 if it
 /// converts the sums). A row-major `b` is packed into `scratch`.
 pub fn matmul(
-    a: &[i32],
+    a: A,
     b: B,
     out: &mut [i32],
     s: &MatmulShape,
@@ -279,7 +332,7 @@ pub fn matmul(
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_on(
     path: Path,
-    a: &[i32],
+    a: A,
     b: B,
     out: &mut [i32],
     s: &MatmulShape,
@@ -332,7 +385,7 @@ pub fn matmul_on(
             let at = scratch.as_ptr().align_offset(4);
             let bytes = &mut scratch[at..at + b_count * matrix];
             if !pack_into(rows, b_count, k, n, bytes) {
-                reference(a, rows, out, s);
+                reference(&a.words(), rows, out, s);
                 whole(out);
                 return Ok(());
             }
@@ -350,7 +403,7 @@ pub fn matmul_on(
     // Rows r0..r1 × strips s0..s1 of matrix `mat`, those rows of `a` as `rows` holds them.
     let run = |mat: usize, (r0, r1): (usize, usize), strips: (usize, usize), rows: &Rows| {
         let (ao, bi, oo) = batch(mat);
-        let a = &a[ao + r0 * k..ao + r1 * k];
+        let a = a.part(ao + r0 * k..ao + r1 * k);
         // SAFETY: rows r0..r1 of result matrix `mat` lie inside `out` (its span checked
         // above), and the parts of a split write disjoint tiles of them; `block` writes only
         // the columns of `strips` of these rows.
@@ -367,7 +420,7 @@ pub fn matmul_on(
             }
             for (mat, rows) in shared.iter_mut().enumerate().take(count) {
                 let ao = s.batch_offset(mat).0;
-                rows.fill(&a[ao..ao + m * k], m, k);
+                rows.fill(a.part(ao..ao + m * k), m, k);
             }
             let shared = &*shared;
             let items = count * sn;
@@ -392,7 +445,7 @@ pub fn matmul_on(
             for mat in (0..count).filter(|_| r0 < r1) {
                 let ao = s.batch_offset(mat).0;
                 ROWS.with_borrow_mut(|rows| {
-                    rows.fill(&a[ao + r0 * k..ao + r1 * k], r1 - r0, k);
+                    rows.fill(a.part(ao + r0 * k..ao + r1 * k), r1 - r0, k);
                     run(mat, (r0, r1), (0, sn), rows);
                 });
             }
@@ -431,7 +484,7 @@ unsafe fn block(
     b: Packed,
     bi: usize,
     rows: &Rows,
-    a: &[i32],
+    a: A,
     (c, m, row0): (*mut i32, usize, usize),
     (s0, s1): (usize, usize),
     ep: &Bound,
@@ -496,10 +549,11 @@ unsafe fn block(
 ///
 /// # Safety
 /// As `block`'s.
-unsafe fn wide_rows(b: Packed, bi: usize, rows: &Rows, a: &[i32], c: *mut i32, cols: std::ops::Range<usize>) {
+unsafe fn wide_rows(b: Packed, bi: usize, rows: &Rows, a: A, c: *mut i32, cols: std::ops::Range<usize>) {
     let (k, n, kp) = (b.k, b.n, k_pad(b.k));
     let (cb, _, panels) = b.matrix(bi);
     for &r in &rows.wide {
+        let A::Words(a) = a else { unreachable!("8-bit rows span at most 255 values") };
         let row = &a[r * k..][..k];
         let sum = row.iter().fold(0i32, |s, &x| s.wrapping_add(x));
         for (j, &cb) in cb.iter().enumerate().take(cols.end).skip(cols.start) {
@@ -751,24 +805,32 @@ unsafe fn tile_vnni<const MR: usize, const NS: usize>(t: &Tile) {
     }
 }
 
-/// The integer library matmul of a program step: buffers result, `a`, `b` (i32, or packed
-/// by `pack` when `panels`).
+/// The integer library matmul of a program step: buffers result, `a` (i32, or bytes with
+/// `a_bytes`), `b` (i32, or packed by `pack` when `panels`), the zero point of a byte `a`,
+/// then the epilogue's operands.
 impl LibraryCall for IntMatmul {
     fn buffers(&self) -> usize {
-        3 + operands(&self.epilogue).count()
+        3 + usize::from(self.a_bytes.is_some()) + operands(&self.epilogue).count()
     }
 
     fn plan(&self, buffers: &[&Buffer]) -> Result<Box<dyn Planned>, String> {
-        let IntMatmul { a, b, out, panels, epilogue } = self;
+        let IntMatmul { a, b, out, panels, a_bytes, epilogue } = self;
         let shape = MatmulShape::new(a, b, out).map_err(|e| e.to_string())?;
-        check_epilogue(epilogue, true, (a, b, out), buffers)?;
+        let zp = a_bytes.map(|_| 3);
+        check_epilogue(epilogue, true, (a, b, out), buffers, 3 + usize::from(zp.is_some()))?;
         let [a_len, b_len, out_len] = shape.spans().map_err(|e| e.to_string())?;
         let b_bytes = match panels {
             true => packed_span(b).ok_or_else(|| format!("operand b of shape {b:?} is not packed matrices"))?,
             false => b_len.checked_mul(4).ok_or("operand b's size overflows")?,
         };
         let four = |n: usize, what: &str| n.checked_mul(4).ok_or_else(|| format!("{what}'s size overflows"));
-        for (i, need) in [(0, four(out_len, "the result")?), (1, four(a_len, "operand a")?), (2, b_bytes)] {
+        let a_bytes_len = match a_bytes {
+            Some(_) => a_len,
+            None => four(a_len, "operand a")?,
+        };
+        let needs =
+            [(0, four(out_len, "the result")?, 4), (1, a_bytes_len, if zp.is_some() { 1 } else { 4 }), (2, b_bytes, 4)];
+        for (i, need, align) in needs.into_iter().chain(zp.map(|i| (i, 4, 4))) {
             let bytes = buffers[i].bytes;
             if bytes < need {
                 return Err(format!(
@@ -778,8 +840,8 @@ impl LibraryCall for IntMatmul {
             let Some(offset) = buffers[i].storage.offset() else {
                 return Err(format!("buffer {i} is the size table"));
             };
-            if !offset.is_multiple_of(4) {
-                return Err(format!("buffer {i} at offset {offset} is not aligned for i32"));
+            if !offset.is_multiple_of(align) {
+                return Err(format!("buffer {i} at offset {offset} is not aligned for its i32s"));
             }
         }
         if buffers[2].mask.is_some() {
@@ -787,7 +849,7 @@ impl LibraryCall for IntMatmul {
         }
         let lens = (a_len, if *panels { b_bytes } else { b_len }, out_len);
         let epilogue = Epilogue::new(epilogue, out);
-        Ok(Box::new(IntPlan { shape, panels: *panels, lens, epilogue, scratch: Default::default() }))
+        Ok(Box::new(IntPlan { shape, panels: *panels, a_bytes: *a_bytes, lens, epilogue, scratch: Default::default() }))
     }
 }
 
@@ -795,6 +857,7 @@ impl LibraryCall for IntMatmul {
 struct IntPlan {
     shape: MatmulShape,
     panels: bool,
+    a_bytes: Option<Byte>,
     /// Elements of a, b (bytes when packed) and the result.
     lens: (usize, usize, usize),
     epilogue: Epilogue,
@@ -812,11 +875,14 @@ impl Planned for IntPlan {
         let (a_len, b_len, out_len) = self.lens;
         // SAFETY: the buffers hold at least these elements, aligned, as `plan` accepted,
         // and the result aliases no operand.
-        let (out, a) = unsafe {
-            (
-                std::slice::from_raw_parts_mut(args[0] as *mut i32, out_len),
-                std::slice::from_raw_parts(args[1] as *const i32, a_len),
-            )
+        let out = unsafe { std::slice::from_raw_parts_mut(args[0] as *mut i32, out_len) };
+        let (a, operands) = match self.a_bytes {
+            None => (A::Words(unsafe { std::slice::from_raw_parts(args[1] as *const i32, a_len) }), &args[3..]),
+            Some(t) => {
+                let data = unsafe { std::slice::from_raw_parts(args[1] as *const u8, a_len) };
+                let zp = unsafe { *(args[3] as *const i32) };
+                (A::Bytes { data, signed: t == Byte::I8, zp }, &args[4..])
+            }
         };
         let b = match self.panels {
             true => B::Packed(unsafe { std::slice::from_raw_parts(args[2] as *const u8, b_len) }),
@@ -824,7 +890,7 @@ impl Planned for IntPlan {
         };
         // SAFETY: `plan` accepted each epilogue operand's buffer for its shape and that
         // shape against the result; the buffers outlive the call.
-        let ep = unsafe { self.epilogue.bind(&args[3..]) };
+        let ep = unsafe { self.epilogue.bind(operands) };
         matmul(a, b, out, &self.shape, threads, &mut self.scratch.lock(), &ep)
     }
 }
@@ -842,9 +908,29 @@ mod tests {
         x.iter().enumerate().map(|(i, &v)| v - zp(i)).collect()
     }
 
+    /// `a` as u8 and as i8 bytes less a zero point, if it spans at most 255 values.
+    fn byte_forms(a: &[i32]) -> Vec<(Vec<u8>, bool, i32)> {
+        let (lo, hi) = (a.iter().copied().min().unwrap_or(0), a.iter().copied().max().unwrap_or(0));
+        if hi as i64 - lo as i64 > 255 {
+            return Vec::new();
+        }
+        let u8s = a.iter().map(|&v| (v - lo) as u8).collect();
+        let i8s = a.iter().map(|&v| (v - lo - 128) as i8 as u8).collect();
+        vec![(u8s, false, lo.wrapping_neg()), (i8s, true, lo.wrapping_neg().wrapping_sub(128))]
+    }
+
+    /// `a` as the kernel takes it: i32, and as bytes less a zero point (`forms`, its
+    /// `byte_forms`).
+    fn a_forms<'a>(av: &'a [i32], forms: &'a [(Vec<u8>, bool, i32)]) -> Vec<(A<'a>, &'static str)> {
+        let bytes = forms.iter().map(|(data, signed, zp)| {
+            (A::Bytes { data, signed: *signed, zp: *zp }, if *signed { "i8 a" } else { "u8 a" })
+        });
+        std::iter::once((A::Words(av), "i32 a")).chain(bytes).collect()
+    }
+
     /// Runs `a @ b` on every path this CPU has, on 1 and 3 threads, `b` packed and row-major,
-    /// and compares each result bit for bit with the interpreter's; then with a dequantizing
-    /// epilogue (`Dequant`) against the interpreter's steps.
+    /// `a` as i32 and as bytes, and compares each result bit for bit with the interpreter's;
+    /// then with a dequantizing epilogue (`Dequant`) against the interpreter's steps.
     fn check(a: &Tensor, b: &Tensor) {
         let product = product(a, b);
         let (Data::I32(av), Data::I32(bv), Data::I32(want)) = (&a.data, &b.data, &product.data) else { unreachable!() };
@@ -853,10 +939,13 @@ mod tests {
         let count = bv.len() / (k * n).max(1);
         let packed = pack(bv, count, k, n).expect("8-bit columns");
         let dq = Dequant::new(&product);
+        let forms = byte_forms(av);
         for path in Path::available() {
             for threads in [1, 3] {
-                for b in [B::Packed(&packed), B::Rows(bv)] {
-                    let what = format!("{path:?} on {threads} threads, {:?} @ {:?}", a.shape, b_shape(&b, &s));
+                let each =
+                    [B::Packed(&packed), B::Rows(bv)].map(|b| a_forms(av, &forms).into_iter().map(move |f| (b, f)));
+                for (b, (av, form)) in each.into_iter().flatten() {
+                    let what = format!("{path:?} on {threads} threads, {form} {:?} @ {:?}", a.shape, b_shape(&b, &s));
                     let mut out = vec![0x5a5a5a5a; out_shape.iter().product()];
                     matmul_on(path, av, b, &mut out, &s, threads, &mut Vec::new(), &Bound::none()).unwrap();
                     assert!(out == *want, "{what}");
@@ -1010,7 +1099,14 @@ mod tests {
         let buf = Buffer { name: String::new(), bytes: 4096, storage: Storage::Arena { offset: 0 }, mask: None };
         let bufs = [&buf, &buf, &buf, &buf];
         let (a, b, out) = (vec![4, 8], vec![8, 16], vec![4, 16]);
-        let int = |epilogue| IntMatmul { a: a.clone(), b: b.clone(), out: out.clone(), panels: false, epilogue };
+        let int = |epilogue| IntMatmul {
+            a: a.clone(),
+            b: b.clone(),
+            out: out.clone(),
+            panels: false,
+            a_bytes: None,
+            epilogue,
+        };
         assert!(int(vec![Step::ToF32, Step::Add(vec![16])]).plan(&bufs).is_ok());
         for bad in [vec![Step::Add(vec![16])], vec![Step::Relu, Step::ToF32], vec![Step::ToF32, Step::ToF32]] {
             let e = int(bad.clone()).plan(&bufs).err().unwrap_or_else(|| panic!("{bad:?} planned"));
@@ -1028,6 +1124,31 @@ mod tests {
         assert!(f32.plan(&bufs).err().unwrap().contains("has no to_f32"));
     }
 
+    /// A byte `a` takes its zero point from the buffer after `b` (four bytes, i32-aligned)
+    /// and its epilogue's operands from the one after: each checked when it is loaded.
+    #[test]
+    fn a_byte_operand_and_its_zero_point_are_checked_at_load() {
+        use crate::format::program::Storage;
+        let at = |offset, bytes| Buffer { name: String::new(), bytes, storage: Storage::Arena { offset }, mask: None };
+        let (big, odd, short) = (at(0, 4096), at(1, 4096), at(0, 2));
+        let m = IntMatmul {
+            a: vec![4, 8],
+            b: vec![8, 16],
+            out: vec![4, 16],
+            panels: false,
+            a_bytes: Some(Byte::U8),
+            epilogue: vec![Step::ToF32, Step::Add(vec![16])],
+        };
+        assert_eq!(m.buffers(), 5);
+        assert!(m.plan(&[&big, &odd, &big, &big, &big]).is_ok(), "bytes need no alignment");
+        let e = m.plan(&[&big, &big, &big, &short, &big]).err().unwrap();
+        assert!(e.contains("buffer 3 holds 2 bytes"), "{e}");
+        let e = m.plan(&[&big, &big, &big, &odd, &big]).err().unwrap();
+        assert!(e.contains("buffer 3 at offset 1"), "{e}");
+        let e = m.plan(&[&big, &big, &big, &big, &short]).err().unwrap();
+        assert!(e.contains("buffer 4"), "the epilogue's operand follows the zero point: {e}");
+    }
+
     #[test]
     fn a_run_time_b_wider_than_a_byte_takes_the_reference() {
         let a = Tensor::new(vec![3, 4], Data::I32((0..12).collect()));
@@ -1037,14 +1158,17 @@ mod tests {
         assert!(pack(&bv, 1, 4, 5).is_none());
         let Data::I32(av) = &a.data else { unreachable!() };
         let dq = Dequant::new(&want);
-        for path in Path::available() {
+        let forms = byte_forms(av);
+        for (path, (av, form)) in
+            Path::available().into_iter().flat_map(|p| a_forms(av, &forms).into_iter().map(move |f| (p, f)))
+        {
             let mut out = vec![0; 15];
             matmul_on(path, av, B::Rows(&bv), &mut out, &s, 2, &mut Vec::new(), &Bound::none()).unwrap();
-            assert_eq!(Data::I32(out.clone()), want.data, "{path:?}");
+            assert_eq!(Data::I32(out.clone()), want.data, "{path:?}, {form}");
             let run = |ep: &Bound, out: &mut [i32]| {
                 matmul_on(path, av, B::Rows(&bv), out, &s, 2, &mut Vec::new(), ep).unwrap()
             };
-            dq.check(run, &mut out, "reference");
+            dq.check(run, &mut out, &format!("reference, {form}"));
         }
     }
 }

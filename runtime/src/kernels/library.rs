@@ -427,7 +427,7 @@ impl LibraryCall for Matmul {
             false => MatmulShape::unfolded(a, b, out),
         }
         .map_err(|e| e.to_string())?;
-        check_epilogue(epilogue, false, (a, b, out), buffers)?;
+        check_epilogue(epilogue, false, (a, b, out), buffers, 3)?;
         let b_panels = [crate::kernels::panels::packed_elems(b).unwrap_or(usize::MAX)];
         let b_stored = if *panels { &b_panels[..] } else { b };
         let mut lens = [0; 3];
@@ -497,18 +497,19 @@ impl LibraryCall for Matmul {
 const UNPACK_M: usize = 512;
 
 /// Checks the epilogue of a matmul of `integer` operands `a` × `b` → `out` (its steps'
-/// order, and each operand's buffer after the first three).
+/// order, and each operand's buffer, from buffer `first` on).
 pub(crate) fn check_epilogue(
     steps: &[Step],
     integer: bool,
     (a, b, out): (&[usize], &[usize], &[usize]),
     buffers: &[&Buffer],
+    first: usize,
 ) -> Result<(), String> {
     meshc_ir::ops::check_epilogue_conversion(steps.iter().map(Step::name), integer)?;
     if !steps.is_empty() && (a.len() < 2 || b.len() < 2) {
         return Err("an epilogue follows a product of matrices".to_string());
     }
-    for (i, shape) in (3..).zip(operands(steps)) {
+    for (i, shape) in (first..).zip(operands(steps)) {
         meshc_ir::ops::check_epilogue_operand(shape, out)?;
         f32_buffer(buffers, i, shape)?;
     }

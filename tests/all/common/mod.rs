@@ -354,7 +354,7 @@ pub fn random_graph(b: usize, d: usize, ops: &[(u8, u8, u8)]) -> String {
 }
 
 /// Seeded values of every input and param of `g` (params from their `init`, inputs random
-/// from `seed`), and the params alone.
+/// from `seed`: f32 in [-1, 1), u8 and i8 over their whole range), and the params alone.
 pub fn seeded_values(
     g: &Graph,
     seed: u64,
@@ -363,7 +363,14 @@ pub fn seeded_values(
     let params = all.clone();
     for (k, i) in g.inputs.iter().enumerate() {
         let data = meshc_runtime::kernels::matmul_shape::testing::random(seed + k as u64, i.ty.numel());
-        all.insert(i.name.clone(), meshc_ir::Tensor::f32(i.ty.shape.clone(), data));
+        let bytes = || data.iter().map(|v| (v * 1e4) as i64 as u8);
+        let data = match i.ty.dtype {
+            meshc_ir::DType::F32 => meshc_ir::Data::F32(data),
+            meshc_ir::DType::U8 => meshc_ir::Data::U8(bytes().collect()),
+            meshc_ir::DType::I8 => meshc_ir::Data::I8(bytes().map(|b| b as i8).collect()),
+            t => panic!("input '{}': no seeded {t} values", i.name),
+        };
+        all.insert(i.name.clone(), meshc_ir::Tensor::new(i.ty.shape.clone(), data));
     }
     (all, params.into_iter().collect())
 }
