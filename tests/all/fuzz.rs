@@ -1088,6 +1088,35 @@ fn symbolic_batch_cases_mostly_compare() {
     assert!(compared >= 80, "only {compared} of 200 symbolic-batch cases compared outputs");
 }
 
+/// The recipe of a case the fuzzer found over a symbolic batch: constant padding of a dim
+/// a dynamic_slice of size 0 emptied, whose fill block (a constant sized at the bounds)
+/// pinned the batch, so the call at batch 1 was refused. The generator draws it, and it
+/// now compares.
+#[test]
+fn symbolic_batch_pad_of_an_emptied_dim_compares() {
+    let r = Recipe {
+        base: vec![1, 1],
+        inputs: vec![0],
+        params: vec![],
+        ops: vec![(25, 0, 6, 0x82), (22, 1, 5, 0)],
+        outputs: 0,
+        options: 0,
+        layout: None,
+        batch: Some(0),
+    };
+    let text = graph(&r);
+    for line in [
+        "input x0: f32[2,2] dims(batch, _)",
+        "n0 = dynamic_slice(x0, t0) {axes = [1], sizes = [0]}",
+        "n1 = pad(n0) {pads = [0, 1, 0, -1], mode = \"constant\"",
+    ] {
+        assert!(text.contains(line), "{line}\n--- graph\n{text}");
+    }
+    let g = meshc_ir::text::parse(&text).unwrap();
+    let info = meshc_ir::verify::verify(&g).unwrap();
+    assert_eq!(check_batch(&r, &g, &info, 0), Ok(true), "{text}");
+}
+
 /// The int8 cases quantize something often enough to mean something: of 300 recipes drawn
 /// as the fuzzer draws them, run on one device with int8 weights, each passes, and at
 /// least 10 have a matmul of a constant weight to quantize (12 when written).
