@@ -134,13 +134,22 @@ fn sizes_and_graphs_it_cannot_run_are_refused_in_one_line() {
     assert_eq!(r.status, Some(1));
     assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
     assert!(r.stderr.contains("node 'sc'") && r.stderr.contains("is not compiled yet"), "{}", r.stderr);
-    // A symbol a constant pins (ConstantOfShape's ones, built at the example's batch) says
-    // which node pins it and what to give instead.
+    // A symbol a constant pins (the Trilu mask the importer builds at the example's batch)
+    // says which node pins it and what to give instead.
+    let r = meshc(&["compile", "testdata/onnx/opset_v2/model.onnx", "--dim", "batch=1..8", "-o", &out]);
+    assert_eq!(r.status, Some(1));
+    assert_eq!(
+        r.stderr.trim(),
+        "error: testdata/onnx/opset_v2/model.onnx: batch is pinned to 3 by node 'upper' (it needs batch == 3: a constant sized to it), so it cannot range over 1..8; give it that size (--dim batch=3) or leave it out of the ranges (docs/dynamic-shapes.md)"
+    );
+    // ConstantOfShape and Expand of Shape(x) follow the batch now; what is left of
+    // testdata/onnx/shapes pinning it is a mean that divides by its Size, a value folded at
+    // the example, which the import's check against itself refuses.
     let r = meshc(&["compile", "testdata/onnx/shapes/model.onnx", "--dim", "batch=1..8", "-o", &out]);
     assert_eq!(r.status, Some(1));
     assert_eq!(
         r.stderr.trim(),
-        "error: testdata/onnx/shapes/model.onnx: batch is pinned to 3 by node 'pos' (it needs batch == 3: a constant sized to it), so it cannot range over 1..8; give it that size (--dim batch=3) or leave it out of the ranges (docs/dynamic-shapes.md)"
+        "error: testdata/onnx/shapes/model.onnx: imported at batch=4, param 'total.1' holds f32[] (first 24) where the import at the example holds f32[] (first 18): the model computes it from batch in a way meshc does not read symbolically; give batch a value (--dim batch=N; docs/dynamic-shapes.md)"
     );
     // GPT-2's causal mask is over seq now (Range of Shape), but compiled code does not yet
     // take a where whose mask [seq, seq] repeats within the rows of the scores.
@@ -494,6 +503,58 @@ fn empty_steps_over_a_symbolic_batch_are_refused_as_any_step() {
         assert_eq!(r.status, Some(1), "{name}");
         assert_eq!(r.stderr.trim().lines().count(), 1, "{name}: {}", r.stderr);
         assert!(r.stderr.contains(node) && r.stderr.contains("compiled code takes symbolic dims only"), "{}", r.stderr);
+    }
+}
+
+/// Constants of a shape read from a tensor (testdata/onnx/filled: ConstantOfShape(Shape(x)),
+/// Expand of a vector and of a scalar to Shape(x), in f32 and i64), compiled once over
+/// `batch=1..6, seq=1..10`: at the example it gives onnxruntime's outputs, and at three
+/// other sizes, the smallest and the largest among them, the interpreter's.
+#[test]
+fn constants_of_shapes_read_from_tensors_compile_once_for_every_size() {
+    let dir = scratch("dynamic-filled");
+    let model = "testdata/onnx/filled/model.onnx";
+    let art = dir.join("filled.mshc").display().to_string();
+    let r = meshc(&["compile", model, "--dim", "batch=1..6", "--dim", "seq=1..10", "-o", &art]);
+    assert_eq!(r.status, Some(0), "{}", r.stderr);
+    let run = |x: &str, out: &Path| {
+        let r = meshc(&["run", &art, "--input", &format!("x={x}"), "--output-dir", &out.display().to_string()]);
+        assert_eq!(r.status, Some(0), "{}", r.stderr);
+    };
+    let got = dir.join("at-example");
+    run("testdata/onnx/filled/inputs/x.npy", &got);
+    for o in ["y", "count"] {
+        let (g, w) =
+            (got.join(format!("{o}.npy")), Path::new("testdata/onnx/filled/expected").join(format!("{o}.npy")));
+        assert_eq!(Tensor::read_npy(&g).unwrap(), Tensor::read_npy(&w).unwrap(), "{o}");
+    }
+    for (b, s) in [(1, 1), (2, 9), (6, 10)] {
+        let x = dir.join(format!("x-{b}x{s}.npy"));
+        Tensor::f32(vec![b, s, 4], values(b * s * 4, 5)).write_npy(&x).unwrap();
+        let x = x.display().to_string();
+        let (d, want) = (dir.join(format!("run-{b}x{s}")), dir.join(format!("interp-{b}x{s}")));
+        run(&x, &d);
+        let dims = [format!("batch={b}"), format!("seq={s}")];
+        let w = want.display().to_string();
+        let r = meshc(&[
+            "interp",
+            model,
+            "--dim",
+            &dims[0],
+            "--dim",
+            &dims[1],
+            "--input",
+            &format!("x={x}"),
+            "--output-dir",
+            &w,
+        ]);
+        assert_eq!(r.status, Some(0), "{}", r.stderr);
+        for o in ["y", "count"] {
+            let read = |p: &Path| Tensor::read_npy(&p.join(format!("{o}.npy"))).unwrap();
+            let (g, w) = (read(&d), read(&want));
+            assert_eq!(g.shape, vec![b, s, 4], "{o} at {b}x{s}");
+            assert_eq!(g, w, "{o} at {b}x{s}");
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 //! behind guards that keep them in their domain), reductions, softmax, layer_norm, matmul,
 //! einsum, data movement (reshape, transpose, slice with any steps, concat, broadcast_to),
 //! gather and scatter_elements (every reduction), dynamic_slice and dynamic_update_slice
-//! (clamped starts), cumsum (every axis, both flags), iota (every axis), with i32 and i64 indices, integer arithmetic and mod in i32 and i64, casts,
+//! (clamped starts), cumsum (every axis, both flags), iota (every axis), broadcast_like, with i32 and i64 indices, integer arithmetic and mod in i32 and i64, casts,
 //! comparisons, logic, floor/ceil/round, and where on a bool input or a computed mask — compiled with both GEMM paths and random stream options, on one device,
 //! under random legal layouts on 2 to 8 devices, placed in random stages (micro-batched or
 //! not), with failed links or failed devices, on one device compiled once over a
@@ -186,7 +186,7 @@ fn graph(r: &Recipe) -> String {
     for (k, &(op, a, b, arg)) in r.ops.iter().enumerate() {
         let (x, xs) = values[a as usize % values.len()].clone();
         let name = format!("n{k}");
-        let (line, shape) = match op % 27 {
+        let (line, shape) = match op % 28 {
             // GELU also as exporters write it, in arithmetic (the gelu pass makes it one op).
             0 if unary(arg) == "gelu" && b & 1 == 1 => {
                 let (last, body) = exported_gelu(&name, &x, b & 2 != 0);
@@ -680,6 +680,12 @@ fn graph(r: &Recipe) -> String {
                 let axis = arg as usize % xs.len();
                 lines.push(format!("{name}_i = iota({x}) {{axis = {axis}}}"));
                 (format!("{name} = cast({name}_i) {{to = \"f32\"}}"), vec![xs[axis]])
+            }
+            // A value broadcast against x's shape, x's values unread (over a symbolic batch,
+            // a constant that follows the call's batch).
+            27 => {
+                let (y, ys) = partner(&values, &xs, b);
+                (format!("{name} = broadcast_like({y}, {x})"), broadcast(&ys, &xs))
             }
             _ => (format!("{name} = relu({x})"), xs.clone()),
         };
