@@ -240,6 +240,7 @@ fn generate(target: &Target, node: &Node, inputs: &[TensorType], out: &TensorTyp
         | Op::Slice
         | Op::Concat
         | Op::BroadcastTo
+        | Op::BroadcastLike
         | Op::Gather
         | Op::ScatterElements
         | Op::DynamicSlice

@@ -44,9 +44,13 @@ fn rows_of(shape: &[Expr]) -> Option<(usize, Expr)> {
 /// `None` when none of its tensors depends on them. A transpose that moves a symbolic dim
 /// becomes a library call.
 pub fn step_scaling(si: &SymInfo, node: &Node, operands: &[String], library: bool) -> Result<Option<StepScaling>> {
-    // iota reads only its operand's size: it scales as its result does, and not at all
-    // when that is static.
-    let operands = if node.op == Op::Iota { &[] } else { operands };
+    // iota reads only its operand's size, broadcast_like only its first operand's values:
+    // the sizes they read scale as their result does.
+    let operands = match node.op {
+        Op::Iota => &[],
+        Op::BroadcastLike => &operands[..1],
+        _ => operands,
+    };
     let shape = |t: &str| symbolic_shape(si, t);
     let tensors = std::iter::once(&node.name).chain(operands);
     if tensors.clone().all(|t| shape(t).iter().all(Expr::is_const)) {
@@ -108,7 +112,7 @@ fn rows(si: &SymInfo, node: &Node, operands: &[String]) -> Result<StepScaling> {
     let keeps_rows = |axes: &[usize]| axes.iter().all(|&a| a >= x);
     let ok = match node.op {
         _ if node.op.is_elementwise() => true,
-        Op::BroadcastTo => true,
+        Op::BroadcastTo | Op::BroadcastLike => true,
         Op::ReduceSum | Op::ReduceMean | Op::ReduceMax => match attrs::Reduce::of(node).axes {
             Some(a) => norm_axes(&a, rank).is_ok_and(|a| keeps_rows(&a)),
             None => false,

@@ -1294,6 +1294,35 @@ def positions():
     save("positions", g, {"input_ids": r.integers(0, 40, (3, 7), dtype=np.int64)}, {"batch": 3, "seq": 7})
 
 
+def filled():
+    """Constants of a shape read from a tensor, as exporters write masks and default
+    states: ConstantOfShape(Shape(x)) and Expand of a vector and of a scalar to Shape(x).
+    Imported with batch and seq ranged, each follows x's shape at every size (a
+    broadcast_like of x), not the shape it has at the example. Its own generator, so that
+    the other models' bytes stay as they were."""
+    r = np.random.default_rng(34)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 4])
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 4]),
+            helper.make_tensor_value_info("count", TensorProto.INT64, ["batch", "seq", 4])]
+    inits = [numpy_helper.from_array((r.standard_normal(4) * 0.5).astype(np.float32), "bias")]
+    n = [node("Shape", ["x"], ["/Shape_output_0"]),
+         helper.make_node("ConstantOfShape", ["/Shape_output_0"], ["/half_output_0"], name="/ConstantOfShape",
+                          value=numpy_helper.from_array(np.array([0.5], dtype=np.float32))),
+         node("Expand", ["bias", "/Shape_output_0"], ["/bias_output_0"]),
+         const("/two", np.float32(2.0)),
+         node("Expand", ["/two", "/Shape_output_0"], ["/twos_output_0"]),
+         node("Mul", ["x", "/half_output_0"], ["/scaled_output_0"]),
+         node("Add", ["/scaled_output_0", "/bias_output_0"], ["/biased_output_0"]),
+         node("Sub", ["/biased_output_0", "/twos_output_0"], ["y"]),
+         helper.make_node("ConstantOfShape", ["/Shape_output_0"], ["/ones_output_0"], name="/ConstantOfShape_1",
+                          value=numpy_helper.from_array(np.array([1], dtype=np.int64))),
+         const("/steps", np.arange(4, dtype=np.int64)),
+         node("Expand", ["/steps", "/Shape_output_0"], ["/steps_output_0"]),
+         node("Add", ["/ones_output_0", "/steps_output_0"], ["count"])]
+    g = helper.make_graph(n, "filled", [x], outs, inits)
+    save("filled", g, {"x": r.standard_normal((3, 5, 4)).astype(np.float32)}, {"batch": 3, "seq": 5})
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--bench":
         # The bench's 6-layer, 384-wide encoder (all-MiniLM-L6-v2's shapes), too big to
@@ -1341,6 +1370,7 @@ if __name__ == "__main__":
     quantized()
     integer_products()
     positions()
+    filled()
     bad()
     total = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote {OUT} ({total} bytes)", file=sys.stderr)

@@ -64,6 +64,7 @@ pub fn node_flops(n: &Node, info: &Info) -> u64 {
         Op::Reshape
         | Op::Transpose
         | Op::BroadcastTo
+        | Op::BroadcastLike
         | Op::Concat
         | Op::Slice
         | Op::DynamicSlice

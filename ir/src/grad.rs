@@ -587,6 +587,9 @@ impl Builder {
                 self.op(Transpose, &[gy], &[("perm", ints(&inv))])?
             }
             BroadcastTo => gy.to_string(),
+            // `like` gives only its shape.
+            BroadcastLike if k == 1 => self.zeros(&x_shape)?,
+            BroadcastLike => gy.to_string(),
             Concat => {
                 let axis = norm_axis(attrs::Concat::of(n).axis, x_shape.len()).map_err(|e| fail(&e))?;
                 let start: usize = n.inputs[..k].iter().map(|o| self.shape(o)[axis]).sum();

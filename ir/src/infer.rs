@@ -302,6 +302,11 @@ pub fn infer(node: &Node, ops: &[Operand]) -> R<Inferred> {
             let dims = broadcast_dims(&[*x], target.len());
             Ok(Inferred { ty: TensorType::new(x.ty.dtype, target), dims })
         }
+        BroadcastLike => {
+            let shape = broadcast_shapes(&[&ops[0].ty.shape, &ops[1].ty.shape])?;
+            let dims = broadcast_dims(ops, shape.len());
+            Ok(Inferred { ty: TensorType::new(ops[0].ty.dtype, shape), dims })
+        }
         Concat => {
             let dtype = same_dtype(ops)?;
             let first = &ops[0].ty.shape;

@@ -215,6 +215,10 @@ fn eval(node: &Node, args: &[&Tensor]) -> R<Tensor> {
         Reshape => reshape(args[0], &attrs::Shape::try_of(node)?.shape),
         Transpose => transpose(args[0], attrs::Transpose::try_of(node)?.perm),
         BroadcastTo => broadcast_to(args[0], &attrs::Shape::try_of(node)?.shape),
+        BroadcastLike => {
+            let shape = broadcast_shapes(&[&args[0].shape, &args[1].shape])?;
+            broadcast_to(args[0], &shape.iter().map(|&d| d as i64).collect::<Vec<_>>())
+        }
         Concat => concat(args, attrs::Concat::try_of(node)?.axis),
         Slice => slice(args[0], &attrs::Slice::try_of(node)?),
         Gather => gather(args[0], args[1], attrs::Gather::try_of(node)?.axis),
@@ -2266,6 +2270,15 @@ mod tests {
         check(Op::Iota, &[("axis", Attr::Int(-3))], &[&x], i64t(&[2], &[0, 1]));
         check(Op::Iota, &[("axis", Attr::Int(2))], &[&x], i64t(&[0], &[]));
         assert!(error(Op::Iota, &[("axis", Attr::Int(3))], &[&x]).contains("axis"));
+    }
+
+    #[test]
+    fn broadcast_like_takes_the_shape_of_its_second_operand_both_ways() {
+        let v = f(&[3], &[1., 2., 3.]);
+        check(Op::BroadcastLike, &[], &[&v, &ramp(&[2, 3])], f(&[2, 3], &[1., 2., 3., 1., 2., 3.]));
+        check(Op::BroadcastLike, &[], &[&f(&[2, 1], &[5., 6.]), &v], f(&[2, 3], &[5., 5., 5., 6., 6., 6.]));
+        check(Op::BroadcastLike, &[], &[&i64t(&[], &[7]), &ramp(&[2, 0])], i64t(&[2, 0], &[]));
+        assert!(error(Op::BroadcastLike, &[], &[&v, &ramp(&[2])]).contains("broadcast"));
     }
 
     #[test]

@@ -132,6 +132,11 @@ ops! {
         Reshape = "reshape", Exactly(1), Shape;
         Transpose = "transpose", Exactly(1), Transpose;
         BroadcastTo = "broadcast_to", Exactly(1), Shape;
+        // x broadcast against `like` (numpy, both ways), whose values are not read: `like`
+        // gives only its shape, so a constant sized to a dim that varies with the symbols
+        // (an ONNX `ConstantOfShape(Shape(y))` or `Expand(v, Shape(y))`) has a tensor that
+        // carries it.
+        BroadcastLike = "broadcast_like", Exactly(2), Plain;
         Concat = "concat", AtLeast(1), Concat;
         Slice = "slice", Exactly(1), Slice;
         Gather = "gather", Exactly(2), Gather;

@@ -178,7 +178,7 @@ fn join_all(c: &mut Classes, g: &Graph) -> Roles {
             _ => {}
         }
         match n.op {
-            Op::Softmax | Op::LayerNorm | Op::BroadcastTo | Op::Pad => {
+            Op::Softmax | Op::LayerNorm | Op::BroadcastTo | Op::BroadcastLike | Op::Pad => {
                 for i in &n.inputs {
                     c.join_aligned(i, out);
                 }

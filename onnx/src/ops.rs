@@ -435,8 +435,22 @@ fn positions(b: &mut Builder, name: &str, t: &str, d: usize, start: i64, step: i
     b.node(name, Op::Slice, &[&iota], &attrs)
 }
 
+/// The tensor whose whole shape operand `k` is (`Shape(t)`, element by element, in an
+/// import with ranged dims), if it is one: a constant of that shape is a `broadcast_like`
+/// of `t`, whose size follows the symbols, where a constant of the numbers would hold at
+/// the example sizes only.
+fn shape_of(b: &Builder, c: &Ctx, k: usize) -> Option<String> {
+    let sizes = c.arg(k).ok()?.sizes()?;
+    let (t, _) = sizes.first()?.clone()?;
+    let whole = sizes.iter().enumerate().all(|(d, s)| s.as_ref().is_some_and(|(u, e)| *u == t && *e == d));
+    (whole && b.ty(&Value::Tensor(t.clone())).shape.len() == sizes.len()).then_some(t)
+}
+
 fn expand(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
     let x = c.arg(0)?;
+    if let Some(t) = shape_of(b, c, 1) {
+        return one(b.node(&c.out, Op::BroadcastLike, &[x, &Value::Tensor(t)], &[]));
+    }
     let shape = b.ty(x).shape;
     let want = c.const_ints(1)?;
     let want: Vec<usize> = want
@@ -451,13 +465,17 @@ fn expand(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
     one(b.node(&c.out, Op::BroadcastTo, &[x], &[("shape", Attr::ints(&target))]))
 }
 
-fn constant_of_shape(_: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
+fn constant_of_shape(b: &mut Builder, c: &Ctx) -> R<Vec<Value>> {
     let shape = tensors::shape(&c.const_ints(0)?, 8)?;
     let fill = match c.attr("value").and_then(|a| a.t.as_ref()) {
         Some(t) => tensors::tensor(t)?,
         None => Tensor::f32(vec![1], vec![0.0]),
     };
     let v = *fill.data.to_f64().first().ok_or("its value is empty")?;
+    if let Some(t) = shape_of(b, c, 0) {
+        let one_value = table("the constant", fill.dtype(), vec![], |_| v)?;
+        return one(b.node(&c.out, Op::BroadcastLike, &[&one_value, &Value::Tensor(t)], &[]));
+    }
     Ok(vec![table("the constant", fill.dtype(), shape, |_| v)?])
 }
 

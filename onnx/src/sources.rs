@@ -67,6 +67,8 @@ pub fn source(op: Op) -> Source {
         Reshape => Onnx(&["Reshape", "Flatten"]),
         Transpose => Onnx(&["Transpose"]),
         BroadcastTo => Onnx(&["Expand"]),
+        // In an import with ranged dims, for a shape read from a tensor (`symbolic.rs`).
+        BroadcastLike => Onnx(&["Expand", "ConstantOfShape"]),
         Concat => Onnx(&["Concat"]),
         Slice => Onnx(&["Slice"]),
         Gather => Onnx(&["Gather"]),

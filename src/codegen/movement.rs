@@ -131,8 +131,9 @@ fn strided_copies(node: &Node, inputs: &[TensorType], out: &TensorType) -> Resul
             }
             single(src_off, (0..rank).map(|d| Dim::new(out.shape[d], &[src_strides[d], os[d]])).collect())
         }
-        Op::BroadcastTo => {
-            let lead = out.rank().checked_sub(rank).ok_or_else(|| anyhow!("broadcast_to cannot drop dims"))?;
+        // broadcast_like's second operand gives only the result's shape.
+        Op::BroadcastTo | Op::BroadcastLike => {
+            let lead = out.rank().checked_sub(rank).ok_or_else(|| anyhow!("{} cannot drop dims", node.op))?;
             let src_stride = |d: usize| if d < lead || x.shape[d - lead] == 1 { 0 } else { xs[d - lead] };
             single(0, (0..out.rank()).map(|d| Dim::new(out.shape[d], &[src_stride(d), os[d]])).collect())
         }
@@ -1102,6 +1103,11 @@ mod tests {
         ];
         for (i, &(from, to)) in cases.iter().enumerate() {
             each_dtype(i as u64, from, |x| check(kernel, &node(Op::BroadcastTo, 1, &[("shape", ints(to))]), &[x]));
+        }
+        // broadcast_like reads only its second operand's shape.
+        for (i, &(from, to)) in cases.iter().enumerate() {
+            let like = random(DType::F32, &to.iter().map(|&d| d as usize).collect::<Vec<_>>(), 0.0, 1.0, 5);
+            each_dtype(i as u64, from, |x| check(kernel, &node(Op::BroadcastLike, 2, &[]), &[x, like.clone()]));
         }
         each_dtype(1, &[3, 4, 5], |x| check(kernel, &node(Op::Reshape, 1, &[("shape", ints(&[5, -1]))]), &[x]));
         each_dtype(2, &[7], |x| check(kernel, &node(Op::Reshape, 1, &[("shape", ints(&[7, 1]))]), &[x]));

@@ -212,9 +212,10 @@ impl Expander {
     }
 
     /// A block of `value`s shaped as `x` with dim `axis` cut to 1, named by `name`. Over
-    /// symbolic dims its leading dims must scale as `x`'s do, which a broadcast constant's
-    /// cannot: it is then `x`'s first slice along `axis`, every element replaced by `value`
-    /// (unless `x` is empty: it has no first slice).
+    /// symbolic dims its other dims must follow `x`'s at every size, which a constant's,
+    /// sized at the bounds, cannot: it is then built from `x`, every element replaced by
+    /// `value` — from `x`'s first slice along `axis`, or, where `x` has none (empty along
+    /// `axis`), from its sum along it, whose shape is the block's.
     fn fill_block(
         &mut self,
         like: &Node,
@@ -223,16 +224,41 @@ impl Expander {
         axis: usize,
         value: f64,
     ) -> R<String> {
-        let fill = self.fill(like, name("value"), self.types[x].dtype, value)?;
-        if self.symbolic && self.types[x].numel() > 0 {
-            let slice = [("starts", ints([0])), ("ends", ints([1])), ("axes", ints([axis as i64]))];
-            let first = self.emit(like, name("first"), Op::Slice, &[x], &slice)?;
+        let dtype = self.types[x].dtype;
+        let fill = self.fill(like, name("value"), dtype, value)?;
+        if self.symbolic {
+            let block = match self.shape(x)[axis] {
+                0 => self.empty_sum(like, name, x, axis)?,
+                _ => {
+                    let slice = [("starts", ints([0])), ("ends", ints([1])), ("axes", ints([axis as i64]))];
+                    self.emit(like, name("first"), Op::Slice, &[x], &slice)?
+                }
+            };
             let every = self.fill(like, name("every"), DType::Bool, 1.0)?;
-            return self.emit(like, name("fill"), Op::Where, &[&every, &fill, &first], &[]);
+            return self.emit(like, name("fill"), Op::Where, &[&every, &fill, &block], &[]);
         }
         let mut one = self.shape(x);
         one[axis] = 1;
         self.emit(like, name("fill"), Op::BroadcastTo, &[&fill], &[("shape", ints(one.iter().map(|&s| s as i64)))])
+    }
+
+    /// The sum of `x` along its empty dim `axis`, kept as a dim of 1, in `x`'s dtype: a
+    /// tensor shaped as `x`'s block of padding (its values are never read). A dtype
+    /// reduce_sum does not take is summed as f32.
+    fn empty_sum(&mut self, like: &Node, name: &dyn Fn(&str) -> String, x: &str, axis: usize) -> R<String> {
+        let dtype = self.types[x].dtype;
+        let summable = matches!(dtype, DType::F32 | DType::I32 | DType::I64);
+        let to = |d: DType| [("to", Attr::Str(d.name().to_string()))];
+        let x = match summable {
+            true => x.to_string(),
+            false => self.emit(like, name("wide"), Op::Cast, &[x], &to(DType::F32))?,
+        };
+        let attrs = [("axes", ints([axis as i64])), ("keepdims", Attr::Bool(true))];
+        let sum = self.emit(like, name("sum"), Op::ReduceSum, &[&x], &attrs)?;
+        match summable {
+            true => Ok(sum),
+            false => self.emit(like, name("narrow"), Op::Cast, &[&sum], &to(dtype)),
+        }
     }
 
     /// `x` padded along each dim by `pads` (begins, then ends) in `mode`; the last node

@@ -203,10 +203,12 @@ pub fn corresponding_dims(n: &Node, i: usize, info: &Info) -> Vec<(usize, usize)
             pairs
         }
         meshc_ir::communication_ops!() => vec![],
-        // Elementwise ops broadcast as numpy does, and so does broadcast_to.
-        meshc_ir::unary_ops!() | meshc_ir::binary_ops!() | meshc_ir::ternary_ops!() | Op::BroadcastTo => {
-            aligned(ins, out)
-        }
+        // Elementwise ops broadcast as numpy does, and so do broadcast_to and broadcast_like.
+        meshc_ir::unary_ops!()
+        | meshc_ir::binary_ops!()
+        | meshc_ir::ternary_ops!()
+        | Op::BroadcastTo
+        | Op::BroadcastLike => aligned(ins, out),
     }
 }
 

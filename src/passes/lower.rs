@@ -581,6 +581,7 @@ impl Lower<'_> {
             | meshc_ir::binary_ops!()
             | meshc_ir::ternary_ops!()
             | Op::Transpose
+            | Op::BroadcastLike
             | Op::Concat
             | Op::Gather
             | Op::ScatterElements

@@ -5,7 +5,7 @@
 //! behind guards that keep them in their domain), reductions, softmax, layer_norm, matmul,
 //! integer matmuls of 8-bit values less a zero point, einsum, data movement (reshape, transpose, slice with any steps, concat, broadcast_to),
 //! gather and scatter_elements (every reduction), dynamic_slice and dynamic_update_slice
-//! (clamped starts), cumsum (every axis, both flags), iota (every axis), with i32 and i64 indices, integer arithmetic and mod in i32 and i64, casts,
+//! (clamped starts), cumsum (every axis, both flags), iota (every axis), broadcast_like, with i32 and i64 indices, integer arithmetic and mod in i32 and i64, casts,
 //! comparisons, logic, floor/ceil/round, and where on a bool input or a computed mask — compiled with both GEMM paths and random stream options, on one device,
 //! under random legal layouts on 2 to 8 devices, placed in random stages (micro-batched or
 //! not), with failed links or failed devices, on one device compiled once over a
@@ -186,7 +186,7 @@ fn graph(r: &Recipe) -> String {
     for (k, &(op, a, b, arg)) in r.ops.iter().enumerate() {
         let (x, xs) = values[a as usize % values.len()].clone();
         let name = format!("n{k}");
-        let (line, shape) = match op % 27 {
+        let (line, shape) = match op % 28 {
             // GELU also as exporters write it, in arithmetic (the gelu pass makes it one op).
             0 if unary(arg) == "gelu" && b & 1 == 1 => {
                 let (last, body) = exported_gelu(&name, &x, b & 2 != 0);
@@ -708,6 +708,12 @@ fn graph(r: &Recipe) -> String {
                 lines.push(format!("{name}_i = iota({x}) {{axis = {axis}}}"));
                 (format!("{name} = cast({name}_i) {{to = \"f32\"}}"), vec![xs[axis]])
             }
+            // A value broadcast against x's shape, x's values unread (over a symbolic batch,
+            // a constant that follows the call's batch).
+            27 => {
+                let (y, ys) = partner(&values, &xs, b);
+                (format!("{name} = broadcast_like({y}, {x})"), broadcast(&ys, &xs))
+            }
             _ => (format!("{name} = relu({x})"), xs.clone()),
         };
         lines.push(line);
@@ -1113,6 +1119,35 @@ fn symbolic_batch_cases_mostly_compare() {
         compared += usize::from(check_batch(&r, &g, &info, r.options).unwrap());
     }
     assert!(compared >= 80, "only {compared} of 200 symbolic-batch cases compared outputs");
+}
+
+/// The recipe of a case the fuzzer found over a symbolic batch: constant padding of a dim
+/// a dynamic_slice of size 0 emptied, whose fill block (a constant sized at the bounds)
+/// pinned the batch, so the call at batch 1 was refused. The generator draws it, and it
+/// now compares.
+#[test]
+fn symbolic_batch_pad_of_an_emptied_dim_compares() {
+    let r = Recipe {
+        base: vec![1, 1],
+        inputs: vec![0],
+        params: vec![],
+        ops: vec![(25, 0, 6, 0x82), (22, 1, 5, 0)],
+        outputs: 0,
+        options: 0,
+        layout: None,
+        batch: Some(0),
+    };
+    let text = graph(&r);
+    for line in [
+        "input x0: f32[2,2] dims(batch, _)",
+        "n0 = dynamic_slice(x0, t0) {axes = [1], sizes = [0]}",
+        "n1 = pad(n0) {pads = [0, 1, 0, -1], mode = \"constant\"",
+    ] {
+        assert!(text.contains(line), "{line}\n--- graph\n{text}");
+    }
+    let g = meshc_ir::text::parse(&text).unwrap();
+    let info = meshc_ir::verify::verify(&g).unwrap();
+    assert_eq!(check_batch(&r, &g, &info, 0), Ok(true), "{text}");
 }
 
 /// The int8 cases quantize something often enough to mean something: of 300 recipes drawn

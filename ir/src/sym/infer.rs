@@ -380,6 +380,7 @@ fn node_shape(cx: &mut Cx, ops: &[Vec<Expr>], info: &Info, want: &[usize]) -> R<
             Ok(perm.iter().map(|&p| xs[p].clone()).collect())
         }
         BroadcastTo => broadcast_to(cx, &ops[0], want),
+        BroadcastLike => cx.broadcast(&[&ops[0], &ops[1]]),
         Concat => {
             let first = &ops[0];
             let axis = norm_axis(attrs::Concat::try_of(node)?.axis, first.len())?;

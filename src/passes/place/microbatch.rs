@@ -40,7 +40,9 @@ fn combines_along(n: &Node, i: usize, d: usize, info: &Info) -> bool {
         unary_ops!() | binary_ops!() | ternary_ops!() => false,
         Op::MatMul | Op::Einsum | Op::Attention => false,
         Op::ReduceSum | Op::ReduceMean | Op::ReduceMax => false,
-        Op::Reshape | Op::Transpose | Op::BroadcastTo | Op::Concat | Op::Slice | Op::Gather => false,
+        Op::Reshape | Op::Transpose | Op::BroadcastTo | Op::BroadcastLike | Op::Concat | Op::Slice | Op::Gather => {
+            false
+        }
         Op::ScatterElements | Op::Pad | Op::Conv | Op::MaxPool | Op::AvgPool | Op::CumSum => false,
         Op::DynamicSlice | Op::DynamicUpdateSlice | Op::Iota => false,
         Op::Send | Op::Recv | Op::AllReduce | Op::AllGather | Op::ReduceScatter | Op::AllToAll => false,
