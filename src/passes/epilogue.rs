@@ -73,6 +73,8 @@ pub fn fuse(g: &Graph, info: &Info, folded: &Folded, library: impl Fn(&Node) -> 
         // viewed as in the product's shape, when a reshape came before its step) and the
         // nodes it drops.
         let (mut last, mut steps, mut operands, mut members) = (i, Vec::new(), Vec::new(), Vec::new());
+        // The chain as of its last step: reshapes after it stay as they are.
+        let mut kept = (i, 0);
         loop {
             let cur = g.nodes[last].name.as_str();
             if reads.is_output(cur) {
@@ -85,6 +87,7 @@ pub fn fuse(g: &Graph, info: &Info, folded: &Folded, library: impl Fn(&Node) -> 
                 steps.push("silu");
                 members.extend([last, sigmoid]);
                 last = user;
+                kept = (last, members.len());
                 continue;
             }
             let Some(user) = reads.reader(cur) else { break };
@@ -140,10 +143,13 @@ pub fn fuse(g: &Graph, info: &Info, folded: &Folded, library: impl Fn(&Node) -> 
             steps.push(name);
             members.push(last);
             last = user;
+            kept = (last, members.len());
         }
         if steps.is_empty() {
             continue;
         }
+        (last, _) = kept;
+        members.truncate(kept.1);
         for &t in &members {
             dropped[t] = true;
         }
