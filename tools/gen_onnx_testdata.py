@@ -8,7 +8,8 @@ dims `--dim` cannot bind, input_shapes.txt (its `--input-shape NAME=D0xD1x...` a
 them through `meshc import`, `interp`, and `run` (1 device and under a layout).
 
 Needs onnx, onnxruntime and numpy; `make onnx-testdata` makes a venv under target/ with them.
-`--bench DIR` writes only the bench's 6-layer encoder, into DIR.
+`--bench DIR` writes only the bench's models, into DIR: the 6-layer encoder and two whole
+convolution networks (YOLOv8n's and ResNet-50's layers at batch 1).
 Deterministic: the same packages write the same files.
 """
 
@@ -304,6 +305,9 @@ def conv_bn(n, inits, name, inp, out, cin, cout, k, stride=1, group=1, act=None,
                                          bn + ".running_var"], [bn_out], epsilon=1e-5, momentum=0.9))
     if act == "relu":
         n.append(node("Relu", [bn_out], [out]))
+    elif act == "silu":
+        sig = f"/{bn}/Sigmoid_output_0"
+        n += [node("Sigmoid", [bn_out], [sig]), helper.make_node("Mul", [bn_out, sig], [out], name=f"/{bn}/Mul")]
     elif act == "relu6":
         n.append(helper.make_node("Clip", [bn_out, "/zero", "/six"], [out], name=f"/{bn}/Clip"))
 
@@ -1323,11 +1327,151 @@ def filled():
     save("filled", g, {"x": r.standard_normal((3, 5, 4)).astype(np.float32)}, {"batch": 3, "seq": 5})
 
 
+def yolov8n(out, size=640):
+    """YOLOv8n's layers (ultralytics' yolov8.yaml at width 0.25, depth 0.33) at batch 1:
+    Conv = conv-BN-SiLU (Sigmoid and Mul, as torch.onnx writes SiLU), C2f blocks (a 1x1
+    conv split in two, bottlenecks on the last half, all halves concatenated into a 1x1
+    conv), SPPF (three chained 5x5 max pools), the upsample-and-concat neck and the detect
+    head: per level a box branch (64 = 4 sides x 16 bins) and a class branch (80), their
+    outputs concatenated over the levels, the bins' softmax expectation (DFL, a 1x1 conv of
+    weights 0..15) and the class sigmoids."""
+    x = helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, size, size])
+    n, inits = [], []
+
+    def conv(name, inp, cin, cout, k, stride=1):
+        o = f"/{name}/act/Mul_output_0"
+        conv_bn(n, inits, name + ".conv", inp, o, cin, cout, k, stride=stride, act="silu")
+        return o
+
+    def c2f(name, inp, cin, cout, blocks, shortcut):
+        c = cout // 2
+        a = conv(name + ".cv1", inp, cin, 2 * c, 1)
+        halves = [f"/{name}/Split_output_0", f"/{name}/Split_output_1"]
+        n.append(helper.make_node("Split", [a, f"{name}.split"], halves, axis=1, name=f"/{name}/Split"))
+        inits.append(ints(f"{name}.split", [c, c]))
+        ys = list(halves)
+        for i in range(blocks):
+            m = f"{name}.m.{i}"
+            h = conv(m + ".cv2", conv(m + ".cv1", ys[-1], c, c, 3), c, c, 3)
+            if shortcut:
+                s = f"/{m}/Add_output_0"
+                n.append(node("Add", [ys[-1], h], [s]))
+                h = s
+            ys.append(h)
+        cat = f"/{name}/Concat_output_0"
+        n.append(node("Concat", ys, [cat], axis=1))
+        return conv(name + ".cv2", cat, (2 + blocks) * c, cout, 1)
+
+    def up(name, inp):
+        o = f"/{name}/Resize_output_0"
+        n.append(helper.make_node("Resize", [inp, "", "/up_scales"], [o], mode="nearest",
+                                  coordinate_transformation_mode="asymmetric", nearest_mode="floor", name=f"/{name}"))
+        return o
+
+    def cat(name, ins, axis=1):
+        o = f"/{name}/Concat_output_0"
+        n.append(node("Concat", ins, [o], axis=axis))
+        return o
+
+    inits.append(numpy_helper.from_array(np.array([1, 1, 2, 2], dtype=np.float32), "/up_scales"))
+    b0 = conv("model.0", "images", 3, 16, 3, 2)
+    b1 = conv("model.1", b0, 16, 32, 3, 2)
+    b2 = c2f("model.2", b1, 32, 32, 1, True)
+    b3 = conv("model.3", b2, 32, 64, 3, 2)
+    p3 = c2f("model.4", b3, 64, 64, 2, True)
+    b5 = conv("model.5", p3, 64, 128, 3, 2)
+    p4 = c2f("model.6", b5, 128, 128, 2, True)
+    b7 = conv("model.7", p4, 128, 256, 3, 2)
+    b8 = c2f("model.8", b7, 256, 256, 1, True)
+    s1 = conv("model.9.cv1", b8, 256, 128, 1)
+    pools = [s1]
+    for i in range(3):
+        o = f"/model.9/m_{i}/MaxPool_output_0"
+        n.append(node("MaxPool", [pools[-1]], [o], kernel_shape=[5, 5], strides=[1, 1], pads=[2, 2, 2, 2]))
+        pools.append(o)
+    p5 = conv("model.9.cv2", cat("model.9", pools), 512, 256, 1)
+    h12 = c2f("model.12", cat("model.11", [up("model.10", p5), p4]), 384, 128, 1, False)
+    h15 = c2f("model.15", cat("model.14", [up("model.13", h12), p3]), 192, 64, 1, False)
+    h18 = c2f("model.18", cat("model.17", [conv("model.16", h15, 64, 64, 3, 2), h12]), 192, 128, 1, False)
+    h21 = c2f("model.21", cat("model.20", [conv("model.19", h18, 128, 128, 3, 2), p5]), 384, 256, 1, False)
+    levels = []
+    for i, (f, c) in enumerate([(h15, 64), (h18, 128), (h21, 256)]):
+        branches = []
+        for cv, width, outs in [("cv2", 64, 64), ("cv3", 80, 80)]:
+            name = f"model.22.{cv}.{i}"
+            h = conv(name + ".1", conv(name + ".0", f, c, width, 3), width, width, 3)
+            o = f"/{name}/2/Conv_output_0"
+            inits += [init(name + ".2.weight", [outs, width, 1, 1], width ** -0.5),
+                      init(name + ".2.bias", [outs], 0.1)]
+            n.append(node("Conv", [h, name + ".2.weight", name + ".2.bias"], [o], kernel_shape=[1, 1]))
+            branches.append(o)
+        lv = cat(f"model.22.level{i}", branches)
+        r = f"/model.22/Reshape_{i}_output_0"
+        n.append(node("Reshape", [lv, "/head_shape"], [r]))
+        levels.append(r)
+    inits += [ints("/head_shape", [1, 144, -1]), ints("/head_split", [64, 80]),
+              ints("/dfl_shape", [1, 4, 16, -1]), ints("/box_shape", [1, 4, -1]),
+              numpy_helper.from_array(np.arange(16, dtype=np.float32).reshape(1, 16, 1, 1), "model.22.dfl.conv.weight")]
+    heads = cat("model.22.levels", levels, axis=2)
+    n += [helper.make_node("Split", [heads, "/head_split"], ["/model.22/box", "/model.22/cls"], axis=1,
+                           name="/model.22/Split"),
+          node("Reshape", ["/model.22/box", "/dfl_shape"], ["/model.22/dfl/Reshape_output_0"]),
+          node("Transpose", ["/model.22/dfl/Reshape_output_0"], ["/model.22/dfl/Transpose_output_0"],
+               perm=[0, 2, 1, 3]),
+          node("Softmax", ["/model.22/dfl/Transpose_output_0"], ["/model.22/dfl/Softmax_output_0"], axis=1),
+          node("Conv", ["/model.22/dfl/Softmax_output_0", "model.22.dfl.conv.weight"],
+               ["/model.22/dfl/conv/Conv_output_0"], kernel_shape=[1, 1]),
+          node("Reshape", ["/model.22/dfl/conv/Conv_output_0", "/box_shape"], ["boxes"]),
+          node("Sigmoid", ["/model.22/cls"], ["scores"])]
+    anchors = sum((size // s) ** 2 for s in (8, 16, 32))
+    y = [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, [1, 4, anchors]),
+         helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 80, anchors])]
+    g = helper.make_graph(n, "yolov8n", [x], y, inits)
+    save("yolov8n", g, {"images": rng.random((1, 3, size, size)).astype(np.float32)}, {}, out=out)
+
+
+def resnet50(out, size=224):
+    """torchvision's ResNet-50 (v1.5: the stride on the 3x3 conv) at batch 1: the 7x7/2
+    stem, a 3x3/2 max pool, bottlenecks (1x1, 3x3, 1x1 x4, each conv-BN, the first of a
+    stage with a strided 1x1 conv-BN downsample) in stages of 3, 4, 6 and 3, global average
+    pool and the 1000-way fc."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])
+    y = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 1000])
+    n, inits = [], []
+    conv_bn(n, inits, "conv1", "x", "/relu/Relu_output_0", 3, 64, 7, stride=2, act="relu", pads=[3, 3, 3, 3])
+    n.append(node("MaxPool", ["/relu/Relu_output_0"], ["/maxpool/MaxPool_output_0"], kernel_shape=[3, 3],
+                  strides=[2, 2], pads=[1, 1, 1, 1]))
+    h, cin = "/maxpool/MaxPool_output_0", 64
+    for layer, (blocks, width, stride) in enumerate([(3, 64, 1), (4, 128, 2), (6, 256, 2), (3, 512, 2)], 1):
+        for b in range(blocks):
+            p = f"layer{layer}.{b}"
+            s = stride if b == 0 else 1
+            conv_bn(n, inits, p + ".conv1", h, f"/{p}/relu/Relu_output_0", cin, width, 1, act="relu")
+            conv_bn(n, inits, p + ".conv2", f"/{p}/relu/Relu_output_0", f"/{p}/relu_1/Relu_output_0", width, width, 3,
+                    stride=s, act="relu")
+            conv_bn(n, inits, p + ".conv3", f"/{p}/relu_1/Relu_output_0", f"/{p}/bn3/BN_output_0", width, 4 * width, 1)
+            skip = h
+            if b == 0:
+                skip = f"/{p}/downsample/BN_output_0"
+                conv_bn(n, inits, p + ".downsample.0.conv", h, skip, cin, 4 * width, 1, stride=s, pads=[0, 0, 0, 0])
+            n += [node("Add", [f"/{p}/bn3/BN_output_0", skip], [f"/{p}/Add_output_0"]),
+                  node("Relu", [f"/{p}/Add_output_0"], [f"/{p}/relu_2/Relu_output_0"])]
+            h, cin = f"/{p}/relu_2/Relu_output_0", 4 * width
+    n += [node("GlobalAveragePool", [h], ["/avgpool/GlobalAveragePool_output_0"]),
+          node("Flatten", ["/avgpool/GlobalAveragePool_output_0"], ["/Flatten_output_0"], axis=1),
+          node("Gemm", ["/Flatten_output_0", "fc.weight", "fc.bias"], ["logits"], alpha=1.0, beta=1.0, transB=1)]
+    inits += [init("fc.weight", [1000, 2048], 2048 ** -0.5), init("fc.bias", [1000], 0.05)]
+    g = helper.make_graph(n, "resnet50", [x], [y], inits)
+    save("resnet50", g, {"x": rng.standard_normal((1, 3, size, size)).astype(np.float32)}, {}, out=out)
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--bench":
         # The bench's 6-layer, 384-wide encoder (all-MiniLM-L6-v2's shapes), too big to
         # commit (11 M weights): `cargo bench --bench onnx` writes it under target/.
         encoder("encoder_6x384", hid=384, heads=12, ffn=1536, layers=6, batch=2, seq=32, out=sys.argv[2])
+        yolov8n(sys.argv[2])
+        resnet50(sys.argv[2])
         sys.exit(0)
     if len(sys.argv) == 3 and sys.argv[1] == "--minilm-l6":
         # all-MiniLM-L6-v2's shapes whole: BERT's embeddings (30522 words) and 6 layers,

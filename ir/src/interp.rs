@@ -177,7 +177,9 @@ fn eval(node: &Node, args: &[&Tensor]) -> R<Tensor> {
                     "div" => binary(Div, &y, next()?)?,
                     "relu" => unary(Relu, false, &y)?,
                     "gelu" => unary(Gelu, false, &y)?,
-                    _ => unary(Gelu, true, &y)?,
+                    "gelu_tanh" => unary(Gelu, true, &y)?,
+                    "silu" => binary(Mul, &y, &unary(Sigmoid, false, &y)?)?,
+                    other => return Err(format!("epilogue step '{other}' has no arithmetic here")),
                 };
             }
             Ok(y)

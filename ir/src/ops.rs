@@ -244,6 +244,7 @@ pub const EPILOGUE_STEPS: &[(&str, bool)] = &[
     ("relu", false),
     ("gelu", false),
     ("gelu_tanh", false),
+    ("silu", false),
 ];
 
 /// The steps of an `epilogue` attribute (comma-separated names of `EPILOGUE_STEPS`), with

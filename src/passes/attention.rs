@@ -36,12 +36,12 @@ struct Chain {
 /// chain replaced by one `attention` node; `None` when there is none.
 pub fn fuse(g: &Graph, info: &Info, folded: &Folded) -> Option<Graph> {
     let m = Matcher { g, info, folded, reads: super::Reads::new(g) };
-    let mut fused: HashMap<usize, Node> = HashMap::new();
+    let mut fused: HashMap<usize, Vec<Node>> = HashMap::new();
     let mut dropped = vec![false; g.nodes.len()];
     for &i in &info.order {
         if let Some(chain) = m.chain(i) {
             chain.members.iter().for_each(|&k| dropped[k] = true);
-            fused.insert(i, chain.node);
+            fused.insert(i, vec![chain.node]);
         }
     }
     super::epilogue::replaced(g, fused, &dropped)

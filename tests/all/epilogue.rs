@@ -53,7 +53,8 @@ fn check(src: &str, spec: Option<&str>, gemm: Gemm, what: &str) -> Vec<Vec<&'sta
 /// One matmul `x @ w` and a chain of `steps` after it, as a graph: `bias` is a `[n]` param,
 /// `res` an input of the result's shape, `rowmask` an input broadcast over the rows,
 /// `scale` a scalar param; `gelu_erf_ops` and `gelu_tanh_ops` are GELU as exporters write
-/// it, in arithmetic (the gelu pass makes one `gelu` of each). `w` is a param (`"param"`), an input (`"input"`) or a bf16 param
+/// it, in arithmetic (the gelu pass makes one `gelu` of each); `silu` and `silu_left` are
+/// `mul(x, sigmoid(x))`, either operand first. `w` is a param (`"param"`), an input (`"input"`) or a bf16 param
 /// read through a cast (`"bf16"`).
 fn chain(batch: &[usize], (m, k, n): (usize, usize, usize), w: &str, steps: &[&str]) -> String {
     let dims = |d: &[usize]| d.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
@@ -83,6 +84,8 @@ fn chain(batch: &[usize], (m, k, n): (usize, usize, usize), w: &str, steps: &[&s
             "relu" => format!("  {y} = relu({x})\n"),
             "gelu" => format!("  {y} = gelu({x})\n"),
             "gelu_tanh" => format!("  {y} = gelu({x}) {{approximate = \"tanh\"}}\n"),
+            "silu" => format!("  {y}s = sigmoid({x})\n  {y} = mul({x}, {y}s)\n"),
+            "silu_left" => format!("  {y}s = sigmoid({x})\n  {y} = mul({y}s, {x})\n"),
             "gelu_erf_ops" => format!(
                 "  {y}d = div({x}, sqrt2)\n  {y}e = erf({y}d)\n  {y}a = add({y}e, one)\n  {y}m = mul({x}, {y}a)\n  {y} = mul({y}m, half)\n"
             ),
@@ -103,6 +106,7 @@ fn names(steps: &[&str]) -> Vec<&'static str> {
         "div" => "div",
         "relu" => "relu",
         "gelu" | "gelu_erf_ops" => "gelu",
+        "silu" | "silu_left" => "silu",
         _ => "gelu_tanh",
     };
     steps.iter().map(|s| name(s)).collect()
@@ -113,7 +117,7 @@ fn names(steps: &[&str]) -> Vec<&'static str> {
 /// every step kind, on the library, the default choice and the generated kernel.
 #[test]
 fn fused_chains_compute_what_the_interpreter_does() {
-    let chains: [&[&str]; 8] = [
+    let chains: [&[&str]; 10] = [
         &["bias", "gelu"],
         &["bias", "gelu_erf_ops"],
         &["gelu_tanh_ops", "res"],
@@ -122,6 +126,8 @@ fn fused_chains_compute_what_the_interpreter_does() {
         &["div", "relu"],
         &["bias", "relu", "scale", "res", "gelu"],
         &["res"],
+        &["bias", "silu"],
+        &["scale", "silu_left", "res", "silu"],
     ];
     type Shape = (&'static [usize], (usize, usize, usize));
     let shapes: [Shape; 6] = [
@@ -259,8 +265,8 @@ fn centred_bytes_are_read_as_they_are() {
 /// is not taken.
 #[test]
 fn chains_stop_where_the_value_escapes() {
-    let base = "graph stops {\n  input x: f32[4,16]\n  param w: f32[16,40] = init normal{seed = 1, std = 0.3}\n  param b: f32[40] = init normal{seed = 2, std = 1}\n  input wide: f32[3,4,40]\n";
-    let cases: [(&str, Vec<Vec<&str>>); 5] = [
+    let base = "graph stops {\n  input x: f32[4,16]\n  param w: f32[16,40] = init normal{seed = 1, std = 0.3}\n  param b: f32[40] = init normal{seed = 2, std = 1}\n  input wide: f32[3,4,40]\n  param rows: f32[4,1,1] = init normal{seed = 3, std = 1}\n  param half: f32[2,1,1] = init normal{seed = 4, std = 1}\n";
+    let cases: [(&str, Vec<Vec<&str>>); 10] = [
         (
             "  h = matmul(x, w)\n  a = add(h, b)\n  y = relu(a)\n  z = mul(a, a)\n  output y\n  output z\n",
             vec![vec!["add"]],
@@ -268,6 +274,22 @@ fn chains_stop_where_the_value_escapes() {
         ("  h = matmul(x, w)\n  a = add(h, b)\n  y = relu(a)\n  output a\n  output y\n", vec![vec!["add"]]),
         ("  h = matmul(x, w)\n  a = sub(h, b)\n  y = relu(a)\n  output y\n", vec![vec![]]),
         ("  h = matmul(x, w)\n  y = add(h, wide)\n  output y\n", vec![vec![]]),
+        // SiLU takes its sigmoid and mul only when they alone read the value, and the
+        // sigmoid is read by the mul alone and no output.
+        ("  h = matmul(x, w)\n  a = add(h, b)\n  s = sigmoid(a)\n  y = mul(a, s)\n  output y\n", vec![vec!["add", "silu"]]),
+        (
+            "  h = matmul(x, w)\n  a = add(h, b)\n  s = sigmoid(a)\n  y = mul(a, s)\n  output s\n  output y\n",
+            vec![vec!["add"]],
+        ),
+        ("  h = matmul(x, w)\n  a = add(h, b)\n  s = sigmoid(a)\n  y = mul(b, s)\n  z = add(a, y)\n  output z\n", vec![vec!["add"]]),
+        // Through a reshape, as after a conv's GEMM: a per-row bias of the reshaped value
+        // is one of the product's rows; one along a dim that splits the product's rows
+        // stops the chain.
+        (
+            "  h = matmul(x, w)\n  r = reshape(h) {shape = [4, 5, 8]}\n  a = add(r, rows)\n  s = sigmoid(a)\n  y = mul(a, s)\n  output y\n",
+            vec![vec!["add", "silu"]],
+        ),
+        ("  h = matmul(x, w)\n  r = reshape(h) {shape = [2, 2, 5, 8]}\n  y = add(r, half)\n  output y\n", vec![vec![]]),
         // Both matmuls are followed by `s`: the first takes it (and runs where `y` was, after
         // the second), the second stays plain.
         (

@@ -193,6 +193,13 @@ fn graph(r: &Recipe) -> String {
                 lines.extend(body);
                 (last, xs.clone())
             }
+            // SiLU as exporters write it, either operand first (the epilogue pass makes it one
+            // step of a matmul's epilogue).
+            0 if unary(arg) == "sigmoid" && b & 1 == 1 => {
+                lines.push(format!("{name}s = sigmoid({x})"));
+                let (l, r) = if b & 2 != 0 { (format!("{name}s"), x.clone()) } else { (x.clone(), format!("{name}s")) };
+                (format!("{name} = mul({l}, {r})"), xs.clone())
+            }
             0 => (format!("{name} = {}({x})", unary(arg)), xs.clone()),
             1 | 2 => {
                 let (y, ys) = partner(&values, &xs, b);

@@ -24,6 +24,8 @@ pub enum Step {
     Gelu,
     /// GELU's tanh form (`gelu {approximate = "tanh"}`).
     GeluTanh,
+    /// x · sigmoid(x) (SiLU).
+    Silu,
 }
 
 impl Step {
@@ -37,6 +39,7 @@ impl Step {
             Step::Relu => "relu",
             Step::Gelu => "gelu",
             Step::GeluTanh => "gelu_tanh",
+            Step::Silu => "silu",
         }
     }
 
@@ -51,6 +54,7 @@ impl Step {
             "relu" => Step::Relu,
             "gelu" => Step::Gelu,
             "gelu_tanh" => Step::GeluTanh,
+            "silu" => Step::Silu,
             _ => return None,
         })
     }

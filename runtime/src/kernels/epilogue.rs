@@ -1,5 +1,5 @@
 //! Matmul epilogues: elementwise steps after a library matmul — a bias or residual add, a
-//! scale, relu, GELU (both forms) — that the GEMM applies to each block of its result right
+//! scale, relu, GELU (both forms), SiLU — that the GEMM applies to each block of its result right
 //! after computing it, while the block is still in cache, instead of separate passes over
 //! memory (the compiler's `epilogue` pass folds them into the matmul). Each step takes the
 //! running value as its left operand; a binary step's right operand is the matmul's next
@@ -203,6 +203,7 @@ impl Bound<'_> {
                     Step::Relu => x.iter_mut().for_each(|x| *x = if *x < 0.0 { 0.0 } else { *x }),
                     Step::Gelu => x.iter_mut().for_each(|x| *x = vmath::gelu_erf::<FMA>(*x, &phi)),
                     Step::GeluTanh => x.iter_mut().for_each(|x| *x = vmath::gelu_tanh::<FMA>(*x)),
+                    Step::Silu => x.iter_mut().for_each(|x| *x = vmath::silu::<FMA>(*x)),
                     _ => unreachable!("binary steps are above"),
                 }
             }
@@ -221,7 +222,13 @@ pub(crate) mod testing {
     pub(crate) fn oracle(c: &Tensor, steps: &[Step], operands: &[Tensor]) -> Vec<f32> {
         let mut y = c.clone();
         let mut next = operands.iter();
+        let ty = TensorType::new(DType::F32, c.shape.clone());
         for s in steps {
+            if *s == Step::Silu {
+                let sig = eval_node(&Node::new("s", Op::Sigmoid, &["x0"]), &[&y], &ty).unwrap();
+                y = eval_node(&Node::new("s", Op::Mul, &["x0", "x1"]), &[&y, &sig], &ty).unwrap();
+                continue;
+            }
             let (op, attrs, args): (Op, &[(&str, &str)], Vec<&Tensor>) = match s {
                 Step::Add(_) => (Op::Add, &[], vec![&y, next.next().unwrap()]),
                 Step::Mul(_) => (Op::Mul, &[], vec![&y, next.next().unwrap()]),
@@ -230,6 +237,7 @@ pub(crate) mod testing {
                 Step::Relu => (Op::Relu, &[], vec![&y]),
                 Step::Gelu => (Op::Gelu, &[], vec![&y]),
                 Step::GeluTanh => (Op::Gelu, &[("approximate", "tanh")], vec![&y]),
+                Step::Silu => unreachable!("computed above"),
             };
             let names: Vec<String> = (0..args.len()).map(|i| format!("x{i}")).collect();
             let names: Vec<&str> = names.iter().map(String::as_str).collect();
@@ -237,7 +245,7 @@ pub(crate) mod testing {
             for (k, v) in attrs {
                 node.attrs.insert(k.to_string(), meshc_ir::Attr::Str(v.to_string()));
             }
-            y = eval_node(&node, &args, &TensorType::new(DType::F32, c.shape.clone())).unwrap();
+            y = eval_node(&node, &args, &ty).unwrap();
         }
         y.as_f32().unwrap().to_vec()
     }
@@ -253,7 +261,7 @@ mod tests {
     /// Every step kind and operand kind (scalar, bias, a mask broadcast over rows and heads,
     /// a residual), applied in blocks of every shape (whole, tiles of rows × 32 columns,
     /// single rows) on every path the CPU has, gives the interpreter's values; values span
-    /// GELU's tails.
+    /// GELU's and SiLU's tails.
     #[test]
     fn blocks_match_the_interpreter() {
         let out = [2, 3, 5, 40];
@@ -269,6 +277,7 @@ mod tests {
             (vec![Step::Add(vec![40]), Step::Gelu], vec![1]),
             (vec![Step::Mul(vec![]), Step::Add(vec![2, 1, 1, 40]), Step::Relu], vec![0, 2]),
             (vec![Step::Div(vec![]), Step::GeluTanh, Step::Add(out.to_vec())], vec![0, 3]),
+            (vec![Step::Add(vec![40]), Step::Silu, Step::Add(out.to_vec())], vec![1, 3]),
             (vec![Step::Add(vec![2, 3, 5, 40]), Step::Mul(vec![40]), Step::Div(vec![2, 1, 1, 40])], vec![3, 1, 2]),
         ];
         let (rows, n) = (30, 40);

@@ -101,7 +101,20 @@ pub fn gelu_erf<const FMA: bool>(x: f32, phi: &([f32; 6], [f32; 6])) -> f32 {
 pub fn gelu_tanh<const FMA: bool>(x: f32) -> f32 {
     let c = 2.0 * std::f64::consts::FRAC_2_PI.sqrt();
     let p = madd::<FMA>(x * x, -(c * 0.044715) as f32, -c as f32);
-    let ny = clamp_min(clamp_max(x * p, 88.5), -87.0);
+    x / (1.0 + exp_clamped::<FMA>(x * p))
+}
+
+/// SiLU x/(1 + e^−x) = x · sigmoid(x).
+#[inline(always)]
+pub fn silu<const FMA: bool>(x: f32) -> f32 {
+    x / (1.0 + exp_clamped::<FMA>(-x))
+}
+
+/// e^y for y clamped to [−87, 88.5]: beyond, 1 + e^y in a quotient's denominator is 1 or
+/// large enough that the quotient is 0 (or −0), as the unclamped value gives.
+#[inline(always)]
+fn exp_clamped<const FMA: bool>(y: f32) -> f32 {
+    let ny = clamp_min(clamp_max(y, 88.5), -87.0);
     let magic = MAGIC + 127.0;
     let k = madd::<FMA>(ny, std::f32::consts::LOG2_E, magic);
     let nkf = -(k - magic);
@@ -111,5 +124,5 @@ pub fn gelu_tanh<const FMA: bool>(x: f32) -> f32 {
         madd::<FMA>(nkf, LN2_LO, madd::<FMA>(nkf, LN2_HI, ny))
     };
     let scale = f32::from_bits(k.to_bits() << 23);
-    x / (1.0 + horner::<FMA>(r, &EXP5) * scale)
+    horner::<FMA>(r, &EXP5) * scale
 }
