@@ -222,7 +222,8 @@ impl Chain<'_> {
 /// otherwise. Its value at a flat index f is then its element (f / inner) mod block, inner
 /// and block products of dims that both shapes have.
 fn viewed_as(operand: &[usize], at: &[usize], out: &[usize]) -> Option<Vec<usize>> {
-    if operand.len() > at.len() {
+    // (An empty result has no dim boundaries to tell apart by their products.)
+    if operand.len() > at.len() || at.contains(&0) {
         return None;
     }
     let padded: Vec<usize> = std::iter::repeat_n(1, at.len() - operand.len()).chain(operand.iter().copied()).collect();

@@ -260,6 +260,14 @@ fn centred_bytes_are_read_as_they_are() {
     }
 }
 
+/// An empty product viewed through a reshape keeps its chain out of the epilogue (every
+/// dim boundary of an empty shape has the same product, 0) and still compiles.
+#[test]
+fn an_empty_product_through_a_reshape_compiles() {
+    let src = "graph empty {\n  input x: f32[0,16]\n  param w: f32[16,40] = init normal{seed = 1, std = 0.3}\n  param pc: f32[5,1] = init normal{seed = 2, std = 1}\n  h = matmul(x, w)\n  r = reshape(h) {shape = [0, 5, 8]}\n  y = add(r, pc)\n  output y\n}\n";
+    assert_eq!(check(src, None, Gemm::Library, "empty"), vec![Vec::<&str>::new()]);
+}
+
 /// A chain stops where its value has another use, is an output, meets an op the GEMM does
 /// not apply (sub) or a node another chain took; a step whose operand would grow the result
 /// is not taken.

@@ -315,4 +315,37 @@ mod tests {
             }
         }
     }
+
+    /// SiLU where e^−x is clamped (x below −88.5) and at the infinities is the interpreter's
+    /// x · sigmoid(x): −0 far below, NaN at −∞, x far above, on every path.
+    #[test]
+    fn silu_far_out_is_the_interpreters() {
+        let extremes = [-f32::INFINITY, -3e38, -1e30, -100.0, -88.6, -88.4, -87.0, 88.6, 100.0, 1e30, f32::INFINITY];
+        let c = Tensor::f32(vec![1, extremes.len()], extremes.to_vec());
+        let steps = [Step::Silu];
+        let want = oracle(&c, &steps, &[]);
+        let epilogue = Epilogue::new(&steps, &c.shape);
+        // SAFETY: no operands.
+        let ep = unsafe { epilogue.bind(&[]) };
+        let paths = ["portable", "avx2", "best"].into_iter().filter(|&p| p != "avx2" || Isa::detected() >= Isa::Avx2);
+        for path in paths {
+            let mut got = c.as_f32().unwrap().to_vec();
+            let n = got.len();
+            // SAFETY: the one row of `got`; AVX2 and FMA where that path is taken.
+            unsafe {
+                match path {
+                    "portable" => ep.apply_on::<false>(got.as_mut_ptr(), n, (0, 1), 0..n),
+                    #[cfg(target_arch = "x86_64")]
+                    "avx2" => ep.apply_avx2(got.as_mut_ptr(), n, (0, 1), 0..n),
+                    _ => ep.apply(got.as_mut_ptr(), n, (0, 1), 0..n),
+                }
+            }
+            for ((g, w), x) in got.iter().zip(&want).zip(extremes) {
+                let same = g.to_bits() == w.to_bits()
+                    || (g.is_nan() && w.is_nan())
+                    || (g - w).abs() <= 1e-6 * w.abs().max(1.0);
+                assert!(same, "silu({x}) on {path}: {g}, the interpreter {w}");
+            }
+        }
+    }
 }

@@ -104,10 +104,17 @@ pub fn gelu_tanh<const FMA: bool>(x: f32) -> f32 {
     x / (1.0 + exp_clamped::<FMA>(x * p))
 }
 
-/// SiLU x/(1 + e^−x) = x · sigmoid(x).
+/// SiLU x/(1 + e^−x) = x · sigmoid(x). Below −88.5, where e^−x is clamped, sigmoid(x) is
+/// 0 in f32 and the interpreter's product x · 0: −0, and NaN for −∞ (the quotient would
+/// give x / 2.7e38 there, −1.1 for −3e38).
 #[inline(always)]
 pub fn silu<const FMA: bool>(x: f32) -> f32 {
-    x / (1.0 + exp_clamped::<FMA>(-x))
+    let q = x / (1.0 + exp_clamped::<FMA>(-x));
+    if x < -88.5 {
+        x * 0.0
+    } else {
+        q
+    }
 }
 
 /// e^y for y clamped to [−87, 88.5]: beyond, 1 + e^y in a quotient's denominator is 1 or
