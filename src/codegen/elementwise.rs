@@ -29,7 +29,7 @@ use meshc_ir::attrs::{self, GeluApprox};
 use meshc_ir::infer::{infer, Operand};
 use meshc_ir::{Attrs, DType, Node, Op, TensorType};
 
-use super::emit::{build_kernel, load_widened, mem, narrow, store_half, widen, KernelBuilder, LANES};
+use super::emit::{build_kernel, load_widened, mem, narrow, store_first_lane, store_half, widen, KernelBuilder, LANES};
 use super::math::Math;
 use super::nest::{advance, for_parts, Dim};
 use super::{parts_for, Generated, Target, STATUS_DIVISION_BY_ZERO};
@@ -465,11 +465,7 @@ fn store(b: &mut FunctionBuilder, dt: DType, vector: bool, v: Value, addr: Value
         // narrows keep it, to i16 and then to the byte, and the four bytes go out as a word.
         let halves = b.ins().snarrow(v, v);
         let bytes = if dt == DType::I8 { b.ins().snarrow(halves, halves) } else { b.ins().unarrow(halves, halves) };
-        let flags =
-            cranelift_codegen::ir::MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little);
-        let words = b.ins().bitcast(types::I32X4, flags, bytes);
-        let word = b.ins().extractlane(words, 0);
-        b.ins().store(mem(), word, addr, 0);
+        store_first_lane(b, types::I32X4, bytes, addr);
     } else if dt.is_byte() {
         b.ins().istore8(mem(), v, addr, 0);
     } else if matches!(dt, DType::I16 | DType::U16) {

@@ -275,8 +275,14 @@ pub fn store_half(b: &mut FunctionBuilder, vector: bool, bits: Value, addr: Valu
     let hi = b.ins().ishl_imm_u(bits, 16);
     let ext = b.ins().sshr_imm_u(hi, 16);
     let packed = b.ins().snarrow(ext, ext);
+    store_first_lane(b, types::I64X2, packed, addr);
+}
+
+/// The first lane of `v` viewed as `lanes` (I32X4: its first 4 bytes, I64X2: 8) stored at
+/// `addr`: the values a narrow packed into the low bytes of a vector.
+pub fn store_first_lane(b: &mut FunctionBuilder, lanes: Type, v: Value, addr: Value) {
     let flags = cranelift_codegen::ir::MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little);
-    let wide = b.ins().bitcast(types::I64X2, flags, packed);
+    let wide = b.ins().bitcast(lanes, flags, v);
     let low = b.ins().extractlane(wide, 0);
     b.ins().store(mem(), low, addr, 0);
 }
