@@ -206,6 +206,35 @@ fn the_embedding_api_takes_each_call_s_sizes() {
     }
 }
 
+/// A session serving more sizes than the runner keeps plans for: the plans of the sizes
+/// used last are kept and the others dropped, the weights copied out of their panels for
+/// products of many rows are copied once per step whatever the sizes, and a size planned
+/// again after being dropped gives the same bits.
+#[test]
+fn many_sizes_keep_bounded_plans_and_one_copy_of_each_weight() {
+    let dir = scratch("dynamic-many-sizes");
+    let art = dir.join("mlp.mshc");
+    let r = meshc(&["compile", "testdata/mlp/graph.json", "--dim", "batch=1..640", "-o", &art.display().to_string()]);
+    assert_eq!(r.status, Some(0), "{}", r.stderr);
+    let loaded = Model::open(&art).unwrap().load().unwrap();
+    let run = |b: usize| {
+        let x = Tensor::f32(vec![b, 64], values(b * 64, 7)[..b * 64].to_vec());
+        loaded.run(&[("x".to_string(), x)].into_iter().collect()).unwrap().remove("y").unwrap()
+    };
+    let first = run(520);
+    // From 512 rows a product copies its weight out of its panels (w1 64×256, w2 256×64).
+    let copies = (64 * 256 + 256 * 64) * 4;
+    for b in 512..600 {
+        run(b);
+        let (sizes, bytes) = loaded.kept_for_sizes();
+        assert!(sizes <= 64, "plans kept for {sizes} sizes");
+        assert_eq!(bytes, copies, "after batch {b}");
+    }
+    assert_eq!(run(640).shape, vec![640, 64]);
+    assert_eq!(loaded.kept_for_sizes().1, copies);
+    assert_eq!(run(520), first, "batch 520 planned again");
+}
+
 /// Writes `x` of the random graph at batch `b` (width `d`) and returns its `--input`.
 fn random_input(dir: &Path, (b, d): (usize, usize), seed: u64) -> String {
     let f = dir.join(format!("x-{b}-{seed}.npy"));

@@ -434,6 +434,15 @@ impl Loaded {
         self.host_copies.load(Ordering::Relaxed)
     }
 
+    /// What runs at other sizes than the upper bounds keep beside the arenas: how many sets
+    /// of the symbols' values have their library calls kept planned (at most
+    /// `sizes::KEPT_SIZES`), and the bytes of weights kept copied out of their panels (at
+    /// most one copy per step, whatever the sizes).
+    pub fn kept_for_sizes(&self) -> (usize, usize) {
+        let copies = self.plans.iter().flatten().flatten().map(|p| p.kept.bytes()).sum();
+        (self.replans.sizes_kept(), copies)
+    }
+
     /// Whether `device` runs (it is not degraded).
     pub(super) fn healthy(&self, device: usize) -> bool {
         self.fabric.degraded().is_none_or(|t| t.healthy(device))
@@ -512,8 +521,10 @@ mod tests {
     /// Makes the library call at `step` of `device` fail when it runs: a step the load
     /// checks would refuse cannot be loaded, so the failure is planted after loading.
     pub(super) fn fails(l: &mut Loaded, device: usize, step: usize) {
-        assert!(l.plans[device][step].is_some(), "step {step} of device {device} is a library call");
-        l.plans[device][step] = Some(Box::new(Fails));
+        let Some(step) = l.plans[device][step].as_mut() else {
+            panic!("step {step} of device {device} is a library call")
+        };
+        step.plan = Box::new(Fails);
     }
 
     /// A library matmul of row-major f32 operands (no panels, epilogue or transposes).

@@ -1,7 +1,7 @@
 //! A run of an artifact compiled with symbolic dims: what `Loaded::new` checks of its
 //! sizes (`check`), the sizes each call binds (`Sizes`, kept in the session's scratch so
 //! that a call allocates nothing), and the library calls planned again for a call's shapes
-//! (`Replans`, one plan per step and set of sizes, kept).
+//! (`Replans`, one plan per step and set of sizes, the sizes used last kept).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -66,27 +66,55 @@ impl Sizes {
 /// allocating.
 pub const MAX_SYMBOLS: usize = 8;
 
-/// Library calls planned for a call's shapes, by (device, step, the symbols' values):
-/// planning allocates, so each is planned once and kept.
+/// Library calls planned for a call's shapes, by the symbols' values and then (device,
+/// step): planning allocates, so each is planned once and kept, for the `KEPT_SIZES` sets of
+/// values used last. A session may see every size within the bounds (8192 for `batch=1..32,
+/// seq=1..256`); what a plan keeps for its step alone is shared (`Kept`), but the plans of
+/// every set of values, kept, would still grow without bound.
 #[derive(Default)]
-pub(super) struct Replans(Mutex<HashMap<StepAt, Arc<dyn Planned>>>);
+pub(super) struct Replans(Mutex<Kept>);
 
-/// A step of a device's program at the symbols' values: (device, step, values).
-type StepAt = (usize, usize, [i64; MAX_SYMBOLS]);
+/// The plans of one set of the symbols' values, by (device, step), and when they were last
+/// used (a count of calls).
+#[derive(Default)]
+struct AtValues {
+    used: u64,
+    steps: HashMap<(usize, usize), Arc<dyn Planned>>,
+}
+
+/// How many sets of the symbols' values `Replans` keeps the plans of.
+pub(super) const KEPT_SIZES: usize = 64;
+
+/// The plans kept, by the symbols' values, and the calls so far.
+#[derive(Default)]
+struct Kept {
+    calls: u64,
+    plans: HashMap<[i64; MAX_SYMBOLS], AtValues>,
+}
 
 impl Replans {
-    /// Step `i` of `p` (on `device`) planned for the shapes its buffers have at `values`.
+    /// Step `i` of `p` (on `device`) planned for the shapes its buffers have at `values`,
+    /// sharing what the step's plans keep (`kept`).
     pub(super) fn get(
         &self,
         sym: &Symbolic,
         (device, i): (usize, usize),
         p: &Program,
+        kept: &Arc<crate::kernels::call::Kept>,
         values: &[i64],
     ) -> Result<Arc<dyn Planned>> {
         let mut key = [0i64; MAX_SYMBOLS];
         key[..values.len()].copy_from_slice(values);
-        if let Some(plan) = self.0.lock().get(&(device, i, key)) {
-            return Ok(plan.clone());
+        {
+            let mut all = self.0.lock();
+            all.calls += 1;
+            let now = all.calls;
+            if let Some(at) = all.plans.get_mut(&key) {
+                at.used = now;
+                if let Some(plan) = at.steps.get(&(device, i)) {
+                    return Ok(plan.clone());
+                }
+            }
         }
         let st = &p.steps[i];
         let (Exec::Library(lib), Some(Scaling::Shapes(shapes))) = (&st.exec, &st.scaling) else {
@@ -94,9 +122,22 @@ impl Replans {
         };
         let buffers: Vec<&Buffer> = st.buffers.iter().map(|&b| &p.buffers[b]).collect();
         let at = lib.at_shapes(&sym.shapes_at(shapes, values));
-        let plan: Arc<dyn Planned> = Arc::from(library_call(&at).plan(&buffers).map_err(anyhow::Error::msg)?);
-        self.0.lock().insert((device, i, key), plan.clone());
+        let plan: Arc<dyn Planned> = Arc::from(library_call(&at).plan(&buffers, kept).map_err(anyhow::Error::msg)?);
+        let mut all = self.0.lock();
+        if !all.plans.contains_key(&key) && all.plans.len() >= KEPT_SIZES {
+            let oldest = all.plans.iter().min_by_key(|(_, at)| at.used).map(|(k, _)| *k);
+            all.plans.remove(&oldest.expect("KEPT_SIZES is not 0"));
+        }
+        let now = all.calls;
+        let at = all.plans.entry(key).or_default();
+        at.used = now;
+        at.steps.insert((device, i), plan.clone());
         Ok(plan)
+    }
+
+    /// How many sets of values have plans kept.
+    pub(super) fn sizes_kept(&self) -> usize {
+        self.0.lock().plans.len()
     }
 }
 

@@ -83,11 +83,11 @@ impl Loaded {
                 // (`sizes::check` kept them within the bounds').
                 let replanned = match (&self.meta.symbolic, &st.scaling) {
                     (Some(sym), Some(Scaling::Shapes(_))) if sizes.values != self.upper => {
-                        Some(self.replans.get(sym, (device, i), p, &sizes.values)?)
+                        Some(self.replans.get(sym, (device, i), p, &plan.kept, &sizes.values)?)
                     }
                     _ => None,
                 };
-                let plan: &dyn crate::kernels::call::Planned = replanned.as_deref().unwrap_or(&**plan);
+                let plan: &dyn crate::kernels::call::Planned = replanned.as_deref().unwrap_or(&*plan.plan);
                 // SAFETY: `crate::exec::validate` had the call plan for the step's buffers,
                 // the result apart from the operands (`Replans` the same for its rows);
                 // only this step touches them now.

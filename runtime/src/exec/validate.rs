@@ -6,6 +6,7 @@
 //! weights. A program that passes runs without reading or writing outside its buffers.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use meshc_ir::TensorType;
@@ -15,7 +16,7 @@ use crate::format::mask::Mask;
 use crate::format::mesh::Mesh;
 use crate::format::order::{accesses, all_before, happens_before, At, Order};
 use crate::format::program::{Buffer, Collective, Exec, IoSpec, Library, Matmul, Meta, Program, Storage, Transfer};
-use crate::kernels::call::Planned;
+use crate::kernels::call::{Kept, Planned};
 use crate::kernels::library_call;
 
 /// Checks program `d` of `meta`'s mesh on its own: its device, its buffers inside their
@@ -45,7 +46,14 @@ pub(super) fn check_program(meta: &Meta, d: usize, program: &Program, weights: u
 }
 
 /// Per step of a program, its library call as `LibraryCall::plan` made it.
-pub(super) type Plans = Vec<Option<Box<dyn Planned>>>;
+pub(super) type Plans = Vec<Option<StepPlan>>;
+
+/// A step's library call as planned at load (at the upper bounds, for symbolic dims), and
+/// what every plan of the step shares (`sizes::Replans` plans it again per shape).
+pub(super) struct StepPlan {
+    pub(super) plan: Box<dyn Planned>,
+    pub(super) kept: Arc<Kept>,
+}
 
 /// Checks an input's or output's layout against the mesh: one entry per dimension, axes
 /// that exist, used once, splitting their dimension evenly; and that its dim names, if
@@ -183,7 +191,8 @@ fn check_steps(p: &Program) -> Result<Plans> {
                     bail!(fail(format!("its result buffer '{}' is also an operand", p.buffers[st.buffers[0]].name)));
                 }
                 let buffers: Vec<&Buffer> = st.buffers.iter().map(|&b| &p.buffers[b]).collect();
-                plan = Some(call.plan(&buffers).map_err(fail)?);
+                let kept = Arc::default();
+                plan = Some(StepPlan { plan: call.plan(&buffers, &kept).map_err(fail)?, kept });
             }
             Exec::Collective(_) => count(2)?,
             Exec::Send(_) | Exec::Recv(_) => count(1)?,

@@ -14,11 +14,13 @@
 //! run time; the row pass (scale, mask, max, exp, sum) is the same Rust code compiled once
 //! for AVX-512 with FMA and once portable.
 
+use std::sync::Arc;
+
 use anyhow::{bail, Result};
 
 use crate::format::mask::Mask;
 use crate::format::program::{Attention, Buffer, Scale};
-use crate::kernels::call::{f32_buffer, LibraryCall, Planned};
+use crate::kernels::call::{f32_buffer, Kept, LibraryCall, Planned};
 use crate::kernels::library::Threads;
 use crate::kernels::matmul_shape::MatmulShape;
 use crate::kernels::vmath::{horner, madd, EXP5, LN2_HI, LN2_LO, MAGIC};
@@ -499,7 +501,7 @@ impl LibraryCall for Attention {
         4 + usize::from(self.scale.is_some()) + usize::from(self.mask.is_some())
     }
 
-    fn plan(&self, buffers: &[&Buffer]) -> Result<Box<dyn Planned>, String> {
+    fn plan(&self, buffers: &[&Buffer], _: &Arc<Kept>) -> Result<Box<dyn Planned>, String> {
         let Attention { q, k, v, out, scale, mask } = self;
         let shapes = Shapes::new(q, k, v, out, mask.as_deref()).map_err(|e| e.to_string())?;
         let scale: Option<&[usize]> = scale.map(|_| &[1][..]);

@@ -5,10 +5,13 @@
 //! kernel adds a description to `crate::format::program`, its `LibraryCall` next to the
 //! kernel and an arm to `library_call`, and nothing to the runner.
 
+use std::sync::Arc;
+
 use anyhow::Result;
 
 use crate::format::mask::Mask;
 use crate::format::program::Buffer;
+use crate::kernels::panels::Unpacked;
 
 /// A library call of a program step.
 pub trait LibraryCall {
@@ -20,8 +23,27 @@ pub trait LibraryCall {
     /// element type, stored as the call can read it. The message names the buffer by its
     /// position. What it returns runs the call: everything that depends only on the shapes
     /// (loop nests, operand strides) is worked out here, once, when a program is loaded,
-    /// so that a call allocates nothing.
-    fn plan(&self, buffers: &[&Buffer]) -> Result<Box<dyn Planned>, String>;
+    /// so that a call allocates nothing. What depends on the step's buffers alone, and not
+    /// on the shapes, goes into `kept`, which every plan of the step shares.
+    fn plan(&self, buffers: &[&Buffer], kept: &Arc<Kept>) -> Result<Box<dyn Planned>, String>;
+}
+
+/// What the plans of one step share. A step over symbolic dims is planned again for each
+/// call's shapes (`exec::sizes::Replans`); a copy that depends on its weight alone is made
+/// once for the step, not once per shape.
+#[derive(Default)]
+pub struct Kept {
+    /// The step's f32 weight in panels, copied out for the row-major GEMM.
+    pub(crate) f32s: Unpacked<f32>,
+    /// The step's half weight in panels, copied out where the small-M GEMM does not serve.
+    pub(crate) halves: Unpacked<u16>,
+}
+
+impl Kept {
+    /// The bytes of the copies kept.
+    pub fn bytes(&self) -> usize {
+        self.f32s.bytes() + self.halves.bytes()
+    }
 }
 
 /// A library call planned for its step's buffers (`LibraryCall::plan`).

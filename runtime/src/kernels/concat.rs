@@ -4,11 +4,13 @@
 //! of the result begins depends on the call's sizes, which generated code bakes in. Each
 //! operand's part of each row is one copy.
 
+use std::sync::Arc;
+
 use anyhow::Result;
 
 use crate::format::mask::Mask;
 use crate::format::program::{Buffer, Concat};
-use crate::kernels::call::{LibraryCall, Planned};
+use crate::kernels::call::{Kept, LibraryCall, Planned};
 
 /// Buffers: result, then the operands.
 impl LibraryCall for Concat {
@@ -16,7 +18,7 @@ impl LibraryCall for Concat {
         1 + self.inputs.len()
     }
 
-    fn plan(&self, buffers: &[&Buffer]) -> Result<Box<dyn Planned>, String> {
+    fn plan(&self, buffers: &[&Buffer], _: &Arc<Kept>) -> Result<Box<dyn Planned>, String> {
         let Concat { inputs, axis, elem } = self;
         let Some(first) = inputs.first() else { return Err("no operands".into()) };
         if *axis >= first.len() {
@@ -106,7 +108,7 @@ mod tests {
             out_shape[axis] = 5;
             let n: usize = out_shape.iter().product();
             let bufs: Vec<Buffer> = std::iter::once(n * 4).chain(data.iter().map(|d| d.len() * 4)).map(buf).collect();
-            let plan = c.plan(&bufs.iter().collect::<Vec<_>>()).unwrap();
+            let plan = c.plan(&bufs.iter().collect::<Vec<_>>(), &Default::default()).unwrap();
             let mut out = vec![0u32; n];
             let mut args: Vec<*mut u8> = vec![out.as_mut_ptr() as *mut u8];
             args.extend(data.iter().map(|d| d.as_ptr() as *mut u8));
@@ -131,11 +133,11 @@ mod tests {
     fn mismatched_operands_and_small_buffers_are_refused() {
         let big = buf(1024);
         let c = |inputs: Vec<Vec<usize>>| Concat { inputs, axis: 1, elem: 4 };
-        assert!(c(vec![vec![2, 3], vec![3, 3]]).plan(&[&big, &big, &big]).is_err());
-        assert!(c(vec![vec![2, 3], vec![2, 3, 1]]).plan(&[&big, &big, &big]).is_err());
-        let e = c(vec![vec![2, 3], vec![2, 4]]).plan(&[&big, &big, &buf(31)]).err().unwrap();
+        assert!(c(vec![vec![2, 3], vec![3, 3]]).plan(&[&big, &big, &big], &Default::default()).is_err());
+        assert!(c(vec![vec![2, 3], vec![2, 3, 1]]).plan(&[&big, &big, &big], &Default::default()).is_err());
+        let e = c(vec![vec![2, 3], vec![2, 4]]).plan(&[&big, &big, &buf(31)], &Default::default()).err().unwrap();
         assert!(e.contains("buffer 2 holds 31 bytes"), "{e}");
-        let e = c(vec![vec![2, 3], vec![2, 4]]).plan(&[&buf(55), &big, &big]).err().unwrap();
+        let e = c(vec![vec![2, 3], vec![2, 4]]).plan(&[&buf(55), &big, &big], &Default::default()).err().unwrap();
         assert!(e.contains("buffer 0 holds 55 bytes"), "{e}");
     }
 }

@@ -34,13 +34,14 @@
 //! stays in L2 is passed over by every tile of rows, whose `u` stays in L1.
 
 use std::cell::RefCell;
+use std::sync::Arc;
 
 use anyhow::{bail, Result};
 
 use crate::format::epilogue::operands;
 use crate::format::isa::{self, Isa};
 use crate::format::program::{Buffer, Byte, IntMatmul};
-use crate::kernels::call::{LibraryCall, Planned};
+use crate::kernels::call::{Kept, LibraryCall, Planned};
 use crate::kernels::epilogue::{Bound, Epilogue};
 use crate::kernels::library::check_epilogue;
 use crate::kernels::matmul_shape::MatmulShape;
@@ -813,7 +814,7 @@ impl LibraryCall for IntMatmul {
         3 + usize::from(self.a_bytes.is_some()) + operands(&self.epilogue).count()
     }
 
-    fn plan(&self, buffers: &[&Buffer]) -> Result<Box<dyn Planned>, String> {
+    fn plan(&self, buffers: &[&Buffer], _: &Arc<Kept>) -> Result<Box<dyn Planned>, String> {
         let IntMatmul { a, b, out, panels, a_bytes, epilogue } = self;
         let shape = MatmulShape::new(a, b, out).map_err(|e| e.to_string())?;
         let zp = a_bytes.map(|_| 3);
@@ -1107,9 +1108,10 @@ mod tests {
             a_bytes: None,
             epilogue,
         };
-        assert!(int(vec![Step::ToF32, Step::Add(vec![16])]).plan(&bufs).is_ok());
+        assert!(int(vec![Step::ToF32, Step::Add(vec![16])]).plan(&bufs, &Default::default()).is_ok());
         for bad in [vec![Step::Add(vec![16])], vec![Step::Relu, Step::ToF32], vec![Step::ToF32, Step::ToF32]] {
-            let e = int(bad.clone()).plan(&bufs).err().unwrap_or_else(|| panic!("{bad:?} planned"));
+            let e =
+                int(bad.clone()).plan(&bufs, &Default::default()).err().unwrap_or_else(|| panic!("{bad:?} planned"));
             assert!(e.contains("starts with to_f32"), "{bad:?}: {e}");
         }
         let f32 = Matmul {
@@ -1121,7 +1123,7 @@ mod tests {
             epilogue: vec![Step::ToF32],
             transposed: Default::default(),
         };
-        assert!(f32.plan(&bufs).err().unwrap().contains("has no to_f32"));
+        assert!(f32.plan(&bufs, &Default::default()).err().unwrap().contains("has no to_f32"));
     }
 
     /// A byte `a` takes its zero point from the buffer after `b` (four bytes, i32-aligned)
@@ -1140,12 +1142,12 @@ mod tests {
             epilogue: vec![Step::ToF32, Step::Add(vec![16])],
         };
         assert_eq!(m.buffers(), 5);
-        assert!(m.plan(&[&big, &odd, &big, &big, &big]).is_ok(), "bytes need no alignment");
-        let e = m.plan(&[&big, &big, &big, &short, &big]).err().unwrap();
+        assert!(m.plan(&[&big, &odd, &big, &big, &big], &Default::default()).is_ok(), "bytes need no alignment");
+        let e = m.plan(&[&big, &big, &big, &short, &big], &Default::default()).err().unwrap();
         assert!(e.contains("buffer 3 holds 2 bytes"), "{e}");
-        let e = m.plan(&[&big, &big, &big, &odd, &big]).err().unwrap();
+        let e = m.plan(&[&big, &big, &big, &odd, &big], &Default::default()).err().unwrap();
         assert!(e.contains("buffer 3 at offset 1"), "{e}");
-        let e = m.plan(&[&big, &big, &big, &big, &short]).err().unwrap();
+        let e = m.plan(&[&big, &big, &big, &big, &short], &Default::default()).err().unwrap();
         assert!(e.contains("buffer 4"), "the epilogue's operand follows the zero point: {e}");
     }
 

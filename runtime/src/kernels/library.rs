@@ -32,13 +32,15 @@
 //! many matrices by matrices) over
 //! `crate::kernels::pool`, each part a single-threaded gemm call.
 
+use std::sync::Arc;
+
 use anyhow::{bail, Result};
 use meshc_ir::{DType, TensorType};
 
 use crate::format::epilogue::{operands, Step};
 use crate::format::mask::Mask;
 use crate::format::program::{Buffer, Elem, Matmul, Storage, Transposed};
-use crate::kernels::call::{f32_buffer, LibraryCall, Planned};
+use crate::kernels::call::{f32_buffer, Kept, LibraryCall, Planned};
 use crate::kernels::epilogue::{Bound, Epilogue};
 use crate::kernels::matmul_shape::MatmulShape;
 use crate::kernels::small_m;
@@ -420,7 +422,7 @@ impl LibraryCall for Matmul {
         3 + operands(&self.epilogue).count()
     }
 
-    fn plan(&self, buffers: &[&Buffer]) -> Result<Box<dyn Planned>, String> {
+    fn plan(&self, buffers: &[&Buffer], kept: &Arc<Kept>) -> Result<Box<dyn Planned>, String> {
         let Matmul { a, b, out, b_elem, panels, epilogue, transposed } = self;
         let shape = match transposed.is_none() {
             true => MatmulShape::new(a, b, out),
@@ -453,6 +455,10 @@ impl LibraryCall for Matmul {
         if *panels && pruned {
             return Err("weights in panels are unpruned".to_string());
         }
+        // Their copies out of the panels are kept (`Unpacked`): no step may write them.
+        if *panels && !matches!(buffers[2].storage, Storage::Weights { .. }) {
+            return Err("weights in panels lie in the artifact's weights".to_string());
+        }
         if pruned && (b.len() < 2 || !matches!(buffers[2].storage, Storage::Weights { .. })) {
             return Err("a pruned operand b is a weight matrix".to_string());
         }
@@ -464,20 +470,13 @@ impl LibraryCall for Matmul {
             // A half weight in panels, for a product of few rows (the small-M GEMM's).
             (true, _, half @ (Elem::Bf16 | Elem::F16)) if b.len() >= 2 => {
                 let (k, n) = (b[b.len() - 2], b[b.len() - 1]);
-                Path::HalfPanels {
-                    elem: half,
-                    count: b[..b.len() - 2].iter().product(),
-                    k,
-                    n,
-                    rows: Default::default(),
-                }
+                Path::HalfPanels { elem: half, dims: (b[..b.len() - 2].iter().product(), k, n), kept: kept.clone() }
             }
             (true, _, Elem::Bf16 | Elem::F16) => return Err("half weights in panels are matrices".to_string()),
             // A weight in panels for a program over symbolic rows, at many rows.
             (true, ..) if shape.m >= UNPACK_M && b.len() >= 2 => {
                 let (k, n) = (b[b.len() - 2], b[b.len() - 1]);
-                let constant = matches!(buffers[2].storage, Storage::Weights { .. });
-                Path::Unpacked { count: b[..b.len() - 2].iter().product(), k, n, constant, rows: Default::default() }
+                Path::Unpacked { dims: (b[..b.len() - 2].iter().product(), k, n), kept: kept.clone() }
             }
             (true, ..) => Path::Panels,
             (_, true, _) => Path::Masked,
@@ -521,12 +520,11 @@ pub(crate) fn check_epilogue(
 enum Path {
     /// `matmul_panels`.
     Panels,
-    /// `matmul`, on the weight copied out of its `count` panels of `k`×`n` into `rows` (a
-    /// call holds it while it runs). A `constant` weight, in the artifact's weights (which
-    /// no step writes: `exec::validate`), is copied once and kept with the address it was
-    /// copied from; any other on every call. (Copied on every call, the copy took ~5% of
-    /// MiniLM-L3's samples at 8×128, on one thread while the other waited.)
-    Unpacked { count: usize, k: usize, n: usize, constant: bool, rows: parking_lot::Mutex<(usize, Vec<f32>)> },
+    /// `matmul`, on the weight's `(count, k, n)` panels copied out row-major, once for the
+    /// step (`Kept`). (Copied on every call, the copy took ~5% of MiniLM-L3's samples at
+    /// 8×128, on one thread while the other waited; kept per shape, a session serving many
+    /// shapes would hold a copy of each weight per shape.)
+    Unpacked { dims: (usize, usize, usize), kept: Arc<Kept> },
     /// `matmul_masked`, with the mask of operand b.
     Masked,
     /// `matmul`.
@@ -535,10 +533,10 @@ enum Path {
     Transposed(Transposed),
     /// `matmul_half`, b stored as this half type.
     Half(Elem),
-    /// The small-M GEMM on b stored as this half type in panels of `count` `k`×`n`
-    /// matrices; where it does not serve the call (an ISA below AVX2, f16 below AVX-512),
-    /// `matmul_half` on b copied out row-major into `rows`.
-    HalfPanels { elem: Elem, count: usize, k: usize, n: usize, rows: parking_lot::Mutex<Vec<u16>> },
+    /// The small-M GEMM on b stored as this half type in `(count, k, n)` panels; where it
+    /// does not serve the call (an ISA below AVX2, f16 below AVX-512), `matmul_half` on b
+    /// copied out row-major, once for the step (`Kept`).
+    HalfPanels { elem: Elem, dims: (usize, usize, usize), kept: Arc<Kept> },
 }
 
 /// A library matmul as its load planned it: the loop nest, the GEMM, the prepared
@@ -574,16 +572,7 @@ impl Planned for MatmulPlan {
         let f32s = || unsafe { std::slice::from_raw_parts(args[2] as *const f32, b_len) };
         match &self.path {
             Path::Panels => matmul_panels(x, f32s(), o, s, threads, &ep),
-            Path::Unpacked { count, k, n, constant, rows } => {
-                let mut rows = rows.lock();
-                let (from, rows) = &mut *rows;
-                if !*constant || *from != args[2] as usize {
-                    rows.resize(count * k * n, 0.0);
-                    crate::kernels::panels::unpack(f32s(), *count, *k, *n, rows);
-                    *from = if *constant { args[2] as usize } else { 0 };
-                }
-                matmul(x, rows, o, s, threads, &ep)
-            }
+            Path::Unpacked { dims, kept } => kept.f32s.with(f32s(), *dims, |rows| matmul(x, rows, o, s, threads, &ep)),
             Path::Masked => match mask(2) {
                 Some(m) => matmul_masked(x, f32s(), o, s, m, threads, &ep),
                 None => bail!("matmul: the mask of pruned operand b is missing"),
@@ -595,7 +584,7 @@ impl Planned for MatmulPlan {
                 let y = unsafe { std::slice::from_raw_parts(args[2] as *const u16, b_len) };
                 matmul_half(x, (y, *half), o, s, threads, &ep)
             }
-            Path::HalfPanels { elem, count, k, n, rows } => {
+            Path::HalfPanels { elem, dims, kept } => {
                 // SAFETY: as above, for a `b` stored as 16-bit halves in panels.
                 let y = unsafe { std::slice::from_raw_parts(args[2] as *const u16, b_len) };
                 let [a_len, b_len, out_len] = s.spans()?;
@@ -605,10 +594,7 @@ impl Planned for MatmulPlan {
                     small_m::matmul_half(x, (y, *elem, small_m::Stored::Panels), o, s, t, &ep);
                     return Ok(());
                 }
-                let mut rows = rows.lock();
-                rows.resize(count * k * n, 0);
-                crate::kernels::panels::unpack(y, *count, *k, *n, &mut rows);
-                matmul_half(x, (&rows, *elem), o, s, threads, &ep)
+                kept.halves.with(y, *dims, |rows| matmul_half(x, (rows, *elem), o, s, threads, &ep))
             }
         }
     }
@@ -796,7 +782,7 @@ mod tests {
                 buf(a.numel() * 4, arena()),
                 buf(packed.len() * 4, Storage::Weights { offset: 0 }),
             ];
-            let plan = call.plan(&[&bufs[0], &bufs[1], &bufs[2]]).unwrap();
+            let plan = call.plan(&[&bufs[0], &bufs[1], &bufs[2]], &Default::default()).unwrap();
             for _ in 0..2 {
                 let mut out = vec![f32::NAN; want.numel()];
                 let args =
@@ -805,6 +791,9 @@ mod tests {
                 unsafe { plan.call(&args, &|_| None, 2) }.unwrap();
                 assert_close(&out, want.as_f32().unwrap(), &format!("{a_shape:?} @ {b_shape:?} in panels"));
             }
+            // Weights in panels are read-only (their copy is kept): not in the arena.
+            let in_arena = [&bufs[0], &bufs[1], &buf(packed.len() * 4, arena())];
+            assert!(call.plan(&in_arena, &Default::default()).err().unwrap().contains("in the artifact's weights"));
             // Another weight at another address: the copy kept from the first is not reused.
             let negated: Vec<f32> = packed.iter().map(|v| -v).collect();
             let mut out = vec![f32::NAN; want.numel()];

@@ -131,6 +131,39 @@ pub fn unpack<T: Copy>(panels: &[T], count: usize, k: usize, n: usize, out: &mut
     }
 }
 
+/// A step's weight in panels copied out row-major, kept with the address it was copied
+/// from. A weight in panels lies in the artifact's weights, which no step writes
+/// (`exec::validate`), so one copy serves every call and every shape the step is planned
+/// for; another address (another weight) is copied again. Calls share a kept copy; one
+/// making a copy excludes the others until it is made.
+#[derive(Default)]
+pub struct Unpacked<T>(parking_lot::RwLock<(usize, Vec<T>)>);
+
+impl<T: Copy + Default> Unpacked<T> {
+    /// `f` on the `count` `k`×`n` matrices of `panels` row-major.
+    pub fn with<R>(&self, panels: &[T], (count, k, n): (usize, usize, usize), f: impl FnOnce(&[T]) -> R) -> R {
+        use parking_lot::{RwLockUpgradableReadGuard as Upgradable, RwLockWriteGuard as Write};
+        let from = panels.as_ptr() as usize;
+        let kept = self.0.upgradable_read();
+        let kept = match kept.0 == from {
+            true => Upgradable::downgrade(kept),
+            false => {
+                let mut kept = Upgradable::upgrade(kept);
+                kept.1.resize(count * k * n, T::default());
+                unpack(panels, count, k, n, &mut kept.1);
+                kept.0 = from;
+                Write::downgrade(kept)
+            }
+        };
+        f(&kept.1)
+    }
+
+    /// The bytes the copy holds.
+    pub fn bytes(&self) -> usize {
+        self.0.read().1.capacity() * std::mem::size_of::<T>()
+    }
+}
+
 /// A tile kernel: `c = a @ panel` (or `c += a @ panel` with `accumulate`) for `MR` rows of
 /// `a`, `k` rows of the panel and all `NR` columns of `c` (row stride `ldc`). `a` is packed
 /// column by column (element (i, q) at `q · MR + i`; `lda` unused) or, where `PACKED` is

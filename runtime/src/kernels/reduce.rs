@@ -8,11 +8,13 @@
 //! contiguous run in vector lanes: element by element, the two whole-activation maxes of
 //! each DynamicQuantizeLinear took a third of a quantized encoder's time.
 
+use std::sync::Arc;
+
 use anyhow::Result;
 
 use crate::format::mask::Mask;
 use crate::format::program::{Buffer, Reduce, Reduction};
-use crate::kernels::call::{f32_buffer, LibraryCall, Planned};
+use crate::kernels::call::{f32_buffer, Kept, LibraryCall, Planned};
 
 /// Buffers: result, operand.
 impl LibraryCall for Reduction {
@@ -20,7 +22,7 @@ impl LibraryCall for Reduction {
         2
     }
 
-    fn plan(&self, buffers: &[&Buffer]) -> Result<Box<dyn Planned>, String> {
+    fn plan(&self, buffers: &[&Buffer], _: &Arc<Kept>) -> Result<Box<dyn Planned>, String> {
         let Reduction { shape, axes, op } = self;
         let rank = shape.len();
         let mut seen = vec![false; rank];
@@ -180,7 +182,7 @@ mod tests {
         let r = Reduction { shape: shape.to_vec(), axes: axes.to_vec(), op };
         let kept: usize = (0..shape.len()).filter(|d| !axes.contains(d)).map(|d| shape[d]).product();
         let mut out = vec![0f32; kept];
-        let plan = r.plan(&[&buf(kept * 4), &buf(x.len() * 4)]).unwrap();
+        let plan = r.plan(&[&buf(kept * 4), &buf(x.len() * 4)], &Default::default()).unwrap();
         // SAFETY: the buffers `plan` was given, apart.
         unsafe { plan.call(&[out.as_mut_ptr() as *mut u8, x.as_ptr() as *mut u8], &|_| None, 1) }.unwrap();
         out
@@ -254,11 +256,11 @@ mod tests {
     fn bad_axes_small_buffers_and_empty_maxes_are_refused() {
         let r = |axes: Vec<usize>, op| Reduction { shape: vec![2, 3], axes, op };
         let (out, x) = (buf(8), buf(24));
-        assert!(r(vec![2], Reduce::Sum).plan(&[&out, &x]).is_err());
-        assert!(r(vec![1, 1], Reduce::Sum).plan(&[&out, &x]).is_err());
-        let e = r(vec![1], Reduce::Sum).plan(&[&out, &buf(20)]).err().unwrap();
+        assert!(r(vec![2], Reduce::Sum).plan(&[&out, &x], &Default::default()).is_err());
+        assert!(r(vec![1, 1], Reduce::Sum).plan(&[&out, &x], &Default::default()).is_err());
+        let e = r(vec![1], Reduce::Sum).plan(&[&out, &buf(20)], &Default::default()).err().unwrap();
         assert!(e.contains("buffer 1 holds 20 bytes"), "{e}");
         let empty = Reduction { shape: vec![2, 0], axes: vec![1], op: Reduce::Max };
-        assert!(empty.plan(&[&out, &x]).err().unwrap().contains("empty axis"));
+        assert!(empty.plan(&[&out, &x], &Default::default()).err().unwrap().contains("empty axis"));
     }
 }

@@ -4,11 +4,13 @@
 //! shapes in, cannot. It copies runs: the trailing dims the permutation keeps in place move
 //! together, one copy each.
 
+use std::sync::Arc;
+
 use anyhow::Result;
 
 use crate::format::mask::Mask;
 use crate::format::program::{Buffer, Transpose};
-use crate::kernels::call::{LibraryCall, Planned};
+use crate::kernels::call::{Kept, LibraryCall, Planned};
 
 /// Buffers: result, operand.
 impl LibraryCall for Transpose {
@@ -16,7 +18,7 @@ impl LibraryCall for Transpose {
         2
     }
 
-    fn plan(&self, buffers: &[&Buffer]) -> Result<Box<dyn Planned>, String> {
+    fn plan(&self, buffers: &[&Buffer], _: &Arc<Kept>) -> Result<Box<dyn Planned>, String> {
         let Transpose { shape, perm, elem } = self;
         let rank = shape.len();
         let mut seen = vec![false; rank];
@@ -112,7 +114,7 @@ mod tests {
             for perm in &perms {
                 let t = Transpose { shape: shape.to_vec(), perm: perm.clone(), elem };
                 let (b0, b1) = (buf(n * elem), buf(n * elem));
-                let plan = t.plan(&[&b0, &b1]).unwrap();
+                let plan = t.plan(&[&b0, &b1], &Default::default()).unwrap();
                 let mut dst = vec![0u8; n * elem];
                 // SAFETY: the buffers `plan` was given, apart.
                 unsafe { plan.call(&[dst.as_mut_ptr(), src.as_ptr() as *mut u8], &|_| None, 1) }.unwrap();
@@ -142,9 +144,9 @@ mod tests {
         let buf = |bytes| Buffer { name: String::new(), bytes, storage: Storage::Arena { offset: 0 }, mask: None };
         let (big, small) = (buf(96), buf(95));
         let t = |perm: Vec<usize>| Transpose { shape: vec![2, 3, 4], perm, elem: 4 };
-        assert!(t(vec![0, 0, 1]).plan(&[&big, &big]).is_err());
-        assert!(t(vec![0, 1]).plan(&[&big, &big]).is_err());
-        let e = t(vec![2, 1, 0]).plan(&[&big, &small]).err().unwrap();
+        assert!(t(vec![0, 0, 1]).plan(&[&big, &big], &Default::default()).is_err());
+        assert!(t(vec![0, 1]).plan(&[&big, &big], &Default::default()).is_err());
+        let e = t(vec![2, 1, 0]).plan(&[&big, &small], &Default::default()).err().unwrap();
         assert!(e.contains("buffer 1 holds 95 bytes"), "{e}");
     }
 }
