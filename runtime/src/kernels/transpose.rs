@@ -58,17 +58,56 @@ struct TransposePlan {
     bytes: usize,
 }
 
+/// Bytes from which a transpose is split over the threads: below, the pool's fork and join
+/// (a few microseconds) cost more than the copy. (At 4×64, MiniLM-L3's transposes, run on
+/// one thread while the other waited, were ~10% of the call.)
+const SPLIT_BYTES: usize = 64 << 10;
+
+/// Outer dims whose indices a part keeps on its stack; more take an allocation.
+const STACK_DIMS: usize = 8;
+
 impl Planned for TransposePlan {
-    unsafe fn call<'m>(&self, args: &[*mut u8], _: &dyn Fn(usize) -> Option<&'m Mask>, _: usize) -> Result<()> {
+    unsafe fn call<'m>(&self, args: &[*mut u8], _: &dyn Fn(usize) -> Option<&'m Mask>, threads: usize) -> Result<()> {
         if self.bytes == 0 {
             return Ok(());
         }
-        let (dst, src) = (args[0], args[1] as *const u8);
-        let mut at = vec![0usize; self.outer.len()];
-        let mut from = 0usize;
-        for to in (0..self.bytes).step_by(self.run) {
-            // SAFETY: `plan` checked both buffers hold `bytes`; every run lies inside them,
-            // and the result aliases no operand.
+        let runs = self.bytes / self.run;
+        let parts = match threads > 1 && self.bytes >= SPLIT_BYTES {
+            true => (crate::kernels::pool::PARTS_PER_THREAD * threads).min(runs),
+            false => 1,
+        };
+        let (dst, src) = (args[0] as usize, args[1] as usize);
+        crate::kernels::pool::split(parts, &|p| {
+            // SAFETY: `plan` checked both buffers hold `bytes`; the parts copy disjoint runs
+            // of the result, which aliases no operand.
+            unsafe { self.copy(dst as *mut u8, src as *const u8, runs * p / parts..runs * (p + 1) / parts) }
+        });
+        Ok(())
+    }
+}
+
+impl TransposePlan {
+    /// Copies the result's runs `runs`, walking the outer dims from the first one's indices.
+    ///
+    /// # Safety
+    /// `dst` and `src` hold `bytes` each, apart.
+    unsafe fn copy(&self, dst: *mut u8, src: *const u8, runs: std::ops::Range<usize>) {
+        let (mut stack, mut heap) = ([0usize; STACK_DIMS], Vec::new());
+        let at = match self.outer.len() <= STACK_DIMS {
+            true => &mut stack[..self.outer.len()],
+            false => {
+                heap.resize(self.outer.len(), 0);
+                &mut heap[..]
+            }
+        };
+        let (mut left, mut from) = (runs.start, 0usize);
+        for (d, &(n, stride)) in self.outer.iter().enumerate().rev() {
+            at[d] = left % n;
+            from += at[d] * stride;
+            left /= n;
+        }
+        for to in runs.map(|r| r * self.run) {
+            // SAFETY: every run lies inside both buffers (the caller's contract).
             unsafe { std::ptr::copy_nonoverlapping(src.add(from), dst.add(to), self.run) };
             for (d, &(n, stride)) in self.outer.iter().enumerate().rev() {
                 at[d] += 1;
@@ -80,7 +119,6 @@ impl Planned for TransposePlan {
                 at[d] = 0;
             }
         }
-        Ok(())
     }
 }
 
@@ -90,11 +128,10 @@ mod tests {
     use crate::format::program::Storage;
 
     /// Against an index-by-index transpose, for every permutation of a rank-4 shape with
-    /// a dim of 1, of f32 and of 2-byte elements.
+    /// a dim of 1, of f32 and of 2-byte elements; and of a shape large enough to be split,
+    /// on 1 and 3 threads.
     #[test]
     fn runs_move_as_an_element_by_element_transpose_does() {
-        let shape = [2usize, 3, 1, 4];
-        let n: usize = shape.iter().product();
         let perms: Vec<Vec<usize>> = (0..24)
             .map(|mut k| {
                 let mut left: Vec<usize> = (0..4).collect();
@@ -108,33 +145,38 @@ mod tests {
                     .collect()
             })
             .collect();
-        for elem in [2usize, 4] {
-            let src: Vec<u8> = (0..n * elem).map(|i| (i * 7 % 251) as u8).collect();
-            let buf = |bytes| Buffer { name: String::new(), bytes, storage: Storage::Arena { offset: 0 }, mask: None };
-            for perm in &perms {
-                let t = Transpose { shape: shape.to_vec(), perm: perm.clone(), elem };
-                let (b0, b1) = (buf(n * elem), buf(n * elem));
-                let plan = t.plan(&[&b0, &b1], &Default::default()).unwrap();
-                let mut dst = vec![0u8; n * elem];
-                // SAFETY: the buffers `plan` was given, apart.
-                unsafe { plan.call(&[dst.as_mut_ptr(), src.as_ptr() as *mut u8], &|_| None, 1) }.unwrap();
-                let out: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
-                let mut want = vec![0u8; n * elem];
-                for o in 0..n {
-                    let mut idx = [0usize; 4];
-                    let mut r = o;
-                    for d in (0..4).rev() {
-                        idx[d] = r % out[d];
-                        r /= out[d];
+        for (shape, threads) in [([2usize, 3, 1, 4], 1), ([5, 41, 9, 19], 1), ([5, 41, 9, 19], 3)] {
+            let n: usize = shape.iter().product();
+            for elem in [2usize, 4] {
+                assert!(shape[1] == 3 || n * elem >= SPLIT_BYTES, "{shape:?} is split");
+                let src: Vec<u8> = (0..n * elem).map(|i| (i * 7 % 251) as u8).collect();
+                let buf =
+                    |bytes| Buffer { name: String::new(), bytes, storage: Storage::Arena { offset: 0 }, mask: None };
+                for perm in &perms {
+                    let t = Transpose { shape: shape.to_vec(), perm: perm.clone(), elem };
+                    let (b0, b1) = (buf(n * elem), buf(n * elem));
+                    let plan = t.plan(&[&b0, &b1], &Default::default()).unwrap();
+                    let mut dst = vec![0u8; n * elem];
+                    // SAFETY: the buffers `plan` was given, apart.
+                    unsafe { plan.call(&[dst.as_mut_ptr(), src.as_ptr() as *mut u8], &|_| None, threads) }.unwrap();
+                    let out: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+                    let mut want = vec![0u8; n * elem];
+                    for o in 0..n {
+                        let mut idx = [0usize; 4];
+                        let mut r = o;
+                        for d in (0..4).rev() {
+                            idx[d] = r % out[d];
+                            r /= out[d];
+                        }
+                        let mut i = 0;
+                        for (d, &n) in shape.iter().enumerate() {
+                            let pos = perm.iter().position(|&p| p == d).unwrap();
+                            i = i * n + idx[pos];
+                        }
+                        want[o * elem..(o + 1) * elem].copy_from_slice(&src[i * elem..(i + 1) * elem]);
                     }
-                    let mut i = 0;
-                    for (d, &n) in shape.iter().enumerate() {
-                        let pos = perm.iter().position(|&p| p == d).unwrap();
-                        i = i * n + idx[pos];
-                    }
-                    want[o * elem..(o + 1) * elem].copy_from_slice(&src[i * elem..(i + 1) * elem]);
+                    assert_eq!(dst, want, "{shape:?} {perm:?} {elem} on {threads} threads");
                 }
-                assert_eq!(dst, want, "{perm:?} {elem}");
             }
         }
     }
