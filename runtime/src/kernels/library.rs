@@ -490,11 +490,13 @@ impl LibraryCall for Matmul {
 }
 
 /// Rows from which a product with a weight in panels copies the weight out row-major and
-/// runs `matmul`. Only a program over symbolic dims has such products (a static one keeps
-/// its weights row-major above `panels::SMALL_M` rows): at 1024 rows the panels' kernels
-/// took ~10% longer than the row-major GEMM, and the copy, one pass over the weight, costs
-/// about 60 / rows of the product's time, so it pays from some 600 rows.
-const UNPACK_M: usize = 512;
+/// runs `matmul`: the rows from which a static program keeps its weights row-major
+/// (`panels::SMALL_M`). Only a program over symbolic dims has such products. The copy is
+/// made once for the step (`Kept`), so only the kernels' speed decides: at 256 rows the
+/// panels' kernels took ~14% more samples than the row-major GEMM (MiniLM-L3 at 4×64), at
+/// 1024 ~10% more. A weight then lives twice, in panels and row-major, once a call has
+/// had that many rows.
+const UNPACK_M: usize = crate::kernels::panels::SMALL_M + 1;
 
 /// Checks the epilogue of a matmul of `integer` operands `a` × `b` → `out` (its steps'
 /// order, and each operand's buffer, from buffer `first` on).
