@@ -11,7 +11,7 @@
 //! - `comm` (format): `traffic`, `fabric`, `reduce`, `degraded`, `exchange`, `transport`,
 //!   `mpi`, `sync`, `error`, `memory`;
 //! - `exec` (format, kernels, comm): `runner`, `validate`, `threads`, `streams`, `shared`,
-//!   `step`, `io`, `blocks`, `resident`, `mismatch`, `loader`, `sizes`;
+//!   `step`, `io`, `blocks`, `resident`, `mismatch`, `loader`, `sizes`, `perf_map`;
 //! - `api` (format, exec): the embedding API — `model`, `session`, `view`, `error`, `generate`;
 //! - `tools` (format, comm, exec, api): `cli`, `steps`, `generate`, `inspect`, `trace`, `output`.
 

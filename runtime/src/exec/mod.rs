@@ -5,12 +5,14 @@
 //! out at load (`blocks`) and what a tensor
 //! that does not fit them is (`mismatch`), state kept on the devices between runs
 //! (`resident`), the sizes of a call to a graph compiled with symbolic dims (`sizes`),
-//! and opening an artifact into a `Loaded` (`loader`).
+//! opening an artifact into a `Loaded` (`loader`) and naming its kernels for profilers
+//! (`perf_map`).
 
 pub mod blocks;
 pub mod io;
 pub mod loader;
 pub mod mismatch;
+pub mod perf_map;
 pub mod resident;
 pub mod runner;
 pub mod shared;
