@@ -1422,7 +1422,7 @@ mod tests {
         }
     }
 
-    /// Only work worth a thread hand-off splits: a part is at least 4 MiB read and written.
+    /// Only work worth a thread hand-off splits: a part is at least 256 KiB read and written.
     #[test]
     fn parts_by_size() {
         let t = native();
@@ -1431,10 +1431,10 @@ mod tests {
             let args: Vec<Arg> = (0..inputs.len()).map(Arg::Input).collect();
             fused(&t, "p", &group(&inputs, &[(Op::Add, &[], &args)])).unwrap().parts
         };
-        assert_eq!(parts(&[&[1024, 1024], &[1024]]), 2);
-        assert_eq!(parts(&[&[1 << 22], &[1 << 22]]), 12);
+        assert_eq!(parts(&[&[1024, 1024], &[1024]]), 32);
+        assert_eq!(parts(&[&[1 << 22], &[1 << 22]]), 192);
         assert_eq!(parts(&[&[3, 1 << 22], &[1 << 22]]), 3);
-        assert_eq!(parts(&[&[512, 512], &[512]]), 1);
+        assert_eq!(parts(&[&[128, 128], &[128]]), 1);
         assert_eq!(parts(&[&[2 * CHUNK - 1], &[]]), 1);
     }
 

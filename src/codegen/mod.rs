@@ -105,12 +105,15 @@ pub fn kernel_function(target: &Target, name: &str) -> Function {
     Function::with_name_signature(UserFuncName::testcase(name), sig)
 }
 
-/// The least work, in bytes read and written, worth a part of its own. Chosen when handing a
-/// part to another thread cost the runner 15–30 µs (at 2 MiB two parts were slower than
-/// one); the runner's own pool (`meshc_runtime::kernels::pool`) now hands one over in ~0.1 µs, but
-/// splitting the 2 × 13 encoder's kernels from 16 KiB or 64 KiB up bought nothing
-/// measurable (`cargo bench --bench models`), so the bound stays.
-const MIN_PART_BYTES: usize = 4 << 20;
+/// The least work, in bytes read and written, worth a part of its own. It was 4 MiB when
+/// handing a part to another thread cost the runner 15–30 µs (at 2 MiB two parts were
+/// slower than one); the runner's own pool (`meshc_runtime::kernels::pool`) hands one over
+/// in ~0.1 µs, and a part of 256 KiB takes some 10 µs at the least. At 4 MiB the loops of
+/// a layer at 8×128 (MiniLM-L3's dynamic quantization of its 8×128×1536 FFN activation:
+/// 6 MiB read, 1.5 MiB written) ran on one core while the other waited. (Splitting the
+/// 2 × 13 encoder's kernels from 16 KiB or 64 KiB up bought nothing measurable either way,
+/// `cargo bench --bench models`.)
+const MIN_PART_BYTES: usize = 256 << 10;
 
 /// Into how many parts a kernel may split that reads and writes `bytes` in all, in `units`
 /// independent pieces (rows, iterations of its outermost loop).
