@@ -1,6 +1,6 @@
 //! The back of the pipeline: the lowered programs of every device in, a `Compiled` out.
 //! `run` walks the device and program passes of `pipeline::PASSES` (expand, fold,
-//! gelu, attention, epilogue, zero_point, fuse, code generation here, streams, buffers), each over every
+//! gelu, attention, epilogue, zero_point, reduce_split, fuse, code generation here, streams, buffers), each over every
 //! device before the next; code generation turns each step into a kernel (a fused
 //! elementwise loop, a matmul by the generated kernel or the library GEMM, a collective or
 //! a transfer) defined in the module `Options::emit` asks for (`codegen::module`: the
@@ -1080,6 +1080,15 @@ impl pipeline::Ir for Back<'_> {
                     }
                 }
             }
+            // Over symbolic dims a reduction along one is the runner's, planned per call.
+            Level::Device(DevicePass::ReduceSplit) if !self.b.symbols.is_empty() => {}
+            Level::Device(DevicePass::ReduceSplit) => {
+                for ((_, dev, info), f) in self.devices.iter_mut().zip(&self.folded) {
+                    if let Some(g) = passes::reduce_split::split(dev, verified(info), f) {
+                        (*dev, *info) = (Cow::Owned(g), None);
+                    }
+                }
+            }
             Level::Device(DevicePass::Fuse) => {
                 self.groups = (self.devices.iter().zip(&self.folded))
                     .map(|((_, dev, info), f)| passes::fuse::fuse(dev, verified(info), f, self.opts.symbols.is_empty()))
@@ -1133,7 +1142,8 @@ impl pipeline::Ir for Back<'_> {
                 | DevicePass::Gelu
                 | DevicePass::Attention
                 | DevicePass::Epilogue
-                | DevicePass::ZeroPoint,
+                | DevicePass::ZeroPoint
+                | DevicePass::ReduceSplit,
             ) => self.programs_text(),
             Level::Device(DevicePass::Fold) => {
                 let v: Vec<_> = self.devices.iter().zip(&self.folded).map(|((d, dev, _), f)| (*d, &**dev, f)).collect();

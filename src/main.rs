@@ -114,7 +114,7 @@ enum Cmd {
         #[arg(long = "MF", value_name = "DEPFILE", conflicts_with = "stop_after")]
         depfile: Option<PathBuf>,
         /// Print the IR after a pass (verify, pilot, place, layout, lower, sendrecv, expand, quantize, fold, gelu,
-        /// attention, epilogue, zero_point, fuse, codegen, streams, buffers, or all); may be repeated.
+        /// attention, epilogue, zero_point, reduce_split, fuse, codegen, streams, buffers, or all); may be repeated.
         #[arg(long, value_name = "PASS", value_delimiter = ',')]
         dump_after: Vec<String>,
         /// Write the dumps to DIR/NN-PASS.txt (.dot) instead of stdout.

@@ -41,6 +41,7 @@ pub enum DevicePass {
     Attention,
     Epilogue,
     ZeroPoint,
+    ReduceSplit,
     Fuse,
 }
 
@@ -101,6 +102,7 @@ pub const PASSES: &[Pass] = &[
     Pass { name: "attention", level: Level::Device(DevicePass::Attention), dot: false, verify: true },
     Pass { name: "epilogue", level: Level::Device(DevicePass::Epilogue), dot: false, verify: true },
     Pass { name: "zero_point", level: Level::Device(DevicePass::ZeroPoint), dot: false, verify: true },
+    Pass { name: "reduce_split", level: Level::Device(DevicePass::ReduceSplit), dot: false, verify: true },
     Pass { name: "fuse", level: Level::Device(DevicePass::Fuse), dot: false, verify: false },
     Pass { name: "codegen", level: Level::Program(ProgramPass::Codegen), dot: false, verify: false },
     Pass { name: "streams", level: Level::Program(ProgramPass::Streams), dot: true, verify: false },

@@ -13,6 +13,7 @@ pub mod lower;
 pub mod pilot;
 pub mod place;
 pub mod quantize;
+pub mod reduce_split;
 pub mod sendrecv;
 pub mod streams;
 pub mod zero_point;

@@ -401,10 +401,11 @@ fn dump_dir_files_follow_the_pipeline_order() {
         "11-attention",
         "12-epilogue",
         "13-zero_point",
-        "14-fuse",
-        "15-codegen",
-        "16-streams",
-        "17-buffers",
+        "14-reduce_split",
+        "15-fuse",
+        "16-codegen",
+        "17-streams",
+        "18-buffers",
     ];
     assert_eq!(files, want.map(|f| format!("{f}.txt")));
     let passes: Vec<&str> = meshc::pipeline::NAMES.to_vec();
@@ -424,6 +425,7 @@ fn dump_dir_files_follow_the_pipeline_order() {
             "attention",
             "epilogue",
             "zero_point",
+            "reduce_split",
             "fuse",
             "codegen",
             "streams",

@@ -208,8 +208,10 @@ fn check_against_fails_on_a_wrong_reference() {
 }
 
 /// Kernels large enough to split (elementwise chains over a 2-D nest and over a flat loop
-/// with a tail, softmax, layer_norm) give bit-identical results on 1 and 2 threads, and the
-/// interpreter's within tolerance; `inspect` shows into how many parts each may split.
+/// with a tail, softmax, layer_norm, and reductions of the whole tensor, which
+/// `passes::reduce_split` makes two, the first of many results) give bit-identical results
+/// on 1 and 2 threads, and the interpreter's within tolerance; `inspect` shows into how
+/// many parts each may split.
 #[test]
 fn split_kernels_match_one_thread_and_the_interpreter() {
     let dir = scratch("split");
@@ -224,7 +226,9 @@ fn split_kernels_match_one_thread_and_the_interpreter() {
            t = tanh(x)  flat = mul(t, x)
            sm = softmax(x)
            ln = layer_norm(x, a, b)
-           output chain, flat, sm, ln
+           total = reduce_sum(x) {keepdims = false}  avg = reduce_mean(x) {keepdims = true}
+           top = reduce_max(x) {keepdims = false}  nx = neg(x)  low = reduce_max(nx) {keepdims = false}
+           output chain, flat, sm, ln, total, avg, top, low
          }",
     )
     .unwrap();
@@ -244,7 +248,7 @@ fn split_kernels_match_one_thread_and_the_interpreter() {
     assert_eq!(c.status, Some(0), "{c:?}");
     let inspect = meshc(&["inspect", &a]);
     let parts: Vec<&str> = inspect.stdout.lines().filter(|l| l.ends_with(" parts")).collect();
-    assert_eq!(parts.len(), 4, "{}", inspect.stdout);
+    assert_eq!(parts.len(), 8, "{}", inspect.stdout);
     let outs: Vec<std::path::PathBuf> = ["interp", "1", "2"].iter().map(|t| dir.join(format!("out-{t}"))).collect();
     let r = meshc(&["interp", &g, "--input", &x_arg, "--output-dir", outs[0].to_str().unwrap()]);
     assert_eq!(r.status, Some(0), "{r:?}");
@@ -252,7 +256,7 @@ fn split_kernels_match_one_thread_and_the_interpreter() {
         let r = meshc(&["run", &a, "--input", &x_arg, "--threads", threads, "--output-dir", out.to_str().unwrap()]);
         assert_eq!(r.status, Some(0), "{r:?}");
     }
-    for name in ["chain", "flat", "sm", "ln"] {
+    for name in ["chain", "flat", "sm", "ln", "total", "avg", "top", "low"] {
         let read = |d: &Path| meshc_ir::Tensor::read_npy(&d.join(format!("{name}.npy"))).unwrap();
         let (want, one, two) = (read(&outs[0]), read(&outs[1]), read(&outs[2]));
         crate::common::assert_close(name, &one, &want).unwrap();

@@ -20,7 +20,7 @@ fn graph_dumps_render_with_graphviz() {
     let mut files: Vec<String> =
         std::fs::read_dir(&dumps).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     files.sort();
-    assert_eq!(files, ["03-place.dot", "05-lower.dot", "06-sendrecv.dot", "16-streams.dot"]);
+    assert_eq!(files, ["03-place.dot", "05-lower.dot", "06-sendrecv.dot", "17-streams.dot"]);
     let sendrecv = std::fs::read_to_string(dumps.join("06-sendrecv.dot")).unwrap();
     golden("dot/mlp-stages-2x4-sendrecv.dot", &sendrecv).unwrap();
     let has_dot = std::process::Command::new("dot").arg("-V").output().is_ok_and(|o| o.status.success());
