@@ -32,7 +32,8 @@ use meshc_runtime::exec::runner::Loaded;
 use meshc_runtime::format::mesh::{Layout, Mesh};
 use meshc_runtime::format::program::{
     align_up, Attention, Buffer, Byte, Collective, Concat, Elem, Exec, IntMatmul, IoSpec, Kernel, Library, Matmul,
-    Meta, Program, Protocol, Reduce, Reduction, Step, Storage, Transfer, Transpose, Transposed, Why, ALIGN,
+    Meta, Program, Protocol, Reduce, Reduction, SoftmaxAlong, Step, Storage, Transfer, Transpose, Transposed, Why,
+    ALIGN,
 };
 use meshc_runtime::format::symbolic::{Scaling, Symbolic};
 use meshc_runtime::kernels::igemm;
@@ -691,6 +692,16 @@ impl Builder {
                 };
                 let r = Reduction { shape: x.shape.clone(), axes, op };
                 (Exec::Library(Library::Reduce(r)), node.inputs.clone(), 0)
+            } else if let (Some(StepScaling::Shapes(_)), Op::Softmax) = (&scaling, node.op) {
+                // It is along a symbolic dim: the runner's softmax, which takes its shape
+                // per call (a softmax takes no prologue: `passes::fuse`).
+                let x = &operand_types[0];
+                if x.dtype != meshc_ir::DType::F32 {
+                    bail!("node '{}': softmax of {} along a symbolic dim is not compiled yet", node.name, x.dtype);
+                }
+                let axis = norm_axis(attrs::Softmax::of(node).axis, x.rank()).map_err(anyhow::Error::msg)?;
+                let s = SoftmaxAlong { shape: x.shape.clone(), axis };
+                (Exec::Library(Library::Softmax(s)), node.inputs.clone(), 0)
             } else if let (Some(StepScaling::Shapes(_)), Op::Concat) = (&scaling, node.op) {
                 // It concatenates along or before a symbolic dim: the runner's concat, which
                 // places each operand's part per call.
@@ -744,14 +755,19 @@ impl Builder {
             } else {
                 // A scaled kernel reads its rows from the size table, after its operands.
                 let scaled = match &scaling {
-                    Some(StepScaling::Rows { rows, hi, periods }) => {
+                    Some(StepScaling::Rows { rows, hi, repeats }) => {
                         let buf = 1 + step_operands.len();
                         let slot = self.size_slot(rows);
                         // Buffer 0 is the result, which repeats nothing.
-                        let periods = std::iter::once(None)
-                            .chain(periods.iter().map(|p| p.as_ref().map(|p| self.size_slot(p))))
+                        let repeats = std::iter::once(None)
+                            .chain(repeats.iter().map(|r| {
+                                r.as_ref().map(|r| codegen::rows::RepeatSlots {
+                                    stride: (r.stride.as_const() != Some(1)).then(|| self.size_slot(&r.stride)),
+                                    period: self.size_slot(&r.period),
+                                })
+                            }))
                             .collect();
-                        Some(codegen::rows::RowsArg { buf, slot, hi: *hi, periods })
+                        Some(codegen::rows::RowsArg { buf, slot, hi: *hi, repeats })
                     }
                     _ => None,
                 };

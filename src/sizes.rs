@@ -8,8 +8,8 @@
 //! operand that depends on the symbols have the same rows (the product of their leading
 //! dims up to the last symbolic one), and whose op treats rows independently, does the
 //! first `r` of the `hi` rows it is generated for. A transpose that moves a symbolic dim,
-//! a reduction along one and a concat along or before one are the runner's; every other
-//! step over symbolic sizes is refused, naming the node.
+//! a reduction or a softmax along one and a concat along or before one are the runner's;
+//! every other step over symbolic sizes is refused, naming the node.
 
 use anyhow::{bail, Result};
 use meshc_ir::infer::{norm_axes, norm_axis};
@@ -19,12 +19,23 @@ use meshc_ir::{attrs, Node, Op};
 /// How a step scales.
 #[derive(Clone, Debug, PartialEq)]
 pub enum StepScaling {
-    /// A generated kernel: its rows and their number at the upper bounds; per operand, the
-    /// rows after which an elementwise operand broadcast over the result's first leading
-    /// dims repeats (`[seq, 384]` in `[batch, seq, 384]`: every `seq` rows), if it is one.
-    Rows { rows: Expr, hi: usize, periods: Vec<Option<Expr>> },
+    /// A generated kernel: its rows and their number at the upper bounds; per operand, how
+    /// an elementwise operand broadcast along some of the result's leading dims repeats
+    /// over the result's rows, if it is one.
+    Rows { rows: Expr, hi: usize, repeats: Vec<Option<Repeat>> },
     /// A library call: each tensor's shape (result, then operands).
     Shapes(Vec<Vec<Expr>>),
+}
+
+/// How an elementwise operand broadcast along some of the result's leading dims is read:
+/// result row `r` reads its row `(r / stride) mod period`. `[seq, 384]` in `[batch, seq,
+/// 384]` repeats every `seq` rows (stride 1); a causal mask's `[seq, 1]` in `[batch, heads,
+/// seq, seq]` scores, whose rows are single elements, holds each of its `seq` rows for
+/// `seq` rows in turn (stride `seq`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Repeat {
+    pub stride: Expr,
+    pub period: Expr,
 }
 
 /// Tensor `t`'s symbolic shape (empty for a name inference never saw).
@@ -65,9 +76,14 @@ pub fn step_scaling(si: &SymInfo, node: &Node, operands: &[String], library: boo
     let empty = shape(&node.name).iter().any(|d| d.as_const() == Some(0));
     match rows(si, node, operands) {
         Ok(_) if empty => Ok(None),
-        // A transpose that moves a symbolic dim, a reduction along one and a concat along
-        // or before one are the runner's: library calls of each call's shape.
-        Err(_) if matches!(node.op, Op::Transpose | Op::ReduceSum | Op::ReduceMean | Op::ReduceMax | Op::Concat) => {
+        // A transpose that moves a symbolic dim, a reduction or a softmax along one and a
+        // concat along or before one are the runner's: library calls of each call's shape.
+        Err(_)
+            if matches!(
+                node.op,
+                Op::Transpose | Op::ReduceSum | Op::ReduceMean | Op::ReduceMax | Op::Softmax | Op::Concat
+            ) =>
+        {
             Ok(Some(shapes()))
         }
         r => r.map(Some),
@@ -90,12 +106,12 @@ fn rows(si: &SymInfo, node: &Node, operands: &[String]) -> Result<StepScaling> {
         }
         bail!("node '{}': its result is static", node.name);
     };
-    let mut periods = vec![None; operands.len()];
+    let mut repeats = vec![None; operands.len()];
     for (k, (o, r)) in operands.iter().zip(&ops).enumerate() {
-        if let Some(p) = r.as_ref().filter(|(_, r)| *r != rows).and_then(|_| period(shape(o), shape(&node.name), lead))
+        if let Some(p) = r.as_ref().filter(|(_, r)| *r != rows).and_then(|_| repeat(shape(o), shape(&node.name), lead))
         {
             if node.op.is_elementwise() {
-                periods[k] = Some(p);
+                repeats[k] = Some(p);
                 continue;
             }
         }
@@ -148,17 +164,20 @@ fn rows(si: &SymInfo, node: &Node, operands: &[String]) -> Result<StepScaling> {
     }
     let hi = rows.eval(&si.example).and_then(|v| usize::try_from(v).ok()).filter(|&v| v > 0);
     let Some(hi) = hi else { bail!("node '{}': its rows {rows} are empty at the upper bounds", node.name) };
-    Ok(StepScaling::Rows { rows, hi, periods })
+    Ok(StepScaling::Rows { rows, hi, repeats })
 }
 
-/// The rows of an operand of symbolic `shape` broadcast over the first leading dims of a
-/// result of `out` shape whose rows span `lead` dims: its dims, leading 1s aside, are the
-/// result's last ones, those it has symbolic being the last of the result's leading dims.
-/// Row `r` of the result then reads the operand's row `r mod` these rows.
-fn period(shape: &[Expr], out: &[Expr], lead: usize) -> Option<Expr> {
-    let first = shape.iter().position(|d| d.as_const() != Some(1))?;
-    let own = &shape[first..];
-    let off = out.len().checked_sub(own.len())?;
-    let (k, rows) = rows_of(own)?;
-    (off + k == lead && own.iter().zip(&out[off..]).all(|(a, b)| a == b)).then_some(rows)
+/// How an operand of symbolic `shape` broadcast against a result of `out` shape, whose rows
+/// span `lead` dims, repeats over them (`Repeat`): within the leading dims its dims, aligned
+/// to the result's, are 1s, then a run equal to the result's (the dims it has, the period),
+/// then 1s (the result's dims there are the stride). Its inner dims are the result's or 1.
+fn repeat(shape: &[Expr], out: &[Expr], lead: usize) -> Option<Repeat> {
+    let off = out.len().checked_sub(shape.len())?;
+    let one = Expr::constant(1);
+    let dim = |i: usize| if i < off { &one } else { &shape[i - off] };
+    let first = (0..lead).find(|&i| dim(i).as_const() != Some(1))?;
+    let end = (0..lead).rfind(|&i| dim(i).as_const() != Some(1))? + 1;
+    let run = (first..end).all(|i| dim(i) == &out[i]);
+    let inner = (lead..out.len()).all(|i| dim(i) == &out[i] || dim(i).as_const() == Some(1));
+    (run && inner).then(|| Repeat { stride: Expr::product(&out[end..lead]), period: Expr::product(&out[first..end]) })
 }

@@ -9,7 +9,10 @@ them through `meshc import`, `interp`, and `run` (1 device and under a layout).
 
 Needs onnx, onnxruntime and numpy; `make onnx-testdata` makes a venv under target/ with them.
 `--bench DIR` writes only the bench's models, into DIR: the 6-layer encoder and two whole
-convolution networks (YOLOv8n's and ResNet-50's layers at batch 1).
+convolution networks (YOLOv8n's and ResNet-50's layers at batch 1). `--sizes NAME BxS...`
+runs testdata/onnx/NAME's model at other batch and sequence sizes (seeded f32 inputs) and
+writes sizes/BxS/inputs and sizes/BxS/expected beside it: what one artifact compiled over
+ranged dims must give at each size.
 Deterministic: the same packages write the same files.
 """
 
@@ -1327,6 +1330,27 @@ def filled():
     save("filled", g, {"x": r.standard_normal((3, 5, 4)).astype(np.float32)}, {"batch": 3, "seq": 5})
 
 
+def other_sizes(name, sizes):
+    """onnxruntime's outputs of testdata/onnx/NAME at each `BxS` (its `batch` and `seq`
+    dims), for inputs drawn from a generator seeded by the size."""
+    d = os.path.join(OUT, name)
+    model = onnx.load(os.path.join(d, "model.onnx"))
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for size in sizes:
+        b, s = map(int, size.split("x"))
+        r = np.random.default_rng(b * 1000 + s)
+        inputs = {}
+        for i in model.graph.input:
+            dims = [{"batch": b, "seq": s}.get(x.dim_param, x.dim_value) for x in i.type.tensor_type.shape.dim]
+            inputs[i.name] = r.standard_normal(dims).astype(np.float32)
+        at = os.path.join(d, "sizes", size)
+        for sub, names, values in [("inputs", inputs, inputs.values()),
+                                   ("expected", [o.name for o in sess.get_outputs()], sess.run(None, inputs))]:
+            os.makedirs(os.path.join(at, sub), exist_ok=True)
+            for k, v in zip(names, values):
+                np.save(os.path.join(at, sub, k + ".npy"), v)
+
+
 def yolov8n(out, size=640):
     """YOLOv8n's layers (ultralytics' yolov8.yaml at width 0.25, depth 0.33) at batch 1:
     Conv = conv-BN-SiLU (Sigmoid and Mul, as torch.onnx writes SiLU), C2f blocks (a 1x1
@@ -1472,6 +1496,9 @@ if __name__ == "__main__":
         encoder("encoder_6x384", hid=384, heads=12, ffn=1536, layers=6, batch=2, seq=32, out=sys.argv[2])
         yolov8n(sys.argv[2])
         resnet50(sys.argv[2])
+        sys.exit(0)
+    if len(sys.argv) >= 4 and sys.argv[1] == "--sizes":
+        other_sizes(sys.argv[2], sys.argv[3:])
         sys.exit(0)
     if len(sys.argv) == 3 and sys.argv[1] == "--minilm-l6":
         # all-MiniLM-L6-v2's shapes whole: BERT's embeddings (30522 words) and 6 layers,

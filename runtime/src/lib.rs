@@ -7,7 +7,7 @@
 //! - `format` (uses nothing): `abi`, `mesh`, `program`, `degradation`, `epilogue`, `order`,
 //!   `mask`, `artifact`, `signature`, `isa`, `symbolic`;
 //! - `kernels` (format): `call`, `library`, `small_m`, `panels`, `igemm`, `matmul_shape`, `epilogue`,
-//!   `attention`, `transpose`, `reduce`, `concat`, `vmath`, `pool`;
+//!   `attention`, `transpose`, `reduce`, `softmax`, `concat`, `vmath`, `pool`;
 //! - `comm` (format): `traffic`, `fabric`, `reduce`, `degraded`, `exchange`, `transport`,
 //!   `mpi`, `sync`, `error`, `memory`;
 //! - `exec` (format, kernels, comm): `runner`, `validate`, `threads`, `streams`, `shared`,

@@ -209,11 +209,12 @@ impl Plan {
             bail!("input {i} ({t}) does not broadcast to the result {}", last.ty);
         }
         // Element strides of every input and of the result along the result's dims. An
-        // input that repeats every so many of the result's rows (`rows::periods`) steps as
-        // the result does; its pointer wraps.
+        // input that repeats over the result's rows (`rows::repeats`) steps through them as
+        // the result does, its pointer starting each row at the row it repeats, and through
+        // a row as its own inner dims broadcast.
         let mut all: Vec<Vec<usize>> = (f.inputs.iter().enumerate())
             .map(|(i, t)| match super::rows::is_periodic(i + 1) {
-                true => broadcast_strides(shape, shape),
+                true => broadcast_strides(&as_rows_of(&t.shape, shape), shape),
                 false => broadcast_strides(&t.shape, shape),
             })
             .collect();
@@ -368,6 +369,22 @@ fn broadcasts_to(shape: &[usize], to: &[usize]) -> bool {
 }
 
 /// Element strides of a dense `shape` read at the indices of `to` (which it broadcasts to).
+/// The shape an operand of `shape` that repeats over the rows of a result of shape `to`
+/// is walked at: the result's leading dims that make the kernel's rows (`rows::scaling`),
+/// then its own inner dims.
+fn as_rows_of(shape: &[usize], to: &[usize]) -> Vec<usize> {
+    let hi = super::rows::scaling().expect("a repeating operand of a kernel that scales");
+    let lead = (0..=to.len()).find(|&k| to[..k].iter().product::<usize>() == hi).unwrap_or(to.len());
+    let off = to.len() - shape.len();
+    (0..to.len())
+        .map(|i| match i {
+            _ if i < lead => to[i],
+            _ if i < off => 1,
+            _ => shape[i - off],
+        })
+        .collect()
+}
+
 fn broadcast_strides(shape: &[usize], to: &[usize]) -> Vec<usize> {
     let lead = to.len() - shape.len();
     let mut strides = vec![0; to.len()];

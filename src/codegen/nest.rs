@@ -3,7 +3,7 @@
 //! `collapse` (fewer, longer loops), `for_nest` and `for_parts` (the nest, whole or cut
 //! into the kernel's parts).
 
-use cranelift_codegen::ir::{InstBuilder, Value};
+use cranelift_codegen::ir::Value;
 
 use super::emit::KernelBuilder;
 
@@ -94,13 +94,13 @@ pub(crate) fn for_parts(
         Some(n) => n,
         None => kb.iconst(d.n as i64),
     };
-    let periods = super::rows::periods(kb, ptrs.len(), d.n);
+    let repeats = super::rows::repeats(kb, ptrs.len(), d.n);
     let (start, end) = kb.part_range(n);
     kb.for_range(start, end, 1, |kb, i| {
-        let moved: Vec<Value> = (ptrs.iter().zip(&d.strides).zip(&periods))
-            .map(|((&p, &s), period)| match period {
-                Some(period) => {
-                    let at = kb.b.ins().urem(i, *period);
+        let moved: Vec<Value> = (ptrs.iter().zip(&d.strides).zip(&repeats))
+            .map(|((&p, &s), repeat)| match repeat {
+                Some(repeat) => {
+                    let at = repeat.at(kb, i);
                     advance(kb, p, at, s)
                 }
                 None => advance(kb, p, i, s),

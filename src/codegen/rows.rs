@@ -22,9 +22,47 @@ pub struct RowsArg {
     pub slot: usize,
     /// The rows the kernel is generated for.
     pub hi: usize,
-    /// Per kernel buffer, the table entry of the rows after which it repeats, for an
-    /// operand broadcast over the result's first leading dims (`sizes::StepScaling::Rows`).
-    pub periods: Vec<Option<usize>>,
+    /// Per kernel buffer, the table entries of how it repeats over the rows, for an
+    /// operand broadcast along some of the result's leading dims (`sizes::Repeat`).
+    pub repeats: Vec<Option<RepeatSlots>>,
+}
+
+/// The table entries of a `sizes::Repeat`: its stride (`None` when it is 1) and period.
+#[derive(Clone, Copy, Debug)]
+pub struct RepeatSlots {
+    pub stride: Option<usize>,
+    pub period: usize,
+}
+
+/// A repeating operand's stride and period this call, in rows, and the iterations of the
+/// outer loop a row takes.
+pub(crate) struct Repeat {
+    stride: Option<Value>,
+    period: Value,
+    per_row: i64,
+}
+
+impl Repeat {
+    /// The outer-loop iteration of the operand that iteration `i` of the result reads: it
+    /// is laid out as if it had the result's rows, each of its own rows once (row `r`
+    /// reads its row `(r / stride) mod period`), the iterations within a row as the
+    /// result's.
+    pub fn at(&self, kb: &mut KernelBuilder, i: Value) -> Value {
+        let Some(stride) = self.stride else {
+            let period = kb.b.ins().imul_imm_s(self.period, self.per_row);
+            return kb.b.ins().urem(i, period);
+        };
+        if self.per_row == 1 {
+            let row = kb.b.ins().udiv(i, stride);
+            return kb.b.ins().urem(row, self.period);
+        }
+        let r = kb.b.ins().udiv_imm_u(i, self.per_row);
+        let within = kb.b.ins().urem_imm_u(i, self.per_row);
+        let row = kb.b.ins().udiv(r, stride);
+        let row = kb.b.ins().urem(row, self.period);
+        let start = kb.b.ins().imul_imm_s(row, self.per_row);
+        kb.b.ins().iadd(start, within)
+    }
 }
 
 struct Scaled {
@@ -86,28 +124,30 @@ pub(crate) fn outer(kb: &mut KernelBuilder, n: usize) -> Option<Value> {
     Some(kb.b.ins().imul_imm_s(rows, (n / hi) as i64))
 }
 
-/// Per kernel buffer (`pointers` of them), the outer loop's iterations after which it
-/// repeats, for an operand broadcast over the result's first leading dims: its rows this
-/// call times the iterations of a row (the outer loop being `n` iterations at the bounds).
-/// Such an operand is laid out as if it had the result's shape, so its pointer steps as
-/// the result's does, but wraps to its start every period.
-pub(crate) fn periods(kb: &mut KernelBuilder, pointers: usize, n: usize) -> Vec<Option<Value>> {
-    let Some((buf, periods, hi)) =
-        SCALED.with(|s| s.borrow().as_ref().map(|s| (s.arg.buf, s.arg.periods.clone(), s.arg.hi)))
+/// Per kernel buffer (`pointers` of them), how it repeats over the rows, for an operand
+/// broadcast along some of the result's leading dims (the outer loop being `n` iterations
+/// at the bounds). Such an operand is laid out as if it had the result's rows, so its
+/// pointer steps as the result's does, but from the row it repeats (`Repeat::at`).
+pub(crate) fn repeats(kb: &mut KernelBuilder, pointers: usize, n: usize) -> Vec<Option<Repeat>> {
+    let Some((buf, repeats, hi)) =
+        SCALED.with(|s| s.borrow().as_ref().map(|s| (s.arg.buf, s.arg.repeats.clone(), s.arg.hi)))
     else {
-        return vec![None; pointers];
+        return (0..pointers).map(|_| None).collect();
+    };
+    let load = |kb: &mut KernelBuilder, slot: usize| {
+        let table = kb.buf(buf);
+        kb.b.ins().load(types::I64, mem(), table, (slot * 8) as i32)
     };
     (0..pointers)
         .map(|b| {
-            let slot = periods.get(b).copied().flatten()?;
-            let table = kb.buf(buf);
-            let rows = kb.b.ins().load(types::I64, mem(), table, (slot * 8) as i32);
-            Some(kb.b.ins().imul_imm_s(rows, (n / hi) as i64))
+            let slots = repeats.get(b).copied().flatten()?;
+            let stride = slots.stride.map(|s| load(kb, s));
+            Some(Repeat { stride, period: load(kb, slots.period), per_row: (n / hi) as i64 })
         })
         .collect()
 }
 
-/// Whether kernel buffer `b` repeats after some rows (`periods`).
+/// Whether kernel buffer `b` repeats over the rows (`repeats`).
 pub(crate) fn is_periodic(b: usize) -> bool {
-    SCALED.with(|s| s.borrow().as_ref().is_some_and(|s| s.arg.periods.get(b).copied().flatten().is_some()))
+    SCALED.with(|s| s.borrow().as_ref().is_some_and(|s| s.arg.repeats.get(b).copied().flatten().is_some()))
 }

@@ -5,7 +5,7 @@
 //! behind guards that keep them in their domain), reductions, softmax, layer_norm, matmul,
 //! integer matmuls of 8-bit values less a zero point, einsum, data movement (reshape, transpose, slice with any steps, concat, broadcast_to),
 //! gather and scatter_elements (every reduction), dynamic_slice and dynamic_update_slice
-//! (clamped starts), cumsum (every axis, both flags), iota (every axis), broadcast_like, with i32 and i64 indices, integer arithmetic and mod in i32 and i64, casts,
+//! (clamped starts), cumsum (every axis, both flags), iota (every axis), broadcast_like, positions against each other, with i32 and i64 indices, integer arithmetic and mod in i32 and i64, casts,
 //! comparisons, logic, floor/ceil/round, and where on a bool input or a computed mask — compiled with both GEMM paths and random stream options, on one device,
 //! under random legal layouts on 2 to 8 devices, placed in random stages (micro-batched or
 //! not), with failed links or failed devices, on one device compiled once over a
@@ -186,7 +186,7 @@ fn graph(r: &Recipe) -> String {
     for (k, &(op, a, b, arg)) in r.ops.iter().enumerate() {
         let (x, xs) = values[a as usize % values.len()].clone();
         let name = format!("n{k}");
-        let (line, shape) = match op % 28 {
+        let (line, shape) = match op % 29 {
             // GELU also as exporters write it, in arithmetic (the gelu pass makes it one op).
             0 if unary(arg) == "gelu" && b & 1 == 1 => {
                 let (last, body) = exported_gelu(&name, &x, b & 2 != 0);
@@ -720,6 +720,17 @@ fn graph(r: &Recipe) -> String {
             27 => {
                 let (y, ys) = partner(&values, &xs, b);
                 (format!("{name} = broadcast_like({y}, {x})"), broadcast(&ys, &xs))
+            }
+            // The positions of x's first axis against each other, `[n, n]`: a column, a row
+            // and a where of the two (over a symbolic batch, the column repeats within the
+            // result's rows, each of its rows held for a row of the result).
+            28 if xs.first().is_some_and(|&n| n > 0) => {
+                let n = xs[0];
+                lines.push(format!("{name}_i = iota({x}) {{axis = 0}}"));
+                lines.push(format!("{name}_r = cast({name}_i) {{to = \"f32\"}}"));
+                lines.push(format!("{name}_c = reshape({name}_r) {{shape = [{n}, 1]}}"));
+                lines.push(format!("{name}_l = less({name}_c, {name}_r)"));
+                (format!("{name} = where({name}_l, {name}_c, {name}_r)"), vec![n, n])
             }
             _ => (format!("{name} = relu({x})"), xs.clone()),
         };

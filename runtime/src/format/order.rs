@@ -8,8 +8,8 @@
 use std::fmt::Write as _;
 
 use crate::format::program::{
-    Attention, CollectiveOp, Concat, Exec, IntMatmul, Library, Matmul, Program, Protocol, Reduction, Step, StreamKind,
-    Transfer, Transpose,
+    Attention, CollectiveOp, Concat, Exec, IntMatmul, Library, Matmul, Program, Protocol, Reduction, SoftmaxAlong,
+    Step, StreamKind, Transfer, Transpose,
 };
 
 /// The happens-before relation of a device's steps under its stream plan: stream order plus
@@ -205,6 +205,9 @@ pub fn exec_text(p: &Program, st: &Step) -> String {
         }
         Exec::Library(Library::Reduce(Reduction { shape, axes, op })) => {
             format!("library reduce_{} {shape:?} axes {axes:?}", op.name())
+        }
+        Exec::Library(Library::Softmax(SoftmaxAlong { shape, axis })) => {
+            format!("library softmax {shape:?} axis {axis}")
         }
         Exec::Library(Library::Concat(Concat { inputs, axis, .. })) => {
             format!("library concat {inputs:?} axis {axis}")

@@ -221,13 +221,14 @@ pub enum Library {
     Attention(Attention),
     Transpose(Transpose),
     Reduce(Reduction),
+    Softmax(SoftmaxAlong),
     Concat(Concat),
 }
 
 impl Library {
     /// The call at other shapes of its buffers (`shapes[i]`: buffer i's, in buffer order):
     /// a matmul's result, operands and epilogue operands; attention's result, q, k, v,
-    /// then (past the scale's) the mask; a transpose's or a reduction's result and operand;
+    /// then (past the scale's) the mask; a transpose's, a reduction's or a softmax's result and operand;
     /// a concat's result and operands.
     pub fn at_shapes(&self, shapes: &[Vec<usize>]) -> Library {
         use crate::format::epilogue::Step;
@@ -266,6 +267,7 @@ impl Library {
             }
             Library::Transpose(t) => Library::Transpose(Transpose { shape: at(1), ..t.clone() }),
             Library::Reduce(r) => Library::Reduce(Reduction { shape: at(1), ..r.clone() }),
+            Library::Softmax(s) => Library::Softmax(SoftmaxAlong { shape: at(1), ..s.clone() }),
             Library::Concat(c) => {
                 Library::Concat(Concat { inputs: (1..=c.inputs.len()).map(at).collect(), ..c.clone() })
             }
@@ -283,6 +285,16 @@ pub struct Reduction {
     pub shape: Vec<usize>,
     pub axes: Vec<usize>,
     pub op: Reduce,
+}
+
+/// A softmax of an f32 tensor of `shape` along `axis`, by the runner
+/// (`crate::kernels::softmax`): for a program compiled with symbolic dims whose softmax is
+/// along one (masked attention scores over the sequence), whose calls decide the runs'
+/// length. Buffers: result, operand.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SoftmaxAlong {
+    pub shape: Vec<usize>,
+    pub axis: usize,
 }
 
 /// numpy concatenate of operands of `inputs` shapes along `axis`, elements of `elem`

@@ -2,8 +2,8 @@
 //! `LibraryCall`, implemented next to it), and what they share with
 //! the compiler's code generation: the library GEMM (`library`, `small_m`, `panels` for
 //! prepacked weights), the integer GEMM of 8-bit products (`igemm`), its shape planning (`matmul_shape`), matmul epilogues (`epilogue`),
-//! fused attention (`attention`), a transpose, a reduction and a concat of run-time shape
-//! (`transpose`, `reduce`, `concat`), f32 math (`vmath`) and the fork/join of a step over the
+//! fused attention (`attention`), a transpose, a reduction, a softmax and a concat of run-time
+//! shape (`transpose`, `reduce`, `softmax`, `concat`), f32 math (`vmath`) and the fork/join of a step over the
 //! cores (`pool`).
 
 pub mod attention;
@@ -17,6 +17,7 @@ pub mod panels;
 pub mod pool;
 pub mod reduce;
 pub mod small_m;
+pub mod softmax;
 pub mod transpose;
 pub mod vmath;
 
@@ -31,6 +32,7 @@ pub fn library_call(l: &Library) -> &dyn LibraryCall {
         Library::Attention(a) => a,
         Library::Transpose(t) => t,
         Library::Reduce(r) => r,
+        Library::Softmax(s) => s,
         Library::Concat(c) => c,
     }
 }
