@@ -5,11 +5,13 @@
 //! interpreter, it subtracts each run's max and sums its exponentials in f64; a NaN in a
 //! run makes the whole run NaN.
 
+use std::sync::Arc;
+
 use anyhow::Result;
 
 use crate::format::mask::Mask;
 use crate::format::program::{Buffer, SoftmaxAlong};
-use crate::kernels::call::{f32_buffer, LibraryCall, Planned};
+use crate::kernels::call::{f32_buffer, Kept, LibraryCall, Planned};
 
 /// Buffers: result, operand.
 impl LibraryCall for SoftmaxAlong {
@@ -17,7 +19,7 @@ impl LibraryCall for SoftmaxAlong {
         2
     }
 
-    fn plan(&self, buffers: &[&Buffer]) -> Result<Box<dyn Planned>, String> {
+    fn plan(&self, buffers: &[&Buffer], _: &Arc<Kept>) -> Result<Box<dyn Planned>, String> {
         let SoftmaxAlong { shape, axis } = self;
         if *axis >= shape.len() {
             return Err(format!("axis {axis} is not a dim of {shape:?}"));
@@ -79,7 +81,7 @@ mod tests {
     fn run(shape: &[usize], axis: usize, x: &[f32]) -> Vec<f32> {
         let s = SoftmaxAlong { shape: shape.to_vec(), axis };
         let mut out = vec![0f32; x.len()];
-        let plan = s.plan(&[&buf(x.len() * 4), &buf(x.len() * 4)]).unwrap();
+        let plan = s.plan(&[&buf(x.len() * 4), &buf(x.len() * 4)], &Default::default()).unwrap();
         // SAFETY: the buffers `plan` was given, apart.
         unsafe { plan.call(&[out.as_mut_ptr() as *mut u8, x.as_ptr() as *mut u8], &|_| None, 1) }.unwrap();
         out
@@ -114,8 +116,8 @@ mod tests {
     #[test]
     fn bad_axes_and_small_buffers_are_refused() {
         let s = |axis| SoftmaxAlong { shape: vec![2, 3], axis };
-        assert!(s(2).plan(&[&buf(24), &buf(24)]).is_err());
-        let e = s(1).plan(&[&buf(24), &buf(20)]).err().unwrap();
+        assert!(s(2).plan(&[&buf(24), &buf(24)], &Default::default()).is_err());
+        let e = s(1).plan(&[&buf(24), &buf(20)], &Default::default()).err().unwrap();
         assert!(e.contains("buffer 1 holds 20 bytes"), "{e}");
     }
 }
