@@ -265,6 +265,24 @@ fn generate(target: &Target, node: &Node, inputs: &[TensorType], out: &TensorTyp
     }
 }
 
+/// The indices of a gather that are a constant (the tables `passes::expand` builds), which
+/// its kernel then copies by (`codegen::movement::gather_table`).
+fn constant_indices(g: &Graph, folded: &Folded, node: &Node, operands: &[TensorType]) -> Result<Option<Vec<i64>>> {
+    if node.op != Op::Gather || !folded.consts.contains_key(&node.inputs[1]) {
+        return Ok(None);
+    }
+    let bytes = folded.bytes(g, &node.inputs[1])?;
+    Ok(match operands[1].dtype {
+        meshc_ir::DType::I64 => {
+            Some(bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes"))).collect())
+        }
+        meshc_ir::DType::I32 => {
+            Some(bytes.chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes")) as i64).collect())
+        }
+        _ => None,
+    })
+}
+
 /// The mask record of every weight of `g` that is the right operand of a matmul and has a
 /// keep pattern in `keeps` that prunes something, with its entry in the program.
 fn local_masks<'g>(
@@ -801,7 +819,21 @@ impl Builder {
                                 )?;
                                 (k, operands.clone())
                             }
-                            None => (generate(&self.target, node, &operand_types, out)?, node.inputs.clone()),
+                            None => {
+                                let generated = match constant_indices(g, folded, node, &operand_types)? {
+                                    Some(table) => {
+                                        let name = kernel_name(node);
+                                        let (t, types) = (&self.target, &operand_types);
+                                        codegen::movement::gather_table(t, &name, node, types, out, &table)?
+                                    }
+                                    None => None,
+                                };
+                                let generated = match generated {
+                                    Some(k) => k,
+                                    None => generate(&self.target, node, &operand_types, out)?,
+                                };
+                                (generated, node.inputs.clone())
+                            }
                         }
                     })
                 };

@@ -589,6 +589,178 @@ fn gather(
     }))
 }
 
+/// An arithmetic run of a constant index table: `len` elements written from position `dst`
+/// on, read from `src` on, `step` apart (0: one element repeated, as padding's).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Run {
+    dst: i64,
+    src: i64,
+    len: i64,
+    step: i64,
+}
+
+/// `reps` repetitions of the runs `members`, the k-th written `k·dst_step` further on and
+/// each member reading `k` times its own source step further on: the runs of an im2col
+/// table's tap over one output row, repeated down the rows.
+#[derive(Debug, PartialEq)]
+struct Group {
+    reps: i64,
+    dst_step: i64,
+    members: Vec<(Run, i64)>,
+}
+
+/// The most runs a repeated group of `table_groups` takes (an im2col row: the left pad,
+/// the input, the right pad).
+const GROUP_PERIOD: usize = 4;
+
+/// The most runs a gather of a constant table emits as code; a table that needs more (no
+/// pattern) keeps the kernel that reads it.
+const TABLE_RUNS: usize = 512;
+
+/// `table` as maximal arithmetic runs of at least three elements (shorter ones as single
+/// elements), in order.
+fn table_runs(table: &[i64]) -> Vec<Run> {
+    let mut runs = Vec::new();
+    let mut j = 0;
+    while j < table.len() {
+        let (mut len, mut step) = (1, 0);
+        if j + 1 < table.len() {
+            step = table[j + 1] - table[j];
+            len = 2;
+            while j + len < table.len() && table[j + len] - table[j + len - 1] == step {
+                len += 1;
+            }
+            if len < 3 {
+                (len, step) = (1, 0);
+            }
+        }
+        runs.push(Run { dst: j as i64, src: table[j], len: len as i64, step });
+        j += len;
+    }
+    runs
+}
+
+/// How many times the first `p` runs of `runs` repeat from its start, each repetition the
+/// same lengths and steps, shifted by the same distances.
+fn repeats(runs: &[Run], p: usize) -> usize {
+    let same = |k: usize| {
+        (0..p).all(|i| {
+            let (a, b, first) = (runs[(k - 1) * p + i], runs[k * p + i], runs[i]);
+            b.len == first.len
+                && b.step == first.step
+                && b.dst - a.dst == runs[p].dst - runs[0].dst
+                && b.src - a.src == runs[p + i].src - runs[i].src
+        })
+    };
+    let mut k = 1;
+    while (k + 1) * p <= runs.len() && same(k) {
+        k += 1;
+    }
+    k
+}
+
+/// `runs` as repeated groups, each taking the period that covers the most runs.
+fn table_groups(runs: &[Run]) -> Vec<Group> {
+    let mut groups = Vec::new();
+    let mut r = 0;
+    while r < runs.len() {
+        let rest = &runs[r..];
+        let (reps, p) = (1..=GROUP_PERIOD.min(rest.len()))
+            .map(|p| (repeats(rest, p), p))
+            .max_by_key(|&(reps, p)| (reps * p, std::cmp::Reverse(p)))
+            .expect("a run is left");
+        let shift = |i: usize| if reps > 1 { rest[p + i].src - rest[i].src } else { 0 };
+        groups.push(Group {
+            reps: reps as i64,
+            dst_step: if reps > 1 { rest[p].dst - rest[0].dst } else { 0 },
+            members: (0..p).map(|i| (rest[i], shift(i))).collect(),
+        });
+        r += reps * p;
+    }
+    groups
+}
+
+/// A gather of single elements whose indices are the constant `table` (im2col's, pad's and
+/// pool's tables), as copies of the table's runs — contiguous runs 16 bytes at a time,
+/// padding as fills — written into the code, which never reads the table: a scalar load
+/// of an index, its check and one element per index took most of a CNN's im2col time.
+/// The rows of the data split into parts. `None` where the generic kernel is kept: a
+/// symbolic program, elements wider than one value, an index out of range (which the
+/// generic kernel reports when it runs) or a table without a pattern.
+pub fn gather_table(
+    target: &Target,
+    name: &str,
+    node: &Node,
+    inputs: &[TensorType],
+    out: &TensorType,
+    table: &[i64],
+) -> Result<Option<Generated>> {
+    let [data, idx] = inputs else { bail!("gather takes data and indices") };
+    let axis = norm_axis(attrs::Gather::of(node).axis, data.rank()).map_err(anyhow::Error::msg)?;
+    let esize = data.dtype.size_bytes() as i64;
+    let n = data.shape[axis] as i64;
+    let outer: usize = data.shape[..axis].iter().product();
+    let inner: usize = data.shape[axis + 1..].iter().product();
+    let count = idx.numel();
+    if super::rows::scaling().is_some() || inner != 1 || table.len() != count || out.numel() != outer * count {
+        return Ok(None);
+    }
+    if !matches!(esize, 1 | 2 | 4 | 8) || table.iter().any(|&i| i < -n || i >= n) {
+        return Ok(None);
+    }
+    let table: Vec<i64> = table.iter().map(|&i| if i < 0 { i + n } else { i }).collect();
+    let groups = table_groups(&table_runs(&table));
+    if groups.iter().map(|g| g.members.len()).sum::<usize>() > TABLE_RUNS {
+        return Ok(None);
+    }
+    let func = build_kernel(target, name, |kb| {
+        let (dst, src) = (kb.buf(0), kb.buf(1));
+        let rows = kb.iconst(outer as i64);
+        let (start, end) = kb.part_range(rows);
+        kb.for_range(start, end, 1, |kb, o| {
+            let s = kb.addr(src, o, n * esize);
+            let d = kb.addr(dst, o, count as i64 * esize);
+            for g in &groups {
+                let repetition = |kb: &mut KernelBuilder, k: Option<Value>| {
+                    for &(run, shift) in &g.members {
+                        let (mut to, mut from) = (d, s);
+                        if let Some(k) = k {
+                            to = kb.addr(to, k, g.dst_step * esize);
+                            from = kb.addr(from, k, shift * esize);
+                        }
+                        let to = kb.b.ins().iadd_imm_s(to, run.dst * esize);
+                        let from = kb.b.ins().iadd_imm_s(from, run.src * esize);
+                        copy_table_run(kb, to, from, run, esize);
+                    }
+                };
+                match g.reps {
+                    1 => repetition(kb, None),
+                    reps => kb.for_const(0, reps, 1, |kb, k| repetition(kb, Some(k))),
+                }
+            }
+        });
+    });
+    Ok(Some(Generated { func, scratch: 0, parts: parts_for(2 * out.size_bytes(), outer) }))
+}
+
+/// Copies the `run` of a constant gather table from `src` (its first source element) to
+/// `dst`.
+fn copy_table_run(kb: &mut KernelBuilder, dst: Value, src: Value, run: Run, esize: i64) {
+    match run.step {
+        1 => copy_run(kb, dst, src, run.len * esize),
+        0 => fill_run(kb, dst, src, esize, run.len),
+        step => {
+            let ty = move_type(esize);
+            kb.for_const(0, run.len, 1, |kb, i| {
+                let from = kb.addr(src, i, step * esize);
+                let to = kb.addr(dst, i, esize);
+                let v = kb.b.ins().load(ty, mem(), from, 0);
+                kb.b.ins().store(mem(), v, to, 0);
+            });
+        }
+    }
+}
+
 /// iota: the positions `0..n` of the operand's axis, whose elements it never reads. Over
 /// symbolic rows (the axis a symbol sizes) it writes the call's count of them.
 fn iota(
@@ -991,7 +1163,7 @@ pub(crate) mod testing {
 #[cfg(test)]
 mod tests {
     use super::super::STATUS_INDEX_OUT_OF_RANGE;
-    use super::testing::{check, ints, node, random, run_kernel};
+    use super::testing::{check, ints, node, out_type, random, run_kernel};
     use super::*;
     use meshc_ir::interp::eval_node;
     use meshc_ir::{Attr, Data, Tensor};
@@ -1280,6 +1452,74 @@ mod tests {
                     assert_eq!(status, STATUS_INDEX_OUT_OF_RANGE, "{idx:?}");
                 }
             }
+        }
+    }
+
+    thread_local! {
+        static TABLE: std::cell::RefCell<Vec<i64>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    /// `gather_table` on the indices in `TABLE`, which must take its copies.
+    fn tabled(target: &Target, name: &str, n: &Node, inputs: &[TensorType], out: &TensorType) -> Result<Generated> {
+        let table = TABLE.with(|t| t.borrow().clone());
+        Ok(gather_table(target, name, n, inputs, out, &table)?.expect("a table with a pattern"))
+    }
+
+    /// An im2col table over a `h × w` map (`n_in` = h·w is the pad element's index): `k × k`
+    /// taps, stride, dilation and pad as a conv's.
+    fn im2col(h: i64, w: i64, k: i64, stride: i64, dilation: i64, pad: i64) -> Vec<i64> {
+        let out = |x: i64| (x + 2 * pad - dilation * (k - 1) - 1) / stride + 1;
+        let (oh, ow) = (out(h), out(w));
+        let mut t = Vec::new();
+        for (ki, kj) in (0..k).flat_map(|i| (0..k).map(move |j| (i, j))) {
+            for (y, x) in (0..oh).flat_map(|y| (0..ow).map(move |x| (y, x))) {
+                let (r, c) = (y * stride + ki * dilation - pad, x * stride + kj * dilation - pad);
+                t.push(if (0..h).contains(&r) && (0..w).contains(&c) { r * w + c } else { h * w });
+            }
+        }
+        t
+    }
+
+    #[test]
+    fn gather_of_a_constant_table() {
+        // (data shape: rows × the gathered axis, indices): im2col's, a reflect pad's
+        // (negative steps), an edge pad's (fills), negative indices, a lone element.
+        let reflect: Vec<i64> = [3, 2, 1].into_iter().chain(0..10).chain([8, 7]).collect();
+        let edge: Vec<i64> = [0, 0, 0].into_iter().chain(0..10).chain([9; 5]).collect();
+        let cases: Vec<(Vec<usize>, Vec<i64>)> = vec![
+            (vec![2, 3, 7 * 9 + 1], im2col(7, 9, 3, 1, 1, 1)),
+            (vec![1, 4, 10 * 10 + 1], im2col(10, 10, 3, 2, 1, 1)),
+            (vec![3, 6 * 11 + 1], im2col(6, 11, 3, 1, 2, 2)),
+            (vec![5, 17], im2col(1, 16, 5, 3, 1, 2)),
+            (vec![4, 10], reflect),
+            (vec![3, 10], edge),
+            (vec![2, 9], (-9..9).collect()),
+            (vec![3, 4], vec![2]),
+        ];
+        for (shape, idx) in cases {
+            let axis = shape.len() as i64 - 1;
+            TABLE.with(|t| t.replace(idx.clone()));
+            for id in [DType::I32, DType::I64] {
+                each_dtype(idx.len() as u64, &shape, |x| {
+                    check(
+                        tabled,
+                        &node(Op::Gather, 2, &[("axis", Attr::Int(axis))]),
+                        &[x, index(id, &[idx.len()], &idx)],
+                    )
+                });
+            }
+        }
+        // Without a pattern, out of range, or of rows wider than one element: the kernel that
+        // reads its indices.
+        let target = Target::by_name("native").unwrap();
+        let scattered: Vec<i64> = (0..4096).map(|j| (j * j * 7 + 3) % 4099).collect();
+        for (shape, axis, idx) in
+            [(&[2, 4099][..], 1, &scattered[..]), (&[2, 5], 1, &[0, 5, 1]), (&[5, 2], 0, &[0, 1, 2])]
+        {
+            let args = [random(DType::F32, shape, 0.0, 1.0, 9), index(DType::I64, &[idx.len()], idx)];
+            let n = node(Op::Gather, 2, &[("axis", Attr::Int(axis))]);
+            let tys: Vec<_> = args.iter().map(Tensor::ty).collect();
+            assert!(gather_table(&target, "k", &n, &tys, &out_type(&n, &args), idx).unwrap().is_none());
         }
     }
 
