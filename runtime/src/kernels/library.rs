@@ -28,8 +28,8 @@
 //!
 //! Products of at most `small_m::MAX_M` rows take `small_m` instead (with AVX2 or AVX-512): the
 //! gemm crate's threads split blocks of rows, and a short product is a single block, so it
-//! ran on one core however many it was given. Longer ones are split by rows (a batch of
-//! many matrices by matrices) over
+//! ran on one core however many it was given. Longer ones are split by rows, or by columns
+//! when they have more (a convolution's; a batch of many matrices by matrices) over
 //! `crate::kernels::pool`, each part a single-threaded gemm call.
 
 use std::sync::Arc;
@@ -88,6 +88,15 @@ const SMALL_M_PARALLEL_MIN_MACS: usize = 1 << 18;
 /// than threads × this): fewer rows than the kernel's blocking waste its tiles.
 const MIN_PART_ROWS: usize = 128;
 
+/// Columns of a part of a general GEMM split by columns, at least (less `PART_COLS_ALIGN`): as
+/// `MIN_PART_ROWS`, a part wide enough for the kernel's blocks; and wider than 64, where the
+/// gemm crate takes another depth blocking for small products, which would round differently.
+const MIN_PART_COLS: usize = 256;
+
+/// Columns a part of a general GEMM split by columns starts at a multiple of: whole
+/// vectors of the result (64 bytes) in every part.
+const PART_COLS_ALIGN: usize = 16;
+
 /// `out = a @ b` (numpy `matmul`, f32, batch dims broadcast) on `threads`, then `ep`
 /// (`crate::kernels::epilogue`) on each block of the result as it is finished.
 #[allow(clippy::too_many_arguments)]
@@ -144,7 +153,7 @@ pub fn matmul_transposed(
 }
 
 /// `out = a @ b` for the plan `s` by the gemm crate on `threads` cores, `a` and `b` stored
-/// as `transposed` says, then `ep` on each part's rows; the caller checked the slices'
+/// as `transposed` says, then `ep` on each part's block; the caller checked the slices'
 /// lengths against the shapes.
 #[allow(clippy::too_many_arguments)]
 fn general(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, transposed: Transposed, threads: usize, ep: &Bound) {
@@ -156,11 +165,10 @@ fn general(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, transposed: T
     for (ao, bo, oo) in s.batch_offsets() {
         assert!(ao + m * k <= a.len() && bo + k * n <= b.len() && oo + m * n <= out.len());
     }
-    // The cores split the rows of every matrix, each part running the GEMM on its rows on
-    // the pool (`crate::kernels::pool`, whose fork/join costs no system call): a part packs `b` for
-    // itself, k·n against the (≥ MIN_PART_ROWS)·k·n multiply-adds of its rows. (The gemm
-    // crate's own threading splits blocks of rows too, but not fewer than its block, so a
-    // short product ran on one core whatever it was given.)
+    // The cores split every matrix (by rows or by columns, below), each part running the
+    // GEMM on its block on the pool (`crate::kernels::pool`, whose fork/join costs no system
+    // call). (The gemm crate's own threading splits blocks of rows, but not fewer than its
+    // block, so a short product ran on one core whatever it was given.)
     //
     // A batch of at least as many matrices as parts is split by matrices instead, each
     // computed whole by one call: split by rows, attention's 32·12 products of 128 rows
@@ -182,19 +190,46 @@ fn general(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, transposed: T
         });
         return;
     }
-    let parts = if threads > 1 { wanted.min(m / MIN_PART_ROWS).max(threads) } else { 1 };
-    let parts = parts.min(m.max(1));
+    // Split by rows, a part packs all of `b` for itself (k·n against the
+    // (≥ MIN_PART_ROWS)·k·n multiply-adds of its rows) and every part streams it from
+    // memory; split by columns, a part packs only its columns of `b`, and it is the smaller
+    // `a` that every part reads whole. So a product of fewer rows than columns (a
+    // convolution: out channels × the positions of its image) splits by columns, each part
+    // keeping every row so the kernel's tiles stay full. Part boundaries fall on multiples of `PART_COLS_ALIGN`;
+    // either way an element's contraction runs over all of `k` in one call, in the same
+    // order, so the thread count does not change a bit.
+    let by_columns = threads > 1 && m < n && n >= threads * MIN_PART_COLS;
+    let parts = match (threads > 1, by_columns) {
+        (false, _) => 1,
+        (true, false) => wanted.min(m / MIN_PART_ROWS).max(threads).min(m.max(1)),
+        (true, true) => wanted.min(n / MIN_PART_COLS),
+    };
+    let col = |p: usize| if p == parts { n } else { n * p / parts / PART_COLS_ALIGN * PART_COLS_ALIGN };
     crate::kernels::pool::split(parts, &|p| {
-        let (r0, r1) = (m * p / parts, m * (p + 1) / parts);
+        let ((r0, r1), (c0, c1)) =
+            if by_columns { ((0, m), (col(p), col(p + 1))) } else { ((m * p / parts, m * (p + 1) / parts), (0, n)) };
+        if r0 == r1 || c0 == c1 {
+            return;
+        }
         for (ao, bo, oo) in s.batch_offsets() {
-            // SAFETY: rows r0..r1 of whole matrices inside the slices (asserted above), `c`
-            // aliases neither operand, and the parts write disjoint rows.
+            // SAFETY: rows r0..r1 × columns c0..c1 of whole matrices inside the slices
+            // (asserted above), `c` aliases neither operand, and the parts write disjoint
+            // blocks.
             unsafe {
                 let (a_off, a_rs, a_cs) = a_at(r0);
-                let (a, b, c) =
-                    ((a as *const f32).add(ao + a_off), (b as *const f32).add(bo), (c as *mut f32).add(oo + r0 * n));
-                gemm_strided((r1 - r0, n, k), (c, n), (a, a_rs, a_cs), (b, b_rs, b_cs), false, gemm::Parallelism::None);
-                ep.apply(c, n, (oo / n.max(1) + r0, r1 - r0), 0..n);
+                let a = (a as *const f32).add(ao + a_off);
+                let b = (b as *const f32).add(bo + c0 * b_cs);
+                let row = (c as *mut f32).add(oo + r0 * n);
+                let (rows, cols) = (r1 - r0, c1 - c0);
+                gemm_strided(
+                    (rows, cols, k),
+                    (row.add(c0), n),
+                    (a, a_rs, a_cs),
+                    (b, b_rs, b_cs),
+                    false,
+                    gemm::Parallelism::None,
+                );
+                ep.apply(row, n, (oo / n.max(1) + r0, rows), c0..c1);
             }
         }
     });
@@ -671,23 +706,41 @@ mod tests {
     }
 
     /// The thread count does not change a bit of the result (README: `--threads`): every
-    /// row of a split general GEMM, and every strip of a small-M one, is computed as alone.
+    /// row or column block of a split general GEMM, and every strip of a small-M one, is
+    /// computed as alone. Convolution shapes (few rows, many columns, deep: the general
+    /// path split by columns, its depth blocked) through `matmul` and through the general
+    /// path itself, which `matmul` keeps from the short ones; each against the oracle.
     #[test]
     fn threads_do_not_change_the_bits() {
-        let shapes: [(&[usize], &[usize]); 3] =
-            [(&[700, 300], &[300, 70]), (&[2, 13, 384], &[384, 100]), (&[3, 4, 70, 8], &[3, 4, 8, 90])];
+        let shapes: [(&[usize], &[usize]); 7] = [
+            (&[700, 300], &[300, 70]),
+            (&[2, 13, 384], &[384, 100]),
+            (&[3, 4, 70, 8], &[3, 4, 8, 90]),
+            (&[32, 288], &[288, 6400]),
+            (&[16, 144], &[144, 25600]),
+            (&[96, 576], &[576, 1600]),
+            (&[1, 600], &[600, 1000]),
+        ];
         for (a_shape, b_shape) in shapes {
             let (a, b, want) = oracle(a_shape, b_shape, 5);
             let (x, y) = (a.as_f32().unwrap(), b.as_f32().unwrap());
-            let run = |threads| {
+            let s = MatmulShape::new(a_shape, b_shape, &want.shape).unwrap();
+            let run = |threads, general_path: bool| {
                 let mut out = vec![f32::NAN; want.numel()];
-                let s = MatmulShape::new(a_shape, b_shape, &want.shape).unwrap();
-                matmul(x, y, &mut out, &s, Threads::Exactly(threads), &Bound::none()).unwrap();
+                if general_path {
+                    general(x, y, &mut out, &s, Transposed::default(), threads, &Bound::none());
+                } else {
+                    matmul(x, y, &mut out, &s, Threads::Exactly(threads), &Bound::none()).unwrap();
+                }
+                assert_close(&out, want.as_f32().unwrap(), &format!("{a_shape:?} @ {b_shape:?}, {threads} threads"));
                 out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
             };
-            let one = run(1);
-            for threads in [2, 3] {
-                assert!(run(threads) == one, "{a_shape:?} @ {b_shape:?}: {threads} threads differ from 1");
+            for general_path in [false, true] {
+                let one = run(1, general_path);
+                for threads in [2, 3] {
+                    let what = format!("{a_shape:?} @ {b_shape:?} (general path: {general_path})");
+                    assert!(run(threads, general_path) == one, "{what}: {threads} threads differ from 1");
+                }
             }
         }
     }
