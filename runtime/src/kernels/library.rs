@@ -195,10 +195,16 @@ fn general(a: &[f32], b: &[f32], out: &mut [f32], s: &MatmulShape, transposed: T
     // memory; split by columns, a part packs only its columns of `b`, and it is the smaller
     // `a` that every part reads whole. So a product of fewer rows than columns (a
     // convolution: out channels × the positions of its image) splits by columns, each part
-    // keeping every row so the kernel's tiles stay full. Part boundaries fall on multiples of `PART_COLS_ALIGN`;
-    // either way an element's contraction runs over all of `k` in one call, in the same
-    // order, so the thread count does not change a bit.
-    let by_columns = threads > 1 && m < n && n >= threads * MIN_PART_COLS;
+    // keeping every row so the kernel's tiles stay full. Part boundaries fall on multiples
+    // of `PART_COLS_ALIGN`, which keeps the gemm crate's vector tail of a one-row product
+    // on the same columns. An element's contraction runs over all of `k` in one call, and
+    // the crate blocks `k` by `k` alone once both sides of a part exceed 64 (its small-size
+    // path blocks it otherwise), which parts of at least two rows and `MIN_PART_COLS`
+    // columns do. A one-row part narrow enough (with `b` transposed, the crate's product of
+    // at most 256 elements) takes another path than the whole row does, so one row splits
+    // by rows, that is not at all. A row split can still give parts of at most 64 rows of a
+    // product of at most 64 columns, whose bits then differ from one thread's.
+    let by_columns = threads > 1 && m >= 2 && m < n && n >= threads * MIN_PART_COLS;
     let parts = match (threads > 1, by_columns) {
         (false, _) => 1,
         (true, false) => wanted.min(m / MIN_PART_ROWS).max(threads).min(m.max(1)),
@@ -710,6 +716,29 @@ mod tests {
     /// computed as alone. Convolution shapes (few rows, many columns, deep: the general
     /// path split by columns, its depth blocked) through `matmul` and through the general
     /// path itself, which `matmul` keeps from the short ones; each against the oracle.
+    /// One row against a transposed `b` of a few strips more than threads × 256 columns: a
+    /// column split would give parts the gemm crate computes another way than the row.
+    #[test]
+    fn one_row_of_a_transposed_product_keeps_its_bits_on_any_threads() {
+        let (k, n) = (4096, 1040);
+        let (a, b, want) = oracle(&[1, k], &[k, n], 3);
+        let y = b.as_f32().unwrap();
+        let yt: Vec<f32> = (0..n * k).map(|i| y[(i % k) * n + i / k]).collect();
+        let s = MatmulShape::unfolded(&[1, k], &[k, n], &want.shape).unwrap();
+        let run = |threads| {
+            let mut out = vec![f32::NAN; n];
+            let t = Transposed { a: false, b: true };
+            matmul_transposed(a.as_f32().unwrap(), &yt, &mut out, &s, t, Threads::Exactly(threads), &Bound::none())
+                .unwrap();
+            assert_close(&out, want.as_f32().unwrap(), &format!("{threads} threads"));
+            out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+        };
+        let one = run(1);
+        for threads in 2..=4 {
+            assert!(run(threads) == one, "{threads} threads differ from 1");
+        }
+    }
+
     #[test]
     fn threads_do_not_change_the_bits() {
         let shapes: [(&[usize], &[usize]); 7] = [
