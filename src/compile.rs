@@ -1128,8 +1128,9 @@ impl pipeline::Ir for Back<'_> {
                     }
                 }
             }
-            // Over symbolic dims a reduction along one is the runner's, planned per call.
-            Level::Device(DevicePass::ReduceSplit) if !self.b.symbols.is_empty() => {}
+            // Over symbolic dims the pass is not run: a reduction along one is the runner's,
+            // planned per call, and what a partial would scale with is not worked out.
+            Level::Device(DevicePass::ReduceSplit) if !self.opts.symbols.is_empty() => {}
             Level::Device(DevicePass::ReduceSplit) => {
                 for ((_, dev, info), f) in self.devices.iter_mut().zip(&self.folded) {
                     if let Some(g) = passes::reduce_split::split(dev, verified(info), f) {

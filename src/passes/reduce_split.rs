@@ -7,12 +7,15 @@
 //! itself on those (its axes and `keepdims` as they were: the axes the first reduced are
 //! of size 1 now).
 //!
-//! `reduce_max` gives the same bits in any grouping. `reduce_sum` and `reduce_mean` are
-//! regrouped (every partial covers the same count of elements, so a mean of means is the
-//! mean), which changes f32 rounding as a different blocking of the loop would. Only f32
-//! reductions of static shapes are split: one along a symbolic dim is the runner's
-//! (`compile`), and integer ones are scalar loops. A reduction of one axis stays as it is
-//! (splitting it would need a reshape that the axis' length may not allow).
+//! `reduce_max` gives the same value in any grouping (of a +0 and a −0, either).
+//! `reduce_sum` and `reduce_mean` are regrouped (every partial covers the same count of
+//! elements, so a mean of means is the mean), which changes f32 rounding as a different
+//! blocking of the loop would. Only f32 reductions are split, and only in programs without
+//! symbolic dims (`compile` does not run the pass there: a reduction along a symbolic dim
+//! is the runner's); integer ones are scalar loops. A reduction of one axis of more than
+//! one element stays as it is (splitting it would need a reshape that the axis' length may
+//! not allow), and so does one whose partials would each cover fewer than `MIN_RUN`
+//! elements (the second reduction would then read nearly as much as the first).
 //!
 //! The first keeps the node's inputs and is named `NAME.partial`; the second keeps the
 //! node's name, so its readers are unchanged, and a prologue fused into the reduction
@@ -30,6 +33,9 @@ const MIN_ELEMENTS: usize = 1 << 18;
 /// Results below which a reduction counts as few, and the partial results the first
 /// reduction leaves at least.
 const MIN_PARTIALS: usize = 64;
+
+/// Elements each partial result covers at least.
+const MIN_RUN: usize = 256;
 
 /// The graph `g` (verified as `info`, its constants `folded`) with every f32 reduction to
 /// few results over many elements split in two; `None` when there is none.
@@ -71,10 +77,11 @@ fn stages(x: &meshc_ir::TensorType, r: &attrs::Reduce) -> Option<Vec<i64>> {
     let rank = x.shape.len();
     let mut axes: Vec<usize> = match &r.axes {
         None => (0..rank).collect(),
-        Some(a) => a.iter().map(|&d| meshc_ir::infer::norm_axis(d, rank)).collect::<Result<_, _>>().ok()?,
+        Some(a) => meshc_ir::infer::norm_axes(a, rank).ok()?,
     };
+    // An axis of one element reduces nothing: it is left to the node.
+    axes.retain(|&d| x.shape[d] != 1);
     axes.sort_unstable();
-    axes.dedup();
     let reduced: usize = axes.iter().map(|&d| x.shape[d]).product();
     let results = x.shape.iter().product::<usize>().checked_div(reduced)?;
     if axes.len() < 2 || results >= MIN_PARTIALS || reduced < MIN_ELEMENTS {
@@ -90,6 +97,9 @@ fn stages(x: &meshc_ir::TensorType, r: &attrs::Reduce) -> Option<Vec<i64>> {
     while cut > 1 && results * (left / x.shape[axes[cut - 1]]) >= MIN_PARTIALS {
         cut -= 1;
         left /= x.shape[axes[cut]];
+    }
+    if reduced / (results * left) < MIN_RUN {
+        return None;
     }
     Some(axes[cut..].iter().map(|&d| d as i64).collect())
 }
@@ -115,6 +125,11 @@ mod tests {
         assert_eq!(axes(&[512, 1024], Some(vec![1])), None);
         assert_eq!(axes(&[1 << 20], None), None);
         assert_eq!(axes(&[2, 1 << 20], None), None);
+        // Short innermost runs, or only axes of one element besides one: as it is.
+        assert_eq!(axes(&[131072, 2], None), None);
+        assert_eq!(axes(&[262144, 1], None), None);
+        assert_eq!(axes(&[262144, 1, 1], None), None);
+        assert_eq!(axes(&[8, 1, 128, 384], None), Some(vec![3]));
         let i32s = TensorType::new(DType::I32, vec![1024, 1536]);
         assert_eq!(stages(&i32s, &attrs::Reduce { axes: None, keepdims: false }), None);
     }
