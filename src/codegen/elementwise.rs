@@ -368,7 +368,6 @@ fn broadcasts_to(shape: &[usize], to: &[usize]) -> bool {
     shape.len() <= to.len() && shape.iter().rev().zip(to.iter().rev()).all(|(&s, &t)| s == 1 || s == t)
 }
 
-/// Element strides of a dense `shape` read at the indices of `to` (which it broadcasts to).
 /// The shape an operand of `shape` that repeats over the rows of a result of shape `to`
 /// is walked at: the result's leading dims that make the kernel's rows (`rows::scaling`),
 /// then its own inner dims.
@@ -385,6 +384,7 @@ fn as_rows_of(shape: &[usize], to: &[usize]) -> Vec<usize> {
         .collect()
 }
 
+/// Element strides of a dense `shape` read at the indices of `to` (which it broadcasts to).
 fn broadcast_strides(shape: &[usize], to: &[usize]) -> Vec<usize> {
     let lead = to.len() - shape.len();
     let mut strides = vec![0; to.len()];

@@ -1,4 +1,4 @@
-//! The kernels' names for profilers: with `MESHC_PERF_MAP` set, loading an artifact appends
+//! The kernels' names for profilers: with `MESHC_PERF_MAP=1`, loading an artifact appends
 //! each kernel's address range and name to `/tmp/perf-PID.map`, the file `perf report`
 //! (and other profilers that follow its convention) reads to name code that no ELF file
 //! describes. Without it, every generated kernel shows as one anonymous `[JIT]` blob.
@@ -19,7 +19,9 @@ pub(super) fn write(programs: &[Program], code: *const u8) {
     for p in programs {
         for k in &p.kernels {
             let start = code as usize + k.offset;
-            lines.push_str(&format!("{start:x} {:x} meshc:{}:{}\n", k.len, p.device, k.name));
+            // A name is the artifact's: one line of printable characters whatever it holds.
+            let name: String = k.name.chars().map(|c| if c.is_ascii_graphic() { c } else { '_' }).collect();
+            lines.push_str(&format!("{start:x} {:x} meshc:{}:{name}\n", k.len, p.device));
         }
     }
     let appended = std::fs::OpenOptions::new().create(true).append(true).open(&path);

@@ -194,7 +194,7 @@ impl Loaded {
         }
         check_collectives(&meta.mesh, &programs, &absent)?;
         check_transfers(&meta.mesh, &programs)?;
-        if let (Code::Mapped(m), Some(_)) = (&code, std::env::var_os(super::perf_map::VAR)) {
+        if let (Code::Mapped(m), Some("1")) = (&code, std::env::var(super::perf_map::VAR).ok().as_deref()) {
             super::perf_map::write(&programs, m.as_ptr());
         }
         let masks = programs.iter().map(|p| masks_of(p, bytes)).collect::<Result<_>>()?;

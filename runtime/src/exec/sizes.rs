@@ -75,7 +75,7 @@ pub const MAX_SYMBOLS: usize = 8;
 pub(super) struct Replans(Mutex<Kept>);
 
 /// The plans of one set of the symbols' values, by (device, step), and when they were last
-/// used (a count of calls).
+/// used (a count of look-ups).
 #[derive(Default)]
 struct AtValues {
     used: u64,
@@ -85,7 +85,7 @@ struct AtValues {
 /// How many sets of the symbols' values `Replans` keeps the plans of.
 pub(super) const KEPT_SIZES: usize = 64;
 
-/// The plans kept, by the symbols' values, and the calls so far.
+/// The plans kept, by the symbols' values, and the look-ups so far.
 #[derive(Default)]
 struct Kept {
     calls: u64,

@@ -134,33 +134,30 @@ pub fn unpack<T: Copy>(panels: &[T], count: usize, k: usize, n: usize, out: &mut
 /// A step's weight in panels copied out row-major, kept with the address it was copied
 /// from. A weight in panels lies in the artifact's weights, which no step writes
 /// (`exec::validate`), so one copy serves every call and every shape the step is planned
-/// for; another address (another weight) is copied again. Calls share a kept copy; one
-/// making a copy excludes the others until it is made.
+/// for; another address (another weight) is copied again. (A run holds its `Loaded`'s
+/// state for its whole length, so calls of one step never overlap: the lock is never
+/// waited on.)
 #[derive(Default)]
-pub struct Unpacked<T>(parking_lot::RwLock<(usize, Vec<T>)>);
+pub struct Unpacked<T>(parking_lot::Mutex<(usize, Vec<T>)>);
 
 impl<T: Copy + Default> Unpacked<T> {
     /// `f` on the `count` `k`×`n` matrices of `panels` row-major.
     pub fn with<R>(&self, panels: &[T], (count, k, n): (usize, usize, usize), f: impl FnOnce(&[T]) -> R) -> R {
-        use parking_lot::{RwLockUpgradableReadGuard as Upgradable, RwLockWriteGuard as Write};
         let from = panels.as_ptr() as usize;
-        let kept = self.0.upgradable_read();
-        let kept = match kept.0 == from {
-            true => Upgradable::downgrade(kept),
-            false => {
-                let mut kept = Upgradable::upgrade(kept);
-                kept.1.resize(count * k * n, T::default());
-                unpack(panels, count, k, n, &mut kept.1);
-                kept.0 = from;
-                Write::downgrade(kept)
-            }
-        };
+        let mut kept = self.0.lock();
+        if kept.0 != from {
+            // Forgotten first, so that a copy cut short is never taken for whole.
+            kept.0 = 0;
+            kept.1.resize(count * k * n, T::default());
+            unpack(panels, count, k, n, &mut kept.1);
+            kept.0 = from;
+        }
         f(&kept.1)
     }
 
     /// The bytes the copy holds.
     pub fn bytes(&self) -> usize {
-        self.0.read().1.capacity() * std::mem::size_of::<T>()
+        self.0.lock().1.capacity() * std::mem::size_of::<T>()
     }
 }
 
