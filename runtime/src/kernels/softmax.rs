@@ -29,16 +29,19 @@ impl LibraryCall for SoftmaxAlong {
         f32_buffer(buffers, 1, shape)?;
         let outer = shape[..*axis].iter().product();
         let inner = shape[axis + 1..].iter().product();
-        Ok(Box::new(SoftmaxPlan { outer, n: shape[*axis], inner }))
+        let n = shape[*axis];
+        Ok(Box::new(SoftmaxPlan { outer, n, inner, exps: parking_lot::Mutex::new(vec![0.0; n]) }))
     }
 }
 
 /// A softmax as planned: the runs along the axis are `n` elements `inner` apart, `inner`
-/// of them after each other in each of `outer` blocks.
+/// of them after each other in each of `outer` blocks; `exps` holds a run's exponentials
+/// (made with the plan, so that a call allocates nothing).
 struct SoftmaxPlan {
     outer: usize,
     n: usize,
     inner: usize,
+    exps: parking_lot::Mutex<Vec<f64>>,
 }
 
 impl Planned for SoftmaxPlan {
@@ -48,7 +51,7 @@ impl Planned for SoftmaxPlan {
         // SAFETY: `plan` checked both buffers hold the whole shape, and the result aliases
         // no operand.
         let (ys, xs) = unsafe { (std::slice::from_raw_parts_mut(dst, total), std::slice::from_raw_parts(src, total)) };
-        let mut e = vec![0f64; self.n];
+        let mut e = self.exps.lock();
         for o in 0..self.outer {
             for i in 0..self.inner {
                 let at = |k: usize| (o * self.n + k) * self.inner + i;
