@@ -8,7 +8,7 @@ use std::path::Path;
 use meshc_ir::{Data, Tensor};
 use meshc_runtime::api::{Model, Session, TensorView, TensorViewMut};
 
-use crate::common::{assert_close, meshc, scratch};
+use crate::common::{assert_close, meshc, scratch, Scratch};
 
 fn values(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
@@ -388,6 +388,18 @@ fn every_onnx_test_model_compiles_once_over_its_dims_or_says_why() {
     assert!(ran >= 18, "only {ran} models ran at three sizes:\n{}", report.join("\n"));
 }
 
+/// testdata/onnx/NAME/model.onnx compiled once over `batch=1..B, seq=1..S` in a scratch
+/// directory: the directory, the model's path and the artifact's.
+fn compiled_once(name: &str, (b, s): (usize, usize)) -> (Scratch, String, String) {
+    let dir = scratch(&format!("dynamic-{name}"));
+    let model = format!("testdata/onnx/{name}/model.onnx");
+    let art = dir.join(format!("{name}.mshc")).display().to_string();
+    let (batch, seq) = (format!("batch=1..{b}"), format!("seq=1..{s}"));
+    let r = meshc(&["compile", &model, "--dim", &batch, "--dim", &seq, "-o", &art]);
+    assert_eq!(r.status, Some(0), "{name}: {}", r.stderr);
+    (dir, model, art)
+}
+
 /// GPT-2's block (testdata/onnx/gpt2_block) compiled once over `batch=1..4, seq=1..16`: its
 /// causal mask `[seq, seq]`, an operand of a where over `[batch, heads, seq, seq]` scores,
 /// repeats within their rows, each of its rows held for `seq` elements, and its softmax
@@ -395,11 +407,7 @@ fn every_onnx_test_model_compiles_once_over_its_dims_or_says_why() {
 /// --sizes gpt2_block ...` wrote them beside the model).
 #[test]
 fn gpt2_block_compiled_once_gives_onnxruntime_s_output_at_every_size() {
-    let dir = scratch("dynamic-gpt2");
-    let model = "testdata/onnx/gpt2_block/model.onnx";
-    let art = dir.join("gpt2.mshc").display().to_string();
-    let r = meshc(&["compile", model, "--dim", "batch=1..4", "--dim", "seq=1..16", "-o", &art]);
-    assert_eq!(r.status, Some(0), "{}", r.stderr);
+    let (dir, _, art) = compiled_once("gpt2_block", (4, 16));
     for size in ["1x1", "2x6", "3x5", "4x16", "1x16", "2x9"] {
         let at = Path::new("testdata/onnx/gpt2_block/sizes").join(size);
         let input = format!("hidden_states={}", at.join("inputs/hidden_states.npy").display());
@@ -610,11 +618,7 @@ fn empty_steps_over_a_symbolic_batch_are_refused_as_any_step() {
 /// other sizes, the smallest and the largest among them, the interpreter's.
 #[test]
 fn constants_of_shapes_read_from_tensors_compile_once_for_every_size() {
-    let dir = scratch("dynamic-filled");
-    let model = "testdata/onnx/filled/model.onnx";
-    let art = dir.join("filled.mshc").display().to_string();
-    let r = meshc(&["compile", model, "--dim", "batch=1..6", "--dim", "seq=1..10", "-o", &art]);
-    assert_eq!(r.status, Some(0), "{}", r.stderr);
+    let (dir, model, art) = compiled_once("filled", (6, 10));
     let run = |x: &str, out: &Path| {
         let r = meshc(&["run", &art, "--input", &format!("x={x}"), "--output-dir", &out.display().to_string()]);
         assert_eq!(r.status, Some(0), "{}", r.stderr);
@@ -636,7 +640,7 @@ fn constants_of_shapes_read_from_tensors_compile_once_for_every_size() {
         let w = want.display().to_string();
         let r = meshc(&[
             "interp",
-            model,
+            &model,
             "--dim",
             &dims[0],
             "--dim",
@@ -663,11 +667,7 @@ fn constants_of_shapes_read_from_tensors_compile_once_for_every_size() {
 /// artifact compiled for exactly that size.
 #[test]
 fn lengths_read_from_shapes_compile_once_for_every_size() {
-    let dir = scratch("dynamic-positions");
-    let model = "testdata/onnx/positions/model.onnx";
-    let art = dir.join("positions.mshc").display().to_string();
-    let r = meshc(&["compile", model, "--dim", "batch=1..6", "--dim", "seq=1..14", "-o", &art]);
-    assert_eq!(r.status, Some(0), "{}", r.stderr);
+    let (dir, model, art) = compiled_once("positions", (6, 14));
     let run = |art: &str, ids: &str, out: &Path| {
         let r =
             meshc(&["run", art, "--input", &format!("input_ids={ids}"), "--output-dir", &out.display().to_string()]);
@@ -686,7 +686,7 @@ fn lengths_read_from_shapes_compile_once_for_every_size() {
         Tensor { shape: vec![b, s], data: Data::I64(ids) }.write_npy(&f).unwrap();
         let one = dir.join(format!("static-{b}x{s}.mshc")).display().to_string();
         let dims = [format!("batch={b}"), format!("seq={s}")];
-        let r = meshc(&["compile", model, "--dim", &dims[0], "--dim", &dims[1], "-o", &one]);
+        let r = meshc(&["compile", &model, "--dim", &dims[0], "--dim", &dims[1], "-o", &one]);
         assert_eq!(r.status, Some(0), "{}", r.stderr);
         let (d, st) = (dir.join(format!("dynamic-{b}x{s}")), dir.join(format!("static-{b}x{s}")));
         run(&art, &f.display().to_string(), &d);
