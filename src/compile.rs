@@ -35,7 +35,7 @@ use meshc_runtime::format::program::{
     Meta, Program, Protocol, Reduce, Reduction, SoftmaxAlong, Step, Storage, Transfer, Transpose, Transposed, Why,
     ALIGN,
 };
-use meshc_runtime::format::symbolic::{Scaling, Symbolic};
+use meshc_runtime::format::symbolic::{RepeatSlots, Scaling, Symbolic};
 use meshc_runtime::kernels::igemm;
 use meshc_runtime::kernels::library;
 use meshc_runtime::kernels::matmul_shape::MatmulShape;
@@ -776,15 +776,7 @@ impl Builder {
                     Some(StepScaling::Rows { rows, hi, repeats }) => {
                         let buf = 1 + step_operands.len();
                         let slot = self.size_slot(rows);
-                        // Buffer 0 is the result, which repeats nothing.
-                        let repeats = std::iter::once(None)
-                            .chain(repeats.iter().map(|r| {
-                                r.as_ref().map(|r| codegen::rows::RepeatSlots {
-                                    stride: (r.stride.as_const() != Some(1)).then(|| self.size_slot(&r.stride)),
-                                    period: self.size_slot(&r.period),
-                                })
-                            }))
-                            .collect();
+                        let repeats = self.repeat_slots(repeats);
                         Some(codegen::rows::RowsArg { buf, slot, hi: *hi, repeats })
                     }
                     _ => None,
@@ -899,7 +891,9 @@ impl Builder {
                 }
             }
             let scaling = match scaling {
-                Some(StepScaling::Rows { rows, hi, .. }) => Some(Scaling::Rows { size: self.size_slot(&rows), hi }),
+                Some(StepScaling::Rows { rows, hi, repeats }) => {
+                    Some(Scaling::Rows { size: self.size_slot(&rows), hi, repeats: self.repeat_slots(&repeats) })
+                }
                 Some(StepScaling::Shapes(shapes)) => Some(Scaling::Shapes(shapes)),
                 None => None,
             };
@@ -980,6 +974,23 @@ impl Builder {
                 sizes.len() - 1
             }
         }
+    }
+
+    /// The size-table entries of a scaled kernel's repeating operands (`StepScaling::Rows`'s
+    /// `repeats`), per kernel buffer, the result (which repeats nothing) first; empty when
+    /// none repeats.
+    fn repeat_slots(&mut self, repeats: &[Option<crate::sizes::Repeat>]) -> Vec<Option<RepeatSlots>> {
+        if repeats.iter().all(Option::is_none) {
+            return Vec::new();
+        }
+        std::iter::once(None)
+            .chain(repeats.iter().map(|r| {
+                r.as_ref().map(|r| RepeatSlots {
+                    stride: (r.stride.as_const() != Some(1)).then(|| self.size_slot(&r.stride)),
+                    period: self.size_slot(&r.period),
+                })
+            }))
+            .collect()
     }
 
     fn finish(self, mut meta: Meta, programs: Vec<Program>) -> Result<Compiled> {

@@ -11,6 +11,8 @@ use std::cell::RefCell;
 use anyhow::{bail, Result};
 use cranelift_codegen::ir::{types, InstBuilder, Value};
 
+use meshc_runtime::format::symbolic::RepeatSlots;
+
 use super::emit::{mem, KernelBuilder};
 
 /// Where a scaled kernel finds its row count.
@@ -25,13 +27,6 @@ pub struct RowsArg {
     /// Per kernel buffer, the table entries of how it repeats over the rows, for an
     /// operand broadcast along some of the result's leading dims (`sizes::Repeat`).
     pub repeats: Vec<Option<RepeatSlots>>,
-}
-
-/// The table entries of a `sizes::Repeat`: its stride (`None` when it is 1) and period.
-#[derive(Clone, Copy, Debug)]
-pub struct RepeatSlots {
-    pub stride: Option<usize>,
-    pub period: usize,
 }
 
 /// A repeating operand's stride and period this call, in rows, and the iterations of the

@@ -59,3 +59,68 @@ fn out_of_range_numbers_in_a_program_are_refused() {
         assert_eq!(r.stderr.lines().count(), 1, "{what}: {r:?}");
     }
 }
+
+/// A kernel over symbolic rows reads an operand that repeats over them at row `(r / stride)
+/// mod period`, both size-table entries: a program naming an entry past the table, or one
+/// that may exceed the rows, is refused at load, and one that is 0 at a call that runs rows
+/// stops that call, never dividing by zero.
+#[test]
+fn repeats_a_kernel_divides_by_are_checked() {
+    use meshc_ir::sym::{Expr, Symbol, Symbols};
+    use meshc_ir::Tensor;
+    use meshc_runtime::format::symbolic::Scaling;
+    let dir = scratch("bad-repeats");
+    let graph = dir.join("g.txt");
+    let src = "graph g {
+  input x: f32[3,4,6,6] dims(batch, _, seq, seq)
+  input c: f32[6,1] dims(seq, _)
+  w = add(x, c)
+  output w
+}";
+    std::fs::write(&graph, src).unwrap();
+    // Written at the upper bounds, as `meshc compile --dim` writes a graph before compiling.
+    let (g, info) = meshc_ir::load::load(&graph).unwrap();
+    let symbol = |name: &str, hi| (name.to_string(), Symbol { name: name.into(), lo: 1, hi, multiple_of: 1 });
+    let symbols: Symbols = [symbol("batch", 3), symbol("seq", 6)].into();
+    let opts = meshc::compile::Options { emit: meshc::compile::Emit::Artifact, symbols, ..Default::default() };
+    let params = std::collections::HashMap::<String, Tensor>::new();
+    let compile = || meshc::compile::compile(&g, &info, &params, &opts).unwrap();
+    let (x, c) = (dir.join("x.npy"), dir.join("c.npy"));
+    Tensor::f32(vec![1, 4, 1, 1], vec![1.0; 4]).write_npy(&x).unwrap();
+    Tensor::f32(vec![1, 1], vec![2.0]).write_npy(&c).unwrap();
+    let run = |c_: &meshc::compile::Compiled, name: &str| {
+        let art = dir.join(format!("{name}.mshc"));
+        meshc::artifact::write_artifact(c_, &art, None).unwrap();
+        let args = ["run", art.to_str().unwrap(), "--input", &format!("x={}", x.display())];
+        meshc(&[&args[..], &["--input", &format!("c={}", c.display())]].concat())
+    };
+    let r = run(&compile(), "good");
+    assert_eq!(r.status, Some(0), "{}", r.stderr);
+    // Makes the repeating operand's period the table entry `e` (in place of the one it
+    // reads, which the table has room for), or an entry past the table.
+    let period_at = |c_: &mut meshc::compile::Compiled, e: Option<Expr>| {
+        let st = c_.programs[0].steps.iter_mut().find(|s| matches!(&s.scaling, Some(Scaling::Rows { .. })));
+        let Some(Scaling::Rows { repeats, .. }) = &mut st.expect("a scaled kernel").scaling else { unreachable!() };
+        let r = repeats.iter_mut().flatten().next().expect("a repeating operand");
+        assert!(r.stride.is_some(), "the column repeats every seq rows");
+        let sizes = &mut c_.meta.symbolic.as_mut().unwrap().sizes;
+        match e {
+            Some(e) => sizes[r.period] = e,
+            None => r.period = sizes.len() + 10,
+        }
+    };
+    let seq = || Expr::sym("seq");
+    let cases: [(&str, Option<Expr>, &str); 3] = [
+        ("past-table", None, "of a table of"),
+        ("above-rows", Some(seq().mul(&Expr::constant(1000))), "may exceed"),
+        ("zero", Some(seq().sub(&Expr::constant(1))), "malformed"),
+    ];
+    for (name, e, says) in cases {
+        let mut c_ = compile();
+        period_at(&mut c_, e);
+        let r = run(&c_, name);
+        assert_eq!(r.status, Some(1), "{name}: {r:?}");
+        assert_eq!(r.stderr.lines().count(), 1, "{name}: {r:?}");
+        assert!(r.stderr.contains(says), "{name}: {}", r.stderr);
+    }
+}

@@ -135,7 +135,7 @@ pub(super) struct Lane {
 impl Scratch {
     pub(super) fn new(meta: &Meta, programs: &[Program], lanes: &[Lanes]) -> Scratch {
         Scratch {
-            sizes: super::sizes::Sizes::new(meta),
+            sizes: super::sizes::Sizes::new(meta, programs),
             resident: Vec::new(),
             returned: Vec::new(),
             devices: programs.iter().zip(lanes).map(|(p, l)| DeviceShared::new(p, l)).collect(),

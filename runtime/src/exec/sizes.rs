@@ -20,15 +20,40 @@ pub(super) struct Sizes {
     pub(super) values: Vec<i64>,
     pub(super) table: Vec<i64>,
     pub(super) outputs: Vec<Vec<usize>>,
+    divisors: Vec<Divisor>,
+}
+
+/// A size-table entry that a scaled kernel divides by (a repeating operand's stride or
+/// period, `Scaling::Rows`), with the entry of the kernel's rows: whenever it runs a row,
+/// the divisor must be at least 1. The compiler's entries always are (they are factors of
+/// the rows); a call checks, so that an artifact whose entries are not stops with a line
+/// instead of a division by zero in its code.
+struct Divisor {
+    node: String,
+    rows: usize,
+    slot: usize,
 }
 
 impl Sizes {
-    pub(super) fn new(meta: &Meta) -> Sizes {
+    /// The sizes of calls of `programs` (which `check` has accepted).
+    pub(super) fn new(meta: &Meta, programs: &[Program]) -> Sizes {
         let (symbols, table) = meta.symbolic.as_ref().map_or((0, 0), |s| (s.symbols.len(), s.sizes.len()));
+        let mut divisors: Vec<Divisor> = Vec::new();
+        for st in programs.iter().flat_map(|p| &p.steps) {
+            let Some(Scaling::Rows { size, repeats, .. }) = &st.scaling else { continue };
+            for r in repeats.iter().flatten() {
+                for slot in r.stride.into_iter().chain([r.period]) {
+                    if !divisors.iter().any(|d| (d.rows, d.slot) == (*size, slot)) {
+                        divisors.push(Divisor { node: st.node.clone(), rows: *size, slot });
+                    }
+                }
+            }
+        }
         Sizes {
             values: vec![0; symbols],
             table: vec![0; table],
             outputs: meta.outputs.iter().map(|o| o.shape.clone()).collect(),
+            divisors,
         }
     }
 
@@ -48,6 +73,14 @@ impl Sizes {
         };
         let name = |i: usize| meta.inputs[i].name.as_str();
         sym.bind(&name, &shape, &mut self.values, &mut self.table).map_err(anyhow::Error::msg)?;
+        if let Some(d) = self.divisors.iter().find(|d| self.table[d.rows] > 0 && self.table[d.slot] < 1) {
+            bail!(
+                "node '{}': these sizes make its operand repeat every {} of its rows (size {} of the table): the artifact is malformed",
+                d.node,
+                self.table[d.slot],
+                sym.sizes[d.slot]
+            );
+        }
         for (o, s) in self.outputs.iter_mut().enumerate() {
             sym.output_shape(o, &self.values, s);
         }
@@ -145,7 +178,8 @@ impl Replans {
 /// and collectives take static sizes for now), symbols with valid bounds, dims for every
 /// input and output that are the metadata's shapes at the upper bounds and never above
 /// them within the bounds, a size table that one `Storage::Sizes` buffer per program
-/// holds, and steps whose rows name an entry of it that never exceeds their `hi`.
+/// holds, and steps whose rows name an entry of it that never exceeds their `hi` (nor do
+/// the entries their repeating operands' rows are read by).
 pub(super) fn check(meta: &Meta, programs: &[Program]) -> Result<()> {
     let Some(sym) = &meta.symbolic else {
         if let Some(st) = programs.iter().flat_map(|p| &p.steps).find(|s| s.scaling.is_some()) {
@@ -197,13 +231,39 @@ pub(super) fn check(meta: &Meta, programs: &[Program]) -> Result<()> {
         for st in &p.steps {
             match (&st.scaling, &st.exec) {
                 (None, _) => {}
-                (Some(Scaling::Rows { size, hi }), Exec::Kernel(_)) if tables == 1 => {
-                    let Some(e) = sym.sizes.get(*size) else {
-                        bail!("node '{}': size {size} of a table of {}", st.node, sym.sizes.len())
+                (Some(Scaling::Rows { size, hi, repeats }), Exec::Kernel(_)) if tables == 1 => {
+                    let entry = |slot: usize| {
+                        sym.sizes.get(slot).ok_or_else(|| {
+                            anyhow::anyhow!("node '{}': size {slot} of a table of {}", st.node, sym.sizes.len())
+                        })
                     };
+                    let e = entry(*size)?;
                     let (lo, top) = e.range(&bounds);
                     if e.eval_with(&at_hi) != Some(*hi as i64) || lo < 0 || top > *hi as i128 || *hi == 0 {
                         bail!("node '{}': its rows {e} are not {hi} at the upper bounds, or exceed it", st.node);
+                    }
+                    // The result (buffer 0) is written row by row; only operands repeat.
+                    if repeats.len() > st.buffers.len() || repeats.first().is_some_and(Option::is_some) {
+                        bail!(
+                            "node '{}': {} repeats for {} buffers, or its result repeats",
+                            st.node,
+                            repeats.len(),
+                            st.buffers.len()
+                        );
+                    }
+                    // A repeating operand is read at a row below its period, never past
+                    // the kernel's rows at the bounds.
+                    for r in repeats.iter().flatten() {
+                        for slot in r.stride.into_iter().chain([r.period]) {
+                            let e = entry(slot)?;
+                            let (lo, top) = e.range(&bounds);
+                            if lo < 0 || top > *hi as i128 {
+                                bail!(
+                                    "node '{}': its operand repeats every {e} rows, which may exceed its {hi} rows",
+                                    st.node
+                                );
+                            }
+                        }
                     }
                 }
                 (Some(Scaling::Shapes(shapes)), Exec::Library(lib)) => {

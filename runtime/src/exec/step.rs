@@ -63,7 +63,7 @@ impl Loaded {
                 // A kernel split for its rows at the bounds splits a call's fewer rows into
                 // fewer parts, as one compiled for them would.
                 let parts = match st.scaling {
-                    Some(Scaling::Rows { size, hi }) => {
+                    Some(Scaling::Rows { size, hi, .. }) => {
                         let rows = sizes.table[size] as usize;
                         (p.kernels[*k].parts * rows).div_ceil(hi).max(1)
                     }

@@ -30,10 +30,27 @@ pub enum Scaling {
     /// A generated kernel, compiled for `hi` rows (the leading dims the symbols size, of
     /// every buffer it touches that has them, flattened into one): it runs `sizes[size]`
     /// of them, read from the size table it is passed.
-    Rows { size: usize, hi: usize },
+    Rows {
+        size: usize,
+        hi: usize,
+        /// Per kernel buffer (the result first, which repeats nothing), how an operand
+        /// broadcast along some of the result's leading dims repeats over the rows; empty
+        /// when none does. The kernel divides by these entries, so loading checks them.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        repeats: Vec<Option<RepeatSlots>>,
+    },
     /// A library call: each buffer's shape over the symbols (result, then operands), which
     /// each call evaluates and plans for.
     Shapes(Vec<Vec<Expr>>),
+}
+
+/// The size-table entries of an operand that repeats over a scaled kernel's rows: result
+/// row `r` reads the operand's row `(r / stride) mod period` (`stride` `None` when it is 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RepeatSlots {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stride: Option<usize>,
+    pub period: usize,
 }
 
 impl Symbolic {
