@@ -231,6 +231,35 @@ fn sizes_that_break_the_bounds_are_refused_with_one_line() {
     );
 }
 
+/// A gather of constant indices from a dim that a pad shortens by one has no valid instance
+/// at batch 1 (its axis is empty then): the symbolic shapes state `batch >= 2`, which a
+/// call at batch 1 fails in one line (a fuzzer finding: the bounds allowed it).
+#[test]
+fn a_gather_from_an_axis_that_may_be_empty_checks_it_is_not() {
+    let dir = scratch("sym-gather-empty");
+    let graph = dir.join("g.txt");
+    let src = "graph g {
+  input x: f32[4] dims(batch)
+  param i: i64[2] = value [0, 1]
+  p = pad(x) {pads = [-1, 0]}
+  y = gather(p, i) {axis = 0}
+  output y
+}";
+    std::fs::write(&graph, src).unwrap();
+    let graph = graph.display().to_string();
+    let r = meshc(&["check", "--dim", "batch=1..4", &graph]);
+    assert!(r.stdout.contains("run-time check: batch >= 2 (node 'y')"), "{}", r.stdout);
+    let interp = |b: usize| {
+        let arg = write(&dir, &format!("x{b}.npy"), &Tensor::f32(vec![b], values(b, 3)));
+        meshc(&["interp", "--dim", "batch=1..4", &graph, "--input", &arg])
+    };
+    let r = interp(1);
+    assert_eq!(r.status, Some(1), "{}", r.stdout);
+    assert_eq!(r.stderr.trim(), "error: input sizes batch = 1 fail the check batch >= 2 (node 'y')");
+    let r = interp(3);
+    assert_eq!(r.status, Some(0), "{}", r.stderr);
+}
+
 #[test]
 fn check_prints_symbolic_shapes_and_run_time_checks() {
     let r = meshc(&["check", "--dim", "batch=1..64", "testdata/mlp/graph.json"]);

@@ -397,6 +397,7 @@ fn node_shape(cx: &mut Cx, ops: &[Vec<Expr>], info: &Info, want: &[usize]) -> R<
         Gather => {
             let axis = norm_axis(attrs::Gather::try_of(node)?.axis, ops[0].len())?;
             let ds = &ops[0];
+            nonempty_where_indexed(cx, &ds[axis], &ops[1])?;
             Ok([&ds[..axis], &ops[1][..], &ds[axis + 1..]].concat())
         }
         Iota => Ok(vec![ops[0][norm_axis(attrs::Iota::try_of(node)?.axis, ops[0].len())?].clone()]),
@@ -410,6 +411,7 @@ fn node_shape(cx: &mut Cx, ops: &[Vec<Expr>], info: &Info, want: &[usize]) -> R<
                     cx.at_least(&s.sub(i), 0)?;
                 }
             }
+            nonempty_where_indexed(cx, &ops[0][axis], &ops[1])?;
             Ok(x())
         }
         DynamicSlice => {
@@ -483,6 +485,18 @@ fn node_shape(cx: &mut Cx, ops: &[Vec<Expr>], info: &Info, want: &[usize]) -> R<
 
 /// A window op's result: batch, channels (conv: the weight's out channels), then per spatial
 /// dim `(in + pads - span) / stride + 1`.
+/// A gather from (a scatter into) an axis of size `n` reads (writes) it at some index when
+/// its `indices` are not empty, so `n` must then be at least 1. Where the indices may be
+/// empty at some sizes no check is stated (a check that holds only when another size is
+/// not 0 is not one a call can state); a kernel refuses an index out of range then.
+fn nonempty_where_indexed(cx: &mut Cx, n: &Expr, indices: &[Expr]) -> R<()> {
+    let (lo, _) = Expr::product(indices).range(&cx.info.bounds());
+    if lo >= 1 {
+        cx.at_least(n, 1)?;
+    }
+    Ok(())
+}
+
 fn window(cx: &mut Cx, ops: &[Vec<Expr>], info: &Info) -> R<Vec<Expr>> {
     let node = cx.node;
     let xs = &ops[0];
