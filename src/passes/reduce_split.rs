@@ -60,6 +60,8 @@ pub fn split(g: &Graph, info: &Info, folded: &Folded) -> Option<Graph> {
         used.insert(partial.name.clone());
         partial.attrs.insert("axes".to_string(), Attr::ints(&first));
         partial.attrs.insert("keepdims".to_string(), Attr::Bool(true));
+        // A lowered program declares each node's type: the node's own is not the partial's.
+        (partial.shape, partial.dims) = (None, None);
         let mut whole = n.clone();
         whole.inputs = vec![partial.name.clone()];
         out.nodes.extend([partial, whole]);
@@ -98,7 +100,7 @@ fn stages(x: &meshc_ir::TensorType, r: &attrs::Reduce) -> Option<Vec<i64>> {
         cut -= 1;
         left /= x.shape[axes[cut]];
     }
-    if reduced / (results * left) < MIN_RUN {
+    if reduced / left < MIN_RUN {
         return None;
     }
     Some(axes[cut..].iter().map(|&d| d as i64).collect())
@@ -120,6 +122,8 @@ mod tests {
         assert_eq!(axes(&[2, 4, 64, 1024], None), Some(vec![3]));
         assert_eq!(axes(&[4, 3, 8, 32768], Some(vec![-1, 1, 0])), Some(vec![3]));
         assert_eq!(axes(&[64, 2, 4, 512], None), Some(vec![1, 2, 3]));
+        // Each partial covers the innermost axis whatever the results: 512 elements here.
+        assert_eq!(axes(&[4, 3, 171, 512], Some(vec![1, 2, 3])), Some(vec![3]));
         // Few elements, many results, one axis, or too few partials whatever the cut: as it is.
         assert_eq!(axes(&[8, 128, 32], None), None);
         assert_eq!(axes(&[512, 1024], Some(vec![1])), None);
