@@ -30,45 +30,70 @@ impl LibraryCall for SoftmaxAlong {
         let outer = shape[..*axis].iter().product();
         let inner = shape[axis + 1..].iter().product();
         let n = shape[*axis];
-        Ok(Box::new(SoftmaxPlan { outer, n, inner, exps: parking_lot::Mutex::new(vec![0.0; n]) }))
+        Ok(Box::new(SoftmaxPlan { outer, n, inner, spare: parking_lot::Mutex::new(Vec::new()) }))
     }
 }
 
+/// Elements from which a softmax is split over the threads: about 50 µs of f64
+/// exponentials, more than a split's hand-off costs.
+const SPLIT_ELEMENTS: usize = 4096;
+
 /// A softmax as planned: the runs along the axis are `n` elements `inner` apart, `inner`
-/// of them after each other in each of `outer` blocks; `exps` holds a run's exponentials
-/// (made with the plan, so that a call allocates nothing).
+/// of them after each other in each of `outer` blocks. A part of a call takes a buffer of a
+/// run's exponentials from `spare` and puts it back, so that calls after the first allocate
+/// nothing.
 struct SoftmaxPlan {
     outer: usize,
     n: usize,
     inner: usize,
-    exps: parking_lot::Mutex<Vec<f64>>,
+    spare: parking_lot::Mutex<Vec<Vec<f64>>>,
 }
 
 impl Planned for SoftmaxPlan {
-    unsafe fn call<'m>(&self, args: &[*mut u8], _: &dyn Fn(usize) -> Option<&'m Mask>, _: usize) -> Result<()> {
-        let (dst, src) = (args[0] as *mut f32, args[1] as *const f32);
-        let total = self.outer * self.n * self.inner;
-        // SAFETY: `plan` checked both buffers hold the whole shape, and the result aliases
-        // no operand.
-        let (ys, xs) = unsafe { (std::slice::from_raw_parts_mut(dst, total), std::slice::from_raw_parts(src, total)) };
-        let mut e = self.exps.lock();
-        for o in 0..self.outer {
-            for i in 0..self.inner {
-                let at = |k: usize| (o * self.n + k) * self.inner + i;
-                let max = (0..self.n).map(|k| f64::from(xs[at(k)])).fold(f64::NEG_INFINITY, |m, v| match v {
-                    _ if v.is_nan() || m.is_nan() => f64::NAN,
-                    _ => m.max(v),
-                });
-                for (k, e) in e.iter_mut().enumerate() {
-                    *e = (f64::from(xs[at(k)]) - max).exp();
-                }
-                let sum: f64 = e.iter().sum();
-                for (k, e) in e.iter().enumerate() {
-                    ys[at(k)] = (e / sum) as f32;
-                }
+    unsafe fn call<'m>(&self, args: &[*mut u8], _: &dyn Fn(usize) -> Option<&'m Mask>, threads: usize) -> Result<()> {
+        let runs = self.outer * self.inner;
+        let parts = match threads > 1 && runs * self.n >= SPLIT_ELEMENTS {
+            true => (crate::kernels::pool::PARTS_PER_THREAD * threads).min(runs),
+            false => 1,
+        };
+        let (dst, src) = (args[0] as usize, args[1] as usize);
+        crate::kernels::pool::split(parts, &|p| {
+            let mut e = self.spare.lock().pop().unwrap_or_default();
+            e.resize(self.n, 0.0);
+            // SAFETY: `plan` checked both buffers hold the whole shape, and the result
+            // aliases no operand; the parts write disjoint runs.
+            unsafe { self.runs(dst as *mut f32, src as *const f32, runs * p / parts..runs * (p + 1) / parts, &mut e) };
+            self.spare.lock().push(e);
+        });
+        Ok(())
+    }
+}
+
+impl SoftmaxPlan {
+    /// The runs `runs` (run `r` is block `r / inner`'s `r % inner`-th), as the interpreter:
+    /// each run's max subtracted, its exponentials (into `e`) summed in f64.
+    ///
+    /// # Safety
+    /// `dst` and `src` hold the whole shape each, apart; nothing else writes these runs.
+    unsafe fn runs(&self, dst: *mut f32, src: *const f32, runs: std::ops::Range<usize>, e: &mut [f64]) {
+        for r in runs {
+            let (o, i) = (r / self.inner, r % self.inner);
+            let at = |k: usize| (o * self.n + k) * self.inner + i;
+            // SAFETY: every index of a run lies inside the shape (the caller's contract).
+            let x = |k: usize| f64::from(unsafe { *src.add(at(k)) });
+            let max = (0..self.n).map(x).fold(f64::NEG_INFINITY, |m, v| match v {
+                _ if v.is_nan() || m.is_nan() => f64::NAN,
+                _ => m.max(v),
+            });
+            for (k, e) in e.iter_mut().enumerate() {
+                *e = (x(k) - max).exp();
+            }
+            let sum: f64 = e.iter().sum();
+            for (k, e) in e.iter().enumerate() {
+                // SAFETY: as above; this run is this call's alone.
+                unsafe { *dst.add(at(k)) = (e / sum) as f32 };
             }
         }
-        Ok(())
     }
 }
 
@@ -82,12 +107,30 @@ mod tests {
     }
 
     fn run(shape: &[usize], axis: usize, x: &[f32]) -> Vec<f32> {
+        run_on(shape, axis, x, 1)
+    }
+
+    fn run_on(shape: &[usize], axis: usize, x: &[f32], threads: usize) -> Vec<f32> {
         let s = SoftmaxAlong { shape: shape.to_vec(), axis };
         let mut out = vec![0f32; x.len()];
         let plan = s.plan(&[&buf(x.len() * 4), &buf(x.len() * 4)], &Default::default()).unwrap();
         // SAFETY: the buffers `plan` was given, apart.
-        unsafe { plan.call(&[out.as_mut_ptr() as *mut u8, x.as_ptr() as *mut u8], &|_| None, 1) }.unwrap();
+        unsafe { plan.call(&[out.as_mut_ptr() as *mut u8, x.as_ptr() as *mut u8], &|_| None, threads) }.unwrap();
         out
+    }
+
+    /// Split over threads (along every axis of a shape large enough to split), the bits of
+    /// one thread's.
+    #[test]
+    fn split_runs_give_one_thread_s_bits() {
+        let shape = [3usize, 37, 64];
+        let x: Vec<f32> = (0..3 * 37 * 64).map(|i| ((i * 7919 % 1013) as f32 - 500.0) * 0.01).collect();
+        for axis in 0..3 {
+            let one = run(&shape, axis, &x);
+            for threads in [2, 3] {
+                assert_eq!(run_on(&shape, axis, &x, threads), one, "axis {axis} on {threads} threads");
+            }
+        }
     }
 
     /// Against the softmax written out index by index, along every axis of a rank-3 shape.
