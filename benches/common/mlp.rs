@@ -28,6 +28,12 @@ pub const SPEC_2X4: &str = r#"{"format": "meshc-layout/1",
   "mesh": {"shape": [2, 4], "axes": ["data", "model"], "topology": "torus"},
   "rules": {"batch": "data", "hidden": "model"}}"#;
 
+/// The same MLP on two devices (hidden over `model`, batch whole): the 2×4 mesh's work on
+/// as many devices as this machine has cores, the baseline of its 8 threads on 2 cores.
+pub const SPEC_1X2: &str = r#"{"format": "meshc-layout/1",
+  "mesh": {"shape": [1, 2], "axes": ["data", "model"], "topology": "torus"},
+  "rules": {"batch": "data", "hidden": "model"}}"#;
+
 pub fn build(spec: Option<&str>) -> Compiled {
     build_with(spec, &Options::default())
 }
