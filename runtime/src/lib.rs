@@ -10,7 +10,7 @@
 //!   `attention`, `transpose`, `reduce`, `softmax`, `concat`, `vmath`, `pool`;
 //! - `comm` (format): `traffic`, `fabric`, `reduce`, `degraded`, `exchange`, `transport`,
 //!   `mpi`, `sync`, `error`, `memory`;
-//! - `exec` (format, kernels, comm): `runner`, `validate`, `threads`, `streams`, `shared`,
+//! - `exec` (format, kernels, comm): `runner`, `validate`, `threads`, `streams`, `shared`, `gate`,
 //!   `step`, `io`, `blocks`, `resident`, `mismatch`, `loader`, `sizes`, `perf_map`;
 //! - `api` (format, exec): the embedding API — `model`, `session`, `view`, `error`, `generate`;
 //! - `tools` (format, comm, exec, api): `cli`, `steps`, `generate`, `inspect`, `trace`, `output`.

@@ -328,3 +328,41 @@ fn stream_options_give_the_expected_outputs_and_trace_each_stream() {
     let on_comm = events.iter().filter(|e| e["tid"] == comm["tid"] && e["cat"] == "collective").count();
     assert!(on_comm > 0, "no collective on device 7's comm stream");
 }
+
+/// Eight devices on a machine of fewer cores take turns at the cores for their long GEMMs
+/// (`meshc_runtime::exec::gate`): an MLP on a 2×4 mesh whose every GEMM is long enough to
+/// wait for a core gives the one-device answer, and the same bits run after run.
+#[test]
+fn long_gemms_of_more_devices_than_cores_give_the_one_device_answer() {
+    let graph = "graph gated {
+  input x: f32[512,1024] dims(batch, embed)
+  param w1: f32[1024,1024] dims(embed, hidden) = init normal{seed = 1, std = 0.03}
+  param w2: f32[1024,1024] dims(hidden, embed) = init normal{seed = 2, std = 0.03}
+  h = matmul(x, w1)
+  a = relu(h)
+  y = matmul(a, w2)
+  output y
+}";
+    let spec = r#"{"format": "meshc-layout/1", "mesh": {"shape": [2, 4], "axes": ["data", "model"]},
+  "rules": {"batch": "data", "hidden": "model"}}"#;
+    let g = meshc_ir::text::parse(graph).unwrap();
+    let info = meshc_ir::verify::verify(&g).unwrap();
+    let params = meshc_ir::params::load_all(&g, Path::new(".")).unwrap();
+    let spec = meshc::layout::parse(spec, "gated").unwrap();
+    let build = |spec| {
+        let opts = meshc::compile::Options::default();
+        let job = meshc::driver::Job::new(&g, &info, &params, &opts).spec(spec);
+        job.build(&meshc::pipeline::Dumps::default()).unwrap().load().unwrap()
+    };
+    let x: Vec<f32> = (0..512 * 1024).map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0).collect();
+    let inputs =
+        std::collections::HashMap::from([("x".to_string(), Tensor::new(vec![512, 1024], meshc_ir::Data::F32(x)))]);
+    let one = build(None).run(&inputs).unwrap().remove("y").unwrap();
+    let mesh = build(Some(&spec));
+    let first = mesh.run(&inputs).unwrap().remove("y").unwrap();
+    let c = first.closeness(&one);
+    assert!(c.first_bad.is_none(), "{c:?}");
+    for _ in 0..3 {
+        assert!(mesh.run(&inputs).unwrap()["y"] == first);
+    }
+}

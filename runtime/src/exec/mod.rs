@@ -1,6 +1,7 @@
 //! Running a compiled graph: `Loaded`, a program ready to run (`runner`), its checks of
 //! what it is handed (`validate`), the device threads (`threads`), a run of every device's
-//! streams on them (`streams`) and what they share (`shared`), one step (`step`), the
+//! streams on them (`streams`), what they share (`shared`) and the cores their long GEMMs
+//! take turns at when they outnumber them (`gate`), one step (`step`), the
 //! inputs and outputs crossing between the host and the devices (`io`) in blocks worked
 //! out at load (`blocks`) and what a tensor
 //! that does not fit them is (`mismatch`), state kept on the devices between runs
@@ -9,6 +10,7 @@
 //! (`perf_map`).
 
 pub mod blocks;
+pub mod gate;
 pub mod io;
 pub mod loader;
 pub mod mismatch;

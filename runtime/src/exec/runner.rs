@@ -223,11 +223,7 @@ impl Loaded {
             std::sync::Mutex::new(State { arenas, devices: None, scratch: Scratch::new(&meta, &programs, &lanes) });
         let exchange = Exchange::default();
         let (fail, degraded) = (None, Default::default());
-        // Not rayon::current_num_threads(): that starts the pool's threads, which a run
-        // that never splits a kernel does not need (and load time would pay for). Asked
-        // once: the answer comes from cgroup files (~20 µs).
-        static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-        let threads = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let threads = crate::exec::gate::cores();
         Ok(Loaded {
             meta,
             programs,

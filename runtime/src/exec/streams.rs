@@ -16,6 +16,7 @@ use meshc_ir::{Tensor, TensorType};
 
 use crate::comm::error::RunError;
 use crate::comm::fabric;
+use crate::exec::gate::{self, Gate};
 use crate::exec::io::le_bytes;
 use crate::exec::resident::Resident;
 use crate::exec::runner::{Loaded, State};
@@ -36,6 +37,9 @@ struct RunCtx<'a> {
     devices: &'a [DeviceShared],
     /// The sizes this call binds (none without symbolic dims).
     sizes: &'a super::sizes::Sizes,
+    /// Where long compute steps take a core, when the run has more threads than there are
+    /// cores (`crate::exec::gate`).
+    gate: Option<&'static Gate>,
 }
 
 /// Where a run hands each output: its index in the metadata, its shape at the call's sizes
@@ -198,7 +202,13 @@ impl Loaded {
             }
         };
         let sizes: &super::sizes::Sizes = sizes;
-        let ctx = RunCtx { inputs, resident: taken, epoch, timed, devices: shared, sizes };
+        // A degraded device runs nothing (the fabric leaves it out of every collective);
+        // another host's devices run there.
+        let healthy = |d: usize| self.healthy(d);
+        let ran = |d: usize| healthy(d) && self.hosts.as_ref().is_none_or(|h| h.is_local(d));
+        let threads = scratch_lanes.iter().filter(|l| ran(l.device)).count();
+        let gate = (threads > gate::cores()).then(gate::gate);
+        let ctx = RunCtx { inputs, resident: taken, epoch, timed, devices: shared, sizes, gate };
         if (0..mesh.devices()).map(|d| self.lanes[d].active().count()).sum::<usize>() == 1 {
             let times = self.device_run(0, 0, ctx, &Cell::new(0), self.threads, &mut args.0)?;
             let outputs = &self.programs[0].outputs;
@@ -217,10 +227,6 @@ impl Loaded {
             Some(d) => d,
             None => devices.insert(Devices::start(scratch_lanes.len())?),
         };
-        // A degraded device runs nothing (the fabric leaves it out of every collective);
-        // another host's devices run there.
-        let healthy = |d: usize| self.healthy(d);
-        let ran = |d: usize| healthy(d) && self.hosts.as_ref().is_none_or(|h| h.is_local(d));
         let lanes: &[Lane] = scratch_lanes;
         // A lane whose job never reports (its thread failed outside it) reads as failed.
         lanes.iter().for_each(|l| *l.times.lock() = None);
@@ -437,6 +443,10 @@ impl Loaded {
                 bail!("node '{}': collective #{}: stopped answering (--fail-device)", st.node, c.id);
             }
         }
+        let _permit = match run.ctx.gate {
+            Some(g) if gate::gated(st) => Some(g.enter(|| self.fabric.beat(device))),
+            _ => None,
+        };
         let start = Instant::now();
         let waits = timed.then_some(&mut run.waits);
         self.exec_step((device, i), ptrs, run.args, (run.threads, run.ctx.sizes), waits, start)?;
