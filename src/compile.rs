@@ -661,6 +661,7 @@ impl Builder {
                 }
                 None => None,
             };
+            let scaling = scaling.map(|s| self.stated(s));
             if scaling.is_some() && node.op == Op::MatMul && masks.contains_key(node.inputs[1].as_str()) {
                 bail!("node '{}': a pruned matmul over symbolic dims is not compiled yet", node.name);
             }
@@ -680,7 +681,7 @@ impl Builder {
             let mut shares = Vec::new();
             let (exec, operands, scratch) = if node.op.is_communication() {
                 (Exec::Collective(self.collective(node, &operand_types[0], device, devices)?), node.inputs.clone(), 0)
-            } else if let (Some(StepScaling::Shapes(_)), Op::Transpose) = (&scaling, node.op) {
+            } else if let (Some(Scaling::Shapes(_)), Op::Transpose) = (&scaling, node.op) {
                 // It moves a symbolic dim: the runner's transpose, which takes its shape
                 // per call.
                 let x = &operand_types[0];
@@ -690,7 +691,7 @@ impl Builder {
                 };
                 let t = Transpose { shape: x.shape.clone(), perm, elem: x.dtype.size_bytes() };
                 (Exec::Library(Library::Transpose(t)), node.inputs.clone(), 0)
-            } else if let (Some(StepScaling::Shapes(_)), Op::ReduceSum | Op::ReduceMean | Op::ReduceMax) =
+            } else if let (Some(Scaling::Shapes(_)), Op::ReduceSum | Op::ReduceMean | Op::ReduceMax) =
                 (&scaling, node.op)
             {
                 // It reduces along a symbolic dim: the runner's reduction, which takes its
@@ -710,7 +711,7 @@ impl Builder {
                 };
                 let r = Reduction { shape: x.shape.clone(), axes, op };
                 (Exec::Library(Library::Reduce(r)), node.inputs.clone(), 0)
-            } else if let (Some(StepScaling::Shapes(_)), Op::Softmax) = (&scaling, node.op) {
+            } else if let (Some(Scaling::Shapes(_)), Op::Softmax) = (&scaling, node.op) {
                 // It is along a symbolic dim: the runner's softmax, which takes its shape
                 // per call (a softmax takes no prologue: `passes::fuse`).
                 let x = &operand_types[0];
@@ -720,7 +721,7 @@ impl Builder {
                 let axis = norm_axis(attrs::Softmax::of(node).axis, x.rank()).map_err(anyhow::Error::msg)?;
                 let s = SoftmaxAlong { shape: x.shape.clone(), axis };
                 (Exec::Library(Library::Softmax(s)), node.inputs.clone(), 0)
-            } else if let (Some(StepScaling::Shapes(_)), Op::Concat) = (&scaling, node.op) {
+            } else if let (Some(Scaling::Shapes(_)), Op::Concat) = (&scaling, node.op) {
                 // It concatenates along or before a symbolic dim: the runner's concat, which
                 // places each operand's part per call.
                 let axis = norm_axis(attrs::Concat::of(node).axis, out.rank()).map_err(anyhow::Error::msg)?;
@@ -773,11 +774,9 @@ impl Builder {
             } else {
                 // A scaled kernel reads its rows from the size table, after its operands.
                 let scaled = match &scaling {
-                    Some(StepScaling::Rows { rows, hi, repeats }) => {
+                    Some(Scaling::Rows { size, hi, repeats }) => {
                         let buf = 1 + step_operands.len();
-                        let slot = self.size_slot(rows);
-                        let repeats = self.repeat_slots(repeats);
-                        Some(codegen::rows::RowsArg { buf, slot, hi: *hi, repeats })
+                        Some(codegen::rows::RowsArg { buf, slot: *size, hi: *hi, repeats: repeats.clone() })
                     }
                     _ => None,
                 };
@@ -890,13 +889,6 @@ impl Builder {
                     kernel.in_place.sort();
                 }
             }
-            let scaling = match scaling {
-                Some(StepScaling::Rows { rows, hi, repeats }) => {
-                    Some(Scaling::Rows { size: self.size_slot(&rows), hi, repeats: self.repeat_slots(&repeats) })
-                }
-                Some(StepScaling::Shapes(shapes)) => Some(Scaling::Shapes(shapes)),
-                None => None,
-            };
             steps.push(Step { node: node.name.clone(), exec, buffers, why, scaling });
             in_place.push(shares);
         }
@@ -976,21 +968,28 @@ impl Builder {
         }
     }
 
-    /// The size-table entries of a scaled kernel's repeating operands (`StepScaling::Rows`'s
-    /// `repeats`), per kernel buffer, the result (which repeats nothing) first; empty when
-    /// none repeats.
-    fn repeat_slots(&mut self, repeats: &[Option<crate::sizes::Repeat>]) -> Vec<Option<RepeatSlots>> {
+    /// How a step scales, as the artifact states it and a scaled kernel reads it: a
+    /// generated kernel's rows and its repeating operands' strides and periods become
+    /// size-table entries, the repeats per kernel buffer, the result (which repeats
+    /// nothing) first, and none when no operand repeats.
+    fn stated(&mut self, s: StepScaling) -> Scaling {
+        let (rows, hi, repeats) = match s {
+            StepScaling::Shapes(shapes) => return Scaling::Shapes(shapes),
+            StepScaling::Rows { rows, hi, repeats } => (rows, hi, repeats),
+        };
+        let size = self.size_slot(&rows);
         if repeats.iter().all(Option::is_none) {
-            return Vec::new();
+            return Scaling::Rows { size, hi, repeats: Vec::new() };
         }
-        std::iter::once(None)
+        let repeats = std::iter::once(None)
             .chain(repeats.iter().map(|r| {
                 r.as_ref().map(|r| RepeatSlots {
                     stride: (r.stride.as_const() != Some(1)).then(|| self.size_slot(&r.stride)),
                     period: self.size_slot(&r.period),
                 })
             }))
-            .collect()
+            .collect();
+        Scaling::Rows { size, hi, repeats }
     }
 
     fn finish(self, mut meta: Meta, programs: Vec<Program>) -> Result<Compiled> {
